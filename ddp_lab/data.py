@@ -1,0 +1,311 @@
+"""MNIST through torchvision: a guarded fetch, then fast on-device shards.
+
+Fetch: with a shared `data.root`, global rank 0 fetches and extracts while the other ranks
+wait; with `data.node_local=true`, local rank 0 of every node does it for its node. The
+wait is an all-reduce of a status flag rather than a bare barrier, so a failed fetch
+fails every rank at once, with the reason, instead of leaving them waiting.
+
+Every file is written under a temporary name, verified (MD5 for the archives, the idx
+header's size for the extracted files) and only then renamed into place: a crash or a
+bad mirror never leaves a partial file that looks valid.
+
+Batches: `TensorShards` holds a whole split as one normalised tensor on the training
+device and reads each rank's shard with DistributedSampler's semantics (same permutation
+on every rank for a seed and epoch, disjoint strided shards, padded to equal length).
+`data.pipeline=dataloader` keeps the classic per-sample DataLoader to compare against.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import math
+import os
+import shutil
+import struct
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .env import DistEnv
+
+log = logging.getLogger("ddp_lab")
+
+EMBEDDED = Path(__file__).resolve().parent / "assets" / "mnist"
+MEAN, STD = 0.1307, 0.3081
+# (archive, md5, extracted size check) -- the same files and sums as MNIST.resources
+RESOURCES = [
+    ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+    ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
+    ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
+    ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c"),
+]
+
+
+class DataError(RuntimeError):
+    """The dataset could not be fetched or read; the message says which file and why."""
+
+
+def raw_folder(root: str | Path) -> Path:
+    return Path(root) / "MNIST" / "raw"
+
+
+def md5sum(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def idx_expected_size(path: Path) -> Optional[int]:
+    """The size an idx file must have according to its own header (None: bad header)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0:
+                return None
+            ndim = head[3]
+            dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+    except (OSError, struct.error):
+        return None
+    return 4 + 4 * ndim + math.prod(dims)
+
+
+def idx_is_valid(path: Path) -> bool:
+    return path.is_file() and idx_expected_size(path) == path.stat().st_size
+
+
+def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
+    """Fetch one archive from one mirror to a temp name, check its MD5, rename into place."""
+    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    try:
+        if mirror == "embedded" or not mirror.startswith(("http://", "https://")):
+            src = EMBEDDED if mirror == "embedded" else Path(mirror.removeprefix("file://"))
+            if not (src / name).is_file():
+                raise DataError(f"{src / name} does not exist")
+            shutil.copyfile(src / name, tmp)
+        else:
+            from torchvision.datasets.utils import download_url
+
+            download_url(mirror.rstrip("/") + "/" + name, str(tmp.parent), tmp.name)
+        got = md5sum(tmp)
+        if got != md5:
+            raise DataError(f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _extract(archive: Path) -> Path:
+    out = archive.with_suffix("")  # drop .gz
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        with gzip.open(archive, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        if not idx_is_valid(tmp):
+            raise DataError(f"{archive} extracts to a file whose size does not match its header")
+        os.replace(tmp, out)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"cannot extract {archive}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def fetch_mnist(root: str | Path, mirrors: Sequence[str]) -> int:
+    """Make `root/MNIST/raw` hold the four verified, extracted files. Returns how many
+    archives were fetched (0 when everything was already in place)."""
+    raw = raw_folder(root)
+    raw.mkdir(parents=True, exist_ok=True)
+    fetched = 0
+    for name, md5 in RESOURCES:
+        archive = raw / name
+        extracted = archive.with_suffix("")
+        if idx_is_valid(extracted) and (not archive.exists() or md5sum(archive) == md5):
+            continue
+        if extracted.exists():
+            log.warning("%s is corrupt or partial: extracting it again", extracted)
+            extracted.unlink()
+        if archive.exists() and md5sum(archive) != md5:
+            bad = archive.with_name(archive.name + ".corrupt")
+            log.warning("%s fails its MD5 check: moved to %s, fetching it again", archive, bad.name)
+            os.replace(archive, bad)
+        if not archive.exists():
+            errors = []
+            for mirror in mirrors:
+                try:
+                    _fetch_one(name, md5, mirror, archive)
+                    fetched += 1
+                    break
+                except (DataError, OSError, urllib.error.URLError, RuntimeError) as e:
+                    errors.append(f"  {mirror}: {e}")
+            else:
+                raise DataError(
+                    f"could not fetch {name} into {raw} from any mirror:\n" + "\n".join(errors)
+                    + "\nfix: set data.mirrors to a reachable mirror (default: [embedded]), or copy "
+                    "the four MNIST .gz files into that folder")
+        _extract(archive)
+    return fetched
+
+
+def _agree(ok: bool, device: torch.device) -> bool:
+    """All ranks learn whether every rank succeeded (a barrier that carries a verdict)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
+def prepare_mnist(root: str | Path, mirrors: Sequence[str], env: DistEnv, node_local: bool,
+                  device: torch.device = torch.device("cpu")) -> None:
+    """The download guard: one fetcher per shared root, the others wait for its verdict."""
+    fetcher = env.is_local_main if node_local else env.is_main
+    error: Optional[BaseException] = None
+    if fetcher:
+        try:
+            n = fetch_mnist(root, mirrors)
+            if n:
+                log.info("fetched %d MNIST archive(s) into %s", n, raw_folder(root))
+        except BaseException as e:  # noqa: BLE001 -- reported to every rank below
+            error = e
+    if not _agree(error is None, device):
+        if error is not None:
+            raise error
+        who = "local rank 0 of some node" if node_local else "rank 0"
+        raise DataError(f"{who} failed to prepare MNIST in {root}: see its log")
+    missing = [n for n, _ in RESOURCES if not idx_is_valid(raw_folder(root) / n.removesuffix(".gz"))]
+    if missing:
+        hint = ("data.root is not shared by all nodes: set data.node_local=true"
+                if not node_local else "another job may be modifying it")
+        raise DataError(f"MNIST files missing or corrupt in {raw_folder(root)} after the fetch: "
+                        f"{', '.join(missing)} ({hint})")
+
+
+def load_split(root: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images uint8 [N,28,28], labels int64 [N]) through torchvision.datasets.MNIST."""
+    from torchvision.datasets import MNIST
+
+    try:
+        ds = MNIST(str(root), train=train, download=False)
+    except (RuntimeError, OSError, ValueError, AssertionError) as e:
+        raise DataError(f"cannot read MNIST from {raw_folder(root)}: {e} "
+                        f"(fix: delete {raw_folder(root)} and run again)") from None
+    return ds.data, ds.targets
+
+
+def normalise(images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    x = images.to(torch.float32).div_(255.0).unsqueeze(1)  # [N,1,28,28], like ToTensor
+    return x.sub_(MEAN).div_(STD) if normalize else x
+
+
+def shard_indices(n: int, world_size: int, rank: int, epoch: int, seed: int,
+                  shuffle: bool = True, device: torch.device | None = None) -> torch.Tensor:
+    """This rank's sample indices for an epoch, exactly as DistributedSampler orders them
+    (drop_last=False: padded by wrapping around so every rank gets ceil(n/world) samples)."""
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(n, generator=g)
+    else:
+        indices = torch.arange(n)
+    per_rank = math.ceil(n / world_size)
+    total = per_rank * world_size
+    if total > n:
+        reps = math.ceil((total - n) / n)
+        indices = torch.cat([indices] + [indices] * reps)[:total]
+    return indices[rank:total:world_size].to(device or "cpu")
+
+
+@dataclass
+class TensorShards:
+    """A whole split resident on the device; batches are index_select'ed slices."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    world_size: int
+    rank: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(math.ceil(len(self.x) / self.world_size) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        idx = shard_indices(len(self.x), self.world_size, self.rank, self.epoch, self.seed,
+                            self.shuffle, self.x.device)
+        for start in range(0, len(idx), self.batch_size):
+            b = idx[start:start + self.batch_size]
+            yield self.x.index_select(0, b), self.y.index_select(0, b)
+
+
+@dataclass
+class Splits:
+    train: object  # TensorShards or DataLoader: iterable of (x, y) with set_epoch
+    test_x: torch.Tensor  # this rank's disjoint share of the test set (no padding)
+    test_y: torch.Tensor
+    train_size: int
+
+
+def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Splits:
+    root = data_cfg.root
+    tx, ty = load_split(root, train=False)
+    # evaluation: a strided, unpadded split so each test sample is counted exactly once
+    test_x = normalise(tx[env.rank::env.world_size], data_cfg.normalize).to(device)
+    test_y = ty[env.rank::env.world_size].to(device)
+    if data_cfg.pipeline == "tensor":
+        x, y = load_split(root, train=True)
+        train = TensorShards(normalise(x, data_cfg.normalize).to(device), y.to(device),
+                             train_cfg.batch_size, env.world_size, env.rank, train_cfg.seed)
+        size = len(x)
+    elif data_cfg.pipeline == "dataloader":
+        train, size = _dataloader(data_cfg, train_cfg, env, device)
+    else:
+        raise ValueError(f"data.pipeline={data_cfg.pipeline!r}: choose tensor or dataloader")
+    return Splits(train=train, test_x=test_x, test_y=test_y, train_size=size)
+
+
+class _DeviceLoader:
+    """A DataLoader whose batches land on the device, with set_epoch passed through."""
+
+    def __init__(self, loader, sampler, device):
+        self.loader, self.sampler, self.device = loader, sampler, device
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        nb = self.device.type == "cuda"
+        for x, y in self.loader:
+            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+
+
+def _dataloader(data_cfg, train_cfg, env: DistEnv, device: torch.device):
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torchvision import transforms
+    from torchvision.datasets import MNIST
+
+    tf = [transforms.ToTensor()]
+    if data_cfg.normalize:
+        tf.append(transforms.Normalize((MEAN,), (STD,)))
+    ds = MNIST(data_cfg.root, train=True, download=False, transform=transforms.Compose(tf))
+    sampler = DistributedSampler(ds, num_replicas=env.world_size, rank=env.rank,
+                                 shuffle=True, seed=train_cfg.seed)
+    loader = DataLoader(ds, batch_size=train_cfg.batch_size, sampler=sampler,
+                        num_workers=data_cfg.num_workers, pin_memory=device.type == "cuda",
+                        persistent_workers=data_cfg.num_workers > 0)
+    return _DeviceLoader(loader, sampler, device), len(ds)

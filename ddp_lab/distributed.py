@@ -1,0 +1,99 @@
+"""Process group set-up: backend, device, bounded timeouts, clean teardown."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from .env import DistEnv
+
+log = logging.getLogger("ddp_lab")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    env: DistEnv
+    backend: str
+    device: torch.device
+
+    def barrier(self) -> None:
+        if dist.is_initialized() and self.env.world_size > 1:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
+
+    def synchronize(self) -> None:
+        """Wait for queued GPU work, so a host clock read after it means something."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def choose_device(env: DistEnv, device: str = "auto") -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("dist.device=cuda but CUDA is not available: use dist.device=cpu")
+        n = torch.cuda.device_count()
+        if env.local_rank >= n:
+            raise RuntimeError(
+                f"local rank {env.local_rank} has no GPU ({n} visible): lower "
+                "launcher.nproc_per_node to the GPU count, or use dist.device=cpu")
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    if device != "cpu":
+        raise ValueError(f"dist.device={device!r}: choose auto, cpu or cuda")
+    return torch.device("cpu")
+
+
+def choose_backend(device: torch.device, backend: str = "auto") -> str:
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"dist.backend={backend!r}: choose auto, gloo or nccl")
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError("dist.backend=nccl needs CUDA tensors: use dist.backend=gloo on CPU")
+    return backend
+
+
+@contextlib.contextmanager
+def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
+                timeout_s: float = 120.0) -> Iterator[DistContext]:
+    """Initialise the default process group for `env`; destroy it on the way out.
+
+    The timeout bounds both the rendezvous (a missing peer) and every later collective,
+    so a dead rank turns into an error on the others instead of a hang.
+    """
+    dev = choose_device(env, device)
+    be = choose_backend(dev, backend)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs = {}
+    if be == "nccl":
+        kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+    # env:// rather than tcp://: under torchrun the agent already serves the store on
+    # MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env:// knows to join it as a client.
+    os.environ["MASTER_ADDR"] = env.master_addr
+    os.environ["MASTER_PORT"] = str(env.master_port)
+    dist.init_process_group(be, init_method="env://", rank=env.rank,
+                            world_size=env.world_size, timeout=timeout, **kwargs)
+    try:
+        yield DistContext(env=env, backend=be, device=dev)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def cpu_threads(env: DistEnv, requested: int = 0) -> int:
+    """Torch intra-op threads for this rank: the cores shared among the local ranks."""
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(env.local_world_size, 1))

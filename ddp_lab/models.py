@@ -1,0 +1,53 @@
+"""The models: the course notebook's MLP and a small CNN."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    """The notebook's network: 784 -> hidden (ReLU) -> 10."""
+
+    def __init__(self, hidden: int = 50, in_features: int = 784, classes: int = 10):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class CNN(nn.Module):
+    """conv -> pool -> conv -> pool -> fc -> fc, for 1x28x28 inputs."""
+
+    def __init__(self, channels1: int = 16, channels2: int = 32, hidden: int = 64, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels1, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels1, channels2, 3, padding=1)
+        self.fc1 = nn.Linear(channels2 * 7 * 7, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def build_model(cfg) -> nn.Module:
+    if cfg.name == "mlp":
+        return MLP(hidden=cfg.hidden)
+    if cfg.name == "cnn":
+        return CNN(cfg.channels1, cfg.channels2, cfg.hidden)
+    raise ValueError(f"unknown model '{cfg.name}': choose mlp or cnn")
+
+
+def build_optimizer(cfg, params, lr: float) -> torch.optim.Optimizer:
+    if cfg.name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                               weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optim '{cfg.name}': choose adam or sgd")

@@ -1,0 +1,99 @@
+"""The submitting side of a run: resolve defaults, make the run folder, launch, report."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from . import launch
+from .metrics import write_json
+from .rundir import make_run_dir, write_config
+
+log = logging.getLogger("ddp_lab.submit")
+
+
+class UserError(Exception):
+    """A mistake in the command line or config: printed as one line, no traceback."""
+
+
+def resolve_defaults(cfg: DictConfig) -> DictConfig:
+    """Fill what depends on this machine and make paths absolute (ranks may start
+    elsewhere: every rank must read the same absolute folders)."""
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        if cfg.launcher.nproc_per_node is None:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            cfg.launcher.nproc_per_node = gpus or 2
+        cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+        cfg.data.mirrors = [m if m == "embedded" or "://" in m else str(Path(m).expanduser().resolve())
+                            for m in cfg.data.mirrors]
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: DictConfig) -> None:
+    checks = [
+        (cfg.train.epochs >= 1, f"train.epochs={cfg.train.epochs}: must be >= 1"),
+        (cfg.train.batch_size >= 1, f"train.batch_size={cfg.train.batch_size}: must be >= 1"),
+        (cfg.train.lr > 0, f"train.lr={cfg.train.lr}: must be > 0"),
+        (cfg.launcher.nodes >= 1, f"launcher.nodes={cfg.launcher.nodes}: must be >= 1"),
+        (cfg.launcher.nproc_per_node >= 1,
+         f"launcher.nproc_per_node={cfg.launcher.nproc_per_node}: must be >= 1"),
+        (cfg.data.pipeline in ("tensor", "dataloader"),
+         f"data.pipeline={cfg.data.pipeline}: choose tensor or dataloader"),
+        (cfg.dist.backend in ("auto", "gloo", "nccl"),
+         f"dist.backend={cfg.dist.backend}: choose auto, gloo or nccl"),
+        (cfg.dist.device in ("auto", "cpu", "cuda"),
+         f"dist.device={cfg.dist.device}: choose auto, cpu or cuda"),
+        (cfg.log.progress in ("auto", "bar", "lines"),
+         f"log.progress={cfg.log.progress}: choose auto, bar or lines"),
+        (len(cfg.data.mirrors) > 0, "data.mirrors is empty: give at least one (default: [embedded])"),
+        (not cfg.train.resume or cfg.run.dir,
+         "train.resume=true needs run.dir=PATH, the run folder to continue"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+    if cfg.train.resume and not (Path(cfg.run.dir) / "checkpoints").is_dir():
+        raise UserError(f"train.resume=true but {cfg.run.dir}/checkpoints does not exist: "
+                        "point run.dir at a run that completed at least one epoch")
+
+
+def submit(cfg: DictConfig) -> int:
+    cfg = resolve_defaults(cfg)
+    run_dir = make_run_dir(cfg)
+    with open_dict(cfg):
+        cfg.run.dir = str(run_dir)
+    write_config(cfg, run_dir)
+    try:
+        rendered = launch.render(cfg, run_dir)
+    except launch.LaunchError as e:
+        raise UserError(str(e)) from None
+    rendered.write(run_dir)
+    if cfg.launcher.dry_run:
+        print(rendered.show.rstrip())
+        print(f"run dir: {run_dir}")
+        return 0
+    rc = launch.start(rendered, run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if rc != 0 and summary.get("status", "").startswith("completed"):
+        summary["status"] = f"failed: job exit status {rc}"
+    elif rc != 0 and not summary:
+        summary = {"status": f"failed: job exit status {rc} (see {run_dir / 'logs'})"}
+    if rc != 0:
+        summary.setdefault("launcher", cfg.launcher.name)
+        summary.setdefault("sync", cfg.sync.name)
+        write_json(summary_path, summary)
+        print(f"job failed with exit status {rc}: logs in {run_dir / 'logs'}")
+    elif summary:
+        print(f"test accuracy {summary['test_accuracy']:.4f}, "
+              f"median epoch {summary['epoch_time_s_median']:.2f} s, "
+              f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})")
+    print(f"run dir: {run_dir}")
+    return rc
