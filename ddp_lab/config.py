@@ -177,6 +177,8 @@ class RunConfig:
     """where run folders are created"""
     dir: Optional[str] = None
     """the run folder; null = <root>/<date>_<time>_<sync>_<model>; set it to resume a run"""
+    entry: str = "ddp_lab.worker"
+    """the module every rank runs as `python -m <entry> RUN_DIR` (ddp_lab.bench.worker for benchmarks)"""
 
 
 @dataclass

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 
-def make_run_dir(cfg: DictConfig) -> Path:
+def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
-    `<run.root>/<date>_<time>_<sync>_<model>` (suffixed when two runs start in one second)."""
+    `<run.root>/<date>_<time>_<label>` (suffixed when two runs start in one second); the
+    label defaults to `<sync>_<model>_<launcher>`."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         path.mkdir(parents=True, exist_ok=True)
@@ -18,7 +20,8 @@ def make_run_dir(cfg: DictConfig) -> Path:
     root = Path(cfg.run.root).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    base = f"{stamp}_{cfg.sync.name}_{cfg.model.name}_{cfg.launcher.name}"
+    label = label or f"{cfg.sync.name}_{cfg.model.name}_{cfg.launcher.name}"
+    base = f"{stamp}_{label}"
     for i in range(1000):
         path = root / (base if i == 0 else f"{base}_{i}")
         try:

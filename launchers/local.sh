@@ -14,4 +14,4 @@ exec {python} -m torch.distributed.run \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --master_addr=127.0.0.1 --master_port="$MASTER_PORT" \
   --max_restarts="$MAX_RESTARTS" \
-  -m ddp_lab.worker {run_dir}
+  -m {entry} {run_dir}

@@ -27,7 +27,8 @@ def render(cfg, run_dir: Path) -> Rendered:
         port = lc.master_port
     script = TEMPLATE.read_text().format(
         python=shlex.quote(sys.executable), nproc=lc.nproc_per_node, port=port,
-        max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)))
+        max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)),
+        entry=shlex.quote(cfg.run.entry))
     path = run_dir / "launch.sh"
     return Rendered(command=["bash", str(path)], files={"launch.sh": script},
                     executable=("launch.sh",), show=script)
