@@ -1,0 +1,301 @@
+"""The sweep: for every op x implementation x group kind x size, warm up, time, check.
+
+One measurement (all ranks take part, in the same order):
+
+    inputs reset (untimed) -> device sync -> global barrier -> clock/events start
+    -> the op on this rank's group -> clock/events stop -> result checked (untimed)
+
+The barrier starts every group of a kind together (node-local groups run at the same
+time, as in the assignment). On CPU a monotonic clock brackets the call (gloo calls
+return when done); on CUDA, events on the stream do (the call only queues kernels). A
+group's time for an iteration is its slowest member's; the kind's row reports its slowest
+group; the row's time is the median over iterations, with min/p25/p75/max as spread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import DistContext
+from ..timing import busbw_factor, percentile
+from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
+from .topology import GroupSet, Topology, build_groups, detect_topology
+
+log = logging.getLogger("ddp_lab")
+
+
+def log_sizes(lo: int, hi: int, points: int) -> list[int]:
+    """`points` sizes evenly spaced on a log scale from lo to hi (inclusive), rounded to
+    whole elements; distinct and ascending."""
+    if points <= 1 or hi <= lo:
+        return [hi if points == 1 else lo]
+    a, b = math.log2(lo), math.log2(hi)
+    out = [int(round(2 ** (a + i * (b - a) / (points - 1)))) for i in range(points)]
+    return sorted(set(out))
+
+
+def pow2_label(n: int) -> str:
+    """2^k for powers of two, else the number."""
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+@dataclass
+class Task:
+    op: Op
+    impl: str
+    kind: str  # global | intra_node | cross_node | same_node / cross_node pairs (ping_pong)
+    members: list[tuple[int, ...]]  # the groups (or the pair) that communicate
+    mine: Optional[GroupCtx]  # this rank's group, None if it only waits at the barriers
+
+
+def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
+         ) -> tuple[list[Task], list[str]]:
+    """Tasks in run order and notes on what was skipped and why (the same on every rank)."""
+    tasks: list[Task] = []
+    notes: list[str] = []
+    for name in bench.ops:
+        op = OPS[name]
+        impls = [i for i in bench.impl if i in op.impls]
+        missing = [i for i in bench.impl if i not in op.impls]
+        if missing:
+            notes.append(f"{name}: no {'/'.join(missing)} implementation "
+                         f"(it has {', '.join(op.impls)})")
+        if op.pairwise:
+            for kind, pair in topo.pairs().items():
+                if pair is None:
+                    why = "1 rank on node 0" if kind == "same_node" else f"{len(topo.nodes)} node"
+                    notes.append(f"{name}/{kind}: no such pair of ranks ({why})")
+                    continue
+                mine = GroupCtx(pair, None, pair.index(rank)) if rank in pair else None
+                tasks += [Task(op, i, kind, [pair], mine) for i in impls]
+            continue
+        for kind in bench.groups:
+            gs = groups[kind]
+            if not gs.measured:
+                notes.append(f"{name}/{kind}: every {kind} group has 1 rank "
+                             f"({topo.describe()}): nothing to measure, skipped")
+                continue
+            mine = GroupCtx(gs.ranks, gs.handle, gs.ranks.index(rank)) if len(gs.ranks) > 1 else None
+            members = [gs.members[i] for i in gs.measured]
+            if len(members) < len(gs.members):
+                notes.append(f"{name}/{kind}: {len(gs.members) - len(members)} group(s) of "
+                             "1 rank wait at the barrier")
+            tasks += [Task(op, i, kind, members, mine) for i in impls]
+    return tasks, notes
+
+
+# --------------------------------------------------------------------------- memory
+def free_bytes(ctx: DistContext) -> tuple[float, str]:
+    """Bytes this rank may use for buffers before the fraction, and where that came from."""
+    if ctx.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ctx.device)
+        return float(free), "free GPU memory"
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if avail is None:
+        avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return avail / max(ctx.env.local_world_size, 1), \
+        f"available RAM / {ctx.env.local_world_size} local rank(s)"
+
+
+def memory_caps(bench: Any, ctx: DistContext, element_size: int) -> tuple[dict[str, int], str]:
+    """Largest size (elements) per op that fits on every rank, and a one-line account."""
+    mine, where = free_bytes(ctx)
+    values: list = [None] * ctx.env.world_size
+    if ctx.env.world_size > 1:
+        dist.all_gather_object(values, mine)
+    else:
+        values = [mine]
+    usable = min(values) * bench.memory_fraction
+    caps = {name: int(usable // (OPS[name].mem * element_size)) for name in bench.ops}
+    return caps, f"{usable / 1e9:.1f} GB per rank ({bench.memory_fraction:.0%} of {where})"
+
+
+# --------------------------------------------------------------------------- timing
+class Stopwatch:
+    """Host clock on CPU; CUDA events on GPU (a host clock would time the launch)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, t0) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()  # wait for the collective's kernels to finish
+            return t0.elapsed_time(end) / 1e3
+        return time.perf_counter() - t0
+
+
+def _max_over_ranks(x: float, device: torch.device) -> float:
+    t = torch.tensor([x], dtype=torch.float64 if device.type == "cpu" else torch.float32,
+                     device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Pattern,
+            dtype: torch.dtype) -> dict:
+    """Warm up, time and check one size on every rank; returns this rank's raw view."""
+    g = task.mine
+    run = task.op.impls[task.impl]
+    bufs = task.op.setup(size, g, dtype, ctx.device) if g else None
+    watch = Stopwatch(ctx.device)
+
+    def once() -> float:
+        if g:
+            task.op.reset(bufs, g, pattern)
+        ctx.synchronize()  # the reset's kernels are not part of the measurement
+        ctx.barrier()  # load-bearing: every group starts at the same moment
+        t0 = watch.start()
+        if g:
+            run(bufs, g)
+        return watch.stop(t0)
+
+    warm = [once() for _ in range(bench.warmup)]
+    # every rank must run the same number of iterations: decide from the slowest rank
+    t_warm = _max_over_ranks(warm[-1] if warm else 0.0, ctx.device)
+    iters = bench.iters if t_warm <= 0 else int(bench.time_per_size_s / t_warm)
+    iters = max(bench.min_iters, min(bench.iters, iters))
+    times, error = [], None
+    for _ in range(iters):
+        times.append(once())
+        if g and error is None:
+            error = task.op.check(bufs, g, pattern)  # every timed result, untimed
+    del bufs
+    return {"times": times, "error": error, "active": g is not None}
+
+
+def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> dict:
+    """Rank 0: one row from every rank's view of a measurement."""
+    per_group = []
+    for ranks in task.members:
+        iters = len(views[ranks[0]]["times"])
+        t = [max(views[r]["times"][k] for r in ranks) for k in range(iters)]
+        if task.op.pairwise:
+            t = [x / 2 for x in t]  # one way = half the round trip
+        per_group.append((statistics.median(t), t, ranks))
+    median, times, ranks = max(per_group)  # the slowest group
+    n = len(ranks)
+    elements = task.op.elements(size, n)
+    nbytes = elements * dtype.itemsize
+    factor = busbw_factor(task.op.factor, n)
+    algbw = nbytes / median / 1e9 if median > 0 else 0.0
+    errors = [f"rank {r}: {v['error']}" for r, v in enumerate(views) if v["error"]]
+    return {
+        "op": task.op.name, "impl": task.impl, "group": task.kind, "group_size": n,
+        "groups": len(task.members), "ranks": list(ranks), "elements": elements,
+        "dtype": str(dtype).removeprefix("torch."), "bytes": nbytes, "iters": len(times),
+        "time_median_s": median, "time_min_s": min(times), "time_max_s": max(times),
+        "time_p25_s": percentile(times, 25), "time_p75_s": percentile(times, 75),
+        "algbw_GBps": algbw, "busbw_factor": factor, "busbw_GBps": algbw * factor,
+        "correct": not errors, "error": "; ".join(errors),
+        "group_medians_s": [m for m, _, _ in per_group],
+    }
+
+
+def _progress(total: int, enabled: bool, mode: str):
+    if not enabled or mode == "lines":
+        return None
+    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="size", dynamic_ncols=True, leave=False)
+    return None
+
+
+def _line(row: dict) -> str:
+    ok = "ok" if row["correct"] else "WRONG RESULT"
+    return (f"{row['op']:<16} {row['impl']:<9} {row['group']:<10} n={row['group_size']:<3} "
+            f"{pow2_label(row['elements']):>6} el  {row['time_median_s'] * 1e3:9.3f} ms  "
+            f"algbw {row['algbw_GBps']:7.3f}  busbw {row['busbw_GBps']:7.3f} GB/s  {ok}")
+
+
+def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
+    """The whole sweep on the initialised process group; rank 0 gets every row back."""
+    env = ctx.env
+    t_start = time.time()
+    topo = detect_topology(env, bench.node_size)
+    kinds = [k for k in bench.groups]
+    groups = build_groups(topo, kinds, env.rank)
+    tasks, notes = plan(bench, topo, groups, env.rank)
+    dtype = dtype_of(bench.dtype)
+    caps, mem_note = memory_caps(bench, ctx, dtype.itemsize)
+    wanted = log_sizes(bench.min_elements, bench.max_elements, bench.points)
+    for name, cap in caps.items():
+        dropped = [s for s in wanted if s > cap]
+        if dropped:
+            notes.append(f"{name}: sizes {', '.join(pow2_label(s) for s in dropped)} skipped: "
+                         f"{dropped[0]} elements need more than {mem_note} "
+                         f"(bench.memory_fraction, bench.max_elements)")
+    log.info("topology: %s; hosts: %s", topo.describe(), ", ".join(dict.fromkeys(topo.hosts)))
+    for note in notes:
+        log.info("note: %s", note)
+
+    pattern = Pattern(dtype, ctx.device)
+    work = [(t, s) for t in tasks for s in wanted if s <= caps[t.op.name]]
+    bar = _progress(len(work), env.is_main, progress)
+    rows: list[dict] = []
+    for task, size in work:
+        view = measure(task, size, bench, ctx, pattern, dtype)
+        views: list = [None] * env.world_size
+        if env.world_size > 1:
+            dist.all_gather_object(views, view)
+        else:
+            views = [view]
+        if env.is_main:
+            row = summarise(task, size, views, dtype)
+            rows.append(row)
+            if bar is not None:
+                bar.set_description(f"{row['op']} {row['impl']} {row['group']} {pow2_label(size)}")
+                bar.update()
+                if not row["correct"]:
+                    bar.write(_line(row))
+            else:
+                log.info("%s", _line(row))
+            if not row["correct"]:
+                log.error("%s %s %s %d elements: wrong result: %s", row["op"], row["impl"],
+                          row["group"], row["elements"], row["error"])
+    if bar is not None:
+        bar.close()
+    return {
+        "rows": rows, "notes": notes, "memory": mem_note,
+        "topology": {"nodes": [list(n) for n in topo.nodes], "hosts": list(topo.hosts),
+                     "simulated": topo.simulated, "describe": topo.describe(),
+                     "groups": {k: [list(m) for m in groups[k].members] for k in kinds}},
+        "sizes": wanted, "duration_s": time.time() - t_start,
+    }
+
+
+def iter_series(rows: Iterable[dict]) -> dict[tuple[str, str, str], list[dict]]:
+    """Rows by (op, impl, group), sizes ascending."""
+    out: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["op"], r["impl"], r["group"]), []).append(r)
+    for v in out.values():
+        v.sort(key=lambda r: r["elements"])
+    return out

@@ -1,0 +1,333 @@
+"""The benchmarked operations: buffers, inputs, the call being timed, and its check.
+
+Each op fills its inputs with a known pattern (value `base + scale * ((i + off) % 8)` at
+element i, so a misplaced chunk is caught, not only a wrong sum), runs one
+implementation, and checks every element of the result against the closed form. The
+library (`torch`: torch.distributed) and ddp_lab.collectives' algorithms (ring, butterfly,
+tree, naive) run through the same op, so they are timed and checked identically.
+
+Sizes follow nccl-tests: `elements` is the tensor of broadcast/reduce/all-reduce and of
+one send, and the *full* array (n pieces) of all-gather and reduce-scatter; busbw factors
+are `ddp_lab.timing.busbw_factor`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER
+
+PERIOD = 8  # the pattern repeats every PERIOD elements
+LR = 0.125  # reduce_broadcast's learning rate: a power of two keeps the update exact
+CHUNK = 1 << 22  # elements per fill/check slice: bounds the temporaries
+
+
+@dataclass(frozen=True)
+class GroupCtx:
+    """This rank's group for one measurement: global ranks, handle, own index."""
+
+    ranks: tuple[int, ...]
+    handle: Optional[dist.ProcessGroup]  # None = the default group
+    grank: int
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def root(self) -> int:
+        return self.ranks[0]  # global rank of the group's first member
+
+    def peer(self, shift: int) -> int:
+        return self.ranks[(self.grank + shift) % self.n]
+
+
+class Pattern:
+    """Fills and checks `t[i] = base + scale * ((i + off) % PERIOD)`, slice by slice."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype = dtype
+        self.pat = (torch.arange(CHUNK + PERIOD, device=device) % PERIOD).to(dtype)
+        # half types round partial sums; every other type must match bit for bit
+        self.rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 0.0
+
+    def _slices(self, t: torch.Tensor, off: int):
+        flat = t.view(-1)
+        for s in range(0, flat.numel(), CHUNK):
+            n = min(CHUNK, flat.numel() - s)
+            o = (s + off) % PERIOD
+            yield s, flat[s:s + n], self.pat[o:o + n]
+
+    def fill(self, t: torch.Tensor, base: float, scale: float = 1, off: int = 0) -> None:
+        for _, seg, pat in self._slices(t, off):
+            seg.copy_(pat)
+            if scale != 1:
+                seg.mul_(scale)
+            if base:
+                seg.add_(base)
+
+    def check(self, t: torch.Tensor, base: float, scale: float = 1, off: int = 0,
+              what: str = "result") -> Optional[str]:
+        """None if every element is as expected, else where the first one is not."""
+        for s, seg, pat in self._slices(t, off):
+            exp = pat * scale + base
+            ok = torch.equal(seg, exp) if self.rtol == 0 else torch.allclose(
+                seg, exp, rtol=self.rtol, atol=0)
+            if not ok:
+                bad = (seg != exp) if self.rtol == 0 else ~torch.isclose(seg, exp, rtol=self.rtol, atol=0)
+                i = int(bad.nonzero()[0])
+                return (f"{what}[{s + i}] = {seg[i].item()}, expected {exp[i].item()} "
+                        f"({int(bad.sum())} of {seg.numel()} elements wrong in that slice)")
+        return None
+
+
+def _sum_ranks(n: int) -> int:
+    return n * (n + 1) // 2  # sum of the inputs' bases 1..n
+
+
+@dataclass(frozen=True)
+class Op:
+    """One benchmarked operation. `impls` maps implementation names to callables
+    `(bufs, g) -> None`; `mem` is the number of size-N buffers a rank holds (with
+    scratch), for the memory cap; `factor` names the nccl-tests bus-bandwidth factor."""
+
+    name: str
+    factor: str
+    mem: float
+    setup: Callable[[int, GroupCtx, torch.dtype, torch.device], dict]
+    reset: Callable[[dict, GroupCtx, Pattern], None]
+    check: Callable[[dict, GroupCtx, Pattern], Optional[str]]
+    impls: dict[str, Callable[[dict, GroupCtx], None]]
+    full_array: bool = False  # elements = n pieces of N // n (all_gather, reduce_scatter)
+    pairwise: bool = False  # ping-pong: runs on rank pairs, not on the process groups
+
+    def elements(self, size: int, n: int) -> int:
+        return (size // n) * n if self.full_array else size
+
+
+def _one(size, g, dtype, device):
+    return {"t": torch.empty(size, dtype=dtype, device=device)}
+
+
+def _two(size, g, dtype, device):
+    return {"t": torch.empty(size, dtype=dtype, device=device),
+            "r": torch.empty(size, dtype=dtype, device=device)}
+
+
+# ----------------------------------------------------------------- all_reduce, reduce
+def _fill_rank(b, g, pat):
+    pat.fill(b["t"], base=g.grank + 1)
+
+
+def _check_sum(b, g, pat):
+    return pat.check(b["t"], base=_sum_ranks(g.n), scale=g.n)
+
+
+def _check_sum_root(b, g, pat):
+    return _check_sum(b, g, pat) if g.grank == 0 else None  # only the root is defined
+
+
+ALL_REDUCE_OP = Op(
+    "all_reduce", "all_reduce", 2.0, _one, _fill_rank, _check_sum,
+    {"torch": lambda b, g: dist.all_reduce(b["t"], group=g.handle),
+     **{k: (lambda f: lambda b, g: f(b["t"], "SUM", group=g.handle))(f)
+        for k, f in ALL_REDUCE.items() if k != "torch"}})
+
+REDUCE_OP = Op(
+    "reduce", "reduce", 2.0, _one, _fill_rank, _check_sum_root,
+    {"torch": lambda b, g: dist.reduce(b["t"], dst=g.root, group=g.handle),
+     **{k: (lambda f: lambda b, g: f(b["t"], dst=g.root, op="SUM", group=g.handle))(f)
+        for k, f in REDUCE.items() if k != "torch"}})
+
+
+# ------------------------------------------------------------------------- broadcast
+def _fill_root(b, g, pat):
+    if g.grank == 0:
+        pat.fill(b["t"], base=1)
+    else:
+        b["t"].fill_(-1)
+
+
+BROADCAST_OP = Op(
+    "broadcast", "broadcast", 1.5, _one, _fill_root,
+    lambda b, g, pat: pat.check(b["t"], base=1),
+    {"torch": lambda b, g: dist.broadcast(b["t"], src=g.root, group=g.handle),
+     **{k: (lambda f: lambda b, g: f(b["t"], src=g.root, group=g.handle))(f)
+        for k, f in BROADCAST.items() if k != "torch"}})
+
+
+# --------------------------------------------------- reduce + broadcast (root update)
+def _rb_setup(size, g, dtype, device):
+    return {"grad": torch.empty(size, dtype=dtype, device=device),
+            "param": torch.empty(size, dtype=dtype, device=device)}
+
+
+def _rb_reset(b, g, pat):
+    pat.fill(b["grad"], base=g.grank + 1)
+    b["param"].fill_(1)
+
+
+def _rb_update(b, g):
+    """The root averages the summed gradients and takes an SGD step (the assignment)."""
+    if g.grank != 0:
+        return
+    if b["grad"].dtype.is_floating_point:
+        b["grad"].div_(g.n)
+        b["param"].add_(b["grad"], alpha=-LR)
+    else:  # integer dtypes: floor-average and a unit step
+        b["grad"].floor_divide_(g.n)
+        b["param"].sub_(b["grad"])
+
+
+def _rb_check(b, g, pat):
+    # mean gradient = (n+1)/2 + pattern: exact in floating point for LR a power of two
+    if b["param"].dtype.is_floating_point:
+        return pat.check(b["param"], base=1 - LR * (g.n + 1) / 2, scale=-LR, what="param")
+    return pat.check(b["param"], base=1 - (g.n + 1) // 2, scale=-1, what="param")
+
+
+def _rb_impl(reduce: Callable, bcast: Callable) -> Callable:
+    def run(b, g):
+        reduce(b["grad"], g)
+        _rb_update(b, g)
+        bcast(b["param"], g)
+    return run
+
+
+_RB_IMPLS = {"torch": _rb_impl(lambda t, g: dist.reduce(t, dst=g.root, group=g.handle),
+                               lambda t, g: dist.broadcast(t, src=g.root, group=g.handle))}
+for _k in REDUCE:
+    if _k != "torch" and _k in BROADCAST:
+        _RB_IMPLS[_k] = _rb_impl(
+            (lambda f: lambda t, g: f(t, dst=g.root, op="SUM", group=g.handle))(REDUCE[_k]),
+            (lambda f: lambda t, g: f(t, src=g.root, group=g.handle))(BROADCAST[_k]))
+
+REDUCE_BROADCAST_OP = Op("reduce_broadcast", "reduce_broadcast", 3.0, _rb_setup, _rb_reset,
+                         _rb_check, _RB_IMPLS)
+
+
+# ------------------------------------------------------------- send/recv in a ring
+def _ring_reset(b, g, pat):
+    pat.fill(b["t"], base=g.grank + 1)
+    b["r"].fill_(-1)
+
+
+def _ring_check(b, g, pat):
+    return pat.check(b["r"], base=(g.grank - 1) % g.n + 1, what="received")
+
+
+def _ring_blocking(b, g):
+    # blocking send/recv: even ranks send first, odd ranks receive first, so no cycle of
+    # ranks all waiting to send (an odd ring has two even neighbours: 0 and n-1; rank 1
+    # receives first and breaks the cycle)
+    if g.grank % 2 == 0:
+        dist.send(b["t"], dst=g.peer(1), group=g.handle)
+        dist.recv(b["r"], src=g.peer(-1), group=g.handle)
+    else:
+        dist.recv(b["r"], src=g.peer(-1), group=g.handle)
+        dist.send(b["t"], dst=g.peer(1), group=g.handle)
+
+
+def _ring_async(b, g):
+    reqs = [dist.isend(b["t"], dst=g.peer(1), group=g.handle),
+            dist.irecv(b["r"], src=g.peer(-1), group=g.handle)]
+    for r in reqs:
+        r.wait()
+
+
+SEND_RECV_RING_OP = Op("send_recv_ring", "send_recv", 2.5, _two, _ring_reset, _ring_check,
+                       {"torch": _ring_blocking})
+ISEND_IRECV_RING_OP = Op("isend_irecv_ring", "send_recv", 2.5, _two, _ring_reset, _ring_check,
+                         {"torch": _ring_async})
+
+
+# ------------------------------------------------------- all_gather, reduce_scatter
+def _ag_setup(size, g, dtype, device):
+    m = size // g.n
+    return {"in": torch.empty(m, dtype=dtype, device=device),
+            "out": torch.empty(m * g.n, dtype=dtype, device=device), "m": m}
+
+
+def _ag_reset(b, g, pat):
+    # piece i of the gathered array continues the pattern where piece i-1 stopped
+    pat.fill(b["in"], base=g.grank + 1, off=g.grank * b["m"])
+    b["out"].fill_(-1)
+
+
+def _ag_check(b, g, pat):
+    m = b["m"]
+    for i in range(g.n):
+        err = pat.check(b["out"][i * m:(i + 1) * m], base=i + 1, off=i * m, what=f"piece {i}")
+        if err:
+            return err
+    return None
+
+
+ALL_GATHER_OP = Op(
+    "all_gather", "all_gather", 2.5, _ag_setup, _ag_reset, _ag_check,
+    {"torch": lambda b, g: dist.all_gather_into_tensor(b["out"], b["in"], group=g.handle),
+     **{k: (lambda f: lambda b, g: f(b["out"], b["in"], group=g.handle))(f)
+        for k, f in ALL_GATHER.items() if k != "torch"}},
+    full_array=True)
+
+
+def _rs_setup(size, g, dtype, device):
+    m = size // g.n
+    return {"in": torch.empty(m * g.n, dtype=dtype, device=device),
+            "out": torch.empty(m, dtype=dtype, device=device), "m": m}
+
+
+def _rs_reset(b, g, pat):
+    pat.fill(b["in"], base=g.grank + 1)
+    b["out"].fill_(-1)
+
+
+def _rs_check(b, g, pat):
+    return pat.check(b["out"], base=_sum_ranks(g.n), scale=g.n, off=g.grank * b["m"])
+
+
+REDUCE_SCATTER_OP = Op(
+    "reduce_scatter", "reduce_scatter", 2.5, _rs_setup, _rs_reset, _rs_check,
+    {"torch": lambda b, g: dist.reduce_scatter_tensor(b["out"], b["in"], group=g.handle),
+     **{k: (lambda f: lambda b, g: f(b["out"], b["in"], "SUM", group=g.handle))(f)
+        for k, f in REDUCE_SCATTER.items() if k != "torch"}},
+    full_array=True)
+
+
+# ------------------------------------------------------------------------ ping-pong
+def _pp_reset(b, g, pat):
+    if g.grank == 0:
+        pat.fill(b["t"], base=1)
+        b["r"].fill_(-1)
+    else:
+        b["t"].fill_(-1)
+
+
+def _pp_run(b, g):
+    # rank a sends, b echoes the same bytes back: the time is a round trip
+    if g.grank == 0:
+        dist.send(b["t"], dst=g.peer(1))
+        dist.recv(b["r"], src=g.peer(1))
+    else:
+        dist.recv(b["t"], src=g.peer(1))
+        dist.send(b["t"], dst=g.peer(1))
+
+
+def _pp_check(b, g, pat):
+    return pat.check(b["r"] if g.grank == 0 else b["t"], base=1, what="echo")
+
+
+PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
+                  {"torch": _pp_run}, pairwise=True)
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
+    ISEND_IRECV_RING_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return getattr(torch, name)

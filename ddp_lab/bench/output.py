@@ -1,0 +1,203 @@
+"""Bench results on disk: bench.csv, bench.json, bench.md and plots/*.png (+ .json).
+
+Every plot has a sidecar JSON with the exact series drawn (label, x, y), so tests and
+scripts can read what a figure shows without parsing pixels. Wrong results are in the
+tables (marked) and never in a plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from .harness import iter_series, pow2_label
+
+CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
+               "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",
+               "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "correct", "error")
+
+UNITS = ("Times are per call, in ms: the median over the timed iterations (spread: p25-p75 "
+         "and min-max), each iteration the slowest rank of the slowest group. "
+         "algbw = bytes / time; busbw = algbw x factor as nccl-tests defines it "
+         "(all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n, bytes = the full "
+         "array; broadcast, reduce, reduce_broadcast, send/recv 1); ping_pong times are one "
+         "way (half the round trip). GB/s = 1e9 bytes/s.")
+
+
+def series_label(row: dict, ops: int) -> str:
+    groups = f" x{row['groups']}" if row["groups"] > 1 else ""
+    base = f"{row['impl']} · {row['group']} (n={row['group_size']}{groups})"
+    return f"{row['op']} · {base}" if ops > 1 else base
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.4g}"
+
+
+def markdown(result: dict, meta: dict) -> str:
+    rows = result["rows"]
+    lines = [f"# Collective benchmark: {meta['allocation']}", ""]
+    if meta.get("command"):
+        lines += ["```", meta["command"], "```", ""]
+    lines += [f"- hosts: {', '.join(meta['hosts'])}; torch {meta['torch']}; dtype {meta['dtype']}",
+              f"- memory for buffers: {result['memory']}",
+              f"- sweep: {len(result['sizes'])} sizes {pow2_label(result['sizes'][0])}.."
+              f"{pow2_label(result['sizes'][-1])} elements, {meta['warmup']} warm-up + "
+              f"{meta['min_iters']}..{meta['iters']} timed iterations per size; "
+              f"took {result['duration_s']:.0f} s", ""]
+    for note in result["notes"]:
+        lines.append(f"- note: {note}")
+    if result["notes"]:
+        lines.append("")
+    wrong = [r for r in rows if not r["correct"]]
+    if wrong:
+        lines += [f"**{len(wrong)} measurement(s) gave a WRONG RESULT** (not plotted):", ""]
+        lines += [f"- {r['op']} {r['impl']} {r['group']} {r['elements']} elements: {r['error']}"
+                  for r in wrong] + [""]
+    lines += [UNITS, "", "## Peak bus bandwidth", "",
+              "| op | impl | group | n | groups | peak busbw (GB/s) | at elements | "
+              "smallest size: time (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for (op, impl, group), rs in iter_series(rows).items():
+        good = [r for r in rs if r["correct"]]
+        if not good:
+            lines.append(f"| {op} | {impl} | {group} | {rs[0]['group_size']} | {rs[0]['groups']} "
+                         "| wrong results only | | |")
+            continue
+        best = max(good, key=lambda r: r["busbw_GBps"])
+        lines.append(f"| {op} | {impl} | {group} | {best['group_size']} | {best['groups']} | "
+                     f"{best['busbw_GBps']:.3f} | {pow2_label(best['elements'])} | "
+                     f"{_ms(good[0]['time_median_s'])} |")
+    for op in dict.fromkeys(r["op"] for r in rows):
+        lines += ["", f"## {op}", "",
+                  "| elements | bytes | impl | group | n | time (ms) | p25-p75 (ms) | "
+                  "min-max (ms) | algbw (GB/s) | busbw (GB/s) | check |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted((r for r in rows if r["op"] == op),
+                        key=lambda r: (r["elements"], r["impl"], r["group"])):
+            check = "ok" if r["correct"] else "**WRONG**"
+            lines.append(
+                f"| {pow2_label(r['elements'])} | {r['bytes']} | {r['impl']} | {r['group']} | "
+                f"{r['group_size']} | {_ms(r['time_median_s'])} | {_ms(r['time_p25_s'])}-"
+                f"{_ms(r['time_p75_s'])} | {_ms(r['time_min_s'])}-{_ms(r['time_max_s'])} | "
+                f"{r['algbw_GBps']:.4g} | {r['busbw_GBps']:.4g} | {check} |")
+    return "\n".join(lines) + "\n"
+
+
+IMPL_COLORS = {"torch": "tab:blue", "ring": "tab:orange", "butterfly": "tab:green",
+               "tree": "tab:red", "naive": "tab:purple"}
+GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (":", "^"),
+                "same_node": ("--", "s")}
+
+
+def _log2_axis(ax) -> None:
+    from matplotlib.ticker import LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _style(row: dict, nops: int, ops_order: list[str]) -> dict:
+    """Colour = implementation (or op x implementation on the overview), line style and
+    marker = group kind: lines read apart without the legend's help."""
+    ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
+    if nops > 1:
+        import matplotlib
+
+        cmap = matplotlib.colormaps["tab10"]
+        color = cmap(ops_order.index(row["op"]) % 10)
+        if row["impl"] != "torch":
+            marker = {"ring": "D", "butterfly": "v", "tree": "P", "naive": "x"}.get(row["impl"], marker)
+    else:
+        color = IMPL_COLORS.get(row["impl"], "tab:gray")
+    return {"color": color, "linestyle": ls, "marker": marker}
+
+
+def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
+    """Bandwidth vs size (left) and time per call vs size (right), one line per series.
+    Returns what was drawn (the sidecar JSON's content)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
+    series = [s for s in series if s]  # a wrong result is reported, not plotted
+    ops_order = list(dict.fromkeys(r["op"] for r in rows))
+    outside = len(series) > 6  # a long legend goes under the axes, not over the lines
+    legend_rows = -(-len(series) // 3) if outside else 0
+    fig = plt.figure(figsize=(13, 5 + 0.22 * legend_rows))
+    top = 5 / (5 + 0.22 * legend_rows)
+    ax_bw = fig.add_axes((0.06, 1 - top * 0.9, 0.41, top * 0.76))
+    ax_t = fig.add_axes((0.56, 1 - top * 0.9, 0.41, top * 0.76))
+    drawn = []
+    for good in series:
+        label = series_label(good[0], nops)
+        style = _style(good[0], nops, ops_order)
+        x = [r["elements"] for r in good]
+        y = [r[f"{metric}_GBps"] for r in good]
+        t = [r["time_median_s"] * 1e3 for r in good]
+        ax_bw.plot(x, y, ms=4, label=label, **style)
+        ax_t.plot(x, t, ms=4, label=label, **style)
+        if len(series) <= 4:  # spread bands only where they stay readable
+            ax_t.fill_between(x, [r["time_p25_s"] * 1e3 for r in good],
+                              [r["time_p75_s"] * 1e3 for r in good], color=style["color"], alpha=0.15)
+        drawn.append({"label": label, "op": good[0]["op"], "impl": good[0]["impl"],
+                      "group": good[0]["group"], "x_elements": x, "y_GBps": y, "time_ms": t})
+    dtype = rows[0]["dtype"] if rows else ""
+    for ax in (ax_bw, ax_t):
+        _log2_axis(ax)
+        ax.set_xlabel(f"size (elements of {dtype}, log scale)")
+    ax_bw.set_ylabel(f"{metric} (GB/s = 1e9 bytes/s)")
+    ax_bw.set_ylim(bottom=0)
+    ax_bw.set_title(f"{'bus' if metric == 'busbw' else 'algorithm'} bandwidth (higher is better)",
+                    fontsize=10)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time per call (ms, median)")
+    ax_t.set_title("time per call (lower is better)" +
+                   ("; band p25-p75" if 0 < len(series) <= 4 else ""), fontsize=10)
+    if drawn and outside:
+        fig.legend(*ax_bw.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8,
+                   frameon=False, bbox_to_anchor=(0.5, 0.0))
+    elif drawn:
+        ax_bw.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=11, y=1 - 0.03 * top)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    info = {"file": path.name, "title": title, "metric": metric,
+            "xlabel": "elements", "ylabel": f"{metric} (GB/s)",
+            "series": [d["label"] for d in drawn], "data": drawn}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw",
+                  title: str = "") -> dict[str, Any]:
+    """Every file of a bench run folder; returns the plot descriptions."""
+    rows = result["rows"]
+    write_csv(run_dir / "bench.csv", rows)
+    plots_dir = run_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    plots = []
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    for op in ops:
+        head = f"{title}: " if title else ""
+        plots.append(plot_op(plots_dir / f"{op}.png", f"{head}{op} — {meta['allocation']}",
+                             [r for r in rows if r["op"] == op], metric, 1))
+    if len(ops) > 1:
+        plots.append(plot_op(plots_dir / "overview.png", f"{title or 'all ops'} — {meta['allocation']}",
+                             rows, metric, len(ops)))
+    (run_dir / "bench.md").write_text(markdown(result, meta))
+    doc = {"meta": meta, **result, "plots": [{k: p[k] for k in ("file", "title", "series")}
+                                             for p in plots]}
+    (run_dir / "bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return {"plots": plots}

@@ -1,0 +1,137 @@
+"""The submitting side of a benchmark: check the config, make the run folder, launch.
+
+The same machinery as a training run (`ddp_lab.submit`): `make_run_dir`, `write_config`,
+the launcher registry's `render` and `start`; only the entry each rank runs differs
+(`run.entry`), and the folder is labelled `<date>_<time>_bench_<launcher>`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from .. import launch
+from ..metrics import write_json
+from ..rundir import make_run_dir, write_config
+from ..submit import UserError
+from .config import DTYPES, GROUPS, IMPLS, OPS
+
+
+def _choose(key: str, values, allowed) -> None:
+    if not values:
+        raise UserError(f"{key} is empty: choose from {', '.join(allowed)}")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise UserError(f"{key}: unknown {', '.join(map(str, bad))}: choose from {', '.join(allowed)}")
+
+
+def validate(cfg: DictConfig) -> None:
+    from .ops import OPS as SPECS
+
+    b = cfg.bench
+    _choose("bench.ops", list(b.ops), OPS)
+    _choose("bench.impl", list(b.impl), IMPLS)
+    _choose("bench.groups", list(b.groups), GROUPS)
+    _choose("bench.dtype", [b.dtype], DTYPES)
+    for impl in b.impl:
+        if not any(impl in SPECS[op].impls for op in b.ops):
+            has = [op for op, spec in SPECS.items() if impl in spec.impls]
+            raise UserError(f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
+                            f"({impl} exists for {', '.join(has)})")
+    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
+    checks = [
+        (b.min_elements >= 1, f"bench.min_elements={b.min_elements}: must be >= 1"),
+        (b.max_elements >= b.min_elements,
+         f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"),
+        (b.points >= 1, f"bench.points={b.points}: must be >= 1"),
+        (b.warmup >= 0, f"bench.warmup={b.warmup}: must be >= 0"),
+        (1 <= b.min_iters <= b.iters,
+         f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"),
+        (b.time_per_size_s > 0, f"bench.time_per_size_s={b.time_per_size_s}: must be > 0"),
+        (0 < b.memory_fraction <= 1, f"bench.memory_fraction={b.memory_fraction}: must be in (0, 1]"),
+        (b.node_size >= 0, f"bench.node_size={b.node_size}: must be >= 0 (0 = real nodes)"),
+        (b.plot_metric in ("busbw", "algbw"), f"bench.plot_metric={b.plot_metric}: busbw or algbw"),
+        (cfg.launcher.nodes >= 1, f"launcher.nodes={cfg.launcher.nodes}: must be >= 1"),
+        (cfg.launcher.nproc_per_node >= 1,
+         f"launcher.nproc_per_node={cfg.launcher.nproc_per_node}: must be >= 1"),
+        (cfg.dist.backend in ("auto", "gloo", "nccl"),
+         f"dist.backend={cfg.dist.backend}: choose auto, gloo or nccl"),
+        (cfg.dist.device in ("auto", "cpu", "cuda"),
+         f"dist.device={cfg.dist.device}: choose auto, cpu or cuda"),
+        (cfg.log.progress in ("auto", "bar", "lines"),
+         f"log.progress={cfg.log.progress}: choose auto, bar or lines"),
+        (not ({"all_gather", "reduce_scatter"} & set(b.ops)) or b.min_elements >= world,
+         f"bench.min_elements={b.min_elements} is below the world size {world}: all_gather and "
+         "reduce_scatter need at least one element per rank"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def resolve(cfg: DictConfig) -> DictConfig:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        if cfg.launcher.nproc_per_node is None:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            cfg.launcher.nproc_per_node = gpus or 2
+    validate(cfg)
+    return cfg
+
+
+def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
+    cfg = resolve(cfg)
+    run_dir = make_run_dir(cfg, label=f"bench_{cfg.launcher.name}")
+    with open_dict(cfg):
+        cfg.run.dir = str(run_dir)
+    write_config(cfg, run_dir)
+    argv = sys.argv[1:] if argv is None else argv
+    (run_dir / "command.txt").write_text(
+        "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n")
+    try:
+        rendered = launch.render(cfg, run_dir)
+    except launch.LaunchError as e:
+        raise UserError(str(e)) from None
+    rendered.write(run_dir)
+    if cfg.launcher.dry_run:
+        print(rendered.show.rstrip())
+        print(f"run dir: {run_dir}")
+        return 0
+    rc = launch.start(rendered, run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if rc != 0:
+        if not summary or summary.get("status", "").startswith("completed"):
+            summary = {**summary, "kind": "bench", "launcher": cfg.launcher.name,
+                       "status": f"failed: job exit status {rc} (see {run_dir / 'logs'})"}
+            write_json(summary_path, summary)
+        print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
+    else:
+        print(_peak_table(run_dir))
+        print(f"{summary.get('measurements', 0)} measurements, "
+              f"{summary.get('wrong_results', 0)} wrong; tables: {run_dir / 'bench.md'}; "
+              f"plots: {', '.join(str(run_dir / p) for p in summary.get('plots', []))}")
+        if summary.get("wrong_results"):
+            rc = 1  # a wrong result is a failure of the implementation under test
+    print(f"run dir: {run_dir}")
+    return rc
+
+
+def _peak_table(run_dir: Path) -> str:
+    md = (run_dir / "bench.md").read_text().splitlines() if (run_dir / "bench.md").exists() else []
+    try:
+        start = md.index("## Peak bus bandwidth")
+    except ValueError:
+        return ""
+    out = []
+    for line in md[start + 2:]:
+        if not line.startswith("|"):
+            break
+        out.append(line)
+    return "\n".join(out)

@@ -1,0 +1,124 @@
+"""Process groups from the detected topology: global, intra-node, cross-node.
+
+Every rank tells every other rank its node (from the launcher's variables, `DistEnv`)
+and host name; the groups follow from that table, never from a hard-coded layout:
+
+- `global`: all ranks (the default group)
+- `intra_node`: the ranks of one node, one group per node (ranks 0-3, 4-7, ... on 4x4)
+- `cross_node`: the j-th rank of every node, one group per local index (0,4,8,12, ...)
+
+`torch.distributed.new_group` is collective over the *whole* world: every rank must call
+it for every group, in the same order, even for groups it is not in. `build_groups` does
+exactly that, from the same table on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+
+from ..env import DistEnv, hostname
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: tuple[tuple[int, ...], ...]  # global ranks of each node, nodes in order
+    hosts: tuple[str, ...]  # host name of each rank
+    simulated: bool = False  # nodes come from bench.node_size, not from the launcher
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    def groups(self, kind: str) -> list[tuple[int, ...]]:
+        """The rank lists of every group of `kind` (each rank is in exactly one)."""
+        if kind == "global":
+            return [tuple(range(self.world_size))]
+        if kind == "intra_node":
+            return [tuple(n) for n in self.nodes]
+        if kind == "cross_node":
+            width = max(len(n) for n in self.nodes)
+            return [tuple(n[j] for n in self.nodes if j < len(n)) for j in range(width)]
+        raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node or cross_node")
+
+    def pairs(self) -> dict[str, Optional[tuple[int, int]]]:
+        """Ping-pong partners of rank 0: another rank on its node, and the first rank of
+        the next node (None where the allocation has no such rank)."""
+        node0 = self.nodes[0]
+        return {"same_node": (node0[0], node0[1]) if len(node0) > 1 else None,
+                "cross_node": (node0[0], self.nodes[1][0]) if len(self.nodes) > 1 else None}
+
+    def describe(self) -> str:
+        sizes = sorted({len(n) for n in self.nodes})
+        per = str(sizes[0]) if len(sizes) == 1 else "-".join(map(str, (sizes[0], sizes[-1])))
+        how = " (simulated, bench.node_size)" if self.simulated else ""
+        nodes = len(self.nodes)
+        return (f"{nodes} node{'s' if nodes != 1 else ''} x {per} "
+                f"rank{'s' if per != '1' else ''}{how}")
+
+
+def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bool = False) -> Topology:
+    """Group ranks by node id (nodes ordered by id, ranks ascending within a node)."""
+    by_node: dict[int, list[int]] = {}
+    for rank, node in enumerate(node_of_rank):
+        by_node.setdefault(node, []).append(rank)
+    nodes = tuple(tuple(by_node[k]) for k in sorted(by_node))
+    return Topology(nodes=nodes, hosts=tuple(hosts), simulated=simulated)
+
+
+def detect_topology(env: DistEnv, node_size: int = 0) -> Topology:
+    """Collective: every rank's node (or `rank // node_size` when simulating) and host."""
+    mine = (env.node_rank, hostname())
+    table: list = [None] * env.world_size
+    if dist.is_initialized() and env.world_size > 1:
+        dist.all_gather_object(table, mine)
+    else:
+        table = [mine]
+    hosts = [h for _, h in table]
+    if node_size > 0:
+        return topology_from_table([r // node_size for r in range(env.world_size)], hosts, True)
+    return topology_from_table([n for n, _ in table], hosts)
+
+
+@dataclass
+class GroupSet:
+    """The groups of one kind, and the one this rank belongs to."""
+
+    kind: str
+    members: list[tuple[int, ...]]
+    handles: list  # ProcessGroup per member list (None = the default group)
+    mine: int  # index of this rank's group in `members`
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.members[self.mine]
+
+    @property
+    def handle(self):
+        return self.handles[self.mine]
+
+    @property
+    def measured(self) -> list[int]:
+        """Indices of the groups that have anything to communicate (size >= 2)."""
+        return [i for i, m in enumerate(self.members) if len(m) > 1]
+
+
+def build_groups(topo: Topology, kinds: list[str], rank: int) -> dict[str, GroupSet]:
+    """Collective: create the process groups of every kind, in one order on every rank."""
+    out: dict[str, GroupSet] = {}
+    for kind in kinds:
+        members = topo.groups(kind)
+        handles = []
+        for ranks in members:
+            if kind == "global" or len(ranks) == topo.world_size:
+                handles.append(None)  # the default group: no new communicator needed
+            elif len(ranks) == 1:
+                handles.append(None)  # nothing to communicate; never used
+            else:
+                # load-bearing: called by every rank, for every group, in the same order
+                handles.append(dist.new_group(list(ranks)))
+        mine = next(i for i, m in enumerate(members) if rank in m)
+        out[kind] = GroupSet(kind, members, handles, mine)
+    return out
