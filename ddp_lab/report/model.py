@@ -1,0 +1,138 @@
+"""The alpha-beta cost model: fitted on a bench run, set against measured training comm.
+
+A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per byte,
+1/beta the link bandwidth). An algorithm's time is steps * alpha + path_bytes * beta, with
+`steps` and `path_bytes` from `ddp_lab.collectives.comm_cost` -- e.g. ring all-reduce on
+n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta.
+
+The fit: least squares of that line through a bench run's all_reduce points (time per
+call vs bytes), each point weighted by 1/time so that the microsecond points weigh as
+much as the second-long ones (plain least squares would let the largest sizes decide
+alpha, which then comes out as noise, often negative). The library's all_reduce
+(`torch`) is modelled as a ring: what gloo and NCCL run for large messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..collectives import comm_cost
+
+# sync name -> (label, [(collective, algorithm), ...]) run once per bucket
+SYNC_MODELS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "ddp": ("ring all-reduce per DDP bucket", [("all_reduce", "ring")]),
+    "allreduce": ("ring all-reduce (library) per bucket", [("all_reduce", "ring")]),
+    "ring": ("ring all-reduce", [("all_reduce", "ring")]),
+    "tree": ("tree reduce + tree broadcast", [("all_reduce", "tree")]),
+    "butterfly": ("butterfly (recursive doubling)", [("all_reduce", "butterfly")]),
+    "naive": ("naive reduce + broadcast via rank 0", [("all_reduce", "naive")]),
+    "reduce_broadcast": ("tree reduce + tree broadcast via the root",
+                         [("reduce", "tree"), ("broadcast", "tree")]),
+}
+FORMULAS = {
+    "ring": "2(n-1)α + 2(n-1)/n·m·β",
+    "tree": "2⌈log2 n⌉(α + m·β)",
+    "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
+    "naive": "2(n-1)(α + m·β)",
+    "reduce_broadcast": "2⌈log2 n⌉(α + m·β)",
+}
+
+
+@dataclass(frozen=True)
+class Fit:
+    alpha_s: float  # latency per message
+    beta_s_per_byte: float  # seconds per byte (1/bandwidth)
+    points: int
+    impl: str  # the bench implementation fitted
+    algorithm: str  # the algorithm its cost model assumes
+    group: str
+    n: int  # group size of the fitted points
+    rel_rms: float  # root mean square of (model - measured) / measured
+
+    @property
+    def bandwidth_GBps(self) -> float:
+        return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte > 0 else float("inf")
+
+    def as_dict(self) -> dict:
+        return {"alpha_us": self.alpha_s * 1e6, "beta_ns_per_byte": self.beta_s_per_byte * 1e9,
+                "bandwidth_GBps": self.bandwidth_GBps, "points": self.points, "impl": self.impl,
+                "algorithm": self.algorithm, "group": self.group, "n": self.n,
+                "rel_rms": self.rel_rms}
+
+
+def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a, b >= 0."""
+    def fit2():
+        s11 = s12 = s22 = r1 = r2 = 0.0
+        for x1, x2, t in rows:
+            w = 1 / (t * t)
+            s11 += w * x1 * x1
+            s12 += w * x1 * x2
+            s22 += w * x2 * x2
+            r1 += w * x1 * t
+            r2 += w * x2 * t
+        det = s11 * s22 - s12 * s12
+        if abs(det) < 1e-300:
+            return None
+        return (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
+
+    def fit1(i):
+        num = sum((x[i] * t) / (t * t) for *x, t in rows)
+        den = sum((x[i] * x[i]) / (t * t) for *x, t in rows)
+        return max(0.0, num / den) if den else 0.0
+
+    ab = fit2()
+    if ab is not None and ab[0] >= 0 and ab[1] >= 0:
+        return ab
+    return (0.0, fit1(1)) if ab is None or ab[0] < 0 else (fit1(0), 0.0)
+
+
+def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
+                   group: Optional[str] = None) -> Optional[Fit]:
+    """Fit on a bench run's correct all_reduce rows of one implementation and group
+    (default: torch, else ring; global, else the first group measured)."""
+    ar = [r for r in rows if r.get("op") == "all_reduce" and r.get("correct")
+          and r.get("time_median_s", 0) > 0]
+    if not ar:
+        return None
+    impls = {r["impl"] for r in ar}
+    impl = impl or next((i for i in ("torch", "ring", "butterfly", "tree", "naive") if i in impls), None)
+    groups = [r["group"] for r in ar if r["impl"] == impl]
+    if not groups:
+        return None
+    group = group or ("global" if "global" in groups else groups[0])
+    pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
+    if len(pts) < 2:
+        return None
+    algorithm = "ring" if impl == "torch" else impl
+    n = pts[0]["group_size"]
+    data = []
+    for r in pts:
+        c = comm_cost("all_reduce", algorithm, r["bytes"], r["group_size"])
+        data.append((float(c.steps), float(c.path_bytes), float(r["time_median_s"])))
+    alpha, beta = _solve(data)
+    errs = [((alpha * s + beta * b) - t) / t for s, b, t in data]
+    rms = (sum(e * e for e in errs) / len(errs)) ** 0.5
+    return Fit(alpha, beta, len(pts), impl, algorithm, group, n, rms)
+
+
+def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fit) -> Optional[float]:
+    """Seconds of communication per step the sync's algorithm costs under `fit`: `calls`
+    collective calls (buckets) per step sharing `payload_bytes`; None for an unknown sync."""
+    model = SYNC_MODELS.get(sync)
+    if model is None or payload_bytes is None:
+        return None
+    if n <= 1 or payload_bytes <= 0:
+        return 0.0
+    calls = max(1.0, calls or 1.0)
+    per_call = payload_bytes / calls
+    t = sum(comm_cost(coll, algo, per_call, n).time(fit.alpha_s, fit.beta_s_per_byte)
+            for coll, algo in model[1])
+    return calls * t
+
+
+def formula(sync: str) -> str:
+    if sync in ("ddp", "allreduce", "ring"):
+        return FORMULAS["ring"] + " per bucket"
+    return FORMULAS.get(sync, "no model") + (" per bucket" if sync in FORMULAS else "")

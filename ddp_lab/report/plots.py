@@ -1,0 +1,161 @@
+"""Report figures (matplotlib, Agg), each with a sidecar JSON of the series drawn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..collectives import comm_cost
+from .runs import PHASES
+
+PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
+                "sync": "tab:red", "optim": "tab:green"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path, info: dict) -> dict:
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    info = {"file": path.name, **info}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return info
+
+
+def epoch_time_vs_world(groups: list[dict], path: Path) -> dict:
+    """Median epoch time (left) and speedup (right) vs world size, one line per sync
+    (and device/workload); dotted: ideal scaling from the baseline."""
+    plt = _plt()
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(12, 4.8))
+    series = []
+    several = len({(g["device"], g["workload"]) for g in groups}) > 1
+    worlds = sorted({r["world_size"] for g in groups for r in g["rows"]})
+    for g in groups:
+        label = g["sync"] + (f" ({g['device']}, {g['workload']})" if several else "")
+        by_n: dict[int, list[dict]] = {}
+        for r in g["rows"]:
+            by_n.setdefault(r["world_size"], []).append(r)
+        x = sorted(by_n)
+        # several runs at one size: the line goes through the fastest, all are marked
+        y = [min(r["epoch_time_s_median"] for r in by_n[n]) for n in x]
+        s = [max(r["speedup"] for r in by_n[n]) for n in x]
+        line, = ax_t.plot(x, y, marker="o", label=label)
+        ax_t.scatter([r["world_size"] for r in g["rows"]], [r["epoch_time_s_median"] for r in g["rows"]],
+                     color=line.get_color(), s=12, alpha=0.5)
+        n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_median"]
+        ax_t.plot(x, [t0 * n0 / n for n in x], ":", color=line.get_color(), alpha=0.7)
+        ax_s.plot(x, s, marker="o", color=line.get_color(), label=label)
+        series.append({"label": label, "world_size": x, "epoch_time_s": y, "speedup": s,
+                       "baseline_world_size": n0})
+    if worlds:
+        ax_s.plot(worlds, [n / min(worlds) for n in worlds], ":", color="black", alpha=0.6,
+                  label="ideal (from the smallest world)")
+    for ax in (ax_t, ax_s):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(worlds or [1])
+        ax.set_xticklabels([str(w) for w in worlds] or ["1"])
+        ax.set_xlabel("world size (ranks)")
+        ax.grid(True, alpha=0.3)
+    ax_t.set_ylabel("median epoch time (s)")
+    ax_t.set_title("time per epoch (dotted: ideal scaling)", fontsize=10)
+    ax_s.set_ylabel("speedup vs the smallest allocation")
+    ax_s.set_title("speedup (higher is better)", fontsize=10)
+    if series:
+        ax_t.legend(fontsize=8)
+        ax_s.legend(fontsize=8)
+    fig.suptitle("Time per epoch across allocations, per sync", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path, {"title": "epoch time vs world size",
+                             "series": [s["label"] for s in series], "data": series})
+
+
+def phase_bars(rows: list[dict], path: Path) -> dict:
+    """Stacked mean ms per step of every phase, one bar per run, grouped by sync; a black
+    diamond marks the measured comm time per step (inside backward for ddp)."""
+    plt = _plt()
+    rows = [r for r in rows if r.get("step_ms") is not None]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.8))
+    labels = [f"{r['sync']}\nn={r['world_size']}" for r in rows]
+    x = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for p in PHASES:
+        h = [r.get(f"{p}_ms") or 0.0 for r in rows]
+        ax.bar(x, h, bottom=bottom, color=PHASE_COLORS[p], label=p if p != "sync" else "sync (comm)",
+               width=0.6)
+        bottom = [b + v for b, v in zip(bottom, h)]
+    comm = [(i, r["comm_ms"]) for i, r in enumerate(rows) if r.get("comm_ms")]
+    if comm:
+        ax.scatter([i for i, _ in comm], [c for _, c in comm], marker="D", color="black", zorder=3,
+                   label="measured comm / step")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("time per step (ms, mean)")
+    ax.set_title("Phase times per step, per sync and world size", fontsize=11)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, {"title": "phase times per step",
+                             "series": [p for p in PHASES] + (["comm"] if comm else []),
+                             "bars": labels,
+                             "data": [{k: r.get(k) for k in ("sync", "world_size", *(f"{p}_ms" for p in PHASES), "comm_ms")}
+                                      for r in rows]})
+
+
+def bench_compare(fits: list[dict], path: Path) -> dict:
+    """all_reduce across bench runs: busbw vs size (left) and time vs bytes with the
+    fitted alpha-beta line (right), one colour per bench run."""
+    plt = _plt()
+    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5))
+    cmap = plt.get_cmap("tab10")
+    series = []
+    for i, f in enumerate(fits):
+        run = f["run"]
+        alloc = run.bench.get("meta", {}).get("allocation", run.path.name)
+        rows = [r for r in run.bench.get("rows", []) if r.get("op") == "all_reduce" and r.get("correct")]
+        keys = sorted({(r["impl"], r["group"]) for r in rows})
+        for j, (impl, group) in enumerate(keys):
+            pts = sorted((r for r in rows if r["impl"] == impl and r["group"] == group),
+                         key=lambda r: r["bytes"])
+            label = f"{alloc} · {impl} · {group}"
+            style = ["-", "--", ":", "-."][j % 4]
+            x = [r["elements"] for r in pts]
+            ax_bw.plot(x, [r["busbw_GBps"] for r in pts], style, marker="o", ms=3,
+                       color=cmap(i % 10), label=label)
+            ax_t.plot([r["bytes"] for r in pts], [r["time_median_s"] * 1e3 for r in pts], style,
+                      marker="o", ms=3, color=cmap(i % 10), label=label)
+            series.append({"label": label, "x_elements": x,
+                           "busbw_GBps": [r["busbw_GBps"] for r in pts]})
+        fit = f["primary"]
+        if fit and rows:
+            b = sorted({r["bytes"] for r in rows})
+            pred = [comm_cost("all_reduce", fit.algorithm, v, fit.n).time(
+                fit.alpha_s, fit.beta_s_per_byte) * 1e3 for v in b]
+            ax_t.plot(b, pred, color=cmap(i % 10), lw=3, alpha=0.35,
+                      label=f"{alloc} · α-β fit: α={fit.alpha_s * 1e6:.0f} µs, "
+                            f"1/β={fit.bandwidth_GBps:.2f} GB/s")
+            series.append({"label": f"{alloc} · alpha-beta fit", "bytes": b, "time_ms": pred})
+    ax_bw.set_xscale("log", base=2)
+    ax_bw.set_xlabel("size (elements, log scale)")
+    ax_bw.set_ylabel("busbw (GB/s = 1e9 bytes/s)")
+    ax_bw.set_ylim(bottom=0)
+    ax_bw.set_title("all_reduce bus bandwidth", fontsize=10)
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel("bytes per rank (log scale)")
+    ax_t.set_ylabel("time per call (ms, median)")
+    ax_t.set_title("time per call and the alpha-beta fit (thick)", fontsize=10)
+    for ax in (ax_bw, ax_t):
+        ax.grid(True, alpha=0.3)
+    if series:
+        ax_t.legend(fontsize=7, loc="upper left")
+    fig.suptitle("all_reduce across bench runs", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path, {"title": "all_reduce across bench runs",
+                             "series": [s["label"] for s in series], "data": series})

@@ -1,0 +1,231 @@
+"""Finding and reading run folders: training runs and bench runs, complete or not.
+
+A run folder is any folder holding `config.yaml`, `summary.json` or `metrics.jsonl` (what
+`python -m ddp_lab` and `python -m ddp_lab.bench` make); a parent folder is searched
+recursively, never below a run folder. Every folder found comes back, usable or not: the
+ones that cannot be compared carry the reason, so a report lists them instead of
+silently dropping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
+PHASES = ("data", "forward", "backward", "sync", "optim")
+
+
+class ReportError(Exception):
+    """A mistake in the report's input: printed as one line, no traceback."""
+
+
+@dataclass
+class Run:
+    path: Path
+    kind: str  # train | bench
+    ok: bool  # usable for comparison
+    status: str  # "completed" or why not
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)  # metrics.jsonl, one per epoch
+    bench: Optional[dict] = None  # bench.json
+
+    # -------------------------------------------------------------- shared fields
+    def get(self, key: str, default: Any = None) -> Any:
+        """From summary.json, else from the config (launcher/sync sections), else default."""
+        if self.summary.get(key) is not None:
+            return self.summary[key]
+        cfg = self.config
+        fallback = {
+            "launcher": (cfg.get("launcher") or {}).get("name"),
+            "sync": (cfg.get("sync") or {}).get("name"),
+            "nodes": (cfg.get("launcher") or {}).get("nodes"),
+            "nproc_per_node": (cfg.get("launcher") or {}).get("nproc_per_node"),
+            "epochs": (cfg.get("train") or {}).get("epochs"),
+        }.get(key)
+        return default if fallback is None else fallback
+
+    @property
+    def world_size(self) -> Optional[int]:
+        ws = self.summary.get("world_size")
+        if ws is None and self.get("nodes") and self.get("nproc_per_node"):
+            ws = self.get("nodes") * self.get("nproc_per_node")
+        return ws
+
+    @property
+    def device_kind(self) -> str:
+        d = str(self.get("device", "?"))
+        return "cpu" if d == "cpu" else d
+
+    # ------------------------------------------------------------- training runs
+    @property
+    def workload(self) -> tuple:
+        """What must match for epoch times to be comparable: model, batch per rank, and
+        the per-epoch step cap (0 = the whole shard)."""
+        train = self.config.get("train") or {}
+        model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
+        return (model, train.get("batch_size", self.summary.get("batch_size")),
+                train.get("max_steps_per_epoch", 0))
+
+    def workload_label(self) -> str:
+        model, batch, steps = self.workload
+        cap = f", {steps} steps/epoch" if steps else ", full epochs"
+        return f"{model}, batch {batch}/rank{cap}"
+
+    def samples_per_s(self) -> Optional[float]:
+        """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
+        return median_or_none([r.get("samples_per_s") for r in self.records])
+
+    def steps_total(self) -> int:
+        return sum(int(r.get("steps") or 0) for r in self.records)
+
+    def phase_ms(self) -> dict[str, Optional[float]]:
+        """Mean ms per step of each phase (and the whole step), over every epoch."""
+        out: dict[str, Optional[float]] = {}
+        for p in (*PHASES, "step"):
+            num = den = 0.0
+            for r in self.records:
+                ph = (r.get("phase_s") or {}).get(p)
+                steps = r.get("steps") or 0
+                if ph and steps:
+                    num += ph.get("mean", 0.0) * steps
+                    den += steps
+            out[p] = 1e3 * num / den if den else None
+        return out
+
+    def comm_per_step(self) -> dict[str, Optional[float]]:
+        """Measured comm per step: seconds (comm.time_s / steps), payload bytes and calls."""
+        steps = self.steps_total()
+        if not steps:
+            return {"time_s": None, "payload_bytes": None, "calls": None}
+        tot = {k: sum(float((r.get("comm") or {}).get(k) or 0.0) for r in self.records)
+               for k in ("time_s", "payload_bytes", "calls")}
+        return {k: v / steps for k, v in tot.items()}
+
+
+def _read_json(path: Path) -> tuple[Optional[dict], Optional[str]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} is unreadable ({type(e).__name__}: {e})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except Exception:  # noqa: BLE001 -- a garbled config only loses the fallbacks
+        return {}
+
+
+def _read_records(path: Path) -> tuple[list[dict], int]:
+    records, bad = [], 0
+    if not path.exists():
+        return records, bad
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            bad += 1  # a line cut short by a killed run
+    return records, bad
+
+
+def load_run(path: Path) -> Run:
+    """Read one run folder and decide whether it can be compared, and if not, why."""
+    config = _read_config(path / "config.yaml") if (path / "config.yaml").exists() else {}
+    summary, err = ({}, None)
+    if (path / "summary.json").exists():
+        summary, err = _read_json(path / "summary.json")
+        summary = summary or {}
+    is_bench = "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists()
+    if is_bench:
+        return _load_bench(path, config, summary, err)
+    records, bad = _read_records(path / "metrics.jsonl")
+    run = Run(path, "train", False, "", summary, config, records)
+    dry = bool((config.get("launcher") or {}).get("dry_run"))
+    epochs = run.get("epochs")
+    if err:
+        run.status = err
+    elif not summary:
+        if dry:
+            run.status = "dry run: nothing was started"
+        elif records:
+            run.status = (f"incomplete: {len(records)} of {epochs} epoch(s) logged and no "
+                          "summary.json (still running, or killed)")
+        else:
+            run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
+    elif summary.get("status") != "completed":
+        run.status = str(summary.get("status") or "no status in summary.json")
+    elif summary.get("epoch_time_s_median") is None:
+        run.status = "completed but no epoch was timed (a resumed run that had already finished)"
+    else:
+        run.ok, run.status = True, "completed"
+        if bad:
+            run.status = f"completed ({bad} unreadable metrics line(s) ignored)"
+    return run
+
+
+def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str]) -> Run:
+    run = Run(path, "bench", False, "", summary, config)
+    if err:
+        run.status = err
+        return run
+    if not summary:
+        dry = bool((config.get("launcher") or {}).get("dry_run"))
+        run.status = "dry run: nothing was started" if dry else \
+            "incomplete: no summary.json (still running, or killed)"
+        return run
+    status = str(summary.get("status") or "no status in summary.json")
+    if not status.startswith("completed"):
+        run.status = status
+        return run
+    doc, err = _read_json(path / "bench.json") if (path / "bench.json").exists() else \
+        (None, "bench.json is missing")
+    if doc is None:
+        run.status = err or "bench.json is missing"
+        return run
+    run.bench, run.ok, run.status = doc, True, status
+    return run
+
+
+def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[Run]:
+    """Every run folder at or under `paths` (a list of folders), each once, sorted by path."""
+    found: dict[Path, None] = {}
+    for p in paths:
+        root = Path(p).expanduser()
+        if not root.exists():
+            raise ReportError(f"{p}: no such file or folder")
+        if not root.is_dir():
+            raise ReportError(f"{p}: not a folder (give run folders, or a folder holding them)")
+        root = root.resolve()
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            if exclude is not None and here == exclude:
+                dirnames[:] = []
+                continue
+            if any(m in filenames for m in MARKERS):
+                found[here] = None
+                dirnames[:] = []  # tb/, checkpoints/, logs/, plots/ of a run: not runs
+            else:
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    if not found:
+        raise ReportError(
+            f"no run folders under {', '.join(map(str, paths))}: a run folder holds config.yaml "
+            "or summary.json, as `python -m ddp_lab` and `python -m ddp_lab.bench` make")
+    return [load_run(p) for p in sorted(found)]
+
+
+def median_or_none(values: list[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
