@@ -1,0 +1,219 @@
+"""ddp_lab.report: the alpha-beta fit, run-folder discovery and status, and a report over
+real short training runs (1 and 2 ranks), a failed run and a bench run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli, run_dir_of
+
+from ddp_lab.collectives import comm_cost
+from ddp_lab.report.model import fit_alpha_beta, predict_comm_s
+from ddp_lab.report.runs import ReportError, find_runs
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------- the model
+def _bench_rows(alpha, beta, n, impl="torch", algorithm="ring", sizes=range(10, 24, 2)):
+    rows = []
+    for k in sizes:
+        nbytes = 4 * 2 ** k
+        t = comm_cost("all_reduce", algorithm, nbytes, n).time(alpha, beta)
+        rows.append({"op": "all_reduce", "impl": impl, "group": "global", "group_size": n,
+                     "bytes": nbytes, "elements": 2 ** k, "time_median_s": t, "correct": True})
+    return rows
+
+
+@pytest.mark.parametrize("n,impl", [(2, "torch"), (4, "torch"), (4, "butterfly"), (3, "tree")])
+def test_fit_recovers_alpha_and_beta(n, impl):
+    alpha, beta = 50e-6, 1 / 2e9  # 50 µs, 2 GB/s
+    algorithm = "ring" if impl == "torch" else impl
+    rows = _bench_rows(alpha, beta, n, impl, algorithm)
+    rows.append({**rows[0], "correct": False, "time_median_s": 1.0})  # a wrong point is ignored
+    fit = fit_alpha_beta(rows)
+    assert fit.impl == impl and fit.algorithm == algorithm and fit.n == n
+    assert math.isclose(fit.alpha_s, alpha, rel_tol=1e-9)
+    assert math.isclose(fit.beta_s_per_byte, beta, rel_tol=1e-9)
+    assert fit.rel_rms < 1e-9 and math.isclose(fit.bandwidth_GBps, 2.0, rel_tol=1e-9)
+
+
+def test_fit_never_returns_a_negative_latency():
+    # pure bandwidth points with noise that would pull the intercept below zero
+    rows = _bench_rows(0.0, 1e-9, 2)
+    rows[0]["time_median_s"] *= 0.5
+    fit = fit_alpha_beta(rows)
+    assert fit.alpha_s >= 0 and fit.beta_s_per_byte > 0
+
+
+def test_predictions_follow_the_formulas():
+    alpha, beta = 10e-6, 1e-9
+    from ddp_lab.report.model import Fit
+
+    fit = Fit(alpha, beta, 5, "torch", "ring", "global", 4, 0.0)
+    m, n = 4e6, 4
+    ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * m * beta
+    assert math.isclose(predict_comm_s("ring", n, m, 1, fit), ring)
+    # ddp: a ring all-reduce per bucket; 3 buckets share the bytes, pay 3x the latency
+    three = 3 * (2 * (n - 1) * alpha + 2 * (n - 1) / n * (m / 3) * beta)
+    assert math.isclose(predict_comm_s("ddp", n, m, 3, fit), three)
+    assert math.isclose(predict_comm_s("tree", n, m, 1, fit), 2 * 2 * (alpha + m * beta))
+    assert math.isclose(predict_comm_s("butterfly", n, m, 1, fit), 2 * (alpha + m * beta))
+    assert math.isclose(predict_comm_s("reduce_broadcast", n, m, 1, fit), 2 * 2 * (alpha + m * beta))
+    assert predict_comm_s("ddp", 1, m, 1, fit) == 0.0
+    assert predict_comm_s("my_new_sync", n, m, 1, fit) is None  # any sync name is handled
+
+
+# ----------------------------------------------------------- discovery, status
+def _fake_run(root: Path, name: str, world: int, epoch_s: float, sync="ddp", status="completed",
+              summary=True, records=1, dry=False) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(
+        f"launcher:\n  name: local\n  nodes: 1\n  nproc_per_node: {world}\n  dry_run: {str(dry).lower()}\n"
+        f"sync:\n  name: {sync}\nmodel:\n  name: mlp\ntrain:\n  epochs: 2\n  batch_size: 64\n"
+        "  max_steps_per_epoch: 0\n")
+    rec = {"epoch": 1, "steps": 10, "samples_per_s": 100.0 * world,
+           "phase_s": {p: {"mean": 0.001} for p in ("data", "forward", "backward", "sync", "optim", "step")},
+           "comm": {"time_s": 0.01, "payload_bytes": 10 * 159_010 * 4, "calls": 10}}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for _ in range(records)))
+    if summary:
+        (d / "summary.json").write_text(json.dumps({
+            "status": status, "launcher": "local", "sync": sync, "backend": "gloo", "device": "cpu",
+            "nodes": 1, "nproc_per_node": world, "world_size": world, "epochs": 2,
+            "test_accuracy": 0.9, "epoch_time_s_median": epoch_s, "epoch_time_s_mean": epoch_s,
+            "comm_fraction": 0.25, "hosts": ["h"]}))
+    return d
+
+
+def test_statuses_and_speedups_from_summaries(tmp_path):
+    root = tmp_path / "outputs"
+    _fake_run(root, "a_ddp_1", 1, 8.0)
+    _fake_run(root, "b_ddp_2", 2, 5.0)
+    _fake_run(root, "c_ddp_4", 4, 4.0)
+    _fake_run(root, "d_ring_2", 2, 6.0, sync="ring")
+    _fake_run(root, "e_ring_4", 4, 2.0, sync="ring")
+    _fake_run(root, "f_failed", 2, 1.0, status="failed: RuntimeError: boom")
+    _fake_run(root, "g_killed", 2, 1.0, summary=False)
+    _fake_run(root, "h_dry", 2, 1.0, summary=False, records=0, dry=True)
+    bad = _fake_run(root, "i_garbled", 2, 1.0)
+    (bad / "summary.json").write_text("{not json")
+    (root / "sweeps" / "x").mkdir(parents=True)  # no run folder: ignored
+    (root / "a_ddp_1" / "tb").mkdir()
+    (root / "a_ddp_1" / "tb" / "config.yaml").write_text("x: 1\n")  # inside a run: not a run
+
+    proc = run_cli(str(root), "-o", str(tmp_path / "rep"), cwd=tmp_path, module="ddp_lab.report")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "rep" / "report.json").read_text())
+    by_sync = {g["sync"]: g for g in doc["scaling"]}
+    ddp = {r["world_size"]: r for r in by_sync["ddp"]["rows"]}
+    assert ddp[2]["speedup"] == pytest.approx(8 / 5) and ddp[4]["speedup"] == pytest.approx(2.0)
+    assert ddp[4]["efficiency"] == pytest.approx(0.5)
+    ring = {r["world_size"]: r for r in by_sync["ring"]["rows"]}  # baseline = its own smallest
+    assert by_sync["ring"]["baseline_world_size"] == 2
+    assert ring[4]["speedup"] == pytest.approx(3.0) and ring[4]["efficiency"] == pytest.approx(1.5)
+    reasons = {Path(s["run"]).name: s["reason"] for s in doc["skipped"]}
+    assert reasons["f_failed"] == "failed: RuntimeError: boom"
+    assert reasons["g_killed"].startswith("incomplete: 1 of 2 epoch(s) logged")
+    assert reasons["h_dry"] == "dry run: nothing was started"
+    assert "summary.json is unreadable" in reasons["i_garbled"]
+    assert len(reasons) == 4 and len(doc["scaling"]) == 2
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Skipped run folders" in md and "f_failed" in md and "boom" in md
+    assert "| 1x4 | 4 | local | gloo | 4.000 | 2.00 | 50% | 25% |" in md
+    assert "No completed bench run" in md
+    with open(tmp_path / "rep" / "report.csv") as f:
+        assert len(list(csv.DictReader(f))) == 5
+    for fig in doc["figures"]:
+        assert (tmp_path / "rep" / fig["file"]).read_bytes()[:8] == PNG_MAGIC
+    assert {"ddp", "ring"} == set(json.loads(
+        (tmp_path / "rep" / "epoch_time_vs_world.json").read_text())["series"])
+
+
+def test_bad_paths_are_one_line_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    for path, message in (("empty", "no run folders under"), ("missing", "no such file or folder"),
+                          ("file.txt", "not a folder")):
+        with pytest.raises(ReportError, match=message):
+            find_runs([tmp_path / path])
+    proc = run_cli(str(tmp_path / "empty"), cwd=tmp_path, module="ddp_lab.report")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no run folders under")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "report").exists()
+    proc = run_cli(cwd=tmp_path, module="ddp_lab.report")  # no path at all: argparse's usage
+    assert proc.returncode == 2 and "usage:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- real runs
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory, shared_data_root):
+    """Two short training runs (1 and 2 ranks), a failed one, a 2-rank bench run."""
+    root = tmp_path_factory.mktemp("report-runs")
+    out = root / "outputs"
+    runs = {}
+    for n in (1, 2):
+        proc = run_cli("train.epochs=1", "train.max_steps_per_epoch=20",
+                       f"launcher.nproc_per_node={n}", f"data.root={shared_data_root}",
+                       f"run.root={out}", "log.progress=lines", cwd=root, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[n] = run_dir_of(proc)
+    proc = run_cli("train.epochs=1", f"data.root={root / 'nodata'}", f"data.mirrors=[{root / 'nowhere'}]",
+                   "launcher.nproc_per_node=1", f"run.root={out}", cwd=root, timeout=300)
+    assert proc.returncode != 0
+    runs["failed"] = run_dir_of(proc)
+    proc = run_cli("launcher.nproc_per_node=2", "bench.max_elements=65536", "bench.points=4",
+                   "bench.warmup=1", "bench.iters=5", "log.progress=lines", f"run.root={out}",
+                   cwd=root, module="ddp_lab.bench", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs["bench"] = run_dir_of(proc)
+    return root, out, runs
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_report_on_real_runs(real_runs):
+    root, out, runs = real_runs
+    rep = root / "report"
+    proc = run_cli(str(out), "-o", str(rep), cwd=root, module="ddp_lab.report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 training run(s), 1 bench run(s), 1 skipped" in proc.stdout
+    doc = json.loads((rep / "report.json").read_text())
+    (group,) = doc["scaling"]
+    s1 = json.loads((runs[1] / "summary.json").read_text())
+    s2 = json.loads((runs[2] / "summary.json").read_text())
+    rows = {r["world_size"]: r for r in group["rows"]}
+    assert group["sync"] == "ddp" and group["baseline_world_size"] == 1
+    expected = s1["epoch_time_s_median"] / s2["epoch_time_s_median"]
+    assert rows[2]["speedup"] == pytest.approx(expected, rel=1e-12)
+    assert rows[2]["efficiency"] == pytest.approx(expected / 2, rel=1e-12)
+    assert rows[2]["comm_fraction"] == s2["comm_fraction"]
+    assert rows[2]["test_accuracy"] == s2["test_accuracy"]
+    # the failed run is listed with its reason
+    (skipped,) = doc["skipped"]
+    assert skipped["run"] == str(runs["failed"]) and skipped["reason"].startswith("failed:")
+    assert "could not fetch" in skipped["reason"]
+    md = (rep / "report.md").read_text()
+    assert runs["failed"].name in md and "## Skipped run folders" in md
+    assert f"| 1x2 | 2 | local | gloo | {s2['epoch_time_s_median']:.3f} | {expected:.2f} |" in md
+    # the bench run is handled separately: fitted, and set against the training comm
+    assert doc["bench_runs"] == [str(runs["bench"])]
+    (fit,) = doc["fits"]
+    assert fit["primary"]["impl"] == "torch" and fit["primary"]["n"] == 2
+    assert fit["primary"]["alpha_us"] >= 0 and fit["primary"]["beta_ns_per_byte"] > 0
+    comm = {r["world_size"]: r for r in doc["comm_model"]}
+    assert comm[2]["fit_source"] == "same allocation" and comm[2]["predicted_ms"] > 0
+    assert comm[2]["measured_comm_ms"] > 0 and comm[2]["payload_MB_per_step"] == pytest.approx(
+        (784 * 50 + 50 + 50 * 10 + 10) * 4 / 1e6)
+    assert "alpha-beta model vs measured" in md
+    files = {f["file"] for f in doc["figures"]}
+    assert files == {"epoch_time_vs_world.png", "phases.png", "bench_all_reduce.png"}
+    for f in files:
+        assert (rep / f).read_bytes()[:8] == PNG_MAGIC and (rep / f).stat().st_size > 10_000
+    phases = json.loads((rep / "phases.json").read_text())
+    assert phases["series"] == ["data", "forward", "backward", "sync", "optim", "comm"]
+    assert phases["bars"] == ["ddp\nn=1", "ddp\nn=2"]
