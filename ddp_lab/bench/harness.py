@@ -257,7 +257,14 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
         log.info("note: %s", note)
 
     pattern = Pattern(dtype, ctx.device)
-    work = [(t, s) for t in tasks for s in wanted if s <= caps[t.op.name]]
+    # implementations of one op/group run back to back at each size, so that a drift in
+    # the machine's load (a shared node, thermal throttling) hits them alike
+    order = {id(t): i for i, t in enumerate(tasks)}
+    first = {}
+    for t in tasks:
+        first.setdefault((t.op.name, t.kind), order[id(t)])
+    work = sorted(((t, s) for t in tasks for s in wanted if s <= caps[t.op.name]),
+                  key=lambda ts: (first[(ts[0].op.name, ts[0].kind)], ts[1], order[id(ts[0])]))
     bar = _progress(len(work), env.is_main, progress)
     rows: list[dict] = []
     for task, size in work:
