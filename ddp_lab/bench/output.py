@@ -106,17 +106,23 @@ def _log2_axis(ax) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _style(row: dict, nops: int, ops_order: list[str]) -> dict:
-    """Colour = implementation (or op x implementation on the overview), line style and
-    marker = group kind: lines read apart without the legend's help."""
+GROUP_COLORS = {"global": "tab:blue", "intra_node": "tab:orange", "cross_node": "tab:green",
+                "same_node": "tab:orange"}
+
+
+def _style(row: dict, nops: int, ops_order: list[str], one_impl: bool) -> dict:
+    """Line style and marker = group kind; colour = implementation (the group kind when
+    the figure has one implementation, as the hand-in plot; op on the overview), so lines
+    read apart without the legend's help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
         import matplotlib
 
-        cmap = matplotlib.colormaps["tab10"]
-        color = cmap(ops_order.index(row["op"]) % 10)
+        color = matplotlib.colormaps["tab10"](ops_order.index(row["op"]) % 10)
         if row["impl"] != "torch":
             marker = {"ring": "D", "butterfly": "v", "tree": "P", "naive": "x"}.get(row["impl"], marker)
+    elif one_impl:
+        color = GROUP_COLORS.get(row["group"], "tab:gray")
     else:
         color = IMPL_COLORS.get(row["impl"], "tab:gray")
     return {"color": color, "linestyle": ls, "marker": marker}
@@ -133,6 +139,7 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
     series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
     series = [s for s in series if s]  # a wrong result is reported, not plotted
     ops_order = list(dict.fromkeys(r["op"] for r in rows))
+    one_impl = len({s[0]["impl"] for s in series}) == 1
     outside = len(series) > 6  # a long legend goes under the axes, not over the lines
     legend_rows = -(-len(series) // 3) if outside else 0
     fig = plt.figure(figsize=(13, 5 + 0.22 * legend_rows))
@@ -142,7 +149,7 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
     drawn = []
     for good in series:
         label = series_label(good[0], nops)
-        style = _style(good[0], nops, ops_order)
+        style = _style(good[0], nops, ops_order, one_impl)
         x = [r["elements"] for r in good]
         y = [r[f"{metric}_GBps"] for r in good]
         t = [r["time_median_s"] * 1e3 for r in good]
@@ -190,8 +197,8 @@ def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw"
     plots = []
     ops = list(dict.fromkeys(r["op"] for r in rows))
     for op in ops:
-        head = f"{title}: " if title else ""
-        plots.append(plot_op(plots_dir / f"{op}.png", f"{head}{op} — {meta['allocation']}",
+        head = title if title and len(ops) == 1 else (f"{title}: {op}" if title else op)
+        plots.append(plot_op(plots_dir / f"{op}.png", f"{head} — {meta['allocation']}",
                              [r for r in rows if r["op"] == op], metric, 1))
     if len(ops) > 1:
         plots.append(plot_op(plots_dir / "overview.png", f"{title or 'all ops'} — {meta['allocation']}",
