@@ -36,7 +36,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     groups = tables.scaling_groups(runs)
     phases = tables.phase_rows(runs)
     fits = tables.bench_fits(runs)
-    comm = tables.comm_model_rows(runs, fits)
+    comm = tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
 
     figures = []

@@ -110,37 +110,34 @@ def phase_bars(rows: list[dict], path: Path) -> dict:
 
 def bench_compare(fits: list[dict], path: Path) -> dict:
     """all_reduce across bench runs: busbw vs size (left) and time vs bytes with the
-    fitted alpha-beta line (right), one colour per bench run."""
+    fitted alpha-beta line (right), one colour per bench run. Each run shows the series
+    its fit used (torch over all ranks where measured); its own plots/ has the rest."""
     plt = _plt()
-    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.4))
     cmap = plt.get_cmap("tab10")
     series = []
     for i, f in enumerate(fits):
+        fit = f["primary"]
+        if fit is None:
+            continue
         run = f["run"]
         alloc = run.bench.get("meta", {}).get("allocation", run.path.name)
-        rows = [r for r in run.bench.get("rows", []) if r.get("op") == "all_reduce" and r.get("correct")]
-        keys = sorted({(r["impl"], r["group"]) for r in rows})
-        for j, (impl, group) in enumerate(keys):
-            pts = sorted((r for r in rows if r["impl"] == impl and r["group"] == group),
-                         key=lambda r: r["bytes"])
-            label = f"{alloc} · {impl} · {group}"
-            style = ["-", "--", ":", "-."][j % 4]
-            x = [r["elements"] for r in pts]
-            ax_bw.plot(x, [r["busbw_GBps"] for r in pts], style, marker="o", ms=3,
-                       color=cmap(i % 10), label=label)
-            ax_t.plot([r["bytes"] for r in pts], [r["time_median_s"] * 1e3 for r in pts], style,
-                      marker="o", ms=3, color=cmap(i % 10), label=label)
-            series.append({"label": label, "x_elements": x,
-                           "busbw_GBps": [r["busbw_GBps"] for r in pts]})
-        fit = f["primary"]
-        if fit and rows:
-            b = sorted({r["bytes"] for r in rows})
-            pred = [comm_cost("all_reduce", fit.algorithm, v, fit.n).time(
-                fit.alpha_s, fit.beta_s_per_byte) * 1e3 for v in b]
-            ax_t.plot(b, pred, color=cmap(i % 10), lw=3, alpha=0.35,
-                      label=f"{alloc} · α-β fit: α={fit.alpha_s * 1e6:.0f} µs, "
-                            f"1/β={fit.bandwidth_GBps:.2f} GB/s")
-            series.append({"label": f"{alloc} · alpha-beta fit", "bytes": b, "time_ms": pred})
+        pts = sorted((r for r in run.bench.get("rows", []) if r.get("op") == "all_reduce"
+                      and r.get("correct") and r["impl"] == fit.impl and r["group"] == fit.group),
+                     key=lambda r: r["bytes"])
+        label = f"{alloc} · {fit.impl} · {fit.group} (n={fit.n})"
+        color = cmap(i % 10)
+        x = [r["elements"] for r in pts]
+        ax_bw.plot(x, [r["busbw_GBps"] for r in pts], marker="o", ms=3, color=color, label=label)
+        b = [r["bytes"] for r in pts]
+        ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], marker="o", ms=3, color=color)
+        pred = [comm_cost("all_reduce", fit.algorithm, v, fit.n).time(
+            fit.alpha_s, fit.beta_s_per_byte) * 1e3 for v in b]
+        ax_t.plot(b, pred, color=color, lw=4, alpha=0.3)
+        series.append({"label": label, "x_elements": x, "busbw_GBps": [r["busbw_GBps"] for r in pts],
+                       "bytes": b, "time_ms": [r["time_median_s"] * 1e3 for r in pts],
+                       "fit_time_ms": pred, "alpha_us": fit.alpha_s * 1e6,
+                       "bandwidth_GBps": fit.bandwidth_GBps})
     ax_bw.set_xscale("log", base=2)
     ax_bw.set_xlabel("size (elements, log scale)")
     ax_bw.set_ylabel("busbw (GB/s = 1e9 bytes/s)")
@@ -150,12 +147,13 @@ def bench_compare(fits: list[dict], path: Path) -> dict:
     ax_t.set_yscale("log")
     ax_t.set_xlabel("bytes per rank (log scale)")
     ax_t.set_ylabel("time per call (ms, median)")
-    ax_t.set_title("time per call and the alpha-beta fit (thick)", fontsize=10)
+    ax_t.set_title("time per call; thick: the alpha-beta fit", fontsize=10)
     for ax in (ax_bw, ax_t):
         ax.grid(True, alpha=0.3)
     if series:
-        ax_t.legend(fontsize=7, loc="upper left")
-    fig.suptitle("all_reduce across bench runs", fontsize=11)
-    fig.tight_layout()
+        fig.legend(*ax_bw.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8,
+                   frameon=False)
+    fig.suptitle("all_reduce across bench runs (allocations)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(series) + 1) // 2), 1, 1))
     return _save(fig, path, {"title": "all_reduce across bench runs",
                              "series": [s["label"] for s in series], "data": series})

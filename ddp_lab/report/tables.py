@@ -124,9 +124,10 @@ def bench_fits(runs: list[Run]) -> list[dict]:
     return out
 
 
-def _match_fit(run: Run, fits: list[dict]) -> tuple[Optional[Fit], str]:
-    """The fit from the bench on the same allocation (world size, backend, device); else
-    the nearest world size on the same backend and device, named as such."""
+def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fit], str]:
+    """The fit from the bench on the same allocation (world size, nodes, backend, device;
+    real nodes before simulated ones, the latest run first); else the nearest world size
+    on the same backend and device, named as such."""
     same = [f for f in fits if f["primary"]
             and f["run"].get("backend") == run.get("backend")
             and f["run"].device_kind == run.device_kind]
@@ -135,17 +136,19 @@ def _match_fit(run: Run, fits: list[dict]) -> tuple[Optional[Fit], str]:
     n = run.world_size or 1
     exact = [f for f in same if f["run"].world_size == n and f["run"].get("nodes") == run.get("nodes")]
     if exact:
-        return exact[-1]["primary"], "same allocation"
+        best = sorted(exact, key=lambda f: (f["run"].summary.get("simulated_nodes") is None,
+                                            str(f["run"].path)))[-1]
+        return best["primary"], f"same allocation: {short(str(best['run'].path))}"
     near = min(same, key=lambda f: abs((f["run"].world_size or 0) - n))
-    return near["primary"], f"fit at world {near['run'].world_size}"
+    return near["primary"], f"fit at world {near['run'].world_size}: {short(str(near['run'].path))}"
 
 
-def comm_model_rows(runs: list[Run], fits: list[dict]) -> list[dict]:
+def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
     rows = []
     for r in runs:
         if r.kind != "train" or not r.ok:
             continue
-        fit, source = _match_fit(r, fits)
+        fit, source = _match_fit(r, fits, short)
         comm = r.comm_per_step()
         ph = r.phase_ms()
         sync, n = r.get("sync", "?"), r.world_size or 1
@@ -157,7 +160,7 @@ def comm_model_rows(runs: list[Run], fits: list[dict]) -> list[dict]:
             "payload_MB_per_step": comm["payload_bytes"] / 1e6 if comm["payload_bytes"] is not None else None,
             "predicted_ms": pred * 1e3 if pred is not None else None,
             "measured_comm_ms": measured * 1e3 if measured is not None else None,
-            "sync_phase_ms": ph["sync"], "fit_source": source if fit else source,
+            "sync_phase_ms": ph["sync"], "fit_source": source,
             "ratio": (measured / pred) if pred and measured else None,
         })
     rows.sort(key=lambda x: (x["sync"], x["world_size"], x["run"]))
