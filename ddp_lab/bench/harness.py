@@ -124,7 +124,15 @@ def memory_caps(bench: Any, ctx: DistContext, element_size: int) -> tuple[dict[s
         values = [mine]
     usable = min(values) * bench.memory_fraction
     caps = {name: int(usable // (OPS[name].mem * element_size)) for name in bench.ops}
-    return caps, f"{usable / 1e9:.1f} GB per rank ({bench.memory_fraction:.0%} of {where})"
+    return caps, (f"{human_bytes(usable)} per rank (bench.memory_fraction={bench.memory_fraction:g} "
+                  f"of the {where})")
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 # --------------------------------------------------------------------------- timing
@@ -249,9 +257,10 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     for name, cap in caps.items():
         dropped = [s for s in wanted if s > cap]
         if dropped:
+            need = OPS[name].mem * dropped[0] * dtype.itemsize
             notes.append(f"{name}: sizes {', '.join(pow2_label(s) for s in dropped)} skipped: "
-                         f"{dropped[0]} elements need more than {mem_note} "
-                         f"(bench.memory_fraction, bench.max_elements)")
+                         f"{pow2_label(dropped[0])} elements need ~{human_bytes(need)} per rank "
+                         f"({OPS[name].mem:g} buffers), more than the {mem_note}")
     log.info("topology: %s; hosts: %s", topo.describe(), ", ".join(dict.fromkeys(topo.hosts)))
     for note in notes:
         log.info("note: %s", note)

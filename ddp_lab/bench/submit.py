@@ -113,7 +113,11 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
             write_json(summary_path, summary)
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
     else:
-        print(_peak_table(run_dir))
+        if summary.get("measurements"):
+            print(_peak_table(run_dir))
+        else:
+            doc = json.loads((run_dir / "bench.json").read_text())
+            print("nothing was measured:\n" + "\n".join(f"  {n}" for n in doc.get("notes", [])))
         print(f"{summary.get('measurements', 0)} measurements, "
               f"{summary.get('wrong_results', 0)} wrong; tables: {run_dir / 'bench.md'}; "
               f"plots: {', '.join(str(run_dir / p) for p in summary.get('plots', []))}")
