@@ -233,8 +233,11 @@ def _ring_blocking(b, g):
 
 
 def _ring_async(b, g):
-    reqs = [dist.isend(b["t"], dst=g.peer(1), group=g.handle),
-            dist.irecv(b["r"], src=g.peer(-1), group=g.handle)]
+    # isend + irecv both in flight. Posted as one batch: with nccl that is one NCCL group,
+    # so two ranks sending to each other first cannot deadlock on one pair's stream; with
+    # gloo it is exactly dist.isend + dist.irecv.
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, b["t"], g.peer(1), g.handle),
+                                   dist.P2POp(dist.irecv, b["r"], g.peer(-1), g.handle)])
     for r in reqs:
         r.wait()
 
