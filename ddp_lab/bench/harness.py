@@ -277,6 +277,8 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     bar = _progress(len(work), env.is_main, progress)
     rows: list[dict] = []
     for task, size in work:
+        if bar is not None:
+            bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
         view = measure(task, size, bench, ctx, pattern, dtype)
         views: list = [None] * env.world_size
         if env.world_size > 1:
@@ -287,7 +289,6 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
             row = summarise(task, size, views, dtype)
             rows.append(row)
             if bar is not None:
-                bar.set_description(f"{row['op']} {row['impl']} {row['group']} {pow2_label(size)}")
                 bar.update()
                 if not row["correct"]:
                     bar.write(_line(row))
