@@ -134,7 +134,6 @@ def _broken_world(rank, world, out_dir):
 
 
 @pytest.mark.dist
-@pytest.mark.slow
 def test_wrong_results_are_reported_not_plotted_and_groups_follow_topology(tmp_path):
     out = run_world(_broken_world, 3, str(tmp_path))
     result = out[0]["result"]
@@ -195,7 +194,6 @@ def _check_run_folder(run_dir: Path, world: int) -> list[dict]:
 
 
 @pytest.mark.dist
-@pytest.mark.slow
 def test_cli_two_ranks_ours_vs_the_library(tmp_path):
     proc = run_cli("launcher.nproc_per_node=2", "bench.max_elements=16384", "bench.points=3",
                    "bench.impl=[torch,ring,butterfly]", "bench.warmup=1", "bench.iters=3",
