@@ -65,6 +65,8 @@ def test_predictions_follow_the_formulas():
     assert math.isclose(predict_comm_s("tree", n, m, 1, fit), 2 * 2 * (alpha + m * beta))
     assert math.isclose(predict_comm_s("butterfly", n, m, 1, fit), 2 * (alpha + m * beta))
     assert math.isclose(predict_comm_s("reduce_broadcast", n, m, 1, fit), 2 * 2 * (alpha + m * beta))
+    # a synchroniser that records the reduce and the broadcast as two calls of m bytes each
+    assert math.isclose(predict_comm_s("reduce_broadcast", n, 2 * m, 2, fit), 2 * 2 * (alpha + m * beta))
     assert predict_comm_s("ddp", 1, m, 1, fit) == 0.0
     assert predict_comm_s("my_new_sync", n, m, 1, fit) is None  # any sync name is handled
 

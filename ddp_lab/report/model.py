@@ -118,8 +118,14 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
 
 
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fit) -> Optional[float]:
-    """Seconds of communication per step the sync's algorithm costs under `fit`: `calls`
-    collective calls (buckets) per step sharing `payload_bytes`; None for an unknown sync."""
+    """Seconds of communication per step the sync's algorithm costs under `fit`; None for
+    a sync without a model.
+
+    `calls` and `payload_bytes` per step are what the synchroniser recorded: one entry per
+    collective call, each with the bytes it synchronised. A sync whose model has k
+    collectives per bucket (reduce_broadcast: a reduce and a broadcast) makes k calls per
+    bucket, so buckets = calls / k, each of payload / calls bytes.
+    """
     model = SYNC_MODELS.get(sync)
     if model is None or payload_bytes is None:
         return None
@@ -127,9 +133,10 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
         return 0.0
     calls = max(1.0, calls or 1.0)
     per_call = payload_bytes / calls
+    buckets = max(1.0, calls / len(model[1]))
     t = sum(comm_cost(coll, algo, per_call, n).time(fit.alpha_s, fit.beta_s_per_byte)
             for coll, algo in model[1])
-    return calls * t
+    return buckets * t
 
 
 def formula(sync: str) -> str:

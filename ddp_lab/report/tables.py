@@ -156,7 +156,7 @@ def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
         measured = comm["time_s"]
         rows.append({
             "run": str(r.path), "sync": sync, "world_size": n, "formula": formula(sync),
-            "buckets_per_step": comm["calls"],
+            "calls_per_step": comm["calls"],
             "payload_MB_per_step": comm["payload_bytes"] / 1e6 if comm["payload_bytes"] is not None else None,
             "predicted_ms": pred * 1e3 if pred is not None else None,
             "measured_comm_ms": measured * 1e3 if measured is not None else None,
@@ -189,15 +189,17 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
                     f"{fit.bandwidth_GBps:.3f} | {fit.points} | {fit.rel_rms:.0%} |")
         lines.append("")
     if rows:
-        lines += ["Per training step: m = gradient bytes synchronised per step (metrics.jsonl "
-                  "`comm.payload_bytes / steps`), split over the buckets (`comm.calls / steps`); "
-                  "measured = `comm.time_s / steps`; sync phase = `phase_s.sync.mean`.", "",
-                  "| sync | world | model | buckets/step | m (MB/step) | predicted (ms/step) | "
+        lines += ["Per training step, as the synchroniser recorded it (metrics.jsonl, divided by "
+                  "`steps`): `comm.calls` collective calls carrying `comm.payload_bytes` in all; "
+                  "a bucket is one call (two for reduce_broadcast: a reduce and a broadcast) of "
+                  "payload / calls bytes = m. measured = `comm.time_s / steps`; sync phase = "
+                  "`phase_s.sync.mean`.", "",
+                  "| sync | world | model | calls/step | payload (MB/step) | predicted (ms/step) | "
                   "measured comm (ms/step) | sync phase (ms/step) | measured / predicted | fit | run |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(
-                f"| {r['sync']} | {r['world_size']} | {r['formula']} | {_f(r['buckets_per_step'], '.1f')} | "
+                f"| {r['sync']} | {r['world_size']} | {r['formula']} | {_f(r['calls_per_step'], '.1f')} | "
                 f"{_f(r['payload_MB_per_step'], '.3f')} | {_f(r['predicted_ms'], '.3f')} | "
                 f"{_f(r['measured_comm_ms'], '.3f')} | {_f(r['sync_phase_ms'], '.3f')} | "
                 f"{_f(r['ratio'], '.2f')} | {r['fit_source']} | {short(r['run'])} |")
