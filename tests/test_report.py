@@ -168,7 +168,7 @@ def real_runs(tmp_path_factory, shared_data_root):
                    "launcher.nproc_per_node=1", f"run.root={out}", cwd=root, timeout=300)
     assert proc.returncode != 0
     runs["failed"] = run_dir_of(proc)
-    proc = run_cli("launcher.nproc_per_node=2", "bench.max_elements=65536", "bench.points=4",
+    proc = run_cli("launcher.nproc_per_node=2", "bench.max_elements=1048576", "bench.points=6",
                    "bench.warmup=1", "bench.iters=5", "log.progress=lines", f"run.root={out}",
                    cwd=root, module="ddp_lab.bench", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -206,7 +206,9 @@ def test_report_on_real_runs(real_runs):
     assert doc["bench_runs"] == [str(runs["bench"])]
     (fit,) = doc["fits"]
     assert fit["primary"]["impl"] == "torch" and fit["primary"]["n"] == 2
-    assert fit["primary"]["alpha_us"] >= 0 and fit["primary"]["beta_ns_per_byte"] > 0
+    # noisy points may show no latency (or no bandwidth) term: the fit clamps it at 0
+    assert fit["primary"]["alpha_us"] >= 0 and fit["primary"]["beta_ns_per_byte"] >= 0
+    assert fit["primary"]["alpha_us"] + fit["primary"]["beta_ns_per_byte"] > 0
     comm = {r["world_size"]: r for r in doc["comm_model"]}
     assert comm[2]["fit_source"].startswith("same allocation: ") and comm[2]["predicted_ms"] > 0
     assert comm[2]["measured_comm_ms"] > 0 and comm[2]["payload_MB_per_step"] == pytest.approx(

@@ -51,8 +51,9 @@ class Fit:
     rel_rms: float  # root mean square of (model - measured) / measured
 
     @property
-    def bandwidth_GBps(self) -> float:
-        return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte > 0 else float("inf")
+    def bandwidth_GBps(self) -> Optional[float]:
+        """1/beta in GB/s; None when the points show no bandwidth term (beta fitted 0)."""
+        return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte > 0 else None
 
     def as_dict(self) -> dict:
         return {"alpha_us": self.alpha_s * 1e6, "beta_ns_per_byte": self.beta_s_per_byte * 1e9,

@@ -186,7 +186,7 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
                     f"| {short(str(f['run'].path))} | {f['run'].bench['meta'].get('allocation', '?')} | "
                     f"{fit.impl} ({fit.algorithm}){mark} | {fit.group} | {fit.n} | "
                     f"{fit.alpha_s * 1e6:.1f} | {fit.beta_s_per_byte * 1e9:.3f} | "
-                    f"{fit.bandwidth_GBps:.3f} | {fit.points} | {fit.rel_rms:.0%} |")
+                    f"{_f(fit.bandwidth_GBps)} | {fit.points} | {fit.rel_rms:.0%} |")
         lines.append("")
     if rows:
         lines += ["Per training step, as the synchroniser recorded it (metrics.jsonl, divided by "
