@@ -211,7 +211,7 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
         root = root.resolve()
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
-            if exclude is not None and here == exclude:
+            if exclude is not None and here == exclude and here != root:  # our own output
                 dirnames[:] = []
                 continue
             if any(m in filenames for m in MARKERS):
