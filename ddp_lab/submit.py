@@ -94,7 +94,9 @@ def submit(cfg: DictConfig) -> int:
         summary.setdefault("launcher", cfg.launcher.name)
         summary.setdefault("sync", cfg.sync.name)
         write_json(summary_path, summary)
-        print(f"job failed with exit status {rc}: logs in {run_dir / 'logs'}")
+        why = summary["status"].removeprefix("failed: ")
+        why = "" if why.startswith("job exit status") else f": {why}"
+        print(f"job failed with exit status {rc}{why} (logs in {run_dir / 'logs'})")
     elif summary:
         print(f"test accuracy {summary['test_accuracy']:.4f}, "
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "

@@ -121,12 +121,12 @@ def launch_block(cfg) -> str:
                 "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.env).\n"
                 f"{' '.join(srun)} \\\n  {py} -m ddp_lab.worker \"$RUN_DIR\"")
     timeout = max(1, int(cfg.dist.timeout_s))
-    if lc.rdzv == "c10d":
+    if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
         rdzv = ("--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT "
                 f"--rdzv_id=$SLURM_JOB_ID --rdzv_conf=join_timeout={timeout}")
     else:
         rdzv = ("--rdzv_backend=static --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT "
-                f"--rdzv_conf=timeout={timeout}")
+                f"--node_rank=\\$SLURM_NODEID --rdzv_conf=timeout={timeout}")
     srun.insert(2, "--ntasks-per-node=1")
     return (
         "# A fresh store per restart attempt (pytorch/pytorch#135712): without it restarted\n"
@@ -136,9 +136,9 @@ def launch_block(cfg) -> str:
         "# $VAR expands here, on the first node; \\$VAR inside the quotes expands on each\n"
         "# node (without the backslash every node would claim node rank 0).\n"
         f"{' '.join(srun)} bash -c \"\n"
+        "  echo \\\"[srun] node \\$SLURM_NODEID of $SLURM_JOB_NUM_NODES: \\$(hostname)\\\"\n"
         f"  exec {py} -m torch.distributed.run \\\n"
-        "    --nnodes=$SLURM_JOB_NUM_NODES --node_rank=\\$SLURM_NODEID "
-        "--nproc_per_node=$NPROC_PER_NODE \\\n"
+        "    --nnodes=$SLURM_JOB_NUM_NODES --nproc_per_node=$NPROC_PER_NODE \\\n"
         f"    {rdzv} \\\n"
         f"    --max_restarts={lc.max_restarts} \\\n"
         "    -m ddp_lab.worker \\\"$RUN_DIR\\\"\"")
@@ -233,7 +233,7 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     try:
         while True:
             state, code, reason = job_state(job_id)
-            if state != last and state != "UNKNOWN":
+            if state != last and state not in {"UNKNOWN", "GONE"} | TERMINAL:
                 why = f" ({reason})" if state == "PENDING" and reason and reason != "None" else ""
                 print(f"[slurm] job {job_id} {state}{why}", flush=True)
                 last = state
