@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -17,10 +18,14 @@ import time
 
 import pytest
 
-try:  # tests/ as rootdir-inserted path (no tests/__init__.py) or as a package
+try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
     from slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
-except ImportError:  # pragma: no cover
-    from tests.slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
+except ImportError:  # pragma: no cover - tests/ is a package, or --import-mode=importlib
+    try:
+        from tests.slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
