@@ -16,7 +16,7 @@ set -euo pipefail
 RUN_DIR={run_dir_q}
 NPROC_PER_NODE=${{NPROC_PER_NODE:-{nproc}}}
 : "${{WORLD_SIZE:?is not set: RunAI sets it to the number of pods}}"
-: "${{RANK:?is not set: RunAI sets it to this pod's index}}"
+: "${{RANK:?is not set: RunAI sets it to the index of this pod}}"
 : "${{MASTER_ADDR:?is not set: RunAI sets it to the master pod}}"
 : "${{MASTER_PORT:?is not set: RunAI sets it}}"
 PODS=$WORLD_SIZE
