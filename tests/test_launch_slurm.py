@@ -60,7 +60,8 @@ def test_failed_job_returns_its_exit_status_and_error_tail(slurm_cluster, tmp_pa
     run_dir = run_dir_of(proc)
     job_id = (run_dir / "job_id").read_text().strip()
     assert f"[slurm] job {job_id} FAILED" in proc.stdout, describe(proc)
-    assert f"[slurm] last lines of {run_dir}/logs/ddp_lab_{job_id}.err" in proc.stderr
+    assert f"last lines of {run_dir}/logs/ddp_lab_{job_id}.err" in proc.stderr
+    assert "nccl needs CUDA" in proc.stderr.split("last lines of")[0]  # the reason comes first
     assert "dist.backend=nccl needs CUDA tensors" in proc.stdout  # the reason, on the console
     assert "job failed with exit status" in proc.stdout
     s = summary(run_dir)

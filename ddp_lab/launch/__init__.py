@@ -148,6 +148,26 @@ def tail_text(path: Path, lines: int = 20) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
+def diagnose(logs: list[Path], lines: int = 15) -> str:
+    """What a failed job's logs say: every rank's one-line `failed: ...` reason (the worker
+    writes one), then the last lines of the first log that has any (the launcher's view)."""
+    reasons: list[str] = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        reasons += [ln.strip() for ln in text.splitlines()
+                    if "] failed: " in ln and ln.strip() not in reasons]
+    tail_of = next((p for p in logs if tail_text(p)), None)
+    parts = []
+    if reasons:
+        parts.append("the ranks said:\n  " + "\n  ".join(reasons[:8]))
+    if tail_of is not None:
+        parts.append(f"last lines of {tail_of}:\n{tail_text(tail_of, lines)}")
+    return "\n".join(parts) or "no log output (see the run folder's logs/)"
+
+
 # ----------------------------------------------------------------- dispatch
 def modules() -> dict[str, ModuleType]:
     from . import local, mpirun, runai, slurm

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import (LaunchError, Rendered, Tail, require_tool, setup_block, should_wait, tail_text,
+from . import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
                template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -214,7 +214,6 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
     rc = next((c for c in codes.values() if c != 0), 0)
     print(f"[runai] job {name}: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()), flush=True)
     if rc != 0:
-        bad = next(k for k, v in codes.items() if v != 0)
-        print(f"[runai] last lines of {logs / (bad + '.log')}:\n{tail_text(logs / (bad + '.log'))}",
-              file=sys.stderr)
+        bad = [logs / f"{k}.log" for k, v in codes.items() if v != 0]
+        print(f"[runai] job {name} failed: {diagnose(bad)}", file=sys.stderr)
     return rc

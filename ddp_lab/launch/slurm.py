@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import (LaunchError, Rendered, Tail, code_dir, python_exe, require_tool, setup_block,
-               should_wait, tail_text, template)
+from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
+               setup_block, should_wait, template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -266,6 +266,5 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     rc = exit_status(state, code)
     print(f"[slurm] job {job_id} {state}, exit code {code or '?'}", flush=True)
     if rc != 0:
-        tail = tail_text(err) or tail_text(out)
-        print(f"[slurm] last lines of {err if tail_text(err) else out}:\n{tail}", file=sys.stderr)
+        print(f"[slurm] job {job_id} failed: {diagnose([err, out])}", file=sys.stderr)
     return rc
