@@ -121,6 +121,16 @@ def test_mpirun_oversubscribe_and_root_flags(tmp_path, capsys):
     assert "--oversubscribe" in launch and "--allow-run-as-root" not in launch
 
 
+def test_mpirun_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        msg = resolve_error("launcher=mpirun", "launcher.hosts=[localhost:2]",
+                            f"launcher.master_port={port}")
+    assert f"port {port} is in use" in msg
+
+
 def test_mpirun_hostfile_notebook_format(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# lab machines\nred01 max_slots = 2\norange07\npurple11 slots=3\n")
