@@ -2,7 +2,7 @@
 
 Registered in Hydra's ConfigStore so that a misspelt key or a value of the wrong type
 fails at composition, with Hydra's own message, before any process starts. Each config
-group option (conf/<group>/<name>.yaml) starts from the matching `*_schema` node.
+group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
 
 Workers do not compose: they read the resolved `config.yaml` of their run folder back
 into the same schema with `load_run_config`, so every rank runs exactly one config.
@@ -318,12 +318,13 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def register_configs() -> None:
-    """Register the schema nodes; conf/<group>/<name>.yaml starts from `<name>_schema`."""
+    """Register the schema nodes; conf/<group>/<name>.yaml starts from `/schema/<group>/<name>`."""
     cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
+    cs.store(group="schema", name="config", node=Config)
     for group, options in SCHEMAS.items():
         for option, schema in options.items():
-            cs.store(group=group, name=f"{option}_schema", node=schema)
+            # kept in their own group so `sync=` error messages list only real options
+            cs.store(group=f"schema/{group}", name=option, node=schema)
 
 
 def schema_for(group: str, name: str) -> type:

@@ -226,13 +226,23 @@ def test_slurm_per_task_takes_ntasks_as_nproc():
     assert cfg.launcher.nproc_per_node == 3 and cfg.launcher.ntasks_per_node == 3
 
 
-def test_slurm_presets_compose():
-    alps = compose(["launcher=slurm_alps", "launcher.account=a-xyz"]).launcher
+def test_site_presets_compose():
+    alps = compose(["cluster=alps", "launcher.account=a-xyz"]).launcher
     assert (alps.name, alps.partition, alps.gpus_per_node, alps.account) == ("slurm", "normal", 4, "a-xyz")
-    entropy = compose(["launcher=slurm_entropy"]).launcher
-    assert entropy.name == "slurm" and entropy.partition == "common" and entropy.setup
-    rcp = compose(["launcher=runai_rcp"]).launcher
+    assert alps.python == "python"
+    entropy = compose(["cluster=entropy", "launcher.nodes=2"]).launcher
+    assert (entropy.name, entropy.partition, entropy.nodes) == ("slurm", "common", 2)
+    assert entropy.setup == ["source ~/venv/bin/activate"]
+    rcp = compose(["cluster=rcp"]).launcher
     assert rcp.name == "runai" and rcp.rdma and rcp.pvc == ["mlo-scratch:/mloscratch"]
+    assert compose([]).launcher.name == "local"  # no preset by default
+
+
+def test_site_preset_dry_run(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "cluster=alps", "launcher.account=a-xyz",
+                         "launcher.nodes=2")
+    opts = sbatch_header_ok((run_dir / "job.sbatch").read_text())
+    assert {"--partition=normal", "--gpus-per-node=4", "--account=a-xyz", "--nodes=2"} <= set(opts)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -328,8 +338,7 @@ def test_cli_bad_input_is_one_line(tmp_path, args, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), describe(proc)
     assert "Traceback" not in proc.stderr + proc.stdout
-    # (Hydra's default job_logging leaves an empty __main__.log in the cwd: not a run folder)
-    assert not [p for p in tmp_path.iterdir() if p.is_dir()], "a rejected command left a run folder"
+    assert not any(tmp_path.iterdir()), "a rejected command must not leave a run folder"
 
 
 @pytest.mark.parametrize("launcher, tool", [("slurm", "sbatch"), ("mpirun", "mpirun"),

@@ -198,5 +198,19 @@ def start(rendered: Rendered, run_dir: Path) -> int:
     """Start the job and follow it to its end; its exit status is ours."""
     if rendered.starter is not None:
         return rendered.starter()
-    proc = subprocess.run(rendered.command, cwd=os.getcwd())
-    return proc.returncode
+    return run_foreground(rendered.command)
+
+
+def run_foreground(command: list[str]) -> int:
+    """Run a command in the foreground; its exit status is ours. Ctrl-C reaches the job too
+    (same process group): give it time to stop its ranks, then make sure it is gone."""
+    proc = subprocess.Popen(command, cwd=os.getcwd())
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return 130

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 from . import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, free_port,
-               is_this_machine, python_exe, require_tool, setup_block, template)
+               is_this_machine, python_exe, require_tool, run_foreground, setup_block, template)
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
@@ -125,11 +125,9 @@ def render(cfg, run_dir: Path) -> Rendered:
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh), ("hostfile", hostfile)))
 
     def starter() -> int:
-        import subprocess
-
         require_tool(lc.mpirun, "install Open MPI (apt-get install openmpi-bin) or set "
                                 "launcher.mpirun=/path/to/mpirun")
-        return subprocess.run(["bash", str(run_dir / "launch.sh")]).returncode
+        return run_foreground(["bash", str(run_dir / "launch.sh")])
 
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files=files,
                     executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter)
