@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -33,6 +33,10 @@ class LauncherConfig:
     """render and print what would be run, write it into the run folder, start nothing"""
     max_restarts: int = 0
     """torchrun restarts of the whole worker group after a failure (resumes from checkpoint)"""
+    setup: List[str] = field(default_factory=list)
+    """shell lines run on every node before the ranks start (module load ..., source venv/bin/activate)"""
+    python: Optional[str] = None
+    """the python that runs the ranks; null = this interpreter (runai: `python` of the image)"""
 
 
 @dataclass
@@ -41,6 +45,106 @@ class LocalLauncherConfig(LauncherConfig):
 
     master_port: Optional[int] = None
     """rendezvous port; null = a free one"""
+
+
+@dataclass
+class MpirunLauncherConfig(LauncherConfig):
+    """Open MPI's mpirun starts one process per slot (the lab-machines recipe)."""
+
+    hosts: Optional[List[str]] = None
+    """`name:slots` entries (`name` alone = nproc_per_node slots); null = hostfile, else [localhost]"""
+    hostfile: Optional[str] = None
+    """an existing Open MPI hostfile (`name slots=N` lines) instead of hosts"""
+    master_addr: Optional[str] = None
+    """rendezvous address every rank reaches; null = the first host"""
+    master_port: Optional[int] = None
+    """rendezvous port; null = a free one (checked on this machine)"""
+    allow_run_as_root: Optional[bool] = None
+    """pass --allow-run-as-root; null = when running as root"""
+    oversubscribe: Optional[bool] = None
+    """pass --oversubscribe; null = when a local host gets more slots than it has cores"""
+    mpirun: str = "mpirun"
+    """the mpirun executable"""
+    extra_args: List[str] = field(default_factory=list)
+    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]"""
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """sbatch + srun: one torchrun per node, or one task per process (per_task=true)."""
+
+    job_name: str = "ddp_lab"
+    """#SBATCH --job-name (also %x in the log names)"""
+    account: Optional[str] = None
+    """#SBATCH --account"""
+    partition: Optional[str] = None
+    """#SBATCH --partition"""
+    qos: Optional[str] = None
+    """#SBATCH --qos"""
+    time: str = "00:30:00"
+    """#SBATCH --time (wall-clock limit)"""
+    gpus_per_node: Optional[int] = None
+    """#SBATCH --gpus-per-node; null = no GPU request"""
+    cpus_per_task: Optional[int] = None
+    """#SBATCH --cpus-per-task (passed on to srun too)"""
+    ntasks_per_node: Optional[int] = None
+    """#SBATCH --ntasks-per-node; null = 1 (torchrun) or nproc_per_node (per_task)"""
+    environment: Optional[str] = None
+    """#SBATCH --environment=<toml>: a CSCS container environment (EDF)"""
+    contiguous: bool = False
+    """#SBATCH --contiguous: nodes next to each other"""
+    sbatch_extra: List[str] = field(default_factory=list)
+    """more #SBATCH options, e.g. [--mem=0, --exclusive]"""
+    srun_extra: List[str] = field(default_factory=list)
+    """more srun options"""
+    per_task: bool = False
+    """true: srun starts one task per process, no torchrun (ranks from SLURM_PROCID)"""
+    rdzv: str = "c10d"
+    """torchrun rendezvous: c10d (survives restarts) | static (master_addr/port, no restarts)"""
+    master_port: Optional[int] = None
+    """rendezvous port; null = 20000 + job id % 20000 (the same on every node)"""
+    wait: Optional[bool] = None
+    """follow the job to its end and return its exit status; null = when stdin is a terminal"""
+    wait_timeout_s: Optional[float] = None
+    """stop following after this long (the job keeps running); null = no limit"""
+    poll_s: float = 2.0
+    """seconds between squeue/scontrol polls while following"""
+
+
+@dataclass
+class RunaiLauncherConfig(LauncherConfig):
+    """`runai submit-dist pytorch`: RunAI pods, one torchrun per pod (the RCP recipe)."""
+
+    job_name: Optional[str] = None
+    """--name; null = derived from the run folder"""
+    project: Optional[str] = None
+    """--project; null = the CLI's default project"""
+    image: Optional[str] = None
+    """--image: the container image (must hold torch; ddp_lab too, or install it in setup)"""
+    gpus_per_node: int = 1
+    """--gpu: GPUs per pod"""
+    pvc: List[str] = field(default_factory=list)
+    """--pvc entries `claim:/mount`; the run folder must be on one, at the same path"""
+    env: Dict[str, str] = field(default_factory=dict)
+    """-e NAME=VALUE environment variables of the pods"""
+    large_shm: bool = True
+    """--large-shm: a large /dev/shm (NCCL and DataLoader workers use it)"""
+    rdma: bool = False
+    """RoCE: the network annotation + rdma extended resource, and NCCL RDMA settings in the pod"""
+    rdma_annotation: str = "k8s.v1.cni.cncf.io/networks=kube-system/roce"
+    """--annotation used when rdma=true"""
+    rdma_resource: str = "rdma/rdma=1"
+    """--extended-resource used when rdma=true"""
+    extra_args: List[str] = field(default_factory=list)
+    """more `runai submit-dist pytorch` flags"""
+    rdzv: str = "static"
+    """torchrun rendezvous in the pods: static (RunAI's MASTER_ADDR/PORT, RANK as node rank) | c10d (needed for max_restarts)"""
+    wait: Optional[bool] = None
+    """follow the pods' exit files in the run folder; null = when stdin is a terminal"""
+    wait_timeout_s: Optional[float] = None
+    """stop following after this long (the job keeps running); null = no limit"""
+    poll_s: float = 5.0
+    """seconds between looks at the run folder while following"""
 
 
 # -------------------------------------------------------------------- sync
@@ -204,7 +308,8 @@ class Config:
 
 # group -> option -> schema. Adding an option = one dataclass here + one YAML in conf/.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "launcher": {"local": LocalLauncherConfig},
+    "launcher": {"local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
+                 "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig},
     "sync": {"ddp": DDPSyncConfig},
     "model": {"mlp": MLPConfig, "cnn": CNNConfig},
     "data": {"mnist": DataConfig},

@@ -7,7 +7,8 @@ One function, `detect_env`, reads the variables each launcher sets, in this orde
 - srun without torchrun: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
   SLURM_NNODES, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE; master = first host of
   SLURM_JOB_NODELIST (unless MASTER_ADDR is set)
-- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE,NODE_RANK?}
+- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; the node index
+  from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES (set by launcher=mpirun's rank wrapper)
 - RunAI / Kubeflow PyTorchJob pods: WORLD_SIZE and RANK count *pods* (PET_NNODES,
   PET_NODE_RANK in newer operators); one process per pod unless torchrun runs inside,
   in which case torchrun's variables win.
@@ -138,19 +139,18 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     elif "OMPI_COMM_WORLD_RANK" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        # Open MPI sets OMPI_COMM_WORLD_NODE_RANK only in some versions; the node index
-        # follows from the rank when slots are filled host by host (mpirun's default).
-        node_rank = _int(env, "OMPI_COMM_WORLD_NODE_RANK", -1)
+        # Open MPI has no node *index*: OMPI_COMM_WORLD_NODE_RANK is the rank among the
+        # processes on this node (0,1,2 for -np 3 on one host), not which node this is.
+        # launcher=mpirun's rank wrapper computes DDP_LAB_NODE_RANK/NUM_NODES from the
+        # slots; without it, assume equal slots filled host by host (mpirun's default).
+        rank = _int(env, "OMPI_COMM_WORLD_RANK")
         d = dict(
-            rank=_int(env, "OMPI_COMM_WORLD_RANK"),
-            local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-            world_size=world, local_world_size=local_world, node_rank=node_rank,
-            num_nodes=_int(env, "DDP_LAB_NUM_NODES", -1), source="mpi",
+            rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+            world_size=world, local_world_size=local_world,
+            node_rank=_int(env, "DDP_LAB_NODE_RANK", rank // max(local_world, 1)),
+            num_nodes=_int(env, "DDP_LAB_NUM_NODES", max(1, -(-world // max(local_world, 1)))),
+            source="mpi",
         )
-        if d["node_rank"] < 0:
-            d["node_rank"] = _int(env, "DDP_LAB_NODE_RANK", d["rank"] // max(local_world, 1))
-        if d["num_nodes"] < 0:
-            d["num_nodes"] = max(1, -(-world // max(local_world, 1)))
     elif "PET_NNODES" in env or ("WORLD_SIZE" in env and "RANK" in env):
         # RunAI / Kubeflow PyTorchJob: one process per pod; WORLD_SIZE/RANK count pods
         pods = _int(env, "PET_NNODES", _int(env, "WORLD_SIZE", 1)) if "PET_NNODES" in env else _int(env, "WORLD_SIZE")

@@ -24,11 +24,12 @@ def resolve_defaults(cfg: DictConfig) -> DictConfig:
     elsewhere: every rank must read the same absolute folders)."""
     cfg = cfg.copy()
     with open_dict(cfg):
+        try:
+            launch.resolve(cfg)  # the launcher's own defaults and checks (hosts, tasks, ...)
+        except launch.LaunchError as e:
+            raise UserError(str(e)) from None
         if cfg.launcher.nproc_per_node is None:
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            cfg.launcher.nproc_per_node = gpus or 2
+            cfg.launcher.nproc_per_node = launch.default_nproc()
         cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
         cfg.data.mirrors = [m if m == "embedded" or "://" in m else str(Path(m).expanduser().resolve())
                             for m in cfg.data.mirrors]
@@ -79,7 +80,10 @@ def submit(cfg: DictConfig) -> int:
         print(rendered.show.rstrip())
         print(f"run dir: {run_dir}")
         return 0
-    rc = launch.start(rendered, run_dir)
+    try:
+        rc = launch.start(rendered, run_dir)
+    except launch.LaunchError as e:
+        raise UserError(f"{e} (run folder: {run_dir})") from None
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if rc != 0 and summary.get("status", "").startswith("completed"):
@@ -90,7 +94,9 @@ def submit(cfg: DictConfig) -> int:
         summary.setdefault("launcher", cfg.launcher.name)
         summary.setdefault("sync", cfg.sync.name)
         write_json(summary_path, summary)
-        print(f"job failed with exit status {rc}: logs in {run_dir / 'logs'}")
+        why = summary["status"].removeprefix("failed: ")
+        why = "" if why.startswith("job exit status") else f": {why}"
+        print(f"job failed with exit status {rc}{why} (logs in {run_dir / 'logs'})")
     elif summary:
         print(f"test accuracy {summary['test_accuracy']:.4f}, "
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "

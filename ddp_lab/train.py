@@ -32,6 +32,10 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    return _all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
              device: torch.device) -> tuple[float, float]:
@@ -79,7 +83,10 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
 
     start_epoch = 0
     ckpt_dir = run_dir / "checkpoints"
-    if cfg.train.resume or env.restart_count > 0:
+    # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
+    # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
+    restarted = _any_rank(env.restart_count > 0, device)
+    if cfg.train.resume or restarted:
         path = checkpoint.latest(ckpt_dir)
         if path is None and cfg.train.resume:
             raise FileNotFoundError(f"train.resume=true but {ckpt_dir} holds no checkpoint: "
@@ -97,7 +104,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     writer.truncate_after(start_epoch)
     writer.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
 
-    hosts = _gather_hosts(env.world_size)
+    hosts, node_ranks = _gather_placement(env)
     timer = StepTimer(device)
     bar = _progress(cfg, env.is_main)
     steps_per_epoch = len(splits.train)
@@ -179,6 +186,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
                  "%.0f samples/s  comm %.0f%%", epoch + 1, cfg.train.epochs, record["train_loss"],
                  test_loss, test_acc, epoch_time, record["samples_per_s"], 100 * comm_fraction)
+        _maybe_fail_once(ctx, epoch + 1)
 
     if not record:  # resumed a run that had already finished
         test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
@@ -196,7 +204,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         "epoch_time_s_median": statistics.median(epoch_times) if epoch_times else None,
         "epoch_time_s_mean": statistics.fmean(epoch_times) if epoch_times else None,
         "comm_fraction": statistics.fmean(comm_fractions) if comm_fractions else None,
-        "hosts": hosts, "env_source": env.source, "torch": torch.__version__,
+        "hosts": hosts, "node_ranks": node_ranks, "env_source": env.source, "torch": torch.__version__,
     }
     if env.is_main:
         write_json(run_dir / "summary.json", summary)
@@ -210,13 +218,38 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     return summary
 
 
-def _gather_hosts(world_size: int) -> list[str]:
-    """The distinct host names of the world, in rank order."""
+def _gather_placement(env) -> tuple[list[str], list[int]]:
+    """The distinct host names of the world in rank order, and the sorted node ranks (on a
+    loopback cluster every node has the same host name: the node ranks tell them apart)."""
     from .env import hostname
 
-    names: list[Optional[str]] = [None] * world_size
-    if dist.is_initialized() and world_size > 1:
-        dist.all_gather_object(names, hostname())
+    mine = (hostname(), env.node_rank)
+    pairs: list[Optional[tuple[str, int]]] = [None] * env.world_size
+    if dist.is_initialized() and env.world_size > 1:
+        dist.all_gather_object(pairs, mine)
     else:
-        names = [hostname()]
-    return list(dict.fromkeys(n for n in names if n))
+        pairs = [mine]
+    hosts = list(dict.fromkeys(p[0] for p in pairs if p))
+    return hosts, sorted({p[1] for p in pairs if p})
+
+
+def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:
+    """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R
+    after epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    import os
+
+    spec = os.environ.get("DDP_LAB_FAIL_ONCE")
+    if not spec or ctx.env.restart_count > 0:
+        return
+    try:
+        want = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        rank, at = want["rank"], want["epoch"]
+    except (ValueError, KeyError):
+        raise ValueError(f"DDP_LAB_FAIL_ONCE={spec!r}: expected 'rank=R,epoch=E'") from None
+    if epoch != at:
+        return
+    ctx.barrier()  # load-bearing: rank 0 has written this epoch's checkpoint before anyone dies
+    if ctx.env.rank == rank:
+        log.error("DDP_LAB_FAIL_ONCE: rank %d exits after epoch %d (first attempt only)", rank, epoch)
+        logging.shutdown()
+        os._exit(17)  # a crash, not an exception: no clean-up, as a killed process

@@ -9,9 +9,17 @@ MASTER_PORT=${{MASTER_PORT:-{port}}}
 MAX_RESTARTS=${{MAX_RESTARTS:-{max_restarts}}}
 # the worker sets torch's thread count itself; this silences torchrun's OMP notice
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}
-
+# run the ddp_lab that rendered this script
+export PYTHONPATH={code_dir}${{PYTHONPATH:+:$PYTHONPATH}}
+{setup}
+# Restarts (launcher.max_restarts) need a fresh store per attempt, or the new workers read
+# the dead ones' addresses from it and gloo's connect times out: hence c10d rendezvous, not
+# static (--master_addr/--master_port), and no sharing of the agent's store with the workers
+# (pytorch/pytorch#135712).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec {python} -m torch.distributed.run \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
-  --master_addr=127.0.0.1 --master_port="$MASTER_PORT" \
+  --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \
+  --rdzv_conf=join_timeout={join_timeout} \
   --max_restarts="$MAX_RESTARTS" \
   -m {entry} {run_dir}

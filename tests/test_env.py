@@ -116,3 +116,23 @@ def test_inconsistent_sets_are_clear_errors(env, message):
 ])
 def test_first_slurm_host(nodelist, first):
     assert first_slurm_host(nodelist) == first
+
+
+def test_openmpi_node_rank_is_not_a_node_index():
+    # what Open MPI 4.1 really sets for `mpirun -np 3` on one host: NODE_RANK counts the
+    # processes on the node (0, 1, 2), it is not which node this is
+    for r in range(3):
+        env = {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "3",
+               "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+               "OMPI_COMM_WORLD_NODE_RANK": str(r)}
+        e = detect_env(env)
+        assert (e.node_rank, e.num_nodes) == (0, 1)
+
+
+def test_openmpi_uneven_slots_use_the_wrappers_node_index():
+    # hosts red01:2, orange07:1, purple11:1 -> rank 2 is alone on node 1 of 3
+    env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+           "DDP_LAB_NODE_RANK": "1", "DDP_LAB_NUM_NODES": "3", "MASTER_ADDR": "red01"}
+    e = detect_env(env)
+    assert (e.node_rank, e.num_nodes, e.local_world_size) == (1, 3, 1)

@@ -76,11 +76,12 @@ def validate(cfg: DictConfig) -> None:
 def resolve(cfg: DictConfig) -> DictConfig:
     cfg = cfg.copy()
     with open_dict(cfg):
+        try:
+            launch.resolve(cfg)  # the launcher's own defaults and checks, as for training
+        except launch.LaunchError as e:
+            raise UserError(str(e)) from None
         if cfg.launcher.nproc_per_node is None:
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            cfg.launcher.nproc_per_node = gpus or 2
+            cfg.launcher.nproc_per_node = launch.default_nproc()
     validate(cfg)
     return cfg
 
@@ -103,7 +104,10 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
         print(rendered.show.rstrip())
         print(f"run dir: {run_dir}")
         return 0
-    rc = launch.start(rendered, run_dir)
+    try:
+        rc = launch.start(rendered, run_dir)
+    except launch.LaunchError as e:
+        raise UserError(f"{e} (run folder: {run_dir})") from None
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if rc != 0:
@@ -112,6 +116,9 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
                        "status": f"failed: job exit status {rc} (see {run_dir / 'logs'})"}
             write_json(summary_path, summary)
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
+    elif not summary:  # submitted without following (launcher.wait=false): still running
+        print(f"no results yet: bench.md, bench.csv and plots/ appear in {run_dir} when the "
+              "job ends")
     else:
         if summary.get("measurements"):
             print(_peak_table(run_dir))

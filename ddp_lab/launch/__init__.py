@@ -1,18 +1,30 @@
 """Launchers: render what will run into the run folder, then start it and follow it.
 
-Each launcher module has `render(cfg, run_dir) -> Rendered` (pure: files and a command)
-and the shared `start` runs the command and returns the job's exit status.
+One module per launcher (local, mpirun, slurm, runai), each with
+
+- `resolve(cfg)`: fill the launcher's derived settings into `cfg.launcher` and reject bad
+  input with a `LaunchError`, before the run folder exists (so config.yaml records them);
+- `render(cfg, run_dir) -> Rendered`: pure: the files to write and the command to run;
+  `Rendered.starter`, when set, starts + follows the job (sbatch, runai); otherwise the
+  command runs in the foreground and its exit status is the job's.
+
+Templates live in `launchers/` and are filled with `str.format` (bash braces doubled).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from types import ModuleType
+from typing import Callable, Optional, TextIO
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "launchers"
 
 
 class LaunchError(RuntimeError):
@@ -25,8 +37,11 @@ class Rendered:
     files: dict[str, str] = field(default_factory=dict)  # name -> content, into the run folder
     executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
+    starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
 
     def write(self, run_dir: Path) -> None:
+        # logs/ must exist before the job starts: sbatch --output does not create folders
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         for name, content in self.files.items():
             path = run_dir / name
             path.write_text(content)
@@ -34,6 +49,7 @@ class Rendered:
                 path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
+# ------------------------------------------------------------------ helpers
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -41,6 +57,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    if not 0 < port < 65536:
+        raise LaunchError(f"launcher.master_port={port} is not a port (1..65535)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
@@ -49,23 +67,150 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
                               "launcher.master_port, or leave it null for a free one") from None
 
 
-def start(rendered: Rendered, run_dir: Path) -> int:
-    """Run the job in the foreground; its exit status is ours."""
-    proc = subprocess.run(rendered.command, cwd=os.getcwd())
-    return proc.returncode
+def is_this_machine(host: str) -> bool:
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
+             socket.gethostname().split(".")[0]}
+    return host in names
 
 
-def registry() -> dict[str, Callable]:
-    from . import local
+def default_nproc() -> int:
+    """One process per visible GPU, else 2 (CPU ranks)."""
+    import torch
 
-    return {"local": local.render}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus or 2
+
+
+def code_dir() -> Path:
+    """The folder holding the `ddp_lab` package that renders: the ranks run the same code."""
+    return Path(__file__).resolve().parents[2]
+
+
+def python_exe(lc) -> str:
+    return lc.python or sys.executable
+
+
+def setup_block(lines) -> str:
+    lines = [str(x) for x in (lines or [])]
+    if not lines:
+        return "# (no setup lines; add some with launcher.setup=['module load ...', ...])"
+    return "# launcher.setup\n" + "\n".join(lines)
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def require_tool(tool: str, where: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise LaunchError(f"{tool} not found on PATH: {where} (launcher.dry_run=true renders "
+                          "and prints what would run, without it)")
+    return path
+
+
+def should_wait(value: Optional[bool]) -> bool:
+    """launcher.wait: null means follow the job when a person is watching (stdin is a tty)."""
+    if value is None:
+        try:
+            return sys.stdin is not None and sys.stdin.isatty()
+        except ValueError:  # stdin closed
+            return False
+    return bool(value)
+
+
+class Tail:
+    """Print what a growing log file gains, whole lines only (the job may be mid-line)."""
+
+    def __init__(self, path: Path, out: TextIO):
+        self.path, self.out, self.pos = path, out, 0
+
+    def poll(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return
+        if not final:
+            chunk = chunk[: chunk.rfind(b"\n") + 1]
+        if chunk:
+            self.pos += len(chunk)
+            self.out.write(chunk.decode(errors="replace"))
+            self.out.flush()
+
+
+def tail_text(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def diagnose(logs: list[Path], lines: int = 15) -> str:
+    """What a failed job's logs say: every rank's one-line `failed: ...` reason (the worker
+    writes one), then the last lines of the first log that has any (the launcher's view)."""
+    reasons: list[str] = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        reasons += [ln.strip() for ln in text.splitlines()
+                    if "] failed: " in ln and ln.strip() not in reasons]
+    tail_of = next((p for p in logs if tail_text(p)), None)
+    parts = []
+    if reasons:
+        parts.append("the ranks said:\n  " + "\n  ".join(reasons[:8]))
+    if tail_of is not None:
+        parts.append(f"last lines of {tail_of}:\n{tail_text(tail_of, lines)}")
+    return "\n".join(parts) or "no log output (see the run folder's logs/)"
+
+
+# ----------------------------------------------------------------- dispatch
+def modules() -> dict[str, ModuleType]:
+    from . import local, mpirun, runai, slurm
+
+    return {"local": local, "mpirun": mpirun, "slurm": slurm, "runai": runai}
+
+
+def _module(name: str) -> ModuleType:
+    mods = modules()
+    try:
+        return mods[name]
+    except KeyError:
+        raise LaunchError(f"unknown launcher '{name}': choose one of {', '.join(mods)}") from None
+
+
+def resolve(cfg) -> None:
+    """Fill cfg.launcher's derived settings in place (cfg must be open for new keys)."""
+    mod = _module(cfg.launcher.name)
+    if hasattr(mod, "resolve"):
+        mod.resolve(cfg)
 
 
 def render(cfg, run_dir: Path) -> Rendered:
-    renderers = registry()
+    return _module(cfg.launcher.name).render(cfg, run_dir)
+
+
+def start(rendered: Rendered, run_dir: Path) -> int:
+    """Start the job and follow it to its end; its exit status is ours."""
+    if rendered.starter is not None:
+        return rendered.starter()
+    return run_foreground(rendered.command)
+
+
+def run_foreground(command: list[str]) -> int:
+    """Run a command in the foreground; its exit status is ours. Ctrl-C reaches the job too
+    (same process group): give it time to stop its ranks, then make sure it is gone."""
+    proc = subprocess.Popen(command, cwd=os.getcwd())
     try:
-        fn = renderers[cfg.launcher.name]
-    except KeyError:
-        raise LaunchError(f"unknown launcher '{cfg.launcher.name}': choose one of "
-                          f"{', '.join(renderers)}") from None
-    return fn(cfg, run_dir)
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return 130

@@ -3,32 +3,35 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
-from . import LaunchError, Rendered, check_port_free, free_port
+from . import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, free_port,
+               python_exe, setup_block, template)
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "launchers" / "local.sh"
 
-
-def render(cfg, run_dir: Path) -> Rendered:
+def resolve(cfg) -> None:
     lc = cfg.launcher
     if lc.nodes != 1:
         raise LaunchError(f"launcher=local runs on this machine only (launcher.nodes={lc.nodes}): "
                           "use launcher=slurm, mpirun or runai for several nodes")
-    if lc.nproc_per_node is None or lc.nproc_per_node < 1:
+    if lc.nproc_per_node is None:
+        lc.nproc_per_node = default_nproc()
+    if lc.nproc_per_node < 1:
         raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
     if lc.max_restarts < 0:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
-    if lc.master_port is None:
-        port = free_port()
-    else:
+    if lc.master_port is not None:
         check_port_free(lc.master_port)
-        port = lc.master_port
-    script = TEMPLATE.read_text().format(
-        python=shlex.quote(sys.executable), nproc=lc.nproc_per_node, port=port,
+
+
+def render(cfg, run_dir: Path) -> Rendered:
+    lc = cfg.launcher
+    port = lc.master_port if lc.master_port is not None else free_port()
+    script = template("local.sh").format(
+        python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
         max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)),
-        entry=shlex.quote(cfg.run.entry))
+        code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
+        join_timeout=max(1, int(cfg.dist.timeout_s)), entry=shlex.quote(cfg.run.entry))
     path = run_dir / "launch.sh"
     return Rendered(command=["bash", str(path)], files={"launch.sh": script},
                     executable=("launch.sh",), show=script)

@@ -1,0 +1,133 @@
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe).
+
+    python -m ddp_lab launcher=mpirun launcher.hosts=[red01:2,orange07:1,purple11:1]
+    python -m ddp_lab launcher=mpirun launcher.hostfile=hosts
+
+Renders into the run folder: `hostfile`, `mpi_rank.sh` (per rank: setup lines, then
+`exec python -m <run.entry> RUN_DIR`) and `launch.sh` (the mpirun command).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+from . import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, free_port,
+               is_this_machine, python_exe, require_tool, run_foreground, setup_block, template)
+
+_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
+    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07', default_slots)]."""
+    out: list[tuple[str, int]] = []
+    for entry in entries:
+        name, _, slots = str(entry).strip().partition(":")
+        if not _HOST.fullmatch(name):
+            raise LaunchError(f"launcher.hosts entry {entry!r}: expected name or name:slots")
+        try:
+            n = int(slots) if slots else default_slots
+        except ValueError:
+            raise LaunchError(f"launcher.hosts entry {entry!r}: slots must be an integer") from None
+        if n < 1:
+            raise LaunchError(f"launcher.hosts entry {entry!r}: slots must be >= 1")
+        out.append((name, n))
+    names = [n for n, _ in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise LaunchError(f"launcher.hosts lists {', '.join(dupes)} more than once: "
+                          "give each host once, with its slot count")
+    return out
+
+
+def read_hostfile(path: str, default_slots: int) -> list[str]:
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise LaunchError(f"launcher.hostfile={path}: no such file")
+    entries = []
+    for line in p.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, rest = (line.split(None, 1) + [""])[:2]
+        rest = re.sub(r"\s*=\s*", "=", rest)  # the notebook writes `max_slots = 2`
+        opts = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+        slots = opts.get("slots") or opts.get("max_slots") or str(default_slots)
+        entries.append(f"{name}:{slots}")
+    return entries
+
+
+def resolve(cfg) -> None:
+    lc = cfg.launcher
+    if lc.max_restarts:
+        raise LaunchError("launcher=mpirun cannot restart ranks (launcher.max_restarts needs "
+                          "torchrun: use launcher=local or slurm)")
+    default_slots = lc.nproc_per_node if lc.nproc_per_node is not None else default_nproc()
+    if lc.hosts is not None and lc.hostfile:
+        raise LaunchError("give launcher.hosts or launcher.hostfile, not both")
+    if lc.hostfile:
+        entries = read_hostfile(lc.hostfile, default_slots)
+        where = f"launcher.hostfile={lc.hostfile}"
+    elif lc.hosts is None:
+        entries, where = [f"localhost:{default_slots}"], "launcher.hosts"
+    else:
+        entries, where = list(lc.hosts), "launcher.hosts"
+    if not entries:
+        raise LaunchError(f"{where} lists no host: give at least one, e.g. "
+                          "launcher.hosts=[localhost:2] or [red01:2,orange07:1]")
+    hosts = parse_hosts(entries, default_slots)
+    if lc.nodes not in (1, len(hosts)):
+        raise LaunchError(f"launcher.nodes={lc.nodes} but {where} gives {len(hosts)} host(s): "
+                          "the hosts decide; drop launcher.nodes")
+    master = lc.master_addr or hosts[0][0]
+    if master == "localhost":
+        master = "127.0.0.1"
+    if len(hosts) > 1 and master in ("127.0.0.1", "::1"):
+        raise LaunchError(f"the first host is {hosts[0][0]}, which the other hosts cannot reach: "
+                          "set launcher.master_addr to this machine's name or address")
+    if lc.master_port is not None and is_this_machine(master):
+        check_port_free(lc.master_port)
+    lc.hosts = [f"{n}:{s}" for n, s in hosts]
+    lc.hostfile = None
+    lc.nodes = len(hosts)
+    lc.nproc_per_node = max(s for _, s in hosts)
+    lc.master_addr = master
+    if lc.allow_run_as_root is None:
+        lc.allow_run_as_root = os.geteuid() == 0
+    if lc.oversubscribe is None:
+        cores = os.cpu_count() or 1
+        lc.oversubscribe = any(is_this_machine(n) and s > cores for n, s in hosts)
+
+
+def render(cfg, run_dir: Path) -> Rendered:
+    lc = cfg.launcher
+    hosts = parse_hosts(lc.hosts, 1)
+    np_total = sum(s for _, s in hosts)
+    port = lc.master_port if lc.master_port is not None else free_port()
+    flags = [*(["--allow-run-as-root"] if lc.allow_run_as_root else []),
+             *(["--oversubscribe"] if lc.oversubscribe else [])]
+    extra = "".join(f" {shlex.quote(str(a))}" for a in lc.extra_args)
+    q_run = shlex.quote(str(run_dir))
+    launch_sh = template("mpirun.sh").format(
+        run_dir=q_run, master_addr=shlex.quote(lc.master_addr), master_port=port,
+        mpirun=shlex.quote(lc.mpirun), flags="".join(f"{f} " for f in flags), np=np_total,
+        extra=extra, hosts_summary=", ".join(f"{n}:{s}" for n, s in hosts))
+    rank_sh = template("mpi_rank.sh").format(
+        setup=setup_block(lc.setup), code_dir=shlex.quote(str(code_dir())),
+        slots=" ".join(str(s) for _, s in hosts), python=shlex.quote(python_exe(lc)),
+        run_dir=q_run, entry=shlex.quote(cfg.run.entry))
+    hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
+    files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
+    show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
+                     (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh), ("hostfile", hostfile)))
+
+    def starter() -> int:
+        require_tool(lc.mpirun, "install Open MPI (apt-get install openmpi-bin) or set "
+                                "launcher.mpirun=/path/to/mpirun")
+        return run_foreground(["bash", str(run_dir / "launch.sh")])
+
+    return Rendered(command=["bash", str(run_dir / "launch.sh")], files=files,
+                    executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter)

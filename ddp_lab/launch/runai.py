@@ -1,0 +1,219 @@
+"""launcher=runai: `runai submit-dist pytorch` + a pod entry script (the RCP recipe).
+
+    python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 launcher.image=...
+    python -m ddp_lab launcher=runai launcher.dry_run=true    # print the command + pod script
+
+RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
+pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
+torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts). The run folder
+must be on a PVC the pods mount at the same path as this machine sees it.
+
+Flags used are the documented ones of `runai submit-dist pytorch` (run-ai/docs,
+docs/Researcher/cli-reference/runai-submit-dist-pytorch.md, CLI v2.10+).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
+               template)
+
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def resolve(cfg) -> None:
+    lc = cfg.launcher
+    if lc.nodes < 1:
+        raise LaunchError(f"launcher.nodes={lc.nodes}: must be >= 1 (pods)")
+    if lc.gpus_per_node < 0:
+        raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0")
+    if lc.nproc_per_node is None:
+        lc.nproc_per_node = lc.gpus_per_node or 2
+    if lc.nproc_per_node < 1:
+        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
+    if lc.gpus_per_node and lc.nproc_per_node > lc.gpus_per_node and cfg.dist.device != "cpu":
+        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node} > launcher.gpus_per_node="
+                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses)")
+    if lc.rdzv not in ("static", "c10d"):
+        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose static or c10d")
+    if lc.rdzv == "static" and lc.max_restarts:
+        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
+                          "outlives a restart and the new ranks hang; use launcher.rdzv=c10d")
+    if not lc.image and not lc.dry_run:
+        raise LaunchError("launcher.image is not set: give the container image the pods run "
+                          "(it needs torch; ddp_lab too, or install it with launcher.setup)")
+    if lc.job_name is not None and not (_K8S_NAME.fullmatch(lc.job_name) and len(lc.job_name) <= 50):
+        raise LaunchError(f"launcher.job_name={lc.job_name!r}: lowercase letters, digits and '-', "
+                          "at most 50 characters (a Kubernetes name)")
+    for v in lc.pvc:
+        claim, _, mount = str(v).partition(":")
+        if not claim or not mount.startswith("/"):
+            raise LaunchError(f"launcher.pvc entry {v!r}: expected claim:/mount/path")
+    for k in lc.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
+            raise LaunchError(f"launcher.env key {k!r}: not an environment variable name")
+    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
+        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
+
+
+def job_name(cfg, run_dir: Path) -> str:
+    if cfg.launcher.job_name:
+        return cfg.launcher.job_name
+    name = re.sub(r"[^a-z0-9]+", "-", run_dir.name.lower()).strip("-")
+    return ("ddplab-" + name)[:50].rstrip("-")
+
+
+def submit_command(cfg, run_dir: Path) -> list[str]:
+    lc = cfg.launcher
+    cmd = ["runai", "submit-dist", "pytorch", "--name", job_name(cfg, run_dir)]
+    if lc.project:
+        cmd += ["--project", lc.project]
+    cmd += ["--image", lc.image or "IMAGE-NOT-SET",
+            "--workers", str(lc.nodes - 1),  # RunAI adds the master pod itself
+            "--gpu", str(lc.gpus_per_node)]
+    for v in lc.pvc:
+        cmd += ["--pvc", str(v)]
+    for k, v in lc.env.items():
+        cmd += ["-e", f"{k}={v}"]
+    if lc.large_shm:
+        cmd.append("--large-shm")
+    if lc.rdma:  # RoCE: the secondary network and the RDMA device of the node
+        cmd += ["--annotation", lc.rdma_annotation, "--extended-resource", lc.rdma_resource]
+    cmd += [str(a) for a in lc.extra_args]
+    # --command: run our script instead of appending it to the image's entry point
+    cmd += ["--command", "--", "bash", str(run_dir / "pod.sh")]
+    return cmd
+
+
+def pod_script(cfg, run_dir: Path) -> str:
+    lc = cfg.launcher
+    py = shlex.quote(lc.python or "python")
+    timeout = max(1, int(cfg.dist.timeout_s))
+    if lc.rdzv == "static":
+        rdzv = (f'--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" '
+                f'--rdzv_conf=timeout={timeout}')
+    else:
+        rdzv = (f'--rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" '
+                f'--rdzv_conf=join_timeout={timeout}')
+    if lc.rdma:
+        rdma = ("# RoCE: NCCL's RDMA device (NCCL_IB_HCA), GID index and socket settings, read\n"
+                "# from /sys/class/infiniband by ddp_lab.nccl_env (the RunAI guide's recipe).\n"
+                "# An assignment, not eval \"$(...)\": a failure must stop the pod (set -e).\n"
+                f"NCCL_EXPORTS=\"$({py} -m ddp_lab.nccl_env)\"\n"
+                "echo \"$NCCL_EXPORTS\"\n"
+                "eval \"$NCCL_EXPORTS\"")
+    else:
+        rdma = "# (launcher.rdma=false: NCCL picks its transport itself)"
+    summary = f"{lc.nodes} pod(s) x {lc.nproc_per_node} process(es)"
+    return template("runai_pod.sh").format(
+        summary=summary, run_dir_q=shlex.quote(str(run_dir)), nproc=lc.nproc_per_node,
+        setup=setup_block(lc.setup), rdma=rdma, python=py, rdzv=rdzv,
+        max_restarts=lc.max_restarts, entry=shlex.quote(cfg.run.entry))
+
+
+def render(cfg, run_dir: Path) -> Rendered:
+    lc = cfg.launcher
+    cmd = submit_command(cfg, run_dir)
+    pretty = " \\\n    ".join(_pairs(cmd))
+    submit_sh = ("#!/usr/bin/env bash\n"
+                 "# ddp_lab: the RunAI submission of this run (rendered by launcher=runai).\n"
+                 "# Every pod runs pod.sh beside this file; the run folder must be on a PVC.\n"
+                 f"set -euo pipefail\n{pretty}\n")
+    pod = pod_script(cfg, run_dir)
+    warn = "" if lc.image else "# warning: launcher.image is not set: add launcher.image=<registry/image:tag>\n"
+    show = f"# ---- runai_submit.sh\n{warn}{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
+    return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod},
+                    executable=("runai_submit.sh", "pod.sh"), show=show,
+                    starter=lambda: submit_and_follow(cfg, run_dir, cmd, submit_sh))
+
+
+def _pairs(cmd: list[str]) -> list[str]:
+    """Quote, and keep each flag on one line with its value, for a readable script."""
+    out: list[str] = []
+    i = 0
+    while i < len(cmd):
+        a = cmd[i]
+        if a == "--command":
+            out.append(" ".join(shlex.quote(x) for x in cmd[i:]))
+            break
+        if a.startswith("-") and i + 1 < len(cmd) and not cmd[i + 1].startswith("-"):
+            out.append(f"{shlex.quote(a)} {shlex.quote(cmd[i + 1])}")
+            i += 2
+        else:
+            out.append(shlex.quote(a))
+            i += 1
+    # `runai submit-dist pytorch --name x` reads better on the first line
+    return [" ".join(out[:4])] + out[4:] if len(out) > 4 else out
+
+
+# ------------------------------------------------------------------ follow
+def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int:
+    lc = cfg.launcher
+    try:
+        require_tool("runai", "install the RunAI CLI and `runai login`")
+    except LaunchError as e:
+        print(submit_sh.rstrip())
+        raise LaunchError(f"{e}; the command above was not run (it is also in "
+                          f"{run_dir / 'runai_submit.sh'})") from None
+    for old in (run_dir / "logs").glob("pod*.exit"):  # a reused run folder: start afresh
+        old.unlink()
+    res = subprocess.run(cmd)
+    if res.returncode != 0:
+        print(f"[runai] submit-dist failed with exit status {res.returncode}", file=sys.stderr)
+        return res.returncode
+    name = job_name(cfg, run_dir)
+    print(f"submitted RunAI job {name}: {lc.nodes} pod(s) x {lc.nproc_per_node} process(es)\n"
+          f"  pod logs: {run_dir / 'logs'}/pod<N>.log", flush=True)
+    if not should_wait(lc.wait):
+        print(f"not following it (launcher.wait=false): runai describe job {name}; "
+              f"runai logs {name} -f", flush=True)
+        return 0
+    return follow(run_dir, lc.nodes, name, lc.wait_timeout_s, lc.poll_s)
+
+
+def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:
+    """Wait for every pod's exit file in the (shared) run folder; stream pod 0's log."""
+    logs = run_dir / "logs"
+    tail = Tail(logs / "pod0.log", sys.stdout)
+    t0 = time.monotonic()
+    hinted = False
+    try:
+        while True:
+            tail.poll()
+            done = {p.name: p for p in logs.glob("pod*.exit")}
+            if len(done) >= pods:
+                break
+            waited = time.monotonic() - t0
+            if not hinted and waited > 120 and not any(logs.glob("pod*.log")):
+                print(f"[runai] no pod has written to {logs} after {waited:.0f} s: the pods may "
+                      f"be pending (runai describe job {name}), or the run folder is not on the "
+                      "PVC they mount", file=sys.stderr)
+                hinted = True
+            if timeout_s is not None and waited > timeout_s:
+                print(f"[runai] {len(done)}/{pods} pod(s) done after {timeout_s:.0f} s "
+                      f"(launcher.wait_timeout_s): the job keeps running; runai delete job {name} "
+                      "stops it", file=sys.stderr)
+                return 124
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        print(f"\n[runai] stopped following; job {name} keeps running", file=sys.stderr)
+        return 130
+    tail.poll(final=True)
+    codes = {}
+    for p in sorted(done.values()):
+        try:
+            codes[p.stem] = int(p.read_text().strip() or 1)
+        except ValueError:
+            codes[p.stem] = 1
+    rc = next((c for c in codes.values() if c != 0), 0)
+    print(f"[runai] job {name}: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()), flush=True)
+    if rc != 0:
+        bad = [logs / f"{k}.log" for k, v in codes.items() if v != 0]
+        print(f"[runai] job {name} failed: {diagnose(bad)}", file=sys.stderr)
+    return rc

@@ -1,0 +1,271 @@
+"""launcher=slurm: an sbatch script whose srun starts the ranks (the Alps / entropy recipes).
+
+    python -m ddp_lab launcher=slurm launcher.nodes=4 launcher.account=a-xyz sync=ring
+    python -m ddp_lab launcher=slurm launcher.dry_run=true          # print the sbatch script
+    python -m ddp_lab launcher=slurm launcher.per_task=true         # one srun task per process
+
+Two modes:
+- torchrun (default): one srun task per node, each a torchrun that starts nproc_per_node
+  processes; rendezvous c10d (or static) at the first node, port from the job id.
+- per_task=true: srun starts every process itself (ntasks-per-node = nproc_per_node);
+  ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.env reads them).
+
+Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
+it follows the job through scontrol, streams its log and returns its exit status.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
+               setup_block, should_wait, template)
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+_NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
+
+
+def resolve(cfg) -> None:
+    lc = cfg.launcher
+    if lc.nodes < 1:
+        raise LaunchError(f"launcher.nodes={lc.nodes}: must be >= 1")
+    if lc.gpus_per_node is not None and lc.gpus_per_node < 0:
+        raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0 (or null)")
+    nproc = lc.nproc_per_node
+    if lc.per_task:
+        if lc.ntasks_per_node is not None:
+            if nproc is None:
+                nproc = lc.ntasks_per_node
+            elif lc.ntasks_per_node != nproc:
+                raise LaunchError(
+                    f"launcher.ntasks_per_node={lc.ntasks_per_node} but launcher.nproc_per_node="
+                    f"{nproc}: with per_task=true every task is one process; set one of them")
+        if lc.max_restarts:
+            raise LaunchError("launcher.max_restarts needs torchrun: use per_task=false "
+                              "(srun alone does not restart ranks)")
+    elif lc.ntasks_per_node not in (None, 1):
+        raise LaunchError(
+            f"launcher.ntasks_per_node={lc.ntasks_per_node} with torchrun: srun starts one "
+            "torchrun per node, which starts the processes; set launcher.nproc_per_node="
+            f"{lc.ntasks_per_node} instead, or launcher.per_task=true for one task per process")
+    if nproc is None:
+        nproc = lc.gpus_per_node or 2
+    if nproc < 1:
+        raise LaunchError(f"launcher.nproc_per_node={nproc}: must be >= 1")
+    if lc.gpus_per_node and nproc > lc.gpus_per_node and cfg.dist.device != "cpu":
+        raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
+                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
+                          "lower nproc_per_node, or set dist.device=cpu")
+    lc.nproc_per_node = nproc
+    lc.ntasks_per_node = nproc if lc.per_task else 1
+    if lc.rdzv not in ("c10d", "static"):
+        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
+    if lc.rdzv == "static" and lc.max_restarts:
+        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
+                          "outlives a restart and the new ranks hang on the old addresses; "
+                          "use launcher.rdzv=c10d")
+    if lc.master_port is not None and not 0 < lc.master_port < 65536:
+        raise LaunchError(f"launcher.master_port={lc.master_port}: not a port (1..65535)")
+    if lc.max_restarts < 0:
+        raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
+    if not _NAME.fullmatch(lc.job_name):
+        raise LaunchError(f"launcher.job_name={lc.job_name!r}: letters, digits, _ . + - only")
+    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
+        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
+    if lc.poll_s <= 0:
+        raise LaunchError(f"launcher.poll_s={lc.poll_s}: must be > 0")
+
+
+def sbatch_lines(cfg, run_dir: Path) -> list[str]:
+    lc = cfg.launcher
+    opts = [f"--job-name={lc.job_name}"]
+    opts += [f"--{k}={v}" for k, v in (("account", lc.account), ("partition", lc.partition),
+                                        ("qos", lc.qos)) if v]
+    opts += [f"--nodes={lc.nodes}", f"--ntasks-per-node={lc.ntasks_per_node}"]
+    if lc.gpus_per_node:
+        opts.append(f"--gpus-per-node={lc.gpus_per_node}")
+    if lc.cpus_per_task:
+        opts.append(f"--cpus-per-task={lc.cpus_per_task}")
+    opts += [f"--time={lc.time}",
+             f"--output={run_dir}/logs/%x_%j.out", f"--error={run_dir}/logs/%x_%j.err"]
+    if lc.environment:
+        opts.append(f"--environment={lc.environment}")
+    if lc.contiguous:
+        opts.append("--contiguous")
+    for extra in lc.sbatch_extra:
+        extra = str(extra).strip().removeprefix("#SBATCH").strip()
+        if not extra.startswith("-"):
+            raise LaunchError(f"launcher.sbatch_extra entry {extra!r}: expected an sbatch "
+                              "option such as --mem=0")
+        opts.append(extra)
+    return [f"#SBATCH {o}" for o in opts]
+
+
+def launch_block(cfg) -> str:
+    lc = cfg.launcher
+    py = shlex.quote(python_exe(lc))
+    entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if lc.cpus_per_task:
+        # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
+        srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
+    srun += [shlex.quote(str(a)) for a in lc.srun_extra]
+    if lc.per_task:
+        return ("# One task per process: srun starts every rank; each reads its rank from\n"
+                "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.env).\n"
+                f"{' '.join(srun)} \\\n  {py} -m {entry} \"$RUN_DIR\"")
+    timeout = max(1, int(cfg.dist.timeout_s))
+    if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
+        rdzv = ("--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT "
+                f"--rdzv_id=$SLURM_JOB_ID --rdzv_conf=join_timeout={timeout}")
+    else:
+        rdzv = ("--rdzv_backend=static --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT "
+                f"--node_rank=\\$SLURM_NODEID --rdzv_conf=timeout={timeout}")
+    srun.insert(2, "--ntasks-per-node=1")
+    return (
+        "# A fresh store per restart attempt (pytorch/pytorch#135712): without it restarted\n"
+        "# workers can read the dead ones' addresses and time out connecting.\n"
+        "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
+        "# One task per node: srun starts a torchrun on each node, torchrun its processes.\n"
+        "# $VAR expands here, on the first node; \\$VAR inside the quotes expands on each\n"
+        "# node (without the backslash every node would claim node rank 0).\n"
+        f"{' '.join(srun)} bash -c \"\n"
+        "  echo \\\"[srun] node \\$SLURM_NODEID of $SLURM_JOB_NUM_NODES: \\$(hostname)\\\"\n"
+        f"  exec {py} -m torch.distributed.run \\\n"
+        "    --nnodes=$SLURM_JOB_NUM_NODES --nproc_per_node=$NPROC_PER_NODE \\\n"
+        f"    {rdzv} \\\n"
+        f"    --max_restarts={lc.max_restarts} \\\n"
+        f"    -m {entry} \\\"$RUN_DIR\\\"\"")
+
+
+def render(cfg, run_dir: Path) -> Rendered:
+    lc = cfg.launcher
+    if re.search(r"\s", str(run_dir)):
+        raise LaunchError(f"run folder {run_dir} has a space: #SBATCH --output cannot carry "
+                          "it; pick a run.root without spaces")
+    if lc.master_port is not None:
+        port_line = f"export MASTER_PORT={lc.master_port}"
+    else:
+        port_line = ("# the same port on every node, from the job id (ddp_lab.env.slurm_port)\n"
+                     "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))")
+    mode = "one task per process" if lc.per_task else "one torchrun per node"
+    summary = f"{lc.nodes} node(s) x {lc.nproc_per_node} process(es), {mode}"
+    script = template("slurm.sbatch").format(
+        summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
+        sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
+        setup=setup_block(lc.setup), code_dir=shlex.quote(str(code_dir())),
+        port_line=port_line, launch=launch_block(cfg))
+    path = run_dir / "job.sbatch"
+    command = ["sbatch", "--parsable", str(path)]
+    show = script.rstrip() + f"\n# submit with: {' '.join(command)}\n"
+    return Rendered(command=command, files={"job.sbatch": script}, executable=("job.sbatch",),
+                    show=show, starter=lambda: submit_and_follow(cfg, run_dir, path, summary))
+
+
+# ------------------------------------------------------------------ follow
+def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
+    lc = cfg.launcher
+    sbatch = require_tool("sbatch", "run this on a SLURM login node")
+    try:
+        res = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True,
+                             text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise LaunchError("sbatch did not answer within 120 s: is slurmctld up? (sinfo)") from None
+    if res.returncode != 0:
+        raise LaunchError(f"sbatch refused the job: {res.stderr.strip() or res.stdout.strip()}")
+    job_id = res.stdout.strip().split(";")[0]
+    (run_dir / "job_id").write_text(job_id + "\n")
+    out = run_dir / "logs" / f"{lc.job_name}_{job_id}.out"
+    err = run_dir / "logs" / f"{lc.job_name}_{job_id}.err"
+    print(f"submitted SLURM job {job_id}: {summary}\n  output: {out}\n  errors: {err}", flush=True)
+    if not should_wait(lc.wait):
+        print(f"not following it (launcher.wait=false): squeue -j {job_id}; tail -f {out}; "
+              f"scancel {job_id}", flush=True)
+        return 0
+    return follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s)
+
+
+def job_state(job_id: str) -> tuple[str, str, str]:
+    """(state, ExitCode, Reason) from scontrol while the job record lives, else sacct;
+    ("GONE", "", "") when neither knows it, ("UNKNOWN", ...) when they do not answer."""
+    try:
+        res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                             text=True, timeout=15)
+    except (subprocess.TimeoutExpired, OSError):
+        return "UNKNOWN", "", "scontrol did not answer"
+    if res.returncode == 0 and "JobState=" in res.stdout:
+        fields = dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
+        return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""), fields.get("Reason", "")
+    if "Invalid job id" not in res.stderr:
+        return "UNKNOWN", "", res.stderr.strip()
+    try:  # the record aged out of slurmctld (MinJobAge): accounting may still know it
+        acct = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
+                              capture_output=True, text=True, timeout=15)
+        line = acct.stdout.strip().splitlines()[0] if acct.returncode == 0 and acct.stdout.strip() else ""
+    except (subprocess.TimeoutExpired, OSError):
+        line = ""
+    if line and "|" in line:
+        state, code = line.split("|", 1)
+        return state.split()[0], code, ""
+    return "GONE", "", ""
+
+
+def exit_status(state: str, exit_code: str) -> int:
+    """SLURM's ExitCode `code:signal` -> a shell exit status; non-zero for any failure."""
+    try:
+        code, sig = (int(x) for x in exit_code.split(":"))
+    except ValueError:
+        code, sig = 0, 0
+    rc = code or (128 + sig if sig else 0)
+    return rc if rc or state == "COMPLETED" else 1
+
+
+def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float) -> int:
+    tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
+    t0 = time.monotonic()
+    last, unknown = None, 0
+    try:
+        while True:
+            state, code, reason = job_state(job_id)
+            if state != last and state not in {"UNKNOWN", "GONE"} | TERMINAL:
+                why = f" ({reason})" if state == "PENDING" and reason and reason != "None" else ""
+                print(f"[slurm] job {job_id} {state}{why}", flush=True)
+                last = state
+            for t in tails:
+                t.poll()
+            if state in TERMINAL or state == "GONE":
+                break
+            unknown = unknown + 1 if state == "UNKNOWN" else 0
+            if unknown * poll_s > 300:
+                print(f"[slurm] slurmctld has not answered about job {job_id} for 5 min "
+                      f"({reason}); not following it any more", file=sys.stderr)
+                return 1
+            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                print(f"[slurm] job {job_id} still {state} after {timeout_s:.0f} s "
+                      f"(launcher.wait_timeout_s): it keeps running; follow it with "
+                      f"tail -f {out}, stop it with scancel {job_id}", file=sys.stderr)
+                return 124
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        print(f"\n[slurm] stopped following; job {job_id} keeps running "
+              f"(scancel {job_id} stops it)", file=sys.stderr)
+        return 130
+    time.sleep(min(poll_s, 1.0))  # slurmd may still be flushing the job's output
+    for t in tails:
+        t.poll(final=True)
+    if state == "GONE":
+        print(f"[slurm] job {job_id} ended but neither scontrol nor sacct knows how: "
+              f"see {out} and {err}", file=sys.stderr)
+        return 1
+    rc = exit_status(state, code)
+    print(f"[slurm] job {job_id} {state}, exit code {code or '?'}", flush=True)
+    if rc != 0:
+        print(f"[slurm] job {job_id} failed: {diagnose([err, out])}", file=sys.stderr)
+    return rc

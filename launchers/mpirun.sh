@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# ddp_lab: Open MPI's mpirun, one rank per slot, rendered by `python -m ddp_lab launcher=mpirun`.
+# Every host runs mpi_rank.sh (setup lines, then the worker); gloo/nccl do the communication,
+# mpirun only starts the processes. Needs passwordless ssh to every host but this one, and
+# this run folder at the same path on every host (a shared home does it).
+# Run it again by hand to repeat the run in the same folder:  bash launch.sh
+# Knobs (env): MASTER_ADDR, MASTER_PORT.
+set -euo pipefail
+
+export DDP_LAB_RUN_DIR={run_dir}
+# rank 0 serves the rendezvous here; every host must reach this address
+export MASTER_ADDR=${{MASTER_ADDR:-{master_addr}}}
+export MASTER_PORT=${{MASTER_PORT:-{master_port}}}
+
+# hosts and slots: $DDP_LAB_RUN_DIR/hostfile ({hosts_summary})
+# --map-by slot fills each host's slots before the next (mpi_rank.sh relies on it);
+# --bind-to none leaves the cores to torch's own threads.
+exec {mpirun} {flags}\
+  --hostfile "$DDP_LAB_RUN_DIR/hostfile" -np {np} --map-by slot --bind-to none \
+  -x MASTER_ADDR -x MASTER_PORT -x DDP_LAB_RUN_DIR{extra} \
+  bash "$DDP_LAB_RUN_DIR/mpi_rank.sh"

@@ -1,0 +1,40 @@
+"""launcher=mpirun for real: Open MPI starts 3 ranks on localhost to a complete run; an
+unreachable master fails within dist.timeout_s instead of hanging."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from launch_helpers import QUICK, describe, run_cli, run_dir_of, summary
+
+pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("mpirun") is None,
+                                 reason="mpirun not installed (scripts/install_system_deps.sh)")]
+
+
+def test_mpirun_three_ranks_on_localhost(tmp_path):
+    proc = run_cli(["launcher=mpirun", "launcher.hosts=[localhost:3]", *QUICK,
+                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+                   cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    run_dir = run_dir_of(proc)
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["launcher"] == "mpirun", s
+    assert s["world_size"] == 3 and s["env_source"] == "mpi" and s["node_ranks"] == [0]
+    assert s["nproc_per_node"] == 3 and 0 < s["test_accuracy"] <= 1
+    assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == [
+        "rank0.log", "rank1.log", "rank2.log"]
+    assert (run_dir / "hostfile").read_text() == "localhost slots=3\n"
+
+
+def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so the connect can only time out
+    proc = run_cli(["launcher=mpirun", "launcher.hosts=[localhost:2]",
+                    "launcher.master_addr=192.0.2.1", "dist.timeout_s=10", *QUICK,
+                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+                   cwd=tmp_path, timeout=240)
+    assert proc.returncode != 0, describe(proc)
+    run_dir = run_dir_of(proc)
+    assert summary(run_dir)["status"].startswith("failed"), describe(proc)
+    assert "192.0.2.1" in (run_dir / "launch.sh").read_text()

@@ -1,0 +1,366 @@
+"""Every launcher's dry run: what it renders parses as bash (`bash -n`) and carries every
+setting it must; bad input fails before anything starts, as one `error: ...` line."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_helpers import REPO, child_env, compose, describe, run_cli, run_dir_of
+
+import ddp_lab
+from ddp_lab.env import slurm_port
+from ddp_lab.launch import mpirun as mpirun_launch
+from ddp_lab.launch import slurm as slurm_launch
+from ddp_lab.submit import UserError, resolve_defaults, submit
+from fake_runai import parse as runai_parse
+
+
+def test_tests_import_this_checkout():
+    assert Path(ddp_lab.__file__).resolve().is_relative_to(REPO), ddp_lab.__file__
+
+
+def dry_run(tmp_path: Path, capsys, *overrides: str) -> tuple[Path, str]:
+    cfg = compose([*overrides, "launcher.dry_run=true", f"run.root={tmp_path / 'runs'}",
+                   f"data.root={tmp_path / 'data'}"])
+    assert submit(cfg) == 0
+    out = capsys.readouterr().out
+    run_dir = Path(out.rstrip().splitlines()[-1].removeprefix("run dir: "))
+    assert run_dir.is_dir() and (run_dir / "config.yaml").is_file()
+    return run_dir, out
+
+
+def bash_n(path: Path) -> None:
+    res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, f"{path.name}: {res.stderr}"
+
+
+def resolve_error(*overrides: str) -> str:
+    with pytest.raises(UserError) as e:
+        resolve_defaults(compose(list(overrides)))
+    return str(e.value)
+
+
+# --------------------------------------------------------------------- local
+def test_local_dry_run(tmp_path, capsys):
+    run_dir, out = dry_run(tmp_path, capsys, "launcher.nproc_per_node=3",
+                           "launcher.max_restarts=2", "launcher.setup=[echo set-up-line]")
+    script = run_dir / "launch.sh"
+    bash_n(script)
+    text = script.read_text()
+    assert text.rstrip() in out
+    for must in ("NPROC_PER_NODE:-3", "MAX_RESTARTS:-2", "--rdzv_backend=c10d",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "--rdzv_conf=join_timeout=120",
+                 f"-m ddp_lab.worker {run_dir}", f"PYTHONPATH={REPO}", "echo set-up-line"):
+        assert must in text, must
+
+
+def test_local_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        msg = resolve_error(f"launcher.master_port={port}")
+    assert f"port {port} is in use" in msg
+
+
+def test_local_rejects_nodes():
+    assert "runs on this machine only" in resolve_error("launcher.nodes=2")
+
+
+# -------------------------------------------------------------------- mpirun
+def test_mpirun_dry_run_lab_hosts(tmp_path, capsys):
+    run_dir, out = dry_run(tmp_path, capsys, "launcher=mpirun",
+                           "launcher.hosts=[red01:2,orange07:1,purple11:1]",
+                           "launcher.setup=['source ~/venv/bin/activate']")
+    for name in ("launch.sh", "mpi_rank.sh"):
+        bash_n(run_dir / name)
+        assert os.access(run_dir / name, os.X_OK)
+    launch = (run_dir / "launch.sh").read_text()
+    rank = (run_dir / "mpi_rank.sh").read_text()
+    assert (run_dir / "hostfile").read_text() == "red01 slots=2\norange07 slots=1\npurple11 slots=1\n"
+    assert "-np 4" in launch
+    assert "MASTER_ADDR=${MASTER_ADDR:-red01}" in launch  # the first host
+    assert re.search(r"MASTER_PORT=\$\{MASTER_PORT:-\d+\}", launch)
+    assert "-x MASTER_ADDR -x MASTER_PORT -x DDP_LAB_RUN_DIR" in launch
+    assert f"DDP_LAB_RUN_DIR={run_dir}" in launch
+    assert ("--allow-run-as-root" in launch) == (os.geteuid() == 0)
+    assert "--oversubscribe" not in launch  # remote hosts: only when asked
+    assert "source ~/venv/bin/activate" in rank and "exec " in rank and "-m ddp_lab.worker" in rank
+    assert "SLOTS=(2 1 1)" in rank
+    cfg = (run_dir / "config.yaml").read_text()
+    assert "nodes: 3" in cfg and "red01:2" in cfg  # config.yaml records the resolved hosts
+    assert "# ---- hostfile" in out
+
+
+def test_mpirun_rank_wrapper_node_index(tmp_path, capsys):
+    """mpi_rank.sh turns OMPI_COMM_WORLD_RANK into the node index from the slots."""
+    fake_py = tmp_path / "fakepy"
+    fake_py.write_text('#!/bin/sh\necho "$DDP_LAB_NODE_RANK/$DDP_LAB_NUM_NODES"\n')
+    fake_py.chmod(0o755)
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", "launcher.hosts=[a:2,b:1,c:1]",
+                         f"launcher.python={fake_py}")
+    got = [subprocess.run(["bash", str(run_dir / "mpi_rank.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, OMPI_COMM_WORLD_RANK=str(r))).stdout.strip()
+           for r in range(4)]
+    assert got == ["0/3", "0/3", "1/3", "2/3"]
+
+
+def test_mpirun_oversubscribe_and_root_flags(tmp_path, capsys):
+    cores = os.cpu_count() or 1
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", f"launcher.hosts=[localhost:{cores + 1}]")
+    launch = (run_dir / "launch.sh").read_text()
+    assert "--oversubscribe" in launch and "MASTER_ADDR:-127.0.0.1" in launch
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", "launcher.hosts=[localhost:1]",
+                         "launcher.oversubscribe=true", "launcher.allow_run_as_root=false")
+    launch = (run_dir / "launch.sh").read_text()
+    assert "--oversubscribe" in launch and "--allow-run-as-root" not in launch
+
+
+def test_mpirun_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        msg = resolve_error("launcher=mpirun", "launcher.hosts=[localhost:2]",
+                            f"launcher.master_port={port}")
+    assert f"port {port} is in use" in msg
+
+
+def test_mpirun_hostfile_notebook_format(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# lab machines\nred01 max_slots = 2\norange07\npurple11 slots=3\n")
+    assert mpirun_launch.read_hostfile(str(hostfile), 1) == ["red01:2", "orange07:1", "purple11:3"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["launcher.hosts=[]"], "lists no host"),
+    (["launcher.hosts=[red01:0]"], "slots must be >= 1"),
+    (["launcher.hosts=[red01:x]"], "slots must be an integer"),
+    (["launcher.hosts=[red01:1,red01:2]"], "more than once"),
+    (["launcher.hosts=[localhost:1,red01:1]"], "cannot reach"),
+    (["launcher.hosts=[red01:1]", "launcher.hostfile=/nonexistent"], "not both"),
+    (["launcher.hostfile=/nonexistent/hosts"], "no such file"),
+    (["launcher.hosts=[a:1,b:1]", "launcher.nodes=3"], "the hosts decide"),
+    (["launcher.max_restarts=1"], "cannot restart"),
+])
+def test_mpirun_bad_input(overrides, message):
+    assert message in resolve_error("launcher=mpirun", *overrides)
+
+
+# --------------------------------------------------------------------- slurm
+def sbatch_header_ok(text: str) -> list[str]:
+    """All #SBATCH lines come before the first command (sbatch stops reading there)."""
+    lines = text.splitlines()
+    first_cmd = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() and not ln.startswith("#"))
+    sb = [i for i, ln in enumerate(lines) if ln.startswith("#SBATCH")]
+    assert sb and max(sb) < first_cmd, "an #SBATCH line after the first command is ignored"
+    return [lines[i].removeprefix("#SBATCH ").strip() for i in sb]
+
+
+def test_slurm_dry_run_torchrun(tmp_path, capsys):
+    run_dir, out = dry_run(
+        tmp_path, capsys, "launcher=slurm", "launcher.nodes=4", "launcher.account=a-xyz",
+        "launcher.partition=normal", "launcher.qos=debug", "launcher.gpus_per_node=4",
+        "launcher.cpus_per_task=72", "launcher.time=00:10:00", "launcher.job_name=lsaie",
+        "launcher.environment=/capstor/env/ngc.toml", "launcher.contiguous=true",
+        "launcher.sbatch_extra=['--mem=0','#SBATCH --exclusive']", "launcher.rdzv=static",
+        "launcher.setup=[module load cuda]", "dist.device=cuda")
+    script = run_dir / "job.sbatch"
+    bash_n(script)
+    text = script.read_text()
+    assert text.rstrip() in out and f"sbatch --parsable {script}" in out
+    opts = sbatch_header_ok(text)
+    for must in ("--job-name=lsaie", "--account=a-xyz", "--partition=normal", "--qos=debug",
+                 "--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=4", "--cpus-per-task=72",
+                 "--time=00:10:00", f"--output={run_dir}/logs/%x_%j.out",
+                 f"--error={run_dir}/logs/%x_%j.err", "--environment=/capstor/env/ngc.toml",
+                 "--contiguous", "--mem=0", "--exclusive"):
+        assert must in opts, must
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
+    assert "$(( 20000 + SLURM_JOB_ID % 20000 ))" in text
+    assert "srun --kill-on-bad-exit=1" in text
+    assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in text
+    assert "--node_rank=\\$SLURM_NODEID" in text  # escaped: expands on each node
+    assert "--nproc_per_node=$NPROC_PER_NODE" in text and "NPROC_PER_NODE=4" in text
+    assert "--rdzv_backend=static --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" in text
+    assert "module load cuda" in text and f"-m ddp_lab.worker \\\"$RUN_DIR\\\"" in text
+    assert (run_dir / "logs").is_dir()  # sbatch --output does not create folders
+
+
+def test_slurm_port_formula_matches_env():
+    for job in (1, 19999, 20000, 123456):
+        res = subprocess.run(["bash", "-c", f"SLURM_JOB_ID={job}; echo $(( 20000 + SLURM_JOB_ID % 20000 ))"],
+                             capture_output=True, text=True)
+        assert int(res.stdout) == slurm_port(job)
+
+
+def test_slurm_dry_run_c10d_and_fixed_port(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.nodes=2",
+                         "launcher.master_port=12345", "launcher.max_restarts=1")
+    text = (run_dir / "job.sbatch").read_text()
+    bash_n(run_dir / "job.sbatch")
+    assert "export MASTER_PORT=12345" in text and "SLURM_JOB_ID % 20000" not in text
+    assert "--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv_id=$SLURM_JOB_ID" in text
+    assert "--max_restarts=1" in text and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text
+    assert "\\$SLURM_NODEID" in text  # the per-node echo still expands on each node
+
+
+def test_slurm_dry_run_per_task(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.nodes=2",
+                         "launcher.per_task=true", "launcher.nproc_per_node=4")
+    text = (run_dir / "job.sbatch").read_text()
+    bash_n(run_dir / "job.sbatch")
+    assert "--ntasks-per-node=4" in sbatch_header_ok(text)
+    assert "torch.distributed.run" not in text
+    assert re.search(r'srun --kill-on-bad-exit=1 \\\n\s+\S+ -m ddp_lab.worker "\$RUN_DIR"', text)
+
+
+def test_slurm_per_task_takes_ntasks_as_nproc():
+    cfg = resolve_defaults(compose(["launcher=slurm", "launcher.per_task=true",
+                                    "launcher.ntasks_per_node=3"]))
+    assert cfg.launcher.nproc_per_node == 3 and cfg.launcher.ntasks_per_node == 3
+
+
+def test_site_presets_compose():
+    alps = compose(["cluster=alps", "launcher.account=a-xyz"]).launcher
+    assert (alps.name, alps.partition, alps.gpus_per_node, alps.account) == ("slurm", "normal", 4, "a-xyz")
+    assert alps.python == "python"
+    entropy = compose(["cluster=entropy", "launcher.nodes=2"]).launcher
+    assert (entropy.name, entropy.partition, entropy.nodes) == ("slurm", "common", 2)
+    assert entropy.setup == ["source ~/venv/bin/activate"]
+    rcp = compose(["cluster=rcp"]).launcher
+    assert rcp.name == "runai" and rcp.rdma and rcp.pvc == ["mlo-scratch:/mloscratch"]
+    assert compose([]).launcher.name == "local"  # no preset by default
+
+
+def test_site_preset_dry_run(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "cluster=alps", "launcher.account=a-xyz",
+                         "launcher.nodes=2")
+    opts = sbatch_header_ok((run_dir / "job.sbatch").read_text())
+    assert {"--partition=normal", "--gpus-per-node=4", "--account=a-xyz", "--nodes=2"} <= set(opts)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["launcher.nodes=0"], "must be >= 1"),
+    (["launcher.ntasks_per_node=4"], "with torchrun"),
+    (["launcher.per_task=true", "launcher.ntasks_per_node=3", "launcher.nproc_per_node=2"],
+     "every task is one process"),
+    (["launcher.nproc_per_node=0"], "must be >= 1"),
+    (["launcher.gpus_per_node=2", "launcher.nproc_per_node=4"], "share a GPU"),
+    (["launcher.rdzv=etcd"], "choose c10d or static"),
+    (["launcher.rdzv=static", "launcher.max_restarts=1"], "outlives a restart"),
+    (["launcher.per_task=true", "launcher.max_restarts=1"], "needs torchrun"),
+    (["launcher.job_name='my job'"], "letters, digits"),
+    (["launcher.sbatch_extra=['mem=0']"], "expected an sbatch option"),
+])
+def test_slurm_bad_input(overrides, message, tmp_path, capsys):
+    if overrides[0].startswith("launcher.sbatch_extra"):  # caught at render, in the CLI path
+        cfg = compose(["launcher=slurm", *overrides, "launcher.dry_run=true",
+                       f"run.root={tmp_path}"])
+        with pytest.raises(UserError, match=message):
+            submit(cfg)
+        return
+    assert message in resolve_error("launcher=slurm", *overrides)
+
+
+@pytest.mark.parametrize("state, code, rc", [
+    ("COMPLETED", "0:0", 0), ("FAILED", "1:0", 1), ("FAILED", "143:0", 143),
+    ("CANCELLED", "0:15", 143), ("TIMEOUT", "0:0", 1), ("NODE_FAIL", "", 1)])
+def test_slurm_exit_status(state, code, rc):
+    assert slurm_launch.exit_status(state, code) == rc
+
+
+# --------------------------------------------------------------------- runai
+def test_runai_dry_run(tmp_path, capsys):
+    run_dir, out = dry_run(
+        tmp_path, capsys, "launcher=runai", "launcher.nodes=3", "launcher.gpus_per_node=4",
+        "launcher.image=registry.rcp.epfl.ch/lab/ddp:1", "launcher.rdma=true",
+        "launcher.pvc=[mlo-scratch:/mloscratch]", "launcher.project=lab-me",
+        "+launcher.env.HF_HOME=/mloscratch/hf", "launcher.setup=[pip install -e /mloscratch/ddp_lab]")
+    for name in ("runai_submit.sh", "pod.sh"):
+        bash_n(run_dir / name)
+    argv = subprocess.run(["bash", "-c", f"runai() {{ printf '%s\\n' \"$@\"; }}; source {run_dir / 'runai_submit.sh'}"],
+                          capture_output=True, text=True).stdout.splitlines()
+    flags, command = runai_parse(argv)  # raises on any flag the RunAI reference does not list
+    got = {}
+    for k, v in flags:
+        got.setdefault(k, []).append(v)
+    assert got["--workers"] == ["2"]  # RunAI adds the master pod: 2 workers + 1 = 3 pods
+    assert got["--gpu"] == ["4"] and got["--image"] == ["registry.rcp.epfl.ch/lab/ddp:1"]
+    assert got["--pvc"] == ["mlo-scratch:/mloscratch"] and got["-e"] == ["HF_HOME=/mloscratch/hf"]
+    assert got["--project"] == ["lab-me"] and "--large-shm" in got and "--command" in got
+    assert got["--annotation"] == ["k8s.v1.cni.cncf.io/networks=kube-system/roce"]
+    assert got["--extended-resource"] == ["rdma/rdma=1"]
+    assert command == ["bash", str(run_dir / "pod.sh")]
+    pod = (run_dir / "pod.sh").read_text()
+    assert pod.rstrip() in out
+    assert 'NCCL_EXPORTS="$(python -m ddp_lab.nccl_env)"' in pod and 'eval "$NCCL_EXPORTS"' in pod
+    assert ('--nnodes="$PODS" --node_rank="$POD_RANK" --nproc_per_node="$NPROC_PER_NODE"' in pod
+            and "NPROC_PER_NODE:-4" in pod and "PODS=$WORLD_SIZE" in pod and "POD_RANK=$RANK" in pod)
+    assert '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"' in pod
+    assert "pip install -e /mloscratch/ddp_lab" in pod and "-m ddp_lab.worker \"$RUN_DIR\"" in pod
+
+
+def test_runai_dry_run_without_rdma_or_image(tmp_path, capsys):
+    run_dir, out = dry_run(tmp_path, capsys, "launcher=runai", "launcher.nodes=1")
+    submit_sh = (run_dir / "runai_submit.sh").read_text()
+    assert "--annotation" not in submit_sh and "--extended-resource" not in submit_sh
+    assert "--workers 0" in submit_sh and "nccl_env" not in (run_dir / "pod.sh").read_text()
+    assert "warning: launcher.image is not set" in out
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["launcher.nodes=0"], "must be >= 1"),
+    ([], "launcher.image is not set"),
+    (["launcher.image=x", "launcher.gpus_per_node=2", "launcher.nproc_per_node=4"], "share a GPU"),
+    (["launcher.image=x", "launcher.job_name=My_Job"], "Kubernetes name"),
+    (["launcher.image=x", "launcher.pvc=[scratch]"], "claim:/mount"),
+    (["launcher.image=x", "launcher.max_restarts=1"], "rdzv=c10d"),
+])
+def test_runai_bad_input(overrides, message):
+    assert message in resolve_error("launcher=runai", *overrides)
+
+
+# ------------------------------------------------------- the command line
+@pytest.mark.parametrize("args, message", [
+    (["launcher=mpirun", "launcher.hosts=[]"], "error: launcher.hosts lists no host"),
+    (["launcher=slurm", "launcher.nodes=0"], "error: launcher.nodes=0: must be >= 1"),
+    (["launcher=slurm", "launcher.ntasks_per_node=2"], "error: launcher.ntasks_per_node=2 with torchrun"),
+])
+def test_cli_bad_input_is_one_line(tmp_path, args, message):
+    proc = run_cli([*args, f"run.root={tmp_path}"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, describe(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), describe(proc)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not any(tmp_path.iterdir()), "a rejected command must not leave a run folder"
+
+
+@pytest.mark.parametrize("launcher, tool", [("slurm", "sbatch"), ("mpirun", "mpirun"),
+                                            ("runai", "runai")])
+def test_cli_missing_tool(tmp_path, launcher, tool):
+    empty = tmp_path / "empty_bin"
+    empty.mkdir()
+    extra = ["launcher.image=img"] if launcher == "runai" else []
+    proc = run_cli([f"launcher={launcher}", *extra, f"run.root={tmp_path / 'runs'}"], cwd=tmp_path,
+                   env=child_env({"PATH": str(empty)}), timeout=120)
+    assert proc.returncode == 2, describe(proc)
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tool} not found on PATH"), describe(proc)
+    assert "launcher.dry_run=true" in err[0] and "Traceback" not in proc.stderr
+    if launcher == "runai":  # printed, so it can be run elsewhere
+        assert "runai submit-dist pytorch" in proc.stdout
+
+
+def test_cli_dry_run_prints_script_and_run_dir(tmp_path):
+    proc = run_cli(["launcher=slurm", "launcher.dry_run=true", f"run.root={tmp_path}"],
+                   cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    run_dir = run_dir_of(proc)
+    assert proc.stdout.startswith("#!/usr/bin/env bash") and "#SBATCH --nodes=1" in proc.stdout
+    assert (run_dir / "job.sbatch").is_file() and not (run_dir / "job_id").exists()
