@@ -18,6 +18,11 @@ from omegaconf import OmegaConf
 
 from helpers import run_cli, run_dir_of, run_world
 
+try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
+    from slurm_fixture import slurm_cluster  # noqa: F401
+except ImportError:  # pragma: no cover - tests/ is a package, or --import-mode=importlib
+    from tests.slurm_fixture import slurm_cluster  # noqa: F401
+
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes, pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
@@ -163,9 +168,13 @@ def test_wrong_results_are_reported_not_plotted_and_groups_follow_topology(tmp_p
 
 # --------------------------------------------------------------------- the CLI
 def _check_run_folder(run_dir: Path, world: int) -> list[dict]:
+    return _check_run_folder_launcher(run_dir, world, "local")
+
+
+def _check_run_folder_launcher(run_dir: Path, world: int, launcher: str) -> list[dict]:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["kind"] == "bench" and summary["status"] == "completed", summary
-    assert summary["world_size"] == world and summary["launcher"] == "local"
+    assert summary["world_size"] == world and summary["launcher"] == launcher
     doc = json.loads((run_dir / "bench.json").read_text())
     rows = doc["rows"]
     assert rows and summary["measurements"] == len(rows)
@@ -254,6 +263,36 @@ def test_cli_dry_run_renders_the_bench_worker(tmp_path):
     assert "-m ddp_lab.worker" in (run_dir_of(proc) / "launch.sh").read_text()
 
 
+@pytest.mark.parametrize("launcher,script", [
+    (["launcher=mpirun", "launcher.hosts=[localhost:2]"], "mpi_rank.sh"),
+    (["launcher=slurm", "launcher.nodes=2"], "job.sbatch"),
+    (["launcher=slurm", "launcher.nodes=2", "launcher.per_task=true"], "job.sbatch"),
+    (["launcher=runai", "launcher.nodes=2", "launcher.image=img", "launcher.project=p"], "pod.sh"),
+])
+def test_every_launcher_renders_the_bench_worker(tmp_path, launcher, script):
+    proc = run_cli(*launcher, "launcher.dry_run=true", f"run.root={tmp_path}", cwd=tmp_path,
+                   module="ddp_lab.bench")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (run_dir_of(proc) / script).read_text()
+    assert "-m ddp_lab.bench.worker" in text and "ddp_lab.worker" not in text
+
+
+@pytest.mark.mpi
+@pytest.mark.dist
+def test_mpirun_runs_the_bench(tmp_path):
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed")
+    proc = run_cli("launcher=mpirun", "launcher.hosts=[localhost:2]", "launcher.allow_run_as_root=true",
+                   "bench.ops=[all_reduce,ping_pong]", "bench.max_elements=4096", "bench.points=2",
+                   "bench.warmup=1", "bench.iters=2", "bench.min_iters=1", "log.progress=lines", f"run.root={tmp_path}",
+                   cwd=tmp_path, module="ddp_lab.bench", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _check_run_folder_launcher(run_dir_of(proc), 2, "mpirun")
+    assert {(r["op"], r["group"]) for r in rows} == {("all_reduce", "global"), ("ping_pong", "same_node")}
+
+
 @pytest.mark.parametrize("override,message", [
     ("bench.ops=[all_reduce,allreduce]", "bench.ops: unknown allreduce"),
     ("bench.impl=[butterfly]", "bench.impl=butterfly: none of bench.ops=['reduce']"),
@@ -274,3 +313,34 @@ def test_cli_misspelt_key_fails_at_composition(tmp_path):
                    module="ddp_lab.bench")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "op" in proc.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.dist
+def test_handin_on_two_slurm_nodes_takes_the_groups_from_the_launcher(slurm_cluster, tmp_path):
+    """The loopback SLURM cluster: 2 nodes x 2 ranks, node ranks from torchrun under srun."""
+    proc = run_cli("bench=handin", "launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
+                   "launcher.wait=true", "launcher.wait_timeout_s=300", "launcher.poll_s=1",
+                   "bench.ops=[all_reduce,ping_pong]", "bench.max_elements=16384", "bench.points=2",
+                   "bench.warmup=1", "bench.iters=2", "bench.min_iters=2", "log.progress=lines",
+                   f"run.root={tmp_path}", cwd=tmp_path, env=slurm_cluster.env,
+                   module="ddp_lab.bench", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dir = run_dir_of(proc)
+    assert "-m ddp_lab.bench.worker" in (run_dir / "job.sbatch").read_text()
+    rows = _check_run_folder_launcher(run_dir, 4, "slurm")
+    doc = json.loads((run_dir / "bench.json").read_text())
+    topo = doc["topology"]
+    assert topo["nodes"] == [[0, 1], [2, 3]] and not topo["simulated"]
+    assert topo["groups"]["intra_node"] == [[0, 1], [2, 3]]
+    assert topo["groups"]["cross_node"] == [[0, 2], [1, 3]]
+    assert {(r["op"], r["group"]) for r in rows} == {
+        ("all_reduce", "global"), ("all_reduce", "intra_node"), ("all_reduce", "cross_node"),
+        ("ping_pong", "same_node"), ("ping_pong", "cross_node")}
+    assert {r["group_size"] for r in rows if r["group"] in ("intra_node", "cross_node")} == {2}
+    pings = {r["group"]: r["ranks"] for r in rows if r["op"] == "ping_pong"}
+    assert pings == {"same_node": [0, 1], "cross_node": [0, 2]}
+    side = json.loads((run_dir / "plots" / "all_reduce.json").read_text())
+    assert side["series"] == ["torch · global (n=4)", "torch · intra_node (n=2 x2)",
+                              "torch · cross_node (n=2 x2)"]
