@@ -1,0 +1,46 @@
+"""Collective algorithms built from point-to-point send/recv.
+
+Plain functions that mirror ``torch.distributed``: they work in place (or, for
+all-gather / reduce-scatter, into an ``output`` argument), return None, take
+``group=None`` (any sub-group; a process outside ``group`` returns immediately), and
+run on gloo (CPU) and nccl (CUDA). All communication goes through
+``torch.distributed.batch_isend_irecv`` -- no barriers. See ``docs/collectives.md``.
+
+Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` values or
+as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
+"""
+
+from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, normalize_op
+from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
+from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
+from .reduce import reduce_naive, reduce_tree
+from .registry import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BROADCAST,
+    COLLECTIVES,
+    REDUCE,
+    REDUCE_SCATTER,
+    CommCost,
+    bus_bandwidth_factor,
+    bytes_sent_per_rank,
+    comm_cost,
+    torch_all_gather,
+    torch_all_reduce,
+    torch_broadcast,
+    torch_reduce,
+    torch_reduce_scatter,
+)
+from .scatter_gather import all_gather_ring, reduce_scatter_ring
+
+__all__ = [
+    "SUM", "PRODUCT", "MAX", "MIN", "AVG", "SUPPORTED_OPS", "normalize_op",
+    "broadcast_naive", "broadcast_tree", "broadcast_ring", "DEFAULT_RING_CHUNK_BYTES",
+    "reduce_naive", "reduce_tree",
+    "all_reduce_naive", "all_reduce_tree", "all_reduce_butterfly", "all_reduce_ring",
+    "all_gather_ring", "reduce_scatter_ring",
+    "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
+    "torch_reduce_scatter",
+    "BROADCAST", "REDUCE", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "COLLECTIVES",
+    "CommCost", "comm_cost", "bytes_sent_per_rank", "bus_bandwidth_factor",
+]

@@ -1,0 +1,190 @@
+"""Shared plumbing for the collectives: reduction ops, group bookkeeping, point-to-point.
+
+Everything here is private to :mod:`ddp_lab.collectives`; the public names are
+re-exported from the package ``__init__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+# Canonical op names. Callers may pass these strings (any case), a
+# ``torch.distributed.ReduceOp.<NAME>`` enum value, or a ``ReduceOp`` instance.
+SUM = "SUM"
+PRODUCT = "PRODUCT"
+MAX = "MAX"
+MIN = "MIN"
+AVG = "AVG"
+SUPPORTED_OPS: tuple[str, ...] = (SUM, PRODUCT, MAX, MIN, AVG)
+
+#: What the ``op=`` arguments accept.
+OpLike = Union[str, ReduceOp, ReduceOp.RedOpType]
+
+
+def normalize_op(op: object) -> str:
+    """Return the canonical name (``"SUM"``, ...) of a reduction op, or raise ValueError."""
+    name = None
+    if not isinstance(op, ReduceOp.RedOpType) and isinstance(op, ReduceOp):
+        op = op.op  # ReduceOp(ReduceOp.SUM) wraps the enum value; unwrap it
+    if isinstance(op, ReduceOp.RedOpType):
+        name = op.name
+    elif isinstance(op, str):
+        name = op.upper()
+    if name not in SUPPORTED_OPS:
+        raise ValueError(
+            f"unsupported reduction op {op!r}; supported ops are "
+            f"{', '.join(SUPPORTED_OPS)} (as torch.distributed.ReduceOp values or names)"
+        )
+    return name
+
+
+def check_op_dtype(op: str, dtype: torch.dtype) -> None:
+    """AVG is SUM followed by a division, which only makes sense for float/complex tensors."""
+    if op == AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(
+            f"op AVG needs a floating-point or complex tensor, got {dtype}; "
+            "use SUM and divide (with the rounding you want) instead"
+        )
+
+
+def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
+    """``acc = acc (op) other`` in place. AVG combines like SUM (divide once at the end)."""
+    if op == SUM or op == AVG:
+        acc.add_(other)
+    elif op == PRODUCT:
+        acc.mul_(other)
+    elif op == MAX:
+        torch.maximum(acc, other, out=acc)
+    elif op == MIN:
+        torch.minimum(acc, other, out=acc)
+    else:  # pragma: no cover - normalize_op already rejected it
+        raise ValueError(op)
+
+
+def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
+    """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may alias ``a``)."""
+    if op == SUM or op == AVG:
+        torch.add(a, b, out=out)
+    elif op == PRODUCT:
+        torch.mul(a, b, out=out)
+    elif op == MAX:
+        torch.maximum(a, b, out=out)
+    elif op == MIN:
+        torch.minimum(a, b, out=out)
+    else:  # pragma: no cover
+        raise ValueError(op)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """This process's view of a process group.
+
+    ``rank``/``size`` are group-local (``dist.get_rank(group)``); ``ranks[i]`` is the
+    global rank of group rank ``i``, which is what point-to-point calls need.
+    """
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+    ranks: tuple[int, ...]
+
+    def peer(self, group_rank: int) -> int:
+        """Global rank of group rank ``group_rank`` (taken modulo the group size)."""
+        return self.ranks[group_rank % self.size]
+
+
+def group_info(group: dist.ProcessGroup | None) -> GroupInfo | None:
+    """Describe ``group`` (None = default group); None if this process is not a member."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised; call dist.init_process_group() first"
+        )
+    rank = dist.get_rank(group)
+    if rank < 0:  # torch returns -1 for processes outside ``group``
+        return None
+    size = dist.get_world_size(group)
+    if group is None or group is dist.GroupMember.WORLD:
+        ranks = tuple(range(size))
+    else:
+        # Same as [dist.get_global_rank(group, r) for r in range(size)], in O(size).
+        ranks = tuple(dist.get_process_group_ranks(group))
+    return GroupInfo(group, rank, size, ranks)
+
+
+def resolve_root(info: GroupInfo, root: int | None, group_root: int | None, name: str) -> int:
+    """Group-local rank of the root, given either its global rank or its group rank.
+
+    Mirrors ``torch.distributed``: ``src``/``dst`` are *global* ranks, while
+    ``group_src``/``group_dst`` are ranks within ``group``.
+    """
+    if (root is None) == (group_root is None):
+        raise ValueError(f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)")
+    if group_root is not None:
+        if not 0 <= group_root < info.size:
+            raise ValueError(f"group_{name}={group_root} out of range for a group of size {info.size}")
+        return group_root
+    try:
+        return info.ranks.index(root)
+    except ValueError:
+        raise ValueError(
+            f"{name}={root} is not a member of the group (its global ranks are {list(info.ranks)})"
+        ) from None
+
+
+def p2p(
+    info: GroupInfo,
+    sends: Sequence[tuple[torch.Tensor, int]] = (),
+    recvs: Sequence[tuple[torch.Tensor, int]] = (),
+) -> None:
+    """Post ``sends``/``recvs`` (``(tensor, group_rank)`` pairs) as ONE batch and wait for all.
+
+    Everything goes through :func:`torch.distributed.batch_isend_irecv`: with nccl that
+    puts a step's send and recv in one NCCL group so ring/butterfly exchanges cannot
+    deadlock, and every send is matched by a recv on the same (whole-group)
+    communicator; with gloo it degrades to plain isend/irecv. Zero-element tensors are
+    skipped -- both ends of a transfer always agree on its size, so they skip together.
+    """
+    ops = [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]
+    ops += [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
+    if not ops:
+        return
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+@contextlib.contextmanager
+def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tensor]:
+    """A contiguous 1-D view of ``t`` (a copy if ``t`` is not contiguous).
+
+    For non-contiguous tensors the copy is written back into ``t`` on normal exit when
+    ``writeback`` is true, so callers can always work "in place" on the flat view.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_contiguous():
+        yield t.view(-1)
+    else:
+        tmp = t.contiguous()
+        yield tmp.view(-1)
+        if writeback:
+            t.copy_(tmp.view(t.shape))
+
+
+def ceil_log2(n: int) -> int:
+    """Number of binomial-tree rounds for ``n`` ranks (0 for n <= 1)."""
+    return 0 if n <= 1 else (n - 1).bit_length()
+
+
+def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) -> int:
+    """How many pieces a pipelined transfer of ``numel`` elements is cut into."""
+    if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
+        return 1
+    return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))

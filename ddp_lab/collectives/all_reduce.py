@@ -1,0 +1,149 @@
+"""All-reduce: every rank ends with ``op`` applied over all ranks' tensors.
+
+All four algorithms leave the result *bitwise identical* on every rank (each element is
+reduced once and then copied, or reduced symmetrically with a commutative op), which is
+what data-parallel training needs to keep replicas in lock-step. Cost notation as in
+:mod:`ddp_lab.collectives.broadcast` (``n`` ranks, ``N`` bytes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ._common import (
+    AVG,
+    SUM,
+    GroupInfo,
+    OpLike,
+    check_op_dtype,
+    combine_,
+    flat_view,
+    group_info,
+    normalize_op,
+    p2p,
+)
+from ._ring import ring_all_gather, ring_reduce_scatter
+from .broadcast import _bcast_naive, _bcast_tree
+from .reduce import _reduce_naive, _reduce_tree
+
+
+def _prepare(tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None):
+    op = normalize_op(op)
+    check_op_dtype(op, tensor.dtype)
+    info = group_info(group)
+    if info is None or info.size == 1 or tensor.numel() == 0:
+        return op, None
+    return op, info
+
+
+def _all_reduce_butterfly(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
+    n, r = info.size, info.rank
+    p = 1 << (n.bit_length() - 1)  # largest power of two <= n
+    extra = n - p
+    if r >= p:
+        # Folded rank: hand the data to rank r-p, get the final result back from it.
+        p2p(info, sends=[(flat, r - p)])
+        p2p(info, recvs=[(flat, r - p)])
+        return
+    buf = torch.empty_like(flat)
+    if r < extra:
+        p2p(info, recvs=[(buf, r + p)])
+        combine_(flat, buf, op)
+    mask = 1
+    while mask < p:  # recursive doubling among ranks 0..p-1
+        partner = r ^ mask
+        p2p(info, sends=[(flat, partner)], recvs=[(buf, partner)])
+        combine_(flat, buf, op)  # a+b == b+a bitwise, so both partners agree
+        mask <<= 1
+    if op == AVG:
+        flat.div_(n)
+    if r < extra:
+        p2p(info, sends=[(flat, r + p)])
+
+
+def _all_reduce_ring(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
+    n = info.size
+    chunks = flat.tensor_split(n)  # views; the first numel % n chunks are one longer
+    owned = ring_reduce_scatter(info, chunks, op, shift=1)
+    if op == AVG:
+        owned.div_(n)  # divide 1/n of the data, once, before it is replicated
+    ring_all_gather(info, chunks, shift=1)
+
+
+def all_reduce_naive(
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+) -> None:
+    """Naive all-reduce, in place: :func:`reduce_naive` to group rank 0, then
+    :func:`broadcast_naive` from it.
+
+    ``2(n-1)`` messages through rank 0's link: about ``2(n-1)(alpha + N beta)``. Bytes per
+    rank: rank 0 receives and sends ``(n-1)N`` each, every other rank sends and receives
+    ``N``. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM, divide by ``n`` once on rank 0;
+    float/complex only). Returns None.
+    """
+    op, info = _prepare(tensor, op, group)
+    if info is None:
+        return
+    with flat_view(tensor) as flat:
+        _reduce_naive(info, flat, 0, op)
+        _bcast_naive(info, flat, 0)
+
+
+def all_reduce_tree(
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+) -> None:
+    """Tree all-reduce, in place: binomial-tree reduce to group rank 0, then binomial-tree
+    broadcast from it.
+
+    ``2 ceil(log2 n)`` rounds: about ``2 ceil(log2 n)(alpha + N beta)``. Bytes per rank: rank
+    0 receives and sends ``ceil(log2 n) N``, a leaf sends and receives ``N``. Ops as in
+    :func:`all_reduce_naive`. Returns None.
+    """
+    op, info = _prepare(tensor, op, group)
+    if info is None:
+        return
+    with flat_view(tensor) as flat:
+        _reduce_tree(info, flat, 0, op, clobber=True)
+        _bcast_tree(info, flat, 0)
+
+
+def all_reduce_butterfly(
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+) -> None:
+    """Butterfly (recursive-doubling) all-reduce, in place; any ``n``, not only powers of two.
+
+    With ``p`` the largest power of two <= ``n``, ranks ``p..n-1`` first fold their data
+    into ranks ``0..n-p-1``; ranks ``0..p-1`` then do ``log2 p`` rounds of exchanging the
+    whole tensor with partner ``rank XOR 2^k`` and combining; finally the folded ranks get
+    the result back. Cost: ``(log2 p + 2[n != p])(alpha + N beta)``; bytes per rank:
+    ``(log2 p) N`` sent and received, plus ``N`` each way on the ranks paired with a folded
+    one. Latency-optimal for small tensors, ``log2 n`` times the ring's traffic for large
+    ones. Ops as in :func:`all_reduce_naive`. Returns None.
+    """
+    op, info = _prepare(tensor, op, group)
+    if info is None:
+        return
+    with flat_view(tensor) as flat:
+        _all_reduce_butterfly(info, flat, op)
+
+
+def all_reduce_ring(
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+) -> None:
+    """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal.
+
+    The flat tensor is split into ``n`` chunks (sizes differ by at most one element when
+    ``numel % n != 0``). ``n-1`` reduce-scatter steps leave rank ``r`` with the full
+    reduction of chunk ``r+1``; ``n-1`` all-gather steps circulate the reduced chunks. Each
+    of the ``2(n-1)`` steps is one paired send-to-next / recv-from-previous of ``N/n`` bytes:
+    cost ``2(n-1)(alpha + (N/n) beta)``; bytes per rank: ``2(n-1)/n * N`` sent and received,
+    independent of ``n`` for large ``n``. The only scratch memory is one chunk-sized
+    receive buffer. Ops as in :func:`all_reduce_naive` (AVG divides the owned chunk once,
+    between the phases). Returns None.
+    """
+    op, info = _prepare(tensor, op, group)
+    if info is None:
+        return
+    with flat_view(tensor) as flat:
+        _all_reduce_ring(info, flat, op)

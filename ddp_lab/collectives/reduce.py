@@ -1,0 +1,125 @@
+"""Reduce: combine ``tensor`` from every rank with ``op``; only the root gets the result.
+
+Cost notation as in :mod:`ddp_lab.collectives.broadcast` (``n`` ranks, ``N`` bytes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ._common import (
+    AVG,
+    SUM,
+    GroupInfo,
+    OpLike,
+    check_op_dtype,
+    combine_,
+    flat_view,
+    group_info,
+    normalize_op,
+    p2p,
+    resolve_root,
+)
+
+
+def _reduce_naive(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:
+    if info.rank != root:
+        p2p(info, sends=[(flat, root)])
+        return
+    # Receive everything concurrently, then combine in group-rank order so the result
+    # does not depend on which message arrived first.
+    bufs = [(r, torch.empty_like(flat)) for r in range(info.size) if r != root]
+    p2p(info, recvs=[(buf, r) for r, buf in bufs])
+    for _, buf in bufs:
+        combine_(flat, buf, op)
+    if op == AVG:
+        flat.div_(info.size)
+
+
+def _reduce_tree(
+    info: GroupInfo, flat: torch.Tensor, root: int, op: str, *, clobber: bool
+) -> None:
+    """Binomial-tree reduce. With ``clobber`` inner nodes accumulate into ``flat`` itself
+    (fine when a broadcast will overwrite it anyway); otherwise into a private copy."""
+    n = info.size
+    v = (info.rank - root) % n
+    acc = flat
+    buf = None
+    mask = 1
+    while mask < n:
+        if v & mask:  # hand the partial result to the parent and stop
+            p2p(info, sends=[(acc, (v - mask + root) % n)])
+            return
+        child = v + mask
+        if child < n:
+            if buf is None:
+                buf = torch.empty_like(flat)
+            p2p(info, recvs=[(buf, (child + root) % n)])
+            if acc is flat and v != 0 and not clobber:
+                acc = flat.clone()
+            combine_(acc, buf, op)
+        mask <<= 1
+    # Only the root (v == 0) gets here.
+    if op == AVG:
+        flat.div_(n)
+
+
+def reduce_naive(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    group_dst: int | None = None,
+) -> None:
+    """Naive (flat) reduce, in place on the root: every rank sends its tensor to the root.
+
+    The root posts ``n-1`` receives at once (into ``n-1`` scratch buffers) and combines
+    them in rank order. Cost: ``n-1`` messages serialised on the root's link, about
+    ``(n-1)(alpha + N beta)``; bytes per rank: each non-root sends ``N``, the root
+    receives ``(n-1)N``. ``op`` is SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide by ``n``
+    on the root; float/complex only). ``dst`` is a *global* rank as in
+    :func:`torch.distributed.reduce`, or give ``group_dst=``. Non-root tensors are left
+    unchanged. Returns None.
+    """
+    op = normalize_op(op)
+    check_op_dtype(op, tensor.dtype)
+    info = group_info(group)
+    if info is None:
+        return
+    root = resolve_root(info, dst, group_dst, "dst")
+    if info.size == 1 or tensor.numel() == 0:
+        return
+    with flat_view(tensor, writeback=info.rank == root) as flat:
+        _reduce_naive(info, flat, root, op)
+
+
+def reduce_tree(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    group_dst: int | None = None,
+) -> None:
+    """Binomial-tree reduce, in place on the root: the mirror image of :func:`broadcast_tree`.
+
+    Relative to the root, rank ``v`` combines the partial results of its children
+    ``v + 2^k`` (``2^k < lowbit(v)``, smallest first) into its own and sends the result to
+    ``v - lowbit(v)``: ``ceil(log2 n)`` rounds, no barriers. Cost:
+    ``ceil(log2 n)(alpha + N beta)`` plus the local reductions; bytes per rank: every
+    non-root sends ``N`` once, the root receives ``ceil(log2 n) N``. Ops and ``dst`` /
+    ``group_dst`` as in :func:`reduce_naive`; non-root tensors are left unchanged (inner
+    nodes accumulate in a scratch copy). Returns None.
+    """
+    op = normalize_op(op)
+    check_op_dtype(op, tensor.dtype)
+    info = group_info(group)
+    if info is None:
+        return
+    root = resolve_root(info, dst, group_dst, "dst")
+    if info.size == 1 or tensor.numel() == 0:
+        return
+    with flat_view(tensor, writeback=info.rank == root) as flat:
+        _reduce_tree(info, flat, root, op, clobber=False)

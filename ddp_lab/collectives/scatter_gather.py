@@ -1,0 +1,130 @@
+"""Ring all-gather and ring reduce-scatter with ``torch.distributed``-style signatures.
+
+``all_gather_ring(output, input)`` mirrors :func:`torch.distributed.all_gather_into_tensor`
+(and accepts a list of tensors like :func:`torch.distributed.all_gather`);
+``reduce_scatter_ring(output, input, op)`` mirrors
+:func:`torch.distributed.reduce_scatter_tensor` (and accepts a list input like
+:func:`torch.distributed.reduce_scatter`). Here ``N`` is the size in bytes of the *full*
+buffer (all-gather output / reduce-scatter input), i.e. ``n`` times the per-rank piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
+from ._ring import ring_all_gather, ring_reduce_scatter
+
+
+def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != ref.dtype or t.device != ref.device:
+        raise ValueError(
+            f"{what} has dtype/device {t.dtype}/{t.device}, expected {ref.dtype}/{ref.device}"
+        )
+
+
+def all_gather_ring(
+    output: torch.Tensor | Sequence[torch.Tensor],
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of every rank's ``output``.
+
+    ``output`` is either one tensor with ``n * input.numel()`` elements (any shape, e.g.
+    ``(n*m,)`` or ``(n, *input.shape)``; slot ``i`` is the ``i``-th run of
+    ``input.numel()`` elements of its flattened form), or a list of ``n`` tensors with
+    ``input.numel()`` elements each. ``input`` may be a view of this rank's slot. Each of
+    the ``n-1`` steps sends one piece to the next rank while receiving one from the previous
+    straight into ``output`` (no scratch memory): cost ``(n-1)(alpha + (N/n) beta)``; bytes per
+    rank: ``(n-1)/n * N`` sent and received. Returns None.
+    """
+    info = group_info(group)
+    if info is None:
+        return
+    n, m = info.size, input.numel()
+    with contextlib.ExitStack() as stack:
+        if isinstance(output, torch.Tensor):
+            _check_piece(output, input, "output")
+            if output.numel() != n * m:
+                raise ValueError(
+                    f"output has {output.numel()} elements, expected world_size * input.numel()"
+                    f" = {n} * {m}"
+                )
+            flat = stack.enter_context(flat_view(output))
+            chunks = list(flat.split(m)) if m else []
+        else:
+            if len(output) != n:
+                raise ValueError(f"output list has {len(output)} tensors, expected {n}")
+            for i, t in enumerate(output):
+                _check_piece(t, input, f"output[{i}]")
+                if t.numel() != m:
+                    raise ValueError(f"output[{i}] has {t.numel()} elements, expected {m}")
+            chunks = [stack.enter_context(flat_view(t)) for t in output]
+        if m == 0:
+            return
+        mine = chunks[info.rank]
+        src = input.reshape(-1)
+        if src.data_ptr() != mine.data_ptr():
+            mine.copy_(src)
+        ring_all_gather(info, chunks, shift=0)
+
+
+def reduce_scatter_ring(
+    output: torch.Tensor,
+    input: torch.Tensor | Sequence[torch.Tensor],
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Ring reduce-scatter: ``output`` on rank ``i`` = ``op`` over all ranks of piece ``i`` of
+    ``input``.
+
+    ``input`` is one tensor with ``n * output.numel()`` elements (piece ``i`` = ``i``-th run
+    of ``output.numel()`` elements of its flattened form) or a list of ``n`` tensors with
+    ``output.numel()`` elements each. ``input`` is not modified (``output`` may be a view of
+    this rank's piece). ``n-1`` steps, each sending a running partial to the next rank while
+    receiving one from the previous and combining it with the local piece (double-buffered,
+    one reduction per step, the last written straight into ``output``): cost
+    ``(n-1)(alpha + (N/n) beta)``; bytes per rank: ``(n-1)/n * N`` sent and received. ``op``:
+    SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide ``output`` by ``n``; float/complex only).
+    Returns None.
+    """
+    op = normalize_op(op)
+    check_op_dtype(op, output.dtype)
+    info = group_info(group)
+    if info is None:
+        return
+    n, m = info.size, output.numel()
+    with contextlib.ExitStack() as stack:
+        if isinstance(input, torch.Tensor):
+            _check_piece(input, output, "input")
+            if input.numel() != n * m:
+                raise ValueError(
+                    f"input has {input.numel()} elements, expected world_size * output.numel()"
+                    f" = {n} * {m}"
+                )
+            src = stack.enter_context(flat_view(input, writeback=False))
+            chunks = list(src.split(m)) if m else []
+        else:
+            if len(input) != n:
+                raise ValueError(f"input list has {len(input)} tensors, expected {n}")
+            for i, t in enumerate(input):
+                _check_piece(t, output, f"input[{i}]")
+                if t.numel() != m:
+                    raise ValueError(f"input[{i}] has {t.numel()} elements, expected {m}")
+            chunks = [stack.enter_context(flat_view(t, writeback=False)) for t in input]
+        if m == 0:
+            return
+        out = stack.enter_context(flat_view(output))
+        if n == 1:
+            if out.data_ptr() != chunks[0].data_ptr():
+                out.copy_(chunks[0])
+            return
+        ring_reduce_scatter(info, chunks, op, shift=0, out=out)
+        if op == AVG:
+            out.div_(n)
