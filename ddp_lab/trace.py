@@ -78,13 +78,13 @@ class TraceWriter:
         self.path = run_dir / "trace" / f"rank{rank}.json"
         self.rank, self.keep, self.enabled = rank, keep, enabled
         self.events: list[dict[str, Any]] = metadata(rank)
-        self.steps_seen = 0
 
-    def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats) -> None:
+    def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
+                  first_step: int = 0) -> None:
+        """Add an epoch's kept steps (numbered from `first_step`) and rewrite the file."""
         if not self.enabled:
             return
-        self.events += epoch_events(self.rank, epoch, steps, comm, self.keep, self.steps_seen)
-        self.steps_seen += len(steps)
+        self.events += epoch_events(self.rank, epoch, steps, comm, self.keep, first_step)
         write_trace(self.path, self.events)
 
 

@@ -154,7 +154,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
 
         steps_t = timer.collect()
         comm = syncer.take_comm()
-        trace.add_epoch(epoch + 1, steps_t, comm)
+        trace.add_epoch(epoch + 1, steps_t, comm, first_step=epoch * steps_per_epoch)
         tstats = epoch_timing(steps_t, comm)
         phases = tstats["phases"]
         step_total = phases["step"]["total"] if timing else busy
@@ -194,7 +194,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
                 "world_size": env.world_size, "sync": cfg.sync.name})
         writer.epoch(record, _epoch_scalars(record, phases if timing else None, n_steps))
         if timing and cfg.timing.tb_every > 0:
-            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, totals["steps"] - n_steps))
+            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, epoch * n_steps))
         log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
                  "%.0f samples/s  comm %s", epoch + 1, cfg.train.epochs, record["train_loss"],
                  test_loss, test_acc, epoch_time, record["samples_per_s"],

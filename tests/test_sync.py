@@ -365,7 +365,6 @@ def test_cli_bad_sync_input_is_one_line_no_traceback(tmp_path):
 
 # ------------------------------------------------------------ end to end
 @pytest.mark.dist
-@pytest.mark.slow
 def test_cli_two_rank_ring_run_reports_comm(tmp_path):
     p = run_cli("sync=ring", "launcher.nproc_per_node=2", "train.epochs=2",
                 "train.max_steps_per_epoch=15", "timing.trace_steps=3", "timing.tb_every=5",

@@ -166,8 +166,8 @@ def test_kept_steps_are_first_and_last_n():
 def test_trace_file_is_valid_chrome_trace_with_expected_slices(tmp_path):
     steps, comm = _fake_epoch(50)
     writer = TraceWriter(tmp_path, rank=1, keep=4)
-    writer.add_epoch(1, steps, comm)
-    writer.add_epoch(2, steps, comm)
+    writer.add_epoch(1, steps, comm, first_step=0)
+    writer.add_epoch(2, steps, comm, first_step=50)
     doc = json.loads((tmp_path / "trace" / "rank1.json").read_text())
     events = doc["traceEvents"]
     meta = [e for e in events if e["ph"] == "M"]
