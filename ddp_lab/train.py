@@ -6,7 +6,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from .distributed import DistContext
 from .metrics import MetricsWriter, write_json
 from .models import build_model, build_optimizer
 from .sync import build_sync
-from .timing import PHASES, Clock, StepTimer, epoch_timing, stragglers
+from .timing import PHASES, Clock, RunTotals, StepTimer, epoch_timing, stragglers
 from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
@@ -63,6 +63,29 @@ def _progress(cfg: Any, is_main: bool):
 
         return tqdm
     return None
+
+
+def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
+              timer: StepTimer) -> tuple[torch.Tensor, int]:
+    """The training steps of one epoch, each phase timed: (summed loss on the device, samples)."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
+    samples = 0
+    for _ in steps:
+        with timer.phase("data"):
+            x, y = next(batches)
+        with timer.phase("forward"):
+            loss = F.cross_entropy(syncer.model(x), y)
+        with timer.phase("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with timer.phase("sync"):
+            syncer.sync()
+        with timer.phase("optim"):
+            syncer.step(optimizer)
+        timer.end_step()
+        loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
+        samples += len(y)
+    return loss_sum, samples
 
 
 def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
@@ -116,37 +139,19 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
              cfg.sync.name, cfg.model.name, steps_per_epoch, cfg.train.batch_size)
 
     epoch_times: list[float] = []
-    totals = {"step_s": 0.0, "comm_s": 0.0, "calls": 0, "payload": 0, "sent": 0, "recv": 0,
-              "bus": 0.0, "steps": 0}
+    totals = RunTotals()
     record: dict = {}
     for epoch in range(start_epoch, cfg.train.epochs):
         splits.train.set_epoch(epoch)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        samples = 0
         ctx.synchronize()
         ctx.barrier()  # load-bearing: every rank starts the clock together
         clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
         t0 = time.perf_counter()
-        batches = iter(splits.train)
         steps = range(steps_per_epoch)
         if bar is not None:
             steps = bar(steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
                         unit="step", dynamic_ncols=True)
-        for _ in steps:
-            with timer.phase("data"):
-                x, y = next(batches)
-            with timer.phase("forward"):
-                loss = F.cross_entropy(syncer.model(x), y)
-            with timer.phase("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            with timer.phase("sync"):
-                syncer.sync()
-            with timer.phase("optim"):
-                syncer.step(optimizer)
-            timer.end_step()
-            loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
-            samples += len(y)
+        loss_sum, samples = run_steps(syncer, optimizer, iter(splits.train), steps, timer)
         ctx.synchronize()  # wait for the GPU to finish the epoch's work
         busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
         ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
@@ -155,59 +160,37 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         steps_t = timer.collect()
         comm = syncer.take_comm()
         trace.add_epoch(epoch + 1, steps_t, comm, first_step=epoch * steps_per_epoch)
-        tstats = epoch_timing(steps_t, comm)
-        phases = tstats["phases"]
-        step_total = phases["step"]["total"] if timing else busy
-        per_rank = _all_gather_floats([step_total, step_total - comm.seconds], device)
+        timed = _timing_record(steps_t, comm, busy, timing, syncer.bytes_exact, device)
         global_loss, global_samples = _all_reduce_sum([loss_sum.item(), float(samples)], device)
         test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
-        n_steps = steps_per_epoch
-        comm_rec = {
-            "calls": comm.calls, "payload_bytes": comm.payload_bytes,
-            "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
-            "bytes_exact": syncer.bytes_exact, "time_s": comm.seconds,
-            "per_step_s": {k: v for k, v in tstats["comm_step"].items() if k != "total"},
-            "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
-            "fraction": tstats["comm_fraction"]}
         record = {
             "epoch": epoch + 1, "world_size": env.world_size,
             "train_loss": global_loss / global_samples, "test_loss": test_loss,
             "test_accuracy": test_acc, "epoch_time_s": epoch_time,
-            "samples_per_s": global_samples / epoch_time, "steps": n_steps,
-            "timing": timing,
-            "phase_s": {p: phases[p] for p in (*PHASES, "step")} if timing else {},
-            "comm": comm_rec, "comm_fraction": tstats["comm_fraction"],
-            "stragglers": {**stragglers([r[0] for r in per_rank]),
-                           "measure": "step time" if timing else "wall time",
-                           "per_rank_compute_s": [r[1] for r in per_rank]},
+            "samples_per_s": global_samples / epoch_time, "steps": steps_per_epoch,
+            "timing": timing, **timed,
         }
         epoch_times.append(epoch_time)
-        for k, v in (("step_s", step_total), ("comm_s", comm.seconds), ("calls", comm.calls),
-                     ("payload", comm.payload_bytes), ("sent", comm.bytes_sent),
-                     ("recv", comm.bytes_recv), ("bus", comm.bus_bytes), ("steps", n_steps)):
-            totals[k] += v
+        totals.add(timed["phase_s"]["step"]["total"] if timing else busy, comm, steps_per_epoch)
         opt_state = syncer.optimizer_state(optimizer) if cfg.train.checkpoint else None
         if cfg.train.checkpoint and env.is_main:
             # checkpoint first, then the metrics line: a record never outlives its state
             checkpoint.save_epoch(ckpt_dir, epoch + 1, {
                 "model": module.state_dict(), "optimizer": opt_state,
                 "world_size": env.world_size, "sync": cfg.sync.name})
-        writer.epoch(record, _epoch_scalars(record, phases if timing else None, n_steps))
+        writer.epoch(record, _epoch_scalars(record))
         if timing and cfg.timing.tb_every > 0:
-            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, epoch * n_steps))
+            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, epoch * steps_per_epoch))
         log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
                  "%.0f samples/s  comm %s", epoch + 1, cfg.train.epochs, record["train_loss"],
                  test_loss, test_acc, epoch_time, record["samples_per_s"],
-                 _comm_line(comm_rec, n_steps))
+                 _comm_line(record["comm"], steps_per_epoch))
 
     if trace.enabled:
         _write_merged_trace(trace, run_dir, env)
     if not record:  # resumed a run that had already finished
         test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
         record = {"test_accuracy": test_acc, "test_loss": test_loss}
-    comm_fraction = (min(1.0, totals["comm_s"] / totals["step_s"])
-                     if timing and totals["step_s"] > 0 else None)
-    comm_s = totals["comm_s"] if timing else None
     summary = {
         "status": "completed", "launcher": cfg.launcher.name, "sync": cfg.sync.name,
         "model": cfg.model.name, "optim": cfg.optim.name, "backend": ctx.backend,
@@ -220,13 +203,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         "train_loss": record.get("train_loss"),
         "epoch_time_s_median": statistics.median(epoch_times) if epoch_times else None,
         "epoch_time_s_mean": statistics.fmean(epoch_times) if epoch_times else None,
-        "comm_fraction": comm_fraction, "timing_enabled": timing,
-        "comm_time_s": comm_s, "comm_calls": totals["calls"],
-        "comm_bytes_sent": totals["sent"], "comm_bytes_recv": totals["recv"],
-        "comm_payload_bytes": totals["payload"], "comm_bytes_exact": syncer.bytes_exact,
-        "comm_algbw_GBps": totals["payload"] / comm_s / 1e9 if comm_s else None,
-        "comm_busbw_GBps": totals["bus"] / comm_s / 1e9 if comm_s else None,
-        "step_time_ms_mean": 1e3 * totals["step_s"] / totals["steps"] if totals["steps"] else None,
+        **totals.summary(timing, syncer.bytes_exact),
         "hosts": hosts, "env_source": env.source, "torch": torch.__version__,
     }
     if env.is_main:
@@ -242,9 +219,32 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     return summary
 
 
-def _epoch_scalars(record: dict, phases: Optional[dict], steps: int) -> dict[str, float]:
+def _timing_record(steps: list, comm, busy: float, timing: bool, bytes_exact: bool,
+                   device: torch.device) -> dict:
+    """The epoch record's timing part: phases, comm, comm_fraction, stragglers."""
+    t = epoch_timing(steps, comm)
+    step_total = t["phases"]["step"]["total"] if timing else busy
+    # every rank's summed step time, and that minus its comm time (its own compute: a
+    # straggler makes the others *wait*, so their step times grow too; compute does not)
+    per_rank = _all_gather_floats([step_total, step_total - comm.seconds], device)
+    return {
+        "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timing else {},
+        "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                 "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                 "bytes_exact": bytes_exact, "time_s": comm.seconds,
+                 "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                 "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                 "fraction": t["comm_fraction"]},
+        "comm_fraction": t["comm_fraction"],
+        "stragglers": {**stragglers([r[0] for r in per_rank]),
+                       "measure": "step time" if timing else "wall time",
+                       "per_rank_compute_s": [r[1] for r in per_rank]},
+    }
+
+
+def _epoch_scalars(record: dict) -> dict[str, float]:
     """TensorBoard scalars of an epoch; tags carry their units."""
-    c = record["comm"]
+    c, steps, phases = record["comm"], record["steps"], record["phase_s"]
     out = {
         "loss/train": record["train_loss"], "loss/test": record["test_loss"],
         "accuracy/test(fraction)": record["test_accuracy"], "time/epoch(s)": record["epoch_time_s"],
@@ -253,7 +253,7 @@ def _epoch_scalars(record: dict, phases: Optional[dict], steps: int) -> dict[str
         "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
         "comm/calls(per step)": c["calls"] / steps,
     }
-    if phases is not None:
+    if record["timing"]:
         out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
         out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,
                     "time/step_median(ms)": phases["step"]["median"] * 1e3,

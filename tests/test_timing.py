@@ -199,3 +199,20 @@ def test_trace_disabled_writes_nothing(tmp_path):
     steps, comm = _fake_epoch(5)
     TraceWriter(tmp_path, rank=0, keep=4, enabled=False).add_epoch(1, steps, comm)
     assert not (tmp_path / "trace").exists()
+
+
+def test_run_totals_summary():
+    from ddp_lab.timing import RunTotals
+
+    steps, comm = _fake_epoch(10)
+    comm.payload_bytes, comm.bus_bytes, comm.bytes_sent = 1000, 1500.0, 1500
+    totals = RunTotals()
+    totals.add(0.1, comm, 10)
+    totals.add(0.1, comm, 10)
+    s = totals.summary(timing=True, bytes_exact=True)
+    assert s["comm_fraction"] == pytest.approx(0.3) and s["comm_time_s"] == pytest.approx(0.06)
+    assert s["comm_bytes_sent"] == 3000 and s["step_time_ms_mean"] == pytest.approx(10.0)
+    assert s["comm_busbw_GBps"] == pytest.approx(3000 / 0.06 / 1e9)
+    off = totals.summary(timing=False, bytes_exact=False)
+    assert off["comm_fraction"] is None and off["comm_busbw_GBps"] is None
+    assert off["comm_bytes_sent"] == 3000  # bytes are counted with the timers off too
