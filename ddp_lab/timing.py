@@ -426,4 +426,5 @@ class RunTotals:
             "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
             "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
             "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
+            "steps_run": self.steps,
         }
