@@ -339,7 +339,7 @@ def test_unused_parameters_leaves_grads_and_rng_alone():
     ("reduce_broadcast", {"root": 2}, "sync.root=2: must be a rank, 0..1"),
     ("reduce_broadcast", {"root": -1}, "sync.root=-1"),
     ("ddp", {"static_graph": True, "find_unused_parameters": True}, "contradict"),
-    ("ddp", {"bucket_cap_mb": 0}, "sync.bucket_cap_mb=0.0: must be > 0"),
+    ("ddp", {"bucket_cap_mb": -1}, "sync.bucket_cap_mb=-1.0: must be >= 0"),
 ])
 def test_bad_sync_config_is_refused(name, overrides, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):

@@ -38,8 +38,9 @@ class DDPSync(Synchroniser):
         if cfg.static_graph and cfg.find_unused_parameters:
             raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
                              "contradict each other: set one of them to false")
-        if cfg.bucket_cap_mb <= 0:
-            raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be > 0")
+        if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
+            raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
+                             "(0 = one bucket per parameter)")
 
     def wrap(self, module: nn.Module) -> nn.Module:
         cfg = self.cfg
