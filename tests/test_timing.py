@@ -216,3 +216,26 @@ def test_run_totals_summary():
     off = totals.summary(timing=False, bytes_exact=False)
     assert off["comm_fraction"] is None and off["comm_busbw_GBps"] is None
     assert off["comm_bytes_sent"] == 3000  # bytes are counted with the timers off too
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timer_times_the_kernels_not_the_launch():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    clock = Clock(dev)
+    torch.cuda.synchronize()
+    clock.anchor()
+    timer = StepTimer(clock)
+    rec = CommRecorder(clock, world_size=2)
+    t0 = time.perf_counter()
+    with timer.phase("forward"):
+        torch.cuda._sleep(50_000_000)  # tens of ms of GPU time, microseconds to launch
+    with timer.phase("sync"), rec.timed("all_reduce", 4, 4, 4):
+        torch.cuda._sleep(10_000_000)
+    timer.end_step()
+    launch = time.perf_counter() - t0
+    steps, comm = timer.collect(), rec.collect()
+    d = steps[0].durations()
+    assert d["forward"] > 5 * launch  # the events saw the kernel run; the host clock would not
+    assert 0 < comm.seconds <= d["sync"] + 1e-4
+    assert steps[0].spans[0][1] >= 0  # on the host time base, after the anchor
