@@ -45,6 +45,18 @@ CONFIGS = [
 ]
 
 
+def selected(args: argparse.Namespace) -> list[tuple]:
+    """The configurations to run (every rank computes the same list)."""
+    if not args.only:
+        return list(CONFIGS)
+    keep = [c.strip() for c in args.only.split(",")]
+    unknown = set(keep) - {c[0] for c in CONFIGS}
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
+                         f"{[c[0] for c in CONFIGS]}")
+    return [c for c in CONFIGS if c[0] in keep]
+
+
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
@@ -81,6 +93,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
         splits = build_splits(cfg.data, cfg.train, env, device)
         n_steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
         clock = Clock(device)
+        configs = selected(args)
 
         def one_epoch(label: str, name: str, overrides: dict, timing: bool, epoch: int,
                       steps: int) -> tuple[float, float | None]:
@@ -98,14 +111,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
             elapsed = time.perf_counter() - t0
             steps_t, comm = timer.collect(), syncer.take_comm()
             step_total = sum(sum(s.durations().values()) for s in steps_t)
-            return elapsed, (comm.seconds / step_total if timing and step_total else None)
+            if not (timing and step_total):
+                return elapsed, None
+            return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
-        for label, name, ov, timing in CONFIGS:  # warm-up: allocations, connections, caches
+        for label, name, ov, timing in configs:  # warm-up: allocations, connections, caches
             one_epoch(label, name, ov, timing, 0, min(50, n_steps))
-        times: dict[str, list[float]] = {c[0]: [] for c in CONFIGS}
-        fractions: dict[str, list[float]] = {c[0]: [] for c in CONFIGS}
+        times: dict[str, list[float]] = {c[0]: [] for c in configs}
+        fractions: dict[str, list[float]] = {c[0]: [] for c in configs}
         for r in range(args.repeats):
-            order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
             for label, name, ov, timing in order:
                 t, frac = one_epoch(label, name, ov, timing, r + 1, n_steps)
                 times[label].append(t)
@@ -113,12 +128,41 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
                     fractions[label].append(frac)
                 if rank == 0:
                     print(f"round {r + 1}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
-        queue.put((rank, {"times": times, "fractions": fractions, "steps": n_steps}))
+        overhead = timer_overhead(n_steps) if rank == 0 else None
+        queue.put((rank, {"times": times, "fractions": fractions, "steps": n_steps,
+                          "timer_overhead_s": overhead}))
     except BaseException as e:  # noqa: BLE001 -- reported by the parent
         queue.put((rank, f"{type(e).__name__}: {e}"))
         raise
     finally:
         dist.destroy_process_group()
+
+
+def timer_overhead(steps: int, epochs: int = 20) -> float:
+    """Seconds per step that the timers add: five phases, one timed collective and the
+    per-epoch resolution, with empty bodies, timers on minus timers off (best of 5)."""
+    import torch
+
+    from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
+
+    def run(enabled: bool) -> float:
+        clock = Clock(torch.device("cpu"))
+        timer, rec = StepTimer(clock, enabled), CommRecorder(clock, 2, enabled)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            for _ in range(steps):
+                for p in ("data", "forward", "backward"):
+                    with timer.phase(p):
+                        pass
+                with timer.phase("sync"), rec.timed("all_reduce", 1, 1, 1):
+                    pass
+                with timer.phase("optim"):
+                    pass
+                timer.end_step()
+            epoch_timing(timer.collect(), rec.collect())
+        return (time.perf_counter() - t0) / (epochs * steps)
+
+    return min(run(True) for _ in range(5)) - min(run(False) for _ in range(5))
 
 
 def free_port() -> int:
@@ -134,7 +178,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
     ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated configuration labels to run (default: all; the "
+                         "ratios need ddp, allreduce, ring and their 'timing off' twins)")
     args = ap.parse_args()
+    try:
+        configs = selected(args)
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch.multiprocessing as mp
 
@@ -157,33 +208,40 @@ def main() -> int:
     res = results[0]
     med = {k: statistics.median(v) for k, v in res["times"].items()}
     spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
-    frac = {k: statistics.median(v) if v else None for k, v in res["fractions"].items()}
-    ratios = {
-        "allreduce / ddp": med["allreduce"] / med["ddp"],
-        "ring / ddp": med["ring"] / med["ddp"],
-        "allreduce per-param / bucketed": med["allreduce per-param"] / med["allreduce"],
-        "ddp timing on / off": med["ddp"] / med["ddp timing off"],
-        "allreduce timing on / off": med["allreduce"] / med["allreduce timing off"],
-        "ring timing on / off": med["ring"] / med["ring timing off"],
-        "tree / ddp": med["tree"] / med["ddp"],
-        "butterfly / ddp": med["butterfly"] / med["ddp"],
-        "reduce_broadcast / ddp": med["reduce_broadcast"] / med["ddp"],
-    }
+    frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
+    comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
+    pairs = [("allreduce / ddp", "allreduce", "ddp"), ("ring / ddp", "ring", "ddp"),
+             ("allreduce per-param / bucketed", "allreduce per-param", "allreduce"),
+             ("ddp timing on / off", "ddp", "ddp timing off"),
+             ("allreduce timing on / off", "allreduce", "allreduce timing off"),
+             ("ring timing on / off", "ring", "ring timing off"),
+             ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
+             ("reduce_broadcast / ddp", "reduce_broadcast", "ddp")]
+    ratios = {k: med[a] / med[b] for k, a, b in pairs if a in med and b in med}
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
           f"median of {args.repeats} rounds ({os.cpu_count()} CPUs)\n")
-    print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for label, *_ in CONFIGS:
-        f = f"{100 * frac[label]:.0f}%" if frac[label] is not None else "-"
+    print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share | comm (ms/step) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for label, *_ in configs:
+        f = (f"{100 * frac[label]:.0f}% | {comm_ms[label]:.2f}" if frac[label] is not None
+             else "- | -")
         print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
-              f"| {med[label] / med['ddp']:.2f}x | {f} |")
+              f"| {med[label] / med['ddp']:.2f}x | {f} |" if "ddp" in med else
+              f"| - | {f} |")
     print("\n| ratio | measured |\n| --- | ---: |")
     for k, v in ratios.items():
         print(f"| {k} | {v:.3f} |")
+    over = res["timer_overhead_s"]
+    if "ddp" in med:
+        step = med["ddp"] / res["steps"]
+        print(f"\ntimers alone: {over * 1e6:.1f} us/step = {100 * over / step:.2f}% of a ddp step "
+              f"({step * 1e3:.2f} ms)")
     if args.out:
         Path(args.out).write_text(json.dumps({"world": args.world, "repeats": args.repeats,
                                               "steps": res["steps"], "median_s": med,
                                               "times_s": res["times"], "comm_share": frac,
+                                              "comm_ms_per_step": comm_ms,
+                                              "timer_overhead_s_per_step": res["timer_overhead_s"],
                                               "ratios": ratios}, indent=2) + "\n")
     return 0
 
