@@ -21,4 +21,4 @@ for w in $WORLDS; do
   "$PYTHON" -m ddp_lab -m "sync=$SYNCS" "launcher.nproc_per_node=$w" "train.epochs=$EPOCHS" \
     "run.root=$ROOT/w$w" log.progress=lines "$@"
 done
-"$PYTHON" scripts/sync_table.py "$ROOT"/w* | tee "$ROOT/table.md"
+"$PYTHON" "$(dirname "$0")/sync_table.py" "$ROOT"/w* | tee "$ROOT/table.md"

@@ -392,4 +392,12 @@ def test_cli_two_rank_ring_run_reports_comm(tmp_path):
         events = json.loads((run / "trace" / name).read_text())["traceEvents"]
         phases = [e for e in events if e.get("cat") == "phase"]
         assert len(phases) == (2 if name == "all.json" else 1) * 2 * 2 * 3 * 5  # epochs x first/last x 3 x phases
-    assert list((run / "tb").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for f in (run / "tb").glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"comm/busbw(GB/s)", "time/sync(ms/step)", "comm/bytes_sent(MB/step)",
+            "comm/fraction(of step)", "step/comm(ms)"} <= tags
