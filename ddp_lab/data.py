@@ -25,6 +25,7 @@ import os
 import shutil
 import struct
 import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -91,9 +92,10 @@ def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
                 raise DataError(f"{src / name} does not exist")
             shutil.copyfile(src / name, tmp)
         else:
-            from torchvision.datasets.utils import download_url
-
-            download_url(mirror.rstrip("/") + "/" + name, str(tmp.parent), tmp.name)
+            # one plain GET (torchvision's download_url adds a redirect probe per file)
+            url = mirror.rstrip("/") + "/" + name
+            with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
+                shutil.copyfileobj(resp, out, 1 << 20)
         got = md5sum(tmp)
         if got != md5:
             raise DataError(f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)")

@@ -85,12 +85,8 @@ def first_slurm_host(nodelist: str) -> str:
         elif ch == "," and depth == 0:
             nodelist = nodelist[:i]
             break
-    m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", nodelist)
-    if not m:
-        return nodelist
-    prefix, ranges, suffix = m.groups()
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}{suffix}"
+    # every bracket range contributes its first value: rack[1-2]-n[3-4] -> rack1-n3
+    return re.sub(r"\[([^\]]+)\]", lambda m: m.group(1).split(",")[0].split("-")[0], nodelist)
 
 
 def _slurm_tasks_per_node(env: Mapping[str, str], node_rank: int) -> Optional[int]:

@@ -10,9 +10,10 @@ Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` val
 as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
 """
 
-from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, normalize_op
+from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
+from ._ring import DEFAULT_SEGMENT_BYTES
 from .reduce import reduce_naive, reduce_tree
 from .registry import (
     ALL_GATHER,
@@ -34,11 +35,11 @@ from .registry import (
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
 __all__ = [
-    "SUM", "PRODUCT", "MAX", "MIN", "AVG", "SUPPORTED_OPS", "normalize_op",
+    "SUM", "PRODUCT", "MAX", "MIN", "AVG", "SUPPORTED_OPS", "normalize_op", "clear_scratch",
     "broadcast_naive", "broadcast_tree", "broadcast_ring", "DEFAULT_RING_CHUNK_BYTES",
     "reduce_naive", "reduce_tree",
     "all_reduce_naive", "all_reduce_tree", "all_reduce_butterfly", "all_reduce_ring",
-    "all_gather_ring", "reduce_scatter_ring",
+    "all_gather_ring", "reduce_scatter_ring", "DEFAULT_SEGMENT_BYTES",
     "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
     "torch_reduce_scatter",
     "BROADCAST", "REDUCE", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "COLLECTIVES",

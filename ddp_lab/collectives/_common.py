@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -158,6 +159,79 @@ def p2p(
         return
     for work in dist.batch_isend_irecv(ops):
         work.wait()
+
+
+def p2p_pipelined(
+    info: GroupInfo,
+    send: torch.Tensor,
+    send_to: int,
+    recv: torch.Tensor,
+    recv_from: int,
+    segment_bytes: int | None,
+    on_piece: Callable[[int, int], None] | None = None,
+) -> None:
+    """One ring step: send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from``.
+
+    Both tensors are cut into ``ceil(nbytes / segment_bytes)`` pieces (``None``: whole) that
+    are posted as one batch; ``on_piece(lo, hi)`` is called as soon as received elements
+    ``recv[lo:hi]`` have landed, in order, so reducing a piece overlaps with the transfer of
+    the next ones. Cutting large messages also keeps more data in flight on gloo/TCP. Both
+    ends compute the same pieces from the same sizes, so sends and recvs match in order.
+    With a backend that coalesces the batch into one request (nccl) the pieces are handed
+    to ``on_piece`` after the whole batch has completed.
+    """
+    send_pieces = [t for t in send.tensor_split(
+        num_pipeline_chunks(send.numel(), send.element_size(), segment_bytes)) if t.numel()]
+    recv_pieces = [t for t in recv.tensor_split(
+        num_pipeline_chunks(recv.numel(), recv.element_size(), segment_bytes)) if t.numel()]
+    ops = [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
+    ops += [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
+    if not ops:
+        return
+    works = dist.batch_isend_irecv(ops)
+    bounds, lo = [], 0
+    for t in recv_pieces:
+        bounds.append((lo, lo + t.numel()))
+        lo += t.numel()
+    if len(works) == len(ops):  # one request per op (gloo): consume pieces as they land
+        for work, (lo, hi) in zip(works[len(send_pieces):], bounds):
+            work.wait()
+            if on_piece is not None:
+                on_piece(lo, hi)
+        for work in works[: len(send_pieces)]:
+            work.wait()
+    else:  # one request for the whole batch (nccl coalescing)
+        for work in works:
+            work.wait()
+        if on_piece is not None:
+            for lo, hi in bounds:
+                on_piece(lo, hi)
+
+
+_scratch = threading.local()
+
+
+def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
+    """A reusable 1-D buffer of ``numel`` elements with ``like``'s dtype and device.
+
+    Ring algorithms need chunk-sized receive/accumulate buffers on every call; a fresh
+    ``torch.empty`` of many MB costs page faults (and zeroing) on CPU each time, so
+    buffers are cached per thread, per (device, dtype, slot), and only ever grow. A
+    caller must not hold two live buffers with the same slot.
+    """
+    cache = getattr(_scratch, "buffers", None)
+    if cache is None:
+        cache = _scratch.buffers = {}
+    key = (like.device, like.dtype, slot)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
+def clear_scratch() -> None:
+    """Drop this thread's cached scratch buffers (see :func:`scratch`)."""
+    _scratch.buffers = {}
 
 
 @contextlib.contextmanager

@@ -22,8 +22,9 @@ from ._common import (
     group_info,
     normalize_op,
     p2p,
+    scratch,
 )
-from ._ring import ring_all_gather, ring_reduce_scatter
+from ._ring import DEFAULT_SEGMENT_BYTES, ring_all_gather, ring_reduce_scatter
 from .broadcast import _bcast_naive, _bcast_tree
 from .reduce import _reduce_naive, _reduce_tree
 
@@ -46,7 +47,7 @@ def _all_reduce_butterfly(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
         p2p(info, sends=[(flat, r - p)])
         p2p(info, recvs=[(flat, r - p)])
         return
-    buf = torch.empty_like(flat)
+    buf = scratch(flat.numel(), flat, slot=3)
     if r < extra:
         p2p(info, recvs=[(buf, r + p)])
         combine_(flat, buf, op)
@@ -62,13 +63,15 @@ def _all_reduce_butterfly(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
         p2p(info, sends=[(flat, r + p)])
 
 
-def _all_reduce_ring(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
+def _all_reduce_ring(
+    info: GroupInfo, flat: torch.Tensor, op: str, segment_bytes: int | None
+) -> None:
     n = info.size
     chunks = flat.tensor_split(n)  # views; the first numel % n chunks are one longer
-    owned = ring_reduce_scatter(info, chunks, op, shift=1)
+    owned = ring_reduce_scatter(info, chunks, op, shift=1, segment_bytes=segment_bytes)
     if op == AVG:
         owned.div_(n)  # divide 1/n of the data, once, before it is replicated
-    ring_all_gather(info, chunks, shift=1)
+    ring_all_gather(info, chunks, shift=1, segment_bytes=segment_bytes)
 
 
 def all_reduce_naive(
@@ -129,7 +132,11 @@ def all_reduce_butterfly(
 
 
 def all_reduce_ring(
-    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+    tensor: torch.Tensor,
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal.
 
@@ -138,12 +145,14 @@ def all_reduce_ring(
     reduction of chunk ``r+1``; ``n-1`` all-gather steps circulate the reduced chunks. Each
     of the ``2(n-1)`` steps is one paired send-to-next / recv-from-previous of ``N/n`` bytes:
     cost ``2(n-1)(alpha + (N/n) beta)``; bytes per rank: ``2(n-1)/n * N`` sent and received,
-    independent of ``n`` for large ``n``. The only scratch memory is one chunk-sized
-    receive buffer. Ops as in :func:`all_reduce_naive` (AVG divides the owned chunk once,
-    between the phases). Returns None.
+    independent of ``n`` for large ``n``. Each step's message is cut into pieces of
+    ``segment_bytes`` (``None``: whole) posted together; a reduce-scatter step reduces each
+    piece as it lands, overlapping arithmetic with the transfer. The only scratch memory
+    is one chunk-sized receive buffer. Ops as in :func:`all_reduce_naive` (AVG divides the
+    owned chunk once, between the phases). Returns None.
     """
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
     with flat_view(tensor) as flat:
-        _all_reduce_ring(info, flat, op)
+        _all_reduce_ring(info, flat, op, segment_bytes)

@@ -20,6 +20,7 @@ from ._common import (
     normalize_op,
     p2p,
     resolve_root,
+    scratch,
 )
 
 
@@ -54,7 +55,7 @@ def _reduce_tree(
         child = v + mask
         if child < n:
             if buf is None:
-                buf = torch.empty_like(flat)
+                buf = scratch(flat.numel(), flat, slot=3)
             p2p(info, recvs=[(buf, (child + root) % n)])
             if acc is flat and v != 0 and not clobber:
                 acc = flat.clone()

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
-from ._ring import ring_all_gather, ring_reduce_scatter
+from ._ring import DEFAULT_SEGMENT_BYTES, ring_all_gather, ring_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
@@ -33,6 +33,8 @@ def all_gather_ring(
     output: torch.Tensor | Sequence[torch.Tensor],
     input: torch.Tensor,
     group: dist.ProcessGroup | None = None,
+    *,
+    segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of every rank's ``output``.
 
@@ -41,8 +43,9 @@ def all_gather_ring(
     ``input.numel()`` elements of its flattened form), or a list of ``n`` tensors with
     ``input.numel()`` elements each. ``input`` may be a view of this rank's slot. Each of
     the ``n-1`` steps sends one piece to the next rank while receiving one from the previous
-    straight into ``output`` (no scratch memory): cost ``(n-1)(alpha + (N/n) beta)``; bytes per
-    rank: ``(n-1)/n * N`` sent and received. Returns None.
+    straight into ``output`` (no scratch memory; messages cut into ``segment_bytes`` pieces):
+    cost ``(n-1)(alpha + (N/n) beta)``; bytes per rank: ``(n-1)/n * N`` sent and received.
+    Returns None.
     """
     info = group_info(group)
     if info is None:
@@ -72,7 +75,7 @@ def all_gather_ring(
         src = input.reshape(-1)
         if src.data_ptr() != mine.data_ptr():
             mine.copy_(src)
-        ring_all_gather(info, chunks, shift=0)
+        ring_all_gather(info, chunks, shift=0, segment_bytes=segment_bytes)
 
 
 def reduce_scatter_ring(
@@ -80,6 +83,8 @@ def reduce_scatter_ring(
     input: torch.Tensor | Sequence[torch.Tensor],
     op: OpLike = SUM,
     group: dist.ProcessGroup | None = None,
+    *,
+    segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Ring reduce-scatter: ``output`` on rank ``i`` = ``op`` over all ranks of piece ``i`` of
     ``input``.
@@ -88,8 +93,9 @@ def reduce_scatter_ring(
     of ``output.numel()`` elements of its flattened form) or a list of ``n`` tensors with
     ``output.numel()`` elements each. ``input`` is not modified (``output`` may be a view of
     this rank's piece). ``n-1`` steps, each sending a running partial to the next rank while
-    receiving one from the previous and combining it with the local piece (double-buffered,
-    one reduction per step, the last written straight into ``output``): cost
+    receiving one from the previous and combining it with the local piece as it lands
+    (messages cut into ``segment_bytes`` pieces; double-buffered partials, the last step
+    written straight into ``output``): cost
     ``(n-1)(alpha + (N/n) beta)``; bytes per rank: ``(n-1)/n * N`` sent and received. ``op``:
     SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide ``output`` by ``n``; float/complex only).
     Returns None.
@@ -125,6 +131,6 @@ def reduce_scatter_ring(
             if out.data_ptr() != chunks[0].data_ptr():
                 out.copy_(chunks[0])
             return
-        ring_reduce_scatter(info, chunks, op, shift=0, out=out)
+        ring_reduce_scatter(info, chunks, op, shift=0, out=out, segment_bytes=segment_bytes)
         if op == AVG:
             out.div_(n)

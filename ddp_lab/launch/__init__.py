@@ -50,9 +50,18 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 
 def start(rendered: Rendered, run_dir: Path) -> int:
-    """Run the job in the foreground; its exit status is ours."""
-    proc = subprocess.run(rendered.command, cwd=os.getcwd())
-    return proc.returncode
+    """Run the job in the foreground; its exit status is ours. Ctrl-C reaches the job too
+    (same process group): give it time to stop its ranks, then make sure it is gone."""
+    proc = subprocess.Popen(rendered.command, cwd=os.getcwd())
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return 130
 
 
 def registry() -> dict[str, Callable]:
