@@ -365,10 +365,10 @@ def test_cli_bad_sync_input_is_one_line_no_traceback(tmp_path):
 
 # ------------------------------------------------------------ end to end
 @pytest.mark.dist
-def test_cli_two_rank_ring_run_reports_comm(tmp_path):
+def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
     p = run_cli("sync=ring", "launcher.nproc_per_node=2", "train.epochs=2",
                 "train.max_steps_per_epoch=15", "timing.trace_steps=3", "timing.tb_every=5",
-                "log.progress=lines", f"data.root={tmp_path / 'data'}", cwd=tmp_path, timeout=240)
+                "log.progress=lines", f"data.root={shared_data_root}", cwd=tmp_path, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     run = run_dir_of(p)
     assert run.name.split("_")[2] == "ring"  # the sync is in the folder name
