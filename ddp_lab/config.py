@@ -153,7 +153,7 @@ class SyncConfig:
     """How gradients are synchronised across ranks."""
 
     name: str = MISSING
-    """ddp | allreduce | reduce_broadcast | ring | tree | butterfly"""
+    """ddp | allreduce | reduce_broadcast | ring | tree | butterfly (ddp_lab/sync/<name>.py)"""
 
 
 @dataclass
@@ -168,6 +168,23 @@ class DDPSyncConfig(SyncConfig):
     """promise DDP the graph never changes (needs every parameter used)"""
     find_unused_parameters: bool = False
     """let DDP look for parameters that got no gradient"""
+
+
+@dataclass
+class BucketSyncConfig(SyncConfig):
+    """Flattened gradient buckets, one collective call per bucket (allreduce, ring, tree,
+    butterfly)."""
+
+    bucket_mb: float = 25.0
+    """bucket size in MB (1e6 bytes); 0 = one call per parameter"""
+
+
+@dataclass
+class ReduceBroadcastSyncConfig(BucketSyncConfig):
+    """Reduce gradients to a root, step there, broadcast the parameters."""
+
+    root: int = 0
+    """the rank that averages, steps the optimiser and holds its state"""
 
 
 # ------------------------------------------------------------------- model
@@ -294,6 +311,21 @@ class LogConfig:
 
 
 @dataclass
+class TimingConfig:
+    """Per-step phase and communication timing."""
+
+    enabled: bool = True
+    """time every phase of every step and every collective (false: only epoch wall time
+    and bytes, to measure what the timers themselves cost)"""
+    trace: bool = True
+    """write trace/rank<N>.json and trace/all.json (Chrome trace events: ui.perfetto.dev)"""
+    trace_steps: int = 10
+    """steps of each epoch in the trace: the first N and the last N"""
+    tb_every: int = 10
+    """TensorBoard per-step scalars (step, sync and comm ms) every N steps; 0 = none"""
+
+
+@dataclass
 class Config:
     launcher: LauncherConfig = MISSING
     sync: SyncConfig = MISSING
@@ -304,13 +336,16 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
 
 
 # group -> option -> schema. Adding an option = one dataclass here + one YAML in conf/.
 SCHEMAS: dict[str, dict[str, type]] = {
     "launcher": {"local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
                  "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig},
-    "sync": {"ddp": DDPSyncConfig},
+    "sync": {"ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
+             "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": BucketSyncConfig,
+             "tree": BucketSyncConfig, "butterfly": BucketSyncConfig},
     "model": {"mlp": MLPConfig, "cnn": CNNConfig},
     "data": {"mnist": DataConfig},
     "optim": {"adam": AdamConfig, "sgd": SGDConfig},

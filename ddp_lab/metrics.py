@@ -79,6 +79,15 @@ class MetricsWriter:
             self.tb.add_scalar(tag, value, record["epoch"])
         self.tb.flush()
 
+    def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        """Per-step scalars, written in one go at the end of an epoch (x axis: global step)."""
+        if not self.enabled:
+            return
+        for step, scalars in points:
+            for tag, value in scalars.items():
+                self.tb.add_scalar(tag, value, step)
+        self.tb.flush()
+
     def close(self, hparams: Optional[dict] = None, final: Optional[dict] = None) -> None:
         if not self.tb:
             return

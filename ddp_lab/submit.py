@@ -60,9 +60,23 @@ def _validate(cfg: DictConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise UserError(message)
+    _validate_sync_and_timing(cfg)
     if cfg.train.resume and not (Path(cfg.run.dir) / "checkpoints").is_dir():
         raise UserError(f"train.resume=true but {cfg.run.dir}/checkpoints does not exist: "
                         "point run.dir at a run that completed at least one epoch")
+
+
+def _validate_sync_and_timing(cfg: DictConfig) -> None:
+    """A synchroniser that cannot run this config fails here, before any process starts."""
+    from .sync import check_sync
+
+    try:
+        check_sync(cfg.sync, cfg.launcher.nodes * cfg.launcher.nproc_per_node)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for key in ("trace_steps", "tb_every"):
+        if cfg.timing[key] < 0:
+            raise UserError(f"timing.{key}={cfg.timing[key]}: must be >= 0")
 
 
 def submit(cfg: DictConfig) -> int:

@@ -1,31 +1,53 @@
 """Phase timers and communication accounting.
 
-`StepTimer` times the phases of every step (data, forward, backward, sync, optim). On
-CPU it reads a monotonic clock at phase boundaries; the work of a phase is finished when
-its Python call returns (gloo collectives are synchronous from the caller's view). On
-CUDA, kernels are queued asynchronously, so a host clock would time the *launch*; the
-timer records CUDA events on the current stream instead and resolves them once per epoch,
-after a single synchronize, so timing adds no per-step host-device sync.
+One `Clock` per rank gives every timestamp of a run: `StepTimer` stamps the phases of
+every step (data, forward, backward, sync, optim) and the synchroniser's `CommRecorder`
+stamps every collective call. Both resolve their stamps once per epoch, on the same
+time base, so a collective can be placed inside its step and phase.
 
-`CommStats` accumulates what a synchroniser sent: calls, bytes, time; `busbw_factor` gives
-nccl-tests' bus-bandwidth factors (all-reduce 2(n-1)/n, all-gather and reduce-scatter
-(n-1)/n, broadcast/reduce/send-recv 1).
+- CPU: a stamp is `time.perf_counter()`. The work of a phase is finished when its Python
+  call returns (gloo collectives block the caller; DDP's async ones are stamped in their
+  completion callback), so the host clock times the work itself.
+- CUDA: kernels are queued asynchronously, so a host clock would time the *launch*. A
+  stamp is a CUDA event recorded on the current stream; events are read once per epoch,
+  after a single synchronize, so timing adds no per-step host-device sync. `Clock.anchor`
+  ties the device timeline to the host clock at each epoch start.
+
+`CommStats` is what a synchroniser communicated in an epoch: calls, payload bytes, bytes
+this rank sent and received, and the time during which at least one of its collectives
+was in flight. `busbw_factor` gives nccl-tests' bus-bandwidth factors (all-reduce
+2(n-1)/n, all-gather and reduce-scatter (n-1)/n, broadcast/reduce/send-recv 1).
+
+The communication share of step time (`comm_fraction` in metrics and summary) is
+
+    comm_fraction = comm in-flight time / step time      (both summed over the epoch)
+
+where "comm in-flight time" is the length of the union of this rank's collective
+intervals (overlapping calls count once) and "step time" the sum of the phases. For the
+blocking synchronisers (everything but ddp) the collectives sit on the critical path, so
+this is exactly the share of the step spent communicating, whichever phase it falls in
+(reduce_broadcast's parameter broadcast runs in the optim phase). For ddp the bucket
+all-reduces overlap the backward pass: the same number is then the share of the step
+during which communication was in flight, an upper bound on its exposed cost.
 """
 
 from __future__ import annotations
 
-import contextlib
+import bisect
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Optional, Sequence
 
 import torch
 
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
 
+# ------------------------------------------------------------------ bandwidth
 def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for `op` on n ranks."""
     n = world_size
     if n <= 1:
         return 0.0 if op in ("all_reduce", "all_gather", "reduce_scatter") else 1.0
@@ -33,115 +55,376 @@ def busbw_factor(op: str, world_size: int) -> float:
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter"):
         return (n - 1) / n
-    if op in ("broadcast", "reduce", "send_recv", "reduce_broadcast", "p2p"):
+    if op in ("broadcast", "reduce", "send_recv", "p2p"):
         return 1.0
     raise ValueError(f"no bus-bandwidth factor for op {op!r}")
 
 
 def bandwidth(nbytes: float, seconds: float, op: str, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes/s), as nccl-tests defines them."""
+    """(algbw, busbw) in GB/s (1e9 bytes/s) of one kind of collective, as nccl-tests defines
+    them: algbw = size / time, busbw = algbw * busbw_factor."""
     if seconds <= 0:
         return 0.0, 0.0
     algbw = nbytes / seconds / 1e9
     return algbw, algbw * busbw_factor(op, world_size)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+# ------------------------------------------------------------------ statistics
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence: the sorted value at
+    index round(q/100 * (len-1)), so p0 is the minimum, p100 the maximum."""
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q}: must be in [0, 100]")
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q / 100 * (len(s) - 1)))))
-    return s[k]
+    return s[int(round(q / 100 * (len(s) - 1)))]
 
 
-def describe(values: list[float]) -> dict[str, float]:
+def describe(values: Sequence[float]) -> dict[str, float]:
+    """mean, median, p95 and total of a list of seconds (zeros for an empty list)."""
     if not values:
         return {"mean": 0.0, "median": 0.0, "p95": 0.0, "total": 0.0}
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
             "p95": percentile(values, 95), "total": float(sum(values))}
 
 
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+# ------------------------------------------------------------------ the clock
+class Clock:
+    """This rank's time base: seconds since the clock was made (or `reset`).
+
+    Make (or reset) it right after a barrier and every rank's zero is the same instant,
+    to within the barrier's exit skew: that is what lines the ranks up in a trace.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.origin = time.perf_counter()
+        self._anchor_event: Any = None
+        self._anchor_s = 0.0
+
+    def reset(self) -> None:
+        self.origin = time.perf_counter()
+
+    def anchor(self) -> None:
+        """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
+        synchronize), so the event runs the moment it is recorded."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._anchor_event = ev
+            self._anchor_s = time.perf_counter() - self.origin
+
+    def stamp(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()  # on the current stream: fires when the work queued before it is done
+            return ev
+        return time.perf_counter()
+
+    def now(self) -> float:
+        """Host seconds on this time base (for host-side events such as the epoch end)."""
+        return time.perf_counter() - self.origin
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # events must have completed to be read
+
+    def seconds(self, stamp: Any) -> float:
+        """A stamp in seconds on this time base (CUDA: after `synchronize`)."""
+        if self.cuda:
+            if self._anchor_event is None:
+                raise RuntimeError("Clock.anchor() must be called before CUDA stamps are read")
+            return self._anchor_s + self._anchor_event.elapsed_time(stamp) / 1e3
+        return stamp - self.origin
+
+
+# ------------------------------------------------------------------ phases
+@dataclass
+class StepTimes:
+    """One step: the (phase, start, end) seconds of each phase, in order."""
+
+    spans: list[tuple[str, float, float]]
+
+    @property
+    def start(self) -> float:
+        return self.spans[0][1] if self.spans else 0.0
+
+    @property
+    def end(self) -> float:
+        return self.spans[-1][2] if self.spans else 0.0
+
+    def durations(self) -> dict[str, float]:
+        d: dict[str, float] = {}
+        for name, s, e in self.spans:
+            d[name] = d.get(name, 0.0) + (e - s)
+        return d
+
+
+class _Phase:
+    """`with timer.phase(name):` -- a plain class, cheaper than a generator context."""
+
+    __slots__ = ("timer", "name", "start")
+
+    def __init__(self, timer: "StepTimer", name: str):
+        self.timer, self.name, self.start = timer, name, None
+
+    def __enter__(self) -> None:
+        self.start = self.timer.clock.stamp()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer._current.append((self.name, self.start, self.timer.clock.stamp()))
+
+
+class _Nothing:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+class StepTimer:
+    """Stamps the phases of every step; `collect()` resolves them once per epoch."""
+
+    def __init__(self, clock: Clock, enabled: bool = True):
+        self.clock = clock
+        self.enabled = enabled
+        self._steps: list[list] = []
+        self._current: list = []
+
+    def phase(self, name: str):
+        return _Phase(self, name) if self.enabled else _NOTHING
+
+    def end_step(self) -> None:
+        if self.enabled:
+            self._steps.append(self._current)
+            self._current = []
+
+    def collect(self) -> list[StepTimes]:
+        """The steps since the last collect, in seconds (CUDA: one synchronize here)."""
+        raw, self._steps = self._steps, []
+        if not raw:
+            return []
+        self.clock.synchronize()
+        sec = self.clock.seconds
+        return [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans]) for spans in raw]
+
+
+def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
+    """mean/median/p95/total seconds per phase and for the whole step."""
+    durs = [s.durations() for s in steps]
+    out = {p: describe([d.get(p, 0.0) for d in durs]) for p in PHASES}
+    out["step"] = describe([sum(d.values()) for d in durs])
+    return out
+
+
+# ------------------------------------------------------------------ communication
+@dataclass
+class CommCall:
+    """One collective call as seen by this rank (times in seconds on the Clock's base)."""
+
+    op: str
+    payload: int
+    sent: int
+    recv: int
+    start: float = 0.0
+    end: float = 0.0
+
+
 @dataclass
 class CommStats:
-    """What a synchroniser communicated since the last reset (this rank's view)."""
+    """What a synchroniser communicated since the last reset (this rank's view).
+
+    `payload_bytes` is the size of the data being synchronised (nccl-tests' "size"):
+    for an all-reduce the gradient bytes, for reduce_broadcast the gradients reduced plus
+    the parameters broadcast. `bytes_sent`/`bytes_recv` are this rank's own traffic.
+    `seconds` is the in-flight time (union of call intervals); `bus_bytes` the sum over
+    calls of payload * busbw_factor(op), so busbw = bus_bytes / seconds mixes ops right.
+    """
 
     calls: int = 0
     bytes_sent: int = 0
     bytes_recv: int = 0
-    payload_bytes: int = 0  # the size of the data being synchronised (nccl-tests' "size")
+    payload_bytes: int = 0
     seconds: float = 0.0
+    bus_bytes: float = 0.0
+    timed: list[CommCall] = field(default_factory=list)
 
-    def add(self, payload: int, sent: int, recv: int, seconds: float = 0.0) -> None:
-        self.calls += 1
-        self.payload_bytes += payload
-        self.bytes_sent += sent
-        self.bytes_recv += recv
-        self.seconds += seconds
+    @property
+    def algbw(self) -> float:
+        """GB/s: payload bytes / in-flight seconds."""
+        return self.payload_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
-    def reset(self) -> "CommStats":
-        out = CommStats(self.calls, self.bytes_sent, self.bytes_recv, self.payload_bytes, self.seconds)
-        self.calls = self.bytes_sent = self.bytes_recv = self.payload_bytes = 0
-        self.seconds = 0.0
+    @property
+    def busbw(self) -> float:
+        """GB/s with nccl-tests' factors, per call's op."""
+        return self.bus_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def per_step_seconds(self, steps: Sequence[StepTimes]) -> list[float]:
+        """In-flight comm seconds of each step; a call belongs to the step it starts in."""
+        if not steps:
+            return []
+        starts = [s.start for s in steps]
+        buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
+        for c in self.timed:
+            i = max(0, bisect.bisect_right(starts, c.start) - 1)
+            buckets[i].append((c.start, c.end))
+        return [union_length(b) for b in buckets]
+
+
+class _Timed:
+    __slots__ = ("rec", "call", "start")
+
+    def __init__(self, rec: "CommRecorder", call: CommCall):
+        self.rec, self.call, self.start = rec, call, None
+
+    def __enter__(self) -> None:
+        self.start = self.rec.clock.stamp()
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is None:
+            self.rec._pending.append((self.call, self.start, self.rec.clock.stamp()))
+
+
+class CommRecorder:
+    """A synchroniser's log of collective calls: bytes always, times when enabled.
+
+    Blocking call:   `with rec.timed(op, payload, sent, recv): dist.all_reduce(buf)`
+    Async call:      `start = rec.begin()` ... in its completion callback
+                     `rec.finish(start, op, payload, sent, recv)`
+    """
+
+    def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
+        self.clock = clock
+        self.world_size = world_size
+        self.enabled = enabled
+        self._pending: list[tuple[CommCall, Any, Any]] = []
+        self._stats = CommStats()
+        # DDP's completion callbacks run on the backend's worker threads, several at once
+        self._lock = threading.Lock()
+
+    def _count(self, op: str, payload: int, sent: int, recv: int) -> CommCall:
+        st = self._stats
+        st.calls += 1
+        st.payload_bytes += payload
+        st.bytes_sent += sent
+        st.bytes_recv += recv
+        st.bus_bytes += payload * busbw_factor(op, self.world_size)
+        return CommCall(op, payload, sent, recv)
+
+    def timed(self, op: str, payload: int, sent: int, recv: int):
+        call = self._count(op, payload, sent, recv)
+        return _Timed(self, call) if self.enabled else _NOTHING
+
+    def begin(self) -> Any:
+        return self.clock.stamp() if self.enabled else None
+
+    def finish(self, start: Any, op: str, payload: int, sent: int, recv: int) -> None:
+        end = self.clock.stamp() if self.enabled else None
+        with self._lock:
+            call = self._count(op, payload, sent, recv)
+            if self.enabled:
+                self._pending.append((call, start, end))
+
+    def collect(self) -> CommStats:
+        """Everything since the last collect, resolved (CUDA: one synchronize here)."""
+        with self._lock:
+            out, self._stats = self._stats, CommStats()
+            pending, self._pending = self._pending, []
+        if pending:
+            self.clock.synchronize()
+            sec = self.clock.seconds
+            for call, s, e in pending:
+                call.start, call.end = sec(s), sec(e)
+                out.timed.append(call)
+            out.timed.sort(key=lambda c: c.start)
+            out.seconds = union_length([(c.start, c.end) for c in out.timed])
         return out
 
 
+# ------------------------------------------------------------------ an epoch in numbers
+def stragglers(step_totals: Sequence[float]) -> dict[str, Any]:
+    """Slowest and fastest rank from each rank's summed step time of an epoch."""
+    if not step_totals:
+        return {}
+    slow = max(range(len(step_totals)), key=lambda r: step_totals[r])
+    fast = min(range(len(step_totals)), key=lambda r: step_totals[r])
+    return {"slowest_rank": slow, "slowest_s": step_totals[slow],
+            "fastest_rank": fast, "fastest_s": step_totals[fast],
+            "spread": (step_totals[slow] / step_totals[fast]) if step_totals[fast] > 0 else None,
+            "per_rank_s": list(step_totals)}
+
+
+def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
+    """Per-phase statistics, comm time per step and the comm share of step time."""
+    phases = summarise_steps(steps)
+    comm_steps = describe(comm.per_step_seconds(steps))
+    step_total = phases["step"]["total"]
+    fraction: Optional[float] = None
+    if steps and step_total > 0:
+        # in-flight comm / step time; clipped because an async collective may run on past
+        # the last phase boundary of the step that launched it
+        fraction = min(1.0, comm.seconds / step_total)
+    return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction}
+
+
 @dataclass
-class StepTimer:
-    device: torch.device
-    enabled: bool = True
-    _cpu: list[dict[str, float]] = field(default_factory=list)
-    _cuda: list[list[tuple[str, object, object]]] = field(default_factory=list)
-    _current: dict = field(default_factory=dict)
-    _events: list = field(default_factory=list)
+class RunTotals:
+    """Sums over the epochs of a run, for summary.json."""
 
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
+    step_s: float = 0.0
+    comm_s: float = 0.0
+    calls: int = 0
+    payload: int = 0
+    sent: int = 0
+    recv: int = 0
+    bus: float = 0.0
+    steps: int = 0
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events.append((name, start, end))
-        else:
-            t0 = time.perf_counter()
-            yield
-            self._current[name] = self._current.get(name, 0.0) + time.perf_counter() - t0
+    def add(self, step_s: float, comm: CommStats, steps: int) -> None:
+        self.step_s += step_s
+        self.comm_s += comm.seconds
+        self.calls += comm.calls
+        self.payload += comm.payload_bytes
+        self.sent += comm.bytes_sent
+        self.recv += comm.bytes_recv
+        self.bus += comm.bus_bytes
+        self.steps += steps
 
-    def end_step(self) -> None:
-        if not self.enabled:
-            return
-        if self.cuda:
-            self._cuda.append(self._events)
-            self._events = []
-        else:
-            self._cpu.append(self._current)
-            self._current = {}
-
-    def collect(self) -> list[dict[str, float]]:
-        """Per-step phase seconds since the last collect; resolves CUDA events (one sync)."""
-        if self.cuda and self._cuda:
-            torch.cuda.synchronize(self.device)  # events must have completed to be read
-            steps = []
-            for events in self._cuda:
-                d: dict[str, float] = {}
-                for name, s, e in events:
-                    d[name] = d.get(name, 0.0) + s.elapsed_time(e) / 1e3
-                steps.append(d)
-            self._cuda = []
-            return steps
-        steps, self._cpu = self._cpu, []
-        return steps
-
-
-def summarise_steps(steps: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """mean/median/p95/total per phase and for the whole step."""
-    out = {p: describe([s.get(p, 0.0) for s in steps]) for p in PHASES}
-    out["step"] = describe([sum(s.values()) for s in steps])
-    return out
+    def summary(self, timing: bool, bytes_exact: bool) -> dict[str, Any]:
+        """The run's comm keys: comm_fraction is total in-flight comm / total step time."""
+        t = timing and self.comm_s > 0
+        return {
+            "comm_fraction": min(1.0, self.comm_s / self.step_s) if timing and self.step_s > 0 else None,
+            "timing_enabled": timing,
+            "comm_time_s": self.comm_s if timing else None,
+            "comm_calls": self.calls, "comm_payload_bytes": self.payload,
+            "comm_bytes_sent": self.sent, "comm_bytes_recv": self.recv,
+            "comm_bytes_exact": bytes_exact,
+            "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
+            "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
+            "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
+            "steps_run": self.steps,
+        }

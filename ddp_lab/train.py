@@ -6,7 +6,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,8 @@ from .distributed import DistContext
 from .metrics import MetricsWriter, write_json
 from .models import build_model, build_optimizer
 from .sync import build_sync
-from .timing import PHASES, StepTimer, bandwidth, summarise_steps
+from .timing import PHASES, Clock, RunTotals, StepTimer, epoch_timing, stragglers
+from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
 
@@ -68,6 +69,29 @@ def _progress(cfg: Any, is_main: bool):
     return None
 
 
+def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
+              timer: StepTimer) -> tuple[torch.Tensor, int]:
+    """The training steps of one epoch, each phase timed: (summed loss on the device, samples)."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
+    samples = 0
+    for _ in steps:
+        with timer.phase("data"):
+            x, y = next(batches)
+        with timer.phase("forward"):
+            loss = F.cross_entropy(syncer.model(x), y)
+        with timer.phase("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with timer.phase("sync"):
+            syncer.sync()
+        with timer.phase("optim"):
+            syncer.step(optimizer)
+        timer.end_step()
+        loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
+        samples += len(y)
+    return loss_sum, samples
+
+
 def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     """Train per `cfg` on the initialised process group; return the summary."""
     env, device = ctx.env, ctx.device
@@ -77,9 +101,14 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     prepare_mnist(cfg.data.root, list(cfg.data.mirrors), env, cfg.data.node_local, device)
     splits = build_splits(cfg.data, cfg.train, env, device)
 
+    timing = cfg.timing.enabled
+    ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
+    clock = Clock(device)
     module = build_model(cfg.model).to(device)
-    syncer = build_sync(cfg.sync, module, device, env.world_size)
+    syncer = build_sync(cfg.sync, module, device, env.world_size, clock=clock, timing=timing)
     optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+    x0, y0 = splits.test_x[:2], splits.test_y[:2]
+    syncer.preflight(lambda: F.cross_entropy(module(x0), y0))  # fails here, not mid-step
 
     start_epoch = 0
     ckpt_dir = run_dir / "checkpoints"
@@ -105,7 +134,9 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     writer.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
 
     hosts, node_ranks = _gather_placement(env)
-    timer = StepTimer(device)
+    timer = StepTimer(clock, enabled=timing)
+    trace = TraceWriter(run_dir, env.rank, cfg.timing.trace_steps,
+                        enabled=timing and cfg.timing.trace)
     bar = _progress(cfg, env.is_main)
     steps_per_epoch = len(splits.train)
     if cfg.train.max_steps_per_epoch > 0:
@@ -115,79 +146,56 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
              cfg.sync.name, cfg.model.name, steps_per_epoch, cfg.train.batch_size)
 
     epoch_times: list[float] = []
-    comm_fractions: list[float] = []
+    totals = RunTotals()
     record: dict = {}
     for epoch in range(start_epoch, cfg.train.epochs):
         splits.train.set_epoch(epoch)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        samples = 0
         ctx.synchronize()
         ctx.barrier()  # load-bearing: every rank starts the clock together
+        clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
         t0 = time.perf_counter()
-        batches = iter(splits.train)
         steps = range(steps_per_epoch)
         if bar is not None:
             steps = bar(steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
                         unit="step", dynamic_ncols=True)
-        for _ in steps:
-            with timer.phase("data"):
-                x, y = next(batches)
-            with timer.phase("forward"):
-                loss = F.cross_entropy(syncer.model(x), y)
-            with timer.phase("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            with timer.phase("sync"):
-                syncer.sync()
-            with timer.phase("optim"):
-                syncer.step(optimizer)
-            timer.end_step()
-            loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
-            samples += len(y)
+        loss_sum, samples = run_steps(syncer, optimizer, iter(splits.train), steps, timer)
         ctx.synchronize()  # wait for the GPU to finish the epoch's work
+        busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
         ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
         epoch_time = time.perf_counter() - t0
 
         steps_t = timer.collect()
         comm = syncer.take_comm()
-        phases = summarise_steps(steps_t)
+        trace.add_epoch(epoch + 1, steps_t, comm, first_step=epoch * steps_per_epoch)
+        timed = _timing_record(steps_t, comm, busy, timing, syncer.bytes_exact, device)
         global_loss, global_samples = _all_reduce_sum([loss_sum.item(), float(samples)], device)
         test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
-        step_total = phases["step"]["total"]
-        comm_time = max(phases["sync"]["total"], comm.seconds) if cfg.sync.name != "ddp" else comm.seconds
-        comm_fraction = min(1.0, comm_time / step_total) if step_total > 0 else 0.0
-        algbw, busbw = bandwidth(comm.payload_bytes, comm.seconds, syncer.comm_op, env.world_size)
         record = {
             "epoch": epoch + 1, "world_size": env.world_size,
             "train_loss": global_loss / global_samples, "test_loss": test_loss,
             "test_accuracy": test_acc, "epoch_time_s": epoch_time,
-            "samples_per_s": global_samples / epoch_time, "steps": len(steps_t),
-            "phase_s": {p: phases[p] for p in (*PHASES, "step")},
-            "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
-                     "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
-                     "time_s": comm.seconds, "algbw_GBps": algbw, "busbw_GBps": busbw,
-                     "fraction": comm_fraction},
+            "samples_per_s": global_samples / epoch_time, "steps": steps_per_epoch,
+            "timing": timing, **timed,
         }
         epoch_times.append(epoch_time)
-        comm_fractions.append(comm_fraction)
+        totals.add(timed["phase_s"]["step"]["total"] if timing else busy, comm, steps_per_epoch)
+        opt_state = syncer.optimizer_state(optimizer) if cfg.train.checkpoint else None
         if cfg.train.checkpoint and env.is_main:
             # checkpoint first, then the metrics line: a record never outlives its state
             checkpoint.save_epoch(ckpt_dir, epoch + 1, {
-                "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                "model": module.state_dict(), "optimizer": opt_state,
                 "world_size": env.world_size, "sync": cfg.sync.name})
-        writer.epoch(record, {
-            "loss/train": record["train_loss"], "loss/test": test_loss,
-            "accuracy/test(fraction)": test_acc, "time/epoch(s)": epoch_time,
-            "throughput/train(samples/s)": record["samples_per_s"],
-            **{f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in PHASES},
-            "comm/time(s/epoch)": comm.seconds, "comm/bytes_sent(MB/epoch)": comm.bytes_sent / 1e6,
-            "comm/busbw(GB/s)": busbw, "comm/fraction(of step)": comm_fraction,
-        })
+        writer.epoch(record, _epoch_scalars(record))
+        if timing and cfg.timing.tb_every > 0:
+            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, epoch * steps_per_epoch))
         log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
-                 "%.0f samples/s  comm %.0f%%", epoch + 1, cfg.train.epochs, record["train_loss"],
-                 test_loss, test_acc, epoch_time, record["samples_per_s"], 100 * comm_fraction)
+                 "%.0f samples/s  comm %s", epoch + 1, cfg.train.epochs, record["train_loss"],
+                 test_loss, test_acc, epoch_time, record["samples_per_s"],
+                 _comm_line(record["comm"], steps_per_epoch))
         _maybe_fail_once(ctx, epoch + 1)
 
+    if trace.enabled:
+        _write_merged_trace(trace, run_dir, env)
     if not record:  # resumed a run that had already finished
         test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
         record = {"test_accuracy": test_acc, "test_loss": test_loss}
@@ -203,7 +211,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         "train_loss": record.get("train_loss"),
         "epoch_time_s_median": statistics.median(epoch_times) if epoch_times else None,
         "epoch_time_s_mean": statistics.fmean(epoch_times) if epoch_times else None,
-        "comm_fraction": statistics.fmean(comm_fractions) if comm_fractions else None,
+        **totals.summary(timing, syncer.bytes_exact),
         "hosts": hosts, "node_ranks": node_ranks, "env_source": env.source, "torch": torch.__version__,
     }
     if env.is_main:
@@ -214,8 +222,98 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
                  "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
         final={"hparam/test_accuracy": summary["test_accuracy"],
                "hparam/epoch_time_s": summary["epoch_time_s_median"] or 0.0,
-               "hparam/comm_fraction": summary["comm_fraction"] or 0.0})
+               "hparam/comm_fraction": summary["comm_fraction"] or 0.0,
+               "hparam/busbw_GBps": summary["comm_busbw_GBps"] or 0.0})
     return summary
+
+
+def _timing_record(steps: list, comm, busy: float, timing: bool, bytes_exact: bool,
+                   device: torch.device) -> dict:
+    """The epoch record's timing part: phases, comm, comm_fraction, stragglers."""
+    t = epoch_timing(steps, comm)
+    step_total = t["phases"]["step"]["total"] if timing else busy
+    # every rank's summed step time, and that minus its comm time (its own compute: a
+    # straggler makes the others *wait*, so their step times grow too; compute does not)
+    per_rank = _all_gather_floats([step_total, step_total - comm.seconds], device)
+    return {
+        "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timing else {},
+        "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                 "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                 "bytes_exact": bytes_exact, "time_s": comm.seconds,
+                 "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                 "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                 "fraction": t["comm_fraction"]},
+        "comm_fraction": t["comm_fraction"],
+        "stragglers": {**stragglers([r[0] for r in per_rank]),
+                       "measure": "step time" if timing else "wall time",
+                       "per_rank_compute_s": [r[1] for r in per_rank]},
+    }
+
+
+def _epoch_scalars(record: dict) -> dict[str, float]:
+    """TensorBoard scalars of an epoch; tags carry their units."""
+    c, steps, phases = record["comm"], record["steps"], record["phase_s"]
+    out = {
+        "loss/train": record["train_loss"], "loss/test": record["test_loss"],
+        "accuracy/test(fraction)": record["test_accuracy"], "time/epoch(s)": record["epoch_time_s"],
+        "throughput/train(samples/s)": record["samples_per_s"],
+        "comm/bytes_sent(MB/step)": c["bytes_sent"] / 1e6 / steps,
+        "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
+        "comm/calls(per step)": c["calls"] / steps,
+    }
+    if record["timing"]:
+        out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
+        out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,
+                    "time/step_median(ms)": phases["step"]["median"] * 1e3,
+                    "comm/time(ms/step)": c["time_s"] * 1e3 / steps,
+                    "comm/algbw(GB/s)": c["algbw_GBps"], "comm/busbw(GB/s)": c["busbw_GBps"],
+                    "comm/fraction(of step)": c["fraction"] or 0.0})
+        spread = record["stragglers"].get("spread")
+        if spread:
+            out["stragglers/spread(slowest/fastest)"] = spread
+    return out
+
+
+def _step_scalars(steps: list, comm, every: int, first_step: int) -> list[tuple[int, dict[str, float]]]:
+    """Per-step TensorBoard scalars (every `every` steps), x axis = global step."""
+    comm_s = comm.per_step_seconds(steps)
+    out = []
+    for i in range(0, len(steps), every):
+        d = steps[i].durations()
+        out.append((first_step + i, {"step/time(ms)": 1e3 * sum(d.values()),
+                                     "step/sync(ms)": 1e3 * d.get("sync", 0.0),
+                                     "step/comm(ms)": 1e3 * comm_s[i]}))
+    return out
+
+
+def _comm_line(c: dict, steps: int) -> str:
+    sent = c["bytes_sent"] / steps / 1e6
+    if c["fraction"] is None:
+        return f"{sent:.2f} MB/step sent (timing off)"
+    return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
+            f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
+
+
+def _all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values`, in rank order (one small all-gather)."""
+    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32,
+                     device=device)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def _write_merged_trace(trace: TraceWriter, run_dir: Path, env) -> None:
+    """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
+    events = trace.events
+    if dist.is_initialized() and env.world_size > 1:
+        gathered: list = [None] * env.world_size if env.is_main else None
+        dist.gather_object(events, gathered, dst=0)
+        events = [e for rank_events in (gathered or []) for e in rank_events]
+    if env.is_main:
+        write_trace(run_dir / "trace" / "all.json", events)
 
 
 def _gather_placement(env) -> tuple[list[str], list[int]]:

@@ -1,26 +1,46 @@
-"""Gradient synchronisers, chosen with the `sync` config group."""
+"""Gradient synchronisers, chosen with the `sync` config group (one file each)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from ..timing import Clock
+from .allreduce import AllReduceSync
 from .base import Synchroniser
+from .butterfly import ButterflySync
 from .ddp import DDPSync
+from .reduce_broadcast import ReduceBroadcastSync
+from .ring import RingSync
+from .tree import TreeSync
 
 REGISTRY: dict[str, type[Synchroniser]] = {
     "ddp": DDPSync,
+    "allreduce": AllReduceSync,
+    "reduce_broadcast": ReduceBroadcastSync,
+    "ring": RingSync,
+    "tree": TreeSync,
+    "butterfly": ButterflySync,
 }
 
 
-def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int) -> Synchroniser:
+def sync_class(name: str) -> type[Synchroniser]:
     try:
-        cls = REGISTRY[cfg.name]
+        return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown sync '{cfg.name}': choose one of {', '.join(REGISTRY)}") from None
-    return cls(cfg, module, device, world_size)
+        raise ValueError(f"unknown sync '{name}': choose one of {', '.join(REGISTRY)}") from None
 
 
-__all__ = ["REGISTRY", "Synchroniser", "build_sync"]
+def check_sync(cfg: Any, world_size: int) -> None:
+    """Raise ValueError (with the fix) if sync `cfg` cannot run on `world_size` ranks."""
+    sync_class(cfg.name).check(cfg, world_size)
+
+
+def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
+               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
+    return sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
+
+
+__all__ = ["REGISTRY", "Synchroniser", "build_sync", "check_sync", "sync_class"]

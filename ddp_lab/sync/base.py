@@ -6,35 +6,56 @@ A training step with any synchroniser reads
     syncer.sync()          # make every rank's .grad the average over ranks
     syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only
 
-and `syncer.comm` holds what was communicated (calls, bytes, seconds) since the last reset.
+and `syncer.take_comm()` returns what was communicated since the last call (a
+`CommStats`: calls, payload bytes, bytes this rank sent and received, in-flight time).
+Every collective a synchroniser runs goes through `self.comm` (a `CommRecorder`), which
+counts its bytes always and stamps its start and end on the run's `Clock` when timing is
+enabled: that is how comm time is measured the same way for every synchroniser.
+
+A synchroniser that cannot run a configuration says so in `check` (config only, called
+before any process starts and again at construction) or `preflight` (needs the model and
+a batch; called once before the first step), never by hanging in a collective.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from ..timing import CommStats
+from ..timing import Clock, CommRecorder, CommStats
 
 
 class Synchroniser:
     name = "base"
-    comm_op = "all_reduce"  # the collective whose bus-bandwidth factor applies
+    #: whether bytes_sent/bytes_recv are this rank's exact traffic (our send/recv
+    #: algorithms) or the textbook model of a backend collective whose routing we cannot see
+    bytes_exact = False
 
-    def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int):
+    def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int,
+                 clock: Optional[Clock] = None, timing: bool = True):
+        self.check(cfg, world_size)
         self.cfg = cfg
         self.module = module  # the bare model: evaluation and checkpoints use this
         self.device = device
         self.world_size = world_size
-        self.comm = CommStats()
-        self.pending_cuda: list = []  # (payload, wire bytes, start event, end event)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
         self.model: nn.Module = self.wrap(module)
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        """Raise ValueError, with the fix, for a config this synchroniser cannot run."""
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """The module the training step calls (DDP wraps; the others return it as is)."""
         return module
+
+    def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
+        """Checks that need the model and a batch (`loss_fn` computes a loss on the bare
+        module). Runs before the first step, on every rank; default: nothing to check."""
 
     def sync(self) -> None:
         """Average gradients across ranks (in place, in .grad)."""
@@ -42,14 +63,35 @@ class Synchroniser:
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+        """The optimiser state a checkpoint on rank 0 should hold. Called on every rank (a
+        synchroniser may need a collective to bring it to rank 0); None off rank 0."""
+        return optimizer.state_dict() if self.rank == 0 else None
+
     def take_comm(self) -> CommStats:
         """What was communicated since the last call; resolves CUDA events (one sync)."""
-        if self.pending_cuda:
-            torch.cuda.synchronize(self.device)  # events must have completed to be read
-            for payload, wire, start, end in self.pending_cuda:
-                self.comm.add(payload, wire, wire, start.elapsed_time(end) / 1e3)
-            self.pending_cuda.clear()
-        return self.comm.reset()
+        return self.comm.collect()
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.module.parameters() if p.requires_grad)
+
+
+def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> list[str]:
+    """Names of trainable parameters that get no gradient from one backward of `loss_fn`.
+
+    Runs on the bare module (no communication), leaves every .grad None and the RNG
+    untouched, so training afterwards is exactly as without the check.
+    """
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    saved = [p.grad for _, p in params]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and any(
+        p.is_cuda for _, p in params) else []
+    try:
+        for _, p in params:
+            p.grad = None
+        with torch.random.fork_rng(devices=devices):
+            loss_fn().backward()
+        return [n for n, p in params if p.grad is None]
+    finally:
+        for (_, p), g in zip(params, saved):
+            p.grad = g

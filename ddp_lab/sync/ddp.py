@@ -1,30 +1,49 @@
 """sync=ddp: torch's DistributedDataParallel, its bucket all-reduces timed by a comm hook.
 
-The hook wraps DDP's own all-reduce of each bucket, so overlap with backward stays real:
-the hook starts the collective and returns its future; the time is read when the future
-completes (on CUDA, by events recorded on the stream the completion callback runs on).
+DDP launches each gradient bucket's all-reduce from inside backward, as soon as the
+bucket is ready, so communication overlaps the rest of backward. The comm hook below is
+DDP's default one (divide by the world size, all-reduce, return the future) plus
+accounting, so that overlap stays real:
+
+- the start is stamped when DDP hands the hook a ready bucket, the end in the future's
+  completion callback. CPU: host clock; the callback runs on gloo's worker thread the
+  moment the all-reduce completes. CUDA: events; the hook runs on the stream that
+  produced the bucket and NCCL's completion callbacks run with the current stream synced
+  to the collective's, so the end event fires when the all-reduce is done. The events are
+  read once per epoch by `take_comm()` (one synchronize), never per step.
+- bucket all-reduces may be in flight together: comm time is the union of the
+  intervals, and it overlaps backward (see `ddp_lab.timing` on comm_fraction).
+
+`sync.sync()` is a no-op here (DDP has finished by the time backward returns).
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 
-import time
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .base import Synchroniser
+from .base import Synchroniser, unused_parameters
 
 
 class DDPSync(Synchroniser):
     name = "ddp"
+    bytes_exact = False  # the backend's own all-reduce; bytes follow the ring model
 
-    def wrap(self, module: nn.Module) -> nn.Module:
-        cfg = self.cfg
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
         if cfg.static_graph and cfg.find_unused_parameters:
             raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
                              "contradict each other: set one of them to false")
+        if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
+            raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
+                             "(0 = one bucket per parameter)")
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        cfg = self.cfg
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(module, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb,
                   gradient_as_bucket_view=cfg.gradient_as_bucket_view,
@@ -33,30 +52,34 @@ class DDPSync(Synchroniser):
         ddp.register_comm_hook(self, _timed_allreduce_hook)
         return ddp
 
+    def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
+        """DDP without unused-parameter detection waits forever for a gradient that never
+        comes, and only says so at the next iteration: find out before the first step."""
+        if self.cfg.find_unused_parameters or self.cfg.static_graph:
+            return  # DDP handles parameters without gradients itself
+        unused = unused_parameters(self.module, loss_fn)
+        if unused:
+            names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+            raise ValueError(f"sync=ddp: the model has parameters that get no gradient "
+                             f"({names}): set sync.find_unused_parameters=true (or "
+                             "sync.static_graph=true if the set never changes)")
+
 
 def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default hook (all-reduce, then divide by world size), plus accounting."""
+    """DDP's default hook (divide by world size, then all-reduce), plus accounting."""
     buf = bucket.buffer()
     n = state.world_size
     nbytes = buf.numel() * buf.element_size()
-    # ring all-reduce (what gloo and nccl run for large buffers): 2(n-1)/n of the buffer
+    # the ring model (what gloo and nccl run for large buffers): 2(n-1)/n of the buffer
     # leaves and enters each rank
-    wire = int(2 * (n - 1) / n * nbytes) if n > 1 else 0
-    if buf.is_cuda:
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-    else:
-        t0 = time.perf_counter()
+    wire = int(2 * (n - 1) * nbytes // n) if n > 1 else 0
+    rec = state.comm
     buf.div_(n)
+    start = rec.begin()
     fut = dist.all_reduce(buf, async_op=True).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        if buf.is_cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()  # the callback runs on a stream ordered after the collective
-            state.pending_cuda.append((nbytes, wire, start, end))  # read at take_comm()
-        else:
-            state.comm.add(nbytes, wire, wire, time.perf_counter() - t0)
+        rec.finish(start, "all_reduce", nbytes, wire, wire)
         return f.value()[0]
 
     return fut.then(done)

@@ -1,0 +1,78 @@
+"""sync=allreduce: flattened gradient buckets, each `torch.distributed.all_reduce`d, averaged.
+
+After backward, each bucket's gradients are copied into one flat buffer, summed across
+ranks with one all-reduce call, divided by the world size and copied back into .grad.
+`sync.bucket_mb` sets the bucket size; `sync.bucket_mb=0` all-reduces every parameter's
+.grad on its own (no copies, one call per parameter): compare the two to see what
+bucketing buys (per-call latency paid once per bucket instead of once per tensor).
+
+ring, tree and butterfly (ring.py, tree.py, butterfly.py) are this synchroniser with
+another all-reduce algorithm from `ddp_lab.collectives` and exact byte accounting.
+
+Bytes: the backend picks its own algorithm (gloo: ring or halving-doubling; nccl: ring or
+tree), invisible from here, so bytes_sent/bytes_recv follow the ring model nccl-tests'
+busbw assumes, 2(n-1)/n of the buffer each way (`bytes_exact = False`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._buckets import Bucket, make_buckets
+from .base import Synchroniser
+
+
+class AllReduceSync(Synchroniser):
+    name = "allreduce"
+    bytes_exact = False
+    pad_to_world = False  # ring: buffers padded to a multiple of the world size
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if cfg.bucket_mb < 0:
+            raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
+                             "(0 = one call per parameter)")
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.per_param = self.cfg.bucket_mb == 0 and not self.pad_to_world
+        self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
+            params, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
+        self.params = params
+        return module
+
+    # the algorithm: subclasses replace these two
+    def all_reduce(self, flat: torch.Tensor) -> None:
+        """Sum `flat` across ranks, in place."""
+        dist.all_reduce(flat)
+
+    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
+        """(bytes this rank sends, bytes it receives) for one all_reduce of `flat`."""
+        n = self.world_size
+        b = int(2 * (n - 1) * flat.numel() * flat.element_size() // n) if n > 1 else 0
+        return b, b
+
+    def _reduce(self, flat: torch.Tensor, payload: int) -> None:
+        sent, recv = self.traffic(flat)
+        with self.comm.timed("all_reduce", payload, sent, recv):
+            self.all_reduce(flat)
+        flat.div_(self.world_size)  # the average: every rank divides the same sum
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        if self.world_size == 1:
+            return
+        if self.per_param:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # a rank that did not use p still takes part
+                self._reduce(p.grad, p.grad.numel() * p.grad.element_size())
+            return
+        for b in self.buckets:
+            b.pack_grads()
+            self._reduce(b.buffer, b.nbytes)
+            b.unpack_grads()

@@ -1,0 +1,100 @@
+"""sync=reduce_broadcast: the course assignment's pattern, on flat buckets.
+
+    sync():  every bucket of gradients is `dist.reduce`d (summed) onto the root rank,
+             which divides by the world size: only the root holds averaged gradients.
+    step():  the root alone takes the optimiser step, then every bucket of parameters is
+             `dist.broadcast` from the root: all ranks hold the root's new weights.
+
+So the optimiser state (Adam's moments, momentum buffers) lives on the root only, and the
+other ranks' optimisers never step. Checkpoints are written by rank 0: with the default
+`sync.root=0` rank 0 holds the state; with another root, `optimizer_state` ships the
+root's state to rank 0 (point-to-point, once per checkpoint).
+
+Twice the all-reduce's latency count and an idle root-bound critical path: the pattern is
+here to be measured against the others, not because it is fast.
+
+Bytes follow the flat (naive) model, the backend's own routing being invisible from here
+(`bytes_exact = False`): reduce, every non-root sends the buffer and the root receives
+(n-1) of them; broadcast, the mirror image. busbw uses factor 1 for both (nccl-tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._buckets import Bucket, make_buckets
+from .base import Synchroniser
+
+
+class ReduceBroadcastSync(Synchroniser):
+    name = "reduce_broadcast"
+    bytes_exact = False
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if cfg.bucket_mb < 0:
+            raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
+                             "(0 = one call per parameter)")
+        if not 0 <= cfg.root < world_size:
+            raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        params = [p for p in module.parameters() if p.requires_grad]
+        cap = self.cfg.bucket_mb * 1e6
+        self.root = self.cfg.root
+        self.is_root = self.rank == self.root
+        self.grad_buckets: list[Bucket] = make_buckets(params, cap)
+        self.param_buckets: list[Bucket] = make_buckets(params, cap)
+        return module
+
+    def _traffic(self, nbytes: int, to_root: bool) -> tuple[int, int]:
+        """(sent, received) by this rank for a reduce (to_root) or broadcast of nbytes."""
+        if self.world_size == 1:
+            return 0, 0
+        many = (self.world_size - 1) * nbytes
+        if to_root:
+            return (0, many) if self.is_root else (nbytes, 0)
+        return (many, 0) if self.is_root else (0, nbytes)
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        if self.world_size == 1:
+            return
+        for b in self.grad_buckets:
+            buf = b.pack_grads()
+            sent, recv = self._traffic(b.nbytes, to_root=True)
+            with self.comm.timed("reduce", b.nbytes, sent, recv):
+                dist.reduce(buf, dst=self.root)
+            if self.is_root:
+                buf.div_(self.world_size)
+                b.unpack_grads()
+            # other ranks keep their local gradients: their optimiser never reads them
+
+    @torch.no_grad()
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.world_size == 1:
+            optimizer.step()
+            return
+        if self.is_root:
+            optimizer.step()
+        for b in self.param_buckets:
+            buf = b.pack_params() if self.is_root else b.buffer
+            sent, recv = self._traffic(b.nbytes, to_root=False)
+            with self.comm.timed("broadcast", b.nbytes, sent, recv):
+                dist.broadcast(buf, src=self.root)
+            if not self.is_root:
+                b.unpack_params()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+        if self.root == 0 or self.world_size == 1:
+            return super().optimizer_state(optimizer)
+        box: list[Any] = [None]
+        if self.is_root:
+            dist.send_object_list([optimizer.state_dict()], dst=0)
+        elif self.rank == 0:
+            dist.recv_object_list(box, src=self.root)
+        return box[0] if self.rank == 0 else None

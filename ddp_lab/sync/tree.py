@@ -1,0 +1,38 @@
+"""sync=tree: binomial-tree reduce to rank 0, then binomial-tree broadcast, on flat buckets.
+
+`ddp_lab.collectives.all_reduce_tree`. Rank v's parent is v minus its lowest set bit and
+its children are v + 2^k for every 2^k below that bit (rank 0: every 2^k < n), so the
+reduce and the broadcast each take ceil(log2 n) rounds. A rank sends and receives the
+whole buffer once per tree edge it has: once to/from its parent, once per child. That is
+log2(n) times the ring's traffic at the root, for log2(n) instead of 2(n-1) latencies:
+the tree wins on small buffers and many ranks, the ring on large buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..collectives import all_reduce_tree
+from .allreduce import AllReduceSync
+
+
+def tree_edges(rank: int, world_size: int) -> int:
+    """Tree edges at `rank` in the binomial tree rooted at 0: children, plus the parent."""
+    n, v = world_size, rank
+    low = v & -v if v else n  # lowest set bit; the root's children span every 2^k < n
+    children = sum(1 for k in range(n.bit_length()) if (1 << k) < low and v + (1 << k) < n)
+    return children + (1 if v else 0)
+
+
+class TreeSync(AllReduceSync):
+    name = "tree"
+    bytes_exact = True
+
+    def all_reduce(self, flat: torch.Tensor) -> None:
+        all_reduce_tree(flat)
+
+    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
+        if self.world_size == 1:
+            return 0, 0
+        b = tree_edges(self.rank, self.world_size) * flat.numel() * flat.element_size()
+        return b, b  # reduce: one up, one in per child; broadcast: the mirror image

@@ -1,0 +1,250 @@
+#!/usr/bin/env python
+"""Epoch time of every synchroniser, side by side, measured in one run.
+
+    PYTHONPATH=. python scripts/bench_sync.py                      # 2 ranks, CPU gloo
+    PYTHONPATH=. python scripts/bench_sync.py --world 3 --repeats 7 --out bench.json
+
+The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam
+lr 1e-3, MNIST), full epochs. One process group runs every configuration in turn, a
+warm-up pass each, then `--repeats` rounds in a rotating order (so slow drift on a shared
+machine hits every configuration alike); each configuration's time is the median of its
+rounds. The step loop is the trainer's own (`ddp_lab.train.run_steps`), so what is
+measured is what `python -m ddp_lab` runs, minus evaluation and checkpoints.
+
+Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
+bucketed, and timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring.
+Not a test: numbers depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (label, sync option, sync overrides, timing enabled)
+CONFIGS = [
+    ("ddp", "ddp", {}, True),
+    ("ddp timing off", "ddp", {}, False),
+    ("allreduce", "allreduce", {}, True),
+    ("allreduce timing off", "allreduce", {}, False),
+    ("allreduce per-param", "allreduce", {"bucket_mb": 0}, True),
+    ("reduce_broadcast", "reduce_broadcast", {}, True),
+    ("ring", "ring", {}, True),
+    ("ring timing off", "ring", {}, False),
+    ("tree", "tree", {}, True),
+    ("butterfly", "butterfly", {}, True),
+]
+
+
+def selected(args: argparse.Namespace) -> list[tuple]:
+    """The configurations to run (every rank computes the same list)."""
+    if not args.only:
+        return list(CONFIGS)
+    keep = [c.strip() for c in args.only.split(",")]
+    unknown = set(keep) - {c[0] for c in CONFIGS}
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
+                         f"{[c[0] for c in CONFIGS]}")
+    return [c for c in CONFIGS if c[0] in keep]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from ddp_lab.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf, open_dict
+
+    from ddp_lab.data import build_splits, prepare_mnist
+    from ddp_lab.distributed import cpu_threads
+    from ddp_lab.env import DistEnv
+    from ddp_lab.models import build_model, build_optimizer
+    from ddp_lab.sync import build_sync
+    from ddp_lab.timing import Clock, StepTimer
+    from ddp_lab.train import run_steps
+
+    env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                  node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
+                  source="single")
+    torch.set_num_threads(cpu_threads(env, 0))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=300))
+    device = torch.device("cpu")
+    try:
+        cfg = compose([f"data.root={args.data_root}"])
+        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), env, False, device)
+        splits = build_splits(cfg.data, cfg.train, env, device)
+        n_steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
+        clock = Clock(device)
+        configs = selected(args)
+
+        def one_epoch(label: str, name: str, overrides: dict, timing: bool, epoch: int,
+                      steps: int) -> tuple[float, float | None]:
+            sync_cfg = OmegaConf.merge(compose([f"sync={name}"]).sync, overrides)
+            torch.manual_seed(cfg.train.seed)
+            module = build_model(cfg.model).to(device)
+            syncer = build_sync(sync_cfg, module, device, world, clock=clock, timing=timing)
+            opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+            timer = StepTimer(clock, enabled=timing)
+            splits.train.set_epoch(epoch)
+            dist.barrier()  # load-bearing: all ranks start together
+            t0 = time.perf_counter()
+            run_steps(syncer, opt, iter(splits.train), range(steps), timer)
+            dist.barrier()  # load-bearing: the epoch ends when the slowest rank ends
+            elapsed = time.perf_counter() - t0
+            steps_t, comm = timer.collect(), syncer.take_comm()
+            step_total = sum(sum(s.durations().values()) for s in steps_t)
+            if not (timing and step_total):
+                return elapsed, None
+            return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
+
+        for label, name, ov, timing in configs:  # warm-up: allocations, connections, caches
+            one_epoch(label, name, ov, timing, 0, min(50, n_steps))
+        times: dict[str, list[float]] = {c[0]: [] for c in configs}
+        fractions: dict[str, list[float]] = {c[0]: [] for c in configs}
+        for r in range(args.repeats):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            for label, name, ov, timing in order:
+                t, frac = one_epoch(label, name, ov, timing, r + 1, n_steps)
+                times[label].append(t)
+                if frac is not None:
+                    fractions[label].append(frac)
+                if rank == 0:
+                    print(f"round {r + 1}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
+        overhead = timer_overhead(n_steps) if rank == 0 else None
+        queue.put((rank, {"times": times, "fractions": fractions, "steps": n_steps,
+                          "timer_overhead_s": overhead}))
+    except BaseException as e:  # noqa: BLE001 -- reported by the parent
+        queue.put((rank, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def timer_overhead(steps: int, epochs: int = 20) -> float:
+    """Seconds per step that the timers add: five phases, one timed collective and the
+    per-epoch resolution, with empty bodies, timers on minus timers off (best of 5)."""
+    import torch
+
+    from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
+
+    def run(enabled: bool) -> float:
+        clock = Clock(torch.device("cpu"))
+        timer, rec = StepTimer(clock, enabled), CommRecorder(clock, 2, enabled)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            for _ in range(steps):
+                for p in ("data", "forward", "backward"):
+                    with timer.phase(p):
+                        pass
+                with timer.phase("sync"), rec.timed("all_reduce", 1, 1, 1):
+                    pass
+                with timer.phase("optim"):
+                    pass
+                timer.end_step()
+            epoch_timing(timer.collect(), rec.collect())
+        return (time.perf_counter() - t0) / (epochs * steps)
+
+    return min(run(True) for _ in range(5)) - min(run(False) for _ in range(5))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="measured rounds per configuration")
+    ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
+    ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated configuration labels to run (default: all; the "
+                         "ratios need ddp, allreduce, ring and their 'timing off' twins)")
+    args = ap.parse_args()
+    try:
+        configs = selected(args)
+    except ValueError as e:
+        ap.error(str(e))
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, args.world, port, args, queue))
+             for r in range(args.world)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, out = queue.get(timeout=3600)
+        if isinstance(out, str):
+            print(f"rank {rank} failed: {out}", file=sys.stderr)
+            return 1
+        results[rank] = out
+    for p in procs:
+        p.join()
+    res = results[0]
+    med = {k: statistics.median(v) for k, v in res["times"].items()}
+    spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
+    frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
+    comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
+    pairs = [("allreduce / ddp", "allreduce", "ddp"), ("ring / ddp", "ring", "ddp"),
+             ("allreduce per-param / bucketed", "allreduce per-param", "allreduce"),
+             ("ddp timing on / off", "ddp", "ddp timing off"),
+             ("allreduce timing on / off", "allreduce", "allreduce timing off"),
+             ("ring timing on / off", "ring", "ring timing off"),
+             ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
+             ("reduce_broadcast / ddp", "reduce_broadcast", "ddp")]
+    ratios = {k: med[a] / med[b] for k, a, b in pairs if a in med and b in med}
+    print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
+          f"median of {args.repeats} rounds ({os.cpu_count()} CPUs)\n")
+    print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share | comm (ms/step) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for label, *_ in configs:
+        f = (f"{100 * frac[label]:.0f}% | {comm_ms[label]:.2f}" if frac[label] is not None
+             else "- | -")
+        print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
+              f"| {med[label] / med['ddp']:.2f}x | {f} |" if "ddp" in med else
+              f"| - | {f} |")
+    print("\n| ratio | measured |\n| --- | ---: |")
+    for k, v in ratios.items():
+        print(f"| {k} | {v:.3f} |")
+    over = res["timer_overhead_s"]
+    if "ddp" in med:
+        step = med["ddp"] / res["steps"]
+        print(f"\ntimers alone: {over * 1e6:.1f} us/step = {100 * over / step:.2f}% of a ddp step "
+              f"({step * 1e3:.2f} ms)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"world": args.world, "repeats": args.repeats,
+                                              "steps": res["steps"], "median_s": med,
+                                              "times_s": res["times"], "comm_share": frac,
+                                              "comm_ms_per_step": comm_ms,
+                                              "timer_overhead_s_per_step": res["timer_overhead_s"],
+                                              "ratios": ratios}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

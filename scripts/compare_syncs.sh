@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Train MNIST with every synchroniser at 2 and 3 ranks and tabulate the results.
+#
+#   scripts/compare_syncs.sh                       # 5 epochs, worlds 2 and 3, all six syncs
+#   EPOCHS=1 WORLDS="2" scripts/compare_syncs.sh   # a quick look
+#   scripts/compare_syncs.sh model=cnn             # extra overrides go to every run
+#
+# Knobs (env): PYTHON, EPOCHS, WORLDS, SYNCS, ROOT. Runs one after another (a Hydra -m
+# sweep per world size): on a shared machine, run it when it is quiet. Each run's folder
+# is $ROOT/w<world>/<date>_<time>_<sync>_..., the table is printed and written to
+# $ROOT/table.md.
+set -euo pipefail
+
+PYTHON=${PYTHON:-python}
+EPOCHS=${EPOCHS:-5}
+WORLDS=${WORLDS:-"2 3"}
+SYNCS=${SYNCS:-ddp,allreduce,reduce_broadcast,ring,tree,butterfly}
+ROOT=${ROOT:-outputs/compare_syncs}
+
+for w in $WORLDS; do
+  "$PYTHON" -m ddp_lab -m "sync=$SYNCS" "launcher.nproc_per_node=$w" "train.epochs=$EPOCHS" \
+    "run.root=$ROOT/w$w" log.progress=lines "$@"
+done
+"$PYTHON" "$(dirname "$0")/sync_table.py" "$ROOT"/w* | tee "$ROOT/table.md"

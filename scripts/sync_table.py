@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Markdown table of run folders' summaries, one row per run, grouped by world size.
+
+    python scripts/sync_table.py outputs/compare_syncs/w2 outputs/compare_syncs/w3
+
+Arguments are run folders or folders of run folders. Accuracy is compared with the ddp
+run of the same world size (in points, i.e. percent): the acceptance bar is 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ORDER = ["ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
+
+
+def summaries(paths: list[str]) -> list[dict]:
+    found = []
+    for p in map(Path, paths):
+        for s in [p / "summary.json"] if (p / "summary.json").exists() else sorted(p.glob("*/summary.json")):
+            d = json.loads(s.read_text())
+            d["_dir"] = s.parent.name
+            found.append(d)
+    return found
+
+
+def fmt(v, spec: str, scale: float = 1.0) -> str:
+    return "-" if v is None else format(v * scale, spec)
+
+
+def main(argv: list[str]) -> int:
+    runs = [r for r in summaries(argv) if r.get("status") == "completed"]
+    if not runs:
+        print("no completed runs found", file=sys.stderr)
+        return 1
+    runs.sort(key=lambda r: (r["world_size"], ORDER.index(r["sync"]) if r["sync"] in ORDER else 99))
+    ddp = {r["world_size"]: r["test_accuracy"] for r in runs if r["sync"] == "ddp"}
+    print("| world | sync | epochs | test acc (%) | vs ddp (points) | median epoch (s) "
+          "| comm share | comm (ms/step) | sent (MB/step) | busbw (GB/s) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in runs:
+        w = r["world_size"]
+        delta = 100 * (r["test_accuracy"] - ddp[w]) if w in ddp else None
+        n = r.get("steps_run") or None
+        comm_ms = 1e3 * r["comm_time_s"] / n if n and r.get("comm_time_s") is not None else None
+        sent = r["comm_bytes_sent"] / 1e6 / n if n else None
+        print(f"| {w} | {r['sync']} | {r['epochs_run']} | {100 * r['test_accuracy']:.2f} "
+              f"| {fmt(delta, '+.2f')} | {fmt(r['epoch_time_s_median'], '.2f')} "
+              f"| {fmt(r.get('comm_fraction'), '.0%')} | {fmt(comm_ms, '.2f')} "
+              f"| {fmt(sent, '.3f')} | {fmt(r.get('comm_busbw_GBps'), '.3f')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,403 @@
+"""Every synchroniser trains exactly like one process on the global batch; bytes add up.
+
+Equivalence: for world sizes 2 and 3, every sync starts from the same weights, trains K
+steps on rank-disjoint slices of the same global batches, and must end (on every rank)
+with the parameters of a single-process reference that trains on the concatenated global
+batch (mean loss over it = the average of the ranks' mean losses). SGD with momentum, so
+optimiser state matters (reduce_broadcast keeps it on the root only) and rounding noise
+stays at float32 level. Deliberately broken synchronisers (no average, a stale bucket, a
+rank that skips a step) must fail the same check: the negative control.
+
+Accounting: for the send/recv synchronisers (ring, tree, butterfly) the bytes each rank
+reports must equal the bytes it actually handed to torch.distributed (counted by wrapping
+batch_isend_irecv); for the others, the documented model.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from ddp_lab.config import CONF_DIR, SCHEMAS
+from ddp_lab.models import MLP
+from ddp_lab.sync import REGISTRY, build_sync, check_sync
+from ddp_lab.sync.allreduce import AllReduceSync
+from ddp_lab.sync.base import unused_parameters
+from ddp_lab.sync.ring import RingSync
+from ddp_lab.sync.tree import tree_edges
+from ddp_lab.sync.butterfly import butterfly_messages
+from ddp_lab.timing import busbw_factor
+
+from helpers import run_cli, run_dir_of, run_world
+
+STEPS, BATCH, HIDDEN, LR, MOMENTUM = 5, 8, 16, 0.1, 0.9
+SMALL_BUCKET_MB = 0.004  # 4000 bytes: the MLP's fc1.weight alone, then the rest together
+ATOL, RTOL = 1e-6, 1e-5
+
+
+def sync_cfg(name: str, **overrides):
+    """conf/sync/<name>.yaml typed by its schema, with overrides (what Hydra composes)."""
+    raw = OmegaConf.load(CONF_DIR / "sync" / f"{name}.yaml")
+    raw.pop("defaults", None)
+    cfg = OmegaConf.merge(OmegaConf.structured(SCHEMAS["sync"][name]), raw, overrides)
+    return cfg
+
+
+# ------------------------------------------------------------ broken synchronisers
+class NoAverageSync(AllReduceSync):
+    """Sums gradients but forgets to divide by the world size."""
+
+    def _reduce(self, flat, payload):
+        self.all_reduce(flat)
+
+
+class StaleBucketSync(AllReduceSync):
+    """Forgets to re-pack the last bucket after the first step: it keeps reducing (and
+    writing back) that bucket's gradients of an earlier step."""
+
+    steps = 0
+
+    def sync(self):
+        for i, b in enumerate(self.buckets):
+            if i < len(self.buckets) - 1 or self.steps == 0:
+                b.pack_grads()
+            self._reduce(b.buffer, b.nbytes)
+            b.unpack_grads()
+        self.steps += 1
+
+
+class SkipStepSync(RingSync):
+    """The last rank skips the optimiser step once (a lost update)."""
+
+    steps = 0
+
+    def step(self, optimizer):
+        if not (self.rank == self.world_size - 1 and self.steps == 2):
+            optimizer.step()
+        self.steps += 1
+
+
+BROKEN = {"no_average": NoAverageSync, "stale_bucket": StaleBucketSync, "skip_step": SkipStepSync}
+
+# (variant name, sync option, config overrides)
+VARIANTS = [
+    ("ddp", "ddp", {"bucket_cap_mb": SMALL_BUCKET_MB}),
+    ("allreduce", "allreduce", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("allreduce_per_param", "allreduce", {"bucket_mb": 0}),
+    ("allreduce_one_bucket", "allreduce", {}),
+    ("reduce_broadcast", "reduce_broadcast", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("reduce_broadcast_root_last", "reduce_broadcast", {"root": -1}),
+    ("ring", "ring", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("ring_one_bucket", "ring", {}),
+    ("tree", "tree", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("butterfly", "butterfly", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("butterfly_per_param", "butterfly", {"bucket_mb": 0}),
+]
+
+
+def global_batches(world: int):
+    g = torch.Generator().manual_seed(1234)
+    xs = torch.randn(STEPS, world * BATCH, 784, generator=g)
+    ys = torch.randint(0, 10, (STEPS, world * BATCH), generator=g)
+    return xs, ys
+
+
+def initial_model() -> MLP:
+    torch.manual_seed(0)
+    return MLP(hidden=HIDDEN)
+
+
+def reference_params(world: int) -> list[torch.Tensor]:
+    """One process, the concatenated global batch, plain SGD with momentum."""
+    model = initial_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    xs, ys = global_batches(world)
+    for k in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xs[k]), ys[k]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _count_p2p_bytes(counter: dict):
+    """Wrap dist.batch_isend_irecv (what ddp_lab.collectives sends through) to count bytes."""
+    import torch.distributed as dist
+
+    original = dist.batch_isend_irecv
+
+    def counting(ops):
+        for op in ops:
+            nbytes = op.tensor.numel() * op.tensor.element_size()
+            key = "sent" if op.op.__name__ == "isend" else "recv"
+            counter[key] += nbytes
+        return original(ops)
+
+    dist.batch_isend_irecv = counting
+
+
+def _train_worker(rank: int, world: int) -> dict:
+    """Run every variant and broken sync for STEPS steps; report params and comm."""
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    xs, ys = global_batches(world)
+    counter = {"sent": 0, "recv": 0}
+    _count_p2p_bytes(counter)
+    out = {}
+    runs = [(v, name, ov, REGISTRY[name]) for v, name, ov in VARIANTS]
+    runs += [(f"broken_{k}", "ring" if cls is SkipStepSync else "allreduce",
+              {"bucket_mb": SMALL_BUCKET_MB}, cls) for k, cls in BROKEN.items()]
+    for variant, name, overrides, cls in runs:
+        if overrides.get("root") == -1:
+            overrides = {**overrides, "root": world - 1}
+        model = initial_model()
+        syncer = cls(sync_cfg(name, **overrides), model, device, world)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        counter.update(sent=0, recv=0)
+        for k in range(STEPS):
+            x = xs[k, rank * BATCH:(rank + 1) * BATCH]
+            y = ys[k, rank * BATCH:(rank + 1) * BATCH]
+            loss = F.cross_entropy(syncer.model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            syncer.sync()
+            syncer.step(opt)
+        comm = syncer.take_comm()
+        state = syncer.optimizer_state(opt)
+        out[variant] = {
+            # numpy, not tensors: torch's queue would share tensor memory with a dead process
+            "params": [p.detach().numpy().copy() for p in model.parameters()],
+            "comm": {"calls": comm.calls, "sent": comm.bytes_sent, "recv": comm.bytes_recv,
+                     "payload": comm.payload_bytes, "bus_bytes": comm.bus_bytes,
+                     "seconds": comm.seconds, "busbw": comm.busbw, "timed": len(comm.timed)},
+            "counted": dict(counter),
+            "buckets": len(getattr(syncer, "buckets", getattr(syncer, "grad_buckets", []))),
+            "grad_bytes": syncer.grad_bytes(), "exact": syncer.bytes_exact,
+            "opt_state_steps": None if state is None else len(state["state"]),
+        }
+    # a configuration DDP cannot run: a parameter that never gets a gradient
+    model = initial_model()
+    model.unused = torch.nn.Linear(3, 3)
+    syncer = build_sync(sync_cfg("ddp"), model, device, world)
+    try:
+        syncer.preflight(lambda: F.cross_entropy(model(xs[0, :2]), ys[0, :2]))
+        out["unused_error"] = None
+    except ValueError as e:
+        out["unused_error"] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
+def world_run(request):
+    world = request.param
+    results = run_world(_train_worker, world, timeout=120)
+    for r in results:
+        for rec in r.values():
+            if isinstance(rec, dict):
+                rec["params"] = [torch.from_numpy(a) for a in rec["params"]]
+    return world, results, reference_params(world)
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, y, rtol=RTOL, atol=ATOL) for x, y in zip(a, b))
+
+
+def equivalent(results: list[dict], variant: str, reference: list[torch.Tensor]) -> tuple[bool, str]:
+    """Every rank holds the reference parameters (and so each other's)."""
+    per_rank = [r[variant]["params"] for r in results]
+    for rank, params in enumerate(per_rank):
+        if not _close(params, per_rank[0]):
+            return False, f"rank {rank} differs from rank 0 by {_max_diff(params, per_rank[0]):.3g}"
+        if not _close(params, reference):
+            return False, f"rank {rank} differs from the reference by {_max_diff(params, reference):.3g}"
+    return True, f"max diff {_max_diff(per_rank[0], reference):.3g}"
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("variant", [v for v, _, _ in VARIANTS])
+def test_sync_matches_single_process_reference(world_run, variant):
+    world, results, reference = world_run
+    ok, why = equivalent(results, variant, reference)
+    assert ok, f"{variant} at world {world}: {why}"
+
+
+@pytest.mark.dist
+def test_ddp_and_every_sync_agree(world_run):
+    """The acceptance wording: the same parameters as ddp, after K steps."""
+    _, results, _ = world_run
+    ddp = results[0]["ddp"]["params"]
+    for variant, _, _ in VARIANTS:
+        assert _close(results[0][variant]["params"], ddp), variant
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_broken_sync_fails_the_equivalence_check(world_run, broken):
+    """Negative control: the check above catches each kind of mistake."""
+    world, results, reference = world_run
+    ok, why = equivalent(results, f"broken_{broken}", reference)
+    assert not ok, f"broken sync '{broken}' passed the equivalence check at world {world} ({why})"
+
+
+def test_every_sync_option_is_covered():
+    assert {name for _, name, _ in VARIANTS} == set(REGISTRY) == set(SCHEMAS["sync"])
+
+
+# ------------------------------------------------------------ bytes and busbw
+@pytest.mark.dist
+@pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "tree", "butterfly",
+                                     "butterfly_per_param"])
+def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
+    world, results, _ = world_run
+    for rank, r in enumerate(results):
+        rec = r[variant]
+        assert rec["exact"]
+        assert rec["comm"]["sent"] == rec["counted"]["sent"], (variant, rank)
+        assert rec["comm"]["recv"] == rec["counted"]["recv"], (variant, rank)
+        assert rec["counted"]["sent"] > 0
+
+
+@pytest.mark.dist
+def test_p2p_byte_formulas_by_rank(world_run):
+    world, results, _ = world_run
+    g = results[0]["tree"]["grad_bytes"]
+    for rank, r in enumerate(results):
+        assert r["tree"]["comm"]["sent"] == tree_edges(rank, world) * g * STEPS
+        assert r["butterfly"]["comm"]["sent"] == butterfly_messages(rank, world) * g * STEPS
+    # a binomial tree has world-1 edges, each crossed twice (reduce, broadcast) per call
+    assert sum(r["tree"]["comm"]["sent"] for r in results) == 2 * (world - 1) * g * STEPS
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("variant", [v for v, _, _ in VARIANTS])
+def test_comm_accounting(world_run, variant):
+    world, results, _ = world_run
+    name = next(n for v, n, _ in VARIANTS if v == variant)
+    for rank, r in enumerate(results):
+        rec, c = r[variant], r[variant]["comm"]
+        g = rec["grad_bytes"]
+        if name == "reduce_broadcast":
+            assert c["payload"] == 2 * g * STEPS  # gradients reduced + parameters broadcast
+            assert c["calls"] == 2 * rec["buckets"] * STEPS
+            assert c["bus_bytes"] == pytest.approx(c["payload"])  # factor 1 for both
+            root = world - 1 if variant.endswith("root_last") else 0
+            many, one = (world - 1) * g * STEPS, g * STEPS
+            assert (c["sent"], c["recv"]) == ((many, many) if rank == root else (one, one))
+        else:
+            assert c["payload"] == g * STEPS
+            if name != "ddp":
+                per_step = len(list(initial_model().parameters())) if rec["buckets"] == 0 else rec["buckets"]
+                assert c["calls"] == per_step * STEPS
+            assert c["bus_bytes"] == pytest.approx(c["payload"] * busbw_factor("all_reduce", world))
+            if not rec["exact"]:
+                # the ring model, floored to whole bytes per call
+                model = 2 * (world - 1) / world * g * STEPS
+                assert c["sent"] == c["recv"] == pytest.approx(model, abs=c["calls"])
+        assert c["timed"] == c["calls"] and c["seconds"] > 0
+        assert c["busbw"] == pytest.approx(c["bus_bytes"] / c["seconds"] / 1e9)
+
+
+@pytest.mark.dist
+def test_reduce_broadcast_checkpoint_state_comes_from_the_root(world_run):
+    _, results, _ = world_run
+    n_params = len(list(initial_model().parameters()))
+    for variant in ("reduce_broadcast", "reduce_broadcast_root_last"):
+        assert results[0][variant]["opt_state_steps"] == n_params  # momentum buffers reached rank 0
+        assert all(r[variant]["opt_state_steps"] is None for r in results[1:])
+
+
+# ------------------------------------------------------------ configurations that cannot run
+@pytest.mark.dist
+def test_ddp_with_unused_parameters_fails_before_training(world_run):
+    _, results, _ = world_run
+    for r in results:
+        assert r["unused_error"] and "unused.weight" in r["unused_error"]
+        assert "find_unused_parameters=true" in r["unused_error"]
+
+
+def test_unused_parameters_leaves_grads_and_rng_alone():
+    model = initial_model()
+    model.extra = torch.nn.Linear(2, 2)
+    x, y = torch.randn(4, 784), torch.randint(0, 10, (4,))
+    before = torch.random.get_rng_state()
+    assert unused_parameters(model, lambda: F.cross_entropy(model(x), y)) == ["extra.weight", "extra.bias"]
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,overrides,message", [
+    ("allreduce", {"bucket_mb": -1}, "sync.bucket_mb=-1.0: must be >= 0"),
+    ("ring", {"bucket_mb": -0.5}, "sync.bucket_mb=-0.5: must be >= 0"),
+    ("reduce_broadcast", {"root": 2}, "sync.root=2: must be a rank, 0..1"),
+    ("reduce_broadcast", {"root": -1}, "sync.root=-1"),
+    ("ddp", {"static_graph": True, "find_unused_parameters": True}, "contradict"),
+    ("ddp", {"bucket_cap_mb": -1}, "sync.bucket_cap_mb=-1.0: must be >= 0"),
+])
+def test_bad_sync_config_is_refused(name, overrides, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        check_sync(sync_cfg(name, **overrides), 2)
+
+
+def test_unknown_sync_is_refused():
+    with pytest.raises(ValueError, match="unknown sync 'ringg': choose one of ddp, allreduce"):
+        check_sync(types.SimpleNamespace(name="ringg"), 2)
+
+
+def test_cli_bad_sync_input_is_one_line_no_traceback(tmp_path):
+    p = run_cli("sync=allreduce", "sync.bucket_mb=-1", cwd=tmp_path, timeout=120)
+    assert p.returncode == 2
+    assert "error: sync.bucket_mb=-1.0: must be >= 0" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    p = run_cli("sync=ringg", cwd=tmp_path, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "Could not find 'sync/ringg'" in p.stderr
+    for option in REGISTRY:
+        assert option in p.stderr
+
+
+# ------------------------------------------------------------ end to end
+@pytest.mark.dist
+def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
+    p = run_cli("sync=ring", "launcher.nproc_per_node=2", "train.epochs=2",
+                "train.max_steps_per_epoch=15", "timing.trace_steps=3", "timing.tb_every=5",
+                "log.progress=lines", f"data.root={shared_data_root}", cwd=tmp_path, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = run_dir_of(p)
+    assert run.name.split("_")[2] == "ring"  # the sync is in the folder name
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "completed" and s["sync"] == "ring" and s["world_size"] == 2
+    assert s["comm_bytes_exact"] is True and s["timing_enabled"] is True
+    grad_bytes = (784 * 50 + 50 + 50 * 10 + 10) * 4
+    assert s["comm_payload_bytes"] == grad_bytes * 30 and s["comm_calls"] == 30
+    assert s["comm_bytes_sent"] == s["comm_bytes_recv"] == grad_bytes * 30  # 2(n-1)/n = 1
+    assert s["comm_time_s"] > 0 and s["comm_busbw_GBps"] > 0 and 0 < s["comm_fraction"] <= 1
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert r["comm"]["calls"] == 15 and r["comm"]["bytes_sent"] == grad_bytes * 15
+        assert set(r["phase_s"]) == {"data", "forward", "backward", "sync", "optim", "step"}
+        assert set(r["phase_s"]["sync"]) == {"mean", "median", "p95", "total"}
+        assert r["comm"]["fraction"] == r["comm_fraction"]
+        assert r["stragglers"]["slowest_rank"] in (0, 1)
+        assert len(r["stragglers"]["per_rank_s"]) == 2
+    for name in ("rank0.json", "rank1.json", "all.json"):
+        events = json.loads((run / "trace" / name).read_text())["traceEvents"]
+        phases = [e for e in events if e.get("cat") == "phase"]
+        assert len(phases) == (2 if name == "all.json" else 1) * 2 * 2 * 3 * 5  # epochs x first/last x 3 x phases
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for f in (run / "tb").glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"comm/busbw(GB/s)", "time/sync(ms/step)", "comm/bytes_sent(MB/step)",
+            "comm/fraction(of step)", "step/comm(ms)"} <= tags

@@ -1,0 +1,241 @@
+"""Timing arithmetic, the step and comm recorders, and the trace file (no processes)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from ddp_lab.timing import (
+    PHASES, Clock, CommRecorder, StepTimer, StepTimes, bandwidth, busbw_factor, describe,
+    epoch_timing, percentile, stragglers, summarise_steps, union_length,
+)
+from ddp_lab.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
+
+CPU = torch.device("cpu")
+
+
+# ------------------------------------------------------------ bandwidth
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_busbw_factors_are_nccl_tests(n):
+    assert busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert busbw_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
+    assert busbw_factor("all_gather", n) == pytest.approx((n - 1) / n)
+    assert busbw_factor("broadcast", n) == busbw_factor("reduce", n) == 1.0
+
+
+def test_busbw_factor_edge_cases():
+    assert busbw_factor("all_reduce", 1) == 0.0  # nothing crosses a bus with one rank
+    with pytest.raises(ValueError, match="no bus-bandwidth factor for op 'alltoall'"):
+        busbw_factor("alltoall", 4)
+
+
+def test_bandwidth():
+    algbw, busbw = bandwidth(4e9, 2.0, "all_reduce", 4)
+    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(3.0)
+    assert bandwidth(1e9, 0.0, "all_reduce", 4) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------ statistics
+def test_percentile_nearest_rank():
+    v = list(range(1, 101))  # 1..100
+    assert percentile(v, 0) == 1 and percentile(v, 100) == 100
+    assert percentile(v, 50) in (50, 51)
+    assert percentile(v, 95) == 95  # index round(0.95 * 99) = 94
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0  # sorts first
+    assert percentile([7.0], 95) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_describe():
+    d = describe([1.0, 2.0, 3.0, 10.0])
+    assert d == {"mean": 4.0, "median": 2.5, "p95": 10.0, "total": 16.0}
+    assert describe([]) == {"mean": 0.0, "median": 0.0, "p95": 0.0, "total": 0.0}
+
+
+def test_union_length_counts_overlap_once():
+    assert union_length([]) == 0.0
+    assert union_length([(0, 1), (2, 3)]) == 2.0
+    assert union_length([(0, 2), (1, 3)]) == 3.0
+    assert union_length([(1, 3), (0, 4), (5, 6)]) == 5.0  # nested and unsorted
+
+
+def test_stragglers():
+    s = stragglers([1.0, 1.5, 0.5])
+    assert (s["slowest_rank"], s["slowest_s"], s["fastest_rank"], s["fastest_s"]) == (1, 1.5, 2, 0.5)
+    assert s["spread"] == pytest.approx(3.0)
+    assert stragglers([]) == {}
+
+
+# ------------------------------------------------------------ recorders
+def test_step_timer_times_each_phase():
+    clock = Clock(CPU)
+    timer = StepTimer(clock)
+    for _ in range(3):
+        for p in PHASES:
+            with timer.phase(p):
+                if p == "sync":
+                    time.sleep(0.002)
+        timer.end_step()
+    steps = timer.collect()
+    assert len(steps) == 3 and timer.collect() == []
+    for st in steps:
+        assert [n for n, _, _ in st.spans] == list(PHASES)
+        assert st.durations()["sync"] >= 0.002
+        assert all(s <= e for _, s, e in st.spans)
+        assert all(a[2] <= b[1] for a, b in zip(st.spans, st.spans[1:]))  # in order
+    summary = summarise_steps(steps)
+    assert summary["step"]["total"] == pytest.approx(sum(sum(s.durations().values()) for s in steps))
+
+
+def test_step_timer_disabled_records_nothing():
+    timer = StepTimer(Clock(CPU), enabled=False)
+    with timer.phase("data"):
+        pass
+    timer.end_step()
+    assert timer.collect() == []
+
+
+def test_comm_recorder_counts_bytes_and_times_calls():
+    clock = Clock(CPU)
+    rec = CommRecorder(clock, world_size=4)
+    with rec.timed("all_reduce", 1000, 1500, 1500):
+        time.sleep(0.001)
+    start = rec.begin()  # an async call, finished from a callback
+    rec.finish(start, "broadcast", 200, 600, 0)
+    stats = rec.collect()
+    assert (stats.calls, stats.payload_bytes, stats.bytes_sent, stats.bytes_recv) == (2, 1200, 2100, 1500)
+    assert stats.bus_bytes == pytest.approx(1000 * 1.5 + 200 * 1.0)
+    assert stats.seconds >= 0.001 and len(stats.timed) == 2
+    assert stats.busbw == pytest.approx(stats.bus_bytes / stats.seconds / 1e9)
+    assert stats.algbw == pytest.approx(1200 / stats.seconds / 1e9)
+    assert rec.collect().calls == 0  # collect resets
+
+
+def test_comm_recorder_disabled_still_counts_bytes():
+    rec = CommRecorder(Clock(CPU), world_size=2, enabled=False)
+    with rec.timed("all_reduce", 100, 100, 100):
+        pass
+    rec.finish(rec.begin(), "all_reduce", 100, 100, 100)
+    stats = rec.collect()
+    assert stats.calls == 2 and stats.bytes_sent == 200
+    assert stats.seconds == 0.0 and stats.timed == [] and stats.busbw == 0.0
+
+
+def _fake_epoch(n_steps: int, overlap: bool = False):
+    """Steps of 10 ms (5 phases of 2 ms) and one 3 ms collective per step, in the sync
+    phase; with `overlap` a second collective overlaps the first by 1 ms."""
+    from ddp_lab.timing import CommCall, CommStats
+
+    steps, calls = [], []
+    for i in range(n_steps):
+        t = i * 0.010
+        steps.append(StepTimes([(p, t + 0.002 * k, t + 0.002 * (k + 1)) for k, p in enumerate(PHASES)]))
+        calls.append(CommCall("all_reduce", 100, 150, 150, t + 0.006, t + 0.009))
+        if overlap:
+            calls.append(CommCall("all_reduce", 100, 150, 150, t + 0.008, t + 0.0095))
+    comm = CommStats(calls=len(calls), timed=calls,
+                     seconds=union_length([(c.start, c.end) for c in calls]))
+    return steps, comm
+
+
+def test_epoch_timing_comm_fraction_is_in_flight_over_step_time():
+    steps, comm = _fake_epoch(20)
+    t = epoch_timing(steps, comm)
+    assert t["comm_fraction"] == pytest.approx(0.3)
+    assert t["comm_step"]["mean"] == pytest.approx(0.003)
+    assert t["phases"]["sync"]["mean"] == pytest.approx(0.002)
+    steps, comm = _fake_epoch(20, overlap=True)
+    assert comm.per_step_seconds(steps) == pytest.approx([0.0035] * 20)  # overlap counted once
+    assert epoch_timing(steps, comm)["comm_fraction"] == pytest.approx(0.35)
+    assert epoch_timing([], comm)["comm_fraction"] is None
+
+
+# ------------------------------------------------------------ trace
+def test_kept_steps_are_first_and_last_n():
+    assert kept_steps(100, 3) == [0, 1, 2, 97, 98, 99]
+    assert kept_steps(4, 3) == [0, 1, 2, 3]
+    assert kept_steps(10, 0) == []
+
+
+def test_trace_file_is_valid_chrome_trace_with_expected_slices(tmp_path):
+    steps, comm = _fake_epoch(50)
+    writer = TraceWriter(tmp_path, rank=1, keep=4)
+    writer.add_epoch(1, steps, comm, first_step=0)
+    writer.add_epoch(2, steps, comm, first_step=50)
+    doc = json.loads((tmp_path / "trace" / "rank1.json").read_text())
+    events = doc["traceEvents"]
+    meta = [e for e in events if e["ph"] == "M"]
+    assert {e["name"] for e in meta} >= {"process_name", "thread_name"}
+    slices = [e for e in events if e["ph"] == "X"]
+    for e in slices:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= set(e)
+        assert e["pid"] == 1 and e["dur"] >= 0
+    phases = [e for e in slices if e["cat"] == "phase"]
+    comms = [e for e in slices if e["cat"] == "comm"]
+    assert all(e["tid"] == 1 for e in phases) and all(e["tid"] == COMM_TID + 1 for e in comms)
+    assert len(phases) == 2 * 8 * len(PHASES)  # 2 epochs x (first 4 + last 4) x phases
+    assert len(comms) == 2 * 8
+    kept = sorted({e["args"]["step"] for e in phases})
+    assert kept == [0, 1, 2, 3, 46, 47, 48, 49, 50, 51, 52, 53, 96, 97, 98, 99]  # global steps
+    assert {e["name"] for e in phases} == set(PHASES)
+    first = [e for e in phases if e["args"]["step"] == 0]
+    assert first[0]["ts"] == 0.0 and first[0]["dur"] == pytest.approx(2000.0)  # microseconds
+    assert comms[0]["args"]["bytes_sent"] == 150
+
+
+def test_trace_size_is_bounded_however_long_the_epoch():
+    short, comm_s = _fake_epoch(20)
+    long, comm_l = _fake_epoch(2000)
+    assert len(epoch_events(0, 1, short, comm_s, keep=5)) == len(epoch_events(0, 1, long, comm_l, keep=5))
+
+
+def test_trace_disabled_writes_nothing(tmp_path):
+    steps, comm = _fake_epoch(5)
+    TraceWriter(tmp_path, rank=0, keep=4, enabled=False).add_epoch(1, steps, comm)
+    assert not (tmp_path / "trace").exists()
+
+
+def test_run_totals_summary():
+    from ddp_lab.timing import RunTotals
+
+    steps, comm = _fake_epoch(10)
+    comm.payload_bytes, comm.bus_bytes, comm.bytes_sent = 1000, 1500.0, 1500
+    totals = RunTotals()
+    totals.add(0.1, comm, 10)
+    totals.add(0.1, comm, 10)
+    s = totals.summary(timing=True, bytes_exact=True)
+    assert s["comm_fraction"] == pytest.approx(0.3) and s["comm_time_s"] == pytest.approx(0.06)
+    assert s["comm_bytes_sent"] == 3000 and s["step_time_ms_mean"] == pytest.approx(10.0)
+    assert s["comm_busbw_GBps"] == pytest.approx(3000 / 0.06 / 1e9)
+    off = totals.summary(timing=False, bytes_exact=False)
+    assert off["comm_fraction"] is None and off["comm_busbw_GBps"] is None
+    assert off["comm_bytes_sent"] == 3000  # bytes are counted with the timers off too
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timer_times_the_kernels_not_the_launch():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    clock = Clock(dev)
+    torch.cuda.synchronize()
+    clock.anchor()
+    timer = StepTimer(clock)
+    rec = CommRecorder(clock, world_size=2)
+    t0 = time.perf_counter()
+    with timer.phase("forward"):
+        torch.cuda._sleep(50_000_000)  # tens of ms of GPU time, microseconds to launch
+    with timer.phase("sync"), rec.timed("all_reduce", 4, 4, 4):
+        torch.cuda._sleep(10_000_000)
+    timer.end_step()
+    launch = time.perf_counter() - t0
+    steps, comm = timer.collect(), rec.collect()
+    d = steps[0].durations()
+    assert d["forward"] > 5 * launch  # the events saw the kernel run; the host clock would not
+    assert 0 < comm.seconds <= d["sync"] + 1e-4
+    assert steps[0].spans[0][1] >= 0  # on the host time base, after the anchor
