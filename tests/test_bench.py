@@ -85,10 +85,11 @@ def test_groups_follow_the_reported_nodes_not_rank_order():
 def test_busbw_factors_are_nccl_tests():
     assert busbw_factor("all_reduce", 4) == 1.5
     assert busbw_factor("all_gather", 4) == busbw_factor("reduce_scatter", 4) == 0.75
-    for op in ("broadcast", "reduce", "reduce_broadcast", "send_recv"):
+    for op in ("broadcast", "reduce", "send_recv"):
         assert busbw_factor(op, 4) == 1.0
     assert {OPS[o].factor for o in OPS} <= {"all_reduce", "all_gather", "reduce_scatter",
-                                           "broadcast", "reduce", "reduce_broadcast", "send_recv"}
+                                           "broadcast", "reduce", "send_recv"}
+    assert OPS["reduce_broadcast"].factor == "reduce"  # factor 1: bytes = the tensor
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bfloat16])
