@@ -81,21 +81,28 @@ def phase_bars(rows: list[dict], path: Path) -> dict:
     diamond marks the measured comm time per step (inside backward for ddp)."""
     plt = _plt()
     rows = [r for r in rows if r.get("step_ms") is not None]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(min(15, max(6, 0.6 * len(rows) + 3)), 4.8))
     labels = [f"{r['sync']}\nn={r['world_size']}" for r in rows]
-    x = list(range(len(rows)))
+    x, pos = [], -1.0
+    for i, r in enumerate(rows):  # a gap between syncs: bars group by sync
+        pos += 1.0 + (0.6 if i and r["sync"] != rows[i - 1]["sync"] else 0.0)
+        x.append(pos)
     bottom = [0.0] * len(rows)
     for p in PHASES:
         h = [r.get(f"{p}_ms") or 0.0 for r in rows]
         ax.bar(x, h, bottom=bottom, color=PHASE_COLORS[p], label=p if p != "sync" else "sync (comm)",
                width=0.6)
         bottom = [b + v for b, v in zip(bottom, h)]
-    comm = [(i, r["comm_ms"]) for i, r in enumerate(rows) if r.get("comm_ms")]
+    comm = [(x[i], r["comm_ms"]) for i, r in enumerate(rows) if r.get("comm_ms")]
     if comm:
         ax.scatter([i for i, _ in comm], [c for _, c in comm], marker="D", color="black", zorder=3,
                    label="measured comm / step")
     ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticklabels([f"n={r['world_size']}" for r in rows], fontsize=8)
+    for sync in dict.fromkeys(r["sync"] for r in rows):  # the sync's name under its bars
+        xs = [x[i] for i, r in enumerate(rows) if r["sync"] == sync]
+        ax.text(sum(xs) / len(xs), -0.11, sync, transform=ax.get_xaxis_transform(),
+                ha="center", va="top", fontsize=9)
     ax.set_ylabel("time per step (ms, mean)")
     ax.set_title("Phase times per step, per sync and world size", fontsize=11)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
