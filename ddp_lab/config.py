@@ -241,6 +241,8 @@ class OptimConfig:
     """adam | sgd (the learning rate is train.lr)"""
     weight_decay: float = 0.0
     """L2 penalty"""
+    fused: bool = True
+    """one fused kernel for the whole update (CPU and CUDA); false = torch's per-tensor loop"""
 
 
 @dataclass

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_epoch.py --epochs 3 --ranks 1 2 4
 
 The notebook's workload: MLP 784-50-10, batch 64, Adam lr 1e-3, CPU. The notebook loop is
-its own code (ToTensor + DataLoader with shuffle, one process, no DDP); ours is
+its own code (ToTensor + DataLoader with shuffle, DDP over a one-process gloo group); ours is
 `python -m ddp_lab` (tensor pipeline, DDP over gloo) with N ranks, each epoch timed
 between barriers. Prints a table and the speed-up against the notebook.
 """
@@ -46,7 +46,14 @@ def notebook_epochs(root: str, epochs: int) -> list[float]:
 
     train_dataset = datasets.MNIST(root=root, train=True, transform=transforms.ToTensor(), download=False)
     train_loader = DataLoader(dataset=train_dataset, batch_size=64, shuffle=True)
-    model = NN(784, 10)
+    # the notebook wraps its model in DDP over a one-process gloo group: so do we here
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "12355")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = DDP(NN(784, 10))
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     times = []
@@ -59,6 +66,7 @@ def notebook_epochs(root: str, epochs: int) -> list[float]:
             loss.backward()
             optimizer.step()
         times.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
     return times
 
 
@@ -81,6 +89,8 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="ddp_lab world sizes to time")
     p.add_argument("--no-notebook", action="store_true", help="skip the notebook loop")
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for ddp_lab runs")
+    p.add_argument("--threads", type=int, nargs="+", default=[0, 1],
+                   help="train.threads values for the 1-rank runs (0 = cores / local ranks)")
     args = p.parse_args()
 
     from ddp_lab.data import fetch_mnist
@@ -93,9 +103,12 @@ def main() -> None:
             t = notebook_epochs(root, args.epochs)
             rows.append(("notebook loop (ToTensor + DataLoader), 1 process", statistics.median(t), t, None))
         for n in args.ranks:
-            r = ours(root, str(Path(tmp) / "runs"), n, args.epochs, args.extra)
-            rows.append((f"ddp_lab, {n} rank(s), tensor pipeline, gloo", statistics.median(r["epochs"]),
-                         r["epochs"], r["acc"]))
+            for th in (args.threads if n == 1 else [0]):
+                r = ours(root, str(Path(tmp) / "runs"), n, args.epochs,
+                         [*args.extra, f"train.threads={th}"])
+                label = "cores/ranks" if th == 0 else str(th)
+                rows.append((f"ddp_lab sync=ddp, {n} rank(s), threads {label}",
+                             statistics.median(r["epochs"]), r["epochs"], r["acc"]))
 
     base = rows[0][1]
     print(f"\nMLP 784-50-10, batch 64/rank, Adam, CPU ({os.cpu_count()} cores), "

@@ -69,6 +69,10 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
     """DDP's default hook (divide by world size, then all-reduce), plus accounting."""
     buf = bucket.buffer()
     n = state.world_size
+    if n == 1:  # a world of one has nothing to exchange: hand the bucket straight back
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
     nbytes = buf.numel() * buf.element_size()
     # the ring model (what gloo and nccl run for large buffers): 2(n-1)/n of the buffer
     # leaves and enters each rank
