@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -37,29 +38,40 @@ def resolve_defaults(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-def _validate(cfg: DictConfig) -> None:
-    checks = [
-        (cfg.train.epochs >= 1, f"train.epochs={cfg.train.epochs}: must be >= 1"),
-        (cfg.train.batch_size >= 1, f"train.batch_size={cfg.train.batch_size}: must be >= 1"),
-        (cfg.train.lr > 0, f"train.lr={cfg.train.lr}: must be > 0"),
+def check_all(checks: list[tuple[bool, str]]) -> None:
+    """Raise the first failed check's message as a UserError."""
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def common_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
+    """The checks every entry point (training, bench) makes of launcher, dist and log."""
+    return [
         (cfg.launcher.nodes >= 1, f"launcher.nodes={cfg.launcher.nodes}: must be >= 1"),
         (cfg.launcher.nproc_per_node >= 1,
          f"launcher.nproc_per_node={cfg.launcher.nproc_per_node}: must be >= 1"),
-        (cfg.data.pipeline in ("tensor", "dataloader"),
-         f"data.pipeline={cfg.data.pipeline}: choose tensor or dataloader"),
         (cfg.dist.backend in ("auto", "gloo", "nccl"),
          f"dist.backend={cfg.dist.backend}: choose auto, gloo or nccl"),
         (cfg.dist.device in ("auto", "cpu", "cuda"),
          f"dist.device={cfg.dist.device}: choose auto, cpu or cuda"),
         (cfg.log.progress in ("auto", "bar", "lines"),
          f"log.progress={cfg.log.progress}: choose auto, bar or lines"),
+    ]
+
+
+def _validate(cfg: DictConfig) -> None:
+    check_all([
+        (cfg.train.epochs >= 1, f"train.epochs={cfg.train.epochs}: must be >= 1"),
+        (cfg.train.batch_size >= 1, f"train.batch_size={cfg.train.batch_size}: must be >= 1"),
+        (cfg.train.lr > 0, f"train.lr={cfg.train.lr}: must be > 0"),
+        *common_checks(cfg),
+        (cfg.data.pipeline in ("tensor", "dataloader"),
+         f"data.pipeline={cfg.data.pipeline}: choose tensor or dataloader"),
         (len(cfg.data.mirrors) > 0, "data.mirrors is empty: give at least one (default: [embedded])"),
         (not cfg.train.resume or cfg.run.dir,
          "train.resume=true needs run.dir=PATH, the run folder to continue"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
+    ])
     _validate_sync_and_timing(cfg)
     if cfg.train.resume and not (Path(cfg.run.dir) / "checkpoints").is_dir():
         raise UserError(f"train.resume=true but {cfg.run.dir}/checkpoints does not exist: "
@@ -79,12 +91,18 @@ def _validate_sync_and_timing(cfg: DictConfig) -> None:
             raise UserError(f"timing.{key}={cfg.timing[key]}: must be >= 0")
 
 
-def submit(cfg: DictConfig) -> int:
-    cfg = resolve_defaults(cfg)
-    run_dir = make_run_dir(cfg)
+def make_run(cfg: DictConfig, label: str | None = None) -> Path:
+    """The run folder, with the resolved config (run.dir set to it) written inside."""
+    run_dir = make_run_dir(cfg, label=label)
     with open_dict(cfg):
         cfg.run.dir = str(run_dir)
     write_config(cfg, run_dir)
+    return run_dir
+
+
+def render_and_start(cfg: DictConfig, run_dir: Path) -> int | None:
+    """Render the launcher's files into the run folder; with dry_run print them and
+    return None, else start the job, follow it and return its exit status."""
     try:
         rendered = launch.render(cfg, run_dir)
     except launch.LaunchError as e:
@@ -93,11 +111,45 @@ def submit(cfg: DictConfig) -> int:
     if cfg.launcher.dry_run:
         print(rendered.show.rstrip())
         print(f"run dir: {run_dir}")
-        return 0
+        return None
     try:
-        rc = launch.start(rendered, run_dir)
+        return launch.start(rendered, run_dir)
     except launch.LaunchError as e:
         raise UserError(f"{e} (run folder: {run_dir})") from None
+
+
+def cli(config_name: str, submit_fn: Callable[[DictConfig], int]) -> None:
+    """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`: compose
+    `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m sweep), and
+    exit with the failed job's status (2 for a user mistake, printed as one line)."""
+    import sys
+
+    import hydra
+
+    from .config import CONF_DIR
+
+    failed: list[int] = []
+
+    @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
+    def _main(cfg: DictConfig) -> None:
+        try:
+            rc = submit_fn(cfg)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            rc = 2
+        if rc != 0:
+            failed.append(rc)
+
+    _main()
+    sys.exit(failed[0] if len(failed) == 1 else (1 if failed else 0))
+
+
+def submit(cfg: DictConfig) -> int:
+    cfg = resolve_defaults(cfg)
+    run_dir = make_run(cfg)
+    rc = render_and_start(cfg, run_dir)
+    if rc is None:
+        return 0
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if rc != 0 and summary.get("status", "").startswith("completed"):

@@ -16,8 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from .. import launch
 from ..metrics import write_json
-from ..rundir import make_run_dir, write_config
-from ..submit import UserError
+from ..submit import UserError, check_all, common_checks, make_run, render_and_start
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
@@ -43,7 +42,7 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
                             f"({impl} exists for {', '.join(has)})")
     world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
-    checks = [
+    check_all([
         (b.min_elements >= 1, f"bench.min_elements={b.min_elements}: must be >= 1"),
         (b.max_elements >= b.min_elements,
          f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"),
@@ -55,22 +54,11 @@ def validate(cfg: DictConfig) -> None:
         (0 < b.memory_fraction <= 1, f"bench.memory_fraction={b.memory_fraction}: must be in (0, 1]"),
         (b.node_size >= 0, f"bench.node_size={b.node_size}: must be >= 0 (0 = real nodes)"),
         (b.plot_metric in ("busbw", "algbw"), f"bench.plot_metric={b.plot_metric}: busbw or algbw"),
-        (cfg.launcher.nodes >= 1, f"launcher.nodes={cfg.launcher.nodes}: must be >= 1"),
-        (cfg.launcher.nproc_per_node >= 1,
-         f"launcher.nproc_per_node={cfg.launcher.nproc_per_node}: must be >= 1"),
-        (cfg.dist.backend in ("auto", "gloo", "nccl"),
-         f"dist.backend={cfg.dist.backend}: choose auto, gloo or nccl"),
-        (cfg.dist.device in ("auto", "cpu", "cuda"),
-         f"dist.device={cfg.dist.device}: choose auto, cpu or cuda"),
-        (cfg.log.progress in ("auto", "bar", "lines"),
-         f"log.progress={cfg.log.progress}: choose auto, bar or lines"),
+        *common_checks(cfg),
         (not ({"all_gather", "reduce_scatter"} & set(b.ops)) or b.min_elements >= world,
          f"bench.min_elements={b.min_elements} is below the world size {world}: all_gather and "
          "reduce_scatter need at least one element per rank"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
+    ])
 
 
 def resolve(cfg: DictConfig) -> DictConfig:
@@ -88,26 +76,13 @@ def resolve(cfg: DictConfig) -> DictConfig:
 
 def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
     cfg = resolve(cfg)
-    run_dir = make_run_dir(cfg, label=f"bench_{cfg.launcher.name}")
-    with open_dict(cfg):
-        cfg.run.dir = str(run_dir)
-    write_config(cfg, run_dir)
+    run_dir = make_run(cfg, label=f"bench_{cfg.launcher.name}")
     argv = sys.argv[1:] if argv is None else argv
     (run_dir / "command.txt").write_text(
         "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n")
-    try:
-        rendered = launch.render(cfg, run_dir)
-    except launch.LaunchError as e:
-        raise UserError(str(e)) from None
-    rendered.write(run_dir)
-    if cfg.launcher.dry_run:
-        print(rendered.show.rstrip())
-        print(f"run dir: {run_dir}")
+    rc = render_and_start(cfg, run_dir)
+    if rc is None:
         return 0
-    try:
-        rc = launch.start(rendered, run_dir)
-    except launch.LaunchError as e:
-        raise UserError(f"{e} (run folder: {run_dir})") from None
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if rc != 0:

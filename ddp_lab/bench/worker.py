@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import sys
-import traceback
 from pathlib import Path
 
-from ..distributed import cpu_threads, distributed
-from ..env import detect_env
-from ..metrics import setup_logging, write_json
+from ..metrics import write_json
+from ..worker import rank_main, run_rank
 from .config import load_bench_config
 
 
@@ -26,66 +24,51 @@ def allocation(ctx, topology: str) -> str:
 
 
 def run(run_dir: Path) -> int:
+    cfg = load_bench_config(run_dir)
+    return run_rank(run_dir, cfg, lambda ctx: _bench(cfg, ctx, run_dir),
+                    failure={"kind": "bench", "launcher": cfg.launcher.name})
+
+
+def _bench(cfg, ctx, run_dir: Path) -> None:
     import torch
 
     from .harness import run_bench
     from .output import write_outputs
 
-    cfg = load_bench_config(run_dir)
-    env = detect_env()
-    log = setup_logging(env, run_dir, cfg.log.level)
-    torch.set_num_threads(cpu_threads(env, 0))
-    try:
-        with distributed(env, cfg.dist.backend, cfg.dist.device, cfg.dist.timeout_s) as ctx:
-            result = run_bench(cfg.bench, ctx, cfg.log.progress)
-            if env.is_main:
-                topo = result["topology"]
-                command = run_dir / "command.txt"
-                meta = {
-                    "kind": "bench", "launcher": cfg.launcher.name, "backend": ctx.backend,
-                    "device": "cpu" if ctx.device.type == "cpu"
-                    else torch.cuda.get_device_name(ctx.device),
-                    "nodes": env.num_nodes, "nproc_per_node": env.local_world_size,
-                    "simulated_nodes": len(topo["nodes"]) if topo["simulated"] else None,
-                    "world_size": env.world_size, "hosts": list(dict.fromkeys(topo["hosts"])),
-                    "allocation": allocation(ctx, topo["describe"]),
-                    "dtype": cfg.bench.dtype, "warmup": cfg.bench.warmup,
-                    "iters": cfg.bench.iters, "min_iters": cfg.bench.min_iters,
-                    "torch": torch.__version__,
-                    "command": command.read_text().strip() if command.exists() else "",
-                }
-                out = write_outputs(run_dir, result, meta, cfg.bench.plot_metric, cfg.bench.title)
-                wrong = sum(not r["correct"] for r in result["rows"])
-                write_json(run_dir / "summary.json", {
-                    **meta, "status": "completed" if not wrong else
-                    f"completed: {wrong} wrong result(s), see bench.md",
-                    "ops": list(cfg.bench.ops), "impl": list(cfg.bench.impl),
-                    "groups": list(cfg.bench.groups), "measurements": len(result["rows"]),
-                    "wrong_results": wrong, "duration_s": result["duration_s"],
-                    "plots": [f"plots/{p['file']}" for p in out["plots"]]})
-                log.info("%d measurements (%d wrong) in %.0f s: bench.md, bench.csv, bench.json, "
-                         "plots/ in %s", len(result["rows"]), wrong, result["duration_s"], run_dir)
-        return 0
-    except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
-        log.debug(traceback.format_exc())
-        log.error("failed: %s: %s (traceback in %s)", type(e).__name__, e,
-                  run_dir / "logs" / f"rank{env.rank}.log")
-        if env.is_main:
-            write_json(run_dir / "summary.json", {
-                "kind": "bench", "status": f"failed: {type(e).__name__}: {e}",
-                "world_size": env.world_size, "launcher": cfg.launcher.name})
-        return 1
-    finally:
-        logging.shutdown()
+    env = ctx.env
+    log = logging.getLogger("ddp_lab")
+    result = run_bench(cfg.bench, ctx, cfg.log.progress)
+    if env.is_main:
+        topo = result["topology"]
+        command = run_dir / "command.txt"
+        meta = {
+            "kind": "bench", "launcher": cfg.launcher.name, "backend": ctx.backend,
+            "device": "cpu" if ctx.device.type == "cpu"
+            else torch.cuda.get_device_name(ctx.device),
+            "nodes": env.num_nodes, "nproc_per_node": env.local_world_size,
+            "simulated_nodes": len(topo["nodes"]) if topo["simulated"] else None,
+            "world_size": env.world_size, "hosts": list(dict.fromkeys(topo["hosts"])),
+            "allocation": allocation(ctx, topo["describe"]),
+            "dtype": cfg.bench.dtype, "warmup": cfg.bench.warmup,
+            "iters": cfg.bench.iters, "min_iters": cfg.bench.min_iters,
+            "torch": torch.__version__,
+            "command": command.read_text().strip() if command.exists() else "",
+        }
+        out = write_outputs(run_dir, result, meta, cfg.bench.plot_metric, cfg.bench.title)
+        wrong = sum(not r["correct"] for r in result["rows"])
+        write_json(run_dir / "summary.json", {
+            **meta, "status": "completed" if not wrong else
+            f"completed: {wrong} wrong result(s), see bench.md",
+            "ops": list(cfg.bench.ops), "impl": list(cfg.bench.impl),
+            "groups": list(cfg.bench.groups), "measurements": len(result["rows"]),
+            "wrong_results": wrong, "duration_s": result["duration_s"],
+            "plots": [f"plots/{p['file']}" for p in out["plots"]]})
+        log.info("%d measurements (%d wrong) in %.0f s: bench.md, bench.csv, bench.json, "
+                 "plots/ in %s", len(result["rows"]), wrong, result["duration_s"], run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
-        print("usage: python -m ddp_lab.bench.worker RUN_DIR  (a folder holding config.yaml, "
-              "as `python -m ddp_lab.bench` makes)", file=sys.stderr)
-        return 2
-    return run(Path(argv[0]).resolve())
+    return rank_main(argv, "ddp_lab.bench.worker", "python -m ddp_lab.bench", run)
 
 
 if __name__ == "__main__":
