@@ -56,7 +56,7 @@ ALLREDUCE_PY = textwrap.dedent(
 )
 
 RESULT_RE = re.compile(
-    r"RESULT rank=(\d+) world=(\d+) node_rank=(\d+) local_rank=(\d+) slurm_node=(\S+) sum=(\S+)"
+    r"RESULT rank=(\d+) world=(\d+) node_rank=(\d+) local_rank=(\d+) slurm_node=(\S+) sum=([0-9.]+)"
 )
 
 
