@@ -262,3 +262,20 @@ def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) 
     if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
         return 1
     return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
+
+
+def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,
+           group_root: int | None, name: str, result_on_root: bool,
+           body: Callable[[GroupInfo, torch.Tensor, int], None]) -> None:
+    """The frame every rooted collective (broadcast, reduce) shares: resolve the group and
+    the root, skip when there is nothing to do (not a member, one rank, empty tensor),
+    and run ``body(info, flat, root)`` on a flat view written back where the result lands
+    (the root for a reduce, every other rank for a broadcast)."""
+    info = group_info(group)
+    if info is None:
+        return
+    r = resolve_root(info, root, group_root, name)
+    if info.size == 1 or tensor.numel() == 0:
+        return
+    with flat_view(tensor, writeback=(info.rank == r) == result_on_root) as flat:
+        body(info, flat, r)

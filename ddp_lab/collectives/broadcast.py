@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import GroupInfo, flat_view, group_info, num_pipeline_chunks, p2p, resolve_root
+from ._common import GroupInfo, num_pipeline_chunks, p2p, rooted
 
 #: Default piece size of the pipelined ring broadcast.
 DEFAULT_RING_CHUNK_BYTES = 1 << 20
@@ -81,14 +81,7 @@ def broadcast_naive(
     ``group_src=`` to name the root by its rank within ``group`` instead. Returns None;
     a process outside ``group`` returns immediately.
     """
-    info = group_info(group)
-    if info is None:
-        return
-    root = resolve_root(info, src, group_src, "src")
-    if info.size == 1 or tensor.numel() == 0:
-        return
-    with flat_view(tensor, writeback=info.rank != root) as flat:
-        _bcast_naive(info, flat, root)
+    rooted(tensor, group, src, group_src, "src", False, _bcast_naive)
 
 
 def broadcast_tree(
@@ -106,14 +99,7 @@ def broadcast_tree(
     ``ceil(log2 n) N`` (the most), every non-root receives ``N``. Latency-optimal, good
     for small tensors. ``src``/``group_src`` as in :func:`broadcast_naive`. Returns None.
     """
-    info = group_info(group)
-    if info is None:
-        return
-    root = resolve_root(info, src, group_src, "src")
-    if info.size == 1 or tensor.numel() == 0:
-        return
-    with flat_view(tensor, writeback=info.rank != root) as flat:
-        _bcast_tree(info, flat, root)
+    rooted(tensor, group, src, group_src, "src", False, _bcast_tree)
 
 
 def broadcast_ring(
@@ -134,11 +120,5 @@ def broadcast_ring(
     ``N``, every rank but the root receives ``N``. ``src``/``group_src`` as in
     :func:`broadcast_naive`. Returns None.
     """
-    info = group_info(group)
-    if info is None:
-        return
-    root = resolve_root(info, src, group_src, "src")
-    if info.size == 1 or tensor.numel() == 0:
-        return
-    with flat_view(tensor, writeback=info.rank != root) as flat:
-        _bcast_ring(info, flat, root, chunk_bytes)
+    rooted(tensor, group, src, group_src, "src", False,
+           lambda info, flat, root: _bcast_ring(info, flat, root, chunk_bytes))

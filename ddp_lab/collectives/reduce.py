@@ -15,11 +15,9 @@ from ._common import (
     OpLike,
     check_op_dtype,
     combine_,
-    flat_view,
-    group_info,
     normalize_op,
     p2p,
-    resolve_root,
+    rooted,
     scratch,
 )
 
@@ -86,14 +84,8 @@ def reduce_naive(
     """
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
-    info = group_info(group)
-    if info is None:
-        return
-    root = resolve_root(info, dst, group_dst, "dst")
-    if info.size == 1 or tensor.numel() == 0:
-        return
-    with flat_view(tensor, writeback=info.rank == root) as flat:
-        _reduce_naive(info, flat, root, op)
+    rooted(tensor, group, dst, group_dst, "dst", True,
+           lambda info, flat, root: _reduce_naive(info, flat, root, op))
 
 
 def reduce_tree(
@@ -116,11 +108,5 @@ def reduce_tree(
     """
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
-    info = group_info(group)
-    if info is None:
-        return
-    root = resolve_root(info, dst, group_dst, "dst")
-    if info.size == 1 or tensor.numel() == 0:
-        return
-    with flat_view(tensor, writeback=info.rank == root) as flat:
-        _reduce_tree(info, flat, root, op, clobber=False)
+    rooted(tensor, group, dst, group_dst, "dst", True,
+           lambda info, flat, root: _reduce_tree(info, flat, root, op, clobber=False))
