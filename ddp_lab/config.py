@@ -180,6 +180,16 @@ class BucketSyncConfig(SyncConfig):
 
 
 @dataclass
+class RingSyncConfig(BucketSyncConfig):
+    """Ring all-reduce from send/recv on flat buckets."""
+
+    prepost: bool = True
+    """gloo: post each bucket's receives a call ahead, so sends never wait for the
+    receiver's "ready" notice (ddp_lab.collectives.PersistentRingAllReduce); false = post
+    them when the all-reduce starts, as all_reduce_ring does. nccl always does the latter"""
+
+
+@dataclass
 class ReduceBroadcastSyncConfig(BucketSyncConfig):
     """Reduce gradients to a root, step there, broadcast the parameters."""
 
@@ -346,7 +356,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "launcher": {"local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
                  "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig},
     "sync": {"ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
-             "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": BucketSyncConfig,
+             "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
              "tree": BucketSyncConfig, "butterfly": BucketSyncConfig},
     "model": {"mlp": MLPConfig, "cnn": CNNConfig},
     "data": {"mnist": DataConfig},

@@ -194,6 +194,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
                  _comm_line(record["comm"], steps_per_epoch))
         _maybe_fail_once(ctx, epoch + 1)
 
+    syncer.close()  # collective: every rank has run the same steps
     if trace.enabled:
         _write_merged_trace(trace, run_dir, env)
     if not record:  # resumed a run that had already finished

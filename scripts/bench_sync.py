@@ -12,7 +12,8 @@ rounds. The step loop is the trainer's own (`ddp_lab.train.run_steps`), so what 
 measured is what `python -m ddp_lab` runs, minus evaluation and checkpoints.
 
 Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
-bucketed, and timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring.
+bucketed, timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring, and
+ring with its receives posted at call start (sync.prepost=false) / a call ahead.
 Not a test: numbers depend on the machine and on what else runs on it.
 """
 
@@ -40,6 +41,7 @@ CONFIGS = [
     ("reduce_broadcast", "reduce_broadcast", {}, True),
     ("ring", "ring", {}, True),
     ("ring timing off", "ring", {}, False),
+    ("ring prepost off", "ring", {"prepost": False}, True),
     ("tree", "tree", {}, True),
     ("butterfly", "butterfly", {}, True),
 ]
@@ -109,6 +111,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
             run_steps(syncer, opt, iter(splits.train), range(steps), timer)
             dist.barrier()  # load-bearing: the epoch ends when the slowest rank ends
             elapsed = time.perf_counter() - t0
+            syncer.close()
             steps_t, comm = timer.collect(), syncer.take_comm()
             step_total = sum(sum(s.durations().values()) for s in steps_t)
             if not (timing and step_total):
@@ -215,6 +218,7 @@ def main() -> int:
              ("ddp timing on / off", "ddp", "ddp timing off"),
              ("allreduce timing on / off", "allreduce", "allreduce timing off"),
              ("ring timing on / off", "ring", "ring timing off"),
+             ("ring prepost off / on", "ring prepost off", "ring"),
              ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
              ("reduce_broadcast / ddp", "reduce_broadcast", "ddp")]
     ratios = {k: med[a] / med[b] for k, a, b in pairs if a in med and b in med}

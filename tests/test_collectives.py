@@ -311,6 +311,64 @@ def _suite(ck: Checker, group) -> None:
                          lambda: C.broadcast_ring(xi.clone(), outsider, group=group), "not a member")
 
 
+def _persistent_suite(ck: Checker, group) -> None:
+    """PersistentRingAllReduce: repeated calls on one plan (each reusing the receives the
+    previous call posted) match torch's all_reduce, with other traffic on the same ranks in
+    between, with pieces, after close() and with a forgotten, unclosed plan alongside."""
+    n = dist.get_world_size(group)
+    granks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+
+    def interfere():
+        # tag-0 point-to-point and a backend collective between two calls of a plan
+        t = ck.inputs((5,), torch.float32)
+        C.broadcast_ring(t, granks[0], group=group)
+        u = ck.inputs((3,), torch.float32)
+        dist.all_reduce(u, group=group)
+
+    def calls(name, plan, shape, dtype, op, k=3):
+        for i in range(k):
+            x = ck.inputs(shape, dtype, op)
+            want = x.clone()
+            _ref_all_reduce(want, op, group, n)
+            plan(x)
+            ck.check(f"{name} call {i}", x, want, _exact(dtype, op))
+            _same_on_all_ranks(ck, f"{name} call {i}", x, group, n)
+            interfere()
+
+    for dtype in DTYPES:
+        for op in _ops_for(dtype):
+            for length in LENGTHS:
+                name = f"persistent[{op},{dtype},{length}]"
+                with C.PersistentRingAllReduce(torch.empty(length, dtype=dtype), op,
+                                               group) as plan:
+                    calls(name, plan, (length,), dtype, op)
+    # pieces: each ring step's message cut into ~3 uneven pieces
+    plan = C.PersistentRingAllReduce(torch.empty(1001), "SUM", group,
+                                     segment_bytes=4 * 1001 * 4 // (3 * n) + 1)
+    calls("persistent segmented", plan, (1001,), torch.float32, "SUM")
+    plan.close()
+    calls("persistent segmented after close", plan, (1001,), torch.float32, "SUM", k=2)
+    plan.close()
+    plan.close()  # nothing posted: a no-op
+    # a plan left unclosed (its receives still posted) does not capture a newer plan's data
+    forgotten = C.PersistentRingAllReduce(torch.empty(7, 13), "SUM", group)
+    calls("persistent 2-D", forgotten, (7, 13), torch.float32, "SUM", k=1)
+    newer = C.PersistentRingAllReduce(torch.empty(7, 13), "MAX", group)
+    calls("persistent newer plan", newer, (7, 13), torch.float32, "MAX", k=2)
+    calls("persistent forgotten plan again", forgotten, (7, 13), torch.float32, "SUM", k=1)
+    for p in (forgotten, newer):
+        p.close()
+    ck.expect_raises("persistent wrong shape", ValueError,
+                     lambda: newer(torch.empty(8, 13)), "one plan per tensor shape")
+    ck.expect_raises("persistent AVG int", ValueError,
+                     lambda: C.PersistentRingAllReduce(torch.empty(3, dtype=torch.int32), "avg",
+                                                       group), "AVG")
+    if n > 1:
+        ck.expect_raises("persistent on meta", ValueError,
+                         lambda: C.PersistentRingAllReduce(torch.empty(3, device="meta"),
+                                                           group=group), "gloo group and CPU")
+
+
 def _worker(rank, world_size, init_file, backend, out_dir, scenario):
     torch.set_num_threads(1)
     if backend == "nccl":
@@ -325,6 +383,18 @@ def _worker(rank, world_size, init_file, backend, out_dir, scenario):
     t0 = time.perf_counter()
     if scenario == "world":
         _suite(ck, None)
+    elif scenario == "persistent":
+        _persistent_suite(ck, None)
+        if world_size == 4:  # and on the sub-groups {1,3} and {0,2}, side by side
+            groups = [(ranks, dist.new_group(ranks)) for ranks in SUBGROUPS[world_size]]
+            for ranks, g in groups:
+                if rank in ranks:
+                    _persistent_suite(ck, g)
+                else:  # outside the group: the plan's calls leave the tensor alone
+                    x = ck.inputs((7,), torch.float32)
+                    y = x.clone()
+                    C.PersistentRingAllReduce(y, group=g)(y)
+                    ck.check("persistent non-member", y, x, exact=True)
     else:
         groups = [(ranks, dist.new_group(ranks)) for ranks in SUBGROUPS[world_size]]
         for ranks, g in groups:
@@ -393,6 +463,18 @@ def test_sub_groups_gloo(tmp_path, world_size):
     translation, non-contiguous members, non-power-of-two sub-group, non-members."""
     results = _run_world(tmp_path, world_size, scenario="subgroups")
     assert all(res["count"] > 400 for res in results)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "world_size",
+    [1, 2, 3, pytest.param(4, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)],
+)
+def test_persistent_ring_gloo(tmp_path, world_size):
+    """PersistentRingAllReduce against torch.distributed.all_reduce (4 ranks: also on two
+    sub-groups at once); a receive matched to the wrong message fails or hangs here."""
+    results = _run_world(tmp_path, world_size, scenario="persistent")
+    assert min(res["count"] for res in results) > 150
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ rank that skips a step) must fail the same check: the negative control.
 
 Accounting: for the send/recv synchronisers (ring, tree, butterfly) the bytes each rank
 reports must equal the bytes it actually handed to torch.distributed (counted by wrapping
-batch_isend_irecv); for the others, the documented model.
+isend/irecv); for the others, the documented model.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ VARIANTS = [
     ("reduce_broadcast_root_last", "reduce_broadcast", {"root": -1}),
     ("ring", "ring", {"bucket_mb": SMALL_BUCKET_MB}),
     ("ring_one_bucket", "ring", {}),
+    ("ring_prepost_off", "ring", {"bucket_mb": SMALL_BUCKET_MB, "prepost": False}),
     ("tree", "tree", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly", "butterfly", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly_per_param", "butterfly", {"bucket_mb": 0}),
@@ -125,19 +126,34 @@ def reference_params(world: int) -> list[torch.Tensor]:
 
 
 def _count_p2p_bytes(counter: dict):
-    """Wrap dist.batch_isend_irecv (what ddp_lab.collectives sends through) to count bytes."""
+    """Count the bytes ddp_lab.collectives hands to torch.distributed's isend/irecv (directly,
+    as PersistentRingAllReduce does, or through batch_isend_irecv, which calls them). A
+    receive counts when it has been waited for: the ring posts receives a call ahead."""
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
-    original = dist.batch_isend_irecv
+    send, recv = c10d.isend, c10d.irecv
 
-    def counting(ops):
-        for op in ops:
-            nbytes = op.tensor.numel() * op.tensor.element_size()
-            key = "sent" if op.op.__name__ == "isend" else "recv"
-            counter[key] += nbytes
-        return original(ops)
+    class Counted:
+        def __init__(self, work, nbytes):
+            self.work, self.nbytes = work, nbytes
 
-    dist.batch_isend_irecv = counting
+        def wait(self, *args):
+            out = self.work.wait(*args)
+            counter["recv"] += self.nbytes
+            self.nbytes = 0
+            return out
+
+    def isend(tensor, *args, **kwargs):
+        counter["sent"] += tensor.numel() * tensor.element_size()
+        return send(tensor, *args, **kwargs)
+
+    def irecv(tensor, *args, **kwargs):
+        return Counted(recv(tensor, *args, **kwargs), tensor.numel() * tensor.element_size())
+
+    # both names: P2POp checks its op against distributed_c10d's isend/irecv
+    c10d.isend = dist.isend = isend
+    c10d.irecv = dist.irecv = irecv
 
 
 def _train_worker(rank: int, world: int) -> dict:
@@ -178,7 +194,9 @@ def _train_worker(rank: int, world: int) -> dict:
             "buckets": len(getattr(syncer, "buckets", getattr(syncer, "grad_buckets", []))),
             "grad_bytes": syncer.grad_bytes(), "exact": syncer.bytes_exact,
             "opt_state_steps": None if state is None else len(state["state"]),
+            "plans": len(getattr(syncer, "plans", {})),
         }
+        syncer.close()
     # a configuration DDP cannot run: a parameter that never gets a gradient
     model = initial_model()
     model.unused = torch.nn.Linear(3, 3)
@@ -247,14 +265,25 @@ def test_broken_sync_fails_the_equivalence_check(world_run, broken):
     assert not ok, f"broken sync '{broken}' passed the equivalence check at world {world} ({why})"
 
 
+@pytest.mark.dist
+def test_ring_preposts_on_gloo_unless_told_not_to(world_run):
+    """sync=ring runs one PersistentRingAllReduce per bucket on gloo (the equivalence test
+    above covers it), and none with sync.prepost=false."""
+    _, results, _ = world_run
+    for r in results:
+        assert r["ring"]["plans"] == r["ring"]["buckets"] > 1
+        assert r["ring_one_bucket"]["plans"] == 1
+        assert r["ring_prepost_off"]["plans"] == 0
+
+
 def test_every_sync_option_is_covered():
     assert {name for _, name, _ in VARIANTS} == set(REGISTRY) == set(SCHEMAS["sync"])
 
 
 # ------------------------------------------------------------ bytes and busbw
 @pytest.mark.dist
-@pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "tree", "butterfly",
-                                     "butterfly_per_param"])
+@pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost_off", "tree",
+                                     "butterfly", "butterfly_per_param"])
 def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
     world, results, _ = world_run
     for rank, r in enumerate(results):

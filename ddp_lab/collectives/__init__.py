@@ -5,6 +5,8 @@ all-gather / reduce-scatter, into an ``output`` argument), return None, take
 ``group=None`` (any sub-group; a process outside ``group`` returns immediately), and
 run on gloo (CPU) and nccl (CUDA). All communication goes through
 ``torch.distributed.batch_isend_irecv`` -- no barriers. See ``docs/collectives.md``.
+:class:`PersistentRingAllReduce` is the ring all-reduce for repeated calls on one shape
+(gloo): it posts each call's receives during the previous one (``isend``/``irecv``).
 
 Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` values or
 as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
@@ -14,6 +16,7 @@ from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, 
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
 from ._ring import DEFAULT_SEGMENT_BYTES
+from .persistent import PersistentRingAllReduce
 from .reduce import reduce_naive, reduce_tree
 from .registry import (
     ALL_GATHER,
@@ -40,6 +43,7 @@ __all__ = [
     "reduce_naive", "reduce_tree",
     "all_reduce_naive", "all_reduce_tree", "all_reduce_butterfly", "all_reduce_ring",
     "all_gather_ring", "reduce_scatter_ring", "DEFAULT_SEGMENT_BYTES",
+    "PersistentRingAllReduce",
     "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
     "torch_reduce_scatter",
     "BROADCAST", "REDUCE", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "COLLECTIVES",

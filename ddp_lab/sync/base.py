@@ -6,7 +6,7 @@ A training step with any synchroniser reads
     syncer.sync()          # make every rank's .grad the average over ranks
     syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only
 
-and `syncer.take_comm()` returns what was communicated since the last call (a
+and `syncer.close()` (collective) follows the last step; `syncer.take_comm()` returns what was communicated since the last call (a
 `CommStats`: calls, payload bytes, bytes this rank sent and received, in-flight time).
 Every collective a synchroniser runs goes through `self.comm` (a `CommRecorder`), which
 counts its bytes always and stamps its start and end on the run's `Clock` when timing is
@@ -67,6 +67,10 @@ class Synchroniser:
         """The optimiser state a checkpoint on rank 0 should hold. Called on every rank (a
         synchroniser may need a collective to bring it to rank 0); None off rank 0."""
         return optimizer.state_dict() if self.rank == 0 else None
+
+    def close(self) -> None:
+        """Collective, after the last step: release what the synchroniser keeps in flight
+        between steps (ring's pre-posted receives). Default: nothing."""
 
     def take_comm(self) -> CommStats:
         """What was communicated since the last call; resolves CUDA events (one sync)."""
