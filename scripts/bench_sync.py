@@ -13,7 +13,10 @@ measured is what `python -m ddp_lab` runs, minus evaluation and checkpoints.
 
 Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
 bucketed, timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring, and
-ring with its receives posted at call start (sync.prepost=false) / a call ahead.
+ring with its receives posted at call start (sync.prepost=false) / a call ahead. Then,
+for ddp, allreduce and ring, the timers' cost measured step against step: `--repeats`
+more epochs in which the timers are on for every other step (mean step time of each arm,
+with two standard errors), which cancels the drift that whole-epoch medians suffer.
 Not a test: numbers depend on the machine and on what else runs on it.
 """
 
@@ -45,6 +48,10 @@ CONFIGS = [
     ("tree", "tree", {}, True),
     ("butterfly", "butterfly", {}, True),
 ]
+
+
+#: configurations whose timer overhead is also measured step against step (--paired)
+PAIRED = ("ddp", "allreduce", "ring")
 
 
 def selected(args: argparse.Namespace) -> list[tuple]:
@@ -118,6 +125,29 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
                 return elapsed, None
             return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
+        def paired(name: str, overrides: dict, epoch: int, steps: int) -> tuple[list, list]:
+            """One epoch with the timers switched on and off on alternate steps (both ranks
+            alike): per-step wall times of each arm, free of the drift between epochs."""
+            sync_cfg = OmegaConf.merge(compose([f"sync={name}"]).sync, overrides)
+            torch.manual_seed(cfg.train.seed)
+            module = build_model(cfg.model).to(device)
+            syncer = build_sync(sync_cfg, module, device, world, clock=clock, timing=True)
+            opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+            timer = StepTimer(clock, enabled=True)
+            splits.train.set_epoch(epoch)
+            batches, arms = iter(splits.train), ([], [])
+            dist.barrier()
+            for i in range(steps):
+                on = (i + epoch) % 2 == 0
+                timer.enabled = syncer.comm.enabled = on
+                t = time.perf_counter()
+                run_steps(syncer, opt, batches, range(1), timer)
+                arms[0 if on else 1].append(time.perf_counter() - t)
+            dist.barrier()
+            syncer.close()
+            timer.collect(), syncer.take_comm()
+            return arms
+
         for label, name, ov, timing in configs:  # warm-up: allocations, connections, caches
             one_epoch(label, name, ov, timing, 0, min(50, n_steps))
         times: dict[str, list[float]] = {c[0]: [] for c in configs}
@@ -131,9 +161,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
                     fractions[label].append(frac)
                 if rank == 0:
                     print(f"round {r + 1}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
+        pairs: dict[str, tuple[list, list]] = {}
+        if args.paired:
+            for label, name, ov, timing in configs:
+                if timing and label in PAIRED:
+                    on, off = pairs.setdefault(label, ([], []))
+                    for r in range(args.repeats):
+                        a, b = paired(name, ov, r + 1, n_steps)
+                        on += a
+                        off += b
         overhead = timer_overhead(n_steps) if rank == 0 else None
         queue.put((rank, {"times": times, "fractions": fractions, "steps": n_steps,
-                          "timer_overhead_s": overhead}))
+                          "timer_overhead_s": overhead, "paired": pairs}))
     except BaseException as e:  # noqa: BLE001 -- reported by the parent
         queue.put((rank, f"{type(e).__name__}: {e}"))
         raise
@@ -181,6 +220,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
     ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--no-paired", dest="paired", action="store_false",
+                    help="skip the paired timer measurement (timers on and off on alternate "
+                         "steps of the same epochs, --repeats epochs per sync)")
     ap.add_argument("--only", default=None,
                     help="comma-separated configuration labels to run (default: all; the "
                          "ratios need ddp, allreduce, ring and their 'timing off' twins)")
@@ -229,9 +271,9 @@ def main() -> int:
     for label, *_ in configs:
         f = (f"{100 * frac[label]:.0f}% | {comm_ms[label]:.2f}" if frac[label] is not None
              else "- | -")
+        vs = f"{med[label] / med['ddp']:.2f}x" if "ddp" in med else "-"
         print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
-              f"| {med[label] / med['ddp']:.2f}x | {f} |" if "ddp" in med else
-              f"| - | {f} |")
+              f"| {vs} | {f} |")
     print("\n| ratio | measured |\n| --- | ---: |")
     for k, v in ratios.items():
         print(f"| {k} | {v:.3f} |")
@@ -240,8 +282,22 @@ def main() -> int:
         step = med["ddp"] / res["steps"]
         print(f"\ntimers alone: {over * 1e6:.1f} us/step = {100 * over / step:.2f}% of a ddp step "
               f"({step * 1e3:.2f} ms)")
+    paired_out = {}
+    if res["paired"]:
+        print("\ntimers on / off, alternate steps of the same epochs (mean step time, "
+              "+- 2 standard errors of the difference):\n")
+        print("| sync | steps per arm | on (ms) | off (ms) | on / off |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for label, (on, off) in res["paired"].items():
+            m_on, m_off = statistics.fmean(on), statistics.fmean(off)
+            se = (statistics.variance(on) / len(on) + statistics.variance(off) / len(off)) ** 0.5
+            paired_out[label] = {"on_ms": 1e3 * m_on, "off_ms": 1e3 * m_off,
+                                 "ratio": m_on / m_off, "ratio_2se": 2 * se / m_off}
+            print(f"| {label} | {len(on)} | {1e3 * m_on:.3f} | {1e3 * m_off:.3f} | "
+                  f"{m_on / m_off:.3f} +- {2 * se / m_off:.3f} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"world": args.world, "repeats": args.repeats,
+                                              "timers_paired": paired_out,
                                               "steps": res["steps"], "median_s": med,
                                               "times_s": res["times"], "comm_share": frac,
                                               "comm_ms_per_step": comm_ms,
