@@ -104,15 +104,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
         clock = Clock(device)
         configs = selected(args)
 
-        def one_epoch(label: str, name: str, overrides: dict, timing: bool, epoch: int,
-                      steps: int) -> tuple[float, float | None]:
+        def fresh(name: str, overrides: dict, timing: bool, epoch: int):
+            """A new model, synchroniser, optimiser and step timer, the epoch's data order."""
             sync_cfg = OmegaConf.merge(compose([f"sync={name}"]).sync, overrides)
             torch.manual_seed(cfg.train.seed)
             module = build_model(cfg.model).to(device)
             syncer = build_sync(sync_cfg, module, device, world, clock=clock, timing=timing)
             opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-            timer = StepTimer(clock, enabled=timing)
             splits.train.set_epoch(epoch)
+            return syncer, opt, StepTimer(clock, enabled=timing)
+
+        def one_epoch(label: str, name: str, overrides: dict, timing: bool, epoch: int,
+                      steps: int) -> tuple[float, float | None]:
+            syncer, opt, timer = fresh(name, overrides, timing, epoch)
             dist.barrier()  # load-bearing: all ranks start together
             t0 = time.perf_counter()
             run_steps(syncer, opt, iter(splits.train), range(steps), timer)
@@ -128,13 +132,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
         def paired(name: str, overrides: dict, epoch: int, steps: int) -> tuple[list, list]:
             """One epoch with the timers switched on and off on alternate steps (both ranks
             alike): per-step wall times of each arm, free of the drift between epochs."""
-            sync_cfg = OmegaConf.merge(compose([f"sync={name}"]).sync, overrides)
-            torch.manual_seed(cfg.train.seed)
-            module = build_model(cfg.model).to(device)
-            syncer = build_sync(sync_cfg, module, device, world, clock=clock, timing=True)
-            opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-            timer = StepTimer(clock, enabled=True)
-            splits.train.set_epoch(epoch)
+            syncer, opt, timer = fresh(name, overrides, True, epoch)
             batches, arms = iter(splits.train), ([], [])
             dist.barrier()
             for i in range(steps):

@@ -180,10 +180,7 @@ def p2p_pipelined(
     With a backend that coalesces the batch into one request (nccl) the pieces are handed
     to ``on_piece`` after the whole batch has completed.
     """
-    send_pieces = [t for t in send.tensor_split(
-        num_pipeline_chunks(send.numel(), send.element_size(), segment_bytes)) if t.numel()]
-    recv_pieces = [t for t in recv.tensor_split(
-        num_pipeline_chunks(recv.numel(), recv.element_size(), segment_bytes)) if t.numel()]
+    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
     ops = [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
     ops += [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
     if not ops:
@@ -262,6 +259,13 @@ def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) 
     if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
         return 1
     return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
+
+
+def pieces(t: torch.Tensor, segment_bytes: int | None) -> list[torch.Tensor]:
+    """``t`` (1-D) cut into the non-empty pieces of at most about ``segment_bytes`` that a
+    pipelined ring step sends; both ends of a transfer compute the same cut from the size."""
+    return [p for p in t.tensor_split(
+        num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)) if p.numel()]
 
 
 def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,

@@ -6,8 +6,9 @@ A training step with any synchroniser reads
     syncer.sync()          # make every rank's .grad the average over ranks
     syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only
 
-and `syncer.close()` (collective) follows the last step; `syncer.take_comm()` returns what was communicated since the last call (a
-`CommStats`: calls, payload bytes, bytes this rank sent and received, in-flight time).
+and `syncer.close()` (collective) follows the last step. `syncer.take_comm()` returns
+what was communicated since the last call (a `CommStats`: calls, payload bytes, bytes
+this rank sent and received, in-flight time).
 Every collective a synchroniser runs goes through `self.comm` (a `CommRecorder`), which
 counts its bytes always and stamps its start and end on the run's `Clock` when timing is
 enabled: that is how comm time is measured the same way for every synchroniser.

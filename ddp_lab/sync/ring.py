@@ -33,7 +33,7 @@ class RingSync(AllReduceSync):
         module = super().wrap(module)
         # one plan per bucket buffer, looked up by its address (buffers never move)
         self.plans: dict[int, PersistentRingAllReduce] = {}
-        if (getattr(self.cfg, "prepost", False) and self.world_size > 1
+        if (self.cfg.prepost and self.world_size > 1
                 and dist.get_backend() == "gloo" and self.device.type == "cpu"):
             self.plans = {b.buffer.data_ptr(): PersistentRingAllReduce(b.buffer)
                           for b in self.buckets}
