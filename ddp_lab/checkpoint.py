@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from .files import atomic_open
+
 _NAME = re.compile(r"epoch_(\d+)\.pt$")
 
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file in the same folder, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
-    finally:
-        tmp.unlink(missing_ok=True)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)  # make the rename itself durable
-    finally:
-        os.close(dfd)
+    with atomic_open(path, "wb", fsync=True) as f:
+        torch.save(obj, f)
 
 
 def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .env import DistEnv
+from .files import atomic_open
 
 log = logging.getLogger("ddp_lab")
 
@@ -84,39 +85,34 @@ def idx_is_valid(path: Path) -> bool:
 
 def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
     """Fetch one archive from one mirror to a temp name, check its MD5, rename into place."""
-    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-    try:
+    with atomic_open(dest, "wb") as out:  # renamed into place only if the MD5 matches
         if mirror == "embedded" or not mirror.startswith(("http://", "https://")):
             src = EMBEDDED if mirror == "embedded" else Path(mirror.removeprefix("file://"))
             if not (src / name).is_file():
                 raise DataError(f"{src / name} does not exist")
-            shutil.copyfile(src / name, tmp)
+            with open(src / name, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 20)
         else:
             # one plain GET (torchvision's download_url adds a redirect probe per file)
             url = mirror.rstrip("/") + "/" + name
-            with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
+            with urllib.request.urlopen(url, timeout=60) as resp:
                 shutil.copyfileobj(resp, out, 1 << 20)
-        got = md5sum(tmp)
+        out.flush()
+        got = md5sum(Path(out.name))
         if got != md5:
             raise DataError(f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _extract(archive: Path) -> Path:
     out = archive.with_suffix("")  # drop .gz
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
-        with gzip.open(archive, "rb") as src, open(tmp, "wb") as dst:
+        with atomic_open(out, "wb") as dst, gzip.open(archive, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 20)
-        if not idx_is_valid(tmp):
-            raise DataError(f"{archive} extracts to a file whose size does not match its header")
-        os.replace(tmp, out)
+            dst.flush()
+            if not idx_is_valid(Path(dst.name)):
+                raise DataError(f"{archive} extracts to a file whose size does not match its header")
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot extract {archive}: {e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 

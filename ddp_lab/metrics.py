@@ -11,9 +11,10 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from .env import DistEnv
+from .files import atomic_write_text, write_json  # noqa: F401 -- write_json re-exported
 
 
 class RankFormatter(logging.Formatter):
@@ -41,12 +42,6 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") ->
     return log
 
 
-def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-
-
 class MetricsWriter:
     def __init__(self, run_dir: Path, enabled: bool):
         self.enabled = enabled
@@ -64,7 +59,7 @@ class MetricsWriter:
             return
         keep = [ln for ln in path.read_text().splitlines()
                 if ln.strip() and json.loads(ln).get("epoch", 0) <= epoch]
-        path.write_text("".join(k + "\n" for k in keep))
+        atomic_write_text(path, "".join(k + "\n" for k in keep))
 
     def text(self, tag: str, text: str) -> None:
         if self.tb:

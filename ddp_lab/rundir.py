@@ -8,6 +8,8 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from .files import atomic_write_text
+
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
@@ -34,7 +36,5 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 def write_config(cfg: DictConfig, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
-    tmp = path.with_name(".config.yaml.tmp")
-    tmp.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    tmp.replace(path)
+    atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from . import launch
 from .metrics import write_json

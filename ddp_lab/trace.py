@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from .files import atomic_write_text
 from .timing import CommStats, StepTimes
 
 COMM_TID = 1000
@@ -90,8 +91,5 @@ class TraceWriter:
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> None:
     """Atomically (re)write a trace file: readers see the old one or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
-                              separators=(",", ":")))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
+                                       separators=(",", ":")))

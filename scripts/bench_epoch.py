@@ -113,7 +113,7 @@ def main() -> None:
     base = rows[0][1]
     print(f"\nMLP 784-50-10, batch 64/rank, Adam, CPU ({os.cpu_count()} cores), "
           f"{args.epochs} epochs each, median epoch time\n")
-    print(f"| configuration | median epoch (s) | epochs (s) | speed-up vs first row | test acc |")
+    print("| configuration | median epoch (s) | epochs (s) | speed-up vs first row | test acc |")
     print("| --- | ---: | --- | ---: | ---: |")
     for name, med, all_t, acc in rows:
         acc_s = f"{acc:.4f}" if acc is not None else "-"

@@ -26,11 +26,11 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
+from ddp_lab.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,7 @@ def compose(overrides: list[str]):
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     from ddp_lab.data import build_splits, prepare_mnist
     from ddp_lab.distributed import cpu_threads
@@ -205,10 +205,6 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
     return min(run(True) for _ in range(5)) - min(run(False) for _ in range(5))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -11,14 +10,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
+from ddp_lab.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_lab import checkpoint
-from helpers import REPO, run_cli, run_dir_of
+from helpers import run_cli, run_dir_of
 
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):

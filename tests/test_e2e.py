@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from helpers import REPO, free_port, run_cli, run_dir_of
+from helpers import free_port, run_cli, run_dir_of
 
 SCALARS = {"loss/train", "loss/test", "accuracy/test(fraction)", "time/epoch(s)",
            "throughput/train(samples/s)", "comm/busbw(GB/s)"}

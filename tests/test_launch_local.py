@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import QUICK, child_env, describe, run_cli, run_dir_of, summary
+from launch_helpers import child_env, describe, run_cli, run_dir_of, summary
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

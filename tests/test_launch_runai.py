@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from launch_helpers import PY, QUICK, REPO, child_env, describe, run_cli, run_dir_of, summary

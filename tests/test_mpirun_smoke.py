@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from ddp_lab.ports import free_port
 
 pytestmark = [pytest.mark.mpi]
 
@@ -39,10 +39,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+from ddp_lab.ports import free_port
 
 try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
     from slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
@@ -60,10 +60,6 @@ RESULT_RE = re.compile(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_results(output: str):

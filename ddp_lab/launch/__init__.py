@@ -24,6 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional, TextIO
 
+from ..ports import free_port  # noqa: F401 -- launchers import it from here
+
 TEMPLATES = Path(__file__).resolve().parents[2] / "launchers"
 
 
@@ -50,12 +52,6 @@ class Rendered:
 
 
 # ------------------------------------------------------------------ helpers
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     if not 0 < port < 65536:
         raise LaunchError(f"launcher.master_port={port} is not a port (1..65535)")

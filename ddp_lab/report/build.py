@@ -48,7 +48,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         if fits:
             figures.append(plots.bench_compare(fits, out_dir / "bench_all_reduce.png"))
 
-    md = [f"# ddp_lab report", "",
+    md = ["# ddp_lab report", "",
           f"{counts['train']} training run(s) and {counts['bench']} bench run(s) compared, "
           f"{counts['skipped']} folder(s) skipped; run folders under `{common}`; made "
           f"{datetime.datetime.now():%Y-%m-%d %H:%M}"

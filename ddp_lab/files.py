@@ -1,0 +1,45 @@
+"""Files that matter are written atomically: a reader (or a crash) sees the old file or the
+new one, never half of one. Everything in ddp_lab that writes a result goes through here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w", fsync: bool = False) -> Iterator[IO]:
+    """Open a temp file beside `path` (same folder, so the rename stays on one file system);
+    on a clean exit rename it over `path`, on an exception remove it. `fsync=True` also
+    makes the data and the rename durable (checkpoints: a power cut keeps one of the two)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX
+    finally:
+        tmp.unlink(missing_ok=True)
+    if fsync:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the rename itself
+        finally:
+            os.close(dfd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """`obj` as indented, key-sorted JSON, atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
