@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .resources import conf_dir
+
 
 # ---------------------------------------------------------------- launcher
 @dataclass
@@ -363,7 +365,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "optim": {"adam": AdamConfig, "sgd": SGDConfig},
 }
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 
 
 def register_configs() -> None:

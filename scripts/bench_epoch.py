@@ -50,8 +50,10 @@ def notebook_epochs(root: str, epochs: int) -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from ddp_lab.ports import free_port
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "12355")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # the notebook's 12355 may be taken
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = DDP(NN(784, 10))
     criterion = nn.CrossEntropyLoss()

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Epoch time of every synchroniser, side by side, measured in one run.
 
-    PYTHONPATH=. python scripts/bench_sync.py                      # 2 ranks, CPU gloo
-    PYTHONPATH=. python scripts/bench_sync.py --world 3 --repeats 7 --out bench.json
+    .venv/bin/python scripts/bench_sync.py                      # 2 ranks, CPU gloo
+    .venv/bin/python scripts/bench_sync.py --world 3 --repeats 7 --out bench.json
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam
 lr 1e-3, MNIST), full epochs. One process group runs every configuration in turn, a

@@ -1,7 +1,11 @@
 #!/usr/bin/env python
 """Markdown table of run folders' summaries, one row per run, grouped by world size.
 
-    python scripts/sync_table.py outputs/compare_syncs/w2 outputs/compare_syncs/w3
+    .venv/bin/python scripts/sync_table.py outputs/compare_syncs/w2 outputs/compare_syncs/w3
+
+The synchronisers side by side at each world size, accuracy against ddp's: the view that
+`python -m ddp_lab.report` (per sync, across allocations) does not give. Runs are found and
+read by the report's own reader (ddp_lab.report.runs).
 
 Arguments are run folders or folders of run folders. Accuracy is compared with the ddp
 run of the same world size (in points, i.e. percent): the acceptance bar is 0.5.
@@ -9,21 +13,16 @@ run of the same world size (in points, i.e. percent): the acceptance bar is 0.5.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
+
+from ddp_lab.report.runs import ReportError, find_runs
 
 ORDER = ["ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
 
 
 def summaries(paths: list[str]) -> list[dict]:
-    found = []
-    for p in map(Path, paths):
-        for s in [p / "summary.json"] if (p / "summary.json").exists() else sorted(p.glob("*/summary.json")):
-            d = json.loads(s.read_text())
-            d["_dir"] = s.parent.name
-            found.append(d)
-    return found
+    # the report's own reader: the same run folders, statuses and skips as `ddp_lab.report`
+    return [r.summary for r in find_runs(paths) if r.kind == "train" and r.ok]
 
 
 def fmt(v, spec: str, scale: float = 1.0) -> str:
@@ -31,7 +30,11 @@ def fmt(v, spec: str, scale: float = 1.0) -> str:
 
 
 def main(argv: list[str]) -> int:
-    runs = [r for r in summaries(argv) if r.get("status") == "completed"]
+    try:
+        runs = [r for r in summaries(argv) if r.get("status") == "completed"]
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not runs:
         print("no completed runs found", file=sys.stderr)
         return 1

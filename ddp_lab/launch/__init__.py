@@ -25,8 +25,9 @@ from types import ModuleType
 from typing import Callable, Optional, TextIO
 
 from ..ports import free_port  # noqa: F401 -- launchers import it from here
+from ..resources import launchers_dir
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "launchers"
+TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 
 
 class LaunchError(RuntimeError):
