@@ -11,12 +11,13 @@
 # e.g.   eval "$(scripts/slurm_cluster.sh up)"
 #
 # Needs root and the packages of scripts/install_system_deps.sh (installs nothing itself).
-# Only one such cluster per machine (fixed ports, see SLURM_CLUSTER_* variables below).
+# Several clusters can run on one machine, each with its own STATE_DIR and ports: they share
+# munged and the node names node1/node2 (both 127.0.0.1), nothing else.
 # Every wait is bounded; all diagnostics go to stderr, only the export line to stdout.
 #
-# Environment knobs:
+# Environment knobs (the ports are read by `up` only; the others find them in slurm.conf):
 #   SLURM_CLUSTER_CTLD_PORT   (16817)  slurmctld port
-#   SLURM_CLUSTER_NODE_PORTS  (17001-17002) slurmd ports of node1,node2
+#   SLURM_CLUSTER_NODE_PORTS  (17001,17002) slurmd ports of node1,node2 ("P1,P2" or "P1-P2")
 #   SLURM_CLUSTER_CPUS        (2)      CPUs per virtual node
 #   SLURM_CLUSTER_MEM_MB      (8000)   RealMemory per virtual node
 #   SLURM_CLUSTER_UP_TIMEOUT  (60)     seconds to wait for both nodes idle
@@ -25,12 +26,16 @@ set -uo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CTLD_PORT="${SLURM_CLUSTER_CTLD_PORT:-16817}"
-NODE_PORTS="${SLURM_CLUSTER_NODE_PORTS:-17001-17002}"
+NODE_PORTS="${SLURM_CLUSTER_NODE_PORTS:-17001,17002}"
 CPUS="${SLURM_CLUSTER_CPUS:-2}"
 MEM_MB="${SLURM_CLUSTER_MEM_MB:-8000}"
 UP_TIMEOUT="${SLURM_CLUSTER_UP_TIMEOUT:-60}"
 NODES=(node1 node2)
 MARKER=".slurm_cluster_state"   # only directories holding this file are ever rm -rf'ed
+# munged and /etc/hosts are shared by every cluster on the machine. MACHINE_DIR says which
+# clusters use munged (users/<hash of STATE_DIR>) and whether one of them started it; it is
+# read and written only under its lock, so two `up`/`down` at once do not race.
+MACHINE_DIR="/run/ddp_lab_slurm_cluster"
 
 log() { echo "slurm_cluster: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -42,6 +47,15 @@ usage() {
 
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 CMD="$1"
+case "$NODE_PORTS" in
+    *,*) NODE_PORT=("${NODE_PORTS%%,*}" "${NODE_PORTS##*,}") ;;
+    *-*) NODE_PORT=("${NODE_PORTS%%-*}" "${NODE_PORTS##*-}") ;;
+    *) NODE_PORT=() ;;
+esac
+for port in "$CTLD_PORT" "${NODE_PORT[@]}"; do
+    [[ "$port" =~ ^[0-9]+$ ]] || { echo "slurm_cluster: bad SLURM_CLUSTER_CTLD_PORT/NODE_PORTS: '$CTLD_PORT' / '$NODE_PORTS' (want e.g. 16817 and 17001,17002)" >&2; exit 2; }
+done
+[ ${#NODE_PORT[@]} -eq 2 ] || { echo "slurm_cluster: SLURM_CLUSTER_NODE_PORTS needs two ports, got '$NODE_PORTS'" >&2; exit 2; }
 STATE_DIR="${2:-$REPO_ROOT/.slurm-cluster}"
 mkdir -p "$(dirname "$STATE_DIR")" 2>/dev/null || true
 # absolute path without requiring the directory to exist yet
@@ -138,14 +152,15 @@ start_munge() {
     local old; old="$(pidfile_pid /run/munge/munged.pid)"
     if ! pid_alive "$old"; then rm -f /run/munge/munged.pid /run/munge/munge.socket.2*; fi
     log "munge: starting munged as user munge"
-    # stdio to /dev/null: a daemon must not hold the caller's pipe (`$(... up)` would hang)
-    timeout 15 su munge -s /bin/sh -c 'munged' </dev/null >>"$STATE_DIR/log/munged.out" 2>&1 \
-        || timeout 15 su munge -s /bin/sh -c 'munged --force' </dev/null >>"$STATE_DIR/log/munged.out" 2>&1 \
+    # stdio to /dev/null: a daemon must not hold the caller's pipe (`$(... up)` would hang);
+    # 9>&-: nor the machine lock (a munged holding it would block every later up/down)
+    timeout 15 su munge -s /bin/sh -c 'munged' </dev/null >>"$STATE_DIR/log/munged.out" 2>&1 9>&- \
+        || timeout 15 su munge -s /bin/sh -c 'munged --force' </dev/null >>"$STATE_DIR/log/munged.out" 2>&1 9>&- \
         || true
     local i
     for i in $(seq 1 20); do
         if munge_ok; then
-            pidfile_pid /run/munge/munged.pid >"$STATE_DIR/run/munged.started-by-us" || true
+            pidfile_pid /run/munge/munged.pid >"$MACHINE_DIR/munged.started-by-us" || true
             log "munge: ok"; return 0
         fi
         sleep 0.5
@@ -153,8 +168,21 @@ start_munge() {
     die "munged did not come up (see $STATE_DIR/log/munged.out, /var/log/munge/munged.log)"
 }
 
+user_entry() { echo "$MACHINE_DIR/users/$(printf %s "$STATE_DIR" | md5sum | cut -c1-16)"; }
+
+# stop munged if one of these clusters started it and the last of them goes down
 stop_munge_if_ours() {
-    local f="$STATE_DIR/run/munged.started-by-us" pid
+    local f="$MACHINE_DIR/munged.started-by-us" pid u users=()
+    rm -f "$(user_entry)"
+    for u in "$MACHINE_DIR"/users/*; do
+        [ -f "$u" ] || continue
+        # a cluster whose state dir is gone (removed by hand) no longer needs munge
+        if [ -f "$(cat "$u")/$MARKER" ]; then users+=("$(cat "$u")"); else rm -f "$u"; fi
+    done
+    if [ ${#users[@]} -gt 0 ]; then
+        [ -f "$f" ] && log "munge: left running for ${#users[@]} other cluster(s): ${users[*]}"
+        return 0
+    fi
     [ -f "$f" ] || return 0
     pid="$(pidfile_pid "$f")"
     if pid_alive "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = munged ]; then
@@ -164,6 +192,17 @@ stop_munge_if_ours() {
         pid_alive "$pid" && kill -9 "$pid" 2>/dev/null
     fi
     rm -f "$f"
+}
+
+machine_locked() {  # run "$@" holding the machine lock (bounded wait); returns its status
+    mkdir -p "$MACHINE_DIR/users" || die "cannot create $MACHINE_DIR"
+    ( flock -w 60 9 || die "no lock on $MACHINE_DIR/lock within 60 s"; "$@" ) 9>"$MACHINE_DIR/lock"
+}
+
+setup_machine() {  # the shared part of `up`: munged, node names; this cluster counted as a user
+    start_munge
+    ensure_hosts
+    echo "$STATE_DIR" >"$(user_entry)"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -204,7 +243,7 @@ write_conf() {
 ClusterName=ddplab
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
-SlurmdPort=${NODE_PORTS%%-*}
+SlurmdPort=${NODE_PORT[0]}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -236,7 +275,8 @@ SlurmctldLogFile=$STATE_DIR/log/slurmctld.log
 SlurmdLogFile=$STATE_DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=node[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$NODE_PORTS CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORT[0]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORT[1]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
     local n
@@ -305,7 +345,7 @@ do_down() {
         log "down: killing leftovers: $(echo $pids)"
         kill_pids $pids
     fi
-    stop_munge_if_ours
+    machine_locked stop_munge_if_ours
     if [ "${SLURM_CLUSTER_KEEP_STATE:-0}" = 1 ]; then
         log "down: keeping $STATE_DIR (SLURM_CLUSTER_KEEP_STATE=1)"
         rm -f "$STATE_DIR"/run/*.pid
@@ -330,13 +370,12 @@ do_up() {
     fi
     # another cluster (other STATE_DIR) or something else on our ports?
     local port
-    for port in "$CTLD_PORT" "${NODE_PORTS%%-*}" "${NODE_PORTS##*-}"; do
-        port_in_use "$port" && die "port $port already in use (another cluster up? run 'down' on its STATE_DIR, or set SLURM_CLUSTER_*_PORT*)"
+    for port in "$CTLD_PORT" "${NODE_PORT[@]}"; do
+        port_in_use "$port" && die "port $port already in use: set SLURM_CLUSTER_CTLD_PORT / SLURM_CLUSTER_NODE_PORTS to free ones (or run 'down' on the STATE_DIR of the cluster using it)"
     done
     mkdir -p "$STATE_DIR"/{log,run} || die "cannot create $STATE_DIR"
     touch "$STATE_DIR/$MARKER"
-    start_munge
-    ensure_hosts
+    machine_locked setup_machine || { do_down; die "machine setup (munge, /etc/hosts) failed"; }
     write_conf
 
     log "up: starting slurmctld"

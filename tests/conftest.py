@@ -1,8 +1,15 @@
+"""The fixtures every test module shares. Being the rootdir conftest, this file also puts
+tests/ on sys.path: test modules import their helpers plainly (`from helpers import ...`,
+`from slurm_fixture import ...`)."""
+
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+from slurm_fixture import start_cluster, stop_cluster
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +20,25 @@ def shared_data_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mnist-shared")
     fetch_mnist(root, ["embedded"])
     return root
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """One real 2-node SLURM cluster on loopback per test session (see slurm_fixture.py), on
+    free ports with its state under this session's tmp folder: two sessions on one machine
+    never collide. Stopped at the end of the session, whatever the tests did.
+
+    $SLURM_CLUSTER_STATE_DIR names a state folder instead; a cluster already up there is
+    reused and left up (a quicker edit-test loop)."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch not installed (run scripts/install_system_deps.sh): "
+                    "no SLURM cluster tests")
+    reuse = os.environ.get("SLURM_CLUSTER_STATE_DIR")
+    # short: slurmstepd's unix sockets live under it (the script checks the 107-byte limit)
+    state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("slurm") / "c"
+    cluster = start_cluster(state_dir)
+    try:
+        yield cluster
+    finally:
+        if cluster.started_here:
+            stop_cluster(cluster)

@@ -1,20 +1,30 @@
-"""Shared helpers for tests: free ports, real multi-process gloo worlds, CLI runs."""
+"""The one helper module of the tests: real multi-process gloo worlds, `python -m ddp_lab...`
+as a user runs it (importing *this* checkout), run folders read back, composed configs.
+
+conftest.py puts tests/ on sys.path, so every test module does `from helpers import ...`;
+the fixtures (`slurm_cluster`, `shared_data_root`) live in conftest.py itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch.multiprocessing as mp
 from ddp_lab.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+# small and fast: the launchers are under test there, not the training
+QUICK = ["train.epochs=1", "train.max_steps_per_epoch=20", "train.eval_batch_size=2000",
+         "log.progress=lines"]
 
-
+__all__ = ["REPO", "PY", "QUICK", "free_port", "run_world", "child_env", "run_cli", "run_dir_of",
+           "summary", "describe", "compose"]
 
 
 def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:
@@ -64,17 +74,56 @@ def run_world(fn: Callable, world: int, *args: Any, timeout: float = 120) -> lis
     return [results[r] for r in range(world)]
 
 
-def run_cli(*overrides: str, cwd: Path, timeout: float = 600, env: dict | None = None,
-            module: str = "ddp_lab") -> subprocess.CompletedProcess:
-    """`python -m ddp_lab <overrides>` as a user runs it, in `cwd`."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+def child_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict:
+    """The environment for a `python -m ddp_lab...` child: `base` (default os.environ) plus
+    `extra`, with this checkout first on PYTHONPATH, so the submitting process and every rank
+    it starts import the code under test (not the venv's editable install)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("DDP_LAB_FAIL_ONCE", None)  # fault injection only where a test asks for it
+    env.update(extra or {})
+    path = env.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != str(REPO):
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    return env
+
+
+def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 600,
+            module: str = "ddp_lab", stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>` as a user runs it, in `cwd`; `env` holds the variables to
+    add to (or override in) `child_env()`: a whole environment such as a cluster's works too."""
+    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=child_env(env),
+                          capture_output=True, text=True, timeout=timeout, stdin=stdin)
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("run dir: "), f"last line is not 'run dir: PATH':\n{proc.stdout}\n{proc.stderr}"
-    return Path(last.removeprefix("run dir: "))
+    """The run folder a CLI run printed: `run dir: PATH` must be its last line of stdout."""
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("run dir: ")]
+    assert lines, f"no 'run dir:' line\n{describe(proc)}"
+    assert proc.stdout.rstrip().splitlines()[-1] == lines[-1], f"run dir must be the last line\n{describe(proc)}"
+    return Path(lines[-1].removeprefix("run dir: "))
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    return f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
+def compose(*overrides: str, config_name: str = "config"):
+    """The config `python -m ddp_lab <overrides>` (config_name="config") or
+    `python -m ddp_lab.bench <overrides>` (config_name="bench") would compose."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from ddp_lab.bench.config import register_bench_configs
+    from ddp_lab.config import CONF_DIR, register_configs
+
+    # the bench's schema nodes only for the bench's config, as its entry point registers them
+    if config_name == "bench":
+        register_bench_configs()
+    else:
+        register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))

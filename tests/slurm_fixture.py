@@ -1,9 +1,8 @@
-"""Session-scoped pytest fixture for a real 2-node SLURM cluster on loopback.
+"""The loopback SLURM cluster of the tests (scripts/slurm_cluster.sh): start, stop, submit.
 
-Usage from any test module::
-
-    from slurm_fixture import slurm_cluster, submit_and_wait   # noqa: F401  (tests/ on sys.path)
-    # or, if tests/ is a package:  from tests.slurm_fixture import slurm_cluster, submit_and_wait
+conftest.py's session fixture ``slurm_cluster`` starts one per test session through
+:func:`start_cluster`, on free ports and in a state folder under pytest's tmp, so two test
+sessions on one machine (or anything on the script's default port 16817) never collide::
 
     @pytest.mark.cluster
     def test_x(slurm_cluster, tmp_path):
@@ -11,33 +10,27 @@ Usage from any test module::
                               tmp_path, sbatch_args=["--nodes=2"], timeout=120)
         assert job.state == "COMPLETED", job.describe()
 
-The fixture runs ``scripts/slurm_cluster.sh up <state_dir>`` once per session and
-``down`` at teardown.  It yields a :class:`SlurmCluster` with ``env`` (a copy of
-``os.environ`` with ``SLURM_CONF`` set: pass it to every subprocess that calls a slurm
-command) and ``state_dir``.  ``os.environ`` itself is not modified.
-
-* state dir: ``$SLURM_CLUSTER_STATE_DIR`` or ``<repo>/.slurm-cluster`` (git-ignored).
-* if a cluster was already up there before the session, it is reused and left up.
-* skipped (with a reason) only when ``sbatch`` is not installed; any other failure to
-  bring the cluster up is an error, not a skip.
+A :class:`SlurmCluster` has ``env`` (a copy of ``os.environ`` with ``SLURM_CONF`` set: pass it
+to every subprocess that calls a slurm command), ``state_dir``, ``conf`` and ``ports``;
+``os.environ`` itself is not modified.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import pytest
+from ddp_lab.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"
 UP_TIMEOUT_S = 120  # the script itself gives up after 60 s of waiting for idle nodes
 DOWN_TIMEOUT_S = 90
+UP_TRIES = 3  # a free port can be taken between free_port() and the daemon's bind: new ports
 
 
 @dataclasses.dataclass
@@ -47,6 +40,7 @@ class SlurmCluster:
     conf: Path
     up_seconds: float
     started_here: bool
+    ports: tuple[int, int, int] | None  # slurmctld, slurmd node1, node2 (None: reused as found)
 
     def __getitem__(self, key):  # allow dict-style access: cluster["env"]
         return getattr(self, key)
@@ -78,53 +72,63 @@ def _cluster_cmd(cmd: str, state_dir: Path, env: Mapping[str, str], timeout: flo
                           stdin=subprocess.DEVNULL)
 
 
-def start_cluster(state_dir: Path | None = None) -> SlurmCluster:
-    """Bring the cluster up (idempotent); raises RuntimeError on failure."""
-    if state_dir is None:
-        state_dir = Path(os.environ.get("SLURM_CLUSTER_STATE_DIR") or REPO_ROOT / ".slurm-cluster")
+def free_ports(n: int) -> tuple[int, ...]:
+    """n distinct ports nothing listens on (on any address: the daemons bind 0.0.0.0)."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(free_port("0.0.0.0"))
+    return tuple(ports)
+
+
+def start_cluster(state_dir: Path, ports: tuple[int, int, int] | None = None) -> SlurmCluster:
+    """Bring the cluster of `state_dir` up on `ports` (slurmctld, node1, node2; default: free
+    ones, new ones if one was taken meanwhile) and return it; a cluster already up there is
+    reused as it is. Raises RuntimeError on failure, with nothing left running."""
     state_dir = Path(state_dir).resolve()
     env = dict(os.environ)
     env.pop("SLURM_CONF", None)
-    was_up = _cluster_cmd("status", state_dir, env, 30).returncode == 0
-    t0 = time.monotonic()
-    try:
-        res = _cluster_cmd("up", state_dir, env, UP_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        _cluster_cmd("down", state_dir, env, DOWN_TIMEOUT_S)
-        raise RuntimeError(f"slurm_cluster.sh up did not finish in {UP_TIMEOUT_S} s: {e}") from e
-    up_s = time.monotonic() - t0
-    if res.returncode != 0:
-        raise RuntimeError(f"slurm_cluster.sh up failed (rc={res.returncode}):\n"
+    if _cluster_cmd("status", state_dir, env, 30).returncode == 0:
+        return _started(state_dir, _cluster_cmd("up", state_dir, env, UP_TIMEOUT_S), env, 0.0,
+                        started_here=False, ports=None)
+    for attempt in range(1, UP_TRIES + 1):
+        use = ports or free_ports(3)
+        run_env = dict(env, SLURM_CLUSTER_CTLD_PORT=str(use[0]),
+                       SLURM_CLUSTER_NODE_PORTS=f"{use[1]},{use[2]}")
+        t0 = time.monotonic()
+        try:
+            res = _cluster_cmd("up", state_dir, run_env, UP_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            # the daemons it started outlive the killed script: stop them
+            _cluster_cmd("down", state_dir, env, DOWN_TIMEOUT_S)
+            raise RuntimeError(f"slurm_cluster.sh up did not finish in {UP_TIMEOUT_S} s: {e}") from e
+        if res.returncode == 0:
+            return _started(state_dir, res, env, time.monotonic() - t0, started_here=True,
+                            ports=tuple(use))
+        if ports is not None or "already in use" not in res.stderr or attempt == UP_TRIES:
+            break
+    # the script stops what it started on each of its failures; `down` is idempotent
+    _cluster_cmd("down", state_dir, dict(env, SLURM_CLUSTER_KEEP_STATE="1"), DOWN_TIMEOUT_S)
+    raise RuntimeError(f"slurm_cluster.sh up failed (rc={res.returncode}):\n{res.stdout}\n{res.stderr}")
+
+
+def _started(state_dir: Path, res: subprocess.CompletedProcess, env: dict, up_s: float,
+             started_here: bool, ports) -> SlurmCluster:
+    conf = next((line.split("=", 1)[1].strip() for line in res.stdout.splitlines()
+                 if line.startswith("export SLURM_CONF=")), None)
+    if res.returncode != 0 or not conf:
+        raise RuntimeError(f"slurm_cluster.sh up printed no SLURM_CONF (rc={res.returncode}):\n"
                            f"{res.stdout}\n{res.stderr}")
-    conf = None
-    for line in res.stdout.splitlines():
-        if line.startswith("export SLURM_CONF="):
-            conf = line.split("=", 1)[1].strip()
-    if not conf:
-        raise RuntimeError(f"slurm_cluster.sh up printed no SLURM_CONF:\n{res.stdout}\n{res.stderr}")
-    env["SLURM_CONF"] = conf
-    return SlurmCluster(env=env, state_dir=state_dir, conf=Path(conf), up_seconds=up_s,
-                        started_here=not was_up)
+    return SlurmCluster(env=dict(env, SLURM_CONF=conf), state_dir=state_dir, conf=Path(conf),
+                        up_seconds=up_s, started_here=started_here, ports=ports)
 
 
 def stop_cluster(cluster: SlurmCluster) -> None:
+    """Stop the daemons, the jobs' leftover processes and (if this was its last user and a
+    cluster started it) munged; remove the state folder."""
     env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
     res = _cluster_cmd("down", cluster.state_dir, env, DOWN_TIMEOUT_S)
     if res.returncode != 0:
         raise RuntimeError(f"slurm_cluster.sh down failed:\n{res.stdout}\n{res.stderr}")
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    if shutil.which("sbatch") is None:
-        pytest.skip("sbatch not installed (run scripts/install_system_deps.sh): "
-                    "no SLURM cluster tests")
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        if cluster.started_here:
-            stop_cluster(cluster)
 
 
 def _job_state(cluster: SlurmCluster, job_id: str) -> tuple[str, str]:

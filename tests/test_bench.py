@@ -13,42 +13,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from helpers import run_cli, run_dir_of, run_world
-
-try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
-    from slurm_fixture import slurm_cluster  # noqa: F401
-except ImportError:  # pragma: no cover - tests/ is a package, or --import-mode=importlib
-    from tests.slurm_fixture import slurm_cluster  # noqa: F401
+from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes, pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
 from ddp_lab.bench.topology import topology_from_table
-from ddp_lab.config import CONF_DIR
 from ddp_lab.timing import busbw_factor
 
 register_bench_configs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="bench", overrides=list(overrides))
-
-
 # ------------------------------------------------------------------ pure functions
 def test_default_sweep_is_log_spaced_powers_of_two():
-    cfg = _compose()
+    cfg = compose(config_name="bench")
     sizes = log_sizes(cfg.bench.min_elements, cfg.bench.max_elements, cfg.bench.points)
     assert sizes == [2 ** k for k in range(10, 27, 2)] and len(sizes) >= 8
     assert cfg.run.entry == "ddp_lab.bench.worker" and cfg.bench.ops == ["all_reduce"]
 
 
 def test_handin_preset_spans_2_10_to_2_32_over_three_groups():
-    cfg = _compose("bench=handin")
+    cfg = compose("bench=handin", config_name="bench")
     sizes = log_sizes(cfg.bench.min_elements, cfg.bench.max_elements, cfg.bench.points)
     assert sizes[0] == 2 ** 10 and sizes[-1] == 2 ** 32 and len(sizes) >= 8
     assert all(s & (s - 1) == 0 for s in sizes)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch_helpers import child_env, describe, run_cli, run_dir_of, summary
+from helpers import describe, run_cli, run_dir_of, summary
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def test_restart_resumes_from_checkpoint(tmp_path):
     # rank 1 dies after epoch 1 on the first attempt only; torchrun restarts the group once
-    env = child_env({"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"})
-    proc = run_cli(["launcher.nproc_per_node=2", "launcher.max_restarts=1", "train.epochs=2",
-                    "train.max_steps_per_epoch=10", "log.progress=lines",
-                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+    env = {"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"}
+    proc = run_cli("launcher.nproc_per_node=2", "launcher.max_restarts=1", "train.epochs=2",
+                   "train.max_steps_per_epoch=10", "log.progress=lines",
+                   f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
@@ -30,10 +30,10 @@ def test_restart_resumes_from_checkpoint(tmp_path):
 
 
 def test_failure_without_restarts_fails_the_run(tmp_path):
-    env = child_env({"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"})
-    proc = run_cli(["launcher.nproc_per_node=2", "train.epochs=2", "train.max_steps_per_epoch=5",
-                    "log.progress=lines", f"run.root={tmp_path / 'runs'}",
-                    f"data.root={tmp_path / 'data'}", "dist.timeout_s=30"],
+    env = {"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"}
+    proc = run_cli("launcher.nproc_per_node=2", "train.epochs=2", "train.max_steps_per_epoch=5",
+                   "log.progress=lines", f"run.root={tmp_path / 'runs'}",
+                   f"data.root={tmp_path / 'data'}", "dist.timeout_s=30",
                    cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode != 0, describe(proc)
     run_dir = run_dir_of(proc)

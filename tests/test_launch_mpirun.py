@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from launch_helpers import QUICK, describe, run_cli, run_dir_of, summary
+from helpers import QUICK, describe, run_cli, run_dir_of, summary
 
 pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None,
@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
 
 
 def test_mpirun_three_ranks_on_localhost(tmp_path):
-    proc = run_cli(["launcher=mpirun", "launcher.hosts=[localhost:3]", *QUICK,
-                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+    proc = run_cli("launcher=mpirun", "launcher.hosts=[localhost:3]", *QUICK,
+                   f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
@@ -30,9 +30,9 @@ def test_mpirun_three_ranks_on_localhost(tmp_path):
 
 def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
     # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so the connect can only time out
-    proc = run_cli(["launcher=mpirun", "launcher.hosts=[localhost:2]",
-                    "launcher.master_addr=192.0.2.1", "dist.timeout_s=10", *QUICK,
-                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+    proc = run_cli("launcher=mpirun", "launcher.hosts=[localhost:2]",
+                   "launcher.master_addr=192.0.2.1", "dist.timeout_s=10", *QUICK,
+                   f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, timeout=240)
     assert proc.returncode != 0, describe(proc)
     run_dir = run_dir_of(proc)

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_helpers import REPO, child_env, compose, describe, run_cli, run_dir_of
+from helpers import REPO, compose, describe, run_cli, run_dir_of
 
 import ddp_lab
 from ddp_lab.env import slurm_port
@@ -25,8 +25,8 @@ def test_tests_import_this_checkout():
 
 
 def dry_run(tmp_path: Path, capsys, *overrides: str) -> tuple[Path, str]:
-    cfg = compose([*overrides, "launcher.dry_run=true", f"run.root={tmp_path / 'runs'}",
-                   f"data.root={tmp_path / 'data'}"])
+    cfg = compose(*overrides, "launcher.dry_run=true", f"run.root={tmp_path / 'runs'}",
+                  f"data.root={tmp_path / 'data'}")
     assert submit(cfg) == 0
     out = capsys.readouterr().out
     run_dir = Path(out.rstrip().splitlines()[-1].removeprefix("run dir: "))
@@ -41,7 +41,7 @@ def bash_n(path: Path) -> None:
 
 def resolve_error(*overrides: str) -> str:
     with pytest.raises(UserError) as e:
-        resolve_defaults(compose(list(overrides)))
+        resolve_defaults(compose(*overrides))
     return str(e.value)
 
 
@@ -221,21 +221,21 @@ def test_slurm_dry_run_per_task(tmp_path, capsys):
 
 
 def test_slurm_per_task_takes_ntasks_as_nproc():
-    cfg = resolve_defaults(compose(["launcher=slurm", "launcher.per_task=true",
-                                    "launcher.ntasks_per_node=3"]))
+    cfg = resolve_defaults(compose("launcher=slurm", "launcher.per_task=true",
+                                   "launcher.ntasks_per_node=3"))
     assert cfg.launcher.nproc_per_node == 3 and cfg.launcher.ntasks_per_node == 3
 
 
 def test_site_presets_compose():
-    alps = compose(["cluster=alps", "launcher.account=a-xyz"]).launcher
+    alps = compose("cluster=alps", "launcher.account=a-xyz").launcher
     assert (alps.name, alps.partition, alps.gpus_per_node, alps.account) == ("slurm", "normal", 4, "a-xyz")
     assert alps.python == "python"
-    entropy = compose(["cluster=entropy", "launcher.nodes=2"]).launcher
+    entropy = compose("cluster=entropy", "launcher.nodes=2").launcher
     assert (entropy.name, entropy.partition, entropy.nodes) == ("slurm", "common", 2)
     assert entropy.setup == ["source ~/venv/bin/activate"]
-    rcp = compose(["cluster=rcp"]).launcher
+    rcp = compose("cluster=rcp").launcher
     assert rcp.name == "runai" and rcp.rdma and rcp.pvc == ["mlo-scratch:/mloscratch"]
-    assert compose([]).launcher.name == "local"  # no preset by default
+    assert compose().launcher.name == "local"  # no preset by default
 
 
 def test_site_preset_dry_run(tmp_path, capsys):
@@ -260,8 +260,8 @@ def test_site_preset_dry_run(tmp_path, capsys):
 ])
 def test_slurm_bad_input(overrides, message, tmp_path, capsys):
     if overrides[0].startswith("launcher.sbatch_extra"):  # caught at render, in the CLI path
-        cfg = compose(["launcher=slurm", *overrides, "launcher.dry_run=true",
-                       f"run.root={tmp_path}"])
+        cfg = compose("launcher=slurm", *overrides, "launcher.dry_run=true",
+                      f"run.root={tmp_path}")
         with pytest.raises(UserError, match=message):
             submit(cfg)
         return
@@ -333,7 +333,7 @@ def test_runai_bad_input(overrides, message):
     (["launcher=slurm", "launcher.ntasks_per_node=2"], "error: launcher.ntasks_per_node=2 with torchrun"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, args, message):
-    proc = run_cli([*args, f"run.root={tmp_path}"], cwd=tmp_path, timeout=120)
+    proc = run_cli(*args, f"run.root={tmp_path}", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, describe(proc)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), describe(proc)
@@ -347,8 +347,8 @@ def test_cli_missing_tool(tmp_path, launcher, tool):
     empty = tmp_path / "empty_bin"
     empty.mkdir()
     extra = ["launcher.image=img"] if launcher == "runai" else []
-    proc = run_cli([f"launcher={launcher}", *extra, f"run.root={tmp_path / 'runs'}"], cwd=tmp_path,
-                   env=child_env({"PATH": str(empty)}), timeout=120)
+    proc = run_cli(f"launcher={launcher}", *extra, f"run.root={tmp_path / 'runs'}", cwd=tmp_path,
+                   env={"PATH": str(empty)}, timeout=120)
     assert proc.returncode == 2, describe(proc)
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {tool} not found on PATH"), describe(proc)
@@ -358,7 +358,7 @@ def test_cli_missing_tool(tmp_path, launcher, tool):
 
 
 def test_cli_dry_run_prints_script_and_run_dir(tmp_path):
-    proc = run_cli(["launcher=slurm", "launcher.dry_run=true", f"run.root={tmp_path}"],
+    proc = run_cli("launcher=slurm", "launcher.dry_run=true", f"run.root={tmp_path}",
                    cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)

@@ -9,18 +9,16 @@ import os
 import subprocess
 
 import pytest
-from launch_helpers import PY, QUICK, REPO, child_env, describe, run_cli, run_dir_of, summary
-
-from ddp_lab.launch import free_port
+from helpers import PY, QUICK, REPO, child_env, describe, free_port, run_cli, run_dir_of, summary
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def test_pod_script_as_two_local_pods(tmp_path):
-    proc = run_cli(["launcher=runai", "launcher.dry_run=true", "launcher.nodes=2",
-                    "launcher.gpus_per_node=0", "launcher.nproc_per_node=2", "launcher.rdma=true",
-                    f"launcher.python={PY}", *QUICK, f"run.root={tmp_path / 'runs'}",
-                    f"data.root={tmp_path / 'data'}"], cwd=tmp_path, timeout=120)
+    proc = run_cli("launcher=runai", "launcher.dry_run=true", "launcher.nodes=2",
+                   "launcher.gpus_per_node=0", "launcher.nproc_per_node=2", "launcher.rdma=true",
+                   f"launcher.python={PY}", *QUICK, f"run.root={tmp_path / 'runs'}",
+                   f"data.root={tmp_path / 'data'}", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
     port = free_port()
@@ -48,18 +46,17 @@ def fake_runai(tmp_path):
     runai.write_text(f'#!/bin/sh\nexec {PY} {REPO / "tests" / "fake_runai.py"} "$@"\n')
     runai.chmod(0o755)
     record = tmp_path / "runai_call.json"
-    env = child_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                     "FAKE_RUNAI_RECORD": str(record)})
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_RUNAI_RECORD": str(record)}
     return env, record
 
 
 def test_submit_and_follow_with_runai_cli(tmp_path, fake_runai):
     env, record = fake_runai
-    proc = run_cli(["launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
-                    "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
-                    "launcher.rdma=true", f"launcher.python={PY}", "launcher.wait=true",
-                    "launcher.wait_timeout_s=300", "launcher.poll_s=1", *QUICK,
-                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+    proc = run_cli("launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
+                   "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
+                   "launcher.rdma=true", f"launcher.python={PY}", "launcher.wait=true",
+                   "launcher.wait_timeout_s=300", "launcher.poll_s=1", *QUICK,
+                   f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, env=env, timeout=400)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
@@ -76,11 +73,11 @@ def test_submit_and_follow_with_runai_cli(tmp_path, fake_runai):
 
 def test_failing_pods_return_non_zero_with_the_log_tail(tmp_path, fake_runai):
     env, _ = fake_runai
-    proc = run_cli(["launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
-                    "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
-                    f"launcher.python={PY}", "launcher.wait=true", "launcher.wait_timeout_s=300",
-                    "launcher.poll_s=1", "dist.backend=nccl", *QUICK,
-                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}"],
+    proc = run_cli("launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
+                   "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
+                   f"launcher.python={PY}", "launcher.wait=true", "launcher.wait_timeout_s=300",
+                   "launcher.poll_s=1", "dist.backend=nccl", *QUICK,
+                   f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, env=env, timeout=400)
     assert proc.returncode != 0, describe(proc)
     run_dir = run_dir_of(proc)

@@ -7,12 +7,7 @@ import subprocess
 import time
 
 import pytest
-from launch_helpers import QUICK, child_env, describe, run_cli, run_dir_of, summary
-
-try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
-    from slurm_fixture import slurm_cluster  # noqa: F401
-except ImportError:  # pragma: no cover - tests/ is a package, or --import-mode=importlib
-    from tests.slurm_fixture import slurm_cluster  # noqa: F401
+from helpers import QUICK, describe, run_cli, run_dir_of, summary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist]
 
@@ -20,9 +15,9 @@ FOLLOW = ["launcher.wait=true", "launcher.wait_timeout_s=300", "launcher.poll_s=
 
 
 def submit(cluster, tmp_path, *overrides, timeout=400):
-    return run_cli(["launcher=slurm", *overrides, *QUICK, f"run.root={tmp_path / 'runs'}",
-                    f"data.root={tmp_path / 'data'}"], cwd=tmp_path,
-                   env=child_env(base=cluster.env), timeout=timeout)
+    return run_cli("launcher=slurm", *overrides, *QUICK, f"run.root={tmp_path / 'runs'}",
+                   f"data.root={tmp_path / 'data'}", cwd=tmp_path,
+                   env=cluster.env, timeout=timeout)
 
 
 def test_two_nodes_one_torchrun_each(slurm_cluster, tmp_path):

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, child_env, run_cli
 
 from ddp_lab.nccl_env import _hca_matches, main, nccl_rdma_env, scan
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 LL6 = "fe80:0000:0000:0000:0a5e:45ff:fe3c:1a2b"  # link-local IPv6
@@ -276,17 +274,14 @@ def test_main_in_process(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- CLI
-def run_cli(*args, **kw):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "ddp_lab.nccl_env", *args], env=env,
-                          capture_output=True, text=True, timeout=60, **kw)
+def run_nccl_env(*args):
+    return run_cli(*args, cwd=REPO, module="ddp_lab.nccl_env", timeout=60)
 
 
 def test_cli_export_format(tmp_path):
     make_device(tmp_path, "mlx5_0", {1: runai_port()})
     make_device(tmp_path, "mlx5_3", {1: {1: (G6, "RoCE v2")}})
-    p = run_cli("--sysfs-root", str(tmp_path))
+    p = run_nccl_env("--sysfs-root", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [
         "export NCCL_IB_GID_INDEX=3",
@@ -301,7 +296,7 @@ def test_cli_export_format(tmp_path):
 
 def test_cli_json_format(tmp_path):
     make_device(tmp_path, "mlx5_0", {1: runai_port()})
-    p = run_cli("--sysfs-root", str(tmp_path), "--format", "json", "--socket-nthreads", "2")
+    p = run_nccl_env("--sysfs-root", str(tmp_path), "--format", "json", "--socket-nthreads", "2")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert data["env"]["NCCL_IB_GID_INDEX"] == "3"
@@ -311,7 +306,7 @@ def test_cli_json_format(tmp_path):
 
 
 def test_cli_no_device_exit_0(tmp_path):
-    p = run_cli("--sysfs-root", str(tmp_path))
+    p = run_nccl_env("--sysfs-root", str(tmp_path))
     assert p.returncode == 0
     assert "NCCL_IB_GID_INDEX" not in p.stdout
     assert "# WARNING: no RDMA device under" in p.stderr
@@ -321,19 +316,18 @@ def test_cli_no_device_exit_0(tmp_path):
 @pytest.mark.parametrize("args", [["--format", "yaml"], ["--bogus"], ["--socket-nthreads", "x"],
                                   ["--nsocks-perthread", "0"], ["--hca", ""]])
 def test_cli_bad_args_exit_2(args):
-    assert run_cli(*args).returncode == 2
+    assert run_nccl_env(*args).returncode == 2
 
 
 def test_cli_hca_repeatable(tmp_path):
     make_device(tmp_path, "mlx5_0", {1: runai_port()})
     make_device(tmp_path, "mlx5_1", {1: runai_port()})
-    p = run_cli("--sysfs-root", str(tmp_path), "--hca", "mlx5_0", "--hca", "mlx5_1")
+    p = run_nccl_env("--sysfs-root", str(tmp_path), "--hca", "mlx5_0", "--hca", "mlx5_1")
     assert "export NCCL_IB_HCA=mlx5_0,mlx5_1" in p.stdout.splitlines()
 
 
 def _eval_in_bash(sysfs: Path, extra: str = "") -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     env.pop("NCCL_IB_GID_INDEX", None)
     env.pop("NCCL_IB_HCA", None)
     script = (f'eval "$({sys.executable} -m ddp_lab.nccl_env --sysfs-root {sysfs} {extra})"; '

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,14 +17,7 @@ import time
 import pytest
 from ddp_lab.ports import free_port
 
-try:  # tests/ on sys.path (pytest's default "prepend" import mode, no tests/__init__.py)
-    from slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
-except ImportError:  # pragma: no cover - tests/ is a package, or --import-mode=importlib
-    try:
-        from tests.slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from slurm_fixture import CLUSTER_SCRIPT, slurm_cluster, submit_and_wait  # noqa: F401
+from slurm_fixture import CLUSTER_SCRIPT, submit_and_wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -86,8 +78,15 @@ def check_four_ranks_two_nodes(results, output):
 
 def test_sinfo_two_idle_nodes(slurm_cluster):
     print(f"cluster up in {slurm_cluster.up_seconds:.1f} s (started here: {slurm_cluster.started_here})")
-    res = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %t %c")
-    lines = sorted(set(res.stdout.split("\n")) - {""})
+    # the session's cluster may have just run other modules' jobs: nodes stay "comp"
+    # (completing) for a few seconds after a job ends, then go back to idle
+    deadline = time.monotonic() + 30
+    while True:
+        res = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %t %c")
+        lines = sorted(set(res.stdout.split("\n")) - {""})
+        if lines == ["node1 idle 2", "node2 idle 2"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert lines == ["node1 idle 2", "node2 idle 2"], res.stdout
 
 
