@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import describe, run_dir_of
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddp_lab", "conf", "launchers")
@@ -70,13 +71,6 @@ def run(installed, *argv: str, timeout: float = 300) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("run dir: "), proc.stdout
-    return Path(last.removeprefix("run dir: "))
-
-
 def assert_not_the_checkout(text: str, where: str) -> None:
     for checkout in {str(REPO), str(REPO.resolve())}:
         assert checkout not in text, f"{where} names the checkout {checkout}"
@@ -116,6 +110,7 @@ def test_help(installed):
 ], ids=lambda o: o[0])
 def test_dry_run_of_every_launcher(installed, overrides):
     proc = run(installed, "-m", "ddp_lab", *overrides, "launcher.dry_run=true")
+    assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
     assert run_dir.resolve().is_relative_to(installed["work"].resolve())  # under ./outputs
     rendered = [p for p in run_dir.iterdir() if p.suffix in (".sh", ".sbatch")]
@@ -131,6 +126,7 @@ def test_train_bench_report(installed, shared_data_root):
     proc = run(installed, "-m", "ddp_lab", "launcher.nproc_per_node=2", "train.epochs=1",
                "train.max_steps_per_epoch=20", f"data.root={shared_data_root}",
                "log.progress=lines")
+    assert proc.returncode == 0, describe(proc)
     train_dir = run_dir_of(proc)
     summary = json.loads((train_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2
@@ -141,6 +137,7 @@ def test_train_bench_report(installed, shared_data_root):
     proc = run(installed, "-m", "ddp_lab.bench", "launcher.nproc_per_node=2",
                "bench.min_elements=1024", "bench.max_elements=4096", "bench.points=2",
                "bench.warmup=1", "bench.iters=3", "bench.min_iters=1", "log.progress=lines")
+    assert proc.returncode == 0, describe(proc)
     bench_dir = run_dir_of(proc)
     assert (bench_dir / "bench.json").is_file()
 
