@@ -106,9 +106,9 @@ def union_length(intervals: Sequence[tuple[float, float]]) -> float:
 
 # ------------------------------------------------------------------ the clock
 class Clock:
-    """This rank's time base: seconds since the clock was made (or `reset`).
+    """This rank's time base: seconds since the clock was made.
 
-    Make (or reset) it right after a barrier and every rank's zero is the same instant,
+    Make it right after a barrier and every rank's zero is the same instant,
     to within the barrier's exit skew: that is what lines the ranks up in a trace.
     """
 
@@ -118,9 +118,6 @@ class Clock:
         self.origin = time.perf_counter()
         self._anchor_event: Any = None
         self._anchor_s = 0.0
-
-    def reset(self) -> None:
-        self.origin = time.perf_counter()
 
     def anchor(self) -> None:
         """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
@@ -137,10 +134,6 @@ class Clock:
             ev.record()  # on the current stream: fires when the work queued before it is done
             return ev
         return time.perf_counter()
-
-    def now(self) -> float:
-        """Host seconds on this time base (for host-side events such as the epoch end)."""
-        return time.perf_counter() - self.origin
 
     def synchronize(self) -> None:
         if self.cuda:

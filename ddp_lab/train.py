@@ -6,10 +6,9 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
@@ -25,22 +24,11 @@ from .trace import TraceWriter, write_trace
 log = logging.getLogger("ddp_lab")
 
 
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    return _all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
-             device: torch.device) -> tuple[float, float]:
+             ctx: DistContext) -> tuple[float, float]:
     """Global test loss and accuracy: every rank scores its disjoint share, then a sum."""
+    device = ctx.device
     was_training = model.training
     model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=device)
@@ -51,8 +39,8 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
         loss += F.cross_entropy(out, y, reduction="sum").double()
         correct += (out.argmax(1) == y).sum()
     model.train(was_training)
-    total_loss, total_correct, total = _all_reduce_sum(
-        [loss.item(), float(correct.item()), float(len(splits.test_x))], device)
+    total_loss, total_correct, total = ctx.reduce_floats(
+        [loss.item(), float(correct.item()), float(len(splits.test_x))])
     return total_loss / total, total_correct / total
 
 
@@ -98,7 +86,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
     writer = MetricsWriter(run_dir, enabled=env.is_main)
 
-    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), env, cfg.data.node_local, device)
+    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
     splits = build_splits(cfg.data, cfg.train, env, device)
 
     timing = cfg.timing.enabled
@@ -114,7 +102,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     ckpt_dir = run_dir / "checkpoints"
     # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
     # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
-    restarted = _any_rank(env.restart_count > 0, device)
+    restarted = ctx.any_rank(env.restart_count > 0)
     if cfg.train.resume or restarted:
         path = checkpoint.latest(ckpt_dir)
         if path is None and cfg.train.resume:
@@ -133,7 +121,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
     writer.truncate_after(start_epoch)
     writer.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
 
-    hosts, node_ranks = _gather_placement(env)
+    hosts, node_ranks = _gather_placement(ctx)
     timer = StepTimer(clock, enabled=timing)
     trace = TraceWriter(run_dir, env.rank, cfg.timing.trace_steps,
                         enabled=timing and cfg.timing.trace)
@@ -167,9 +155,9 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
         steps_t = timer.collect()
         comm = syncer.take_comm()
         trace.add_epoch(epoch + 1, steps_t, comm, first_step=epoch * steps_per_epoch)
-        timed = _timing_record(steps_t, comm, busy, timing, syncer.bytes_exact, device)
-        global_loss, global_samples = _all_reduce_sum([loss_sum.item(), float(samples)], device)
-        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
+        timed = _timing_record(steps_t, comm, busy, timing, syncer.bytes_exact, ctx)
+        global_loss, global_samples = ctx.reduce_floats([loss_sum.item(), float(samples)])
+        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
         record = {
             "epoch": epoch + 1, "world_size": env.world_size,
             "train_loss": global_loss / global_samples, "test_loss": test_loss,
@@ -196,9 +184,9 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
 
     syncer.close()  # collective: every rank has run the same steps
     if trace.enabled:
-        _write_merged_trace(trace, run_dir, env)
+        _write_merged_trace(trace, run_dir, ctx)
     if not record:  # resumed a run that had already finished
-        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
+        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
         record = {"test_accuracy": test_acc, "test_loss": test_loss}
     summary = {
         "status": "completed", "launcher": cfg.launcher.name, "sync": cfg.sync.name,
@@ -229,13 +217,13 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
 
 
 def _timing_record(steps: list, comm, busy: float, timing: bool, bytes_exact: bool,
-                   device: torch.device) -> dict:
+                   ctx: DistContext) -> dict:
     """The epoch record's timing part: phases, comm, comm_fraction, stragglers."""
     t = epoch_timing(steps, comm)
     step_total = t["phases"]["step"]["total"] if timing else busy
     # every rank's summed step time, and that minus its comm time (its own compute: a
     # straggler makes the others *wait*, so their step times grow too; compute does not)
-    per_rank = _all_gather_floats([step_total, step_total - comm.seconds], device)
+    per_rank = ctx.gather_floats([step_total, step_total - comm.seconds])
     return {
         "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timing else {},
         "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
@@ -295,41 +283,20 @@ def _comm_line(c: dict, steps: int) -> str:
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
 
 
-def _all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's `values`, in rank order (one small all-gather)."""
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return [o.tolist() for o in out]
-
-
-def _write_merged_trace(trace: TraceWriter, run_dir: Path, env) -> None:
+def _write_merged_trace(trace: TraceWriter, run_dir: Path, ctx: DistContext) -> None:
     """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
-    events = trace.events
-    if dist.is_initialized() and env.world_size > 1:
-        gathered: list = [None] * env.world_size if env.is_main else None
-        dist.gather_object(events, gathered, dst=0)
-        events = [e for rank_events in (gathered or []) for e in rank_events]
-    if env.is_main:
-        write_trace(run_dir / "trace" / "all.json", events)
+    gathered = ctx.gather_objects_to(trace.events, dst=0)
+    if gathered is not None:
+        write_trace(run_dir / "trace" / "all.json", [e for events in gathered for e in events])
 
 
-def _gather_placement(env) -> tuple[list[str], list[int]]:
+def _gather_placement(ctx: DistContext) -> tuple[list[str], list[int]]:
     """The distinct host names of the world in rank order, and the sorted node ranks (on a
     loopback cluster every node has the same host name: the node ranks tell them apart)."""
     from .env import hostname
 
-    mine = (hostname(), env.node_rank)
-    pairs: list[Optional[tuple[str, int]]] = [None] * env.world_size
-    if dist.is_initialized() and env.world_size > 1:
-        dist.all_gather_object(pairs, mine)
-    else:
-        pairs = [mine]
-    hosts = list(dict.fromkeys(p[0] for p in pairs if p))
-    return hosts, sorted({p[1] for p in pairs if p})
+    pairs = ctx.gather_objects((hostname(), ctx.env.node_rank))
+    return list(dict.fromkeys(p[0] for p in pairs)), sorted({p[1] for p in pairs})
 
 
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:
