@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
+from .distributed import DistContext
 from .env import DistEnv
 from .files import atomic_open
 
@@ -152,18 +152,10 @@ def fetch_mnist(root: str | Path, mirrors: Sequence[str]) -> int:
     return fetched
 
 
-def _agree(ok: bool, device: torch.device) -> bool:
-    """All ranks learn whether every rank succeeded (a barrier that carries a verdict)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return ok
-    flag = torch.tensor([0.0 if ok else 1.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.item() == 0.0
-
-
-def prepare_mnist(root: str | Path, mirrors: Sequence[str], env: DistEnv, node_local: bool,
-                  device: torch.device = torch.device("cpu")) -> None:
+def prepare_mnist(root: str | Path, mirrors: Sequence[str], ctx: DistContext,
+                  node_local: bool) -> None:
     """The download guard: one fetcher per shared root, the others wait for its verdict."""
+    env = ctx.env
     fetcher = env.is_local_main if node_local else env.is_main
     error: Optional[BaseException] = None
     if fetcher:
@@ -173,7 +165,8 @@ def prepare_mnist(root: str | Path, mirrors: Sequence[str], env: DistEnv, node_l
                 log.info("fetched %d MNIST archive(s) into %s", n, raw_folder(root))
         except BaseException as e:  # noqa: BLE001 -- reported to every rank below
             error = e
-    if not _agree(error is None, device):
+    # a barrier that carries a verdict: every rank learns whether any fetcher failed
+    if ctx.any_rank(error is not None):
         if error is not None:
             raise error
         who = "local rank 0 of some node" if node_local else "rank 0"
@@ -253,7 +246,6 @@ class Splits:
     train: object  # TensorShards or DataLoader: iterable of (x, y) with set_epoch
     test_x: torch.Tensor  # this rank's disjoint share of the test set (no padding)
     test_y: torch.Tensor
-    train_size: int
 
 
 def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Splits:
@@ -266,12 +258,11 @@ def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Spl
         x, y = load_split(root, train=True)
         train = TensorShards(normalise(x, data_cfg.normalize).to(device), y.to(device),
                              train_cfg.batch_size, env.world_size, env.rank, train_cfg.seed)
-        size = len(x)
     elif data_cfg.pipeline == "dataloader":
-        train, size = _dataloader(data_cfg, train_cfg, env, device)
+        train = _dataloader(data_cfg, train_cfg, env, device)
     else:
         raise ValueError(f"data.pipeline={data_cfg.pipeline!r}: choose tensor or dataloader")
-    return Splits(train=train, test_x=test_x, test_y=test_y, train_size=size)
+    return Splits(train=train, test_x=test_x, test_y=test_y)
 
 
 class _DeviceLoader:
@@ -306,4 +297,4 @@ def _dataloader(data_cfg, train_cfg, env: DistEnv, device: torch.device):
     loader = DataLoader(ds, batch_size=train_cfg.batch_size, sampler=sampler,
                         num_workers=data_cfg.num_workers, pin_memory=device.type == "cuda",
                         persistent_workers=data_cfg.num_workers > 0)
-    return _DeviceLoader(loader, sampler, device), len(ds)
+    return _DeviceLoader(loader, sampler, device)

@@ -7,7 +7,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,67 @@ class DistContext:
         """Wait for queued GPU work, so a host clock read after it means something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------ scalar collectives
+    # Every small agreement of a run (a loss, a flag, each rank's host or step time) goes
+    # through these, so the device/dtype choice and the world of one live in one place.
+    @property
+    def collective(self) -> bool:
+        """True when there are other ranks to talk to (no process group, or 1 rank: none)."""
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _tensor(self, values: Sequence[float]) -> torch.Tensor:
+        # nccl moves only CUDA tensors; on CPU float64 keeps sums of many samples exact
+        dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        return torch.tensor([float(v) for v in values], dtype=dtype, device=self.device)
+
+    def reduce_floats(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        """`values` reduced element-wise over all ranks; op: sum | mean | max | min."""
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
+        t = self._tensor(values)
+        if self.collective:
+            dist.all_reduce(t, op=_REDUCE_OPS[op])
+            if op == "mean":
+                t /= dist.get_world_size()  # ReduceOp.AVG exists on nccl only
+        return t.tolist()
+
+    def reduce_float(self, value: float, op: str = "sum") -> float:
+        return self.reduce_floats([value], op)[0]
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on at least one."""
+        return self.reduce_float(1.0 if flag else 0.0, "max") > 0
+
+    def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
+        """Every rank's `values` (same length on each), in rank order, on every rank."""
+        t = self._tensor(values)
+        if not self.collective:
+            return [t.tolist()]
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, t)
+        return [o.tolist() for o in out]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, in rank order, on every rank."""
+        if not self.collective:
+            return [obj]
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    def gather_objects_to(self, obj: Any, dst: int = 0) -> Optional[list[Any]]:
+        """Every rank's picklable `obj` in rank order on rank `dst`; None on the others."""
+        if not self.collective:
+            return [obj]
+        mine = dist.get_rank() == dst
+        out: Optional[list[Any]] = [None] * dist.get_world_size() if mine else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
+
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
 def choose_device(env: DistEnv, device: str = "auto") -> torch.device:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 
@@ -50,9 +50,6 @@ class DistEnv:
     @property
     def is_local_main(self) -> bool:
         return self.local_rank == 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> int:

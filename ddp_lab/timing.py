@@ -106,9 +106,9 @@ def union_length(intervals: Sequence[tuple[float, float]]) -> float:
 
 # ------------------------------------------------------------------ the clock
 class Clock:
-    """This rank's time base: seconds since the clock was made (or `reset`).
+    """This rank's time base: seconds since the clock was made.
 
-    Make (or reset) it right after a barrier and every rank's zero is the same instant,
+    Make it right after a barrier and every rank's zero is the same instant,
     to within the barrier's exit skew: that is what lines the ranks up in a trace.
     """
 
@@ -118,9 +118,6 @@ class Clock:
         self.origin = time.perf_counter()
         self._anchor_event: Any = None
         self._anchor_s = 0.0
-
-    def reset(self) -> None:
-        self.origin = time.perf_counter()
 
     def anchor(self) -> None:
         """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
@@ -137,10 +134,6 @@ class Clock:
             ev.record()  # on the current stream: fires when the work queued before it is done
             return ev
         return time.perf_counter()
-
-    def now(self) -> float:
-        """Host seconds on this time base (for host-side events such as the epoch end)."""
-        return time.perf_counter() - self.origin
 
     def synchronize(self) -> None:
         if self.cuda:
@@ -388,43 +381,3 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
         # the last phase boundary of the step that launched it
         fraction = min(1.0, comm.seconds / step_total)
     return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction}
-
-
-@dataclass
-class RunTotals:
-    """Sums over the epochs of a run, for summary.json."""
-
-    step_s: float = 0.0
-    comm_s: float = 0.0
-    calls: int = 0
-    payload: int = 0
-    sent: int = 0
-    recv: int = 0
-    bus: float = 0.0
-    steps: int = 0
-
-    def add(self, step_s: float, comm: CommStats, steps: int) -> None:
-        self.step_s += step_s
-        self.comm_s += comm.seconds
-        self.calls += comm.calls
-        self.payload += comm.payload_bytes
-        self.sent += comm.bytes_sent
-        self.recv += comm.bytes_recv
-        self.bus += comm.bus_bytes
-        self.steps += steps
-
-    def summary(self, timing: bool, bytes_exact: bool) -> dict[str, Any]:
-        """The run's comm keys: comm_fraction is total in-flight comm / total step time."""
-        t = timing and self.comm_s > 0
-        return {
-            "comm_fraction": min(1.0, self.comm_s / self.step_s) if timing and self.step_s > 0 else None,
-            "timing_enabled": timing,
-            "comm_time_s": self.comm_s if timing else None,
-            "comm_calls": self.calls, "comm_payload_bytes": self.payload,
-            "comm_bytes_sent": self.sent, "comm_bytes_recv": self.recv,
-            "comm_bytes_exact": bytes_exact,
-            "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
-            "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
-            "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
-            "steps_run": self.steps,
-        }

@@ -1,46 +1,34 @@
-"""The training loop, evaluation and checkpoints: one run, on every rank."""
+"""The training loop, on every rank: steps, gradient synchronisation, optimiser, evaluation,
+checkpoints. What the loop measures it hands to `ddp_lab.telemetry`, which builds and
+writes the run's records (metrics.jsonl, summary.json, TensorBoard, the console line)."""
 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from . import checkpoint
 from .data import Splits, build_splits, prepare_mnist
 from .distributed import DistContext
-from .metrics import MetricsWriter, write_json
 from .models import build_model, build_optimizer
+from .records import RunSummary
 from .sync import build_sync
-from .timing import PHASES, Clock, RunTotals, StepTimer, epoch_timing, stragglers
-from .trace import TraceWriter, write_trace
+from .telemetry import Telemetry
+from .timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
 
 
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def _any_rank(flag: bool, device: torch.device) -> bool:
-    return _all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
-             device: torch.device) -> tuple[float, float]:
+             ctx: DistContext) -> tuple[float, float]:
     """Global test loss and accuracy: every rank scores its disjoint share, then a sum."""
+    device = ctx.device
     was_training = model.training
     model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=device)
@@ -51,22 +39,9 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
         loss += F.cross_entropy(out, y, reduction="sum").double()
         correct += (out.argmax(1) == y).sum()
     model.train(was_training)
-    total_loss, total_correct, total = _all_reduce_sum(
-        [loss.item(), float(correct.item()), float(len(splits.test_x))], device)
+    total_loss, total_correct, total = ctx.reduce_floats(
+        [loss.item(), float(correct.item()), float(len(splits.test_x))])
     return total_loss / total, total_correct / total
-
-
-def _progress(cfg: Any, is_main: bool):
-    import sys
-
-    mode = cfg.log.progress
-    if not is_main or mode == "lines":
-        return None
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        from tqdm import tqdm
-
-        return tqdm
-    return None
 
 
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
@@ -92,244 +67,92 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
     return loss_sum, samples
 
 
-def train(cfg: Any, ctx: DistContext, run_dir: Path) -> dict:
-    """Train per `cfg` on the initialised process group; return the summary."""
+def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
+    """Train per `cfg` on the initialised process group; return the run's summary."""
     env, device = ctx.env, ctx.device
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    writer = MetricsWriter(run_dir, enabled=env.is_main)
-
-    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), env, cfg.data.node_local, device)
+    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
     splits = build_splits(cfg.data, cfg.train, env, device)
 
-    timing = cfg.timing.enabled
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(device)
     module = build_model(cfg.model).to(device)
-    syncer = build_sync(cfg.sync, module, device, env.world_size, clock=clock, timing=timing)
+    syncer = build_sync(cfg.sync, module, device, env.world_size, clock=clock,
+                        timing=cfg.timing.enabled)
     optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda: F.cross_entropy(module(x0), y0))  # fails here, not mid-step
-
-    start_epoch = 0
     ckpt_dir = run_dir / "checkpoints"
-    # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
-    # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
-    restarted = _any_rank(env.restart_count > 0, device)
-    if cfg.train.resume or restarted:
-        path = checkpoint.latest(ckpt_dir)
-        if path is None and cfg.train.resume:
-            raise FileNotFoundError(f"train.resume=true but {ckpt_dir} holds no checkpoint: "
-                                    "point run.dir at a run that completed an epoch")
-        if path is not None:
-            state = checkpoint.load(path, device)
-            module.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch = state["epoch"]
-            if state.get("world_size") != env.world_size:
-                log.warning("checkpoint was written by %s ranks, resuming on %d: the data "
-                            "order differs from an uninterrupted run", state.get("world_size"),
-                            env.world_size)
-            log.info("resumed from %s (epoch %d done)", path.name, start_epoch)
-    writer.truncate_after(start_epoch)
-    writer.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
+    start_epoch = _resume(cfg, ctx, ckpt_dir, module, optimizer)
 
-    hosts, node_ranks = _gather_placement(env)
-    timer = StepTimer(clock, enabled=timing)
-    trace = TraceWriter(run_dir, env.rank, cfg.timing.trace_steps,
-                        enabled=timing and cfg.timing.trace)
-    bar = _progress(cfg, env.is_main)
     steps_per_epoch = len(splits.train)
     if cfg.train.max_steps_per_epoch > 0:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d per rank",
-             env.world_size, env.num_nodes, env.local_world_size, ctx.backend, device,
-             cfg.sync.name, cfg.model.name, steps_per_epoch, cfg.train.batch_size)
-
-    epoch_times: list[float] = []
-    totals = RunTotals()
-    record: dict = {}
+    timer = StepTimer(clock, enabled=cfg.timing.enabled)
+    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact)
+    telemetry.start(start_epoch)
     for epoch in range(start_epoch, cfg.train.epochs):
         splits.train.set_epoch(epoch)
         ctx.synchronize()
         ctx.barrier()  # load-bearing: every rank starts the clock together
         clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
         t0 = time.perf_counter()
-        steps = range(steps_per_epoch)
-        if bar is not None:
-            steps = bar(steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
-                        unit="step", dynamic_ncols=True)
+        steps = telemetry.progress(range(steps_per_epoch), epoch)
         loss_sum, samples = run_steps(syncer, optimizer, iter(splits.train), steps, timer)
         ctx.synchronize()  # wait for the GPU to finish the epoch's work
         busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
         ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
-        epoch_time = time.perf_counter() - t0
-
-        steps_t = timer.collect()
-        comm = syncer.take_comm()
-        trace.add_epoch(epoch + 1, steps_t, comm, first_step=epoch * steps_per_epoch)
-        timed = _timing_record(steps_t, comm, busy, timing, syncer.bytes_exact, device)
-        global_loss, global_samples = _all_reduce_sum([loss_sum.item(), float(samples)], device)
-        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
-        record = {
-            "epoch": epoch + 1, "world_size": env.world_size,
-            "train_loss": global_loss / global_samples, "test_loss": test_loss,
-            "test_accuracy": test_acc, "epoch_time_s": epoch_time,
-            "samples_per_s": global_samples / epoch_time, "steps": steps_per_epoch,
-            "timing": timing, **timed,
-        }
-        epoch_times.append(epoch_time)
-        totals.add(timed["phase_s"]["step"]["total"] if timing else busy, comm, steps_per_epoch)
-        opt_state = syncer.optimizer_state(optimizer) if cfg.train.checkpoint else None
-        if cfg.train.checkpoint and env.is_main:
-            # checkpoint first, then the metrics line: a record never outlives its state
-            checkpoint.save_epoch(ckpt_dir, epoch + 1, {
-                "model": module.state_dict(), "optimizer": opt_state,
-                "world_size": env.world_size, "sync": cfg.sync.name})
-        writer.epoch(record, _epoch_scalars(record))
-        if timing and cfg.timing.tb_every > 0:
-            writer.steps(_step_scalars(steps_t, comm, cfg.timing.tb_every, epoch * steps_per_epoch))
-        log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
-                 "%.0f samples/s  comm %s", epoch + 1, cfg.train.epochs, record["train_loss"],
-                 test_loss, test_acc, epoch_time, record["samples_per_s"],
-                 _comm_line(record["comm"], steps_per_epoch))
+        wall = time.perf_counter() - t0
+        # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
+        # communicate to bring the optimiser state to rank 0) adds to them
+        steps_t, comm = timer.collect(), syncer.take_comm()
+        test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
+        # checkpoint first, then the metrics line: a record never outlives its state
+        _save_checkpoint(cfg, ctx, ckpt_dir, epoch + 1, module, optimizer, syncer)
+        telemetry.epoch(epoch + 1, steps_t, comm, busy, wall, loss_sum.item(), samples, test)
         _maybe_fail_once(ctx, epoch + 1)
 
     syncer.close()  # collective: every rank has run the same steps
-    if trace.enabled:
-        _write_merged_trace(trace, run_dir, env)
-    if not record:  # resumed a run that had already finished
-        test_loss, test_acc = evaluate(module, splits, cfg.train.eval_batch_size, device)
-        record = {"test_accuracy": test_acc, "test_loss": test_loss}
-    summary = {
-        "status": "completed", "launcher": cfg.launcher.name, "sync": cfg.sync.name,
-        "model": cfg.model.name, "optim": cfg.optim.name, "backend": ctx.backend,
-        "device": device.type if device.type == "cpu" else torch.cuda.get_device_name(device),
-        "nodes": env.num_nodes, "nproc_per_node": env.local_world_size,
-        "world_size": env.world_size, "epochs": cfg.train.epochs,
-        "epochs_run": len(epoch_times), "start_epoch": start_epoch,
-        "batch_size": cfg.train.batch_size, "pipeline": cfg.data.pipeline,
-        "test_accuracy": record["test_accuracy"], "test_loss": record["test_loss"],
-        "train_loss": record.get("train_loss"),
-        "epoch_time_s_median": statistics.median(epoch_times) if epoch_times else None,
-        "epoch_time_s_mean": statistics.fmean(epoch_times) if epoch_times else None,
-        **totals.summary(timing, syncer.bytes_exact),
-        "hosts": hosts, "node_ranks": node_ranks, "env_source": env.source, "torch": torch.__version__,
-    }
-    if env.is_main:
-        write_json(run_dir / "summary.json", summary)
-    writer.close(
-        hparams={"sync": cfg.sync.name, "model": cfg.model.name, "optim": cfg.optim.name,
-                 "world_size": env.world_size, "batch_size": cfg.train.batch_size,
-                 "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
-        final={"hparam/test_accuracy": summary["test_accuracy"],
-               "hparam/epoch_time_s": summary["epoch_time_s_median"] or 0.0,
-               "hparam/comm_fraction": summary["comm_fraction"] or 0.0,
-               "hparam/busbw_GBps": summary["comm_busbw_GBps"] or 0.0})
-    return summary
+    nothing_trained = start_epoch >= cfg.train.epochs  # resumed a run that had finished
+    final = evaluate(module, splits, cfg.train.eval_batch_size, ctx) if nothing_trained else None
+    return telemetry.finish(final)
 
 
-def _timing_record(steps: list, comm, busy: float, timing: bool, bytes_exact: bool,
-                   device: torch.device) -> dict:
-    """The epoch record's timing part: phases, comm, comm_fraction, stragglers."""
-    t = epoch_timing(steps, comm)
-    step_total = t["phases"]["step"]["total"] if timing else busy
-    # every rank's summed step time, and that minus its comm time (its own compute: a
-    # straggler makes the others *wait*, so their step times grow too; compute does not)
-    per_rank = _all_gather_floats([step_total, step_total - comm.seconds], device)
-    return {
-        "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timing else {},
-        "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
-                 "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
-                 "bytes_exact": bytes_exact, "time_s": comm.seconds,
-                 "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
-                 "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
-                 "fraction": t["comm_fraction"]},
-        "comm_fraction": t["comm_fraction"],
-        "stragglers": {**stragglers([r[0] for r in per_rank]),
-                       "measure": "step time" if timing else "wall time",
-                       "per_rank_compute_s": [r[1] for r in per_rank]},
-    }
+def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
+            optimizer: torch.optim.Optimizer) -> int:
+    """Load the newest checkpoint when resuming (asked, or after a restart); the epochs done."""
+    env = ctx.env
+    # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
+    # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
+    restarted = ctx.any_rank(env.restart_count > 0)
+    if not (cfg.train.resume or restarted):
+        return 0
+    path = checkpoint.latest(ckpt_dir)
+    if path is None and cfg.train.resume:
+        raise FileNotFoundError(f"train.resume=true but {ckpt_dir} holds no checkpoint: "
+                                "point run.dir at a run that completed an epoch")
+    if path is None:
+        return 0
+    state = checkpoint.load(path, ctx.device)
+    module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if state.get("world_size") != env.world_size:
+        log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
+                    "differs from an uninterrupted run", state.get("world_size"), env.world_size)
+    log.info("resumed from %s (epoch %d done)", path.name, state["epoch"])
+    return state["epoch"]
 
 
-def _epoch_scalars(record: dict) -> dict[str, float]:
-    """TensorBoard scalars of an epoch; tags carry their units."""
-    c, steps, phases = record["comm"], record["steps"], record["phase_s"]
-    out = {
-        "loss/train": record["train_loss"], "loss/test": record["test_loss"],
-        "accuracy/test(fraction)": record["test_accuracy"], "time/epoch(s)": record["epoch_time_s"],
-        "throughput/train(samples/s)": record["samples_per_s"],
-        "comm/bytes_sent(MB/step)": c["bytes_sent"] / 1e6 / steps,
-        "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
-        "comm/calls(per step)": c["calls"] / steps,
-    }
-    if record["timing"]:
-        out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
-        out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,
-                    "time/step_median(ms)": phases["step"]["median"] * 1e3,
-                    "comm/time(ms/step)": c["time_s"] * 1e3 / steps,
-                    "comm/algbw(GB/s)": c["algbw_GBps"], "comm/busbw(GB/s)": c["busbw_GBps"],
-                    "comm/fraction(of step)": c["fraction"] or 0.0})
-        spread = record["stragglers"].get("spread")
-        if spread:
-            out["stragglers/spread(slowest/fastest)"] = spread
-    return out
-
-
-def _step_scalars(steps: list, comm, every: int, first_step: int) -> list[tuple[int, dict[str, float]]]:
-    """Per-step TensorBoard scalars (every `every` steps), x axis = global step."""
-    comm_s = comm.per_step_seconds(steps)
-    out = []
-    for i in range(0, len(steps), every):
-        d = steps[i].durations()
-        out.append((first_step + i, {"step/time(ms)": 1e3 * sum(d.values()),
-                                     "step/sync(ms)": 1e3 * d.get("sync", 0.0),
-                                     "step/comm(ms)": 1e3 * comm_s[i]}))
-    return out
-
-
-def _comm_line(c: dict, steps: int) -> str:
-    sent = c["bytes_sent"] / steps / 1e6
-    if c["fraction"] is None:
-        return f"{sent:.2f} MB/step sent (timing off)"
-    return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
-            f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
-
-
-def _all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's `values`, in rank order (one small all-gather)."""
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return [o.tolist() for o in out]
-
-
-def _write_merged_trace(trace: TraceWriter, run_dir: Path, env) -> None:
-    """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
-    events = trace.events
-    if dist.is_initialized() and env.world_size > 1:
-        gathered: list = [None] * env.world_size if env.is_main else None
-        dist.gather_object(events, gathered, dst=0)
-        events = [e for rank_events in (gathered or []) for e in rank_events]
-    if env.is_main:
-        write_trace(run_dir / "trace" / "all.json", events)
-
-
-def _gather_placement(env) -> tuple[list[str], list[int]]:
-    """The distinct host names of the world in rank order, and the sorted node ranks (on a
-    loopback cluster every node has the same host name: the node ranks tell them apart)."""
-    from .env import hostname
-
-    mine = (hostname(), env.node_rank)
-    pairs: list[Optional[tuple[str, int]]] = [None] * env.world_size
-    if dist.is_initialized() and env.world_size > 1:
-        dist.all_gather_object(pairs, mine)
-    else:
-        pairs = [mine]
-    hosts = list(dict.fromkeys(p[0] for p in pairs if p))
-    return hosts, sorted({p[1] for p in pairs if p})
+def _save_checkpoint(cfg: Any, ctx: DistContext, ckpt_dir: Path, epoch: int,
+                     module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer) -> None:
+    """Collective (the synchroniser may gather the optimiser state); rank 0 writes."""
+    if not cfg.train.checkpoint:
+        return
+    opt_state = syncer.optimizer_state(optimizer)
+    if ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
+        checkpoint.save_epoch(ckpt_dir, epoch, {
+            "model": module.state_dict(), "optimizer": opt_state,
+            "world_size": ctx.env.world_size, "sync": cfg.sync.name})
 
 
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:

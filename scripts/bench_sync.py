@@ -82,7 +82,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
     from omegaconf import OmegaConf
 
     from ddp_lab.data import build_splits, prepare_mnist
-    from ddp_lab.distributed import cpu_threads
+    from ddp_lab.distributed import DistContext, cpu_threads
     from ddp_lab.env import DistEnv
     from ddp_lab.models import build_model, build_optimizer
     from ddp_lab.sync import build_sync
@@ -98,7 +98,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
     device = torch.device("cpu")
     try:
         cfg = compose([f"data.root={args.data_root}"])
-        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), env, False, device)
+        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), DistContext(env, "gloo", device), False)
         splits = build_splits(cfg.data, cfg.train, env, device)
         n_steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
         clock = Clock(device)

@@ -16,6 +16,7 @@ from torch.utils.data import DistributedSampler
 from ddp_lab.data import (EMBEDDED, RESOURCES, DataError, TensorShards, fetch_mnist,
                           idx_is_valid, load_split, normalise, prepare_mnist, raw_folder,
                           shard_indices)
+from ddp_lab.distributed import DistContext
 from ddp_lab.env import DistEnv
 from helpers import run_world
 
@@ -115,13 +116,17 @@ def http_mirror():
     server.server_close()
 
 
+def _ctx(env: DistEnv) -> DistContext:
+    return DistContext(env=env, backend="gloo", device=torch.device("cpu"))
+
+
 def _race(rank, world, root, mirror, node_local, local_world):
     env = DistEnv(rank=rank, local_rank=rank % local_world, world_size=world,
                   local_world_size=local_world, node_rank=rank // local_world,
                   num_nodes=world // local_world, master_addr="127.0.0.1", master_port=1,
                   source="test")
     node_root = Path(root) / (f"node{env.node_rank}" if node_local else "shared")
-    prepare_mnist(node_root, [mirror], env, node_local=node_local)
+    prepare_mnist(node_root, [mirror], _ctx(env), node_local=node_local)
     x, y = load_split(node_root, train=True)
     tx, _ = load_split(node_root, train=False)
     digest = hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes() + tx.numpy().tobytes())
@@ -148,7 +153,7 @@ def test_download_race_node_local_one_download_per_node(tmp_path, http_mirror):
 def _failing_fetch(rank, world, root):
     env = DistEnv(rank, rank, world, world, 0, 1, "127.0.0.1", 1, "test")
     try:
-        prepare_mnist(root, ["http://127.0.0.1:9/"], env, node_local=False)
+        prepare_mnist(root, ["http://127.0.0.1:9/"], _ctx(env), node_local=False)
     except DataError as e:
         return str(e)
     return "no error"
@@ -193,7 +198,7 @@ def test_tensor_pipeline_yields_the_dataloader_batches(mnist_root):
     train_cfg = OmegaConf.create({"batch_size": 64, "seed": 3})
     env = DistEnv(1, 1, 2, 2, 0, 1, "127.0.0.1", 1, "test")
     fast = TensorShards(normalise(x), y, 64, 2, 1, seed=3)
-    slow, _ = _dataloader(data_cfg, train_cfg, env, torch.device("cpu"))
+    slow = _dataloader(data_cfg, train_cfg, env, torch.device("cpu"))
     for epoch in (0, 1):
         fast.set_epoch(epoch)
         slow.set_epoch(epoch)

@@ -202,7 +202,7 @@ def test_trace_disabled_writes_nothing(tmp_path):
 
 
 def test_run_totals_summary():
-    from ddp_lab.timing import RunTotals
+    from ddp_lab.telemetry import RunTotals
 
     steps, comm = _fake_epoch(10)
     comm.payload_bytes, comm.bus_bytes, comm.bytes_sent = 1000, 1500.0, 1500

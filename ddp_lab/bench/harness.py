@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import torch
-import torch.distributed as dist
 
 from ..distributed import DistContext
 from ..timing import busbw_factor, percentile
@@ -117,12 +116,7 @@ def free_bytes(ctx: DistContext) -> tuple[float, str]:
 def memory_caps(bench: Any, ctx: DistContext, element_size: int) -> tuple[dict[str, int], str]:
     """Largest size (elements) per op that fits on every rank, and a one-line account."""
     mine, where = free_bytes(ctx)
-    values: list = [None] * ctx.env.world_size
-    if ctx.env.world_size > 1:
-        dist.all_gather_object(values, mine)
-    else:
-        values = [mine]
-    usable = min(values) * bench.memory_fraction
+    usable = ctx.reduce_float(mine, "min") * bench.memory_fraction
     caps = {name: int(usable // (OPS[name].mem * element_size)) for name in bench.ops}
     return caps, (f"{human_bytes(usable)} per rank (bench.memory_fraction={bench.memory_fraction:g} "
                   f"of the {where})")
@@ -158,14 +152,6 @@ class Stopwatch:
         return time.perf_counter() - t0
 
 
-def _max_over_ranks(x: float, device: torch.device) -> float:
-    t = torch.tensor([x], dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Pattern,
             dtype: torch.dtype) -> dict:
     """Warm up, time and check one size on every rank; returns this rank's raw view."""
@@ -186,7 +172,7 @@ def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Patter
 
     warm = [once() for _ in range(bench.warmup)]
     # every rank must run the same number of iterations: decide from the slowest rank
-    t_warm = _max_over_ranks(warm[-1] if warm else 0.0, ctx.device)
+    t_warm = ctx.reduce_float(warm[-1] if warm else 0.0, "max")
     iters = bench.iters if t_warm <= 0 else int(bench.time_per_size_s / t_warm)
     iters = max(bench.min_iters, min(bench.iters, iters))
     times, error = [], None
@@ -247,7 +233,7 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     """The whole sweep on the initialised process group; rank 0 gets every row back."""
     env = ctx.env
     t_start = time.time()
-    topo = detect_topology(env, bench.node_size)
+    topo = detect_topology(ctx, bench.node_size)
     kinds = [k for k in bench.groups]
     groups = build_groups(topo, kinds, env.rank)
     tasks, notes = plan(bench, topo, groups, env.rank)
@@ -280,11 +266,7 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
         if bar is not None:
             bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
         view = measure(task, size, bench, ctx, pattern, dtype)
-        views: list = [None] * env.world_size
-        if env.world_size > 1:
-            dist.all_gather_object(views, view)
-        else:
-            views = [view]
+        views = ctx.gather_objects(view)
         if env.is_main:
             row = summarise(task, size, views, dtype)
             rows.append(row)

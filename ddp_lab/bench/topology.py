@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ..env import DistEnv, hostname
+from ..distributed import DistContext
+from ..env import hostname
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,10 @@ def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bo
     return Topology(nodes=nodes, hosts=tuple(hosts), simulated=simulated)
 
 
-def detect_topology(env: DistEnv, node_size: int = 0) -> Topology:
+def detect_topology(ctx: DistContext, node_size: int = 0) -> Topology:
     """Collective: every rank's node (or `rank // node_size` when simulating) and host."""
-    mine = (env.node_rank, hostname())
-    table: list = [None] * env.world_size
-    if dist.is_initialized() and env.world_size > 1:
-        dist.all_gather_object(table, mine)
-    else:
-        table = [mine]
+    env = ctx.env
+    table = ctx.gather_objects((env.node_rank, hostname()))
     hosts = [h for _, h in table]
     if node_size > 0:
         return topology_from_table([r // node_size for r in range(env.world_size)], hosts, True)

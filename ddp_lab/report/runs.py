@@ -4,7 +4,9 @@ A run folder is any folder holding `config.yaml`, `summary.json` or `metrics.jso
 `python -m ddp_lab` and `python -m ddp_lab.bench` make); a parent folder is searched
 recursively, never below a run folder. Every folder found comes back, usable or not: the
 ones that cannot be compared carry the reason, so a report lists them instead of
-silently dropping them.
+silently dropping them. A training run's metrics.jsonl and summary.json are read through
+the trainer's own record types (`ddp_lab.records`), so files written before versioning
+read as well.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from ..records import EpochRecord, RunSummary
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
 PHASES = ("data", "forward", "backward", "sync", "optim")
@@ -30,9 +34,9 @@ class Run:
     kind: str  # train | bench
     ok: bool  # usable for comparison
     status: str  # "completed" or why not
-    summary: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)  # summary.json (a training run's: RunSummary's keys)
     config: dict = field(default_factory=dict)
-    records: list = field(default_factory=list)  # metrics.jsonl, one per epoch
+    records: list[EpochRecord] = field(default_factory=list)  # metrics.jsonl, one per epoch
     bench: Optional[dict] = None  # bench.json
 
     # -------------------------------------------------------------- shared fields
@@ -59,8 +63,14 @@ class Run:
 
     @property
     def device_kind(self) -> str:
-        d = str(self.get("device", "?"))
-        return "cpu" if d == "cpu" else d
+        """What runs must share to be compared: "cpu" (however it is spelled: cpu, CPU,
+        cpu:0; or dist.device=cpu in the config of a run without a summary), else the GPU's
+        name as the run recorded it."""
+        d = self.get("device")
+        if d is None:
+            d = (self.config.get("dist") or {}).get("device")
+        d = str(d or "?")
+        return "cpu" if d.split(":")[0].strip().lower() == "cpu" else d
 
     # ------------------------------------------------------------- training runs
     @property
@@ -79,10 +89,10 @@ class Run:
 
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
-        return median_or_none([r.get("samples_per_s") for r in self.records])
+        return median_or_none([r.samples_per_s for r in self.records])
 
     def steps_total(self) -> int:
-        return sum(int(r.get("steps") or 0) for r in self.records)
+        return sum(int(r.steps or 0) for r in self.records)
 
     def phase_ms(self) -> dict[str, Optional[float]]:
         """Mean ms per step of each phase (and the whole step), over every epoch."""
@@ -90,8 +100,8 @@ class Run:
         for p in (*PHASES, "step"):
             num = den = 0.0
             for r in self.records:
-                ph = (r.get("phase_s") or {}).get(p)
-                steps = r.get("steps") or 0
+                ph = (r.phase_s or {}).get(p)
+                steps = r.steps or 0
                 if ph and steps:
                     num += ph.get("mean", 0.0) * steps
                     den += steps
@@ -103,7 +113,7 @@ class Run:
         steps = self.steps_total()
         if not steps:
             return {"time_s": None, "payload_bytes": None, "calls": None}
-        tot = {k: sum(float((r.get("comm") or {}).get(k) or 0.0) for r in self.records)
+        tot = {k: sum(float((r.comm or {}).get(k) or 0.0) for r in self.records)
                for k in ("time_s", "payload_bytes", "calls")}
         return {k: v / steps for k, v in tot.items()}
 
@@ -127,17 +137,18 @@ def _read_config(path: Path) -> dict:
         return {}
 
 
-def _read_records(path: Path) -> tuple[list[dict], int]:
-    records, bad = [], 0
+def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
+    records: list[EpochRecord] = []
+    bad = 0
     if not path.exists():
         return records, bad
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append(EpochRecord.from_dict(json.loads(line)))
         except ValueError:
-            bad += 1  # a line cut short by a killed run
+            bad += 1  # a line cut short by a killed run (older writers), or not a record
     return records, bad
 
 
@@ -152,7 +163,8 @@ def load_run(path: Path) -> Run:
     if is_bench:
         return _load_bench(path, config, summary, err)
     records, bad = _read_records(path / "metrics.jsonl")
-    run = Run(path, "train", False, "", summary, config, records)
+    typed = RunSummary.from_dict(summary) if summary else None
+    run = Run(path, "train", False, "", typed.to_dict() if typed else {}, config, records)
     dry = bool((config.get("launcher") or {}).get("dry_run"))
     epochs = run.get("epochs")
     if err:
@@ -165,9 +177,9 @@ def load_run(path: Path) -> Run:
                           "summary.json (still running, or killed)")
         else:
             run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
-    elif summary.get("status") != "completed":
-        run.status = str(summary.get("status") or "no status in summary.json")
-    elif summary.get("epoch_time_s_median") is None:
+    elif typed.status != "completed":
+        run.status = str(typed.status or "no status in summary.json")
+    elif typed.epoch_time_s_median is None:
         run.status = "completed but no epoch was timed (a resumed run that had already finished)"
     else:
         run.ok, run.status = True, "completed"

@@ -1,0 +1,109 @@
+"""The run folder's records as types: one `EpochRecord` per line of metrics.jsonl, one
+`RunSummary` in summary.json. The trainer writes them (through `ddp_lab.telemetry`) and the
+report reads them, so both sides agree on one shape.
+
+Versioning: every record carries `schema_version`. A file written before versioning has
+none and reads as version 0 (its keys are the same). Later versions only add fields, each
+with a default, so an old file still reads; keys a reader does not know are kept in
+`extra` and written back unchanged, so an older reader never drops a newer writer's data.
+Stdlib only: the report reads runs without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, TypeVar
+
+SCHEMA_VERSION = 1
+
+R = TypeVar("R", bound="_Record")
+
+
+@dataclass
+class _Record:
+    @classmethod
+    def from_dict(cls: type[R], data: dict[str, Any]) -> R:
+        """A record from its JSON object; unknown keys go to `extra`, a missing
+        `schema_version` means a file written before versioning (0)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        known.setdefault("schema_version", 0)
+        try:
+            return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        except TypeError as e:  # a required field is missing
+            raise ValueError(f"{cls.__name__}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: every field (None included, as readers expect every key), then
+        the keys this version does not know."""
+        out = dict(self.extra)
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"})
+        return out
+
+
+@dataclass
+class EpochRecord(_Record):
+    """One epoch, all ranks together (a line of metrics.jsonl)."""
+
+    epoch: int  # 1-based: the epochs completed after this one
+    world_size: Optional[int] = None
+    train_loss: Optional[float] = None  # mean over every rank's samples
+    test_loss: Optional[float] = None
+    test_accuracy: Optional[float] = None  # in [0, 1]
+    epoch_time_s: Optional[float] = None  # barrier to barrier: the slowest rank's epoch
+    samples_per_s: Optional[float] = None  # global training samples / epoch_time_s
+    steps: int = 0  # steps per rank
+    timing: bool = False  # phase timers on (phase_s filled, comm times measured)
+    phase_s: dict = field(default_factory=dict)  # phase -> mean/median/p95/total seconds
+    comm: dict = field(default_factory=dict)  # this rank's calls, bytes, in-flight time, bw
+    comm_fraction: Optional[float] = None  # in-flight comm / step time
+    stragglers: dict = field(default_factory=dict)  # slowest/fastest rank, per-rank times
+    schema_version: int = SCHEMA_VERSION
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunSummary(_Record):
+    """The run in one object (summary.json). Every field has a default: a failed run's
+    summary holds little more than its status."""
+
+    status: Optional[str] = None  # running | completed | failed: <why> (issue 11 adds more)
+    launcher: Optional[str] = None
+    sync: Optional[str] = None
+    model: Optional[str] = None
+    optim: Optional[str] = None
+    backend: Optional[str] = None
+    device: Optional[str] = None  # "cpu" or the GPU's name
+    nodes: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    world_size: Optional[int] = None
+    epochs: Optional[int] = None  # asked for
+    epochs_run: Optional[int] = None  # trained by this invocation (fewer after a resume)
+    start_epoch: Optional[int] = None
+    batch_size: Optional[int] = None  # per rank
+    pipeline: Optional[str] = None
+    test_accuracy: Optional[float] = None
+    test_loss: Optional[float] = None
+    train_loss: Optional[float] = None
+    epoch_time_s_median: Optional[float] = None
+    epoch_time_s_mean: Optional[float] = None
+    comm_fraction: Optional[float] = None
+    timing_enabled: Optional[bool] = None
+    comm_time_s: Optional[float] = None
+    comm_calls: Optional[int] = None
+    comm_payload_bytes: Optional[int] = None
+    comm_bytes_sent: Optional[int] = None  # bytes one rank sent over the run
+    comm_bytes_recv: Optional[int] = None
+    comm_bytes_exact: Optional[bool] = None
+    comm_algbw_GBps: Optional[float] = None
+    comm_busbw_GBps: Optional[float] = None
+    step_time_ms_mean: Optional[float] = None
+    steps_run: Optional[int] = None
+    hosts: list = field(default_factory=list)
+    node_ranks: list = field(default_factory=list)
+    env_source: Optional[str] = None
+    torch: Optional[str] = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,274 @@
+"""From the loop's raw measurements to the run's records: one object, `Telemetry`.
+
+The training loop hands it, once per epoch, what it measured (the step timer's phases,
+the synchroniser's `CommStats`, its own busy and wall time, the summed training loss, the
+test scores); `Telemetry` builds the typed `EpochRecord` (ddp_lab.records), writes it to
+metrics.jsonl, TensorBoard, the console and the Chrome trace, and at the end builds and
+writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop never
+assembles a record and never asks which rank it is on. Every rank calls every method in
+the same order, because some of them are collectives (the straggler gather, the loss sum,
+the trace merge); only the logging rank's sink writes (`metrics.make_sink`).
+
+One epoch's numbers: StepTimer + CommRecorder (timing) -> `epoch` here -> EpochRecord ->
+RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums (`RunTotals`) ->
+RunSummary -> summary.json; the report reads both back through the same record types.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from .distributed import DistContext
+from .env import hostname
+from .metrics import make_sink
+from .records import EpochRecord, RunSummary
+from .timing import PHASES, CommStats, StepTimes, epoch_timing, stragglers
+from .trace import TraceWriter, write_trace
+
+log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class RunTotals:
+    """Sums over the epochs of a run, for summary.json."""
+
+    step_s: float = 0.0
+    comm_s: float = 0.0
+    calls: int = 0
+    payload: int = 0
+    sent: int = 0
+    recv: int = 0
+    bus: float = 0.0
+    steps: int = 0
+
+    def add(self, step_s: float, comm: CommStats, steps: int) -> None:
+        self.step_s += step_s
+        self.comm_s += comm.seconds
+        self.calls += comm.calls
+        self.payload += comm.payload_bytes
+        self.sent += comm.bytes_sent
+        self.recv += comm.bytes_recv
+        self.bus += comm.bus_bytes
+        self.steps += steps
+
+    def summary(self, timing: bool, bytes_exact: bool) -> dict[str, Any]:
+        """The run's comm keys: comm_fraction is total in-flight comm / total step time."""
+        t = timing and self.comm_s > 0
+        return {
+            "comm_fraction": min(1.0, self.comm_s / self.step_s) if timing and self.step_s > 0 else None,
+            "timing_enabled": timing,
+            "comm_time_s": self.comm_s if timing else None,
+            "comm_calls": self.calls, "comm_payload_bytes": self.payload,
+            "comm_bytes_sent": self.sent, "comm_bytes_recv": self.recv,
+            "comm_bytes_exact": bytes_exact,
+            "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
+            "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
+            "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
+            "steps_run": self.steps,
+        }
+
+
+class Telemetry:
+    """The records of one run on this rank; see the module docstring."""
+
+    def __init__(self, cfg: Any, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
+                 bytes_exact: bool):
+        self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
+        self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
+        self.timing = bool(cfg.timing.enabled)
+        self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
+        self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
+                                 enabled=self.timing and cfg.timing.trace)
+        self.totals = RunTotals()
+        self.epoch_times: list[float] = []
+        self.last: Optional[EpochRecord] = None
+        self.start_epoch = 0
+        self.hosts: list[str] = []
+        self.node_ranks: list[int] = []
+        self._bar = _progress_bar(cfg.log.progress, ctx.env.is_main)
+
+    # -------------------------------------------------------------- start
+    def start(self, start_epoch: int) -> None:
+        """Collective. Drop metrics past the checkpoint we resume from (all of them on a
+        fresh run), record the config and where every rank runs."""
+        env, cfg = self.ctx.env, self.cfg
+        self.start_epoch = start_epoch
+        self.sink.truncate_after(start_epoch)
+        self.sink.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
+        pairs = self.ctx.gather_objects((hostname(), env.node_rank))
+        # on a loopback cluster every node has the same host name: node ranks tell them apart
+        self.hosts = list(dict.fromkeys(p[0] for p in pairs))
+        self.node_ranks = sorted({p[1] for p in pairs})
+        log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
+                 "per rank", env.world_size, env.num_nodes, env.local_world_size, self.ctx.backend,
+                 self.ctx.device, cfg.sync.name, cfg.model.name, self.steps_per_epoch,
+                 cfg.train.batch_size)
+
+    def progress(self, steps: Iterable, epoch: int) -> Iterable:
+        """The epoch's steps, behind a progress bar where one is wanted (logging rank only)."""
+        if self._bar is None:
+            return steps
+        return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
+                         unit="step", dynamic_ncols=True)
+
+    # -------------------------------------------------------------- each epoch
+    def epoch(self, epoch: int, steps: list[StepTimes], comm: CommStats, busy_s: float,
+              wall_s: float, train_loss_sum: float, samples: int,
+              test: tuple[float, float]) -> EpochRecord:
+        """Collective. Epoch `epoch` (1-based) done: build its record, write it everywhere.
+
+        `steps`/`comm` are this rank's (empty steps when timing is off); `busy_s` its own
+        time before the end-of-epoch barrier, `wall_s` the epoch barrier to barrier."""
+        n = self.steps_per_epoch
+        first_step = (epoch - 1) * n
+        self.trace.add_epoch(epoch, steps, comm, first_step=first_step)
+        timed = self._timing(steps, comm, busy_s)
+        loss, global_samples = self.ctx.reduce_floats([train_loss_sum, float(samples)])
+        rec = EpochRecord(
+            epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
+            test_loss=test[0], test_accuracy=test[1], epoch_time_s=wall_s,
+            samples_per_s=global_samples / wall_s, steps=n, timing=self.timing, **timed)
+        self.epoch_times.append(wall_s)
+        self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm, n)
+        self.last = rec
+        self.sink.epoch(rec, epoch_scalars(rec))
+        if self.timing and self.cfg.timing.tb_every > 0:
+            self.sink.steps(step_scalars(steps, comm, self.cfg.timing.tb_every, first_step))
+        log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
+                 "%.0f samples/s  comm %s", epoch, self.cfg.train.epochs, rec.train_loss,
+                 rec.test_loss, rec.test_accuracy, wall_s, rec.samples_per_s, comm_line(rec))
+        return rec
+
+    def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
+        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers."""
+        t = epoch_timing(steps, comm)
+        step_total = t["phases"]["step"]["total"] if self.timing else busy_s
+        # every rank's summed step time, and that minus its comm time (its own compute: a
+        # straggler makes the others *wait*, so their step times grow too; compute does not)
+        per_rank = self.ctx.gather_floats([step_total, step_total - comm.seconds])
+        return {
+            "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if self.timing else {},
+            "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                     "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                     "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
+                     "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                     "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                     "fraction": t["comm_fraction"]},
+            "comm_fraction": t["comm_fraction"],
+            "stragglers": {**stragglers([r[0] for r in per_rank]),
+                           "measure": "step time" if self.timing else "wall time",
+                           "per_rank_compute_s": [r[1] for r in per_rank]},
+        }
+
+    # -------------------------------------------------------------- the end
+    def finish(self, final_test: Optional[tuple[float, float]] = None) -> RunSummary:
+        """Collective. Merge the trace, write summary.json and close TensorBoard.
+        `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
+        that had already finished)."""
+        self._merge_trace()
+        cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
+        test_loss, test_acc = (last.test_loss, last.test_accuracy) if last else final_test
+        times = self.epoch_times
+        summary = RunSummary(
+            status="completed", launcher=cfg.launcher.name, sync=cfg.sync.name,
+            model=cfg.model.name, optim=cfg.optim.name, backend=ctx.backend,
+            device=_device_name(ctx.device), nodes=env.num_nodes,
+            nproc_per_node=env.local_world_size, world_size=env.world_size,
+            epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
+            batch_size=cfg.train.batch_size, pipeline=cfg.data.pipeline,
+            test_accuracy=test_acc, test_loss=test_loss,
+            train_loss=last.train_loss if last else None,
+            epoch_time_s_median=statistics.median(times) if times else None,
+            epoch_time_s_mean=statistics.fmean(times) if times else None,
+            **self.totals.summary(self.timing, self.bytes_exact),
+            hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
+            torch=torch.__version__)
+        self.sink.summary(summary)
+        self.sink.close(
+            hparams={"sync": cfg.sync.name, "model": cfg.model.name, "optim": cfg.optim.name,
+                     "world_size": env.world_size, "batch_size": cfg.train.batch_size,
+                     "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
+            final={"hparam/test_accuracy": summary.test_accuracy,
+                   "hparam/epoch_time_s": summary.epoch_time_s_median or 0.0,
+                   "hparam/comm_fraction": summary.comm_fraction or 0.0,
+                   "hparam/busbw_GBps": summary.comm_busbw_GBps or 0.0})
+        return summary
+
+    def _merge_trace(self) -> None:
+        """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
+        if not self.trace.enabled:
+            return
+        gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
+        if gathered is not None:
+            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
+
+
+def _device_name(device: torch.device) -> str:
+    return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def _progress_bar(mode: str, enabled: bool):
+    """tqdm where a bar is wanted: `bar`, or `auto` on a terminal; never off the main rank."""
+    if not enabled or mode == "lines":
+        return None
+    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+        from tqdm import tqdm
+
+        return tqdm
+    return None
+
+
+# ------------------------------------------------------------------ presentation
+def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
+    """TensorBoard scalars of an epoch; tags carry their units."""
+    c, steps, phases = rec.comm, rec.steps, rec.phase_s
+    out = {
+        "loss/train": rec.train_loss, "loss/test": rec.test_loss,
+        "accuracy/test(fraction)": rec.test_accuracy, "time/epoch(s)": rec.epoch_time_s,
+        "throughput/train(samples/s)": rec.samples_per_s,
+        "comm/bytes_sent(MB/step)": c["bytes_sent"] / 1e6 / steps,
+        "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
+        "comm/calls(per step)": c["calls"] / steps,
+    }
+    if rec.timing:
+        out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
+        out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,
+                    "time/step_median(ms)": phases["step"]["median"] * 1e3,
+                    "comm/time(ms/step)": c["time_s"] * 1e3 / steps,
+                    "comm/algbw(GB/s)": c["algbw_GBps"], "comm/busbw(GB/s)": c["busbw_GBps"],
+                    "comm/fraction(of step)": c["fraction"] or 0.0})
+        spread = rec.stragglers.get("spread")
+        if spread:
+            out["stragglers/spread(slowest/fastest)"] = spread
+    return out
+
+
+def step_scalars(steps: list[StepTimes], comm: CommStats, every: int,
+                 first_step: int) -> list[tuple[int, dict[str, float]]]:
+    """Per-step TensorBoard scalars (every `every` steps), x axis = global step."""
+    comm_s = comm.per_step_seconds(steps)
+    out = []
+    for i in range(0, len(steps), every):
+        d = steps[i].durations()
+        out.append((first_step + i, {"step/time(ms)": 1e3 * sum(d.values()),
+                                     "step/sync(ms)": 1e3 * d.get("sync", 0.0),
+                                     "step/comm(ms)": 1e3 * comm_s[i]}))
+    return out
+
+
+def comm_line(rec: EpochRecord) -> str:
+    """The console epoch line's comm part."""
+    c, steps = rec.comm, rec.steps
+    sent = c["bytes_sent"] / steps / 1e6
+    if c["fraction"] is None:
+        return f"{sent:.2f} MB/step sent (timing off)"
+    return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
+            f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")

@@ -1,0 +1,198 @@
+"""The run folder's records: EpochRecord/RunSummary round trips, files written before
+versioning (copied from a real 2-rank, 1-epoch run of the trainer as it was before
+`schema_version`) still read, the report reads through the types, and only the logging rank
+writes (a real 2-rank gloo world drives `Telemetry`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddp_lab.records import SCHEMA_VERSION, EpochRecord, RunSummary
+from helpers import run_world
+
+# `python -m ddp_lab launcher.nproc_per_node=2 train.epochs=1 train.max_steps_per_epoch=5`
+# before schema_version existed: metrics.jsonl's line and summary.json, verbatim
+OLD_METRICS_LINE = (
+    '{"comm": {"algbw_GBps": 0.037689377628093886, "busbw_GBps": 0.037689377628093886, "b'
+    'ytes_exact": false, "bytes_recv": 795200, "bytes_sent": 795200, "calls": 5, "fractio'
+    'n": 0.40537127945521495, "payload_bytes": 795200, "per_step_s": {"mean": 0.004219756'
+    '600105029, "median": 0.0031228059997374658, "p95": 0.006937078000191832}, "time_s": '
+    '0.021098783000525145}, "comm_fraction": 0.40537127945521495, "epoch": 1, "epoch_time'
+    '_s": 0.05298047500036773, "phase_s": {"backward": {"mean": 0.00718203739997989, "med'
+    'ian": 0.003906154999640421, "p95": 0.01872802799971396, "total": 0.03591018699989945'
+    '}, "data": {"mean": 0.00037716919996455545, "median": 0.00021148699943296378, "p95":'
+    ' 0.001218063999658625, "total": 0.0018858459998227772}, "forward": {"mean": 0.002359'
+    '6544000611176, "median": 0.0006668400001217378, "p95": 0.008856637000462797, "total"'
+    ': 0.011798272000305587}, "optim": {"mean": 0.0004885218000708847, "median": 0.000472'
+    '11499986588024, "p95": 0.0007882270001573488, "total": 0.002442609000354423}, "step"'
+    ': {"mean": 0.010409609200178239, "median": 0.008881433001079131, "p95": 0.0199565519'
+    '98802752, "total": 0.05204804600089119}, "sync": {"mean": 2.2264001017902045e-06, "m'
+    'edian": 2.0440002117538825e-06, "p95": 3.155999365844764e-06, "total": 1.11320005089'
+    '51023e-05}}, "samples_per_s": 12079.921895671147, "steps": 5, "stragglers": {"fastes'
+    't_rank": 0, "fastest_s": 0.05204804600089119, "measure": "step time", "per_rank_comp'
+    'ute_s": [0.030949263000366045, 0.021339968000575027], "per_rank_s": [0.0520480460008'
+    '9119, 0.062068969000392826], "slowest_rank": 1, "slowest_s": 0.062068969000392826, "'
+    'spread": 1.1925321653637113}, "test_accuracy": 0.5736, "test_loss": 1.85846092529296'
+    '87, "timing": true, "train_loss": 2.12803635597229, "world_size": 2}')
+OLD_SUMMARY = (
+    '{"backend": "gloo", "batch_size": 64, "comm_algbw_GBps": 0.037689377628093886, "comm'
+    '_busbw_GBps": 0.037689377628093886, "comm_bytes_exact": false, "comm_bytes_recv": 79'
+    '5200, "comm_bytes_sent": 795200, "comm_calls": 5, "comm_fraction": 0.405371279455214'
+    '95, "comm_payload_bytes": 795200, "comm_time_s": 0.021098783000525145, "device": "cp'
+    'u", "env_source": "torchrun", "epoch_time_s_mean": 0.05298047500036773, "epoch_time_'
+    's_median": 0.05298047500036773, "epochs": 1, "epochs_run": 1, "hosts": ["vm"], "laun'
+    'cher": "local", "model": "mlp", "node_ranks": [0], "nodes": 1, "nproc_per_node": 2, '
+    '"optim": "adam", "pipeline": "tensor", "start_epoch": 0, "status": "completed", "ste'
+    'p_time_ms_mean": 10.409609200178238, "steps_run": 5, "sync": "ddp", "test_accuracy":'
+    ' 0.5736, "test_loss": 1.8584609252929687, "timing_enabled": true, "torch": "2.14.1+c'
+    'u130", "train_loss": 2.12803635597229, "world_size": 2}')
+
+
+# ----------------------------------------------------------------- the types
+def test_old_files_read_as_version_0_with_every_value():
+    rec = EpochRecord.from_dict(json.loads(OLD_METRICS_LINE))
+    assert rec.schema_version == 0 and rec.extra == {}
+    assert (rec.epoch, rec.world_size, rec.steps, rec.timing) == (1, 2, 5, True)
+    assert rec.test_accuracy == 0.5736 and rec.stragglers["slowest_rank"] == 1
+    assert rec.phase_s["step"]["total"] == pytest.approx(0.05204804600089119)
+    # written back: the same object plus the version it was read as
+    assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0}
+
+    s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
+    assert s.schema_version == 0 and s.extra == {}
+    assert (s.status, s.world_size, s.device, s.hosts) == ("completed", 2, "cpu", ["vm"])
+    assert s.to_dict() == {**json.loads(OLD_SUMMARY), "schema_version": 0}
+
+
+def test_round_trip_keeps_unknown_keys_and_fills_defaults():
+    rec = EpochRecord(epoch=3, world_size=4, train_loss=0.5, steps=7,
+                      extra={"exposed_comm_s": 0.25})  # a key from a newer writer
+    d = json.loads(json.dumps(rec.to_dict()))
+    assert d["schema_version"] == SCHEMA_VERSION and d["exposed_comm_s"] == 0.25
+    assert EpochRecord.from_dict(d) == rec
+    # a failed run's summary: the status and little else; every other field has a default
+    failed = RunSummary.from_dict({"status": "failed: boom", "world_size": 2, "job_id": "17"})
+    assert failed.epoch_time_s_median is None and failed.hosts == [] and failed.extra == {"job_id": "17"}
+    assert RunSummary.from_dict(failed.to_dict()) == failed
+    with pytest.raises(ValueError, match="epoch"):
+        EpochRecord.from_dict({"world_size": 2})  # not an epoch record
+    with pytest.raises(ValueError, match="JSON object"):
+        EpochRecord.from_dict([1, 2])
+
+
+# ----------------------------------------------------------------- the report reads them
+def _run_folder(root: Path, metrics: str, summary: str, device_cfg: str = "auto") -> Path:
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(
+        "launcher:\n  name: local\n  nodes: 1\n  nproc_per_node: 2\nsync:\n  name: ddp\n"
+        f"model:\n  name: mlp\ntrain:\n  epochs: 1\n  batch_size: 64\ndist:\n  device: {device_cfg}\n")
+    (root / "metrics.jsonl").write_text(metrics)
+    if summary:
+        (root / "summary.json").write_text(summary)
+    return root
+
+
+def test_report_reads_a_run_written_before_versioning(tmp_path):
+    from ddp_lab.report.runs import load_run
+
+    run = load_run(_run_folder(tmp_path / "old", OLD_METRICS_LINE + "\n", OLD_SUMMARY))
+    assert run.ok and run.status == "completed"
+    assert [type(r) for r in run.records] == [EpochRecord]
+    assert run.steps_total() == 5 and run.samples_per_s() == pytest.approx(12079.921895671147)
+    assert run.phase_ms()["step"] == pytest.approx(10.409609200178239)
+    assert run.comm_per_step()["calls"] == 1.0
+    assert run.get("epoch_time_s_median") == pytest.approx(0.05298047500036773)
+    assert run.device_kind == "cpu"
+
+
+def test_report_counts_torn_and_foreign_lines(tmp_path):
+    from ddp_lab.report.runs import load_run
+
+    lines = OLD_METRICS_LINE + "\n" + '{"world_size": 2}\n' + OLD_METRICS_LINE[:40] + "\n"
+    run = load_run(_run_folder(tmp_path / "torn", lines, OLD_SUMMARY))
+    assert len(run.records) == 1 and run.status == "completed (2 unreadable metrics line(s) ignored)"
+
+
+@pytest.mark.parametrize("device, cfg_device, kind", [
+    ("cpu", "auto", "cpu"), ("CPU", "auto", "cpu"), ("cpu:0", "auto", "cpu"),
+    ("NVIDIA H100 80GB HBM3", "auto", "NVIDIA H100 80GB HBM3"),
+    (None, "cpu", "cpu"), (None, "auto", "auto")])
+def test_device_kind_is_cpu_or_the_gpu_name(tmp_path, device, cfg_device, kind):
+    from ddp_lab.report.runs import load_run
+
+    summary = json.loads(OLD_SUMMARY)
+    summary["device"] = device
+    run = load_run(_run_folder(tmp_path / "r", "", json.dumps(summary), cfg_device))
+    assert run.device_kind == kind
+
+
+# ----------------------------------------------------------------- the writers
+def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp_path):
+    from ddp_lab.metrics import RunFolderSink
+
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) + "\n" for e in (1, 2, 3)))
+    sink = RunFolderSink(tmp_path)
+    sink.truncate_after(2)  # resuming from the epoch-2 checkpoint
+    assert [json.loads(ln)["epoch"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    rec = EpochRecord(epoch=3, world_size=2, steps=5, comm={"bytes_sent": 1})
+    sink.epoch(rec, {"loss/train": 1.0})
+    sink.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2, 3]
+    assert EpochRecord.from_dict(json.loads(lines[-1])) == rec
+    assert not list(tmp_path.glob(".metrics.jsonl.tmp-*"))  # no temp file left behind
+
+
+def _telemetry_rank(rank: int, world: int, root: str) -> dict:
+    """Drive Telemetry on a real rank as the loop does: start, one epoch, finish."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from ddp_lab.distributed import DistContext
+    from ddp_lab.env import DistEnv
+    from ddp_lab.telemetry import Telemetry
+    from ddp_lab.timing import PHASES, CommStats, StepTimes
+
+    cfg = OmegaConf.create({
+        "timing": {"enabled": True, "trace": False, "trace_steps": 2, "tb_every": 1},
+        "log": {"progress": "lines"}, "data": {"pipeline": "tensor"},
+        "train": {"epochs": 1, "batch_size": 2, "lr": 0.1}, "sync": {"name": "ddp"},
+        "model": {"name": "mlp"}, "optim": {"name": "adam"}, "launcher": {"name": "local"}})
+    env = DistEnv(rank, rank, world, world, 0, 1, "127.0.0.1", 1, "test")
+    ctx = DistContext(env=env, backend="gloo", device=torch.device("cpu"))
+    run_dir = Path(root) / f"rank{rank}"  # each rank its own folder: who writes shows
+    tel = Telemetry(cfg, ctx, run_dir, steps_per_epoch=2, bytes_exact=True)
+    tel.start(0)
+    d = 0.001 * (rank + 1)  # rank 1's phases take twice as long: the straggler
+    steps = [StepTimes([(p, (5 * i + k) * d, (5 * i + k + 1) * d) for k, p in enumerate(PHASES)])
+             for i in range(2)]
+    comm = CommStats(calls=2, bytes_sent=800, bytes_recv=800, payload_bytes=800, seconds=d)
+    rec = tel.epoch(1, steps, comm, busy_s=10 * d, wall_s=0.1, train_loss_sum=2.0 * (rank + 1),
+                    samples=4, test=(0.5, 0.9))
+    summary = tel.finish()
+    return {"sink": type(tel.sink).__name__, "record": rec.to_dict(), "summary": summary.to_dict()}
+
+
+@pytest.mark.dist
+def test_only_the_logging_rank_writes(tmp_path):
+    results = run_world(_telemetry_rank, 2, str(tmp_path))
+    assert [r["sink"] for r in results] == ["RunFolderSink", "NullSink"]
+    assert not (tmp_path / "rank1").exists()  # rank 1 wrote nothing at all
+    written = tmp_path / "rank0"
+    assert {p.name for p in written.iterdir()} == {"metrics.jsonl", "summary.json", "tb"}
+    assert list((written / "tb").glob("events.out.tfevents.*"))
+    (line,) = (written / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line) == results[0]["record"]
+    assert json.loads((written / "summary.json").read_text()) == results[0]["summary"]
+    for r in results:  # the collective parts agree on every rank
+        rec = EpochRecord.from_dict(r["record"])
+        assert rec.schema_version == SCHEMA_VERSION and rec.train_loss == pytest.approx(0.75)
+        assert rec.stragglers["slowest_rank"] == 1
+        assert rec.stragglers["per_rank_s"] == pytest.approx([0.01, 0.02])
+        s = RunSummary.from_dict(r["summary"])
+        assert (s.status, s.epochs_run, s.steps_run, s.world_size) == ("completed", 1, 2, 2)
+        assert s.comm_bytes_sent == 800 and s.test_accuracy == 0.9
