@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddp_lab.collectives import ALL_REDUCE, DEFAULT_SEGMENT_BYTES, bus_bandwidth_factor
+from ddp_lab.collectives import ALL_REDUCE, DEFAULT_SEGMENT_BYTES
+from ddp_lab.costmodel import busbw_factor
 
 
 def _worker(rank: int, args: argparse.Namespace, init_file: str, queue) -> None:
@@ -99,7 +100,7 @@ def main() -> None:
     rows = queue.get()
 
     n = args.world_size
-    factor = bus_bandwidth_factor("all_reduce", n)
+    factor = busbw_factor("all_reduce", n)
     algos = args.algos.split(",")
     print(f"all-reduce, gloo, {n} ranks, float32, median of {args.iters} "
           f"(after {args.warmup} warm-up), busbw = bytes/time * 2(n-1)/n, GB/s = 1e9 B/s, "

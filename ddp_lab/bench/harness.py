@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import DistContext
-from ..timing import busbw_factor, percentile
+from ..costmodel import busbw_factor
+from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
 from .topology import GroupSet, Topology, build_groups, detect_topology
 
