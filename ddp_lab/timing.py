@@ -15,8 +15,7 @@ time base, so a collective can be placed inside its step and phase.
 
 `CommStats` is what a synchroniser communicated in an epoch: calls, payload bytes, bytes
 this rank sent and received, and the time during which at least one of its collectives
-was in flight. `busbw_factor` gives nccl-tests' bus-bandwidth factors (all-reduce
-2(n-1)/n, all-gather and reduce-scatter (n-1)/n, broadcast/reduce/send-recv 1).
+was in flight; its bus bytes use nccl-tests' busbw factors (`ddp_lab.costmodel.busbw_factor`).
 
 The communication share of step time (`comm_fraction` in metrics and summary) is
 
@@ -42,31 +41,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from .costmodel import busbw_factor
+
 PHASES = ("data", "forward", "backward", "sync", "optim")
-
-
-# ------------------------------------------------------------------ bandwidth
-def busbw_factor(op: str, world_size: int) -> float:
-    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for `op` on n ranks."""
-    n = world_size
-    if n <= 1:
-        return 0.0 if op in ("all_reduce", "all_gather", "reduce_scatter") else 1.0
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if op in ("broadcast", "reduce", "send_recv", "p2p"):
-        return 1.0
-    raise ValueError(f"no bus-bandwidth factor for op {op!r}")
-
-
-def bandwidth(nbytes: float, seconds: float, op: str, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes/s) of one kind of collective, as nccl-tests defines
-    them: algbw = size / time, busbw = algbw * busbw_factor."""
-    if seconds <= 0:
-        return 0.0, 0.0
-    algbw = nbytes / seconds / 1e9
-    return algbw, algbw * busbw_factor(op, world_size)
 
 
 # ------------------------------------------------------------------ statistics

@@ -74,6 +74,40 @@ def run_world(fn: Callable, world: int, *args: Any, timeout: float = 120) -> lis
     return [results[r] for r in range(world)]
 
 
+def count_p2p_bytes(counter: dict) -> None:
+    """Count, in `counter["sent"]` / `counter["recv"]`, the bytes this process hands to
+    torch.distributed's isend/irecv (directly, as PersistentRingAllReduce does, or through
+    batch_isend_irecv, which calls them: every send/recv of ddp_lab.collectives). A receive
+    counts when it has been waited for: the ring posts receives a call ahead. Call it once
+    per process (a rank of `run_world`); the real sends and receives still run."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    send, recv = c10d.isend, c10d.irecv
+
+    class Counted:
+        def __init__(self, work, nbytes):
+            self.work, self.nbytes = work, nbytes
+
+        def wait(self, *args):
+            out = self.work.wait(*args)
+            counter["recv"] += self.nbytes
+            self.nbytes = 0
+            return out
+
+    def isend(tensor, *args, **kwargs):
+        counter["sent"] += tensor.numel() * tensor.element_size()
+        return send(tensor, *args, **kwargs)
+
+    def irecv(tensor, *args, **kwargs):
+        return Counted(recv(tensor, *args, **kwargs), tensor.numel() * tensor.element_size())
+
+    # both names: P2POp checks its op against distributed_c10d's isend/irecv
+    c10d.isend = dist.isend = isend
+    c10d.irecv = dist.irecv = irecv
+
+
+
 def child_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict:
     """The environment for a `python -m ddp_lab...` child: `base` (default os.environ) plus
     `extra`, with this checkout first on PYTHONPATH, so the submitting process and every rank

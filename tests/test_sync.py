@@ -29,11 +29,9 @@ from ddp_lab.sync import REGISTRY, build_sync, check_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.sync.base import unused_parameters
 from ddp_lab.sync.ring import RingSync
-from ddp_lab.sync.tree import tree_edges
-from ddp_lab.sync.butterfly import butterfly_messages
-from ddp_lab.timing import busbw_factor
+from ddp_lab.costmodel import busbw_factor, cost
 
-from helpers import run_cli, run_dir_of, run_world
+from helpers import count_p2p_bytes, run_cli, run_dir_of, run_world
 
 STEPS, BATCH, HIDDEN, LR, MOMENTUM = 5, 8, 16, 0.1, 0.9
 SMALL_BUCKET_MB = 0.004  # 4000 bytes: the MLP's fc1.weight alone, then the rest together
@@ -125,44 +123,13 @@ def reference_params(world: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _count_p2p_bytes(counter: dict):
-    """Count the bytes ddp_lab.collectives hands to torch.distributed's isend/irecv (directly,
-    as PersistentRingAllReduce does, or through batch_isend_irecv, which calls them). A
-    receive counts when it has been waited for: the ring posts receives a call ahead."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    send, recv = c10d.isend, c10d.irecv
-
-    class Counted:
-        def __init__(self, work, nbytes):
-            self.work, self.nbytes = work, nbytes
-
-        def wait(self, *args):
-            out = self.work.wait(*args)
-            counter["recv"] += self.nbytes
-            self.nbytes = 0
-            return out
-
-    def isend(tensor, *args, **kwargs):
-        counter["sent"] += tensor.numel() * tensor.element_size()
-        return send(tensor, *args, **kwargs)
-
-    def irecv(tensor, *args, **kwargs):
-        return Counted(recv(tensor, *args, **kwargs), tensor.numel() * tensor.element_size())
-
-    # both names: P2POp checks its op against distributed_c10d's isend/irecv
-    c10d.isend = dist.isend = isend
-    c10d.irecv = dist.irecv = irecv
-
-
 def _train_worker(rank: int, world: int) -> dict:
     """Run every variant and broken sync for STEPS steps; report params and comm."""
     torch.set_num_threads(1)
     device = torch.device("cpu")
     xs, ys = global_batches(world)
     counter = {"sent": 0, "recv": 0}
-    _count_p2p_bytes(counter)
+    count_p2p_bytes(counter)
     out = {}
     runs = [(v, name, ov, REGISTRY[name]) for v, name, ov in VARIANTS]
     runs += [(f"broken_{k}", "ring" if cls is SkipStepSync else "allreduce",
@@ -192,7 +159,9 @@ def _train_worker(rank: int, world: int) -> dict:
                      "seconds": comm.seconds, "busbw": comm.busbw, "timed": len(comm.timed)},
             "counted": dict(counter),
             "buckets": len(getattr(syncer, "buckets", getattr(syncer, "grad_buckets", []))),
-            "grad_bytes": syncer.grad_bytes(), "exact": syncer.bytes_exact,
+            "bucket_numels": [b.numel for b in getattr(syncer, "grad_buckets", [])],
+            "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "exact": syncer.bytes_exact,
             "opt_state_steps": None if state is None else len(state["state"]),
             "plans": len(getattr(syncer, "plans", {})),
         }
@@ -298,9 +267,13 @@ def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
 def test_p2p_byte_formulas_by_rank(world_run):
     world, results, _ = world_run
     g = results[0]["tree"]["grad_bytes"]
+    # whole buffers each rank sends per call, by hand: tree edges at the rank (3 ranks: 0 is
+    # the parent of 1 and 2); butterfly exchanges (3 ranks: 2 folds into 0)
+    tree = {2: [1, 1], 3: [2, 1, 1]}[world]
+    fly = {2: [1, 1], 3: [2, 1, 1]}[world]
     for rank, r in enumerate(results):
-        assert r["tree"]["comm"]["sent"] == tree_edges(rank, world) * g * STEPS
-        assert r["butterfly"]["comm"]["sent"] == butterfly_messages(rank, world) * g * STEPS
+        assert r["tree"]["comm"]["sent"] == tree[rank] * g * STEPS
+        assert r["butterfly"]["comm"]["sent"] == fly[rank] * g * STEPS
     # a binomial tree has world-1 edges, each crossed twice (reduce, broadcast) per call
     assert sum(r["tree"]["comm"]["sent"] for r in results) == 2 * (world - 1) * g * STEPS
 
@@ -318,8 +291,11 @@ def test_comm_accounting(world_run, variant):
             assert c["calls"] == 2 * rec["buckets"] * STEPS
             assert c["bus_bytes"] == pytest.approx(c["payload"])  # factor 1 for both
             root = world - 1 if variant.endswith("root_last") else 0
-            many, one = (world - 1) * g * STEPS, g * STEPS
-            assert (c["sent"], c["recv"]) == ((many, many) if rank == root else (one, one))
+            # the library's reduce and broadcast as ddp_lab.costmodel models them, per bucket
+            model = [cost(op, "torch", numel, world, 4, root=root)
+                     for numel in rec["bucket_numels"] for op in ("reduce", "broadcast")]
+            assert c["sent"] == STEPS * sum(m.sent[rank] for m in model)
+            assert c["recv"] == STEPS * sum(m.recv[rank] for m in model)
         else:
             assert c["payload"] == g * STEPS
             if name != "ddp":

@@ -9,33 +9,12 @@ import pytest
 import torch
 
 from ddp_lab.timing import (
-    PHASES, Clock, CommRecorder, StepTimer, StepTimes, bandwidth, busbw_factor, describe,
+    PHASES, Clock, CommRecorder, StepTimer, StepTimes, describe,
     epoch_timing, percentile, stragglers, summarise_steps, union_length,
 )
 from ddp_lab.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
 
 CPU = torch.device("cpu")
-
-
-# ------------------------------------------------------------ bandwidth
-@pytest.mark.parametrize("n", [2, 3, 4, 8])
-def test_busbw_factors_are_nccl_tests(n):
-    assert busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
-    assert busbw_factor("reduce_scatter", n) == pytest.approx((n - 1) / n)
-    assert busbw_factor("all_gather", n) == pytest.approx((n - 1) / n)
-    assert busbw_factor("broadcast", n) == busbw_factor("reduce", n) == 1.0
-
-
-def test_busbw_factor_edge_cases():
-    assert busbw_factor("all_reduce", 1) == 0.0  # nothing crosses a bus with one rank
-    with pytest.raises(ValueError, match="no bus-bandwidth factor for op 'alltoall'"):
-        busbw_factor("alltoall", 4)
-
-
-def test_bandwidth():
-    algbw, busbw = bandwidth(4e9, 2.0, "all_reduce", 4)
-    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(3.0)
-    assert bandwidth(1e9, 0.0, "all_reduce", 4) == (0.0, 0.0)
 
 
 # ------------------------------------------------------------ statistics

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from ..distributed import DistContext
-from ..timing import busbw_factor, percentile
+from ..costmodel import busbw_factor
+from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
 from .topology import GroupSet, Topology, build_groups, detect_topology
 

@@ -25,10 +25,6 @@ from .registry import (
     COLLECTIVES,
     REDUCE,
     REDUCE_SCATTER,
-    CommCost,
-    bus_bandwidth_factor,
-    bytes_sent_per_rank,
-    comm_cost,
     torch_all_gather,
     torch_all_reduce,
     torch_broadcast,
@@ -47,5 +43,4 @@ __all__ = [
     "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
     "torch_reduce_scatter",
     "BROADCAST", "REDUCE", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "COLLECTIVES",
-    "CommCost", "comm_cost", "bytes_sent_per_rank", "bus_bandwidth_factor",
 ]

@@ -1,4 +1,4 @@
-"""Name -> function registries, ``torch.distributed`` wrappers and an alpha-beta cost model.
+"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.costmodel``).
 
 Every entry of a registry has the calling convention of its collective, so callers
 (benchmarks, gradient synchronisers) can swap algorithms by name::
@@ -16,9 +16,7 @@ divide (native AVG on nccl), ValueError for unsupported ops or AVG on integers.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -28,7 +26,6 @@ from ._common import (
     AVG,
     SUM,
     OpLike,
-    ceil_log2,
     check_op_dtype,
     flat_view,
     group_info,
@@ -36,7 +33,7 @@ from ._common import (
     resolve_root,
 )
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
-from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
+from .broadcast import broadcast_naive, broadcast_ring, broadcast_tree
 from .reduce import reduce_naive, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
@@ -171,100 +168,3 @@ COLLECTIVES: dict[str, dict[str, Callable[..., None]]] = {
     "reduce_scatter": REDUCE_SCATTER,
 }
 
-
-# --------------------------------------------------------------------------- cost model
-
-
-@dataclass(frozen=True)
-class CommCost:
-    """Alpha-beta cost of one collective call.
-
-    ``steps``: messages on the critical path (the latency term). ``bytes_sent`` /
-    ``bytes_recv``: the most any single rank sends / receives. ``path_bytes``: bytes
-    serialised on the critical path (the bandwidth term).
-    """
-
-    steps: int
-    bytes_sent: float
-    bytes_recv: float
-    path_bytes: float
-
-    def time(self, alpha: float, beta: float) -> float:
-        """Predicted seconds: ``steps * alpha + path_bytes * beta`` (beta = seconds/byte)."""
-        return self.steps * alpha + self.path_bytes * beta
-
-
-def comm_cost(
-    collective: str,
-    algorithm: str,
-    nbytes: float,
-    world_size: int,
-    *,
-    chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES,
-) -> CommCost:
-    """Cost of ``COLLECTIVES[collective][algorithm]`` on ``world_size`` ranks.
-
-    ``nbytes`` is the size of ``tensor`` for broadcast / reduce / all_reduce, and of the
-    *full* buffer (``world_size`` pieces: all-gather output, reduce-scatter input) for
-    all_gather / reduce_scatter -- the nccl-tests convention. Ring figures are the ideal
-    ``nbytes/n`` per step; uneven chunks add at most one element per step. ``chunk_bytes``
-    is the ring broadcast's pipeline piece size. ``"torch"`` raises KeyError: the backend
-    chooses its own algorithm.
-    """
-    n, N = world_size, float(nbytes)
-    if collective not in COLLECTIVES:
-        raise KeyError(f"unknown collective {collective!r}; known: {sorted(COLLECTIVES)}")
-    if algorithm == "torch" or algorithm not in COLLECTIVES[collective]:
-        raise KeyError(f"no cost model for {collective}/{algorithm!r}")
-    if n <= 1 or N == 0:
-        return CommCost(0, 0.0, 0.0, 0.0)
-    L = ceil_log2(n)
-    key = (collective, algorithm)
-    if key == ("broadcast", "naive"):
-        return CommCost(n - 1, (n - 1) * N, N, (n - 1) * N)
-    if key == ("broadcast", "tree"):
-        return CommCost(L, L * N, N, L * N)
-    if key == ("broadcast", "ring"):
-        k = 1 if n <= 2 or not chunk_bytes else max(1, math.ceil(N / chunk_bytes))
-        return CommCost(n - 2 + k, N, N, (n - 2 + k) * N / k)
-    if key == ("reduce", "naive"):
-        return CommCost(n - 1, N, (n - 1) * N, (n - 1) * N)
-    if key == ("reduce", "tree"):
-        return CommCost(L, N, L * N, L * N)
-    if key == ("all_reduce", "naive"):
-        return CommCost(2 * (n - 1), (n - 1) * N, (n - 1) * N, 2 * (n - 1) * N)
-    if key == ("all_reduce", "tree"):
-        return CommCost(2 * L, L * N, L * N, 2 * L * N)
-    if key == ("all_reduce", "butterfly"):
-        k = n.bit_length() - 1
-        folded = 1 if n & (n - 1) else 0
-        return CommCost(k + 2 * folded, (k + folded) * N, (k + folded) * N, (k + 2 * folded) * N)
-    if key == ("all_reduce", "ring"):
-        b = 2 * (n - 1) / n * N
-        return CommCost(2 * (n - 1), b, b, b)
-    if key in {("all_gather", "ring"), ("reduce_scatter", "ring")}:
-        b = (n - 1) / n * N
-        return CommCost(n - 1, b, b, b)
-    raise KeyError(f"no cost model for {collective}/{algorithm!r}")  # pragma: no cover
-
-
-def bytes_sent_per_rank(collective: str, algorithm: str, nbytes: float, world_size: int) -> float:
-    """Most bytes any one rank sends, e.g. ring all-reduce: ``2(n-1)/n * nbytes``."""
-    return comm_cost(collective, algorithm, nbytes, world_size).bytes_sent
-
-
-def bus_bandwidth_factor(collective: str, world_size: int) -> float:
-    """nccl-tests "bus bandwidth" factor: busbw = nbytes / seconds * factor.
-
-    all_reduce ``2(n-1)/n``; all_gather / reduce_scatter ``(n-1)/n`` (with ``nbytes`` the
-    full buffer); broadcast / reduce 1. The factor makes busbw comparable with the link
-    bandwidth whatever the world size.
-    """
-    n = world_size
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise KeyError(f"unknown collective {collective!r}; known: {sorted(COLLECTIVES)}")

@@ -2,14 +2,16 @@
 
 A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per byte,
 1/beta the link bandwidth). An algorithm's time is steps * alpha + path_bytes * beta, with
-`steps` and `path_bytes` from `ddp_lab.collectives.comm_cost` -- e.g. ring all-reduce on
-n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta.
+`steps` and `path_bytes` from `ddp_lab.costmodel.cost` -- e.g. ring all-reduce on
+n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta. What a synchroniser runs per bucket is
+`costmodel.SYNC_PHASES`: the same figures its recorded bytes come from.
 
 The fit: least squares of that line through a bench run's all_reduce points (time per
 call vs bytes), each point weighted by 1/time so that the microsecond points weigh as
 much as the second-long ones (plain least squares would let the largest sizes decide
 alpha, which then comes out as noise, often negative). The library's all_reduce
-(`torch`) is modelled as a ring: what gloo and NCCL run for large messages.
+(`torch`) is modelled as a ring (`costmodel.TORCH_MODELLED_AS`): what gloo and NCCL
+run for large messages.
 """
 
 from __future__ import annotations
@@ -17,26 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..collectives import comm_cost
+from ..costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
 
-# sync name -> (label, [(collective, algorithm), ...]) run once per bucket
-SYNC_MODELS: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "ddp": ("ring all-reduce per DDP bucket", [("all_reduce", "ring")]),
-    "allreduce": ("ring all-reduce (library) per bucket", [("all_reduce", "ring")]),
-    "ring": ("ring all-reduce", [("all_reduce", "ring")]),
-    "tree": ("tree reduce + tree broadcast", [("all_reduce", "tree")]),
-    "butterfly": ("butterfly (recursive doubling)", [("all_reduce", "butterfly")]),
-    "naive": ("naive reduce + broadcast via rank 0", [("all_reduce", "naive")]),
-    "reduce_broadcast": ("tree reduce + tree broadcast via the root",
-                         [("reduce", "tree"), ("broadcast", "tree")]),
-}
-FORMULAS = {
-    "ring": "2(n-1)α + 2(n-1)/n·m·β",
-    "tree": "2⌈log2 n⌉(α + m·β)",
-    "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
-    "naive": "2(n-1)(α + m·β)",
-    "reduce_broadcast": "2⌈log2 n⌉(α + m·β)",
-}
+
+def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit") -> float:
+    """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte elements: the
+    model's whole-element rounding is then at most a byte)."""
+    return cost(collective, algorithm, round(nbytes), n, 1).time(fit.alpha_s, fit.beta_s_per_byte)
 
 
 @dataclass(frozen=True)
@@ -106,11 +95,11 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
     if len(pts) < 2:
         return None
-    algorithm = "ring" if impl == "torch" else impl
+    algorithm = TORCH_MODELLED_AS["all_reduce"] if impl == "torch" else impl
     n = pts[0]["group_size"]
     data = []
     for r in pts:
-        c = comm_cost("all_reduce", algorithm, r["bytes"], r["group_size"])
+        c = cost("all_reduce", impl, r["elements"], r["group_size"], r["bytes"] // r["elements"])
         data.append((float(c.steps), float(c.path_bytes), float(r["time_median_s"])))
     alpha, beta = _solve(data)
     errs = [((alpha * s + beta * b) - t) / t for s, b, t in data]
@@ -127,20 +116,16 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     collectives per bucket (reduce_broadcast: a reduce and a broadcast) makes k calls per
     bucket, so buckets = calls / k, each of payload / calls bytes.
     """
-    model = SYNC_MODELS.get(sync)
-    if model is None or payload_bytes is None:
+    phases = SYNC_PHASES.get(sync)
+    if phases is None or payload_bytes is None:
         return None
     if n <= 1 or payload_bytes <= 0:
         return 0.0
     calls = max(1.0, calls or 1.0)
     per_call = payload_bytes / calls
-    buckets = max(1.0, calls / len(model[1]))
-    t = sum(comm_cost(coll, algo, per_call, n).time(fit.alpha_s, fit.beta_s_per_byte)
-            for coll, algo in model[1])
-    return buckets * t
+    buckets = max(1.0, calls / len(phases))
+    return buckets * sum(call_time(coll, algo, per_call, n, fit) for coll, algo in phases)
 
 
 def formula(sync: str) -> str:
-    if sync in ("ddp", "allreduce", "ring"):
-        return FORMULAS["ring"] + " per bucket"
-    return FORMULAS.get(sync, "no model") + (" per bucket" if sync in FORMULAS else "")
+    return SYNC_FORMULAS[sync] + " per bucket" if sync in SYNC_FORMULAS else "no model"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..collectives import comm_cost
+from .model import call_time
 from .runs import PHASES
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
@@ -138,8 +138,7 @@ def bench_compare(fits: list[dict], path: Path) -> dict:
         ax_bw.plot(x, [r["busbw_GBps"] for r in pts], marker="o", ms=3, color=color, label=label)
         b = [r["bytes"] for r in pts]
         ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], marker="o", ms=3, color=color)
-        pred = [comm_cost("all_reduce", fit.algorithm, v, fit.n).time(
-            fit.alpha_s, fit.beta_s_per_byte) * 1e3 for v in b]
+        pred = [call_time("all_reduce", fit.impl, v, fit.n, fit) * 1e3 for v in b]
         ax_t.plot(b, pred, color=color, lw=4, alpha=0.3)
         series.append({"label": label, "x_elements": x, "busbw_GBps": [r["busbw_GBps"] for r in pts],
                        "bytes": b, "time_ms": [r["time_median_s"] * 1e3 for r in pts],

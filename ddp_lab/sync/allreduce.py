@@ -9,9 +9,10 @@ bucketing buys (per-call latency paid once per bucket instead of once per tensor
 ring, tree and butterfly (ring.py, tree.py, butterfly.py) are this synchroniser with
 another all-reduce algorithm from `ddp_lab.collectives` and exact byte accounting.
 
-Bytes: the backend picks its own algorithm (gloo: ring or halving-doubling; nccl: ring or
-tree), invisible from here, so bytes_sent/bytes_recv follow the ring model nccl-tests'
-busbw assumes, 2(n-1)/n of the buffer each way (`bytes_exact = False`).
+Bytes: every rank records what `ddp_lab.costmodel` says its algorithm moves
+(`costmodel.SYNC_PHASES[name]`). The library's all-reduce routes data its own way,
+invisible from here, so for this sync the model is the ring nccl-tests' busbw assumes,
+2(n-1)/n of the buffer each way (`bytes_exact = False`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import costmodel
 from ._buckets import Bucket, make_buckets
 from .base import Synchroniser
 
@@ -45,20 +47,15 @@ class AllReduceSync(Synchroniser):
         self.params = params
         return module
 
-    # the algorithm: subclasses replace these two
+    # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES)
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum `flat` across ranks, in place."""
         dist.all_reduce(flat)
 
-    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
-        """(bytes this rank sends, bytes it receives) for one all_reduce of `flat`."""
-        n = self.world_size
-        b = int(2 * (n - 1) * flat.numel() * flat.element_size() // n) if n > 1 else 0
-        return b, b
-
     def _reduce(self, flat: torch.Tensor, payload: int) -> None:
-        sent, recv = self.traffic(flat)
-        with self.comm.timed("all_reduce", payload, sent, recv):
+        (op, algorithm), = costmodel.SYNC_PHASES[self.name]
+        c = costmodel.cost(op, algorithm, flat.numel(), self.world_size, flat.element_size())
+        with self.comm.timed(op, payload, c.sent[self.rank], c.recv[self.rank]):
             self.all_reduce(flat)
         flat.div_(self.world_size)  # the average: every rank divides the same sum
 

@@ -77,9 +77,6 @@ class Synchroniser:
         """What was communicated since the last call; resolves CUDA events (one sync)."""
         return self.comm.collect()
 
-    def grad_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.module.parameters() if p.requires_grad)
-
 
 def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> list[str]:
     """Names of trainable parameters that get no gradient from one backward of `loss_fn`.

@@ -15,25 +15,9 @@ from ..collectives import all_reduce_butterfly
 from .allreduce import AllReduceSync
 
 
-def butterfly_messages(rank: int, world_size: int) -> int:
-    """Whole-buffer messages `rank` sends (= receives) in one butterfly all-reduce."""
-    n = world_size
-    if n <= 1:
-        return 0
-    p = 1 << (n.bit_length() - 1)
-    if rank >= p:
-        return 1  # fold in, result back
-    rounds = p.bit_length() - 1
-    return rounds + (1 if rank < n - p else 0)
-
-
 class ButterflySync(AllReduceSync):
     name = "butterfly"
     bytes_exact = True
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         all_reduce_butterfly(flat)
-
-    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
-        b = butterfly_messages(self.rank, self.world_size) * flat.numel() * flat.element_size()
-        return b, b

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .. import costmodel
 from .base import Synchroniser, unused_parameters
 
 
@@ -74,16 +75,16 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
         fut.set_result(buf)
         return fut
     nbytes = buf.numel() * buf.element_size()
-    # the ring model (what gloo and nccl run for large buffers): 2(n-1)/n of the buffer
-    # leaves and enters each rank
-    wire = int(2 * (n - 1) * nbytes // n) if n > 1 else 0
+    (op, algorithm), = costmodel.SYNC_PHASES["ddp"]
+    c = costmodel.cost(op, algorithm, buf.numel(), n, buf.element_size())
+    sent, recv = c.sent[state.rank], c.recv[state.rank]
     rec = state.comm
     buf.div_(n)
     start = rec.begin()
     fut = dist.all_reduce(buf, async_op=True).get_future()
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        rec.finish(start, "all_reduce", nbytes, wire, wire)
+        rec.finish(start, op, nbytes, sent, recv)
         return f.value()[0]
 
     return fut.then(done)

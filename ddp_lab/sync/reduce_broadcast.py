@@ -13,9 +13,10 @@ root's state to rank 0 (point-to-point, once per checkpoint).
 Twice the all-reduce's latency count and an idle root-bound critical path: the pattern is
 here to be measured against the others, not because it is fast.
 
-Bytes follow the flat (naive) model, the backend's own routing being invisible from here
-(`bytes_exact = False`): reduce, every non-root sends the buffer and the root receives
-(n-1) of them; broadcast, the mirror image. busbw uses factor 1 for both (nccl-tests).
+Bytes are `ddp_lab.costmodel`'s model of the library's reduce and broadcast (what gloo
+runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast), the
+backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
+factor 1 for both (nccl-tests).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import costmodel
 from ._buckets import Bucket, make_buckets
 from .base import Synchroniser
 
@@ -51,14 +53,12 @@ class ReduceBroadcastSync(Synchroniser):
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
         return module
 
-    def _traffic(self, nbytes: int, to_root: bool) -> tuple[int, int]:
-        """(sent, received) by this rank for a reduce (to_root) or broadcast of nbytes."""
-        if self.world_size == 1:
-            return 0, 0
-        many = (self.world_size - 1) * nbytes
-        if to_root:
-            return (0, many) if self.is_root else (nbytes, 0)
-        return (many, 0) if self.is_root else (0, nbytes)
+    def _timed(self, phase: int, b: Bucket):
+        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`."""
+        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
+        c = costmodel.cost(op, algorithm, b.numel, self.world_size, b.buffer.element_size(),
+                           root=self.root)
+        return self.comm.timed(op, b.nbytes, c.sent[self.rank], c.recv[self.rank])
 
     @torch.no_grad()
     def sync(self) -> None:
@@ -66,8 +66,7 @@ class ReduceBroadcastSync(Synchroniser):
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()
-            sent, recv = self._traffic(b.nbytes, to_root=True)
-            with self.comm.timed("reduce", b.nbytes, sent, recv):
+            with self._timed(0, b):
                 dist.reduce(buf, dst=self.root)
             if self.is_root:
                 buf.div_(self.world_size)
@@ -83,8 +82,7 @@ class ReduceBroadcastSync(Synchroniser):
             optimizer.step()
         for b in self.param_buckets:
             buf = b.pack_params() if self.is_root else b.buffer
-            sent, recv = self._traffic(b.nbytes, to_root=False)
-            with self.comm.timed("broadcast", b.nbytes, sent, recv):
+            with self._timed(1, b):
                 dist.broadcast(buf, src=self.root)
             if not self.is_root:
                 b.unpack_params()

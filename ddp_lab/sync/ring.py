@@ -49,9 +49,3 @@ class RingSync(AllReduceSync):
     def close(self) -> None:
         for plan in self.plans.values():
             plan.close()
-
-    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
-        n = self.world_size
-        chunk = flat.numel() // n * flat.element_size()  # exact: numel is a multiple of n
-        b = 2 * (n - 1) * chunk
-        return b, b

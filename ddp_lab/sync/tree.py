@@ -16,23 +16,9 @@ from ..collectives import all_reduce_tree
 from .allreduce import AllReduceSync
 
 
-def tree_edges(rank: int, world_size: int) -> int:
-    """Tree edges at `rank` in the binomial tree rooted at 0: children, plus the parent."""
-    n, v = world_size, rank
-    low = v & -v if v else n  # lowest set bit; the root's children span every 2^k < n
-    children = sum(1 for k in range(n.bit_length()) if (1 << k) < low and v + (1 << k) < n)
-    return children + (1 if v else 0)
-
-
 class TreeSync(AllReduceSync):
     name = "tree"
     bytes_exact = True
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         all_reduce_tree(flat)
-
-    def traffic(self, flat: torch.Tensor) -> tuple[int, int]:
-        if self.world_size == 1:
-            return 0, 0
-        b = tree_edges(self.rank, self.world_size) * flat.numel() * flat.element_size()
-        return b, b  # reduce: one up, one in per child; broadcast: the mirror image

@@ -1,0 +1,242 @@
+"""The one cost model: bytes per rank, latency steps and busbw factor of every collective.
+
+Synchronisers record their traffic with it, the benchmark and the report take their busbw
+factors and alpha-beta predictions from it; nothing else computes a cost.
+
+``cost(collective, algorithm, numel, world, elem_size)`` gives a :class:`Cost`:
+
+- ``sent[r]`` / ``recv[r]``: bytes group rank ``r`` hands to send / gets from receive in one
+  call. For our send/recv algorithms (``ddp_lab.collectives``) these are exact, uneven
+  chunks included (the ring's ``tensor_split`` makes the first ``numel % n`` chunks one
+  element longer; the model cuts the same way), and ``exact`` is true.
+- ``steps``: messages on the critical path (the alpha term); ``path_bytes``: bytes
+  serialised on it (the beta term): ``time(alpha, beta) = steps*alpha + path_bytes*beta``.
+
+``"torch"`` is the library's collective, whose routing we cannot see: it is *modelled*
+(``exact`` false) on what gloo runs, read from gloo's source: all_reduce / all_gather /
+reduce_scatter as the ideal ring (``2(n-1)/n`` of the buffer each way, floored to whole
+bytes, the same on every rank, as nccl-tests' busbw assumes); broadcast as the binomial
+tree gloo's ``broadcast.cc`` runs (the same tree as ours); reduce as gloo's ``reduce.cc``: a
+ring reduce-scatter, then every rank sends its reduced chunk to the root. nccl picks
+its own algorithms (ring, tree, pipelined chains); the model does not follow it there.
+
+Bytes scale with ``elem_size``: a bf16/fp16 wire format is the same call with
+``elem_size=2``. A call made of phases (hierarchical all-reduce: intra-node reduce,
+leaders' all-reduce, intra-node broadcast) is their costs joined with :meth:`Cost.then`;
+:func:`sync_calls` does that for what a synchroniser runs per bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .collectives._common import ceil_log2, num_pipeline_chunks
+from .collectives.broadcast import DEFAULT_RING_CHUNK_BYTES
+
+#: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "broadcast": ("naive", "tree", "ring", "torch"),
+    "reduce": ("naive", "tree", "torch"),
+    "all_reduce": ("naive", "tree", "butterfly", "ring", "torch"),
+    "all_gather": ("ring", "torch"),
+    "reduce_scatter": ("ring", "torch"),
+}
+
+#: what the library's ("torch") collectives are modelled as, for labels
+TORCH_MODELLED_AS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
+                     "broadcast": "tree", "reduce": "ring reduce-scatter + gather"}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One collective call (or several phases of one) on a group of ``len(sent)`` ranks."""
+
+    steps: int
+    sent: tuple[int, ...]  # bytes each group rank sends
+    recv: tuple[int, ...]  # bytes each group rank receives
+    path_bytes: float
+    exact: bool = True  # False: the library's collective, modelled
+
+    @property
+    def max_sent(self) -> int:
+        return max(self.sent, default=0)
+
+    @property
+    def max_recv(self) -> int:
+        return max(self.recv, default=0)
+
+    def time(self, alpha: float, beta: float) -> float:
+        """Predicted seconds: ``steps * alpha + path_bytes * beta`` (beta = seconds/byte)."""
+        return self.steps * alpha + self.path_bytes * beta
+
+    def then(self, other: "Cost") -> "Cost":
+        """This call followed by ``other`` on the same ranks (phases add up)."""
+        if len(other.sent) != len(self.sent):
+            raise ValueError(f"cannot join costs of {len(self.sent)} and {len(other.sent)} ranks")
+        return Cost(self.steps + other.steps,
+                    tuple(a + b for a, b in zip(self.sent, other.sent)),
+                    tuple(a + b for a, b in zip(self.recv, other.recv)),
+                    self.path_bytes + other.path_bytes, self.exact and other.exact)
+
+
+def nothing(world: int) -> Cost:
+    """The cost of no communication on ``world`` ranks."""
+    zeros = (0,) * max(world, 1)
+    return Cost(0, zeros, zeros, 0.0)
+
+
+def busbw_factor(collective: str, world: int) -> float:
+    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md): all_reduce
+    ``2(n-1)/n``; all_gather / reduce_scatter ``(n-1)/n`` (size = the full buffer);
+    broadcast, reduce and point-to-point 1. One rank moves nothing over a bus: 0 for the
+    first three."""
+    n = world
+    if collective in ("all_reduce", "all_gather", "reduce_scatter") and n <= 1:
+        return 0.0
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce", "send_recv", "p2p"):
+        return 1.0
+    raise ValueError(f"no bus-bandwidth factor for op {collective!r}")
+
+
+# ----------------------------------------------------------------- per-rank pieces
+def _children(v: int, n: int) -> int:
+    """Children of relative rank ``v`` in the binomial tree rooted at 0 (our tree and
+    gloo's broadcast): ``v + 2^k`` for every ``2^k`` below ``v``'s lowest set bit."""
+    low = v & -v if v else 1 << ceil_log2(n)
+    return sum(1 for k in range(n.bit_length()) if (1 << k) < low and v + (1 << k) < n)
+
+
+def _split(numel: int, n: int) -> list[int]:
+    """Sizes of ``tensor_split(n)``: the first ``numel % n`` pieces one element longer."""
+    q, extra = divmod(numel, n)
+    return [q + (i < extra) for i in range(n)]
+
+
+def _by_root(n: int, root: int, f) -> tuple[int, ...]:
+    """``f(v)`` for every group rank, ``v`` its rank relative to ``root``."""
+    return tuple(f((r - root) % n) for r in range(n))
+
+
+@lru_cache(maxsize=4096)
+def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
+         root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
+    """Cost of one ``collective`` call with ``algorithm`` on ``world`` ranks.
+
+    ``numel`` elements of ``elem_size`` bytes: the tensor of broadcast / reduce /
+    all_reduce, the *full* buffer (``world`` pieces) of all_gather / reduce_scatter, as
+    nccl-tests counts. ``root``: the group rank of a broadcast's source / a reduce's
+    destination. ``chunk_bytes``: the ring broadcast's pipeline piece. Cached: a
+    synchroniser asks it once per bucket and step.
+    """
+    if algorithm not in ALGORITHMS.get(collective, ()):
+        raise KeyError(f"no cost model for {collective}/{algorithm!r}; known: {ALGORITHMS}")
+    n, N, e = world, numel * elem_size, elem_size
+    if n <= 1 or numel == 0:
+        return nothing(n)
+    L = ceil_log2(n)
+    if collective in ("all_gather", "reduce_scatter"):
+        if numel % n:
+            raise ValueError(f"{collective}: {numel} elements do not split into {n} pieces")
+        b = (n - 1) * (numel // n) * e
+        return Cost(n - 1, (b,) * n, (b,) * n, float(b), algorithm != "torch")
+    if algorithm == "torch":
+        return _torch(collective, n, N, root)
+    if collective == "broadcast":
+        if algorithm == "naive":
+            return Cost(n - 1, _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0),
+                        _by_root(n, root, lambda v: 0 if v == 0 else N), (n - 1) * N)
+        if algorithm == "tree":
+            return Cost(L, _by_root(n, root, lambda v: _children(v, n) * N),
+                        _by_root(n, root, lambda v: N if v else 0), L * N)
+        # ring: root -> root+1 -> ... -> root-1, cut into k pieces only when some rank
+        # both receives and forwards (n > 2)
+        k = num_pipeline_chunks(numel, e, chunk_bytes) if n > 2 else 1
+        return Cost(n - 2 + k, _by_root(n, root, lambda v: N if v < n - 1 else 0),
+                    _by_root(n, root, lambda v: N if v else 0),
+                    (n - 2 + k) * -(-numel // k) * e)
+    if collective == "reduce":
+        if algorithm == "naive":
+            return Cost(n - 1, _by_root(n, root, lambda v: 0 if v == 0 else N),
+                        _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0), (n - 1) * N)
+        return Cost(L, _by_root(n, root, lambda v: N if v else 0),
+                    _by_root(n, root, lambda v: _children(v, n) * N), L * N)
+    # all_reduce
+    if algorithm == "naive":  # naive reduce to rank 0, naive broadcast from it
+        return cost("reduce", "naive", numel, n, e).then(cost("broadcast", "naive", numel, n, e))
+    if algorithm == "tree":
+        return cost("reduce", "tree", numel, n, e).then(cost("broadcast", "tree", numel, n, e))
+    if algorithm == "butterfly":
+        p = 1 << (n.bit_length() - 1)  # ranks p..n-1 fold into 0..n-p-1 and get it back
+        rounds, folded = p.bit_length() - 1, int(n != p)
+        msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
+        b = tuple(m * N for m in msgs)
+        return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
+    # ring (reduce-scatter then all-gather, shift 1, see collectives/_ring.py): rank r sends
+    # every chunk but r+1 and then every chunk but r+2, receives every chunk but r, then
+    # every chunk but r+1
+    size = [c * e for c in _split(numel, n)]
+    sent = tuple(2 * N - size[(r + 1) % n] - size[(r + 2) % n] for r in range(n))
+    recv = tuple(2 * N - size[r] - size[(r + 1) % n] for r in range(n))
+    return Cost(2 * (n - 1), sent, recv, 2 * (n - 1) * max(size))
+
+
+def _torch(collective: str, n: int, N: int, root: int) -> Cost:
+    """The library's collective, modelled (see the module docstring)."""
+    part = (n - 1) * N / n  # what a ring moves through each rank in n-1 steps
+    if collective == "all_reduce":
+        b = int(2 * part)
+        return Cost(2 * (n - 1), (b,) * n, (b,) * n, 2 * part, False)
+    if collective == "broadcast":
+        L = ceil_log2(n)
+        return Cost(L, _by_root(n, root, lambda v: _children(v, n) * N),
+                    _by_root(n, root, lambda v: N if v else 0), L * N, False)
+    # reduce: ring reduce-scatter, then each rank's reduced chunk (N/n) goes to the root,
+    # which receives n-1 of them on its link
+    return Cost(n, _by_root(n, root, lambda v: int(part) if v == 0 else N),
+                _by_root(n, root, lambda v: int(2 * part) if v == 0 else int(part)),
+                2 * part, False)
+
+
+# ------------------------------------------------------------------ synchronisers
+#: synchroniser -> the collective calls it makes per bucket, in order (sync.<name>)
+SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "ddp": (("all_reduce", "torch"),),
+    "allreduce": (("all_reduce", "torch"),),
+    "ring": (("all_reduce", "ring"),),
+    "tree": (("all_reduce", "tree"),),
+    "butterfly": (("all_reduce", "butterfly"),),
+    "reduce_broadcast": (("reduce", "torch"), ("broadcast", "torch")),
+}
+
+#: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
+SYNC_FORMULAS: dict[str, str] = {
+    "ddp": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
+    "allreduce": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
+    "ring": "2(n-1)α + 2(n-1)/n·m·β",
+    "tree": "2⌈log2 n⌉(α + m·β)",
+    "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
+    "reduce_broadcast": "nα + 2(n-1)/n·m·β + ⌈log2 n⌉(α + m·β) (library, as gloo)",
+}
+
+
+def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
+               root: int = 0) -> list[tuple[str, Cost]]:
+    """``(collective, Cost)`` of every call synchroniser ``sync`` makes in one step, bucket
+    by bucket, given the elements each bucket puts on the wire (padding included)."""
+    phases = SYNC_PHASES[sync]
+    return [(coll, cost(coll, algo, numel, world, elem_size, root=root))
+            for numel in wire_numels for coll, algo in phases]
+
+
+def sync_step(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
+              root: int = 0) -> Cost:
+    """All of one step's calls joined (see :func:`sync_calls`)."""
+    total = nothing(world)
+    for _, c in sync_calls(sync, wire_numels, world, elem_size, root=root):
+        total = total.then(c)
+    return total
