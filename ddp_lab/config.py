@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .registry import Registry
+
 
 # ---------------------------------------------------------------- launcher
 @dataclass
@@ -351,16 +353,21 @@ class Config:
     timing: TimingConfig = field(default_factory=TimingConfig)
 
 
-# group -> option -> schema. Adding an option = one dataclass here + one YAML in conf/.
-SCHEMAS: dict[str, dict[str, type]] = {
-    "launcher": {"local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
-                 "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig},
-    "sync": {"ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
-             "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
-             "tree": BucketSyncConfig, "butterfly": BucketSyncConfig},
-    "model": {"mlp": MLPConfig, "cnn": CNNConfig},
-    "data": {"mnist": DataConfig},
-    "optim": {"adam": AdamConfig, "sgd": SGDConfig},
+# group -> option -> schema: the options the config accepts. Adding an option = one
+# dataclass here + one YAML in conf/ + the implementation in its kind's registry
+# (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
+# checks that each kind's registry names exactly these options.
+SCHEMAS: dict[str, Registry[type]] = {
+    "launcher": Registry("launcher", {
+        "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
+        "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
+    "sync": Registry("sync", {
+        "ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
+        "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
+        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig}),
+    "model": Registry("model", {"mlp": MLPConfig, "cnn": CNNConfig}),
+    "data": Registry("data", {"mnist": DataConfig}),
+    "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
 }
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -377,11 +384,7 @@ def register_configs() -> None:
 
 
 def schema_for(group: str, name: str) -> type:
-    try:
-        return SCHEMAS[group][name]
-    except KeyError:
-        valid = ", ".join(sorted(SCHEMAS.get(group, {})))
-        raise ValueError(f"unknown {group} '{name}': choose one of {valid}") from None
+    return SCHEMAS[group].get(name)  # UnknownName lists the valid options
 
 
 def load_run_config(run_dir: str | Path) -> DictConfig:

@@ -20,27 +20,16 @@ from ..submit import UserError, check_all, common_checks, make_run, render_and_s
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
-def _choose(key: str, values, allowed) -> None:
-    if not values:
-        raise UserError(f"{key} is empty: choose from {', '.join(allowed)}")
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise UserError(f"{key}: unknown {', '.join(map(str, bad))}: choose from {', '.join(allowed)}")
-
-
 def validate(cfg: DictConfig) -> None:
-    from .ops import OPS as SPECS
-
     b = cfg.bench
-    _choose("bench.ops", list(b.ops), OPS)
-    _choose("bench.impl", list(b.impl), IMPLS)
-    _choose("bench.groups", list(b.groups), GROUPS)
-    _choose("bench.dtype", [b.dtype], DTYPES)
+    OPS.check(b.ops)
+    IMPLS.check(b.impl)
+    GROUPS.check(b.groups)
+    DTYPES.check([b.dtype])
     for impl in b.impl:
-        if not any(impl in SPECS[op].impls for op in b.ops):
-            has = [op for op, spec in SPECS.items() if impl in spec.impls]
+        if not set(IMPLS[impl]) & set(b.ops):
             raise UserError(f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
-                            f"({impl} exists for {', '.join(has)})")
+                            f"({impl} exists for {', '.join(IMPLS[impl])})")
     world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
     check_all([
         (b.min_elements >= 1, f"bench.min_elements={b.min_elements}: must be >= 1"),
