@@ -39,6 +39,9 @@ class LauncherConfig:
     """shell lines run on every node before the ranks start (module load ..., source venv/bin/activate)"""
     python: Optional[str] = None
     """the python that runs the ranks; null = this interpreter (runai: `python` of the image)"""
+    required: List[str] = field(default_factory=list)
+    """launcher keys a real submission needs set (a site preset names them, e.g. [account,
+    environment]); a dry run renders without them"""
 
 
 @dataclass
@@ -373,8 +376,27 @@ SCHEMAS: dict[str, Registry[type]] = {
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
+# the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
+# conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
+# for the trainer, the bench presets
+HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster"),
+               "bench": ("launcher", "bench", "cluster")}
+
+
+def group_options(group: str) -> list[str]:
+    """A group's options: its registry, or the YAML presets of conf/<group>/ (cluster, bench)."""
+    if group in SCHEMAS:
+        return list(SCHEMAS[group])
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def help_groups(app: str) -> str:
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in HELP_GROUPS[app])
+
+
 def register_configs() -> None:
     """Register the schema nodes; conf/<group>/<name>.yaml starts from `/schema/<group>/<name>`."""
+    OmegaConf.register_new_resolver("ddp_lab_groups", help_groups, replace=True)
     cs = ConfigStore.instance()
     cs.store(group="schema", name="config", node=Config)
     for group, options in SCHEMAS.items():
