@@ -6,9 +6,11 @@
     python -m ddp_lab -m sync=ddp,ring optim=adam,sgd  # a sweep, one run after another
 """
 
+from .cli import cli
 from .config import register_configs
-from .submit import cli, submit
+from .submit import submit
+from .validate import resolve_train
 
 if __name__ == "__main__":
     register_configs()
-    cli("config", submit)
+    cli("config", submit, resolve_train)

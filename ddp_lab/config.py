@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .resources import conf_dir
+from .registry import Registry
 
 
 # ---------------------------------------------------------------- launcher
@@ -39,6 +40,9 @@ class LauncherConfig:
     """shell lines run on every node before the ranks start (module load ..., source venv/bin/activate)"""
     python: Optional[str] = None
     """the python that runs the ranks; null = this interpreter (runai: `python` of the image)"""
+    required: List[str] = field(default_factory=list)
+    """launcher keys a real submission needs set (a site preset names them, e.g. [account,
+    environment]); a dry run renders without them"""
 
 
 @dataclass
@@ -353,23 +357,47 @@ class Config:
     timing: TimingConfig = field(default_factory=TimingConfig)
 
 
-# group -> option -> schema. Adding an option = one dataclass here + one YAML in conf/.
-SCHEMAS: dict[str, dict[str, type]] = {
-    "launcher": {"local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
-                 "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig},
-    "sync": {"ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
-             "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
-             "tree": BucketSyncConfig, "butterfly": BucketSyncConfig},
-    "model": {"mlp": MLPConfig, "cnn": CNNConfig},
-    "data": {"mnist": DataConfig},
-    "optim": {"adam": AdamConfig, "sgd": SGDConfig},
+# group -> option -> schema: the options the config accepts. Adding an option = one
+# dataclass here + one YAML in conf/ + the implementation in its kind's registry
+# (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
+# checks that each kind's registry names exactly these options.
+SCHEMAS: dict[str, Registry[type]] = {
+    "launcher": Registry("launcher", {
+        "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
+        "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
+    "sync": Registry("sync", {
+        "ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
+        "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
+        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig}),
+    "model": Registry("model", {"mlp": MLPConfig, "cnn": CNNConfig}),
+    "data": Registry("data", {"mnist": DataConfig}),
+    "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
 }
 
 CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 
 
+# the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
+# conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
+# for the trainer, the bench presets
+HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster"),
+               "bench": ("launcher", "bench", "cluster")}
+
+
+def group_options(group: str) -> list[str]:
+    """A group's options: its registry, or the YAML presets of conf/<group>/ (cluster, bench)."""
+    if group in SCHEMAS:
+        return list(SCHEMAS[group])
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def help_groups(app: str) -> str:
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in HELP_GROUPS[app])
+
+
 def register_configs() -> None:
     """Register the schema nodes; conf/<group>/<name>.yaml starts from `/schema/<group>/<name>`."""
+    OmegaConf.register_new_resolver("ddp_lab_groups", help_groups, replace=True)
     cs = ConfigStore.instance()
     cs.store(group="schema", name="config", node=Config)
     for group, options in SCHEMAS.items():
@@ -379,11 +407,7 @@ def register_configs() -> None:
 
 
 def schema_for(group: str, name: str) -> type:
-    try:
-        return SCHEMAS[group][name]
-    except KeyError:
-        valid = ", ".join(sorted(SCHEMAS.get(group, {})))
-        raise ValueError(f"unknown {group} '{name}': choose one of {valid}") from None
+    return SCHEMAS[group].get(name)  # UnknownName lists the valid options
 
 
 def load_run_config(run_dir: str | Path) -> DictConfig:

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .registry import Registry
+
 
 class MLP(nn.Module):
     """The notebook's network: 784 -> hidden (ReLU) -> 10."""
@@ -35,22 +37,32 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+# model / optim option -> builder from its config section (schemas: ddp_lab.config.SCHEMAS)
+MODELS: Registry = Registry("model", {
+    "mlp": lambda cfg: MLP(hidden=cfg.hidden),
+    "cnn": lambda cfg: CNN(cfg.channels1, cfg.channels2, cfg.hidden),
+})
+
+
+def _adam(cfg, params, lr: float, **fused) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                            weight_decay=cfg.weight_decay, **fused)
+
+
+def _sgd(cfg, params, lr: float, **fused) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                           weight_decay=cfg.weight_decay, **fused)
+
+
+OPTIMIZERS: Registry = Registry("optim", {"adam": _adam, "sgd": _sgd})
+
+
 def build_model(cfg) -> nn.Module:
-    if cfg.name == "mlp":
-        return MLP(hidden=cfg.hidden)
-    if cfg.name == "cnn":
-        return CNN(cfg.channels1, cfg.channels2, cfg.hidden)
-    raise ValueError(f"unknown model '{cfg.name}': choose mlp or cnn")
+    return MODELS.get(cfg.name)(cfg)
 
 
 def build_optimizer(cfg, params, lr: float) -> torch.optim.Optimizer:
     # fused: the whole update in one kernel per dtype/device instead of a Python loop
     # over parameters -- for a small model the step is dispatch-bound, so this matters
     fused = {"fused": True} if cfg.fused else {}
-    if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, **fused)
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay, **fused)
-    raise ValueError(f"unknown optim '{cfg.name}': choose adam or sgd")
+    return OPTIMIZERS.get(cfg.name)(cfg, params, lr, **fused)

@@ -6,10 +6,11 @@
     python -m ddp_lab.bench launcher.dry_run=true             # print what would run
 """
 
-from ..submit import cli
+from ..cli import cli
 from .config import register_bench_configs
+from ..validate import resolve_bench
 from .submit import submit_bench
 
 if __name__ == "__main__":
     register_bench_configs()
-    cli("bench", submit_bench)
+    cli("bench", submit_bench, resolve_bench)

@@ -15,12 +15,22 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..config import SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig, register_configs
+from ..registry import Registry
+from .ops import OPS
 
-OPS = ("all_reduce", "reduce", "broadcast", "reduce_broadcast", "send_recv_ring",
-       "isend_irecv_ring", "all_gather", "reduce_scatter", "ping_pong")
-IMPLS = ("torch", "ring", "butterfly", "tree", "naive")
-GROUPS = ("global", "intra_node", "cross_node")
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+# bench.impl option -> the ops that have it, read from the ops (which take their
+# algorithms from ddp_lab.collectives' tables): a new algorithm there is a new choice here
+IMPLS: Registry[list[str]] = Registry("bench.impl")
+for _op in OPS.values():
+    for _impl in _op.impls:
+        if _impl not in IMPLS:
+            IMPLS.add(_impl, [])
+        IMPLS[_impl].append(_op.name)
+GROUPS: Registry[str] = Registry("bench.groups", {
+    "global": "all ranks", "intra_node": "the ranks of one node",
+    "cross_node": "one local rank across nodes"})
+DTYPES: Registry[str] = Registry("bench.dtype", {n: n for n in (
+    "float32", "float64", "float16", "bfloat16", "int32", "int64")})
 
 
 @dataclass
@@ -92,7 +102,9 @@ def load_bench_config(run_dir: str | Path) -> DictConfig:
     launcher: Any = raw.get("launcher")
     if launcher is None:
         raise ValueError(f"{run_dir}/config.yaml has no 'launcher' section")
-    cfg.launcher = OmegaConf.structured(SCHEMAS["launcher"].get(launcher.get("name"), LauncherConfig))
+    name = launcher.get("name")
+    cfg.launcher = OmegaConf.structured(
+        SCHEMAS["launcher"][name] if name in SCHEMAS["launcher"] else LauncherConfig)
     merged = OmegaConf.merge(cfg, raw)
     OmegaConf.set_readonly(merged, True)
     return merged

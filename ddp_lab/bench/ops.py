@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER
+from ..registry import Registry
 
 PERIOD = 8  # the pattern repeats every PERIOD elements
 LR = 0.125  # reduce_broadcast's learning rate: a power of two keeps the update exact
@@ -328,9 +329,11 @@ def _pp_check(b, g, pat):
 PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
-OPS: dict[str, Op] = {op.name: op for op in (
+# the one list of benchmarked ops (bench.ops); their implementations come from
+# ddp_lab.collectives' tables, so bench.impl's choices follow those (bench/config.py)
+OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
-    ISEND_IRECV_RING_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)}
+    ISEND_IRECV_RING_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -1,8 +1,8 @@
-"""The submitting side of a benchmark: check the config, make the run folder, launch.
+"""The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.submit`): `make_run_dir`, `write_config`,
-the launcher registry's `render` and `start`; only the entry each rank runs differs
-(`run.entry`), and the folder is labelled `<date>_<time>_bench_<launcher>`.
+The same machinery as a training run (`ddp_lab.validate`, `ddp_lab.job`); only the entry
+each rank runs differs (`run.entry`), and the folder is labelled
+`<date>_<time>_bench_<launcher>`.
 """
 
 from __future__ import annotations
@@ -12,84 +12,22 @@ import shlex
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-from .. import launch
-from ..metrics import write_json
-from ..submit import UserError, check_all, common_checks, make_run, render_and_start
-from .config import DTYPES, GROUPS, IMPLS, OPS
-
-
-def _choose(key: str, values, allowed) -> None:
-    if not values:
-        raise UserError(f"{key} is empty: choose from {', '.join(allowed)}")
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise UserError(f"{key}: unknown {', '.join(map(str, bad))}: choose from {', '.join(allowed)}")
-
-
-def validate(cfg: DictConfig) -> None:
-    from .ops import OPS as SPECS
-
-    b = cfg.bench
-    _choose("bench.ops", list(b.ops), OPS)
-    _choose("bench.impl", list(b.impl), IMPLS)
-    _choose("bench.groups", list(b.groups), GROUPS)
-    _choose("bench.dtype", [b.dtype], DTYPES)
-    for impl in b.impl:
-        if not any(impl in SPECS[op].impls for op in b.ops):
-            has = [op for op, spec in SPECS.items() if impl in spec.impls]
-            raise UserError(f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
-                            f"({impl} exists for {', '.join(has)})")
-    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
-    check_all([
-        (b.min_elements >= 1, f"bench.min_elements={b.min_elements}: must be >= 1"),
-        (b.max_elements >= b.min_elements,
-         f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"),
-        (b.points >= 1, f"bench.points={b.points}: must be >= 1"),
-        (b.warmup >= 0, f"bench.warmup={b.warmup}: must be >= 0"),
-        (1 <= b.min_iters <= b.iters,
-         f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"),
-        (b.time_per_size_s > 0, f"bench.time_per_size_s={b.time_per_size_s}: must be > 0"),
-        (0 < b.memory_fraction <= 1, f"bench.memory_fraction={b.memory_fraction}: must be in (0, 1]"),
-        (b.node_size >= 0, f"bench.node_size={b.node_size}: must be >= 0 (0 = real nodes)"),
-        (b.plot_metric in ("busbw", "algbw"), f"bench.plot_metric={b.plot_metric}: busbw or algbw"),
-        *common_checks(cfg),
-        (not ({"all_gather", "reduce_scatter"} & set(b.ops)) or b.min_elements >= world,
-         f"bench.min_elements={b.min_elements} is below the world size {world}: all_gather and "
-         "reduce_scatter need at least one element per rank"),
-    ])
-
-
-def resolve(cfg: DictConfig) -> DictConfig:
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        try:
-            launch.resolve(cfg)  # the launcher's own defaults and checks, as for training
-        except launch.LaunchError as e:
-            raise UserError(str(e)) from None
-        if cfg.launcher.nproc_per_node is None:
-            cfg.launcher.nproc_per_node = launch.default_nproc()
-    validate(cfg)
-    return cfg
+from ..job import collect, launch_job
+from ..validate import resolve_bench
 
 
 def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
-    cfg = resolve(cfg)
-    run_dir = make_run(cfg, label=f"bench_{cfg.launcher.name}")
+    cfg = resolve_bench(cfg)
     argv = sys.argv[1:] if argv is None else argv
-    (run_dir / "command.txt").write_text(
-        "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n")
-    rc = render_and_start(cfg, run_dir)
+    command = "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n"
+    run_dir, rc = launch_job(cfg, label=f"bench_{cfg.launcher.name}",
+                             files={"command.txt": command})
     if rc is None:
         return 0
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = collect(run_dir, rc, kind="bench", launcher=cfg.launcher.name)
     if rc != 0:
-        if not summary or summary.get("status", "").startswith("completed"):
-            summary = {**summary, "kind": "bench", "launcher": cfg.launcher.name,
-                       "status": f"failed: job exit status {rc} (see {run_dir / 'logs'})"}
-            write_json(summary_path, summary)
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
     elif not summary:  # submitted without following (launcher.wait=false): still running
         print(f"no results yet: bench.md, bench.csv and plots/ appear in {run_dir} when the "

@@ -10,8 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..metrics import write_json
-from ..worker import rank_main, run_rank
+from ..files import write_json
+from ..job import rank_main, run_rank
 from .config import load_bench_config
 
 

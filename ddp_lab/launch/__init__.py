@@ -24,14 +24,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional, TextIO
 
+from ..errors import UserError
 from ..ports import free_port  # noqa: F401 -- launchers import it from here
 from ..resources import launchers_dir
+from ..registry import Registry
 
 TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 
 
-class LaunchError(RuntimeError):
-    """A launcher cannot start this configuration; the message says why and the fix."""
+class LaunchError(UserError):
+    """A launcher cannot start this configuration; the message says why and the fix.
+    A user error like any other: the CLI wrapper prints it as one line, exit 2."""
 
 
 @dataclass
@@ -166,18 +169,22 @@ def diagnose(logs: list[Path], lines: int = 15) -> str:
 
 
 # ----------------------------------------------------------------- dispatch
-def modules() -> dict[str, ModuleType]:
-    from . import local, mpirun, runai, slurm
+_LAUNCHERS: Optional[Registry[ModuleType]] = None
 
-    return {"local": local, "mpirun": mpirun, "slurm": slurm, "runai": runai}
+
+def modules() -> Registry[ModuleType]:
+    """launcher option -> its module; filled on first use (the modules import this one)."""
+    global _LAUNCHERS
+    if _LAUNCHERS is None:
+        from . import local, mpirun, runai, slurm
+
+        _LAUNCHERS = Registry("launcher", {"local": local, "mpirun": mpirun, "slurm": slurm,
+                                           "runai": runai})
+    return _LAUNCHERS
 
 
 def _module(name: str) -> ModuleType:
-    mods = modules()
-    try:
-        return mods[name]
-    except KeyError:
-        raise LaunchError(f"unknown launcher '{name}': choose one of {', '.join(mods)}") from None
+    return modules().get(name)  # UnknownName lists the valid ones
 
 
 def resolve(cfg) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
 from .base import Synchroniser
@@ -16,21 +17,19 @@ from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .tree import TreeSync
 
-REGISTRY: dict[str, type[Synchroniser]] = {
+SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "ddp": DDPSync,
     "allreduce": AllReduceSync,
     "reduce_broadcast": ReduceBroadcastSync,
     "ring": RingSync,
     "tree": TreeSync,
     "butterfly": ButterflySync,
-}
+})
+REGISTRY = SYNCS  # the name earlier code and users' scripts import
 
 
 def sync_class(name: str) -> type[Synchroniser]:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown sync '{name}': choose one of {', '.join(REGISTRY)}") from None
+    return SYNCS.get(name)  # UnknownName (a ValueError) lists the valid ones
 
 
 def check_sync(cfg: Any, world_size: int) -> None:
@@ -43,4 +42,4 @@ def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: in
     return sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
 
 
-__all__ = ["REGISTRY", "Synchroniser", "build_sync", "check_sync", "sync_class"]
+__all__ = ["REGISTRY", "SYNCS", "Synchroniser", "build_sync", "check_sync", "sync_class"]

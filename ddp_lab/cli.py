@@ -1,0 +1,147 @@
+"""The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
+
+The one place where a user mistake becomes `error: <one line>` on stderr and exit 2:
+ddp_lab's own `UserError` (launchers' `LaunchError` included) and Hydra's composition
+errors (bad override syntax, unknown option, misspelt key, wrong type), which Hydra would
+print over several lines (or as a traceback under HYDRA_FULL_ERROR=1) and exit 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import sys
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from .errors import UserError
+
+# Hydra's lines that are noise once its message is one line
+_NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"
+                    r"reference_type=|object_type=|full_key:|To append to your config use)")
+
+
+def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
+        check_fn: Callable[[DictConfig], object]) -> None:
+    """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m
+    sweep), and exit with the failed job's status (2 for a user mistake). `check_fn`
+    validates a composed config: a sweep's jobs are all checked before the first starts."""
+    import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .config import CONF_DIR
+
+    failed: list[int] = []
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+
+    @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
+    def _main(cfg: DictConfig) -> None:
+        _restore_env("HYDRA_FULL_ERROR", full_error)  # the job's processes see the user's env
+        try:
+            rc = submit_fn(cfg)
+        except UserError as e:
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
+            rc = 2
+        finally:
+            os.environ["HYDRA_FULL_ERROR"] = "1"
+        if rc != 0:
+            failed.append(rc)
+
+    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of printing them: we
+    # print one line of our own (and no traceback, whatever the user's setting)
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        if {"-m", "--multirun"} & set(sys.argv[1:]):
+            _check_sweep(config_name, sys.argv[1:], check_fn)
+        _main()
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {hydra_message(e)}", file=sys.stderr)
+        sys.exit(2)
+    except UserError as e:  # from _check_sweep
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        _restore_env("HYDRA_FULL_ERROR", full_error)
+    sys.exit(failed[0] if len(failed) == 1 else (1 if failed else 0))
+
+
+def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
+    """Compose and check every job of a sweep first: Hydra composes each job only when
+    its turn comes, after the earlier ones ran (and made their run folders)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .config import CONF_DIR
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
+    overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for batch in BasicSweeper.split_arguments(overrides, None):
+            for job in batch:
+                check_fn(compose(config_name=config_name, overrides=list(job)))
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def hydra_message(e: BaseException) -> str:
+    """Hydra's message and its cause's, on one line, keeping the key they name; a misspelt
+    key gets the close matches of its section instead of Hydra's '+key' hint (a typed
+    section refuses new keys too)."""
+    text = str(e)
+    cause = e.__cause__
+    if cause is not None and str(cause) not in text:
+        text += "\n" + str(cause)
+    text = text.split("\nConfig search path:")[0]
+    message = one_line("\n".join(ln.rstrip().rstrip(".") for ln in text.splitlines()
+                                 if not _NOISE.match(ln.strip())))
+    override = getattr(e, "override", None)  # a parse error names the override it could not read
+    if override and override not in message:
+        message = f"override '{override}': {message}"
+    missing = re.search(r"Key '(\w+)' not in '(\w+)'", message)
+    if missing:
+        full_key = getattr(cause, "full_key", None) or missing.group(1)
+        message += _did_you_mean(full_key, missing.group(2))
+    return message
+
+
+def one_line(text: str) -> str:
+    """Lines joined with '; '; what follows a line ending in ':' joined to it (an indented
+    list by ', ')."""
+    parts: list[str] = []
+    listing = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if listing:  # a heading's items (indented) or its one sentence
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+            listing = raw[:1] in ("\t", " ") or line.endswith(":")
+            continue
+        listing = line.endswith(":")
+        parts.append(line)
+    return "; ".join(parts)
+
+
+def _did_you_mean(full_key: str, type_name: str) -> str:
+    from . import config
+    from .bench import config as bench_config
+
+    cls = getattr(config, type_name, None) or getattr(bench_config, type_name, None)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return ""
+    section, _, key = full_key.rpartition(".")
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = [f"{section}.{n}" if section else n for n in difflib.get_close_matches(key, names, n=3)]
+    return (f" (did you mean {' or '.join(close)}?)" if close
+            else f" ({section or 'its'} keys: {', '.join(names)})")

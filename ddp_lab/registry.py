@@ -1,0 +1,75 @@
+"""One generic name -> entry table, used for every kind the config names (synchronisers,
+launchers, models, optimisers, benchmark ops and implementations, config schemas).
+
+Each kind fills its own `Registry` where the kind lives; config validation, `--help` and
+error messages all read it, so a name is never listed twice by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Generic, Optional, TypeVar
+
+from .errors import UserError
+
+T = TypeVar("T")
+
+
+class UnknownName(UserError, LookupError):
+    """A name a registry does not hold; the message lists the valid ones."""
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Entries by name, in registration order. `key` is the config key that picks an
+    entry (`sync`, `launcher`, `bench.ops`): every error message names it."""
+
+    def __init__(self, key: str, entries: Optional[Mapping[str, T]] = None):
+        self.key = key
+        self._entries: dict[str, T] = {}
+        for name, entry in (entries or {}).items():
+            self.add(name, entry)
+
+    def add(self, name: str, entry: T) -> T:
+        if name in self._entries:
+            raise ValueError(f"{self.key} '{name}' is registered twice")
+        self._entries[name] = entry
+        return entry
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator form of `add`."""
+        return lambda entry: self.add(name, entry)
+
+    def get(self, name: str) -> T:  # type: ignore[override]  -- raises, never None
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownName(f"unknown {self.key} '{name}': choose one of "
+                              f"{self.choices()}") from None
+
+    def check(self, names: Iterable[str], key: Optional[str] = None) -> None:
+        """Every one of `names` (a list-valued key such as bench.ops) is registered."""
+        key = key or self.key
+        names = list(names)
+        if not names:
+            raise UserError(f"{key} is empty: choose from {self.choices()}")
+        bad = [str(n) for n in names if n not in self._entries]
+        if bad:
+            raise UnknownName(f"{key}: unknown {', '.join(bad)}: choose from {self.choices()}")
+
+    def choices(self, sep: str = ", ") -> str:
+        return sep.join(self._entries)
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.key}: {self.choices()})"

@@ -1,0 +1,237 @@
+"""Every check of a command, in one layer, run before any process starts or any folder
+is made (`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
+
+A rule is a small function of the composed config that returns None, or one line naming
+the key and the fix (it may also raise a `UserError`, as launchers and registries do).
+Rules sit in tables, one per entry point: adding a check is adding a line. The launcher's
+own checks run first (`launch.resolve`, which also fills its derived values).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from omegaconf import DictConfig, open_dict
+
+from .errors import UserError
+
+Rule = Callable[[DictConfig], Optional[str]]
+
+
+def _get(cfg: DictConfig, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def at_least(key: str, low: float, note: str = "") -> Rule:
+    return lambda cfg: (None if _get(cfg, key) >= low
+                        else f"{key}={_get(cfg, key)}: must be >= {low}{note}")
+
+
+def above(key: str, low: float) -> Rule:
+    return lambda cfg: None if _get(cfg, key) > low else f"{key}={_get(cfg, key)}: must be > {low}"
+
+
+def one_of(key: str, choices: Sequence[str]) -> Rule:
+    return lambda cfg: (None if _get(cfg, key) in choices
+                        else f"{key}={_get(cfg, key)}: choose {', '.join(choices[:-1])} or {choices[-1]}")
+
+
+# ---------------------------------------------------------------- folders
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
+    """Why folder `value` (given as `key`) cannot be used or made and written, or None."""
+    path = Path(value).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        return f"{key}={value} is a file, not a folder: {fix}"
+    base = _first_existing(path)
+    if not base.is_dir():
+        return f"{key}={value} cannot be made: {base} is a file: {fix}"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{key}={value} is not writable ({base} is not writable by you): {fix}"
+    return None
+
+
+def run_folder(cfg: DictConfig) -> Optional[str]:
+    if cfg.run.dir:
+        return folder_problem("run.dir", cfg.run.dir, "give a folder you can write (or leave "
+                              "run.dir unset for a new folder under run.root)")
+    return folder_problem("run.root", cfg.run.root, "give a folder you can write, e.g. "
+                          "run.root=$HOME/ddp_lab_runs")
+
+
+def data_folder(cfg: DictConfig) -> Optional[str]:
+    if cfg.data.node_local:
+        return None  # node-local storage: it exists on the compute nodes, not necessarily here
+    root = Path(cfg.data.root).expanduser()
+    if root.is_dir() and (root / "MNIST" / "raw").is_dir() and not os.access(root, os.W_OK):
+        return None  # a read-only shared copy that is already there: nothing to write
+    return folder_problem("data.root", cfg.data.root, "give a folder you can write (the "
+                          "dataset is fetched there), e.g. data.root=$HOME/data")
+
+
+def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
+    """A site preset's `launcher.required` keys must be set for a real submission. A dry
+    run still renders without them: it only shows the script, and seeing it is how a user
+    finds what to fill in (the missing #SBATCH lines are simply absent)."""
+    for key in cfg.launcher.get("required", []):
+        if key not in cfg.launcher:
+            return f"launcher.required names launcher.{key}, which launcher={cfg.launcher.name} has not"
+        if not cfg.launcher.dry_run and cfg.launcher[key] in (None, "", []):
+            return (f"launcher.{key} is not set, and this cluster preset needs it: add "
+                    f"launcher.{key}=... (or launcher.dry_run=true to only render the job)")
+    return None
+
+
+def known_sections(allowed: Sequence[str]) -> Rule:
+    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it."""
+    def rule(cfg: DictConfig) -> Optional[str]:
+        extra = [k for k in cfg if k not in allowed]
+        return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
+                f"drop +{extra[0]}=..." if extra else None)
+    return rule
+
+
+# ---------------------------------------------------------------- tables
+COMMON: list[Rule] = [
+    at_least("launcher.nodes", 1),
+    at_least("launcher.nproc_per_node", 1),
+    one_of("dist.backend", ("auto", "gloo", "nccl")),
+    one_of("dist.device", ("auto", "cpu", "cuda")),
+    above("dist.timeout_s", 0),
+    one_of("log.progress", ("auto", "bar", "lines")),
+    required_launcher_keys,
+    run_folder,
+]
+
+
+def _resume(cfg: DictConfig) -> Optional[str]:
+    if not cfg.train.resume:
+        return None
+    if not cfg.run.dir:
+        return "train.resume=true needs run.dir=PATH, the run folder to continue"
+    if not (Path(cfg.run.dir) / "checkpoints").is_dir():
+        return (f"train.resume=true but {cfg.run.dir}/checkpoints does not exist: "
+                "point run.dir at a run that completed at least one epoch")
+    return None
+
+
+def _sync_fits(cfg: DictConfig) -> Optional[str]:
+    """A synchroniser that cannot run this config (or world size) fails here."""
+    from .sync import check_sync
+
+    try:
+        check_sync(cfg.sync, cfg.launcher.nodes * cfg.launcher.nproc_per_node)
+    except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
+        return str(e)
+    return None
+
+
+TRAIN: list[Rule] = [
+    known_sections(("launcher", "sync", "model", "data", "optim", "train", "dist", "run", "log",
+                    "timing")),
+    at_least("train.epochs", 1),
+    at_least("train.batch_size", 1),
+    above("train.lr", 0),
+    at_least("train.max_steps_per_epoch", 0, " (0 = the whole shard)"),
+    at_least("train.eval_batch_size", 1),
+    at_least("train.threads", 0, " (0 = cores / local ranks)"),
+    *COMMON,
+    one_of("data.pipeline", ("tensor", "dataloader")),
+    lambda cfg: None if len(cfg.data.mirrors) else
+    "data.mirrors is empty: give at least one (default: [embedded])",
+    at_least("data.num_workers", 0),
+    at_least("timing.trace_steps", 0),
+    at_least("timing.tb_every", 0),
+    _resume,
+    _sync_fits,
+    data_folder,
+]
+
+
+def _bench_names(cfg: DictConfig) -> Optional[str]:
+    from .bench.config import DTYPES, GROUPS, IMPLS
+    from .bench.ops import OPS
+
+    b = cfg.bench
+    OPS.check(b.ops)
+    IMPLS.check(b.impl)
+    GROUPS.check(b.groups)
+    DTYPES.check([b.dtype])
+    for impl in b.impl:
+        if not set(IMPLS[impl]) & set(b.ops):
+            return (f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
+                    f"({impl} exists for {', '.join(IMPLS[impl])})")
+    return None
+
+
+def _bench_sizes(cfg: DictConfig) -> Optional[str]:
+    b = cfg.bench
+    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
+    if b.max_elements < b.min_elements:
+        return f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"
+    if not 1 <= b.min_iters <= b.iters:
+        return f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"
+    if {"all_gather", "reduce_scatter"} & set(b.ops) and b.min_elements < world:
+        return (f"bench.min_elements={b.min_elements} is below the world size {world}: "
+                "all_gather and reduce_scatter need at least one element per rank")
+    return None
+
+
+BENCH: list[Rule] = [
+    known_sections(("launcher", "bench", "dist", "run", "log")),
+    _bench_names,
+    at_least("bench.min_elements", 1),
+    at_least("bench.points", 1),
+    at_least("bench.warmup", 0),
+    above("bench.time_per_size_s", 0),
+    lambda cfg: None if 0 < cfg.bench.memory_fraction <= 1 else
+    f"bench.memory_fraction={cfg.bench.memory_fraction}: must be in (0, 1]",
+    at_least("bench.node_size", 0, " (0 = real nodes)"),
+    one_of("bench.plot_metric", ("busbw", "algbw")),
+    _bench_sizes,
+    *COMMON,
+]
+
+
+def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
+    """Raise the first broken rule's message as a UserError."""
+    for rule in rules:
+        message = rule(cfg)
+        if message:
+            raise UserError(message)
+
+
+def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
+    """A copy of `cfg` with what depends on this machine filled in and paths made absolute
+    (ranks may start elsewhere: all must read the same folders), checked by `rules`."""
+    from . import launch
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        launch.resolve(cfg)  # the launcher's own defaults and checks (LaunchError)
+        if cfg.launcher.nproc_per_node is None:
+            cfg.launcher.nproc_per_node = launch.default_nproc()
+        if "data" in cfg:
+            cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+            cfg.data.mirrors = [m if m == "embedded" or "://" in m
+                                else str(Path(m).expanduser().resolve()) for m in cfg.data.mirrors]
+    check(cfg, rules)
+    return cfg
+
+
+def resolve_train(cfg: DictConfig) -> DictConfig:
+    return resolve(cfg, TRAIN)
+
+
+def resolve_bench(cfg: DictConfig) -> DictConfig:
+    return resolve(cfg, BENCH)

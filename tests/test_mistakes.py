@@ -1,0 +1,154 @@
+"""The mistakes table: each user mistake, through the real command line, is one line on
+stderr naming the key (and the fix), exit 2, no traceback, and no run folder left behind.
+
+Every case runs `python -m ddp_lab ...` or `python -m ddp_lab.bench ...` as a user would,
+with HYDRA_FULL_ERROR=1 set (so not even Hydra's traceback mode leaks one). Only
+composition and validation run: no rank starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"
+
+# (id, entry point, arguments, what the one line must contain). In the arguments, {file}
+# is an existing file, {ro} a folder the user cannot write, {open} one anyone can write.
+MISTAKES = [
+    ("override-syntax", TRAIN, ["train.epochs"], "train.epochs"),
+    ("list-syntax", TRAIN, ["launcher.nodes=[1"], "launcher.nodes"),
+    ("unknown-sync", TRAIN, ["sync=rign"], "sync/rign"),
+    ("unknown-cluster", TRAIN, ["cluster=alpss"], "cluster/alpss"),
+    ("unknown-option-in-sweep", TRAIN, ["-m", "sync=ddp,rign", "launcher.dry_run=true"], "sync/rign"),
+    ("misspelt-key", TRAIN, ["train.epoch=3"], "did you mean train.epochs?"),
+    ("wrong-type", TRAIN, ["train.epochs=many"], "train.epochs=many"),
+    ("key-of-another-option", TRAIN, ["optim=adam", "optim.momentum=0.9"], "optim.momentum"),
+    ("unknown-section", TRAIN, ["+foo=1"], "foo: not a config section"),
+    ("bench-group-in-trainer", TRAIN, ["+bench=sweep"], "bench/sweep"),
+    ("epochs-zero", TRAIN, ["train.epochs=0"], "train.epochs=0: must be >= 1"),
+    ("lr-zero", TRAIN, ["train.lr=0"], "train.lr=0.0: must be > 0"),
+    ("backend", TRAIN, ["dist.backend=mpi"], "dist.backend=mpi"),
+    ("sync-value", TRAIN, ["sync=allreduce", "sync.bucket_mb=-1"], "sync.bucket_mb=-1.0"),
+    ("sync-root-not-a-rank", TRAIN, ["sync=reduce_broadcast", "sync.root=5"], "sync.root=5"),
+    ("resume-without-run-dir", TRAIN, ["train.resume=true"], "train.resume=true needs run.dir"),
+    ("local-several-nodes", TRAIN, ["launcher.nodes=2"], "launcher.nodes=2"),
+    ("slurm-tasks", TRAIN, ["launcher=slurm", "launcher.ntasks_per_node=2"],
+     "launcher.ntasks_per_node=2"),
+    ("slurm-sbatch-option", TRAIN, ["launcher=slurm", "launcher.sbatch_extra=[mem=0]",
+                                    "launcher.dry_run=true"], "launcher.sbatch_extra"),
+    ("mpirun-no-hosts", TRAIN, ["launcher=mpirun", "launcher.hosts=[]"], "launcher.hosts"),
+    ("runai-no-image", TRAIN, ["launcher=runai"], "launcher.image is not set"),
+    ("alps-no-account", TRAIN, ["cluster=alps", "launcher.environment=/e.toml"],
+     "launcher.account is not set"),
+    ("alps-no-environment", TRAIN, ["cluster=alps", "launcher.account=a-x"],
+     "launcher.environment is not set"),
+    ("run-dir-is-a-file", TRAIN, ["run.dir={file}"], "run.dir={file} is a file"),
+    ("run-root-under-a-file", TRAIN, ["run.root={file}/runs"], "run.root={file}/runs cannot be made"),
+    ("run-root-unwritable", TRAIN, ["run.root={ro}/runs"], "run.root={ro}/runs is not writable"),
+    ("data-root-is-a-file", TRAIN, ["data.root={file}"], "data.root={file} is a file"),
+    ("data-root-unwritable", TRAIN, ["data.root={ro}/data", "run.root={open}/runs"],
+     "data.root={ro}/data is not writable"),
+    ("bench-unknown-op", BENCH, ["bench.ops=[allreduce]"], "bench.ops: unknown allreduce"),
+    ("bench-misspelt-key", BENCH, ["bench.opz=[reduce]"], "did you mean bench.ops?"),
+    ("bench-impl-without-op", BENCH, ["bench.ops=[reduce]", "bench.impl=[butterfly]"],
+     "bench.impl=butterfly"),
+    ("bench-dtype", BENCH, ["bench.dtype=float8"], "bench.dtype: unknown float8"),
+    ("bench-unknown-preset", BENCH, ["bench=handinn"], "bench/handinn"),
+    ("bench-sizes", BENCH, ["bench.min_elements=4096", "bench.max_elements=1024"],
+     "bench.max_elements=1024 is below"),
+    ("bench-trainer-group", BENCH, ["+sync=ring"], "Key 'sync' not in 'BenchRootConfig'"),
+    ("bench-run-root-under-a-file", BENCH, ["run.root={file}/runs"], "run.root={file}/runs"),
+    ("bench-alps-no-account", BENCH, ["cluster=alps", "launcher.environment=/e.toml"],
+     "launcher.account is not set"),
+]
+
+
+@pytest.fixture
+def place():
+    """A folder anyone can enter (the unwritable cases run as an unprivileged user when
+    the tests run as root, for whom every folder is writable)."""
+    path = Path(tempfile.mkdtemp(prefix="ddp_lab_mistakes_"))
+    path.chmod(0o755)
+    (path / "a_file").write_text("not a folder\n")
+    (path / "open").mkdir()
+    (path / "open").chmod(0o777)
+    ro = path / "read_only"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    yield path
+    ro.chmod(0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run_as_user(module: str, args: list[str], cwd: Path, unprivileged: bool):
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", HOME=str(cwd),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    prefix = []
+    if unprivileged and os.geteuid() == 0:  # root writes anywhere: be nobody for this case
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return subprocess.run([*prefix, sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("module, args, expected", [m[1:] for m in MISTAKES],
+                         ids=[m[0] for m in MISTAKES])
+def test_mistake_is_one_line_exit_2_and_leaves_nothing(place, module, args, expected):
+    fill = {"file": str(place / "a_file"), "ro": str(place / "read_only"),
+            "open": str(place / "open")}
+    args = [a.format(**fill) for a in args]
+    expected = expected.format(**fill)
+    given = [a.removeprefix("run.root=") for a in args if a.startswith("run.root=")]
+    runs = Path(given[0]) if given else place / "runs"
+    if not given:
+        args.append(f"run.root={runs}")
+    if module == TRAIN and not any(a.startswith("data.root=") for a in args):
+        args.append(f"data.root={place / 'data'}")
+    before = sorted(str(p) for p in place.rglob("*"))
+    proc = run_as_user(module, args, place, unprivileged="read_only" in str(args))
+    said = f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 2, said
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), said
+    assert expected in lines[0], said
+    assert "Traceback" not in proc.stderr + proc.stdout, said
+    assert sorted(str(p) for p in place.rglob("*")) == before, "a rejected command made files"
+    assert not runs.exists(), "a rejected command must leave no run folder"
+
+
+def test_the_table_is_long_enough():
+    assert len(MISTAKES) >= 20 and len({m[0] for m in MISTAKES}) == len(MISTAKES)
+
+
+def test_dry_run_of_a_preset_renders_without_its_required_keys(place):
+    """A dry run shows the job a real submission would send, so it renders even where
+    the preset's required keys (cluster=alps: account, environment) are still missing."""
+    proc = run_as_user(TRAIN, ["cluster=alps", "launcher.dry_run=true", f"run.root={place / 'runs'}"],
+                       place, unprivileged=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --partition=normal" in proc.stdout and "--account" not in proc.stdout
+
+
+@pytest.mark.parametrize("module, hidden, listed", [
+    (TRAIN, ("bench:", "schema"), ("launcher: local, mpirun, slurm, runai",
+                                   "sync: ddp, allreduce, reduce_broadcast, ring, tree, butterfly",
+                                   "cluster: alps, entropy, rcp")),
+    (BENCH, ("sync:", "model:", "schema"), ("launcher: local, mpirun, slurm, runai",
+                                            "bench: handin, sweep")),
+])
+def test_help_lists_what_the_entry_accepts(place, module, hidden, listed):
+    proc = run_as_user(module, ["--help"], place, unprivileged=False)
+    assert proc.returncode == 0, proc.stderr
+    groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    for name in listed:
+        assert name in groups, groups
+    for name in hidden:
+        assert name not in groups, groups
