@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Every CUDA / nccl path of ddp_lab on one GPU, in a few minutes, as a short table.
+#
+#   bash scripts/gpu_check.sh              # run; without CUDA: one line "skipped: no CUDA", exit 0
+#   bash scripts/gpu_check.sh --dry        # print the commands it would run, run nothing
+#   bash scripts/gpu_check.sh --rehearse   # the same checks on CPU with gloo and few steps
+#                                          # (tests the script itself where no GPU is)
+#
+# Checks: the default MLP trained with nccl on 1 rank (figure: median s/epoch over full
+# epochs; goal <= 0.3 s on one H100), CUDA-event phase timing, an nccl group of several
+# ranks on one device (NCCL may refuse it, "Duplicate GPU detected": then the row says
+# refused), every synchroniser with nccl, the collective benchmark with nccl, and a run with
+# PyTorch's flight recorder on (dumps go into that run's folder). Exit 1 if a check failed.
+#
+# Knobs (env): PYTHON (default: the checkout's .venv/bin/python, else python3 from PATH),
+# OUT (default outputs/gpu_check/<date>_<time>), EPOCHS (3: full epochs of the speed row),
+# STEPS (200: steps per epoch of the other rows), RANKS (2: ranks on the one device),
+# WHEELS (default <repo>/.wheels): wheels of missing packages (hydra-core, omegaconf,
+# antlr4-python3-runtime, ...) for a machine without network, installed into $OUT/pydeps;
+# make it on a machine that has them:
+#   .venv/bin/python -m pip wheel --no-deps -w .wheels hydra-core omegaconf antlr4-python3-runtime
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODE=run
+case "${1:-}" in
+  --dry) MODE=dry ;;
+  --rehearse) MODE=rehearse ;;
+  "") ;;
+  *) echo "usage: $0 [--dry | --rehearse]" >&2; exit 2 ;;
+esac
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
+OUT=${OUT:-outputs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}
+EPOCHS=${EPOCHS:-3}
+STEPS=${STEPS:-200}
+RANKS=${RANKS:-2}
+BENCH_MAX=16777216
+SPEED=()   # the speed row runs full epochs
+WHEELS=${WHEELS:-$REPO/.wheels}
+BACKEND=nccl
+DEVICE=cuda
+if [ "$MODE" = rehearse ]; then
+  BACKEND=gloo DEVICE=cpu EPOCHS=1 STEPS=20 BENCH_MAX=65536 SPEED=("train.max_steps_per_epoch=20")
+fi
+DIST=("dist.backend=$BACKEND" "dist.device=$DEVICE")
+DATA="data.root=$OUT/data"
+
+if [ "$MODE" = run ]; then
+  if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "skipped: no CUDA (torch.cuda.is_available() is false for $PYTHON)"
+    exit 0
+  fi
+fi
+
+if [ "$MODE" != dry ]; then
+  mkdir -p "$OUT/logs"
+  OUT="$(cd "$OUT" && pwd)"
+  DATA="data.root=$OUT/data"
+  # a plain checkout (the GPU machine's copy) has no install: run this checkout's ddp_lab
+  if ! "$PYTHON" -c "import ddp_lab" 2>/dev/null; then
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  missing=$("$PYTHON" - <<'EOF'
+import importlib.util
+need = {"hydra": "hydra-core", "omegaconf": "omegaconf", "torchvision": "torchvision",
+        "tensorboard": "tensorboard", "matplotlib": "matplotlib", "tqdm": "tqdm"}
+print(" ".join(d for m, d in need.items() if importlib.util.find_spec(m) is None))
+EOF
+)
+  if [ -n "$missing" ]; then
+    if [ -d "$WHEELS" ]; then
+      "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/pydeps" $missing \
+        >"$OUT/logs/pydeps.log" 2>&1 || { echo "cannot install $missing from $WHEELS: see $OUT/logs/pydeps.log"; exit 1; }
+      export PYTHONPATH="$OUT/pydeps${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      echo "missing Python packages: $missing (no network? put their wheels in $WHEELS)"; exit 1
+    fi
+  fi
+fi
+
+ROWS=()    # "check|result|figure"
+FAILED=0
+
+# run NAME CMD...: its output goes to $OUT/logs/NAME.log; returns the command's status
+run() {
+  local name=$1; shift
+  if [ "$MODE" = dry ]; then printf '%q ' "$@"; echo; return 0; fi
+  echo "== $name" >&2
+  timeout 300 "$@" >"$OUT/logs/$name.log" 2>&1
+}
+
+row() { ROWS+=("$1|$2|$3"); [ "$2" = failed ] && FAILED=1; return 0; }
+
+# figure DIR WHAT: one number from a run folder's files (see the python below)
+figure() {
+  "$PYTHON" - "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+d, what = Path(sys.argv[1]), sys.argv[2]
+if what == "epoch":
+    s = json.loads((d / "summary.json").read_text())
+    print(f"{s['epoch_time_s_median']:.3f} s/epoch, acc {s['test_accuracy']:.4f} ({s['backend']} on {s['device']})")
+elif what == "phases":
+    recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    ph = recs[-1]["phase_s"]
+    assert all(ph[p]["mean"] > 0 for p in ("forward", "backward", "sync", "optim")), ph
+    print(", ".join(f"{p} {1e3 * ph[p]['mean']:.3f}" for p in ("forward", "backward", "sync", "optim")) + " ms/step")
+elif what == "bench":
+    rows = json.loads((d / "bench.json").read_text())["rows"]
+    bad = [r for r in rows if not r.get("correct", True)]
+    assert not bad, bad
+    best = {}
+    for r in rows:
+        if r["impl"] not in best or r["busbw_GBps"] > best[r["impl"]]["busbw_GBps"]:
+            best[r["impl"]] = r
+    print("peak busbw " + ", ".join(f"{k} {v['busbw_GBps']:.2f}" for k, v in best.items()) + " GB/s")
+elif what == "dumps":
+    print(f"{len(list(d.glob('nccl_trace_rank_*')))} dump file(s) (dumps come on a timeout)")
+EOF
+}
+
+train() {  # train NAME RUN_DIR OVERRIDES...: the trainer, into RUN_DIR
+  local name=$1 dir=$2; shift 2
+  run "$name" "$PYTHON" -m ddp_lab "${DIST[@]}" "$DATA" "run.dir=$dir" log.progress=lines "$@"
+}
+
+# 1. speed of the default MLP on one GPU, CUDA-event phase timing
+if train nccl_1rank "$OUT/nccl_1rank" launcher.nproc_per_node=1 "train.epochs=$EPOCHS" "${SPEED[@]}"; then
+  [ "$MODE" = dry ] || { row "$BACKEND, 1 rank, default MLP" ok "$(figure "$OUT/nccl_1rank" epoch)"
+    if f=$(figure "$OUT/nccl_1rank" phases 2>>"$OUT/logs/nccl_1rank.log"); then
+      row "phase timing ($DEVICE)" ok "$f"; else row "phase timing ($DEVICE)" failed "see logs/nccl_1rank.log"; fi; }
+else
+  row "$BACKEND, 1 rank, default MLP" failed "see logs/nccl_1rank.log"
+fi
+
+# 2. several ranks on one device: NCCL decides (ddp_lab gives each local rank its own GPU)
+SHARED="$OUT/shared_device.py"
+[ "$MODE" = dry ] || cat >"$SHARED" <<'EOF'
+"""torchrun --standalone --nproc_per_node=N shared_device.py BACKEND DEVICE: all on device 0."""
+import sys
+import torch
+import torch.distributed as dist
+
+backend, device = sys.argv[1], sys.argv[2]
+dist.init_process_group(backend)
+t = torch.ones(1024, device="cuda:0" if device == "cuda" else "cpu")
+dist.all_reduce(t)  # NCCL checks the devices of the communicator here
+assert t[0].item() == dist.get_world_size(), t[0].item()
+dist.destroy_process_group()
+EOF
+# NCCL names the refusal ("Duplicate GPU detected") only at NCCL_DEBUG=WARN
+run nccl_shared_device env NCCL_DEBUG=WARN OMP_NUM_THREADS=1 "$PYTHON" -m torch.distributed.run \
+  --standalone "--nproc_per_node=$RANKS" "$SHARED" "$BACKEND" "$DEVICE"
+rc=$?
+if [ "$MODE" != dry ]; then
+  if [ $rc -eq 0 ]; then row "$BACKEND, $RANKS ranks on one device" ok "all_reduce correct"
+  elif grep -q "Duplicate GPU" "$OUT/logs/nccl_shared_device.log"; then
+    row "$BACKEND, $RANKS ranks on one device" refused "NCCL: Duplicate GPU detected"
+  else row "$BACKEND, $RANKS ranks on one device" failed "see logs/nccl_shared_device.log"; fi
+fi
+
+# 3. every synchroniser on the GPU (one rank per visible GPU)
+for s in ddp allreduce reduce_broadcast ring tree butterfly; do
+  if train "sync_$s" "$OUT/sync_$s" "sync=$s" train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
+    [ "$MODE" = dry ] || row "sync=$s" ok "$(figure "$OUT/sync_$s" epoch)"
+  else row "sync=$s" failed "see logs/sync_$s.log"; fi
+done
+
+# 4. the collective benchmark
+if run bench "$PYTHON" -m ddp_lab.bench "${DIST[@]}" "run.dir=$OUT/bench" log.progress=lines \
+     "bench.impl=[torch,ring,butterfly,tree,naive]" "bench.max_elements=$BENCH_MAX" bench.points=4; then
+  [ "$MODE" = dry ] || row "bench all_reduce" ok "$(figure "$OUT/bench" bench)"
+else row "bench all_reduce" failed "see logs/bench.log"; fi
+
+# 5. PyTorch's flight recorder, its dumps into the run folder
+FR=(env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
+    "TORCH_FR_DUMP_TEMP_FILE=$OUT/flight_recorder/nccl_trace_rank_")
+if run flight_recorder "${FR[@]}" "$PYTHON" -m ddp_lab "${DIST[@]}" "$DATA" "run.dir=$OUT/flight_recorder" \
+     log.progress=lines train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
+  [ "$MODE" = dry ] || row "flight recorder env" ok "$(figure "$OUT/flight_recorder" dumps)"
+else row "flight recorder env" failed "see logs/flight_recorder.log"; fi
+
+[ "$MODE" = dry ] && exit 0
+echo
+echo "ddp_lab GPU check ($BACKEND on $DEVICE), logs and run folders in $OUT"
+"$PYTHON" -c "import torch; print('torch', torch.__version__, '| cuda', torch.version.cuda, '|',
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
+printf '%-34s %-8s %s\n' check result figure
+for r in "${ROWS[@]}"; do IFS='|' read -r c res f <<<"$r"; printf '%-34s %-8s %s\n' "$c" "$res" "$f"; done
+exit $FAILED
