@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_epoch.py                 # notebook vs ours (1 rank) vs ours (2 ranks)
     .venv/bin/python scripts/bench_epoch.py --epochs 3 --ranks 1 2 4
+    .venv/bin/python scripts/bench_epoch.py --epochs 1 --ranks 1 --max-steps 20   # a quick check
 
 The notebook's workload: MLP 784-50-10, batch 64, Adam lr 1e-3, CPU. The notebook loop is
 its own code (ToTensor + DataLoader with shuffle, DDP over a one-process gloo group); ours is
@@ -24,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def notebook_epochs(root: str, epochs: int) -> list[float]:
+def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     """The notebook's training loop, verbatim in substance (001_*.txt, first cell)."""
     import torch
     import torch.nn as nn
@@ -61,7 +62,9 @@ def notebook_epochs(root: str, epochs: int) -> list[float]:
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
-        for data, targets in train_loader:
+        for step, (data, targets) in enumerate(train_loader):
+            if max_steps and step == max_steps:
+                break
             data = data.reshape(data.shape[0], -1)
             loss = criterion(model(data), targets)
             optimizer.zero_grad()
@@ -91,6 +94,8 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="ddp_lab world sizes to time")
     p.add_argument("--no-notebook", action="store_true", help="skip the notebook loop")
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for ddp_lab runs")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="steps per epoch, for a quick check (0 = full epochs: the real figure)")
     p.add_argument("--threads", type=int, nargs="+", default=[0, 1],
                    help="train.threads values for the 1-rank runs (0 = cores / local ranks)")
     args = p.parse_args()
@@ -102,12 +107,13 @@ def main() -> None:
         fetch_mnist(root, ["embedded"])
         rows = []
         if not args.no_notebook:
-            t = notebook_epochs(root, args.epochs)
+            t = notebook_epochs(root, args.epochs, args.max_steps)
             rows.append(("notebook loop (ToTensor + DataLoader), 1 process", statistics.median(t), t, None))
         for n in args.ranks:
             for th in (args.threads if n == 1 else [0]):
                 r = ours(root, str(Path(tmp) / "runs"), n, args.epochs,
-                         [*args.extra, f"train.threads={th}"])
+                         [*args.extra, f"train.threads={th}",
+                          f"train.max_steps_per_epoch={args.max_steps}"])
                 label = "cores/ranks" if th == 0 else str(th)
                 rows.append((f"ddp_lab sync=ddp, {n} rank(s), threads {label}",
                              statistics.median(r["epochs"]), r["epochs"], r["acc"]))

@@ -1,0 +1,219 @@
+"""Every command of the README's runbook and every script in scripts/, run as written, in its
+cheapest form (a dry run, or one epoch of 20 steps), from a folder outside the checkout.
+
+The commands are parsed from README.md itself, so a README edit is tested. `python` is
+this interpreter (the runbook activates the venv first); the cheap overrides are appended
+(Hydra: the last value of a key wins). Commands that need a scheduler, a remote host or a
+cluster image (slurm, mpirun, runai) are dry runs. Everything must land under ./outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+QUICK = ["train.epochs=1", "train.max_steps_per_epoch=20", "log.progress=lines"]
+QUICK_BENCH = ["bench.min_elements=1024", "bench.max_elements=4096", "bench.points=2",
+               "bench.warmup=1", "bench.iters=3", "bench.min_iters=1", "log.progress=lines"]
+REMOTE = ("launcher=slurm", "launcher=mpirun", "launcher=runai", "cluster=")
+
+
+def runbook_commands() -> list[str]:
+    """The ```bash blocks between `## Runbook` and the next `## ` heading, one command a line."""
+    section = README.split("\n## Runbook\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        for line in block.splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv:
+                commands.append(shlex.join(argv))
+    return commands
+
+
+COMMANDS = runbook_commands()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, shared_data_root):
+    cwd = tmp_path_factory.mktemp("user")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return {"cwd": cwd, "env": env, "data": f"data.root={shared_data_root}"}
+
+
+def sh(work, argv: list[str], timeout: float = 600, env: dict | None = None):
+    return subprocess.run(argv, cwd=work["cwd"], env={**work["env"], **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ok(proc) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def run_dir(stdout: str) -> Path:
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("run dir: "), stdout[-2000:]
+    return Path(last.removeprefix("run dir: "))
+
+
+def cheap(argv: list[str], work) -> tuple[list[str], str]:
+    """The cheapest form of a README command and what to check: 'run', 'help', 'plain'."""
+    if argv[:2] != ["python", "-m"]:
+        raise AssertionError(f"no rule for this README command: {shlex.join(argv)}")
+    module, args = argv[2], argv[3:]
+    py = [sys.executable, "-m", module, *args]
+    if "--help" in args:
+        return py, "help"
+    if module in ("ddp_lab", "ddp_lab.bench"):
+        data = [work["data"]] if module == "ddp_lab" else []  # the bench reads no data
+        if any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args:
+            return [*py, "launcher.dry_run=true", *data], "run"
+        return [*py, *(QUICK if module == "ddp_lab" else QUICK_BENCH), *data], "run"
+    return py, "plain"  # ddp_lab.report, ddp_lab.nccl_env: cheap as they are
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("command", COMMANDS, ids=[c[:70] for c in COMMANDS])
+def test_runbook_command(work, command):
+    argv = shlex.split(command)
+    if argv[:1] == ["source"]:
+        # the venv of this checkout is the interpreter running the tests: `python` below is it
+        assert argv == ["source", ".venv/bin/activate"], argv
+        print(f"not run: {command} (the commands below run with {sys.executable})")
+        return
+    if argv[0] == "tensorboard":
+        assert argv[1:] == ["--logdir", "outputs"], argv
+        tb = Path(sys.executable).with_name("tensorboard")
+        assert "--logdir" in ok(sh(work, [str(tb), "--help"], timeout=120))
+        print("tensorboard: --help only (serving blocks until stopped)")
+        return
+    if "run.dir=" in command and "train.resume=true" in command:
+        return resume(work, argv)
+    full, kind = cheap(argv, work)
+    out = ok(sh(work, full))
+    if kind == "help":
+        assert "launcher" in out
+    elif kind == "run" and "-m" not in argv[3:]:  # a sweep prints one run dir per job
+        assert run_dir(out).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
+    if argv[2] == "ddp_lab.report":
+        assert (work["cwd"] / "outputs" / "report" / "report.md").is_file()
+
+
+def resume(work, argv):
+    """The Resume example: its run folder made first (one epoch), then the command as written."""
+    folder = next(a for a in argv if a.startswith("run.dir=")).removeprefix("run.dir=")
+    ok(sh(work, [sys.executable, "-m", "ddp_lab", f"run.dir={folder}", *QUICK, work["data"]]))
+    ok(sh(work, [sys.executable, "-m", *argv[2:], "train.max_steps_per_epoch=20",
+                 "train.epochs=2", work["data"]]))
+    lines = (work["cwd"] / folder / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+
+
+def test_runbook_is_parsed():
+    assert len(COMMANDS) >= 20 and "python -m ddp_lab.report outputs/" in COMMANDS
+    assert any(c.startswith("python -m ddp_lab run.dir=") for c in COMMANDS)  # the Resume example
+
+
+# ------------------------------------------------------------------ scripts/
+def script_compare_syncs(work):
+    root = work["cwd"] / "outputs" / "compare_syncs"
+    out = ok(sh(work, ["bash", str(REPO / "scripts/compare_syncs.sh"), "train.max_steps_per_epoch=20",
+                       work["data"]],
+                env={"EPOCHS": "1", "WORLDS": "2", "SYNCS": "ddp,ring", "ROOT": str(root),
+                     # this checkout has no .venv of its own: the interpreter running the tests
+                     "PYTHON": sys.executable}))
+    assert "| 2 | ring | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 2
+
+
+def script_bench_epoch(work):
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_epoch.py"), "--epochs", "1",
+                       "--ranks", "1", "--threads", "0", "--max-steps", "20"]))
+    assert "notebook loop" in out and "ddp_lab sync=ddp, 1 rank(s)" in out
+
+
+def script_bench_sync(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_sync.py"), "--world", "2",
+                       "--repeats", "1", "--steps", "20", "--data-root", data]))
+    assert "ring / ddp" in out
+
+
+def script_sync_table(work):
+    # after compare_syncs.sh (alphabetical order): its runs, read again; a wrong path: one line
+    root = work["cwd"] / "outputs" / "compare_syncs"
+    table = [sys.executable, str(REPO / "scripts/sync_table.py")]
+    assert "| 2 | ddp | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
+    proc = sh(work, [*table, str(root / "nowhere")])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def script_gpu_check(work):
+    import torch
+
+    script = str(REPO / "scripts/gpu_check.sh")
+    env = {"PYTHON": sys.executable, "OUT": str(work["cwd"] / "outputs" / "gpu_check")}
+    if not torch.cuda.is_available():
+        out = ok(sh(work, ["bash", script], env=env))
+        assert out.strip().splitlines() == [out.strip()] and out.startswith("skipped: no CUDA")
+    dry = ok(sh(work, ["bash", script, "--dry"], env=env)).splitlines()
+    ours = [shlex.split(x) for x in dry if " -m ddp_lab" in x]
+    assert len(ours) == 9, dry  # speed, six syncs, bench, flight recorder
+    for argv in ours:  # every config key is real: Hydra composes each command
+        argv = argv[argv.index(sys.executable):]
+        ok(sh(work, [*argv, "--cfg", "job"], timeout=120))
+
+
+def script_setup(work):
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts/setup.sh")]).returncode == 0
+    pytest.skip("setup.sh builds a venv and installs torch from the index: bash -n only "
+                "(the venv running these tests is what it makes)")
+
+
+def script_install_system_deps(work):
+    pkgs = ["slurmctld", "slurmd", "slurm-client", "munge", "openmpi-bin"]
+    have = subprocess.run(["dpkg-query", "-W", "-f=${Status}\n", *pkgs], capture_output=True,
+                          text=True).stdout.count("install ok installed")
+    if have != len(pkgs):
+        pytest.skip("the packages are not all installed: installing needs root and the network")
+    assert "all installed" in ok(sh(work, ["bash", str(REPO / "scripts/install_system_deps.sh")]))
+
+
+def script_slurm_cluster(work):
+    # `status` of a cluster that was never started: exit 1, quickly, and nothing started
+    state = work["cwd"] / "outputs" / "no-cluster"
+    proc = sh(work, ["bash", str(REPO / "scripts/slurm_cluster.sh"), "status", str(state)], timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+SCRIPTS = {"compare_syncs.sh": script_compare_syncs, "bench_epoch.py": script_bench_epoch,
+           "bench_sync.py": script_bench_sync, "sync_table.py": script_sync_table,
+           "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
+           "install_system_deps.sh": script_install_system_deps,
+           "slurm_cluster.sh": script_slurm_cluster}
+
+
+def test_every_script_has_a_check():
+    assert sorted(p.name for p in (REPO / "scripts").iterdir() if p.is_file()) == sorted(SCRIPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script(work, name):
+    SCRIPTS[name](work)
+
+
+@pytest.mark.slow
+def test_everything_wrote_only_under_outputs(work):
+    # last in the file: no command or script above left anything outside ./outputs
+    assert sorted(os.listdir(work["cwd"])) == ["outputs"]
