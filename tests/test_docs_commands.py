@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, child_env, describe, run_dir_of
 
-REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 QUICK = ["train.epochs=1", "train.max_steps_per_epoch=20", "log.progress=lines"]
 QUICK_BENCH = ["bench.min_elements=1024", "bench.max_elements=4096", "bench.points=2",
@@ -45,7 +45,7 @@ COMMANDS = runbook_commands()
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, shared_data_root):
     cwd = tmp_path_factory.mktemp("user")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()  # this checkout first on PYTHONPATH
     return {"cwd": cwd, "env": env, "data": f"data.root={shared_data_root}"}
 
 
@@ -55,14 +55,8 @@ def sh(work, argv: list[str], timeout: float = 600, env: dict | None = None):
 
 
 def ok(proc) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, describe(proc)
     return proc.stdout
-
-
-def run_dir(stdout: str) -> Path:
-    last = stdout.strip().splitlines()[-1]
-    assert last.startswith("run dir: "), stdout[-2000:]
-    return Path(last.removeprefix("run dir: "))
 
 
 def cheap(argv: list[str], work) -> tuple[list[str], str]:
@@ -100,11 +94,12 @@ def test_runbook_command(work, command):
     if "run.dir=" in command and "train.resume=true" in command:
         return resume(work, argv)
     full, kind = cheap(argv, work)
-    out = ok(sh(work, full))
+    proc = sh(work, full)
+    out = ok(proc)
     if kind == "help":
         assert "launcher" in out
     elif kind == "run" and "-m" not in argv[3:]:  # a sweep prints one run dir per job
-        assert run_dir(out).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
+        assert run_dir_of(proc).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
     if argv[2] == "ddp_lab.report":
         assert (work["cwd"] / "outputs" / "report" / "report.md").is_file()
 
