@@ -29,6 +29,29 @@ def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
         )
 
 
+def _pieces(stack: contextlib.ExitStack, buf: torch.Tensor | Sequence[torch.Tensor],
+            ref: torch.Tensor, n: int, name: str, ref_name: str,
+            writeback: bool) -> list[torch.Tensor]:
+    """The ``n`` flat pieces of the full buffer ``buf`` (one tensor of ``n * ref.numel()``
+    elements, or a list of ``n`` tensors of ``ref.numel()``), each checked against ``ref``;
+    the flat views live as long as ``stack``."""
+    m = ref.numel()
+    if isinstance(buf, torch.Tensor):
+        _check_piece(buf, ref, name)
+        if buf.numel() != n * m:
+            raise ValueError(f"{name} has {buf.numel()} elements, expected world_size * "
+                             f"{ref_name}.numel() = {n} * {m}")
+        flat = stack.enter_context(flat_view(buf, writeback=writeback))
+        return list(flat.split(m)) if m else []
+    if len(buf) != n:
+        raise ValueError(f"{name} list has {len(buf)} tensors, expected {n}")
+    for i, t in enumerate(buf):
+        _check_piece(t, ref, f"{name}[{i}]")
+        if t.numel() != m:
+            raise ValueError(f"{name}[{i}] has {t.numel()} elements, expected {m}")
+    return [stack.enter_context(flat_view(t, writeback=writeback)) for t in buf]
+
+
 def all_gather_ring(
     output: torch.Tensor | Sequence[torch.Tensor],
     input: torch.Tensor,
@@ -52,23 +75,7 @@ def all_gather_ring(
         return
     n, m = info.size, input.numel()
     with contextlib.ExitStack() as stack:
-        if isinstance(output, torch.Tensor):
-            _check_piece(output, input, "output")
-            if output.numel() != n * m:
-                raise ValueError(
-                    f"output has {output.numel()} elements, expected world_size * input.numel()"
-                    f" = {n} * {m}"
-                )
-            flat = stack.enter_context(flat_view(output))
-            chunks = list(flat.split(m)) if m else []
-        else:
-            if len(output) != n:
-                raise ValueError(f"output list has {len(output)} tensors, expected {n}")
-            for i, t in enumerate(output):
-                _check_piece(t, input, f"output[{i}]")
-                if t.numel() != m:
-                    raise ValueError(f"output[{i}] has {t.numel()} elements, expected {m}")
-            chunks = [stack.enter_context(flat_view(t)) for t in output]
+        chunks = _pieces(stack, output, input, n, "output", "input", writeback=True)
         if m == 0:
             return
         mine = chunks[info.rank]
@@ -107,23 +114,7 @@ def reduce_scatter_ring(
         return
     n, m = info.size, output.numel()
     with contextlib.ExitStack() as stack:
-        if isinstance(input, torch.Tensor):
-            _check_piece(input, output, "input")
-            if input.numel() != n * m:
-                raise ValueError(
-                    f"input has {input.numel()} elements, expected world_size * output.numel()"
-                    f" = {n} * {m}"
-                )
-            src = stack.enter_context(flat_view(input, writeback=False))
-            chunks = list(src.split(m)) if m else []
-        else:
-            if len(input) != n:
-                raise ValueError(f"input list has {len(input)} tensors, expected {n}")
-            for i, t in enumerate(input):
-                _check_piece(t, output, f"input[{i}]")
-                if t.numel() != m:
-                    raise ValueError(f"input[{i}] has {t.numel()} elements, expected {m}")
-            chunks = [stack.enter_context(flat_view(t, writeback=False)) for t in input]
+        chunks = _pieces(stack, input, output, n, "input", "output", writeback=False)
         if m == 0:
             return
         out = stack.enter_context(flat_view(output))
