@@ -15,10 +15,13 @@
 # Knobs (env): PYTHON (default: the checkout's .venv/bin/python, else python3 from PATH),
 # OUT (default outputs/gpu_check/<date>_<time>), EPOCHS (3: full epochs of the speed row),
 # STEPS (200: steps per epoch of the other rows), RANKS (2: ranks on the one device),
-# WHEELS (default <repo>/.wheels): wheels of missing packages (hydra-core, omegaconf,
-# antlr4-python3-runtime, ...) for a machine without network, installed into $OUT/pydeps;
-# make it on a machine that has them:
-#   .venv/bin/python -m pip wheel --no-deps -w .wheels hydra-core omegaconf antlr4-python3-runtime
+# WHEELS (default <repo>/.wheels): for a machine without network, wheels of the packages it
+# lacks (torch is expected there); every wheel in it is installed (--no-deps) into
+# $OUT/pydeps. Made on a machine with network, for the GPU machine's Python (3.12 here):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 -d .wheels hydra-core omegaconf PyYAML
+#   pip wheel --no-deps -w .wheels antlr4-python3-runtime==4.9.3     # no wheel on PyPI
+# (and tensorboard, matplotlib, tqdm with their dependencies if the machine lacks them)
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,21 +65,23 @@ if [ "$MODE" != dry ]; then
   if ! "$PYTHON" -c "import ddp_lab" 2>/dev/null; then
     export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
   fi
-  missing=$("$PYTHON" - <<'EOF'
+  missing() {
+    "$PYTHON" - <<'EOF'
 import importlib.util
 need = {"hydra": "hydra-core", "omegaconf": "omegaconf", "torchvision": "torchvision",
         "tensorboard": "tensorboard", "matplotlib": "matplotlib", "tqdm": "tqdm"}
 print(" ".join(d for m, d in need.items() if importlib.util.find_spec(m) is None))
 EOF
-)
-  if [ -n "$missing" ]; then
-    if [ -d "$WHEELS" ]; then
-      "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/pydeps" $missing \
-        >"$OUT/logs/pydeps.log" 2>&1 || { echo "cannot install $missing from $WHEELS: see $OUT/logs/pydeps.log"; exit 1; }
-      export PYTHONPATH="$OUT/pydeps${PYTHONPATH:+:$PYTHONPATH}"
-    else
-      echo "missing Python packages: $missing (no network? put their wheels in $WHEELS)"; exit 1
-    fi
+  }
+  lacking=$(missing)
+  if [ -n "$lacking" ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --no-deps --no-index --target "$OUT/pydeps" "$WHEELS"/*.whl \
+      >"$OUT/logs/pydeps.log" 2>&1 || { echo "cannot install the wheels of $WHEELS: see $OUT/logs/pydeps.log"; exit 1; }
+    export PYTHONPATH="$OUT/pydeps${PYTHONPATH:+:$PYTHONPATH}"
+    lacking=$(missing)
+  fi
+  if [ -n "$lacking" ]; then
+    echo "missing Python packages: $lacking (no network? put their wheels in $WHEELS: see $0's header)"; exit 1
   fi
 fi
 
