@@ -9,11 +9,12 @@ own checks run first (`launch.resolve`, which also fills its derived values).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import UserError
 
@@ -92,13 +93,14 @@ def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-def known_sections(allowed: Sequence[str]) -> Rule:
-    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it."""
-    def rule(cfg: DictConfig) -> Optional[str]:
-        extra = [k for k in cfg if k not in allowed]
-        return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
-                f"drop +{extra[0]}=..." if extra else None)
-    return rule
+def known_sections(cfg: DictConfig) -> Optional[str]:
+    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it. The
+    sections are the fields of the schema the config was composed from (config.Config,
+    the bench's BenchRootConfig), so the list is never written twice."""
+    allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
+    extra = [k for k in cfg if k not in allowed]
+    return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
+            f"drop +{extra[0]}=..." if extra else None)
 
 
 # ---------------------------------------------------------------- tables
@@ -137,8 +139,7 @@ def _sync_fits(cfg: DictConfig) -> Optional[str]:
 
 
 TRAIN: list[Rule] = [
-    known_sections(("launcher", "sync", "model", "data", "optim", "train", "dist", "run", "log",
-                    "timing")),
+    known_sections,
     at_least("train.epochs", 1),
     at_least("train.batch_size", 1),
     above("train.lr", 0),
@@ -188,7 +189,7 @@ def _bench_sizes(cfg: DictConfig) -> Optional[str]:
 
 
 BENCH: list[Rule] = [
-    known_sections(("launcher", "bench", "dist", "run", "log")),
+    known_sections,
     _bench_names,
     at_least("bench.min_elements", 1),
     at_least("bench.points", 1),
