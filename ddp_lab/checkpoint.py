@@ -1,4 +1,9 @@
-"""Checkpoints written atomically: a crash leaves the previous one, never half of a new one."""
+"""Checkpoints written atomically: a crash leaves the previous one, never half of a new one.
+
+Names order the run's timeline: `epoch_0003.pt` holds the state after 3 epochs,
+`epoch_0003_step_000120.pt` after 3 epochs and 120 steps of the 4th (a graceful stop).
+The newest by (epochs, step) is the one a run continues from.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import torch
 
 from .files import atomic_open
 
-_NAME = re.compile(r"epoch_(\d+)\.pt$")
+_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -19,29 +24,50 @@ def atomic_save(obj: Any, path: Path) -> None:
         torch.save(obj, f)
 
 
-def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
-    path = ckpt_dir / f"epoch_{epoch:04d}.pt"
-    atomic_save({**state, "epoch": epoch}, path)
-    for old in sorted(_list(ckpt_dir))[:-keep] if keep > 0 else []:
-        old[1].unlink(missing_ok=True)
+def name(epochs: int, step: int = 0) -> str:
+    return f"epoch_{epochs:04d}.pt" if step == 0 else f"epoch_{epochs:04d}_step_{step:06d}.pt"
+
+
+def save(ckpt_dir: Path, epochs: int, step: int, state: dict, keep: int = 2) -> Path:
+    """The state after `epochs` epochs and `step` steps of the next; the `keep` newest stay."""
+    path = ckpt_dir / name(epochs, step)
+    atomic_save({**state, "epoch": epochs, "step": step}, path)
+    for _, old in sorted(_list(ckpt_dir))[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
     return path
 
 
-def _list(ckpt_dir: Path) -> list[tuple[int, Path]]:
+def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
+    return save(ckpt_dir, epoch, 0, state, keep)
+
+
+def position(path: Path) -> tuple[int, int]:
+    """(epochs done, steps of the next epoch) of a checkpoint file name."""
+    m = _NAME.match(path.name)
+    if not m:
+        raise ValueError(f"{path.name} is not a checkpoint name")
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def _list(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
     if not ckpt_dir.is_dir():
         return []
-    out = []
-    for p in ckpt_dir.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            out.append((int(m.group(1)), p))
-    return out
+    return [(position(p), p) for p in ckpt_dir.iterdir() if _NAME.match(p.name)]
 
 
 def latest(ckpt_dir: Path) -> Optional[Path]:
     """The newest complete checkpoint (temp files never match the name pattern)."""
     found = sorted(_list(ckpt_dir))
     return found[-1][1] if found else None
+
+
+def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
+    """Delete checkpoints past `pos`: a run continuing from `pos` starts a new timeline, and
+    the old one's later states must not outlive it."""
+    gone = [p for key, p in _list(ckpt_dir) if key > pos]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
 
 
 def load(path: Path, device: torch.device) -> dict:

@@ -293,9 +293,16 @@ class TrainConfig:
     eval_batch_size: int = 1000
     """samples per evaluation batch"""
     checkpoint: bool = True
-    """write a checkpoint at the end of every epoch"""
-    resume: bool = False
-    """continue from the last complete checkpoint in run.dir"""
+    """write a checkpoint at the end of every epoch (a graceful stop always writes one)"""
+    resume: str = "auto"
+    """auto: continue from run.dir's newest checkpoint if it has one, else start fresh |
+    true: continue, and fail if there is no checkpoint | false: start fresh (refused on a
+    folder that holds results)"""
+    stop_signal: str = "SIGUSR2"
+    """the user signal that stops every rank gracefully, like SIGTERM (SLURM sends it
+    ahead of the time limit: launcher.signal_s); NCCL uses SIGUSR1; '' = none"""
+    stop_check_s: float = 1.0
+    """seconds between the ranks' agreements on whether to stop (one tiny all-reduce)"""
     threads: int = 0
     """torch CPU threads per rank; 0 = cores / local ranks"""
 

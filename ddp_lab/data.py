@@ -234,9 +234,13 @@ class TensorShards:
         return math.ceil(math.ceil(len(self.x) / self.world_size) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.iter_from(0)
+
+    def iter_from(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's batches from batch number `batch` on (a run resumed mid-epoch)."""
         idx = shard_indices(len(self.x), self.world_size, self.rank, self.epoch, self.seed,
                             self.shuffle, self.x.device)
-        for start in range(0, len(idx), self.batch_size):
+        for start in range(batch * self.batch_size, len(idx), self.batch_size):
             b = idx[start:start + self.batch_size]
             yield self.x.index_select(0, b), self.y.index_select(0, b)
 
@@ -278,8 +282,21 @@ class _DeviceLoader:
         return len(self.loader)
 
     def __iter__(self):
+        return self.iter_from(0)
+
+    def iter_from(self, batch: int):
+        """The epoch's batches from batch number `batch` on: the sampler's order is a
+        function of (seed, epoch), so skipping the first indices resumes it exactly."""
         nb = self.device.type == "cuda"
-        for x, y in self.loader:
+        loader = self.loader
+        if batch:
+            from torch.utils.data import DataLoader
+
+            indices = list(self.sampler)[batch * self.loader.batch_size:]
+            loader = DataLoader(self.loader.dataset, batch_size=self.loader.batch_size,
+                                sampler=indices, num_workers=self.loader.num_workers,
+                                pin_memory=self.loader.pin_memory)
+        for x, y in loader:
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 

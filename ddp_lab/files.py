@@ -43,3 +43,14 @@ def atomic_write_text(path: Path, text: str) -> None:
 def write_json(path: Path, obj: Any) -> None:
     """`obj` as indented, key-sorted JSON, atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json_or_empty(path: Path) -> dict:
+    """A JSON object file's content; {} when it is missing, unreadable or not an object."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, open_dict
 
-from .files import atomic_write_text, write_json
+from .files import atomic_write_text, read_json_or_empty, write_json
 from .rundir import make_run_dir, write_config
 
 
@@ -61,14 +61,31 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         print(f"run dir: {run_dir}")
         return run_dir, None
     try:
-        return run_dir, launch.start(rendered, run_dir)
+        return run_dir, launch.start(rendered, run_dir, grace_s=cfg.dist.timeout_s + 60)
     except launch.LaunchError as e:  # the folder stays: it holds what could not be started
         raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
 
 
 def read_summary(run_dir: Path) -> dict:
-    path = run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json_or_empty(run_dir / "summary.json")
+
+
+def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
+    """summary.json says `status` (a failure), keeping what it held (the run's segments,
+    its last metrics) and closing the open segment; `fields` fill keys it lacks."""
+    import datetime
+
+    summary = read_summary(run_dir)
+    summary["status"] = status
+    for key, value in (fields or {}).items():
+        summary.setdefault(key, value)
+    segments = summary.get("segments")
+    if isinstance(segments, list) and segments and isinstance(segments[-1], dict) \
+            and segments[-1].get("status") == "running":
+        segments[-1].update(status="failed", end=datetime.datetime.now(
+            datetime.timezone.utc).astimezone().isoformat(timespec="seconds"))
+    write_json(run_dir / "summary.json", summary)
+    return summary
 
 
 def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
@@ -76,12 +93,11 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
     so (no summary, or one that claims completion) is marked `failed: job exit status rc`,
     with `fields` filled in where the ranks did not write them."""
     summary = read_summary(run_dir)
-    if rc != 0:
-        if not summary or str(summary.get("status", "")).startswith("completed"):
-            summary["status"] = f"failed: job exit status {rc} (see {run_dir / 'logs'})"
-        for key, value in fields.items():
-            summary.setdefault(key, value)
-        write_json(run_dir / "summary.json", summary)
+    status = str(summary.get("status", ""))
+    if rc != 0 and (not summary or status.startswith(("completed", "running"))):
+        return mark_failed(run_dir, f"failed: job exit status {rc} (see {run_dir / 'logs'})", fields)
+    if rc != 0 and any(k not in summary for k in fields):
+        return mark_failed(run_dir, status, fields)
     return summary
 
 
@@ -109,9 +125,8 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         log.error("failed: %s: %s (traceback in %s)", type(e).__name__, e,
                   run_dir / "logs" / f"rank{env.rank}.log")
         if env.is_main:
-            write_json(run_dir / "summary.json", {
-                **(failure or {}), "status": f"failed: {type(e).__name__}: {e}",
-                "world_size": env.world_size})
+            mark_failed(run_dir, f"failed: {type(e).__name__}: {e}",
+                        {**(failure or {}), "world_size": env.world_size})
         return 1
     finally:
         logging.shutdown()

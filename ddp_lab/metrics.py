@@ -49,7 +49,7 @@ class NullSink:
     """What a non-logging rank writes to: nothing. The loop and `Telemetry` call it exactly
     as the real one, so no `if rank == 0` sits around each call (torchtitan's BaseLogger)."""
 
-    def truncate_after(self, epoch: int) -> None:
+    def truncate_after(self, epoch: int, global_step: int = 0) -> None:
         pass
 
     def text(self, tag: str, text: str) -> None:
@@ -72,23 +72,47 @@ class RunFolderSink(NullSink):
     """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are
     rewritten whole and atomically (`ddp_lab.files`): a reader, or a run killed mid-write,
     sees the file before or after an epoch, never a torn line. They are small (a line per
-    epoch), so the rewrite costs nothing next to an epoch."""
+    epoch), so the rewrite costs nothing next to an epoch.
+
+    TensorBoard: epoch scalars in tb/ (x axis: epoch), per-step scalars in tb/steps/ (x
+    axis: global step). Two writers because a resumed run purges each axis past its own
+    position (SummaryWriter's purge_step), so no point ever shows twice."""
 
     def __init__(self, run_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
-
         self.run_dir = run_dir
         self.metrics = run_dir / "metrics.jsonl"
         self._lines: list[str] = []
-        self.tb: Optional[SummaryWriter] = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self._tb = None
+        self._tb_steps = None
+        self._purge: tuple[Optional[int], Optional[int]] = (None, None)
 
-    def truncate_after(self, epoch: int) -> None:
-        """On resume: keep the records up to the checkpoint we continue from, drop later
-        ones (a fresh run keeps none)."""
+    @property
+    def tb(self):
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=self._purge[0])
+        return self._tb
+
+    @property
+    def tb_steps(self):
+        if self._tb_steps is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb_steps = SummaryWriter(log_dir=str(self.run_dir / "tb" / "steps"),
+                                           purge_step=self._purge[1])
+        return self._tb_steps
+
+    def truncate_after(self, epoch: int, global_step: int = 0) -> None:
+        """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
+        `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
+        hides its points past the same position."""
         lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
         self._lines = [ln for ln in lines if ln.strip() and json.loads(ln).get("epoch", 0) <= epoch]
         if self.metrics.exists():
             self._write_metrics()
+        if (self.run_dir / "tb").is_dir():  # a run before this one wrote points: purge
+            self._purge = (epoch + 1, global_step)
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
@@ -107,20 +131,20 @@ class RunFolderSink(NullSink):
         """Per-step scalars, written in one go at the end of an epoch (x axis: global step)."""
         for step, scalars in points:
             for tag, value in scalars.items():
-                self.tb.add_scalar(tag, value, step)
-        self.tb.flush()
+                self.tb_steps.add_scalar(tag, value, step)
+        self.tb_steps.flush()
 
     def summary(self, summary: RunSummary) -> None:
         write_json(self.run_dir / "summary.json", summary.to_dict())
 
     def close(self, hparams: Optional[dict] = None, final: Optional[dict] = None) -> None:
-        if self.tb is None:
-            return
         if hparams is not None and final:
             # run_name="." keeps the hparams record beside the scalars of this run
             self.tb.add_hparams(hparams, final, run_name=".")
-        self.tb.close()
-        self.tb = None
+        for writer in (self._tb, self._tb_steps):
+            if writer is not None:
+                writer.close()
+        self._tb = self._tb_steps = None
 
 
 def make_sink(run_dir: Path, enabled: bool) -> NullSink:

@@ -60,6 +60,9 @@ class EpochRecord(_Record):
     comm: dict = field(default_factory=dict)  # this rank's calls, bytes, in-flight time, bw
     comm_fraction: Optional[float] = None  # in-flight comm / step time
     stragglers: dict = field(default_factory=dict)  # slowest/fastest rank, per-rank times
+    # an epoch split by a graceful stop: steps before this one ran in an earlier allocation;
+    # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
+    resumed_at_step: Optional[int] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 
@@ -69,7 +72,7 @@ class RunSummary(_Record):
     """The run in one object (summary.json). Every field has a default: a failed run's
     summary holds little more than its status."""
 
-    status: Optional[str] = None  # running | completed | failed: <why> (issue 11 adds more)
+    status: Optional[str] = None  # running | completed | preempted | stopped | failed: <why>
     launcher: Optional[str] = None
     sync: Optional[str] = None
     model: Optional[str] = None
@@ -105,5 +108,14 @@ class RunSummary(_Record):
     node_ranks: list = field(default_factory=list)
     env_source: Optional[str] = None
     torch: Optional[str] = None
+    # where the run stands (a stopped run continues from here) and why it stopped
+    epochs_done: Optional[int] = None
+    step_in_epoch: Optional[int] = None
+    stop_reason: Optional[str] = None
+    job_id: Optional[str] = None  # the scheduler's job id of the latest allocation
+    # every allocation (SLURM job or requeue, pod set, local launch) the run used, in order:
+    # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
+    # step, epochs_done/steps_done in it, status when it ended
+    segments: list = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)

@@ -38,3 +38,109 @@ def write_config(cfg: DictConfig, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
+
+
+# ------------------------------------------------------------ what a folder holds
+RESUME_MODES = ("auto", "true", "false")
+# settings that change what a run computes: a run folder continues only under the same ones
+# (launcher, world size, timing, logging and train.epochs may change between allocations)
+SAME_RUN_KEYS = ("model", "optim", "sync", "data.name", "data.normalize", "train.batch_size",
+                 "train.lr", "train.seed", "train.max_steps_per_epoch")
+
+
+def resume_mode(value) -> str:
+    """train.resume as auto | true | false (YAML may hand a bool or a string)."""
+    text = str(value).strip().lower()
+    return {"yes": "true", "no": "false", "1": "true", "0": "false"}.get(text, text)
+
+
+def folder_state(run_dir: Path) -> dict:
+    """What `run_dir` holds: the newest checkpoint's position, the summary's status and
+    epochs, how many epoch records metrics.jsonl has. Reads only small files."""
+    import json
+
+    from .files import read_json_or_empty
+
+    ckpts = sorted((_ckpt_position(p), p.name) for p in (run_dir / "checkpoints").glob("epoch_*.pt")
+                   if _ckpt_position(p) is not None) if (run_dir / "checkpoints").is_dir() else []
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        records = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        records = []
+    summary = read_json_or_empty(run_dir / "summary.json")
+    return {"checkpoint": ckpts[-1][0] if ckpts else None,
+            "checkpoint_name": ckpts[-1][1] if ckpts else None,
+            "records": len(records), "status": summary.get("status"),
+            "epochs": summary.get("epochs"), "summary": summary}
+
+
+def _ckpt_position(path: Path) -> Optional[tuple[int, int]]:
+    import re
+
+    m = re.match(r"epoch_(\d+)(?:_step_(\d+))?\.pt$", path.name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def describe_state(state: dict) -> str:
+    parts = [f"status {str(state['status']).split(':')[0]}"] if state["status"] else []
+    if state["checkpoint"]:
+        e, s = state["checkpoint"]
+        parts.append(f"checkpoint after {e} epoch(s)" + (f" + {s} steps" if s else ""))
+    if state["records"]:
+        parts.append(f"{state['records']} epoch record(s)")
+    return ", ".join(parts) or "files of a run"
+
+
+def reuse_problem(cfg: DictConfig) -> Optional[str]:
+    """Why the command may not use cfg.run.dir as it stands (None: it may). A folder that
+    holds a run's results is continued (train.resume auto/true) under the same settings,
+    never overwritten; a completed run is left as it is."""
+    mode = resume_mode(cfg.train.resume)
+    if mode not in RESUME_MODES:
+        return f"train.resume={cfg.train.resume}: choose auto, true or false"
+    if not cfg.run.dir:
+        if mode == "true":
+            return "train.resume=true needs run.dir=PATH, the run folder to continue"
+        return None
+    run_dir = Path(cfg.run.dir).expanduser()
+    state = folder_state(run_dir) if run_dir.is_dir() else None
+    if mode == "true" and (state is None or state["checkpoint"] is None):
+        return (f"train.resume=true but {run_dir}/checkpoints holds no checkpoint: point run.dir "
+                "at a run that completed at least one epoch (or use train.resume=auto)")
+    if state is None:
+        return None
+    has_results = (state["checkpoint"] is not None or state["records"] > 0
+                   or str(state["status"]).split(":")[0] in ("completed", "stopped", "preempted"))
+    if not has_results:
+        return None
+    what = describe_state(state)
+    if mode == "false":
+        return (f"run.dir={run_dir} holds a run ({what}): continue it with train.resume=auto, "
+                "or give a new run.dir (or none, for a fresh folder under run.root)")
+    if state["checkpoint"] is None:
+        return (f"run.dir={run_dir} holds a run's results ({what}) but no checkpoint to continue "
+                "from: give a new run.dir (or none, for a fresh folder under run.root)")
+    old_path = run_dir / "config.yaml"
+    if old_path.is_file():
+        old = OmegaConf.load(old_path)
+        for key in SAME_RUN_KEYS:
+            was, now = OmegaConf.select(old, key), OmegaConf.select(cfg, key)
+            if isinstance(was, DictConfig):
+                was = OmegaConf.to_container(was)
+            if isinstance(now, DictConfig):
+                now = OmegaConf.to_container(now)
+            if was is not None and was != now:
+                return (f"run.dir={run_dir} holds a run with {key}={_short(was)}, this command has "
+                        f"{key}={_short(now)}: continue it with the same {key}, or give a new run.dir")
+    epochs, step = state["checkpoint"]
+    if step == 0 and epochs >= cfg.train.epochs:
+        return (f"run.dir={run_dir} holds a completed run of {epochs} epoch(s) ({what}): "
+                f"set train.epochs above {epochs} to train it further, or give a new run.dir")
+    return None
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        return value.get("name", str(value)) if "name" in value else str(value)
+    return str(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from .job import collect, launch_job
+from .stop import EXIT_STOPPED
 from .validate import resolve_train
 
 
@@ -14,6 +15,15 @@ def submit(cfg: DictConfig) -> int:
     if rc is None:
         return 0
     summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name)
+    status = str(summary.get("status", ""))
+    if status in ("stopped", "preempted"):
+        where = f"after {summary.get('epochs_done')} epoch(s)"
+        if summary.get("step_in_epoch"):
+            where += f" + {summary['step_in_epoch']} steps"
+        print(f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved. Continue with:\n"
+              f"  python -m ddp_lab run.dir={run_dir}   (the same overrides; train.resume=auto)")
+        print(f"run dir: {run_dir}")
+        return rc if rc > 128 else EXIT_STOPPED
     if rc != 0:
         why = summary["status"].removeprefix("failed: ")
         why = "" if why.startswith("job exit status") else f": {why}"

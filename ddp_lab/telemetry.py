@@ -16,7 +16,9 @@ RunSummary -> summary.json; the report reads both back through the same record t
 
 from __future__ import annotations
 
+import datetime
 import logging
+import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from omegaconf import OmegaConf
 
 from .distributed import DistContext
 from .env import hostname
+from .files import read_json_or_empty
 from .metrics import make_sink
 from .records import EpochRecord, RunSummary
 from .timing import PHASES, CommStats, StepTimes, epoch_timing, stragglers
@@ -91,22 +94,43 @@ class Telemetry:
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
         self.start_epoch = 0
+        self.start_step = 0
+        self.segments: list[dict] = []
+        self.previous: dict = {}
         self.hosts: list[str] = []
         self.node_ranks: list[int] = []
         self._bar = _progress_bar(cfg.log.progress, ctx.env.is_main)
 
     # -------------------------------------------------------------- start
-    def start(self, start_epoch: int) -> None:
+    def start(self, start_epoch: int, start_step: int = 0) -> None:
         """Collective. Drop metrics past the checkpoint we resume from (all of them on a
-        fresh run), record the config and where every rank runs."""
+        fresh run), record the config and where every rank runs, and open this
+        allocation's segment in summary.json (status `running`)."""
         env, cfg = self.ctx.env, self.cfg
-        self.start_epoch = start_epoch
-        self.sink.truncate_after(start_epoch)
-        self.sink.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
+        self.start_epoch, self.start_step = start_epoch, start_step
+        fresh = start_epoch == 0 and start_step == 0
+        self.sink.truncate_after(start_epoch, start_epoch * self.steps_per_epoch + start_step)
+        if fresh:  # once per run: a resumed run keeps the first text (no duplicate point)
+            self.sink.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
         self.node_ranks = sorted({p[1] for p in pairs})
+        if env.is_main:
+            self.previous = read_json_or_empty(self.run_dir / "summary.json")
+            if not fresh and isinstance(self.previous.get("segments"), list):
+                self.segments = list(self.previous["segments"])
+            self.segments.append({
+                **allocation(), "launcher": cfg.launcher.name, "hosts": self.hosts,
+                "nodes": env.num_nodes, "world_size": env.world_size, "start": _now(),
+                "end": None, "start_epoch": start_epoch, "start_step": start_step,
+                "status": "running"})
+            running = {**(self.previous if not fresh else {}), "status": "running",
+                       "segments": self.segments, "job_id": self.segments[-1]["job_id"],
+                       "epochs_done": start_epoch, "step_in_epoch": start_step,
+                       "world_size": env.world_size, "launcher": cfg.launcher.name,
+                       "sync": cfg.sync.name}
+            self.sink.summary(RunSummary.from_dict(running))
         log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
                  "per rank", env.world_size, env.num_nodes, env.local_world_size, self.ctx.backend,
                  self.ctx.device, cfg.sync.name, cfg.model.name, self.steps_per_epoch,
@@ -122,22 +146,26 @@ class Telemetry:
     # -------------------------------------------------------------- each epoch
     def epoch(self, epoch: int, steps: list[StepTimes], comm: CommStats, busy_s: float,
               wall_s: float, train_loss_sum: float, samples: int,
-              test: tuple[float, float]) -> EpochRecord:
+              test: tuple[float, float], resumed_at_step: int = 0) -> EpochRecord:
         """Collective. Epoch `epoch` (1-based) done: build its record, write it everywhere.
 
         `steps`/`comm` are this rank's (empty steps when timing is off); `busy_s` its own
-        time before the end-of-epoch barrier, `wall_s` the epoch barrier to barrier."""
+        time before the end-of-epoch barrier, `wall_s` the epoch barrier to barrier. An
+        epoch resumed at step `resumed_at_step` passes the loss, samples and times of the
+        whole epoch (the checkpoint carried the first part) and the timings of this part."""
         n = self.steps_per_epoch
-        first_step = (epoch - 1) * n
+        first_step = (epoch - 1) * n + resumed_at_step
         self.trace.add_epoch(epoch, steps, comm, first_step=first_step)
         timed = self._timing(steps, comm, busy_s)
         loss, global_samples = self.ctx.reduce_floats([train_loss_sum, float(samples)])
         rec = EpochRecord(
             epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
             test_loss=test[0], test_accuracy=test[1], epoch_time_s=wall_s,
-            samples_per_s=global_samples / wall_s, steps=n, timing=self.timing, **timed)
+            samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
+            resumed_at_step=resumed_at_step or None, **timed)
         self.epoch_times.append(wall_s)
-        self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm, n)
+        self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
+                        n - resumed_at_step)
         self.last = rec
         self.sink.epoch(rec, epoch_scalars(rec))
         if self.timing and self.cfg.timing.tb_every > 0:
@@ -169,16 +197,29 @@ class Telemetry:
         }
 
     # -------------------------------------------------------------- the end
-    def finish(self, final_test: Optional[tuple[float, float]] = None) -> RunSummary:
+    def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
+               position: Optional[tuple[int, int]] = None,
+               stop_reason: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard.
         `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
-        that had already finished)."""
+        that had already finished). A graceful stop passes its `status` (preempted |
+        stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
+        why it stopped."""
         self._merge_trace()
         cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
-        test_loss, test_acc = (last.test_loss, last.test_accuracy) if last else final_test
+        test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
+                               final_test or (self.previous.get("test_loss"),
+                                              self.previous.get("test_accuracy")))
         times = self.epoch_times
+        epochs_done, step = position or (cfg.train.epochs, 0)
+        if self.segments:
+            self.segments[-1].update(
+                end=_now(), end_epoch=epochs_done, end_step=step, status=status,
+                epochs_done=len(times),
+                steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
+                epoch_time_s_median=statistics.median(times) if times else None)
         summary = RunSummary(
-            status="completed", launcher=cfg.launcher.name, sync=cfg.sync.name,
+            status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             model=cfg.model.name, optim=cfg.optim.name, backend=ctx.backend,
             device=_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
@@ -190,8 +231,12 @@ class Telemetry:
             epoch_time_s_mean=statistics.fmean(times) if times else None,
             **self.totals.summary(self.timing, self.bytes_exact),
             hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
-            torch=torch.__version__)
+            torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
+            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments)
         self.sink.summary(summary)
+        if status != "completed":  # the hparams record is the finished run's, written once
+            self.sink.close()
+            return summary
         self.sink.close(
             hparams={"sync": cfg.sync.name, "model": cfg.model.name, "optim": cfg.optim.name,
                      "world_size": env.world_size, "batch_size": cfg.train.batch_size,
@@ -209,6 +254,20 @@ class Telemetry:
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
         if gathered is not None:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
+
+
+def allocation(environ=None) -> dict:
+    """The scheduler's name for this allocation: SLURM's job id and requeue count, RunAI's
+    (Kubeflow's) job name and pod restart; None for a local launch."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_JOB_ID"):
+        return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
+    job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
+    return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
 def _device_name(device: torch.device) -> str:

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 
 from . import checkpoint
+from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .records import RunSummary
+from .rundir import resume_mode
+from .stop import StopControl, StopInfo, clear_stop_file
 from .sync import build_sync
 from .telemetry import Telemetry
 from .timing import Clock, StepTimer
@@ -45,8 +49,10 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
 
 
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
-              timer: StepTimer) -> tuple[torch.Tensor, int]:
-    """The training steps of one epoch, each phase timed: (summed loss on the device, samples)."""
+              timer: StepTimer, stopper: Optional[StopControl] = None
+              ) -> tuple[torch.Tensor, int, Optional[StopInfo]]:
+    """The training steps of one epoch, each phase timed: (summed loss on the device,
+    samples, None), or with the StopInfo all ranks agreed on when they stopped early."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
     samples = 0
     for _ in steps:
@@ -64,7 +70,24 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
         timer.end_step()
         loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
         samples += len(y)
-    return loss_sum, samples
+        if stopper is not None:
+            info = stopper.step()
+            if info is not None:
+                return loss_sum, samples, info
+    return loss_sum, samples, None
+
+
+@dataclass
+class Position:
+    """Where a run stands: epochs done, steps done of the next epoch, and that partial
+    epoch's sums so far (carried through a mid-epoch checkpoint)."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
 
 
 def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
@@ -83,76 +106,150 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda: F.cross_entropy(module(x0), y0))  # fails here, not mid-step
     ckpt_dir = run_dir / "checkpoints"
-    start_epoch = _resume(cfg, ctx, ckpt_dir, module, optimizer)
+    pos = _resume(cfg, ctx, ckpt_dir, module, optimizer)
 
     steps_per_epoch = len(splits.train)
     if cfg.train.max_steps_per_epoch > 0:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     timer = StepTimer(clock, enabled=cfg.timing.enabled)
+    if pos.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
+        log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
+        return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact)
-    telemetry.start(start_epoch)
-    for epoch in range(start_epoch, cfg.train.epochs):
-        splits.train.set_epoch(epoch)
-        ctx.synchronize()
-        ctx.barrier()  # load-bearing: every rank starts the clock together
-        clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
-        t0 = time.perf_counter()
-        steps = telemetry.progress(range(steps_per_epoch), epoch)
-        loss_sum, samples = run_steps(syncer, optimizer, iter(splits.train), steps, timer)
-        ctx.synchronize()  # wait for the GPU to finish the epoch's work
-        busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
-        ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
-        wall = time.perf_counter() - t0
-        # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
-        # communicate to bring the optimiser state to rank 0) adds to them
-        steps_t, comm = timer.collect(), syncer.take_comm()
-        test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
-        # checkpoint first, then the metrics line: a record never outlives its state
-        _save_checkpoint(cfg, ctx, ckpt_dir, epoch + 1, module, optimizer, syncer)
-        telemetry.epoch(epoch + 1, steps_t, comm, busy, wall, loss_sum.item(), samples, test)
-        _maybe_fail_once(ctx, epoch + 1)
+    telemetry.start(pos.epoch, pos.step)
+    stopper = StopControl(ctx, run_dir, cfg.train.stop_signal, cfg.train.stop_check_s)
+    if env.is_main:
+        clear_stop_file(run_dir)  # a request the previous allocation acted on is spent
+    ctx.barrier()  # load-bearing: no rank checks for a stop before the old request is gone
+    try:
+        for epoch in range(pos.epoch, cfg.train.epochs):
+            skip = pos.step if epoch == pos.epoch else 0
+            splits.train.set_epoch(epoch)
+            ctx.synchronize()
+            ctx.barrier()  # load-bearing: every rank starts the clock together
+            clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
+            stopper.restart_clock()
+            t0 = time.perf_counter()
+            steps = telemetry.progress(range(skip, steps_per_epoch), epoch)
+            loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),
+                                                steps, timer, stopper)
+            ctx.synchronize()  # wait for the GPU to finish the epoch's work
+            busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
+            ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
+            wall = time.perf_counter() - t0
+            carried = pos if skip else Position()
+            if skip and not env.is_main:  # the partial epoch's global sums ride on rank 0
+                carried = Position(pos.epoch, pos.step, 0.0, 0, pos.busy_s, pos.wall_s)
+            if stop is not None:  # mid-epoch: save where every rank is, then leave
+                timer.collect(), syncer.take_comm()
+                done = skip - (-samples // cfg.train.batch_size)  # the shard's last batch may be short
+                # the loss and samples so far, summed over ranks (rank 0 carries them on)
+                g_loss, g_samples = ctx.reduce_floats([loss_sum.item(), float(samples)])
+                here = Position(epoch, done, carried.loss_sum + g_loss,
+                                carried.samples + int(g_samples), carried.busy_s + busy,
+                                carried.wall_s + wall)
+                _save_checkpoint(cfg, ctx, ckpt_dir, here, module, optimizer, syncer)
+                return telemetry.finish(status=stop.status, position=(here.epoch, here.step),
+                                        stop_reason=stop.reason)
+            # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
+            # communicate to bring the optimiser state to rank 0) adds to them
+            steps_t, comm = timer.collect(), syncer.take_comm()
+            test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
+            # checkpoint first, then the metrics line: a record never outlives its state
+            _save_checkpoint(cfg, ctx, ckpt_dir, Position(epoch + 1), module, optimizer, syncer)
+            telemetry.epoch(epoch + 1, steps_t, comm, carried.busy_s + busy,
+                            carried.wall_s + wall, carried.loss_sum + loss_sum.item(),
+                            carried.samples + samples, test, resumed_at_step=skip)
+            _maybe_fail_once(ctx, epoch + 1)
+            if epoch + 1 < cfg.train.epochs:
+                stop = stopper.check()  # one more agreement per epoch: eval may be long
+                if stop is not None:
+                    if not cfg.train.checkpoint:  # the only way to continue it
+                        _save_checkpoint(cfg, ctx, ckpt_dir, Position(epoch + 1), module,
+                                         optimizer, syncer, force=True)
+                    return telemetry.finish(status=stop.status, position=(epoch + 1, 0),
+                                            stop_reason=stop.reason)
+    finally:
+        stopper.restore()
 
     syncer.close()  # collective: every rank has run the same steps
-    nothing_trained = start_epoch >= cfg.train.epochs  # resumed a run that had finished
-    final = evaluate(module, splits, cfg.train.eval_batch_size, ctx) if nothing_trained else None
-    return telemetry.finish(final)
+    return telemetry.finish()
 
 
 def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
-            optimizer: torch.optim.Optimizer) -> int:
-    """Load the newest checkpoint when resuming (asked, or after a restart); the epochs done."""
+            optimizer: torch.optim.Optimizer) -> Position:
+    """Load the newest checkpoint when continuing (train.resume auto/true, or a restart of
+    this job); the position it holds. Later checkpoints of an older timeline go."""
     env = ctx.env
+    mode = resume_mode(cfg.train.resume)
     # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
     # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
-    restarted = ctx.any_rank(env.restart_count > 0)
-    if not (cfg.train.resume or restarted):
-        return 0
+    restarted = ctx.any_rank(env.restart_count > 0 or requeued())
+    if mode == "false" and not restarted:
+        return Position()
     path = checkpoint.latest(ckpt_dir)
-    if path is None and cfg.train.resume:
+    if path is None and mode == "true":
         raise FileNotFoundError(f"train.resume=true but {ckpt_dir} holds no checkpoint: "
                                 "point run.dir at a run that completed an epoch")
     if path is None:
-        return 0
+        return Position()
     state = checkpoint.load(path, ctx.device)
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if state.get("world_size") != env.world_size:
         log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                     "differs from an uninterrupted run", state.get("world_size"), env.world_size)
-    log.info("resumed from %s (epoch %d done)", path.name, state["epoch"])
-    return state["epoch"]
+    if "rng" in state:
+        _set_rng(state["rng"])
+    pos = Position(state["epoch"], state.get("step", 0), **state.get("partial", {}))
+    ctx.barrier()  # load-bearing: every rank has read the checkpoint before rank 0 prunes
+    if env.is_main:
+        checkpoint.drop_after(ckpt_dir, (pos.epoch, pos.step))
+    log.info("resumed from %s (epoch %d done%s)", path.name, pos.epoch,
+             f", {pos.step} steps into the next" if pos.step else "")
+    return pos
 
 
-def _save_checkpoint(cfg: Any, ctx: DistContext, ckpt_dir: Path, epoch: int,
-                     module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer) -> None:
-    """Collective (the synchroniser may gather the optimiser state); rank 0 writes."""
-    if not cfg.train.checkpoint:
+def requeued() -> bool:
+    """This job is a scheduler's second (or later) start of the same run."""
+    import os
+
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
+def _rng_state() -> dict:
+    import random
+
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng(state: dict) -> None:
+    import random
+
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def _save_checkpoint(cfg: Any, ctx: DistContext, ckpt_dir: Path, pos: Position,
+                     module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer,
+                     force: bool = False) -> None:
+    """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
+    is saved even with train.checkpoint=false: it is the only way to continue the run."""
+    if not (cfg.train.checkpoint or force or pos.step):
         return
     opt_state = syncer.optimizer_state(optimizer)
     if ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
-        checkpoint.save_epoch(ckpt_dir, epoch, {
-            "model": module.state_dict(), "optimizer": opt_state,
+        partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s")}
+        checkpoint.save(ckpt_dir, pos.epoch, pos.step, {
+            "model": module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
+            "partial": partial if pos.step else {},
             "world_size": ctx.env.world_size, "sync": cfg.sync.name})
+    ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
 
 
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:

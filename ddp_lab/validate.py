@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import UserError
+from .rundir import reuse_problem
 
 Rule = Callable[[DictConfig], Optional[str]]
 
@@ -116,17 +117,6 @@ COMMON: list[Rule] = [
 ]
 
 
-def _resume(cfg: DictConfig) -> Optional[str]:
-    if not cfg.train.resume:
-        return None
-    if not cfg.run.dir:
-        return "train.resume=true needs run.dir=PATH, the run folder to continue"
-    if not (Path(cfg.run.dir) / "checkpoints").is_dir():
-        return (f"train.resume=true but {cfg.run.dir}/checkpoints does not exist: "
-                "point run.dir at a run that completed at least one epoch")
-    return None
-
-
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
     """A synchroniser that cannot run this config (or world size) fails here."""
     from .sync import check_sync
@@ -135,6 +125,18 @@ def _sync_fits(cfg: DictConfig) -> Optional[str]:
         check_sync(cfg.sync, cfg.launcher.nodes * cfg.launcher.nproc_per_node)
     except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
         return str(e)
+    return None
+
+
+def _stop_signal(cfg: DictConfig) -> Optional[str]:
+    import signal
+
+    name = cfg.train.stop_signal
+    if name and not (name.startswith("SIG") and isinstance(getattr(signal, name, None), signal.Signals)):
+        return f"train.stop_signal={name}: not a signal name (e.g. SIGUSR2, SIGTERM; '' = none)"
+    if name in ("SIGKILL", "SIGSTOP", "SIGUSR1"):
+        return (f"train.stop_signal={name}: cannot be caught" if name != "SIGUSR1" else
+                "train.stop_signal=SIGUSR1: NCCL uses it; pick SIGUSR2 (the default)")
     return None
 
 
@@ -153,7 +155,9 @@ TRAIN: list[Rule] = [
     at_least("data.num_workers", 0),
     at_least("timing.trace_steps", 0),
     at_least("timing.tb_every", 0),
-    _resume,
+    above("train.stop_check_s", 0),
+    _stop_signal,
+    reuse_problem,
     _sync_fits,
     data_folder,
 ]

@@ -59,12 +59,16 @@ def test_old_files_read_as_version_0_with_every_value():
     assert rec.test_accuracy == 0.5736 and rec.stragglers["slowest_rank"] == 1
     assert rec.phase_s["step"]["total"] == pytest.approx(0.05204804600089119)
     # written back: the same object plus the version it was read as
-    assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0}
+    # (fields added since, all optional, come back at their defaults)
+    assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0,
+                             "resumed_at_step": None}
 
     s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
     assert s.schema_version == 0 and s.extra == {}
     assert (s.status, s.world_size, s.device, s.hosts) == ("completed", 2, "cpu", ["vm"])
-    assert s.to_dict() == {**json.loads(OLD_SUMMARY), "schema_version": 0}
+    assert s.to_dict() == {**json.loads(OLD_SUMMARY), "schema_version": 0, "epochs_done": None,
+                           "step_in_epoch": None, "stop_reason": None, "job_id": None,
+                           "segments": []}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():
@@ -74,8 +78,8 @@ def test_round_trip_keeps_unknown_keys_and_fills_defaults():
     assert d["schema_version"] == SCHEMA_VERSION and d["exposed_comm_s"] == 0.25
     assert EpochRecord.from_dict(d) == rec
     # a failed run's summary: the status and little else; every other field has a default
-    failed = RunSummary.from_dict({"status": "failed: boom", "world_size": 2, "job_id": "17"})
-    assert failed.epoch_time_s_median is None and failed.hosts == [] and failed.extra == {"job_id": "17"}
+    failed = RunSummary.from_dict({"status": "failed: boom", "world_size": 2, "queue": "17"})
+    assert failed.epoch_time_s_median is None and failed.hosts == [] and failed.extra == {"queue": "17"}
     assert RunSummary.from_dict(failed.to_dict()) == failed
     with pytest.raises(ValueError, match="epoch"):
         EpochRecord.from_dict({"world_size": 2})  # not an epoch record

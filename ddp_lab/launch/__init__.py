@@ -13,12 +13,16 @@ Templates live in `launchers/` and are filled with `str.format` (bash braces dou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -198,23 +202,119 @@ def render(cfg, run_dir: Path) -> Rendered:
     return _module(cfg.launcher.name).render(cfg, run_dir)
 
 
-def start(rendered: Rendered, run_dir: Path) -> int:
+def start(rendered: Rendered, run_dir: Path, grace_s: float = 120.0) -> int:
     """Start the job and follow it to its end; its exit status is ours."""
     if rendered.starter is not None:
         return rendered.starter()
-    return run_foreground(rendered.command)
+    return run_foreground(rendered.command, run_dir, grace_s)
 
 
-def run_foreground(command: list[str]) -> int:
-    """Run a command in the foreground; its exit status is ours. Ctrl-C reaches the job too
-    (same process group): give it time to stop its ranks, then make sure it is gone."""
-    proc = subprocess.Popen(command, cwd=os.getcwd())
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    from ..stop import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGTERM)
+
+
+class Foreground:
+    """A job run from this process (torchrun, mpirun): in its own session, so Ctrl-C reaches
+    only us and we stop it gracefully (the stop file: every rank checkpoints at its next
+    check), and tied to us by PR_SET_PDEATHSIG, so a SIGKILL of `python -m ddp_lab` still
+    stops it. A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the
+    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later. Whatever
+    of the job outlives it (a rank frozen by SIGSTOP) is killed last (`sweep`)."""
+
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float):
+        self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
+        self.signal: Optional[int] = None  # the first signal we got
+        self.deadline: Optional[float] = None
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _on_signal(self, signum, frame) -> None:
+        from ..stop import request_stop
+
+        name = signal.Signals(signum).name
+        if self.signal is None:
+            self.signal = signum
+            self.deadline = time.monotonic() + self.grace_s
+            what = "Ctrl-C" if signum == signal.SIGINT else name
+            request_stop(self.run_dir, "stopped", f"{what} to python -m ddp_lab")
+            print(f"\n[ddp_lab] {what}: every rank stops at its next check and saves a checkpoint "
+                  "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
+        else:
+            print(f"[ddp_lab] {name} again: killing the job", file=sys.stderr, flush=True)
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            return proc.wait(timeout=30)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return 130
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def run(self) -> int:
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, self._on_signal)
+                        for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+            while True:
+                try:
+                    rc = self.proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.deadline is not None and time.monotonic() > self.deadline:
+                        print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
+                              "killing it", file=sys.stderr, flush=True)
+                        self.kill()
+        finally:
+            for sig, previous in handlers.items():
+                signal.signal(sig, previous)
+            if self.proc is not None and self.proc.poll() is None:
+                self.kill()
+            sweep(self.run_dir)
+        return rc
+
+
+def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0) -> int:
+    """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
+    or 128 + the signal when a Ctrl-C / SIGTERM stopped it."""
+    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s)
+    rc = fg.run()
+    return 128 + fg.signal if fg.signal is not None else rc
+
+
+def job_processes(run_dir: Path) -> list[int]:
+    """Processes of this machine whose command line names the run folder (ranks, torchrun,
+    the launch script), this one excepted."""
+    key = str(run_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg == key or arg.startswith(key + b"/") for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def sweep(run_dir: Path) -> list[int]:
+    """Kill what is left of a job that has ended (a rank frozen by SIGSTOP survives its
+    torchrun); the pids killed."""
+    pids = job_processes(run_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if pids:
+        print(f"[ddp_lab] killed {len(pids)} leftover process(es) of the job: {pids}",
+              file=sys.stderr, flush=True)
+    return pids

@@ -127,7 +127,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     def starter() -> int:
         require_tool(lc.mpirun, "install Open MPI (apt-get install openmpi-bin) or set "
                                 "launcher.mpirun=/path/to/mpirun")
-        return run_foreground(["bash", str(run_dir / "launch.sh")])
+        return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir, cfg.dist.timeout_s + 60)
 
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files=files,
                     executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter)
