@@ -1,0 +1,68 @@
+"""The stop agreement (ddp_lab/stop.py) on real gloo worlds: whichever rank gets the signal
+(or the stop file), every rank stops after the same step, and the adaptive check interval
+is the same on every rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_world
+
+
+def _ctx():
+    import torch
+
+    from ddp_lab.distributed import DistContext
+    from ddp_lab.env import detect_env
+
+    return DistContext(env=detect_env(), backend="gloo", device=torch.device("cpu"))
+
+
+def _loop(rank, world, run_dir, trigger, at_step, check_s):
+    from ddp_lab.stop import StopControl, request_stop
+
+    stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)
+    everies = []
+    try:
+        for step in range(1, 5000):
+            time.sleep(0.001)  # a "step"
+            if step == at_step and rank == world - 1:
+                if trigger == "file":
+                    request_stop(Path(run_dir), "preempted", "test")
+                else:
+                    os.kill(os.getpid(), getattr(signal, trigger))
+            info = stopper.step()
+            everies.append(stopper.every)
+            if info is not None:
+                return step, info.status, info.reason, everies, stopper.checks
+        return None, None, None, everies, stopper.checks
+    finally:
+        stopper.restore()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("trigger, status", [("SIGUSR2", "preempted"), ("SIGTERM", "preempted"),
+                                             ("SIGINT", "stopped"), ("file", "preempted")])
+def test_every_rank_stops_after_the_same_step(tmp_path, trigger, status):
+    out = run_world(_loop, 3, str(tmp_path), trigger, 40, 0.05)
+    steps = {o[0] for o in out}
+    assert len(steps) == 1 and None not in steps  # the same step on every rank
+    assert steps.pop() >= 40
+    assert {o[1] for o in out} == {status}
+    assert all(o[3] == out[0][3] for o in out)  # the same check schedule everywhere
+    if trigger != "file":
+        assert f"{trigger} on rank 2" in out[0][2]
+
+
+@pytest.mark.dist
+def test_checks_space_out_to_the_asked_interval(tmp_path):
+    """~1 ms steps and check_s=0.05: the interval grows to tens of steps, so a run of
+    ~400 steps makes far fewer checks than steps."""
+    out = run_world(_loop, 2, str(tmp_path), "file", 400, 0.05)
+    step, _, _, everies, checks = out[0]
+    assert step >= 400
+    assert max(everies) >= 8 and checks < step / 5
