@@ -429,3 +429,13 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
     merged = OmegaConf.merge(cfg, raw)
     OmegaConf.set_readonly(merged, True)
     return merged
+
+
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python
+    (benchmark scripts that run the trainer's pieces in their own processes)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides)

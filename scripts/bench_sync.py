@@ -66,21 +66,12 @@ def selected(args: argparse.Namespace) -> list[tuple]:
     return [c for c in CONFIGS if c[0] in keep]
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    from ddp_lab.config import CONF_DIR, register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hydra_compose(config_name="config", overrides=overrides)
-
-
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
     import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
+    from ddp_lab.config import compose
     from ddp_lab.data import build_splits, prepare_mnist
     from ddp_lab.distributed import DistContext, cpu_threads
     from ddp_lab.env import DistEnv

@@ -190,7 +190,14 @@ def script_slurm_cluster(work):
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
-SCRIPTS = {"compare_syncs.sh": script_compare_syncs, "bench_epoch.py": script_bench_epoch,
+def script_bench_stop(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_stop.py"), "--repeats", "1",
+                       "--steps", "30", "--data-root", data]))
+    assert "time inside the check / step" in out
+
+
+SCRIPTS = {"compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "sync_table.py": script_sync_table,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
