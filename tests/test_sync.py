@@ -400,7 +400,7 @@ def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = set()
-    for f in (run / "tb").glob("events.out.tfevents.*"):
+    for f in (run / "tb").rglob("events.out.tfevents.*"):  # tb/ and tb/steps/
         acc = EventAccumulator(str(f))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
