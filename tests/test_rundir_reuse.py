@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 
 import pytest
-from helpers import QUICK, run_cli, run_dir_of
+from helpers import child_env, run_cli, run_dir_of
 
 
 def _tree(run_dir, skip=("logs",)) -> dict[str, str]:
@@ -88,6 +89,15 @@ def test_more_epochs_continue_the_run_and_append(tmp_path, shared_data_root):
     steps.Reload()
     points = [e.step for e in steps.Scalars("step/time(ms)")]
     assert points == sorted(set(points)) and points[-1] >= 25
+
+    # the report shows time per epoch per allocation of the one run
+    rep = subprocess.run(
+        [sys.executable, "-m", "ddp_lab.report", str(run_dir), "--no-plots"], capture_output=True,
+        text=True, timeout=300, cwd=tmp_path, env=child_env())
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    md = (run_dir / "report" / "report.md").read_text()
+    table = md.split("## Time per epoch per allocation")[1].split("##")[0]
+    assert "| 1 |" in table and "| 2 |" in table and "0+0 | 1+0" in table and "1+0 | 2+0" in table
 
 
 def test_resume_mode_values(tmp_path):

@@ -35,6 +35,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     short, common = _shortener(runs)
     groups = tables.scaling_groups(runs)
     phases = tables.phase_rows(runs)
+    segments = tables.segment_rows(runs)
     fits = tables.bench_fits(runs)
     comm = tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
@@ -56,6 +57,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     for fig in figures:
         md += [f"![{fig['title']}]({fig['file']})", ""]
     md += tables.scaling_markdown(groups, short)
+    if segments:
+        md += tables.segment_markdown(segments, short)
     if phases:
         md += tables.phase_markdown(phases, short)
     if fits or comm:
@@ -72,7 +75,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
             for r in g["rows"]:
                 w.writerow({**r, "device": g["device"]})
     doc = {
-        "scaling": groups, "phases": phases, "comm_model": comm,
+        "scaling": groups, "segments": segments, "phases": phases, "comm_model": comm,
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],

@@ -110,6 +110,46 @@ def phase_markdown(rows: list[dict], short) -> list[str]:
     return lines + [""]
 
 
+def segment_rows(runs: list[Run]) -> list[dict]:
+    """Training runs that used several allocations (a requeue, a re-created pod, a
+    resume): one row per allocation, from summary.json `segments`."""
+    rows = []
+    for r in runs:
+        segments = r.get("segments") or []
+        if r.kind != "train" or len(segments) < 2:
+            continue
+        for i, seg in enumerate(segments, 1):
+            if not isinstance(seg, dict):
+                continue
+            rows.append({"run": str(r.path), "segment": i, "job_id": seg.get("job_id"),
+                         "restart": seg.get("restart"), "launcher": seg.get("launcher"),
+                         "hosts": ",".join(seg.get("hosts") or []), "nodes": seg.get("nodes"),
+                         "world_size": seg.get("world_size"), "start": seg.get("start"),
+                         "end": seg.get("end"),
+                         "from": f"{seg.get('start_epoch')}+{seg.get('start_step') or 0}",
+                         "to": f"{seg.get('end_epoch')}+{seg.get('end_step') or 0}",
+                         "epochs_done": seg.get("epochs_done"), "steps_done": seg.get("steps_done"),
+                         "epoch_time_s_median": seg.get("epoch_time_s_median"),
+                         "status": seg.get("status")})
+    return rows
+
+
+def segment_markdown(rows: list[dict], short) -> list[str]:
+    lines = ["## Time per epoch per allocation", "",
+             "Runs continued over several allocations (summary.json `segments`): where each "
+             "started and ended (epochs+steps done), the epochs it completed and their median "
+             "time, how it ended.", "",
+             "| run | # | job | restart | hosts | world | from | to | epochs | epoch s (median) | ended |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {short(r['run'])} | {r['segment']} | {r['job_id'] or '–'} | "
+                     f"{r['restart'] if r['restart'] is not None else '–'} | {r['hosts'] or '–'} | "
+                     f"{r['world_size'] or '?'} | {r['from']} | {r['to']} | "
+                     f"{r['epochs_done'] if r['epochs_done'] is not None else '–'} | "
+                     f"{_f(r['epoch_time_s_median'])} | {r['status'] or '?'} |")
+    return lines + [""]
+
+
 # ----------------------------------------------------------------- bench runs
 def bench_fits(runs: list[Run]) -> list[dict]:
     out = []
