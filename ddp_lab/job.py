@@ -61,7 +61,9 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         print(f"run dir: {run_dir}")
         return run_dir, None
     try:
-        return run_dir, launch.start(rendered, run_dir, grace_s=cfg.dist.timeout_s + 60)
+        # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
+        grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
+        return run_dir, launch.start(rendered, run_dir, grace_s=grace)
     except launch.LaunchError as e:  # the folder stays: it holds what could not be started
         raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
 

@@ -237,6 +237,9 @@ class Foreground:
             self.signal = signum
             self.deadline = time.monotonic() + self.grace_s
             what = "Ctrl-C" if signum == signal.SIGINT else name
+            if self.grace_s <= 0:
+                print(f"\n[ddp_lab] {what}: ending the job", file=sys.stderr, flush=True)
+                return
             request_stop(self.run_dir, "stopped", f"{what} to python -m ddp_lab")
             print(f"\n[ddp_lab] {what}: every rank stops at its next check and saves a checkpoint "
                   "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
