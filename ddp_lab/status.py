@@ -320,7 +320,7 @@ def render(info: dict) -> str:
     s = info["scheduler"]
     if s:
         job += f": scheduler says {s['state']}"
-        if s["exit_code"]:
+        if s["exit_code"] and s["state"] not in SLURM_ALIVE:
             job += f", exit code {s['exit_code']}"
         if s["reason"] and s["reason"] != "None":
             job += f" ({s['reason']})"
@@ -390,7 +390,7 @@ def one_line(info: dict) -> str:
         state += f" [{info['scheduler']['state']}]"
     return (f"{Path(info['run_dir']).name:<48} {state:<22} "
             f"{_where(info['epochs_done'], info['step_in_epoch'], info['epochs']):<26} "
-            f"acc {_fmt(acc):<7} job {info['job_id'] or '-'}")
+            f"acc {_fmt(acc) if acc is not None else '-':<7} job {info['job_id'] or '-'}")
 
 
 # ------------------------------------------------------------------ --follow
@@ -412,10 +412,9 @@ def follow(run_dir: Path, poll_s: float = 1.0, out=None) -> int:
 
 def _final_line(info: dict) -> str:
     where = _where(info["epochs_done"], info["step_in_epoch"], info["epochs"])
-    line = f"[status] {info['state']}"
+    line = f"[status] {info['state']} after {where}"
     if info["detail"] and info["state"] != "completed":
         line += f" ({info['detail']})"
-    line += f" after {where}"
     if info["state"] == "completed" and isinstance(info["test_accuracy"], (int, float)):
         line += f", test accuracy {info['test_accuracy']:.4f}"
     if info["state"] in ("preempted", "stopped", "failed") or dead(info):
@@ -662,4 +661,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -155,12 +155,12 @@ def test_follow_from_another_shell_to_the_end(tmp_path, shared_data_root):
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.dist
-def test_slurm_job_status_and_stop(slurm_cluster, tmp_path):
+def test_slurm_job_status_and_stop(slurm_cluster, tmp_path, shared_data_root):
     env = slurm_cluster.env
     run_dir = tmp_path / "run"
     sub = run_cli("launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1",
                   "launcher.wait=false", "train.epochs=20", "train.eval_batch_size=2000",
-                  "log.progress=lines", f"run.dir={run_dir}", f"data.root={tmp_path / 'data'}",
+                  "log.progress=lines", f"run.dir={run_dir}", f"data.root={shared_data_root}",
                   cwd=tmp_path, env=env, timeout=120)
     assert sub.returncode == 0, describe(sub)
     job_id = (run_dir / "job_id").read_text().strip()
@@ -178,7 +178,14 @@ def test_slurm_job_status_and_stop(slurm_cluster, tmp_path):
         assert f"job {job_id}: scheduler says RUNNING" in out.stdout, out.stdout
         assert f"ddp_lab_{job_id}.out" in out.stdout  # the scheduler's log, for tail -f
 
+        # one shell follows it (through scontrol), another stops it
+        follow = subprocess.Popen([PY, "-m", "ddp_lab.status", str(run_dir), "--follow"],
+                                  cwd=tmp_path, env=child_env(env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
         stop = status(run_dir, "--stop", "--timeout", "120", cwd=tmp_path, env=env, timeout=200)
+        followed = follow.communicate(timeout=120)[0]
+        assert follow.returncode == 75, followed  # stopped: continue it later
+        assert "[rank 0] stop requested" in followed and "[status] stopped after" in followed
         assert stop.returncode == 0, describe(stop)
         assert f"scancel {job_id}" in stop.stdout or f"SLURM job {job_id} ended by itself" \
             in stop.stdout, stop.stdout
@@ -188,5 +195,30 @@ def test_slurm_job_status_and_stop(slurm_cluster, tmp_path):
         out = status(run_dir, cwd=tmp_path, env=env)
         assert "state:       stopped" in out.stdout and "scheduler says RUNNING" not in out.stdout
         assert "sbatch" in out.stdout  # how to continue it
+    finally:
+        subprocess.run(["scancel", job_id], env=env, timeout=30)
+        if "follow" in locals() and follow.poll() is None:
+            follow.kill()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_slurm_pending_job_is_shown_then_cancelled(slurm_cluster, tmp_path):
+    env = slurm_cluster.env
+    run_dir = tmp_path / "run"
+    sub = run_cli("launcher=slurm", "launcher.wait=false", "launcher.sbatch_extra=['--begin=now+3600']",
+                  f"run.dir={run_dir}", f"data.root={tmp_path / 'data'}",
+                  cwd=tmp_path, env=env, timeout=120)
+    assert sub.returncode == 0, describe(sub)
+    job_id = (run_dir / "job_id").read_text().strip()
+    try:
+        out = status(run_dir, cwd=tmp_path, env=env)
+        assert f"state:       pending (SLURM job {job_id} PENDING (BeginTime))" in out.stdout, out.stdout
+        stop = status(run_dir, "--stop", cwd=tmp_path, env=env)
+        assert stop.returncode == 0 and f"scancel {job_id}" in stop.stdout, describe(stop)
+        state = slurm_cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+        assert "JobState=CANCELLED" in state, state
+        one = status(tmp_path, cwd=tmp_path, env=env).stdout.splitlines()[0]
+        assert one.startswith("run ") and "[CANCELLED]" in one and job_id in one, one
     finally:
         subprocess.run(["scancel", job_id], env=env, timeout=30)
