@@ -92,7 +92,7 @@ def test_a_run_that_never_started_and_a_dead_one(tmp_path, shared_data_root):
 # ------------------------------------------------------------------ local runs
 @pytest.mark.slow
 @pytest.mark.dist
-def test_local_run_status_stop_resume(tmp_path, shared_data_root):
+def test_local_run_status_stop_follow_resume(tmp_path, shared_data_root):
     run_dir = tmp_path / "runs" / "a"
     overrides = ["train.epochs=5", *LONG, f"data.root={shared_data_root}"]
     proc = start_run(tmp_path, run_dir, *overrides)
@@ -117,8 +117,18 @@ def test_local_run_status_stop_resume(tmp_path, shared_data_root):
     finally:
         end(proc, run_dir)
 
-    resumed = run_cli(f"run.dir={run_dir}", *overrides, cwd=tmp_path, timeout=400)
-    assert resumed.returncode == 0, describe(resumed)
+    # resumed in the background, followed from another process to its end
+    proc = start_run(tmp_path, run_dir, *overrides)
+    try:
+        wait_running(run_dir, proc)
+        follow = status(run_dir, "--follow", cwd=tmp_path, timeout=300)
+        assert follow.returncode == 0, describe(follow)
+        assert "epoch 5/5" in follow.stdout, follow.stdout  # the log, as it grew
+        last = follow.stdout.rstrip().splitlines()[-1]
+        assert last.startswith("[status] completed after 5/5 epochs, test accuracy"), last
+        assert proc.wait(timeout=60) == 0
+    finally:
+        end(proc, run_dir)
     out = status(run_dir, cwd=tmp_path)
     assert "state:       completed" in out.stdout and "5/5 epochs" in out.stdout, out.stdout
     assert "allocation 2: completed" in out.stdout
@@ -133,22 +143,6 @@ def test_local_run_status_stop_resume(tmp_path, shared_data_root):
     assert lines[0].startswith("a ") and "completed" in lines[0] and "5/5 epochs" in lines[0]
     assert lines[1].startswith("b ") and "not started" in lines[1]
     assert "2 run(s) under" in lines[2]
-
-
-@pytest.mark.slow
-@pytest.mark.dist
-def test_follow_from_another_shell_to_the_end(tmp_path, shared_data_root):
-    run_dir = tmp_path / "run"
-    proc = start_run(tmp_path, run_dir, "train.epochs=4", *LONG, f"data.root={shared_data_root}")
-    try:
-        wait_running(run_dir, proc)
-        follow = status(run_dir, "--follow", cwd=tmp_path, timeout=300)
-        assert follow.returncode == 0, describe(follow)
-        assert "epoch 4/4" in follow.stdout, follow.stdout  # the log, as it grew
-        assert follow.stdout.rstrip().splitlines()[-1].startswith("[status] completed after 4/4 epochs")
-        assert proc.wait(timeout=60) == 0
-    finally:
-        end(proc, run_dir)
 
 
 # ------------------------------------------------------------------ SLURM
