@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import UserError
-from .files import read_json_or_empty
 from .stop import EXIT_STOPPED, STOP_FILE, request_stop
 
 FINAL = ("completed", "failed", "preempted", "stopped")
@@ -256,8 +255,8 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
             return word, f"{job}" + (f"; {final_detail}" if final_detail else "")
         if s == "PREEMPTED":
             return "preempted", f"{job} before the run saved a stop checkpoint (it resumes from its last epoch checkpoint)"
-        return "failed", f"{job} (exit code {sched['exit_code'] or '?'}) but summary.json says " \
-                         f"{word or 'nothing'}: the run did not finish"
+        return "failed", (f"{job} (exit code {sched['exit_code'] or '?'}) but summary.json "
+                          f"says {word or 'nothing'}: the run did not finish")
     sched_note = ""
     if sched is not None:
         sched_note = (f"; SLURM job {job_id}: the scheduler does not know it any more"
@@ -274,7 +273,8 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
             return "running", "per summary.json" + sched_note
         if sched is None and not sees_ranks:
             where = {"runai": "in its pods (runai describe job)",
-                     "slurm": "on its nodes (no scontrol here)"}.get(launcher or "", "elsewhere")
+                     "slurm": "on its nodes (no job id, or no scontrol here)"}.get(
+                         launcher or "", "elsewhere")
             return "running", f"per summary.json; its processes run {where}, not visible from here"
         return "running", "no process alive: the job died without a word" + sched_note
     if word:
@@ -498,14 +498,21 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
     """Ask every rank to checkpoint and stop; wait for it; end what is left of a SLURM job."""
     out = out or sys.stdout
     info = inspect(run_dir)
+    slurm_job = info["launcher"] == "slurm" and info["scheduler"] is not None \
+        and info["scheduler"]["state"] in SLURM_ALIVE
+    if slurm_job and info["state"] in FINAL:
+        # the ranks have ended (a batch script finishing, or about to requeue itself)
+        _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
+        print(f"[status] {info['state']} after "
+              f"{_where(info['epochs_done'], info['step_in_epoch'], info['epochs'])}; "
+              "continue with: " + continue_command(info), file=out)
+        return 0
     if info["state"] not in ("running", "pending") or dead(info):
         print(f"[status] nothing to stop: {info['state']}"
               + (f" ({info['detail']})" if info["detail"] else ""), file=out)
         if info["state"] in ("preempted", "stopped", "failed") or dead(info):
             print("[status] continue with: " + continue_command(info), file=out)
         return 0 if info["state"] in FINAL else 1
-    slurm_job = info["launcher"] == "slurm" and info["scheduler"] is not None \
-        and info["scheduler"]["state"] in SLURM_ALIVE
     if slurm_job and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
         # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
         _scancel(info["job_id"], out)

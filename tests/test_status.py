@@ -24,10 +24,10 @@ def status(*args: str, cwd: Path, env=None, timeout: float = 120) -> subprocess.
 
 def start_run(tmp_path: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
     """`python -m ddp_lab run.dir=RUN ...` in the background, as from a shell about to close."""
-    log = open(tmp_path / f"{run_dir.name}.console", "a")
-    return subprocess.Popen([PY, "-m", "ddp_lab", f"run.dir={run_dir}", *overrides], cwd=tmp_path,
-                            env=child_env(), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    with open(tmp_path / f"{run_dir.name}.console", "a") as log:  # the child keeps its copy
+        return subprocess.Popen([PY, "-m", "ddp_lab", f"run.dir={run_dir}", *overrides],
+                                cwd=tmp_path, env=child_env(), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def wait_running(run_dir: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
