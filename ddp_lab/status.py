@@ -243,6 +243,8 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
         if s in SLURM_WAITING:
             because = f" ({reason})" if reason and reason != "None" else ""
             after = f"; the run was {word}" if word in ("preempted", "stopped") else ""
+            if reason == "BeginTime" and word:  # a requeued job waits ~2 min before it starts
+                after += f"; `scontrol update JobId={job_id} StartTime=now` starts it at once"
             return "pending", f"{job}{because}{after}"
         if s in SLURM_ALIVE:
             if word in FINAL:  # the ranks have ended; the batch script is finishing (requeue?)
