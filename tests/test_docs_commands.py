@@ -93,6 +93,8 @@ def test_runbook_command(work, command):
         return
     if "run.dir=" in command and "train.resume=true" in command:
         return resume(work, argv)
+    if argv[2:3] == ["ddp_lab.status"]:
+        return status(work, argv)
     full, kind = cheap(argv, work)
     proc = sh(work, full)
     out = ok(proc)
@@ -112,6 +114,15 @@ def resume(work, argv):
                  "train.epochs=2", work["data"]]))
     lines = (work["cwd"] / folder / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+
+
+def status(work, argv):
+    """The reattach example reads the runs the commands above made (a dry run's folder when
+    it runs alone): one line per run, then the count."""
+    if not any((work["cwd"] / "outputs").rglob("config.yaml")):
+        ok(sh(work, [sys.executable, "-m", "ddp_lab", "launcher.dry_run=true", work["data"]]))
+    out = ok(sh(work, [sys.executable, "-m", *argv[2:]]))
+    assert " run(s) under " in out.splitlines()[-1], out
 
 
 def test_runbook_is_parsed():

@@ -295,7 +295,8 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
 
 def job_processes(run_dir: Path) -> list[int]:
     """Processes of this machine whose command line names the run folder (ranks, torchrun,
-    the launch script), this one excepted."""
+    the launch script), this one and those that only watch the run (`python -m
+    ddp_lab.status RUN_DIR [--follow|--stop]`, which `sweep` must not kill) excepted."""
     key = str(run_dir).encode()
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
@@ -304,6 +305,8 @@ def job_processes(run_dir: Path) -> list[int]:
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
+            continue
+        if any(arg.endswith((b"ddp_lab.status", b"ddp_lab/status.py")) for arg in argv):
             continue
         if any(arg == key or arg.startswith(key + b"/") for arg in argv):
             found.append(int(entry.name))
