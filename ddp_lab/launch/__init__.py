@@ -293,10 +293,15 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
     return 128 + fg.signal if fg.signal is not None else rc
 
 
+# what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
+JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run")
+
+
 def job_processes(run_dir: Path) -> list[int]:
-    """Processes of this machine whose command line names the run folder (ranks, torchrun,
-    the launch script), this one and those that only watch the run (`python -m
-    ddp_lab.status RUN_DIR [--follow|--stop]`, which `sweep` must not kill) excepted."""
+    """Processes of this machine that belong to the job of `run_dir`: the ranks, torchrun,
+    mpirun and the launch scripts (their command line names the run folder and one of
+    JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
+    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them."""
     key = str(run_dir).encode()
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
@@ -306,9 +311,9 @@ def job_processes(run_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(arg.endswith((b"ddp_lab.status", b"ddp_lab/status.py")) for arg in argv):
-            continue
-        if any(arg == key or arg.startswith(key + b"/") for arg in argv):
+        names_run = any(arg == key or arg.startswith(key + b"/") for arg in argv)
+        script = any(arg.startswith(key + b"/") and arg.endswith((b".sh", b".sbatch")) for arg in argv)
+        if names_run and (script or any(arg in JOB_MARKERS for arg in argv)):
             found.append(int(entry.name))
     return found
 
