@@ -131,10 +131,13 @@ done
 say "torchrun ended with exit status $rc"
 # torchrun succeeded: did the run complete, or stop to continue later?
 if [ "$rc" = 0 ]; then
-  status=$(run_status)
-  if [ "$status" = preempted ] || {{ [ -z "$status" ] && [[ $STOP_WANTED == preempted* ]]; }}; then
-    say "the run was preempted (checkpoint saved): exit $PREEMPTED_EXIT, so that the pod starts again and continues"
-    rc=$PREEMPTED_EXIT
+  case "$(run_status)" in
+    preempted) rc=$PREEMPTED_EXIT ;;
+    completed|stopped) ;;
+    *) if [[ $STOP_WANTED == preempted* ]]; then rc=$PREEMPTED_EXIT; fi ;;  # no summary: our signal decides
+  esac
+  if [ "$rc" != 0 ]; then
+    say "the run was preempted (checkpoint saved): exit $rc, so that the pod starts again and continues"
   fi
 fi
 finish "$rc"
