@@ -4,7 +4,8 @@ It checks every flag against the documented flags of `runai submit-dist pytorch`
 (run-ai/docs, docs/Researcher/cli-reference/runai-submit-dist-pytorch.md, CLI v2.10+),
 then does what RunAI's PyTorchJob does: starts `--workers` + 1 pods (here: background
 processes on this machine) with WORLD_SIZE = pods, RANK = pod index, MASTER_ADDR and
-MASTER_PORT of the master pod, and the `-e` variables, and returns at once.
+MASTER_PORT of the master pod, and the `-e` variables, each in its own session (a pod's
+script is its PID 1), and returns at once; FAKE_RUNAI_RECORD gets the call and the pods' pids.
 
 Used as an executable named `runai` on PATH by tests/test_launch_runai.py, and imported
 for DOCUMENTED_* by the render tests.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -37,6 +39,26 @@ DOCUMENTED_BOOL_FLAGS = {
     "--mount-propagation", "--host-ipc", "--host-network", "--allow-privilege-escalation",
     "--run-as-user", "-h", "--help",
 }
+
+
+def quiet_port(host: str = "127.0.0.1") -> int:
+    """A free port below the kernel's ephemeral range: unlike one the OS picks (bind to 0),
+    no outgoing connection (gloo opens many, other tests run beside) is handed it between
+    this check and torchrun's listen, which fails with EADDRINUSE then."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(20000, max(low, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def parse(argv: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
@@ -75,9 +97,6 @@ def main(argv: list[str]) -> int:
         print(f"runai (fake): {e}", file=sys.stderr)
         return 2
     record = os.environ.get("FAKE_RUNAI_RECORD")
-    if record:
-        with open(record, "w") as f:
-            json.dump({"argv": argv, "flags": flags, "command": command}, f)
     values = {}
     for k, v in flags:
         values.setdefault(k, []).append(v)
@@ -86,14 +105,19 @@ def main(argv: list[str]) -> int:
     for kv in values.get("-e", []) + values.get("--environment", []):
         k, _, v = kv.partition("=")
         env[k] = v
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = quiet_port()
     env.update(WORLD_SIZE=str(workers + 1), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    pods = []
     for rank in range(workers + 1):  # the master pod is RANK 0, then the workers
-        subprocess.Popen(command, env=dict(env, RANK=str(rank)), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        pod = subprocess.Popen(command, env=dict(env, RANK=str(rank)), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        pods.append(pod.pid)  # each its own process group, as a pod is its own container
+    if record:  # the pods' pids: a test plays Kubernetes (SIGTERM to a pod's PID 1)
+        tmp = record + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"argv": argv, "flags": flags, "command": command, "pods": pods}, f)
+        os.replace(tmp, record)
     print(f"The job '{values.get('--name', ['?'])[0]}' has been submitted successfully")
     return 0
 

@@ -8,6 +8,11 @@ pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma
 torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts). The run folder
 must be on a PVC the pods mount at the same path as this machine sees it.
 
+Preemption: Kubernetes SIGTERMs each pod's script; its trap writes RUN_DIR/STOP, every rank
+of every pod checkpoints and exits 0, and the script exits PREEMPTED_EXIT so that the pods
+come back; started again, they continue from the checkpoint (train.resume=auto). The
+follower reports such a run as preempted/stopped (summary.json), not as a failure.
+
 Flags used are the documented ones of `runai submit-dist pytorch` (run-ai/docs,
 docs/Researcher/cli-reference/runai-submit-dist-pytorch.md, CLI v2.10+).
 """
@@ -20,11 +25,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from . import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
                template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
+# Not 0: a PyTorchJob whose master pod succeeds is complete and would not come back (RunAI's
+# checkpointing guide: a non-zero exit "is important for the Job to return later"); and
+# Kubeflow's ExitCode restart policy retries 128-255, while 1-127 are permanent failures.
+PREEMPTED_EXIT = 143
 
 
 def resolve(cfg) -> None:
@@ -114,7 +125,8 @@ def pod_script(cfg, run_dir: Path) -> str:
     return template("runai_pod.sh").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), rdma=rdma, python=py, rdzv=rdzv,
-        max_restarts=lc.max_restarts, entry=shlex.quote(cfg.run.entry))
+        max_restarts=lc.max_restarts, entry=shlex.quote(cfg.run.entry),
+        job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
 
 
 def render(cfg, run_dir: Path) -> Rendered:
@@ -178,7 +190,9 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int
 
 
 def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:
-    """Wait for every pod's exit file in the (shared) run folder; stream pod 0's log."""
+    """Wait for every pod's exit file in the (shared) run folder; stream pod 0's log. 0 when
+    the run completed or stopped gracefully (preempted: RunAI brings the pods back without
+    us), else the first pod's failure status."""
     logs = run_dir / "logs"
     tail = Tail(logs / "pod0.log", sys.stdout)
     t0 = time.monotonic()
@@ -211,9 +225,33 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
             codes[p.stem] = int(p.read_text().strip() or 1)
         except ValueError:
             codes[p.stem] = 1
-    rc = next((c for c in codes.values() if c != 0), 0)
     print(f"[runai] job {name}: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()), flush=True)
+    stop = graceful_stop(run_dir, codes)
+    if stop is not None:
+        print(f"[runai] job {name}: {stop}", flush=True)
+        return 0  # not a failure: summary.json says preempted/stopped, the CLI reports it
+    rc = next((c for c in codes.values() if c != 0), 0)
     if rc != 0:
         bad = [logs / f"{k}.log" for k, v in codes.items() if v != 0]
         print(f"[runai] job {name} failed: {diagnose(bad)}", file=sys.stderr)
     return rc
+
+
+def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
+    """What to say when the pods ended by a graceful stop (summary.json: preempted or
+    stopped, every pod exited 0 or PREEMPTED_EXIT), else None (completed, or failed)."""
+    from ..job import read_summary
+
+    summary = read_summary(run_dir)
+    status = str(summary.get("status", ""))
+    if status not in ("preempted", "stopped") or any(
+            c not in (0, PREEMPTED_EXIT) for c in codes.values()):
+        return None
+    where = f"after {summary.get('epochs_done')} epoch(s)"
+    if summary.get("step_in_epoch"):
+        where += f" + {summary['step_in_epoch']} step(s)"
+    text = f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved"
+    if status == "preempted":
+        text += (". RunAI starts the pods again when it has the GPUs for them, and the run "
+                 f"continues from that checkpoint by itself (logs: {run_dir / 'logs'})")
+    return text
