@@ -20,8 +20,14 @@ def submit(cfg: DictConfig) -> int:
         where = f"after {summary.get('epochs_done')} epoch(s)"
         if summary.get("step_in_epoch"):
             where += f" + {summary['step_in_epoch']} steps"
-        print(f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved. Continue with:\n"
-              f"  python -m ddp_lab run.dir={run_dir}   (the same overrides; train.resume=auto)")
+        print(f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved.")
+        if status == "preempted" and cfg.launcher.name == "runai":
+            # the PyTorchJob brings its pods back and they continue: a second job would race it
+            print(f"RunAI starts the pods again and they continue the run by themselves; "
+                  f"follow it with: python -m ddp_lab.status {run_dir} --follow")
+        else:
+            print(f"Continue with:\n  python -m ddp_lab run.dir={run_dir}   "
+                  "(the same overrides; train.resume=auto)")
         print(f"run dir: {run_dir}")
         return rc if rc > 128 else EXIT_STOPPED
     if rc != 0:
