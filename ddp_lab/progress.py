@@ -60,6 +60,9 @@ _STEP_END, _OTHER, _OTHER_OP = _PHASE["step end"], len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
 
 
+REMOTE_STALE_S = 40.0  # see `diagnose`
+
+
 def record_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / FOLDER / f"rank{rank}.bin"
 
@@ -301,7 +304,10 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
     live = [r for r in others if r["state"] in ("starting", "running")]
     counts = [r["collective"] for r in live + [r for r in records if r["rank"] == me]]
     if live and min(counts) < max(counts):
-        behind = [r for r in live if r["collective"] == min(counts) and r["age_s"] >= stale_s]
+        # another machine's record reaches a shared folder when its kernel writes the page
+        # back (up to ~35 s later on NFS): only a longer silence counts against it
+        behind = [r for r in live if r["collective"] == min(counts)
+                  and r["age_s"] >= (stale_s if r["local"] else max(stale_s, REMOTE_STALE_S))]
         for r in behind:
             r["why"] = f"no progress for {r['age_s']:.0f} s"
         if behind:

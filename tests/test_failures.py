@@ -14,6 +14,7 @@ of the job is ever left behind (every test kills what it started in `finally`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import PY, child_env, compose, describe, summary
+from helpers import free_port as _free_port
 
 from ddp_lab import progress
 from ddp_lab.errors import UserError
@@ -267,6 +269,42 @@ def test_init_timeout_is_its_own_key():
         check(compose("dist.init_timeout_s=0", "launcher.nproc_per_node=2"), COMMON)
 
 
+def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
+    """The death signal is set first thing: a rank waiting in init_process_group for a
+    peer that never comes goes as soon as its parent (torchrun) is killed."""
+    mk = subprocess.run([PY, "-m", "ddp_lab", "launcher.dry_run=true", "dist.init_timeout_s=120",
+                         f"run.root={tmp_path}"], cwd=tmp_path, env=child_env(),
+                        capture_output=True, text=True, timeout=120)
+    run_dir = Path(mk.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
+    env = child_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    parent = subprocess.Popen([PY, "-c", "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()",
+                               PY, "-m", "ddp_lab.worker", str(run_dir)], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the rank is up and waiting in init
+            recs = progress.read_all(run_dir)
+            if recs and recs[0]["phase"] == "init" and recs[0]["process"] == "running":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the rank never started")
+        rank = recs[0]["pid"]
+        assert _ppid(rank) == parent.pid
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while progress.process_state(rank) != "dead" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert progress.process_state(rank) == "dead", "the rank outlived its launcher"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in job_processes(run_dir):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 # ================================================================== acceptance
 def _start(run_dir: Path, *overrides: str, world: int = WORLD) -> subprocess.Popen:
     """`python -m ddp_lab` with `world` local ranks in `run_dir`, as a user starts it."""
@@ -368,6 +406,61 @@ def test_a_dead_or_frozen_rank_ends_the_job_and_is_named(tmp_path, shared_data_r
               f"(dist.timeout_s={TIMEOUT_S}); {said[-1]}")
     finally:
         _clean_up(proc, run_dir)
+
+
+_HANG = """\
+import os
+if os.environ.get("RANK") == os.environ.get("DDP_LAB_TEST_HANG_RANK"):
+    import time
+    from ddp_lab import timing
+
+    end_step, steps = timing.StepTimer.end_step, []
+
+    def user_code_that_hangs():
+        time.sleep(3600)
+
+    def hang_at_step_10(self):
+        end_step(self)
+        steps.append(1)
+        if len(steps) == 10:
+            user_code_that_hangs()
+
+    timing.StepTimer.end_step = hang_at_step_10
+"""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_hung_rank_is_named_and_its_stack_is_in_its_log(tmp_path, shared_data_root):
+    """Rank 1 hangs in user code (fault injection: a sitecustomize on the ranks' path) and
+    stops taking part: the others name it, its own watchdog dumps its stack into its log,
+    and it is killed with the job."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_HANG)
+    env = child_env({"DDP_LAB_TEST_HANG_RANK": "1"})
+    env["PYTHONPATH"] += os.pathsep + str(inject)
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run([PY, "-m", "ddp_lab", f"run.dir={run_dir}", f"launcher.nproc_per_node={WORLD}",
+                           f"dist.timeout_s={TIMEOUT_S}", "log.progress=lines", "train.epochs=50",
+                           f"data.root={shared_data_root}"], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    try:
+        assert proc.returncode not in (0, None), describe(proc)
+        named = re.compile(r"rank 1 \(pid \d+ on host \S+\) stopped at epoch 1 step 10 phase step end "
+                           r"collective #\d+( \(\w+\))?: no progress for \d+ s")
+        said = [ln for ln in proc.stdout.splitlines() if named.search(ln)]
+        assert any(ln.startswith("job failed with exit status") for ln in said), describe(proc)
+        log = (run_dir / "logs" / "rank1.log").read_text()
+        assert "Timeout (" in log and "in user_code_that_hangs" in log, log[-3000:]
+        assert _leftovers(run_dir, 5) == []
+        # startup included: the hang itself ended within dist.timeout_s + a few s
+        print(f"a hung rank 1: the job took {time.monotonic() - t0:.1f} s in all; {said[-1]}")
+    finally:
+        for pid in job_processes(run_dir):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.dist
