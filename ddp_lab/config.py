@@ -314,7 +314,9 @@ class DistConfig:
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda"""
     timeout_s: float = 120.0
-    """init and collective timeout: a missing peer fails after this, never hangs"""
+    """collective timeout: a dead or hung peer ends the job after this (plus a few s), never hangs"""
+    init_timeout_s: float = 300.0
+    """rendezvous and init_process_group: every rank must have joined within this"""
 
 
 @dataclass

@@ -7,11 +7,13 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import progress
 from .env import DistEnv
 
 log = logging.getLogger("ddp_lab")
@@ -25,6 +27,7 @@ class DistContext:
 
     def barrier(self) -> None:
         if dist.is_initialized() and self.env.world_size > 1:
+            progress.current().collective("barrier")
             if self.backend == "nccl":
                 dist.barrier(device_ids=[self.device.index])
             else:
@@ -54,6 +57,7 @@ class DistContext:
             raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
         t = self._tensor(values)
         if self.collective:
+            progress.current().collective("all_reduce")
             dist.all_reduce(t, op=_REDUCE_OPS[op])
             if op == "mean":
                 t /= dist.get_world_size()  # ReduceOp.AVG exists on nccl only
@@ -72,6 +76,7 @@ class DistContext:
         if not self.collective:
             return [t.tolist()]
         out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        progress.current().collective("all_gather")
         dist.all_gather(out, t)
         return [o.tolist() for o in out]
 
@@ -80,6 +85,7 @@ class DistContext:
         if not self.collective:
             return [obj]
         out: list[Any] = [None] * dist.get_world_size()
+        progress.current().collective("all_gather")
         dist.all_gather_object(out, obj)
         return out
 
@@ -89,6 +95,7 @@ class DistContext:
             return [obj]
         mine = dist.get_rank() == dst
         out: Optional[list[Any]] = [None] * dist.get_world_size() if mine else None
+        progress.current().collective("gather")
         dist.gather_object(obj, out, dst=dst)
         return out
 
@@ -127,29 +134,46 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 
 @contextlib.contextmanager
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
-                timeout_s: float = 120.0) -> Iterator[DistContext]:
+                timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
+                run_dir: Optional[Path] = None) -> Iterator[DistContext]:
     """Initialise the default process group for `env`; destroy it on the way out.
 
-    The timeout bounds both the rendezvous (a missing peer) and every later collective,
-    so a dead rank turns into an error on the others instead of a hang.
+    Two timeouts: `init_timeout_s` (default: `timeout_s`) bounds init_process_group (every
+    peer must join by then: a slow start on a busy cluster), `timeout_s` every collective
+    after it, so a dead or hung rank turns into an error on the others instead of a hang
+    (gloo: the call raises; nccl: its watchdog ends the process). On nccl with a `run_dir`,
+    PyTorch's flight recorder is on, its dumps in RUN_DIR/flight_recorder/.
     """
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
-    timeout = datetime.timedelta(seconds=timeout_s)
     kwargs = {}
     if be == "nccl":
         kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
+            progress.enable_flight_recorder(run_dir)
     # env:// rather than tcp://: under torchrun the agent already serves the store on
     # MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env:// knows to join it as a client.
     os.environ["MASTER_ADDR"] = env.master_addr
     os.environ["MASTER_PORT"] = str(env.master_port)
+    init_timeout = datetime.timedelta(seconds=init_timeout_s or timeout_s)
     dist.init_process_group(be, init_method="env://", rank=env.rank,
-                            world_size=env.world_size, timeout=timeout, **kwargs)
+                            world_size=env.world_size, timeout=init_timeout, **kwargs)
+    if init_timeout_s and init_timeout_s != timeout_s:
+        set_timeout(timeout_s)
     try:
         yield DistContext(env=env, backend=be, device=dev)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def set_timeout(timeout_s: float) -> None:
+    """The default group's timeout for every later collective (torch >= 2.9 names it
+    dist.set_timeout; before, distributed_c10d._set_pg_timeout)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout")
+    setter(datetime.timedelta(seconds=timeout_s))
 
 
 def cpu_threads(env: DistEnv, requested: int = 0) -> int:

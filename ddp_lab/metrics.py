@@ -25,8 +25,20 @@ class RankFormatter(logging.Formatter):
         super().__init__(f"[rank {rank}] %(message)s")
 
 
+_FAULT_FILE = None  # the rank's log, opened for faulthandler (which writes to its fd)
+
+
+def fault_file():
+    """The file faulthandler writes this rank's stacks to (its log), or None."""
+    return _FAULT_FILE
+
+
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console."""
+    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console.
+    faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
+    SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
+    (ddp_lab.progress.Watchdog)."""
+    global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
     log.setLevel(logging.DEBUG)
@@ -42,6 +54,12 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") ->
         fh.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
         fh.setLevel(logging.DEBUG)
         log.addHandler(fh)
+        import faulthandler
+
+        old, _FAULT_FILE = _FAULT_FILE, open(run_dir / "logs" / f"rank{env.rank}.log", "a")
+        faulthandler.enable(file=_FAULT_FILE, all_threads=True)
+        if old is not None:
+            old.close()
     return log
 
 

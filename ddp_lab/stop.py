@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from . import progress
+
 log = logging.getLogger("ddp_lab")
 
 STOP_FILE = "STOP"
@@ -73,6 +75,18 @@ def clear_stop_file(run_dir: Path) -> None:
     (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)
 
 
+_PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when it started
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """The first thing a rank does: get `sig` when its parent dies (also during init, when
+    no handler is installed yet: the rank then ends at once), and remember the parent for
+    the ppid check of `StopControl`."""
+    global _PARENT
+    _PARENT = os.getppid()
+    return set_parent_death_signal(sig)
+
+
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
     try:
@@ -92,7 +106,7 @@ class StopControl:
         self._last = time.monotonic()
         self._code, self._reason = 0, ""
         self.checks = 0
-        self.ppid = os.getppid()
+        self.ppid = _PARENT or os.getppid()  # a parent gone before this is noticed too
         self._signals: dict[int, tuple[int, object]] = {}
         if install:
             self._install(user_signal)
@@ -104,11 +118,11 @@ class StopControl:
             wanted[getattr(signal, user_signal)] = PREEMPTED
         for sig, code in wanted.items():
             self._signals[sig] = (code, signal.signal(sig, self._on_signal))
-        set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != self.ppid:  # the parent died before the death signal was set
             self._flag(STOPPED, "parent process gone")
 
     def restore(self) -> None:
+        progress.watchdog().cancel()
         for sig, (_, previous) in self._signals.items():
             signal.signal(sig, previous)
         self._signals.clear()
@@ -140,6 +154,7 @@ class StopControl:
     def restart_clock(self) -> None:
         """Time between checks excludes evaluation and checkpoints (epoch ends)."""
         self._last, self._count = time.monotonic(), 0
+        progress.watchdog().rearm()
 
     def step(self) -> Optional[StopInfo]:
         """After every step: agree now and then whether to stop; the StopInfo when all stop."""
@@ -151,6 +166,7 @@ class StopControl:
     def check(self) -> Optional[StopInfo]:
         """Collective: every rank calls it at the same step."""
         now = time.monotonic()
+        progress.watchdog().rearm()  # no stack dump while checks keep coming
         code, _ = self.local()
         agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
         self.checks += 1

@@ -41,6 +41,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from . import progress as _progress
 from .costmodel import busbw_factor
 
 PHASES = ("data", "forward", "backward", "sync", "optim")
@@ -176,18 +177,23 @@ _NOTHING = _Nothing()
 
 
 class StepTimer:
-    """Stamps the phases of every step; `collect()` resolves them once per epoch."""
+    """Stamps the phases of every step; `collect()` resolves them once per epoch. Each phase
+    and each step's end also mark this rank's progress record (ddp_lab.progress), timed or
+    not: that is where a stuck rank is found."""
 
     def __init__(self, clock: Clock, enabled: bool = True):
         self.clock = clock
         self.enabled = enabled
+        self.progress = _progress.current()
         self._steps: list[list] = []
         self._current: list = []
 
     def phase(self, name: str):
+        self.progress.phase(name)
         return _Phase(self, name) if self.enabled else _NOTHING
 
     def end_step(self) -> None:
+        self.progress.step_done()
         if self.enabled:
             self._steps.append(self._current)
             self._current = []
@@ -290,6 +296,7 @@ class CommRecorder:
         self.clock = clock
         self.world_size = world_size
         self.enabled = enabled
+        self.progress = _progress.current()  # each call entered counts there
         self._pending: list[tuple[CommCall, Any, Any]] = []
         self._stats = CommStats()
         # DDP's completion callbacks run on the backend's worker threads, several at once
@@ -305,10 +312,12 @@ class CommRecorder:
         return CommCall(op, payload, sent, recv)
 
     def timed(self, op: str, payload: int, sent: int, recv: int):
+        self.progress.collective(op)
         call = self._count(op, payload, sent, recv)
         return _Timed(self, call) if self.enabled else _NOTHING
 
     def begin(self) -> Any:
+        self.progress.collective()  # an async call (DDP's bucket all-reduce) is launched
         return self.clock.stamp() if self.enabled else None
 
     def finish(self, start: Any, op: str, payload: int, sent: int, recv: int) -> None:

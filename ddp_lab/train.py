@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint
+from . import checkpoint, progress
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .distributed import DistContext
@@ -129,6 +129,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
             ctx.barrier()  # load-bearing: every rank starts the clock together
             clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
             stopper.restart_clock()
+            progress.current().at(epoch, skip)  # where this rank is, for the others (status)
             t0 = time.perf_counter()
             steps = telemetry.progress(range(skip, steps_per_epoch), epoch)
             loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),

@@ -111,6 +111,7 @@ COMMON: list[Rule] = [
     one_of("dist.backend", ("auto", "gloo", "nccl")),
     one_of("dist.device", ("auto", "cpu", "cuda")),
     above("dist.timeout_s", 0),
+    above("dist.init_timeout_s", 0),
     one_of("log.progress", ("auto", "bar", "lines")),
     required_launcher_keys,
     run_folder,

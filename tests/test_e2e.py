@@ -134,7 +134,7 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_missing_peer_or_master_fails_within_the_timeout(tmp_path, rank):
     """Rank 0 alone (a peer never comes) or rank 1 alone (no master): an error, not a hang."""
-    proc = run_cli("launcher.dry_run=true", "dist.timeout_s=5", f"run.root={tmp_path}", cwd=tmp_path)
+    proc = run_cli("launcher.dry_run=true", "dist.init_timeout_s=5", f"run.root={tmp_path}", cwd=tmp_path)
     run_dir = run_dir_of(proc)
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}

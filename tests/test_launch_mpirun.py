@@ -1,5 +1,5 @@
 """launcher=mpirun for real: Open MPI starts 3 ranks on localhost to a complete run; an
-unreachable master fails within dist.timeout_s instead of hanging."""
+unreachable master fails within dist.init_timeout_s instead of hanging."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_mpirun_three_ranks_on_localhost(tmp_path):
 def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
     # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed, so the connect can only time out
     proc = run_cli("launcher=mpirun", "launcher.hosts=[localhost:2]",
-                   "launcher.master_addr=192.0.2.1", "dist.timeout_s=10", *QUICK,
+                   "launcher.master_addr=192.0.2.1", "dist.init_timeout_s=10", *QUICK,
                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, timeout=240)
     assert proc.returncode != 0, describe(proc)

@@ -220,12 +220,17 @@ class Foreground:
     only us and we stop it gracefully (the stop file: every rank checkpoints at its next
     check), and tied to us by PR_SET_PDEATHSIG, so a SIGKILL of `python -m ddp_lab` still
     stops it. A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the
-    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later. Whatever
-    of the job outlives it (a rank frozen by SIGSTOP) is killed last (`sweep`)."""
+    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
+
+    When the command ends, ranks may outlive it: a torchrun killed by SIGKILL leaves its
+    ranks stopping gracefully (their parent's death reached them as SIGTERM), so we wait
+    for them up to `grace_s`; a rank frozen by SIGSTOP cannot act, so it is killed at once.
+    Whatever is left after that is killed last (`sweep`)."""
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float):
         self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
         self.signal: Optional[int] = None  # the first signal we got
+        self.forced = False  # a second signal: no more waiting
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
 
@@ -245,6 +250,7 @@ class Foreground:
                   "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
         else:
             print(f"[ddp_lab] {name} again: killing the job", file=sys.stderr, flush=True)
+            self.forced = True
             self.kill()
 
     def kill(self) -> None:
@@ -258,6 +264,29 @@ class Foreground:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def settle(self) -> list[int]:
+        """The command has ended: wait (up to `grace_s`) for the job's processes that
+        outlive it, killing frozen ones at once; the pids still there at the end."""
+        from ..progress import process_state
+
+        deadline, told = time.monotonic() + self.grace_s, False
+        while True:
+            pids = job_processes(self.run_dir)
+            for pid in pids:
+                if process_state(pid) == "frozen":
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                    print(f"[ddp_lab] killed process {pid} of the job: frozen (SIGSTOP)",
+                          file=sys.stderr, flush=True)
+            pids = [p for p in pids if process_state(p) != "dead"]
+            if not pids or self.forced or time.monotonic() > deadline:
+                return pids
+            if not told:
+                told = True
+                print(f"[ddp_lab] the launcher has ended; waiting up to {self.grace_s:.0f} s for "
+                      f"{len(pids)} process(es) of the job to stop", file=sys.stderr, flush=True)
+            time.sleep(0.5)
 
     def run(self) -> int:
         handlers = {}
@@ -275,7 +304,9 @@ class Foreground:
                     if self.deadline is not None and time.monotonic() > self.deadline:
                         print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
                               "killing it", file=sys.stderr, flush=True)
+                        self.forced = True
                         self.kill()
+            self.settle()
         finally:
             for sig, previous in handlers.items():
                 signal.signal(sig, previous)

@@ -31,7 +31,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
         max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)),
         code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
-        join_timeout=max(1, int(cfg.dist.timeout_s)), entry=shlex.quote(cfg.run.entry))
+        join_timeout=max(1, int(cfg.dist.init_timeout_s)), entry=shlex.quote(cfg.run.entry))
     path = run_dir / "launch.sh"
     return Rendered(command=["bash", str(path)], files={"launch.sh": script},
                     executable=("launch.sh",), show=script)

@@ -105,7 +105,7 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
 def pod_script(cfg, run_dir: Path) -> str:
     lc = cfg.launcher
     py = shlex.quote(lc.python or "python")
-    timeout = max(1, int(cfg.dist.timeout_s))
+    timeout = max(1, int(cfg.dist.init_timeout_s))
     if lc.rdzv == "static":
         rdzv = (f'--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" '
                 f'--rdzv_conf=timeout={timeout}')

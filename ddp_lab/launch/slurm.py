@@ -121,7 +121,7 @@ def launch_block(cfg) -> str:
         return ("# One task per process: srun starts every rank; each reads its rank from\n"
                 "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.env).\n"
                 f"{' '.join(srun)} \\\n  {py} -m {entry} \"$RUN_DIR\"")
-    timeout = max(1, int(cfg.dist.timeout_s))
+    timeout = max(1, int(cfg.dist.init_timeout_s))
     if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
         rdzv = ("--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT "
                 f"--rdzv_id=$SLURM_JOB_ID --rdzv_conf=join_timeout={timeout}")
