@@ -285,6 +285,8 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     assert f'> "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"' in text
     assert re.search(r'-m ddp_lab\.worker \\"\$RUN_DIR\\"" &\n', text)  # srun in the background
     assert 'wait "$SRUN_PID"' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert "keep_stop" in text  # a stop before the ranks start outlives rank 0's clearing
+    assert "trap '' TERM" in text and "PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT" in text
     assert "SLURM_RESTART_COUNT:-0" in text and 'AGAIN="sbatch $RUN_DIR/job.sbatch"' in text
 
 

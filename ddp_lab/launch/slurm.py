@@ -12,6 +12,16 @@ Two modes:
 
 Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
 it follows the job through scontrol, streams its log and returns its exit status.
+
+Time limits and requeue (docs/launchers.md, "Time limits, preemption, requeue"):
+- `#SBATCH --signal=B:USR2@<launcher.signal_s>` asks SLURM to signal the batch shell ahead of
+  the limit; its trap writes RUN_DIR/STOP, every rank checkpoints and exits 0, and the shell
+  requeues the job (`scontrol requeue $SLURM_JOB_ID`) while SLURM_RESTART_COUNT <
+  launcher.max_requeues; `--requeue` (launcher.requeue) and `--open-mode=append`.
+- A job SLURM ends (scancel, scontrol requeue, preemption) gets SIGTERM everywhere: the ranks
+  checkpoint (their handler); torchrun ignores it, so that no rank gets it twice.
+- `follow` follows a job through its requeues (same id, Restarts+1, appended logs) to its
+  final state.
 """
 
 from __future__ import annotations
@@ -319,6 +329,8 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
             else:
                 since = None
             shown = (state, reason if state == "PENDING" else "")
+            if state == "PENDING" and reason in ("", "None") and last and last[0] == "PENDING":
+                shown = last  # a reason that clears is no news
             if shown != last and state not in ("UNKNOWN", "GONE") and not final:
                 why = f" ({reason})" if reason and reason != "None" and (
                     state == "PENDING" or state in MAYBE_REQUEUED) else ""
