@@ -203,6 +203,7 @@ def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp
     assert rc == 0, console
     err = (job.run_dir / "logs" / f"ddp_lab_{job.job_id}.err").read_text(errors="replace")
     assert "DUE TO JOB REQUEUE" in err, err
+    assert "death signal" not in err, err  # torchrun left SLURM's SIGTERM to the ranks
     assert "[sbatch] SIGTERM from SLURM" in log, log
     assert "[sbatch] requeueing job" not in log  # SLURM requeued it: the shell leaves it be
     assert f"[slurm] job {job.job_id} requeued (restart 1)" in console, console
