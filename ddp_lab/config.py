@@ -115,6 +115,20 @@ class SlurmLauncherConfig(LauncherConfig):
     """stop following after this long (the job keeps running); null = no limit"""
     poll_s: float = 2.0
     """seconds between squeue/scontrol polls while following"""
+    signal_s: Optional[int] = 120
+    """#SBATCH --signal=B:USR2@<signal_s>: SLURM signals the batch shell this many seconds
+    before the time limit; its trap writes RUN_DIR/STOP so every rank checkpoints and exits 0,
+    then the shell requeues the job (see requeue, max_requeues). The timing has about a
+    minute's granularity (SLURM checks limits once a minute): leave the ranks at least
+    60 s + a checkpoint's time. 0 or null = no signal line (the job just ends at its limit)"""
+    requeue: bool = True
+    """#SBATCH --requeue: the job may be requeued (by itself after the time-limit signal, by an
+    admin's `scontrol requeue`, by preemption) and continues from its checkpoint
+    (train.resume=auto); false = --no-requeue, and no self-requeue"""
+    max_requeues: int = 3
+    """self-requeues after the time-limit signal, counted by SLURM_RESTART_COUNT (requeues by
+    the scheduler count too); once reached the job ends with exit status 75 and says how to
+    continue (`sbatch RUN_DIR/job.sbatch`). 0 = never requeue itself"""
 
 
 @dataclass

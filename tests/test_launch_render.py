@@ -270,6 +270,65 @@ def test_slurm_bad_input(overrides, message, tmp_path, capsys):
     assert message in resolve_error("launcher=slurm", *overrides)
 
 
+def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
+    """The time-limit signal, requeue and appending logs by default; the batch shell runs srun
+    in the background, traps USR2/TERM into the stop file and requeues itself at most
+    max_requeues times."""
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.nodes=2",
+                         "launcher.max_requeues=5", "launcher.time=00:10:00")
+    text = (run_dir / "job.sbatch").read_text()
+    bash_n(run_dir / "job.sbatch")
+    opts = sbatch_header_ok(text)
+    assert {"--signal=B:USR2@120", "--requeue", "--open-mode=append"} <= set(opts), opts
+    assert "MAX_REQUEUES=5" in text and "SELF_REQUEUE=1" in text
+    assert "trap 'GOT_USR2=1; request_stop" in text and "' USR2" in text and "' TERM" in text
+    assert f'> "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"' in text
+    assert re.search(r'-m ddp_lab\.worker \\"\$RUN_DIR\\"" &\n', text)  # srun in the background
+    assert 'wait "$SRUN_PID"' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert "keep_stop" in text  # a stop before the ranks start outlives rank 0's clearing
+    assert "trap '' TERM" in text and "PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT" in text
+    assert "SLURM_RESTART_COUNT:-0" in text and 'AGAIN="sbatch $RUN_DIR/job.sbatch"' in text
+
+
+def test_slurm_dry_run_no_signal_no_requeue(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.signal_s=0",
+                         "launcher.requeue=false")
+    text = (run_dir / "job.sbatch").read_text()
+    bash_n(run_dir / "job.sbatch")
+    opts = sbatch_header_ok(text)
+    assert not any(o.startswith("--signal") for o in opts) and "--requeue" not in opts
+    assert "--no-requeue" in opts and "--open-mode=append" in opts and "SELF_REQUEUE=0" in text
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.signal_s=null",
+                         f"run.dir={tmp_path / 'nosig'}")
+    opts = sbatch_header_ok((run_dir / "job.sbatch").read_text())
+    assert not any(o.startswith("--signal") for o in opts) and "--requeue" in opts
+
+
+def test_slurm_dry_run_per_task_in_background(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.per_task=true",
+                         "launcher.signal_s=300")
+    text = (run_dir / "job.sbatch").read_text()
+    bash_n(run_dir / "job.sbatch")
+    assert "--signal=B:USR2@300" in sbatch_header_ok(text)
+    assert re.search(r'-m ddp_lab\.worker "\$RUN_DIR" &\nSRUN|-m ddp_lab\.worker "\$RUN_DIR" &\n#', text)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["launcher.signal_s=-1"], "launcher.signal_s=-1: seconds before the time limit"),
+    (["launcher.max_requeues=-1"], "launcher.max_requeues=-1: must be >= 0"),
+    (["launcher.time=00:02:00", "launcher.signal_s=120"], "would come before the job starts"),
+])
+def test_slurm_bad_stop_settings(overrides, message):
+    assert message in resolve_error("launcher=slurm", *overrides)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30", 1800), ("2:00", 120), ("00:30:00", 1800), ("1-0", 86400), ("1-02:03", 93780),
+    ("1-02:03:04", 93784), ("UNLIMITED", None)])
+def test_slurm_time_limit_s(text, seconds):
+    assert slurm_launch.time_limit_s(text) == seconds
+
+
 @pytest.mark.parametrize("state, code, rc", [
     ("COMPLETED", "0:0", 0), ("FAILED", "1:0", 1), ("FAILED", "143:0", 143),
     ("CANCELLED", "0:15", 143), ("TIMEOUT", "0:0", 1), ("NODE_FAIL", "", 1)])

@@ -96,8 +96,8 @@ def test_more_epochs_continue_the_run_and_append(tmp_path, shared_data_root):
         text=True, timeout=300, cwd=tmp_path, env=child_env())
     assert rep.returncode == 0, rep.stdout + rep.stderr
     md = (run_dir / "report" / "report.md").read_text()
-    table = md.split("## Time per epoch per allocation")[1].split("##")[0]
-    assert "| 1 |" in table and "| 2 |" in table and "0+0 | 1+0" in table and "1+0 | 2+0" in table
+    table = md.split("## Allocations of runs that used several")[1].split("##")[0]
+    assert "| epoch 0 | epoch 1 |" in table and "| epoch 1 | epoch 2 |" in table, table
 
 
 def test_resume_mode_values(tmp_path):

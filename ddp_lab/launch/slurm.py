@@ -12,6 +12,16 @@ Two modes:
 
 Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
 it follows the job through scontrol, streams its log and returns its exit status.
+
+Time limits and requeue (docs/launchers.md, "Time limits, preemption, requeue"):
+- `#SBATCH --signal=B:USR2@<launcher.signal_s>` asks SLURM to signal the batch shell ahead of
+  the limit; its trap writes RUN_DIR/STOP, every rank checkpoints and exits 0, and the shell
+  requeues the job (`scontrol requeue $SLURM_JOB_ID`) while SLURM_RESTART_COUNT <
+  launcher.max_requeues; `--requeue` (launcher.requeue) and `--open-mode=append`.
+- A job SLURM ends (scancel, scontrol requeue, preemption) gets SIGTERM everywhere: the ranks
+  checkpoint (their handler); torchrun ignores it, so that no rank gets it twice.
+- `follow` follows a job through its requeues (same id, Restarts+1, appended logs) to its
+  final state.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ..stop import EXIT_STOPPED
 from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
                setup_block, should_wait, template)
 
@@ -81,6 +92,34 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
     if lc.poll_s <= 0:
         raise LaunchError(f"launcher.poll_s={lc.poll_s}: must be > 0")
+    if lc.signal_s is not None and lc.signal_s < 0:
+        raise LaunchError(f"launcher.signal_s={lc.signal_s}: seconds before the time limit, "
+                          ">= 0 (0 or null: no signal)")
+    if lc.max_requeues < 0:
+        raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
+    limit = time_limit_s(lc.time)
+    if lc.signal_s and limit is not None and lc.signal_s >= limit:
+        raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
+                          f"({limit} s): the stop signal would come before the job starts; "
+                          "lower signal_s or raise time")
+
+
+def time_limit_s(text) -> Optional[int]:
+    """SLURM's --time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in seconds; None when it
+    is not one of those (sbatch will say so) or unlimited."""
+    text = str(text).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        return None
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, mi, se = int(a), int(b or 0), int(c or 0)
+        return ((int(days) * 24 + h) * 60 + mi) * 60 + se
+    if b is None:  # minutes
+        return int(a) * 60
+    if c is None:  # MM:SS
+        return int(a) * 60 + int(b)
+    return (int(a) * 60 + int(b)) * 60 + int(c)
 
 
 def sbatch_lines(cfg, run_dir: Path) -> list[str]:
@@ -95,6 +134,10 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
         opts.append(f"--cpus-per-task={lc.cpus_per_task}")
     opts += [f"--time={lc.time}",
              f"--output={run_dir}/logs/%x_%j.out", f"--error={run_dir}/logs/%x_%j.err"]
+    if lc.signal_s:  # B: the batch shell only; its trap writes the stop file (torchrun
+        opts.append(f"--signal=B:USR2@{lc.signal_s}")  # would die of USR2's default action)
+    opts.append("--requeue" if lc.requeue else "--no-requeue")
+    opts.append("--open-mode=append")  # a requeued job appends to the same logs
     if lc.environment:
         opts.append(f"--environment={lc.environment}")
     if lc.contiguous:
@@ -136,8 +179,14 @@ def launch_block(cfg) -> str:
         "# One task per node: srun starts a torchrun on each node, torchrun its processes.\n"
         "# $VAR expands here, on the first node; \\$VAR inside the quotes expands on each\n"
         "# node (without the backslash every node would claim node rank 0).\n"
+        "# SLURM ends an allocation with SIGTERM to every process of the step, ranks included:\n"
+        "# torchrun ignores it (else it would send its workers a second SIGTERM, which kills\n"
+        "# a rank that is checkpointing); the ranks stop, checkpoint and exit 0, then torchrun.\n"
         f"{' '.join(srun)} bash -c \"\n"
         "  echo \\\"[srun] node \\$SLURM_NODEID of $SLURM_JOB_NUM_NODES: \\$(hostname)\\\"\n"
+        "  trap '' TERM  # ignored stays ignored through exec; torchrun must not handle it:\n"
+        "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT  # its --signals_to_handle\n"
+        "  export TORCHELASTIC_SIGNALS_TO_HANDLE=\\$PET_SIGNALS_TO_HANDLE  # older torch\n"
         f"  exec {py} -m torch.distributed.run \\\n"
         "    --nnodes=$SLURM_JOB_NUM_NODES --nproc_per_node=$NPROC_PER_NODE \\\n"
         f"    {rdzv} \\\n"
@@ -161,7 +210,8 @@ def render(cfg, run_dir: Path) -> Rendered:
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), code_dir=shlex.quote(str(code_dir())),
-        port_line=port_line, launch=launch_block(cfg))
+        port_line=port_line, launch=launch_block(cfg), py=shlex.quote(python_exe(lc)),
+        max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
     path = run_dir / "job.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     show = script.rstrip() + f"\n# submit with: {' '.join(command)}\n"
@@ -192,19 +242,20 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
     return follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s)
 
 
-def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, ExitCode, Reason) from scontrol while the job record lives, else sacct;
-    ("GONE", "", "") when neither knows it, ("UNKNOWN", ...) when they do not answer."""
+def job_info(job_id: str) -> dict:
+    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, Requeue,
+    ...) while slurmctld keeps it (MinJobAge after the end), else what sacct knows (JobState,
+    ExitCode); {"JobState": "GONE"} when neither knows it, {"JobState": "UNKNOWN", "Reason":
+    why} when they do not answer."""
     try:
         res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=15)
     except (subprocess.TimeoutExpired, OSError):
-        return "UNKNOWN", "", "scontrol did not answer"
+        return {"JobState": "UNKNOWN", "Reason": "scontrol did not answer"}
     if res.returncode == 0 and "JobState=" in res.stdout:
-        fields = dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
-        return fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""), fields.get("Reason", "")
+        return dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
     if "Invalid job id" not in res.stderr:
-        return "UNKNOWN", "", res.stderr.strip()
+        return {"JobState": "UNKNOWN", "Reason": res.stderr.strip()}
     try:  # the record aged out of slurmctld (MinJobAge): accounting may still know it
         acct = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
                               capture_output=True, text=True, timeout=15)
@@ -213,8 +264,15 @@ def job_state(job_id: str) -> tuple[str, str, str]:
         line = ""
     if line and "|" in line:
         state, code = line.split("|", 1)
-        return state.split()[0], code, ""
-    return "GONE", "", ""
+        return {"JobState": state.split()[0], "ExitCode": code}
+    return {"JobState": "GONE"}
+
+
+def job_state(job_id: str) -> tuple[str, str, str]:
+    """(state, ExitCode, Reason) from scontrol while the job record lives, else sacct;
+    ("GONE", "", "") when neither knows it, ("UNKNOWN", ...) when they do not answer."""
+    info = job_info(job_id)
+    return info.get("JobState", "UNKNOWN"), info.get("ExitCode", ""), info.get("Reason", "")
 
 
 def exit_status(state: str, exit_code: str) -> int:
@@ -227,20 +285,62 @@ def exit_status(state: str, exit_code: str) -> int:
     return rc if rc or state == "COMPLETED" else 1
 
 
-def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float) -> int:
+# States after which a --requeue job may still come back (PENDING again): wait and see.
+MAYBE_REQUEUED = {"PREEMPTED", "NODE_FAIL"}
+HINTS = {
+    "BeginTime": "a requeued job waits before it starts again; `scontrol update JobId={j} "
+                 "StartTime=now` starts it at once",
+    "JobHeldUser": "held: `scontrol release {j}` lets it run",
+    "JobHeldAdmin": "held by an admin",
+}
+
+
+def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float,
+           settle_s: float = 30.0) -> int:
+    """Stream the job's logs and print each state change until it ends; its exit status.
+
+    A job SLURM requeues (self-requeue after the time-limit stop, `scontrol requeue`,
+    preemption, a failed node) goes back to PENDING with the same id and Restarts+1, and
+    its logs are appended to (--open-mode=append): that is not the end, the follower says
+    "requeued" and goes on tailing the same files. A final-looking PREEMPTED or NODE_FAIL of
+    a requeueable job is final only when the job stays so for `settle_s` seconds."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
-    last, unknown = None, 0
+    last, restarts, unknown, since = None, None, 0, None
+    state = code = ""
     try:
         while True:
-            state, code, reason = job_state(job_id)
-            if state != last and state not in {"UNKNOWN", "GONE"} | TERMINAL:
-                why = f" ({reason})" if state == "PENDING" and reason and reason != "None" else ""
-                print(f"[slurm] job {job_id} {state}{why}", flush=True)
-                last = state
+            info = job_info(job_id)
+            state, code = info.get("JobState", "UNKNOWN"), info.get("ExitCode", "")
+            reason = info.get("Reason", "")
             for t in tails:
                 t.poll()
-            if state in TERMINAL or state == "GONE":
+            n = info.get("Restarts")
+            if n is not None and n.isdigit():
+                if restarts is not None and int(n) > restarts:
+                    print(f"[slurm] job {job_id} requeued (restart {n}): it continues from "
+                          "its checkpoint when it runs again", flush=True)
+                    last = None  # show the state again, even when it did not change
+                restarts = int(n)
+            final = state in TERMINAL or state == "GONE"
+            if final and state in MAYBE_REQUEUED and info.get("Requeue") == "1":
+                since = since if since is not None else time.monotonic()
+                final = time.monotonic() - since >= settle_s
+            else:
+                since = None
+            shown = (state, reason if state == "PENDING" else "")
+            if state == "PENDING" and reason in ("", "None") and last and last[0] == "PENDING":
+                shown = last  # a reason that clears is no news
+            if shown != last and state not in ("UNKNOWN", "GONE") and not final:
+                why = f" ({reason})" if reason and reason != "None" and (
+                    state == "PENDING" or state in MAYBE_REQUEUED) else ""
+                hint = HINTS.get(reason, "").format(j=job_id)
+                if state == "REQUEUE_HOLD":
+                    hint = HINTS["JobHeldUser"].format(j=job_id)
+                print(f"[slurm] job {job_id} {state}{why}" + (f": {hint}" if hint else ""),
+                      flush=True)
+                last = shown
+            if final:
                 break
             unknown = unknown + 1 if state == "UNKNOWN" else 0
             if unknown * poll_s > 300:
@@ -265,7 +365,11 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
               f"see {out} and {err}", file=sys.stderr)
         return 1
     rc = exit_status(state, code)
-    print(f"[slurm] job {job_id} {state}, exit code {code or '?'}", flush=True)
-    if rc != 0:
+    again = f" after {restarts} requeue(s)" if restarts else ""
+    print(f"[slurm] job {job_id} {state}{again}, exit code {code or '?'}", flush=True)
+    if rc == EXIT_STOPPED:  # the batch shell: stopped with a checkpoint, not requeued
+        print(f"[slurm] job {job_id} stopped with a checkpoint and was not requeued (its log "
+              f"says why): `sbatch` its job.sbatch again to continue", file=sys.stderr)
+    elif rc != 0:
         print(f"[slurm] job {job_id} failed: {diagnose([err, out])}", file=sys.stderr)
     return rc

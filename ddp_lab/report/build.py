@@ -35,10 +35,10 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     short, common = _shortener(runs)
     groups = tables.scaling_groups(runs)
     phases = tables.phase_rows(runs)
-    segments = tables.segment_rows(runs)
     fits = tables.bench_fits(runs)
     comm = tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
+    segments = tables.segment_rows(runs, short)
 
     figures = []
     if make_plots:
@@ -57,12 +57,11 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     for fig in figures:
         md += [f"![{fig['title']}]({fig['file']})", ""]
     md += tables.scaling_markdown(groups, short)
-    if segments:
-        md += tables.segment_markdown(segments, short)
     if phases:
         md += tables.phase_markdown(phases, short)
     if fits or comm:
         md += tables.comm_model_markdown(fits, comm, short)
+    md += tables.segments_markdown(segments)
     md += tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
@@ -75,7 +74,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
             for r in g["rows"]:
                 w.writerow({**r, "device": g["device"]})
     doc = {
-        "scaling": groups, "segments": segments, "phases": phases, "comm_model": comm,
+        "scaling": groups, "phases": phases, "comm_model": comm, "segments": segments,
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],

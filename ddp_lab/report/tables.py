@@ -6,6 +6,7 @@ share, accuracy), metrics.jsonl (phase times, comm per step), bench.json (bench 
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Optional
 
 from ..bench.harness import pow2_label
@@ -107,46 +108,6 @@ def phase_markdown(rows: list[dict], short) -> list[str]:
     for r in rows:
         lines.append(f"| {r['sync']} | {r['world_size']} | " + " | ".join(
             _f(r[f"{p}_ms"], ".3f") for p in (*PHASES, "step", "comm")) + f" | {short(r['run'])} |")
-    return lines + [""]
-
-
-def segment_rows(runs: list[Run]) -> list[dict]:
-    """Training runs that used several allocations (a requeue, a re-created pod, a
-    resume): one row per allocation, from summary.json `segments`."""
-    rows = []
-    for r in runs:
-        segments = r.get("segments") or []
-        if r.kind != "train" or len(segments) < 2:
-            continue
-        for i, seg in enumerate(segments, 1):
-            if not isinstance(seg, dict):
-                continue
-            rows.append({"run": str(r.path), "segment": i, "job_id": seg.get("job_id"),
-                         "restart": seg.get("restart"), "launcher": seg.get("launcher"),
-                         "hosts": ",".join(seg.get("hosts") or []), "nodes": seg.get("nodes"),
-                         "world_size": seg.get("world_size"), "start": seg.get("start"),
-                         "end": seg.get("end"),
-                         "from": f"{seg.get('start_epoch')}+{seg.get('start_step') or 0}",
-                         "to": f"{seg.get('end_epoch')}+{seg.get('end_step') or 0}",
-                         "epochs_done": seg.get("epochs_done"), "steps_done": seg.get("steps_done"),
-                         "epoch_time_s_median": seg.get("epoch_time_s_median"),
-                         "status": seg.get("status")})
-    return rows
-
-
-def segment_markdown(rows: list[dict], short) -> list[str]:
-    lines = ["## Time per epoch per allocation", "",
-             "Runs continued over several allocations (summary.json `segments`): where each "
-             "started and ended (epochs+steps done), the epochs it completed and their median "
-             "time, how it ended.", "",
-             "| run | # | job | restart | hosts | world | from | to | epochs | epoch s (median) | ended |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {short(r['run'])} | {r['segment']} | {r['job_id'] or '–'} | "
-                     f"{r['restart'] if r['restart'] is not None else '–'} | {r['hosts'] or '–'} | "
-                     f"{r['world_size'] or '?'} | {r['from']} | {r['to']} | "
-                     f"{r['epochs_done'] if r['epochs_done'] is not None else '–'} | "
-                     f"{_f(r['epoch_time_s_median'])} | {r['status'] or '?'} |")
     return lines + [""]
 
 
@@ -270,6 +231,61 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
                 f"| {short(str(r.path))} | {alloc} | {op} | {impl} | {group} | {xs[0]['group_size']} | "
                 f"{_f(best['busbw_GBps'] if best else None)} | {pow2_label(best['elements']) if best else '–'} | "
                 f"{len(xs) - len(good)} |")
+    return lines + [""]
+
+
+def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
+    """One row per allocation of every training run that used several (summary.json
+    `segments`: a requeued SLURM job, a re-created pod, a resumed run)."""
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        segs = r.summary.get("segments") if r.kind == "train" else None
+        if not isinstance(segs, list) or len(segs) < 2:
+            continue
+        for i, seg in enumerate(s for s in segs if isinstance(s, dict)):
+            wall = None
+            try:
+                wall = (datetime.datetime.fromisoformat(seg["end"])
+                        - datetime.datetime.fromisoformat(seg["start"])).total_seconds()
+            except (KeyError, TypeError, ValueError):
+                pass
+            rows.append({
+                "run": short(str(r.path)), "segment": i + 1, "job_id": seg.get("job_id"),
+                "restart": seg.get("restart"), "nodes": seg.get("nodes"),
+                "hosts": ",".join(seg.get("hosts") or []), "start": seg.get("start"),
+                "wall_s": wall, "from": _position(seg, "start"), "to": _position(seg, "end"),
+                "steps_done": seg.get("steps_done"), "epochs_done": seg.get("epochs_done"),
+                "epoch_time_s_median": seg.get("epoch_time_s_median"),
+                "status": seg.get("status")})
+    return rows
+
+
+def _position(seg: dict, which: str) -> str:
+    epoch, step = seg.get(f"{which}_epoch"), seg.get(f"{which}_step")
+    if epoch is None:
+        return "?"
+    return f"epoch {epoch}" + (f" + {step} steps" if step else "")
+
+
+def segments_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+    lines = ["## Allocations of runs that used several", "",
+             "One row per segment of summary.json: a SLURM requeue, a re-created pod or a "
+             "resume starts a new one. Epoch time: the median of the epochs the segment "
+             "finished (\"-\": it finished none).", "",
+             "| run | # | job | restart | nodes | hosts | start | wall s | from | to | steps "
+             "| epochs | epoch s | status |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        lines.append(
+            f"| `{row['run']}` | {row['segment']} | {row['job_id'] or '-'} | "
+            f"{num(row['restart'], 'd')} | {num(row['nodes'], 'd')} | {row['hosts'] or '-'} | "
+            f"{row['start'] or '-'} | {num(row['wall_s'], '.0f')} | {row['from']} | {row['to']} | "
+            f"{num(row['steps_done'], 'd')} | {num(row['epochs_done'], 'd')} | "
+            f"{num(row['epoch_time_s_median'], '.2f')} | {row['status'] or '-'} |")
     return lines + [""]
 
 
