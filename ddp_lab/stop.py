@@ -17,7 +17,7 @@ the others at the next check; all stop after the same step.
 Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a
 stop file saying `preempted`): the run should continue in a later allocation; 2 stopped
 (SIGINT, a stop file, the parent gone): a person ended it. A second signal of the same
-kind restores the default action: Ctrl-C twice kills at once.
+SIGINT restores the default action: Ctrl-C twice kills at once.
 """
 
 from __future__ import annotations
@@ -130,7 +130,9 @@ class StopControl:
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         code = self._signals[signum][0]
-        if self._code and self._reason.startswith(name):  # the same signal again: force
+        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by design (slurmstepd
+        # signals every process of the step, and torchrun passes its own on)
+        if signum == signal.SIGINT and self._reason.startswith(name):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
