@@ -16,7 +16,7 @@ the others at the next check; all stop after the same step.
 
 Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a
 stop file saying `preempted`): the run should continue in a later allocation; 2 stopped
-(SIGINT, a stop file, the parent gone): a person ended it. A second signal of the same
+(SIGINT, a stop file, the parent gone): a person ended it. A second
 SIGINT restores the default action: Ctrl-C twice kills at once.
 """
 
