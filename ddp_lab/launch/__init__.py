@@ -291,8 +291,9 @@ class Foreground:
             handlers = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            env = {**os.environ, JOB_ENV: str(self.run_dir)}  # what `sweep` recognises
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=_die_with_parent, env=env)
             while True:
                 try:
                     rc = self.proc.wait(timeout=1.0)
@@ -321,20 +322,29 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
     return 128 + fg.signal if fg.signal is not None else rc
 
 
-def job_processes(run_dir: Path) -> list[int]:
+JOB_ENV = "DDP_LAB_JOB_DIR"  # set in the environment of a job `Foreground` starts
+
+
+def job_processes(run_dir: Path, marked: bool = True) -> list[int]:
     """Processes of this machine whose command line names the run folder (ranks, torchrun,
-    the launch script), this one excepted."""
+    the launch script), this one excepted; with `marked`, only those that carry the job's
+    mark in their environment (JOB_ENV, inherited from the command `Foreground` started):
+    a `status` command following the folder from another shell is no part of the job."""
     key = str(run_dir).encode()
+    mark = f"{JOB_ENV}={run_dir}".encode()
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(arg == key or arg.startswith(key + b"/") for arg in argv):
+                continue
+            if marked and mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
-        if any(arg == key or arg.startswith(key + b"/") for arg in argv):
-            found.append(int(entry.name))
+        found.append(int(entry.name))
     return found
 
 
