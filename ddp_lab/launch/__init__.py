@@ -265,13 +265,17 @@ class Foreground:
     def settle(self) -> list[int]:
         """The command has ended: wait (up to `grace_s`) for the job's processes that
         outlive it, killing frozen ones at once; the pids still there at the end."""
-        from ..progress import process_state
+        from ..progress import mark_killed, process_state, read_all
 
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
             pids = job_processes(self.run_dir)
             for pid in pids:
                 if process_state(pid) == "frozen":
+                    for rec in read_all(self.run_dir):  # its record says why it ended
+                        if rec["pid"] == pid and rec["local"] and rec["state"] in ("starting", "running"):
+                            mark_killed(self.run_dir, rec["rank"],
+                                        "frozen (SIGSTOP), killed by python -m ddp_lab")
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
                     print(f"[ddp_lab] killed process {pid} of the job: frozen (SIGSTOP)",
