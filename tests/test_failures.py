@@ -300,7 +300,7 @@ def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
     finally:
         parent.kill()
         parent.wait()
-        for pid in job_processes(run_dir):
+        for pid in job_processes(run_dir, marked=False):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -344,10 +344,11 @@ def _ppid(pid: int) -> int:
 
 
 def _leftovers(run_dir: Path, wait_s: float = 10) -> list[int]:
-    """The job's processes still there after up to `wait_s` (ranks, torchrun, launch.sh)."""
+    """The job's processes still there after up to `wait_s` (ranks, torchrun, launch.sh):
+    any process naming the run folder in its command line."""
     deadline = time.monotonic() + wait_s
     while True:
-        pids = [p for p in job_processes(run_dir) if progress.process_state(p) != "dead"]
+        pids = [p for p in job_processes(run_dir, marked=False) if progress.process_state(p) != "dead"]
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.2)
@@ -357,7 +358,7 @@ def _clean_up(proc: subprocess.Popen, run_dir: Path) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.communicate()
-    for pid in job_processes(run_dir):
+    for pid in job_processes(run_dir, marked=False):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -458,7 +459,7 @@ def test_a_hung_rank_is_named_and_its_stack_is_in_its_log(tmp_path, shared_data_
         # startup included: the hang itself ended within dist.timeout_s + a few s
         print(f"a hung rank 1: the job took {time.monotonic() - t0:.1f} s in all; {said[-1]}")
     finally:
-        for pid in job_processes(run_dir):
+        for pid in job_processes(run_dir, marked=False):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 

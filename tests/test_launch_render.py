@@ -56,7 +56,7 @@ def test_local_dry_run(tmp_path, capsys):
     text = script.read_text()
     assert text.rstrip() in out
     for must in ("NPROC_PER_NODE:-3", "MAX_RESTARTS:-2", "--rdzv_backend=c10d",
-                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "--rdzv_conf=join_timeout=120",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "--rdzv_conf=join_timeout=300",
                  f"-m ddp_lab.worker {run_dir}", f"PYTHONPATH={REPO}", "echo set-up-line"):
         assert must in text, must
 

@@ -268,13 +268,17 @@ class Foreground:
     def settle(self) -> list[int]:
         """The command has ended: wait (up to `grace_s`) for the job's processes that
         outlive it, killing frozen ones at once; the pids still there at the end."""
-        from ..progress import process_state
+        from ..progress import mark_killed, process_state, read_all
 
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
-            pids = job_processes(self.run_dir)
+            pids = job_processes(self.run_dir, marked=True)
             for pid in pids:
                 if process_state(pid) == "frozen":
+                    for rec in read_all(self.run_dir):  # its record says why it ended
+                        if rec["pid"] == pid and rec["local"] and rec["state"] in ("starting", "running"):
+                            mark_killed(self.run_dir, rec["rank"],
+                                        "frozen (SIGSTOP), killed by python -m ddp_lab")
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
                     print(f"[ddp_lab] killed process {pid} of the job: frozen (SIGSTOP)",
@@ -294,8 +298,9 @@ class Foreground:
             handlers = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            env = {**os.environ, JOB_ENV: str(self.run_dir)}  # what `sweep` recognises
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=_die_with_parent, env=env)
             while True:
                 try:
                     rc = self.proc.wait(timeout=1.0)
@@ -326,25 +331,32 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
 
 # what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
 JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run")
+JOB_ENV = "DDP_LAB_JOB_DIR"  # set in the environment of a job `Foreground` starts
 
 
-def job_processes(run_dir: Path) -> list[int]:
+def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
     """Processes of this machine that belong to the job of `run_dir`: the ranks, torchrun,
     mpirun and the launch scripts (their command line names the run folder and one of
     JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
-    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them."""
+    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them. With
+    `marked`, only those that also carry the job's mark in their environment (JOB_ENV,
+    inherited from the command `Foreground` started): what a sweep may kill."""
     key = str(run_dir).encode()
+    mark = f"{JOB_ENV}={run_dir}".encode()
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(arg == key or arg.startswith(key + b"/") for arg in argv):
+                continue
+            if marked and mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
-        names_run = any(arg == key or arg.startswith(key + b"/") for arg in argv)
         script = any(arg.startswith(key + b"/") and arg.endswith((b".sh", b".sbatch")) for arg in argv)
-        if names_run and (script or any(arg in JOB_MARKERS for arg in argv)):
+        if script or any(arg in JOB_MARKERS for arg in argv):
             found.append(int(entry.name))
     return found
 
@@ -352,7 +364,7 @@ def job_processes(run_dir: Path) -> list[int]:
 def sweep(run_dir: Path) -> list[int]:
     """Kill what is left of a job that has ended (a rank frozen by SIGSTOP survives its
     torchrun); the pids killed."""
-    pids = job_processes(run_dir)
+    pids = job_processes(run_dir, marked=True)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
