@@ -104,7 +104,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
                         timing=cfg.timing.enabled)
     optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
-    syncer.preflight(lambda: F.cross_entropy(module(x0), y0))  # fails here, not mid-step
+    syncer.preflight(lambda m=module: F.cross_entropy(m(x0), y0))  # fails here, not mid-step
     ckpt_dir = run_dir / "checkpoints"
     pos = _resume(cfg, ctx, ckpt_dir, module, optimizer)
 

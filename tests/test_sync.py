@@ -171,7 +171,7 @@ def _train_worker(rank: int, world: int) -> dict:
     model.unused = torch.nn.Linear(3, 3)
     syncer = build_sync(sync_cfg("ddp"), model, device, world)
     try:
-        syncer.preflight(lambda: F.cross_entropy(model(xs[0, :2]), ys[0, :2]))
+        syncer.preflight(lambda m=model: F.cross_entropy(m(xs[0, :2]), ys[0, :2]))
         out["unused_error"] = None
     except ValueError as e:
         out["unused_error"] = str(e)

@@ -54,9 +54,10 @@ class Synchroniser:
         """The module the training step calls (DDP wraps; the others return it as is)."""
         return module
 
-    def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
-        """Checks that need the model and a batch (`loss_fn` computes a loss on the bare
-        module). Runs before the first step, on every rank; default: nothing to check."""
+    def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
+        """Checks and warm-ups that need the model and a batch: `loss_fn()` computes a loss
+        on the bare module, `loss_fn(model)` on another (the wrapped one). Runs before the
+        first step, on every rank; default: nothing to do."""
 
     def sync(self) -> None:
         """Average gradients across ranks (in place, in .grad)."""

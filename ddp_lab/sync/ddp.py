@@ -56,14 +56,22 @@ class DDPSync(Synchroniser):
     def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
         """DDP without unused-parameter detection waits forever for a gradient that never
         comes, and only says so at the next iteration: find out before the first step."""
-        if self.cfg.find_unused_parameters or self.cfg.static_graph:
-            return  # DDP handles parameters without gradients itself
-        unused = unused_parameters(self.module, loss_fn)
-        if unused:
-            names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
-            raise ValueError(f"sync=ddp: the model has parameters that get no gradient "
-                             f"({names}): set sync.find_unused_parameters=true (or "
-                             "sync.static_graph=true if the set never changes)")
+        if not (self.cfg.find_unused_parameters or self.cfg.static_graph):
+            # (otherwise DDP handles parameters without gradients itself)
+            unused = unused_parameters(self.module, loss_fn)
+            if unused:
+                names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+                raise ValueError(f"sync=ddp: the model has parameters that get no gradient "
+                                 f"({names}): set sync.find_unused_parameters=true (or "
+                                 "sync.static_graph=true if the set never changes)")
+        # One forward and backward through DDP, gradients dropped, weights untouched: DDP
+        # lays its buckets out anew after its first iteration, so without this a run
+        # resumed from a checkpoint would sum its first gradients in another order than the
+        # run it continues (on 3+ ranks the rounding differs: no bit-identical resume).
+        # Every rank runs it (one all-reduce per bucket); its comm is no epoch's.
+        loss_fn(self.model).backward()
+        self.module.zero_grad(set_to_none=True)
+        self.take_comm()
 
 
 def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
