@@ -247,8 +247,11 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
                     env={k: os.environ.get(k) for k in progress.flight_recorder_env(tmp_path)})
         raise RuntimeError("stop here")
 
-    for key in progress.flight_recorder_env(tmp_path):
-        monkeypatch.delenv(key, raising=False)
+    # distributed() writes these into os.environ: restore them after (later tests' children
+    # inherit this process's environment)
+    for key in (*progress.flight_recorder_env(tmp_path), "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # records the key's state (delenv of a missing key does not)
+        monkeypatch.delenv(key)
     monkeypatch.setattr(d, "choose_device", lambda env, device: torch.device("cuda", 0))
     monkeypatch.setattr(dist, "init_process_group", fake_init)
     env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 29500, "single")

@@ -12,8 +12,9 @@ import pytest
 from helpers import child_env, run_cli, run_dir_of
 
 
-def _tree(run_dir, skip=("logs",)) -> dict[str, str]:
-    """Every file of a run folder (logs aside: they append) with its hash."""
+def _tree(run_dir, skip=("logs", "progress")) -> dict[str, str]:
+    """Every file of a run folder with its hash; not the logs (they append) nor the ranks'
+    live positions (progress/: where a rank is, not a result)."""
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(run_dir.rglob("*")) if p.is_file() and p.relative_to(run_dir).parts[0] not in skip}
 

@@ -218,17 +218,19 @@ def test_wall_clock_limit_stops_early_and_completes_over_allocations(
     """--time=2:00 with the signal 90 s ahead: SLURM signals 20-30 s in (its limit checks
     come every 30 s here), the job stops before its limit, requeues itself and goes on.
     On an idle 2-core machine an allocation trains 10-20 s after a ~10 s start-up, so
-    5 x 300 steps (~30 s of training) take 2-4 allocations, ~2 min. On a loaded machine the
+    12 x 469 steps (~70 s of training) take 2-4 allocations, ~3 min. On a loaded machine the
     start-up eats the allocation (measured: 20 s start-up, 1-60 steps per allocation) and
     this test runs out of time. A signal that comes before the ranks start is kept (the
     shell rewrites the stop file that rank 0 clears as it starts). Bit-identity is the
     other tests' business."""
-    epochs, steps = 5, 300
+    # ~70 s of training (13 ms a step on 2 loopback nodes): more than one allocation can
+    # hold (the signal comes 30-60 s after its start), so two allocations at least
+    epochs, steps = 12, 469
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root, "launcher.time=00:02:00",
               "launcher.signal_s=90", "launcher.max_requeues=10", f"train.epochs={epochs}",
               f"train.max_steps_per_epoch={steps}")
     try:
-        rc = job.finish(timeout=330)
+        rc = job.finish(timeout=480)
     finally:
         job.stop()
     console, log = job.console(), job.job_log()
