@@ -23,7 +23,6 @@ Not a test: numbers depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -73,23 +72,17 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) ->
 
     from ddp_lab.config import compose
     from ddp_lab.data import build_splits, prepare_mnist
-    from ddp_lab.distributed import DistContext, cpu_threads
-    from ddp_lab.env import DistEnv
+    from ddp_lab.distributed import local_gloo_world
     from ddp_lab.models import build_model, build_optimizer
     from ddp_lab.sync import build_sync
     from ddp_lab.timing import Clock, StepTimer
     from ddp_lab.train import run_steps
 
-    env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
-                  node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
-                  source="single")
-    torch.set_num_threads(cpu_threads(env, 0))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=300))
-    device = torch.device("cpu")
+    ctx = local_gloo_world(rank, world, port)
+    env, device = ctx.env, ctx.device
     try:
         cfg = compose([f"data.root={args.data_root}"])
-        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), DistContext(env, "gloo", device), False)
+        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, False)
         splits = build_splits(cfg.data, cfg.train, env, device)
         n_steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
         clock = Clock(device)

@@ -303,10 +303,11 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     preemption, a failed node) goes back to PENDING with the same id and Restarts+1, and
     its logs are appended to (--open-mode=append): that is not the end, the follower says
     "requeued" and goes on tailing the same files. A final-looking PREEMPTED or NODE_FAIL of
-    a requeueable job is final only when the job stays so for `settle_s` seconds."""
+    a requeueable job (or any end state seen within `settle_s` of a requeue) is final only
+    when the job stays so for `settle_s` seconds."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
-    last, restarts, unknown, since = None, None, 0, None
+    last, restarts, unknown, since, requeued_at = None, None, 0, None, None
     state = code = ""
     try:
         while True:
@@ -321,9 +322,13 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                     print(f"[slurm] job {job_id} requeued (restart {n}): it continues from "
                           "its checkpoint when it runs again", flush=True)
                     last = None  # show the state again, even when it did not change
+                    requeued_at = time.monotonic()
                 restarts = int(n)
             final = state in TERMINAL or state == "GONE"
-            if final and state in MAYBE_REQUEUED and info.get("Requeue") == "1":
+            # right after a requeue slurmctld may show the old allocation's end (FAILED,
+            # CANCELLED) before the job is PENDING again: that settles too
+            just_requeued = requeued_at is not None and time.monotonic() - requeued_at < settle_s
+            if final and (state in MAYBE_REQUEUED or just_requeued) and info.get("Requeue") == "1":
                 since = since if since is not None else time.monotonic()
                 final = time.monotonic() - since >= settle_s
             else:
