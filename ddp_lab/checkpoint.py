@@ -7,15 +7,13 @@ The newest by (epochs, step) is the one a run continues from.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from .files import atomic_open
-
-_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
+from .rundir import checkpoint_position, checkpoints as _list
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -43,16 +41,10 @@ def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
 
 def position(path: Path) -> tuple[int, int]:
     """(epochs done, steps of the next epoch) of a checkpoint file name."""
-    m = _NAME.match(path.name)
-    if not m:
+    pos = checkpoint_position(path.name)
+    if pos is None:
         raise ValueError(f"{path.name} is not a checkpoint name")
-    return int(m.group(1)), int(m.group(2) or 0)
-
-
-def _list(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
-    if not ckpt_dir.is_dir():
-        return []
-    return [(position(p), p) for p in ckpt_dir.iterdir() if _NAME.match(p.name)]
+    return pos
 
 
 def latest(ckpt_dir: Path) -> Optional[Path]:

@@ -13,7 +13,6 @@ command, a follower after requeues) and the ranks' stop handling belong here too
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -76,7 +75,7 @@ def read_summary(run_dir: Path) -> dict:
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
     """summary.json says `status` (a failure), keeping what it held (the run's segments,
     its last metrics) and closing the open segment; `fields` fill keys it lacks."""
-    import datetime
+    from .records import now_iso
 
     summary = read_summary(run_dir)
     summary["status"] = status
@@ -85,8 +84,7 @@ def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> di
     segments = summary.get("segments")
     if isinstance(segments, list) and segments and isinstance(segments[-1], dict) \
             and segments[-1].get("status") == "running":
-        segments[-1].update(status="failed", end=datetime.datetime.now(
-            datetime.timezone.utc).astimezone().isoformat(timespec="seconds"))
+        segments[-1].update(status="failed", end=now_iso())
     write_json(run_dir / "summary.json", summary)
     return summary
 

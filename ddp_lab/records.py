@@ -16,6 +16,13 @@ from typing import Any, Optional, TypeVar
 
 SCHEMA_VERSION = 1
 
+
+def now_iso() -> str:
+    """A record's timestamp (segments' start/end): local time with its offset, to the second."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
+
 R = TypeVar("R", bound="_Record")
 
 

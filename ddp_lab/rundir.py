@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -61,8 +62,7 @@ def folder_state(run_dir: Path) -> dict:
 
     from .files import read_json_or_empty
 
-    ckpts = sorted((_ckpt_position(p), p.name) for p in (run_dir / "checkpoints").glob("epoch_*.pt")
-                   if _ckpt_position(p) is not None) if (run_dir / "checkpoints").is_dir() else []
+    ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
     try:
         records = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
@@ -70,16 +70,27 @@ def folder_state(run_dir: Path) -> dict:
         records = []
     summary = read_json_or_empty(run_dir / "summary.json")
     return {"checkpoint": ckpts[-1][0] if ckpts else None,
-            "checkpoint_name": ckpts[-1][1] if ckpts else None,
+            "checkpoint_name": ckpts[-1][1].name if ckpts else None,
             "records": len(records), "status": summary.get("status"),
             "epochs": summary.get("epochs"), "summary": summary}
 
 
-def _ckpt_position(path: Path) -> Optional[tuple[int, int]]:
-    import re
+_CKPT_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
-    m = re.match(r"epoch_(\d+)(?:_step_(\d+))?\.pt$", path.name)
+
+def checkpoint_position(name: str) -> Optional[tuple[int, int]]:
+    """(epochs done, steps of the next epoch) that a checkpoint file name stands for
+    (`epoch_0003.pt`, `epoch_0003_step_000120.pt`); None for any other name (temp files)."""
+    m = _CKPT_NAME.match(name)
     return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def checkpoints(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
+    """The checkpoints of a folder with their positions (unordered; none if no folder)."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = ((checkpoint_position(p.name), p) for p in ckpt_dir.iterdir())
+    return [(pos, p) for pos, p in found if pos is not None]
 
 
 def describe_state(state: dict) -> str:

@@ -16,7 +16,6 @@ RunSummary -> summary.json; the report reads both back through the same record t
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import statistics
@@ -32,7 +31,7 @@ from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
 from .metrics import make_sink
-from .records import EpochRecord, RunSummary
+from .records import EpochRecord, RunSummary, now_iso
 from .timing import PHASES, CommStats, StepTimes, epoch_timing, stragglers
 from .trace import TraceWriter, write_trace
 
@@ -122,7 +121,7 @@ class Telemetry:
                 self.segments = list(self.previous["segments"])
             self.segments.append({
                 **allocation(), "launcher": cfg.launcher.name, "hosts": self.hosts,
-                "nodes": env.num_nodes, "world_size": env.world_size, "start": _now(),
+                "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
                 "status": "running"})
             running = {**(self.previous if not fresh else {}), "status": "running",
@@ -214,7 +213,7 @@ class Telemetry:
         epochs_done, step = position or (cfg.train.epochs, 0)
         if self.segments:
             self.segments[-1].update(
-                end=_now(), end_epoch=epochs_done, end_step=step, status=status,
+                end=now_iso(), end_epoch=epochs_done, end_step=step, status=status,
                 epochs_done=len(times),
                 steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
                 epoch_time_s_median=statistics.median(times) if times else None)
@@ -264,10 +263,6 @@ def allocation(environ=None) -> dict:
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
     job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
     return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
 def _device_name(device: torch.device) -> str:
