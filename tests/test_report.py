@@ -131,7 +131,8 @@ def test_statuses_and_speedups_from_summaries(tmp_path):
     assert len(reasons) == 4 and len(doc["scaling"]) == 2
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Skipped run folders" in md and "f_failed" in md and "boom" in md
-    assert "| 1x4 | 4 | local | gloo | 4.000 | 2.00 | 50% | 25% |" in md
+    # one repeat per point: no interval, the speedup still against the smallest world
+    assert "| 1x4 | 4 | local | gloo | 1 | 4.000 | – | – | 2.00 | – | 50% | – | 25% | -- |" in md
     assert "No completed bench run" in md
     with open(tmp_path / "rep" / "report.csv") as f:
         assert len(list(csv.DictReader(f))) == 5
@@ -205,7 +206,8 @@ def test_report_on_real_runs(real_runs):
     assert "could not fetch" in skipped["reason"]
     md = (rep / "report.md").read_text()
     assert runs["failed"].name in md and "## Skipped run folders" in md
-    assert f"| 1x2 | 2 | local | gloo | {s2['epoch_time_s_median']:.3f} | {expected:.2f} |" in md
+    assert (f"| 1x2 | 2 | local | gloo | 1 | {s2['epoch_time_s_median']:.3f} | – | – | "
+            f"{expected:.2f} |") in md
     # the bench run is handled separately: fitted, and set against the training comm
     assert doc["bench_runs"] == [str(runs["bench"])]
     (fit,) = doc["fits"]
