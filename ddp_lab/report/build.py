@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import plots, tables
 from .runs import Run
@@ -86,9 +87,9 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     md += tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
-    (out_dir / "report.md").write_text(text)
+    atomic_write_text(out_dir / "report.md", text)
 
-    with open(out_dir / "report.csv", "w", newline="") as f:
+    with atomic_open(out_dir / "report.csv") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for g in groups:
@@ -102,5 +103,5 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "skipped": [{"run": str(r.path), "kind": r.kind, "reason": r.status} for r in runs if not r.ok],
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
-    (out_dir / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     return {"markdown": text, "counts": counts, "figures": figures, "doc": doc}

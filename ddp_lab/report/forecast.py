@@ -11,13 +11,14 @@ The model of one epoch on n ranks (nodes of G ranks):
 - c(b): compute per step (data + forward + backward + optimiser and the epoch's own overhead
   spread over its steps), measured: T / S - the measured comm per step, at every fitted
   point; a line c0 + c1 * b where the fitted points have several per-rank batches, else
-  their mean (and c proportional to b when another batch is asked for).
+  the largest fitted world's (proportional to b when another batch is asked for).
 - m(n): comm per step from the alpha-beta model (`model.predict_comm_s`: the sync's own
-  algorithm, the payload and calls per step it recorded): alpha and beta from a bench run
+  algorithm, the payload and calls per step it recorded, from any run of the series): alpha and beta from a bench run
   on the same backend and device (cross-node fit where n > G and the bench has one), else
   fitted on the study's own measured comm per step (weighted least squares, `model._solve`,
   pooled over the syncs of the same backend and device: the model is linear in alpha and
-  beta, so a point's two coefficients are its prediction under (1, 0) and (0, 1)).
+  beta, so a point's two coefficients are its prediction under (1, 0) and (0, 1); points
+  of one world and one sync cannot tell alpha from beta: latency only then).
 - No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
   contention beyond what the fitted points had, the link of the fit for every pair.
 
@@ -83,7 +84,15 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
         rows.append((x1, x2, p.comm_s))
     if not rows:
         return None
-    a, b = _solve(rows)
+    r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
+    if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
+        # one world, one sync: every point has the same latency/bytes mix and alpha and beta
+        # cannot be told apart; the latency term alone (2(n-1) alpha for a ring) grows with
+        # n as the measured comm of small messages on one machine does
+        a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
+        b = 0.0
+    else:
+        a, b = _solve(rows)
     errs = [((a * x1 + b * x2) - t) / t for x1, x2, t in rows]
     rms = math.sqrt(sum(e * e for e in errs) / len(errs))
     return Fit(a, b, len(rows), "measured", "sync's own", "study", max(p.world for p in points), rms)
@@ -93,7 +102,7 @@ class Model:
     """The fitted model of one series (one sync and workload) on one backend and device."""
 
     def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
-                 fit_cross: Optional[Fit], gpus_per_node: int):
+                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None):
         self.scaling, self.cap, self.G = scaling, cap, gpus_per_node
         self.fit_intra, self.fit_cross = fit_intra, fit_cross or fit_intra
         comp = [(p.batch, p.epoch_s / p.steps - (p.comm_s or 0.0)) for p in pts]
@@ -104,13 +113,18 @@ class Model:
             sxx = sum((b - mb) ** 2 for b, _ in comp)
             self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
             self.c0 = mc - self.c1 * mb
-        else:  # one batch measured: proportional to it
-            mean_c = sum(c for _, c in comp) / len(comp)
-            self.c0, self.c1 = 0.0, mean_c / next(iter(bs)) if next(iter(bs)) else 0.0
+        else:  # one batch measured: the largest fitted world's compute (it has the most
+            # ranks sharing the machine's memory and cores), proportional to the batch
+            top = max(p.world for p in pts)
+            cs = [p.epoch_s / p.steps - (p.comm_s or 0.0) for p in pts if p.world == top]
+            b = next(iter(bs))
+            self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
         # the epoch's samples (D), from an uncapped point; None when every point was capped
         uncapped = [p for p in pts if not cap or p.steps < cap]
         self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
-        multi = [p for p in pts if p.payload and p.calls]
+        # bytes and calls per step: what the sync sends, not a timing (any run of the series
+        # tells them, a held-out one too: a 1-rank run sends nothing)
+        multi = [p for p in (shape or pts) if p.payload and p.calls]
         ref = max(multi, key=lambda p: p.world) if multi else None
         self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
         self.sync = pts[0].sync
@@ -158,7 +172,8 @@ def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list
            G: int, warmup: Optional[int], max_world: Optional[int] = None) -> tuple[Optional[Model], str]:
     """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world."""
     keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
-    pts = [p for p in (_point(r, warmup) for r in runs if keep(r)) if p]
+    every = [p for p in (_point(r, warmup) for r in runs) if p]
+    pts = [p for p in every if not max_world or p.world <= max_world]
     if not pts:
         return None, "no measured point"
     first = runs[0]
@@ -170,7 +185,7 @@ def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list
         src = "fitted on the study's own comm per step"
     if intra is None:
         return None, "no comm fit: no bench run and no multi-rank point"
-    return Model(pts, scaling, cap, intra, cross, G), src
+    return Model(pts, scaling, cap, intra, cross, G, shape=every), src
 
 
 def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
@@ -237,7 +252,8 @@ ASSUMPTIONS = [
     "T(n) = S(n) x (compute per step + comm per step); S(n) = the step cap, else the epoch's "
     "samples / (batch per rank x n)",
     "compute per step = measured T / S - measured comm per step (so the epoch's own overhead "
-    "rides on it); a line in the batch per rank where several were measured, else proportional to it",
+    "rides on it); a line in the batch per rank where several were measured, else the largest "
+    "fitted world's, proportional to the batch per rank",
     "comm per step = the sync's alpha-beta cost (payload and calls per step as recorded); "
     "intra-node fit up to the node size, cross-node fit above it",
     "no comm/compute overlap (ddp overlaps: an upper bound for it), no contention beyond what "

@@ -143,6 +143,17 @@ class Run:
             skip = 0  # too few epochs to drop any: every one counts (said in the report)
         return times[skip:], skip
 
+    def epoch_samples(self) -> Optional[float]:
+        """Training samples of one epoch over all ranks: steps per rank x batch per rank x
+        world (mean over the epochs logged); None when unknown."""
+        steps = [r.steps for r in self.records if r.steps]
+        batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        if self.scaling == "strong" and self.global_batch and self.world_size:
+            batch = self.global_batch / self.world_size
+        if not steps or not batch:
+            return None
+        return sum(steps) / len(steps) * float(batch) * (self.world_size or 1)
+
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
         return median_or_none([r.samples_per_s for r in self.records])

@@ -61,6 +61,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         bases = [x for x in rows if x["world_size"] == n0]
         several_worlds = len({x["world_size"] for x in rows}) > 1
         fps = {r.fingerprint_id: r.fingerprint for r in members}
+        first_cap = (members[0].config.get("train") or {}).get("max_steps_per_epoch")
         notes = []
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
@@ -71,8 +72,14 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 continue  # repeats are never a speedup of each other
             sp, ci = stats.ratio(base["time"], x["time"])
             n = x["world_size"]
-            x.update(speedup=sp, speedup_ci95=_ci(ci), efficiency=sp * n0 / n,
-                     efficiency_ci95=[c * n0 / n for c in ci] if ci else None)
+            # efficiency per unit of work: where an epoch's samples grow with the world
+            # (a step cap per rank in weak scaling) the ideal time stays flat, not 1/n
+            # (uncapped, an epoch is the dataset whatever the world: the factor stays 1)
+            capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
+            work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
+            k = work * n0 / n
+            x.update(speedup=sp, speedup_ci95=_ci(ci), efficiency=sp * k,
+                     efficiency_ci95=[c * k for c in ci] if ci else None)
             if base["fingerprint_id"] != x["fingerprint_id"]:
                 x["cross_fingerprint"] = True
                 diff = fingerprint.differences(fps.get(base["fingerprint_id"], {}),
@@ -115,6 +122,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
         "samples_per_s": _mean([r.samples_per_s() for r in rs]),
         "test_accuracy": _mean([r.get("test_accuracy") for r in rs]),
         "global_batch": first.global_batch, "scaling": first.scaling,
+        "epoch_samples": _mean([r.epoch_samples() for r in rs]),
         "workload": first.workload_label(),
     }
 
@@ -133,7 +141,9 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
              "sync, workload, world size, nodes x procs and fingerprint are repeats of one point: "
              "n, mean, standard deviation and 95% CI (Student t). speedup = baseline mean / mean, "
              "its 95% CI by the delta method (Welch's degrees of freedom); efficiency = speedup x "
-             "baseline ranks / ranks; the baseline is the smallest world of the same sync, device "
+             "baseline ranks / ranks x the epoch's samples / the baseline's (an epoch capped at "
+             "a number of steps per rank grows with the world: its ideal time is flat); the "
+             "baseline is the smallest world of the same sync, device "
              "and workload (with the row's fingerprint where there is one). Repeats are never a "
              "speedup of each other: a series of one world size has none. comm share = "
              "summary.json `comm_fraction`; exposed comm = `comm_exposed_fraction` (– where the "
@@ -145,8 +155,9 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
                   f"world {g['baseline_world_size']}", ""]
         if "steps/epoch" in g["workload"] and g.get("scaling") != "strong":
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
-                      "the work per epoch grows with the world size, so the speedup here is a "
-                      "weak-scaling figure; samples/s compares the throughput.", ""]
+                      "the work per epoch grows with the world size, so the speedup (a time "
+                      "ratio) falls below 1 even when scaling is perfect; the efficiency counts "
+                      "the work (1 = the same time per epoch as the baseline).", ""]
         lines += ["| nodes x procs | world | launcher | backend | n | epoch mean (s) | std (s) | "
                   "95% CI (s) | speedup | speedup 95% CI | efficiency | efficiency 95% CI | "
                   "comm share | exposed comm | samples/s | test acc | fingerprint | runs |",
