@@ -1,6 +1,7 @@
 """The allocation's fingerprint: what a run's timings depend on besides its config.
 
-`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model, GPU name, torch / CUDA /
+`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and the cores this
+process may use, GPU name, torch / CUDA /
 NCCL versions, gloo availability, backend, device, the NCCL transport in use, the NCCL /
 RDMA / threading variables in effect, python, launcher, nodes x procs); `fingerprint_id`
 hashes the fields that make timings comparable (CPU/GPU model, host count, backend, torch,
@@ -122,6 +123,11 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "?"
 
 
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity: a SLURM task's cpus, a container's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES)}
@@ -154,7 +160,8 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     return {
-        "hosts": list(hosts), "cpu": cpu_model(), "gpu": gpu, **_versions(backend),
+        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cpu_count(), "gpu": gpu,
+        **_versions(backend),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),
         "python": sys.version.split()[0], "launcher": launcher, "nodes": nodes,

@@ -80,12 +80,12 @@ def _fp(**over):
 
 def test_fingerprint_fields_and_id():
     fp = _fp()
-    for key in ("hosts", "cpu", "gpu", "torch", "cuda", "nccl", "gloo", "backend", "device",
+    for key in ("hosts", "cpu", "cpu_count", "gpu", "torch", "cuda", "nccl", "gloo", "backend", "device",
                 "nccl_transport", "env", "python", "launcher", "nodes", "nproc_per_node"):
         assert key in fp, key
     assert fp["gloo"] is True and fp["gpu"] is None and fp["backend"] == "gloo"
     assert fp["env"] == {"NCCL_DEBUG_FILE": "/run/a/logs/nccl.%h.%p.log", "OMP_NUM_THREADS": "1"}
-    assert fp["cpu"] and fp["cpu"] != "?"
+    assert fp["cpu"] and fp["cpu"] != "?" and fp["cpu_count"] >= 1
     fid = fpm.fingerprint_id(fp)
     assert len(fid) == 10 and fid == fpm.fingerprint_id(_fp())
     # the run's own log path, the launcher and the layout do not change the id ...

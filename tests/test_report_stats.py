@@ -163,3 +163,28 @@ def test_forecast_heldout_on_synthetic_runs(tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Forecast" in md and "Held-out check: fitted on worlds [1, 2, 4], predicted world 8" in md
     assert "fitted on the study's own comm per step" in md
+
+
+def test_forecast_counts_ranks_sharing_cores(tmp_path):
+    """CPU runs of 1, 2 and 4 ranks on a 2-core node (fingerprint cpu_count 2): at 4 ranks
+    every rank runs half the time. Fitted on 1 and 2, world 4 comes out right only when
+    the forecast counts that share."""
+    c, alpha, steps = 0.004, 1e-3, 20
+    fp = {**FP, "cpu_count": 2}
+
+    def comm(n):
+        return 2 * (n - 1) * alpha
+
+    for n in (1, 2, 4):
+        share = max(1, n / 2)
+        for k in range(2):
+            j = 1 + 0.002 * (k - 0.5)
+            t = steps * share * (c + comm(n)) * j
+            write_run(tmp_path / "runs", f"w{n}_r{k}", n, [3 * t, t, t], sync="ring",
+                      comm_s_per_step=share * comm(n) * j, fp=fp, payload=64)
+    res = build_report(find_runs([tmp_path / "runs"]), tmp_path / "rep", make_plots=False,
+                       forecast_worlds=[8], gpus_per_node=4)
+    (s,) = res["doc"]["forecast"]["series"]
+    assert s["heldout"]["predicted_world"] == 4 and abs(s["heldout"]["rel_error"]) < 0.02, s["heldout"]
+    (w8,) = [p for p in s["predictions"] if p["mode"] == "weak"]
+    assert w8["core_share"] == 2.0 and w8["nodes"] == 2

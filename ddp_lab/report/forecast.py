@@ -19,6 +19,8 @@ The model of one epoch on n ranks (nodes of G ranks):
   pooled over the syncs of the same backend and device: the model is linear in alpha and
   beta, so a point's two coefficients are its prediction under (1, 0) and (0, 1); points
   of one world and one sync cannot tell alpha from beta: latency only then).
+- On CPU, ranks sharing cores (a node's ranks > the fingerprint's `cpu_count`) run
+  ranks/cores times slower, compute and comm alike; fitted points are normalised by it.
 - No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
   contention beyond what the fitted points had, the link of the fit for every pair.
 
@@ -51,6 +53,12 @@ class Point:
     comm_s: Optional[float]  # measured comm per step
     payload: Optional[float]  # bytes per step
     calls: Optional[float]
+    share: float = 1.0  # ranks per CPU core of its node where ranks outnumber cores (CPU runs), else 1
+
+    @property
+    def compute_s(self) -> float:
+        """Compute per step as one rank with a core of its own would take it."""
+        return (self.epoch_s / self.steps - (self.comm_s or 0.0)) / self.share
 
 
 def _point(r: Run, warmup: Optional[int]) -> Optional[Point]:
@@ -67,7 +75,16 @@ def _point(r: Run, warmup: Optional[int]) -> Optional[Point]:
         float(r.summary.get("batch_size") or (r.config.get("train") or {}).get("batch_size") or 0)
     return Point(r.get("sync", "?"), world, int(r.get("nodes") or 1), batch, steps / len(recs),
                  sum(times) / len(times), comm["time_s"] if comm["calls"] else None,
-                 comm["payload_bytes"] or None, comm["calls"] or None)
+                 comm["payload_bytes"] or None, comm["calls"] or None,
+                 core_share(r.device_kind, r.get("nproc_per_node"), r.fingerprint.get("cpu_count")))
+
+
+def core_share(device: str, ranks_per_node, cores) -> float:
+    """How many ranks share one core (>= 1) on a CPU node whose ranks outnumber its cores:
+    every rank then runs 1/share of the time, its compute and its part of every collective."""
+    if device != "cpu" or not ranks_per_node or not cores:
+        return 1.0
+    return max(1.0, float(ranks_per_node) / float(cores))
 
 
 def own_fit(points: list[Point]) -> Optional[Fit]:
@@ -81,7 +98,7 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
         x2 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(0.0, 1.0, 0, "", "", "", 0, 0))
         if x1 is None or x2 is None:
             continue
-        rows.append((x1, x2, p.comm_s))
+        rows.append((x1, x2, p.comm_s / p.share))
     if not rows:
         return None
     r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
@@ -102,10 +119,12 @@ class Model:
     """The fitted model of one series (one sync and workload) on one backend and device."""
 
     def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
-                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None):
+                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
+                 device: str = "?", cores: Optional[int] = None):
         self.scaling, self.cap, self.G = scaling, cap, gpus_per_node
+        self.device, self.cores = device, cores
         self.fit_intra, self.fit_cross = fit_intra, fit_cross or fit_intra
-        comp = [(p.batch, p.epoch_s / p.steps - (p.comm_s or 0.0)) for p in pts]
+        comp = [(p.batch, p.compute_s) for p in pts]
         bs = {b for b, _ in comp}
         if len(bs) > 1:  # c = c0 + c1 * b, least squares
             mb = sum(b for b, _ in comp) / len(comp)
@@ -116,7 +135,7 @@ class Model:
         else:  # one batch measured: the largest fitted world's compute (it has the most
             # ranks sharing the machine's memory and cores), proportional to the batch
             top = max(p.world for p in pts)
-            cs = [p.epoch_s / p.steps - (p.comm_s or 0.0) for p in pts if p.world == top]
+            cs = [p.compute_s for p in pts if p.world == top]
             b = next(iter(bs))
             self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
         # the epoch's samples (D), from an uncapped point; None when every point was capped
@@ -143,15 +162,19 @@ class Model:
             return None
         return predict_comm_s(self.sync, n, self.payload, self.calls, fit)
 
-    def predict(self, n: int, batch: float) -> Optional[dict]:
-        """Time per epoch on n ranks at `batch` samples per rank per step."""
+    def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
+        """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
+        `batch` samples per rank per step."""
         if batch < 1:
             return None
         s, m = self.steps(n, batch), self.comm(n)
         if s is None or m is None:
             return None
-        c = self.c0 + self.c1 * batch
-        return {"epoch_s": s * (c + m), "steps": s, "compute_ms": c * 1e3, "comm_ms": m * 1e3}
+        f = core_share(self.device, per_node or min(n, self.G), self.cores)
+        c = (self.c0 + self.c1 * batch) * f
+        m *= f
+        return {"epoch_s": s * (c + m), "steps": s, "compute_ms": c * 1e3, "comm_ms": m * 1e3,
+                "core_share": f}
 
 
 def _fits(bench: list[dict], device: str, backend: str) -> tuple[Optional[Fit], Optional[Fit], str]:
@@ -185,7 +208,9 @@ def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list
         src = "fitted on the study's own comm per step"
     if intra is None:
         return None, "no comm fit: no bench run and no multi-rank point"
-    return Model(pts, scaling, cap, intra, cross, G, shape=every), src
+    cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
+    return Model(pts, scaling, cap, intra, cross, G, shape=every, device=first.device_kind,
+                 cores=cores), src
 
 
 def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
@@ -211,8 +236,9 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
             m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
                             max_world=measured[-2])
             row = next(x for x in g["rows"] if x["world_size"] == top)
-            p = _point(next(r for r in members if (r.world_size or 1) == top), warmup)
-            pred = m.predict(top, p.batch) if m and p else None
+            p = _point(next(r for r in members if (r.world_size or 1) == top), warmup)  # noqa
+            top_run = next(r for r in members if (r.world_size or 1) == top)
+            pred = m.predict(top, p.batch, top_run.get("nproc_per_node")) if m and p else None
             entry["heldout"] = {
                 "fitted_worlds": measured[:-1], "predicted_world": top,
                 "measured_s": row["epoch_time_s_mean"], "comm_fit": src,
@@ -258,6 +284,8 @@ ASSUMPTIONS = [
     "intra-node fit up to the node size, cross-node fit above it",
     "no comm/compute overlap (ddp overlaps: an upper bound for it), no contention beyond what "
     "the fitted points had; strong scaling needs at least one sample per rank (– where not)",
+    "on CPU, where a node's ranks outnumber its cores (fingerprint `cpu_count`), each rank "
+    "runs ranks/cores times slower, its compute and its comm alike",
 ]
 
 
