@@ -313,7 +313,8 @@ def forecast_markdown(fc: dict) -> list[str]:
         lines += [f"Comm fit: {s['comm_fit']}; alpha {f['intra']['alpha_us']:.1f} µs, beta "
                   f"{f['intra']['beta_ns_per_byte']:.3f} ns/B intra-node"
                   + (f"; alpha {f['cross']['alpha_us']:.1f} µs, beta {f['cross']['beta_ns_per_byte']:.3f} "
-                     "ns/B cross-node" if f["cross"] and f["cross"] != f["intra"] else "")
+                     "ns/B cross-node" if f["cross"] and f["cross"] != f["intra"] else
+                     " (no cross-node data: this fit for every link)")
                   + f". Compute {f['compute_ms_c0']:.3f} ms + {f['compute_ms_per_sample']:.4f} "
                   "ms/sample per step.", "",
                   "| world | nodes | weak: epoch (s) | weak: comm ms/step | strong: batch/rank | "
