@@ -56,7 +56,10 @@ def epoch_time_vs_world(groups: list[dict], path: Path) -> dict:
             cont = ax_t.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label)
             color = cont[0].get_color()
             n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
-            ax_t.plot(x, [t0 * n0 / n for n in x], ":", color=color, alpha=0.7)
+            # ideal: the baseline's time per unit of work (flat where the work grows with n)
+            ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
+                     for r in rows]
+            ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
             eff = [(r["world_size"], r["efficiency"], r["efficiency_ci95"]) for r in rows
                    if r["efficiency"] is not None]
             if eff:
