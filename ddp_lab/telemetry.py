@@ -143,7 +143,8 @@ class Telemetry:
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
         rank parses its own NCCL INFO log, read after the hosts gather above made NCCL
-        connect its peers, and rank 0 joins what the ranks saw."""
+        connect its peers, and rank 0 joins what the ranks saw; `finish` reads them again
+        (connections made later, lines NCCL had not yet written out)."""
         env, ctx = self.ctx.env, self.ctx
         detail = None
         if ctx.backend == "nccl":
@@ -226,6 +227,8 @@ class Telemetry:
         stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
         why it stopped."""
         self._merge_trace()
+        if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
+            self._fingerprint()         # every connection it made are in the logs, flushed
         cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
         test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
                                final_test or (self.previous.get("test_loss"),
