@@ -188,3 +188,18 @@ def test_forecast_counts_ranks_sharing_cores(tmp_path):
     assert s["heldout"]["predicted_world"] == 4 and abs(s["heldout"]["rel_error"]) < 0.02, s["heldout"]
     (w8,) = [p for p in s["predictions"] if p["mode"] == "weak"]
     assert w8["core_share"] == 2.0 and w8["nodes"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--forecast", "8,x"], "error: --forecast 8,x: 'x' is not a world size"),
+    (["--warmup", "-1"], "error: --warmup -1: give 0 or more epochs"),
+    (["--gpus-per-node", "0"], "error: --gpus-per-node 0: give 1 or more"),
+])
+def test_bad_report_options_are_one_line(tmp_path, capsys, args, message):
+    from ddp_lab.report.__main__ import main
+
+    write_run(tmp_path / "runs", "r1", 1, [1.0])
+    assert main([str(tmp_path / "runs"), "-o", str(tmp_path / "rep"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+    assert not (tmp_path / "rep").exists()
