@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import progress
+from . import fingerprint, progress
 from .env import DistEnv
 
 log = logging.getLogger("ddp_lab")
@@ -151,6 +151,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
         kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
         if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
             progress.enable_flight_recorder(run_dir)
+            # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there
+            fingerprint.enable_nccl_debug(run_dir)
     # env:// rather than tcp://: under torchrun the agent already serves the store on
     # MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env:// knows to join it as a client.
     os.environ["MASTER_ADDR"] = env.master_addr

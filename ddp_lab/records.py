@@ -124,5 +124,9 @@ class RunSummary(_Record):
     # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
     # step, epochs_done/steps_done in it, status when it ended
     segments: list = field(default_factory=list)
+    # the allocation's fingerprint (ddp_lab.fingerprint: hosts, CPU/GPU, versions, backend,
+    # NCCL transport, env) and its short id, written by rank 0 at start
+    fingerprint: dict = field(default_factory=dict)
+    fingerprint_id: Optional[str] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)

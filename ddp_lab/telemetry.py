@@ -27,6 +27,7 @@ from typing import Any, Iterable, Optional
 import torch
 from omegaconf import OmegaConf
 
+from . import fingerprint as fingerprints
 from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
@@ -98,6 +99,8 @@ class Telemetry:
         self.previous: dict = {}
         self.hosts: list[str] = []
         self.node_ranks: list[int] = []
+        self.fingerprint: dict = {}
+        self.fingerprint_id: Optional[str] = None
         self._bar = _progress_bar(cfg.log.progress, ctx.env.is_main)
 
     # -------------------------------------------------------------- start
@@ -115,6 +118,7 @@ class Telemetry:
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
         self.node_ranks = sorted({p[1] for p in pairs})
+        self._fingerprint()
         if env.is_main:
             self.previous = read_json_or_empty(self.run_dir / "summary.json")
             if not fresh and isinstance(self.previous.get("segments"), list):
@@ -123,8 +127,9 @@ class Telemetry:
                 **allocation(), "launcher": cfg.launcher.name, "hosts": self.hosts,
                 "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
-                "status": "running"})
+                "status": "running", "fingerprint_id": self.fingerprint_id})
             running = {**(self.previous if not fresh else {}), "status": "running",
+                       "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
@@ -134,6 +139,23 @@ class Telemetry:
                  "per rank", env.world_size, env.num_nodes, env.local_world_size, self.ctx.backend,
                  self.ctx.device, cfg.sync.name, cfg.model.name, self.steps_per_epoch,
                  cfg.train.batch_size)
+
+    def _fingerprint(self) -> None:
+        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
+        rank parses its own NCCL INFO log, read after the hosts gather above made NCCL
+        connect its peers, and rank 0 joins what the ranks saw; `finish` reads them again
+        (connections made later, lines NCCL had not yet written out)."""
+        env, ctx = self.ctx.env, self.ctx
+        detail = None
+        if ctx.backend == "nccl":
+            detail = ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+        if not env.is_main:
+            return
+        self.fingerprint = fingerprints.collect(
+            ctx.backend, ctx.device, self.hosts, self.cfg.launcher.name, env.num_nodes,
+            env.local_world_size, nccl_transport=fingerprints.transport_label(detail or []),
+            nccl_detail=detail)
+        self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def progress(self, steps: Iterable, epoch: int) -> Iterable:
         """The epoch's steps, behind a progress bar where one is wanted (logging rank only)."""
@@ -205,6 +227,8 @@ class Telemetry:
         stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
         why it stopped."""
         self._merge_trace()
+        if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
+            self._fingerprint()         # every connection it made are in the logs, flushed
         cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
         test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
                                final_test or (self.previous.get("test_loss"),
@@ -231,7 +255,8 @@ class Telemetry:
             **self.totals.summary(self.timing, self.bytes_exact),
             hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
-            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments)
+            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
+            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()

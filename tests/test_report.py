@@ -131,7 +131,8 @@ def test_statuses_and_speedups_from_summaries(tmp_path):
     assert len(reasons) == 4 and len(doc["scaling"]) == 2
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Skipped run folders" in md and "f_failed" in md and "boom" in md
-    assert "| 1x4 | 4 | local | gloo | 4.000 | 2.00 | 50% | 25% |" in md
+    # one repeat per point: no interval, the speedup still against the smallest world
+    assert "| 1x4 | 4 | local | gloo | 1 | 4.000 | – | – | 2.00 | – | 50% | – | 25% | -- |" in md
     assert "No completed bench run" in md
     with open(tmp_path / "rep" / "report.csv") as f:
         assert len(list(csv.DictReader(f))) == 5
@@ -158,12 +159,13 @@ def test_bad_paths_are_one_line_errors(tmp_path):
 # ---------------------------------------------------------------- real runs
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory, shared_data_root):
-    """Two short training runs (1 and 2 ranks), a failed one, a 2-rank bench run."""
+    """Two short training runs (1 and 2 ranks, 2 epochs: the first is warm-up), a failed
+    one, a 2-rank bench run."""
     root = tmp_path_factory.mktemp("report-runs")
     out = root / "outputs"
     runs = {}
     for n in (1, 2):
-        proc = run_cli("train.epochs=1", "train.max_steps_per_epoch=20",
+        proc = run_cli("train.epochs=2", "train.max_steps_per_epoch=20",
                        f"launcher.nproc_per_node={n}", f"data.root={shared_data_root}",
                        f"run.root={out}", "log.progress=lines", cwd=root, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -180,6 +182,10 @@ def real_runs(tmp_path_factory, shared_data_root):
     return root, out, runs
 
 
+def _epoch_times(run: Path) -> list[float]:
+    return [json.loads(x)["epoch_time_s"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_report_on_real_runs(real_runs):
@@ -194,9 +200,13 @@ def test_report_on_real_runs(real_runs):
     s2 = json.loads((runs[2] / "summary.json").read_text())
     rows = {r["world_size"]: r for r in group["rows"]}
     assert group["sync"] == "ddp" and group["baseline_world_size"] == 1
-    expected = s1["epoch_time_s_median"] / s2["epoch_time_s_median"]
+    # the second epoch's time: the first is warm-up
+    t1, t2 = (_epoch_times(runs[n])[1] for n in (1, 2))
+    expected = t1 / t2
+    assert rows[2]["epoch_time_s_mean"] == t2 and rows[2]["time_n"] == 1
     assert rows[2]["speedup"] == pytest.approx(expected, rel=1e-12)
-    assert rows[2]["efficiency"] == pytest.approx(expected / 2, rel=1e-12)
+    # 20 steps per rank per epoch: twice the work at 2 ranks, so efficiency = speedup
+    assert rows[2]["efficiency"] == pytest.approx(expected, rel=1e-12)
     assert rows[2]["comm_fraction"] == s2["comm_fraction"]
     assert rows[2]["test_accuracy"] == s2["test_accuracy"]
     # the failed run is listed with its reason
@@ -205,7 +215,8 @@ def test_report_on_real_runs(real_runs):
     assert "could not fetch" in skipped["reason"]
     md = (rep / "report.md").read_text()
     assert runs["failed"].name in md and "## Skipped run folders" in md
-    assert f"| 1x2 | 2 | local | gloo | {s2['epoch_time_s_median']:.3f} | {expected:.2f} |" in md
+    assert (f"| 1x2 | 2 | local | gloo | 1 | {t2:.3f} | – | – | "
+            f"{expected:.2f} |") in md
     # the bench run is handled separately: fitted, and set against the training comm
     assert doc["bench_runs"] == [str(runs["bench"])]
     (fit,) = doc["fits"]
@@ -225,3 +236,37 @@ def test_report_on_real_runs(real_runs):
     phases = json.loads((rep / "phases.json").read_text())
     assert phases["series"] == ["data", "forward", "backward", "sync", "optim", "comm"]
     assert phases["bars"] == ["ddp\nn=1", "ddp\nn=2"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_real_runs_fingerprint_and_forecast(real_runs):
+    """The runs' fingerprints (one allocation: one id), and the forecast's held-out check on
+    real runs: compute per step from the 1-rank run, comm from the bench's alpha-beta fit,
+    world 2 predicted and set against its measured time."""
+    root, out, runs = real_runs
+    rep = root / "report-forecast"
+    proc = run_cli(str(out), "-o", str(rep), "--no-plots", "--forecast", "8,16", "--gpus-per-node",
+                   "2", cwd=root, module="ddp_lab.report")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((rep / "report.json").read_text())
+    s1, s2 = (json.loads((runs[n] / "summary.json").read_text()) for n in (1, 2))
+    fp = s2["fingerprint"]
+    assert fp["backend"] == "gloo" and fp["gloo"] is True and fp["device"] == "cpu"
+    assert fp["hosts"] == s2["hosts"] and fp["nproc_per_node"] == 2 and fp["cpu"]
+    assert fp["nccl_transport"] is None and fp["torch"] == s2["torch"]
+    assert s1["fingerprint_id"] == s2["fingerprint_id"] and len(s2["fingerprint_id"]) == 10
+    (group,) = doc["scaling"]
+    assert list(group["fingerprints"]) == [s2["fingerprint_id"]] and not group["fingerprint_notes"]
+    (series,) = doc["forecast"]["series"]
+    h = series["heldout"]
+    assert h["fitted_worlds"] == [1] and h["predicted_world"] == 2
+    assert h["comm_fit"].startswith("bench: ") and h["predicted_s"] > 0
+    assert h["measured_s"] == _epoch_times(runs[2])[1]
+    assert h["rel_error"] == pytest.approx((h["predicted_s"] - h["measured_s"]) / h["measured_s"])
+    preds = {(p["world"], p["mode"]): p for p in series["predictions"]}
+    assert preds[(16, "weak")]["nodes"] == 8 and preds[(16, "weak")]["epoch_s"] > 0
+    assert preds[(8, "strong")]["batch_per_rank"] == pytest.approx(64 / 8)
+    md = (rep / "report.md").read_text()
+    assert "## Forecast" in md and f"predicted world 2: {h['predicted_s']:.3f} s" in md
+    print(f"held-out error on real runs: {h['rel_error']:+.1%}")

@@ -16,6 +16,27 @@ def default_out(paths: list[str]) -> Path:
     return Path(os.path.commonpath([Path(p).expanduser().resolve() for p in paths])) / "report"
 
 
+def parse_worlds(text: str) -> list[int]:
+    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: a list of positive ints, "..." doubling
+    from the number before it up to the one after."""
+    out: list[int] = []
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for i, t in enumerate(items):
+        if t == "...":
+            if not out or i + 1 >= len(items):
+                raise ValueError("'...' needs a world before and after it")
+            stop = int(items[i + 1])
+            while out[-1] * 2 < stop:
+                out.append(out[-1] * 2)
+            continue
+        if not t.isdigit() or int(t) < 1:
+            raise ValueError(f"{t!r} is not a world size (a positive integer)")
+        out.append(int(t))
+    if not out:
+        raise ValueError("give world sizes, e.g. 8,16,...,1024")
+    return sorted(set(out))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m ddp_lab.report",
@@ -28,14 +49,36 @@ def main(argv: list[str] | None = None) -> int:
                          "report/ inside the folder read, or inside the PATHs' common parent; "
                          "a later report skips it)")
     ap.add_argument("--no-plots", action="store_true", help="tables only")
+    ap.add_argument("--warmup", type=int, default=None, metavar="N",
+                    help="epochs left out of every run's time per epoch as warm-up (default: "
+                         "1 for a run with more than 1 epoch, else 0)")
+    ap.add_argument("--forecast", default=None, metavar="W1,W2,...",
+                    help="worlds to forecast time per epoch for (default 8,16,...,1024: '...' "
+                         "doubles up to the last one)")
+    ap.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+                    help="ranks per node in the forecast: the intra-node fit up to G ranks, the "
+                         "cross-node fit above (default 8)")
     args = ap.parse_args(argv)
+    try:
+        worlds = parse_worlds(args.forecast) if args.forecast else None
+    except ValueError as e:
+        print(f"error: --forecast {args.forecast}: {e}", file=sys.stderr)
+        return 2
+    if args.gpus_per_node < 1:
+        print(f"error: --gpus-per-node {args.gpus_per_node}: give 1 or more", file=sys.stderr)
+        return 2
+    if args.warmup is not None and args.warmup < 0:
+        print(f"error: --warmup {args.warmup}: give 0 or more epochs", file=sys.stderr)
+        return 2
     out = Path(args.out).expanduser().resolve() if args.out else default_out(args.paths)
     try:
         runs = find_runs(args.paths, exclude=out)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = build_report(runs, out, make_plots=not args.no_plots, inputs=args.paths)
+    result = build_report(runs, out, make_plots=not args.no_plots, inputs=args.paths,
+                          warmup=args.warmup, forecast_worlds=worlds,
+                          gpus_per_node=args.gpus_per_node)
     print(result["markdown"])
     c = result["counts"]
     print(f"{c['train']} training run(s), {c['bench']} bench run(s), {c['skipped']} skipped; "

@@ -7,13 +7,29 @@ import datetime
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
+from ..files import atomic_open, atomic_write_text
+from . import forecast as fcast
 from . import plots, tables
 from .runs import Run
 
-CSV_COLUMNS = ("sync", "device", "workload", "nodes", "nproc_per_node", "world_size",
-               "launcher", "backend", "epochs", "epoch_time_s_median", "speedup", "efficiency",
-               "comm_fraction", "samples_per_s", "test_accuracy", "baseline_world_size", "run")
+CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
+               "nproc_per_node", "world_size", "launcher", "backend", "epochs", "time_n",
+               "epoch_time_s_mean", "epoch_time_s_std", "epoch_time_s_ci95_lo",
+               "epoch_time_s_ci95_hi", "speedup", "speedup_ci95_lo", "speedup_ci95_hi",
+               "efficiency", "efficiency_ci95_lo", "efficiency_ci95_hi", "comm_fraction",
+               "comm_exposed_fraction", "samples_per_s", "test_accuracy", "baseline_world_size",
+               "fingerprint_id", "baseline_fingerprint_id", "run", "runs")
+
+
+def _csv_row(r: dict, device: str) -> dict:
+    """A scaling row flat: an interval as its _lo/_hi columns, the repeats ;-joined."""
+    out = {**r, "device": device, "runs": ";".join(r["runs"])}
+    for k in ("epoch_time_s_ci95", "speedup_ci95", "efficiency_ci95"):
+        lo, hi = r.get(k) or (None, None)
+        out[f"{k}_lo"], out[f"{k}_hi"] = lo, hi
+    return out
 
 
 def _shortener(runs: list[Run]):
@@ -29,16 +45,20 @@ def _shortener(runs: list[Run]):
 
 
 def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
-                 inputs: list[str] | None = None) -> dict:
+                 inputs: list[str] | None = None, warmup: Optional[int] = None,
+                 forecast_worlds: Optional[list[int]] = None, gpus_per_node: int = 8) -> dict:
     """Write report.md, report.csv, report.json (+ PNGs) into out_dir; return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     short, common = _shortener(runs)
-    groups = tables.scaling_groups(runs)
+    groups = tables.scaling_groups(runs, warmup)
     phases = tables.phase_rows(runs)
     fits = tables.bench_fits(runs)
     comm = tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
     segments = tables.segment_rows(runs, short)
+    fc = fcast.forecast(groups, runs, fits, forecast_worlds or fcast.DEFAULT_WORLDS,
+                        gpus_per_node, warmup)
+    show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
 
     figures = []
     if make_plots:
@@ -56,30 +76,32 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
           + (f" by `python -m ddp_lab.report {' '.join(inputs)}`" if inputs else "") + ".", ""]
     for fig in figures:
         md += [f"![{fig['title']}]({fig['file']})", ""]
-    md += tables.scaling_markdown(groups, short)
+    md += tables.scaling_markdown(groups, short, warmup)
     if phases:
         md += tables.phase_markdown(phases, short)
     if fits or comm:
         md += tables.comm_model_markdown(fits, comm, short)
+    if show_fc:
+        md += fcast.forecast_markdown(fc)
     md += tables.segments_markdown(segments)
     md += tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
-    (out_dir / "report.md").write_text(text)
+    atomic_write_text(out_dir / "report.md", text)
 
-    with open(out_dir / "report.csv", "w", newline="") as f:
+    with atomic_open(out_dir / "report.csv") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for g in groups:
             for r in g["rows"]:
-                w.writerow({**r, "device": g["device"]})
+                w.writerow(_csv_row(r, g["device"]))
     doc = {
-        "scaling": groups, "phases": phases, "comm_model": comm, "segments": segments,
+        "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],
         "skipped": [{"run": str(r.path), "kind": r.kind, "reason": r.status} for r in runs if not r.ok],
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
-    (out_dir / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     return {"markdown": text, "counts": counts, "figures": figures, "doc": doc}

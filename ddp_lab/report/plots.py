@@ -29,50 +29,66 @@ def _save(fig, path: Path, info: dict) -> dict:
     return info
 
 
+def _err(mean, ci):
+    """Error bar lengths (below, above) of a 95% interval; 0 where there is none."""
+    return (mean - ci[0], ci[1] - mean) if ci and mean is not None else (0.0, 0.0)
+
+
 def epoch_time_vs_world(groups: list[dict], path: Path) -> dict:
-    """Median epoch time (left) and speedup (right) vs world size, one line per sync
-    (and device/workload); dotted: ideal scaling from the baseline."""
+    """Mean post-warm-up epoch time (left) and parallel efficiency (right) vs world size,
+    error bars = 95% CI of the repeats; one line per sync and allocation kind (fingerprint,
+    where a series has several); dotted: ideal scaling from the baseline."""
     plt = _plt()
-    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.8))
     series = []
     several = len({(g["device"], g["workload"]) for g in groups}) > 1
     worlds = sorted({r["world_size"] for g in groups for r in g["rows"]})
     for g in groups:
-        label = g["sync"] + (f" ({g['device']}, {g['workload']})" if several else "")
-        by_n: dict[int, list[dict]] = {}
-        for r in g["rows"]:
-            by_n.setdefault(r["world_size"], []).append(r)
-        x = sorted(by_n)
-        # several runs at one size: the line goes through the fastest, all are marked
-        y = [min(r["epoch_time_s_median"] for r in by_n[n]) for n in x]
-        s = [max(r["speedup"] for r in by_n[n]) for n in x]
-        line, = ax_t.plot(x, y, marker="o", label=label)
-        ax_t.scatter([r["world_size"] for r in g["rows"]], [r["epoch_time_s_median"] for r in g["rows"]],
-                     color=line.get_color(), s=12, alpha=0.5)
-        n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_median"]
-        ax_t.plot(x, [t0 * n0 / n for n in x], ":", color=line.get_color(), alpha=0.7)
-        ax_s.plot(x, s, marker="o", color=line.get_color(), label=label)
-        series.append({"label": label, "world_size": x, "epoch_time_s": y, "speedup": s,
-                       "baseline_world_size": n0})
+        kinds = list(dict.fromkeys(r["fingerprint_id"] for r in g["rows"]))
+        for fid in kinds:
+            rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
+                          key=lambda r: r["world_size"])
+            label = g["sync"] + (f" ({g['device']}, {g['workload']})" if several else "") \
+                + (f" [{fid}]" if len(kinds) > 1 else "")
+            x = [r["world_size"] for r in rows]
+            y = [r["epoch_time_s_mean"] for r in rows]
+            yerr = list(zip(*[_err(r["epoch_time_s_mean"], r["epoch_time_s_ci95"]) for r in rows]))
+            cont = ax_t.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label)
+            color = cont[0].get_color()
+            n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
+            # ideal: the baseline's time per unit of work (flat where the work grows with n)
+            ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
+                     for r in rows]
+            ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
+            eff = [(r["world_size"], r["efficiency"], r["efficiency_ci95"]) for r in rows
+                   if r["efficiency"] is not None]
+            if eff:
+                eerr = list(zip(*[_err(e, ci) for _, e, ci in eff]))
+                ax_e.errorbar([w for w, _, _ in eff], [e for _, e, _ in eff], yerr=eerr,
+                              marker="o", capsize=3, color=color, label=label)
+            series.append({"label": label, "world_size": x, "epoch_time_s": y,
+                           "epoch_time_s_ci95": [r["epoch_time_s_ci95"] for r in rows],
+                           "efficiency": [r["efficiency"] for r in rows],
+                           "efficiency_ci95": [r["efficiency_ci95"] for r in rows],
+                           "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
     if worlds:
-        ax_s.plot(worlds, [n / min(worlds) for n in worlds], ":", color="black", alpha=0.6,
-                  label="ideal (from the smallest world)")
-    for ax in (ax_t, ax_s):
+        ax_e.axhline(1.0, ls=":", color="black", alpha=0.6, label="ideal")
+    for ax in (ax_t, ax_e):
         ax.set_xscale("log", base=2)
         ax.set_xticks(worlds or [1])
         ax.set_xticklabels([str(w) for w in worlds] or ["1"])
         ax.set_xlabel("world size (ranks)")
         ax.grid(True, alpha=0.3)
-    ax_t.set_ylabel("median epoch time (s)")
-    ax_t.set_title("time per epoch (dotted: ideal scaling)", fontsize=10)
-    ax_s.set_ylabel("speedup vs the smallest allocation")
-    ax_s.set_title("speedup (higher is better)", fontsize=10)
+    ax_t.set_ylabel("mean epoch time after warm-up (s)")
+    ax_t.set_title("time per epoch, 95% CI (dotted: ideal scaling)", fontsize=10)
+    ax_e.set_ylabel("parallel efficiency vs the smallest world")
+    ax_e.set_title("efficiency, 95% CI (1 = ideal)", fontsize=10)
     if series:
         ax_t.legend(fontsize=8)
-        ax_s.legend(fontsize=8)
-    fig.suptitle("Time per epoch across allocations, per sync", fontsize=11)
+        ax_e.legend(fontsize=8)
+    fig.suptitle("Time per epoch and efficiency across allocations, per sync", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path, {"title": "epoch time vs world size",
+    return _save(fig, path, {"title": "epoch time and efficiency vs world size",
                              "series": [s["label"] for s in series], "data": series})
 
 

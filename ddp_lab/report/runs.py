@@ -2,7 +2,8 @@
 
 A run folder is any folder holding `config.yaml`, `summary.json` or `metrics.jsonl` (what
 `python -m ddp_lab` and `python -m ddp_lab.bench` make); a parent folder is searched
-recursively, never below a run folder. Every folder found comes back, usable or not: the
+recursively, never below a run folder; a study folder (study.json, its points in
+STUDY/points/<point>/) is searched, never taken for a run. Every folder found comes back, usable or not: the
 ones that cannot be compared carry the reason, so a report lists them instead of
 silently dropping them. A training run's metrics.jsonl and summary.json are read through
 the trainer's own record types (`ddp_lab.records`), so files written before versioning
@@ -21,6 +22,7 @@ from typing import Any, Optional
 from ..records import EpochRecord, RunSummary
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
+STUDY_FILE = "study.json"  # a study folder (ddp_lab.study): its run folders are in points/
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
 
@@ -74,18 +76,83 @@ class Run:
 
     # ------------------------------------------------------------- training runs
     @property
+    def scaling(self) -> str:
+        """strong (train.global_batch fixed) | weak (batch per rank fixed): summary.json
+        `scaling`, else the config's train.global_batch (> 0: strong), else weak."""
+        s = self.summary.get("scaling")
+        if s in ("strong", "weak"):
+            return s
+        return "strong" if int((self.config.get("train") or {}).get("global_batch") or 0) > 0 else "weak"
+
+    @property
+    def global_batch(self) -> Optional[int]:
+        """Samples of one optimiser step over all ranks (summary.json `global_batch`, else
+        the config's, else batch per rank x world)."""
+        g = self.summary.get("global_batch") or (self.config.get("train") or {}).get("global_batch")
+        if g:
+            return int(g)
+        batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        return int(batch) * (self.world_size or 1) if batch else None
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.summary.get("fingerprint") or {}
+
+    @property
+    def fingerprint_id(self) -> str:
+        """summary.json `fingerprint_id`; "?" for a run written before fingerprints."""
+        return self.summary.get("fingerprint_id") or "?"
+
+    @property
     def workload(self) -> tuple:
-        """What must match for epoch times to be comparable: model, batch per rank, and
-        the per-epoch step cap (0 = the whole shard)."""
+        """What must match for epoch times to be comparable across world sizes: model,
+        optimiser, scaling mode with its batch (per rank when weak, global when strong),
+        the micro-batch, the per-epoch step cap (0 = the whole shard), epochs, data pipeline."""
         train = self.config.get("train") or {}
         model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
-        return (model, train.get("batch_size", self.summary.get("batch_size")),
-                train.get("max_steps_per_epoch", 0))
+        optim = (self.config.get("optim") or {}).get("name", self.summary.get("optim"))
+        pipeline = (self.config.get("data") or {}).get("pipeline", self.summary.get("pipeline"))
+        if self.scaling == "strong":
+            batch = self.global_batch
+        else:
+            batch = train.get("batch_size", self.summary.get("batch_size"))
+        return (model, optim, self.scaling, batch, int(train.get("micro_batch") or 0),
+                train.get("max_steps_per_epoch", 0), self.get("epochs"), pipeline)
 
     def workload_label(self) -> str:
-        model, batch, steps = self.workload
+        model, optim, scaling, batch, micro, steps, epochs, pipeline = self.workload
         cap = f", {steps} steps/epoch" if steps else ", full epochs"
-        return f"{model}, batch {batch}/rank{cap}"
+        per = "global" if scaling == "strong" else "/rank"
+        return (f"{model}, {optim or '?'}, {scaling} scaling, batch {batch}"
+                f"{' ' if per == 'global' else ''}{per}{f', micro {micro}' if micro else ''}"
+                f"{cap}, {epochs} epochs" + (f", {pipeline} pipeline" if pipeline else ""))
+
+    def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
+        """Epoch times (s) after the warm-up, and the epochs excluded. The warm-up: the
+        first `warmup` epochs when the run has more than that many timed; by default one
+        when it has more than one. An epoch split by a resume is left out (its time spans
+        two allocations). A run without per-epoch times gives its summary's mean."""
+        recs = sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
+                      key=lambda r: r.epoch)
+        times = [float(r.epoch_time_s) for r in recs]
+        if not times:
+            t = self.summary.get("epoch_time_s_mean") or self.summary.get("epoch_time_s_median")
+            return ([float(t)] if t else []), 0
+        skip = (1 if len(times) > 1 else 0) if warmup is None else warmup
+        if skip >= len(times):
+            skip = 0  # too few epochs to drop any: every one counts (said in the report)
+        return times[skip:], skip
+
+    def epoch_samples(self) -> Optional[float]:
+        """Training samples of one epoch over all ranks: steps per rank x batch per rank x
+        world (mean over the epochs logged); None when unknown."""
+        steps = [r.steps for r in self.records if r.steps]
+        batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        if self.scaling == "strong" and self.global_batch and self.world_size:
+            batch = self.global_batch / self.world_size
+        if not steps or not batch:
+            return None
+        return sum(steps) / len(steps) * float(batch) * (self.world_size or 1)
 
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
@@ -226,7 +293,9 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
             if exclude is not None and here == exclude and here != root:  # our own output
                 dirnames[:] = []
                 continue
-            if any(m in filenames for m in MARKERS):
+            if STUDY_FILE in filenames:  # a study folder: its points are runs, it is not
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            elif any(m in filenames for m in MARKERS):
                 found[here] = None
                 dirnames[:] = []  # tb/, checkpoints/, logs/, plots/ of a run: not runs
             else:

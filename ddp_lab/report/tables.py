@@ -10,6 +10,8 @@ import datetime
 from typing import Any, Optional
 
 from ..bench.harness import pow2_label
+from .. import fingerprint
+from . import stats
 from .model import Fit, fit_alpha_beta, formula, predict_comm_s
 from .runs import PHASES, Run
 
@@ -23,64 +25,158 @@ def allocation(run: Run) -> str:
     return f"{nodes}x{per}" if nodes and per else "?"
 
 
-def scaling_groups(runs: list[Run]) -> list[dict]:
-    """Completed training runs grouped by (sync, device, workload), each row with its
-    speedup and efficiency against the group's smallest allocation."""
-    groups: dict[tuple, list[Run]] = {}
+def _mean(values: list) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _ci(pair) -> Optional[list[float]]:
+    return list(pair) if pair else None
+
+
+def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
+    """Completed training runs as scaling series: one per (sync, device, workload); in a
+    series, the runs of one world size, nodes x procs and fingerprint are REPEATS of one
+    point (mean, std, 95% CI of their post-warm-up epoch times). Speedup and efficiency
+    (with intervals, `stats.ratio`) only between points of different world sizes, against
+    the series' smallest world (its point with the row's fingerprint where there is one);
+    a row set against another fingerprint is flagged, the differences named."""
+    series: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.kind == "train" and r.ok:
-            groups.setdefault((r.get("sync", "?"), r.device_kind, r.workload), []).append(r)
+            series.setdefault((r.get("sync", "?"), r.device_kind, r.workload), []).append(r)
     out = []
-    for (sync, device, workload), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        members.sort(key=lambda r: (r.world_size or 0, r.get("epoch_time_s_median")))
-        base = members[0]  # smallest world; the fastest run if several share that size
-        t0, n0 = base.get("epoch_time_s_median"), base.world_size or 1
-        rows = []
+    for (sync, device, workload), members in sorted(series.items(), key=lambda kv: str(kv[0])):
+        points: dict[tuple, list[Run]] = {}
         for r in members:
-            t, n = r.get("epoch_time_s_median"), r.world_size or 1
-            speedup = t0 / t if t else None
-            rows.append({
-                "run": str(r.path), "sync": sync, "launcher": r.get("launcher", "?"),
-                "backend": r.get("backend", "?"), "device": device,
-                "nodes": r.get("nodes"), "nproc_per_node": r.get("nproc_per_node"),
-                "world_size": n, "epochs": r.get("epochs_run", r.get("epochs")),
-                "epoch_time_s_median": t, "speedup": speedup,
-                "efficiency": speedup * n0 / n if speedup else None,
-                "comm_fraction": r.get("comm_fraction"), "test_accuracy": r.get("test_accuracy"),
-                "samples_per_s": r.samples_per_s(),
-                "baseline_world_size": n0, "baseline_run": str(base.path),
-                "workload": base.workload_label(),
-            })
-        out.append({"sync": sync, "device": device, "workload": base.workload_label(),
-                    "baseline": str(base.path), "baseline_world_size": n0, "rows": rows})
+            key = (r.world_size or 1, r.get("nodes"), r.get("nproc_per_node"), r.fingerprint_id)
+            points.setdefault(key, []).append(r)
+        rows = [_point_row(key, sorted(rs, key=lambda r: str(r.path)), warmup)
+                for key, rs in sorted(points.items(), key=lambda kv: str(kv[0]))]
+        rows = [r for r in rows if r["time"] is not None]
+        if not rows:
+            continue
+        rows.sort(key=lambda x: (x["world_size"], x["nodes"] or 0, x["time"].mean))
+        n0 = rows[0]["world_size"]
+        bases = [x for x in rows if x["world_size"] == n0]
+        several_worlds = len({x["world_size"] for x in rows}) > 1
+        fps = {r.fingerprint_id: r.fingerprint for r in members}
+        first_cap = (members[0].config.get("train") or {}).get("max_steps_per_epoch")
+        notes = []
+        for x in rows:
+            base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
+            x.update(speedup=None, speedup_ci95=None, efficiency=None, efficiency_ci95=None,
+                     baseline_world_size=n0, baseline_run=base["run"],
+                     baseline_fingerprint_id=base["fingerprint_id"], cross_fingerprint=False)
+            if not several_worlds:
+                continue  # repeats are never a speedup of each other
+            sp, ci = stats.ratio(base["time"], x["time"])
+            n = x["world_size"]
+            # efficiency per unit of work: where an epoch's samples grow with the world
+            # (a step cap per rank in weak scaling) the ideal time stays flat, not 1/n
+            # (uncapped, an epoch is the dataset whatever the world: the factor stays 1)
+            capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
+            work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
+            k = work * n0 / n
+            x.update(speedup=sp, speedup_ci95=_ci(ci), efficiency=sp * k,
+                     efficiency_ci95=[c * k for c in ci] if ci else None)
+            if base["fingerprint_id"] != x["fingerprint_id"]:
+                x["cross_fingerprint"] = True
+                diff = fingerprint.differences(fps.get(base["fingerprint_id"], {}),
+                                               fps.get(x["fingerprint_id"], {}))
+                notes.append(f"world {n} (fingerprint {x['fingerprint_id']}) is compared with world "
+                             f"{n0} (fingerprint {base['fingerprint_id']}): "
+                             + ("; ".join(diff) or "a run without a fingerprint"))
+        for x in rows:
+            t = x.pop("time")
+            x.update(time_n=t.n, epoch_time_s_mean=t.mean, epoch_time_s_std=t.std,
+                     epoch_time_s_ci95=_ci(t.ci95))
+        first = members[0]
+        out.append({"sync": sync, "device": device, "workload": first.workload_label(),
+                    "scaling": first.scaling, "baseline": rows[0]["baseline_run"],
+                    "baseline_world_size": n0, "rows": rows,
+                    "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes})
     return out
 
 
-def scaling_markdown(groups: list[dict], short) -> list[str]:
+def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
+    """One point: its repeats' per-run values (mean post-warm-up epoch time) summarised."""
+    world, nodes, per, fid = key
+    values, skipped = [], []
+    for r in rs:
+        v, skip = r.epoch_time_values(warmup)
+        if v:
+            values.append(sum(v) / len(v))
+            skipped.append(skip)
+    first = rs[0]
+    return {
+        "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.get("sync", "?"),
+        "launcher": first.get("launcher", "?"), "backend": first.get("backend", "?"),
+        "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
+        "epochs": first.get("epochs_run", first.get("epochs")), "fingerprint_id": fid,
+        "time": stats.summarize(values), "repeat_values_s": values,
+        "warmup_epochs": sorted(set(skipped)),
+        "comm_fraction": _mean([r.get("comm_fraction") for r in rs]),
+        "comm_exposed_fraction": _mean([r.summary.get("comm_exposed_fraction") for r in rs])
+        if all(r.summary.get("comm_exposed_fraction") is not None for r in rs) else None,
+        "samples_per_s": _mean([r.samples_per_s() for r in rs]),
+        "test_accuracy": _mean([r.get("test_accuracy") for r in rs]),
+        "global_batch": first.global_batch, "scaling": first.scaling,
+        "epoch_samples": _mean([r.epoch_samples() for r in rs]),
+        "workload": first.workload_label(),
+    }
+
+
+def _pm(ci, fmt: str) -> str:
+    return f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else "–"
+
+
+def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) -> list[str]:
+    wtext = ("the first epoch of every run with more than one is left out as warm-up"
+             if warmup is None else f"the first {warmup} epoch(s) of every run with more than "
+             f"{warmup} are left out as warm-up")
     lines = ["## Time per epoch across allocations", "",
-             "Median epoch time in seconds (summary.json `epoch_time_s_median`). speedup = "
-             "baseline time / time; efficiency = speedup x baseline ranks / ranks; the baseline "
-             "is the smallest allocation of the same sync, device and workload. comm share = "
-             "share of step time spent synchronising (summary.json `comm_fraction`).", ""]
+             f"Time per epoch, EXCLUDING WARM-UP: {wtext} (`--warmup N`); a run's value is the "
+             "mean of its remaining epoch times (metrics.jsonl `epoch_time_s`). Runs of the same "
+             "sync, workload, world size, nodes x procs and fingerprint are repeats of one point: "
+             "n, mean, standard deviation and 95% CI (Student t). speedup = baseline mean / mean, "
+             "its 95% CI by the delta method (Welch's degrees of freedom); efficiency = speedup x "
+             "baseline ranks / ranks x the epoch's samples / the baseline's (an epoch capped at "
+             "a number of steps per rank grows with the world: its ideal time is flat); the "
+             "baseline is the smallest world of the same sync, device "
+             "and workload (with the row's fingerprint where there is one). Repeats are never a "
+             "speedup of each other: a series of one world size has none. comm share = "
+             "summary.json `comm_fraction`; exposed comm = `comm_exposed_fraction` (– where the "
+             "run has none).", ""]
     if not groups:
         return lines + ["No completed training run to compare.", ""]
     for g in groups:
         lines += [f"### sync={g['sync']} on {g['device']} ({g['workload']}); baseline: "
                   f"world {g['baseline_world_size']}", ""]
-        if "steps/epoch" in g["workload"]:
+        if "steps/epoch" in g["workload"] and g.get("scaling") != "strong":
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
-                      "the work per epoch grows with the world size, so the speedup here is a "
-                      "weak-scaling figure; samples/s compares the throughput.", ""]
-        lines += ["| nodes x procs | world | launcher | backend | median epoch (s) | speedup | "
-                  "efficiency | comm share | samples/s | test acc | run |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "the work per epoch grows with the world size, so the speedup (a time "
+                      "ratio) falls below 1 even when scaling is perfect; the efficiency counts "
+                      "the work (1 = the same time per epoch as the baseline).", ""]
+        lines += ["| nodes x procs | world | launcher | backend | n | epoch mean (s) | std (s) | "
+                  "95% CI (s) | speedup | speedup 95% CI | efficiency | efficiency 95% CI | "
+                  "comm share | exposed comm | samples/s | test acc | fingerprint | runs |",
+                  "|" + "---|" * 18]
         for r in g["rows"]:
+            flag = " ⚠" if r["cross_fingerprint"] else ""
+            runs = ", ".join(short(p) for p in r["runs"])
             lines.append(
                 f"| {r['nodes']}x{r['nproc_per_node']} | {r['world_size']} | {r['launcher']} | "
-                f"{r['backend']} | {_f(r['epoch_time_s_median'])} | {_f(r['speedup'], '.2f')} | "
-                f"{_f(r['efficiency'], '.0%')} | {_f(r['comm_fraction'], '.0%')} | "
-                f"{_f(r['samples_per_s'], '.0f')} | {_f(r['test_accuracy'], '.4f')} | {short(r['run'])} |")
+                f"{r['backend']} | {r['time_n']} | {_f(r['epoch_time_s_mean'])} | "
+                f"{_f(r['epoch_time_s_std'])} | {_pm(r['epoch_time_s_ci95'], '.3f')} | "
+                f"{_f(r['speedup'], '.2f')}{flag} | {_pm(r['speedup_ci95'], '.2f')} | "
+                f"{_f(r['efficiency'], '.0%')} | {_pm(r['efficiency_ci95'], '.0%')} | "
+                f"{_f(r['comm_fraction'], '.0%')} | {_f(r['comm_exposed_fraction'], '.0%', '--')} | "
+                f"{_f(r['samples_per_s'], '.0f')} | {_f(r['test_accuracy'], '.4f')} | "
+                f"{r['fingerprint_id']} | {runs} |")
         lines.append("")
+        for note in g["fingerprint_notes"]:
+            lines += [f"⚠ Across fingerprints: {note}.", ""]
     return lines
 
 

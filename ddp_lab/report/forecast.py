@@ -1,0 +1,330 @@
+"""Forecast time per epoch for worlds nobody ran, and check the forecast honestly.
+
+The model of one epoch on n ranks (nodes of G ranks):
+
+    T(n) = S(n) * (c(b(n)) + m(n))
+
+- b(n): samples per rank per step: the batch per rank (weak scaling) or global batch / n
+  (strong scaling).
+- S(n): steps per epoch per rank: the step cap (train.max_steps_per_epoch) where there is
+  one, else the epoch's samples D / (b(n) * n), D read from the measured runs.
+- c(b): compute per step (data + forward + backward + optimiser and the epoch's own overhead
+  spread over its steps), measured: T / S - the measured comm per step, at every fitted
+  point; a line c0 + c1 * b where the fitted points have several per-rank batches, else
+  the largest fitted world's (proportional to b when another batch is asked for).
+- m(n): comm per step from the alpha-beta model (`model.predict_comm_s`: the sync's own
+  algorithm, the payload and calls per step it recorded, from any run of the series): alpha and beta from a bench run
+  on the same backend and device (cross-node fit where n > G and the bench has one), else
+  fitted on the study's own measured comm per step (weighted least squares, `model._solve`,
+  pooled over the syncs of the same backend and device: the model is linear in alpha and
+  beta, so a point's two coefficients are its prediction under (1, 0) and (0, 1); points
+  of one world and one sync cannot tell alpha from beta: latency only then).
+- On CPU, ranks sharing cores (a node's ranks > the fingerprint's `cpu_count`) run
+  ranks/cores times slower, compute and comm alike; fitted points are normalised by it.
+- No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
+  contention beyond what the fitted points had, the link of the fit for every pair.
+
+The honest check: per series, fit on every world but the largest, predict the largest,
+report (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from .model import Fit, _solve, predict_comm_s
+from .runs import Run
+
+DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+@dataclass
+class Point:
+    """One measured run, reduced to what the forecast needs (post-warm-up epochs)."""
+
+    sync: str
+    world: int
+    nodes: int
+    batch: float  # samples per rank per step
+    steps: float  # steps per epoch per rank
+    epoch_s: float
+    comm_s: Optional[float]  # measured comm per step
+    payload: Optional[float]  # bytes per step
+    calls: Optional[float]
+    share: float = 1.0  # ranks per CPU core of its node where ranks outnumber cores (CPU runs), else 1
+
+    @property
+    def compute_s(self) -> float:
+        """Compute per step as one rank with a core of its own would take it."""
+        return (self.epoch_s / self.steps - (self.comm_s or 0.0)) / self.share
+
+
+def _point(r: Run, warmup: Optional[int]) -> Optional[Point]:
+    times, skip = r.epoch_time_values(warmup)
+    recs = sorted((x for x in r.records if x.epoch_time_s and not x.resumed_at_step),
+                  key=lambda x: x.epoch)[skip:]
+    steps = sum(int(x.steps or 0) for x in recs)
+    if not times or not recs or not steps:
+        return None
+    comm = {k: sum(float((x.comm or {}).get(k) or 0.0) for x in recs) / steps
+            for k in ("time_s", "payload_bytes", "calls")}
+    world = r.world_size or 1
+    batch = (r.global_batch / world) if r.scaling == "strong" and r.global_batch else \
+        float(r.summary.get("batch_size") or (r.config.get("train") or {}).get("batch_size") or 0)
+    return Point(r.get("sync", "?"), world, int(r.get("nodes") or 1), batch, steps / len(recs),
+                 sum(times) / len(times), comm["time_s"] if comm["calls"] else None,
+                 comm["payload_bytes"] or None, comm["calls"] or None,
+                 core_share(r.device_kind, r.get("nproc_per_node"), r.fingerprint.get("cpu_count")))
+
+
+def core_share(device: str, ranks_per_node, cores) -> float:
+    """How many ranks share one core (>= 1) on a CPU node whose ranks outnumber its cores:
+    every rank then runs 1/share of the time, its compute and its part of every collective."""
+    if device != "cpu" or not ranks_per_node or not cores:
+        return 1.0
+    return max(1.0, float(ranks_per_node) / float(cores))
+
+
+def own_fit(points: list[Point]) -> Optional[Fit]:
+    """alpha, beta from the measured comm per step of multi-rank points (see the module
+    docstring); None without one."""
+    rows = []
+    for p in points:
+        if p.world < 2 or not p.comm_s or not p.payload:
+            continue
+        x1 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(1.0, 0.0, 0, "", "", "", 0, 0))
+        x2 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(0.0, 1.0, 0, "", "", "", 0, 0))
+        if x1 is None or x2 is None:
+            continue
+        rows.append((x1, x2, p.comm_s / p.share))
+    if not rows:
+        return None
+    r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
+    if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
+        # one world, one sync: every point has the same latency/bytes mix and alpha and beta
+        # cannot be told apart; the latency term alone (2(n-1) alpha for a ring) grows with
+        # n as the measured comm of small messages on one machine does
+        a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
+        b = 0.0
+    else:
+        a, b = _solve(rows)
+    errs = [((a * x1 + b * x2) - t) / t for x1, x2, t in rows]
+    rms = math.sqrt(sum(e * e for e in errs) / len(errs))
+    return Fit(a, b, len(rows), "measured", "sync's own", "study", max(p.world for p in points), rms)
+
+
+class Model:
+    """The fitted model of one series (one sync and workload) on one backend and device."""
+
+    def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
+                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
+                 device: str = "?", cores: Optional[int] = None):
+        self.scaling, self.cap, self.G = scaling, cap, gpus_per_node
+        self.device, self.cores = device, cores
+        self.fit_intra, self.fit_cross = fit_intra, fit_cross or fit_intra
+        comp = [(p.batch, p.compute_s) for p in pts]
+        bs = {b for b, _ in comp}
+        if len(bs) > 1:  # c = c0 + c1 * b, least squares
+            mb = sum(b for b, _ in comp) / len(comp)
+            mc = sum(c for _, c in comp) / len(comp)
+            sxx = sum((b - mb) ** 2 for b, _ in comp)
+            self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
+            self.c0 = mc - self.c1 * mb
+        else:  # one batch measured: the largest fitted world's compute (it has the most
+            # ranks sharing the machine's memory and cores), proportional to the batch
+            top = max(p.world for p in pts)
+            cs = [p.compute_s for p in pts if p.world == top]
+            b = next(iter(bs))
+            self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
+        # the epoch's samples (D), from an uncapped point; None when every point was capped
+        uncapped = [p for p in pts if not cap or p.steps < cap]
+        self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
+        # bytes and calls per step: what the sync sends, not a timing (any run of the series
+        # tells them, a held-out one too: a 1-rank run sends nothing)
+        multi = [p for p in (shape or pts) if p.payload and p.calls]
+        ref = max(multi, key=lambda p: p.world) if multi else None
+        self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
+        self.sync = pts[0].sync
+
+    def steps(self, n: int, batch: float) -> Optional[float]:
+        full = math.ceil(self.samples / (batch * n)) if self.samples else None
+        if self.cap:
+            return min(self.cap, full) if full else float(self.cap)
+        return full
+
+    def comm(self, n: int) -> Optional[float]:
+        fit = self.fit_cross if n > self.G else self.fit_intra
+        if n < 2:
+            return 0.0
+        if fit is None or self.payload is None:
+            return None
+        return predict_comm_s(self.sync, n, self.payload, self.calls, fit)
+
+    def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
+        """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
+        `batch` samples per rank per step."""
+        if batch < 1:
+            return None
+        s, m = self.steps(n, batch), self.comm(n)
+        if s is None or m is None:
+            return None
+        f = core_share(self.device, per_node or min(n, self.G), self.cores)
+        c = (self.c0 + self.c1 * batch) * f
+        m *= f
+        return {"epoch_s": s * (c + m), "steps": s, "compute_ms": c * 1e3, "comm_ms": m * 1e3,
+                "core_share": f}
+
+
+def _fits(bench: list[dict], device: str, backend: str) -> tuple[Optional[Fit], Optional[Fit], str]:
+    """The bench's fits for this backend and device: (intra-node, cross-node, source)."""
+    same = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
+            and f["run"].device_kind == device]
+    if not same:
+        return None, None, ""
+    one = [f for f in same if (f["run"].get("nodes") or 1) == 1]
+    many = [f for f in same if (f["run"].get("nodes") or 1) > 1]
+    intra = (one or many)[-1]["primary"]
+    cross = (many or one)[-1]["primary"]
+    src = "bench: " + ", ".join(sorted({f["run"].path.name for f in (one[-1:] + many[-1:])}))
+    return intra, cross, src
+
+
+def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
+           G: int, warmup: Optional[int], max_world: Optional[int] = None) -> tuple[Optional[Model], str]:
+    """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world."""
+    keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
+    every = [p for p in (_point(r, warmup) for r in runs) if p]
+    pts = [p for p in every if not max_world or p.world <= max_world]
+    if not pts:
+        return None, "no measured point"
+    first = runs[0]
+    intra, cross, src = _fits(bench, first.device_kind, first.get("backend"))
+    if intra is None:
+        pool_pts = [p for p in (_point(r, warmup) for r in pool if keep(r)) if p]
+        intra = own_fit([p for p in pool_pts if p.nodes == 1]) or own_fit(pool_pts)
+        cross = own_fit([p for p in pool_pts if p.nodes > 1]) or intra
+        src = "fitted on the study's own comm per step"
+    if intra is None:
+        return None, "no comm fit: no bench run and no multi-rank point"
+    cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
+    return Model(pts, scaling, cap, intra, cross, G, shape=every, device=first.device_kind,
+                 cores=cores), src
+
+
+def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
+             worlds: list[int], gpus_per_node: int, warmup: Optional[int] = None) -> dict:
+    """Per scaling series: the held-out check and the forecast for `worlds` (both modes)."""
+    by_path = {str(r.path): r for r in runs}
+    out = []
+    for g in groups:
+        members = [by_path[p] for row in g["rows"] for p in row["runs"] if p in by_path]
+        if not members:
+            continue
+        first = members[0]
+        pool = [r for r in runs if r.kind == "train" and r.ok and r.device_kind == first.device_kind
+                and r.get("backend") == first.get("backend")]
+        cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
+        entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
+                 "scaling": first.scaling, "gpus_per_node": gpus_per_node}
+        # honest check: fit on the smaller worlds, predict the largest
+        measured = sorted({row["world_size"] for row in g["rows"]})
+        entry["heldout"] = None
+        if len(measured) >= 2:
+            top = measured[-1]
+            m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
+                            max_world=measured[-2])
+            row = next(x for x in g["rows"] if x["world_size"] == top)
+            p = _point(next(r for r in members if (r.world_size or 1) == top), warmup)  # noqa
+            top_run = next(r for r in members if (r.world_size or 1) == top)
+            pred = m.predict(top, p.batch, top_run.get("nproc_per_node")) if m and p else None
+            entry["heldout"] = {
+                "fitted_worlds": measured[:-1], "predicted_world": top,
+                "measured_s": row["epoch_time_s_mean"], "comm_fit": src,
+                "predicted_s": pred["epoch_s"] if pred else None,
+                "rel_error": (pred["epoch_s"] - row["epoch_time_s_mean"]) / row["epoch_time_s_mean"]
+                if pred else None, "why_not": None if pred else src}
+        m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup)
+        entry["comm_fit"] = src
+        if m is None:
+            entry["predictions"], entry["fit"] = [], None
+            out.append(entry)
+            continue
+        entry["fit"] = {"intra": m.fit_intra.as_dict() if m.fit_intra else None,
+                        "cross": m.fit_cross.as_dict() if m.fit_cross else None,
+                        "compute_ms_c0": m.c0 * 1e3, "compute_ms_per_sample": m.c1 * 1e3,
+                        "epoch_samples": m.samples, "step_cap": cap or None,
+                        "payload_bytes_per_step": m.payload, "calls_per_step": m.calls}
+        base = min(members, key=lambda r: r.world_size or 1)
+        bp = _point(base, warmup)
+        weak_b = bp.batch if first.scaling == "weak" else (first.global_batch or 0) / (base.world_size or 1)
+        strong_g = first.global_batch if first.scaling == "strong" else bp.batch * (base.world_size or 1)
+        preds = []
+        for n in worlds:
+            for mode, b in (("weak", weak_b), ("strong", strong_g / n)):
+                p = m.predict(n, b)
+                preds.append({"world": n, "nodes": math.ceil(n / gpus_per_node), "mode": mode,
+                              "batch_per_rank": b, "global_batch": b * n,
+                              **(p or {"epoch_s": None, "steps": None, "compute_ms": None,
+                                       "comm_ms": None})})
+        entry["predictions"] = preds
+        out.append(entry)
+    return {"worlds": worlds, "gpus_per_node": gpus_per_node, "series": out,
+            "assumptions": ASSUMPTIONS}
+
+
+ASSUMPTIONS = [
+    "T(n) = S(n) x (compute per step + comm per step); S(n) = the step cap, else the epoch's "
+    "samples / (batch per rank x n)",
+    "compute per step = measured T / S - measured comm per step (so the epoch's own overhead "
+    "rides on it); a line in the batch per rank where several were measured, else the largest "
+    "fitted world's, proportional to the batch per rank",
+    "comm per step = the sync's alpha-beta cost (payload and calls per step as recorded); "
+    "intra-node fit up to the node size, cross-node fit above it",
+    "no comm/compute overlap (ddp overlaps: an upper bound for it), no contention beyond what "
+    "the fitted points had; strong scaling needs at least one sample per rank (– where not)",
+    "on CPU, where a node's ranks outnumber its cores (fingerprint `cpu_count`), each rank "
+    "runs ranks/cores times slower, its compute and its comm alike",
+]
+
+
+def forecast_markdown(fc: dict) -> list[str]:
+    lines = ["## Forecast", "",
+             f"Predicted time per epoch (s) on worlds {', '.join(map(str, fc['worlds']))} with "
+             f"nodes of {fc['gpus_per_node']} ranks, per sync, weak (batch per rank as measured) "
+             "and strong (the global batch as measured). Assumptions:", ""]
+    lines += [f"- {a}" for a in fc["assumptions"]] + [""]
+    for s in fc["series"]:
+        lines += [f"### sync={s['sync']} on {s['device']} ({s['workload']})", ""]
+        h = s["heldout"]
+        if h and h["rel_error"] is not None:
+            lines += [f"Held-out check: fitted on worlds {h['fitted_worlds']}, predicted world "
+                      f"{h['predicted_world']}: {h['predicted_s']:.3f} s vs measured "
+                      f"{h['measured_s']:.3f} s, error {h['rel_error']:+.1%} (comm: {h['comm_fit']}).", ""]
+        elif h:
+            lines += [f"Held-out check not possible: {h['why_not']}.", ""]
+        else:
+            lines += ["Held-out check not possible: one world size measured.", ""]
+        if not s["predictions"]:
+            lines += [f"No forecast: {s['comm_fit']}.", ""]
+            continue
+        f = s["fit"]
+        lines += [f"Comm fit: {s['comm_fit']}; alpha {f['intra']['alpha_us']:.1f} µs, beta "
+                  f"{f['intra']['beta_ns_per_byte']:.3f} ns/B intra-node"
+                  + (f"; alpha {f['cross']['alpha_us']:.1f} µs, beta {f['cross']['beta_ns_per_byte']:.3f} "
+                     "ns/B cross-node" if f["cross"] and f["cross"] != f["intra"] else
+                     " (no cross-node data: this fit for every link)")
+                  + f". Compute {f['compute_ms_c0']:.3f} ms + {f['compute_ms_per_sample']:.4f} "
+                  "ms/sample per step.", "",
+                  "| world | nodes | weak: epoch (s) | weak: comm ms/step | strong: batch/rank | "
+                  "strong: epoch (s) | strong: comm ms/step |", "|---|---|---|---|---|---|---|"]
+        by = {(p["world"], p["mode"]): p for p in s["predictions"]}
+        for n in fc["worlds"]:
+            w, st = by[(n, "weak")], by[(n, "strong")]
+            fmt = lambda v, f=".3f": "–" if v is None else format(v, f)  # noqa: E731
+            lines.append(f"| {n} | {w['nodes']} | {fmt(w['epoch_s'])} | {fmt(w['comm_ms'])} | "
+                         f"{fmt(st['batch_per_rank'], '.2f')} | {fmt(st['epoch_s'])} | "
+                         f"{fmt(st['comm_ms'])} |")
+        lines.append("")
+    return lines
