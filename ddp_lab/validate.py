@@ -118,13 +118,34 @@ COMMON: list[Rule] = [
 ]
 
 
+def world_size(cfg: DictConfig) -> int:
+    """The ranks the resolved launcher will start: mpirun's host slots summed (hosts may
+    have different counts), else nodes x processes per node."""
+    if cfg.launcher.get("hosts"):
+        from .launch.mpirun import parse_hosts
+
+        return sum(slots for _, slots in parse_hosts(cfg.launcher.hosts, 1))
+    return cfg.launcher.nodes * cfg.launcher.nproc_per_node
+
+
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
     """A synchroniser that cannot run this config (or world size) fails here."""
     from .sync import check_sync
 
     try:
-        check_sync(cfg.sync, cfg.launcher.nodes * cfg.launcher.nproc_per_node)
+        check_sync(cfg.sync, world_size(cfg))
     except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
+        return str(e)
+    return None
+
+
+def _batch_fits(cfg: DictConfig) -> Optional[str]:
+    """train.global_batch / train.micro_batch split evenly over this world (config.batch_plan)."""
+    from .config import batch_plan
+
+    try:
+        batch_plan(cfg.train, world_size(cfg))
+    except ValueError as e:
         return str(e)
     return None
 
@@ -145,6 +166,8 @@ TRAIN: list[Rule] = [
     known_sections,
     at_least("train.epochs", 1),
     at_least("train.batch_size", 1),
+    at_least("train.global_batch", 0, " (0 = off: train.batch_size per rank)"),
+    at_least("train.micro_batch", 0, " (0 = no per-rank limit)"),
     above("train.lr", 0),
     at_least("train.max_steps_per_epoch", 0, " (0 = the whole shard)"),
     at_least("train.eval_batch_size", 1),
@@ -159,6 +182,7 @@ TRAIN: list[Rule] = [
     above("train.stop_check_s", 0),
     _stop_signal,
     reuse_problem,
+    _batch_fits,
     _sync_fits,
     data_folder,
 ]
