@@ -20,13 +20,12 @@ counts do (summary.json comm_calls: the same per step with and without accumulat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import run_cli, summary
-
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 COMMON = ["train.global_batch=64", "train.epochs=1", "train.max_steps_per_epoch=20",
           "timing.enabled=false", "log.progress=lines"]
@@ -40,6 +39,8 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints" / "epoch_0001.pt", map_location="cpu")["model"]
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 def test_one_global_batch_gives_the_same_weights_on_every_world_size(tmp_path, shared_data_root):
     data = f"data.root={shared_data_root}"
     commands = [
@@ -75,3 +76,34 @@ def test_one_global_batch_gives_the_same_weights_on_every_world_size(tmp_path, s
     calls = {(s["sync"], s["world_size"]): s["comm_calls"] for s in map(summary, runs)}
     assert calls[("ddp", 2)] == calls[("ddp", 4)] > 0
     assert calls[("ring", 2)] == calls[("ring", 4)] > 0
+
+
+def _folder(root: Path, name: str, world: int, train: str, summary: dict) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"model:\n  name: mlp\ntrain:\n{train}")
+    (d / "summary.json").write_text(json.dumps({"world_size": world, **summary}))
+
+
+def test_the_report_groups_strong_scaling_runs_by_their_global_batch(tmp_path):
+    """The report's workload (what must match for epoch times to be compared): strong
+    scaling runs of one global batch share it whatever their world size; weak scaling runs
+    share it by batch per rank; a strong and a weak run never do. Runs written before
+    train.global_batch existed read as weak."""
+    from ddp_lab.report.runs import find_runs
+
+    strong = "  global_batch: 64\n  batch_size: 64\n  micro_batch: 0\n  max_steps_per_epoch: 20\n"
+    weak = "  global_batch: 0\n  batch_size: 64\n  micro_batch: 0\n  max_steps_per_epoch: 20\n"
+    old = "  batch_size: 64\n  max_steps_per_epoch: 20\n"
+    _folder(tmp_path, "s1", 1, strong, {"scaling": "strong", "global_batch": 64, "batch_size": 64})
+    _folder(tmp_path, "s4", 4, strong, {"scaling": "strong", "global_batch": 64, "batch_size": 16})
+    _folder(tmp_path, "s4_micro", 4, strong.replace("micro_batch: 0", "micro_batch: 8"), {})
+    _folder(tmp_path, "w1", 1, weak, {"scaling": "weak", "global_batch": 64, "batch_size": 64})
+    _folder(tmp_path, "w4", 4, weak, {"scaling": "weak", "global_batch": 256, "batch_size": 64})
+    _folder(tmp_path, "old", 2, old, {"batch_size": 64})
+    runs = {r.path.name: r for r in find_runs([tmp_path])}
+    assert runs["s1"].workload == runs["s4"].workload == ("mlp", "global 64", 20)
+    assert runs["s4_micro"].workload == ("mlp", "global 64, micro 8", 20)
+    assert runs["w1"].workload == runs["w4"].workload == runs["old"].workload == ("mlp", "64/rank", 20)
+    assert runs["s4"].workload_label() == "mlp, global batch 64, 20 steps/epoch"
+    assert runs["w4"].workload_label() == "mlp, batch 64/rank, 20 steps/epoch"

@@ -75,17 +75,30 @@ class Run:
     # ------------------------------------------------------------- training runs
     @property
     def workload(self) -> tuple:
-        """What must match for epoch times to be comparable: model, batch per rank, and
-        the per-epoch step cap (0 = the whole shard)."""
+        """What must match for epoch times to be comparable: (model, batch, per-epoch step
+        cap (0 = the whole shard)). batch is a string: "global 64" for strong scaling
+        (train.global_batch: the same for every world size, so its runs on 1, 2, 4 ...
+        ranks group together), "64/rank" for weak scaling; ", micro 16" is added where
+        train.micro_batch limits the samples per forward/backward."""
         train = self.config.get("train") or {}
         model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
-        return (model, train.get("batch_size", self.summary.get("batch_size")),
-                train.get("max_steps_per_epoch", 0))
+        global_batch = train.get("global_batch") or (
+            self.summary.get("global_batch") if self.summary.get("scaling") == "strong" else 0)
+        if global_batch:
+            batch = f"global {global_batch}"
+        else:
+            batch = f"{train.get('batch_size', self.summary.get('batch_size'))}/rank"
+        micro = train.get("micro_batch") or 0
+        if micro:
+            batch += f", micro {micro}"
+        return (model, batch, train.get("max_steps_per_epoch", 0))
 
     def workload_label(self) -> str:
         model, batch, steps = self.workload
         cap = f", {steps} steps/epoch" if steps else ", full epochs"
-        return f"{model}, batch {batch}/rank{cap}"
+        what = f"global batch {batch.removeprefix('global ')}" if batch.startswith("global") \
+            else f"batch {batch}"
+        return f"{model}, {what}{cap}"
 
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""

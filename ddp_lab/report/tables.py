@@ -67,7 +67,8 @@ def scaling_markdown(groups: list[dict], short) -> list[str]:
     for g in groups:
         lines += [f"### sync={g['sync']} on {g['device']} ({g['workload']}); baseline: "
                   f"world {g['baseline_world_size']}", ""]
-        if "steps/epoch" in g["workload"]:
+        if "steps/epoch" in g["workload"] and "global batch" not in g["workload"]:
+            # (strong scaling: a step is the same global batch on every world size)
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
                       "the work per epoch grows with the world size, so the speedup here is a "
                       "weak-scaling figure; samples/s compares the throughput.", ""]
