@@ -349,7 +349,8 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
     ValueError, one line naming the key and the fix, for a combination that cannot run:
     the submitting side checks it with the launcher's world size (validate.py), every rank
     again with the real one."""
-    gb, micro = int(train.global_batch), int(train.micro_batch)
+    # (a hand-made section without the keys, as scripts and tests build, means both off)
+    gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
     if gb < 0:
         raise ValueError(f"train.global_batch={gb}: must be >= 0 (0 = off: train.batch_size per rank)")
     if micro < 0:
