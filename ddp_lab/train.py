@@ -229,8 +229,9 @@ def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
     state = checkpoint.load(path, ctx.device)
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if state.get("world_size") != env.world_size and batch_plan(cfg.train, env.world_size).scaling == "weak":
-        # (with train.global_batch every world size trains on the same samples per step)
+    strong = batch_plan(cfg.train, env.world_size).scaling == "strong"
+    if state.get("world_size") != env.world_size and not strong:
+        # (strong scaling: every world size trains on the same samples at every step)
         log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                     "differs from an uninterrupted run", state.get("world_size"), env.world_size)
     if "rng" in state:
