@@ -107,3 +107,25 @@ def test_the_report_groups_strong_scaling_runs_by_their_global_batch(tmp_path):
     assert runs["w1"].workload == runs["w4"].workload == runs["old"].workload == ("mlp", "64/rank", 20)
     assert runs["s4"].workload_label() == "mlp, global batch 64, 20 steps/epoch"
     assert runs["w4"].workload_label() == "mlp, batch 64/rank, 20 steps/epoch"
+
+
+@pytest.mark.parametrize("key, was, now", [("train.global_batch", 64, 32),
+                                           ("train.global_batch", 64, 0),
+                                           ("train.micro_batch", 16, 8)])
+def test_a_resumed_run_keeps_its_global_and_micro_batch(tmp_path, key, was, now):
+    from helpers import compose
+    from omegaconf import OmegaConf
+
+    from ddp_lab.rundir import reuse_problem, write_config
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "epoch_0001.pt").write_bytes(b"")  # only its name is read
+    base = ["train.epochs=2", "train.global_batch=64", "train.micro_batch=16", f"run.dir={run_dir}"]
+    write_config(compose(*base, f"{key}={was}"), run_dir)
+    assert reuse_problem(compose(*base, f"{key}={was}")) is None
+    # the world size may change (the global batch is what a step computes); these may not
+    assert reuse_problem(compose(*base, f"{key}={was}", "launcher.nproc_per_node=4")) is None
+    said = reuse_problem(compose(*base, f"{key}={now}"))
+    assert said and f"{key}={was}, this command has {key}={now}" in said, said
+    assert OmegaConf.select(OmegaConf.load(run_dir / "config.yaml"), key) == was
