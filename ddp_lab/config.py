@@ -360,14 +360,13 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
             lo = max(world_size, gb - gb % world_size)
             raise ValueError(
                 f"train.global_batch={gb} is not divisible by the world size {world_size} "
-                f"(the ranks of the launch: nodes x processes per node): use a multiple of {world_size}, "
-                f"e.g. train.global_batch={lo} or {lo + world_size}")
+                f"(the ranks of the launch: nodes x processes per node): use a multiple of "
+                f"{world_size}, e.g. train.global_batch={lo} or {lo + world_size}")
         per_rank, scaling = gb // world_size, "strong"
     else:
         per_rank, scaling = int(train.batch_size), "weak"
     if micro and per_rank > micro and per_rank % micro:
-        what = (f"train.global_batch={gb} / {world_size} ranks" if gb
-                else f"train.batch_size")
+        what = f"train.global_batch={gb} / {world_size} ranks" if gb else "train.batch_size"
         raise ValueError(
             f"train.micro_batch={micro} does not divide the per-rank batch {per_rank} "
             f"({what}): use a divisor of {per_rank}, e.g. train.micro_batch="

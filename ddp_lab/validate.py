@@ -140,7 +140,8 @@ def _sync_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def _batch_fits(cfg: DictConfig) -> Optional[str]:
-    """train.global_batch / train.micro_batch split evenly over this world (config.batch_plan)."""
+    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world
+    (the rule lives in config.batch_plan, which every rank applies again)."""
     from .config import batch_plan
 
     try:
@@ -166,8 +167,6 @@ TRAIN: list[Rule] = [
     known_sections,
     at_least("train.epochs", 1),
     at_least("train.batch_size", 1),
-    at_least("train.global_batch", 0, " (0 = off: train.batch_size per rank)"),
-    at_least("train.micro_batch", 0, " (0 = no per-rank limit)"),
     above("train.lr", 0),
     at_least("train.max_steps_per_epoch", 0, " (0 = the whole shard)"),
     at_least("train.eval_batch_size", 1),
