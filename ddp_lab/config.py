@@ -297,7 +297,14 @@ class TrainConfig:
     epochs: int = 5
     """passes over the training set"""
     batch_size: int = 64
-    """samples per step and per rank"""
+    """samples per step and per rank (weak scaling; ignored when global_batch > 0)"""
+    global_batch: int = 0
+    """samples of one optimiser step over all ranks (strong scaling: each rank takes
+    global_batch / world); 0 = off, train.batch_size is per rank"""
+    micro_batch: int = 0
+    """most samples per rank in one forward/backward; a larger per-rank batch is split into
+    per_rank / micro_batch micro-steps whose gradients accumulate (one sync per step);
+    0 = no limit"""
     lr: float = 1e-3
     """learning rate"""
     seed: int = 0
@@ -319,6 +326,54 @@ class TrainConfig:
     """seconds between the ranks' agreements on whether to stop (one tiny all-reduce)"""
     threads: int = 0
     """torch CPU threads per rank; 0 = cores / local ranks"""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the samples of one optimiser step are split over ranks and micro-steps."""
+
+    global_batch: int
+    """samples of one optimiser step over all ranks"""
+    per_rank: int
+    """samples each rank takes per step"""
+    micro: int
+    """samples per forward/backward (= per_rank without accumulation)"""
+    accumulation: int
+    """forward/backward micro-steps per optimiser step (1 = none)"""
+    scaling: str
+    """strong (train.global_batch fixed) | weak (train.batch_size per rank fixed)"""
+
+
+def batch_plan(train: Any, world_size: int) -> BatchPlan:
+    """The batch plan of `train` (the train config section) on `world_size` ranks. Raises
+    ValueError, one line naming the key and the fix, for a combination that cannot run:
+    the submitting side checks it with the launcher's world size (validate.py), every rank
+    again with the real one."""
+    # (a hand-made section without the keys, as scripts and tests build, means both off)
+    gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
+    if gb < 0:
+        raise ValueError(f"train.global_batch={gb}: must be >= 0 (0 = off: train.batch_size per rank)")
+    if micro < 0:
+        raise ValueError(f"train.micro_batch={micro}: must be >= 0 (0 = no per-rank limit)")
+    if gb:
+        if gb % world_size:
+            lo = max(world_size, gb - gb % world_size)
+            raise ValueError(
+                f"train.global_batch={gb} is not divisible by the world size {world_size} "
+                f"(the ranks of the launch: nodes x processes per node): use a multiple of "
+                f"{world_size}, e.g. train.global_batch={lo} or {lo + world_size}")
+        per_rank, scaling = gb // world_size, "strong"
+    else:
+        per_rank, scaling = int(train.batch_size), "weak"
+    if micro and per_rank > micro and per_rank % micro:
+        what = f"train.global_batch={gb} / {world_size} ranks" if gb else "train.batch_size"
+        raise ValueError(
+            f"train.micro_batch={micro} does not divide the per-rank batch {per_rank} "
+            f"({what}): use a divisor of {per_rank}, e.g. train.micro_batch="
+            f"{max(d for d in range(1, micro + 1) if per_rank % d == 0)}")
+    steps = per_rank // micro if micro and per_rank > micro else 1
+    return BatchPlan(global_batch=per_rank * world_size, per_rank=per_rank,
+                     micro=per_rank // steps, accumulation=steps, scaling=scaling)
 
 
 @dataclass

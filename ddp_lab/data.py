@@ -253,7 +253,15 @@ class Splits:
 
 
 def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Splits:
+    """The test share and the training batches of this rank. A training batch holds the
+    per-rank batch of `config.batch_plan`: with train.global_batch (strong scaling) that is
+    global_batch / world, and because shards are strided (rank r takes positions r, r+w,
+    ... of the epoch's permutation, in both pipelines) step s of every world size trains on
+    the same samples, positions [s*global_batch, (s+1)*global_batch)."""
+    from .config import batch_plan
+
     root = data_cfg.root
+    batch_size = batch_plan(train_cfg, env.world_size).per_rank
     tx, ty = load_split(root, train=False)
     # evaluation: a strided, unpadded split so each test sample is counted exactly once
     test_x = normalise(tx[env.rank::env.world_size], data_cfg.normalize).to(device)
@@ -261,9 +269,9 @@ def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Spl
     if data_cfg.pipeline == "tensor":
         x, y = load_split(root, train=True)
         train = TensorShards(normalise(x, data_cfg.normalize).to(device), y.to(device),
-                             train_cfg.batch_size, env.world_size, env.rank, train_cfg.seed)
+                             batch_size, env.world_size, env.rank, train_cfg.seed)
     elif data_cfg.pipeline == "dataloader":
-        train = _dataloader(data_cfg, train_cfg, env, device)
+        train = _dataloader(data_cfg, train_cfg, batch_size, env, device)
     else:
         raise ValueError(f"data.pipeline={data_cfg.pipeline!r}: choose tensor or dataloader")
     return Splits(train=train, test_x=test_x, test_y=test_y)
@@ -300,7 +308,7 @@ class _DeviceLoader:
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 
-def _dataloader(data_cfg, train_cfg, env: DistEnv, device: torch.device):
+def _dataloader(data_cfg, train_cfg, batch_size: int, env: DistEnv, device: torch.device):
     from torch.utils.data import DataLoader, DistributedSampler
     from torchvision import transforms
     from torchvision.datasets import MNIST
@@ -311,7 +319,7 @@ def _dataloader(data_cfg, train_cfg, env: DistEnv, device: torch.device):
     ds = MNIST(data_cfg.root, train=True, download=False, transform=transforms.Compose(tf))
     sampler = DistributedSampler(ds, num_replicas=env.world_size, rank=env.rank,
                                  shuffle=True, seed=train_cfg.seed)
-    loader = DataLoader(ds, batch_size=train_cfg.batch_size, sampler=sampler,
+    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler,
                         num_workers=data_cfg.num_workers, pin_memory=device.type == "cuda",
                         persistent_workers=data_cfg.num_workers > 0)
     return _DeviceLoader(loader, sampler, device)

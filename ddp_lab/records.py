@@ -92,7 +92,11 @@ class RunSummary(_Record):
     epochs: Optional[int] = None  # asked for
     epochs_run: Optional[int] = None  # trained by this invocation (fewer after a resume)
     start_epoch: Optional[int] = None
-    batch_size: Optional[int] = None  # per rank
+    batch_size: Optional[int] = None  # per rank, as used (global_batch / world in strong scaling)
+    global_batch: Optional[int] = None  # samples of one optimiser step over all ranks
+    scaling: Optional[str] = None  # strong (train.global_batch fixed) | weak (batch per rank fixed)
+    micro_batch: Optional[int] = None  # samples per forward/backward (= batch_size without accumulation)
+    accumulation: Optional[int] = None  # forward/backward micro-steps per optimiser step (1 = none)
     pipeline: Optional[str] = None
     test_accuracy: Optional[float] = None
     test_loss: Optional[float] = None

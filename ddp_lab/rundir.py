@@ -46,7 +46,8 @@ RESUME_MODES = ("auto", "true", "false")
 # settings that change what a run computes: a run folder continues only under the same ones
 # (launcher, world size, timing, logging and train.epochs may change between allocations)
 SAME_RUN_KEYS = ("model", "optim", "sync", "data.name", "data.normalize", "train.batch_size",
-                 "train.lr", "train.seed", "train.max_steps_per_epoch")
+                 "train.global_batch", "train.micro_batch", "train.lr", "train.seed",
+                 "train.max_steps_per_epoch")
 
 
 def resume_mode(value) -> str:

@@ -28,6 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import fingerprint as fingerprints
+from .config import batch_plan
 from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
@@ -87,6 +88,7 @@ class Telemetry:
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
+        self.plan = batch_plan(cfg.train, ctx.env.world_size)
         self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
@@ -133,12 +135,16 @@ class Telemetry:
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name}
+                       "sync": cfg.sync.name, "global_batch": self.plan.global_batch,
+                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank}
             self.sink.summary(RunSummary.from_dict(running))
+        plan = self.plan
         log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
-                 "per rank", env.world_size, env.num_nodes, env.local_world_size, self.ctx.backend,
-                 self.ctx.device, cfg.sync.name, cfg.model.name, self.steps_per_epoch,
-                 cfg.train.batch_size)
+                 "per rank (global batch %d, %s scaling%s)", env.world_size, env.num_nodes,
+                 env.local_world_size, self.ctx.backend, self.ctx.device, cfg.sync.name,
+                 cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
+                 plan.scaling, f", {plan.accumulation} micro-batches of {plan.micro}"
+                 if plan.accumulation > 1 else "")
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
@@ -247,7 +253,9 @@ class Telemetry:
             device=_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
             epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
-            batch_size=cfg.train.batch_size, pipeline=cfg.data.pipeline,
+            batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
+            scaling=self.plan.scaling, micro_batch=self.plan.micro,
+            accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
             epoch_time_s_median=statistics.median(times) if times else None,
@@ -263,7 +271,8 @@ class Telemetry:
             return summary
         self.sink.close(
             hparams={"sync": cfg.sync.name, "model": cfg.model.name, "optim": cfg.optim.name,
-                     "world_size": env.world_size, "batch_size": cfg.train.batch_size,
+                     "world_size": env.world_size, "batch_size": self.plan.per_rank,
+                     "global_batch": self.plan.global_batch,
                      "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
             final={"hparam/test_accuracy": summary.test_accuracy,
                    "hparam/epoch_time_s": summary.epoch_time_s_median or 0.0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint, progress
+from .config import batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .distributed import DistContext
@@ -49,20 +51,25 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
 
 
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
-              timer: StepTimer, stopper: Optional[StopControl] = None
+              timer: StepTimer, stopper: Optional[StopControl] = None, micro_batch: int = 0
               ) -> tuple[torch.Tensor, int, Optional[StopInfo]]:
     """The training steps of one epoch, each phase timed: (summed loss on the device,
-    samples, None), or with the StopInfo all ranks agreed on when they stopped early."""
+    samples, None), or with the StopInfo all ranks agreed on when they stopped early.
+    `micro_batch` > 0: a batch larger than that accumulates its gradient over micro-batches
+    (`accumulate`) and is synchronised once, after the last."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
     samples = 0
     for _ in steps:
         with timer.phase("data"):
             x, y = next(batches)
-        with timer.phase("forward"):
-            loss = F.cross_entropy(syncer.model(x), y)
-        with timer.phase("backward"):
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        if micro_batch and len(y) > micro_batch:
+            loss = accumulate(syncer, optimizer, x, y, micro_batch, timer)
+        else:
+            with timer.phase("forward"):
+                loss = F.cross_entropy(syncer.model(x), y)
+            with timer.phase("backward"):
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
         with timer.phase("sync"):
             syncer.sync()
         with timer.phase("optim"):
@@ -75,6 +82,29 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
             if info is not None:
                 return loss_sum, samples, info
     return loss_sum, samples, None
+
+
+def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               micro_batch: int, timer: StepTimer) -> torch.Tensor:
+    """Forward and backward of one batch in micro-batches of `micro_batch` samples, their
+    gradients summed in .grad; returns the batch's mean loss (detached). Each micro-batch's
+    mean loss is weighted by its share of the batch, so the accumulated gradient is the
+    whole batch's mean gradient. No synchroniser communicates before the step's `sync()`;
+    DDP, which all-reduces from inside backward, is held back by `syncer.no_sync()` on
+    every micro-batch but the last. The step's forward and backward phases are the sums
+    of the micro-batches' ones."""
+    xs, ys = x.split(micro_batch), y.split(micro_batch)
+    total = torch.zeros((), device=y.device)
+    for i, (xm, ym) in enumerate(zip(xs, ys)):
+        with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
+            with timer.phase("forward"):
+                loss = F.cross_entropy(syncer.model(xm), ym) * (len(ym) / len(y))
+            with timer.phase("backward"):
+                if i == 0:
+                    optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+        total += loss.detach()
+    return total
 
 
 @dataclass
@@ -93,6 +123,8 @@ class Position:
 def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     """Train per `cfg` on the initialised process group; return the run's summary."""
     env, device = ctx.env, ctx.device
+    plan = batch_plan(cfg.train, env.world_size)  # per-rank batch, micro-steps (or the fix)
+    micro = plan.micro if plan.accumulation > 1 else 0
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
     prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
     splits = build_splits(cfg.data, cfg.train, env, device)
@@ -133,7 +165,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
             t0 = time.perf_counter()
             steps = telemetry.progress(range(skip, steps_per_epoch), epoch)
             loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),
-                                                steps, timer, stopper)
+                                                steps, timer, stopper, micro)
             ctx.synchronize()  # wait for the GPU to finish the epoch's work
             busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
             ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
@@ -143,7 +175,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
                 carried = Position(pos.epoch, pos.step, 0.0, 0, pos.busy_s, pos.wall_s)
             if stop is not None:  # mid-epoch: save where every rank is, then leave
                 timer.collect(), syncer.take_comm()
-                done = skip - (-samples // cfg.train.batch_size)  # the shard's last batch may be short
+                done = skip - (-samples // plan.per_rank)  # the shard's last batch may be short
                 # the loss and samples so far, summed over ranks (rank 0 carries them on)
                 g_loss, g_samples = ctx.reduce_floats([loss_sum.item(), float(samples)])
                 here = Position(epoch, done, carried.loss_sum + g_loss,
@@ -197,7 +229,9 @@ def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
     state = checkpoint.load(path, ctx.device)
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if state.get("world_size") != env.world_size:
+    strong = batch_plan(cfg.train, env.world_size).scaling == "strong"
+    if state.get("world_size") != env.world_size and not strong:
+        # (strong scaling: every world size trains on the same samples at every step)
         log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                     "differs from an uninterrupted run", state.get("world_size"), env.world_size)
     if "rng" in state:

@@ -118,13 +118,35 @@ COMMON: list[Rule] = [
 ]
 
 
+def world_size(cfg: DictConfig) -> int:
+    """The ranks the resolved launcher will start: mpirun's host slots summed (hosts may
+    have different counts), else nodes x processes per node."""
+    if cfg.launcher.get("hosts"):
+        from .launch.mpirun import parse_hosts
+
+        return sum(slots for _, slots in parse_hosts(cfg.launcher.hosts, 1))
+    return cfg.launcher.nodes * cfg.launcher.nproc_per_node
+
+
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
     """A synchroniser that cannot run this config (or world size) fails here."""
     from .sync import check_sync
 
     try:
-        check_sync(cfg.sync, cfg.launcher.nodes * cfg.launcher.nproc_per_node)
+        check_sync(cfg.sync, world_size(cfg))
     except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
+        return str(e)
+    return None
+
+
+def _batch_fits(cfg: DictConfig) -> Optional[str]:
+    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world
+    (the rule lives in config.batch_plan, which every rank applies again)."""
+    from .config import batch_plan
+
+    try:
+        batch_plan(cfg.train, world_size(cfg))
+    except ValueError as e:
         return str(e)
     return None
 
@@ -159,6 +181,7 @@ TRAIN: list[Rule] = [
     above("train.stop_check_s", 0),
     _stop_signal,
     reuse_problem,
+    _batch_fits,
     _sync_fits,
     data_folder,
 ]

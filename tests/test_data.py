@@ -198,7 +198,7 @@ def test_tensor_pipeline_yields_the_dataloader_batches(mnist_root):
     train_cfg = OmegaConf.create({"batch_size": 64, "seed": 3})
     env = DistEnv(1, 1, 2, 2, 0, 1, "127.0.0.1", 1, "test")
     fast = TensorShards(normalise(x), y, 64, 2, 1, seed=3)
-    slow = _dataloader(data_cfg, train_cfg, env, torch.device("cpu"))
+    slow = _dataloader(data_cfg, train_cfg, 64, env, torch.device("cpu"))
     for epoch in (0, 1):
         fast.set_epoch(epoch)
         slow.set_epoch(epoch)
@@ -208,3 +208,37 @@ def test_tensor_pipeline_yields_the_dataloader_batches(mnist_root):
             torch.testing.assert_close(fx, sx, rtol=0, atol=1e-5)
             if i == 20:
                 break
+
+
+@pytest.mark.parametrize("n", [60000, 1000])
+def test_a_global_batch_is_the_same_samples_on_every_world_size(n):
+    """Strong scaling (train.global_batch): with a per-rank batch of global/world, the ranks
+    of step s together hold positions [s*global, (s+1)*global) of the epoch's permutation,
+    whatever the world size, in both pipelines (TensorShards; DataLoader batches of the
+    DistributedSampler's indices)."""
+    from torch.utils.data import DataLoader
+
+    global_batch, epoch, seed = 64, 2, 5
+    x = torch.arange(n)
+    steps = {}
+    for world in (1, 2, 4):
+        per_rank = global_batch // world
+        tensor = [TensorShards(x, x, per_rank, world, r, seed, epoch=epoch) for r in range(world)]
+        samplers = [DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=True, seed=seed)
+                    for r in range(world)]
+        for s in samplers:
+            s.set_epoch(epoch)
+        loaders = [DataLoader(range(n), batch_size=per_rank, sampler=s) for s in samplers]
+        assert len({len(t) for t in tensor} | {len(dl) for dl in loaders}) == 1
+        for name, pipes in (("tensor", [iter(t) for t in tensor]),
+                            ("dataloader", [iter(dl) for dl in loaders])):
+            got = []
+            for step in range(len(tensor[0])):
+                batches = [next(p) for p in pipes]
+                ids = [b[0] if isinstance(b, tuple) else b for b in batches]
+                got.append(sorted(torch.cat(ids).tolist()))
+            steps[world, name] = got
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    want = [sorted(perm[i:i + global_batch]) for i in range(0, n, global_batch)]
+    for key, got in steps.items():
+        assert got == want, key

@@ -120,12 +120,15 @@ class Run:
                 train.get("max_steps_per_epoch", 0), self.get("epochs"), pipeline)
 
     def workload_label(self) -> str:
+        """e.g. "mlp, adam, global batch 64 (strong scaling), 20 steps/epoch, 2 epochs"."""
         model, optim, scaling, batch, micro, steps, epochs, pipeline = self.workload
-        cap = f", {steps} steps/epoch" if steps else ", full epochs"
-        per = "global" if scaling == "strong" else "/rank"
-        return (f"{model}, {optim or '?'}, {scaling} scaling, batch {batch}"
-                f"{' ' if per == 'global' else ''}{per}{f', micro {micro}' if micro else ''}"
-                f"{cap}, {epochs} epochs" + (f", {pipeline} pipeline" if pipeline else ""))
+        what = (f"global batch {batch} (strong scaling)" if scaling == "strong"
+                else f"batch {batch}/rank (weak scaling)")
+        return ", ".join(str(p) for p in (
+            model, optim, what, f"micro {micro}" if micro else None,
+            f"{steps} steps/epoch" if steps else "full epochs",
+            f"{epochs} epochs" if epochs else None,
+            f"{pipeline} pipeline" if pipeline else None) if p)
 
     def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
         """Epoch times (s) after the warm-up, and the epochs excluded. The warm-up: the

@@ -153,7 +153,9 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
     for g in groups:
         lines += [f"### sync={g['sync']} on {g['device']} ({g['workload']}); baseline: "
                   f"world {g['baseline_world_size']}", ""]
-        if "steps/epoch" in g["workload"] and g.get("scaling") != "strong":
+        if "steps/epoch" in g["workload"] and g.get("scaling") != "strong" \
+                and "global batch" not in g["workload"]:
+            # (strong scaling: a step is the same global batch on every world size)
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
                       "the work per epoch grows with the world size, so the speedup (a time "
                       "ratio) falls below 1 even when scaling is perfect; the efficiency counts "

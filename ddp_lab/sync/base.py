@@ -20,6 +20,7 @@ a batch; called once before the first step), never by hanging in a collective.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
@@ -61,6 +62,12 @@ class Synchroniser:
 
     def sync(self) -> None:
         """Average gradients across ranks (in place, in .grad)."""
+
+    def no_sync(self):
+        """Context of a backward whose gradients only accumulate (a micro-batch before the
+        step's last, train.micro_batch): nothing may communicate inside it. Ours sync only
+        when `sync()` is called, so there is nothing to hold back; DDP overrides it."""
+        return nullcontext()
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()

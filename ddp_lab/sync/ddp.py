@@ -53,6 +53,12 @@ class DDPSync(Synchroniser):
         ddp.register_comm_hook(self, _timed_allreduce_hook)
         return ddp
 
+    def no_sync(self):
+        """DDP all-reduces from inside backward: `DDP.no_sync()` keeps the gradients local
+        (forward and backward must both run inside it); the next backward outside it
+        all-reduces the accumulated sum."""
+        return self.model.no_sync()
+
     def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
         """DDP without unused-parameter detection waits forever for a gradient that never
         comes, and only says so at the next iteration: find out before the first step."""
