@@ -124,5 +124,7 @@ class RunSummary(_Record):
     # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
     # step, epochs_done/steps_done in it, status when it ended
     segments: list = field(default_factory=list)
+    # the run is a point of a study (ddp_lab/study.py): {id, world, repeat, index}
+    study: Optional[dict] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)

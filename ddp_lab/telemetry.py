@@ -128,7 +128,7 @@ class Telemetry:
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name}
+                       "sync": cfg.sync.name, "study": _study_point(cfg)}
             self.sink.summary(RunSummary.from_dict(running))
         log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
                  "per rank", env.world_size, env.num_nodes, env.local_world_size, self.ctx.backend,
@@ -231,7 +231,8 @@ class Telemetry:
             **self.totals.summary(self.timing, self.bytes_exact),
             hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
-            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments)
+            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
+            study=_study_point(cfg))
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()
@@ -326,3 +327,9 @@ def comm_line(rec: EpochRecord) -> str:
         return f"{sent:.2f} MB/step sent (timing off)"
     return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
+
+
+def _study_point(cfg) -> Optional[dict]:
+    """The study this run is a point of (its config's `study_point`, ddp_lab/study.py)."""
+    point = cfg.get("study_point")
+    return OmegaConf.to_container(point) if point is not None else None
