@@ -224,12 +224,19 @@ def end_note(summary: dict) -> str:
     return status + (f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else "")
 
 
-def record_end(study_dir: Path, index: int) -> dict:
-    """Point `index` has ended: copy its status (and median epoch) into study.json; its
-    summary. Prints the point's end line."""
+def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
+    """Point `index` has ended (its job step with exit status `rc`, when the batch script
+    says): copy its status (and median epoch) into study.json; its summary. Prints the
+    point's end line."""
+    from .job import collect, read_summary
+
     state = load(study_dir)
     p = state["points"][index - 1]
-    summary = read_json_or_empty(study_dir / p["folder"] / "summary.json")
+    if rc is None:
+        summary = read_summary(study_dir / p["folder"])
+    else:  # a step that failed without saying so (srun refused it, a rank died) is marked
+        summary = collect(study_dir / p["folder"], rc, launcher=state.get("launcher"),
+                          sync=state.get("sync"), world_size=p["world"])
     p["status"] = str(summary.get("status") or "failed: no summary.json").split(":")[0]
     p["epoch_time_s_median"] = summary.get("epoch_time_s_median")
     save(study_dir, state)
@@ -385,8 +392,10 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
     lc = base.launcher
     py = shlex.quote(python_exe(lc))
     step = launch_block(base, nnodes="$NODES", rdzv_id="$SLURM_JOB_ID-$INDEX",
+                        # --ntasks too: srun inherits the allocation's SLURM_NTASKS otherwise
                         step=["--nodes=$NODES", "--nodelist=$NODELIST",
-                              *(["--ntasks=$((NODES * NPROC_PER_NODE))"] if lc.per_task else [])])
+                              "--ntasks=$((NODES * NPROC_PER_NODE))" if lc.per_task
+                              else "--ntasks=$NODES"])
     calls = "\n".join(f"run_point {p.index} {p.nodes} {p.nproc_per_node} {shlex.quote(p.folder)}"
                       f"  # world {p.world}, repeat {p.repeat}" for p in points)
     return template("study.sbatch").format(
@@ -424,12 +433,15 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
 
 # ------------------------------------------------------------------ batch-script side
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m ddp_lab.study done|end STUDY_DIR INDEX` (the study's batch script):
+    """`python -m ddp_lab.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
     done: exit 0 if the point completed earlier (it is kept; prints so), else 1;
-    end: the point has ended: study.json records it, its line is printed."""
+    end: the point's job step ended with exit status RC: study.json records it (a step that
+    failed without a summary is marked failed), its line is printed."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3 or argv[0] not in ("done", "end") or not argv[2].isdigit():
-        print("usage: python -m ddp_lab.study done|end STUDY_DIR INDEX", file=sys.stderr)
+    if (len(argv) not in (3, 4) or argv[0] not in ("done", "end")
+            or not all(a.isdigit() for a in argv[2:])):
+        print("usage: python -m ddp_lab.study done STUDY_DIR INDEX | end STUDY_DIR INDEX RC",
+              file=sys.stderr)
         return 2
     study_dir, index = Path(argv[1]), int(argv[2])
     state = load(study_dir)
@@ -444,7 +456,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(point_line(state, index, f"starting ({p['nodes']} node(s) x {p['nproc_per_node']})"),
               flush=True)
         return 1
-    record_end(study_dir, index)
+    record_end(study_dir, index, int(argv[3]) if len(argv) == 4 else None)
     return 0
 
 

@@ -1,0 +1,164 @@
+"""`python -m ddp_lab study=scaling ...` (ddp_lab/study.py): a ladder of world sizes in one
+command, with real torchrun per point; continued on its folder; bad worlds refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import PY, child_env, describe, run_cli, summary
+
+SMALL = ["train.epochs=2", "train.max_steps_per_epoch=15", "train.eval_batch_size=2000",
+         "log.progress=lines"]
+
+
+def study_dir_of(proc: subprocess.CompletedProcess) -> Path:
+    lines = proc.stdout.rstrip().splitlines()
+    assert lines and lines[-1].startswith("run dir: "), describe(proc)
+    assert lines[-2].startswith("study dir: ") and lines[-2][11:] == lines[-1][9:], describe(proc)
+    return Path(lines[-1].removeprefix("run dir: "))
+
+
+def study_json(folder: Path) -> dict:
+    return json.loads((folder / "study.json").read_text())
+
+
+@pytest.mark.slow  # real torchrun jobs, several per test
+@pytest.mark.dist
+def test_local_study_completes_then_continues_without_rerunning(tmp_path, shared_data_root):
+    args = ["study=scaling", "study.worlds=[1,2]", "study.repeats=2", "sync=ring", *SMALL,
+            f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    folder = study_dir_of(proc)
+    assert folder.parent == tmp_path / "runs" / "studies"
+    plan = study_json(folder)
+    assert plan["status"] == "completed"
+    assert [(p["world"], p["repeat"]) for p in plan["points"]] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert [p["status"] for p in plan["points"]] == ["completed"] * 4
+    started = []
+    for p in plan["points"]:
+        run = folder / p["folder"]
+        s = summary(run)
+        assert s["status"] == "completed" and s["world_size"] == p["world"], s
+        assert s["study"] == {"id": folder.name, "world": p["world"], "repeat": p["repeat"],
+                              "index": p["index"]}
+        assert s["sync"] == "ring" and s["nodes"] == 1 and s["nproc_per_node"] == p["world"]
+        started.append(s["segments"][0]["start"])
+        assert (f"[study] point {p['index']}/4: world {p['world']}, repeat {p['repeat']}: "
+                f"completed, median epoch ") in proc.stdout
+    assert started == sorted(started)  # run in the plan's (interleaved) order
+    report = folder / "report" / "report.md"
+    assert f"report: {report}" in proc.stdout
+    text = report.read_text()
+    assert all(p["folder"].split("/")[-1] in text for p in plan["points"]), text
+
+    # the same command on the folder: every point is kept, nothing runs again
+    before = {p["folder"]: (folder / p["folder"] / "summary.json").read_bytes()
+              for p in plan["points"]}
+    again = run_cli(*args, f"run.dir={folder}", cwd=tmp_path)
+    assert again.returncode == 0, describe(again)
+    assert study_dir_of(again) == folder
+    assert again.stdout.count("completed earlier, kept") == 4, describe(again)
+    assert "starting" not in again.stdout
+    assert {k: (folder / k / "summary.json").read_bytes() for k in before} == before
+
+
+@pytest.mark.slow  # real torchrun jobs, several per test
+@pytest.mark.dist
+def test_stopped_study_resumes_with_the_missing_points_only(tmp_path, shared_data_root):
+    """Ctrl-C once the first point is done: no new point starts; the same command on the
+    folder keeps point 1 and runs the rest."""
+    folder = tmp_path / "study"
+    args = ["study=scaling", "study.worlds=[1,2]", "study.repeats=1", "sync=ddp", *SMALL,
+            f"run.dir={folder}", f"data.root={shared_data_root}"]
+    proc = subprocess.Popen([PY, "-m", "ddp_lab", *args], cwd=tmp_path, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            if (folder / "study.json").is_file() and \
+                    study_json(folder)["points"][0]["status"] == "completed":
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        else:
+            pytest.fail("point 1 did not complete in 300 s")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (75, 130), out
+    assert "no new point starts" in out, out
+    plan = study_json(folder)
+    assert plan["status"] == "stopped" and plan["points"][0]["status"] == "completed", plan
+    assert "Continue with:" in out and f"run.dir={folder}" in out
+    assert not (folder / "report").exists()
+    first = (folder / "points/w1_r1/summary.json").read_bytes()
+    second = folder / "points/w2_r1/summary.json"
+    was = json.loads(second.read_text())["status"] if second.is_file() else None
+    assert was in (None, "stopped"), was  # interrupted while it ran, or never started
+
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, describe(again)
+    assert "[study] point 1/2: world 1, repeat 1: completed earlier, kept" in again.stdout
+    assert "[study] point 2/2: world 2, repeat 1: starting" in again.stdout
+    assert (folder / "points/w1_r1/summary.json").read_bytes() == first
+    assert study_json(folder)["status"] == "completed"
+    assert summary(folder / "points/w2_r1")["status"] == "completed"
+
+
+@pytest.mark.slow  # real torchrun jobs, several per test
+@pytest.mark.dist
+def test_sweep_runs_one_study_per_job_side_by_side(tmp_path, shared_data_root):
+    proc = run_cli("-m", "sync=ddp,ring", "study=scaling", "study.worlds=[1]", "study.repeats=1",
+                   "train.epochs=1", "train.max_steps_per_epoch=10", "log.progress=lines",
+                   f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    studies = sorted(p.parent for p in (tmp_path / "sweep").glob("*/study.json"))
+    assert [s.name for s in studies] == ["0_ddp_mlp_local", "1_ring_mlp_local"]
+    for s, sync in zip(studies, ("ddp", "ring")):
+        assert study_json(s)["status"] == "completed"
+        assert summary(s / "points/w1_r1")["sync"] == sync
+    assert study_dir_of(proc) == studies[-1]
+    # the last study's report covers the whole sweep
+    text = (tmp_path / "sweep" / "report" / "report.md").read_text()
+    assert "ddp" in text and "ring" in text
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["study.worlds=[1,100]"], "error: study.worlds has 100: launcher=local runs"),
+    (["study.worlds=[]"], "error: study.worlds is empty"),
+    (["study.repeats=0"], "error: study.repeats=0: must be >= 1"),
+    (["study.order=random"], "error: study.order=random: choose interleaved or grouped"),
+    (["launcher=runai"], "error: launcher=runai: a study is not supported yet"),
+    (["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2", "study.worlds=[1,3]"],
+     "error: study.worlds has 3: the allocation is launcher.nodes=2 x launcher.nproc_per_node=2"),
+    (["launcher=mpirun", "launcher.hosts=[localhost:2]", "study.worlds=[1,4]"],
+     "error: study.worlds has 4: the hosts give 2 slot(s)"),
+])
+def test_bad_study_exits_2_with_one_line(tmp_path, overrides, message):
+    proc = run_cli("study=scaling", *overrides, f"run.root={tmp_path / 'runs'}", cwd=tmp_path,
+                   timeout=120)
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing made
+
+
+def test_study_folder_holding_another_plan_is_refused(tmp_path):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "study.json").write_text(json.dumps({
+        "worlds": [1, 2], "repeats": 1, "order": "interleaved", "launcher": "local",
+        "points": [{"world": 1, "repeat": 1}, {"world": 2, "repeat": 1}]}))
+    proc = run_cli("study=scaling", "study.worlds=[1,2,4]", f"run.dir={folder}", cwd=tmp_path,
+                   timeout=120)
+    assert proc.returncode == 2, describe(proc)
+    assert "holds a study of worlds [1, 2] x 1 repeat(s)" in proc.stderr
+    assert not (folder / "points").exists()
