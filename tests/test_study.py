@@ -63,7 +63,9 @@ def test_local_study_completes_then_continues_without_rerunning(tmp_path, shared
     again = run_cli(*args, f"run.dir={folder}", cwd=tmp_path)
     assert again.returncode == 0, describe(again)
     assert study_dir_of(again) == folder
-    assert again.stdout.count("completed earlier, kept") == 4, describe(again)
+    kept = [ln for ln in again.stdout.splitlines()
+            if ln.startswith("[study] point ") and ln.endswith(": completed earlier, kept")]
+    assert len(kept) == 4, describe(again)
     assert "starting" not in again.stdout
     assert {k: (folder / k / "summary.json").read_bytes() for k in before} == before
 
@@ -162,3 +164,49 @@ def test_study_folder_holding_another_plan_is_refused(tmp_path):
     assert proc.returncode == 2, describe(proc)
     assert "holds a study of worlds [1, 2] x 1 repeat(s)" in proc.stderr
     assert not (folder / "points").exists()
+
+
+# ------------------------------------------------------------------ the plan, no processes
+def test_plan_orders_and_fits_each_launcher(tmp_path):
+    from ddp_lab.config import load_run_config
+    from ddp_lab.rundir import write_config
+    from ddp_lab.study import plan, point_config
+    from ddp_lab.validate import resolve_study
+    from helpers import compose
+
+    base = resolve_study(compose("study=scaling", "study.worlds=[1,2]", "study.repeats=2",
+                                 f"run.root={tmp_path}"))
+    assert [(p.world, p.repeat) for p in plan(base)] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    grouped = resolve_study(compose("study=scaling", "study.worlds=[1,2]", "study.repeats=2",
+                                    "study.order=grouped", f"run.root={tmp_path}"))
+    assert [(p.world, p.repeat) for p in plan(grouped)] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+
+    slurm = resolve_study(compose("study=scaling", "study.worlds=[1,2,4]", "launcher=slurm",
+                                  "launcher.nodes=2", "launcher.nproc_per_node=2",
+                                  f"run.root={tmp_path}"))
+    assert [(p.nodes, p.nproc_per_node) for p in plan(slurm)][:3] == [(1, 1), (1, 2), (2, 2)]
+    mpi = resolve_study(compose("study=scaling", "study.worlds=[1,3]", "launcher=mpirun",
+                                "launcher.hosts=[red01:2,orange07:2]",
+                                "launcher.master_addr=10.0.0.1", f"run.root={tmp_path}"))
+    assert [p.hosts for p in plan(mpi)][:2] == [["red01:1"], ["red01:2", "orange07:1"]]
+
+    # a point's config is an ordinary run's: the worker reads it back, study_point included
+    point = plan(base)[1]
+    cfg = point_config(base, point, tmp_path, "s1")
+    write_config(cfg, tmp_path)
+    back = load_run_config(tmp_path)
+    assert back.study is None and back.launcher.nproc_per_node == 2
+    assert dict(back.study_point) == {"id": "s1", "world": 2, "repeat": 1, "index": 2}
+
+
+def test_slurm_study_script_renders_one_allocation(tmp_path):
+    proc = run_cli("study=scaling", "study.worlds=[1,2,4]", "study.repeats=1", "launcher=slurm",
+                   "launcher.nodes=2", "launcher.nproc_per_node=2", "launcher.dry_run=true",
+                   f"run.root={tmp_path / 'runs'}", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    folder = study_dir_of(proc)
+    script = (folder / "study.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and script.count("\nrun_point ") == 3
+    assert "run_point 3 2 2 points/w4_r1" in script and "--ntasks=$NODES" in script
+    assert subprocess.run(["bash", "-n", str(folder / "study.sbatch")]).returncode == 0
+    assert all((folder / f"points/w{w}_r1/config.yaml").is_file() for w in (1, 2, 4))
