@@ -134,6 +134,22 @@ def test_sweep_runs_one_study_per_job_side_by_side(tmp_path, shared_data_root):
     assert "ddp" in text and "ring" in text
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_mpirun_study_runs_each_point_on_a_subset_of_the_slots(tmp_path, shared_data_root):
+    proc = run_cli("study=scaling", "study.worlds=[1,2]", "study.repeats=1", "launcher=mpirun",
+                   "launcher.hosts=[localhost:2]", "study.report=false", "train.epochs=1",
+                   "train.max_steps_per_epoch=10", "log.progress=lines",
+                   f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    folder = study_dir_of(proc)
+    for world in (1, 2):
+        point = folder / f"points/w{world}_r1"
+        assert (point / "hostfile").read_text() == f"localhost slots={world}\n"
+        s = summary(point)
+        assert s["status"] == "completed" and s["world_size"] == world and s["launcher"] == "mpirun"
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["study.worlds=[1,100]"], "error: study.worlds has 100: launcher=local runs"),
     (["study.worlds=[]"], "error: study.worlds is empty"),
