@@ -347,7 +347,7 @@ def run_study(cfg: DictConfig) -> int:
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[int, bool]:
     """local / mpirun: one job per point from this process, in order. (rc, stopped)"""
-    from .job import collect, launch_job
+    from .job import collect, launch_job, read_summary
 
     state = load(study_dir)
     failed = 0
@@ -363,7 +363,11 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[i
             run_dir, rc = launch_job(cfg)
             if rc is None:  # launcher.dry_run: rendered, nothing started
                 continue
-            summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name)
+            done = read_summary(run_dir).get("status") == "completed"
+            # a stop that came as the job was ending (rc 128+N is our signal, not the job's):
+            # the ranks had finished and said so; the point is complete
+            summary = collect(run_dir, 0 if rc > 128 and done else rc,
+                              launcher=cfg.launcher.name, sync=cfg.sync.name)
             record_end(study_dir, p.index)
             status = str(summary.get("status", "")).split(":")[0]
             if rc > 128 or status in ("stopped", "preempted"):
