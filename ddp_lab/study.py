@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from .errors import UserError
 from .files import read_json_or_empty, write_json
@@ -308,9 +308,9 @@ def run_study(cfg: DictConfig) -> int:
             raise UserError(problem)
     todo = [p for p in points
             if study_dir is None or point_status(study_dir, p.folder) != "completed"]
-    # every point to run, checked on its own folder before the first one starts
-    for p in todo:
-        point_config(base, p, study_dir, study_dir.name if study_dir else "")
+    if study_dir is not None:  # every point to run, checked on its own folder too
+        for p in todo:
+            point_config(base, p, study_dir, study_dir.name)
     if study_dir is None:
         study_dir = make_study_dir(base)
     study_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ def test_one_allocation_runs_every_world_as_a_job_step(slurm_cluster, tmp_path):
     plan = json.loads((folder / "study.json").read_text())
     assert plan["status"] == "completed", plan
     job_id = (folder / "job_id").read_text().strip()
-    assert proc.stdout.count(f"submitted SLURM job") == 1, describe(proc)
+    assert proc.stdout.count("submitted SLURM job") == 1, describe(proc)
     shapes = {1: (1, 1), 2: (1, 2), 4: (2, 2)}  # nodes x processes per node
     for p in plan["points"]:
         s = summary(folder / p["folder"])
