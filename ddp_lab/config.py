@@ -422,6 +422,23 @@ class TimingConfig:
 
 
 @dataclass
+class StudyConfig:
+    """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
+    point under one study folder, then the report (ddp_lab/study.py, docs/scaling.md)."""
+
+    name: str = "scaling"
+    """the study kind (conf/study/<name>.yaml)"""
+    worlds: List[int] = field(default_factory=lambda: [1, 2, 4])
+    """world sizes (ranks) of the ladder, e.g. [1,2,4,8]"""
+    repeats: int = 3
+    """runs of every world size (repeats give the report its spread and intervals)"""
+    order: str = "interleaved"
+    """interleaved (1,2,4,1,2,4,...: drift hits every world alike) | grouped (1,1,2,2,4,4)"""
+    report: bool = True
+    """build the report (`python -m ddp_lab.report` on the study folder) at the end"""
+
+
+@dataclass
 class Config:
     launcher: LauncherConfig = MISSING
     sync: SyncConfig = MISSING
@@ -433,6 +450,11 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     log: LogConfig = field(default_factory=LogConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    study: Optional[StudyConfig] = None
+    """`study=scaling`: run a ladder of world sizes (ddp_lab/study.py); null = one run"""
+    study_point: Optional[Dict[str, Any]] = None
+    """set by a study in each point's config ({id, world, repeat, index}); the trainer
+    copies it into summary.json `study`. Not for users."""
 
 
 # group -> option -> schema: the options the config accepts. Adding an option = one
@@ -458,7 +480,7 @@ CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 # the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
 # conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
 # for the trainer, the bench presets
-HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster"),
+HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster", "study"),
                "bench": ("launcher", "bench", "cluster")}
 
 
@@ -482,6 +504,8 @@ def register_configs() -> None:
         for option, schema in options.items():
             # kept in their own group so `sync=` error messages list only real options
             cs.store(group=f"schema/{group}", name=option, node=schema)
+    # a study is optional (study: null): not in SCHEMAS, whose groups every run has
+    cs.store(group="schema/study", name="scaling", node=StudyConfig)
 
 
 def schema_for(group: str, name: str) -> type:

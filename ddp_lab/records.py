@@ -132,5 +132,7 @@ class RunSummary(_Record):
     # NCCL transport, env) and its short id, written by rank 0 at start
     fingerprint: dict = field(default_factory=dict)
     fingerprint_id: Optional[str] = None
+    # the run is a point of a study (ddp_lab/study.py): {id, world, repeat, index}
+    study: Optional[dict] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)

@@ -10,6 +10,10 @@ from .validate import resolve_train
 
 
 def submit(cfg: DictConfig) -> int:
+    if cfg.get("study") is not None:  # a ladder of runs (ddp_lab/study.py)
+        from .study import run_study
+
+        return run_study(cfg)
     cfg = resolve_train(cfg)
     run_dir, rc = launch_job(cfg)
     if rc is None:

@@ -136,7 +136,8 @@ class Telemetry:
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
                        "sync": cfg.sync.name, "global_batch": self.plan.global_batch,
-                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank}
+                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
+                       "study": _study_point(cfg)}
             self.sink.summary(RunSummary.from_dict(running))
         plan = self.plan
         log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
@@ -264,7 +265,8 @@ class Telemetry:
             hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
-            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id)
+            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
+            study=_study_point(cfg))
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()
@@ -360,3 +362,9 @@ def comm_line(rec: EpochRecord) -> str:
         return f"{sent:.2f} MB/step sent (timing off)"
     return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
+
+
+def _study_point(cfg) -> Optional[dict]:
+    """The study this run is a point of (its config's `study_point`, ddp_lab/study.py)."""
+    point = cfg.get("study_point")
+    return OmegaConf.to_container(point) if point is not None else None

@@ -258,7 +258,69 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
     return cfg
 
 
+# ---------------------------------------------------------------- studies (ddp_lab/study.py)
+def _study_launcher(cfg: DictConfig) -> Optional[str]:
+    if cfg.launcher.name == "runai":
+        return ("launcher=runai: a study is not supported yet; use launcher=local, slurm or "
+                "mpirun (or run each world size as its own runai job)")
+    return None
+
+
+def _study_worlds(cfg: DictConfig) -> Optional[str]:
+    worlds = list(cfg.study.worlds)
+    if not worlds:
+        return "study.worlds is empty: give the world sizes, e.g. study.worlds=[1,2,4]"
+    bad = [w for w in worlds if w < 1]
+    if bad:
+        return f"study.worlds has {bad[0]}: every world size must be >= 1"
+    if len(set(worlds)) != len(worlds):
+        return (f"study.worlds={worlds} lists a world twice: give each once "
+                "(study.repeats repeats them)")
+    return None
+
+
+def _study_fits(cfg: DictConfig) -> Optional[str]:
+    """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
+    from .study import layout
+
+    for world in cfg.study.worlds:
+        fit = layout(world, cfg.launcher)
+        if isinstance(fit, str):
+            return fit
+    return None
+
+
+STUDY_PLAN: list[Rule] = [  # on the composed config, before the launcher resolves it
+    _study_launcher,
+    _study_worlds,
+    at_least("study.repeats", 1),
+    one_of("study.order", ("interleaved", "grouped")),
+]
+
+STUDY: list[Rule] = [  # on the resolved base config; each point then passes TRAIN
+    known_sections,
+    _study_fits,
+    *COMMON,
+]
+
+
+def resolve_study(cfg: DictConfig) -> DictConfig:
+    """The study's base config, resolved and checked, after every point's config was
+    composed and checked by TRAIN (in a fresh folder: study.run_study checks the points'
+    own folders again once the study folder is known)."""
+    from .study import plan, point_config
+
+    check(cfg, STUDY_PLAN)
+    base = resolve(cfg, STUDY)
+    for point in plan(base):
+        point_config(base, point, None, "")
+    return base
+
+
 def resolve_train(cfg: DictConfig) -> DictConfig:
+    """A training run's config resolved and checked; a study's (`study=...`) base config."""
+    if cfg.get("study") is not None:
+        return resolve_study(cfg)
     return resolve(cfg, TRAIN)
 
 

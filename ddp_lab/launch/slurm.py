@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..stop import EXIT_STOPPED
 from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
@@ -151,11 +151,15 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
     return [f"#SBATCH {o}" for o in opts]
 
 
-def launch_block(cfg) -> str:
+def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
+                 step: Sequence[str] = ()) -> str:
+    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one
+    task per process). A study's job step (ddp_lab/study.py) passes its own size: `nnodes`,
+    the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc))
     entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
-    srun = ["srun", "--kill-on-bad-exit=1"]
+    srun = ["srun", "--kill-on-bad-exit=1", *step]
     if lc.cpus_per_task:
         # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
         srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
@@ -167,7 +171,7 @@ def launch_block(cfg) -> str:
     timeout = max(1, int(cfg.dist.init_timeout_s))
     if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
         rdzv = ("--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT "
-                f"--rdzv_id=$SLURM_JOB_ID --rdzv_conf=join_timeout={timeout}")
+                f"--rdzv_id={rdzv_id} --rdzv_conf=join_timeout={timeout}")
     else:
         rdzv = ("--rdzv_backend=static --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT "
                 f"--node_rank=\\$SLURM_NODEID --rdzv_conf=timeout={timeout}")
@@ -188,7 +192,7 @@ def launch_block(cfg) -> str:
         "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT  # its --signals_to_handle\n"
         "  export TORCHELASTIC_SIGNALS_TO_HANDLE=\\$PET_SIGNALS_TO_HANDLE  # older torch\n"
         f"  exec {py} -m torch.distributed.run \\\n"
-        "    --nnodes=$SLURM_JOB_NUM_NODES --nproc_per_node=$NPROC_PER_NODE \\\n"
+        f"    --nnodes={nnodes} --nproc_per_node=$NPROC_PER_NODE \\\n"
         f"    {rdzv} \\\n"
         f"    --max_restarts={lc.max_restarts} \\\n"
         f"    -m {entry} \\\"$RUN_DIR\\\"\"")
