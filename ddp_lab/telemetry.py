@@ -90,6 +90,7 @@ class Telemetry:
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
         self.totals = RunTotals()
+        self.compile_s: Optional[float] = None  # train.compile's compilation (train.py)
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
         self.start_epoch = 0
@@ -231,7 +232,8 @@ class Telemetry:
             **self.totals.summary(self.timing, self.bytes_exact),
             hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
-            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments)
+            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
+            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()
