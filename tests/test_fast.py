@@ -66,3 +66,41 @@ def test_compile_trains_like_eager(tmp_path, shared_data_root):
         assert torch.allclose(a[k], b[k], atol=1e-4), k
     rec = [json.loads(x) for x in (compiled / "metrics.jsonl").read_text().splitlines()]
     assert len(rec) == 1 and rec[0]["steps"] == 10
+
+
+@pytest.mark.dist
+def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
+    # sync=ddp on one rank runs the bare model: DDP's reducer only copied gradients there
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from omegaconf import OmegaConf
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_lab.distributed import local_gloo_world
+    from ddp_lab.ports import free_port
+    from ddp_lab.sync import build_sync
+
+    local_gloo_world(0, 1, free_port())
+    try:
+        cfg = OmegaConf.create({"name": "ddp", "bucket_cap_mb": 25.0, "static_graph": False,
+                                "gradient_as_bucket_view": False, "find_unused_parameters": False})
+        x, y = torch.randn(5 * 64, 784), torch.randint(0, 10, (5 * 64,))
+        finals = []
+        for wrapped in (True, False):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(784, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10))
+            if wrapped:  # what sync=ddp ran before: DDP over the one-rank group
+                model = DDP(m)
+            else:
+                syncer = build_sync(cfg, m, torch.device("cpu"), 1)
+                assert syncer.model is m  # no reducer
+                model = syncer.model
+            opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+            for i in range(5):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
+                opt.step()
+            finals.append([p.detach().clone() for p in m.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*finals))
+    finally:
+        dist.destroy_process_group()
