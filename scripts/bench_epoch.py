@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_epoch.py                 # notebook vs trainer vs trainer+compile (1 rank)
     .venv/bin/python scripts/bench_epoch.py --repeats 3     # the whole set 3 times, interleaved: medians
+    .venv/bin/python scripts/bench_epoch.py --notebook-passive   # the notebook's threads sleep too
     .venv/bin/python scripts/bench_epoch.py --epochs 3 --ranks 1 2 4 --threads 0 1
     .venv/bin/python scripts/bench_epoch.py --epochs 1 --max-steps 20 --no-compile  # a quick check
 
@@ -103,6 +104,9 @@ def main() -> None:
                    help="run every configuration this many times, interleaved (medians over all)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1], help="ddp_lab world sizes to time")
     p.add_argument("--no-notebook", action="store_true", help="skip the notebook loop")
+    p.add_argument("--notebook-passive", action="store_true",
+                   help="run the notebook with OMP_WAIT_POLICY=PASSIVE too, as the trainer's ranks "
+                        "run (on a busy machine its spinning threads otherwise dominate its time)")
     p.add_argument("--no-compile", action="store_true", help="skip the train.compile=true row")
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for ddp_lab runs")
     p.add_argument("--max-steps", type=int, default=0,
@@ -123,7 +127,8 @@ def main() -> None:
         th = args.threads[0]
         configs.append((f"ddp_lab sync=ddp, 1 rank(s), threads {'default' if th == 0 else th}, "
                         "train.compile=true", 1, [f"train.threads={th}", "train.compile=true"]))
-    names = ([NOTEBOOK] if not args.no_notebook else []) + [c[0] for c in configs]
+    notebook = NOTEBOOK + (", OMP_WAIT_POLICY=PASSIVE" if args.notebook_passive else "")
+    names = ([notebook] if not args.no_notebook else []) + [c[0] for c in configs]
     epochs: dict[str, list[float]] = {n: [] for n in names}
     per_repeat: dict[str, list[float]] = {n: [] for n in names}  # median epoch of each repeat
     acc: dict[str, float] = {}
@@ -134,9 +139,9 @@ def main() -> None:
         for rep in range(args.repeats):
             if not args.no_notebook:
                 # a fresh process per repeat: the notebook's own process group each time
-                t = _notebook_in_child(root, args.epochs, args.max_steps)
-                epochs[NOTEBOOK] += t
-                per_repeat[NOTEBOOK].append(statistics.median(t))
+                t = _notebook_in_child(root, args.epochs, args.max_steps, args.notebook_passive)
+                epochs[notebook] += t
+                per_repeat[notebook].append(statistics.median(t))
             for name, n, over in configs:
                 r = ours(root, str(Path(tmp) / "runs"), n, args.epochs,
                          [*args.extra, *over, f"train.max_steps_per_epoch={args.max_steps}"])
@@ -167,12 +172,14 @@ def main() -> None:
 NOTEBOOK = "notebook loop (ToTensor + DataLoader), 1 process"
 
 
-def _notebook_in_child(root: str, epochs: int, max_steps: int) -> list[float]:
+def _notebook_in_child(root: str, epochs: int, max_steps: int, passive: bool) -> list[float]:
     """The notebook loop in a process of its own (its gloo group and threads its own)."""
     code = ("import json, sys; sys.path.insert(0, %r); import bench_epoch as b; "
             "print(json.dumps(b.notebook_epochs(%r, %d, %d)))"
             % (str(Path(__file__).resolve().parent), root, epochs, max_steps))
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    if passive:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"  # read when torch loads in the child
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=REPO)
     if proc.returncode != 0:
