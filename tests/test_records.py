@@ -68,7 +68,7 @@ def test_old_files_read_as_version_0_with_every_value():
     assert (s.status, s.world_size, s.device, s.hosts) == ("completed", 2, "cpu", ["vm"])
     assert s.to_dict() == {**json.loads(OLD_SUMMARY), "schema_version": 0, "epochs_done": None,
                            "step_in_epoch": None, "stop_reason": None, "job_id": None,
-                           "segments": []}
+                           "segments": [], "compiled": None, "compile_s": None}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():
