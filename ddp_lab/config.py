@@ -326,6 +326,9 @@ class TrainConfig:
     """seconds between the ranks' agreements on whether to stop (one tiny all-reduce)"""
     threads: int = 0
     """torch CPU threads per rank; 0 = cores / local ranks"""
+    compile: bool = False
+    """torch.compile the model the step calls (inductor), compiled before the first epoch
+    (summary.json compile_s); numerics may differ from eager in the last bits"""
 
 
 @dataclass(frozen=True)

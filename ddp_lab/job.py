@@ -187,6 +187,9 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
+    from .env import openmp_wait_policy
+
+    openmp_wait_policy()  # before torch loads: libgomp reads it once (see there)
     rc = run(Path(argv[0]).resolve())
     if rc != 0:  # a failed rank's process group is broken: its teardown at exit can block
         sys.stdout.flush()  # seconds (gloo's pending calls), so leave without it

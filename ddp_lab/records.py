@@ -115,6 +115,8 @@ class RunSummary(_Record):
     comm_busbw_GBps: Optional[float] = None
     step_time_ms_mean: Optional[float] = None
     steps_run: Optional[int] = None
+    compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
+    compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
     hosts: list = field(default_factory=list)
     node_ranks: list = field(default_factory=list)
     env_source: Optional[str] = None

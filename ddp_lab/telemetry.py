@@ -93,6 +93,7 @@ class Telemetry:
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
         self.totals = RunTotals()
+        self.compile_s: Optional[float] = None  # train.compile's compilation (train.py)
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
         self.start_epoch = 0
@@ -266,7 +267,8 @@ class Telemetry:
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
-            study=_study_point(cfg))
+            study=_study_point(cfg),
+            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()

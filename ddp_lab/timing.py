@@ -96,6 +96,8 @@ class Clock:
         self.origin = time.perf_counter()
         self._anchor_event: Any = None
         self._anchor_s = 0.0
+        if not self.cuda:  # the hot path: a stamp is the bare host clock, no method around it
+            self.stamp = time.perf_counter  # type: ignore[method-assign]
 
     def anchor(self) -> None:
         """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
@@ -149,18 +151,20 @@ class StepTimes:
 
 
 class _Phase:
-    """`with timer.phase(name):` -- a plain class, cheaper than a generator context."""
+    """`with timer.phase(name):` -- a plain class, cheaper than a generator context, made
+    once per phase name and reused every step (a phase never nests inside itself)."""
 
-    __slots__ = ("timer", "name", "start")
+    __slots__ = ("timer", "name", "start", "stamp")
 
     def __init__(self, timer: "StepTimer", name: str):
         self.timer, self.name, self.start = timer, name, None
+        self.stamp = timer.clock.stamp
 
     def __enter__(self) -> None:
-        self.start = self.timer.clock.stamp()
+        self.start = self.stamp()
 
     def __exit__(self, *exc: object) -> None:
-        self.timer._current.append((self.name, self.start, self.timer.clock.stamp()))
+        self.timer._current.append((self.name, self.start, self.stamp()))
 
 
 class _Nothing:
@@ -187,10 +191,16 @@ class StepTimer:
         self.progress = _progress.current()
         self._steps: list[list] = []
         self._current: list = []
+        self._phases: dict[str, _Phase] = {}
 
     def phase(self, name: str):
         self.progress.phase(name)
-        return _Phase(self, name) if self.enabled else _NOTHING
+        if not self.enabled:
+            return _NOTHING
+        ph = self._phases.get(name)
+        if ph is None:
+            ph = self._phases[name] = _Phase(self, name)
+        return ph
 
     def end_step(self) -> None:
         self.progress.step_done()

@@ -107,6 +107,29 @@ def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: tor
     return total
 
 
+def compile_model(syncer, splits: Splits, batch_size: int) -> float:
+    """train.compile: torch.compile the model the step calls (DDP's wrapper included: dynamo
+    splits its graph at DDP's buckets) and compile it now, so that no epoch holds the
+    compilation: one forward and backward at the batch size, then one at another size (the
+    epoch's short last batch would otherwise compile a dynamic-shape graph mid-epoch).
+    Gradients are dropped; weights, optimiser and RNG are untouched. Returns the seconds."""
+    t0 = time.perf_counter()
+    syncer.model = torch.compile(syncer.model)
+    n = min(batch_size, len(splits.test_x))
+    sizes = [n, n - 1] if n > 2 else [n]
+    devices = [syncer.device] if syncer.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for size in sizes:
+            F.cross_entropy(syncer.model(splits.test_x[:size]), splits.test_y[:size]).backward()
+    syncer.module.zero_grad(set_to_none=True)
+    syncer.take_comm()  # DDP's warm-up all-reduces are no epoch's
+    if syncer.device.type == "cuda":
+        torch.cuda.synchronize(syncer.device)
+    seconds = time.perf_counter() - t0
+    log.info("train.compile: model compiled in %.1f s (outside every epoch)", seconds)
+    return seconds
+
+
 @dataclass
 class Position:
     """Where a run stands: epochs done, steps done of the next epoch, and that partial
@@ -137,6 +160,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=module: F.cross_entropy(m(x0), y0))  # fails here, not mid-step
+    compile_s = compile_model(syncer, splits, micro or plan.per_rank) if cfg.train.compile else None
     ckpt_dir = run_dir / "checkpoints"
     pos = _resume(cfg, ctx, ckpt_dir, module, optimizer)
 
@@ -148,6 +172,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
         log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
         return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact)
+    telemetry.compile_s = compile_s
     telemetry.start(pos.epoch, pos.step)
     stopper = StopControl(ctx, run_dir, cfg.train.stop_signal, cfg.train.stop_check_s)
     if env.is_main:

@@ -14,11 +14,13 @@ accounting, so that overlap stays real:
 - bucket all-reduces may be in flight together: comm time is the union of the
   intervals, and it overlaps backward (see `ddp_lab.timing` on comm_fraction).
 
-`sync.sync()` is a no-op here (DDP has finished by the time backward returns).
+`sync.sync()` is a no-op here (DDP has finished by the time backward returns). A world of
+one runs the bare model: nothing to exchange, and DDP's reducer would cost a third of the step.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -44,6 +46,13 @@ class DDPSync(Synchroniser):
                              "(0 = one bucket per parameter)")
 
     def wrap(self, module: nn.Module) -> nn.Module:
+        """DDP around the model; in a world of one the model itself. One rank has nothing to
+        all-reduce (the hook below hands the bucket straight back), yet DDP's reducer still
+        copies every gradient into its buckets and back and runs its autograd hooks: 35% of
+        a 1-rank step here (docs/performance.md). Copies do not change a bit: the weights
+        are identical with and without it (tests/test_fast.py)."""
+        if self.world_size == 1:
+            return module
         cfg = self.cfg
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(module, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb,
@@ -56,8 +65,10 @@ class DDPSync(Synchroniser):
     def no_sync(self):
         """DDP all-reduces from inside backward: `DDP.no_sync()` keeps the gradients local
         (forward and backward must both run inside it); the next backward outside it
-        all-reduces the accumulated sum."""
-        return self.model.no_sync()
+        all-reduces the accumulated sum. In a world of one (the bare model) there is
+        nothing to hold back. train.compile wraps the model: DDP is the wrapped one."""
+        ddp = getattr(self.model, "_orig_mod", self.model)
+        return ddp.no_sync() if isinstance(ddp, DDP) else nullcontext()
 
     def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
         """DDP without unused-parameter detection waits forever for a gradient that never

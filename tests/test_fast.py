@@ -1,0 +1,106 @@
+"""A faster single rank (issue 13, item 5): the timers' bookkeeping leaves the numbers alone,
+and `train.compile=true` trains to the eager run's accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ddp_lab.env import openmp_wait_policy
+from helpers import run_cli, run_dir_of, summary
+
+
+def test_openmp_wait_policy_is_passive_unless_chosen():
+    env: dict = {}
+    assert openmp_wait_policy(env) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's choice stands
+    assert openmp_wait_policy(env) == "ACTIVE" and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def _run(tmp_path, data_root, *extra: str, env=None, threads: int = 1):
+    proc = run_cli("launcher.nproc_per_node=1", "dist.device=cpu", "train.epochs=1",
+                   "train.eval_batch_size=2000", f"train.threads={threads}", f"data.root={data_root}",
+                   f"run.root={tmp_path}", "log.progress=lines", *extra, cwd=tmp_path,
+                   env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir_of(proc), proc
+
+
+def _weights(run_dir) -> dict:
+    return torch.load(run_dir / "checkpoints" / "epoch_0001.pt")["model"]
+
+
+@pytest.mark.dist
+def test_bookkeeping_does_not_change_the_weights(tmp_path, shared_data_root):
+    # the StepTimer's stamps and records, and the OpenMP wait policy, are bookkeeping and
+    # scheduling only: timers on with spinning threads, or off with sleeping ones, same bits
+    timed, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=30",
+                    "timing.enabled=true", env={"OMP_WAIT_POLICY": "ACTIVE"}, threads=2)
+    bare, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=30",
+                   "timing.enabled=false", threads=2)
+    a, b = _weights(timed), _weights(bare)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert summary(timed)["train_loss"] == summary(bare)["train_loss"]
+    assert summary(timed)["compiled"] is False and summary(timed)["compile_s"] is None
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_compile_trains_like_eager(tmp_path, shared_data_root):
+    eager, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=10")
+    compiled, proc = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=10",
+                          "train.compile=true")
+    s, e = summary(compiled), summary(eager)
+    assert s["status"] == "completed" and s["compiled"] is True
+    assert s["compile_s"] > 0  # measured apart: before the first epoch's clock starts
+    assert "train.compile: model compiled in" in proc.stdout + proc.stderr
+    # inductor's kernels may round differently from eager's: close, not bit-identical
+    assert s["test_accuracy"] == pytest.approx(e["test_accuracy"], abs=0.02)
+    assert s["train_loss"] == pytest.approx(e["train_loss"], rel=0.02)
+    a, b = _weights(compiled), _weights(eager)
+    for k in a:  # the checkpoint holds the bare module's keys, not the compiled wrapper's
+        assert torch.allclose(a[k], b[k], atol=1e-4), k
+    rec = [json.loads(x) for x in (compiled / "metrics.jsonl").read_text().splitlines()]
+    assert len(rec) == 1 and rec[0]["steps"] == 10
+
+
+@pytest.mark.dist
+def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
+    # sync=ddp on one rank runs the bare model: DDP's reducer only copied gradients there
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from omegaconf import OmegaConf
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_lab.distributed import local_gloo_world
+    from ddp_lab.ports import free_port
+    from ddp_lab.sync import build_sync
+
+    local_gloo_world(0, 1, free_port())
+    try:
+        cfg = OmegaConf.create({"name": "ddp", "bucket_cap_mb": 25.0, "static_graph": False,
+                                "gradient_as_bucket_view": False, "find_unused_parameters": False})
+        x, y = torch.randn(5 * 64, 784), torch.randint(0, 10, (5 * 64,))
+        finals = []
+        for wrapped in (True, False):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(784, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10))
+            if wrapped:  # what sync=ddp ran before: DDP over the one-rank group
+                model = DDP(m)
+            else:
+                syncer = build_sync(cfg, m, torch.device("cpu"), 1)
+                assert syncer.model is m  # no reducer
+                model = syncer.model
+            opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+            for i in range(5):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
+                opt.step()
+            finals.append([p.detach().clone() for p in m.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*finals))
+    finally:
+        dist.destroy_process_group()
