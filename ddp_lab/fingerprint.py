@@ -34,7 +34,11 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-ID_FIELDS = ("cpu", "gpu", "hosts_count", "backend", "torch", "nccl", "nccl_transport", "env")
+# What makes two allocations' timings comparable: the kind of machine and software, not
+# the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
+# report groups by already: a study's world 1 on one node and world 4 on two are one
+# allocation). NCCL's network (IB, Socket, a plugin) is the allocation's: it is in.
+ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
 _NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
@@ -172,11 +176,12 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
 def id_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
     """The fields that make timings comparable, as fingerprint_id hashes them."""
     return {
-        "cpu": fp.get("cpu"), "gpu": fp.get("gpu"), "hosts_count": len(fp.get("hosts") or []),
+        "cpu": fp.get("cpu"), "gpu": fp.get("gpu"),
         "backend": fp.get("backend"), "torch": fp.get("torch"),
         # the NCCL version matters where NCCL runs; a gloo run's timings do not depend on it
         "nccl": fp.get("nccl") if fp.get("backend") == "nccl" else None,
-        "nccl_transport": fp.get("nccl_transport"),
+        "nccl_network": "+".join(sorted({d["network"] for d in fp.get("nccl_detail") or []
+                                         if isinstance(d, dict) and d.get("network")})) or None,
         "env": {k: v for k, v in sorted((fp.get("env") or {}).items()) if k not in NOT_IN_ID},
     }
 

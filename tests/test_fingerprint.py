@@ -91,12 +91,15 @@ def test_fingerprint_fields_and_id():
     # the run's own log path, the launcher and the layout do not change the id ...
     assert fpm.fingerprint_id(_fp(env={**fp["env"], "NCCL_DEBUG_FILE": "/b"}, launcher="slurm",
                                   nodes=2, nproc_per_node=1, python="3.99")) == fid
-    # ... the hosts count, the CPU, the backend's transport and the env do
-    for over in ({"hosts": ["h1", "h2"]}, {"cpu": "other"}, {"nccl_transport": "NET/IB"},
+    # ... nor the run's shape (hosts, the P2P/SHM/NET mix a shape makes: a study's points
+    # in one allocation share it) ...
+    assert fpm.fingerprint_id(_fp(hosts=["h1", "h2"], nccl_transport="NET/IB+P2P")) == fid
+    # ... the CPU, NCCL's network, the env and the versions do
+    for over in ({"cpu": "other"}, {"nccl_detail": [{"network": "IB"}, None]},
                  {"env": {"OMP_NUM_THREADS": "4"}}, {"torch": "0.0"}):
         assert fpm.fingerprint_id(_fp(**over)) != fid, over
-    diff = fpm.differences(fp, _fp(hosts=["a", "b"], env={"OMP_NUM_THREADS": "4"}))
-    assert diff == ["hosts_count: 1 vs 2", "env OMP_NUM_THREADS: 1 vs 4"]
+    diff = fpm.differences(fp, _fp(cpu="other", env={"OMP_NUM_THREADS": "4"}))
+    assert diff == [f"cpu: {fp['cpu']} vs other", "env OMP_NUM_THREADS: 1 vs 4"]
 
 
 def test_cpu_model_from_cpuinfo(tmp_path):

@@ -56,6 +56,19 @@ def test_local_study_completes_then_continues_without_rerunning(tmp_path, shared
     assert f"report: {report}" in proc.stdout
     text = report.read_text()
     assert all(p["folder"].split("/")[-1] in text for p in plan["points"]), text
+    # the repeats are one point each: mean with its interval; the speedup and efficiency
+    # are world 2's against world 1, never a repeat's against another
+    (group,) = json.loads((folder / "report" / "report.json").read_text())["scaling"]
+    assert [r["world_size"] for r in group["rows"]] == [1, 2], group
+    for row, world in zip(group["rows"], (1, 2)):
+        assert row["time_n"] == 2 and len(row["runs"]) == 2, row
+        assert {Path(r).name for r in row["runs"]} == {f"w{world}_r1", f"w{world}_r2"}
+        low, high = row["epoch_time_s_ci95"]
+        assert low < row["epoch_time_s_mean"] < high, row
+    w2 = group["rows"][1]
+    assert w2["speedup"] > 0 and w2["efficiency"] > 0, w2
+    assert w2["speedup_ci95"][0] < w2["speedup"] < w2["speedup_ci95"][1], w2
+    assert "95% CI" in text and "| n |" in text, text
 
     # the same command on the folder: every point is kept, nothing runs again
     before = {p["folder"]: (folder / p["folder"] / "summary.json").read_bytes()

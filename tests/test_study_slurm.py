@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist]
 def test_one_allocation_runs_every_world_as_a_job_step(slurm_cluster, tmp_path):
     proc = run_cli("study=scaling", "study.worlds=[1,2,4]", "study.repeats=1", "launcher=slurm",
                    "launcher.nodes=2", "launcher.nproc_per_node=2", "launcher.wait=true",
-                   "launcher.wait_timeout_s=300", "launcher.poll_s=1", "study.report=false",
+                   "launcher.wait_timeout_s=300", "launcher.poll_s=1",
                    "train.epochs=1", "train.max_steps_per_epoch=10", "log.progress=lines",
                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
                    cwd=tmp_path, env=slurm_cluster.env, timeout=400)
@@ -35,6 +35,14 @@ def test_one_allocation_runs_every_world_as_a_job_step(slurm_cluster, tmp_path):
         assert s["study"]["world"] == p["world"] and s["study"]["id"] == folder.name
         assert (f"[study] point {p['index']}/3: world {p['world']}, repeat 1: completed"
                 in proc.stdout), describe(proc)
+    # one allocation, one fingerprint: the report compares world 4 on two nodes with world 1
+    # on one without a flag
+    ids = {summary(folder / p["folder"])["fingerprint_id"] for p in plan["points"]}
+    assert len(ids) == 1 and None not in ids, ids
+    (group,) = json.loads((folder / "report" / "report.json").read_text())["scaling"]
+    assert list(group["fingerprints"]) == list(ids), group["fingerprints"]
+    assert [r["world_size"] for r in group["rows"]] == [1, 2, 4], group["rows"]
+    assert not any(r["cross_fingerprint"] for r in group["rows"]), group["rows"]
 
 
 def test_time_limit_signal_stops_the_point_and_the_requeued_job_continues_the_study(
