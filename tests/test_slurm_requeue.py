@@ -28,7 +28,10 @@ from helpers import PY, child_env, summary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.dist]
 
-EPOCHS, STEPS = 2, 100  # ~5-20 s of training here: long enough to stop it mid-epoch
+# 3 x 469 steps: ~6 s of training on an idle 2-core machine (4 ms a step on 2 loopback
+# nodes), up to ~20 s on a loaded one: long enough to stop it mid-epoch, which takes ~2 s
+# (the signal, the stop file, the next stop check); 2 x 100 steps ended before the stop
+EPOCHS, STEPS = 3, 469
 TRAIN = [f"train.epochs={EPOCHS}", f"train.max_steps_per_epoch={STEPS}",
          "train.eval_batch_size=2000", "log.progress=lines", "launcher.nodes=2",
          "launcher.nproc_per_node=1"]
@@ -228,24 +231,24 @@ def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp
 
 @pytest.mark.slow
 def test_wall_clock_limit_stops_early_and_completes_over_allocations(
-        slurm_cluster, shared_data_root, tmp_path):
+        slurm_cluster, shared_data_root, tmp_path, reference):
     """--time=3:00 with the signal 120 s ahead: SLURM signals 60-90 s in (its limit checks
     come every 30 s here), the job stops before its limit, requeues itself and goes on.
-    On an idle 2-core machine an allocation trains 50-80 s after a ~10 s start-up, so
-    16 x 469 steps (~100 s of training) take 2-3 allocations, ~3 min. On a loaded machine the
-    start-up takes 20-30 s and steps run at half speed: 4-6 allocations, up to ~8 min.
-    (With --time=2:00 and the signal 90 s ahead an allocation of a loaded machine trained a
-    few steps only.) A signal that comes before the ranks start is kept (the shell rewrites
-    the stop file that rank 0 clears as it starts). Bit-identity is the other tests'
-    business."""
-    # ~100 s of training (13 ms a step on 2 loopback nodes): more than one allocation can
-    # hold (the signal comes 60-90 s after its start), so two allocations at least
-    epochs, steps = 16, 469
+    The training is sized from the reference run's own step time on this machine now, to
+    ~150 s: more than one allocation holds (an allocation trains 50-80 s after a ~10 s
+    start-up), so 2-4 allocations, ~4 min. (A fixed size was wrong both ways: 12 x 469 steps
+    fitted into one allocation once the steps got 3x faster, and a loaded machine's start-up
+    ate a 2-min allocation.) A signal that comes before the ranks start is kept (the shell
+    rewrites the stop file that rank 0 clears as it starts). Bit-identity is the other
+    tests' business."""
+    step_s = summary(reference)["epoch_time_s_median"] / STEPS
+    steps = STEPS
+    epochs = min(100, max(6, round(150 / step_s / steps)))
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root, "launcher.time=00:03:00",
               "launcher.signal_s=120", "launcher.max_requeues=12", f"train.epochs={epochs}",
-              f"train.max_steps_per_epoch={steps}", "launcher.wait_timeout_s=660")
+              f"train.max_steps_per_epoch={steps}", "launcher.wait_timeout_s=900")
     try:
-        rc = job.finish(timeout=700)
+        rc = job.finish(timeout=960)
     finally:
         job.stop()
     console, log = job.console(), job.job_log()
