@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import fingerprint as fingerprints
-from .config import batch_plan
+from .config import BatchPlan, batch_plan
 from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
@@ -84,16 +84,17 @@ class Telemetry:
     """The records of one run on this rank; see the module docstring."""
 
     def __init__(self, cfg: Any, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
-                 bytes_exact: bool):
+                 bytes_exact: bool, plan: Optional[BatchPlan] = None,
+                 compile_s: Optional[float] = None):
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
-        self.plan = batch_plan(cfg.train, ctx.env.world_size)
+        self.plan = plan or batch_plan(cfg.train, ctx.env.world_size)  # the trainer's, else derived
         self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
         self.totals = RunTotals()
-        self.compile_s: Optional[float] = None  # train.compile's compilation (train.py)
+        self.compile_s = compile_s  # train.compile's compilation (train.py), outside every epoch
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
         self.start_epoch = 0

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint, progress
-from .config import batch_plan
+from .config import BatchPlan, batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .distributed import DistContext
@@ -162,7 +162,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     syncer.preflight(lambda m=module: F.cross_entropy(m(x0), y0))  # fails here, not mid-step
     compile_s = compile_model(syncer, splits, micro or plan.per_rank) if cfg.train.compile else None
     ckpt_dir = run_dir / "checkpoints"
-    pos = _resume(cfg, ctx, ckpt_dir, module, optimizer)
+    pos = _resume(cfg, ctx, ckpt_dir, module, optimizer, plan)
 
     steps_per_epoch = len(splits.train)
     if cfg.train.max_steps_per_epoch > 0:
@@ -171,8 +171,8 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     if pos.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
         return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
-    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact)
-    telemetry.compile_s = compile_s
+    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact, plan=plan,
+                          compile_s=compile_s)
     telemetry.start(pos.epoch, pos.step)
     stopper = StopControl(ctx, run_dir, cfg.train.stop_signal, cfg.train.stop_check_s)
     if env.is_main:
@@ -235,7 +235,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
 
 
 def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
-            optimizer: torch.optim.Optimizer) -> Position:
+            optimizer: torch.optim.Optimizer, plan: BatchPlan) -> Position:
     """Load the newest checkpoint when continuing (train.resume auto/true, or a restart of
     this job); the position it holds. Later checkpoints of an older timeline go."""
     env = ctx.env
@@ -254,8 +254,7 @@ def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
     state = checkpoint.load(path, ctx.device)
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    strong = batch_plan(cfg.train, env.world_size).scaling == "strong"
-    if state.get("world_size") != env.world_size and not strong:
+    if state.get("world_size") != env.world_size and plan.scaling != "strong":
         # (strong scaling: every world size trains on the same samples at every step)
         log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                     "differs from an uninterrupted run", state.get("world_size"), env.world_size)
