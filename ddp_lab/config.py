@@ -173,13 +173,23 @@ class SyncConfig:
     """How gradients are synchronised across ranks."""
 
     name: str = MISSING
-    """ddp | allreduce | reduce_broadcast | ring | tree | butterfly (ddp_lab/sync/<name>.py)"""
+    """ddp | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical
+    (ddp_lab/sync/<name>.py)"""
+    overlap: bool = False
+    """start each gradient bucket's collective during backward, as soon as the bucket is
+    ready (DDP's overlap; ddp always overlaps), instead of after backward"""
+    compress: str = "none"
+    """gradients on the wire: none | fp16 | bf16 | powersgd (ddp only)"""
 
 
 @dataclass
 class DDPSyncConfig(SyncConfig):
     """torch.nn.parallel.DistributedDataParallel."""
 
+    overlap: bool = True
+    """DDP overlaps its bucket all-reduces with backward: always true here"""
+    powersgd_rank: int = 1
+    """sync.compress=powersgd: the rank of PowerSGD's low-rank approximation"""
     bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MB"""
     gradient_as_bucket_view: bool = False
@@ -221,15 +231,20 @@ class ReduceBroadcastSyncConfig(BucketSyncConfig):
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    """mlp | cnn"""
+    """mlp | mlp_wide | cnn | resnet18"""
 
 
 @dataclass
 class MLPConfig(ModelConfig):
     """The course notebook's 784-50-10 ReLU network."""
 
-    hidden: int = 50
-    """hidden units"""
+    hidden: Any = 50
+    """hidden layer widths: one int (784-h-10) or a list, e.g. [2048,2048] (784-2048-2048-10)"""
+
+
+@dataclass
+class ResNet18Config(ModelConfig):
+    """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no max-pool)."""
 
 
 @dataclass
@@ -425,6 +440,18 @@ class TimingConfig:
 
 
 @dataclass
+class DebugConfig:
+    """Fault and delay injection, to see what the measurements make of them."""
+
+    slow_rank: int = -1
+    """the rank whose compute is delayed every step (-1 = none): a straggler"""
+    slow_ms: float = 0.0
+    """milliseconds added to slow_rank's compute every step"""
+    jitter_ms: float = 0.0
+    """every rank's compute is delayed by a random 0..jitter_ms every step (0 = none)"""
+
+
+@dataclass
 class StudyConfig:
     """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
     point under one study folder, then the report (ddp_lab/study.py, docs/scaling.md)."""
@@ -453,6 +480,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     log: LogConfig = field(default_factory=LogConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     study: Optional[StudyConfig] = None
     """`study=scaling`: run a ladder of world sizes (ddp_lab/study.py); null = one run"""
     study_point: Optional[Dict[str, Any]] = None
@@ -472,7 +500,8 @@ SCHEMAS: dict[str, Registry[type]] = {
         "ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
         "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
         "tree": BucketSyncConfig, "butterfly": BucketSyncConfig}),
-    "model": Registry("model", {"mlp": MLPConfig, "cnn": CNNConfig}),
+    "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
+                                "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),
     "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
 }

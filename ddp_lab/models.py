@@ -1,4 +1,5 @@
-"""The models: the course notebook's MLP and a small CNN."""
+"""The models: the course notebook's MLP (any widths: mlp_wide is the same class), a small
+CNN, and torchvision's ResNet-18 adapted to 1x28x28 digits."""
 
 from __future__ import annotations
 
@@ -9,16 +10,31 @@ import torch.nn.functional as F
 from .registry import Registry
 
 
-class MLP(nn.Module):
-    """The notebook's network: 784 -> hidden (ReLU) -> 10."""
+def widths(hidden) -> list[int]:
+    """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
+    ws = [hidden] if isinstance(hidden, int) else list(hidden)
+    if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
+        raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
+                         "e.g. model.hidden=[2048,2048]")
+    return ws
 
-    def __init__(self, hidden: int = 50, in_features: int = 784, classes: int = 10):
+
+class MLP(nn.Module):
+    """784 -> hidden[0] (ReLU) -> hidden[1] (ReLU) ... -> 10. With one width it is the
+    notebook's network (784-50-10), parameters named fc1, fc2 as before."""
+
+    def __init__(self, hidden=50, in_features: int = 784, classes: int = 10):
         super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden)
-        self.fc2 = nn.Linear(hidden, classes)
+        sizes = [in_features, *widths(hidden), classes]
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:]), start=1):
+            self.add_module(f"fc{i}", nn.Linear(a, b))
+        self.layers = len(sizes) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        x = x.flatten(1)
+        for i in range(1, self.layers):
+            x = F.relu(getattr(self, f"fc{i}")(x))
+        return getattr(self, f"fc{self.layers}")(x)
 
 
 class CNN(nn.Module):
@@ -37,10 +53,24 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+def resnet18(classes: int = 10) -> nn.Module:
+    """torchvision's ResNet-18 (11.2M parameters) for 1x28x28 input: a 3x3 stride-1 stem on
+    one channel and no max-pool (the 7x7/2 stem and pool would shrink 28x28 to 7x7 before
+    the first block, as CIFAR adaptations of ResNet do), `classes` outputs."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    net = tv_resnet18(weights=None, num_classes=classes)
+    net.conv1 = nn.Conv2d(1, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    return net
+
+
 # model / optim option -> builder from its config section (schemas: ddp_lab.config.SCHEMAS)
 MODELS: Registry = Registry("model", {
     "mlp": lambda cfg: MLP(hidden=cfg.hidden),
+    "mlp_wide": lambda cfg: MLP(hidden=cfg.hidden),
     "cnn": lambda cfg: CNN(cfg.channels1, cfg.channels2, cfg.hidden),
+    "resnet18": lambda cfg: resnet18(),
 })
 
 

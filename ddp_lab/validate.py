@@ -151,6 +151,20 @@ def _batch_fits(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _model_widths(cfg: DictConfig) -> Optional[str]:
+    """model.hidden (mlp, mlp_wide): an int or a list of ints, each >= 1."""
+    if cfg.model.name not in ("mlp", "mlp_wide"):
+        return None
+    from .models import widths
+
+    try:
+        widths(OmegaConf.to_object(cfg.model.hidden) if OmegaConf.is_config(cfg.model.hidden)
+               else cfg.model.hidden)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _stop_signal(cfg: DictConfig) -> Optional[str]:
     import signal
 
@@ -182,6 +196,7 @@ TRAIN: list[Rule] = [
     _stop_signal,
     reuse_problem,
     _batch_fits,
+    _model_widths,
     _sync_fits,
     data_folder,
 ]
