@@ -47,7 +47,10 @@ class ComputeDelay:
 
 
 def injected(debug: Any) -> Optional[dict]:
-    """What summary.json records of the injection (None when nothing is injected)."""
+    """What summary.json records of the injection (None when nothing is injected, or
+    no debug section is given)."""
+    if debug is None:
+        return None
     slow = debug.slow_rank >= 0 and debug.slow_ms > 0
     if not slow and debug.jitter_ms <= 0:
         return None

@@ -283,7 +283,7 @@ class Telemetry:
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
-            injected_delay=injected(cfg.debug),
+            injected_delay=injected(cfg.get("debug")),
             compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
