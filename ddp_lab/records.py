@@ -66,7 +66,11 @@ class EpochRecord(_Record):
     phase_s: dict = field(default_factory=dict)  # phase -> mean/median/p95/total seconds
     comm: dict = field(default_factory=dict)  # this rank's calls, bytes, in-flight time, bw
     comm_fraction: Optional[float] = None  # in-flight comm / step time
-    stragglers: dict = field(default_factory=dict)  # slowest/fastest rank, per-rank times
+    stragglers: dict = field(default_factory=dict)  # slowest/fastest rank, per-rank times,
+    # each rank's share of steps arrived last at the collectives and its lateness then (ms)
+    # the rank the others wait for, named from those (ddp_lab.timing.StragglerTally):
+    # {rank, late_ms (median wait it costs the others), share (of steps it came last)} | None
+    straggler: Optional[dict] = None
     # an epoch split by a graceful stop: steps before this one ran in an earlier allocation;
     # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
     resumed_at_step: Optional[int] = None
@@ -136,5 +140,9 @@ class RunSummary(_Record):
     fingerprint_id: Optional[str] = None
     # the run is a point of a study (ddp_lab/study.py): {id, world, repeat, index}
     study: Optional[dict] = None
+    # the run's straggler, from all its epochs' steps ({rank, late_ms, share} | None) and
+    # the delay injected (debug.slow_rank/slow_ms/jitter_ms; None when none)
+    straggler: Optional[dict] = None
+    injected_delay: Optional[dict] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)

@@ -34,7 +34,8 @@ from .env import hostname
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .records import EpochRecord, RunSummary, now_iso
-from .timing import PHASES, CommStats, StepTimes, epoch_timing, stragglers
+from .delay import injected
+from .timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, stragglers
 from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
@@ -94,6 +95,7 @@ class Telemetry:
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
         self.totals = RunTotals()
+        self.stragglers_run = StragglerTally(ctx.env.world_size)  # every epoch's steps
         self.compile_s = compile_s  # train.compile's compilation (train.py), outside every epoch
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
@@ -197,6 +199,11 @@ class Telemetry:
         self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
                         n - resumed_at_step)
         self.last = rec
+        if rec.straggler:
+            s = rec.straggler
+            log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
+                     "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
+                     s["late_ms"], 100 * s["share"])
         self.sink.epoch(rec, epoch_scalars(rec))
         if self.timing and self.cfg.timing.tb_every > 0:
             self.sink.steps(step_scalars(steps, comm, self.cfg.timing.tb_every, first_step))
@@ -206,12 +213,17 @@ class Telemetry:
         return rec
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
-        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers."""
+        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers
+        and the straggler named from them."""
         t = epoch_timing(steps, comm)
         step_total = t["phases"]["step"]["total"] if self.timing else busy_s
         # every rank's summed step time, and that minus its comm time (its own compute: a
-        # straggler makes the others *wait*, so their step times grow too; compute does not)
-        per_rank = self.ctx.gather_floats([step_total, step_total - comm.seconds])
+        # straggler makes the others *wait*, so their step times grow too; compute does not),
+        # and its comm time per step (empty when timing is off): who waited for whom
+        per_rank = self.ctx.gather_objects(
+            (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
+        tally = StragglerTally.from_waits([r[2] for r in per_rank])
+        self.stragglers_run.merge(tally)
         return {
             "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if self.timing else {},
             "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
@@ -221,9 +233,10 @@ class Telemetry:
                      "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
                      "fraction": t["comm_fraction"]},
             "comm_fraction": t["comm_fraction"],
-            "stragglers": {**stragglers([r[0] for r in per_rank]),
+            "stragglers": {**stragglers([r[0] for r in per_rank], tally),
                            "measure": "step time" if self.timing else "wall time",
                            "per_rank_compute_s": [r[1] for r in per_rank]},
+            "straggler": tally.named(),
         }
 
     # -------------------------------------------------------------- the end
@@ -269,6 +282,8 @@ class Telemetry:
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
             study=_study_point(cfg),
+            straggler=self.stragglers_run.named() if self.timing else None,
+            injected_delay=injected(cfg.get("debug")),
             compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
@@ -341,6 +356,10 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         spread = rec.stragglers.get("spread")
         if spread:
             out["stragglers/spread(slowest/fastest)"] = spread
+        if rec.world_size and rec.world_size > 1:  # -1 and 0 ms: no rank named this epoch
+            named = rec.straggler or {"rank": -1, "late_ms": 0.0}
+            out["stragglers/rank"] = float(named["rank"])
+            out["stragglers/late(ms)"] = named["late_ms"]
     return out
 
 

@@ -9,7 +9,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from . import checkpoint, progress
 from .config import BatchPlan, batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
+from .delay import ComputeDelay
 from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .records import RunSummary
@@ -51,21 +52,25 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
 
 
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
-              timer: StepTimer, stopper: Optional[StopControl] = None, micro_batch: int = 0
+              timer: StepTimer, stopper: Optional[StopControl] = None, micro_batch: int = 0,
+              delay: Optional[Callable[[], None]] = None
               ) -> tuple[torch.Tensor, int, Optional[StopInfo]]:
     """The training steps of one epoch, each phase timed: (summed loss on the device,
     samples, None), or with the StopInfo all ranks agreed on when they stopped early.
     `micro_batch` > 0: a batch larger than that accumulates its gradient over micro-batches
-    (`accumulate`) and is synchronised once, after the last."""
+    (`accumulate`) and is synchronised once, after the last. `delay` (debug.slow_ms /
+    jitter_ms, ddp_lab/delay.py) runs at the start of every step's forward phase."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
     samples = 0
     for _ in steps:
         with timer.phase("data"):
             x, y = next(batches)
         if micro_batch and len(y) > micro_batch:
-            loss = accumulate(syncer, optimizer, x, y, micro_batch, timer)
+            loss = accumulate(syncer, optimizer, x, y, micro_batch, timer, delay)
         else:
             with timer.phase("forward"):
+                if delay is not None:
+                    delay()  # an injected straggler: part of this rank's compute
                 loss = F.cross_entropy(syncer.model(x), y)
             with timer.phase("backward"):
                 optimizer.zero_grad(set_to_none=True)
@@ -85,19 +90,22 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
 
 
 def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               micro_batch: int, timer: StepTimer) -> torch.Tensor:
+               micro_batch: int, timer: StepTimer,
+               delay: Optional[Callable[[], None]] = None) -> torch.Tensor:
     """Forward and backward of one batch in micro-batches of `micro_batch` samples, their
     gradients summed in .grad; returns the batch's mean loss (detached). Each micro-batch's
     mean loss is weighted by its share of the batch, so the accumulated gradient is the
     whole batch's mean gradient. No synchroniser communicates before the step's `sync()`;
     DDP, which all-reduces from inside backward, is held back by `syncer.no_sync()` on
     every micro-batch but the last. The step's forward and backward phases are the sums
-    of the micro-batches' ones."""
+    of the micro-batches' ones; `delay` runs once, in the first micro-batch's forward."""
     xs, ys = x.split(micro_batch), y.split(micro_batch)
     total = torch.zeros((), device=y.device)
     for i, (xm, ym) in enumerate(zip(xs, ys)):
         with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
             with timer.phase("forward"):
+                if delay is not None and i == 0:
+                    delay()
                 loss = F.cross_entropy(syncer.model(xm), ym) * (len(ym) / len(y))
             with timer.phase("backward"):
                 if i == 0:
@@ -168,6 +176,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
     if cfg.train.max_steps_per_epoch > 0:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     timer = StepTimer(clock, enabled=cfg.timing.enabled)
+    delay = ComputeDelay.from_config(cfg.debug, env.rank, cfg.train.seed)  # None: none injected
     if pos.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
         return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
@@ -190,7 +199,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
             t0 = time.perf_counter()
             steps = telemetry.progress(range(skip, steps_per_epoch), epoch)
             loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),
-                                                steps, timer, stopper, micro)
+                                                steps, timer, stopper, micro, delay)
             ctx.synchronize()  # wait for the GPU to finish the epoch's work
             busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
             ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends

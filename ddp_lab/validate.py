@@ -165,6 +165,13 @@ def _model_widths(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _debug_delays(cfg: DictConfig) -> Optional[str]:
+    """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/delay.py)."""
+    from .delay import problem
+
+    return problem(cfg.debug, world_size(cfg))
+
+
 def _stop_signal(cfg: DictConfig) -> Optional[str]:
     import signal
 
@@ -198,6 +205,7 @@ TRAIN: list[Rule] = [
     _batch_fits,
     _model_widths,
     _sync_fits,
+    _debug_delays,
     data_folder,
 ]
 

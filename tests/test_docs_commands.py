@@ -208,7 +208,15 @@ def script_bench_stop(work):
     assert "time inside the check / step" in out
 
 
-SCRIPTS = {"compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
+def script_bench_straggler(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_straggler.py"), "--world", "2",
+                       "--rounds", "1", "--steps", "30", "--syncs", "allreduce",
+                       "--data-root", data]))
+    assert "| rank 1 +5 ms | allreduce | 1 |" in out and "waits vs truth" in out
+
+
+SCRIPTS = {"bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "sync_table.py": script_sync_table,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,

@@ -191,21 +191,32 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         comm = r.comm_per_step()
         rows.append({"run": str(r.path), "sync": r.get("sync", "?"), "world_size": r.world_size,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
-                     "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None})
+                     "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,
+                     "straggler": straggler_text(r.summary.get("straggler"))})
     rows.sort(key=lambda x: (x["sync"], x["world_size"] or 0, x["run"]))
     return rows
+
+
+def straggler_text(s: Optional[dict]) -> str:
+    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or – when none named."""
+    if not s:
+        return "–"
+    return f"rank {s['rank']} +{s['late_ms']:.2f} ms ({s['share']:.0%})"
 
 
 def phase_markdown(rows: list[dict], short) -> list[str]:
     lines = ["## Phase times per step", "",
              "Mean ms per step over all epochs (metrics.jsonl `phase_s.<phase>.mean`); comm = "
              "`comm.time_s / steps`, the time the synchroniser's collectives took (with ddp it "
-             "overlaps backward, so it is not a separate phase).", "",
-             "| sync | world | data | forward | backward | sync | optim | step | comm | run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "overlaps backward, so it is not a separate phase). straggler = summary.json "
+             "`straggler`: the rank the others wait for, how long (median ms per step) and the "
+             "share of steps it came last (– when no rank is clearly the one; docs/sync.md).", "",
+             "| sync | world | data | forward | backward | sync | optim | step | comm | straggler | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['sync']} | {r['world_size']} | " + " | ".join(
-            _f(r[f"{p}_ms"], ".3f") for p in (*PHASES, "step", "comm")) + f" | {short(r['run'])} |")
+            _f(r[f"{p}_ms"], ".3f") for p in (*PHASES, "step", "comm"))
+            + f" | {r.get('straggler', '–')} | {short(r['run'])} |")
     return lines + [""]
 
 

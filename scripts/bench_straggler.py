@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""Straggler finding, checked against the truth: which measure names the late rank and how
+well it gets its lateness, measured side by side in one run.
+
+    .venv/bin/python scripts/bench_straggler.py                        # 3 ranks, CPU gloo
+    .venv/bin/python scripts/bench_straggler.py --world 3 --steps 300 --rounds 3 --slow-ms 5
+
+Every rank of one machine reads one clock (time.perf_counter is CLOCK_MONOTONIC, shared by
+the processes of a host), so here the true arrival of each rank at each step's first
+collective is known. Each configuration (nothing injected; `--slow-ms` on rank 1;
+`--jitter-ms` on every rank) runs the trainer's own step loop (`ddp_lab.train.run_steps`,
+MLP, batch 64, MNIST) for every sync of `--syncs`, with a fresh `Clock` made right after
+a barrier, as the trainer does at the start. Three estimates of "the rank the others wait
+for, and by how much" are printed per (configuration, sync, round):
+
+- waits: each rank's comm time per step (`ddp_lab.timing.StragglerTally`, what the
+  trainer records); durations on each rank's own clock,
+- arrivals: each rank's arrival stamp at the step's first collective on its Clock (zero
+  set after the barrier: off by that barrier's exit skew),
+- truth: the same arrival stamps on the host's shared clock.
+
+and the barrier's exit skew (spread of the Clock zeros on the shared clock) and the delay
+the slow rank actually slept (median). Not a test: under load the numbers move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from ddp_lab.ports import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def from_arrivals(arrivals: list[list[float]]) -> tuple[int, float, float]:
+    """arrivals[rank][step] -> (the rank most often last, its share of steps, its median
+    lead over the others in ms, over every step): the waits' rule, on arrival stamps."""
+    n = len(arrivals)
+    lasts, leads = [], [[] for _ in range(n)]
+    for col in zip(*arrivals):
+        lasts.append(max(range(n), key=col.__getitem__))
+        for r in range(n):
+            leads[r].append(statistics.median(col[r] - col[q] for q in range(n) if q != r))
+    rank = max(range(n), key=lasts.count)
+    return rank, lasts.count(rank) / len(lasts), 1e3 * statistics.median(leads[rank])
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from ddp_lab.config import compose
+    from ddp_lab.data import build_splits, prepare_mnist
+    from ddp_lab.delay import ComputeDelay
+    from ddp_lab.distributed import local_gloo_world
+    from ddp_lab.models import build_model, build_optimizer
+    from ddp_lab.sync import build_sync
+    from ddp_lab.timing import Clock, StepTimer
+    from ddp_lab.train import run_steps
+
+    ctx = local_gloo_world(rank, world, port)
+    try:
+        cfg = compose([f"data.root={args.data_root}"])
+        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, False)
+        splits = build_splits(cfg.data, cfg.train, ctx.env, ctx.device)
+        configs = [("none", -1, 0.0, 0.0), (f"rank 1 +{args.slow_ms:g} ms", 1, args.slow_ms, 0.0),
+                   (f"jitter 0..{args.jitter_ms:g} ms", -1, 0.0, args.jitter_ms)]
+        rows = []
+        for rnd in range(args.rounds + 1):  # round 0: warm-up, not reported
+            for label, slow_rank, slow_ms, jitter_ms in configs:
+                for name in args.syncs.split(","):
+                    debug = OmegaConf.create({"slow_rank": slow_rank, "slow_ms": slow_ms,
+                                              "jitter_ms": jitter_ms})
+                    delay = ComputeDelay.from_config(debug, rank, rnd)
+                    slept: list[float] = []
+                    if delay is not None:
+                        inner = delay
+
+                        def delay(inner=inner) -> None:
+                            t = time.perf_counter()
+                            inner()
+                            slept.append(time.perf_counter() - t)
+                    torch.manual_seed(0)
+                    module = build_model(cfg.model)
+                    dist.barrier()  # load-bearing: the Clock's zero, as train.py sets it
+                    clock = Clock(ctx.device)
+                    syncer = build_sync(compose([f"sync={name}"]).sync, module, ctx.device,
+                                        world, clock=clock)
+                    opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+                    timer = StepTimer(clock)
+                    splits.train.set_epoch(rnd)
+                    steps = args.steps if rnd else 30
+                    dist.barrier()
+                    run_steps(syncer, opt, iter(splits.train), range(steps), timer, delay=delay)
+                    syncer.close()
+                    st, comm = timer.collect(), syncer.take_comm()
+                    starts = [s.start for s in st]
+                    first: list[float] = []  # each step's first collective (sorted by start)
+                    i = 0
+                    for s0 in starts:
+                        while comm.timed[i].start < s0:
+                            i += 1
+                        first.append(comm.timed[i].start)
+                    mine = (clock.origin, comm.per_step_seconds(st), first,
+                            statistics.median(slept) if slept else None)
+                    got = ctx.gather_objects(mine)
+                    if rank == 0 and rnd > 0:
+                        rows.append((label, name, rnd, got))
+        queue.put((rank, rows))
+    except BaseException as e:  # noqa: BLE001 -- reported by the parent
+        queue.put((rank, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300, help="steps per measurement")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--slow-ms", type=float, default=5.0)
+    ap.add_argument("--jitter-ms", type=float, default=5.0)
+    ap.add_argument("--syncs", default="ddp,allreduce")
+    ap.add_argument("--data-root", default=str(REPO / "data"))
+    args = ap.parse_args()
+
+    import torch.multiprocessing as mp
+
+    from ddp_lab.timing import StragglerTally
+
+    mpc = mp.get_context("spawn")
+    queue = mpc.Queue()
+    port = free_port()
+    procs = [mpc.Process(target=worker, args=(r, args.world, port, args, queue))
+             for r in range(args.world)]
+    for p in procs:
+        p.start()
+    rows = None
+    for _ in procs:
+        rank, out = queue.get(timeout=3600)
+        if isinstance(out, str):
+            print(f"rank {rank} failed: {out}", file=sys.stderr)
+            return 1
+        if rank == 0:
+            rows = out
+    for p in procs:
+        p.join()
+    n = args.world
+    print(f"world {n}, CPU gloo, {args.steps} steps each, MLP batch 64; lateness = the "
+          "rank's median lead over the others (ms, every step); share = of steps it was last\n")
+    print("| injected | sync | round | waits: named (late ms, share) | arrivals on Clock: last "
+          "(late ms) | truth: last (late ms, share) | barrier exit skew (ms) | slept (ms) |")
+    print("| --- | --- | ---: | --- | --- | --- | ---: | ---: |")
+    errs: dict[str, list[float]] = {"waits vs truth": [], "arrivals vs truth": [],
+                                    "waits vs injected": [], "truth vs injected": []}
+    for label, name, rnd, got in rows:
+        origins = [g[0] for g in got]
+        tally = StragglerTally.from_waits([g[1] for g in got])
+        named = tally.named()
+        w_rank = max(range(n), key=tally.share)
+        clock_arr = [g[2] for g in got]  # seconds on each rank's Clock (stamp - its zero)
+        true_arr = [[a + o for a in arr] for arr, o in zip(clock_arr, origins)]  # shared clock
+        c_rank, c_share, c_late = from_arrivals(clock_arr)
+        t_rank, t_share, t_late = from_arrivals(true_arr)
+        skew = 1e3 * (max(origins) - min(origins))
+        slept = [g[3] for g in got if g[3] is not None]
+        w_late = tally.late_ms(w_rank) or 0.0
+        if label != "none" and not label.startswith("jitter"):
+            errs["waits vs truth"].append(w_late / t_late - 1)
+            errs["arrivals vs truth"].append(c_late / t_late - 1)
+            errs["waits vs injected"].append(w_late / args.slow_ms - 1)
+            errs["truth vs injected"].append(t_late / args.slow_ms - 1)
+        named_s = (f"rank {named['rank']} ({named['late_ms']:.2f}, {named['share']:.0%})"
+                   if named else f"none (rank {w_rank}: {w_late:.2f}, {tally.share(w_rank):.0%})")
+        print(f"| {label} | {name} | {rnd} | {named_s} | rank {c_rank} ({c_late:.2f}, "
+              f"{c_share:.0%}) | rank {t_rank} ({t_late:.2f}, {t_share:.0%}) | {skew:.3f} | "
+              f"{'/'.join(f'{1e3 * s:.2f}' for s in slept) or '-'} |")
+    print("\nerror of the lateness against the truth, injected rows (median, min..max):")
+    for k, v in errs.items():
+        if v:
+            print(f"  {k:18s} {100 * statistics.median(v):+.1f}%  "
+                  f"({100 * min(v):+.1f}% .. {100 * max(v):+.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
