@@ -31,6 +31,7 @@ exact; the library's phases are modelled as gloo runs them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -43,6 +44,8 @@ from ..distributed import DistContext
 from ..env import detect_env
 from ..topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
+
+log = logging.getLogger("ddp_lab")
 
 #: config name -> the algorithm's name in ddp_lab.collectives / costmodel
 INTER = {"ring": "ring", "library": "torch"}
@@ -93,6 +96,9 @@ class HierarchicalSync(AllReduceSync):
         largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
             max((b.buffer.numel() for b in self.buckets), default=1)
         self.bytes_exact = all(c.exact for _, c in self._phases(largest, 4))
+        log.info("hierarchical all-reduce: %s, leaders %s; inter %s, intra %s",
+                 self.topology.describe(), ",".join(map(str, self.leader_ranks)),
+                 self.cfg.inter, self.cfg.intra)
         return module
 
     def _phases(self, numel: int, elem_size: int) -> tuple[tuple[str, costmodel.Cost], ...]:
