@@ -208,6 +208,31 @@ def test_bytes_per_rank_are_the_cost_models(world_run):
     assert exact  # the counted comparison above ran
 
 
+# ------------------------------------------------------------ the cost model by hand
+def test_hierarchical_cost_by_hand():
+    m, nodes = 1000 * 4, ((0, 1, 2), (3, 4, 5))
+    (c1, red), (c2, lead), (c3, bcast) = costmodel.hierarchical_calls(
+        1000, nodes, 4, intra="tree", inter="ring")
+    assert (c1, c2, c3) == ("reduce", "all_reduce", "broadcast")
+    # binomial tree on 3 ranks: the leader is the parent of both others
+    assert red.sent == (0, m, m, 0, m, m) and red.recv == (2 * m, 0, 0, 2 * m, 0, 0)
+    assert bcast.sent == red.recv and bcast.recv == red.sent
+    # a ring of 2 leaders: each sends (and receives) the whole buffer once, to the other node
+    assert lead.sent == lead.recv == (m, 0, 0, m, 0, 0)
+    assert costmodel.cross_node_sent(1000, nodes, 4, intra="tree", inter="ring") == lead.sent
+    assert (red.steps, lead.steps, bcast.steps) == (2, 2, 2) and red.exact and lead.exact
+    # the library's phases are modelled, not exact; 3 leaders: uneven ring chunks 334/333/333
+    _, (_, lead3), _ = costmodel.hierarchical_calls(1000, ((0, 1), (2, 3), (4, 5)), 4)
+    assert lead3.sent == (4 * (2000 - 333 - 333), 0, 4 * (2000 - 333 - 334), 0,
+                          4 * (2000 - 334 - 333), 0)
+    assert sum(lead3.sent) == 2 * 2 * m  # 2(L-1) buffers cross nodes in all
+    assert not costmodel.hierarchical_calls(1000, nodes, 4)[0][1].exact  # library reduce
+    with pytest.raises(ValueError, match="do not hold every rank"):
+        costmodel.hierarchical_calls(10, ((0, 1), (3,)), 4)
+    with pytest.raises(ValueError, match="leader"):
+        costmodel.hierarchical_calls(10, ((1, 0), (2,)), 4)
+
+
 # ------------------------------------------------------------ configurations refused
 @pytest.mark.parametrize("overrides,world,message", [
     ({"node_size": 3}, 4, "sync.node_size=3: must divide the world of 4 ranks into equal "
