@@ -5,11 +5,14 @@ leaders, broadcast inside each node.
     node 1: ranks 2 3        2. all-reduce among 0, 2         (the only cross-node traffic)
                              3. broadcast 0 -> 1,  2 -> 3     (inside nodes)
 
-Only one rank per node (its leader, the lowest rank) talks to other nodes, and it sends
-the ring's 2(L-1)/L of the buffer for L nodes, instead of every rank of the node sending
-2(n-1)/n of it over the same network: the cross-node bytes of a flat ring on k ranks per
-node, divided by about k. The price is two more phases (2 x ceil(log2 k) latencies with
-the tree) and, inside the node, a reduce and a broadcast of the whole buffer.
+Only one rank per node (its leader, the lowest rank) talks to other nodes: on L nodes
+each leader sends the ring's 2(L-1)/L of the buffer, 2(L-1) buffers cross nodes in all,
+in 2(L-1) steps of 1/L of the buffer. A flat ring over the n = kL ranks (nodes contiguous)
+also has L links between nodes, but each carries 2(n-1)/n of the buffer (2L(n-1)/n in
+all, in 2(n-1) steps of 1/n, every step waiting for the slow link): fewer bytes and k
+times fewer, larger messages between nodes. The price is two more phases (2 x
+ceil(log2 k) latencies with the tree) and, inside the node, a reduce and a broadcast of
+the whole buffer.
 
 - `sync.inter=ring` (default): the leaders run `ddp_lab.collectives`' ring all-reduce on
   their own process group (on gloo with `sync.prepost`, one
