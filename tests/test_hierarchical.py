@@ -22,9 +22,11 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from ddp_lab import costmodel
+from ddp_lab.collectives import ALL_REDUCE, REDUCE
 from ddp_lab.config import CONF_DIR, SCHEMAS
 from ddp_lab.models import MLP
 from ddp_lab.sync import build_sync, check_sync
+from ddp_lab.sync.hierarchical import HierarchicalSync
 
 from helpers import count_p2p_bytes, run_cli, run_world
 
@@ -48,6 +50,15 @@ VARIANTS = {
         ("k2_tree", {"node_size": 2, "intra": "tree"}, None),
     ],
 }
+
+
+class NoBroadcastSync(HierarchicalSync):
+    """Broken on purpose: the leaders' result never reaches the rest of their node."""
+
+    def all_reduce(self, flat):
+        REDUCE[self.intra_algo](flat, self.leader, group=self.node_group)
+        if self.is_leader:
+            ALL_REDUCE[self.inter_algo](flat, group=self.leader_group)
 
 
 def sync_cfg(name: str, **overrides):
@@ -107,11 +118,16 @@ def _worker(rank: int, world: int) -> dict:
     runs = [("ddp", "ddp", {"bucket_cap_mb": SMALL_BUCKET_MB}, None)]
     runs += [(label, "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, **ov}, nodes)
              for label, ov, nodes in VARIANTS[world]]
+    runs += [("broken_no_broadcast", "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, "node_size": 2},
+              None)]
     for label, name, overrides, nodes in runs:
         torch.manual_seed(0)
         model = MLP(hidden=HIDDEN)
+        cls = NoBroadcastSync if label.startswith("broken") else None
         with launcher_nodes(nodes, rank):
-            syncer = build_sync(sync_cfg(name, **overrides), model, torch.device("cpu"), world)
+            cfg = sync_cfg(name, **overrides)
+            syncer = (cls(cfg, model, torch.device("cpu"), world) if cls
+                      else build_sync(cfg, model, torch.device("cpu"), world))
         counter.update(sent=0, recv=0, to={})
         _train(syncer, model, rank, xs, ys)
         comm = syncer.take_comm()
@@ -154,6 +170,17 @@ def test_weights_equal_ddps_and_every_rank_holds_the_same(world_run):
                 f"{label} rank {rank}: {diff:.3g} from DDP's weights"
             # the broadcast hands every rank its leader's bits, the leaders' ring agrees bitwise
             assert all(torch.equal(a, b) for a, b in zip(params, mine[0])), (label, rank)
+
+
+@pytest.mark.dist
+def test_a_hierarchy_without_its_broadcast_fails_that_check(world_run):
+    """Negative control: non-leaders keep their own (partial) gradients, the check sees it."""
+    _, results = world_run
+    ddp = _params(results[0]["ddp"])
+    for rank, r in enumerate(results):
+        if rank != r["broken_no_broadcast"]["leader"]:
+            params = _params(r["broken_no_broadcast"])
+            assert not all(torch.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(params, ddp))
 
 
 @pytest.mark.dist
@@ -235,8 +262,8 @@ def test_hierarchical_cost_by_hand():
 
 # ------------------------------------------------------------ configurations refused
 @pytest.mark.parametrize("overrides,world,message", [
-    ({"node_size": 3}, 4, "sync.node_size=3: must divide the world of 4 ranks into equal "
-                          "nodes: use one of 1, 2, 4, or 0 for the launcher's nodes"),
+    ({"node_size": 3}, 4, ("sync.node_size=3: must divide the world of 4 ranks into equal "
+                           "nodes: use one of 1, 2, 4, or 0 for the launcher's nodes")),
     ({"node_size": -1}, 4, "sync.node_size=-1"),
     ({"inter": "tree"}, 4, "sync.inter=tree: choose ring or library"),
     ({"intra": "ring"}, 4, "sync.intra=ring: choose library or tree"),
