@@ -227,6 +227,22 @@ class ReduceBroadcastSyncConfig(BucketSyncConfig):
     """the rank that averages, steps the optimiser and holds its state"""
 
 
+@dataclass
+class HierarchicalSyncConfig(RingSyncConfig):
+    """Reduce inside each node, all-reduce among one leader per node, broadcast inside
+    each node, per bucket (ddp_lab/sync/hierarchical.py)."""
+
+    inter: str = "ring"
+    """the leaders' all-reduce (the only traffic between nodes): ring (ddp_lab.collectives,
+    exact bytes; sync.prepost applies) | library (torch.distributed.all_reduce on their group)"""
+    intra: str = "library"
+    """the reduce onto the node's leader and the broadcast from it: library
+    (torch.distributed.reduce/broadcast on the node's group) | tree (ddp_lab.collectives)"""
+    node_size: int = 0
+    """0 = the launcher's nodes; k = pretend every k consecutive ranks are a node (one
+    machine; must divide the world size)"""
+
+
 # ------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
@@ -499,7 +515,8 @@ SCHEMAS: dict[str, Registry[type]] = {
     "sync": Registry("sync", {
         "ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
         "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
-        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig}),
+        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
+        "hierarchical": HierarchicalSyncConfig}),
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),

@@ -21,9 +21,16 @@ ring reduce-scatter, then every rank sends its reduced chunk to the root. nccl p
 its own algorithms (ring, tree, pipelined chains); the model does not follow it there.
 
 Bytes scale with ``elem_size``: a bf16/fp16 wire format is the same call with
-``elem_size=2``. A call made of phases (hierarchical all-reduce: intra-node reduce,
-leaders' all-reduce, intra-node broadcast) is their costs joined with :meth:`Cost.then`;
+``elem_size=2``. A call made of phases is their costs joined with :meth:`Cost.then`;
 :func:`sync_calls` does that for what a synchroniser runs per bucket.
+
+Hierarchical all-reduce (``sync=hierarchical``) runs its phases on *groups*: a reduce
+inside every node onto the node's leader (its lowest rank), an all-reduce among the
+leaders (one per node), a broadcast inside every node. :func:`hierarchical_calls` gives
+each phase as a :class:`Cost` over the whole world (group ranks mapped to global ranks,
+the groups of one phase running side by side: the slowest sets ``steps``/``path_bytes``);
+only the leaders' phase crosses nodes, so what rank ``r`` sends to another node per
+bucket is that phase's ``sent[r]`` (:func:`cross_node_sent`).
 """
 
 from __future__ import annotations
@@ -221,7 +228,61 @@ SYNC_FORMULAS: dict[str, str] = {
     "tree": "2⌈log2 n⌉(α + m·β)",
     "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
     "reduce_broadcast": "nα + 2(n-1)/n·m·β + ⌈log2 n⌉(α + m·β) (library, as gloo)",
+    # phases on groups (HIERARCHICAL_PHASES): k ranks per node, L nodes
+    "hierarchical": "R_k + A_L + B_k: reduce in each node (tree: ⌈log2 k⌉(α + m·β)), "
+                    "all-reduce among the L leaders (ring: 2(L-1)α + 2(L-1)/L·m·β, the only "
+                    "bytes that cross nodes), broadcast in each node (tree: ⌈log2 k⌉(α + m·β))",
 }
+
+
+#: sync=hierarchical per bucket: (collective, where it runs). "node": inside every node
+#: (sync.intra's algorithm, root = the node's leader); "leaders": one rank per node
+#: (sync.inter's algorithm). See hierarchical_calls.
+HIERARCHICAL_PHASES: tuple[tuple[str, str], ...] = (
+    ("reduce", "node"), ("all_reduce", "leaders"), ("broadcast", "node"))
+
+
+def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
+               algorithm: str, numel: int, elem_size: int) -> Cost:
+    """One collective run side by side on disjoint ``groups`` (global ranks, the first of
+    each its root), as one world-wide Cost: each rank's bytes in its own group (0 outside
+    every group), the slowest group's steps and path bytes."""
+    sent, recv = [0] * world, [0] * world
+    steps, path, exact = 0, 0.0, True
+    for g in groups:
+        c = cost(collective, algorithm, numel, len(g), elem_size)
+        for i, r in enumerate(g):
+            sent[r] += c.sent[i]
+            recv[r] += c.recv[i]
+        steps, path, exact = max(steps, c.steps), max(path, c.path_bytes), exact and c.exact
+    return Cost(steps, tuple(sent), tuple(recv), path, exact)
+
+
+@lru_cache(maxsize=1024)
+def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
+                       intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
+    """``(collective, Cost)`` of the three phases of one hierarchical all-reduce of ``numel``
+    elements (:data:`HIERARCHICAL_PHASES`), each over the whole world. ``nodes``: the global
+    ranks of each node (every rank once, the leader first: ``ddp_lab.topology``);
+    ``intra``: the reduce/broadcast algorithm inside nodes (``tree`` | ``torch``),
+    ``inter``: the leaders' all-reduce (``ring`` | ``torch`` | ...)."""
+    world = sum(len(n) for n in nodes)
+    if sorted(r for n in nodes for r in n) != list(range(world)):
+        raise ValueError(f"nodes {nodes} do not hold every rank 0..{world - 1} once")
+    if any(n[0] != min(n) for n in nodes):
+        raise ValueError(f"nodes {nodes}: each node's leader (listed first) is its lowest rank")
+    where = {"node": nodes, "leaders": (tuple(n[0] for n in nodes),)}
+    algo = {"node": intra, "leaders": inter}
+    return tuple((coll, _on_groups(where[at], world, coll, algo[at], numel, elem_size))
+                 for coll, at in HIERARCHICAL_PHASES)
+
+
+def cross_node_sent(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
+                    intra: str = "torch", inter: str = "ring") -> tuple[int, ...]:
+    """Bytes each rank sends to another node in one hierarchical all-reduce: the leaders'
+    all-reduce is the only phase whose messages leave a node, and all of them do."""
+    _, (_, leaders), _ = hierarchical_calls(numel, nodes, elem_size, intra=intra, inter=inter)
+    return leaders.sent
 
 
 def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,

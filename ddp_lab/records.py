@@ -115,6 +115,8 @@ class RunSummary(_Record):
     comm_bytes_sent: Optional[int] = None  # bytes one rank sent over the run
     comm_bytes_recv: Optional[int] = None
     comm_bytes_exact: Optional[bool] = None
+    # bytes one rank sent to another node over the run (sync=hierarchical; None: not known)
+    comm_bytes_cross_node: Optional[int] = None
     comm_algbw_GBps: Optional[float] = None
     comm_busbw_GBps: Optional[float] = None
     step_time_ms_mean: Optional[float] = None

@@ -53,6 +53,7 @@ class RunTotals:
     recv: int = 0
     bus: float = 0.0
     steps: int = 0
+    cross_node: Optional[int] = None  # None: the synchroniser does not know the nodes
 
     def add(self, step_s: float, comm: CommStats, steps: int) -> None:
         self.step_s += step_s
@@ -63,6 +64,8 @@ class RunTotals:
         self.recv += comm.bytes_recv
         self.bus += comm.bus_bytes
         self.steps += steps
+        if comm.bytes_cross_node is not None:
+            self.cross_node = (self.cross_node or 0) + comm.bytes_cross_node
 
     def summary(self, timing: bool, bytes_exact: bool) -> dict[str, Any]:
         """The run's comm keys: comm_fraction is total in-flight comm / total step time."""
@@ -73,7 +76,7 @@ class RunTotals:
             "comm_time_s": self.comm_s if timing else None,
             "comm_calls": self.calls, "comm_payload_bytes": self.payload,
             "comm_bytes_sent": self.sent, "comm_bytes_recv": self.recv,
-            "comm_bytes_exact": bytes_exact,
+            "comm_bytes_exact": bytes_exact, "comm_bytes_cross_node": self.cross_node,
             "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
             "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
             "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
@@ -228,6 +231,7 @@ class Telemetry:
             "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if self.timing else {},
             "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
                      "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                     "bytes_cross_node": comm.bytes_cross_node,
                      "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
                      "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
                      "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
@@ -346,6 +350,8 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
         "comm/calls(per step)": c["calls"] / steps,
     }
+    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
+        out["comm/bytes_cross_node(MB/step)"] = c["bytes_cross_node"] / 1e6 / steps
     if rec.timing:
         out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
         out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,

@@ -14,7 +14,8 @@ time base, so a collective can be placed inside its step and phase.
   ties the device timeline to the host clock at each epoch start.
 
 `CommStats` is what a synchroniser communicated in an epoch: calls, payload bytes, bytes
-this rank sent and received, and the time during which at least one of its collectives
+this rank sent and received (and, for a synchroniser that knows the node layout, the bytes
+it sent to another node), and the time during which at least one of its collectives
 was in flight; its bus bytes use nccl-tests' busbw factors (`ddp_lab.costmodel.busbw_factor`).
 
 The communication share of step time (`comm_fraction` in metrics and summary) is
@@ -257,6 +258,9 @@ class CommStats:
     seconds: float = 0.0
     bus_bytes: float = 0.0
     timed: list[CommCall] = field(default_factory=list)
+    #: bytes this rank sent to a rank on another node; None: the synchroniser does not
+    #: know the node layout (only sync=hierarchical records it)
+    bytes_cross_node: Optional[int] = None
 
     @property
     def algbw(self) -> float:
@@ -312,28 +316,34 @@ class CommRecorder:
         # DDP's completion callbacks run on the backend's worker threads, several at once
         self._lock = threading.Lock()
 
-    def _count(self, op: str, payload: int, sent: int, recv: int) -> CommCall:
+    def _count(self, op: str, payload: int, sent: int, recv: int,
+               cross_node: Optional[int] = None) -> CommCall:
         st = self._stats
         st.calls += 1
         st.payload_bytes += payload
         st.bytes_sent += sent
         st.bytes_recv += recv
         st.bus_bytes += payload * busbw_factor(op, self.world_size)
+        if cross_node is not None:
+            st.bytes_cross_node = (st.bytes_cross_node or 0) + cross_node
         return CommCall(op, payload, sent, recv)
 
-    def timed(self, op: str, payload: int, sent: int, recv: int):
+    def timed(self, op: str, payload: int, sent: int, recv: int,
+              cross_node: Optional[int] = None):
+        """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
         self.progress.collective(op)
-        call = self._count(op, payload, sent, recv)
+        call = self._count(op, payload, sent, recv, cross_node)
         return _Timed(self, call) if self.enabled else _NOTHING
 
     def begin(self) -> Any:
         self.progress.collective()  # an async call (DDP's bucket all-reduce) is launched
         return self.clock.stamp() if self.enabled else None
 
-    def finish(self, start: Any, op: str, payload: int, sent: int, recv: int) -> None:
+    def finish(self, start: Any, op: str, payload: int, sent: int, recv: int,
+               cross_node: Optional[int] = None) -> None:
         end = self.clock.stamp() if self.enabled else None
         with self._lock:
-            call = self._count(op, payload, sent, recv)
+            call = self._count(op, payload, sent, recv, cross_node)
             if self.enabled:
                 self._pending.append((call, start, end))
 

@@ -78,12 +78,23 @@ def count_p2p_bytes(counter: dict) -> None:
     """Count, in `counter["sent"]` / `counter["recv"]`, the bytes this process hands to
     torch.distributed's isend/irecv (directly, as PersistentRingAllReduce does, or through
     batch_isend_irecv, which calls them: every send/recv of ddp_lab.collectives). A receive
-    counts when it has been waited for: the ring posts receives a call ahead. Call it once
-    per process (a rank of `run_world`); the real sends and receives still run."""
+    counts when it has been waited for: the ring posts receives a call ahead. Sends are
+    also counted by destination, in `counter["to"]` (global rank -> bytes), when the
+    counter has that key. Call it once per process (a rank of `run_world`); the real sends
+    and receives still run."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     send, recv = c10d.isend, c10d.irecv
+
+    def destination(args, kwargs) -> int:
+        # isend(tensor, dst=None, group=None, tag=0, group_dst=None); batch_isend_irecv
+        # passes group_dst, our persistent ring a global dst
+        dst = kwargs.get("dst", args[0] if args else None)
+        if dst is None:
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
+            dst = dist.get_global_rank(group or dist.group.WORLD, kwargs["group_dst"])
+        return dst
 
     class Counted:
         def __init__(self, work, nbytes):
@@ -96,7 +107,11 @@ def count_p2p_bytes(counter: dict) -> None:
             return out
 
     def isend(tensor, *args, **kwargs):
-        counter["sent"] += tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size()
+        counter["sent"] += nbytes
+        if "to" in counter:
+            dst = destination(args, kwargs)
+            counter["to"][dst] = counter["to"].get(dst, 0) + nbytes
         return send(tensor, *args, **kwargs)
 
     def irecv(tensor, *args, **kwargs):

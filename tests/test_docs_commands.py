@@ -216,8 +216,17 @@ def script_bench_straggler(work):
     assert "| rank 1 +5 ms | allreduce | 1 |" in out and "waits vs truth" in out
 
 
+def script_bench_hierarchical(work):
+    # 2 local ranks, each its own pretend node: the leaders' ring is the world's
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_hierarchical.py"), "--repeats",
+                       "1", "--steps", "5", "--node-size", "1", "--", "launcher.nproc_per_node=2",
+                       work["data"]]))
+    assert "hierarchical inter=ring / ring: epoch" in out
+    assert "2 ranks, 1 launcher node(s)" in out
+
+
 SCRIPTS = {"bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
-           "bench_sync.py": script_bench_sync, "sync_table.py": script_sync_table,
+           "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
            "slurm_cluster.sh": script_slurm_cluster}

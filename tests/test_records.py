@@ -72,7 +72,8 @@ def test_old_files_read_as_version_0_with_every_value():
                            "global_batch": None, "scaling": None,
                            "micro_batch": None, "accumulation": None, "study": None,
                            "compiled": None, "compile_s": None,
-                           "straggler": None, "injected_delay": None}
+                           "straggler": None, "injected_delay": None,
+                           "comm_bytes_cross_node": None}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():

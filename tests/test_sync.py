@@ -96,6 +96,10 @@ VARIANTS = [
     ("tree", "tree", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly", "butterfly", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly_per_param", "butterfly", {"bucket_mb": 0}),
+    # every rank its own node: the leaders' ring is the whole world's (tests/test_hierarchical.py
+    # has the multi-rank nodes); one node of every rank: tree reduce + tree broadcast
+    ("hierarchical_ranks_as_nodes", "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, "node_size": 1}),
+    ("hierarchical_one_node", "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, "intra": "tree"}),
 ]
 
 
@@ -252,7 +256,8 @@ def test_every_sync_option_is_covered():
 # ------------------------------------------------------------ bytes and busbw
 @pytest.mark.dist
 @pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost_off", "tree",
-                                     "butterfly", "butterfly_per_param"])
+                                     "butterfly", "butterfly_per_param",
+                                     "hierarchical_ranks_as_nodes", "hierarchical_one_node"])
 def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
     world, results, _ = world_run
     for rank, r in enumerate(results):

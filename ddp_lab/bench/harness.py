@@ -29,7 +29,7 @@ from ..distributed import DistContext
 from ..costmodel import busbw_factor
 from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
-from .topology import GroupSet, Topology, build_groups, detect_topology
+from ..topology import GroupSet, Topology, build_groups, detect_topology
 
 log = logging.getLogger("ddp_lab")
 

@@ -13,6 +13,7 @@ from .allreduce import AllReduceSync
 from .base import Synchroniser
 from .butterfly import ButterflySync
 from .ddp import DDPSync
+from .hierarchical import HierarchicalSync
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .tree import TreeSync
@@ -24,6 +25,7 @@ SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "ring": RingSync,
     "tree": TreeSync,
     "butterfly": ButterflySync,
+    "hierarchical": HierarchicalSync,
 })
 REGISTRY = SYNCS  # the name earlier code and users' scripts import
 

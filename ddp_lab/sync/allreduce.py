@@ -17,7 +17,7 @@ invisible from here, so for this sync the model is the ring nccl-tests' busbw as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -47,15 +47,22 @@ class AllReduceSync(Synchroniser):
         self.params = params
         return module
 
-    # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES)
+    # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES,
+    # or override _cost)
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum `flat` across ranks, in place."""
         dist.all_reduce(flat)
 
-    def _reduce(self, flat: torch.Tensor, payload: int) -> None:
+    def _cost(self, numel: int, elem_size: int) -> tuple[str, costmodel.Cost, Optional[int]]:
+        """What one `all_reduce` of `numel` elements moves: the op recorded, its cost (this
+        rank's bytes at `self.rank`) and the bytes this rank sends to another node (None:
+        the algorithm does not know the nodes; hierarchical overrides this)."""
         (op, algorithm), = costmodel.SYNC_PHASES[self.name]
-        c = costmodel.cost(op, algorithm, flat.numel(), self.world_size, flat.element_size())
-        with self.comm.timed(op, payload, c.sent[self.rank], c.recv[self.rank]):
+        return op, costmodel.cost(op, algorithm, numel, self.world_size, elem_size), None
+
+    def _reduce(self, flat: torch.Tensor, payload: int) -> None:
+        op, c, cross = self._cost(flat.numel(), flat.element_size())
+        with self.comm.timed(op, payload, c.sent[self.rank], c.recv[self.rank], cross):
             self.all_reduce(flat)
         flat.div_(self.world_size)  # the average: every rank divides the same sum
 

@@ -1,4 +1,4 @@
-"""Process groups from the detected topology: global, intra-node, cross-node.
+"""Process groups from the detected topology: global, intra-node, cross-node, leaders.
 
 Every rank tells every other rank its node (from the launcher's variables, `DistEnv`)
 and host name; the groups follow from that table, never from a hard-coded layout:
@@ -6,6 +6,12 @@ and host name; the groups follow from that table, never from a hard-coded layout
 - `global`: all ranks (the default group)
 - `intra_node`: the ranks of one node, one group per node (ranks 0-3, 4-7, ... on 4x4)
 - `cross_node`: the j-th rank of every node, one group per local index (0,4,8,12, ...)
+- `leaders`: the first (lowest) rank of every node, one group (0,4,8,12); the other ranks
+  are in none (`GroupSet.mine` is None there)
+
+`node_size=k` (the benchmark's `bench.node_size`, the hierarchical synchroniser's
+`sync.node_size`) pretends that every k consecutive ranks are a node, to study
+the layouts on one machine.
 
 `torch.distributed.new_group` is collective over the *whole* world: every rank must call
 it for every group, in the same order, even for groups it is not in. `build_groups` does
@@ -19,22 +25,24 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ..distributed import DistContext
-from ..env import hostname
+from .distributed import DistContext
+from .env import hostname
 
 
 @dataclass(frozen=True)
 class Topology:
     nodes: tuple[tuple[int, ...], ...]  # global ranks of each node, nodes in order
     hosts: tuple[str, ...]  # host name of each rank
-    simulated: bool = False  # nodes come from bench.node_size, not from the launcher
+    simulated: bool = False  # nodes come from a node_size setting, not from the launcher
+    simulated_by: str = "bench.node_size"  # that setting's key, for describe()
 
     @property
     def world_size(self) -> int:
         return len(self.hosts)
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
-        """The rank lists of every group of `kind` (each rank is in exactly one)."""
+        """The rank lists of every group of `kind` (each rank is in exactly one, except
+        for `leaders`, which holds one rank per node)."""
         if kind == "global":
             return [tuple(range(self.world_size))]
         if kind == "intra_node":
@@ -42,7 +50,9 @@ class Topology:
         if kind == "cross_node":
             width = max(len(n) for n in self.nodes)
             return [tuple(n[j] for n in self.nodes if j < len(n)) for j in range(width)]
-        raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node or cross_node")
+        if kind == "leaders":
+            return [tuple(n[0] for n in self.nodes)]
+        raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node, cross_node or leaders")
 
     def pairs(self) -> dict[str, Optional[tuple[int, int]]]:
         """Ping-pong partners of rank 0: another rank on its node, and the first rank of
@@ -54,28 +64,31 @@ class Topology:
     def describe(self) -> str:
         sizes = sorted({len(n) for n in self.nodes})
         per = str(sizes[0]) if len(sizes) == 1 else "-".join(map(str, (sizes[0], sizes[-1])))
-        how = " (simulated, bench.node_size)" if self.simulated else ""
+        how = f" (simulated, {self.simulated_by})" if self.simulated else ""
         nodes = len(self.nodes)
         return (f"{nodes} node{'s' if nodes != 1 else ''} x {per} "
                 f"rank{'s' if per != '1' else ''}{how}")
 
 
-def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bool = False) -> Topology:
+def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bool = False,
+                        simulated_by: str = "bench.node_size") -> Topology:
     """Group ranks by node id (nodes ordered by id, ranks ascending within a node)."""
     by_node: dict[int, list[int]] = {}
     for rank, node in enumerate(node_of_rank):
         by_node.setdefault(node, []).append(rank)
     nodes = tuple(tuple(by_node[k]) for k in sorted(by_node))
-    return Topology(nodes=nodes, hosts=tuple(hosts), simulated=simulated)
+    return Topology(nodes=nodes, hosts=tuple(hosts), simulated=simulated,
+                    simulated_by=simulated_by)
 
 
-def detect_topology(ctx: DistContext, node_size: int = 0) -> Topology:
-    """Collective: every rank's node (or `rank // node_size` when simulating) and host."""
-    env = ctx.env
-    table = ctx.gather_objects((env.node_rank, hostname()))
+def detect_topology(ctx: DistContext, node_size: int = 0,
+                    key: str = "bench.node_size") -> Topology:
+    """Collective: every rank's node (or `rank // node_size` when simulating, `key` naming
+    the setting) and host."""
+    table = ctx.gather_objects((ctx.env.node_rank, hostname()))
     hosts = [h for _, h in table]
-    if node_size > 0:
-        return topology_from_table([r // node_size for r in range(env.world_size)], hosts, True)
+    if node_size > 0:  # one table row per rank of the process group
+        return topology_from_table([r // node_size for r in range(len(table))], hosts, True, key)
     return topology_from_table([n for n, _ in table], hosts)
 
 
@@ -86,15 +99,15 @@ class GroupSet:
     kind: str
     members: list[tuple[int, ...]]
     handles: list  # ProcessGroup per member list (None = the default group)
-    mine: int  # index of this rank's group in `members`
+    mine: Optional[int]  # index of this rank's group in `members`; None: in none (leaders)
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        return self.members[self.mine]
+        return self.members[self.mine] if self.mine is not None else ()
 
     @property
     def handle(self):
-        return self.handles[self.mine]
+        return self.handles[self.mine] if self.mine is not None else None
 
     @property
     def measured(self) -> list[int]:
@@ -116,6 +129,6 @@ def build_groups(topo: Topology, kinds: list[str], rank: int) -> dict[str, Group
             else:
                 # load-bearing: called by every rank, for every group, in the same order
                 handles.append(dist.new_group(list(ranks)))
-        mine = next(i for i, m in enumerate(members) if rank in m)
+        mine = next((i for i, m in enumerate(members) if rank in m), None)
         out[kind] = GroupSet(kind, members, handles, mine)
     return out

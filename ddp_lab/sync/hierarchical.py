@@ -1,0 +1,132 @@
+"""sync=hierarchical: per flat bucket, reduce inside each node, all-reduce among the nodes'
+leaders, broadcast inside each node.
+
+    node 0: ranks 0 1        1. reduce   0 <- 1,   2 <- 3     (inside nodes, side by side)
+    node 1: ranks 2 3        2. all-reduce among 0, 2         (the only cross-node traffic)
+                             3. broadcast 0 -> 1,  2 -> 3     (inside nodes)
+
+Only one rank per node (its leader, the lowest rank) talks to other nodes: on L nodes
+each leader sends the ring's 2(L-1)/L of the buffer, 2(L-1) buffers cross nodes in all,
+in 2(L-1) steps of 1/L of the buffer. A flat ring over the n = kL ranks (nodes contiguous)
+also has L links between nodes, but each carries 2(n-1)/n of the buffer (2L(n-1)/n in
+all, in 2(n-1) steps of 1/n, every step waiting for the slow link): fewer bytes and k
+times fewer, larger messages between nodes. The price is two more phases (2 x
+ceil(log2 k) latencies with the tree) and, inside the node, a reduce and a broadcast of
+the whole buffer.
+
+- `sync.inter=ring` (default): the leaders run `ddp_lab.collectives`' ring all-reduce on
+  their own process group (on gloo with `sync.prepost`, one
+  `PersistentRingAllReduce` per bucket, receives posted a call ahead); `library`:
+  `torch.distributed.all_reduce` on that group.
+- `sync.intra=library` (default): `torch.distributed.reduce` / `broadcast` on the node's
+  group (NVLink / shared memory under nccl); `tree`: `ddp_lab.collectives`' binomial trees.
+- Nodes: the launcher's (`DistEnv.node_rank`, `ddp_lab.topology`), or with
+  `sync.node_size=k` every k consecutive ranks pretend to be a node (one machine). Nodes
+  of unequal sizes work (each node's group is its own size).
+
+It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging and whatever
+`_reduce` does around the call (overlap, wire compression) are shared with allreduce,
+ring, tree and butterfly. Bytes: `ddp_lab.costmodel.hierarchical_calls` (each phase, per
+rank), and the bytes each rank sends to another node (`comm_bytes_cross_node`). With
+`inter=ring` and `intra=tree` every byte goes through our send/recv and the count is
+exact; the library's phases are modelled as gloo runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import costmodel
+from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
+from ..distributed import DistContext
+from ..env import detect_env
+from ..topology import Topology, build_groups, detect_topology
+from .allreduce import AllReduceSync
+
+log = logging.getLogger("ddp_lab")
+
+#: config name -> the algorithm's name in ddp_lab.collectives / costmodel
+INTER = {"ring": "ring", "library": "torch"}
+INTRA = {"library": "torch", "tree": "tree"}
+
+
+class HierarchicalSync(AllReduceSync):
+    name = "hierarchical"
+    bytes_exact = False  # set per run in wrap: exact when every phase that runs is ours
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        super().check(cfg, world_size)
+        if cfg.inter not in INTER:
+            raise ValueError(f"sync.inter={cfg.inter}: choose {' or '.join(INTER)}")
+        if cfg.intra not in INTRA:
+            raise ValueError(f"sync.intra={cfg.intra}: choose {' or '.join(INTRA)}")
+        k = cfg.node_size
+        if k < 0 or (k > 0 and world_size % k):
+            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ValueError(
+                f"sync.node_size={k}: must divide the world of {world_size} ranks into equal "
+                f"nodes: use one of {', '.join(map(str, divisors))}, or 0 for the launcher's nodes")
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        module = super().wrap(module)
+        self.intra_algo, self.inter_algo = INTRA[self.cfg.intra], INTER[self.cfg.inter]
+        self.plans: dict[int, PersistentRingAllReduce] = {}
+        if self.world_size == 1:
+            self.topology = Topology(nodes=((0,),), hosts=("",))
+            return module
+        # collective: every rank reports its node, then creates every group in one order
+        ctx = DistContext(env=detect_env(), backend=dist.get_backend(), device=self.device)
+        self.topology = detect_topology(ctx, self.cfg.node_size, key="sync.node_size")
+        groups = build_groups(self.topology, ["intra_node", "leaders"], self.rank)
+        node, leaders = groups["intra_node"], groups["leaders"]
+        self.node_ranks, self.node_group = node.ranks, node.handle
+        self.leader = node.ranks[0]  # the lowest rank of the node
+        self.is_leader = self.rank == self.leader
+        self.leader_ranks, self.leader_group = leaders.members[0], leaders.handles[0]
+        if (self.is_leader and self.inter_algo == "ring" and len(self.leader_ranks) > 1
+                and self.cfg.prepost and dist.get_backend() == "gloo"
+                and self.device.type == "cpu"):
+            # one plan per bucket buffer, found by its address (buffers never move); made
+            # collectively by the leaders, in bucket order
+            self.plans = {b.buffer.data_ptr(): PersistentRingAllReduce(b.buffer, group=self.leader_group)
+                          for b in self.buckets}
+        largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
+            max((b.buffer.numel() for b in self.buckets), default=1)
+        self.bytes_exact = all(c.exact for _, c in self._phases(largest, 4))
+        log.info("hierarchical all-reduce: %s, leaders %s; inter %s, intra %s",
+                 self.topology.describe(), ",".join(map(str, self.leader_ranks)),
+                 self.cfg.inter, self.cfg.intra)
+        return module
+
+    def _phases(self, numel: int, elem_size: int) -> tuple[tuple[str, costmodel.Cost], ...]:
+        return costmodel.hierarchical_calls(numel, self.topology.nodes, elem_size,
+                                            intra=self.intra_algo, inter=self.inter_algo)
+
+    def _cost(self, numel: int, elem_size: int) -> tuple[str, costmodel.Cost, Optional[int]]:
+        phases = self._phases(numel, elem_size)
+        (_, reduce), (_, leaders), (_, broadcast) = phases
+        # one all-reduce of the world, as nccl-tests counts a hierarchical one (busbw)
+        return "all_reduce", reduce.then(leaders).then(broadcast), leaders.sent[self.rank]
+
+    def all_reduce(self, flat: torch.Tensor) -> None:
+        in_node = len(self.node_ranks) > 1
+        if in_node:  # 1. the node's sum onto its leader
+            REDUCE[self.intra_algo](flat, self.leader, group=self.node_group)
+        if self.is_leader and len(self.leader_ranks) > 1:  # 2. the leaders' sum: every node's
+            plan = self.plans.get(flat.data_ptr())
+            if plan is not None:
+                plan(flat)
+            else:
+                ALL_REDUCE[self.inter_algo](flat, group=self.leader_group)
+        if in_node:  # 3. the leader's result to the rest of its node
+            BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
+
+    def close(self) -> None:
+        for plan in self.plans.values():  # collective among the leaders
+            plan.close()
