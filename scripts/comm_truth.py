@@ -117,13 +117,15 @@ def main(argv=None) -> int:
     if args.runs is None or args.bench is None:
         runs, benches = [], []
         for world in worlds:
-            print(f"world {world}: training runs", flush=True)
-            mine = train_runs(args, out, world) if args.runs is None else []
+            mine = []
+            if args.runs is None:
+                print(f"world {world}: training runs", flush=True)
+                mine = train_runs(args, out, world)
             runs += mine
             if args.bench is None:
-                sizes = truth.wire_sizes(mine or truth.find_train_runs(args.runs))
-                print(f"world {world}: bench (bucket sizes {sizes})", flush=True)
-                benches.append(bench_run(args, out, world, sizes.get(world, [])))
+                sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
+                print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
+                benches.append(bench_run(args, out, world, sizes))
         run_paths = runs if args.runs is None else args.runs
         bench_paths = benches if args.bench is None else args.bench
     else:

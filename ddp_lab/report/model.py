@@ -19,7 +19,7 @@ their per-message costs differ: the library's all_reduce is one C++ call whose s
 gloo's own latency, our send/recv algorithms pay Python dispatch and gloo's send/recv
 rendezvous on every step (2-4x the library's alpha on this machine), and gloo's reduce and
 broadcast are other code again. One all_reduce fit for every synchroniser was what left
-the predictions 1.6x-4.9x off (docs/sync.md, "Are the numbers true?").
+the predictions 1.6x-4.9x off (docs/benchmarks.md, "Are the numbers true?").
 """
 
 from __future__ import annotations
