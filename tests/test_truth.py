@@ -77,6 +77,18 @@ def test_bench_time_exact_or_interpolated_log_log():
     assert bench_time(rows, "all_reduce", "ring", 4000, 2) is None
 
 
+def test_bench_measures_the_explicit_sizes_too():
+    from omegaconf import OmegaConf
+
+    from ddp_lab.bench.harness import bench_sizes
+
+    b = OmegaConf.create({"min_elements": 1024, "max_elements": 4096, "points": 2,
+                          "sizes": [3000, 4096, 39760]})
+    assert bench_sizes(b) == [1024, 3000, 4096, 39760]  # merged, each once, ascending
+    b.sizes = []
+    assert bench_sizes(b) == [1024, 4096]
+
+
 # ------------------------------------------------------------------ the trace
 def _ev(rank, step, ts_us, dur_us, payload=400, op="all_reduce"):
     return {"cat": "comm", "name": op, "pid": rank, "tid": 1000 + rank, "ph": "X",
