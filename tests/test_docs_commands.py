@@ -154,6 +154,17 @@ def script_bench_sync(work):
     assert "ring / ddp" in out
 
 
+def script_comm_truth(work):
+    # the cheapest form: one sync, one model, 2 ranks, 4 steps, the bench at 3 sizes
+    # (tests/test_truth.py checks what the table holds)
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/comm_truth.py"), "--worlds", "2",
+                       "--models", "mlp", "--syncs", "allreduce", "--steps", "4",
+                       "--bench-min", "1024", "--bench-max", "4096", "--bench-points", "2",
+                       "--data-root", data, "--out", "truth"]))
+    assert "| allreduce | mlp | 2 | 1 |" in out and (work["cwd"] / "truth" / "truth.json").exists()
+
+
 def script_sync_table(work):
     # after compare_syncs.sh (alphabetical order): its runs, read again; a wrong path: one line
     root = work["cwd"] / "outputs" / "compare_syncs"
@@ -227,6 +238,7 @@ def script_bench_hierarchical(work):
 
 SCRIPTS = {"bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
+           "comm_truth.py": script_comm_truth,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
            "slurm_cluster.sh": script_slurm_cluster}

@@ -82,6 +82,7 @@ MISTAKES = [
     ("bench-unknown-preset", BENCH, ["bench=handinn"], "bench/handinn"),
     ("bench-sizes", BENCH, ["bench.min_elements=4096", "bench.max_elements=1024"],
      "bench.max_elements=1024 is below"),
+    ("bench-explicit-size", BENCH, ["bench.sizes=[4096,0]"], "bench.sizes=[4096, 0]: every size"),
     ("bench-trainer-group", BENCH, ["+sync=ring"], "Key 'sync' not in 'BenchRootConfig'"),
     ("bench-run-root-under-a-file", BENCH, ["run.root={file}/runs"], "run.root={file}/runs"),
     ("bench-alps-no-account", BENCH, ["cluster=alps", "launcher.environment=/e.toml"],

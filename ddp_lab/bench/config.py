@@ -56,6 +56,10 @@ class BenchConfig:
     """largest size, in elements (2^26); capped by free memory, with a message"""
     points: int = 9
     """sizes, evenly spaced on a log scale from min to max (powers of two where they fall)"""
+    sizes: List[int] = field(default_factory=list)
+    """extra sizes in elements, measured besides the log-spaced ones (e.g. a synchroniser's
+    bucket sizes: scripts/comm_truth.py compares a training step's calls with the bench at
+    exactly their size)"""
     warmup: int = 2
     """untimed iterations before every size (connections, allocation, caches)"""
     iters: int = 20

@@ -44,6 +44,12 @@ def log_sizes(lo: int, hi: int, points: int) -> list[int]:
     return sorted(set(out))
 
 
+def bench_sizes(bench: Any) -> list[int]:
+    """The sizes a bench run measures: the log-spaced ones plus `bench.sizes`, ascending."""
+    return sorted(set(log_sizes(bench.min_elements, bench.max_elements, bench.points))
+                  | {int(s) for s in bench.get("sizes", None) or ()})
+
+
 def pow2_label(n: int) -> str:
     """2^k for powers of two, else the number."""
     return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
@@ -240,7 +246,7 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     tasks, notes = plan(bench, topo, groups, env.rank)
     dtype = dtype_of(bench.dtype)
     caps, mem_note = memory_caps(bench, ctx, dtype.itemsize)
-    wanted = log_sizes(bench.min_elements, bench.max_elements, bench.points)
+    wanted = bench_sizes(bench)
     for name, cap in caps.items():
         dropped = [s for s in wanted if s > cap]
         if dropped:

@@ -6,18 +6,26 @@ A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per b
 n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta. What a synchroniser runs per bucket is
 `costmodel.SYNC_PHASES`: the same figures its recorded bytes come from.
 
-The fit: least squares of that line through a bench run's all_reduce points (time per
-call vs bytes), each point weighted by 1/time so that the microsecond points weigh as
-much as the second-long ones (plain least squares would let the largest sizes decide
-alpha, which then comes out as noise, often negative). The library's all_reduce
-(`torch`) is modelled as a ring (`costmodel.TORCH_MODELLED_AS`): what gloo and NCCL
-run for large messages.
+The fit: least squares of that line through a bench run's points of one collective and
+implementation (time per call vs bytes), each point weighted by 1/time so that the
+microsecond points weigh as much as the second-long ones (plain least squares would let
+the largest sizes decide alpha, which then comes out as noise, often negative). The
+library's collectives (`torch`) are modelled as `costmodel.TORCH_MODELLED_AS` says (all_reduce
+as a ring: what gloo and NCCL run for large messages).
+
+One fit per collective and implementation (`fit_all`): a synchroniser's call is priced with
+the fit of the very collective and algorithm it runs (`costmodel.SYNC_PHASES`), because
+their per-message costs differ: the library's all_reduce is one C++ call whose steps cost
+gloo's own latency, our send/recv algorithms pay Python dispatch and gloo's send/recv
+rendezvous on every step (2-4x the library's alpha on this machine), and gloo's reduce and
+broadcast are other code again. One all_reduce fit for every synchroniser was what left
+the predictions 1.6x-4.9x off (docs/benchmarks.md, "Are the numbers true?").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Union
 
 from ..costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
 
@@ -38,6 +46,7 @@ class Fit:
     group: str
     n: int  # group size of the fitted points
     rel_rms: float  # root mean square of (model - measured) / measured
+    op: str = "all_reduce"  # the collective fitted
 
     @property
     def bandwidth_GBps(self) -> Optional[float]:
@@ -48,7 +57,7 @@ class Fit:
         return {"alpha_us": self.alpha_s * 1e6, "beta_ns_per_byte": self.beta_s_per_byte * 1e9,
                 "bandwidth_GBps": self.bandwidth_GBps, "points": self.points, "impl": self.impl,
                 "algorithm": self.algorithm, "group": self.group, "n": self.n,
-                "rel_rms": self.rel_rms}
+                "rel_rms": self.rel_rms, "op": self.op}
 
 
 def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
@@ -79,10 +88,10 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 
 def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
-                   group: Optional[str] = None) -> Optional[Fit]:
-    """Fit on a bench run's correct all_reduce rows of one implementation and group
+                   group: Optional[str] = None, op: str = "all_reduce") -> Optional[Fit]:
+    """Fit on a bench run's correct rows of collective `op`, one implementation and group
     (default: torch, else ring; global, else the first group measured)."""
-    ar = [r for r in rows if r.get("op") == "all_reduce" and r.get("correct")
+    ar = [r for r in rows if r.get("op") == op and r.get("correct")
           and r.get("time_median_s", 0) > 0]
     if not ar:
         return None
@@ -95,21 +104,44 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
     if len(pts) < 2:
         return None
-    algorithm = TORCH_MODELLED_AS["all_reduce"] if impl == "torch" else impl
+    algorithm = TORCH_MODELLED_AS.get(op, "?") if impl == "torch" else impl
     n = pts[0]["group_size"]
     data = []
     for r in pts:
-        c = cost("all_reduce", impl, r["elements"], r["group_size"], r["bytes"] // r["elements"])
+        c = cost(op, impl, r["elements"], r["group_size"], r["bytes"] // r["elements"])
         data.append((float(c.steps), float(c.path_bytes), float(r["time_median_s"])))
     alpha, beta = _solve(data)
     errs = [((alpha * s + beta * b) - t) / t for s, b, t in data]
     rms = (sum(e * e for e in errs) / len(errs)) ** 0.5
-    return Fit(alpha, beta, len(pts), impl, algorithm, group, n, rms)
+    return Fit(alpha, beta, len(pts), impl, algorithm, group, n, rms, op)
 
 
-def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fit) -> Optional[float]:
-    """Seconds of communication per step the sync's algorithm costs under `fit`; None for
-    a sync without a model.
+#: one fit, or one per (collective, implementation) as `fit_all` makes
+Fits = Union[Fit, Mapping[tuple[str, str], Fit]]
+
+
+def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, str], Fit]:
+    """One fit per (collective, implementation) a bench run measured (in `group`: global
+    if measured, else the first group of each)."""
+    keys = sorted({(r["op"], r["impl"]) for r in rows
+                   if r.get("op") in ("all_reduce", "reduce", "broadcast")})
+    fits = {k: fit_alpha_beta(rows, k[1], group, k[0]) for k in keys}
+    return {k: f for k, f in fits.items() if f is not None}
+
+
+def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
+    """The fit that prices one call of `collective` run with `algorithm`: the bench's own
+    fit of that pair; without one, the library all_reduce's (whose alpha and beta are then
+    put into this algorithm's step counts and bytes, the single-fit model)."""
+    if isinstance(fits, Fit):
+        return fits
+    return fits.get((collective, algorithm)) or fits.get(("all_reduce", "torch"))
+
+
+def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits) -> Optional[float]:
+    """Seconds of communication per step the sync's algorithm costs under `fit` (one fit
+    for every call, or one per collective and algorithm: `fit_all`); None for a sync
+    without a model or without a fit for one of its calls.
 
     `calls` and `payload_bytes` per step are what the synchroniser recorded: one entry per
     collective call, each with the bytes it synchronised. A sync whose model has k
@@ -124,7 +156,11 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     calls = max(1.0, calls or 1.0)
     per_call = payload_bytes / calls
     buckets = max(1.0, calls / len(phases))
-    return buckets * sum(call_time(coll, algo, per_call, n, fit) for coll, algo in phases)
+    fits = [phase_fit(fit, coll, algo) for coll, algo in phases]
+    if any(f is None for f in fits):
+        return None
+    return buckets * sum(call_time(coll, algo, per_call, n, f)
+                         for (coll, algo), f in zip(phases, fits))
 
 
 def formula(sync: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..bench.harness import pow2_label
 from .. import fingerprint
 from . import stats
-from .model import Fit, fit_alpha_beta, formula, predict_comm_s
+from .model import Fit, Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .runs import PHASES, Run
 
 
@@ -230,11 +230,12 @@ def bench_fits(runs: list[Run]) -> list[dict]:
         primary = fit_alpha_beta(rows)
         impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
         fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
-        out.append({"run": r, "primary": primary, "fits": fits})
+        # what predictions use: one fit per collective and implementation (report/model.py)
+        out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
     return out
 
 
-def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fit], str]:
+def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
     """The fit from the bench on the same allocation (world size, nodes, backend, device;
     real nodes before simulated ones, the latest run first); else the nearest world size
     on the same backend and device, named as such."""
@@ -248,9 +249,10 @@ def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fit], str]:
     if exact:
         best = sorted(exact, key=lambda f: (f["run"].summary.get("simulated_nodes") is None,
                                             str(f["run"].path)))[-1]
-        return best["primary"], f"same allocation: {short(str(best['run'].path))}"
+        return best["by_op"] or best["primary"], f"same allocation: {short(str(best['run'].path))}"
     near = min(same, key=lambda f: abs((f["run"].world_size or 0) - n))
-    return near["primary"], f"fit at world {near['run'].world_size}: {short(str(near['run'].path))}"
+    return (near["by_op"] or near["primary"],
+            f"fit at world {near['run'].world_size}: {short(str(near['run'].path))}")
 
 
 def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
@@ -282,7 +284,10 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
              "alpha = latency per message, beta = seconds per byte (1/beta = link bandwidth), "
              "fitted by least squares (weights 1/time) on each bench run's all_reduce time per "
              "call vs bytes, with the implementation's own cost model (torch modelled as ring: "
-             "2(n-1)α + 2(n-1)/n·m·β). rel. RMS = how far the line is from the points.", ""]
+             "2(n-1)α + 2(n-1)/n·m·β). rel. RMS = how far the line is from the points. Each "
+             "synchroniser call is priced with the fit of its own collective and algorithm "
+             "(reduce and broadcast rows too when the bench measured them); the library "
+             "all_reduce's fit (used) where the bench has none.", ""]
     if not fits:
         lines += ["No completed bench run: run `python -m ddp_lab.bench` on the same allocation "
                   "to fit alpha and beta.", ""]
@@ -290,11 +295,13 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
         lines += ["| bench run | allocation | impl (model) | group | n | alpha (µs) | beta (ns/B) | "
                   "1/beta (GB/s) | points | rel. RMS |", "|---|---|---|---|---|---|---|---|---|---|"]
         for f in fits:
-            for fit in f["fits"]:
+            others = [x for k, x in f["by_op"].items() if k[0] != "all_reduce"]
+            for fit in f["fits"] + others:
                 mark = " (used)" if fit == f["primary"] else ""
+                op = "" if fit.op == "all_reduce" else f"{fit.op}: "
                 lines.append(
                     f"| {short(str(f['run'].path))} | {f['run'].bench['meta'].get('allocation', '?')} | "
-                    f"{fit.impl} ({fit.algorithm}){mark} | {fit.group} | {fit.n} | "
+                    f"{op}{fit.impl} ({fit.algorithm}){mark} | {fit.group} | {fit.n} | "
                     f"{fit.alpha_s * 1e6:.1f} | {fit.beta_s_per_byte * 1e9:.3f} | "
                     f"{_f(fit.bandwidth_GBps)} | {fit.points} | {fit.rel_rms:.0%} |")
         lines.append("")

@@ -1,0 +1,254 @@
+"""Are the numbers true? A training run's comm per step set against the bench and the model.
+
+For each training run (`scripts/comm_truth.py` makes them, every step traced):
+
+- **measured**: rank 0's communication per step as its synchroniser recorded it
+  (`CommRecorder`: DDP's comm hook per bucket, ours per call), the union of the step's call
+  intervals: median over steps. Read from `trace/rank0.json`, where every call is one slice
+  with its payload bytes and its step.
+- **after the last arrival**: per call, the shortest duration any rank saw, ending where the
+  call ended on rank 0, unioned per step as above. A blocking collective ends on every rank
+  at about the same moment, so the rank that arrived last saw the call itself and the
+  others saw it plus their wait for that rank: the difference to *measured* is waiting for
+  a straggler, which no bench of barrier-started calls sees. (No clock is compared across
+  ranks: each rank's durations are its own.)
+- **bench**: the bench's median time of the same collective and algorithm at each call's
+  size (`bench.sizes` holds every bucket size; other sizes are interpolated log-log between
+  the two nearest measured ones), summed over one step's calls. Check (a): within 20%.
+- **model**: `report.model.predict_comm_s` with the alpha-beta fits of that bench run, one
+  per collective and algorithm (`model.fit_all`). Check (b): within 30%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Optional
+
+from ..costmodel import SYNC_PHASES
+from ..timing import union_length
+from .model import Fit, fit_all, predict_comm_s
+from .runs import Run, find_runs
+
+#: targets of issue 12 item 7: (a) measured vs bench, (b) measured vs model
+TARGET_BENCH = 0.20
+TARGET_MODEL = 0.30
+
+
+def find_train_runs(paths) -> list[Run]:
+    return [r for r in find_runs(list(paths)) if r.kind == "train" and r.ok]
+
+
+def find_bench_runs(paths) -> list[Run]:
+    return [r for r in find_runs(list(paths)) if r.kind == "bench" and r.ok]
+
+
+# ------------------------------------------------------------------ the trace
+def step_calls(events: list[dict], rank: int = 0) -> dict[int, list[dict]]:
+    """Step -> that step's collective calls on `rank` (trace slices of category comm:
+    name = op, dur in µs, args.payload_bytes), in order of their start."""
+    out: dict[int, list[dict]] = {}
+    for e in events:
+        if e.get("cat") == "comm" and e.get("pid") == rank:
+            out.setdefault(e["args"]["step"], []).append(e)
+    for calls in out.values():
+        calls.sort(key=lambda e: e["ts"])
+    return out
+
+
+def read_trace(run_dir: Path) -> list[dict]:
+    """Every rank's events (trace/all.json, else trace/rank0.json)."""
+    for name in ("all.json", "rank0.json"):
+        p = Path(run_dir) / "trace" / name
+        if p.exists():
+            return json.loads(p.read_text())["traceEvents"]
+    return []
+
+
+def per_step(events: list[dict]) -> dict[str, Any]:
+    """Rank 0's comm per step (the union of its calls' intervals), and the per-call
+    durations after the last arrival (the shortest over ranks of the same call: the i-th
+    call of a step on every rank is the same collective), in seconds."""
+    ranks = sorted({e["pid"] for e in events if e.get("cat") == "comm"})
+    by_rank = {r: step_calls(events, r) for r in ranks}
+    mine = by_rank.get(0, {})
+    measured, last, calls = [], [], None
+    for step, cs in sorted(mine.items()):
+        measured.append(union_length([(c["ts"] / 1e6, (c["ts"] + c["dur"]) / 1e6) for c in cs]))
+        others = [by_rank[r].get(step, []) for r in ranks]
+        if all(len(o) == len(cs) for o in others):
+            # call i after the last arrival: its shortest duration over ranks, ending when
+            # it ended on rank 0; unioned like the measured figure (DDP's buckets overlap)
+            last.append(union_length([((c["ts"] + c["dur"] - min(o[i]["dur"] for o in others)) / 1e6,
+                                       (c["ts"] + c["dur"]) / 1e6) for i, c in enumerate(cs)]))
+        calls = [(c["name"], int(c["args"]["payload_bytes"])) for c in cs]
+    return {"measured_s": measured, "last_arrival_s": last, "calls": calls or [],
+            "steps": len(measured)}
+
+
+def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], list[float]]:
+    """(op, payload bytes) -> every duration (s) of such a call on `rank`."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for cs in step_calls(events, rank).values():
+        for c in cs:
+            out.setdefault((c["name"], int(c["args"]["payload_bytes"])), []).append(c["dur"] / 1e6)
+    return out
+
+
+def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
+    """World size -> the distinct call sizes (float32 elements) its runs put on the wire:
+    what the bench should measure exactly (`bench.sizes`)."""
+    out: dict[int, set[int]] = {}
+    for r in runs:
+        st = per_step(read_trace(r.path))
+        out.setdefault(r.world_size or 1, set()).update(b // 4 for _, b in st["calls"])
+    return {w: sorted(s) for w, s in out.items()}
+
+
+# ------------------------------------------------------------------ the bench
+def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int) -> Optional[tuple[float, bool]]:
+    """(median seconds, exact) of `op`/`impl` on the global group of `n` ranks at
+    `elements`: the measured row, else log-log interpolation between the nearest sizes
+    below and above (exact False); None outside the measured range."""
+    pts = sorted((r["elements"], r["time_median_s"]) for r in rows
+                 if r.get("op") == op and r.get("impl") == impl and r.get("correct")
+                 and r.get("group") == "global" and r.get("group_size") == n
+                 and r.get("time_median_s", 0) > 0)
+    for e, t in pts:
+        if e == elements:
+            return t, True
+    below = [p for p in pts if p[0] < elements]
+    above = [p for p in pts if p[0] > elements]
+    if not below or not above:
+        return None
+    (e0, t0), (e1, t1) = below[-1], above[0]
+    w = (math.log(elements) - math.log(e0)) / (math.log(e1) - math.log(e0))
+    return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))), False
+
+
+def _bench_for(run: Run, benches: list[Run]) -> Optional[Run]:
+    """The bench run of this run's world size and backend (the latest)."""
+    same = [b for b in benches if b.world_size == run.world_size
+            and b.get("backend") == run.get("backend")]
+    return sorted(same, key=lambda b: str(b.path))[-1] if same else None
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def _within(ratio: Optional[float], target: float) -> Optional[bool]:
+    return None if ratio is None else abs(ratio - 1) <= target
+
+
+def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
+    """One training run against its bench run: (a) and (b), and the per-call detail."""
+    events = read_trace(run.path)
+    st = per_step(events)
+    sync, n = run.get("sync", "?"), run.world_size or 1
+    row: dict[str, Any] = {
+        "run": str(run.path), "sync": sync, "model": run.get("model", "?"), "world": n,
+        "steps": st["steps"], "calls": [list(c) for c in st["calls"]],
+        "measured_ms": statistics.median(st["measured_s"]) * 1e3 if st["measured_s"] else None,
+        "last_arrival_ms": statistics.median(st["last_arrival_s"]) * 1e3 if st["last_arrival_s"] else None,
+        "bench_run": str(bench.path) if bench else None,
+        "bench_ms": None, "bench_exact": None, "model_ms": None, "model_one_fit_ms": None,
+        "fits": {}, "per_call": []}
+    if bench is None or not st["calls"]:
+        return _ratios(row)
+    rows = bench.bench.get("rows", [])
+    phases = SYNC_PHASES.get(sync, ())
+    durations = call_durations(events)
+    total, exact = 0.0, True
+    for i, (op, payload) in enumerate(st["calls"]):
+        algo = phases[i % len(phases)][1] if phases else "torch"
+        bt = bench_time(rows, op, algo, payload // 4, n)
+        if bt is None:
+            total = None
+        elif total is not None:
+            total += bt[0]
+            exact = exact and bt[1]
+        d = durations.get((op, payload), [])
+        row["per_call"].append({
+            "op": op, "algorithm": algo, "bytes": payload,
+            "measured_ms": statistics.median(d) * 1e3 if d else None,
+            "bench_ms": bt[0] * 1e3 if bt else None, "bench_exact": bt[1] if bt else None})
+    row["bench_ms"] = total * 1e3 if total is not None else None
+    row["bench_exact"] = exact if total is not None else None
+    fits = fit_all(rows)
+    payload = sum(b for _, b in st["calls"])
+    pred = predict_comm_s(sync, n, payload, len(st["calls"]), fits)
+    row["model_ms"] = pred * 1e3 if pred is not None else None
+    # the model as it was: the library all_reduce's fit for every call of every sync
+    one = fits.get(("all_reduce", "torch"))
+    single = predict_comm_s(sync, n, payload, len(st["calls"]), one) if one else None
+    row["model_one_fit_ms"] = single * 1e3 if single is not None else None
+    row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items()
+                   if any((op, impl) == p for p in phases)}
+    return _ratios(row)
+
+
+def _ratios(row: dict) -> dict:
+    m = row["measured_ms"]
+    row["measured_over_bench"] = _ratio(m, row["bench_ms"])
+    row["measured_over_model"] = _ratio(m, row["model_ms"])
+    row["a_ok"] = _within(row["measured_over_bench"], TARGET_BENCH)
+    row["b_ok"] = _within(row["measured_over_model"], TARGET_MODEL)
+    row["last_arrival_over_model"] = _ratio(row["last_arrival_ms"], row["model_ms"])
+    return row
+
+
+def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
+    rows = [truth_row(r, _bench_for(r, benches)) for r in runs]
+    order = {s: i for i, s in enumerate(SYNC_PHASES)}
+    rows.sort(key=lambda x: (x["model"], x["world"], order.get(x["sync"], 99), x["run"]))
+    return rows
+
+
+# ------------------------------------------------------------------ printing
+def _f(x: Optional[float], fmt: str = ".2f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _yes(x: Optional[bool]) -> str:
+    return "–" if x is None else ("yes" if x else "NO")
+
+
+def markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "| sync | model | world | calls/step | measured ms/step | after last arrival | "
+        "bench ms/step | model ms/step | measured / bench | (a) ≤20% | measured / model | "
+        "(b) ≤30% | one-fit model ms/step | measured / one-fit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['sync']} | {r['model']} | {r['world']} | {len(r['calls'])} | "
+            f"{_f(r['measured_ms'], '.3f')} | {_f(r['last_arrival_ms'], '.3f')} | "
+            f"{_f(r['bench_ms'], '.3f')}{'' if r['bench_exact'] in (None, True) else '*'} | "
+            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'])} | {_yes(r['a_ok'])} | "
+            f"{_f(r['measured_over_model'])} | {_yes(r['b_ok'])} | "
+            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']))} |")
+    lines += ["", "measured: median over steps of rank 0's comm per step (union of its calls, as "
+              "the synchroniser's CommRecorder timed them); after last arrival: per call the "
+              "shortest duration over ranks (the rest is waiting for a later rank); bench: the "
+              "bench's median time of the same collective and algorithm at each call's size, "
+              "summed (* = some size interpolated); model: alpha-beta fits of that bench run, "
+              "one per collective and algorithm; one-fit model: the library all_reduce's fit "
+              "for every call (the model before issue 12).", "",
+              "Per call (median duration over the run's steps vs the bench at that size):", "",
+              "| sync | model | world | op (algorithm) | MB | measured ms | bench ms | ratio |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        seen = set()
+        for c in r["per_call"]:
+            key = (c["op"], c["bytes"])
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(
+                f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
+                f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
+                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']))} |")
+    return lines

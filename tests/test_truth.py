@@ -1,0 +1,137 @@
+"""Measurement truth (issue 12 item 7): the per-collective alpha-beta fits, the model's
+prediction with them, the bench lookup at a call's size, the per-step reading of a trace
+(checked against hand-computed values), and scripts/comm_truth.py end to end on a tiny case
+(real training and bench runs on gloo; no timed assertion: only that every figure exists)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from helpers import PY, REPO, child_env, describe
+
+from ddp_lab.costmodel import cost
+from ddp_lab.report.model import Fit, fit_all, phase_fit, predict_comm_s
+from ddp_lab.report.truth import bench_time, per_step
+
+
+def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):
+    return [{"op": op, "impl": impl, "group": "global", "group_size": n, "elements": s,
+             "bytes": 4 * s, "correct": True,
+             "time_median_s": cost(op, impl, s, n, 4).time(alpha, beta)} for s in sizes]
+
+
+# ------------------------------------------------------------------ the fits
+def test_one_fit_per_collective_and_algorithm():
+    n = 4
+    truth = {("all_reduce", "torch"): (100e-6, 1e-9), ("all_reduce", "ring"): (400e-6, 2e-9),
+             ("reduce", "torch"): (50e-6, 3e-9), ("broadcast", "torch"): (20e-6, 0.5e-9)}
+    rows = [r for (op, impl), (a, b) in truth.items() for r in _rows(op, impl, a, b, n)]
+    fits = fit_all(rows)
+    assert set(fits) == set(truth)
+    for key, (a, b) in truth.items():
+        f = fits[key]
+        assert (f.op, f.impl, f.n) == (key[0], key[1], n)
+        assert math.isclose(f.alpha_s, a, rel_tol=1e-9) and math.isclose(f.beta_s_per_byte, b, rel_tol=1e-9)
+    assert fits[("reduce", "torch")].algorithm == "ring reduce-scatter + gather"
+
+
+def test_each_call_is_priced_with_its_own_fit():
+    n, m = 4, 4_000_000  # bytes of one bucket (whole elements, a multiple of n)
+    a_ar, b_ar, a_ring, b_ring = 100e-6, 1e-9, 400e-6, 2e-9
+    a_red, b_red, a_bc, b_bc = 50e-6, 3e-9, 20e-6, 0.5e-9
+    fits = {("all_reduce", "torch"): Fit(a_ar, b_ar, 5, "torch", "ring", "global", n, 0, "all_reduce"),
+            ("all_reduce", "ring"): Fit(a_ring, b_ring, 5, "ring", "ring", "global", n, 0, "all_reduce"),
+            ("reduce", "torch"): Fit(a_red, b_red, 5, "torch", "x", "global", n, 0, "reduce"),
+            ("broadcast", "torch"): Fit(a_bc, b_bc, 5, "torch", "tree", "global", n, 0, "broadcast")}
+    # by hand, from the formulas of costmodel.SYNC_FORMULAS: 2 buckets of m each
+    ring = 2 * (2 * 3 * a_ring + 2 * 3 / 4 * m * b_ring)
+    ddp = 2 * (2 * 3 * a_ar + 2 * 3 / 4 * m * b_ar)
+    rb = 2 * (4 * a_red + 2 * 3 / 4 * m * b_red + 2 * (a_bc + m * b_bc))
+    assert math.isclose(predict_comm_s("ring", n, 2 * m, 2, fits), ring)
+    assert math.isclose(predict_comm_s("ddp", n, 2 * m, 2, fits), ddp)
+    assert math.isclose(predict_comm_s("allreduce", n, 2 * m, 2, fits), ddp)
+    assert math.isclose(predict_comm_s("reduce_broadcast", n, 4 * m, 4, fits), rb)
+    # no tree fit: tree's steps and bytes, priced with the library all_reduce's alpha, beta
+    assert phase_fit(fits, "all_reduce", "tree") is fits[("all_reduce", "torch")]
+    assert math.isclose(predict_comm_s("tree", n, m, 1, fits), 2 * 2 * (a_ar + m * b_ar))
+    # nothing to price with: no prediction rather than a wrong one
+    assert predict_comm_s("ring", n, m, 1, {("reduce", "torch"): fits[("reduce", "torch")]}) is None
+
+
+# ------------------------------------------------------------------ the bench lookup
+def test_bench_time_exact_or_interpolated_log_log():
+    rows = [{"op": "all_reduce", "impl": "torch", "group": "global", "group_size": 2,
+             "elements": e, "time_median_s": t, "correct": True}
+            for e, t in ((1000, 1e-3), (4000, 4e-3), (16000, 8e-3))]
+    assert bench_time(rows, "all_reduce", "torch", 4000, 2) == (4e-3, True)
+    t, exact = bench_time(rows, "all_reduce", "torch", 2000, 2)  # halfway in log size
+    assert not exact and math.isclose(t, 2e-3)
+    t, _ = bench_time(rows, "all_reduce", "torch", 8000, 2)  # sqrt(4e-3 * 8e-3)
+    assert math.isclose(t, math.sqrt(32e-6))
+    assert bench_time(rows, "all_reduce", "torch", 100, 2) is None  # outside: no guess
+    assert bench_time(rows, "all_reduce", "torch", 4000, 4) is None  # another world
+    assert bench_time(rows, "all_reduce", "ring", 4000, 2) is None
+
+
+def test_bench_measures_the_explicit_sizes_too():
+    from omegaconf import OmegaConf
+
+    from ddp_lab.bench.harness import bench_sizes
+
+    b = OmegaConf.create({"min_elements": 1024, "max_elements": 4096, "points": 2,
+                          "sizes": [3000, 4096, 39760]})
+    assert bench_sizes(b) == [1024, 3000, 4096, 39760]  # merged, each once, ascending
+    b.sizes = []
+    assert bench_sizes(b) == [1024, 4096]
+
+
+# ------------------------------------------------------------------ the trace
+def _ev(rank, step, ts_us, dur_us, payload=400, op="all_reduce"):
+    return {"cat": "comm", "name": op, "pid": rank, "tid": 1000 + rank, "ph": "X",
+            "ts": ts_us, "dur": dur_us, "args": {"step": step, "payload_bytes": payload}}
+
+
+def test_per_step_union_and_the_last_arrival():
+    events = [  # rank 0 arrives first and waits; two buckets overlap in step 0 (ddp-like)
+        _ev(0, 0, 0, 500), _ev(0, 0, 300, 400, 800),  # union 0..700 = 700 µs
+        _ev(1, 0, 200, 300), _ev(1, 0, 350, 340, 800),
+        _ev(0, 1, 2000, 100), _ev(0, 1, 2200, 100, 800),  # union 200 µs
+        _ev(1, 1, 2000, 150), _ev(1, 1, 2200, 50, 800),
+        {"cat": "phase", "name": "backward", "pid": 0, "ts": 0, "dur": 9, "args": {"step": 0}}]
+    st = per_step(events)
+    assert st["steps"] == 2 and st["calls"] == [("all_reduce", 400), ("all_reduce", 800)]
+    assert st["measured_s"] == pytest.approx([700e-6, 200e-6])
+    # per call the shortest duration over ranks, ending where rank 0's ended, unioned:
+    # step 0: [500-300, 500] and [700-340, 700] overlap -> 200..700; step 1: 100 + 50
+    assert st["last_arrival_s"] == pytest.approx([500e-6, (100 + 50) * 1e-6])
+
+
+# ------------------------------------------------------------------ the script
+@pytest.mark.dist
+@pytest.mark.slow
+def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):
+    """Two real 2-rank training runs and their bench run; every row has its three figures."""
+    out = tmp_path / "truth"
+    p = subprocess.run(
+        [PY, "scripts/comm_truth.py", "--worlds", "2", "--models", "mlp",
+         "--syncs", "allreduce,reduce_broadcast", "--steps", "8", "--bench-min", "1024",
+         "--bench-max", "65536", "--bench-points", "2", "--data-root", str(shared_data_root),
+         "--out", str(out)], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, describe(p)
+    rows = json.loads((out / "truth.json").read_text())
+    assert [(r["sync"], r["model"], r["world"]) for r in rows] == [
+        ("allreduce", "mlp", 2), ("reduce_broadcast", "mlp", 2)]
+    for r in rows:
+        assert r["steps"] == 8 and r["measured_ms"] > 0 and r["last_arrival_ms"] > 0
+        # the bench measured each bucket's exact size (bench.sizes), not a neighbour
+        assert r["bench_exact"] is True and r["bench_ms"] > 0 and r["model_ms"] > 0
+        assert r["a_ok"] in (True, False) and r["b_ok"] in (True, False)
+    ar, rb = rows
+    assert ar["calls"] == [["all_reduce", 159040]]  # the notebook MLP's 39,760 float32
+    assert rb["calls"] == [["reduce", 159040], ["broadcast", 159040]]
+    assert set(rb["fits"]) == {"reduce/torch", "broadcast/torch"}
+    assert "| allreduce | mlp | 2 | 1 |" in p.stdout and (out / "truth.md").exists()
