@@ -61,7 +61,7 @@ def test_old_files_read_as_version_0_with_every_value():
     # written back: the same object plus the version it was read as
     # (fields added since, all optional, come back at their defaults)
     assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0,
-                             "resumed_at_step": None}
+                             "resumed_at_step": None, "compress": None}
 
     s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
     assert s.schema_version == 0 and s.extra == {}
@@ -71,7 +71,7 @@ def test_old_files_read_as_version_0_with_every_value():
                            "segments": [], "fingerprint": {}, "fingerprint_id": None,
                            "global_batch": None, "scaling": None,
                            "micro_batch": None, "accumulation": None, "study": None,
-                           "compiled": None, "compile_s": None}
+                           "compiled": None, "compile_s": None, "compress": None}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():
