@@ -208,7 +208,14 @@ def script_bench_stop(work):
     assert "time inside the check / step" in out
 
 
-SCRIPTS = {"compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
+def script_bench_compress(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_compress.py"), "--epochs", "1",
+                       "--max-steps", "10", "--only", "ddp none,ddp fp16", "--data-root", data]))
+    assert "| ddp | fp16 | 79,520 | 0.500 |" in out  # the MLP's 159,040 gradient bytes, halved
+
+
+SCRIPTS = {"bench_compress.py": script_bench_compress, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "sync_table.py": script_sync_table,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,

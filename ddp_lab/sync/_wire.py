@@ -75,5 +75,4 @@ class Wire:
 
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:
         """`nbytes` of `flat`'s dtype, as bytes on the wire."""
-        return nbytes if self.dtype is None else (
-            nbytes // flat.element_size() * torch.empty((), dtype=self.dtype).element_size())
+        return nbytes if self.dtype is None else nbytes // flat.element_size() * self.dtype.itemsize

@@ -31,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSG
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import costmodel
+from ._wire import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 
 
@@ -135,8 +136,8 @@ def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[
     buf = bucket.buffer()
     ps = state.powersgd
     if ps is None or ps.compression_stats()[2] == before:  # no PowerSGD, or its vanilla phase
-        wire = {"fp16": 2, "bf16": 2}.get(state.cfg.compress, buf.element_size())
-        return [(buf.numel(), wire)]
+        dtype = WIRE_DTYPES.get(state.cfg.compress)  # fp16 / bf16; None: the bucket's own
+        return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
     i, e = bucket.index(), buf.element_size()
     p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()
     return [(ps.compression_stats()[2] - before - p - q, e), (p, e), (q, e)]
