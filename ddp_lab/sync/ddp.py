@@ -66,6 +66,15 @@ class DDPSync(Synchroniser):
                   static_graph=cfg.static_graph,
                   find_unused_parameters=cfg.find_unused_parameters)
         self.torch_hook, self.powersgd = _torch_hook(cfg)
+        # PowerSGD launches its P and Q all-reduces from completion callbacks. nccl's
+        # futures complete when the kernel is queued, so those run at once, in order, on
+        # this thread; gloo's complete later on its worker threads, so with several buckets
+        # in flight the ranks would issue their collectives in different orders (seen on
+        # mlp_wide: "Received data size doesn't match expected size", an abort). On gloo a
+        # bucket therefore waits for the previous bucket's chain before it starts: one
+        # bucket in flight, still overlapping the backward of the next.
+        self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
+        self.inflight: Optional[torch.futures.Future] = None
         ddp.register_comm_hook(self, _timed_allreduce_hook)
         return ddp
 
@@ -158,6 +167,8 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
     rec = state.comm
     before = state.powersgd.compression_stats()[2] if state.powersgd is not None else 0
     start = rec.begin()
+    if state.serial and state.inflight is not None:
+        state.inflight.wait()  # load-bearing on gloo: collectives in the same order everywhere
     fut = state.torch_hook(bucket)
     (op, algorithm), = costmodel.SYNC_PHASES["ddp"]
     payload = sent = recv = 0
@@ -169,4 +180,7 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
         rec.finish(start, op, payload, sent, recv)
         return f.value()
 
-    return fut.then(done)
+    out = fut.then(done)
+    if state.serial:
+        state.inflight = out
+    return out
