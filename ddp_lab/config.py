@@ -168,6 +168,10 @@ class RunaiLauncherConfig(LauncherConfig):
 
 
 # -------------------------------------------------------------------- sync
+#: sync.compress: what gradients travel as (ddp_lab/sync/_wire.py for ours, sync/ddp.py for DDP)
+COMPRESS_MODES = ("none", "fp16", "bf16", "powersgd")
+
+
 @dataclass
 class SyncConfig:
     """How gradients are synchronised across ranks."""

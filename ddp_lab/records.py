@@ -74,6 +74,7 @@ class EpochRecord(_Record):
     # an epoch split by a graceful stop: steps before this one ran in an earlier allocation;
     # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
     resumed_at_step: Optional[int] = None
+    compress: Optional[str] = None  # sync.compress: none | fp16 | bf16 | powersgd (bytes are the wire's)
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 
@@ -86,6 +87,7 @@ class RunSummary(_Record):
     status: Optional[str] = None  # running | completed | preempted | stopped | failed: <why>
     launcher: Optional[str] = None
     sync: Optional[str] = None
+    compress: Optional[str] = None  # sync.compress; comm bytes (and algbw/busbw) are the wire's
     model: Optional[str] = None
     optim: Optional[str] = None
     backend: Optional[str] = None

@@ -142,7 +142,8 @@ class Telemetry:
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name, "global_batch": self.plan.global_batch,
+                       "sync": cfg.sync.name, "compress": _compress(cfg),
+                       "global_batch": self.plan.global_batch,
                        "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
                        "study": _study_point(cfg)}
             self.sink.summary(RunSummary.from_dict(running))
@@ -197,7 +198,7 @@ class Telemetry:
             epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
             test_loss=test[0], test_accuracy=test[1], epoch_time_s=wall_s,
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
-            resumed_at_step=resumed_at_step or None, **timed)
+            resumed_at_step=resumed_at_step or None, compress=_compress(self.cfg), **timed)
         self.epoch_times.append(wall_s)
         self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
                         n - resumed_at_step)
@@ -269,7 +270,8 @@ class Telemetry:
                 epoch_time_s_median=statistics.median(times) if times else None)
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
-            model=cfg.model.name, optim=cfg.optim.name, backend=ctx.backend,
+            compress=_compress(cfg), model=cfg.model.name, optim=cfg.optim.name,
+            backend=ctx.backend,
             device=_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
             epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
@@ -294,7 +296,8 @@ class Telemetry:
             self.sink.close()
             return summary
         self.sink.close(
-            hparams={"sync": cfg.sync.name, "model": cfg.model.name, "optim": cfg.optim.name,
+            hparams={"sync": cfg.sync.name, "compress": _compress(cfg),
+                     "model": cfg.model.name, "optim": cfg.optim.name,
                      "world_size": env.world_size, "batch_size": self.plan.per_rank,
                      "global_batch": self.plan.global_batch,
                      "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
@@ -311,6 +314,11 @@ class Telemetry:
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
         if gathered is not None:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
+
+
+def _compress(cfg: Any) -> str:
+    """sync.compress (a config made before the key existed: none)."""
+    return cfg.sync.get("compress", "none")
 
 
 def allocation(environ=None) -> dict:

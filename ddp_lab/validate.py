@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .config import COMPRESS_MODES
 from .errors import UserError
 from .rundir import reuse_problem
 
@@ -204,6 +205,7 @@ TRAIN: list[Rule] = [
     reuse_problem,
     _batch_fits,
     _model_widths,
+    one_of("sync.compress", COMPRESS_MODES),
     _sync_fits,
     _debug_delays,
     data_folder,

@@ -122,6 +122,23 @@ def count_p2p_bytes(counter: dict) -> None:
     c10d.irecv = dist.irecv = irecv
 
 
+def log_collectives(calls: list) -> None:
+    """Append `(op, numel, element size)` to `calls` for every tensor this process hands to
+    torch.distributed's all_reduce, reduce or broadcast (ours, and torch's DDP comm hooks,
+    which look them up on the module at each call). The real collectives still run. Call it
+    once per process (a rank of `run_world`)."""
+    import torch.distributed as dist
+
+    def logged(op, real):
+        def call(tensor, *args, **kwargs):
+            calls.append((op, tensor.numel(), tensor.element_size()))
+            return real(tensor, *args, **kwargs)
+        return call
+
+    for op in ("all_reduce", "reduce", "broadcast"):
+        setattr(dist, op, logged(op, getattr(dist, op)))
+
+
 
 def child_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict:
     """The environment for a `python -m ddp_lab...` child: `base` (default os.environ) plus

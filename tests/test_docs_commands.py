@@ -236,7 +236,14 @@ def script_bench_hierarchical(work):
     assert "2 ranks, 1 launcher node(s)" in out
 
 
-SCRIPTS = {"bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
+def script_bench_compress(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_compress.py"), "--epochs", "1",
+                       "--max-steps", "10", "--only", "ddp none,ddp fp16", "--data-root", data]))
+    assert "| ddp | fp16 | 79,520 | 0.500 |" in out  # the MLP's 159,040 gradient bytes, halved
+
+
+SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
            "comm_truth.py": script_comm_truth,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,

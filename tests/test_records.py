@@ -61,7 +61,7 @@ def test_old_files_read_as_version_0_with_every_value():
     # written back: the same object plus the version it was read as
     # (fields added since, all optional, come back at their defaults)
     assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0,
-                             "resumed_at_step": None, "straggler": None}
+                             "resumed_at_step": None, "straggler": None, "compress": None}
 
     s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
     assert s.schema_version == 0 and s.extra == {}
@@ -73,7 +73,7 @@ def test_old_files_read_as_version_0_with_every_value():
                            "micro_batch": None, "accumulation": None, "study": None,
                            "compiled": None, "compile_s": None,
                            "straggler": None, "injected_delay": None,
-                           "comm_bytes_cross_node": None}
+                           "comm_bytes_cross_node": None, "compress": None}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():

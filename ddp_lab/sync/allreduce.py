@@ -13,6 +13,10 @@ Bytes: every rank records what `ddp_lab.costmodel` says its algorithm moves
 (`costmodel.SYNC_PHASES[name]`). The library's all-reduce routes data its own way,
 invisible from here, so for this sync the model is the ring nccl-tests' busbw assumes,
 2(n-1)/n of the buffer each way (`bytes_exact = False`).
+
+`sync.compress=fp16|bf16` (every bucketed synchroniser, since all go through `_reduce`):
+the bucket is averaged, cast to 16 bits into a preallocated wire buffer, reduced in that
+dtype and cast back (`ddp_lab/sync/_wire.py`); bytes are counted in the wire dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
+from ._wire import Wire, check_compress
 from .base import Synchroniser
 
 
@@ -38,6 +43,7 @@ class AllReduceSync(Synchroniser):
         if cfg.bucket_mb < 0:
             raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
                              "(0 = one call per parameter)")
+        check_compress(cfg, cls.name)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]
@@ -45,6 +51,9 @@ class AllReduceSync(Synchroniser):
         self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
             params, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
         self.params = params
+        self.wire = Wire(self.cfg.compress, self.world_size)  # sync.compress (_wire.py)
+        for b in self.buckets:
+            self.wire.add(b.buffer)
         return module
 
     # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES,
@@ -61,10 +70,12 @@ class AllReduceSync(Synchroniser):
         return op, costmodel.cost(op, algorithm, numel, self.world_size, elem_size), None
 
     def _reduce(self, flat: torch.Tensor, payload: int) -> None:
-        op, c, cross = self._cost(flat.numel(), flat.element_size())
-        with self.comm.timed(op, payload, c.sent[self.rank], c.recv[self.rank], cross):
-            self.all_reduce(flat)
-        flat.div_(self.world_size)  # the average: every rank divides the same sum
+        wire = self.wire.pack(flat)  # flat itself, or flat / world in fp16 / bf16
+        op, c, cross = self._cost(wire.numel(), wire.element_size())
+        with self.comm.timed(op, self.wire.nbytes(payload, flat), c.sent[self.rank],
+                             c.recv[self.rank], cross):
+            self.all_reduce(wire)
+        self.wire.unpack(flat, wire)  # the average, in flat's dtype
 
     @torch.no_grad()
     def sync(self) -> None:

@@ -21,14 +21,17 @@ one runs the bare model: nothing to exchange, and DDP's reducer would cost a thi
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import costmodel
+from ._wire import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 
 
@@ -44,6 +47,9 @@ class DDPSync(Synchroniser):
         if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
             raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
                              "(0 = one bucket per parameter)")
+        if cfg.powersgd_rank < 1:
+            raise ValueError(f"sync.powersgd_rank={cfg.powersgd_rank}: must be >= 1 (the rank "
+                             "of PowerSGD's low-rank approximation; 1 is the default)")
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """DDP around the model; in a world of one the model itself. One rank has nothing to
@@ -59,6 +65,16 @@ class DDPSync(Synchroniser):
                   gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                   static_graph=cfg.static_graph,
                   find_unused_parameters=cfg.find_unused_parameters)
+        self.torch_hook, self.powersgd = _torch_hook(cfg)
+        # PowerSGD launches its P and Q all-reduces from completion callbacks. nccl's
+        # futures complete when the kernel is queued, so those run at once, in order, on
+        # this thread; gloo's complete later on its worker threads, so with several buckets
+        # in flight the ranks would issue their collectives in different orders (seen on
+        # mlp_wide: "Received data size doesn't match expected size", an abort). On gloo a
+        # bucket therefore waits for the previous bucket's chain before it starts: one
+        # bucket in flight, still overlapping the backward of the next.
+        self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
+        self.inflight: Optional[torch.futures.Future] = None
         ddp.register_comm_hook(self, _timed_allreduce_hook)
         return ddp
 
@@ -91,25 +107,80 @@ class DDPSync(Synchroniser):
         self.take_comm()
 
 
+def _torch_hook(cfg: Any) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
+    """torch's own comm hook for sync.compress (and PowerSGD's state, which the hook keeps).
+
+    PowerSGD: `start_powerSGD_iter=2`, the smallest torch allows with error feedback and
+    warm start (both on, torch's defaults): DDP rebuilds its buckets after its first
+    iteration, and PowerSGD's per-bucket memories must be made after that. Our preflight
+    runs DDP's first iteration, so the first training step is the one vanilla all-reduce
+    left and every later step is compressed: a short run measures PowerSGD, not the
+    all-reduce before it (torch's advice, 10% of the steps uncompressed, is for accuracy
+    on long runs; the compression table shows what skipping it costs here).
+    `min_compression_rate=2` (torch's default): a matrix is compressed only when P and Q
+    are less than half its size, so biases (n x 1) go uncompressed. PowerSGD's state
+    (error feedback, P/Q memories) is not in checkpoints: a resumed run starts it afresh
+    (its first step after the preflight vanilla again), so it is not bit-identical to an
+    uninterrupted run, as the other modes are.
+    """
+    if cfg.compress == "powersgd":
+        state = powerSGD.PowerSGDState(
+            process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
+            warm_start=True, random_seed=0)
+        return (lambda bucket: powerSGD.powerSGD_hook(state, bucket)), state
+    hook = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+            "bf16": default_hooks.bf16_compress_hook}[cfg.compress]
+    return (lambda bucket: hook(None, bucket)), None  # None: the default (world) group
+
+
+def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[tuple[int, int]]:
+    """(elements, element size) of each all-reduce torch's hook made for `bucket`, from
+    torch's own rules: the bucket in the wire dtype (none, fp16, bf16, PowerSGD before
+    start_powerSGD_iter); PowerSGD proper all-reduces three tensors, the uncompressed
+    tensors (biases: vectors never pay off) batched, then all P matrices, then all Q. Its
+    state counts those elements (`compression_stats()`'s "after", which the hook has added
+    to before returning; `before` is its value before the call), and holds P and Q,
+    allocated before the first all-reduce."""
+    buf = bucket.buffer()
+    ps = state.powersgd
+    if ps is None or ps.compression_stats()[2] == before:  # no PowerSGD, or its vanilla phase
+        dtype = WIRE_DTYPES.get(state.cfg.compress)  # fp16 / bf16; None: the bucket's own
+        return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
+    i, e = bucket.index(), buf.element_size()
+    p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()
+    return [(ps.compression_stats()[2] - before - p - q, e), (p, e), (q, e)]
+
+
 def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default hook (divide by world size, then all-reduce), plus accounting."""
+    """torch's hook for sync.compress (default: divide by world size, then all-reduce),
+    timed around: the start when DDP hands the bucket, the end when its future completes
+    (PowerSGD: its compression arithmetic and three all-reduces lie inside). One recorded
+    call per bucket, its bytes those of every all-reduce the hook made, in the wire dtype,
+    each by the ring model of the library's all-reduce."""
     buf = bucket.buffer()
     n = state.world_size
     if n == 1:  # a world of one has nothing to exchange: hand the bucket straight back
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(buf)
         return fut
-    nbytes = buf.numel() * buf.element_size()
-    (op, algorithm), = costmodel.SYNC_PHASES["ddp"]
-    c = costmodel.cost(op, algorithm, buf.numel(), n, buf.element_size())
-    sent, recv = c.sent[state.rank], c.recv[state.rank]
     rec = state.comm
-    buf.div_(n)
+    before = state.powersgd.compression_stats()[2] if state.powersgd is not None else 0
     start = rec.begin()
-    fut = dist.all_reduce(buf, async_op=True).get_future()
+    if state.serial and state.inflight is not None:
+        state.inflight.wait()  # load-bearing on gloo: collectives in the same order everywhere
+    fut = state.torch_hook(bucket)
+    (op, algorithm), = costmodel.SYNC_PHASES["ddp"]
+    payload = sent = recv = 0
+    for numel, elem in _wire_calls(state, bucket, before):
+        c = costmodel.cost(op, algorithm, numel, n, elem)
+        payload, sent, recv = payload + numel * elem, sent + c.sent[state.rank], recv + c.recv[state.rank]
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        rec.finish(start, op, nbytes, sent, recv)
-        return f.value()[0]
+        rec.finish(start, op, payload, sent, recv)
+        return f.value()
 
-    return fut.then(done)
+    out = fut.then(done)
+    if state.serial:
+        state.inflight = out
+    return out

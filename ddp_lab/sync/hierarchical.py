@@ -94,8 +94,10 @@ class HierarchicalSync(AllReduceSync):
                 and self.device.type == "cpu"):
             # one plan per bucket buffer, found by its address (buffers never move); made
             # collectively by the leaders, in bucket order
-            self.plans = {b.buffer.data_ptr(): PersistentRingAllReduce(b.buffer, group=self.leader_group)
-                          for b in self.buckets}
+            # (sync.compress: the plan is the 16-bit copy's, the tensor that goes on the wire)
+            wires = [self.wire.buffer(b.buffer) for b in self.buckets]
+            self.plans = {w.data_ptr(): PersistentRingAllReduce(w, group=self.leader_group)
+                          for w in wires}
         largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
             max((b.buffer.numel() for b in self.buckets), default=1)
         self.bytes_exact = all(c.exact for _, c in self._phases(largest, 4))

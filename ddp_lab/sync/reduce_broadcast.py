@@ -17,6 +17,10 @@ Bytes are `ddp_lab.costmodel`'s model of the library's reduce and broadcast (wha
 runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast), the
 backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
 factor 1 for both (nccl-tests).
+
+`sync.compress=fp16|bf16` compresses the gradients' reduce (`ddp_lab/sync/_wire.py`); the
+parameters' broadcast stays fp32: rounding the weights themselves to 16 bits every step
+would be another training method (low-precision weights), not gradient compression.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
+from ._wire import Wire, check_compress
 from .base import Synchroniser
 
 
@@ -43,6 +48,7 @@ class ReduceBroadcastSync(Synchroniser):
                              "(0 = one call per parameter)")
         if not 0 <= cfg.root < world_size:
             raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
+        check_compress(cfg, cls.name)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]
@@ -51,14 +57,18 @@ class ReduceBroadcastSync(Synchroniser):
         self.is_root = self.rank == self.root
         self.grad_buckets: list[Bucket] = make_buckets(params, cap)
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
+        self.wire = Wire(self.cfg.compress, self.world_size)  # the gradients' reduce only
+        for b in self.grad_buckets:
+            self.wire.add(b.buffer)
         return module
 
-    def _timed(self, phase: int, b: Bucket):
-        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`."""
+    def _timed(self, phase: int, b: Bucket, wire: torch.Tensor):
+        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`, whose
+        elements travel as `wire`'s dtype."""
         op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
-        c = costmodel.cost(op, algorithm, b.numel, self.world_size, b.buffer.element_size(),
-                           root=self.root)
-        return self.comm.timed(op, b.nbytes, c.sent[self.rank], c.recv[self.rank])
+        e = wire.element_size()
+        c = costmodel.cost(op, algorithm, b.numel, self.world_size, e, root=self.root)
+        return self.comm.timed(op, b.numel * e, c.sent[self.rank], c.recv[self.rank])
 
     @torch.no_grad()
     def sync(self) -> None:
@@ -66,10 +76,11 @@ class ReduceBroadcastSync(Synchroniser):
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()
-            with self._timed(0, b):
-                dist.reduce(buf, dst=self.root)
+            wire = self.wire.pack(buf)  # buf itself, or buf / world in fp16 / bf16
+            with self._timed(0, b, wire):
+                dist.reduce(wire, dst=self.root)
             if self.is_root:
-                buf.div_(self.world_size)
+                self.wire.unpack(buf, wire)
                 b.unpack_grads()
             # other ranks keep their local gradients: their optimiser never reads them
 
@@ -82,7 +93,7 @@ class ReduceBroadcastSync(Synchroniser):
             optimizer.step()
         for b in self.param_buckets:
             buf = b.pack_params() if self.is_root else b.buffer
-            with self._timed(1, b):
+            with self._timed(1, b, buf):  # parameters: always fp32 (sync.compress is gradients')
                 dist.broadcast(buf, src=self.root)
             if not self.is_root:
                 b.unpack_params()

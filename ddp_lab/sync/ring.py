@@ -35,8 +35,9 @@ class RingSync(AllReduceSync):
         self.plans: dict[int, PersistentRingAllReduce] = {}
         if (self.cfg.prepost and self.world_size > 1
                 and dist.get_backend() == "gloo" and self.device.type == "cpu"):
-            self.plans = {b.buffer.data_ptr(): PersistentRingAllReduce(b.buffer)
-                          for b in self.buckets}
+            # a plan per tensor that goes on the wire (sync.compress: the 16-bit copy)
+            wires = [self.wire.buffer(b.buffer) for b in self.buckets]
+            self.plans = {w.data_ptr(): PersistentRingAllReduce(w) for w in wires}
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:
