@@ -13,11 +13,19 @@ Bytes: every rank records what `ddp_lab.costmodel` says its algorithm moves
 (`costmodel.SYNC_PHASES[name]`). The library's all-reduce routes data its own way,
 invisible from here, so for this sync the model is the ring nccl-tests' busbw assumes,
 2(n-1)/n of the buffer each way (`bytes_exact = False`).
+
+`sync.overlap=true` (sync/_overlap.py): the buckets hold the parameters in reverse order
+and each is packed and handed to `_reduce` the moment its gradients are ready, during
+backward, on one background thread (`SerialWorker`; every algorithm here is a blocking
+call, the library's all-reduce included, and `_reduce` stays the one per-bucket entry);
+`sync()` waits for the thread and unpacks. `sync.bucket_mb=0` then means one bucket per
+parameter.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,6 +33,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
+from ._overlap import ReadyBuckets, SerialWorker
 from .base import Synchroniser
 
 
@@ -41,11 +50,33 @@ class AllReduceSync(Synchroniser):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]
-        self.per_param = self.cfg.bucket_mb == 0 and not self.pad_to_world
+        self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
+        self.per_param = self.cfg.bucket_mb == 0 and not self.pad_to_world and not self.overlap
+        order = list(reversed(params)) if self.overlap else params  # DDP's order
         self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
-            params, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
+            order, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
         self.params = params
+        self.ready: Optional[ReadyBuckets] = None
+        if self.overlap:
+            self.worker = SerialWorker(self.device, len(self.buckets), self.name)
+            self.ready = ReadyBuckets(self.buckets, self._launch)
         return module
+
+    def _launch(self, i: int, b: Bucket) -> None:
+        """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
+        b.pack_grads()
+        self.worker.submit(i, lambda: self._reduce(b.buffer, b.nbytes))
+
+    def no_sync(self):
+        return self.ready.disarmed() if self.ready is not None else nullcontext()
+
+    def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
+        if self.ready is not None:
+            self.ready.preflight(self.module, loss_fn, self.name)
+
+    def close(self) -> None:
+        if self.ready is not None:
+            self.worker.close()
 
     # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES)
     def all_reduce(self, flat: torch.Tensor) -> None:
@@ -62,6 +93,14 @@ class AllReduceSync(Synchroniser):
     @torch.no_grad()
     def sync(self) -> None:
         if self.world_size == 1:
+            return
+        if self.ready is not None:  # the buckets were launched during backward
+            try:
+                self.ready.finish()
+            finally:
+                self.worker.wait()  # raises a failure of the overlap thread here
+            for b in self.buckets:
+                b.unpack_grads()
             return
         if self.per_param:
             for p in self.params:

@@ -17,11 +17,18 @@ Bytes are `ddp_lab.costmodel`'s model of the library's reduce and broadcast (wha
 runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast), the
 backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
 factor 1 for both (nccl-tests).
+
+`sync.overlap=true` (sync/_overlap.py): the gradient buckets hold the parameters in
+reverse order and each bucket's `dist.reduce` is started (async_op) from backward the
+moment its gradients are ready, stamped like DDP's hook (start at launch, end in the
+future's completion callback); `sync()` waits for them. The broadcast stays after the
+root's step: it carries the new weights, which exist only then.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,6 +36,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
+from ._overlap import ReadyBuckets
 from .base import Synchroniser
 
 
@@ -49,20 +57,63 @@ class ReduceBroadcastSync(Synchroniser):
         cap = self.cfg.bucket_mb * 1e6
         self.root = self.cfg.root
         self.is_root = self.rank == self.root
-        self.grad_buckets: list[Bucket] = make_buckets(params, cap)
+        self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
+        order = list(reversed(params)) if self.overlap else params  # DDP's order
+        self.grad_buckets: list[Bucket] = make_buckets(order, cap)
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
+        self.ready: Optional[ReadyBuckets] = None
+        self.works: list = []
+        if self.overlap:
+            self.ready = ReadyBuckets(self.grad_buckets, self._launch)
         return module
 
-    def _timed(self, phase: int, b: Bucket):
-        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`."""
+    def _accounting(self, phase: int, b: Bucket) -> tuple[str, int, int, int]:
+        """(op, payload, sent, recv) of phase `phase` (0 reduce, 1 broadcast) of bucket `b`."""
         op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
         c = costmodel.cost(op, algorithm, b.numel, self.world_size, b.buffer.element_size(),
                            root=self.root)
-        return self.comm.timed(op, b.nbytes, c.sent[self.rank], c.recv[self.rank])
+        return op, b.nbytes, c.sent[self.rank], c.recv[self.rank]
+
+    def _timed(self, phase: int, b: Bucket):
+        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`."""
+        return self.comm.timed(*self._accounting(phase, b))
+
+    def _launch(self, i: int, b: Bucket) -> None:
+        """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
+        buf = b.pack_grads()
+        args = self._accounting(0, b)
+        rec = self.comm
+        start = rec.begin()
+        fut = dist.reduce(buf, dst=self.root, async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> None:
+            rec.finish(start, *args)  # gloo: on its thread as it completes; CUDA: an event
+            return None
+
+        self.works.append(fut.then(done))
+
+    def no_sync(self):
+        return self.ready.disarmed() if self.ready is not None else nullcontext()
+
+    def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
+        if self.ready is not None:
+            self.ready.preflight(self.module, loss_fn, self.name)
 
     @torch.no_grad()
     def sync(self) -> None:
         if self.world_size == 1:
+            return
+        if self.ready is not None:  # the reduces were started during backward
+            works, self.works = self.works, []
+            try:
+                self.ready.finish()
+            finally:
+                for w in works:
+                    w.wait()  # a failed reduce raises here (the process group's timeout)
+            if self.is_root:
+                for b in self.grad_buckets:
+                    b.buffer.div_(self.world_size)
+                    b.unpack_grads()
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()
