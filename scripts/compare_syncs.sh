@@ -4,12 +4,14 @@
 #   scripts/compare_syncs.sh                       # 5 epochs, worlds 2 and 3, all six syncs
 #   EPOCHS=1 WORLDS="2" scripts/compare_syncs.sh   # a quick look
 #   scripts/compare_syncs.sh model=cnn             # extra overrides go to every run
-#   MODEL=mlp_wide OVERLAP=false,true WORLDS="2 4" EPOCHS=1 \
-#     scripts/compare_syncs.sh train.max_steps_per_epoch=30   # docs/sync.md's overlap table
+#   MODEL=mlp_wide OVERLAP=false,true WORLDS="2 4" EPOCHS=1 BUCKET_MB=4 \
+#     scripts/compare_syncs.sh train.max_steps_per_epoch=20   # docs/sync.md's overlap table
 #
 # Knobs (env): PYTHON (default: the checkout's .venv/bin/python, else python3 from PATH),
 # EPOCHS, WORLDS, SYNCS, ROOT, MODEL (default mlp), OVERLAP (sync.overlap of every sync
-# but ddp, which always overlaps: false, true or false,true for both; default false).
+# but ddp, which always overlaps: false, true or false,true for both; default false),
+# BUCKET_MB (bucket size for all: ddp's sync.bucket_cap_mb, the others' sync.bucket_mb;
+# default: each config's own, 25).
 # Runs one after another (ddp, then a Hydra -m sweep of the others, per world size): on
 # a shared machine, run it when it is quiet. Each run's folder is
 # $ROOT/w<world>/<date>_<time>_<sync>_...; the table (scripts/sync_table.py: every sync
@@ -32,11 +34,13 @@ OTHERS=$(echo ",$SYNCS," | sed 's/,ddp,/,/g; s/^,//; s/,$//')
 for w in $WORLDS; do
   common=("launcher.nproc_per_node=$w" "train.epochs=$EPOCHS" "model=$MODEL"
           "run.root=$ROOT/w$w" log.progress=lines)
+  ddp_bucket=() bucket=()
+  if [ -n "${BUCKET_MB:-}" ]; then ddp_bucket=("sync.bucket_cap_mb=$BUCKET_MB"); bucket=("sync.bucket_mb=$BUCKET_MB"); fi
   if [ "$OTHERS" != "$SYNCS" ]; then
-    "$PYTHON" -m ddp_lab sync=ddp "${common[@]}" "$@"
+    "$PYTHON" -m ddp_lab sync=ddp "${ddp_bucket[@]}" "${common[@]}" "$@"
   fi
   if [ -n "$OTHERS" ]; then
-    "$PYTHON" -m ddp_lab -m "sync=$OTHERS" "sync.overlap=$OVERLAP" "${common[@]}" "$@"
+    "$PYTHON" -m ddp_lab -m "sync=$OTHERS" "sync.overlap=$OVERLAP" "${bucket[@]}" "${common[@]}" "$@"
   fi
 done
 "$PYTHON" "$REPO/scripts/sync_table.py" "$ROOT"/w* | tee "$ROOT/table.md"

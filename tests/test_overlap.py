@@ -132,6 +132,52 @@ def test_a_sync_that_forgets_a_bucket_fails_the_check(overlap_run):
 
 
 # ------------------------------------------------------------ exposed vs in-flight
+def test_exposed_is_the_in_flight_union_after_compute_end():
+    from ddp_lab.timing import CommCall, CommStats, StepTimes
+
+    def step(t0, compute_end):
+        return StepTimes([("forward", t0, t0 + 1), ("backward", t0 + 1, t0 + 4),
+                          ("sync", t0 + 4, t0 + 6), ("optim", t0 + 6, t0 + 7)], compute_end)
+
+    # step 1: buckets at [2, 3.5] and [3, 5] (overlapping), compute end 3.8 -> exposed 1.2
+    # step 2: no mark (backward end 14 counts), a call at [14, 15.5] -> exposed 1.5
+    steps = [step(0, 3.8), step(10, None)]
+    calls = [CommCall("all_reduce", 1, 1, 1, 2, 3.5), CommCall("all_reduce", 1, 1, 1, 3, 5),
+             CommCall("all_reduce", 1, 1, 1, 14, 15.5)]
+    comm = CommStats(calls=3, timed=calls, seconds=3 + 1.5)
+    assert comm.per_step_seconds(steps) == [3.0, 1.5]
+    assert comm.per_step_exposed(steps) == pytest.approx([1.2, 1.5])
+    assert [s.compute_seconds() for s in steps] == pytest.approx([1 + 2.8, 1 + 3])
+    t = epoch_timing(steps, comm)
+    assert t["exposed_s"] == pytest.approx(2.7) and t["compute_s"] == pytest.approx(7.8)
+    assert t["exposed_fraction"] == pytest.approx(2.7 / 14)
+    assert t["comm_fraction"] == pytest.approx(4.5 / 14)
+
+
+def test_grad_ready_mark_stamps_the_last_gradient_of_each_step():
+    clock = Clock(torch.device("cpu"))
+    timer = StepTimer(clock)
+    model = MLP(hidden=[8])
+    seen: list[list[float]] = []
+    for p in model.parameters():  # registered first: each runs just before the mark's hook
+        p.register_post_accumulate_grad_hook(lambda p: seen[-1].append(clock.stamp()))
+    timer.watch_grads(model)
+    for _ in range(2):
+        seen.append([])
+        with timer.phase("backward"):
+            F.cross_entropy(model(torch.randn(4, 784)), torch.tensor([0, 1, 2, 3])).backward()
+        timer.end_step()
+    with timer.phase("forward"):  # a step without backward has no mark
+        pass
+    timer.end_step()
+    steps = timer.collect()
+    assert [s.compute_end is None for s in steps] == [False, False, True]
+    for s, stamps in zip(steps, seen):  # after every gradient of its step, before its end
+        assert len(stamps) == 4
+        assert s.spans[0][1] < max(clock.seconds(t) for t in stamps) <= s.compute_end <= s.spans[-1][2]
+    timer.grads.remove()
+
+
 def _exposed_worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     from ddp_lab.models import build_model
