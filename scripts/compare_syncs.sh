@@ -12,7 +12,7 @@
 # but ddp, which always overlaps: false, true or false,true for both; default false),
 # BUCKET_MB (bucket size for all: ddp's sync.bucket_cap_mb, the others' sync.bucket_mb;
 # default: each config's own, 25).
-# Runs one after another (ddp, then a Hydra -m sweep of the others, per world size): on
+# Runs one after another (ddp, then a Hydra -m sweep of sync.overlap per other sync, per world size): on
 # a shared machine, run it when it is quiet. Each run's folder is
 # $ROOT/w<world>/<date>_<time>_<sync>_...; the table (scripts/sync_table.py: every sync
 # against ddp at each world) is printed and written to $ROOT/table.md.
@@ -39,8 +39,10 @@ for w in $WORLDS; do
   if [ "$OTHERS" != "$SYNCS" ]; then
     "$PYTHON" -m ddp_lab sync=ddp "${ddp_bucket[@]}" "${common[@]}" "$@"
   fi
-  if [ -n "$OTHERS" ]; then
-    "$PYTHON" -m ddp_lab -m "sync=$OTHERS" "sync.overlap=$OVERLAP" "${bucket[@]}" "${common[@]}" "$@"
-  fi
+  # one sweep per sync: a multirun composes its base config without the swept keys, and
+  # sync.bucket_mb does not exist in the default sync (ddp)
+  for s in ${OTHERS//,/ }; do
+    "$PYTHON" -m ddp_lab -m "sync=$s" "sync.overlap=$OVERLAP" "${bucket[@]}" "${common[@]}" "$@"
+  done
 done
 "$PYTHON" "$REPO/scripts/sync_table.py" "$ROOT"/w* | tee "$ROOT/table.md"
