@@ -66,6 +66,12 @@ class EpochRecord(_Record):
     phase_s: dict = field(default_factory=dict)  # phase -> mean/median/p95/total seconds
     comm: dict = field(default_factory=dict)  # this rank's calls, bytes, in-flight time, bw
     comm_fraction: Optional[float] = None  # in-flight comm / step time
+    # exposed vs in-flight comm (ddp_lab.timing): this rank's seconds summed over the epoch
+    comm_exposed_s: Optional[float] = None  # in-flight comm after the step's compute end
+    comm_exposed_fraction: Optional[float] = None  # exposed / step time
+    comm_inflight_s: Optional[float] = None  # union of the collectives' intervals
+    compute_s: Optional[float] = None  # forward + backward up to the last gradient ready
+    overlap: Optional[bool] = None  # sync.overlap: collectives started during backward
     stragglers: dict = field(default_factory=dict)  # slowest/fastest rank, per-rank times,
     # each rank's share of steps arrived last at the collectives and its lateness then (ms)
     # the rank the others wait for, named from those (ddp_lab.timing.StragglerTally):
@@ -121,6 +127,12 @@ class RunSummary(_Record):
     comm_bytes_cross_node: Optional[int] = None
     comm_algbw_GBps: Optional[float] = None
     comm_busbw_GBps: Optional[float] = None
+    # the run's exposed vs in-flight comm (sums over epochs, this rank; ddp_lab.timing)
+    comm_exposed_s: Optional[float] = None
+    comm_exposed_fraction: Optional[float] = None  # exposed / step time
+    comm_inflight_s: Optional[float] = None
+    compute_s: Optional[float] = None
+    overlap: Optional[bool] = None  # sync.overlap
     step_time_ms_mean: Optional[float] = None
     steps_run: Optional[int] = None
     compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd

@@ -54,8 +54,13 @@ class RunTotals:
     bus: float = 0.0
     steps: int = 0
     cross_node: Optional[int] = None  # None: the synchroniser does not know the nodes
+    exposed_s: float = 0.0
+    compute_s: float = 0.0
 
-    def add(self, step_s: float, comm: CommStats, steps: int) -> None:
+    def add(self, step_s: float, comm: CommStats, steps: int, exposed_s: float = 0.0,
+            compute_s: float = 0.0) -> None:
+        self.exposed_s += exposed_s
+        self.compute_s += compute_s
         self.step_s += step_s
         self.comm_s += comm.seconds
         self.calls += comm.calls
@@ -79,6 +84,11 @@ class RunTotals:
             "comm_bytes_exact": bytes_exact, "comm_bytes_cross_node": self.cross_node,
             "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
             "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
+            "comm_exposed_s": self.exposed_s if timing else None,
+            "comm_exposed_fraction": min(1.0, self.exposed_s / self.step_s)
+            if timing and self.step_s > 0 else None,
+            "comm_inflight_s": self.comm_s if timing else None,
+            "compute_s": self.compute_s if timing else None,
             "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
             "steps_run": self.steps,
         }
@@ -201,7 +211,7 @@ class Telemetry:
             resumed_at_step=resumed_at_step or None, compress=_compress(self.cfg), **timed)
         self.epoch_times.append(wall_s)
         self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
-                        n - resumed_at_step)
+                        n - resumed_at_step, rec.comm_exposed_s or 0.0, rec.compute_s or 0.0)
         self.last = rec
         if rec.straggler:
             s = rec.straggler
@@ -238,6 +248,11 @@ class Telemetry:
                      "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
                      "fraction": t["comm_fraction"]},
             "comm_fraction": t["comm_fraction"],
+            "comm_exposed_s": t["exposed_s"] if self.timing else None,
+            "comm_exposed_fraction": t["exposed_fraction"] if self.timing else None,
+            "comm_inflight_s": comm.seconds if self.timing else None,
+            "compute_s": t["compute_s"] if self.timing else None,
+            "overlap": bool(self.cfg.sync.get("overlap", False)),
             "stragglers": {**stragglers([r[0] for r in per_rank], tally),
                            "measure": "step time" if self.timing else "wall time",
                            "per_rank_compute_s": [r[1] for r in per_rank]},
@@ -290,7 +305,8 @@ class Telemetry:
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.get("debug")),
-            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s)
+            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s,
+            overlap=bool(cfg.sync.get("overlap", False)))
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()
@@ -366,7 +382,13 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
                     "time/step_median(ms)": phases["step"]["median"] * 1e3,
                     "comm/time(ms/step)": c["time_s"] * 1e3 / steps,
                     "comm/algbw(GB/s)": c["algbw_GBps"], "comm/busbw(GB/s)": c["busbw_GBps"],
-                    "comm/fraction(of step)": c["fraction"] or 0.0})
+                    "comm/fraction(of step)": c["fraction"] or 0.0,
+                    # side by side: in-flight (the union of the collectives) and exposed
+                    # (its part after the step's compute end), both per step
+                    "comm/inflight(ms/step)": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
+                    "comm/exposed(ms/step)": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
+                    "comm/exposed_fraction(of step)": rec.comm_exposed_fraction or 0.0,
+                    "time/compute(ms/step)": (rec.compute_s or 0.0) * 1e3 / steps})
         spread = rec.stragglers.get("spread")
         if spread:
             out["stragglers/spread(slowest/fastest)"] = spread
@@ -396,7 +418,9 @@ def comm_line(rec: EpochRecord) -> str:
     sent = c["bytes_sent"] / steps / 1e6
     if c["fraction"] is None:
         return f"{sent:.2f} MB/step sent (timing off)"
-    return (f"{100 * c['fraction']:.0f}% of step, {1e3 * c['time_s'] / steps:.2f} ms/step, "
+    return (f"{100 * c['fraction']:.0f}% of step in flight, "
+            f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed, "
+            f"{1e3 * c['time_s'] / steps:.2f} ms/step, "
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
 
 

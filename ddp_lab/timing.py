@@ -29,6 +29,24 @@ this is exactly the share of the step spent communicating, whichever phase it fa
 (reduce_broadcast's parameter broadcast runs in the optim phase). For ddp the bucket
 all-reduces overlap the backward pass: the same number is then the share of the step
 during which communication was in flight, an upper bound on its exposed cost.
+
+Exposed and in-flight communication (`comm_exposed_s`, `comm_inflight_s`, `compute_s`):
+
+    compute end   = the moment the step's last gradient was ready: `GradReadyMark` stamps
+                    every trainable parameter's `register_post_accumulate_grad_hook` (the
+                    host clock on CPU; on CUDA a preallocated event re-recorded by each
+                    hook, so it holds the last one), the last stamp of the step wins
+    in-flight     = the union of the step's collective intervals (as above)
+    exposed       = the part of that union that lies after compute end: communication
+                    the rank could no longer hide behind its own backward, so it waited
+                    for it (DDP: what backward waited for its last buckets; a blocking
+                    synchroniser: all of its comm; reduce_broadcast: its reduces and the
+                    parameter broadcast in the optim phase)
+    compute       = forward + backward up to compute end (the model's own work)
+
+Unlike "backward end - compute end + sync phase", this counts no pack/unpack copy or
+averaging as communication, and exposed <= in-flight holds by construction. A step whose
+hooks did not fire (timing off, no trainable parameter) takes its backward end as compute end.
 """
 
 from __future__ import annotations
@@ -135,6 +153,7 @@ class StepTimes:
     """One step: the (phase, start, end) seconds of each phase, in order."""
 
     spans: list[tuple[str, float, float]]
+    compute_end: Optional[float] = None  # the step's last gradient ready (GradReadyMark)
 
     @property
     def start(self) -> float:
@@ -149,6 +168,24 @@ class StepTimes:
         for name, s, e in self.spans:
             d[name] = d.get(name, 0.0) + (e - s)
         return d
+
+    def compute_end_or_backward_end(self) -> float:
+        """compute end; without a mark, the end of the step's last backward span."""
+        if self.compute_end is not None:
+            return self.compute_end
+        ends = [e for name, _, e in self.spans if name == "backward"]
+        return ends[-1] if ends else self.end
+
+    def compute_seconds(self) -> float:
+        """forward + backward, the last backward span cut at compute end."""
+        end = self.compute_end_or_backward_end()
+        total = 0.0
+        for name, s, e in self.spans:
+            if name == "forward":
+                total += e - s
+            elif name == "backward":
+                total += max(0.0, min(e, end) - s) if s <= end else 0.0
+        return total
 
 
 class _Phase:
@@ -191,8 +228,15 @@ class StepTimer:
         self.enabled = enabled
         self.progress = _progress.current()
         self._steps: list[list] = []
+        self._marks: list = []  # each step's compute-end stamp (GradReadyMark), or None
         self._current: list = []
         self._phases: dict[str, _Phase] = {}
+        self.grads: Optional[GradReadyMark] = None
+
+    def watch_grads(self, module: torch.nn.Module) -> None:
+        """Stamp compute end (the step's last gradient ready) on `module`'s parameters."""
+        if self.enabled:
+            self.grads = GradReadyMark(self.clock, module)
 
     def phase(self, name: str):
         self.progress.phase(name)
@@ -207,16 +251,68 @@ class StepTimer:
         self.progress.step_done()
         if self.enabled:
             self._steps.append(self._current)
+            self._marks.append(self.grads.take() if self.grads is not None else None)
             self._current = []
 
     def collect(self) -> list[StepTimes]:
         """The steps since the last collect, in seconds (CUDA: one synchronize here)."""
         raw, self._steps = self._steps, []
+        marks, self._marks = self._marks, []
+        if self.grads is not None:
+            self.grads.recycle()
         if not raw:
             return []
         self.clock.synchronize()
         sec = self.clock.seconds
-        return [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans]) for spans in raw]
+        return [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
+                          None if m is None else sec(m)) for spans, m in zip(raw, marks)]
+
+
+class GradReadyMark:
+    """The moment the last gradient of a step was ready: compute end (module docstring).
+
+    One `register_post_accumulate_grad_hook` per trainable parameter stamps it each time
+    a gradient is accumulated; `take()` (at the step's end) hands over the last stamp and
+    starts the next step's. CPU: the host clock (a float, no allocation). CUDA: the hook
+    re-records the step's preallocated event on the stream that produced the gradient
+    (re-recording keeps the latest); events come from a pool refilled once per epoch
+    (`recycle`, after the epoch's stamps were read), so no step allocates one.
+    """
+
+    def __init__(self, clock: Clock, module: torch.nn.Module):
+        self.clock = clock
+        self.cuda = clock.cuda
+        self.last: Any = None
+        self._pool: list = []  # CUDA: free events
+        self._used: list = []  # CUDA: events handed out this epoch
+        self._event: Any = None
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook)
+                        for p in module.parameters() if p.requires_grad]
+
+    def _hook(self, _param: torch.Tensor) -> None:
+        if not self.cuda:
+            self.last = time.perf_counter()
+            return
+        if self._event is None:
+            self._event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+        self._event.record()  # on the current stream: the one that produced this gradient
+        self.last = self._event
+
+    def take(self) -> Any:
+        out, self.last = self.last, None
+        if self.cuda and self._event is not None:
+            self._used.append(self._event)
+            self._event = None
+        return out
+
+    def recycle(self) -> None:
+        """CUDA: the epoch's events were read; they go back to the pool."""
+        self._pool.extend(self._used)
+        self._used.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
@@ -281,6 +377,19 @@ class CommStats:
         for c in self.timed:
             i = max(0, bisect.bisect_right(starts, c.start) - 1)
             buckets[i].append((c.start, c.end))
+        return [union_length(b) for b in buckets]
+
+    def per_step_exposed(self, steps: Sequence[StepTimes]) -> list[float]:
+        """Exposed comm seconds of each step: its in-flight union after compute end."""
+        if not steps:
+            return []
+        starts = [s.start for s in steps]
+        buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
+        for c in self.timed:
+            i = max(0, bisect.bisect_right(starts, c.start) - 1)
+            cut = steps[i].compute_end_or_backward_end()
+            if c.end > cut:
+                buckets[i].append((max(c.start, cut), c.end))
         return [union_length(b) for b in buckets]
 
 
@@ -472,10 +581,15 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
     """Per-phase statistics, comm time per step and the comm share of step time."""
     phases = summarise_steps(steps)
     comm_steps = describe(comm.per_step_seconds(steps))
+    exposed = float(sum(comm.per_step_exposed(steps)))
     step_total = phases["step"]["total"]
     fraction: Optional[float] = None
+    exposed_fraction: Optional[float] = None
     if steps and step_total > 0:
         # in-flight comm / step time; clipped because an async collective may run on past
         # the last phase boundary of the step that launched it
         fraction = min(1.0, comm.seconds / step_total)
-    return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction}
+        exposed_fraction = min(1.0, exposed / step_total)
+    return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction,
+            "exposed_s": exposed if steps else None, "exposed_fraction": exposed_fraction,
+            "compute_s": float(sum(s.compute_seconds() for s in steps)) if steps else None}

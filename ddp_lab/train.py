@@ -129,6 +129,7 @@ def compile_model(syncer, splits: Splits, batch_size: int) -> float:
     with torch.random.fork_rng(devices=devices):
         for size in sizes:
             F.cross_entropy(syncer.model(splits.test_x[:size]), splits.test_y[:size]).backward()
+            syncer.sync()  # sync.overlap: the buckets backward started are waited for
     syncer.module.zero_grad(set_to_none=True)
     syncer.take_comm()  # DDP's warm-up all-reduces are no epoch's
     if syncer.device.type == "cuda":
@@ -177,6 +178,7 @@ def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
         steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
     timer = StepTimer(clock, enabled=cfg.timing.enabled)
     delay = ComputeDelay.from_config(cfg.debug, env.rank, cfg.train.seed)  # None: none injected
+    timer.watch_grads(module)  # compute end: each step's last gradient ready (timing.py)
     if pos.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
         return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))

@@ -9,6 +9,9 @@ read by the report's own reader (ddp_lab.report.runs).
 
 Arguments are run folders or folders of run folders. Accuracy is compared with the ddp
 run of the same world size (in points, i.e. percent): the acceptance bar is 0.5.
+Comm columns (ddp_lab.timing): in-flight = the union of the collectives' intervals,
+exposed = its part after the step's last gradient was ready (both ms per step, rank 0);
+overlap = sync.overlap (ddp always overlaps).
 """
 
 from __future__ import annotations
@@ -38,20 +41,27 @@ def main(argv: list[str]) -> int:
     if not runs:
         print("no completed runs found", file=sys.stderr)
         return 1
-    runs.sort(key=lambda r: (r["world_size"], ORDER.index(r["sync"]) if r["sync"] in ORDER else 99))
+    runs.sort(key=lambda r: (r["world_size"], bool(r.get("overlap")) and r["sync"] != "ddp",
+                             ORDER.index(r["sync"]) if r["sync"] in ORDER else 99))
     ddp = {r["world_size"]: r["test_accuracy"] for r in runs if r["sync"] == "ddp"}
-    print("| world | sync | epochs | test acc (%) | vs ddp (points) | median epoch (s) "
-          "| comm share | comm (ms/step) | sent (MB/step) | busbw (GB/s) |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| world | sync | overlap | epochs | test acc (%) | vs ddp (points) | median epoch (s) "
+          "| in-flight share | in-flight (ms/step) | exposed share | exposed (ms/step) "
+          "| sent (MB/step) | busbw (GB/s) |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in runs:
         w = r["world_size"]
         delta = 100 * (r["test_accuracy"] - ddp[w]) if w in ddp else None
         n = r.get("steps_run") or None
         comm_ms = 1e3 * r["comm_time_s"] / n if n and r.get("comm_time_s") is not None else None
+        exposed_ms = (1e3 * r["comm_exposed_s"] / n if n and r.get("comm_exposed_s") is not None
+                      else None)
         sent = r["comm_bytes_sent"] / 1e6 / n if n else None
-        print(f"| {w} | {r['sync']} | {r['epochs_run']} | {100 * r['test_accuracy']:.2f} "
+        overlap = "-" if r.get("overlap") is None else ("yes" if r["overlap"] else "no")
+        print(f"| {w} | {r['sync']} | {overlap} | {r['epochs_run']} "
+              f"| {100 * r['test_accuracy']:.2f} "
               f"| {fmt(delta, '+.2f')} | {fmt(r['epoch_time_s_median'], '.2f')} "
               f"| {fmt(r.get('comm_fraction'), '.0%')} | {fmt(comm_ms, '.2f')} "
+              f"| {fmt(r.get('comm_exposed_fraction'), '.0%')} | {fmt(exposed_ms, '.2f')} "
               f"| {fmt(sent, '.3f')} | {fmt(r.get('comm_busbw_GBps'), '.3f')} |")
     return 0
 

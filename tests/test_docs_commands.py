@@ -138,7 +138,7 @@ def script_compare_syncs(work):
                 env={"EPOCHS": "1", "WORLDS": "2", "SYNCS": "ddp,ring", "ROOT": str(root),
                      # this checkout has no .venv of its own: the interpreter running the tests
                      "PYTHON": sys.executable}))
-    assert "| 2 | ring | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 2
+    assert "| 2 | ring | no | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 2
 
 
 def script_bench_epoch(work):
@@ -165,11 +165,19 @@ def script_comm_truth(work):
     assert "| allreduce | mlp | 2 | 1 |" in out and (work["cwd"] / "truth" / "truth.json").exists()
 
 
+def script_bench_overlap(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_overlap.py"), "--repeats", "1",
+                       "--steps", "3", "--model", "mlp", "--bucket-mb", "0.05",
+                       "--data-root", data]))
+    assert "| allreduce+overlap / ddp |" in out and "| allreduce | " in out
+
+
 def script_sync_table(work):
     # after compare_syncs.sh (alphabetical order): its runs, read again; a wrong path: one line
     root = work["cwd"] / "outputs" / "compare_syncs"
     table = [sys.executable, str(REPO / "scripts/sync_table.py")]
-    assert "| 2 | ddp | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
+    assert "| 2 | ddp | yes | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
     proc = sh(work, [*table, str(root / "nowhere")])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
@@ -245,7 +253,7 @@ def script_bench_compress(work):
 
 SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
-           "comm_truth.py": script_comm_truth,
+           "comm_truth.py": script_comm_truth, "bench_overlap.py": script_bench_overlap,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
            "slurm_cluster.sh": script_slurm_cluster}

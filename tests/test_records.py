@@ -60,8 +60,11 @@ def test_old_files_read_as_version_0_with_every_value():
     assert rec.phase_s["step"]["total"] == pytest.approx(0.05204804600089119)
     # written back: the same object plus the version it was read as
     # (fields added since, all optional, come back at their defaults)
+    overlap_keys = {"comm_exposed_s": None, "comm_exposed_fraction": None,
+                    "comm_inflight_s": None, "compute_s": None, "overlap": None}
     assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0,
-                             "resumed_at_step": None, "straggler": None, "compress": None}
+                             "resumed_at_step": None, "straggler": None, "compress": None,
+                             **overlap_keys}
 
     s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
     assert s.schema_version == 0 and s.extra == {}
@@ -73,7 +76,8 @@ def test_old_files_read_as_version_0_with_every_value():
                            "micro_batch": None, "accumulation": None, "study": None,
                            "compiled": None, "compile_s": None,
                            "straggler": None, "injected_delay": None,
-                           "comm_bytes_cross_node": None, "compress": None}
+                           "comm_bytes_cross_node": None, "compress": None,
+                           **overlap_keys}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():

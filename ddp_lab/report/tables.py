@@ -145,9 +145,10 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
              "a number of steps per rank grows with the world: its ideal time is flat); the "
              "baseline is the smallest world of the same sync, device "
              "and workload (with the row's fingerprint where there is one). Repeats are never a "
-             "speedup of each other: a series of one world size has none. comm share = "
-             "summary.json `comm_fraction`; exposed comm = `comm_exposed_fraction` (– where the "
-             "run has none).", ""]
+             "speedup of each other: a series of one world size has none. in-flight comm = "
+             "summary.json `comm_fraction` (the union of the collectives' intervals / step "
+             "time); exposed comm = `comm_exposed_fraction` (the part of it after the step's "
+             "last gradient was ready, ddp_lab.timing; – where the run has none).", ""]
     if not groups:
         return lines + ["No completed training run to compare.", ""]
     for g in groups:
@@ -162,7 +163,7 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
                       "the work (1 = the same time per epoch as the baseline).", ""]
         lines += ["| nodes x procs | world | launcher | backend | n | epoch mean (s) | std (s) | "
                   "95% CI (s) | speedup | speedup 95% CI | efficiency | efficiency 95% CI | "
-                  "comm share | exposed comm | samples/s | test acc | fingerprint | runs |",
+                  "in-flight comm | exposed comm | samples/s | test acc | fingerprint | runs |",
                   "|" + "---|" * 18]
         for r in g["rows"]:
             flag = " ⚠" if r["cross_fingerprint"] else ""

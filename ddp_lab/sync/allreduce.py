@@ -17,11 +17,19 @@ invisible from here, so for this sync the model is the ring nccl-tests' busbw as
 `sync.compress=fp16|bf16` (every bucketed synchroniser, since all go through `_reduce`):
 the bucket is averaged, cast to 16 bits into a preallocated wire buffer, reduced in that
 dtype and cast back (`ddp_lab/sync/_wire.py`); bytes are counted in the wire dtype.
+
+`sync.overlap=true` (sync/_overlap.py): the buckets hold the parameters in reverse order
+and each is packed and handed to `_reduce` the moment its gradients are ready, during
+backward, on one background thread (`SerialWorker`; every algorithm here is a blocking
+call, the library's all-reduce included, and `_reduce` stays the one per-bucket entry);
+`sync()` waits for the thread and unpacks. `sync.bucket_mb=0` then means one bucket per
+parameter.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,6 +38,7 @@ from torch import nn
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
 from ._wire import Wire, check_compress
+from ._overlap import ReadyBuckets, SerialWorker
 from .base import Synchroniser
 
 
@@ -47,14 +56,36 @@ class AllReduceSync(Synchroniser):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]
-        self.per_param = self.cfg.bucket_mb == 0 and not self.pad_to_world
+        self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
+        self.per_param = self.cfg.bucket_mb == 0 and not self.pad_to_world and not self.overlap
+        order = list(reversed(params)) if self.overlap else params  # DDP's order
         self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
-            params, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
+            order, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
         self.params = params
         self.wire = Wire(self.cfg.compress, self.world_size)  # sync.compress (_wire.py)
         for b in self.buckets:
             self.wire.add(b.buffer)
+        self.ready: Optional[ReadyBuckets] = None
+        if self.overlap:
+            self.worker = SerialWorker(self.device, len(self.buckets), self.name)
+            self.ready = ReadyBuckets(self.buckets, self._launch)
         return module
+
+    def _launch(self, i: int, b: Bucket) -> None:
+        """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
+        b.pack_grads()
+        self.worker.submit(i, lambda: self._reduce(b.buffer, b.nbytes))
+
+    def no_sync(self):
+        return self.ready.disarmed() if self.ready is not None else nullcontext()
+
+    def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
+        if self.ready is not None:
+            self.ready.preflight(self.module, loss_fn, self.name)
+
+    def close(self) -> None:
+        if self.ready is not None:
+            self.worker.close()
 
     # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES,
     # or override _cost)
@@ -80,6 +111,14 @@ class AllReduceSync(Synchroniser):
     @torch.no_grad()
     def sync(self) -> None:
         if self.world_size == 1:
+            return
+        if self.ready is not None:  # the buckets were launched during backward
+            try:
+                self.ready.finish()
+            finally:
+                self.worker.wait()  # raises a failure of the overlap thread here
+            for b in self.buckets:
+                b.unpack_grads()
             return
         if self.per_param:
             for p in self.params:

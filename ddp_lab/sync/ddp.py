@@ -41,6 +41,11 @@ class DDPSync(Synchroniser):
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
+        if not cfg.get("overlap", True):
+            raise ValueError("sync=ddp sync.overlap=false: DDP always overlaps its bucket "
+                             "all-reduces with backward; drop sync.overlap=false (or use "
+                             "sync=allreduce sync.overlap=false for the same buckets after "
+                             "backward)")
         if cfg.static_graph and cfg.find_unused_parameters:
             raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
                              "contradict each other: set one of them to false")

@@ -130,5 +130,6 @@ class HierarchicalSync(AllReduceSync):
             BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
 
     def close(self) -> None:
+        super().close()  # sync.overlap: the thread that calls the plans is done first
         for plan in self.plans.values():  # collective among the leaders
             plan.close()

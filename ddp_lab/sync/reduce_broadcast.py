@@ -21,11 +21,18 @@ factor 1 for both (nccl-tests).
 `sync.compress=fp16|bf16` compresses the gradients' reduce (`ddp_lab/sync/_wire.py`); the
 parameters' broadcast stays fp32: rounding the weights themselves to 16 bits every step
 would be another training method (low-precision weights), not gradient compression.
+
+`sync.overlap=true` (sync/_overlap.py): the gradient buckets hold the parameters in
+reverse order and each bucket's `dist.reduce` is started (async_op) from backward the
+moment its gradients are ready, stamped like DDP's hook (start at launch, end in the
+future's completion callback); `sync()` waits for them. The broadcast stays after the
+root's step: it carries the new weights, which exist only then.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +41,7 @@ from torch import nn
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
 from ._wire import Wire, check_compress
+from ._overlap import ReadyBuckets
 from .base import Synchroniser
 
 
@@ -55,24 +63,67 @@ class ReduceBroadcastSync(Synchroniser):
         cap = self.cfg.bucket_mb * 1e6
         self.root = self.cfg.root
         self.is_root = self.rank == self.root
-        self.grad_buckets: list[Bucket] = make_buckets(params, cap)
+        self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
+        order = list(reversed(params)) if self.overlap else params  # DDP's order
+        self.grad_buckets: list[Bucket] = make_buckets(order, cap)
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
         self.wire = Wire(self.cfg.compress, self.world_size)  # the gradients' reduce only
         for b in self.grad_buckets:
             self.wire.add(b.buffer)
+        self.ready: Optional[ReadyBuckets] = None
+        self.works: list = []
+        if self.overlap:
+            self.ready = ReadyBuckets(self.grad_buckets, self._launch)
         return module
+
+    def _accounting(self, phase: int, b: Bucket, elem_size: int) -> tuple[str, int, int, int]:
+        """(op, payload, sent, recv) of phase `phase` (0 reduce, 1 broadcast) of bucket `b`,
+        whose elements travel `elem_size` bytes each (sync.compress: the wire's)."""
+        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
+        c = costmodel.cost(op, algorithm, b.numel, self.world_size, elem_size, root=self.root)
+        return op, b.numel * elem_size, c.sent[self.rank], c.recv[self.rank]
 
     def _timed(self, phase: int, b: Bucket, wire: torch.Tensor):
         """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`, whose
         elements travel as `wire`'s dtype."""
-        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
-        e = wire.element_size()
-        c = costmodel.cost(op, algorithm, b.numel, self.world_size, e, root=self.root)
-        return self.comm.timed(op, b.numel * e, c.sent[self.rank], c.recv[self.rank])
+        return self.comm.timed(*self._accounting(phase, b, wire.element_size()))
+
+    def _launch(self, i: int, b: Bucket) -> None:
+        """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
+        wire = self.wire.pack(b.pack_grads())  # the bucket, or its average in fp16 / bf16
+        args = self._accounting(0, b, wire.element_size())
+        rec = self.comm
+        start = rec.begin()
+        fut = dist.reduce(wire, dst=self.root, async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> None:
+            rec.finish(start, *args)  # gloo: on its thread as it completes; CUDA: an event
+            return None
+
+        self.works.append(fut.then(done))
+
+    def no_sync(self):
+        return self.ready.disarmed() if self.ready is not None else nullcontext()
+
+    def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
+        if self.ready is not None:
+            self.ready.preflight(self.module, loss_fn, self.name)
 
     @torch.no_grad()
     def sync(self) -> None:
         if self.world_size == 1:
+            return
+        if self.ready is not None:  # the reduces were started during backward
+            works, self.works = self.works, []
+            try:
+                self.ready.finish()
+            finally:
+                for w in works:
+                    w.wait()  # a failed reduce raises here (the process group's timeout)
+            if self.is_root:
+                for b in self.grad_buckets:
+                    self.wire.unpack(b.buffer, self.wire.buffer(b.buffer))  # the average
+                    b.unpack_grads()
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()

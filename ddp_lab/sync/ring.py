@@ -48,5 +48,6 @@ class RingSync(AllReduceSync):
             all_reduce_ring(flat)
 
     def close(self) -> None:
+        super().close()  # sync.overlap: the thread that calls the plans is done first
         for plan in self.plans.values():
             plan.close()
