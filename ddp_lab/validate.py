@@ -237,7 +237,7 @@ def _bench_sizes(cfg: DictConfig) -> Optional[str]:
         return f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"
     if any(int(x) < 1 for x in b.sizes):
         return f"bench.sizes={list(b.sizes)}: every size must be >= 1 element"
-    if {"all_gather", "reduce_scatter"} & set(b.ops) and min(b.min_elements, *b.sizes) < world:
+    if {"all_gather", "reduce_scatter"} & set(b.ops) and min([b.min_elements, *b.sizes]) < world:
         return (f"bench.min_elements={b.min_elements} is below the world size {world}: "
                 "all_gather and reduce_scatter need at least one element per rank")
     return None

@@ -161,8 +161,8 @@ def script_comm_truth(work):
     out = ok(sh(work, [sys.executable, str(REPO / "scripts/comm_truth.py"), "--worlds", "2",
                        "--models", "mlp", "--syncs", "allreduce", "--steps", "4",
                        "--bench-min", "1024", "--bench-max", "4096", "--bench-points", "2",
-                       "--data-root", data, "--out", "truth"]))
-    assert "| allreduce | mlp | 2 | 1 |" in out and (work["cwd"] / "truth" / "truth.json").exists()
+                       "--data-root", data, "--out", "outputs/truth"]))
+    assert "| allreduce | mlp | 2 | 1 |" in out and (work["cwd"] / "outputs" / "truth" / "truth.json").exists()
 
 
 def script_bench_overlap(work):

@@ -10,7 +10,7 @@ from torch import nn
 from ..registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
-from .base import Synchroniser
+from .base import Synchroniser, with_defaults
 from .butterfly import ButterflySync
 from .ddp import DDPSync
 from .hierarchical import HierarchicalSync
@@ -36,7 +36,7 @@ def sync_class(name: str) -> type[Synchroniser]:
 
 def check_sync(cfg: Any, world_size: int) -> None:
     """Raise ValueError (with the fix) if sync `cfg` cannot run on `world_size` ranks."""
-    sync_class(cfg.name).check(cfg, world_size)
+    sync_class(cfg.name).check(with_defaults(cfg), world_size)
 
 
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,

@@ -25,9 +25,24 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ..timing import Clock, CommRecorder, CommStats
+
+
+def with_defaults(cfg: Any) -> Any:
+    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
+    tests', a script's) completed with its schema's defaults (config.SCHEMAS), so keys
+    added since (overlap, compress, ...) read as their defaults; a composed config (typed
+    by its schema already) comes back as it is."""
+    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
+        return cfg
+    from ..config import schema_for
+
+    base = OmegaConf.structured(schema_for("sync", cfg.name))
+    OmegaConf.set_struct(base, False)  # keys the schema lacks stay as given
+    return OmegaConf.merge(base, cfg)
 
 
 class Synchroniser:
@@ -38,6 +53,7 @@ class Synchroniser:
 
     def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                  clock: Optional[Clock] = None, timing: bool = True):
+        cfg = with_defaults(cfg)
         self.check(cfg, world_size)
         self.cfg = cfg
         self.module = module  # the bare model: evaluation and checkpoints use this
