@@ -368,28 +368,27 @@ class CommStats:
         """GB/s with nccl-tests' factors, per call's op."""
         return self.bus_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
+    def _step_of_each_call(self, steps: Sequence[StepTimes]) -> list[int]:
+        """The index of the step each timed call belongs to: the one it starts in."""
+        starts = [s.start for s in steps]
+        return [max(0, bisect.bisect_right(starts, c.start) - 1) for c in self.timed]
+
     def per_step_seconds(self, steps: Sequence[StepTimes]) -> list[float]:
         """In-flight comm seconds of each step; a call belongs to the step it starts in."""
-        if not steps:
-            return []
-        starts = [s.start for s in steps]
         buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
-        for c in self.timed:
-            i = max(0, bisect.bisect_right(starts, c.start) - 1)
-            buckets[i].append((c.start, c.end))
+        if steps:
+            for i, c in zip(self._step_of_each_call(steps), self.timed):
+                buckets[i].append((c.start, c.end))
         return [union_length(b) for b in buckets]
 
     def per_step_exposed(self, steps: Sequence[StepTimes]) -> list[float]:
         """Exposed comm seconds of each step: its in-flight union after compute end."""
-        if not steps:
-            return []
-        starts = [s.start for s in steps]
         buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
-        for c in self.timed:
-            i = max(0, bisect.bisect_right(starts, c.start) - 1)
-            cut = steps[i].compute_end_or_backward_end()
-            if c.end > cut:
-                buckets[i].append((max(c.start, cut), c.end))
+        if steps:
+            for i, c in zip(self._step_of_each_call(steps), self.timed):
+                cut = steps[i].compute_end_or_backward_end()
+                if c.end > cut:
+                    buckets[i].append((max(c.start, cut), c.end))
         return [union_length(b) for b in buckets]
 
 
