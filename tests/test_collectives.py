@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from torch.distributed import ReduceOp
 
 import ddp_lab.collectives as C
+from helpers import world_context
 
 LENGTHS = (1, 7, 13, 1001)  # odd, mostly not divisible by the world size
 OPS = ("SUM", "PRODUCT", "MAX", "MIN", "AVG")
@@ -426,10 +427,11 @@ def _worker(rank, world_size, init_file, backend, out_dir, scenario):
 def _run_world(tmp_path: Path, world_size: int, backend: str = "gloo", scenario: str = "world"):
     out_dir = tmp_path / "results"
     out_dir.mkdir()
+    world_context()  # the forkserver's preload (helpers.py): ranks start without importing torch
     ctx = mp.start_processes(
         _worker,
         args=(world_size, str(tmp_path / "store"), backend, str(out_dir), scenario),
-        nprocs=world_size, join=False, start_method="spawn",
+        nprocs=world_size, join=False, start_method="forkserver",
     )
     deadline = time.monotonic() + WORLD_DEADLINE_S
     while not ctx.join(timeout=2):  # raises if a rank died with an exception
