@@ -1,20 +1,22 @@
-"""Time per epoch: the course notebook's loop against ddp_lab's, side by side in one run.
+"""Time per epoch: the floor, the course notebook's loop and ddp_lab's, side by side in one run.
 
-    .venv/bin/python scripts/bench_epoch.py                 # notebook vs trainer vs trainer+compile (1 rank)
-    .venv/bin/python scripts/bench_epoch.py --repeats 3     # the whole set 3 times, interleaved: medians
-    .venv/bin/python scripts/bench_epoch.py --notebook-passive   # the notebook's threads sleep too
-    .venv/bin/python scripts/bench_epoch.py --epochs 3 --ranks 1 2 4 --threads 0 1
-    .venv/bin/python scripts/bench_epoch.py --epochs 1 --max-steps 20 --no-compile  # a quick check
+    .venv/bin/python scripts/bench_epoch.py                      # 3 interleaved rounds, 1 and 2 ranks: the figures
+    .venv/bin/python scripts/bench_epoch.py --ranks 1 --notebook-passive
+    .venv/bin/python scripts/bench_epoch.py --compile --threads 0 1
+    .venv/bin/python scripts/bench_epoch.py --epochs 1 --max-steps 20 --repeats 1   # a quick check, not a figure
 
-The notebook's workload: MLP 784-50-10, batch 64, Adam lr 1e-3, CPU. The notebook loop is
-its own code (ToTensor + DataLoader with shuffle, DDP over a one-process gloo group); ours is
-`python -m ddp_lab` (tensor pipeline, DDP over gloo) with N ranks, each epoch timed
-between barriers, and the same with `train.compile=true` (its compile time, spent before
-the first epoch, is a column of its own). With --repeats R every configuration runs R times,
-interleaved (notebook, trainer, compiled, notebook, ...) so that the machine's drift hits
-them alike. Prints one table: per configuration the median epoch over all its epochs and
-repeats, the speed-up against the notebook's median, and each repeat's own ratio
-(trainer / notebook measured in the same repeat, side by side).
+The workload: MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU. Per round, one after
+the other (interleaved, so the machine's drift hits every row alike):
+- the floor: a tight loop over preloaded tensors (the same model, optimiser, batch, threads
+  and OMP wait policy; no process group, no timers): what ddp_lab cannot beat;
+- the notebook's loop, its own code (ToTensor + DataLoader with shuffle, DDP over a
+  one-process gloo group);
+- `python -m ddp_lab` (sync=ddp) on each of --ranks, with timing.enabled true and false,
+  each epoch timed between barriers as the run records it;
+- with 2 in --ranks, the median of one gradient-sized gloo all_reduce between 2 processes:
+  the 2-rank latency floor is steps x (that all_reduce + the floor's step).
+Prints one table (median epoch over all epochs and rounds, and each round's ratio to the
+floor measured in the same round) and the two ratios the goals are about.
 """
 
 from __future__ import annotations
@@ -82,6 +84,90 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     return times
 
 
+def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
+    """The floor: the tightest loop over the same work. MNIST preloaded as one normalised
+    float tensor, a fresh permutation per epoch, batches by index, the same MLP 784-50-10,
+    Adam lr 1e-3, batch 64, as many torch threads as a 1-rank ddp_lab run uses (all cores)
+    and the same OMP wait policy (the caller's environment). No process group, no timers,
+    no records: what remains of an epoch when everything ddp_lab adds is taken away."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from ddp_lab.data import load_split, normalise
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.manual_seed(0)
+    images, labels = load_split(root, train=True)
+    x_all = normalise(images).flatten(1)  # [60000, 784], once, outside every epoch
+    model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    n, batch = len(labels), 64
+    # one forward and backward before the clock, as ddp_lab's preflight does (the thread
+    # pool and autograd's first-call set-up are no epoch's); the weights are untouched
+    F.cross_entropy(model(x_all[:batch]), labels[:batch]).backward()
+    model.zero_grad(set_to_none=True)
+    times = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        order = torch.randperm(n)
+        for step, i in enumerate(range(0, n, batch)):
+            if max_steps and step == max_steps:
+                break
+            idx = order[i:i + batch]
+            loss = F.cross_entropy(model(x_all[idx]), labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def allreduce_latency(ranks: int, numel: int, calls: int = 300) -> float:
+    """Median seconds of one all_reduce of `numel` float32 (one step's gradient) between
+    `ranks` local gloo processes: the part of a step no synchroniser can avoid."""
+    code = ("import sys; sys.path.insert(0, %r); import bench_epoch as b; b._latency_main(%d, %d, %d)"
+            % (str(Path(__file__).resolve().parent), ranks, numel, calls))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"all_reduce latency failed:\n{proc.stdout}\n{proc.stderr}")
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def _latency_main(ranks: int, numel: int, calls: int) -> None:
+    import torch.multiprocessing as mp
+
+    from ddp_lab.ports import free_port
+
+    port = free_port()
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_latency_rank, args=(ranks, port, numel, calls, queue), nprocs=ranks,
+                       start_method="spawn")
+    print(queue.get())
+
+
+def _latency_rank(rank: int, ranks: int, port: int, numel: int, calls: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ddp_lab.distributed import local_gloo_world
+
+    local_gloo_world(rank, ranks, port)
+    grad = torch.ones(numel)
+    times = []
+    for i in range(calls + 20):  # 20 warm-up calls
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(grad)
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        queue.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
 def ours(root: str, out: str, ranks: int, epochs: int, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "ddp_lab", f"launcher.nproc_per_node={ranks}",
            f"train.epochs={epochs}", f"data.root={root}", f"run.root={out}",
@@ -99,15 +185,16 @@ def ours(root: str, out: str, ranks: int, epochs: int, extra: list[str]) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=3, help="epochs per configuration and repeat")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run every configuration this many times, interleaved (medians over all)")
-    p.add_argument("--ranks", type=int, nargs="+", default=[1], help="ddp_lab world sizes to time")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per configuration and round")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds: every configuration once per round, interleaved (medians over all)")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="ddp_lab world sizes to time")
     p.add_argument("--no-notebook", action="store_true", help="skip the notebook loop")
     p.add_argument("--notebook-passive", action="store_true",
                    help="run the notebook with OMP_WAIT_POLICY=PASSIVE too, as the trainer's ranks "
                         "run (on a busy machine its spinning threads otherwise dominate its time)")
-    p.add_argument("--no-compile", action="store_true", help="skip the train.compile=true row")
+    p.add_argument("--compile", action="store_true", help="add a 1-rank train.compile=true row")
+    p.add_argument("--no-compile", action="store_true", help=argparse.SUPPRESS)  # the old default
     p.add_argument("--extra", nargs="*", default=[], help="more overrides for ddp_lab runs")
     p.add_argument("--max-steps", type=int, default=0,
                    help="steps per epoch, for a quick check (0 = full epochs: the real figure)")
@@ -120,26 +207,32 @@ def main() -> None:
     configs: list[tuple[str, int, list[str]]] = []  # (label, ranks, overrides)
     for n in args.ranks:
         for th in (args.threads if n == 1 else [0]):
-            label = "default" if th == 0 else str(th)
-            configs.append((f"ddp_lab sync=ddp, {n} rank(s), threads {label}", n,
-                            [f"train.threads={th}"]))
-    if not args.no_compile:
-        th = args.threads[0]
-        configs.append((f"ddp_lab sync=ddp, 1 rank(s), threads {'default' if th == 0 else th}, "
-                        "train.compile=true", 1, [f"train.threads={th}", "train.compile=true"]))
+            label = "" if th == 0 else f", threads {th}"
+            for timing in ("true", "false"):
+                configs.append((f"ddp_lab sync=ddp, {n} rank(s){label}, timing {timing}", n,
+                                [f"train.threads={th}", f"timing.enabled={timing}"]))
+    if args.compile:
+        configs.append(("ddp_lab sync=ddp, 1 rank(s), train.compile=true", 1,
+                        ["train.compile=true"]))
     notebook = NOTEBOOK + (", OMP_WAIT_POLICY=PASSIVE" if args.notebook_passive else "")
-    names = ([notebook] if not args.no_notebook else []) + [c[0] for c in configs]
+    names = [FLOOR] + ([notebook] if not args.no_notebook else []) + [c[0] for c in configs]
     epochs: dict[str, list[float]] = {n: [] for n in names}
-    per_repeat: dict[str, list[float]] = {n: [] for n in names}  # median epoch of each repeat
+    per_repeat: dict[str, list[float]] = {n: [] for n in names}  # median epoch of each round
     acc: dict[str, float] = {}
     compile_s: dict[str, list[float]] = {n: [] for n in names}
+    latency: list[float] = []  # one gradient all_reduce between 2 ranks, per round
+    grad_numel = 784 * 50 + 50 + 50 * 10 + 10
     with tempfile.TemporaryDirectory() as tmp:
         root = str(Path(tmp) / "data")
         fetch_mnist(root, ["embedded"])
         for rep in range(args.repeats):
+            t = _in_child("floor_epochs", root, args.epochs, args.max_steps, passive=True)
+            epochs[FLOOR] += t
+            per_repeat[FLOOR].append(statistics.median(t))
             if not args.no_notebook:
-                # a fresh process per repeat: the notebook's own process group each time
-                t = _notebook_in_child(root, args.epochs, args.max_steps, args.notebook_passive)
+                # a fresh process per round: the notebook's own process group each time
+                t = _in_child("notebook_epochs", root, args.epochs, args.max_steps,
+                              passive=args.notebook_passive)
                 epochs[notebook] += t
                 per_repeat[notebook].append(statistics.median(t))
             for name, n, over in configs:
@@ -150,40 +243,66 @@ def main() -> None:
                 acc[name] = r["acc"]
                 if r["compile_s"] is not None:
                     compile_s[name].append(r["compile_s"])
-            print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+            if 2 in args.ranks:
+                latency.append(allreduce_latency(2, grad_numel))
+            print(f"round {rep + 1}/{args.repeats} done", file=sys.stderr, flush=True)
 
-    base = statistics.median(epochs[names[0]])
-    print(f"\nMLP 784-50-10, batch 64/rank, Adam, CPU ({os.cpu_count()} cores), "
-          f"{args.epochs} epochs x {args.repeats} repeat(s) each, interleaved; median epoch "
-          f"time over all of them (the first epoch included)\n")
-    print(f"| configuration | median epoch (s) | per-repeat medians (s) | speed-up vs first row "
-          f"| per-repeat ratio vs first row | compile (s) | test acc |")
+    base = statistics.median(epochs[FLOOR])
+    print(f"\nMLP 784-50-10, batch 64/rank, Adam lr 1e-3, CPU ({os.cpu_count()} cores), "
+          f"{args.epochs} epochs x {args.repeats} round(s) each, interleaved; median epoch "
+          f"time over all of them (the first epoch included); load average before: "
+          f"{os.getloadavg()[0]:.2f}\n")
+    print("| configuration | median epoch (s) | per-round medians (s) | x floor "
+          "| per-round x floor | compile (s) | test acc |")
     print("| --- | ---: | --- | ---: | --- | ---: | ---: |")
     for name in names:
         med = statistics.median(epochs[name])
         reps = per_repeat[name]
-        ratios = [b / m for b, m in zip(per_repeat[names[0]], reps)]
+        ratios = [m / f for f, m in zip(per_repeat[FLOOR], reps)]
         comp = f"{statistics.median(compile_s[name]):.1f}" if compile_s[name] else "-"
         acc_s = f"{acc[name]:.4f}" if name in acc else "-"
-        print(f"| {name} | {med:.3f} | {', '.join(f'{x:.2f}' for x in reps)} | {base / med:.1f}x "
-              f"| {', '.join(f'{x:.1f}x' for x in ratios)} | {comp} | {acc_s} |")
+        print(f"| {name} | {med:.3f} | {', '.join(f'{x:.3f}' for x in reps)} | {med / base:.2f}x "
+              f"| {', '.join(f'{x:.2f}x' for x in ratios)} | {comp} | {acc_s} |")
+    steps1 = _steps(1, args.max_steps)
+    if 1 in args.ranks:
+        ours1 = statistics.median(epochs["ddp_lab sync=ddp, 1 rank(s), timing true"])
+        print(f"\n1 rank: ddp_lab (timing on) / floor = {ours1 / base:.2f} (goal <= 1.2)")
+    if 2 in args.ranks:
+        # each of 2 ranks computes its half of the epoch at the floor's pace, then waits for
+        # one all_reduce of the whole gradient per step: nothing can do less
+        steps2 = _steps(2, args.max_steps)
+        lat = statistics.median(latency)
+        floor2 = steps2 * (lat + base / steps1)
+        ours2 = statistics.median(epochs["ddp_lab sync=ddp, 2 rank(s), timing true"])
+        print(f"2 ranks: latency floor = {steps2} steps x ({lat * 1e3:.3f} ms all_reduce of "
+              f"{grad_numel * 4 / 1e3:.0f} kB + {base / steps1 * 1e3:.3f} ms floor step) = "
+              f"{floor2:.3f} s; ddp_lab (timing on) / latency floor = {ours2 / floor2:.2f} "
+              f"(goal <= 1.2)")
 
 
+def _steps(ranks: int, max_steps: int) -> int:
+    """Steps of one epoch per rank: 60,000 samples split over `ranks`, batches of 64."""
+    steps = -(-(-(-60_000 // ranks)) // 64)
+    return min(steps, max_steps) if max_steps else steps
+
+
+FLOOR = "floor: tight loop over preloaded tensors, 1 process"
 NOTEBOOK = "notebook loop (ToTensor + DataLoader), 1 process"
 
 
-def _notebook_in_child(root: str, epochs: int, max_steps: int, passive: bool) -> list[float]:
-    """The notebook loop in a process of its own (its gloo group and threads its own)."""
+def _in_child(fn: str, root: str, epochs: int, max_steps: int, passive: bool) -> list[float]:
+    """One of this file's loops (notebook_epochs, floor_epochs) in a process of its own: its
+    threads (and the notebook's gloo group) its own, as a run's rank has."""
     code = ("import json, sys; sys.path.insert(0, %r); import bench_epoch as b; "
-            "print(json.dumps(b.notebook_epochs(%r, %d, %d)))"
-            % (str(Path(__file__).resolve().parent), root, epochs, max_steps))
+            "print(json.dumps(b.%s(%r, %d, %d)))"
+            % (str(Path(__file__).resolve().parent), fn, root, epochs, max_steps))
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"  # read when torch loads in the child
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=REPO)
     if proc.returncode != 0:
-        sys.exit(f"notebook loop failed:\n{proc.stdout}\n{proc.stderr}")
+        sys.exit(f"{fn} failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
