@@ -177,7 +177,7 @@ class SyncConfig:
     """How gradients are synchronised across ranks."""
 
     name: str = MISSING
-    """ddp | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical
+    """ddp | naive | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical
     (ddp_lab/sync/<name>.py)"""
     overlap: bool = False
     """start each gradient bucket's collective during backward, as soon as the bucket is
@@ -202,6 +202,13 @@ class DDPSyncConfig(SyncConfig):
     """promise DDP the graph never changes (needs every parameter used)"""
     find_unused_parameters: bool = False
     """let DDP look for parameters that got no gradient"""
+
+
+@dataclass
+class NaiveSyncConfig(SyncConfig):
+    """One torch.distributed.all_reduce per parameter's .grad after backward, then divided
+    by the world size (ddp_lab/sync/naive.py); no keys of its own, overlap and compress
+    refused."""
 
 
 @dataclass
@@ -517,7 +524,7 @@ SCHEMAS: dict[str, Registry[type]] = {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
         "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
     "sync": Registry("sync", {
-        "ddp": DDPSyncConfig, "allreduce": BucketSyncConfig,
+        "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
         "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
         "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
         "hierarchical": HierarchicalSyncConfig}),

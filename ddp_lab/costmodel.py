@@ -213,6 +213,7 @@ def _torch(collective: str, n: int, N: int, root: int) -> Cost:
 #: synchroniser -> the collective calls it makes per bucket, in order (sync.<name>)
 SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "ddp": (("all_reduce", "torch"),),
+    "naive": (("all_reduce", "torch"),),  # per parameter
     "allreduce": (("all_reduce", "torch"),),
     "ring": (("all_reduce", "ring"),),
     "tree": (("all_reduce", "tree"),),
@@ -223,6 +224,7 @@ SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
 SYNC_FORMULAS: dict[str, str] = {
     "ddp": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
+    "naive": "2(n-1)α + 2(n-1)/n·m·β (library, as ring; a bucket = one parameter)",
     "allreduce": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
     "ring": "2(n-1)α + 2(n-1)/n·m·β",
     "tree": "2⌈log2 n⌉(α + m·β)",

@@ -167,7 +167,7 @@ if [ "$MODE" != dry ]; then
 fi
 
 # 3. every synchroniser on the GPU (one rank per visible GPU)
-for s in ddp allreduce reduce_broadcast ring tree butterfly; do
+for s in ddp naive allreduce reduce_broadcast ring tree butterfly; do
   if train "sync_$s" "$OUT/sync_$s" "sync=$s" train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
     [ "$MODE" = dry ] || row "sync=$s" ok "$(figure "$OUT/sync_$s" epoch)"
   else row "sync=$s" failed "see logs/sync_$s.log"; fi

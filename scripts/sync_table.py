@@ -20,7 +20,7 @@ import sys
 
 from ddp_lab.report.runs import ReportError, find_runs
 
-ORDER = ["ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
+ORDER = ["ddp", "naive", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
 
 
 def summaries(paths: list[str]) -> list[dict]:

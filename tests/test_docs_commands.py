@@ -195,7 +195,7 @@ def script_gpu_check(work):
         assert out.strip().splitlines() == [out.strip()] and out.startswith("skipped: no CUDA")
     dry = ok(sh(work, ["bash", script, "--dry"], env=env)).splitlines()
     ours = [shlex.split(x) for x in dry if " -m ddp_lab" in x]
-    assert len(ours) == 9, dry  # speed, six syncs, bench, flight recorder
+    assert len(ours) == 10, dry  # speed, seven syncs, bench, flight recorder
     for argv in ours:  # every config key is real: Hydra composes each command
         argv = argv[argv.index(sys.executable):]
         ok(sh(work, [*argv, "--cfg", "job"], timeout=120))

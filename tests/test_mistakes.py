@@ -157,7 +157,7 @@ def test_dry_run_of_a_preset_renders_without_its_required_keys(place):
 
 @pytest.mark.parametrize("module, hidden, listed", [
     (TRAIN, ("bench:", "schema"), ("launcher: local, mpirun, slurm, runai",
-                                   "sync: ddp, allreduce, reduce_broadcast, ring, tree, butterfly",
+                                   "sync: ddp, naive, allreduce, reduce_broadcast, ring, tree, butterfly",
                                    "cluster: alps, entropy, rcp")),
     (BENCH, ("sync:", "model:", "schema"), ("launcher: local, mpirun, slurm, runai",
                                             "bench: handin, sweep")),

@@ -85,6 +85,7 @@ BROKEN = {"no_average": NoAverageSync, "stale_bucket": StaleBucketSync, "skip_st
 # (variant name, sync option, config overrides)
 VARIANTS = [
     ("ddp", "ddp", {"bucket_cap_mb": SMALL_BUCKET_MB}),
+    ("naive", "naive", {}),
     ("allreduce", "allreduce", {"bucket_mb": SMALL_BUCKET_MB}),
     ("allreduce_per_param", "allreduce", {"bucket_mb": 0}),
     ("allreduce_one_bucket", "allreduce", {}),
@@ -127,6 +128,18 @@ def reference_params(world: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def train_steps(syncer, opt, xs, ys, rank: int) -> None:
+    """STEPS training steps on this rank's slice of each global batch (xs, ys: global_batches)."""
+    for k in range(STEPS):
+        x = xs[k, rank * BATCH:(rank + 1) * BATCH]
+        y = ys[k, rank * BATCH:(rank + 1) * BATCH]
+        loss = F.cross_entropy(syncer.model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        syncer.sync()
+        syncer.step(opt)
+
+
 def _train_worker(rank: int, world: int) -> dict:
     """Run every variant and broken sync for STEPS steps; report params and comm."""
     torch.set_num_threads(1)
@@ -145,14 +158,7 @@ def _train_worker(rank: int, world: int) -> dict:
         syncer = cls(sync_cfg(name, **overrides), model, device, world)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         counter.update(sent=0, recv=0)
-        for k in range(STEPS):
-            x = xs[k, rank * BATCH:(rank + 1) * BATCH]
-            y = ys[k, rank * BATCH:(rank + 1) * BATCH]
-            loss = F.cross_entropy(syncer.model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            syncer.sync()
-            syncer.step(opt)
+        train_steps(syncer, opt, xs, ys, rank)
         comm = syncer.take_comm()
         state = syncer.optimizer_state(opt)
         out[variant] = {
@@ -357,7 +363,7 @@ def test_bad_sync_config_is_refused(name, overrides, message):
 
 
 def test_unknown_sync_is_refused():
-    with pytest.raises(ValueError, match="unknown sync 'ringg': choose one of ddp, allreduce"):
+    with pytest.raises(ValueError, match="unknown sync 'ringg': choose one of ddp, naive, allreduce"):
         check_sync(types.SimpleNamespace(name="ringg"), 2)
 
 

@@ -14,12 +14,14 @@ from .base import Synchroniser, with_defaults
 from .butterfly import ButterflySync
 from .ddp import DDPSync
 from .hierarchical import HierarchicalSync
+from .naive import NaiveSync
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .tree import TreeSync
 
 SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "ddp": DDPSync,
+    "naive": NaiveSync,
     "allreduce": AllReduceSync,
     "reduce_broadcast": ReduceBroadcastSync,
     "ring": RingSync,

@@ -1,0 +1,60 @@
+"""sync=naive: the first synchroniser of the course, one all-reduce per parameter.
+
+After backward every rank holds the gradients of its own slice of the batch. To step
+like one process on the whole batch, each .grad must become the average over ranks:
+`torch.distributed.all_reduce` sums a tensor across ranks in place, and dividing by the
+world size turns the sum into the mean. Do that for every parameter, one after the other:
+that is all data parallelism needs to be correct.
+
+Why it is only the first step: it makes one call per parameter (the MLP's 4, a ResNet's
+hundreds), and every call pays the collective's fixed cost, its latency, however small the
+tensor. Nothing overlaps backward either: all the calls start once backward is done.
+sync=allreduce fixes the first with buckets (one call for many parameters; with
+sync.bucket_mb=0 it runs these same calls), sync.overlap the second, and DDP both.
+
+Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
+(`costmodel.SYNC_PHASES["naive"]`; not exact, we cannot see the library's routing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import costmodel
+from .base import Synchroniser
+
+
+class NaiveSync(Synchroniser):
+    name = "naive"
+    bytes_exact = False
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if cfg.get("overlap", False):
+            raise ValueError("sync=naive sync.overlap=true: naive starts its calls after backward; "
+                             "drop sync.overlap, or use sync=allreduce sync.bucket_mb=0 "
+                             "sync.overlap=true (the same calls, each as soon as its .grad is ready)")
+        if cfg.get("compress", "none") != "none":
+            raise ValueError(f"sync=naive sync.compress={cfg.compress}: naive sends each .grad as "
+                             f"it is; drop sync.compress, or use sync=allreduce sync.bucket_mb=0 "
+                             f"sync.compress={cfg.compress}")
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        if self.world_size == 1:
+            return
+        (op, algorithm), = costmodel.SYNC_PHASES[self.name]
+        for p in self.module.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # a rank that did not use p still takes part
+            g = p.grad
+            c = costmodel.cost(op, algorithm, g.numel(), self.world_size, g.element_size())
+            with self.comm.timed(op, g.numel() * g.element_size(),
+                                 c.sent[self.rank], c.recv[self.rank]):
+                dist.all_reduce(g)  # the sum over ranks, in place
+            g /= self.world_size  # the sum -> the average
