@@ -9,6 +9,7 @@ own checks run first (`launch.resolve`, which also fills its derived values).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -44,23 +45,37 @@ def one_of(key: str, choices: Sequence[str]) -> Rule:
                         else f"{key}={_get(cfg, key)}: choose {', '.join(choices[:-1])} or {choices[-1]}")
 
 
-# ---------------------------------------------------------------- folders
-def _first_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
+# ---------------------------------------------------------------- paths
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be used or made and written, or None."""
+    """Why folder `value` (given as `key`) cannot be made and written, or None.
+
+    One test for every reason: make a probe folder inside it (and the missing folders on
+    the way, as `mkdir -p` would) and let the OS refuse: a file in the way, no permission,
+    a read-only filesystem, a name too long, ... each becomes the OS's own words. Then
+    remove what the probe made, so a refused (or a checked) command leaves nothing."""
     path = Path(value).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        return f"{key}={value} is a file, not a folder: {fix}"
-    base = _first_existing(path)
-    if not base.is_dir():
-        return f"{key}={value} cannot be made: {base} is a file: {fix}"
-    if not os.access(base, os.W_OK | os.X_OK):
-        return f"{key}={value} is not writable ({base} is not writable by you): {fix}"
+    probe = path / f".ddp_lab_probe_{os.getpid()}"
+    missing = [probe]  # the probe and the folders to make on the way, innermost first
+    while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:  # made meanwhile by someone else: theirs, not ours
+                if folder == probe or not folder.is_dir():
+                    raise
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        where = getattr(e, "filename", None)
+        at = f" (making {where})" if where and Path(where) not in (path, probe) else ""
+        return f"{key}={value} cannot be made or written: {reason}{at}: {fix}"
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return None
 
 

@@ -3,7 +3,9 @@ stderr naming the key (and the fix), exit 2, no traceback, and no run folder lef
 
 Every case runs `python -m ddp_lab ...` or `python -m ddp_lab.bench ...` as a user would,
 with HYDRA_FULL_ERROR=1 set (so not even Hydra's traceback mode leaks one). Only
-composition and validation run: no rank starts.
+composition and validation run: no rank starts. Classes of mistakes checked by one rule
+(paths, durations, backend x device) are tables of direct calls to that rule at the end,
+with one case of each through the command line at most.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+from omegaconf import OmegaConf
+
+from ddp_lab import validate
 
 TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"
 
@@ -68,12 +73,13 @@ MISTAKES = [
      "launcher.account is not set"),
     ("alps-no-environment", TRAIN, ["cluster=alps", "launcher.account=a-x"],
      "launcher.environment is not set"),
-    ("run-dir-is-a-file", TRAIN, ["run.dir={file}"], "run.dir={file} is a file"),
-    ("run-root-under-a-file", TRAIN, ["run.root={file}/runs"], "run.root={file}/runs cannot be made"),
-    ("run-root-unwritable", TRAIN, ["run.root={ro}/runs"], "run.root={ro}/runs is not writable"),
-    ("data-root-is-a-file", TRAIN, ["data.root={file}"], "data.root={file} is a file"),
+    # paths: one rule, the OS's reason (more reasons at unit level: test_folder_problem)
+    ("run-root-unwritable", TRAIN, ["run.root={ro}/runs"],
+     "run.root={ro}/runs cannot be made or written: Permission denied"),
+    ("run-root-name-too-long", TRAIN, ["run.root={open}/new/" + "x" * 256 + "/runs"],
+     "cannot be made or written: File name too long"),  # and {open}/new made, then removed
     ("data-root-unwritable", TRAIN, ["data.root={ro}/data", "run.root={open}/runs"],
-     "data.root={ro}/data is not writable"),
+     "data.root={ro}/data cannot be made or written: Permission denied"),
     ("bench-unknown-op", BENCH, ["bench.ops=[allreduce]"], "bench.ops: unknown allreduce"),
     ("bench-misspelt-key", BENCH, ["bench.opz=[reduce]"], "did you mean bench.ops?"),
     ("bench-impl-without-op", BENCH, ["bench.ops=[reduce]", "bench.impl=[butterfly]"],
@@ -84,7 +90,6 @@ MISTAKES = [
      "bench.max_elements=1024 is below"),
     ("bench-explicit-size", BENCH, ["bench.sizes=[4096,0]"], "bench.sizes=[4096, 0]: every size"),
     ("bench-trainer-group", BENCH, ["+sync=ring"], "Key 'sync' not in 'BenchRootConfig'"),
-    ("bench-run-root-under-a-file", BENCH, ["run.root={file}/runs"], "run.root={file}/runs"),
     ("bench-alps-no-account", BENCH, ["cluster=alps", "launcher.environment=/e.toml"],
      "launcher.account is not set"),
 ]
@@ -170,3 +175,40 @@ def test_help_lists_what_the_entry_accepts(place, module, hidden, listed):
         assert name in groups, groups
     for name in hidden:
         assert name not in groups, groups
+
+
+# ------------------------------------------------------------------ classes, unit level
+FIX = "give a folder you can write"
+LONG = "x" * 256  # one name longer than any filesystem's 255 bytes
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("run.dir", "{file}", "Not a directory"),
+    ("run.root", "{file}/runs", "Not a directory"),
+    ("run.root", "{open}/new/" + LONG + "/runs", "File name too long"),
+    ("data.root", "{file}", "Not a directory"),
+    ("data.root", "{file}/deeper/data", "Not a directory"),
+    ("data.root", "{open}/new/" + LONG, "File name too long"),
+    ("run.root", "{open}/new/runs", None),  # missing folders are fine: the run makes them
+    ("run.dir", "{open}", None),
+    ("data.root", "{open}/new/data", None),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
+def test_folder_problem(tmp_path, key, value, reason):
+    """Every path key, one rule: a probe folder is made where the run will write, and the
+    OS's refusal, whatever it is, is the line; what the probe made is removed."""
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "open").mkdir()
+    value = value.format(file=tmp_path / "a_file", open=tmp_path / "open")
+    section, name = key.split(".")
+    cfg = OmegaConf.create({"run": {"root": str(tmp_path / "unused"), "dir": None},
+                            "data": {"root": str(tmp_path / "unused"), "node_local": False}})
+    cfg[section][name] = value
+    before = sorted(tmp_path.rglob("*"))
+    rule = validate.data_folder if section == "data" else validate.run_folder
+    said = rule(cfg)
+    if reason is None:
+        assert said is None
+    else:
+        assert said.startswith(f"{key}={value} cannot be made or written: {reason}"), said
+        assert FIX in said and "\n" not in said, said
+    assert sorted(tmp_path.rglob("*")) == before, "the check left files behind"
