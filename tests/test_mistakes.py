@@ -19,10 +19,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, compose
 from omegaconf import OmegaConf
 
 from ddp_lab import validate
+from ddp_lab.errors import UserError
 
 TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"
 
@@ -212,3 +213,30 @@ def test_folder_problem(tmp_path, key, value, reason):
         assert said.startswith(f"{key}={value} cannot be made or written: {reason}"), said
         assert FIX in said and "\n" not in said, said
     assert sorted(tmp_path.rglob("*")) == before, "the check left files behind"
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30", 1800), ("2:30", 150), ("00:30:00", 1800), ("1-0", 86400), ("1-02:03", 93780),
+    ("2-00:00:01", 172801), ("UNLIMITED", None), ("infinite", None), ("0", None)])
+def test_duration_formats(text, seconds):
+    assert validate.duration_s("launcher.time", text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h", "90m", "1:2:3:4", "1-", "-5", "1-2-3", "", "1.5",
+                                  "1 day"])
+def test_malformed_duration_names_the_key_and_the_formats(text):
+    cfg = OmegaConf.create({"launcher": {"name": "slurm", "time": text}})
+    with pytest.raises(UserError) as e:
+        validate.durations(cfg)
+    assert str(e.value).startswith(f"launcher.time={text}: not a duration; use MM, MM:SS, "
+                                   "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"), e.value
+
+
+def test_a_launcher_without_a_duration_has_nothing_to_parse():
+    assert validate.durations(OmegaConf.create({"launcher": {"name": "local"}})) is None
+
+
+def test_malformed_duration_is_refused_before_the_launcher_uses_it():
+    """The slurm launcher reads launcher.time with the same parser, before the rules."""
+    with pytest.raises(UserError, match=r"^launcher.time=90m: not a duration"):
+        validate.resolve_train(compose("launcher=slurm", "launcher.time=90m"))
