@@ -161,12 +161,51 @@ def known_sections(cfg: DictConfig) -> Optional[str]:
             f"drop +{extra[0]}=..." if extra else None)
 
 
+# ---------------------------------------------------------------- backend and device
+def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> Optional[str]:
+    """Why dist.backend with dist.device cannot run, or None. `gpus`: the CUDA devices of
+    the machine the ranks run on, when that is this one (a local launch); None when they
+    start elsewhere (slurm, runai, mpirun: the nodes may have GPUs this machine lacks),
+    where only a pair that contradicts itself is refused."""
+    if backend == "nccl" and device == "cpu":
+        return ("dist.backend=nccl with dist.device=cpu: nccl moves only CUDA tensors; use "
+                "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
+    if gpus is None:
+        return None
+    from .distributed import device_type  # how the ranks resolve auto
+
+    kind = device_type(device, gpus > 0)
+    if kind == "cuda" and not gpus:
+        return ("dist.device=cuda but this machine has no CUDA device (launcher=local): "
+                "use dist.device=cpu (or auto)")
+    if backend == "nccl" and kind != "cuda":
+        return ("dist.backend=nccl but this machine has no CUDA device (launcher=local; "
+                "dist.device=auto is cpu here): use dist.backend=gloo (or auto)")
+    if kind == "cuda" and nproc > gpus:
+        return (f"launcher.nproc_per_node={nproc} with dist.device={device}: this machine "
+                f"has {gpus} CUDA device(s), one per rank: set launcher.nproc_per_node<={gpus}, "
+                "or dist.device=cpu")
+    return None
+
+
+def dist_pair(cfg: DictConfig) -> Optional[str]:
+    """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch
+    that really starts (a dry run only renders: it shows the script on any machine)."""
+    gpus = None
+    if cfg.launcher.name == "local" and not cfg.launcher.dry_run:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
+
+
 # ---------------------------------------------------------------- tables
 COMMON: list[Rule] = [
     at_least("launcher.nodes", 1),
     at_least("launcher.nproc_per_node", 1),
     one_of("dist.backend", ("auto", "gloo", "nccl")),
     one_of("dist.device", ("auto", "cpu", "cuda")),
+    dist_pair,
     above("dist.timeout_s", 0),
     above("dist.init_timeout_s", 0),
     one_of("log.progress", ("auto", "bar", "lines")),

@@ -240,3 +240,42 @@ def test_malformed_duration_is_refused_before_the_launcher_uses_it():
     """The slurm launcher reads launcher.time with the same parser, before the rules."""
     with pytest.raises(UserError, match=r"^launcher.time=90m: not a duration"):
         validate.resolve_train(compose("launcher=slurm", "launcher.time=90m"))
+
+
+@pytest.mark.parametrize("backend, device, gpus, nproc, expected", [
+    # contradictory anywhere
+    ("nccl", "cpu", None, 1, "dist.backend=nccl with dist.device=cpu"),
+    ("nccl", "cpu", 4, 1, "dist.backend=nccl with dist.device=cpu"),
+    # ranks elsewhere (slurm, runai, mpirun): their nodes may have GPUs this machine lacks
+    ("nccl", "auto", None, 4, None),
+    ("auto", "cuda", None, 8, None),
+    ("gloo", "cpu", None, 2, None),
+    # a local launch: what this machine cannot do
+    ("nccl", "auto", 0, 2, "dist.backend=nccl but this machine has no CUDA device"),
+    ("auto", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("gloo", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("nccl", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("auto", "auto", 1, 2, "launcher.nproc_per_node=2 with dist.device=auto"),
+    ("gloo", "cuda", 2, 4, "launcher.nproc_per_node=4 with dist.device=cuda"),
+    ("auto", "auto", 0, 2, None),
+    ("gloo", "cpu", 1, 4, None),
+    ("nccl", "auto", 2, 2, None),
+])
+def test_backend_and_device(backend, device, gpus, nproc, expected):
+    said = validate.dist_problem(backend, device, gpus, nproc)
+    if expected is None:
+        assert said is None
+    else:
+        assert said.startswith(expected) and ("use " in said or "set " in said), said
+
+
+@pytest.mark.parametrize("launcher, dry_run, backend, device, refused", [
+    ("slurm", False, "nccl", "auto", False),  # the nodes' GPUs are not this machine's
+    ("local", True, "nccl", "cuda", False),  # a dry run only renders, on any machine
+    ("slurm", False, "nccl", "cpu", True),
+    ("local", False, "nccl", "cpu", True),
+])
+def test_backend_and_device_rule_by_launcher(launcher, dry_run, backend, device, refused):
+    cfg = OmegaConf.create({"launcher": {"name": launcher, "dry_run": dry_run, "nproc_per_node": 1},
+                            "dist": {"backend": backend, "device": device}})
+    assert (validate.dist_pair(cfg) is not None) == refused
