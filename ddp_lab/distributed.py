@@ -104,9 +104,16 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
                "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-def choose_device(env: DistEnv, device: str = "auto") -> torch.device:
+def device_type(device: str, cuda_available: bool) -> str:
+    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu
+    (the submitting side asks the same of a local launch: validate.py)."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available else "cpu"
+    return device
+
+
+def choose_device(env: DistEnv, device: str = "auto") -> torch.device:
+    device = device_type(device, torch.cuda.is_available())
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("dist.device=cuda but CUDA is not available: use dist.device=cpu")

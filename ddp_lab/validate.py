@@ -9,8 +9,10 @@ own checks run first (`launch.resolve`, which also fills its derived values).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -44,23 +46,77 @@ def one_of(key: str, choices: Sequence[str]) -> Rule:
                         else f"{key}={_get(cfg, key)}: choose {', '.join(choices[:-1])} or {choices[-1]}")
 
 
-# ---------------------------------------------------------------- folders
-def _first_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
+# ---------------------------------------------------------------- paths
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be used or made and written, or None."""
+    """Why folder `value` (given as `key`) cannot be made and written, or None.
+
+    One test for every reason: make a probe folder inside it (and the missing folders on
+    the way, as `mkdir -p` would) and let the OS refuse: a file in the way, no permission,
+    a read-only filesystem, a name too long, ... each becomes the OS's own words. Then
+    remove what the probe made, so a refused (or a checked) command leaves nothing."""
     path = Path(value).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        return f"{key}={value} is a file, not a folder: {fix}"
-    base = _first_existing(path)
-    if not base.is_dir():
-        return f"{key}={value} cannot be made: {base} is a file: {fix}"
-    if not os.access(base, os.W_OK | os.X_OK):
-        return f"{key}={value} is not writable ({base} is not writable by you): {fix}"
+    probe = path / f".ddp_lab_probe_{os.getpid()}"
+    missing = [probe]  # the probe and the folders to make on the way, innermost first
+    while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:  # made meanwhile by someone else: theirs, not ours
+                if folder == probe or not folder.is_dir():
+                    raise
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        where = getattr(e, "filename", None)
+        at = f" (making {where})" if where and Path(where) not in (path, probe) else ""
+        return f"{key}={value} cannot be made or written: {reason}{at}: {fix}"
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+# ---------------------------------------------------------------- durations
+#: keys that hold a duration in SLURM's formats: each is read by `duration_s`, here before
+#: any process starts and by the launcher that uses it (launch/slurm.py: --time, signal_s)
+DURATION_KEYS = ("launcher.time",)
+DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
+_DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def duration_s(key: str, value) -> Optional[int]:
+    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in
+    seconds; None for no limit (UNLIMITED, INFINITE, 0). A malformed one is a UserError
+    naming `key` and the formats (sbatch would refuse it only after the run folder exists)."""
+    text = str(value).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
+        return None
+    m = _DURATION.fullmatch(text)
+    if not m:
+        raise UserError(f"{key}={value}: not a duration; use {DURATION_FORMATS}, "
+                        f"e.g. {key}=01:30:00 or {key}=1-00:00:00")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        seconds = ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
+    elif b is None:  # MM
+        seconds = int(a) * 60
+    elif c is None:  # MM:SS
+        seconds = int(a) * 60 + int(b)
+    else:  # HH:MM:SS
+        seconds = (int(a) * 60 + int(b)) * 60 + int(c)
+    return seconds or None  # 0: SLURM imposes no limit
+
+
+def durations(cfg: DictConfig) -> Optional[str]:
+    """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
+    for key in DURATION_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if value is not None:
+            duration_s(key, value)  # raises the one line
     return None
 
 
@@ -105,16 +161,56 @@ def known_sections(cfg: DictConfig) -> Optional[str]:
             f"drop +{extra[0]}=..." if extra else None)
 
 
+# ---------------------------------------------------------------- backend and device
+def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> Optional[str]:
+    """Why dist.backend with dist.device cannot run, or None. `gpus`: the CUDA devices of
+    the machine the ranks run on, when that is this one (a local launch); None when they
+    start elsewhere (slurm, runai, mpirun: the nodes may have GPUs this machine lacks),
+    where only a pair that contradicts itself is refused."""
+    if backend == "nccl" and device == "cpu":
+        return ("dist.backend=nccl with dist.device=cpu: nccl moves only CUDA tensors; use "
+                "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
+    if gpus is None:
+        return None
+    from .distributed import device_type  # how the ranks resolve auto
+
+    kind = device_type(device, gpus > 0)
+    if kind == "cuda" and not gpus:
+        return ("dist.device=cuda but this machine has no CUDA device (launcher=local): "
+                "use dist.device=cpu (or auto)")
+    if backend == "nccl" and kind != "cuda":
+        return ("dist.backend=nccl but this machine has no CUDA device (launcher=local; "
+                "dist.device=auto is cpu here): use dist.backend=gloo (or auto)")
+    if kind == "cuda" and nproc > gpus:
+        return (f"launcher.nproc_per_node={nproc} with dist.device={device}: this machine "
+                f"has {gpus} CUDA device(s), one per rank: set launcher.nproc_per_node<={gpus}, "
+                "or dist.device=cpu")
+    return None
+
+
+def dist_pair(cfg: DictConfig) -> Optional[str]:
+    """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch
+    that really starts (a dry run only renders: it shows the script on any machine)."""
+    gpus = None
+    if cfg.launcher.name == "local" and not cfg.launcher.dry_run:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
+
+
 # ---------------------------------------------------------------- tables
 COMMON: list[Rule] = [
     at_least("launcher.nodes", 1),
     at_least("launcher.nproc_per_node", 1),
     one_of("dist.backend", ("auto", "gloo", "nccl")),
     one_of("dist.device", ("auto", "cpu", "cuda")),
+    dist_pair,
     above("dist.timeout_s", 0),
     above("dist.init_timeout_s", 0),
     one_of("log.progress", ("auto", "bar", "lines")),
     required_launcher_keys,
+    durations,
     run_folder,
 ]
 

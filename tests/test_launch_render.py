@@ -18,7 +18,7 @@ from ddp_lab.launch import mpirun as mpirun_launch
 from ddp_lab.launch import slurm as slurm_launch
 from ddp_lab.errors import UserError
 from ddp_lab.submit import submit
-from ddp_lab.validate import resolve_train as resolve_defaults
+from ddp_lab.validate import duration_s, resolve_train as resolve_defaults
 from fake_runai import parse as runai_parse
 
 
@@ -326,7 +326,7 @@ def test_slurm_bad_stop_settings(overrides, message):
     ("30", 1800), ("2:00", 120), ("00:30:00", 1800), ("1-0", 86400), ("1-02:03", 93780),
     ("1-02:03:04", 93784), ("UNLIMITED", None)])
 def test_slurm_time_limit_s(text, seconds):
-    assert slurm_launch.time_limit_s(text) == seconds
+    assert duration_s("launcher.time", text) == seconds
 
 
 @pytest.mark.parametrize("state, code, rc", [

@@ -3,7 +3,9 @@ stderr naming the key (and the fix), exit 2, no traceback, and no run folder lef
 
 Every case runs `python -m ddp_lab ...` or `python -m ddp_lab.bench ...` as a user would,
 with HYDRA_FULL_ERROR=1 set (so not even Hydra's traceback mode leaks one). Only
-composition and validation run: no rank starts.
+composition and validation run: no rank starts. Classes of mistakes checked by one rule
+(paths, durations, backend x device) are tables of direct calls to that rule at the end,
+with one case of each through the command line at most.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, compose
+from omegaconf import OmegaConf
+
+from ddp_lab import validate
+from ddp_lab.errors import UserError
 
 TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"
 
@@ -68,12 +74,13 @@ MISTAKES = [
      "launcher.account is not set"),
     ("alps-no-environment", TRAIN, ["cluster=alps", "launcher.account=a-x"],
      "launcher.environment is not set"),
-    ("run-dir-is-a-file", TRAIN, ["run.dir={file}"], "run.dir={file} is a file"),
-    ("run-root-under-a-file", TRAIN, ["run.root={file}/runs"], "run.root={file}/runs cannot be made"),
-    ("run-root-unwritable", TRAIN, ["run.root={ro}/runs"], "run.root={ro}/runs is not writable"),
-    ("data-root-is-a-file", TRAIN, ["data.root={file}"], "data.root={file} is a file"),
+    # paths: one rule, the OS's reason (more reasons at unit level: test_folder_problem)
+    ("run-root-unwritable", TRAIN, ["run.root={ro}/runs"],
+     "run.root={ro}/runs cannot be made or written: Permission denied"),
+    ("run-root-name-too-long", TRAIN, ["run.root={open}/new/" + "x" * 256 + "/runs"],
+     "cannot be made or written: File name too long"),  # and {open}/new made, then removed
     ("data-root-unwritable", TRAIN, ["data.root={ro}/data", "run.root={open}/runs"],
-     "data.root={ro}/data is not writable"),
+     "data.root={ro}/data cannot be made or written: Permission denied"),
     ("bench-unknown-op", BENCH, ["bench.ops=[allreduce]"], "bench.ops: unknown allreduce"),
     ("bench-misspelt-key", BENCH, ["bench.opz=[reduce]"], "did you mean bench.ops?"),
     ("bench-impl-without-op", BENCH, ["bench.ops=[reduce]", "bench.impl=[butterfly]"],
@@ -84,7 +91,6 @@ MISTAKES = [
      "bench.max_elements=1024 is below"),
     ("bench-explicit-size", BENCH, ["bench.sizes=[4096,0]"], "bench.sizes=[4096, 0]: every size"),
     ("bench-trainer-group", BENCH, ["+sync=ring"], "Key 'sync' not in 'BenchRootConfig'"),
-    ("bench-run-root-under-a-file", BENCH, ["run.root={file}/runs"], "run.root={file}/runs"),
     ("bench-alps-no-account", BENCH, ["cluster=alps", "launcher.environment=/e.toml"],
      "launcher.account is not set"),
 ]
@@ -170,3 +176,106 @@ def test_help_lists_what_the_entry_accepts(place, module, hidden, listed):
         assert name in groups, groups
     for name in hidden:
         assert name not in groups, groups
+
+
+# ------------------------------------------------------------------ classes, unit level
+FIX = "give a folder you can write"
+LONG = "x" * 256  # one name longer than any filesystem's 255 bytes
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("run.dir", "{file}", "Not a directory"),
+    ("run.root", "{file}/runs", "Not a directory"),
+    ("run.root", "{open}/new/" + LONG + "/runs", "File name too long"),
+    ("data.root", "{file}", "Not a directory"),
+    ("data.root", "{file}/deeper/data", "Not a directory"),
+    ("data.root", "{open}/new/" + LONG, "File name too long"),
+    ("run.root", "{open}/new/runs", None),  # missing folders are fine: the run makes them
+    ("run.dir", "{open}", None),
+    ("data.root", "{open}/new/data", None),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 30 else None)
+def test_folder_problem(tmp_path, key, value, reason):
+    """Every path key, one rule: a probe folder is made where the run will write, and the
+    OS's refusal, whatever it is, is the line; what the probe made is removed."""
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "open").mkdir()
+    value = value.format(file=tmp_path / "a_file", open=tmp_path / "open")
+    section, name = key.split(".")
+    cfg = OmegaConf.create({"run": {"root": str(tmp_path / "unused"), "dir": None},
+                            "data": {"root": str(tmp_path / "unused"), "node_local": False}})
+    cfg[section][name] = value
+    before = sorted(tmp_path.rglob("*"))
+    rule = validate.data_folder if section == "data" else validate.run_folder
+    said = rule(cfg)
+    if reason is None:
+        assert said is None
+    else:
+        assert said.startswith(f"{key}={value} cannot be made or written: {reason}"), said
+        assert FIX in said and "\n" not in said, said
+    assert sorted(tmp_path.rglob("*")) == before, "the check left files behind"
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30", 1800), ("2:30", 150), ("00:30:00", 1800), ("1-0", 86400), ("1-02:03", 93780),
+    ("2-00:00:01", 172801), ("UNLIMITED", None), ("infinite", None), ("0", None)])
+def test_duration_formats(text, seconds):
+    assert validate.duration_s("launcher.time", text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h", "90m", "1:2:3:4", "1-", "-5", "1-2-3", "", "1.5",
+                                  "1 day"])
+def test_malformed_duration_names_the_key_and_the_formats(text):
+    cfg = OmegaConf.create({"launcher": {"name": "slurm", "time": text}})
+    with pytest.raises(UserError) as e:
+        validate.durations(cfg)
+    assert str(e.value).startswith(f"launcher.time={text}: not a duration; use MM, MM:SS, "
+                                   "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"), e.value
+
+
+def test_a_launcher_without_a_duration_has_nothing_to_parse():
+    assert validate.durations(OmegaConf.create({"launcher": {"name": "local"}})) is None
+
+
+def test_malformed_duration_is_refused_before_the_launcher_uses_it():
+    """The slurm launcher reads launcher.time with the same parser, before the rules."""
+    with pytest.raises(UserError, match=r"^launcher.time=90m: not a duration"):
+        validate.resolve_train(compose("launcher=slurm", "launcher.time=90m"))
+
+
+@pytest.mark.parametrize("backend, device, gpus, nproc, expected", [
+    # contradictory anywhere
+    ("nccl", "cpu", None, 1, "dist.backend=nccl with dist.device=cpu"),
+    ("nccl", "cpu", 4, 1, "dist.backend=nccl with dist.device=cpu"),
+    # ranks elsewhere (slurm, runai, mpirun): their nodes may have GPUs this machine lacks
+    ("nccl", "auto", None, 4, None),
+    ("auto", "cuda", None, 8, None),
+    ("gloo", "cpu", None, 2, None),
+    # a local launch: what this machine cannot do
+    ("nccl", "auto", 0, 2, "dist.backend=nccl but this machine has no CUDA device"),
+    ("auto", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("gloo", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("nccl", "cuda", 0, 1, "dist.device=cuda but this machine has no CUDA device"),
+    ("auto", "auto", 1, 2, "launcher.nproc_per_node=2 with dist.device=auto"),
+    ("gloo", "cuda", 2, 4, "launcher.nproc_per_node=4 with dist.device=cuda"),
+    ("auto", "auto", 0, 2, None),
+    ("gloo", "cpu", 1, 4, None),
+    ("nccl", "auto", 2, 2, None),
+])
+def test_backend_and_device(backend, device, gpus, nproc, expected):
+    said = validate.dist_problem(backend, device, gpus, nproc)
+    if expected is None:
+        assert said is None
+    else:
+        assert said.startswith(expected) and ("use " in said or "set " in said), said
+
+
+@pytest.mark.parametrize("launcher, dry_run, backend, device, refused", [
+    ("slurm", False, "nccl", "auto", False),  # the nodes' GPUs are not this machine's
+    ("local", True, "nccl", "cuda", False),  # a dry run only renders, on any machine
+    ("slurm", False, "nccl", "cpu", True),
+    ("local", False, "nccl", "cpu", True),
+])
+def test_backend_and_device_rule_by_launcher(launcher, dry_run, backend, device, refused):
+    cfg = OmegaConf.create({"launcher": {"name": launcher, "dry_run": dry_run, "nproc_per_node": 1},
+                            "dist": {"backend": backend, "device": device}})
+    assert (validate.dist_pair(cfg) is not None) == refused

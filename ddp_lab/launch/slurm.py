@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..stop import EXIT_STOPPED
+from ..validate import duration_s
 from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
                setup_block, should_wait, template)
 
@@ -97,29 +98,11 @@ def resolve(cfg) -> None:
                           ">= 0 (0 or null: no signal)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    limit = time_limit_s(lc.time)
+    limit = duration_s("launcher.time", lc.time)  # the one parser (validate.py)
     if lc.signal_s and limit is not None and lc.signal_s >= limit:
         raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
                           f"({limit} s): the stop signal would come before the job starts; "
                           "lower signal_s or raise time")
-
-
-def time_limit_s(text) -> Optional[int]:
-    """SLURM's --time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in seconds; None when it
-    is not one of those (sbatch will say so) or unlimited."""
-    text = str(text).strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not m:
-        return None
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        h, mi, se = int(a), int(b or 0), int(c or 0)
-        return ((int(days) * 24 + h) * 60 + mi) * 60 + se
-    if b is None:  # minutes
-        return int(a) * 60
-    if c is None:  # MM:SS
-        return int(a) * 60 + int(b)
-    return (int(a) * 60 + int(b)) * 60 + int(c)
 
 
 def sbatch_lines(cfg, run_dir: Path) -> list[str]:
