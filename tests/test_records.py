@@ -167,7 +167,7 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.telemetry import Telemetry
+    from ddp_lab.telemetry import MeasuredEpoch, Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
     cfg = OmegaConf.create({
@@ -184,8 +184,8 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
     steps = [StepTimes([(p, (5 * i + k) * d, (5 * i + k + 1) * d) for k, p in enumerate(PHASES)])
              for i in range(2)]
     comm = CommStats(calls=2, bytes_sent=800, bytes_recv=800, payload_bytes=800, seconds=d)
-    rec = tel.epoch(1, steps, comm, busy_s=10 * d, wall_s=0.1, train_loss_sum=2.0 * (rank + 1),
-                    samples=4, test=(0.5, 0.9))
+    rec = tel.epoch(MeasuredEpoch(1, steps, comm, busy_s=10 * d, wall_s=0.1,
+                                  loss_sum=2.0 * (rank + 1), samples=4, test=(0.5, 0.9)))
     summary = tel.finish()
     return {"sink": type(tel.sink).__name__, "record": rec.to_dict(), "summary": summary.to_dict()}
 
