@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 
 from . import fingerprint as fingerprints
 from .checkpointer import Position
-from .config import BatchPlan, batch_plan
+from .config import BatchPlan, Config, batch_plan
 from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
@@ -127,7 +127,7 @@ class RunTotals:
 class Telemetry:
     """The records of one run on this rank; see the module docstring."""
 
-    def __init__(self, cfg: Any, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
+    def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None):
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
@@ -182,7 +182,7 @@ class Telemetry:
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name, "compress": _compress(cfg),
+                       "sync": cfg.sync.name, "compress": cfg.sync.compress,
                        "global_batch": self.plan.global_batch,
                        "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
                        "study": _study_point(cfg)}
@@ -240,7 +240,7 @@ class Telemetry:
             epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
             test_loss=m.test[0], test_accuracy=m.test[1], epoch_time_s=wall_s,
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
-            resumed_at_step=resumed_at_step or None, compress=_compress(self.cfg), **timed)
+            resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress, **timed)
         self.epoch_times.append(wall_s)
         self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
                         n - resumed_at_step, rec.comm_exposed_s or 0.0, rec.compute_s or 0.0)
@@ -284,7 +284,7 @@ class Telemetry:
             "comm_exposed_fraction": t["exposed_fraction"] if self.timing else None,
             "comm_inflight_s": comm.seconds if self.timing else None,
             "compute_s": t["compute_s"] if self.timing else None,
-            "overlap": bool(self.cfg.sync.get("overlap", False)),
+            "overlap": self.cfg.sync.overlap,
             "stragglers": {**stragglers([r[0] for r in per_rank], tally),
                            "measure": "step time" if self.timing else "wall time",
                            "per_rank_compute_s": [r[1] for r in per_rank]},
@@ -317,7 +317,7 @@ class Telemetry:
                 epoch_time_s_median=statistics.median(times) if times else None)
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
-            compress=_compress(cfg), model=cfg.model.name, optim=cfg.optim.name,
+            compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
             backend=ctx.backend,
             device=_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
@@ -336,15 +336,14 @@ class Telemetry:
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
-            injected_delay=injected(cfg.get("debug")),
-            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s,
-            overlap=bool(cfg.sync.get("overlap", False)))
+            injected_delay=injected(cfg.debug),
+            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
         self.sink.summary(summary)
         if status != "completed":  # the hparams record is the finished run's, written once
             self.sink.close()
             return summary
         self.sink.close(
-            hparams={"sync": cfg.sync.name, "compress": _compress(cfg),
+            hparams={"sync": cfg.sync.name, "compress": cfg.sync.compress,
                      "model": cfg.model.name, "optim": cfg.optim.name,
                      "world_size": env.world_size, "batch_size": self.plan.per_rank,
                      "global_batch": self.plan.global_batch,
@@ -362,11 +361,6 @@ class Telemetry:
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
         if gathered is not None:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
-
-
-def _compress(cfg: Any) -> str:
-    """sync.compress (a config made before the key existed: none)."""
-    return cfg.sync.get("compress", "none")
 
 
 def allocation(environ=None) -> dict:
@@ -456,7 +450,7 @@ def comm_line(rec: EpochRecord) -> str:
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
 
 
-def _study_point(cfg) -> Optional[dict]:
+def _study_point(cfg: Config) -> Optional[dict]:
     """The study this run is a point of (its config's `study_point`, ddp_lab/study.py)."""
-    point = cfg.get("study_point")
+    point = cfg.study_point
     return OmegaConf.to_container(point) if point is not None else None

@@ -160,21 +160,25 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
     assert not list(tmp_path.glob(".metrics.jsonl.tmp-*"))  # no temp file left behind
 
 
+def _telemetry_cfg(*overrides: str):
+    """The trainer's config as the schema types it (Telemetry reads its keys directly)."""
+    from helpers import compose
+
+    return compose("launcher=local", "sync=ddp", "model=mlp", "optim=adam",
+                   "train.batch_size=2", "train.lr=0.1", "log.progress=lines", *overrides)
+
+
 def _telemetry_rank(rank: int, world: int, root: str) -> dict:
     """Drive Telemetry on a real rank as the loop does: start, one epoch, finish."""
     import torch
-    from omegaconf import OmegaConf
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
     from ddp_lab.telemetry import MeasuredEpoch, Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
-    cfg = OmegaConf.create({
-        "timing": {"enabled": True, "trace": False, "trace_steps": 2, "tb_every": 1},
-        "log": {"progress": "lines"}, "data": {"pipeline": "tensor"},
-        "train": {"epochs": 1, "batch_size": 2, "lr": 0.1}, "sync": {"name": "ddp"},
-        "model": {"name": "mlp"}, "optim": {"name": "adam"}, "launcher": {"name": "local"}})
+    cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",
+                         "timing.tb_every=1")
     env = DistEnv(rank, rank, world, world, 0, 1, "127.0.0.1", 1, "test")
     ctx = DistContext(env=env, backend="gloo", device=torch.device("cpu"))
     run_dir = Path(root) / f"rank{rank}"  # each rank its own folder: who writes shows
