@@ -339,7 +339,10 @@ class Telemetry:
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
         self.sink.summary(summary)
-        if status != "completed":  # the hparams record is the finished run's, written once
+        # the hparams record is the run's, written once, at step 0: by the segment that
+        # completes the run (a stopped one has no final scores); a run continued for more
+        # epochs after it completed keeps its first record (TensorBoard would show two)
+        if status != "completed" or self._completed_before():
             self.sink.close()
             return summary
         self.sink.close(
@@ -353,6 +356,10 @@ class Telemetry:
                    "hparam/comm_fraction": summary.comm_fraction or 0.0,
                    "hparam/busbw_GBps": summary.comm_busbw_GBps or 0.0})
         return summary
+
+    def _completed_before(self) -> bool:
+        """An earlier segment of this run completed it (and wrote the hparams record)."""
+        return any(seg.get("status") == "completed" for seg in self.segments[:-1])
 
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
