@@ -27,9 +27,10 @@ import logging
 import os
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from . import progress
 
@@ -182,3 +183,18 @@ class StopControl:
         info = StopInfo(STATUS[int(agreed)], "; ".join(dict.fromkeys(reasons)) or "stop")
         log.warning("all ranks stop: %s (%s)", info.status, info.reason)
         return info
+
+
+@contextmanager
+def stop_control(ctx, run_dir: Path, train) -> Iterator[StopControl]:
+    """A run's StopControl per `train` (the config's train section): a stop request the
+    previous allocation acted on is spent first, and the signal handlers are restored on
+    leaving."""
+    stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
+    try:
+        if ctx.env.is_main:
+            clear_stop_file(run_dir)  # a request the previous allocation acted on is spent
+        ctx.barrier()  # load-bearing: no rank checks for a stop before the old request is gone
+        yield stopper
+    finally:
+        stopper.restore()

@@ -1,17 +1,19 @@
 """From the loop's raw measurements to the run's records: one object, `Telemetry`.
 
-The training loop hands it, once per epoch, what it measured (the step timer's phases,
-the synchroniser's `CommStats`, its own busy and wall time, the summed training loss, the
-test scores); `Telemetry` builds the typed `EpochRecord` (ddp_lab.records), writes it to
-metrics.jsonl, TensorBoard, the console and the Chrome trace, and at the end builds and
-writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop never
-assembles a record and never asks which rank it is on. Every rank calls every method in
-the same order, because some of them are collectives (the straggler gather, the loss sum,
-the trace merge); only the logging rank's sink writes (`metrics.make_sink`).
+The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
+step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
+training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
+(ddp_lab.records), writes it to metrics.jsonl, TensorBoard, the console and the Chrome
+trace, and at the end builds and writes the `RunSummary`. This is torchtitan's
+MetricsProcessor shape: the loop never assembles a record and never asks which rank it is
+on. Every rank calls every method in the same order, because some of them are collectives
+(the straggler gather, the loss sum, the trace merge); only the logging rank's sink writes
+(`metrics.make_sink`).
 
-One epoch's numbers: StepTimer + CommRecorder (timing) -> `epoch` here -> EpochRecord ->
-RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums (`RunTotals`) ->
-RunSummary -> summary.json; the report reads both back through the same record types.
+One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
+EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
+(`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
+record types.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -28,7 +30,8 @@ import torch
 from omegaconf import OmegaConf
 
 from . import fingerprint as fingerprints
-from .config import BatchPlan, batch_plan
+from .checkpointer import Position
+from .config import BatchPlan, Config, batch_plan
 from .distributed import DistContext
 from .env import hostname
 from .files import read_json_or_empty
@@ -39,6 +42,33 @@ from .timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, 
 from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class MeasuredEpoch:
+    """One epoch as this rank measured it, handed whole to `Telemetry.epoch` (and, when the
+    ranks stopped inside it, to `Checkpointer.on_stop`). `epoch` is 1-based: the epochs
+    done when it ends. An epoch resumed mid-way (`resumed_at_step` > 0) was run by two
+    allocations: the fields are this one's part, `carried` the part the checkpoint held
+    (`Checkpointer.carried`: its global loss and sample sums on rank 0 only, its times on
+    every rank); `totals` adds the two."""
+
+    epoch: int
+    steps: list[StepTimes]  # this part's phase stamps (none when timing is off)
+    comm: CommStats  # this part's collectives
+    busy_s: float  # this rank's own time, before waiting for the others at the epoch's end
+    wall_s: float  # barrier to barrier: the slowest rank's time
+    loss_sum: float  # this rank's training loss summed over its samples
+    samples: int
+    resumed_at_step: int = 0
+    carried: Position = field(default_factory=Position)
+    test: tuple[float, float] = (float("nan"), float("nan"))  # (loss, accuracy), after the steps
+
+    def totals(self) -> tuple[float, int, float, float]:
+        """The whole epoch on this rank: (loss sum, samples, busy s, wall s)."""
+        c = self.carried
+        return (c.loss_sum + self.loss_sum, c.samples + self.samples, c.busy_s + self.busy_s,
+                c.wall_s + self.wall_s)
 
 
 @dataclass
@@ -97,7 +127,7 @@ class RunTotals:
 class Telemetry:
     """The records of one run on this rank; see the module docstring."""
 
-    def __init__(self, cfg: Any, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
+    def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None):
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
@@ -152,7 +182,7 @@ class Telemetry:
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
                        "epochs_done": start_epoch, "step_in_epoch": start_step,
                        "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name, "compress": _compress(cfg),
+                       "sync": cfg.sync.name, "compress": cfg.sync.compress,
                        "global_batch": self.plan.global_batch,
                        "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
                        "study": _study_point(cfg)}
@@ -182,33 +212,35 @@ class Telemetry:
             nccl_detail=detail)
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
-    def progress(self, steps: Iterable, epoch: int) -> Iterable:
-        """The epoch's steps, behind a progress bar where one is wanted (logging rank only)."""
+    def progress(self, epoch: int, first_step: int = 0) -> Iterable:
+        """The steps of epoch `epoch` (0-based) from `first_step` on, behind a progress bar
+        where one is wanted (logging rank only)."""
+        steps = range(first_step, self.steps_per_epoch)
         if self._bar is None:
             return steps
         return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
                          unit="step", dynamic_ncols=True)
 
     # -------------------------------------------------------------- each epoch
-    def epoch(self, epoch: int, steps: list[StepTimes], comm: CommStats, busy_s: float,
-              wall_s: float, train_loss_sum: float, samples: int,
-              test: tuple[float, float], resumed_at_step: int = 0) -> EpochRecord:
-        """Collective. Epoch `epoch` (1-based) done: build its record, write it everywhere.
+    def epoch(self, m: MeasuredEpoch) -> EpochRecord:
+        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere.
 
-        `steps`/`comm` are this rank's (empty steps when timing is off); `busy_s` its own
-        time before the end-of-epoch barrier, `wall_s` the epoch barrier to barrier. An
-        epoch resumed at step `resumed_at_step` passes the loss, samples and times of the
-        whole epoch (the checkpoint carried the first part) and the timings of this part."""
-        n = self.steps_per_epoch
+        `m.steps`/`m.comm` are this rank's (empty steps when timing is off). An epoch
+        resumed at step `m.resumed_at_step` records the loss, samples and times of the whole
+        epoch (`m.totals()`: the checkpoint carried the first part) and the timings of this
+        part."""
+        n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
+                                                  m.resumed_at_step)
+        train_loss_sum, samples, busy_s, wall_s = m.totals()
         first_step = (epoch - 1) * n + resumed_at_step
         self.trace.add_epoch(epoch, steps, comm, first_step=first_step)
         timed = self._timing(steps, comm, busy_s)
         loss, global_samples = self.ctx.reduce_floats([train_loss_sum, float(samples)])
         rec = EpochRecord(
             epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
-            test_loss=test[0], test_accuracy=test[1], epoch_time_s=wall_s,
+            test_loss=m.test[0], test_accuracy=m.test[1], epoch_time_s=wall_s,
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
-            resumed_at_step=resumed_at_step or None, compress=_compress(self.cfg), **timed)
+            resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress, **timed)
         self.epoch_times.append(wall_s)
         self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
                         n - resumed_at_step, rec.comm_exposed_s or 0.0, rec.compute_s or 0.0)
@@ -252,7 +284,7 @@ class Telemetry:
             "comm_exposed_fraction": t["exposed_fraction"] if self.timing else None,
             "comm_inflight_s": comm.seconds if self.timing else None,
             "compute_s": t["compute_s"] if self.timing else None,
-            "overlap": bool(self.cfg.sync.get("overlap", False)),
+            "overlap": self.cfg.sync.overlap,
             "stragglers": {**stragglers([r[0] for r in per_rank], tally),
                            "measure": "step time" if self.timing else "wall time",
                            "per_rank_compute_s": [r[1] for r in per_rank]},
@@ -285,7 +317,7 @@ class Telemetry:
                 epoch_time_s_median=statistics.median(times) if times else None)
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
-            compress=_compress(cfg), model=cfg.model.name, optim=cfg.optim.name,
+            compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
             backend=ctx.backend,
             device=_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
@@ -304,15 +336,17 @@ class Telemetry:
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
-            injected_delay=injected(cfg.get("debug")),
-            compiled=bool(cfg.train.get("compile", False)), compile_s=self.compile_s,
-            overlap=bool(cfg.sync.get("overlap", False)))
+            injected_delay=injected(cfg.debug),
+            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
         self.sink.summary(summary)
-        if status != "completed":  # the hparams record is the finished run's, written once
+        # the hparams record is the run's, written once, at step 0: by the segment that
+        # completes the run (a stopped one has no final scores); a run continued for more
+        # epochs after it completed keeps its first record (TensorBoard would show two)
+        if status != "completed" or self._completed_before():
             self.sink.close()
             return summary
         self.sink.close(
-            hparams={"sync": cfg.sync.name, "compress": _compress(cfg),
+            hparams={"sync": cfg.sync.name, "compress": cfg.sync.compress,
                      "model": cfg.model.name, "optim": cfg.optim.name,
                      "world_size": env.world_size, "batch_size": self.plan.per_rank,
                      "global_batch": self.plan.global_batch,
@@ -323,6 +357,10 @@ class Telemetry:
                    "hparam/busbw_GBps": summary.comm_busbw_GBps or 0.0})
         return summary
 
+    def _completed_before(self) -> bool:
+        """An earlier segment of this run completed it (and wrote the hparams record)."""
+        return any(seg.get("status") == "completed" for seg in self.segments[:-1])
+
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
         if not self.trace.enabled:
@@ -330,11 +368,6 @@ class Telemetry:
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
         if gathered is not None:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
-
-
-def _compress(cfg: Any) -> str:
-    """sync.compress (a config made before the key existed: none)."""
-    return cfg.sync.get("compress", "none")
 
 
 def allocation(environ=None) -> dict:
@@ -424,7 +457,7 @@ def comm_line(rec: EpochRecord) -> str:
             f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
 
 
-def _study_point(cfg) -> Optional[dict]:
+def _study_point(cfg: Config) -> Optional[dict]:
     """The study this run is a point of (its config's `study_point`, ddp_lab/study.py)."""
-    point = cfg.get("study_point")
+    point = cfg.study_point
     return OmegaConf.to_container(point) if point is not None else None

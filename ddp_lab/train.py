@@ -1,31 +1,43 @@
 """The training loop, on every rank: steps, gradient synchronisation, optimiser, evaluation,
-checkpoints. What the loop measures it hands to `ddp_lab.telemetry`, which builds and
-writes the run's records (metrics.jsonl, summary.json, TensorBoard, the console line)."""
+checkpoints.
+
+`train` reads as the course notebook's loop plus the sync: seed, data, model,
+synchroniser, optimiser, then per epoch the steps (`run_steps`: data, forward, backward,
+sync, optimiser step), evaluation, a checkpoint and the epoch's record. What a real run
+needs besides sits behind one call each:
+
+- `Checkpointer` (ddp_lab/checkpointer.py): where the run starts (resume, restarts and
+  requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
+- `EpochMeter` (below): the barriers and clocks around each epoch's steps, the step timer,
+  the injected delay; it hands back one `MeasuredEpoch`;
+- `Telemetry` (ddp_lab/telemetry.py): the run's records (metrics.jsonl, summary.json,
+  TensorBoard, the console line) from the measured epochs;
+- `stop_control` (ddp_lab/stop.py): the agreement on stopping at the same step.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint, progress
-from .config import BatchPlan, batch_plan
+from . import progress
+from .checkpointer import Checkpointer, Position
+from .config import Config, batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .delay import ComputeDelay
 from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .records import RunSummary
-from .rundir import resume_mode
-from .stop import StopControl, StopInfo, clear_stop_file
+from .stop import StopControl, StopInfo, stop_control
 from .sync import build_sync
-from .telemetry import Telemetry
+from .telemetry import MeasuredEpoch, Telemetry
 from .timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
@@ -139,187 +151,107 @@ def compile_model(syncer, splits: Splits, batch_size: int) -> float:
     return seconds
 
 
-@dataclass
-class Position:
-    """Where a run stands: epochs done, steps done of the next epoch, and that partial
-    epoch's sums so far (carried through a mid-epoch checkpoint)."""
-
-    epoch: int = 0
-    step: int = 0
-    loss_sum: float = 0.0
-    samples: int = 0
-    busy_s: float = 0.0
-    wall_s: float = 0.0
-
-
-def train(cfg: Any, ctx: DistContext, run_dir: Path) -> RunSummary:
-    """Train per `cfg` on the initialised process group; return the run's summary."""
-    env, device = ctx.env, ctx.device
-    plan = batch_plan(cfg.train, env.world_size)  # per-rank batch, micro-steps (or the fix)
+def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
+    """Train per `cfg` on the initialised process group; return the run's summary. The
+    course notebook's loop plus the sync; the rest is one call each (module docstring)."""
+    plan = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
     micro = plan.micro if plan.accumulation > 1 else 0
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
     prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
-    splits = build_splits(cfg.data, cfg.train, env, device)
-
+    splits = build_splits(cfg.data, cfg.train, ctx.env, ctx.device)  # this rank's shard
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
-    clock = Clock(device)
-    module = build_model(cfg.model).to(device)
-    syncer = build_sync(cfg.sync, module, device, env.world_size, clock=clock,
+    clock = Clock(ctx.device)
+    module = build_model(cfg.model).to(ctx.device)
+    syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
                         timing=cfg.timing.enabled)
     optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-    x0, y0 = splits.test_x[:2], splits.test_y[:2]
-    syncer.preflight(lambda m=module: F.cross_entropy(m(x0), y0))  # fails here, not mid-step
-    compile_s = compile_model(syncer, splits, micro or plan.per_rank) if cfg.train.compile else None
-    ckpt_dir = run_dir / "checkpoints"
-    pos = _resume(cfg, ctx, ckpt_dir, module, optimizer, plan)
-
-    steps_per_epoch = len(splits.train)
-    if cfg.train.max_steps_per_epoch > 0:
-        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    timer = StepTimer(clock, enabled=cfg.timing.enabled)
-    delay = ComputeDelay.from_config(cfg.debug, env.rank, cfg.train.seed)  # None: none injected
-    timer.watch_grads(module)  # compute end: each step's last gradient ready (timing.py)
-    if pos.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
-        log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, pos.epoch)
-        return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
-    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch, syncer.bytes_exact, plan=plan,
-                          compile_s=compile_s)
-    telemetry.start(pos.epoch, pos.step)
-    stopper = StopControl(ctx, run_dir, cfg.train.stop_signal, cfg.train.stop_check_s)
-    if env.is_main:
-        clear_stop_file(run_dir)  # a request the previous allocation acted on is spent
-    ctx.barrier()  # load-bearing: no rank checks for a stop before the old request is gone
-    try:
-        for epoch in range(pos.epoch, cfg.train.epochs):
-            skip = pos.step if epoch == pos.epoch else 0
-            splits.train.set_epoch(epoch)
-            ctx.synchronize()
-            ctx.barrier()  # load-bearing: every rank starts the clock together
-            clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
-            stopper.restart_clock()
-            progress.current().at(epoch, skip)  # where this rank is, for the others (status)
-            t0 = time.perf_counter()
-            steps = telemetry.progress(range(skip, steps_per_epoch), epoch)
+    compile_s = preflight_and_compile(cfg, syncer, splits, micro or plan.per_rank)
+    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, plan)
+    start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
+    if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
+        return finished(run_dir, start.epoch)
+    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt)  # each epoch's clock, timer, barriers
+    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
+                          plan=plan, compile_s=compile_s)
+    telemetry.start(start.epoch, start.step)
+    with stop_control(ctx, run_dir, cfg.train) as stopper:
+        for epoch in range(start.epoch, cfg.train.epochs):
+            splits.train.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
+            skip = meter.begin(epoch, stopper)  # 0, or the steps a mid-epoch checkpoint holds
             loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),
-                                                steps, timer, stopper, micro, delay)
-            ctx.synchronize()  # wait for the GPU to finish the epoch's work
-            busy = time.perf_counter() - t0  # this rank's own time, before waiting for the others
-            ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
-            wall = time.perf_counter() - t0
-            carried = pos if skip else Position()
-            if skip and not env.is_main:  # the partial epoch's global sums ride on rank 0
-                carried = Position(pos.epoch, pos.step, 0.0, 0, pos.busy_s, pos.wall_s)
+                                                telemetry.progress(epoch, skip), meter.timer,
+                                                stopper, micro, meter.delay)
+            measured = meter.end(loss_sum, samples)
             if stop is not None:  # mid-epoch: save where every rank is, then leave
-                timer.collect(), syncer.take_comm()
-                done = skip - (-samples // plan.per_rank)  # the shard's last batch may be short
-                # the loss and samples so far, summed over ranks (rank 0 carries them on)
-                g_loss, g_samples = ctx.reduce_floats([loss_sum.item(), float(samples)])
-                here = Position(epoch, done, carried.loss_sum + g_loss,
-                                carried.samples + int(g_samples), carried.busy_s + busy,
-                                carried.wall_s + wall)
-                _save_checkpoint(cfg, ctx, ckpt_dir, here, module, optimizer, syncer)
-                return telemetry.finish(status=stop.status, position=(here.epoch, here.step),
-                                        stop_reason=stop.reason)
-            # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
-            # communicate to bring the optimiser state to rank 0) adds to them
-            steps_t, comm = timer.collect(), syncer.take_comm()
-            test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
-            # checkpoint first, then the metrics line: a record never outlives its state
-            _save_checkpoint(cfg, ctx, ckpt_dir, Position(epoch + 1), module, optimizer, syncer)
-            telemetry.epoch(epoch + 1, steps_t, comm, carried.busy_s + busy,
-                            carried.wall_s + wall, carried.loss_sum + loss_sum.item(),
-                            carried.samples + samples, test, resumed_at_step=skip)
-            _maybe_fail_once(ctx, epoch + 1)
-            if epoch + 1 < cfg.train.epochs:
-                stop = stopper.check()  # one more agreement per epoch: eval may be long
-                if stop is not None:
-                    if not cfg.train.checkpoint:  # the only way to continue it
-                        _save_checkpoint(cfg, ctx, ckpt_dir, Position(epoch + 1), module,
-                                         optimizer, syncer, force=True)
-                    return telemetry.finish(status=stop.status, position=(epoch + 1, 0),
-                                            stop_reason=stop.reason)
-    finally:
-        stopper.restore()
-
+                return telemetry.finish(**ckpt.on_stop(stop, measured))
+            measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
+            ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
+            telemetry.epoch(measured)
+            _maybe_fail_once(ctx, epoch + 1)  # DDP_LAB_FAIL_ONCE: a crash, to test restarts
+            stop = stopper.check() if epoch + 1 < cfg.train.epochs else None  # eval may be long
+            if stop is not None:
+                return telemetry.finish(**ckpt.on_stop(stop, epochs_done=epoch + 1))
     syncer.close()  # collective: every rank has run the same steps
     return telemetry.finish()
 
 
-def _resume(cfg: Any, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
-            optimizer: torch.optim.Optimizer, plan: BatchPlan) -> Position:
-    """Load the newest checkpoint when continuing (train.resume auto/true, or a restart of
-    this job); the position it holds. Later checkpoints of an older timeline go."""
-    env = ctx.env
-    mode = resume_mode(cfg.train.resume)
-    # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
-    # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
-    restarted = ctx.any_rank(env.restart_count > 0 or requeued())
-    if mode == "false" and not restarted:
-        return Position()
-    path = checkpoint.latest(ckpt_dir)
-    if path is None and mode == "true":
-        raise FileNotFoundError(f"train.resume=true but {ckpt_dir} holds no checkpoint: "
-                                "point run.dir at a run that completed an epoch")
-    if path is None:
-        return Position()
-    state = checkpoint.load(path, ctx.device)
-    module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    if state.get("world_size") != env.world_size and plan.scaling != "strong":
-        # (strong scaling: every world size trains on the same samples at every step)
-        log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
-                    "differs from an uninterrupted run", state.get("world_size"), env.world_size)
-    if "rng" in state:
-        _set_rng(state["rng"])
-    pos = Position(state["epoch"], state.get("step", 0), **state.get("partial", {}))
-    ctx.barrier()  # load-bearing: every rank has read the checkpoint before rank 0 prunes
-    if env.is_main:
-        checkpoint.drop_after(ckpt_dir, (pos.epoch, pos.step))
-    log.info("resumed from %s (epoch %d done%s)", path.name, pos.epoch,
-             f", {pos.step} steps into the next" if pos.step else "")
-    return pos
+def preflight_and_compile(cfg: Config, syncer, splits: Splits, batch_size: int) -> Optional[float]:
+    """The synchroniser's preflight on two test samples (a misconfiguration fails here, not
+    mid-step), then train.compile's compilation: its seconds, None when not compiled."""
+    x0, y0 = splits.test_x[:2], splits.test_y[:2]
+    syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
+    return compile_model(syncer, splits, batch_size) if cfg.train.compile else None
 
 
-def requeued() -> bool:
-    """This job is a scheduler's second (or later) start of the same run."""
-    import os
-
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
-
-
-def _rng_state() -> dict:
-    import random
-
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def steps_per_epoch(cfg: Config, splits: Splits) -> int:
+    """The shard's batches, or train.max_steps_per_epoch of them."""
+    n, most = len(splits.train), cfg.train.max_steps_per_epoch
+    return min(n, most) if most > 0 else n
 
 
-def _set_rng(state: dict) -> None:
-    import random
-
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+def finished(run_dir: Path, epochs: int) -> RunSummary:
+    """A run that has done all its epochs, started again: its summary, left as it is."""
+    log.info("the run in %s has completed its %d epochs: nothing to do", run_dir, epochs)
+    return RunSummary.from_dict(read_json_or_empty(run_dir / "summary.json"))
 
 
-def _save_checkpoint(cfg: Any, ctx: DistContext, ckpt_dir: Path, pos: Position,
-                     module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer,
-                     force: bool = False) -> None:
-    """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
-    is saved even with train.checkpoint=false: it is the only way to continue the run."""
-    if not (cfg.train.checkpoint or force or pos.step):
-        return
-    opt_state = syncer.optimizer_state(optimizer)
-    if ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
-        partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s")}
-        checkpoint.save(ckpt_dir, pos.epoch, pos.step, {
-            "model": module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
-            "partial": partial if pos.step else {},
-            "world_size": ctx.env.world_size, "sync": cfg.sync.name})
-    ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
+class EpochMeter:
+    """The clock around each epoch's steps, on every rank: the ranks start it together,
+    the epoch ends when the slowest rank ends, and what the epoch measured comes back as
+    one `MeasuredEpoch`, with the part a mid-epoch checkpoint carried. It holds the step
+    timer and the injected delay (debug.*) that `run_steps` takes."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, clock: Clock, syncer,
+                 ckpt: Checkpointer):
+        self.cfg, self.ctx, self.clock, self.syncer, self.ckpt = cfg, ctx, clock, syncer, ckpt
+        self.timer = StepTimer(clock, enabled=cfg.timing.enabled)
+        self.timer.watch_grads(syncer.module)  # compute end: each step's last gradient ready
+        self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
+        self.epoch, self.skip, self.t0 = 0, 0, 0.0
+
+    def begin(self, epoch: int, stopper: StopControl) -> int:
+        """Collective. Epoch `epoch` (0-based) starts; the step it starts at: 0, or in the
+        epoch the run resumes in, the steps its mid-epoch checkpoint holds."""
+        skip = self.ckpt.carried(epoch).step
+        self.ctx.synchronize()
+        self.ctx.barrier()  # load-bearing: every rank starts the clock together
+        self.clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
+        stopper.restart_clock()
+        progress.current().at(epoch, skip)  # where this rank is, for the others (status)
+        self.epoch, self.skip, self.t0 = epoch, skip, time.perf_counter()
+        return skip
+
+    def end(self, loss_sum: torch.Tensor, samples: int) -> MeasuredEpoch:
+        """Collective. The epoch's steps are done (or stopped): what this rank measured."""
+        self.ctx.synchronize()  # wait for the GPU to finish the epoch's work
+        busy = time.perf_counter() - self.t0  # this rank's own time, before waiting for the others
+        self.ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
+        wall = time.perf_counter() - self.t0
+        # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
+        # communicate to bring the optimiser state to rank 0) adds to them
+        steps, comm = self.timer.collect(), self.syncer.take_comm()
+        return MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(), samples,
+                             resumed_at_step=self.skip, carried=self.ckpt.carried(self.epoch))
 
 
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:

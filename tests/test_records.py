@@ -160,21 +160,25 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
     assert not list(tmp_path.glob(".metrics.jsonl.tmp-*"))  # no temp file left behind
 
 
+def _telemetry_cfg(*overrides: str):
+    """The trainer's config as the schema types it (Telemetry reads its keys directly)."""
+    from helpers import compose
+
+    return compose("launcher=local", "sync=ddp", "model=mlp", "optim=adam",
+                   "train.batch_size=2", "train.lr=0.1", "log.progress=lines", *overrides)
+
+
 def _telemetry_rank(rank: int, world: int, root: str) -> dict:
     """Drive Telemetry on a real rank as the loop does: start, one epoch, finish."""
     import torch
-    from omegaconf import OmegaConf
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.telemetry import Telemetry
+    from ddp_lab.telemetry import MeasuredEpoch, Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
-    cfg = OmegaConf.create({
-        "timing": {"enabled": True, "trace": False, "trace_steps": 2, "tb_every": 1},
-        "log": {"progress": "lines"}, "data": {"pipeline": "tensor"},
-        "train": {"epochs": 1, "batch_size": 2, "lr": 0.1}, "sync": {"name": "ddp"},
-        "model": {"name": "mlp"}, "optim": {"name": "adam"}, "launcher": {"name": "local"}})
+    cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",
+                         "timing.tb_every=1")
     env = DistEnv(rank, rank, world, world, 0, 1, "127.0.0.1", 1, "test")
     ctx = DistContext(env=env, backend="gloo", device=torch.device("cpu"))
     run_dir = Path(root) / f"rank{rank}"  # each rank its own folder: who writes shows
@@ -184,8 +188,8 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
     steps = [StepTimes([(p, (5 * i + k) * d, (5 * i + k + 1) * d) for k, p in enumerate(PHASES)])
              for i in range(2)]
     comm = CommStats(calls=2, bytes_sent=800, bytes_recv=800, payload_bytes=800, seconds=d)
-    rec = tel.epoch(1, steps, comm, busy_s=10 * d, wall_s=0.1, train_loss_sum=2.0 * (rank + 1),
-                    samples=4, test=(0.5, 0.9))
+    rec = tel.epoch(MeasuredEpoch(1, steps, comm, busy_s=10 * d, wall_s=0.1,
+                                  loss_sum=2.0 * (rank + 1), samples=4, test=(0.5, 0.9)))
     summary = tel.finish()
     return {"sink": type(tel.sink).__name__, "record": rec.to_dict(), "summary": summary.to_dict()}
 
@@ -209,3 +213,48 @@ def test_only_the_logging_rank_writes(tmp_path):
         s = RunSummary.from_dict(r["summary"])
         assert (s.status, s.epochs_run, s.steps_run, s.world_size) == ("completed", 1, 2, 2)
         assert s.comm_bytes_sent == 800 and s.test_accuracy == 0.9
+
+
+def test_hparams_are_written_once_per_run_whatever_its_segments(tmp_path):
+    """TensorBoard's hparams record (its metrics at step 0) comes from the segment that
+    completes the run; a stopped segment writes none, and a run continued for more epochs
+    after it completed does not write a second one. One rank, no process group."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ddp_lab.distributed import DistContext
+    from ddp_lab.env import DistEnv
+    from ddp_lab.telemetry import MeasuredEpoch, Telemetry
+    from ddp_lab.timing import CommStats
+
+    ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
+                      device=torch.device("cpu"))
+
+    def segment(epochs: int, start: tuple[int, int]) -> Telemetry:
+        cfg = _telemetry_cfg(f"train.epochs={epochs}", "timing.enabled=false")
+        tel = Telemetry(cfg, ctx, tmp_path, steps_per_epoch=2, bytes_exact=True)
+        tel.start(*start)
+        return tel
+
+    def epoch(n: int, at: int = 0) -> MeasuredEpoch:
+        return MeasuredEpoch(n, [], CommStats(), busy_s=0.01, wall_s=0.1, loss_sum=2.0,
+                             samples=4, resumed_at_step=at, test=(0.5, 0.9))
+
+    def hparam_points() -> list[int]:
+        acc = EventAccumulator(str(tmp_path / "tb"))
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        return [e.step for e in acc.Scalars("hparam/test_accuracy")] if "hparam/test_accuracy" in tags else []
+
+    segment(1, (0, 0)).finish(status="preempted", position=(0, 1))  # stopped mid-epoch 1
+    assert hparam_points() == []
+    tel = segment(1, (0, 1))  # resumed: completes the run
+    tel.epoch(epoch(1, at=1))
+    tel.finish()
+    assert hparam_points() == [0]
+    tel = segment(2, (1, 0))  # the completed run continued for another epoch
+    tel.epoch(epoch(2))
+    assert tel.finish().status == "completed"
+    assert hparam_points() == [0]  # still one record
+    segs = json.loads((tmp_path / "summary.json").read_text())["segments"]
+    assert [s["status"] for s in segs] == ["preempted", "completed", "completed"]
