@@ -1,0 +1,79 @@
+"""One time base per rank: every stamp of a run (phases, collectives, compute end) is a
+`Clock` stamp, so all of them can be laid on one timeline and compared.
+
+- CPU: a stamp is `time.perf_counter()`. The work of a phase is finished when its Python
+  call returns (gloo collectives block the caller; DDP's async ones are stamped in their
+  completion callback), so the host clock times the work itself.
+- CUDA: kernels are queued asynchronously, so a host clock would time the *launch*. A
+  stamp is a CUDA event recorded on the current stream; events are read once per epoch,
+  after a single synchronize, so timing adds no per-step host-device sync. `Clock.anchor`
+  ties the device timeline to the host clock at each epoch start.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+class Clock:
+    """This rank's time base: seconds since the clock was made.
+
+    Make it right after a barrier and every rank's zero is the same instant,
+    to within the barrier's exit skew: that is what lines the ranks up in a trace.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.origin = time.perf_counter()
+        self._anchor_event: Any = None
+        self._anchor_s = 0.0
+        if not self.cuda:  # the hot path: a stamp is the bare host clock, no method around it
+            self.stamp = time.perf_counter  # type: ignore[method-assign]
+
+    def anchor(self) -> None:
+        """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
+        synchronize), so the event runs the moment it is recorded."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._anchor_event = ev
+            self._anchor_s = time.perf_counter() - self.origin
+
+    def stamp(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()  # on the current stream: fires when the work queued before it is done
+            return ev
+        return time.perf_counter()
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # events must have completed to be read
+
+    def seconds(self, stamp: Any) -> float:
+        """A stamp in seconds on this time base (CUDA: after `synchronize`)."""
+        if self.cuda:
+            if self._anchor_event is None:
+                raise RuntimeError("Clock.anchor() must be called before CUDA stamps are read")
+            return self._anchor_s + self._anchor_event.elapsed_time(stamp) / 1e3
+        return stamp - self.origin
+
+
+class _Untimed:
+    """What a timer or recorder with timing off hands to `with`: it stamps nothing. One
+    shared instance (`UNTIMED`), so timing off allocates nothing per phase or call."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+UNTIMED = _Untimed()

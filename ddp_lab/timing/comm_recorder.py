@@ -1,0 +1,99 @@
+"""A synchroniser's log of its collective calls: `CommRecorder`, which every synchroniser
+holds as `self.comm` (ddp_lab/sync/base.py), so comm time is measured the same way for all.
+
+It counts every call's bytes always and, when timing is on, stamps its start and end on
+the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
+(ddp_lab/timing/comm.py). Each call entered also counts in this rank's progress record
+(ddp_lab/progress.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from .. import progress as _progress
+from ..costmodel import busbw_factor
+from .clock import UNTIMED, Clock
+from .comm import CommCall, CommStats, union_length
+
+
+class _Timed:
+    """`with rec.timed(...):` -- stamps one blocking call's start and end."""
+
+    __slots__ = ("rec", "call", "start")
+
+    def __init__(self, rec: "CommRecorder", call: CommCall):
+        self.rec, self.call, self.start = rec, call, None
+
+    def __enter__(self) -> None:
+        self.start = self.rec.clock.stamp()
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is None:
+            self.rec._pending.append((self.call, self.start, self.rec.clock.stamp()))
+
+
+class CommRecorder:
+    """A synchroniser's log of collective calls: bytes always, times when enabled.
+
+    Blocking call:   `with rec.timed(op, payload, sent, recv): dist.all_reduce(buf)`
+    Async call:      `start = rec.begin()` ... in its completion callback
+                     `rec.finish(start, op, payload, sent, recv)`
+    """
+
+    def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
+        self.clock = clock
+        self.world_size = world_size
+        self.enabled = enabled
+        self.progress = _progress.current()  # each call entered counts there
+        self._pending: list[tuple[CommCall, Any, Any]] = []
+        self._stats = CommStats()
+        # DDP's completion callbacks run on the backend's worker threads, several at once
+        self._lock = threading.Lock()
+
+    def _count(self, op: str, payload: int, sent: int, recv: int,
+               cross_node: Optional[int] = None) -> CommCall:
+        st = self._stats
+        st.calls += 1
+        st.payload_bytes += payload
+        st.bytes_sent += sent
+        st.bytes_recv += recv
+        st.bus_bytes += payload * busbw_factor(op, self.world_size)
+        if cross_node is not None:
+            st.bytes_cross_node = (st.bytes_cross_node or 0) + cross_node
+        return CommCall(op, payload, sent, recv)
+
+    def timed(self, op: str, payload: int, sent: int, recv: int,
+              cross_node: Optional[int] = None):
+        """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
+        self.progress.collective(op)
+        call = self._count(op, payload, sent, recv, cross_node)
+        return _Timed(self, call) if self.enabled else UNTIMED
+
+    def begin(self) -> Any:
+        self.progress.collective()  # an async call (DDP's bucket all-reduce) is launched
+        return self.clock.stamp() if self.enabled else None
+
+    def finish(self, start: Any, op: str, payload: int, sent: int, recv: int,
+               cross_node: Optional[int] = None) -> None:
+        end = self.clock.stamp() if self.enabled else None
+        with self._lock:
+            call = self._count(op, payload, sent, recv, cross_node)
+            if self.enabled:
+                self._pending.append((call, start, end))
+
+    def collect(self) -> CommStats:
+        """Everything since the last collect, resolved (CUDA: one synchronize here)."""
+        with self._lock:
+            out, self._stats = self._stats, CommStats()
+            pending, self._pending = self._pending, []
+        if pending:
+            self.clock.synchronize()
+            sec = self.clock.seconds
+            for call, s, e in pending:
+                call.start, call.end = sec(s), sec(e)
+                out.timed.append(call)
+            out.timed.sort(key=lambda c: c.start)
+            out.seconds = union_length([(c.start, c.end) for c in out.timed])
+        return out

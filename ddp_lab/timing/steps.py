@@ -1,0 +1,128 @@
+"""The phases of every step: `StepTimer` stamps them on the rank's `Clock` while the epoch
+runs and resolves them into `StepTimes` (seconds) once per epoch.
+
+    with timer.phase("data"): ...      # data, forward, backward, sync, optim
+    timer.end_step()
+
+Each phase and each step's end also mark this rank's progress record (ddp_lab/progress.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import progress as _progress
+from .clock import UNTIMED, Clock
+from .grads import GradReadyMark
+
+PHASES = ("data", "forward", "backward", "sync", "optim")
+
+
+@dataclass
+class StepTimes:
+    """One step: the (phase, start, end) seconds of each phase, in order."""
+
+    spans: list[tuple[str, float, float]]
+    compute_end: Optional[float] = None  # the step's last gradient ready (GradReadyMark)
+
+    @property
+    def start(self) -> float:
+        return self.spans[0][1] if self.spans else 0.0
+
+    @property
+    def end(self) -> float:
+        return self.spans[-1][2] if self.spans else 0.0
+
+    def durations(self) -> dict[str, float]:
+        d: dict[str, float] = {}
+        for name, s, e in self.spans:
+            d[name] = d.get(name, 0.0) + (e - s)
+        return d
+
+    def compute_end_or_backward_end(self) -> float:
+        """compute end; without a mark, the end of the step's last backward span."""
+        if self.compute_end is not None:
+            return self.compute_end
+        ends = [e for name, _, e in self.spans if name == "backward"]
+        return ends[-1] if ends else self.end
+
+    def compute_seconds(self) -> float:
+        """forward + backward, the last backward span cut at compute end."""
+        end = self.compute_end_or_backward_end()
+        total = 0.0
+        for name, s, e in self.spans:
+            if name == "forward":
+                total += e - s
+            elif name == "backward":
+                total += max(0.0, min(e, end) - s) if s <= end else 0.0
+        return total
+
+
+class _Phase:
+    """`with timer.phase(name):` -- a plain class, cheaper than a generator context, made
+    once per phase name and reused every step (a phase never nests inside itself)."""
+
+    __slots__ = ("timer", "name", "start", "stamp")
+
+    def __init__(self, timer: "StepTimer", name: str):
+        self.timer, self.name, self.start = timer, name, None
+        self.stamp = timer.clock.stamp
+
+    def __enter__(self) -> None:
+        self.start = self.stamp()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer._current.append((self.name, self.start, self.stamp()))
+
+
+class StepTimer:
+    """Stamps the phases of every step; `collect()` resolves them once per epoch. Each phase
+    and each step's end also mark this rank's progress record (ddp_lab.progress), timed or
+    not: that is where a stuck rank is found."""
+
+    def __init__(self, clock: Clock, enabled: bool = True):
+        self.clock = clock
+        self.enabled = enabled
+        self.progress = _progress.current()
+        self._steps: list[list] = []
+        self._marks: list = []  # each step's compute-end stamp (GradReadyMark), or None
+        self._current: list = []
+        self._phases: dict[str, _Phase] = {}
+        self.grads: Optional[GradReadyMark] = None
+
+    def watch_grads(self, module: torch.nn.Module) -> None:
+        """Stamp compute end (the step's last gradient ready) on `module`'s parameters."""
+        if self.enabled:
+            self.grads = GradReadyMark(self.clock, module)
+
+    def phase(self, name: str):
+        self.progress.phase(name)
+        if not self.enabled:
+            return UNTIMED
+        ph = self._phases.get(name)
+        if ph is None:
+            ph = self._phases[name] = _Phase(self, name)
+        return ph
+
+    def end_step(self) -> None:
+        self.progress.step_done()
+        if self.enabled:
+            self._steps.append(self._current)
+            self._marks.append(self.grads.take() if self.grads is not None else None)
+            self._current = []
+
+    def collect(self) -> list[StepTimes]:
+        """The steps since the last collect, in seconds (CUDA: one synchronize here)."""
+        raw, self._steps = self._steps, []
+        marks, self._marks = self._marks, []
+        if self.grads is not None:
+            self.grads.recycle()
+        if not raw:
+            return []
+        self.clock.synchronize()
+        sec = self.clock.seconds
+        return [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
+                          None if m is None else sec(m)) for spans, m in zip(raw, marks)]

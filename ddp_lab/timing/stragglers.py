@@ -1,0 +1,115 @@
+"""Stragglers: who makes the others wait, found from every rank's comm time per step.
+
+Telemetry (ddp_lab/telemetry.py) gathers each rank's `CommStats.per_step_seconds` once per
+epoch, builds a `StragglerTally` from them (`from_waits`), merges the epochs' tallies and
+names the rank with `named()`; `stragglers` makes the epoch record's "stragglers" dict
+(the slowest and fastest rank by step time, and the tally's evidence).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional, Sequence
+
+# Who makes the others wait. Every rank's time blocked in (or, for DDP, waiting on) its
+# collectives is measured per step (`CommStats.per_step_seconds`); the rank that arrives
+# last at a step's collectives waits least, and every other rank waits about its lateness
+# longer. So per step and rank: its lead = the median over the other ranks of (their comm
+# time - its own), positive when the others waited for it; the step's last arriver is the
+# rank with the largest lead. Durations on each rank's own clock: no offset between the
+# ranks' clocks enters (arrival stamps would carry the exit skew of the barrier that set
+# each rank's Clock zero: docs/sync.md "Stragglers" measures both against the truth).
+#
+# A rank's lateness is the median of its lead over *all* steps compared, not only those
+# it came last at: with nothing injected the most-often-last rank then has a lateness
+# near zero (the median over its last-steps alone is always positive: the largest of n
+# noisy leads), and with a fixed delay the median is the delay, whatever the noise.
+# A rank is named only when it is clearly the one (each threshold must hold):
+STRAGGLER_MIN_STEPS = 20  # steps compared: fewer say nothing
+STRAGGLER_MIN_SHARE = 0.5  # last in at least half the steps ...
+STRAGGLER_CHANCE_FACTOR = 1.5  # ... and in 1.5x its chance share 1/n (n=2: 75%)
+STRAGGLER_MIN_LATE_S = 0.5e-3  # its median lead: >= 0.5 ms
+
+
+class StragglerTally:
+    """Per rank: the steps at which it arrived last and its lead over the others at every
+    step; summed over epochs with `merge` (the run's finding is made from all its steps,
+    the same way)."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.last = [0] * world
+        self.lead_s: list[list[float]] = [[] for _ in range(world)]
+        self.steps = 0
+
+    @classmethod
+    def from_waits(cls, waits: Sequence[Sequence[float]]) -> "StragglerTally":
+        """`waits[rank][step]`: each rank's comm seconds per step (the same steps on every
+        rank). Steps where every rank waited exactly as long (no collective) are skipped."""
+        n = len(waits)
+        t = cls(n)
+        if n < 2 or len({len(w) for w in waits}) != 1:
+            return t
+        for col in zip(*waits):
+            if max(col) == min(col):
+                continue
+            leads = [statistics.median(col[q] - col[r] for q in range(n) if q != r)
+                     for r in range(n)]
+            t.last[min(range(n), key=col.__getitem__)] += 1
+            for r in range(n):
+                t.lead_s[r].append(leads[r])
+            t.steps += 1
+        return t
+
+    def merge(self, other: "StragglerTally") -> None:
+        if other.world != self.world:
+            return
+        for r in range(self.world):
+            self.last[r] += other.last[r]
+            self.lead_s[r] += other.lead_s[r]
+        self.steps += other.steps
+
+    def share(self, rank: int) -> float:
+        """The share of steps at which `rank` arrived last."""
+        return self.last[rank] / self.steps if self.steps else 0.0
+
+    def late_ms(self, rank: int) -> Optional[float]:
+        """`rank`'s median lead over the others (ms): how long they wait for it."""
+        return 1e3 * statistics.median(self.lead_s[rank]) if self.lead_s[rank] else None
+
+    def evidence(self) -> dict[str, Any]:
+        """Every rank's share of steps arrived last and its median lead (ms)."""
+        return {"steps_compared": self.steps,
+                "last_share": [round(self.share(r), 4) for r in range(self.world)],
+                "late_ms": [None if (v := self.late_ms(r)) is None else round(v, 4)
+                            for r in range(self.world)]}
+
+    def named(self) -> Optional[dict[str, Any]]:
+        """{rank, late_ms, share} of the rank the others wait for, or None when no rank is
+        clearly the one (the thresholds above)."""
+        if self.steps < STRAGGLER_MIN_STEPS:
+            return None
+        rank = max(range(self.world), key=self.share)
+        share, late = self.share(rank), self.late_ms(rank)
+        if (share < max(STRAGGLER_MIN_SHARE, STRAGGLER_CHANCE_FACTOR / self.world)
+                or late is None or late < 1e3 * STRAGGLER_MIN_LATE_S):
+            return None
+        return {"rank": rank, "late_ms": round(late, 4), "share": round(share, 4)}
+
+
+def stragglers(step_totals: Sequence[float],
+               tally: Optional[StragglerTally] = None) -> dict[str, Any]:
+    """An epoch's stragglers, all in one dict: the slowest and fastest rank by summed step
+    time and, from the comm waits (`tally`), each rank's share of steps arrived last and
+    its lateness then (the rank named from these is `tally.named()`)."""
+    if not step_totals:
+        return {}
+    slow = max(range(len(step_totals)), key=lambda r: step_totals[r])
+    fast = min(range(len(step_totals)), key=lambda r: step_totals[r])
+    out = {"slowest_rank": slow, "slowest_s": step_totals[slow],
+           "fastest_rank": fast, "fastest_s": step_totals[fast],
+           "spread": (step_totals[slow] / step_totals[fast]) if step_totals[fast] > 0 else None,
+           "per_rank_s": list(step_totals)}
+    if tally is not None and tally.steps:
+        out.update(tally.evidence())
+    return out
