@@ -9,10 +9,12 @@ sees it at once. A record holds
     time of the last update, epoch, step, phase, collective number and op, state
     a message (a failed rank's one-line reason)
 
-The hooks: `ddp_lab.timing.StepTimer` (each phase of a step, the step's end),
-`ddp_lab.timing.CommRecorder` (each collective of a synchroniser), the scalar collectives
-of `ddp_lab.distributed.DistContext`, the training loop (each epoch's start) and
-`ddp_lab.job.run_rank` (state: starting, running, done, failed).
+Who updates it: the step timer and each synchroniser's comm recorder, as their listener
+(`ddp_lab.train.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
+`ddp_lab.sync.base.Synchroniser` passes `collective` to its `CommRecorder`; timing itself
+knows nothing of this record), the scalar collectives of `ddp_lab.distributed.DistContext`,
+the training loop (each epoch's start) and `ddp_lab.job.run_rank` (state: starting,
+running, done, failed).
 
 Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
 view); `diagnose(run_dir)` names the rank(s) that stopped the others (dead, frozen by
@@ -69,7 +71,7 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 # ------------------------------------------------------------------ the writer
 class NullProgress:
-    """What a process without a record updates (a test's bare StepTimer): nothing."""
+    """What a process without a record updates (a test's trainer, a bench script): nothing."""
 
     path: Optional[Path] = None
 

@@ -224,7 +224,9 @@ class EpochMeter:
     def __init__(self, cfg: Config, ctx: DistContext, clock: Clock, syncer,
                  ckpt: Checkpointer):
         self.cfg, self.ctx, self.clock, self.syncer, self.ckpt = cfg, ctx, clock, syncer, ckpt
-        self.timer = StepTimer(clock, enabled=cfg.timing.enabled)
+        record = progress.current()  # each phase and step's end says where this rank is
+        self.timer = StepTimer(clock, enabled=cfg.timing.enabled,
+                               on_phase=record.phase, on_step_end=record.step_done)
         self.timer.watch_grads(syncer.module)  # compute end: each step's last gradient ready
         self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
         self.epoch, self.skip, self.t0 = 0, 0, 0.0

@@ -106,6 +106,41 @@ def test_comm_recorder_disabled_still_counts_bytes():
     assert stats.seconds == 0.0 and stats.timed == [] and stats.busbw == 0.0
 
 
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_timers_tell_their_listeners_timed_or_not(enabled):
+    """The progress record listens to the timers (ddp_lab/train.py and sync/base.py pass
+    its methods): each phase as it starts, each step's end, each collective entered."""
+    heard: list[str] = []
+    timer = StepTimer(Clock(CPU), enabled, on_phase=heard.append,
+                      on_step_end=lambda: heard.append("step end"))
+    with timer.phase("data"):
+        heard.append("in data")
+    timer.end_step()
+    rec = CommRecorder(Clock(CPU), 2, enabled, on_collective=heard.append)
+    with rec.timed("all_reduce", 8, 8, 8):
+        pass
+    rec.finish(rec.begin(), "all_reduce", 8, 8, 8)  # async: its op is known only at the end
+    assert heard == ["data", "in data", "step end", "all_reduce", ""]
+
+
+def test_timing_imports_nothing_of_progress():
+    """Timing knows nothing of who listens: no module of ddp_lab/timing/ imports progress."""
+    import ast
+    from pathlib import Path
+
+    import ddp_lab.timing
+
+    for path in Path(ddp_lab.timing.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("progress" in n for n in names), path.name
+
 def _fake_epoch(n_steps: int, overlap: bool = False):
     """Steps of 10 ms (5 phases of 2 ms) and one 3 ms collective per step, in the sync
     phase; with `overlap` a second collective overlaps the first by 1 ms."""

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from .. import progress
 from ..timing import Clock, CommRecorder, CommStats
 
 
@@ -60,7 +61,10 @@ class Synchroniser:
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
+        # every collective entered counts in this rank's progress record: the rank behind
+        # the others is the one with the smaller count (ddp_lab/progress.py)
+        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing,
+                                 on_collective=progress.current().collective)
         self.model: nn.Module = self.wrap(module)
 
     @classmethod

@@ -15,7 +15,9 @@ One file per idea:
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time
     stragglers.py     who makes the others wait (StragglerTally)
 
-Every name below is importable from `ddp_lab.timing`.
+Timing knows nothing of the rest of the trainer: whoever builds a timer or recorder
+passes the listeners that want to hear of each phase or call (the progress record,
+ddp_lab/progress.py). Every name below is importable from `ddp_lab.timing`.
 """
 
 from .clock import Clock

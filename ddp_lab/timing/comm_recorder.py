@@ -3,16 +3,16 @@ holds as `self.comm` (ddp_lab/sync/base.py), so comm time is measured the same w
 
 It counts every call's bytes always and, when timing is on, stamps its start and end on
 the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
-(ddp_lab/timing/comm.py). Each call entered also counts in this rank's progress record
-(ddp_lab/progress.py).
+(ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who else wants to hear of
+a call: whoever builds it passes a listener (`on_collective`); the synchroniser passes
+the rank's progress record (ddp_lab/progress.py).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .. import progress as _progress
 from ..costmodel import busbw_factor
 from .clock import UNTIMED, Clock
 from .comm import CommCall, CommStats, union_length
@@ -40,13 +40,17 @@ class CommRecorder:
     Blocking call:   `with rec.timed(op, payload, sent, recv): dist.all_reduce(buf)`
     Async call:      `start = rec.begin()` ... in its completion callback
                      `rec.finish(start, op, payload, sent, recv)`
+
+    Listener: `on_collective(op)` as this rank enters each call, timed or not (op "" for
+    an async call: its op is known only when it finishes).
     """
 
-    def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
+    def __init__(self, clock: Clock, world_size: int, enabled: bool = True,
+                 on_collective: Optional[Callable[[str], None]] = None):
         self.clock = clock
         self.world_size = world_size
         self.enabled = enabled
-        self.progress = _progress.current()  # each call entered counts there
+        self.on_collective = on_collective
         self._pending: list[tuple[CommCall, Any, Any]] = []
         self._stats = CommStats()
         # DDP's completion callbacks run on the backend's worker threads, several at once
@@ -67,12 +71,14 @@ class CommRecorder:
     def timed(self, op: str, payload: int, sent: int, recv: int,
               cross_node: Optional[int] = None):
         """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
-        self.progress.collective(op)
+        if self.on_collective is not None:
+            self.on_collective(op)
         call = self._count(op, payload, sent, recv, cross_node)
         return _Timed(self, call) if self.enabled else UNTIMED
 
     def begin(self) -> Any:
-        self.progress.collective()  # an async call (DDP's bucket all-reduce) is launched
+        if self.on_collective is not None:
+            self.on_collective("")  # an async call (DDP's bucket all-reduce) is launched
         return self.clock.stamp() if self.enabled else None
 
     def finish(self, start: Any, op: str, payload: int, sent: int, recv: int,

@@ -4,17 +4,18 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
     with timer.phase("data"): ...      # data, forward, backward, sync, optim
     timer.end_step()
 
-Each phase and each step's end also mark this rank's progress record (ddp_lab/progress.py).
+The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
+listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/train.py)
+passes the rank's progress record (ddp_lab/progress.py), so a stuck rank can be found.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from .. import progress as _progress
 from .clock import UNTIMED, Clock
 from .grads import GradReadyMark
 
@@ -79,14 +80,19 @@ class _Phase:
 
 
 class StepTimer:
-    """Stamps the phases of every step; `collect()` resolves them once per epoch. Each phase
-    and each step's end also mark this rank's progress record (ddp_lab.progress), timed or
-    not: that is where a stuck rank is found."""
+    """Stamps the phases of every step; `collect()` resolves them once per epoch.
 
-    def __init__(self, clock: Clock, enabled: bool = True):
+    Listeners, called timed or not: `on_phase(name)` as each phase starts and
+    `on_step_end()` as each step ends. One callable each, called directly: a listener
+    costs the step one call per phase and allocates nothing (to have several, pass one
+    function that calls them)."""
+
+    def __init__(self, clock: Clock, enabled: bool = True,
+                 on_phase: Optional[Callable[[str], None]] = None,
+                 on_step_end: Optional[Callable[[], None]] = None):
         self.clock = clock
         self.enabled = enabled
-        self.progress = _progress.current()
+        self.on_phase, self.on_step_end = on_phase, on_step_end
         self._steps: list[list] = []
         self._marks: list = []  # each step's compute-end stamp (GradReadyMark), or None
         self._current: list = []
@@ -99,7 +105,8 @@ class StepTimer:
             self.grads = GradReadyMark(self.clock, module)
 
     def phase(self, name: str):
-        self.progress.phase(name)
+        if self.on_phase is not None:
+            self.on_phase(name)
         if not self.enabled:
             return UNTIMED
         ph = self._phases.get(name)
@@ -108,7 +115,8 @@ class StepTimer:
         return ph
 
     def end_step(self) -> None:
-        self.progress.step_done()
+        if self.on_step_end is not None:
+            self.on_step_end()
         if self.enabled:
             self._steps.append(self._current)
             self._marks.append(self.grads.take() if self.grads is not None else None)
