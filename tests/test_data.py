@@ -37,12 +37,24 @@ def mnist_root(tmp_path_factory) -> Path:
     return root
 
 
-def test_fetch_from_embedded_then_torchvision_reads_it(mnist_root):
-    x, y = load_split(mnist_root, train=True)
-    assert x.shape == (60000, 28, 28) and x.dtype == torch.uint8 and y.shape == (60000,)
-    tx, ty = load_split(mnist_root, train=False)
-    assert tx.shape == (10000, 28, 28) and int(ty.max()) == 9
+def test_fetch_from_embedded_then_read_as_torchvision_reads_it(mnist_root):
+    from torchvision.datasets import MNIST
+
+    for train, n in ((True, 60000), (False, 10000)):
+        x, y = load_split(mnist_root, train=train)
+        assert x.shape == (n, 28, 28) and x.dtype == torch.uint8 and y.shape == (n,)
+        ds = MNIST(str(mnist_root), train=train, download=False)  # the reference reader
+        assert torch.equal(x, ds.data) and torch.equal(y, ds.targets) and y.dtype == ds.targets.dtype
     assert fetch_mnist(mnist_root, ["embedded"]) == 0  # already there: nothing fetched
+
+
+def test_an_idx_file_whose_size_disagrees_with_its_header_is_refused(mnist_root, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(mnist_root, root)
+    labels = root / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:-3])
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte holds 10005 bytes, its header says 10008"):
+        load_split(root, train=False)
 
 
 def test_corrupt_archive_is_never_left_looking_valid(tmp_path):
