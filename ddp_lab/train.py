@@ -1,10 +1,10 @@
 """The training loop, on every rank: steps, gradient synchronisation, optimiser, evaluation,
 checkpoints.
 
-`train` reads as the course notebook's loop plus the sync: seed, data, model,
-synchroniser, optimiser, then per epoch the steps (`run_steps`: data, forward, backward,
-sync, optimiser step), evaluation, a checkpoint and the epoch's record. What a real run
-needs besides sits behind one call each:
+`train` reads as the course notebook's loop plus the sync: data, then the seeded model,
+its synchroniser and the optimiser (`build_parts`), then per epoch the steps (`run_steps`:
+data, forward, backward, sync, optimiser step), evaluation, a checkpoint and the epoch's
+record. What a real run needs besides sits behind one call each:
 
 - `Checkpointer` (ddp_lab/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
@@ -36,7 +36,7 @@ from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .records import RunSummary
 from .stop import StopControl, StopInfo, stop_control
-from .sync import build_sync
+from .sync import Synchroniser, build_sync
 from .telemetry import MeasuredEpoch, Telemetry
 from .timing import Clock, StepTimer
 
@@ -156,15 +156,11 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     course notebook's loop plus the sync; the rest is one call each (module docstring)."""
     plan = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
     micro = plan.micro if plan.accumulation > 1 else 0
-    torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
     prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
     splits = build_splits(cfg.data, cfg.train, ctx.env, ctx.device)  # this rank's shard
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
-    module = build_model(cfg.model).to(ctx.device)
-    syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
-                        timing=cfg.timing.enabled)
-    optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+    module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
     compile_s = preflight_and_compile(cfg, syncer, splits, micro or plan.per_rank)
     ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, plan)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
@@ -193,6 +189,19 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
                 return telemetry.finish(**ckpt.on_stop(stop, epochs_done=epoch + 1))
     syncer.close()  # collective: every rank has run the same steps
     return telemetry.finish()
+
+
+def build_parts(cfg: Config, ctx: DistContext, clock: Clock
+                ) -> tuple[torch.nn.Module, Synchroniser, torch.optim.Optimizer]:
+    """The model (seeded with train.seed first: the same initial weights on every rank), its
+    synchroniser and the optimiser, on this rank's device. scripts/bench_*.py build theirs
+    here too (ddp_lab/bench/scaffold.py), so a benchmark times the trainer's own parts."""
+    torch.manual_seed(cfg.train.seed)
+    module = build_model(cfg.model).to(ctx.device)
+    syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
+                        timing=cfg.timing.enabled)
+    optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+    return module, syncer, optimizer
 
 
 def preflight_and_compile(cfg: Config, syncer, splits: Splits, batch_size: int) -> Optional[float]:

@@ -23,87 +23,54 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_lab.ports import free_port
+from ddp_lab.bench.scaffold import Bench, rounds, run_ranks
+from ddp_lab.distributed import DistContext
+from ddp_lab.stop import StopControl
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
-    import torch
-    import torch.distributed as dist
+class Timed(StopControl):
+    """The stop check with its own time summed (what it adds to the loop)."""
 
-    from ddp_lab.config import compose
-    from ddp_lab.data import build_splits, prepare_mnist
-    from ddp_lab.distributed import local_gloo_world
-    from ddp_lab.models import build_model, build_optimizer
-    from ddp_lab.stop import StopControl
-    from ddp_lab.sync import build_sync
-    from ddp_lab.timing import Clock, StepTimer
-    from ddp_lab.train import run_steps
+    spent = 0.0
 
-    ctx = local_gloo_world(rank, world, port)
-    env, device = ctx.env, ctx.device
-    try:
-        cfg = compose([f"data.root={args.data_root}"])
-        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, False)
-        splits = build_splits(cfg.data, cfg.train, env, device)
-        steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
-        clock = Clock(device)
+    def step(self):
+        t = time.perf_counter()
+        try:
+            return super().step()
+        finally:
+            self.spent += time.perf_counter() - t
 
-        class Timed(StopControl):
-            """The stop check with its own time summed (what it adds to the loop)."""
 
-            spent = 0.0
+def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+    bench = Bench(ctx, [f"data.root={args.data_root}", "timing.enabled=false"])
+    steps = bench.steps(args.steps)
+    # one for the run, as the trainer keeps one: its interval carries over between epochs
+    stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
 
-            def step(self):
-                t = time.perf_counter()
-                try:
-                    return super().step()
-                finally:
-                    self.spent += time.perf_counter() - t
+    def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
+        parts = bench.parts(bench.cfg, seed_epoch)
+        spent0, checks0 = stopper.spent, stopper.checks
+        wall = bench.epoch(parts, n, stopper if check else None)
+        if check:
+            return wall, stopper.spent - spent0, stopper.checks - checks0
+        return wall, 0.0, 0
 
-        # one for the run, as the trainer keeps one: its interval carries over between epochs
-        stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
-
-        def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
-            torch.manual_seed(cfg.train.seed)
-            module = build_model(cfg.model).to(device)
-            syncer = build_sync(cfg.sync, module, device, world, clock=clock, timing=False)
-            opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-            splits.train.set_epoch(seed_epoch)
-            spent0, checks0 = stopper.spent, stopper.checks
-            dist.barrier()  # load-bearing: all ranks start together
-            stopper.restart_clock()
-            t0 = time.perf_counter()
-            run_steps(syncer, opt, iter(splits.train), range(n), StepTimer(clock, False),
-                      stopper if check else None)
-            dist.barrier()  # load-bearing: the epoch ends when the slowest rank ends
-            wall = time.perf_counter() - t0
-            syncer.close()
-            if check:
-                return wall, stopper.spent - spent0, stopper.checks - checks0
-            return wall, 0.0, 0
-
-        epoch(True, steps, 0)  # warm-up: connections, allocations, the check's interval
-        epoch(False, min(50, steps), 0)
-        off, on, spent, checks = [], [], [], []
-        for r in range(args.repeats):
-            for check in ((False, True) if r % 2 == 0 else (True, False)):
-                wall, s, c = epoch(check, steps, r + 1)
-                (on if check else off).append(wall)
-                if check:
-                    spent.append(s)
-                    checks.append(c)
-            if rank == 0:
-                print(f"round {r + 1}/{args.repeats}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
-                      f"({checks[-1]} checks)", flush=True)
-        stopper.restore()
-        queue.put((rank, {"off": off, "on": on, "spent": spent, "checks": checks, "steps": steps}))
-    except BaseException as e:  # noqa: BLE001 -- reported by the parent
-        queue.put((rank, f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        dist.destroy_process_group()
+    epoch(True, steps, 0)  # warm-up: connections, allocations, the check's interval
+    epoch(False, min(50, steps), 0)
+    off, on, spent, checks = [], [], [], []
+    for r, check in rounds((False, True), args.repeats):  # alternating order
+        wall, s, c = epoch(check, steps, r)
+        (on if check else off).append(wall)
+        if check:
+            spent.append(s)
+            checks.append(c)
+        if ctx.env.rank == 0 and len(on) == len(off) == r:  # the round's two epochs are done
+            print(f"round {r}/{args.repeats}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
+                  f"({checks[-1]} checks)", flush=True)
+    stopper.restore()
+    return {"off": off, "on": on, "spent": spent, "checks": checks, "steps": steps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,23 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as run_dir:
         args.run_dir = run_dir
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = free_port()
-        procs = [ctx.Process(target=worker, args=(r, args.world, port, args, queue))
-                 for r in range(args.world)]
-        for proc in procs:
-            proc.start()
-        results = dict(queue.get(timeout=3600) for _ in procs)
-        for proc in procs:
-            proc.join()
-    bad = {r: v for r, v in results.items() if isinstance(v, str)}
-    if bad:
-        print(f"failed: {bad}", file=sys.stderr)
+        results = run_ranks(worker, args.world, args)
+    if results is None:
         return 1
     r0 = results[0]
     steps = r0["steps"] * len(r0["on"])

@@ -31,7 +31,12 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_lab.ports import free_port
+from omegaconf import OmegaConf
+
+from ddp_lab.bench.scaffold import Bench, run_ranks
+from ddp_lab.delay import ComputeDelay
+from ddp_lab.distributed import DistContext
+from ddp_lab.timing import Clock, StragglerTally
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,74 +54,45 @@ def from_arrivals(arrivals: list[list[float]]) -> tuple[int, float, float]:
     return rank, lasts.count(rank) / len(lasts), 1e3 * statistics.median(leads[rank])
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
-    import torch
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
+def worker(ctx: DistContext, args: argparse.Namespace) -> list:
+    bench = Bench(ctx, [f"data.root={args.data_root}"])
+    rank = ctx.env.rank
+    configs = [("none", -1, 0.0, 0.0), (f"rank 1 +{args.slow_ms:g} ms", 1, args.slow_ms, 0.0),
+               (f"jitter 0..{args.jitter_ms:g} ms", -1, 0.0, args.jitter_ms)]
+    syncs = {name: bench.compose([f"sync={name}"]) for name in args.syncs.split(",")}
+    rows = []
+    for rnd in range(args.rounds + 1):  # round 0: warm-up, not reported
+        for label, slow_rank, slow_ms, jitter_ms in configs:
+            for name, cfg in syncs.items():
+                debug = OmegaConf.create({"slow_rank": slow_rank, "slow_ms": slow_ms,
+                                          "jitter_ms": jitter_ms})
+                delay = ComputeDelay.from_config(debug, rank, rnd)
+                slept: list[float] = []
+                if delay is not None:
+                    inner = delay
 
-    from ddp_lab.config import compose
-    from ddp_lab.data import build_splits, prepare_mnist
-    from ddp_lab.delay import ComputeDelay
-    from ddp_lab.distributed import local_gloo_world
-    from ddp_lab.models import build_model, build_optimizer
-    from ddp_lab.sync import build_sync
-    from ddp_lab.timing import Clock, StepTimer
-    from ddp_lab.train import run_steps
-
-    ctx = local_gloo_world(rank, world, port)
-    try:
-        cfg = compose([f"data.root={args.data_root}"])
-        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, False)
-        splits = build_splits(cfg.data, cfg.train, ctx.env, ctx.device)
-        configs = [("none", -1, 0.0, 0.0), (f"rank 1 +{args.slow_ms:g} ms", 1, args.slow_ms, 0.0),
-                   (f"jitter 0..{args.jitter_ms:g} ms", -1, 0.0, args.jitter_ms)]
-        rows = []
-        for rnd in range(args.rounds + 1):  # round 0: warm-up, not reported
-            for label, slow_rank, slow_ms, jitter_ms in configs:
-                for name in args.syncs.split(","):
-                    debug = OmegaConf.create({"slow_rank": slow_rank, "slow_ms": slow_ms,
-                                              "jitter_ms": jitter_ms})
-                    delay = ComputeDelay.from_config(debug, rank, rnd)
-                    slept: list[float] = []
-                    if delay is not None:
-                        inner = delay
-
-                        def delay(inner=inner) -> None:
-                            t = time.perf_counter()
-                            inner()
-                            slept.append(time.perf_counter() - t)
-                    torch.manual_seed(0)
-                    module = build_model(cfg.model)
-                    dist.barrier()  # load-bearing: the Clock's zero, as train.py sets it
-                    clock = Clock(ctx.device)
-                    syncer = build_sync(compose([f"sync={name}"]).sync, module, ctx.device,
-                                        world, clock=clock)
-                    opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-                    timer = StepTimer(clock)
-                    splits.train.set_epoch(rnd)
-                    steps = args.steps if rnd else 30
-                    dist.barrier()
-                    run_steps(syncer, opt, iter(splits.train), range(steps), timer, delay=delay)
-                    syncer.close()
-                    st, comm = timer.collect(), syncer.take_comm()
-                    starts = [s.start for s in st]
-                    first: list[float] = []  # each step's first collective (sorted by start)
-                    i = 0
-                    for s0 in starts:
-                        while comm.timed[i].start < s0:
-                            i += 1
-                        first.append(comm.timed[i].start)
-                    mine = (clock.origin, comm.per_step_seconds(st), first,
-                            statistics.median(slept) if slept else None)
-                    got = ctx.gather_objects(mine)
-                    if rank == 0 and rnd > 0:
-                        rows.append((label, name, rnd, got))
-        queue.put((rank, rows))
-    except BaseException as e:  # noqa: BLE001 -- reported by the parent
-        queue.put((rank, f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        dist.destroy_process_group()
+                    def delay(inner=inner) -> None:
+                        t = time.perf_counter()
+                        inner()
+                        slept.append(time.perf_counter() - t)
+                ctx.barrier()  # load-bearing: the Clock's zero, as train.py sets it
+                clock = Clock(ctx.device)
+                parts = bench.parts(cfg, rnd, clock=clock)
+                bench.epoch(parts, args.steps if rnd else 30, delay=delay)
+                st, comm = parts.timer.collect(), parts.syncer.take_comm()
+                starts = [s.start for s in st]
+                first: list[float] = []  # each step's first collective (sorted by start)
+                i = 0
+                for s0 in starts:
+                    while comm.timed[i].start < s0:
+                        i += 1
+                    first.append(comm.timed[i].start)
+                mine = (clock.origin, comm.per_step_seconds(st), first,
+                        statistics.median(slept) if slept else None)
+                got = ctx.gather_objects(mine)
+                if rank == 0 and rnd > 0:
+                    rows.append((label, name, rnd, got))
+    return rows
 
 
 def main() -> int:
@@ -130,27 +106,10 @@ def main() -> int:
     ap.add_argument("--data-root", default=str(REPO / "data"))
     args = ap.parse_args()
 
-    import torch.multiprocessing as mp
-
-    from ddp_lab.timing import StragglerTally
-
-    mpc = mp.get_context("spawn")
-    queue = mpc.Queue()
-    port = free_port()
-    procs = [mpc.Process(target=worker, args=(r, args.world, port, args, queue))
-             for r in range(args.world)]
-    for p in procs:
-        p.start()
-    rows = None
-    for _ in procs:
-        rank, out = queue.get(timeout=3600)
-        if isinstance(out, str):
-            print(f"rank {rank} failed: {out}", file=sys.stderr)
-            return 1
-        if rank == 0:
-            rows = out
-    for p in procs:
-        p.join()
+    results = run_ranks(worker, args.world, args)
+    if results is None:
+        return 1
+    rows = results[0]
     n = args.world
     print(f"world {n}, CPU gloo, {args.steps} steps each, MLP batch 64; lateness = the "
           "rank's median lead over the others (ms, every step); share = of steps it was last\n")

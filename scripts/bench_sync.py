@@ -8,8 +8,9 @@ The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, 
 lr 1e-3, MNIST), full epochs. One process group runs every configuration in turn, a
 warm-up pass each, then `--repeats` rounds in a rotating order (so slow drift on a shared
 machine hits every configuration alike); each configuration's time is the median of its
-rounds. The step loop is the trainer's own (`ddp_lab.train.run_steps`), so what is
-measured is what `python -m ddp_lab` runs, minus evaluation and checkpoints.
+rounds. The parts and the step loop are the trainer's own (`ddp_lab.train.build_parts`,
+`run_steps`, through ddp_lab/bench/scaffold.py), so what is measured is what
+`python -m ddp_lab` runs, minus evaluation and checkpoints.
 
 Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
 bucketed, timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring, and
@@ -29,137 +30,88 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from ddp_lab.ports import free_port
+
+from ddp_lab.bench.scaffold import (Bench, medians, parse_only, ratios, rounds, run_ranks,
+                                   select)
+from ddp_lab.distributed import DistContext
+from ddp_lab.train import run_steps
 
 REPO = Path(__file__).resolve().parent.parent
 
-# (label, sync option, sync overrides, timing enabled)
-CONFIGS = [
-    ("ddp", "ddp", {}, True),
-    ("ddp timing off", "ddp", {}, False),
-    ("allreduce", "allreduce", {}, True),
-    ("allreduce timing off", "allreduce", {}, False),
-    ("allreduce per-param", "allreduce", {"bucket_mb": 0}, True),
-    ("reduce_broadcast", "reduce_broadcast", {}, True),
-    ("ring", "ring", {}, True),
-    ("ring timing off", "ring", {}, False),
-    ("ring prepost off", "ring", {"prepost": False}, True),
-    ("tree", "tree", {}, True),
-    ("butterfly", "butterfly", {}, True),
-]
+# label -> its overrides on the trainer's config (the defaults: timing on)
+CONFIGS = {
+    "ddp": ["sync=ddp"],
+    "ddp timing off": ["sync=ddp", "timing.enabled=false"],
+    "allreduce": ["sync=allreduce"],
+    "allreduce timing off": ["sync=allreduce", "timing.enabled=false"],
+    "allreduce per-param": ["sync=allreduce", "sync.bucket_mb=0"],
+    "reduce_broadcast": ["sync=reduce_broadcast"],
+    "ring": ["sync=ring"],
+    "ring timing off": ["sync=ring", "timing.enabled=false"],
+    "ring prepost off": ["sync=ring", "sync.prepost=false"],
+    "tree": ["sync=tree"],
+    "butterfly": ["sync=butterfly"],
+}
 
 
 #: configurations whose timer overhead is also measured step against step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
 
 
-def selected(args: argparse.Namespace) -> list[tuple]:
-    """The configurations to run (every rank computes the same list)."""
-    if not args.only:
-        return list(CONFIGS)
-    keep = [c.strip() for c in args.only.split(",")]
-    unknown = set(keep) - {c[0] for c in CONFIGS}
-    if unknown:
-        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
-                         f"{[c[0] for c in CONFIGS]}")
-    return [c for c in CONFIGS if c[0] in keep]
+def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+    bench = Bench(ctx, [f"data.root={args.data_root}"])
+    n_steps = bench.steps(args.steps)
+    cfgs = {label: bench.compose(ov) for label, ov in select(CONFIGS, args.only).items()}
 
+    def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
+        parts = bench.parts(cfgs[label], epoch)
+        elapsed = bench.epoch(parts, steps)
+        steps_t, comm = parts.timer.collect(), parts.syncer.take_comm()
+        step_total = sum(sum(s.durations().values()) for s in steps_t)
+        if not (parts.timer.enabled and step_total):
+            return elapsed, None
+        return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
-    import torch
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
+    def paired(label: str, epoch: int, steps: int) -> tuple[list, list]:
+        """One epoch with the timers switched on and off on alternate steps (both ranks
+        alike): per-step wall times of each arm, free of the drift between epochs."""
+        _, syncer, opt, timer = bench.parts(cfgs[label], epoch)
+        batches, arms = iter(bench.splits.train), ([], [])
+        ctx.barrier()
+        for i in range(steps):
+            on = (i + epoch) % 2 == 0
+            timer.enabled = syncer.comm.enabled = on
+            t = time.perf_counter()
+            run_steps(syncer, opt, batches, range(1), timer)
+            arms[0 if on else 1].append(time.perf_counter() - t)
+        ctx.barrier()
+        syncer.close()
+        timer.collect(), syncer.take_comm()
+        return arms
 
-    from ddp_lab.config import compose
-    from ddp_lab.data import build_splits, prepare_mnist
-    from ddp_lab.distributed import local_gloo_world
-    from ddp_lab.models import build_model, build_optimizer
-    from ddp_lab.sync import build_sync
-    from ddp_lab.timing import Clock, StepTimer
-    from ddp_lab.train import run_steps
-
-    ctx = local_gloo_world(rank, world, port)
-    env, device = ctx.env, ctx.device
-    try:
-        cfg = compose([f"data.root={args.data_root}"])
-        prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, False)
-        splits = build_splits(cfg.data, cfg.train, env, device)
-        n_steps = len(splits.train) if args.steps <= 0 else min(args.steps, len(splits.train))
-        clock = Clock(device)
-        configs = selected(args)
-
-        def fresh(name: str, overrides: dict, timing: bool, epoch: int):
-            """A new model, synchroniser, optimiser and step timer, the epoch's data order."""
-            sync_cfg = OmegaConf.merge(compose([f"sync={name}"]).sync, overrides)
-            torch.manual_seed(cfg.train.seed)
-            module = build_model(cfg.model).to(device)
-            syncer = build_sync(sync_cfg, module, device, world, clock=clock, timing=timing)
-            opt = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
-            splits.train.set_epoch(epoch)
-            return syncer, opt, StepTimer(clock, enabled=timing)
-
-        def one_epoch(label: str, name: str, overrides: dict, timing: bool, epoch: int,
-                      steps: int) -> tuple[float, float | None]:
-            syncer, opt, timer = fresh(name, overrides, timing, epoch)
-            dist.barrier()  # load-bearing: all ranks start together
-            t0 = time.perf_counter()
-            run_steps(syncer, opt, iter(splits.train), range(steps), timer)
-            dist.barrier()  # load-bearing: the epoch ends when the slowest rank ends
-            elapsed = time.perf_counter() - t0
-            syncer.close()
-            steps_t, comm = timer.collect(), syncer.take_comm()
-            step_total = sum(sum(s.durations().values()) for s in steps_t)
-            if not (timing and step_total):
-                return elapsed, None
-            return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
-
-        def paired(name: str, overrides: dict, epoch: int, steps: int) -> tuple[list, list]:
-            """One epoch with the timers switched on and off on alternate steps (both ranks
-            alike): per-step wall times of each arm, free of the drift between epochs."""
-            syncer, opt, timer = fresh(name, overrides, True, epoch)
-            batches, arms = iter(splits.train), ([], [])
-            dist.barrier()
-            for i in range(steps):
-                on = (i + epoch) % 2 == 0
-                timer.enabled = syncer.comm.enabled = on
-                t = time.perf_counter()
-                run_steps(syncer, opt, batches, range(1), timer)
-                arms[0 if on else 1].append(time.perf_counter() - t)
-            dist.barrier()
-            syncer.close()
-            timer.collect(), syncer.take_comm()
-            return arms
-
-        for label, name, ov, timing in configs:  # warm-up: allocations, connections, caches
-            one_epoch(label, name, ov, timing, 0, min(50, n_steps))
-        times: dict[str, list[float]] = {c[0]: [] for c in configs}
-        fractions: dict[str, list[float]] = {c[0]: [] for c in configs}
-        for r in range(args.repeats):
-            order = configs[r % len(configs):] + configs[:r % len(configs)]
-            for label, name, ov, timing in order:
-                t, frac = one_epoch(label, name, ov, timing, r + 1, n_steps)
-                times[label].append(t)
-                if frac is not None:
-                    fractions[label].append(frac)
-                if rank == 0:
-                    print(f"round {r + 1}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
-        pairs: dict[str, tuple[list, list]] = {}
-        if args.paired:
-            for label, name, ov, timing in configs:
-                if timing and label in PAIRED:
-                    on, off = pairs.setdefault(label, ([], []))
-                    for r in range(args.repeats):
-                        a, b = paired(name, ov, r + 1, n_steps)
-                        on += a
-                        off += b
-        overhead = timer_overhead(n_steps) if rank == 0 else None
-        queue.put((rank, {"times": times, "fractions": fractions, "steps": n_steps,
-                          "timer_overhead_s": overhead, "paired": pairs}))
-    except BaseException as e:  # noqa: BLE001 -- reported by the parent
-        queue.put((rank, f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        dist.destroy_process_group()
+    for label in cfgs:  # warm-up: allocations, connections, caches
+        one_epoch(label, 0, min(50, n_steps))
+    times: dict[str, list[float]] = {label: [] for label in cfgs}
+    fractions: dict[str, list[float]] = {label: [] for label in cfgs}
+    for r, label in rounds(cfgs, args.repeats):
+        t, frac = one_epoch(label, r, n_steps)
+        times[label].append(t)
+        if frac is not None:
+            fractions[label].append(frac)
+        if ctx.env.rank == 0:
+            print(f"round {r}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
+    pairs: dict[str, tuple[list, list]] = {}
+    if args.paired:
+        for label, cfg in cfgs.items():
+            if cfg.timing.enabled and label in PAIRED:
+                on, off = pairs.setdefault(label, ([], []))
+                for r in range(args.repeats):
+                    a, b = paired(label, r + 1, n_steps)
+                    on += a
+                    off += b
+    overhead = timer_overhead(n_steps) if ctx.env.rank == 0 else None
+    return {"times": times, "fractions": fractions, "steps": n_steps,
+            "timer_overhead_s": overhead, "paired": pairs}
 
 
 def timer_overhead(steps: int, epochs: int = 20) -> float:
@@ -204,32 +156,13 @@ def main() -> int:
     ap.add_argument("--only", default=None,
                     help="comma-separated configuration labels to run (default: all; the "
                          "ratios need ddp, allreduce, ring and their 'timing off' twins)")
-    args = ap.parse_args()
-    try:
-        configs = selected(args)
-    except ValueError as e:
-        ap.error(str(e))
+    args, configs = parse_only(ap, CONFIGS)
 
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, args.world, port, args, queue))
-             for r in range(args.world)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in procs:
-        rank, out = queue.get(timeout=3600)
-        if isinstance(out, str):
-            print(f"rank {rank} failed: {out}", file=sys.stderr)
-            return 1
-        results[rank] = out
-    for p in procs:
-        p.join()
+    results = run_ranks(worker, args.world, args)
+    if results is None:
+        return 1
     res = results[0]
-    med = {k: statistics.median(v) for k, v in res["times"].items()}
+    med = medians(res["times"])
     spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
     frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
     comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
@@ -241,19 +174,19 @@ def main() -> int:
              ("ring prepost off / on", "ring prepost off", "ring"),
              ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
              ("reduce_broadcast / ddp", "reduce_broadcast", "ddp")]
-    ratios = {k: med[a] / med[b] for k, a, b in pairs if a in med and b in med}
+    ratio = ratios(med, pairs)
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
           f"median of {args.repeats} rounds ({os.cpu_count()} CPUs)\n")
     print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share | comm (ms/step) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for label, *_ in configs:
+    for label in configs:
         f = (f"{100 * frac[label]:.0f}% | {comm_ms[label]:.2f}" if frac[label] is not None
              else "- | -")
         vs = f"{med[label] / med['ddp']:.2f}x" if "ddp" in med else "-"
         print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
               f"| {vs} | {f} |")
     print("\n| ratio | measured |\n| --- | ---: |")
-    for k, v in ratios.items():
+    for k, v in ratio.items():
         print(f"| {k} | {v:.3f} |")
     over = res["timer_overhead_s"]
     if "ddp" in med:
@@ -283,7 +216,7 @@ def main() -> int:
                                               "times_s": res["times"], "comm_share": frac,
                                               "comm_ms_per_step": comm_ms,
                                               "timer_overhead_s_per_step": res["timer_overhead_s"],
-                                              "ratios": ratios}, indent=2) + "\n")
+                                              "ratios": ratio}, indent=2) + "\n")
     return 0
 
 

@@ -1,0 +1,185 @@
+"""The scaffold of the training benchmarks in scripts/ (bench_sync.py, bench_overlap.py,
+bench_stop.py, bench_straggler.py): ranks of a one-machine gloo group, each with the
+trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`, `run_steps`),
+and the choice of configurations, interleaved rounds, medians and ratios they print.
+
+    def worker(ctx, args):                      # on every rank, in its own process
+        bench = Bench(ctx, [f"data.root={args.data_root}"])    # config, data, Clock
+        parts = bench.parts(bench.compose(["sync=ring"]), epoch=1)
+        return bench.epoch(parts, steps=20)     # s, all ranks' start to the slowest's end
+
+    results = run_ranks(worker, 2, args)        # {rank: what worker returned}, or None
+
+It lives in the package, not in scripts/, because the spawned ranks import it by name
+whatever folder the script is started from, and scripts/ holds runnable scripts only
+(tests/test_docs_commands.py runs each one). Only those scripts import it: the collective
+benchmark (`python -m ddp_lab.bench`) does not, and still imports no trainer module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, TypeVar
+
+import torch
+
+from ..config import Config, compose
+from ..data import build_splits, prepare_mnist
+from ..distributed import DistContext, local_gloo_world
+from ..ports import free_port
+from ..stop import StopControl
+from ..timing import Clock, StepTimer
+from ..train import build_parts, run_steps
+
+T = TypeVar("T")
+
+
+def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
+              timeout_s: float = 3600) -> Optional[dict[int, Any]]:
+    """`body(ctx, args)` on `world` spawned ranks of a local gloo group; what each returned,
+    by rank. A rank that raised: its error on stderr and None. `body` is a module-level
+    function of the script (the spawned ranks import it by name)."""
+    import torch.multiprocessing as mp
+
+    mpc = mp.get_context("spawn")
+    queue = mpc.Queue()
+    port = free_port()
+    procs = [mpc.Process(target=_rank, args=(r, world, port, body, args, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, ok, out = queue.get(timeout=timeout_s)
+        if not ok:
+            print(f"rank {rank} failed: {out}", file=sys.stderr)
+            return None
+        results[rank] = out
+    for p in procs:
+        p.join()
+    return results
+
+
+def _rank(rank: int, world: int, port: int, body: Callable, args: Any, queue) -> None:
+    import torch.distributed as dist
+
+    ctx = local_gloo_world(rank, world, port)
+    try:
+        queue.put((rank, True, body(ctx, args)))
+    except BaseException as e:  # noqa: BLE001 -- reported by the parent
+        queue.put((rank, False, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+class Parts(NamedTuple):
+    """What one measured configuration trains with, fresh: `build_parts`' three and a timer."""
+    module: torch.nn.Module
+    syncer: Any
+    optimizer: torch.optim.Optimizer
+    timer: StepTimer
+
+
+class Bench:
+    """One rank's bench: the composed config (`overrides` on the trainer's defaults), this
+    rank's MNIST shard and a Clock, set up as `train()` sets them up."""
+
+    def __init__(self, ctx: DistContext, overrides: Sequence[str]):
+        self.ctx, self.overrides = ctx, list(overrides)
+        self.cfg = compose(self.overrides)
+        data = self.cfg.data
+        prepare_mnist(data.root, list(data.mirrors), ctx, data.node_local)
+        self.splits = build_splits(data, self.cfg.train, ctx.env, ctx.device)
+        self.clock = Clock(ctx.device)
+
+    def compose(self, overrides: Sequence[str]) -> Config:
+        """The bench's config with one configuration's overrides on top (`sync=ring`, ...)."""
+        return compose([*self.overrides, *overrides])
+
+    def steps(self, most: int) -> int:
+        """Steps per epoch: the shard's batches, or `most` of them where `most` > 0."""
+        n = len(self.splits.train)
+        return min(most, n) if most > 0 else n
+
+    def parts(self, cfg: Config, epoch: int, clock: Optional[Clock] = None,
+              watch_grads: bool = False) -> Parts:
+        """A new model (the same weights each time), synchroniser and optimiser from `cfg`,
+        as the trainer builds them; a step timer on `clock` (default the bench's), timing
+        per cfg.timing.enabled, stamping compute end as the trainer's does if `watch_grads`;
+        the data in epoch `epoch`'s order."""
+        clock = clock or self.clock
+        module, syncer, optimizer = build_parts(cfg, self.ctx, clock)
+        timer = StepTimer(clock, enabled=cfg.timing.enabled)
+        if watch_grads:
+            timer.watch_grads(module)
+        self.splits.train.set_epoch(epoch)
+        return Parts(module, syncer, optimizer, timer)
+
+    def epoch(self, parts: Parts, steps: int, stopper: Optional[StopControl] = None,
+              delay: Optional[Callable[[], None]] = None) -> float:
+        """`steps` of the trainer's step loop between two barriers, then the synchroniser
+        closed: seconds from when every rank starts to when the slowest ends."""
+        self.ctx.barrier()  # load-bearing: all ranks start together
+        if stopper is not None:
+            stopper.restart_clock()  # as the trainer does at each epoch's start
+        t0 = time.perf_counter()
+        run_steps(parts.syncer, parts.optimizer, iter(self.splits.train), range(steps),
+                  parts.timer, stopper, delay=delay)
+        self.ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
+        wall = time.perf_counter() - t0
+        parts.syncer.close()
+        return wall
+
+
+def select(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
+    """The configurations named in `only` (comma-separated labels; empty or None: all), in
+    `configs`' order. ValueError for a label `configs` lacks."""
+    if not only:
+        return dict(configs)
+    keep = [c.strip() for c in only.split(",")]
+    unknown = set(keep) - set(configs)
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
+                         f"{list(configs)}")
+    return {label: c for label, c in configs.items() if label in keep}
+
+
+def parse_only(ap: argparse.ArgumentParser, configs: Mapping[str, T]
+               ) -> tuple[argparse.Namespace, dict[str, T]]:
+    """The command line, and the configurations its `--only` names (`select`); an unknown
+    label ends the script with the parser's usage error."""
+    args = ap.parse_args()
+    try:
+        return args, select(configs, args.only)
+    except ValueError as e:
+        ap.error(str(e))
+
+
+def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
+    """(round, configuration) for rounds 1 to `repeats`: every configuration once a round,
+    the order rotated by one each round, so that slow drift on a shared machine hits every
+    configuration alike."""
+    configs = list(configs)
+    for r in range(repeats):
+        k = r % len(configs)
+        for c in configs[k:] + configs[:k]:
+            yield r + 1, c
+
+
+def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
+    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
+    def median(v: Sequence) -> Any:
+        if isinstance(v[0], Mapping):
+            return {k: statistics.median(m[k] for m in v) for k in v[0]}
+        return statistics.median(v)
+
+    return {label: median(v) for label, v in runs.items()}
+
+
+def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -> dict[str, float]:
+    """name -> values[a] / values[b] for each (name, a, b) of `pairs` where both were run."""
+    return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}
