@@ -10,6 +10,7 @@ cluster image (slurm, mpirun, runai) are dry runs. Everything must land under ./
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -69,10 +70,21 @@ def cheap(argv: list[str], work) -> tuple[list[str], str]:
         return py, "help"
     if module in ("ddp_lab", "ddp_lab.bench"):
         data = [work["data"]] if module == "ddp_lab" else []  # the bench reads no data
-        if any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args:
+        if (any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args
+                or sweep_jobs(args) > 2):
+            # a long sweep: every job composed, checked and rendered; what one job's training
+            # does, the single runs here and the tests of each option show
             return [*py, "launcher.dry_run=true", *data], "run"
         return [*py, *(QUICK if module == "ddp_lab" else QUICK_BENCH), *data], "run"
     return py, "plain"  # ddp_lab.report, ddp_lab.nccl_env: cheap as they are
+
+
+def sweep_jobs(args: list[str]) -> int:
+    """How many jobs a `-m` sweep's overrides make (1: not a sweep)."""
+    if "-m" not in args:
+        return 1
+    return math.prod(len(a.split("=", 1)[1].split(",")) for a in args
+                     if "=" in a and "," in a.split("=", 1)[1] and "[" not in a)
 
 
 @pytest.mark.slow
