@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, open_dict
 
-from .files import atomic_write_text, read_json_or_empty, write_json
-from .rundir import make_run_dir, write_config
+from .files import atomic_write_text, write_json
+from .rundir import make_run_dir, read_summary, write_config
 
 
 # ------------------------------------------------------------ submitting side
@@ -66,10 +66,6 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         return run_dir, launch.start(rendered, run_dir, grace_s=grace)
     except launch.LaunchError as e:  # the folder stays: it holds what could not be started
         raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
-
-
-def read_summary(run_dir: Path) -> dict:
-    return read_json_or_empty(run_dir / "summary.json")
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:

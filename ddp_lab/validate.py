@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .config import COMPRESS_MODES
 from .errors import UserError
+from .launch.slurm import duration_s
 from .rundir import reuse_problem
 
 Rule = Callable[[DictConfig], Optional[str]]
@@ -81,36 +81,9 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- durations
-#: keys that hold a duration in SLURM's formats: each is read by `duration_s`, here before
-#: any process starts and by the launcher that uses it (launch/slurm.py: --time, signal_s)
+#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one
+#: parser, with SLURM's launcher: --time, signal_s), here before any process starts
 DURATION_KEYS = ("launcher.time",)
-DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
-_DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-
-def duration_s(key: str, value) -> Optional[int]:
-    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in
-    seconds; None for no limit (UNLIMITED, INFINITE, 0). A malformed one is a UserError
-    naming `key` and the formats (sbatch would refuse it only after the run folder exists)."""
-    text = str(value).strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
-        return None
-    m = _DURATION.fullmatch(text)
-    if not m:
-        raise UserError(f"{key}={value}: not a duration; use {DURATION_FORMATS}, "
-                        f"e.g. {key}=01:30:00 or {key}=1-00:00:00")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        seconds = ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
-    elif b is None:  # MM
-        seconds = int(a) * 60
-    elif c is None:  # MM:SS
-        seconds = int(a) * 60 + int(b)
-    else:  # HH:MM:SS
-        seconds = (int(a) * 60 + int(b)) * 60 + int(c)
-    return seconds or None  # 0: SLURM imposes no limit
-
-
 def durations(cfg: DictConfig) -> Optional[str]:
     """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
     for key in DURATION_KEYS:
