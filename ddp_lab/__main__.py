@@ -8,9 +8,8 @@
 
 from .cli import cli
 from .config import register_configs
-from .submit import submit
-from .validate import resolve_train
+from .submit import check, submit
 
 if __name__ == "__main__":
     register_configs()
-    cli("config", submit, resolve_train)
+    cli("config", submit, check)
