@@ -6,10 +6,10 @@
     python -m ddp_lab -m sync=ddp,ring optim=adam,sgd  # a sweep, one run after another
 """
 
+from . import config
 from .cli import cli
-from .config import register_configs
 from .submit import check, submit
 
 if __name__ == "__main__":
-    register_configs()
-    cli("config", submit, check)
+    config.register_configs()
+    cli("config", submit, check, schemas=(config,))

@@ -6,9 +6,9 @@ the key and the fix (it may also raise a `UserError`, as launchers and registrie
 Rules sit in tables, one per entry point: adding a check is adding a line. The launcher's
 own checks run first (`launch.resolve`, which also fills its derived values).
 
-Here: the rules' toolkit, the rules every job shares (COMMON), a training run's (TRAIN)
-and a benchmark's (BENCH). A study's own rules live with the study (`study.py`:
-STUDY_PLAN, STUDY), built on these.
+Here: the rules' toolkit, the rules every job shares (COMMON) and a training run's (TRAIN).
+A study's own rules live with the study (`study.py`: STUDY_PLAN, STUDY) and the
+benchmark's with the benchmark (`bench/submit.py`: BENCH); both build on these.
 """
 
 from __future__ import annotations
@@ -282,53 +282,6 @@ TRAIN: list[Rule] = [
 ]
 
 
-def _bench_names(cfg: DictConfig) -> Optional[str]:
-    from .bench.config import DTYPES, GROUPS, IMPLS
-    from .bench.ops import OPS
-
-    b = cfg.bench
-    OPS.check(b.ops)
-    IMPLS.check(b.impl)
-    GROUPS.check(b.groups)
-    DTYPES.check([b.dtype])
-    for impl in b.impl:
-        if not set(IMPLS[impl]) & set(b.ops):
-            return (f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
-                    f"({impl} exists for {', '.join(IMPLS[impl])})")
-    return None
-
-
-def _bench_sizes(cfg: DictConfig) -> Optional[str]:
-    b = cfg.bench
-    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
-    if b.max_elements < b.min_elements:
-        return f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"
-    if not 1 <= b.min_iters <= b.iters:
-        return f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"
-    if any(int(x) < 1 for x in b.sizes):
-        return f"bench.sizes={list(b.sizes)}: every size must be >= 1 element"
-    if {"all_gather", "reduce_scatter"} & set(b.ops) and min([b.min_elements, *b.sizes]) < world:
-        return (f"bench.min_elements={b.min_elements} is below the world size {world}: "
-                "all_gather and reduce_scatter need at least one element per rank")
-    return None
-
-
-BENCH: list[Rule] = [
-    known_sections,
-    _bench_names,
-    at_least("bench.min_elements", 1),
-    at_least("bench.points", 1),
-    at_least("bench.warmup", 0),
-    above("bench.time_per_size_s", 0),
-    lambda cfg: None if 0 < cfg.bench.memory_fraction <= 1 else
-    f"bench.memory_fraction={cfg.bench.memory_fraction}: must be in (0, 1]",
-    at_least("bench.node_size", 0, " (0 = real nodes)"),
-    one_of("bench.plot_metric", ("busbw", "algbw")),
-    _bench_sizes,
-    *COMMON,
-]
-
-
 def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
     """Raise the first broken rule's message as a UserError."""
     for rule in rules:
@@ -356,7 +309,3 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
 def resolve_train(cfg: DictConfig) -> DictConfig:
     """A training run's config resolved and checked (a study's: `study.resolve_study`)."""
     return resolve(cfg, TRAIN)
-
-
-def resolve_bench(cfg: DictConfig) -> DictConfig:
-    return resolve(cfg, BENCH)
