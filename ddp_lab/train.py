@@ -27,17 +27,18 @@ import torch
 import torch.nn.functional as F
 
 from . import progress
-from .checkpointer import Checkpointer, Position
+from .checkpointer import Checkpointer
 from .config import Config, batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .delay import ComputeDelay
 from .distributed import DistContext
+from .epoch import MeasuredEpoch, Position
 from .models import build_model, build_optimizer
 from .records import RunSummary
 from .stop import StopControl, StopInfo, stop_control
 from .sync import build_sync
-from .telemetry import MeasuredEpoch, Telemetry
+from .telemetry import Telemetry
 from .timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
