@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from . import fingerprint as fingerprints
 from .config import BatchPlan, Config, batch_plan
@@ -362,8 +363,6 @@ def _progress_bar(mode: str, enabled: bool):
     if not enabled or mode == "lines":
         return None
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        from tqdm import tqdm
-
         return tqdm
     return None
 

@@ -18,6 +18,7 @@ needs besides sits behind one call each:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -258,8 +259,6 @@ class EpochMeter:
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:
     """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R
     after epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
-    import os
-
     spec = os.environ.get("DDP_LAB_FAIL_ONCE")
     if not spec or ctx.env.restart_count > 0:
         return

@@ -6,12 +6,18 @@ import name` is an edge to `pkg.name` when that is a module, else to `pkg`. A pa
 `__init__` is a module like any other: `from . import x` inside it is an edge to `x`, and a
 submodule's `from . import y` is an edge to the package. Fast: reads the sources with
 `ast`, imports nothing, starts no process.
+
+The same reading, of module-level imports only, checks start-up: what `python -m ddp_lab
+--help` and the ranks' entries load before their first line runs (no torch: --help needs
+none, and a rank must set OMP_WAIT_POLICY before torch loads, see env.openmp_wait_policy).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import ddp_lab
 
@@ -30,24 +36,45 @@ def module_files() -> dict[str, Path]:
     return found
 
 
-def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The package's modules that `name` (at `path`) imports, anywhere in its source."""
+def _import_nodes(tree: ast.AST, module_level: bool):
+    """Every import statement; with `module_level`, only those that run when the module is
+    imported (not inside a function, nor under `if TYPE_CHECKING:`)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif module_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif (module_level and isinstance(node, ast.If)
+              and "TYPE_CHECKING" in ast.unparse(node.test)):
+            yield from (n for child in node.orelse for n in _import_nodes(child, module_level))
+        else:
+            yield from _import_nodes(node, module_level)
+
+
+def imports_of(name: str, path: Path, modules: set[str],
+               module_level: bool = False) -> tuple[set[str], set[str]]:
+    """(the package's modules, the other top-level packages) that `name` (at `path`)
+    imports: anywhere in its source, or with `module_level` when it is imported."""
     is_package = path.name == "__init__.py"
     here = name if is_package else name.rpartition(".")[0]  # what `from .` means
     edges: set[str] = set()
+    external: set[str] = set()
 
     def add(target: str) -> None:
+        if target.partition(".")[0] != PACKAGE:
+            external.add(target.partition(".")[0])
+            return
         # the longest prefix that is one of ours (import ddp_lab.a.b.func -> ddp_lab.a.b)
         while target and target not in modules:
             target = target.rpartition(".")[0]
         if target and target != name:
             edges.add(target)
 
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _import_nodes(ast.parse(path.read_text(), str(path)), module_level):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 base = here
                 for _ in range(node.level - 1):
@@ -58,12 +85,30 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 add(sub if sub in modules else base)
-    return edges
+    external.discard("__future__")
+    return edges, external
 
 
 def import_graph() -> dict[str, set[str]]:
     files = module_files()
-    return {name: imports_of(name, path, set(files)) for name, path in files.items()}
+    return {name: imports_of(name, path, set(files))[0] for name, path in files.items()}
+
+
+def loaded_at_import(start: str) -> dict[str, set[str]]:
+    """Every module of ours that importing `start` runs (its packages' `__init__` too),
+    each with the other top-level packages it imports as it loads."""
+    files = module_files()
+    seen: dict[str, set[str]] = {}
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        edges, external = imports_of(name, files[name], set(files), module_level=True)
+        seen[name] = external
+        parents = [name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)]
+        todo += [m for m in (*edges, *parents) if m not in seen]
+    return seen
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -117,3 +162,14 @@ def test_the_generic_cli_knows_no_entry_point():
     graph = import_graph()
     assert not {m for m in graph["ddp_lab.cli"]
                 if m.startswith("ddp_lab.bench") or m in ("ddp_lab.validate", "ddp_lab.study")}
+
+
+@pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
+                                   "ddp_lab.status", "ddp_lab.study"])
+def test_entry_points_load_no_torch_at_import(entry):
+    """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
+    the ranks' entries until rank_main set OMP_WAIT_POLICY; status and the study's batch-
+    script side (`python -m ddp_lab.study done|end`) never."""
+    loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
+    assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
+        sorted(m for m, ext in loads.items() if ext))
