@@ -6,11 +6,10 @@
     python -m ddp_lab -m sync=ddp,ring optim=adam,sgd  # a sweep, one run after another
 """
 
+from . import config
 from .cli import cli
-from .config import register_configs
-from .submit import submit
-from .validate import resolve_train
+from .submit import check, submit
 
 if __name__ == "__main__":
-    register_configs()
-    cli("config", submit, resolve_train)
+    config.register_configs()
+    cli("config", submit, check, schemas=(config,))

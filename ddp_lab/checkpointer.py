@@ -12,35 +12,19 @@ from __future__ import annotations
 import logging
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from . import checkpoint
 from .config import BatchPlan, Config
 from .distributed import DistContext
+from .epoch import MeasuredEpoch, Position
 from .rundir import resume_mode
 from .stop import StopInfo
 
-if TYPE_CHECKING:
-    from .telemetry import MeasuredEpoch
-
 log = logging.getLogger("ddp_lab")
-
-
-@dataclass
-class Position:
-    """Where a run stands: epochs done, steps done of the next epoch, and that partial
-    epoch's sums so far (carried through a mid-epoch checkpoint)."""
-
-    epoch: int = 0
-    step: int = 0
-    loss_sum: float = 0.0
-    samples: int = 0
-    busy_s: float = 0.0
-    wall_s: float = 0.0
 
 
 class Checkpointer:

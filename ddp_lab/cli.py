@@ -13,11 +13,19 @@ import difflib
 import os
 import re
 import sys
-from typing import Callable
+from types import ModuleType
+from typing import Callable, Sequence
 
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
+from .config import CONF_DIR
 
 # Hydra's lines that are noise once its message is one line
 _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"
@@ -25,16 +33,12 @@ _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https:
 
 
 def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
-        check_fn: Callable[[DictConfig], object]) -> None:
+        check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
     """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m
     sweep), and exit with the failed job's status (2 for a user mistake). `check_fn`
-    validates a composed config: a sweep's jobs are all checked before the first starts."""
-    import hydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from .config import CONF_DIR
-
+    validates a composed config: a sweep's jobs are all checked before the first starts.
+    `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
+    each entry point passes its own, so this module knows none of them."""
     failed: list[int] = []
     full_error = os.environ.get("HYDRA_FULL_ERROR")
 
@@ -59,7 +63,7 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
             _check_sweep(config_name, sys.argv[1:], check_fn)
         _main()
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {hydra_message(e)}", file=sys.stderr)
+        print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
         sys.exit(2)
     except UserError as e:  # from _check_sweep
         print(f"error: {one_line(str(e))}", file=sys.stderr)
@@ -72,12 +76,6 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
 def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
     """Compose and check every job of a sweep first: Hydra composes each job only when
     its turn comes, after the earlier ones ran (and made their run folders)."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from .config import CONF_DIR
-
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
     overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
@@ -94,10 +92,10 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-def hydra_message(e: BaseException) -> str:
+def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
     """Hydra's message and its cause's, on one line, keeping the key they name; a misspelt
-    key gets the close matches of its section instead of Hydra's '+key' hint (a typed
-    section refuses new keys too)."""
+    key gets the close matches of its section (a dataclass of `schemas`) instead of Hydra's
+    '+key' hint (a typed section refuses new keys too)."""
     text = str(e)
     cause = e.__cause__
     if cause is not None and str(cause) not in text:
@@ -111,7 +109,7 @@ def hydra_message(e: BaseException) -> str:
     missing = re.search(r"Key '(\w+)' not in '(\w+)'", message)
     if missing:
         full_key = getattr(cause, "full_key", None) or missing.group(1)
-        message += _did_you_mean(full_key, missing.group(2))
+        message += _did_you_mean(full_key, missing.group(2), schemas)
     return message
 
 
@@ -133,11 +131,8 @@ def one_line(text: str) -> str:
     return "; ".join(parts)
 
 
-def _did_you_mean(full_key: str, type_name: str) -> str:
-    from . import config
-    from .bench import config as bench_config
-
-    cls = getattr(config, type_name, None) or getattr(bench_config, type_name, None)
+def _did_you_mean(full_key: str, type_name: str, schemas: Sequence[ModuleType]) -> str:
+    cls = next((getattr(m, type_name) for m in schemas if hasattr(m, type_name)), None)
     if cls is None or not dataclasses.is_dataclass(cls):
         return ""
     section, _, key = full_key.rpartition(".")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -589,8 +590,6 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
 def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python
     (benchmark scripts that run the trainer's pieces in their own processes)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hydra_compose(config_name=config_name, overrides=overrides)

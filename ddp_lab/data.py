@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import torch
+from torch.utils.data import DataLoader, DistributedSampler
 
+from .config import batch_plan
 from .distributed import DistContext
 from .env import DistEnv
 from .files import atomic_open
@@ -280,8 +282,6 @@ def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Spl
     global_batch / world, and because shards are strided (rank r takes positions r, r+w,
     ... of the epoch's permutation, in both pipelines) step s of every world size trains on
     the same samples, positions [s*global_batch, (s+1)*global_batch)."""
-    from .config import batch_plan
-
     root = data_cfg.root
     batch_size = batch_plan(train_cfg, env.world_size).per_rank
     tx, ty = load_split(root, train=False)
@@ -320,8 +320,6 @@ class _DeviceLoader:
         nb = self.device.type == "cuda"
         loader = self.loader
         if batch:
-            from torch.utils.data import DataLoader
-
             indices = list(self.sampler)[batch * self.loader.batch_size:]
             loader = DataLoader(self.loader.dataset, batch_size=self.loader.batch_size,
                                 sampler=indices, num_workers=self.loader.num_workers,
@@ -331,8 +329,7 @@ class _DeviceLoader:
 
 
 def _dataloader(data_cfg, train_cfg, batch_size: int, env: DistEnv, device: torch.device):
-    from torch.utils.data import DataLoader, DistributedSampler
-    from torchvision import transforms
+    from torchvision import transforms  # lazy: see load_split
     from torchvision.datasets import MNIST
 
     tf = [transforms.ToTensor()]

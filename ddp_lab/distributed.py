@@ -179,7 +179,7 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 def set_timeout(timeout_s: float) -> None:
     """The default group's timeout for every later collective (torch >= 2.9 names it
     dist.set_timeout; before, distributed_c10d._set_pg_timeout)."""
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout")
     setter(datetime.timedelta(seconds=timeout_s))

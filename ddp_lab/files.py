@@ -47,8 +47,6 @@ def write_json(path: Path, obj: Any) -> None:
 
 def read_json_or_empty(path: Path) -> dict:
     """A JSON object file's content; {} when it is missing, unreadable or not an object."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):

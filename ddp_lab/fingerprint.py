@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -138,6 +139,8 @@ def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
 
 
 def _versions(backend: str) -> dict[str, Any]:
+    # lazy, as in `collect`: the report imports this module to compare fingerprints, which
+    # needs no torch; only the ranks, which have it loaded, collect one
     import torch
     import torch.distributed as dist
 
@@ -157,9 +160,7 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
             nccl_detail: Optional[list] = None,
             environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """The fingerprint of this allocation (see the module docstring)."""
-    import sys
-
-    import torch
+    import torch  # lazy: see _versions
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None

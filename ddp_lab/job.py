@@ -16,15 +16,22 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, open_dict
 
-from .files import atomic_write_text, read_json_or_empty, write_json
-from .rundir import make_run_dir, write_config
+from . import launch, progress
+from .env import detect_env, openmp_wait_policy
+from .files import atomic_write_text, write_json
+from .metrics import fault_file, setup_logging
+from .records import now_iso
+from .rundir import make_run_dir, read_summary, write_config
+from .stop import die_with_parent
 
 
 # ------------------------------------------------------------ submitting side
@@ -43,8 +50,6 @@ def launch_job(cfg: DictConfig, label: str | None = None,
     it and, unless launcher.dry_run, start the job and follow it. Returns the folder and
     the job's exit status (None for a dry run). A launcher that refuses to render (a
     LaunchError) leaves no new folder behind."""
-    from . import launch
-
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run(cfg, label)
     for name, text in (files or {}).items():
@@ -68,15 +73,9 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
 
 
-def read_summary(run_dir: Path) -> dict:
-    return read_json_or_empty(run_dir / "summary.json")
-
-
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
     """summary.json says `status` (a failure), keeping what it held (the run's segments,
     its last metrics) and closing the open segment; `fields` fill keys it lacks."""
-    from .records import now_iso
-
     summary = read_summary(run_dir)
     summary["status"] = status
     for key, value in (fields or {}).items():
@@ -96,10 +95,9 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if rc != 0 and (not summary or status.startswith(("completed", "running"))):
-        from .progress import diagnose, failure_line
-
         # rank 0 could not say it (it was the one that died): the progress records can
-        why = failure_line(diagnose(run_dir)) or f"job exit status {rc} (see {run_dir / 'logs'})"
+        why = (progress.failure_line(progress.diagnose(run_dir))
+               or f"job exit status {rc} (see {run_dir / 'logs'})")
         return mark_failed(run_dir, f"failed: {why}", fields)
     if rc != 0 and any(k not in summary for k in fields):
         return mark_failed(run_dir, status, fields)
@@ -119,13 +117,11 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     (a peer died, froze or hung past dist.timeout_s) its one `failed:` line names the rank(s)
     that stopped and where, and it kills those of this machine that cannot end themselves
     (a frozen rank would keep torchrun waiting 30 s more)."""
+    # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
+    # reads it once, at load: env.openmp_wait_policy); the submitting side needs no torch
     import torch
 
-    from . import progress
     from .distributed import cpu_threads, distributed
-    from .env import detect_env
-    from .metrics import fault_file, setup_logging
-    from .stop import die_with_parent
 
     die_with_parent()
     env = detect_env()
@@ -172,9 +168,6 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 
 def _ignore_sigterm() -> None:
-    import signal
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -187,8 +180,6 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
-    from .env import openmp_wait_policy
-
     openmp_wait_policy()  # before torch loads: libgomp reads it once (see there)
     rc = run(Path(argv[0]).resolve())
     if rc != 0:  # a failed rank's process group is broken: its teardown at exit can block

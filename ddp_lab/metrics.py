@@ -9,6 +9,7 @@ it is on (torchtitan's habit). TensorBoard tags carry their units: `time/epoch(s
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import sys
@@ -54,8 +55,6 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") ->
         fh.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
         fh.setLevel(logging.DEBUG)
         log.addHandler(fh)
-        import faulthandler
-
         old, _FAULT_FILE = _FAULT_FILE, open(run_dir / "logs" / f"rank{env.rank}.log", "a")
         faulthandler.enable(file=_FAULT_FILE, all_threads=True)
         if old is not None:
@@ -107,6 +106,8 @@ class RunFolderSink(NullSink):
     @property
     def tb(self):
         if self._tb is None:
+            # lazy: tensorboard takes 0.3 s to load, and a run with timing.tb_every=0 and
+            # no TensorBoard wants none of it
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=self._purge[0])
@@ -115,7 +116,7 @@ class RunFolderSink(NullSink):
     @property
     def tb_steps(self):
         if self._tb_steps is None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: see tb
 
             self._tb_steps = SummaryWriter(log_dir=str(self.run_dir / "tb" / "steps"),
                                            purge_step=self._purge[1])

@@ -57,6 +57,8 @@ def resnet18(classes: int = 10) -> nn.Module:
     """torchvision's ResNet-18 (11.2M parameters) for 1x28x28 input: a 3x3 stride-1 stem on
     one channel and no max-pool (the 7x7/2 stem and pool would shrink 28x28 to 7x7 before
     the first block, as CIFAR adaptations of ResNet do), `classes` outputs."""
+    # lazy: torchvision takes seconds to load, and validate.py imports this module to check
+    # model.hidden before every command
     from torchvision.models import resnet18 as tv_resnet18
 
     net = tv_resnet18(weights=None, num_classes=classes)

@@ -11,6 +11,7 @@ Stdlib only: the report reads runs without importing torch.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, TypeVar
 
@@ -19,8 +20,6 @@ SCHEMA_VERSION = 1
 
 def now_iso() -> str:
     """A record's timestamp (segments' start/end): local time with its offset, to the second."""
-    import datetime
-
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 R = TypeVar("R", bound="_Record")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import json
 import re
 from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .files import atomic_write_text
+from .files import atomic_write_text, read_json_or_empty
 
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
@@ -56,20 +57,21 @@ def resume_mode(value) -> str:
     return {"yes": "true", "no": "false", "1": "true", "0": "false"}.get(text, text)
 
 
+def read_summary(run_dir: Path) -> dict:
+    """The folder's summary.json ({} when there is none yet, or it cannot be read)."""
+    return read_json_or_empty(run_dir / "summary.json")
+
+
 def folder_state(run_dir: Path) -> dict:
     """What `run_dir` holds: the newest checkpoint's position, the summary's status and
     epochs, how many epoch records metrics.jsonl has. Reads only small files."""
-    import json
-
-    from .files import read_json_or_empty
-
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
     try:
         records = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
     except (OSError, ValueError):
         records = []
-    summary = read_json_or_empty(run_dir / "summary.json")
+    summary = read_summary(run_dir)
     return {"checkpoint": ckpts[-1][0] if ckpts else None,
             "checkpoint_name": ckpts[-1][1].name if ckpts else None,
             "records": len(records), "status": summary.get("status"),

@@ -22,16 +22,23 @@ without a word)`, and `--follow` treats it as failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
 from .errors import UserError
+from .launch import Tail, job_processes, slurm
+from .progress import read_all
+from .rundir import folder_state
 from .stop import EXIT_STOPPED, STOP_FILE, request_stop
 
 FINAL = ("completed", "failed", "preempted", "stopped")
@@ -68,8 +75,6 @@ def find_runs(path: Path, depth: int = 4) -> list[Path]:
 def _config(run_dir: Path) -> dict:
     """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
     try:
-        from omegaconf import OmegaConf
-
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     except Exception:  # noqa: BLE001 -- a half-written or foreign file: show what we can
         return {}
@@ -104,8 +109,6 @@ def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
 
 def _processes(run_dir: Path) -> list[int]:
     """Processes of the job alive on this machine; other status/follow processes excepted."""
-    from .launch import job_processes
-
     pids = []
     for pid in job_processes(run_dir):
         try:
@@ -119,12 +122,8 @@ def _processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank progress records ({rank, epoch, step, phase, ...}), where this version of
-    ddp_lab writes them (ddp_lab.progress); [] otherwise."""
-    try:
-        from .progress import read_all  # type: ignore[attr-defined]
-    except ImportError:
-        return []
+    """Per-rank progress records ({rank, epoch, step, phase, ...}) (ddp_lab.progress); []
+    when there are none, or they cannot be read."""
     try:
         records = read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
@@ -146,8 +145,6 @@ def _as_dict(rec: Any) -> dict:
     if hasattr(rec, "to_dict"):
         return rec.to_dict()
     if hasattr(rec, "__dataclass_fields__"):
-        import dataclasses
-
         return dataclasses.asdict(rec)
     return {}
 
@@ -169,8 +166,6 @@ def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, i
 
 def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     """Everything `status` shows about one run folder, as plain data (the --json output)."""
-    from .rundir import folder_state
-
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
@@ -184,9 +179,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        from .launch.slurm import job_state
-
-        state, code, reason = job_state(job_id)
+        state, code, reason = slurm.job_state(job_id)
         sched = {"state": state, "exit_code": code, "reason": reason}
     pids = _processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
@@ -425,8 +418,6 @@ def _final_line(info: dict) -> str:
 
 
 def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
-    from .launch import slurm
-
     out_log, err_log = (Path(p) for p in info["logs"][:2]) if len(info["logs"]) >= 3 else (
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.out",
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.err")
@@ -449,8 +440,6 @@ def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
 
 
 def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
-    from .launch import Tail
-
     tail = Tail(run_dir / "logs" / "rank0.log", out)
     try:  # new lines only: the state above showed where it is
         tail.pos = tail.path.stat().st_size
@@ -567,13 +556,11 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
 def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float) -> None:
     """The ranks have checkpointed (or did not in time): give the job `grace_s` to end by
     itself, then cancel it."""
-    from .launch.slurm import job_state
-
     end = time.monotonic() + grace_s
-    state = job_state(info["job_id"])[0]
+    state = slurm.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:
         time.sleep(poll_s)
-        state = job_state(info["job_id"])[0]
+        state = slurm.job_state(info["job_id"])[0]
     if state in SLURM_ALIVE:
         _scancel(info["job_id"], out)
     else:
@@ -581,8 +568,6 @@ def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float
 
 
 def _scancel(job_id: str, out) -> None:
-    import subprocess
-
     exe = shutil.which("scancel")
     if exe is None:
         print(f"[status] scancel not found: cancel SLURM job {job_id} where SLURM runs", file=out)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from . import progress
+from .files import atomic_write_text
 
 log = logging.getLogger("ddp_lab")
 
@@ -52,8 +53,6 @@ class StopInfo:
 def request_stop(run_dir: Path, status: str = "stopped", reason: str = "") -> Path:
     """Ask a running job to stop at its next check (any process that sees the run folder
     may call this). `status`: stopped (a person) or preempted (continue later)."""
-    from .files import atomic_write_text
-
     if status not in STATUS.values():
         raise ValueError(f"stop status {status!r}: choose stopped or preempted")
     path = Path(run_dir) / STOP_FILE

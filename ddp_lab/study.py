@@ -36,10 +36,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from .errors import UserError
-from .files import read_json_or_empty, write_json
+from .files import atomic_write_text, read_json_or_empty, write_json
+from .job import collect, launch_job, make_run
+from .launch import code_dir, python_exe, setup_block, template
+from .launch.slurm import launch_block, sbatch_lines, submit_and_follow
+from .rundir import make_run_dir, read_summary
+from .stop import EXIT_STOPPED
+from .validate import COMMON, Rule, at_least, check, known_sections, one_of, resolve, resolve_train
 
 STUDY_FILE = "study.json"
 ORDERS = ("interleaved", "grouped")
@@ -61,7 +69,7 @@ class Point:
 # ------------------------------------------------------------------ the plan
 def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
     """How `world` ranks fit the launcher: (nodes, processes per node, mpirun hosts), or
-    one line saying why they do not (validate.py turns it into the user's error)."""
+    one line saying why they do not (the rule `_fits` turns it into the user's error)."""
     name = lc.name
     if name == "local":
         if world > MAX_LOCAL_WORLD:
@@ -112,8 +120,6 @@ def plan(cfg: DictConfig) -> list[Point]:
 def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
                  study_id: str) -> DictConfig:
     """The ordinary run config of one point, resolved and checked by the trainer's rules."""
-    from .validate import resolve_train
-
     cfg = base.copy()
     with open_dict(cfg):
         cfg.study = None
@@ -128,15 +134,67 @@ def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
     return resolve_train(cfg)
 
 
+# ------------------------------------------------------------------ the study's rules
+def _launcher(cfg: DictConfig) -> Optional[str]:
+    if cfg.launcher.name == "runai":
+        return ("launcher=runai: a study is not supported yet; use launcher=local, slurm or "
+                "mpirun (or run each world size as its own runai job)")
+    return None
+
+
+def _worlds(cfg: DictConfig) -> Optional[str]:
+    worlds = list(cfg.study.worlds)
+    if not worlds:
+        return "study.worlds is empty: give the world sizes, e.g. study.worlds=[1,2,4]"
+    bad = [w for w in worlds if w < 1]
+    if bad:
+        return f"study.worlds has {bad[0]}: every world size must be >= 1"
+    if len(set(worlds)) != len(worlds):
+        return (f"study.worlds={worlds} lists a world twice: give each once "
+                "(study.repeats repeats them)")
+    return None
+
+
+def _fits(cfg: DictConfig) -> Optional[str]:
+    """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
+    for world in cfg.study.worlds:
+        fit = layout(world, cfg.launcher)
+        if isinstance(fit, str):
+            return fit
+    return None
+
+
+STUDY_PLAN: list[Rule] = [  # on the composed config, before the launcher resolves it
+    _launcher,
+    _worlds,
+    at_least("study.repeats", 1),
+    one_of("study.order", ORDERS),
+]
+
+STUDY: list[Rule] = [  # on the resolved base config; each point then passes TRAIN
+    known_sections,
+    _fits,
+    *COMMON,
+]
+
+
+def resolve_study(cfg: DictConfig) -> DictConfig:
+    """The study's base config, resolved and checked (validate.py's rules and these),
+    after every point's config was composed and checked by TRAIN (in a fresh folder:
+    run_study checks the points' own folders again once the study folder is known)."""
+    check(cfg, STUDY_PLAN)
+    base = resolve(cfg, STUDY)
+    for point in plan(base):
+        point_config(base, point, None, "")
+    return base
+
+
 # ------------------------------------------------------------------ the folder
 def _sweep_job() -> Optional[tuple[Path, int]]:
     """(the sweep's folder, this job's number) inside a Hydra -m sweep, else None."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
         hc = HydraConfig.get()
-    except (ImportError, ValueError):
+    except ValueError:  # not inside a Hydra job
         return None
     if hc.mode != RunMode.MULTIRUN:
         return None
@@ -162,8 +220,6 @@ def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
 
 def make_study_dir(cfg: DictConfig) -> Path:
     """A new `run.root/studies/<date>_<time>_<label>` (unique, as run folders are)."""
-    from .rundir import make_run_dir
-
     c = cfg.copy()
     with open_dict(c):
         c.run.root = str(Path(cfg.run.root).expanduser() / "studies")
@@ -181,7 +237,7 @@ def save(study_dir: Path, state: dict) -> None:
 
 def point_status(study_dir: Path, folder: str) -> str:
     """The status word of a point's summary.json (`pending` when it has none)."""
-    summary = read_json_or_empty(study_dir / folder / "summary.json")
+    summary = read_summary(study_dir / folder)
     return str(summary.get("status") or "pending").split(":")[0]
 
 
@@ -228,8 +284,6 @@ def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
     """Point `index` has ended (its job step with exit status `rc`, when the batch script
     says): copy its status (and median epoch) into study.json; its summary. Prints the
     point's end line."""
-    from .job import collect, read_summary
-
     state = load(study_dir)
     p = state["points"][index - 1]
     if rc is None:
@@ -276,10 +330,8 @@ def build_report(study_dir: Path, sweep_dir: Optional[Path]) -> list[Path]:
 
 def _continue_hint(study_dir: Path) -> str:
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         args = [a for a in HydraConfig.get().overrides.task if not a.startswith("run.dir=")]
-    except (ImportError, ValueError):
+    except ValueError:  # not inside a Hydra job
         args = []
     return "python -m ddp_lab " + " ".join([*map(shlex.quote, args), f"run.dir={study_dir}"])
 
@@ -295,9 +347,6 @@ def _raise_stop(signum, frame):
 
 def run_study(cfg: DictConfig) -> int:
     """`python -m ddp_lab study=...`: check every point, then run them in order."""
-    from .stop import EXIT_STOPPED
-    from .validate import resolve_study
-
     base = resolve_study(cfg)  # the study's rules, then every point's config (TRAIN rules)
     points = plan(base)
     study_dir, sweep_dir = study_dir_of(base)
@@ -347,8 +396,6 @@ def run_study(cfg: DictConfig) -> int:
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[int, bool]:
     """local / mpirun: one job per point from this process, in order. (rc, stopped)"""
-    from .job import collect, launch_job, read_summary
-
     state = load(study_dir)
     failed = 0
     previous = signal.signal(signal.SIGTERM, _raise_stop)
@@ -390,9 +437,6 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
     """ONE allocation (launcher.nodes x nproc_per_node) whose batch script runs every point
     as an srun job step of its size on the first k nodes (slurm.launch_block renders the
     step's srun/torchrun line, as for a single run)."""
-    from .launch import code_dir, python_exe, setup_block, template
-    from .launch.slurm import launch_block, sbatch_lines
-
     lc = base.launcher
     py = shlex.quote(python_exe(lc))
     step = launch_block(base, nnodes="$NODES", rdzv_id="$SLURM_JOB_ID-$INDEX",
@@ -413,10 +457,6 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
 
 
 def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
-    from .files import atomic_write_text
-    from .job import make_run
-    from .launch.slurm import submit_and_follow
-
     for p in points:  # every point's folder and config.yaml, as for a single run
         if point_status(study_dir, p.folder) != "completed":
             cfg = point_config(base, p, study_dir, study_dir.name)

@@ -6,13 +6,19 @@ from omegaconf import DictConfig
 
 from .job import collect, launch_job
 from .stop import EXIT_STOPPED
+from .study import resolve_study, run_study
 from .validate import resolve_train
 
 
-def submit(cfg: DictConfig) -> int:
+def check(cfg: DictConfig) -> DictConfig:
+    """`python -m ddp_lab`'s config resolved and checked: a run's, or a study's base."""
     if cfg.get("study") is not None:  # a ladder of runs (ddp_lab/study.py)
-        from .study import run_study
+        return resolve_study(cfg)
+    return resolve_train(cfg)
 
+
+def submit(cfg: DictConfig) -> int:
+    if cfg.get("study") is not None:
         return run_study(cfg)
     cfg = resolve_train(cfg)
     run_dir, rc = launch_job(cfg)

@@ -22,18 +22,19 @@ import logging
 import os
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from . import fingerprint as fingerprints
-from .checkpointer import Position
 from .config import BatchPlan, Config, batch_plan
 from .distributed import DistContext
 from .env import hostname
+from .epoch import MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .records import EpochRecord, RunSummary, now_iso
@@ -42,33 +43,6 @@ from .timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, 
 from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
-
-
-@dataclass
-class MeasuredEpoch:
-    """One epoch as this rank measured it, handed whole to `Telemetry.epoch` (and, when the
-    ranks stopped inside it, to `Checkpointer.on_stop`). `epoch` is 1-based: the epochs
-    done when it ends. An epoch resumed mid-way (`resumed_at_step` > 0) was run by two
-    allocations: the fields are this one's part, `carried` the part the checkpoint held
-    (`Checkpointer.carried`: its global loss and sample sums on rank 0 only, its times on
-    every rank); `totals` adds the two."""
-
-    epoch: int
-    steps: list[StepTimes]  # this part's phase stamps (none when timing is off)
-    comm: CommStats  # this part's collectives
-    busy_s: float  # this rank's own time, before waiting for the others at the epoch's end
-    wall_s: float  # barrier to barrier: the slowest rank's time
-    loss_sum: float  # this rank's training loss summed over its samples
-    samples: int
-    resumed_at_step: int = 0
-    carried: Position = field(default_factory=Position)
-    test: tuple[float, float] = (float("nan"), float("nan"))  # (loss, accuracy), after the steps
-
-    def totals(self) -> tuple[float, int, float, float]:
-        """The whole epoch on this rank: (loss sum, samples, busy s, wall s)."""
-        c = self.carried
-        return (c.loss_sum + self.loss_sum, c.samples + self.samples, c.busy_s + self.busy_s,
-                c.wall_s + self.wall_s)
 
 
 @dataclass
@@ -389,8 +363,6 @@ def _progress_bar(mode: str, enabled: bool):
     if not enabled or mode == "lines":
         return None
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        from tqdm import tqdm
-
         return tqdm
     return None
 

@@ -18,6 +18,7 @@ record. What a real run needs besides sits behind one call each:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -27,17 +28,18 @@ import torch
 import torch.nn.functional as F
 
 from . import progress
-from .checkpointer import Checkpointer, Position
+from .checkpointer import Checkpointer
 from .config import Config, batch_plan
 from .files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
 from .delay import ComputeDelay
 from .distributed import DistContext
+from .epoch import MeasuredEpoch, Position
 from .models import build_model, build_optimizer
 from .records import RunSummary
 from .stop import StopControl, StopInfo, stop_control
 from .sync import Synchroniser, build_sync
-from .telemetry import MeasuredEpoch, Telemetry
+from .telemetry import Telemetry
 from .timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
@@ -268,8 +270,6 @@ class EpochMeter:
 def _maybe_fail_once(ctx: DistContext, epoch: int) -> None:
     """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R
     after epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
-    import os
-
     spec = os.environ.get("DDP_LAB_FAIL_ONCE")
     if not spec or ctx.env.restart_count > 0:
         return

@@ -5,6 +5,10 @@ A rule is a small function of the composed config that returns None, or one line
 the key and the fix (it may also raise a `UserError`, as launchers and registries do).
 Rules sit in tables, one per entry point: adding a check is adding a line. The launcher's
 own checks run first (`launch.resolve`, which also fills its derived values).
+
+Here: the rules' toolkit, the rules every job shares (COMMON) and a training run's (TRAIN).
+A study's own rules live with the study (`study.py`: STUDY_PLAN, STUDY) and the
+benchmark's with the benchmark (`bench/submit.py`: BENCH); both build on these.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
+import signal
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .config import COMPRESS_MODES
+from . import launch
+from .config import COMPRESS_MODES, batch_plan
+from .delay import problem as delay_problem
 from .errors import UserError
+from .launch.mpirun import parse_hosts
+from .launch.slurm import duration_s
 from .rundir import reuse_problem
 
 Rule = Callable[[DictConfig], Optional[str]]
@@ -81,36 +89,9 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- durations
-#: keys that hold a duration in SLURM's formats: each is read by `duration_s`, here before
-#: any process starts and by the launcher that uses it (launch/slurm.py: --time, signal_s)
+#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one
+#: parser, with SLURM's launcher: --time, signal_s), here before any process starts
 DURATION_KEYS = ("launcher.time",)
-DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
-_DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-
-def duration_s(key: str, value) -> Optional[int]:
-    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in
-    seconds; None for no limit (UNLIMITED, INFINITE, 0). A malformed one is a UserError
-    naming `key` and the formats (sbatch would refuse it only after the run folder exists)."""
-    text = str(value).strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
-        return None
-    m = _DURATION.fullmatch(text)
-    if not m:
-        raise UserError(f"{key}={value}: not a duration; use {DURATION_FORMATS}, "
-                        f"e.g. {key}=01:30:00 or {key}=1-00:00:00")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        seconds = ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
-    elif b is None:  # MM
-        seconds = int(a) * 60
-    elif c is None:  # MM:SS
-        seconds = int(a) * 60 + int(b)
-    else:  # HH:MM:SS
-        seconds = (int(a) * 60 + int(b)) * 60 + int(c)
-    return seconds or None  # 0: SLURM imposes no limit
-
-
 def durations(cfg: DictConfig) -> Optional[str]:
     """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
     for key in DURATION_KEYS:
@@ -172,6 +153,7 @@ def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> 
                 "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
     if gpus is None:
         return None
+    # lazy, as every torch import of this module: --help (and Hydra's errors) need no torch
     from .distributed import device_type  # how the ranks resolve auto
 
     kind = device_type(device, gpus > 0)
@@ -193,7 +175,7 @@ def dist_pair(cfg: DictConfig) -> Optional[str]:
     that really starts (a dry run only renders: it shows the script on any machine)."""
     gpus = None
     if cfg.launcher.name == "local" and not cfg.launcher.dry_run:
-        import torch
+        import torch  # lazy (see dist_problem)
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
@@ -219,15 +201,13 @@ def world_size(cfg: DictConfig) -> int:
     """The ranks the resolved launcher will start: mpirun's host slots summed (hosts may
     have different counts), else nodes x processes per node."""
     if cfg.launcher.get("hosts"):
-        from .launch.mpirun import parse_hosts
-
         return sum(slots for _, slots in parse_hosts(cfg.launcher.hosts, 1))
     return cfg.launcher.nodes * cfg.launcher.nproc_per_node
 
 
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
     """A synchroniser that cannot run this config (or world size) fails here."""
-    from .sync import check_sync
+    from .sync import check_sync  # lazy: torch (see dist_problem)
 
     try:
         check_sync(cfg.sync, world_size(cfg))
@@ -239,8 +219,6 @@ def _sync_fits(cfg: DictConfig) -> Optional[str]:
 def _batch_fits(cfg: DictConfig) -> Optional[str]:
     """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world
     (the rule lives in config.batch_plan, which every rank applies again)."""
-    from .config import batch_plan
-
     try:
         batch_plan(cfg.train, world_size(cfg))
     except ValueError as e:
@@ -252,7 +230,7 @@ def _model_widths(cfg: DictConfig) -> Optional[str]:
     """model.hidden (mlp, mlp_wide): an int or a list of ints, each >= 1."""
     if cfg.model.name not in ("mlp", "mlp_wide"):
         return None
-    from .models import widths
+    from .models import widths  # lazy: torch (see dist_problem)
 
     try:
         widths(OmegaConf.to_object(cfg.model.hidden) if OmegaConf.is_config(cfg.model.hidden)
@@ -264,14 +242,10 @@ def _model_widths(cfg: DictConfig) -> Optional[str]:
 
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
     """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/delay.py)."""
-    from .delay import problem
-
-    return problem(cfg.debug, world_size(cfg))
+    return delay_problem(cfg.debug, world_size(cfg))
 
 
 def _stop_signal(cfg: DictConfig) -> Optional[str]:
-    import signal
-
     name = cfg.train.stop_signal
     if name and not (name.startswith("SIG") and isinstance(getattr(signal, name, None), signal.Signals)):
         return f"train.stop_signal={name}: not a signal name (e.g. SIGUSR2, SIGTERM; '' = none)"
@@ -308,53 +282,6 @@ TRAIN: list[Rule] = [
 ]
 
 
-def _bench_names(cfg: DictConfig) -> Optional[str]:
-    from .bench.config import DTYPES, GROUPS, IMPLS
-    from .bench.ops import OPS
-
-    b = cfg.bench
-    OPS.check(b.ops)
-    IMPLS.check(b.impl)
-    GROUPS.check(b.groups)
-    DTYPES.check([b.dtype])
-    for impl in b.impl:
-        if not set(IMPLS[impl]) & set(b.ops):
-            return (f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
-                    f"({impl} exists for {', '.join(IMPLS[impl])})")
-    return None
-
-
-def _bench_sizes(cfg: DictConfig) -> Optional[str]:
-    b = cfg.bench
-    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
-    if b.max_elements < b.min_elements:
-        return f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"
-    if not 1 <= b.min_iters <= b.iters:
-        return f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"
-    if any(int(x) < 1 for x in b.sizes):
-        return f"bench.sizes={list(b.sizes)}: every size must be >= 1 element"
-    if {"all_gather", "reduce_scatter"} & set(b.ops) and min([b.min_elements, *b.sizes]) < world:
-        return (f"bench.min_elements={b.min_elements} is below the world size {world}: "
-                "all_gather and reduce_scatter need at least one element per rank")
-    return None
-
-
-BENCH: list[Rule] = [
-    known_sections,
-    _bench_names,
-    at_least("bench.min_elements", 1),
-    at_least("bench.points", 1),
-    at_least("bench.warmup", 0),
-    above("bench.time_per_size_s", 0),
-    lambda cfg: None if 0 < cfg.bench.memory_fraction <= 1 else
-    f"bench.memory_fraction={cfg.bench.memory_fraction}: must be in (0, 1]",
-    at_least("bench.node_size", 0, " (0 = real nodes)"),
-    one_of("bench.plot_metric", ("busbw", "algbw")),
-    _bench_sizes,
-    *COMMON,
-]
-
-
 def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
     """Raise the first broken rule's message as a UserError."""
     for rule in rules:
@@ -366,8 +293,6 @@ def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
 def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
     """A copy of `cfg` with what depends on this machine filled in and paths made absolute
     (ranks may start elsewhere: all must read the same folders), checked by `rules`."""
-    from . import launch
-
     cfg = cfg.copy()
     with open_dict(cfg):
         launch.resolve(cfg)  # the launcher's own defaults and checks (LaunchError)
@@ -381,71 +306,6 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
     return cfg
 
 
-# ---------------------------------------------------------------- studies (ddp_lab/study.py)
-def _study_launcher(cfg: DictConfig) -> Optional[str]:
-    if cfg.launcher.name == "runai":
-        return ("launcher=runai: a study is not supported yet; use launcher=local, slurm or "
-                "mpirun (or run each world size as its own runai job)")
-    return None
-
-
-def _study_worlds(cfg: DictConfig) -> Optional[str]:
-    worlds = list(cfg.study.worlds)
-    if not worlds:
-        return "study.worlds is empty: give the world sizes, e.g. study.worlds=[1,2,4]"
-    bad = [w for w in worlds if w < 1]
-    if bad:
-        return f"study.worlds has {bad[0]}: every world size must be >= 1"
-    if len(set(worlds)) != len(worlds):
-        return (f"study.worlds={worlds} lists a world twice: give each once "
-                "(study.repeats repeats them)")
-    return None
-
-
-def _study_fits(cfg: DictConfig) -> Optional[str]:
-    """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
-    from .study import layout
-
-    for world in cfg.study.worlds:
-        fit = layout(world, cfg.launcher)
-        if isinstance(fit, str):
-            return fit
-    return None
-
-
-STUDY_PLAN: list[Rule] = [  # on the composed config, before the launcher resolves it
-    _study_launcher,
-    _study_worlds,
-    at_least("study.repeats", 1),
-    one_of("study.order", ("interleaved", "grouped")),
-]
-
-STUDY: list[Rule] = [  # on the resolved base config; each point then passes TRAIN
-    known_sections,
-    _study_fits,
-    *COMMON,
-]
-
-
-def resolve_study(cfg: DictConfig) -> DictConfig:
-    """The study's base config, resolved and checked, after every point's config was
-    composed and checked by TRAIN (in a fresh folder: study.run_study checks the points'
-    own folders again once the study folder is known)."""
-    from .study import plan, point_config
-
-    check(cfg, STUDY_PLAN)
-    base = resolve(cfg, STUDY)
-    for point in plan(base):
-        point_config(base, point, None, "")
-    return base
-
-
 def resolve_train(cfg: DictConfig) -> DictConfig:
-    """A training run's config resolved and checked; a study's (`study=...`) base config."""
-    if cfg.get("study") is not None:
-        return resolve_study(cfg)
+    """A training run's config resolved and checked (a study's: `study.resolve_study`)."""
     return resolve(cfg, TRAIN)
-
-
-def resolve_bench(cfg: DictConfig) -> DictConfig:
-    return resolve(cfg, BENCH)

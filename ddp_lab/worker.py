@@ -14,7 +14,7 @@ from .job import rank_main, run_rank
 
 
 def run(run_dir: Path) -> int:
-    from .train import train
+    from .train import train  # lazy: torch after rank_main set OMP_WAIT_POLICY (job.run_rank)
 
     cfg = load_run_config(run_dir)
     return run_rank(run_dir, cfg, lambda ctx: train(cfg, ctx, run_dir), cfg.train.threads)

@@ -174,7 +174,8 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.telemetry import MeasuredEpoch, Telemetry
+    from ddp_lab.epoch import MeasuredEpoch
+    from ddp_lab.telemetry import Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
     cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",
@@ -224,7 +225,8 @@ def test_hparams_are_written_once_per_run_whatever_its_segments(tmp_path):
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.telemetry import MeasuredEpoch, Telemetry
+    from ddp_lab.epoch import MeasuredEpoch
+    from ddp_lab.telemetry import Telemetry
     from ddp_lab.timing import CommStats
 
     ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",

@@ -205,8 +205,7 @@ def test_study_folder_holding_another_plan_is_refused(tmp_path):
 def test_plan_orders_and_fits_each_launcher(tmp_path):
     from ddp_lab.config import load_run_config
     from ddp_lab.rundir import write_config
-    from ddp_lab.study import plan, point_config
-    from ddp_lab.validate import resolve_study
+    from ddp_lab.study import plan, point_config, resolve_study
     from helpers import compose
 
     base = resolve_study(compose("study=scaling", "study.worlds=[1,2]", "study.repeats=2",

@@ -6,11 +6,11 @@
     python -m ddp_lab.bench launcher.dry_run=true             # print what would run
 """
 
+from .. import config
 from ..cli import cli
-from .config import register_bench_configs
-from ..validate import resolve_bench
-from .submit import submit_bench
+from . import config as bench_config
+from .submit import resolve_bench, submit_bench
 
 if __name__ == "__main__":
-    register_bench_configs()
-    cli("bench", submit_bench, resolve_bench)
+    bench_config.register_bench_configs()
+    cli("bench", submit_bench, resolve_bench, schemas=(config, bench_config))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import torch
+from tqdm import tqdm
 
 from ..distributed import DistContext
 from ..costmodel import busbw_factor
@@ -223,8 +224,6 @@ def _progress(total: int, enabled: bool, mode: str):
     if not enabled or mode == "lines":
         return None
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        from tqdm import tqdm
-
         return tqdm(total=total, unit="size", dynamic_ncols=True, leave=False)
     return None
 

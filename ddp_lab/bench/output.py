@@ -99,7 +99,7 @@ GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (
 
 
 def _log2_axis(ax) -> None:
-    from matplotlib.ticker import LogLocator
+    from matplotlib.ticker import LogLocator  # lazy: see plot_op
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
@@ -116,7 +116,7 @@ def _style(row: dict, nops: int, ops_order: list[str], one_impl: bool) -> dict:
     read apart without the legend's help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
-        import matplotlib
+        import matplotlib  # lazy: see plot_op
 
         color = matplotlib.colormaps["tab10"](ops_order.index(row["op"]) % 10)
         if row["impl"] != "torch":
@@ -131,6 +131,8 @@ def _style(row: dict, nops: int, ops_order: list[str], one_impl: bool) -> dict:
 def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
     """Bandwidth vs size (left) and time per call vs size (right), one line per series.
     Returns what was drawn (the sidecar JSON's content)."""
+    # lazy: matplotlib takes 0.4 s to load and only rank 0 draws, at the end; the Agg
+    # backend (no display) must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")

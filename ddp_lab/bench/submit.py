@@ -1,8 +1,8 @@
 """The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.validate`, `ddp_lab.job`); only the entry
-each rank runs differs (`run.entry`), and the folder is labelled
-`<date>_<time>_bench_<launcher>`.
+The same machinery as a training run (`ddp_lab.validate`, `ddp_lab.job`); only the rules
+of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the
+folder's label (`<date>_<time>_bench_<launcher>`) differ.
 """
 
 from __future__ import annotations
@@ -11,13 +11,68 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig
 
 from ..job import collect, launch_job
-from ..validate import resolve_bench
+from ..validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
+from .config import DTYPES, GROUPS, IMPLS
+from .ops import OPS
 
 
+# ------------------------------------------------------------------ check
+# the bench's own rules, before any process starts; the launcher's and every job's
+# (validate.COMMON) come from ddp_lab.validate
+def _names(cfg: DictConfig) -> Optional[str]:
+    b = cfg.bench
+    OPS.check(b.ops)
+    IMPLS.check(b.impl)
+    GROUPS.check(b.groups)
+    DTYPES.check([b.dtype])
+    for impl in b.impl:
+        if not set(IMPLS[impl]) & set(b.ops):
+            return (f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
+                    f"({impl} exists for {', '.join(IMPLS[impl])})")
+    return None
+
+
+def _sizes(cfg: DictConfig) -> Optional[str]:
+    b = cfg.bench
+    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
+    if b.max_elements < b.min_elements:
+        return f"bench.max_elements={b.max_elements} is below bench.min_elements={b.min_elements}"
+    if not 1 <= b.min_iters <= b.iters:
+        return f"bench.min_iters={b.min_iters}, bench.iters={b.iters}: need 1 <= min_iters <= iters"
+    if any(int(x) < 1 for x in b.sizes):
+        return f"bench.sizes={list(b.sizes)}: every size must be >= 1 element"
+    if {"all_gather", "reduce_scatter"} & set(b.ops) and min([b.min_elements, *b.sizes]) < world:
+        return (f"bench.min_elements={b.min_elements} is below the world size {world}: "
+                "all_gather and reduce_scatter need at least one element per rank")
+    return None
+
+
+BENCH: list[Rule] = [
+    known_sections,
+    _names,
+    at_least("bench.min_elements", 1),
+    at_least("bench.points", 1),
+    at_least("bench.warmup", 0),
+    above("bench.time_per_size_s", 0),
+    lambda cfg: None if 0 < cfg.bench.memory_fraction <= 1 else
+    f"bench.memory_fraction={cfg.bench.memory_fraction}: must be in (0, 1]",
+    at_least("bench.node_size", 0, " (0 = real nodes)"),
+    one_of("bench.plot_metric", ("busbw", "algbw")),
+    _sizes,
+    *COMMON,
+]
+
+
+def resolve_bench(cfg: DictConfig) -> DictConfig:
+    return resolve(cfg, BENCH)
+
+
+# ------------------------------------------------------------------ submit
 def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
     cfg = resolve_bench(cfg)
     argv = sys.argv[1:] if argv is None else argv

@@ -12,25 +12,29 @@ from pathlib import Path
 
 from ..files import write_json
 from ..job import rank_main, run_rank
-from .config import load_bench_config
+
+# Every import that loads torch (this package's config, ops, harness, output) is inside a
+# function: torch must load after rank_main set OMP_WAIT_POLICY (see job.run_rank).
 
 
 def allocation(ctx, topology: str) -> str:
     """'8 ranks = 2 node(s) x 4 rank(s), nccl on NVIDIA H100' -- the words tables and plots use."""
-    import torch
+    import torch  # lazy: see above
 
     dev = "CPU" if ctx.device.type == "cpu" else torch.cuda.get_device_name(ctx.device)
     return f"{ctx.env.world_size} ranks = {topology}, {ctx.backend} on {dev}"
 
 
 def run(run_dir: Path) -> int:
+    from .config import load_bench_config  # lazy: loads torch (bench.ops), see above
+
     cfg = load_bench_config(run_dir)
     return run_rank(run_dir, cfg, lambda ctx: _bench(cfg, ctx, run_dir),
                     failure={"kind": "bench", "launcher": cfg.launcher.name})
 
 
 def _bench(cfg, ctx, run_dir: Path) -> None:
-    import torch
+    import torch  # lazy: see above
 
     from .harness import run_bench
     from .output import write_outputs

@@ -14,8 +14,10 @@ import re
 import shlex
 from pathlib import Path
 
-from . import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, free_port,
-               is_this_machine, python_exe, require_tool, run_foreground, setup_block, template)
+from ..ports import free_port
+from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc,
+                   is_this_machine, python_exe, require_tool, setup_block, template)
+from .foreground import run_foreground
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from . import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
-               template)
+from ..rundir import read_summary
+from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
+                   template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
@@ -240,8 +241,6 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
 def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
     """What to say when the pods ended by a graceful stop (summary.json: preempted or
     stopped, every pod exited 0 or PREEMPTED_EXIT), else None (completed, or failed)."""
-    from ..job import read_summary
-
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if status not in ("preempted", "stopped") or any(

@@ -35,13 +35,38 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..stop import EXIT_STOPPED
-from ..validate import duration_s
-from . import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
-               setup_block, should_wait, template)
+from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
+                   setup_block, should_wait, template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
+
+DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
+_DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def duration_s(key: str, value) -> Optional[int]:
+    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in
+    seconds; None for no limit (UNLIMITED, INFINITE, 0). A malformed one is a LaunchError
+    naming `key` and the formats (sbatch would refuse it only after the run folder exists)."""
+    text = str(value).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
+        return None
+    m = _DURATION.fullmatch(text)
+    if not m:
+        raise LaunchError(f"{key}={value}: not a duration; use {DURATION_FORMATS}, "
+                          f"e.g. {key}=01:30:00 or {key}=1-00:00:00")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        seconds = ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
+    elif b is None:  # MM
+        seconds = int(a) * 60
+    elif c is None:  # MM:SS
+        seconds = int(a) * 60 + int(b)
+    else:  # HH:MM:SS
+        seconds = (int(a) * 60 + int(b)) * 60 + int(c)
+    return seconds or None  # 0: SLURM imposes no limit
 
 
 def resolve(cfg) -> None:
@@ -98,7 +123,7 @@ def resolve(cfg) -> None:
                           ">= 0 (0 or null: no signal)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    limit = duration_s("launcher.time", lc.time)  # the one parser (validate.py)
+    limit = duration_s("launcher.time", lc.time)  # also a rule of validate.py
     if lc.signal_s and limit is not None and lc.signal_s >= limit:
         raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
                           f"({limit} s): the stop signal would come before the job starts; "

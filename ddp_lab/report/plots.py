@@ -13,6 +13,8 @@ PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:oran
 
 
 def _plt():
+    # lazy: matplotlib takes 0.4 s to load and a report without plots (or its --help) needs
+    # none; the Agg backend (no display) must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
 from ..records import EpochRecord, RunSummary
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
@@ -200,8 +202,6 @@ def _read_json(path: Path) -> tuple[Optional[dict], Optional[str]]:
 
 def _read_config(path: Path) -> dict:
     try:
-        from omegaconf import OmegaConf
-
         return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
     except Exception:  # noqa: BLE001 -- a garbled config only loses the fallbacks
         return {}

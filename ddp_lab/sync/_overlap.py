@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ._buckets import Bucket
+from .base import unused_parameters
 
 
 class ReadyBuckets:
@@ -74,8 +75,6 @@ class ReadyBuckets:
                   name: str) -> None:
         """A parameter that never gets a gradient would keep its bucket, and every bucket
         after it, from ever starting: refuse it before the first step."""
-        from .base import unused_parameters
-
         with self.disarmed():
             unused = unused_parameters(module, loss_fn)
         if unused:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from .. import progress
+from ..config import schema_for
 from ..timing import Clock, CommRecorder, CommStats
 
 
@@ -39,8 +40,6 @@ def with_defaults(cfg: Any) -> Any:
     by its schema already) comes back as it is."""
     if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
         return cfg
-    from ..config import schema_for
-
     base = OmegaConf.structured(schema_for("sync", cfg.name))
     OmegaConf.set_struct(base, False)  # keys the schema lacks stay as given
     return OmegaConf.merge(base, cfg)

@@ -1,0 +1,155 @@
+"""What every launcher shares: the error it raises, what it renders, and the small tools
+of rendering (templates, paths, the python to run) and of following a job (log tails,
+failure reasons). The launchers (local, mpirun, slurm, runai) import this; the package
+(`ddp_lab.launch`) picks one of them and hands their names on to callers."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, TextIO
+
+from ..errors import UserError
+from ..resources import launchers_dir
+
+TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/resources.py)
+
+
+class LaunchError(UserError):
+    """A launcher cannot start this configuration; the message says why and the fix.
+    A user error like any other: the CLI wrapper prints it as one line, exit 2."""
+
+
+@dataclass
+class Rendered:
+    command: list[str]  # run on this machine to start the job
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, into the run folder
+    executable: tuple[str, ...] = ()  # which of `files` get the x bit
+    show: str = ""  # what dry_run prints
+    starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
+
+    def write(self, run_dir: Path) -> None:
+        # logs/ must exist before the job starts: sbatch --output does not create folders
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for name, content in self.files.items():
+            path = run_dir / name
+            path.write_text(content)
+            if name in self.executable:
+                path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+# ------------------------------------------------------------------ helpers
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    if not 0 < port < 65536:
+        raise LaunchError(f"launcher.master_port={port} is not a port (1..65535)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise LaunchError(f"port {port} is in use on {host}: pick another "
+                              "launcher.master_port, or leave it null for a free one") from None
+
+
+def is_this_machine(host: str) -> bool:
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
+             socket.gethostname().split(".")[0]}
+    return host in names
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, else 2 (CPU ranks)."""
+    import torch  # lazy: torch takes seconds to load; --help and rendering need none
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus or 2
+
+
+def code_dir() -> Path:
+    """The folder holding the `ddp_lab` package that renders: the ranks run the same code."""
+    return Path(__file__).resolve().parents[2]
+
+
+def python_exe(lc) -> str:
+    return lc.python or sys.executable
+
+
+def setup_block(lines) -> str:
+    lines = [str(x) for x in (lines or [])]
+    if not lines:
+        return "# (no setup lines; add some with launcher.setup=['module load ...', ...])"
+    return "# launcher.setup\n" + "\n".join(lines)
+
+
+def template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def require_tool(tool: str, where: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise LaunchError(f"{tool} not found on PATH: {where} (launcher.dry_run=true renders "
+                          "and prints what would run, without it)")
+    return path
+
+
+def should_wait(value: Optional[bool]) -> bool:
+    """launcher.wait: null means follow the job when a person is watching (stdin is a tty)."""
+    if value is None:
+        try:
+            return sys.stdin is not None and sys.stdin.isatty()
+        except ValueError:  # stdin closed
+            return False
+    return bool(value)
+
+
+class Tail:
+    """Print what a growing log file gains, whole lines only (the job may be mid-line)."""
+
+    def __init__(self, path: Path, out: TextIO):
+        self.path, self.out, self.pos = path, out, 0
+
+    def poll(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return
+        if not final:
+            chunk = chunk[: chunk.rfind(b"\n") + 1]
+        if chunk:
+            self.pos += len(chunk)
+            self.out.write(chunk.decode(errors="replace"))
+            self.out.flush()
+
+
+def tail_text(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def diagnose(logs: list[Path], lines: int = 15) -> str:
+    """What a failed job's logs say: every rank's one-line `failed: ...` reason (the worker
+    writes one), then the last lines of the first log that has any (the launcher's view)."""
+    reasons: list[str] = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        reasons += [ln.strip() for ln in text.splitlines()
+                    if "] failed: " in ln and ln.strip() not in reasons]
+    tail_of = next((p for p in logs if tail_text(p)), None)
+    parts = []
+    if reasons:
+        parts.append("the ranks said:\n  " + "\n  ".join(reasons[:8]))
+    if tail_of is not None:
+        parts.append(f"last lines of {tail_of}:\n{tail_text(tail_of, lines)}")
+    return "\n".join(parts) or "no log output (see the run folder's logs/)"

@@ -1,0 +1,176 @@
+"""A job run from this process (torchrun, mpirun: `Foreground`), and the processes of a
+job found by its run folder (`job_processes`, `sweep`: what is left after it ended)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..progress import mark_killed, process_state, read_all
+from ..stop import request_stop, set_parent_death_signal
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    set_parent_death_signal(signal.SIGTERM)
+
+
+class Foreground:
+    """A job run from this process (torchrun, mpirun): in its own session, so Ctrl-C reaches
+    only us and we stop it gracefully (the stop file: every rank checkpoints at its next
+    check), and tied to us by PR_SET_PDEATHSIG, so a SIGKILL of `python -m ddp_lab` still
+    stops it. A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the
+    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
+
+    When the command ends, ranks may outlive it: a torchrun killed by SIGKILL leaves its
+    ranks stopping gracefully (their parent's death reached them as SIGTERM), so we wait
+    for them up to `grace_s`; a rank frozen by SIGSTOP cannot act, so it is killed at once.
+    Whatever is left after that is killed last (`sweep`)."""
+
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float):
+        self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
+        self.signal: Optional[int] = None  # the first signal we got
+        self.forced = False  # a second signal: no more waiting
+        self.deadline: Optional[float] = None
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal is None:
+            self.signal = signum
+            self.deadline = time.monotonic() + self.grace_s
+            what = "Ctrl-C" if signum == signal.SIGINT else name
+            if self.grace_s <= 0:
+                print(f"\n[ddp_lab] {what}: ending the job", file=sys.stderr, flush=True)
+                return
+            request_stop(self.run_dir, "stopped", f"{what} to python -m ddp_lab")
+            print(f"\n[ddp_lab] {what}: every rank stops at its next check and saves a checkpoint "
+                  "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
+        else:
+            print(f"[ddp_lab] {name} again: killing the job", file=sys.stderr, flush=True)
+            self.forced = True
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def settle(self) -> list[int]:
+        """The command has ended: wait (up to `grace_s`) for the job's processes that
+        outlive it, killing frozen ones at once; the pids still there at the end."""
+        deadline, told = time.monotonic() + self.grace_s, False
+        while True:
+            pids = job_processes(self.run_dir, marked=True)
+            for pid in pids:
+                if process_state(pid) == "frozen":
+                    for rec in read_all(self.run_dir):  # its record says why it ended
+                        if rec["pid"] == pid and rec["local"] and rec["state"] in ("starting", "running"):
+                            mark_killed(self.run_dir, rec["rank"],
+                                        "frozen (SIGSTOP), killed by python -m ddp_lab")
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                    print(f"[ddp_lab] killed process {pid} of the job: frozen (SIGSTOP)",
+                          file=sys.stderr, flush=True)
+            pids = [p for p in pids if process_state(p) != "dead"]
+            if not pids or self.forced or time.monotonic() > deadline:
+                return pids
+            if not told:
+                told = True
+                print(f"[ddp_lab] the launcher has ended; waiting up to {self.grace_s:.0f} s for "
+                      f"{len(pids)} process(es) of the job to stop", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+
+    def run(self) -> int:
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, self._on_signal)
+                        for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            env = {**os.environ, JOB_ENV: str(self.run_dir)}  # what `sweep` recognises
+            self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
+                                         preexec_fn=_die_with_parent, env=env)
+            while True:
+                try:
+                    rc = self.proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.deadline is not None and time.monotonic() > self.deadline:
+                        print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
+                              "killing it", file=sys.stderr, flush=True)
+                        self.forced = True
+                        self.kill()
+            self.settle()
+        finally:
+            for sig, previous in handlers.items():
+                signal.signal(sig, previous)
+            if self.proc is not None and self.proc.poll() is None:
+                self.kill()
+            sweep(self.run_dir)
+        return rc
+
+
+def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0) -> int:
+    """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
+    or 128 + the signal when a Ctrl-C / SIGTERM stopped it."""
+    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s)
+    rc = fg.run()
+    return 128 + fg.signal if fg.signal is not None else rc
+
+
+# what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
+JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run")
+JOB_ENV = "DDP_LAB_JOB_DIR"  # set in the environment of a job `Foreground` starts
+
+
+def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
+    """Processes of this machine that belong to the job of `run_dir`: the ranks, torchrun,
+    mpirun and the launch scripts (their command line names the run folder and one of
+    JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
+    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them. With
+    `marked`, only those that also carry the job's mark in their environment (JOB_ENV,
+    inherited from the command `Foreground` started): what a sweep may kill."""
+    key = str(run_dir).encode()
+    mark = f"{JOB_ENV}={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(arg == key or arg.startswith(key + b"/") for arg in argv):
+                continue
+            if marked and mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:
+            continue
+        script = any(arg.startswith(key + b"/") and arg.endswith((b".sh", b".sbatch")) for arg in argv)
+        if script or any(arg in JOB_MARKERS for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def sweep(run_dir: Path) -> list[int]:
+    """Kill what is left of a job that has ended (a rank frozen by SIGSTOP survives its
+    torchrun); the pids killed."""
+    pids = job_processes(run_dir, marked=True)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if pids:
+        print(f"[ddp_lab] killed {len(pids)} leftover process(es) of the job: {pids}",
+              file=sys.stderr, flush=True)
+    return pids
