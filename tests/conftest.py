@@ -12,6 +12,16 @@ import pytest
 from slurm_fixture import start_cluster, stop_cluster
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml): a file's tests run on one
+    worker, so its module fixtures (a reference run, a world) are made once; every test
+    that needs the SLURM cluster runs on one worker, so one cluster serves the session."""
+    for item in items:
+        slurm = "slurm_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("cluster")
+        group = "slurm-cluster" if slurm else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def shared_data_root(tmp_path_factory) -> Path:
     """One extracted MNIST for the whole session (runs re-verify it, fetch nothing)."""
