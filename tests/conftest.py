@@ -12,6 +12,7 @@ import pytest
 from slurm_fixture import start_cluster, stop_cluster
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml): a file's tests run on one
     worker, so its module fixtures (a reference run, a world) are made once; every test

@@ -60,8 +60,18 @@ def is_this_machine(host: str) -> bool:
     return host in names
 
 
+def gpu_devices_present() -> bool:
+    """Whether this machine shows a GPU driver's device files (NVIDIA's /dev/nvidia0, ...;
+    ROCm's /dev/kfd). Without any, torch finds no GPU either: asking it costs seconds of
+    import on every command, so only a machine that may have one asks."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
+
+
 def default_nproc() -> int:
     """One process per visible GPU, else 2 (CPU ranks)."""
+    if not gpu_devices_present():
+        return 2
     import torch  # lazy: torch takes seconds to load; --help and rendering need none
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
