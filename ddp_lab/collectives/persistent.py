@@ -94,7 +94,6 @@ class PersistentRingAllReduce:
             self._recv_steps.append(pieces(self._recv[lo:lo + self.sizes[c]], segment_bytes))
             lo += self.sizes[c]
         self.to_next, self.from_prev = info.peer(r + 1), info.peer(r - 1)
-        self._divide = (lambda c: self._chunks[c].div_(n)) if self.op == AVG else None
         self._chunks: tuple[torch.Tensor, ...] = ()  # during a call: the tensor's n chunks
         self._step = 0  # during a call: the index of the next step
 
@@ -131,7 +130,8 @@ class PersistentRingAllReduce:
                 self._post_receives()
             with flat_view(tensor) as flat:
                 self._chunks, self._step = flat.tensor_split(self.info.size), 0
-                ring_all_reduce(self.info.rank, self.info.size, self._exchange, self._divide)
+                ring_all_reduce(self.info.rank, self.info.size, self._exchange,
+                                self._divide if self.op == AVG else None)
                 self._chunks = ()
             self._post_receives()  # the next call's, while this rank computes
         except BaseException as e:
@@ -156,6 +156,9 @@ class PersistentRingAllReduce:
         for w in sends:  # a sent chunk is written later, or by the caller once we return
             w.wait()
         self._step = step + 1
+
+    def _divide(self, chunk: int) -> None:  # AVG: the owned chunk, between the phases
+        self._chunks[chunk].div_(self.info.size)
 
     def close(self) -> None:
         """Collective: answer every pre-posted receive with a throw-away message (the
