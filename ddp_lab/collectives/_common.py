@@ -161,50 +161,6 @@ def p2p(
         work.wait()
 
 
-def p2p_pipelined(
-    info: GroupInfo,
-    send: torch.Tensor,
-    send_to: int,
-    recv: torch.Tensor,
-    recv_from: int,
-    segment_bytes: int | None,
-    on_piece: Callable[[int, int], None] | None = None,
-) -> None:
-    """One ring step: send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from``.
-
-    Both tensors are cut into ``ceil(nbytes / segment_bytes)`` pieces (``None``: whole) that
-    are posted as one batch; ``on_piece(lo, hi)`` is called as soon as received elements
-    ``recv[lo:hi]`` have landed, in order, so reducing a piece overlaps with the transfer of
-    the next ones. Cutting large messages also keeps more data in flight on gloo/TCP. Both
-    ends compute the same pieces from the same sizes, so sends and recvs match in order.
-    With a backend that coalesces the batch into one request (nccl) the pieces are handed
-    to ``on_piece`` after the whole batch has completed.
-    """
-    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
-    ops = [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
-    ops += [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
-    if not ops:
-        return
-    works = dist.batch_isend_irecv(ops)
-    bounds, lo = [], 0
-    for t in recv_pieces:
-        bounds.append((lo, lo + t.numel()))
-        lo += t.numel()
-    if len(works) == len(ops):  # one request per op (gloo): consume pieces as they land
-        for work, (lo, hi) in zip(works[len(send_pieces):], bounds):
-            work.wait()
-            if on_piece is not None:
-                on_piece(lo, hi)
-        for work in works[: len(send_pieces)]:
-            work.wait()
-    else:  # one request for the whole batch (nccl coalescing)
-        for work in works:
-            work.wait()
-        if on_piece is not None:
-            for lo, hi in bounds:
-                on_piece(lo, hi)
-
-
 _scratch = threading.local()
 
 
@@ -259,13 +215,6 @@ def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) 
     if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
         return 1
     return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
-
-
-def pieces(t: torch.Tensor, segment_bytes: int | None) -> list[torch.Tensor]:
-    """``t`` (1-D) cut into the non-empty pieces of at most about ``segment_bytes`` that a
-    pipelined ring step sends; both ends of a transfer compute the same cut from the size."""
-    return [p for p in t.tensor_split(
-        num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)) if p.numel()]
 
 
 def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,

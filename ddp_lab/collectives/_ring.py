@@ -1,88 +1,114 @@
-"""The two ring phases shared by ring all-reduce, reduce-scatter and all-gather.
+"""The batched transport of the ring (schedule: :mod:`~ddp_lab.collectives.ring_schedule`).
 
-Both work on a list of ``n`` contiguous 1-D chunks (views, uneven sizes allowed, even
-empty ones). Rank ``r`` sends to ``r+1`` and receives from ``r-1``; each step is one
-batch of paired sends/recvs (:func:`~ddp_lab.collectives._common.p2p_pipelined`), so
-there is no barrier and no deadlock, and chunk ``c`` always has the same size on both
-ends.
+Each step of the schedule is one :func:`torch.distributed.batch_isend_irecv` of this
+rank's send to ``r+1`` and its receive from ``r-1``, posted together when the step starts:
+no barrier, and on nccl one group per step, so the ring cannot deadlock. Runs
+``all_reduce_ring`` (``sync.prepost=false``, nccl), ``reduce_scatter_ring`` and
+``all_gather_ring``. ``persistent.py`` is the same schedule with receives posted a call
+ahead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
-from ._common import GroupInfo, combine_, combine_into, p2p_pipelined, scratch
-
+from ._common import GroupInfo, combine_into, num_pipeline_chunks, scratch
+from .ring_schedule import Exchange
 
 #: Default size of the pieces each ring step's message is cut into (see p2p_pipelined).
 DEFAULT_SEGMENT_BYTES = 1 << 21
 
 
-def ring_reduce_scatter(
+def pieces(t: torch.Tensor, segment_bytes: int | None) -> list[torch.Tensor]:
+    """``t`` (1-D) cut into the non-empty pieces of at most about ``segment_bytes`` that a
+    pipelined ring step sends; both ends of a transfer compute the same cut from the size."""
+    return [p for p in t.tensor_split(
+        num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)) if p.numel()]
+
+
+def p2p_pipelined(
+    info: GroupInfo,
+    send: torch.Tensor,
+    send_to: int,
+    recv: torch.Tensor,
+    recv_from: int,
+    segment_bytes: int | None,
+    on_piece: Callable[[int, int], None] | None = None,
+) -> None:
+    """One ring step: send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from``.
+
+    Both tensors are cut into ``ceil(nbytes / segment_bytes)`` pieces (``None``: whole) that
+    are posted as one batch; ``on_piece(lo, hi)`` is called as soon as received elements
+    ``recv[lo:hi]`` have landed, in order, so reducing a piece overlaps with the transfer of
+    the next ones. Cutting large messages also keeps more data in flight on gloo/TCP. Both
+    ends compute the same pieces from the same sizes, so sends and recvs match in order.
+    With a backend that coalesces the batch into one request (nccl) the pieces are handed
+    to ``on_piece`` after the whole batch has completed.
+    """
+    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
+    ops = [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
+    ops += [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
+    if not ops:
+        return
+    works = dist.batch_isend_irecv(ops)
+    bounds, lo = [], 0
+    for t in recv_pieces:
+        bounds.append((lo, lo + t.numel()))
+        lo += t.numel()
+    if len(works) == len(ops):  # one request per op (gloo): consume pieces as they land
+        for work, (lo, hi) in zip(works[len(send_pieces):], bounds):
+            work.wait()
+            if on_piece is not None:
+                on_piece(lo, hi)
+        for work in works[: len(send_pieces)]:
+            work.wait()
+    else:  # one request for the whole batch (nccl coalescing)
+        for work in works:
+            work.wait()
+        if on_piece is not None:
+            for lo, hi in bounds:
+                on_piece(lo, hi)
+
+
+def batched_exchange(
     info: GroupInfo,
     chunks: Sequence[torch.Tensor],
     op: str,
     *,
-    shift: int,
     out: torch.Tensor | None = None,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
-) -> torch.Tensor:
-    """``n-1`` steps after which this rank holds the reduction of chunk ``(rank+shift) % n``.
+) -> Exchange:
+    """The schedule's ``exchange`` over ``n`` contiguous 1-D ``chunks`` (views; uneven
+    sizes, even empty ones, allowed), each step one batch (:func:`p2p_pipelined`).
 
-    At step ``s`` rank ``r`` sends its running partial of chunk ``r+shift-1-s`` and
-    receives the partial of chunk ``r+shift-2-s``, which it combines with its own copy
-    piece by piece as the pieces arrive.
-
-    * ``out is None``: in place -- partials accumulate in ``chunks`` themselves (chunks
-      other than the owned one end up holding partial results); returns the owned chunk.
-    * ``out`` given: ``chunks`` are only read; partials live in two alternating scratch
-      buffers (a step writes pieces while the previous partial may still be in flight)
-      and the last step writes the result straight into ``out`` (which may alias the
-      owned chunk); returns ``out``.
-
-    AVG is combined like SUM; the caller divides.
+    A reduce step receives into a scratch buffer and combines each piece as it lands; a
+    copy step (all-gather) receives straight into place. ``out is None``: partials
+    accumulate in ``chunks`` themselves. ``out`` given (a reduce-scatter that must not
+    touch ``chunks``): partials live in two alternating scratch buffers (a step writes
+    one while the partial it sends may still be in flight) and the last of the ``n-1``
+    reduce steps writes its result straight into ``out``. AVG combines like SUM.
     """
     n, r = info.size, info.rank
     biggest = max(c.numel() for c in chunks)
-    proto = chunks[0]
-    recv_buf = scratch(biggest, proto, slot=0)
-    acc_bufs = () if out is None else (scratch(biggest, proto, 1), scratch(biggest, proto, 2))
-    to_send = chunks[(r + shift - 1) % n]
-    for s in range(n - 1):
-        mine = chunks[(r + shift - 2 - s) % n]
-        incoming = recv_buf[: mine.numel()]
+    partial: dict[int, torch.Tensor] = {}  # chunk -> where this rank's partial of it is
+
+    def exchange(send: int, recv: int, reduce: bool) -> None:
+        mine = chunks[recv]
+        if not reduce:
+            p2p_pipelined(info, chunks[send], r + 1, mine, r - 1, segment_bytes)
+            return
+        got = scratch(biggest, mine, slot=0)[: mine.numel()]
         if out is None:
             target = mine
-
-            def on_piece(lo: int, hi: int) -> None:
-                combine_(mine[lo:hi], incoming[lo:hi], op)
+        elif len(partial) == n - 2:  # the last reduce step
+            target = out
         else:
-            target = out if s == n - 2 else acc_bufs[s % 2][: mine.numel()]
+            target = scratch(biggest, mine, slot=1 + len(partial) % 2)[: mine.numel()]
+        p2p_pipelined(info, partial.get(send, chunks[send]), r + 1, got, r - 1, segment_bytes,
+                      lambda lo, hi: combine_into(target[lo:hi], mine[lo:hi], got[lo:hi], op))
+        partial[recv] = target
 
-            def on_piece(lo: int, hi: int) -> None:
-                combine_into(target[lo:hi], mine[lo:hi], incoming[lo:hi], op)
-
-        p2p_pipelined(info, to_send, r + 1, incoming, r - 1, segment_bytes, on_piece)
-        to_send = target
-    return to_send if n > 1 else chunks[(r + shift) % n]
-
-
-def ring_all_gather(
-    info: GroupInfo,
-    chunks: Sequence[torch.Tensor],
-    *,
-    shift: int,
-    segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
-) -> None:
-    """``n-1`` steps after which every chunk holds its owner's data.
-
-    Rank ``r`` starts with chunk ``(r+shift) % n`` filled; at step ``s`` it sends chunk
-    ``r+shift-s`` (its own, then whatever it received last) and receives chunk
-    ``r+shift-s-1`` directly into place -- no scratch buffers, no copies.
-    """
-    n, r = info.size, info.rank
-    for s in range(n - 1):
-        p2p_pipelined(info, chunks[(r + shift - s) % n], r + 1,
-                      chunks[(r + shift - s - 1) % n], r - 1, segment_bytes)
+    return exchange

@@ -24,9 +24,10 @@ from ._common import (
     p2p,
     scratch,
 )
-from ._ring import DEFAULT_SEGMENT_BYTES, ring_all_gather, ring_reduce_scatter
+from ._ring import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_naive, _bcast_tree
 from .reduce import _reduce_naive, _reduce_tree
+from .ring_schedule import ring_all_reduce
 
 
 def _prepare(tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None):
@@ -68,10 +69,9 @@ def _all_reduce_ring(
 ) -> None:
     n = info.size
     chunks = flat.tensor_split(n)  # views; the first numel % n chunks are one longer
-    owned = ring_reduce_scatter(info, chunks, op, shift=1, segment_bytes=segment_bytes)
-    if op == AVG:
-        owned.div_(n)  # divide 1/n of the data, once, before it is replicated
-    ring_all_gather(info, chunks, shift=1, segment_bytes=segment_bytes)
+    exchange = batched_exchange(info, chunks, op, segment_bytes=segment_bytes)
+    # AVG: divide the one chunk this rank owns, once, before it is replicated
+    ring_all_reduce(info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None)
 
 
 def all_reduce_naive(
@@ -138,7 +138,8 @@ def all_reduce_ring(
     *,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal.
+    """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal. The
+    schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch (``_ring.py``).
 
     The flat tensor is split into ``n`` chunks (sizes differ by at most one element when
     ``numel % n != 0``). ``n-1`` reduce-scatter steps leave rank ``r`` with the full

@@ -1,57 +1,37 @@
-"""Persistent ring all-reduce: the ring of :func:`all_reduce_ring`, receives posted a call ahead.
+"""The pre-posted ring: the schedule of :mod:`~ddp_lab.collectives.ring_schedule`, the same
+as :func:`all_reduce_ring`'s, with every receive of a call posted during the call before.
 
-Why it exists. gloo's TCP transport sends with a *rendezvous*: a send whose receiver has
-not yet posted the matching receive is parked, a "send ready" notice goes to the peer, and
-the data only leaves (from gloo's event-loop thread) when the peer's "recv ready" notice
-comes back. In a training step the ranks reach the all-reduce a little apart, so every
-ring step pays that extra notice round trip plus a thread hand-off on both sides; at 2
-ranks and a 159 KB bucket that made the ring all-reduce cost about twice gloo's own.
+Why. gloo's TCP transport sends with a *rendezvous*: a send whose receiver has not yet
+posted the matching receive is parked until the peer's "recv ready" notice comes back, and
+then leaves from gloo's event-loop thread. In a training step the ranks reach the
+all-reduce a little apart, so every ring step paid that round trip and a thread hand-off:
+at 2 ranks and a 159 KB bucket, about twice gloo's own all-reduce. As MPI's persistent
+requests do, a plan is built once per tensor shape, owns one receive buffer per step, and
+posts the *next* call's receives at the end of each call: then every send leaves at once
+from the calling thread. Same steps, bytes and bits as :func:`all_reduce_ring`.
 
-MPI's answer is the *persistent request* (``MPI_Recv_init`` / ``MPI_Start``) and the
-pre-posted receive, and that is what this class does: it is built once for a tensor
-shape, owns one receive buffer per ring step, and posts every receive of the *next* call
-at the end of the current one. When a rank reaches its next all-reduce its peers'
-"recv ready" notices have long arrived, so each send is written to the socket at once
-from the calling thread, and a rank that arrives late finds its data already received.
-Same algorithm, same bytes on the wire (``2(n-1)/n * N`` per rank each way), same result
-bit for bit as :func:`all_reduce_ring`; only the moment each receive is posted changes.
+Costs and rules (docs/collectives.md has more):
 
-Costs and rules:
-
-* receive buffers: ``2(n-1)`` chunks, about ``2(n-1)/n`` of the tensor (the all-gather
-  cannot receive in place a call ahead: a fast peer's data would land in chunks this
-  rank is still reducing), plus one copy per all-gather step out of them;
-* the plan's messages carry their own tag (agreed by the group when it is built), so
-  other point-to-point traffic between calls cannot be mistaken for them;
-* every rank of the group builds, calls and closes its plans in the same order, as for
-  any collective; ``close()`` is collective: it matches each pre-posted receive with a
-  throw-away message so nothing is left in flight (skipping it only leaves receives
-  pending until the process group is destroyed);
-* gloo and CPU tensors only: nccl runs a group of sends and receives as one kernel on a
-  stream, where a receive posted a call ahead would block everything queued behind it;
-  :func:`all_reduce_ring` (grouped sends/receives) is the ring for nccl.
+* receive buffers of ``2(n-1)`` chunks, about ``2(n-1)/n`` of the tensor, allocated once
+  (the all-gather cannot receive in place a call ahead: a fast peer's data would land in
+  chunks this rank is still reducing), and one copy per all-gather step out of them;
+* the plan's messages carry their own tag, agreed by the group when it is built;
+* building, calling and ``close()`` are collective; ``close()`` answers each pre-posted
+  receive with a throw-away message so nothing stays in flight;
+* gloo and CPU only: on nccl a receive posted a call ahead would block the stream behind
+  it; :func:`all_reduce_ring` (one grouped batch per step) is the ring for nccl.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    AVG,
-    SUM,
-    OpLike,
-    check_op_dtype,
-    combine_,
-    flat_view,
-    group_info,
-    normalize_op,
-    pieces,
-)
-from ._ring import DEFAULT_SEGMENT_BYTES
+from ._common import AVG, SUM, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op
+from ._ring import DEFAULT_SEGMENT_BYTES, pieces
+from .ring_schedule import ring_all_reduce
 
 #: Tags of persistent plans start here (plain send/recv defaults to tag 0).
 TAG_BASE = 0x5249_0000
@@ -80,14 +60,9 @@ class PersistentRingAllReduce:
     :func:`all_reduce_ring` (each piece reduced as it lands).
     """
 
-    def __init__(
-        self,
-        like: torch.Tensor,
-        op: OpLike = SUM,
-        group: dist.ProcessGroup | None = None,
-        *,
-        segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
-    ) -> None:
+    def __init__(self, like: torch.Tensor, op: OpLike = SUM,
+                 group: dist.ProcessGroup | None = None, *,
+                 segment_bytes: int | None = DEFAULT_SEGMENT_BYTES) -> None:
         self.op = normalize_op(op)
         check_op_dtype(self.op, like.dtype)
         self.numel, self.dtype, self.device = like.numel(), like.dtype, like.device
@@ -107,19 +82,20 @@ class PersistentRingAllReduce:
         self.tag = _agree_tag(group)
         self.segment_bytes = segment_bytes
         self.sizes = [c.numel() for c in torch.empty(self.numel, device="meta").tensor_split(n)]
-        # Chunk indices, step by step (shift=1: rank r ends the reduce-scatter owning r+1).
-        self.rs_send = [(r - s) % n for s in range(n - 1)]
-        self.rs_recv = [(r - 1 - s) % n for s in range(n - 1)]
-        self.ag_send = [(r + 1 - s) % n for s in range(n - 1)]
-        self.ag_recv = [(r - s) % n for s in range(n - 1)]
-        steps = self.rs_recv + self.ag_recv
-        self._recv = torch.empty(sum(self.sizes[c] for c in steps), dtype=self.dtype)
+        # The schedule's steps, (chunk sent, chunk received), recorded once: one receive
+        # buffer per step, and close() sends what the next rank's receives expect.
+        steps: list[tuple[int, int]] = []
+        ring_all_reduce(r, n, lambda send, recv, reduce: steps.append((send, recv)))
+        self._sends = [send for send, _ in steps]
+        self._recv = torch.empty(sum(self.sizes[c] for _, c in steps), dtype=self.dtype)
         self._recv_steps: list[list[torch.Tensor]] = []
         lo = 0
-        for c in steps:
+        for _, c in steps:
             self._recv_steps.append(pieces(self._recv[lo:lo + self.sizes[c]], segment_bytes))
             lo += self.sizes[c]
         self.to_next, self.from_prev = info.peer(r + 1), info.peer(r - 1)
+        self._chunks: tuple[torch.Tensor, ...] = ()  # during a call: the tensor's n chunks
+        self._step = 0  # during a call: the index of the next step
 
     # -------------------------------------------------------------- plumbing
     def _post_receives(self) -> None:
@@ -153,40 +129,36 @@ class PersistentRingAllReduce:
             if self._posted is None:  # first call, or first after close()
                 self._post_receives()
             with flat_view(tensor) as flat:
-                self._run(list(flat.tensor_split(self.info.size)))
+                self._chunks, self._step = flat.tensor_split(self.info.size), 0
+                ring_all_reduce(self.info.rank, self.info.size, self._exchange,
+                                self._divide if self.op == AVG else None)
+                self._chunks = ()
             self._post_receives()  # the next call's, while this rank computes
         except BaseException as e:
             self._broken, self._posted = e, None
             raise
 
-    def _run(self, chunks: Sequence[torch.Tensor]) -> None:
-        n = self.info.size
-        posted, recv = self._posted, self._recv_steps
-        # Reduce-scatter: at step s send chunk rs_send[s] (own data, then the partial just
-        # made), receive the previous rank's partial of rs_recv[s] and add it, piece by piece.
-        for s in range(n - 1):
-            sends = self._send(chunks[self.rs_send[s]])
-            mine = chunks[self.rs_recv[s]]
-            lo = 0
-            for work, piece in zip(posted[s], recv[s]):
-                work.wait()
-                combine_(mine[lo:lo + piece.numel()], piece, self.op)
-                lo += piece.numel()
-            for w in sends:  # the sent chunk is overwritten in the all-gather
-                w.wait()
-        if self.op == AVG:
-            chunks[(self.info.rank + 1) % n].div_(n)
-        # All-gather: send the chunk completed last, receive the next into its place.
-        for s in range(n - 1):
-            sends = self._send(chunks[self.ag_send[s]])
-            dest = chunks[self.ag_recv[s]]
-            lo = 0
-            for work, piece in zip(posted[n - 1 + s], recv[n - 1 + s]):
-                work.wait()
-                dest[lo:lo + piece.numel()].copy_(piece)
-                lo += piece.numel()
-            for w in sends:  # the caller may change the tensor once we return
-                w.wait()
+    def _exchange(self, send: int, recv: int, reduce: bool) -> None:
+        """The schedule's step: send chunk ``send`` and take chunk ``recv`` piece by piece
+        from the receives posted a call ago, adding it into (``reduce``) or copying it over
+        this rank's chunk ``recv``."""
+        chunks, step = self._chunks, self._step
+        sends = self._send(chunks[send])
+        mine, lo = chunks[recv], 0
+        for work, got in zip(self._posted[step], self._recv_steps[step]):
+            work.wait()
+            hi = lo + got.numel()
+            if reduce:
+                combine_(mine[lo:hi], got, self.op)
+            else:
+                mine[lo:hi].copy_(got)
+            lo = hi
+        for w in sends:  # a sent chunk is written later, or by the caller once we return
+            w.wait()
+        self._step = step + 1
+
+    def _divide(self, chunk: int) -> None:  # AVG: the owned chunk, between the phases
+        self._chunks[chunk].div_(self.info.size)
 
     def close(self) -> None:
         """Collective: answer every pre-posted receive with a throw-away message (the
@@ -197,7 +169,7 @@ class PersistentRingAllReduce:
         posted, self._posted = self._posted, None
         filler = torch.zeros(max(self.sizes), dtype=self.dtype)
         sends = []
-        for c in self.rs_send + self.ag_send:  # exactly what the next rank's receives expect
+        for c in self._sends:  # exactly what the next rank's receives expect
             sends += self._send(filler[: self.sizes[c]])
         for w in [w for step in posted for w in step] + sends:
             w.wait()

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
-from ._ring import DEFAULT_SEGMENT_BYTES, ring_all_gather, ring_reduce_scatter
+from ._ring import DEFAULT_SEGMENT_BYTES, batched_exchange
+from .ring_schedule import ring_all_gather, ring_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
@@ -82,7 +83,8 @@ def all_gather_ring(
         src = input.reshape(-1)
         if src.data_ptr() != mine.data_ptr():
             mine.copy_(src)
-        ring_all_gather(info, chunks, shift=0, segment_bytes=segment_bytes)
+        exchange = batched_exchange(info, chunks, SUM, segment_bytes=segment_bytes)
+        ring_all_gather(info.rank, n, exchange, shift=0)
 
 
 def reduce_scatter_ring(
@@ -122,6 +124,7 @@ def reduce_scatter_ring(
             if out.data_ptr() != chunks[0].data_ptr():
                 out.copy_(chunks[0])
             return
-        ring_reduce_scatter(info, chunks, op, shift=0, out=out, segment_bytes=segment_bytes)
+        exchange = batched_exchange(info, chunks, op, out=out, segment_bytes=segment_bytes)
+        ring_reduce_scatter(info.rank, n, exchange, shift=0)
         if op == AVG:
             out.div_(n)

@@ -1,17 +1,19 @@
 """sync=ring: bandwidth-optimal ring all-reduce, built from send/recv, on flat buckets.
 
-`ddp_lab.collectives.all_reduce_ring`: a reduce-scatter (n-1 steps, each rank sends one
-chunk to the next rank and adds the one it receives) then an all-gather (n-1 steps that
-circulate the reduced chunks). Each bucket buffer is padded to a multiple of the world
-size, so the n chunks are equal and every rank sends and receives exactly
+The ring is `ddp_lab.collectives.ring_schedule`: a reduce-scatter (n-1 steps, each rank
+sends one chunk to the next rank and adds the one it receives) then an all-gather (n-1
+steps that circulate the reduced chunks). Each bucket buffer is padded to a multiple of
+the world size, so the n chunks are equal and every rank sends and receives exactly
 2(n-1)/n of the (padded) buffer per call: the minimum any all-reduce can do, whatever n.
 
 On gloo (`sync.prepost=true`, the default) each bucket gets a
-`ddp_lab.collectives.PersistentRingAllReduce`: the same ring, with the next step's
-receives posted as soon as this step's all-reduce ends. gloo's TCP transport holds a send
-until the receiver has posted its receive; posted a step ahead, every send leaves at
-once. At 2 ranks on the notebook's MLP this halves the ring's time per step (docs/sync.md).
-`close()` answers the receives left posted after the last step.
+`ddp_lab.collectives.PersistentRingAllReduce`: the same schedule, with the next call's
+receives posted as soon as this call ends. gloo's TCP transport holds a send until the
+receiver has posted its receive; posted a call ahead, every send leaves at once. At 2
+ranks on the notebook's MLP this halves the ring's time per step (docs/sync.md).
+Otherwise (`sync.prepost=false`, nccl) `ddp_lab.collectives.all_reduce_ring` posts each
+step's receive with its send. `close()` answers the receives left posted after the last
+step.
 """
 
 from __future__ import annotations
