@@ -173,3 +173,12 @@ def test_entry_points_load_no_torch_at_import(entry):
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
     assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
         sorted(m for m, ext in loads.items() if ext))
+
+
+def test_xdist_groups_reach_the_scheduler(request):
+    """Under pytest-xdist every test carries its group in its node id (tests/conftest.py):
+    without it, --dist loadgroup silently spreads a file's tests and the SLURM tests over
+    both workers (seen with pytest 9 and xdist 3.8: two clusters a session)."""
+    if not hasattr(request.config, "workerinput"):
+        pytest.skip("not under pytest-xdist (-n 0)")
+    assert request.node.nodeid.endswith("@test_imports"), request.node.nodeid
