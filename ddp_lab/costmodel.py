@@ -183,7 +183,7 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
         b = tuple(m * N for m in msgs)
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
-    # ring (reduce-scatter then all-gather, shift 1, see collectives/_ring.py): rank r sends
+    # ring (reduce-scatter then all-gather, shift 1, see collectives/ring_schedule.py): rank r sends
     # every chunk but r+1 and then every chunk but r+2, receives every chunk but r, then
     # every chunk but r+1
     size = [c * e for c in _split(numel, n)]
