@@ -13,6 +13,7 @@ the blocking allreduce's exposed comm is (nearly) all of it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -24,6 +25,7 @@ from ddp_lab.models import MLP
 from ddp_lab.sync import REGISTRY, build_sync, check_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
+from ddp_lab.train import run_steps
 
 from helpers import run_cli, run_dir_of, run_world
 from test_sync import sync_cfg
@@ -198,17 +200,7 @@ def _exposed_worker(rank: int, world: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         timer = StepTimer(clock)
         timer.watch_grads(model)
-        for _ in range(4):
-            with timer.phase("forward"):
-                loss = F.cross_entropy(syncer.model(x), y)
-            with timer.phase("backward"):
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            with timer.phase("sync"):
-                syncer.sync()
-            with timer.phase("optim"):
-                syncer.step(opt)
-            timer.end_step()
+        run_steps(syncer, opt, itertools.repeat((x, y)), range(4), timer)  # the trainer's step
         steps, comm = timer.collect(), syncer.take_comm()
         t = epoch_timing(steps, comm)
         out[variant] = {"inflight": comm.seconds, "exposed": t["exposed_s"],
