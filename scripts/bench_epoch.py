@@ -127,46 +127,28 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
 def allreduce_latency(ranks: int, numel: int, calls: int = 300) -> float:
     """Median seconds of one all_reduce of `numel` float32 (one step's gradient) between
     `ranks` local gloo processes: the part of a step no synchroniser can avoid."""
-    code = ("import sys; sys.path.insert(0, %r); import bench_epoch as b; b._latency_main(%d, %d, %d)"
-            % (str(Path(__file__).resolve().parent), ranks, numel, calls))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=REPO)
-    if proc.returncode != 0:
-        sys.exit(f"all_reduce latency failed:\n{proc.stdout}\n{proc.stderr}")
-    return float(proc.stdout.strip().splitlines()[-1])
+    from ddp_lab.bench.scaffold import run_ranks
+
+    out = run_ranks(_latency_rank, ranks, (numel, calls))
+    if out is None:
+        sys.exit("all_reduce latency failed (the rank's error is above)")
+    return out[0]
 
 
-def _latency_main(ranks: int, numel: int, calls: int) -> None:
-    import torch.multiprocessing as mp
-
-    from ddp_lab.ports import free_port
-
-    port = free_port()
-    queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_latency_rank, args=(ranks, port, numel, calls, queue), nprocs=ranks,
-                       start_method="spawn")
-    print(queue.get())
-
-
-def _latency_rank(rank: int, ranks: int, port: int, numel: int, calls: int, queue) -> None:
+def _latency_rank(ctx, args) -> float:
     import torch
     import torch.distributed as dist
 
-    from ddp_lab.distributed import local_gloo_world
-
-    local_gloo_world(rank, ranks, port)
+    numel, calls = args
     grad = torch.ones(numel)
     times = []
     for i in range(calls + 20):  # 20 warm-up calls
-        dist.barrier()
+        ctx.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(grad)
         if i >= 20:
             times.append(time.perf_counter() - t0)
-    if rank == 0:
-        queue.put(statistics.median(times))
-    dist.destroy_process_group()
+    return statistics.median(times)
 
 
 def ours(root: str, out: str, ranks: int, epochs: int, extra: list[str]) -> dict:
