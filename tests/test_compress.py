@@ -25,9 +25,9 @@ from ddp_lab.models import MLP
 from ddp_lab.sync import REGISTRY, check_sync
 
 from helpers import count_p2p_bytes, log_collectives, run_cli, run_dir_of, run_world
-from test_sync import SMALL_BUCKET_MB, global_batches, initial_model, sync_cfg
+from test_sync import (BATCH, LR, MOMENTUM, SMALL_BUCKET_MB, STEPS, global_batches, initial_model,
+                       sync_cfg, train_steps)  # the same steps, data and optimiser as there
 
-STEPS, BATCH, LR, MOMENTUM = 5, 8, 0.1, 0.9
 
 # (variant, sync, overrides); every bucketed sync with small buckets (several per step)
 VARIANTS = [
@@ -63,14 +63,7 @@ def _worker(rank: int, world: int) -> dict:
         syncer.take_comm()
         calls.clear()
         p2p.update(sent=0, recv=0)
-        for k in range(STEPS):
-            x = xs[k, rank * BATCH:(rank + 1) * BATCH]
-            y = ys[k, rank * BATCH:(rank + 1) * BATCH]
-            loss = F.cross_entropy(syncer.model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            syncer.sync()
-            syncer.step(opt)
+        train_steps(syncer, opt, xs, ys, rank)
         comm = syncer.take_comm()
         out[variant] = {
             "params": [p.detach().numpy().copy() for p in model.parameters()],
