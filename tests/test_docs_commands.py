@@ -71,9 +71,10 @@ def cheap(argv: list[str], work) -> tuple[list[str], str]:
     if module in ("ddp_lab", "ddp_lab.bench"):
         data = [work["data"]] if module == "ddp_lab" else []  # the bench reads no data
         if (any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args
-                or sweep_jobs(args) > 2):
-            # a long sweep: every job composed, checked and rendered; what one job's training
-            # does, the single runs here and the tests of each option show
+                or not (args == [] or sweep_jobs(args) == 2)):
+            # the plain command and the 2-job sweep run for real; every other command is
+            # composed, checked and rendered: what its option does when it trains, that
+            # option's own test shows (test_sync, test_models, test_data, test_bench)
             return [*py, "launcher.dry_run=true", *data], "run"
         return [*py, *(QUICK if module == "ddp_lab" else QUICK_BENCH), *data], "run"
     return py, "plain"  # ddp_lab.report, ddp_lab.nccl_env: cheap as they are
