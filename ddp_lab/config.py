@@ -186,6 +186,13 @@ class SyncConfig:
     compress: str = "none"
     """gradients on the wire: none | fp16 | bf16 | powersgd (ddp only)"""
 
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        """Raise ValueError, with the fix, for a section (`cfg`: this schema's keys, as
+        composed or completed by `with_defaults`) the synchroniser cannot run on
+        `world_size` ranks. Config only: it runs before any process starts (validate.py)
+        and again where a synchroniser is built (sync/base.py)."""
+
 
 @dataclass
 class DDPSyncConfig(SyncConfig):
@@ -204,12 +211,40 @@ class DDPSyncConfig(SyncConfig):
     find_unused_parameters: bool = False
     """let DDP look for parameters that got no gradient"""
 
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if not cfg.get("overlap", True):
+            raise ValueError("sync=ddp sync.overlap=false: DDP always overlaps its bucket "
+                             "all-reduces with backward; drop sync.overlap=false (or use "
+                             "sync=allreduce sync.overlap=false for the same buckets after "
+                             "backward)")
+        if cfg.static_graph and cfg.find_unused_parameters:
+            raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
+                             "contradict each other: set one of them to false")
+        if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
+            raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
+                             "(0 = one bucket per parameter)")
+        if cfg.powersgd_rank < 1:
+            raise ValueError(f"sync.powersgd_rank={cfg.powersgd_rank}: must be >= 1 (the rank "
+                             "of PowerSGD's low-rank approximation; 1 is the default)")
+
 
 @dataclass
 class NaiveSyncConfig(SyncConfig):
     """One torch.distributed.all_reduce per parameter's .grad after backward, then divided
     by the world size (ddp_lab/sync/naive.py); no keys of its own, overlap and compress
     refused."""
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if cfg.get("overlap", False):
+            raise ValueError("sync=naive sync.overlap=true: naive starts its calls after backward; "
+                             "drop sync.overlap, or use sync=allreduce sync.bucket_mb=0 "
+                             "sync.overlap=true (the same calls, each as soon as its .grad is ready)")
+        if cfg.get("compress", "none") != "none":
+            raise ValueError(f"sync=naive sync.compress={cfg.compress}: naive sends each .grad as "
+                             f"it is; drop sync.compress, or use sync=allreduce sync.bucket_mb=0 "
+                             f"sync.compress={cfg.compress}")
 
 
 @dataclass
@@ -219,6 +254,16 @@ class BucketSyncConfig(SyncConfig):
 
     bucket_mb: float = 25.0
     """bucket size in MB (1e6 bytes); 0 = one call per parameter"""
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        if cfg.bucket_mb < 0:
+            raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
+                             "(0 = one call per parameter)")
+        if cfg.compress == "powersgd":
+            raise ValueError(f"sync.compress=powersgd: only sync=ddp runs it (torch's PowerSGD is "
+                             f"a DDP comm hook): use sync=ddp, or sync.compress=fp16 or bf16 "
+                             f"with sync={cfg.name}")
 
 
 @dataclass
@@ -238,6 +283,17 @@ class ReduceBroadcastSyncConfig(BucketSyncConfig):
     root: int = 0
     """the rank that averages, steps the optimiser and holds its state"""
 
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        super().check(cfg, world_size)
+        if not 0 <= cfg.root < world_size:
+            raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
+
+
+#: sync.inter / sync.intra of sync=hierarchical -> the algorithm that runs it
+HIERARCHICAL_INTER = {"ring": "ring", "library": "torch"}
+HIERARCHICAL_INTRA = {"library": "torch", "tree": "tree"}
+
 
 @dataclass
 class HierarchicalSyncConfig(RingSyncConfig):
@@ -254,12 +310,38 @@ class HierarchicalSyncConfig(RingSyncConfig):
     """0 = the launcher's nodes; k = pretend every k consecutive ranks are a node (one
     machine; must divide the world size)"""
 
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        super().check(cfg, world_size)
+        for key, allowed in (("inter", HIERARCHICAL_INTER), ("intra", HIERARCHICAL_INTRA)):
+            if cfg[key] not in allowed:
+                raise ValueError(f"sync.{key}={cfg[key]}: choose {' or '.join(allowed)}")
+        k = cfg.node_size
+        if k < 0 or (k > 0 and world_size % k):
+            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ValueError(
+                f"sync.node_size={k}: must divide the world of {world_size} ranks into equal "
+                f"nodes: use one of {', '.join(map(str, divisors))}, or 0 for the launcher's nodes")
+
 
 # ------------------------------------------------------------------- model
+def widths(hidden: Any) -> list[int]:
+    """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
+    ws = [hidden] if isinstance(hidden, int) else list(hidden)
+    if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
+        raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
+                         "e.g. model.hidden=[2048,2048]")
+    return ws
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
     """mlp | mlp_wide | cnn | resnet18"""
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """Raise ValueError, with the fix, for sizes the model cannot be built with."""
 
 
 @dataclass
@@ -268,6 +350,11 @@ class MLPConfig(ModelConfig):
 
     hidden: Any = 50
     """hidden layer widths: one int (784-h-10) or a list, e.g. [2048,2048] (784-2048-2048-10)"""
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        hidden = cfg.hidden
+        widths(OmegaConf.to_object(hidden) if OmegaConf.is_config(hidden) else hidden)
 
 
 @dataclass
@@ -285,6 +372,13 @@ class CNNConfig(ModelConfig):
     """channels of the second conv layer"""
     hidden: int = 64
     """units of the fully connected layer"""
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        for key in ("channels1", "channels2", "hidden"):
+            if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+                raise ValueError(f"model.{key}={cfg[key]}: must be an integer >= 1 "
+                                 f"(default {getattr(cls, key)})")
 
 
 # -------------------------------------------------------------------- data
@@ -434,6 +528,15 @@ class DistConfig:
     """rendezvous and init_process_group: every rank must have joined within this"""
 
 
+def device_type(device: str, cuda_available: bool) -> str:
+    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu
+    (the ranks: distributed.choose_device; the submitting side, for a local launch:
+    validate.py)."""
+    if device == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return device
+
+
 @dataclass
 class RunConfig:
     root: str = "outputs"
@@ -571,6 +674,29 @@ def register_configs() -> None:
 
 def schema_for(group: str, name: str) -> type:
     return SCHEMAS[group].get(name)  # UnknownName lists the valid options
+
+
+def with_defaults(cfg: Any) -> Any:
+    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
+    tests', a script's) completed with its schema's defaults, so keys added since
+    (overlap, compress, ...) read as their defaults; a composed config (typed by its
+    schema already) comes back as it is."""
+    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
+        return cfg
+    base = OmegaConf.structured(schema_for("sync", cfg.name))
+    OmegaConf.set_struct(base, False)  # keys the schema lacks stay as given
+    return OmegaConf.merge(base, cfg)
+
+
+def check_model(cfg: Any) -> None:
+    """Raise ValueError (with the fix) if model section `cfg` cannot be built."""
+    schema_for("model", cfg.name).check(cfg)
+
+
+def check_sync(cfg: Any, world_size: int) -> None:
+    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size`
+    ranks: its schema's `check`. Needs no torch, so the submitting side runs it."""
+    schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)
 
 
 def load_run_config(run_dir: str | Path) -> DictConfig:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import fingerprint, progress
+from .config import device_type
 from .env import DistEnv
 
 log = logging.getLogger("ddp_lab")
@@ -102,14 +103,6 @@ class DistContext:
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
                "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
-
-def device_type(device: str, cuda_available: bool) -> str:
-    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu
-    (the submitting side asks the same of a local launch: validate.py)."""
-    if device == "auto":
-        return "cuda" if cuda_available else "cpu"
-    return device
 
 
 def choose_device(env: DistEnv, device: str = "auto") -> torch.device:

@@ -7,16 +7,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .config import widths
 from .registry import Registry
-
-
-def widths(hidden) -> list[int]:
-    """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
-    ws = [hidden] if isinstance(hidden, int) else list(hidden)
-    if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
-        raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
-                         "e.g. model.hidden=[2048,2048]")
-    return ws
 
 
 class MLP(nn.Module):
@@ -57,8 +49,7 @@ def resnet18(classes: int = 10) -> nn.Module:
     """torchvision's ResNet-18 (11.2M parameters) for 1x28x28 input: a 3x3 stride-1 stem on
     one channel and no max-pool (the 7x7/2 stem and pool would shrink 28x28 to 7x7 before
     the first block, as CIFAR adaptations of ResNet do), `classes` outputs."""
-    # lazy: torchvision takes seconds to load, and validate.py imports this module to check
-    # model.hidden before every command
+    # lazy: torchvision takes seconds to load (torch._dynamo, sympy) and only resnet18 needs it
     from torchvision.models import resnet18 as tv_resnet18
 
     net = tv_resnet18(weights=None, num_classes=classes)

@@ -23,9 +23,10 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from . import launch
-from .config import COMPRESS_MODES, batch_plan
+from .config import COMPRESS_MODES, batch_plan, check_model, check_sync, device_type
 from .delay import problem as delay_problem
 from .errors import UserError
+from .launch.base import local_gpus
 from .launch.mpirun import parse_hosts
 from .launch.slurm import duration_s
 from .rundir import reuse_problem
@@ -153,9 +154,6 @@ def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> 
                 "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
     if gpus is None:
         return None
-    # lazy, as every torch import of this module: --help (and Hydra's errors) need no torch
-    from .distributed import device_type  # how the ranks resolve auto
-
     kind = device_type(device, gpus > 0)
     if kind == "cuda" and not gpus:
         return ("dist.device=cuda but this machine has no CUDA device (launcher=local): "
@@ -173,11 +171,7 @@ def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> 
 def dist_pair(cfg: DictConfig) -> Optional[str]:
     """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch
     that really starts (a dry run only renders: it shows the script on any machine)."""
-    gpus = None
-    if cfg.launcher.name == "local" and not cfg.launcher.dry_run:
-        import torch  # lazy (see dist_problem)
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpus() if cfg.launcher.name == "local" and not cfg.launcher.dry_run else None
     return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
 
 
@@ -207,8 +201,6 @@ def world_size(cfg: DictConfig) -> int:
 
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
     """A synchroniser that cannot run this config (or world size) fails here."""
-    from .sync import check_sync  # lazy: torch (see dist_problem)
-
     try:
         check_sync(cfg.sync, world_size(cfg))
     except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
@@ -226,15 +218,10 @@ def _batch_fits(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-def _model_widths(cfg: DictConfig) -> Optional[str]:
-    """model.hidden (mlp, mlp_wide): an int or a list of ints, each >= 1."""
-    if cfg.model.name not in ("mlp", "mlp_wide"):
-        return None
-    from .models import widths  # lazy: torch (see dist_problem)
-
+def _model_fits(cfg: DictConfig) -> Optional[str]:
+    """The model's sizes (mlp widths, cnn channels): its schema's check (config.py)."""
     try:
-        widths(OmegaConf.to_object(cfg.model.hidden) if OmegaConf.is_config(cfg.model.hidden)
-               else cfg.model.hidden)
+        check_model(cfg.model)
     except ValueError as e:
         return str(e)
     return None
@@ -274,7 +261,7 @@ TRAIN: list[Rule] = [
     _stop_signal,
     reuse_problem,
     _batch_fits,
-    _model_widths,
+    _model_fits,
     one_of("sync.compress", COMPRESS_MODES),
     _sync_fits,
     _debug_delays,

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 
 from ddp_lab.costmodel import cost
 from ddp_lab.models import MLP
-from ddp_lab.sync import REGISTRY, check_sync
+from ddp_lab.config import check_sync
+from ddp_lab.sync import REGISTRY
 
 from helpers import count_p2p_bytes, log_collectives, run_cli, run_dir_of, run_world
 from test_sync import (BATCH, LR, MOMENTUM, SMALL_BUCKET_MB, STEPS, global_batches, initial_model,

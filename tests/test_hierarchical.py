@@ -25,7 +25,8 @@ from ddp_lab import costmodel
 from ddp_lab.collectives import ALL_REDUCE, REDUCE
 from ddp_lab.config import CONF_DIR, SCHEMAS
 from ddp_lab.models import MLP
-from ddp_lab.sync import build_sync, check_sync
+from ddp_lab.config import check_sync
+from ddp_lab.sync import build_sync
 from ddp_lab.sync.hierarchical import HierarchicalSync
 
 from helpers import count_p2p_bytes, run_cli, run_world

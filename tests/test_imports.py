@@ -15,11 +15,15 @@ none, and a rank must set OMP_WAIT_POLICY before torch loads, see env.openmp_wai
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import ddp_lab
+
+from helpers import child_env, describe
 
 ROOT = Path(ddp_lab.__file__).resolve().parent
 PACKAGE = "ddp_lab"
@@ -173,6 +177,19 @@ def test_entry_points_load_no_torch_at_import(entry):
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
     assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
         sorted(m for m, ext in loads.items() if ext))
+
+
+def test_a_dry_run_never_imports_torch(tmp_path):
+    """Every check before a launch (sync and model rules, dist.backend x dist.device on a
+    CPU machine) needs no torch: a command answers in about a second, not after torch's
+    seconds of import (the submitter does not train)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddp_lab", "sync=hierarchical",
+                           "model=cnn", f"run.root={tmp_path}", "launcher.dry_run=true"],
+                          cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "ddp_lab.validate" in imported and "torch" not in imported
 
 
 def test_xdist_groups_reach_the_scheduler(request):

@@ -45,6 +45,8 @@ MISTAKES = [
     ("backend", TRAIN, ["dist.backend=mpi"], "dist.backend=mpi"),
     ("sync-value", TRAIN, ["sync=allreduce", "sync.bucket_mb=-1"], "sync.bucket_mb=-1.0"),
     ("sync-root-not-a-rank", TRAIN, ["sync=reduce_broadcast", "sync.root=5"], "sync.root=5"),
+    ("cnn-width", TRAIN, ["model=cnn", "model.hidden=-1"], "model.hidden=-1: must be an integer >= 1"),
+    ("mlp-width", TRAIN, ["model.hidden=[64,0]"], "model.hidden=[64, 0]: give a width >= 1"),
     ("global-batch-not-divisible", TRAIN, ["train.global_batch=63", "launcher.nproc_per_node=2"],
      "train.global_batch=63 is not divisible by the world size 2"),
     ("global-batch-mpirun-slots", TRAIN, ["launcher=mpirun", "launcher.hosts=[localhost:3]",

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ddp_lab.models import MLP, build_model, widths
+from ddp_lab.config import widths
+from ddp_lab.models import MLP, build_model
 from tests.helpers import compose, run_cli
 
 

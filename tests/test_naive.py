@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab.costmodel import cost
-from ddp_lab.sync import REGISTRY, check_sync
+from ddp_lab.config import check_sync
+from ddp_lab.sync import REGISTRY
 
 from helpers import run_world
 from test_sync import LR, MOMENTUM, STEPS, _close, _max_diff, global_batches, initial_model, sync_cfg, train_steps

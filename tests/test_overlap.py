@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from ddp_lab.models import MLP
-from ddp_lab.sync import REGISTRY, build_sync, check_sync
+from ddp_lab.config import check_sync
+from ddp_lab.sync import REGISTRY, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
 from ddp_lab.train import run_steps

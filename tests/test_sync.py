@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from ddp_lab.config import CONF_DIR, SCHEMAS
+from ddp_lab.config import CONF_DIR, SCHEMAS, check_sync
 from ddp_lab.models import MLP
-from ddp_lab.sync import REGISTRY, build_sync, check_sync
+from ddp_lab.sync import REGISTRY, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.sync.base import unused_parameters
 from ddp_lab.sync.ring import RingSync

@@ -68,14 +68,19 @@ def gpu_devices_present() -> bool:
     return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
 
 
+def local_gpus() -> int:
+    """CUDA devices of this machine: 0 from the device files alone where there are none, so
+    a command on a CPU machine never imports torch (seconds of every command's start)."""
+    if not gpu_devices_present():
+        return 0
+    import torch  # lazy: see above
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def default_nproc() -> int:
     """One process per visible GPU, else 2 (CPU ranks)."""
-    if not gpu_devices_present():
-        return 2
-    import torch  # lazy: torch takes seconds to load; --help and rendering need none
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return gpus or 2
+    return local_gpus() or 2
 
 
 def code_dir() -> Path:

@@ -10,7 +10,7 @@ from torch import nn
 from ..registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
-from .base import Synchroniser, with_defaults
+from .base import Synchroniser
 from .butterfly import ButterflySync
 from .ddp import DDPSync
 from .hierarchical import HierarchicalSync
@@ -36,14 +36,9 @@ def sync_class(name: str) -> type[Synchroniser]:
     return SYNCS.get(name)  # UnknownName (a ValueError) lists the valid ones
 
 
-def check_sync(cfg: Any, world_size: int) -> None:
-    """Raise ValueError (with the fix) if sync `cfg` cannot run on `world_size` ranks."""
-    sync_class(cfg.name).check(with_defaults(cfg), world_size)
-
-
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
     return sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
 
 
-__all__ = ["REGISTRY", "SYNCS", "Synchroniser", "build_sync", "check_sync", "sync_class"]
+__all__ = ["REGISTRY", "SYNCS", "Synchroniser", "build_sync", "sync_class"]

@@ -10,7 +10,7 @@ algorithm (gloo's all_reduce / reduce add fp16 and bf16 on CPU in torch 2.14: ch
 tests/test_compress.py on real process groups, so no combination is refused for it).
 
 `sync.compress=none`: the bucket is reduced as it is and averaged afterwards, bit for bit
-as before compression existed. `powersgd` is torch's DDP comm hook: ddp only (`check`).
+as before compression existed. `powersgd` is torch's DDP comm hook: ddp only (config.py's BucketSyncConfig.check).
 """
 
 from __future__ import annotations
@@ -22,14 +22,6 @@ import torch
 #: sync.compress -> the dtype on the wire (None: the gradients' own)
 WIRE_DTYPES: dict[str, Optional[torch.dtype]] = {
     "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def check_compress(cfg: Any, sync: str) -> None:
-    """Raise ValueError, with the fix, for a sync.compress sync `sync` cannot run."""
-    if cfg.compress == "powersgd":
-        raise ValueError(f"sync.compress=powersgd: only sync=ddp runs it (torch's PowerSGD is "
-                         f"a DDP comm hook): use sync=ddp, or sync.compress=fp16 or bf16 "
-                         f"with sync={sync}")
 
 
 class Wire:

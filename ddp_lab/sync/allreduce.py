@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
-from ._wire import Wire, check_compress
+from ._wire import Wire
 from ._overlap import ReadyBuckets, SerialWorker
 from .base import Synchroniser
 
@@ -46,13 +46,6 @@ class AllReduceSync(Synchroniser):
     name = "allreduce"
     bytes_exact = False
     pad_to_world = False  # ring: buffers padded to a multiple of the world size
-
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        if cfg.bucket_mb < 0:
-            raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
-                             "(0 = one call per parameter)")
-        check_compress(cfg, cls.name)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]

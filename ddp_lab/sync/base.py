@@ -13,9 +13,10 @@ Every collective a synchroniser runs goes through `self.comm` (a `CommRecorder`)
 counts its bytes always and stamps its start and end on the run's `Clock` when timing is
 enabled: that is how comm time is measured the same way for every synchroniser.
 
-A synchroniser that cannot run a configuration says so in `check` (config only, called
-before any process starts and again at construction) or `preflight` (needs the model and
-a batch; called once before the first step), never by hanging in a collective.
+A synchroniser that cannot run a configuration says so in its section's `check`
+(config.py's sync schemas: config only, run before any process starts and again at
+construction) or in `preflight` (needs the model and a batch; called once before the first
+step), never by hanging in a collective.
 """
 
 from __future__ import annotations
@@ -29,20 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from .. import progress
-from ..config import schema_for
+from ..config import check_sync, with_defaults
 from ..timing import Clock, CommRecorder, CommStats
-
-
-def with_defaults(cfg: Any) -> Any:
-    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
-    tests', a script's) completed with its schema's defaults (config.SCHEMAS), so keys
-    added since (overlap, compress, ...) read as their defaults; a composed config (typed
-    by its schema already) comes back as it is."""
-    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
-        return cfg
-    base = OmegaConf.structured(schema_for("sync", cfg.name))
-    OmegaConf.set_struct(base, False)  # keys the schema lacks stay as given
-    return OmegaConf.merge(base, cfg)
 
 
 class Synchroniser:
@@ -54,7 +43,7 @@ class Synchroniser:
     def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                  clock: Optional[Clock] = None, timing: bool = True):
         cfg = with_defaults(cfg)
-        self.check(cfg, world_size)
+        check_sync(cfg, world_size)  # its schema's rules (config.py)
         self.cfg = cfg
         self.module = module  # the bare model: evaluation and checkpoints use this
         self.device = device
@@ -65,10 +54,6 @@ class Synchroniser:
         self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing,
                                  on_collective=progress.current().collective)
         self.model: nn.Module = self.wrap(module)
-
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        """Raise ValueError, with the fix, for a config this synchroniser cannot run."""
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """The module the training step calls (DDP wraps; the others return it as is)."""

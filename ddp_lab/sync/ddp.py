@@ -39,23 +39,6 @@ class DDPSync(Synchroniser):
     name = "ddp"
     bytes_exact = False  # the backend's own all-reduce; bytes follow the ring model
 
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        if not cfg.get("overlap", True):
-            raise ValueError("sync=ddp sync.overlap=false: DDP always overlaps its bucket "
-                             "all-reduces with backward; drop sync.overlap=false (or use "
-                             "sync=allreduce sync.overlap=false for the same buckets after "
-                             "backward)")
-        if cfg.static_graph and cfg.find_unused_parameters:
-            raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
-                             "contradict each other: set one of them to false")
-        if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
-            raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
-                             "(0 = one bucket per parameter)")
-        if cfg.powersgd_rank < 1:
-            raise ValueError(f"sync.powersgd_rank={cfg.powersgd_rank}: must be >= 1 (the rank "
-                             "of PowerSGD's low-rank approximation; 1 is the default)")
-
     def wrap(self, module: nn.Module) -> nn.Module:
         """DDP around the model; in a world of one the model itself. One rank has nothing to
         all-reduce (the hook below hands the bucket straight back), yet DDP's reducer still

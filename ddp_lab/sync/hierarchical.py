@@ -43,6 +43,7 @@ from torch import nn
 
 from .. import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
+from ..config import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 from ..distributed import DistContext
 from ..env import detect_env
 from ..topology import Topology, build_groups, detect_topology
@@ -50,32 +51,14 @@ from .allreduce import AllReduceSync
 
 log = logging.getLogger("ddp_lab")
 
-#: config name -> the algorithm's name in ddp_lab.collectives / costmodel
-INTER = {"ring": "ring", "library": "torch"}
-INTRA = {"library": "torch", "tree": "tree"}
-
 
 class HierarchicalSync(AllReduceSync):
     name = "hierarchical"
     bytes_exact = False  # set per run in wrap: exact when every phase that runs is ours
 
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        super().check(cfg, world_size)
-        if cfg.inter not in INTER:
-            raise ValueError(f"sync.inter={cfg.inter}: choose {' or '.join(INTER)}")
-        if cfg.intra not in INTRA:
-            raise ValueError(f"sync.intra={cfg.intra}: choose {' or '.join(INTRA)}")
-        k = cfg.node_size
-        if k < 0 or (k > 0 and world_size % k):
-            divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-            raise ValueError(
-                f"sync.node_size={k}: must divide the world of {world_size} ranks into equal "
-                f"nodes: use one of {', '.join(map(str, divisors))}, or 0 for the launcher's nodes")
-
     def wrap(self, module: nn.Module) -> nn.Module:
         module = super().wrap(module)
-        self.intra_algo, self.inter_algo = INTRA[self.cfg.intra], INTER[self.cfg.inter]
+        self.intra_algo, self.inter_algo = HIERARCHICAL_INTRA[self.cfg.intra], HIERARCHICAL_INTER[self.cfg.inter]
         self.plans: dict[int, PersistentRingAllReduce] = {}
         if self.world_size == 1:
             self.topology = Topology(nodes=((0,),), hosts=("",))

@@ -31,17 +31,6 @@ class NaiveSync(Synchroniser):
     name = "naive"
     bytes_exact = False
 
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        if cfg.get("overlap", False):
-            raise ValueError("sync=naive sync.overlap=true: naive starts its calls after backward; "
-                             "drop sync.overlap, or use sync=allreduce sync.bucket_mb=0 "
-                             "sync.overlap=true (the same calls, each as soon as its .grad is ready)")
-        if cfg.get("compress", "none") != "none":
-            raise ValueError(f"sync=naive sync.compress={cfg.compress}: naive sends each .grad as "
-                             f"it is; drop sync.compress, or use sync=allreduce sync.bucket_mb=0 "
-                             f"sync.compress={cfg.compress}")
-
     @torch.no_grad()
     def sync(self) -> None:
         if self.world_size == 1:

@@ -40,7 +40,7 @@ from torch import nn
 
 from .. import costmodel
 from ._buckets import Bucket, make_buckets
-from ._wire import Wire, check_compress
+from ._wire import Wire
 from ._overlap import ReadyBuckets
 from .base import Synchroniser
 
@@ -48,15 +48,6 @@ from .base import Synchroniser
 class ReduceBroadcastSync(Synchroniser):
     name = "reduce_broadcast"
     bytes_exact = False
-
-    @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
-        if cfg.bucket_mb < 0:
-            raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
-                             "(0 = one call per parameter)")
-        if not 0 <= cfg.root < world_size:
-            raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
-        check_compress(cfg, cls.name)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         params = [p for p in module.parameters() if p.requires_grad]
