@@ -7,8 +7,8 @@
 """
 
 from . import config
-from .cli import cli
-from .submit import check, submit
+from .run.cli import cli
+from .run.submit import check, submit
 
 if __name__ == "__main__":
     config.register_configs()

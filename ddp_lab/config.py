@@ -585,7 +585,7 @@ class DebugConfig:
 @dataclass
 class StudyConfig:
     """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
-    point under one study folder, then the report (ddp_lab/study.py, docs/scaling.md)."""
+    point under one study folder, then the report (ddp_lab/measure/study.py, docs/scaling.md)."""
 
     name: str = "scaling"
     """the study kind (conf/study/<name>.yaml)"""
@@ -613,7 +613,7 @@ class Config:
     timing: TimingConfig = field(default_factory=TimingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     study: Optional[StudyConfig] = None
-    """`study=scaling`: run a ladder of world sizes (ddp_lab/study.py); null = one run"""
+    """`study=scaling`: run a ladder of world sizes (ddp_lab/measure/study.py); null = one run"""
     study_point: Optional[Dict[str, Any]] = None
     """set by a study in each point's config ({id, world, repeat, index}); the trainer
     copies it into summary.json `study`. Not for users."""

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from .config import batch_plan
 from .distributed import DistContext
 from .env import DistEnv
-from .files import atomic_open
+from .run.files import atomic_open
 
 log = logging.getLogger("ddp_lab")
 

@@ -13,7 +13,8 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import fingerprint, progress
+from .measure import fingerprint
+from .run import progress
 from .config import device_type
 from .env import DistEnv
 

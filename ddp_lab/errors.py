@@ -2,7 +2,7 @@
 
 Everything that can reject a command before a process starts raises a `UserError` (or a
 subclass: `ddp_lab.launch.LaunchError`, `ddp_lab.registry.UnknownName`); the CLI wrapper
-(`ddp_lab.cli`) is the one place that turns it into `error: <message>` on stderr, exit 2.
+(`ddp_lab.run.cli`) is the one place that turns it into `error: <message>` on stderr, exit 2.
 """
 
 

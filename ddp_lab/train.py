@@ -6,13 +6,13 @@ its synchroniser and the optimiser (`build_parts`), then per epoch the steps (`r
 data, forward, backward, sync, optimiser step), evaluation, a checkpoint and the epoch's
 record. What a real run needs besides sits behind one call each:
 
-- `Checkpointer` (ddp_lab/checkpointer.py): where the run starts (resume, restarts and
+- `Checkpointer` (ddp_lab/run/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
 - `EpochMeter` (below): the barriers and clocks around each epoch's steps, the step timer,
   the injected delay; it hands back one `MeasuredEpoch`;
-- `Telemetry` (ddp_lab/telemetry.py): the run's records (metrics.jsonl, summary.json,
+- `Telemetry` (ddp_lab/run/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs;
-- `stop_control` (ddp_lab/stop.py): the agreement on stopping at the same step.
+- `stop_control` (ddp_lab/run/stop.py): the agreement on stopping at the same step.
 """
 
 from __future__ import annotations
@@ -27,19 +27,19 @@ from typing import Callable, Iterable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from . import progress
-from .checkpointer import Checkpointer
+from .run import progress
+from .run.checkpointer import Checkpointer
 from .config import Config, batch_plan
-from .files import read_json_or_empty
+from .run.files import read_json_or_empty
 from .data import Splits, build_splits, prepare_mnist
-from .delay import ComputeDelay
+from .run.delay import ComputeDelay
 from .distributed import DistContext
-from .epoch import MeasuredEpoch, Position
+from .run.epoch import MeasuredEpoch, Position
 from .models import build_model, build_optimizer
-from .records import RunSummary
-from .stop import StopControl, StopInfo, stop_control
+from .run.records import RunSummary
+from .run.stop import StopControl, StopInfo, stop_control
 from .sync import Synchroniser, build_sync
-from .telemetry import Telemetry
+from .run.telemetry import Telemetry
 from .timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
@@ -73,7 +73,7 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
     samples, None), or with the StopInfo all ranks agreed on when they stopped early.
     `micro_batch` > 0: a batch larger than that accumulates its gradient over micro-batches
     (`accumulate`) and is synchronised once, after the last. `delay` (debug.slow_ms /
-    jitter_ms, ddp_lab/delay.py) runs at the start of every step's forward phase."""
+    jitter_ms, ddp_lab/run/delay.py) runs at the start of every step's forward phase."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
     samples = 0
     for _ in steps:

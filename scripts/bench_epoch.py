@@ -60,7 +60,7 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.ports import free_port
+    from ddp_lab.launch.ports import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))  # the notebook's 12355 may be taken

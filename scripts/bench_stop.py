@@ -6,7 +6,7 @@
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam,
 sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.train.run_steps`). Each
-round runs one epoch without the stop check and one with it (`ddp_lab.stop.StopControl`
+round runs one epoch without the stop check and one with it (`ddp_lab.run.stop.StopControl`
 at train.stop_check_s), in alternating order. Printed:
 - the time spent inside the stop check (its all-reduces included) per step, as a share of
   the step: the direct measure, free of the drift between epochs;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ddp_lab.bench.scaffold import Bench, rounds, run_ranks
 from ddp_lab.distributed import DistContext
-from ddp_lab.stop import StopControl
+from ddp_lab.run.stop import StopControl
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ddp_lab.bench.scaffold import Bench, run_ranks
-from ddp_lab.delay import ComputeDelay
+from ddp_lab.run.delay import ComputeDelay
 from ddp_lab.distributed import DistContext
 from ddp_lab.timing import Clock, StragglerTally
 

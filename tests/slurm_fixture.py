@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ddp_lab.ports import free_port
+from ddp_lab.launch.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"

@@ -21,7 +21,7 @@ from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes, pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
 from ddp_lab.topology import topology_from_table
-from ddp_lab.costmodel import busbw_factor
+from ddp_lab.measure.costmodel import busbw_factor
 
 register_bench_configs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ddp_lab import checkpoint
+from ddp_lab.run import checkpoint
 from helpers import run_cli, run_dir_of
 
 

@@ -1,4 +1,4 @@
-"""ddp_lab.costmodel against the bytes really sent.
+"""ddp_lab.measure.costmodel against the bytes really sent.
 
 On real gloo worlds of 2, 3, 4 and 5 ranks every send/recv algorithm of ddp_lab.collectives
 runs on odd sizes (1, 7, 1001 elements, float32 and float64, several roots, pipelined
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddp_lab.collectives as C
-from ddp_lab.costmodel import (
+from ddp_lab.measure.costmodel import (
     ALGORITHMS, SYNC_PHASES, Cost, busbw_factor, cost, sync_calls, sync_step,
 )
 from ddp_lab.report.model import Fit, predict_comm_s

@@ -1,6 +1,6 @@
 """Dead and hung ranks, and the job's processes under every kind of kill (issue 11, item 5).
 
-Unit part: the per-rank progress record (ddp_lab.progress) and what it costs per step, the
+Unit part: the per-rank progress record (ddp_lab.run.progress) and what it costs per step, the
 diagnosis from records plus /proc (a real frozen process, a real dead pid), the hang
 watchdog's stack dump, the nccl flight recorder's variables, the init timeout's key.
 
@@ -30,7 +30,7 @@ import torch
 from helpers import PY, child_env, compose, describe, summary
 from helpers import free_port as _free_port
 
-from ddp_lab import progress
+from ddp_lab.run import progress
 from ddp_lab.errors import UserError
 from ddp_lab.launch import job_processes
 
@@ -205,7 +205,7 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
     log = tmp_path / "rank0.log"
     code = (
         "import threading, time\n"
-        "from ddp_lab import progress\n"
+        "from ddp_lab.run import progress\n"
         f"f = open({str(log)!r}, 'a')\n"
         "w = progress.set_watchdog(1.0, f)\n"
         "for _ in range(5):\n"
@@ -264,7 +264,7 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
 
 def test_init_timeout_is_its_own_key():
     from ddp_lab.launch import local
-    from ddp_lab.validate import COMMON, check
+    from ddp_lab.run.validate import COMMON, check
 
     cfg = compose("dist.timeout_s=15", "dist.init_timeout_s=77", "launcher.nproc_per_node=2")
     assert local.render(cfg, Path("/tmp/x")).files["launch.sh"].count("join_timeout=77") == 1

@@ -77,7 +77,7 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddp_lab.distributed import local_gloo_world
-    from ddp_lab.ports import free_port
+    from ddp_lab.launch.ports import free_port
     from ddp_lab.sync import build_sync
 
     local_gloo_world(0, 1, free_port())

@@ -144,10 +144,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_package():
     graph = import_graph()
-    assert {"ddp_lab", "ddp_lab.job", "ddp_lab.launch", "ddp_lab.launch.runai",
-            "ddp_lab.study", "ddp_lab.validate", "ddp_lab.cli"} <= set(graph)
-    assert "ddp_lab.rundir" in graph["ddp_lab.job"]  # module level, relative
-    assert "ddp_lab.launch.slurm" in graph["ddp_lab.study"]  # inside a function
+    assert {"ddp_lab", "ddp_lab.run.job", "ddp_lab.launch", "ddp_lab.launch.runai",
+            "ddp_lab.measure.study", "ddp_lab.run.validate", "ddp_lab.run.cli"} <= set(graph)
+    assert "ddp_lab.run.rundir" in graph["ddp_lab.run.job"]  # module level, relative
+    assert "ddp_lab.launch.slurm" in graph["ddp_lab.measure.study"]  # inside a function
 
 
 def test_find_cycle_names_the_circle():
@@ -161,19 +161,19 @@ def test_no_import_cycle():
 
 
 def test_the_generic_cli_knows_no_entry_point():
-    """ddp_lab.cli serves `python -m ddp_lab` and `python -m ddp_lab.bench`: each entry
+    """ddp_lab.run.cli serves `python -m ddp_lab` and `python -m ddp_lab.bench`: each entry
     point passes it what it needs; it imports neither the bench nor the trainer's checks."""
     graph = import_graph()
-    assert not {m for m in graph["ddp_lab.cli"]
-                if m.startswith("ddp_lab.bench") or m in ("ddp_lab.validate", "ddp_lab.study")}
+    assert not {m for m in graph["ddp_lab.run.cli"]
+                if m.startswith("ddp_lab.bench") or m in ("ddp_lab.run.validate", "ddp_lab.measure.study")}
 
 
 @pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
-                                   "ddp_lab.status", "ddp_lab.study"])
+                                   "ddp_lab.status", "ddp_lab.measure.study"])
 def test_entry_points_load_no_torch_at_import(entry):
     """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
     the ranks' entries until rank_main set OMP_WAIT_POLICY; status and the study's batch-
-    script side (`python -m ddp_lab.study done|end`) never."""
+    script side (`python -m ddp_lab.measure.study done|end`) never."""
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
     assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
         sorted(m for m, ext in loads.items() if ext))
@@ -189,7 +189,7 @@ def test_a_dry_run_never_imports_torch(tmp_path):
     assert proc.returncode == 0, describe(proc)
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "ddp_lab.validate" in imported and "torch" not in imported
+    assert "ddp_lab.run.validate" in imported and "torch" not in imported
 
 
 def test_xdist_groups_reach_the_scheduler(request):

@@ -17,8 +17,8 @@ from ddp_lab.env import slurm_port
 from ddp_lab.launch import mpirun as mpirun_launch
 from ddp_lab.launch import slurm as slurm_launch
 from ddp_lab.errors import UserError
-from ddp_lab.submit import submit
-from ddp_lab.validate import duration_s, resolve_train as resolve_defaults
+from ddp_lab.run.submit import submit
+from ddp_lab.run.validate import duration_s, resolve_train as resolve_defaults
 from fake_runai import parse as runai_parse
 
 

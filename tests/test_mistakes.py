@@ -22,7 +22,7 @@ import pytest
 from helpers import REPO, compose
 from omegaconf import OmegaConf
 
-from ddp_lab import validate
+from ddp_lab.run import validate
 from ddp_lab.errors import UserError
 
 TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"

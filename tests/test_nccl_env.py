@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, child_env, run_cli
 
-from ddp_lab.nccl_env import _hca_matches, main, nccl_rdma_env, scan
+from ddp_lab.launch.nccl_env import _hca_matches, main, nccl_rdma_env, scan
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 LL6 = "fe80:0000:0000:0000:0a5e:45ff:fe3c:1a2b"  # link-local IPv6

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.records import SCHEMA_VERSION, EpochRecord, RunSummary
+from ddp_lab.run.records import SCHEMA_VERSION, EpochRecord, RunSummary
 from helpers import run_world
 
 # `python -m ddp_lab launcher.nproc_per_node=2 train.epochs=1 train.max_steps_per_epoch=5`
@@ -144,7 +144,7 @@ def test_device_kind_is_cpu_or_the_gpu_name(tmp_path, device, cfg_device, kind):
 
 # ----------------------------------------------------------------- the writers
 def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp_path):
-    from ddp_lab.metrics import RunFolderSink
+    from ddp_lab.run.metrics import RunFolderSink
 
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) + "\n" for e in (1, 2, 3)))
@@ -174,8 +174,8 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.epoch import MeasuredEpoch
-    from ddp_lab.telemetry import Telemetry
+    from ddp_lab.run.epoch import MeasuredEpoch
+    from ddp_lab.run.telemetry import Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
     cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",
@@ -225,8 +225,8 @@ def test_hparams_are_written_once_per_run_whatever_its_segments(tmp_path):
 
     from ddp_lab.distributed import DistContext
     from ddp_lab.env import DistEnv
-    from ddp_lab.epoch import MeasuredEpoch
-    from ddp_lab.telemetry import Telemetry
+    from ddp_lab.run.epoch import MeasuredEpoch
+    from ddp_lab.run.telemetry import Telemetry
     from ddp_lab.timing import CommStats
 
     ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",

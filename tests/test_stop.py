@@ -1,4 +1,4 @@
-"""The stop agreement (ddp_lab/stop.py) on real gloo worlds: whichever rank gets the signal
+"""The stop agreement (ddp_lab/run/stop.py) on real gloo worlds: whichever rank gets the signal
 (or the stop file), every rank stops after the same step, and the adaptive check interval
 is the same on every rank."""
 
@@ -23,7 +23,7 @@ def _ctx():
 
 
 def _loop(rank, world, run_dir, trigger, at_step, check_s):
-    from ddp_lab.stop import StopControl, request_stop
+    from ddp_lab.run.stop import StopControl, request_stop
 
     stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)
     everies = []

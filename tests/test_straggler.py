@@ -1,6 +1,6 @@
 """Stragglers, injected and found (issue 12 item 5).
 
-Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/delay.py): its checks are
+Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/run/delay.py): its checks are
 one line and exit 2 before anything starts; the jitter has its own generator, so the
 training RNG does not move. Finding (`ddp_lab.timing.StragglerTally`): the rule on known
 waits, then the acceptance on real runs: `python -m ddp_lab` on 3 ranks (torchrun, gloo),
@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ddp_lab.delay import ComputeDelay, injected, problem
+from ddp_lab.run.delay import ComputeDelay, injected, problem
 from ddp_lab.timing import STRAGGLER_MIN_STEPS, StragglerTally, stragglers
 
 from helpers import QUICK, describe, run_cli, run_dir_of, summary

@@ -119,7 +119,7 @@ def test_a_resumed_run_keeps_its_global_and_micro_batch(tmp_path, key, was, now)
     from helpers import compose
     from omegaconf import OmegaConf
 
-    from ddp_lab.rundir import reuse_problem, write_config
+    from ddp_lab.run.rundir import reuse_problem, write_config
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -12,7 +12,7 @@ from ddp_lab.timing import (
     PHASES, Clock, CommRecorder, StepTimer, StepTimes, describe,
     epoch_timing, percentile, stragglers, summarise_steps, union_length,
 )
-from ddp_lab.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
+from ddp_lab.measure.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
 
 CPU = torch.device("cpu")
 
@@ -216,7 +216,7 @@ def test_trace_disabled_writes_nothing(tmp_path):
 
 
 def test_run_totals_summary():
-    from ddp_lab.telemetry import RunTotals
+    from ddp_lab.run.telemetry import RunTotals
 
     steps, comm = _fake_epoch(10)
     comm.payload_bytes, comm.bus_bytes, comm.bytes_sent = 1000, 1500.0, 1500

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import PY, REPO, child_env, describe
 
-from ddp_lab.costmodel import cost
+from ddp_lab.measure.costmodel import cost
 from ddp_lab.report.model import Fit, fit_all, phase_fit, predict_comm_s
 from ddp_lab.report.truth import bench_time, per_step
 

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from ..distributed import DistContext
-from ..costmodel import busbw_factor
+from ..measure.costmodel import busbw_factor
 from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
 from ..topology import GroupSet, Topology, build_groups, detect_topology

@@ -8,7 +8,7 @@ tree, naive) run through the same op, so they are timed and checked identically.
 
 Sizes follow nccl-tests: `elements` is the tensor of broadcast/reduce/all-reduce and of
 one send, and the *full* array (n pieces) of all-gather and reduce-scatter; busbw factors
-are `ddp_lab.costmodel.busbw_factor`'s.
+are `ddp_lab.measure.costmodel.busbw_factor`'s.
 """
 
 from __future__ import annotations

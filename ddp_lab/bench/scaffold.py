@@ -29,8 +29,8 @@ import torch
 from ..config import Config, compose
 from ..data import build_splits, prepare_mnist
 from ..distributed import DistContext, local_gloo_world
-from ..ports import free_port
-from ..stop import StopControl
+from ..launch.ports import free_port
+from ..run.stop import StopControl
 from ..timing import Clock, StepTimer
 from ..train import build_parts, run_steps
 

@@ -1,6 +1,6 @@
 """The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.validate`, `ddp_lab.job`); only the rules
+The same machinery as a training run (`ddp_lab.run.validate`, `ddp_lab.run.job`); only the rules
 of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the
 folder's label (`<date>_<time>_bench_<launcher>`) differ.
 """
@@ -15,15 +15,15 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..job import collect, launch_job
-from ..validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
+from ..run.job import collect, launch_job
+from ..run.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
 from .config import DTYPES, GROUPS, IMPLS
 from .ops import OPS
 
 
 # ------------------------------------------------------------------ check
 # the bench's own rules, before any process starts; the launcher's and every job's
-# (validate.COMMON) come from ddp_lab.validate
+# (validate.COMMON) come from ddp_lab.run.validate
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)

@@ -10,8 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..files import write_json
-from ..job import rank_main, run_rank
+from ..run.files import write_json
+from ..run.job import rank_main, run_rank
 
 # Every import that loads torch (this package's config, ops, harness, output) is inside a
 # function: torch must load after rank_main set OMP_WAIT_POLICY (see job.run_rank).
@@ -26,7 +26,7 @@ def allocation(ctx, topology: str) -> str:
 
 
 def run(run_dir: Path) -> int:
-    from .config import load_bench_config  # lazy: loads torch (bench.ops), see above
+    from .config import load_bench_config
 
     cfg = load_bench_config(run_dir)
     return run_rank(run_dir, cfg, lambda ctx: _bench(cfg, ctx, run_dir),

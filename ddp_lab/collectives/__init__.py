@@ -18,19 +18,7 @@ from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring
 from ._ring import DEFAULT_SEGMENT_BYTES
 from .persistent import PersistentRingAllReduce
 from .reduce import reduce_naive, reduce_tree
-from .registry import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    BROADCAST,
-    COLLECTIVES,
-    REDUCE,
-    REDUCE_SCATTER,
-    torch_all_gather,
-    torch_all_reduce,
-    torch_broadcast,
-    torch_reduce,
-    torch_reduce_scatter,
-)
+from .registry import (ALL_GATHER, ALL_REDUCE, BROADCAST, COLLECTIVES, REDUCE, REDUCE_SCATTER, torch_all_gather, torch_all_reduce, torch_broadcast, torch_reduce, torch_reduce_scatter)
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
 __all__ = [

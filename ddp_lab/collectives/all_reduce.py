@@ -11,19 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    AVG,
-    SUM,
-    GroupInfo,
-    OpLike,
-    check_op_dtype,
-    combine_,
-    flat_view,
-    group_info,
-    normalize_op,
-    p2p,
-    scratch,
-)
+from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op, p2p, scratch)
 from ._ring import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_naive, _bcast_tree
 from .reduce import _reduce_naive, _reduce_tree

@@ -8,18 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    AVG,
-    SUM,
-    GroupInfo,
-    OpLike,
-    check_op_dtype,
-    combine_,
-    normalize_op,
-    p2p,
-    rooted,
-    scratch,
-)
+from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, normalize_op, p2p, rooted, scratch)
 
 
 def _reduce_naive(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:

@@ -1,4 +1,4 @@
-"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.costmodel``).
+"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.measure.costmodel``).
 
 Every entry of a registry has the calling convention of its collective, so callers
 (benchmarks, gradient synchronisers) can swap algorithms by name::
@@ -22,16 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from ._common import (
-    AVG,
-    SUM,
-    OpLike,
-    check_op_dtype,
-    flat_view,
-    group_info,
-    normalize_op,
-    resolve_root,
-)
+from ._common import (AVG, SUM, OpLike, check_op_dtype, flat_view, group_info, normalize_op, resolve_root)
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import broadcast_naive, broadcast_ring, broadcast_tree
 from .reduce import reduce_naive, reduce_tree

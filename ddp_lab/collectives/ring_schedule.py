@@ -14,7 +14,7 @@ pairs with rank ``r+1``'s step ``s``: the chunk one sends is the chunk the next 
   one it has just received) and writes the chunk ``r-s`` it receives over its own copy.
 
 Every rank sends and receives ``2(n-1)`` chunks, ``2(n-1)/n`` of the tensor, whatever ``n``
-(``ddp_lab/costmodel.py`` counts exactly these). Each chunk is summed once, in one order,
+(``ddp_lab/measure/costmodel.py`` counts exactly these). Each chunk is summed once, in one order,
 then copied, so every rank ends with the same bits. ``shift`` moves every index: with
 ``shift=0`` (``reduce_scatter_ring``, ``all_gather_ring``) rank ``r`` owns chunk ``r``.
 

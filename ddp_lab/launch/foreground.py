@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..progress import mark_killed, process_state, read_all
-from ..stop import request_stop, set_parent_death_signal
+from ..run.progress import mark_killed, process_state, read_all
+from ..run.stop import request_stop, set_parent_death_signal
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

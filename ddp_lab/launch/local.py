@@ -5,9 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..ports import free_port
-from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe,
-                   setup_block, template)
+from .ports import free_port
+from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
 
 
 def resolve(cfg) -> None:

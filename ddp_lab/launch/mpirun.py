@@ -14,9 +14,8 @@ import re
 import shlex
 from pathlib import Path
 
-from ..ports import free_port
-from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc,
-                   is_this_machine, python_exe, require_tool, setup_block, template)
+from .ports import free_port
+from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, is_this_machine, python_exe, require_tool, setup_block, template)
 from .foreground import run_foreground
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")

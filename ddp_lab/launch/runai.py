@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..rundir import read_summary
-from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
-                   template)
+from ..run.rundir import read_summary
+from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".

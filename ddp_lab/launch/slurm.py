@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..stop import EXIT_STOPPED
-from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
-                   setup_block, should_wait, template)
+from ..run.stop import EXIT_STOPPED
+from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool, setup_block, should_wait, template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -162,7 +161,7 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
                  step: Sequence[str] = ()) -> str:
     """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one
-    task per process). A study's job step (ddp_lab/study.py) passes its own size: `nnodes`,
+    task per process). A study's job step (ddp_lab/measure/study.py) passes its own size: `nnodes`,
     the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc))

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..files import atomic_open, atomic_write_text
+from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import plots, tables
 from .runs import Run

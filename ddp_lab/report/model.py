@@ -2,7 +2,7 @@
 
 A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per byte,
 1/beta the link bandwidth). An algorithm's time is steps * alpha + path_bytes * beta, with
-`steps` and `path_bytes` from `ddp_lab.costmodel.cost` -- e.g. ring all-reduce on
+`steps` and `path_bytes` from `ddp_lab.measure.costmodel.cost` -- e.g. ring all-reduce on
 n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta. What a synchroniser runs per bucket is
 `costmodel.SYNC_PHASES`: the same figures its recorded bytes come from.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from ..costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
+from ..measure.costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
 
 
 def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit") -> float:

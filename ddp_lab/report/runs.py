@@ -6,7 +6,7 @@ recursively, never below a run folder; a study folder (study.json, its points in
 STUDY/points/<point>/) is searched, never taken for a run. Every folder found comes back, usable or not: the
 ones that cannot be compared carry the reason, so a report lists them instead of
 silently dropping them. A training run's metrics.jsonl and summary.json are read through
-the trainer's own record types (`ddp_lab.records`), so files written before versioning
+the trainer's own record types (`ddp_lab.run.records`), so files written before versioning
 read as well.
 """
 
@@ -21,10 +21,10 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ..records import EpochRecord, RunSummary
+from ..run.records import EpochRecord, RunSummary
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
-STUDY_FILE = "study.json"  # a study folder (ddp_lab.study): its run folders are in points/
+STUDY_FILE = "study.json"  # a study folder (ddp_lab.measure.study): its run folders are in points/
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
 

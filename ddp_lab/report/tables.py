@@ -10,7 +10,7 @@ import datetime
 from typing import Any, Optional
 
 from ..bench.harness import pow2_label
-from .. import fingerprint
+from ..measure import fingerprint
 from . import stats
 from .model import Fit, Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .runs import PHASES, Run

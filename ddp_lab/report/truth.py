@@ -27,7 +27,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from ..costmodel import SYNC_PHASES
+from ..measure.costmodel import SYNC_PHASES
 from ..timing import union_length
 from .model import Fit, fit_all, predict_comm_s
 from .runs import Run, find_runs

@@ -9,7 +9,7 @@ bucketing buys (per-call latency paid once per bucket instead of once per tensor
 ring, tree and butterfly (ring.py, tree.py, butterfly.py) are this synchroniser with
 another all-reduce algorithm from `ddp_lab.collectives` and exact byte accounting.
 
-Bytes: every rank records what `ddp_lab.costmodel` says its algorithm moves
+Bytes: every rank records what `ddp_lab.measure.costmodel` says its algorithm moves
 (`costmodel.SYNC_PHASES[name]`). The library's all-reduce routes data its own way,
 invisible from here, so for this sync the model is the ring nccl-tests' busbw assumes,
 2(n-1)/n of the buffer each way (`bytes_exact = False`).
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel
+from ..measure import costmodel
 from ._buckets import Bucket, make_buckets
 from ._wire import Wire
 from ._overlap import ReadyBuckets, SerialWorker

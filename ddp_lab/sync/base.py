@@ -29,7 +29,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from .. import progress
+from ..run import progress
 from ..config import check_sync, with_defaults
 from ..timing import Clock, CommRecorder, CommStats
 
@@ -50,7 +50,7 @@ class Synchroniser:
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         # every collective entered counts in this rank's progress record: the rank behind
-        # the others is the one with the smaller count (ddp_lab/progress.py)
+        # the others is the one with the smaller count (ddp_lab/run/progress.py)
         self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing,
                                  on_collective=progress.current().collective)
         self.model: nn.Module = self.wrap(module)

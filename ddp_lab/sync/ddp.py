@@ -30,7 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import costmodel
+from ..measure import costmodel
 from ._wire import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 

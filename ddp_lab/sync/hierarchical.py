@@ -26,7 +26,7 @@ the whole buffer.
 
 It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging and whatever
 `_reduce` does around the call (overlap, wire compression) are shared with allreduce,
-ring, tree and butterfly. Bytes: `ddp_lab.costmodel.hierarchical_calls` (each phase, per
+ring, tree and butterfly. Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per
 rank), and the bytes each rank sends to another node (`comm_bytes_cross_node`). With
 `inter=ring` and `intra=tree` every byte goes through our send/recv and the count is
 exact; the library's phases are modelled as gloo runs them.
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel
+from ..measure import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
 from ..config import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 from ..distributed import DistContext

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import costmodel
+from ..measure import costmodel
 from .base import Synchroniser
 
 

@@ -13,7 +13,7 @@ root's state to rank 0 (point-to-point, once per checkpoint).
 Twice the all-reduce's latency count and an idle root-bound critical path: the pattern is
 here to be measured against the others, not because it is fast.
 
-Bytes are `ddp_lab.costmodel`'s model of the library's reduce and broadcast (what gloo
+Bytes are `ddp_lab.measure.costmodel`'s model of the library's reduce and broadcast (what gloo
 runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast), the
 backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
 factor 1 for both (nccl-tests).
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import costmodel
+from ..measure import costmodel
 from ._buckets import Bucket, make_buckets
 from ._wire import Wire
 from ._overlap import ReadyBuckets

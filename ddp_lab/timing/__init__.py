@@ -17,7 +17,7 @@ One file per idea:
 
 Timing knows nothing of the rest of the trainer: whoever builds a timer or recorder
 passes the listeners that want to hear of each phase or call (the progress record,
-ddp_lab/progress.py). Every name below is importable from `ddp_lab.timing`.
+ddp_lab/run/progress.py). Every name below is importable from `ddp_lab.timing`.
 """
 
 from .clock import Clock
@@ -25,10 +25,7 @@ from .comm import CommCall, CommStats, union_length
 from .comm_recorder import CommRecorder
 from .grads import GradReadyMark
 from .steps import PHASES, StepTimer, StepTimes
-from .stragglers import (
-    STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_MIN_SHARE, STRAGGLER_MIN_STEPS,
-    StragglerTally, stragglers,
-)
+from .stragglers import (STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_MIN_SHARE, STRAGGLER_MIN_STEPS, StragglerTally, stragglers)
 from .summary import describe, epoch_timing, percentile, summarise_steps
 
 __all__ = [

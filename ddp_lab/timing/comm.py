@@ -4,7 +4,7 @@
 ddp_lab/timing/comm_recorder.py): calls, payload bytes, bytes this rank sent and received
 (and, for a synchroniser that knows the node layout, the bytes it sent to another node),
 and the time during which at least one of its collectives was in flight; its bus bytes
-use nccl-tests' busbw factors (`ddp_lab.costmodel.busbw_factor`).
+use nccl-tests' busbw factors (`ddp_lab.measure.costmodel.busbw_factor`).
 
 The communication share of step time (`comm_fraction` in metrics and summary) is
 

@@ -5,7 +5,7 @@ It counts every call's bytes always and, when timing is on, stamps its start and
 the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
 (ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who else wants to hear of
 a call: whoever builds it passes a listener (`on_collective`); the synchroniser passes
-the rank's progress record (ddp_lab/progress.py).
+the rank's progress record (ddp_lab/run/progress.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-from ..costmodel import busbw_factor
+from ..measure.costmodel import busbw_factor
 from .clock import UNTIMED, Clock
 from .comm import CommCall, CommStats, union_length
 

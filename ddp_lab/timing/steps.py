@@ -6,7 +6,7 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
 
 The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
 listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/train.py)
-passes the rank's progress record (ddp_lab/progress.py), so a stuck rank can be found.
+passes the rank's progress record (ddp_lab/run/progress.py), so a stuck rank can be found.
 """
 
 from __future__ import annotations

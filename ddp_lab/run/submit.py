@@ -1,4 +1,4 @@
-"""The submitting side of a training run: check, launch (ddp_lab.job), report."""
+"""The submitting side of a training run: check, launch (ddp_lab.run.job), report."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from omegaconf import DictConfig
 
 from .job import collect, launch_job
 from .stop import EXIT_STOPPED
-from .study import resolve_study, run_study
+from ..measure.study import resolve_study, run_study
 from .validate import resolve_train
 
 
 def check(cfg: DictConfig) -> DictConfig:
     """`python -m ddp_lab`'s config resolved and checked: a run's, or a study's base."""
-    if cfg.get("study") is not None:  # a ladder of runs (ddp_lab/study.py)
+    if cfg.get("study") is not None:  # a ladder of runs (ddp_lab/measure/study.py)
         return resolve_study(cfg)
     return resolve_train(cfg)
 

@@ -30,7 +30,7 @@ class ComputeDelay:
         self.fixed_s, self.jitter_s = fixed_ms / 1e3, jitter_ms / 1e3
         # its own generator (not `random`'s global one, which checkpoints carry): seeded per
         # rank, so the ranks' jitters are independent and a run repeats its delays
-        self.rng = random.Random(f"ddp_lab.delay:{seed}:{rank}")
+        self.rng = random.Random(f"ddp_lab.run.delay:{seed}:{rank}")
 
     def __call__(self) -> None:
         s = self.fixed_s + (self.rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)

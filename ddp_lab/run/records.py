@@ -1,5 +1,5 @@
 """The run folder's records as types: one `EpochRecord` per line of metrics.jsonl, one
-`RunSummary` in summary.json. The trainer writes them (through `ddp_lab.telemetry`) and the
+`RunSummary` in summary.json. The trainer writes them (through `ddp_lab.run.telemetry`) and the
 report reads them, so both sides agree on one shape.
 
 Versioning: every record carries `schema_version`. A file written before versioning has
@@ -149,11 +149,11 @@ class RunSummary(_Record):
     # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
     # step, epochs_done/steps_done in it, status when it ended
     segments: list = field(default_factory=list)
-    # the allocation's fingerprint (ddp_lab.fingerprint: hosts, CPU/GPU, versions, backend,
+    # the allocation's fingerprint (ddp_lab.measure.fingerprint: hosts, CPU/GPU, versions, backend,
     # NCCL transport, env) and its short id, written by rank 0 at start
     fingerprint: dict = field(default_factory=dict)
     fingerprint_id: Optional[str] = None
-    # the run is a point of a study (ddp_lab/study.py): {id, world, repeat, index}
+    # the run is a point of a study (ddp_lab/measure/study.py): {id, world, repeat, index}
     study: Optional[dict] = None
     # the run's straggler, from all its epochs' steps ({rank, late_ms, share} | None) and
     # the delay injected (debug.slow_rank/slow_ms/jitter_ms; None when none)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .timing import CommStats, StepTimes
+from ..timing import CommStats, StepTimes
 
 
 @dataclass

@@ -24,8 +24,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import UserError
-from .config import CONF_DIR
+from ..errors import UserError
+from ..config import CONF_DIR
 
 # Hydra's lines that are noise once its message is one line
 _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"

@@ -22,13 +22,13 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from . import launch
-from .config import COMPRESS_MODES, batch_plan, check_model, check_sync, device_type
+from .. import launch
+from ..config import COMPRESS_MODES, batch_plan, check_model, check_sync, device_type
 from .delay import problem as delay_problem
-from .errors import UserError
-from .launch.base import local_gpus
-from .launch.mpirun import parse_hosts
-from .launch.slurm import duration_s
+from ..errors import UserError
+from ..launch.base import local_gpus
+from ..launch.mpirun import parse_hosts
+from ..launch.slurm import duration_s
 from .rundir import reuse_problem
 
 Rule = Callable[[DictConfig], Optional[str]]
@@ -228,7 +228,7 @@ def _model_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
-    """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/delay.py)."""
+    """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/run/delay.py)."""
     return delay_problem(cfg.debug, world_size(cfg))
 
 

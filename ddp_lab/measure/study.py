@@ -21,7 +21,7 @@ Locally every point is one torchrun (`job.launch_job` with the point's config), 
 mpirun one mpirun over the first `world` slots of the hosts. A completed point is never run
 again; a stopped or preempted one resumes from its checkpoint (train.resume=auto).
 
-The batch script asks this module about points through `python -m ddp_lab.study done|end
+The batch script asks this module about points through `python -m ddp_lab.measure.study done|end
 STUDY_DIR INDEX`, so study.json has one writer's code whichever side runs the points.
 """
 
@@ -40,14 +40,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from .errors import UserError
-from .files import atomic_write_text, read_json_or_empty, write_json
-from .job import collect, launch_job, make_run
-from .launch import code_dir, python_exe, setup_block, template
-from .launch.slurm import launch_block, sbatch_lines, submit_and_follow
-from .rundir import make_run_dir, read_summary
-from .stop import EXIT_STOPPED
-from .validate import COMMON, Rule, at_least, check, known_sections, one_of, resolve, resolve_train
+from ..errors import UserError
+from ..run.files import atomic_write_text, read_json_or_empty, write_json
+from ..run.job import collect, launch_job, make_run
+from ..launch import code_dir, python_exe, setup_block, template
+from ..launch.slurm import launch_block, sbatch_lines, submit_and_follow
+from ..run.rundir import make_run_dir, read_summary
+from ..run.stop import EXIT_STOPPED
+from ..run.validate import (COMMON, Rule, at_least, check, known_sections, one_of, resolve, resolve_train)
 
 STUDY_FILE = "study.json"
 ORDERS = ("interleaved", "grouped")
@@ -477,14 +477,14 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
 
 # ------------------------------------------------------------------ batch-script side
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m ddp_lab.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
+    """`python -m ddp_lab.measure.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
     done: exit 0 if the point completed earlier (it is kept; prints so), else 1;
     end: the point's job step ended with exit status RC: study.json records it (a step that
     failed without a summary is marked failed), its line is printed."""
     argv = sys.argv[1:] if argv is None else argv
     if (len(argv) not in (3, 4) or argv[0] not in ("done", "end")
             or not all(a.isdigit() for a in argv[2:])):
-        print("usage: python -m ddp_lab.study done STUDY_DIR INDEX | end STUDY_DIR INDEX RC",
+        print("usage: python -m ddp_lab.measure.study done STUDY_DIR INDEX | end STUDY_DIR INDEX RC",
               file=sys.stderr)
         return 2
     study_dir, index = Path(argv[1]), int(argv[2])

@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .collectives._common import ceil_log2, num_pipeline_chunks
-from .collectives.broadcast import DEFAULT_RING_CHUNK_BYTES
+from ..collectives._common import ceil_log2, num_pipeline_chunks
+from ..collectives.broadcast import DEFAULT_RING_CHUNK_BYTES
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from .files import atomic_write_text
-from .timing import CommStats, StepTimes
+from ..run.files import atomic_write_text
+from ..timing import CommStats, StepTimes
 
 COMM_TID = 1000
 

@@ -2,7 +2,7 @@
 rank writes results.
 
 `make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
-a `NullSink` that does nothing, so the caller (`ddp_lab.telemetry`) never asks which rank
+a `NullSink` that does nothing, so the caller (`ddp_lab.run.telemetry`) never asks which rank
 it is on (torchtitan's habit). TensorBoard tags carry their units: `time/epoch(s)`,
 `throughput/train(samples/s)`, `comm/busbw(GB/s)`.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .env import DistEnv
+from ..env import DistEnv
 from .files import atomic_write_text, write_json
 from .records import EpochRecord, RunSummary
 
@@ -38,7 +38,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") ->
     """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console.
     faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
     SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
-    (ddp_lab.progress.Watchdog)."""
+    (ddp_lab.run.progress.Watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
@@ -87,7 +87,7 @@ class NullSink:
 
 class RunFolderSink(NullSink):
     """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are
-    rewritten whole and atomically (`ddp_lab.files`): a reader, or a run killed mid-write,
+    rewritten whole and atomically (`ddp_lab.run.files`): a reader, or a run killed mid-write,
     sees the file before or after an epoch, never a torn line. They are small (a line per
     epoch), so the rewrite costs nothing next to an epoch.
 

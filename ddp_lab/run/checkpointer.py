@@ -1,6 +1,6 @@
 """A run's checkpoints as the training loop uses them, on every rank: where the run stands
 when it starts (`Checkpointer.load`), its state after an epoch (`save`), and a graceful
-stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.checkpoint`'s.
+stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.run.checkpoint`'s.
 
 Every rank calls every method in the same order: loading agrees on whether to resume,
 saving is collective (a synchroniser may gather the optimiser state onto rank 0), and
@@ -18,8 +18,8 @@ from typing import Any, Optional
 import torch
 
 from . import checkpoint
-from .config import BatchPlan, Config
-from .distributed import DistContext
+from ..config import BatchPlan, Config
+from ..distributed import DistContext
 from .epoch import MeasuredEpoch, Position
 from .rundir import resume_mode
 from .stop import StopInfo

@@ -3,7 +3,7 @@
 The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
 step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
 training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
-(ddp_lab.records), writes it to metrics.jsonl, TensorBoard, the console and the Chrome
+(ddp_lab.run.records), writes it to metrics.jsonl, TensorBoard, the console and the Chrome
 trace, and at the end builds and writes the `RunSummary`. This is torchtitan's
 MetricsProcessor shape: the loop never assembles a record and never asks which rank it is
 on. Every rank calls every method in the same order, because some of them are collectives
@@ -30,17 +30,17 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from . import fingerprint as fingerprints
-from .config import BatchPlan, Config, batch_plan
-from .distributed import DistContext
-from .env import hostname
+from ..measure import fingerprint as fingerprints
+from ..config import BatchPlan, Config, batch_plan
+from ..distributed import DistContext
+from ..env import hostname
 from .epoch import MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .records import EpochRecord, RunSummary, now_iso
 from .delay import injected
-from .timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, stragglers
-from .trace import TraceWriter, write_trace
+from ..timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, stragglers
+from ..measure.trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
 
@@ -430,6 +430,6 @@ def comm_line(rec: EpochRecord) -> str:
 
 
 def _study_point(cfg: Config) -> Optional[dict]:
-    """The study this run is a point of (its config's `study_point`, ddp_lab/study.py)."""
+    """The study this run is a point of (its config's `study_point`, ddp_lab/measure/study.py)."""
     point = cfg.study_point
     return OmegaConf.to_container(point) if point is not None else None

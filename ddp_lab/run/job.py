@@ -25,8 +25,9 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, open_dict
 
-from . import launch, progress
-from .env import detect_env, openmp_wait_policy
+from .. import launch
+from . import progress
+from ..env import detect_env, openmp_wait_policy
 from .files import atomic_write_text, write_json
 from .metrics import fault_file, setup_logging
 from .records import now_iso
@@ -113,7 +114,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
     Dead and hung peers: the rank dies with its parent from the first instruction on
     (PR_SET_PDEATHSIG: torchrun killed during init), keeps its progress record
-    (ddp_lab.progress) and its hang watchdog (stacks into its log). When a collective fails
+    (ddp_lab.run.progress) and its hang watchdog (stacks into its log). When a collective fails
     (a peer died, froze or hung past dist.timeout_s) its one `failed:` line names the rank(s)
     that stopped and where, and it kills those of this machine that cannot end themselves
     (a frozen rank would keep torchrun waiting 30 s more)."""
@@ -121,7 +122,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     # reads it once, at load: env.openmp_wait_policy); the submitting side needs no torch
     import torch
 
-    from .distributed import cpu_threads, distributed
+    from ..distributed import cpu_threads, distributed
 
     die_with_parent()
     env = detect_env()
