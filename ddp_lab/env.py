@@ -214,6 +214,6 @@ def openmp_wait_policy(environ: Optional[dict] = None) -> str:
     98-147 s on this 2-core machine under load (docs/performance.md). Passive threads sleep
     instead; the arithmetic is the same (same threads, same partition: bit-identical).
     libgomp reads the variable once, when torch loads it: call this before importing torch
-    (`ddp_lab.run.job.rank_main` does, for every rank)."""
+    (`ddp_lab.run.rank.rank_main` does, for every rank)."""
     env = os.environ if environ is None else environ
     return env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

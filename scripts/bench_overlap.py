@@ -10,7 +10,7 @@ rank, CPU gloo. The same bucket size for all (`--bucket-mb`: DDP's `sync.bucket_
 our `sync.bucket_mb`; DDP caps its first bucket at 1 MB, its own rule). One process group
 runs every configuration in turn, a warm-up epoch each, then `--repeats` rounds in a
 rotating order (drift on a shared machine hits every configuration alike); each figure is
-the median over rounds. The step loop is the trainer's (`ddp_lab.train.run_steps`) with
+the median over rounds. The step loop is the trainer's (`ddp_lab.step.run_steps`) with
 the trainer's timers (`StepTimer.watch_grads`: compute end, exposed and in-flight comm as
 ddp_lab.timing defines them).
 

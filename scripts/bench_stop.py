@@ -5,7 +5,7 @@
     .venv/bin/python scripts/bench_stop.py --repeats 9 --check-s 0.1
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam,
-sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.train.run_steps`). Each
+sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.step.run_steps`). Each
 round runs one epoch without the stop check and one with it (`ddp_lab.run.stop.StopControl`
 at train.stop_check_s), in alternating order. Printed:
 - the time spent inside the stop check (its all-reduces included) per step, as a share of

@@ -8,7 +8,7 @@ well it gets its lateness, measured side by side in one run.
 Every rank of one machine reads one clock (time.perf_counter is CLOCK_MONOTONIC, shared by
 the processes of a host), so here the true arrival of each rank at each step's first
 collective is known. Each configuration (nothing injected; `--slow-ms` on rank 1;
-`--jitter-ms` on every rank) runs the trainer's own step loop (`ddp_lab.train.run_steps`,
+`--jitter-ms` on every rank) runs the trainer's own step loop (`ddp_lab.step.run_steps`,
 MLP, batch 64, MNIST) for every sync of `--syncs`, with a fresh `Clock` made right after
 a barrier, as the trainer does at the start. Three estimates of "the rank the others wait
 for, and by how much" are printed per (configuration, sync, round):

@@ -34,7 +34,7 @@ from pathlib import Path
 from ddp_lab.bench.scaffold import (Bench, medians, parse_only, ratios, rounds, run_ranks,
                                    select)
 from ddp_lab.distributed import DistContext
-from ddp_lab.train import run_steps
+from ddp_lab.step import run_steps
 
 REPO = Path(__file__).resolve().parent.parent
 

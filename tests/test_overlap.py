@@ -26,7 +26,7 @@ from ddp_lab.config import check_sync
 from ddp_lab.sync import REGISTRY, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
-from ddp_lab.train import run_steps
+from ddp_lab.step import run_steps
 
 from helpers import run_cli, run_dir_of, run_world
 from test_sync import sync_cfg

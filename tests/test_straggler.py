@@ -181,7 +181,7 @@ def test_delay_runs_once_per_step_inside_forward_also_with_micro_batches():
     from ddp_lab.models import MLP
     from ddp_lab.sync.allreduce import AllReduceSync
     from ddp_lab.timing import Clock, StepTimer
-    from ddp_lab.train import run_steps
+    from ddp_lab.step import run_steps
 
     sync_cfg = OmegaConf.create({"name": "allreduce", "bucket_mb": 25})
     model = MLP()

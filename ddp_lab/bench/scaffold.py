@@ -1,6 +1,6 @@
 """The scaffold of the training benchmarks in scripts/ (bench_sync.py, bench_overlap.py,
 bench_stop.py, bench_straggler.py): ranks of a one-machine gloo group, each with the
-trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`, `run_steps`),
+trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`; `step.run_steps`),
 and the choice of configurations, interleaved rounds, medians and ratios they print.
 
     def worker(ctx, args):                      # on every rank, in its own process
@@ -32,7 +32,8 @@ from ..distributed import DistContext, local_gloo_world
 from ..launch.ports import free_port
 from ..run.stop import StopControl
 from ..timing import Clock, StepTimer
-from ..train import build_parts, run_steps
+from ..step import run_steps
+from ..train import build_parts
 
 T = TypeVar("T")
 

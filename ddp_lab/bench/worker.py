@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from ..run.files import write_json
-from ..run.job import rank_main, run_rank
+from ..run.rank import rank_main, run_rank
 
 # Every import that loads torch (this package's config, ops, harness, output) is inside a
-# function: torch must load after rank_main set OMP_WAIT_POLICY (see job.run_rank).
+# function: torch must load after rank_main set OMP_WAIT_POLICY (see rank.run_rank).
 
 
 def allocation(ctx, topology: str) -> str:

@@ -1,4 +1,5 @@
-"""Injected compute delays (`debug.slow_rank`, `debug.slow_ms`, `debug.jitter_ms`): a
+"""Injected faults. A crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`: tests of
+restarts) and compute delays (`debug.slow_rank`, `debug.slow_ms`, `debug.jitter_ms`): a
 straggler made on purpose, to see what the measurements make of it. Telemetry names the
 rank the others wait for from what it measures, never from this config
 (`ddp_lab.timing.stragglers`), so an injected delay is also a check of that finding.
@@ -18,9 +19,16 @@ kernels queue up far ahead of the host absorbs part of it.
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # the submitting side imports this module for its rule: no torch there
+    from ..distributed import DistContext
+
+log = logging.getLogger("ddp_lab")
 
 
 class ComputeDelay:
@@ -68,3 +76,23 @@ def problem(debug: Any, world_size: int) -> Optional[str]:
         if debug[key] < 0:
             return f"debug.{key}={debug[key]}: must be >= 0 milliseconds (0 = none)"
     return None
+
+
+def fail_once(ctx: DistContext, epoch: int) -> None:
+    """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R
+    after epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    spec = os.environ.get("DDP_LAB_FAIL_ONCE")
+    if not spec or ctx.env.restart_count > 0:
+        return
+    try:
+        want = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        rank, at = want["rank"], want["epoch"]
+    except (ValueError, KeyError):
+        raise ValueError(f"DDP_LAB_FAIL_ONCE={spec!r}: expected 'rank=R,epoch=E'") from None
+    if epoch != at:
+        return
+    ctx.barrier()  # load-bearing: rank 0 has written this epoch's checkpoint before anyone dies
+    if ctx.env.rank == rank:
+        log.error("DDP_LAB_FAIL_ONCE: rank %d exits after epoch %d (first attempt only)", rank, epoch)
+        logging.shutdown()
+        os._exit(17)  # a crash, not an exception: no clean-up, as a killed process

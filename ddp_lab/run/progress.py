@@ -13,7 +13,7 @@ Who updates it: the step timer and each synchroniser's comm recorder, as their l
 (`ddp_lab.train.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
 `ddp_lab.sync.base.Synchroniser` passes `collective` to its `CommRecorder`; timing itself
 knows nothing of this record), the scalar collectives of `ddp_lab.distributed.DistContext`,
-the training loop (each epoch's start) and `ddp_lab.run.job.run_rank` (state: starting,
+the training loop (each epoch's start) and `ddp_lab.run.rank.run_rank` (state: starting,
 running, done, failed).
 
 Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
