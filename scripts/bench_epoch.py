@@ -13,8 +13,10 @@ the other (interleaved, so the machine's drift hits every row alike):
   one-process gloo group);
 - `python -m ddp_lab` (sync=ddp) on each of --ranks, with timing.enabled true and false,
   each epoch timed between barriers as the run records it;
-- with 2 in --ranks, the median of one gradient-sized gloo all_reduce between 2 processes:
-  the 2-rank latency floor is steps x (that all_reduce + the floor's step).
+- with 2 in --ranks, the floor's loop under torch's DDP on 2 processes (no ddp_lab in the
+  step: what a 2-rank ddp_lab run is measured against), and the median of one
+  gradient-sized gloo all_reduce between 2 processes: the 2-rank latency floor is steps x
+  (that all_reduce + the floor's step), a sum of parts measured apart.
 Prints one table (median epoch over all epochs and rounds, and each round's ratio to the
 floor measured in the same round) and the two ratios the goals are about.
 """
@@ -124,6 +126,57 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     return times
 
 
+def ddp_floor_epochs(root: str, epochs: int, max_steps: int, ranks: int) -> list[float]:
+    """The floor on `ranks` processes: the floor's tight loop, each rank on its half of every
+    epoch's permutation, under torch's DDP on a local gloo group (no ddp_lab in the step),
+    as many torch threads per rank as a ddp_lab rank gets (cores / ranks) and OMP passive.
+    Every epoch between barriers, as ddp_lab times its own; rank 0's times."""
+    from ddp_lab.bench.scaffold import run_ranks
+
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the spawned ranks read it when torch loads
+    out = run_ranks(_ddp_floor_rank, ranks, (root, epochs, max_steps))
+    if out is None:
+        sys.exit("the DDP floor failed (the rank's error is above)")
+    return out[0]
+
+
+def _ddp_floor_rank(ctx, args) -> list[float]:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_lab.data import load_split, normalise
+
+    root, epochs, max_steps = args
+    rank, world = ctx.env.rank, ctx.env.world_size
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    torch.manual_seed(0)
+    images, labels = load_split(root, train=True)
+    x_all = normalise(images).flatten(1)
+    model = DDP(nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    n, batch = len(labels), 64
+    F.cross_entropy(model(x_all[:batch]), labels[:batch]).backward()  # warm-up, as the floor's
+    model.zero_grad(set_to_none=True)
+    times = []
+    for _ in range(epochs):
+        order = torch.randperm(n)[rank::world]  # the same seed: one permutation, split
+        ctx.barrier()
+        t0 = time.perf_counter()
+        for step, i in enumerate(range(0, len(order), batch)):
+            if max_steps and step == max_steps:
+                break
+            idx = order[i:i + batch]
+            loss = F.cross_entropy(model(x_all[idx]), labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        ctx.barrier()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def allreduce_latency(ranks: int, numel: int, calls: int = 300) -> float:
     """Median seconds of one all_reduce of `numel` float32 (one step's gradient) between
     `ranks` local gloo processes: the part of a step no synchroniser can avoid."""
@@ -198,7 +251,8 @@ def main() -> None:
         configs.append(("ddp_lab sync=ddp, 1 rank(s), train.compile=true", 1,
                         ["train.compile=true"]))
     notebook = NOTEBOOK + (", OMP_WAIT_POLICY=PASSIVE" if args.notebook_passive else "")
-    names = [FLOOR] + ([notebook] if not args.no_notebook else []) + [c[0] for c in configs]
+    names = ([FLOOR] + ([FLOOR2] if 2 in args.ranks else [])
+             + ([notebook] if not args.no_notebook else []) + [c[0] for c in configs])
     epochs: dict[str, list[float]] = {n: [] for n in names}
     per_repeat: dict[str, list[float]] = {n: [] for n in names}  # median epoch of each round
     acc: dict[str, float] = {}
@@ -212,6 +266,10 @@ def main() -> None:
             t = _in_child("floor_epochs", root, args.epochs, args.max_steps, passive=True)
             epochs[FLOOR] += t
             per_repeat[FLOOR].append(statistics.median(t))
+            if 2 in args.ranks:
+                t = ddp_floor_epochs(root, args.epochs, args.max_steps, 2)
+                epochs[FLOOR2] += t
+                per_repeat[FLOOR2].append(statistics.median(t))
             if not args.no_notebook:
                 # a fresh process per round: the notebook's own process group each time
                 t = _in_child("notebook_epochs", root, args.epochs, args.max_steps,
@@ -257,10 +315,12 @@ def main() -> None:
         lat = statistics.median(latency)
         floor2 = steps2 * (lat + base / steps1)
         ours2 = statistics.median(epochs["ddp_lab sync=ddp, 2 rank(s), timing true"])
+        tight2 = statistics.median(epochs[FLOOR2])
         print(f"2 ranks: latency floor = {steps2} steps x ({lat * 1e3:.3f} ms all_reduce of "
               f"{grad_numel * 4 / 1e3:.0f} kB + {base / steps1 * 1e3:.3f} ms floor step) = "
               f"{floor2:.3f} s; ddp_lab (timing on) / latency floor = {ours2 / floor2:.2f} "
-              f"(goal <= 1.2)")
+              f"(goal <= 1.2); torch's DDP tight loop / latency floor = {tight2 / floor2:.2f}; "
+              f"ddp_lab (timing on) / torch's DDP tight loop = {ours2 / tight2:.2f}")
 
 
 def _steps(ranks: int, max_steps: int) -> int:
@@ -270,6 +330,7 @@ def _steps(ranks: int, max_steps: int) -> int:
 
 
 FLOOR = "floor: tight loop over preloaded tensors, 1 process"
+FLOOR2 = "floor on 2 ranks: the same loop under torch DDP, 2 processes"
 NOTEBOOK = "notebook loop (ToTensor + DataLoader), 1 process"
 
 
