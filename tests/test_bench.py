@@ -191,6 +191,7 @@ def _check_run_folder_launcher(run_dir: Path, world: int, launcher: str) -> list
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_two_ranks_ours_vs_the_library(tmp_path):
     proc = run_cli("launcher.nproc_per_node=2", "bench.max_elements=16384", "bench.points=3",
@@ -266,6 +267,7 @@ def test_every_launcher_renders_the_bench_worker(tmp_path, launcher, script):
     assert "-m ddp_lab.bench.worker" in text and "ddp_lab.worker" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.dist
 def test_mpirun_runs_the_bench(tmp_path):

@@ -230,6 +230,7 @@ def test_cli_bad_compress_is_one_line_exit_2(tmp_path, args, line):
 
 
 # ------------------------------------------------------------ end to end
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_run_records_the_mode_and_wire_bytes(tmp_path, shared_data_root):
     steps = 12

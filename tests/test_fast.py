@@ -32,6 +32,7 @@ def _weights(run_dir) -> dict:
     return torch.load(run_dir / "checkpoints" / "epoch_0001.pt")["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_bookkeeping_does_not_change_the_weights(tmp_path, shared_data_root):
     # the StepTimer's stamps and records, and the OpenMP wait policy, are bookkeeping and

@@ -43,6 +43,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,
                     reason="mpirun not installed (run scripts/install_system_deps.sh)")
+@pytest.mark.slow
 def test_mpirun_gloo_allreduce(tmp_path):
     script = tmp_path / "mpi_allreduce.py"
     script.write_text(SCRIPT)

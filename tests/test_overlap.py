@@ -212,6 +212,7 @@ def _exposed_worker(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_exposed_comm_is_below_in_flight_when_overlapped():
     results = run_world(_exposed_worker, 2, timeout=240)
@@ -295,6 +296,7 @@ def test_cli_ddp_overlap_false_is_one_line_exit_2(tmp_path):
 @pytest.mark.dist
 @pytest.mark.parametrize("extra", [["train.micro_batch=16"], ["train.compile=true"]],
                          ids=["micro_batch", "compile"])
+@pytest.mark.slow
 def test_cli_overlapped_run_records_exposed_and_in_flight(tmp_path, shared_data_root, extra):
     p = run_cli("sync=ring", "sync.overlap=true", "sync.bucket_mb=0.01", "model.hidden=[64,32]",
                 "launcher.nproc_per_node=2", "train.epochs=1", "train.max_steps_per_epoch=12",

@@ -142,6 +142,7 @@ def test_statuses_and_speedups_from_summaries(tmp_path):
         (tmp_path / "rep" / "epoch_time_vs_world.json").read_text())["series"])
 
 
+@pytest.mark.slow
 def test_bad_paths_are_one_line_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "file.txt").write_text("x")

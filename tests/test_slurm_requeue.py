@@ -181,6 +181,7 @@ def reference(slurm_cluster, shared_data_root, tmp_path_factory) -> Path:
     return job.run_dir
 
 
+@pytest.mark.slow
 def test_time_limit_signal_checkpoints_requeues_and_completes(slurm_cluster, shared_data_root,
                                                                tmp_path, reference):
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root)
@@ -207,6 +208,7 @@ def test_time_limit_signal_checkpoints_requeues_and_completes(slurm_cluster, sha
     assert "resumed from epoch_" in log and "_step_" in log
 
 
+@pytest.mark.slow
 def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp_path,
                                             reference):
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root)

@@ -380,6 +380,7 @@ def test_cli_bad_sync_input_is_one_line_no_traceback(tmp_path):
 
 
 # ------------------------------------------------------------ end to end
+@pytest.mark.slow
 @pytest.mark.dist
 def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
     p = run_cli("sync=ring", "launcher.nproc_per_node=2", "train.epochs=2",
