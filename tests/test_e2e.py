@@ -60,6 +60,7 @@ def test_port_in_use_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and f"port {port} is in use" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_failing_job_exits_non_zero_and_keeps_its_logs(tmp_path):
     # an unreachable mirror and an empty root: rank 0 fails, rank 1 learns it and stops
@@ -131,6 +132,7 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
         tb.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_missing_peer_or_master_fails_within_the_timeout(tmp_path, rank):
     """Rank 0 alone (a peer never comes) or rank 1 alone (no master): an error, not a hang."""

@@ -38,6 +38,7 @@ def finished(tmp_path_factory, shared_data_root):
     (["train.epochs=3", "train.max_steps_per_epoch=30", "model=cnn"], "model=mlp"),
     (["train.epochs=3", "train.max_steps_per_epoch=30", "train.lr=0.01"], "train.lr=0.001"),
 ])
+@pytest.mark.slow
 def test_a_finished_run_is_never_rewritten(finished, tmp_path, args, says):
     run_dir, data = finished
     before = _tree(run_dir)
@@ -49,6 +50,7 @@ def test_a_finished_run_is_never_rewritten(finished, tmp_path, args, says):
     assert _tree(run_dir) == before  # byte-identical, config.yaml included
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_launch_script_again_on_a_finished_run_changes_nothing(finished, tmp_path):
     """`bash launch.sh` again (what a requeue or a re-created pod does) on a completed run."""
