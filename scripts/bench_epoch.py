@@ -113,17 +113,23 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
-        order = torch.randperm(n)
-        for step, i in enumerate(range(0, n, batch)):
-            if max_steps and step == max_steps:
-                break
-            idx = order[i:i + batch]
-            loss = F.cross_entropy(model(x_all[idx]), labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+        tight_epoch(model, optimizer, x_all, labels, torch.randperm(n), batch, max_steps)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def tight_epoch(model, optimizer, x_all, labels, order, batch: int, max_steps: int) -> None:
+    """One epoch of the floor's loop over the samples `order` names, in batches of `batch`."""
+    import torch.nn.functional as F
+
+    for step, i in enumerate(range(0, len(order), batch)):
+        if max_steps and step == max_steps:
+            break
+        idx = order[i:i + batch]
+        loss = F.cross_entropy(model(x_all[idx]), labels[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
 
 
 def ddp_floor_epochs(root: str, epochs: int, max_steps: int, ranks: int) -> list[float]:
@@ -164,14 +170,7 @@ def _ddp_floor_rank(ctx, args) -> list[float]:
         order = torch.randperm(n)[rank::world]  # the same seed: one permutation, split
         ctx.barrier()
         t0 = time.perf_counter()
-        for step, i in enumerate(range(0, len(order), batch)):
-            if max_steps and step == max_steps:
-                break
-            idx = order[i:i + batch]
-            loss = F.cross_entropy(model(x_all[idx]), labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+        tight_epoch(model, optimizer, x_all, labels, order, batch, max_steps)
         ctx.barrier()
         times.append(time.perf_counter() - t0)
     return times
