@@ -23,6 +23,27 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Every phase's seconds, summed per test file (on the controller under xdist, whose
+    reports carry each worker's durations)."""
+    path = report.nodeid.split("::", 1)[0]
+    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest test files, with their share: where the suite's time goes (issue 18)."""
+    if not FILE_SECONDS or hasattr(terminalreporter.config, "workerinput"):
+        return
+    total = sum(FILE_SECONDS.values())
+    terminalreporter.section("slowest files (test time, all phases)")
+    for path, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f} s {seconds / total:6.1%}  {path}")
+    terminalreporter.write_line(f"{total:8.1f} s in all, {len(FILE_SECONDS)} files")
+
+
 @pytest.fixture(scope="session")
 def shared_data_root(tmp_path_factory) -> Path:
     """One extracted MNIST for the whole session (runs re-verify it, fetch nothing)."""
