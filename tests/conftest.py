@@ -17,29 +17,10 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml): a file's tests run on one
     worker, so its module fixtures (a reference run, a world) are made once; every test
     that needs the SLURM cluster runs on one worker, so one cluster serves the session."""
-    groups: dict[str, float] = {}  # group -> the seconds its tests are expected to take
-    of_item = {}
     for item in items:
         slurm = "slurm_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("cluster")
         group = "slurm-cluster" if slurm else item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
-        of_item[item] = group
-        groups[group] = groups.get(group, 0.0) + expected_seconds(item)
-    # the longest groups first (xdist hands groups out in this order, with
-    # --no-loadscope-reorder): a long group started last would run alone at the end
-    rank = {g: i for i, g in enumerate(sorted(groups, key=lambda g: -groups[g]))}
-    items.sort(key=lambda it: rank[of_item[it]])  # stable: a file's own order is kept
-
-
-def expected_seconds(item) -> float:
-    """A rough guess from the markers, good enough to order the groups: a SLURM test ~40 s,
-    another slow one ~30 s, a real process group ~1 s (forked from a warm server), anything
-    else well under."""
-    if item.get_closest_marker("cluster"):
-        return 40.0
-    if item.get_closest_marker("slow"):
-        return 30.0
-    return 1.0 if item.get_closest_marker("dist") else 0.3
 
 
 FILE_SECONDS: dict[str, float] = {}
