@@ -10,7 +10,7 @@ sees it at once. A record holds
     a message (a failed rank's one-line reason)
 
 Who updates it: the step timer and each synchroniser's comm recorder, as their listener
-(`ddp_lab.train.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
+(`ddp_lab.run.epoch.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
 `ddp_lab.sync.base.Synchroniser` passes `collective` to its `CommRecorder`; timing itself
 knows nothing of this record), the scalar collectives of `ddp_lab.distributed.DistContext`,
 the training loop (each epoch's start) and `ddp_lab.run.rank.run_rank` (state: starting,

@@ -5,7 +5,7 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
     timer.end_step()
 
 The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
-listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/train.py)
+listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/run/epoch.py)
 passes the rank's progress record (ddp_lab/run/progress.py), so a stuck rank can be found.
 """
 
