@@ -6,6 +6,7 @@ writes (a real 2-rank gloo world drives `Telemetry`)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,28 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
     assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2, 3]
     assert EpochRecord.from_dict(json.loads(lines[-1])) == rec
     assert not list(tmp_path.glob(".metrics.jsonl.tmp-*"))  # no temp file left behind
+
+
+def test_a_torn_metrics_line_costs_its_record_not_the_resume(tmp_path):
+    """Issue 20: a stopped run whose metrics.jsonl ends with half a line (damaged outside
+    the run) resumes; the torn line is dropped and named in the log."""
+    from ddp_lab.run.metrics import RunFolderSink
+
+    whole = [json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) for e in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(whole) + "\n" + whole[1][:40])
+    sink = RunFolderSink(tmp_path)
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # the rank's log, here
+    logging.getLogger("ddp_lab").addHandler(handler)
+    try:
+        sink.truncate_after(2)
+    finally:
+        logging.getLogger("ddp_lab").removeHandler(handler)
+    sink.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2]
+    assert len(said) == 1 and "line 3 is not a JSON record" in said[0], said
 
 
 def _telemetry_cfg(*overrides: str):

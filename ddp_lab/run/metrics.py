@@ -127,11 +127,28 @@ class RunFolderSink(NullSink):
         `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
         hides its points past the same position."""
         lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
-        self._lines = [ln for ln in lines if ln.strip() and json.loads(ln).get("epoch", 0) <= epoch]
+        self._lines = [ln for ln in map(self._readable, enumerate(lines, 1))
+                       if ln and json.loads(ln).get("epoch", 0) <= epoch]
         if self.metrics.exists():
             self._write_metrics()
         if (self.run_dir / "tb").is_dir():  # a run before this one wrote points: purge
             self._purge = (epoch + 1, global_step)
+
+    def _readable(self, numbered: tuple[int, str]) -> str:
+        """A line of metrics.jsonl as it is, or "" for a blank one or one that is not a JSON
+        object: a line torn by something outside the run (this sink writes the file whole
+        and atomically) costs that record, never the resume. Said once, in the rank's log."""
+        number, line = numbered
+        if not line.strip():
+            return ""
+        try:
+            if isinstance(json.loads(line), dict):
+                return line
+        except ValueError:
+            pass
+        logging.getLogger("ddp_lab").warning(
+            "%s line %d is not a JSON record (torn?): dropped: %.80s", self.metrics, number, line)
+        return ""
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
