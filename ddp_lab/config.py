@@ -325,10 +325,15 @@ class HierarchicalSyncConfig(RingSyncConfig):
 
 
 # ------------------------------------------------------------------- model
+def _size(value: Any) -> bool:
+    """Whether `value` is a layer size: an int >= 1 (True is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def widths(hidden: Any) -> list[int]:
     """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
     ws = [hidden] if isinstance(hidden, int) else list(hidden)
-    if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in ws):
+    if not ws or not all(map(_size, ws)):
         raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
                          "e.g. model.hidden=[2048,2048]")
     return ws
@@ -376,7 +381,7 @@ class CNNConfig(ModelConfig):
     @classmethod
     def check(cls, cfg: Any) -> None:
         for key in ("channels1", "channels2", "hidden"):
-            if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            if not _size(cfg[key]):
                 raise ValueError(f"model.{key}={cfg[key]}: must be an integer >= 1 "
                                  f"(default {getattr(cls, key)})")
 

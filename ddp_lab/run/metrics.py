@@ -127,28 +127,28 @@ class RunFolderSink(NullSink):
         `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
         hides its points past the same position."""
         lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
-        self._lines = [ln for ln in map(self._readable, enumerate(lines, 1))
-                       if ln and json.loads(ln).get("epoch", 0) <= epoch]
+        records = [ln for number, ln in enumerate(lines, 1) if self._readable(number, ln)]
+        self._lines = [ln for ln in records if json.loads(ln).get("epoch", 0) <= epoch]
         if self.metrics.exists():
             self._write_metrics()
         if (self.run_dir / "tb").is_dir():  # a run before this one wrote points: purge
             self._purge = (epoch + 1, global_step)
 
-    def _readable(self, numbered: tuple[int, str]) -> str:
-        """A line of metrics.jsonl as it is, or "" for a blank one or one that is not a JSON
-        object: a line torn by something outside the run (this sink writes the file whole
-        and atomically) costs that record, never the resume. Said once, in the rank's log."""
-        number, line = numbered
+    def _readable(self, number: int, line: str) -> bool:
+        """Whether line `number` of metrics.jsonl is a record. Blank lines are not; nor is
+        one that is not a JSON object (torn by something outside the run: this sink writes
+        the file whole and atomically), which costs that record, never the resume, and is
+        said in the rank's log."""
         if not line.strip():
-            return ""
+            return False
         try:
             if isinstance(json.loads(line), dict):
-                return line
+                return True
         except ValueError:
             pass
         logging.getLogger("ddp_lab").warning(
             "%s line %d is not a JSON record (torn?): dropped: %.80s", self.metrics, number, line)
-        return ""
+        return False
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
