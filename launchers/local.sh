@@ -15,8 +15,9 @@ export PYTHONPATH={code_dir}${{PYTHONPATH:+:$PYTHONPATH}}
 # Restarts (launcher.max_restarts) need a fresh store per attempt, or the new workers read
 # the dead ones' addresses from it and gloo's connect times out: hence c10d rendezvous, not
 # static (--master_addr/--master_port), and no sharing of the agent's store with the workers
-# (pytorch/pytorch#135712).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# (pytorch/pytorch#135712). Only then: an unshared store sits on a port the agent picked and
+# released, which another program can take before rank 0 binds it (EADDRINUSE).
+if [ "$MAX_RESTARTS" -gt 0 ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi
 exec {python} -m torch.distributed.run \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \

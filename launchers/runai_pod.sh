@@ -74,8 +74,7 @@ trap 'on_signal INT' INT
 
 {setup}
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}
-# a fresh store per restart attempt (pytorch/pytorch#135712)
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+{store_line}
 {rdma}
 
 # launcher.wait follows these files from the submitting machine (the run folder is shared)

@@ -191,6 +191,8 @@ def test_slurm_dry_run_torchrun(tmp_path, capsys):
     assert "--nproc_per_node=$NPROC_PER_NODE" in text and "NPROC_PER_NODE=4" in text
     assert "--rdzv_backend=static --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" in text
     assert "module load cuda" in text and "-m ddp_lab.worker \\\"$RUN_DIR\\\"" in text
+    # no restarts: the workers share torchrun's store (no port left free between pick and bind)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in text
     assert (run_dir / "logs").is_dir()  # sbatch --output does not create folders
 
 

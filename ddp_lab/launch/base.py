@@ -99,6 +99,16 @@ def setup_block(lines) -> str:
     return "# launcher.setup\n" + "\n".join(lines)
 
 
+def store_line(max_restarts: int) -> str:
+    """The script lines that pick the workers' store: torchrun's own (the rendezvous port,
+    bound before any worker starts) unless restarts need a fresh one per attempt."""
+    if max_restarts <= 0:
+        return "# no restarts: the workers share torchrun's store on the rendezvous port"
+    return ("# a fresh store per restart attempt (pytorch/pytorch#135712); its port is picked\n"
+            "# by torchrun and bound by rank 0 a few seconds later\n"
+            "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+
+
 def template(name: str) -> str:
     return (TEMPLATES / name).read_text()
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..run.rundir import read_summary
-from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait, template)
+from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
+                   store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
@@ -125,8 +126,8 @@ def pod_script(cfg, run_dir: Path) -> str:
     return template("runai_pod.sh").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), rdma=rdma, python=py, rdzv=rdzv,
-        max_restarts=lc.max_restarts, entry=shlex.quote(cfg.run.entry),
-        job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
+        max_restarts=lc.max_restarts, store_line=store_line(lc.max_restarts),
+        entry=shlex.quote(cfg.run.entry), job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
 
 
 def render(cfg, run_dir: Path) -> Rendered:

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..run.stop import EXIT_STOPPED
-from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool, setup_block, should_wait, template)
+from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
+                   setup_block, should_wait, store_line, template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -184,9 +185,7 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
                 f"--node_rank=\\$SLURM_NODEID --rdzv_conf=timeout={timeout}")
     srun.insert(2, "--ntasks-per-node=1")
     return (
-        "# A fresh store per restart attempt (pytorch/pytorch#135712): without it restarted\n"
-        "# workers can read the dead ones' addresses and time out connecting.\n"
-        "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
+        f"{store_line(lc.max_restarts)}\n"
         "# One task per node: srun starts a torchrun on each node, torchrun its processes.\n"
         "# $VAR expands here, on the first node; \\$VAR inside the quotes expands on each\n"
         "# node (without the backslash every node would claim node rank 0).\n"
