@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--node-size", type=int, default=0, help="sync.node_size for hierarchical")
+    ap.add_argument("--only", default="", help='comma-separated labels, e.g. "ring,hierarchical inter=ring"')
     ap.add_argument("--root", type=Path, default=Path("outputs/bench_hierarchical"),
                     help="run folders under this folder")
     ap.add_argument("overrides", nargs="*", help="ddp_lab overrides for every run (after --)")
@@ -57,9 +58,16 @@ def main() -> None:
     root = args.root.resolve()
     common = ["train.epochs=1", f"train.max_steps_per_epoch={args.steps}",
               "train.checkpoint=false", *args.overrides]
-    results: dict[str, list[dict]] = {label: [] for label, _ in CONFIGS}
+    configs = CONFIGS
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",")]
+        unknown = sorted(set(wanted) - {label for label, _ in CONFIGS})
+        if unknown:
+            sys.exit(f"--only: no configuration {unknown}; choose from {[lb for lb, _ in CONFIGS]}")
+        configs = [c for c in CONFIGS if c[0] in wanted]
+    results: dict[str, list[dict]] = {label: [] for label, _ in configs}
     for r in range(args.repeats):
-        for label, ov in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:
+        for label, ov in configs[r % len(configs):] + configs[:r % len(configs)]:
             extra = [f"sync.node_size={args.node_size}"] if "sync=hierarchical" in ov else []
             s = run([*common, *ov, *extra], root / label.replace(" ", "_").replace("=", "-"))
             results[label].append(s)
@@ -84,7 +92,7 @@ def main() -> None:
               f"{row['sent_MB_step']:13.3f} {cross:>22}")
     print()
     for label in (lb for lb in rows if lb.startswith("hierarchical")):
-        for ref in ("ring", "ddp"):
+        for ref in (r for r in ("ring", "ddp") if r in rows):
             a, b = rows[label], rows[ref]
             print(f"{label} / {ref}: epoch {a['epoch_s'] / b['epoch_s']:.2f}, "
                   f"comm per step {a['comm_ms_step'] / b['comm_ms_step']:.2f}")

@@ -179,17 +179,29 @@ def test_entry_points_load_no_torch_at_import(entry):
         sorted(m for m, ext in loads.items() if ext))
 
 
-def test_a_dry_run_never_imports_torch(tmp_path):
+@pytest.mark.parametrize("entry, args", [
+    ("ddp_lab", ["sync=hierarchical", "model=cnn"]),
+    ("ddp_lab.bench", ["bench.ops=[all_reduce,broadcast]", "bench.impl=[torch,ring]"]),
+], ids=["train", "bench"])
+def test_a_dry_run_never_imports_torch(tmp_path, entry, args):
     """Every check before a launch (sync and model rules, dist.backend x dist.device on a
-    CPU machine) needs no torch: a command answers in about a second, not after torch's
-    seconds of import (the submitter does not train)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddp_lab", "sync=hierarchical",
-                           "model=cnn", f"run.root={tmp_path}", "launcher.dry_run=true"],
+    CPU machine, the bench's ops and implementations) needs no torch: a command answers in
+    about a second, not after torch's seconds of import (the submitter does not train)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", entry, *args,
+                           f"run.root={tmp_path}", "launcher.dry_run=true"],
                           cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, describe(proc)
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "ddp_lab.run.validate" in imported and "torch" not in imported
+
+
+def test_the_bench_configs_table_is_the_ops():
+    """bench/config.py's OPS (read by the submitter) is what bench/ops.py runs: ops.py
+    refuses to import otherwise; here, the table itself."""
+    from ddp_lab.bench import config, ops
+
+    assert {n: tuple(op.impls) for n, op in ops.OPS.items()} == dict(config.OPS)
 
 
 def test_xdist_groups_reach_the_scheduler(request):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from helpers import child_env, run_cli, run_dir_of
 
 
@@ -68,14 +69,27 @@ def test_launch_script_again_on_a_finished_run_changes_nothing(finished, tmp_pat
 def test_more_epochs_continue_the_run_and_append(tmp_path, shared_data_root):
     common = ["train.max_steps_per_epoch=25", "train.eval_batch_size=2000", "log.progress=lines",
               f"data.root={shared_data_root}", "timing.tb_every=5"]
+    full = run_cli("train.epochs=2", f"run.root={tmp_path / 'full'}", *common, cwd=tmp_path)
+    assert full.returncode == 0, full.stdout + full.stderr
     first = run_cli("train.epochs=1", f"run.root={tmp_path}", *common, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = run_dir_of(first)
     again = run_cli("train.epochs=2", f"run.dir={run_dir}", *common, cwd=tmp_path)  # resume=auto
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from epoch_0001.pt" in again.stdout
+
+    # where an uninterrupted 2-epoch run ends: model and Adam's moments bit-identical
+    a = torch.load(run_dir_of(full) / "checkpoints" / "epoch_0002.pt")
+    b = torch.load(run_dir / "checkpoints" / "epoch_0002.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2]
+    whole = [json.loads(x) for x in (run_dir_of(full) / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["test_accuracy"] == whole[-1]["test_accuracy"]
+    assert records[-1]["train_loss"] == pytest.approx(whole[-1]["train_loss"], rel=1e-12)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs_done"] == 2
     assert [(s["start_epoch"], s["end_epoch"], s["status"]) for s in summary["segments"]] == [

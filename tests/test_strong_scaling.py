@@ -4,15 +4,15 @@
 One global batch of 64, 20 steps: world 1, 2 and 4, sync=ddp and sync=ring, with and
 without accumulation, must all end with the same weights (atol 1e-5), because step s of
 every world size trains on the same 64 samples and the averaged gradient is the batch's
-mean gradient whichever way it was summed. The runs (Hydra sweeps, one torchrun each):
+mean gradient whichever way it was summed. The runs (one torchrun each):
 
     ddp  world 1, micro 0  : the reference, no communication, no accumulation
-    ddp  world 1, micro 16 : 4 micro-batches on one rank
     ddp  world 2, micro 16 : 2 micro-batches per rank, DDP.no_sync() on the first
     ddp  world 4, micro 16 : 16 per rank, no accumulation
     ring world 2, micro 16 : 2 micro-batches per rank, one ring all-reduce per step
-    ring world 4, micro 16 : 16 per rank, no accumulation
 
+(Accumulation on one rank is the same `step.accumulate` loop without a sync to defer, and
+a 4-rank ring is tests/test_sync.py's: both were runs here until the suite had to shrink.)
 Equal weights cannot tell an accumulation that synchronises every micro-batch (the sum of
 averages is the average of sums) from one that waits for the last: the communication
 counts do (summary.json comm_calls: the same per step with and without accumulation).
@@ -45,8 +45,8 @@ def test_one_global_batch_gives_the_same_weights_on_every_world_size(tmp_path, s
     data = f"data.root={shared_data_root}"
     commands = [
         ["sync=ddp", "launcher.nproc_per_node=1", "train.micro_batch=0"],
-        ["-m", "sync=ddp", "launcher.nproc_per_node=1,2,4", "train.micro_batch=16"],
-        ["-m", "sync=ring", "launcher.nproc_per_node=2,4", "train.micro_batch=16"],
+        ["-m", "sync=ddp", "launcher.nproc_per_node=2,4", "train.micro_batch=16"],
+        ["sync=ring", "launcher.nproc_per_node=2", "train.micro_batch=16"],
     ]
     for i, args in enumerate(commands):
         proc = run_cli(*args, *COMMON, data, f"run.root={tmp_path / str(i)}", cwd=tmp_path)
@@ -54,7 +54,7 @@ def test_one_global_batch_gives_the_same_weights_on_every_world_size(tmp_path, s
 
     (ref,) = _runs(tmp_path / "0")
     runs = _runs(tmp_path / "1") + _runs(tmp_path / "2")
-    assert len(runs) == 5
+    assert len(runs) == 3
     seen = set()
     base = _weights(ref)
     for run in [ref, *runs]:
@@ -68,14 +68,13 @@ def test_one_global_batch_gives_the_same_weights_on_every_world_size(tmp_path, s
         for k in base:
             torch.testing.assert_close(got[k], base[k], rtol=0, atol=1e-5,
                                        msg=lambda m, k=k, run=run: f"{run.name} {k}: {m}")
-    assert seen == {("ddp", 1, 1), ("ddp", 1, 4), ("ddp", 2, 2), ("ddp", 4, 1),
-                    ("ring", 2, 2), ("ring", 4, 1)}
+    assert seen == {("ddp", 1, 1), ("ddp", 2, 2), ("ddp", 4, 1), ("ring", 2, 2)}
 
     # one synchronisation per step, accumulating or not (the MLP's gradients fit one bucket
     # in both synchronisers: the counts of a run without accumulation say how many)
     calls = {(s["sync"], s["world_size"]): s["comm_calls"] for s in map(summary, runs)}
     assert calls[("ddp", 2)] == calls[("ddp", 4)] > 0
-    assert calls[("ring", 2)] == calls[("ring", 4)] > 0
+    assert calls[("ring", 2)] == 20, calls  # one ring all-reduce of the one bucket per step
 
 
 def _folder(root: Path, name: str, world: int, train: str, summary: dict) -> None:

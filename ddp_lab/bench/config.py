@@ -16,16 +16,28 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..config import SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig, register_configs
 from ..registry import Registry
-from .ops import OPS
 
-# bench.impl option -> the ops that have it, read from the ops (which take their
-# algorithms from ddp_lab.collectives' tables): a new algorithm there is a new choice here
+# bench.ops -> the implementations each has. The submitting side reads this table and
+# imports no torch; the ops themselves (ops.py, which take their algorithms from
+# ddp_lab.collectives' tables) check at import that they are exactly these.
+OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
+    "all_reduce": ("torch", "naive", "tree", "butterfly", "ring"),
+    "reduce": ("torch", "naive", "tree"),
+    "broadcast": ("torch", "naive", "tree", "ring"),
+    "reduce_broadcast": ("torch", "naive", "tree"),
+    "send_recv_ring": ("torch",),
+    "isend_irecv_ring": ("torch",),
+    "all_gather": ("torch", "ring"),
+    "reduce_scatter": ("torch", "ring"),
+    "ping_pong": ("torch",),
+})
+# bench.impl option -> the ops that have it
 IMPLS: Registry[list[str]] = Registry("bench.impl")
-for _op in OPS.values():
-    for _impl in _op.impls:
+for _op, _impls in OPS.items():
+    for _impl in _impls:
         if _impl not in IMPLS:
             IMPLS.add(_impl, [])
-        IMPLS[_impl].append(_op.name)
+        IMPLS[_impl].append(_op)
 GROUPS: Registry[str] = Registry("bench.groups", {
     "global": "all ranks", "intra_node": "the ranks of one node",
     "cross_node": "one local rank across nodes"})

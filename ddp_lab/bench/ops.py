@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER
 from ..registry import Registry
+from . import config
 
 PERIOD = 8  # the pattern repeats every PERIOD elements
 LR = 0.125  # reduce_broadcast's learning rate: a power of two keeps the update exact
@@ -329,11 +330,14 @@ def _pp_check(b, g, pat):
 PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
-# the one list of benchmarked ops (bench.ops); their implementations come from
-# ddp_lab.collectives' tables, so bench.impl's choices follow those (bench/config.py)
+# the benchmarked ops (bench.ops); their implementations come from ddp_lab.collectives'
+# tables. The config's table (what the submitting side checks, without torch) must say the same.
 OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
     ISEND_IRECV_RING_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
+if {n: tuple(op.impls) for n, op in OPS.items()} != dict(config.OPS):
+    raise RuntimeError("ddp_lab.bench.config.OPS lists other ops or implementations than "
+                       f"ddp_lab.bench.ops.OPS: {({n: tuple(op.impls) for n, op in OPS.items()})}")
 
 
 def dtype_of(name: str) -> torch.dtype:

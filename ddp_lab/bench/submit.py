@@ -17,8 +17,7 @@ from omegaconf import DictConfig
 
 from ..run.job import collect, launch_job
 from ..run.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
-from .config import DTYPES, GROUPS, IMPLS
-from .ops import OPS
+from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
 # ------------------------------------------------------------------ check
