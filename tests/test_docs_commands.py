@@ -70,11 +70,11 @@ def cheap(argv: list[str], work) -> tuple[list[str], str]:
         return py, "help"
     if module in ("ddp_lab", "ddp_lab.bench"):
         data = [work["data"]] if module == "ddp_lab" else []  # the bench reads no data
-        if (any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args
-                or not (args == [] or sweep_jobs(args) == 2)):
-            # the plain command and the 2-job sweep run for real; every other command is
-            # composed, checked and rendered: what its option does when it trains, that
-            # option's own test shows (test_sync, test_models, test_data, test_bench)
+        if any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args or args:
+            # the plain command runs for real; every other command is composed, checked and
+            # rendered (a sweep: one folder per job): what its option does when it trains,
+            # that option's own test shows (test_sync, test_models, test_data, test_bench;
+            # sweeps that train: test_strong_scaling, test_study)
             return [*py, "launcher.dry_run=true", *data], "run"
         return [*py, *(QUICK if module == "ddp_lab" else QUICK_BENCH), *data], "run"
     return py, "plain"  # ddp_lab.report, ddp_lab.nccl_env: cheap as they are
@@ -113,7 +113,9 @@ def test_runbook_command(work, command):
     out = ok(proc)
     if kind == "help":
         assert "launcher" in out
-    elif kind == "run" and "-m" not in argv[3:]:  # a sweep prints one run dir per job
+    elif kind == "run" and "-m" in argv[3:]:  # a sweep prints one run dir per job
+        assert out.count("run dir: ") == sweep_jobs(argv[3:]), out
+    elif kind == "run":
         assert run_dir_of(proc).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
     if argv[2] == "ddp_lab.report":
         assert (work["cwd"] / "outputs" / "report" / "report.md").is_file()
@@ -148,10 +150,10 @@ def script_compare_syncs(work):
     root = work["cwd"] / "outputs" / "compare_syncs"
     out = ok(sh(work, ["bash", str(REPO / "scripts/compare_syncs.sh"), "train.max_steps_per_epoch=20",
                        work["data"]],
-                env={"EPOCHS": "1", "WORLDS": "2", "SYNCS": "ddp,ring", "ROOT": str(root),
+                env={"EPOCHS": "1", "WORLDS": "2", "SYNCS": "ring", "ROOT": str(root),
                      # this checkout has no .venv of its own: the interpreter running the tests
                      "PYTHON": sys.executable}))
-    assert "| 2 | ring | no | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 2
+    assert "| 2 | ring | no | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 1
 
 
 def script_bench_epoch(work):
@@ -184,7 +186,7 @@ def script_sync_table(work):
     # after compare_syncs.sh (alphabetical order): its runs, read again; a wrong path: one line
     root = work["cwd"] / "outputs" / "compare_syncs"
     table = [sys.executable, str(REPO / "scripts/sync_table.py")]
-    assert "| 2 | ddp | yes | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
+    assert "| 2 | ring | no | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
     proc = sh(work, [*table, str(root / "nowhere")])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 

@@ -32,29 +32,35 @@ def _weights(run_dir) -> dict:
     return torch.load(run_dir / "checkpoints" / "epoch_0001.pt")["model"]
 
 
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory, shared_data_root):
+    """One rank, 30 steps, timers on, the default (passive) OpenMP threads: the reference
+    of both tests below."""
+    tmp = tmp_path_factory.mktemp("eager")
+    return _run(tmp, shared_data_root, "train.max_steps_per_epoch=30", "timing.enabled=true",
+                threads=2)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.dist
-def test_bookkeeping_does_not_change_the_weights(tmp_path, shared_data_root):
+def test_bookkeeping_does_not_change_the_weights(tmp_path, shared_data_root, eager):
     # the StepTimer's stamps and records, and the OpenMP wait policy, are bookkeeping and
-    # scheduling only: timers on with spinning threads, or off with sleeping ones, same bits
-    timed, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=30",
-                    "timing.enabled=true", env={"OMP_WAIT_POLICY": "ACTIVE"}, threads=2)
+    # scheduling only: timers on with sleeping threads, or off with spinning ones, same bits
     bare, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=30",
-                   "timing.enabled=false", threads=2)
-    a, b = _weights(timed), _weights(bare)
+                   "timing.enabled=false", env={"OMP_WAIT_POLICY": "ACTIVE"}, threads=2)
+    a, b = _weights(eager), _weights(bare)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert summary(timed)["train_loss"] == summary(bare)["train_loss"]
-    assert summary(timed)["compiled"] is False and summary(timed)["compile_s"] is None
+    assert summary(eager)["train_loss"] == summary(bare)["train_loss"]
+    assert summary(eager)["compiled"] is False and summary(eager)["compile_s"] is None
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_compile_trains_like_eager(tmp_path, shared_data_root):
-    eager, _ = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=10")
-    compiled, proc = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=10",
-                          "train.compile=true")
+def test_compile_trains_like_eager(tmp_path, shared_data_root, eager):
+    compiled, proc = _run(tmp_path, shared_data_root, "train.max_steps_per_epoch=30",
+                          "timing.enabled=true", "train.compile=true", threads=2)
     s, e = summary(compiled), summary(eager)
     assert s["status"] == "completed" and s["compiled"] is True
     assert s["compile_s"] > 0  # measured apart: before the first epoch's clock starts
@@ -66,7 +72,7 @@ def test_compile_trains_like_eager(tmp_path, shared_data_root):
     for k in a:  # the checkpoint holds the bare module's keys, not the compiled wrapper's
         assert torch.allclose(a[k], b[k], atol=1e-4), k
     rec = [json.loads(x) for x in (compiled / "metrics.jsonl").read_text().splitlines()]
-    assert len(rec) == 1 and rec[0]["steps"] == 10
+    assert len(rec) == 1 and rec[0]["steps"] == 30
 
 
 @pytest.mark.dist
