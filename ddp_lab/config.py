@@ -116,12 +116,13 @@ class SlurmLauncherConfig(LauncherConfig):
     """stop following after this long (the job keeps running); null = no limit"""
     poll_s: float = 2.0
     """seconds between squeue/scontrol polls while following"""
-    signal_s: Optional[int] = 120
+    signal_s: Optional[int] = None
     """#SBATCH --signal=B:USR2@<signal_s>: SLURM signals the batch shell this many seconds
     before the time limit; its trap writes RUN_DIR/STOP so every rank checkpoints and exits 0,
-    then the shell requeues the job (see requeue, max_requeues). The timing has about a
-    minute's granularity (SLURM checks limits once a minute): leave the ranks at least
-    60 s + a checkpoint's time. 0 or null = no signal line (the job just ends at its limit)"""
+    then the shell requeues the job (see requeue, max_requeues). SLURM may signal up to 60 s
+    earlier than asked, never later. null = a quarter of launcher.time, at most 120 s
+    (00:02:00 -> 30 s); 0 = no signal line (the job just ends at its limit). A benchmark
+    has no checkpoint: it gets neither the signal nor a requeue"""
     requeue: bool = True
     """#SBATCH --requeue: the job may be requeued (by itself after the time-limit signal, by an
     admin's `scontrol requeue`, by preemption) and continues from its checkpoint

@@ -300,10 +300,29 @@ def test_slurm_dry_run_no_signal_no_requeue(tmp_path, capsys):
     opts = sbatch_header_ok(text)
     assert not any(o.startswith("--signal") for o in opts) and "--requeue" not in opts
     assert "--no-requeue" in opts and "--open-mode=append" in opts and "SELF_REQUEUE=0" in text
-    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.signal_s=null",
-                         f"run.dir={tmp_path / 'nosig'}")
+
+
+
+@pytest.mark.parametrize("time, lead", [("00:02:00", 30), ("00:03:00", 45), ("01:00:00", 120),
+                                        ("UNLIMITED", 120)])
+def test_slurm_stop_lead_follows_the_time_limit(tmp_path, capsys, time, lead):
+    """The seeds' own limits (00:02:00, 00:03:00) run as written: with signal_s unset the
+    stop comes a quarter of the limit before its end, at most 120 s."""
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", f"launcher.time={time}")
     opts = sbatch_header_ok((run_dir / "job.sbatch").read_text())
-    assert not any(o.startswith("--signal") for o in opts) and "--requeue" in opts
+    assert f"--signal=B:USR2@{lead}" in opts and "--requeue" in opts, opts
+
+
+def test_slurm_bench_job_gets_no_stop_signal_and_no_requeue(tmp_path):
+    """A benchmark has no checkpoint: nothing to stop at or to continue from."""
+    proc = run_cli("launcher=slurm", "launcher.time=00:02:00", "launcher.requeue=true",
+                   "launcher.dry_run=true", f"run.root={tmp_path}", cwd=tmp_path,
+                   module="ddp_lab.bench")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (run_dir_of(proc) / "job.sbatch").read_text()
+    opts = sbatch_header_ok(text)
+    assert not any(o.startswith("--signal") for o in opts), opts
+    assert "--no-requeue" in opts and "SELF_REQUEUE=0" in text
 
 
 def test_slurm_dry_run_per_task_in_background(tmp_path, capsys):

@@ -69,6 +69,13 @@ def duration_s(key: str, value) -> Optional[int]:
     return seconds or None  # 0: SLURM imposes no limit
 
 
+def stop_lead_s(limit_s: Optional[int]) -> int:
+    """launcher.signal_s when it is null: a quarter of the time limit, at most 120 s, so a
+    short job (a course's `--time 00:02:00`) stops once, near its end. SLURM may signal up
+    to 60 s earlier than asked (sbatch --signal), never later."""
+    return 120 if limit_s is None else min(120, limit_s // 4)
+
+
 def resolve(cfg) -> None:
     lc = cfg.launcher
     if lc.nodes < 1:
@@ -120,10 +127,14 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.poll_s={lc.poll_s}: must be > 0")
     if lc.signal_s is not None and lc.signal_s < 0:
         raise LaunchError(f"launcher.signal_s={lc.signal_s}: seconds before the time limit, "
-                          ">= 0 (0 or null: no signal)")
+                          ">= 0 (0: no signal; null: a quarter of launcher.time, at most 120)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
     limit = duration_s("launcher.time", lc.time)  # also a rule of validate.py
+    if "train" not in cfg:  # a benchmark: no checkpoint to stop at, nothing to resume
+        lc.signal_s, lc.requeue = 0, False
+    elif lc.signal_s is None:
+        lc.signal_s = stop_lead_s(limit)
     if lc.signal_s and limit is not None and lc.signal_s >= limit:
         raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
                           f"({limit} s): the stop signal would come before the job starts; "
