@@ -61,9 +61,11 @@ class MpirunLauncherConfig(LauncherConfig):
     hosts: Optional[List[str]] = None
     """`name:slots` entries (`name` alone = nproc_per_node slots); null = hostfile, else [localhost]"""
     hostfile: Optional[str] = None
-    """an existing Open MPI hostfile (`name slots=N` lines) instead of hosts"""
+    """an existing Open MPI hostfile (`name slots=N` or `name max_slots=N` lines) instead of hosts"""
+    np: Optional[int] = None
+    """ranks in all (mpirun's -np), placed slot by slot, host by host; null = every slot"""
     master_addr: Optional[str] = None
-    """rendezvous address every rank reaches; null = the first host"""
+    """rendezvous address every rank reaches: the first host (rank 0's); null = that host"""
     master_port: Optional[int] = None
     """rendezvous port; null = a free one (checked on this machine)"""
     allow_run_as_root: Optional[bool] = None

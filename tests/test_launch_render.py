@@ -137,10 +137,37 @@ def test_mpirun_hostfile_notebook_format(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# lab machines\nred01 max_slots = 2\norange07\npurple11 slots=3\n")
     assert mpirun_launch.read_hostfile(str(hostfile), 1) == ["red01:2", "orange07:1", "purple11:3"]
+    hostfile.write_text("red01 slots=4 max_slots=2\n")
+    with pytest.raises(UserError, match="red01 has slots=4 > max_slots=2"):
+        mpirun_launch.read_hostfile(str(hostfile), 1)
+
+
+def test_mpirun_np_over_the_notebooks_max_slots(tmp_path, capsys):
+    """The notebook's lab recipe: `red01 max_slots = 2`, `orange07 max_slots = 1`,
+    `purple11 max_slots = 3`, then `mpirun -np 4`: 4 ranks, the slots filled host by host."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("red01 max_slots = 2\norange07 max_slots = 1\npurple11 max_slots = 3\n")
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", f"launcher.hostfile={hostfile}",
+                         "launcher.np=4")
+    assert (run_dir / "hostfile").read_text() == "red01 slots=2\norange07 slots=1\npurple11 slots=1\n"
+    assert "-np 4" in (run_dir / "launch.sh").read_text()
+    assert "SLOTS=(2 1 1)" in (run_dir / "mpi_rank.sh").read_text()
+    # fewer ranks than the first host's slots: one host, the others unused
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", f"launcher.hostfile={hostfile}",
+                         "launcher.np=2", f"run.dir={tmp_path / 'two'}")
+    assert (run_dir / "hostfile").read_text() == "red01 slots=2\n"
+    assert mpirun_launch.place([("a", 2), ("b", 1), ("c", 3)], 6) == [("a", 2), ("b", 1), ("c", 3)]
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["launcher.hosts=[]"], "lists no host"),
+    (["launcher.hosts=[red01:2,orange07:1]", "launcher.np=4"],
+     "launcher.np=4: launcher.hosts offers 3 slot(s); choose 1 to 3"),
+    (["launcher.hosts=[red01:2]", "launcher.np=0"], "launcher.np=0"),
+    (["launcher.hosts=[red01:2,orange07:1]", "launcher.master_addr=orange07"],
+     "launcher.master_addr=orange07 is not red01, the host of rank 0"),
+    (["launcher.hosts=[localhost:2]", "launcher.master_addr=192.0.2.1"],
+     "launcher.master_addr=192.0.2.1 is not localhost"),
     (["launcher.hosts=[red01:0]"], "slots must be >= 1"),
     (["launcher.hosts=[red01:x]"], "slots must be an integer"),
     (["launcher.hosts=[red01:1,red01:2]"], "more than once"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 from pathlib import Path
 
 from .ports import free_port
@@ -44,7 +45,11 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots.
+
+    As Open MPI reads them: `slots` is how many ranks go to the host, `max_slots` the most it
+    may ever take. A host given only `max_slots` (the notebook's `red01 max_slots = 2`) offers
+    that many; the rank count (`launcher.np`, mpirun's `-np`) may use fewer."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")
@@ -56,9 +61,34 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
         name, rest = (line.split(None, 1) + [""])[:2]
         rest = re.sub(r"\s*=\s*", "=", rest)  # the notebook writes `max_slots = 2`
         opts = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
-        slots = opts.get("slots") or opts.get("max_slots") or str(default_slots)
-        entries.append(f"{name}:{slots}")
+        slots, most = opts.get("slots"), opts.get("max_slots")
+        if slots and most and slots.isdigit() and most.isdigit() and int(slots) > int(most):
+            raise LaunchError(f"launcher.hostfile={path}: {name} has slots={slots} > "
+                              f"max_slots={most}; Open MPI refuses it")
+        entries.append(f"{name}:{slots or most or default_slots}")
     return entries
+
+
+def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
+    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next;
+    hosts left with no rank are not used."""
+    placed, left = [], np
+    for name, slots in hosts:
+        if left <= 0:
+            break
+        placed.append((name, min(slots, left)))
+        left -= slots
+    return placed
+
+
+def same_host(a: str, b: str) -> bool:
+    """Whether two names or addresses are one machine, as far as this machine can tell."""
+    if a == b or (is_this_machine(a) and is_this_machine(b)):
+        return True
+    try:
+        return socket.gethostbyname(a) == socket.gethostbyname(b)
+    except OSError:  # a lab's name this machine cannot resolve: it cannot tell
+        return True
 
 
 def resolve(cfg) -> None:
@@ -83,6 +113,17 @@ def resolve(cfg) -> None:
     if lc.nodes not in (1, len(hosts)):
         raise LaunchError(f"launcher.nodes={lc.nodes} but {where} gives {len(hosts)} host(s): "
                           "the hosts decide; drop launcher.nodes")
+    total = sum(s for _, s in hosts)
+    np = total if lc.np is None else lc.np
+    if not 1 <= np <= total:
+        raise LaunchError(f"launcher.np={lc.np}: {where} offers {total} slot(s); choose 1 to "
+                          f"{total}, or give the hosts more slots")
+    others = {n for n, _ in hosts[1:]}
+    hosts = place(hosts, np)
+    if lc.master_addr and (lc.master_addr in others or not same_host(lc.master_addr, hosts[0][0])):
+        raise LaunchError(f"launcher.master_addr={lc.master_addr} is not {hosts[0][0]}, the "
+                          "host of rank 0, which serves the rendezvous: drop master_addr, or "
+                          f"list {lc.master_addr} first")
     master = lc.master_addr or hosts[0][0]
     if master == "localhost":
         master = "127.0.0.1"
@@ -92,6 +133,7 @@ def resolve(cfg) -> None:
     if lc.master_port is not None and is_this_machine(master):
         check_port_free(lc.master_port)
     lc.hosts = [f"{n}:{s}" for n, s in hosts]
+    lc.np = np
     lc.hostfile = None
     lc.nodes = len(hosts)
     lc.nproc_per_node = max(s for _, s in hosts)

@@ -130,6 +130,7 @@ def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
         if point.hosts is not None:
             cfg.launcher.hosts = list(point.hosts)
             cfg.launcher.hostfile = None
+            cfg.launcher.np = None  # every slot of the point's hosts
         cfg.run.dir = str(study_dir / point.folder) if study_dir is not None else None
     return resolve_train(cfg)
 
