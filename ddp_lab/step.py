@@ -1,7 +1,8 @@
 """One epoch's training steps, the heart of data-parallel training, on every rank:
 
     x, y = next(batches)                      # this rank's shard of the batch
-    loss = cross_entropy(model(x), y)         # forward
+    out = model(x)                            # forward
+    loss = cross_entropy(out, y)
     loss.backward()                           # backward: this rank's gradients
     syncer.sync()                             # every rank's .grad becomes the average
     syncer.step(optimizer)                    # the same update on every rank
@@ -48,24 +49,28 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
               timer: StepTimer, stopper: Optional[StopControl] = None, micro_batch: int = 0,
               delay: Optional[Callable[[], None]] = None
-              ) -> tuple[torch.Tensor, int, Optional[StopInfo]]:
-    """The training steps of one epoch, each phase timed: (summed loss on the device,
-    samples, None), or with the StopInfo all ranks agreed on when they stopped early.
+              ) -> tuple[torch.Tensor, torch.Tensor, int, Optional[StopInfo]]:
+    """The training steps of one epoch, each phase timed: (summed loss and correct
+    predictions on the device, samples, None), or with the StopInfo all ranks agreed on
+    when they stopped early.
     `micro_batch` > 0: a batch larger than that accumulates its gradient over micro-batches
     (`accumulate`) and is synchronised once, after the last. `delay` (debug.slow_ms /
     jitter_ms, ddp_lab/run/delay.py) runs at the start of every step's forward phase."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
+    correct = torch.zeros((), dtype=torch.int64, device=syncer.device)
     samples = 0
     for _ in steps:
         with timer.phase("data"):
             x, y = next(batches)
         if micro_batch and len(y) > micro_batch:
-            loss = accumulate(syncer, optimizer, x, y, micro_batch, timer, delay)
+            loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer, delay)
         else:
             with timer.phase("forward"):
                 if delay is not None:
                     delay()  # an injected straggler: part of this rank's compute
-                loss = F.cross_entropy(syncer.model(x), y)
+                out = syncer.model(x)
+                loss = F.cross_entropy(out, y)
+                right = (out.argmax(1) == y).sum()  # train accuracy, as the notebook's check
             with timer.phase("backward"):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -75,19 +80,21 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
             syncer.step(optimizer)
         timer.end_step()
         loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
+        correct += right
         samples += len(y)
         if stopper is not None:
             info = stopper.step()
             if info is not None:
-                return loss_sum, samples, info
-    return loss_sum, samples, None
+                return loss_sum, correct, samples, info
+    return loss_sum, correct, samples, None
 
 
 def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                micro_batch: int, timer: StepTimer,
-               delay: Optional[Callable[[], None]] = None) -> torch.Tensor:
+               delay: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward of one batch in micro-batches of `micro_batch` samples, their
-    gradients summed in .grad; returns the batch's mean loss (detached). Each micro-batch's
+    gradients summed in .grad; returns the batch's mean loss (detached) and its correct
+    predictions. Each micro-batch's
     mean loss is weighted by its share of the batch, so the accumulated gradient is the
     whole batch's mean gradient. No synchroniser communicates before the step's `sync()`;
     DDP, which all-reduces from inside backward, is held back by `syncer.no_sync()` on
@@ -95,15 +102,18 @@ def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: tor
     of the micro-batches' ones; `delay` runs once, in the first micro-batch's forward."""
     xs, ys = x.split(micro_batch), y.split(micro_batch)
     total = torch.zeros((), device=y.device)
+    right = torch.zeros((), dtype=torch.int64, device=y.device)
     for i, (xm, ym) in enumerate(zip(xs, ys)):
         with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
             with timer.phase("forward"):
                 if delay is not None and i == 0:
                     delay()
-                loss = F.cross_entropy(syncer.model(xm), ym) * (len(ym) / len(y))
+                out = syncer.model(xm)
+                loss = F.cross_entropy(out, ym) * (len(ym) / len(y))
+                right += (out.argmax(1) == ym).sum()
             with timer.phase("backward"):
                 if i == 0:
                     optimizer.zero_grad(set_to_none=True)
                 loss.backward()
         total += loss.detach()
-    return total
+    return total, right

@@ -64,10 +64,10 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
         for epoch in range(start.epoch, cfg.train.epochs):
             splits.train.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
             skip = meter.begin(epoch, stopper)  # 0, or the steps a mid-epoch checkpoint holds
-            loss_sum, samples, stop = run_steps(syncer, optimizer, splits.train.iter_from(skip),
-                                                telemetry.progress(epoch, skip), meter.timer,
-                                                stopper, micro, meter.delay)
-            measured = meter.end(loss_sum, samples)
+            loss_sum, correct, samples, stop = run_steps(
+                syncer, optimizer, splits.train.iter_from(skip), telemetry.progress(epoch, skip),
+                meter.timer, stopper, micro, meter.delay)
+            measured = meter.end(loss_sum, correct, samples)
             if stop is not None:  # mid-epoch: save where every rank is, then leave
                 return telemetry.finish(**ckpt.on_stop(stop, measured))
             measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)

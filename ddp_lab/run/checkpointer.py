@@ -79,7 +79,7 @@ class Checkpointer:
         s = self.start
         if epoch != s.epoch or not s.step:
             return Position()
-        return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s)
+        return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def save(self, pos: Position, force: bool = False) -> None:
         """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
@@ -88,7 +88,8 @@ class Checkpointer:
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
         if self.ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
-            partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s")}
+            partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s",
+                                                    "correct")}
             checkpoint.save(self.ckpt_dir, pos.epoch, pos.step, {
                 "model": self.module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
                 "partial": partial if pos.step else {},
@@ -112,10 +113,11 @@ class Checkpointer:
             m, carried = measured, measured.carried
             # the shard's last batch may be short: steps done rounds the samples up
             done = m.resumed_at_step - (-m.samples // self.plan.per_rank)
-            g_loss, g_samples = self.ctx.reduce_floats([m.loss_sum, float(m.samples)])
+            g_loss, g_samples, g_correct = self.ctx.reduce_floats(
+                [m.loss_sum, float(m.samples), float(m.correct)])
             here = Position(m.epoch - 1, done, carried.loss_sum + g_loss,
                             carried.samples + int(g_samples), carried.busy_s + m.busy_s,
-                            carried.wall_s + m.wall_s)
+                            carried.wall_s + m.wall_s, carried.correct + int(g_correct))
             self.save(here)
         return {"status": stop.status, "position": (here.epoch, here.step),
                 "stop_reason": stop.reason}

@@ -30,6 +30,7 @@ class Position:
     samples: int = 0
     busy_s: float = 0.0
     wall_s: float = 0.0
+    correct: int = 0  # training predictions that were right (train accuracy)
 
 
 @dataclass
@@ -48,15 +49,16 @@ class MeasuredEpoch:
     wall_s: float  # barrier to barrier: the slowest rank's time
     loss_sum: float  # this rank's training loss summed over its samples
     samples: int
+    correct: int = 0  # this rank's right training predictions
     resumed_at_step: int = 0
     carried: Position = field(default_factory=Position)
     test: tuple[float, float] = (float("nan"), float("nan"))  # (loss, accuracy), after the steps
 
-    def totals(self) -> tuple[float, int, float, float]:
-        """The whole epoch on this rank: (loss sum, samples, busy s, wall s)."""
+    def totals(self) -> tuple[float, int, int, float, float]:
+        """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
         c = self.carried
-        return (c.loss_sum + self.loss_sum, c.samples + self.samples, c.busy_s + self.busy_s,
-                c.wall_s + self.wall_s)
+        return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
+                c.busy_s + self.busy_s, c.wall_s + self.wall_s)
 
 
 class EpochMeter:
@@ -90,7 +92,7 @@ class EpochMeter:
         self.epoch, self.skip, self.t0 = epoch, skip, time.perf_counter()
         return skip
 
-    def end(self, loss_sum: torch.Tensor, samples: int) -> MeasuredEpoch:
+    def end(self, loss_sum: torch.Tensor, correct: torch.Tensor, samples: int) -> MeasuredEpoch:
         """Collective. The epoch's steps are done (or stopped): what this rank measured."""
         self.ctx.synchronize()  # wait for the GPU to finish the epoch's work
         busy = time.perf_counter() - self.t0  # this rank's own time, before waiting for the others
@@ -100,4 +102,5 @@ class EpochMeter:
         # communicate to bring the optimiser state to rank 0) adds to them
         steps, comm = self.timer.collect(), self.syncer.take_comm()
         return MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(), samples,
-                             resumed_at_step=self.skip, carried=self.carried(self.epoch))
+                             int(correct.item()), resumed_at_step=self.skip,
+                             carried=self.carried(self.epoch))

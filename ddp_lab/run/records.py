@@ -56,6 +56,7 @@ class EpochRecord(_Record):
     epoch: int  # 1-based: the epochs completed after this one
     world_size: Optional[int] = None
     train_loss: Optional[float] = None  # mean over every rank's samples
+    train_accuracy: Optional[float] = None  # in [0, 1]: right predictions while training
     test_loss: Optional[float] = None
     test_accuracy: Optional[float] = None  # in [0, 1]
     epoch_time_s: Optional[float] = None  # barrier to barrier: the slowest rank's epoch

@@ -221,7 +221,8 @@ def _stop_request(run_dir: Path) -> Optional[str]:
 def _metrics(record: Optional[dict]) -> Optional[dict]:
     if not record:
         return None
-    keys = ("epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s", "samples_per_s")
+    keys = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_time_s",
+            "samples_per_s")
     return {k: record.get(k) for k in keys}
 
 
@@ -306,9 +307,9 @@ def render(info: dict) -> str:
                  + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else "; no checkpoint"))
     m = info["last_epoch"]
     if m:
-        lines.append(f"last epoch:  {m['epoch']}: train loss {_fmt(m['train_loss'])}, test loss "
-                     f"{_fmt(m['test_loss'])}, accuracy {_fmt(m['test_accuracy'])}, "
-                     f"{_fmt(m['epoch_time_s'], '.2f')} s")
+        lines.append(f"last epoch:  {m['epoch']}: train loss {_fmt(m['train_loss'])}, accuracy "
+                     f"{_fmt(m['train_accuracy'])}; test loss {_fmt(m['test_loss'])}, accuracy "
+                     f"{_fmt(m['test_accuracy'])}; {_fmt(m['epoch_time_s'], '.2f')} s")
     job = f"launcher {info['launcher'] or '?'}"
     if info["job_id"]:
         job += f", job {info['job_id']}"

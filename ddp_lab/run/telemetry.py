@@ -205,13 +205,15 @@ class Telemetry:
         part."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
-        train_loss_sum, samples, busy_s, wall_s = m.totals()
+        train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
         first_step = (epoch - 1) * n + resumed_at_step
         self.trace.add_epoch(epoch, steps, comm, first_step=first_step)
         timed = self._timing(steps, comm, busy_s)
-        loss, global_samples = self.ctx.reduce_floats([train_loss_sum, float(samples)])
+        loss, global_correct, global_samples = self.ctx.reduce_floats(
+            [train_loss_sum, float(correct), float(samples)])
         rec = EpochRecord(
             epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
+            train_accuracy=global_correct / global_samples,
             test_loss=m.test[0], test_accuracy=m.test[1], epoch_time_s=wall_s,
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
             resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress, **timed)
@@ -227,9 +229,10 @@ class Telemetry:
         self.sink.epoch(rec, epoch_scalars(rec))
         if self.timing and self.cfg.timing.tb_every > 0:
             self.sink.steps(step_scalars(steps, comm, self.cfg.timing.tb_every, first_step))
-        log.info("epoch %d/%d  train loss %.4f  test loss %.4f  test acc %.4f  %.2f s  "
+        log.info("epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.2f s  "
                  "%.0f samples/s  comm %s", epoch, self.cfg.train.epochs, rec.train_loss,
-                 rec.test_loss, rec.test_accuracy, wall_s, rec.samples_per_s, comm_line(rec))
+                 rec.train_accuracy, rec.test_loss, rec.test_accuracy, wall_s,
+                 rec.samples_per_s, comm_line(rec))
         return rec
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
@@ -373,6 +376,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
     c, steps, phases = rec.comm, rec.steps, rec.phase_s
     out = {
         "loss/train": rec.train_loss, "loss/test": rec.test_loss,
+        "accuracy/train(fraction)": rec.train_accuracy,
         "accuracy/test(fraction)": rec.test_accuracy, "time/epoch(s)": rec.epoch_time_s,
         "throughput/train(samples/s)": rec.samples_per_s,
         "comm/bytes_sent(MB/step)": c["bytes_sent"] / 1e6 / steps,

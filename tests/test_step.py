@@ -1,0 +1,35 @@
+"""The training step (ddp_lab/step.py), in this process, no collective: what `run_steps`
+hands back besides the updated weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ddp_lab.models import MLP
+from ddp_lab.step import run_steps
+from ddp_lab.sync.allreduce import AllReduceSync
+from ddp_lab.timing import Clock, StepTimer
+
+
+@pytest.mark.parametrize("micro_batch", [0, 16], ids=["whole", "micro-batches"])
+def test_run_steps_counts_the_right_training_predictions(micro_batch):
+    """Train accuracy: the predictions each forward made, counted as the notebook's
+    check_accuracy does (argmax == label); lr 0, so every step predicts with the same
+    weights and a plain forward gives the expected count."""
+    torch.manual_seed(0)
+    model = MLP()
+    syncer = AllReduceSync(OmegaConf.create({"name": "allreduce", "bucket_mb": 25}), model,
+                           torch.device("cpu"), 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    batches = [(torch.randn(64, 784), torch.randint(0, 10, (64,))) for _ in range(3)]
+    with torch.no_grad():
+        want = sum(int((model(x).argmax(1) == y).sum()) for x, y in batches)
+        want_loss = sum(float(torch.nn.functional.cross_entropy(model(x), y)) * 64 for x, y in batches)
+    loss_sum, correct, samples, stop = run_steps(syncer, opt, iter(batches), range(3),
+                                                 StepTimer(Clock(torch.device("cpu"))),
+                                                 micro_batch=micro_batch)
+    assert stop is None and samples == 192
+    assert int(correct) == want and 0 < want < 192
+    assert float(loss_sum) == pytest.approx(want_loss, rel=1e-5)
