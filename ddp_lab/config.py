@@ -84,6 +84,9 @@ class SlurmLauncherConfig(LauncherConfig):
 
     job_name: str = "ddp_lab"
     """#SBATCH --job-name (also %x in the log names)"""
+    output: str = "%x_%j"
+    """#SBATCH --output/--error: the logs' name in RUN_DIR/logs, .out/.err added; SLURM's %x
+    (job name), %j (job id), %u (user)"""
     account: Optional[str] = None
     """#SBATCH --account"""
     partition: Optional[str] = None

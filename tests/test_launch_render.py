@@ -352,6 +352,19 @@ def test_slurm_bench_job_gets_no_stop_signal_and_no_requeue(tmp_path):
     assert "--no-requeue" in opts and "SELF_REQUEUE=0" in text
 
 
+def test_slurm_output_file_names(tmp_path, capsys):
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.output=mnist-%j-%u")
+    opts = sbatch_header_ok((run_dir / "job.sbatch").read_text())
+    assert f"--output={run_dir}/logs/mnist-%j-%u.out" in opts
+    assert f"--error={run_dir}/logs/mnist-%j-%u.err" in opts
+    user = __import__("getpass").getuser()
+    assert slurm_launch.log_name("%x_%j", "ddp_lab", "42") == "ddp_lab_42"
+    assert slurm_launch.log_name("mnist-%j-%u%%", "ddp_lab", "42") == f"mnist-42-{user}%"
+    assert "launcher.output='logs/%j': a file name in RUN_DIR/logs" in resolve_error(
+        "launcher=slurm", "launcher.output=logs/%j")
+    assert "launcher.output='%N'" in resolve_error("launcher=slurm", "launcher.output=%N")
+
+
 def test_slurm_dry_run_per_task_in_background(tmp_path, capsys):
     run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.per_task=true",
                          "launcher.signal_s=300")

@@ -26,6 +26,7 @@ Time limits and requeue (docs/launchers.md, "Time limits, preemption, requeue"):
 
 from __future__ import annotations
 
+import getpass
 import re
 import shlex
 import subprocess
@@ -41,6 +42,7 @@ from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
+_OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
 
 DURATION_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
 _DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
@@ -74,6 +76,13 @@ def stop_lead_s(limit_s: Optional[int]) -> int:
     short job (a course's `--time 00:02:00`) stops once, near its end. SLURM may signal up
     to 60 s earlier than asked (sbatch --signal), never later."""
     return 120 if limit_s is None else min(120, limit_s // 4)
+
+
+def log_name(pattern: str, job_name: str, job_id: str) -> str:
+    """The name sbatch gives a log of `launcher.output` (without .out/.err): %x the job's
+    name, %j its id, %u the user, %% a percent sign."""
+    values = {"x": job_name, "j": str(job_id), "u": getpass.getuser(), "%": "%"}
+    return re.sub(r"%([xju%])", lambda m: values[m.group(1)], pattern)
 
 
 def resolve(cfg) -> None:
@@ -121,6 +130,10 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
     if not _NAME.fullmatch(lc.job_name):
         raise LaunchError(f"launcher.job_name={lc.job_name!r}: letters, digits, _ . + - only")
+    if not _OUTPUT.fullmatch(lc.output):
+        raise LaunchError(f"launcher.output={lc.output!r}: a file name in RUN_DIR/logs of "
+                          "letters, digits, _ . + - and SLURM's %x (job name), %j (job id), "
+                          "%u (user), e.g. %x-%j")
     if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
         raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
     if lc.poll_s <= 0:
@@ -152,7 +165,7 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
     if lc.cpus_per_task:
         opts.append(f"--cpus-per-task={lc.cpus_per_task}")
     opts += [f"--time={lc.time}",
-             f"--output={run_dir}/logs/%x_%j.out", f"--error={run_dir}/logs/%x_%j.err"]
+             f"--output={run_dir}/logs/{lc.output}.out", f"--error={run_dir}/logs/{lc.output}.err"]
     if lc.signal_s:  # B: the batch shell only; its trap writes the stop file (torchrun
         opts.append(f"--signal=B:USR2@{lc.signal_s}")  # would die of USR2's default action)
     opts.append("--requeue" if lc.requeue else "--no-requeue")
@@ -253,8 +266,8 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
         raise LaunchError(f"sbatch refused the job: {res.stderr.strip() or res.stdout.strip()}")
     job_id = res.stdout.strip().split(";")[0]
     (run_dir / "job_id").write_text(job_id + "\n")
-    out = run_dir / "logs" / f"{lc.job_name}_{job_id}.out"
-    err = run_dir / "logs" / f"{lc.job_name}_{job_id}.err"
+    name = log_name(lc.output, lc.job_name, job_id)
+    out, err = run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err"
     print(f"submitted SLURM job {job_id}: {summary}\n  output: {out}\n  errors: {err}", flush=True)
     if not should_wait(lc.wait):
         print(f"not following it (launcher.wait=false): squeue -j {job_id}; tail -f {out}; "

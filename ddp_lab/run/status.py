@@ -188,11 +188,11 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     state, detail = _state(word, status, launcher, job_id, sched, pids, sees_ranks)
 
     train = cfg.get("train") or {}
-    job_name = (cfg.get("launcher") or {}).get("job_name") or "ddp_lab"
+    lc = cfg.get("launcher") or {}
     logs = [run_dir / "logs" / "rank0.log"]
     if launcher == "slurm" and job_id:
-        logs = [run_dir / "logs" / f"{job_name}_{job_id}.out",
-                run_dir / "logs" / f"{job_name}_{job_id}.err", *logs]
+        name = slurm.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
+        logs = [run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err", *logs]
     info = {
         "run_dir": str(run_dir), "state": state, "detail": detail, "status": status or None,
         "launcher": launcher, "job_id": job_id, "scheduler": sched,
