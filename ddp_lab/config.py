@@ -564,6 +564,9 @@ class LogConfig:
     """auto (a bar on an interactive terminal) | bar | lines"""
     level: str = "INFO"
     """python logging level of the console"""
+    ranks: str = "0"
+    """whose lines reach the console: 0 (rank 0's; the others' errors only) | all (every
+    rank's, each line prefixed [rank N], as torchrun --tee 3 shows them)"""
 
 
 @dataclass

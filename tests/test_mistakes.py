@@ -34,6 +34,7 @@ MISTAKES = [
     ("list-syntax", TRAIN, ["launcher.nodes=[1"], "launcher.nodes"),
     ("unknown-sync", TRAIN, ["sync=rign"], "sync/rign"),
     ("unknown-cluster", TRAIN, ["cluster=alpss"], "cluster/alpss"),
+    ("log-ranks", TRAIN, ["log.ranks=1"], "log.ranks=1: choose 0 or all"),
     ("unknown-option-in-sweep", TRAIN, ["-m", "sync=ddp,rign", "launcher.dry_run=true"], "sync/rign"),
     ("misspelt-key", TRAIN, ["train.epoch=3"], "did you mean train.epochs?"),
     ("wrong-type", TRAIN, ["train.epochs=many"], "train.epochs=many"),

@@ -33,3 +33,20 @@ def test_run_steps_counts_the_right_training_predictions(micro_batch):
     assert stop is None and samples == 192
     assert int(correct) == want and 0 < want < 192
     assert float(loss_sum) == pytest.approx(want_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("every_rank, shown", [(False, False), (True, True)])
+def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, every_rank, shown):
+    """log.ranks=all: every rank's lines on the console, each prefixed with its rank (torchrun
+    --tee 3's view); the default: rank 0's, and the others' errors."""
+    from ddp_lab.env import DistEnv
+    from ddp_lab.run.metrics import setup_logging
+
+    env = DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
+                  num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
+    log = setup_logging(env, tmp_path, every_rank=every_rank)
+    log.info("epoch 1/1  train loss 1.0")
+    log.error("failed: a reason")
+    out = capsys.readouterr().out
+    assert ("[rank 1] epoch 1/1" in out) == shown and "[rank 1] failed: a reason" in out
+    assert "epoch 1/1" in (tmp_path / "logs" / "rank1.log").read_text()

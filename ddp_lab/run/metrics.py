@@ -34,8 +34,10 @@ def fault_file():
     return _FAULT_FILE
 
 
-def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console.
+def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
+                  every_rank: bool = False) -> logging.Logger:
+    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console,
+    or with `every_rank` (log.ranks=all) every rank, each line prefixed with its rank.
     faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
     SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
     (ddp_lab.run.progress.Watchdog)."""
@@ -47,7 +49,8 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO") ->
     fmt = RankFormatter(env.rank)
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(fmt)
-    console.setLevel(getattr(logging, level.upper(), logging.INFO) if env.rank == 0 else logging.ERROR)
+    shown = env.rank == 0 or every_rank
+    console.setLevel(getattr(logging, level.upper(), logging.INFO) if shown else logging.ERROR)
     log.addHandler(console)
     if run_dir is not None:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)

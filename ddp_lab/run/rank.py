@@ -47,7 +47,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
     die_with_parent()
     env = detect_env()
-    log = setup_logging(env, run_dir, cfg.log.level)
+    log = setup_logging(env, run_dir, cfg.log.level, every_rank=cfg.log.ranks == "all")
     record = progress.start(run_dir, env.rank, env.local_rank, env.world_size)
     timeout_s = float(cfg.dist.timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
