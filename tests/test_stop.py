@@ -66,3 +66,29 @@ def test_checks_space_out_to_the_asked_interval(tmp_path):
     step, _, _, everies, checks = out[0]
     assert step >= 400
     assert max(everies) >= 8 and checks < step / 5
+
+
+@pytest.mark.parametrize("status, rc", [("completed", 0), ("stopped", 128 + signal.SIGTERM)])
+def test_a_sigterm_after_the_last_epoch_leaves_the_run_completed(tmp_path, status, rc):
+    """SIGTERM to `python -m ddp_lab` while its job tears down after the last epoch: the
+    ranks wrote `completed` and the job ends 0, so the command says 0 and leaves no stop
+    request behind; a job that stopped on it (summary `stopped`) still ends 128 + SIGTERM.
+    A real job stand-in (a shell that writes the summary, then takes 1.5 s to end) and a
+    real signal to this process, where Foreground's handler runs."""
+    import json
+    import threading
+
+    from ddp_lab.launch.foreground import run_foreground
+
+    summary = tmp_path / "summary.json"
+    script = tmp_path / "job.sh"
+    script.write_text(f"echo '{json.dumps({'status': status})}' > {summary}\nsleep 1.5\n")
+    timer = threading.Timer(0.7, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        got = run_foreground(["bash", str(script)], tmp_path, grace_s=30)
+    finally:
+        timer.cancel()
+    assert json.loads(summary.read_text())["status"] == status
+    assert got == rc
+    assert (tmp_path / "STOP").exists() == (status != "completed")

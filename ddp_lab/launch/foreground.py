@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..run.progress import mark_killed, process_state, read_all
-from ..run.stop import request_stop, set_parent_death_signal
+from ..run.rundir import read_summary
+from ..run.stop import clear_stop_file, request_stop, set_parent_death_signal
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -125,10 +126,18 @@ class Foreground:
 
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0) -> int:
     """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
-    or 128 + the signal when a Ctrl-C / SIGTERM stopped it."""
+    or 128 + the signal when a Ctrl-C / SIGTERM stopped it. A signal that came after the
+    last epoch (the job ended 0 and rank 0 wrote `completed`) stopped nothing: 0."""
     fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s)
     rc = fg.run()
-    return 128 + fg.signal if fg.signal is not None else rc
+    if fg.signal is None:
+        return rc
+    if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":
+        clear_stop_file(fg.run_dir)  # our stop request came too late to be read: not a request
+        print(f"[ddp_lab] {signal.Signals(fg.signal).name} came after the last epoch: the run "
+              "had completed", file=sys.stderr, flush=True)
+        return 0
+    return 128 + fg.signal
 
 
 # what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
