@@ -22,6 +22,7 @@ from ddp_lab.bench.harness import log_sizes, pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
 from ddp_lab.topology import topology_from_table
 from ddp_lab.measure.costmodel import busbw_factor
+from ddp_lab.errors import UserError
 
 register_bench_configs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -42,6 +43,22 @@ def test_handin_preset_spans_2_10_to_2_32_over_three_groups():
     assert all(s & (s - 1) == 0 for s in sizes)
     assert list(cfg.bench.groups) == ["global", "intra_node", "cross_node"]
     assert OmegaConf.get_type(cfg.bench) is BenchConfig
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    ([], True), (["launcher.gpus_per_node=4"], False), (["dist.device=cpu"], False),
+    (["cluster=alps", "launcher.account=a", "launcher.environment=e.toml"], False)])
+def test_handin_on_slurm_asks_for_the_gpus(overrides, refused):
+    """bench=handin measures NCCL between GPUs: on SLURM without a GPU request it would
+    fall back to gloo on CPUs (dist.device=auto), so it is refused unless asked for."""
+    from ddp_lab.bench.submit import resolve_bench
+
+    cfg = compose("bench=handin", "launcher=slurm", *overrides, config_name="bench")
+    if refused:
+        with pytest.raises(UserError, match="set launcher.gpus_per_node"):
+            resolve_bench(cfg)
+    else:
+        assert resolve_bench(cfg).bench.plot_metric == "throughput"
 
 
 def test_log_sizes_edge_cases():
@@ -312,7 +329,7 @@ def test_cli_misspelt_key_fails_at_composition(tmp_path):
 def test_handin_on_two_slurm_nodes_takes_the_groups_from_the_launcher(slurm_cluster, tmp_path):
     """The loopback SLURM cluster: 2 nodes x 2 ranks, node ranks from torchrun under srun."""
     proc = run_cli("bench=handin", "launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
-                   "launcher.wait=true", "launcher.wait_timeout_s=300", "launcher.poll_s=1",
+                   "dist.device=cpu", "launcher.wait=true", "launcher.wait_timeout_s=300", "launcher.poll_s=1",
                    "bench.ops=[all_reduce,ping_pong]", "bench.max_elements=16384", "bench.points=2",
                    "bench.warmup=1", "bench.iters=2", "bench.min_iters=2", "log.progress=lines",
                    f"run.root={tmp_path}", cwd=tmp_path, env=slurm_cluster.env,
@@ -335,3 +352,34 @@ def test_handin_on_two_slurm_nodes_takes_the_groups_from_the_launcher(slurm_clus
     side = json.loads((run_dir / "plots" / "all_reduce.json").read_text())
     assert side["series"] == ["torch · global (n=4)", "torch · intra_node (n=2 x2)",
                               "torch · cross_node (n=2 x2)"]
+    # the assignment's figure: bytes / time in GiB/s, on the plot's axis and in the CSV
+    assert side["metric"] == "throughput" and "GiB/s" in side["ylabel"]
+    with open(run_dir / "bench.csv") as f:
+        for r in csv.DictReader(f):
+            want = int(r["bytes"]) / float(r["time_median_s"]) / 2**30
+            assert float(r["throughput_GiBps"]) == pytest.approx(want, rel=1e-9)
+
+
+def test_reduce_broadcast_checks_the_assignments_expected_param():
+    """The assignment's root update at 4 ranks: parameters 1, gradient = rank, lr 0.1 ->
+    expected_param = 1 - 0.1 * (4 - 1) / 2 = 0.85 at element 0 (the pattern adds to the
+    others); the reduce is done by hand here, the op's own update and check run as is."""
+    from ddp_lab.bench.ops import LR, GroupCtx
+
+    op, n, size = OPS["reduce_broadcast"], 4, 64
+    pat = Pattern(torch.float32, torch.device("cpu"))
+    bufs = []
+    for r in range(n):
+        g = GroupCtx(tuple(range(n)), None, r)
+        b = op.setup(size, g, torch.float32, torch.device("cpu"))
+        op.reset(b, g, pat)
+        bufs.append(b)
+    assert [float(b["grad"][0]) for b in bufs] == [0.0, 1.0, 2.0, 3.0]
+    root = GroupCtx(tuple(range(n)), None, 0)
+    bufs[0]["grad"] = sum(b["grad"] for b in bufs)  # the reduce, to rank 0
+    from ddp_lab.bench.ops import _rb_update
+    _rb_update(bufs[0], root)
+    assert LR == 0.1 and float(bufs[0]["param"][0]) == pytest.approx(1 - 0.1 * (n - 1) / 2) == 0.85
+    assert op.check(bufs[0], root, pat) is None
+    bufs[0]["param"][5] += 1e-3  # a wrong element is caught
+    assert "param[5]" in op.check(bufs[0], root, pat)

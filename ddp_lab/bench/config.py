@@ -87,7 +87,8 @@ class BenchConfig:
     ranks is a node (tries the intra/cross-node groups on one machine; then the numbers
     say nothing about a network)"""
     plot_metric: str = "busbw"
-    """y axis of the plots: busbw | algbw (GB/s)"""
+    """y axis of the plots: busbw | algbw (GB/s) | throughput (GiB/s: bytes / time, the
+    assignment's figure)"""
     title: str = ""
     """plot title prefix (empty: op names)"""
 

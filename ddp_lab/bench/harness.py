@@ -215,6 +215,8 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
         "time_median_s": median, "time_min_s": min(times), "time_max_s": max(times),
         "time_p25_s": percentile(times, 25), "time_p75_s": percentile(times, 75),
         "algbw_GBps": algbw, "busbw_factor": factor, "busbw_GBps": algbw * factor,
+        # the assignment's throughput: bytes / 1024**3 / time (GiB/s), algbw in other units
+        "throughput_GiBps": algbw * 1e9 / 2**30,
         "correct": not errors, "error": "; ".join(errors),
         "group_medians_s": [m for m, _, _ in per_group],
     }

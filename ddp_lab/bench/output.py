@@ -16,14 +16,24 @@ from .harness import iter_series, pow2_label
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",
-               "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "correct", "error")
+               "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "throughput_GiBps",
+               "correct", "error")
+
+# bench.plot_metric -> (row key, y-axis label, title): every axis says its unit
+METRICS = {
+    "busbw": ("busbw_GBps", "busbw (GB/s = 1e9 bytes/s)", "bus bandwidth"),
+    "algbw": ("algbw_GBps", "algbw (GB/s = 1e9 bytes/s)", "algorithm bandwidth"),
+    "throughput": ("throughput_GiBps", "throughput (GiB/s = 2^30 bytes/s; bytes / time)",
+                   "throughput, as the assignment computes it"),
+}
 
 UNITS = ("Times are per call, in ms: the median over the timed iterations (spread: p25-p75 "
          "and min-max), each iteration the slowest rank of the slowest group. "
          "algbw = bytes / time; busbw = algbw x factor as nccl-tests defines it "
          "(all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n, bytes = the full "
          "array; broadcast, reduce, reduce_broadcast, send/recv 1); ping_pong times are one "
-         "way (half the round trip). GB/s = 1e9 bytes/s.")
+         "way (half the round trip). GB/s = 1e9 bytes/s; throughput = bytes / time in "
+         "GiB/s (2^30 bytes/s), the assignment's figure (= algbw x 0.931).")
 
 
 def series_label(row: dict, ops: int) -> str:
@@ -79,8 +89,8 @@ def markdown(result: dict, meta: dict) -> str:
     for op in dict.fromkeys(r["op"] for r in rows):
         lines += ["", f"## {op}", "",
                   "| elements | bytes | impl | group | n | time (ms) | p25-p75 (ms) | "
-                  "min-max (ms) | algbw (GB/s) | busbw (GB/s) | check |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "min-max (ms) | algbw (GB/s) | busbw (GB/s) | throughput (GiB/s) | check |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted((r for r in rows if r["op"] == op),
                         key=lambda r: (r["elements"], r["impl"], r["group"])):
             check = "ok" if r["correct"] else "**WRONG**"
@@ -88,7 +98,8 @@ def markdown(result: dict, meta: dict) -> str:
                 f"| {pow2_label(r['elements'])} | {r['bytes']} | {r['impl']} | {r['group']} | "
                 f"{r['group_size']} | {_ms(r['time_median_s'])} | {_ms(r['time_p25_s'])}-"
                 f"{_ms(r['time_p75_s'])} | {_ms(r['time_min_s'])}-{_ms(r['time_max_s'])} | "
-                f"{r['algbw_GBps']:.4g} | {r['busbw_GBps']:.4g} | {check} |")
+                f"{r['algbw_GBps']:.4g} | {r['busbw_GBps']:.4g} | {r['throughput_GiBps']:.4g} | "
+                f"{check} |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +164,7 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
         label = series_label(good[0], nops)
         style = _style(good[0], nops, ops_order, one_impl)
         x = [r["elements"] for r in good]
-        y = [r[f"{metric}_GBps"] for r in good]
+        y = [r[METRICS[metric][0]] for r in good]
         t = [r["time_median_s"] * 1e3 for r in good]
         ax_bw.plot(x, y, ms=4, label=label, **style)
         ax_t.plot(x, t, ms=4, label=label, **style)
@@ -161,15 +172,14 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
             ax_t.fill_between(x, [r["time_p25_s"] * 1e3 for r in good],
                               [r["time_p75_s"] * 1e3 for r in good], color=style["color"], alpha=0.15)
         drawn.append({"label": label, "op": good[0]["op"], "impl": good[0]["impl"],
-                      "group": good[0]["group"], "x_elements": x, "y_GBps": y, "time_ms": t})
+                      "group": good[0]["group"], "x_elements": x, "y": y, "time_ms": t})
     dtype = rows[0]["dtype"] if rows else ""
     for ax in (ax_bw, ax_t):
         _log2_axis(ax)
         ax.set_xlabel(f"size (elements of {dtype}, log scale)")
-    ax_bw.set_ylabel(f"{metric} (GB/s = 1e9 bytes/s)")
+    ax_bw.set_ylabel(METRICS[metric][1])
     ax_bw.set_ylim(bottom=0)
-    ax_bw.set_title(f"{'bus' if metric == 'busbw' else 'algorithm'} bandwidth (higher is better)",
-                    fontsize=10)
+    ax_bw.set_title(f"{METRICS[metric][2]} (higher is better)", fontsize=10)
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time per call (ms, median)")
     ax_t.set_title("time per call (lower is better)" +
@@ -183,7 +193,7 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     info = {"file": path.name, "title": title, "metric": metric,
-            "xlabel": "elements", "ylabel": f"{metric} (GB/s)",
+            "xlabel": "elements", "ylabel": METRICS[metric][1],
             "series": [d["label"] for d in drawn], "data": drawn}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -36,6 +36,17 @@ def _names(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _gpus(cfg: DictConfig) -> Optional[str]:
+    """The hand-in measures NCCL between GPUs: on SLURM it asks for them, and never ends up
+    on CPUs (gloo) by accident."""
+    lc = cfg.launcher
+    if (cfg.bench.name == "handin" and lc.name == "slurm" and not lc.gpus_per_node
+            and cfg.dist.device != "cpu"):
+        return ("bench=handin on SLURM measures NCCL between GPUs: set launcher.gpus_per_node "
+                "(4 on Alps: cluster=alps sets it), or dist.device=cpu to measure gloo on CPUs")
+    return None
+
+
 def _sizes(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
@@ -61,7 +72,8 @@ BENCH: list[Rule] = [
     lambda cfg: None if 0 < cfg.bench.memory_fraction <= 1 else
     f"bench.memory_fraction={cfg.bench.memory_fraction}: must be in (0, 1]",
     at_least("bench.node_size", 0, " (0 = real nodes)"),
-    one_of("bench.plot_metric", ("busbw", "algbw")),
+    one_of("bench.plot_metric", ("busbw", "algbw", "throughput")),
+    _gpus,
     _sizes,
     *COMMON,
 ]
