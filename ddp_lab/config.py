@@ -41,6 +41,10 @@ class LauncherConfig:
     """shell lines run on every node before the ranks start (module load ..., source venv/bin/activate)"""
     python: Optional[str] = None
     """the python that runs the ranks; null = this interpreter (runai: `python` of the image)"""
+    venv: Optional[str] = None
+    """a virtual environment whose python runs the ranks (launcher.python then unused): made
+    over a container's torch with --system-site-packages, on storage every node sees
+    (docs/launchers.md, Containers)"""
     required: List[str] = field(default_factory=list)
     """launcher keys a real submission needs set (a site preset names them, e.g. [account,
     environment]); a dry run renders without them"""

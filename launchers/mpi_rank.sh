@@ -3,8 +3,8 @@
 set -euo pipefail
 
 {setup}
-# run the ddp_lab that rendered this script
-export PYTHONPATH={code_dir}${{PYTHONPATH:+:$PYTHONPATH}}
+{pythonpath}
+{python_check}
 
 # Open MPI gives rank and local rank but no node index: count it from the slots, which
 # mpirun --map-by slot fills host by host in hostfile order.

@@ -72,11 +72,6 @@ on_signal() {{  # $1: TERM | INT
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
-{setup}
-export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}
-{store_line}
-{rdma}
-
 # launcher.wait follows these files from the submitting machine (the run folder is shared)
 finish() {{  # $1: exit status
   say "exit status $1"
@@ -86,6 +81,12 @@ finish() {{  # $1: exit status
   mv -f "$RUN_DIR/logs/.pod$POD_RANK.exit.tmp" "$RUN_DIR/logs/pod$POD_RANK.exit"
   exit "$1"
 }}
+
+{setup}
+{python_check}
+export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}
+{store_line}
+{rdma}
 
 # the run's status once rank 0 (maybe on another pod) has written it: not "running"
 run_status() {{

@@ -102,7 +102,8 @@ def test_mpirun_dry_run_lab_hosts(tmp_path, capsys):
 def test_mpirun_rank_wrapper_node_index(tmp_path, capsys):
     """mpi_rank.sh turns OMPI_COMM_WORLD_RANK into the node index from the slots."""
     fake_py = tmp_path / "fakepy"
-    fake_py.write_text('#!/bin/sh\necho "$DDP_LAB_NODE_RANK/$DDP_LAB_NUM_NODES"\n')
+    # (its `-c` is the check that it can import what the ranks run: it can)
+    fake_py.write_text('#!/bin/sh\n[ "$1" = -c ] && exit 0\necho "$DDP_LAB_NODE_RANK/$DDP_LAB_NUM_NODES"\n')
     fake_py.chmod(0o755)
     run_dir, _ = dry_run(tmp_path, capsys, "launcher=mpirun", "launcher.hosts=[a:2,b:1,c:1]",
                          f"launcher.python={fake_py}")
@@ -276,6 +277,15 @@ def test_site_preset_dry_run(tmp_path, capsys):
     assert {"--partition=normal", "--gpus-per-node=4", "--account=a-xyz", "--nodes=2"} <= set(opts)
 
 
+def test_runai_run_folder_and_data_on_the_pvc():
+    """What the RunAI guide does: run.root and data.root under the PVC's mount; data fetched
+    per pod (data.node_local) may stay off it."""
+    base = ["launcher=runai", "launcher.image=x", "launcher.pvc=[mlo-scratch:/mloscratch]"]
+    resolve_defaults(compose(*base, "run.root=/mloscratch/me/runs", "data.root=/mloscratch/me/data"))
+    resolve_defaults(compose(*base, "run.dir=/mloscratch/me/run1", "data.root=/tmp/d",
+                             "data.node_local=true"))
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["launcher.nodes=0"], "must be >= 1"),
     (["launcher.ntasks_per_node=4"], "with torchrun"),
@@ -442,7 +452,10 @@ def test_runai_dry_run_without_rdma_or_image(tmp_path, capsys):
     (["launcher.image=x", "launcher.gpus_per_node=2", "launcher.nproc_per_node=4"], "share a GPU"),
     (["launcher.image=x", "launcher.job_name=My_Job"], "Kubernetes name"),
     (["launcher.image=x", "launcher.pvc=[scratch]"], "claim:/mount"),
-    (["launcher.image=x", "launcher.max_restarts=1"], "rdzv=c10d"),
+    (["launcher.image=x", "launcher.max_restarts=1", "launcher.rdzv=static"], "rdzv=c10d"),
+    (["launcher.image=x", "run.root=/tmp/runs"], "run.root=/tmp/runs is on no PVC the pods mount"),
+    (["launcher.image=x", "launcher.pvc=[s:/mnt]", "run.root=/mnt/me/runs", "data.root=/tmp/d"],
+     "data.root=/tmp/d is on no PVC"),
 ])
 def test_runai_bad_input(overrides, message):
     assert message in resolve_error("launcher=runai", *overrides)
@@ -468,7 +481,8 @@ def test_cli_bad_input_is_one_line(tmp_path, args, message):
 def test_cli_missing_tool(tmp_path, launcher, tool):
     empty = tmp_path / "empty_bin"
     empty.mkdir()
-    extra = ["launcher.image=img"] if launcher == "runai" else []
+    extra = ["launcher.image=img", f"launcher.pvc=[scratch:{tmp_path}]",
+             f"data.root={tmp_path / 'data'}"] if launcher == "runai" else []
     proc = run_cli(f"launcher={launcher}", *extra, f"run.root={tmp_path / 'runs'}", cwd=tmp_path,
                    env={"PATH": str(empty)}, timeout=120)
     assert proc.returncode == 2, describe(proc)

@@ -66,6 +66,7 @@ def test_submit_and_follow_with_runai_cli(tmp_path, fake_runai):
     env, record = fake_runai
     proc = run_cli("launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
                    "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
+                   f"launcher.pvc=[scratch:{tmp_path}]",
                    "launcher.rdma=true", f"launcher.python={PY}", "launcher.wait=true",
                    "launcher.wait_timeout_s=300", "launcher.poll_s=1", *QUICK,
                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
@@ -87,6 +88,7 @@ def test_failing_pods_return_non_zero_with_the_log_tail(tmp_path, fake_runai):
     env, _ = fake_runai
     proc = run_cli("launcher=runai", "launcher.nodes=2", "launcher.gpus_per_node=0",
                    "launcher.nproc_per_node=1", "launcher.image=local/ddp_lab:test",
+                   f"launcher.pvc=[scratch:{tmp_path}]",
                    f"launcher.python={PY}", "launcher.wait=true", "launcher.wait_timeout_s=300",
                    "launcher.poll_s=1", "dist.backend=nccl", *QUICK,
                    f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",

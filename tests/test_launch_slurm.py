@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import QUICK, describe, run_cli, run_dir_of, summary
@@ -20,11 +22,56 @@ def submit(cluster, tmp_path, *overrides, timeout=400):
                    env=cluster.env, timeout=timeout)
 
 
+_BLOCK = """import sys
+class Without:  # a python with torch and torchvision only: the others are not there
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("hydra", "omegaconf"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Without())
+"""
+
+
+def container_python(tmp_path) -> Path:
+    """A stand-in for a container image's python that has torch and torchvision but not
+    hydra-core/omegaconf (the NGC image of the assignment): this interpreter with those
+    two hidden."""
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "sitecustomize.py").write_text(_BLOCK)
+    py = tmp_path / "image" / "python"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "image"}${{PYTHONPATH:+:$PYTHONPATH}} '
+                  f'exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def venv_over(tmp_path) -> Path:
+    """What `python -m venv --system-site-packages` over that image's python, with ddp_lab
+    installed in it, gives the ranks: a bin/python that imports everything."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    py = tmp_path / "venv" / "bin" / "python"
+    py.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return tmp_path / "venv"
+
+
+def test_a_python_without_hydra_ends_the_job_in_one_line(slurm_cluster, tmp_path):
+    py = container_python(tmp_path)
+    proc = submit(slurm_cluster, tmp_path, "launcher.nodes=2", "launcher.nproc_per_node=1",
+                  f"launcher.python={py}", *FOLLOW)
+    assert proc.returncode != 0, describe(proc)
+    line = f"[ddp_lab] {sys.executable} cannot import hydra, omegaconf: install them"
+    assert line in proc.stdout + proc.stderr, describe(proc)
+    assert not (run_dir_of(proc) / "logs" / "rank0.log").exists()  # no rank started
+
+
 def test_two_nodes_one_torchrun_each(slurm_cluster, tmp_path):
+    # the ranks' python from launcher.venv (the container recipe, docs/launchers.md)
+    venv = venv_over(tmp_path)
     proc = submit(slurm_cluster, tmp_path, "sync=ddp", "launcher.nodes=2",
-                  "launcher.nproc_per_node=2", *FOLLOW)
+                  "launcher.nproc_per_node=2", f"launcher.venv={venv}", *FOLLOW)
     assert proc.returncode == 0, describe(proc)
     run_dir = run_dir_of(proc)
+    assert f"exec {venv}/bin/python -m torch.distributed.run" in (run_dir / "job.sbatch").read_text()
     s = summary(run_dir)
     assert s["status"] == "completed" and s["launcher"] == "slurm", s
     assert s["world_size"] == 4 and s["nodes"] == 2 and s["nproc_per_node"] == 2

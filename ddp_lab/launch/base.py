@@ -5,6 +5,7 @@ failure reasons). The launchers (local, mpirun, slurm, runai) import this; the p
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import socket
 import stat
@@ -89,7 +90,20 @@ def code_dir() -> Path:
 
 
 def python_exe(lc) -> str:
+    """The ranks' python: launcher.venv's, else launcher.python, else this interpreter."""
+    if lc.get("venv"):
+        return str(Path(str(lc.venv)).expanduser() / "bin" / "python")
     return lc.python or sys.executable
+
+
+def pythonpath_line() -> str:
+    """Put the ddp_lab that renders on the ranks' path when it is a source checkout; an
+    installed one (site-packages) stays off it: that folder also holds this machine's torch,
+    which would shadow a container's."""
+    where = code_dir()
+    if where.name in ("site-packages", "dist-packages"):
+        return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
+    return f"# run the ddp_lab that rendered this script\nexport PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}}"
 
 
 def setup_block(lines) -> str:
@@ -97,6 +111,32 @@ def setup_block(lines) -> str:
     if not lines:
         return "# (no setup lines; add some with launcher.setup=['module load ...', ...])"
     return "# launcher.setup\n" + "\n".join(lines)
+
+
+# what every rank imports first; a container image with torch alone lacks the rest
+NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "ddp_lab")
+_CHECK = ("import importlib.util as u, sys\n"
+          "def has(m):\n"
+          "    try:\n"
+          "        return u.find_spec(m) is not None\n"
+          "    except Exception:\n"
+          "        return False\n"
+          "miss = [m for m in {need} if not has(m)]\n"
+          "miss and print(\"%s cannot import %s: install them for that python, or point "
+          "launcher.python or launcher.venv at one that can (docs/launchers.md, Containers)\" "
+          "% (sys.executable, \", \".join(miss)))")
+
+
+def python_check(py: str, fail: str = "exit 3") -> str:
+    """Script lines that end the job in one line when the ranks' python cannot import
+    what they run (a container image with torch alone), before any rank starts."""
+    code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")  # no ' for bash
+    return ("# the ranks' python must import what they run: else one line naming what is missing\n"
+            f"MISSING=$({py} -c '{code}' 2>&1) || MISSING=\"{py} did not run: $MISSING\"\n"
+            'if [ -n "$MISSING" ]; then\n'
+            '  echo "[ddp_lab] $MISSING" >&2\n'
+            f"  {fail}\n"
+            "fi")
 
 
 def store_line(max_restarts: int) -> str:

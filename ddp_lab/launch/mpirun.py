@@ -16,7 +16,9 @@ import socket
 from pathlib import Path
 
 from .ports import free_port
-from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, is_this_machine, python_exe, require_tool, setup_block, template)
+from .base import (LaunchError, Rendered, check_port_free, default_nproc, is_this_machine,
+                   python_check, python_exe, pythonpath_line, require_tool, setup_block,
+                   template)
 from .foreground import run_foreground
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -159,7 +161,8 @@ def render(cfg, run_dir: Path) -> Rendered:
         mpirun=shlex.quote(lc.mpirun), flags="".join(f"{f} " for f in flags), np=np_total,
         extra=extra, hosts_summary=", ".join(f"{n}:{s}" for n, s in hosts))
     rank_sh = template("mpi_rank.sh").format(
-        setup=setup_block(lc.setup), code_dir=shlex.quote(str(code_dir())),
+        setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
+        python_check=python_check(shlex.quote(python_exe(lc))),
         slots=" ".join(str(s) for _, s in hosts), python=shlex.quote(python_exe(lc)),
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)

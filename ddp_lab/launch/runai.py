@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..run.rundir import read_summary
-from .base import (LaunchError, Rendered, Tail, diagnose, require_tool, setup_block, should_wait,
-                   store_line, template)
+from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
+                   setup_block, should_wait, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
@@ -67,6 +67,26 @@ def resolve(cfg) -> None:
         claim, _, mount = str(v).partition(":")
         if not claim or not mount.startswith("/"):
             raise LaunchError(f"launcher.pvc entry {v!r}: expected claim:/mount/path")
+    if not lc.dry_run:
+        on_pvc(cfg)
+
+
+def on_pvc(cfg) -> None:
+    """Every pod runs RUN_DIR/pod.sh and writes the run folder; rank 0 fetches the data
+    the others read: both must be on a PVC the pods mount, at the same path as here."""
+    lc = cfg.launcher
+    mounts = [Path(str(v).partition(":")[2]) for v in lc.pvc]
+    where = {"run.dir" if cfg.run.dir else "run.root": cfg.run.dir or cfg.run.root}
+    if "data" in cfg and not cfg.data.node_local:
+        where["data.root"] = cfg.data.root
+    for key, value in where.items():
+        path = Path(str(value)).expanduser().absolute()
+        if not any(path == m or m in path.parents for m in mounts):
+            raise LaunchError(
+                f"{key}={value} is on no PVC the pods mount (launcher.pvc="
+                f"{[str(v) for v in lc.pvc]}): the pods could not see it; mount one "
+                f"(launcher.pvc=[claim:/mnt]) and put {key} under it at the same path "
+                "(e.g. /mnt/$USER/...), as the pods see it")
     for k in lc.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
             raise LaunchError(f"launcher.env key {k!r}: not an environment variable name")
@@ -105,7 +125,7 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
 
 def pod_script(cfg, run_dir: Path) -> str:
     lc = cfg.launcher
-    py = shlex.quote(lc.python or "python")
+    py = shlex.quote(python_exe(lc) if lc.venv else (lc.python or "python"))
     timeout = max(1, int(cfg.dist.init_timeout_s))
     if lc.rdzv == "static":
         rdzv = (f'--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" '
@@ -125,7 +145,8 @@ def pod_script(cfg, run_dir: Path) -> str:
     summary = f"{lc.nodes} pod(s) x {lc.nproc_per_node} process(es)"
     return template("runai_pod.sh").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), nproc=lc.nproc_per_node,
-        setup=setup_block(lc.setup), rdma=rdma, python=py, rdzv=rdzv,
+        setup=setup_block(lc.setup), python_check=python_check(py, fail="finish 3"),
+        rdma=rdma, python=py, rdzv=rdzv,
         max_restarts=lc.max_restarts, store_line=store_line(lc.max_restarts),
         entry=shlex.quote(cfg.run.entry), job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
 

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..run.stop import EXIT_STOPPED
-from .base import (LaunchError, Rendered, Tail, code_dir, diagnose, python_exe, require_tool,
-                   setup_block, should_wait, store_line, template)
+from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe,
+                   pythonpath_line, require_tool, setup_block, should_wait, store_line,
+                   template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -243,7 +244,8 @@ def render(cfg, run_dir: Path) -> Rendered:
     script = template("slurm.sbatch").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
-        setup=setup_block(lc.setup), code_dir=shlex.quote(str(code_dir())),
+        setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
+        python_check=python_check(shlex.quote(python_exe(lc))),
         port_line=port_line, launch=launch_block(cfg), py=shlex.quote(python_exe(lc)),
         max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
     path = run_dir / "job.sbatch"

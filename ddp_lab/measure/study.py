@@ -43,7 +43,8 @@ from omegaconf import DictConfig, open_dict
 from ..errors import UserError
 from ..run.files import atomic_write_text, read_json_or_empty, write_json
 from ..run.job import collect, launch_job, make_run
-from ..launch import code_dir, python_exe, setup_block, template
+from ..launch import python_exe, setup_block, template
+from ..launch.base import python_check, pythonpath_line
 from ..launch.slurm import launch_block, sbatch_lines, submit_and_follow
 from ..run.rundir import make_run_dir, read_summary
 from ..run.stop import EXIT_STOPPED
@@ -451,7 +452,7 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
         summary=f"{len(points)} point(s), worlds {list(base.study.worlds)} x {base.study.repeats}",
         study_dir_q=shlex.quote(str(study_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(base, study_dir)), setup=setup_block(lc.setup),
-        code_dir=shlex.quote(str(code_dir())), py=py, step=step, calls=calls,
+        pythonpath=pythonpath_line(), python_check=python_check(py), py=py, step=step, calls=calls,
         master_port=(lc.master_port if lc.master_port is not None
                      else "$(( 20000 + SLURM_JOB_ID % 20000 ))"),
         max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
