@@ -107,6 +107,9 @@ class SlurmLauncherConfig(LauncherConfig):
     """#SBATCH --ntasks-per-node; null = 1 (torchrun) or nproc_per_node (per_task)"""
     environment: Optional[str] = None
     """#SBATCH --environment=<toml>: a CSCS container environment (EDF)"""
+    nccl_env: bool = False
+    """export the NCCL network settings `python -m ddp_lab.nccl_env` reads from the first
+    node's sysfs (Slingshot: CSCS's aws-ofi-nccl settings; RoCE/IB: device and GID index)"""
     contiguous: bool = False
     """#SBATCH --contiguous: nodes next to each other"""
     sbatch_extra: List[str] = field(default_factory=list)

@@ -43,6 +43,14 @@ h100:900:920 [0] NCCL INFO comm 0x1 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 10
 """
 
 
+# Alps (GH200, Slingshot) through the aws-ofi-nccl plugin: the network's name has a space
+SLINGSHOT = """\
+nid001:5501:5601 [0] NCCL INFO NET/OFI Selected provider is cxi, fabric is cxi (found 4 nics)
+nid001:5501:5601 [0] NCCL INFO Using network AWS Libfabric
+nid001:5501:5601 [0] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/AWS Libfabric/0/GDRDMA
+"""
+
+
 def test_parse_nccl_info_lines():
     ib = fpm.parse_nccl_info(IB_TWO_NODES.splitlines())
     assert ib == {"network": "IB", "net_devices": "[0]mlx5_0:1/IB ; OOB ib0:10.1.0.11<0>",
@@ -55,6 +63,7 @@ def test_parse_nccl_info_lines():
     assert fpm.transport_label([ib]) == "NET/IB+P2P"
     assert fpm.transport_label([one]) == "none (network Socket)"
     assert fpm.transport_label([None]) is None
+    assert fpm.parse_nccl_info(SLINGSHOT.splitlines())["network"] == "AWS Libfabric"
 
 
 def test_nccl_debug_file_read_back(tmp_path):

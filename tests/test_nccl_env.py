@@ -11,6 +11,7 @@ import pytest
 from helpers import REPO, child_env, run_cli
 
 from ddp_lab.launch.nccl_env import _hca_matches, main, nccl_rdma_env, scan
+from ddp_lab.launch import nccl_env
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 LL6 = "fe80:0000:0000:0000:0a5e:45ff:fe3c:1a2b"  # link-local IPv6
@@ -356,3 +357,16 @@ def test_eval_is_safe_with_odd_hca(tmp_path):
     p = _eval_in_bash(tmp_path, extra="--hca 'mlx5; echo PWNED'")
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["GID= HCA=mlx5; echo PWNED T=4 S=8"]
+
+
+def test_slingshot_gets_cscss_settings(tmp_path, capsys):
+    """CXI NICs under /sys/class/cxi: HPE Slingshot (CSCS Alps), NCCL through the
+    aws-ofi-nccl plugin with CSCS's settings, each printed with its reason."""
+    for nic in ("cxi0", "cxi1"):
+        (tmp_path / "class" / "cxi" / nic).mkdir(parents=True)
+    assert nccl_env.network_kind(tmp_path) == ("slingshot", ["cxi0", "cxi1"])
+    assert nccl_env.main(["--sysfs-root", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "export NCCL_NET='AWS Libfabric'" in out and "export FI_MR_CACHE_MONITOR=userfaultfd" in out
+    assert "# network: slingshot (cxi0, cxi1)" in err and "# NCCL_NET_GDR_LEVEL=PHB: " in err
+    assert nccl_env.network_kind(tmp_path / "nothing") == ("sockets", [])

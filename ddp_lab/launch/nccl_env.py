@@ -1,4 +1,10 @@
-"""NCCL RDMA settings for RoCE / InfiniBand clusters (e.g. RunAI pods with ``rdma/rdma=1``).
+"""NCCL network settings: Slingshot (CSCS Alps), RoCE / InfiniBand (e.g. RunAI pods with
+``rdma/rdma=1``), or none (sockets).
+
+The network is told apart from sysfs: CXI NICs (``<sysfs_root>/class/cxi``) are HPE
+Slingshot, which NCCL reaches through the aws-ofi-nccl plugin with CSCS's settings
+(``SLINGSHOT``, each with its reason); RDMA devices (``class/infiniband``) are InfiniBand
+or RoCE by their ports' link layer; neither leaves NCCL on TCP sockets.
 
 Automates the recipe of the RunAI guide: find the RDMA devices under
 ``<sysfs_root>/class/infiniband``, find the GID index whose GID is an IPv4-mapped address
@@ -42,6 +48,22 @@ from typing import Iterator, Sequence
 IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _GID_RE = re.compile(r"^[0-9a-f]{4}(:[0-9a-f]{4}){7}$")
+
+#: CSCS's NCCL settings for Slingshot (docs.cscs.ch, "NCCL"; the container engine's
+#: aws_ofi_nccl hook sets the same when the EDF enables it): variable -> (value, why)
+SLINGSHOT = {
+    "NCCL_NET": ("AWS Libfabric", "the aws-ofi-nccl plugin, or fail at start: no silent "
+                                  "fallback to TCP sockets"),
+    "NCCL_NET_GDR_LEVEL": ("PHB", "GPUDirect RDMA when GPU and NIC share a PCI host bridge"),
+    "NCCL_CROSS_NIC": ("1", "rings and trees may span the node's NICs"),
+    "FI_CXI_DISABLE_HOST_REGISTER": ("1", "no host memory registration (hangs with CUDA)"),
+    "FI_MR_CACHE_MONITOR": ("userfaultfd", "a memory registration cache that CUDA memory "
+                                           "does not break"),
+    "FI_CXI_DEFAULT_CQ_SIZE": ("131072", "a completion queue that NCCL's bursts do not overflow"),
+    "FI_CXI_DEFAULT_TX_SIZE": ("32768", "a send queue to match"),
+    "FI_CXI_RX_MATCH_MODE": ("software", "receives matched in software once the NIC's lists "
+                                         "are full"),
+}
 
 DEFAULT_SOCKET_NTHREADS = 4
 DEFAULT_NSOCKS_PERTHREAD = 8
@@ -288,6 +310,33 @@ def _why_no_gid(sc: Scan, devices: Sequence[str]) -> str:
     return f"no GID that is both IPv4-mapped and RoCE v2 on {','.join(devices)}"
 
 
+def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]]:
+    """(slingshot | infiniband | roce | sockets, the devices that say so) from sysfs."""
+    root = Path(sysfs_root) / "class"
+    for kind, sub in (("slingshot", "cxi"), ("rdma", "infiniband")):
+        try:
+            names = sorted(d.name for d in (root / sub).iterdir())
+        except OSError:
+            continue
+        if names and kind == "slingshot":
+            return kind, names
+        if names:
+            layers = set()
+            for dev in names:
+                for port in sorted((root / sub / dev / "ports").glob("*")):
+                    try:
+                        layers.add(_read(port / "link_layer").lower())
+                    except (OSError, UnicodeError):
+                        pass
+            return ("infiniband" if layers == {"infiniband"} else "roce"), names
+    return "sockets", []
+
+
+def slingshot_env() -> NcclEnv:
+    return NcclEnv({k: v for k, (v, _) in SLINGSHOT.items()}, [],
+                   info=[f"{k}={v}: {why}" for k, (v, why) in SLINGSHOT.items()])
+
+
 def format_exports(env: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
 
@@ -325,10 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     hca = ",".join(h.strip() for h in args.hca if h.strip()) if args.hca else None
     if args.hca is not None and not hca:
         ap.error("--hca must not be empty")
-    res = nccl_rdma_env(args.sysfs_root, hca=hca, socket_nthreads=args.socket_nthreads,
-                        nsocks_perthread=args.nsocks_perthread)
+    kind, devices = network_kind(args.sysfs_root)
+    if kind == "slingshot" and not hca:
+        res = slingshot_env()
+    else:
+        res = nccl_rdma_env(args.sysfs_root, hca=hca, socket_nthreads=args.socket_nthreads,
+                            nsocks_perthread=args.nsocks_perthread)
+    res.info.insert(0, f"network: {kind}" + (f" ({', '.join(devices)})" if devices else ""))
     if args.format == "json":
-        json.dump(res.to_json(), sys.stdout, indent=2)
+        json.dump({"network": kind, **res.to_json()}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for line in res.info:

@@ -181,7 +181,11 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
             raise LaunchError(f"launcher.sbatch_extra entry {extra!r}: expected an sbatch "
                               "option such as --mem=0")
         opts.append(extra)
-    return [f"#SBATCH {o}" for o in opts]
+    lines = [f"#SBATCH {o}" for o in opts]
+    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
+        lines.append("##SBATCH --environment=<EDF .toml>  # launcher.environment: required to "
+                     "submit (docs/launchers.md, Containers)")
+    return lines
 
 
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
@@ -229,6 +233,19 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
         f"    -m {entry} \\\"$RUN_DIR\\\"\"")
 
 
+def nccl_block(cfg) -> str:
+    """launcher.nccl_env: the network's NCCL settings, read from the first node's sysfs and
+    exported here (srun passes the environment on to every node)."""
+    if not cfg.launcher.nccl_env:
+        return "# (launcher.nccl_env=false: NCCL picks its network itself)"
+    py = shlex.quote(python_exe(cfg.launcher))
+    return ("# NCCL's network settings, from sysfs (ddp_lab.nccl_env: Slingshot gets CSCS's\n"
+            "# aws-ofi-nccl settings, RoCE/IB the device and GID index); the reasons: stderr\n"
+            f"NCCL_EXPORTS=\"$({py} -m ddp_lab.nccl_env)\"\n"
+            "echo \"$NCCL_EXPORTS\"\n"
+            "eval \"$NCCL_EXPORTS\"")
+
+
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
     if re.search(r"\s", str(run_dir)):
@@ -245,7 +262,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
-        python_check=python_check(shlex.quote(python_exe(lc))),
+        python_check=python_check(shlex.quote(python_exe(lc))), nccl_block=nccl_block(cfg),
         port_line=port_line, launch=launch_block(cfg), py=shlex.quote(python_exe(lc)),
         max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
     path = run_dir / "job.sbatch"

@@ -42,7 +42,7 @@ NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUM
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
-_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")  # IB, Socket, AWS Libfabric
 _NET_DEVICES = re.compile(r"NCCL INFO (NET/[A-Za-z0-9_]+) ?: Using (.+)$")
 
 
