@@ -231,7 +231,7 @@ def test_cli_two_ranks_ours_vs_the_library(tmp_path):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_cli_three_ranks_every_op_impl_and_group(tmp_path):
-    ops = "[all_reduce,reduce,broadcast,reduce_broadcast,send_recv_ring,isend_irecv_ring,all_gather,reduce_scatter,ping_pong]"
+    ops = "[all_reduce,reduce,broadcast,reduce_broadcast,send_recv_ring,isend_irecv_ring,all_gather,gather,reduce_scatter,ping_pong]"
     proc = run_cli("launcher.nproc_per_node=3", "bench.max_elements=4096", "bench.points=2",
                    f"bench.ops={ops}", "bench.impl=[torch,ring,butterfly,tree,naive]",
                    "bench.groups=[global,intra_node,cross_node]", "bench.warmup=1",

@@ -209,6 +209,24 @@ def _suite(ck: Checker, group) -> None:
                 fn(out3, out3[r * length:(r + 1) * length], group=group, **kw(n * length))
                 ck.check(name + " in-place", out3, ref, exact=True)
 
+    # ---- gather: the root's output holds every rank's piece in group-rank order (torch's
+    # gather as the reference); the inputs stay as they were
+    for algo, fn in C.GATHER.items():
+        for length in LENGTHS:
+            for dtype in DTYPES:
+                dst = next_root()
+                is_root = granks[r] == dst
+                x = ck.inputs((length,), dtype)
+                keep = x.clone()
+                ref = torch.empty(n * length, dtype=dtype, device=ck.device)
+                dist.all_gather_into_tensor(ref, x, group=group)
+                out = torch.full((n, length), -7, dtype=dtype, device=ck.device) if is_root else None
+                fn(out, x, dst, group=group)
+                name = f"gather[{algo}] len={length} {dtype} dst={dst}"
+                if is_root:
+                    ck.check(name, out.reshape(-1), ref, exact=True)
+                ck.check(name + " (input unchanged)", x, keep, exact=True)
+
     # ---- reduce-scatter: tensor input (left untouched), list input, output aliasing input
     for algo, fn, kw in _with_segmented(C.REDUCE_SCATTER, n):
         for length in LENGTHS:

@@ -28,6 +28,7 @@ OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
     "send_recv_ring": ("torch",),
     "isend_irecv_ring": ("torch",),
     "all_gather": ("torch", "ring"),
+    "gather": ("naive", "tree", "torch"),
     "reduce_scatter": ("torch", "ring"),
     "ping_pong": ("torch",),
 })
@@ -53,7 +54,7 @@ class BenchConfig:
     """the preset this section came from (conf/bench/<name>.yaml): sweep | handin"""
     ops: List[str] = field(default_factory=lambda: ["all_reduce"])
     """all_reduce | reduce | broadcast | reduce_broadcast | send_recv_ring (blocking, even
-    ranks send first) | isend_irecv_ring | all_gather | reduce_scatter | ping_pong"""
+    ranks send first) | isend_irecv_ring | all_gather | gather | reduce_scatter | ping_pong"""
     impl: List[str] = field(default_factory=lambda: ["torch"])
     """torch (torch.distributed) and/or ddp_lab.collectives' ring | butterfly | tree | naive;
     an op runs every listed implementation it has"""

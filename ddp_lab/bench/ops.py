@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER
+from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER
 from ..registry import Registry
 from . import config
 
@@ -288,6 +288,18 @@ ALL_GATHER_OP = Op(
     full_array=True)
 
 
+def _gather_check(b, g, pat):
+    return _ag_check(b, g, pat) if g.grank == 0 else None  # only the root's output is defined
+
+
+# the root is the group's first rank (g.root, a global rank); the others pass no output
+GATHER_OP = Op(
+    "gather", "gather", 2.5, _ag_setup, _ag_reset, _gather_check,
+    {k: (lambda f: lambda b, g: f(b["out"] if g.grank == 0 else None, b["in"], g.root,
+                                  group=g.handle))(f) for k, f in GATHER.items()},
+    full_array=True)
+
+
 def _rs_setup(size, g, dtype, device):
     m = size // g.n
     return {"in": torch.empty(m * g.n, dtype=dtype, device=device),
@@ -341,7 +353,7 @@ PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
 # tables. The config's table (what the submitting side checks, without torch) must say the same.
 OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
-    ISEND_IRECV_RING_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
+    ISEND_IRECV_RING_OP, ALL_GATHER_OP, GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
 if {n: tuple(op.impls) for n, op in OPS.items()} != dict(config.OPS):
     raise RuntimeError("ddp_lab.bench.config.OPS lists other ops or implementations than "
                        f"ddp_lab.bench.ops.OPS: {({n: tuple(op.impls) for n, op in OPS.items()})}")

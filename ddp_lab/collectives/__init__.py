@@ -15,6 +15,7 @@ as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
 from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
+from .gather import GATHER, gather_naive, gather_tree, torch_gather
 from ._ring import DEFAULT_SEGMENT_BYTES
 from .persistent import PersistentRingAllReduce
 from .reduce import reduce_naive, reduce_tree
@@ -27,6 +28,7 @@ __all__ = [
     "reduce_naive", "reduce_tree",
     "all_reduce_naive", "all_reduce_tree", "all_reduce_butterfly", "all_reduce_ring",
     "all_gather_ring", "reduce_scatter_ring", "DEFAULT_SEGMENT_BYTES",
+    "gather_naive", "gather_tree", "torch_gather", "GATHER",
     "PersistentRingAllReduce",
     "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
     "torch_reduce_scatter",

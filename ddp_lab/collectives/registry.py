@@ -8,6 +8,7 @@ Every entry of a registry has the calling convention of its collective, so calle
     ALL_REDUCE[name](tensor, op=SUM, group=None)
     ALL_GATHER[name](output, input, group=None)
     REDUCE_SCATTER[name](output, input, op=SUM, group=None)
+    GATHER[name](output, input, dst, group=None)         (output: the root's; None elsewhere)
 
 ``"torch"`` entries wrap the built-in collective (whatever algorithm the backend picks)
 with the same op handling as ours: any supported op name / ``ReduceOp``, AVG = SUM then
@@ -25,6 +26,7 @@ from torch.distributed import ReduceOp
 from ._common import (AVG, SUM, OpLike, check_op_dtype, flat_view, group_info, normalize_op, resolve_root)
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import broadcast_naive, broadcast_ring, broadcast_tree
+from .gather import GATHER
 from .reduce import reduce_naive, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
@@ -157,5 +159,6 @@ COLLECTIVES: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": ALL_REDUCE,
     "all_gather": ALL_GATHER,
     "reduce_scatter": REDUCE_SCATTER,
+    "gather": GATHER,
 }
 

@@ -95,15 +95,15 @@ def nothing(world: int) -> Cost:
 
 def busbw_factor(collective: str, world: int) -> float:
     """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md): all_reduce
-    ``2(n-1)/n``; all_gather / reduce_scatter ``(n-1)/n`` (size = the full buffer);
+    ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n`` (size = the full buffer);
     broadcast, reduce and point-to-point 1. One rank moves nothing over a bus: 0 for the
     first three."""
     n = world
-    if collective in ("all_reduce", "all_gather", "reduce_scatter") and n <= 1:
+    if collective in ("all_reduce", "all_gather", "reduce_scatter", "gather") and n <= 1:
         return 0.0
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "gather"):
         return (n - 1) / n
     if collective in ("broadcast", "reduce", "send_recv", "p2p"):
         return 1.0
