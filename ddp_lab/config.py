@@ -470,6 +470,9 @@ class TrainConfig:
     """samples per evaluation batch"""
     checkpoint: bool = True
     """write a checkpoint at the end of every epoch (a graceful stop always writes one)"""
+    allow_world_change: bool = False
+    """continue a weak-scaling run (global_batch=0) on another number of ranks: its global
+    batch, and so every later step, changes (strong scaling keeps it and needs no consent)"""
     resume: str = "auto"
     """auto: continue from run.dir's newest checkpoint if it has one, else start fresh |
     true: continue, and fail if there is no checkpoint | false: start fresh (refused on a

@@ -131,3 +131,25 @@ def test_a_resumed_run_keeps_its_global_and_micro_batch(tmp_path, key, was, now)
     said = reuse_problem(compose(*base, f"{key}={now}"))
     assert said and f"{key}={was}, this command has {key}={now}" in said, said
     assert OmegaConf.select(OmegaConf.load(run_dir / "config.yaml"), key) == was
+
+
+def test_weak_scaling_on_another_world_asks_for_consent(tmp_path):
+    """Continuing a weak-scaling run (global batch = batch x world) on another world size
+    changes every later step: one line says what changes and how to consent."""
+    from helpers import compose
+
+    from ddp_lab.run.rundir import reuse_problem, write_config
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "epoch_0001.pt").write_bytes(b"")
+    base = ["train.epochs=2", f"run.dir={run_dir}"]
+    write_config(compose(*base, "launcher.nproc_per_node=3"), run_dir)
+    said = reuse_problem(compose(*base, "launcher.nproc_per_node=2"))
+    assert said == (f"run.dir={run_dir} trained on 3 ranks, this command runs 2: under weak "
+                    "scaling its global batch goes from 192 to 128 samples a step; continue "
+                    "anyway with train.allow_world_change=true, or run 3 ranks (or fix the batch "
+                    "with train.global_batch=192)")
+    assert reuse_problem(compose(*base, "launcher.nproc_per_node=2",
+                                 "train.allow_world_change=true")) is None
+    assert reuse_problem(compose(*base, "launcher.nproc_per_node=3")) is None

@@ -106,6 +106,16 @@ def describe_state(state: dict) -> str:
     return ", ".join(parts) or "files of a run"
 
 
+def world_size(cfg: DictConfig) -> Optional[int]:
+    """The ranks a resolved config runs (mpirun: launcher.np), None where still unknown."""
+    lc = cfg.get("launcher") or {}
+    if lc.get("np"):
+        return int(lc.np)
+    if lc.get("nodes") and lc.get("nproc_per_node"):
+        return int(lc.nodes) * int(lc.nproc_per_node)
+    return None
+
+
 def reuse_problem(cfg: DictConfig) -> Optional[str]:
     """Why the command may not use cfg.run.dir as it stands (None: it may). A folder that
     holds a run's results is continued (train.resume auto/true) under the same settings,
@@ -147,6 +157,14 @@ def reuse_problem(cfg: DictConfig) -> Optional[str]:
             if was is not None and was != now:
                 return (f"run.dir={run_dir} holds a run with {key}={_short(was)}, this command has "
                         f"{key}={_short(now)}: continue it with the same {key}, or give a new run.dir")
+        was, now = world_size(old), world_size(cfg)
+        if was and now and was != now and not cfg.train.global_batch \
+                and not cfg.train.get("allow_world_change"):
+            b = cfg.train.batch_size
+            return (f"run.dir={run_dir} trained on {was} ranks, this command runs {now}: under "
+                    f"weak scaling its global batch goes from {b * was} to {b * now} samples a "
+                    "step; continue anyway with train.allow_world_change=true, or run "
+                    f"{was} ranks (or fix the batch with train.global_batch={b * was})")
     epochs, step = state["checkpoint"]
     if step == 0 and epochs >= cfg.train.epochs:
         return (f"run.dir={run_dir} holds a completed run of {epochs} epoch(s) ({what}): "
