@@ -89,6 +89,22 @@ def test_a_run_that_never_started_and_a_dead_one(tmp_path, shared_data_root):
     assert follow.returncode == 1, describe(follow)
 
 
+def test_a_pod_whose_python_lacks_ddp_lab_is_a_failure_with_its_reason(tmp_path):
+    """A RunAI pod's image without ddp_lab: the pod script's check says so in its log, and
+    status shows that line, not 'not started'."""
+    proc = run_cli(f"run.dir={tmp_path / 'run'}", "launcher=runai", "launcher.dry_run=true",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    (tmp_path / "run" / "logs").mkdir(exist_ok=True)
+    (tmp_path / "run" / "logs" / "pod0.log").write_text(
+        "[pod 0/2] 10:00:01 pod-0: master pod-0:23456, 4 process(es)\n"
+        "[ddp_lab] /usr/bin/python cannot import hydra, omegaconf, ddp_lab: install them for "
+        "that python\n[pod 0/2] 10:00:02 exit status 3\n")
+    out = status(tmp_path / "run", cwd=tmp_path)
+    assert ("state:       failed (/usr/bin/python cannot import hydra, omegaconf, ddp_lab: "
+            "install them for that python (pod0.log))") in out.stdout, describe(out)
+
+
 # ------------------------------------------------------------------ local runs
 @pytest.mark.slow
 @pytest.mark.dist

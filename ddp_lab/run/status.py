@@ -186,6 +186,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     here = socket.gethostname()
     sees_ranks = launcher in LOCAL_LAUNCHERS and (not hosts or here in hosts)
     state, detail = _state(word, status, launcher, job_id, sched, pids, sees_ranks)
+    if not word and not pids:  # no rank ever wrote: did the job's python check stop it?
+        said = python_check_failure(run_dir)
+        if said:
+            state, detail = "failed", said
 
     train = cfg.get("train") or {}
     lc = cfg.get("launcher") or {}
@@ -278,6 +282,20 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
     if sched is not None:
         return "failed", f"no summary.json{sched_note}: the job ended before the ranks started"
     return "not started", "no summary.json and no process of the job (a dry run, or never launched)"
+
+
+def python_check_failure(run_dir: Path) -> Optional[str]:
+    """The line a job script printed when its ranks' python could not import what they run
+    (ddp_lab.launch.base.python_check), from the pods' logs or the SLURM job's errors."""
+    for log in sorted((run_dir / "logs").glob("pod*.log")) + sorted((run_dir / "logs").glob("*.err")):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("[ddp_lab] ") and (" cannot import " in line or " did not run: " in line):
+                return line.removeprefix("[ddp_lab] ") + f" ({log.name})"
+    return None
 
 
 def dead(info: dict) -> bool:
