@@ -126,8 +126,15 @@ def test_record_costs_far_below_one_percent_of_a_step():
 
 
 def _sleeper(run_dir: Path) -> subprocess.Popen:
-    """A process whose command line names the run folder (as a rank's does)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(run_dir)])
+    """A process whose command line names the run folder (as a rank's does), returned once
+    it does: between fork and exec the child still shows pytest's command line, which a
+    rank's pid never does (a rank records its pid from its own running interpreter)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(run_dir)])
+    deadline = time.monotonic() + 30
+    while str(run_dir).encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0"):
+        assert time.monotonic() < deadline, "the sleeper did not start"
+        time.sleep(0.01)
+    return proc
 
 
 def test_diagnose_names_the_frozen_and_the_dead_rank(tmp_path):
