@@ -14,7 +14,7 @@ from slurm_fixture import start_cluster, stop_cluster
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject.toml): a file's tests run on one
+    """Under pytest-xdist (`-n 3 --dist loadgroup`, pyproject.toml): a file's tests run on one
     worker, so its module fixtures (a reference run, a world) are made once; every test
     that needs the SLURM cluster runs on one worker, so one cluster serves the session."""
     for item in items:
