@@ -90,10 +90,11 @@ def test_groups_follow_the_reported_nodes_not_rank_order():
 def test_busbw_factors_are_nccl_tests():
     assert busbw_factor("all_reduce", 4) == 1.5
     assert busbw_factor("all_gather", 4) == busbw_factor("reduce_scatter", 4) == 0.75
+    assert busbw_factor("gather", 4) == 0.75  # nccl-tests' gather: (n-1)/n of the full array
     for op in ("broadcast", "reduce", "send_recv"):
         assert busbw_factor(op, 4) == 1.0
     assert {OPS[o].factor for o in OPS} <= {"all_reduce", "all_gather", "reduce_scatter",
-                                           "broadcast", "reduce", "send_recv"}
+                                           "gather", "broadcast", "reduce", "send_recv"}
     assert OPS["reduce_broadcast"].factor == "reduce"  # factor 1: bytes = the tensor
 
 

@@ -154,7 +154,8 @@ def test_sigterm_to_one_pod_stops_both_and_the_restarted_pods_resume(tmp_path, f
         groups += [p.pid for p in reference]
         cli = subprocess.Popen(
             [PY, "-m", "ddp_lab", *PREEMPTIBLE, "launcher.image=local/ddp_lab:test",
-             "launcher.wait=true", "launcher.poll_s=0.5", f"run.dir={run_dir}", data],
+             f"launcher.pvc=[scratch:{tmp_path.parent}]", "launcher.wait=true", "launcher.poll_s=0.5",
+             f"run.dir={run_dir}", data],
             cwd=tmp_path, env=child_env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True)
         groups.append(cli.pid)
