@@ -312,24 +312,17 @@ def _why_no_gid(sc: Scan, devices: Sequence[str]) -> str:
 
 def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]]:
     """(slingshot | infiniband | roce | sockets, the devices that say so) from sysfs."""
-    root = Path(sysfs_root) / "class"
-    for kind, sub in (("slingshot", "cxi"), ("rdma", "infiniband")):
-        try:
-            names = sorted(d.name for d in (root / sub).iterdir())
-        except OSError:
-            continue
-        if names and kind == "slingshot":
-            return kind, names
-        if names:
-            layers = set()
-            for dev in names:
-                for port in sorted((root / sub / dev / "ports").glob("*")):
-                    try:
-                        layers.add(_read(port / "link_layer").lower())
-                    except (OSError, UnicodeError):
-                        pass
-            return ("infiniband" if layers == {"infiniband"} else "roce"), names
-    return "sockets", []
+    try:
+        cxi = sorted(d.name for d in (Path(sysfs_root) / "class" / "cxi").iterdir())
+    except OSError:
+        cxi = []
+    if cxi:
+        return "slingshot", cxi
+    sc = scan(sysfs_root)  # the RDMA devices and their ports' link layers
+    if not sc.devices:
+        return "sockets", []
+    layers = {p.link_layer.lower() for p in sc.ports if p.link_layer}
+    return ("infiniband" if layers == {"infiniband"} else "roce"), list(sc.devices)
 
 
 def slingshot_env() -> NcclEnv:

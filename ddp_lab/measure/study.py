@@ -45,6 +45,7 @@ from ..run.files import atomic_write_text, read_json_or_empty, write_json
 from ..run.job import collect, launch_job, make_run
 from ..launch import python_exe, setup_block, template
 from ..launch.base import python_check, pythonpath_line
+from ..launch.mpirun import parse_hosts, place
 from ..launch.slurm import launch_block, sbatch_lines, submit_and_follow
 from ..run.rundir import make_run_dir, read_summary
 from ..run.stop import EXIT_STOPPED
@@ -86,19 +87,13 @@ def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
                 f"launcher.nproc_per_node={nproc}; a world must be k nodes x p processes with "
                 f"k <= {nodes} and p <= {nproc}: drop {world} or raise launcher.nodes")
     if name == "mpirun":
-        hosts, left = [], world
-        for entry in lc.hosts:
-            if left <= 0:
-                break
-            host, _, slots = str(entry).partition(":")
-            take = min(int(slots), left)
-            hosts.append(f"{host}:{take}")
-            left -= take
-        if left > 0:
-            total = sum(int(str(e).partition(":")[2]) for e in lc.hosts)
+        hosts = parse_hosts(lc.hosts, 1)
+        total = sum(s for _, s in hosts)
+        if world > total:
             return (f"study.worlds has {world}: the hosts give {total} slot(s) "
                     f"({', '.join(map(str, lc.hosts))}); drop {world} or add hosts/slots")
-        return len(hosts), max(int(h.partition(":")[2]) for h in hosts), hosts
+        placed = place(hosts, world)  # the first `world` slots, as mpirun's -np fills them
+        return len(placed), max(s for _, s in placed), [f"{n}:{s}" for n, s in placed]
     return f"launcher={name}: a study is not supported yet; use launcher=local, slurm or mpirun"
 
 
