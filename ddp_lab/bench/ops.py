@@ -354,9 +354,10 @@ PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
 OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
     ISEND_IRECV_RING_OP, ALL_GATHER_OP, GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
-if {n: tuple(op.impls) for n, op in OPS.items()} != dict(config.OPS):
+_HAVE = {n: tuple(op.impls) for n, op in OPS.items()}
+if _HAVE != dict(config.OPS):
     raise RuntimeError("ddp_lab.bench.config.OPS lists other ops or implementations than "
-                       f"ddp_lab.bench.ops.OPS: {({n: tuple(op.impls) for n, op in OPS.items()})}")
+                       f"ddp_lab.bench.ops.OPS: {_HAVE}")
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -107,10 +107,14 @@ def describe_state(state: dict) -> str:
 
 
 def world_size(cfg: DictConfig) -> Optional[int]:
-    """The ranks a resolved config runs (mpirun: launcher.np), None where still unknown."""
+    """The ranks a resolved config starts: mpirun's host slots summed (hosts may have
+    different counts), else nodes x processes per node; None where not yet known (a config
+    before the launcher resolved it). The submitting side's rules and a run folder's old
+    config.yaml are both read with it."""
     lc = cfg.get("launcher") or {}
-    if lc.get("np"):
-        return int(lc.np)
+    if lc.get("hosts"):
+        slots = [str(h).rpartition(":")[2] for h in lc.hosts]
+        return sum(map(int, slots)) if all(s.isdigit() for s in slots) else None
     if lc.get("nodes") and lc.get("nproc_per_node"):
         return int(lc.nodes) * int(lc.nproc_per_node)
     return None

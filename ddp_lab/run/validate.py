@@ -27,9 +27,8 @@ from ..config import COMPRESS_MODES, batch_plan, check_model, check_sync, device
 from .delay import problem as delay_problem
 from ..errors import UserError
 from ..launch.base import local_gpus
-from ..launch.mpirun import parse_hosts
 from ..launch.slurm import duration_s
-from .rundir import reuse_problem
+from .rundir import reuse_problem, world_size
 
 Rule = Callable[[DictConfig], Optional[str]]
 
@@ -190,14 +189,6 @@ COMMON: list[Rule] = [
     durations,
     run_folder,
 ]
-
-
-def world_size(cfg: DictConfig) -> int:
-    """The ranks the resolved launcher will start: mpirun's host slots summed (hosts may
-    have different counts), else nodes x processes per node."""
-    if cfg.launcher.get("hosts"):
-        return sum(slots for _, slots in parse_hosts(cfg.launcher.hosts, 1))
-    return cfg.launcher.nodes * cfg.launcher.nproc_per_node
 
 
 def _sync_fits(cfg: DictConfig) -> Optional[str]:
