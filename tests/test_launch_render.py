@@ -249,7 +249,9 @@ def test_slurm_dry_run_per_task(tmp_path, capsys):
     bash_n(run_dir / "job.sbatch")
     assert "--ntasks-per-node=4" in sbatch_header_ok(text)
     assert "torch.distributed.run" not in text
-    assert re.search(r'srun --kill-on-bad-exit=1 \\\n\s+\S+ -m ddp_lab.worker "\$RUN_DIR"', text)
+    # the task count from the allocation at run time (a requeued job may come back smaller)
+    assert re.search(r'srun --kill-on-bad-exit=1 --ntasks=\$\(\(\$SLURM_JOB_NUM_NODES \* NPROC_PER_NODE\)\) '
+                     r'\\\n\s+\S+ -m ddp_lab.worker "\$RUN_DIR"', text)
 
 
 def test_slurm_per_task_takes_ntasks_as_nproc():

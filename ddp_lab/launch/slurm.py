@@ -196,6 +196,10 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc))
     entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
+    if not step:  # the whole allocation, sized from the allocation itself: srun would take
+        # the task count from SLURM_NTASKS, which a requeued job keeps from its submission
+        # even when it comes back on fewer nodes (`scontrol update JobId=.. NumNodes=1`)
+        step = [f"--ntasks=$(({nnodes} * NPROC_PER_NODE))" if lc.per_task else f"--ntasks={nnodes}"]
     srun = ["srun", "--kill-on-bad-exit=1", *step]
     if lc.cpus_per_task:
         # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
