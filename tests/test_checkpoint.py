@@ -24,7 +24,9 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch
         checkpoint.atomic_save({"v": 2}, path)
     monkeypatch.undo()
     assert torch.load(path)["v"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temp file left
+    # no temp file left; the checksum is still the old file's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt.pt.sha256"]
+    assert checkpoint.damage(path) is None
 
 
 def test_latest_ignores_temp_files_and_keeps_two(tmp_path):
@@ -32,13 +34,13 @@ def test_latest_ignores_temp_files_and_keeps_two(tmp_path):
         checkpoint.save_epoch(tmp_path, e, {"x": e})
     (tmp_path / ".epoch_0005.pt.tmp-1").write_bytes(b"partial")
     assert checkpoint.latest(tmp_path).name == "epoch_0004.pt"
-    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_0003.pt", "epoch_0004.pt"]
+    assert sorted(p.name for p in tmp_path.glob("epoch_*.pt")) == ["epoch_0003.pt", "epoch_0004.pt"]
 
 
 def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
     bad = tmp_path / "epoch_0001.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="cannot be read.*delete it"):
+    with pytest.raises(RuntimeError, match="cannot be read.*move it aside"):
         checkpoint.load(bad, torch.device("cpu"))
 
 

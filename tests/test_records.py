@@ -163,7 +163,7 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
 
 def test_a_torn_metrics_line_costs_its_record_not_the_resume(tmp_path):
     """Issue 20: a stopped run whose metrics.jsonl ends with half a line (damaged outside
-    the run) resumes; the torn line is dropped and named in the log."""
+    the run) resumes; the torn line is moved aside (kept) and named in the log, once."""
     from ddp_lab.run.metrics import RunFolderSink
 
     whole = [json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) for e in (1, 2)]
@@ -180,7 +180,9 @@ def test_a_torn_metrics_line_costs_its_record_not_the_resume(tmp_path):
     sink.close()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2]
-    assert len(said) == 1 and "line 3 is not a JSON record" in said[0], said
+    assert said == ["metrics.jsonl: 1 line(s) that are not JSON records (torn?), line 3 first: "
+                    "moved to metrics.jsonl.torn"], said
+    assert (tmp_path / "metrics.jsonl.torn").read_text() == whole[1][:40] + "\n"  # kept
 
 
 def _telemetry_cfg(*overrides: str):

@@ -101,7 +101,7 @@ class Foreground:
             handlers = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            env = {**os.environ, JOB_ENV: str(self.run_dir)}  # what `sweep` recognises
+            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}  # what `sweep` recognises
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
                                          preexec_fn=_die_with_parent, env=env)
             while True:
@@ -142,7 +142,13 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
 
 # what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
 JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run")
-JOB_ENV = "DDP_LAB_JOB_DIR"  # set in the environment of a job `Foreground` starts
+JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
+
+
+def job_mark(run_dir: Path) -> str:
+    """The mark of the job this process runs in `run_dir`: the folder and our pid, so a
+    sweep never takes another command's job in the same folder for ours."""
+    return f"{run_dir}:{os.getpid()}"
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
@@ -150,10 +156,10 @@ def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
     mpirun and the launch scripts (their command line names the run folder and one of
     JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
     ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them. With
-    `marked`, only those that also carry the job's mark in their environment (JOB_ENV,
+    `marked`, only those that also carry this process's mark in their environment (JOB_ENV,
     inherited from the command `Foreground` started): what a sweep may kill."""
     key = str(run_dir).encode()
-    mark = f"{JOB_ENV}={run_dir}".encode()
+    mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ..run.records import EpochRecord, RunSummary
+from ..run.records import EpochRecord, RunSummary, read_metrics
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
 STUDY_FILE = "study.json"  # a study folder (ddp_lab.measure.study): its run folders are in points/
@@ -208,17 +208,14 @@ def _read_config(path: Path) -> dict:
 
 
 def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
+    lines, torn = read_metrics(path)  # a torn line is skipped and counted
     records: list[EpochRecord] = []
-    bad = 0
-    if not path.exists():
-        return records, bad
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
+    bad = len(torn)
+    for line in lines:
         try:
-            records.append(EpochRecord.from_dict(json.loads(line)))
+            records.append(EpochRecord.from_dict(line))
         except ValueError:
-            bad += 1  # a line cut short by a killed run (older writers), or not a record
+            bad += 1  # a JSON object that is not an epoch record
     return records, bad
 
 

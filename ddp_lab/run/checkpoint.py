@@ -3,23 +3,89 @@
 Names order the run's timeline: `epoch_0003.pt` holds the state after 3 epochs,
 `epoch_0003_step_000120.pt` after 3 epochs and 120 steps of the 4th (a graceful stop).
 The newest by (epochs, step) is the one a run continues from.
+
+Each checkpoint has its SHA-256 beside it (`epoch_0003.pt.sha256`, in `sha256sum`'s format:
+`cd checkpoints && sha256sum -c epoch_0003.pt.sha256` checks it by hand), written before the
+checkpoint is renamed into place. A run continues from the newest checkpoint whose bytes
+still match: a damaged one (a node that died while a shared file system still held its
+write, a full disk, a copy cut short) is set aside as `<name>.damaged`, never deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from .files import atomic_open
+from .files import atomic_open, atomic_write_text
 from .rundir import checkpoint_position, checkpoints as _list
+
+SUM = ".sha256"  # the checksum file's suffix
+DAMAGED = ".damaged"  # a damaged checkpoint's suffix, once set aside
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temp file in the same folder, fsync, then rename over `path`."""
+    """torch.save to a temp file in the same folder, fsync, its checksum beside it, then
+    rename over `path`: a checkpoint never exists without its checksum."""
     with atomic_open(path, "wb", fsync=True) as f:
         torch.save(obj, f)
+        f.flush()
+        atomic_write_text(path.with_name(path.name + SUM), f"{sha256(Path(f.name))}  {path.name}\n")
+
+
+def damage(path: Path) -> Optional[str]:
+    """Why the checkpoint at `path` cannot be trusted (None: its bytes match its checksum;
+    one written before checksums were recorded is trusted as it is)."""
+    try:
+        recorded = path.with_name(path.name + SUM).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    try:
+        actual = sha256(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if actual != recorded:
+        return f"its SHA-256 differs from the one recorded when it was written ({path.stat().st_size} bytes)"
+    return None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint (and its checksum) out of the run's timeline; kept."""
+    target = path.with_name(path.name + DAMAGED)
+    for i in range(2, 1000):
+        if not target.exists():
+            break
+        target = path.with_name(f"{path.name}{DAMAGED}-{i}")
+    os.replace(path, target)
+    total = path.with_name(path.name + SUM)
+    if total.exists():
+        os.replace(total, target.with_name(target.name + SUM))
+    return target
+
+
+def newest_intact(ckpt_dir: Path) -> tuple[Optional[Path], list[str]]:
+    """The newest checkpoint whose bytes match its checksum, and a line for each newer one
+    found damaged and set aside on the way (the caller logs them). One process calls it."""
+    said = []
+    for _, path in sorted(_list(ckpt_dir), reverse=True):
+        why = damage(path)
+        if why is None:
+            return path, said
+        kept = set_aside(path)
+        said.append(f"checkpoint {path.name} is damaged ({why}): set aside as {kept.name}, "
+                    "continuing from the one before")
+    return None, said
 
 
 def name(epochs: int, step: int = 0) -> str:
@@ -31,8 +97,13 @@ def save(ckpt_dir: Path, epochs: int, step: int, state: dict, keep: int = 2) -> 
     path = ckpt_dir / name(epochs, step)
     atomic_save({**state, "epoch": epochs, "step": step}, path)
     for _, old in sorted(_list(ckpt_dir))[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
+        _remove(old)
     return path
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + SUM).unlink(missing_ok=True)
 
 
 def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
@@ -58,7 +129,7 @@ def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
     the old one's later states must not outlive it."""
     gone = [p for key, p in _list(ckpt_dir) if key > pos]
     for p in gone:
-        p.unlink(missing_ok=True)
+        _remove(p)
     return gone
 
 
@@ -66,5 +137,5 @@ def load(path: Path, device: torch.device) -> dict:
     try:
         return torch.load(path, map_location=device, weights_only=False)
     except Exception as e:  # noqa: BLE001 -- a clear message beats torch's unpickling trace
-        raise RuntimeError(f"checkpoint {path} cannot be read ({e}); delete it to resume "
-                           "from the one before") from None
+        raise RuntimeError(f"checkpoint {path} cannot be read ({e}); move it aside (as "
+                           f"{path.name}{DAMAGED}) to resume from the one before") from None

@@ -46,6 +46,10 @@ class Checkpointer:
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return self.start
+        if env.is_main:  # the newest checkpoint that is intact: damaged ones are set aside
+            for line in checkpoint.newest_intact(self.ckpt_dir)[1]:
+                log.warning(line)
+        ctx.barrier()  # load-bearing: every rank picks from what rank 0 left
         path = checkpoint.latest(self.ckpt_dir)
         if path is None and mode == "true":
             raise FileNotFoundError(f"train.resume=true but {self.ckpt_dir} holds no checkpoint: "

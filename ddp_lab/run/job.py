@@ -17,7 +17,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, open_dict
 
 from .. import launch
-from . import progress
+from . import lock, progress
 from .files import atomic_write_text, write_json
 from .records import now_iso
 from .rundir import make_run_dir, read_summary, write_config
@@ -40,26 +40,32 @@ def launch_job(cfg: DictConfig, label: str | None = None,
     the job's exit status (None for a dry run). A launcher that refuses to render (a
     LaunchError) leaves no new folder behind."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
-    run_dir = make_run(cfg, label)
-    for name, text in (files or {}).items():
-        atomic_write_text(run_dir / name, text)
-    try:
-        rendered = launch.render(cfg, run_dir)
-    except launch.LaunchError:
-        if new:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    rendered.write(run_dir)
-    if cfg.launcher.dry_run:
-        print(rendered.show.rstrip())
-        print(f"run dir: {run_dir}")
-        return run_dir, None
-    try:
-        # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
-        grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
-        return run_dir, launch.start(rendered, run_dir, grace_s=grace)
-    except launch.LaunchError as e:  # the folder stays: it holds what could not be started
-        raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
+    run_dir = make_run_dir(cfg, label=label)
+    # one command per folder (run/lock.py): a scheduler's job holds the lock after we exit
+    scheduled = cfg.launcher.name in ("slurm", "runai") and not cfg.launcher.dry_run
+    with lock.hold(run_dir, cfg.launcher.name, keep=scheduled):
+        with open_dict(cfg):
+            cfg.run.dir = str(run_dir)
+        write_config(cfg, run_dir)
+        for name, text in (files or {}).items():
+            atomic_write_text(run_dir / name, text)
+        try:
+            rendered = launch.render(cfg, run_dir)
+        except launch.LaunchError:
+            if new:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        rendered.write(run_dir)
+        if cfg.launcher.dry_run:
+            print(rendered.show.rstrip())
+            print(f"run dir: {run_dir}")
+            return run_dir, None
+        try:
+            # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
+            grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
+            return run_dir, launch.start(rendered, run_dir, grace_s=grace)
+        except launch.LaunchError as e:  # the folder stays: it holds what could not be started
+            raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..env import DistEnv
 from .files import atomic_write_text, write_json
-from .records import EpochRecord, RunSummary
+from .records import EpochRecord, RunSummary, read_metrics
 
 
 class RankFormatter(logging.Formatter):
@@ -129,29 +129,19 @@ class RunFolderSink(NullSink):
         """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
         `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
         hides its points past the same position."""
-        lines = self.metrics.read_text().splitlines() if self.metrics.exists() else []
-        records = [ln for number, ln in enumerate(lines, 1) if self._readable(number, ln)]
-        self._lines = [ln for ln in records if json.loads(ln).get("epoch", 0) <= epoch]
+        records, torn = read_metrics(self.metrics)
+        if torn:  # torn by something outside the run: kept aside, said once
+            aside = self.metrics.with_name(self.metrics.name + ".torn")
+            with open(aside, "a") as f:
+                f.writelines(line + "\n" for _, line in torn)
+            logging.getLogger("ddp_lab").warning(
+                "%s: %d line(s) that are not JSON records (torn?), line %s first: moved to %s",
+                self.metrics.name, len(torn), torn[0][0], aside.name)
+        self._lines = [json.dumps(r, sort_keys=True) for r in records if r.get("epoch", 0) <= epoch]
         if self.metrics.exists():
             self._write_metrics()
         if (self.run_dir / "tb").is_dir():  # a run before this one wrote points: purge
             self._purge = (epoch + 1, global_step)
-
-    def _readable(self, number: int, line: str) -> bool:
-        """Whether line `number` of metrics.jsonl is a record. Blank lines are not; nor is
-        one that is not a JSON object (torn by something outside the run: this sink writes
-        the file whole and atomically), which costs that record, never the resume, and is
-        said in the rank's log."""
-        if not line.strip():
-            return False
-        try:
-            if isinstance(json.loads(line), dict):
-                return True
-        except ValueError:
-            pass
-        logging.getLogger("ddp_lab").warning(
-            "%s line %d is not a JSON record (torn?): dropped: %.80s", self.metrics, number, line)
-        return False
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))

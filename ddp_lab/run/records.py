@@ -12,7 +12,9 @@ Stdlib only: the report reads runs without importing torch.
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 SCHEMA_VERSION = 1
@@ -21,6 +23,31 @@ SCHEMA_VERSION = 1
 def now_iso() -> str:
     """A record's timestamp (segments' start/end): local time with its offset, to the second."""
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
+    """metrics.jsonl's records (its JSON-object lines, in order) and the lines that are not
+    one, with their numbers: a line torn by something outside the run (the trainer rewrites
+    the file whole and atomically) costs its own record, never the reader. Every reader of
+    the file (resume, status, report) comes through here. ([], []) when there is no file."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return [], []
+    records, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict):
+            records.append(rec)
+        else:
+            bad.append((number, line))
+    return records, bad
+
 
 R = TypeVar("R", bound="_Record")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import re
 from pathlib import Path
 from typing import Optional
@@ -11,6 +10,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .files import atomic_write_text, read_json_or_empty
+from .records import read_metrics
 
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
@@ -67,10 +67,7 @@ def folder_state(run_dir: Path) -> dict:
     epochs, how many epoch records metrics.jsonl has. Reads only small files."""
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
-    try:
-        records = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
-    except (OSError, ValueError):
-        records = []
+    records = read_metrics(metrics)[0]
     summary = read_summary(run_dir)
     return {"checkpoint": ckpts[-1][0] if ckpts else None,
             "checkpoint_name": ckpts[-1][1].name if ckpts else None,

@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from ..errors import UserError
 from ..launch import Tail, job_processes, slurm
 from .progress import read_all
+from .records import read_metrics
 from .rundir import folder_state
 from .stop import EXIT_STOPPED, STOP_FILE, request_stop
 
@@ -82,19 +83,9 @@ def _config(run_dir: Path) -> dict:
 
 
 def _last_record(path: Path) -> Optional[dict]:
-    """The last complete JSON line of metrics.jsonl."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            return rec
-    return None
+    """The last record of metrics.jsonl (a torn line is skipped)."""
+    records = read_metrics(path)[0]
+    return records[-1] if records else None
 
 
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:

@@ -28,6 +28,7 @@ from .delay import problem as delay_problem
 from ..errors import UserError
 from ..launch.base import local_gpus
 from ..launch.slurm import duration_s
+from .lock import in_use
 from .rundir import reuse_problem, world_size
 
 Rule = Callable[[DictConfig], Optional[str]]
@@ -251,6 +252,7 @@ TRAIN: list[Rule] = [
     at_least("timing.tb_every", 0),
     above("train.stop_check_s", 0),
     _stop_signal,
+    in_use,  # another command's job in run.dir: said before what the folder holds
     reuse_problem,
     _batch_fits,
     _model_fits,

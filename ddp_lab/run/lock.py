@@ -1,0 +1,162 @@
+"""One command per run folder: `RUN_DIR/LOCK`, taken before the command writes anything
+into the folder and held for the life of its job.
+
+The lock is a small JSON file created with O_EXCL (atomic on local and network file
+systems alike), naming who holds it: host, pid (and the pid's start time, so a reused pid
+is not mistaken for the holder) and launcher. A second command on the same folder reads
+it and asks whether that holder still lives:
+
+- on this machine: the holder's process, or any process of the folder's job
+  (ranks still stopping after their launcher was killed);
+- a SLURM job (launcher=slurm, its id in RUN_DIR/job_id): the scheduler's word; the job
+  holds the lock after the submitting command has exited, through requeues, until it ends;
+- RunAI: the run's state as `python -m ddp_lab.status` reads it;
+- a foreground command on another machine: nothing can tell, so it counts as alive.
+
+A live holder: the command is refused in one line naming the job and how to follow it.
+A dead one: the lock is taken over, with a line that says so. A command run in the
+foreground (torchrun, mpirun) gives the lock back when its job ends; a scheduler's job
+leaves it to be taken over once the scheduler says it has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+from ..errors import UserError
+from .files import read_json_or_empty
+from .records import now_iso
+
+LOCK = "LOCK"
+
+
+class FolderInUse(UserError):
+    """Another command's job uses this run folder."""
+
+
+def _start_ticks(pid: int) -> Optional[str]:
+    """When process `pid` started (field 22 of /proc/PID/stat), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _me(launcher: str) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_ticks(os.getpid()),
+            "launcher": launcher, "since": now_iso(), "command": " ".join(sys.argv)}
+
+
+def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
+    """(whether the lock's holder still lives, who it is in words)."""
+    host, pid, launcher = holder.get("host"), holder.get("pid"), holder.get("launcher")
+    who = f"python -m ddp_lab (pid {pid} on {host}, since {holder.get('since', '?')})"
+    here = host == socket.gethostname()
+    if here and isinstance(pid, int) and holder.get("start") is not None \
+            and _start_ticks(pid) == holder["start"]:  # the same process, not a reused pid
+        return True, who
+    if here:
+        from ..launch import job_processes  # (the launch package imports this module's caller)
+
+        if job_processes(run_dir):
+            return True, f"the job of {who}, whose processes still run"
+    if launcher in ("slurm", "runai"):
+        from .status import SLURM_ALIVE, inspect
+
+        info = inspect(run_dir)
+        job = f"{launcher} job {info.get('job_id') or '?'}"
+        sched = info.get("scheduler")
+        if sched is not None:  # SLURM: the scheduler's word (UNKNOWN: it did not answer)
+            alive = sched["state"] in SLURM_ALIVE | {"UNKNOWN", "PREEMPTED", "NODE_FAIL"}
+            return alive, f"SLURM job {info['job_id']} ({sched['state']})"
+        return info["state"] in ("running", "pending"), f"{job} ({info['state']}: {info['detail']})"
+    if not here:
+        return True, who  # another machine's process: nothing here can tell
+    return False, who
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path, launcher: str, keep: bool = False) -> Iterator[None]:
+    """Hold `run_dir`'s lock for the `with` block: refuse (FolderInUse) while another
+    command's job lives, take it over from a dead one. Given back at the end unless
+    `keep` (a scheduler's job, which outlives this command, holds it on)."""
+    acquire(run_dir, launcher)
+    kept = False
+    try:
+        yield
+        kept = keep
+    finally:
+        if not kept:
+            release(run_dir)
+
+
+def acquire(run_dir: Path, launcher: str) -> None:
+    path = run_dir / LOCK
+    mine = json.dumps(_me(launcher), indent=1) + "\n"
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = read_json_or_empty(path)
+            if not holder:  # being written this very moment (or torn): look again
+                time.sleep(0.2)
+                holder = read_json_or_empty(path)
+            alive, who = holder_alive(run_dir, holder) if holder else (False, "an unreadable lock")
+            if alive:
+                raise FolderInUse(_in_use(run_dir, who))
+            _set_aside(path, holder)
+            print(f"[ddp_lab] run.dir={run_dir}: taking over the lock of {who}, which has ended",
+                  file=sys.stderr, flush=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(mine)
+        return
+    raise FolderInUse(f"run.dir={run_dir}: another command keeps taking its lock ({path}); "
+                      "choose another run.dir")
+
+
+def _in_use(run_dir: Path, who: str) -> str:
+    return (f"run.dir={run_dir} is in use by {who}: one command per run folder. Follow it "
+            f"with `python -m ddp_lab.status {run_dir} --follow`, or choose another run.dir "
+            f"(if that job is surely gone, delete {run_dir / LOCK})")
+
+
+def in_use(cfg) -> Optional[str]:
+    """A validation rule: why cfg.run.dir cannot be used now (another command's job lives
+    there), checked before the folder's contents are judged; None when it is free."""
+    if not cfg.run.dir:
+        return None
+    run_dir = Path(cfg.run.dir).expanduser().resolve()
+    holder = read_json_or_empty(run_dir / LOCK)
+    if not holder:
+        return None
+    alive, who = holder_alive(run_dir, holder)
+    return _in_use(run_dir, who) if alive else None
+
+
+def _set_aside(path: Path, holder: dict) -> None:
+    """Remove a dead holder's lock, unless another command has replaced it meanwhile (then
+    the next attempt reads the new holder)."""
+    stale = path.with_name(f".{LOCK}.stale-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, stale)
+        if read_json_or_empty(stale) != holder:  # not the lock we judged: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(stale, path)
+        stale.unlink()
+
+
+def release(run_dir: Path) -> None:
+    """Give the lock back if this process holds it."""
+    path = run_dir / LOCK
+    holder = read_json_or_empty(path)
+    if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        path.unlink(missing_ok=True)
