@@ -5,9 +5,11 @@ wait; with `data.node_local=true`, local rank 0 of every node does it for its no
 wait is an all-reduce of a status flag rather than a bare barrier, so a failed fetch
 fails every rank at once, with the reason, instead of leaving them waiting.
 
-Every file is written under a temporary name, verified (MD5 for the archives, the idx
-header's size for the extracted files) and only then renamed into place: a crash or a
-bad mirror never leaves a partial file that looks valid.
+Every file is written under a temporary name, verified by its MD5 (the archive's, or the
+decompressed content's for an extracted file) and only then renamed into place: a crash or
+a bad mirror never leaves a partial file that looks valid. At every start the fetcher
+checks the extracted files' MD5 again (about 0.1 s for the four) and extracts a damaged
+one again: a flipped byte keeps the idx header's size, so a size check would train on it.
 
 Batches: `TensorShards` holds a whole split as one normalised tensor on the training
 device and reads each rank's shard with DistributedSampler's semantics (same permutation
@@ -42,13 +44,21 @@ log = logging.getLogger("ddp_lab")
 
 EMBEDDED = Path(__file__).resolve().parent / "assets" / "mnist"
 MEAN, STD = 0.1307, 0.3081
-# (archive, md5, extracted size check) -- the same files and sums as MNIST.resources
+# (archive, md5) -- the same files and sums as MNIST.resources
 RESOURCES = [
     ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
     ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
     ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
     ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c"),
 ]
+# the MD5 of each archive's decompressed content (`gunzip -c NAME.gz | md5sum` of the four
+# official files above): the extracted files are checked against these, not against disk
+EXTRACTED_MD5 = {
+    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+}
 
 
 class DataError(RuntimeError):
@@ -105,52 +115,69 @@ def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
             raise DataError(f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)")
 
 
+def _fetch(name: str, md5: str, mirrors: Sequence[str], dest: Path) -> str:
+    """Fetch one archive from the first mirror that serves it intact; returns that mirror."""
+    errors = []
+    for mirror in mirrors:
+        try:
+            _fetch_one(name, md5, mirror, dest)
+            return mirror
+        except (DataError, OSError, urllib.error.URLError, RuntimeError) as e:
+            errors.append(f"  {mirror}: {e}")
+    raise DataError(
+        f"could not fetch {name} into {dest.parent} from any mirror:\n" + "\n".join(errors)
+        + "\nfix: set data.mirrors to a reachable mirror (default: [embedded]), or copy "
+        "the four MNIST .gz files into that folder")
+
+
 def _extract(archive: Path) -> Path:
+    """Decompress an archive to a temp name, check the content's MD5, rename it into place
+    (over a damaged file, if there is one)."""
     out = archive.with_suffix("")  # drop .gz
+    want = EXTRACTED_MD5[out.name]
     try:
         with atomic_open(out, "wb") as dst, gzip.open(archive, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 20)
             dst.flush()
-            if not idx_is_valid(Path(dst.name)):
-                raise DataError(f"{archive} extracts to a file whose size does not match its header")
+            got = md5sum(Path(dst.name))
+            if got != want:
+                raise DataError(f"{archive} extracts to content with MD5 {got}, expected {want}")
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot extract {archive}: {e}") from None
     return out
 
 
 def fetch_mnist(root: str | Path, mirrors: Sequence[str]) -> int:
-    """Make `root/MNIST/raw` hold the four verified, extracted files. Returns how many
-    archives were fetched (0 when everything was already in place)."""
+    """Make `root/MNIST/raw` hold the four extracted files, each with its content's MD5. A
+    damaged one is extracted again from its archive, the archive fetched again first if it
+    is missing or fails its own MD5. Returns how many archives were fetched (0 when
+    everything was already in place)."""
     raw = raw_folder(root)
     raw.mkdir(parents=True, exist_ok=True)
     fetched = 0
     for name, md5 in RESOURCES:
         archive = raw / name
         extracted = archive.with_suffix("")
-        if idx_is_valid(extracted) and (not archive.exists() or md5sum(archive) == md5):
-            continue
-        if extracted.exists():
-            log.warning("%s is corrupt or partial: extracting it again", extracted)
-            extracted.unlink()
+        if extracted.exists() and md5sum(extracted) == EXTRACTED_MD5[extracted.name]:
+            continue  # intact: its archive is checked only when it is needed
+        damaged = extracted.exists()  # else missing: a first extraction, nothing to report
+        source = name
         if archive.exists() and md5sum(archive) != md5:
             bad = archive.with_name(archive.name + ".corrupt")
             log.warning("%s fails its MD5 check: moved to %s, fetching it again", archive, bad.name)
             os.replace(archive, bad)
         if not archive.exists():
-            errors = []
-            for mirror in mirrors:
-                try:
-                    _fetch_one(name, md5, mirror, archive)
-                    fetched += 1
-                    break
-                except (DataError, OSError, urllib.error.URLError, RuntimeError) as e:
-                    errors.append(f"  {mirror}: {e}")
-            else:
-                raise DataError(
-                    f"could not fetch {name} into {raw} from any mirror:\n" + "\n".join(errors)
-                    + "\nfix: set data.mirrors to a reachable mirror (default: [embedded]), or copy "
-                    "the four MNIST .gz files into that folder")
+            try:
+                source += f" (fetched from {_fetch(name, md5, mirrors, archive)})"
+            except DataError as e:
+                if damaged:  # say why a fetch was needed
+                    raise DataError(f"{extracted}: content MD5 mismatch (damaged?); {e}") from None
+                raise
+            fetched += 1
         _extract(archive)
+        if damaged:
+            log.warning("%s: content MD5 mismatch (damaged?): extracted again from %s",
+                        extracted, source)
     return fetched
 
 
