@@ -194,3 +194,44 @@ def test_checksums_catch_a_flipped_byte_and_old_checkpoints_are_trusted(tmp_path
     checkpoint.save(tmp_path, 4, 0, state, keep=2)  # pruning takes the checksum files too
     assert sorted(p.name for p in tmp_path.glob("epoch_*.pt*") if "damaged" not in p.name) == [
         "epoch_0002.pt", "epoch_0004.pt", "epoch_0004.pt.sha256"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB tmpfs (root only): room for one MLP checkpoint, not two."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.dist
+def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_disk, shared_data_root):
+    """The run folder on a disk that holds one checkpoint: epoch 2's checkpoint cannot be
+    written. The status and the console's last line say `no space left on <folder>`, epoch
+    1's checkpoint is intact; with room made, the same command continues and completes."""
+    run_dir = small_disk / "run"
+    res = _train(run_dir, shared_data_root)
+    assert res.returncode != 0
+    why = f"no space left on {run_dir / 'checkpoints'} (writing epoch_0002.pt)"
+    assert summary(run_dir)["status"] == f"failed: {why}", summary(run_dir)["status"]
+    last = [ln for ln in res.stdout.splitlines() if ln.strip()][-2]  # before `run dir: ...`
+    assert why in last, res.stdout[-2000:]
+    from ddp_lab.run import checkpoint
+
+    assert checkpoint.latest(run_dir / "checkpoints").name == "epoch_0001.pt"
+    assert checkpoint.damage(run_dir / "checkpoints" / "epoch_0001.pt") is None
+    assert not list((run_dir / "checkpoints").glob(".*tmp*"))  # the partial write is gone
+    subprocess.run(["mount", "-o", "remount,size=8M", str(small_disk)], check=True)
+    res = _train(run_dir, shared_data_root)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from epoch_0001.pt" in res.stdout + res.stderr
+    assert summary(run_dir)["status"] == "completed"

@@ -4,10 +4,35 @@ new one, never half of one. Everything in ddp_lab that writes a result goes thro
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Optional
+
+
+# what a full disk looks like to a writer, in the words a status line uses
+DISK_FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
+             errno.EROFS: "read-only file system"}
+
+
+class DiskFull(OSError):
+    """A write failed for want of space (or quota, or a writable file system): its message
+    is the one line a user needs, `no space left on <folder> (writing <file>)`."""
+
+    def __str__(self) -> str:
+        return f"{DISK_FULL[self.errno]} on {Path(self.filename).parent} (writing {Path(self.filename).name})"
+
+
+def disk_error(e: Optional[BaseException]) -> Optional[OSError]:
+    """The out-of-space (quota, read-only) OSError behind `e`, if that is what `e` is:
+    torch.save reports a full disk as a RuntimeError ("unexpected pos ...") raised while
+    handling it."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 @contextlib.contextmanager
@@ -25,6 +50,11 @@ def atomic_open(path: Path, mode: str = "w", fsync: bool = False) -> Iterator[IO
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX
+    except Exception as e:
+        full = disk_error(e)
+        if full is None:
+            raise
+        raise DiskFull(full.errno, full.strerror, str(path)) from e
     finally:
         tmp.unlink(missing_ok=True)
     if fsync:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..env import DistEnv
-from .files import atomic_write_text, write_json
+from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
 
 
@@ -32,6 +32,24 @@ _FAULT_FILE = None  # the rank's log, opened for faulthandler (which writes to i
 def fault_file():
     """The file faulthandler writes this rank's stacks to (its log), or None."""
     return _FAULT_FILE
+
+
+class _LogFile(logging.FileHandler):
+    """A rank's log file. A full disk costs the log (said once on the console), not the
+    run: the checkpoint, whose write fails next, is what ends it, in its own words."""
+
+    def __init__(self, path: Path, rank: int):
+        super().__init__(path)
+        self.rank, self.said = rank, False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        full = disk_error(sys.exc_info()[1])
+        if full is None:
+            return super().handleError(record)
+        if not self.said:
+            self.said = True
+            print(f"[rank {self.rank}] cannot write its log {self.baseFilename}: "
+                  f"{DISK_FULL[full.errno]}", file=sys.stderr, flush=True)
 
 
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
@@ -54,7 +72,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
     log.addHandler(console)
     if run_dir is not None:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(run_dir / "logs" / f"rank{env.rank}.log")
+        fh = _LogFile(run_dir / "logs" / f"rank{env.rank}.log", env.rank)
         fh.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
         fh.setLevel(logging.DEBUG)
         log.addHandler(fh)

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .files import DiskFull
+
 FOLDER = "progress"
 MAGIC, VERSION = b"DDPR", 1
 SIZE = 512
@@ -365,7 +367,10 @@ def mark_killed(run_dir: Path, rank: int, message: str) -> None:
 
 def short_error(e: BaseException, limit: int = 200) -> str:
     """'RuntimeError: Timed out waiting 15000ms for recv operation to complete': the
-    exception's type and first meaningful line, without source paths."""
+    exception's type and first meaningful line, without source paths. A full disk is
+    said as `no space left on <folder> (writing <file>)`."""
+    if isinstance(e, DiskFull):
+        return str(e)
     text = " ".join(str(e).split("\n\n")[0].split())
     text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)
     text = text.replace("Got the following error when running the callback: ", "")
