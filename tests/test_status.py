@@ -78,6 +78,11 @@ def test_a_run_that_never_started_and_a_dead_one(tmp_path, shared_data_root):
                    f"data.root={shared_data_root}", cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     out = status(tmp_path / "dry", cwd=tmp_path)
+    assert out.returncode == 0 and "state:       dry run (rendered by" in out.stdout, describe(out)
+    out = status(tmp_path, cwd=tmp_path)  # a dry run is no run: not counted (issue 21)
+    assert out.returncode == 2 and "holds only dry runs (1)" in out.stderr, describe(out)
+    (tmp_path / "dry" / "DRY_RUN").unlink()  # launched, as far as the folder tells
+    out = status(tmp_path / "dry", cwd=tmp_path)
     assert out.returncode == 0 and "state:       not started" in out.stdout, describe(out)
     (tmp_path / "dry" / "summary.json").write_text(json.dumps(
         {"status": "running", "epochs_done": 1, "step_in_epoch": 0, "epochs": 3}))

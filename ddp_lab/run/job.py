@@ -20,7 +20,7 @@ from .. import launch
 from . import lock, progress
 from .files import atomic_write_text, write_json
 from .records import now_iso
-from .rundir import make_run_dir, read_summary, write_config
+from .rundir import DRY_RUN, make_run_dir, read_summary, write_config
 
 
 # ------------------------------------------------------------ submitting side
@@ -57,9 +57,15 @@ def launch_job(cfg: DictConfig, label: str | None = None,
             raise
         rendered.write(run_dir)
         if cfg.launcher.dry_run:
+            if new:  # a folder of its own: marked, so no one counts it as a run
+                atomic_write_text(run_dir / DRY_RUN, "rendered by launcher.dry_run=true: nothing "
+                                  "was started here; the same command without it runs it\n")
             print(rendered.show.rstrip())
+            print("a dry run: rendered, not started (the same command without "
+                  "launcher.dry_run=true starts it)")
             print(f"run dir: {run_dir}")
             return run_dir, None
+        (run_dir / DRY_RUN).unlink(missing_ok=True)  # a real run now
         try:
             # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0

@@ -57,6 +57,15 @@ def resume_mode(value) -> str:
     return {"yes": "true", "no": "false", "1": "true", "0": "false"}.get(text, text)
 
 
+DRY_RUN = "DRY_RUN"  # the marker of a folder a dry run rendered: nothing ever ran in it
+
+
+def is_dry_run(run_dir: Path) -> bool:
+    """A folder that only holds what `launcher.dry_run=true` rendered (status and the
+    report leave it out of their counts)."""
+    return (Path(run_dir) / DRY_RUN).is_file()
+
+
 def read_summary(run_dir: Path) -> dict:
     """The folder's summary.json ({} when there is none yet, or it cannot be read)."""
     return read_json_or_empty(run_dir / "summary.json")

@@ -39,7 +39,7 @@ from ..errors import UserError
 from ..launch import Tail, job_processes, slurm
 from .progress import read_all
 from .records import read_metrics
-from .rundir import folder_state
+from .rundir import folder_state, is_dry_run
 from .stop import EXIT_STOPPED, STOP_FILE, request_stop
 
 FINAL = ("completed", "failed", "preempted", "stopped")
@@ -58,7 +58,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(path: Path, depth: int = 4) -> list[Path]:
-    """Run folders at or below `path` (a sweep folder, run.root), not inside one another."""
+    """Run folders at or below `path` (a sweep folder, run.root), not inside one another;
+    below `path`, a dry run's folder is none (`dry_runs` counts those)."""
     if is_run_dir(path):
         return [path]
     found: list[Path] = []
@@ -69,8 +70,18 @@ def find_runs(path: Path, depth: int = 4) -> list[Path]:
     except OSError:
         return found
     for child in children:
-        found += find_runs(child, depth - 1)
+        found += [r for r in find_runs(child, depth - 1) if not is_dry_run(r)]
     return found
+
+
+def dry_runs(path: Path, depth: int = 4) -> int:
+    """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
+    if is_run_dir(path) or depth <= 0:
+        return int(is_dry_run(path))
+    try:
+        return sum(dry_runs(p, depth - 1) for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return 0
 
 
 def _config(run_dir: Path) -> dict:
@@ -177,7 +188,9 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     here = socket.gethostname()
     sees_ranks = launcher in LOCAL_LAUNCHERS and (not hosts or here in hosts)
     state, detail = _state(word, status, launcher, job_id, sched, pids, sees_ranks)
-    if not word and not pids:  # no rank ever wrote: did the job's python check stop it?
+    if not word and not pids and is_dry_run(run_dir):
+        state, detail = "dry run", "rendered by launcher.dry_run=true, never started"
+    elif not word and not pids:  # no rank ever wrote: did the job's python check stop it?
         said = python_check_failure(run_dir)
         if said:
             state, detail = "failed", said
@@ -634,6 +647,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = _parse(argv)
         path = resolve_path(args.path)
         runs = find_runs(path)
+        if not runs and dry_runs(path):
+            raise UserError(f"{args.path} holds only dry runs ({dry_runs(path)}): rendered, "
+                            "never started; run the same command without launcher.dry_run=true")
         if not runs:
             raise UserError(f"{args.path} holds no run folder (no config.yaml in it or below): "
                             "give a run folder (the `run dir: PATH` a run prints) or a folder of runs")
@@ -659,6 +675,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         states: dict[str, int] = {}
         for info in infos:
             states[info["state"]] = states.get(info["state"], 0) + 1
+        dry = dry_runs(path)
         print(f"{len(infos)} run(s) under {path}: "
-              + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+              + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+              + (f" ({dry} dry run(s) not counted)" if dry else ""))
     return 0
