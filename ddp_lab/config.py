@@ -10,13 +10,19 @@ into the same schema with `load_run_config`, so every rank runs exactly one conf
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from .resources import conf_dir
 from .registry import Registry
@@ -683,9 +689,61 @@ def help_groups(app: str) -> str:
     return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in HELP_GROUPS[app])
 
 
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """A schema dataclass's fields -> their docstrings on one line (the string under each
+    field, read from the source: Python keeps no attribute docstrings), inherited ones
+    included."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+                    and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def one_line(text: str, width: int) -> str:
+    """`text` cut to `width` characters at a word, marked with `...` where cut."""
+    return text if len(text) <= width else text[: width - 3].rsplit(" ", 1)[0] + "..."
+
+
+def help_keys(app: str, *, _root_: DictConfig) -> str:
+    """`--help`'s config: every key of the composed config (overrides applied, so
+    `--help launcher=slurm` shows SLURM's keys) with its value and its meaning."""
+    rows: list[tuple[str, str]] = []
+
+    def walk(node: DictConfig, depth: int) -> None:
+        docs = field_docs(OmegaConf.get_type(node)) if dataclasses.is_dataclass(OmegaConf.get_type(node)) else {}
+        for key in node:
+            if depth == 0 and key == "hydra":
+                continue
+            child = node._get_node(key)
+            pad = "  " * depth
+            if isinstance(child, DictConfig) and not child._is_none() and len(child):
+                rows.append((f"{pad}{key}:", docs.get(key, "")))
+                walk(child, depth + 1)
+            else:
+                value = OmegaConf.to_container(child) if isinstance(child, (DictConfig, ListConfig)) \
+                    else child._value()
+                text = "null" if value is None else json.dumps(value) if not isinstance(value, str) \
+                    or not value or value.strip() != value else value
+                rows.append((f"{pad}{key}: {text}", docs.get(key, "")))
+
+    walk(_root_, 0)
+    width = min(44, max(len(left) for left, _ in rows) + 2)
+    return "\n".join(f"{left:<{width}}# {one_line(doc, 98 - max(width, len(left)))}" if doc else left
+                     for left, doc in rows)
+
+
 def register_configs() -> None:
     """Register the schema nodes; conf/<group>/<name>.yaml starts from `/schema/<group>/<name>`."""
     OmegaConf.register_new_resolver("ddp_lab_groups", help_groups, replace=True)
+    OmegaConf.register_new_resolver("ddp_lab_keys", help_keys, replace=True)
     cs = ConfigStore.instance()
     cs.store(group="schema", name="config", node=Config)
     for group, options in SCHEMAS.items():

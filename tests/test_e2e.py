@@ -24,11 +24,20 @@ def test_torch_and_torchvision_import_together():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_help_lists_the_groups(tmp_path):
+def test_help_lists_the_groups_and_a_meaning_beside_every_key(tmp_path):
     proc = run_cli("--help", cwd=tmp_path)
     assert proc.returncode == 0
     for group in ("launcher", "sync", "model", "data", "optim"):
         assert f"{group}:" in proc.stdout
+    keys = proc.stdout.split("== Config ==", 1)[1].split("Powered by Hydra")[0].splitlines()[2:]
+    leaves = [ln for ln in keys if ln.strip() and not ln.rstrip().endswith(":")]
+    assert len(leaves) > 60, leaves
+    bare = [ln for ln in leaves if " # " not in ln]
+    assert not bare, bare  # every key has its meaning (the schema's field docstrings)
+    assert all(len(ln) <= 100 for ln in keys), [ln for ln in keys if len(ln) > 100]
+    assert "  nodes: 1" in proc.stdout and "# number of machines" in proc.stdout
+    slurm = run_cli("--help", "launcher=slurm", cwd=tmp_path)  # the composed config's keys
+    assert "  signal_s: null" in slurm.stdout and "#SBATCH --signal" in slurm.stdout
 
 
 def test_dry_run_renders_and_starts_nothing(tmp_path):
