@@ -1,12 +1,19 @@
 """launcher=local for real: torchrun restarts a failed worker group and the run resumes
-from the last checkpoint (launcher.max_restarts)."""
+from the last checkpoint (launcher.max_restarts); a rendezvous port another program holds
+stops the run before it starts, in one line naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import time
+from typing import Iterator, Optional
 
 import pytest
-from helpers import describe, run_cli, run_dir_of, summary
+from helpers import QUICK, describe, free_port, run_cli, run_dir_of, summary
+
+from ddp_lab.launch import ports
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -39,3 +46,42 @@ def test_failure_without_restarts_fails_the_run(tmp_path):
     run_dir = run_dir_of(proc)
     assert summary(run_dir)["status"].startswith("failed")
     assert "job failed with exit status" in proc.stdout
+
+
+# ------------------------------------------------------------ the rendezvous port
+def machine_address() -> Optional[str]:
+    """This machine's own IPv4 address, not loopback (as `hostname -I` lists); None if none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # UDP: sends nothing, only picks the route's source address
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+@contextlib.contextmanager
+def listening(addr: str) -> Iterator[int]:
+    """Another program's listener on `addr` only, at a port free on every address."""
+    with socket.socket() as s:
+        s.bind((addr, free_port()))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_port_taken_on_this_machines_address_stops_before_any_process(tmp_path):
+    # the pre-check used to bind 127.0.0.1 only: it passed, and torchrun then tried for
+    # 124 s to reach its own store on a port it could not bind
+    addr = machine_address() or pytest.skip("this machine has no address but loopback")
+    with listening(addr) as port:
+        t0 = time.monotonic()
+        proc = run_cli("launcher.nproc_per_node=2", f"launcher.master_port={port}", *QUICK,
+                       f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
+                       cwd=tmp_path, timeout=120, env={"MASTER_PORT": ""})
+        took = time.monotonic() - t0
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.splitlines() == [
+        f"error: launcher.master_port={port}: port {port} is in use on this machine (another "
+        f"program listens on it): {ports.FIX}"], describe(proc)
+    assert not (tmp_path / "runs").exists()  # no run folder: nothing was started
+    assert took < 20, took  # 0.8 s on an idle 2-core machine

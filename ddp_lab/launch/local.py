@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
 from .ports import free_port
 from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
+
+
+def rendezvous_port(lc):
+    """The port launch.sh's rendezvous will bind, and the key that sets it: MASTER_PORT from
+    this environment (the script's knob wins, and the job inherits this environment), else
+    launcher.master_port (None: a free one, picked when rendering)."""
+    if os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_PORT"], "MASTER_PORT"
+    return lc.master_port, "launcher.master_port"
 
 
 def resolve(cfg) -> None:
@@ -20,8 +30,12 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
     if lc.max_restarts < 0:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
-    if lc.master_port is not None:
-        check_port_free(lc.master_port)
+    port, key = rendezvous_port(lc)
+    if key == "MASTER_PORT":
+        check_port_free(port, key, "unset MASTER_PORT in this shell (launch.sh prefers it to "
+                                   "launcher.master_port) for a free one, or export another")
+    elif port is not None:
+        check_port_free(port)
 
 
 def render(cfg, run_dir: Path) -> Rendered:
