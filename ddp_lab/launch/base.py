@@ -33,6 +33,9 @@ class Rendered:
     executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
     starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
+    # after a failed job: the launcher's own reason, when it failed before any rank could
+    # say one (torchrun's rendezvous); None = the ranks' records say why
+    explain: Optional[Callable[[], Optional[str]]] = None
 
     def write(self, run_dir: Path) -> None:
         # logs/ must exist before the job starts: sbatch --output does not create folders

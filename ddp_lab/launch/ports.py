@@ -1,5 +1,5 @@
-"""The rendezvous port: a free one, and whether one is taken. Every launcher, test and
-script asks here.
+"""The rendezvous port: a free one, whether one is taken, and the line that says a
+rendezvous could not start. Every launcher, test and script asks here.
 
 The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
 on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
@@ -32,3 +32,9 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def taken(host: str, port: int) -> str:
+    """The line for a rendezvous whose port another program holds."""
+    return (f"the rendezvous at {host}:{port} cannot start: another program holds port "
+            f"{port} on that machine: {FIX}")
