@@ -1,4 +1,4 @@
-"""The rendezvous port: a free one, whether one is taken, and the line that says a
+"""The rendezvous port: a free one, whether one is taken, and the lines that say a
 rendezvous could not start. Every launcher, test and script asks here.
 
 The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
@@ -38,3 +38,10 @@ def taken(host: str, port: int) -> str:
     """The line for a rendezvous whose port another program holds."""
     return (f"the rendezvous at {host}:{port} cannot start: another program holds port "
             f"{port} on that machine: {FIX}")
+
+
+def no_answer(host: str, port: int, waited_s: float) -> str:
+    """The line for a rendezvous that did not answer within dist.init_timeout_s."""
+    return (f"the rendezvous at {host}:{port} did not answer within {waited_s:g} s "
+            f"(dist.init_timeout_s): check that {host} is rank 0's machine and reachable "
+            f"from this one on port {port}; if another program holds that port, {FIX}")
