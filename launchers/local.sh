@@ -18,9 +18,15 @@ export PYTHONPATH={code_dir}${{PYTHONPATH:+:$PYTHONPATH}}
 # (pytorch/pytorch#135712). Only then: an unshared store sits on a port the agent picked and
 # released, which another program can take before rank 0 binds it (EADDRINUSE).
 if [ "$MAX_RESTARTS" -gt 0 ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi
+# is_host: this torchrun serves the store, so a port taken since ddp_lab checked it fails
+# at once; torchrun's guess (127.0.0.1 is us) would instead fall back to dialling the port
+# as a client: two connect attempts of read_timeout (60 s) each, then a traceback.
+# torchrun's own error (not a rank's) goes to the file below: ddp_lab names it in one line.
+export TORCHELASTIC_ERROR_FILE={error_file}
+rm -f "$TORCHELASTIC_ERROR_FILE"  # an earlier attempt's, in a folder run again
 exec {python} -m torch.distributed.run \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \
-  --rdzv_conf=join_timeout={join_timeout} \
+  --rdzv_conf=join_timeout={join_timeout},is_host=true \
   --max_restarts="$MAX_RESTARTS" \
   -m {entry} {run_dir}

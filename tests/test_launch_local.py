@@ -1,12 +1,21 @@
 """launcher=local for real: torchrun restarts a failed worker group and the run resumes
-from the last checkpoint (launcher.max_restarts)."""
+from the last checkpoint (launcher.max_restarts); a rendezvous port another program holds
+ends the run in one line naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
+import time
+from typing import Iterator, Optional
 
 import pytest
-from helpers import describe, run_cli, run_dir_of, summary
+from helpers import PY, QUICK, describe, free_port, run_cli, run_dir_of, summary
+
+from ddp_lab.launch import ports
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -39,3 +48,76 @@ def test_failure_without_restarts_fails_the_run(tmp_path):
     run_dir = run_dir_of(proc)
     assert summary(run_dir)["status"].startswith("failed")
     assert "job failed with exit status" in proc.stdout
+
+
+# ------------------------------------------------------------ the rendezvous port
+def machine_address() -> Optional[str]:
+    """This machine's own IPv4 address, not loopback (as `hostname -I` lists); None if none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # UDP: sends nothing, only picks the route's source address
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+@contextlib.contextmanager
+def listening(addr: str) -> Iterator[int]:
+    """Another program's listener on `addr` only, at a port free on every address."""
+    with socket.socket() as s:
+        s.bind((addr, free_port()))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_port_taken_on_this_machines_address_stops_before_any_process(tmp_path):
+    # the pre-check used to bind 127.0.0.1 only: it passed, and torchrun then tried for
+    # 124 s to reach its own store on a port it could not bind
+    addr = machine_address() or pytest.skip("this machine has no address but loopback")
+    with listening(addr) as port:
+        t0 = time.monotonic()
+        proc = run_cli("launcher.nproc_per_node=2", f"launcher.master_port={port}", *QUICK,
+                       f"run.root={tmp_path / 'runs'}", f"data.root={tmp_path / 'data'}",
+                       cwd=tmp_path, timeout=120, env={"MASTER_PORT": ""})
+        took = time.monotonic() - t0
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.splitlines() == [
+        f"error: launcher.master_port={port}: port {port} is in use on this machine (another "
+        f"program listens on it): {ports.FIX}"], describe(proc)
+    assert not (tmp_path / "runs").exists()  # no run folder: nothing was started
+    assert took < 20, took  # 0.8 s on an idle 2-core machine
+
+
+def test_port_taken_after_the_check_ends_at_once_naming_the_rendezvous(tmp_path):
+    # another program takes the port between ddp_lab's check and torchrun's bind: here a
+    # setup line of launch.sh, which runs just before torchrun
+    addr = machine_address() or pytest.skip("this machine has no address but loopback")
+    port, pid_file = free_port(), tmp_path / "holder.pid"
+    (tmp_path / "hold.py").write_text(
+        "import os, socket, sys, time\n"
+        "s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()\n"
+        "open(sys.argv[3] + '.tmp', 'w').write(str(os.getpid()))\n"
+        "os.replace(sys.argv[3] + '.tmp', sys.argv[3]); time.sleep(120)\n")
+    # in the background, off our pipes (run_cli would wait for them to close)
+    hold = f"{PY} {tmp_path / 'hold.py'} {addr} {port} {pid_file} >/dev/null 2>&1 &"
+    bound = f"for i in $(seq 300); do [ -s {pid_file} ] && break; sleep 0.1; done"
+    t0 = time.monotonic()
+    try:
+        proc = run_cli("launcher.nproc_per_node=2", f"launcher.master_port={port}",
+                       f"launcher.setup=['{hold}','{bound}']",
+                       "dist.init_timeout_s=30", *QUICK, f"run.root={tmp_path / 'runs'}",
+                       f"data.root={tmp_path / 'data'}", cwd=tmp_path, timeout=240,
+                       env={"MASTER_PORT": ""})
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, describe(proc)
+    run_dir = run_dir_of(proc)
+    line = ports.taken("127.0.0.1", port)
+    assert proc.stdout.splitlines()[-2] == (
+        f"job failed with exit status 1: {line} (logs in {run_dir / 'logs'})"), describe(proc)
+    assert summary(run_dir)["status"] == f"failed: {line}"
+    assert not list((run_dir / "logs").glob("rank*.log"))  # torchrun started no rank
+    assert took < 30, took  # within dist.init_timeout_s; 3.8 s here (torchrun's start)

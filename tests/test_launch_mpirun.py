@@ -8,6 +8,9 @@ import shutil
 import pytest
 from helpers import QUICK, describe, run_cli, run_dir_of, summary
 
+from ddp_lab.launch import ports
+from ddp_lab.run import progress
+
 pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None,
                                  reason="mpirun not installed (scripts/install_system_deps.sh)")]
@@ -40,4 +43,11 @@ def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
                    cwd=tmp_path, timeout=240, env={"MASTER_ADDR": "192.0.2.1"})
     assert proc.returncode != 0, describe(proc)
     run_dir = run_dir_of(proc)
-    assert summary(run_dir)["status"].startswith("failed"), describe(proc)
+    port = int((run_dir / "launch.sh").read_text().split("MASTER_PORT:-")[1].split("}")[0])
+    line = ports.no_answer("192.0.2.1", port, 10)
+    assert summary(run_dir)["status"] == f"failed: {line}", describe(proc)
+    assert proc.stdout.splitlines()[-2].startswith(f"job failed with exit status 1: {line}")
+    # each rank ended at the bound, its start to its end (torch alone: 2 connects + a backoff)
+    for rec in progress.read_all(run_dir):
+        assert rec["state"] == "failed" and rec["message"] == line[:255], rec
+        assert rec["updated"] - rec["started"] < 10 + 4, rec

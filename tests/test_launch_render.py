@@ -15,6 +15,7 @@ from helpers import REPO, compose, describe, run_cli, run_dir_of
 import ddp_lab
 from ddp_lab.env import slurm_port
 from ddp_lab.launch import mpirun as mpirun_launch
+from ddp_lab.launch import ports
 from ddp_lab.launch import slurm as slurm_launch
 from ddp_lab.errors import UserError
 from ddp_lab.run.submit import submit
@@ -68,6 +69,31 @@ def test_local_port_in_use():
         port = s.getsockname()[1]
         msg = resolve_error(f"launcher.master_port={port}")
     assert f"port {port} is in use" in msg
+
+
+def test_local_checks_the_port_the_script_will_use(monkeypatch):
+    # launch.sh's MASTER_PORT knob wins over the rendered port, and the job inherits it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        msg = resolve_error("launcher.nproc_per_node=2")
+    assert msg.startswith(f"MASTER_PORT={port}: port {port} is in use") and "unset MASTER_PORT" in msg
+
+
+def test_a_previous_stores_time_wait_leaves_its_port_free():
+    # the store binds with SO_REUSEADDR: when it closed first, its side of a connection sits
+    # in TIME_WAIT for a minute, and a new store on that port binds all the same
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((ports.WILDCARD, 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = server.accept()
+            conn.close()  # the server's side first: its end goes to TIME_WAIT
+    assert not ports.port_in_use(port)
 
 
 def test_local_rejects_nodes():

@@ -16,6 +16,7 @@ from typing import Callable, Optional, TextIO
 
 from ..errors import UserError
 from ..resources import launchers_dir
+from .ports import FIX, port_in_use
 
 TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/resources.py)
 
@@ -32,6 +33,9 @@ class Rendered:
     executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
     starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
+    # after a failed job: the launcher's own reason, when it failed before any rank could
+    # say one (torchrun's rendezvous); None = the ranks' records say why
+    explain: Optional[Callable[[], Optional[str]]] = None
 
     def write(self, run_dir: Path) -> None:
         # logs/ must exist before the job starts: sbatch --output does not create folders
@@ -44,15 +48,18 @@ class Rendered:
 
 
 # ------------------------------------------------------------------ helpers
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    if not 0 < port < 65536:
-        raise LaunchError(f"launcher.master_port={port} is not a port (1..65535)")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            raise LaunchError(f"port {port} is in use on {host}: pick another "
-                              "launcher.master_port, or leave it null for a free one") from None
+def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
+    """Refuse a rendezvous port that is not a port, or that another program holds on any
+    address of this machine (the store binds them all: ports.py), before any process starts."""
+    try:
+        number = int(port)
+    except (TypeError, ValueError):
+        number = 0
+    if not 0 < number < 65536:
+        raise LaunchError(f"{key}={port} is not a port (1..65535)")
+    if port_in_use(number):
+        raise LaunchError(f"{key}={port}: port {number} is in use on this machine (another "
+                          f"program listens on it): {fix}")
 
 
 def is_this_machine(host: str) -> bool:

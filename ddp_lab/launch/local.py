@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 from pathlib import Path
+from typing import Optional
 
-from .ports import free_port
+from .ports import FIX, free_port, taken
 from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
+
+ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ERROR_FILE)
+
+
+def rendezvous_port(lc):
+    """The port launch.sh's rendezvous will bind, and the key that sets it: MASTER_PORT from
+    this environment (the script's knob wins, and the job inherits this environment), else
+    launcher.master_port (None: a free one, picked when rendering)."""
+    if os.environ.get("MASTER_PORT"):
+        return os.environ["MASTER_PORT"], "MASTER_PORT"
+    return lc.master_port, "launcher.master_port"
 
 
 def resolve(cfg) -> None:
@@ -20,8 +34,12 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
     if lc.max_restarts < 0:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
-    if lc.master_port is not None:
-        check_port_free(lc.master_port)
+    port, key = rendezvous_port(lc)
+    if key == "MASTER_PORT":
+        check_port_free(port, key, "unset MASTER_PORT in this shell (launch.sh prefers it to "
+                                   "launcher.master_port) for a free one, or export another")
+    elif port is not None:
+        check_port_free(port)
 
 
 def render(cfg, run_dir: Path) -> Rendered:
@@ -31,7 +49,25 @@ def render(cfg, run_dir: Path) -> Rendered:
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
         max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)),
         code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
+        error_file=shlex.quote(str(run_dir / ERROR_FILE)),
         join_timeout=max(1, int(cfg.dist.init_timeout_s)), entry=shlex.quote(cfg.run.entry))
     path = run_dir / "launch.sh"
+    used = os.environ.get("MASTER_PORT") or port  # what the script will bind (rendezvous_port)
     return Rendered(command=["bash", str(path)], files={"launch.sh": script},
-                    executable=("launch.sh",), show=script)
+                    executable=("launch.sh",), show=script,
+                    explain=lambda: rendezvous_failure(run_dir, "127.0.0.1", int(used)))
+
+
+def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
+    """One line naming the rendezvous when torchrun ended because it could not start it
+    (torchrun's own error file says a Rendezvous...Error); None for any other ending."""
+    try:
+        error = json.loads((run_dir / ERROR_FILE).read_text())["message"]
+        message, trace = error["message"], error["extraInfo"]["py_callstack"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not message.startswith("Rendezvous"):
+        return None
+    if "EADDRINUSE" in trace:  # another program took the port after ddp_lab checked it
+        return taken(host, port)
+    return f"torchrun's rendezvous at {host}:{port} could not start ({message.split(':')[0]}): {FIX}"

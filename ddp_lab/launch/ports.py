@@ -1,13 +1,47 @@
-"""Free TCP ports: the one helper every launcher, test and script asks."""
+"""The rendezvous port: a free one, whether one is taken, and the lines that say a
+rendezvous could not start. Every launcher, test and script asks here.
+
+The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
+on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
+only when nothing listens on it on any address: a program bound to the machine's own
+network address (not 127.0.0.1) takes it from the store just the same."""
 
 from __future__ import annotations
 
 import socket
 
+WILDCARD = "0.0.0.0"  # where the store binds
+FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
-def free_port(host: str = "127.0.0.1") -> int:
+
+def free_port(host: str = WILDCARD) -> int:
     """A port nothing listens on now (the OS picks it; another process may still take it
     before it is used, so callers that can, retry)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether the store could not bind `port`: the same bind it makes (every address,
+    SO_REUSEADDR, so the TIME_WAIT left by a previous run's store does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((WILDCARD, port))
+        except OSError:
+            return True
+    return False
+
+
+def taken(host: str, port: int) -> str:
+    """The line for a rendezvous whose port another program holds."""
+    return (f"the rendezvous at {host}:{port} cannot start: another program holds port "
+            f"{port} on that machine: {FIX}")
+
+
+def no_answer(host: str, port: int, waited_s: float) -> str:
+    """The line for a rendezvous that did not answer within dist.init_timeout_s."""
+    return (f"the rendezvous at {host}:{port} did not answer within {waited_s:g} s "
+            f"(dist.init_timeout_s): check that {host} is rank 0's machine and reachable "
+            f"from this one on port {port}; if another program holds that port, {FIX}")

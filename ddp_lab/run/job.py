@@ -69,9 +69,13 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         try:
             # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
-            return run_dir, launch.start(rendered, run_dir, grace_s=grace)
+            rc = launch.start(rendered, run_dir, grace_s=grace)
         except launch.LaunchError as e:  # the folder stays: it holds what could not be started
             raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
+        why = rendered.explain() if rc and rendered.explain else None
+        if why:  # the launcher failed before any rank started: its line is the run's status
+            mark_failed(run_dir, f"failed: {why}")
+        return run_dir, rc
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:

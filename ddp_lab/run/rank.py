@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..env import detect_env, openmp_wait_policy
+from ..launch import ports
 from . import progress
 from .job import mark_failed
 from .metrics import fault_file, setup_logging
@@ -38,7 +39,8 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     (ddp_lab.run.progress) and its hang watchdog (stacks into its log). When a collective fails
     (a peer died, froze or hung past dist.timeout_s) its one `failed:` line names the rank(s)
     that stopped and where, and it kills those of this machine that cannot end themselves
-    (a frozen rank would keep torchrun waiting 30 s more)."""
+    (a frozen rank would keep torchrun waiting 30 s more). A start that cannot reach its
+    rendezvous ends within dist.init_timeout_s, its line naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
     # reads it once, at load: env.openmp_wait_policy); the submitting side needs no torch
     import torch
@@ -50,24 +52,41 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     log = setup_logging(env, run_dir, cfg.log.level, every_rank=cfg.log.ranks == "all")
     record = progress.start(run_dir, env.rank, env.local_rank, env.world_size)
     timeout_s = float(cfg.dist.timeout_s)
+    init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
     progress.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
     torch.set_num_threads(cpu_threads(env, threads))
+    fields = {**(failure or {}), "world_size": env.world_size}
+
+    def start_timed_out() -> None:  # on the timer's thread: the main one is stuck in torch
+        line = ports.no_answer(env.master_addr, env.master_port, init_s)
+        _failed(run_dir, env, record, log, line, fields)
+        logging.shutdown()
+        os._exit(1)
+
+    start = StartBound(init_s + START_SLACK_S, start_timed_out)
     try:
-        with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s,
-                         cfg.dist.get("init_timeout_s"), run_dir) as ctx:
+        with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir) as ctx:
+            start.over()
             record.state("running")
             body(ctx)
             record.phase("teardown")
         record.state("done")
         return 0
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
+        in_start = start.over()
         _ignore_sigterm()  # torchrun's SIGTERM (another rank failed) must not cut this short
         progress.watchdog().cancel()
+        log.debug(traceback.format_exc())
         mine = progress.short_error(e)
+        if in_start and isinstance(e, torch.distributed.DistNetworkError):
+            # the store could not be bound or reached: nothing of a peer to diagnose
+            line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
+                    else ports.no_answer(env.master_addr, env.master_port, init_s))
+            _failed(run_dir, env, record, log, line, fields)
+            return 1
         here = record.snapshot()
         record.state("failed", mine)
-        log.debug(traceback.format_exc())
         culprits = progress.diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2))
         trace = run_dir / "logs" / f"rank{env.rank}.log"
         if culprits:
@@ -78,15 +97,56 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
             line = mine
             log.error("failed: %s (traceback in %s)", mine, trace)
         if env.is_main:
-            mark_failed(run_dir, f"failed: {line}",
-                        {**(failure or {}), "world_size": env.world_size, "error": mine})
+            mark_failed(run_dir, f"failed: {line}", {**fields, "error": mine})
         killed = progress.end_stuck(culprits, run_dir, by=f"rank {env.rank}")
         if killed:
             log.error("killed stuck process(es) of this job: %s", killed)
         return 1
     finally:
+        start.over()
         progress.watchdog().cancel()
         logging.shutdown()
+
+
+def _failed(run_dir: Path, env: Any, record: Any, log: logging.Logger, line: str,
+            fields: dict) -> None:
+    """A start that failed on its own (no peer to name): the line into this rank's record,
+    its log and (rank 0) summary.json."""
+    record.state("failed", line)
+    log.error("failed: %s", line)
+    if env.is_main:
+        mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
+
+
+# torch itself gives up on an unreachable store only after about twice dist.init_timeout_s:
+# one connect attempt that long, a backoff, then a second (33 s for 10 here). The timer
+# ends the rank at the bound; these seconds leave torch's own errors at the bound first.
+START_SLACK_S = 2.0
+
+
+class StartBound:
+    """Calls `end` (on a timer thread) unless `over()` is called within `seconds`: a bound
+    on the start that works while the main thread waits inside torch's C++ code."""
+
+    def __init__(self, seconds: float, end: Callable[[], None]):
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer = threading.Timer(seconds, self._expire, (end,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def over(self) -> bool:
+        """The start has ended (the group is up, or it failed): True the first time. Waits
+        (for good: `end` exits) when the timer is ending the process at this moment."""
+        self._timer.cancel()
+        with self._lock:
+            first, self._done = not self._done, True
+        return first
+
+    def _expire(self, end: Callable[[], None]) -> None:
+        with self._lock:  # held until `end` has ended the process
+            if not self._done:
+                end()
 
 
 def _ignore_sigterm() -> None:
