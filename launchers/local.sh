@@ -18,7 +18,9 @@ export PYTHONPATH={code_dir}${{PYTHONPATH:+:$PYTHONPATH}}
 # (pytorch/pytorch#135712). Only then: an unshared store sits on a port the agent picked and
 # released, which another program can take before rank 0 binds it (EADDRINUSE).
 if [ "$MAX_RESTARTS" -gt 0 ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi
-exec {python} -m torch.distributed.run \
+# torchrun itself, through ddp_lab.launch.torchrun: when a rank fails, its ChildFailedError
+# traceback goes to logs/torchrun.log (the console has named the rank already)
+exec {python} -m ddp_lab.launch.torchrun --log={run_dir}/logs/torchrun.log \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \
   --rdzv_conf=join_timeout={join_timeout} \
