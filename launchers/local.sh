@@ -24,7 +24,9 @@ if [ "$MAX_RESTARTS" -gt 0 ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; 
 # torchrun's own error (not a rank's) goes to the file below: ddp_lab names it in one line.
 export TORCHELASTIC_ERROR_FILE={error_file}
 rm -f "$TORCHELASTIC_ERROR_FILE"  # an earlier attempt's, in a folder run again
-exec {python} -m torch.distributed.run \
+# torchrun itself, through ddp_lab.launch.torchrun: when a rank fails, its ChildFailedError
+# traceback goes to logs/torchrun.log (the console has named the rank already)
+exec {python} -m ddp_lab.launch.torchrun --log={run_dir}/logs/torchrun.log \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \
   --rdzv_conf=join_timeout={join_timeout},is_host=true \

@@ -483,7 +483,7 @@ def test_sigkill_of_torchrun_stops_the_ranks_gracefully(tmp_path, shared_data_ro
         recs = _training(run_dir, proc)
         torchrun = _ppid(recs[0]["pid"])
         assert all(_ppid(r["pid"]) == torchrun for r in recs)
-        assert b"torch.distributed.run" in Path(f"/proc/{torchrun}/cmdline").read_bytes()
+        assert b"ddp_lab.launch.torchrun" in Path(f"/proc/{torchrun}/cmdline").read_bytes()
         t0 = time.monotonic()
         os.kill(torchrun, signal.SIGKILL)
         out, err = _finish(proc, TIMEOUT_S + 60)

@@ -30,7 +30,7 @@ def test_tests_import_this_checkout():
 def dry_run(tmp_path: Path, capsys, *overrides: str) -> tuple[Path, str]:
     cfg = compose(*overrides, "launcher.dry_run=true", f"run.root={tmp_path / 'runs'}",
                   f"data.root={tmp_path / 'data'}")
-    assert submit(cfg) == 0
+    assert submit(cfg).rc == 0
     out = capsys.readouterr().out
     run_dir = Path(out.rstrip().splitlines()[-1].removeprefix("run dir: "))
     assert run_dir.is_dir() and (run_dir / "config.yaml").is_file()

@@ -10,6 +10,7 @@ with one case of each through the command line at most.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat
@@ -48,6 +49,8 @@ MISTAKES = [
     ("sync-root-not-a-rank", TRAIN, ["sync=reduce_broadcast", "sync.root=5"], "sync.root=5"),
     ("cnn-width", TRAIN, ["model=cnn", "model.hidden=-1"], "model.hidden=-1: must be an integer >= 1"),
     ("mlp-width", TRAIN, ["model.hidden=[64,0]"], "model.hidden=[64, 0]: give a width >= 1"),
+    ("cnn-width-in-sweep", TRAIN, ["-m", "model=cnn", "model.hidden=16,-1,8"],
+     "model.hidden=-1: must be an integer >= 1"),  # before the first job starts
     ("global-batch-not-divisible", TRAIN, ["train.global_batch=63", "launcher.nproc_per_node=2"],
      "train.global_batch=63 is not divisible by the world size 2"),
     ("global-batch-mpirun-slots", TRAIN, ["launcher=mpirun", "launcher.hosts=[localhost:3]",
@@ -182,6 +185,32 @@ def test_help_lists_what_the_entry_accepts(place, module, hidden, listed):
 
 
 # ------------------------------------------------------------------ classes, unit level
+# every model's width keys, each with a value its model cannot be built with
+WIDTHS = [("mlp", "hidden", 0), ("mlp", "hidden", [64, -1]), ("mlp", "hidden", []),
+          ("mlp_wide", "hidden", [2048, 0]), ("cnn", "channels1", 0),
+          ("cnn", "channels2", -3), ("cnn", "hidden", -1)]
+
+
+@pytest.mark.parametrize("model, key, bad", WIDTHS, ids=lambda v: str(v))
+def test_every_width_of_every_model_is_checked(model, key, bad):
+    """One line naming the key and the fix (the model's schema check, config.py)."""
+    cfg = compose(f"model={model}")
+    cfg.model[key] = bad
+    said = validate._model_fits(cfg)
+    assert said and said.startswith(f"model.{key}=") and "\n" not in said, said
+    assert "give a width >= 1" in said or "must be an integer >= 1" in said, said
+    assert validate._model_fits(compose(f"model={model}")) is None  # its defaults build
+
+
+def test_the_width_table_covers_every_model():
+    """A model added with a size key must be added to WIDTHS (resnet18 has none)."""
+    from ddp_lab.config import SCHEMAS
+
+    for name, schema in SCHEMAS["model"].items():
+        sizes = {f.name for f in dataclasses.fields(schema) if f.name != "name"}
+        assert sizes == {key for model, key, _ in WIDTHS if model == name}, name
+
+
 FIX = "give a folder you can write"
 LONG = "x" * 256  # one name longer than any filesystem's 255 bytes
 

@@ -147,7 +147,10 @@ def test_sweep_runs_one_study_per_job_side_by_side(tmp_path, shared_data_root):
     for s, sync in zip(studies, ("ddp", "ring")):
         assert study_json(s)["status"] == "completed"
         assert summary(s / "points/w1_r1")["sync"] == sync
-    assert study_dir_of(proc) == studies[-1]
+    table = proc.stdout.rstrip().splitlines()[-3:]  # a sweep ends with its table of jobs
+    assert [row.split()[:3] for row in table[:2]] == [
+        ["#0", "sync=ddp", str(studies[0])], ["#1", "sync=ring", str(studies[1])]], describe(proc)
+    assert table[-1] == "all 2 job(s) ok", describe(proc)
     # the last study's report covers the whole sweep
     text = (tmp_path / "sweep" / "report" / "report.md").read_text()
     assert "ddp" in text and "ring" in text

@@ -15,7 +15,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..run.job import collect, launch_job
+from ..run.job import Outcome, collect, launch_job
 from ..run.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
@@ -84,17 +84,19 @@ def resolve_bench(cfg: DictConfig) -> DictConfig:
 
 
 # ------------------------------------------------------------------ submit
-def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
+def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> Outcome:
     cfg = resolve_bench(cfg)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n"
     run_dir, rc = launch_job(cfg, label=f"bench_{cfg.launcher.name}",
                              files={"command.txt": command})
     if rc is None:
-        return 0
+        return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, kind="bench", launcher=cfg.launcher.name)
+    result = "ok"
     if rc != 0:
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
+        result = f"failed: {summary['status'].removeprefix('failed: ')}"
     elif not summary:  # submitted without following (launcher.wait=false): still running
         print(f"no results yet: bench.md, bench.csv and plots/ appear in {run_dir} when the "
               "job ends")
@@ -107,10 +109,12 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> int:
         print(f"{summary.get('measurements', 0)} measurements, "
               f"{summary.get('wrong_results', 0)} wrong; tables: {run_dir / 'bench.md'}; "
               f"plots: {', '.join(str(run_dir / p) for p in summary.get('plots', []))}")
+        result = f"ok: {summary.get('measurements', 0)} measurements"
         if summary.get("wrong_results"):
             rc = 1  # a wrong result is a failure of the implementation under test
+            result = f"failed: {summary['wrong_results']} wrong result(s)"
     print(f"run dir: {run_dir}")
-    return rc
+    return Outcome(rc, result, run_dir)
 
 
 def _peak_table(run_dir: Path) -> str:

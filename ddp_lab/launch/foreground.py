@@ -141,7 +141,8 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
 
 
 # what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
-JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run")
+JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run",
+               b"ddp_lab.launch.torchrun")
 JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
 
 

@@ -42,7 +42,7 @@ from omegaconf import DictConfig, open_dict
 
 from ..errors import UserError
 from ..run.files import atomic_write_text, read_json_or_empty, write_json
-from ..run.job import collect, launch_job, make_run
+from ..run.job import Outcome, collect, launch_job, make_run
 from ..launch import python_exe, setup_block, template
 from ..launch.base import python_check, pythonpath_line
 from ..launch.mpirun import parse_hosts, place
@@ -342,7 +342,7 @@ def _raise_stop(signum, frame):
     raise _Stop(signal.Signals(signum).name)
 
 
-def run_study(cfg: DictConfig) -> int:
+def run_study(cfg: DictConfig) -> Outcome:
     """`python -m ddp_lab study=...`: check every point, then run them in order."""
     base = resolve_study(cfg)  # the study's rules, then every point's config (TRAIN rules)
     points = plan(base)
@@ -375,7 +375,7 @@ def run_study(cfg: DictConfig) -> int:
         rc, stopped = _run_here(base, study_dir, points)
     if base.launcher.dry_run:  # rendered and printed; nothing ran
         print(f"study dir: {study_dir}\nrun dir: {study_dir}")
-        return 0
+        return Outcome(0, "ok (dry run)", study_dir)
     final = finish(study_dir, stopped)
     print(f"[study] {final['points_completed']}/{len(points)} point(s) completed; "
           f"study {final['status']}", flush=True)
@@ -386,9 +386,11 @@ def run_study(cfg: DictConfig) -> int:
         print(f"Continue with:\n  {_continue_hint(study_dir)}")
     print(f"study dir: {study_dir}")
     print(f"run dir: {study_dir}")
+    result = (f"{'ok' if final['status'] == 'completed' else final['status']}: "
+              f"{final['points_completed']}/{len(points)} point(s) completed")
     if final["status"] == "stopped":
-        return rc if rc > 128 else EXIT_STOPPED
-    return 0 if final["status"] == "completed" else (rc or 1)
+        return Outcome(rc if rc > 128 else EXIT_STOPPED, result, study_dir)
+    return Outcome(0 if final["status"] == "completed" else (rc or 1), result, study_dir)
 
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[int, bool]:

@@ -4,6 +4,9 @@ The one place where a user mistake becomes `error: <one line>` on stderr and exi
 ddp_lab's own `UserError` (launchers' `LaunchError` included) and Hydra's composition
 errors (bad override syntax, unknown option, misspelt key, wrong type), which Hydra would
 print over several lines (or as a traceback under HYDRA_FULL_ERROR=1) and exit 1.
+
+A -m sweep is Hydra's: its sweeper makes the jobs, its launcher runs them one after
+another, and `SweepTable` (a Hydra callback) prints one row per job at the end.
 """
 
 from __future__ import annotations
@@ -20,19 +23,23 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import UserError
 from ..config import CONF_DIR
+from .job import Outcome
 
 # Hydra's lines that are noise once its message is one line
 _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"
                     r"reference_type=|object_type=|full_key:|To append to your config use)")
 
 
-def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
+def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
     """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m
     sweep), and exit with the failed job's status (2 for a user mistake). `check_fn`
@@ -43,17 +50,18 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
     full_error = os.environ.get("HYDRA_FULL_ERROR")
 
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
-    def _main(cfg: DictConfig) -> None:
+    def _main(cfg: DictConfig) -> Outcome:  # Hydra hands the Outcome to SweepTable
         _restore_env("HYDRA_FULL_ERROR", full_error)  # the job's processes see the user's env
         try:
-            rc = submit_fn(cfg)
+            outcome = submit_fn(cfg)
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
-            rc = 2
+            outcome = Outcome(2, f"error: {one_line(str(e))}")
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
-        if rc != 0:
-            failed.append(rc)
+        if outcome.rc != 0:
+            failed.append(outcome.rc)
+        return outcome
 
     # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of printing them: we
     # print one line of our own (and no traceback, whatever the user's setting)
@@ -71,6 +79,45 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], int],
     finally:
         _restore_env("HYDRA_FULL_ERROR", full_error)
     sys.exit(failed[0] if len(failed) == 1 else (1 if failed else 0))
+
+
+class SweepTable(Callback):
+    """A -m sweep ends with one row per job: the overrides that set it apart, its run
+    folder and how it ended ("ok", "failed: why"), then which jobs failed. The jobs' own
+    lines are far up the console by then; this way its last lines say what failed.
+    Hydra calls it with each job's return value (the task's `Outcome`): conf/config.yaml
+    and conf/bench.yaml register it under hydra.callbacks."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[int, list[str], Outcome]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        # a single run has no table; a task that raised (a bug) has no Outcome: Hydra
+        # raises it after the last job
+        if config.hydra.mode == RunMode.MULTIRUN and job_return.status == JobStatus.COMPLETED:
+            self.jobs.append((config.hydra.job.num, list(job_return.overrides or []),
+                              job_return.return_value))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        print("\n" + sweep_table(self.jobs), flush=True)
+
+
+def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
+    """The table `SweepTable` prints: `jobs` are (Hydra's job number, the job's overrides,
+    its outcome); a job is named by the overrides whose value differs between jobs."""
+    by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
+    keys = list(dict.fromkeys(k for d in by_key for k in d))
+    varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
+    names = [" ".join(d[k] for k in varying if k in d) or "(no overrides)" for d in by_key]
+    folders = [str(o.run_dir) if o.run_dir else "-" for _, _, o in jobs]
+    wide, wide_folder = max(map(len, names), default=0), max(map(len, folders), default=0)
+    lines = [f"sweep of {len(jobs)} job(s):"]
+    for name, folder, (num, _, o) in zip(names, folders, jobs):
+        lines.append(f"  #{num}  {name:<{wide}}  {folder:<{wide_folder}}  {o.result}")
+    bad = [f"#{num}" for num, _, o in jobs if o.rc != 0]
+    lines.append(f"{len(bad)} of {len(jobs)} job(s) did not end ok: {', '.join(bad)}" if bad
+                 else f"all {len(jobs)} job(s) ok")
+    return "\n".join(lines)
 
 
 def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:

@@ -4,6 +4,7 @@ every entry point (training, benchmarks); nothing here knows what the ranks comp
 Submitting side, one process on the submitting machine, after `validate.resolve`:
     run_dir, rc = launch_job(cfg, label)     # run folder + config.yaml, render, start, follow
     summary = collect(run_dir, rc, **fields)  # summary.json, marked failed if the job failed
+    return Outcome(rc, "ok" or "failed: why", run_dir)  # what a -m sweep's table shows
 The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is rank.py
 (`rank_main` -> `run_rank`).
 """
@@ -11,6 +12,7 @@ The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is rank.py
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,6 +26,16 @@ from .rundir import DRY_RUN, make_run_dir, read_summary, write_config
 
 
 # ------------------------------------------------------------ submitting side
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended, as its submit function returns it: the exit status, one line
+    saying how ("ok", "failed: why", "stopped after ...") and its run folder (None when
+    the job was refused before one was made). A -m sweep shows one per job, last."""
+    rc: int
+    result: str
+    run_dir: Optional[Path] = None
+
+
 def make_run(cfg: DictConfig, label: str | None = None) -> Path:
     """The run folder, with the resolved config (run.dir set to it) written inside."""
     run_dir = make_run_dir(cfg, label=label)

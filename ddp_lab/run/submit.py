@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .job import collect, launch_job
+from .job import Outcome, collect, launch_job
 from .stop import EXIT_STOPPED
 from ..measure.study import resolve_study, run_study
 from .validate import resolve_train
@@ -17,20 +17,21 @@ def check(cfg: DictConfig) -> DictConfig:
     return resolve_train(cfg)
 
 
-def submit(cfg: DictConfig) -> int:
+def submit(cfg: DictConfig) -> Outcome:
     if cfg.get("study") is not None:
         return run_study(cfg)
     cfg = resolve_train(cfg)
     run_dir, rc = launch_job(cfg)
     if rc is None:
-        return 0
+        return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name)
     status = str(summary.get("status", ""))
     if status in ("stopped", "preempted"):
         where = f"after {summary.get('epochs_done')} epoch(s)"
         if summary.get("step_in_epoch"):
             where += f" + {summary['step_in_epoch']} steps"
-        print(f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved.")
+        result = f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved"
+        print(result + ".")
         if status == "preempted" and cfg.launcher.name == "runai":
             # the PyTorchJob brings its pods back and they continue: a second job would race it
             print(f"RunAI starts the pods again and they continue the run by themselves; "
@@ -39,14 +40,18 @@ def submit(cfg: DictConfig) -> int:
             print(f"Continue with:\n  python -m ddp_lab run.dir={run_dir}   "
                   "(the same overrides; train.resume=auto)")
         print(f"run dir: {run_dir}")
-        return rc if rc > 128 else EXIT_STOPPED
+        return Outcome(rc if rc > 128 else EXIT_STOPPED, result, run_dir)
+    result = "ok"
     if rc != 0:
         why = summary["status"].removeprefix("failed: ")
-        why = "" if why.startswith("job exit status") else f": {why}"
-        print(f"job failed with exit status {rc}{why} (logs in {run_dir / 'logs'})")
+        why = "" if why.startswith("job exit status") else why
+        print(f"job failed with exit status {rc}{': ' + why if why else ''} "
+              f"(logs in {run_dir / 'logs'})")
+        result = f"failed: {why or f'exit status {rc}'}"
     elif summary:
         print(f"test accuracy {summary['test_accuracy']:.4f}, "
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "
               f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})")
+        result = f"ok: test accuracy {summary['test_accuracy']:.4f}"
     print(f"run dir: {run_dir}")
-    return rc
+    return Outcome(rc, result, run_dir)

@@ -1,0 +1,78 @@
+"""A -m sweep ends with its table of jobs (ddp_lab/run/cli.py: SweepTable, a Hydra callback):
+one row per job, printed last, so the end of the console says which job failed and why.
+(The one-line mistakes of the command line are tests/test_mistakes.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import PY, child_env, summary
+
+from ddp_lab.run.cli import sweep_table
+from ddp_lab.run.job import Outcome
+
+
+def test_the_table_names_each_job_by_what_sets_it_apart():
+    table = sweep_table([
+        (0, ["model=cnn", "model.hidden=16", "train.epochs=1"], Outcome(0, "ok", Path("/r/a"))),
+        (1, ["model=cnn", "model.hidden=8", "train.epochs=1"],
+         Outcome(1, "failed: rank 1 ...: dead (no process)", Path("/r/bb"))),
+        (2, ["model=cnn", "model.hidden=4", "train.epochs=1"], Outcome(2, "error: port in use")),
+    ])
+    assert table.splitlines() == [
+        "sweep of 3 job(s):",
+        "  #0  model.hidden=16  /r/a   ok",
+        "  #1  model.hidden=8   /r/bb  failed: rank 1 ...: dead (no process)",
+        "  #2  model.hidden=4   -      error: port in use",
+        "2 of 3 job(s) did not end ok: #1, #2",
+    ]
+
+
+def test_a_single_job_shows_all_its_overrides():
+    assert sweep_table([(0, ["optim=sgd", "train.lr=0.1"], Outcome(0, "ok", Path("/r")))]) == (
+        "sweep of 1 job(s):\n  #0  optim=sgd train.lr=0.1  /r  ok\nall 1 job(s) ok")
+    assert "#0  (no overrides)  /r  ok" in sweep_table([(0, [], Outcome(0, "ok", Path("/r")))])
+
+
+def _console(module: str, args: list[str], cwd: Path, env: dict | None = None):
+    """`python -m <module> <args>`, stdout and stderr in one stream, as a terminal shows them."""
+    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=child_env(env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module, sweep", [("ddp_lab", "optim=adam,sgd"),
+                                           ("ddp_lab.bench", "launcher.nproc_per_node=1,2")])
+def test_every_entry_point_ends_a_sweep_with_its_table(tmp_path, module, sweep):
+    """Hydra calls the table (conf/config.yaml and conf/bench.yaml register it)."""
+    proc = _console(module, ["-m", sweep, "launcher.dry_run=true", f"run.root={tmp_path}"], tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    key, values = sweep.split("=")
+    folders = [ln.removeprefix("run dir: ") for ln in proc.stdout.splitlines()
+               if ln.startswith("run dir: ")]
+    lines = proc.stdout.splitlines()[-4:]
+    assert lines[0] == "sweep of 2 job(s):" and lines[-1] == "all 2 job(s) ok", proc.stdout
+    assert [row.split() for row in lines[1:3]] == [
+        [f"#{i}", f"{key}={v}", folder, "ok", "(dry", "run)"]
+        for i, (v, folder) in enumerate(zip(values.split(","), folders))], proc.stdout
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_sweep_with_a_failed_job_ends_with_the_failure(tmp_path, shared_data_root):
+    """Job #0 (2 ranks) loses rank 1 after epoch 1, job #1 (1 rank) completes: the console's
+    last lines are the table naming #0's failure, and the exit status is the failure's."""
+    proc = _console("ddp_lab", ["-m", "launcher.nproc_per_node=2,1", "train.epochs=2",
+                                "train.max_steps_per_epoch=5", "log.progress=lines",
+                                f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"],
+                    tmp_path, env={"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"})
+    assert proc.returncode == 1, proc.stdout
+    table = proc.stdout.rstrip().splitlines()[-4:]
+    assert table[0] == "sweep of 2 job(s):" and table[-1] == "1 of 2 job(s) did not end ok: #0", proc.stdout
+    failed, ok = (row.split(maxsplit=3) for row in table[1:3])
+    assert failed[:2] == ["#0", "launcher.nproc_per_node=2"], table
+    assert failed[3].startswith("failed: rank 1 ") and failed[3].endswith("dead (no process)"), table
+    assert summary(Path(failed[2]))["status"] == "failed: " + failed[3].removeprefix("failed: ")
+    assert ok[:2] == ["#1", "launcher.nproc_per_node=1"] and ok[3].startswith("ok: test accuracy"), table
+    assert summary(Path(ok[2]))["status"] == "completed"
