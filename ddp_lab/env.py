@@ -217,3 +217,16 @@ def openmp_wait_policy(environ: Optional[dict] = None) -> str:
     (`ddp_lab.run.rank.rank_main` does, for every rank)."""
     env = os.environ if environ is None else environ
     return env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def process_start(pid: int | str = "self") -> Optional[float]:
+    """When a process started, in seconds since the epoch (Linux: /proc/PID/stat's start
+    time in clock ticks since boot, plus the boot time); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

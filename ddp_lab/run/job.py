@@ -22,7 +22,7 @@ from .. import launch
 from . import lock, progress
 from .files import atomic_write_text, write_json
 from .records import now_iso
-from .rundir import DRY_RUN, make_run_dir, read_summary, write_config
+from .rundir import DRY_RUN, make_run_dir, read_summary, world_size, write_config
 
 
 # ------------------------------------------------------------ submitting side
@@ -78,6 +78,9 @@ def launch_job(cfg: DictConfig, label: str | None = None,
             print(f"run dir: {run_dir}")
             return run_dir, None
         (run_dir / DRY_RUN).unlink(missing_ok=True)  # a real run now
+        world = world_size(cfg)
+        print(f"[ddp_lab] starting {f'{world} rank(s)' if world else 'the job'} "
+              f"({cfg.launcher.name}) in {run_dir}", flush=True)  # the first line, at once
         try:
             # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0

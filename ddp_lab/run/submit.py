@@ -49,9 +49,11 @@ def submit(cfg: DictConfig) -> Outcome:
               f"(logs in {run_dir / 'logs'})")
         result = f"failed: {why or f'exit status {rc}'}"
     elif summary:
+        start = (summary.get("segments") or [{}])[-1].get("startup_s")
         print(f"test accuracy {summary['test_accuracy']:.4f}, "
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "
-              f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})")
+              f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})"
+              + (f", first step {start:.1f} s after start" if start is not None else ""))
         result = f"ok: test accuracy {summary['test_accuracy']:.4f}"
     print(f"run dir: {run_dir}")
     return Outcome(rc, result, run_dir)

@@ -22,6 +22,7 @@ import logging
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -33,7 +34,7 @@ from tqdm import tqdm
 from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
-from ..env import hostname
+from ..env import hostname, process_start
 from .epoch import MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
@@ -150,7 +151,8 @@ class Telemetry:
                 **allocation(), "launcher": cfg.launcher.name, "hosts": self.hosts,
                 "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
-                "status": "running", "fingerprint_id": self.fingerprint_id})
+                "status": "running", "fingerprint_id": self.fingerprint_id,
+                "startup_s": startup_s(cfg.launcher.name)})
             running = {**(self.previous if not fresh else {}), "status": "running",
                        "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
@@ -162,11 +164,12 @@ class Telemetry:
                        "study": _study_point(cfg)}
             self.sink.summary(RunSummary.from_dict(running))
         plan = self.plan
-        log.info("world %d (%d node(s) x %d), %s on %s, sync=%s, model=%s, %d steps/epoch of %d "
-                 "per rank (global batch %d, %s scaling%s)", env.world_size, env.num_nodes,
+        log.info("world %d (%d node%s x %d) %s/%s sync=%s model=%s %d steps of %d a rank "
+                 "(global %d, %s%s)", env.world_size, env.num_nodes,
+                 "s" if env.num_nodes > 1 else "",
                  env.local_world_size, self.ctx.backend, self.ctx.device, cfg.sync.name,
                  cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
-                 plan.scaling, f", {plan.accumulation} micro-batches of {plan.micro}"
+                 plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
                  if plan.accumulation > 1 else "")
 
     def _fingerprint(self) -> None:
@@ -193,7 +196,7 @@ class Telemetry:
         if self._bar is None:
             return steps
         return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
-                         unit="step", dynamic_ncols=True)
+                         unit="step", **_bar_width())
 
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
@@ -229,10 +232,12 @@ class Telemetry:
         self.sink.epoch(rec, epoch_scalars(rec))
         if self.timing and self.cfg.timing.tb_every > 0:
             self.sink.steps(step_scalars(steps, comm, self.cfg.timing.tb_every, first_step))
-        log.info("epoch %d/%d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  %.2f s  "
-                 "%.0f samples/s  comm %s", epoch, self.cfg.train.epochs, rec.train_loss,
-                 rec.train_accuracy, rec.test_loss, rec.test_accuracy, wall_s,
-                 rec.samples_per_s, comm_line(rec))
+        if len(self.epoch_times) == 1:  # the first epoch line of this allocation: its key
+            log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
+                     "exposed: waited)", "%")
+        log.info("epoch %d/%d  loss %.3f/%.3f  acc %.1f/%.1f%%  %.2f s  comm %s", epoch,
+                 self.cfg.train.epochs, rec.train_loss, rec.test_loss, 100 * rec.train_accuracy,
+                 100 * rec.test_accuracy, wall_s, comm_line(rec))
         return rec
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
@@ -361,6 +366,27 @@ def _device_name(device: torch.device) -> str:
     return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
+def startup_s(launcher: str) -> Optional[float]:
+    """Seconds from the start to the first step, as the user waits for it: from `python -m
+    ddp_lab`'s own start (DDP_LAB_T0, set by the CLI) where the job runs from that command
+    (local, mpirun), else from this rank's start (a scheduler's queue is not start-up)."""
+    t0 = os.environ.get("DDP_LAB_T0") if launcher in ("local", "mpirun") else None
+    start = float(t0) if t0 else process_start()
+    return None if start is None else round(time.time() - start, 2)
+
+
+def _bar_width() -> dict:
+    """tqdm's size: the terminal's, followed as it is resized; 100 x 24 where the terminal
+    reports none (a pseudo-terminal with no size, as `script` or some IDEs make: tqdm would
+    take it as 0 rows and draw nothing)."""
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
+            return {"dynamic_ncols": True}
+    except OSError:
+        pass
+    return {"ncols": 100, "nrows": 24}
+
+
 def _progress_bar(mode: str, enabled: bool):
     """tqdm where a bar is wanted: `bar`, or `auto` on a terminal; never off the main rank."""
     if not enabled or mode == "lines":
@@ -422,15 +448,13 @@ def step_scalars(steps: list[StepTimes], comm: CommStats, every: int,
 
 
 def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part."""
+    """The console epoch line's comm part (its times, bytes and bandwidths are in
+    metrics.jsonl, TensorBoard and the report: the line fits 100 columns)."""
     c, steps = rec.comm, rec.steps
-    sent = c["bytes_sent"] / steps / 1e6
     if c["fraction"] is None:
-        return f"{sent:.2f} MB/step sent (timing off)"
-    return (f"{100 * c['fraction']:.0f}% of step in flight, "
-            f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed, "
-            f"{1e3 * c['time_s'] / steps:.2f} ms/step, "
-            f"{sent:.2f} MB/step sent, busbw {c['busbw_GBps']:.2f} GB/s")
+        return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
+    return (f"{100 * c['fraction']:.0f}% in flight, "
+            f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed")
 
 
 def _study_point(cfg: Config) -> Optional[dict]:
