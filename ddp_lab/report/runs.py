@@ -22,7 +22,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from ..run.records import EpochRecord, RunSummary, read_metrics
-from ..run.rundir import DRY_RUN
+from ..run.rundir import DRY_RUN, is_dry_run
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
 STUDY_FILE = "study.json"  # a study folder (ddp_lab.measure.study): its run folders are in points/
@@ -296,7 +296,7 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
                 continue
             if STUDY_FILE in filenames:  # a study folder: its points are runs, it is not
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            elif DRY_RUN in filenames:  # rendered by a dry run, never started: not a run
+            elif DRY_RUN in filenames and is_dry_run(here):  # rendered, never started
                 dirnames[:] = []
             elif any(m in filenames for m in MARKERS):
                 found[here] = None

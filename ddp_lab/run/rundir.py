@@ -62,8 +62,15 @@ DRY_RUN = "DRY_RUN"  # the marker of a folder a dry run rendered: nothing ever r
 
 def is_dry_run(run_dir: Path) -> bool:
     """A folder that only holds what `launcher.dry_run=true` rendered (status and the
-    report leave it out of their counts)."""
-    return (Path(run_dir) / DRY_RUN).is_file()
+    report leave it out of their counts). One whose script was then run by hand (`sbatch
+    RUN_DIR/job.sbatch`, `bash pod.sh`) has logs or a summary: a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / DRY_RUN).is_file() or (run_dir / "summary.json").exists():
+        return False
+    try:
+        return not any((run_dir / "logs").iterdir())
+    except OSError:
+        return True
 
 
 def read_summary(run_dir: Path) -> dict:
