@@ -110,7 +110,8 @@ def pythonpath_line() -> str:
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
-    return f"# run the ddp_lab that rendered this script\nexport PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}}"
+    return (f"export PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}}"
+            "  # the ddp_lab that rendered this script")
 
 
 def setup_block(lines) -> str:
