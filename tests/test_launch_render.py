@@ -471,7 +471,7 @@ def test_runai_dry_run(tmp_path, capsys):
         "launcher.image=registry.rcp.epfl.ch/lab/ddp:1", "launcher.rdma=true",
         "launcher.pvc=[mlo-scratch:/mloscratch]", "launcher.project=lab-me",
         "+launcher.env.HF_HOME=/mloscratch/hf", "launcher.setup=[pip install -e /mloscratch/ddp_lab]")
-    for name in ("runai_submit.sh", "pod.sh"):
+    for name in ("runai_submit.sh", "pod.sh", "pod_stop.sh"):
         bash_n(run_dir / name)
     argv = subprocess.run(["bash", "-c", f"runai() {{ printf '%s\\n' \"$@\"; }}; source {run_dir / 'runai_submit.sh'}"],
                           capture_output=True, text=True).stdout.splitlines()
@@ -493,14 +493,29 @@ def test_runai_dry_run(tmp_path, capsys):
             and "NPROC_PER_NODE:-4" in pod and "PODS=$WORLD_SIZE" in pod and "POD_RANK=$RANK" in pod)
     assert '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"' in pod
     assert "pip install -e /mloscratch/ddp_lab" in pod and "-m ddp_lab.worker \"$RUN_DIR\"" in pod
+    # the lesson first: the pod sources its machinery before the setup, torchrun comes next
+    lines = pod.splitlines()
+    source = lines.index('source "$RUN_DIR/pod_stop.sh"  # the pod\'s log, the graceful stop on '
+                         'SIGTERM (traps first), exit status')
+    setup = lines.index("pip install -e /mloscratch/ddp_lab")
+    torchrun = next(i for i, ln in enumerate(lines) if "-m torch.distributed.run" in ln)
+    assert source < setup < torchrun < 40 and "trap '" not in pod
+    assert lines[torchrun + 4].endswith('"$RUN_DIR" &') and lines[torchrun + 5].startswith("wait_for_torchrun $!")
+    stop = (run_dir / "pod_stop.sh").read_text()
+    assert "trap 'on_signal TERM' TERM" in stop and "PREEMPTED_EXIT=143" in stop
 
 
-def test_runai_dry_run_without_rdma_or_image(tmp_path, capsys):
-    run_dir, out = dry_run(tmp_path, capsys, "launcher=runai", "launcher.nodes=1")
+def test_runai_dry_run_without_rdma_or_image(tmp_path, capfd):
+    proc = run_cli("launcher=runai", "launcher.nodes=1", "launcher.dry_run=true",
+                   f"run.root={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
     submit_sh = (run_dir / "runai_submit.sh").read_text()
     assert "--annotation" not in submit_sh and "--extended-resource" not in submit_sh
     assert "--workers 0" in submit_sh and "nccl_env" not in (run_dir / "pod.sh").read_text()
-    assert "warning: launcher.image is not set" in out
+    # on the console, not buried in the script
+    assert "warning: launcher.image is not set" in proc.stderr, proc.stderr
+    assert "warning" not in proc.stdout and "warning" not in submit_sh
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -269,8 +269,12 @@ def render(cfg, run_dir: Path) -> Rendered:
     command = ["sbatch", "--parsable", str(path)]
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"
             f"# ---- {run_dir / 'slurm_stop.sh'} (sourced by job.sbatch)\n{stop.rstrip()}\n")
+    warnings = []
+    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
+        warnings.append("launcher.environment is not set: this site needs one to submit "
+                        "(launcher.environment=<EDF .toml>, docs/launchers.md, Containers)")
     return Rendered(command=command, files={"job.sbatch": script, "slurm_stop.sh": stop},
-                    executable=("job.sbatch",), show=show,
+                    executable=("job.sbatch",), show=show, warnings=warnings,
                     starter=lambda: submit_and_follow(cfg, run_dir, path, summary))
 
 
