@@ -6,8 +6,8 @@
 RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
 pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
 torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts); the stop and exit
-machinery it sources first is pod_stop.sh beside it. The run folder
-must be on a PVC the pods mount at the same path as this machine sees it.
+machinery it sources first is pod_stop.sh beside it. The run folder must be on a PVC the
+pods mount at the same path as this machine sees it.
 
 Preemption: Kubernetes SIGTERMs each pod's script; its trap writes RUN_DIR/STOP, every rank
 of every pod checkpoints and exits 0, and the script exits PREEMPTED_EXIT so that the pods

@@ -10,6 +10,10 @@ Two modes:
 - per_task=true: srun starts every process itself (ntasks-per-node = nproc_per_node);
   ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.env reads them).
 
+The job script reads top to bottom as a student would write it (#SBATCH lines, exports, the
+srun line); the stop and requeue machinery below lives in RUN_DIR/slurm_stop.sh, which it
+sources first (launchers/slurm_stop.sh).
+
 Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
 it follows the job through scontrol, streams its log and returns its exit status.
 
