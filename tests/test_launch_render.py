@@ -344,17 +344,45 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.nodes=2",
                          "launcher.max_requeues=5", "launcher.time=00:10:00")
     text = (run_dir / "job.sbatch").read_text()
+    stop = (run_dir / "slurm_stop.sh").read_text()  # the machinery job.sbatch sources
     bash_n(run_dir / "job.sbatch")
+    bash_n(run_dir / "slurm_stop.sh")
     opts = sbatch_header_ok(text)
     assert {"--signal=B:USR2@120", "--requeue", "--open-mode=append"} <= set(opts), opts
-    assert "MAX_REQUEUES=5" in text and "SELF_REQUEUE=1" in text
-    assert "trap 'GOT_USR2=1; request_stop" in text and "' USR2" in text and "' TERM" in text
-    assert f'> "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"' in text
-    assert re.search(r'-m ddp_lab\.worker \\"\$RUN_DIR\\"" &\n', text)  # srun in the background
-    assert 'wait "$SRUN_PID"' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
-    assert "keep_stop" in text  # a stop before the ranks start outlives rank 0's clearing
+    assert "MAX_REQUEUES=5" in stop and "SELF_REQUEUE=1" in stop
+    assert "trap 'GOT_USR2=1; request_stop" in stop and "' USR2" in stop and "' TERM" in stop
+    assert f'> "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"' in stop
+    # the traps are in place before srun starts; srun in the background, the shell waits
+    lines = text.splitlines()
+    source = lines.index('source "$RUN_DIR/slurm_stop.sh"  # stop and requeue machinery: traps '
+                         'first (a stop may come any time)')
+    srun = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
+    assert source < srun and lines[source - 3:source] == [
+        "set -euo pipefail", f"RUN_DIR={run_dir}", "NPROC_PER_NODE=2"]
+    assert re.search(r'-m ddp_lab\.worker \\"\$RUN_DIR\\"" &\nwait_for_srun \$!', text)
+    assert text.rstrip().endswith("with srun's status") and "\nrequeue_or_exit " in text
+    assert 'wait "$SRUN_PID"' in stop and 'scontrol requeue "$SLURM_JOB_ID"' in stop
+    assert "keep_stop" in stop  # a stop before the ranks start outlives rank 0's clearing
     assert "trap '' TERM" in text and "PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT" in text
-    assert "SLURM_RESTART_COUNT:-0" in text and 'AGAIN="sbatch $RUN_DIR/job.sbatch"' in text
+    assert "SLURM_RESTART_COUNT:-0" in stop and 'AGAIN="sbatch $RUN_DIR/job.sbatch"' in stop
+
+
+def test_slurm_first_screen_is_what_a_student_writes(tmp_path, capsys):
+    """The rendered SLURM script's first screen (about 40 lines) holds everything a student
+    would have written by hand; the stop and requeue machinery comes after, or sourced."""
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm", "launcher.nodes=2")
+    text = (run_dir / "job.sbatch").read_text()
+    screen = text.splitlines()[:40]
+    sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert sbatch and all(ln in screen for ln in sbatch), sbatch
+    assert any(ln.startswith("export MASTER_ADDR=") for ln in screen), screen
+    assert any(ln.startswith("export MASTER_PORT=") for ln in screen), screen
+    assert any(ln.startswith("srun ") for ln in screen), screen
+    assert any("-m torch.distributed.run" in ln for ln in screen), screen
+    assert not any(w in text for w in ("trap 'GOT", "KEEPER", "scontrol requeue")), text
+    for path in run_dir.iterdir():
+        if path.suffix in (".sh", ".sbatch"):
+            bash_n(path)
 
 
 def test_slurm_dry_run_no_signal_no_requeue(tmp_path, capsys):
@@ -364,7 +392,8 @@ def test_slurm_dry_run_no_signal_no_requeue(tmp_path, capsys):
     bash_n(run_dir / "job.sbatch")
     opts = sbatch_header_ok(text)
     assert not any(o.startswith("--signal") for o in opts) and "--requeue" not in opts
-    assert "--no-requeue" in opts and "--open-mode=append" in opts and "SELF_REQUEUE=0" in text
+    assert "--no-requeue" in opts and "--open-mode=append" in opts
+    assert "SELF_REQUEUE=0" in (run_dir / "slurm_stop.sh").read_text()
 
 
 
@@ -387,7 +416,7 @@ def test_slurm_bench_job_gets_no_stop_signal_and_no_requeue(tmp_path):
     text = (run_dir_of(proc) / "job.sbatch").read_text()
     opts = sbatch_header_ok(text)
     assert not any(o.startswith("--signal") for o in opts), opts
-    assert "--no-requeue" in opts and "SELF_REQUEUE=0" in text
+    assert "--no-requeue" in opts and "SELF_REQUEUE=0" in (run_dir_of(proc) / "slurm_stop.sh").read_text()
 
 
 def test_slurm_output_file_names(tmp_path, capsys):
@@ -409,7 +438,7 @@ def test_slurm_dry_run_per_task_in_background(tmp_path, capsys):
     text = (run_dir / "job.sbatch").read_text()
     bash_n(run_dir / "job.sbatch")
     assert "--signal=B:USR2@300" in sbatch_header_ok(text)
-    assert re.search(r'-m ddp_lab\.worker "\$RUN_DIR" &\nSRUN|-m ddp_lab\.worker "\$RUN_DIR" &\n#', text)
+    assert re.search(r'-m ddp_lab\.worker "\$RUN_DIR" &\nwait_for_srun \$!', text)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -442,7 +471,7 @@ def test_runai_dry_run(tmp_path, capsys):
         "launcher.image=registry.rcp.epfl.ch/lab/ddp:1", "launcher.rdma=true",
         "launcher.pvc=[mlo-scratch:/mloscratch]", "launcher.project=lab-me",
         "+launcher.env.HF_HOME=/mloscratch/hf", "launcher.setup=[pip install -e /mloscratch/ddp_lab]")
-    for name in ("runai_submit.sh", "pod.sh"):
+    for name in ("runai_submit.sh", "pod.sh", "pod_stop.sh"):
         bash_n(run_dir / name)
     argv = subprocess.run(["bash", "-c", f"runai() {{ printf '%s\\n' \"$@\"; }}; source {run_dir / 'runai_submit.sh'}"],
                           capture_output=True, text=True).stdout.splitlines()
@@ -464,14 +493,29 @@ def test_runai_dry_run(tmp_path, capsys):
             and "NPROC_PER_NODE:-4" in pod and "PODS=$WORLD_SIZE" in pod and "POD_RANK=$RANK" in pod)
     assert '--master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"' in pod
     assert "pip install -e /mloscratch/ddp_lab" in pod and "-m ddp_lab.worker \"$RUN_DIR\"" in pod
+    # the lesson first: the pod sources its machinery before the setup, torchrun comes next
+    lines = pod.splitlines()
+    source = lines.index('source "$RUN_DIR/pod_stop.sh"  # the pod\'s log, the graceful stop on '
+                         'SIGTERM (traps first), exit status')
+    setup = lines.index("pip install -e /mloscratch/ddp_lab")
+    torchrun = next(i for i, ln in enumerate(lines) if "-m torch.distributed.run" in ln)
+    assert source < setup < torchrun < 40 and "trap '" not in pod
+    assert lines[torchrun + 4].endswith('"$RUN_DIR" &') and lines[torchrun + 5].startswith("wait_for_torchrun $!")
+    stop = (run_dir / "pod_stop.sh").read_text()
+    assert "trap 'on_signal TERM' TERM" in stop and "PREEMPTED_EXIT=143" in stop
 
 
-def test_runai_dry_run_without_rdma_or_image(tmp_path, capsys):
-    run_dir, out = dry_run(tmp_path, capsys, "launcher=runai", "launcher.nodes=1")
+def test_runai_dry_run_without_rdma_or_image(tmp_path, capfd):
+    proc = run_cli("launcher=runai", "launcher.nodes=1", "launcher.dry_run=true",
+                   f"run.root={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = run_dir_of(proc)
     submit_sh = (run_dir / "runai_submit.sh").read_text()
     assert "--annotation" not in submit_sh and "--extended-resource" not in submit_sh
     assert "--workers 0" in submit_sh and "nccl_env" not in (run_dir / "pod.sh").read_text()
-    assert "warning: launcher.image is not set" in out
+    # on the console, not buried in the script
+    assert "warning: launcher.image is not set" in proc.stderr, proc.stderr
+    assert "warning" not in proc.stdout and "warning" not in submit_sh
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -32,6 +32,7 @@ class Rendered:
     files: dict[str, str] = field(default_factory=dict)  # name -> content, into the run folder
     executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
+    warnings: list[str] = field(default_factory=list)  # printed as `warning: ...` to stderr
     starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
     # after a failed job: the launcher's own reason, when it failed before any rank could
     # say one (torchrun's rendezvous); None = the ranks' records say why
@@ -110,7 +111,8 @@ def pythonpath_line() -> str:
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
-    return f"# run the ddp_lab that rendered this script\nexport PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}}"
+    return (f"export PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}}"
+            "  # the ddp_lab that rendered this script")
 
 
 def setup_block(lines) -> str:

@@ -5,8 +5,9 @@
 
 RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
 pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
-torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts). The run folder
-must be on a PVC the pods mount at the same path as this machine sees it.
+torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts); the stop and exit
+machinery it sources first is pod_stop.sh beside it. The run folder must be on a PVC the
+pods mount at the same path as this machine sees it.
 
 Preemption: Kubernetes SIGTERMs each pod's script; its trap writes RUN_DIR/STOP, every rank
 of every pod checkpoints and exits 0, and the script exits PREEMPTED_EXIT so that the pods
@@ -123,7 +124,9 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
     return cmd
 
 
-def pod_script(cfg, run_dir: Path) -> str:
+def pod_script(cfg, run_dir: Path) -> tuple[str, str]:
+    """pod.sh (what each pod runs: the setup lines, then torchrun) and pod_stop.sh, which
+    pod.sh sources first (its log, the graceful stop on SIGTERM, its exit status)."""
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc) if lc.venv else (lc.python or "python"))
     timeout = max(1, int(cfg.dist.init_timeout_s))
@@ -143,12 +146,15 @@ def pod_script(cfg, run_dir: Path) -> str:
     else:
         rdma = "# (launcher.rdma=false: NCCL picks its transport itself)"
     summary = f"{lc.nodes} pod(s) x {lc.nproc_per_node} process(es)"
-    return template("runai_pod.sh").format(
+    pod = template("runai_pod.sh").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), nproc=lc.nproc_per_node,
-        setup=setup_block(lc.setup), python_check=python_check(py, fail="finish 3"),
-        rdma=rdma, python=py, rdzv=rdzv,
+        setup=setup_block(lc.setup), rdma=rdma, python=py, rdzv=rdzv,
         max_restarts=lc.max_restarts, store_line=store_line(lc.max_restarts),
-        entry=shlex.quote(cfg.run.entry), job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
+        entry=shlex.quote(cfg.run.entry), preempted_exit=PREEMPTED_EXIT)
+    stop = template("runai_stop.sh").format(
+        python_check=python_check(py, fail="finish 3"), python=py,
+        job_name=shlex.quote(job_name(cfg, run_dir)), preempted_exit=PREEMPTED_EXIT)
+    return pod, stop
 
 
 def render(cfg, run_dir: Path) -> Rendered:
@@ -159,11 +165,14 @@ def render(cfg, run_dir: Path) -> Rendered:
                  "# ddp_lab: the RunAI submission of this run (rendered by launcher=runai).\n"
                  "# Every pod runs pod.sh beside this file; the run folder must be on a PVC.\n"
                  f"set -euo pipefail\n{pretty}\n")
-    pod = pod_script(cfg, run_dir)
-    warn = "" if lc.image else "# warning: launcher.image is not set: add launcher.image=<registry/image:tag>\n"
-    show = f"# ---- runai_submit.sh\n{warn}{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
-    return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod},
-                    executable=("runai_submit.sh", "pod.sh"), show=show,
+    pod, stop = pod_script(cfg, run_dir)
+    warnings = [] if lc.image else [  # only a dry run gets here without one (resolve)
+        "launcher.image is not set: add launcher.image=<registry/image:tag>"]
+    show = (f"# ---- runai_submit.sh\n{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
+            f"# ---- pod_stop.sh (sourced by pod.sh)\n{stop.rstrip()}\n")
+    return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod,
+                                        "pod_stop.sh": stop},
+                    executable=("runai_submit.sh", "pod.sh"), show=show, warnings=warnings,
                     starter=lambda: submit_and_follow(cfg, run_dir, cmd, submit_sh))
 
 

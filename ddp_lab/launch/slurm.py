@@ -10,6 +10,10 @@ Two modes:
 - per_task=true: srun starts every process itself (ntasks-per-node = nproc_per_node);
   ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.env reads them).
 
+The job script reads top to bottom as a student would write it (#SBATCH lines, exports, the
+srun line); the stop and requeue machinery below lives in RUN_DIR/slurm_stop.sh, which it
+sources first (launchers/slurm_stop.sh).
+
 Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
 it follows the job through scontrol, streams its log and returns its exit status.
 
@@ -219,17 +223,12 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
     srun.insert(2, "--ntasks-per-node=1")
     return (
         f"{store_line(lc.max_restarts)}\n"
-        "# One task per node: srun starts a torchrun on each node, torchrun its processes.\n"
-        "# $VAR expands here, on the first node; \\$VAR inside the quotes expands on each\n"
-        "# node (without the backslash every node would claim node rank 0).\n"
-        "# SLURM ends an allocation with SIGTERM to every process of the step, ranks included:\n"
-        "# torchrun ignores it (else it would send its workers a second SIGTERM, which kills\n"
-        "# a rank that is checkpointing); the ranks stop, checkpoint and exit 0, then torchrun.\n"
+        "# srun starts one torchrun per node; $VAR expands here, \\$VAR on each node (its own).\n"
         f"{' '.join(srun)} bash -c \"\n"
         "  echo \\\"[srun] node \\$SLURM_NODEID of $SLURM_JOB_NUM_NODES: \\$(hostname)\\\"\n"
-        "  trap '' TERM  # ignored stays ignored through exec; torchrun must not handle it:\n"
-        "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT  # its --signals_to_handle\n"
-        "  export TORCHELASTIC_SIGNALS_TO_HANDLE=\\$PET_SIGNALS_TO_HANDLE  # older torch\n"
+        "  trap '' TERM  # SLURM's SIGTERM is for the ranks (they checkpoint): torchrun ignores it\n"
+        "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT"  # its --signals_to_handle; older torch:
+        " TORCHELASTIC_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT\n"
         f"  exec {py} -m torch.distributed.run \\\n"
         f"    --nnodes={nnodes} --nproc_per_node=$NPROC_PER_NODE \\\n"
         f"    {rdzv} \\\n"
@@ -243,11 +242,9 @@ def nccl_block(cfg) -> str:
     if not cfg.launcher.nccl_env:
         return "# (launcher.nccl_env=false: NCCL picks its network itself)"
     py = shlex.quote(python_exe(cfg.launcher))
-    return ("# NCCL's network settings, from sysfs (ddp_lab.nccl_env: Slingshot gets CSCS's\n"
-            "# aws-ofi-nccl settings, RoCE/IB the device and GID index); the reasons: stderr\n"
+    return ("# NCCL's network settings from sysfs (ddp_lab.nccl_env: Slingshot, RoCE/IB; why: stderr)\n"
             f"NCCL_EXPORTS=\"$({py} -m ddp_lab.nccl_env)\"\n"
-            "echo \"$NCCL_EXPORTS\"\n"
-            "eval \"$NCCL_EXPORTS\"")
+            "echo \"$NCCL_EXPORTS\"; eval \"$NCCL_EXPORTS\"")
 
 
 def render(cfg, run_dir: Path) -> Rendered:
@@ -258,22 +255,31 @@ def render(cfg, run_dir: Path) -> Rendered:
     if lc.master_port is not None:
         port_line = f"export MASTER_PORT={lc.master_port}"
     else:
-        port_line = ("# the same port on every node, from the job id (ddp_lab.env.slurm_port)\n"
-                     "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))")
+        port_line = ("export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))  # the same on "
+                     "every node (ddp_lab.env.slurm_port)")
     mode = "one task per process" if lc.per_task else "one torchrun per node"
     summary = f"{lc.nodes} node(s) x {lc.nproc_per_node} process(es), {mode}"
+    py = shlex.quote(python_exe(lc))
+    # what a student would write by hand; the stop and requeue machinery it sources comes apart
     script = template("slurm.sbatch").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
-        setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
-        python_check=python_check(shlex.quote(python_exe(lc))), nccl_block=nccl_block(cfg),
-        port_line=port_line, launch=launch_block(cfg), py=shlex.quote(python_exe(lc)),
-        max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
+        setup=setup_block(lc.setup), pythonpath=pythonpath_line(), nccl_block=nccl_block(cfg),
+        port_line=port_line, launch=launch_block(cfg))
+    stop = template("slurm_stop.sh").format(
+        python_check=python_check(py), py=py, max_requeues=lc.max_requeues,
+        self_requeue=int(bool(lc.requeue)))
     path = run_dir / "job.sbatch"
     command = ["sbatch", "--parsable", str(path)]
-    show = script.rstrip() + f"\n# submit with: {' '.join(command)}\n"
-    return Rendered(command=command, files={"job.sbatch": script}, executable=("job.sbatch",),
-                    show=show, starter=lambda: submit_and_follow(cfg, run_dir, path, summary))
+    show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"
+            f"# ---- {run_dir / 'slurm_stop.sh'} (sourced by job.sbatch)\n{stop.rstrip()}\n")
+    warnings = []
+    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
+        warnings.append("launcher.environment is not set: this site needs one to submit "
+                        "(launcher.environment=<EDF .toml>, docs/launchers.md, Containers)")
+    return Rendered(command=command, files={"job.sbatch": script, "slurm_stop.sh": stop},
+                    executable=("job.sbatch",), show=show, warnings=warnings,
+                    starter=lambda: submit_and_follow(cfg, run_dir, path, summary))
 
 
 # ------------------------------------------------------------------ follow

@@ -12,6 +12,7 @@ The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is rank.py
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -68,6 +69,8 @@ def launch_job(cfg: DictConfig, label: str | None = None,
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
         rendered.write(run_dir)
+        for warning in rendered.warnings:  # on the console, not buried in the script
+            print(f"warning: {warning}", file=sys.stderr)
         if cfg.launcher.dry_run:
             if new:  # a folder of its own: marked, so no one counts it as a run
                 atomic_write_text(run_dir / DRY_RUN, "rendered by launcher.dry_run=true: nothing "

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# ddp_lab: what job.sbatch (beside this file) does besides starting the ranks: it sources this
+# file first, so that the traps catch a stop at any time. Not run by itself.
+#   check_python     the ranks' python imports what they run, else the job ends here (exit 3)
+#   wait_for_srun    wait for srun, which runs in the background so that the traps run at once
+#   requeue_or_exit  after a time-limit stop, requeue this job; else exit with srun's status
+RESTART=${{SLURM_RESTART_COUNT:-0}}  # how often SLURM requeued this job (0: first start)
+MAX_REQUEUES={max_requeues}  # launcher.max_requeues (self-requeues after the time-limit stop)
+SELF_REQUEUE={self_requeue}  # launcher.requeue
+echo "[sbatch] job $SLURM_JOB_ID (restart $RESTART) on $(hostname) at $(date '+%F %T'): $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST"
+
+# ---- Stop requests
+# SLURM sends USR2 to this shell only (--signal=B:USR2@N, launcher.signal_s) ahead of the
+# time limit, and SIGTERM to this shell and every process of the job when it ends the
+# allocation (scancel, scontrol requeue, preemption, the limit itself; SIGKILL follows
+# KillWait seconds later). The trap writes the stop file: rank 0 reads it at its next check,
+# all ranks agree, save a mid-epoch checkpoint and exit 0. The file is the path that reaches
+# every rank: USR2 itself would kill torchrun (its default action).
+GOT_USR2=0
+GOT_TERM=0
+STOP_MSG=""
+KEEPER=""
+write_stop() {{
+  echo "preempted $STOP_MSG (job $SLURM_JOB_ID)" > "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"
+}}
+keep_stop() {{  # rank 0 clears the stop file as it starts: one written earlier is rewritten
+  if [ -z "$KEEPER" ] && [ -n "${{SRUN_PID:-}}" ]; then
+    ( while kill -0 "$SRUN_PID" 2>/dev/null; do [ -e "$RUN_DIR/STOP" ] || write_stop; sleep 2; done ) &
+    KEEPER=$!
+  fi
+}}
+request_stop() {{  # $1: what asked
+  STOP_MSG=$1
+  echo "[sbatch] $1 at $(date +%T): asking the ranks to checkpoint and stop ($RUN_DIR/STOP)"
+  write_stop
+  keep_stop
+}}
+trap 'GOT_USR2=1; request_stop "time limit near (SIGUSR2)"' USR2
+trap 'GOT_TERM=1; request_stop "SIGTERM from SLURM"' TERM
+
+# ---- The python check (job.sbatch calls it after its setup lines)
+check_python() {{
+{python_check}
+}}
+
+# ---- Waiting for srun
+# bash runs a trap only between commands; a signal interrupts `wait`, so wait again until
+# srun has ended. Sets RC to srun's exit status.
+wait_for_srun() {{  # $1: srun's pid
+  SRUN_PID=$1
+  [ -z "$STOP_MSG" ] || keep_stop  # the stop came before srun started
+  while kill -0 "$SRUN_PID" 2>/dev/null; do
+    wait "$SRUN_PID" || true
+  done
+  RC=0
+  wait "$SRUN_PID" || RC=$?
+  [ -z "$KEEPER" ] || kill "$KEEPER" 2>/dev/null || true
+}}
+
+# ---- After srun: requeue, or exit with its status
+# After the time-limit stop the ranks checkpointed (status preempted): requeue this job, it
+# continues from the checkpoint (train.resume=auto). A job SLURM itself ends (SIGTERM:
+# cancelled, requeued by an admin, preempted) is left to SLURM: requeued, it resumes alike.
+requeue_or_exit() {{
+  STATUS=$({py} -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' \
+           "$RUN_DIR/summary.json" 2>/dev/null || true)
+  echo "[sbatch] srun ended at $(date +%T) with exit status $RC; run status: ${{STATUS:-unknown}}"
+  [ "$STATUS" != completed ] || rm -f "$RUN_DIR/STOP"  # a stop that came too late is spent
+  if [ "$STATUS" = preempted ] && [ "$GOT_TERM" = 0 ]; then
+    AGAIN="sbatch $RUN_DIR/job.sbatch"
+    if [ "$SELF_REQUEUE" != 1 ]; then
+      echo "[sbatch] stopped with a checkpoint; not requeueing (launcher.requeue=false): continue with: $AGAIN"
+      exit 75
+    fi
+    if [ "$RESTART" -ge "$MAX_REQUEUES" ]; then
+      echo "[sbatch] stopped with a checkpoint; requeued $RESTART time(s) already (launcher.max_requeues=$MAX_REQUEUES): continue with: $AGAIN"
+      exit 75
+    fi
+    if ! command -v scontrol >/dev/null 2>&1; then
+      echo "[sbatch] stopped with a checkpoint, but scontrol is not available here (inside a container, e.g. #SBATCH --environment?): cannot requeue; continue with: $AGAIN" | tee /dev/stderr
+      exit 75
+    fi
+    trap - TERM USR2  # the requeue ends this allocation: SIGTERM comes back to this shell
+    echo "[sbatch] requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of at most $MAX_REQUEUES): it continues from the checkpoint"
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      exit 0
+    fi
+    echo "[sbatch] scontrol requeue $SLURM_JOB_ID failed: continue with: $AGAIN" | tee /dev/stderr
+    exit 75
+  fi
+  if [ "$GOT_TERM" = 1 ] && [ "$STATUS" = preempted ]; then
+    echo "[sbatch] SLURM ended this allocation; the ranks saved a checkpoint: a requeued job continues from it by itself, else: sbatch $RUN_DIR/job.sbatch"
+  fi
+  exit "$RC"
+}}
