@@ -21,11 +21,28 @@ from ddp_lab.report.runs import find_runs
 def test_summary_on_known_numbers():
     s = stats.summarize([10.0, 12.0, 14.0])
     assert s.n == 3 and s.mean == 12.0 and s.std == pytest.approx(2.0)
-    half = 4.302652729911275 * 2.0 / math.sqrt(3)  # t(0.975, 2) = 4.3027
-    assert s.ci95 == pytest.approx((12.0 - half, 12.0 + half))
+    # the interval: Student t on the logs, exponentiated (t(0.975, 2) = 4.3027)
+    logs = [math.log(v) for v in (10.0, 12.0, 14.0)]
+    centre = sum(logs) / 3
+    sd = math.sqrt(sum((x - centre) ** 2 for x in logs) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)
+    assert s.ci95 == pytest.approx((math.exp(centre - half), math.exp(centre + half)))
+    assert s.ci95[0] < 12.0 < s.ci95[1]
     one = stats.summarize([5.0])
     assert one.n == 1 and one.std is None and one.ci95 is None
     assert stats.summarize([]) is None
+
+
+def test_intervals_stay_positive_and_need_three_repeats():
+    # a t-interval on the times themselves: 0.733 +- 4.30 x 1.097 / sqrt(3) = [-1.99, 3.46]
+    wide = stats.summarize([0.1, 0.1, 2.0])
+    assert 0 < wide.ci95[0] < 0.1 and wide.ci95[1] > 2.0
+    # two repeats: t(0.975, 1) = 12.7, no interval is worth printing
+    two = stats.summarize([2.1, 2.5])
+    assert two.n == 2 and two.std == pytest.approx(math.sqrt(0.08)) and two.ci95 is None
+    assert stats.ratio(two, wide) == (pytest.approx(2.3 / 0.7333333), None)
+    sp, (lo, hi) = stats.ratio(stats.summarize([4.0, 4.2, 3.8]), wide)
+    assert 0 < lo < sp < hi
 
 
 def test_ratio_interval_delta_method():
@@ -35,8 +52,8 @@ def test_ratio_interval_delta_method():
     rel = math.sqrt((2 / 12) ** 2 / 3 + (1 / 6) ** 2 / 3)  # equal relative spreads
     df = (2 * (rel ** 2 / 2)) ** 2 / (2 * (rel ** 2 / 2) ** 2 / 2)  # Welch: 4
     assert df == pytest.approx(4.0)
-    half = 2.7764451051977987 * 2.0 * rel  # t(0.975, 4)
-    assert ci == pytest.approx((2.0 - half, 2.0 + half))
+    half = 2.7764451051977987 * rel  # t(0.975, 4), on the log of the ratio
+    assert ci == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)))
     assert stats.ratio(a, stats.summarize([6.0]))[1] is None  # one repeat: no interval
 
 
@@ -89,10 +106,10 @@ def test_repeats_grouped_never_a_speedup_between_them(tmp_path):
     assert row["time_n"] == 2 and row["repeat_values_s"] == pytest.approx([2.1, 2.5])
     assert row["epoch_time_s_mean"] == pytest.approx(2.3) and row["warmup_epochs"] == [1]
     assert row["epoch_time_s_std"] == pytest.approx(math.sqrt(0.08))
-    lo, hi = row["epoch_time_s_ci95"]
-    assert lo < 2.3 < hi
+    assert row["epoch_time_s_ci95"] is None  # two repeats: not meaningful, and said so
     assert row["speedup"] is None and row["efficiency"] is None
     assert "EXCLUDING WARM-UP" in res["markdown"]
+    assert "| 2 | 2.300 | 0.283 | n=2: not meaningful | – | – |" in res["markdown"]
     # --warmup 0 keeps the first epoch
     res0 = build_report(find_runs([tmp_path / "runs"]), tmp_path / "rep0", make_plots=False, warmup=0)
     assert res0["doc"]["scaling"][0]["rows"][0]["epoch_time_s_mean"] == pytest.approx((13.2 + 14.0) / 6)
@@ -123,7 +140,7 @@ def test_speedup_with_intervals_and_cross_fingerprint_flag(tmp_path):
     assert rows[2]["efficiency"] == pytest.approx(t1 / t2)
     lo, hi = rows[2]["speedup_ci95"]
     assert lo < t1 / t2 < hi and rows[2]["efficiency_ci95"] == pytest.approx([lo, hi])
-    assert rows[1]["speedup"] == pytest.approx(1.0)
+    assert rows[1]["speedup"] == 1.0 and rows[1]["speedup_ci95"] is None  # itself: exactly 1
     assert rows[4]["speedup_ci95"] is None  # one repeat: no interval
     assert not rows[2]["cross_fingerprint"] and rows[4]["cross_fingerprint"]
     md = (tmp_path / "rep" / "report.md").read_text()

@@ -63,12 +63,10 @@ def test_local_study_completes_then_continues_without_rerunning(tmp_path, shared
     for row, world in zip(group["rows"], (1, 2)):
         assert row["time_n"] == 2 and len(row["runs"]) == 2, row
         assert {Path(r).name for r in row["runs"]} == {f"w{world}_r1", f"w{world}_r2"}
-        low, high = row["epoch_time_s_ci95"]
-        assert low < row["epoch_time_s_mean"] < high, row
+        assert row["epoch_time_s_ci95"] is None, row  # two repeats: no interval is meaningful
     w2 = group["rows"][1]
-    assert w2["speedup"] > 0 and w2["efficiency"] > 0, w2
-    assert w2["speedup_ci95"][0] < w2["speedup"] < w2["speedup_ci95"][1], w2
-    assert "95% CI" in text and "| n |" in text, text
+    assert w2["speedup"] > 0 and w2["efficiency"] > 0 and w2["speedup_ci95"] is None, w2
+    assert "95% CI" in text and "| n |" in text and "n=2: not meaningful" in text, text
 
     # the same command on the folder: every point is kept, nothing runs again
     before = {p["folder"]: (folder / p["folder"] / "summary.json").read_bytes()
