@@ -236,7 +236,7 @@ def test_report_on_real_runs(real_runs):
         assert (rep / f).read_bytes()[:8] == PNG_MAGIC and (rep / f).stat().st_size > 10_000
     phases = json.loads((rep / "phases.json").read_text())
     assert phases["series"] == ["data", "forward", "backward", "sync", "optim", "comm"]
-    assert phases["bars"] == ["ddp\nn=1", "ddp\nn=2"]
+    assert phases["bars"] == ["1 rank\n1 run", "2 ranks\n1 run"]
 
 
 @pytest.mark.dist

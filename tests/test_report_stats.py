@@ -71,7 +71,7 @@ FP = {"hosts": ["h"], "cpu": "Test CPU", "gpu": None, "torch": "2.x", "nccl": No
 
 def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync="ring",
               steps=20, comm_s_per_step=0.0, fp=FP, fid="aaaaaaaaaa", batch=64,
-              payload=159_010 * 4) -> Path:
+              payload=159_010 * 4, phase_ms: dict | None = None) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(
@@ -84,7 +84,9 @@ def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync=
             f.write(json.dumps({"epoch": i + 1, "world_size": world, "epoch_time_s": t, "steps": steps,
                                 "samples_per_s": steps * batch * world / t,
                                 "comm": {"time_s": comm_s_per_step * steps, "calls": calls * steps,
-                                         "payload_bytes": payload * steps * calls}}) + "\n")
+                                         "payload_bytes": payload * steps * calls},
+                                **({"phase_s": {p: {"mean": v / 1e3} for p, v in phase_ms.items()}}
+                                   if phase_ms else {})}) + "\n")
     (d / "summary.json").write_text(json.dumps({
         "status": "completed", "launcher": "local", "sync": sync, "backend": "gloo",
         "device": "cpu", "nodes": 1, "nproc_per_node": world, "world_size": world,

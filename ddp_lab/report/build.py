@@ -61,13 +61,11 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
 
     figures = []
-    if make_plots:
-        if groups:
-            figures.append(plots.epoch_time_vs_world(groups, out_dir / "epoch_time_vs_world.png"))
-        if phases:
-            figures.append(plots.phase_bars(phases, out_dir / "phases.png"))
-        if fits:
-            figures.append(plots.bench_compare(fits, out_dir / "bench_all_reduce.png"))
+    for name, make, data in (("epoch_time_vs_world.png", plots.epoch_time_figure, groups),
+                             ("phases.png", plots.phase_figure, phases),
+                             ("bench_all_reduce.png", plots.bench_figure, fits)):
+        if make_plots and data:
+            figures.append(plots.save(*make(data), out_dir / name))
 
     md = ["# ddp_lab report", "",
           f"{counts['train']} training run(s) and {counts['bench']} bench run(s) compared, "

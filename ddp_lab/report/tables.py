@@ -94,6 +94,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                      epoch_time_s_ci95=_ci(t.ci95))
         first = members[0]
         out.append({"sync": sync, "device": device, "workload": first.workload_label(),
+                    "workload_short": first.workload_short(),
                     "scaling": first.scaling, "baseline": rows[0]["baseline_run"],
                     "baseline_world_size": n0, "rows": rows,
                     "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes})
@@ -212,6 +213,9 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         ph = r.phase_ms()
         comm = r.comm_per_step()
         rows.append({"run": str(r.path), "sync": r.get("sync", "?"), "world_size": r.world_size,
+                     "device": r.device_kind, "workload": r.workload_label(),
+                     "workload_short": r.workload_short(), "allocation": allocation(r),
+                     "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
                      "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,
                      "straggler": straggler_text(r.summary.get("straggler"))})
