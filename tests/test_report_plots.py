@@ -35,7 +35,7 @@ def report(tmp_path_factory):
     return root / "rep", res
 
 
-def _legend_clear_of_axes(fig) -> None:
+def legend_clear_of_axes(fig) -> None:
     """Every figure legend lies outside every axes (its labels and ticks included) and
     clear of the figure's title."""
     fig.canvas.draw()
@@ -55,7 +55,7 @@ def test_epoch_time_figure_reads_at_a_glance(report):
     rep, res = report
     groups = res["doc"]["scaling"]
     fig, info = plots.epoch_time_figure(groups)
-    _legend_clear_of_axes(fig)
+    legend_clear_of_axes(fig)
     # one row (time, efficiency) per workload: capped 20 and 50 steps never share an axis
     assert len(fig.axes) == 4
     titles = [ax.get_title() for ax in fig.axes]
@@ -86,7 +86,7 @@ def test_epoch_time_figure_reads_at_a_glance(report):
 def test_phase_figure_groups_repeats_into_one_labelled_bar(report):
     rep, res = report
     fig, info = plots.phase_figure(res["doc"]["phases"])
-    _legend_clear_of_axes(fig)
+    legend_clear_of_axes(fig)
     # 7 points (ring 1, 2, 4 and ddp 1, 2 on one workload; ring 1, 2 on the other), one bar each
     assert len(info["bars"]) == 7 and len(fig.axes[0].patches) == 7 * 5
     assert sorted(len(b["runs"]) for b in info["data"]) == [1, 1, 2, 2, 3, 3, 3]

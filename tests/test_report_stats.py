@@ -13,6 +13,7 @@ import pytest
 from helpers import run_cli
 
 from ddp_lab.report import stats
+from ddp_lab.report.stats import sig
 from ddp_lab.report.__main__ import parse_worlds
 from ddp_lab.report.build import build_report
 from ddp_lab.report.runs import find_runs
@@ -151,37 +152,73 @@ def test_speedup_with_intervals_and_cross_fingerprint_flag(tmp_path):
     assert sorted(doc["scaling"][0]["fingerprints"]) == ["aaaaaaaaaa", "bbbbbbbbbb"]
 
 
+ALPHA, BETA, C, STEPS, PAYLOAD = 50e-6, 2e-9, 0.004, 20, 159_010 * 4
+
+
+def law_comm(n: int) -> float:
+    """Ring comm per step of ALPHA and BETA: the forecast's own law."""
+    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * PAYLOAD * BETA
+
+
+def write_law_runs(root: Path, slow8: float = 1.0) -> None:
+    """Runs at worlds 1, 2, 4, 8 (2 repeats) made by the law; world 8 `slow8` times slower."""
+    for n in (1, 2, 4, 8):
+        for k in range(2):
+            jitter = (1 + 0.002 * (k - 0.5)) * (slow8 if n == 8 else 1.0)
+            t = STEPS * (C + law_comm(n)) * jitter
+            write_run(root, f"w{n}_r{k}", n, [3 * t, t, t], comm_s_per_step=law_comm(n) * jitter)
+
+
 def test_forecast_heldout_on_synthetic_runs(tmp_path):
     """Runs made by the model's own law (compute per step fixed, ring comm of alpha and
     beta known): fitted on worlds 1, 2, 4 the forecast finds world 8 within 1%, and its
-    forecast for 16.. follows the law."""
-    alpha, beta, c, steps, payload = 50e-6, 2e-9, 0.004, 20, 159_010 * 4
-
-    def comm(n):
-        return 0.0 if n == 1 else 2 * (n - 1) * alpha + 2 * (n - 1) / n * payload * beta
-
-    root = tmp_path / "runs"
-    for n in (1, 2, 4, 8):
-        for k in range(2):
-            jitter = 1 + 0.002 * (k - 0.5)
-            t = steps * (c + comm(n)) * jitter
-            write_run(root, f"w{n}_r{k}", n, [3 * t, t, t], comm_s_per_step=comm(n) * jitter)
-    proc = run_cli(str(root), "-o", str(tmp_path / "rep"), "--no-plots", "--forecast", "16,...,64",
-                   "--gpus-per-node", "4", cwd=tmp_path, module="ddp_lab.report")
+    forecast for 16.. follows the law; the screen shows it with its held-out error."""
+    write_law_runs(tmp_path / "runs")
+    proc = run_cli(str(tmp_path / "runs"), "-o", str(tmp_path / "rep"), "--no-plots", "--forecast",
+                   "16,...,64", "--gpus-per-node", "4", cwd=tmp_path, module="ddp_lab.report")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     (s,) = doc["forecast"]["series"]
     h = s["heldout"]
     assert h["fitted_worlds"] == [1, 2, 4] and h["predicted_world"] == 8
     assert abs(h["rel_error"]) < 0.01, h
+    assert s["shown"] and s["reliable"] and all(abs(f["rel_error"]) < 0.01 for f in s["fit_check"])
     pred = {(p["world"], p["mode"]): p for p in s["predictions"]}
     assert [w for w, m in pred if m == "weak"] == [16, 32, 64]
-    want = steps * (c + comm(32))
+    want = STEPS * (C + law_comm(32))
     assert pred[(32, "weak")]["epoch_s"] == pytest.approx(want, rel=0.02)
     assert pred[(32, "weak")]["nodes"] == 8
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Forecast" in md and "Held-out check: fitted on worlds [1, 2, 4], predicted world 8" in md
     assert "fitted on the study's own comm per step" in md
+    assert f"| 32 | 8 | {sig(pred[(32, 'weak')]['epoch_s'])} |" in md  # 3 significant digits
+    # the screen: the forecast with its held-out error beside it
+    flat = " ".join(proc.stdout.split())  # wrapped at 100 columns
+    assert (f"ring · mlp, batch 64/rank, 20 steps/epoch: held-out error {h['rel_error']:+.0%}, "
+            "within the ±25% target; weak scaling: 16 ranks ") in flat, proc.stdout
+    assert f"32 ranks {sig(pred[(32, 'weak')]['epoch_s'])} s" in flat
+
+
+def test_forecast_beyond_its_target_is_marked_unreliable(tmp_path):
+    """World 8 measured twice as slow as the law: the held-out error (-50%) is beyond the
+    25% target, so the forecast is marked UNRELIABLE and its numbers stay off the screen;
+    a series whose held-out check cannot be made shows no forecast at all."""
+    write_law_runs(tmp_path / "runs", slow8=2.0)
+    for n in (1, 2):  # one repeat each of another workload, no comm fit without world 2
+        write_run(tmp_path / "runs", f"other_w{n}", n, [1.0, 0.5, 0.5], steps=50)
+    res = build_report(find_runs([tmp_path / "runs"]), tmp_path / "rep", make_plots=False,
+                       forecast_worlds=[16, 1024], gpus_per_node=4)
+    law, other = sorted(res["doc"]["forecast"]["series"], key=lambda s: s["workload"])
+    assert law["heldout"]["rel_error"] == pytest.approx(-0.5, abs=0.01)
+    assert law["shown"] and not law["reliable"]
+    assert other["heldout"]["rel_error"] is None and not other["shown"] and other["predictions"]
+    md = res["markdown"]
+    assert "**UNRELIABLE**: held-out world 8 missed by -50%, beyond the ±25% target" in md
+    assert "No forecast: no held-out check (no comm fit" in md
+    screen = res["summary"]
+    assert "UNRELIABLE: held-out world 8 missed by -50%" in screen
+    assert "1024 ranks" not in screen and "no forecast: no held-out check" in screen
+    assert len(screen.splitlines()) <= 40, screen
 
 
 def test_forecast_counts_ranks_sharing_cores(tmp_path):

@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
-from . import plots, tables
+from . import plots, summary, tables
 from .runs import Run
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
@@ -102,4 +102,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-    return {"markdown": text, "counts": counts, "figures": figures, "doc": doc}
+    warm = ("each run's first epoch left out as warm-up" if warmup is None else
+            f"each run's first {warmup} epoch(s) left out as warm-up")
+    screen = summary.terminal_summary(doc, counts, out_dir, common, warm)
+    return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}

@@ -14,6 +14,7 @@ from pathlib import Path
 from .model import call_time
 from .runs import PHASES
 from .stats import MIN_REPEATS
+from .tables import workload_titles
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
@@ -38,18 +39,6 @@ def save(fig, info: dict, path: Path) -> dict:
     info = {"file": path.name, **info}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return info
-
-
-def _titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
-    """(device, workload) -> a short title ("mlp, batch 64/rank, full epochs"); the whole
-    workload where two short ones would read alike; the device where there are several."""
-    short = {(i["device"], i["workload"]): i.get("workload_short") or i["workload"] for i in items}
-    out = {k: short[k] for k in keys}
-    if len(set(out.values())) < len(out):
-        out = {k: k[1] for k in keys}
-    if len({k[0] for k in keys}) > 1:
-        out = {k: f"{k[0]}: {t}" for k, t in out.items()}
-    return out
 
 
 def _distinct(titles: dict[tuple, str]) -> tuple[dict[tuple, str], str]:
@@ -97,7 +86,7 @@ def epoch_time_figure(groups: list[dict]):
     from matplotlib.lines import Line2D
 
     keys = list(dict.fromkeys((g["device"], g["workload"]) for g in groups))
-    titles = _titles(groups, keys)
+    titles = workload_titles(groups, keys)
     colors = {s: f"C{i % 10}" for i, s in enumerate(dict.fromkeys(g["sync"] for g in groups))}
     fig, axes = plt.subplots(len(keys), 2, figsize=(11, 0.8 + 3.4 * len(keys)), squeeze=False,
                              layout="constrained")
@@ -178,7 +167,7 @@ def phase_figure(rows: list[dict]):
                    r["allocation"], r["fingerprint_id"])
             points.setdefault(key, []).append(r)
     keys = sorted(points, key=str)
-    titles, common = _distinct(_titles(rows, list(dict.fromkeys(k[:2] for k in keys))))
+    titles, common = _distinct(workload_titles(rows, list(dict.fromkeys(k[:2] for k in keys))))
     several = len(titles) > 1
 
     def mean(rs, k):

@@ -78,3 +78,12 @@ def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, floa
     df = (a + b) ** 2 / (a * a / (num.n - 1) + b * b / (den.n - 1))
     half = t_quantile(df) * math.sqrt(a + b)
     return r, (r * math.exp(-half), r * math.exp(half))
+
+
+def sig(v: Optional[float], none: str = "–") -> str:
+    """v to 3 significant digits, never in exponent form: 0.0123, 1.23, 12.3, 1234."""
+    if v is None:
+        return none
+    if v == 0 or not math.isfinite(v):
+        return format(v, "g")
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"

@@ -25,6 +25,18 @@ def allocation(run: Run) -> str:
     return f"{nodes}x{per}" if nodes and per else "?"
 
 
+def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
+    """(device, workload) -> a short title ("mlp, batch 64/rank, full epochs"); the whole
+    workload where two short ones would read alike; the device where there are several."""
+    short = {(i["device"], i["workload"]): i.get("workload_short") or i["workload"] for i in items}
+    out = {k: short[k] for k in keys}
+    if len(set(out.values())) < len(out):
+        out = {k: k[1] for k in keys}
+    if len({k[0] for k in keys}) > 1:
+        out = {k: f"{k[0]}: {t}" for k, t in out.items()}
+    return out
+
+
 def _mean(values: list) -> Optional[float]:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
