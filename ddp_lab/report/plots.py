@@ -89,7 +89,7 @@ def epoch_time_figure(groups: list[dict]):
     titles = workload_titles(groups, keys)
     colors = {s: f"C{i % 10}" for i, s in enumerate(dict.fromkeys(g["sync"] for g in groups))}
     fig, axes = plt.subplots(len(keys), 2, figsize=(11, 0.8 + 3.4 * len(keys)), squeeze=False,
-                             layout="constrained")
+                             sharex="row", layout="constrained")
     handles: dict[str, Line2D] = {}
     series, few = [], set()
     for (ax_t, ax_e), key in zip(axes, keys):

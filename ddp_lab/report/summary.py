@@ -63,6 +63,8 @@ def forecast_lines(fc: dict) -> list[str]:
     """One line per series: its verdict; the weak-scaling numbers only where reliable."""
     out = []
     for s in fc["series"]:
+        if s["heldout"] is None and not s["predictions"]:
+            continue  # one world size and no model: nothing was to be forecast
         head = f"{s['sync']} · {s['workload_short']}: "
         if not s["shown"]:
             out += _wrap(head + f"no forecast: {s['why']}")
@@ -85,7 +87,7 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
         notes.append(f"{few} point(s) with n < {MIN_REPEATS} repeats: no interval, it would not be "
                      f"meaningful (a study: study.repeats={MIN_REPEATS} or more)")
     capped = {g["workload_short"] for g in groups if "steps/epoch" in g["workload_short"]
-              and g.get("scaling") != "strong"}
+              and g.get("scaling") != "strong" and len({r["world_size"] for r in g["rows"]}) > 1}
     if capped:
         notes.append(f"{', '.join(sorted(c.split(', ')[-1] for c in capped))}: the step cap is per "
                      "rank, so an epoch's work grows with the world; efficiency counts the work "
