@@ -81,7 +81,7 @@ def epoch_time_figure(groups: list[dict]):
     share an axis): mean post-warm-up time per epoch (left) and parallel efficiency
     (right) vs world size, one colour per sync (a marker per fingerprint where a series
     has several). Error bars: the 95% interval (t on log time, never below zero), only
-    where n >= MIN_REPEATS (else a hollow marker); n above every point; dotted: ideal."""
+    where n >= MIN_REPEATS (else a hollow marker); n beside every point; dotted: ideal."""
     plt = _plt()
     from matplotlib.lines import Line2D
 

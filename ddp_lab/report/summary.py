@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from .stats import MIN_REPEATS, sig
-from .tables import workload_titles
+from .tables import ci_cell, workload_titles
 from .truth import TARGET_MODEL
 
 
@@ -24,12 +24,6 @@ def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
 def _wrap(text: str, indent: str = "  ") -> list[str]:
     """One entry wrapped to 100 columns, its later lines indented under its first."""
     return textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
-
-
-def _interval(ci, n: int) -> str:
-    if ci:
-        return f"[{sig(ci[0])}, {sig(ci[1])}]"
-    return f"n={n}: not meaningful" if 1 < n < MIN_REPEATS else "–"
 
 
 def _efficiency(r: dict) -> str:
@@ -53,7 +47,7 @@ def scaling_lines(groups: list[dict]) -> list[str]:
             for r in g["rows"]:
                 rows.append([g["sync"], str(r["world_size"]), f"{r['nodes']}x{r['nproc_per_node']}",
                              str(r["time_n"]), sig(r["epoch_time_s_mean"]),
-                             _interval(r["epoch_time_s_ci95"], r["time_n"]), _efficiency(r)])
+                             ci_cell(r["epoch_time_s_ci95"], r["time_n"], sig), _efficiency(r)])
         lines += ["", f"{key[0]} · {titles[key]}" if key[0] not in titles[key] else titles[key]]
         lines += _columns(rows)
     return lines

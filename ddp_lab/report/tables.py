@@ -141,11 +141,13 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
     }
 
 
-def _pm(ci, fmt: str) -> str:
-    return f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else "–"
+def _pm(ci, fmt) -> str:
+    """[lo, hi], each by `fmt`: a format spec (".3f") or a function (stats.sig)."""
+    num = fmt if callable(fmt) else (lambda v: format(v, fmt))
+    return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
 
 
-def ci_cell(ci, n: int, fmt: str) -> str:
+def ci_cell(ci, n: int, fmt) -> str:
     """An interval, or why there is none: "n=2: not meaningful" (too few repeats), "–"
     (one repeat, or a value that has no interval)."""
     if ci:
