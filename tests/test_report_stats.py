@@ -194,8 +194,8 @@ def test_forecast_heldout_on_synthetic_runs(tmp_path):
     assert f"| 32 | 8 | {sig(pred[(32, 'weak')]['epoch_s'])} |" in md  # 3 significant digits
     # the screen: the forecast with its held-out error beside it
     flat = " ".join(proc.stdout.split())  # wrapped at 100 columns
-    assert (f"ring · mlp, batch 64/rank, 20 steps/epoch: held-out error {h['rel_error']:+.0%}, "
-            "within the ±25% target; weak scaling: 16 ranks ") in flat, proc.stdout
+    assert (f"ring: held-out error {h['rel_error']:+.0%} (target ±25%); weak scaling: 16 ranks "
+            ) in flat, proc.stdout
     assert f"32 ranks {sig(pred[(32, 'weak')]['epoch_s'])} s" in flat
 
 
@@ -213,10 +213,10 @@ def test_forecast_beyond_its_target_is_marked_unreliable(tmp_path):
     assert law["shown"] and not law["reliable"]
     assert other["heldout"]["rel_error"] is None and not other["shown"] and other["predictions"]
     md = res["markdown"]
-    assert "**UNRELIABLE**: held-out world 8 missed by -50%, beyond the ±25% target" in md
+    assert "**UNRELIABLE**: held-out world 8 off by -50% (target ±25%)" in md
     assert "No forecast: no held-out check (no comm fit" in md
     screen = res["summary"]
-    assert "UNRELIABLE: held-out world 8 missed by -50%" in screen
+    assert "ring · mlp, batch 64/rank, 20 steps/epoch: UNRELIABLE: held-out world 8 off by -50%" in screen
     assert "1024 ranks" not in screen and "no forecast: no held-out check" in screen
     assert len(screen.splitlines()) <= 40, screen
 

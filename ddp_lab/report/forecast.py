@@ -302,18 +302,17 @@ def verdict(entry: dict) -> dict:
         hint = ("; a bench run (python -m ddp_lab.bench) given with the runs, or a third world "
                 "size, makes one" if "no comm fit" in why else "")
         return {"shown": False, "reliable": False,
-                "why": f"no held-out check ({why}): its error would be unknown{hint}"}
+                "why": f"no held-out check ({why}), so its error is unknown{hint}"}
     misses = [f for f in fits if abs(f["rel_error"]) > TARGET]
     if abs(h["rel_error"]) > TARGET:
-        why = (f"held-out world {h['predicted_world']} missed by {h['rel_error']:+.0%}, beyond "
-               f"the ±{TARGET:.0%} target")
+        why = f"held-out world {h['predicted_world']} off by {h['rel_error']:+.0%} (target ±{TARGET:.0%})"
     elif misses:
         worst = max(misses, key=lambda f: abs(f["rel_error"]))
-        why = (f"the fitted model misses measured world {worst['world']} by "
-               f"{worst['rel_error']:+.0%}, beyond the ±{TARGET:.0%} target")
+        why = (f"the fitted model is off by {worst['rel_error']:+.0%} at measured world "
+               f"{worst['world']} (target ±{TARGET:.0%})")
     else:
         return {"shown": True, "reliable": True,
-                "why": f"held-out error {h['rel_error']:+.0%}, within the ±{TARGET:.0%} target"}
+                "why": f"held-out error {h['rel_error']:+.0%} (target ±{TARGET:.0%})"}
     return {"shown": True, "reliable": False, "why": why}
 
 

@@ -9,6 +9,7 @@ Layout is matplotlib's constrained layout with every legend outside the axes
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from .model import call_time
@@ -50,12 +51,12 @@ def _distinct(titles: dict[tuple, str]) -> tuple[dict[tuple, str], str]:
             ", ".join(common))
 
 
-def _points(ax, x, y, cis, ns, color, marker, exact=(), nth=0) -> None:
+def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
     """A series' line and points: an error bar where there is an interval, a hollow marker
     where there is none (fewer than MIN_REPEATS repeats) unless the value is exact (a
-    baseline against itself), and every point's n at its upper right, clear of the bar (the
-    panel's `nth` series one line higher: two series at one world never write over each
-    other)."""
+    baseline against itself). A point whose n is not the panel's `common` one (said in its
+    title) gets its n at its upper right, clear of the bar (the panel's `nth` series one
+    line higher: two series at one world never write over each other)."""
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
@@ -72,8 +73,9 @@ def _points(ax, x, y, cis, ns, color, marker, exact=(), nth=0) -> None:
             ax.plot([x[i] for i in idx], [y[i] for i in idx], ls="none", marker=marker,
                     color=color, mfc=face)
     for xi, yi, n in zip(x, y, ns):
-        ax.annotate(f"n={n}", (xi, yi), xytext=(4, 3 + 9 * nth), textcoords="offset points",
-                    ha="left", fontsize=7, color=color)
+        if n != common:
+            ax.annotate(f"n={n}", (xi, yi), xytext=(4, 3 + 9 * nth), textcoords="offset points",
+                        ha="left", fontsize=7, color=color)
 
 
 def epoch_time_figure(groups: list[dict]):
@@ -81,7 +83,8 @@ def epoch_time_figure(groups: list[dict]):
     share an axis): mean post-warm-up time per epoch (left) and parallel efficiency
     (right) vs world size, one colour per sync (a marker per fingerprint where a series
     has several). Error bars: the 95% interval (t on log time, never below zero), only
-    where n >= MIN_REPEATS (else a hollow marker); n beside every point; dotted: ideal."""
+    where n >= MIN_REPEATS (else a hollow marker). Every point's n: the panel's most common
+    one in its title, any other beside its point. Dotted: ideal scaling."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
@@ -95,7 +98,10 @@ def epoch_time_figure(groups: list[dict]):
     for (ax_t, ax_e), key in zip(axes, keys):
         worlds: set[int] = set()
         nth = 0
-        for g in (g for g in groups if (g["device"], g["workload"]) == key):
+        panel = [g for g in groups if (g["device"], g["workload"]) == key]
+        counts = Counter(r["time_n"] for g in panel for r in g["rows"])
+        common = counts.most_common(1)[0][0]
+        for g in panel:
             fids = list(dict.fromkeys(r["fingerprint_id"] for r in g["rows"]))
             for j, fid in enumerate(fids):
                 rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
@@ -108,7 +114,7 @@ def epoch_time_figure(groups: list[dict]):
                 worlds.update(x)
                 few.update(n for n in ns if n < MIN_REPEATS)
                 _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
-                        nth=nth)
+                        common, nth=nth)
                 n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
                 # ideal: the baseline's time per unit of work (flat where the work grows with n)
                 ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
@@ -118,9 +124,9 @@ def epoch_time_figure(groups: list[dict]):
                 if eff:
                     _points(ax_e, [r["world_size"] for r in eff], [r["efficiency"] for r in eff],
                             [r["efficiency_ci95"] for r in eff], [r["time_n"] for r in eff],
-                            color, marker, nth=nth,
+                            color, marker, common, nth=nth,
                             exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
-                nth += 1
+                nth += any(n != common for n in ns)
                 handles.setdefault(label, Line2D([], [], color=color, marker=marker))
                 series.append({"label": label, "workload": g["workload"], "device": g["device"],
                                "world_size": x, "epoch_time_s": y, "n": ns,
@@ -129,9 +135,10 @@ def epoch_time_figure(groups: list[dict]):
                                "efficiency_ci95": [r["efficiency_ci95"] for r in rows],
                                "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
         ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
-        ax_t.set_title(f"{titles[key]}: time per epoch", fontsize=9)
+        n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
+        ax_t.set_title(f"{titles[key]}\ntime per epoch, {n_text}", fontsize=9)
         ax_t.set_ylabel("epoch time after warm-up (s)")
-        ax_e.set_title(f"{titles[key]}: efficiency", fontsize=9)
+        ax_e.set_title(f"{titles[key]}\nefficiency, {n_text}", fontsize=9)
         ax_e.set_ylabel("efficiency vs smallest world")
         for ax in (ax_t, ax_e):
             ax.set_xscale("log", base=2)
@@ -140,8 +147,8 @@ def epoch_time_figure(groups: list[dict]):
             ax.set_xlabel("world size (ranks)")
             ax.grid(True, alpha=0.3)
             ax.margins(x=0.12)
-            # from zero, with room above the highest bar for the n labels
-            ax.set_ylim(0, ax.dataLim.ymax * (1.12 + 0.06 * nth))
+            # from zero, with room above the highest bar for any n label
+            ax.set_ylim(0, ax.dataLim.ymax * (1.08 + 0.06 * nth))
         ax_e.set_ylim(top=max(1.2, ax_e.get_ylim()[1]))
     handles["ideal scaling"] = Line2D([], [], ls=":", color="black")
     if few:

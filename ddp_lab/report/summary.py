@@ -56,20 +56,21 @@ def scaling_lines(groups: list[dict]) -> list[str]:
 def forecast_lines(fc: dict) -> list[str]:
     """One line per series: its verdict; the weak-scaling numbers only where reliable."""
     out = []
+    several = len({(s["device"], s["workload"]) for s in fc["series"]}) > 1
     for s in fc["series"]:
         if s["heldout"] is None and not s["predictions"]:
             continue  # one world size and no model: nothing was to be forecast
-        head = f"{s['sync']} · {s['workload_short']}: "
+        head = s["sync"] + (f" · {s['workload_short']}" if several else "") + ": "
         if not s["shown"]:
             out += _wrap(head + f"no forecast: {s['why']}")
         elif not s["reliable"]:
-            out += _wrap(head + f"UNRELIABLE: {s['why']} (its numbers: report.md)")
+            out += _wrap(head + f"UNRELIABLE: {s['why']}")
         else:
             weak = [p for p in s["predictions"] if p["mode"] == "weak" and p["epoch_s"] is not None]
             picks = weak if len(weak) <= 3 else [weak[0], weak[len(weak) // 2], weak[-1]]
             out += _wrap(head + f"{s['why']}; weak scaling: " + ", ".join(
                 f"{p['world']} ranks {sig(p['epoch_s'])} s" for p in picks))
-    return ["", "Forecast (time per epoch; report.md has the model and every world):", *out] if out else []
+    return ["", "Forecast of the time per epoch (report.md: the model, every world):", *out] if out else []
 
 
 def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> list[str]:
