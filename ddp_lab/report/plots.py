@@ -187,7 +187,8 @@ def phase_figure(rows: list[dict]):
         x.append(pos)
         rs = points[k]
         nodes = k[4].split("x")[0]
-        where = f"{k[3]} rank{'s' if k[3] > 1 else ''}" + (f"/{nodes} nodes" if nodes not in ("1", "?") else "")
+        where = f"{k[3]} rank{'s' if k[3] > 1 else ''}" \
+            + (f"/{nodes} nodes" if nodes not in ("1", "?") else "")
         fids = {kk[5] for kk in keys if kk[:3] == k[:3]}
         bars.append({"sync": k[2], "workload": k[1], "world_size": k[3], "allocation": k[4],
                      "fingerprint_id": k[5], "runs": [r["run"] for r in rs],
