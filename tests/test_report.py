@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli, run_dir_of
+from test_report_plots import legend_clear_of_axes
 
 from ddp_lab.measure.costmodel import cost
+from ddp_lab.report import plots
 from ddp_lab.report.model import fit_alpha_beta, predict_comm_s
 from ddp_lab.report.runs import ReportError, find_runs
+from ddp_lab.report.stats import sig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -195,6 +198,16 @@ def test_report_on_real_runs(real_runs):
     proc = run_cli(str(out), "-o", str(rep), cwd=root, module="ddp_lab.report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 training run(s), 1 bench run(s), 1 skipped" in proc.stdout
+    # the screen: the comparison, the verdicts, the plots; report.md keeps the rest
+    screen = proc.stdout.splitlines()
+    assert len(screen) <= 40, proc.stdout
+    assert "| nodes x procs |" not in proc.stdout and f"Full report: {rep / 'report.md'}" in screen
+    table = [ln for ln in screen if ln.startswith("  sync ") or ln.startswith("  ddp  ")]
+    assert [ln.split()[:4] for ln in table[1:]] == [["ddp", "1", "1x1", "1"], ["ddp", "2", "1x2", "1"]]
+    assert max(map(len, table)) <= 100, table
+    assert f"skipped {runs['failed'].name}: failed:" in proc.stdout
+    assert all(f"  {rep / f}" in screen for f in ("epoch_time_vs_world.png", "phases.png",
+                                                  "bench_all_reduce.png"))
     doc = json.loads((rep / "report.json").read_text())
     (group,) = doc["scaling"]
     s1 = json.loads((runs[1] / "summary.json").read_text())
@@ -234,9 +247,13 @@ def test_report_on_real_runs(real_runs):
     assert files == {"epoch_time_vs_world.png", "phases.png", "bench_all_reduce.png"}
     for f in files:
         assert (rep / f).read_bytes()[:8] == PNG_MAGIC and (rep / f).stat().st_size > 10_000
+    # the figure as drawn: the legend clear of every axes, one row per workload, from zero
+    fig, _ = plots.epoch_time_figure(doc["scaling"])
+    legend_clear_of_axes(fig)
+    assert len(fig.axes) == 2 and all(ax.get_ylim()[0] == 0 for ax in fig.axes)
     phases = json.loads((rep / "phases.json").read_text())
     assert phases["series"] == ["data", "forward", "backward", "sync", "optim", "comm"]
-    assert phases["bars"] == ["ddp\nn=1", "ddp\nn=2"]
+    assert phases["bars"] == ["1 rank\n1 run", "2 ranks\n1 run"]
 
 
 @pytest.mark.dist
@@ -269,5 +286,11 @@ def test_real_runs_fingerprint_and_forecast(real_runs):
     assert preds[(16, "weak")]["nodes"] == 8 and preds[(16, "weak")]["epoch_s"] > 0
     assert preds[(8, "strong")]["batch_per_rank"] == pytest.approx(64 / 8)
     md = (rep / "report.md").read_text()
-    assert "## Forecast" in md and f"predicted world 2: {h['predicted_s']:.3f} s" in md
+    assert "## Forecast" in md and f"predicted world 2: {sig(h['predicted_s'])} s" in md
+    # shown with its held-out error; marked where that error is beyond the target
+    assert series["shown"] and series["reliable"] == (abs(h["rel_error"]) <= 0.25
+                                                      and all(abs(f["rel_error"]) <= 0.25
+                                                              for f in series["fit_check"]))
+    assert ("**UNRELIABLE**" in md) != series["reliable"]
+    assert ("UNRELIABLE" in proc.stdout) != series["reliable"]
     print(f"held-out error on real runs: {h['rel_error']:+.1%}")

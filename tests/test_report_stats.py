@@ -13,6 +13,7 @@ import pytest
 from helpers import run_cli
 
 from ddp_lab.report import stats
+from ddp_lab.report.stats import sig
 from ddp_lab.report.__main__ import parse_worlds
 from ddp_lab.report.build import build_report
 from ddp_lab.report.runs import find_runs
@@ -21,11 +22,28 @@ from ddp_lab.report.runs import find_runs
 def test_summary_on_known_numbers():
     s = stats.summarize([10.0, 12.0, 14.0])
     assert s.n == 3 and s.mean == 12.0 and s.std == pytest.approx(2.0)
-    half = 4.302652729911275 * 2.0 / math.sqrt(3)  # t(0.975, 2) = 4.3027
-    assert s.ci95 == pytest.approx((12.0 - half, 12.0 + half))
+    # the interval: Student t on the logs, exponentiated (t(0.975, 2) = 4.3027)
+    logs = [math.log(v) for v in (10.0, 12.0, 14.0)]
+    centre = sum(logs) / 3
+    sd = math.sqrt(sum((x - centre) ** 2 for x in logs) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)
+    assert s.ci95 == pytest.approx((math.exp(centre - half), math.exp(centre + half)))
+    assert s.ci95[0] < 12.0 < s.ci95[1]
     one = stats.summarize([5.0])
     assert one.n == 1 and one.std is None and one.ci95 is None
     assert stats.summarize([]) is None
+
+
+def test_intervals_stay_positive_and_need_three_repeats():
+    # a t-interval on the times themselves: 0.733 +- 4.30 x 1.097 / sqrt(3) = [-1.99, 3.46]
+    wide = stats.summarize([0.1, 0.1, 2.0])
+    assert 0 < wide.ci95[0] < 0.1 and wide.ci95[1] > 2.0
+    # two repeats: t(0.975, 1) = 12.7, no interval is worth printing
+    two = stats.summarize([2.1, 2.5])
+    assert two.n == 2 and two.std == pytest.approx(math.sqrt(0.08)) and two.ci95 is None
+    assert stats.ratio(two, wide) == (pytest.approx(2.3 / 0.7333333), None)
+    sp, (lo, hi) = stats.ratio(stats.summarize([4.0, 4.2, 3.8]), wide)
+    assert 0 < lo < sp < hi
 
 
 def test_ratio_interval_delta_method():
@@ -35,8 +53,8 @@ def test_ratio_interval_delta_method():
     rel = math.sqrt((2 / 12) ** 2 / 3 + (1 / 6) ** 2 / 3)  # equal relative spreads
     df = (2 * (rel ** 2 / 2)) ** 2 / (2 * (rel ** 2 / 2) ** 2 / 2)  # Welch: 4
     assert df == pytest.approx(4.0)
-    half = 2.7764451051977987 * 2.0 * rel  # t(0.975, 4)
-    assert ci == pytest.approx((2.0 - half, 2.0 + half))
+    half = 2.7764451051977987 * rel  # t(0.975, 4), on the log of the ratio
+    assert ci == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)))
     assert stats.ratio(a, stats.summarize([6.0]))[1] is None  # one repeat: no interval
 
 
@@ -54,7 +72,7 @@ FP = {"hosts": ["h"], "cpu": "Test CPU", "gpu": None, "torch": "2.x", "nccl": No
 
 def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync="ring",
               steps=20, comm_s_per_step=0.0, fp=FP, fid="aaaaaaaaaa", batch=64,
-              payload=159_010 * 4) -> Path:
+              payload=159_010 * 4, phase_ms: dict | None = None) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(
@@ -67,7 +85,9 @@ def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync=
             f.write(json.dumps({"epoch": i + 1, "world_size": world, "epoch_time_s": t, "steps": steps,
                                 "samples_per_s": steps * batch * world / t,
                                 "comm": {"time_s": comm_s_per_step * steps, "calls": calls * steps,
-                                         "payload_bytes": payload * steps * calls}}) + "\n")
+                                         "payload_bytes": payload * steps * calls},
+                                **({"phase_s": {p: {"mean": v / 1e3} for p, v in phase_ms.items()}}
+                                   if phase_ms else {})}) + "\n")
     (d / "summary.json").write_text(json.dumps({
         "status": "completed", "launcher": "local", "sync": sync, "backend": "gloo",
         "device": "cpu", "nodes": 1, "nproc_per_node": world, "world_size": world,
@@ -89,10 +109,10 @@ def test_repeats_grouped_never_a_speedup_between_them(tmp_path):
     assert row["time_n"] == 2 and row["repeat_values_s"] == pytest.approx([2.1, 2.5])
     assert row["epoch_time_s_mean"] == pytest.approx(2.3) and row["warmup_epochs"] == [1]
     assert row["epoch_time_s_std"] == pytest.approx(math.sqrt(0.08))
-    lo, hi = row["epoch_time_s_ci95"]
-    assert lo < 2.3 < hi
+    assert row["epoch_time_s_ci95"] is None  # two repeats: not meaningful, and said so
     assert row["speedup"] is None and row["efficiency"] is None
     assert "EXCLUDING WARM-UP" in res["markdown"]
+    assert "| 2 | 2.300 | 0.283 | n=2: not meaningful | – | – |" in res["markdown"]
     # --warmup 0 keeps the first epoch
     res0 = build_report(find_runs([tmp_path / "runs"]), tmp_path / "rep0", make_plots=False, warmup=0)
     assert res0["doc"]["scaling"][0]["rows"][0]["epoch_time_s_mean"] == pytest.approx((13.2 + 14.0) / 6)
@@ -123,7 +143,7 @@ def test_speedup_with_intervals_and_cross_fingerprint_flag(tmp_path):
     assert rows[2]["efficiency"] == pytest.approx(t1 / t2)
     lo, hi = rows[2]["speedup_ci95"]
     assert lo < t1 / t2 < hi and rows[2]["efficiency_ci95"] == pytest.approx([lo, hi])
-    assert rows[1]["speedup"] == pytest.approx(1.0)
+    assert rows[1]["speedup"] == 1.0 and rows[1]["speedup_ci95"] is None  # itself: exactly 1
     assert rows[4]["speedup_ci95"] is None  # one repeat: no interval
     assert not rows[2]["cross_fingerprint"] and rows[4]["cross_fingerprint"]
     md = (tmp_path / "rep" / "report.md").read_text()
@@ -132,37 +152,73 @@ def test_speedup_with_intervals_and_cross_fingerprint_flag(tmp_path):
     assert sorted(doc["scaling"][0]["fingerprints"]) == ["aaaaaaaaaa", "bbbbbbbbbb"]
 
 
+ALPHA, BETA, C, STEPS, PAYLOAD = 50e-6, 2e-9, 0.004, 20, 159_010 * 4
+
+
+def law_comm(n: int) -> float:
+    """Ring comm per step of ALPHA and BETA: the forecast's own law."""
+    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * PAYLOAD * BETA
+
+
+def write_law_runs(root: Path, slow8: float = 1.0) -> None:
+    """Runs at worlds 1, 2, 4, 8 (2 repeats) made by the law; world 8 `slow8` times slower."""
+    for n in (1, 2, 4, 8):
+        for k in range(2):
+            jitter = (1 + 0.002 * (k - 0.5)) * (slow8 if n == 8 else 1.0)
+            t = STEPS * (C + law_comm(n)) * jitter
+            write_run(root, f"w{n}_r{k}", n, [3 * t, t, t], comm_s_per_step=law_comm(n) * jitter)
+
+
 def test_forecast_heldout_on_synthetic_runs(tmp_path):
     """Runs made by the model's own law (compute per step fixed, ring comm of alpha and
     beta known): fitted on worlds 1, 2, 4 the forecast finds world 8 within 1%, and its
-    forecast for 16.. follows the law."""
-    alpha, beta, c, steps, payload = 50e-6, 2e-9, 0.004, 20, 159_010 * 4
-
-    def comm(n):
-        return 0.0 if n == 1 else 2 * (n - 1) * alpha + 2 * (n - 1) / n * payload * beta
-
-    root = tmp_path / "runs"
-    for n in (1, 2, 4, 8):
-        for k in range(2):
-            jitter = 1 + 0.002 * (k - 0.5)
-            t = steps * (c + comm(n)) * jitter
-            write_run(root, f"w{n}_r{k}", n, [3 * t, t, t], comm_s_per_step=comm(n) * jitter)
-    proc = run_cli(str(root), "-o", str(tmp_path / "rep"), "--no-plots", "--forecast", "16,...,64",
-                   "--gpus-per-node", "4", cwd=tmp_path, module="ddp_lab.report")
+    forecast for 16.. follows the law; the screen shows it with its held-out error."""
+    write_law_runs(tmp_path / "runs")
+    proc = run_cli(str(tmp_path / "runs"), "-o", str(tmp_path / "rep"), "--no-plots", "--forecast",
+                   "16,...,64", "--gpus-per-node", "4", cwd=tmp_path, module="ddp_lab.report")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     (s,) = doc["forecast"]["series"]
     h = s["heldout"]
     assert h["fitted_worlds"] == [1, 2, 4] and h["predicted_world"] == 8
     assert abs(h["rel_error"]) < 0.01, h
+    assert s["shown"] and s["reliable"] and all(abs(f["rel_error"]) < 0.01 for f in s["fit_check"])
     pred = {(p["world"], p["mode"]): p for p in s["predictions"]}
     assert [w for w, m in pred if m == "weak"] == [16, 32, 64]
-    want = steps * (c + comm(32))
+    want = STEPS * (C + law_comm(32))
     assert pred[(32, "weak")]["epoch_s"] == pytest.approx(want, rel=0.02)
     assert pred[(32, "weak")]["nodes"] == 8
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Forecast" in md and "Held-out check: fitted on worlds [1, 2, 4], predicted world 8" in md
     assert "fitted on the study's own comm per step" in md
+    assert f"| 32 | 8 | {sig(pred[(32, 'weak')]['epoch_s'])} |" in md  # 3 significant digits
+    # the screen: the forecast with its held-out error beside it
+    flat = " ".join(proc.stdout.split())  # wrapped at 100 columns
+    assert (f"ring: held-out error {h['rel_error']:+.0%} (target ±25%); weak scaling: 16 ranks "
+            ) in flat, proc.stdout
+    assert f"32 ranks {sig(pred[(32, 'weak')]['epoch_s'])} s" in flat
+
+
+def test_forecast_beyond_its_target_is_marked_unreliable(tmp_path):
+    """World 8 measured twice as slow as the law: the held-out error (-50%) is beyond the
+    25% target, so the forecast is marked UNRELIABLE and its numbers stay off the screen;
+    a series whose held-out check cannot be made shows no forecast at all."""
+    write_law_runs(tmp_path / "runs", slow8=2.0)
+    for n in (1, 2):  # one repeat each of another workload, no comm fit without world 2
+        write_run(tmp_path / "runs", f"other_w{n}", n, [1.0, 0.5, 0.5], steps=50)
+    res = build_report(find_runs([tmp_path / "runs"]), tmp_path / "rep", make_plots=False,
+                       forecast_worlds=[16, 1024], gpus_per_node=4)
+    law, other = sorted(res["doc"]["forecast"]["series"], key=lambda s: s["workload"])
+    assert law["heldout"]["rel_error"] == pytest.approx(-0.5, abs=0.01)
+    assert law["shown"] and not law["reliable"]
+    assert other["heldout"]["rel_error"] is None and not other["shown"] and other["predictions"]
+    md = res["markdown"]
+    assert "**UNRELIABLE**: held-out world 8 off by -50% (target ±25%)" in md
+    assert "No forecast: no held-out check (no comm fit" in md
+    screen = res["summary"]
+    assert "ring · mlp, batch 64/rank, 20 steps/epoch: UNRELIABLE: held-out world 8 off by -50%" in screen
+    assert "1024 ranks" not in screen and "no forecast: no held-out check" in screen
+    assert len(screen.splitlines()) <= 40, screen
 
 
 def test_forecast_counts_ranks_sharing_cores(tmp_path):

@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     result = build_report(runs, out, make_plots=not args.no_plots, inputs=args.paths,
                           warmup=args.warmup, forecast_worlds=worlds,
                           gpus_per_node=args.gpus_per_node)
-    print(result["markdown"])
-    c = result["counts"]
-    print(f"{c['train']} training run(s), {c['bench']} bench run(s), {c['skipped']} skipped; "
-          f"report: {out / 'report.md'}")
+    print(result["summary"], end="")  # the screen that matters; report.md has everything
     return 0
 
 

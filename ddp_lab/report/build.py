@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
-from . import plots, tables
+from . import plots, summary, tables
 from .runs import Run
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
@@ -61,13 +61,11 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
 
     figures = []
-    if make_plots:
-        if groups:
-            figures.append(plots.epoch_time_vs_world(groups, out_dir / "epoch_time_vs_world.png"))
-        if phases:
-            figures.append(plots.phase_bars(phases, out_dir / "phases.png"))
-        if fits:
-            figures.append(plots.bench_compare(fits, out_dir / "bench_all_reduce.png"))
+    for name, make, data in (("epoch_time_vs_world.png", plots.epoch_time_figure, groups),
+                             ("phases.png", plots.phase_figure, phases),
+                             ("bench_all_reduce.png", plots.bench_figure, fits)):
+        if make_plots and data:
+            figures.append(plots.save(*make(data), out_dir / name))
 
     md = ["# ddp_lab report", "",
           f"{counts['train']} training run(s) and {counts['bench']} bench run(s) compared, "
@@ -104,4 +102,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-    return {"markdown": text, "counts": counts, "figures": figures, "doc": doc}
+    warm = ("each run's first epoch left out as warm-up" if warmup is None else
+            f"each run's first {warmup} epoch(s) left out as warm-up")
+    screen = summary.terminal_summary(doc, counts, out_dir, common, warm)
+    return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}

@@ -36,8 +36,10 @@ from typing import Optional
 
 from .model import Fit, _solve, predict_comm_s
 from .runs import Run
+from .stats import sig
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
+TARGET = 0.25  # the forecast's goal: within 25% of a measured time per epoch (docs/scaling.md)
 
 
 @dataclass
@@ -227,6 +229,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                 and r.get("backend") == first.get("backend")]
         cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
+                 "workload_short": g.get("workload_short", g["workload"]),
                  "scaling": first.scaling, "gpus_per_node": gpus_per_node}
         # honest check: fit on the smaller worlds, predict the largest
         measured = sorted({row["world_size"] for row in g["rows"]})
@@ -248,9 +251,21 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup)
         entry["comm_fit"] = src
         if m is None:
-            entry["predictions"], entry["fit"] = [], None
+            entry["predictions"], entry["fit"], entry["fit_check"] = [], None, []
+            entry.update(verdict(entry))
             out.append(entry)
             continue
+        # the fitted model against the very points it was fitted on
+        entry["fit_check"] = []
+        for row in g["rows"]:
+            r = by_path.get(row["runs"][0])
+            p = _point(r, warmup) if r else None
+            pred = m.predict(row["world_size"], p.batch, r.get("nproc_per_node")) if p else None
+            if pred:
+                t = row["epoch_time_s_mean"]
+                entry["fit_check"].append({"world": row["world_size"], "measured_s": t,
+                                           "predicted_s": pred["epoch_s"],
+                                           "rel_error": (pred["epoch_s"] - t) / t})
         entry["fit"] = {"intra": m.fit_intra.as_dict() if m.fit_intra else None,
                         "cross": m.fit_cross.as_dict() if m.fit_cross else None,
                         "compute_ms_c0": m.c0 * 1e3, "compute_ms_per_sample": m.c1 * 1e3,
@@ -269,9 +284,36 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                               **(p or {"epoch_s": None, "steps": None, "compute_ms": None,
                                        "comm_ms": None})})
         entry["predictions"] = preds
+        entry.update(verdict(entry))
         out.append(entry)
     return {"worlds": worlds, "gpus_per_node": gpus_per_node, "series": out,
-            "assumptions": ASSUMPTIONS}
+            "assumptions": ASSUMPTIONS, "target": TARGET}
+
+
+def verdict(entry: dict) -> dict:
+    """Whether a series' forecast may be shown, and in what words: only with a held-out
+    error; `reliable` only where that error and the model's misses of the measured points
+    it was fitted on are all within TARGET."""
+    h, fits = entry["heldout"], entry.get("fit_check") or []
+    if not entry["predictions"]:
+        return {"shown": False, "reliable": False, "why": f"no model: {entry['comm_fit']}"}
+    if not h or h["rel_error"] is None:
+        why = h["why_not"] if h else "one world size measured"
+        hint = ("; a bench run (python -m ddp_lab.bench) given with the runs, or a third world "
+                "size, makes one" if "no comm fit" in why else "")
+        return {"shown": False, "reliable": False,
+                "why": f"no held-out check ({why}), so its error is unknown{hint}"}
+    misses = [f for f in fits if abs(f["rel_error"]) > TARGET]
+    if abs(h["rel_error"]) > TARGET:
+        why = f"held-out world {h['predicted_world']} off by {h['rel_error']:+.0%} (target ±{TARGET:.0%})"
+    elif misses:
+        worst = max(misses, key=lambda f: abs(f["rel_error"]))
+        why = (f"the fitted model is off by {worst['rel_error']:+.0%} at measured world "
+               f"{worst['world']} (target ±{TARGET:.0%})")
+    else:
+        return {"shown": True, "reliable": True,
+                "why": f"held-out error {h['rel_error']:+.0%} (target ±{TARGET:.0%})"}
+    return {"shown": True, "reliable": False, "why": why}
 
 
 ASSUMPTIONS = [
@@ -293,38 +335,43 @@ def forecast_markdown(fc: dict) -> list[str]:
     lines = ["## Forecast", "",
              f"Predicted time per epoch (s) on worlds {', '.join(map(str, fc['worlds']))} with "
              f"nodes of {fc['gpus_per_node']} ranks, per sync, weak (batch per rank as measured) "
-             "and strong (the global batch as measured). Assumptions:", ""]
+             "and strong (the global batch as measured). A forecast is shown only with its "
+             "held-out error (fitted on the smaller worlds, the largest predicted), and marked "
+             f"UNRELIABLE where that error, or the fitted model's miss of any measured world, "
+             f"is beyond ±{fc['target']:.0%}. Assumptions:", ""]
     lines += [f"- {a}" for a in fc["assumptions"]] + [""]
     for s in fc["series"]:
         lines += [f"### sync={s['sync']} on {s['device']} ({s['workload']})", ""]
         h = s["heldout"]
         if h and h["rel_error"] is not None:
             lines += [f"Held-out check: fitted on worlds {h['fitted_worlds']}, predicted world "
-                      f"{h['predicted_world']}: {h['predicted_s']:.3f} s vs measured "
-                      f"{h['measured_s']:.3f} s, error {h['rel_error']:+.1%} (comm: {h['comm_fit']}).", ""]
-        elif h:
-            lines += [f"Held-out check not possible: {h['why_not']}.", ""]
-        else:
-            lines += ["Held-out check not possible: one world size measured.", ""]
-        if not s["predictions"]:
-            lines += [f"No forecast: {s['comm_fit']}.", ""]
+                      f"{h['predicted_world']}: {sig(h['predicted_s'])} s vs measured "
+                      f"{sig(h['measured_s'])} s, error {h['rel_error']:+.0%} (comm: {h['comm_fit']}).", ""]
+        if s.get("fit_check"):
+            lines += ["The model fitted on every world vs the measured ones: " + ", ".join(
+                f"world {f['world']} {sig(f['predicted_s'])} s vs {sig(f['measured_s'])} s "
+                f"({f['rel_error']:+.0%})" for f in s["fit_check"]) + ".", ""]
+        if not s["shown"]:
+            lines += [f"No forecast: {s['why']}.", ""]
             continue
         f = s["fit"]
-        lines += [f"Comm fit: {s['comm_fit']}; alpha {f['intra']['alpha_us']:.1f} µs, beta "
-                  f"{f['intra']['beta_ns_per_byte']:.3f} ns/B intra-node"
-                  + (f"; alpha {f['cross']['alpha_us']:.1f} µs, beta {f['cross']['beta_ns_per_byte']:.3f} "
+        top = max(f_["world"] for f_ in s["fit_check"]) if s["fit_check"] else None
+        lines += [f"Comm fit: {s['comm_fit']}; alpha {sig(f['intra']['alpha_us'])} µs, beta "
+                  f"{sig(f['intra']['beta_ns_per_byte'])} ns/B intra-node"
+                  + (f"; alpha {sig(f['cross']['alpha_us'])} µs, beta {sig(f['cross']['beta_ns_per_byte'])} "
                      "ns/B cross-node" if f["cross"] and f["cross"] != f["intra"] else
                      " (no cross-node data: this fit for every link)")
-                  + f". Compute {f['compute_ms_c0']:.3f} ms + {f['compute_ms_per_sample']:.4f} "
+                  + f". Compute {sig(f['compute_ms_c0'])} ms + {sig(f['compute_ms_per_sample'])} "
                   "ms/sample per step.", "",
+                  ("**UNRELIABLE**: " if not s["reliable"] else "Forecast, ")
+                  + f"{s['why']}" + (f"; measured up to world {top}, the rest is the model's "
+                                      "arithmetic" if top else "") + ":", "",
                   "| world | nodes | weak: epoch (s) | weak: comm ms/step | strong: batch/rank | "
                   "strong: epoch (s) | strong: comm ms/step |", "|---|---|---|---|---|---|---|"]
         by = {(p["world"], p["mode"]): p for p in s["predictions"]}
         for n in fc["worlds"]:
             w, st = by[(n, "weak")], by[(n, "strong")]
-            fmt = lambda v, f=".3f": "–" if v is None else format(v, f)  # noqa: E731
-            lines.append(f"| {n} | {w['nodes']} | {fmt(w['epoch_s'])} | {fmt(w['comm_ms'])} | "
-                         f"{fmt(st['batch_per_rank'], '.2f')} | {fmt(st['epoch_s'])} | "
-                         f"{fmt(st['comm_ms'])} |")
+            lines.append(f"| {n} | {w['nodes']} | {sig(w['epoch_s'])} | {sig(w['comm_ms'])} | "
+                         f"{sig(st['batch_per_rank'])} | {sig(st['epoch_s'])} | {sig(st['comm_ms'])} |")
         lines.append("")
     return lines

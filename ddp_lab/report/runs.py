@@ -133,6 +133,12 @@ class Run:
             f"{epochs} epochs" if epochs else None,
             f"{pipeline} pipeline" if pipeline else None) if p)
 
+    def workload_short(self) -> str:
+        """The workload as a plot's panel title: "mlp, batch 64/rank, 100 steps/epoch"."""
+        model, _, scaling, batch, _, steps, _, _ = self.workload
+        what = f"global batch {batch}" if scaling == "strong" else f"batch {batch}/rank"
+        return f"{model}, {what}, " + (f"{steps} steps/epoch" if steps else "full epochs")
+
     def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
         """Epoch times (s) after the warm-up, and the epochs excluded. The warm-up: the
         first `warmup` epochs when the run has more than that many timed; by default one

@@ -1,14 +1,22 @@
 """Statistics of repeats: mean, standard deviation, 95% confidence intervals.
 
 A point of a scaling study (one config, one world size, one allocation fingerprint) is
-measured by n repeats, each giving one value (its mean post-warm-up epoch time). The
-point's interval is Student's t: mean +- t(0.975, n-1) * s / sqrt(n), s the sample standard
-deviation (n-1 in the denominator); one repeat has no interval.
+measured by n repeats, each giving one value (its mean post-warm-up epoch time). Times are
+positive and their spread is relative (a busy machine makes a run 2x slower, never 2 s
+faster), so the point's interval is Student's t on the LOGS of the values, exponentiated:
+
+    exp(mean(log x) +- t(0.975, n-1) * sd(log x) / sqrt(n))
+
+an interval around the geometric mean that never goes below zero (a t-interval on the
+times themselves reached -0.75 s for two repeats). Fewer than MIN_REPEATS values give no
+interval at all: with two, t(0.975, 1) = 12.7 and any pair's interval spans everything;
+the report says "not meaningful" instead.
 
 A speedup is a ratio of two such means, T_base / T. Its interval comes from the delta
-method: the ratio's relative variance is the sum of the two means' relative variances,
-(s0^2 / (n0 m0^2)) + (s1^2 / (n1 m1^2)), with Welch-Satterthwaite's degrees of freedom
-for the t quantile. Efficiency = speedup x base world / world, its interval scaled alike.
+method on the log of the ratio: its variance is the sum of the two means' relative
+variances, s0^2 / (n0 m0^2) + s1^2 / (n1 m1^2), with Welch-Satterthwaite's degrees of
+freedom for the t quantile; exponentiated, it stays positive too. Efficiency = speedup x
+base world / world, its interval scaled alike.
 """
 
 from __future__ import annotations
@@ -21,14 +29,15 @@ from typing import Optional, Sequence
 from scipy import stats as _st
 
 LEVEL = 0.95
+MIN_REPEATS = 3  # the fewest values an interval is given for
 
 
 @dataclass(frozen=True)
 class Summary:
     n: int
-    mean: float
+    mean: float  # arithmetic mean
     std: Optional[float]  # sample standard deviation; None for one value
-    ci95: Optional[tuple[float, float]]  # None for one value
+    ci95: Optional[tuple[float, float]]  # None below MIN_REPEATS values
 
     def as_dict(self) -> dict:
         return {"n": self.n, "mean": self.mean, "std": self.std,
@@ -41,6 +50,7 @@ def t_quantile(df: float) -> float:
 
 
 def summarize(values: Sequence[float]) -> Optional[Summary]:
+    """n, mean, std and the log-scale 95% interval of positive values (see above)."""
     values = [float(v) for v in values if v is not None]
     if not values:
         return None
@@ -48,20 +58,32 @@ def summarize(values: Sequence[float]) -> Optional[Summary]:
     if n < 2:
         return Summary(n, mean, None, None)
     std = statistics.stdev(values)
-    half = t_quantile(n - 1) * std / math.sqrt(n)
-    return Summary(n, mean, std, (mean - half, mean + half))
+    if n < MIN_REPEATS or min(values) <= 0:
+        return Summary(n, mean, std, None)
+    logs = [math.log(v) for v in values]
+    centre, half = statistics.fmean(logs), t_quantile(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return Summary(n, mean, std, (math.exp(centre - half), math.exp(centre + half)))
 
 
 def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, float]]]:
-    """num.mean / den.mean and its 95% interval (delta method, Welch's df); no interval
-    when either side has a single value (its spread is unknown)."""
+    """num.mean / den.mean and its 95% interval (delta method on the log ratio, Welch's
+    df); no interval when either side has fewer than MIN_REPEATS values."""
     r = num.mean / den.mean
-    if num.std is None or den.std is None:
+    if num.ci95 is None or den.ci95 is None:
         return r, None
     a = (num.std / num.mean) ** 2 / num.n
     b = (den.std / den.mean) ** 2 / den.n
     if a + b == 0:
         return r, (r, r)
     df = (a + b) ** 2 / (a * a / (num.n - 1) + b * b / (den.n - 1))
-    half = t_quantile(df) * r * math.sqrt(a + b)
-    return r, (r - half, r + half)
+    half = t_quantile(df) * math.sqrt(a + b)
+    return r, (r * math.exp(-half), r * math.exp(half))
+
+
+def sig(v: Optional[float], none: str = "–") -> str:
+    """v to 3 significant digits, never in exponent form: 0.0123, 1.23, 12.3, 1234."""
+    if v is None:
+        return none
+    if v == 0 or not math.isfinite(v):
+        return format(v, "g")
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"

@@ -25,6 +25,18 @@ def allocation(run: Run) -> str:
     return f"{nodes}x{per}" if nodes and per else "?"
 
 
+def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
+    """(device, workload) -> a short title ("mlp, batch 64/rank, full epochs"); the whole
+    workload where two short ones would read alike; the device where there are several."""
+    short = {(i["device"], i["workload"]): i.get("workload_short") or i["workload"] for i in items}
+    out = {k: short[k] for k in keys}
+    if len(set(out.values())) < len(out):
+        out = {k: k[1] for k in keys}
+    if len({k[0] for k in keys}) > 1:
+        out = {k: f"{k[0]}: {t}" for k, t in out.items()}
+    return out
+
+
 def _mean(values: list) -> Optional[float]:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
@@ -66,11 +78,12 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
             x.update(speedup=None, speedup_ci95=None, efficiency=None, efficiency_ci95=None,
-                     baseline_world_size=n0, baseline_run=base["run"],
+                     baseline_world_size=n0, baseline_run=base["run"], baseline_n=base["time"].n,
                      baseline_fingerprint_id=base["fingerprint_id"], cross_fingerprint=False)
             if not several_worlds:
                 continue  # repeats are never a speedup of each other
-            sp, ci = stats.ratio(base["time"], x["time"])
+            # the baseline against itself is 1 exactly, not a ratio of two samples
+            sp, ci = (1.0, None) if base is x else stats.ratio(base["time"], x["time"])
             n = x["world_size"]
             # efficiency per unit of work: where an epoch's samples grow with the world
             # (a step cap per rank in weak scaling) the ideal time stays flat, not 1/n
@@ -93,6 +106,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                      epoch_time_s_ci95=_ci(t.ci95))
         first = members[0]
         out.append({"sync": sync, "device": device, "workload": first.workload_label(),
+                    "workload_short": first.workload_short(),
                     "scaling": first.scaling, "baseline": rows[0]["baseline_run"],
                     "baseline_world_size": n0, "rows": rows,
                     "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes})
@@ -127,8 +141,27 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
     }
 
 
-def _pm(ci, fmt: str) -> str:
-    return f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else "–"
+def _pm(ci, fmt) -> str:
+    """[lo, hi], each by `fmt`: a format spec (".3f") or a function (stats.sig)."""
+    num = fmt if callable(fmt) else (lambda v: format(v, fmt))
+    return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
+
+
+def ci_cell(ci, n: int, fmt) -> str:
+    """An interval, or why there is none: "n=2: not meaningful" (too few repeats), "–"
+    (one repeat, or a value that has no interval)."""
+    if ci:
+        return _pm(ci, fmt)
+    return f"n={n}: not meaningful" if 1 < n < stats.MIN_REPEATS else "–"
+
+
+def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
+    """A speedup's or efficiency's interval cell: "baseline" on the baseline's own row."""
+    if row[key] is None:
+        return "–"
+    if row["run"] == row["baseline_run"]:
+        return "baseline"
+    return ci_cell(row[f"{key}_ci95"], min(row["time_n"], row["baseline_n"]), fmt)
 
 
 def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) -> list[str]:
@@ -139,8 +172,11 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
              f"Time per epoch, EXCLUDING WARM-UP: {wtext} (`--warmup N`); a run's value is the "
              "mean of its remaining epoch times (metrics.jsonl `epoch_time_s`). Runs of the same "
              "sync, workload, world size, nodes x procs and fingerprint are repeats of one point: "
-             "n, mean, standard deviation and 95% CI (Student t). speedup = baseline mean / mean, "
-             "its 95% CI by the delta method (Welch's degrees of freedom); efficiency = speedup x "
+             "n, mean, standard deviation and 95% CI (Student t on the logs of the repeats' values, "
+             "exponentiated: an interval around their geometric mean that stays above zero; "
+             f"none below {stats.MIN_REPEATS} repeats, where it is not meaningful). speedup = "
+             "baseline mean / mean, its 95% CI by the delta method on its log (Welch's degrees "
+             "of freedom); efficiency = speedup x "
              "baseline ranks / ranks x the epoch's samples / the baseline's (an epoch capped at "
              "a number of steps per rank grows with the world: its ideal time is flat); the "
              "baseline is the smallest world of the same sync, device "
@@ -171,9 +207,9 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
             lines.append(
                 f"| {r['nodes']}x{r['nproc_per_node']} | {r['world_size']} | {r['launcher']} | "
                 f"{r['backend']} | {r['time_n']} | {_f(r['epoch_time_s_mean'])} | "
-                f"{_f(r['epoch_time_s_std'])} | {_pm(r['epoch_time_s_ci95'], '.3f')} | "
-                f"{_f(r['speedup'], '.2f')}{flag} | {_pm(r['speedup_ci95'], '.2f')} | "
-                f"{_f(r['efficiency'], '.0%')} | {_pm(r['efficiency_ci95'], '.0%')} | "
+                f"{_f(r['epoch_time_s_std'])} | {ci_cell(r['epoch_time_s_ci95'], r['time_n'], '.3f')} | "
+                f"{_f(r['speedup'], '.2f')}{flag} | {ratio_ci_cell(r, 'speedup', '.2f')} | "
+                f"{_f(r['efficiency'], '.0%')} | {ratio_ci_cell(r, 'efficiency', '.0%')} | "
                 f"{_f(r['comm_fraction'], '.0%')} | {_f(r['comm_exposed_fraction'], '.0%', '--')} | "
                 f"{_f(r['samples_per_s'], '.0f')} | {_f(r['test_accuracy'], '.4f')} | "
                 f"{r['fingerprint_id']} | {runs} |")
@@ -191,6 +227,9 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         ph = r.phase_ms()
         comm = r.comm_per_step()
         rows.append({"run": str(r.path), "sync": r.get("sync", "?"), "world_size": r.world_size,
+                     "device": r.device_kind, "workload": r.workload_label(),
+                     "workload_short": r.workload_short(), "allocation": allocation(r),
+                     "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
                      "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,
                      "straggler": straggler_text(r.summary.get("straggler"))})
