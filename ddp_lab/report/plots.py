@@ -9,6 +9,7 @@ Layout is matplotlib's constrained layout with every legend outside the axes
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -136,9 +137,10 @@ def epoch_time_figure(groups: list[dict]):
                                "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
         ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
         n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
-        ax_t.set_title(f"{titles[key]}\ntime per epoch, {n_text}", fontsize=9)
+        title = textwrap.fill(titles[key], 62)  # within its panel: no title runs into the next
+        ax_t.set_title(f"{title}\ntime per epoch, {n_text}", fontsize=9)
         ax_t.set_ylabel("epoch time after warm-up (s)")
-        ax_e.set_title(f"{titles[key]}\nefficiency, {n_text}", fontsize=9)
+        ax_e.set_title(f"{title}\nefficiency, {n_text}", fontsize=9)
         ax_e.set_ylabel("efficiency vs smallest world")
         for ax in (ax_t, ax_e):
             ax.set_xscale("log", base=2)
