@@ -12,8 +12,8 @@ import pytest
 
 from helpers import free_port, run_cli, run_dir_of, tensorboard
 
-SCALARS = {"loss/train", "loss/test", "accuracy/test(fraction)", "time/epoch(s)",
-           "throughput/train(samples/s)", "comm/busbw(GB/s)"}
+SCALARS = {"loss/train", "loss/test", "accuracy/test[fraction]", "time/epoch[s]",
+           "throughput/train[samples/s]", "comm/busbw[GB/s]"}
 
 
 def test_torch_and_torchvision_import_together():
@@ -103,8 +103,8 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
     tags = set(acc.Tags()["scalars"])
     assert SCALARS <= tags
     n = summary["steps_run"] // 5  # steps per epoch
-    assert [e.step for e in acc.Scalars("accuracy/test(fraction)")] == [n, 2 * n, 3 * n, 4 * n, 5 * n]
-    assert acc.Scalars("accuracy/test(fraction)")[-1].value == pytest.approx(summary["test_accuracy"])
+    assert [e.step for e in acc.Scalars("accuracy/test[fraction]")] == [n, 2 * n, 3 * n, 4 * n, 5 * n]
+    assert acc.Scalars("accuracy/test[fraction]")[-1].value == pytest.approx(summary["test_accuracy"])
 
     # ... and ask a real TensorBoard server on loopback, as `tensorboard --logdir` would
     port = free_port()

@@ -313,5 +313,5 @@ def test_cli_overlapped_run_records_exposed_and_in_flight(tmp_path, shared_data_
     rec = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert rec["overlap"] is True and 0 < rec["comm_exposed_s"] <= rec["comm_inflight_s"]
     tags = set(tensorboard(run).Tags()["scalars"])
-    assert {"comm/inflight(ms/step)", "comm/exposed(ms/step)", "time/compute(ms/step)",
-            "step/comm(ms)", "step/comm_exposed(ms)", "step/compute(ms)"} <= tags
+    assert {"comm/inflight[ms/step]", "comm/exposed[ms/step]", "time/compute[ms/step]",
+            "step/comm[ms]", "step/comm_exposed[ms]", "step/compute[ms]"} <= tags

@@ -99,8 +99,8 @@ def test_more_epochs_continue_the_run_and_append(tmp_path, shared_data_root):
     # TensorBoard as it reads the folder: one run, one point per epoch at its last step,
     # per-step points once each, on the same global-step axis
     acc = tensorboard(run_dir)
-    assert [e.step for e in acc.Scalars("accuracy/test(fraction)")] == [25, 50]
-    assert [e.step for e in acc.Scalars("step/time(ms)")] == list(range(5, 51, 5))
+    assert [e.step for e in acc.Scalars("accuracy/test[fraction]")] == [25, 50]
+    assert [e.step for e in acc.Scalars("step/time[ms]")] == list(range(5, 51, 5))
 
     # the report shows time per epoch per allocation of the one run
     rep = subprocess.run(

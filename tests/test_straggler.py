@@ -150,7 +150,7 @@ def test_injected_straggler_is_named_with_its_lateness(tmp_path, shared_data_roo
 
     acc = tensorboard(run_dir)
     assert [e.value for e in acc.Scalars("stragglers/rank")] == [1.0]
-    assert acc.Scalars("stragglers/late(ms)")[0].value == pytest.approx(
+    assert acc.Scalars("stragglers/late[ms]")[0].value == pytest.approx(
         records[0]["straggler"]["late_ms"], rel=1e-5)
 
     report = run_cli(str(run_dir), "--out", str(tmp_path / "report"), "--no-plots", cwd=tmp_path,

@@ -410,5 +410,5 @@ def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
         phases = [e for e in events if e.get("cat") == "phase"]
         assert len(phases) == (2 if name == "all.json" else 1) * 2 * 2 * 3 * 5  # epochs x first/last x 3 x phases
     tags = set(tensorboard(run).Tags()["scalars"])
-    assert {"comm/busbw(GB/s)", "time/sync(ms/step)", "comm/bytes_sent(MB/step)",
-            "comm/fraction(of step)", "step/comm(ms)"} <= tags
+    assert {"comm/busbw[GB/s]", "time/sync[ms/step]", "comm/bytes_sent[MB/step]",
+            "comm/fraction[of step]", "step/comm[ms]"} <= tags

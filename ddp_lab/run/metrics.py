@@ -4,8 +4,8 @@ rank writes results.
 `make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
 a `NullSink` that does nothing, so the caller (`ddp_lab.run.telemetry`) never asks which rank
 it is on (torchtitan's habit). TensorBoard (ddp_lab/run/tensorboard.py): one run per
-training, tags with their units: `time/epoch(s)`, `throughput/train(samples/s)`,
-`comm/busbw(GB/s)`.
+training, tags with their units: `time/epoch[s]`, `throughput/train[samples/s]`,
+`comm/busbw[GB/s]`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TensorBoard for one run folder: one writer, so one TensorBoard run per training.
+r"""TensorBoard for one run folder: one writer, so one TensorBoard run per training.
 
     RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
 
@@ -10,6 +10,11 @@ One x axis, the global step (optimiser steps done over all epochs): a per-step p
 its step, an epoch's scalars at the epoch's last step, and `epoch` as a scalar of its own
 (Lightning's layout), so per-step and per-epoch cards line up. A resumed run hides every
 point past its checkpoint: one writer, one axis, one purge step.
+
+Tags carry their units in brackets, `time/epoch[s]`, `comm/busbw[GB/s]`: never in
+parentheses, which the custom-scalars dashboard cannot draw (it names a line
+`<tag> (<run>)` and finds the run again with /\((.*)\)$/, so a tag with "(" gets no
+colour and its line stays invisible).
 
 Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
 the custom-scalars layout (`LAYOUT`: compute, in-flight and exposed comm on one chart)
@@ -47,16 +52,16 @@ def _chart(*tags: str) -> list:
 LAYOUT = {
     "compute and comm": {
         "per epoch (ms/step): compute, comm in flight, comm exposed": _chart(
-            "time/compute(ms/step)", "comm/inflight(ms/step)", "comm/exposed(ms/step)"),
+            "time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
         "per step (ms): compute, comm in flight, comm exposed": _chart(
-            "step/compute(ms)", "step/comm(ms)", "step/comm_exposed(ms)"),
+            "step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"),
         "step time (ms): each step, epoch mean, median, p95": _chart(
-            "step/time(ms)", "time/step(ms/step)", "time/step_median(ms)", "time/step_p95(ms)"),
-        "bandwidth (GB/s): algbw, busbw": _chart("comm/algbw(GB/s)", "comm/busbw(GB/s)"),
+            "step/time[ms]", "time/step[ms/step]", "time/step_median[ms]", "time/step_p95[ms]"),
+        "bandwidth (GB/s): algbw, busbw": _chart("comm/algbw[GB/s]", "comm/busbw[GB/s]"),
     },
     "training": {
         "loss: train, test": _chart("loss/train", "loss/test"),
-        "accuracy: train, test": _chart("accuracy/train(fraction)", "accuracy/test(fraction)"),
+        "accuracy: train, test": _chart("accuracy/train[fraction]", "accuracy/test[fraction]"),
     },
 }
 
