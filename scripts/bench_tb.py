@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from ddp_lab.run.metrics import RunFolderSink  # noqa: E402
-from ddp_lab.run.telemetry import step_scalars  # noqa: E402
-from ddp_lab.timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch  # noqa: E402
+from ddp_lab.run.metrics import RunFolderSink
+from ddp_lab.run.telemetry import step_scalars
+from ddp_lab.timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
 
 
 def work(n: int) -> None:
