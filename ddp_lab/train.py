@@ -12,7 +12,7 @@ record. What a real run needs besides sits behind one call each:
   the step timer, the injected delay; it hands back one `MeasuredEpoch`;
 - `Telemetry` (ddp_lab/run/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
-  points as the steps go by (`telemetry.progress`);
+  points as the steps end (it listens to the meter's step timer);
 - `stop_control` (ddp_lab/run/stop.py): the agreement on stopping at the same step.
 """
 

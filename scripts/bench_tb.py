@@ -12,8 +12,9 @@ Python work in each step: it holds the GIL, so the writer's thread waits for it)
 ways, in rounds of rotating order:
 
     none       the stamps only
-    live       the trainer's way: a StepWatch hands every N-th step to the run folder's
-               sink (one event per point, the writer's thread flushes every few seconds)
+    live       the trainer's way: a StepWatch on the step timer hands every N-th step to
+               the run folder's sink (one event per point, the writer's thread flushes
+               every few seconds)
     naive      add_scalar per tag and a flush() after every point
 
 Printed: the median over rounds of the extra CPU time per step against `none` (the
@@ -56,7 +57,6 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
     """CPU seconds per step of `steps` steps of `n` work, written `way`."""
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
-    it: object = range(steps)
     sink = writer = None
     if way == "live":
         sink = RunFolderSink(folder)
@@ -68,14 +68,14 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
             sink.steps([(n, step_scalars(times, stats.per_step_seconds([times])[0],
                                          stats.per_step_exposed([times])[0], 1))])
 
-        it = StepWatch(timer, comm, every, point).steps(range(steps), 0)
+        StepWatch(timer, comm, every, point).begin(0)
     elif way == "naive":
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(folder / "naive"))
     part = n // len(PHASES)
     t0 = time.process_time()
-    for s in it:
+    for s in range(steps):
         for p in PHASES:
             with timer.phase(p):
                 if p == "sync":

@@ -126,21 +126,23 @@ def test_timers_tell_their_listeners_timed_or_not(enabled):
 
 def test_step_watch_hands_over_every_nth_step_as_it_ends():
     """The live TensorBoard points: global steps 5..11 watched every 3 hand over steps 6
-    and 9, each before the next step starts, with the times and calls `collect` reads."""
+    and 9 as they end, with the times and calls `collect` reads, after the timer's own
+    listener (the progress record's place)."""
     clock = Clock(CPU)
-    timer, rec = StepTimer(clock), CommRecorder(clock, world_size=2)
+    heard: list = []
+    timer = StepTimer(clock, on_step_end=lambda: heard.append("step end"))
+    rec = CommRecorder(clock, world_size=2)
     got: list = []
-    watch = StepWatch(timer, rec, 3, lambda n, st, calls: got.append((n, st, calls)))
-    seen = []
-    for _ in watch.steps(range(7), 4):
-        seen.append([n for n, _, _ in got])  # what was handed over before this step
+    watch = StepWatch(timer, rec, 3, lambda n, st, calls: heard.append(n) or got.append((n, st, calls)))
+    watch.begin(4)
+    for _ in range(7):
         for p in PHASES:
             with timer.phase(p):
                 if p == "sync":
                     with rec.timed("all_reduce", 8, 8, 8):
                         time.sleep(0.001)
         timer.end_step()
-    assert seen == [[], [], [6], [6], [6], [6, 9], [6, 9]]
+    assert heard == ["step end"] * 2 + [6] + ["step end"] * 3 + [9] + ["step end"] * 2
     steps, comm = timer.collect(), rec.collect()
     for n, st, calls in got:
         assert st == steps[n - 5]
@@ -290,8 +292,9 @@ def test_cuda_step_watch_never_waits_for_the_gpu():
     timer, rec = StepTimer(clock), CommRecorder(clock, world_size=2)
     got: list = []
     watch = StepWatch(timer, rec, 1, lambda n, st, calls: got.append(n))
+    watch.begin(0)
     seen = []
-    for i in watch.steps(range(3), 0):
+    for i in range(3):
         seen.append(list(got))
         with timer.phase("forward"):
             torch.cuda._sleep(200_000_000 if i == 0 else 1000)  # step 1: ~0.1 s of GPU time

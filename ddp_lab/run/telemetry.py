@@ -13,8 +13,8 @@ on. Every rank calls every method in the same order, because some of them are co
 One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
 EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
 (`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
-record types. Every `timing.tb_every`-th step goes to TensorBoard while the epoch runs
-(`progress` wraps the loop's steps in a `StepWatch`, ddp_lab/timing/live.py).
+record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
+`StepWatch` on the step timer, ddp_lab/timing/live.py; `progress` starts it each epoch).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
 from ..env import hostname
-from .epoch import MeasuredEpoch
+from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .tensorboard import run_name
@@ -106,7 +106,7 @@ class Telemetry:
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
-                 compile_s: Optional[float] = None, meter=None):
+                 compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
         """`meter`: the loop's EpochMeter, whose step timer and comm recorder the live
         TensorBoard points are read from (without one they are written at epoch ends)."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
@@ -200,15 +200,15 @@ class Telemetry:
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
         """The steps of epoch `epoch` (0-based) from `first_step` on, behind a progress bar
-        where one is wanted (logging rank only), every `timing.tb_every`-th step written
-        to TensorBoard as the loop goes (`StepWatch`, never waiting for the device)."""
-        steps: Iterable = range(first_step, self.steps_per_epoch)
-        if self._bar is not None:
-            steps = self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}",
-                              leave=False, unit="step", dynamic_ncols=True)
+        where one is wanted (logging rank only). From here every `timing.tb_every`-th step
+        goes to TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
         if self.watch is not None:
-            steps = self.watch.steps(steps, epoch * self.steps_per_epoch + first_step)
-        return steps
+            self.watch.begin(epoch * self.steps_per_epoch + first_step)
+        steps = range(first_step, self.steps_per_epoch)
+        if self._bar is None:
+            return steps
+        return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
+                         unit="step", dynamic_ncols=True)
 
     def _live_point(self, step: int, times: StepTimes, calls: list[CommCall]) -> None:
         """One step from the watch, to TensorBoard (x: its global step number)."""

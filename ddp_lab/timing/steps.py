@@ -115,12 +115,12 @@ class StepTimer:
         return ph
 
     def end_step(self) -> None:
-        if self.on_step_end is not None:
-            self.on_step_end()
         if self.enabled:
             self._steps.append(self._current)
             self._marks.append(self.grads.take() if self.grads is not None else None)
             self._current = []
+        if self.on_step_end is not None:  # after: a listener may read the step (`ready`)
+            self.on_step_end()
 
     def ready(self, i: int) -> Optional[StepTimes]:
         """Step `i` of those since the last collect, in seconds, if it has ended and its
