@@ -597,7 +597,8 @@ class TimingConfig:
     trace_steps: int = 10
     """steps of each epoch in the trace: the first N and the last N"""
     tb_every: int = 10
-    """TensorBoard per-step scalars (step, sync and comm ms) every N steps; 0 = none"""
+    """TensorBoard per-step scalars (step time, sync, compute, comm in flight and exposed)
+    every N steps, written as the steps go; 0 = none"""
 
 
 @dataclass

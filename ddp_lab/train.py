@@ -11,7 +11,8 @@ record. What a real run needs besides sits behind one call each:
 - `EpochMeter` (ddp_lab/run/epoch.py): the barriers and clocks around each epoch's steps,
   the step timer, the injected delay; it hands back one `MeasuredEpoch`;
 - `Telemetry` (ddp_lab/run/telemetry.py): the run's records (metrics.jsonl, summary.json,
-  TensorBoard, the console line) from the measured epochs;
+  TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
+  points as the steps end (it listens to the meter's step timer);
 - `stop_control` (ddp_lab/run/stop.py): the agreement on stopping at the same step.
 """
 
@@ -58,7 +59,7 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
         return finished(run_dir, start.epoch)
     meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.carried)  # each epoch's clock, timer, barriers
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
-                          plan=plan, compile_s=compile_s)
+                          plan=plan, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
     with stop_control(ctx, run_dir, cfg.train) as stopper:
         for epoch in range(start.epoch, cfg.train.epochs):

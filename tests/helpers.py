@@ -196,6 +196,18 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def tensorboard(run_dir: Path):
+    """The run's TensorBoard run, read as TensorBoard reads it (every point kept): the
+    one folder under tb/ with event files, whatever its name."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folders = {p.parent for p in (run_dir / "tb").rglob("events.out.tfevents.*")}
+    assert len(folders) == 1, f"one TensorBoard run per training, not {sorted(folders)}"
+    acc = EventAccumulator(str(folders.pop()), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
 def describe(proc: subprocess.CompletedProcess) -> str:
     return f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 

@@ -263,7 +263,13 @@ def script_bench_compress(work):
     assert "| ddp | fp16 | 79,520 | 0.500 |" in out  # the MLP's 159,040 gradient bytes, halved
 
 
-SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
+def script_bench_tb(work):
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_tb.py"), "--steps", "200",
+                       "--rounds", "1"]))
+    assert "| live |" in out and "| naive |" in out
+
+
+SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_tb.py": script_bench_tb, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
            "bench_overlap.py": script_bench_overlap,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,

@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from helpers import free_port, run_cli, run_dir_of
+from helpers import free_port, run_cli, run_dir_of, tensorboard
 
-SCALARS = {"loss/train", "loss/test", "accuracy/test(fraction)", "time/epoch(s)",
-           "throughput/train(samples/s)", "comm/busbw(GB/s)"}
+SCALARS = {"loss/train", "loss/test", "accuracy/test[fraction]", "time/epoch[s]",
+           "throughput/train[samples/s]", "comm/busbw[GB/s]"}
 
 
 def test_torch_and_torchvision_import_together():
@@ -107,15 +107,13 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     assert "[rank 0] epoch 5/5" in proc.stdout
 
-    # TensorBoard: read the event files back ...
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
+    # TensorBoard: read the event files back (x: global step, an epoch's points at its end) ...
+    acc = tensorboard(run_dir)
     tags = set(acc.Tags()["scalars"])
     assert SCALARS <= tags
-    assert [e.step for e in acc.Scalars("accuracy/test(fraction)")] == [1, 2, 3, 4, 5]
-    assert acc.Scalars("accuracy/test(fraction)")[-1].value == pytest.approx(summary["test_accuracy"])
+    n = summary["steps_run"] // 5  # steps per epoch
+    assert [e.step for e in acc.Scalars("accuracy/test[fraction]")] == [n, 2 * n, 3 * n, 4 * n, 5 * n]
+    assert acc.Scalars("accuracy/test[fraction]")[-1].value == pytest.approx(summary["test_accuracy"])
 
     # ... and ask a real TensorBoard server on loopback, as `tensorboard --logdir` would
     port = free_port()
@@ -136,6 +134,8 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
                 pass
             time.sleep(1)
         assert any(SCALARS <= set(t) for t in served.values()), served
+        runs = list(served)  # one TensorBoard run per training, named for the sidebar
+        assert len(runs) == 1 and runs[0].endswith("/tb/ddp_w2_mlp"), runs
     finally:
         tb.terminate()
         tb.wait(timeout=30)

@@ -150,10 +150,11 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) + "\n" for e in (1, 2, 3)))
     sink = RunFolderSink(tmp_path)
-    sink.truncate_after(2)  # resuming from the epoch-2 checkpoint
+    sink.truncate_after(2, 10)  # resuming from the epoch-2 checkpoint, 10 steps in
+    sink.tensorboard("ring_w2_mlp", "config", {"sync": "ring"})
     assert [json.loads(ln)["epoch"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     rec = EpochRecord(epoch=3, world_size=2, steps=5, comm={"bytes_sent": 1})
-    sink.epoch(rec, {"loss/train": 1.0})
+    sink.epoch(rec, {"loss/train": 1.0}, 15)
     sink.close()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2, 3]
@@ -227,7 +228,7 @@ def test_only_the_logging_rank_writes(tmp_path):
     assert not (tmp_path / "rank1").exists()  # rank 1 wrote nothing at all
     written = tmp_path / "rank0"
     assert {p.name for p in written.iterdir()} == {"metrics.jsonl", "summary.json", "tb"}
-    assert list((written / "tb").glob("events.out.tfevents.*"))
+    assert list((written / "tb" / "ddp_w2_mlp").glob("events.out.tfevents.*"))
     (line,) = (written / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line) == results[0]["record"]
     assert json.loads((written / "summary.json").read_text()) == results[0]["summary"]
@@ -239,49 +240,3 @@ def test_only_the_logging_rank_writes(tmp_path):
         s = RunSummary.from_dict(r["summary"])
         assert (s.status, s.epochs_run, s.steps_run, s.world_size) == ("completed", 1, 2, 2)
         assert s.comm_bytes_sent == 800 and s.test_accuracy == 0.9
-
-
-def test_hparams_are_written_once_per_run_whatever_its_segments(tmp_path):
-    """TensorBoard's hparams record (its metrics at step 0) comes from the segment that
-    completes the run; a stopped segment writes none, and a run continued for more epochs
-    after it completed does not write a second one. One rank, no process group."""
-    import torch
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from ddp_lab.distributed import DistContext
-    from ddp_lab.env import DistEnv
-    from ddp_lab.run.epoch import MeasuredEpoch
-    from ddp_lab.run.telemetry import Telemetry
-    from ddp_lab.timing import CommStats
-
-    ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
-                      device=torch.device("cpu"))
-
-    def segment(epochs: int, start: tuple[int, int]) -> Telemetry:
-        cfg = _telemetry_cfg(f"train.epochs={epochs}", "timing.enabled=false")
-        tel = Telemetry(cfg, ctx, tmp_path, steps_per_epoch=2, bytes_exact=True)
-        tel.start(*start)
-        return tel
-
-    def epoch(n: int, at: int = 0) -> MeasuredEpoch:
-        return MeasuredEpoch(n, [], CommStats(), busy_s=0.01, wall_s=0.1, loss_sum=2.0,
-                             samples=4, resumed_at_step=at, test=(0.5, 0.9))
-
-    def hparam_points() -> list[int]:
-        acc = EventAccumulator(str(tmp_path / "tb"))
-        acc.Reload()
-        tags = acc.Tags()["scalars"]
-        return [e.step for e in acc.Scalars("hparam/test_accuracy")] if "hparam/test_accuracy" in tags else []
-
-    segment(1, (0, 0)).finish(status="preempted", position=(0, 1))  # stopped mid-epoch 1
-    assert hparam_points() == []
-    tel = segment(1, (0, 1))  # resumed: completes the run
-    tel.epoch(epoch(1, at=1))
-    tel.finish()
-    assert hparam_points() == [0]
-    tel = segment(2, (1, 0))  # the completed run continued for another epoch
-    tel.epoch(epoch(2))
-    assert tel.finish().status == "completed"
-    assert hparam_points() == [0]  # still one record
-    segs = json.loads((tmp_path / "summary.json").read_text())["segments"]
-    assert [s["status"] for s in segs] == ["preempted", "completed", "completed"]

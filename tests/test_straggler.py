@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ddp_lab.run.delay import ComputeDelay, injected, problem
 from ddp_lab.timing import STRAGGLER_MIN_STEPS, StragglerTally, stragglers
 
-from helpers import describe, run_cli, run_dir_of, summary
+from helpers import describe, run_cli, run_dir_of, summary, tensorboard
 
 
 def debug(slow_rank=-1, slow_ms=0.0, jitter_ms=0.0):
@@ -148,12 +148,9 @@ def test_injected_straggler_is_named_with_its_lateness(tmp_path, shared_data_roo
     assert records[0]["stragglers"]["last_share"][1] == records[0]["straggler"]["share"]
     assert "[rank 0] epoch 1/1  straggler: rank 1, the others wait" in proc.stdout
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
+    acc = tensorboard(run_dir)
     assert [e.value for e in acc.Scalars("stragglers/rank")] == [1.0]
-    assert acc.Scalars("stragglers/late(ms)")[0].value == pytest.approx(
+    assert acc.Scalars("stragglers/late[ms]")[0].value == pytest.approx(
         records[0]["straggler"]["late_ms"], rel=1e-5)
 
     report = run_cli(str(run_dir), "--out", str(tmp_path / "report"), "--no-plots", cwd=tmp_path,

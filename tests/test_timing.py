@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddp_lab.timing import (
-    PHASES, Clock, CommRecorder, StepTimer, StepTimes, describe,
+    PHASES, Clock, CommRecorder, StepTimer, StepTimes, StepWatch, describe,
     epoch_timing, percentile, stragglers, summarise_steps, union_length,
 )
 from ddp_lab.measure.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
@@ -122,6 +122,31 @@ def test_timers_tell_their_listeners_timed_or_not(enabled):
         pass
     rec.finish(rec.begin(), "all_reduce", 8, 8, 8)  # async: its op is known only at the end
     assert heard == ["data", "in data", "step end", "all_reduce", ""]
+
+
+def test_step_watch_hands_over_every_nth_step_as_it_ends():
+    """The live TensorBoard points: global steps 5..11 watched every 3 hand over steps 6
+    and 9 as they end, with the times and calls `collect` reads, after the timer's own
+    listener (the progress record's place)."""
+    clock = Clock(CPU)
+    heard: list = []
+    timer = StepTimer(clock, on_step_end=lambda: heard.append("step end"))
+    rec = CommRecorder(clock, world_size=2)
+    got: list = []
+    watch = StepWatch(timer, rec, 3, lambda n, st, calls: heard.append(n) or got.append((n, st, calls)))
+    watch.begin(4)
+    for _ in range(7):
+        for p in PHASES:
+            with timer.phase(p):
+                if p == "sync":
+                    with rec.timed("all_reduce", 8, 8, 8):
+                        time.sleep(0.001)
+        timer.end_step()
+    assert heard == ["step end"] * 2 + [6] + ["step end"] * 3 + [9] + ["step end"] * 2
+    steps, comm = timer.collect(), rec.collect()
+    for n, st, calls in got:
+        assert st == steps[n - 5]
+        assert [(c.start, c.end) for c in calls] == [(comm.timed[n - 5].start, comm.timed[n - 5].end)]
 
 
 def test_timing_imports_nothing_of_progress():
@@ -253,3 +278,29 @@ def test_cuda_timer_times_the_kernels_not_the_launch():
     assert d["forward"] > 5 * launch  # the events saw the kernel run; the host clock would not
     assert 0 < comm.seconds <= d["sync"] + 1e-4
     assert steps[0].spans[0][1] >= 0  # on the host time base, after the anchor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_step_watch_never_waits_for_the_gpu():
+    """A step whose kernels are still running is handed over at a later step's end, after
+    its events fired; the loop never waits for it."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    clock = Clock(dev)
+    torch.cuda.synchronize()
+    clock.anchor()
+    timer, rec = StepTimer(clock), CommRecorder(clock, world_size=2)
+    got: list = []
+    watch = StepWatch(timer, rec, 1, lambda n, st, calls: got.append(n))
+    watch.begin(0)
+    seen = []
+    for i in range(3):
+        seen.append(list(got))
+        with timer.phase("forward"):
+            torch.cuda._sleep(200_000_000 if i == 0 else 1000)  # step 1: ~0.1 s of GPU time
+        with timer.phase("sync"), rec.timed("all_reduce", 4, 4, 4):
+            pass
+        timer.end_step()
+    assert seen[1] == []  # step 1's kernels were still running when step 2 started
+    torch.cuda.synchronize()
+    assert timer.ready(0) is not None and rec.ready(0, 1) is not None

@@ -3,8 +3,9 @@ rank writes results.
 
 `make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
 a `NullSink` that does nothing, so the caller (`ddp_lab.run.telemetry`) never asks which rank
-it is on (torchtitan's habit). TensorBoard tags carry their units: `time/epoch(s)`,
-`throughput/train(samples/s)`, `comm/busbw(GB/s)`.
+it is on (torchtitan's habit). TensorBoard (ddp_lab/run/tensorboard.py): one run per
+training, tags with their units: `time/epoch[s]`, `throughput/train[samples/s]`,
+`comm/busbw[GB/s]`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 from ..env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
+from .tensorboard import TensorBoardRun
 
 
 class RankFormatter(logging.Formatter):
@@ -90,10 +92,10 @@ class NullSink:
     def truncate_after(self, epoch: int, global_step: int = 0) -> None:
         pass
 
-    def text(self, tag: str, text: str) -> None:
+    def tensorboard(self, name: str, config: str, hparams: dict) -> None:
         pass
 
-    def epoch(self, record: EpochRecord, scalars: dict[str, float]) -> None:
+    def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
         pass
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
@@ -102,7 +104,7 @@ class NullSink:
     def summary(self, summary: RunSummary) -> None:
         pass
 
-    def close(self, hparams: Optional[dict] = None, final: Optional[dict] = None) -> None:
+    def close(self) -> None:
         pass
 
 
@@ -112,41 +114,20 @@ class RunFolderSink(NullSink):
     sees the file before or after an epoch, never a torn line. They are small (a line per
     epoch), so the rewrite costs nothing next to an epoch.
 
-    TensorBoard: epoch scalars in tb/ (x axis: epoch), per-step scalars in tb/steps/ (x
-    axis: global step). Two writers because a resumed run purges each axis past its own
-    position (SummaryWriter's purge_step), so no point ever shows twice."""
+    TensorBoard: one run per training, in tb/<name>/, x axis the global step
+    (ddp_lab/run/tensorboard.py); a resumed run hides its points past the checkpoint."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.metrics = run_dir / "metrics.jsonl"
         self._lines: list[str] = []
-        self._tb = None
-        self._tb_steps = None
-        self._purge: tuple[Optional[int], Optional[int]] = (None, None)
-
-    @property
-    def tb(self):
-        if self._tb is None:
-            # lazy: tensorboard takes 0.3 s to load, and a run with timing.tb_every=0 and
-            # no TensorBoard wants none of it
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=self._purge[0])
-        return self._tb
-
-    @property
-    def tb_steps(self):
-        if self._tb_steps is None:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: see tb
-
-            self._tb_steps = SummaryWriter(log_dir=str(self.run_dir / "tb" / "steps"),
-                                           purge_step=self._purge[1])
-        return self._tb_steps
+        self._tb: Optional[TensorBoardRun] = None
+        self._at = 0  # global steps done at the checkpoint the run continues from
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> None:
         """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
         `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
-        hides its points past the same position."""
+        hides its points past the same position (`tensorboard`)."""
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
@@ -158,40 +139,43 @@ class RunFolderSink(NullSink):
         self._lines = [json.dumps(r, sort_keys=True) for r in records if r.get("epoch", 0) <= epoch]
         if self.metrics.exists():
             self._write_metrics()
-        if (self.run_dir / "tb").is_dir():  # a run before this one wrote points: purge
-            self._purge = (epoch + 1, global_step)
+        self._at = global_step
+
+    def tensorboard(self, name: str, config: str, hparams: dict) -> None:
+        """Open the run's TensorBoard folder: the one a former segment wrote, its points
+        past the checkpoint hidden, else tb/<name>, which starts with the config, the
+        layout and the hparams. A fresh start keeps nothing, as in metrics.jsonl."""
+        tb = self.run_dir / "tb"
+        if not self._at:
+            TensorBoardRun.clear(tb)
+        written = TensorBoardRun.written(tb)
+        self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None)
+        if not written:
+            self._tb.head(config, hparams)
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
 
-    def text(self, tag: str, text: str) -> None:
-        self.tb.add_text(tag, text)
-
-    def epoch(self, record: EpochRecord, scalars: dict[str, float]) -> None:
+    def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
+        """An epoch's record, and its scalars at `step` (the global steps done)."""
         self._lines.append(json.dumps(record.to_dict(), sort_keys=True))
         self._write_metrics()
-        for tag, value in scalars.items():
-            self.tb.add_scalar(tag, value, record.epoch)
-        self.tb.flush()
+        self._tb.scalars(step, scalars)
+        self._tb.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Per-step scalars, written in one go at the end of an epoch (x axis: global step)."""
+        """Per-step scalars (step, values); the writer's thread flushes them within
+        seconds (tensorboard.FLUSH_S): nothing here waits for the disk."""
         for step, scalars in points:
-            for tag, value in scalars.items():
-                self.tb_steps.add_scalar(tag, value, step)
-        self.tb_steps.flush()
+            self._tb.scalars(step, scalars)
 
     def summary(self, summary: RunSummary) -> None:
         write_json(self.run_dir / "summary.json", summary.to_dict())
 
-    def close(self, hparams: Optional[dict] = None, final: Optional[dict] = None) -> None:
-        if hparams is not None and final:
-            # run_name="." keeps the hparams record beside the scalars of this run
-            self.tb.add_hparams(hparams, final, run_name=".")
-        for writer in (self._tb, self._tb_steps):
-            if writer is not None:
-                writer.close()
-        self._tb = self._tb_steps = None
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
 
 def make_sink(run_dir: Path, enabled: bool) -> NullSink:

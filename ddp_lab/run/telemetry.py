@@ -13,7 +13,8 @@ on. Every rank calls every method in the same order, because some of them are co
 One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
 EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
 (`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
-record types.
+record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
+`StepWatch` on the step timer, ddp_lab/timing/live.py; `progress` starts it each epoch).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
 from ..env import hostname, process_start
-from .epoch import MeasuredEpoch
+from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
+from .tensorboard import run_name
 from .records import EpochRecord, RunSummary, now_iso
 from .delay import injected
-from ..timing import PHASES, CommStats, StepTimes, StragglerTally, epoch_timing, stragglers
+from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
+                      stragglers)
 from ..measure.trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
@@ -104,7 +107,9 @@ class Telemetry:
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
-                 compile_s: Optional[float] = None):
+                 compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
+        """`meter`: the loop's EpochMeter, whose step timer and comm recorder the live
+        TensorBoard points are read from (without one they are written at epoch ends)."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
@@ -126,6 +131,10 @@ class Telemetry:
         self.fingerprint: dict = {}
         self.fingerprint_id: Optional[str] = None
         self._bar = _progress_bar(cfg.log.progress, ctx.env.is_main)
+        self.every = cfg.timing.tb_every if self.timing else 0  # per-step points: every N
+        self.written_step = 0  # the last per-step point written
+        self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
+                      if meter is not None and self.every > 0 and ctx.env.is_main else None)
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
@@ -135,9 +144,12 @@ class Telemetry:
         env, cfg = self.ctx.env, self.cfg
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
-        self.sink.truncate_after(start_epoch, start_epoch * self.steps_per_epoch + start_step)
-        if fresh:  # once per run: a resumed run keeps the first text (no duplicate point)
-            self.sink.text("config", "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```")
+        self.written_step = start_epoch * self.steps_per_epoch + start_step
+        self.sink.truncate_after(start_epoch, self.written_step)
+        hparams = self.hparams()
+        repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
+        self.sink.tensorboard(run_name(hparams, repeat),
+                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams)
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
@@ -191,12 +203,23 @@ class Telemetry:
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
         """The steps of epoch `epoch` (0-based) from `first_step` on, behind a progress bar
-        where one is wanted (logging rank only)."""
+        where one is wanted (logging rank only). From here every `timing.tb_every`-th step
+        goes to TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
+        if self.watch is not None:
+            self.watch.begin(epoch * self.steps_per_epoch + first_step)
         steps = range(first_step, self.steps_per_epoch)
         if self._bar is None:
             return steps
         return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
                          unit="step", **_bar_width())
+
+    def _live_point(self, step: int, times: StepTimes, calls: list[CommCall]) -> None:
+        """One step from the watch, to TensorBoard (x: its global step number)."""
+        stats = CommStats(timed=calls)
+        self.sink.steps([(step, step_scalars(times, stats.per_step_seconds([times])[0],
+                                             stats.per_step_exposed([times])[0],
+                                             (step - 1) // self.steps_per_epoch + 1))])
+        self.written_step = step
 
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
@@ -229,9 +252,7 @@ class Telemetry:
             log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
                      "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
                      s["late_ms"], 100 * s["share"])
-        self.sink.epoch(rec, epoch_scalars(rec))
-        if self.timing and self.cfg.timing.tb_every > 0:
-            self.sink.steps(step_scalars(steps, comm, self.cfg.timing.tb_every, first_step))
+        self._tensorboard(rec, steps, comm, first_step)
         if len(self.epoch_times) == 1:  # the first epoch line of this allocation: its key
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
                      "exposed: waited)", "%")
@@ -239,6 +260,40 @@ class Telemetry:
                  self.cfg.train.epochs, rec.train_loss, rec.test_loss, 100 * rec.train_accuracy,
                  100 * rec.test_accuracy, wall_s, comm_line(rec))
         return rec
+
+    def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
+                     first_step: int) -> None:
+        """The epoch's record and scalars at its last step (x: global step), with the
+        run's hparam metrics so far; first the per-step points the watch has not written
+        (all of them without one)."""
+        every, end = self.every, rec.epoch * self.steps_per_epoch
+        if every > 0:
+            comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
+            points = []
+            for i, st in enumerate(steps):
+                n = first_step + i + 1  # the step's global number
+                if n % every == 0 and n > self.written_step:
+                    points.append((n, step_scalars(st, comm_s[i], exposed_s[i], rec.epoch)))
+            self.sink.steps(points)
+        self.written_step = end
+        scalars = epoch_scalars(rec)
+        if not (every > 0 and end % every == 0):  # else the step's point carries it
+            scalars["epoch"] = rec.epoch
+        so_far = self.totals.summary(self.timing, self.bytes_exact)
+        scalars.update({"hparam/test_accuracy": rec.test_accuracy,
+                        "hparam/epoch_time_s": statistics.median(self.epoch_times),
+                        "hparam/comm_fraction": so_far["comm_fraction"] or 0.0,
+                        "hparam/busbw_GBps": so_far["comm_busbw_GBps"] or 0.0})
+        self.sink.epoch(rec, scalars, end)
+
+    def hparams(self) -> dict:
+        """The run's hparams for TensorBoard, the ones a sweep or study varies first."""
+        cfg, env = self.cfg, self.ctx.env
+        return {"sync": cfg.sync.name, "world_size": env.world_size, "nodes": env.num_nodes,
+                "compress": cfg.sync.compress, "overlap": bool(cfg.sync.overlap),
+                "model": cfg.model.name, "optim": cfg.optim.name, "lr": cfg.train.lr,
+                "batch_size": self.plan.per_rank, "global_batch": self.plan.global_batch,
+                "backend": self.ctx.backend, "launcher": cfg.launcher.name}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
         """Collective. The record's timing part: phases, comm, comm_fraction, stragglers
@@ -321,27 +376,8 @@ class Telemetry:
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
         self.sink.summary(summary)
-        # the hparams record is the run's, written once, at step 0: by the segment that
-        # completes the run (a stopped one has no final scores); a run continued for more
-        # epochs after it completed keeps its first record (TensorBoard would show two)
-        if status != "completed" or self._completed_before():
-            self.sink.close()
-            return summary
-        self.sink.close(
-            hparams={"sync": cfg.sync.name, "compress": cfg.sync.compress,
-                     "model": cfg.model.name, "optim": cfg.optim.name,
-                     "world_size": env.world_size, "batch_size": self.plan.per_rank,
-                     "global_batch": self.plan.global_batch,
-                     "lr": cfg.train.lr, "backend": ctx.backend, "launcher": cfg.launcher.name},
-            final={"hparam/test_accuracy": summary.test_accuracy,
-                   "hparam/epoch_time_s": summary.epoch_time_s_median or 0.0,
-                   "hparam/comm_fraction": summary.comm_fraction or 0.0,
-                   "hparam/busbw_GBps": summary.comm_busbw_GBps or 0.0})
+        self.sink.close()
         return summary
-
-    def _completed_before(self) -> bool:
-        """An earlier segment of this run completed it (and wrote the hparams record)."""
-        return any(seg.get("status") == "completed" for seg in self.segments[:-1])
 
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
@@ -402,49 +438,45 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
     c, steps, phases = rec.comm, rec.steps, rec.phase_s
     out = {
         "loss/train": rec.train_loss, "loss/test": rec.test_loss,
-        "accuracy/train(fraction)": rec.train_accuracy,
-        "accuracy/test(fraction)": rec.test_accuracy, "time/epoch(s)": rec.epoch_time_s,
-        "throughput/train(samples/s)": rec.samples_per_s,
-        "comm/bytes_sent(MB/step)": c["bytes_sent"] / 1e6 / steps,
-        "comm/bytes_recv(MB/step)": c["bytes_recv"] / 1e6 / steps,
-        "comm/calls(per step)": c["calls"] / steps,
+        "accuracy/train[fraction]": rec.train_accuracy,
+        "accuracy/test[fraction]": rec.test_accuracy, "time/epoch[s]": rec.epoch_time_s,
+        "throughput/train[samples/s]": rec.samples_per_s,
+        "comm/bytes_sent[MB/step]": c["bytes_sent"] / 1e6 / steps,
+        "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
+        "comm/calls[per step]": c["calls"] / steps,
     }
     if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
-        out["comm/bytes_cross_node(MB/step)"] = c["bytes_cross_node"] / 1e6 / steps
+        out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
     if rec.timing:
-        out.update({f"time/{p}(ms/step)": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
-        out.update({"time/step_p95(ms)": phases["step"]["p95"] * 1e3,
-                    "time/step_median(ms)": phases["step"]["median"] * 1e3,
-                    "comm/time(ms/step)": c["time_s"] * 1e3 / steps,
-                    "comm/algbw(GB/s)": c["algbw_GBps"], "comm/busbw(GB/s)": c["busbw_GBps"],
-                    "comm/fraction(of step)": c["fraction"] or 0.0,
+        out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
+        out.update({"time/step_p95[ms]": phases["step"]["p95"] * 1e3,
+                    "time/step_median[ms]": phases["step"]["median"] * 1e3,
+                    "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
+                    "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
+                    "comm/fraction[of step]": c["fraction"] or 0.0,
                     # side by side: in-flight (the union of the collectives) and exposed
                     # (its part after the step's compute end), both per step
-                    "comm/inflight(ms/step)": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
-                    "comm/exposed(ms/step)": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
-                    "comm/exposed_fraction(of step)": rec.comm_exposed_fraction or 0.0,
-                    "time/compute(ms/step)": (rec.compute_s or 0.0) * 1e3 / steps})
+                    "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
+                    "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
+                    "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
+                    "time/compute[ms/step]": (rec.compute_s or 0.0) * 1e3 / steps})
         spread = rec.stragglers.get("spread")
         if spread:
-            out["stragglers/spread(slowest/fastest)"] = spread
+            out["stragglers/spread[slowest/fastest]"] = spread
         if rec.world_size and rec.world_size > 1:  # -1 and 0 ms: no rank named this epoch
             named = rec.straggler or {"rank": -1, "late_ms": 0.0}
             out["stragglers/rank"] = float(named["rank"])
-            out["stragglers/late(ms)"] = named["late_ms"]
+            out["stragglers/late[ms]"] = named["late_ms"]
     return out
 
 
-def step_scalars(steps: list[StepTimes], comm: CommStats, every: int,
-                 first_step: int) -> list[tuple[int, dict[str, float]]]:
-    """Per-step TensorBoard scalars (every `every` steps), x axis = global step."""
-    comm_s = comm.per_step_seconds(steps)
-    out = []
-    for i in range(0, len(steps), every):
-        d = steps[i].durations()
-        out.append((first_step + i, {"step/time(ms)": 1e3 * sum(d.values()),
-                                     "step/sync(ms)": 1e3 * d.get("sync", 0.0),
-                                     "step/comm(ms)": 1e3 * comm_s[i]}))
-    return out
+def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
+    """One step's TensorBoard scalars: its time, sync phase, compute, comm in flight and
+    exposed (ddp_lab/timing/comm.py), and the (1-based) epoch it belongs to."""
+    d = step.durations()
+    return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
+            "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
+            "step/comm_exposed[ms]": 1e3 * exposed_s, "epoch": epoch}
 
 
 def comm_line(rec: EpochRecord) -> str:

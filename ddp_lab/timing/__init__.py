@@ -14,6 +14,7 @@ One file per idea:
     comm_recorder.py  CommRecorder: every collective call's bytes and stamps
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time
     stragglers.py     who makes the others wait (StragglerTally)
+    live.py           StepWatch: every N-th step handed over while the epoch runs
 
 Timing knows nothing of the rest of the trainer: whoever builds a timer or recorder
 passes the listeners that want to hear of each phase or call (the progress record,
@@ -24,6 +25,7 @@ from .clock import Clock
 from .comm import CommCall, CommStats, union_length
 from .comm_recorder import CommRecorder
 from .grads import GradReadyMark
+from .live import StepWatch
 from .steps import PHASES, StepTimer, StepTimes
 from .stragglers import (STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_MIN_SHARE, STRAGGLER_MIN_STEPS, StragglerTally, stragglers)
 from .summary import describe, epoch_timing, percentile, summarise_steps
@@ -31,6 +33,6 @@ from .summary import describe, epoch_timing, percentile, summarise_steps
 __all__ = [
     "PHASES", "STRAGGLER_CHANCE_FACTOR", "STRAGGLER_MIN_LATE_S", "STRAGGLER_MIN_SHARE",
     "STRAGGLER_MIN_STEPS", "Clock", "CommCall", "CommRecorder", "CommStats", "GradReadyMark",
-    "StepTimer", "StepTimes", "StragglerTally", "describe", "epoch_timing", "percentile",
+    "StepTimer", "StepTimes", "StepWatch", "StragglerTally", "describe", "epoch_timing", "percentile",
     "stragglers", "summarise_steps", "union_length",
 ]

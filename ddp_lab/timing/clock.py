@@ -50,6 +50,10 @@ class Clock:
             return ev
         return time.perf_counter()
 
+    def ready(self, stamp: Any) -> bool:
+        """Whether `stamp` can be read now without waiting (CUDA: its event has fired)."""
+        return stamp.query() if self.cuda else True
+
     def synchronize(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)  # events must have completed to be read

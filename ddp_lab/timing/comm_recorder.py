@@ -89,6 +89,22 @@ class CommRecorder:
             if self.enabled:
                 self._pending.append((call, start, end))
 
+    def count(self) -> int:
+        """Timed calls recorded since the last collect (an index for `ready`)."""
+        return len(self._pending)
+
+    def ready(self, first: int, end: int) -> Optional[list[CommCall]]:
+        """Timed calls `first` to `end` (in the order they were recorded since the last
+        collect), in seconds, if every stamp of theirs can be read now; else None. Never
+        waits: the live TensorBoard points read a step's calls with it (timing/live.py)."""
+        with self._lock:
+            pending = self._pending[first:end]
+        ready = self.clock.ready  # each call's own: an overlap thread stamps on its stream
+        if not all(ready(s) and ready(e) for _, s, e in pending):
+            return None
+        sec = self.clock.seconds
+        return [CommCall(c.op, c.payload, c.sent, c.recv, sec(s), sec(e)) for c, s, e in pending]
+
     def collect(self) -> CommStats:
         """Everything since the last collect, resolved (CUDA: one synchronize here)."""
         with self._lock:

@@ -115,12 +115,26 @@ class StepTimer:
         return ph
 
     def end_step(self) -> None:
-        if self.on_step_end is not None:
-            self.on_step_end()
         if self.enabled:
             self._steps.append(self._current)
             self._marks.append(self.grads.take() if self.grads is not None else None)
             self._current = []
+        if self.on_step_end is not None:  # after: a listener may read the step (`ready`)
+            self.on_step_end()
+
+    def ready(self, i: int) -> Optional[StepTimes]:
+        """Step `i` of those since the last collect, in seconds, if it has ended and its
+        stamps can be read now; None if not yet (CUDA: its events have not all fired).
+        Never waits: the live TensorBoard points read steps with it (timing/live.py)."""
+        if i >= len(self._steps):
+            return None
+        spans, mark = self._steps[i], self._marks[i]
+        ready = self.clock.ready
+        if not (ready(spans[-1][2]) and (mark is None or ready(mark))):
+            return None
+        sec = self.clock.seconds
+        return StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
+                         None if mark is None else sec(mark))
 
     def collect(self) -> list[StepTimes]:
         """The steps since the last collect, in seconds (CUDA: one synchronize here)."""

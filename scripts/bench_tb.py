@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""What TensorBoard's live per-step points cost a training step.
+
+    .venv/bin/python scripts/bench_tb.py                    # every 10th step written, vs a 4 ms step
+    .venv/bin/python scripts/bench_tb.py --every 1
+    .venv/bin/python scripts/bench_tb.py --step-ms 4        # with 4 ms of work in each step
+
+One process, no process group: a loop of steps stamped by the trainer's StepTimer, with a
+timed collective on its CommRecorder, as a real step is; empty by default, so the cost
+of writing is measured alone and not drowned in a step's noise (`--step-ms` puts that much
+Python work in each step: it holds the GIL, so the writer's thread waits for it). Three
+ways, in rounds of rotating order:
+
+    none       the stamps only
+    live       the trainer's way: a StepWatch on the step timer hands every N-th step to
+               the run folder's sink (one event per point, the writer's thread flushes
+               every few seconds)
+    naive      add_scalar per tag and a flush() after every point
+
+Printed: the median over rounds of the extra CPU time per step against `none` (the
+process's, every thread, the writer's included: one GIL, so at most what a step waits;
+on a shared machine wall time would measure the neighbours), in us and as a share of a
+`--of-ms` step. Not a test: times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ddp_lab.run.metrics import RunFolderSink
+from ddp_lab.run.telemetry import step_scalars
+from ddp_lab.timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
+
+
+def work(n: int) -> None:
+    sum(range(n))  # holds the GIL throughout
+
+
+def calibrate(seconds: float) -> int:
+    """The `work` that takes `seconds` of CPU here."""
+    n, t = 100_000, 0.0
+    while t < 0.2:
+        n *= 2
+        t0 = time.process_time()
+        work(n)
+        t = time.process_time() - t0
+    return max(1, int(n * seconds / t))
+
+
+def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
+    """CPU seconds per step of `steps` steps of `n` work, written `way`."""
+    clock = Clock(torch.device("cpu"))
+    timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
+    sink = writer = None
+    if way == "live":
+        sink = RunFolderSink(folder)
+        sink.truncate_after(0, 0)
+        sink.tensorboard("bench", "config", {"sync": "ring"})
+
+        def point(n, times, calls):  # what Telemetry._live_point does
+            stats = CommStats(timed=calls)
+            sink.steps([(n, step_scalars(times, stats.per_step_seconds([times])[0],
+                                         stats.per_step_exposed([times])[0], 1))])
+
+        StepWatch(timer, comm, every, point).begin(0)
+    elif way == "naive":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(folder / "naive"))
+    part = n // len(PHASES)
+    t0 = time.process_time()
+    for s in range(steps):
+        for p in PHASES:
+            with timer.phase(p):
+                if p == "sync":
+                    with comm.timed("all_reduce", 8, 8, 8):
+                        work(part)
+                else:
+                    work(part)
+        timer.end_step()
+        if writer is not None and (s + 1) % every == 0:
+            st = timer.ready(s)
+            for tag, v in step_scalars(st, 0.0, 0.0, 1).items():
+                writer.add_scalar(tag, v, s + 1)
+            writer.flush()
+    for w in (sink, writer):
+        if w is not None:
+            w.close()  # the writer's thread has written everything: its CPU is counted
+    return (time.process_time() - t0) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--every", type=int, default=10, help="timing.tb_every")
+    ap.add_argument("--step-ms", type=float, default=0.0, help="work in each step")
+    ap.add_argument("--of-ms", type=float, default=4.0, help="the step to compare with")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    ways = ["none", "live", "naive"]
+    took: dict[str, list[float]] = {w: [] for w in ways}
+    n = calibrate(args.step_ms / 1e3) if args.step_ms > 0 else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for i in range(len(ways)):
+                way = ways[(r + i) % len(ways)]  # rotating order: drift hits every way alike
+                took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
+    base = statistics.median(took["none"])
+    print(f"{args.steps} steps ({args.step_ms} ms of work each: {base * 1e3:.3f} ms CPU with "
+          f"the stamps), a point every {args.every} step(s), median of {args.rounds} rounds")
+    print(f"| way | extra CPU per step (us) | share of a {args.of_ms:g} ms step |\n| --- | --- | --- |")
+    for way in ("live", "naive"):
+        extra = statistics.median(t - b for t, b in zip(took[way], took["none"]))
+        print(f"| {way} | {extra * 1e6:.1f} | {100 * extra / (args.of_ms / 1e3):.2f}% |")
+
+
+if __name__ == "__main__":
+    main()
