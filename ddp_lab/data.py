@@ -20,7 +20,6 @@ on every rank for a seed and epoch, disjoint strided shards, padded to equal len
 from __future__ import annotations
 
 import gzip
-import hashlib
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from .config import batch_plan
 from .distributed import DistContext
 from .env import DistEnv
-from .run.files import atomic_open
+from .run.files import atomic_open, file_hash
 
 log = logging.getLogger("ddp_lab")
 
@@ -70,11 +69,7 @@ def raw_folder(root: str | Path) -> Path:
 
 
 def md5sum(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_hash(path, "md5")
 
 
 def idx_expected_size(path: Path) -> Optional[int]:

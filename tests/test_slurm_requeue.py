@@ -3,16 +3,16 @@
 `python -m ddp_lab launcher=slurm launcher.wait=true` submits and follows each job, as a
 user runs it; meanwhile the test plays the scheduler's part:
 - the time-limit signal: `scancel --signal=USR2 --batch <id>` reaches the batch shell alone,
-  as `#SBATCH --signal=B:USR2@N` does; the job checkpoints mid-epoch and requeues itself;
+  as `#SBATCH --signal=B:USR2@N` does; the job checkpoints mid-epoch and requeues itself
+  (here onto 1 node after 2: strong scaling, within 1e-5 of a 1-node run);
 - an admin's `scontrol requeue <id>`: SIGTERM to the batch shell and every process (SIGKILL
   KillWait=5 s later on this cluster); the ranks checkpoint, the job comes back with
   SLURM_RESTART_COUNT=1 and resumes by itself;
-- a real wall-clock limit: seed 002's two minutes, stopped near its end, requeued, completed;
-- a requeue that comes back on 1 node after 2 (strong scaling).
+- a real wall-clock limit: seed 002's two minutes, stopped near its end, requeued, completed.
 A requeued job waits ~150 s in PENDING (Reason=BeginTime) here: the test releases it with
-`scontrol update JobId=N StartTime=now`. Every run is compared with an uninterrupted run
-of the same world size on the same cluster: final weights bit for bit, each epoch once in
-metrics.jsonl, one summary.json segment per allocation.
+`scontrol update JobId=N StartTime=now`. Every run ends with each epoch once in
+metrics.jsonl and one summary.json segment per allocation; the admin's requeue ends bit for
+bit where an uninterrupted run of the same world size on the same cluster ends.
 """
 
 from __future__ import annotations
@@ -182,33 +182,6 @@ def reference(slurm_cluster, shared_data_root, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_time_limit_signal_checkpoints_requeues_and_completes(slurm_cluster, shared_data_root,
-                                                               tmp_path, reference):
-    job = Job(slurm_cluster, tmp_path / "run", shared_data_root)
-    try:
-        job.wait_training()
-        time.sleep(0.5)  # some steps into epoch 1
-        # what --signal=B:USR2@N does ahead of the limit: USR2 to the batch shell alone
-        slurm_cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)
-        rc = job.finish()
-    finally:
-        job.stop()
-    console, log = job.console(), job.job_log()
-    assert rc == 0, console
-    assert "[sbatch] time limit near (SIGUSR2)" in log, log
-    assert "all ranks stop: preempted" in log, log
-    assert f"[sbatch] requeueing job {job.job_id} (restart 1 of at most 3)" in log, log
-    assert "[sbatch] job " + job.job_id + " (restart 1)" in log
-    assert log.count("[sbatch] job " + job.job_id) == 2  # one log, appended to
-    assert f"[slurm] job {job.job_id} requeued (restart 1)" in console, console
-    assert f"[slurm] job {job.job_id} COMPLETED after 1 requeue(s), exit code 0:0" in console
-    assert job.released == 1
-    segs = check_resumed_run(job, reference)
-    assert segs[0]["end_step"] > 0, segs  # stopped mid-epoch
-    assert "resumed from epoch_" in log and "_step_" in log
-
-
-@pytest.mark.slow
 def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp_path,
                                             reference):
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root)
@@ -261,8 +234,10 @@ def test_two_minute_limit_stops_near_its_end_and_the_requeue_completes(
     segs = check_resumed_run(job, None, allocations=stops + 1, epochs=2, steps=250)
     for seg in segs[:-1]:  # each stopped with a checkpoint, near (and before) its limit
         assert seg["status"] == "preempted" and seg["end_step"] + seg["end_epoch"] > 0, seg
+        # a segment starts as the ranks do (10-25 s after the allocation here): SLURM's
+        # signal 60-90 s after the allocation's start is 35 s or more into the segment
         start, end = (datetime.datetime.fromisoformat(seg[k]) for k in ("start", "end"))
-        assert 50 < (end - start).total_seconds() < 120, seg
+        assert 30 < (end - start).total_seconds() < 120, seg
 
 
 @pytest.mark.slow
@@ -291,6 +266,13 @@ def test_requeued_onto_one_node_after_two_continues_the_strong_scaling_run(
         job.stop()
     console, log = job.console(), job.job_log()
     assert rc == 0, console
+    # the time-limit path: USR2 to the batch shell, a mid-epoch checkpoint, a self-requeue
+    assert "[sbatch] time limit near (SIGUSR2)" in log and "all ranks stop: preempted" in log, log
+    assert f"[sbatch] requeueing job {job.job_id} (restart 1 of at most 3)" in log, log
+    assert log.count("[sbatch] job " + job.job_id) == 2  # one log, appended to
+    assert f"[slurm] job {job.job_id} requeued (restart 1)" in console, console
+    assert f"[slurm] job {job.job_id} COMPLETED after 1 requeue(s), exit code 0:0" in console
+    assert "resumed from epoch_" in log and "_step_" in log
     assert f"[sbatch] job {job.job_id} (restart 1)" in log and "1 node(s)" in log, log
     s = summary(job.run_dir)
     segs = s["segments"]

@@ -154,16 +154,16 @@ def test_local_run_status_stop_follow_resume(tmp_path, shared_data_root):
     assert "state:       completed" in out.stdout and "5/5 epochs" in out.stdout, out.stdout
     assert "allocation 2: completed" in out.stdout
 
-    # a folder of two runs (the second a dry run): one line each, then a count
+    # a folder of a run and a dry run: one line for the run, then a count that leaves the
+    # dry run out and says so (issue 21)
     dry = run_cli(f"run.dir={tmp_path / 'runs' / 'b'}", "launcher.dry_run=true",
                   f"data.root={shared_data_root}", cwd=tmp_path)
     assert dry.returncode == 0, describe(dry)
     out = status(tmp_path / "runs", cwd=tmp_path)
     lines = out.stdout.strip().splitlines()
-    assert out.returncode == 0 and len(lines) == 3, out.stdout
+    assert out.returncode == 0 and len(lines) == 2, out.stdout
     assert lines[0].startswith("a ") and "completed" in lines[0] and "5/5 epochs" in lines[0]
-    assert lines[1].startswith("b ") and "not started" in lines[1]
-    assert "2 run(s) under" in lines[2]
+    assert "1 run(s) under" in lines[1] and "1 completed (1 dry run(s) not counted)" in lines[1]
 
 
 # ------------------------------------------------------------------ SLURM

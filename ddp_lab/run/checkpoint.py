@@ -13,14 +13,13 @@ write, a full disk, a copy cut short) is set aside as `<name>.damaged`, never de
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from .files import atomic_open, atomic_write_text
+from .files import atomic_open, atomic_write_text, file_hash
 from .rundir import checkpoint_position, checkpoints as _list
 
 SUM = ".sha256"  # the checksum file's suffix
@@ -28,11 +27,7 @@ DAMAGED = ".damaged"  # a damaged checkpoint's suffix, once set aside
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_hash(path, "sha256")
 
 
 def atomic_save(obj: Any, path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -73,6 +74,16 @@ def atomic_write_text(path: Path, text: str) -> None:
 def write_json(path: Path, obj: Any) -> None:
     """`obj` as indented, key-sorted JSON, atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def file_hash(path: Path, algorithm: str) -> str:
+    """The hex digest of a file's bytes (`hashlib.file_digest` from Python 3.11 on; read in
+    1 MiB blocks here, for 3.10's sake)."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json_or_empty(path: Path) -> dict:
