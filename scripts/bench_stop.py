@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What checking for a graceful stop costs a training step, measured side by side.
+"""What checking for a graceful stop, and the progress record, cost a training step.
 
     .venv/bin/python scripts/bench_stop.py                  # 2 ranks, CPU gloo, 5 rounds
     .venv/bin/python scripts/bench_stop.py --repeats 9 --check-s 0.1
@@ -10,9 +10,12 @@ round runs one epoch without the stop check and one with it (`ddp_lab.run.stop.S
 at train.stop_check_s), in alternating order. Printed:
 - the time spent inside the stop check (its all-reduces included) per step, as a share of
   the step: the direct measure, free of the drift between epochs;
-- the median epoch time with / without the check (a ratio near 1; noisy on a shared machine).
-The target (issue 11): the check costs <= 1% of a step. Not a test: numbers depend on the
-machine and on what else runs on it.
+- the median epoch time with / without the check (a ratio near 1; noisy on a shared machine);
+- what a step writes into its rank's progress record (ddp_lab.run.progress: 5 phases, one
+  collective, the step's end), against the compute alone of the notebook's step on one
+  process (the real step, with gloo, is several times longer).
+The targets (issue 11): the check and the record each cost <= 1% of a step. Not a test:
+numbers depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import timeit
 
 from ddp_lab.bench.scaffold import Bench, rounds, run_ranks
 from ddp_lab.distributed import DistContext
@@ -73,6 +78,40 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     return {"off": off, "on": on, "spent": spent, "checks": checks, "steps": steps}
 
 
+def record_share(run_dir: Path) -> tuple[float, float]:
+    """Seconds a step's progress record takes, and the notebook's compute-only step (best of
+    7 repeats each, in this process)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddp_lab.config import compose
+    from ddp_lab.models import build_model
+    from ddp_lab.run import progress
+
+    rec = progress.Progress(run_dir, 0)
+    try:
+        def record_step():
+            for name in ("data", "forward", "backward", "sync", "optim"):
+                rec.phase(name)
+            rec.collective("all_reduce")
+            rec.step_done()
+
+        record_s = min(timeit.repeat(record_step, number=2000, repeat=7)) / 2000
+    finally:
+        rec.close()
+    torch.manual_seed(0)
+    model = build_model(compose([]).model)  # the notebook's MLP
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return record_s, min(timeit.repeat(step, number=50, repeat=7)) / 50
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
@@ -102,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"time inside the check / step: {100 * check_share:.3f} %   (target <= 1 %)")
     print(f"epoch time with / without:    {med_on / med_off:.3f}   "
           f"(medians {med_on:.3f} s / {med_off:.3f} s)")
+    with tempfile.TemporaryDirectory() as run_dir:
+        record_s, step_s = record_share(Path(run_dir))
+    print(f"progress record / step:       {100 * record_s / step_s:.3f} %   (target <= 1 %: "
+          f"{record_s * 1e6:.2f} us a step against a compute-only step of {step_s * 1e3:.3f} ms)")
     return 0
 
 

@@ -237,7 +237,7 @@ def script_bench_stop(work):
     data = work["data"].removeprefix("data.root=")
     out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_stop.py"), "--repeats", "1",
                        "--steps", "30", "--data-root", data]))
-    assert "time inside the check / step" in out
+    assert "time inside the check / step" in out and "progress record / step" in out
 
 
 def script_bench_straggler(work):
