@@ -350,11 +350,12 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
+# a frozen rank 1 is diagnosed as rank 0's is (the same records, the same /proc check): the
+# suite freezes rank 0 only, the harder case
 @pytest.mark.parametrize("sig, rank, why", [
     (signal.SIGKILL, 1, "dead (no process)"),
-    (signal.SIGSTOP, 1, "frozen (SIGSTOP)"),
     (signal.SIGSTOP, 0, "frozen (SIGSTOP)"),  # rank 0 writes summary.json: the launcher must
-], ids=["sigkill-rank1", "sigstop-rank1", "sigstop-rank0"])
+], ids=["sigkill-rank1", "sigstop-rank0"])
 def test_a_dead_or_frozen_rank_ends_the_job_and_is_named(tmp_path, shared_data_root, sig, rank, why):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "train.epochs=50", f"data.root={shared_data_root}")
