@@ -1,7 +1,8 @@
 """Proof that scripts/netlab.sh gives nodes joined by a real, shaped interconnect:
 
 * up then down leaves nothing of the lab (namespaces, links, record, processes inside), two
-  labs of different names coexist on different /24s, bad arguments exit 2 naming the option;
+  labs of different names coexist on different /24s (also when made at the same moment),
+  bad arguments exit 2 naming the option;
 * a shaped link carries its configured rate each way (a TCP transfer), an unshaped one is
   far faster;
 * a 2-node gloo all_reduce across the link (one process per node, GLOO_SOCKET_IFNAME set)
@@ -20,8 +21,8 @@ import time
 
 import pytest
 
-from netlab_fixture import (RECORD_DIR, free_port_on, measure_transfer, netlab_sh,
-                            parse_nodes)
+from netlab_fixture import (NETLAB_SCRIPT, RECORD_DIR, free_port_on, lab_down, measure_transfer,
+                            netlab_sh, parse_nodes, unique_name)
 
 pytestmark = [pytest.mark.netlab]
 
@@ -96,6 +97,23 @@ def test_up_down_leaves_nothing_and_labs_coexist(netlab_factory):
     assert leftovers(b.name) == []
 
 
+def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
+    """Two `up`s at the same moment (two test sessions): the lock gives each its own /24."""
+    names = [unique_name(), unique_name()]
+    try:
+        ups = [subprocess.Popen(["bash", str(NETLAB_SCRIPT), "up", "--link", "none", "--name", n],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL) for n in names]
+        outs = [p.communicate(timeout=120) for p in ups]
+        assert [p.returncode for p in ups] == [0, 0], outs
+        nets = [subnet(parse_nodes(out)[0].addr) for out, _ in outs]
+        assert nets[0] != nets[1], nets
+    finally:
+        for n in names:
+            lab_down(n)
+    assert leftovers(names[0]) == leftovers(names[1]) == []
+
+
 @pytest.mark.parametrize("args, option", [
     (["up", "--nodes", "0"], "--nodes"),
     (["up", "--link", "200mb"], "--link"),
@@ -111,16 +129,28 @@ def test_bad_arguments(args, option):
     assert len(res.stderr.splitlines()) == 1 and option in res.stderr, res.stderr
 
 
+def best_rate(lab, src, dst, nbytes: int, enough: float, tries: int = 3) -> tuple[float, list]:
+    """The best of up to `tries` transfers, stopping at the first of `enough` bytes/s: load on
+    these 2-core machines only ever slows a transfer down (seen under a parallel test suite:
+    one of ten at 0.82 of a 200mbit link, unshaped ones from 108 to 390 MB/s)."""
+    rates = []
+    for _ in range(tries):
+        rates.append(measure_transfer(lab, src, dst, nbytes))
+        if rates[-1] >= enough:
+            break
+    return max(rates), rates
+
+
 def test_shaped_link_carries_its_rate(netlab_factory):
     shaped = netlab_factory(nodes=2, link="200mbit")
     n1, n2 = shaped.nodes
     for src, dst in ((n1, n2), (n2, n1)):
         # 10 MB at 25 MB/s: 0.4 s. TCP/IP and Ethernet headers take ~4% of what tbf counts
-        rate = measure_transfer(shaped, src, dst, 10 * MB)
-        assert abs(rate / shaped.rate_bytes - 1) < 0.10, (src.name, dst.name, rate)
+        rate, rates = best_rate(shaped, src, dst, 10 * MB, enough=0.9 * shaped.rate_bytes)
+        assert abs(rate / shaped.rate_bytes - 1) < 0.10, (src.name, dst.name, rates)
     free = netlab_factory(nodes=2, link="none")
-    rate = measure_transfer(free, *free.nodes, 10 * MB)
-    assert rate > 5 * shaped.rate_bytes, rate
+    rate, rates = best_rate(free, *free.nodes, 10 * MB, enough=5 * shaped.rate_bytes)
+    assert rate > 5 * shaped.rate_bytes, rates
 
 
 ALLREDUCE_PY = textwrap.dedent(
@@ -135,12 +165,12 @@ ALLREDUCE_PY = textwrap.dedent(
     dist.all_reduce(torch.ones(1 << 18))  # warm-up: connections, buffers (1 MB)
     t = torch.ones(1 << 22)  # 16 MB of float32
     seconds = []
-    for _ in range(2):
+    for _ in range(3):  # the best of 3: load on the machine only ever slows one down
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(t)
         seconds.append(time.perf_counter() - t0)
-    assert t[0].item() == world ** 2, t[0].item()
+    assert t[0].item() == world ** len(seconds), t[0].item()  # ones, summed each time
     print(json.dumps({"rank": rank, "bytes": t.numel() * 4, "seconds": seconds}), flush=True)
     dist.destroy_process_group()
     """
