@@ -27,7 +27,7 @@
 #
 # Shaping: a tbf qdisc on both ends of every node's veth pair: eth0 inside the node shapes what
 # the node sends, NAME-hI on the bridge what it receives.  Burst = 10 ms of the rate (at least
-# 32 KiB), latency 50 ms: a long TCP transfer runs at the configured rate (200mbit: 24.0 MB/s
+# 32 KiB), latency 50 ms: a long TCP transfer runs at the configured rate (200mbit: 24.2 MB/s
 # of 25 measured, docs/network.md).  netem (delay, loss) does not exist in this kernel.
 #
 # Needs root, ip and tc (iproute2); installs nothing.  `up` on a lab already up with the same
