@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from netlab_fixture import netlab, netlab_factory  # noqa: F401 (fixtures, for every module)
 from slurm_fixture import start_cluster, stop_cluster
 
 

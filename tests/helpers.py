@@ -2,7 +2,8 @@
 as a user runs it (importing *this* checkout), run folders read back, composed configs.
 
 conftest.py puts tests/ on sys.path, so every test module does `from helpers import ...`;
-the fixtures (`slurm_cluster`, `shared_data_root`) live in conftest.py itself."""
+the fixtures (`slurm_cluster`, `shared_data_root`; `netlab`, `netlab_factory` from
+netlab_fixture.py) live in conftest.py itself."""
 
 from __future__ import annotations
 

@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# A cluster on one machine with a real interconnect: N network namespaces ("nodes"), each
+# joined by a veth pair to a bridge in the root namespace, each link shaped to a rate.
+#
+#   scripts/netlab.sh up     [--nodes N] [--link RATE] [--name NAME]   make it; prints the nodes
+#   scripts/netlab.sh down   [--name NAME]    kill what runs in its nodes, remove everything
+#   scripts/netlab.sh status [--name NAME]    exit 0 if up (prints the nodes), 1 if not
+#
+#   --nodes N     nodes, 1..253 (default 2)
+#   --link RATE   a tc rate each way of every node's link (200mbit, 1gbit, 25mbps = 25 MB/s);
+#                 `none` (the default) leaves the links unshaped (veth speed, ~2 GB/s here)
+#   --name NAME   1-10 characters [a-z0-9], starting with a letter (default netlab): two labs
+#                 with different names never collide (interfaces, namespaces, addresses)
+#
+# stdout of `up` and `status`: one line per node, space separated, nothing else:
+#   NODE NAMESPACE ADDRESS IFNAME          e.g.   node1 netlab-n1 198.18.0.2 eth0
+# Run a command on a node with `ip netns exec NAMESPACE cmd ...`; a process there sees `lo`
+# (the ranks of one node talk over it) and IFNAME, its uplink.  gloo must be told which
+# interface to use, GLOO_SOCKET_IFNAME=IFNAME (NCCL: NCCL_SOCKET_IFNAME): left alone it takes
+# the address the node's hostname resolves to, 127.0.0.1 (the machine's /etc/hosts), and the
+# ranks of other nodes cannot reach it.  IFNAME is eth0 on every node, as on a real cluster.
+#
+# Addresses come only from the benchmarking range 198.18.0.0/15, one /24 per NAME: the bridge
+# (NAME-br, in the root namespace, where e.g. slurmctld runs) is .1, node i is .(i+1).  The
+# /24s in use are recorded under /run/ddp_lab_netlab/ (NAME.env: the lab's config in shell
+# syntax, e.g. NETLAB_BRIDGE_ADDR, NETLAB_RATE_BYTES), read and written under its lock.
+#
+# Shaping: a tbf qdisc on both ends of every node's veth pair: eth0 inside the node shapes what
+# the node sends, NAME-hI on the bridge what it receives.  Burst = 10 ms of the rate (at least
+# 32 KiB), latency 50 ms: a long TCP transfer runs at the configured rate (200mbit: 24.2 MB/s
+# of 25 measured, docs/network.md).  netem (delay, loss) does not exist in this kernel.
+#
+# Needs root, ip and tc (iproute2); installs nothing.  `up` on a lab already up with the same
+# config prints its nodes again; `down` is idempotent and also cleans a half-made lab.
+# Every wait is bounded; diagnostics go to stderr; a bad argument exits 2, a failure 1.
+set -uo pipefail
+
+MACHINE_DIR="/run/ddp_lab_netlab"
+IFNAME="eth0"                  # the uplink's name inside every node
+BURST_S_NUM=1; BURST_S_DEN=100 # burst = rate * 10 ms ...
+MIN_BURST=32768                # ... but at least 32 KiB
+LATENCY="50ms"
+LOCK_WAIT_S=60
+
+log() { echo "netlab: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+bad() { echo "netlab: $*" >&2; exit 2; }
+
+usage() {
+    echo "usage: $0 {up|down|status} [--nodes N] [--link RATE|none] [--name NAME]" >&2
+    exit 2
+}
+
+# ---------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------
+[ $# -ge 1 ] || usage
+CMD="$1"; shift
+case "$CMD" in up|down|status) ;; -h|--help) usage ;; *) bad "unknown command '$CMD': use up, down or status" ;; esac
+NODES=2; LINK=none; NAME=netlab; GOT_NODES=0; GOT_LINK=0
+while [ $# -gt 0 ]; do
+    opt="$1"; val=""
+    case "$opt" in
+        --*=*) val="${opt#*=}"; opt="${opt%%=*}" ;;
+        --nodes|--link|--name)
+            [ $# -ge 2 ] || bad "$opt needs a value (e.g. $opt $(case $opt in --nodes) echo 2;; --link) echo 200mbit;; *) echo netlab;; esac))"
+            val="$2"; shift ;;
+    esac
+    case "$opt" in
+        --nodes) NODES="$val"; GOT_NODES=1 ;;
+        --link) LINK="$val"; GOT_LINK=1 ;;
+        --name) NAME="$val" ;;
+        *) bad "unknown option '$opt': the options are --nodes N, --link RATE|none, --name NAME" ;;
+    esac
+    shift
+done
+[[ "$NAME" =~ ^[a-z][a-z0-9]{0,9}$ ]] \
+    || bad "--name '$NAME': use 1-10 characters a-z 0-9, starting with a letter (interface names are limited to 15)"
+if [ "$CMD" != up ]; then
+    [ $GOT_NODES -eq 0 ] || bad "--nodes is for 'up' only: '$CMD' needs just --name (the lab remembers its nodes)"
+    [ $GOT_LINK -eq 0 ] || bad "--link is for 'up' only: '$CMD' needs just --name (the lab remembers its link)"
+fi
+[[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 253 ] \
+    || bad "--nodes '$NODES': use a whole number from 1 to 253 (one /24 per lab)"
+NODES=$((10#$NODES))
+[ -z "$LINK" ] && LINK=none
+RATE_BYTES=0
+if [ "$LINK" != none ]; then
+    [[ "$LINK" =~ ^([0-9]+(\.[0-9]+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$ ]] \
+        || bad "--link '$LINK': use a tc rate such as 200mbit, 1gbit or 25mbps (bytes/s), or none"
+    num="${BASH_REMATCH[1]}"; unit="${BASH_REMATCH[3]}"
+    case "$unit" in  # tc's rate units are decimal (k = 1000); *bit is bits, *bps bytes
+        bit) mult=0.125 ;; kbit) mult=125 ;; mbit) mult=125000 ;; gbit) mult=125000000 ;;
+        tbit) mult=125000000000 ;; bps) mult=1 ;; kbps) mult=1000 ;; mbps) mult=1000000 ;;
+        gbps) mult=1000000000 ;; tbps) mult=1000000000000 ;;
+    esac
+    RATE_BYTES="$(awk -v n="$num" -v m="$mult" 'BEGIN { printf "%.0f", n * m }')"
+    [ "$RATE_BYTES" -ge 1000 ] || bad "--link '$LINK' is below 1 KB/s: use a larger rate (e.g. 200mbit), or none"
+fi
+
+BRIDGE="$NAME-br"
+RECORD="$MACHINE_DIR/$NAME.env"
+ns_of() { echo "$NAME-n$1"; }     # node i's namespace
+hostif_of() { echo "$NAME-h$1"; } # node i's veth end on the bridge
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+check_tools() {
+    local t missing=()
+    for t in ip tc flock awk; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+    [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: install iproute2 (ip, tc) and util-linux (flock)"
+    [ "$(id -u)" -eq 0 ] || die "must run as root (network namespaces, veth pairs, qdiscs)"
+}
+
+# run a command; on failure show it and its stderr, return 1
+must() {
+    local err
+    if ! err="$(timeout 20 "$@" 2>&1 >/dev/null)"; then
+        log "failed: $* : $err"
+        return 1
+    fi
+}
+
+locked() {  # run "$@" holding the machine lock (bounded wait); returns its status
+    mkdir -p "$MACHINE_DIR" || die "cannot create $MACHINE_DIR"
+    ( flock -w "$LOCK_WAIT_S" 9 || die "no lock on $MACHINE_DIR/lock within $LOCK_WAIT_S s"; "$@" ) 9>"$MACHINE_DIR/lock"
+}
+
+our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-n[0-9]+\$"; }
+our_links() {  # this lab's links in the root namespace: host veth ends, then the bridge
+    ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
+        | grep -E "^$NAME-(h[0-9]+|br)\$" | sort -r
+}
+link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
+ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$1"; }
+
+read_record() {  # REC_* from a record file; 1 if missing or unreadable
+    local f="$1" line key val
+    REC_NODES=""; REC_LINK=""; REC_INDEX=""; REC_NAME=""
+    [ -f "$f" ] || return 1
+    while IFS= read -r line; do
+        key="${line%%=*}"; val="${line#*=}"
+        case "$key" in
+            NETLAB_NAME) REC_NAME="$val" ;; NETLAB_NODES) REC_NODES="$val" ;;
+            NETLAB_LINK) REC_LINK="$val" ;; NETLAB_INDEX) REC_INDEX="$val" ;;
+        esac
+    done <"$f"
+    [[ "$REC_INDEX" =~ ^[0-9]+$ ]] && [[ "$REC_NODES" =~ ^[0-9]+$ ]]
+}
+
+# /24 number k (0..511) of 198.18.0.0/15 -> "198.18.k.0" prefix parts
+net_prefix() { echo "198.$((18 + $1 / 256)).$(($1 % 256))"; }
+
+node_line() {  # i prefix -> the stdout line of node i
+    echo "node$1 $(ns_of "$1") $2.$(($1 + 1)) $IFNAME"
+}
+
+is_up() {  # the record's lab is fully there: bridge, every namespace and veth, uplinks up
+    read_record "$RECORD" || return 1
+    link_exists "$BRIDGE" || return 1
+    local i
+    for i in $(seq 1 "$REC_NODES"); do
+        ns_exists "$(ns_of "$i")" || return 1
+        link_exists "$(hostif_of "$i")" || return 1
+        ip -n "$(ns_of "$i")" link show dev "$IFNAME" 2>/dev/null | grep -q 'state UP' || return 1
+    done
+}
+
+pid_alive() {  # exists and is not a zombie
+    kill -0 "$1" 2>/dev/null || return 1
+    [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
+kill_in_namespace() {  # TERM every process in namespace $1, wait up to 5 s, then KILL
+    local ns="$1" pids p i alive
+    pids="$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
+    [ -n "${pids// /}" ] || return 0
+    log "down: killing the processes in $ns: $pids"
+    kill $pids 2>/dev/null
+    for i in $(seq 1 20); do
+        alive=0
+        for p in $pids; do pid_alive "$p" && alive=1; done
+        [ $alive -eq 0 ] && return 0
+        sleep 0.25
+    done
+    kill -9 $pids 2>/dev/null
+    for i in $(seq 1 20); do
+        alive=0
+        for p in $pids; do pid_alive "$p" && alive=1; done
+        [ $alive -eq 0 ] && return 0
+        sleep 0.1
+    done
+    log "down: still alive after SIGKILL in $ns: $pids"
+}
+
+# ---------------------------------------------------------------------------------------
+# down / up / status (the first two run under the machine lock)
+# ---------------------------------------------------------------------------------------
+down_locked() {
+    local ns l found=0
+    for ns in $(our_namespaces); do found=1; kill_in_namespace "$ns"; done
+    # the host ends first: deleting one deletes its pair, even in a namespace something
+    # still holds open (then `ip netns del` below frees only the name)
+    for l in $(our_links); do
+        found=1
+        if ! ip link del dev "$l" 2>/dev/null && link_exists "$l"; then log "down: could not delete link $l"; fi
+    done
+    for ns in $(our_namespaces); do
+        ip netns del "$ns" 2>/dev/null || log "down: could not delete namespace $ns"
+    done
+    [ -f "$RECORD" ] && found=1
+    rm -f "$RECORD"
+    local left; left="$( { our_namespaces; our_links; } | tr '\n' ' ')"
+    [ -z "${left// /}" ] || { log "down: left behind: $left"; return 1; }
+    if [ $found -eq 1 ]; then log "down: $NAME removed"; else log "down: nothing named $NAME (not up)"; fi
+}
+
+allocate_index() {  # the lowest /24 of 198.18.0.0/15 no other lab and no root-ns address uses
+    local used=" " f k addr
+    for f in "$MACHINE_DIR"/*.env; do
+        [ -f "$f" ] && [ "$f" != "$RECORD" ] || continue
+        if ! read_record "$f"; then log "up: ignoring unreadable record $f"; continue; fi
+        # a record without its bridge and namespaces is a lab killed mid-way: free its /24
+        if ! link_exists "$REC_NAME-br" && ! ip netns list 2>/dev/null | grep -qE "^$REC_NAME-n[0-9]+( |\$)"; then
+            log "up: removing the stale record $f (no bridge, no namespaces)"; rm -f "$f"; continue
+        fi
+        used+="$REC_INDEX "
+    done
+    for addr in $(ip -4 -o addr show 2>/dev/null | awk '{print $4}' | grep -E '^198\.1[89]\.'); do
+        k="$(awk -F'[./]' '{print ($2 - 18) * 256 + $3}' <<<"$addr")"
+        used+="$k "
+    done
+    for k in $(seq 0 511); do
+        case "$used" in *" $k "*) continue ;; esac
+        echo "$k"; return 0
+    done
+    return 1
+}
+
+up_locked() {
+    if is_up; then
+        if [ "$REC_NODES" = "$NODES" ] && [ "$REC_LINK" = "$LINK" ]; then
+            log "up: $NAME already up ($NODES nodes, link $LINK)"
+            local i p; p="$(net_prefix "$REC_INDEX")"
+            for i in $(seq 1 "$NODES"); do node_line "$i" "$p"; done
+            return 0
+        fi
+        log "ERROR: $NAME is already up with --nodes $REC_NODES --link $REC_LINK: run 'down --name $NAME' first, or choose another --name"
+        return 3  # left as it is
+    fi
+    if [ -f "$RECORD" ] || [ -n "$( { our_namespaces; our_links; } )" ]; then
+        log "up: cleaning a half-made $NAME first"
+        down_locked || die "could not clean the half-made $NAME"
+    fi
+    local k p i ns hif burst=""
+    k="$(allocate_index)" || die "no free /24 left in 198.18.0.0/15 (512 labs up?): run 'down' on some"
+    p="$(net_prefix "$k")"
+    # the record first: a failure below leaves something `down` knows about
+    cat >"$RECORD" <<EOF
+NETLAB_NAME=$NAME
+NETLAB_NODES=$NODES
+NETLAB_LINK=$LINK
+NETLAB_RATE_BYTES=$RATE_BYTES
+NETLAB_INDEX=$k
+NETLAB_SUBNET=$p.0/24
+NETLAB_BRIDGE=$BRIDGE
+NETLAB_BRIDGE_ADDR=$p.1
+NETLAB_IFNAME=$IFNAME
+EOF
+    if [ "$RATE_BYTES" -gt 0 ]; then
+        burst=$((RATE_BYTES * BURST_S_NUM / BURST_S_DEN))
+        [ $burst -ge $MIN_BURST ] || burst=$MIN_BURST
+    fi
+    shape() {  # dev [netns]: tbf on dev (in netns if given)
+        [ -n "$burst" ] || return 0
+        must ip ${2:+-n "$2"} link set dev "$1" up \
+            && must tc ${2:+-n "$2"} qdisc replace dev "$1" root tbf rate "$LINK" burst "$burst" latency "$LATENCY"
+    }
+    must ip link add "$BRIDGE" type bridge \
+        && must ip addr add "$p.1/24" dev "$BRIDGE" \
+        && must ip link set dev "$BRIDGE" up || return 1
+    for i in $(seq 1 "$NODES"); do
+        ns="$(ns_of "$i")"; hif="$(hostif_of "$i")"
+        must ip netns add "$ns" \
+            && must ip link add "$hif" type veth peer name "$IFNAME" netns "$ns" \
+            && must ip link set dev "$hif" master "$BRIDGE" \
+            && must ip link set dev "$hif" up \
+            && must ip -n "$ns" link set dev lo up \
+            && must ip -n "$ns" addr add "$p.$((i + 1))/24" dev "$IFNAME" \
+            && must ip -n "$ns" link set dev "$IFNAME" up \
+            && shape "$IFNAME" "$ns" && shape "$hif" || return 1
+        # one address on the uplink (no IPv6 link-local): what gloo finds there is unambiguous
+        ip netns exec "$ns" sysctl -qw "net.ipv6.conf.$IFNAME.disable_ipv6=1" >/dev/null 2>&1 || true
+    done
+    local deadline=$((SECONDS + 10))
+    until is_up; do
+        [ $SECONDS -lt $deadline ] || { log "up: links not up within 10 s"; return 1; }
+        sleep 0.1
+    done
+    log "up: $NAME: $NODES nodes on $p.0/24, bridge $BRIDGE $p.1, link $LINK$([ -n "$burst" ] && echo " (tbf burst ${burst}b latency $LATENCY, both ways)")"
+    for i in $(seq 1 "$NODES"); do node_line "$i" "$p"; done
+}
+
+do_up() {
+    check_tools
+    # stdout only once everything is made: a failure prints no node lines
+    local out rc
+    out="$(locked up_locked)"; rc=$?
+    [ $rc -eq 3 ] && exit 1
+    if [ $rc -ne 0 ]; then
+        locked down_locked >/dev/null || true
+        die "up failed (nothing left behind)"
+    fi
+    printf '%s\n' "$out"
+}
+
+do_down() { check_tools; locked down_locked; }
+
+do_status() {
+    check_tools
+    if is_up; then
+        local p i; p="$(net_prefix "$REC_INDEX")"
+        log "status: $NAME up: $REC_NODES nodes on $p.0/24, bridge $BRIDGE $p.1, link $REC_LINK ($RECORD)"
+        for i in $(seq 1 "$REC_NODES"); do node_line "$i" "$p"; done
+        return 0
+    fi
+    if [ -f "$RECORD" ] || [ -n "$( { our_namespaces; our_links; } )" ]; then
+        log "status: $NAME partially up: run 'down --name $NAME' then 'up'"
+    else
+        log "status: $NAME down"
+    fi
+    return 1
+}
+
+case "$CMD" in
+    up) do_up ;;
+    down) do_down ;;
+    status) do_status ;;
+esac

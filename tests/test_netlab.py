@@ -1,0 +1,205 @@
+"""Proof that scripts/netlab.sh gives nodes joined by a real, shaped interconnect:
+
+* up then down leaves nothing of the lab (namespaces, links, record, processes inside), two
+  labs of different names coexist on different /24s (also when made at the same moment),
+  bad arguments exit 2 naming the option;
+* a shaped link carries its configured rate each way (a TCP transfer), an unshaped one is
+  far faster;
+* a 2-node gloo all_reduce across the link (one process per node, GLOO_SOCKET_IFNAME set)
+  reaches the link's rate as bus bandwidth.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from netlab_fixture import (NETLAB_SCRIPT, RECORD_DIR, free_port_on, lab_down, measure_transfer,
+                            netlab_sh, parse_nodes, unique_name)
+
+pytestmark = [pytest.mark.netlab]
+
+MB = 1_000_000
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True)
+    return {line.split(": ")[1].split("@")[0] for line in out.stdout.splitlines()}
+
+
+def leftovers(name: str) -> list[str]:
+    prefix = f"{name}-"
+    found = sorted(n for n in namespaces() | links() if n.startswith(prefix))
+    if (RECORD_DIR / f"{name}.env").exists():
+        found.append(str(RECORD_DIR / f"{name}.env"))
+    return found
+
+
+def subnet(addr: str) -> ipaddress.IPv4Network:
+    return ipaddress.ip_network(f"{addr}/24", strict=False)
+
+
+def test_up_down_leaves_nothing_and_labs_coexist(netlab_factory):
+    a = netlab_factory(nodes=2, link="200mbit")
+    b = netlab_factory(nodes=3, link="none")
+    bench = ipaddress.ip_network("198.18.0.0/15")
+    for lab in (a, b):
+        assert [n.name for n in lab.nodes] == [f"node{i}" for i in range(1, len(lab.nodes) + 1)]
+        nets = {subnet(n.addr) for n in lab.nodes} | {subnet(lab.bridge_addr)}
+        assert len(nets) == 1 and nets.pop().subnet_of(bench), lab
+        assert {n.netns for n in lab.nodes} <= namespaces()
+        # each node has lo up and exactly its address on its uplink
+        out = lab.run(lab.nodes[-1], ["ip", "-o", "addr", "show"], check=True).stdout
+        assert "127.0.0.1/8" in out and f"{lab.nodes[-1].addr}/24" in out, out
+    assert subnet(a.nodes[0].addr) != subnet(b.nodes[0].addr)
+    assert len(b.nodes) == 3 and a.rate_bytes == 25 * MB and b.rate_bytes is None
+
+    # status prints what up printed
+    res = netlab_sh("status", "--name", a.name)
+    assert res.returncode == 0 and parse_nodes(res.stdout) == a.nodes, res.stderr
+
+    # a labs' nodes reach each other and the root namespace, not the other lab
+    reach = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 9), "
+             "timeout=3)\nexcept ConnectionRefusedError:\n    print('reached')\n"
+             "except OSError as e:\n    print('unreachable', e)")
+    for target, want in ((a.nodes[1].addr, "reached"), (a.bridge_addr, "reached"),
+                         (b.nodes[0].addr, "unreachable")):
+        out = a.run(a.nodes[0], [sys.executable, "-c", reach, target], check=True).stdout
+        assert out.startswith(want), (target, out)
+
+    # down kills what runs in the nodes and removes everything of that name, only that
+    sleeper = a.popen(a.nodes[0], ["sleep", "300"])
+    res = netlab_sh("down", "--name", a.name)
+    assert res.returncode == 0, res.stderr
+    assert sleeper.wait(timeout=10) is not None
+    assert leftovers(a.name) == []
+    assert netlab_sh("status", "--name", a.name).returncode == 1
+    assert netlab_sh("down", "--name", a.name).returncode == 0  # idempotent
+    assert netlab_sh("status", "--name", b.name).returncode == 0
+
+    # a lab up with other options is left alone; down removes it
+    res = netlab_sh("up", "--nodes", "2", "--name", b.name)
+    assert res.returncode == 1 and "already up with --nodes 3" in res.stderr, res.stderr
+    assert netlab_sh("status", "--name", b.name).returncode == 0
+    assert netlab_sh("down", "--name", b.name).returncode == 0
+    assert leftovers(b.name) == []
+
+
+def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
+    """Two `up`s at the same moment (two test sessions): the lock gives each its own /24."""
+    names = [unique_name(), unique_name()]
+    try:
+        ups = [subprocess.Popen(["bash", str(NETLAB_SCRIPT), "up", "--link", "none", "--name", n],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL) for n in names]
+        outs = [p.communicate(timeout=120) for p in ups]
+        assert [p.returncode for p in ups] == [0, 0], outs
+        nets = [subnet(parse_nodes(out)[0].addr) for out, _ in outs]
+        assert nets[0] != nets[1], nets
+    finally:
+        for n in names:
+            lab_down(n)
+    assert leftovers(names[0]) == leftovers(names[1]) == []
+
+
+@pytest.mark.parametrize("args, option", [
+    (["up", "--nodes", "0"], "--nodes"),
+    (["up", "--link", "200mb"], "--link"),
+    (["up", "--name", "Bad-name"], "--name"),
+    (["up", "--name", "waytoolongname"], "--name"),
+    (["down", "--link", "1gbit"], "--link"),
+    (["up", "--speed", "1"], "--speed"),
+    (["up", "--nodes"], "--nodes"),
+])
+def test_bad_arguments(args, option):
+    res = netlab_sh(*args, timeout=30)
+    assert res.returncode == 2 and res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1 and option in res.stderr, res.stderr
+
+
+def best_rate(lab, src, dst, nbytes: int, enough: float, tries: int = 3) -> tuple[float, list]:
+    """The best of up to `tries` transfers, stopping at the first of `enough` bytes/s: load on
+    these 2-core machines only ever slows a transfer down (seen under a parallel test suite:
+    one of ten at 0.82 of a 200mbit link, unshaped ones from 108 to 390 MB/s)."""
+    rates = []
+    for _ in range(tries):
+        rates.append(measure_transfer(lab, src, dst, nbytes))
+        if rates[-1] >= enough:
+            break
+    return max(rates), rates
+
+
+def test_shaped_link_carries_its_rate(netlab_factory):
+    shaped = netlab_factory(nodes=2, link="200mbit")
+    n1, n2 = shaped.nodes
+    for src, dst in ((n1, n2), (n2, n1)):
+        # 10 MB at 25 MB/s: 0.4 s. TCP/IP and Ethernet headers take ~4% of what tbf counts
+        rate, rates = best_rate(shaped, src, dst, 10 * MB, enough=0.9 * shaped.rate_bytes)
+        assert abs(rate / shaped.rate_bytes - 1) < 0.10, (src.name, dst.name, rates)
+    free = netlab_factory(nodes=2, link="none")
+    rate, rates = best_rate(free, *free.nodes, 10 * MB, enough=5 * shaped.rate_bytes)
+    assert rate > 5 * shaped.rate_bytes, rates
+
+
+ALLREDUCE_PY = textwrap.dedent(
+    """
+    import datetime, json, sys, time
+    import torch
+    import torch.distributed as dist
+
+    rank, world, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1 << 18))  # warm-up: connections, buffers (1 MB)
+    t = torch.ones(1 << 22)  # 16 MB of float32
+    seconds = []
+    for _ in range(3):  # the best of 3: load on the machine only ever slows one down
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        seconds.append(time.perf_counter() - t0)
+    assert t[0].item() == world ** len(seconds), t[0].item()  # ones, summed each time
+    print(json.dumps({"rank": rank, "bytes": t.numel() * 4, "seconds": seconds}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.dist
+def test_gloo_all_reduce_across_the_link(netlab):
+    n1, n2 = netlab.nodes
+    url = f"tcp://{n1.addr}:{free_port_on(n1)}"
+    procs = []
+    for rank, node in enumerate((n1, n2)):
+        # without it gloo takes the address the hostname resolves to (127.0.0.1): no mesh
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=node.ifname, OMP_NUM_THREADS="1")
+        procs.append(netlab.popen(node, [sys.executable, "-c", ALLREDUCE_PY, str(rank), "2", url],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+    outs = []
+    deadline = time.monotonic() + 120
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("the 2-node all_reduce did not finish in 120 s")
+    assert all(p.returncode == 0 for p in procs), outs
+    result = json.loads(outs[0][0].strip().splitlines()[-1])
+    world = 2
+    algbw = result["bytes"] / min(result["seconds"])
+    busbw = algbw * 2 * (world - 1) / world  # nccl-tests' definition
+    assert abs(busbw / netlab.rate_bytes - 1) < 0.15, (busbw, result)
