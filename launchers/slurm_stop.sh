@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# ddp_lab: what job.sbatch (beside this file) does besides starting the ranks: it sources this
-# file first, so that the traps catch a stop at any time. Not run by itself.
+# ddp_lab: what job.sbatch (or a study's study.sbatch) beside this file does besides starting
+# the ranks: it sources this file first, so that the traps catch a stop at any time. Not run
+# by itself. It reads RUN_DIR (the running training's folder; a study sets it per point) and
+# AGAIN_SCRIPT (the script to submit again; default $RUN_DIR/job.sbatch).
 #   check_python     the ranks' python imports what they run, else the job ends here (exit 3)
 #   wait_for_srun    wait for srun, which runs in the background so that the traps run at once
 #   requeue_or_exit  after a time-limit stop, requeue this job; else exit with srun's status
@@ -21,6 +23,7 @@ GOT_TERM=0
 STOP_MSG=""
 KEEPER=""
 write_stop() {{
+  [ -n "$RUN_DIR" ] || return 0  # a study between points: nothing runs to stop
   echo "preempted $STOP_MSG (job $SLURM_JOB_ID)" > "$RUN_DIR/.STOP.tmp" && mv -f "$RUN_DIR/.STOP.tmp" "$RUN_DIR/STOP"
 }}
 keep_stop() {{  # rank 0 clears the stop file as it starts: one written earlier is rewritten
@@ -31,7 +34,7 @@ keep_stop() {{  # rank 0 clears the stop file as it starts: one written earlier 
 }}
 request_stop() {{  # $1: what asked
   STOP_MSG=$1
-  echo "[sbatch] $1 at $(date +%T): asking the ranks to checkpoint and stop ($RUN_DIR/STOP)"
+  echo "[sbatch] $1 at $(date +%T): asking the ranks to checkpoint and stop${{RUN_DIR:+ ($RUN_DIR/STOP)}}"
   write_stop
   keep_stop
 }}
@@ -61,13 +64,16 @@ wait_for_srun() {{  # $1: srun's pid
 # After the time-limit stop the ranks checkpointed (status preempted): requeue this job, it
 # continues from the checkpoint (train.resume=auto). A job SLURM itself ends (SIGTERM:
 # cancelled, requeued by an admin, preempted) is left to SLURM: requeued, it resumes alike.
+run_status() {{  # the run's status in its summary.json (completed, preempted, ...), or nothing
+  {py} -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' \
+    "$RUN_DIR/summary.json" 2>/dev/null || true
+}}
 requeue_or_exit() {{
-  STATUS=$({py} -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' \
-           "$RUN_DIR/summary.json" 2>/dev/null || true)
+  STATUS=$(run_status)
   echo "[sbatch] srun ended at $(date +%T) with exit status $RC; run status: ${{STATUS:-unknown}}"
   [ "$STATUS" != completed ] || rm -f "$RUN_DIR/STOP"  # a stop that came too late is spent
   if [ "$STATUS" = preempted ] && [ "$GOT_TERM" = 0 ]; then
-    AGAIN="sbatch $RUN_DIR/job.sbatch"
+    AGAIN="sbatch ${{AGAIN_SCRIPT:-$RUN_DIR/job.sbatch}}"
     if [ "$SELF_REQUEUE" != 1 ]; then
       echo "[sbatch] stopped with a checkpoint; not requeueing (launcher.requeue=false): continue with: $AGAIN"
       exit 75
@@ -89,7 +95,7 @@ requeue_or_exit() {{
     exit 75
   fi
   if [ "$GOT_TERM" = 1 ] && [ "$STATUS" = preempted ]; then
-    echo "[sbatch] SLURM ended this allocation; the ranks saved a checkpoint: a requeued job continues from it by itself, else: sbatch $RUN_DIR/job.sbatch"
+    echo "[sbatch] SLURM ended this allocation; the ranks saved a checkpoint: a requeued job continues from it by itself, else: sbatch ${{AGAIN_SCRIPT:-$RUN_DIR/job.sbatch}}"
   fi
   exit "$RC"
 }}

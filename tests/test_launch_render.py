@@ -364,7 +364,7 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     assert 'wait "$SRUN_PID"' in stop and 'scontrol requeue "$SLURM_JOB_ID"' in stop
     assert "keep_stop" in stop  # a stop before the ranks start outlives rank 0's clearing
     assert "trap '' TERM" in text and "PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT" in text
-    assert "SLURM_RESTART_COUNT:-0" in stop and 'AGAIN="sbatch $RUN_DIR/job.sbatch"' in stop
+    assert "SLURM_RESTART_COUNT:-0" in stop and 'AGAIN="sbatch ${AGAIN_SCRIPT:-$RUN_DIR/job.sbatch}"' in stop
 
 
 def test_slurm_first_screen_is_what_a_student_writes(tmp_path, capsys):

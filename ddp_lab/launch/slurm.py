@@ -247,6 +247,15 @@ def nccl_block(cfg) -> str:
             "echo \"$NCCL_EXPORTS\"; eval \"$NCCL_EXPORTS\"")
 
 
+def stop_script(lc) -> str:
+    """slurm_stop.sh, the stop and requeue machinery a job script (a run's job.sbatch, a
+    study's study.sbatch) sources from its folder."""
+    py = shlex.quote(python_exe(lc))
+    return template("slurm_stop.sh").format(
+        python_check=python_check(py), py=py, max_requeues=lc.max_requeues,
+        self_requeue=int(bool(lc.requeue)))
+
+
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
     if re.search(r"\s", str(run_dir)):
@@ -266,9 +275,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(), nccl_block=nccl_block(cfg),
         port_line=port_line, launch=launch_block(cfg))
-    stop = template("slurm_stop.sh").format(
-        python_check=python_check(py), py=py, max_requeues=lc.max_requeues,
-        self_requeue=int(bool(lc.requeue)))
+    stop = stop_script(lc)
     path = run_dir / "job.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"

@@ -44,9 +44,9 @@ from ..errors import UserError
 from ..run.files import atomic_write_text, read_json_or_empty, write_json
 from ..run.job import Outcome, collect, launch_job, make_run
 from ..launch import python_exe, setup_block, template
-from ..launch.base import python_check, pythonpath_line
+from ..launch.base import pythonpath_line
 from ..launch.mpirun import parse_hosts, place
-from ..launch.slurm import launch_block, sbatch_lines, submit_and_follow
+from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
 from ..run.rundir import make_run_dir, read_summary
 from ..run.stop import EXIT_STOPPED
 from ..run.validate import (COMMON, Rule, at_least, check, known_sections, one_of, resolve, resolve_train)
@@ -449,10 +449,9 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
         summary=f"{len(points)} point(s), worlds {list(base.study.worlds)} x {base.study.repeats}",
         study_dir_q=shlex.quote(str(study_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(base, study_dir)), setup=setup_block(lc.setup),
-        pythonpath=pythonpath_line(), python_check=python_check(py), py=py, step=step, calls=calls,
+        pythonpath=pythonpath_line(), py=py, step=step, calls=calls,
         master_port=(lc.master_port if lc.master_port is not None
-                     else "$(( 20000 + SLURM_JOB_ID % 20000 ))"),
-        max_requeues=lc.max_requeues, self_requeue=int(bool(lc.requeue)))
+                     else "$(( 20000 + SLURM_JOB_ID % 20000 ))"))
 
 
 def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
@@ -463,6 +462,7 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
             (study_dir / p.folder / "logs").mkdir(exist_ok=True)
     (study_dir / "logs").mkdir(exist_ok=True)
     script = study_dir / "study.sbatch"
+    atomic_write_text(study_dir / "slurm_stop.sh", stop_script(base.launcher))  # it sources
     atomic_write_text(script, render_sbatch(base, study_dir, points))
     script.chmod(0o755)
     if base.launcher.dry_run:
