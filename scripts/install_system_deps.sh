@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages the cluster/MPI tests need (SLURM, munge, OpenMPI).
+# Install the Debian packages the cluster/MPI tests need (SLURM, munge, OpenMPI; iproute2's
+# ip and tc for scripts/netlab.sh, the network lab the session's SLURM cluster runs in).
 # Idempotent: does nothing (no apt-get update) when every package is already installed.
 # Usage: scripts/install_system_deps.sh        (needs root, or sudo available)
 set -euo pipefail
@@ -12,9 +13,13 @@ for p in "${PKGS[@]}"; do
         missing+=("$p")
     fi
 done
+# ip and tc: present on most machines by other means too; the package only if one is missing
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+    missing+=(iproute2)
+fi
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install_system_deps: all installed (${PKGS[*]})"
+    echo "install_system_deps: all installed (${PKGS[*]}, ip and tc)"
     exit 0
 fi
 

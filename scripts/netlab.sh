@@ -5,6 +5,8 @@
 #   scripts/netlab.sh up     [--nodes N] [--link RATE] [--name NAME]   make it; prints the nodes
 #   scripts/netlab.sh down   [--name NAME]    kill what runs in its nodes, remove everything
 #   scripts/netlab.sh status [--name NAME]    exit 0 if up (prints the nodes), 1 if not
+#   scripts/netlab.sh shape  --link RATE|none [--name NAME]   change a live lab's rate; what
+#                                             runs in its nodes keeps running
 #
 #   --nodes N     nodes, 1..253 (default 2)
 #   --link RATE   a tc rate each way of every node's link (200mbit, 1gbit, 25mbps = 25 MB/s);
@@ -15,10 +17,14 @@
 # stdout of `up` and `status`: one line per node, space separated, nothing else:
 #   NODE NAMESPACE ADDRESS IFNAME          e.g.   node1 netlab-n1 198.18.0.2 eth0
 # Run a command on a node with `ip netns exec NAMESPACE cmd ...`; a process there sees `lo`
-# (the ranks of one node talk over it) and IFNAME, its uplink.  gloo must be told which
-# interface to use, GLOO_SOCKET_IFNAME=IFNAME (NCCL: NCCL_SOCKET_IFNAME): left alone it takes
-# the address the node's hostname resolves to, 127.0.0.1 (the machine's /etc/hosts), and the
-# ranks of other nodes cannot reach it.  IFNAME is eth0 on every node, as on a real cluster.
+# (the ranks of one node talk over it) and IFNAME, its uplink.  IFNAME is eth0 on every node,
+# as on a real cluster.
+#
+# Names, as on a real cluster: `up` writes /etc/netns/NAMESPACE/hosts, which `ip netns exec`
+# binds over /etc/hosts for what runs on that node: node1..nodeN are the nodes' addresses and
+# the machine's hostname (shared by every node: only the network is namespaced) is THAT
+# node's own address.  So `node1` names the rendezvous host, and gloo (which uses the address
+# the hostname resolves to) picks the uplink with no GLOO_SOCKET_IFNAME; `down` removes it.
 #
 # Addresses come only from the benchmarking range 198.18.0.0/15, one /24 per NAME: the bridge
 # (NAME-br, in the root namespace, where e.g. slurmctld runs) is .1, node i is .(i+1).  The
@@ -47,7 +53,7 @@ die() { log "ERROR: $*"; exit 1; }
 bad() { echo "netlab: $*" >&2; exit 2; }
 
 usage() {
-    echo "usage: $0 {up|down|status} [--nodes N] [--link RATE|none] [--name NAME]" >&2
+    echo "usage: $0 {up|down|status|shape} [--nodes N] [--link RATE|none] [--name NAME]" >&2
     exit 2
 }
 
@@ -56,7 +62,7 @@ usage() {
 # ---------------------------------------------------------------------------------------
 [ $# -ge 1 ] || usage
 CMD="$1"; shift
-case "$CMD" in up|down|status) ;; -h|--help) usage ;; *) bad "unknown command '$CMD': use up, down or status" ;; esac
+case "$CMD" in up|down|status|shape) ;; -h|--help) usage ;; *) bad "unknown command '$CMD': use up, down, status or shape" ;; esac
 NODES=2; LINK=none; NAME=netlab; GOT_NODES=0; GOT_LINK=0
 while [ $# -gt 0 ]; do
     opt="$1"; val=""
@@ -78,7 +84,11 @@ done
     || bad "--name '$NAME': use 1-10 characters a-z 0-9, starting with a letter (interface names are limited to 15)"
 if [ "$CMD" != up ]; then
     [ $GOT_NODES -eq 0 ] || bad "--nodes is for 'up' only: '$CMD' needs just --name (the lab remembers its nodes)"
-    [ $GOT_LINK -eq 0 ] || bad "--link is for 'up' only: '$CMD' needs just --name (the lab remembers its link)"
+    if [ "$CMD" = shape ]; then
+        [ $GOT_LINK -eq 1 ] || bad "shape needs --link RATE|none (e.g. --link 200mbit)"
+    else
+        [ $GOT_LINK -eq 0 ] || bad "--link is for 'up' and 'shape' only: '$CMD' needs just --name (the lab remembers its link)"
+    fi
 fi
 [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 253 ] \
     || bad "--nodes '$NODES': use a whole number from 1 to 253 (one /24 per lab)"
@@ -98,8 +108,15 @@ if [ "$LINK" != none ]; then
     [ "$RATE_BYTES" -ge 1000 ] || bad "--link '$LINK' is below 1 KB/s: use a larger rate (e.g. 200mbit), or none"
 fi
 
+BURST=""  # tbf's burst in bytes; empty: unshaped
+if [ "$RATE_BYTES" -gt 0 ]; then
+    BURST=$((RATE_BYTES * BURST_S_NUM / BURST_S_DEN))
+    [ $BURST -ge $MIN_BURST ] || BURST=$MIN_BURST
+fi
+
 BRIDGE="$NAME-br"
 RECORD="$MACHINE_DIR/$NAME.env"
+ETC_NETNS="/etc/netns"  # ip netns exec binds $ETC_NETNS/<ns>/hosts over /etc/hosts
 ns_of() { echo "$NAME-n$1"; }     # node i's namespace
 hostif_of() { echo "$NAME-h$1"; } # node i's veth end on the bridge
 
@@ -131,6 +148,12 @@ our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAM
 our_links() {  # this lab's links in the root namespace: host veth ends, then the bridge
     ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
         | grep -E "^$NAME-(h[0-9]+|br)\$" | sort -r
+}
+our_etc() {  # this lab's per-node /etc folders (hosts files)
+    local d
+    for d in "$ETC_NETNS/$NAME"-n*; do
+        [ -d "$d" ] && [[ "${d##*/}" =~ ^$NAME-n[0-9]+$ ]] && echo "$d"
+    done
 }
 link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
 ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$1"; }
@@ -194,8 +217,51 @@ kill_in_namespace() {  # TERM every process in namespace $1, wait up to 5 s, the
     log "down: still alive after SIGKILL in $ns: $pids"
 }
 
+write_record() {  # index nodes: the lab's record, with the current LINK (a new file, then mv)
+    local k="$1" p; p="$(net_prefix "$1")"
+    cat >"$RECORD.tmp" <<EOF || return 1
+NETLAB_NAME=$NAME
+NETLAB_NODES=$2
+NETLAB_LINK=$LINK
+NETLAB_RATE_BYTES=$RATE_BYTES
+NETLAB_INDEX=$k
+NETLAB_SUBNET=$p.0/24
+NETLAB_BRIDGE=$BRIDGE
+NETLAB_BRIDGE_ADDR=$p.1
+NETLAB_IFNAME=$IFNAME
+EOF
+    mv -f "$RECORD.tmp" "$RECORD"
+}
+
+write_hosts() {  # i prefix: node i's /etc/hosts (its own address is also the machine's hostname)
+    local i="$1" p="$2" j dir host short names
+    dir="$ETC_NETNS/$(ns_of "$i")"
+    host="$(hostname 2>/dev/null)"; short="${host%%.*}"
+    mkdir -p "$dir" || { log "cannot create $dir"; return 1; }
+    {
+        echo "# node$i of netlab $NAME (scripts/netlab.sh): ip netns exec $(ns_of "$i") sees this as /etc/hosts"
+        echo "127.0.0.1 localhost"
+        echo "::1 localhost ip6-localhost ip6-loopback"
+        for j in $(seq 1 "$NODES"); do
+            names="node$j"
+            if [ "$j" = "$i" ] && [ -n "$host" ]; then
+                names+=" $host"; [ "$short" != "$host" ] && names+=" $short"
+            fi
+            echo "$p.$((j + 1)) $names"
+        done
+    } >"$dir/hosts" || { log "cannot write $dir/hosts"; return 1; }
+}
+
+shape_dev() {  # dev [netns]: tbf at LINK on dev (in netns if given); LINK none: no qdisc
+    if [ -n "$BURST" ]; then
+        must tc ${2:+-n "$2"} qdisc replace dev "$1" root tbf rate "$LINK" burst "$BURST" latency "$LATENCY"
+    elif tc ${2:+-n "$2"} qdisc show dev "$1" 2>/dev/null | grep -q '^qdisc tbf'; then
+        must tc ${2:+-n "$2"} qdisc del dev "$1" root
+    fi
+}
+
 # ---------------------------------------------------------------------------------------
-# down / up / status (the first two run under the machine lock)
+# down / up / status / shape (all but status run under the machine lock)
 # ---------------------------------------------------------------------------------------
 down_locked() {
     local ns l found=0
@@ -209,9 +275,11 @@ down_locked() {
     for ns in $(our_namespaces); do
         ip netns del "$ns" 2>/dev/null || log "down: could not delete namespace $ns"
     done
+    for l in $(our_etc); do found=1; rm -rf -- "$l" || log "down: could not remove $l"; done
+    rmdir "$ETC_NETNS" 2>/dev/null || true  # only when no other lab's is left there
     [ -f "$RECORD" ] && found=1
     rm -f "$RECORD"
-    local left; left="$( { our_namespaces; our_links; } | tr '\n' ' ')"
+    local left; left="$( { our_namespaces; our_links; our_etc; } | tr '\n' ' ')"
     [ -z "${left// /}" ] || { log "down: left behind: $left"; return 1; }
     if [ $found -eq 1 ]; then log "down: $NAME removed"; else log "down: nothing named $NAME (not up)"; fi
 }
@@ -249,34 +317,15 @@ up_locked() {
         log "ERROR: $NAME is already up with --nodes $REC_NODES --link $REC_LINK: run 'down --name $NAME' first, or choose another --name"
         return 3  # left as it is
     fi
-    if [ -f "$RECORD" ] || [ -n "$( { our_namespaces; our_links; } )" ]; then
+    if [ -f "$RECORD" ] || [ -n "$( { our_namespaces; our_links; our_etc; } )" ]; then
         log "up: cleaning a half-made $NAME first"
         down_locked || die "could not clean the half-made $NAME"
     fi
-    local k p i ns hif burst=""
+    local k p i ns hif
     k="$(allocate_index)" || die "no free /24 left in 198.18.0.0/15 (512 labs up?): run 'down' on some"
     p="$(net_prefix "$k")"
     # the record first: a failure below leaves something `down` knows about
-    cat >"$RECORD" <<EOF
-NETLAB_NAME=$NAME
-NETLAB_NODES=$NODES
-NETLAB_LINK=$LINK
-NETLAB_RATE_BYTES=$RATE_BYTES
-NETLAB_INDEX=$k
-NETLAB_SUBNET=$p.0/24
-NETLAB_BRIDGE=$BRIDGE
-NETLAB_BRIDGE_ADDR=$p.1
-NETLAB_IFNAME=$IFNAME
-EOF
-    if [ "$RATE_BYTES" -gt 0 ]; then
-        burst=$((RATE_BYTES * BURST_S_NUM / BURST_S_DEN))
-        [ $burst -ge $MIN_BURST ] || burst=$MIN_BURST
-    fi
-    shape() {  # dev [netns]: tbf on dev (in netns if given)
-        [ -n "$burst" ] || return 0
-        must ip ${2:+-n "$2"} link set dev "$1" up \
-            && must tc ${2:+-n "$2"} qdisc replace dev "$1" root tbf rate "$LINK" burst "$burst" latency "$LATENCY"
-    }
+    write_record "$k" "$NODES" || return 1
     must ip link add "$BRIDGE" type bridge \
         && must ip addr add "$p.1/24" dev "$BRIDGE" \
         && must ip link set dev "$BRIDGE" up || return 1
@@ -289,7 +338,8 @@ EOF
             && must ip -n "$ns" link set dev lo up \
             && must ip -n "$ns" addr add "$p.$((i + 1))/24" dev "$IFNAME" \
             && must ip -n "$ns" link set dev "$IFNAME" up \
-            && shape "$IFNAME" "$ns" && shape "$hif" || return 1
+            && write_hosts "$i" "$p" \
+            && { [ -z "$BURST" ] || { shape_dev "$IFNAME" "$ns" && shape_dev "$hif"; }; } || return 1
         # one address on the uplink (no IPv6 link-local): what gloo finds there is unambiguous
         ip netns exec "$ns" sysctl -qw "net.ipv6.conf.$IFNAME.disable_ipv6=1" >/dev/null 2>&1 || true
     done
@@ -298,9 +348,22 @@ EOF
         [ $SECONDS -lt $deadline ] || { log "up: links not up within 10 s"; return 1; }
         sleep 0.1
     done
-    log "up: $NAME: $NODES nodes on $p.0/24, bridge $BRIDGE $p.1, link $LINK$([ -n "$burst" ] && echo " (tbf burst ${burst}b latency $LATENCY, both ways)")"
+    log "up: $NAME: $NODES nodes on $p.0/24, bridge $BRIDGE $p.1, link $LINK$([ -n "$BURST" ] && echo " (tbf burst ${BURST}b latency $LATENCY, both ways)"), names in $ETC_NETNS/$NAME-nI/hosts"
     for i in $(seq 1 "$NODES"); do node_line "$i" "$p"; done
 }
+
+shape_locked() {  # a live lab's links to LINK, both ends of every node; the record follows
+    is_up || { log "ERROR: $NAME is not up: 'up --name $NAME --link $LINK' makes it"; return 1; }
+    local i ns
+    for i in $(seq 1 "$REC_NODES"); do
+        ns="$(ns_of "$i")"
+        shape_dev "$IFNAME" "$ns" && shape_dev "$(hostif_of "$i")" || return 1
+    done
+    write_record "$REC_INDEX" "$REC_NODES" || return 1
+    log "shape: $NAME: link $REC_LINK -> $LINK$([ -n "$BURST" ] && echo " (tbf burst ${BURST}b latency $LATENCY, both ways)")"
+}
+
+do_shape() { check_tools; locked shape_locked || die "shape failed (run 'status --name $NAME')"; }
 
 do_up() {
     check_tools
@@ -337,4 +400,5 @@ case "$CMD" in
     up) do_up ;;
     down) do_down ;;
     status) do_status ;;
+    shape) do_shape ;;
 esac

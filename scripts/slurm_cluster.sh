@@ -22,6 +22,17 @@
 #   SLURM_CLUSTER_MEM_MB      (8000)   RealMemory per virtual node
 #   SLURM_CLUSTER_UP_TIMEOUT  (60)     seconds to wait for both nodes idle
 #   SLURM_CLUSTER_KEEP_STATE  (0)      1: `down` keeps STATE_DIR (logs) instead of removing it
+#   SLURM_CLUSTER_NETLAB      ()       a network lab's name (scripts/netlab.sh up --name NAME,
+#                                      2 nodes or more): read by `up` only, see below
+#
+# On a network lab (SLURM_CLUSTER_NETLAB=NAME): slurmd of nodeI runs in the lab's node I
+# (what `ip netns exec NAME-nI slurmd -N nodeI` would do, see on_node), NodeAddr = its lab
+# address; slurmctld stays in
+# the root namespace, as on a cluster's head node, reached at the lab's bridge address by the
+# nodes and by sbatch/squeue in the root namespace.  The jobs run in the nodes: traffic
+# between node1 and node2 crosses the lab's links (shaped or not: `netlab.sh shape`), and
+# node names resolve through the lab's per-node hosts files (/etc/hosts is not touched).
+# `down` is the same in both cases; `netlab.sh down` kills the slurmds with the namespaces.
 set -uo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +42,11 @@ CPUS="${SLURM_CLUSTER_CPUS:-2}"
 MEM_MB="${SLURM_CLUSTER_MEM_MB:-8000}"
 UP_TIMEOUT="${SLURM_CLUSTER_UP_TIMEOUT:-60}"
 NODES=(node1 node2)
+NETLAB="${SLURM_CLUSTER_NETLAB:-}"
+NETLAB_DIR="/run/ddp_lab_netlab"   # netlab.sh's records: NAME.env
+CTLD_ADDR="127.0.0.1"              # where the nodes and clients reach slurmctld
+NODE_ADDR=(127.0.0.1 127.0.0.1)    # NodeAddr of node1, node2
+NODE_NS=("" "")                    # the network namespace each slurmd runs in ("": root)
 MARKER=".slurm_cluster_state"   # only directories holding this file are ever rm -rf'ed
 # munged and /etc/hosts are shared by every cluster on the machine. MACHINE_DIR says which
 # clusters use munged (users/<hash of STATE_DIR>) and whether one of them started it; it is
@@ -122,11 +138,48 @@ is_up() {  # both nodes known to a responding controller and not down/unknown
 
 check_tools() {
     local t missing=()
-    for t in slurmctld slurmd sinfo scontrol sbatch srun munged munge unmunge; do
+    local tools=(slurmctld slurmd sinfo scontrol sbatch srun munged munge unmunge)
+    [ -z "$NETLAB" ] || tools+=(ip nsenter unshare)
+    for t in "${tools[@]}"; do
         command -v "$t" >/dev/null 2>&1 || missing+=("$t")
     done
     [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: run scripts/install_system_deps.sh"
     [ "$(id -u)" -eq 0 ] || die "must run as root (SlurmUser=root, munge setup)"
+}
+
+# the lab's addresses and namespaces (netlab.sh's record); exits if it is not up
+read_netlab() {
+    [[ "$NETLAB" =~ ^[a-z][a-z0-9]{0,9}$ ]] || die "SLURM_CLUSTER_NETLAB='$NETLAB' is not a netlab name"
+    local rec="$NETLAB_DIR/$NETLAB.env" line key val nodes="" subnet="" bridge_addr="" i ns
+    [ -f "$rec" ] || die "netlab $NETLAB is not up (no $rec): scripts/netlab.sh up --name $NETLAB"
+    while IFS= read -r line; do
+        key="${line%%=*}"; val="${line#*=}"
+        case "$key" in
+            NETLAB_NODES) nodes="$val" ;; NETLAB_SUBNET) subnet="$val" ;;
+            NETLAB_BRIDGE_ADDR) bridge_addr="$val" ;;
+        esac
+    done <"$rec"
+    [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 2 ] \
+        || die "netlab $NETLAB has ${nodes:-no} node(s): the cluster needs 2 (netlab.sh up --nodes 2)"
+    [[ "$subnet" =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] && [ -n "$bridge_addr" ] \
+        || die "cannot read $rec (NETLAB_SUBNET='$subnet', NETLAB_BRIDGE_ADDR='$bridge_addr')"
+    CTLD_ADDR="$bridge_addr"
+    for i in 0 1; do
+        ns="$NETLAB-n$((i + 1))"
+        ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$ns" \
+            || die "netlab $NETLAB has no namespace $ns: scripts/netlab.sh status --name $NETLAB"
+        NODE_NS[$i]="$ns"
+        NODE_ADDR[$i]="${BASH_REMATCH[1]}.$((i + 2))"
+    done
+}
+
+# on_node NS cmd...: cmd in network namespace NS, /etc/netns/NS/hosts over /etc/hosts (if
+# there) in a mount namespace of its own: `ip netns exec NS cmd` less its remount of /sys,
+# which would hide /sys/fs/cgroup ("slurmd: error: No filesystem mounted on /sys/fs/cgroup").
+on_node() {
+    local ns="$1"; shift
+    nsenter --net="/run/netns/$ns" -- unshare --mount --propagation slave -- \
+        sh -c 'h="/etc/netns/$0/hosts"; if [ -f "$h" ]; then mount --bind "$h" /etc/hosts || exit 1; fi; exec "$@"' "$ns" "$@"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -201,7 +254,7 @@ machine_locked() {  # run "$@" holding the machine lock (bounded wait); returns 
 
 setup_machine() {  # the shared part of `up`: munged, node names; this cluster counted as a user
     start_munge
-    ensure_hosts
+    [ -n "$NETLAB" ] || ensure_hosts  # on a lab, the nodes' names are the lab's hosts files
     echo "$STATE_DIR" >"$(user_entry)"
 }
 
@@ -239,9 +292,9 @@ write_conf() {
     }
     mkdir -p "$STATE_DIR"/{log,run,state,spool}
     cat >"$CONF" <<EOF
-# generated by ddp_lab scripts/slurm_cluster.sh -- 2 virtual nodes on loopback
+# generated by ddp_lab scripts/slurm_cluster.sh -- 2 virtual nodes $([ -n "$NETLAB" ] && echo "in netlab $NETLAB's namespaces ${NODE_NS[*]}" || echo "on loopback")
 ClusterName=ddplab
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=${NODE_PORT[0]}
 SlurmUser=root
@@ -275,8 +328,8 @@ SlurmctldLogFile=$STATE_DIR/log/slurmctld.log
 SlurmdLogFile=$STATE_DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORT[0]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORT[1]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=node1 NodeHostname=$host NodeAddr=${NODE_ADDR[0]} Port=${NODE_PORT[0]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=node2 NodeHostname=$host NodeAddr=${NODE_ADDR[1]} Port=${NODE_PORT[1]} CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
     local n
@@ -368,6 +421,7 @@ do_up() {
         log "up: cleaning stale state in $STATE_DIR"
         do_down
     fi
+    [ -z "$NETLAB" ] || read_netlab
     # another cluster (other STATE_DIR) or something else on our ports?
     local port
     for port in "$CTLD_PORT" "${NODE_PORT[@]}"; do
@@ -387,10 +441,13 @@ do_up() {
         timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP' && break
         sleep 0.25
     done
-    local n
-    for n in "${NODES[@]}"; do
-        log "up: starting slurmd -N $n"
-        timeout 30 slurmd -N "$n" -f "$CONF" </dev/null >>"$STATE_DIR/log/slurmd-$n.out" 2>&1 \
+    local n i
+    for i in 0 1; do
+        n="${NODES[$i]}"
+        local on=()  # on a lab: in the node's network namespace (and its /etc/hosts)
+        [ -n "${NODE_NS[$i]}" ] && on=(on_node "${NODE_NS[$i]}")
+        log "up: starting ${on[*]}${on[*]:+ }slurmd -N $n"
+        "${on[@]}" timeout 30 slurmd -N "$n" -f "$CONF" </dev/null >>"$STATE_DIR/log/slurmd-$n.out" 2>&1 \
             || { tail -20 "$STATE_DIR/log/slurmd-$n.log" >&2 2>/dev/null; do_down; die "slurmd -N $n failed to start"; }
     done
 
@@ -398,7 +455,7 @@ do_up() {
     while [ $SECONDS -lt $deadline ]; do
         st="$(sinfo_states)"
         if grep -q '^node1 idle' <<<"$st" && grep -q '^node2 idle' <<<"$st"; then
-            log "up: node1, node2 idle after $((SECONDS - t0)) s"
+            log "up: node1, node2 idle after $((SECONDS - t0)) s$([ -n "$NETLAB" ] && echo " (in netlab $NETLAB: ${NODE_ADDR[*]}, slurmctld at $CTLD_ADDR:$CTLD_PORT)")"
             echo "export SLURM_CONF=$CONF"
             return 0
         fi

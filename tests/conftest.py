@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from netlab_fixture import netlab, netlab_factory  # noqa: F401 (fixtures, for every module)
-from slurm_fixture import start_cluster, stop_cluster
+from slurm_fixture import session_cluster
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -57,9 +57,11 @@ def shared_data_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    """One real 2-node SLURM cluster on loopback per test session (see slurm_fixture.py), on
-    free ports with its state under this session's tmp folder: two sessions on one machine
-    never collide. Stopped at the end of the session, whatever the tests did.
+    """One real 2-node SLURM cluster per test session (see slurm_fixture.py), on free ports
+    with its state under this session's tmp folder: two sessions on one machine never collide.
+    Its slurmd run in the nodes of an unshaped network lab (scripts/netlab.sh) when root, ip
+    and tc are there, else on loopback (a warning says so; DDP_LAB_SLURM_LOOPBACK=1 asks for
+    it). Stopped at the end of the session, lab and all, whatever the tests did.
 
     $SLURM_CLUSTER_STATE_DIR names a state folder instead; a cluster already up there is
     reused and left up (a quicker edit-test loop)."""
@@ -69,9 +71,5 @@ def slurm_cluster(tmp_path_factory):
     reuse = os.environ.get("SLURM_CLUSTER_STATE_DIR")
     # short: slurmstepd's unix sockets live under it (the script checks the 107-byte limit)
     state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("slurm") / "c"
-    cluster = start_cluster(state_dir)
-    try:
+    with session_cluster(state_dir) as cluster:
         yield cluster
-    finally:
-        if cluster.started_here:
-            stop_cluster(cluster)

@@ -130,6 +130,17 @@ def lab_up(name: str | None = None, nodes: int = 2, link: str = DEFAULT_LINK) ->
                bridge_addr=record["NETLAB_BRIDGE_ADDR"], up_seconds=time.monotonic() - t0)
 
 
+def lab_status(name: str) -> Lab | None:
+    """The lab of that name if it is up (made by anyone), else None."""
+    res = netlab_sh("status", "--name", name)
+    if res.returncode != 0:
+        return None
+    record = read_record(name)
+    rate = float(record["NETLAB_RATE_BYTES"])
+    return Lab(name=name, nodes=parse_nodes(res.stdout), link=record["NETLAB_LINK"],
+               rate_bytes=rate or None, bridge_addr=record["NETLAB_BRIDGE_ADDR"], up_seconds=0.0)
+
+
 def lab_down(name: str) -> None:
     """Kill what runs in the lab's nodes and remove it (nothing there: nothing done)."""
     res = netlab_sh("down", "--name", name)

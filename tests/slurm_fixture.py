@@ -13,16 +13,29 @@ sessions on one machine (or anything on the script's default port 16817) never c
 A :class:`SlurmCluster` has ``env`` (a copy of ``os.environ`` with ``SLURM_CONF`` set: pass it
 to every subprocess that calls a slurm command), ``state_dir``, ``conf`` and ``ports``;
 ``os.environ`` itself is not modified.
+
+The session's cluster runs on a network lab when it can (:func:`session_cluster`): its two
+slurmd in the namespaces of an unshaped 2-node lab (scripts/netlab.sh), so every job's
+traffic between node1 and node2 crosses a real link; ``cluster.netlab`` is that lab (a
+test may shape it for its own duration: :func:`shaped`). Without root or ip/tc, or with
+``DDP_LAB_SLURM_LOOPBACK=1``, it runs on loopback as before (``cluster.netlab`` is None,
+``cluster.loopback_why`` says why, and a warning too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
 import subprocess
 import time
+import warnings
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
+
+from netlab_fixture import Lab, lab_down, lab_status, lab_up, netlab_sh, read_record, unique_name
+from netlab_fixture import skip_reason as netlab_skip_reason
 
 from ddp_lab.launch.ports import free_port
 
@@ -31,6 +44,7 @@ CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"
 UP_TIMEOUT_S = 120  # the script itself gives up after 60 s of waiting for idle nodes
 DOWN_TIMEOUT_S = 90
 UP_TRIES = 3  # a free port can be taken between free_port() and the daemon's bind: new ports
+LOOPBACK_ENV = "DDP_LAB_SLURM_LOOPBACK"  # =1: the session's cluster on loopback, no lab
 
 
 @dataclasses.dataclass
@@ -41,6 +55,8 @@ class SlurmCluster:
     up_seconds: float
     started_here: bool
     ports: tuple[int, int, int] | None  # slurmctld, slurmd node1, node2 (None: reused as found)
+    netlab: Optional[Lab] = None  # the lab whose nodes run the slurmd; None: loopback
+    loopback_why: Optional[str] = None  # why not on a lab (None when on one)
 
     def __getitem__(self, key):  # allow dict-style access: cluster["env"]
         return getattr(self, key)
@@ -80,20 +96,27 @@ def free_ports(n: int) -> tuple[int, ...]:
     return tuple(ports)
 
 
-def start_cluster(state_dir: Path, ports: tuple[int, int, int] | None = None) -> SlurmCluster:
+def start_cluster(state_dir: Path, ports: tuple[int, int, int] | None = None,
+                  netlab: Lab | None = None) -> SlurmCluster:
     """Bring the cluster of `state_dir` up on `ports` (slurmctld, node1, node2; default: free
-    ones, new ones if one was taken meanwhile) and return it; a cluster already up there is
-    reused as it is. Raises RuntimeError on failure, with nothing left running."""
+    ones, new ones if one was taken meanwhile) and return it, its slurmd in `netlab`'s first
+    two nodes if given (else on loopback); a cluster already up there is reused as it is.
+    Raises RuntimeError on failure, with nothing left running."""
     state_dir = Path(state_dir).resolve()
     env = dict(os.environ)
-    env.pop("SLURM_CONF", None)
+    for key in ("SLURM_CONF", "SLURM_CLUSTER_NETLAB"):
+        env.pop(key, None)
     if _cluster_cmd("status", state_dir, env, 30).returncode == 0:
-        return _started(state_dir, _cluster_cmd("up", state_dir, env, UP_TIMEOUT_S), env, 0.0,
-                        started_here=False, ports=None)
+        cluster = _started(state_dir, _cluster_cmd("up", state_dir, env, UP_TIMEOUT_S), env, 0.0,
+                           started_here=False, ports=None)
+        cluster.netlab = lab_of(cluster.conf)
+        return cluster
     for attempt in range(1, UP_TRIES + 1):
         use = ports or free_ports(3)
         run_env = dict(env, SLURM_CLUSTER_CTLD_PORT=str(use[0]),
                        SLURM_CLUSTER_NODE_PORTS=f"{use[1]},{use[2]}")
+        if netlab is not None:
+            run_env["SLURM_CLUSTER_NETLAB"] = netlab.name
         t0 = time.monotonic()
         try:
             res = _cluster_cmd("up", state_dir, run_env, UP_TIMEOUT_S)
@@ -102,8 +125,10 @@ def start_cluster(state_dir: Path, ports: tuple[int, int, int] | None = None) ->
             _cluster_cmd("down", state_dir, env, DOWN_TIMEOUT_S)
             raise RuntimeError(f"slurm_cluster.sh up did not finish in {UP_TIMEOUT_S} s: {e}") from e
         if res.returncode == 0:
-            return _started(state_dir, res, env, time.monotonic() - t0, started_here=True,
-                            ports=tuple(use))
+            cluster = _started(state_dir, res, env, time.monotonic() - t0, started_here=True,
+                               ports=tuple(use))
+            cluster.netlab = netlab
+            return cluster
         if ports is not None or "already in use" not in res.stderr or attempt == UP_TRIES:
             break
     # the script stops what it started on each of its failures; `down` is idempotent
@@ -129,6 +154,70 @@ def stop_cluster(cluster: SlurmCluster) -> None:
     res = _cluster_cmd("down", cluster.state_dir, env, DOWN_TIMEOUT_S)
     if res.returncode != 0:
         raise RuntimeError(f"slurm_cluster.sh down failed:\n{res.stdout}\n{res.stderr}")
+
+
+def lab_of(conf: Path) -> Lab | None:
+    """The lab a running cluster's slurmd live in (slurm.conf's first line names it), if up."""
+    try:
+        first = Path(conf).read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    m = re.search(r"in netlab (\S+)'s namespaces", first)
+    return lab_status(m[1]) if m else None
+
+
+def loopback_reason() -> str | None:
+    """Why the session's cluster cannot run on a network lab, or None."""
+    if os.environ.get(LOOPBACK_ENV) == "1":
+        return f"{LOOPBACK_ENV}=1"
+    return netlab_skip_reason()
+
+
+@contextlib.contextmanager
+def session_cluster(state_dir: Path) -> Iterator[SlurmCluster]:
+    """The test session's one cluster: on an unshaped 2-node lab when root, ip and tc are
+    there (else on loopback, with a warning saying why); cluster then lab stopped at the end.
+    A cluster already up in `state_dir` ($SLURM_CLUSTER_STATE_DIR) is used and left as it is."""
+    state_dir = Path(state_dir).resolve()
+    if (state_dir / "slurm.conf").exists() and \
+            _cluster_cmd("status", state_dir, os.environ, 30).returncode == 0:
+        yield start_cluster(state_dir)
+        return
+    why, lab = loopback_reason(), None
+    if why is None:
+        try:
+            lab = lab_up(unique_name(), nodes=2, link="none")
+        except RuntimeError as e:
+            why = f"scripts/netlab.sh up failed: {e}"
+    if why:
+        warnings.warn(f"the session's SLURM cluster runs on loopback, not on a network lab: {why}")
+    try:
+        cluster = start_cluster(state_dir, netlab=lab)
+        cluster.loopback_why = why
+        try:
+            yield cluster
+        finally:
+            if cluster.started_here:
+                stop_cluster(cluster)
+    finally:
+        if lab is not None:
+            lab_down(lab.name)
+
+
+@contextlib.contextmanager
+def shaped(lab: Lab, link: str) -> Iterator[float]:
+    """`lab`'s links at `link` (a tc rate) for the block, then back to what they were; yields
+    the rate in bytes/s. What runs in the nodes (the cluster's slurmd) is not touched."""
+    before = read_record(lab.name)["NETLAB_LINK"]
+    res = netlab_sh("shape", "--name", lab.name, "--link", link)
+    if res.returncode != 0:
+        raise RuntimeError(f"netlab.sh shape --link {link} failed: {res.stderr}")
+    try:
+        yield float(read_record(lab.name)["NETLAB_RATE_BYTES"])
+    finally:
+        res = netlab_sh("shape", "--name", lab.name, "--link", before)
+        if res.returncode != 0:
+            raise RuntimeError(f"netlab.sh shape --link {before} (restoring) failed: {res.stderr}")
 
 
 def _job_state(cluster: SlurmCluster, job_id: str) -> tuple[str, str]:

@@ -1,19 +1,25 @@
 """Proof that scripts/netlab.sh gives nodes joined by a real, shaped interconnect:
 
-* up then down leaves nothing of the lab (namespaces, links, record, processes inside), two
-  labs of different names coexist on different /24s (also when made at the same moment),
-  bad arguments exit 2 naming the option;
+* up then down leaves nothing of the lab (namespaces, links, record, hosts files, processes
+  inside, daemons too), two labs of different names coexist on different /24s (also when
+  made at the same moment), bad arguments exit 2 naming the option;
+* names resolve on a node as on a real cluster: node1..N to the nodes' addresses, the
+  machine's hostname to that node's own address;
+* `shape` changes a live lab's rate and back, leaving what runs in it running;
 * a shaped link carries its configured rate each way (a TCP transfer), an unshaped one is
   far faster;
-* a 2-node gloo all_reduce across the link (one process per node, GLOO_SOCKET_IFNAME set)
-  reaches the link's rate as bus bandwidth.
+* a 2-node gloo all_reduce across the link (one process per node, rendezvous at `node1`, no
+  GLOO_SOCKET_IFNAME: the hostname names the uplink) reaches the link's rate as bus bandwidth.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,7 +28,7 @@ import time
 import pytest
 
 from netlab_fixture import (NETLAB_SCRIPT, RECORD_DIR, free_port_on, lab_down, measure_transfer,
-                            netlab_sh, parse_nodes, unique_name)
+                            netlab_sh, parse_nodes, read_record, unique_name)
 
 pytestmark = [pytest.mark.netlab]
 
@@ -39,12 +45,24 @@ def links() -> set[str]:
     return {line.split(": ")[1].split("@")[0] for line in out.stdout.splitlines()}
 
 
+ETC_NETNS = Path("/etc/netns")
+
+
 def leftovers(name: str) -> list[str]:
     prefix = f"{name}-"
     found = sorted(n for n in namespaces() | links() if n.startswith(prefix))
     if (RECORD_DIR / f"{name}.env").exists():
         found.append(str(RECORD_DIR / f"{name}.env"))
+    if ETC_NETNS.is_dir():
+        found += sorted(str(p) for p in ETC_NETNS.iterdir() if p.name.startswith(prefix))
     return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def subnet(addr: str) -> ipaddress.IPv4Network:
@@ -79,11 +97,16 @@ def test_up_down_leaves_nothing_and_labs_coexist(netlab_factory):
         out = a.run(a.nodes[0], [sys.executable, "-c", reach, target], check=True).stdout
         assert out.startswith(want), (target, out)
 
-    # down kills what runs in the nodes and removes everything of that name, only that
+    # down kills what runs in the nodes (a daemon detached from us too: a slurmd) and
+    # removes everything of that name, only that
     sleeper = a.popen(a.nodes[0], ["sleep", "300"])
+    daemon = a.run(a.nodes[1], ["sh", "-c", "setsid sleep 301 </dev/null >/dev/null 2>&1 & "
+                                "echo $!"], check=True).stdout.strip()
+    assert alive(int(daemon)) and int(daemon) in netns_pids(a.nodes[1].netns)
     res = netlab_sh("down", "--name", a.name)
     assert res.returncode == 0, res.stderr
     assert sleeper.wait(timeout=10) is not None
+    assert not alive(int(daemon))
     assert leftovers(a.name) == []
     assert netlab_sh("status", "--name", a.name).returncode == 1
     assert netlab_sh("down", "--name", a.name).returncode == 0  # idempotent
@@ -95,6 +118,65 @@ def test_up_down_leaves_nothing_and_labs_coexist(netlab_factory):
     assert netlab_sh("status", "--name", b.name).returncode == 0
     assert netlab_sh("down", "--name", b.name).returncode == 0
     assert leftovers(b.name) == []
+
+
+def netns_pids(ns: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
+    return {int(p) for p in out.stdout.split()}
+
+
+RESOLVE_PY = ("import socket, sys\n"
+              "print(' '.join(socket.gethostbyname(n) for n in sys.argv[1:]))")
+
+
+def test_names_resolve_as_on_a_cluster(netlab_factory):
+    """On node i: nodeJ is node J's address, the machine's hostname node i's own (the hosts
+    file netlab.sh binds over /etc/hosts there); the root namespace's /etc/hosts is untouched."""
+    before = Path("/etc/hosts").read_text()
+    lab = netlab_factory(nodes=3, link="none")
+    host = socket.gethostname()
+    names = [n.name for n in lab.nodes]
+    for node in lab.nodes:
+        assert (ETC_NETNS / node.netns / "hosts").is_file()
+        out = lab.run(node, [sys.executable, "-c", RESOLVE_PY, *names, host, "localhost"],
+                      check=True).stdout.split()
+        assert out == [n.addr for n in lab.nodes] + [node.addr, "127.0.0.1"], (node, out)
+    assert Path("/etc/hosts").read_text() == before
+
+
+def test_shape_changes_a_live_lab(netlab_factory):
+    lab = netlab_factory(nodes=2, link="none")
+    n1, n2 = lab.nodes
+    sleeper = lab.popen(n1, ["sleep", "300"])  # what runs in a node keeps running
+
+    def qdiscs() -> list[str]:
+        return [subprocess.run(["tc", *args, "qdisc", "show", "dev", dev], capture_output=True,
+                               text=True, timeout=30, check=True).stdout
+                for args, dev in ((["-n", n1.netns], "eth0"), (["-n", n2.netns], "eth0"),
+                                  ([], f"{lab.name}-h1"), ([], f"{lab.name}-h2"))]
+
+    try:
+        assert not any("tbf" in q for q in qdiscs())
+        res = netlab_sh("shape", "--name", lab.name, "--link", "200mbit")
+        assert res.returncode == 0 and res.stdout == "", res.stderr
+        assert all("tbf" in q and "rate 200Mbit" in q for q in qdiscs()), qdiscs()
+        record = read_record(lab.name)
+        assert (record["NETLAB_LINK"], record["NETLAB_RATE_BYTES"]) == ("200mbit", "25000000")
+        rate, rates = best_rate(lab, n1, n2, 10 * MB, enough=0.9 * 25 * MB)
+        assert abs(rate / (25 * MB) - 1) < 0.10, rates
+        assert netlab_sh("shape", "--name", lab.name, "--link", "1gbit").returncode == 0
+        assert all("rate 1Gbit" in q for q in qdiscs()), qdiscs()
+        assert netlab_sh("shape", "--name", lab.name, "--link", "none").returncode == 0
+        assert not any("tbf" in q for q in qdiscs()), qdiscs()
+        assert read_record(lab.name)["NETLAB_LINK"] == "none"
+        assert netlab_sh("shape", "--name", lab.name, "--link", "none").returncode == 0
+        assert sleeper.poll() is None
+        assert netlab_sh("status", "--name", lab.name).returncode == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait(10)
+    res = netlab_sh("shape", "--name", unique_name(), "--link", "200mbit")
+    assert res.returncode == 1 and "is not up" in res.stderr, res.stderr
 
 
 def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
@@ -122,6 +204,9 @@ def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
     (["down", "--link", "1gbit"], "--link"),
     (["up", "--speed", "1"], "--speed"),
     (["up", "--nodes"], "--nodes"),
+    (["shape"], "--link"),
+    (["shape", "--link", "fast"], "--link"),
+    (["shape", "--nodes", "3", "--link", "none"], "--nodes"),
 ])
 def test_bad_arguments(args, option):
     res = netlab_sh(*args, timeout=30)
@@ -180,11 +265,13 @@ ALLREDUCE_PY = textwrap.dedent(
 @pytest.mark.dist
 def test_gloo_all_reduce_across_the_link(netlab):
     n1, n2 = netlab.nodes
-    url = f"tcp://{n1.addr}:{free_port_on(n1)}"
+    url = f"tcp://node1:{free_port_on(n1)}"  # the node's name, as on a cluster
     procs = []
     for rank, node in enumerate((n1, n2)):
-        # without it gloo takes the address the hostname resolves to (127.0.0.1): no mesh
-        env = dict(os.environ, GLOO_SOCKET_IFNAME=node.ifname, OMP_NUM_THREADS="1")
+        # no GLOO_SOCKET_IFNAME: gloo takes the address the hostname resolves to, which on a
+        # node is its uplink's (netlab.sh's hosts files; the machine's says 127.0.0.1)
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_SOCKET_IFNAME")}
+        env["OMP_NUM_THREADS"] = "1"
         procs.append(netlab.popen(node, [sys.executable, "-c", ALLREDUCE_PY, str(rank), "2", url],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True))
