@@ -195,25 +195,26 @@ pid_alive() {  # exists and is not a zombie
     [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
 }
 
+wait_gone() {  # PIDS TRIES PAUSE: 0 once every pid has ended, 1 if some live after TRIES waits
+    local pids="$1" tries="$2" pause="$3" p i alive
+    for i in $(seq 1 "$tries"); do
+        alive=0
+        for p in $pids; do pid_alive "$p" && alive=1; done
+        [ $alive -eq 0 ] && return 0
+        sleep "$pause"
+    done
+    return 1
+}
+
 kill_in_namespace() {  # TERM every process in namespace $1, wait up to 5 s, then KILL
-    local ns="$1" pids p i alive
+    local ns="$1" pids
     pids="$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
     [ -n "${pids// /}" ] || return 0
     log "down: killing the processes in $ns: $pids"
     kill $pids 2>/dev/null
-    for i in $(seq 1 20); do
-        alive=0
-        for p in $pids; do pid_alive "$p" && alive=1; done
-        [ $alive -eq 0 ] && return 0
-        sleep 0.25
-    done
+    wait_gone "$pids" 20 0.25 && return 0
     kill -9 $pids 2>/dev/null
-    for i in $(seq 1 20); do
-        alive=0
-        for p in $pids; do pid_alive "$p" && alive=1; done
-        [ $alive -eq 0 ] && return 0
-        sleep 0.1
-    done
+    wait_gone "$pids" 20 0.1 && return 0
     log "down: still alive after SIGKILL in $ns: $pids"
 }
 
