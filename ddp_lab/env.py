@@ -219,14 +219,23 @@ def openmp_wait_policy(environ: Optional[dict] = None) -> str:
     return env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def process_start(pid: int | str = "self") -> Optional[float]:
-    """When a process started, in seconds since the epoch (Linux: /proc/PID/stat's start
-    time in clock ticks since boot, plus the boot time); None where that cannot be read."""
+def start_ticks(pid: int | str = "self") -> Optional[str]:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's field 22, as
+    text), None if it is gone: with the pid, it names one process (a pid can be reused)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int | str = "self") -> Optional[float]:
+    """When a process started, in seconds since the epoch (Linux: its start in clock ticks
+    since boot, plus the boot time); None where that cannot be read."""
+    ticks = start_ticks(pid)
+    try:
         with open("/proc/stat") as f:
             boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return None if ticks is None else boot + int(ticks) / os.sysconf("SC_CLK_TCK")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ..env import start_ticks
 from ..errors import UserError
 from .files import read_json_or_empty
 from .records import now_iso
@@ -41,17 +42,8 @@ class FolderInUse(UserError):
     """Another command's job uses this run folder."""
 
 
-def _start_ticks(pid: int) -> Optional[str]:
-    """When process `pid` started (field 22 of /proc/PID/stat), None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def _me(launcher: str) -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_ticks(os.getpid()),
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": start_ticks(os.getpid()),
             "launcher": launcher, "since": now_iso(), "command": " ".join(sys.argv)}
 
 
@@ -61,7 +53,7 @@ def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
     who = f"python -m ddp_lab (pid {pid} on {host}, since {holder.get('since', '?')})"
     here = host == socket.gethostname()
     if here and isinstance(pid, int) and holder.get("start") is not None \
-            and _start_ticks(pid) == holder["start"]:  # the same process, not a reused pid
+            and start_ticks(pid) == holder["start"]:  # the same process, not a reused pid
         return True, who
     if here:
         from ..launch import job_processes  # (the launch package imports this module's caller)
