@@ -49,8 +49,12 @@ def p2p_pipelined(
     to ``on_piece`` after the whole batch has completed.
     """
     send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
-    ops = [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
-    ops += [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
+    # receives first: with the sends posted first, a 2-rank ring across a 25 MB/s link
+    # (docs/network.md, "The bench across the link") ran 8 MB all_reduces at 0.50 of the
+    # link's rate (1 MB: 0.77), as if the two directions took turns; receives first, 0.97,
+    # as gloo's own all_reduce. Likely gloo's parked sends (persistent.py's docstring).
+    ops = [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
+    ops += [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
     if not ops:
         return
     works = dist.batch_isend_irecv(ops)
@@ -59,11 +63,11 @@ def p2p_pipelined(
         bounds.append((lo, lo + t.numel()))
         lo += t.numel()
     if len(works) == len(ops):  # one request per op (gloo): consume pieces as they land
-        for work, (lo, hi) in zip(works[len(send_pieces):], bounds):
+        for work, (lo, hi) in zip(works[: len(recv_pieces)], bounds):
             work.wait()
             if on_piece is not None:
                 on_piece(lo, hi)
-        for work in works[: len(send_pieces)]:
+        for work in works[len(recv_pieces):]:
             work.wait()
     else:  # one request for the whole batch (nccl coalescing)
         for work in works:
