@@ -64,8 +64,9 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
     a read-only filesystem, a name too long, ... each becomes the OS's own words. Then
     remove what the probe made, so a refused (or a checked) command leaves nothing."""
     path = Path(value).expanduser().absolute()
+    probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):
-        error = _probe(path)
+        error = _probe(probe)
         # another command probing the same new folder removed it as ours went in: again
         if not isinstance(error, FileNotFoundError):
             break
@@ -73,15 +74,13 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
         return None
     reason = getattr(error, "strerror", None) or str(error)
     where = getattr(error, "filename", None)
-    probe = path / f".ddp_lab_probe_{os.getpid()}"
     at = f" (making {where})" if where and Path(where) not in (path, probe) else ""
     return f"{key}={value} cannot be made or written: {reason}{at}: {fix}"
 
 
-def _probe(path: Path) -> Optional[Exception]:
-    """Make `path`'s probe folder (and the folders on the way), then remove what was made;
-    the OS's error if it refused."""
-    probe = path / f".ddp_lab_probe_{os.getpid()}"
+def _probe(probe: Path) -> Optional[Exception]:
+    """Make the folder `probe` (and the folders on the way), then remove what was made; the
+    OS's error if it refused."""
     missing = [probe]  # the probe and the folders to make on the way, innermost first
     while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
         missing.append(missing[-1].parent)
