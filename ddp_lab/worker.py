@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .config import load_run_config
-from .run.rank import rank_main, run_rank
+from ddp_lab.config import load_run_config
+from ddp_lab.run.rank import rank_main, run_rank
 
 
 def run(run_dir: Path) -> int:
-    from .train import train
+    from ddp_lab.train import train
 
     cfg = load_run_config(run_dir)
     return run_rank(run_dir, cfg, lambda ctx: train(cfg, ctx, run_dir), cfg.train.threads)

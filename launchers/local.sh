@@ -25,7 +25,8 @@ if [ "$MAX_RESTARTS" -gt 0 ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; 
 export TORCHELASTIC_ERROR_FILE={error_file}
 rm -f "$TORCHELASTIC_ERROR_FILE"  # an earlier attempt's, in a folder run again
 # torchrun itself, through ddp_lab.launch.torchrun: when a rank fails, its ChildFailedError
-# traceback goes to logs/torchrun.log (the console has named the rank already)
+# traceback goes to logs/torchrun.log (the console has named the rank already); on CPU the
+# ranks start as forks of it, torch already imported (its fork_ranks)
 exec {python} -m ddp_lab.launch.torchrun --log={run_dir}/logs/torchrun.log \
   --nnodes=1 --nproc_per_node="$NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$MASTER_PORT" \

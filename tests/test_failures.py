@@ -384,22 +384,25 @@ def test_a_dead_or_frozen_rank_ends_the_job_and_is_named(tmp_path, shared_data_r
 
 _HANG = """\
 import os
-if os.environ.get("RANK") == os.environ.get("DDP_LAB_TEST_HANG_RANK"):
-    import time
-    from ddp_lab import timing
+import time
 
-    end_step, steps = timing.StepTimer.end_step, []
+from ddp_lab import timing
 
-    def user_code_that_hangs():
-        time.sleep(3600)
+end_step, steps = timing.StepTimer.end_step, []
 
-    def hang_at_step_10(self):
-        end_step(self)
-        steps.append(1)
-        if len(steps) == 10:
-            user_code_that_hangs()
 
-    timing.StepTimer.end_step = hang_at_step_10
+def user_code_that_hangs():
+    time.sleep(3600)
+
+
+def hang_at_step_10(self):  # RANK read here: CPU ranks are forks of torchrun, which loads this
+    end_step(self)
+    steps.append(1)
+    if len(steps) == 10 and os.environ.get("RANK") == os.environ["DDP_LAB_TEST_HANG_RANK"]:
+        user_code_that_hangs()
+
+
+timing.StepTimer.end_step = hang_at_step_10
 """
 
 
@@ -447,6 +450,10 @@ def test_sigkill_of_torchrun_stops_the_ranks_gracefully(tmp_path, shared_data_ro
         torchrun = _ppid(recs[0]["pid"])
         assert all(_ppid(r["pid"]) == torchrun for r in recs)
         assert b"ddp_lab.launch.torchrun" in Path(f"/proc/{torchrun}/cmdline").read_bytes()
+        # CPU ranks are forks of torchrun (launch/torchrun.py, fork_ranks): its command line;
+        # a forked rank that outlived it ends itself (exit_soon), as _leftovers checks
+        assert all(Path(f"/proc/{r['pid']}/cmdline").read_bytes()
+                   == Path(f"/proc/{torchrun}/cmdline").read_bytes() for r in recs)
         t0 = time.monotonic()
         os.kill(torchrun, signal.SIGKILL)
         out, err = _finish(proc, TIMEOUT_S + 60)

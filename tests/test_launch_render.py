@@ -572,3 +572,32 @@ def test_cli_dry_run_prints_script_and_run_dir(tmp_path):
     run_dir = run_dir_of(proc)
     assert proc.stdout.startswith("#!/usr/bin/env bash") and "#SBATCH --nodes=1" in proc.stdout
     assert (run_dir / "job.sbatch").is_file() and not (run_dir / "job_id").exists()
+
+
+# ------------------------------------------------ torchrun's ranks: forks on CPU (local.sh)
+
+@pytest.mark.parametrize("device,gpus,entry,forked", [
+    ("cpu", True, "ddp_lab.worker", True),
+    ("auto", False, "ddp_lab.worker", True),
+    ("auto", True, "ddp_lab.worker", False),   # CUDA does not survive a fork
+    ("cuda", False, "ddp_lab.worker", False),
+    ("cpu", False, "ddp_lab.bench.worker", True),
+    ("cpu", False, "my_script", False),        # not one of ours: torchrun as it comes
+])
+def test_fork_ranks_only_ddp_lab_entries_on_cpu(tmp_path, monkeypatch, device, gpus, entry, forked):
+    from omegaconf import OmegaConf
+    from torch.distributed import run as torchrun
+
+    from ddp_lab.launch import base
+    from ddp_lab.launch import torchrun as wrapper
+
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose(f"dist.device={device}")))
+    monkeypatch.setattr(base, "gpu_devices_present", lambda: gpus)
+    monkeypatch.setattr(wrapper, "FORK_PRELOAD", {k: ("json",) for k in wrapper.FORK_PRELOAD})
+    args = torchrun.parse_args(["--nproc_per_node=2", "-m", entry, str(tmp_path)])
+    assert wrapper.fork_ranks(args) is forked
+    if forked:  # torchrun's own in-process entry, on the module's file, forked
+        assert args.run_path and not args.module and args.start_method == "fork"
+        assert args.training_script.endswith(entry.replace(".", "/") + ".py")
+    else:
+        assert args.module and not args.run_path and args.training_script == entry

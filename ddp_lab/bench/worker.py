@@ -10,8 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..run.files import write_json
-from ..run.rank import rank_main, run_rank
+from ddp_lab.run.files import write_json
+from ddp_lab.run.rank import rank_main, run_rank
 
 # Every import that loads torch (this package's config, ops, harness, output) is inside a
 # function: torch must load after rank_main set OMP_WAIT_POLICY (see rank.run_rank).
@@ -26,7 +26,7 @@ def allocation(ctx, topology: str) -> str:
 
 
 def run(run_dir: Path) -> int:
-    from .config import load_bench_config
+    from ddp_lab.bench.config import load_bench_config
 
     cfg = load_bench_config(run_dir)
     return run_rank(run_dir, cfg, lambda ctx: _bench(cfg, ctx, run_dir),
@@ -36,8 +36,8 @@ def run(run_dir: Path) -> int:
 def _bench(cfg, ctx, run_dir: Path) -> None:
     import torch  # lazy: see above
 
-    from .harness import run_bench
-    from .output import write_outputs
+    from ddp_lab.bench.harness import run_bench
+    from ddp_lab.bench.output import write_outputs
 
     env = ctx.env
     log = logging.getLogger("ddp_lab")

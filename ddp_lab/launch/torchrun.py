@@ -8,26 +8,109 @@ saying where it is. Nothing else changes: this is torchrun's own `main` in this 
 so its signal handling is its own, and the ranks write to the console directly (the
 descriptors they inherit), in real time as under plain torchrun. torchrun's log lines
 (warnings, "failed (exitcode: ...)") still reach the console, and FILE too.
+
+One thing it adds: CPU ranks start as forks of this process (`fork_ranks`), which has
+imported torch already, instead of as fresh interpreters that import it again.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+from ..env import openmp_wait_policy
 
-def one_line(e: BaseException) -> str:
-    """What went wrong, in one line: a `ChildFailedError` by its first failed rank (the
-    root cause), any other exception by its type and first line."""
+# The ranks' entries this torchrun may start as forks of itself, with what each would import
+# first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
+# (2.2 s: the optimiser's first call imports it) before its first step. Imported once here,
+# the forks start with them loaded: half the CPU of a 2-rank start, ~2 s less to the first
+# step (docs/performance.md).
+FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
+                "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
+# the signals torchrun's agent handles by raising in its own code, as this process got them
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_inherited: dict = {}  # fork_ranks: their handlers in this process before torchrun's agent
+_torchrun: list = []  # as_forked_rank: the pid of the torchrun that forked this rank
+
+
+def fork_ranks(args) -> bool:
+    """Start the ranks as forks of this process (torchrun's own `--run-path` with
+    `--start-method fork`) when they run one of ddp_lab's entries on CPU, after importing
+    what they would import first. On a GPU the ranks stay fresh interpreters: CUDA cannot
+    be used in a fork of a process that touched it, so nothing here risks it."""
+    preload = FORK_PRELOAD.get(args.training_script) if args.module else None
+    if preload is None or len(args.training_script_args) != 1:
+        return False
+    from ..config import device_type, load_run_config
+    from .base import gpu_devices_present
+
+    run_dir = Path(args.training_script_args[0])
+    try:
+        device = load_run_config(run_dir).dist.device
+    except Exception:  # noqa: BLE001 -- the rank will say what is wrong with the folder
+        return False
+    if device_type(device, gpu_devices_present()) != "cpu":
+        return False
+    for module in preload:
+        importlib.import_module(module)
+    _inherited.update({sig: signal.getsignal(sig) for sig in AGENT_SIGNALS})
+    args.training_script = importlib.util.find_spec(args.training_script).origin
+    args.module, args.run_path, args.start_method = False, True, "fork"
+    # a forked rank that fails is logged with torch's own traceback of noticing it (a
+    # ProcessExitedException); a fresh interpreter's, in one line: keep the line
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_traceback)
+    return True
+
+
+def _no_traceback(record: logging.LogRecord) -> bool:
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
+def as_forked_rank() -> None:
+    """A rank forked by `fork_ranks` starts as a fresh `python -u` would: with the signal
+    handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
+    console written through, not buffered."""
+    _torchrun.append(os.getppid())
+    for sig, handler in _inherited.items():
+        signal.signal(sig, handler)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(write_through=True)
+
+
+def exit_soon(rc: int, grace_s: float = 1.0) -> None:
+    """A forked rank's last step. torchrun's fork protocol ends a rank in two moves: the
+    rank puts its return value on a queue (a pipe: there the moment it is put), then waits
+    until torchrun has read it. torchrun may never read it: killed (the rank stopped
+    because of that), or closing the ranks after a signal, when it waits 30 s for them to
+    exit before it reads anything. So a thread ends the rank with `rc` `grace_s` after this
+    call, at once if torchrun is gone; a rank torchrun releases first just ends."""
+    def watch() -> None:
+        deadline = time.monotonic() + grace_s
+        while os.getppid() in _torchrun and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(rc)
+
+    threading.Thread(target=watch, name="exit_soon", daemon=True).start()
+
+
+def one_line(e: BaseException, entry: str) -> str:
+    """What went wrong, in one line: a `ChildFailedError` of the ranks running `entry` by
+    its first failed rank (the root cause), any other exception by its type and first line."""
     failures = getattr(e, "failures", None)
     if failures:
         rank, first = e.get_first_failure()  # type: ignore[attr-defined]
         how = (f"signal {first.signal_name()}" if first.exitcode < 0
                else f"exit code {first.exitcode}")
-        return (f"{e.name} failed: rank {rank} first ({how}), "  # type: ignore[attr-defined]
+        return (f"{entry} failed: rank {rank} first ({how}), "
                 f"{len(failures)} process(es) in all")
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
@@ -39,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("usage: python -m ddp_lab.launch.torchrun --log=FILE [torchrun arguments]")
     path, args = Path(argv[0].removeprefix("--log=")), argv[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
+    openmp_wait_policy()  # before torch loads (libgomp reads it once): the forked ranks' too
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    parsed = torchrun.parse_args(args)
+    entry = parsed.training_script  # the module the ranks run: how failures name them
 
     with open(path, "a") as log:  # appended: a restart or `bash launch.sh` again adds to it
         log.write(f"--- torchrun {' '.join(args)}  ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
@@ -48,11 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("torch.distributed.elastic").addHandler(handler)
         try:
-            torchrun.main(args)
+            fork_ranks(parsed)
+            sys.stdout.flush()  # nothing buffered here may be written again by the forks
+            sys.stderr.flush()
+            record(torchrun.run)(parsed)  # torchrun's main: its own error goes to its file
         except Exception as e:  # ChildFailedError, SignalException, a rendezvous error, ...
             traceback.print_exc(file=log)
             log.flush()
-            print(f"[torchrun] {one_line(e)}; torchrun's traceback: {path}",
+            print(f"[torchrun] {one_line(e, entry)}; torchrun's traceback: {path}",
                   file=sys.stderr, flush=True)
             return 1  # what torchrun exits with when its main raises
     return 0

@@ -12,6 +12,7 @@ submitting side).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from typing import Any, Callable, Optional
 
 from ..env import detect_env, openmp_wait_policy
 from ..launch import ports
+from ..launch.torchrun import as_forked_rank, exit_soon
 from . import progress
 from .job import mark_failed
 from .metrics import fault_file, setup_logging
@@ -164,6 +166,9 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
     openmp_wait_policy()  # before torch loads: libgomp reads it once (see there)
+    forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
+    if forked:
+        as_forked_rank()
     rc = run(Path(argv[0]).resolve())
     # Leave without the interpreter's teardown. With torch loaded it takes about 1 s of CPU
     # on every rank of every run, and a failed rank's broken process group can block it
@@ -171,4 +176,8 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     # (run_rank's finally: the process group, the log; the records are atomic files).
     sys.stdout.flush()
     sys.stderr.flush()
+    if forked:  # multiprocessing ends a fork without the teardown, once torchrun has its status
+        exit_soon(rc)
+        sys.exit(rc)
     os._exit(rc)
+
