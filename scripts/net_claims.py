@@ -246,16 +246,20 @@ def phase_table(med: dict[str, dict], spread: dict[str, tuple[float, float]]) ->
 
 
 def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
-    """Medians per label of one phase's rounds, and each label's (min, max) time/step."""
-    from ddp_lab.bench.scaffold import medians
-
+    """Medians per label of one phase's rounds, key by key (None where the sync does not
+    record it: cross_bytes), and each label's (min, max) time/step."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
             by.setdefault(r["label"], []).append(r["figures"])
+
+    def median(values: list) -> Optional[float]:
+        return None if None in values else statistics.median(values)
+
+    med = {label: {k: median([f[k] for f in runs]) for k in runs[0]} for label, runs in by.items()}
     spread = {k: (min(f["step_ms"] for f in v), max(f["step_ms"] for f in v))
               for k, v in by.items()}
-    return medians(by), spread
+    return med, spread
 
 
 def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
