@@ -185,9 +185,18 @@ def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
             - call_time("all_reduce", "ring", payload_bytes, 2, fit))
 
 
-def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]]) -> list[Claim]:
-    """The claims from the medians at the claims' link (`med`: label -> figures per step)
-    and the straggler phase's findings (`named`: label -> the rank named, or None)."""
+def link_bytes(m: dict) -> float:
+    """Bytes per step over the busiest link between the nodes: the hierarchy's leader sends
+    all it sends (`cross_bytes`) to the other node; in a flat ring of 4 (ours, or the
+    library's, modelled as one) each link between nodes carries what one rank sends."""
+    return m["cross_bytes"] if m.get("cross_bytes") is not None else m["sent_bytes"]
+
+
+def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
+           slow: Optional[dict[str, dict]] = None, slow_rate: float = 0.0) -> list[Claim]:
+    """The claims from the medians at the claims' link (`med`: label -> figures per step),
+    the straggler phase's findings (`named`: label -> the rank named, or None) and medians
+    (`slow`, node2's link at `slow_rate` bytes/s)."""
     out = []
     ring, hier = med.get("ring"), med.get("hierarchical")
     if ring and hier:
@@ -214,6 +223,12 @@ def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]]) 
         out.append(Claim(f"slow node2 link, {label}: the straggler named",
                          -1 if who is None else who["rank"], 2.5, "rank",
                          "rank 2 or 3", who is not None and who["rank"] in (2, 3)))
+    for label in (lb for lb in (slow or {}) if lb in med):
+        pred = 1e3 * link_bytes(med[label]) * (1 / slow_rate - 1 / rate)
+        got = slow[label]["inflight_ms"] - med[label]["inflight_ms"]
+        out.append(Claim(f"slow node2 link, {label}: comm/step grows by (pred.: link bytes "
+                         "at the slower rate)", got, pred, "ms", f"within {TOLERANCE:.0%}",
+                         within(got, pred)))
     return out
 
 
@@ -518,7 +533,9 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
         print(phase_table(med, spread))
     print()
     med, _ = summarise(rows, "main", args.link)
-    found = claims(med, rate_bytes(args.link), straggler_named(rows))
+    slow, _ = summarise(rows, "straggler", args.link)
+    found = claims(med, rate_bytes(args.link), straggler_named(rows), slow,
+                   rate_bytes(args.slow_link))
     print(f"\nthe claims at {args.link}:\n\n{claims_table(found)}")
     return found
 

@@ -71,6 +71,17 @@ def test_claims_against_their_predictions_and_targets():
     assert found["slow node2 link, hierarchical: the straggler named"].ok
 
 
+def test_a_slow_link_shows_in_the_comm_time():
+    # hierarchical: 10 MB over the link a step; at 12.5 MB/s instead of 25: +400 ms
+    slow = {"hierarchical": figures(1000, 830), "ddp": figures(1200, 900)}
+    found = {c.name: c for c in nc.claims(MEDIANS, 25e6, {}, slow, 12.5e6)}
+    hier = found["slow node2 link, hierarchical: comm/step grows by (pred.: link bytes at "
+                 "the slower rate)"]
+    assert (hier.measured, hier.predicted, hier.ok) == (410, pytest.approx(400), True)
+    ddp = found["slow node2 link, ddp: comm/step grows by (pred.: link bytes at the slower rate)"]
+    assert (ddp.measured, ddp.predicted, ddp.ok) == (400, pytest.approx(440), True)
+
+
 def test_the_claims_table_says_what_was_met():
     table = nc.claims_table(nc.claims(MEDIANS, 25e6, {"ddp": None}))
     lines = table.splitlines()
