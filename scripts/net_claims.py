@@ -192,18 +192,23 @@ def link_bytes(m: dict) -> float:
     return m["cross_bytes"] if m.get("cross_bytes") is not None else m["sent_bytes"]
 
 
+def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[Claim]:
+    """The hierarchy's saving over the flat ring at `rate`, if both were run."""
+    ring, hier = med.get("ring"), med.get("hierarchical")
+    if not (ring and hier):
+        return []
+    pred = 1e3 * hierarchy_saving_s(hier["payload_bytes"], rate)
+    got = ring["step_ms"] - hier["step_ms"]
+    return [Claim(f"hierarchical saves over ring (time/step){where}", got, pred, "ms",
+                  f"within {TOLERANCE:.0%}", within(got, pred))]
+
+
 def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
            slow: Optional[dict[str, dict]] = None, slow_rate: float = 0.0) -> list[Claim]:
     """The claims from the medians at the claims' link (`med`: label -> figures per step),
     the straggler phase's findings (`named`: label -> the rank named, or None) and medians
     (`slow`, node2's link at `slow_rate` bytes/s)."""
-    out = []
-    ring, hier = med.get("ring"), med.get("hierarchical")
-    if ring and hier:
-        pred = 1e3 * hierarchy_saving_s(hier["payload_bytes"], rate)
-        got = ring["step_ms"] - hier["step_ms"]
-        out.append(Claim("hierarchical saves over ring (time/step)", got, pred, "ms",
-                         f"within {TOLERANCE:.0%}", within(got, pred)))
+    out = hierarchy_claim(med, rate)
     base = med.get("ddp")
     for label in (c for c in COMPRESSED if c in med and base):
         pred = med[label]["sent_bytes"] / base["sent_bytes"]
@@ -330,6 +335,9 @@ def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
                     label=label)
         info[label] = {"MB/s": x, "epoch_s": y}
     ax.set_xscale("log")
+    ticks = sorted({rate_bytes(link) for link, _ in steps})
+    ax.set_xticks([t / 1e6 for t in ticks], [f"{t / 1e6:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_ylim(bottom=0)
     ax.set_xlabel("link rate, each way of each node's link (MB/s, log scale)")
     ax.set_ylabel(f"time per epoch of {args.steps} steps (s)")
@@ -380,7 +388,7 @@ def compression(args: argparse.Namespace, rows: list[dict]):
     ax_b.bar(names, mb, color="C0")
     ax_b.set_ylabel("MB sent per step (rank 0)")
     ax_t.bar(names, ms, yerr=_spans(ms_v, ms), capsize=3, color="C1", label="measured")
-    ax_t.plot(names, pred, "k_", markersize=22, mew=2, ls="none",
+    ax_t.plot(names, pred, "_", color="tab:red", markersize=30, mew=3, ls="none",
               label="predicted: none's time x bytes ratio")
     ax_t.set_ylabel("comm in flight per step (ms)")
     for ax in (ax_b, ax_t):
@@ -536,6 +544,9 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
     slow, _ = summarise(rows, "straggler", args.link)
     found = claims(med, rate_bytes(args.link), straggler_named(rows), slow,
                    rate_bytes(args.slow_link))
+    for ph in (ph for ph in phases(args) if ph["phase"] == "sweep"):  # the same, at each rate
+        found += hierarchy_claim(summarise(rows, "sweep", ph["link"])[0], rate_bytes(ph["link"]),
+                                 f" at {ph['link']}, {ph['rounds']} round(s)")
     print(f"\nthe claims at {args.link}:\n\n{claims_table(found)}")
     return found
 
