@@ -161,8 +161,8 @@ def phases(args: argparse.Namespace) -> list[dict]:
 @dataclasses.dataclass
 class Claim:
     name: str
-    measured: float
-    predicted: float
+    measured: float | str  # a number in `unit`, or words (the rank named)
+    predicted: float | str
     unit: str
     target: str
     ok: bool
@@ -226,8 +226,8 @@ def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
                          f"{blocking['step_ms']:.0f}", ov["step_ms"] < blocking["step_ms"]))
     for label, who in named.items():
         out.append(Claim(f"slow node2 link, {label}: the straggler named",
-                         -1 if who is None else who["rank"], 2.5, "rank",
-                         "rank 2 or 3", who is not None and who["rank"] in (2, 3)))
+                         "none" if who is None else f"rank {who['rank']}", "rank 2 or 3", "",
+                         "node2's ranks", who is not None and who["rank"] in (2, 3)))
     for label in (lb for lb in (slow or {}) if lb in med):
         pred = 1e3 * link_bytes(med[label]) * (1 / slow_rate - 1 / rate)
         got = slow[label]["inflight_ms"] - med[label]["inflight_ms"]
@@ -239,9 +239,9 @@ def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
 
 def claims_table(rows: list[Claim]) -> str:
     """The claims as a Markdown table."""
-    def fmt(v: float, unit: str) -> str:
-        if unit == "rank":
-            return "none" if v < 0 else ("2 or 3" if v == 2.5 else f"{v:.0f}")
+    def fmt(v: float | str, unit: str) -> str:
+        if isinstance(v, str):
+            return v
         return f"{v:.3f}" if unit == "x" else f"{v:.1f} {unit}"
 
     lines = ["| claim | measured | predicted | target | met |", "| --- | ---: | ---: | --- | --- |"]
@@ -366,8 +366,8 @@ def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
         info[name] = dict(zip(labels, mids))
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("ms per step (rank 0)")
-    ax.set_title(f"link {args.link}: what overlap hides (in flight) and what it cannot "
-                 "(exposed)", fontsize=10)
+    ax.set_title(f"link {args.link}: comm in flight, and the part of it exposed "
+                 "(waited for after backward)", fontsize=10)
     fig.legend(loc="outside right upper")
     return fig, info
 
@@ -519,21 +519,26 @@ def submit(args: argparse.Namespace, lab: str, env: dict, work: Path) -> dict:
            f"run.root={work / 'runs'}", "log.progress=lines", "dist.timeout_s=300",
            *overrides(args)]
     env = dict(env, PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    load = [round(os.getloadavg()[0], 2)]
     p = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+    load.append(round(os.getloadavg()[0], 2))
     log = next(Path(work / "runs").glob("*/logs/*.out"), None)
     if log:
         print(log.read_text(errors="replace"), end="")
     if p.returncode != 0 or not (work / "out.json").exists():
         sys.exit(f"net_claims: the job failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
                  f"{p.stderr[-3000:]}")
-    return json.loads((work / "out.json").read_text())
+    return {**json.loads((work / "out.json").read_text()), "load": load,
+            "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
 def report(args: argparse.Namespace, res: dict) -> list[Claim]:
     rows = res["rows"]
+    load = res.get("load") or ["?", "?"]
     print(f"\n{args.steps} steps/epoch, MLP 784-{args.hidden.replace(',', '-')}-10, batch "
           f"{args.batch}/rank, 2 nodes x 2 ranks (gloo); medians of the rounds; rank 0's "
-          f"figures; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"figures; ended {res.get('when', '?')}, load average {load[0]} before the job, "
+          f"{load[1]} after, {res.get('cpus', '?')} CPUs")
     for ph in phases(args):
         med, spread = summarise(rows, ph["phase"], ph["link"])
         node2 = f", node2's link {ph['node2']}" if ph["node2"] else ""
