@@ -45,6 +45,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
+NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
 PLAN_ENV = "NET_CLAIMS_PLAN"  # the job's ranks find their plan (a JSON file) here
 
 #: label -> the trainer's overrides; the first four are also drawn against the link rate
@@ -114,10 +115,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for opt in ("rounds", "steps", "batch", "powersgd_rank"):
         if getattr(args, opt) < 1:
             ap.error(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be 1 or more")
-    if args.sweep_rounds < 0 or args.bucket_mb <= 0:
-        ap.error("--sweep-rounds must be >= 0 and --bucket-mb > 0")
+    if args.sweep_rounds < 0:
+        ap.error(f"--sweep-rounds {args.sweep_rounds}: must be 0 (no sweep) or more")
+    if args.bucket_mb <= 0:
+        ap.error(f"--bucket-mb {args.bucket_mb:g}: must be above 0")
     if not re.fullmatch(r"\d+(,\d+)*", args.hidden):
         ap.error(f"--hidden '{args.hidden}': use layer widths such as 1024,1024")
+    if args.lab and not (NETLAB_RECORDS / f"{args.lab}.env").is_file():
+        ap.error(f"--lab {args.lab}: no such lab is up (scripts/netlab.sh status --name "
+                 f"{args.lab})")
     if args.lab and not os.environ.get("SLURM_CONF"):
         ap.error(f"--lab {args.lab}: export SLURM_CONF of the cluster that runs on it first")
     if args.from_json and not Path(args.from_json).is_file():
