@@ -2,7 +2,7 @@
 """What a slow network does to DDP: the project's claims about communication, measured on a
 shaped link (issue 22, item 3), each printed beside its prediction and its target.
 
-    scripts/net_claims.py           # its own lab + SLURM cluster; 9-11 min on 2 busy cores
+    scripts/net_claims.py           # its own lab + SLURM cluster; 558 s on 2 busy cores
     scripts/net_claims.py --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \\
         --slow-link 100mbit --plots docs/img --out net_claims.json
     # on a lab and cluster already up (docs/network.md), SLURM_CONF of that cluster exported:
