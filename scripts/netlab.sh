@@ -5,14 +5,18 @@
 #   scripts/netlab.sh up     [--nodes N] [--link RATE] [--name NAME]   make it; prints the nodes
 #   scripts/netlab.sh down   [--name NAME]    kill what runs in its nodes, remove everything
 #   scripts/netlab.sh status [--name NAME]    exit 0 if up (prints the nodes), 1 if not
-#   scripts/netlab.sh shape  --link RATE|none [--name NAME]   change a live lab's rate; what
-#                                             runs in its nodes keeps running
+#   scripts/netlab.sh shape  --link RATE|none [--node I] [--name NAME]   change a live lab's
+#                                             rate (--node: node I's link only); what runs in
+#                                             its nodes keeps running
 #
 #   --nodes N     nodes, 1..253 (default 2)
 #   --link RATE   a tc rate each way of every node's link (200mbit, 1gbit, 25mbps = 25 MB/s);
 #                 `none` (the default) leaves the links unshaped (veth speed, ~2 GB/s here)
 #   --name NAME   1-10 characters [a-z0-9], starting with a letter (default netlab): two labs
 #                 with different names never collide (interfaces, namespaces, addresses)
+#   --node I      (shape only) node I's link alone, e.g. one slow node among fast ones; the
+#                 record keeps the lab's NETLAB_LINK and adds NETLAB_LINK_NODE<I>=RATE; a
+#                 `shape` without --node sets every link again and drops those lines
 #
 # stdout of `up` and `status`: one line per node, space separated, nothing else:
 #   NODE NAMESPACE ADDRESS IFNAME          e.g.   node1 netlab-n1 198.18.0.2 eth0
@@ -53,7 +57,7 @@ die() { log "ERROR: $*"; exit 1; }
 bad() { echo "netlab: $*" >&2; exit 2; }
 
 usage() {
-    echo "usage: $0 {up|down|status|shape} [--nodes N] [--link RATE|none] [--name NAME]" >&2
+    echo "usage: $0 {up|down|status|shape} [--nodes N] [--link RATE|none] [--node I] [--name NAME]" >&2
     exit 2
 }
 
@@ -63,20 +67,21 @@ usage() {
 [ $# -ge 1 ] || usage
 CMD="$1"; shift
 case "$CMD" in up|down|status|shape) ;; -h|--help) usage ;; *) bad "unknown command '$CMD': use up, down, status or shape" ;; esac
-NODES=2; LINK=none; NAME=netlab; GOT_NODES=0; GOT_LINK=0
+NODES=2; LINK=none; NAME=netlab; GOT_NODES=0; GOT_LINK=0; SHAPE_NODE=
 while [ $# -gt 0 ]; do
     opt="$1"; val=""
     case "$opt" in
         --*=*) val="${opt#*=}"; opt="${opt%%=*}" ;;
-        --nodes|--link|--name)
-            [ $# -ge 2 ] || bad "$opt needs a value (e.g. $opt $(case $opt in --nodes) echo 2;; --link) echo 200mbit;; *) echo netlab;; esac))"
+        --nodes|--link|--name|--node)
+            [ $# -ge 2 ] || bad "$opt needs a value (e.g. $opt $(case $opt in --nodes|--node) echo 2;; --link) echo 200mbit;; *) echo netlab;; esac))"
             val="$2"; shift ;;
     esac
     case "$opt" in
         --nodes) NODES="$val"; GOT_NODES=1 ;;
         --link) LINK="$val"; GOT_LINK=1 ;;
         --name) NAME="$val" ;;
-        *) bad "unknown option '$opt': the options are --nodes N, --link RATE|none, --name NAME" ;;
+        --node) SHAPE_NODE="$val" ;;
+        *) bad "unknown option '$opt': the options are --nodes N, --link RATE|none, --node I, --name NAME" ;;
     esac
     shift
 done
@@ -89,6 +94,12 @@ if [ "$CMD" != up ]; then
     else
         [ $GOT_LINK -eq 0 ] || bad "--link is for 'up' and 'shape' only: '$CMD' needs just --name (the lab remembers its link)"
     fi
+fi
+if [ -n "$SHAPE_NODE" ]; then
+    [ "$CMD" = shape ] || bad "--node is for 'shape' only (one node's link: shape --node 2 --link 50mbit)"
+    [[ "$SHAPE_NODE" =~ ^[0-9]+$ ]] && [ "$SHAPE_NODE" -ge 1 ] && [ "$SHAPE_NODE" -le 253 ] \
+        || bad "--node '$SHAPE_NODE': use a node's number, 1 to 253 (node1 is 1)"
+    SHAPE_NODE=$((10#$SHAPE_NODE))
 fi
 [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 253 ] \
     || bad "--nodes '$NODES': use a whole number from 1 to 253 (one /24 per lab)"
@@ -353,8 +364,18 @@ up_locked() {
     for i in $(seq 1 "$NODES"); do node_line "$i" "$p"; done
 }
 
+shape_node_locked() {  # node SHAPE_NODE's link alone to LINK; the record gets its line
+    local ns; ns="$(ns_of "$SHAPE_NODE")"
+    [ "$SHAPE_NODE" -le "$REC_NODES" ] || { log "ERROR: --node $SHAPE_NODE: $NAME has $REC_NODES nodes"; return 1; }
+    shape_dev "$IFNAME" "$ns" && shape_dev "$(hostif_of "$SHAPE_NODE")" || return 1
+    { grep -v "^NETLAB_LINK_NODE$SHAPE_NODE=" "$RECORD"; echo "NETLAB_LINK_NODE$SHAPE_NODE=$LINK"; } \
+        >"$RECORD.tmp" && mv -f "$RECORD.tmp" "$RECORD" || return 1
+    log "shape: $NAME: node$SHAPE_NODE's link -> $LINK (the others as they were)"
+}
+
 shape_locked() {  # a live lab's links to LINK, both ends of every node; the record follows
     is_up || { log "ERROR: $NAME is not up: 'up --name $NAME --link $LINK' makes it"; return 1; }
+    [ -z "$SHAPE_NODE" ] || { shape_node_locked; return; }
     local i ns
     for i in $(seq 1 "$REC_NODES"); do
         ns="$(ns_of "$i")"

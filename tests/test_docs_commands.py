@@ -282,7 +282,9 @@ SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_tb.py": script_ben
 # scripts whose end-to-end test lives with what they measure (a larger case than the
 # cheapest form here, so running them here too would repeat it)
 ELSEWHERE = {"comm_truth.py": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
-             "netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist(")}
+             "netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist("),
+             # minutes on a lab and a cluster: its pure parts only (what it measures: above)
+             "net_claims.py": ("tests/test_net_claims.py", "def test_claims_against_their_predictions_and_targets(")}
 
 
 def test_every_script_has_a_check():

@@ -179,6 +179,34 @@ def test_shape_changes_a_live_lab(netlab_factory):
     assert res.returncode == 1 and "is not up" in res.stderr, res.stderr
 
 
+def test_shape_one_node(netlab_factory):
+    """`shape --node 2` shapes node2's link alone (a slow node among fast ones); a `shape`
+    without --node sets every link again."""
+    lab = netlab_factory(nodes=3, link="200mbit")
+
+    def rates() -> list[str]:
+        out = []
+        for i, node in enumerate(lab.nodes, 1):
+            ends = [["tc", "-n", node.netns, "qdisc", "show", "dev", "eth0"],
+                    ["tc", "qdisc", "show", "dev", f"{lab.name}-h{i}"]]
+            shown = [subprocess.run(a, capture_output=True, text=True, timeout=30,
+                                    check=True).stdout for a in ends]
+            out.append(" ".join(sorted({w for q in shown for w in q.split()
+                                        if w.endswith("bit")})))
+        return out
+
+    res = netlab_sh("shape", "--name", lab.name, "--node", "2", "--link", "50mbit")
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert rates() == ["200Mbit", "50Mbit", "200Mbit"], rates()
+    record = read_record(lab.name)
+    assert (record["NETLAB_LINK"], record["NETLAB_LINK_NODE2"]) == ("200mbit", "50mbit")
+    res = netlab_sh("shape", "--name", lab.name, "--node", "4", "--link", "50mbit")
+    assert res.returncode == 1 and "has 3 nodes" in res.stderr, res.stderr
+    assert netlab_sh("shape", "--name", lab.name, "--link", "1gbit").returncode == 0
+    assert rates() == ["1Gbit"] * 3, rates()
+    assert "NETLAB_LINK_NODE2" not in read_record(lab.name)
+
+
 def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
     """Two `up`s at the same moment (two test sessions): the lock gives each its own /24."""
     names = [unique_name(), unique_name()]
@@ -207,6 +235,9 @@ def test_labs_made_at_once_get_their_own_subnets(netlab_factory):
     (["shape"], "--link"),
     (["shape", "--link", "fast"], "--link"),
     (["shape", "--nodes", "3", "--link", "none"], "--nodes"),
+    (["shape", "--node", "x", "--link", "50mbit"], "--node"),
+    (["shape", "--node", "0", "--link", "50mbit"], "--node"),
+    (["up", "--node", "2"], "--node"),
 ])
 def test_bad_arguments(args, option):
     res = netlab_sh(*args, timeout=30)
