@@ -127,8 +127,8 @@ ADDRS = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1"}
 
 
 def test_link_rate_from_tc_and_the_interface_from_its_address():
-    assert fpm.shaped_rate(TBF_200MBIT) == 25e6
-    assert fpm.shaped_rate(UNSHAPED) is None and fpm.shaped_rate(None) is None
+    assert fpm.root_tbf(TBF_200MBIT) == {"rate": 25000000, "burst": 250000, "lat": 50000}
+    assert fpm.root_tbf(UNSHAPED) == {} and fpm.root_tbf(None) == {}
     assert fpm.iface_with_address(ADDRS, "198.18.0.2") == "eth0"
     assert fpm.iface_with_address(ADDRS, "10.0.0.1") is None
     assert fpm.chosen_iface({"GLOO_SOCKET_IFNAME": "ib0,eth0"}) == "ib0"

@@ -15,7 +15,7 @@ from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.report.model import Fit, fit_all, phase_fit, predict_comm_s
-from ddp_lab.report.truth import bench_time, per_step
+from ddp_lab.report.truth import _ratios, bench_time, per_step
 
 
 def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):
@@ -110,7 +110,78 @@ def test_per_step_union_and_the_last_arrival():
     assert st["last_arrival_s"] == pytest.approx([500e-6, (100 + 50) * 1e-6])
 
 
+# ------------------------------------------------------------------ why a row misses
+def _row(measured, last, bench, model, calls=(("all_reduce", 3_256_000),), sync="ring", nodes=2,
+         link=None):
+    return _ratios({"sync": sync, "nodes": nodes, "link": link, "calls": [list(c) for c in calls],
+                    "measured_ms": measured, "last_arrival_ms": last, "bench_ms": bench,
+                    "model_ms": model})
+
+
+def test_why_names_the_known_reasons_of_a_miss():
+    assert _row(100, 95, 100, 110)["why"] is None  # within both targets: nothing to explain
+    # (a) missed, but after the last arrival the call is the bench's: rank 0 waited
+    assert _row(150, 105, 100, 100)["why"].startswith(
+        "waiting for a later rank (after the last arrival: 1.05 of the bench)")
+    # (b) missed because the fit misses the bench itself
+    assert _row(100, 100, 100, 60)["why"] == "the fit's line misses the bench here (bench / model 1.67)"
+    # small calls across a shaped link: its tbf burst; not on one node, not for large calls
+    tbf = {"iface": "eth0", "shaped_Bps": 25e6, "shaped_burst_B": 250000}
+    small = (("all_reduce", 159_040),)
+    assert _row(50, 50, 100, 100, small, link=tbf)["why"] == (
+        "calls of 159 kB against the link's tbf burst of 250 kB (its idle time before a call "
+        "sets the call's time)")
+    assert _row(50, 50, 100, 100, small, link=tbf, nodes=1)["why"] == "not known"
+    assert _row(50, 50, 100, 100, link=tbf)["why"] == "not known"
+    two = (("all_reduce", 1_000_000), ("all_reduce", 2_256_000))
+    assert _row(50, 50, 100, 100, two, sync="ddp")["why"] == "DDP's 2 buckets overlap backward and each other"
+
+
 # ------------------------------------------------------------------ the script
+def _comm_truth():
+    """scripts/comm_truth.py as a module (it is a script, not a package's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("comm_truth", REPO / "scripts" / "comm_truth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--worlds", "2,x"], "error: --worlds 2,x: 'x' is not an integer of 2 or more"),
+    (["--worlds", "1"], "error: --worlds 1: '1' is not an integer of 2 or more"),
+    (["--syncs", "ring,fast"], "error: --syncs ring,fast: 'fast' is not one of ddp, allreduce"),
+    (["--launcher", "mpi"], "error: --launcher mpi: give one of local, slurm"),
+    (["--nodes", "2"], "error: --nodes 2: local runs are one node; add --launcher slurm"),
+    (["--nodes", "0", "--launcher", "slurm"], "error: --nodes 0: '0' is not an integer of 1 or more"),
+    (["--launcher", "slurm", "--nodes", "2", "--worlds", "2,3"],
+     "error: --worlds 2,3: 3 ranks do not split over --nodes 2; give multiples of 2"),
+    (["--set", "model.hidden"], "error: --set model.hidden: give KEY=VALUE"),
+])
+def test_comm_truth_bad_options_are_one_line(args, message, tmp_path, capsys):
+    assert _comm_truth().main([*args, "--out", str(tmp_path / "o")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(message) and err.count("\n") == 1 and not out, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_comm_truth_bad_option_exits_2_from_the_shell():
+    p = subprocess.run([PY, "scripts/comm_truth.py", "--launcher", "mpi"], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (2, "error: --launcher mpi: give one of local, slurm\n"), describe(p)
+
+
+def test_comm_truth_runs_on_slurm_nodes():
+    ct = _comm_truth()
+    args = ct.parse_args(["--launcher", "slurm", "--nodes", "2", "--worlds", "2,4", "--runs", "x",
+                          "--set", "model.hidden=[1024]"])
+    assert args.worlds == [2, 4] and args.nodes == 2 and args.set == ["model.hidden=[1024]"]
+    assert ct.launch(args, 4) == ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
+                                  "launcher.wait=true"]
+    assert ct.launch(ct.parse_args([]), 4) == ["launcher.nproc_per_node=4"]
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):

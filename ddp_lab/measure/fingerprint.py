@@ -193,13 +193,13 @@ def uplink(environ: Mapping[str, str]) -> Optional[str]:
     return routes[0].get("dev") if routes else None
 
 
-def shaped_rate(qdiscs: Any) -> Optional[float]:
-    """Bytes/s a root tbf qdisc holds the interface to (`tc -j qdisc show dev IF` output:
-    tc gives tbf's rate in bytes/s); None when unshaped."""
+def root_tbf(qdiscs: Any) -> dict[str, Any]:
+    """The options of the root tbf qdisc in `tc -j qdisc show dev IF` output (tc gives its
+    rate in bytes/s, its burst in bytes); {} when the interface is not shaped."""
     for q in qdiscs or []:
         if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
-            return float(q["options"]["rate"])
-    return None
+            return q["options"]
+    return {}
 
 
 def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") -> Optional[int]:
@@ -216,13 +216,15 @@ def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") ->
 
 
 def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
-    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps"} (None where unknown)."""
+    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps", "shaped_burst_B"} (None
+    where unknown or unshaped)."""
     iface = uplink(os.environ if environ is None else environ)
     if not iface:
         return None
     info = _json_of("ip", "-j", "link", "show", "dev", iface) or [{}]
+    tbf = root_tbf(_json_of("tc", "-j", "qdisc", "show", "dev", iface))
     return {"iface": iface, "speed_mbit": sysfs_speed(iface, info[0].get("address")),
-            "shaped_Bps": shaped_rate(_json_of("tc", "-j", "qdisc", "show", "dev", iface))}
+            "shaped_Bps": float(tbf["rate"]) if tbf else None, "shaped_burst_B": tbf.get("burst")}
 
 
 def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
