@@ -14,7 +14,7 @@ import pytest
 from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
-from ddp_lab.report.model import Fit, fit_all, phase_fit, predict_comm_s
+from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
 from ddp_lab.report.truth import _ratios, bench_time, per_step
 
 
@@ -108,6 +108,26 @@ def test_per_step_union_and_the_last_arrival():
     # per call the shortest duration over ranks, ending where rank 0's ended, unioned:
     # step 0: [500-300, 500] and [700-340, 700] overlap -> 200..700; step 1: 100 + 50
     assert st["last_arrival_s"] == pytest.approx([500e-6, (100 + 50) * 1e-6])
+
+
+# ------------------------------------------------------------------ across nodes
+def test_steps_that_cross_nodes_cost_the_links_fit():
+    """4 ranks, 2 to a node: a ring's every step has a message crossing (all at the link's
+    pace); a tree's first level pairs ranks of one node, its second crosses: half its steps."""
+    assert cross_share("all_reduce", "ring", 4, 2) == cross_share("all_reduce", "torch", 4, 2) == 1.0
+    assert cross_share("all_reduce", "tree", 4, 2) == cross_share("all_reduce", "butterfly", 4, 2) == 0.5
+    assert cross_share("all_reduce", "tree", 8, 2) == pytest.approx(2 / 3)
+    assert cross_share("broadcast", "torch", 4, 1) == 1.0 and cross_share("all_reduce", "tree", 4, 4) == 0
+    link = Fit(100e-6, 40e-9, 5, "torch", "ring", "global", 2, 0.0)  # 25 MB/s
+    loopback = Fit(50e-6, 1e-9, 5, "torch", "ring", "global", 2, 0.0)
+    m = 3_256_000
+    tree = predict_comm_s("tree", 4, m, 1, link, per_node=2, intra=loopback)
+    # reduce + broadcast: 2 levels each, one inside a node and one across
+    assert tree == pytest.approx(2 * (link.alpha_s + m * link.beta_s_per_byte)
+                                 + 2 * (loopback.alpha_s + m * loopback.beta_s_per_byte))
+    assert predict_comm_s("tree", 4, m, 1, link) == pytest.approx(4 * (link.alpha_s + m * 40e-9))
+    ring = predict_comm_s("ring", 4, m, 1, link, per_node=2, intra=loopback)
+    assert ring == pytest.approx(predict_comm_s("ring", 4, m, 1, link))
 
 
 # ------------------------------------------------------------------ why a row misses

@@ -164,14 +164,17 @@ class Model:
         return full
 
     def comm(self, n: int, nodes: int) -> Optional[float]:
-        """Comm per step of n ranks on `nodes` nodes: the cross-node fit where they span
-        several (the link paces every collective that crosses it), else the intra-node one."""
-        fit = self.fit_cross if nodes > 1 else self.fit_intra
+        """Comm per step of n ranks on `nodes` nodes: on one, the intra-node fit; across
+        several, the cross-node fit for the steps that cross them (all of a ring's: the
+        link paces every step), the intra-node one for the others (`model.cross_share`)."""
         if n < 2:
             return 0.0
-        if fit is None or self.payload is None:
+        if self.fit_intra is None or self.payload is None:
             return None
-        return predict_comm_s(self.sync, n, self.payload, self.calls, fit)
+        if nodes <= 1:
+            return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_intra)
+        return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_cross,
+                              per_node=math.ceil(n / nodes), intra=self.fit_intra)
 
     def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
         """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
