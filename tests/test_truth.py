@@ -128,6 +128,10 @@ def test_steps_that_cross_nodes_cost_the_links_fit():
     assert predict_comm_s("tree", 4, m, 1, link) == pytest.approx(4 * (link.alpha_s + m * 40e-9))
     ring = predict_comm_s("ring", 4, m, 1, link, per_node=2, intra=loopback)
     assert ring == pytest.approx(predict_comm_s("ring", 4, m, 1, link))
+    # a butterfly's crossing round: both ranks of a node send m across its one link at once
+    butterfly = predict_comm_s("butterfly", 4, m, 1, link, per_node=2, intra=loopback)
+    assert butterfly == pytest.approx(link.alpha_s + 2 * m * link.beta_s_per_byte
+                                      + loopback.alpha_s + m * loopback.beta_s_per_byte)
 
 
 # ------------------------------------------------------------------ why a row misses

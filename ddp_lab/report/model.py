@@ -26,7 +26,8 @@ order, a call's steps that cross nodes cost the cross-node fit, those that stay 
 the intra-node fit (`cross_share`). A ring's every step has a message crossing, and the
 slowest link paces the step: all of it crosses. A binomial tree's or butterfly's level k
 pairs ranks 2^k apart: inside a node while 2^k < k ranks (a power of two), so only its
-top levels cross.
+top levels cross; in those, a tree sends one message out of a node, a butterfly k (every
+rank exchanges with a partner on another node), which share the node's link (`node_load`).
 """
 
 from __future__ import annotations
@@ -54,15 +55,26 @@ def cross_share(collective: str, algorithm: str, n: int, per_node: int) -> float
     return (levels - inside) / levels
 
 
+def node_load(algorithm: str, per_node: int) -> int:
+    """Messages one node's link carries at once in a step that crosses nodes: a butterfly's
+    every rank (`per_node`), one for the others (a ring crosses each node boundary once
+    each way, a tree's level sends from one rank of a node)."""
+    return per_node if algorithm == "butterfly" else 1
+
+
 def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit",
               per_node: Optional[int] = None, intra: Optional["Fit"] = None) -> float:
     """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte elements: the
     model's whole-element rounding is then at most a byte); with `per_node` and `intra`,
-    `fit` prices the steps that cross nodes and `intra` the others."""
+    `fit` prices the steps that cross nodes (their bytes times `node_load`) and `intra`
+    the others."""
     c = cost(collective, algorithm, round(nbytes), n, 1)
-    share = cross_share(collective, algorithm, n, per_node) if per_node and intra else 1.0
-    return (share * c.time(fit.alpha_s, fit.beta_s_per_byte)
-            + (1 - share) * (c.time(intra.alpha_s, intra.beta_s_per_byte) if share < 1 else 0.0))
+    if not (per_node and intra):
+        return c.time(fit.alpha_s, fit.beta_s_per_byte)
+    share = cross_share(collective, algorithm, n, per_node)
+    load = node_load(algorithm, per_node) if share else 1
+    return (share * c.time(fit.alpha_s, load * fit.beta_s_per_byte)
+            + (1 - share) * c.time(intra.alpha_s, intra.beta_s_per_byte))
 
 
 @dataclass(frozen=True)
