@@ -136,10 +136,10 @@ def test_steps_that_cross_nodes_cost_the_links_fit():
 
 # ------------------------------------------------------------------ why a row misses
 def _row(measured, last, bench, model, calls=(("all_reduce", 3_256_000),), sync="ring", nodes=2,
-         link=None):
+         link=None, bench_min=None, per_call=()):
     return _ratios({"sync": sync, "nodes": nodes, "link": link, "calls": [list(c) for c in calls],
                     "measured_ms": measured, "last_arrival_ms": last, "bench_ms": bench,
-                    "model_ms": model})
+                    "model_ms": model, "bench_min_ms": bench_min, "per_call": list(per_call)})
 
 
 def test_why_names_the_known_reasons_of_a_miss():
@@ -159,6 +159,16 @@ def test_why_names_the_known_reasons_of_a_miss():
     assert _row(50, 50, 100, 100, link=tbf)["why"] == "not known"
     two = (("all_reduce", 1_000_000), ("all_reduce", 2_256_000))
     assert _row(50, 50, 100, 100, two, sync="ddp")["why"] == "DDP's 2 buckets overlap backward and each other"
+    # (a) missed against the bench's median, not its fastest iterations
+    spread = _row(80, 80, 110, 85, bench_min=85)
+    assert spread["why"] == "the bench's spread (its fastest iterations: 85 ms/step, measured / fastest 0.94)"
+    # rank 0 roots reduce_broadcast's broadcast: its part ends early
+    rb = _row(240, 120, 430, 400, (("reduce", 3_256_000), ("broadcast", 3_256_000)),
+              sync="reduce_broadcast", per_call=[
+                  {"op": "reduce", "measured_ms": 200, "bench_ms": 170},
+                  {"op": "broadcast", "measured_ms": 22, "bench_ms": 265}])
+    assert rb["why"] == ("rank 0 roots the broadcast: its sends end when handed to the kernel "
+                         "(22 ms against the bench's 265)")
 
 
 # ------------------------------------------------------------------ the script

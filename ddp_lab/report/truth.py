@@ -112,14 +112,16 @@ def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
 
 
 # ------------------------------------------------------------------ the bench
-def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int) -> Optional[tuple[float, bool]]:
+def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
+               key: str = "time_median_s") -> Optional[tuple[float, bool]]:
     """(median seconds, exact) of `op`/`impl` on the global group of `n` ranks at
     `elements`: the measured row, else log-log interpolation between the nearest sizes
-    below and above (exact False); None outside the measured range."""
-    pts = sorted((r["elements"], r["time_median_s"]) for r in rows
+    below and above (exact False); None outside the measured range. `key`: another of
+    the row's times (`time_min_s`: the fastest iteration)."""
+    pts = sorted((r["elements"], r[key]) for r in rows
                  if r.get("op") == op and r.get("impl") == impl and r.get("correct")
                  and r.get("group") == "global" and r.get("group_size") == n
-                 and r.get("time_median_s", 0) > 0)
+                 and r.get(key, 0) > 0)
     for e, t in pts:
         if e == elements:
             return t, True
@@ -160,22 +162,25 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
         "measured_ms": statistics.median(st["measured_s"]) * 1e3 if st["measured_s"] else None,
         "last_arrival_ms": statistics.median(st["last_arrival_s"]) * 1e3 if st["last_arrival_s"] else None,
         "bench_run": str(bench.path) if bench else None,
-        "bench_ms": None, "bench_exact": None, "model_ms": None, "model_one_fit_ms": None,
+        "bench_ms": None, "bench_exact": None, "bench_min_ms": None, "model_ms": None,
+        "model_one_fit_ms": None,
         "fits": {}, "per_call": []}
     if bench is None or not st["calls"]:
         return _ratios(row)
     rows = bench.bench.get("rows", [])
     phases = SYNC_PHASES.get(sync, ())
     durations = call_durations(events)
-    total, exact = 0.0, True
+    total, exact, fastest = 0.0, True, 0.0
     for i, (op, payload) in enumerate(st["calls"]):
         algo = phases[i % len(phases)][1] if phases else "torch"
         bt = bench_time(rows, op, algo, payload // 4, n)
+        low = bench_time(rows, op, algo, payload // 4, n, "time_min_s")
         if bt is None:
             total = None
         elif total is not None:
             total += bt[0]
             exact = exact and bt[1]
+        fastest = fastest + low[0] if fastest is not None and low else None
         d = durations.get((op, payload), [])
         row["per_call"].append({
             "op": op, "algorithm": algo, "bytes": payload,
@@ -183,6 +188,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
             "bench_ms": bt[0] * 1e3 if bt else None, "bench_exact": bt[1] if bt else None})
     row["bench_ms"] = total * 1e3 if total is not None else None
     row["bench_exact"] = exact if total is not None else None
+    row["bench_min_ms"] = fastest * 1e3 if fastest is not None else None
     fits = fit_all(rows)
     payload = sum(b for _, b in st["calls"])
     pred = predict_comm_s(sync, n, payload, len(st["calls"]), fits)
@@ -221,7 +227,12 @@ def why(row: dict) -> Optional[str]:
       its burst, which passes at memory speed after an idle moment: how long the link idled
       before a call (compute in training, the previous iteration in the bench) sets its time;
     - DDP's buckets: several buckets overlap backward and each other, and the union of their
-      intervals is not the sum of separate calls the bench adds up."""
+      intervals is not the sum of separate calls the bench adds up;
+    - the bench's spread: its fastest iterations at these sizes are within 20% of the
+      measured figure, its median is not (a few slow iterations of a few, a loaded machine);
+    - the broadcast's root: rank 0 roots reduce_broadcast's broadcast, whose sends end for
+      it when the kernel has taken them, not when the others have the data (the bench times
+      a call until every rank has it)."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
@@ -238,6 +249,16 @@ def why(row: dict) -> Optional[str]:
                    f"{burst / 1e3:.0f} kB (its idle time before a call sets the call's time)")
     if row["sync"] == "ddp" and len(row["calls"]) > 1:
         out.append(f"DDP's {len(row['calls'])} buckets overlap backward and each other")
+    fastest = _ratio(row["measured_ms"], row.get("bench_min_ms"))
+    if row["a_ok"] is False and _within(fastest, TARGET_BENCH):
+        out.append(f"the bench's spread (its fastest iterations: {row['bench_min_ms']:.0f} ms/step, "
+                   f"measured / fastest {fastest:.2f})")
+    roots = [c for c in row.get("per_call", []) if c["op"] == "broadcast"
+             and (_ratio(c["measured_ms"], c["bench_ms"]) or 1) < 1 - TARGET_BENCH]
+    if row["a_ok"] is False and roots:
+        c = roots[0]
+        out.append(f"rank 0 roots the broadcast: its sends end when handed to the kernel "
+                   f"({c['measured_ms']:.0f} ms against the bench's {c['bench_ms']:.0f})")
     return "; ".join(out) or "not known"
 
 
