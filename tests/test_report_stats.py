@@ -322,3 +322,4 @@ def test_forecast_prices_cross_node_traffic_with_the_links_fit(tmp_path):
                                                                          rel=0.02)
     assert "world 4 (fingerprint bbbbbbbbbb, comm: bench: bench_1x2 (intra-node), bench: " \
            "bench_2x1_slow (cross-node))" in res["markdown"]
+    assert "world 4 (fingerprint aaaaaaaaaa) " in res["markdown"]  # the series' own comm fit

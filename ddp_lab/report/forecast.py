@@ -375,10 +375,12 @@ ASSUMPTIONS = [
 ]
 
 
-def _allocation(check: dict) -> str:
-    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a fit_check line is."""
+def _allocation(check: dict, comm_fit: str) -> str:
+    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a fit_check line is (its
+    comm fit named where it is not the series' `comm_fit`)."""
     link = f", link {check['link']}" if check.get("link") else ""
-    return f" (fingerprint {check['fingerprint_id']}{link}, comm: {check['comm_fit']})"
+    comm = f", comm: {check['comm_fit']}" if check["comm_fit"] != comm_fit else ""
+    return f" (fingerprint {check['fingerprint_id']}{link}{comm})"
 
 
 def forecast_markdown(fc: dict) -> list[str]:
@@ -400,7 +402,7 @@ def forecast_markdown(fc: dict) -> list[str]:
         if s.get("fit_check"):
             several = len({f.get("fingerprint_id") for f in s["fit_check"]}) > 1
             lines += ["The model fitted on every world vs the measured ones: " + ", ".join(
-                f"world {f['world']}{_allocation(f) if several else ''} {sig(f['predicted_s'])} s "
+                f"world {f['world']}{_allocation(f, s['comm_fit']) if several else ''} {sig(f['predicted_s'])} s "
                 f"vs {sig(f['measured_s'])} s ({f['rel_error']:+.0%})" for f in s["fit_check"])
                 + ".", ""]
         if not s["shown"]:
