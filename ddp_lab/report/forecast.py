@@ -203,19 +203,25 @@ def bench_level(bench: list[dict], device: str, backend: str, across: bool,
     return (mine or level)[-1] if level else None
 
 
+OWN_FIT = "fitted on the study's own comm per step"
+
+
+def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
+    """One level's fit and its source: the bench run that measured it, else its points'."""
+    if found:
+        return found["primary"], "bench: " + found["run"].path.name
+    return own_fit(pts), OWN_FIT
+
+
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
               fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
     """(intra-node fit, cross-node fit, where they came from): per level the bench's, else
     the study's own points' of that level (see the module docstring)."""
     one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
-    own = "fitted on the study's own comm per step"
-    levels = [(one["primary"], "bench: " + one["run"].path.name) if one else
-              (own_fit([p for p in pool_pts if p.nodes == 1]), own),
-              (many["primary"], "bench: " + many["run"].path.name) if many else
-              (own_fit([p for p in pool_pts if p.nodes > 1]), own)]
-    (intra, intra_src), (cross, cross_src) = levels
+    intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
+    cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
     if intra is None:  # no point of one node: the other level's fit, else every point's
-        intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), own)
+        intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), OWN_FIT)
     if cross is None:  # nothing crossed a node: the intra-node fit for every link
         return intra, intra, intra_src
     if intra_src == cross_src:
