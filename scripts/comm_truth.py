@@ -4,13 +4,18 @@
     .venv/bin/python scripts/comm_truth.py                       # runs everything (~15 min, 2 cores)
     .venv/bin/python scripts/comm_truth.py --worlds 2 --models mlp_wide --syncs allreduce,ddp
     .venv/bin/python scripts/comm_truth.py --runs OUT/train --bench OUT/bench   # re-read folders
+    .venv/bin/python scripts/comm_truth.py --launcher slurm --nodes 2 --worlds 2,4 \
+        --models mlp --set 'model.hidden=[1024]'       # across a cluster's nodes (docs/network.md)
 
 What it runs (unless given folders): one short training run per sync x model x world
 (`python -m ddp_lab`, every step traced: `timing.trace_steps` = the steps), then per world
 one bench run (`python -m ddp_lab.bench`) of all_reduce / reduce / broadcast with every
 implementation the synchronisers use, at log-spaced sizes *and* at every bucket size the
 training runs put on the wire (`bench.sizes`), right after the training, so that both see
-the same machine load.
+the same machine load. With `--launcher slurm --nodes N` every run (training and bench) is a
+SLURM job of N nodes x world/N ranks (`launcher=slurm launcher.nodes=N ... launcher.wait=true`)
+on the cluster whose environment the shell has (SLURM_CONF: `scripts/slurm_cluster.sh up`
+prints it), so on a network lab every collective crosses the nodes' links.
 
 What it prints, one row per training run (`ddp_lab.report.truth`):
 
@@ -22,7 +27,8 @@ What it prints, one row per training run (`ddp_lab.report.truth`):
 - model ms/step: what `ddp_lab.report.model` predicts from alpha-beta fits of that bench
   run, one fit per collective and implementation the synchroniser calls -- check (b),
   target within 30%;
-- the ratios measured / bench and measured / model, and whether each is within its target.
+- the ratios measured / bench and measured / model, and whether each is within its target;
+- why, for a row that misses one, where the reason is known (`truth.why`).
 
 Not a test: the figures depend on the machine and on what else runs on it (say which load
 when quoting them; `uptime` is printed). Writes truth.json and truth.md into --out.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 from ddp_lab.report import truth
 
+LAUNCHERS = ("local", "slurm")
 SYNCS = ("ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
 #: training steps per model: enough calls for a median, short enough for a 2-core machine
 STEPS = {"mlp": 200, "mlp_wide": 30}
@@ -69,6 +77,14 @@ def _run(cmd: list[str], log: Path) -> Path:
     return Path(lines[-1][len("run dir: "):])
 
 
+def launch(args: argparse.Namespace, world: int) -> list[str]:
+    """The launcher overrides of one run of `world` ranks."""
+    if args.launcher == "local":
+        return [f"launcher.nproc_per_node={world}"]
+    return ["launcher=slurm", f"launcher.nodes={args.nodes}",
+            f"launcher.nproc_per_node={world // args.nodes}", "launcher.wait=true"]
+
+
 def train_runs(args: argparse.Namespace, out: Path, world: int) -> list[Path]:
     dirs = []
     for model in args.models:
@@ -76,7 +92,7 @@ def train_runs(args: argparse.Namespace, out: Path, world: int) -> list[Path]:
         for sync in args.syncs:
             dirs.append(_run([
                 sys.executable, "-m", "ddp_lab", f"sync={sync}", f"model={model}",
-                f"launcher.nproc_per_node={world}", "train.epochs=1",
+                *launch(args, world), *args.set, "train.epochs=1",
                 f"train.max_steps_per_epoch={steps}", f"timing.trace_steps={steps}",
                 "train.checkpoint=false", "train.threads=1", "log.progress=lines",
                 f"data.root={args.data_root}", f"run.root={out / 'train'}"], out / "commands.log"))
@@ -85,18 +101,41 @@ def train_runs(args: argparse.Namespace, out: Path, world: int) -> list[Path]:
 
 def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int]) -> Path:
     return _run([
-        sys.executable, "-m", "ddp_lab.bench", f"launcher.nproc_per_node={world}",
+        sys.executable, "-m", "ddp_lab.bench", *launch(args, world),
         f"bench.ops=[{','.join(BENCH_OPS)}]", f"bench.impl=[{','.join(BENCH_IMPLS)}]",
         f"bench.min_elements={args.bench_min}", f"bench.max_elements={args.bench_max}",
         f"bench.points={args.bench_points}", f"bench.sizes=[{','.join(map(str, sizes))}]",
         "log.progress=lines", f"run.root={out / 'bench'}"], out / "commands.log")
 
 
-def main(argv=None) -> int:
+class UsageError(ValueError):
+    """A bad option: one line naming it and the fix (exit 2, before anything runs)."""
+
+
+def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
+    """A comma list of --option: ints of `least` or more, or names of `allowed`."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UsageError(f"{option} {text!r}: give a comma-separated list")
+    for x in items:
+        if allowed is None and not (x.isdigit() and int(x) >= least):
+            raise UsageError(f"{option} {text}: {x!r} is not an integer of {least} or more")
+        if allowed is not None and x not in allowed:
+            raise UsageError(f"{option} {text}: {x!r} is not one of {', '.join(allowed)}")
+    return items if allowed is not None else [int(x) for x in items]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked (UsageError: see `main`)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--models", default="mlp,mlp_wide")
     ap.add_argument("--syncs", default=",".join(SYNCS))
+    ap.add_argument("--launcher", default="local", help=f"{' | '.join(LAUNCHERS)} (default local)")
+    ap.add_argument("--nodes", default="1",
+                    help="nodes of every run (--launcher slurm); a world is nodes x world/nodes ranks")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every training run, e.g. --set 'model.hidden=[1024]'")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (0: per model, %s)" % STEPS)
     ap.add_argument("--bench-min", type=int, default=1024)
     ap.add_argument("--bench-max", type=int, default=1 << 24)
@@ -107,8 +146,32 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", nargs="*", default=None, help="bench run folders (or their parents)")
     args = ap.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
-    args.syncs = [s for s in args.syncs.split(",") if s]
-    worlds = [int(w) for w in args.worlds.split(",") if w]
+    args.syncs = _list("--syncs", args.syncs, SYNCS)
+    args.worlds = _list("--worlds", args.worlds, least=2)
+    if args.launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher {args.launcher}: give one of {', '.join(LAUNCHERS)}")
+    (args.nodes,) = _list("--nodes", args.nodes)
+    if args.launcher == "local" and args.nodes != 1:
+        raise UsageError(f"--nodes {args.nodes}: local runs are one node; add --launcher slurm")
+    for w in args.worlds:
+        if w % args.nodes:
+            raise UsageError(f"--worlds {','.join(map(str, args.worlds))}: {w} ranks do not split "
+                             f"over --nodes {args.nodes}; give multiples of {args.nodes}")
+    for kv in args.set:
+        if "=" not in kv or kv.startswith("="):
+            raise UsageError(f"--set {kv}: give KEY=VALUE, e.g. --set 'model.hidden=[1024]'")
+    if args.launcher == "slurm" and args.runs is None and not shutil.which("sbatch"):
+        raise UsageError("--launcher slurm: no sbatch on PATH; bring a cluster up and use its "
+                         "environment (docs/network.md)")
+    return args
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
@@ -116,7 +179,7 @@ def main(argv=None) -> int:
 
     if args.runs is None or args.bench is None:
         runs, benches = [], []
-        for world in worlds:
+        for world in args.worlds:
             mine = []
             if args.runs is None:
                 print(f"world {world}: training runs", flush=True)

@@ -90,7 +90,7 @@ def _fp(**over):
 def test_fingerprint_fields_and_id():
     fp = _fp()
     for key in ("hosts", "cpu", "cpu_count", "gpu", "torch", "cuda", "nccl", "gloo", "backend", "device",
-                "nccl_transport", "env", "python", "launcher", "nodes", "nproc_per_node"):
+                "nccl_transport", "env", "link", "python", "launcher", "nodes", "nproc_per_node"):
         assert key in fp, key
     assert fp["gloo"] is True and fp["gpu"] is None and fp["backend"] == "gloo"
     assert fp["env"] == {"NCCL_DEBUG_FILE": "/run/a/logs/nccl.%h.%p.log", "OMP_NUM_THREADS": "1"}
@@ -116,3 +116,52 @@ def test_cpu_model_from_cpuinfo(tmp_path):
     assert fpm.cpu_model(str(tmp_path / "cpuinfo")) == "Intel(R) Xeon(R) Platinum 8480+"
     assert fpm.cpu_model(str(tmp_path / "missing")) != ""
     assert os.path.exists("/proc/cpuinfo")
+
+
+# what `tc -j qdisc show dev eth0` and `ip -j addr show` print in a netlab node
+TBF_200MBIT = [{"kind": "tbf", "handle": "8137:", "root": True, "refcnt": 3,
+                "options": {"rate": 25000000, "burst": 250000, "lat": 50000}}]
+UNSHAPED = [{"kind": "pfifo_fast", "handle": "0:", "root": True, "options": {"bands": 3}}]
+ADDRS = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1"}]},
+         {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "198.18.0.2"}]}]
+
+
+def test_link_rate_from_tc_and_the_interface_from_its_address():
+    assert fpm.root_tbf(TBF_200MBIT) == {"rate": 25000000, "burst": 250000, "lat": 50000}
+    assert fpm.root_tbf(UNSHAPED) == {} and fpm.root_tbf(None) == {}
+    assert fpm.iface_with_address(ADDRS, "198.18.0.2") == "eth0"
+    assert fpm.iface_with_address(ADDRS, "10.0.0.1") is None
+    assert fpm.chosen_iface({"GLOO_SOCKET_IFNAME": "ib0,eth0"}) == "ib0"
+    assert fpm.chosen_iface({"NCCL_SOCKET_IFNAME": "=eth1"}) == "eth1"
+    assert fpm.chosen_iface({"NCCL_SOCKET_IFNAME": "^lo,docker"}) is None
+
+
+def test_sysfs_speed_only_where_sysfs_shows_this_namespace(tmp_path):
+    eth0 = tmp_path / "eth0"
+    eth0.mkdir()
+    (eth0 / "address").write_text("92:a5:c5:b4:b9:34\n")
+    (eth0 / "speed").write_text("10000\n")
+    assert fpm.sysfs_speed("eth0", "92:a5:c5:b4:b9:34", str(tmp_path)) == 10000
+    # another namespace's eth0 (nsenter --net keeps the machine's /sys), or no MAC known
+    assert fpm.sysfs_speed("eth0", "02:00:00:00:00:01", str(tmp_path)) is None
+    assert fpm.sysfs_speed("eth0", None, str(tmp_path)) is None
+    (eth0 / "speed").write_text("-1\n")  # a virtual link without a speed
+    assert fpm.sysfs_speed("eth0", "92:a5:c5:b4:b9:34", str(tmp_path)) is None
+    assert fpm.sysfs_speed("missing", "92:a5:c5:b4:b9:34", str(tmp_path)) is None
+
+
+def test_the_link_rate_is_part_of_the_id():
+    fast = {"iface": "eth0", "speed_mbit": 10000, "shaped_Bps": 25e6}
+    slow = dict(fast, shaped_Bps=6.25e6)
+    assert fpm.link_label(fast) == "tbf 25 MB/s" and fpm.link_label(slow) == "tbf 6.25 MB/s"
+    assert fpm.link_label(dict(fast, shaped_Bps=None)) == "10000 Mbit/s"
+    assert fpm.link_label({"iface": "eth0", "speed_mbit": None, "shaped_Bps": None}) is None
+    a, b = _fp(link=fast), _fp(link=slow)
+    assert fpm.fingerprint_id(a) != fpm.fingerprint_id(b)
+    assert fpm.differences(a, b) == ["link: tbf 25 MB/s vs tbf 6.25 MB/s"]
+    # an unknown link (and a fingerprint written before links were) keeps the old id
+    old = _fp()
+    del old["link"]
+    assert fpm.fingerprint_id(old) == fpm.fingerprint_id(_fp(link=None)) == fpm.fingerprint_id(
+        _fp(link={"iface": "eth0", "speed_mbit": None, "shaped_Bps": None}))
+    assert fpm.fingerprint_id(old) != fpm.fingerprint_id(a)

@@ -72,11 +72,11 @@ FP = {"hosts": ["h"], "cpu": "Test CPU", "gpu": None, "torch": "2.x", "nccl": No
 
 def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync="ring",
               steps=20, comm_s_per_step=0.0, fp=FP, fid="aaaaaaaaaa", batch=64,
-              payload=159_010 * 4, phase_ms: dict | None = None) -> Path:
+              payload=159_010 * 4, phase_ms: dict | None = None, nodes: int = 1) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(
-        f"launcher:\n  name: local\n  nodes: 1\n  nproc_per_node: {world}\n  dry_run: false\n"
+        f"launcher:\n  name: local\n  nodes: {nodes}\n  nproc_per_node: {world // nodes}\n  dry_run: false\n"
         f"sync:\n  name: {sync}\nmodel:\n  name: mlp\noptim:\n  name: adam\ndata:\n  pipeline: tensor\n"
         f"train:\n  epochs: {len(epoch_times)}\n  batch_size: {batch}\n  max_steps_per_epoch: {steps}\n")
     calls = 1 if world > 1 else 0
@@ -90,7 +90,7 @@ def write_run(root: Path, name: str, world: int, epoch_times: list[float], sync=
                                    if phase_ms else {})}) + "\n")
     (d / "summary.json").write_text(json.dumps({
         "status": "completed", "launcher": "local", "sync": sync, "backend": "gloo",
-        "device": "cpu", "nodes": 1, "nproc_per_node": world, "world_size": world,
+        "device": "cpu", "nodes": nodes, "nproc_per_node": world // nodes, "world_size": world,
         "epochs": len(epoch_times), "test_accuracy": 0.9, "batch_size": batch,
         "epoch_time_s_median": sorted(epoch_times)[len(epoch_times) // 2],
         "epoch_time_s_mean": sum(epoch_times) / len(epoch_times), "comm_fraction": 0.2,
@@ -259,3 +259,67 @@ def test_bad_report_options_are_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1
     assert not (tmp_path / "rep").exists()
+
+
+# the two link levels of a 2-node testbed: loopback inside a node, a 25 MB/s link between
+# nodes, and the same link at a quarter of that rate (another allocation)
+LOOPBACK, LINK, SLOW_LINK = (50e-6, 2e-9), (100e-6, 40e-9), (100e-6, 160e-9)
+
+
+def ring_comm(n: int, level: tuple[float, float]) -> float:
+    alpha, beta = level
+    return 0.0 if n == 1 else 2 * (n - 1) * alpha + 2 * (n - 1) / n * PAYLOAD * beta
+
+
+def write_bench(root: Path, name: str, nodes: int, level: tuple[float, float],
+                fid: str = "aaaaaaaaaa") -> Path:
+    """A bench run of 2 ranks (on `nodes` nodes) whose all_reduce times follow `level`."""
+    d = root / name
+    d.mkdir(parents=True)
+    rows = [{"op": "all_reduce", "impl": "torch", "group": "global", "group_size": 2,
+             "elements": e, "bytes": 4 * e, "correct": True,
+             "time_median_s": 2 * level[0] + 4 * e * level[1],
+             "busbw_GBps": 4 * e / (2 * level[0] + 4 * e * level[1]) / 1e9}
+            for e in (2 ** 18, 2 ** 19, 2 ** 20)]
+    (d / "bench.json").write_text(json.dumps({"meta": {}, "rows": rows}))
+    (d / "summary.json").write_text(json.dumps({
+        "kind": "bench", "status": "completed", "backend": "gloo", "device": "cpu",
+        "nodes": nodes, "nproc_per_node": 2 // nodes, "world_size": 2,
+        "fingerprint": FP, "fingerprint_id": fid}))
+    return d
+
+
+def test_forecast_prices_cross_node_traffic_with_the_links_fit(tmp_path):
+    """Worlds 1 and 2 on one node (loopback), world 4 on 2 nodes x 2 across a slow link,
+    a bench of each level: fitted on 1 and 2, world 4 comes out right only when the
+    forecast prices it with the cross-node bench's fit (it spans 2 nodes, far fewer than
+    --gpus-per-node's 8). A second allocation's world 4 (the link 4x slower, its own
+    fingerprint and bench) is predicted from its own bench: the difference, predicted."""
+    runs = tmp_path / "runs"
+    for n, nodes, level in ((1, 1, LOOPBACK), (2, 1, LOOPBACK), (4, 2, LINK)):
+        for k in range(2):
+            t = STEPS * (C + ring_comm(n, level)) * (1 + 0.002 * (k - 0.5))
+            write_run(runs, f"w{n}_r{k}", n, [3 * t, t, t], comm_s_per_step=ring_comm(n, level),
+                      nodes=nodes)
+    slow = STEPS * (C + ring_comm(4, SLOW_LINK))
+    write_run(runs, "w4_slow", 4, [3 * slow, slow, slow], comm_s_per_step=ring_comm(4, SLOW_LINK),
+              nodes=2, fid="bbbbbbbbbb")
+    write_bench(runs, "bench_1x2", 1, LOOPBACK)
+    write_bench(runs, "bench_2x1", 2, LINK)
+    write_bench(runs, "bench_2x1_slow", 2, SLOW_LINK, fid="bbbbbbbbbb")
+    res = build_report(find_runs([runs]), tmp_path / "rep", make_plots=False,
+                       forecast_worlds=[8], gpus_per_node=8)
+    (s,) = res["doc"]["forecast"]["series"]
+    h = s["heldout"]
+    assert h["predicted_world"] == 4 and abs(h["rel_error"]) < 0.02, h
+    assert h["comm_fit"] == "bench: bench_1x2 (intra-node), bench: bench_2x1 (cross-node)"
+    by_fid = {(f["world"], f["fingerprint_id"]): f for f in s["fit_check"]}
+    fast, slow_check = by_fid[(4, "aaaaaaaaaa")], by_fid[(4, "bbbbbbbbbb")]
+    assert slow_check["comm_fit"].endswith("bench: bench_2x1_slow (cross-node)")
+    for f in s["fit_check"]:
+        assert abs(f["rel_error"]) < 0.02, f
+    assert slow_check["predicted_s"] / fast["predicted_s"] == pytest.approx(slow / fast["measured_s"],
+                                                                         rel=0.02)
+    assert "world 4 (fingerprint bbbbbbbbbb, comm: bench: bench_1x2 (intra-node), bench: " \
+           "bench_2x1_slow (cross-node))" in res["markdown"]
+    assert "world 4 (fingerprint aaaaaaaaaa) " in res["markdown"]  # the series' own comm fit

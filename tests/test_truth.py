@@ -14,8 +14,8 @@ import pytest
 from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
-from ddp_lab.report.model import Fit, fit_all, phase_fit, predict_comm_s
-from ddp_lab.report.truth import bench_time, per_step
+from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
+from ddp_lab.report.truth import _ratios, bench_time, per_step
 
 
 def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):
@@ -110,7 +110,112 @@ def test_per_step_union_and_the_last_arrival():
     assert st["last_arrival_s"] == pytest.approx([500e-6, (100 + 50) * 1e-6])
 
 
+# ------------------------------------------------------------------ across nodes
+def test_steps_that_cross_nodes_cost_the_links_fit():
+    """4 ranks, 2 to a node: a ring's every step has a message crossing (all at the link's
+    pace); a tree's first level pairs ranks of one node, its second crosses: half its steps."""
+    assert cross_share("all_reduce", "ring", 4, 2) == cross_share("all_reduce", "torch", 4, 2) == 1.0
+    assert cross_share("all_reduce", "tree", 4, 2) == cross_share("all_reduce", "butterfly", 4, 2) == 0.5
+    assert cross_share("all_reduce", "tree", 8, 2) == pytest.approx(2 / 3)
+    assert cross_share("broadcast", "torch", 4, 1) == 1.0 and cross_share("all_reduce", "tree", 4, 4) == 0
+    link = Fit(100e-6, 40e-9, 5, "torch", "ring", "global", 2, 0.0)  # 25 MB/s
+    loopback = Fit(50e-6, 1e-9, 5, "torch", "ring", "global", 2, 0.0)
+    m = 3_256_000
+    tree = predict_comm_s("tree", 4, m, 1, link, per_node=2, intra=loopback)
+    # reduce + broadcast: 2 levels each, one inside a node and one across
+    assert tree == pytest.approx(2 * (link.alpha_s + m * link.beta_s_per_byte)
+                                 + 2 * (loopback.alpha_s + m * loopback.beta_s_per_byte))
+    assert predict_comm_s("tree", 4, m, 1, link) == pytest.approx(4 * (link.alpha_s + m * 40e-9))
+    ring = predict_comm_s("ring", 4, m, 1, link, per_node=2, intra=loopback)
+    assert ring == pytest.approx(predict_comm_s("ring", 4, m, 1, link))
+    # a butterfly's crossing round: both ranks of a node send m across its one link at once
+    butterfly = predict_comm_s("butterfly", 4, m, 1, link, per_node=2, intra=loopback)
+    assert butterfly == pytest.approx(link.alpha_s + 2 * m * link.beta_s_per_byte
+                                      + loopback.alpha_s + m * loopback.beta_s_per_byte)
+
+
+# ------------------------------------------------------------------ why a row misses
+def _row(measured, last, bench, model, calls=(("all_reduce", 3_256_000),), sync="ring", nodes=2,
+         link=None, bench_min=None, per_call=()):
+    return _ratios({"sync": sync, "nodes": nodes, "link": link, "calls": [list(c) for c in calls],
+                    "measured_ms": measured, "last_arrival_ms": last, "bench_ms": bench,
+                    "model_ms": model, "bench_min_ms": bench_min, "per_call": list(per_call)})
+
+
+def test_why_names_the_known_reasons_of_a_miss():
+    assert _row(100, 95, 100, 110)["why"] is None  # within both targets: nothing to explain
+    # (a) missed, but after the last arrival the call is the bench's: rank 0 waited
+    assert _row(150, 105, 100, 100)["why"].startswith(
+        "waiting for a later rank (after the last arrival: 1.05 of the bench)")
+    # (b) missed because the fit misses the bench itself
+    assert _row(100, 100, 100, 60)["why"] == "the fit's line misses the bench here (bench / model 1.67)"
+    # small calls across a shaped link: its tbf burst; not on one node, not for large calls
+    tbf = {"iface": "eth0", "shaped_Bps": 25e6, "shaped_burst_B": 250000}
+    small = (("all_reduce", 159_040),)
+    assert _row(50, 50, 100, 100, small, link=tbf)["why"] == (
+        "calls of 159 kB against the link's tbf burst of 250 kB (its idle time before a call "
+        "sets the call's time)")
+    assert _row(50, 50, 100, 100, small, link=tbf, nodes=1)["why"] == "not known"
+    assert _row(50, 50, 100, 100, link=tbf)["why"] == "not known"
+    two = (("all_reduce", 1_000_000), ("all_reduce", 2_256_000))
+    assert _row(50, 50, 100, 100, two, sync="ddp")["why"] == "DDP's 2 buckets overlap backward and each other"
+    # (a) missed against the bench's median, not its fastest iterations
+    spread = _row(80, 80, 110, 85, bench_min=85)
+    assert spread["why"] == "the bench's spread (its fastest iterations: 85 ms/step, measured / fastest 0.94)"
+    # rank 0 roots reduce_broadcast's broadcast: its part ends early
+    rb = _row(240, 120, 430, 400, (("reduce", 3_256_000), ("broadcast", 3_256_000)),
+              sync="reduce_broadcast", per_call=[
+                  {"op": "reduce", "measured_ms": 200, "bench_ms": 170},
+                  {"op": "broadcast", "measured_ms": 22, "bench_ms": 265}])
+    assert rb["why"] == ("rank 0 roots the broadcast: its sends end when handed to the kernel "
+                         "(22 ms against the bench's 265)")
+
+
 # ------------------------------------------------------------------ the script
+def _comm_truth():
+    """scripts/comm_truth.py as a module (it is a script, not a package's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("comm_truth", REPO / "scripts" / "comm_truth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--worlds", "2,x"], "error: --worlds 2,x: 'x' is not an integer of 2 or more"),
+    (["--worlds", "1"], "error: --worlds 1: '1' is not an integer of 2 or more"),
+    (["--syncs", "ring,fast"], "error: --syncs ring,fast: 'fast' is not one of ddp, allreduce"),
+    (["--launcher", "mpi"], "error: --launcher mpi: give one of local, slurm"),
+    (["--nodes", "2"], "error: --nodes 2: local runs are one node; add --launcher slurm"),
+    (["--nodes", "0", "--launcher", "slurm"], "error: --nodes 0: '0' is not an integer of 1 or more"),
+    (["--launcher", "slurm", "--nodes", "2", "--worlds", "2,3"],
+     "error: --worlds 2,3: 3 ranks do not split over --nodes 2; give multiples of 2"),
+    (["--set", "model.hidden"], "error: --set model.hidden: give KEY=VALUE"),
+])
+def test_comm_truth_bad_options_are_one_line(args, message, tmp_path, capsys):
+    assert _comm_truth().main([*args, "--out", str(tmp_path / "o")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(message) and err.count("\n") == 1 and not out, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_comm_truth_bad_option_exits_2_from_the_shell():
+    p = subprocess.run([PY, "scripts/comm_truth.py", "--launcher", "mpi"], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stderr) == (2, "error: --launcher mpi: give one of local, slurm\n"), describe(p)
+
+
+def test_comm_truth_runs_on_slurm_nodes():
+    ct = _comm_truth()
+    args = ct.parse_args(["--launcher", "slurm", "--nodes", "2", "--worlds", "2,4", "--runs", "x",
+                          "--set", "model.hidden=[1024]"])
+    assert args.worlds == [2, 4] and args.nodes == 2 and args.set == ["model.hidden=[1024]"]
+    assert ct.launch(args, 4) == ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
+                                  "launcher.wait=true"]
+    assert ct.launch(ct.parse_args([]), 4) == ["launcher.nproc_per_node=4"]
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):

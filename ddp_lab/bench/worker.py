@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ddp_lab.measure import fingerprint as fingerprints
 from ddp_lab.run.files import write_json
 from ddp_lab.run.rank import rank_main, run_rank
 
@@ -59,6 +60,10 @@ def _bench(cfg, ctx, run_dir: Path) -> None:
             "command": command.read_text().strip() if command.exists() else "",
         }
         out = write_outputs(run_dir, result, meta, cfg.bench.plot_metric, cfg.bench.title)
+        # the allocation, as a training run records it: the report matches a run with the
+        # bench of its own allocation (its link's rate is in the id)
+        fp = fingerprints.collect(ctx.backend, ctx.device, meta["hosts"], cfg.launcher.name,
+                                  env.num_nodes, env.local_world_size)
         wrong = sum(not r["correct"] for r in result["rows"])
         write_json(run_dir / "summary.json", {
             **meta, "status": "completed" if not wrong else
@@ -66,7 +71,8 @@ def _bench(cfg, ctx, run_dir: Path) -> None:
             "ops": list(cfg.bench.ops), "impl": list(cfg.bench.impl),
             "groups": list(cfg.bench.groups), "measurements": len(result["rows"]),
             "wrong_results": wrong, "duration_s": result["duration_s"],
-            "plots": [f"plots/{p['file']}" for p in out["plots"]]})
+            "plots": [f"plots/{p['file']}" for p in out["plots"]],
+            "fingerprint": fp, "fingerprint_id": fingerprints.fingerprint_id(fp)})
         log.info("%d measurements (%d wrong) in %.0f s: bench.md, bench.csv, bench.json, "
                  "plots/ in %s", len(result["rows"]), wrong, result["duration_s"], run_dir)
 

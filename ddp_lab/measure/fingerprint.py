@@ -15,6 +15,16 @@ before init_process_group) sets NCCL_DEBUG=INFO with NCCL_DEBUG_FILE=RUN_DIR/log
 and the channel lines "... via P2P/CUMEM", "via SHM/direct/direct", "via NET/IB/0/GDRDMA".
 The variables ddp_lab.nccl_env exports (NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_SOCKET_NTHREADS,
 NCCL_NSOCKS_PERTHREAD) are among ENV_PREFIXES' and land in `env`.
+
+The node's link (`link`): the interface this node's ranks talk to other nodes through (the
+one gloo/NCCL are told to use, else the one holding the address the hostname names: what
+gloo picks, else the default route's), its speed, and the rate a traffic shaper holds it to
+(a root `tbf` qdisc's rate, from `tc -j qdisc show`). Only configured limits, asked of the
+kernel through netlink (`ip`, `tc`), which answers for the process's own network namespace;
+/sys/class/net is believed only where its MAC address is the interface's, because sysfs
+shows the namespace of whoever mounted it (a slurmd started with `nsenter --net` sees the
+machine's eth0 there). What the link *delivers* is measured by the bench (its fit's 1/beta),
+not here: a measured figure in the id would split repeats by noise. `link_label` is in the id.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import json
 import os
 import platform
 import re
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -39,7 +51,9 @@ NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUM
 # the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
 # report groups by already: a study's world 1 on one node and world 4 on two are one
 # allocation). NCCL's network (IB, Socket, a plugin) is the allocation's: it is in.
-ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "env")
+# The node's link rate (a tbf's, else the interface's speed) is the allocation's too: two
+# allocations at 200 and 50 Mbit/s must not be taken for repeats of each other.
+ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
 _NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")  # IB, Socket, AWS Libfabric
@@ -133,6 +147,96 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# ------------------------------------------------------------------ the node's link
+def _json_of(*argv: str) -> Any:
+    """The JSON an iproute2 command prints (`ip -j ...`, `tc -j ...`); None when the tool
+    is missing or fails."""
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=5)
+        return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def iface_with_address(links: Any, address: str) -> Optional[str]:
+    """The interface of `ip -j addr show` output that holds `address`."""
+    for link in links or []:
+        if any(a.get("local") == address for a in link.get("addr_info", [])):
+            return link.get("ifname")
+    return None
+
+
+def chosen_iface(environ: Mapping[str, str]) -> Optional[str]:
+    """The interface the user told gloo (or NCCL) to use: GLOO_SOCKET_IFNAME, else
+    NCCL_SOCKET_IFNAME (its first name; an exclusion list `^lo,docker` names none)."""
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        first = (environ.get(key) or "").split(",")[0].strip().lstrip("=")
+        if first and not first.startswith("^"):
+            return first
+    return None
+
+
+def uplink(environ: Mapping[str, str]) -> Optional[str]:
+    """The interface this node reaches other nodes through (see the module docstring)."""
+    chosen = chosen_iface(environ)
+    if chosen:
+        return chosen
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        address = None
+    if address and not address.startswith("127."):
+        name = iface_with_address(_json_of("ip", "-j", "addr", "show"), address)
+        if name:
+            return name
+    routes = _json_of("ip", "-j", "route", "show", "default") or []
+    return routes[0].get("dev") if routes else None
+
+
+def root_tbf(qdiscs: Any) -> dict[str, Any]:
+    """The options of the root tbf qdisc in `tc -j qdisc show dev IF` output (tc gives its
+    rate in bytes/s, its burst in bytes); {} when the interface is not shaped."""
+    for q in qdiscs or []:
+        if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
+            return q["options"]
+    return {}
+
+
+def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") -> Optional[int]:
+    """The interface's speed in Mbit/s from sysfs, only if sysfs shows this namespace's
+    interface (its MAC address is `mac`) and knows a speed (virtual links say -1 or fail)."""
+    base = Path(root) / iface
+    try:
+        if mac is None or (base / "address").read_text().strip() != mac:
+            return None
+        speed = int((base / "speed").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
+
+
+def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
+    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps", "shaped_burst_B"} (None
+    where unknown or unshaped)."""
+    iface = uplink(os.environ if environ is None else environ)
+    if not iface:
+        return None
+    info = _json_of("ip", "-j", "link", "show", "dev", iface) or [{}]
+    tbf = root_tbf(_json_of("tc", "-j", "qdisc", "show", "dev", iface))
+    return {"iface": iface, "speed_mbit": sysfs_speed(iface, info[0].get("address")),
+            "shaped_Bps": float(tbf["rate"]) if tbf else None, "shaped_burst_B": tbf.get("burst")}
+
+
+def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The link's limit in words, as the id holds it: "tbf 25 MB/s" where shaped, else
+    "10000 Mbit/s"; None where neither is known (the id is then what it was before links)."""
+    if not lk:
+        return None
+    if lk.get("shaped_Bps"):
+        return f"tbf {lk['shaped_Bps'] / 1e6:.4g} MB/s"
+    return f"{lk['speed_mbit']} Mbit/s" if lk.get("speed_mbit") else None
+
+
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES)}
@@ -169,6 +273,7 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
         **_versions(backend),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),
+        "link": link(environ),
         "python": sys.version.split()[0], "launcher": launcher, "nodes": nodes,
         "nproc_per_node": nproc_per_node,
     }
@@ -183,13 +288,18 @@ def id_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
         "nccl": fp.get("nccl") if fp.get("backend") == "nccl" else None,
         "nccl_network": "+".join(sorted({d["network"] for d in fp.get("nccl_detail") or []
                                          if isinstance(d, dict) and d.get("network")})) or None,
+        "link": link_label(fp.get("link")),
         "env": {k: v for k, v in sorted((fp.get("env") or {}).items()) if k not in NOT_IN_ID},
     }
 
 
 def fingerprint_id(fp: Mapping[str, Any]) -> str:
-    """A short stable hash (10 hex digits) of `id_fields(fp)`."""
-    blob = json.dumps(id_fields(fp), sort_keys=True, default=str)
+    """A short stable hash (10 hex digits) of `id_fields(fp)` (an unknown link left out,
+    so that fingerprints from before links were recorded keep their ids)."""
+    fields = id_fields(fp)
+    if fields["link"] is None:
+        del fields["link"]
+    blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 

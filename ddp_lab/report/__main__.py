@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="worlds to forecast time per epoch for (default 8,16,...,1024: '...' "
                          "doubles up to the last one)")
     ap.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
-                    help="ranks per node in the forecast: the intra-node fit up to G ranks, the "
-                         "cross-node fit above (default 8)")
+                    help="ranks per node of the forecast's worlds: the intra-node fit up to G "
+                         "ranks, the cross-node fit above (default 8; a measured point is "
+                         "priced on the nodes it ran on)")
     args = ap.parse_args(argv)
     try:
         worlds = parse_worlds(args.forecast) if args.forecast else None

@@ -13,16 +13,22 @@ The model of one epoch on n ranks (nodes of G ranks):
   point; a line c0 + c1 * b where the fitted points have several per-rank batches, else
   the largest fitted world's (proportional to b when another batch is asked for).
 - m(n): comm per step from the alpha-beta model (`model.predict_comm_s`: the sync's own
-  algorithm, the payload and calls per step it recorded, from any run of the series): alpha and beta from a bench run
-  on the same backend and device (cross-node fit where n > G and the bench has one), else
-  fitted on the study's own measured comm per step (weighted least squares, `model._solve`,
-  pooled over the syncs of the same backend and device: the model is linear in alpha and
-  beta, so a point's two coefficients are its prediction under (1, 0) and (0, 1); points
-  of one world and one sync cannot tell alpha from beta: latency only then).
+  algorithm, the payload and calls per step it recorded, from any run of the series), with
+  one alpha-beta fit per link level: ranks of one node talk over the node's own memory
+  (loopback), ranks on several nodes over the network, whose every collective is paced by
+  the slowest link it crosses. The intra-node fit prices a world of one node, the cross-node
+  fit a world of several (n > ranks per node: the measured point's, else G). Each level's
+  fit: a bench run on the same backend and device that measured that level (1 node; 2 nodes
+  or more), the allocation's own first (same fingerprint: its link's rate is in it), else
+  fitted on the study's own measured comm per step of that level's points (weighted least
+  squares, `model._solve`, pooled over the syncs of the same backend and device: the model
+  is linear in alpha and beta, so a point's two coefficients are its prediction under
+  (1, 0) and (0, 1); points of one world and one sync cannot tell alpha from beta: latency
+  only then); the cross-node level without either takes the intra-node fit.
 - On CPU, ranks sharing cores (a node's ranks > the fingerprint's `cpu_count`) run
   ranks/cores times slower, compute and comm alike; fitted points are normalised by it.
 - No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
-  contention beyond what the fitted points had, the link of the fit for every pair.
+  contention beyond what the fitted points had, the link of the level's fit for every pair.
 
 The honest check: per series, fit on every world but the largest, predict the largest,
 report (predicted - measured) / measured.
@@ -34,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from ..measure.fingerprint import link_label
 from .model import Fit, _solve, predict_comm_s
 from .runs import Run
 from .stats import sig
@@ -156,58 +163,85 @@ class Model:
             return min(self.cap, full) if full else float(self.cap)
         return full
 
-    def comm(self, n: int) -> Optional[float]:
-        fit = self.fit_cross if n > self.G else self.fit_intra
+    def comm(self, n: int, nodes: int) -> Optional[float]:
+        """Comm per step of n ranks on `nodes` nodes: on one, the intra-node fit; across
+        several, the cross-node fit for the steps that cross them (all of a ring's: the
+        link paces every step), the intra-node one for the others (`model.cross_share`)."""
         if n < 2:
             return 0.0
-        if fit is None or self.payload is None:
+        if self.fit_intra is None or self.payload is None:
             return None
-        return predict_comm_s(self.sync, n, self.payload, self.calls, fit)
+        if nodes <= 1:
+            return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_intra)
+        return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_cross,
+                              per_node=math.ceil(n / nodes), intra=self.fit_intra)
 
     def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
         """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
         `batch` samples per rank per step."""
         if batch < 1:
             return None
-        s, m = self.steps(n, batch), self.comm(n)
+        per_node = per_node or min(n, self.G)
+        s, m = self.steps(n, batch), self.comm(n, math.ceil(n / per_node))
         if s is None or m is None:
             return None
-        f = core_share(self.device, per_node or min(n, self.G), self.cores)
+        f = core_share(self.device, per_node, self.cores)
         c = (self.c0 + self.c1 * batch) * f
         m *= f
         return {"epoch_s": s * (c + m), "steps": s, "compute_ms": c * 1e3, "comm_ms": m * 1e3,
                 "core_share": f}
 
 
-def _fits(bench: list[dict], device: str, backend: str) -> tuple[Optional[Fit], Optional[Fit], str]:
-    """The bench's fits for this backend and device: (intra-node, cross-node, source)."""
-    same = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
-            and f["run"].device_kind == device]
-    if not same:
-        return None, None, ""
-    one = [f for f in same if (f["run"].get("nodes") or 1) == 1]
-    many = [f for f in same if (f["run"].get("nodes") or 1) > 1]
-    intra = (one or many)[-1]["primary"]
-    cross = (many or one)[-1]["primary"]
-    src = "bench: " + ", ".join(sorted({f["run"].path.name for f in (one[-1:] + many[-1:])}))
-    return intra, cross, src
+def bench_level(bench: list[dict], device: str, backend: str, across: bool,
+                fid: Optional[str]) -> Optional[dict]:
+    """The bench run (its `tables.bench_fits` entry) that measured one link level on this
+    backend and device: across nodes (2 or more) or inside one; the allocation `fid`'s own
+    (same fingerprint) where there is one, the latest first; None where none did."""
+    level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
+             and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
+    mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
+    return (mine or level)[-1] if level else None
+
+
+OWN_FIT = "fitted on the study's own comm per step"
+
+
+def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
+    """One level's fit and its source: the bench run that measured it, else its points'."""
+    if found:
+        return found["primary"], "bench: " + found["run"].path.name
+    return own_fit(pts), OWN_FIT
+
+
+def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
+              fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
+    """(intra-node fit, cross-node fit, where they came from): per level the bench's, else
+    the study's own points' of that level (see the module docstring)."""
+    one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
+    intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
+    cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
+    if intra is None:  # no point of one node: the other level's fit, else every point's
+        intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), OWN_FIT)
+    if cross is None:  # nothing crossed a node: the intra-node fit for every link
+        return intra, intra, intra_src
+    if intra_src == cross_src:
+        return intra, cross, intra_src
+    return intra, cross, f"{intra_src} (intra-node), {cross_src} (cross-node)"
 
 
 def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
-           G: int, warmup: Optional[int], max_world: Optional[int] = None) -> tuple[Optional[Model], str]:
-    """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world."""
+           G: int, warmup: Optional[int], max_world: Optional[int] = None,
+           fid: Optional[str] = None) -> tuple[Optional[Model], str]:
+    """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world;
+    comm fits of the allocation `fid` where a bench measured it."""
     keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
     every = [p for p in (_point(r, warmup) for r in runs) if p]
     pts = [p for p in every if not max_world or p.world <= max_world]
     if not pts:
         return None, "no measured point"
     first = runs[0]
-    intra, cross, src = _fits(bench, first.device_kind, first.get("backend"))
-    if intra is None:
-        pool_pts = [p for p in (_point(r, warmup) for r in pool if keep(r)) if p]
-        intra = own_fit([p for p in pool_pts if p.nodes == 1]) or own_fit(pool_pts)
-        cross = own_fit([p for p in pool_pts if p.nodes > 1]) or intra
-        src = "fitted on the study's own comm per step"
+    pool_pts = [p for p in (_point(r, warmup) for r in pool if keep(r)) if p]
+    intra, cross, src = comm_fits(bench, pool_pts, first.device_kind, first.get("backend"), fid)
     if intra is None:
         return None, "no comm fit: no bench run and no multi-rank point"
     cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
@@ -231,16 +265,19 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
                  "workload_short": g.get("workload_short", g["workload"]),
                  "scaling": first.scaling, "gpus_per_node": gpus_per_node}
-        # honest check: fit on the smaller worlds, predict the largest
+        # honest check: fit on the smaller worlds, predict the largest (of the allocation of
+        # the smallest world's first point, where the largest world ran on it too)
         measured = sorted({row["world_size"] for row in g["rows"]})
+        base_fid = g["rows"][0]["fingerprint_id"]
         entry["heldout"] = None
         if len(measured) >= 2:
             top = measured[-1]
             m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
-                            max_world=measured[-2])
-            row = next(x for x in g["rows"] if x["world_size"] == top)
-            p = _point(next(r for r in members if (r.world_size or 1) == top), warmup)  # noqa
-            top_run = next(r for r in members if (r.world_size or 1) == top)
+                            max_world=measured[-2], fid=base_fid)
+            tops = [x for x in g["rows"] if x["world_size"] == top]
+            row = next((x for x in tops if x["fingerprint_id"] == base_fid), tops[0])
+            top_run = by_path[row["run"]]
+            p = _point(top_run, warmup)
             pred = m.predict(top, p.batch, top_run.get("nproc_per_node")) if m and p else None
             entry["heldout"] = {
                 "fitted_worlds": measured[:-1], "predicted_world": top,
@@ -248,24 +285,35 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                 "predicted_s": pred["epoch_s"] if pred else None,
                 "rel_error": (pred["epoch_s"] - row["epoch_time_s_mean"]) / row["epoch_time_s_mean"]
                 if pred else None, "why_not": None if pred else src}
-        m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup)
+        models = {base_fid: _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
+                                   fid=base_fid)}
+        m, src = models[base_fid]
         entry["comm_fit"] = src
         if m is None:
             entry["predictions"], entry["fit"], entry["fit_check"] = [], None, []
             entry.update(verdict(entry))
             out.append(entry)
             continue
-        # the fitted model against the very points it was fitted on
+        # the fitted model against the very points it was fitted on, each point with the
+        # comm fits of its own allocation (two link rates: two predictions)
         entry["fit_check"] = []
         for row in g["rows"]:
+            fid = row["fingerprint_id"]
+            if fid not in models:
+                models[fid] = _model(members, pool, first.scaling, cap, bench, gpus_per_node,
+                                     warmup, fid=fid)
+            m_row, src_row = models[fid]
             r = by_path.get(row["runs"][0])
             p = _point(r, warmup) if r else None
-            pred = m.predict(row["world_size"], p.batch, r.get("nproc_per_node")) if p else None
+            pred = m_row.predict(row["world_size"], p.batch, r.get("nproc_per_node")) \
+                if p and m_row else None
             if pred:
                 t = row["epoch_time_s_mean"]
                 entry["fit_check"].append({"world": row["world_size"], "measured_s": t,
                                            "predicted_s": pred["epoch_s"],
-                                           "rel_error": (pred["epoch_s"] - t) / t})
+                                           "rel_error": (pred["epoch_s"] - t) / t,
+                                           "fingerprint_id": fid, "comm_fit": src_row,
+                                           "link": link_label(r.fingerprint.get("link"))})
         entry["fit"] = {"intra": m.fit_intra.as_dict() if m.fit_intra else None,
                         "cross": m.fit_cross.as_dict() if m.fit_cross else None,
                         "compute_ms_c0": m.c0 * 1e3, "compute_ms_per_sample": m.c1 * 1e3,
@@ -323,12 +371,22 @@ ASSUMPTIONS = [
     "rides on it); a line in the batch per rank where several were measured, else the largest "
     "fitted world's, proportional to the batch per rank",
     "comm per step = the sync's alpha-beta cost (payload and calls per step as recorded); "
-    "intra-node fit up to the node size, cross-node fit above it",
+    "one alpha-beta fit per link level: intra-node for ranks of one node, cross-node for ranks "
+    "on several (a measured point's nodes, else nodes of --gpus-per-node ranks); each from the "
+    "bench run of that level (the allocation's own first), else the study's own points of it",
     "no comm/compute overlap (ddp overlaps: an upper bound for it), no contention beyond what "
     "the fitted points had; strong scaling needs at least one sample per rank (– where not)",
     "on CPU, where a node's ranks outnumber its cores (fingerprint `cpu_count`), each rank "
     "runs ranks/cores times slower, its compute and its comm alike",
 ]
+
+
+def _allocation(check: dict, comm_fit: str) -> str:
+    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a fit_check line is (its
+    comm fit named where it is not the series' `comm_fit`)."""
+    link = f", link {check['link']}" if check.get("link") else ""
+    comm = f", comm: {check['comm_fit']}" if check["comm_fit"] != comm_fit else ""
+    return f" (fingerprint {check['fingerprint_id']}{link}{comm})"
 
 
 def forecast_markdown(fc: dict) -> list[str]:
@@ -348,9 +406,11 @@ def forecast_markdown(fc: dict) -> list[str]:
                       f"{h['predicted_world']}: {sig(h['predicted_s'])} s vs measured "
                       f"{sig(h['measured_s'])} s, error {h['rel_error']:+.0%} (comm: {h['comm_fit']}).", ""]
         if s.get("fit_check"):
+            several = len({f.get("fingerprint_id") for f in s["fit_check"]}) > 1
             lines += ["The model fitted on every world vs the measured ones: " + ", ".join(
-                f"world {f['world']} {sig(f['predicted_s'])} s vs {sig(f['measured_s'])} s "
-                f"({f['rel_error']:+.0%})" for f in s["fit_check"]) + ".", ""]
+                f"world {f['world']}{_allocation(f, s['comm_fit']) if several else ''} {sig(f['predicted_s'])} s "
+                f"vs {sig(f['measured_s'])} s ({f['rel_error']:+.0%})" for f in s["fit_check"])
+                + ".", ""]
         if not s["shown"]:
             lines += [f"No forecast: {s['why']}.", ""]
             continue

@@ -20,6 +20,14 @@ gloo's own latency, our send/recv algorithms pay Python dispatch and gloo's send
 rendezvous on every step (2-4x the library's alpha on this machine), and gloo's reduce and
 broadcast are other code again. One all_reduce fit for every synchroniser was what left
 the predictions 1.6x-4.9x off (docs/benchmarks.md, "Are the numbers true?").
+
+Across nodes (`predict_comm_s(..., per_node=k, intra=fit)`): ranks placed k to a node in
+order, a call's steps that cross nodes cost the cross-node fit, those that stay inside one
+the intra-node fit (`cross_share`). A ring's every step has a message crossing, and the
+slowest link paces the step: all of it crosses. A binomial tree's or butterfly's level k
+pairs ranks 2^k apart: inside a node while 2^k < k ranks (a power of two), so only its
+top levels cross; in those, a tree sends one message out of a node, a butterfly k (every
+rank exchanges with a partner on another node), which share the node's link (`node_load`).
 """
 
 from __future__ import annotations
@@ -27,13 +35,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
+from ..collectives._common import ceil_log2
 from ..measure.costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
 
+#: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's
+LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
+            ("all_reduce", "butterfly"), ("broadcast", "torch")}
 
-def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit") -> float:
+
+def cross_share(collective: str, algorithm: str, n: int, per_node: int) -> float:
+    """The share of a call's steps (and bytes) that cross nodes, n ranks k = `per_node` to a
+    node in rank order (see the module docstring): 0 on one node, all of it for a ring,
+    the levels of 2^k >= k ranks apart for a levelled algorithm."""
+    if n <= per_node:
+        return 0.0
+    if (collective, algorithm) not in LEVELLED:
+        return 1.0
+    levels, inside = ceil_log2(n), per_node.bit_length() - 1  # 2^j < per_node: j < log2 k
+    return (levels - inside) / levels
+
+
+def node_load(algorithm: str, per_node: int) -> int:
+    """Messages one node's link carries at once in a step that crosses nodes: a butterfly's
+    every rank (`per_node`), one for the others (a ring crosses each node boundary once
+    each way, a tree's level sends from one rank of a node)."""
+    return per_node if algorithm == "butterfly" else 1
+
+
+def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit",
+              per_node: Optional[int] = None, intra: Optional["Fit"] = None) -> float:
     """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte elements: the
-    model's whole-element rounding is then at most a byte)."""
-    return cost(collective, algorithm, round(nbytes), n, 1).time(fit.alpha_s, fit.beta_s_per_byte)
+    model's whole-element rounding is then at most a byte); with `per_node` and `intra`,
+    `fit` prices the steps that cross nodes (their bytes times `node_load`) and `intra`
+    the others."""
+    c = cost(collective, algorithm, round(nbytes), n, 1)
+    if not (per_node and intra):
+        return c.time(fit.alpha_s, fit.beta_s_per_byte)
+    share = cross_share(collective, algorithm, n, per_node)
+    load = node_load(algorithm, per_node) if share else 1
+    return (share * c.time(fit.alpha_s, load * fit.beta_s_per_byte)
+            + (1 - share) * c.time(intra.alpha_s, intra.beta_s_per_byte))
 
 
 @dataclass(frozen=True)
@@ -138,10 +179,12 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
     return fits.get((collective, algorithm)) or fits.get(("all_reduce", "torch"))
 
 
-def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits) -> Optional[float]:
+def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
+                   per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
     """Seconds of communication per step the sync's algorithm costs under `fit` (one fit
     for every call, or one per collective and algorithm: `fit_all`); None for a sync
-    without a model or without a fit for one of its calls.
+    without a model or without a fit for one of its calls. Across nodes of `per_node`
+    ranks, `fit` prices what crosses them and `intra` what stays inside (`cross_share`).
 
     `calls` and `payload_bytes` per step are what the synchroniser recorded: one entry per
     collective call, each with the bytes it synchronised. A sync whose model has k
@@ -157,10 +200,11 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     per_call = payload_bytes / calls
     buckets = max(1.0, calls / len(phases))
     fits = [phase_fit(fit, coll, algo) for coll, algo in phases]
+    inside = [phase_fit(intra, coll, algo) if intra else None for coll, algo in phases]
     if any(f is None for f in fits):
         return None
-    return buckets * sum(call_time(coll, algo, per_call, n, f)
-                         for (coll, algo), f in zip(phases, fits))
+    return buckets * sum(call_time(coll, algo, per_call, n, f, per_node, i)
+                         for (coll, algo), f, i in zip(phases, fits, inside))
 
 
 def formula(sync: str) -> str:
