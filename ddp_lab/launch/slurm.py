@@ -395,6 +395,9 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                     requeued_at = time.monotonic()
                 restarts = int(n)
             final = state in TERMINAL or state == "GONE"
+            # the batch script ended with a failure while SLURM still waits to clean up a
+            # node that does not answer (a cut link): the job is over for its user
+            final = final or (state == "COMPLETING" and code not in ("", "0:0"))
             # right after a requeue slurmctld may show the old allocation's end (FAILED,
             # CANCELLED) before the job is PENDING again: that settles too
             just_requeued = requeued_at is not None and time.monotonic() - requeued_at < settle_s
