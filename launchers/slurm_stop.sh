@@ -49,7 +49,8 @@ check_python() {{
 # ---- Waiting for srun
 # bash runs a trap only between commands; a signal interrupts `wait`, so the loop waits in
 # one-second pieces until srun has ended. Sets RC to srun's exit status.
-# A failed run (rank 0 wrote `failed` into summary.json) ends srun within seconds
+# A failed run (rank 0 wrote `failed` into summary.json, since srun started: a run that
+# failed before and continues now says so until its rank 0 starts) ends srun within seconds
 # (--kill-on-bad-exit), unless a node no longer answers (a cut link): srun then waits for
 # that node until SLURM declares it dead (SlurmdTimeout: 60 s on the test cluster, 300 s by
 # default). SRUN_GRACE_S after the failure the script stops waiting and the job ends; SLURM
@@ -58,9 +59,11 @@ SRUN_GRACE_S=10
 wait_for_srun() {{  # $1: srun's pid
   SRUN_PID=$1
   [ -z "$STOP_MSG" ] || keep_stop  # the stop came before srun started
-  local failed_s=0
+  local failed_s=0 since
+  since=$(date +%s)
   while kill -0 "$SRUN_PID" 2>/dev/null; do
     sleep 1 & wait $! || true
+    [ "$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null || echo 0)" -gt "$since" ] || continue
     grep -q '"status": "failed' "$RUN_DIR/summary.json" 2>/dev/null || continue
     failed_s=$((failed_s + 1))
     if [ $failed_s -ge $SRUN_GRACE_S ] && kill -0 "$SRUN_PID" 2>/dev/null; then
