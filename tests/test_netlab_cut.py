@@ -71,6 +71,11 @@ def cluster_idle(cluster) -> bool:
     return not jobs and all(line.split()[1] == "idle" for line in nodes if line.strip())
 
 
+def node_addr(recs: list[dict], node: str) -> str:
+    """The address `node`'s ranks wrote into their progress records."""
+    return next(r["addr"] for r in recs if r["node"] == node)
+
+
 def model(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
@@ -113,7 +118,8 @@ def test_a_cut_link_ends_the_job_names_the_node_and_the_same_command_continues(
         wait_for("both nodes idle, no job left", lambda: cluster_idle(slurm_cluster), 90, 1)
         idle_s = time.monotonic() - t_cut
     text = console.read_text()
-    print(f"the command ended {ended_s:.1f} s after the cut (bound {BOUND_S} s), rc={proc.returncode}")
+    print(f"the command ended {ended_s:.1f} s after the cut (bound {BOUND_S} s), "
+          f"rc={proc.returncode}")
     assert proc.returncode not in (None, 0), text
     assert ended_s <= BOUND_S, text
 
@@ -146,6 +152,3 @@ def test_a_cut_link_ends_the_job_names_the_node_and_the_same_command_continues(
     print(f"reference run {t_ref:.0f} s; cut {t_cut - t0:.0f} s in; the cluster idle again "
           f"{idle_s:.0f} s after the cut; resumed run done at {time.monotonic() - t0:.0f} s")
 
-
-def node_addr(recs: list[dict], node: str) -> str:
-    return next(r["addr"] for r in recs if r["node"] == node)

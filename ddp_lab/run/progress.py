@@ -20,10 +20,11 @@ running, done, failed).
 Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
 view); `diagnose(run_dir)` names the rank(s) that stopped the others (dead, frozen by
 SIGSTOP, no progress) from the records and, for ranks on this machine, /proc;
-`failure_line` puts that in one line. A rank whose peers on another node went quiet
-asks that node's address whether it still answers (`answers`): a node that sends no reply
-at all went silent (a cut link, a node that lost its network), and is named as a node. `Watchdog` dumps every thread's stack into the
-rank's log (faulthandler) when the rank has made no progress for about dist.timeout_s.
+`failure_line` puts that in one line. A failed rank of a multi-node job also asks every
+other node's address whether it still answers (`answers`): a node that sends no reply at all
+went silent (a cut link, a node that lost its network) and is named as a node, with its
+ranks. `Watchdog` dumps every thread's stack into the rank's log (faulthandler) when the
+rank has made no progress for about dist.timeout_s.
 
 Numbers: `epoch` counts the epochs done (the one running is epoch + 1 on the console),
 `step` the steps done in it; `collective` counts the collectives this rank has entered
@@ -222,10 +223,10 @@ def parse(data: bytes) -> Optional[dict]:
     _, version, rank, local_rank, world, pid, started, host = _HEAD.unpack_from(data, 0)
     updated, epoch, step, count, phase, op, state = _HOT.unpack_from(data, _HOT_AT)
     (msg,) = _MSG.unpack_from(data, _MSG_AT)
-    node, addr = (x.rstrip(b"\0").decode(errors="replace") for x in _NODE.unpack_from(data, _NODE_AT))
-    return {"node": node or host.rstrip(b"\0").decode(errors="replace"), "addr": addr,
-            "rank": rank, "local_rank": local_rank, "world_size": world, "pid": pid,
-            "host": host.rstrip(b"\0").decode(errors="replace"), "started": started,
+    host, node, addr = (x.rstrip(b"\0").decode(errors="replace")
+                        for x in (host, *_NODE.unpack_from(data, _NODE_AT)))
+    return {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": pid,
+            "host": host, "node": node or host, "addr": addr, "started": started,
             "updated": updated, "epoch": epoch, "step": step, "collective": count,
             "phase": PHASES[phase] if phase < len(PHASES) else "other",
             "op": OPS[op] if op < len(OPS) else "other",
@@ -259,8 +260,8 @@ def is_local(record: dict) -> bool:
 
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's current (newest) world, in rank order. Each
-    dict: rank, local_rank, world_size, pid, host, node, addr, started, updated (seconds since the
-    epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
+    dict: rank, local_rank, world_size, pid, host, node, addr, started, updated (seconds
+    since the epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
     running epoch), collective, op, phase, state (starting|running|done|failed), message,
     where (the position in words), local (on this machine) and process (running|frozen|
     dead for a rank of this machine, None for another's)."""
@@ -348,10 +349,10 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
     evidence: ranks of this machine whose record says running but whose process is dead
     ('dead (no process)') or stopped ('frozen (SIGSTOP)'), or that another rank killed for
     it (its record says so); with `probe`, the ranks of the nodes that no longer answer
-    `me`'s node (`silent_nodes`: a cut link); else the live ranks behind the others (the smallest collective
-    number) with no update for `stale_s` seconds or more ('no progress for N s'); else the
-    rank that failed first, unless that is `me` ('failed (<its reason>)'). [] when nothing
-    stands out (every rank waits in the same collective)."""
+    `me`'s node (`silent_nodes`: a cut link); else the live ranks behind the others (the
+    smallest collective number) with no update for `stale_s` seconds or more ('no progress
+    for N s'); else the rank that failed first, unless that is `me` ('failed (<its
+    reason>)'). [] when nothing stands out (every rank waits in the same collective)."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []
@@ -391,22 +392,16 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
 def failure_line(culprits: list[dict]) -> str:
     """'rank 1 (pid P on host H) stopped at epoch E step S phase sync collective #C: frozen
     (SIGSTOP)', one clause per rank, joined by '; '. The ranks of a silent node make one
-    clause: 'node node2 (ranks 2-3) went silent: ...'."""
-    clauses: list[str] = []
-    by_node: dict[str, list[dict]] = {}
+    clause: 'node node2 (ranks 2-3, last at ...) went silent: ...'."""
+    clauses, named = [], set()
     for r in culprits:
-        if r.get("silent_node"):
-            if r["silent_node"] not in by_node:
-                by_node[r["silent_node"]] = []
-                clauses.append(r["silent_node"])  # the node's place; filled in below
-            by_node[r["silent_node"]].append(r)
-        else:
+        node = r.get("silent_node")
+        if not node:
             clauses.append(f"{who(r)} stopped at {r['where']}: {r['why']}")
-    for node, ranks in by_node.items():
-        first = min(ranks, key=lambda r: r["rank"])
-        i = clauses.index(node)
-        clauses[i] = (f"node {node} (ranks {rank_list([r['rank'] for r in ranks])}, last at "
-                      f"{first['where']}) {first['why']}")
+        elif node not in named:  # the node's first rank speaks for it
+            named.add(node)
+            ranks = rank_list([c["rank"] for c in culprits if c.get("silent_node") == node])
+            clauses.append(f"node {node} (ranks {ranks}, last at {r['where']}) {r['why']}")
     return "; ".join(clauses)
 
 
