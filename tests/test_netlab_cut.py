@@ -29,7 +29,7 @@ from ddp_lab.run import progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
 
-TIMEOUT_S = 20  # dist.timeout_s: the ranks on node1 give up on node2 after this
+TIMEOUT_S = 10  # dist.timeout_s: the ranks on node1 give up on node2 after this (docs: 20)
 BOUND_S = TIMEOUT_S + 30  # issue 22: the job ends within dist.timeout_s + 30 s
 STEPS = 40
 # 2 epochs of 40 steps; the stop check and eval are cheap at this size. The cut run's rank 0
