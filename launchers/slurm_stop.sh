@@ -59,13 +59,20 @@ SRUN_GRACE_S=10
 wait_for_srun() {{  # $1: srun's pid
   SRUN_PID=$1
   [ -z "$STOP_MSG" ] || keep_stop  # the stop came before srun started
-  local failed_s=0 since
+  local failed_s=0 since seen=0 mtime status=""
   since=$(date +%s)
   while kill -0 "$SRUN_PID" 2>/dev/null; do
     sleep 1 & wait $! || true
-    [ "$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null || echo 0)" -gt "$since" ] || continue
-    grep -q '"status": "failed' "$RUN_DIR/summary.json" 2>/dev/null || continue
-    failed_s=$((failed_s + 1))
+    mtime=$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null || echo 0)
+    if [ "$mtime" != "$seen" ]; then  # read the status only when the file has changed
+      seen=$mtime
+      status=$(run_status)
+    fi
+    if [ "$mtime" -gt "$since" ] && [[ "$status" == failed* ]]; then
+      failed_s=$((failed_s + 1))
+    else
+      failed_s=0
+    fi
     if [ $failed_s -ge $SRUN_GRACE_S ] && kill -0 "$SRUN_PID" 2>/dev/null; then
       echo "[sbatch] the run failed and srun still waits after $failed_s s (a node that does not answer?): ending srun, the job ends"
       kill -9 "$SRUN_PID" 2>/dev/null || true
