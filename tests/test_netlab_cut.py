@@ -115,7 +115,8 @@ def test_a_cut_link_ends_the_job_names_the_node_and_the_same_command_continues(
             proc.kill()
             proc.wait(30)
         # the shared cluster: node2 answers slurmctld again, the job's cleanup there ends
-        wait_for("both nodes idle, no job left", lambda: cluster_idle(slurm_cluster), 90, 1)
+        # (4 to 74 s after the link came back, measured: SLURM retries on its own clock)
+        wait_for("both nodes idle, no job left", lambda: cluster_idle(slurm_cluster), 180, 1)
         idle_s = time.monotonic() - t_cut
     text = console.read_text()
     print(f"the command ended {ended_s:.1f} s after the cut (bound {BOUND_S} s), "
