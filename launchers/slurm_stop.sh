@@ -47,13 +47,40 @@ check_python() {{
 }}
 
 # ---- Waiting for srun
-# bash runs a trap only between commands; a signal interrupts `wait`, so wait again until
-# srun has ended. Sets RC to srun's exit status.
+# bash runs a trap only between commands; a signal interrupts `wait`, so the loop waits in
+# one-second pieces until srun has ended. Sets RC to srun's exit status.
+# A failed run (rank 0 wrote `failed` into summary.json, since srun started: a run that
+# failed before and continues now says so until its rank 0 starts) ends srun within seconds
+# (--kill-on-bad-exit), unless a node no longer answers (a cut link): srun then waits for
+# that node until SLURM declares it dead (SlurmdTimeout: 60 s on the test cluster, 300 s by
+# default). SRUN_GRACE_S after the failure the script stops waiting and the job ends; SLURM
+# cleans the silent node up once it answers again.
+SRUN_GRACE_S=10
 wait_for_srun() {{  # $1: srun's pid
   SRUN_PID=$1
   [ -z "$STOP_MSG" ] || keep_stop  # the stop came before srun started
+  local failed_s=0 since seen=0 mtime status=""
+  since=$(date +%s)
   while kill -0 "$SRUN_PID" 2>/dev/null; do
-    wait "$SRUN_PID" || true
+    sleep 1 & wait $! || true
+    mtime=$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null || echo 0)
+    if [ "$mtime" != "$seen" ]; then  # read the status only when the file has changed
+      seen=$mtime
+      status=$(run_status)
+    fi
+    if [ "$mtime" -gt "$since" ] && [[ "$status" == failed* ]]; then
+      failed_s=$((failed_s + 1))
+    else
+      failed_s=0
+    fi
+    if [ $failed_s -ge $SRUN_GRACE_S ] && kill -0 "$SRUN_PID" 2>/dev/null; then
+      echo "[sbatch] the run failed and srun still waits after $failed_s s (a node that does not answer?): ending srun, the job ends"
+      kill -9 "$SRUN_PID" 2>/dev/null || true
+      wait "$SRUN_PID" 2>/dev/null || true
+      RC=1
+      [ -z "$KEEPER" ] || kill "$KEEPER" 2>/dev/null || true
+      return
+    fi
   done
   RC=0
   wait "$SRUN_PID" || RC=$?

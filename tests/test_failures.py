@@ -161,6 +161,45 @@ def test_diagnose_a_rank_behind_or_the_first_to_fail(tmp_path):
             rec.close()
 
 
+def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
+    """A cut link: every rank waits in the same collective, nothing is dead or frozen; the
+    other node's address sends no reply, so its ranks are named, as one node. (Which address
+    answers is played here: this machine's network may answer for any address. A real cut
+    link: tests/test_netlab_cut.py.)"""
+    run_dir = tmp_path.resolve()
+    procs = [_sleeper(run_dir) for _ in range(4)]
+    recs = [_record(run_dir, r, p.pid, world=4) for r, p in enumerate(procs)]
+    quiet = "198.18.255.254"
+    monkeypatch.setattr(progress, "answers", lambda addr: addr != quiet)
+
+    def place(node2_addr: str) -> None:
+        for r, rec in enumerate(recs):
+            node, addr = ("node1", "127.0.0.1") if r < 2 else ("node2", node2_addr)
+            progress._NODE.pack_into(rec._mm, progress._NODE_AT, node.encode(), addr.encode())
+
+    try:
+        for rec in recs:
+            rec.state("running")
+            rec.collective("all_reduce")
+        place(quiet)
+        assert progress.diagnose(run_dir, me=0) == []  # without probing: nobody stands out
+        found = progress.diagnose(run_dir, me=0, probe=True)
+        assert [(r["rank"], r["silent_node"]) for r in found] == [(2, "node2"), (3, "node2")]
+        line = progress.failure_line(found)
+        assert line.startswith("node node2 (ranks 2-3, last at ") and line.count("node node2") == 1
+        assert f"went silent: {quiet} sends no reply (a connection attempt from node1" in line
+        place("127.0.0.2")  # a node that answers is not silent
+        assert progress.diagnose(run_dir, me=0, probe=True) == []
+        assert progress.rank_list([5, 2, 3, 7, 8]) == "2-3, 5, 7-8"
+        assert progress.answers("127.0.0.1")  # refused at once: nothing listens on port 9
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for rec in recs:
+            rec.close()
+
+
 def test_short_error_drops_source_paths():
     e = RuntimeError("Got the following error when running the callback: RuntimeError: "
                      "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "

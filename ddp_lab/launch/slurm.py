@@ -355,6 +355,9 @@ def exit_status(state: str, exit_code: str) -> int:
     return rc if rc or state == "COMPLETED" else 1
 
 
+# A failed job COMPLETING this long waits for a node that does not answer (it usually
+# takes a second): `follow` reports it ended
+STUCK_COMPLETING_S = 5.0
 # States after which a --requeue job may still come back (PENDING again): wait and see.
 MAYBE_REQUEUED = {"PREEMPTED", "NODE_FAIL"}
 HINTS = {
@@ -378,6 +381,7 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
     last, restarts, unknown, since, requeued_at = None, None, 0, None, None
+    completing = None
     state = code = ""
     try:
         while True:
@@ -395,6 +399,13 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                     requeued_at = time.monotonic()
                 restarts = int(n)
             final = state in TERMINAL or state == "GONE"
+            # the batch script ended with a failure and SLURM, for seconds on end, still
+            # waits to clean up on a node that does not answer (a cut link): over for its user
+            if state == "COMPLETING" and code not in ("", "0:0"):
+                completing = completing if completing is not None else time.monotonic()
+                final = final or time.monotonic() - completing >= STUCK_COMPLETING_S
+            else:
+                completing = None
             # right after a requeue slurmctld may show the old allocation's end (FAILED,
             # CANCELLED) before the job is PENDING again: that settles too
             just_requeued = requeued_at is not None and time.monotonic() - requeued_at < settle_s
@@ -442,6 +453,9 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     rc = exit_status(state, code)
     again = f" after {restarts} requeue(s)" if restarts else ""
     print(f"[slurm] job {job_id} {state}{again}, exit code {code or '?'}", flush=True)
+    if state == "COMPLETING":
+        print(f"[slurm] job {job_id} has ended; SLURM still cleans up on a node that does not "
+              f"answer (squeue -j {job_id} shows it until then)", flush=True)
     if rc == EXIT_STOPPED:  # the batch shell: stopped with a checkpoint, not requeued
         print(f"[slurm] job {job_id} stopped with a checkpoint and was not requeued (its log "
               f"says why): `sbatch` its job.sbatch again to continue", file=sys.stderr)

@@ -6,6 +6,7 @@ a file write; the kernel writes the page back on its own, and a reader on the sa
 sees it at once. A record holds
 
     rank, local rank, world size, pid, host, start time          (written once)
+    node name and address (the node's name in the job, the address its peers reach)
     time of the last update, epoch, step, phase, collective number and op, state
     a message (a failed rank's one-line reason)
 
@@ -19,8 +20,11 @@ running, done, failed).
 Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
 view); `diagnose(run_dir)` names the rank(s) that stopped the others (dead, frozen by
 SIGSTOP, no progress) from the records and, for ranks on this machine, /proc;
-`failure_line` puts that in one line. `Watchdog` dumps every thread's stack into the
-rank's log (faulthandler) when the rank has made no progress for about dist.timeout_s.
+`failure_line` puts that in one line. A failed rank of a multi-node job also asks every
+other node's address whether it still answers (`answers`): a node that sends no reply at all
+went silent (a cut link, a node that lost its network) and is named as a node, with its
+ranks. `Watchdog` dumps every thread's stack into the rank's log (faulthandler) when the
+rank has made no progress for about dist.timeout_s.
 
 Numbers: `epoch` counts the epochs done (the one running is epoch + 1 on the console),
 `step` the steps done in it; `collective` counts the collectives this rank has entered
@@ -38,6 +42,7 @@ import signal
 import socket
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,6 +57,8 @@ _HOT_AT = 96
 _STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
 _MSG_AT = _HOT_AT + _HOT.size
+_NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
+_NODE_AT = SIZE - _NODE.size
 
 PHASES = ("init", "setup", "data", "forward", "backward", "sync", "optim", "step end",
           "eval", "checkpoint", "teardown", "other")
@@ -65,6 +72,8 @@ STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
 
 
 REMOTE_STALE_S = 40.0  # see `diagnose`
+PROBE_S = 2.0  # how long `answers` waits for a node's reply
+PROBE_PORT = 9  # "discard": any port will do, a live node answers even where nothing listens
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
@@ -123,6 +132,8 @@ class Progress(NullProgress):
             self._mm = mmap.mmap(f.fileno(), SIZE)
         _HEAD.pack_into(self._mm, 0, MAGIC, VERSION, rank, local_rank, world_size, os.getpid(),
                         time.time(), socket.gethostname().encode()[:64])
+        name, addr = node_identity()
+        _NODE.pack_into(self._mm, _NODE_AT, name.encode()[:64], addr.encode()[:48])
         self._hot = _Hot.from_buffer(self._mm, _HOT_AT)
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
@@ -193,6 +204,18 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
     return _CURRENT
 
 
+def node_identity() -> tuple[str, str]:
+    """(this node's name, the address its peers reach it at): SLURM's node name (several
+    nodes may share a hostname: scripts/netlab.sh's do), else the hostname; the address the
+    hostname resolves to, the one gloo gives its peers ('' if it does not resolve)."""
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        addr = ""
+    return os.environ.get("SLURMD_NODENAME") or host, addr
+
+
 # ------------------------------------------------------------------ readers
 def parse(data: bytes) -> Optional[dict]:
     if len(data) < SIZE or data[:4] != MAGIC:
@@ -200,8 +223,10 @@ def parse(data: bytes) -> Optional[dict]:
     _, version, rank, local_rank, world, pid, started, host = _HEAD.unpack_from(data, 0)
     updated, epoch, step, count, phase, op, state = _HOT.unpack_from(data, _HOT_AT)
     (msg,) = _MSG.unpack_from(data, _MSG_AT)
+    host, node, addr = (x.rstrip(b"\0").decode(errors="replace")
+                        for x in (host, *_NODE.unpack_from(data, _NODE_AT)))
     return {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": pid,
-            "host": host.rstrip(b"\0").decode(errors="replace"), "started": started,
+            "host": host, "node": node or host, "addr": addr, "started": started,
             "updated": updated, "epoch": epoch, "step": step, "collective": count,
             "phase": PHASES[phase] if phase < len(PHASES) else "other",
             "op": OPS[op] if op < len(OPS) else "other",
@@ -235,8 +260,8 @@ def is_local(record: dict) -> bool:
 
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's current (newest) world, in rank order. Each
-    dict: rank, local_rank, world_size, pid, host, started, updated (seconds since the
-    epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
+    dict: rank, local_rank, world_size, pid, host, node, addr, started, updated (seconds
+    since the epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
     running epoch), collective, op, phase, state (starting|running|done|failed), message,
     where (the position in words), local (on this machine) and process (running|frozen|
     dead for a rank of this machine, None for another's)."""
@@ -284,15 +309,50 @@ def who(r: dict) -> str:
     return f"rank {r['rank']} (pid {r['pid']} on host {r['host']})"
 
 
+def answers(addr: str, timeout_s: float = PROBE_S) -> bool:
+    """Whether the machine at `addr` answers a TCP connection attempt within `timeout_s`.
+    Any reply counts, a refusal too: a live node's kernel refuses a port where nothing
+    listens at once. A node behind a cut link sends nothing, and the attempt times out."""
+    try:
+        socket.create_connection((addr, PROBE_PORT), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # timed out, or no route to it
+        return False
+    return True
+
+
+def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
+    """The ranks of the other nodes that do not answer `me`'s node any more, each with
+    `why` and `silent_node` added; [] when every node answers (or nothing says where the
+    nodes are: records without addresses, or `me` unknown)."""
+    mine = next((r for r in records if r["rank"] == me), None)
+    if mine is None or not mine.get("node"):
+        return []
+    nodes: dict[str, str] = {}
+    for r in records:
+        if r.get("node") and r.get("addr") and r["node"] != mine["node"]:
+            nodes.setdefault(r["node"], r["addr"])
+    with ThreadPoolExecutor(max(1, min(16, len(nodes)))) as pool:  # a few seconds at most
+        quiet = {n for n, ok in zip(nodes, pool.map(answers, nodes.values())) if not ok}
+    found = [r for r in records if r.get("node") in quiet]
+    for r in found:
+        r["silent_node"] = r["node"]
+        r["why"] = (f"went silent: {r['addr']} sends no reply (a connection attempt from "
+                    f"{mine['node']} timed out after {PROBE_S:.0f} s)")
+    return found
+
+
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
-             records: Optional[list[dict]] = None) -> list[dict]:
+             records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
     """The rank(s) that stopped the others, each record with `why` added, in order of
     evidence: ranks of this machine whose record says running but whose process is dead
     ('dead (no process)') or stopped ('frozen (SIGSTOP)'), or that another rank killed for
-    it (its record says so); else the live ranks behind the others (the smallest collective
-    number) with no update for `stale_s` seconds or more ('no progress for N s'); else the
-    rank that failed first, unless that is `me` ('failed (<its reason>)'). [] when nothing
-    stands out (every rank waits in the same collective)."""
+    it (its record says so); with `probe`, the ranks of the nodes that no longer answer
+    `me`'s node (`silent_nodes`: a cut link); else the live ranks behind the others (the
+    smallest collective number) with no update for `stale_s` seconds or more ('no progress
+    for N s'); else the rank that failed first, unless that is `me` ('failed (<its
+    reason>)'). [] when nothing stands out (every rank waits in the same collective)."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []
@@ -305,6 +365,10 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
             found.append(r)
     if found:
         return found
+    if probe:
+        found = silent_nodes(records, me)
+        if found:
+            return found
     live = [r for r in others if r["state"] in ("starting", "running")]
     counts = [r["collective"] for r in live + [r for r in records if r["rank"] == me]]
     if live and min(counts) < max(counts):
@@ -327,8 +391,29 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
 
 def failure_line(culprits: list[dict]) -> str:
     """'rank 1 (pid P on host H) stopped at epoch E step S phase sync collective #C: frozen
-    (SIGSTOP)', one clause per rank, joined by '; '."""
-    return "; ".join(f"{who(r)} stopped at {r['where']}: {r['why']}" for r in culprits)
+    (SIGSTOP)', one clause per rank, joined by '; '. The ranks of a silent node make one
+    clause: 'node node2 (ranks 2-3, last at ...) went silent: ...'."""
+    clauses, named = [], set()
+    for r in culprits:
+        node = r.get("silent_node")
+        if not node:
+            clauses.append(f"{who(r)} stopped at {r['where']}: {r['why']}")
+        elif node not in named:  # the node's first rank speaks for it
+            named.add(node)
+            ranks = rank_list([c["rank"] for c in culprits if c.get("silent_node") == node])
+            clauses.append(f"node {node} (ranks {ranks}, last at {r['where']}) {r['why']}")
+    return "; ".join(clauses)
+
+
+def rank_list(ranks: list[int]) -> str:
+    """[2, 3, 5] -> '2-3, 5'."""
+    ranks, parts = sorted(ranks), []
+    for r in ranks:
+        if parts and parts[-1][1] == r - 1:
+            parts[-1][1] = r
+        else:
+            parts.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
 
 
 def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:

@@ -89,7 +89,9 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
             return 1
         here = record.snapshot()
         record.state("failed", mine)
-        culprits = progress.diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2))
+        # probe: a node that no longer answers this one is named as a node (a cut link)
+        culprits = progress.diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
+                                     probe=env.num_nodes > 1)
         trace = run_dir / "logs" / f"rank{env.rank}.log"
         if culprits:
             line = progress.failure_line(culprits)
