@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -99,6 +100,22 @@ def _sleeper(run_dir: Path) -> subprocess.Popen:
     return proc
 
 
+@contextlib.contextmanager
+def _sleeping_ranks(run_dir: Path, world: int = WORLD) -> Iterator[list[progress.Progress]]:
+    """`world` sleeping processes, rank r's progress record naming process r; all ended
+    after the block."""
+    procs = [_sleeper(run_dir) for _ in range(world)]
+    recs = [_record(run_dir, r, p.pid, world=world) for r, p in enumerate(procs)]
+    try:
+        yield recs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for rec in recs:
+            rec.close()
+
+
 def test_diagnose_names_the_frozen_and_the_dead_rank(tmp_path):
     run_dir = tmp_path.resolve()
     live, frozen, gone = _sleeper(run_dir), _sleeper(run_dir), _sleeper(run_dir)
@@ -133,9 +150,7 @@ def test_diagnose_names_the_frozen_and_the_dead_rank(tmp_path):
 
 def test_diagnose_a_rank_behind_or_the_first_to_fail(tmp_path):
     run_dir = tmp_path.resolve()
-    procs = [_sleeper(run_dir) for _ in range(WORLD)]
-    recs = [_record(run_dir, r, p.pid) for r, p in enumerate(procs)]
-    try:
+    with _sleeping_ranks(run_dir) as recs:
         for rec in recs:
             rec.state("running")
         for rec in (recs[0], recs[2]):  # 0 and 2 wait in collective #2, 1 never came
@@ -153,12 +168,6 @@ def test_diagnose_a_rank_behind_or_the_first_to_fail(tmp_path):
         found = progress.diagnose(run_dir, me=0)
         assert [(r["rank"], r["why"]) for r in found] == [(2, "failed (ValueError: bad batch)")]
         assert progress.diagnose(run_dir, me=2) == []  # the first to fail explains itself
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        for rec in recs:
-            rec.close()
 
 
 def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
@@ -167,8 +176,6 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
     answers is played here: this machine's network may answer for any address. A real cut
     link: tests/test_netlab_cut.py.)"""
     run_dir = tmp_path.resolve()
-    procs = [_sleeper(run_dir) for _ in range(4)]
-    recs = [_record(run_dir, r, p.pid, world=4) for r, p in enumerate(procs)]
     quiet = "198.18.255.254"
     monkeypatch.setattr(progress, "answers", lambda addr: addr != quiet)
 
@@ -177,7 +184,7 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
             node, addr = ("node1", "127.0.0.1") if r < 2 else ("node2", node2_addr)
             progress._NODE.pack_into(rec._mm, progress._NODE_AT, node.encode(), addr.encode())
 
-    try:
+    with _sleeping_ranks(run_dir, world=4) as recs:
         for rec in recs:
             rec.state("running")
             rec.collective("all_reduce")
@@ -192,12 +199,6 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
         assert progress.diagnose(run_dir, me=0, probe=True) == []
         assert progress.rank_list([5, 2, 3, 7, 8]) == "2-3, 5, 7-8"
         assert progress.answers("127.0.0.1")  # refused at once: nothing listens on port 9
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        for rec in recs:
-            rec.close()
 
 
 def test_short_error_drops_source_paths():
