@@ -219,6 +219,15 @@ def openmp_wait_policy(environ: Optional[dict] = None) -> str:
     return env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def host_address() -> Optional[str]:
+    """The address this machine's hostname resolves to: the one gloo gives its peers (a
+    rank's node as other nodes reach it); None if it does not resolve."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
 def start_ticks(pid: int | str = "self") -> Optional[str]:
     """When process `pid` started, in clock ticks since boot (/proc/PID/stat's field 22, as
     text), None if it is gone: with the pid, it names one process (a pid can be reused)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -37,7 +38,6 @@ FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
 # the signals torchrun's agent handles by raising in its own code, as this process got them
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _inherited: dict = {}  # fork_ranks: their handlers in this process before torchrun's agent
-_torchrun: list = []  # as_forked_rank: the pid of the torchrun that forked this rank
 
 
 def fork_ranks(args) -> bool:
@@ -78,7 +78,6 @@ def as_forked_rank() -> None:
     """A rank forked by `fork_ranks` starts as a fresh `python -u` would: with the signal
     handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
     console written through, not buffered."""
-    _torchrun.append(os.getppid())
     for sig, handler in _inherited.items():
         signal.signal(sig, handler)
     for stream in (sys.stdout, sys.stderr):
@@ -93,9 +92,11 @@ def exit_soon(rc: int, grace_s: float = 1.0) -> None:
     because of that), or closing the ranks after a signal, when it waits 30 s for them to
     exit before it reads anything. So a thread ends the rank with `rc` `grace_s` after this
     call, at once if torchrun is gone; a rank torchrun releases first just ends."""
+    torchrun = multiprocessing.parent_process().pid  # reparented once torchrun is gone
+
     def watch() -> None:
         deadline = time.monotonic() + grace_s
-        while os.getppid() in _torchrun and time.monotonic() < deadline:
+        while os.getppid() == torchrun and time.monotonic() < deadline:
             time.sleep(0.05)
         os._exit(rc)
 

@@ -34,11 +34,12 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
+
+from ..env import host_address
 
 # the variables that change how collectives run: NCCL's, UCX's and libfabric's (RDMA),
 # gloo's, the thread counts, torch's NCCL knobs
@@ -181,10 +182,7 @@ def uplink(environ: Mapping[str, str]) -> Optional[str]:
     chosen = chosen_iface(environ)
     if chosen:
         return chosen
-    try:
-        address = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        address = None
+    address = host_address()
     if address and not address.startswith("127."):
         name = iface_with_address(_json_of("ip", "-j", "addr", "show"), address)
         if name:

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+from ..env import host_address
 from .files import DiskFull
 
 FOLDER = "progress"
@@ -208,12 +209,7 @@ def node_identity() -> tuple[str, str]:
     """(this node's name, the address its peers reach it at): SLURM's node name (several
     nodes may share a hostname: scripts/netlab.sh's do), else the hostname; the address the
     hostname resolves to, the one gloo gives its peers ('' if it does not resolve)."""
-    host = socket.gethostname()
-    try:
-        addr = socket.gethostbyname(host)
-    except OSError:
-        addr = ""
-    return os.environ.get("SLURMD_NODENAME") or host, addr
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
 
 
 # ------------------------------------------------------------------ readers
