@@ -59,14 +59,16 @@ def test_failure_without_restarts_fails_the_run_and_the_console_ends_with_why(tm
     assert last[1].startswith("job failed with exit status 1: rank 1 "), console
     assert "dead (no process)" in last[1] and f"(logs in {run_dir / 'logs'})" in last[1], console
     log = run_dir / "logs" / "torchrun.log"
-    assert re.fullmatch(r"\[torchrun\] ddp_lab\.worker failed: rank 1 first \(exit code 17\), "
-                        rf"\d process\(es\) in all; torchrun's traceback: {re.escape(str(log))}",
-                        last[0]), console
+    # the ranks are forks of torchrun (CPU): it names the first exit it saw, which may be
+    # rank 0's own end a moment after rank 1's; the root cause is the job's line above
+    assert re.fullmatch(r"\[torchrun\] ddp_lab\.worker failed: rank [01] ended with exit code "
+                        r"(17|1) \(the first exit torchrun saw\); torchrun's traceback: "
+                        + re.escape(str(log)), last[0]), console
     assert "Traceback" not in console and "ChildFailedError" not in console, console
     assert "[rank 0] epoch 1/2" in console  # the ranks' own lines still reach the console
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "ChildFailedError" in text, text
-    assert "Root Cause" in text and "exitcode  : 17" in text, text
+    assert "Root Cause" in text and re.search(r"exitcode  : (17|1)\b", text), text  # (as above)
 
 
 # ------------------------------------------------------------ the rendezvous port

@@ -103,14 +103,19 @@ def exit_soon(rc: int, grace_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit_soon", daemon=True).start()
 
 
-def one_line(e: BaseException, entry: str) -> str:
+def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
     """What went wrong, in one line: a `ChildFailedError` of the ranks running `entry` by
-    its first failed rank (the root cause), any other exception by its type and first line."""
+    its first failed rank (the root cause), any other exception by its type and first line.
+    Forked ranks (`fork_ranks`): torchrun records only the first exit it notices, and two
+    ranks that end within one of its polls are noticed in rank order, so its failure names
+    the rank it saw, not the root cause (the ranks' own lines name that)."""
     failures = getattr(e, "failures", None)
     if failures:
         rank, first = e.get_first_failure()  # type: ignore[attr-defined]
         how = (f"signal {first.signal_name()}" if first.exitcode < 0
                else f"exit code {first.exitcode}")
+        if forked:
+            return f"{entry} failed: rank {rank} ended with {how} (the first exit torchrun saw)"
         return (f"{entry} failed: rank {rank} first ({how}), "
                 f"{len(failures)} process(es) in all")
     lines = str(e).strip().splitlines()
@@ -136,15 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         handler = logging.StreamHandler(log)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("torch.distributed.elastic").addHandler(handler)
+        forked = False
         try:
-            fork_ranks(parsed)
+            forked = fork_ranks(parsed)
             sys.stdout.flush()  # nothing buffered here may be written again by the forks
             sys.stderr.flush()
             record(torchrun.run)(parsed)  # torchrun's main: its own error goes to its file
         except Exception as e:  # ChildFailedError, SignalException, a rendezvous error, ...
             traceback.print_exc(file=log)
             log.flush()
-            print(f"[torchrun] {one_line(e, entry)}; torchrun's traceback: {path}",
+            print(f"[torchrun] {one_line(e, entry, forked)}; torchrun's traceback: {path}",
                   file=sys.stderr, flush=True)
             return 1  # what torchrun exits with when its main raises
     return 0
