@@ -138,12 +138,14 @@ def train3(tmp_path, data_root, *overrides):
 @pytest.mark.slow
 def test_injected_straggler_is_named_with_its_lateness(tmp_path, shared_data_root):
     proc, run_dir, records = train3(tmp_path, shared_data_root, "debug.slow_rank=1",
-                                    "debug.slow_ms=5")
+                                    "debug.slow_ms=10")
     s = summary(run_dir)
     said = f"{s.get('straggler')} {records[-1]['stragglers']}\n{describe(proc)}"
-    assert s["injected_delay"] == {"slow_rank": 1, "slow_ms": 5.0, "jitter_ms": 0.0}
+    assert s["injected_delay"] == {"slow_rank": 1, "slow_ms": 10.0, "jitter_ms": 0.0}
     assert s["straggler"] is not None and s["straggler"]["rank"] == 1, said
-    assert 4.0 <= s["straggler"]["late_ms"] <= 6.0, said  # 5 ms +- 20%
+    # 10 ms +- 30%: under load the median lead misses the delay by up to ~2 ms either way
+    # (docs/sync.md "Stragglers, injected and found": 4.98 and 6.87 ms for 5 ms; CI once 3.93)
+    assert 7.0 <= s["straggler"]["late_ms"] <= 13.0, said
     assert records[0]["straggler"]["rank"] == 1, said
     assert records[0]["stragglers"]["last_share"][1] == records[0]["straggler"]["share"]
     assert "[rank 0] epoch 1/1  straggler: rank 1, the others wait" in proc.stdout
