@@ -76,3 +76,49 @@ def test_a_sweep_with_a_failed_job_ends_with_the_failure(tmp_path, shared_data_r
     assert summary(Path(failed[2]))["status"] == "failed: " + failed[3].removeprefix("failed: ")
     assert ok[:2] == ["#1", "launcher.nproc_per_node=1"] and ok[3].startswith("ok: test accuracy"), table
     assert summary(Path(ok[2]))["status"] == "completed"
+
+
+# ------------------------------------------------------------------ composed once
+def _cli_in_process(monkeypatch, argv):
+    """Run `cli` in this process with `argv`, counting Hydra's compositions; returns (exit
+    code, compositions, what the task saw)."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from ddp_lab import config
+    from ddp_lab.run.cli import cli
+
+    composed, seen = [], []
+    real = Hydra.compose_config
+
+    def counting(self, *a, **kw):
+        composed.append(kw.get("run_mode"))
+        return real(self, *a, **kw)
+
+    def submit(cfg):
+        seen.append((cfg.sync.name, HydraConfig.get().overrides.task, str(HydraConfig.get().mode)))
+        return Outcome(0, "ok")
+
+    monkeypatch.setattr(Hydra, "compose_config", counting)
+    monkeypatch.setattr("sys.argv", ["ddp_lab", *argv])
+    config.register_configs()
+    with pytest.raises(SystemExit) as ended:
+        cli("config", submit, lambda cfg: None, schemas=(config,))
+    return ended.value.code, composed, seen
+
+
+def test_a_plain_run_composes_once_and_is_a_hydra_job(monkeypatch):
+    rc, composed, seen = _cli_in_process(monkeypatch, ["sync=ring", "train.epochs=1"])
+    assert rc == 0 and len(composed) == 1, composed
+    assert seen == [("ring", ["sync=ring", "train.epochs=1"], "RunMode.RUN")]
+
+
+def test_a_bad_override_on_the_fast_path_is_still_one_line(monkeypatch, capsys):
+    rc, _, seen = _cli_in_process(monkeypatch, ["train.epoch=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and not seen and len(err) == 1 and "train.epochs" in err[0], err
+
+
+def test_hydra_flags_still_take_hydra_main(monkeypatch, capsys):
+    rc, composed, seen = _cli_in_process(monkeypatch, ["--cfg", "job", "sync=tree"])
+    assert rc == 0 and not seen and "name: tree" in capsys.readouterr().out
