@@ -229,8 +229,15 @@ stop_munge_if_ours() {
     rm -f "$(user_entry)"
     for u in "$MACHINE_DIR"/users/*; do
         [ -f "$u" ] || continue
-        # a cluster whose state dir is gone (removed by hand) no longer needs munge
-        if [ -f "$(cat "$u")/$MARKER" ]; then users+=("$(cat "$u")"); else rm -f "$u"; fi
+        # a cluster whose state dir is gone (removed by hand), or whose slurmctld is dead
+        # (killed with its test run) and which is not just coming up (its entry is written
+        # before its daemons start), no longer needs munge
+        if [ -f "$(cat "$u")/$MARKER" ] && { pid_alive "$(pidfile_pid "$(cat "$u")/run/slurmctld.pid")" \
+                || [ -n "$(find "$u" -mmin -5)" ]; }; then
+            users+=("$(cat "$u")")
+        else
+            rm -f "$u"
+        fi
     done
     if [ ${#users[@]} -gt 0 ]; then
         [ -f "$f" ] && log "munge: left running for ${#users[@]} other cluster(s): ${users[*]}"
