@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
-from ddp_lab.bench.harness import log_sizes, pow2_label
+from ddp_lab.bench.harness import log_sizes
+from ddp_lab.arith import pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
 from ddp_lab.topology import topology_from_table
 from ddp_lab.measure.costmodel import busbw_factor

@@ -169,11 +169,13 @@ def test_the_generic_cli_knows_no_entry_point():
 
 
 @pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
-                                   "ddp_lab.status", "ddp_lab.measure.study"])
+                                   "ddp_lab.status", "ddp_lab.measure.study",
+                                   "ddp_lab.report.__main__"])
 def test_entry_points_load_no_torch_at_import(entry):
     """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
-    the ranks' entries until rank_main set OMP_WAIT_POLICY; status and the study's batch-
-    script side (`python -m ddp_lab.measure.study done|end`) never."""
+    the ranks' entries until rank_main set OMP_WAIT_POLICY; status, the report (it reads
+    files: torch was 2.5 s of its start) and the study's batch-script side (`python -m
+    ddp_lab.measure.study done|end`) never."""
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
     assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
         sorted(m for m, ext in loads.items() if ext))

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from ..distributed import DistContext
 from ..measure.costmodel import busbw_factor
+from ..arith import pow2_label
 from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
 from ..topology import GroupSet, Topology, build_groups, detect_topology
@@ -49,11 +50,6 @@ def bench_sizes(bench: Any) -> list[int]:
     """The sizes a bench run measures: the log-spaced ones plus `bench.sizes`, ascending."""
     return sorted(set(log_sizes(bench.min_elements, bench.max_elements, bench.points))
                   | {int(s) for s in bench.get("sizes", None) or ()})
-
-
-def pow2_label(n: int) -> str:
-    """2^k for powers of two, else the number."""
-    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
 
 
 @dataclass

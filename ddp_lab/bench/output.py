@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .harness import iter_series, pow2_label
+from ..arith import pow2_label
+from .harness import iter_series
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",

@@ -207,18 +207,6 @@ def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tens
             t.copy_(tmp.view(t.shape))
 
 
-def ceil_log2(n: int) -> int:
-    """Number of binomial-tree rounds for ``n`` ranks (0 for n <= 1)."""
-    return 0 if n <= 1 else (n - 1).bit_length()
-
-
-def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) -> int:
-    """How many pieces a pipelined transfer of ``numel`` elements is cut into."""
-    if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
-        return 1
-    return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
-
-
 def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,
            group_root: int | None, name: str, result_on_root: bool,
            body: Callable[[GroupInfo, torch.Tensor, int], None]) -> None:

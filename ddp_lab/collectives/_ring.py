@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ._common import GroupInfo, combine_into, num_pipeline_chunks, scratch
+from ..arith import num_pipeline_chunks
+from ._common import GroupInfo, combine_into, scratch
 from .ring_schedule import Exchange
 
 #: Default size of the pieces each ring step's message is cut into (see p2p_pipelined).

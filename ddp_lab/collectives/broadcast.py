@@ -9,10 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import GroupInfo, num_pipeline_chunks, p2p, rooted
-
-#: Default piece size of the pipelined ring broadcast.
-DEFAULT_RING_CHUNK_BYTES = 1 << 20
+from ..arith import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
+from ._common import GroupInfo, p2p, rooted
 
 
 def _bcast_naive(info: GroupInfo, flat: torch.Tensor, root: int) -> None:

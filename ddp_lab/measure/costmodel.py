@@ -38,8 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..collectives._common import ceil_log2, num_pipeline_chunks
-from ..collectives.broadcast import DEFAULT_RING_CHUNK_BYTES
+from ..arith import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from ..collectives._common import ceil_log2
+from ..arith import ceil_log2
 from ..measure.costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's

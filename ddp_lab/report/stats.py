@@ -26,7 +26,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from scipy import stats as _st
 
 LEVEL = 0.95
 MIN_REPEATS = 3  # the fewest values an interval is given for
@@ -46,7 +45,10 @@ class Summary:
 
 def t_quantile(df: float) -> float:
     """Student's t at (1 + LEVEL) / 2 with `df` degrees of freedom."""
-    return float(_st.t.ppf((1 + LEVEL) / 2, df))
+    # lazy: scipy.stats takes about 1.2 s to load, and only intervals (3+ repeats) need it
+    from scipy import stats
+
+    return float(stats.t.ppf((1 + LEVEL) / 2, df))
 
 
 def summarize(values: Sequence[float]) -> Optional[Summary]:

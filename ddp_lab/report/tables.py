@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Optional
 
-from ..bench.harness import pow2_label
+from ..arith import pow2_label
 from ..measure import fingerprint
 from . import stats
 from .model import Fit, Fits, fit_all, fit_alpha_beta, formula, predict_comm_s

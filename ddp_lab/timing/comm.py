@@ -39,22 +39,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..arith import union_length
 from .steps import StepTimes
-
-
-def union_length(intervals: Sequence[tuple[float, float]]) -> float:
-    """Total length covered by (start, end) intervals, overlaps counted once."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 @dataclass
