@@ -39,13 +39,16 @@ STEPS = 40
 # lasts ~4 s and the cut lands inside it; the reference runs at full speed.
 MODEL = ["train.epochs=2", f"train.max_steps_per_epoch={STEPS}", "train.eval_batch_size=2000",
          "model=mlp", "optim=sgd", "train.lr=0.05", "log.progress=lines",
-         f"dist.timeout_s={TIMEOUT_S}"]
+         f"dist.timeout_s={TIMEOUT_S}", "train.threads=1"]
 TRAIN = [*MODEL, "launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
          "launcher.wait=true", "launcher.wait_timeout_s=300", "launcher.poll_s=1"]
 # the uninterrupted reference: the same world of 4 ranks, started by torchrun on this machine
 # (no allocation, no srun): 13.6 s against 27.7 s for the same run on the cluster, idle
 # machine, and its final weights bit for bit the SLURM run's (gloo's CPU all-reduce does not
-# depend on where the ranks run)
+# depend on where the ranks run). train.threads=1 in every run: by default a rank takes
+# cores / local ranks threads (2 x 2 on the cluster, whose TaskPlugin=task/none binds
+# nothing, against 4 local ranks), and another thread count sums in another order: the
+# same on 2 cores, not on 4 or more
 REFERENCE = [*MODEL, "launcher=local", "launcher.nproc_per_node=4"]
 SLOW = ["debug.slow_rank=0", "debug.slow_ms=100"]
 
