@@ -7,7 +7,6 @@ re-exported from the package ``__init__``.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
