@@ -311,3 +311,35 @@ def test_backend_and_device_rule_by_launcher(launcher, dry_run, backend, device,
     cfg = OmegaConf.create({"launcher": {"name": launcher, "dry_run": dry_run, "nproc_per_node": 1},
                             "dist": {"backend": backend, "device": device}})
     assert (validate.dist_pair(cfg) is not None) == refused
+
+
+def test_a_new_run_folder_survives_another_commands_check_of_the_same_new_root(tmp_path):
+    """Two commands started at once on a run.root that does not exist yet: one's check makes
+    run.root for its probe and removes it again, while the other is making its run folder
+    in it (seen on CI: `make_run_dir` failed with FileNotFoundError). The run folder is
+    made whatever the check does meanwhile."""
+    import contextlib
+    import threading
+
+    from ddp_lab.run.rundir import make_run_dir
+
+    root = tmp_path / "runs"
+    cfg = OmegaConf.create({"run": {"root": str(root), "dir": None}})
+    stop = threading.Event()
+
+    def checking():
+        while not stop.is_set():
+            validate.run_folder(cfg)
+
+    other = threading.Thread(target=checking)
+    other.start()
+    try:
+        for i in range(300):
+            made = make_run_dir(cfg, label=f"run{i}")
+            assert made.is_dir() and made.parent == root
+            made.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()  # a new root again for the next run
+    finally:
+        stop.set()
+        other.join()

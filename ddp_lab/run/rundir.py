@@ -19,21 +19,33 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     label defaults to `<sync>_<model>_<launcher>`."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        _mkdir(path, exist_ok=True)
         return path
     root = Path(cfg.run.root).expanduser().resolve()
-    root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     label = label or f"{cfg.sync.name}_{cfg.model.name}_{cfg.launcher.name}"
     base = f"{stamp}_{label}"
     for i in range(1000):
         path = root / (base if i == 0 else f"{base}_{i}")
         try:
-            path.mkdir()
+            _mkdir(path, exist_ok=False)
             return path
         except FileExistsError:
             continue
     raise RuntimeError(f"cannot make a unique run folder under {root}")
+
+
+def _mkdir(path: Path, exist_ok: bool) -> None:
+    """`mkdir -p`, again if a folder on the way vanished meanwhile: another command started
+    at the same time checks a new run.root by making it and removing it again
+    (validate.folder_problem)."""
+    for attempt in range(5):
+        try:
+            path.mkdir(parents=True, exist_ok=exist_ok)
+            return
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
 
 
 def write_config(cfg: DictConfig, run_dir: Path) -> Path:
