@@ -271,7 +271,16 @@ def script_bench_tb(work):
     assert "| live |" in out and "| naive |" in out
 
 
-SCRIPTS = {"bench_compress.py": script_bench_compress, "bench_tb.py": script_bench_tb, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
+def script_bench_start(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_start.py"), "--rounds", "1",
+                       "--pause", "0", "--data-root", data]))
+    assert "| first line | " in out and "| report | " in out, out
+    proc = sh(work, [sys.executable, str(REPO / "scripts/bench_start.py"), "--vs", "nowhere"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+
+
+SCRIPTS = {"bench_start.py": script_bench_start, "bench_compress.py": script_bench_compress, "bench_tb.py": script_bench_tb, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
            "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
            "bench_overlap.py": script_bench_overlap,
            "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""How soon a command answers: the first console line of a run, and the report's start.
+
+    .venv/bin/python scripts/bench_start.py                      # this checkout, 10 rounds
+    .venv/bin/python scripts/bench_start.py --vs ../before       # side by side with another
+
+Two measures, each the median (min-max) over rounds, a round running every checkout in turn:
+- first line: from starting `python -m ddp_lab train.epochs=1` to its first line on the
+  console (`[ddp_lab] starting N rank(s) ...`, printed once the run folder is made); the
+  run is then stopped with SIGTERM and `--pause` seconds are left before the next start;
+- report: `python -m ddp_lab.report --help`, start to end (what the report pays before it
+  reads anything).
+`--vs DIR` runs DIR's ddp_lab (a checkout, e.g. `git worktree add ../before <commit>`)
+with the same interpreter, and prints after / before. Not a test: times depend on the
+machine and what else runs on it (docs/performance.md has the figures and the load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def first_line_s(tree: Path, work: Path, data_root: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_lab", "train.epochs=1",
+                             f"data.root={data_root}", f"run.root={work / 'runs'}"],
+                            cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    took = time.perf_counter() - t0
+    proc.terminate()  # the run's own stop: its ranks checkpoint and end
+    proc.communicate(timeout=120)
+    if not line.startswith("[ddp_lab] starting"):
+        sys.exit(f"error: {tree}: the first line was {line.strip()!r}")
+    return took
+
+
+def report_s(tree: Path, work: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ddp_lab.report", "--help"], cwd=work, env=env,
+                   stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
+    p.add_argument("--vs", type=Path, help="another checkout, timed in the same rounds")
+    p.add_argument("--data-root", default=str(REPO / "data"))
+    args = p.parse_args(argv)
+    if args.vs and not (args.vs / "ddp_lab" / "__main__.py").is_file():
+        print(f"error: --vs {args.vs}: not a ddp_lab checkout", file=sys.stderr)
+        return 2
+    trees = {"before": args.vs.resolve(), "after": REPO} if args.vs else {"this": REPO}
+    got = {name: {"first line": [], "report": []} for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                got[name]["first line"].append(first_line_s(tree, Path(tmp), args.data_root))
+                time.sleep(args.pause)
+                got[name]["report"].append(report_s(tree, Path(tmp)))
+    print(f"\n{args.rounds} round(s), load average {os.getloadavg()[0]:.2f} at the end")
+    print("| measure | " + " | ".join(trees) + (" | after / before |" if args.vs else " |"))
+    print("| --- |" + " --- |" * (len(trees) + bool(args.vs)))
+    for measure in ("first line", "report"):
+        cells = [f"{statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
+                 for v in (got[name][measure] for name in trees)]
+        if args.vs:
+            ratio = statistics.median(got["after"][measure]) / statistics.median(got["before"][measure])
+            cells.append(f"{ratio:.2f}")
+        print(f"| {measure} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
