@@ -86,12 +86,14 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     return times
 
 
-def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
+def floor_epochs(root: str, epochs: int, max_steps: int = 0, device: str = "cpu") -> list[float]:
     """The floor: the tightest loop over the same work. MNIST preloaded as one normalised
     float tensor, a fresh permutation per epoch, batches by index, the same MLP 784-50-10,
     fused Adam lr 1e-3, batch 64, as many torch threads as a 1-rank ddp_lab run uses (all cores)
     and the same OMP wait policy (the caller's environment). No process group, no timers,
-    no records: what remains of an epoch when everything ddp_lab adds is taken away."""
+    no records: what remains of an epoch when everything ddp_lab adds is taken away.
+    `device="cuda"`: the same on the GPU (scripts/gpu_check.sh's floor row), each epoch
+    timed after a synchronize, as ddp_lab's."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -101,8 +103,10 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     images, labels = load_split(root, train=True)
-    x_all = normalise(images).flatten(1)  # [60000, 784], once, outside every epoch
-    model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
+    x_all = normalise(images).flatten(1).to(device)  # [60000, 784], once, outside every epoch
+    labels = labels.to(device)
+    model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10)).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     # fused, as ddp_lab's optim=adam is by default (optim.fused): the same update kernel
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     n, batch = len(labels), 64
@@ -112,8 +116,10 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     model.zero_grad(set_to_none=True)
     times = []
     for _ in range(epochs):
+        sync()
         t0 = time.perf_counter()
-        tight_epoch(model, optimizer, x_all, labels, torch.randperm(n), batch, max_steps)
+        tight_epoch(model, optimizer, x_all, labels, torch.randperm(n, device=device), batch, max_steps)
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 

@@ -7,7 +7,8 @@
 #                                          # (tests the script itself where no GPU is)
 #
 # Checks: the default MLP trained with nccl on 1 rank (figure: median s/epoch over full
-# epochs; goal <= 0.3 s on one H100), CUDA-event phase timing, an nccl group of several
+# epochs; goal <= 0.3 s on one H100), the same step's floor (a tight loop, no ddp_lab),
+# CUDA-event phase timing, an nccl group of several
 # ranks on one device (NCCL may refuse it, "Duplicate GPU detected": then the row says
 # refused), every synchroniser with nccl, the collective benchmark with nccl, and a run with
 # PyTorch's flight recorder on (dumps go into that run's folder). Exit 1 if a check failed.
@@ -113,7 +114,11 @@ elif what == "phases":
     assert all(ph[p]["mean"] > 0 for p in ("forward", "backward", "sync", "optim")), ph
     print(", ".join(f"{p} {1e3 * ph[p]['mean']:.3f}" for p in ("forward", "backward", "sync", "optim")) + " ms/step")
 elif what == "bench":
-    rows = json.loads((d / "bench.json").read_text())["rows"]
+    bench = json.loads((d / "bench.json").read_text())
+    rows = bench["rows"]
+    if not rows:  # one GPU: a world of 1 has nothing to all-reduce (NCCL refuses 2 on 1 device)
+        print(f"n/a: world of {bench['meta']['world_size']}, nothing to all-reduce")
+        sys.exit(0)
     bad = [r for r in rows if not r.get("correct", True)]
     assert not bad, bad
     best = {}
@@ -139,6 +144,19 @@ if train nccl_1rank "$OUT/nccl_1rank" launcher.nproc_per_node=1 "train.epochs=$E
 else
   row "$BACKEND, 1 rank, default MLP" failed "see logs/nccl_1rank.log"
 fi
+
+# 1b. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
+# (scripts/bench_epoch.py's floor, no ddp_lab in the step), on the same device
+if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # scripts/bench_epoch.py"
+elif f=$(cd "$REPO/scripts" && "$PYTHON" - "$OUT/data" "$EPOCHS" "$DEVICE" "${SPEED[*]}" 2>>"$OUT/logs/floor.log" <<'EOF'
+import statistics, sys
+from bench_epoch import floor_epochs
+root, epochs, device, capped = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+times = floor_epochs(root, epochs, 20 if capped else 0, device=device)
+print(f"{statistics.median(times):.3f} s/epoch (tight loop, no ddp_lab)")
+EOF
+); then row "floor, 1 $DEVICE, same step" ok "$f"
+else row "floor, 1 $DEVICE, same step" failed "see logs/floor.log"; fi
 
 # 2. several ranks on one device: NCCL decides (ddp_lab gives each local rank its own GPU)
 SHARED="$OUT/shared_device.py"
@@ -176,7 +194,8 @@ done
 # 4. the collective benchmark
 if run bench "$PYTHON" -m ddp_lab.bench "${DIST[@]}" "run.dir=$OUT/bench" log.progress=lines \
      "bench.impl=[torch,ring,butterfly,tree,naive]" "bench.max_elements=$BENCH_MAX" bench.points=4; then
-  [ "$MODE" = dry ] || row "bench all_reduce" ok "$(figure "$OUT/bench" bench)"
+  [ "$MODE" = dry ] || { f=$(figure "$OUT/bench" bench)
+    case $f in n/a:*) row "bench all_reduce" n/a "${f#n/a: }" ;; *) row "bench all_reduce" ok "$f" ;; esac; }
 else row "bench all_reduce" failed "see logs/bench.log"; fi
 
 # 5. PyTorch's flight recorder, its dumps into the run folder

@@ -232,14 +232,19 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
 
 
 def test_flight_recorder_env(tmp_path):
-    env = progress.flight_recorder_env(tmp_path)
     prefix = str(tmp_path / "flight_recorder" / "rank_")
-    assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                   "TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    env = progress.flight_recorder_env(tmp_path, torch_version="2.11.0+cu130")
+    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                   "TORCH_FR_DUMP_TEMP_FILE": prefix}  # the old names warn on torch >= 2.9
     assert (tmp_path / "flight_recorder").is_dir()  # torch writes into it, it does not make it
-    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}  # a user's own setting stays
-    assert progress.enable_flight_recorder(tmp_path, environ) == {**env, "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
-    assert environ == {**env, "TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    assert progress.flight_recorder_env(tmp_path, torch_version="2.4.1") == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}  # a user's own setting, old name: it stays
+    in_effect = progress.enable_flight_recorder(tmp_path, environ, torch_version="2.11.0")
+    assert environ == in_effect == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
+                                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                                    "TORCH_FR_DUMP_TEMP_FILE": prefix}
 
 
 def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeypatch):

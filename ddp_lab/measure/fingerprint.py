@@ -46,7 +46,7 @@ from ..env import host_address
 ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 # set by ddp_lab itself for its own logs (paths change with every run): not part of the id
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
-             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
 # What makes two allocations' timings comparable: the kind of machine and software, not
 # the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
