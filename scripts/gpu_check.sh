@@ -148,10 +148,11 @@ fi
 # 1b. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
 # (scripts/bench_epoch.py's floor, no ddp_lab in the step), on the same device
 if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # scripts/bench_epoch.py"
-elif f=$(cd "$REPO/scripts" && "$PYTHON" - "$OUT/data" "$EPOCHS" "$DEVICE" "${SPEED[*]}" 2>>"$OUT/logs/floor.log" <<'EOF'
+elif f=$("$PYTHON" - "$REPO/scripts" "$OUT/data" "$EPOCHS" "$DEVICE" "${SPEED[*]}" 2>>"$OUT/logs/floor.log" <<'EOF'
 import statistics, sys
+sys.path.insert(0, sys.argv[1])  # scripts/, beside the ddp_lab this script runs
 from bench_epoch import floor_epochs
-root, epochs, device, capped = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+root, epochs, device, capped = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 times = floor_epochs(root, epochs, 20 if capped else 0, device=device)
 print(f"{statistics.median(times):.3f} s/epoch (tight loop, no ddp_lab)")
 EOF
@@ -199,7 +200,7 @@ if run bench "$PYTHON" -m ddp_lab.bench "${DIST[@]}" "run.dir=$OUT/bench" log.pr
 else row "bench all_reduce" failed "see logs/bench.log"; fi
 
 # 5. PyTorch's flight recorder, its dumps into the run folder
-FR=(env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
+FR=(env TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
     "TORCH_FR_DUMP_TEMP_FILE=$OUT/flight_recorder/nccl_trace_rank_")
 if run flight_recorder "${FR[@]}" "$PYTHON" -m ddp_lab "${DIST[@]}" "$DATA" "run.dir=$OUT/flight_recorder" \
      log.progress=lines train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
