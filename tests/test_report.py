@@ -156,6 +156,12 @@ def test_bad_paths_are_one_line_errors(tmp_path):
     proc = run_cli(str(tmp_path / "empty"), cwd=tmp_path, module="ddp_lab.report")
     assert proc.returncode == 2 and proc.stderr.startswith("error: no run folders under")
     assert "Traceback" not in proc.stderr and not (tmp_path / "report").exists()
+    dry = tmp_path / "dry" / "2026-11-26_10-00-00_ddp_mlp_local"  # what a dry run leaves
+    (dry / "logs").mkdir(parents=True)
+    (dry / "config.yaml").write_text("launcher:\n  dry_run: true\n")
+    (dry / "DRY_RUN").write_text("")
+    with pytest.raises(ReportError, match=r"holds only dry runs \(1\): rendered, never started"):
+        find_runs([tmp_path / "dry"])
     proc = run_cli(cwd=tmp_path, module="ddp_lab.report")  # no path at all: argparse's usage
     assert proc.returncode == 2 and "usage:" in proc.stderr and "Traceback" not in proc.stderr
 

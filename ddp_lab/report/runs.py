@@ -288,6 +288,7 @@ def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str]) -> 
 def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[Run]:
     """Every run folder at or under `paths` (a list of folders), each once, sorted by path."""
     found: dict[Path, None] = {}
+    dry = 0  # dry runs' folders, left out
     for p in paths:
         root = Path(p).expanduser()
         if not root.exists():
@@ -303,12 +304,17 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
             if STUDY_FILE in filenames:  # a study folder: its points are runs, it is not
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             elif DRY_RUN in filenames and is_dry_run(here):  # rendered, never started
+                dry += 1
                 dirnames[:] = []
             elif any(m in filenames for m in MARKERS):
                 found[here] = None
                 dirnames[:] = []  # tb/, checkpoints/, logs/, plots/ of a run: not runs
             else:
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    if not found and dry:
+        raise ReportError(
+            f"{', '.join(map(str, paths))} holds only dry runs ({dry}): rendered, never started; "
+            "run the same command without launcher.dry_run=true")
     if not found:
         raise ReportError(
             f"no run folders under {', '.join(map(str, paths))}: a run folder holds config.yaml "
