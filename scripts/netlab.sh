@@ -33,7 +33,8 @@
 # Addresses come only from the benchmarking range 198.18.0.0/15, one /24 per NAME: the bridge
 # (NAME-br, in the root namespace, where e.g. slurmctld runs) is .1, node i is .(i+1).  The
 # /24s in use are recorded under /run/ddp_lab_netlab/ (NAME.env: the lab's config in shell
-# syntax, e.g. NETLAB_BRIDGE_ADDR, NETLAB_RATE_BYTES), read and written under its lock.
+# syntax, e.g. NETLAB_BRIDGE_ADDR, NETLAB_NODE<I>_ADDR, NETLAB_RATE_BYTES), read and written
+# under its lock.
 #
 # Shaping: a tbf qdisc on both ends of every node's veth pair: eth0 inside the node shapes what
 # the node sends, NAME-hI on the bridge what it receives.  Burst = 10 ms of the rate (at least
@@ -186,8 +187,10 @@ read_record() {  # REC_* from a record file; 1 if missing or unreadable
 # /24 number k (0..511) of 198.18.0.0/15 -> "198.18.k.0" prefix parts
 net_prefix() { echo "198.$((18 + $1 / 256)).$(($1 % 256))"; }
 
+node_addr() { echo "$2.$(($1 + 1))"; }  # i prefix -> node i's address (the bridge is .1)
+
 node_line() {  # i prefix -> the stdout line of node i
-    echo "node$1 $(ns_of "$1") $2.$(($1 + 1)) $IFNAME"
+    echo "node$1 $(ns_of "$1") $(node_addr "$1" "$2") $IFNAME"
 }
 
 is_up() {  # the record's lab is fully there: bridge, every namespace and veth, uplinks up
@@ -230,8 +233,8 @@ kill_in_namespace() {  # TERM every process in namespace $1, wait up to 5 s, the
 }
 
 write_record() {  # index nodes: the lab's record, with the current LINK (a new file, then mv)
-    local k="$1" p; p="$(net_prefix "$1")"
-    cat >"$RECORD.tmp" <<EOF || return 1
+    local k="$1" p i; p="$(net_prefix "$1")"
+    { cat <<EOF
 NETLAB_NAME=$NAME
 NETLAB_NODES=$2
 NETLAB_LINK=$LINK
@@ -242,6 +245,8 @@ NETLAB_BRIDGE=$BRIDGE
 NETLAB_BRIDGE_ADDR=$p.1
 NETLAB_IFNAME=$IFNAME
 EOF
+      for i in $(seq 1 "$2"); do echo "NETLAB_NODE${i}_ADDR=$(node_addr "$i" "$p")"; done
+    } >"$RECORD.tmp" || return 1
     mv -f "$RECORD.tmp" "$RECORD"
 }
 
@@ -259,7 +264,7 @@ write_hosts() {  # i prefix: node i's /etc/hosts (its own address is also the ma
             if [ "$j" = "$i" ] && [ -n "$host" ]; then
                 names+=" $host"; [ "$short" != "$host" ] && names+=" $short"
             fi
-            echo "$p.$((j + 1)) $names"
+            echo "$(node_addr "$j" "$p") $names"
         done
     } >"$dir/hosts" || { log "cannot write $dir/hosts"; return 1; }
 }
@@ -348,7 +353,7 @@ up_locked() {
             && must ip link set dev "$hif" master "$BRIDGE" \
             && must ip link set dev "$hif" up \
             && must ip -n "$ns" link set dev lo up \
-            && must ip -n "$ns" addr add "$p.$((i + 1))/24" dev "$IFNAME" \
+            && must ip -n "$ns" addr add "$(node_addr "$i" "$p")/24" dev "$IFNAME" \
             && must ip -n "$ns" link set dev "$IFNAME" up \
             && write_hosts "$i" "$p" \
             && { [ -z "$BURST" ] || { shape_dev "$IFNAME" "$ns" && shape_dev "$hif"; }; } || return 1

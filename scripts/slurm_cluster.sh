@@ -150,26 +150,27 @@ check_tools() {
 # the lab's addresses and namespaces (netlab.sh's record); exits if it is not up
 read_netlab() {
     [[ "$NETLAB" =~ ^[a-z][a-z0-9]{0,9}$ ]] || die "SLURM_CLUSTER_NETLAB='$NETLAB' is not a netlab name"
-    local rec="$NETLAB_DIR/$NETLAB.env" line key val nodes="" subnet="" bridge_addr="" i ns
+    local rec="$NETLAB_DIR/$NETLAB.env" line key val nodes="" bridge_addr="" i ns
+    local -a addr=()
     [ -f "$rec" ] || die "netlab $NETLAB is not up (no $rec): scripts/netlab.sh up --name $NETLAB"
     while IFS= read -r line; do
         key="${line%%=*}"; val="${line#*=}"
         case "$key" in
-            NETLAB_NODES) nodes="$val" ;; NETLAB_SUBNET) subnet="$val" ;;
-            NETLAB_BRIDGE_ADDR) bridge_addr="$val" ;;
+            NETLAB_NODES) nodes="$val" ;; NETLAB_BRIDGE_ADDR) bridge_addr="$val" ;;
+            NETLAB_NODE1_ADDR) addr[0]="$val" ;; NETLAB_NODE2_ADDR) addr[1]="$val" ;;
         esac
     done <"$rec"
     [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 2 ] \
         || die "netlab $NETLAB has ${nodes:-no} node(s): the cluster needs 2 (netlab.sh up --nodes 2)"
-    [[ "$subnet" =~ ^([0-9]+\.[0-9]+\.[0-9]+)\.0/24$ ]] && [ -n "$bridge_addr" ] \
-        || die "cannot read $rec (NETLAB_SUBNET='$subnet', NETLAB_BRIDGE_ADDR='$bridge_addr')"
+    [ -n "$bridge_addr" ] && [ -n "${addr[0]:-}" ] && [ -n "${addr[1]:-}" ] \
+        || die "cannot read $rec (NETLAB_BRIDGE_ADDR='$bridge_addr', NETLAB_NODE1_ADDR='${addr[0]:-}', NETLAB_NODE2_ADDR='${addr[1]:-}'): scripts/netlab.sh down, then up, --name $NETLAB"
     CTLD_ADDR="$bridge_addr"
     for i in 0 1; do
         ns="$NETLAB-n$((i + 1))"
         ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$ns" \
             || die "netlab $NETLAB has no namespace $ns: scripts/netlab.sh status --name $NETLAB"
         NODE_NS[$i]="$ns"
-        NODE_ADDR[$i]="${BASH_REMATCH[1]}.$((i + 2))"
+        NODE_ADDR[$i]="${addr[$i]}"  # the addresses netlab.sh gave its nodes (its record)
     done
 }
 

@@ -142,6 +142,8 @@ def test_names_resolve_as_on_a_cluster(netlab_factory):
                       check=True).stdout.split()
         assert out == [n.addr for n in lab.nodes] + [node.addr, "127.0.0.1"], (node, out)
     assert Path("/etc/hosts").read_text() == before
+    record = read_record(lab.name)  # what slurm_cluster.sh reads: the addresses printed
+    assert [record[f"NETLAB_NODE{i}_ADDR"] for i in (1, 2, 3)] == [n.addr for n in lab.nodes]
 
 
 def test_shape_changes_a_live_lab(netlab_factory):
