@@ -18,6 +18,7 @@ Outside pytest, :func:`lab_up` and :func:`lab_down` do the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import pytest
 
@@ -147,6 +148,22 @@ def lab_down(name: str) -> None:
     if res.returncode != 0:
         raise RuntimeError(f"netlab.sh down --name {name} failed (rc={res.returncode}):\n"
                            f"{res.stderr}")
+
+
+@contextlib.contextmanager
+def shaped(lab: Lab, link: str) -> Iterator[float]:
+    """`lab`'s links at `link` (a tc rate) for the block, then back to what they were; yields
+    the rate in bytes/s. What runs in the nodes (the cluster's slurmd) is not touched."""
+    before = read_record(lab.name)["NETLAB_LINK"]
+    res = netlab_sh("shape", "--name", lab.name, "--link", link)
+    if res.returncode != 0:
+        raise RuntimeError(f"netlab.sh shape --link {link} failed: {res.stderr}")
+    try:
+        yield float(read_record(lab.name)["NETLAB_RATE_BYTES"])
+    finally:
+        res = netlab_sh("shape", "--name", lab.name, "--link", before)
+        if res.returncode != 0:
+            raise RuntimeError(f"netlab.sh shape --link {before} (restoring) failed: {res.stderr}")
 
 
 def skip_reason() -> str | None:

@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
-from netlab_fixture import Lab, lab_down, lab_status, lab_up, netlab_sh, read_record, unique_name
+from netlab_fixture import Lab, lab_down, lab_status, lab_up, unique_name
 from netlab_fixture import skip_reason as netlab_skip_reason
 
 from ddp_lab.launch.ports import free_port
@@ -202,22 +202,6 @@ def session_cluster(state_dir: Path) -> Iterator[SlurmCluster]:
     finally:
         if lab is not None:
             lab_down(lab.name)
-
-
-@contextlib.contextmanager
-def shaped(lab: Lab, link: str) -> Iterator[float]:
-    """`lab`'s links at `link` (a tc rate) for the block, then back to what they were; yields
-    the rate in bytes/s. What runs in the nodes (the cluster's slurmd) is not touched."""
-    before = read_record(lab.name)["NETLAB_LINK"]
-    res = netlab_sh("shape", "--name", lab.name, "--link", link)
-    if res.returncode != 0:
-        raise RuntimeError(f"netlab.sh shape --link {link} failed: {res.stderr}")
-    try:
-        yield float(read_record(lab.name)["NETLAB_RATE_BYTES"])
-    finally:
-        res = netlab_sh("shape", "--name", lab.name, "--link", before)
-        if res.returncode != 0:
-            raise RuntimeError(f"netlab.sh shape --link {before} (restoring) failed: {res.stderr}")
 
 
 def _job_state(cluster: SlurmCluster, job_id: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from helpers import describe, run_cli, run_dir_of
-from slurm_fixture import shaped
+from netlab_fixture import shaped
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
 
