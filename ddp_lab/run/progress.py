@@ -462,30 +462,29 @@ def short_error(e: BaseException, limit: int = 200) -> str:
 
 
 # ------------------------------------------------------------------ nccl
+# (current name, name before, the torch that reads the current one): torch still reads the
+# name before, but warns on every rank's console (TORCH_NCCL_TRACE_BUFFER_SIZE, seen on 2.11)
+FLIGHT_RECORDER_NAMES = {"buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "2.9"),
+                         "dump": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "2.5")}
+
+
 def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
                         torch_version: Optional[str] = None) -> dict[str, str]:
     """The variables that turn on PyTorch's NCCL flight recorder with its dumps in
     RUN_DIR/flight_recorder/rank_<N> (made here), each under the name the running torch
-    reads (`torch_version`, default torch.__version__): the buffer's entries as
-    TORCH_FR_BUFFER_SIZE from torch 2.9 on (TORCH_NCCL_TRACE_BUFFER_SIZE before: newer
-    torch still reads it but warns on every rank's console), the dump path as
-    TORCH_FR_DUMP_TEMP_FILE from 2.5 on (TORCH_NCCL_DEBUG_INFO_TEMP_FILE before), and
-    TORCH_NCCL_DUMP_ON_TIMEOUT."""
-    if torch_version is None:
-        import torch
-        torch_version = torch.__version__
-    major_minor = tuple(int(x) for x in re.findall(r"\d+", torch_version)[:2])
+    reads (`torch_version`, default torch.__version__; FLIGHT_RECORDER_NAMES): the buffer's
+    entries, the dump path, and TORCH_NCCL_DUMP_ON_TIMEOUT."""
+    from torch.torch_version import TorchVersion, __version__
+
+    version = TorchVersion(torch_version or __version__)
     folder = Path(run_dir) / "flight_recorder"
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = str(folder / "rank_")
-    size = "TORCH_FR_BUFFER_SIZE" if major_minor >= (2, 9) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
-    dump = "TORCH_FR_DUMP_TEMP_FILE" if major_minor >= (2, 5) else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
-    return {size: str(buffer_size), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", dump: prefix}
-
-
-# a user's own setting under either name of a variable stays (torch reads the new name first)
-FLIGHT_RECORDER_ALIASES = ({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"},
-                           {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"})
+    values = {"buffer": str(buffer_size), "dump": str(folder / "rank_")}
+    env = {}
+    for kind, (now, before, since) in FLIGHT_RECORDER_NAMES.items():
+        env[now if version >= since else before] = values[kind]
+    env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+    return env
 
 
 def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
@@ -494,9 +493,10 @@ def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
     either name of a variable); call it before init_process_group. The variables now in
     effect."""
     environ = os.environ if environ is None else environ
+    aliases = {name: names[:2] for names in FLIGHT_RECORDER_NAMES.values() for name in names[:2]}
     in_effect = {}
     for key, value in flight_recorder_env(run_dir, torch_version=torch_version).items():
-        names = next((a for a in FLIGHT_RECORDER_ALIASES if key in a), {key})
+        names = aliases.get(key, (key,))
         if not any(n in environ for n in names):
             environ[key] = value
         in_effect.update({n: environ[n] for n in sorted(names) if n in environ})
