@@ -41,12 +41,12 @@ EPOCHS=${EPOCHS:-3}
 STEPS=${STEPS:-200}
 RANKS=${RANKS:-2}
 BENCH_MAX=16777216
-SPEED=()   # the speed row runs full epochs
+SPEED_STEPS=0   # the speed and floor rows run full epochs (0: no cap)
 WHEELS=${WHEELS:-$REPO/.wheels}
 BACKEND=nccl
 DEVICE=cuda
 if [ "$MODE" = rehearse ]; then
-  BACKEND=gloo DEVICE=cpu EPOCHS=1 STEPS=20 BENCH_MAX=65536 SPEED=("train.max_steps_per_epoch=20")
+  BACKEND=gloo DEVICE=cpu EPOCHS=1 STEPS=20 BENCH_MAX=65536 SPEED_STEPS=20
 fi
 DIST=("dist.backend=$BACKEND" "dist.device=$DEVICE")
 DATA="data.root=$OUT/data"
@@ -137,7 +137,7 @@ train() {  # train NAME RUN_DIR OVERRIDES...: the trainer, into RUN_DIR
 }
 
 # 1. speed of the default MLP on one GPU, CUDA-event phase timing
-if train nccl_1rank "$OUT/nccl_1rank" launcher.nproc_per_node=1 "train.epochs=$EPOCHS" "${SPEED[@]}"; then
+if train nccl_1rank "$OUT/nccl_1rank" launcher.nproc_per_node=1 "train.epochs=$EPOCHS" "train.max_steps_per_epoch=$SPEED_STEPS"; then
   [ "$MODE" = dry ] || { row "$BACKEND, 1 rank, default MLP" ok "$(figure "$OUT/nccl_1rank" epoch)"
     if f=$(figure "$OUT/nccl_1rank" phases 2>>"$OUT/logs/nccl_1rank.log"); then
       row "phase timing ($DEVICE)" ok "$f"; else row "phase timing ($DEVICE)" failed "see logs/nccl_1rank.log"; fi; }
@@ -148,12 +148,12 @@ fi
 # 1b. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
 # (scripts/bench_epoch.py's floor, no ddp_lab in the step), on the same device
 if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # scripts/bench_epoch.py"
-elif f=$("$PYTHON" - "$REPO/scripts" "$OUT/data" "$EPOCHS" "$DEVICE" "${SPEED[*]}" 2>>"$OUT/logs/floor.log" <<'EOF'
+elif f=$("$PYTHON" - "$REPO/scripts" "$OUT/data" "$EPOCHS" "$DEVICE" "$SPEED_STEPS" 2>>"$OUT/logs/floor.log" <<'EOF'
 import statistics, sys
 sys.path.insert(0, sys.argv[1])  # scripts/, beside the ddp_lab this script runs
 from bench_epoch import floor_epochs
-root, epochs, device, capped = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-times = floor_epochs(root, epochs, 20 if capped else 0, device=device)
+root, epochs, device, steps = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+times = floor_epochs(root, epochs, steps, device=device)
 print(f"{statistics.median(times):.3f} s/epoch (tight loop, no ddp_lab)")
 EOF
 ); then row "floor, 1 $DEVICE, same step" ok "$f"
