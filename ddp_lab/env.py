@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -239,12 +240,15 @@ def start_ticks(pid: int | str = "self") -> Optional[str]:
 
 
 def process_start(pid: int | str = "self") -> Optional[float]:
-    """When a process started, in seconds since the epoch (Linux: its start in clock ticks
-    since boot, plus the boot time); None where that cannot be read."""
+    """When a process started, in seconds since the epoch, to a clock tick (10 ms): its start
+    in ticks since boot (/proc/PID/stat), set against the boot clock now. Not /proc/stat's
+    `btime`: that is whole seconds, and a 7.5 s run read as 8.0 s from it. None where it
+    cannot be read (not Linux, the process gone)."""
     ticks = start_ticks(pid)
-    try:
-        with open("/proc/stat") as f:
-            boot = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
+    if ticks is None:
         return None
-    return None if ticks is None else boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+    try:
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(ticks) / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return time.time() - age

@@ -7,6 +7,8 @@ set -euo pipefail
 NPROC_PER_NODE=${{NPROC_PER_NODE:-{nproc}}}
 MASTER_PORT=${{MASTER_PORT:-{port}}}
 MAX_RESTARTS=${{MAX_RESTARTS:-{max_restarts}}}
+# start-up counts from the command that started the job (ddp_lab sets it), else from here
+export DDP_LAB_T0=${{DDP_LAB_T0:-$(date +%s.%N)}}
 # the worker sets torch's thread count itself; this silences torchrun's OMP notice
 export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}}
 # run the ddp_lab that rendered this script

@@ -8,6 +8,8 @@
 set -euo pipefail
 
 export DDP_LAB_RUN_DIR={run_dir}
+# start-up counts from the command that started the job (ddp_lab sets it), else from here
+export DDP_LAB_T0=${{DDP_LAB_T0:-$(date +%s.%N)}}
 # rank 0 serves the rendezvous here; every host must reach this address
 export MASTER_ADDR=${{MASTER_ADDR:-{master_addr}}}
 export MASTER_PORT=${{MASTER_PORT:-{master_port}}}
@@ -17,5 +19,5 @@ export MASTER_PORT=${{MASTER_PORT:-{master_port}}}
 # --bind-to none leaves the cores to torch's own threads.
 exec {mpirun} {flags}\
   --hostfile "$DDP_LAB_RUN_DIR/hostfile" -np {np} --map-by slot --bind-to none \
-  -x MASTER_ADDR -x MASTER_PORT -x DDP_LAB_RUN_DIR{extra} \
+  -x MASTER_ADDR -x MASTER_PORT -x DDP_LAB_RUN_DIR -x DDP_LAB_T0{extra} \
   bash "$DDP_LAB_RUN_DIR/mpi_rank.sh"

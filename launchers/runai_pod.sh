@@ -9,6 +9,7 @@
 #   WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 bash pod.sh &
 #   WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 bash pod.sh
 set -euo pipefail
+export DDP_LAB_T0=$(date +%s.%N)  # the pod's own start (a re-created pod's too): start-up counts from here
 RUN_DIR={run_dir_q}
 NPROC_PER_NODE=${{NPROC_PER_NODE:-{nproc}}}
 : "${{WORLD_SIZE:?is not set: RunAI sets it to the number of pods}}"

@@ -16,7 +16,6 @@ import difflib
 import os
 import re
 import sys
-import time
 from types import ModuleType
 from typing import Callable, Sequence
 
@@ -34,7 +33,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ..env import process_start
 from ..errors import UserError
 from ..config import CONF_DIR
 from .job import Outcome
@@ -51,8 +49,6 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     validates a composed config: a sweep's jobs are all checked before the first starts.
     `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
     each entry point passes its own, so this module knows none of them."""
-    # start-up is timed from this process's start (its imports included), to the first step
-    os.environ.setdefault("DDP_LAB_T0", repr(process_start() or time.time()))
     failed: list[int] = []
     full_error = os.environ.get("HYDRA_FULL_ERROR")
 

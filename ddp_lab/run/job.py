@@ -11,8 +11,10 @@ The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is rank.py
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +26,20 @@ from . import lock, progress
 from .files import atomic_write_text, write_json
 from .records import now_iso
 from .rundir import DRY_RUN, make_run_dir, read_summary, world_size, write_config
+from ..env import process_start
+
+# Start-up (summary.json's segments[].startup_s) counts from the job's own start, as the
+# user waits for it. The ranks read that start from DDP_LAB_T0: the first job of a command
+# starts with the command (its imports count), each later one of a sweep or a study when the
+# one before it ended. A scheduler's job (launchers/slurm.sbatch, runai_pod.sh) sets its
+# own: the queue is not start-up.
+T0_ENV = "DDP_LAB_T0"
+_next_t0: list[Optional[float]] = [None]  # None: no job has run in this command yet
+
+
+def job_t0() -> float:
+    """When the job about to start began (see above), in seconds since the epoch."""
+    return _next_t0[0] or process_start() or time.time()
 
 
 # ------------------------------------------------------------ submitting side
@@ -84,12 +100,15 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         world = world_size(cfg)
         print(f"[ddp_lab] starting {f'{world} rank(s)' if world else 'the job'} "
               f"({cfg.launcher.name}) in {run_dir}", flush=True)  # the first line, at once
+        os.environ[T0_ENV] = repr(job_t0())  # the ranks (and scripts) inherit it
         try:
             # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
             rc = launch.start(rendered, run_dir, grace_s=grace)
         except launch.LaunchError as e:  # the folder stays: it holds what could not be started
             raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
+        finally:
+            _next_t0[0] = time.time()  # the next job of this command starts now
         why = rendered.explain() if rc and rendered.explain else None
         if why:  # the launcher failed before any rank started: its line is the run's status
             mark_failed(run_dir, f"failed: {why}")

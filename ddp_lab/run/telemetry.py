@@ -164,7 +164,7 @@ class Telemetry:
                 "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
                 "status": "running", "fingerprint_id": self.fingerprint_id,
-                "startup_s": startup_s(cfg.launcher.name)})
+                "startup_s": startup_s()})
             running = {**(self.previous if not fresh else {}), "status": "running",
                        "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
@@ -402,11 +402,12 @@ def _device_name(device: torch.device) -> str:
     return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
-def startup_s(launcher: str) -> Optional[float]:
-    """Seconds from the start to the first step, as the user waits for it: from `python -m
-    ddp_lab`'s own start (DDP_LAB_T0, set by the CLI) where the job runs from that command
-    (local, mpirun), else from this rank's start (a scheduler's queue is not start-up)."""
-    t0 = os.environ.get("DDP_LAB_T0") if launcher in ("local", "mpirun") else None
+def startup_s() -> Optional[float]:
+    """Seconds from the job's own start to the first step, as the user waits for it:
+    DDP_LAB_T0 where the job set it (ddp_lab.run.job: the command's start, or the end of
+    the sweep's previous job; a SLURM batch script's or a pod's own start), else this rank's
+    start (`bash launch.sh` by hand)."""
+    t0 = os.environ.get("DDP_LAB_T0")
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)
 
