@@ -240,21 +240,44 @@ def test_trace_disabled_writes_nothing(tmp_path):
     assert not (tmp_path / "trace").exists()
 
 
-def test_run_totals_summary():
-    from ddp_lab.run.telemetry import RunTotals
+def _record(epoch, time_s, comm_s=0.03, step_s=0.1, steps=10, resumed_at=None, timing=True):
+    comm = {"calls": 20, "payload_bytes": 1000, "bytes_sent": 1500, "bytes_recv": 1500,
+            "bus_bytes": 1500.0, "time_s": comm_s, "bytes_exact": True, "bytes_cross_node": None}
+    return {"epoch": epoch, "epoch_time_s": time_s, "steps": steps, "timing": timing,
+            "resumed_at_step": resumed_at, "step_time_s": step_s, "comm": comm,
+            "comm_exposed_s": comm_s / 2, "compute_s": step_s - comm_s}
 
-    steps, comm = _fake_epoch(10)
-    comm.payload_bytes, comm.bus_bytes, comm.bytes_sent = 1000, 1500.0, 1500
-    totals = RunTotals()
-    totals.add(0.1, comm, 10)
-    totals.add(0.1, comm, 10)
-    s = totals.summary(timing=True, bytes_exact=True)
-    assert s["comm_fraction"] == pytest.approx(0.3) and s["comm_time_s"] == pytest.approx(0.06)
-    assert s["comm_bytes_sent"] == 3000 and s["step_time_ms_mean"] == pytest.approx(10.0)
-    assert s["comm_busbw_GBps"] == pytest.approx(3000 / 0.06 / 1e9)
-    off = totals.summary(timing=False, bytes_exact=False)
+
+def test_run_figures_sum_every_epoch_of_every_allocation():
+    from ddp_lab.run.records import run_figures
+
+    # epochs 1-2 in one allocation, 3 split by a stop at step 4 and continued, 4 after it
+    recs = [_record(1, 2.0), _record(2, 1.0), _record(3, 1.5, step_s=0.06, resumed_at=4),
+            _record(4, 4.0)]
+    f = run_figures(recs)
+    assert f["epoch_time_s_median"] == pytest.approx(1.75)  # every epoch, not the last
+    assert f["epoch_time_s_mean"] == pytest.approx(2.125)
+    assert f["steps_run"] == 36  # the split epoch timed its second part only
+    assert f["comm_fraction"] == pytest.approx(0.12 / 0.36)
+    assert f["comm_bytes_sent"] == 6000 and f["comm_calls"] == 80
+    assert f["comm_busbw_GBps"] == pytest.approx(6000 / 0.12 / 1e9)
+    assert f["comm_algbw_GBps"] == pytest.approx(4000 / 0.12 / 1e9)
+    assert f["step_time_ms_mean"] == pytest.approx(1e3 * 0.36 / 36)
+    assert f["comm_bytes_cross_node"] is None  # no record knew the nodes
+    # the order of the lines does not matter, an old record without bus_bytes still counts
+    old = _record(5, 1.0)
+    old["comm"].pop("bus_bytes")
+    old["comm"]["busbw_GBps"] = 1500 / 0.03 / 1e9
+    assert run_figures([old, *reversed(recs)])["comm_busbw_GBps"] == pytest.approx(7500 / 0.15 / 1e9)
+
+
+def test_run_figures_timing_off_keeps_bytes():
+    from ddp_lab.run.records import run_figures
+
+    off = run_figures([_record(1, 1.0, timing=False), _record(2, 1.0, timing=False)])
     assert off["comm_fraction"] is None and off["comm_busbw_GBps"] is None
     assert off["comm_bytes_sent"] == 3000  # bytes are counted with the timers off too
+    assert run_figures([])["epoch_time_s_median"] is None
 
 
 @pytest.mark.gpu

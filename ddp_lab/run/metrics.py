@@ -89,8 +89,8 @@ class NullSink:
     """What a non-logging rank writes to: nothing. The loop and `Telemetry` call it exactly
     as the real one, so no `if rank == 0` sits around each call (torchtitan's BaseLogger)."""
 
-    def truncate_after(self, epoch: int, global_step: int = 0) -> None:
-        pass
+    def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
+        return []
 
     def tensorboard(self, name: str, config: str, hparams: dict) -> None:
         pass
@@ -124,10 +124,11 @@ class RunFolderSink(NullSink):
         self._tb: Optional[TensorBoardRun] = None
         self._at = 0  # global steps done at the checkpoint the run continues from
 
-    def truncate_after(self, epoch: int, global_step: int = 0) -> None:
+    def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
-        `global_step` steps in all), drop later ones; a fresh run keeps none. TensorBoard
-        hides its points past the same position (`tensorboard`)."""
+        `global_step` steps in all), drop later ones, and return those kept (the run's
+        figures count them); a fresh run keeps none. TensorBoard hides its points past the
+        same position (`tensorboard`)."""
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
@@ -136,10 +137,12 @@ class RunFolderSink(NullSink):
             logging.getLogger("ddp_lab").warning(
                 "%s: %d line(s) that are not JSON records (torn?), line %s first: moved to %s",
                 self.metrics.name, len(torn), torn[0][0], aside.name)
-        self._lines = [json.dumps(r, sort_keys=True) for r in records if r.get("epoch", 0) <= epoch]
+        kept = [r for r in records if r.get("epoch", 0) <= epoch]
+        self._lines = [json.dumps(r, sort_keys=True) for r in kept]
         if self.metrics.exists():
             self._write_metrics()
         self._at = global_step
+        return kept
 
     def tensorboard(self, name: str, config: str, hparams: dict) -> None:
         """Open the run's TensorBoard folder: the one a former segment wrote, its points

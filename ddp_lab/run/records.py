@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -108,6 +109,9 @@ class EpochRecord(_Record):
     # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
     resumed_at_step: Optional[int] = None
     compress: Optional[str] = None  # sync.compress: none | fp16 | bf16 | powersgd (bytes are the wire's)
+    # this rank's seconds in the steps this record timed (phase `step`'s total; with timing
+    # off, the loop's busy time): the denominator of the run's comm_fraction and step time
+    step_time_s: Optional[float] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 
@@ -189,3 +193,66 @@ class RunSummary(_Record):
     injected_delay: Optional[dict] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the run's figures
+def run_figures(epochs: list[dict]) -> dict[str, Any]:
+    """The run's figures from its epochs' records (metrics.jsonl, every allocation's): the
+    one place each is derived. summary.json, the console's closing line, TensorBoard's
+    hparam metrics and the report all read them from here, so a resumed, requeued or
+    stopped-and-continued run describes all its epochs, not its last allocation's.
+
+    Epoch times: median and mean over every epoch (an epoch split by a stop counts once,
+    with the time of both parts). Comm: sums over the steps each record timed (an epoch
+    split by a stop timed its second part only; `steps_run` counts what was timed);
+    comm_fraction = in-flight comm / step time, both summed, as one epoch's
+    (ddp_lab/timing/comm.py); algbw/busbw = bytes / in-flight time, as nccl-tests'."""
+    recs = sorted((r for r in epochs if r.get("epoch")), key=lambda r: r["epoch"])
+    times = [float(r["epoch_time_s"]) for r in recs if r.get("epoch_time_s") is not None]
+    timing = bool(recs) and all(r.get("timing") for r in recs)
+    comms = [r.get("comm") or {} for r in recs]
+
+    def total(key: str, of=comms) -> float:
+        return sum(c.get(key) or 0 for c in of)
+
+    steps = sum(int(r.get("steps") or 0) - int(r.get("resumed_at_step") or 0) for r in recs)
+    step_s = sum(_step_seconds(r) for r in recs)
+    comm_s = total("time_s")
+    # busbw mixes ops through their bus bytes; a record written before they were kept
+    # gives them back from its busbw x time
+    bus = sum(c["bus_bytes"] if c.get("bus_bytes") is not None
+              else (c.get("busbw_GBps") or 0) * (c.get("time_s") or 0) * 1e9 for c in comms)
+    cross = [c.get("bytes_cross_node") for c in comms]
+    exposed = sum(r.get("comm_exposed_s") or 0 for r in recs)
+    timed = timing and comm_s > 0
+
+    def share(part: float) -> Optional[float]:
+        return min(1.0, part / step_s) if timing and step_s > 0 else None
+
+    return {
+        "epoch_time_s_median": statistics.median(times) if times else None,
+        "epoch_time_s_mean": statistics.fmean(times) if times else None,
+        "comm_fraction": share(comm_s),
+        "timing_enabled": timing,
+        "comm_time_s": comm_s if timing else None,
+        "comm_calls": int(total("calls")), "comm_payload_bytes": int(total("payload_bytes")),
+        "comm_bytes_sent": int(total("bytes_sent")), "comm_bytes_recv": int(total("bytes_recv")),
+        "comm_bytes_exact": bool(comms) and all(c.get("bytes_exact") for c in comms),
+        "comm_bytes_cross_node": (int(sum(cross)) if cross and None not in cross else None),
+        "comm_algbw_GBps": total("payload_bytes") / comm_s / 1e9 if timed else None,
+        "comm_busbw_GBps": bus / comm_s / 1e9 if timed else None,
+        "comm_exposed_s": exposed if timing else None,
+        "comm_exposed_fraction": share(exposed),
+        "comm_inflight_s": comm_s if timing else None,
+        "compute_s": sum(r.get("compute_s") or 0 for r in recs) if timing else None,
+        "step_time_ms_mean": 1e3 * step_s / steps if steps else None,
+        "steps_run": steps,
+    }
+
+
+def _step_seconds(rec: dict) -> float:
+    """One record's seconds in its timed steps: `step_time_s`, or for a record written
+    before it was kept, phase `step`'s total."""
+    if rec.get("step_time_s") is not None:
+        return float(rec["step_time_s"])
+    return float(((rec.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)

@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -40,66 +39,13 @@ from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .tensorboard import run_name
-from .records import EpochRecord, RunSummary, now_iso
+from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
 from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
                       stragglers)
 from ..measure.trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
-
-
-@dataclass
-class RunTotals:
-    """Sums over the epochs of a run, for summary.json."""
-
-    step_s: float = 0.0
-    comm_s: float = 0.0
-    calls: int = 0
-    payload: int = 0
-    sent: int = 0
-    recv: int = 0
-    bus: float = 0.0
-    steps: int = 0
-    cross_node: Optional[int] = None  # None: the synchroniser does not know the nodes
-    exposed_s: float = 0.0
-    compute_s: float = 0.0
-
-    def add(self, step_s: float, comm: CommStats, steps: int, exposed_s: float = 0.0,
-            compute_s: float = 0.0) -> None:
-        self.exposed_s += exposed_s
-        self.compute_s += compute_s
-        self.step_s += step_s
-        self.comm_s += comm.seconds
-        self.calls += comm.calls
-        self.payload += comm.payload_bytes
-        self.sent += comm.bytes_sent
-        self.recv += comm.bytes_recv
-        self.bus += comm.bus_bytes
-        self.steps += steps
-        if comm.bytes_cross_node is not None:
-            self.cross_node = (self.cross_node or 0) + comm.bytes_cross_node
-
-    def summary(self, timing: bool, bytes_exact: bool) -> dict[str, Any]:
-        """The run's comm keys: comm_fraction is total in-flight comm / total step time."""
-        t = timing and self.comm_s > 0
-        return {
-            "comm_fraction": min(1.0, self.comm_s / self.step_s) if timing and self.step_s > 0 else None,
-            "timing_enabled": timing,
-            "comm_time_s": self.comm_s if timing else None,
-            "comm_calls": self.calls, "comm_payload_bytes": self.payload,
-            "comm_bytes_sent": self.sent, "comm_bytes_recv": self.recv,
-            "comm_bytes_exact": bytes_exact, "comm_bytes_cross_node": self.cross_node,
-            "comm_algbw_GBps": self.payload / self.comm_s / 1e9 if t else None,
-            "comm_busbw_GBps": self.bus / self.comm_s / 1e9 if t else None,
-            "comm_exposed_s": self.exposed_s if timing else None,
-            "comm_exposed_fraction": min(1.0, self.exposed_s / self.step_s)
-            if timing and self.step_s > 0 else None,
-            "comm_inflight_s": self.comm_s if timing else None,
-            "compute_s": self.compute_s if timing else None,
-            "step_time_ms_mean": 1e3 * self.step_s / self.steps if self.steps else None,
-            "steps_run": self.steps,
-        }
 
 
 class Telemetry:
@@ -117,7 +63,7 @@ class Telemetry:
         self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
-        self.totals = RunTotals()
+        self.records: list[dict] = []  # every epoch's record on the logging rank, earlier allocations' too
         self.stragglers_run = StragglerTally(ctx.env.world_size)  # every epoch's steps
         self.compile_s = compile_s  # train.compile's compilation (train.py), outside every epoch
         self.epoch_times: list[float] = []
@@ -145,7 +91,7 @@ class Telemetry:
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
         self.written_step = start_epoch * self.steps_per_epoch + start_step
-        self.sink.truncate_after(start_epoch, self.written_step)
+        self.records = self.sink.truncate_after(start_epoch, self.written_step)
         hparams = self.hparams()
         repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
         self.sink.tensorboard(run_name(hparams, repeat),
@@ -242,17 +188,16 @@ class Telemetry:
             train_accuracy=global_correct / global_samples,
             test_loss=m.test[0], test_accuracy=m.test[1], epoch_time_s=wall_s,
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
-            resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress, **timed)
+            resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress,
+            step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
         self.epoch_times.append(wall_s)
-        self.totals.add(rec.phase_s["step"]["total"] if self.timing else busy_s, comm,
-                        n - resumed_at_step, rec.comm_exposed_s or 0.0, rec.compute_s or 0.0)
         self.last = rec
         if rec.straggler:
             s = rec.straggler
             log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
                      "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
                      s["late_ms"], 100 * s["share"])
-        self._tensorboard(rec, steps, comm, first_step)
+        self._tensorboard(rec, steps, comm, first_step)  # (adds rec to self.records)
         if len(self.epoch_times) == 1:  # the first epoch line of this allocation: its key
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
                      "exposed: waited)", "%")
@@ -279,9 +224,10 @@ class Telemetry:
         scalars = epoch_scalars(rec)
         if not (every > 0 and end % every == 0):  # else the step's point carries it
             scalars["epoch"] = rec.epoch
-        so_far = self.totals.summary(self.timing, self.bytes_exact)
+        self.records.append(rec.to_dict())
+        so_far = run_figures(self.records)  # the run's, as summary.json will say them
         scalars.update({"hparam/test_accuracy": rec.test_accuracy,
-                        "hparam/epoch_time_s": statistics.median(self.epoch_times),
+                        "hparam/epoch_time_s": so_far["epoch_time_s_median"],
                         "hparam/comm_fraction": so_far["comm_fraction"] or 0.0,
                         "hparam/busbw_GBps": so_far["comm_busbw_GBps"] or 0.0})
         self.sink.epoch(rec, scalars, end)
@@ -313,6 +259,7 @@ class Telemetry:
                      "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
                      "bytes_cross_node": comm.bytes_cross_node,
                      "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
+                     "bus_bytes": comm.bus_bytes,
                      "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
                      "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
                      "fraction": t["comm_fraction"]},
@@ -352,6 +299,7 @@ class Telemetry:
                 epochs_done=len(times),
                 steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
                 epoch_time_s_median=statistics.median(times) if times else None)
+        figures = run_figures(self.records)  # every epoch of the run, every allocation's
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
@@ -364,10 +312,7 @@ class Telemetry:
             accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
-            epoch_time_s_median=statistics.median(times) if times else None,
-            epoch_time_s_mean=statistics.fmean(times) if times else None,
-            **self.totals.summary(self.timing, self.bytes_exact),
-            hosts=self.hosts, node_ranks=self.node_ranks, env_source=env.source,
+            **figures, hosts=_every_host(self.segments) or self.hosts, node_ranks=self.node_ranks, env_source=env.source,
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
@@ -400,6 +345,11 @@ def allocation(environ=None) -> dict:
 
 def _device_name(device: torch.device) -> str:
     return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def _every_host(segments: list[dict]) -> list[str]:
+    """The hosts a run used, over all its allocations, in the order they first came."""
+    return list(dict.fromkeys(h for seg in segments for h in seg.get("hosts") or []))
 
 
 def startup_s() -> Optional[float]:
