@@ -51,18 +51,19 @@ class Wire:
         return wire
 
     def pack(self, flat: torch.Tensor) -> torch.Tensor:
-        """The tensor to reduce: `flat` itself (none), or `flat / world` cast to the wire."""
+        """The tensor to reduce: `flat / world`, itself (none) or cast to the wire. Divided
+        before the sum, as DDP does: then the sum of the shares is the average, and it
+        rounds as DDP's does (divided after, a 3-rank run drifts from DDP in the last bits,
+        and Adam grows them: docs/sync.md); in fp16 the sum then cannot overflow either."""
+        flat.div_(self.world_size)
         wire = self.buffer(flat)
         if wire is not flat:
-            flat.div_(self.world_size)  # average first: the fp16 sum then cannot overflow
             wire.copy_(flat.view(-1))
         return wire
 
     def unpack(self, flat: torch.Tensor, wire: torch.Tensor) -> None:
-        """`flat` := the average, from the reduced `wire` (cast back, or divided here)."""
-        if wire is flat:
-            flat.div_(self.world_size)  # every rank divides the same sum
-        else:
+        """`flat` := the average, from the reduced `wire` (cast back where it was cast)."""
+        if wire is not flat:
             flat.view(-1).copy_(wire)
 
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:

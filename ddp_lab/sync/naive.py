@@ -2,8 +2,10 @@
 
 After backward every rank holds the gradients of its own slice of the batch. To step
 like one process on the whole batch, each .grad must become the average over ranks:
-`torch.distributed.all_reduce` sums a tensor across ranks in place, and dividing by the
-world size turns the sum into the mean. Do that for every parameter, one after the other:
+`torch.distributed.all_reduce` sums a tensor across ranks in place, so each rank first
+divides its own by the world size and the sum is the mean. (Dividing the sum afterwards
+gives the same mean in exact arithmetic; in floating point the two round differently, and
+DDP divides first: docs/sync.md, "Why 3 ranks drift".) Do that for every parameter, one after the other:
 that is all data parallelism needs to be correct.
 
 Why it is only the first step: it makes one call per parameter (the MLP's 4, a ResNet's
@@ -43,7 +45,7 @@ class NaiveSync(Synchroniser):
                 p.grad = torch.zeros_like(p)  # a rank that did not use p still takes part
             g = p.grad
             c = costmodel.cost(op, algorithm, g.numel(), self.world_size, g.element_size())
+            g /= self.world_size  # each rank's share: their sum is the average (DDP divides first too)
             with self.comm.timed(op, g.numel() * g.element_size(),
                                  c.sent[self.rank], c.recv[self.rank]):
                 dist.all_reduce(g)  # the sum over ranks, in place
-            g /= self.world_size  # the sum -> the average
