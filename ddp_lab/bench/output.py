@@ -14,6 +14,7 @@ from typing import Any
 
 from ..arith import pow2_label
 from .harness import iter_series
+from .style import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, impl_color
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",
@@ -104,12 +105,6 @@ def markdown(result: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-IMPL_COLORS = {"torch": "tab:blue", "ring": "tab:orange", "butterfly": "tab:green",
-               "tree": "tab:red", "naive": "tab:purple"}
-GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (":", "^"),
-                "same_node": ("--", "s")}
-
-
 def _log2_axis(ax) -> None:
     from matplotlib.ticker import LogLocator  # lazy: see plot_op
 
@@ -118,11 +113,7 @@ def _log2_axis(ax) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-GROUP_COLORS = {"global": "tab:blue", "intra_node": "tab:orange", "cross_node": "tab:green",
-                "same_node": "tab:orange"}
-
-
-def _style(row: dict, nops: int, ops_order: list[str], one_impl: bool) -> dict:
+def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict:
     """Line style and marker = group kind; colour = implementation (the group kind when
     the figure has one implementation, as the hand-in plot; op on the overview), so lines
     read apart without the legend's help."""
@@ -132,17 +123,15 @@ def _style(row: dict, nops: int, ops_order: list[str], one_impl: bool) -> dict:
 
         color = matplotlib.colormaps["tab10"](ops_order.index(row["op"]) % 10)
         if row["impl"] != "torch":
-            marker = {"ring": "D", "butterfly": "v", "tree": "P", "naive": "x"}.get(row["impl"], marker)
-    elif one_impl:
+            marker = IMPL_MARKERS.get(row["impl"], marker)
+    elif len(impls) == 1:
         color = GROUP_COLORS.get(row["group"], "tab:gray")
     else:
-        color = IMPL_COLORS.get(row["impl"], "tab:gray")
+        color = impl_color(row["impl"], impls)
     return {"color": color, "linestyle": ls, "marker": marker}
 
 
-def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
-    """Bandwidth vs size (left) and time per call vs size (right), one line per series.
-    Returns what was drawn (the sidecar JSON's content)."""
+def _pyplot():
     # lazy: matplotlib takes 0.4 s to load and only rank 0 draws, at the end; the Agg
     # backend (no display) must be chosen before pyplot loads
     import matplotlib
@@ -150,25 +139,31 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def op_figure(title: str, rows: list[dict], metric: str, nops: int):
+    """Bandwidth vs size (left) and time per call vs size (right), one line per series,
+    both panels on one x axis (elements). The legend sits under the panels (constrained
+    layout makes room for it), so it never covers a line. Returns the figure and what was
+    drawn (the sidecar JSON's content)."""
+    plt = _pyplot()
+
     series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
     series = [s for s in series if s]  # a wrong result is reported, not plotted
     ops_order = list(dict.fromkeys(r["op"] for r in rows))
-    one_impl = len({s[0]["impl"] for s in series}) == 1
-    outside = len(series) > 6  # a long legend goes under the axes, not over the lines
-    legend_rows = -(-len(series) // 3) if outside else 0
-    fig = plt.figure(figsize=(13, 5 + 0.22 * legend_rows))
-    top = 5 / (5 + 0.22 * legend_rows)
-    ax_bw = fig.add_axes((0.06, 1 - top * 0.9, 0.41, top * 0.76))
-    ax_t = fig.add_axes((0.56, 1 - top * 0.9, 0.41, top * 0.76))
+    impls = list(dict.fromkeys(s[0]["impl"] for s in series))
+    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2 + 0.2 * -(-len(series) // 3)),
+                                      sharex=True, layout="constrained")
     drawn = []
     for good in series:
         label = series_label(good[0], nops)
-        style = _style(good[0], nops, ops_order, one_impl)
+        style = _style(good[0], nops, ops_order, impls)
         x = [r["elements"] for r in good]
         y = [r[METRICS[metric][0]] for r in good]
         t = [r["time_median_s"] * 1e3 for r in good]
         ax_bw.plot(x, y, ms=4, label=label, **style)
-        ax_t.plot(x, t, ms=4, label=label, **style)
+        ax_t.plot(x, t, ms=4, **style)
         if len(series) <= 4:  # spread bands only where they stay readable
             ax_t.fill_between(x, [r["time_p25_s"] * 1e3 for r in good],
                               [r["time_p75_s"] * 1e3 for r in good], color=style["color"], alpha=0.15)
@@ -185,17 +180,19 @@ def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) ->
     ax_t.set_ylabel("time per call (ms, median)")
     ax_t.set_title("time per call (lower is better)" +
                    ("; band p25-p75" if 0 < len(series) <= 4 else ""), fontsize=10)
-    if drawn and outside:
-        fig.legend(*ax_bw.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8,
-                   frameon=False, bbox_to_anchor=(0.5, 0.0))
-    elif drawn:
-        ax_bw.legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=11, y=1 - 0.03 * top)
+    if drawn:
+        fig.legend(loc="outside lower center", ncol=min(3, len(drawn)), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    return fig, {"title": title, "metric": metric, "xlabel": "elements",
+                 "ylabel": METRICS[metric][1], "series": [d["label"] for d in drawn], "data": drawn}
+
+
+def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
+    """op_figure's PNG at `path` and its sidecar JSON; returns the JSON's content."""
+    fig, drawn = op_figure(title, rows, metric, nops)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
-    info = {"file": path.name, "title": title, "metric": metric,
-            "xlabel": "elements", "ylabel": METRICS[metric][1],
-            "series": [d["label"] for d in drawn], "data": drawn}
+    _pyplot().close(fig)
+    info = {"file": path.name, **drawn}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 

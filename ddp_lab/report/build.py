@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
-from . import plots, summary, tables
+from . import bench_plot, phase_plot, plots, summary, tables
 from .runs import Run
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
@@ -62,8 +62,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
 
     figures = []
     for name, make, data in (("epoch_time_vs_world.png", plots.epoch_time_figure, groups),
-                             ("phases.png", plots.phase_figure, phases),
-                             ("bench_all_reduce.png", plots.bench_figure, fits)):
+                             ("phases.png", phase_plot.phase_figure, phases),
+                             ("bench_all_reduce.png", bench_plot.bench_figure, fits)):
         if make_plots and data:
             figures.append(plots.save(*make(data), out_dir / name))
 

@@ -348,7 +348,8 @@ def verdict(entry: dict) -> dict:
     if not h or h["rel_error"] is None:
         why = h["why_not"] if h else "one world size measured"
         hint = ("; a bench run (python -m ddp_lab.bench) given with the runs, or a third world "
-                "size, makes one" if "no comm fit" in why else "")
+                "size, makes one" if "no comm fit" in why else
+                "; a run at a second world size (launcher.nproc_per_node) makes one" if not h else "")
         return {"shown": False, "reliable": False,
                 "why": f"no held-out check ({why}), so its error is unknown{hint}"}
     misses = [f for f in fits if abs(f["rel_error"]) > TARGET]

@@ -1,18 +1,27 @@
 """The report in one screen: what `python -m ddp_lab.report` prints; report.md has the rest.
 
-The main question first -- time per epoch per world size and allocation, one table per
-workload --, then each forecast's verdict, the notes that change how the numbers read,
-and where the plots and the full report are.
+The main question first -- time per epoch per world size and allocation, one block per
+workload --, then the forecasts' verdicts, the notes that change how the numbers read,
+and where the plots and the full report are. At most MAX_LINES lines whatever the folder
+holds: a thing that applies to many series is said once (with how many), and the table
+gets the lines the rest leaves, its largest workloads first; what does not fit is counted
+and left to report.md.
 """
 
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 from .stats import MIN_REPEATS, sig
 from .tables import ci_cell, workload_titles
 from .truth import TARGET_MODEL
+
+MAX_LINES = 40  # one terminal screen
+WIDTH = 100
+FORECAST_LINES = 6  # the forecast's verdicts, at most (report.md has every series)
+NOTE_LINES = 10  # the notes, at most
 
 
 def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -22,8 +31,20 @@ def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    """One entry wrapped to 100 columns, its later lines indented under its first."""
-    return textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
+    """One entry wrapped to WIDTH columns, its later lines indented under its first."""
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def _capped(entries: list[list[str]], most: int, rest: str) -> list[str]:
+    """Whole entries (each its wrapped lines) while they fit in `most` lines; then one
+    line saying how many more are in report.md."""
+    out: list[str] = []
+    for i, e in enumerate(entries):
+        room = most - (1 if i < len(entries) - 1 else 0)  # keep a line for the "more"
+        if len(out) + len(e) > room:
+            return out + [f"  ... {len(entries) - i} more {rest} in report.md"]
+        out += e
+    return out
 
 
 def _efficiency(r: dict) -> str:
@@ -36,46 +57,103 @@ def _efficiency(r: dict) -> str:
         + (" ⚠" if r["cross_fingerprint"] else "")
 
 
-def scaling_lines(groups: list[dict]) -> list[str]:
-    """One table per workload: sync, world, nodes x procs, n, mean time, interval, efficiency."""
+def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
+    """One table, its header once: per workload a heading line, then a row per point
+    (sync, world, nodes x procs, n, mean time, interval, efficiency), the workloads with the
+    most points first. Within `budget` lines: what does not fit is counted in a last line."""
     keys = list(dict.fromkeys((g["device"], g["workload"]) for g in groups))
     titles = workload_titles(groups, keys)
-    lines = []
+    blocks = []
     for key in keys:
-        rows = [["sync", "world", "nodes x procs", "n", "epoch (s)", "95% CI (s)", "efficiency (95% CI)"]]
-        for g in (g for g in groups if (g["device"], g["workload"]) == key):
-            for r in g["rows"]:
-                rows.append([g["sync"], str(r["world_size"]), f"{r['nodes']}x{r['nproc_per_node']}",
-                             str(r["time_n"]), sig(r["epoch_time_s_mean"]),
-                             ci_cell(r["epoch_time_s_ci95"], r["time_n"], sig), _efficiency(r)])
-        lines += ["", f"{key[0]} · {titles[key]}" if key[0] not in titles[key] else titles[key]]
-        lines += _columns(rows)
+        rows = [[g["sync"], str(r["world_size"]), f"{r['nodes']}x{r['nproc_per_node']}",
+                 str(r["time_n"]), sig(r["epoch_time_s_mean"]),
+                 ci_cell(r["epoch_time_s_ci95"], r["time_n"], sig), _efficiency(r)]
+                for g in groups if (g["device"], g["workload"]) == key for r in g["rows"]]
+        blocks.append((f"{key[0]} · {titles[key]}" if key[0] not in titles[key] else titles[key], rows))
+    blocks.sort(key=lambda b: -len(b[1]))  # stable: equal sizes keep the report's order
+    head = ["sync", "world", "nodes x procs", "n", "epoch (s)", "95% CI (s)", "efficiency (95% CI)"]
+    table = _columns([head] + [r for _, rs in blocks for r in rs])
+    lines, at = [table[0]], 1
+    hidden_points = hidden_workloads = 0
+    for title, rows in blocks:
+        cells = table[at:at + len(rows)]
+        at += len(rows)
+        # the heading's line, and one for what is left out unless this is the last block
+        room = budget - len(lines) - 1 - (0 if at == len(table) else 1)
+        if not hidden_points and len(rows) <= room:
+            lines += [textwrap.shorten(title, WIDTH), *cells]
+            continue
+        shown = room - 1 if not hidden_points and len(lines) == 1 else 0
+        if shown > 0:  # the largest workload alone overflows the screen: its first rows
+            lines += [textwrap.shorten(title, WIDTH), *cells[:shown]]
+        else:
+            hidden_workloads += 1
+        hidden_points += len(rows) - max(shown, 0)
+    if hidden_points:
+        lines.append(f"  ... {hidden_points} more point(s)"
+                     + (f" of {hidden_workloads} more workload(s)" if hidden_workloads else "")
+                     + " in report.md")
     return lines
 
 
 def forecast_lines(fc: dict) -> list[str]:
-    """One line per series: its verdict; the weak-scaling numbers only where reliable."""
-    out = []
-    several = len({(s["device"], s["workload"]) for s in fc["series"]}) > 1
-    for s in fc["series"]:
-        if s["heldout"] is None and not s["predictions"]:
-            continue  # one world size and no model: nothing was to be forecast
-        head = s["sync"] + (f" · {s['workload_short']}" if several else "") + ": "
+    """The verdicts: a shown forecast on its own line (the weak-scaling numbers only where
+    reliable); series without one grouped by the reason, said once with how many."""
+    series = [s for s in fc["series"] if s["heldout"] is not None or s["predictions"]]
+    if not series:  # one world size and no model: nothing was to be forecast
+        return []
+    keys = list(dict.fromkeys((s["device"], s["workload"]) for s in series))
+    titles = workload_titles(series, keys)
+
+    def name(s: dict) -> str:
+        return s["sync"] + (f" · {titles[(s['device'], s['workload'])]}" if len(keys) > 1 else "")
+
+    entries, silent = [], {}
+    for s in series:
         if not s["shown"]:
-            out += _wrap(head + f"no forecast: {s['why']}")
+            silent.setdefault(s["why"], []).append(s)
         elif not s["reliable"]:
-            out += _wrap(head + f"UNRELIABLE: {s['why']}")
+            entries.append(_wrap(f"{name(s)}: UNRELIABLE: {s['why']}"))
         else:
             weak = [p for p in s["predictions"] if p["mode"] == "weak" and p["epoch_s"] is not None]
             picks = weak if len(weak) <= 3 else [weak[0], weak[len(weak) // 2], weak[-1]]
-            out += _wrap(head + f"{s['why']}; weak scaling: " + ", ".join(
-                f"{p['world']} ranks {sig(p['epoch_s'])} s" for p in picks))
-    return ["", "Forecast of the time per epoch (report.md: the model, every world):", *out] if out else []
+            entries.append(_wrap(f"{name(s)}: {s['why']}; weak scaling: " + ", ".join(
+                f"{p['world']} ranks {sig(p['epoch_s'])} s" for p in picks)))
+    for why, ss in silent.items():
+        if len(ss) == 1:
+            entries.append(_wrap(f"{name(ss[0])}: no forecast: {why}"))
+        else:
+            syncs = len({s["sync"] for s in ss})
+            wl = len({(s["device"], s["workload"]) for s in ss})
+            entries.append(_wrap(f"no forecast for {len(ss)} series ({syncs} sync(s) on {wl} "
+                                 f"workload(s)): {why}"))
+    return ["", "Forecast of the time per epoch (report.md: the model, every world):",
+            *_capped(entries, FORECAST_LINES, "forecast verdict(s)")]
+
+
+def comm_model_note(comm: list[dict]) -> str | None:
+    """The alpha-beta model against the trainings' measured comm, when it misses: what the
+    miss means (for the side it misses on) and what to try."""
+    ratios = [r["ratio"] for r in comm if r.get("ratio")]
+    if not ratios or all(abs(x - 1) <= TARGET_MODEL for x in ratios):
+        return None
+    lo, hi = f"{min(ratios):.1f}x", f"{max(ratios):.1f}x"
+    why = []
+    if max(ratios) > 1 + TARGET_MODEL:
+        why.append("slower than the model: in training a rank also waits for a later one and "
+                   "shares its cores with compute, the bench times each call alone")
+    if min(ratios) < 1 - TARGET_MODEL:
+        why.append("faster: ddp's buckets overlap backward, or the fit's line misses small calls")
+    return (f"comm model: measured comm per step is {lo if lo == hi else f'{lo}-{hi}'} the "
+            f"alpha-beta prediction (target: within {TARGET_MODEL:.0%}), so forecasts built on "
+            f"it miss as much; {'; '.join(why)}. Try a bench on the runs' own allocation (same "
+            "nodes x procs); report.md, \"Communication\", prices each run")
 
 
 def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> list[str]:
     """What changes how the table reads: too few repeats, capped epochs, points compared
-    across fingerprints, a comm model far from the measurement, skipped folders."""
+    across fingerprints, a comm model far from the measurement, skipped folders; each
+    said once however many series it applies to."""
     notes = []
     few = sum(r["time_n"] < MIN_REPEATS for g in groups for r in g["rows"])
     if few:
@@ -84,38 +162,39 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     capped = {g["workload_short"] for g in groups if "steps/epoch" in g["workload_short"]
               and g.get("scaling") != "strong" and len({r["world_size"] for r in g["rows"]}) > 1}
     if capped:
-        notes.append(f"{', '.join(sorted(c.split(', ')[-1] for c in capped))}: the step cap is per "
+        notes.append(f"{', '.join(sorted({c.split(', ')[-1] for c in capped}))}: the step cap is per "
                      "rank, so an epoch's work grows with the world; efficiency counts the work "
                      "(100% = the baseline's time per epoch)")
-    notes += [f"⚠ {n}" for g in groups for n in g["fingerprint_notes"]]
-    ratios = [r["ratio"] for r in comm if r.get("ratio")]
-    if ratios and any(abs(x - 1) > TARGET_MODEL for x in ratios):
-        lo, hi = f"{min(ratios):.1f}x", f"{max(ratios):.1f}x"
-        span = lo if lo == hi else f"{lo}-{hi}"
-        notes.append(f"comm model: measured comm per step is {span} "
-                     f"the alpha-beta prediction (target: within {TARGET_MODEL:.0%}); report.md, "
-                     "\"Communication\"")
+    differs = Counter(d for g in groups for d in g.get("fingerprint_differences", []))
+    for what, k in differs.items():
+        notes.append(f"⚠ {k} row(s) set against a world of another allocation, whose fingerprint "
+                     f"differs: {what} (report.md names them)")
+    model = comm_model_note(comm)
+    if model:
+        notes.append(model)
     for s in skipped[:3]:
         notes.append(f"skipped {Path(s['run']).name}: "
                      + textwrap.shorten(s["reason"], 100, placeholder=" …"))
     if len(skipped) > 3:
         notes.append(f"... and {len(skipped) - 3} more skipped folder(s), in report.md")
-    return ["", "Notes:", *(line for n in notes for line in _wrap(f"- {n}", ""))] if notes else []
+    if not notes:
+        return []
+    return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")]
 
 
 def terminal_summary(doc: dict, counts: dict, out_dir: Path, common: str,
                      warmup_text: str) -> str:
-    """The screen `python -m ddp_lab.report` prints (report.json's `doc` as input)."""
-    lines = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
-             f"{counts['skipped']} skipped, under {common}"]
-    if doc["scaling"]:
-        lines += ["", f"Time per epoch, mean of n repeats ({warmup_text}):"]
-        lines += scaling_lines(doc["scaling"])
-    else:
-        lines += ["", "No completed training run to compare."]
-    lines += forecast_lines(doc["forecast"])
-    lines += note_lines(doc["scaling"], doc["comm_model"], doc["skipped"])
+    """The screen `python -m ddp_lab.report` prints (report.json's `doc` as input), at most
+    MAX_LINES lines: the table gets what the other parts leave."""
+    head = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
+            f"{counts['skipped']} skipped, under {common}", ""]
+    tail = forecast_lines(doc["forecast"]) + note_lines(doc["scaling"], doc["comm_model"], doc["skipped"])
     if doc["figures"]:
-        lines += ["", "Plots:", *(f"  {out_dir / f['file']}" for f in doc["figures"])]
-    lines += ["", f"Full report: {out_dir / 'report.md'}"]
-    return "\n".join(lines) + "\n"
+        tail += ["", "Plots:", *(f"  {out_dir / f['file']}" for f in doc["figures"])]
+    tail += ["", f"Full report: {out_dir / 'report.md'}"]
+    if doc["scaling"]:
+        body = [f"Time per epoch, mean of n repeats ({warmup_text}):"]
+        body += scaling_lines(doc["scaling"], MAX_LINES - len(head) - len(tail) - 1)
+    else:
+        body = ["No completed training run to compare."]
+    return "\n".join(head + body + tail) + "\n"

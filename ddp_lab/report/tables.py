@@ -74,7 +74,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         several_worlds = len({x["world_size"] for x in rows}) > 1
         fps = {r.fingerprint_id: r.fingerprint for r in members}
         first_cap = (members[0].config.get("train") or {}).get("max_steps_per_epoch")
-        notes = []
+        notes, differs = [], []
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
             x.update(speedup=None, speedup_ci95=None, efficiency=None, efficiency_ci95=None,
@@ -97,9 +97,10 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 x["cross_fingerprint"] = True
                 diff = fingerprint.differences(fps.get(base["fingerprint_id"], {}),
                                                fps.get(x["fingerprint_id"], {}))
+                what = "; ".join(diff) or "a run without a fingerprint"
                 notes.append(f"world {n} (fingerprint {x['fingerprint_id']}) is compared with world "
-                             f"{n0} (fingerprint {base['fingerprint_id']}): "
-                             + ("; ".join(diff) or "a run without a fingerprint"))
+                             f"{n0} (fingerprint {base['fingerprint_id']}): {what}")
+                differs.append(what)  # the screen says each difference once (summary.py)
         for x in rows:
             t = x.pop("time")
             x.update(time_n=t.n, epoch_time_s_mean=t.mean, epoch_time_s_std=t.std,
@@ -109,7 +110,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                     "workload_short": first.workload_short(),
                     "scaling": first.scaling, "baseline": rows[0]["baseline_run"],
                     "baseline_world_size": n0, "rows": rows,
-                    "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes})
+                    "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes,
+                    "fingerprint_differences": differs})
     return out
 
 

@@ -1,0 +1,94 @@
+"""The report's phase figure: where a step's time goes, one stacked bar per point.
+
+Bars lie horizontally, their names on the y axis: a name gets a row of its own, so seven
+syncs' names ("reduce_broadcast") and the workloads' never run into each other however
+many bars there are. One panel per workload (capped and full epochs apart), all on one x
+axis: the panels show one quantity, ms per step.
+"""
+
+from __future__ import annotations
+
+from .plots import PHASE_COLORS, _distinct, _plt
+from .runs import PHASES
+from .tables import workload_titles
+
+BAR_IN = 0.3  # inches of figure height per bar: one line of 8-point text with room
+
+
+def _points(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Runs with phase times by point: (device, workload, sync, world, nodes x procs,
+    fingerprint); a study's repeats are one point."""
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("step_ms") is not None:
+            key = (r["device"], r["workload"], r["sync"], r["world_size"] or 1,
+                   r["allocation"], r["fingerprint_id"])
+            points.setdefault(key, []).append(r)
+    return {k: points[k] for k in sorted(points, key=str)}
+
+
+def _mean(rs: list[dict], k: str):
+    vs = [r[k] for r in rs if r.get(k) is not None]
+    return sum(vs) / len(vs) if vs else None
+
+
+def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
+    """One bar: its point, runs, mean ms per phase, and its name ("ring · 2 ranks · 3 runs")."""
+    sync, world, alloc, fid = key[2:]
+    nodes = alloc.split("x")[0]
+    where = f"{world} rank{'s' if world > 1 else ''}" \
+        + (f"/{nodes} nodes" if nodes not in ("1", "?") else "") + (f" [{fid}]" if len(fids) > 1 else "")
+    runs = f"{len(rs)} run{'s' if len(rs) > 1 else ''}"
+    return {"sync": sync, "workload": key[1], "world_size": world, "allocation": alloc,
+            "fingerprint_id": fid, "runs": [r["run"] for r in rs],
+            "label": f"{where}\n{runs}", "name": f"{sync} · {where} · {runs}",
+            **{f"{p}_ms": _mean(rs, f"{p}_ms") for p in (*PHASES, "step", "comm")}}
+
+
+def phase_figure(rows: list[dict]):
+    """Stacked mean ms per step of every phase, one bar per point, grouped by sync in a
+    panel per workload; a black diamond: the measured comm per step (inside backward for
+    ddp)."""
+    plt = _plt()
+    points = _points(rows)
+    workloads = list(dict.fromkeys(k[:2] for k in points))
+    titles, common = _distinct(workload_titles(rows, workloads))
+    panels = []
+    for wl in workloads:
+        keys = [k for k in points if k[:2] == wl]
+        bars, y = [], []
+        for i, k in enumerate(keys):  # half a row between syncs
+            y.append((y[-1] if y else -1.0) + 1.0 + (0.5 if i and k[2] != keys[i - 1][2] else 0.0))
+            bars.append(_bar(k, points[k], {kk[5] for kk in keys if kk[2] == k[2]}))
+        panels.append((wl, bars, y))
+    rows_in = [y[-1] + 1.6 for _, _, y in panels]  # bars, gaps and the panel's title
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
+                             figsize=(10, 1.2 + BAR_IN * sum(rows_in)), height_ratios=rows_in)
+    legend = {}
+    for ax, (wl, bars, y) in zip(axes[:, 0], panels):
+        left = [0.0] * len(bars)
+        for p in PHASES:
+            w = [b[f"{p}_ms"] or 0.0 for b in bars]
+            ax.barh(y, w, left=left, height=0.7, color=PHASE_COLORS[p],
+                    label=p if p != "sync" else "sync (comm)")
+            left = [a + v for a, v in zip(left, w)]
+        comm = [(yi, b["comm_ms"]) for yi, b in zip(y, bars) if b["comm_ms"]]
+        if comm:
+            ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
+                       zorder=3, label="measured comm / step")
+        ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
+        ax.set_ylim(y[-1] + 0.8, -0.8)  # the first bar on top, as read
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(panels) > 1:
+            ax.set_title(titles[wl], fontsize=9)
+        # every panel draws every phase: the legend takes each label once
+        handles, labels = ax.get_legend_handles_labels()
+        legend.update(zip(labels, handles))
+    axes[-1, 0].set_xlabel("time per step (ms, mean over the runs of a bar)")
+    order = sorted(legend, key=lambda k: k != "measured comm / step")  # stacking order after it
+    fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
+    fig.suptitle("Phase times per step" + (f": {common}" if common else ""), fontsize=10)
+    bars = [b for _, bs, _ in panels for b in bs]
+    return fig, {"title": "phase times per step",
+                 "series": list(PHASES) + (["comm"] if any(b["comm_ms"] for b in bars) else []),
+                 "bars": [b["label"] for b in bars], "data": bars}
