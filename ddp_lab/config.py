@@ -569,7 +569,10 @@ class RunConfig:
     root: str = "outputs"
     """where run folders are created"""
     dir: Optional[str] = None
-    """the run folder; null = <root>/<date>_<time>_<sync>_<model>; set it to resume a run"""
+    """the run folder; null = <root>/<name>_<date>_<time>; set it to resume a run"""
+    name: Optional[str] = None
+    """what a new run folder is named by; null = what differs: in a -m sweep the swept
+    values (ring_sgd), else sync, world, model and any non-default group (ring_w2_mlp_sgd)"""
     entry: str = "ddp_lab.worker"
     """the module every rank runs as `python -m <entry> RUN_DIR` (ddp_lab.bench.worker for benchmarks)"""
 

@@ -219,7 +219,7 @@ def test_cli_two_ranks_ours_vs_the_library(tmp_path):
                    module="ddp_lab.bench", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = run_dir_of(proc)
-    assert run_dir.name.endswith("_bench_local")
+    assert run_dir.name.startswith("bench_local_")
     assert "-m ddp_lab.bench.worker" in (run_dir / "launch.sh").read_text()
     rows = _check_run_folder(run_dir, 2)
     assert {(r["impl"], r["elements"]) for r in rows} == {

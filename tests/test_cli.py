@@ -4,6 +4,7 @@ one row per job, printed last, so the end of the console says which job failed a
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from helpers import PY, child_env, summary
 
 from ddp_lab.run.cli import sweep_table
 from ddp_lab.run.job import Outcome
+from ddp_lab.run.names import sweep_name
 
 
 def test_the_table_names_each_job_by_what_sets_it_apart():
@@ -21,19 +23,37 @@ def test_the_table_names_each_job_by_what_sets_it_apart():
          Outcome(1, "failed: rank 1 ...: dead (no process)", Path("/r/bb"))),
         (2, ["model=cnn", "model.hidden=4", "train.epochs=1"], Outcome(2, "error: port in use")),
     ])
-    assert table.splitlines() == [
+    assert table.splitlines() == [  # no summary.json: no figures, no columns for them
         "sweep of 3 job(s):",
-        "  #0  model.hidden=16  /r/a   ok",
-        "  #1  model.hidden=8   /r/bb  failed: rank 1 ...: dead (no process)",
-        "  #2  model.hidden=4   -      error: port in use",
+        "      job              run dir  result",
+        "  #0  model.hidden=16  /r/a     ok",
+        "  #1  model.hidden=8   /r/bb    failed: rank 1 ...: dead (no process)",
+        "  #2  model.hidden=4   -        error: port in use",
         "2 of 3 job(s) did not end ok: #1, #2",
     ]
 
 
+def test_the_table_shows_what_a_sweep_is_run_for(tmp_path):
+    """Each job's median epoch time, comm share (in flight, exposed) and test accuracy,
+    as its summary.json has them; a job without them (failed early) shows dashes."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text(json.dumps(
+        {"epoch_time_s_median": 1.234, "comm_fraction": 0.456, "comm_exposed_fraction": 0.0412,
+         "test_accuracy": 0.90671}))
+    table = sweep_table([(0, ["sync=ddp"], Outcome(0, "ok", tmp_path / "a")),
+                         (1, ["sync=ring"], Outcome(1, "failed: x", tmp_path / "b"))])
+    head, ddp, ring = table.splitlines()[1:4]
+    assert head.split() == ["job", "epoch", "(median)", "comm", "in", "flight", "exposed", "test",
+                            "acc", "run", "dir", "result"]
+    assert ddp.split() == ["#0", "sync=ddp", "1.23", "s", "46%", "4%", "0.9067", str(tmp_path / "a"), "ok"]
+    assert ring.split() == ["#1", "sync=ring", "-", "-", "-", "-", str(tmp_path / "b"), "failed:", "x"]
+    assert head.index("(median)") + len("(median)") == ddp.index("1.23 s") + len("1.23 s")  # right-aligned
+
+
 def test_a_single_job_shows_all_its_overrides():
-    assert sweep_table([(0, ["optim=sgd", "train.lr=0.1"], Outcome(0, "ok", Path("/r")))]) == (
-        "sweep of 1 job(s):\n  #0  optim=sgd train.lr=0.1  /r  ok\nall 1 job(s) ok")
-    assert "#0  (no overrides)  /r  ok" in sweep_table([(0, [], Outcome(0, "ok", Path("/r")))])
+    assert sweep_table([(0, ["optim=sgd", "train.lr=0.1"], Outcome(0, "ok", Path("/r")))]).splitlines()[2] == (
+        "  #0  optim=sgd train.lr=0.1  /r       ok")
+    assert "#0  (no overrides)  /r       ok" in sweep_table([(0, [], Outcome(0, "ok", Path("/r")))])
 
 
 def _console(module: str, args: list[str], cwd: Path, env: dict | None = None):
@@ -51,11 +71,15 @@ def test_every_entry_point_ends_a_sweep_with_its_table(tmp_path, module, sweep):
     key, values = sweep.split("=")
     folders = [ln.removeprefix("run dir: ") for ln in proc.stdout.splitlines()
                if ln.startswith("run dir: ")]
-    lines = proc.stdout.splitlines()[-4:]
+    lines = proc.stdout.splitlines()[-5:]
     assert lines[0] == "sweep of 2 job(s):" and lines[-1] == "all 2 job(s) ok", proc.stdout
-    assert [row.split() for row in lines[1:3]] == [
+    assert [row.split() for row in lines[2:4]] == [
         [f"#{i}", f"{key}={v}", folder, "ok", "(dry", "run)"]
         for i, (v, folder) in enumerate(zip(values.split(","), folders))], proc.stdout
+    # each folder named by what the sweep varies, first
+    prefix = "bench_local_" if module == "ddp_lab.bench" else ""
+    assert [Path(f).name.split("_20")[0] for f in folders] == [
+        prefix + sweep_name([f"{key}={v}"]) for v in values.split(",")], folders
 
 
 @pytest.mark.dist
@@ -68,14 +92,17 @@ def test_a_sweep_with_a_failed_job_ends_with_the_failure(tmp_path, shared_data_r
                                 f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"],
                     tmp_path, env={"DDP_LAB_FAIL_ONCE": "rank=1,epoch=1"})
     assert proc.returncode == 1, proc.stdout
-    table = proc.stdout.rstrip().splitlines()[-4:]
+    table = proc.stdout.rstrip().splitlines()[-5:]
     assert table[0] == "sweep of 2 job(s):" and table[-1] == "1 of 2 job(s) did not end ok: #0", proc.stdout
-    failed, ok = (row.split(maxsplit=3) for row in table[1:3])
+    failed, ok = (row.split() for row in table[2:4])
+    folder = [w for w in failed if w.startswith("/")][0]
+    result = " ".join(failed[failed.index(folder) + 1:])
     assert failed[:2] == ["#0", "launcher.nproc_per_node=2"], table
-    assert failed[3].startswith("failed: rank 1 ") and failed[3].endswith("dead (no process)"), table
-    assert summary(Path(failed[2]))["status"] == "failed: " + failed[3].removeprefix("failed: ")
-    assert ok[:2] == ["#1", "launcher.nproc_per_node=1"] and ok[3].startswith("ok: test accuracy"), table
-    assert summary(Path(ok[2]))["status"] == "completed"
+    assert result.startswith("failed: rank 1 ") and result.endswith("dead (no process)"), table
+    assert summary(Path(folder))["status"] == "failed: " + result.removeprefix("failed: ")
+    assert ok[:2] == ["#1", "launcher.nproc_per_node=1"] and ok[-1] == "ok", table
+    s = summary(Path(ok[-2]))
+    assert s["status"] == "completed" and ok[-3] == f"{s['test_accuracy']:.4f}", table
 
 
 # ------------------------------------------------------------------ composed once

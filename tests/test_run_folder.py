@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 from helpers import PY, child_env, compose, summary
+from omegaconf import OmegaConf
 
 from ddp_lab.run import lock
+
+REPO = Path(__file__).resolve().parent.parent
 
 HOLDER = """
 import sys, time
@@ -235,3 +238,34 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from epoch_0001.pt" in res.stdout + res.stderr
     assert summary(run_dir)["status"] == "completed"
+
+
+# ------------------------------------------------------------------ names (issue 28)
+def test_names_start_with_what_differs():
+    from ddp_lab.run.names import DEFAULT_GROUPS, describe, sweep_name
+    from ddp_lab.run.rundir import describe_config
+
+    # the groups named when not the default: conf/config.yaml's defaults
+    defaults = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "config.yaml").defaults)
+    chosen = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items()}
+    assert {g: chosen[g] for g in DEFAULT_GROUPS} == DEFAULT_GROUPS
+    assert describe("ring", "mlp", 4) == "ring_w4_mlp"
+    assert describe("ddp", "cnn", 8, 2, groups={"optim": "sgd", "launcher": "local"}) == "ddp_w8n2_cnn_sgd"
+    assert describe("ring", "mlp") == "ring_mlp"  # world not known yet
+    assert sweep_name(["sync=ring", "optim=sgd"]) == "ring_sgd"
+    assert sweep_name(["train.lr=0.1", "sync.compress=fp16", "model.hidden=[256,256]"]) == (
+        "lr0.1_compress-fp16_hidden256-256")
+    # the submitting side's name for the config a command composes
+    cfg = compose("optim=sgd", "launcher.nproc_per_node=2", "sync=tree")
+    assert describe_config(cfg) == "tree_w2_mlp_sgd"
+
+
+def test_a_run_folder_is_named_first_by_what_differs_and_stays_unique(tmp_path):
+    from ddp_lab.run.rundir import make_run_dir
+
+    cfg = compose("optim=sgd", "launcher.nproc_per_node=2", f"run.root={tmp_path}")
+    a, b = make_run_dir(cfg), make_run_dir(cfg)  # in the same second, most likely
+    assert a != b and a.name.startswith("ddp_w2_mlp_sgd_20") and b.name.startswith(a.name)
+    cfg.run.name = "ring_sgd"  # a sweep's job (cli sets it from the swept values)
+    assert make_run_dir(cfg).name.startswith("ring_sgd_20")
+    assert make_run_dir(cfg, label="bench_local").name.startswith("bench_local_ring_sgd_20")

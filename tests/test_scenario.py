@@ -22,6 +22,7 @@ import pytest
 from helpers import PY, child_env, describe, run_cli, run_dir_of, summary, tensorboard
 
 from ddp_lab.run import progress
+from ddp_lab.run.tensorboard import RUN_METRICS
 
 TRAIN = ["train.epochs=2", "train.max_steps_per_epoch=15", "train.eval_batch_size=2000",
          "log.progress=lines", "launcher.nproc_per_node=2"]
@@ -175,9 +176,9 @@ def test_start_up_counts_from_each_jobs_own_start(made):
 def test_tensorboard_says_what_summary_json_says(made):
     for name, run_dir in made.trainings.items():
         s, acc = summary(run_dir), tensorboard(run_dir)
-        for tag, key in (("hparam/epoch_time_s", "epoch_time_s_median"),
-                         ("hparam/comm_fraction", "comm_fraction"),
-                         ("hparam/test_accuracy", "test_accuracy")):
+        for name_, key in (("epoch_time_s", "epoch_time_s_median"),
+                           ("comm_fraction", "comm_fraction"), ("test_accuracy", "test_accuracy")):
+            tag = RUN_METRICS[name_]
             last = acc.Scalars(tag)[-1].value
             assert last == pytest.approx(s[key], rel=1e-5), f"{name}: TensorBoard {tag} {last}, summary {s[key]}"
 

@@ -7,6 +7,7 @@ mid-epoch and resumed on one continuous axis."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.run.tensorboard import VARYING, run_name
+from ddp_lab.run.tensorboard import BANDS, LAYOUT, run_name
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training
 
@@ -46,11 +47,64 @@ def _points(acc, tag: str) -> list[tuple[int, float]]:
 
 def test_run_name_says_what_tells_runs_apart():
     base = {"sync": "ring", "world_size": 4, "nodes": 1, "compress": "none", "overlap": False,
-            "model": "mlp"}
+            "model": "mlp", "optim": "adam", "launcher": "local"}
     assert run_name(base) == "ring_w4_mlp"
     assert run_name({**base, "compress": "fp16", "overlap": True, "world_size": 8, "nodes": 2},
                     repeat=3) == "ring-fp16-overlap_w8n2_mlp_r3"
     assert run_name({**base, "sync": "ddp", "overlap": True}) == "ddp_w4_mlp"  # ddp always overlaps
+    # a non-default group is named: an optim=sgd run is not named as the default one
+    assert run_name({**base, "optim": "sgd", "launcher": "slurm"}) == "ring_w4_mlp_sgd_slurm"
+
+
+def _hparams_experiment(logdir: Path, limit: int | None = 5):
+    """The experiment the HParams dashboard gets for `logdir`, through TensorBoard's own
+    backend (its data provider over the event files), with the five hparams it ticks
+    first (`limit=5`: its dashboard ticks the first five)."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import backend_context
+
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(logdir))
+    ctx = backend_context.Context(base_plugin.TBContext(logdir=str(logdir), multiplexer=mux,
+                                                        data_provider=provider))
+    rc = context.RequestContext()
+    return ctx.experiment_from_metadata(rc, "", True, ctx.hparams_metadata(rc, ""),
+                                        ctx.hparams_from_data_provider(rc, "", None), hparams_limit=limit)
+
+
+def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
+    """Two runs that differ in the optimiser only (as `-m optim=adam,sgd` makes them): the
+    HParams dashboard ticks optim among its first five (the old fixed flags left it
+    unticked, so SGD and Adam rows looked the same), shows the world size as `1` (not
+    1.0000) and the run's figures first among the metrics."""
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    for optim in ("adam", "sgd"):
+        tel = _telemetry(tmp_path / optim, "train.epochs=1", "timing.enabled=false", f"optim={optim}")
+        tel.start(0, 0)
+        tel.epoch(_epoch(1))
+        tel.finish()
+    experiment = _hparams_experiment(tmp_path)
+    ticked = [h.name for h in experiment.hparam_infos]
+    assert ticked[0] == "optim" and experiment.hparam_infos[0].differs, ticked
+    assert [h.name for h in experiment.hparam_infos if h.differs] == ["optim"]
+    every = {h.name: h for h in _hparams_experiment(tmp_path, limit=None).hparam_infos}
+    assert every["world_size"].type == api_pb2.DATA_TYPE_STRING
+    assert list(every["world_size"].domain_discrete.values[0].string_value) == list("1")
+    acc = tensorboard(tmp_path / "sgd")
+    assert acc.path.endswith("/tb/ring_w1_mlp_sgd")
+    session = metadata.parse_session_start_info_plugin_data(
+        acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+    assert session.hparams["world_size"].string_value == "1"  # shown as 1, not 1.0000
+    assert session.hparams["lr"].number_value == 0.1
+    assert session.hparams["overlap"].bool_value is False
+    metrics = [m.name.tag for m in experiment.metric_infos][:5]  # the five it shows
+    assert metrics == ["Run/busbw[GB/s]", "Run/comm_fraction", "Run/epoch_time_median[s]",
+                       "Run/test_accuracy", "accuracy/test[fraction]"]
 
 
 def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path):
@@ -58,9 +112,7 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     epoch): one TensorBoard run whose config, layout and hparams were written once, at
     step 0; each epoch's scalars, `epoch` and hparam metrics at its last step."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.plugins.custom_scalar import layout_pb2
     from tensorboard.plugins.hparams import metadata
-    from tensorboard.plugins.hparams.backend_context import _sort_and_reduce_to_hparams_limit
 
     tel = _telemetry(tmp_path, "train.epochs=1", "timing.enabled=false")
     tel.start(0, 0)
@@ -78,33 +130,15 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp")
     assert _points(acc, "epoch") == [(2, 1.0), (4, 2.0)]  # 2 steps per epoch
     assert [s for s, _ in _points(acc, "loss/train")] == [2, 4]
-    assert [s for s, _ in _points(acc, "hparam/test_accuracy")] == [2, 4]
     assert [e.step for e in acc.Tensors("config/text_summary")] == [0]
 
-    # custom scalars: compute, comm in flight and exposed comm on one chart
-    (layout_event,) = acc.Tensors("custom_scalars__config__")
-    layout = layout_pb2.Layout.FromString(layout_event.tensor_proto.string_val[0])
-    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
-    chart = charts["per epoch (ms/step): compute, comm in flight, comm exposed"]
-    assert chart == [r"^time/compute\[ms/step\]$", r"^comm/inflight\[ms/step\]$",
-                     r"^comm/exposed\[ms/step\]$"]
-
-    # hparams: written once; the HParams plugin's own ordering puts the varying keys first
-    # (its dashboard ticks the first five)
+    # hparams: the session start once, and no experiment of its own (the plugin works it
+    # out from every run's session start: test_hparams_tick_what_differs...)
     starts = sum(v.tag == metadata.SESSION_START_INFO_TAG for f in (tmp_path / "tb").rglob("events.*")
                  for e in EventFileLoader(str(f)).Load() for v in e.summary.value)
     assert starts == 1
-    experiment = metadata.parse_experiment_plugin_data(
-        acc.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
-    assert [h.name for h in experiment.hparam_infos][:2] == ["sync", "world_size"]
-    _sort_and_reduce_to_hparams_limit(experiment, 5)
-    assert {h.name for h in experiment.hparam_infos} == set(VARYING)
-    session = metadata.parse_session_start_info_plugin_data(
-        acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
-    assert session.hparams["sync"].string_value == "ring"
-    assert session.hparams["world_size"].number_value == 1
-    assert [m.name.tag for m in experiment.metric_infos] == [
-        "hparam/test_accuracy", "hparam/epoch_time_s", "hparam/comm_fraction", "hparam/busbw_GBps"]
+    assert metadata.EXPERIMENT_TAG not in acc.Tags()["tensors"]
+    assert [s for s, _ in _points(acc, "Run/test_accuracy")] == [2, 4]
 
 
 def test_per_step_points_share_the_axis_with_the_epoch(tmp_path):
@@ -125,6 +159,48 @@ def test_per_step_points_share_the_axis_with_the_epoch(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"} <= tags
     assert not [t for t in tags if "(" in t]  # custom scalars would draw them invisible
+
+
+def test_the_layout_tells_compute_and_comm_apart(tmp_path):
+    """Every chart of the custom-scalars layout, read back from the event file, draws tags
+    the run wrote. Where runs are compared, a chart holds one quantity (TensorBoard gives
+    a run's lines one colour: compute and comm on one multiline chart differ by marker
+    only); one run's compute and comm share a margin chart, compute the line and comm in
+    flight the band, which ends where the exposed comm ends."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    from ddp_lab.timing import PHASES, StepTimes
+
+    tel = _telemetry(tmp_path, "train.epochs=1", "timing.tb_every=1", steps_per_epoch=2)
+    tel.start(0, 0)
+    steps = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
+             for i in range(2)]
+    tel.epoch(_epoch(1, steps))
+    tel.finish()
+    acc = tensorboard(tmp_path)
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    assert [(c.title, c.closed) for c in layout.category] == [(t, closed) for t, closed, _ in LAYOUT]
+    tags = set(acc.Tags()["scalars"])
+    margins = 0
+    for chart in (c for cat in layout.category for c in cat.chart):
+        if chart.HasField("margin"):
+            margins += 1
+            (series,) = chart.margin.series
+            value, low, high = (_points(acc, t) for t in (series.value, series.lower, series.upper))
+            assert [s for s, _ in value] == [s for s, _ in low] == [s for s, _ in high] != []
+            assert all(lo <= hi for (_, lo), (_, hi) in zip(low, high))
+            continue
+        for rx in chart.multiline.tag:
+            assert any(re.match(rx, t) for t in tags), (chart.title, rx)
+        # one quantity a chart, but for the step time's variants and the two losses
+        assert len(chart.multiline.tag) == 1 or chart.title.startswith(("step time", "loss")), chart
+    assert margins == 2
+    # the band: in flight long, ending at compute + exposed
+    for (compute, inflight, exposed), (low, high) in BANDS.items():
+        for (s, c), (_, i), (_, e), (_, lo), (_, hi) in zip(*(_points(acc, t) for t in (
+                compute, inflight, exposed, low, high))):
+            assert hi == pytest.approx(c + e, abs=1e-4) and lo == pytest.approx(max(0.0, c + e - i), abs=1e-4)
 
 
 def test_a_fresh_start_hides_what_a_former_attempt_wrote(tmp_path):

@@ -25,6 +25,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
@@ -36,6 +37,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import UserError
 from ..config import CONF_DIR
 from .job import Outcome
+from .names import sweep_name
+from .rundir import read_summary
 
 # Hydra's lines that are noise once its message is one line
 _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"
@@ -51,9 +54,13 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     each entry point passes its own, so this module knows none of them."""
     failed: list[int] = []
     full_error = os.environ.get("HYDRA_FULL_ERROR")
+    swept = _swept_keys(sys.argv[1:])
 
     def task(cfg: DictConfig) -> Outcome:  # Hydra hands the Outcome to SweepTable
         _restore_env("HYDRA_FULL_ERROR", full_error)  # the job's processes see the user's env
+        if swept and not cfg.run.get("name"):  # a sweep's job is named by what it varies
+            cfg.run.name = sweep_name(o for o in HydraConfig.get().overrides.task
+                                      if _key(o) in swept) or None
         try:
             outcome = submit_fn(cfg)
         except UserError as e:
@@ -87,8 +94,9 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
 
 
 class SweepTable(Callback):
-    """A -m sweep ends with one row per job: the overrides that set it apart, its run
-    folder and how it ended ("ok", "failed: why"), then which jobs failed. The jobs' own
+    """A -m sweep ends with one row per job: the overrides that set it apart, what the
+    sweep was run for (median epoch time, comm share, test accuracy), its run folder and
+    how it ended ("ok", "failed: why"), then which jobs failed. The jobs' own
     lines are far up the console by then; this way its last lines say what failed.
     Hydra calls it with each job's return value (the task's `Outcome`): conf/config.yaml
     and conf/bench.yaml register it under hydra.callbacks."""
@@ -107,22 +115,59 @@ class SweepTable(Callback):
         print("\n" + sweep_table(self.jobs), flush=True)
 
 
+# what a sweep is run for, per job, from its summary.json (the run's one record of them):
+# (heading, summary key, format); a column only where some job has the figure (a bench
+# or a dry run has none of them)
+FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
+           ("comm in flight", "comm_fraction", "{:.0%}"),
+           ("exposed", "comm_exposed_fraction", "{:.0%}"),
+           ("test acc", "test_accuracy", "{:.4f}"))
+
+
 def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     """The table `SweepTable` prints: `jobs` are (Hydra's job number, the job's overrides,
-    its outcome); a job is named by the overrides whose value differs between jobs."""
+    its outcome); a job is named by the overrides whose value differs between jobs, and
+    shown with its median epoch time, comm share of the step (in flight, exposed) and
+    test accuracy as its summary.json has them, its run folder and how it ended."""
     by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
     keys = list(dict.fromkeys(k for d in by_key for k in d))
     varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
     names = [" ".join(d[k] for k in varying if k in d) or "(no overrides)" for d in by_key]
-    folders = [str(o.run_dir) if o.run_dir else "-" for _, _, o in jobs]
-    wide, wide_folder = max(map(len, names), default=0), max(map(len, folders), default=0)
+    summaries = [read_summary(o.run_dir) if o.run_dir else {} for _, _, o in jobs]
+    figures = [(head, key, fmt) for head, key, fmt in FIGURES
+               if any(isinstance(s.get(key), (int, float)) for s in summaries)]
+    header = ["", "job", *(head for head, _, _ in figures), "run dir", "result"]
+    rows = [[f"#{num}", name,
+             *(fmt.format(s[key]) if isinstance(s.get(key), (int, float)) else "-"
+               for _, key, fmt in figures),
+             str(o.run_dir) if o.run_dir else "-", o.result]
+            for (num, _, o), name, s in zip(jobs, names, summaries)]
+    right = range(2, 2 + len(figures))  # the figures align right, as numbers do
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"sweep of {len(jobs)} job(s):"]
-    for name, folder, (num, _, o) in zip(names, folders, jobs):
-        lines.append(f"  #{num}  {name:<{wide}}  {folder:<{wide_folder}}  {o.result}")
+    for row in [header, *rows]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append(("  " + "  ".join(cells)).rstrip())
     bad = [f"#{num}" for num, _, o in jobs if o.rc != 0]
     lines.append(f"{len(bad)} of {len(jobs)} job(s) did not end ok: {', '.join(bad)}" if bad
                  else f"all {len(jobs)} job(s) ok")
     return "\n".join(lines)
+
+
+def _swept_keys(argv: list[str]) -> set[str]:
+    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their
+    values (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
+    if not {"-m", "--multirun"} & set(argv):
+        return set()
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+    except HydraException:
+        return set()
+    return {o.key_or_group for o in overrides if o.is_sweep_override()}
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
 
 
 def _plain_run(argv: list[str]) -> bool:

@@ -10,21 +10,26 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .files import atomic_write_text, read_json_or_empty
+from .names import DEFAULT_GROUPS, describe
 from .records import read_metrics
 
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
-    `<run.root>/<date>_<time>_<label>` (suffixed when two runs start in one second); the
-    label defaults to `<sync>_<model>_<launcher>`."""
+    `<run.root>/<name>_<date>_<time>` (suffixed when two runs start in one second).
+
+    The name comes first so that TensorBoard's sidebar, which names a run by its path
+    under --logdir, starts with what tells runs apart (docs/architecture.md, issue 28):
+    `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
+    the user's), else what `names.describe` says of the config (`ring_w2_mlp_sgd`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         _mkdir(path, exist_ok=True)
         return path
     root = Path(cfg.run.root).expanduser().resolve()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    label = label or f"{cfg.sync.name}_{cfg.model.name}_{cfg.launcher.name}"
-    base = f"{stamp}_{label}"
+    name = "_".join(n for n in (label, cfg.run.get("name")) if n) or describe_config(cfg)
+    base = f"{name}_{stamp}"
     for i in range(1000):
         path = root / (base if i == 0 else f"{base}_{i}")
         try:
@@ -33,6 +38,23 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"cannot make a unique run folder under {root}")
+
+
+def describe_config(cfg: DictConfig) -> str:
+    """`names.describe` of a resolved training config, on the submitting side: the world
+    size as the launcher will start it (left out where not known yet)."""
+    if cfg.get("sync") is None or cfg.get("model") is None:
+        return "run"
+    lc = cfg.launcher
+    nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
+    try:
+        world = world_size(cfg)
+    except ValueError:  # a launcher value not resolved yet ("auto")
+        world = None
+    return describe(cfg.sync.name, cfg.model.name, world, nodes,
+                    compress=cfg.sync.get("compress") or "none",
+                    overlap=bool(cfg.sync.get("overlap")),
+                    groups={g: cfg[g].name for g in DEFAULT_GROUPS if cfg.get(g) is not None})
 
 
 def _mkdir(path: Path, exist_ok: bool) -> None:

@@ -54,6 +54,5 @@ def submit(cfg: DictConfig) -> Outcome:
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "
               f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})"
               + (f", first step {start:.1f} s after start" if start is not None else ""))
-        result = f"ok: test accuracy {summary['test_accuracy']:.4f}"
     print(f"run dir: {run_dir}")
     return Outcome(rc, result, run_dir)

@@ -38,7 +38,7 @@ from ..env import hostname, process_start
 from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
-from .tensorboard import run_name
+from .tensorboard import run_metrics, run_name
 from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
 from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
@@ -226,14 +226,14 @@ class Telemetry:
             scalars["epoch"] = rec.epoch
         self.records.append(rec.to_dict())
         so_far = run_figures(self.records)  # the run's, as summary.json will say them
-        scalars.update({"hparam/test_accuracy": rec.test_accuracy,
-                        "hparam/epoch_time_s": so_far["epoch_time_s_median"],
-                        "hparam/comm_fraction": so_far["comm_fraction"] or 0.0,
-                        "hparam/busbw_GBps": so_far["comm_busbw_GBps"] or 0.0})
+        scalars.update(run_metrics(test_accuracy=rec.test_accuracy,
+                                   epoch_time_s=so_far["epoch_time_s_median"],
+                                   comm_fraction=so_far["comm_fraction"] or 0.0,
+                                   busbw_GBps=so_far["comm_busbw_GBps"] or 0.0))
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard, the ones a sweep or study varies first."""
+        """The run's hparams for TensorBoard (the HParams dashboard ticks those that differ)."""
         cfg, env = self.cfg, self.ctx.env
         return {"sync": cfg.sync.name, "world_size": env.world_size, "nodes": env.num_nodes,
                 "compress": cfg.sync.compress, "overlap": bool(cfg.sync.overlap),

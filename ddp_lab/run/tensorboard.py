@@ -2,9 +2,10 @@ r"""TensorBoard for one run folder: one writer, so one TensorBoard run per train
 
     RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
 
-TensorBoard names a run by its folder relative to --logdir, so `<name>` carries what the
-sidebar needs to tell trainings apart (`run_name`: sync, world size, model, ...). A
-resumed run goes on in the folder its first segment made, whatever its name says.
+TensorBoard names a run by its folder relative to --logdir: the run folder's name starts
+with what tells runs apart and `<name>` says the rest (ddp_lab/run/names.py), so the
+sidebar reads `ring_sgd_2026-11-26_16-24-20/tb/ring_w2_mlp_sgd`. A resumed run goes on in
+the folder its first segment made, whatever its name says.
 
 One x axis, the global step (optimiser steps done over all epochs): a per-step point at
 its step, an epoch's scalars at the epoch's last step, and `epoch` as a scalar of its own
@@ -17,18 +18,19 @@ parentheses, which the custom-scalars dashboard cannot draw (it names a line
 colour and its line stays invisible).
 
 Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
-the custom-scalars layout (`LAYOUT`: compute, in-flight and exposed comm on one chart)
-and the hparams (`hparams_summaries`). The HParams dashboard ticks its first five
-hparams, ordered by the experiment's `differs` flag, then by name; torch's `add_hparams`
-sets no flag, so the five were the alphabetical first (backend, batch_size, ...). Here
-the keys a study or sweep varies (`VARYING`) carry it, so they are the five ticked.
+the custom-scalars layout (`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
+experiment of its own, so the HParams dashboard ticks the hparams that differ among the
+runs it shows). The run's figures so far (`RUN_METRICS`) at every epoch's end.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any, Optional
+
+from .names import DEFAULT_GROUPS, describe
 
 EVENTS = "events.out.tfevents.*"
 # the writer's own thread writes and flushes the file (every FLUSH_S seconds when there is
@@ -37,46 +39,114 @@ EVENTS = "events.out.tfevents.*"
 FLUSH_S = 2
 QUEUE = 1000
 
-VARYING = ("sync", "world_size", "nodes", "compress", "overlap")
-METRICS = ("hparam/test_accuracy", "hparam/epoch_time_s", "hparam/comm_fraction",
-           "hparam/busbw_GBps")
+# the run's figures so far, written at every epoch's end: the HParams dashboard's metric
+# columns. It lists every scalar tag of the runs, sorted, and shows the first five: an
+# upper-case group sorts before every lower-case tag, so these four (and the test
+# accuracy) are the five shown
+RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_time_median[s]",
+               "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
 
-def _chart(*tags: str) -> list:
+def run_metrics(**figures: float) -> dict[str, float]:
+    """`RUN_METRICS`' scalars from the run's figures so far (test_accuracy=..., ...)."""
+    return {RUN_METRICS[name]: value for name, value in figures.items()}
+
+
+# The margin charts' band: a run's comm in flight drawn as one stretch of its length that
+# ends where its exposed part ends (compute + exposed, counted from the forward's start),
+# so the part above the compute line is the exposed comm and the part below it the comm
+# that overlapped compute. Derived here, where the charts that need them are written:
+# (compute, in flight, exposed) -> (band from, band to)
+BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
+         ("time/comm_from[ms/step]", "time/comm_to[ms/step]"),
+         ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
+         ("step/comm_from[ms]", "step/comm_to[ms]")}
+
+
+def with_bands(values: dict[str, float]) -> dict[str, float]:
+    """`values` and, where it has a (compute, in flight, exposed) triple, its band."""
+    out = dict(values)
+    for (compute, inflight, exposed), (low, high) in BANDS.items():
+        if compute in values and inflight in values and exposed in values:
+            end = values[compute] + values[exposed]
+            out[low], out[high] = max(0.0, end - values[inflight]), end
+    return out
+
+
+def _lines(*tags: str) -> dict:
     """A multiline chart of these exact tags (the plugin takes regular expressions)."""
-    return ["Multiline", [f"^{re.escape(t)}$" for t in tags]]
+    return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
-# Custom scalars: one chart per question, every selected run's lines in it (a study's
-# points and repeats side by side: select them with the run filter, e.g. `_w2_`)
-LAYOUT = {
-    "compute and comm": {
-        "per epoch (ms/step): compute, comm in flight, comm exposed": _chart(
-            "time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
-        "per step (ms): compute, comm in flight, comm exposed": _chart(
-            "step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"),
-        "step time (ms): each step, epoch mean, median, p95": _chart(
-            "step/time[ms]", "time/step[ms/step]", "time/step_median[ms]", "time/step_p95[ms]"),
-        "bandwidth (GB/s): algbw, busbw": _chart("comm/algbw[GB/s]", "comm/busbw[GB/s]"),
-    },
-    "training": {
-        "loss: train, test": _chart("loss/train", "loss/test"),
-        "accuracy: train, test": _chart("accuracy/train[fraction]", "accuracy/test[fraction]"),
-    },
-}
+def _band(value: str, low: str, high: str) -> dict:
+    return {"margin": {"series": [{"value": value, "lower": low, "upper": high}]}}
+
+
+# Custom scalars. TensorBoard gives every line of a run the run's colour (it finds the run
+# again in the line's name), so quantities drawn as lines of one chart differ only by
+# marker. Hence: one chart per quantity where runs are compared (a colour per run), and
+# for one run a margin chart where compute is the line and comm the shaded band.
+# (title, closed, [(chart title, content)])
+LAYOUT = (
+    ("compute vs comm, one run: line = compute ends, band = comm in flight (above the line: "
+     "exposed)", False, [
+        ("per epoch (ms into the step)", _band("time/compute[ms/step]", *BANDS[
+            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]")])),
+        ("per step (ms into the step)", _band("step/compute[ms]", *BANDS[
+            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]")])),
+    ]),
+    ("compute vs comm, runs side by side: one chart per quantity, a colour per run", False, [
+        ("compute (ms/step)", _lines("time/compute[ms/step]")),
+        ("comm in flight (ms/step)", _lines("comm/inflight[ms/step]")),
+        ("exposed comm (ms/step)", _lines("comm/exposed[ms/step]")),
+        ("step (ms/step)", _lines("time/step[ms/step]")),
+    ]),
+    ("compute vs comm per step, runs side by side", True, [
+        ("compute (ms)", _lines("step/compute[ms]")),
+        ("comm in flight (ms)", _lines("step/comm[ms]")),
+        ("exposed comm (ms)", _lines("step/comm_exposed[ms]")),
+        ("step time (ms): each step, epoch mean, median, p95", _lines(
+            "step/time[ms]", "time/step[ms/step]", "time/step_median[ms]", "time/step_p95[ms]")),
+    ]),
+    ("bandwidth and training", False, [
+        ("busbw (GB/s)", _lines("comm/busbw[GB/s]")),
+        ("test accuracy", _lines("accuracy/test[fraction]")),
+        ("loss: train, test", _lines("loss/train", "loss/test")),
+    ]),
+)
+
+
+def layout():
+    """`LAYOUT` as the custom-scalars plugin's proto."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    return layout_pb2.Layout(category=[
+        layout_pb2.Category(title=title, closed=closed,
+                            chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
+        for title, closed, charts in LAYOUT])
+
+
+def layout_summary():
+    """The layout as the Summary the plugin reads (tag `custom_scalars__config__`), built
+    as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
+    TensorFlow."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout().SerializeToString()],
+                         tensor_shape=TensorShapeProto())
+    return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=meta)])
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder: `ring_w4_mlp`; with what is not the default,
-    `ring-fp16-overlap_w8n2_mlp_r3` (fp16 gradients, overlapped, 8 ranks on 2 nodes,
-    repeat 3 of a study point)."""
-    sync = hparams["sync"]
-    if hparams.get("compress", "none") != "none":
-        sync += f"-{hparams['compress']}"
-    if hparams.get("overlap") and hparams["sync"] != "ddp":  # ddp always overlaps
-        sync += "-overlap"
-    world = f"w{hparams['world_size']}" + (f"n{hparams['nodes']}" if hparams.get("nodes", 1) > 1 else "")
-    return "_".join([sync, world, hparams["model"], *([f"r{repeat}"] if repeat else [])])
+    """The TensorBoard run's folder, from the run's hparams (names.describe):
+    `ring_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    return describe(hparams["sync"], hparams["model"], int(hparams["world_size"]),
+                    int(hparams.get("nodes", 1)), compress=hparams.get("compress", "none"),
+                    overlap=bool(hparams.get("overlap")),
+                    groups={g: hparams[g] for g in DEFAULT_GROUPS if g in hparams}, repeat=repeat)
 
 
 def run_folder(tb_root: Path, name: str) -> Path:
@@ -91,25 +161,26 @@ def _written(tb_root: Path) -> list[Path]:
 
 
 def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """The HParams plugin's experiment (hparams in `hparams`' order, `VARYING` flagged
-    `differs`; metrics `METRICS`) and this run's session start, as Summary protos."""
+    """This run's session start for the HParams plugin (its hparams in `hparams`' order),
+    as Summary protos. No experiment: the plugin takes the first it finds as every run's,
+    so one run's guess at what varies would hold for all; without one it works the
+    experiment out from every run's session start, `differs` included, and ticks the
+    hparams that differ among the runs it shows. Integers go as strings: the dashboard
+    prints every number with five digits (a world size of 2 as 2.0000)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
-    infos, start = [], plugin_data_pb2.SessionStartInfo()
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for name, value in hparams.items():
         if isinstance(value, bool):  # before int: a bool is an int
-            kind, start.hparams[name].bool_value = api_pb2.DATA_TYPE_BOOL, value
-        elif isinstance(value, (int, float)):
-            kind, start.hparams[name].number_value = api_pb2.DATA_TYPE_FLOAT64, value
+            start.hparams[name].bool_value = value
+        elif isinstance(value, float):
+            start.hparams[name].number_value = value
         else:
-            kind, start.hparams[name].string_value = api_pb2.DATA_TYPE_STRING, str(value)
-        infos.append(api_pb2.HParamInfo(name=name, type=kind, differs=name in VARYING))
-    experiment = api_pb2.Experiment(hparam_infos=infos, metric_infos=[
-        api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in METRICS])
-    return [Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))])
-            for tag, data in ((metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
-                              (metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start)))]
+            start.hparams[name].string_value = str(value)
+    data = plugin_data_pb2.HParamsPluginData(session_start_info=start)
+    return [Summary(value=[Summary.Value(tag=metadata.SESSION_START_INFO_TAG,
+                                         metadata=metadata.create_summary_metadata(data))])]
 
 
 class TensorBoardRun:
@@ -142,7 +213,7 @@ class TensorBoardRun:
     def head(self, config_text: str, hparams: dict[str, Any]) -> None:
         """A fresh run's first events (step 0): config, layout, hparams."""
         self.writer.add_text("config", config_text, 0)
-        self.writer.add_custom_scalars(LAYOUT)
+        self.writer.file_writer.add_summary(layout_summary(), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
@@ -152,7 +223,8 @@ class TensorBoardRun:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self.writer.file_writer.add_summary(Summary(value=[
-            Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
+            Summary.Value(tag=tag, simple_value=float(v))
+            for tag, v in with_bands(values).items()]), step)
 
     def flush(self) -> None:
         self.writer.flush()
