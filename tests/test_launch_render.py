@@ -122,7 +122,7 @@ def test_mpirun_dry_run_lab_hosts(tmp_path, capsys):
     assert "SLOTS=(2 1 1)" in rank
     cfg = (run_dir / "config.yaml").read_text()
     assert "nodes: 3" in cfg and "red01:2" in cfg  # config.yaml records the resolved hosts
-    assert "# ---- hostfile" in out
+    assert "# hosts and slots: $DDP_LAB_RUN_DIR/hostfile (red01:2, orange07:1, purple11:1)" in out
 
 
 def test_mpirun_rank_wrapper_node_index(tmp_path, capsys):
