@@ -87,10 +87,9 @@ class MpirunStderr:
                 if not self.c10d_told:
                     self.c10d_told = True
                     self._show([C10D_NOTE])
-            elif any(p.match(line) for p in SSH_LINES):
+            elif ssh := next(filter(None, (p.match(line) for p in SSH_LINES)), None):
                 self._log([line])
-                m = next((p.match(line) for p in SSH_LINES if p.match(line) and p.groups), None)
-                self.ssh.append((m.group(1) if m else None, line))
+                self.ssh.append((ssh.group(1) if ssh.re.groups else None, line))
             else:
                 self._show([line])
 
@@ -124,8 +123,8 @@ class MpirunStderr:
             if self.block is not None:
                 self._end_block()
             why = self.reason()
-            if why:
-                host = self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST"
-                named = [h for h, _ in self.ssh if h]
-                self._show([f"[ddp_lab] {why}: {FIX.format(host=named[0] if named else host)}; "
-                            f"Open MPI's message: {self.log_path}"])
+            if why:  # the fix's `ssh HOST true`: the host ssh named, else the only remote one
+                host = next((h for h, _ in self.ssh if h),
+                            self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST")
+                self._show([f"[ddp_lab] {why}: {FIX.format(host=host)}; Open MPI's message: "
+                            f"{self.log_path}"])
