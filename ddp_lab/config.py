@@ -85,7 +85,8 @@ class MpirunLauncherConfig(LauncherConfig):
     mpirun: str = "mpirun"
     """the mpirun executable"""
     extra_args: List[str] = field(default_factory=list)
-    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]"""
+    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]; ssh's options:
+    [--mca, plm_rsh_args, "-F SSH_CONFIG"] (docs/launchers.md, mpirun)"""
 
 
 @dataclass
