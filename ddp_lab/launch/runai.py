@@ -161,8 +161,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     cmd = submit_command(cfg, run_dir)
     pretty = " \\\n    ".join(_pairs(cmd))
     submit_sh = ("#!/usr/bin/env bash\n"
-                 "# ddp_lab: the RunAI submission of this run (rendered by launcher=runai).\n"
-                 "# Every pod runs pod.sh beside this file; the run folder must be on a PVC.\n"
+                 "# ddp_lab's RunAI submission (launcher=runai); every pod runs pod.sh beside it: on a PVC\n"
                  f"set -euo pipefail\n{pretty}\n")
     pod, stop = pod_script(cfg, run_dir)
     warnings = [] if lc.image else [  # only a dry run gets here without one (resolve)
