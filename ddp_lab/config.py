@@ -85,7 +85,8 @@ class MpirunLauncherConfig(LauncherConfig):
     mpirun: str = "mpirun"
     """the mpirun executable"""
     extra_args: List[str] = field(default_factory=list)
-    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]"""
+    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]; ssh's options:
+    [--mca, plm_rsh_args, "-F SSH_CONFIG"] (docs/launchers.md, mpirun)"""
 
 
 @dataclass
@@ -580,7 +581,10 @@ class RunConfig:
 @dataclass
 class LogConfig:
     progress: str = "auto"
-    """auto (a bar on an interactive terminal) | bar | lines"""
+    """how the steps of an epoch show as they go: auto (a bar where stdout and stderr are a
+    terminal, else lines) | bar | lines (one every progress_every_s: files, pipes, SLURM .out)"""
+    progress_every_s: float = 10.0
+    """with lines: the most seconds of an epoch without a line (steps done, rate, time left); 0 = none"""
     level: str = "INFO"
     """python logging level of the console"""
     ranks: str = "0"

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# ddp_lab: the entry script of every RunAI pod ({summary}), rendered by
-# `python -m ddp_lab launcher=runai`; `runai submit-dist pytorch` runs
-# `bash {run_dir_q}/pod.sh` in each pod (see runai_submit.sh beside it).
+# ddp_lab: the entry script of every RunAI pod ({summary}), rendered by `python -m ddp_lab
+# launcher=runai`; each pod runs it as `bash RUN_DIR/pod.sh` (runai_submit.sh beside it).
 # RunAI (a Kubeflow PyTorchJob) sets in every pod, counting *pods*: WORLD_SIZE = number of
 # pods, RANK = this pod's index, MASTER_ADDR:MASTER_PORT = the master pod. torchrun starts
 # NPROC_PER_NODE processes and hands *them* WORLD_SIZE/RANK counted in processes.

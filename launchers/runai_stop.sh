@@ -5,6 +5,7 @@
 #   exit_if_stopped    a stop during the setup ends the pod before torchrun starts
 #   wait_for_torchrun  wait for torchrun, in the background so that the trap runs at once
 #   end_pod            the pod's exit status, in RUN_DIR/logs/pod<N>.exit for launcher.wait
+# (A dry run prints these `#   name` lines in place of this file: launch/base.py sourced_note.)
 #
 # Preemption: Kubernetes stops a pod with SIGTERM to pod.sh (PID 1), then SIGKILL after the
 # grace period (30 s by default). The trap below turns SIGTERM into a graceful stop: every

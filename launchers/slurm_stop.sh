@@ -6,6 +6,7 @@
 #   check_python     the ranks' python imports what they run, else the job ends here (exit 3)
 #   wait_for_srun    wait for srun, which runs in the background so that the traps run at once
 #   requeue_or_exit  after a time-limit stop, requeue this job; else exit with srun's status
+# (A dry run prints these `#   name` lines in place of this file: launch/base.py sourced_note.)
 RESTART=${{SLURM_RESTART_COUNT:-0}}  # how often SLURM requeued this job (0: first start)
 MAX_REQUEUES={max_requeues}  # launcher.max_requeues (self-requeues after the time-limit stop)
 SELF_REQUEUE={self_requeue}  # launcher.requeue

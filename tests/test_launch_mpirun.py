@@ -1,12 +1,14 @@
 """launcher=mpirun for real: Open MPI starts 3 ranks on localhost to a complete run; an
-unreachable master fails within dist.init_timeout_s instead of hanging."""
+unreachable master fails within dist.init_timeout_s instead of hanging; a host mpirun cannot
+reach over ssh is one line on the console; torch's c10d hostname warnings are one line."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
-from helpers import QUICK, describe, run_cli, run_dir_of, summary
+from helpers import PY, QUICK, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.launch import ports
 from ddp_lab.run import progress
@@ -51,3 +53,63 @@ def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
     for rec in progress.read_all(run_dir):
         assert rec["state"] == "failed" and rec["message"] == line[:255], rec
         assert rec["updated"] - rec["started"] < 10 + 4, rec
+
+
+# -------------------------------------------------- a host mpirun cannot reach: one line
+def failed_start(tmp_path, *overrides: str):
+    """A run whose mpirun cannot start its daemon on a host: its exit status, the lines of
+    its stderr, its run folder."""
+    proc = run_cli("launcher=mpirun", *overrides, *QUICK, f"run.root={tmp_path / 'runs'}",
+                   f"data.root={tmp_path / 'data'}", cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0, describe(proc)
+    assert "ORTE" not in proc.stdout + proc.stderr, describe(proc)  # Open MPI's block: its log
+    return [ln for ln in proc.stderr.splitlines() if ln.strip()], run_dir_of(proc)
+
+
+def test_mpirun_unreachable_host_is_one_line(tmp_path):
+    err, run_dir = failed_start(tmp_path, "launcher.hosts=[unreachable-host-xyz:1,localhost:1]")
+    assert len(err) == 1, err
+    line = err[0]
+    assert line.startswith("[ddp_lab] mpirun could not start its daemon on unreachable-host-xyz "
+                           "over ssh (ssh: Could not resolve hostname unreachable-host-xyz"), line
+    for fix in ("passwordless ssh", "launcher.extra_args=[--mca,plm_rsh_args,", "docs/launchers.md",
+                str(run_dir / "logs" / "mpirun.log")):
+        assert fix in line, fix
+    log = (run_dir / "logs" / "mpirun.log").read_text()
+    assert "ORTE was unable to reliably start one or more daemons" in log
+    assert "ssh: Could not resolve hostname unreachable-host-xyz" in log
+    assert summary(run_dir)["status"].startswith(
+        "failed: mpirun could not start its daemon on unreachable-host-xyz over ssh")
+
+
+def test_mpirun_ssh_options_reach_ssh(tmp_path):
+    # docs/launchers.md's way to give ssh its options; a config file that is not there makes
+    # ssh say so: the options reached it. 127.0.0.2 is not this machine for Open MPI (no
+    # interface has that address), so mpirun goes through ssh to it.
+    missing = tmp_path / "no_ssh_config"
+    err, run_dir = failed_start(tmp_path, "launcher.hosts=[127.0.0.2:1,localhost:1]",
+                                f'launcher.extra_args=[--mca,plm_rsh_args,"-F {missing}"]')
+    assert len(err) == 1, err
+    assert err[0].startswith("[ddp_lab] mpirun could not start its daemon on 127.0.0.2 over ssh "
+                             f"(Can't open user config file {missing}"), err
+
+
+@pytest.mark.netlab
+def test_c10d_hostname_warnings_explained_once(tmp_path, netlab_factory):
+    # in a lab node no DNS server answers: torch's store cannot name a peer by its lab
+    # address (getnameinfo: EAI_AGAIN, err=-3) and every rank warns once; the console gets
+    # one line that says why, the warnings themselves go to logs/mpirun.log
+    node = netlab_factory(nodes=1, link="none").nodes[0]
+    proc = subprocess.run(
+        node.cmd(["env", f"MASTER_ADDR={node.addr}", PY, "-m", "ddp_lab", "launcher=mpirun",
+                  "launcher.hosts=[localhost:2]", *QUICK, f"run.root={tmp_path / 'runs'}",
+                  f"data.root={tmp_path / 'data'}"]),
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, describe(proc)
+    run_dir = run_dir_of(proc)
+    warned = (run_dir / "logs" / "mpirun.log").read_text().count(
+        "[c10d] The hostname of the client socket cannot be retrieved")
+    assert warned >= 1, describe(proc)  # what the lab shows: else this test proves nothing
+    assert "[c10d]" not in proc.stdout and proc.stderr.count("[c10d]") == 1, describe(proc)
+    assert "no DNS server names the lab's addresses" in proc.stderr

@@ -122,7 +122,7 @@ def test_mpirun_dry_run_lab_hosts(tmp_path, capsys):
     assert "SLOTS=(2 1 1)" in rank
     cfg = (run_dir / "config.yaml").read_text()
     assert "nodes: 3" in cfg and "red01:2" in cfg  # config.yaml records the resolved hosts
-    assert "# ---- hostfile" in out
+    assert "# hosts and slots: $DDP_LAB_RUN_DIR/hostfile (red01:2, orange07:1, purple11:1)" in out
 
 
 def test_mpirun_rank_wrapper_node_index(tmp_path, capsys):
@@ -357,8 +357,9 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     source = lines.index('source "$RUN_DIR/slurm_stop.sh"  # stop and requeue machinery: traps '
                          'first (a stop may come any time)')
     srun = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
-    assert source < srun and lines[source - 3:source] == [
-        "set -euo pipefail", f"RUN_DIR={run_dir}", "NPROC_PER_NODE=2"]
+    assert source < srun and lines[source - 4:source] == [
+        "set -euo pipefail", "export DDP_LAB_T0=$(date +%s.%N)  # the job's own start (a "
+        "requeue's too): start-up counts from here", f"RUN_DIR={run_dir}", "NPROC_PER_NODE=2"]
     assert re.search(r'-m ddp_lab\.worker \\"\$RUN_DIR\\"" &\nwait_for_srun \$!', text)
     assert text.rstrip().endswith("with srun's status") and "\nrequeue_or_exit " in text
     assert 'wait "$SRUN_PID"' in stop and 'scontrol requeue "$SLURM_JOB_ID"' in stop

@@ -162,6 +162,23 @@ def template(name: str) -> str:
     return (TEMPLATES / name).read_text()
 
 
+def sourced_note(path: Path, text: str, by: str) -> str:
+    """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh):
+    its path and length, and the functions it offers, from the `#   name   what it does`
+    lines of its header, not its body. The console keeps to the script a student would
+    write by hand (#SBATCH or pod lines, exports, the launch line); the helper itself is
+    written into the run folder in full and runs from there."""
+    lines = text.splitlines()
+    header = []
+    for line in lines[1:]:  # after the shebang: the leading comment block
+        if not line.startswith("#"):
+            break
+        if line.startswith("#   ") and line[4:5].strip():
+            header.append(line)
+    return (f"# ---- {path}: sourced by {by}, {len(lines)} lines not shown "
+            f"(cat it to read it); it defines:\n" + "\n".join(header))
+
+
 def require_tool(tool: str, where: str) -> str:
     path = shutil.which(tool)
     if path is None:

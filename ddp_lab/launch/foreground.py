@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..run.progress import mark_killed, process_state, read_all
 from ..run.rundir import read_summary
@@ -34,8 +34,10 @@ class Foreground:
     for them up to `grace_s`; a rank frozen by SIGSTOP cannot act, so it is killed at once.
     Whatever is left after that is killed last (`sweep`)."""
 
-    def __init__(self, command: list[str], run_dir: Path, grace_s: float):
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float,
+                 stderr_lines: Optional[Callable[[str], None]] = None):
         self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
+        self.stderr_lines = stderr_lines  # None: the job writes to our stderr itself
         self.signal: Optional[int] = None  # the first signal we got
         self.forced = False  # a second signal: no more waiting
         self.deadline: Optional[float] = None
@@ -95,6 +97,17 @@ class Foreground:
                       f"{len(pids)} process(es) of the job to stop", file=sys.stderr, flush=True)
             time.sleep(0.5)
 
+    def _read_stderr(self) -> threading.Thread:
+        """Hand the job's stderr to `stderr_lines`, line by line as it comes, from a thread."""
+        def pump() -> None:
+            for raw in iter(self.proc.stderr.readline, b""):
+                self.stderr_lines(raw.decode(errors="replace"))
+            self.proc.stderr.close()
+
+        reader = threading.Thread(target=pump, name="job-stderr", daemon=True)
+        reader.start()
+        return reader
+
     def run(self) -> int:
         handlers = {}
         if threading.current_thread() is threading.main_thread():
@@ -102,8 +115,11 @@ class Foreground:
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}  # what `sweep` recognises
+            piped = self.stderr_lines is not None
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
-                                         preexec_fn=_die_with_parent, env=env)
+                                         preexec_fn=_die_with_parent, env=env,
+                                         stderr=subprocess.PIPE if piped else None)
+            reader = self._read_stderr() if piped else None
             while True:
                 try:
                     rc = self.proc.wait(timeout=1.0)
@@ -115,6 +131,8 @@ class Foreground:
                         self.forced = True
                         self.kill()
             self.settle()
+            if reader is not None:  # whatever the job wrote last (a child may hold the pipe)
+                reader.join(timeout=5)
         finally:
             for sig, previous in handlers.items():
                 signal.signal(sig, previous)
@@ -124,11 +142,13 @@ class Foreground:
         return rc
 
 
-def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0) -> int:
+def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
+                   stderr_lines: Optional[Callable[[str], None]] = None) -> int:
     """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
     or 128 + the signal when a Ctrl-C / SIGTERM stopped it. A signal that came after the
-    last epoch (the job ended 0 and rank 0 wrote `completed`) stopped nothing: 0."""
-    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s)
+    last epoch (the job ended 0 and rank 0 wrote `completed`) stopped nothing: 0.
+    `stderr_lines` gets the job's stderr line by line (mpirun's filter), else it is ours."""
+    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
     rc = fg.run()
     if fg.signal is None:
         return rc

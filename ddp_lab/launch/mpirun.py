@@ -20,6 +20,7 @@ from .base import (LaunchError, Rendered, check_port_free, default_nproc, is_thi
                    python_check, python_exe, pythonpath_line, require_tool, setup_block,
                    template)
 from .foreground import run_foreground
+from .mpirun_errors import MpirunStderr
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
@@ -167,13 +168,25 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
+    # the hostfile is not shown: launch.sh's comment lists its hosts and slots on one line,
+    # where a lab's ten hosts do not push the script off the screen
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
-                     (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh), ("hostfile", hostfile)))
+                     (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
+
+    # mpirun's stderr passes through a filter: a host it cannot reach over ssh is one line
+    # (the host, ssh's reason, the fix), Open MPI's block in logs/mpirun.log
+    errors = MpirunStderr(run_dir / "logs" / "mpirun.log",
+                          [n for n, _ in hosts if not is_this_machine(n)])
 
     def starter() -> int:
         require_tool(lc.mpirun, "install Open MPI (apt-get install openmpi-bin) or set "
                                 "launcher.mpirun=/path/to/mpirun")
-        return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir, cfg.dist.timeout_s + 60)
+        try:
+            return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir,
+                                  cfg.dist.timeout_s + 60, stderr_lines=errors.feed)
+        finally:
+            errors.close()
 
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files=files,
-                    executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter)
+                    executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter,
+                    explain=errors.reason)

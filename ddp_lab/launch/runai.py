@@ -30,7 +30,7 @@ from typing import Optional
 
 from ..run.rundir import read_summary
 from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
-                   setup_block, should_wait, store_line, template)
+                   setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
@@ -137,12 +137,11 @@ def pod_script(cfg, run_dir: Path) -> tuple[str, str]:
         rdzv = (f'--rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" '
                 f'--rdzv_conf=join_timeout={timeout}')
     if lc.rdma:
-        rdma = ("# RoCE: NCCL's RDMA device (NCCL_IB_HCA), GID index and socket settings, read\n"
-                "# from /sys/class/infiniband by ddp_lab.nccl_env (the RunAI guide's recipe).\n"
-                "# An assignment, not eval \"$(...)\": a failure must stop the pod (set -e).\n"
+        rdma = ("# RoCE: NCCL's RDMA device (NCCL_IB_HCA), GID index and socket settings from\n"
+                "# /sys/class/infiniband (ddp_lab.nccl_env, the RunAI guide's recipe). An assignment,\n"
+                "# not eval \"$(...)\": a failure must stop the pod (set -e).\n"
                 f"NCCL_EXPORTS=\"$({py} -m ddp_lab.nccl_env)\"\n"
-                "echo \"$NCCL_EXPORTS\"\n"
-                "eval \"$NCCL_EXPORTS\"")
+                "echo \"$NCCL_EXPORTS\"; eval \"$NCCL_EXPORTS\"")
     else:
         rdma = "# (launcher.rdma=false: NCCL picks its transport itself)"
     summary = f"{lc.nodes} pod(s) x {lc.nproc_per_node} process(es)"
@@ -162,14 +161,13 @@ def render(cfg, run_dir: Path) -> Rendered:
     cmd = submit_command(cfg, run_dir)
     pretty = " \\\n    ".join(_pairs(cmd))
     submit_sh = ("#!/usr/bin/env bash\n"
-                 "# ddp_lab: the RunAI submission of this run (rendered by launcher=runai).\n"
-                 "# Every pod runs pod.sh beside this file; the run folder must be on a PVC.\n"
+                 "# ddp_lab's RunAI submission (launcher=runai); every pod runs pod.sh beside it: on a PVC\n"
                  f"set -euo pipefail\n{pretty}\n")
     pod, stop = pod_script(cfg, run_dir)
     warnings = [] if lc.image else [  # only a dry run gets here without one (resolve)
         "launcher.image is not set: add launcher.image=<registry/image:tag>"]
     show = (f"# ---- runai_submit.sh\n{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
-            f"# ---- pod_stop.sh (sourced by pod.sh)\n{stop.rstrip()}\n")
+            f"{sourced_note(run_dir / 'pod_stop.sh', stop, 'pod.sh')}\n")
     return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod,
                                         "pod_stop.sh": stop},
                     executable=("runai_submit.sh", "pod.sh"), show=show, warnings=warnings,

@@ -41,8 +41,8 @@ from typing import Optional, Sequence
 
 from ..run.stop import EXIT_STOPPED
 from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe,
-                   pythonpath_line, require_tool, setup_block, should_wait, store_line,
-                   template)
+                   pythonpath_line, require_tool, setup_block, should_wait, sourced_note,
+                   store_line, template)
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -279,7 +279,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     path = run_dir / "job.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"
-            f"# ---- {run_dir / 'slurm_stop.sh'} (sourced by job.sbatch)\n{stop.rstrip()}\n")
+            f"{sourced_note(run_dir / 'slurm_stop.sh', stop, 'job.sbatch')}\n")
     warnings = []
     if not lc.environment and "environment" in lc.required:  # a dry run of a container site
         warnings.append("launcher.environment is not set: this site needs one to submit "

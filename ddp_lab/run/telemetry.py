@@ -22,14 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
-from tqdm import tqdm
 
 from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
@@ -38,6 +36,7 @@ from ..env import hostname, process_start
 from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
+from .step_progress import StepProgress
 from .tensorboard import run_metrics, run_name
 from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
@@ -76,7 +75,7 @@ class Telemetry:
         self.node_ranks: list[int] = []
         self.fingerprint: dict = {}
         self.fingerprint_id: Optional[str] = None
-        self._bar = _progress_bar(cfg.log.progress, ctx.env.is_main)
+        self._progress = StepProgress(cfg.log.progress, cfg.log.progress_every_s, ctx.env.is_main)
         self.every = cfg.timing.tb_every if self.timing else 0  # per-step points: every N
         self.written_step = 0  # the last per-step point written
         self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
@@ -148,16 +147,14 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
-        """The steps of epoch `epoch` (0-based) from `first_step` on, behind a progress bar
-        where one is wanted (logging rank only). From here every `timing.tb_every`-th step
-        goes to TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
+        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on
+        the logging rank (a bar on a terminal, else a line every log.progress_every_s:
+        run/step_progress.py). From here every `timing.tb_every`-th step goes to
+        TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
-        steps = range(first_step, self.steps_per_epoch)
-        if self._bar is None:
-            return steps
-        return self._bar(steps, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}", leave=False,
-                         unit="step", **_bar_width())
+        return self._progress.wrap(range(first_step, self.steps_per_epoch),
+                                   f"epoch {epoch + 1}/{self.cfg.train.epochs}")
 
     def _live_point(self, step: int, times: StepTimes, calls: list[CommCall]) -> None:
         """One step from the watch, to TensorBoard (x: its global step number)."""
@@ -360,27 +357,6 @@ def startup_s() -> Optional[float]:
     t0 = os.environ.get("DDP_LAB_T0")
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)
-
-
-def _bar_width() -> dict:
-    """tqdm's size: the terminal's, followed as it is resized; 100 x 24 where the terminal
-    reports none (a pseudo-terminal with no size, as `script` or some IDEs make: tqdm would
-    take it as 0 rows and draw nothing)."""
-    try:
-        if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
-            return {"dynamic_ncols": True}
-    except OSError:
-        pass
-    return {"ncols": 100, "nrows": 24}
-
-
-def _progress_bar(mode: str, enabled: bool):
-    """tqdm where a bar is wanted: `bar`, or `auto` on a terminal; never off the main rank."""
-    if not enabled or mode == "lines":
-        return None
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        return tqdm
-    return None
 
 
 # ------------------------------------------------------------------ presentation

@@ -198,6 +198,7 @@ COMMON: list[Rule] = [
     above("dist.timeout_s", 0),
     above("dist.init_timeout_s", 0),
     one_of("log.progress", ("auto", "bar", "lines")),
+    at_least("log.progress_every_s", 0),
     one_of("log.ranks", ("0", "all")),
     required_launcher_keys,
     durations,
