@@ -141,18 +141,24 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     assert [s for s, _ in _points(acc, "Run/test_accuracy")] == [2, 4]
 
 
+def _one_timed_epoch(tmp_path, every: int, steps: int):
+    """A one-epoch run of `steps` steps of 5 ms (1 ms a phase) through Telemetry, every
+    `every`-th step to TensorBoard; its event file read back."""
+    from ddp_lab.timing import PHASES, StepTimes
+
+    tel = _telemetry(tmp_path, "train.epochs=1", f"timing.tb_every={every}", steps_per_epoch=steps)
+    tel.start(0, 0)
+    times = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
+             for i in range(steps)]
+    tel.epoch(_epoch(1, times))
+    tel.finish()
+    return tensorboard(tmp_path)
+
+
 def test_per_step_points_share_the_axis_with_the_epoch(tmp_path):
     """Without a live watch (as here) the epoch's end writes the per-step points: every
     2nd of 4 steps at its global step, the epoch's scalars at its last, `epoch` once there."""
-    from ddp_lab.timing import PHASES, StepTimes
-
-    tel = _telemetry(tmp_path, "train.epochs=1", "timing.tb_every=2", steps_per_epoch=4)
-    tel.start(0, 0)
-    steps = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
-             for i in range(4)]
-    tel.epoch(_epoch(1, steps))
-    tel.finish()
-    acc = tensorboard(tmp_path)
+    acc = _one_timed_epoch(tmp_path, every=2, steps=4)
     assert _points(acc, "step/time[ms]") == [(2, pytest.approx(5.0)), (4, pytest.approx(5.0))]
     assert _points(acc, "epoch") == [(2, 1.0), (4, 1.0)]
     assert [s for s, _ in _points(acc, "time/step[ms/step]")] == [4]
@@ -169,15 +175,7 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
     flight the band, which ends where the exposed comm ends."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    from ddp_lab.timing import PHASES, StepTimes
-
-    tel = _telemetry(tmp_path, "train.epochs=1", "timing.tb_every=1", steps_per_epoch=2)
-    tel.start(0, 0)
-    steps = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
-             for i in range(2)]
-    tel.epoch(_epoch(1, steps))
-    tel.finish()
-    acc = tensorboard(tmp_path)
+    acc = _one_timed_epoch(tmp_path, every=1, steps=2)
     (event,) = acc.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
     assert [(c.title, c.closed) for c in layout.category] == [(t, closed) for t, closed, _ in LAYOUT]
