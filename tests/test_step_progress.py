@@ -47,11 +47,29 @@ def test_piped_run_prints_progress_lines(tmp_path, shared_data_root):
     assert log.read_text().count(" of epoch 1/1 (") == len(shown)
 
 
-def test_step_lines_interval(caplog):
-    with caplog.at_level(logging.INFO, logger="ddp_lab"):
+class _Kept(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_step_lines_interval():
+    # a handler of our own on ddp_lab's logger (not caplog's on the root: a test before this
+    # one in the same process may have set a rank's logging up, and then it does not propagate)
+    log, kept = logging.getLogger("ddp_lab"), _Kept()
+    level = log.level
+    log.addHandler(kept)
+    log.setLevel(logging.INFO)
+    try:
         for _ in StepLines(range(3, 23), "epoch 2/5", every_s=0.05):
             time.sleep(0.02)
-    lines = [r.getMessage() for r in caplog.records]
+    finally:
+        log.removeHandler(kept)
+        log.setLevel(level)
+    lines = kept.lines
     assert 4 <= len(lines) <= 9, lines  # 20 steps of 20 ms, a line every 50 ms or so
     assert all(re.fullmatch(r"step \d+/23 of epoch 2/5 \(\d+%\), [\d.]+ steps/s, \d+ s left", ln)
                for ln in lines), lines

@@ -388,7 +388,7 @@ def test_cli_two_rank_ring_run_reports_comm(tmp_path, shared_data_root):
                 "log.progress=lines", f"data.root={shared_data_root}", cwd=tmp_path, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     run = run_dir_of(p)
-    assert run.name.split("_")[2] == "ring"  # the sync is in the folder name
+    assert run.name.split("_")[0] == "ring"  # the folder's name starts with the sync
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "completed" and s["sync"] == "ring" and s["world_size"] == 2
     assert s["comm_bytes_exact"] is True and s["timing_enabled"] is True
