@@ -1,0 +1,64 @@
+"""Stop 0 (ddp_lab/stop0.py, the whole lesson in one file) and the framework agree: on 2
+ranks, the same seed, shards, shuffles and sums give the same final weights, bit for bit,
+for the naive per-parameter all-reduce and for the ring."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from helpers import PY, child_env, describe, run_cli, run_dir_of
+
+# two epochs: the second one's shuffle (seed + epoch) is checked too; a step cap keeps it short
+SETTINGS = ["train.epochs=2", "train.max_steps_per_epoch=25", "launcher.nproc_per_node=2"]
+
+
+def framework_weights(run_dir) -> dict:
+    """The model state of the run's last checkpoint (ddp_lab/run/checkpoint.py)."""
+    state = torch.load(run_dir / "checkpoints" / "epoch_0002.pt", weights_only=False)
+    return state["model"]
+
+
+def assert_same_bits(ours: dict, theirs: dict, what: str) -> None:
+    assert list(ours) == list(theirs), what  # fc1.weight, fc1.bias, fc2.weight, fc2.bias
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), (
+            f"{what}: {name} differs by up to {(ours[name] - theirs[name]).abs().max():.3g}")
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_stop0_trains_to_the_framework_weights_bit_for_bit(tmp_path, shared_data_root):
+    # the framework, both synchronisers in one sweep; one thread per rank, as torchrun
+    # gives stop 0 (OMP_NUM_THREADS=1), so no kernel splits its work differently
+    common = [*SETTINGS, f"data.root={shared_data_root}", f"run.root={tmp_path}",
+              "log.progress=lines"]
+    proc = run_cli("-m", "sync=naive,ring", "train.threads=1", *common, cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    naive, = tmp_path.glob("naive_*")  # a sweep names each job by its value
+    ring, = tmp_path.glob("ring_*")
+
+    # stop 0 as the tutorial runs it: plain torchrun, the ring
+    saved = tmp_path / "stop0_ring.pt"
+    proc = subprocess.run(
+        [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ddp_lab.stop0", "--sync", "ring", "--epochs", "2", "--max-steps", "25",
+         "--save", str(saved)],
+        cwd=tmp_path, env=child_env({"OMP_NUM_THREADS": "1"}), capture_output=True,
+        text=True, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    assert "sync (ring)" in proc.stdout and "ms/step" in proc.stdout  # the sync's timing
+    assert_same_bits(torch.load(saved), framework_weights(ring), "stop0 ring vs sync=ring")
+
+    # stop 0 launched by ddp_lab (run.entry): the run folder's config.yaml decides, naive
+    proc = run_cli("run.entry=ddp_lab.stop0", "sync=naive", *common, cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    stop0_naive = torch.load(run_dir_of(proc) / "model.pt")
+    assert_same_bits(stop0_naive, framework_weights(naive), "stop0 naive vs sync=naive")
+
+    # and the weights did move: the comparison is of trained models, not of two inits
+    torch.manual_seed(0)
+    first = torch.nn.Linear(784, 50).weight
+    assert not torch.equal(stop0_naive["fc1.weight"], first)
