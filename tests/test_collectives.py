@@ -187,6 +187,17 @@ def _suite(ck: Checker, group) -> None:
                     if length == 1001:
                         _same_on_all_ranks(ck, name, ours, group, n)
 
+    # ---- the textbook ring (collectives/ring.py, gloo): all_reduce_ring's steps and bits
+    if dist.get_backend(group) == "gloo":
+        for length in LENGTHS:
+            for dtype in DTYPES:
+                x = ck.inputs((length,), dtype, "SUM")
+                ours, batched = x.clone(), x.clone()
+                C.all_reduce_ring_textbook(ours, group=group)
+                C.all_reduce_ring(batched, group=group)
+                ck.check(f"all_reduce_ring_textbook len={length} {dtype}", ours, batched,
+                         exact=True)
+
     # ---- all-gather: flat output, (n, m) output, list output, input aliasing its slot
     for algo, fn, kw in _with_segmented(C.ALL_GATHER, n):
         for length in LENGTHS:
@@ -433,6 +444,9 @@ def _worker(rank, world_size, init_file, backend, out_dir, scenario):
                         y = x.clone()
                         fn(y, group=g)
                         ck.check(f"all_reduce[{algo}] non-member", y, x, exact=True)
+                y = x.clone()
+                C.all_reduce_ring_textbook(y, group=g)
+                ck.check("all_reduce_ring_textbook non-member", y, x, exact=True)
     elapsed = time.perf_counter() - t0
     Path(out_dir, f"rank{rank}.json").write_text(
         json.dumps({"count": ck.count, "failures": ck.failures, "seconds": elapsed}))

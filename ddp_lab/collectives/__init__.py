@@ -3,10 +3,12 @@
 Plain functions that mirror ``torch.distributed``: they work in place (or, for
 all-gather / reduce-scatter, into an ``output`` argument), return None, take
 ``group=None`` (any sub-group; a process outside ``group`` returns immediately), and
-run on gloo (CPU) and nccl (CUDA). All communication goes through
+run on gloo (CPU) and nccl (CUDA). Their communication goes through
 ``torch.distributed.batch_isend_irecv`` -- no barriers. See ``docs/collectives.md``.
-:class:`PersistentRingAllReduce` is the ring all-reduce for repeated calls on one shape
-(gloo): it posts each call's receives during the previous one (``isend``/``irecv``).
+The ring in one screen is ``ring.py`` (:func:`all_reduce_ring_textbook`, plain
+``isend``/``irecv``: gloo); :func:`all_reduce_ring` batches each step (gloo and nccl);
+:class:`PersistentRingAllReduce` is the ring for repeated calls on one shape (gloo): it
+posts each call's receives during the previous one.
 
 Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` values or
 as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
@@ -18,6 +20,7 @@ from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring
 from .gather import GATHER, gather_naive, gather_tree, torch_gather
 from ._ring import DEFAULT_SEGMENT_BYTES
 from .persistent import PersistentRingAllReduce
+from .ring import all_reduce_ring_textbook
 from .reduce import reduce_naive, reduce_tree
 from .registry import (ALL_GATHER, ALL_REDUCE, BROADCAST, COLLECTIVES, REDUCE, REDUCE_SCATTER, torch_all_gather, torch_all_reduce, torch_broadcast, torch_reduce, torch_reduce_scatter)
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
@@ -27,6 +30,7 @@ __all__ = [
     "broadcast_naive", "broadcast_tree", "broadcast_ring", "DEFAULT_RING_CHUNK_BYTES",
     "reduce_naive", "reduce_tree",
     "all_reduce_naive", "all_reduce_tree", "all_reduce_butterfly", "all_reduce_ring",
+    "all_reduce_ring_textbook",
     "all_gather_ring", "reduce_scatter_ring", "DEFAULT_SEGMENT_BYTES",
     "gather_naive", "gather_tree", "torch_gather", "GATHER",
     "PersistentRingAllReduce",

@@ -1,19 +1,22 @@
 """sync=ring: bandwidth-optimal ring all-reduce, built from send/recv, on flat buckets.
 
-The ring is `ddp_lab.collectives.ring_schedule`: a reduce-scatter (n-1 steps, each rank
-sends one chunk to the next rank and adds the one it receives) then an all-gather (n-1
-steps that circulate the reduced chunks). Each bucket buffer is padded to a multiple of
-the world size, so the n chunks are equal and every rank sends and receives exactly
-2(n-1)/n of the (padded) buffer per call: the minimum any all-reduce can do, whatever n.
+The ring is `ddp_lab.collectives.ring` (read it first: one screen): a reduce-scatter (n-1
+steps, each rank sends one chunk to the next rank and adds the one it receives) then an
+all-gather (n-1 steps that circulate the reduced chunks). Each bucket buffer is padded to a
+multiple of the world size, so the n chunks are equal and every rank sends and receives
+exactly 2(n-1)/n of the (padded) buffer per call: the minimum any all-reduce can do.
 
-On gloo (`sync.prepost=true`, the default) each bucket gets a
-`ddp_lab.collectives.PersistentRingAllReduce`: the same schedule, with the next call's
-receives posted as soon as this call ends. gloo's TCP transport holds a send until the
-receiver has posted its receive; posted a call ahead, every send leaves at once. At 2
-ranks on the notebook's MLP this halves the ring's time per step (docs/sync.md).
-Otherwise (`sync.prepost=false`, nccl) `ddp_lab.collectives.all_reduce_ring` posts each
-step's receive with its send. `close()` answers the receives left posted after the last
-step.
+Which transport carries the steps (the same steps, bytes and bits; docs/collectives.md,
+*Optimising the ring*, has the measured reason for each):
+
+* gloo, `sync.prepost=true` (the default): a `PersistentRingAllReduce` per bucket, the next
+  call's receives posted as soon as this call ends. gloo's TCP transport holds a send until
+  the receiver has posted its receive; posted a call ahead, every send leaves at once.
+  `close()` answers the receives left posted after the last step.
+* gloo, `sync.prepost=false`: `all_reduce_ring_textbook`, plain isend/irecv step by step:
+  the ring as a textbook writes it, and as ddp_lab/stop0.py does.
+* nccl: `all_reduce_ring`, each step's send and receive one batch (nccl needs the pair in
+  one group).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import PersistentRingAllReduce, all_reduce_ring
+from ..collectives import PersistentRingAllReduce, all_reduce_ring, all_reduce_ring_textbook
 from .allreduce import AllReduceSync
 
 
@@ -35,8 +38,8 @@ class RingSync(AllReduceSync):
         module = super().wrap(module)
         # one plan per bucket buffer, looked up by its address (buffers never move)
         self.plans: dict[int, PersistentRingAllReduce] = {}
-        if (self.cfg.prepost and self.world_size > 1
-                and dist.get_backend() == "gloo" and self.device.type == "cpu"):
+        self.textbook = self.world_size > 1 and dist.get_backend() == "gloo"
+        if self.cfg.prepost and self.textbook and self.device.type == "cpu":
             # a plan per tensor that goes on the wire (sync.compress: the 16-bit copy)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
             self.plans = {w.data_ptr(): PersistentRingAllReduce(w) for w in wires}
@@ -46,6 +49,8 @@ class RingSync(AllReduceSync):
         plan = self.plans.get(flat.data_ptr())
         if plan is not None:
             plan(flat)
+        elif self.textbook:
+            all_reduce_ring_textbook(flat)
         else:
             all_reduce_ring(flat)
 
