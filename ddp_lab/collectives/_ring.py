@@ -3,9 +3,9 @@
 Each step of the schedule is one :func:`torch.distributed.batch_isend_irecv` of this
 rank's send to ``r+1`` and its receive from ``r-1``, posted together when the step starts:
 no barrier, and on nccl one group per step, so the ring cannot deadlock. Runs
-``all_reduce_ring`` (``sync.prepost=false``, nccl), ``reduce_scatter_ring`` and
-``all_gather_ring``. ``persistent.py`` is the same schedule with receives posted a call
-ahead.
+``all_reduce_ring`` (``sync=ring`` on nccl, the bench), ``reduce_scatter_ring`` and
+``all_gather_ring``. ``ring.py`` is the same schedule step by step with plain
+isend/irecv (read it first), ``persistent.py`` with receives posted a call ahead.
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def batched_exchange(
     biggest = max(c.numel() for c in chunks)
     partial: dict[int, torch.Tensor] = {}  # chunk -> where this rank's partial of it is
 
-    def exchange(send: int, recv: int, reduce: bool) -> None:
-        mine = chunks[recv]
+    def exchange(send_chunk: int, recv_chunk: int, reduce: bool) -> None:
+        mine = chunks[recv_chunk]
         if not reduce:
-            p2p_pipelined(info, chunks[send], r + 1, mine, r - 1, segment_bytes)
+            p2p_pipelined(info, chunks[send_chunk], r + 1, mine, r - 1, segment_bytes)
             return
         got = scratch(biggest, mine, slot=0)[: mine.numel()]
         if out is None:
@@ -112,8 +112,9 @@ def batched_exchange(
             target = out
         else:
             target = scratch(biggest, mine, slot=1 + len(partial) % 2)[: mine.numel()]
-        p2p_pipelined(info, partial.get(send, chunks[send]), r + 1, got, r - 1, segment_bytes,
+        outgoing = partial.get(send_chunk, chunks[send_chunk])
+        p2p_pipelined(info, outgoing, r + 1, got, r - 1, segment_bytes,
                       lambda lo, hi: combine_into(target[lo:hi], mine[lo:hi], got[lo:hi], op))
-        partial[recv] = target
+        partial[recv_chunk] = target
 
     return exchange

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ._common import AVG, SUM, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op
 from ._ring import DEFAULT_SEGMENT_BYTES, pieces
+from .ring import ring_steps
 from .ring_schedule import ring_all_reduce
 
 #: Tags of persistent plans start here (plain send/recv defaults to tag 0).
@@ -84,9 +85,8 @@ class PersistentRingAllReduce:
         self.sizes = [c.numel() for c in torch.empty(self.numel, device="meta").tensor_split(n)]
         # The schedule's steps, (chunk sent, chunk received), recorded once: one receive
         # buffer per step, and close() sends what the next rank's receives expect.
-        steps: list[tuple[int, int]] = []
-        ring_all_reduce(r, n, lambda send, recv, reduce: steps.append((send, recv)))
-        self._sends = [send for send, _ in steps]
+        steps = [(send_chunk, recv_chunk) for send_chunk, recv_chunk, _ in ring_steps(r, n)]
+        self._sends = [send_chunk for send_chunk, _ in steps]
         self._recv = torch.empty(sum(self.sizes[c] for _, c in steps), dtype=self.dtype)
         self._recv_steps: list[list[torch.Tensor]] = []
         lo = 0
@@ -138,13 +138,13 @@ class PersistentRingAllReduce:
             self._broken, self._posted = e, None
             raise
 
-    def _exchange(self, send: int, recv: int, reduce: bool) -> None:
-        """The schedule's step: send chunk ``send`` and take chunk ``recv`` piece by piece
-        from the receives posted a call ago, adding it into (``reduce``) or copying it over
-        this rank's chunk ``recv``."""
+    def _exchange(self, send_chunk: int, recv_chunk: int, reduce: bool) -> None:
+        """The schedule's step: send chunk ``send_chunk`` and take chunk ``recv_chunk`` piece
+        by piece from the receives posted a call ago, adding it into (``reduce``) or copying
+        it over this rank's copy."""
         chunks, step = self._chunks, self._step
-        sends = self._send(chunks[send])
-        mine, lo = chunks[recv], 0
+        sends = self._send(chunks[send_chunk])
+        mine, lo = chunks[recv_chunk], 0
         for work, got in zip(self._posted[step], self._recv_steps[step]):
             work.wait()
             hi = lo + got.numel()

@@ -1,5 +1,5 @@
-"""The ring's schedule for the optimised transports: each step a call ``exchange(send, recv,
-reduce)`` that a transport supplies, so one schedule serves them all.
+"""The ring's schedule for the optimised transports: each step a call ``exchange(send_chunk,
+recv_chunk, reduce)`` that a transport supplies, so one schedule serves them all.
 
 Read ``ring.py`` first: it holds the ring in one screen (its steps, ``ring_steps``, and the
 textbook transport, plain isend/irecv) and why it is correct. Here the same steps drive
@@ -7,11 +7,12 @@ textbook transport, plain isend/irecv) and why it is correct. Here the same step
 ``persistent.py`` (every receive of a call posted during the call before: ``sync=ring`` on
 gloo), which only move bytes differently (docs/collectives.md, *Optimising the ring*).
 
-``exchange(send, recv, reduce)`` takes chunk *numbers*: send chunk ``send`` to ``r+1``,
-receive chunk ``recv`` from ``r-1``, add it into this rank's copy (``reduce``) or write it
-over it. The reduce-scatter and the all-gather also run alone (``scatter_gather.py``);
-there ``shift=0`` makes rank ``r`` end with chunk ``r``, as torch's reduce_scatter does
-(the all-reduce's ``shift=1`` leaves it chunk ``r+1``, as ``ring_steps``).
+``exchange(send_chunk, recv_chunk, reduce)`` takes chunk *numbers*: send chunk
+``send_chunk`` to ``r+1``, receive chunk ``recv_chunk`` from ``r-1``, add it into this
+rank's copy (``reduce``) or write it over it. The reduce-scatter and the all-gather also
+run alone (``scatter_gather.py``); there ``shift=0`` makes rank ``r`` end with chunk ``r``,
+as torch's reduce_scatter does (the all-reduce's ``shift=1`` leaves it chunk ``r+1``, as
+``ring_steps``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from collections.abc import Callable
 
 from .ring import ring_steps
 
-#: ``exchange(send, recv, reduce)``: one step of this rank. Send chunk ``send`` to rank+1,
-#: receive chunk ``recv`` from rank-1, add it into this rank's chunk ``recv`` (``reduce``
-#: true) or write it over it (false).
+#: ``exchange(send_chunk, recv_chunk, reduce)``: one step of this rank. Send chunk
+#: ``send_chunk`` to rank+1, receive chunk ``recv_chunk`` from rank-1, add it into this
+#: rank's copy of it (``reduce`` true) or write it over it (false).
 Exchange = Callable[[int, int, bool], None]
 
 
@@ -44,7 +45,7 @@ def ring_all_reduce(rank: int, n: int, exchange: Exchange,
     """The ``2(n-1)`` steps of a ring all-reduce (``ring.ring_steps``). ``owned(chunk)`` runs
     between the phases on the one chunk this rank has fully reduced (AVG divides it there:
     1/n of the data)."""
-    for s, (send, recv, reduce) in enumerate(ring_steps(rank, n)):
+    for s, (send_chunk, recv_chunk, reduce) in enumerate(ring_steps(rank, n)):
         if s == n - 1 and owned is not None:
             owned((rank + 1) % n)
-        exchange(send, recv, reduce)
+        exchange(send_chunk, recv_chunk, reduce)
