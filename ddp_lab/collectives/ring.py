@@ -46,13 +46,13 @@ def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | No
     to_next, from_prev = info.peer(info.rank + 1), info.peer(info.rank - 1)
     with flat_view(tensor) as flat:
         chunks = flat.tensor_split(info.size)  # the first numel % n are one element longer
-        for send, recv, add in ring_steps(info.rank, info.size):
-            mine = chunks[recv]
+        for send_chunk, recv_chunk, add in ring_steps(info.rank, info.size):
+            mine = chunks[recv_chunk]
             landing = scratch(mine.numel(), mine) if add else mine  # copies land in place
             # the receive is posted before the send (docs/network.md: sends first, a shaped
             # link carried one direction at a time)
             incoming = dist.irecv(landing, from_prev, group=info.group)
-            outgoing = dist.isend(chunks[send], to_next, group=info.group)
+            outgoing = dist.isend(chunks[send_chunk], to_next, group=info.group)
             incoming.wait()
             outgoing.wait()  # the chunk sent may be written in a later step
             if add:
