@@ -39,8 +39,6 @@ class LauncherConfig:
     """number of machines (nodes, pods)"""
     nproc_per_node: Optional[int] = None
     """processes per node; null = one per GPU, else 2 on CPU"""
-    oversubscribe: bool = False
-    """allow more than 4 local ranks a core (launcher=local): refused without it, as Open MPI refuses without --oversubscribe"""
     dry_run: bool = False
     """render and print what would be run, write it into the run folder, start nothing"""
     max_restarts: int = 0
@@ -64,6 +62,8 @@ class LocalLauncherConfig(LauncherConfig):
 
     master_port: Optional[int] = None
     """rendezvous port; null = a free one"""
+    oversubscribe: bool = False
+    """allow more than 4 ranks a core: refused without it, as Open MPI refuses without --oversubscribe"""
 
 
 @dataclass
