@@ -144,7 +144,7 @@ class Zero1Sync(Synchroniser):
                         self._all_gather(whole, chunk)
                 for p, o in zip(b.params, b.offsets):
                     state.setdefault(index[id(p)], {})[key] = (
-                        scalar if whole is None else whole[o:o + p.numel()].view_as(p).clone())
+                        _own(scalar) if whole is None else whole[o:o + p.numel()].view_as(p).clone())
         group = {**mine["param_groups"][0], "params": list(index.values())}
         return {"state": state, "param_groups": [group]} if self.rank == 0 else None
 
@@ -162,9 +162,15 @@ class Zero1Sync(Synchroniser):
                     if (k, key) not in flats:
                         flats[k, key] = torch.zeros_like(b.buffer)
                     flats[k, key][o:o + p.numel()] = v.reshape(-1)
-        state = {j: {**scalars, **{key: f[lo:hi].clone() for (kk, key), f in flats.items()
+        state = {j: {**{key: _own(v) for key, v in scalars.items()}, **{key: f[lo:hi].clone() for (kk, key), f in flats.items()
                                    if kk == k}}
                  for j, (k, lo, hi) in enumerate(self.pieces)}
         group = {**full["param_groups"][0], "params": list(range(len(self.pieces)))}
         optimizer.load_state_dict({"state": {j: s for j, s in state.items() if s},
                                    "param_groups": [group]})
+
+
+def _own(v):
+    """A copy of a scalar for each parameter: Adam adds 1 to its step in place, and a step
+    tensor shared by every parameter would count once per parameter."""
+    return v.clone() if torch.is_tensor(v) else v
