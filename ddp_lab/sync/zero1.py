@@ -19,8 +19,8 @@ The optimiser is built over `optimizer_params()`: the pieces of each parameter t
 in this rank's chunk. Parameters start at multiples of ALIGN elements in the bucket, so a
 piece is cut where a vectorised (fused) optimiser kernel cuts the whole parameter: the
 same rounding, DDP's weights bit for bit. A checkpoint gathers the pieces into the state a
-plain optimiser over every parameter would hold (`optimizer_state`) and
-`load_optimizer_state` cuts it again, so it moves between world sizes and synchronisers.
+plain optimiser over every parameter would hold, and a load cuts it again (_zero1_state.py),
+so it moves between world sizes and synchronisers.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from torch import nn
 
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..measure import costmodel
+from . import _zero1_state
 from ._buckets import Bucket, make_buckets
 from ._wire import Wire
 from .base import Synchroniser
@@ -116,61 +117,10 @@ class Zero1Sync(Synchroniser):
 
     # ---------------------------------------------------------- checkpoints that move
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
-        """Collective: the state a plain optimiser over `module.parameters()` would hold."""
-        index = {id(p): i for i, p in enumerate(self.module.parameters())}
-        mine = optimizer.state_dict()
-        # which keys are per element (moments, momentum) and the scalars (Adam's step, the
-        # same on every piece): from any rank that holds a piece with state
-        held = [s for s in mine["state"].values() if s]
-        kinds = {key: (torch.is_tensor(v) and v.dim() == 1, v) for key, v in
-                 (held[0] if held else {}).items()}
-        if self.world_size > 1:
-            every: list = [None] * self.world_size
-            dist.all_gather_object(every, kinds)
-            kinds = next((d for d in every if d), {})
-        state: dict[int, dict] = {}
-        for k, b in enumerate(self.param_buckets):
-            for key, (per_element, scalar) in kinds.items():
-                whole = None
-                if per_element:  # this rank's chunk of it, then every chunk end to end
-                    chunk = torch.zeros_like(self.chunks[k])
-                    base = len(chunk) * self.rank
-                    for j, (kk, lo, hi) in enumerate(self.pieces):
-                        if kk == k and key in mine["state"].get(j, {}):
-                            chunk[lo - base:hi - base] = mine["state"][j][key]
-                    whole = chunk.clone()
-                    if self.world_size > 1:
-                        whole = torch.empty_like(b.buffer)
-                        self._all_gather(whole, chunk)
-                for p, o in zip(b.params, b.offsets):
-                    state.setdefault(index[id(p)], {})[key] = (
-                        _own(scalar) if whole is None else whole[o:o + p.numel()].view_as(p).clone())
-        group = {**mine["param_groups"][0], "params": list(index.values())}
-        return {"state": state, "param_groups": [group]} if self.rank == 0 else None
+        """Collective: the shards gathered into the state a plain optimiser over every
+        parameter would hold (rank 0; None elsewhere): a checkpoint any world, any sync loads."""
+        return _zero1_state.gather(self, optimizer)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        """Cut a whole-model state (ours, DDP's, any sync's, any world's) into the pieces."""
-        index = {id(p): i for i, p in enumerate(self.module.parameters())}
-        flats: dict[tuple[int, str], torch.Tensor] = {}  # (bucket, key): laid out as it
-        scalars: dict = {}  # Adam's step: the same for every parameter
-        for k, b in enumerate(self.param_buckets):
-            for p, o in zip(b.params, b.offsets):
-                for key, v in full["state"].get(index[id(p)], {}).items():
-                    if not (torch.is_tensor(v) and v.dim() > 0):
-                        scalars[key] = v
-                        continue
-                    if (k, key) not in flats:
-                        flats[k, key] = torch.zeros_like(b.buffer)
-                    flats[k, key][o:o + p.numel()] = v.reshape(-1)
-        state = {j: {**{key: _own(v) for key, v in scalars.items()}, **{key: f[lo:hi].clone() for (kk, key), f in flats.items()
-                                   if kk == k}}
-                 for j, (k, lo, hi) in enumerate(self.pieces)}
-        group = {**full["param_groups"][0], "params": list(range(len(self.pieces)))}
-        optimizer.load_state_dict({"state": {j: s for j, s in state.items() if s},
-                                   "param_groups": [group]})
-
-
-def _own(v):
-    """A copy of a scalar for each parameter: Adam adds 1 to its step in place, and a step
-    tensor shared by every parameter would count once per parameter."""
-    return v.clone() if torch.is_tensor(v) else v
+        """Any such state (ours, DDP's, from any world): this rank's pieces cut out of it."""
+        _zero1_state.cut(self, optimizer, full)
