@@ -139,11 +139,16 @@ def _weights(run_dir, name="epoch_0001.pt") -> dict:
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("world", [2, 3])
-def test_cli_zero1_trains_to_ddps_weights(tmp_path, shared_data_root, world):
+@pytest.mark.parametrize("world, optim", [
+    (2, ()), (3, ()),
+    # SGD with momentum (its state: one buffer per weight), gradients accumulated over two
+    # micro-batches per step
+    (2, ("optim=sgd", "optim.momentum=0.9", "train.lr=0.05", "train.micro_batch=32"))],
+    ids=["adam-2", "adam-3", "sgd-micro-2"])
+def test_cli_zero1_trains_to_ddps_weights(tmp_path, shared_data_root, world, optim):
     runs = {}
     for sync in ("ddp", "zero1"):
-        p = run_cli(f"sync={sync}", f"launcher.nproc_per_node={world}", *QUICK_30,
+        p = run_cli(f"sync={sync}", f"launcher.nproc_per_node={world}", *QUICK_30, *optim,
                     f"data.root={shared_data_root}", cwd=tmp_path, timeout=300)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         runs[sync] = run_dir_of(p)
