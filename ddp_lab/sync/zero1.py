@@ -92,8 +92,8 @@ class Zero1Sync(Synchroniser):
         for (k, lo, hi), view in zip(self.pieces, self.views):
             base = len(self.chunks[k]) * self.rank
             view.grad = self.chunk_grads[k][lo - base:hi - base]  # (zero_grad dropped it)
-        # the full .grad lives on in the buckets' sums: drop it, as the optimiser's
-        # zero_grad would have (it knows only the pieces)
+        # the full .grad is now in this rank's chunk of the sum: drop it, as the
+        # optimiser's zero_grad would have (it knows only the pieces, not the parameters)
         for b in self.grad_buckets:
             for p in b.params:
                 p.grad = None
