@@ -54,8 +54,13 @@ class Zero1Sync(Synchroniser):
         self.wire = Wire("none", n)  # pack() is the / world before the sum
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         self.bytes_exact = not self.nccl
-        self.chunks = [b.buffer.chunk(n)[r] for b in self.param_buckets]  # what rank r owns
-        self.chunk_grads = [torch.zeros_like(c) for c in self.chunks]
+        for b in self.param_buckets:  # the module's weights become views of the buffer:
+            b.pack_params()           # the all-gather then writes them, no copy back, and
+            for p, o in zip(b.params, b.offsets):  # a checkpoint loads straight into it
+                p.data = b.buffer[o:o + p.numel()].view_as(p)
+        # rank r owns chunk r of both: the reduce-scatter sums the gradient's into place
+        self.chunks = [b.buffer.chunk(n)[r] for b in self.param_buckets]
+        self.chunk_grads = [b.buffer.chunk(n)[r] for b in self.grad_buckets]
         # (bucket, lo, hi): every parameter's part inside this rank's chunk, as a view of the
         # weights (the optimiser updates in place where the all-gather sends from)
         self.pieces: list[tuple[int, int, int]] = []
@@ -81,9 +86,7 @@ class Zero1Sync(Synchroniser):
     def sync(self) -> None:
         for b, grad in zip(self.grad_buckets, self.chunk_grads):
             flat = self.wire.pack(b.pack_grads())  # each rank's share of the average
-            if self.world_size == 1:
-                grad.copy_(flat)
-            else:
+            if self.world_size > 1:
                 with self._timed(0, b):  # first half of the ring: sums, scattered
                     if self.nccl:
                         dist.reduce_scatter_tensor(grad, flat)
@@ -100,14 +103,11 @@ class Zero1Sync(Synchroniser):
 
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        for b in self.param_buckets:
-            b.pack_params()  # the module's weights (a resumed run loaded them there)
         optimizer.step()  # this rank's chunk only: the element-wise update DDP makes there
         for b, chunk in zip(self.param_buckets, self.chunks):
             if self.world_size > 1:
                 with self._timed(1, b):  # second half: every rank's updated chunk, everywhere
                     self._all_gather(b.buffer, chunk)
-            b.unpack_params()
 
     def _all_gather(self, out: torch.Tensor, chunk: torch.Tensor) -> None:
         if self.nccl:
