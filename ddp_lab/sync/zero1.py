@@ -10,6 +10,10 @@ all-gather spreads *updated weights* instead of summed gradients.
     step():  the optimiser steps the chunk of the flat weights this rank owns (its state,
              Adam's two moments, exists for that 1/world only), then all-gather the weights
 
+The module's weights are views of a flat weight bucket, so the all-gather writes them in
+place; the optimiser's gradients are views of the gradient bucket's chunk the
+reduce-scatter sums into. No buffer beyond DDP's one gradient bucket.
+
 Bytes per step: (n-1)/n of the bucket each way, twice: exactly an all-reduce's. Memory per
 rank: full weights and gradients, 1/world of the optimiser state. On gloo the two halves
 are ddp_lab's own ring (collectives/scatter_gather.py, exact bytes); on nccl torch's
