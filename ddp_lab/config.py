@@ -200,8 +200,8 @@ class SyncConfig:
     """How gradients are synchronised across ranks."""
 
     name: str = MISSING
-    """ddp | naive | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical
-    (ddp_lab/sync/<name>.py)"""
+    """ddp | naive | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical |
+    zero1 (ddp_lab/sync/<name>.py)"""
     overlap: bool = False
     """start each gradient bucket's collective during backward, as soon as the bucket is
     ready (DDP's overlap; ddp always overlaps), instead of after backward"""
@@ -310,6 +310,23 @@ class ReduceBroadcastSyncConfig(BucketSyncConfig):
         super().check(cfg, world_size)
         if not 0 <= cfg.root < world_size:
             raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
+
+
+@dataclass
+class Zero1SyncConfig(BucketSyncConfig):
+    """ZeRO stage 1: gradients reduce-scattered, each rank steps the optimiser on its shard
+    of the flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        super().check(cfg, world_size)
+        if cfg.get("overlap", False):
+            raise ValueError("sync=zero1 sync.overlap=true: zero1 reduce-scatters after backward; "
+                             "drop sync.overlap (or use sync=ddp for overlapped all-reduces)")
+        if cfg.get("compress", "none") != "none":
+            raise ValueError(f"sync=zero1 sync.compress={cfg.compress}: zero1 sends fp32 "
+                             f"gradients; drop sync.compress, or use sync=ring "
+                             f"sync.compress={cfg.compress}")
 
 
 #: sync.inter / sync.intra of sync=hierarchical -> the algorithm that runs it
@@ -671,7 +688,7 @@ SCHEMAS: dict[str, Registry[type]] = {
         "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
         "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
         "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
-        "hierarchical": HierarchicalSyncConfig}),
+        "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig}),
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),

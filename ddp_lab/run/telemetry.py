@@ -275,12 +275,13 @@ class Telemetry:
     # -------------------------------------------------------------- the end
     def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
                position: Optional[tuple[int, int]] = None,
-               stop_reason: Optional[str] = None) -> RunSummary:
+               stop_reason: Optional[str] = None,
+               memory: Optional[dict[str, int]] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard.
         `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
         that had already finished). A graceful stop passes its `status` (preempted |
         stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
-        why it stopped."""
+        why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
         self._merge_trace()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
             self._fingerprint()         # every connection it made are in the logs, flushed
@@ -316,7 +317,8 @@ class Telemetry:
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
-            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
+            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
+            **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
         self.sink.close()
         return summary
