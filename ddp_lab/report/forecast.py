@@ -194,7 +194,7 @@ class Model:
 
 def bench_level(bench: list[dict], device: str, backend: str, across: bool,
                 fid: Optional[str]) -> Optional[dict]:
-    """The bench run (its `tables.bench_fits` entry) that measured one link level on this
+    """The bench run (its `comm_tables.bench_fits` entry) that measured one link level on this
     backend and device: across nodes (2 or more) or inside one; the allocation `fid`'s own
     (same fingerprint) where there is one, the latest first; None where none did."""
     level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
