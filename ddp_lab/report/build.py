@@ -13,6 +13,7 @@ from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
 from .runs import Run
+from .memory import memory_markdown, memory_rows
 from .segments import segment_rows, segments_markdown
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
@@ -57,6 +58,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     comm = comm_tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
     segments = segment_rows(runs, short)
+    memory = memory_rows(runs, short)
     fc = fcast.forecast(groups, runs, fits, forecast_worlds or fcast.DEFAULT_WORLDS,
                         gpus_per_node, warmup)
     show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
@@ -82,6 +84,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         md += comm_tables.comm_model_markdown(fits, comm, short)
     if show_fc:
         md += fcast.forecast_markdown(fc)
+    md += memory_markdown(memory)
     md += segments_markdown(segments)
     md += comm_tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
@@ -96,6 +99,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                 w.writerow(_csv_row(r, g["device"]))
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
+        "memory": memory,
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],
