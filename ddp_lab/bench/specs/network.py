@@ -1,19 +1,18 @@
-#!/usr/bin/env python
 """What a slow network does to DDP: the project's claims about communication, measured on a
 shaped link (issue 22, item 3), each printed beside its prediction and its target.
 
-    scripts/net_claims.py           # its own lab + SLURM cluster; 558 s on 2 busy cores
-    scripts/net_claims.py --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \\
+    python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster; 558 s on 2 busy cores
+    python -m ddp_lab.bench.suite network --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \\
         --slow-link 100mbit --plots docs/img --out net_claims.json
     # on a lab and cluster already up (docs/network.md), SLURM_CONF of that cluster exported:
-    scripts/net_claims.py --lab netlab
+    python -m ddp_lab.bench.suite network --lab netlab
 
 Without --lab it makes a 2-node network lab (scripts/netlab.sh) and a SLURM cluster whose
 slurmd run in the lab's nodes (scripts/slurm_cluster.sh), on a name and ports of its own,
 and removes both when it ends, whatever happened. Then ONE SLURM job of 2 nodes x 2 ranks
-(`python -m ddp_lab launcher=slurm run.entry=net_claims`: this file is the ranks' entry
-too) builds the trainer's parts for every configuration in turn (ddp_lab.bench.scaffold,
-as scripts/bench_overlap.py does) and times one epoch of `--steps` steps of each:
+(`python -m ddp_lab launcher=slurm run.entry=ddp_lab.bench.specs.network`: this module is
+the ranks' entry too) builds the trainer's parts for every configuration in turn
+(ddp_lab.bench.scaffold, as the overlap benchmark does) and times one epoch of `--steps` steps of each:
 
 1. at `--link`, every configuration, `--rounds` rounds in a rotating order (A B C, B C A, ...:
    drift on a shared machine hits each alike); the claims are made from their medians;
@@ -43,7 +42,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
+from .. import suite
+from ..suite import REPO, Spec
+
+SPEC = Spec(compares="every sync, overlap and compression on a shaped 2-node link, then the "
+                     "link swept and one node slowed", rounds=3,
+            ratios="each claim: measured / predicted, against its target")
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
 NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
 PLAN_ENV = "NET_CLAIMS_PLAN"  # the job's ranks find their plan (a JSON file) here
@@ -69,14 +73,6 @@ RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,  # tc's: 
 
 
 # ------------------------------------------------------------------- the command line
-class OneLineParser(argparse.ArgumentParser):
-    """A user mistake: one line naming the option, exit 2 (no usage block)."""
-
-    def error(self, message: str) -> None:
-        print(f"net_claims: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def rate_bytes(text: str) -> float:
     """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s; ValueError if it is none."""
     m = RATE_RE.match(text)
@@ -86,12 +82,14 @@ def rate_bytes(text: str) -> float:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = OneLineParser(prog="net_claims.py", description=__doc__.split("\n\n")[0])
+    return suite.parse("network", argv)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--link", default="200mbit", help="the rate of the claims (default 200mbit)")
     ap.add_argument("--rates", default="1gbit,500mbit,100mbit",
                     help="more rates for the epoch-vs-link plot, comma-separated")
     ap.add_argument("--slow-link", default="100mbit", help="node2's rate in the straggler phase")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds at --link (default 3)")
     ap.add_argument("--sweep-rounds", type=int, default=1, help="rounds at each of --rates")
     ap.add_argument("--steps", type=int, default=16, help="steps per epoch (default 16)")
     ap.add_argument("--hidden", default="1024,1024", help="the MLP's hidden layers")
@@ -100,37 +98,36 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--powersgd-rank", type=int, default=32, help="sync.powersgd_rank")
     ap.add_argument("--lab", default="", help="a lab already up, its cluster's SLURM_CONF "
                     "exported (default: make both, remove both)")
-    ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
     ap.add_argument("--plots", default="", help="draw network_*.png into this folder")
-    ap.add_argument("--out", default="", help="every round's figures, as JSON")
     ap.add_argument("--from", dest="from_json", default="",
                     help="no measuring: the tables, claims and plots of an --out file")
-    args = ap.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
     for opt in ("link", "slow_link", *(["rates"] if args.rates else [])):
         for r in getattr(args, opt).split(","):
             try:
                 rate_bytes(r)
             except ValueError as e:
-                ap.error(f"--{opt.replace('_', '-')}: {e}")
+                raise suite.UsageError(f"--{opt.replace('_', '-')}: {e}")
     for opt in ("rounds", "steps", "batch", "powersgd_rank"):
         if getattr(args, opt) < 1:
-            ap.error(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be 1 or more")
+            raise suite.UsageError(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be 1 or more")
     if args.sweep_rounds < 0:
-        ap.error(f"--sweep-rounds {args.sweep_rounds}: must be 0 (no sweep) or more")
+        raise suite.UsageError(f"--sweep-rounds {args.sweep_rounds}: must be 0 (no sweep) or more")
     if args.bucket_mb <= 0:
-        ap.error(f"--bucket-mb {args.bucket_mb:g}: must be above 0")
+        raise suite.UsageError(f"--bucket-mb {args.bucket_mb:g}: must be above 0")
     if not re.fullmatch(r"\d+(,\d+)*", args.hidden):
-        ap.error(f"--hidden '{args.hidden}': use layer widths such as 1024,1024")
+        raise suite.UsageError(f"--hidden '{args.hidden}': use layer widths such as 1024,1024")
     if args.lab and not (NETLAB_RECORDS / f"{args.lab}.env").is_file():
-        ap.error(f"--lab {args.lab}: no such lab is up (scripts/netlab.sh status --name "
+        raise suite.UsageError(f"--lab {args.lab}: no such lab is up (scripts/netlab.sh status --name "
                  f"{args.lab})")
     if args.lab and not os.environ.get("SLURM_CONF"):
-        ap.error(f"--lab {args.lab}: export SLURM_CONF of the cluster that runs on it first")
+        raise suite.UsageError(f"--lab {args.lab}: export SLURM_CONF of the cluster that runs on it first")
     if args.from_json and not Path(args.from_json).is_file():
-        ap.error(f"--from {args.from_json}: no such file (an --out of an earlier run)")
+        raise suite.UsageError(f"--from {args.from_json}: no such file (an --out of an earlier run)")
     if not args.from_json and not (Path(args.data_root) / "MNIST").is_dir():
-        ap.error(f"--data-root {args.data_root}: no MNIST folder there")
-    return args
+        raise suite.UsageError(f"--data-root {args.data_root}: no MNIST folder there")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -516,12 +513,11 @@ def submit(args: argparse.Namespace, lab: str, env: dict, work: Path) -> dict:
     plan = {"lab": lab, "root_netns": f"/proc/{os.getpid()}/ns/net", "steps": args.steps,
             "overrides": overrides(args), "configs": config_overrides(args), "phases": phases(args), "out": str(work / "out.json")}
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
-    lines = [f"export PYTHONPATH={REPO / 'scripts'}:$PYTHONPATH",  # the ranks: this file
-             f"export {PLAN_ENV}={work / 'plan.json'}"]  # and the plan
+    lines = [f"export {PLAN_ENV}={work / 'plan.json'}"]  # the ranks find their plan
     setup = "[" + ",".join(f'"{line}"' for line in lines) + "]"
     cmd = [sys.executable, "-m", "ddp_lab", "launcher=slurm", "launcher.nodes=2",
            "launcher.nproc_per_node=2", "launcher.wait=true", "launcher.poll_s=1",
-           "launcher.wait_timeout_s=3000", f"launcher.setup={setup}", "run.entry=net_claims",
+           "launcher.wait_timeout_s=3000", f"launcher.setup={setup}", "run.entry=ddp_lab.bench.specs.network",
            f"run.root={work / 'runs'}", "log.progress=lines", "dist.timeout_s=300",
            *overrides(args)]
     env = dict(env, PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}")
@@ -562,13 +558,7 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
     return found
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) == 1 and (Path(argv[0]) / "config.yaml").is_file():  # a rank of the job
-        from ddp_lab.run.rank import rank_main
-
-        return rank_main(argv, "net_claims", "scripts/net_claims.py", rank)
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
@@ -582,12 +572,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     found = report(args, res)
     if args.plots:
         draw(args, res["rows"], Path(args.plots))
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), **res,
-                                              "claims": [vars(c) for c in found]}, indent=1))
     print(f"\n{time.monotonic() - t0:.0f} s in all")
-    return 0
+    return {"rows": res["rows"], **{k: res[k] for k in ("steps", "load", "cpus", "when") if k in res},
+            "claims": [vars(c) for c in found],
+            "ratios": {f"{c.name}: measured / predicted": c.measured / c.predicted for c in found
+                       if isinstance(c.measured, float) and isinstance(c.predicted, float) and c.predicted}}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a rank of the job (run.entry)
+    from ...run.rank import rank_main
+
+    sys.exit(rank_main(None, "ddp_lab.bench.specs.network", "python -m ddp_lab.bench.suite network", rank))
