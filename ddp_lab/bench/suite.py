@@ -171,15 +171,16 @@ def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -
 
 def trained(overrides: Sequence[str], cwd: Path) -> dict:
     """One real training run (`python -m ddp_lab`, this checkout's, `overrides` last) started
-    in `cwd`: its summary.json. Exits with the run's last output if it failed."""
+    in `cwd`: its summary.json, and its folder as "run_dir". Exits with the run's last
+    output if it failed."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "ddp_lab", "log.progress=lines", *overrides]
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    run_dir = next(line.split("run dir: ", 1)[1].strip() for line in p.stdout.splitlines()
-                   if line.startswith("run dir: "))
-    return json.loads((Path(cwd, run_dir) / "summary.json").read_text())
+    run_dir = Path(cwd, next(line.split("run dir: ", 1)[1].strip()
+                             for line in p.stdout.splitlines() if line.startswith("run dir: ")))
+    return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}
 
 
 def listing() -> str:

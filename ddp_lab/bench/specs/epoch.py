@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..suite import REPO, Spec
+from ..suite import REPO, Spec, trained
 
 SPEC = Spec(compares="the floor (a tight loop), the notebook's loop and `python -m ddp_lab` "
                      "(timing on and off) on 1 and 2 ranks", rounds=3, data=False,
@@ -215,18 +215,11 @@ def _latency_rank(ctx, args) -> float:
 
 
 def ours(root: str, out: str, ranks: int, epochs: int, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "ddp_lab", f"launcher.nproc_per_node={ranks}",
-           f"train.epochs={epochs}", f"data.root={root}", f"run.root={out}",
-           "train.checkpoint=false", "log.progress=lines", "dist.device=cpu", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if proc.returncode != 0:
-        sys.exit(f"ddp_lab run failed:\n{proc.stdout}\n{proc.stderr}")
-    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}", f"data.root={root}",
+                 f"run.root={out}", "train.checkpoint=false", "dist.device=cpu", *extra], REPO)
+    records = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     return {"epochs": [r["epoch_time_s"] for r in records], "acc": records[-1]["test_accuracy"],
-            "compile_s": summary.get("compile_s")}
+            "compile_s": s.get("compile_s")}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
