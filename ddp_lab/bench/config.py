@@ -71,8 +71,8 @@ class BenchConfig:
     """sizes, evenly spaced on a log scale from min to max (powers of two where they fall)"""
     sizes: List[int] = field(default_factory=list)
     """extra sizes in elements, measured besides the log-spaced ones (e.g. a synchroniser's
-    bucket sizes: scripts/comm_truth.py compares a training step's calls with the bench at
-    exactly their size)"""
+    bucket sizes: `python -m ddp_lab.bench.suite truth` compares a training step's calls
+    with the bench at exactly their size)"""
     warmup: int = 2
     """untimed iterations before every size (connections, allocation, caches)"""
     iters: int = 20
