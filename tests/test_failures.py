@@ -1,7 +1,7 @@
 """Dead and hung ranks, and the job's processes under every kind of kill (issue 11, item 5).
 
 Unit part: the per-rank progress record (ddp_lab.run.progress; what it costs a step is
-scripts/bench_stop.py's), the
+`python -m ddp_lab.bench.suite stop`), the
 diagnosis from records plus /proc (a real frozen process, a real dead pid), the hang
 watchdog's stack dump, the nccl flight recorder's variables, the init timeout's key.
 

@@ -72,7 +72,7 @@ class BenchConfig:
                          "max (powers of two where they fall)")
     sizes: List[int] = doc([], "extra sizes in elements, measured besides the "
                                "log-spaced ones (e.g. a synchroniser's bucket sizes: "
-                               "scripts/comm_truth.py compares a training step's "
+                               "`python -m ddp_lab.bench.suite truth` compares a training step's "
                                "calls with the bench at exactly their size)")
     warmup: int = doc(2, "untimed iterations before every size (connections, allocation, caches)")
     iters: int = doc(20, "most timed iterations per size")
