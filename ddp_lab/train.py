@@ -87,8 +87,9 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
 def build_parts(cfg: Config, ctx: DistContext, clock: Clock
                 ) -> tuple[torch.nn.Module, Synchroniser, torch.optim.Optimizer]:
     """The model (seeded with train.seed first: the same initial weights on every rank), its
-    synchroniser and the optimiser, on this rank's device. the benchmarks (python -m ddp_lab.bench.suite) build theirs
-    here too (ddp_lab/bench/scaffold.py), so a benchmark times the trainer's own parts."""
+    synchroniser and the optimiser, on this rank's device. The benchmarks
+    (`python -m ddp_lab.bench.suite`) build theirs here too (ddp_lab/bench/scaffold.py), so
+    a benchmark times the trainer's own parts."""
     torch.manual_seed(cfg.train.seed)
     module = build_model(cfg.model).to(ctx.device)
     syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
