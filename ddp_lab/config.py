@@ -10,20 +10,15 @@ into the same schema with `load_run_config`, so every rank runs exactly one conf
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import functools
-import inspect
-import json
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .config_help import doc, help_keys
 from .resources import conf_dir
 from .registry import Registry
 
@@ -33,159 +28,142 @@ from .registry import Registry
 class LauncherConfig:
     """How the ranks are started."""
 
-    name: str = MISSING
-    """launcher kind: local | mpirun | slurm | runai"""
-    nodes: int = 1
-    """number of machines (nodes, pods)"""
-    nproc_per_node: Optional[int] = None
-    """processes per node; null = one per GPU, else 2 on CPU"""
-    dry_run: bool = False
-    """render and print what would be run, write it into the run folder, start nothing"""
-    max_restarts: int = 0
-    """torchrun restarts of the whole worker group after a failure (resumes from checkpoint)"""
-    setup: List[str] = field(default_factory=list)
-    """shell lines run on every node before the ranks start (module load ..., source venv/bin/activate)"""
-    python: Optional[str] = None
-    """the python that runs the ranks; null = this interpreter (runai: `python` of the image)"""
-    venv: Optional[str] = None
-    """a virtual environment whose python runs the ranks (launcher.python then unused): made
-    over a container's torch with --system-site-packages, on storage every node sees
-    (docs/launchers.md, Containers)"""
-    required: List[str] = field(default_factory=list)
-    """launcher keys a real submission needs set (a site preset names them, e.g. [account,
-    environment]); a dry run renders without them"""
+    name: str = doc(MISSING, "launcher kind: local | mpirun | slurm | runai")
+    nodes: int = doc(1, "number of machines (nodes, pods)")
+    nproc_per_node: Optional[int] = doc(None, "processes per node; null = one "
+                                              "per GPU, else 2 on CPU")
+    dry_run: bool = doc(False, "render and print what would be run, write it "
+                               "into the run folder, start nothing")
+    max_restarts: int = doc(0, "torchrun restarts of the whole worker group "
+                               "after a failure (resumes from checkpoint)")
+    setup: List[str] = doc([], "shell lines run on every node before the ranks start "
+                               "(module load ..., source venv/bin/activate)")
+    python: Optional[str] = doc(None, "the python that runs the ranks; null = this "
+                                      "interpreter (runai: `python` of the image)")
+    venv: Optional[str] = doc(None, "a virtual environment whose python runs the ranks "
+                                    "(launcher.python then unused): made over a container's "
+                                    "torch with --system-site-packages, on storage every "
+                                    "node sees (docs/launchers.md, Containers)")
+    required: List[str] = doc([], "launcher keys a real submission needs set (a "
+                                  "site preset names them, e.g. [account, "
+                                  "environment]); a dry run renders without them")
 
 
 @dataclass
 class LocalLauncherConfig(LauncherConfig):
     """torchrun on this machine."""
 
-    master_port: Optional[int] = None
-    """rendezvous port; null = a free one"""
+    master_port: Optional[int] = doc(None, "rendezvous port; null = a free one")
+    oversubscribe: bool = doc(False, "allow more than 4 ranks a core: refused without it, "
+                                     "as Open MPI refuses without --oversubscribe")
 
 
 @dataclass
 class MpirunLauncherConfig(LauncherConfig):
     """Open MPI's mpirun starts one process per slot (the lab-machines recipe)."""
 
-    hosts: Optional[List[str]] = None
-    """`name:slots` entries (`name` alone = nproc_per_node slots); null = hostfile, else [localhost]"""
-    hostfile: Optional[str] = None
-    """an existing Open MPI hostfile (`name slots=N` or `name max_slots=N` lines) instead of hosts"""
-    np: Optional[int] = None
-    """ranks in all (mpirun's -np), placed slot by slot, host by host; null = every slot"""
-    master_addr: Optional[str] = None
-    """rendezvous address every rank reaches: the first host (rank 0's); null = that host"""
-    master_port: Optional[int] = None
-    """rendezvous port; null = a free one (checked on this machine)"""
-    allow_run_as_root: Optional[bool] = None
-    """pass --allow-run-as-root; null = when running as root"""
-    oversubscribe: Optional[bool] = None
-    """pass --oversubscribe; null = when a local host gets more slots than it has cores"""
-    mpirun: str = "mpirun"
-    """the mpirun executable"""
-    extra_args: List[str] = field(default_factory=list)
-    """more mpirun arguments, e.g. [--mca, btl_tcp_if_include, eth0]; ssh's options:
-    [--mca, plm_rsh_args, "-F SSH_CONFIG"] (docs/launchers.md, mpirun)"""
+    hosts: Optional[List[str]] = doc(None, "`name:slots` entries (`name` alone = nproc_per_node "
+                                           "slots); null = hostfile, else [localhost]")
+    hostfile: Optional[str] = doc(None, "an existing Open MPI hostfile (`name slots=N` or "
+                                        "`name max_slots=N` lines) instead of hosts")
+    np: Optional[int] = doc(None, "ranks in all (mpirun's -np), placed slot by "
+                                  "slot, host by host; null = every slot")
+    master_addr: Optional[str] = doc(None, "rendezvous address every rank reaches: the "
+                                           "first host (rank 0's); null = that host")
+    master_port: Optional[int] = doc(None, "rendezvous port; null = a free one "
+                                           "(checked on this machine)")
+    allow_run_as_root: Optional[bool] = doc(None, "pass --allow-run-as-root; null = "
+                                                  "when running as root")
+    oversubscribe: Optional[bool] = doc(None, "pass --oversubscribe; null = when a local "
+                                              "host gets more slots than it has cores")
+    mpirun: str = doc("mpirun", "the mpirun executable")
+    extra_args: List[str] = doc([], "more mpirun arguments, e.g. [--mca, btl_tcp_if_include, "
+                                    "eth0]; ssh's options: [--mca, plm_rsh_args, \"-F "
+                                    "SSH_CONFIG\"] (docs/launchers.md, mpirun)")
 
 
 @dataclass
 class SlurmLauncherConfig(LauncherConfig):
     """sbatch + srun: one torchrun per node, or one task per process (per_task=true)."""
 
-    job_name: str = "ddp_lab"
-    """#SBATCH --job-name (also %x in the log names)"""
-    output: str = "%x_%j"
-    """#SBATCH --output/--error: the logs' name in RUN_DIR/logs, .out/.err added; SLURM's %x
-    (job name), %j (job id), %u (user)"""
-    account: Optional[str] = None
-    """#SBATCH --account"""
-    partition: Optional[str] = None
-    """#SBATCH --partition"""
-    qos: Optional[str] = None
-    """#SBATCH --qos"""
-    time: str = "00:30:00"
-    """#SBATCH --time (wall-clock limit)"""
-    gpus_per_node: Optional[int] = None
-    """#SBATCH --gpus-per-node; null = no GPU request"""
-    cpus_per_task: Optional[int] = None
-    """#SBATCH --cpus-per-task (passed on to srun too)"""
-    ntasks_per_node: Optional[int] = None
-    """#SBATCH --ntasks-per-node; null = 1 (torchrun) or nproc_per_node (per_task)"""
-    environment: Optional[str] = None
-    """#SBATCH --environment=<toml>: a CSCS container environment (EDF)"""
-    nccl_env: bool = False
-    """export the NCCL network settings `python -m ddp_lab.nccl_env` reads from the first
-    node's sysfs (Slingshot: CSCS's aws-ofi-nccl settings; RoCE/IB: device and GID index)"""
-    contiguous: bool = False
-    """#SBATCH --contiguous: nodes next to each other"""
-    sbatch_extra: List[str] = field(default_factory=list)
-    """more #SBATCH options, e.g. [--mem=0, --exclusive]"""
-    srun_extra: List[str] = field(default_factory=list)
-    """more srun options"""
-    per_task: bool = False
-    """true: srun starts one task per process, no torchrun (ranks from SLURM_PROCID)"""
-    rdzv: str = "c10d"
-    """torchrun rendezvous: c10d (survives restarts) | static (master_addr/port, no restarts)"""
-    master_port: Optional[int] = None
-    """rendezvous port; null = 20000 + job id % 20000 (the same on every node)"""
-    wait: Optional[bool] = None
-    """follow the job to its end and return its exit status; null = when stdin is a terminal"""
-    wait_timeout_s: Optional[float] = None
-    """stop following after this long (the job keeps running); null = no limit"""
-    poll_s: float = 2.0
-    """seconds between squeue/scontrol polls while following"""
-    signal_s: Optional[int] = None
-    """#SBATCH --signal=B:USR2@<signal_s>: SLURM signals the batch shell this many seconds
-    before the time limit; its trap writes RUN_DIR/STOP so every rank checkpoints and exits 0,
-    then the shell requeues the job (see requeue, max_requeues). SLURM may signal up to 60 s
-    earlier than asked, never later. null = a quarter of launcher.time, at most 120 s
-    (00:02:00 -> 30 s); 0 = no signal line (the job just ends at its limit). A benchmark
-    has no checkpoint: it gets neither the signal nor a requeue"""
-    requeue: bool = True
-    """#SBATCH --requeue: the job may be requeued (by itself after the time-limit signal, by an
-    admin's `scontrol requeue`, by preemption) and continues from its checkpoint
-    (train.resume=auto); false = --no-requeue, and no self-requeue"""
-    max_requeues: int = 3
-    """self-requeues after the time-limit signal, counted by SLURM_RESTART_COUNT (requeues by
-    the scheduler count too); once reached the job ends with exit status 75 and says how to
-    continue (`sbatch RUN_DIR/job.sbatch`). 0 = never requeue itself"""
+    job_name: str = doc("ddp_lab", "#SBATCH --job-name (also %x in the log names)")
+    output: str = doc("%x_%j", "#SBATCH --output/--error: the logs' name in RUN_DIR/logs, "
+                               ".out/.err added; SLURM's %x (job name), %j (job id), %u (user)")
+    account: Optional[str] = doc(None, "#SBATCH --account")
+    partition: Optional[str] = doc(None, "#SBATCH --partition")
+    qos: Optional[str] = doc(None, "#SBATCH --qos")
+    time: str = doc("00:30:00", "#SBATCH --time (wall-clock limit)")
+    gpus_per_node: Optional[int] = doc(None, "#SBATCH --gpus-per-node; null = no GPU request")
+    cpus_per_task: Optional[int] = doc(None, "#SBATCH --cpus-per-task (passed on to srun too)")
+    ntasks_per_node: Optional[int] = doc(None, "#SBATCH --ntasks-per-node; null = 1 "
+                                               "(torchrun) or nproc_per_node (per_task)")
+    environment: Optional[str] = doc(None, "#SBATCH --environment=<toml>: a CSCS "
+                                           "container environment (EDF)")
+    nccl_env: bool = doc(False, "export the NCCL network settings `python -m ddp_lab.nccl_env` "
+                                "reads from the first node's sysfs (Slingshot: CSCS's "
+                                "aws-ofi-nccl settings; RoCE/IB: device and GID index)")
+    contiguous: bool = doc(False, "#SBATCH --contiguous: nodes next to each other")
+    sbatch_extra: List[str] = doc([], "more #SBATCH options, e.g. [--mem=0, --exclusive]")
+    srun_extra: List[str] = doc([], "more srun options")
+    per_task: bool = doc(False, "true: srun starts one task per process, no "
+                                "torchrun (ranks from SLURM_PROCID)")
+    rdzv: str = doc("c10d", "torchrun rendezvous: c10d (survives restarts) | "
+                            "static (master_addr/port, no restarts)")
+    master_port: Optional[int] = doc(None, "rendezvous port; null = 20000 + job id % "
+                                           "20000 (the same on every node)")
+    wait: Optional[bool] = doc(None, "follow the job to its end and return its exit "
+                                     "status; null = when stdin is a terminal")
+    wait_timeout_s: Optional[float] = doc(None, "stop following after this long (the job "
+                                                "keeps running); null = no limit")
+    poll_s: float = doc(2.0, "seconds between squeue/scontrol polls while following")
+    signal_s: Optional[int] = doc(None, "#SBATCH --signal=B:USR2@<signal_s>: SLURM signals the "
+                                        "batch shell this many seconds before the time limit; "
+                                        "its trap writes RUN_DIR/STOP so every rank checkpoints "
+                                        "and exits 0, then the shell requeues the job (see "
+                                        "requeue, max_requeues). SLURM may signal up to 60 s "
+                                        "earlier than asked, never later. null = a quarter of "
+                                        "launcher.time, at most 120 s (00:02:00 -> 30 s); 0 = "
+                                        "no signal line (the job just ends at its limit). A "
+                                        "benchmark has no checkpoint: it gets neither the "
+                                        "signal nor a requeue")
+    requeue: bool = doc(True, "#SBATCH --requeue: the job may be requeued (by itself after "
+                              "the time-limit signal, by an admin's `scontrol requeue`, by "
+                              "preemption) and continues from its checkpoint "
+                              "(train.resume=auto); false = --no-requeue, and no self-requeue")
+    max_requeues: int = doc(3, "self-requeues after the time-limit signal, counted by "
+                               "SLURM_RESTART_COUNT (requeues by the scheduler count too); once "
+                               "reached the job ends with exit status 75 and says how to "
+                               "continue (`sbatch RUN_DIR/job.sbatch`). 0 = never requeue itself")
 
 
 @dataclass
 class RunaiLauncherConfig(LauncherConfig):
     """`runai submit-dist pytorch`: RunAI pods, one torchrun per pod (the RCP recipe)."""
 
-    job_name: Optional[str] = None
-    """--name; null = derived from the run folder"""
-    project: Optional[str] = None
-    """--project; null = the CLI's default project"""
-    image: Optional[str] = None
-    """--image: the container image (must hold torch; ddp_lab too, or install it in setup)"""
-    gpus_per_node: int = 1
-    """--gpu: GPUs per pod"""
-    pvc: List[str] = field(default_factory=list)
-    """--pvc entries `claim:/mount`; the run folder must be on one, at the same path"""
-    env: Dict[str, str] = field(default_factory=dict)
-    """-e NAME=VALUE environment variables of the pods"""
-    large_shm: bool = True
-    """--large-shm: a large /dev/shm (NCCL and DataLoader workers use it)"""
-    rdma: bool = False
-    """RoCE: the network annotation + rdma extended resource, and NCCL RDMA settings in the pod"""
-    rdma_annotation: str = "k8s.v1.cni.cncf.io/networks=kube-system/roce"
-    """--annotation used when rdma=true"""
-    rdma_resource: str = "rdma/rdma=1"
-    """--extended-resource used when rdma=true"""
-    extra_args: List[str] = field(default_factory=list)
-    """more `runai submit-dist pytorch` flags"""
-    rdzv: str = "static"
-    """torchrun rendezvous in the pods: static (RunAI's MASTER_ADDR/PORT, RANK as node rank) | c10d (needed for max_restarts)"""
-    wait: Optional[bool] = None
-    """follow the pods' exit files in the run folder; null = when stdin is a terminal"""
-    wait_timeout_s: Optional[float] = None
-    """stop following after this long (the job keeps running); null = no limit"""
-    poll_s: float = 5.0
-    """seconds between looks at the run folder while following"""
+    job_name: Optional[str] = doc(None, "--name; null = derived from the run folder")
+    project: Optional[str] = doc(None, "--project; null = the CLI's default project")
+    image: Optional[str] = doc(None, "--image: the container image (must hold torch; "
+                                     "ddp_lab too, or install it in setup)")
+    gpus_per_node: int = doc(1, "--gpu: GPUs per pod")
+    pvc: List[str] = doc([], "--pvc entries `claim:/mount`; the run folder "
+                             "must be on one, at the same path")
+    env: Dict[str, str] = doc({}, "-e NAME=VALUE environment variables of the pods")
+    large_shm: bool = doc(True, "--large-shm: a large /dev/shm (NCCL "
+                                "and DataLoader workers use it)")
+    rdma: bool = doc(False, "RoCE: the network annotation + rdma extended "
+                            "resource, and NCCL RDMA settings in the pod")
+    rdma_annotation: str = doc("k8s.v1.cni.cncf.io/networks=kube-system/roce",
+            "--annotation used when rdma=true")
+    rdma_resource: str = doc("rdma/rdma=1", "--extended-resource used when rdma=true")
+    extra_args: List[str] = doc([], "more `runai submit-dist pytorch` flags")
+    rdzv: str = doc("static", "torchrun rendezvous in the pods: static "
+                              "(RunAI's MASTER_ADDR/PORT, RANK as node rank) "
+                              "| c10d (needed for max_restarts)")
+    wait: Optional[bool] = doc(None, "follow the pods' exit files in the run "
+                                     "folder; null = when stdin is a terminal")
+    wait_timeout_s: Optional[float] = doc(None, "stop following after this long (the job "
+                                                "keeps running); null = no limit")
+    poll_s: float = doc(5.0, "seconds between looks at the run folder while following")
 
 
 # -------------------------------------------------------------------- sync
@@ -197,14 +175,12 @@ COMPRESS_MODES = ("none", "fp16", "bf16", "powersgd")
 class SyncConfig:
     """How gradients are synchronised across ranks."""
 
-    name: str = MISSING
-    """ddp | naive | allreduce | reduce_broadcast | ring | tree | butterfly | hierarchical
-    (ddp_lab/sync/<name>.py)"""
-    overlap: bool = False
-    """start each gradient bucket's collective during backward, as soon as the bucket is
-    ready (DDP's overlap; ddp always overlaps), instead of after backward"""
-    compress: str = "none"
-    """gradients on the wire: none | fp16 | bf16 | powersgd (ddp only)"""
+    name: str = doc(MISSING, "ddp | naive | allreduce | reduce_broadcast | ring | tree | "
+                             "butterfly | hierarchical | zero1 (ddp_lab/sync/<name>.py)")
+    overlap: bool = doc(False, "start each gradient bucket's collective during backward, "
+                               "as soon as the bucket is ready (DDP's overlap; ddp "
+                               "always overlaps), instead of after backward")
+    compress: str = doc("none", "gradients on the wire: none | fp16 | bf16 | powersgd (ddp only)")
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
@@ -218,18 +194,15 @@ class SyncConfig:
 class DDPSyncConfig(SyncConfig):
     """torch.nn.parallel.DistributedDataParallel."""
 
-    overlap: bool = True
-    """DDP overlaps its bucket all-reduces with backward: always true here"""
-    powersgd_rank: int = 1
-    """sync.compress=powersgd: the rank of PowerSGD's low-rank approximation"""
-    bucket_cap_mb: float = 25.0
-    """DDP gradient bucket size in MB"""
-    gradient_as_bucket_view: bool = False
-    """let .grad alias the bucket memory (saves a copy)"""
-    static_graph: bool = False
-    """promise DDP the graph never changes (needs every parameter used)"""
-    find_unused_parameters: bool = False
-    """let DDP look for parameters that got no gradient"""
+    overlap: bool = doc(True, "DDP overlaps its bucket all-reduces "
+                              "with backward: always true here")
+    powersgd_rank: int = doc(1, "sync.compress=powersgd: the rank of "
+                                "PowerSGD's low-rank approximation")
+    bucket_cap_mb: float = doc(25.0, "DDP gradient bucket size in MB")
+    gradient_as_bucket_view: bool = doc(False, "let .grad alias the bucket memory (saves a copy)")
+    static_graph: bool = doc(False, "promise DDP the graph never changes "
+                                    "(needs every parameter used)")
+    find_unused_parameters: bool = doc(False, "let DDP look for parameters that got no gradient")
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
@@ -272,8 +245,7 @@ class BucketSyncConfig(SyncConfig):
     """Flattened gradient buckets, one collective call per bucket (allreduce, ring, tree,
     butterfly)."""
 
-    bucket_mb: float = 25.0
-    """bucket size in MB (1e6 bytes); 0 = one call per parameter"""
+    bucket_mb: float = doc(25.0, "bucket size in MB (1e6 bytes); 0 = one call per parameter")
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
@@ -290,24 +262,41 @@ class BucketSyncConfig(SyncConfig):
 class RingSyncConfig(BucketSyncConfig):
     """Ring all-reduce from send/recv on flat buckets."""
 
-    prepost: bool = True
-    """gloo: post each bucket's receives a call ahead, so sends never wait for the
-    receiver's "ready" notice (ddp_lab.collectives.PersistentRingAllReduce); false = post
-    them when the all-reduce starts, as all_reduce_ring does. nccl always does the latter"""
+    prepost: bool = doc(True, "gloo: post each bucket's receives a call ahead, so "
+                              "sends never wait for the receiver's \"ready\" notice "
+                              "(ddp_lab.collectives.PersistentRingAllReduce); false = "
+                              "post them when the all-reduce starts, as "
+                              "all_reduce_ring does. nccl always does the latter")
 
 
 @dataclass
 class ReduceBroadcastSyncConfig(BucketSyncConfig):
     """Reduce gradients to a root, step there, broadcast the parameters."""
 
-    root: int = 0
-    """the rank that averages, steps the optimiser and holds its state"""
+    root: int = doc(0, "the rank that averages, steps the optimiser and holds its state")
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
         super().check(cfg, world_size)
         if not 0 <= cfg.root < world_size:
             raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")
+
+
+@dataclass
+class Zero1SyncConfig(BucketSyncConfig):
+    """ZeRO stage 1: gradients reduce-scattered, each rank steps the optimiser on its shard
+    of the flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
+
+    @classmethod
+    def check(cls, cfg: Any, world_size: int) -> None:
+        super().check(cfg, world_size)
+        if cfg.get("overlap", False):
+            raise ValueError("sync=zero1 sync.overlap=true: zero1 reduce-scatters after backward; "
+                             "drop sync.overlap (or use sync=ddp for overlapped all-reduces)")
+        if cfg.get("compress", "none") != "none":
+            raise ValueError(f"sync=zero1 sync.compress={cfg.compress}: zero1 sends fp32 "
+                             f"gradients; drop sync.compress, or use sync=ring "
+                             f"sync.compress={cfg.compress}")
 
 
 #: sync.inter / sync.intra of sync=hierarchical -> the algorithm that runs it
@@ -320,15 +309,14 @@ class HierarchicalSyncConfig(RingSyncConfig):
     """Reduce inside each node, all-reduce among one leader per node, broadcast inside
     each node, per bucket (ddp_lab/sync/hierarchical.py)."""
 
-    inter: str = "ring"
-    """the leaders' all-reduce (the only traffic between nodes): ring (ddp_lab.collectives,
-    exact bytes; sync.prepost applies) | library (torch.distributed.all_reduce on their group)"""
-    intra: str = "library"
-    """the reduce onto the node's leader and the broadcast from it: library
-    (torch.distributed.reduce/broadcast on the node's group) | tree (ddp_lab.collectives)"""
-    node_size: int = 0
-    """0 = the launcher's nodes; k = pretend every k consecutive ranks are a node (one
-    machine; must divide the world size)"""
+    inter: str = doc("ring", "the leaders' all-reduce (the only traffic between nodes): ring "
+                             "(ddp_lab.collectives, exact bytes; sync.prepost applies) | "
+                             "library (torch.distributed.all_reduce on their group)")
+    intra: str = doc("library", "the reduce onto the node's leader and the broadcast from "
+                                "it: library (torch.distributed.reduce/broadcast on the "
+                                "node's group) | tree (ddp_lab.collectives)")
+    node_size: int = doc(0, "0 = the launcher's nodes; k = pretend every k consecutive ranks "
+                            "are a node (one machine; must divide the world size)")
 
     @classmethod
     def check(cls, cfg: Any, world_size: int) -> None:
@@ -361,8 +349,7 @@ def widths(hidden: Any) -> list[int]:
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
-    """mlp | mlp_wide | cnn | resnet18"""
+    name: str = doc(MISSING, "mlp | mlp_wide | cnn | resnet18")
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -373,8 +360,8 @@ class ModelConfig:
 class MLPConfig(ModelConfig):
     """The course notebook's 784-50-10 ReLU network."""
 
-    hidden: Any = 50
-    """hidden layer widths: one int (784-h-10) or a list, e.g. [2048,2048] (784-2048-2048-10)"""
+    hidden: Any = doc(50, "hidden layer widths: one int (784-h-10) or a "
+                          "list, e.g. [2048,2048] (784-2048-2048-10)")
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -391,12 +378,9 @@ class ResNet18Config(ModelConfig):
 class CNNConfig(ModelConfig):
     """A small convolutional network."""
 
-    channels1: int = 16
-    """channels of the first conv layer"""
-    channels2: int = 32
-    """channels of the second conv layer"""
-    hidden: int = 64
-    """units of the fully connected layer"""
+    channels1: int = doc(16, "channels of the first conv layer")
+    channels2: int = doc(32, "channels of the second conv layer")
+    hidden: int = doc(64, "units of the fully connected layer")
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -409,91 +393,78 @@ class CNNConfig(ModelConfig):
 # -------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    name: str = "mnist"
-    """dataset name (only mnist)"""
-    root: str = "data"
-    """dataset folder; relative paths are resolved on the submitting machine"""
-    mirrors: List[str] = field(default_factory=lambda: ["embedded"])
-    """where to fetch the raw files from, in order: 'embedded' (the copy in the package),
-    a local folder, or an http(s):// base URL"""
-    node_local: bool = False
-    """true: root is node-local storage, local rank 0 of every node fetches it"""
-    pipeline: str = "tensor"
-    """tensor: the split as one normalised tensor on the device | dataloader: DataLoader + DistributedSampler"""
-    num_workers: int = 0
-    """DataLoader worker processes (dataloader pipeline only)"""
-    normalize: bool = True
-    """standardise pixels with the MNIST mean/std (false: [0,1] as ToTensor gives)"""
+    name: str = doc("mnist", "dataset name (only mnist)")
+    root: str = doc("data", "dataset folder; relative paths are "
+                            "resolved on the submitting machine")
+    mirrors: List[str] = doc(["embedded"], "where to fetch the raw files from, in order: "
+                                           "'embedded' (the copy in the package), a local "
+                                           "folder, or an http(s):// base URL")
+    node_local: bool = doc(False, "true: root is node-local storage, local "
+                                  "rank 0 of every node fetches it")
+    pipeline: str = doc("tensor", "tensor: the split as one normalised tensor on the device "
+                                  "| dataloader: DataLoader + DistributedSampler")
+    num_workers: int = doc(0, "DataLoader worker processes (dataloader pipeline only)")
+    normalize: bool = doc(True, "standardise pixels with the MNIST mean/std "
+                                "(false: [0,1] as ToTensor gives)")
 
 
 # ------------------------------------------------------------------- optim
 @dataclass
 class OptimConfig:
-    name: str = MISSING
-    """adam | sgd (the learning rate is train.lr)"""
-    weight_decay: float = 0.0
-    """L2 penalty"""
-    fused: bool = True
-    """one fused kernel for the whole update (CPU and CUDA); false = torch's per-tensor loop"""
+    name: str = doc(MISSING, "adam | sgd (the learning rate is train.lr)")
+    weight_decay: float = doc(0.0, "L2 penalty")
+    fused: bool = doc(True, "one fused kernel for the whole update (CPU and "
+                            "CUDA); false = torch's per-tensor loop")
 
 
 @dataclass
 class AdamConfig(OptimConfig):
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    """Adam's moment decay rates"""
-    eps: float = 1e-8
-    """Adam's denominator epsilon"""
+    betas: List[float] = doc([0.9, 0.999], "Adam's moment decay rates")
+    eps: float = doc(1e-8, "Adam's denominator epsilon")
 
 
 @dataclass
 class SGDConfig(OptimConfig):
-    momentum: float = 0.0
-    """momentum factor"""
-    nesterov: bool = False
-    """Nesterov momentum"""
+    momentum: float = doc(0.0, "momentum factor")
+    nesterov: bool = doc(False, "Nesterov momentum")
 
 
 # ------------------------------------------------------------ fixed sections
 @dataclass
 class TrainConfig:
-    epochs: int = 5
-    """passes over the training set"""
-    batch_size: int = 64
-    """samples per step and per rank (weak scaling; ignored when global_batch > 0)"""
-    global_batch: int = 0
-    """samples of one optimiser step over all ranks (strong scaling: each rank takes
-    global_batch / world); 0 = off, train.batch_size is per rank"""
-    micro_batch: int = 0
-    """most samples per rank in one forward/backward; a larger per-rank batch is split into
-    per_rank / micro_batch micro-steps whose gradients accumulate (one sync per step);
-    0 = no limit"""
-    lr: float = 1e-3
-    """learning rate"""
-    seed: int = 0
-    """seed of weights and shuffling (the same on every rank)"""
-    max_steps_per_epoch: int = 0
-    """0 = the whole shard; >0 stops each epoch early (quick checks)"""
-    eval_batch_size: int = 1000
-    """samples per evaluation batch"""
-    checkpoint: bool = True
-    """write a checkpoint at the end of every epoch (a graceful stop always writes one)"""
-    allow_world_change: bool = False
-    """continue a weak-scaling run (global_batch=0) on another number of ranks: its global
-    batch, and so every later step, changes (strong scaling keeps it and needs no consent)"""
-    resume: str = "auto"
-    """auto: continue from run.dir's newest checkpoint if it has one, else start fresh |
-    true: continue, and fail if there is no checkpoint | false: start fresh (refused on a
-    folder that holds results)"""
-    stop_signal: str = "SIGUSR2"
-    """the user signal that stops every rank gracefully, like SIGTERM (SLURM sends it
-    ahead of the time limit: launcher.signal_s); NCCL uses SIGUSR1; '' = none"""
-    stop_check_s: float = 1.0
-    """seconds between the ranks' agreements on whether to stop (one tiny all-reduce)"""
-    threads: int = 0
-    """torch CPU threads per rank; 0 = cores / local ranks"""
-    compile: bool = False
-    """torch.compile the model the step calls (inductor), compiled before the first epoch
-    (summary.json compile_s); numerics may differ from eager in the last bits"""
+    epochs: int = doc(5, "passes over the training set")
+    batch_size: int = doc(64, "samples per step and per rank (weak "
+                              "scaling; ignored when global_batch > 0)")
+    global_batch: int = doc(0, "samples of one optimiser step over all ranks "
+                               "(strong scaling: each rank takes global_batch / "
+                               "world); 0 = off, train.batch_size is per rank")
+    micro_batch: int = doc(0, "most samples per rank in one forward/backward; a larger per-rank "
+                              "batch is split into per_rank / micro_batch micro-steps whose "
+                              "gradients accumulate (one sync per step); 0 = no limit")
+    lr: float = doc(1e-3, "learning rate")
+    seed: int = doc(0, "seed of weights and shuffling (the same on every rank)")
+    max_steps_per_epoch: int = doc(0, "0 = the whole shard; >0 stops each "
+                                      "epoch early (quick checks)")
+    eval_batch_size: int = doc(1000, "samples per evaluation batch")
+    checkpoint: bool = doc(True, "write a checkpoint at the end of every epoch "
+                                 "(a graceful stop always writes one)")
+    allow_world_change: bool = doc(False, "continue a weak-scaling run (global_batch=0) on "
+                                          "another number of ranks: its global batch, and "
+                                          "so every later step, changes (strong scaling "
+                                          "keeps it and needs no consent)")
+    resume: str = doc("auto", "auto: continue from run.dir's newest checkpoint if it "
+                              "has one, else start fresh | true: continue, and fail "
+                              "if there is no checkpoint | false: start fresh "
+                              "(refused on a folder that holds results)")
+    stop_signal: str = doc("SIGUSR2", "the user signal that stops every rank gracefully, like "
+                                      "SIGTERM (SLURM sends it ahead of the time limit: "
+                                      "launcher.signal_s); NCCL uses SIGUSR1; '' = none")
+    stop_check_s: float = doc(1.0, "seconds between the ranks' agreements on "
+                                   "whether to stop (one tiny all-reduce)")
+    threads: int = doc(0, "torch CPU threads per rank; 0 = cores / local ranks")
+    compile: bool = doc(False, "torch.compile the model the step calls (inductor), "
+                               "compiled before the first epoch (summary.json compile_s); "
+                               "numerics may differ from eager in the last bits")
 
 
 @dataclass(frozen=True)
@@ -546,14 +517,12 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
 
 @dataclass
 class DistConfig:
-    backend: str = "auto"
-    """auto (nccl with CUDA, else gloo) | gloo | nccl"""
-    device: str = "auto"
-    """auto (cuda if available) | cpu | cuda"""
-    timeout_s: float = 120.0
-    """collective timeout: a dead or hung peer ends the job after this (plus a few s), never hangs"""
-    init_timeout_s: float = 300.0
-    """rendezvous and init_process_group: every rank must have joined within this"""
+    backend: str = doc("auto", "auto (nccl with CUDA, else gloo) | gloo | nccl")
+    device: str = doc("auto", "auto (cuda if available) | cpu | cuda")
+    timeout_s: float = doc(120.0, "collective timeout: a dead or hung peer ends the "
+                                  "job after this (plus a few s), never hangs")
+    init_timeout_s: float = doc(300.0, "rendezvous and init_process_group: every "
+                                       "rank must have joined within this")
 
 
 def device_type(device: str, cuda_available: bool) -> str:
@@ -567,57 +536,53 @@ def device_type(device: str, cuda_available: bool) -> str:
 
 @dataclass
 class RunConfig:
-    root: str = "outputs"
-    """where run folders are created"""
-    dir: Optional[str] = None
-    """the run folder; null = <root>/<name>_<date>_<time>; set it to resume a run"""
-    name: Optional[str] = None
-    """what a new run folder is named by; null = what differs: in a -m sweep the swept
-    values (ring_sgd), else sync, world, model and any non-default group (ring_w2_mlp_sgd)"""
-    entry: str = "ddp_lab.worker"
-    """the module every rank runs as `python -m <entry> RUN_DIR` (ddp_lab.bench.worker for benchmarks)"""
+    root: str = doc("outputs", "where run folders are created")
+    dir: Optional[str] = doc(None, "the run folder; null = <root>/<name>_<date>_<time>; set it "
+                                   "to resume a run")
+    name: Optional[str] = doc(None, "what a new run folder is named by; null = what differs: in "
+                                    "a -m sweep the swept values (ring_sgd), else sync, world, "
+                                    "model and any non-default group (ring_w2_mlp_sgd)")
+    entry: str = doc("ddp_lab.worker", "the module every rank runs as `python -m <entry> "
+                                       "RUN_DIR` (ddp_lab.bench.worker for benchmarks)")
 
 
 @dataclass
 class LogConfig:
-    progress: str = "auto"
-    """how the steps of an epoch show as they go: auto (a bar where stdout and stderr are a
-    terminal, else lines) | bar | lines (one every progress_every_s: files, pipes, SLURM .out)"""
-    progress_every_s: float = 10.0
-    """with lines: the most seconds of an epoch without a line (steps done, rate, time left); 0 = none"""
-    level: str = "INFO"
-    """python logging level of the console"""
-    ranks: str = "0"
-    """whose lines reach the console: 0 (rank 0's; the others' errors only) | all (every
-    rank's, each line prefixed [rank N], as torchrun --tee 3 shows them)"""
+    progress: str = doc("auto", "how the steps of an epoch show as they go: auto (a bar where "
+                                "stdout and stderr are a terminal, else lines) | bar | lines "
+                                "(one every progress_every_s: files, pipes, SLURM .out)")
+    progress_every_s: float = doc(10.0, "with lines: the most seconds of an epoch without a "
+                                        "line (steps done, rate, time left); 0 = none")
+    level: str = doc("INFO", "python logging level of the console")
+    ranks: str = doc("0", "whose lines reach the console: 0 (rank 0's; the others' "
+                          "errors only) | all (every rank's, each line prefixed "
+                          "[rank N], as torchrun --tee 3 shows them)")
 
 
 @dataclass
 class TimingConfig:
     """Per-step phase and communication timing."""
 
-    enabled: bool = True
-    """time every phase of every step and every collective (false: only epoch wall time
-    and bytes, to measure what the timers themselves cost)"""
-    trace: bool = True
-    """write trace/rank<N>.json and trace/all.json (Chrome trace events: ui.perfetto.dev)"""
-    trace_steps: int = 10
-    """steps of each epoch in the trace: the first N and the last N"""
-    tb_every: int = 10
-    """TensorBoard per-step scalars (step time, sync, compute, comm in flight and exposed)
-    every N steps, written as the steps go; 0 = none"""
+    enabled: bool = doc(True, "time every phase of every step and every "
+                              "collective (false: only epoch wall time and bytes, "
+                              "to measure what the timers themselves cost)")
+    trace: bool = doc(True, "write trace/rank<N>.json and trace/all.json "
+                            "(Chrome trace events: ui.perfetto.dev)")
+    trace_steps: int = doc(10, "steps of each epoch in the trace: the first N and the last N")
+    tb_every: int = doc(10, "TensorBoard per-step scalars (step time, sync, "
+                            "compute, comm in flight and exposed) every N "
+                            "steps, written as the steps go; 0 = none")
 
 
 @dataclass
 class DebugConfig:
     """Fault and delay injection, to see what the measurements make of them."""
 
-    slow_rank: int = -1
-    """the rank whose compute is delayed every step (-1 = none): a straggler"""
-    slow_ms: float = 0.0
-    """milliseconds added to slow_rank's compute every step"""
-    jitter_ms: float = 0.0
-    """every rank's compute is delayed by a random 0..jitter_ms every step (0 = none)"""
+    slow_rank: int = doc(-1, "the rank whose compute is delayed every "
+                             "step (-1 = none): a straggler")
+    slow_ms: float = doc(0.0, "milliseconds added to slow_rank's compute every step")
+    jitter_ms: float = doc(0.0, "every rank's compute is delayed by a random "
+                                "0..jitter_ms every step (0 = none)")
 
 
 @dataclass
@@ -625,16 +590,14 @@ class StudyConfig:
     """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
     point under one study folder, then the report (ddp_lab/measure/study.py, docs/scaling.md)."""
 
-    name: str = "scaling"
-    """the study kind (conf/study/<name>.yaml)"""
-    worlds: List[int] = field(default_factory=lambda: [1, 2, 4])
-    """world sizes (ranks) of the ladder, e.g. [1,2,4,8]"""
-    repeats: int = 3
-    """runs of every world size (repeats give the report its spread and intervals)"""
-    order: str = "interleaved"
-    """interleaved (1,2,4,1,2,4,...: drift hits every world alike) | grouped (1,1,2,2,4,4)"""
-    report: bool = True
-    """build the report (`python -m ddp_lab.report` on the study folder) at the end"""
+    name: str = doc("scaling", "the study kind (conf/study/<name>.yaml)")
+    worlds: List[int] = doc([1, 2, 4], "world sizes (ranks) of the ladder, e.g. [1,2,4,8]")
+    repeats: int = doc(3, "runs of every world size (repeats give the "
+                          "report its spread and intervals)")
+    order: str = doc("interleaved", "interleaved (1,2,4,1,2,4,...: drift hits every "
+                                    "world alike) | grouped (1,1,2,2,4,4)")
+    report: bool = doc(True, "build the report (`python -m ddp_lab.report` on the study folder) "
+                             "at the end")
 
 
 @dataclass
@@ -650,11 +613,12 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
-    study: Optional[StudyConfig] = None
-    """`study=scaling`: run a ladder of world sizes (ddp_lab/measure/study.py); null = one run"""
-    study_point: Optional[Dict[str, Any]] = None
-    """set by a study in each point's config ({id, world, repeat, index}); the trainer
-    copies it into summary.json `study`. Not for users."""
+    study: Optional[StudyConfig] = doc(None, "`study=scaling`: run a ladder of world sizes "
+                                             "(ddp_lab/measure/study.py); null = one run")
+    study_point: Optional[Dict[str, Any]] = doc(None, "set by a study in each point's config "
+                                                      "({id, world, repeat, index}); the "
+                                                      "trainer copies it into summary.json "
+                                                      "`study`. Not for users.")
 
 
 # group -> option -> schema: the options the config accepts. Adding an option = one
@@ -669,7 +633,7 @@ SCHEMAS: dict[str, Registry[type]] = {
         "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
         "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
         "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
-        "hierarchical": HierarchicalSyncConfig}),
+        "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig}),
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),
@@ -695,57 +659,6 @@ def group_options(group: str) -> list[str]:
 
 def help_groups(app: str) -> str:
     return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in HELP_GROUPS[app])
-
-
-@functools.lru_cache(maxsize=None)
-def field_docs(cls: type) -> dict[str, str]:
-    """A schema dataclass's fields -> their docstrings on one line (the string under each
-    field, read from the source: Python keeps no attribute docstrings), inherited ones
-    included."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, after in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                    and isinstance(after.value.value, str):
-                docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
-def one_line(text: str, width: int) -> str:
-    """`text` cut to `width` characters at a word, marked with `...` where cut."""
-    return text if len(text) <= width else text[: width - 3].rsplit(" ", 1)[0] + "..."
-
-
-def help_keys(app: str, *, _root_: DictConfig) -> str:
-    """`--help`'s config: every key of the composed config (overrides applied, so
-    `--help launcher=slurm` shows SLURM's keys) with its value and its meaning."""
-    rows: list[tuple[str, str]] = []
-
-    def walk(node: DictConfig, depth: int) -> None:
-        docs = field_docs(OmegaConf.get_type(node)) if dataclasses.is_dataclass(OmegaConf.get_type(node)) else {}
-        for key in node:
-            if depth == 0 and key == "hydra":
-                continue
-            child = node._get_node(key)
-            pad = "  " * depth
-            if isinstance(child, DictConfig) and not child._is_none() and len(child):
-                rows.append((f"{pad}{key}:", docs.get(key, "")))
-                walk(child, depth + 1)
-            else:
-                value = OmegaConf.to_container(child) if isinstance(child, (DictConfig, ListConfig)) \
-                    else child._value()
-                text = "null" if value is None else json.dumps(value) if not isinstance(value, str) \
-                    or not value or value.strip() != value else value
-                rows.append((f"{pad}{key}: {text}", docs.get(key, "")))
-
-    walk(_root_, 0)
-    width = min(44, max(len(left) for left, _ in rows) + 2)
-    return "\n".join(f"{left:<{width}}# {one_line(doc, 98 - max(width, len(left)))}" if doc else left
-                     for left, doc in rows)
 
 
 def register_configs() -> None:

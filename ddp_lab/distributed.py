@@ -13,6 +13,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .hang import enable_flight_recorder
 from .measure import fingerprint
 from .run import progress
 from .config import device_type
@@ -151,7 +152,7 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     if be == "nccl":
         kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
         if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
-            progress.enable_flight_recorder(run_dir)
+            enable_flight_recorder(run_dir)
             # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there
             fingerprint.enable_nccl_debug(run_dir)
     # env:// rather than tcp://: under torchrun the agent already serves the store on

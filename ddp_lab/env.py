@@ -15,6 +15,10 @@ One function, `detect_env`, reads the variables each launcher sets, in this orde
 
 An inconsistent set (rank >= world size, a multi-node world without a master address,
 ...) raises `EnvError` with a message that names the variable and the fix.
+
+The same variables name the job around the rank (`allocation`: the scheduler's job id and
+restart count) and when it started (`startup_s`, with the process starts of /proc), as
+summary.json's segments record them.
 """
 
 from __future__ import annotations
@@ -252,3 +256,24 @@ def process_start(pid: int | str = "self") -> Optional[float]:
     except (AttributeError, OSError, ValueError):
         return None
     return time.time() - age
+
+
+def allocation(environ=None) -> dict:
+    """The scheduler's name for this allocation: SLURM's job id and requeue count, RunAI's
+    (Kubeflow's) job name and pod restart; None for a local launch."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_JOB_ID"):
+        return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
+    job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
+    return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
+
+
+def startup_s() -> Optional[float]:
+    """Seconds from the job's own start to the first step, as the user waits for it:
+    DDP_LAB_T0 where the job set it (ddp_lab.run.job: the command's start, or the end of
+    the sweep's previous job; a SLURM batch script's or a pod's own start), else this rank's
+    start (`bash launch.sh` by hand)."""
+    t0 = os.environ.get("DDP_LAB_T0")
+    start = float(t0) if t0 else process_start()
+    return None if start is None else round(time.time() - start, 2)
+

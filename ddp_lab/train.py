@@ -70,28 +70,32 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
                 meter.timer, stopper, micro, meter.delay)
             measured = meter.end(loss_sum, correct, samples)
             if stop is not None:  # mid-epoch: save where every rank is, then leave
-                return telemetry.finish(**ckpt.on_stop(stop, measured))
+                return telemetry.finish(**ckpt.on_stop(stop, measured),
+                                        memory=syncer.memory(optimizer))
             measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
             ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
             telemetry.epoch(measured)
             fail_once(ctx, epoch + 1)  # DDP_LAB_FAIL_ONCE: a crash, to test restarts
             stop = stopper.check() if epoch + 1 < cfg.train.epochs else None  # eval may be long
             if stop is not None:
-                return telemetry.finish(**ckpt.on_stop(stop, epochs_done=epoch + 1))
+                return telemetry.finish(**ckpt.on_stop(stop, epochs_done=epoch + 1),
+                                        memory=syncer.memory(optimizer))
     syncer.close()  # collective: every rank has run the same steps
-    return telemetry.finish()
+    return telemetry.finish(memory=syncer.memory(optimizer))  # bytes held per rank
 
 
 def build_parts(cfg: Config, ctx: DistContext, clock: Clock
                 ) -> tuple[torch.nn.Module, Synchroniser, torch.optim.Optimizer]:
     """The model (seeded with train.seed first: the same initial weights on every rank), its
-    synchroniser and the optimiser, on this rank's device. scripts/bench_*.py build theirs
-    here too (ddp_lab/bench/scaffold.py), so a benchmark times the trainer's own parts."""
+    synchroniser and the optimiser, on this rank's device. The benchmarks
+    (`python -m ddp_lab.bench.suite`) build theirs here too (ddp_lab/bench/scaffold.py), so
+    a benchmark times the trainer's own parts."""
     torch.manual_seed(cfg.train.seed)
     module = build_model(cfg.model).to(ctx.device)
     syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
                         timing=cfg.timing.enabled)
-    optimizer = build_optimizer(cfg.optim, module.parameters(), cfg.train.lr)
+    # over what the sync says this rank steps: every parameter, or (zero1) its shard
+    optimizer = build_optimizer(cfg.optim, syncer.optimizer_params(), cfg.train.lr)
     return module, syncer, optimizer
 
 

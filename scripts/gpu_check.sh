@@ -146,13 +146,13 @@ else
 fi
 
 # 1b. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
-# (scripts/bench_epoch.py's floor, no ddp_lab in the step), on the same device
-if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # scripts/bench_epoch.py"
-elif f=$("$PYTHON" - "$REPO/scripts" "$OUT/data" "$EPOCHS" "$DEVICE" "$SPEED_STEPS" 2>>"$OUT/logs/floor.log" <<'EOF'
+# (the epoch benchmark's floor, ddp_lab/bench/specs/epoch.py: no ddp_lab in the step), on
+# the same device
+if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # ddp_lab/bench/specs/epoch.py"
+elif f=$("$PYTHON" - "$OUT/data" "$EPOCHS" "$DEVICE" "$SPEED_STEPS" 2>>"$OUT/logs/floor.log" <<'EOF'
 import statistics, sys
-sys.path.insert(0, sys.argv[1])  # scripts/, beside the ddp_lab this script runs
-from bench_epoch import floor_epochs
-root, epochs, device, steps = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+from ddp_lab.bench.specs.epoch import floor_epochs  # the ddp_lab the rows above run
+root, epochs, device, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 times = floor_epochs(root, epochs, steps, device=device)
 print(f"{statistics.median(times):.3f} s/epoch (tight loop, no ddp_lab)")
 EOF

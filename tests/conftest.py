@@ -48,7 +48,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def shared_data_root(tmp_path_factory) -> Path:
     """One extracted MNIST for the whole session (runs re-verify it, fetch nothing)."""
-    from ddp_lab.data import fetch_mnist
+    from ddp_lab.data_fetch import fetch_mnist
 
     root = tmp_path_factory.mktemp("mnist-shared")
     fetch_mnist(root, ["embedded"])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.data import (EMBEDDED, EXTRACTED_MD5, RESOURCES, DataError, fetch_mnist,
-                          idx_is_valid, md5sum, raw_folder)
+from ddp_lab.data_fetch import (EMBEDDED, EXTRACTED_MD5, RESOURCES, DataError, fetch_mnist,
+                                idx_is_valid, md5sum, raw_folder)
 from helpers import run_cli, run_dir_of
 
 IMAGES = "train-images-idx3-ubyte"

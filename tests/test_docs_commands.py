@@ -1,5 +1,5 @@
-"""Every command of the README's runbook and every script in scripts/, run as written, in its
-cheapest form (a dry run, or one epoch of 20 steps), from a folder outside the checkout.
+"""Every command of the README's runbook, every script in scripts/ and every benchmark of
+`python -m ddp_lab.bench.suite`, run as written, in its cheapest form (a dry run, or one epoch of 20 steps), from a folder outside the checkout.
 
 The commands are parsed from README.md itself, so a README edit is tested. `python` is
 this interpreter (the runbook activates the venv first); the cheap overrides are appended
@@ -145,52 +145,47 @@ def test_runbook_is_parsed():
     assert any(c.startswith("python -m ddp_lab run.dir=") for c in COMMANDS)  # the Resume example
 
 
-# ------------------------------------------------------------------ scripts/
-def script_compare_syncs(work):
+# ------------------------------------------------------- python -m ddp_lab.bench.suite
+SUITE = [sys.executable, "-m", "ddp_lab.bench.suite"]
+
+
+def bench_accuracy(work):
     root = work["cwd"] / "outputs" / "compare_syncs"
-    out = ok(sh(work, ["bash", str(REPO / "scripts/compare_syncs.sh"), "train.max_steps_per_epoch=20",
-                       work["data"]],
-                env={"EPOCHS": "1", "WORLDS": "2", "SYNCS": "ring", "ROOT": str(root),
-                     # this checkout has no .venv of its own: the interpreter running the tests
-                     "PYTHON": sys.executable}))
+    out = ok(sh(work, [*SUITE, "accuracy", "--epochs", "1", "--worlds", "2", "--syncs", "ring",
+                       "--root", str(root), "train.max_steps_per_epoch=20", work["data"]]))
     assert "| 2 | ring | no | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 1
+    # its runs, read again (what scripts/sync_table.py did); a wrong path: one line
+    assert "| 2 | ring | no | 1 |" in ok(sh(work, [*SUITE, "accuracy", "--from", str(root / "w2")]))
+    proc = sh(work, [*SUITE, "accuracy", "--from", str(root / "nowhere")])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def script_bench_epoch(work):
+def bench_epoch(work):
     # 1 rank: every kind of row but the 2-rank floors (torch DDP on 2 processes and a gloo
     # all_reduce: six more interpreters that import torch, for rows of the same table code)
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_epoch.py"), "--epochs", "1",
-                       "--ranks", "1", "--repeats", "1", "--max-steps", "5"]))
+    out = ok(sh(work, [*SUITE, "epoch", "--epochs", "1",
+                       "--ranks", "1", "--rounds", "1", "--max-steps", "5"]))
     for row in ("floor: tight loop", "notebook loop", "ddp_lab sync=ddp, 1 rank(s), timing true",
                 "ddp_lab sync=ddp, 1 rank(s), timing false", "1 rank: ddp_lab (timing on) / floor ="):
         assert row in out, out
     assert "floor on 2 ranks" not in out
 
 
-def script_bench_sync(work):
+def bench_syncs(work):
     data = work["data"].removeprefix("data.root=")
     # two of its eleven configurations (the ratio needs both), no paired timer rounds
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_sync.py"), "--world", "2",
-                       "--repeats", "1", "--steps", "20", "--only", "ddp,ring", "--no-paired",
+    out = ok(sh(work, [*SUITE, "syncs", "--world", "2",
+                       "--rounds", "1", "--steps", "20", "--only", "ddp,ring", "--no-paired",
                        "--data-root", data]))
     assert "ring / ddp" in out
 
 
-def script_bench_overlap(work):
+def bench_overlap(work):
     data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_overlap.py"), "--repeats", "1",
+    out = ok(sh(work, [*SUITE, "overlap", "--rounds", "1",
                        "--steps", "3", "--model", "mlp", "--bucket-mb", "0.05",
                        "--data-root", data]))
     assert "| allreduce+overlap / ddp |" in out and "| allreduce | " in out
-
-
-def script_sync_table(work):
-    # after compare_syncs.sh (alphabetical order): its runs, read again; a wrong path: one line
-    root = work["cwd"] / "outputs" / "compare_syncs"
-    table = [sys.executable, str(REPO / "scripts/sync_table.py")]
-    assert "| 2 | ring | no | 1 |" in ok(sh(work, [*table, str(root / "w2")]))
-    proc = sh(work, [*table, str(root / "nowhere")])
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
 def script_gpu_check(work):
@@ -233,24 +228,24 @@ def script_slurm_cluster(work):
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
-def script_bench_stop(work):
+def bench_stop(work):
     data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_stop.py"), "--repeats", "1",
+    out = ok(sh(work, [*SUITE, "stop", "--rounds", "1",
                        "--steps", "30", "--data-root", data]))
     assert "time inside the check / step" in out and "progress record / step" in out
 
 
-def script_bench_straggler(work):
+def bench_straggler(work):
     data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_straggler.py"), "--world", "2",
+    out = ok(sh(work, [*SUITE, "straggler", "--world", "2",
                        "--rounds", "1", "--steps", "30", "--syncs", "allreduce",
                        "--data-root", data]))
     assert "| rank 1 +5 ms | allreduce | 1 |" in out and "waits vs truth" in out
 
 
-def script_bench_hierarchical(work):
+def bench_hierarchical(work):
     # 2 local ranks, each its own pretend node: the leaders' ring is the world's
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_hierarchical.py"), "--repeats",
+    out = ok(sh(work, [*SUITE, "hierarchical", "--rounds",
                        "1", "--steps", "5", "--node-size", "1", "--only", "ring,hierarchical inter=ring",
                        "--", "launcher.nproc_per_node=2",
                        work["data"]]))
@@ -258,49 +253,59 @@ def script_bench_hierarchical(work):
     assert "2 ranks, 1 launcher node(s)" in out
 
 
-def script_bench_compress(work):
+def bench_compress(work):
     data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_compress.py"), "--epochs", "1",
+    out = ok(sh(work, [*SUITE, "compress", "--epochs", "1",
                        "--max-steps", "10", "--only", "ddp none,ddp fp16", "--data-root", data]))
     assert "| ddp | fp16 | 79,520 | 0.500 |" in out  # the MLP's 159,040 gradient bytes, halved
 
 
-def script_bench_tb(work):
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_tb.py"), "--steps", "200",
+def bench_tensorboard(work):
+    out = ok(sh(work, [*SUITE, "tensorboard", "--steps", "200",
                        "--rounds", "1"]))
     assert "| live |" in out and "| naive |" in out
 
 
-def script_bench_start(work):
+def bench_start(work):
     data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [sys.executable, str(REPO / "scripts/bench_start.py"), "--rounds", "1",
+    out = ok(sh(work, [*SUITE, "start", "--rounds", "1",
                        "--pause", "0", "--data-root", data]))
     assert "| first line | " in out and "| report | " in out, out
-    proc = sh(work, [sys.executable, str(REPO / "scripts/bench_start.py"), "--vs", "nowhere"])
+    proc = sh(work, [*SUITE, "start", "--vs", "nowhere"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
-SCRIPTS = {"bench_start.py": script_bench_start, "bench_compress.py": script_bench_compress, "bench_tb.py": script_bench_tb, "bench_straggler.py": script_bench_straggler, "compare_syncs.sh": script_compare_syncs, "bench_stop.py": script_bench_stop, "bench_epoch.py": script_bench_epoch,
-           "bench_sync.py": script_bench_sync, "bench_hierarchical.py": script_bench_hierarchical, "sync_table.py": script_sync_table,
-           "bench_overlap.py": script_bench_overlap,
-           "gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
+BENCHES = {"start": bench_start, "compress": bench_compress, "tensorboard": bench_tensorboard,
+           "straggler": bench_straggler, "accuracy": bench_accuracy, "stop": bench_stop,
+           "epoch": bench_epoch, "syncs": bench_syncs, "hierarchical": bench_hierarchical,
+           "overlap": bench_overlap}
+SCRIPTS = {"gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
            "slurm_cluster.sh": script_slurm_cluster}
 
 
 # scripts whose end-to-end test lives with what they measure (a larger case than the
 # cheapest form here, so running them here too would repeat it)
-ELSEWHERE = {"comm_truth.py": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
-             "netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist("),
-             # minutes on a lab and a cluster: its pure parts only (what it measures: above)
-             "net_claims.py": ("tests/test_net_claims.py", "def test_claims_against_their_predictions_and_targets(")}
+ELSEWHERE = {"netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist(")}
+BENCHES_ELSEWHERE = {"truth": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
+                     # minutes on a lab and a cluster: its pure parts only (what it measures: above)
+                     "network": ("tests/test_net_claims.py",
+                                 "def test_claims_against_their_predictions_and_targets(")}
 
 
 def test_every_script_has_a_check():
     assert sorted(p.name for p in (REPO / "scripts").iterdir() if p.is_file()) == sorted(
         [*SCRIPTS, *ELSEWHERE])
-    for path, test in ELSEWHERE.values():
+    for path, test in [*ELSEWHERE.values(), *BENCHES_ELSEWHERE.values()]:
         assert test in (REPO / path).read_text(), (path, test)
+
+
+def test_every_benchmark_has_a_check():
+    from ddp_lab.bench import suite
+
+    assert sorted(suite.NAMES) == sorted([*BENCHES, *BENCHES_ELSEWHERE])
+    assert sorted(p.stem for p in (REPO / "ddp_lab/bench/specs").glob("[!_]*.py")) == sorted(
+        suite.NAMES)
 
 
 @pytest.mark.slow
@@ -308,6 +313,13 @@ def test_every_script_has_a_check():
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_script(work, name):
     SCRIPTS[name](work)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_benchmark(work, name):
+    BENCHES[name](work)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Dead and hung ranks, and the job's processes under every kind of kill (issue 11, item 5).
 
 Unit part: the per-rank progress record (ddp_lab.run.progress; what it costs a step is
-scripts/bench_stop.py's), the
+`python -m ddp_lab.bench.suite stop`), the
 diagnosis from records plus /proc (a real frozen process, a real dead pid), the hang
 watchdog's stack dump, the nccl flight recorder's variables, the init timeout's key.
 
@@ -31,7 +31,9 @@ import torch
 from helpers import PY, child_env, compose, describe, summary
 from helpers import free_port as _free_port
 
-from ddp_lab.run import progress
+from ddp_lab import hang
+from ddp_lab.launch import ports
+from ddp_lab.run import failure, progress
 from ddp_lab.errors import UserError
 from ddp_lab.launch import job_processes
 
@@ -129,16 +131,16 @@ def test_diagnose_names_the_frozen_and_the_dead_rank(tmp_path):
         recs[1].phase("sync")
         os.kill(frozen.pid, signal.SIGSTOP)
         time.sleep(0.2)
-        found = progress.diagnose(run_dir, me=0)
+        found = failure.diagnose(run_dir, me=0)
         assert [(r["rank"], r["why"]) for r in found] == [(1, "frozen (SIGSTOP)"), (2, "dead (no process)")]
-        line = progress.failure_line(found)
+        line = failure.failure_line(found)
         assert line.startswith(f"rank 1 (pid {frozen.pid} on host {socket.gethostname()}) stopped at "
                                "epoch 1 step 8 phase sync collective #0: frozen (SIGSTOP); rank 2 (pid ")
         # the frozen one is killed (it cannot end itself) and its record says so
-        assert progress.end_stuck(found, run_dir, by="rank 0") == [frozen.pid]
+        assert failure.end_stuck(found, run_dir, by="rank 0") == [frozen.pid]
         frozen.wait(timeout=10)
         assert frozen.returncode == -signal.SIGKILL
-        assert [r["why"] for r in progress.diagnose(run_dir)] == [
+        assert [r["why"] for r in failure.diagnose(run_dir)] == [
             "frozen (SIGSTOP), killed by rank 0", "dead (no process)"]
     finally:
         for p in (live, frozen, gone):
@@ -157,17 +159,17 @@ def test_diagnose_a_rank_behind_or_the_first_to_fail(tmp_path):
             rec.collective("all_reduce")
             rec.collective("all_reduce")
         recs[1].collective("all_reduce")
-        found = progress.diagnose(run_dir, me=0)
+        found = failure.diagnose(run_dir, me=0)
         assert [(r["rank"], r["why"]) for r in found] == [(1, "no progress for 0 s")]
-        assert progress.diagnose(run_dir, me=0, stale_s=60) == []  # not silent long enough
+        assert failure.diagnose(run_dir, me=0, stale_s=60) == []  # not silent long enough
         recs[1].collective("all_reduce")  # all in the same collective: nobody stands out
-        assert progress.diagnose(run_dir, me=0) == []
+        assert failure.diagnose(run_dir, me=0) == []
         recs[2].state("failed", "ValueError: bad batch")
         time.sleep(0.01)
         recs[0].state("failed", "RuntimeError: Connection closed by peer")
-        found = progress.diagnose(run_dir, me=0)
+        found = failure.diagnose(run_dir, me=0)
         assert [(r["rank"], r["why"]) for r in found] == [(2, "failed (ValueError: bad batch)")]
-        assert progress.diagnose(run_dir, me=2) == []  # the first to fail explains itself
+        assert failure.diagnose(run_dir, me=2) == []  # the first to fail explains itself
 
 
 def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
@@ -177,7 +179,7 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
     link: tests/test_netlab_cut.py.)"""
     run_dir = tmp_path.resolve()
     quiet = "198.18.255.254"
-    monkeypatch.setattr(progress, "answers", lambda addr: addr != quiet)
+    monkeypatch.setattr(failure, "answers", lambda addr: addr != quiet)
 
     def place(node2_addr: str) -> None:
         for r, rec in enumerate(recs):
@@ -189,24 +191,24 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
             rec.state("running")
             rec.collective("all_reduce")
         place(quiet)
-        assert progress.diagnose(run_dir, me=0) == []  # without probing: nobody stands out
-        found = progress.diagnose(run_dir, me=0, probe=True)
+        assert failure.diagnose(run_dir, me=0) == []  # without probing: nobody stands out
+        found = failure.diagnose(run_dir, me=0, probe=True)
         assert [(r["rank"], r["silent_node"]) for r in found] == [(2, "node2"), (3, "node2")]
-        line = progress.failure_line(found)
+        line = failure.failure_line(found)
         assert line.startswith("node node2 (ranks 2-3, last at ") and line.count("node node2") == 1
         assert f"went silent: {quiet} sends no reply (a connection attempt from node1" in line
         place("127.0.0.2")  # a node that answers is not silent
-        assert progress.diagnose(run_dir, me=0, probe=True) == []
-        assert progress.rank_list([5, 2, 3, 7, 8]) == "2-3, 5, 7-8"
-        assert progress.answers("127.0.0.1")  # refused at once: nothing listens on port 9
+        assert failure.diagnose(run_dir, me=0, probe=True) == []
+        assert failure.rank_list([5, 2, 3, 7, 8]) == "2-3, 5, 7-8"
+        assert ports.answers("127.0.0.1")  # refused at once: nothing listens on port 9
 
 
 def test_short_error_drops_source_paths():
     e = RuntimeError("Got the following error when running the callback: RuntimeError: "
                      "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
                      "Timed out waiting 15000ms for recv operation to complete\n\nAt:\n  x.py(88): done")
-    assert progress.short_error(e) == ("RuntimeError: Timed out waiting 15000ms for recv "
-                                       "operation to complete")
+    assert failure.short_error(e) == ("RuntimeError: Timed out waiting 15000ms for recv "
+                                      "operation to complete")
 
 
 def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
@@ -214,9 +216,9 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
     log = tmp_path / "rank0.log"
     code = (
         "import threading, time\n"
-        "from ddp_lab.run import progress\n"
+        "from ddp_lab import hang\n"
         f"f = open({str(log)!r}, 'a')\n"
-        "w = progress.set_watchdog(1.0, f)\n"
+        "w = hang.set_watchdog(1.0, f)\n"
         "for _ in range(5):\n"
         "    w.rearm(); time.sleep(0.3)\n"  # progress: no dump
         "def stuck_in_a_collective():\n"
@@ -233,15 +235,15 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
 
 def test_flight_recorder_env(tmp_path):
     prefix = str(tmp_path / "flight_recorder" / "rank_")
-    env = progress.flight_recorder_env(tmp_path, torch_version="2.11.0+cu130")
+    env = hang.flight_recorder_env(tmp_path, torch_version="2.11.0+cu130")
     assert env == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                    "TORCH_FR_DUMP_TEMP_FILE": prefix}  # the old names warn on torch >= 2.9
     assert (tmp_path / "flight_recorder").is_dir()  # torch writes into it, it does not make it
-    assert progress.flight_recorder_env(tmp_path, torch_version="2.4.1") == {
+    assert hang.flight_recorder_env(tmp_path, torch_version="2.4.1") == {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
     environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}  # a user's own setting, old name: it stays
-    in_effect = progress.enable_flight_recorder(tmp_path, environ, torch_version="2.11.0")
+    in_effect = hang.enable_flight_recorder(tmp_path, environ, torch_version="2.11.0")
     assert environ == in_effect == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50",
                                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                                     "TORCH_FR_DUMP_TEMP_FILE": prefix}
@@ -258,12 +260,12 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
 
     def fake_init(backend, **kwargs):  # no GPU here: stop at init, look at the environment
         seen.update(backend=backend, timeout=kwargs["timeout"],
-                    env={k: os.environ.get(k) for k in progress.flight_recorder_env(tmp_path)})
+                    env={k: os.environ.get(k) for k in hang.flight_recorder_env(tmp_path)})
         raise RuntimeError("stop here")
 
     # distributed() writes these into os.environ: restore them after (later tests' children
     # inherit this process's environment)
-    for key in (*progress.flight_recorder_env(tmp_path), "MASTER_ADDR", "MASTER_PORT"):
+    for key in (*hang.flight_recorder_env(tmp_path), "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")  # records the key's state (delenv of a missing key does not)
         monkeypatch.delenv(key)
     monkeypatch.setattr(d, "choose_device", lambda env, device: torch.device("cuda", 0))
@@ -273,7 +275,7 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
         with d.distributed(env, "nccl", "cuda", timeout_s=10, init_timeout_s=99, run_dir=tmp_path):
             pass
     assert seen["backend"] == "nccl" and seen["timeout"].total_seconds() == 99
-    assert seen["env"] == progress.flight_recorder_env(tmp_path)
+    assert seen["env"] == hang.flight_recorder_env(tmp_path)
 
 
 def test_init_timeout_is_its_own_key():

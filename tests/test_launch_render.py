@@ -16,7 +16,7 @@ import ddp_lab
 from ddp_lab.env import slurm_port
 from ddp_lab.launch import mpirun as mpirun_launch
 from ddp_lab.launch import ports
-from ddp_lab.launch import slurm as slurm_launch
+from ddp_lab.launch import slurm_job
 from ddp_lab.errors import UserError
 from ddp_lab.run.submit import submit
 from ddp_lab.run.validate import duration_s, resolve_train as resolve_defaults
@@ -426,8 +426,8 @@ def test_slurm_output_file_names(tmp_path, capsys):
     assert f"--output={run_dir}/logs/mnist-%j-%u.out" in opts
     assert f"--error={run_dir}/logs/mnist-%j-%u.err" in opts
     user = __import__("getpass").getuser()
-    assert slurm_launch.log_name("%x_%j", "ddp_lab", "42") == "ddp_lab_42"
-    assert slurm_launch.log_name("mnist-%j-%u%%", "ddp_lab", "42") == f"mnist-42-{user}%"
+    assert slurm_job.log_name("%x_%j", "ddp_lab", "42") == "ddp_lab_42"
+    assert slurm_job.log_name("mnist-%j-%u%%", "ddp_lab", "42") == f"mnist-42-{user}%"
     assert "launcher.output='logs/%j': a file name in RUN_DIR/logs" in resolve_error(
         "launcher=slurm", "launcher.output=logs/%j")
     assert "launcher.output='%N'" in resolve_error("launcher=slurm", "launcher.output=%N")
@@ -462,7 +462,7 @@ def test_slurm_time_limit_s(text, seconds):
     ("COMPLETED", "0:0", 0), ("FAILED", "1:0", 1), ("FAILED", "143:0", 143),
     ("CANCELLED", "0:15", 143), ("TIMEOUT", "0:0", 1), ("NODE_FAIL", "", 1)])
 def test_slurm_exit_status(state, code, rc):
-    assert slurm_launch.exit_status(state, code) == rc
+    assert slurm_job.exit_status(state, code) == rc
 
 
 # --------------------------------------------------------------------- runai

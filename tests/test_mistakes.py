@@ -36,6 +36,9 @@ MISTAKES = [
     ("unknown-sync", TRAIN, ["sync=rign"], "sync/rign"),
     ("unknown-cluster", TRAIN, ["cluster=alpss"], "cluster/alpss"),
     ("log-ranks", TRAIN, ["log.ranks=1"], "log.ranks=1: choose 0 or all"),
+    # a typo for 10 on a small machine: refused before a thousand ranks start
+    ("oversubscribed", TRAIN, ["launcher.nproc_per_node=1000"],
+     "launcher.nproc_per_node=1000 starts 1000 ranks"),
     ("unknown-option-in-sweep", TRAIN, ["-m", "sync=ddp,rign", "launcher.dry_run=true"], "sync/rign"),
     ("misspelt-key", TRAIN, ["train.epoch=3"], "did you mean train.epochs?"),
     ("wrong-type", TRAIN, ["train.epochs=many"], "train.epochs=many"),

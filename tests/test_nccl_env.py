@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, child_env, run_cli
 
-from ddp_lab.launch.nccl_env import _hca_matches, main, nccl_rdma_env, scan
+from ddp_lab.launch.nccl_env import main, nccl_rdma_env
+from ddp_lab.launch.sysfs_scan import _hca_matches, network_kind, scan
 from ddp_lab.launch import nccl_env
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -364,9 +365,9 @@ def test_slingshot_gets_cscss_settings(tmp_path, capsys):
     aws-ofi-nccl plugin with CSCS's settings, each printed with its reason."""
     for nic in ("cxi0", "cxi1"):
         (tmp_path / "class" / "cxi" / nic).mkdir(parents=True)
-    assert nccl_env.network_kind(tmp_path) == ("slingshot", ["cxi0", "cxi1"])
+    assert network_kind(tmp_path) == ("slingshot", ["cxi0", "cxi1"])
     assert nccl_env.main(["--sysfs-root", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "export NCCL_NET='AWS Libfabric'" in out and "export FI_MR_CACHE_MONITOR=userfaultfd" in out
     assert "# network: slingshot (cxi0, cxi1)" in err and "# NCCL_NET_GDR_LEVEL=PHB: " in err
-    assert nccl_env.network_kind(tmp_path / "nothing") == ("sockets", [])
+    assert network_kind(tmp_path / "nothing") == ("sockets", [])

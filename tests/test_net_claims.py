@@ -1,4 +1,5 @@
-"""scripts/net_claims.py's pure parts, with no lab and no cluster: the predictions'
+"""The network benchmark's pure parts (`python -m ddp_lab.bench.suite network`,
+ddp_lab/bench/specs/network.py), with no lab and no cluster: the predictions'
 arithmetic, the claims and their targets, the tables, the plots from saved rounds, and a
 user's mistake (one line naming the option, exit 2). The measurement itself needs a lab and
 a SLURM cluster for minutes; what it exercises is tested where it lives (test_netlab*.py,
@@ -7,18 +8,13 @@ test_hierarchical*.py, test_compress.py, test_overlap.py, test_stragglers.py).""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 from helpers import REPO
 
-SCRIPT = REPO / "scripts" / "net_claims.py"
-spec = importlib.util.spec_from_file_location("net_claims", SCRIPT)
-nc = importlib.util.module_from_spec(spec)
-sys.modules["net_claims"] = nc  # its dataclass looks its module up there
-spec.loader.exec_module(nc)
+from ddp_lab.bench import network_claims as nc  # the pure parts of specs/network.py
 
 MB = 1e6
 
@@ -136,8 +132,8 @@ def test_plots_from_saved_rounds(tmp_path):
     (["--steps"], "--steps"),
 ])
 def test_bad_arguments_one_line_exit_2(argv, option):
-    env = {"PATH": "/usr/bin:/bin"}  # no SLURM_CONF
-    proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
-                          timeout=60, env=env)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}  # no SLURM_CONF
+    proc = subprocess.run([sys.executable, "-m", "ddp_lab.bench.suite", "network", *argv],
+                          capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and option in proc.stderr, proc.stderr

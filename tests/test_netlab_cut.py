@@ -28,7 +28,7 @@ import torch
 from helpers import PY, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.launch import job_processes
-from ddp_lab.run import progress
+from ddp_lab.run import failure, progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
 
@@ -147,7 +147,7 @@ def test_a_cut_link_ends_the_job_names_the_node_and_the_same_command_continues(
     # the failure names node2 and its ranks: which ranks ran on node2 is in their records
     on_node2 = sorted(r["rank"] for r in recs if r["node"] == "node2")
     assert len(on_node2) == 2 and {r["node"] for r in recs} == {"node1", "node2"}, recs
-    named = f"node node2 (ranks {progress.rank_list(on_node2)}, last at epoch 2 step"
+    named = f"node node2 (ranks {failure.rank_list(on_node2)}, last at epoch 2 step"
     line = next((ln for ln in text.splitlines() if ln.startswith("job failed")), "")
     assert named in line and f"{node_addr(recs, 'node2')} sends no reply" in line, text
     assert summary(run_dir)["status"].startswith(f"failed: {named}"), summary(run_dir)

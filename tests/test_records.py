@@ -78,6 +78,8 @@ def test_old_files_read_as_version_0_with_every_value():
                            "compiled": None, "compile_s": None,
                            "straggler": None, "injected_delay": None,
                            "comm_bytes_cross_node": None, "compress": None,
+                           "memory_param_bytes": None, "memory_grad_bytes": None,
+                           "memory_optimizer_state_bytes": None,
                            **overlap_keys}
 
 

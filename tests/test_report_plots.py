@@ -177,10 +177,10 @@ def runbook(tmp_path_factory):
 
 
 def _fits(res):
-    from ddp_lab.report import tables
+    from ddp_lab.report import comm_tables
 
     runs = find_runs([res]) if not isinstance(res, list) else res
-    return tables.bench_fits(runs)
+    return comm_tables.bench_fits(runs)
 
 
 def test_one_world_draws_bars_not_empty_panels(tmp_path):

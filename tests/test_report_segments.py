@@ -38,3 +38,21 @@ def test_allocations_table(tmp_path):
     rows = json.loads((tmp_path / "out" / "report.json").read_text())["segments"]
     assert [r["segment"] for r in rows] == [1, 2] and rows[0]["wall_s"] == 50.0
     assert doc is not None
+
+
+def test_memory_table_shows_the_sharded_optimiser_state(tmp_path):
+    """Runs that recorded what a rank holds get a row each in report.md's memory table and
+    report.json's `memory`: zero1's optimiser state beside ddp's."""
+    for name, sync, world, state in (("ddp2", "ddp", 2, 80_170_000), ("zero2", "zero1", 2, 40_085_000),
+                                     ("zero4", "zero1", 4, 20_042_500)):
+        run = _fake_run(tmp_path / "runs", name, world, 10.0)
+        s = json.loads((run / "summary.json").read_text())
+        s.update(sync=sync, model="mlp_wide", memory_param_bytes=40_085_000,
+                 memory_grad_bytes=40_085_000, memory_optimizer_state_bytes=state)
+        (run / "summary.json").write_text(json.dumps(s))
+    build_report(find_runs([tmp_path / "runs"]), tmp_path / "out", make_plots=False)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Memory per rank" in md
+    assert "| mlp_wide | 4 | zero1 | 40.1 | 40.1 | 20.0 |" in md, md
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["memory"]
+    assert [(r["sync"], r["world_size"]) for r in rows] == [("ddp", 2), ("zero1", 2), ("zero1", 4)]

@@ -101,6 +101,9 @@ VARIANTS = [
     # has the multi-rank nodes); one node of every rank: tree reduce + tree broadcast
     ("hierarchical_ranks_as_nodes", "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, "node_size": 1}),
     ("hierarchical_one_node", "hierarchical", {"bucket_mb": SMALL_BUCKET_MB, "intra": "tree"}),
+    # the optimiser steps this rank's shard only (tests/test_zero1.py has the rest)
+    ("zero1", "zero1", {"bucket_mb": SMALL_BUCKET_MB}),
+    ("zero1_one_bucket", "zero1", {}),
 ]
 
 
@@ -156,10 +159,11 @@ def _train_worker(rank: int, world: int) -> dict:
             overrides = {**overrides, "root": world - 1}
         model = initial_model()
         syncer = cls(sync_cfg(name, **overrides), model, device, world)
-        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        opt = torch.optim.SGD(syncer.optimizer_params(), lr=LR, momentum=MOMENTUM)
         counter.update(sent=0, recv=0)
         train_steps(syncer, opt, xs, ys, rank)
         comm = syncer.take_comm()
+        counted = dict(counter)  # the steps' bytes (zero1's optimizer_state gathers too)
         state = syncer.optimizer_state(opt)
         out[variant] = {
             # numpy, not tensors: torch's queue would share tensor memory with a dead process
@@ -167,9 +171,10 @@ def _train_worker(rank: int, world: int) -> dict:
             "comm": {"calls": comm.calls, "sent": comm.bytes_sent, "recv": comm.bytes_recv,
                      "payload": comm.payload_bytes, "bus_bytes": comm.bus_bytes,
                      "seconds": comm.seconds, "busbw": comm.busbw, "timed": len(comm.timed)},
-            "counted": dict(counter),
+            "counted": counted,
             "buckets": len(getattr(syncer, "buckets", getattr(syncer, "grad_buckets", []))),
             "bucket_numels": [b.numel for b in getattr(syncer, "grad_buckets", [])],
+            "bucket_padded": [b.buffer.numel() for b in getattr(syncer, "grad_buckets", [])],
             "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "exact": syncer.bytes_exact,
             "opt_state_steps": None if state is None else len(state["state"]),
@@ -263,7 +268,8 @@ def test_every_sync_option_is_covered():
 @pytest.mark.dist
 @pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost_off", "tree",
                                      "butterfly", "butterfly_per_param",
-                                     "hierarchical_ranks_as_nodes", "hierarchical_one_node"])
+                                     "hierarchical_ranks_as_nodes", "hierarchical_one_node",
+                                     "zero1", "zero1_one_bucket"])
 def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
     world, results, _ = world_run
     for rank, r in enumerate(results):
@@ -307,6 +313,13 @@ def test_comm_accounting(world_run, variant):
                      for numel in rec["bucket_numels"] for op in ("reduce", "broadcast")]
             assert c["sent"] == STEPS * sum(m.sent[rank] for m in model)
             assert c["recv"] == STEPS * sum(m.recv[rank] for m in model)
+        elif name == "zero1":
+            assert c["payload"] == 2 * g * STEPS  # gradients reduce-scattered + weights gathered
+            assert c["calls"] == 2 * rec["buckets"] * STEPS
+            assert c["bus_bytes"] == pytest.approx(c["payload"] * busbw_factor("all_gather", world))
+            # the two halves of a ring all-reduce of the padded buckets: (n-1)/n each, twice
+            ring = sum(cost("all_reduce", "ring", n, world).sent[rank] for n in rec["bucket_padded"])
+            assert c["sent"] == c["recv"] == STEPS * ring
         else:
             assert c["payload"] == g * STEPS
             if name != "ddp":
@@ -356,6 +369,9 @@ def test_unused_parameters_leaves_grads_and_rng_alone():
     ("reduce_broadcast", {"root": -1}, "sync.root=-1"),
     ("ddp", {"static_graph": True, "find_unused_parameters": True}, "contradict"),
     ("ddp", {"bucket_cap_mb": -1}, "sync.bucket_cap_mb=-1.0: must be >= 0"),
+    ("zero1", {"overlap": True}, "sync=zero1 sync.overlap=true"),
+    ("zero1", {"compress": "bf16"}, "sync=zero1 sync.compress=bf16"),
+    ("zero1", {"bucket_mb": -1}, "sync.bucket_mb=-1.0: must be >= 0"),
 ])
 def test_bad_sync_config_is_refused(name, overrides, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):

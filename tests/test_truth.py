@@ -1,6 +1,6 @@
 """Measurement truth (issue 12 item 7): the per-collective alpha-beta fits, the model's
 prediction with them, the bench lookup at a call's size, the per-step reading of a trace
-(checked against hand-computed values), and scripts/comm_truth.py end to end on a tiny case
+(checked against hand-computed values), and `python -m ddp_lab.bench.suite truth` end to end on a tiny case
 (real training and bench runs on gloo; no timed assertion: only that every figure exists)."""
 
 from __future__ import annotations
@@ -173,13 +173,10 @@ def test_why_names_the_known_reasons_of_a_miss():
 
 # ------------------------------------------------------------------ the script
 def _comm_truth():
-    """scripts/comm_truth.py as a module (it is a script, not a package's)."""
-    import importlib.util
+    """The truth benchmark's spec (ddp_lab/bench/specs/truth.py)."""
+    from ddp_lab.bench.specs import truth as spec
 
-    spec = importlib.util.spec_from_file_location("comm_truth", REPO / "scripts" / "comm_truth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return spec
 
 
 @pytest.mark.parametrize("args, message", [
@@ -194,14 +191,16 @@ def _comm_truth():
     (["--set", "model.hidden"], "error: --set model.hidden: give KEY=VALUE"),
 ])
 def test_comm_truth_bad_options_are_one_line(args, message, tmp_path, capsys):
-    assert _comm_truth().main([*args, "--out", str(tmp_path / "o")]) == 2
+    from ddp_lab.bench import suite
+
+    assert suite.run("truth", [*args, "--dir", str(tmp_path / "o")]) == 2
     out, err = capsys.readouterr()
     assert err.startswith(message) and err.count("\n") == 1 and not out, err
     assert not (tmp_path / "o").exists()
 
 
 def test_comm_truth_bad_option_exits_2_from_the_shell():
-    p = subprocess.run([PY, "scripts/comm_truth.py", "--launcher", "mpi"], cwd=REPO, env=child_env(),
+    p = subprocess.run([PY, "-m", "ddp_lab.bench.suite", "truth", "--launcher", "mpi"], cwd=REPO, env=child_env(),
                        capture_output=True, text=True, timeout=120)
     assert (p.returncode, p.stderr) == (2, "error: --launcher mpi: give one of local, slurm\n"), describe(p)
 
@@ -222,10 +221,10 @@ def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):
     """Two real 2-rank training runs and their bench run; every row has its three figures."""
     out = tmp_path / "truth"
     p = subprocess.run(
-        [PY, "scripts/comm_truth.py", "--worlds", "2", "--models", "mlp",
+        [PY, "-m", "ddp_lab.bench.suite", "truth", "--worlds", "2", "--models", "mlp",
          "--syncs", "allreduce,reduce_broadcast", "--steps", "8", "--bench-min", "1024",
          "--bench-max", "65536", "--bench-points", "2", "--data-root", str(shared_data_root),
-         "--out", str(out)], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+         "--dir", str(out)], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, describe(p)
     rows = json.loads((out / "truth.json").read_text())
     assert [(r["sync"], r["model"], r["world"]) for r in rows] == [

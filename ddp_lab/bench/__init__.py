@@ -10,6 +10,7 @@ is made, the launcher renders and starts the job, and every rank runs
 `python -m ddp_lab.bench.worker RUN_DIR` (the config's `run.entry`). Rank 0 writes
 bench.csv, bench.json, bench.md and plots/ into the run folder. See docs/bench.md.
 
-`scaffold.py` apart: what the training benchmarks in scripts/ share (the trainer's parts
-on a local gloo group); this benchmark does not import it.
+The training benchmarks are apart: `python -m ddp_lab.bench.suite NAME` (suite.py, one
+runner; specs/, one module per benchmark; scaffold.py, the trainer's parts on a local gloo
+group). This benchmark imports none of them.
 """

@@ -14,7 +14,8 @@ from typing import Any, List
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ..config import SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig, register_configs
+from ..config import (SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig, doc,
+                      register_configs)
 from ..registry import Registry
 
 # bench.ops -> the implementations each has. The submitting side reads this table and
@@ -50,48 +51,42 @@ DTYPES: Registry[str] = Registry("bench.dtype", {n: n for n in (
 class BenchConfig:
     """What to measure: ops x implementations x process groups x sizes."""
 
-    name: str = "sweep"
-    """the preset this section came from (conf/bench/<name>.yaml): sweep | handin"""
-    ops: List[str] = field(default_factory=lambda: ["all_reduce"])
-    """all_reduce | reduce | broadcast | reduce_broadcast | send_recv_ring (blocking, even
-    ranks send first) | isend_irecv_ring | all_gather | gather | reduce_scatter | ping_pong"""
-    impl: List[str] = field(default_factory=lambda: ["torch"])
-    """torch (torch.distributed) and/or ddp_lab.collectives' ring | butterfly | tree | naive;
-    an op runs every listed implementation it has"""
-    groups: List[str] = field(default_factory=lambda: ["global"])
-    """global (all ranks) | intra_node (the ranks of one node) | cross_node (one local rank
-    across nodes); all groups of a kind run at the same time, as in the assignment"""
-    dtype: str = "float32"
-    """element type: float32 | float64 | float16 | bfloat16 | int32 | int64"""
-    min_elements: int = 1024
-    """smallest size, in elements (2^10)"""
-    max_elements: int = 67108864
-    """largest size, in elements (2^26); capped by free memory, with a message"""
-    points: int = 9
-    """sizes, evenly spaced on a log scale from min to max (powers of two where they fall)"""
-    sizes: List[int] = field(default_factory=list)
-    """extra sizes in elements, measured besides the log-spaced ones (e.g. a synchroniser's
-    bucket sizes: scripts/comm_truth.py compares a training step's calls with the bench at
-    exactly their size)"""
-    warmup: int = 2
-    """untimed iterations before every size (connections, allocation, caches)"""
-    iters: int = 20
-    """most timed iterations per size"""
-    min_iters: int = 3
-    """fewest timed iterations per size (large sizes stop here)"""
-    time_per_size_s: float = 1.0
-    """timing budget per size: iterations = budget / warm-up time, within [min_iters, iters]"""
-    memory_fraction: float = 0.5
-    """share of free memory (host RAM split over local ranks, or this GPU's) sizes may use"""
-    node_size: int = 0
-    """0: nodes as the launcher reports them; N > 0: pretend each block of N consecutive
-    ranks is a node (tries the intra/cross-node groups on one machine; then the numbers
-    say nothing about a network)"""
-    plot_metric: str = "busbw"
-    """y axis of the plots: busbw | algbw (GB/s) | throughput (GiB/s: bytes / time, the
-    assignment's figure)"""
-    title: str = ""
-    """plot title prefix (empty: op names)"""
+    name: str = doc("sweep", "the preset this section came from "
+                             "(conf/bench/<name>.yaml): sweep | handin")
+    ops: List[str] = doc(["all_reduce"], "all_reduce | reduce | broadcast | "
+                                         "reduce_broadcast | send_recv_ring (blocking, "
+                                         "even ranks send first) | isend_irecv_ring | "
+                                         "all_gather | gather | reduce_scatter | ping_pong")
+    impl: List[str] = doc(["torch"], "torch (torch.distributed) and/or ddp_lab.collectives' ring "
+                                     "| butterfly | tree | naive; an op runs every listed "
+                                     "implementation it has")
+    groups: List[str] = doc(["global"], "global (all ranks) | intra_node (the ranks of one node) "
+                                        "| cross_node (one local rank across nodes); all groups "
+                                        "of a kind run at the same time, as in the assignment")
+    dtype: str = doc("float32", "element type: float32 | float64 | "
+                                "float16 | bfloat16 | int32 | int64")
+    min_elements: int = doc(1024, "smallest size, in elements (2^10)")
+    max_elements: int = doc(67108864, "largest size, in elements (2^26); capped "
+                                      "by free memory, with a message")
+    points: int = doc(9, "sizes, evenly spaced on a log scale from min to "
+                         "max (powers of two where they fall)")
+    sizes: List[int] = doc([], "extra sizes in elements, measured besides the "
+                               "log-spaced ones (e.g. a synchroniser's bucket sizes: "
+                               "`python -m ddp_lab.bench.suite truth` compares a training step's "
+                               "calls with the bench at exactly their size)")
+    warmup: int = doc(2, "untimed iterations before every size (connections, allocation, caches)")
+    iters: int = doc(20, "most timed iterations per size")
+    min_iters: int = doc(3, "fewest timed iterations per size (large sizes stop here)")
+    time_per_size_s: float = doc(1.0, "timing budget per size: iterations = budget / "
+                                      "warm-up time, within [min_iters, iters]")
+    memory_fraction: float = doc(0.5, "share of free memory (host RAM split over local "
+                                      "ranks, or this GPU's) sizes may use")
+    node_size: int = doc(0, "0: nodes as the launcher reports them; N > 0: pretend each block of "
+                            "N consecutive ranks is a node (tries the intra/cross-node groups on "
+                            "one machine; then the numbers say nothing about a network)")
+    plot_metric: str = doc("busbw", "y axis of the plots: busbw | algbw (GB/s) | throughput "
+                                    "(GiB/s: bytes / time, the assignment's figure)")
+    title: str = doc("", "plot title prefix (empty: op names)")
 
 
 @dataclass

@@ -22,10 +22,9 @@ import torch.distributed as dist
 from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER
 from ..registry import Registry
 from . import config
+from .pattern import Pattern
 
-PERIOD = 8  # the pattern repeats every PERIOD elements
 LR = 0.1  # reduce_broadcast's learning rate: the assignment's (its check is allclose)
-CHUNK = 1 << 22  # elements per fill/check slice: bounds the temporaries
 
 
 @dataclass(frozen=True)
@@ -46,48 +45,6 @@ class GroupCtx:
 
     def peer(self, shift: int) -> int:
         return self.ranks[(self.grank + shift) % self.n]
-
-
-class Pattern:
-    """Fills and checks `t[i] = base + scale * ((i + off) % PERIOD)`, slice by slice."""
-
-    def __init__(self, dtype: torch.dtype, device: torch.device):
-        self.dtype = dtype
-        self.pat = (torch.arange(CHUNK + PERIOD, device=device) % PERIOD).to(dtype)
-        # half types round partial sums; every other type must match bit for bit
-        self.rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 0.0
-
-    def _slices(self, t: torch.Tensor, off: int):
-        flat = t.view(-1)
-        for s in range(0, flat.numel(), CHUNK):
-            n = min(CHUNK, flat.numel() - s)
-            o = (s + off) % PERIOD
-            yield s, flat[s:s + n], self.pat[o:o + n]
-
-    def fill(self, t: torch.Tensor, base: float, scale: float = 1, off: int = 0) -> None:
-        for _, seg, pat in self._slices(t, off):
-            seg.copy_(pat)
-            if scale != 1:
-                seg.mul_(scale)
-            if base:
-                seg.add_(base)
-
-    def check(self, t: torch.Tensor, base: float, scale: float = 1, off: int = 0,
-              what: str = "result", rtol: Optional[float] = None,
-              atol: float = 0.0) -> Optional[str]:
-        """None if every element is as expected (bit for bit, or within rtol/atol where the
-        expected values themselves round), else where the first one is not."""
-        rtol = max(self.rtol, rtol or 0.0)
-        exact = rtol == 0 and atol == 0
-        for s, seg, pat in self._slices(t, off):
-            exp = pat * scale + base
-            ok = torch.equal(seg, exp) if exact else torch.allclose(seg, exp, rtol=rtol, atol=atol)
-            if not ok:
-                bad = (seg != exp) if exact else ~torch.isclose(seg, exp, rtol=rtol, atol=atol)
-                i = int(bad.nonzero()[0])
-                return (f"{what}[{s + i}] = {seg[i].item()}, expected {exp[i].item()} "
-                        f"({int(bad.sum())} of {seg.numel()} elements wrong in that slice)")
-        return None
 
 
 def _sum_ranks(n: int) -> int:

@@ -1,7 +1,8 @@
-"""The scaffold of the training benchmarks in scripts/ (bench_sync.py, bench_overlap.py,
-bench_stop.py, bench_straggler.py): ranks of a one-machine gloo group, each with the
-trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`; `step.run_steps`),
-and the choice of configurations, interleaved rounds, medians and ratios they print.
+"""The scaffold of the training benchmarks of ddp_lab/bench/specs/ that time the trainer's
+parts (syncs, overlap, stop, straggler): ranks of a one-machine gloo group, each with the
+trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`; `step.run_steps`).
+The choice of configurations, interleaved rounds, medians and ratios are the runner's
+(ddp_lab/bench/suite.py).
 
     def worker(ctx, args):                      # on every rank, in its own process
         bench = Bench(ctx, [f"data.root={args.data_root}"])    # config, data, Clock
@@ -10,19 +11,16 @@ and the choice of configurations, interleaved rounds, medians and ratios they pr
 
     results = run_ranks(worker, 2, args)        # {rank: what worker returned}, or None
 
-It lives in the package, not in scripts/, because the spawned ranks import it by name
-whatever folder the script is started from, and scripts/ holds runnable scripts only
-(tests/test_docs_commands.py runs each one). Only those scripts import it: the collective
-benchmark (`python -m ddp_lab.bench`) does not, and still imports no trainer module.
+`worker` is a module-level function of the spec: the spawned ranks import it by name. Only
+the specs import this module: the collective benchmark (`python -m ddp_lab.bench`) does
+not, and still imports no trainer module.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -35,14 +33,12 @@ from ..timing import Clock, StepTimer
 from ..step import run_steps
 from ..train import build_parts
 
-T = TypeVar("T")
-
 
 def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
               timeout_s: float = 3600) -> Optional[dict[int, Any]]:
     """`body(ctx, args)` on `world` spawned ranks of a local gloo group; what each returned,
     by rank. A rank that raised: its error on stderr and None. `body` is a module-level
-    function of the script (the spawned ranks import it by name)."""
+    function of the spec (the spawned ranks import it by name)."""
     import torch.multiprocessing as mp
 
     mpc = mp.get_context("spawn")
@@ -62,6 +58,12 @@ def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
     for p in procs:
         p.join()
     return results
+
+
+def rank0(body: Callable[[DistContext, Any], Any], world: int, args: Any) -> Any:
+    """What rank 0 of `run_ranks(body, world, args)` returned (None if a rank failed)."""
+    results = run_ranks(body, world, args)
+    return None if results is None else results[0]
 
 
 def _rank(rank: int, world: int, port: int, body: Callable, args: Any, queue) -> None:
@@ -134,53 +136,3 @@ class Bench:
         wall = time.perf_counter() - t0
         parts.syncer.close()
         return wall
-
-
-def select(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty or None: all), in
-    `configs`' order. ValueError for a label `configs` lacks."""
-    if not only:
-        return dict(configs)
-    keep = [c.strip() for c in only.split(",")]
-    unknown = set(keep) - set(configs)
-    if unknown:
-        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
-                         f"{list(configs)}")
-    return {label: c for label, c in configs.items() if label in keep}
-
-
-def parse_only(ap: argparse.ArgumentParser, configs: Mapping[str, T]
-               ) -> tuple[argparse.Namespace, dict[str, T]]:
-    """The command line, and the configurations its `--only` names (`select`); an unknown
-    label ends the script with the parser's usage error."""
-    args = ap.parse_args()
-    try:
-        return args, select(configs, args.only)
-    except ValueError as e:
-        ap.error(str(e))
-
-
-def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
-    """(round, configuration) for rounds 1 to `repeats`: every configuration once a round,
-    the order rotated by one each round, so that slow drift on a shared machine hits every
-    configuration alike."""
-    configs = list(configs)
-    for r in range(repeats):
-        k = r % len(configs)
-        for c in configs[k:] + configs[:k]:
-            yield r + 1, c
-
-
-def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
-    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
-    def median(v: Sequence) -> Any:
-        if isinstance(v[0], Mapping):
-            return {k: statistics.median(m[k] for m in v) for k in v[0]}
-        return statistics.median(v)
-
-    return {label: median(v) for label, v in runs.items()}
-
-
-def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -> dict[str, float]:
-    """name -> values[a] / values[b] for each (name, a, b) of `pairs` where both were run."""
-    return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}

@@ -9,7 +9,8 @@ One module per launcher (local, mpirun, slurm, runai), each with
   command runs in the foreground and its exit status is the job's.
 
 Templates live in `launchers/` and are filled with `str.format` (bash braces doubled).
-`base.py` holds what the launchers share, `foreground.py` the job run from this process;
+`base.py` holds what the launchers share, `foreground.py` the job run from this process,
+`slurm_job.py` the submit and follow of what `slurm.py` renders;
 their public names are handed on here, so callers write `launch.LaunchError`,
 `launch.render(...)`, `launch.job_processes(...)`.
 """

@@ -1,5 +1,7 @@
 """The rendezvous port: a free one, whether one is taken, and the lines that say a
-rendezvous could not start. Every launcher, test and script asks here.
+rendezvous could not start. Every launcher, test and script asks here. And whether a
+machine answers at all (`answers`): a failed rank's probe of the other nodes
+(ddp_lab.run.failure), where a node that sends no reply went silent.
 
 The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
 on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
@@ -11,6 +13,8 @@ from __future__ import annotations
 import socket
 
 WILDCARD = "0.0.0.0"  # where the store binds
+PROBE_S = 2.0  # how long `answers` waits for a node's reply
+PROBE_PORT = 9  # "discard": any port will do, a live node answers even where nothing listens
 FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 
@@ -45,3 +49,16 @@ def no_answer(host: str, port: int, waited_s: float) -> str:
     return (f"the rendezvous at {host}:{port} did not answer within {waited_s:g} s "
             f"(dist.init_timeout_s): check that {host} is rank 0's machine and reachable "
             f"from this one on port {port}; if another program holds that port, {FIX}")
+
+
+def answers(addr: str, timeout_s: float = PROBE_S) -> bool:
+    """Whether the machine at `addr` answers a TCP connection attempt within `timeout_s`.
+    Any reply counts, a refusal too: a live node's kernel refuses a port where nothing
+    listens at once. A node behind a cut link sends nothing, and the attempt times out."""
+    try:
+        socket.create_connection((addr, PROBE_PORT), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # timed out, or no route to it
+        return False
+    return True

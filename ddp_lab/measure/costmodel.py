@@ -218,6 +218,8 @@ SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "tree": (("all_reduce", "tree"),),
     "butterfly": (("all_reduce", "butterfly"),),
     "reduce_broadcast": (("reduce", "torch"), ("broadcast", "torch")),
+    # reduce-scatter the gradients, step the shard, all-gather the weights (nccl: "torch")
+    "zero1": (("reduce_scatter", "ring"), ("all_gather", "ring")),
 }
 
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
@@ -229,6 +231,7 @@ SYNC_FORMULAS: dict[str, str] = {
     "tree": "2⌈log2 n⌉(α + m·β)",
     "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
     "reduce_broadcast": "nα + 2(n-1)/n·m·β + ⌈log2 n⌉(α + m·β) (library, as gloo)",
+    "zero1": "2(n-1)α + 2(n-1)/n·m·β (ring reduce-scatter, then all-gather of the weights)",
     # phases on groups (HIERARCHICAL_PHASES): k ranks per node, L nodes
     "hierarchical": "R_k + A_L + B_k: reduce in each node (tree: ⌈log2 k⌉(α + m·β)), "
                     "all-reduce among the L leaders (ring: 2(L-1)α + 2(L-1)/L·m·β, the only "

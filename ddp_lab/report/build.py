@@ -11,8 +11,10 @@ from typing import Optional
 
 from ..run.files import atomic_open, atomic_write_text
 from . import forecast as fcast
-from . import bench_plot, phase_plot, plots, summary, tables
+from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
 from .runs import Run
+from .memory import memory_markdown, memory_rows
+from .segments import segment_rows, segments_markdown
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
                "nproc_per_node", "world_size", "launcher", "backend", "epochs", "time_n",
@@ -52,10 +54,11 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     short, common = _shortener(runs)
     groups = tables.scaling_groups(runs, warmup)
     phases = tables.phase_rows(runs)
-    fits = tables.bench_fits(runs)
-    comm = tables.comm_model_rows(runs, fits, short)
+    fits = comm_tables.bench_fits(runs)
+    comm = comm_tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
-    segments = tables.segment_rows(runs, short)
+    segments = segment_rows(runs, short)
+    memory = memory_rows(runs, short)
     fc = fcast.forecast(groups, runs, fits, forecast_worlds or fcast.DEFAULT_WORLDS,
                         gpus_per_node, warmup)
     show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
@@ -78,11 +81,12 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if phases:
         md += tables.phase_markdown(phases, short)
     if fits or comm:
-        md += tables.comm_model_markdown(fits, comm, short)
+        md += comm_tables.comm_model_markdown(fits, comm, short)
     if show_fc:
         md += fcast.forecast_markdown(fc)
-    md += tables.segments_markdown(segments)
-    md += tables.bench_markdown(runs, short)
+    md += memory_markdown(memory)
+    md += segments_markdown(segments)
+    md += comm_tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
     atomic_write_text(out_dir / "report.md", text)
@@ -95,6 +99,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                 w.writerow(_csv_row(r, g["device"]))
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
+        "memory": memory,
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],

@@ -1,252 +1,26 @@
 """Forecast time per epoch for worlds nobody ran, and check the forecast honestly.
 
-The model of one epoch on n ranks (nodes of G ranks):
-
-    T(n) = S(n) * (c(b(n)) + m(n))
-
-- b(n): samples per rank per step: the batch per rank (weak scaling) or global batch / n
-  (strong scaling).
-- S(n): steps per epoch per rank: the step cap (train.max_steps_per_epoch) where there is
-  one, else the epoch's samples D / (b(n) * n), D read from the measured runs.
-- c(b): compute per step (data + forward + backward + optimiser and the epoch's own overhead
-  spread over its steps), measured: T / S - the measured comm per step, at every fitted
-  point; a line c0 + c1 * b where the fitted points have several per-rank batches, else
-  the largest fitted world's (proportional to b when another batch is asked for).
-- m(n): comm per step from the alpha-beta model (`model.predict_comm_s`: the sync's own
-  algorithm, the payload and calls per step it recorded, from any run of the series), with
-  one alpha-beta fit per link level: ranks of one node talk over the node's own memory
-  (loopback), ranks on several nodes over the network, whose every collective is paced by
-  the slowest link it crosses. The intra-node fit prices a world of one node, the cross-node
-  fit a world of several (n > ranks per node: the measured point's, else G). Each level's
-  fit: a bench run on the same backend and device that measured that level (1 node; 2 nodes
-  or more), the allocation's own first (same fingerprint: its link's rate is in it), else
-  fitted on the study's own measured comm per step of that level's points (weighted least
-  squares, `model._solve`, pooled over the syncs of the same backend and device: the model
-  is linear in alpha and beta, so a point's two coefficients are its prediction under
-  (1, 0) and (0, 1); points of one world and one sync cannot tell alpha from beta: latency
-  only then); the cross-node level without either takes the intra-node fit.
-- On CPU, ranks sharing cores (a node's ranks > the fingerprint's `cpu_count`) run
-  ranks/cores times slower, compute and comm alike; fitted points are normalised by it.
-- No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
-  contention beyond what the fitted points had, the link of the level's fit for every pair.
+The model of one epoch on n ranks, T(n) = S(n) * (c(b(n)) + m(n)) (steps per epoch x
+(compute + comm per step)), and its fit on a series' measured runs: forecast_model.py.
 
 The honest check: per series, fit on every world but the largest, predict the largest,
-report (predicted - measured) / measured.
+report (predicted - measured) / measured. A forecast is shown only with that error, and
+called reliable only where it and the fitted model's misses of the measured worlds are all
+within TARGET (`verdict`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 from ..measure.fingerprint import link_label
-from .model import Fit, _solve, predict_comm_s
+from .forecast_model import fit_model, measured_point
 from .runs import Run
 from .stats import sig
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
 TARGET = 0.25  # the forecast's goal: within 25% of a measured time per epoch (docs/scaling.md)
-
-
-@dataclass
-class Point:
-    """One measured run, reduced to what the forecast needs (post-warm-up epochs)."""
-
-    sync: str
-    world: int
-    nodes: int
-    batch: float  # samples per rank per step
-    steps: float  # steps per epoch per rank
-    epoch_s: float
-    comm_s: Optional[float]  # measured comm per step
-    payload: Optional[float]  # bytes per step
-    calls: Optional[float]
-    share: float = 1.0  # ranks per CPU core of its node where ranks outnumber cores (CPU runs), else 1
-
-    @property
-    def compute_s(self) -> float:
-        """Compute per step as one rank with a core of its own would take it."""
-        return (self.epoch_s / self.steps - (self.comm_s or 0.0)) / self.share
-
-
-def _point(r: Run, warmup: Optional[int]) -> Optional[Point]:
-    times, skip = r.epoch_time_values(warmup)
-    recs = sorted((x for x in r.records if x.epoch_time_s and not x.resumed_at_step),
-                  key=lambda x: x.epoch)[skip:]
-    steps = sum(int(x.steps or 0) for x in recs)
-    if not times or not recs or not steps:
-        return None
-    comm = {k: sum(float((x.comm or {}).get(k) or 0.0) for x in recs) / steps
-            for k in ("time_s", "payload_bytes", "calls")}
-    world = r.world_size or 1
-    batch = (r.global_batch / world) if r.scaling == "strong" and r.global_batch else \
-        float(r.summary.get("batch_size") or (r.config.get("train") or {}).get("batch_size") or 0)
-    return Point(r.get("sync", "?"), world, int(r.get("nodes") or 1), batch, steps / len(recs),
-                 sum(times) / len(times), comm["time_s"] if comm["calls"] else None,
-                 comm["payload_bytes"] or None, comm["calls"] or None,
-                 core_share(r.device_kind, r.get("nproc_per_node"), r.fingerprint.get("cpu_count")))
-
-
-def core_share(device: str, ranks_per_node, cores) -> float:
-    """How many ranks share one core (>= 1) on a CPU node whose ranks outnumber its cores:
-    every rank then runs 1/share of the time, its compute and its part of every collective."""
-    if device != "cpu" or not ranks_per_node or not cores:
-        return 1.0
-    return max(1.0, float(ranks_per_node) / float(cores))
-
-
-def own_fit(points: list[Point]) -> Optional[Fit]:
-    """alpha, beta from the measured comm per step of multi-rank points (see the module
-    docstring); None without one."""
-    rows = []
-    for p in points:
-        if p.world < 2 or not p.comm_s or not p.payload:
-            continue
-        x1 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(1.0, 0.0, 0, "", "", "", 0, 0))
-        x2 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(0.0, 1.0, 0, "", "", "", 0, 0))
-        if x1 is None or x2 is None:
-            continue
-        rows.append((x1, x2, p.comm_s / p.share))
-    if not rows:
-        return None
-    r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
-    if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
-        # one world, one sync: every point has the same latency/bytes mix and alpha and beta
-        # cannot be told apart; the latency term alone (2(n-1) alpha for a ring) grows with
-        # n as the measured comm of small messages on one machine does
-        a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
-        b = 0.0
-    else:
-        a, b = _solve(rows)
-    errs = [((a * x1 + b * x2) - t) / t for x1, x2, t in rows]
-    rms = math.sqrt(sum(e * e for e in errs) / len(errs))
-    return Fit(a, b, len(rows), "measured", "sync's own", "study", max(p.world for p in points), rms)
-
-
-class Model:
-    """The fitted model of one series (one sync and workload) on one backend and device."""
-
-    def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
-                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
-                 device: str = "?", cores: Optional[int] = None):
-        self.scaling, self.cap, self.G = scaling, cap, gpus_per_node
-        self.device, self.cores = device, cores
-        self.fit_intra, self.fit_cross = fit_intra, fit_cross or fit_intra
-        comp = [(p.batch, p.compute_s) for p in pts]
-        bs = {b for b, _ in comp}
-        if len(bs) > 1:  # c = c0 + c1 * b, least squares
-            mb = sum(b for b, _ in comp) / len(comp)
-            mc = sum(c for _, c in comp) / len(comp)
-            sxx = sum((b - mb) ** 2 for b, _ in comp)
-            self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
-            self.c0 = mc - self.c1 * mb
-        else:  # one batch measured: the largest fitted world's compute (it has the most
-            # ranks sharing the machine's memory and cores), proportional to the batch
-            top = max(p.world for p in pts)
-            cs = [p.compute_s for p in pts if p.world == top]
-            b = next(iter(bs))
-            self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
-        # the epoch's samples (D), from an uncapped point; None when every point was capped
-        uncapped = [p for p in pts if not cap or p.steps < cap]
-        self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
-        # bytes and calls per step: what the sync sends, not a timing (any run of the series
-        # tells them, a held-out one too: a 1-rank run sends nothing)
-        multi = [p for p in (shape or pts) if p.payload and p.calls]
-        ref = max(multi, key=lambda p: p.world) if multi else None
-        self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
-        self.sync = pts[0].sync
-
-    def steps(self, n: int, batch: float) -> Optional[float]:
-        full = math.ceil(self.samples / (batch * n)) if self.samples else None
-        if self.cap:
-            return min(self.cap, full) if full else float(self.cap)
-        return full
-
-    def comm(self, n: int, nodes: int) -> Optional[float]:
-        """Comm per step of n ranks on `nodes` nodes: on one, the intra-node fit; across
-        several, the cross-node fit for the steps that cross them (all of a ring's: the
-        link paces every step), the intra-node one for the others (`model.cross_share`)."""
-        if n < 2:
-            return 0.0
-        if self.fit_intra is None or self.payload is None:
-            return None
-        if nodes <= 1:
-            return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_intra)
-        return predict_comm_s(self.sync, n, self.payload, self.calls, self.fit_cross,
-                              per_node=math.ceil(n / nodes), intra=self.fit_intra)
-
-    def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
-        """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
-        `batch` samples per rank per step."""
-        if batch < 1:
-            return None
-        per_node = per_node or min(n, self.G)
-        s, m = self.steps(n, batch), self.comm(n, math.ceil(n / per_node))
-        if s is None or m is None:
-            return None
-        f = core_share(self.device, per_node, self.cores)
-        c = (self.c0 + self.c1 * batch) * f
-        m *= f
-        return {"epoch_s": s * (c + m), "steps": s, "compute_ms": c * 1e3, "comm_ms": m * 1e3,
-                "core_share": f}
-
-
-def bench_level(bench: list[dict], device: str, backend: str, across: bool,
-                fid: Optional[str]) -> Optional[dict]:
-    """The bench run (its `tables.bench_fits` entry) that measured one link level on this
-    backend and device: across nodes (2 or more) or inside one; the allocation `fid`'s own
-    (same fingerprint) where there is one, the latest first; None where none did."""
-    level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
-             and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
-    mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
-    return (mine or level)[-1] if level else None
-
-
-OWN_FIT = "fitted on the study's own comm per step"
-
-
-def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
-    """One level's fit and its source: the bench run that measured it, else its points'."""
-    if found:
-        return found["primary"], "bench: " + found["run"].path.name
-    return own_fit(pts), OWN_FIT
-
-
-def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
-              fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
-    """(intra-node fit, cross-node fit, where they came from): per level the bench's, else
-    the study's own points' of that level (see the module docstring)."""
-    one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
-    intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
-    cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
-    if intra is None:  # no point of one node: the other level's fit, else every point's
-        intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), OWN_FIT)
-    if cross is None:  # nothing crossed a node: the intra-node fit for every link
-        return intra, intra, intra_src
-    if intra_src == cross_src:
-        return intra, cross, intra_src
-    return intra, cross, f"{intra_src} (intra-node), {cross_src} (cross-node)"
-
-
-def _model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
-           G: int, warmup: Optional[int], max_world: Optional[int] = None,
-           fid: Optional[str] = None) -> tuple[Optional[Model], str]:
-    """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world;
-    comm fits of the allocation `fid` where a bench measured it."""
-    keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
-    every = [p for p in (_point(r, warmup) for r in runs) if p]
-    pts = [p for p in every if not max_world or p.world <= max_world]
-    if not pts:
-        return None, "no measured point"
-    first = runs[0]
-    pool_pts = [p for p in (_point(r, warmup) for r in pool if keep(r)) if p]
-    intra, cross, src = comm_fits(bench, pool_pts, first.device_kind, first.get("backend"), fid)
-    if intra is None:
-        return None, "no comm fit: no bench run and no multi-rank point"
-    cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
-    return Model(pts, scaling, cap, intra, cross, G, shape=every, device=first.device_kind,
-                 cores=cores), src
 
 
 def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
@@ -272,12 +46,12 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         entry["heldout"] = None
         if len(measured) >= 2:
             top = measured[-1]
-            m, src = _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
-                            max_world=measured[-2], fid=base_fid)
+            m, src = fit_model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
+                               max_world=measured[-2], fid=base_fid)
             tops = [x for x in g["rows"] if x["world_size"] == top]
             row = next((x for x in tops if x["fingerprint_id"] == base_fid), tops[0])
             top_run = by_path[row["run"]]
-            p = _point(top_run, warmup)
+            p = measured_point(top_run, warmup)
             pred = m.predict(top, p.batch, top_run.get("nproc_per_node")) if m and p else None
             entry["heldout"] = {
                 "fitted_worlds": measured[:-1], "predicted_world": top,
@@ -285,8 +59,8 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                 "predicted_s": pred["epoch_s"] if pred else None,
                 "rel_error": (pred["epoch_s"] - row["epoch_time_s_mean"]) / row["epoch_time_s_mean"]
                 if pred else None, "why_not": None if pred else src}
-        models = {base_fid: _model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
-                                   fid=base_fid)}
+        models = {base_fid: fit_model(members, pool, first.scaling, cap, bench, gpus_per_node,
+                                      warmup, fid=base_fid)}
         m, src = models[base_fid]
         entry["comm_fit"] = src
         if m is None:
@@ -300,11 +74,11 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         for row in g["rows"]:
             fid = row["fingerprint_id"]
             if fid not in models:
-                models[fid] = _model(members, pool, first.scaling, cap, bench, gpus_per_node,
-                                     warmup, fid=fid)
+                models[fid] = fit_model(members, pool, first.scaling, cap, bench, gpus_per_node,
+                                        warmup, fid=fid)
             m_row, src_row = models[fid]
             r = by_path.get(row["runs"][0])
-            p = _point(r, warmup) if r else None
+            p = measured_point(r, warmup) if r else None
             pred = m_row.predict(row["world_size"], p.batch, r.get("nproc_per_node")) \
                 if p and m_row else None
             if pred:
@@ -320,7 +94,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                         "epoch_samples": m.samples, "step_cap": cap or None,
                         "payload_bytes_per_step": m.payload, "calls_per_step": m.calls}
         base = min(members, key=lambda r: r.world_size or 1)
-        bp = _point(base, warmup)
+        bp = measured_point(base, warmup)
         weak_b = bp.batch if first.scaling == "weak" else (first.global_batch or 0) / (base.world_size or 1)
         strong_g = first.global_batch if first.scaling == "strong" else bp.batch * (base.world_size or 1)
         preds = []

@@ -1,6 +1,6 @@
 """Are the numbers true? A training run's comm per step set against the bench and the model.
 
-For each training run (`scripts/comm_truth.py` makes them, every step traced):
+For each training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
 
 - **measured**: rank 0's communication per step as its synchroniser recorded it
   (`CommRecorder`: DDP's comm hook per bucket, ours per call), the union of the step's call

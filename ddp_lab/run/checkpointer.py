@@ -58,7 +58,7 @@ class Checkpointer:
             return self.start
         state = checkpoint.load(path, ctx.device)
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
         if state.get("world_size") != env.world_size and self.plan.scaling != "strong":
             # (strong scaling: every world size trains on the same samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, open_dict
 
 from .. import launch
-from . import lock, progress
+from . import failure, lock
 from .files import atomic_write_text, write_json
 from .records import now_iso
 from .rundir import DRY_RUN, make_run_dir, read_summary, world_size, write_config
@@ -138,7 +138,7 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
     status = str(summary.get("status", ""))
     if rc != 0 and (not summary or status.startswith(("completed", "running"))):
         # rank 0 could not say it (it was the one that died): the progress records can
-        why = (progress.failure_line(progress.diagnose(run_dir))
+        why = (failure.failure_line(failure.diagnose(run_dir))
                or f"job exit status {rc} (see {run_dir / 'logs'})")
         return mark_failed(run_dir, f"failed: {why}", fields)
     if rc != 0 and any(k not in summary for k in fields):

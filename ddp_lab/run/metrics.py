@@ -60,7 +60,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
     or with `every_rank` (log.ranks=all) every rank, each line prefixed with its rank.
     faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
     SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
-    (ddp_lab.run.progress.Watchdog)."""
+    (ddp_lab.hang.Watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()

@@ -24,7 +24,9 @@ from typing import Any, Callable, Optional
 from ..env import detect_env, openmp_wait_policy
 from ..launch import ports
 from ..launch.torchrun import as_forked_rank, exit_soon
+from .. import hang
 from . import progress
+from .failure import diagnose, end_stuck, failure_line, short_error
 from .job import mark_failed
 from .metrics import fault_file, setup_logging
 from .stop import die_with_parent
@@ -38,11 +40,12 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
     Dead and hung peers: the rank dies with its parent from the first instruction on
     (PR_SET_PDEATHSIG: torchrun killed during init), keeps its progress record
-    (ddp_lab.run.progress) and its hang watchdog (stacks into its log). When a collective fails
-    (a peer died, froze or hung past dist.timeout_s) its one `failed:` line names the rank(s)
-    that stopped and where, and it kills those of this machine that cannot end themselves
-    (a frozen rank would keep torchrun waiting 30 s more). A start that cannot reach its
-    rendezvous ends within dist.init_timeout_s, its line naming the host and port."""
+    (ddp_lab.run.progress) and its hang watchdog (stacks into its log: ddp_lab.hang). When a
+    collective fails (a peer died, froze or hung past dist.timeout_s) its one `failed:` line
+    names the rank(s) that stopped and where (ddp_lab.run.failure), and it kills those of
+    this machine that cannot end themselves (a frozen rank would keep torchrun waiting 30 s
+    more). A start that cannot reach its rendezvous ends within dist.init_timeout_s, its line
+    naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
     # reads it once, at load: env.openmp_wait_policy); the submitting side needs no torch
     import torch
@@ -56,7 +59,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
-    progress.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
+    hang.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
     torch.set_num_threads(cpu_threads(env, threads))
     fields = {**(failure or {}), "world_size": env.world_size}
 
@@ -78,9 +81,9 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
         in_start = start.over()
         _ignore_sigterm()  # torchrun's SIGTERM (another rank failed) must not cut this short
-        progress.watchdog().cancel()
+        hang.watchdog().cancel()
         log.debug(traceback.format_exc())
-        mine = progress.short_error(e)
+        mine = short_error(e)
         if in_start and isinstance(e, torch.distributed.DistNetworkError):
             # the store could not be bound or reached: nothing of a peer to diagnose
             line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
@@ -90,11 +93,11 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         here = record.snapshot()
         record.state("failed", mine)
         # probe: a node that no longer answers this one is named as a node (a cut link)
-        culprits = progress.diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
-                                     probe=env.num_nodes > 1)
+        culprits = diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
+                             probe=env.num_nodes > 1)
         trace = run_dir / "logs" / f"rank{env.rank}.log"
         if culprits:
-            line = progress.failure_line(culprits)
+            line = failure_line(culprits)
             at = f" at {progress.where(here)}" if here else ""
             log.error("failed: %s [rank %d: %s%s] (traceback in %s)", line, env.rank, mine, at, trace)
         else:
@@ -102,13 +105,13 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
             log.error("failed: %s (traceback in %s)", mine, trace)
         if env.is_main:
             mark_failed(run_dir, f"failed: {line}", {**fields, "error": mine})
-        killed = progress.end_stuck(culprits, run_dir, by=f"rank {env.rank}")
+        killed = end_stuck(culprits, run_dir, by=f"rank {env.rank}")
         if killed:
             log.error("killed stuck process(es) of this job: %s", killed)
         return 1
     finally:
         start.over()
-        progress.watchdog().cancel()
+        hang.watchdog().cancel()
         logging.shutdown()
 
 

@@ -191,6 +191,11 @@ class RunSummary(_Record):
     # the delay injected (debug.slow_rank/slow_ms/jitter_ms; None when none)
     straggler: Optional[dict] = None
     injected_delay: Optional[dict] = None
+    # bytes one rank holds at the end (Synchroniser.memory): parameters, gradients (the
+    # whole gradient backward makes) and optimiser state (zero1: its shard's only)
+    memory_param_bytes: Optional[int] = None
+    memory_grad_bytes: Optional[int] = None
+    memory_optimizer_state_bytes: Optional[int] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 

@@ -11,7 +11,7 @@ flag: the rank keeps its step.
 Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last check])
 every `every` steps. `every` adapts so that checks come about `train.stop_check_s` apart,
 from the reduced (hence identical on every rank) step time: deterministic, no extra
-collective, and cheap (scripts/bench_stop.py measures it). A rank's local flag reaches
+collective, and cheap (python -m ddp_lab.bench.suite stop measures it). A rank's local flag reaches
 the others at the next check; all stop after the same step.
 
 Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a

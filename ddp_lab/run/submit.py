@@ -53,6 +53,16 @@ def submit(cfg: DictConfig) -> Outcome:
         print(f"test accuracy {summary['test_accuracy']:.4f}, "
               f"median epoch {summary['epoch_time_s_median']:.2f} s, "
               f"world size {summary['world_size']} ({summary['backend']}, {summary['device']})"
-              + (f", first step {start:.1f} s after start" if start is not None else ""))
+              + (f", first step {start:.1f} s after start" if start is not None else "")
+              + memory_note(summary))
     print(f"run dir: {run_dir}")
     return Outcome(rc, result, run_dir)
+
+
+def memory_note(summary: dict) -> str:
+    """zero1's closing words: what one rank holds (summary.json's memory_* fields)."""
+    if summary.get("sync") != "zero1" or summary.get("memory_optimizer_state_bytes") is None:
+        return ""
+    mb = {k: summary[f"memory_{k}_bytes"] / 1e6 for k in ("param", "grad", "optimizer_state")}
+    return (f"; per rank: parameters {mb['param']:.1f} MB, gradients {mb['grad']:.1f} MB, "
+            f"optimiser state {mb['optimizer_state']:.1f} MB")

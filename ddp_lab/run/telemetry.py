@@ -3,10 +3,10 @@
 The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
 step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
 training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
-(ddp_lab.run.records), writes it to metrics.jsonl, TensorBoard, the console and the Chrome
-trace, and at the end builds and writes the `RunSummary`. This is torchtitan's
-MetricsProcessor shape: the loop never assembles a record and never asks which rank it is
-on. Every rank calls every method in the same order, because some of them are collectives
+(ddp_lab.run.records), writes it to metrics.jsonl, TensorBoard, the console (the scalars
+and the comm part of the line: presentation.py) and the Chrome trace, and at the end
+builds and writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop
+never assembles a record and never asks which rank it is on. Every rank calls every method in the same order, because some of them are collectives
 (the straggler gather, the loss sum, the trace merge); only the logging rank's sink writes
 (`metrics.make_sink`).
 
@@ -20,11 +20,9 @@ record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
 from __future__ import annotations
 
 import logging
-import os
 import statistics
-import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -32,12 +30,13 @@ from omegaconf import OmegaConf
 from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
-from ..env import hostname, process_start
+from ..env import allocation, hostname, startup_s
 from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .step_progress import StepProgress
 from .tensorboard import run_metrics, run_name
+from .presentation import comm_line, epoch_scalars, step_scalars
 from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
 from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
@@ -275,12 +274,13 @@ class Telemetry:
     # -------------------------------------------------------------- the end
     def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
                position: Optional[tuple[int, int]] = None,
-               stop_reason: Optional[str] = None) -> RunSummary:
+               stop_reason: Optional[str] = None,
+               memory: Optional[dict[str, int]] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard.
         `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
         that had already finished). A graceful stop passes its `status` (preempted |
         stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
-        why it stopped."""
+        why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
         self._merge_trace()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
             self._fingerprint()         # every connection it made are in the logs, flushed
@@ -316,7 +316,8 @@ class Telemetry:
             study=_study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
-            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap)
+            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
+            **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
         self.sink.close()
         return summary
@@ -330,16 +331,6 @@ class Telemetry:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
 
 
-def allocation(environ=None) -> dict:
-    """The scheduler's name for this allocation: SLURM's job id and requeue count, RunAI's
-    (Kubeflow's) job name and pod restart; None for a local launch."""
-    env = os.environ if environ is None else environ
-    if env.get("SLURM_JOB_ID"):
-        return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
-    job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
-    return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
-
-
 def _device_name(device: torch.device) -> str:
     return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
 
@@ -347,73 +338,6 @@ def _device_name(device: torch.device) -> str:
 def _every_host(segments: list[dict]) -> list[str]:
     """The hosts a run used, over all its allocations, in the order they first came."""
     return list(dict.fromkeys(h for seg in segments for h in seg.get("hosts") or []))
-
-
-def startup_s() -> Optional[float]:
-    """Seconds from the job's own start to the first step, as the user waits for it:
-    DDP_LAB_T0 where the job set it (ddp_lab.run.job: the command's start, or the end of
-    the sweep's previous job; a SLURM batch script's or a pod's own start), else this rank's
-    start (`bash launch.sh` by hand)."""
-    t0 = os.environ.get("DDP_LAB_T0")
-    start = float(t0) if t0 else process_start()
-    return None if start is None else round(time.time() - start, 2)
-
-
-# ------------------------------------------------------------------ presentation
-def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
-    """TensorBoard scalars of an epoch; tags carry their units."""
-    c, steps, phases = rec.comm, rec.steps, rec.phase_s
-    out = {
-        "loss/train": rec.train_loss, "loss/test": rec.test_loss,
-        "accuracy/train[fraction]": rec.train_accuracy,
-        "accuracy/test[fraction]": rec.test_accuracy, "time/epoch[s]": rec.epoch_time_s,
-        "throughput/train[samples/s]": rec.samples_per_s,
-        "comm/bytes_sent[MB/step]": c["bytes_sent"] / 1e6 / steps,
-        "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
-        "comm/calls[per step]": c["calls"] / steps,
-    }
-    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
-        out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
-    if rec.timing:
-        out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
-        out.update({"time/step_p95[ms]": phases["step"]["p95"] * 1e3,
-                    "time/step_median[ms]": phases["step"]["median"] * 1e3,
-                    "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
-                    "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
-                    "comm/fraction[of step]": c["fraction"] or 0.0,
-                    # side by side: in-flight (the union of the collectives) and exposed
-                    # (its part after the step's compute end), both per step
-                    "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
-                    "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
-                    "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
-                    "time/compute[ms/step]": (rec.compute_s or 0.0) * 1e3 / steps})
-        spread = rec.stragglers.get("spread")
-        if spread:
-            out["stragglers/spread[slowest/fastest]"] = spread
-        if rec.world_size and rec.world_size > 1:  # -1 and 0 ms: no rank named this epoch
-            named = rec.straggler or {"rank": -1, "late_ms": 0.0}
-            out["stragglers/rank"] = float(named["rank"])
-            out["stragglers/late[ms]"] = named["late_ms"]
-    return out
-
-
-def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
-    """One step's TensorBoard scalars: its time, sync phase, compute, comm in flight and
-    exposed (ddp_lab/timing/comm.py), and the (1-based) epoch it belongs to."""
-    d = step.durations()
-    return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
-            "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
-            "step/comm_exposed[ms]": 1e3 * exposed_s, "epoch": epoch}
-
-
-def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part (its times, bytes and bandwidths are in
-    metrics.jsonl, TensorBoard and the report: the line fits 100 columns)."""
-    c, steps = rec.comm, rec.steps
-    if c["fraction"] is None:
-        return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
-    return (f"{100 * c['fraction']:.0f}% in flight, "
-            f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed")
 
 
 def _study_point(cfg: Config) -> Optional[dict]:

@@ -188,10 +188,30 @@ def dist_pair(cfg: DictConfig) -> Optional[str]:
     return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
 
 
+# Ranks a core before a local launch is refused (launcher.oversubscribe allows it): 3 or 4
+# ranks on a 2-core laptop are a lesson in sharing, 1000 (a typo for 10) stall the machine
+# for minutes while every rank imports torch and waits its turn at every collective.
+RANKS_PER_CORE = 4
+
+
+def oversubscription(cfg: DictConfig) -> Optional[str]:
+    """Far more ranks on this machine than it has cores, not asked for."""
+    lc = cfg.launcher
+    if lc.name != "local" or lc.dry_run or lc.get("oversubscribe"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if lc.nproc_per_node <= RANKS_PER_CORE * cores:
+        return None
+    return (f"launcher.nproc_per_node={lc.nproc_per_node} starts {lc.nproc_per_node} ranks on "
+            f"this machine's {cores} core(s), more than {RANKS_PER_CORE} a core: use at most "
+            f"{RANKS_PER_CORE * cores}, or launcher.oversubscribe=true to run them anyway")
+
+
 # ---------------------------------------------------------------- tables
 COMMON: list[Rule] = [
     at_least("launcher.nodes", 1),
     at_least("launcher.nproc_per_node", 1),
+    oversubscription,
     one_of("dist.backend", ("auto", "gloo", "nccl")),
     one_of("dist.device", ("auto", "cpu", "cuda")),
     dist_pair,

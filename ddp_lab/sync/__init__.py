@@ -18,6 +18,7 @@ from .naive import NaiveSync
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .tree import TreeSync
+from .zero1 import Zero1Sync
 
 SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "ddp": DDPSync,
@@ -28,6 +29,7 @@ SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "tree": TreeSync,
     "butterfly": ButterflySync,
     "hierarchical": HierarchicalSync,
+    "zero1": Zero1Sync,
 })
 REGISTRY = SYNCS  # the name earlier code and users' scripts import
 

@@ -6,7 +6,9 @@ bucket of its own) or has another dtype. `cap_bytes=0` means one bucket per para
 Each bucket owns one zero-initialised buffer, padded to a multiple of `pad_to` elements
 (ring all-reduce cuts a buffer into world-size equal chunks). The buffers are allocated
 once: packing a step's gradients is one `torch.cat` into it, unpacking one copy per
-parameter back out.
+parameter back out. `align=k` starts every parameter at a multiple of k elements (zeros in
+between; sync=zero1: a shard then cuts each parameter where a vectorised optimiser kernel
+would cut the whole parameter, so its rounding is the same).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Bucket:
     offsets: list[int]
     numel: int  # elements that belong to parameters (the rest is padding)
     buffer: torch.Tensor
+    dense: bool = True  # parameters end to end from 0 (make_buckets' align=1)
 
     @property
     def nbytes(self) -> int:
@@ -33,7 +36,7 @@ class Bucket:
         """Copy the parameters' gradients into the buffer; a missing .grad counts as zeros
         (every rank must send the same-sized buffer, used or not)."""
         grads = [p.grad for p in self.params]
-        if all(g is not None for g in grads):
+        if self.dense and all(g is not None for g in grads):
             torch.cat([g.reshape(-1) for g in grads], out=self.buffer[:self.numel])
         else:
             for p, o, g in zip(self.params, self.offsets, grads):
@@ -51,6 +54,10 @@ class Bucket:
 
     @torch.no_grad()
     def pack_params(self) -> torch.Tensor:
+        if not self.dense:
+            for p, o in zip(self.params, self.offsets):
+                self.buffer[o:o + p.numel()].copy_(p.detach().reshape(-1))
+            return self.buffer
         torch.cat([p.detach().reshape(-1) for p in self.params], out=self.buffer[:self.numel])
         return self.buffer
 
@@ -60,7 +67,8 @@ class Bucket:
             p.copy_(self.buffer[o:o + p.numel()].view_as(p))
 
 
-def make_buckets(params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1) -> list[Bucket]:
+def make_buckets(params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1,
+                 align: int = 1) -> list[Bucket]:
     if cap_bytes < 0:
         raise ValueError(f"bucket size {cap_bytes} bytes: must be >= 0")
     groups: list[list[nn.Parameter]] = []
@@ -77,9 +85,10 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1) 
     for group in groups:
         offsets, n = [], 0
         for p in group:
+            n = -(-n // align) * align
             offsets.append(n)
             n += p.numel()
         padded = -(-n // pad_to) * pad_to
         buf = torch.zeros(padded, dtype=group[0].dtype, device=group[0].device)
-        buckets.append(Bucket(group, offsets, n, buf))
+        buckets.append(Bucket(group, offsets, sum(p.numel() for p in group), buf, align == 1))
     return buckets

@@ -4,7 +4,9 @@ A training step with any synchroniser reads
 
     out = syncer.model(x); loss = ...; loss.backward()
     syncer.sync()          # make every rank's .grad the average over ranks
-    syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only
+    syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only,
+                           # zero1 each rank its shard (the optimiser is built over
+                           # syncer.optimizer_params())
 
 and `syncer.close()` (collective) follows the last step. `syncer.take_comm()` returns
 what was communicated since the last call (a `CommStats`: calls, payload bytes, bytes
@@ -75,6 +77,25 @@ class Synchroniser:
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        """What the optimiser is built over: every parameter of the module (zero1: only
+        this rank's shards of them)."""
+        return list(self.module.parameters())
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a checkpoint's optimiser state (`optimizer_state`'s format: a plain
+        optimiser's over every parameter); zero1 cuts out its shard."""
+        optimizer.load_state_dict(state)
+
+    def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes this rank holds: parameters, their gradients (each rank computes the whole
+        gradient in backward, whatever the sync) and the optimiser's state tensors."""
+        params = [p for p in self.module.parameters()]
+        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+                "optimizer_state_bytes": sum(v.numel() * v.element_size() for v in state)}
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """The optimiser state a checkpoint on rank 0 should hold. Called on every rank (a

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Straggler finding, checked against the truth: which measure names the late rank and how
 well it gets its lateness, measured side by side in one run.
 
-    .venv/bin/python scripts/bench_straggler.py                        # 3 ranks, CPU gloo
-    .venv/bin/python scripts/bench_straggler.py --world 3 --steps 300 --rounds 3 --slow-ms 5
+    python -m ddp_lab.bench.suite straggler                        # 3 ranks, CPU gloo
+    python -m ddp_lab.bench.suite straggler --world 3 --steps 300 --rounds 3 --slow-ms 5
 
 Every rank of one machine reads one clock (time.perf_counter is CLOCK_MONOTONIC, shared by
 the processes of a host), so here the true arrival of each rank at each step's first
@@ -27,18 +26,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ddp_lab.bench.scaffold import Bench, run_ranks
-from ddp_lab.run.delay import ComputeDelay
-from ddp_lab.distributed import DistContext
-from ddp_lab.timing import Clock, StragglerTally
+from ...distributed import DistContext
+from ...run.delay import ComputeDelay
+from ...timing import Clock, StragglerTally
+from ..scaffold import Bench, rank0
+from ..suite import Spec
 
-REPO = Path(__file__).resolve().parent.parent
+SPEC = Spec(compares="nothing injected, one slow rank, jitter on every rank; each sync",
+            rounds=3, ratios="the lateness each measure finds (waits, arrivals on the Clock) "
+                             "against the truth and against the injected delay, minus 1")
 
 
 def from_arrivals(arrivals: list[list[float]]) -> tuple[int, float, float]:
@@ -95,21 +95,18 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> list:
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--world", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300, help="steps per measurement")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--slow-ms", type=float, default=5.0)
     ap.add_argument("--jitter-ms", type=float, default=5.0)
     ap.add_argument("--syncs", default="ddp,allreduce")
-    ap.add_argument("--data-root", default=str(REPO / "data"))
-    args = ap.parse_args()
 
-    results = run_ranks(worker, args.world, args)
-    if results is None:
-        return 1
-    rows = results[0]
+
+def run(args: argparse.Namespace) -> dict | None:
+    rows = rank0(worker, args.world, args)
+    if rows is None:
+        return None  # the rank's error is above
     n = args.world
     print(f"world {n}, CPU gloo, {args.steps} steps each, MLP batch 64; lateness = the "
           "rank's median lead over the others (ms, every step); share = of steps it was last\n")
@@ -145,8 +142,5 @@ def main() -> int:
         if v:
             print(f"  {k:18s} {100 * statistics.median(v):+.1f}%  "
                   f"({100 * min(v):+.1f}% .. {100 * max(v):+.1f}%)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"errors": errs, "rows": len(rows),
+            "ratios": {f"{k} (median)": statistics.median(v) for k, v in errs.items() if v}}

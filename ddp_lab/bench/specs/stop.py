@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """What checking for a graceful stop, and the progress record, cost a training step.
 
-    .venv/bin/python scripts/bench_stop.py                  # 2 ranks, CPU gloo, 5 rounds
-    .venv/bin/python scripts/bench_stop.py --repeats 9 --check-s 0.1
+    python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
+    python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam,
 sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.step.run_steps`). Each
@@ -22,17 +21,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
+import tempfile
 import time
+import timeit
 from pathlib import Path
 
-import timeit
+from ...distributed import DistContext
+from ...run.stop import StopControl
+from ..scaffold import Bench, run_ranks
+from ..suite import Spec, rounds
 
-from ddp_lab.bench.scaffold import Bench, rounds, run_ranks
-from ddp_lab.distributed import DistContext
-from ddp_lab.run.stop import StopControl
-
-REPO = Path(__file__).resolve().parent.parent
+SPEC = Spec(compares="epochs with and without the stop check, alternating", rounds=5,
+            ratios="time inside the check / step, epoch with / without the check, "
+                   "progress record / step (targets <= 1%)")
 
 
 class Timed(StopControl):
@@ -65,14 +66,14 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     epoch(True, steps, 0)  # warm-up: connections, allocations, the check's interval
     epoch(False, min(50, steps), 0)
     off, on, spent, checks = [], [], [], []
-    for r, check in rounds((False, True), args.repeats):  # alternating order
+    for r, check in rounds((False, True), args.rounds):  # alternating order
         wall, s, c = epoch(check, steps, r)
         (on if check else off).append(wall)
         if check:
             spent.append(s)
             checks.append(c)
         if ctx.env.rank == 0 and len(on) == len(off) == r:  # the round's two epochs are done
-            print(f"round {r}/{args.repeats}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
+            print(f"round {r}/{args.rounds}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
                   f"({checks[-1]} checks)", flush=True)
     stopper.restore()
     return {"off": off, "on": on, "spent": spent, "checks": checks, "steps": steps}
@@ -112,29 +113,25 @@ def record_share(run_dir: Path) -> tuple[float, float]:
     return record_s, min(timeit.repeat(step, number=50, repeat=7)) / 50
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per epoch; 0 = the whole shard")
     p.add_argument("--check-s", type=float, default=1.0, help="train.stop_check_s")
-    p.add_argument("--data-root", default=str(REPO / "data"))
-    args = p.parse_args(argv)
 
-    import tempfile
 
+def run(args: argparse.Namespace) -> dict | None:
     with tempfile.TemporaryDirectory() as run_dir:
         args.run_dir = run_dir
         results = run_ranks(worker, args.world, args)
     if results is None:
-        return 1
+        return None
     r0 = results[0]
     steps = r0["steps"] * len(r0["on"])
     per_step = max(sum(x["on"]) for x in results.values()) / steps
     check_share = max(sum(x["spent"]) / sum(x["on"]) for x in results.values())
     med_off, med_on = statistics.median(r0["off"]), statistics.median(r0["on"])
     print(f"\n{args.world} ranks, gloo, mlp batch 64, sync=ddp, {r0['steps']} steps/epoch, "
-          f"{args.repeats} rounds, train.stop_check_s={args.check_s}")
+          f"{args.rounds} rounds, train.stop_check_s={args.check_s}")
     print(f"step time (with checks):      {1e3 * per_step:.3f} ms")
     print(f"stop checks:                  {sum(r0['checks'])} over {steps} steps "
           f"(one per {steps / max(1, sum(r0['checks'])):.0f} steps)")
@@ -145,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         record_s, step_s = record_share(Path(run_dir))
     print(f"progress record / step:       {100 * record_s / step_s:.3f} %   (target <= 1 %: "
           f"{record_s * 1e6:.2f} us a step against a compute-only step of {step_s * 1e3:.3f} ms)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"step_ms": 1e3 * per_step, "checks": sum(r0["checks"]), "steps": steps,
+            "epoch_s": {"with": r0["on"], "without": r0["off"]}, "record_us": 1e6 * record_s,
+            "ratios": {"time inside the check / step": check_share,
+                       "epoch with / without the check": med_on / med_off,
+                       "progress record / step": record_s / step_s}}

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Are the numbers true? Training comm per step against the bench and the alpha-beta model.
 
-    .venv/bin/python scripts/comm_truth.py                       # runs everything (~15 min, 2 cores)
-    .venv/bin/python scripts/comm_truth.py --worlds 2 --models mlp_wide --syncs allreduce,ddp
-    .venv/bin/python scripts/comm_truth.py --runs OUT/train --bench OUT/bench   # re-read folders
-    .venv/bin/python scripts/comm_truth.py --launcher slurm --nodes 2 --worlds 2,4 \
+    python -m ddp_lab.bench.suite truth                       # runs everything (~15 min, 2 cores)
+    python -m ddp_lab.bench.suite truth --worlds 2 --models mlp_wide --syncs allreduce,ddp
+    python -m ddp_lab.bench.suite truth --runs DIR/train --bench DIR/bench   # re-read folders
+    python -m ddp_lab.bench.suite truth --launcher slurm --nodes 2 --worlds 2,4 \
         --models mlp --set 'model.hidden=[1024]'       # across a cluster's nodes (docs/network.md)
 
 What it runs (unless given folders): one short training run per sync x model x world
@@ -31,7 +30,7 @@ What it prints, one row per training run (`ddp_lab.report.truth`):
 - why, for a row that misses one, where the reason is known (`truth.why`).
 
 Not a test: the figures depend on the machine and on what else runs on it (say which load
-when quoting them; `uptime` is printed). Writes truth.json and truth.md into --out.
+when quoting them; `uptime` is printed). Writes truth.json and truth.md into --dir.
 """
 
 from __future__ import annotations
@@ -45,8 +44,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-from ddp_lab.report import truth
+from ...report import truth
+from .. import suite
+from ..suite import REPO, Spec, UsageError
+
+SPEC = Spec(compares="each training run's comm per step, the bench at the same call sizes "
+                     "and the alpha-beta model of that bench", rounds=None,
+            ratios="measured / bench (target within 20%) and measured / model (30%), per run")
 
 LAUNCHERS = ("local", "slurm")
 SYNCS = ("ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
@@ -108,10 +112,6 @@ def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int])
         "log.progress=lines", f"run.root={out / 'bench'}"], out / "commands.log")
 
 
-class UsageError(ValueError):
-    """A bad option: one line naming it and the fix (exit 2, before anything runs)."""
-
-
 def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
     """A comma list of --option: ints of `least` or more, or names of `allowed`."""
     items = [x.strip() for x in text.split(",") if x.strip()]
@@ -126,8 +126,11 @@ def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The options, checked (UsageError: see `main`)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The options, checked (UsageError: one line, exit 2, from the runner)."""
+    return suite.parse("truth", argv)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--models", default="mlp,mlp_wide")
     ap.add_argument("--syncs", default=",".join(SYNCS))
@@ -140,11 +143,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--bench-min", type=int, default=1024)
     ap.add_argument("--bench-max", type=int, default=1 << 24)
     ap.add_argument("--bench-points", type=int, default=8)
-    ap.add_argument("--data-root", default=str(REPO / "data"))
-    ap.add_argument("--out", default="outputs/comm_truth")
+    ap.add_argument("--dir", default="outputs/comm_truth",
+                    help="the runs, truth.json and truth.md go here")
     ap.add_argument("--runs", nargs="*", default=None, help="training run folders (or their parents)")
     ap.add_argument("--bench", nargs="*", default=None, help="bench run folders (or their parents)")
-    args = ap.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
     args.models = [m for m in args.models.split(",") if m]
     args.syncs = _list("--syncs", args.syncs, SYNCS)
     args.worlds = _list("--worlds", args.worlds, least=2)
@@ -163,16 +168,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.launcher == "slurm" and args.runs is None and not shutil.which("sbatch"):
         raise UsageError("--launcher slurm: no sbatch on PATH; bring a cluster up and use its "
                          "environment (docs/network.md)")
-    return args
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
+def run(args: argparse.Namespace) -> dict:
+    out = Path(args.dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
           f"(1/5/15 min), {os.cpu_count()} cores", flush=True)
@@ -203,8 +202,4 @@ def main(argv=None) -> int:
     atomic_write_text(out / "truth.md", "\n".join(md) + "\n")
     print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"rows": table}

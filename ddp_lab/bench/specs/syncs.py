@@ -1,12 +1,11 @@
-#!/usr/bin/env python
 """Epoch time of every synchroniser, side by side, measured in one run.
 
-    .venv/bin/python scripts/bench_sync.py                      # 2 ranks, CPU gloo
-    .venv/bin/python scripts/bench_sync.py --world 3 --repeats 7 --out bench.json
+    python -m ddp_lab.bench.suite syncs                      # 2 ranks, CPU gloo
+    python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam
 lr 1e-3, MNIST), full epochs. One process group runs every configuration in turn, a
-warm-up pass each, then `--repeats` rounds in a rotating order (so slow drift on a shared
+warm-up pass each, then `--rounds` rounds in a rotating order (so slow drift on a shared
 machine hits every configuration alike); each configuration's time is the median of its
 rounds. The parts and the step loop are the trainer's own (`ddp_lab.train.build_parts`,
 `run_steps`, through ddp_lab/bench/scaffold.py), so what is measured is what
@@ -15,7 +14,7 @@ rounds. The parts and the step loop are the trainer's own (`ddp_lab.train.build_
 Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
 bucketed, timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring, and
 ring with its receives posted at call start (sync.prepost=false) / a call ahead. Then,
-for ddp, allreduce and ring, the timers' cost measured step against step: `--repeats`
+for ddp, allreduce and ring, the timers' cost measured step against step: `--rounds`
 more epochs in which the timers are on for every other step (mean step time of each arm,
 with two standard errors), which cancels the drift that whole-epoch medians suffer.
 Not a test: numbers depend on the machine and on what else runs on it.
@@ -24,19 +23,14 @@ Not a test: numbers depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-from ddp_lab.bench.scaffold import (Bench, medians, parse_only, ratios, rounds, run_ranks,
-                                   select)
-from ddp_lab.distributed import DistContext
-from ddp_lab.step import run_steps
-
-REPO = Path(__file__).resolve().parent.parent
+from ...distributed import DistContext
+from ...step import run_steps
+from ..scaffold import Bench, rank0
+from ..suite import Spec, chosen, medians, ratios, rounds, select
 
 # label -> its overrides on the trainer's config (the defaults: timing on)
 CONFIGS = {
@@ -53,6 +47,10 @@ CONFIGS = {
     "butterfly": ["sync=butterfly"],
 }
 
+
+SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with their timers off), "
+                     "full epochs of the trainer's step loop", rounds=5,
+            ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on")
 
 #: configurations whose timer overhead is also measured step against step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
@@ -93,19 +91,19 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         one_epoch(label, 0, min(50, n_steps))
     times: dict[str, list[float]] = {label: [] for label in cfgs}
     fractions: dict[str, list[float]] = {label: [] for label in cfgs}
-    for r, label in rounds(cfgs, args.repeats):
+    for r, label in rounds(cfgs, args.rounds):
         t, frac = one_epoch(label, r, n_steps)
         times[label].append(t)
         if frac is not None:
             fractions[label].append(frac)
         if ctx.env.rank == 0:
-            print(f"round {r}/{args.repeats}  {label:22s} {t:7.3f} s", flush=True)
+            print(f"round {r}/{args.rounds}  {label:22s} {t:7.3f} s", flush=True)
     pairs: dict[str, tuple[list, list]] = {}
     if args.paired:
         for label, cfg in cfgs.items():
             if cfg.timing.enabled and label in PAIRED:
                 on, off = pairs.setdefault(label, ([], []))
-                for r in range(args.repeats):
+                for r in range(args.rounds):
                     a, b = paired(label, r + 1, n_steps)
                     on += a
                     off += b
@@ -143,25 +141,22 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
 
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("--repeats", type=int, default=5, help="measured rounds per configuration")
     ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
-    ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--no-paired", dest="paired", action="store_false",
                     help="skip the paired timer measurement (timers on and off on alternate "
-                         "steps of the same epochs, --repeats epochs per sync)")
+                         "steps of the same epochs, --rounds epochs per sync)")
     ap.add_argument("--only", default=None,
                     help="comma-separated configuration labels to run (default: all; the "
                          "ratios need ddp, allreduce, ring and their 'timing off' twins)")
-    args, configs = parse_only(ap, CONFIGS)
 
-    results = run_ranks(worker, args.world, args)
-    if results is None:
-        return 1
-    res = results[0]
+
+def run(args: argparse.Namespace) -> dict | None:
+    configs = chosen(CONFIGS, args.only)
+    res = rank0(worker, args.world, args)
+    if res is None:
+        return None  # the rank's error is above
     med = medians(res["times"])
     spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
     frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
@@ -176,7 +171,7 @@ def main() -> int:
              ("reduce_broadcast / ddp", "reduce_broadcast", "ddp")]
     ratio = ratios(med, pairs)
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
-          f"median of {args.repeats} rounds ({os.cpu_count()} CPUs)\n")
+          f"median of {args.rounds} rounds ({os.cpu_count()} CPUs)\n")
     print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share | comm (ms/step) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label in configs:
@@ -185,9 +180,6 @@ def main() -> int:
         vs = f"{med[label] / med['ddp']:.2f}x" if "ddp" in med else "-"
         print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
               f"| {vs} | {f} |")
-    print("\n| ratio | measured |\n| --- | ---: |")
-    for k, v in ratio.items():
-        print(f"| {k} | {v:.3f} |")
     over = res["timer_overhead_s"]
     if "ddp" in med:
         step = med["ddp"] / res["steps"]
@@ -209,16 +201,7 @@ def main() -> int:
                                  "ratio_median": med_ratio}
             print(f"| {label} | {len(on)} | {1e3 * m_on:.3f} | {1e3 * m_off:.3f} | "
                   f"{m_on / m_off:.3f} +- {2 * se / m_off:.3f} | {med_ratio:.3f} |")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"world": args.world, "repeats": args.repeats,
-                                              "timers_paired": paired_out,
-                                              "steps": res["steps"], "median_s": med,
-                                              "times_s": res["times"], "comm_share": frac,
-                                              "comm_ms_per_step": comm_ms,
-                                              "timer_overhead_s_per_step": res["timer_overhead_s"],
-                                              "ratios": ratio}, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"world": args.world, "rounds": args.rounds, "timers_paired": paired_out,
+            "steps": res["steps"], "median_s": med, "times_s": res["times"],
+            "comm_share": frac, "comm_ms_per_step": comm_ms,
+            "timer_overhead_s_per_step": res["timer_overhead_s"], "ratios": ratio}

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """How soon a command answers: the first console line of a run, and the report's start.
 
-    .venv/bin/python scripts/bench_start.py                      # this checkout, 10 rounds
-    .venv/bin/python scripts/bench_start.py --vs ../before       # side by side with another
+    python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
+    python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
 Two measures, each the median (min-max) over rounds, a round running every checkout in turn:
 - first line: from starting `python -m ddp_lab train.epochs=1` to its first line on the
@@ -26,7 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from ..suite import REPO, Spec, UsageError
+
+SPEC = Spec(compares="this checkout and --vs DIR's, each command in every round", rounds=10,
+            ratios="after / before: the first console line, the report's start")
 
 
 def first_line_s(tree: Path, work: Path, data_root: str) -> float:
@@ -53,16 +55,17 @@ def report_s(tree: Path, work: Path) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=10)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
     p.add_argument("--vs", type=Path, help="another checkout, timed in the same rounds")
-    p.add_argument("--data-root", default=str(REPO / "data"))
-    args = p.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
     if args.vs and not (args.vs / "ddp_lab" / "__main__.py").is_file():
-        print(f"error: --vs {args.vs}: not a ddp_lab checkout", file=sys.stderr)
-        return 2
+        raise UsageError(f"--vs {args.vs}: not a ddp_lab checkout")
+
+
+def run(args: argparse.Namespace) -> dict:
     trees = {"before": args.vs.resolve(), "after": REPO} if args.vs else {"this": REPO}
     got = {name: {"first line": [], "report": []} for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,15 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.rounds} round(s), load average {os.getloadavg()[0]:.2f} at the end")
     print("| measure | " + " | ".join(trees) + (" | after / before |" if args.vs else " |"))
     print("| --- |" + " --- |" * (len(trees) + bool(args.vs)))
+    found = {}
     for measure in ("first line", "report"):
         cells = [f"{statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
                  for v in (got[name][measure] for name in trees)]
         if args.vs:
             ratio = statistics.median(got["after"][measure]) / statistics.median(got["before"][measure])
             cells.append(f"{ratio:.2f}")
+            found[f"{measure}: after / before"] = ratio
         print(f"| {measure} | " + " | ".join(cells) + " |")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"seconds": got, "ratios": found}

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """What TensorBoard's live per-step points cost a training step.
 
-    .venv/bin/python scripts/bench_tb.py                    # every 10th step written, vs a 4 ms step
-    .venv/bin/python scripts/bench_tb.py --every 1
-    .venv/bin/python scripts/bench_tb.py --step-ms 4        # with 4 ms of work in each step
+    python -m ddp_lab.bench.suite tensorboard               # every 10th step written, vs a 4 ms step
+    python -m ddp_lab.bench.suite tensorboard --every 1
+    python -m ddp_lab.bench.suite tensorboard --step-ms 4   # with 4 ms of work in each step
 
 One process, no process group: a loop of steps stamped by the trainer's StepTimer, with a
 timed collective on its CommRecorder, as a real step is; empty by default, so the cost
@@ -33,9 +32,14 @@ from pathlib import Path
 
 import torch
 
-from ddp_lab.run.metrics import RunFolderSink
-from ddp_lab.run.telemetry import step_scalars
-from ddp_lab.timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
+from ...run.metrics import RunFolderSink
+from ...run.telemetry import step_scalars
+from ...timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
+from ..suite import Spec, rounds
+
+SPEC = Spec(compares="a step's stamps alone, with the trainer's live points, with add_scalar "
+                     "and flush per point", rounds=5, data=False,
+            ratios="extra CPU per step of live and naive, as a share of a --of-ms step")
 
 
 def work(n: int) -> None:
@@ -95,30 +99,27 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
     return (time.process_time() - t0) / steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--every", type=int, default=10, help="timing.tb_every")
     ap.add_argument("--step-ms", type=float, default=0.0, help="work in each step")
     ap.add_argument("--of-ms", type=float, default=4.0, help="the step to compare with")
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     ways = ["none", "live", "naive"]
     took: dict[str, list[float]] = {w: [] for w in ways}
     n = calibrate(args.step_ms / 1e3) if args.step_ms > 0 else 0
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for i in range(len(ways)):
-                way = ways[(r + i) % len(ways)]  # rotating order: drift hits every way alike
-                took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
+        for r, way in rounds(ways, args.rounds):  # rotating order: drift hits every way alike
+            took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
     base = statistics.median(took["none"])
     print(f"{args.steps} steps ({args.step_ms} ms of work each: {base * 1e3:.3f} ms CPU with "
           f"the stamps), a point every {args.every} step(s), median of {args.rounds} rounds")
     print(f"| way | extra CPU per step (us) | share of a {args.of_ms:g} ms step |\n| --- | --- | --- |")
+    found = {}
     for way in ("live", "naive"):
         extra = statistics.median(t - b for t, b in zip(took[way], took["none"]))
+        found[f"{way}: extra CPU / {args.of_ms:g} ms step"] = extra / (args.of_ms / 1e3)
         print(f"| {way} | {extra * 1e6:.1f} | {100 * extra / (args.of_ms / 1e3):.2f}% |")
-
-
-if __name__ == "__main__":
-    main()
+    return {"cpu_s_per_step": took, "ratios": found}

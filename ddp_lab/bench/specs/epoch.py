@@ -1,9 +1,9 @@
 """Time per epoch: the floor, the course notebook's loop and ddp_lab's, side by side in one run.
 
-    .venv/bin/python scripts/bench_epoch.py                      # 3 interleaved rounds, 1 and 2 ranks: the figures
-    .venv/bin/python scripts/bench_epoch.py --ranks 1 --notebook-passive
-    .venv/bin/python scripts/bench_epoch.py --compile --threads 0 1
-    .venv/bin/python scripts/bench_epoch.py --epochs 1 --max-steps 20 --repeats 1   # a quick check, not a figure
+    python -m ddp_lab.bench.suite epoch                # 3 interleaved rounds, 1 and 2 ranks: the figures
+    python -m ddp_lab.bench.suite epoch --ranks 1 --notebook-passive
+    python -m ddp_lab.bench.suite epoch --compile --threads 0 1
+    python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
 
 The workload: MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU. Per round, one after
 the other (interleaved, so the machine's drift hits every row alike):
@@ -33,7 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from ..suite import REPO, Spec, trained
+
+SPEC = Spec(compares="the floor (a tight loop), the notebook's loop and `python -m ddp_lab` "
+                     "(timing on and off) on 1 and 2 ranks", rounds=3, data=False,
+            ratios="ddp_lab / floor on 1 rank (goal <= 1.2); on 2 ranks ddp_lab / latency "
+                   "floor (goal <= 1.2) and torch's DDP loop / latency floor")
 
 
 def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
@@ -62,7 +67,7 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.launch.ports import free_port
+    from ...launch.ports import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))  # the notebook's 12355 may be taken
@@ -98,7 +103,7 @@ def floor_epochs(root: str, epochs: int, max_steps: int = 0, device: str = "cpu"
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from ddp_lab.data import load_split, normalise
+    from ...data import load_split, normalise
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
@@ -143,7 +148,7 @@ def ddp_floor_epochs(root: str, epochs: int, max_steps: int, ranks: int) -> list
     epoch's permutation, under torch's DDP on a local gloo group (no ddp_lab in the step),
     as many torch threads per rank as a ddp_lab rank gets (cores / ranks) and OMP passive.
     Every epoch between barriers, as ddp_lab times its own; rank 0's times."""
-    from ddp_lab.bench.scaffold import run_ranks
+    from ..scaffold import run_ranks
 
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # the spawned ranks read it when torch loads
     out = run_ranks(_ddp_floor_rank, ranks, (root, epochs, max_steps))
@@ -158,7 +163,7 @@ def _ddp_floor_rank(ctx, args) -> list[float]:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.data import load_split, normalise
+    from ...data import load_split, normalise
 
     root, epochs, max_steps = args
     rank, world = ctx.env.rank, ctx.env.world_size
@@ -185,7 +190,7 @@ def _ddp_floor_rank(ctx, args) -> list[float]:
 def allreduce_latency(ranks: int, numel: int, calls: int = 300) -> float:
     """Median seconds of one all_reduce of `numel` float32 (one step's gradient) between
     `ranks` local gloo processes: the part of a step no synchroniser can avoid."""
-    from ddp_lab.bench.scaffold import run_ranks
+    from ..scaffold import run_ranks
 
     out = run_ranks(_latency_rank, ranks, (numel, calls))
     if out is None:
@@ -210,25 +215,15 @@ def _latency_rank(ctx, args) -> float:
 
 
 def ours(root: str, out: str, ranks: int, epochs: int, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "ddp_lab", f"launcher.nproc_per_node={ranks}",
-           f"train.epochs={epochs}", f"data.root={root}", f"run.root={out}",
-           "train.checkpoint=false", "log.progress=lines", "dist.device=cpu", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if proc.returncode != 0:
-        sys.exit(f"ddp_lab run failed:\n{proc.stdout}\n{proc.stderr}")
-    run_dir = Path(proc.stdout.strip().splitlines()[-1].removeprefix("run dir: "))
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}", f"data.root={root}",
+                 f"run.root={out}", "train.checkpoint=false", "dist.device=cpu", *extra], REPO)
+    records = [json.loads(x) for x in (Path(s["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     return {"epochs": [r["epoch_time_s"] for r in records], "acc": records[-1]["test_accuracy"],
-            "compile_s": summary.get("compile_s")}
+            "compile_s": s.get("compile_s")}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=2, help="epochs per configuration and round")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="rounds: every configuration once per round, interleaved (medians over all)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="ddp_lab world sizes to time")
     p.add_argument("--no-notebook", action="store_true", help="skip the notebook loop")
     p.add_argument("--notebook-passive", action="store_true",
@@ -241,9 +236,10 @@ def main() -> None:
                    help="steps per epoch, for a quick check (0 = full epochs: the real figure)")
     p.add_argument("--threads", type=int, nargs="+", default=[0],
                    help="train.threads values for the 1-rank runs (0 = the trainer's default)")
-    args = p.parse_args()
 
-    from ddp_lab.data import fetch_mnist
+
+def run(args: argparse.Namespace) -> dict:
+    from ...data import fetch_mnist
 
     configs: list[tuple[str, int, list[str]]] = []  # (label, ranks, overrides)
     for n in args.ranks:
@@ -267,7 +263,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = str(Path(tmp) / "data")
         fetch_mnist(root, ["embedded"])
-        for rep in range(args.repeats):
+        for rep in range(args.rounds):
             t = _in_child("floor_epochs", root, args.epochs, args.max_steps, passive=True)
             epochs[FLOOR] += t
             per_repeat[FLOOR].append(statistics.median(t))
@@ -291,11 +287,11 @@ def main() -> None:
                     compile_s[name].append(r["compile_s"])
             if 2 in args.ranks:
                 latency.append(allreduce_latency(2, grad_numel))
-            print(f"round {rep + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+            print(f"round {rep + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     base = statistics.median(epochs[FLOOR])
     print(f"\nMLP 784-50-10, batch 64/rank, Adam lr 1e-3, CPU ({os.cpu_count()} cores), "
-          f"{args.epochs} epochs x {args.repeats} round(s) each, interleaved; median epoch "
+          f"{args.epochs} epochs x {args.rounds} round(s) each, interleaved; median epoch "
           f"time over all of them (the first epoch included); load average before: "
           f"{os.getloadavg()[0]:.2f}\n")
     print("| configuration | median epoch (s) | per-round medians (s) | x floor "
@@ -309,9 +305,10 @@ def main() -> None:
         acc_s = f"{acc[name]:.4f}" if name in acc else "-"
         print(f"| {name} | {med:.3f} | {', '.join(f'{x:.3f}' for x in reps)} | {med / base:.2f}x "
               f"| {', '.join(f'{x:.2f}x' for x in ratios)} | {comp} | {acc_s} |")
-    steps1 = _steps(1, args.max_steps)
+    steps1, found = _steps(1, args.max_steps), {}
     if 1 in args.ranks:
         ours1 = statistics.median(epochs["ddp_lab sync=ddp, 1 rank(s), timing true"])
+        found["1 rank: ddp_lab (timing on) / floor"] = ours1 / base
         print(f"\n1 rank: ddp_lab (timing on) / floor = {ours1 / base:.2f} (goal <= 1.2)")
     if 2 in args.ranks:
         # each of 2 ranks computes its half of the epoch at the floor's pace, then waits for
@@ -326,6 +323,10 @@ def main() -> None:
               f"{floor2:.3f} s; ddp_lab (timing on) / latency floor = {ours2 / floor2:.2f} "
               f"(goal <= 1.2); torch's DDP tight loop / latency floor = {tight2 / floor2:.2f}; "
               f"ddp_lab (timing on) / torch's DDP tight loop = {ours2 / tight2:.2f}")
+        found.update({"2 ranks: ddp_lab (timing on) / latency floor": ours2 / floor2,
+                      "2 ranks: torch's DDP tight loop / latency floor": tight2 / floor2})
+    return {"epochs_s": epochs, "round_medians_s": per_repeat, "test_accuracy": acc,
+            "compile_s": compile_s, "ratios": found}
 
 
 def _steps(ranks: int, max_steps: int) -> int:
@@ -342,9 +343,8 @@ NOTEBOOK = "notebook loop (ToTensor + DataLoader), 1 process"
 def _in_child(fn: str, root: str, epochs: int, max_steps: int, passive: bool) -> list[float]:
     """One of this file's loops (notebook_epochs, floor_epochs) in a process of its own: its
     threads (and the notebook's gloo group) its own, as a run's rank has."""
-    code = ("import json, sys; sys.path.insert(0, %r); import bench_epoch as b; "
-            "print(json.dumps(b.%s(%r, %d, %d)))"
-            % (str(Path(__file__).resolve().parent), fn, root, epochs, max_steps))
+    code = ("import json; import ddp_lab.bench.specs.epoch as b; "
+            "print(json.dumps(b.%s(%r, %d, %d)))" % (fn, root, epochs, max_steps))
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"  # read when torch loads in the child
@@ -353,7 +353,3 @@ def _in_child(fn: str, root: str, epochs: int, max_steps: int, passive: bool) ->
     if proc.returncode != 0:
         sys.exit(f"{fn} failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-if __name__ == "__main__":
-    main()

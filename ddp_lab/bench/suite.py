@@ -1,0 +1,208 @@
+"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite NAME [options]`.
+
+    python -m ddp_lab.bench.suite                         # the benchmarks, one line each
+    python -m ddp_lab.bench.suite syncs --rounds 7 --out syncs.json
+    python -m ddp_lab.bench.suite start --vs ../before    # this checkout against another
+    python -m ddp_lab.bench.suite NAME --help             # its own options too
+
+Each benchmark is a module of ddp_lab/bench/specs/ whose `SPEC` says what it runs side by
+side, its rounds and the ratios it prints; `add_args(parser)` adds its own options and
+`run(args)` measures and returns its figures. The runner gives every one the same
+options (`--rounds`, `--out`, `--data-root` where it reads MNIST), the same ending (the
+ratios, measured side by side in one run, as a table) and the same JSON file (`--out`:
+{"bench", "args", "ratios", and the benchmark's own figures}). A bad option is one line
+and exit 2, before anything runs. The collective benchmark (`python -m ddp_lab.bench`,
+Hydra-configured, a run folder per job) is not one of these: it sweeps message sizes on
+any launcher; these time the trainer's own parts, or whole runs, on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+# name -> module of ddp_lab.bench.specs, in the order `python -m ddp_lab.bench.suite` lists
+NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical", "straggler", "accuracy",
+         "stop", "start", "tensorboard", "truth", "network")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a benchmark runs side by side (`compares`), its rounds (`rounds`: the default of
+    `--rounds`; None: it has no rounds) and the ratios it prints (`ratios`, in words)."""
+    compares: str
+    ratios: str
+    rounds: Optional[int] = None
+    data: bool = True  # reads MNIST: takes --data-root
+
+
+class UsageError(ValueError):
+    """A bad option found after parsing: one line naming it and the fix, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A user's mistake: one line naming the option, exit 2 (no usage block)."""
+
+    def error(self, message: str) -> None:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def load(name: str):
+    """The spec module of benchmark `name` (ddp_lab.bench.specs.<name>)."""
+    return importlib.import_module(f"ddp_lab.bench.specs.{name}")
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """Benchmark `name`'s command line: the runner's options, then its own."""
+    mod = load(name)
+    spec: Spec = mod.SPEC
+    ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
+                       description=(mod.__doc__ or "").split("\n\n")[0],
+                       epilog=f"side by side: {spec.compares}. ratios: {spec.ratios}.")
+    if spec.rounds is not None:
+        ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=spec.rounds,
+                        help=f"measured rounds, the order rotated each round (default {spec.rounds})")
+    if spec.data:
+        ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
+    ap.add_argument("--out", default=None, help="write the figures here as JSON")
+    mod.add_args(ap)
+    return ap
+
+
+def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Benchmark `name`'s options, checked by its `check(args)` where it has one."""
+    args = parser(name).parse_args(argv)
+    check = getattr(load(name), "check", None)
+    if check is not None:
+        check(args)
+    return args
+
+
+def ratio_table(ratios: Mapping[str, float]) -> str:
+    """The one ending every benchmark prints: each ratio, measured side by side in one run."""
+    rows = [f"| {k} | {v:.3f} |" for k, v in ratios.items() if v is not None]
+    return "\n".join(["| ratio | measured |", "| --- | ---: |", *rows])
+
+
+def write_json(path: str, name: str, args: argparse.Namespace, result: Mapping[str, Any]) -> None:
+    """The one JSON file: the benchmark, its options and its figures (ratios among them)."""
+    doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                   for k, v in vars(args).items()}, **result}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, measure, print the ratios, write the JSON: benchmark `name`'s whole command."""
+    try:
+        args = parse(name, argv)
+        result = load(name).run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if result is None:
+        return 1  # the benchmark said why, on stderr
+    if result.get("ratios"):
+        print(f"\n{name}: the ratios, measured side by side in one run\n")
+        print(ratio_table(result["ratios"]))
+    if args.out:
+        write_json(args.out, name, args, result)
+    return 0
+
+
+def select(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
+    """The configurations named in `only` (comma-separated labels; empty or None: all), in
+    `configs`' order. ValueError for a label `configs` lacks."""
+    if not only:
+        return dict(configs)
+    keep = [c.strip() for c in only.split(",")]
+    unknown = set(keep) - set(configs)
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
+                         f"{list(configs)}")
+    return {label: c for label, c in configs.items() if label in keep}
+
+
+def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
+    """`select`, with an unknown label a user's mistake: one line and exit 2 (the runner's)."""
+    try:
+        return select(configs, only)
+    except ValueError as e:
+        raise UsageError(f"--only: {e}") from None
+
+
+def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
+    """(round, configuration) for rounds 1 to `repeats`: every configuration once a round,
+    the order rotated by one each round, so that slow drift on a shared machine hits every
+    configuration alike."""
+    configs = list(configs)
+    for r in range(repeats):
+        k = r % len(configs)
+        for c in configs[k:] + configs[:k]:
+            yield r + 1, c
+
+
+def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
+    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
+    def median(v: Sequence) -> Any:
+        if isinstance(v[0], Mapping):
+            return {k: statistics.median(m[k] for m in v) for k in v[0]}
+        return statistics.median(v)
+
+    return {label: median(v) for label, v in runs.items()}
+
+
+def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -> dict[str, float]:
+    """name -> values[a] / values[b] for each (name, a, b) of `pairs` where both were run."""
+    return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}
+
+
+def trained(overrides: Sequence[str], cwd: Path) -> dict:
+    """One real training run (`python -m ddp_lab`, this checkout's, `overrides` last) started
+    in `cwd`: its summary.json, and its folder as "run_dir". Exits with the run's last
+    output if it failed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "ddp_lab", "log.progress=lines", *overrides]
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    run_dir = Path(cwd, next(line.split("run dir: ", 1)[1].strip()
+                             for line in p.stdout.splitlines() if line.startswith("run dir: ")))
+    return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}
+
+
+def listing() -> str:
+    lines = ["python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:"]
+    for name in NAMES:
+        mod = load(name)
+        lines.append(f"  {name:13s}{(mod.__doc__ or '').splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(listing())
+        return 0
+    if argv[0] not in NAMES:
+        print(f"error: no benchmark {argv[0]!r}; choose from {', '.join(NAMES)}", file=sys.stderr)
+        return 2
+    return run(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    from ddp_lab.bench import suite  # the module the specs import, not this __main__ copy
+
+    sys.exit(suite.main())

@@ -1,0 +1,130 @@
+"""sync=zero1: ZeRO stage 1, the ring's two halves with the optimiser step between them.
+
+A ring all-reduce is a reduce-scatter (after it, rank r holds the sum of chunk r only)
+followed by an all-gather (every rank gets every chunk). Adam and SGD are element-wise, so
+the optimiser need not see the whole vector: rank r steps chunk r alone, then the
+all-gather spreads *updated weights* instead of summed gradients.
+
+    sync():  gradients -> one flat bucket, / world (before the sum, as DDP: _wire.py),
+             reduce-scatter: this rank's chunk of the averaged gradient
+    step():  the optimiser steps the chunk of the flat weights this rank owns (its state,
+             Adam's two moments, exists for that 1/world only), then all-gather the weights
+
+The module's weights are views of a flat weight bucket, so the all-gather writes them in
+place; the optimiser's gradients are views of the gradient bucket's chunk the
+reduce-scatter sums into. No buffer beyond DDP's one gradient bucket.
+
+Bytes per step: (n-1)/n of the bucket each way, twice: exactly an all-reduce's. Memory per
+rank: full weights and gradients, 1/world of the optimiser state. On gloo the two halves
+are ddp_lab's own ring (collectives/scatter_gather.py, exact bytes); on nccl torch's
+reduce_scatter_tensor / all_gather_into_tensor (bytes modelled as the same ring).
+
+The optimiser is built over `optimizer_params()`: the pieces of each parameter that fall
+in this rank's chunk. Parameters start at multiples of ALIGN elements in the bucket, so a
+piece is cut where a vectorised (fused) optimiser kernel cuts the whole parameter: the
+same rounding, DDP's weights bit for bit. A checkpoint gathers the pieces into the state a
+plain optimiser over every parameter would hold, and a load cuts it again (_zero1_state.py),
+so it moves between world sizes and synchronisers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..collectives import all_gather_ring, reduce_scatter_ring
+from ..measure import costmodel
+from . import _zero1_state
+from ._buckets import Bucket, make_buckets
+from ._wire import Wire
+from .base import Synchroniser
+
+ALIGN = 64  # elements: a multiple of any CPU vector width and of fused Adam's 64-byte task
+
+
+class Zero1Sync(Synchroniser):
+    name = "zero1"
+    bytes_exact = True
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        params = [p for p in module.parameters() if p.requires_grad]
+        n, r, cap = self.world_size, self.rank, self.cfg.bucket_mb * 1e6
+        # two buffers of one layout, n equal chunks of whole ALIGN units: gradients, weights
+        self.grad_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
+        self.param_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
+        self.wire = Wire("none", n)  # pack() is the / world before the sum
+        self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+        self.bytes_exact = not self.nccl
+        for b in self.param_buckets:  # the module's weights become views of the buffer:
+            b.pack_params()           # the all-gather then writes them, no copy back, and
+            for p, o in zip(b.params, b.offsets):  # a checkpoint loads straight into it
+                p.data = b.buffer[o:o + p.numel()].view_as(p)
+        # rank r owns chunk r of both: the reduce-scatter sums the gradient's into place
+        self.chunks = [b.buffer.chunk(n)[r] for b in self.param_buckets]
+        self.chunk_grads = [b.buffer.chunk(n)[r] for b in self.grad_buckets]
+        # (bucket, lo, hi): every parameter's part inside this rank's chunk, as a view of the
+        # weights (the optimiser updates in place where the all-gather sends from)
+        self.pieces: list[tuple[int, int, int]] = []
+        for k, b in enumerate(self.param_buckets):
+            start, end = r * len(self.chunks[k]), (r + 1) * len(self.chunks[k])
+            for p, o in zip(b.params, b.offsets):
+                lo, hi = max(start, o), min(end, o + p.numel())
+                if lo < hi:
+                    self.pieces.append((k, lo, hi))
+        self.views = [self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces]
+        return module
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        return self.views  # the optimiser never sees the other ranks' chunks
+
+    def _timed(self, phase: int, b: Bucket):
+        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
+        c = costmodel.cost(op, "torch" if self.nccl else algorithm, b.buffer.numel(),
+                           self.world_size, b.buffer.element_size())
+        return self.comm.timed(op, b.nbytes, c.sent[self.rank], c.recv[self.rank])
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        for b, grad in zip(self.grad_buckets, self.chunk_grads):
+            flat = self.wire.pack(b.pack_grads())  # each rank's share of the average
+            if self.world_size > 1:
+                with self._timed(0, b):  # first half of the ring: sums, scattered
+                    if self.nccl:
+                        dist.reduce_scatter_tensor(grad, flat)
+                    else:
+                        reduce_scatter_ring(grad, flat)
+        for (k, lo, hi), view in zip(self.pieces, self.views):
+            base = len(self.chunks[k]) * self.rank
+            view.grad = self.chunk_grads[k][lo - base:hi - base]  # (zero_grad dropped it)
+        # the full .grad is now in this rank's chunk of the sum: drop it, as the
+        # optimiser's zero_grad would have (it knows only the pieces, not the parameters)
+        for b in self.grad_buckets:
+            for p in b.params:
+                p.grad = None
+
+    @torch.no_grad()
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()  # this rank's chunk only: the element-wise update DDP makes there
+        for b, chunk in zip(self.param_buckets, self.chunks):
+            if self.world_size > 1:
+                with self._timed(1, b):  # second half: every rank's updated chunk, everywhere
+                    self._all_gather(b.buffer, chunk)
+
+    def _all_gather(self, out: torch.Tensor, chunk: torch.Tensor) -> None:
+        if self.nccl:
+            dist.all_gather_into_tensor(out, chunk)
+        else:
+            all_gather_ring(out, chunk)
+
+    # ---------------------------------------------------------- checkpoints that move
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+        """Collective: the shards gathered into the state a plain optimiser over every
+        parameter would hold (rank 0; None elsewhere): a checkpoint any world, any sync loads."""
+        return _zero1_state.gather(self, optimizer)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        """Any such state (ours, DDP's, from any world): this rank's pieces cut out of it."""
+        _zero1_state.cut(self, optimizer, full)
