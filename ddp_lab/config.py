@@ -262,11 +262,11 @@ class BucketSyncConfig(SyncConfig):
 class RingSyncConfig(BucketSyncConfig):
     """Ring all-reduce from send/recv on flat buckets."""
 
-    prepost: bool = doc(True, "gloo: post each bucket's receives a call ahead, so "
-                              "sends never wait for the receiver's \"ready\" notice "
-                              "(ddp_lab.collectives.PersistentRingAllReduce); false = "
-                              "post them when the all-reduce starts, as "
-                              "all_reduce_ring does. nccl always does the latter")
+    prepost: bool = doc(False, "false: the textbook ring (collectives/ring.py), each "
+                               "step's receive posted when the step starts; true on gloo: "
+                               "each bucket's receives posted a call ahead, so sends never "
+                               "wait for the receiver's \"ready\" notice "
+                               "(collectives.PersistentRingAllReduce). nccl: all_reduce_ring")
 
 
 @dataclass

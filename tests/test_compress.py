@@ -38,8 +38,8 @@ VARIANTS = [
     *[(f"{s}_{c}", s, {"compress": c, "bucket_mb": SMALL_BUCKET_MB})
       for s in ("allreduce", "ring", "reduce_broadcast") for c in ("none", "fp16", "bf16")],
     ("allreduce_per_param_fp16", "allreduce", {"compress": "fp16", "bucket_mb": 0}),
-    ("ring_prepost_off_bf16", "ring", {"compress": "bf16", "bucket_mb": SMALL_BUCKET_MB,
-                                       "prepost": False}),
+    ("ring_prepost_bf16", "ring", {"compress": "bf16", "bucket_mb": SMALL_BUCKET_MB,
+                                   "prepost": True}),
     ("tree_fp16", "tree", {"compress": "fp16", "bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly_bf16", "butterfly", {"compress": "bf16", "bucket_mb": SMALL_BUCKET_MB}),
 ]

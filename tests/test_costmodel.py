@@ -107,7 +107,7 @@ SYNC_VARIANTS = [  # (label, sync, overrides, dtype)
     ("allreduce", "allreduce", {"bucket_mb": 1e-4}, torch.float32),
     ("allreduce_per_param", "allreduce", {"bucket_mb": 0}, torch.float64),
     ("ring", "ring", {"bucket_mb": 1e-4}, torch.float32),
-    ("ring_prepost_off", "ring", {"bucket_mb": 1e-4, "prepost": False}, torch.float64),
+    ("ring_prepost", "ring", {"bucket_mb": 1e-4, "prepost": True}, torch.float64),
     ("tree", "tree", {"bucket_mb": 1e-4}, torch.float32),
     ("butterfly", "butterfly", {}, torch.float64),
     ("reduce_broadcast", "reduce_broadcast", {"bucket_mb": 1e-4}, torch.float32),

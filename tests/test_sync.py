@@ -93,7 +93,7 @@ VARIANTS = [
     ("reduce_broadcast_root_last", "reduce_broadcast", {"root": -1}),
     ("ring", "ring", {"bucket_mb": SMALL_BUCKET_MB}),
     ("ring_one_bucket", "ring", {}),
-    ("ring_prepost_off", "ring", {"bucket_mb": SMALL_BUCKET_MB, "prepost": False}),
+    ("ring_prepost", "ring", {"bucket_mb": SMALL_BUCKET_MB, "prepost": True}),
     ("tree", "tree", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly", "butterfly", {"bucket_mb": SMALL_BUCKET_MB}),
     ("butterfly_per_param", "butterfly", {"bucket_mb": 0}),
@@ -250,14 +250,14 @@ def test_broken_sync_fails_the_equivalence_check(world_run, broken):
 
 
 @pytest.mark.dist
-def test_ring_preposts_on_gloo_unless_told_not_to(world_run):
-    """sync=ring runs one PersistentRingAllReduce per bucket on gloo (the equivalence test
-    above covers it), and none with sync.prepost=false."""
+def test_ring_preposts_on_gloo_only_when_asked(world_run):
+    """sync=ring runs the textbook ring by default (no persistent plan), and one
+    PersistentRingAllReduce per bucket on gloo with sync.prepost=true (the equivalence test
+    above covers both)."""
     _, results, _ = world_run
     for r in results:
-        assert r["ring"]["plans"] == r["ring"]["buckets"] > 1
-        assert r["ring_one_bucket"]["plans"] == 1
-        assert r["ring_prepost_off"]["plans"] == 0
+        assert r["ring"]["plans"] == 0 and r["ring_one_bucket"]["plans"] == 0
+        assert r["ring_prepost"]["plans"] == r["ring_prepost"]["buckets"] > 1
 
 
 def test_every_sync_option_is_covered():
@@ -266,7 +266,7 @@ def test_every_sync_option_is_covered():
 
 # ------------------------------------------------------------ bytes and busbw
 @pytest.mark.dist
-@pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost_off", "tree",
+@pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost", "tree",
                                      "butterfly", "butterfly_per_param",
                                      "hierarchical_ranks_as_nodes", "hierarchical_one_node",
                                      "zero1", "zero1_one_bucket"])

@@ -9,12 +9,12 @@ exactly 2(n-1)/n of the (padded) buffer per call: the minimum any all-reduce can
 Which transport carries the steps (the same steps, bytes and bits; docs/collectives.md,
 *Optimising the ring*, has the measured reason for each):
 
-* gloo, `sync.prepost=true` (the default): a `PersistentRingAllReduce` per bucket, the next
-  call's receives posted as soon as this call ends. gloo's TCP transport holds a send until
-  the receiver has posted its receive; posted a call ahead, every send leaves at once.
-  `close()` answers the receives left posted after the last step.
-* gloo, `sync.prepost=false`: `all_reduce_ring_textbook`, plain isend/irecv step by step:
-  the ring as a textbook writes it, and as ddp_lab/stop0.py does.
+* gloo (the default, `sync.prepost=false`): `all_reduce_ring_textbook`, plain isend/irecv
+  step by step: the ring as a textbook writes it, and as ddp_lab/stop0.py does.
+* gloo, `sync.prepost=true` (an optimisation asked for): a `PersistentRingAllReduce` per
+  bucket, the next call's receives posted as soon as this call ends. gloo's TCP transport
+  holds a send until the receiver has posted its receive; posted a call ahead, every send
+  leaves at once. `close()` answers the receives left posted after the last step.
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl needs the pair in
   one group).
 """
