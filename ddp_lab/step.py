@@ -1,11 +1,11 @@
 """One epoch's training steps, the heart of data-parallel training, on every rank:
 
-    x, y = next(batches)                      # this rank's shard of the batch
-    out = model(x)                            # forward
-    loss = cross_entropy(out, y)
-    loss.backward()                           # backward: this rank's gradients
-    syncer.sync()                             # every rank's .grad becomes the average
-    syncer.step(optimizer)                    # the same update on every rank
+    for x, y in batches:                      # this rank's shard of each batch
+        out = model(x)                        # forward
+        loss = cross_entropy(out, y)
+        loss.backward()                       # backward: this rank's gradients
+        syncer.sync()                         # every rank's .grad becomes the average
+        syncer.step(optimizer)                # the same update on every rank
 
 each phase timed (`timer.phase`); `accumulate` splits a batch into micro-batches whose
 gradients add up before the one sync; `evaluate` scores the test set, each rank its share.
@@ -15,14 +15,13 @@ gradients add up before the one sync; `evaluate` scores the test set, each rank 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 
 from .data import Splits
 from .distributed import DistContext
-from .run.stop import StopControl, StopInfo
 from .timing import StepTimer
 
 
@@ -46,28 +45,20 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
     return total_loss / total, total_correct / total
 
 
-def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps: Iterable,
-              timer: StepTimer, stopper: Optional[StopControl] = None, micro_batch: int = 0,
-              delay: Optional[Callable[[], None]] = None
-              ) -> tuple[torch.Tensor, torch.Tensor, int, Optional[StopInfo]]:
-    """The training steps of one epoch, each phase timed: (summed loss and correct
-    predictions on the device, samples, None), or with the StopInfo all ranks agreed on
-    when they stopped early.
-    `micro_batch` > 0: a batch larger than that accumulates its gradient over micro-batches
-    (`accumulate`) and is synchronised once, after the last. `delay` (debug.slow_ms /
-    jitter_ms, ddp_lab/run/delay.py) runs at the start of every step's forward phase."""
+def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer: StepTimer,
+              micro_batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training steps of one epoch, each phase timed: the summed loss and the right
+    predictions, on the device. `batches` gives each step's (x, y); the trainer's
+    (`EpochBatches`, ddp_lab/run/epoch.py) also times the data phase, counts the steps and
+    agrees on a stop. `micro_batch` > 0: a larger batch accumulates its gradient over
+    micro-batches (`accumulate`) and is synchronised once, after the last."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
     correct = torch.zeros((), dtype=torch.int64, device=syncer.device)
-    samples = 0
-    for _ in steps:
-        with timer.phase("data"):
-            x, y = next(batches)
+    for x, y in batches:
         if micro_batch and len(y) > micro_batch:
-            loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer, delay)
+            loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer)
         else:
             with timer.phase("forward"):
-                if delay is not None:
-                    delay()  # an injected straggler: part of this rank's compute
                 out = syncer.model(x)
                 loss = F.cross_entropy(out, y)
                 right = (out.argmax(1) == y).sum()  # train accuracy, as the notebook's check
@@ -75,23 +66,17 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterator, steps
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
         with timer.phase("sync"):
-            syncer.sync()
+            syncer.sync()  # every rank's .grad becomes the average
         with timer.phase("optim"):
             syncer.step(optimizer)
         timer.end_step()
         loss_sum += loss.detach().double() * len(y)  # stays on the device: no sync point
         correct += right
-        samples += len(y)
-        if stopper is not None:
-            info = stopper.step()
-            if info is not None:
-                return loss_sum, correct, samples, info
-    return loss_sum, correct, samples, None
+    return loss_sum, correct
 
 
 def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               micro_batch: int, timer: StepTimer,
-               delay: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+               micro_batch: int, timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward of one batch in micro-batches of `micro_batch` samples, their
     gradients summed in .grad; returns the batch's mean loss (detached) and its correct
     predictions. Each micro-batch's
@@ -99,15 +84,13 @@ def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: tor
     whole batch's mean gradient. No synchroniser communicates before the step's `sync()`;
     DDP, which all-reduces from inside backward, is held back by `syncer.no_sync()` on
     every micro-batch but the last. The step's forward and backward phases are the sums
-    of the micro-batches' ones; `delay` runs once, in the first micro-batch's forward."""
+    of the micro-batches' ones."""
     xs, ys = x.split(micro_batch), y.split(micro_batch)
     total = torch.zeros((), device=y.device)
     right = torch.zeros((), dtype=torch.int64, device=y.device)
     for i, (xm, ym) in enumerate(zip(xs, ys)):
         with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
             with timer.phase("forward"):
-                if delay is not None and i == 0:
-                    delay()
                 out = syncer.model(xm)
                 loss = F.cross_entropy(out, ym) * (len(ym) / len(y))
                 right += (out.argmax(1) == ym).sum()

@@ -9,11 +9,13 @@ record. What a real run needs besides sits behind one call each:
 - `Checkpointer` (ddp_lab/run/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
 - `EpochMeter` (ddp_lab/run/epoch.py): the barriers and clocks around each epoch's steps,
-  the step timer, the injected delay; it hands back one `MeasuredEpoch`;
+  the step timer; it hands out the epoch's batches (`EpochBatches`: the data phase, the
+  step count, injected delays, the stop agreement) and back one `MeasuredEpoch`. A stop
+  every rank agreed on comes out of it as `Stopped`, which `train` hands to the
+  checkpointer in one place; after each epoch it runs the failure hook (DDP_LAB_FAIL_ONCE);
 - `Telemetry` (ddp_lab/run/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
-  points as the steps end (it listens to the meter's step timer);
-- `stop_control` (ddp_lab/run/stop.py): the agreement on stopping at the same step.
+  points as the steps end (it listens to the meter's step timer).
 """
 
 from __future__ import annotations
@@ -29,11 +31,9 @@ from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .run.checkpointer import Checkpointer
 from .run.compile import preflight_and_compile
-from .run.delay import fail_once
-from .run.epoch import EpochMeter, Position
+from .run.epoch import EpochMeter, Position, Stopped
 from .run.files import read_json_or_empty
 from .run.records import RunSummary
-from .run.stop import stop_control
 from .run.telemetry import Telemetry
 from .step import evaluate, run_steps
 from .sync import Synchroniser, build_sync
@@ -45,43 +45,43 @@ log = logging.getLogger("ddp_lab")
 def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     """Train per `cfg` on the initialised process group; return the run's summary. The
     course notebook's loop plus the sync; the rest is one call each (module docstring)."""
-    plan = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
-    micro = plan.micro if plan.accumulation > 1 else 0
-    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
-    splits = build_splits(cfg.data, cfg.train, ctx.env, ctx.device)  # this rank's shard
+    split = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
+    micro = split.micro if split.accumulation > 1 else 0
+    splits = load_data(cfg, ctx)  # this rank's shard of MNIST
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
     module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
-    compile_s = preflight_and_compile(cfg.train, syncer, splits, micro or plan.per_rank)
-    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, plan)
+    compile_s = preflight_and_compile(cfg.train, syncer, splits, micro or split.per_rank)
+    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, split)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         return finished(run_dir, start.epoch)
-    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.carried)  # each epoch's clock, timer, barriers
+    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.resumed_part)  # clocks, timer, stop, delay
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
-                          plan=plan, compile_s=compile_s, meter=meter)
+                          plan=split, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
-    with stop_control(ctx, run_dir, cfg.train) as stopper:
-        for epoch in range(start.epoch, cfg.train.epochs):
-            splits.train.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
-            skip = meter.begin(epoch, stopper)  # 0, or the steps a mid-epoch checkpoint holds
-            loss_sum, correct, samples, stop = run_steps(
-                syncer, optimizer, splits.train.iter_from(skip), telemetry.progress(epoch, skip),
-                meter.timer, stopper, micro, meter.delay)
-            measured = meter.end(loss_sum, correct, samples)
-            if stop is not None:  # mid-epoch: save where every rank is, then leave
-                return telemetry.finish(**ckpt.on_stop(stop, measured),
-                                        memory=syncer.memory(optimizer))
-            measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
-            ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
-            telemetry.epoch(measured)
-            fail_once(ctx, epoch + 1)  # DDP_LAB_FAIL_ONCE: a crash, to test restarts
-            stop = stopper.check() if epoch + 1 < cfg.train.epochs else None  # eval may be long
-            if stop is not None:
-                return telemetry.finish(**ckpt.on_stop(stop, epochs_done=epoch + 1),
-                                        memory=syncer.memory(optimizer))
+    with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
+        try:
+            for epoch in range(start.epoch, cfg.train.epochs):
+                batches = meter.begin(epoch, splits.train, telemetry.progress)
+                loss_sum, correct = run_steps(syncer, optimizer, batches, meter.timer, micro)
+                measured = meter.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
+                measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
+                ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
+                telemetry.epoch(measured)
+                meter.between_epochs(epoch + 1)  # the failure hook; raises Stopped
+        except Stopped as stop:
+            return telemetry.finish(**ckpt.on_stop(stop.info, stop.measured, stop.epochs_done),
+                                    memory=syncer.memory(optimizer))  # bytes held per rank
     syncer.close()  # collective: every rank has run the same steps
     return telemetry.finish(memory=syncer.memory(optimizer))  # bytes held per rank
+
+
+def load_data(cfg: Config, ctx: DistContext) -> Splits:
+    """MNIST on disk (one rank per shared root fetches it, the others wait), then this
+    rank's shard of the training set and its share of the test set, on its device."""
+    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
+    return build_splits(cfg.data, cfg.train, ctx.env, ctx.device)
 
 
 def build_parts(cfg: Config, ctx: DistContext, clock: Clock

@@ -26,6 +26,7 @@ from ddp_lab.config import check_sync
 from ddp_lab.sync import REGISTRY, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
+from ddp_lab.run.epoch import EpochBatches
 from ddp_lab.step import run_steps
 
 from helpers import run_cli, run_dir_of, run_world, tensorboard
@@ -201,7 +202,8 @@ def _exposed_worker(rank: int, world: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         timer = StepTimer(clock)
         timer.watch_grads(model)
-        run_steps(syncer, opt, itertools.repeat((x, y)), range(4), timer)  # the trainer's step
+        run_steps(syncer, opt, EpochBatches(itertools.repeat((x, y)), range(4), timer),
+                  timer)  # the trainer's step
         steps, comm = timer.collect(), syncer.take_comm()
         t = epoch_timing(steps, comm)
         out[variant] = {"inflight": comm.seconds, "exposed": t["exposed_s"],

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab.models import MLP
+from ddp_lab.run.epoch import EpochBatches
 from ddp_lab.step import run_steps
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer
@@ -27,10 +28,10 @@ def test_run_steps_counts_the_right_training_predictions(micro_batch):
     with torch.no_grad():
         want = sum(int((model(x).argmax(1) == y).sum()) for x, y in batches)
         want_loss = sum(float(torch.nn.functional.cross_entropy(model(x), y)) * 64 for x, y in batches)
-    loss_sum, correct, samples, stop = run_steps(syncer, opt, iter(batches), range(3),
-                                                 StepTimer(Clock(torch.device("cpu"))),
-                                                 micro_batch=micro_batch)
-    assert stop is None and samples == 192
+    timer = StepTimer(Clock(torch.device("cpu")))
+    epoch = EpochBatches(iter(batches), range(3), timer)
+    loss_sum, correct = run_steps(syncer, opt, epoch, timer, micro_batch=micro_batch)
+    assert epoch.stop is None and epoch.samples == 192 and epoch.done == 3
     assert int(correct) == want and 0 < want < 192
     assert float(loss_sum) == pytest.approx(want_loss, rel=1e-5)
 

@@ -180,6 +180,7 @@ def test_delay_runs_once_per_step_inside_forward_also_with_micro_batches():
     from ddp_lab.models import MLP
     from ddp_lab.sync.allreduce import AllReduceSync
     from ddp_lab.timing import Clock, StepTimer
+    from ddp_lab.run.epoch import EpochBatches
     from ddp_lab.step import run_steps
 
     sync_cfg = OmegaConf.create({"name": "allreduce", "bucket_mb": 25})
@@ -194,7 +195,8 @@ def test_delay_runs_once_per_step_inside_forward_also_with_micro_batches():
 
     batches = iter([(torch.randn(64, 784), torch.randint(0, 10, (64,)))] * 3)
     timer = StepTimer(Clock(torch.device("cpu")))
-    run_steps(syncer, opt, batches, range(3), timer, micro_batch=16, delay=delay)
+    run_steps(syncer, opt, EpochBatches(batches, range(3), timer, delay=delay), timer,
+              micro_batch=16)
     steps = timer.collect()
     assert len(calls) == 3
     assert all(s.durations()["forward"] >= 0.004 for s in steps)

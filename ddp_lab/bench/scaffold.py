@@ -28,6 +28,7 @@ from ..config import Config, compose
 from ..data import build_splits, prepare_mnist
 from ..distributed import DistContext, local_gloo_world
 from ..launch.ports import free_port
+from ..run.epoch import EpochBatches
 from ..run.stop import StopControl
 from ..timing import Clock, StepTimer
 from ..step import run_steps
@@ -130,8 +131,8 @@ class Bench:
         if stopper is not None:
             stopper.restart_clock()  # as the trainer does at each epoch's start
         t0 = time.perf_counter()
-        run_steps(parts.syncer, parts.optimizer, iter(self.splits.train), range(steps),
-                  parts.timer, stopper, delay=delay)
+        batches = EpochBatches(iter(self.splits.train), range(steps), parts.timer, stopper, delay)
+        run_steps(parts.syncer, parts.optimizer, batches, parts.timer)
         self.ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
         wall = time.perf_counter() - t0
         parts.syncer.close()

@@ -75,7 +75,7 @@ class Checkpointer:
         self.start = pos
         return pos
 
-    def carried(self, epoch: int) -> Position:
+    def resumed_part(self, epoch: int) -> Position:
         """The part of `epoch` (0-based) the checkpoint we resumed from holds, as this rank
         adds it to what it measures: the global loss and sample sums on rank 0 only (so a
         sum over the ranks counts them once), the times on every rank. An epoch this
@@ -107,21 +107,21 @@ class Checkpointer:
 
         Mid-epoch (`measured`: the epoch's steps so far): the checkpoint holds the steps
         done and the loss and samples so far, summed over the ranks, which the resumed
-        run carries on (`carried`). Between epochs (`epochs_done`): the epoch's own
+        run goes on from (`resumed_part`). Between epochs (`epochs_done`): the epoch's own
         checkpoint stands, written now if train.checkpoint=false (the only way to continue)."""
         if measured is None:
             here = Position(epochs_done)
             if not self.cfg.train.checkpoint:
                 self.save(here, force=True)
         else:
-            m, carried = measured, measured.carried
+            m, before = measured, measured.resumed_part
             # the shard's last batch may be short: steps done rounds the samples up
             done = m.resumed_at_step - (-m.samples // self.plan.per_rank)
             g_loss, g_samples, g_correct = self.ctx.reduce_floats(
                 [m.loss_sum, float(m.samples), float(m.correct)])
-            here = Position(m.epoch - 1, done, carried.loss_sum + g_loss,
-                            carried.samples + int(g_samples), carried.busy_s + m.busy_s,
-                            carried.wall_s + m.wall_s, carried.correct + int(g_correct))
+            here = Position(m.epoch - 1, done, before.loss_sum + g_loss,
+                            before.samples + int(g_samples), before.busy_s + m.busy_s,
+                            before.wall_s + m.wall_s, before.correct + int(g_correct))
             self.save(here)
         return {"status": stop.status, "position": (here.epoch, here.step),
                 "stop_reason": stop.reason}

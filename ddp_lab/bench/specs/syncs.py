@@ -28,6 +28,7 @@ import statistics
 import time
 
 from ...distributed import DistContext
+from ...run.epoch import EpochBatches
 from ...step import run_steps
 from ..scaffold import Bench, rank0
 from ..suite import Spec, chosen, medians, ratios, rounds, select
@@ -80,7 +81,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
             on = (i + epoch) % 2 == 0
             timer.enabled = syncer.comm.enabled = on
             t = time.perf_counter()
-            run_steps(syncer, opt, batches, range(1), timer)
+            run_steps(syncer, opt, EpochBatches(batches, range(1), timer), timer)
             arms[0 if on else 1].append(time.perf_counter() - t)
         ctx.barrier()
         syncer.close()
