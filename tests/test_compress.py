@@ -61,11 +61,11 @@ def _worker(rank: int, world: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         x0, y0 = xs[0, rank * BATCH:(rank + 1) * BATCH], ys[0, rank * BATCH:(rank + 1) * BATCH]
         syncer.preflight(lambda m=model: F.cross_entropy(m(x0), y0))  # as train.py does
-        syncer.take_comm()
+        syncer.collect_comm()
         calls.clear()
         p2p.update(sent=0, recv=0)
         train_steps(syncer, opt, xs, ys, rank)
-        comm = syncer.take_comm()
+        comm = syncer.collect_comm()
         out[variant] = {
             "params": [p.detach().numpy().copy() for p in model.parameters()],
             "comm": {"calls": comm.calls, "payload": comm.payload_bytes,
@@ -265,7 +265,7 @@ def _powersgd_buckets_worker(rank: int, world: int, serial: bool) -> dict:
         F.cross_entropy(syncer.model(x), y).backward()
         opt.step()
     return {"params": [p.detach().numpy().copy() for p in model.parameters()],
-            "calls": syncer.take_comm().calls, "serial": syncer.serial}
+            "calls": syncer.collect_comm().calls, "serial": syncer.serial}
 
 
 @pytest.mark.dist

@@ -21,7 +21,7 @@ from torch import nn
 
 import ddp_lab.collectives as C
 from ddp_lab.measure.costmodel import (
-    ALGORITHMS, SYNC_PHASES, Cost, busbw_factor, cost, sync_calls, sync_step,
+    ALGORITHMS, SYNC_COLLECTIVES, Cost, busbw_factor, cost, sync_calls, sync_step,
 )
 from ddp_lab.report.model import Fit, predict_comm_s
 
@@ -146,7 +146,7 @@ def _syncs(rank: int, world: int, counter: dict) -> list[dict]:
             loss.backward()
             syncer.sync()
             syncer.step(opt)
-        comm = syncer.take_comm()
+        comm = syncer.collect_comm()
         out.append({"label": label, "sync": name, "elem": dtype.itemsize,
                     "root": getattr(syncer, "root", 0), "wire": _wire_numels(syncer),
                     "exact": syncer.bytes_exact, "calls": comm.calls,
@@ -283,7 +283,7 @@ def test_report_predicts_with_the_synchronisers_costs(n):
     """predict_comm_s prices exactly the calls whose bytes the synchroniser records."""
     fit = Fit(20e-6, 1e-9, 5, "torch", "ring", "global", n, 0.0)
     m, buckets = 12000, 3
-    for sync, phases in SYNC_PHASES.items():
+    for sync, phases in SYNC_COLLECTIVES.items():
         calls = sync_calls(sync, [m] * buckets, n, 1)
         expected = sum(c.time(fit.alpha_s, fit.beta_s_per_byte) for _, c in calls)
         got = predict_comm_s(sync, n, m * buckets * len(phases), buckets * len(phases), fit)

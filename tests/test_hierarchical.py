@@ -131,7 +131,7 @@ def _worker(rank: int, world: int) -> dict:
                       else build_sync(cfg, model, torch.device("cpu"), world))
         counter.update(sent=0, recv=0, to={})
         _train(syncer, model, rank, xs, ys)
-        comm = syncer.take_comm()
+        comm = syncer.collect_comm()
         counted = dict(counter, to=dict(counter["to"]))
         syncer.close()
         rec = {"params": [p.detach().numpy().copy() for p in model.parameters()],

@@ -29,7 +29,7 @@ def _worker(rank: int, world: int) -> dict:
         syncer = REGISTRY[name](sync_cfg(name), model, torch.device("cpu"), world)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         train_steps(syncer, opt, xs, ys, rank)
-        comm = syncer.take_comm()
+        comm = syncer.collect_comm()
         out[name] = {
             "params": [p.detach().numpy().copy() for p in model.parameters()],
             "calls": comm.calls, "sent": comm.bytes_sent, "recv": comm.bytes_recv,
@@ -80,5 +80,5 @@ def test_naive_on_one_rank_communicates_nothing():
     model(torch.randn(2, 784)).sum().backward()
     before = [p.grad.clone() for p in model.parameters()]
     syncer.sync()
-    assert syncer.take_comm().calls == 0
+    assert syncer.collect_comm().calls == 0
     assert all(torch.equal(b, p.grad) for b, p in zip(before, model.parameters()))

@@ -72,7 +72,7 @@ def _train(rank, world, syncer, model, micro: int) -> list:
                 (F.cross_entropy(syncer.model(xm), ym) / len(parts)).backward()
         syncer.sync()
         syncer.step(opt)
-    comm = syncer.take_comm()
+    comm = syncer.collect_comm()
     syncer.close()
     return [p.detach().numpy().copy() for p in model.parameters()], comm.calls
 
@@ -204,7 +204,7 @@ def _exposed_worker(rank: int, world: int) -> dict:
         timer.watch_grads(model)
         run_steps(syncer, opt, EpochBatches(itertools.repeat((x, y)), range(4), timer),
                   timer)  # the trainer's step
-        steps, comm = timer.collect(), syncer.take_comm()
+        steps, comm = timer.collect(), syncer.collect_comm()
         t = epoch_timing(steps, comm)
         out[variant] = {"inflight": comm.seconds, "exposed": t["exposed_s"],
                         "compute": t["compute_s"], "marks": [s.compute_end for s in steps],

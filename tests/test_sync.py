@@ -162,7 +162,7 @@ def _train_worker(rank: int, world: int) -> dict:
         opt = torch.optim.SGD(syncer.optimizer_params(), lr=LR, momentum=MOMENTUM)
         counter.update(sent=0, recv=0)
         train_steps(syncer, opt, xs, ys, rank)
-        comm = syncer.take_comm()
+        comm = syncer.collect_comm()
         counted = dict(counter)  # the steps' bytes (zero1's optimizer_state gathers too)
         state = syncer.optimizer_state(opt)
         out[variant] = {

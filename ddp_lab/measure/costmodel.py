@@ -209,8 +209,9 @@ def _torch(collective: str, n: int, N: int, root: int) -> Cost:
 
 
 # ------------------------------------------------------------------ synchronisers
-#: synchroniser -> the collective calls it makes per bucket, in order (sync.<name>)
-SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
+#: synchroniser -> the collective calls it makes per bucket, in order, each as
+#: (collective, algorithm): ("all_reduce", "ring"), ("reduce", "torch"), ...
+SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     "ddp": (("all_reduce", "torch"),),
     "naive": (("all_reduce", "torch"),),  # per parameter
     "allreduce": (("all_reduce", "torch"),),
@@ -221,6 +222,8 @@ SYNC_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     # reduce-scatter the gradients, step the shard, all-gather the weights (nccl: "torch")
     "zero1": (("reduce_scatter", "ring"), ("all_gather", "ring")),
 }
+
+SYNC_PHASES = SYNC_COLLECTIVES  # the former name: sync/zero1.py (another branch) reads it
 
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
 SYNC_FORMULAS: dict[str, str] = {
@@ -293,7 +296,7 @@ def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4
                root: int = 0) -> list[tuple[str, Cost]]:
     """``(collective, Cost)`` of every call synchroniser ``sync`` makes in one step, bucket
     by bucket, given the elements each bucket puts on the wire (padding included)."""
-    phases = SYNC_PHASES[sync]
+    phases = SYNC_COLLECTIVES[sync]
     return [(coll, cost(coll, algo, numel, world, elem_size, root=root))
             for numel in wire_numels for coll, algo in phases]
 

@@ -4,7 +4,7 @@ A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per b
 1/beta the link bandwidth). An algorithm's time is steps * alpha + path_bytes * beta, with
 `steps` and `path_bytes` from `ddp_lab.measure.costmodel.cost` -- e.g. ring all-reduce on
 n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta. What a synchroniser runs per bucket is
-`costmodel.SYNC_PHASES`: the same figures its recorded bytes come from.
+`costmodel.SYNC_COLLECTIVES`: the same figures its recorded bytes come from.
 
 The fit: least squares of that line through a bench run's points of one collective and
 implementation (time per call vs bytes), each point weighted by 1/time so that the
@@ -14,7 +14,7 @@ library's collectives (`torch`) are modelled as `costmodel.TORCH_MODELLED_AS` sa
 as a ring: what gloo and NCCL run for large messages).
 
 One fit per collective and implementation (`fit_all`): a synchroniser's call is priced with
-the fit of the very collective and algorithm it runs (`costmodel.SYNC_PHASES`), because
+the fit of the very collective and algorithm it runs (`costmodel.SYNC_COLLECTIVES`), because
 their per-message costs differ: the library's all_reduce is one C++ call whose steps cost
 gloo's own latency, our send/recv algorithms pay Python dispatch and gloo's send/recv
 rendezvous on every step (2-4x the library's alpha on this machine), and gloo's reduce and
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from ..arith import ceil_log2
-from ..measure.costmodel import SYNC_FORMULAS, SYNC_PHASES, TORCH_MODELLED_AS, cost
+from ..measure.costmodel import SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
@@ -191,7 +191,7 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     collectives per bucket (reduce_broadcast: a reduce and a broadcast) makes k calls per
     bucket, so buckets = calls / k, each of payload / calls bytes.
     """
-    phases = SYNC_PHASES.get(sync)
+    phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None
     if n <= 1 or payload_bytes <= 0:

@@ -31,7 +31,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from ..measure.costmodel import SYNC_PHASES
+from ..measure.costmodel import SYNC_COLLECTIVES
 from ..arith import union_length
 from .model import Fit, fit_all, predict_comm_s
 from .runs import Run, find_runs
@@ -168,7 +168,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
     if bench is None or not st["calls"]:
         return _ratios(row)
     rows = bench.bench.get("rows", [])
-    phases = SYNC_PHASES.get(sync, ())
+    phases = SYNC_COLLECTIVES.get(sync, ())
     durations = call_durations(events)
     total, exact, fastest = 0.0, True, 0.0
     for i, (op, payload) in enumerate(st["calls"]):
@@ -268,7 +268,7 @@ BURST_REACH = 4
 
 def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
     rows = [truth_row(r, _bench_for(r, benches)) for r in runs]
-    order = {s: i for i, s in enumerate(SYNC_PHASES)}
+    order = {s: i for i, s in enumerate(SYNC_COLLECTIVES)}
     rows.sort(key=lambda x: (x["model"], x["world"], order.get(x["sync"], 99), x["run"]))
     return rows
 

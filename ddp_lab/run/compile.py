@@ -41,7 +41,7 @@ def compile_model(syncer, splits: Splits, batch_size: int) -> float:
             F.cross_entropy(syncer.model(splits.test_x[:size]), splits.test_y[:size]).backward()
             syncer.sync()  # sync.overlap: the buckets backward started are waited for
     syncer.module.zero_grad(set_to_none=True)
-    syncer.take_comm()  # DDP's warm-up all-reduces are no epoch's
+    syncer.collect_comm()  # DDP's warm-up all-reduces are no epoch's
     if syncer.device.type == "cuda":
         torch.cuda.synchronize(syncer.device)
     seconds = time.perf_counter() - t0

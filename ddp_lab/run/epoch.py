@@ -172,7 +172,7 @@ class EpochMeter:
         wall = time.perf_counter() - self.t0
         # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
         # communicate to bring the optimiser state to rank 0) adds to them
-        steps, comm = self.timer.collect(), self.syncer.take_comm()
+        steps, comm = self.timer.collect(), self.syncer.collect_comm()
         measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),
                                  batches.samples, int(correct.item()),
                                  resumed_at_step=batches.first_step,

@@ -69,17 +69,17 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         logging.shutdown()
         os._exit(1)
 
-    start = StartBound(init_s + START_SLACK_S, start_timed_out)
+    start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
     try:
         with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir) as ctx:
-            start.over()
+            start_timer.stop()  # the group is up: the start is over
             record.state("running")
             body(ctx)
             record.phase("teardown")
         record.state("done")
         return 0
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
-        in_start = start.over()
+        in_start = start_timer.stop()  # True: it failed while still starting
         _ignore_sigterm()  # torchrun's SIGTERM (another rank failed) must not cut this short
         hang.watchdog().cancel()
         log.debug(traceback.format_exc())
@@ -110,7 +110,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
             log.error("killed stuck process(es) of this job: %s", killed)
         return 1
     finally:
-        start.over()
+        start_timer.stop()
         hang.watchdog().cancel()
         logging.shutdown()
 
@@ -131,9 +131,10 @@ def _failed(run_dir: Path, env: Any, record: Any, log: logging.Logger, line: str
 START_SLACK_S = 2.0
 
 
-class StartBound:
-    """Calls `end` (on a timer thread) unless `over()` is called within `seconds`: a bound
-    on the start that works while the main thread waits inside torch's C++ code."""
+class StartTimer:
+    """The start's time limit: calls `end` (on a timer thread) unless `stop()` is called
+    within `seconds`; a bound on the start that works while the main thread waits inside
+    torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
         self._lock = threading.Lock()
@@ -142,8 +143,9 @@ class StartBound:
         self._timer.daemon = True
         self._timer.start()
 
-    def over(self) -> bool:
-        """The start has ended (the group is up, or it failed): True the first time. Waits
+    def stop(self) -> bool:
+        """The start has ended (the group is up, or it failed): stop the timer; True the
+        first time (the timer was still running). Waits
         (for good: `end` exits) when the timer is ending the process at this moment."""
         self._timer.cancel()
         with self._lock:

@@ -7,7 +7,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..config import check_sync
 from ..registry import Registry
+from ..run import progress
 from ..timing import Clock
 from .allreduce import AllReduceSync
 from .base import Synchroniser
@@ -40,7 +42,14 @@ def sync_class(name: str) -> type[Synchroniser]:
 
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
-    return sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
+    """The synchroniser `cfg` names, for `module` on `world_size` ranks: its config rules
+    checked first (its schema's `check`, config.py; the submitting side ran them too), and
+    every collective it enters counted in this rank's progress record (the rank behind
+    the others is the one with the smaller count: ddp_lab/run/progress.py)."""
+    check_sync(cfg, world_size)
+    syncer = sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
+    syncer.comm.on_collective = progress.current().collective
+    return syncer
 
 
 __all__ = ["REGISTRY", "SYNCS", "Synchroniser", "build_sync", "sync_class"]

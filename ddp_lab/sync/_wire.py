@@ -24,8 +24,9 @@ WIRE_DTYPES: dict[str, Optional[torch.dtype]] = {
     "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class Wire:
-    """The wire format of one synchroniser's buckets (see the module docstring)."""
+class WireFormat:
+    """The dtype one synchroniser's gradients travel in (sync.compress), with the division
+    by the world size before the sum and the buffers it needs (see the module docstring)."""
 
     def __init__(self, mode: str, world_size: int):
         self.mode = mode
@@ -69,3 +70,6 @@ class Wire:
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:
         """`nbytes` of `flat`'s dtype, as bytes on the wire."""
         return nbytes if self.dtype is None else nbytes // flat.element_size() * self.dtype.itemsize
+
+
+Wire = WireFormat  # the former name: sync/zero1.py (another branch) imports it; drop after its merge

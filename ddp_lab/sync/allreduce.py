@@ -10,7 +10,7 @@ ring, tree and butterfly (ring.py, tree.py, butterfly.py) are this synchroniser 
 another all-reduce algorithm from `ddp_lab.collectives` and exact byte accounting.
 
 Bytes: every rank records what `ddp_lab.measure.costmodel` says its algorithm moves
-(`costmodel.SYNC_PHASES[name]`). The library's all-reduce routes data its own way,
+(`costmodel.SYNC_COLLECTIVES[name]`, through `Synchroniser.timed`). The library's all-reduce routes data its own way,
 invisible from here, so for this sync the model is the ring nccl-tests' busbw assumes,
 2(n-1)/n of the buffer each way (`bytes_exact = False`).
 
@@ -29,15 +29,14 @@ parameter.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import costmodel
 from ._buckets import Bucket, make_buckets
-from ._wire import Wire
+from ._wire import WireFormat
 from ._overlap import ReadyBuckets, SerialWorker
 from .base import Synchroniser
 
@@ -55,7 +54,7 @@ class AllReduceSync(Synchroniser):
         self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
             order, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
         self.params = params
-        self.wire = Wire(self.cfg.compress, self.world_size)  # sync.compress (_wire.py)
+        self.wire = WireFormat(self.cfg.compress, self.world_size)  # sync.compress (_wire.py)
         for b in self.buckets:
             self.wire.add(b.buffer)
         self.ready: Optional[ReadyBuckets] = None
@@ -80,24 +79,17 @@ class AllReduceSync(Synchroniser):
         if self.ready is not None:
             self.worker.close()
 
-    # the algorithm: subclasses replace this (and add their entry to costmodel.SYNC_PHASES,
-    # or override _cost)
+    # the algorithm: subclasses replace this (and add their entry to
+    # costmodel.SYNC_COLLECTIVES, or override `traffic`)
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum `flat` across ranks, in place."""
         dist.all_reduce(flat)
 
-    def _cost(self, numel: int, elem_size: int) -> tuple[str, costmodel.Cost, Optional[int]]:
-        """What one `all_reduce` of `numel` elements moves: the op recorded, its cost (this
-        rank's bytes at `self.rank`) and the bytes this rank sends to another node (None:
-        the algorithm does not know the nodes; hierarchical overrides this)."""
-        (op, algorithm), = costmodel.SYNC_PHASES[self.name]
-        return op, costmodel.cost(op, algorithm, numel, self.world_size, elem_size), None
-
     def _reduce(self, flat: torch.Tensor, payload: int) -> None:
-        wire = self.wire.pack(flat)  # flat itself, or flat / world in fp16 / bf16
-        op, c, cross = self._cost(wire.numel(), wire.element_size())
-        with self.comm.timed(op, self.wire.nbytes(payload, flat), c.sent[self.rank],
-                             c.recv[self.rank], cross):
+        """The one per-bucket entry: `flat` (`payload` bytes of gradients) becomes the
+        average over ranks."""
+        wire = self.wire.pack(flat)  # flat / world: itself, or in fp16 / bf16
+        with self.timed("all_reduce", wire, self.wire.nbytes(payload, flat)):
             self.all_reduce(wire)
         self.wire.unpack(flat, wire)  # the average, in flat's dtype
 

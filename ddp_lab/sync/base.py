@@ -8,17 +8,20 @@ A training step with any synchroniser reads
                            # zero1 each rank its shard (the optimiser is built over
                            # syncer.optimizer_params())
 
-and `syncer.close()` (collective) follows the last step. `syncer.take_comm()` returns
+and `syncer.close()` (collective) follows the last step. `syncer.collect_comm()` returns
 what was communicated since the last call (a `CommStats`: calls, payload bytes, bytes
 this rank sent and received, in-flight time).
-Every collective a synchroniser runs goes through `self.comm` (a `CommRecorder`), which
-counts its bytes always and stamps its start and end on the run's `Clock` when timing is
-enabled: that is how comm time is measured the same way for every synchroniser.
+Every collective a synchroniser runs sits inside one call, `with self.timed(op, tensor):`,
+which works out the bytes this rank sends and receives from the cost model
+(`ddp_lab.measure.costmodel`, per `SYNC_COLLECTIVES[name]`) and hands them to `self.comm`
+(a `CommRecorder`): it counts the call and its bytes always and stamps its start and end
+on the run's `Clock` when timing is enabled. That is how comm time is measured the same
+way for every synchroniser, and why a synchroniser's body reads as its algorithm.
 
 A synchroniser that cannot run a configuration says so in its section's `check`
-(config.py's sync schemas: config only, run before any process starts and again at
-construction) or in `preflight` (needs the model and a batch; called once before the first
-step), never by hanging in a collective.
+(config.py's sync schemas: config only, run before any process starts and again where
+it is built, `build_sync`) or in `preflight` (needs the model and a batch; called once
+before the first step), never by hanging in a collective.
 """
 
 from __future__ import annotations
@@ -28,11 +31,10 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..run import progress
-from ..config import check_sync, with_defaults
+from ..config import with_defaults
+from ..measure import costmodel
 from ..timing import Clock, CommRecorder, CommStats
 
 
@@ -41,20 +43,16 @@ class Synchroniser:
     #: whether bytes_sent/bytes_recv are this rank's exact traffic (our send/recv
     #: algorithms) or the textbook model of a backend collective whose routing we cannot see
     bytes_exact = False
+    root = 0  # the destination of a rooted collective (reduce); reduce_broadcast's sync.root
 
     def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                  clock: Optional[Clock] = None, timing: bool = True):
-        cfg = with_defaults(cfg)
-        check_sync(cfg, world_size)  # its schema's rules (config.py)
-        self.cfg = cfg
+        self.cfg = with_defaults(cfg)  # keys a plain section lacks read as their defaults
         self.module = module  # the bare model: evaluation and checkpoints use this
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        # every collective entered counts in this rank's progress record: the rank behind
-        # the others is the one with the smaller count (ddp_lab/run/progress.py)
-        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing,
-                                 on_collective=progress.current().collective)
+        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
         self.model: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -106,7 +104,26 @@ class Synchroniser:
         """Collective, after the last step: release what the synchroniser keeps in flight
         between steps (ring's pre-posted receives). Default: nothing."""
 
-    def take_comm(self) -> CommStats:
+    def timed(self, op: str, wire: torch.Tensor, payload: Optional[int] = None):
+        """Context of one collective `op` on `wire` (the tensor that goes on the wire),
+        counted and timed: `with self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes
+        this rank sends and receives come from `traffic`; `payload` is the bytes the call
+        stands for (default: `wire`'s own; sync.compress passes the gradients' bytes in
+        the wire dtype, padding excluded)."""
+        sent, recv, cross_node = self.traffic(op, wire.numel(), wire.element_size())
+        if payload is None:
+            payload = wire.numel() * wire.element_size()
+        return self.comm.timed(op, payload, sent, recv, cross_node)
+
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+        """This rank's (bytes sent, bytes received, bytes sent to another node or None when
+        the algorithm does not know the nodes) for one `op` of `numel` elements, by the cost
+        model of the algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for `op`."""
+        algorithm = dict(costmodel.SYNC_COLLECTIVES[self.name])[op]
+        c = costmodel.cost(op, algorithm, numel, self.world_size, elem_size, root=self.root)
+        return c.sent[self.rank], c.recv[self.rank], None
+
+    def collect_comm(self) -> CommStats:
         """What was communicated since the last call; resolves CUDA events (one sync)."""
         return self.comm.collect()
 

@@ -10,7 +10,7 @@ accounting, so that overlap stays real:
   moment the all-reduce completes. CUDA: events; the hook runs on the stream that
   produced the bucket and NCCL's completion callbacks run with the current stream synced
   to the collective's, so the end event fires when the all-reduce is done. The events are
-  read once per epoch by `take_comm()` (one synchronize), never per step.
+  read once per epoch by `collect_comm()` (one synchronize), never per step.
 - bucket all-reduces may be in flight together: comm time is the union of the
   intervals, and it overlaps backward (see `ddp_lab.timing` on comm_fraction).
 
@@ -30,7 +30,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..measure import costmodel
 from ._wire import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 
@@ -92,7 +91,7 @@ class DDPSync(Synchroniser):
         # Every rank runs it (one all-reduce per bucket); its comm is no epoch's.
         loss_fn(self.model).backward()
         self.module.zero_grad(set_to_none=True)
-        self.take_comm()
+        self.collect_comm()
 
 
 def _torch_hook(cfg: Any) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
@@ -147,8 +146,7 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
     call per bucket, its bytes those of every all-reduce the hook made, in the wire dtype,
     each by the ring model of the library's all-reduce."""
     buf = bucket.buffer()
-    n = state.world_size
-    if n == 1:  # a world of one has nothing to exchange: hand the bucket straight back
+    if state.world_size == 1:  # a world of one has nothing to exchange: hand the bucket straight back
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(buf)
         return fut
@@ -158,14 +156,13 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
     if state.serial and state.inflight is not None:
         state.inflight.wait()  # load-bearing on gloo: collectives in the same order everywhere
     fut = state.torch_hook(bucket)
-    (op, algorithm), = costmodel.SYNC_PHASES["ddp"]
     payload = sent = recv = 0
     for numel, elem in _wire_calls(state, bucket, before):
-        c = costmodel.cost(op, algorithm, numel, n, elem)
-        payload, sent, recv = payload + numel * elem, sent + c.sent[state.rank], recv + c.recv[state.rank]
+        s, r, _ = state.traffic("all_reduce", numel, elem)
+        payload, sent, recv = payload + numel * elem, sent + s, recv + r
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        rec.finish(start, op, payload, sent, recv)
+        rec.finish(start, "all_reduce", payload, sent, recv)
         return f.value()
 
     out = fut.then(done)

@@ -93,11 +93,12 @@ class HierarchicalSync(AllReduceSync):
         return costmodel.hierarchical_calls(numel, self.topology.nodes, elem_size,
                                             intra=self.intra_algo, inter=self.inter_algo)
 
-    def _cost(self, numel: int, elem_size: int) -> tuple[str, costmodel.Cost, Optional[int]]:
-        phases = self._phases(numel, elem_size)
-        (_, reduce), (_, leaders), (_, broadcast) = phases
-        # one all-reduce of the world, as nccl-tests counts a hierarchical one (busbw)
-        return "all_reduce", reduce.then(leaders).then(broadcast), leaders.sent[self.rank]
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+        """One all-reduce of the world, as nccl-tests counts a hierarchical one (busbw):
+        its three phases' bytes joined, and the leaders' phase as the bytes that cross nodes."""
+        (_, reduce), (_, leaders), (_, broadcast) = self._phases(numel, elem_size)
+        whole = reduce.then(leaders).then(broadcast)
+        return whole.sent[self.rank], whole.recv[self.rank], leaders.sent[self.rank]
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         in_node = len(self.node_ranks) > 1

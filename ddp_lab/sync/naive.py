@@ -15,17 +15,14 @@ sync=allreduce fixes the first with buckets (one call for many parameters; with
 sync.bucket_mb=0 it runs these same calls), sync.overlap the second, and DDP both.
 
 Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
-(`costmodel.SYNC_PHASES["naive"]`; not exact, we cannot see the library's routing).
+(`costmodel.SYNC_COLLECTIVES["naive"]`; not exact, we cannot see the library's routing).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
-from ..measure import costmodel
 from .base import Synchroniser
 
 
@@ -37,15 +34,11 @@ class NaiveSync(Synchroniser):
     def sync(self) -> None:
         if self.world_size == 1:
             return
-        (op, algorithm), = costmodel.SYNC_PHASES[self.name]
         for p in self.module.parameters():
             if not p.requires_grad:
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)  # a rank that did not use p still takes part
-            g = p.grad
-            c = costmodel.cost(op, algorithm, g.numel(), self.world_size, g.element_size())
-            g /= self.world_size  # each rank's share: their sum is the average (DDP divides first too)
-            with self.comm.timed(op, g.numel() * g.element_size(),
-                                 c.sent[self.rank], c.recv[self.rank]):
-                dist.all_reduce(g)  # the sum over ranks, in place
+            p.grad /= self.world_size  # each rank's share: their sum is the average (as DDP)
+            with self.timed("all_reduce", p.grad):  # counted and timed (base.py)
+                dist.all_reduce(p.grad)  # the sum over ranks, in place

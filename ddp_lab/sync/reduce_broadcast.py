@@ -38,9 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import costmodel
 from ._buckets import Bucket, make_buckets
-from ._wire import Wire
+from ._wire import WireFormat
 from ._overlap import ReadyBuckets
 from .base import Synchroniser
 
@@ -58,7 +57,7 @@ class ReduceBroadcastSync(Synchroniser):
         order = list(reversed(params)) if self.overlap else params  # DDP's order
         self.grad_buckets: list[Bucket] = make_buckets(order, cap)
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
-        self.wire = Wire(self.cfg.compress, self.world_size)  # the gradients' reduce only
+        self.wire = WireFormat(self.cfg.compress, self.world_size)  # the gradients' reduce only
         for b in self.grad_buckets:
             self.wire.add(b.buffer)
         self.ready: Optional[ReadyBuckets] = None
@@ -67,28 +66,18 @@ class ReduceBroadcastSync(Synchroniser):
             self.ready = ReadyBuckets(self.grad_buckets, self._launch)
         return module
 
-    def _accounting(self, phase: int, b: Bucket, elem_size: int) -> tuple[str, int, int, int]:
-        """(op, payload, sent, recv) of phase `phase` (0 reduce, 1 broadcast) of bucket `b`,
-        whose elements travel `elem_size` bytes each (sync.compress: the wire's)."""
-        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
-        c = costmodel.cost(op, algorithm, b.numel, self.world_size, elem_size, root=self.root)
-        return op, b.numel * elem_size, c.sent[self.rank], c.recv[self.rank]
-
-    def _timed(self, phase: int, b: Bucket, wire: torch.Tensor):
-        """`self.comm.timed` for phase `phase` (0 reduce, 1 broadcast) of bucket `b`, whose
-        elements travel as `wire`'s dtype."""
-        return self.comm.timed(*self._accounting(phase, b, wire.element_size()))
-
     def _launch(self, i: int, b: Bucket) -> None:
         """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
         wire = self.wire.pack(b.pack_grads())  # the bucket, or its average in fp16 / bf16
-        args = self._accounting(0, b, wire.element_size())
+        sent, recv, _ = self.traffic("reduce", wire.numel(), wire.element_size())
+        payload = wire.numel() * wire.element_size()  # these buckets hold no padding
         rec = self.comm
         start = rec.begin()
         fut = dist.reduce(wire, dst=self.root, async_op=True).get_future()
 
         def done(f: torch.futures.Future) -> None:
-            rec.finish(start, *args)  # gloo: on its thread as it completes; CUDA: an event
+            # gloo: on its thread as it completes; CUDA: an event
+            rec.finish(start, "reduce", payload, sent, recv)
             return None
 
         self.works.append(fut.then(done))
@@ -119,7 +108,7 @@ class ReduceBroadcastSync(Synchroniser):
         for b in self.grad_buckets:
             buf = b.pack_grads()
             wire = self.wire.pack(buf)  # buf itself, or buf / world in fp16 / bf16
-            with self._timed(0, b, wire):
+            with self.timed("reduce", wire):
                 dist.reduce(wire, dst=self.root)
             if self.is_root:
                 self.wire.unpack(buf, wire)
@@ -135,7 +124,7 @@ class ReduceBroadcastSync(Synchroniser):
             optimizer.step()
         for b in self.param_buckets:
             buf = b.pack_params() if self.is_root else b.buffer
-            with self._timed(1, b, buf):  # parameters: always fp32 (sync.compress is gradients')
+            with self.timed("broadcast", buf):  # parameters: always fp32 (sync.compress is gradients')
                 dist.broadcast(buf, src=self.root)
             if not self.is_root:
                 b.unpack_params()

@@ -58,7 +58,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     def one_epoch(label: str, epoch: int, n: int) -> dict:
         parts = bench.parts(cfgs[label], epoch, watch_grads=True)  # compute end, as trained
         elapsed = bench.epoch(parts, n)
-        t = epoch_timing(parts.timer.collect(), comm := parts.syncer.take_comm())
+        t = epoch_timing(parts.timer.collect(), comm := parts.syncer.collect_comm())
         parts.timer.grads.remove()
         return {"step_ms": 1e3 * elapsed / n, "exposed_ms": 1e3 * t["exposed_s"] / n,
                 "inflight_ms": 1e3 * comm.seconds / n, "compute_ms": 1e3 * t["compute_s"] / n}

@@ -79,7 +79,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> list:
                 clock = Clock(ctx.device)
                 parts = bench.parts(cfg, rnd, clock=clock)
                 bench.epoch(parts, args.steps if rnd else 30, delay=delay)
-                st, comm = parts.timer.collect(), parts.syncer.take_comm()
+                st, comm = parts.timer.collect(), parts.syncer.collect_comm()
                 starts = [s.start for s in st]
                 first: list[float] = []  # each step's first collective (sorted by start)
                 i = 0

@@ -65,7 +65,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
         parts = bench.parts(cfgs[label], epoch)
         elapsed = bench.epoch(parts, steps)
-        steps_t, comm = parts.timer.collect(), parts.syncer.take_comm()
+        steps_t, comm = parts.timer.collect(), parts.syncer.collect_comm()
         step_total = sum(sum(s.durations().values()) for s in steps_t)
         if not (parts.timer.enabled and step_total):
             return elapsed, None
@@ -85,7 +85,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
             arms[0 if on else 1].append(time.perf_counter() - t)
         ctx.barrier()
         syncer.close()
-        timer.collect(), syncer.take_comm()
+        timer.collect(), syncer.collect_comm()
         return arms
 
     for label in cfgs:  # warm-up: allocations, connections, caches
