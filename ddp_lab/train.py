@@ -45,20 +45,20 @@ log = logging.getLogger("ddp_lab")
 def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     """Train per `cfg` on the initialised process group; return the run's summary. The
     course notebook's loop plus the sync; the rest is one call each (module docstring)."""
-    split = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
-    micro = split.micro if split.accumulation > 1 else 0
+    batching = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
+    micro = batching.micro if batching.accumulation > 1 else 0
     splits = load_data(cfg, ctx)  # this rank's shard of MNIST
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
     module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
-    compile_s = preflight_and_compile(cfg.train, syncer, splits, micro or split.per_rank)
-    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, split)
+    compile_s = preflight_and_compile(cfg.train, syncer, splits, micro or batching.per_rank)
+    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, batching)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         return finished(run_dir, start.epoch)
     meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.resumed_part)  # clocks, timer, stop, delay
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
-                          plan=split, compile_s=compile_s, meter=meter)
+                          plan=batching, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
     with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
         try:

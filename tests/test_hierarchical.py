@@ -140,7 +140,7 @@ def _worker(rank: int, world: int) -> dict:
                "counted": counted, "exact": syncer.bytes_exact,
                "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
         if name == "hierarchical":
-            rec.update(nodes=syncer.topology.nodes, leader=syncer.leader, plans=len(syncer.plans),
+            rec.update(nodes=syncer.topology.nodes, leader=syncer.leader, rings=len(syncer.rings),
                        wire=([p.numel() for p in syncer.params] if syncer.per_param
                              else [b.buffer.numel() for b in syncer.buckets]),
                        intra=syncer.intra_algo, inter=syncer.inter_algo)
@@ -197,9 +197,9 @@ def test_nodes_come_from_node_size_or_the_launcher(world_run):
     # on gloo the leaders' ring preposts (one plan per bucket), the others have none
     for rank, r in enumerate(results):
         rec = r["k2_tree" if world == 6 else "k2"]
-        assert rec["plans"] == (len(rec["wire"]) if rank == rec["leader"] else 0)
+        assert rec["rings"] == (len(rec["wire"]) if rank == rec["leader"] else 0)
         if world == 4:
-            assert r["k2_no_prepost"]["plans"] == r["k2_library"]["plans"] == 0
+            assert r["k2_no_prepost"]["rings"] == r["k2_library"]["rings"] == 0
 
 
 @pytest.mark.dist

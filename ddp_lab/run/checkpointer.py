@@ -31,8 +31,8 @@ class Checkpointer:
     """The checkpoints of one run on this rank; see the module docstring."""
 
     def __init__(self, cfg: Config, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, syncer: Any, plan: BatchPlan):
-        self.cfg, self.ctx, self.ckpt_dir, self.plan = cfg, ctx, ckpt_dir, plan
+                 optimizer: torch.optim.Optimizer, syncer: Any, batching: BatchPlan):
+        self.cfg, self.ctx, self.ckpt_dir, self.batching = cfg, ctx, ckpt_dir, batching
         self.module, self.optimizer, self.syncer = module, optimizer, syncer
         self.start = Position()  # where this allocation started (`load`)
 
@@ -59,7 +59,7 @@ class Checkpointer:
         state = checkpoint.load(path, ctx.device)
         self.module.load_state_dict(state["model"])
         self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
-        if state.get("world_size") != env.world_size and self.plan.scaling != "strong":
+        if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
             # (strong scaling: every world size trains on the same samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                         "differs from an uninterrupted run", state.get("world_size"),
@@ -116,7 +116,7 @@ class Checkpointer:
         else:
             m, before = measured, measured.resumed_part
             # the shard's last batch may be short: steps done rounds the samples up
-            done = m.resumed_at_step - (-m.samples // self.plan.per_rank)
+            done = m.resumed_at_step - (-m.samples // self.batching.per_rank)
             g_loss, g_samples, g_correct = self.ctx.reduce_floats(
                 [m.loss_sum, float(m.samples), float(m.correct)])
             here = Position(m.epoch - 1, done, before.loss_sum + g_loss,

@@ -59,7 +59,7 @@ class HierarchicalSync(AllReduceSync):
     def wrap(self, module: nn.Module) -> nn.Module:
         module = super().wrap(module)
         self.intra_algo, self.inter_algo = HIERARCHICAL_INTRA[self.cfg.intra], HIERARCHICAL_INTER[self.cfg.inter]
-        self.plans: dict[int, PersistentRingAllReduce] = {}
+        self.rings: dict[int, PersistentRingAllReduce] = {}
         if self.world_size == 1:
             self.topology = Topology(nodes=((0,),), hosts=("",))
             return module
@@ -75,11 +75,11 @@ class HierarchicalSync(AllReduceSync):
         if (self.is_leader and self.inter_algo == "ring" and len(self.leader_ranks) > 1
                 and self.cfg.prepost and dist.get_backend() == "gloo"
                 and self.device.type == "cpu"):
-            # one plan per bucket buffer, found by its address (buffers never move); made
-            # collectively by the leaders, in bucket order
-            # (sync.compress: the plan is the 16-bit copy's, the tensor that goes on the wire)
+            # one persistent ring per bucket buffer, found by its address (buffers never
+            # move); made collectively by the leaders, in bucket order
+            # (sync.compress: the ring is the 16-bit copy's, the tensor that goes on the wire)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
-            self.plans = {w.data_ptr(): PersistentRingAllReduce(w, group=self.leader_group)
+            self.rings = {w.data_ptr(): PersistentRingAllReduce(w, group=self.leader_group)
                           for w in wires}
         largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
             max((b.buffer.numel() for b in self.buckets), default=1)
@@ -105,15 +105,15 @@ class HierarchicalSync(AllReduceSync):
         if in_node:  # 1. the node's sum onto its leader
             REDUCE[self.intra_algo](flat, self.leader, group=self.node_group)
         if self.is_leader and len(self.leader_ranks) > 1:  # 2. the leaders' sum: every node's
-            plan = self.plans.get(flat.data_ptr())
-            if plan is not None:
-                plan(flat)
+            ring = self.rings.get(flat.data_ptr())
+            if ring is not None:
+                ring(flat)
             else:
                 ALL_REDUCE[self.inter_algo](flat, group=self.leader_group)
         if in_node:  # 3. the leader's result to the rest of its node
             BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
 
     def close(self) -> None:
-        super().close()  # sync.overlap: the thread that calls the plans is done first
-        for plan in self.plans.values():  # collective among the leaders
-            plan.close()
+        super().close()  # sync.overlap: the thread that calls the rings is done first
+        for ring in self.rings.values():  # collective among the leaders
+            ring.close()
