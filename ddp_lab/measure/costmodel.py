@@ -223,8 +223,6 @@ SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     "zero1": (("reduce_scatter", "ring"), ("all_gather", "ring")),
 }
 
-SYNC_PHASES = SYNC_COLLECTIVES  # the former name: sync/zero1.py (another branch) reads it
-
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
 SYNC_FORMULAS: dict[str, str] = {
     "ddp": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",

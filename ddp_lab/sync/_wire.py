@@ -70,6 +70,3 @@ class WireFormat:
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:
         """`nbytes` of `flat`'s dtype, as bytes on the wire."""
         return nbytes if self.dtype is None else nbytes // flat.element_size() * self.dtype.itemsize
-
-
-Wire = WireFormat  # the former name: sync/zero1.py (another branch) imports it; drop after its merge

@@ -38,8 +38,8 @@ from torch import nn
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..measure import costmodel
 from . import _zero1_state
-from ._buckets import Bucket, make_buckets
-from ._wire import Wire
+from ._buckets import make_buckets
+from ._wire import WireFormat
 from .base import Synchroniser
 
 ALIGN = 64  # elements: a multiple of any CPU vector width and of fused Adam's 64-byte task
@@ -55,7 +55,7 @@ class Zero1Sync(Synchroniser):
         # two buffers of one layout, n equal chunks of whole ALIGN units: gradients, weights
         self.grad_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
         self.param_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
-        self.wire = Wire("none", n)  # pack() is the / world before the sum
+        self.wire = WireFormat("none", n)  # pack() is the / world before the sum
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
         self.bytes_exact = not self.nccl
         for b in self.param_buckets:  # the module's weights become views of the buffer:
@@ -80,18 +80,20 @@ class Zero1Sync(Synchroniser):
     def optimizer_params(self) -> list[torch.Tensor]:
         return self.views  # the optimiser never sees the other ranks' chunks
 
-    def _timed(self, phase: int, b: Bucket):
-        op, algorithm = costmodel.SYNC_PHASES[self.name][phase]
-        c = costmodel.cost(op, "torch" if self.nccl else algorithm, b.buffer.numel(),
-                           self.world_size, b.buffer.element_size())
-        return self.comm.timed(op, b.nbytes, c.sent[self.rank], c.recv[self.rank])
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+        """Our ring's bytes (SYNC_COLLECTIVES), or on nccl torch's collective's model."""
+        if not self.nccl:
+            return super().traffic(op, numel, elem_size)
+        c = costmodel.cost(op, "torch", numel, self.world_size, elem_size)
+        return c.sent[self.rank], c.recv[self.rank], None
 
     @torch.no_grad()
     def sync(self) -> None:
         for b, grad in zip(self.grad_buckets, self.chunk_grads):
             flat = self.wire.pack(b.pack_grads())  # each rank's share of the average
             if self.world_size > 1:
-                with self._timed(0, b):  # first half of the ring: sums, scattered
+                # first half of the ring: sums, scattered
+                with self.timed("reduce_scatter", flat, b.nbytes):
                     if self.nccl:
                         dist.reduce_scatter_tensor(grad, flat)
                     else:
@@ -110,7 +112,8 @@ class Zero1Sync(Synchroniser):
         optimizer.step()  # this rank's chunk only: the element-wise update DDP makes there
         for b, chunk in zip(self.param_buckets, self.chunks):
             if self.world_size > 1:
-                with self._timed(1, b):  # second half: every rank's updated chunk, everywhere
+                # second half: every rank's updated chunk, everywhere
+                with self.timed("all_gather", b.buffer, b.nbytes):
                     self._all_gather(b.buffer, chunk)
 
     def _all_gather(self, out: torch.Tensor, chunk: torch.Tensor) -> None:
