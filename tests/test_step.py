@@ -51,3 +51,26 @@ def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, eve
     out = capsys.readouterr().out
     assert ("[rank 1] epoch 1/1" in out) == shown and "[rank 1] failed: a reason" in out
     assert "epoch 1/1" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+def test_epoch_batches_end_after_the_step_the_ranks_agreed_to_stop_at():
+    """EpochBatches asks its stopper after every step (never before the first) and ends
+    the epoch there, keeping why; the steps and samples done are its own count."""
+    from ddp_lab.run.stop import StopInfo
+
+    class StopAfter:
+        def __init__(self, n):
+            self.n, self.asked = n, 0
+
+        def step(self):
+            self.asked += 1
+            return StopInfo("preempted", "test") if self.asked == self.n else None
+
+    timer = StepTimer(Clock(torch.device("cpu")))
+    data = iter([(torch.zeros(4, 784), torch.zeros(4, dtype=torch.int64))] * 5)
+    stopper = StopAfter(2)
+    epoch = EpochBatches(data, range(5), timer, stopper)
+    seen = [len(y) for _, y in epoch]
+    assert seen == [4, 4] and stopper.asked == 2
+    assert epoch.done == 2 and epoch.samples == 8
+    assert epoch.stop == StopInfo("preempted", "test")
