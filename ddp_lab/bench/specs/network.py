@@ -166,7 +166,7 @@ def measure(ctx, plan: dict) -> list[dict]:
     def one_epoch(label: str, epoch: int, n: int) -> dict:
         parts = bench.parts(cfgs[label], epoch, watch_grads=True)
         elapsed = bench.epoch(parts, n)
-        st, comm = parts.timer.collect(), parts.syncer.take_comm()
+        st, comm = parts.timer.collect(), parts.syncer.collect_comm()
         parts.timer.grads.remove()
         t = epoch_timing(st, comm)
         waits = ctx.gather_objects(comm.per_step_seconds(st))
