@@ -196,7 +196,7 @@ WIDTHS = [("mlp", "hidden", 0), ("mlp", "hidden", [64, -1]), ("mlp", "hidden", [
 
 @pytest.mark.parametrize("model, key, bad", WIDTHS, ids=lambda v: str(v))
 def test_every_width_of_every_model_is_checked(model, key, bad):
-    """One line naming the key and the fix (the model's schema check, config.py)."""
+    """One line naming the key and the fix (the model's schema check, config/train.py)."""
     cfg = compose(f"model={model}")
     cfg.model[key] = bad
     said = validate._model_fits(cfg)

@@ -246,7 +246,7 @@ def _batch_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def _model_fits(cfg: DictConfig) -> Optional[str]:
-    """The model's sizes (mlp widths, cnn channels): its schema's check (config.py)."""
+    """The model's sizes (mlp widths, cnn channels): its schema's check (config/train.py)."""
     try:
         check_model(cfg.model)
     except ValueError as e:

@@ -43,7 +43,7 @@ def sync_class(name: str) -> type[Synchroniser]:
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
     """The synchroniser `cfg` names, for `module` on `world_size` ranks: its config rules
-    checked first (its schema's `check`, config.py; the submitting side ran them too), and
+    checked first (its schema's `check`, config/sync.py; the submitting side ran them too), and
     every collective it enters counted in this rank's progress record (the rank behind
     the others is the one with the smaller count: ddp_lab/run/progress.py)."""
     check_sync(cfg, world_size)

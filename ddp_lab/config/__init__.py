@@ -1,0 +1,158 @@
+"""The config schema: dataclasses give the types, YAML in conf/ gives the values.
+
+Registered in Hydra's ConfigStore so that a misspelt key or a value of the wrong type
+fails at composition, with Hydra's own message, before any process starts. Each config
+group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
+The schemas live by section: launch.py (how ranks start), sync.py (each synchroniser's
+keys and rules), train.py (model, data, optimiser, loop, run folder, logging, timing);
+this module puts them together (`Config`), registers them and reads them back.
+
+Workers do not compose: they read the resolved `config.yaml` of their run folder back
+into the same schema with `load_run_config`, so every rank runs exactly one config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from ..config_help import doc, help_keys
+from ..registry import Registry
+from ..resources import conf_dir
+from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
+    SlurmLauncherConfig, RunaiLauncherConfig)
+from .sync import (SyncConfig, DDPSyncConfig, NaiveSyncConfig, BucketSyncConfig,
+    RingSyncConfig, ReduceBroadcastSyncConfig, Zero1SyncConfig, HierarchicalSyncConfig,
+    COMPRESS_MODES, HIERARCHICAL_INTER, HIERARCHICAL_INTRA)
+from .train import (_size, widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
+    DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
+    DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig)
+
+
+@dataclass
+class Config:
+    launcher: LauncherConfig = MISSING
+    sync: SyncConfig = MISSING
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    study: Optional[StudyConfig] = doc(None, "`study=scaling`: run a ladder of world sizes "
+                                             "(ddp_lab/measure/study.py); null = one run")
+    study_point: Optional[Dict[str, Any]] = doc(None, "set by a study in each point's config "
+                                                      "({id, world, repeat, index}); the "
+                                                      "trainer copies it into summary.json "
+                                                      "`study`. Not for users.")
+
+
+# group -> option -> schema: the options the config accepts. Adding an option = one
+# dataclass here + one YAML in conf/ + the implementation in its kind's registry
+# (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
+# checks that each kind's registry names exactly these options.
+SCHEMAS: dict[str, Registry[type]] = {
+    "launcher": Registry("launcher", {
+        "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
+        "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
+    "sync": Registry("sync", {
+        "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
+        "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
+        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
+        "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig}),
+    "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
+                                "resnet18": ResNet18Config}),
+    "data": Registry("data", {"mnist": DataConfig}),
+    "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
+}
+
+CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/resources.py)
+
+
+# the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
+# conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
+# for the trainer, the bench presets
+HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster", "study"),
+               "bench": ("launcher", "bench", "cluster")}
+
+
+def group_options(group: str) -> list[str]:
+    """A group's options: its registry, or the YAML presets of conf/<group>/ (cluster, bench)."""
+    if group in SCHEMAS:
+        return list(SCHEMAS[group])
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def help_groups(app: str) -> str:
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in HELP_GROUPS[app])
+
+
+def register_configs() -> None:
+    """Register the schema nodes; conf/<group>/<name>.yaml starts from `/schema/<group>/<name>`."""
+    OmegaConf.register_new_resolver("ddp_lab_groups", help_groups, replace=True)
+    OmegaConf.register_new_resolver("ddp_lab_keys", help_keys, replace=True)
+    cs = ConfigStore.instance()
+    cs.store(group="schema", name="config", node=Config)
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            # kept in their own group so `sync=` error messages list only real options
+            cs.store(group=f"schema/{group}", name=option, node=schema)
+    # a study is optional (study: null): not in SCHEMAS, whose groups every run has
+    cs.store(group="schema/study", name="scaling", node=StudyConfig)
+
+
+def schema_for(group: str, name: str) -> type:
+    return SCHEMAS[group].get(name)  # UnknownName lists the valid options
+
+
+def with_defaults(cfg: Any) -> Any:
+    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
+    tests', a script's) completed with its schema's defaults, so keys added since
+    (overlap, compress, ...) read as their defaults; a composed config (typed by its
+    schema already) comes back as it is."""
+    if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
+        return cfg
+    base = OmegaConf.structured(schema_for("sync", cfg.name))
+    OmegaConf.set_struct(base, False)  # keys the schema lacks stay as given
+    return OmegaConf.merge(base, cfg)
+
+
+def check_model(cfg: Any) -> None:
+    """Raise ValueError (with the fix) if model section `cfg` cannot be built."""
+    schema_for("model", cfg.name).check(cfg)
+
+
+def check_sync(cfg: Any, world_size: int) -> None:
+    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size`
+    ranks: its schema's `check`. Needs no torch, so the submitting side runs it."""
+    schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)
+
+
+def load_run_config(run_dir: str | Path) -> DictConfig:
+    """Read a run folder's resolved config.yaml back, typed by the schema."""
+    raw = OmegaConf.load(Path(run_dir) / "config.yaml")
+    cfg = OmegaConf.structured(Config)
+    for group in SCHEMAS:
+        node: Any = raw.get(group)
+        if node is None:
+            raise ValueError(f"{run_dir}/config.yaml has no '{group}' section")
+        cfg[group] = OmegaConf.structured(schema_for(group, node.get("name", "mnist")))
+    merged = OmegaConf.merge(cfg, raw)
+    OmegaConf.set_readonly(merged, True)
+    return merged
+
+
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python
+    (benchmark scripts that run the trainer's pieces in their own processes)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides)
