@@ -29,7 +29,7 @@ from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
 from .sync import (SyncConfig, DDPSyncConfig, NaiveSyncConfig, BucketSyncConfig,
     RingSyncConfig, ReduceBroadcastSyncConfig, Zero1SyncConfig, HierarchicalSyncConfig,
     COMPRESS_MODES, HIERARCHICAL_INTER, HIERARCHICAL_INTRA)
-from .train import (_size, widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
+from .train import (widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
     DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
     DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig)
 

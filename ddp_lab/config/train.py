@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from ..config_help import doc
 
