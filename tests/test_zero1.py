@@ -167,28 +167,35 @@ def test_cli_zero1_trains_to_ddps_weights(tmp_path, shared_data_root, world, opt
     assert "optimiser state" in p.stdout  # the closing line says what a rank holds
 
 
-@pytest.mark.slow
-@pytest.mark.dist
-def test_cli_zero1_stop_then_resume_is_bit_identical(tmp_path, shared_data_root):
-    args = (*_RESUMABLE, "sync=zero1", f"data.root={shared_data_root}")
+def _stop_and_continue(tmp_path, args: tuple, world: int, then: int):
+    """An uninterrupted run on `then` ranks, and one SIGTERMed mid-epoch on `world` ranks and
+    continued by the same command on `then`: (the stopped-and-continued folder, the reference)."""
     reference = tmp_path / "reference"
-    ref = _start(reference, *args, world=2)
+    ref = _start(reference, *args, world=then)
     out, err = _finish(ref, 300)
     assert ref.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, *args, world=2)
+    proc = _start(run_dir, *args, world=world)
     try:
-        _training(run_dir, proc, steps=20, world=2)
+        _training(run_dir, proc, steps=20, world=world)
         os.kill(proc.pid, signal.SIGTERM)
         out, err = _finish(proc, 120)
         assert summary(run_dir)["status"] == "stopped", f"{out[-3000:]}\n{err[-3000:]}"
         assert 0 < summary(run_dir)["step_in_epoch"]
-        again = _start(run_dir, *args, world=2)
+        again = _start(run_dir, *args, world=then)
         out, err = _finish(again, 300)
         assert again.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
     finally:
         _clean_up(proc, run_dir)
     assert summary(run_dir)["status"] == "completed"
+    return run_dir, reference
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_cli_zero1_stop_then_resume_is_bit_identical(tmp_path, shared_data_root):
+    args = (*_RESUMABLE, "sync=zero1", f"data.root={shared_data_root}")
+    run_dir, reference = _stop_and_continue(tmp_path, args, world=2, then=2)
     a, b = _weights(run_dir, "epoch_0002.pt"), _weights(reference, "epoch_0002.pt")
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -203,22 +210,7 @@ def test_cli_zero1_stopped_on_4_ranks_continues_on_2(tmp_path, shared_data_root)
     args = ("sync=zero1", "train.epochs=1", "train.max_steps_per_epoch=120",
             "train.stop_check_s=0.2", "train.global_batch=64", "train.allow_world_change=true",
             f"data.root={shared_data_root}")
-    reference = tmp_path / "reference"
-    ref = _start(reference, *args, world=2)
-    out, err = _finish(ref, 300)
-    assert ref.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
-    run_dir = tmp_path / "run"
-    proc = _start(run_dir, *args, world=4)
-    try:
-        _training(run_dir, proc, steps=20, world=4)
-        os.kill(proc.pid, signal.SIGTERM)
-        out, err = _finish(proc, 120)
-        assert summary(run_dir)["status"] == "stopped", f"{out[-3000:]}\n{err[-3000:]}"
-        again = _start(run_dir, *args, world=2)
-        out, err = _finish(again, 300)
-        assert again.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
-    finally:
-        _clean_up(proc, run_dir)
+    run_dir, reference = _stop_and_continue(tmp_path, args, world=4, then=2)
     s = summary(run_dir)
     assert s["status"] == "completed" and [g["world_size"] for g in s["segments"]] == [4, 2]
     a, b = _weights(run_dir), _weights(reference)
