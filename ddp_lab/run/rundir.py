@@ -60,13 +60,15 @@ def describe_config(cfg: DictConfig) -> str:
 def _mkdir(path: Path, exist_ok: bool) -> None:
     """`mkdir -p`, again if a folder on the way vanished meanwhile: another command started
     at the same time checks a new run.root by making it and removing it again
-    (validate.folder_problem)."""
-    for attempt in range(5):
+    (validate.folder_problem). Each try takes microseconds and the other command's probe
+    removes the root only while it is empty, so a few tries win; 100, because on a busy
+    machine the probe won 5 in a row (seen on CI)."""
+    for attempt in range(100):
         try:
             path.mkdir(parents=True, exist_ok=exist_ok)
             return
         except FileNotFoundError:
-            if attempt == 4:
+            if attempt == 99:
                 raise
 
 
