@@ -195,7 +195,11 @@ def reference(shared_data_root, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp_path,
                                             reference):
-    job = Job(slurm_cluster, tmp_path / "run", shared_data_root, THREADS)
+    # stop checks every 0.2 s and steps a few ms longer (their own generator: the weights
+    # are the reference's): on an idle machine an epoch took 1.4 s and the requeue's stop,
+    # checked every second, once landed on the epoch's end instead of inside it
+    job = Job(slurm_cluster, tmp_path / "run", shared_data_root, THREADS,
+              "train.stop_check_s=0.2", "debug.jitter_ms=4")
     try:
         job.wait_training()
         time.sleep(0.5)
