@@ -22,8 +22,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .config import batch_plan
 from .data_fetch import DataError, raw_folder
-# the fetch is data_fetch.py's; train.py, the bench's scaffold and scripts ask for it here
-from .data_fetch import fetch_mnist, prepare_mnist  # noqa: F401
 from .env import DistEnv
 
 MEAN, STD = 0.1307, 0.3081

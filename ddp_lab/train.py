@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from .config import Config, batch_plan
-from .data import Splits, build_splits, prepare_mnist
+from .data import Splits, build_splits
+from .data_fetch import prepare_mnist
 from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .run.checkpointer import Checkpointer

@@ -25,7 +25,8 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import torch
 
 from ..config import Config, compose
-from ..data import build_splits, prepare_mnist
+from ..data import build_splits
+from ..data_fetch import prepare_mnist
 from ..distributed import DistContext, local_gloo_world
 from ..launch.ports import free_port
 from ..run.epoch import EpochBatches

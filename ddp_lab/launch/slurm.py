@@ -38,8 +38,7 @@ from typing import Optional, Sequence
 
 from .base import (LaunchError, Rendered, python_check, python_exe, pythonpath_line,
                    setup_block, sourced_note, store_line, template)
-# the submit and follow of a rendered job; run/status.py and a study ask for them here too
-from .slurm_job import follow, job_state, log_name, submit_and_follow  # noqa: F401
+from .slurm_job import submit_and_follow  # the rendered job's submit and follow
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
 _OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
@@ -256,7 +255,6 @@ def render(cfg, run_dir: Path) -> Rendered:
                      "every node (ddp_lab.env.slurm_port)")
     mode = "one task per process" if lc.per_task else "one torchrun per node"
     summary = f"{lc.nodes} node(s) x {lc.nproc_per_node} process(es), {mode}"
-    py = shlex.quote(python_exe(lc))
     # what a student would write by hand; the stop and requeue machinery it sources comes apart
     script = template("slurm.sbatch").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,

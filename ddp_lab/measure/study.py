@@ -44,7 +44,8 @@ from ..run.files import atomic_write_text
 from ..run.job import Outcome, collect, launch_job, make_run
 from ..launch import python_exe, setup_block, template
 from ..launch.base import pythonpath_line
-from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
+from ..launch.slurm import launch_block, sbatch_lines, stop_script
+from ..launch.slurm_job import submit_and_follow
 from ..run.rundir import read_summary
 from ..run.stop import EXIT_STOPPED
 from .study_plan import Point, plan, point_config, resolve_study

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Optional
 
 from ..env import host_address
-from ..hang import watchdog  # noqa: F401 -- ddp_lab.run.stop still calls progress.watchdog()
 
 FOLDER = "progress"
 MAGIC, VERSION = b"DDPR", 1

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ..launch import job_processes, slurm
+from ..launch import job_processes, slurm_job
 from .progress import read_all
 from .records import read_metrics
 from .rundir import folder_state, is_dry_run
@@ -170,7 +170,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        state, code, reason = slurm.job_state(job_id)
+        state, code, reason = slurm_job.job_state(job_id)
         sched = {"state": state, "exit_code": code, "reason": reason}
     pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
@@ -188,7 +188,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     lc = cfg.get("launcher") or {}
     logs = [run_dir / "logs" / "rank0.log"]
     if launcher == "slurm" and job_id:
-        name = slurm.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
+        name = slurm_job.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
         logs = [run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err", *logs]
     info = {
         "run_dir": str(run_dir), "state": state, "detail": detail, "status": status or None,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
-from ..launch import Tail, slurm
+from ..launch import Tail, slurm_job
 from .status import (FINAL, SLURM_ALIVE, SLURM_WAITING, dead, dry_runs, find_runs, inspect,
                      live_processes)
 from .status_view import continue_command, one_line, reached, render
@@ -66,7 +66,7 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
     out_log, err_log = (Path(p) for p in info["logs"][:2]) if len(info["logs"]) >= 3 else (
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.out",
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.err")
-    rc = slurm.follow(info["job_id"], out_log, err_log, None, poll_s)
+    rc = slurm_job.follow(info["job_id"], out_log, err_log, None, poll_s)
     if rc in (124, 130):  # not followed to the end: the job lives on
         return rc
     info = _settled(run_dir)
@@ -134,9 +134,9 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
     """Ask every rank to checkpoint and stop; wait for it; end what is left of a SLURM job."""
     out = out or sys.stdout
     info = inspect(run_dir)
-    slurm_job = info["launcher"] == "slurm" and info["scheduler"] is not None \
+    alive_in_slurm = info["launcher"] == "slurm" and info["scheduler"] is not None \
         and info["scheduler"]["state"] in SLURM_ALIVE
-    if slurm_job and info["state"] in FINAL:
+    if alive_in_slurm and info["state"] in FINAL:
         # the ranks have ended (a batch script finishing, or about to requeue itself)
         _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
         print(f"[status] {info['state']} after "
@@ -149,7 +149,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
         if info["state"] in ("preempted", "stopped", "failed") or dead(info):
             print("[status] continue with: " + continue_command(info), file=out)
         return 0 if info["state"] in FINAL else 1
-    if slurm_job and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
+    if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
         # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
         _scancel(info["job_id"], out)
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
@@ -202,10 +202,10 @@ def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float
     """The ranks have checkpointed (or did not in time): give the job `grace_s` to end by
     itself, then cancel it."""
     end = time.monotonic() + grace_s
-    state = slurm.job_state(info["job_id"])[0]
+    state = slurm_job.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:
         time.sleep(poll_s)
-        state = slurm.job_state(info["job_id"])[0]
+        state = slurm_job.job_state(info["job_id"])[0]
     if state in SLURM_ALIVE:
         _scancel(info["job_id"], out)
     else:

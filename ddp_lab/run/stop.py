@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from . import progress
+from .. import hang
 from .files import atomic_write_text
 
 log = logging.getLogger("ddp_lab")
@@ -122,7 +122,7 @@ class StopControl:
             self._flag(STOPPED, "parent process gone")
 
     def restore(self) -> None:
-        progress.watchdog().cancel()
+        hang.watchdog().cancel()
         for sig, (_, previous) in self._signals.items():
             signal.signal(sig, previous)
         self._signals.clear()
@@ -156,7 +156,7 @@ class StopControl:
     def restart_clock(self) -> None:
         """Time between checks excludes evaluation and checkpoints (epoch ends)."""
         self._last, self._count = time.monotonic(), 0
-        progress.watchdog().rearm()
+        hang.watchdog().rearm()
 
     def step(self) -> Optional[StopInfo]:
         """After every step: agree now and then whether to stop; the StopInfo when all stop."""
@@ -168,7 +168,7 @@ class StopControl:
     def check(self) -> Optional[StopInfo]:
         """Collective: every rank calls it at the same step."""
         now = time.monotonic()
-        progress.watchdog().rearm()  # no stack dump while checks keep coming
+        hang.watchdog().rearm()  # no stack dump while checks keep coming
         code, _ = self.local()
         agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
         self.checks += 1

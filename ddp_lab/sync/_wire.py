@@ -15,7 +15,7 @@ as before compression existed. `powersgd` is torch's DDP comm hook: ddp only (co
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 

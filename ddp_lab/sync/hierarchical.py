@@ -35,7 +35,7 @@ exact; the library's phases are modelled as gloo runs them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist

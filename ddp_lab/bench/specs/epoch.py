@@ -239,7 +239,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from ...data import fetch_mnist
+    from ...data_fetch import fetch_mnist
 
     configs: list[tuple[str, int, list[str]]] = []  # (label, ranks, overrides)
     for n in args.ranks:
