@@ -209,21 +209,6 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def openmp_wait_policy(environ: Optional[dict] = None) -> str:
-    """OMP_WAIT_POLICY for a rank: PASSIVE unless the user chose one; returns the one in force.
-
-    torch's CPU kernels run on OpenMP (libgomp). With the default (active) policy its idle
-    threads spin at every barrier: harmless on an otherwise idle machine, but with more
-    runnable threads than cores (other jobs, other local ranks, a login node) the spinning
-    threads take the cores the working ones need, and a 1-rank MLP epoch went from 1.5 s to
-    98-147 s on this 2-core machine under load (docs/performance.md). Passive threads sleep
-    instead; the arithmetic is the same (same threads, same partition: bit-identical).
-    libgomp reads the variable once, when torch loads it: call this before importing torch
-    (`ddp_lab.run.rank.rank_main` does, for every rank)."""
-    env = os.environ if environ is None else environ
-    return env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def host_address() -> Optional[str]:
     """The address this machine's hostname resolves to: the one gloo gives its peers (a
     rank's node as other nodes reach it); None if it does not resolve."""

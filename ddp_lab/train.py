@@ -47,12 +47,11 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     """Train per `cfg` on the initialised process group; return the run's summary. The
     course notebook's loop plus the sync; the rest is one call each (module docstring)."""
     batching = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
-    micro = batching.micro if batching.accumulation > 1 else 0
     splits = load_data(cfg, ctx)  # this rank's shard of MNIST
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
     module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
-    compile_s = preflight_and_compile(cfg.train, syncer, splits, micro or batching.per_rank)
+    compile_s = preflight_and_compile(cfg.train, syncer, splits, batching.micro)
     ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, batching)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
@@ -65,15 +64,15 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
         try:
             for epoch in range(start.epoch, cfg.train.epochs):
                 batches = meter.begin(epoch, splits.train, telemetry.progress)
-                loss_sum, correct = run_steps(syncer, optimizer, batches, meter.timer, micro)
+                loss_sum, correct = run_steps(syncer, optimizer, batches, meter.timer,
+                                           batching.micro_batch)
                 measured = meter.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
                 measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
                 ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
                 telemetry.epoch(measured)
                 meter.between_epochs(epoch + 1)  # the failure hook; raises Stopped
         except Stopped as stop:
-            return telemetry.finish(**ckpt.on_stop(stop.info, stop.measured, stop.epochs_done),
-                                    memory=syncer.memory(optimizer))  # bytes held per rank
+            return telemetry.finish(**ckpt.on_stop(stop), memory=syncer.memory(optimizer))
     syncer.close()  # collective: every rank has run the same steps
     return telemetry.finish(memory=syncer.memory(optimizer))  # bytes held per rank
 

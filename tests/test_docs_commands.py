@@ -161,14 +161,14 @@ def bench_accuracy(work):
 
 
 def bench_epoch(work):
-    # 1 rank: every kind of row but the 2-rank floors (torch DDP on 2 processes and a gloo
-    # all_reduce: six more interpreters that import torch, for rows of the same table code)
-    out = ok(sh(work, [*SUITE, "epoch", "--epochs", "1",
-                       "--ranks", "1", "--rounds", "1", "--max-steps", "5"]))
-    for row in ("floor: tight loop", "notebook loop", "ddp_lab sync=ddp, 1 rank(s), timing true",
-                "ddp_lab sync=ddp, 1 rank(s), timing false", "1 rank: ddp_lab (timing on) / floor ="):
+    # 1 rank, idle, two waits: every kind of row but the 2-rank ones (four more
+    # interpreters that import torch, for rows of the same table code) and the hog's
+    out = ok(sh(work, [*SUITE, "epoch", "--epochs", "1", "--ranks", "1", "--rounds", "1",
+                       "--max-steps", "5", "--load", "idle", "--waits", "default", "passive"]))
+    for row in ("| 1, (1 thread: none) |", "| floor, 1 process |", "| ddp_lab, 1 rank |",
+                "idle, 1 rank: ddp_lab / floor ="):
         assert row in out, out
-    assert "floor on 2 ranks" not in out
+    assert "2 ranks" not in out and "## hog" not in out
 
 
 def bench_syncs(work):

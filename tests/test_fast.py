@@ -4,19 +4,55 @@ and `train.compile=true` trains to the eager run's accuracy."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
-from ddp_lab.env import openmp_wait_policy
+from ddp_lab import cpu
 from helpers import run_cli, run_dir_of, summary
 
 
-def test_openmp_wait_policy_is_passive_unless_chosen():
+def test_threads_and_their_wait_follow_the_cores_free_at_start():
+    idle, busy = cpu.decide(2, 1, 0.1), cpu.decide(2, 1, 1.9)
+    assert (idle.threads, idle.spin) == (2, True) and (busy.threads, busy.spin) == (1, False)
+    half = cpu.decide(8, 2, 3.2)  # 5 free: 2 threads a rank, each with a core of its own
+    assert (half.threads, half.spin) == (2, True) and "5 of 8 cores free" in half.why
+    assert cpu.decide(2, 4, 0.0) == cpu.CpuShare(1, False, cpu.decide(2, 4, 0.0).why)  # 4 > 2 cores
+    assert (cpu.decide(4, 2, None).threads, cpu.decide(4, 2, None).spin) == (2, False)
     env: dict = {}
-    assert openmp_wait_policy(env) == "PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}  # the user's choice stands
-    assert openmp_wait_policy(env) == "ACTIVE" and env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    cpu.apply(busy, env)  # what the launcher hands its ranks
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env[cpu.THREADS_VAR] == "1"
+    env = {"GOMP_SPINCOUNT": "1000"}  # the user's choice stands
+    cpu.apply(busy, env)
+    assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env).startswith("spin 1000")
+    env = {}
+    cpu.apply(idle, env)
+    assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env) == "spin a moment, then sleep"
+    # in a rank: train.threads, then the run's first count, then the launcher's choice
+    env = {cpu.THREADS_VAR: "1", cpu.WHY_VAR: "1 of 2 cores free at start, threads sleep"}
+    assert cpu.rank_threads(1, 3, 2, env) == (3, "train.threads")
+    assert cpu.rank_threads(1, 0, 2, env)[0] == 2
+    assert cpu.rank_threads(1, 0, 0, env) == (1, env[cpu.WHY_VAR])
+    env = {}  # no launcher looked (mpirun): an equal share, sleeping
+    cpu.prepare_rank(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_busy_cores_sees_a_busy_process():
+    import subprocess
+    import sys
+
+    one = next(iter(os.sched_getaffinity(0)))
+    hog = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {%d})\n"
+                            "while True: pass" % one])
+    try:
+        import time
+        time.sleep(0.3)
+        assert cpu.busy_cores(0.3) >= 0.8  # that core, at least
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def _run(tmp_path, data_root, *extra: str, env=None, threads: int = 1):

@@ -9,7 +9,7 @@ submodule's `from . import y` is an edge to the package. Fast: reads the sources
 
 The same reading, of module-level imports only, checks start-up: what `python -m ddp_lab
 --help` and the ranks' entries load before their first line runs (no torch: --help needs
-none, and a rank must set OMP_WAIT_POLICY before torch loads, see env.openmp_wait_policy).
+none, and a rank must set OMP_WAIT_POLICY before torch loads, see ddp_lab/cpu.py).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,7 +200,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[0] not in NAMES:
         print(f"error: no benchmark {argv[0]!r}; choose from {', '.join(NAMES)}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every `finally` ends what it started
     return run(argv[0], argv[1:])
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM as an exception: the benchmark's processes (a run, a loop in a child, the CPU
+    hog) are ended on the way out (`subprocess.run` kills its child; the specs' `finally`)."""
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

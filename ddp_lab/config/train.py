@@ -161,6 +161,12 @@ class BatchPlan:
     scaling: str
     """strong (train.global_batch fixed) | weak (train.batch_size per rank fixed)"""
 
+    @property
+    def micro_batch(self) -> int:
+        """The micro-batch a step accumulates its gradient over, 0 if it takes its batch
+        whole (`step.run_steps`)."""
+        return self.micro if self.accumulation > 1 else 0
+
 
 def batch_plan(train: Any, world_size: int) -> BatchPlan:
     """The batch plan of `train` (the train config section) on `world_size` ranks. Raises

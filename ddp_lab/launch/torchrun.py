@@ -26,7 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..env import openmp_wait_policy
+from .. import cpu
 
 # The ranks' entries this torchrun may start as forks of itself, with what each would import
 # first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
@@ -122,13 +122,28 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def nproc_per_node(args: list[str]) -> int:
+    """torchrun's --nproc-per-node (or --nproc_per_node) among `args`, read before torch
+    loads; 1 if absent or not a number (torchrun's "gpu", "auto": it decides)."""
+    for i, a in enumerate(args):
+        for flag in ("--nproc-per-node", "--nproc_per_node"):
+            if a == flag and i + 1 < len(args):
+                a = f"{flag}={args[i + 1]}"
+            if a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+                return int(value) if value.isdigit() else 1
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not argv[0].startswith("--log="):
         sys.exit("usage: python -m ddp_lab.launch.torchrun --log=FILE [torchrun arguments]")
     path, args = Path(argv[0].removeprefix("--log=")), argv[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
-    openmp_wait_policy()  # before torch loads (libgomp reads it once): the forked ranks' too
+    # before torch loads (libgomp reads its variables once) and before any rank runs: this
+    # machine's cores free now, shared among its ranks (ddp_lab/cpu.py); the forks inherit it
+    cpu.apply(cpu.decide(cpu.cores(), nproc_per_node(args), cpu.busy_cores()))
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -13,16 +13,15 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from . import checkpoint
 from ..config import BatchPlan, Config
 from ..distributed import DistContext
-from .epoch import MeasuredEpoch, Position
+from .epoch import Position, Stopped
 from .rundir import resume_mode
-from .stop import StopInfo
 
 log = logging.getLogger("ddp_lab")
 
@@ -100,17 +99,17 @@ class Checkpointer:
                 "world_size": self.ctx.env.world_size, "sync": self.cfg.sync.name})
         self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
 
-    def on_stop(self, stop: StopInfo, measured: Optional[MeasuredEpoch] = None,
-                epochs_done: int = 0) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop: save where the run stands and return
+    def on_stop(self, stopped: Stopped) -> dict[str, Any]:
+        """Collective. Every rank agreed to stop (`stopped`): save where the run stands and return
         `Telemetry.finish`'s keywords (status, position, stop_reason).
 
-        Mid-epoch (`measured`: the epoch's steps so far): the checkpoint holds the steps
+        Mid-epoch (`stopped.measured`: the epoch's steps so far): the checkpoint holds the steps
         done and the loss and samples so far, summed over the ranks, which the resumed
-        run goes on from (`resumed_part`). Between epochs (`epochs_done`): the epoch's own
+        run goes on from (`resumed_part`). Between epochs (after `stopped.epochs_done`): the epoch's own
         checkpoint stands, written now if train.checkpoint=false (the only way to continue)."""
+        stop, measured = stopped.info, stopped.measured
         if measured is None:
-            here = Position(epochs_done)
+            here = Position(stopped.epochs_done)
             if not self.cfg.train.checkpoint:
                 self.save(here, force=True)
         else:

@@ -21,15 +21,29 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..env import detect_env, openmp_wait_policy
+from .. import cpu
+from ..env import detect_env
 from ..launch import ports
 from ..launch.torchrun import as_forked_rank, exit_soon
 from .. import hang
 from . import progress
+from .files import read_json_or_empty
 from .failure import diagnose, end_stuck, failure_line, short_error
 from .job import mark_failed
 from .metrics import fault_file, setup_logging
 from .stop import die_with_parent
+
+
+def _threads(run_dir: Path, env, requested: int) -> int:
+    """This rank's torch threads (ddp_lab/cpu.py): train.threads, or the count the run
+    started with (its first allocation's, same world), or the launcher's choice; the reason
+    kept in the environment for the run's records."""
+    first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
+    earlier = (first.get("cpu") or {}).get("threads", 0) \
+        if first.get("world_size") == env.world_size else 0
+    threads, why = cpu.rank_threads(env.local_world_size, requested, earlier)
+    os.environ[cpu.WHY_VAR] = why
+    return threads
 
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
@@ -47,10 +61,10 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     more). A start that cannot reach its rendezvous ends within dist.init_timeout_s, its line
     naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
-    # reads it once, at load: env.openmp_wait_policy); the submitting side needs no torch
+    # reads it once, at load: ddp_lab/cpu.py); the submitting side needs no torch
     import torch
 
-    from ..distributed import cpu_threads, distributed
+    from ..distributed import distributed
 
     die_with_parent()
     env = detect_env()
@@ -60,7 +74,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
     hang.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
-    torch.set_num_threads(cpu_threads(env, threads))
+    torch.set_num_threads(_threads(run_dir, env, threads))
     fields = {**(failure or {}), "world_size": env.world_size}
 
     def start_timed_out() -> None:  # on the timer's thread: the main one is stuck in torch
@@ -172,7 +186,7 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
-    openmp_wait_policy()  # before torch loads: libgomp reads it once (see there)
+    cpu.prepare_rank()  # before torch loads: libgomp reads its variables once (ddp_lab/cpu.py)
     forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
     if forked:
         as_forked_rank()

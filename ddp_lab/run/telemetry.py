@@ -20,6 +20,7 @@ record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from pathlib import Path
 from typing import Iterable, Optional
@@ -27,6 +28,7 @@ from typing import Iterable, Optional
 import torch
 from omegaconf import OmegaConf
 
+from .. import cpu
 from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
@@ -108,7 +110,7 @@ class Telemetry:
                 "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
                 "status": "running", "fingerprint_id": self.fingerprint_id,
-                "startup_s": startup_s()})
+                "startup_s": startup_s(), "cpu": cpu_share()})
             running = {**(self.previous if not fresh else {}), "status": "running",
                        "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
                        "segments": self.segments, "job_id": self.segments[-1]["job_id"],
@@ -127,6 +129,10 @@ class Telemetry:
                  cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
                  plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
                  if plan.accumulation > 1 else "")
+        if self.ctx.device.type == "cpu":
+            share = cpu_share()
+            log.info("%d CPU thread%s a rank: %s", share["threads"],
+                     "s" if share["threads"] > 1 else "", share["why"])
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
@@ -333,6 +339,12 @@ class Telemetry:
 
 def _device_name(device: torch.device) -> str:
     return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def cpu_share() -> dict:
+    """This rank's torch threads, why, and how they wait (ddp_lab/cpu.py)."""
+    return {"threads": torch.get_num_threads(), "why": os.environ.get(cpu.WHY_VAR, ""),
+            "wait": cpu.wait_policy()}
 
 
 def _every_host(segments: list[dict]) -> list[str]:

@@ -1,0 +1,136 @@
+"""How many CPU threads each rank runs and how its threads wait: decided once per machine,
+before torch loads (torch-free).
+
+torch's CPU kernels split their work over OpenMP threads (libgomp). Between two parallel
+pieces of work a thread waits for the others, and how it waits decides how fast a small
+model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performance.md):
+
+- on an idle machine, threads that spin a moment before sleeping (libgomp's default) are
+  the fastest there is: a step of the course's MLP is many tiny kernels, and a thread that
+  had to be woken for each would double the epoch;
+- on a busy machine (another job, a login node's users, more ranks than cores), a spinning
+  thread takes the core the thread it waits for needs: an epoch of 0.5 s took 16 s. There
+  the fastest is fewer threads, one per core nobody else uses, sleeping when they wait.
+
+So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
+the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
+each rank gets the cores nobody is using divided by the ranks, at least 1 and at most its
+equal share, and its threads spin only if every one of them has a free core; otherwise they
+sleep (OMP_WAIT_POLICY=PASSIVE). The choice reaches the ranks as environment (`apply`).
+Where no such look came first (SLURM's and mpirun's ranks, the benchmarks' workers) a rank
+cannot look, since its siblings are starting beside it, so it takes its equal share with
+sleeping threads: never far off, and safe on a node shared with other jobs (set
+OMP_WAIT_POLICY=ACTIVE in the job's environment where the cores are the job's alone). What you set
+yourself stands: `train.threads`, OMP_WAIT_POLICY or GOMP_SPINCOUNT. The thread count can
+change a run's last bits (a sum split over 2 threads rounds differently than over 1); the
+wait never does. Each run records both (summary.json `segments[*].cpu`), and a resumed run
+keeps the thread count it started with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import MutableMapping, Optional
+
+THREADS_VAR = "DDP_LAB_THREADS"  # the launcher's choice for its ranks
+WHY_VAR = "DDP_LAB_THREADS_WHY"
+USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    threads: int
+    """torch threads per rank"""
+    spin: bool
+    """threads spin a moment before sleeping (libgomp's default), else sleep at once"""
+    why: str
+    """in words, for the run's first line and summary.json"""
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity: an allocation's, a container's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def busy_cores(window_s: float = 0.2) -> Optional[float]:
+    """How many of this process's cores other processes kept busy over `window_s` (sleeping
+    meanwhile, so not us), from /proc/stat; None where there is no /proc/stat."""
+    def sample() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    ticks = [int(x) for x in fields[:8]]
+                    idle = ticks[3] + ticks[4]  # idle + iowait
+                    out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+        return out
+    try:
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        a = sample()
+        time.sleep(window_s)
+        b = sample()
+    except OSError:
+        return None
+    busy = 0.0
+    for cpu in (mine if mine is not None else a):
+        if cpu in a and cpu in b and b[cpu][1] > a[cpu][1]:
+            busy += (b[cpu][0] - a[cpu][0]) / (b[cpu][1] - a[cpu][1])
+    return busy
+
+
+def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
+    """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
+    share = max(1, n_cores // max(local_ranks, 1))
+    if busy is None:
+        return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown, "
+                                      "threads sleep")
+    free = max(0, n_cores - round(busy))
+    threads = min(share, max(1, free // max(local_ranks, 1)))
+    spin = threads * local_ranks <= free
+    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start, threads "
+                                   f"{'spin' if spin else 'sleep'}")
+
+
+def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Hand `share` to this machine's ranks: call before torch loads (libgomp reads its
+    variables once) and before the ranks start. The user's own OpenMP variables stand."""
+    env = os.environ if environ is None else environ
+    env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
+    if not share.spin and not any(k in env for k in USER_WAIT_VARS):
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """In a rank, before torch loads: without a launcher's choice (mpirun, the benchmarks'
+    workers) its threads sleep when they wait, unless the user chose."""
+    env = os.environ if environ is None else environ
+    if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
+                 environ: Optional[MutableMapping[str, str]] = None) -> tuple[int, str]:
+    """This rank's torch threads and why: `train.threads` if set (`requested`), else the
+    count the run started with (`earlier`: a resumed run keeps its bits), else the
+    launcher's choice, else its equal share of the cores."""
+    env = os.environ if environ is None else environ
+    if requested > 0:
+        return requested, "train.threads"
+    if earlier > 0:
+        return earlier, "as when the run started"
+    if env.get(THREADS_VAR, "").isdigit():
+        return int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice")
+    share = max(1, cores() // max(local_ranks, 1))
+    return share, f"an equal share of {cores()} cores, threads {wait_policy(env)}"
+
+
+def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:
+    """How this process's OpenMP threads wait, in words (the variables libgomp read)."""
+    env = os.environ if environ is None else environ
+    if "GOMP_SPINCOUNT" in env:
+        return f"spin {env['GOMP_SPINCOUNT']} times, then sleep"
+    return {"PASSIVE": "sleep", "ACTIVE": "spin"}.get(env.get("OMP_WAIT_POLICY", "").upper(),
+                                                      "spin a moment, then sleep")
