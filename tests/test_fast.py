@@ -147,3 +147,21 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
         assert all(torch.equal(a, b) for a, b in zip(*finals))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_resumed_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypatch):
+    from ddp_lab.env import DistEnv
+    from ddp_lab.run.rank import _threads
+
+    env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                  num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
+    monkeypatch.setenv(cpu.THREADS_VAR, "1")  # this start's launcher saw a busy machine
+    monkeypatch.setenv(cpu.WHY_VAR, "")  # _threads sets it: restored after the test
+    assert _threads(tmp_path, env, 0) == 1  # a fresh run: the launcher's choice
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"segments": [{"world_size": 1, "cpu": {"threads": 2}}]}))
+    assert _threads(tmp_path, env, 0) == 2 and "started" in os.environ[cpu.WHY_VAR]
+    assert _threads(tmp_path, env, 3) == 3  # train.threads stands
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"segments": [{"world_size": 2, "cpu": {"threads": 2}}]}))
+    assert _threads(tmp_path, env, 0) == 1  # another world: its bits differ anyway
