@@ -68,7 +68,8 @@ def test_launch_script_again_on_a_finished_run_changes_nothing(finished, tmp_pat
 @pytest.mark.slow
 def test_more_epochs_continue_the_run_and_append(tmp_path, shared_data_root):
     common = ["train.max_steps_per_epoch=25", "train.eval_batch_size=2000", "log.progress=lines",
-              f"data.root={shared_data_root}", "timing.tb_every=5"]
+              f"data.root={shared_data_root}", "timing.tb_every=5",
+              "train.threads=1"]  # two runs compared bit for bit: the same threads (cpu.py)
     full = run_cli("train.epochs=2", f"run.root={tmp_path / 'full'}", *common, cwd=tmp_path)
     assert full.returncode == 0, full.stdout + full.stderr
     first = run_cli("train.epochs=1", f"run.root={tmp_path}", *common, cwd=tmp_path)
