@@ -24,9 +24,9 @@ the whole buffer.
   `sync.node_size=k` every k consecutive ranks pretend to be a node (one machine). Nodes
   of unequal sizes work (each node's group is its own size).
 
-It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging and whatever
-`_reduce` does around the call (overlap, wire compression) are shared with allreduce,
-ring, tree and butterfly. Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per
+It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging, wire
+compression (`_reduce`, allreduce.py) and overlap (overlap.py) are shared with allreduce,
+ring, tree and butterfly; its keys and rules: sync/schemas/hierarchical.py. Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per
 rank), and the bytes each rank sends to another node (`comm_bytes_cross_node`). With
 `inter=ring` and `intra=tree` every byte goes through our send/recv and the count is
 exact; the library's phases are modelled as gloo runs them.
@@ -114,6 +114,6 @@ class HierarchicalSync(AllReduceSync):
             BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
 
     def close(self) -> None:
-        super().close()  # sync.overlap: the thread that calls the rings is done first
+        super().close()  # (overlapped: its thread, which calls the rings, is closed first)
         for ring in self.rings.values():  # collective among the leaders
             ring.close()

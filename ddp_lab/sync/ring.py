@@ -55,6 +55,6 @@ class RingSync(AllReduceSync):
             all_reduce_ring(flat)
 
     def close(self) -> None:
-        super().close()  # sync.overlap: the thread that calls the plans is done first
+        super().close()  # (overlapped: its thread, which calls the plans, is closed first)
         for plan in self.plans.values():
             plan.close()
