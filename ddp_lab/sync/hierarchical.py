@@ -26,10 +26,10 @@ the whole buffer.
 
 It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging, wire
 compression (`_reduce`, allreduce.py) and overlap (overlap.py) are shared with allreduce,
-ring, tree and butterfly; its keys and rules: sync/schemas/hierarchical.py. Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per
-rank), and the bytes each rank sends to another node (`comm_bytes_cross_node`). With
-`inter=ring` and `intra=tree` every byte goes through our send/recv and the count is
-exact; the library's phases are modelled as gloo runs them.
+ring, tree and butterfly; its keys and rules: sync/schemas/hierarchical.py.
+Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per rank), and the
+bytes each rank sends to another node (`comm_bytes_cross_node`). With `inter=ring` and
+`intra=tree` every byte goes through our send/recv and the count is exact; the library's phases are modelled as gloo runs them.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from torch import nn
 
 from ..measure import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
-from ..config import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 from ..distributed import DistContext
 from ..env import detect_env
 from ..topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
+from .schemas.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 
 log = logging.getLogger("ddp_lab")
 
