@@ -1,6 +1,6 @@
 """`python -m ddp_lab --help`'s keys, each with its meaning: a schema declares a key as
-`nodes: int = doc(1, "number of machines (nodes, pods)")` (ddp_lab/config.py,
-ddp_lab/bench/config.py), the text rides on the dataclass field as its metadata, and
+`nodes: int = doc(1, "number of machines (nodes, pods)")` (ddp_lab/config/,
+ddp_lab/sync/schemas/, ddp_lab/bench/config.py), the text rides on the dataclass field as its metadata, and
 `help_keys` (the `${ddp_lab_keys:...}` resolver of conf/<app>.yaml's help template) shows
 it beside every key of the composed config. The groups' listing is config.help_groups."""
 

@@ -181,6 +181,30 @@ def test_entry_points_load_no_torch_at_import(entry):
         sorted(m for m, ext in loads.items() if ext))
 
 
+@pytest.mark.parametrize("module", ["ddp_lab.config", "ddp_lab.sync", "ddp_lab.sync.schemas"])
+def test_the_config_and_the_sync_schemas_load_no_torch(module):
+    """Each synchroniser's keys and rules sit beside it (sync/schemas/), yet the submitting
+    side reads them without torch: ddp_lab.sync loads its torch-bound names on first use."""
+    loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(module).items()}
+    assert not any(loads.values()), f"{module} loads torch at import through " + ", ".join(
+        sorted(m for m, ext in loads.items() if ext))
+    proc = subprocess.run([sys.executable, "-c", f"import sys, {module}; "
+                           "assert 'torch' not in sys.modules, sorted(sys.modules)"],
+                          env=child_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, describe(proc)
+
+
+def test_the_sync_package_serves_its_names_on_first_use():
+    proc = subprocess.run([sys.executable, "-c", "import sys, ddp_lab.sync as s; "
+                           "assert 'torch' not in sys.modules; "
+                           "assert s.build_sync is s.build.build_sync and 'torch' in sys.modules; "
+                           "assert s.SYNCS is s.REGISTRY and s.sync_class('ring').name == 'ring'; "
+                           "import pytest\n"
+                           "with pytest.raises(AttributeError): s.no_such_name"],
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+
+
 @pytest.mark.parametrize("entry, args", [
     ("ddp_lab", ["sync=hierarchical", "model=cnn"]),
     ("ddp_lab.bench", ["bench.ops=[all_reduce,broadcast]", "bench.impl=[torch,ring]"]),

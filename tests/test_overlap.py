@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from ddp_lab.models import MLP
 from ddp_lab.config import check_sync
-from ddp_lab.sync import REGISTRY, build_sync
-from ddp_lab.sync.allreduce import AllReduceSync
+from ddp_lab.sync import build_sync, sync_class
+from ddp_lab.sync.overlap import OverlappedAllReduce
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
 from ddp_lab.run.epoch import EpochBatches
 from ddp_lab.step import run_steps
@@ -38,7 +38,7 @@ TOL = 1e-6
 OVERLAPPED = ["allreduce", "ring", "tree", "butterfly", "reduce_broadcast"]
 
 
-class ForgetsLastBucket(AllReduceSync):
+class ForgetsLastBucket(OverlappedAllReduce):
     """Broken: sync() unpacks before the overlap thread has finished the last bucket."""
 
     def sync(self):
@@ -88,7 +88,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
             torch.manual_seed(0)
             model = MLP(hidden=HIDDEN)
             cfg = sync_cfg(name, **overrides)
-            syncer = (cls or REGISTRY[name])(cfg, model, torch.device("cpu"), world)
+            syncer = (cls or sync_class(name, overlap=True))(cfg, model, torch.device("cpu"), world)
             params, calls = _train(rank, world, syncer, model, micro)
             buckets = len(getattr(syncer, "buckets", getattr(syncer, "grad_buckets", [])))
             out[(variant, micro)] = {"params": params, "calls": calls, "buckets": buckets}

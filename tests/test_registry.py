@@ -55,3 +55,14 @@ def test_bench_impls_follow_the_collectives_tables():
     assert set(IMPLS) == algorithms
     for impl, ops in IMPLS.items():
         assert ops == [op for op, spec in OPS.items() if impl in spec.impls]
+
+
+def test_each_sync_schema_lives_beside_its_synchroniser():
+    """sync/<name>.py runs what sync/schemas/<name>.py accepts (tree and butterfly take
+    allreduce's keys: another algorithm on the same buckets)."""
+    from ddp_lab.sync import SYNCS
+
+    for name, schema in SCHEMAS["sync"].items():
+        owner = "allreduce" if name in ("tree", "butterfly") else name
+        assert schema.__module__ == f"ddp_lab.sync.schemas.{owner}", name
+        assert SYNCS[name].__module__ == f"ddp_lab.sync.{name}", name

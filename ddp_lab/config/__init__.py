@@ -3,9 +3,10 @@
 Registered in Hydra's ConfigStore so that a misspelt key or a value of the wrong type
 fails at composition, with Hydra's own message, before any process starts. Each config
 group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
-The schemas live by section: launch.py (how ranks start), sync.py (each synchroniser's
-keys and rules), train.py (model, data, optimiser, loop, run folder, logging, timing);
-this module puts them together (`Config`), registers them and reads them back.
+The schemas live by section: launch.py (how ranks start), train.py (model, data,
+optimiser, loop, run folder, logging, timing), and each synchroniser's keys and rules
+beside it, in ddp_lab/sync/schemas/ (torch-free, as everything here); this module puts
+them together (`Config`), registers them and reads them back.
 
 Workers do not compose: they read the resolved `config.yaml` of their run folder back
 into the same schema with `load_run_config`, so every rank runs exactly one config.
@@ -26,9 +27,7 @@ from ..registry import Registry
 from ..resources import conf_dir
 from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
     SlurmLauncherConfig, RunaiLauncherConfig)
-from .sync import (SyncConfig, DDPSyncConfig, NaiveSyncConfig, BucketSyncConfig,
-    RingSyncConfig, ReduceBroadcastSyncConfig, Zero1SyncConfig, HierarchicalSyncConfig,
-    COMPRESS_MODES, HIERARCHICAL_INTER, HIERARCHICAL_INTRA)
+from ..sync.schemas import SYNC_SCHEMAS, SyncConfig
 from .train import (widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
     DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
     DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig)
@@ -56,18 +55,14 @@ class Config:
 
 
 # group -> option -> schema: the options the config accepts. Adding an option = one
-# dataclass here + one YAML in conf/ + the implementation in its kind's registry
-# (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
+# dataclass (here, or sync/schemas/) + one YAML in conf/ + the implementation in its
+# kind's registry (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
 # checks that each kind's registry names exactly these options.
 SCHEMAS: dict[str, Registry[type]] = {
     "launcher": Registry("launcher", {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
         "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
-    "sync": Registry("sync", {
-        "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
-        "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
-        "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
-        "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig}),
+    "sync": Registry("sync", SYNC_SCHEMAS),  # each beside its synchroniser: sync/schemas/
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),

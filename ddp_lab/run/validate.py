@@ -23,11 +23,12 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
-from ..config import COMPRESS_MODES, batch_plan, check_model, check_sync, device_type
+from ..config import batch_plan, check_model, check_sync, device_type
 from .delay import problem as delay_problem
 from ..errors import UserError
 from ..launch.base import local_gpus
 from ..launch.slurm import duration_s
+from ..sync.schemas import COMPRESS_MODES
 from .lock import in_use
 from .rundir import reuse_problem, world_size
 

@@ -1,55 +1,24 @@
-"""Gradient synchronisers, chosen with the `sync` config group (one file each)."""
+"""Gradient synchronisers, chosen with the `sync` config group: one file each
+(sync/<name>.py, start with naive.py), its config keys and rules beside it in
+sync/schemas/<name>.py.
+
+Importing this package loads no torch: the submitting command reads sync/schemas/ (the
+rules refuse a bad config before any process starts) and has no torch to spare. The
+names below come from sync/build.py, loaded (with torch) on first use.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-import torch
-from torch import nn
-
-from ..config import check_sync
-from ..registry import Registry
-from ..run import progress
-from ..timing import Clock
-from .allreduce import AllReduceSync
-from .base import Synchroniser
-from .butterfly import ButterflySync
-from .ddp import DDPSync
-from .hierarchical import HierarchicalSync
-from .naive import NaiveSync
-from .reduce_broadcast import ReduceBroadcastSync
-from .ring import RingSync
-from .tree import TreeSync
-from .zero1 import Zero1Sync
-
-SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
-    "ddp": DDPSync,
-    "naive": NaiveSync,
-    "allreduce": AllReduceSync,
-    "reduce_broadcast": ReduceBroadcastSync,
-    "ring": RingSync,
-    "tree": TreeSync,
-    "butterfly": ButterflySync,
-    "hierarchical": HierarchicalSync,
-    "zero1": Zero1Sync,
-})
-REGISTRY = SYNCS  # the name earlier code and users' scripts import
+_BUILD_NAMES = ("REGISTRY", "SYNCS", "Synchroniser", "build_sync", "sync_class")
 
 
-def sync_class(name: str) -> type[Synchroniser]:
-    return SYNCS.get(name)  # UnknownName (a ValueError) lists the valid ones
+def __getattr__(name: str) -> Any:  # PEP 562: `from ddp_lab.sync import build_sync`
+    if name in _BUILD_NAMES:
+        from . import build
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
-               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
-    """The synchroniser `cfg` names, for `module` on `world_size` ranks: its config rules
-    checked first (its schema's `check`, config/sync.py; the submitting side ran them too), and
-    every collective it enters counted in this rank's progress record (the rank behind
-    the others is the one with the smaller count: ddp_lab/run/progress.py)."""
-    check_sync(cfg, world_size)
-    syncer = sync_class(cfg.name)(cfg, module, device, world_size, clock=clock, timing=timing)
-    syncer.comm.on_collective = progress.current().collective
-    return syncer
-
-
-__all__ = ["REGISTRY", "SYNCS", "Synchroniser", "build_sync", "sync_class"]
+__all__ = list(_BUILD_NAMES)

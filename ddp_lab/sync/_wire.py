@@ -10,7 +10,8 @@ algorithm (gloo's all_reduce / reduce add fp16 and bf16 on CPU in torch 2.14: ch
 tests/test_compress.py on real process groups, so no combination is refused for it).
 
 `sync.compress=none`: the bucket is reduced as it is and averaged afterwards, bit for bit
-as before compression existed. `powersgd` is torch's DDP comm hook: ddp only (config/sync.py's BucketSyncConfig.check).
+as before compression existed. `powersgd` is torch's DDP comm hook: ddp only
+(sync/schemas/allreduce.py's BucketSyncConfig.check).
 """
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ the whole buffer.
   `sync.node_size=k` every k consecutive ranks pretend to be a node (one machine). Nodes
   of unequal sizes work (each node's group is its own size).
 
-It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging and whatever
-`_reduce` does around the call (overlap, wire compression) are shared with allreduce,
-ring, tree and butterfly. Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per
-rank), and the bytes each rank sends to another node (`comm_bytes_cross_node`). With
-`inter=ring` and `intra=tree` every byte goes through our send/recv and the count is
-exact; the library's phases are modelled as gloo runs them.
+It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging, wire
+compression (`_reduce`, allreduce.py) and overlap (overlap.py) are shared with allreduce,
+ring, tree and butterfly; its keys and rules: sync/schemas/hierarchical.py.
+Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per rank), and the
+bytes each rank sends to another node (`comm_bytes_cross_node`). With `inter=ring` and
+`intra=tree` every byte goes through our send/recv and the count is exact; the library's phases are modelled as gloo runs them.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from torch import nn
 
 from ..measure import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
-from ..config import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 from ..distributed import DistContext
 from ..env import detect_env
 from ..topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
+from .schemas.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 
 log = logging.getLogger("ddp_lab")
 
@@ -114,6 +114,6 @@ class HierarchicalSync(AllReduceSync):
             BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
 
     def close(self) -> None:
-        super().close()  # sync.overlap: the thread that calls the rings is done first
+        super().close()  # (overlapped: its thread, which calls the rings, is closed first)
         for ring in self.rings.values():  # collective among the leaders
             ring.close()

@@ -16,6 +16,9 @@ sync.bucket_mb=0 it runs these same calls), sync.overlap the second, and DDP bot
 
 Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
 (`costmodel.SYNC_COLLECTIVES["naive"]`; not exact, we cannot see the library's routing).
+
+Its rules (overlap and compression refused, each with the sync that runs it):
+sync/schemas/naive.py.
 """
 
 from __future__ import annotations

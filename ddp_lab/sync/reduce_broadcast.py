@@ -27,6 +27,8 @@ reverse order and each bucket's `dist.reduce` is started (async_op) from backwar
 moment its gradients are ready, stamped like DDP's hook (start at launch, end in the
 future's completion callback); `sync()` waits for them. The broadcast stays after the
 root's step: it carries the new weights, which exist only then.
+
+Its keys and rules: sync/schemas/reduce_broadcast.py.
 """
 
 from __future__ import annotations

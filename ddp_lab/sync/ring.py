@@ -17,6 +17,9 @@ Which transport carries the steps (the same steps, bytes and bits; docs/collecti
   leaves at once. `close()` answers the receives left posted after the last step.
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl needs the pair in
   one group).
+
+Its keys and rules: sync/schemas/ring.py. Overlap (overlap.py) and compression (`_reduce`,
+allreduce.py) are allreduce's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,6 @@ class RingSync(AllReduceSync):
             all_reduce_ring(flat)
 
     def close(self) -> None:
-        super().close()  # sync.overlap: the thread that calls the plans is done first
+        super().close()  # (overlapped: its thread, which calls the plans, is closed first)
         for plan in self.plans.values():
             plan.close()

@@ -6,6 +6,9 @@ reduce and the broadcast each take ceil(log2 n) rounds. A rank sends and receive
 whole buffer once per tree edge it has: once to/from its parent, once per child. That is
 log2(n) times the ring's traffic at the root, for log2(n) instead of 2(n-1) latencies:
 the tree wins on small buffers and many ranks, the ring on large buffers.
+
+Its keys and rules are allreduce's (sync/schemas/allreduce.py), and so are overlap
+(overlap.py) and compression (`_reduce`, allreduce.py).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ piece is cut where a vectorised (fused) optimiser kernel cuts the whole paramete
 same rounding, DDP's weights bit for bit. A checkpoint gathers the pieces into the state a
 plain optimiser over every parameter would hold, and a load cuts it again (_zero1_state.py),
 so it moves between world sizes and synchronisers.
+
+Its keys and rules: sync/schemas/zero1.py.
 """
 
 from __future__ import annotations

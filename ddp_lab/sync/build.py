@@ -1,0 +1,68 @@
+"""Where a synchroniser is built: the `sync` option's class, its rules, its listeners.
+
+`SYNCS` names every synchroniser's class (sync/<name>.py); `build_sync(cfg, ...)` is what
+the trainer calls. Between the class and a running synchroniser it does three things,
+none of which belongs to the class itself:
+
+- the section's config rules, its schema's `check` (sync/schemas/<name>.py; the
+  submitting command ran them already, before any process started);
+- `sync.overlap=true` on more than one rank: the overlapped variant of an all-reduce
+  family class (`overlapped`, sync/overlap.py);
+- every collective the synchroniser enters counted in this rank's progress record (the
+  rank behind the others is the one with the smaller count: ddp_lab/run/progress.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..config import check_sync, with_defaults
+from ..registry import Registry
+from ..run import progress
+from ..timing import Clock
+from .allreduce import AllReduceSync
+from .base import Synchroniser
+from .butterfly import ButterflySync
+from .ddp import DDPSync
+from .hierarchical import HierarchicalSync
+from .naive import NaiveSync
+from .overlap import overlapped
+from .reduce_broadcast import ReduceBroadcastSync
+from .ring import RingSync
+from .tree import TreeSync
+from .zero1 import Zero1Sync
+
+SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
+    "ddp": DDPSync,
+    "naive": NaiveSync,
+    "allreduce": AllReduceSync,
+    "reduce_broadcast": ReduceBroadcastSync,
+    "ring": RingSync,
+    "tree": TreeSync,
+    "butterfly": ButterflySync,
+    "hierarchical": HierarchicalSync,
+    "zero1": Zero1Sync,
+})
+REGISTRY = SYNCS  # the name earlier code and users' scripts import
+
+
+def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
+    """The class of `sync=name`; with `overlap`, an all-reduce family class's overlapped
+    variant (ddp and reduce_broadcast overlap by themselves, per their section)."""
+    cls = SYNCS.get(name)  # UnknownName (a ValueError) lists the valid ones
+    return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
+
+
+def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
+               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
+    """The synchroniser `cfg` names, for `module` on `world_size` ranks (see the module
+    docstring for what is done here)."""
+    check_sync(cfg, world_size)
+    overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
+    syncer = sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,
+                                           timing=timing)
+    syncer.comm.on_collective = progress.current().collective
+    return syncer
