@@ -23,8 +23,15 @@ sleeping threads: never far off, and safe on a node shared with other jobs (set
 OMP_WAIT_POLICY=ACTIVE in the job's environment where the cores are the job's alone). What you set
 yourself stands: `train.threads`, OMP_WAIT_POLICY or GOMP_SPINCOUNT. The thread count can
 change a run's last bits (a sum split over 2 threads rounds differently than over 1); the
-wait never does. Each run records both (summary.json `segments[*].cpu`), and a resumed run
-keeps the thread count it started with.
+wait never does.
+
+The free cores are a ceiling, not the answer: a step of a small model is made of kernels so
+short that splitting each over two threads can cost more than it saves. So before the
+first step each rank times this model's forward and backward on 1 thread against its
+ceiling (ddp_lab/run/compile.py, `tune_threads`: about 50 ms) and the ranks keep the
+faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
+(summary.json `segments[*].cpu`, and its first lines), and a resumed run keeps the count it
+started with; pin `train.threads` for the same bits from two separate runs.
 """
 
 from __future__ import annotations
@@ -85,13 +92,11 @@ def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
     """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
     share = max(1, n_cores // max(local_ranks, 1))
     if busy is None:
-        return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown, "
-                                      "threads sleep")
+        return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
     free = max(0, n_cores - round(busy))
     threads = min(share, max(1, free // max(local_ranks, 1)))
     spin = threads * local_ranks <= free
-    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start, threads "
-                                   f"{'spin' if spin else 'sleep'}")
+    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
 
 
 def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
@@ -111,20 +116,32 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
+@dataclass
+class RankThreads:
+    """This rank's torch threads (`rank_threads`), why, and whether start-up may time fewer
+    against them (ddp_lab/run/compile.py: `tune_threads`)."""
+    threads: int
+    why: str
+    tunable: bool
+
+
+chosen: Optional[RankThreads] = None  # this rank's, set by run_rank (ddp_lab/run/rank.py)
+
+
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
-                 environ: Optional[MutableMapping[str, str]] = None) -> tuple[int, str]:
-    """This rank's torch threads and why: `train.threads` if set (`requested`), else the
-    count the run started with (`earlier`: a resumed run keeps its bits), else the
-    launcher's choice, else its equal share of the cores."""
+                 environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
+    """This rank's torch threads: `train.threads` if set (`requested`), else the count the
+    run started with (`earlier`: a resumed run keeps its bits), else the launcher's choice,
+    else its equal share of the cores; the last two are a ceiling start-up may lower."""
     env = os.environ if environ is None else environ
     if requested > 0:
-        return requested, "train.threads"
+        return RankThreads(requested, "train.threads", False)
     if earlier > 0:
-        return earlier, "as when the run started"
+        return RankThreads(earlier, "as when the run started", False)
     if env.get(THREADS_VAR, "").isdigit():
-        return int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice")
+        return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
     share = max(1, cores() // max(local_ranks, 1))
-    return share, f"an equal share of {cores()} cores, threads {wait_policy(env)}"
+    return RankThreads(share, f"an equal share of {cores()} cores", True)
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:

@@ -31,9 +31,9 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start():
     assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env) == "spin a moment, then sleep"
     # in a rank: train.threads, then the run's first count, then the launcher's choice
     env = {cpu.THREADS_VAR: "1", cpu.WHY_VAR: "1 of 2 cores free at start, threads sleep"}
-    assert cpu.rank_threads(1, 3, 2, env) == (3, "train.threads")
-    assert cpu.rank_threads(1, 0, 2, env)[0] == 2
-    assert cpu.rank_threads(1, 0, 0, env) == (1, env[cpu.WHY_VAR])
+    assert cpu.rank_threads(1, 3, 2, env) == cpu.RankThreads(3, "train.threads", False)
+    assert cpu.rank_threads(1, 0, 2, env).threads == 2  # kept: no timing at start either
+    assert cpu.rank_threads(1, 0, 0, env) == cpu.RankThreads(1, env[cpu.WHY_VAR], True)
     env = {}  # no launcher looked (mpirun): an equal share, sleeping
     cpu.prepare_rank(env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -156,12 +156,41 @@ def test_a_resumed_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypa
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                   num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
     monkeypatch.setenv(cpu.THREADS_VAR, "1")  # this start's launcher saw a busy machine
-    monkeypatch.setenv(cpu.WHY_VAR, "")  # _threads sets it: restored after the test
+    monkeypatch.setattr(cpu, "chosen", None)  # _threads sets it: restored after the test
     assert _threads(tmp_path, env, 0) == 1  # a fresh run: the launcher's choice
     (tmp_path / "summary.json").write_text(json.dumps(
         {"segments": [{"world_size": 1, "cpu": {"threads": 2}}]}))
-    assert _threads(tmp_path, env, 0) == 2 and "started" in os.environ[cpu.WHY_VAR]
+    assert _threads(tmp_path, env, 0) == 2 and "started" in cpu.chosen.why
     assert _threads(tmp_path, env, 3) == 3  # train.threads stands
     (tmp_path / "summary.json").write_text(json.dumps(
         {"segments": [{"world_size": 2, "cpu": {"threads": 2}}]}))
     assert _threads(tmp_path, env, 0) == 1  # another world: its bits differ anyway
+
+
+def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monkeypatch):
+    from types import SimpleNamespace
+
+    from ddp_lab.models import build_model
+    from ddp_lab.run.compile import tune_threads
+
+    torch.manual_seed(0)
+    model = build_model(SimpleNamespace(name="mlp", hidden=[50]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    splits = SimpleNamespace(test_x=torch.randn(64, 784), test_y=torch.randint(0, 10, (64,)))
+    ctx = SimpleNamespace(device=torch.device("cpu"), reduce_floats=lambda v: list(v))
+    monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "2 of 2 cores free at start", True))
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    try:
+        tune_threads(ctx, model, splits, 64)
+        kept = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    assert kept in (1, 2) and cpu.chosen.threads == kept and not cpu.chosen.tunable
+    assert "a forward and backward took" in cpu.chosen.why and "ms on 1 thread" in cpu.chosen.why
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.random.get_rng_state())
+    # asked for (train.threads), or one thread already: nothing is timed
+    monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "train.threads", False))
+    tune_threads(ctx, model, splits, 64)
+    assert cpu.chosen.why == "train.threads"

@@ -36,14 +36,13 @@ from .stop import die_with_parent
 
 def _threads(run_dir: Path, env, requested: int) -> int:
     """This rank's torch threads (ddp_lab/cpu.py): train.threads, or the count the run
-    started with (its first allocation's, same world), or the launcher's choice; the reason
-    kept in the environment for the run's records."""
+    started with (its first allocation's, same world), or the launcher's choice (kept in
+    `cpu.chosen`, for start-up's `tune_threads` and the run's records)."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
-    threads, why = cpu.rank_threads(env.local_world_size, requested, earlier)
-    os.environ[cpu.WHY_VAR] = why
-    return threads
+    cpu.chosen = cpu.rank_threads(env.local_world_size, requested, earlier)
+    return cpu.chosen.threads
 
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,

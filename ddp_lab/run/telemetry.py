@@ -20,7 +20,6 @@ record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 from pathlib import Path
 from typing import Iterable, Optional
@@ -131,8 +130,9 @@ class Telemetry:
                  if plan.accumulation > 1 else "")
         if self.ctx.device.type == "cpu":
             share = cpu_share()
-            log.info("%d CPU thread%s a rank: %s", share["threads"],
-                     "s" if share["threads"] > 1 else "", share["why"])
+            n = share["threads"]
+            log.info("%d CPU thread%s a rank: %s", n, f"s (waiting: {share['wait']})"
+                     if n > 1 else "", share["why"])
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
@@ -343,7 +343,7 @@ def _device_name(device: torch.device) -> str:
 
 def cpu_share() -> dict:
     """This rank's torch threads, why, and how they wait (ddp_lab/cpu.py)."""
-    return {"threads": torch.get_num_threads(), "why": os.environ.get(cpu.WHY_VAR, ""),
+    return {"threads": torch.get_num_threads(), "why": cpu.chosen.why if cpu.chosen else "",
             "wait": cpu.wait_policy()}
 
 

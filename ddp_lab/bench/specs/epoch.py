@@ -126,7 +126,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         floor = med["floor, " + world] if "floor, " + world in med else m
         setting = (f"{best1[0]} threads, {best1[1]}, {best1[2]} Adam" if name == "floor, 1 process"
                    else f"{best2[0]} thread(s)/rank, {best2[1]}, {best2[2]}"
-                   if name == "floor, 2 ranks" else "its defaults")
+                   if name == "floor, 2 ranks" else _chosen(CHOSEN.get(2 if "2" in name else 1)))
         print(f"| {name} | {m:.3f} | {m / floor:.2f}x | {setting} |")
         if name.startswith("ddp_lab"):
             out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor
@@ -170,6 +170,14 @@ def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
     return found
 
 
+def _chosen(share: dict | None) -> str:
+    """ddp_lab's defaults, as its run chose them (summary.json segments[0].cpu)."""
+    if not share:
+        return "its defaults"
+    n = share.get("threads")
+    return f"its defaults: {n} thread{'s' if n != 1 else ''} a rank ({share.get('why')})"
+
+
 def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, list[float]]:
     from ..scaffold import run_ranks
 
@@ -192,7 +200,11 @@ def ours(root: str, tmp: str, ranks: int, args) -> list[float]:
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
                  f"train.max_steps_per_epoch={args.max_steps}", *args.extra], REPO)
     records = Path(s["run_dir"], "metrics.jsonl").read_text().splitlines()
+    CHOSEN[ranks] = s["segments"][0].get("cpu") or {}  # what its defaults chose, for the table
     return [json.loads(x)["epoch_time_s"] for x in records]
+
+
+CHOSEN: dict[int, dict] = {}  # ranks -> the cpu share the last ddp_lab run chose
 
 
 @contextmanager
