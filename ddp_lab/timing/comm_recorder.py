@@ -116,6 +116,7 @@ class CommRecorder:
             for call, s, e in pending:
                 call.start, call.end = sec(s), sec(e)
                 out.timed.append(call)
+            self.clock.release([s for _, a, b in pending for s in (a, b)])
             out.timed.sort(key=lambda c: c.start)
             out.seconds = union_length([(c.start, c.end) for c in out.timed])
         return out
