@@ -72,7 +72,82 @@ def test_graphed_runner_refuses_a_cpu_rank():
     class Syncer:
         device = torch.device("cpu")
     with pytest.raises(ValueError, match="train.cuda_graph=true: this rank's device is cpu"):
-        cuda_graph.GraphedSteps(Syncer(), None)
+        cuda_graph.step_runner(compose(*GPU).train, Syncer(), None)
+
+
+class FakeStream:
+    def __init__(self, *args) -> None:
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class FakeGraph:
+    """A CUDA graph on CPU: the fake capture below runs the step's body (a real one only
+    records it), so the first replay, the capture batch's, runs nothing; every later replay
+    runs the body again, its .grad written afresh as a replayed backward writes it."""
+
+    body = zero_grad = None
+
+    def __init__(self) -> None:
+        self.captured_batch_pending = True
+
+    def replay(self) -> None:
+        if self.captured_batch_pending:
+            self.captured_batch_pending = False
+            return
+        FakeGraph.zero_grad()
+        FakeGraph.body()
+
+
+def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
+    """The graph path's bookkeeping on CPU, CUDA faked: warm-up steps eager, one capture,
+    replays, the shorter last batch eager; the weights, loss and correct sums are the
+    eager run's, bit for bit, and the graph's steps are timed whole."""
+    from contextlib import nullcontext
+
+    from ddp_lab.models import build_model, build_optimizer
+    from ddp_lab.sync import build_sync
+    from ddp_lab.timing import StepTimer
+
+    for name, value in {"Stream": FakeStream, "stream": lambda s: nullcontext(),
+                        "current_stream": lambda *a: FakeStream(), "synchronize": lambda *a: None,
+                        "CUDAGraph": FakeGraph, "graph": lambda g: nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    cfg = compose("optim=sgd", "optim.momentum=0.9", "sync=ddp")
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(n, 1, 28, 28, generator=gen), torch.randint(0, 10, (n,), generator=gen))
+               for n in [16] * 7 + [8]]
+
+    def parts():
+        torch.manual_seed(0)
+        module = build_model(cfg.model)
+        clock = Clock(torch.device("cpu"))
+        syncer = build_sync(cfg.sync, module, torch.device("cpu"), 1, clock=clock)
+        timer = StepTimer(clock)
+        timer.watch_grads(module)
+        return module, syncer, build_optimizer(cfg.optim, syncer.optimizer_params(), 0.01), timer
+
+    m_eager, s_eager, o_eager, t_eager = parts()
+    loss_e, right_e = run_steps(s_eager, o_eager, batches, t_eager)
+    module, syncer, optimizer, timer = parts()
+    graphed = cuda_graph.GraphedSteps(syncer, optimizer, warmup=3)
+    FakeGraph.body, FakeGraph.zero_grad = graphed.step, lambda: optimizer.zero_grad(set_to_none=True)
+    loss_g, right_g = graphed(syncer, optimizer, batches, timer)
+
+    assert graphed.graph is not None and graphed.eager_steps == 3 and graphed.replays == 4
+    assert timer.grads is None  # its hooks would record events inside the capture
+    for a, b in zip(m_eager.parameters(), module.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(loss_e, loss_g) and torch.equal(right_e, right_g)
+    names = [[n for n, _, _ in st.spans] for st in timer.collect()]
+    assert names[:3] == [["forward", "backward", "sync", "optim"]] * 3
+    assert names[3:7] == [["step"]] * 4  # timed whole
+    assert names[7] == ["forward", "backward", "sync", "optim"]  # the shorter batch: eager
+    # a second epoch replays the same graph, the sums start again from zero
+    loss2, _ = graphed(syncer, optimizer, batches[:2], timer)
+    assert graphed.replays == 2 and loss2.item() > 0
 
 
 def test_make_capturable_moves_adams_step_count():

@@ -60,7 +60,12 @@ def build_stream(train_cfg: Any, device: torch.device):
 def step_runner(train_cfg: Any, syncer, optimizer: torch.optim.Optimizer) -> Callable:
     """What runs an epoch's steps, chosen in one place: `run_steps` (ddp_lab/step.py), or
     with train.cuda_graph a `GraphedSteps` with the same call and results."""
-    return GraphedSteps(syncer, optimizer) if enabled(train_cfg) else run_steps
+    if not enabled(train_cfg):
+        return run_steps
+    if syncer.device.type != "cuda":  # dist.device=auto resolved to cpu on this rank
+        raise ValueError(f"train.cuda_graph=true: this rank's device is {syncer.device}; "
+                         "CUDA graphs need dist.device=cuda and dist.backend=nccl")
+    return GraphedSteps(syncer, optimizer)
 
 
 class GraphedSteps:
@@ -68,9 +73,6 @@ class GraphedSteps:
     epochs. Call it as `run_steps(syncer, optimizer, batches, timer)`."""
 
     def __init__(self, syncer, optimizer: torch.optim.Optimizer, warmup: int = 0):
-        if syncer.device.type != "cuda":
-            raise ValueError(f"train.cuda_graph=true: this rank's device is {syncer.device}; "
-                             "CUDA graphs need dist.device=cuda and dist.backend=nccl")
         self.syncer, self.optimizer = syncer, optimizer
         wrapped = getattr(syncer.model, "_orig_mod", syncer.model)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
@@ -124,30 +126,37 @@ class GraphedSteps:
     def capture(self, x: torch.Tensor, y: torch.Tensor, timer: StepTimer) -> None:
         """Record the step into the graph (nothing runs); the caller replays it for (x, y)."""
         t0 = time.perf_counter()
-        syncer, optimizer, n = self.syncer, self.optimizer, len(y)
+        syncer = self.syncer
         self.static_x, self.static_y = x.clone(), y.clone()  # the data path copies into these
         if timer.grads is not None:  # its hooks record events: none may fire in a capture
             timer.grads.remove()
             timer.grads = None
         syncer.comm.enabled = False  # the collectives in the graph are counted, never stamped
         torch.cuda.synchronize(syncer.device)
-        optimizer.zero_grad(set_to_none=True)  # backward makes .grad in the graph's memory
+        self.optimizer.zero_grad(set_to_none=True)  # backward makes .grad in the graph's memory
         before = syncer.comm.counts()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = syncer.model(self.static_x)
-            loss = F.cross_entropy(out, self.static_y)
-            loss.backward()
-            syncer.sync()  # every rank's .grad becomes the average
-            syncer.step(optimizer)
-            self.loss_sum += loss.detach().double() * n  # as run_steps sums, on the device
-            self.correct += (out.argmax(1) == self.static_y).sum()
+            self.step()
         self.per_step = tuple(a - b for a, b in zip(syncer.comm.counts(), before))
         syncer.comm.add_counts(self.per_step, -1)  # the capture ran nothing: every replay counts
         self.graph = graph
         log.info("train.cuda_graph: the step captured as one CUDA graph after %d eager "
                  "warm-up steps (%.2f s); step timed whole (cuda_graph)",
                  self.eager_steps, time.perf_counter() - t0)
+
+
+    def step(self) -> None:
+        """The step the graph holds: `run_steps`'s, on the static buffers, the sums kept on
+        the device (no zero_grad: every .grad was None at capture, so backward writes it)."""
+        syncer, x, y = self.syncer, self.static_x, self.static_y
+        out = syncer.model(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        syncer.sync()  # every rank's .grad becomes the average
+        syncer.step(self.optimizer)
+        self.loss_sum += loss.detach().double() * len(y)
+        self.correct += (out.argmax(1) == y).sum()
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
