@@ -132,7 +132,7 @@ def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
     m_eager, s_eager, o_eager, t_eager = parts()
     loss_e, right_e = run_steps(s_eager, o_eager, batches, t_eager)
     module, syncer, optimizer, timer = parts()
-    graphed = cuda_graph.GraphedSteps(syncer, optimizer, warmup=3)
+    graphed = cuda_graph.GraphedSteps(syncer, optimizer, 16, warmup=3)
     FakeGraph.body, FakeGraph.zero_grad = graphed.step, lambda: optimizer.zero_grad(set_to_none=True)
     loss_g, right_g = graphed(syncer, optimizer, batches, timer)
 
@@ -148,6 +148,10 @@ def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
     # a second epoch replays the same graph, the sums start again from zero
     loss2, _ = graphed(syncer, optimizer, batches[:2], timer)
     assert graphed.replays == 2 and loss2.item() > 0
+    # a part that starts with the shorter batch (resumed at an epoch's last step): it runs
+    # eagerly, the full ones after it replay
+    graphed(syncer, optimizer, [batches[7], batches[0]], timer)
+    assert graphed.replays == 1
 
 
 def test_make_capturable_moves_adams_step_count():

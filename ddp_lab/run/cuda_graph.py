@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from ..config import batch_plan
 from ..step import run_steps
 from ..timing import StepTimer
 
@@ -65,15 +66,16 @@ def step_runner(train_cfg: Any, syncer, optimizer: torch.optim.Optimizer) -> Cal
     if syncer.device.type != "cuda":  # dist.device=auto resolved to cpu on this rank
         raise ValueError(f"train.cuda_graph=true: this rank's device is {syncer.device}; "
                          "CUDA graphs need dist.device=cuda and dist.backend=nccl")
-    return GraphedSteps(syncer, optimizer)
+    return GraphedSteps(syncer, optimizer, batch_plan(train_cfg, syncer.world_size).per_rank)
 
 
 class GraphedSteps:
     """`run_steps` as one CUDA graph a step (module docstring); the graph lives across
     epochs. Call it as `run_steps(syncer, optimizer, batches, timer)`."""
 
-    def __init__(self, syncer, optimizer: torch.optim.Optimizer, warmup: int = 0):
-        self.syncer, self.optimizer = syncer, optimizer
+    def __init__(self, syncer, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 0):
+        """`batch`: the per-rank batch of a full step, the one the graph is captured for."""
+        self.syncer, self.optimizer, self.batch = syncer, optimizer, batch
         wrapped = getattr(syncer.model, "_orig_mod", syncer.model)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
                                  else WARMUP)
@@ -93,15 +95,15 @@ class GraphedSteps:
         self.correct.zero_()
         self.replays = 0
         for x, y in batches:
+            if len(y) != self.batch:
+                self.eager(x, y, timer, None)  # another shape: the epoch's last batch
+                continue
             if self.graph is None and self.eager_steps < self.warmup:
                 self.eager(x, y, timer, self.side)
                 self.eager_steps += 1
                 continue
             if self.graph is None:
                 self.capture(x, y, timer)
-            elif x.shape != self.static_x.shape:
-                self.eager(x, y, timer, None)  # another shape: the epoch's last batch
-                continue
             with timer.phase("step"):  # timed whole: the graph's kernels are not seen
                 self.static_x.copy_(x, non_blocking=True)
                 self.static_y.copy_(y, non_blocking=True)
@@ -144,7 +146,6 @@ class GraphedSteps:
         log.info("train.cuda_graph: the step captured as one CUDA graph after %d eager "
                  "warm-up steps (%.2f s); step timed whole (cuda_graph)",
                  self.eager_steps, time.perf_counter() - t0)
-
 
     def step(self) -> None:
         """The step the graph holds: `run_steps`'s, on the static buffers, the sums kept on
