@@ -32,11 +32,12 @@ from .distributed import DistContext
 from .models import build_model, build_optimizer
 from .run.checkpointer import Checkpointer
 from .run.compile import preflight_and_compile
+from .run.cuda_graph import build_stream, step_runner
 from .run.epoch import EpochMeter, Position, Stopped
 from .run.files import read_json_or_empty
 from .run.records import RunSummary
 from .run.telemetry import Telemetry
-from .step import evaluate, run_steps
+from .step import evaluate
 from .sync import Synchroniser, build_sync
 from .timing import Clock
 
@@ -60,12 +61,13 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
                           plan=batching, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
+    steps_of = step_runner(cfg.train, syncer, optimizer)  # run_steps, or one CUDA graph a step
     with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
         try:
             for epoch in range(start.epoch, cfg.train.epochs):
                 batches = meter.begin(epoch, splits.train, telemetry.progress)
-                loss_sum, correct = run_steps(syncer, optimizer, batches, meter.timer,
-                                           batching.micro_batch)
+                loss_sum, correct = steps_of(syncer, optimizer, batches, meter.timer,
+                                          batching.micro_batch)
                 measured = meter.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
                 measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
                 ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
@@ -92,8 +94,9 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock
     a benchmark times the trainer's own parts."""
     torch.manual_seed(cfg.train.seed)
     module = build_model(cfg.model).to(ctx.device)
-    syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
-                        timing=cfg.timing.enabled)
+    with build_stream(cfg.train, ctx.device):  # train.cuda_graph: DDP built on a side stream
+        syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
+                            timing=cfg.timing.enabled)
     # over what the sync says this rank steps: every parameter, or (zero1) its shard
     optimizer = build_optimizer(cfg.optim, syncer.optimizer_params(), cfg.train.lr)
     return module, syncer, optimizer

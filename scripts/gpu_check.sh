@@ -7,8 +7,11 @@
 #                                          # (tests the script itself where no GPU is)
 #
 # Checks: the default MLP trained with nccl on 1 rank (figure: median s/epoch over full
-# epochs; goal <= 0.3 s on one H100), the same step's floor (a tight loop, no ddp_lab),
-# CUDA-event phase timing, an nccl group of several
+# epochs; goal <= 0.3 s on one H100), the same run with timing.enabled=false (what the
+# CUDA-event phase timing costs, side by side: goal <= 3%), the same run with
+# train.cuda_graph=true (the step one CUDA graph: epoch time and test accuracy against
+# eager; goal <= 0.3 s, within 0.3 points), the same step's floor (a tight loop, no
+# ddp_lab), CUDA-event phase timing, an nccl group of several
 # ranks on one device (NCCL may refuse it, "Duplicate GPU detected": then the row says
 # refused), every synchroniser with nccl, the collective benchmark with nccl, and a run with
 # PyTorch's flight recorder on (dumps go into that run's folder). Exit 1 if a check failed.
@@ -126,6 +129,16 @@ elif what == "bench":
         if r["impl"] not in best or r["busbw_GBps"] > best[r["impl"]]["busbw_GBps"]:
             best[r["impl"]] = r
     print("peak busbw " + ", ".join(f"{k} {v['busbw_GBps']:.2f}" for k, v in best.items()) + " GB/s")
+elif what == "versus":  # versus REF LABEL: this run's epoch time and accuracy against REF's
+    s = json.loads((d / "summary.json").read_text())
+    r = json.loads((Path(sys.argv[3]) / "summary.json").read_text())
+    t, rt = s["epoch_time_s_median"], r["epoch_time_s_median"]
+    print(f"{t:.3f} s/epoch vs {rt:.3f} {sys.argv[4]} ({100 * (t - rt) / rt:+.1f}%), "
+          f"acc {s['test_accuracy']:.4f} ({100 * (s['test_accuracy'] - r['test_accuracy']):+.2f} points)")
+elif what == "refused":  # the one line a refused command printed (exit 2)
+    lines = [x for x in (d / "log").read_text().splitlines() if x.strip()]
+    assert len(lines) == 1 and "train.cuda_graph=true" in lines[0], lines
+    print(lines[0][:120])
 elif what == "dumps":
     print(f"{len(list(d.glob('nccl_trace_rank_*')))} dump file(s) (dumps come on a timeout)")
 EOF
@@ -145,7 +158,30 @@ else
   row "$BACKEND, 1 rank, default MLP" failed "see logs/nccl_1rank.log"
 fi
 
-# 1b. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
+# 1b. the same run with timing off: what the phase timing costs (CUDA events from a pool,
+# one per phase boundary, read once per epoch), side by side with row 1
+if train timing_off "$OUT/timing_off" launcher.nproc_per_node=1 "train.epochs=$EPOCHS" \
+     "train.max_steps_per_epoch=$SPEED_STEPS" timing.enabled=false; then
+  [ "$MODE" = dry ] || row "timing on vs off (row 1 vs this)" ok \
+    "$(figure "$OUT/nccl_1rank" versus "$OUT/timing_off" "timing off")"
+else row "timing on vs off (row 1 vs this)" failed "see logs/timing_off.log"; fi
+
+# 1c. the step as one CUDA graph (train.cuda_graph=true), against row 1's eager run. On
+# CPU (--rehearse) it is refused before any process starts: the row shows that one line
+train cuda_graph "$OUT/cuda_graph" launcher.nproc_per_node=1 "train.epochs=$EPOCHS" \
+  "train.max_steps_per_epoch=$SPEED_STEPS" train.cuda_graph=true
+rc=$?
+if [ "$MODE" != dry ]; then
+  if [ $rc -eq 0 ]; then row "train.cuda_graph=true vs eager" ok \
+    "$(figure "$OUT/cuda_graph" versus "$OUT/nccl_1rank" eager)"
+  elif [ "$DEVICE" = cpu ] && [ $rc -eq 2 ] && mkdir -p "$OUT/cuda_graph_refused" &&
+       cp "$OUT/logs/cuda_graph.log" "$OUT/cuda_graph_refused/log" &&
+       f=$(figure "$OUT/cuda_graph_refused" refused 2>>"$OUT/logs/cuda_graph.log"); then
+    row "train.cuda_graph=true" "needs CUDA" "$f"
+  else row "train.cuda_graph=true vs eager" failed "see logs/cuda_graph.log"; fi
+fi
+
+# 1d. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
 # (the epoch benchmark's floor, ddp_lab/bench/specs/epoch.py: no ddp_lab in the step), on
 # the same device
 if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # ddp_lab/bench/specs/epoch.py"
@@ -186,7 +222,7 @@ if [ "$MODE" != dry ]; then
 fi
 
 # 3. every synchroniser on the GPU (one rank per visible GPU)
-for s in ddp naive allreduce reduce_broadcast ring tree butterfly; do
+for s in ddp naive allreduce reduce_broadcast ring tree butterfly zero1; do
   if train "sync_$s" "$OUT/sync_$s" "sync=$s" train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
     [ "$MODE" = dry ] || row "sync=$s" ok "$(figure "$OUT/sync_$s" epoch)"
   else row "sync=$s" failed "see logs/sync_$s.log"; fi
@@ -211,7 +247,8 @@ else row "flight recorder env" failed "see logs/flight_recorder.log"; fi
 echo
 echo "ddp_lab GPU check ($BACKEND on $DEVICE), logs and run folders in $OUT"
 "$PYTHON" -c "import torch; print('torch', torch.__version__, '| cuda', torch.version.cuda, '|',
-  torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
-printf '%-34s %-8s %s\n' check result figure
-for r in "${ROWS[@]}"; do IFS='|' read -r c res f <<<"$r"; printf '%-34s %-8s %s\n' "$c" "$res" "$f"; done
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', '| nccl',
+  '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-')"
+printf '%-34s %-10s %s\n' check result figure
+for r in "${ROWS[@]}"; do IFS='|' read -r c res f <<<"$r"; printf '%-34s %-10s %s\n' "$c" "$res" "$f"; done
 exit $FAILED

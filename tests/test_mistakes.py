@@ -65,6 +65,8 @@ MISTAKES = [
      "train.micro_batch=12 does not divide the per-rank batch 32"),
     ("micro-batch-weak", TRAIN, ["train.batch_size=100", "train.micro_batch=30"],
      "train.micro_batch=30 does not divide the per-rank batch 100 (train.batch_size)"),
+    ("cuda-graph-on-cpu", TRAIN, ["train.cuda_graph=true", "dist.device=cpu"],
+     "CUDA graphs capture CUDA kernels: needs dist.device=cuda and dist.backend=nccl"),
     ("resume-without-run-dir", TRAIN, ["train.resume=true"], "train.resume=true needs run.dir"),
     ("resume-value", TRAIN, ["train.resume=later"], "train.resume=later: choose auto, true or false"),
     ("resume-empty-folder", TRAIN, ["train.resume=true", "run.dir={open}/empty"],

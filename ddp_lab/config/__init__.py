@@ -30,7 +30,8 @@ from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
 from ..sync.schemas import SYNC_SCHEMAS, SyncConfig
 from .train import (widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
     DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
-    DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig)
+    DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig,
+    CUDA_GRAPH_SYNCS, cuda_graph_problem)
 
 
 @dataclass

@@ -144,6 +144,11 @@ class TrainConfig:
     compile: bool = doc(False, "torch.compile the model the step calls (inductor), "
                                "compiled before the first epoch (summary.json compile_s); "
                                "numerics may differ from eager in the last bits")
+    cuda_graph: bool = doc(False, "capture the training step (forward, backward, the sync's "
+                                  "collectives, the optimiser step) once as a CUDA graph "
+                                  "after eager warm-up steps, then replay it: no kernel "
+                                  "launches from the host. Needs dist.device=cuda and "
+                                  "dist.backend=nccl; the step is timed whole")
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,49 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
     steps = per_rank // micro if micro and per_rank > micro else 1
     return BatchPlan(global_batch=per_rank * world_size, per_rank=per_rank,
                      micro=per_rank // steps, accumulation=steps, scaling=scaling)
+
+
+#: the synchronisers whose step a CUDA graph can hold on nccl: their collectives are the
+#: library's own (all_reduce, reduce_scatter, all_gather), launched from this thread. Ours
+#: built from send/recv (ring, tree, butterfly, hierarchical) and reduce_broadcast's rooted
+#: calls with their waits are not captured (ddp_lab/run/cuda_graph.py)
+CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
+
+
+def cuda_graph_problem(cfg: Any, device: str, accumulation: int) -> Optional[str]:
+    """Why train.cuda_graph=true cannot run `cfg` (the whole config), or None: one line
+    naming the key and the fix. `device`: dist.device as the ranks will see it where that
+    is known (auto stays auto when the ranks start elsewhere); `accumulation`: micro-steps
+    per optimiser step (`batch_plan`). A graph replays fixed kernels on fixed memory:
+    anything the host decides per step cannot be in it."""
+    if not cfg.train.get("cuda_graph", False):
+        return None
+    sync, key = cfg.sync, "train.cuda_graph=true"
+    if device == "cpu" or cfg.dist.backend == "gloo":
+        return (f"{key} with dist.device={cfg.dist.device} dist.backend={cfg.dist.backend}: "
+                "CUDA graphs capture CUDA kernels: needs dist.device=cuda and "
+                "dist.backend=nccl (or train.cuda_graph=false)")
+    if sync.get("compress", "none") == "powersgd":
+        return (f"{key} with sync.compress=powersgd: PowerSGD decides on the host every step "
+                "(its warm-up iterations, which matrices to compress), which a graph cannot "
+                "replay: use sync.compress=none, fp16 or bf16, or train.cuda_graph=false")
+    if sync.name not in CUDA_GRAPH_SYNCS:
+        return (f"{key} with sync={sync.name}: its send/recv steps and waits are not captured "
+                f"in a graph: use sync={', '.join(CUDA_GRAPH_SYNCS[:-1])} or "
+                f"{CUDA_GRAPH_SYNCS[-1]} (the library's collectives), or train.cuda_graph=false")
+    if sync.name != "ddp" and sync.get("overlap", False):
+        return (f"{key} with sync={sync.name} sync.overlap=true: the overlap runs the "
+                "collectives on a background thread, which a graph cannot capture: drop "
+                "sync.overlap (or use sync=ddp, whose overlap is captured), or "
+                "train.cuda_graph=false")
+    if cfg.train.get("compile", False):
+        return (f"{key} with train.compile=true: pick one (torch.compile's "
+                "mode='reduce-overhead' makes CUDA graphs of its own): set train.compile=false")
+    if accumulation > 1:
+        return (f"{key} with train.micro_batch={cfg.train.micro_batch}: a step of "
+                f"{accumulation} micro-steps is not captured: set train.micro_batch=0 (or a "
+                "value >= the per-rank batch), or train.cuda_graph=false")
+    return None
 
 
 @dataclass

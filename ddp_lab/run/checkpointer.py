@@ -57,7 +57,11 @@ class Checkpointer:
             return self.start
         state = checkpoint.load(path, ctx.device)
         self.module.load_state_dict(state["model"])
+        built = [g.get("capturable") for g in self.optimizer.param_groups]
         self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
+        for group, flag in zip(self.optimizer.param_groups, built):  # a train.cuda_graph run's
+            if flag is not None:  # Adam saved capturable=True: this run's own flag stands
+                group["capturable"] = flag
         if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
             # (strong scaling: every world size trains on the same samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "

@@ -168,6 +168,7 @@ class RunSummary(_Record):
     steps_run: Optional[int] = None
     compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
     compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
+    cuda_graph: Optional[bool] = None  # train.cuda_graph: the step replayed as one CUDA graph, timed whole
     hosts: list = field(default_factory=list)
     node_ranks: list = field(default_factory=list)
     env_source: Optional[str] = None

@@ -323,6 +323,7 @@ class Telemetry:
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
+            cuda_graph=bool(getattr(cfg.train, "cuda_graph", False)),
             **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
         self.sink.close()

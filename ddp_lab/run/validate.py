@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
-from ..config import batch_plan, check_model, check_sync, device_type
+from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
 from .delay import problem as delay_problem
 from ..errors import UserError
 from ..launch.base import local_gpus
@@ -255,6 +255,19 @@ def _model_fits(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _cuda_graph(cfg: DictConfig) -> Optional[str]:
+    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem).
+    On a local launch that starts, dist.device=auto is what it will be on this machine."""
+    device = cfg.dist.device
+    if device == "auto" and cfg.launcher.name == "local" and not cfg.launcher.dry_run:
+        device = device_type(device, local_gpus() > 0)
+    try:
+        accumulation = batch_plan(cfg.train, world_size(cfg) or 1).accumulation
+    except ValueError:  # a batch that cannot split: _batch_fits says so
+        accumulation = 1
+    return cuda_graph_problem(cfg, device, accumulation)
+
+
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
     """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/run/delay.py)."""
     return delay_problem(cfg.debug, world_size(cfg))
@@ -293,6 +306,7 @@ TRAIN: list[Rule] = [
     _model_fits,
     one_of("sync.compress", COMPRESS_MODES),
     _sync_fits,
+    _cuda_graph,
     _debug_delays,
     data_folder,
 ]

@@ -7,13 +7,15 @@
 - CUDA: kernels are queued asynchronously, so a host clock would time the *launch*. A
   stamp is a CUDA event recorded on the current stream; events are read once per epoch,
   after a single synchronize, so timing adds no per-step host-device sync. `Clock.anchor`
-  ties the device timeline to the host clock at each epoch start.
+  ties the device timeline to the host clock at each epoch start. Events come from a
+  pool: whoever read its stamps hands them back (`release`), so after the first epoch no
+  step makes an event (creating one costs the host more than recording it).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -25,12 +27,17 @@ class Clock:
     to within the barrier's exit skew: that is what lines the ranks up in a trace.
     """
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, event: Optional[Callable[[], Any]] = None):
+        """`event`: what makes one event (default a timing `torch.cuda.Event`); given on a
+        CPU device, the clock stamps with those events as on CUDA (the pool's tests)."""
+        self.cuda = device.type == "cuda" or event is not None
         self.device = device
         self.origin = time.perf_counter()
         self._anchor_event: Any = None
         self._anchor_s = 0.0
+        self.make_event = event or _timing_event
+        self._free: list = []  # CUDA: events read and handed back, to be recorded again
+        self.made = 0  # CUDA: events made so far (a pool that works stops making them)
         if not self.cuda:  # the hot path: a stamp is the bare host clock, no method around it
             self.stamp = time.perf_counter  # type: ignore[method-assign]
 
@@ -38,24 +45,33 @@ class Clock:
         """Tie the device timeline to the host clock. Call it when the GPU is idle (after a
         synchronize), so the event runs the moment it is recorded."""
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._anchor_event = ev
+            if self._anchor_event is None:
+                self._anchor_event = self.make_event()
+            self._anchor_event.record()
             self._anchor_s = time.perf_counter() - self.origin
 
     def stamp(self) -> Any:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            try:  # (DDP's completion callbacks stamp from other threads: pop, never check)
+                ev = self._free.pop()
+            except IndexError:
+                ev, self.made = self.make_event(), self.made + 1
             ev.record()  # on the current stream: fires when the work queued before it is done
             return ev
         return time.perf_counter()
+
+    def release(self, stamps: Iterable[Any]) -> None:
+        """Stamps that were read (`seconds`, after `synchronize`) and are not needed again:
+        CUDA, their events go back to the pool; CPU, nothing. Each event once."""
+        if self.cuda:
+            self._free.extend(stamps)
 
     def ready(self, stamp: Any) -> bool:
         """Whether `stamp` can be read now without waiting (CUDA: its event has fired)."""
         return stamp.query() if self.cuda else True
 
     def synchronize(self) -> None:
-        if self.cuda:
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # events must have completed to be read
 
     def seconds(self, stamp: Any) -> float:
@@ -65,6 +81,10 @@ class Clock:
                 raise RuntimeError("Clock.anchor() must be called before CUDA stamps are read")
             return self._anchor_s + self._anchor_event.elapsed_time(stamp) / 1e3
         return stamp - self.origin
+
+
+def _timing_event() -> Any:
+    return torch.cuda.Event(enable_timing=True)
 
 
 class _Untimed:

@@ -89,6 +89,21 @@ class CommRecorder:
             if self.enabled:
                 self._pending.append((call, start, end))
 
+    COUNTS = ("calls", "payload_bytes", "bytes_sent", "bytes_recv", "bus_bytes")
+
+    def counts(self) -> tuple:
+        """Calls and bytes counted since the last collect (`COUNTS`, in that order)."""
+        with self._lock:
+            return tuple(getattr(self._stats, k) for k in self.COUNTS)
+
+    def add_counts(self, delta: tuple, times: int = 1) -> None:
+        """Count `times` more of the calls and bytes `delta` (a `counts()` difference):
+        a CUDA graph's replays launch the calls its capture counted once
+        (ddp_lab/run/cuda_graph.py); `times` may be negative."""
+        with self._lock:
+            for k, d in zip(self.COUNTS, delta):
+                setattr(self._stats, k, getattr(self._stats, k) + d * times)
+
     def count(self) -> int:
         """Timed calls recorded since the last collect (an index for `ready`)."""
         return len(self._pending)
@@ -116,6 +131,7 @@ class CommRecorder:
             for call, s, e in pending:
                 call.start, call.end = sec(s), sec(e)
                 out.timed.append(call)
+            self.clock.release([s for _, a, b in pending for s in (a, b)])
             out.timed.sort(key=lambda c: c.start)
             out.seconds = union_length([(c.start, c.end) for c in out.timed])
         return out

@@ -44,7 +44,7 @@ class GradReadyMark:
             self.last = time.perf_counter()
             return
         if self._event is None:
-            self._event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
+            self._event = self._pool.pop() if self._pool else self.clock.make_event()
         self._event.record()  # on the current stream: the one that produced this gradient
         self.last = self._event
 

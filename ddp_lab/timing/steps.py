@@ -7,6 +7,10 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
 The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
 listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/run/epoch.py)
 passes the rank's progress record (ddp_lab/run/progress.py), so a stuck rank can be found.
+
+On CUDA a step's phases share their boundaries: the end of one phase is the start of the
+next, one event each (a step of five phases records six), from the clock's pool, handed
+back once read (`collect`). On CPU every phase takes its own two host-clock stamps.
 """
 
 from __future__ import annotations
@@ -79,6 +83,25 @@ class _Phase:
         self.timer._current.append((self.name, self.start, self.stamp()))
 
 
+class _SharedPhase:
+    """`_Phase` on CUDA: the phase starts at the step's last boundary (the previous phase's
+    end event) when there is one, so a step records one event per boundary."""
+
+    __slots__ = ("timer", "name", "start")
+
+    def __init__(self, timer: "StepTimer", name: str):
+        self.timer, self.name, self.start = timer, name, None
+
+    def __enter__(self) -> None:
+        t = self.timer
+        self.start = t._edge if t._edge is not None else t.clock.stamp()
+
+    def __exit__(self, *exc: object) -> None:
+        t = self.timer
+        t._edge = end = t.clock.stamp()
+        t._current.append((self.name, self.start, end))
+
+
 class StepTimer:
     """Stamps the phases of every step; `collect()` resolves them once per epoch.
 
@@ -96,7 +119,8 @@ class StepTimer:
         self._steps: list[list] = []
         self._marks: list = []  # each step's compute-end stamp (GradReadyMark), or None
         self._current: list = []
-        self._phases: dict[str, _Phase] = {}
+        self._phases: dict[str, object] = {}
+        self._edge = None  # CUDA: the current step's last boundary (a phase's end event)
         self.grads: Optional[GradReadyMark] = None
 
     def watch_grads(self, module: torch.nn.Module) -> None:
@@ -111,14 +135,14 @@ class StepTimer:
             return UNTIMED
         ph = self._phases.get(name)
         if ph is None:
-            ph = self._phases[name] = _Phase(self, name)
+            ph = self._phases[name] = (_SharedPhase if self.clock.cuda else _Phase)(self, name)
         return ph
 
     def end_step(self) -> None:
         if self.enabled:
             self._steps.append(self._current)
             self._marks.append(self.grads.take() if self.grads is not None else None)
-            self._current = []
+            self._current, self._edge = [], None
         if self.on_step_end is not None:  # after: a listener may read the step (`ready`)
             self.on_step_end()
 
@@ -137,14 +161,21 @@ class StepTimer:
                          None if mark is None else sec(mark))
 
     def collect(self) -> list[StepTimes]:
-        """The steps since the last collect, in seconds (CUDA: one synchronize here)."""
+        """The steps since the last collect, in seconds (CUDA: one synchronize here; the
+        events then go back to the clock's pool)."""
         raw, self._steps = self._steps, []
         marks, self._marks = self._marks, []
-        if self.grads is not None:
-            self.grads.recycle()
         if not raw:
+            if self.grads is not None:
+                self.grads.recycle()
             return []
         self.clock.synchronize()
         sec = self.clock.seconds
-        return [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
-                          None if m is None else sec(m)) for spans, m in zip(raw, marks)]
+        out = [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
+                         None if m is None else sec(m)) for spans, m in zip(raw, marks)]
+        if self.grads is not None:
+            self.grads.recycle()
+        if self.clock.cuda:  # each boundary once: a shared one is two spans' stamp
+            self.clock.release({id(s): s for spans in raw for _, a, b in spans
+                                for s in (a, b)}.values())
+        return out
