@@ -131,7 +131,8 @@ class EpochMeter:
         record = progress.current()  # each phase and step's end says where this rank is
         self.timer = StepTimer(clock, enabled=cfg.timing.enabled,
                                on_phase=record.phase, on_step_end=record.step_done)
-        self.timer.watch_grads(syncer.module)  # compute end: each step's last gradient ready
+        if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
+            self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
         self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
         self.stopper: Optional[StopControl] = None  # inside `stop_control`
         self.epoch, self.t0 = 0, 0.0
