@@ -52,7 +52,7 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
     module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
-    compile_s = preflight_and_compile(cfg.train, syncer, splits, batching.micro, ctx)
+    compile_s = preflight_and_compile(cfg.train, syncer, optimizer, splits, batching.micro, ctx)
     ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, batching)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is

@@ -170,27 +170,31 @@ def test_a_resumed_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypa
 def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monkeypatch):
     from types import SimpleNamespace
 
-    from ddp_lab.models import build_model
+    from ddp_lab.config import compose
     from ddp_lab.run.compile import tune_threads
+    from ddp_lab.timing import Clock
+    from ddp_lab.train import build_parts
 
-    torch.manual_seed(0)
-    model = build_model(SimpleNamespace(name="mlp", hidden=[50]))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    env = SimpleNamespace(world_size=1)
+    ctx = SimpleNamespace(device=torch.device("cpu"), env=env, reduce_floats=lambda v: list(v))
+    module, syncer, optimizer = build_parts(compose(["launcher.nproc_per_node=1"]), ctx,
+                                            Clock(ctx.device))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
     splits = SimpleNamespace(test_x=torch.randn(64, 784), test_y=torch.randint(0, 10, (64,)))
-    ctx = SimpleNamespace(device=torch.device("cpu"), reduce_floats=lambda v: list(v))
     monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "2 of 2 cores free at start", True))
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     try:
-        tune_threads(ctx, model, splits, 64)
+        tune_threads(ctx, syncer, optimizer, splits, 64)
         kept = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
     assert kept in (1, 2) and cpu.chosen.threads == kept and not cpu.chosen.tunable
-    assert "a forward and backward took" in cpu.chosen.why and "ms on 1 thread" in cpu.chosen.why
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
+    assert "a training step took" in cpu.chosen.why and "ms on 1 thread" in cpu.chosen.why
+    # the trial steps trained: the weights, Adam's state and the RNG are as before them
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert all(p.grad is None for p in module.parameters()) and not optimizer.state
     assert torch.equal(rng, torch.random.get_rng_state())
     # asked for (train.threads), or one thread already: nothing is timed
     monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "train.threads", False))
-    tune_threads(ctx, model, splits, 64)
+    tune_threads(ctx, syncer, optimizer, splits, 64)
     assert cpu.chosen.why == "train.threads"
