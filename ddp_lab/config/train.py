@@ -302,7 +302,7 @@ class TimingConfig:
     trace: bool = doc(True, "write trace/rank<N>.json and trace/all.json "
                             "(Chrome trace events: ui.perfetto.dev)")
     trace_steps: int = doc(10, "steps of each epoch in the trace: the first N and the last N")
-    tb_every: int = doc(10, "TensorBoard per-step scalars (step time, sync, "
+    tb_every: int = doc(50, "TensorBoard per-step scalars (step time, sync, "
                             "compute, comm in flight and exposed) every N "
                             "steps, written as the steps go; 0 = none")
 
