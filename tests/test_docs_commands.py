@@ -165,8 +165,8 @@ def bench_epoch(work):
     # interpreters that import torch, for rows of the same table code) and the hog's
     out = ok(sh(work, [*SUITE, "epoch", "--epochs", "1", "--ranks", "1", "--rounds", "1",
                        "--max-steps", "5", "--load", "idle", "--waits", "default", "passive"]))
-    for row in ("| 1, (1 thread: none) |", "| floor, 1 process |", "| ddp_lab, 1 rank |",
-                "idle, 1 rank: ddp_lab / floor ="):
+    for row in ("| 1, (1 thread: none) |", "| tight loop, 1 thread, default, ",
+                "| ddp_lab, 1 rank: its defaults: ", "idle, 1 rank: ddp_lab / floor ="):
         assert row in out, out
     assert "2 ranks" not in out and "## hog" not in out
 

@@ -93,48 +93,64 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def measure(load: str, root: str, tmp: str, args) -> dict:
+    """The search, then the rounds: for each world, the best setting of each thread count
+    (the search's winner alone would carry its lucky draw) against ddp_lab's defaults, side
+    by side; the floor is the fastest of them over the rounds."""
     cores = len(os.sched_getaffinity(0))
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
     one = search_one(root, args)
-    best1 = min(one, key=one.get)
+    adam = min(one, key=one.get)[2]
     out: dict = {"search_1": {f"{t} threads, {w}, {a}": s for (t, w, a), s in one.items()},
                  "ratios": {}}
-    rows: dict[str, list[float]] = {}
-    two, best2 = {}, None
+    runs: dict[str, tuple] = {f"tight loop, {t} thread{'s' if t > 1 else ''}, {w}, {a} Adam":
+                              (1, t, w, a) for t, w, a in _best_per_threads(one)}
+    if 1 in args.ranks:
+        runs["ddp_lab, 1 rank"] = (1, None)
     if 2 in args.ranks:
-        two = search_two(root, args, adam=best1[2])
-        best2 = min(two, key=two.get)
+        two = search_two(root, args, adam)
         out["search_2"] = {f"{t} thread(s)/rank, {w}, {way}": s for (t, w, way), s in two.items()}
+        runs.update({f"tight loop on 2 ranks, {t} thread{'s' if t > 1 else ''}/rank, {w}, "
+                     f"{way}": (2, t, w, way) for t, w, way in _best_per_threads(two)})
+        runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
+    rows: dict[str, list[float]] = {name: [] for name in runs}
     for rnd in range(args.rounds):
-        t, w, a = best1
-        rows.setdefault("floor, 1 process", []).extend(loops.in_child(
-            "tight_epochs", root, args.epochs, args.max_steps, t, [a], env=omp_env(w))[a])
-        if 1 in args.ranks:
-            rows.setdefault("ddp_lab, 1 rank", []).extend(ours(root, tmp, 1, args))
-        if best2 is not None:
-            t, w, way = best2
-            rows.setdefault("floor, 2 ranks", []).extend(
-                two_ranks(root, args, t, w, best1[2])[way])
-            rows.setdefault("ddp_lab, 2 ranks", []).extend(ours(root, tmp, 2, args))
+        for name, (world, *setting) in runs.items():
+            if setting[0] is None:
+                rows[name] += ours(root, tmp, world, args)
+            elif world == 1:
+                t, w, a = setting
+                rows[name] += loops.in_child("tight_epochs", root, args.epochs, args.max_steps,
+                                             t, [a], env=omp_env(w))[a]
+            else:
+                t, w, way = setting
+                rows[name] += two_ranks(root, args, t, w, adam)[way]
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     med = {name: statistics.median(v) for name, v in rows.items()}
-    print(f"\n| {load} | median epoch (s) | x its floor | setting |\n| --- | ---: | ---: | --- |")
+    floor = {w: min(m for name, m in med.items() if runs[name][0] == w and runs[name][1])
+             for w in {r[0] for r in runs.values()}}
+    print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
     for name, m in med.items():
-        world = "2 ranks" if "2" in name else "1 process"
-        floor = med["floor, " + world] if "floor, " + world in med else m
-        setting = (f"{best1[0]} threads, {best1[1]}, {best1[2]} Adam" if name == "floor, 1 process"
-                   else f"{best2[0]} thread(s)/rank, {best2[1]}, {best2[2]}"
-                   if name == "floor, 2 ranks" else _chosen(CHOSEN.get(2 if "2" in name else 1)))
-        print(f"| {name} | {m:.3f} | {m / floor:.2f}x | {setting} |")
-        if name.startswith("ddp_lab"):
-            out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor
+        world = runs[name][0]
+        label = name if runs[name][1] else f"{name}: {_chosen(CHOSEN.get(world))}"
+        print(f"| {label} | {m:.3f} | {m / floor[world]:.2f}x |")
+        if runs[name][1] is None:
+            out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor[world]
     for key, r in out["ratios"].items():
         goal = 1.3 if load == "hog" else 1.2 if "2 ranks" in key else 1.15
         print(f"{key} = {r:.2f} (goal <= {goal})")
     out["epochs_s"] = rows
     return out
+
+
+def _best_per_threads(found: dict) -> list[tuple]:
+    """The fastest setting of each thread count in a search's results {(t, w, x): s}."""
+    best: dict[int, tuple] = {}
+    for key, sec in found.items():
+        if key[0] not in best or sec < found[best[key[0]]]:
+            best[key[0]] = key
+    return [best[t] for t in sorted(best)]
 
 
 def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
