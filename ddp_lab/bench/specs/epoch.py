@@ -3,6 +3,7 @@
     python -m ddp_lab.bench.suite epoch                  # idle and under a CPU hog, 1 and 2 ranks
     python -m ddp_lab.bench.suite epoch --load idle --ranks 1
     python -m ddp_lab.bench.suite epoch --waits default passive spin:0 --threads 1 2
+    python -m ddp_lab.bench.suite epoch --load idle --ranks 1 --notebook --extra train.compile=true
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
 
 The workload is the course notebook's (MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU).
@@ -60,6 +61,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=0,
                    help="steps per epoch, for a quick check (0 = full epochs: the real figure)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for the ddp_lab runs")
+    p.add_argument("--notebook", action="store_true",
+                   help="add the course notebook's own loop (ToTensor + DataLoader) to the rounds")
 
 
 def omp_env(wait: str) -> dict[str, str]:
@@ -105,6 +108,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                  "ratios": {}}
     runs: dict[str, tuple] = {f"tight loop, {t} thread{'s' if t > 1 else ''}, {w}, {a} Adam":
                               (1, t, w, a) for t, w, a in _best_per_threads(one)}
+    if args.notebook:
+        runs["the notebook's loop (ToTensor + DataLoader, DDP on 1 process)"] = (1, "notebook")
     if 1 in args.ranks:
         runs["ddp_lab, 1 rank"] = (1, None)
     if 2 in args.ranks:
@@ -115,10 +120,17 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
+
+    def tight(name: str) -> bool:  # a floor candidate (not ddp_lab, not the notebook)
+        return isinstance(runs[name][1], int)
+
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
                 rows[name] += ours(root, tmp, world, args)
+            elif setting[0] == "notebook":  # its own threads and wait, as its code runs it
+                rows[name] += loops.in_child("notebook_epochs", root, args.epochs,
+                                             args.max_steps, env={})
             elif world == 1:
                 t, w, a = setting
                 rows[name] += loops.in_child("tight_epochs", root, args.epochs, args.max_steps,
@@ -128,12 +140,12 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                 rows[name] += two_ranks(root, args, t, w, adam)[way]
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     med = {name: statistics.median(v) for name, v in rows.items()}
-    floor = {w: min(m for name, m in med.items() if runs[name][0] == w and runs[name][1])
+    floor = {w: min(m for name, m in med.items() if runs[name][0] == w and tight(name))
              for w in {r[0] for r in runs.values()}}
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
     for name, m in med.items():
         world = runs[name][0]
-        label = name if runs[name][1] else f"{name}: {_chosen(CHOSEN.get(world))}"
+        label = f"{name}: {_chosen(CHOSEN.get(world))}" if runs[name][1] is None else name
         print(f"| {label} | {m:.3f} | {m / floor[world]:.2f}x |")
         if runs[name][1] is None:
             out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor[world]
