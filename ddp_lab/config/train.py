@@ -140,7 +140,8 @@ class TrainConfig:
                                       "launcher.signal_s); NCCL uses SIGUSR1; '' = none")
     stop_check_s: float = doc(1.0, "seconds between the ranks' agreements on "
                                    "whether to stop (one tiny all-reduce)")
-    threads: int = doc(0, "torch CPU threads per rank; 0 = cores / local ranks")
+    threads: int = doc(0, "torch CPU threads per rank; 0 = decided at start: at most the "
+                          "free cores' share, 1 where that is as fast (ddp_lab/cpu.py)")
     compile: bool = doc(False, "torch.compile the model the step calls (inductor), "
                                "compiled before the first epoch (summary.json compile_s); "
                                "numerics may differ from eager in the last bits")

@@ -290,7 +290,7 @@ TRAIN: list[Rule] = [
     above("train.lr", 0),
     at_least("train.max_steps_per_epoch", 0, " (0 = the whole shard)"),
     at_least("train.eval_batch_size", 1),
-    at_least("train.threads", 0, " (0 = cores / local ranks)"),
+    at_least("train.threads", 0, " (0 = decided at start)"),
     *COMMON,
     one_of("data.pipeline", ("tensor", "dataloader")),
     lambda cfg: None if len(cfg.data.mirrors) else
