@@ -37,7 +37,7 @@ from .run.epoch import EpochMeter, Position, Stopped
 from .run.files import read_json_or_empty
 from .run.records import RunSummary
 from .run.telemetry import Telemetry
-from .step import evaluate
+from .step import evaluate, run_steps
 from .sync import Synchroniser, build_sync
 from .timing import Clock
 
@@ -61,7 +61,7 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
                           plan=batching, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
-    steps_of = step_runner(cfg.train, syncer, optimizer)  # run_steps, or one CUDA graph a step
+    steps_of = step_runner(cfg.train, syncer, optimizer) if cfg.train.cuda_graph else run_steps
     with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
         try:
             for epoch in range(start.epoch, cfg.train.epochs):

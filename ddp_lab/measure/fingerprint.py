@@ -236,8 +236,12 @@ def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
 
 
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The network and thread variables in force. Not OMP_WAIT_POLICY: ddp_lab sets it from
+    the load at start (ddp_lab/cpu.py), so it would tell two runs of one allocation apart;
+    each run records how its threads wait in summary.json `segments[*].cpu`."""
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES)}
+    return {k: environ[k] for k in sorted(environ)
+            if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
 
 
 def _versions(backend: str) -> dict[str, Any]:
