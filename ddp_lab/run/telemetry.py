@@ -131,8 +131,8 @@ class Telemetry:
         if self.ctx.device.type == "cpu":
             share = cpu_share()
             n = share["threads"]
-            log.info("%d CPU thread%s a rank: %s", n, f"s (waiting: {share['wait']})"
-                     if n > 1 else "", share["why"])
+            log.info("%d CPU thread%s a rank%s: %s", n, "s" if n > 1 else "",
+                     f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
