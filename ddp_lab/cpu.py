@@ -15,8 +15,9 @@ model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performanc
 So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
 the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
 each rank gets the cores nobody is using divided by the ranks, at least 1 and at most its
-equal share, and its threads spin only if every one of them has a free core; otherwise they
-sleep (OMP_WAIT_POLICY=PASSIVE). The choice reaches the ranks as environment (`apply`).
+equal share, and its threads spin only if every one of them has a free core and one core is
+left for the job's own other processes and threads; otherwise they sleep
+(OMP_WAIT_POLICY=PASSIVE). The choice reaches the ranks as environment (`apply`).
 Where no such look came first (SLURM's and mpirun's ranks, the benchmarks' workers) a rank
 cannot look, since its siblings are starting beside it, so it takes its equal share with
 sleeping threads: never far off, and safe on a node shared with other jobs (set
@@ -95,7 +96,9 @@ def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
         return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
     free = max(0, n_cores - round(busy))
     threads = min(share, max(1, free // max(local_ranks, 1)))
-    spin = threads * local_ranks <= free
+    # spinning only with a core to spare: the job's launcher, the command that follows it
+    # and each rank's own helper threads (TensorBoard's writer, gloo's) run beside the ranks
+    spin = threads * local_ranks <= free - 1
     return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
 
 

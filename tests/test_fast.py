@@ -14,9 +14,12 @@ from helpers import run_cli, run_dir_of, summary
 
 
 def test_threads_and_their_wait_follow_the_cores_free_at_start():
-    idle, busy = cpu.decide(2, 1, 0.1), cpu.decide(2, 1, 1.9)
-    assert (idle.threads, idle.spin) == (2, True) and (busy.threads, busy.spin) == (1, False)
-    half = cpu.decide(8, 2, 3.2)  # 5 free: 2 threads a rank, each with a core of its own
+    idle, busy = cpu.decide(8, 1, 0.1), cpu.decide(2, 1, 1.9)
+    assert (idle.threads, idle.spin) == (8, False) and (busy.threads, busy.spin) == (1, False)
+    assert (cpu.decide(8, 1, 1.0).threads, cpu.decide(8, 1, 1.0).spin) == (7, False)
+    small = cpu.decide(2, 1, 0.0)  # 2 cores, 1 rank: 2 threads sleep (no core to spare)
+    assert (small.threads, small.spin) == (2, False)
+    half = cpu.decide(8, 2, 3.2)  # 5 free: 2 threads a rank, each with a core, one to spare
     assert (half.threads, half.spin) == (2, True) and "5 of 8 cores free" in half.why
     assert cpu.decide(2, 4, 0.0) == cpu.CpuShare(1, False, cpu.decide(2, 4, 0.0).why)  # 4 > 2 cores
     assert (cpu.decide(4, 2, None).threads, cpu.decide(4, 2, None).spin) == (2, False)
@@ -27,7 +30,7 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start():
     cpu.apply(busy, env)
     assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env).startswith("spin 1000")
     env = {}
-    cpu.apply(idle, env)
+    cpu.apply(half, env)
     assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env) == "spin a moment, then sleep"
     # in a rank: train.threads, then the run's first count, then the launcher's choice
     env = {cpu.THREADS_VAR: "1", cpu.WHY_VAR: "1 of 2 cores free at start, threads sleep"}
