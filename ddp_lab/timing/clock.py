@@ -50,12 +50,18 @@ class Clock:
             self._anchor_event.record()
             self._anchor_s = time.perf_counter() - self.origin
 
+    def event(self) -> Any:
+        """CUDA: an event from the pool (a new one if it is empty), not yet recorded: what
+        `stamp` records, and what timing/grads.py re-records in its hooks."""
+        try:  # (DDP's completion callbacks stamp from other threads: pop, never check)
+            return self._free.pop()
+        except IndexError:
+            self.made += 1
+            return self.make_event()
+
     def stamp(self) -> Any:
         if self.cuda:
-            try:  # (DDP's completion callbacks stamp from other threads: pop, never check)
-                ev = self._free.pop()
-            except IndexError:
-                ev, self.made = self.make_event(), self.made + 1
+            ev = self.event()
             ev.record()  # on the current stream: fires when the work queued before it is done
             return ev
         return time.perf_counter()

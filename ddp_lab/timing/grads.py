@@ -25,15 +25,14 @@ class GradReadyMark:
     a gradient is accumulated; `take()` (at the step's end) hands over the last stamp and
     starts the next step's. CPU: the host clock (a float, no allocation). CUDA: the hook
     re-records the step's preallocated event on the stream that produced the gradient
-    (re-recording keeps the latest); events come from a pool refilled once per epoch
-    (`recycle`, after the epoch's stamps were read), so no step allocates one.
+    (re-recording keeps the latest); events come from the clock's pool and go back to it
+    once per epoch (`recycle`, after the epoch's stamps were read), so no step allocates one.
     """
 
     def __init__(self, clock: Clock, module: torch.nn.Module):
         self.clock = clock
         self.cuda = clock.cuda
         self.last: Any = None
-        self._pool: list = []  # CUDA: free events
         self._used: list = []  # CUDA: events handed out this epoch
         self._event: Any = None
         self.handles = [p.register_post_accumulate_grad_hook(self._hook)
@@ -44,7 +43,7 @@ class GradReadyMark:
             self.last = time.perf_counter()
             return
         if self._event is None:
-            self._event = self._pool.pop() if self._pool else self.clock.make_event()
+            self._event = self.clock.event()
         self._event.record()  # on the current stream: the one that produced this gradient
         self.last = self._event
 
@@ -56,9 +55,9 @@ class GradReadyMark:
         return out
 
     def recycle(self) -> None:
-        """CUDA: the epoch's events were read; they go back to the pool."""
-        self._pool.extend(self._used)
-        self._used.clear()
+        """CUDA: the epoch's events were read; they go back to the clock's pool."""
+        self.clock.release(self._used)
+        self._used = []
 
     def remove(self) -> None:
         for h in self.handles:
