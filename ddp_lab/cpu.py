@@ -102,6 +102,15 @@ def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
     return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
 
 
+def look(local_ranks: int) -> CpuShare:
+    """`decide` for this machine's `local_ranks` ranks, looking at the load only where it can
+    change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
+    n = cores()
+    if n // max(local_ranks, 1) <= 1:
+        return CpuShare(1, False, f"{n} cores for {local_ranks} rank{'s' if local_ranks > 1 else ''}")
+    return decide(n, local_ranks, busy_cores())
+
+
 def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
     """Hand `share` to this machine's ranks: call before torch loads (libgomp reads its
     variables once) and before the ranks start. The user's own OpenMP variables stand."""

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .hang import enable_flight_recorder
 from .measure import fingerprint
 from .run import progress
+from . import cpu
 from .config import device_type
 from .env import DistEnv
 
@@ -180,14 +181,6 @@ def set_timeout(timeout_s: float) -> None:
     setter(datetime.timedelta(seconds=timeout_s))
 
 
-def cpu_threads(env: DistEnv, requested: int = 0) -> int:
-    """Torch intra-op threads for this rank: the cores shared among the local ranks."""
-    if requested > 0:
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(env.local_world_size, 1))
-
-
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
     """This process as rank `rank` of a one-machine gloo group of `world` CPU ranks at
     127.0.0.1:`port`, torch's threads shared among them: what the benchmark scripts'
@@ -195,7 +188,7 @@ def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0)
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")
-    torch.set_num_threads(cpu_threads(env, 0))
+    torch.set_num_threads(max(1, cpu.cores() // world))  # an equal share (ddp_lab/cpu.py)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     return DistContext(env=env, backend="gloo", device=torch.device("cpu"))

@@ -13,7 +13,7 @@ from ddp_lab import cpu
 from helpers import run_cli, run_dir_of, summary
 
 
-def test_threads_and_their_wait_follow_the_cores_free_at_start():
+def test_threads_and_their_wait_follow_the_cores_free_at_start(monkeypatch):
     idle, busy = cpu.decide(8, 1, 0.1), cpu.decide(2, 1, 1.9)
     assert (idle.threads, idle.spin) == (8, False) and (busy.threads, busy.spin) == (1, False)
     assert (cpu.decide(8, 1, 1.0).threads, cpu.decide(8, 1, 1.0).spin) == (7, False)
@@ -37,6 +37,11 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start():
     assert cpu.rank_threads(1, 3, 2, env) == cpu.RankThreads(3, "train.threads", False)
     assert cpu.rank_threads(1, 0, 2, env).threads == 2  # kept: no timing at start either
     assert cpu.rank_threads(1, 0, 0, env) == cpu.RankThreads(1, env[cpu.WHY_VAR], True)
+    # a core or less a rank: 1 thread whatever the load, so the launcher does not look
+    def no_look(*_):
+        raise AssertionError("looked at the load for ranks that get 1 thread anyway")
+    monkeypatch.setattr(cpu, "busy_cores", no_look)
+    assert cpu.look(cpu.cores()).threads == 1
     env = {}  # no launcher looked (mpirun): an equal share, sleeping
     cpu.prepare_rank(env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
     # machine's cores free now, shared among its ranks (ddp_lab/cpu.py); the forks inherit it
-    cpu.apply(cpu.decide(cpu.cores(), nproc_per_node(args), cpu.busy_cores()))
+    cpu.apply(cpu.look(nproc_per_node(args)))
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record
 
