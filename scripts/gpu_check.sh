@@ -182,12 +182,12 @@ if [ "$MODE" != dry ]; then
 fi
 
 # 1d. the floor: the same model, batch and fused Adam in a tight loop over preloaded tensors
-# (the epoch benchmark's floor, ddp_lab/bench/specs/epoch.py: no ddp_lab in the step), on
+# (the epoch benchmark's tight loop, ddp_lab/bench/loops.py: no ddp_lab in the step), on
 # the same device
-if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # ddp_lab/bench/specs/epoch.py"
+if [ "$MODE" = dry ]; then echo "floor_epochs(data, $EPOCHS, device=$DEVICE)  # ddp_lab/bench/loops.py"
 elif f=$("$PYTHON" - "$OUT/data" "$EPOCHS" "$DEVICE" "$SPEED_STEPS" 2>>"$OUT/logs/floor.log" <<'EOF'
 import statistics, sys
-from ddp_lab.bench.specs.epoch import floor_epochs  # the ddp_lab the rows above run
+from ddp_lab.bench.loops import floor_epochs  # the ddp_lab the rows above run
 root, epochs, device, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 times = floor_epochs(root, epochs, steps, device=device)
 print(f"{statistics.median(times):.3f} s/epoch (tight loop, no ddp_lab)")

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import loops
-from ..loops import floor_epochs  # noqa: F401 -- scripts/gpu_check.sh's floor row
 from ..suite import REPO, Spec, trained
 
 SPEC = Spec(compares="the tight loop under every thread count, OpenMP wait and Adam (the floor: "
@@ -120,6 +119,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
+    chosen: dict[int, dict] = {}  # world -> what ddp_lab's defaults chose (its last run)
 
     def tight(name: str) -> bool:  # a floor candidate (not ddp_lab, not the notebook)
         return isinstance(runs[name][1], int)
@@ -127,7 +127,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
-                rows[name] += ours(root, tmp, world, args)
+                epochs, chosen[world] = ours(root, tmp, world, args)
+                rows[name] += epochs
             elif setting[0] == "notebook":  # its own threads and wait, as its code runs it
                 rows[name] += loops.in_child("notebook_epochs", root, args.epochs,
                                              args.max_steps, env={})
@@ -145,7 +146,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
     for name, m in med.items():
         world = runs[name][0]
-        label = f"{name}: {_chosen(CHOSEN.get(world))}" if runs[name][1] is None else name
+        label = f"{name}: {_chosen(chosen.get(world))}" if runs[name][1] is None else name
         print(f"| {label} | {m:.3f} | {m / floor[world]:.2f}x |")
         if runs[name][1] is None:
             out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor[world]
@@ -222,17 +223,15 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
     return out[0]
 
 
-def ours(root: str, tmp: str, ranks: int, args) -> list[float]:
-    """`python -m ddp_lab` with its defaults on `ranks` ranks: each epoch as its records say."""
+def ours(root: str, tmp: str, ranks: int, args) -> tuple[list[float], dict]:
+    """`python -m ddp_lab` with its defaults on `ranks` ranks: each epoch as its records say,
+    and what its defaults chose (summary.json `segments[0].cpu`)."""
     s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={args.epochs}",
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
                  f"train.max_steps_per_epoch={args.max_steps}", *args.extra], REPO)
     records = Path(s["run_dir"], "metrics.jsonl").read_text().splitlines()
-    CHOSEN[ranks] = s["segments"][0].get("cpu") or {}  # what its defaults chose, for the table
-    return [json.loads(x)["epoch_time_s"] for x in records]
+    return [json.loads(x)["epoch_time_s"] for x in records], s["segments"][0].get("cpu") or {}
 
-
-CHOSEN: dict[int, dict] = {}  # ranks -> the cpu share the last ddp_lab run chose
 
 
 @contextmanager
