@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ... import cpu
 from .. import loops
 from ..suite import REPO, Spec, trained
 
@@ -48,7 +49,7 @@ OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu.cores()
     p.add_argument("--load", nargs="+", default=["idle", "hog"], choices=["idle", "hog"],
                    help="idle, and/or hog: one busy process per core during the whole measure")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], choices=[1, 2])
@@ -98,7 +99,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     """The search, then the rounds: for each world, the best setting of each thread count
     (the search's winner alone would carry its lucky draw) against ddp_lab's defaults, side
     by side; the floor is the fastest of them over the rounds."""
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu.cores()
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
     one = search_one(root, args)
@@ -185,7 +186,7 @@ def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
 def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
     """The tight loop on 2 ranks under every (threads per rank, wait) x way of summing."""
     found = {}
-    per_rank = [t for t in args.threads if t <= max(1, len(os.sched_getaffinity(0)) // 2)] or [1]
+    per_rank = [t for t in args.threads if t <= max(1, cpu.cores() // 2)] or [1]
     print(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat all_reduce |"
           "\n| --- | ---: | ---: |")
     for t in per_rank:
@@ -245,7 +246,7 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
             "while time.monotonic() < end and os.getppid() == %d:\n"
             "    for _ in range(100000): pass\n" % (seconds, os.getpid()))
     procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-             for _ in range(len(os.sched_getaffinity(0)))]
+             for _ in range(cpu.cores())]
     try:
         yield [p.pid for p in procs]
     finally:
