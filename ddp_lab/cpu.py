@@ -29,7 +29,7 @@ wait never does.
 The free cores are a ceiling, not the answer: a step of a small model is made of kernels so
 short that splitting each over two threads can cost more than it saves. So before the
 first step each rank times this model's forward and backward on 1 thread against its
-ceiling (ddp_lab/run/compile.py, `tune_threads`: about 50 ms) and the ranks keep the
+ceiling where the launcher looked (ddp_lab/run/compile.py, `tune_threads`: about 50 ms) and the ranks keep the
 faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
 (summary.json `segments[*].cpu`, and its first lines), and a resumed run keeps the count it
 started with; pin `train.threads` for the same bits from two separate runs.
@@ -144,7 +144,9 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
                  environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
     """This rank's torch threads: `train.threads` if set (`requested`), else the count the
     run started with (`earlier`: a resumed run keeps its bits), else the launcher's choice,
-    else its equal share of the cores; the last two are a ceiling start-up may lower."""
+    else its equal share of the cores; only the launcher's choice is a ceiling start-up may
+    lower (the equal share stays as it always was: the same threads, the same bits, on
+    SLURM, mpirun and RunAI)."""
     env = os.environ if environ is None else environ
     if requested > 0:
         return RankThreads(requested, "train.threads", False)
@@ -152,8 +154,8 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
         return RankThreads(earlier, "as when the run started", False)
     if env.get(THREADS_VAR, "").isdigit():
         return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
-    share = max(1, cores() // max(local_ranks, 1))
-    return RankThreads(share, f"an equal share of {cores()} cores", True)
+    share = max(1, cores() // max(local_ranks, 1))  # no launcher looked: as before, and
+    return RankThreads(share, f"an equal share of {cores()} cores", False)  # not timed
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:
