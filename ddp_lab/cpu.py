@@ -27,10 +27,10 @@ change a run's last bits (a sum split over 2 threads rounds differently than ove
 wait never does.
 
 The free cores are a ceiling, not the answer: a step of a small model is made of kernels so
-short that splitting each over two threads can cost more than it saves. So before the
-first step each rank times this model's forward and backward on 1 thread against its
-ceiling where the launcher looked (ddp_lab/run/compile.py, `tune_threads`: about 50 ms) and the ranks keep the
-faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
+short that splitting each over two threads can cost more than it saves. So where the
+launcher looked, before the first step each rank times whole training steps on 1 thread
+against its ceiling (ddp_lab/run/compile.py, `tune_threads`: about 50 ms) and the ranks
+keep the faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
 (summary.json `segments[*].cpu`, and its first lines), and a resumed run keeps the count it
 started with; pin `train.threads` for the same bits from two separate runs.
 """
@@ -107,7 +107,8 @@ def look(local_ranks: int) -> CpuShare:
     change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
     n = cores()
     if n // max(local_ranks, 1) <= 1:
-        return CpuShare(1, False, f"{n} cores for {local_ranks} rank{'s' if local_ranks > 1 else ''}")
+        ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
+        return CpuShare(1, False, f"{n} cores for {ranks}")
     return decide(n, local_ranks, busy_cores())
 
 
