@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ddp_lab: torchrun on this machine, rendered by `python -m ddp_lab launcher=local`.
 # Run it again by hand to repeat the run in the same folder:  bash launch.sh
-# Knobs (env): NPROC_PER_NODE, MASTER_PORT, MAX_RESTARTS, OMP_NUM_THREADS.
+# Knobs (env): NPROC_PER_NODE, MASTER_PORT (0: any free port, taken as the store binds it),
+# MAX_RESTARTS, OMP_NUM_THREADS.
 set -euo pipefail
 
 NPROC_PER_NODE=${{NPROC_PER_NODE:-{nproc}}}

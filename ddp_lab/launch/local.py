@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-from .ports import FIX, free_port, taken
+from .ports import FIX, taken
 from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
 
 ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ERROR_FILE)
@@ -17,7 +17,8 @@ ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ER
 def rendezvous_port(lc):
     """The port launch.sh's rendezvous will bind, and the key that sets it: MASTER_PORT from
     this environment (the script's knob wins, and the job inherits this environment), else
-    launcher.master_port (None: a free one, picked when rendering)."""
+    launcher.master_port (None: port 0, a free one that torchrun's store is given by the
+    OS as it binds, so no other program can take it in between)."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -44,7 +45,10 @@ def resolve(cfg) -> None:
 
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
-    port = lc.master_port if lc.master_port is not None else free_port()
+    # None: port 0, and the store binds whatever port the OS gives it. A port picked free
+    # here and bound later by torchrun can be taken in between by another program (seen in
+    # CI: two test workers, one port); a bind to port 0 cannot lose that race.
+    port = lc.master_port if lc.master_port is not None else 0
     script = template("local.sh").format(
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
         max_restarts=lc.max_restarts, run_dir=shlex.quote(str(run_dir)),
@@ -70,4 +74,5 @@ def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
         return None
     if "EADDRINUSE" in trace:  # another program took the port after ddp_lab checked it
         return taken(host, port)
-    return f"torchrun's rendezvous at {host}:{port} could not start ({message.split(':')[0]}): {FIX}"
+    where = f"{host}:{port}" if port else f"{host} (a port the OS gave it)"
+    return f"torchrun's rendezvous at {where} could not start ({message.split(':')[0]}): {FIX}"

@@ -10,29 +10,50 @@ network address (not 127.0.0.1) takes it from the store just the same."""
 
 from __future__ import annotations
 
+import random
 import socket
 
 WILDCARD = "0.0.0.0"  # where the store binds
 PROBE_S = 2.0  # how long `answers` waits for a node's reply
 PROBE_PORT = 9  # "discard": any port will do, a live node answers even where nothing listens
+LOW = 20000  # free_port draws from here up to the ephemeral range: clear of well-known ports
 FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 
 def free_port(host: str = WILDCARD) -> int:
-    """A port nothing listens on now (the OS picks it; another process may still take it
-    before it is used, so callers that can, retry)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port nothing listens on now, for a rendezvous that must name its port before it
+    binds (mpirun's rank 0, a test's daemons). Drawn at random below the kernel's ephemeral
+    range (ip_local_port_range): the OS hands ports from that range to every bind to port 0
+    and every outgoing connection, so a port it gave us free is the next one it gives
+    someone else; below it only another random draw can collide. Another process may still
+    take it before it is used, so callers that can, retry (or bind port 0 themselves, as
+    launcher=local's torchrun does)."""
+    low = ephemeral_range()[0]
+    for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
+        if not port_in_use(port, host):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below: the OS's
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def port_in_use(port: int) -> bool:
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the OS gives a bind to port 0 and an outgoing connection (Linux's default
+    32768-60999 where /proc does not say)."""
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def port_in_use(port: int, host: str = WILDCARD) -> bool:
     """Whether the store could not bind `port`: the same bind it makes (every address,
     SO_REUSEADDR, so the TIME_WAIT left by a previous run's store does not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((WILDCARD, port))
+            s.bind((host, port))
         except OSError:
             return True
     return False
