@@ -26,9 +26,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -170,17 +171,39 @@ def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -
     return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}
 
 
-def trained(overrides: Sequence[str], cwd: Path) -> dict:
+def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
+            on_line: Optional[Callable[[Optional[str]], None]] = None) -> dict:
     """One real training run (`python -m ddp_lab`, this checkout's, `overrides` last) started
-    in `cwd`: its summary.json, and its folder as "run_dir". Exits with the run's last
-    output if it failed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    in `cwd`, `env` added to its environment: its summary.json, and its folder as "run_dir".
+    `on_line` sees each line of its output as it comes, then None when it has ended (in any
+    case). Exits with the run's last output if it failed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           **(env or {})}
     cmd = [sys.executable, "-m", "ddp_lab", "log.progress=lines", *overrides]
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    reader.start()
+    out: list[str] = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if on_line is not None:
+                on_line(line)
+        p.wait()
+    finally:
+        if on_line is not None:
+            on_line(None)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    reader.join()
+    stdout, stderr = "".join(out), "".join(err)
     if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{stdout[-3000:]}\n{stderr[-3000:]}")
     run_dir = Path(cwd, next(line.split("run dir: ", 1)[1].strip()
-                             for line in p.stdout.splitlines() if line.startswith("run dir: ")))
+                             for line in stdout.splitlines() if line.startswith("run dir: ")))
     return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}
 
 

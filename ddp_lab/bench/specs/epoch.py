@@ -5,6 +5,7 @@
     python -m ddp_lab.bench.suite epoch --waits default passive spin:0 --threads 1 2
     python -m ddp_lab.bench.suite epoch --load idle --ranks 1 --notebook --extra train.compile=true
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
+    python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
 
 The workload is the course notebook's (MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU).
 For each load (`idle`; `hog`: one busy process per core, started and ended here):
@@ -21,6 +22,14 @@ For each load (`idle`; `hog`: one busy process per core, started and ended here)
 
 Goals (docs/performance.md): ddp_lab / floor <= 1.15 idle on 1 rank, <= 1.2 on 2 ranks, and
 <= 1.3 under the hog against the floor found under the same hog.
+
+3. **Load that comes later** (`--load late`): the idle floor on 1 rank spins its threads on
+   every core, and libgomp reads its wait once, when torch loads. So a hog that arrives
+   mid-run finds those threads spinning. Here `python -m ddp_lab` runs `--epochs` epochs
+   idle, then as many under a hog started at the end of the last idle one: once with its
+   defaults, and once per spinning `--waits` setting pinned on every core
+   (`train.threads=<cores>`), each epoch printed. This is why ddp_lab spins only with a
+   core to spare (ddp_lab/cpu.py).
 """
 
 from __future__ import annotations
@@ -32,9 +41,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from ... import cpu
 from .. import loops
@@ -50,8 +59,9 @@ OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     cores = cpu.cores()
-    p.add_argument("--load", nargs="+", default=["idle", "hog"], choices=["idle", "hog"],
-                   help="idle, and/or hog: one busy process per core during the whole measure")
+    p.add_argument("--load", nargs="+", default=["idle", "hog"], choices=["idle", "hog", "late"],
+                   help="idle, and/or hog: one busy process per core during the whole measure, "
+                        "and/or late: ddp_lab's runs with a hog that starts mid-run")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], choices=[1, 2])
     p.add_argument("--epochs", type=int, default=2, help="epochs per setting, search and rounds")
     p.add_argument("--threads", type=int, nargs="+", default=list(range(1, cores + 1)),
@@ -89,10 +99,39 @@ def run(args: argparse.Namespace) -> dict:
         root = str(Path(tmp) / "data")
         fetch_mnist(root, ["embedded"])
         for load in args.load:
+            if load == "late":
+                figures[load] = late(root, tmp, args)
+                continue
             with (cpu_hog() if load == "hog" else _nothing()):
                 figures[load] = measure(load, root, tmp, args)
             figures["ratios"].update(figures[load]["ratios"])
     return figures
+
+
+def late(root: str, tmp: str, args) -> dict:
+    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a hog that starts when
+    the last idle one ends: its defaults, then every core's threads under each spinning wait
+    of `args.waits`. {row: {"idle": [s], "hog": [s]}}, each row printed as it ends."""
+    n = cpu.cores()
+    rows = {"defaults": ([], {})}
+    for w in args.waits:  # libgomp's default is 300000 spins (its manual), set here
+        if w != "passive" and n > 1:  # explicitly: unset, ddp_lab would make the threads sleep
+            env = {"GOMP_SPINCOUNT": "300000"} if w == "default" else omp_env(w)
+            rows[f"train.threads={n}, {w} wait ({' '.join(f'{k}={v}' for k, v in env.items())})"
+                 ] = ([f"train.threads={n}"], env)
+    print(f"\n## late: a hog starts after epoch {args.epochs} of {2 * args.epochs} (1 rank, "
+          f"{n} cores, load average {os.getloadavg()[0]:.2f})\n\n| ddp_lab, 1 rank | epochs idle "
+          "(s) | epochs under the hog (s) | hog / idle |\n| --- | --- | --- | ---: |", flush=True)
+    out = {}
+    for name, (overrides, env) in rows.items():
+        epochs, chosen = ours(root, tmp, 1, args, overrides, env, hog_after=args.epochs)
+        idle, hog = epochs[:args.epochs], epochs[args.epochs:]
+        out[name] = {"idle": idle, "hog": hog, "cpu": chosen}
+        label = _chosen(chosen) if not overrides else name
+        print(f"| {label} | {', '.join(f'{t:.2f}' for t in idle)} | "
+              f"{', '.join(f'{t:.2f}' for t in hog)} | "
+              f"{statistics.median(hog) / statistics.median(idle):.1f}x |", flush=True)
+    return out
 
 
 def measure(load: str, root: str, tmp: str, args) -> dict:
@@ -224,12 +263,17 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
     return out[0]
 
 
-def ours(root: str, tmp: str, ranks: int, args) -> tuple[list[float], dict]:
-    """`python -m ddp_lab` with its defaults on `ranks` ranks: each epoch as its records say,
-    and what its defaults chose (summary.json `segments[0].cpu`)."""
-    s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={args.epochs}",
+def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
+         env: Optional[dict] = None, hog_after: int = 0) -> tuple[list[float], dict]:
+    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus `overrides`, and `env`
+    added to its environment): each epoch as its records say, and what its defaults chose
+    (summary.json `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a hog
+    started when epoch `hog_after` ends."""
+    epochs = args.epochs + hog_after
+    s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}",
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
-                 f"train.max_steps_per_epoch={args.max_steps}", *args.extra], REPO)
+                 f"train.max_steps_per_epoch={args.max_steps}", *args.extra, *overrides], REPO,
+                env=env, on_line=_hog_from(f"epoch {hog_after}/{epochs} ") if hog_after else None)
     records = Path(s["run_dir"], "metrics.jsonl").read_text().splitlines()
     return [json.loads(x)["epoch_time_s"] for x in records], s["segments"][0].get("cpu") or {}
 
@@ -258,3 +302,16 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def _hog_from(marker: str):
+    """A line reader for `trained`: starts `cpu_hog` at the first line containing `marker`
+    and ends it when the run ends (called with None)."""
+    hog, started = ExitStack(), []
+
+    def on_line(line: Optional[str]) -> None:
+        if line is None:
+            hog.close()
+        elif marker in line and not started:
+            started.append(hog.enter_context(cpu_hog()))
+    return on_line
