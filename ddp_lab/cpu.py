@@ -11,6 +11,9 @@ model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performanc
 - on a busy machine (another job, a login node's users, more ranks than cores), a spinning
   thread takes the core the thread it waits for needs: an epoch of 0.5 s took 16 s. There
   the fastest is fewer threads, one per core nobody else uses, sleeping when they wait.
+  Load that arrives after the start counts too: libgomp reads the wait once, so threads
+  spinning on every core of an idle machine stay spinning when a neighbour comes (epochs
+  4-12x slower, against 1.6x for one sleeping thread: the benchmark's `--load late`).
 
 So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
 the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
