@@ -172,6 +172,27 @@ def test_diagnose_a_rank_behind_or_the_first_to_fail(tmp_path):
         assert failure.diagnose(run_dir, me=2) == []  # the first to fail explains itself
 
 
+def test_a_start_that_failed_on_its_own_is_in_the_summary_whichever_rank_failed(tmp_path):
+    # mpirun ends the other ranks the moment one fails: rank 1's rendezvous timed out a
+    # moment before rank 0's, rank 0 (still starting) was killed, and the job said "rank 0
+    # ... dead (no process)" instead of rank 1's line (seen in CI)
+    import logging
+    from types import SimpleNamespace
+
+    from ddp_lab.run import job, rank
+
+    run_dir = tmp_path.resolve()
+    rec = _record(run_dir, 1, os.getpid(), 2)
+    try:
+        line = ports.no_answer("192.0.2.1", 20000, 10)
+        rank._failed(run_dir, SimpleNamespace(is_main=False), rec, logging.getLogger("t"), line,
+                     {"world_size": 2})
+        assert summary(run_dir)["status"] == f"failed: {line}"  # the whole line, not 255 bytes
+        assert job.collect(run_dir, 1)["status"] == f"failed: {line}"  # kept by the command
+    finally:
+        rec.close()
+
+
 def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
     """A cut link: every rank waits in the same collective, nothing is dead or frozen; the
     other node's address sends no reply, so its ranks are named, as one node. (Which address

@@ -48,6 +48,7 @@ _HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op sta
 _HOT_AT = 96
 _STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
+MESSAGE_MAX = 255  # bytes of a rank's message a record keeps (a longer one is cut there)
 _MSG_AT = _HOT_AT + _HOT.size
 _NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
 _NODE_AT = SIZE - _NODE.size
@@ -151,7 +152,7 @@ class Progress(NullProgress):
 
     def state(self, state: str, message: str = "") -> None:
         if message:
-            _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:255])
+            _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
         self._hot.state = STATES.index(state)
         self._hot.updated = time.time()
 
@@ -294,7 +295,7 @@ def mark_killed(run_dir: Path, rank: int, message: str) -> None:
     except OSError:
         return
     try:
-        os.pwrite(fd, _MSG.pack(message.encode()[:255]), _MSG_AT)
+        os.pwrite(fd, _MSG.pack(message.encode()[:MESSAGE_MAX]), _MSG_AT)
         os.pwrite(fd, bytes([STATES.index("killed")]), _STATE_AT)
     finally:
         os.close(fd)

@@ -131,11 +131,13 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 def _failed(run_dir: Path, env: Any, record: Any, log: logging.Logger, line: str,
             fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record,
-    its log and (rank 0) summary.json."""
+    its log and summary.json. Any rank writes it there, not only rank 0: the launcher ends
+    the other ranks the moment one fails (seen: rank 1's rendezvous timed out a moment
+    before rank 0's, mpirun killed rank 0 before it could say why, and the job named rank 0
+    "dead"); the record cannot hold the whole line (progress.MESSAGE_MAX)."""
     record.state("failed", line)
     log.error("failed: %s", line)
-    if env.is_main:
-        mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
+    mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
 
 
 # torch itself gives up on an unreachable store only after about twice dist.init_timeout_s:
