@@ -41,7 +41,8 @@ def ephemeral_range() -> tuple[int, int]:
     """The ports the OS gives a bind to port 0 and an outgoing connection (Linux's default
     32768-60999 where /proc does not say)."""
     try:
-        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999
