@@ -13,7 +13,7 @@ model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performanc
   the fastest is fewer threads, one per core nobody else uses, sleeping when they wait.
   Load that arrives after the start counts too: libgomp reads the wait once, so threads
   spinning on every core of an idle machine stay spinning when a neighbour comes (epochs
-  4-20x slower, against 1.6x for one sleeping thread: the benchmark's `--load late`).
+  4-20x slower, against 1.6-2.2x for one sleeping thread: the benchmark's `--load late`).
 
 So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
 the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
