@@ -65,6 +65,12 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def equal_share(local_ranks: int, n_cores: Optional[int] = None) -> int:
+    """Each of `local_ranks` ranks' share of `n_cores` (this process's cores by default),
+    at least 1."""
+    return max(1, (cores() if n_cores is None else n_cores) // max(local_ranks, 1))
+
+
 def busy_cores(window_s: float = 0.2) -> Optional[float]:
     """How many of this process's cores other processes kept busy over `window_s` (sleeping
     meanwhile, so not us), from /proc/stat; None where there is no /proc/stat."""
@@ -94,11 +100,11 @@ def busy_cores(window_s: float = 0.2) -> Optional[float]:
 
 def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
     """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
-    share = max(1, n_cores // max(local_ranks, 1))
+    share = equal_share(local_ranks, n_cores)
     if busy is None:
         return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
     free = max(0, n_cores - round(busy))
-    threads = min(share, max(1, free // max(local_ranks, 1)))
+    threads = min(share, equal_share(local_ranks, free))
     # spinning only with a core to spare: the job's launcher, the command that follows it
     # and each rank's own helper threads (TensorBoard's writer, gloo's) run beside the ranks
     spin = threads * local_ranks <= free - 1
@@ -109,7 +115,7 @@ def look(local_ranks: int) -> CpuShare:
     """`decide` for this machine's `local_ranks` ranks, looking at the load only where it can
     change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
     n = cores()
-    if n // max(local_ranks, 1) <= 1:
+    if equal_share(local_ranks, n) == 1:
         ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
         return CpuShare(1, False, f"{n} cores for {ranks}")
     return decide(n, local_ranks, busy_cores())
@@ -158,8 +164,8 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
         return RankThreads(earlier, "as when the run started", False)
     if env.get(THREADS_VAR, "").isdigit():
         return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
-    share = max(1, cores() // max(local_ranks, 1))  # no launcher looked: as before, and
-    return RankThreads(share, f"an equal share of {cores()} cores", False)  # not timed
+    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores",
+                       False)  # no launcher looked: as before, and not timed
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:

@@ -188,7 +188,7 @@ def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0)
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")
-    torch.set_num_threads(max(1, cpu.cores() // world))  # an equal share (ddp_lab/cpu.py)
+    torch.set_num_threads(cpu.equal_share(world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     return DistContext(env=env, backend="gloo", device=torch.device("cpu"))

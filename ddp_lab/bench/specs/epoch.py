@@ -225,7 +225,7 @@ def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
 def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
     """The tight loop on 2 ranks under every (threads per rank, wait) x way of summing."""
     found = {}
-    per_rank = [t for t in args.threads if t <= max(1, cpu.cores() // 2)] or [1]
+    per_rank = [t for t in args.threads if t <= cpu.equal_share(2)] or [1]
     print(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat all_reduce |"
           "\n| --- | ---: | ---: |")
     for t in per_rank:
