@@ -4,12 +4,14 @@
 # Idempotent: does nothing (no apt-get update) when every package is already installed.
 # Usage: scripts/install_system_deps.sh        (needs root, or sudo available)
 set -euo pipefail
+# (so a pipe into grep reads to the end, `grep ... >/dev/null`: `grep -q` exits at the first
+# match, and a writer still writing dies of SIGPIPE, which pipefail reports as the pipe's status)
 
 PKGS=(slurmctld slurmd slurm-client munge openmpi-bin)
 
 missing=()
 for p in "${PKGS[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep '^install ok installed$' >/dev/null; then
         missing+=("$p")
     fi
 done

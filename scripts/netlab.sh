@@ -45,6 +45,8 @@
 # config prints its nodes again; `down` is idempotent and also cleans a half-made lab.
 # Every wait is bounded; diagnostics go to stderr; a bad argument exits 2, a failure 1.
 set -uo pipefail
+# (so a pipe into grep reads to the end, `grep ... >/dev/null`: `grep -q` exits at the first
+# match, and a writer still writing dies of SIGPIPE, which pipefail reports as the pipe's status)
 
 MACHINE_DIR="/run/ddp_lab_netlab"
 IFNAME="eth0"                  # the uplink's name inside every node
@@ -168,7 +170,7 @@ our_etc() {  # this lab's per-node /etc folders (hosts files)
     done
 }
 link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
-ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$1"; }
+ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -xF "$1" >/dev/null; }
 
 read_record() {  # REC_* from a record file; 1 if missing or unreadable
     local f="$1" line key val
@@ -200,7 +202,7 @@ is_up() {  # the record's lab is fully there: bridge, every namespace and veth, 
     for i in $(seq 1 "$REC_NODES"); do
         ns_exists "$(ns_of "$i")" || return 1
         link_exists "$(hostif_of "$i")" || return 1
-        ip -n "$(ns_of "$i")" link show dev "$IFNAME" 2>/dev/null | grep -q 'state UP' || return 1
+        ip -n "$(ns_of "$i")" link show dev "$IFNAME" 2>/dev/null | grep 'state UP' >/dev/null || return 1
     done
 }
 
@@ -272,7 +274,7 @@ write_hosts() {  # i prefix: node i's /etc/hosts (its own address is also the ma
 shape_dev() {  # dev [netns]: tbf at LINK on dev (in netns if given); LINK none: no qdisc
     if [ -n "$BURST" ]; then
         must tc ${2:+-n "$2"} qdisc replace dev "$1" root tbf rate "$LINK" burst "$BURST" latency "$LATENCY"
-    elif tc ${2:+-n "$2"} qdisc show dev "$1" 2>/dev/null | grep -q '^qdisc tbf'; then
+    elif tc ${2:+-n "$2"} qdisc show dev "$1" 2>/dev/null | grep '^qdisc tbf' >/dev/null; then
         must tc ${2:+-n "$2"} qdisc del dev "$1" root
     fi
 }
@@ -307,7 +309,7 @@ allocate_index() {  # the lowest /24 of 198.18.0.0/15 no other lab and no root-n
         [ -f "$f" ] && [ "$f" != "$RECORD" ] || continue
         if ! read_record "$f"; then log "up: ignoring unreadable record $f"; continue; fi
         # a record without its bridge and namespaces is a lab killed mid-way: free its /24
-        if ! link_exists "$REC_NAME-br" && ! ip netns list 2>/dev/null | grep -qE "^$REC_NAME-n[0-9]+( |\$)"; then
+        if ! link_exists "$REC_NAME-br" && ! ip netns list 2>/dev/null | grep -E "^$REC_NAME-n[0-9]+( |\$)" >/dev/null; then
             log "up: removing the stale record $f (no bridge, no namespaces)"; rm -f "$f"; continue
         fi
         used+="$REC_INDEX "

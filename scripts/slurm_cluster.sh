@@ -34,6 +34,8 @@
 # node names resolve through the lab's per-node hosts files (/etc/hosts is not touched).
 # `down` is the same in both cases; `netlab.sh down` kills the slurmds with the namespaces.
 set -uo pipefail
+# (so a pipe into grep reads to the end, `grep ... >/dev/null`: `grep -q` exits at the first
+# match, and a writer still writing dies of SIGPIPE, which pipefail reports as the pipe's status)
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CTLD_PORT="${SLURM_CLUSTER_CTLD_PORT:-16817}"
@@ -167,7 +169,7 @@ read_netlab() {
     CTLD_ADDR="$bridge_addr"
     for i in 0 1; do
         ns="$NETLAB-n$((i + 1))"
-        ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$ns" \
+        ip netns list 2>/dev/null | awk '{print $1}' | grep -xF "$ns" >/dev/null \
             || die "netlab $NETLAB has no namespace $ns: scripts/netlab.sh status --name $NETLAB"
         NODE_NS[$i]="$ns"
         NODE_ADDR[$i]="${addr[$i]}"  # the addresses netlab.sh gave its nodes (its record)
@@ -278,7 +280,7 @@ append_hosts() {  # append, never rewrite: /etc/hosts is often a bind mount (sed
 ensure_hosts() {
     local n missing=()
     for n in "${NODES[@]}"; do
-        getent hosts "$n" 2>/dev/null | grep -q '^127\.0\.0\.1\b' || missing+=("$n")
+        getent hosts "$n" 2>/dev/null | grep '^127\.0\.0\.1\b' >/dev/null || missing+=("$n")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     for n in "${missing[@]}"; do
@@ -446,7 +448,7 @@ do_up() {
         || { tail -20 "$STATE_DIR/log/slurmctld.log" "$STATE_DIR/log/slurmctld.out" >&2 2>/dev/null; do_down; die "slurmctld failed to start"; }
     local i
     for i in $(seq 1 40); do
-        timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP' && break
+        timeout 5 scontrol ping 2>/dev/null | grep 'is UP' >/dev/null && break
         sleep 0.25
     done
     local n i

@@ -237,7 +237,8 @@ def test_slurm_dry_run_torchrun(tmp_path, capsys):
                  f"--error={run_dir}/logs/%x_%j.err", "--environment=/capstor/env/ngc.toml",
                  "--contiguous", "--mem=0", "--exclusive"):
         assert must in opts, must
-    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
+    assert 'HOSTS=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text
+    assert "MASTER_ADDR=${HOSTS[0]}" in text  # not `| head -n 1`: pipefail + SIGPIPE
     assert "$(( 20000 + SLURM_JOB_ID % 20000 ))" in text
     assert "srun --kill-on-bad-exit=1" in text
     assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in text

@@ -269,3 +269,28 @@ def test_slurm_study_script_renders_one_allocation(tmp_path):
     assert "run_point 3 2 2 points/w4_r1" in script and "--ntasks=$NODES" in script
     assert subprocess.run(["bash", "-n", str(folder / "study.sbatch")]).returncode == 0
     assert all((folder / f"points/w{w}_r1/config.yaml").is_file() for w in (1, 2, 4))
+
+
+def test_slurm_study_picks_the_first_nodes_without_a_pipe_into_head(tmp_path):
+    """A point on fewer nodes than the allocation takes the first ones. The script runs under
+    `set -euo pipefail`: `echo "$ALL" | head -n 1` died of SIGPIPE when head exited between
+    echo's line-buffered writes (CI: job FAILED, exit code 141, at the first 1-node point)."""
+    proc = run_cli("study=scaling", "study.worlds=[1,2,4]", "study.repeats=1", "launcher=slurm",
+                   "launcher.nodes=2", "launcher.nproc_per_node=2", "launcher.dry_run=true",
+                   f"run.root={tmp_path / 'runs'}", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    script = (study_dir_of(proc) / "study.sbatch").read_text()
+    assert not [ln for ln in script.splitlines() if "| head" in ln.split("#")[0]]
+    lines = [ln.strip() for ln in script.splitlines()
+             if ln.strip().startswith(("ALL_NODES=", "NODELIST=", "export MASTER_ADDR="))]
+    assert len(lines) == 3, lines
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\nfor h in node1 node2 node3; do echo "$h"; done\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    for nodes, want in ((1, "node1"), (2, "node1,node2"), (3, "node1,node2,node3")):
+        body = "set -euo pipefail\nSLURM_JOB_NODELIST=x NODES=%d\n%s\necho \"$NODELIST $MASTER_ADDR\"\n" % (
+            nodes, "\n".join(lines))
+        out = subprocess.run(["bash", "-c", body], capture_output=True, text=True,
+                             env={**child_env(), "PATH": f"{bin_dir}:/usr/bin:/bin"})
+        assert out.returncode == 0 and out.stdout.split() == [want, "node1"], (out, body)
