@@ -48,19 +48,25 @@ def test_bench_reaches_the_link_rate_and_the_fit_finds_it(slurm_cluster, tmp_pat
     assert all(r["correct"] and r["group_size"] == 2 for r in rows), rows
 
     # busbw of a 2-rank all_reduce = bytes / time (factor 2(n-1)/n = 1): each rank sends the
-    # whole buffer once across its link (half in the reduce-scatter, half in the all-gather)
-    # the best of the two largest sizes (4 and 8 MB): a loaded machine only ever slows a size
-    # (the ring reduces each piece on the CPU; under the suite's load one 8 MB median came
-    # out at 0.87 of the link, 0.95-0.97 on an idle machine)
+    # whole buffer once across its link (half in the reduce-scatter, half in the all-gather).
+    # Timed by the fastest iteration of the two largest sizes (4 and 8 MB): the link caps how
+    # fast a call can go (its tbf burst is 3% of 8 MB), and a loaded machine only ever slows
+    # one (the ring reduces each piece on the CPU: under the suite's load an 8 MB median came
+    # out at 0.87-0.89 of the link, 0.95-0.97 on an idle machine). The fastest call is the one
+    # the CPU did not hold back, so it shows the link; the upper bound still catches a link
+    # that was not shaped.
     largest = max(r["elements"] for r in rows)
     for impl in IMPLS:
         by_size = {r["elements"]: r for r in rows if r["impl"] == impl}
         assert set(by_size) == {2 ** k for k in range(18, 22)}, sorted(by_size)
-        top = max((by_size[largest], by_size[largest // 2]), key=lambda r: r["busbw_GBps"])
-        busbw = top["busbw_GBps"] * 1e9
+        top = min((by_size[largest], by_size[largest // 2]),
+                  key=lambda r: r["time_min_s"] / r["bytes"])
+        busbw = top["bytes"] / top["time_min_s"]
+        assert top["busbw_factor"] == 1 and top["algbw_GBps"] == top["busbw_GBps"], top
         print(f"{impl}: best busbw at 4-8 MB ({top['bytes'] / 1e6:.1f} MB) "
               f"{busbw / 1e6:.2f} MB/s = {busbw / rate:.3f} of the link's {rate / 1e6:.0f} MB/s "
-              f"(median {top['time_median_s'] * 1e3:.0f} ms of {top['iters']}); at 2^20: "
+              f"(fastest {top['time_min_s'] * 1e3:.0f} ms, median {top['time_median_s'] * 1e3:.0f} ms "
+              f"of {top['iters']}); at 2^20, median: "
               f"{by_size[largest // 2]['busbw_GBps'] * 1e9 / rate:.3f}")
         assert abs(busbw / rate - 1) <= TOLERANCE, (impl, busbw, top)
 
