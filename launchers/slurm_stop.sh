@@ -50,6 +50,10 @@ check_python() {{
 # ---- Waiting for srun
 # bash runs a trap only between commands; a signal interrupts `wait`, so the loop waits in
 # one-second pieces until srun has ended. Sets RC to srun's exit status.
+# SLURM's SIGTERM reaches every process of the job, the subshell of a `$(...)` too: one it
+# kills fails with status 143, which `set -e` would take for this script's own failure and
+# end it there, its trap run or not. So no `$(...)` in here may end the script: each read
+# that fails is taken again (`|| ...`), and the clock is bash's own (`printf '%(%s)T'`).
 # A failed run (rank 0 wrote `failed` into summary.json, since srun started: a run that
 # failed before and continues now says so until its rank 0 starts) ends srun within seconds
 # (--kill-on-bad-exit), unless a node no longer answers (a cut link): srun then waits for
@@ -61,13 +65,12 @@ wait_for_srun() {{  # $1: srun's pid
   SRUN_PID=$1
   [ -z "$STOP_MSG" ] || keep_stop  # the stop came before srun started
   local failed_s=0 since seen=0 mtime status=""
-  since=$(date +%s)
+  printf -v since '%(%s)T' -1  # now, in seconds, without a subshell
   while kill -0 "$SRUN_PID" 2>/dev/null; do
     sleep 1 & wait $! || true
-    mtime=$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null || echo 0)
+    mtime=$(stat -c %Y "$RUN_DIR/summary.json" 2>/dev/null) || mtime=0
     if [ "$mtime" != "$seen" ]; then  # read the status only when the file has changed
-      seen=$mtime
-      status=$(run_status)
+      status=$(run_status) && seen=$mtime  # a read a signal ended is taken again
     fi
     if [ "$mtime" -gt "$since" ] && [[ "$status" == failed* ]]; then
       failed_s=$((failed_s + 1))
@@ -97,7 +100,7 @@ run_status() {{  # the run's status in its summary.json (completed, preempted, .
     "$RUN_DIR/summary.json" 2>/dev/null || true
 }}
 requeue_or_exit() {{
-  STATUS=$(run_status)
+  STATUS=$(run_status) || STATUS=$(run_status) || true  # once more if a signal ended it
   echo "[sbatch] srun ended at $(date +%T) with exit status $RC; run status: ${{STATUS:-unknown}}"
   [ "$STATUS" != completed ] || rm -f "$RUN_DIR/STOP"  # a stop that came too late is spent
   if [ "$STATUS" = preempted ] && [ "$GOT_TERM" = 0 ]; then

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -368,6 +370,53 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     assert "trap '' TERM" in text and "PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT" in text
     assert "SLURM_RESTART_COUNT:-0" in stop and 'AGAIN="sbatch ${AGAIN_SCRIPT:-$RUN_DIR/job.sbatch}"' in stop
 
+
+
+JOB_UNDER_SLURM_STOP = """set -euo pipefail
+RUN_DIR={run_dir}
+SLURM_JOB_ID=7 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=node1
+source "$RUN_DIR/slurm_stop.sh"
+( trap 'echo "{{\\"status\\": \\"preempted\\"}}" > "$RUN_DIR/s.tmp"; mv -f "$RUN_DIR/s.tmp" "$RUN_DIR/summary.json"; exit 0' TERM
+  while :; do echo '{{"status": "running"}}' > "$RUN_DIR/s.tmp"; mv -f "$RUN_DIR/s.tmp" "$RUN_DIR/summary.json"; sleep 0.05; done ) &
+wait_for_srun $!
+requeue_or_exit
+"""
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_slurm_shell_outlives_the_sigterm_that_reaches_every_process_of_the_job(
+        tmp_path, capsys, trial):
+    """SLURM's SIGTERM (scancel, scontrol requeue, the limit) goes to every process of the
+    job, the batch shell's `$(...)` subshells too. One killed there fails with 143, and under
+    `set -e` it ended the shell before (or just after) its trap ran: no stop line, no "srun
+    ended", the requeue left to chance (a CI run: the trap's line missing). Here a stand-in
+    srun rewrites summary.json every 50 ms (the shell reads the status at each change) and
+    the signal goes to the whole process group while the shell's `run_status` python runs."""
+    run_dir, _ = dry_run(tmp_path, capsys, "launcher=slurm")
+    job = tmp_path / "job.sh"
+    job.write_text(JOB_UNDER_SLURM_STOP.format(run_dir=run_dir))
+    proc = subprocess.Popen(["bash", str(job)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until run_status's python is alive
+            ps = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(proc.pid)],
+                                capture_output=True, text=True).stdout
+            if "import json, sys" in ps:
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+            time.sleep(0.002)
+        else:
+            raise AssertionError("the shell never read the status")
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "[sbatch] SIGTERM from SLURM" in out, out
+    assert "run status: preempted" in out and "SLURM ended this allocation" in out, out
+    assert proc.returncode == 0, out
 
 def test_slurm_first_screen_is_what_a_student_writes(tmp_path, capsys):
     """The rendered SLURM script's first screen (about 40 lines) holds everything a student
