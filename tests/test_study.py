@@ -282,8 +282,9 @@ def test_slurm_study_picks_the_first_nodes_without_a_pipe_into_head(tmp_path):
     script = (study_dir_of(proc) / "study.sbatch").read_text()
     assert not [ln for ln in script.splitlines() if "| head" in ln.split("#")[0]]
     lines = [ln.strip() for ln in script.splitlines()
-             if ln.strip().startswith(("ALL_NODES=", "NODELIST=", "export MASTER_ADDR="))]
-    assert len(lines) == 3, lines
+             if ln.strip().startswith(("ALL_NODES=", "printf -v NODELIST", "NODELIST=",
+                                       "export MASTER_ADDR="))]
+    assert len(lines) == 4, lines
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\nfor h in node1 node2 node3; do echo "$h"; done\n')
