@@ -371,7 +371,6 @@ def test_slurm_dry_run_stop_and_requeue(tmp_path, capsys):
     assert "SLURM_RESTART_COUNT:-0" in stop and 'AGAIN="sbatch ${AGAIN_SCRIPT:-$RUN_DIR/job.sbatch}"' in stop
 
 
-
 JOB_UNDER_SLURM_STOP = """set -euo pipefail
 RUN_DIR={run_dir}
 SLURM_JOB_ID=7 SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=node1
