@@ -177,7 +177,6 @@ def test_a_start_that_failed_on_its_own_is_in_the_summary_whichever_rank_failed(
     # moment before rank 0's, rank 0 (still starting) was killed, and the job said "rank 0
     # ... dead (no process)" instead of rank 1's line (seen in CI)
     import logging
-    from types import SimpleNamespace
 
     from ddp_lab.run import job, rank
 
@@ -185,8 +184,7 @@ def test_a_start_that_failed_on_its_own_is_in_the_summary_whichever_rank_failed(
     rec = _record(run_dir, 1, os.getpid(), 2)
     try:
         line = ports.no_answer("192.0.2.1", 20000, 10)
-        rank._failed(run_dir, SimpleNamespace(is_main=False), rec, logging.getLogger("t"), line,
-                     {"world_size": 2})
+        rank._failed(run_dir, rec, logging.getLogger("t"), line, {"world_size": 2})
         assert summary(run_dir)["status"] == f"failed: {line}"  # the whole line, not 255 bytes
         assert job.collect(run_dir, 1)["status"] == f"failed: {line}"  # kept by the command
     finally:

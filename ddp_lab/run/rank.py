@@ -78,7 +78,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
     def start_timed_out() -> None:  # on the timer's thread: the main one is stuck in torch
         line = ports.no_answer(env.master_addr, env.master_port, init_s)
-        _failed(run_dir, env, record, log, line, fields)
+        _failed(run_dir, record, log, line, fields)
         logging.shutdown()
         os._exit(1)
 
@@ -101,7 +101,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
             # the store could not be bound or reached: nothing of a peer to diagnose
             line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
                     else ports.no_answer(env.master_addr, env.master_port, init_s))
-            _failed(run_dir, env, record, log, line, fields)
+            _failed(run_dir, record, log, line, fields)
             return 1
         here = record.snapshot()
         record.state("failed", mine)
@@ -128,8 +128,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         logging.shutdown()
 
 
-def _failed(run_dir: Path, env: Any, record: Any, log: logging.Logger, line: str,
-            fields: dict) -> None:
+def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record,
     its log and summary.json. Any rank writes it there, not only rank 0: the launcher ends
     the other ranks the moment one fails (seen: rank 1's rendezvous timed out a moment
