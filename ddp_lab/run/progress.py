@@ -48,7 +48,8 @@ _HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op sta
 _HOT_AT = 96
 _STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
-MESSAGE_MAX = 255  # bytes of a rank's message a record keeps (a longer one is cut there)
+MESSAGE_MAX = _MSG.size - 1  # bytes of a rank's message a record keeps (a longer one is
+# cut there; the field's last byte stays NUL)
 _MSG_AT = _HOT_AT + _HOT.size
 _NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
 _NODE_AT = SIZE - _NODE.size
