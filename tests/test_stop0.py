@@ -1,6 +1,7 @@
-"""Stop 0 (ddp_lab/stop0.py, the whole lesson in one file) and the framework agree: on 2
-ranks, the same seed, shards, shuffles and sums give the same final weights, bit for bit,
-for the naive per-parameter all-reduce and for the ring."""
+"""Stop 0 (ddp_lab/stop0.py, the whole lesson in one file) and the framework agree: the same
+seed, shards, shuffles and sums give the same final weights, bit for bit, for the naive
+per-parameter all-reduce and for the ring; on 2 ranks, and on 3 and 7, where the ring's sums
+run in another order and its buffer is padded (3) and the shards are padded (7)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,25 @@ def test_stop0_trains_to_the_framework_weights_bit_for_bit(tmp_path, shared_data
     torch.manual_seed(0)
     first = torch.nn.Linear(784, 50).weight
     assert not torch.equal(stop0_naive["fc1.weight"], first)
+
+
+
+# a whole epoch in a few steps: 4096 samples per rank a step reach the shard's padded tail
+# (at 7 ranks 60000 samples deal 8572 a rank: 4 of them repeated, in the third, last step)
+@pytest.mark.slow
+@pytest.mark.dist
+def test_stop0_matches_the_ring_at_3_and_7_ranks(tmp_path, shared_data_root):
+    assert 60_000 % 7 and 39_760 % 3  # the shards pad at 7 ranks, the ring's buffer at 3
+    # one sweep, four jobs: the framework and stop 0 (run.entry), at 3 and at 7 ranks
+    proc = run_cli("-m", "launcher.nproc_per_node=3,7",
+                   "run.entry=ddp_lab.worker,ddp_lab.stop0", "sync=ring", "train.threads=1",
+                   "train.epochs=1", "train.batch_size=4096", "train.eval_batch_size=10000",
+                   f"data.root={shared_data_root}", f"run.root={tmp_path}",
+                   "log.progress=lines", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    for world in (3, 7):
+        framework, = tmp_path.glob(f"nproc_per_node{world}_entry-ddp_lab.worker_*")
+        stop0, = tmp_path.glob(f"nproc_per_node{world}_entry-ddp_lab.stop0_*")
+        state = torch.load(framework / "checkpoints" / "epoch_0001.pt", weights_only=False)
+        assert_same_bits(torch.load(stop0 / "model.pt"), state["model"],
+                         f"stop0 ring vs sync=ring at {world} ranks")
