@@ -136,6 +136,38 @@ def test_every_path_named_exists():
     report(sorted(set(problems)), "paths named in the docs that do not exist")
 
 
+@cache
+def anchors(page: Path) -> frozenset[str]:
+    """The #anchors GitHub gives a page's headings (a repeated one gets -1, -2, ...)."""
+    seen, out, fenced = {}, set(), False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*$", line)
+        if m and not fenced:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return frozenset(out)
+
+
+def test_every_link_to_a_section_finds_it():
+    problems, checked = [], 0
+    for path, n, text, is_code in sources():
+        if path.suffix != ".md" or is_code:
+            continue
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            page = (path.parent / target).resolve() if target else path
+            checked += 1
+            if page.is_file() and anchor not in anchors(page):
+                problems.append(f"{where(path, n)}: {target or path.name} has no section "
+                                f"#{anchor}")
+    report(sorted(set(problems)), "links to sections that are not there")
+    assert checked > 10, f"only {checked} links to a section found"
+
+
 # ---------------------------------------------------------------------------- modules
 def module_file(dotted: str) -> Path | None:
     base = REPO.joinpath(*dotted.split("."))
