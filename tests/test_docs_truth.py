@@ -177,23 +177,35 @@ def module_file(dotted: str) -> Path | None:
     return None
 
 
-@cache
-def defined_names(file: Path) -> frozenset[str]:
-    """Every name a module binds at its top level or in its classes, and its `__all__`."""
-    tree = ast.parse(file.read_text())
+def bound(body: list[ast.stmt]) -> set[str]:
+    """The names a block binds itself: defs, classes, assignments, imports, `__all__`."""
     names = set()
-    for node in ast.walk(tree):
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
-            names.update(t.attr for t in targets if isinstance(t, ast.Attribute))
             if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
                 names.update(e.value for e in ast.walk(node.value)
                              if isinstance(e, ast.Constant) and isinstance(e.value, str))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try)):  # `if TYPE_CHECKING:`, `try: import`
+            names |= bound(node.body) | bound(getattr(node, "orelse", []))
+    return names
+
+
+@cache
+def defined_names(file: Path) -> frozenset[str]:
+    """Every name a module binds at its top level, its classes' names and `self.x`
+    attributes, and, for a package, its modules."""
+    tree = ast.parse(file.read_text())
+    names = bound(tree.body)
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        names |= bound(cls.body)
+        names.update(t.attr for t in ast.walk(cls) if isinstance(t, ast.Attribute)
+                     and isinstance(t.ctx, ast.Store))
     if file.name == "__init__.py":
         names.update(p.stem for p in file.parent.glob("*.py"))
         names.update(p.name for p in file.parent.iterdir() if (p / "__init__.py").exists())
@@ -314,8 +326,23 @@ def lookup(cfg, key: str):
 
 def values(key: str, config: str | None = None) -> list:
     """`key`'s value in every composed config that has it (`config`: only that one's)."""
-    cfgs = [c for name, cs in composed().items() if config in (None, name) for c in cs]
-    return [v for v in (lookup(c, key) for c in cfgs) if v is not _MISSING]
+    return list(values_by_option(key, config).values())
+
+
+def values_by_option(key: str, config: str | None = None) -> dict[str, object]:
+    """`key`'s value in each composed config that has it, by the option chosen for the
+    key's own group (`sync.prepost`: {"ring": False, "hierarchical": True})."""
+    head = key.split(".")[0]
+    out = {}
+    for name, cfgs in composed().items():
+        if config not in (None, name):
+            continue
+        for cfg in cfgs:
+            value = lookup(cfg, key)
+            if value is not _MISSING:
+                option = cfg[head].get("name", "") if isinstance(cfg.get(head), DictConfig) else ""
+                out.setdefault(f"{name}:{option}", value)
+    return out
 
 
 KEY = r"(?<![\w.$/{-])([a-z][a-z_0-9]*(?:\.[A-Za-z_][\w]*)+)"
@@ -406,7 +433,12 @@ def test_every_default_cited_is_confs():
                     if key.split(".")[0] not in sections():
                         continue
                     checked += 1
-                    found = values(key)
+                    by_option = values_by_option(key)
+                    # options differ (sync.prepost: ring's false, hierarchical's true): the
+                    # options the line names decide, if it names any
+                    named = {o: v for o, v in by_option.items() if o.split(":")[1]
+                             and re.search(rf"\b{re.escape(o.split(':')[1])}\b", line)}
+                    found = list((named or by_option).values())
                     if not found:
                         problems.append(f"{where(page, n)}: `{key}`: no such config key")
                     elif not any(same(cited, v) for v in found):
