@@ -6,12 +6,15 @@ What counts as a citation, each defined once below:
 - a path: a word starting with a top folder of the checkout (`ddp_lab/run/cli.py`,
   `conf/sync/ring.yaml`, `tests/...`), a relative markdown link, or in code a `x/y.py`
   (from the checkout or from `ddp_lab/`) or a bare `name.py` (somewhere in the checkout);
+  a link's `#section` is one of the target page's headings;
 - a module: `ddp_lab.x.y` (a module, or a name a module defines); a command `python -m M`;
 - a config key: in code, `a.b=value` or `a.b` whose first part is a section of the
   composed config (`train.lr`, `sync.prepost`); checked against the configs Hydra composes
   for every option of every group, the trainer's and the bench's;
 - a default (DEFAULT_FORMS): "`key` (default V)", "`key`, default V", "`key` ... V by
-  default", "`key` | `V` (default)", "`key=V`, the default", "(the default, `key=V`)";
+  default", "`key` | `V` (default)", "`key=V`, the default", "(the default, `key=V`)",
+  and a group's "the default `sync=X`"; where the group's options differ (sync.prepost),
+  the options the line names decide; a site preset (cluster=) is not a default;
 - a group's options listed in conf/'s defaults comments (`ddp | naive | ...`): all of them.
 - architecture.md's drawn layout (its first code block) names every package and top-level
   module of ddp_lab/.
@@ -28,7 +31,6 @@ import re
 from functools import cache
 from pathlib import Path
 
-import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from helpers import REPO
