@@ -65,7 +65,6 @@ def test_stop0_trains_to_the_framework_weights_bit_for_bit(tmp_path, shared_data
     assert not torch.equal(stop0_naive["fc1.weight"], first)
 
 
-
 # a whole epoch in a few steps: 4096 samples per rank a step reach the shard's padded tail
 # (at 7 ranks 60000 samples deal 8572 a rank: 4 of them repeated, in the third, last step)
 @pytest.mark.slow
