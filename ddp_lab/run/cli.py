@@ -52,6 +52,10 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     validates a composed config: a sweep's jobs are all checked before the first starts.
     `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
     each entry point passes its own, so this module knows none of them."""
+    flags = command_line_mistake(sys.argv[1:])
+    if flags:
+        print(f"error: {flags}", file=sys.stderr)
+        sys.exit(2)
     failed: list[int] = []
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
@@ -66,6 +70,11 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
+        except (HydraException, OmegaConfBaseException) as e:
+            # the config read as the job starts (`~sync`, an interpolation to no key):
+            # one line, where Hydra adds its own "Error executing job with overrides"
+            print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
+            outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
         if outcome.rc != 0:
@@ -154,6 +163,46 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     return "\n".join(lines)
 
 
+def command_line_mistake(argv: list[str]) -> str | None:
+    """What is wrong with the command line's flags, in one line, else None. Hydra takes
+    `key=value` overrides and its own flags (-m, --cfg, ...); a `--key value` flag (the
+    style of most command lines) is not an override: Hydra would print its 8-line usage
+    and `unrecognized arguments`. Here it is named with its override (`--sync ring`:
+    write sync=ring); Hydra's own flag given a bad value gets argparse's one line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise _FlagError(message)
+
+    parser.error = refuse  # argparse would print the usage block and exit
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except _FlagError as e:
+        return f"{e}: see --help"
+    flags = [a for a in unknown if a.startswith("-") and len(a) > 1]
+    if not flags:
+        return None
+    given, fixed, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in flags:
+            key, eq, value = a.lstrip("-").partition("=")
+            if not eq and i + 1 < len(argv) and argv[i + 1][:1] != "-" and "=" not in argv[i + 1]:
+                value = argv[i + 1]  # `--sync ring`: its value is the next word
+                a, i = f"{a} {value}", i + 1
+            given.append(a)
+            fixed.append(f"{key}={value or 'VALUE'}")
+        i += 1
+    return (f"{' '.join(given)}: not a flag here: settings are key=value overrides: write "
+            f"{' '.join(fixed)}")
+
+
+class _FlagError(Exception):
+    pass
+
+
 def _swept_keys(argv: list[str]) -> set[str]:
     """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their
     values (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
@@ -219,9 +268,17 @@ def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
     text = text.split("\nConfig search path:")[0]
     message = one_line("\n".join(ln.rstrip().rstrip(".") for ln in text.splitlines()
                                  if not _NOISE.match(ln.strip())))
+    full_key = getattr(e, "full_key", None)  # OmegaConf's error names the key on a line of its own
+    if full_key and full_key not in message:
+        message = f"{full_key}: {message}"
     override = getattr(e, "override", None)  # a parse error names the override it could not read
     if override and override not in message:
         message = f"override '{override}': {message}"
+    listed = re.search(r"override ([\w.]+)=(.*?); Invalid value assigned: \w+ is not a "
+                       r"ListConfig", message)
+    if listed:  # a list key given one value: its bracketed form
+        key, value = listed[1], re.sub(r"\\(.)", r"\1", listed[2])  # Hydra's escapes (a\:1) off
+        return f"{key}={value}: {key} is a list: write {key}=[{value}]"
     missing = re.search(r"Key '(\w+)' not in '(\w+)'", message)
     if missing:
         full_key = getattr(cause, "full_key", None) or missing.group(1)
