@@ -109,7 +109,10 @@ MISTAKES = [
                                              "key=value overrides: write sync=ring"),
     ("flag-style-in-sweep", TRAIN, ["-m", "--sync=ring,ddp", "--train.epochs", "1"],
      "write sync=ring,ddp train.epochs=1"),
-    ("bench-flag-style", BENCH, ["--ops", "reduce"], "write ops=reduce"),
+    ("flag-style-key-found", TRAIN, ["--epochs", "3", "--dry-run"],
+     "--epochs 3 --dry-run: not a flag here: settings are key=value overrides: write "
+     "train.epochs=3 launcher.dry_run=true"),
+    ("bench-flag-style", BENCH, ["--ops", "reduce"], "write bench.ops=[reduce]"),
     ("hydra-flag-value", TRAIN, ["--cfg", "every"], "argument --cfg/-c: invalid choice: 'every'"),
     ("list-key-given-a-value", TRAIN, ["launcher=mpirun", "launcher.hosts=nohost:2"],
      "launcher.hosts=nohost:2: launcher.hosts is a list: write launcher.hosts=[nohost:2]"),

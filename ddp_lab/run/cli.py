@@ -52,7 +52,7 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     validates a composed config: a sweep's jobs are all checked before the first starts.
     `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
     each entry point passes its own, so this module knows none of them."""
-    flags = command_line_mistake(sys.argv[1:])
+    flags = command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
     if flags:
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
@@ -163,12 +163,15 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     return "\n".join(lines)
 
 
-def command_line_mistake(argv: list[str]) -> str | None:
+def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
+                         ) -> str | None:
     """What is wrong with the command line's flags, in one line, else None. Hydra takes
     `key=value` overrides and its own flags (-m, --cfg, ...); a `--key value` flag (the
     style of most command lines) is not an override: Hydra would print its 8-line usage
     and `unrecognized arguments`. Here it is named with its override (`--sync ring`:
-    write sync=ring); Hydra's own flag given a bad value gets argparse's one line."""
+    write sync=ring; `--epochs 3`: train.epochs=3, the key found in `defaults()`, the
+    composed config; a list key's value bracketed); Hydra's own flag given a bad value
+    gets argparse's one line."""
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()
@@ -184,6 +187,10 @@ def command_line_mistake(argv: list[str]) -> str | None:
     flags = [a for a in unknown if a.startswith("-") and len(a) > 1]
     if not flags:
         return None
+    try:
+        keys = _leaves(defaults())
+    except (HydraException, OmegaConfBaseException):
+        keys = {}  # a config that does not compose: its own error comes once the flags are fixed
     given, fixed, i = [], [], 0
     while i < len(argv):
         a = argv[i]
@@ -193,10 +200,53 @@ def command_line_mistake(argv: list[str]) -> str | None:
                 value = argv[i + 1]  # `--sync ring`: its value is the next word
                 a, i = f"{a} {value}", i + 1
             given.append(a)
-            fixed.append(f"{key}={value or 'VALUE'}")
+            fixed.append(_as_override(key, value, keys))
         i += 1
     return (f"{' '.join(given)}: not a flag here: settings are key=value overrides: write "
             f"{' '.join(fixed)}")
+
+
+def _defaults(config_name: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name=config_name)
+
+
+def _leaves(cfg) -> dict[str, object]:
+    """Every key of `cfg` (dotted) and its node, groups' keys included."""
+    out: dict[str, object] = {}
+    if cfg is None:
+        return out
+
+    def walk(node, prefix: str) -> None:
+        for k in node.keys() if isinstance(node, DictConfig) else ():
+            full = f"{prefix}{k}"
+            value = node._get_node(k)
+            out[full] = value
+            if isinstance(value, DictConfig):
+                walk(value, full + ".")
+
+    walk(cfg, "")
+    return out
+
+
+def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
+    """The override a `--key value` flag meant: the key as the config spells it (the one
+    key whose last part it names: `epochs` -> train.epochs; `dry-run` -> launcher.dry_run),
+    a list key's value in brackets, a flag without a value true where the key is a bool."""
+    from omegaconf import ListConfig
+
+    named = [key, key.replace("-", "_")]
+    found = next((k for k in named if k in keys), None)
+    if found is None:
+        matches = sorted({k for k in keys for n in named if k.rsplit(".", 1)[-1] == n})
+        found = matches[0] if len(matches) == 1 else None
+    key = found or key
+    node = keys.get(key)
+    if not value:
+        value = "true" if node is not None and isinstance(getattr(node, "_val", None), bool) else "VALUE"
+    elif isinstance(node, ListConfig) and value[:1] != "[":
+        value = f"[{value}]"
+    return f"{key}={value}"
 
 
 class _FlagError(Exception):
