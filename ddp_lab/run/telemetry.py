@@ -95,8 +95,12 @@ class Telemetry:
         self.records = self.sink.truncate_after(start_epoch, self.written_step)
         hparams = self.hparams()
         repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
+        # the run's own compute-vs-comm charts that will draw a line: per step where it
+        # writes per-step points, per epoch where it has more than one epoch
+        bands = (("step",) if self.every > 0 else ()) \
+            + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
         self.sink.tensorboard(run_name(hparams, repeat),
-                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams)
+                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams, bands)
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))

@@ -110,11 +110,12 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
 # marker. Hence: one chart per quantity where runs are compared (a colour per run), and
 # for one run a margin chart where compute is the line and comm the shaded band, one per
 # run (`ONE_RUN`, `layout(run)`). (title, closed, [(chart title, content)])
-ONE_RUN = (("compute vs comm per step, a chart per run: line = compute ends, band = comm in "
-            "flight (above the line: exposed)", False, ("step/compute[ms]", "step/comm[ms]",
-                                                       "step/comm_exposed[ms]"), "per step (ms)"),
-           ("compute vs comm per epoch, a chart per run", True, (
-               "time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
+# (which, title, closed, the band's tags, what the chart's title says after the run's)
+ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
+                    "comm in flight (above the line: exposed)", False,
+            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
+           ("epoch", "compute vs comm per epoch, a chart per run", True,
+            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
             "per epoch (ms/step)"))
 LAYOUT = (
     ("compute vs comm, runs side by side: one chart per quantity, a colour per run", False, [
@@ -138,22 +139,26 @@ LAYOUT = (
 )
 
 
-def layout(run: str):
+def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
     """Run `run`'s custom-scalars layout as the plugin's proto: its own band charts
-    (`ONE_RUN`, titled by the run; every run's layout has the same categories, so the
-    plugin merges them into one chart per run), then `LAYOUT`."""
+    (`ONE_RUN`, titled by the run), then `LAYOUT`. `bands`: the charts the run will draw
+    lines on ("step": it writes per-step points; "epoch": more than one epoch); a chart
+    of one point or none is left out, its category kept: every run's layout has the same
+    categories, which the plugin merges into one chart per run (a category the first
+    run lacks would lose the later runs' charts)."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))])
-                  for title, closed, triple, what in ONE_RUN] + list(LAYOUT)
+    categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
+                   if which in bands else [])
+                  for which, title, closed, triple, what in ONE_RUN] + list(LAYOUT)
     return layout_pb2.Layout(category=[
         layout_pb2.Category(title=title, closed=closed,
                             chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
         for title, closed, charts in categories])
 
 
-def layout_summary(run: str):
-    """Run `run`'s layout as the Summary the plugin reads (tag `custom_scalars__config__`),
+def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+    """Run `run`'s layout (`layout`) as the Summary the plugin reads (tag `custom_scalars__config__`),
     built as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
     TensorFlow."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -161,7 +166,7 @@ def layout_summary(run: str):
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
-    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run).SerializeToString()],
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands).SerializeToString()],
                          tensor_shape=TensorShapeProto())
     return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=meta)])
 
@@ -239,10 +244,12 @@ class TensorBoardRun:
             if not any(d.iterdir()):
                 d.rmdir()
 
-    def head(self, config_text: str, hparams: dict[str, Any]) -> None:
-        """A fresh run's first events (step 0): config, layout, hparams."""
+    def head(self, config_text: str, hparams: dict[str, Any],
+             bands: tuple[str, ...] = ("step", "epoch")) -> None:
+        """A fresh run's first events (step 0): config, layout (`bands`: its band charts
+        that will draw a line, `layout`), hparams."""
         self.writer.add_text("config", config_text, 0)
-        self.writer.file_writer.add_summary(layout_summary(self.band), 0)
+        self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
