@@ -120,6 +120,9 @@ MISTAKES = [
     ("interpolation-to-no-key", TRAIN, ["train.epochs=${{nokey}}"],
      "train.epochs: Interpolation key 'nokey' not found"),
     ("group-deleted", TRAIN, ["~sync"], "Missing mandatory value: sync"),
+    ("key-added-to-a-section", TRAIN, ["+sync.foo=1"], "sync.foo: not a key of sync (sync keys: "),
+    ("empty-sweep", TRAIN, ["-m", "train.epochs=range(1,1)"],
+     "train.epochs=range(1,1): no values, so no jobs"),
     ("report-flag", REPORT, ["--bogus"], "unrecognized arguments: --bogus (usage: "
                                          "python -m ddp_lab.report PATH"),
 ]

@@ -259,7 +259,7 @@ def _swept_keys(argv: list[str]) -> set[str]:
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+        overrides = _parser().parse_overrides([a for a in argv if a[:1] != "-"])
     except HydraException:
         return set()
     return {o.key_or_group for o in overrides if o.is_sweep_override()}
@@ -293,11 +293,26 @@ def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
     its turn comes, after the earlier ones ran (and made their run folders)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
-    overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+    overrides = _parser().parse_overrides([a for a in argv if a[:1] != "-"])
+    batches = BasicSweeper.split_arguments(overrides, None)
+    if not any(batches):
+        empty = [o.input_line for o in overrides if o.is_sweep_override()
+                 and not list(o.sweep_string_iterator())]
+        raise UserError(f"{' '.join(empty) or 'the sweep'}: no values, so no jobs: give at "
+                        "least one (range(1,4) is 1, 2, 3)")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        for batch in BasicSweeper.split_arguments(overrides, None):
+        for batch in batches:
             for job in batch:
                 check_fn(compose(config_name=config_name, overrides=list(job)))
+
+
+def _parser() -> OverridesParser:
+    """Hydra's override parser as its sweeper makes it: with a config loader, which
+    glob(...) needs to list a group's options."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    return OverridesParser.create(config_loader=ConfigLoaderImpl(
+        config_search_path=create_config_search_path(str(CONF_DIR))))
 
 
 def _restore_env(name: str, value: str | None) -> None:
