@@ -113,6 +113,8 @@ MISTAKES = [
      "--epochs 3 --dry-run: not a flag here: settings are key=value overrides: write "
      "train.epochs=3 launcher.dry_run=true"),
     ("bench-flag-style", BENCH, ["--ops", "reduce"], "write bench.ops=[reduce]"),
+    ("hydra-rerun-no-file", TRAIN, ["--experimental-rerun", "{open}/none.pickle"],
+     "--experimental-rerun {open}/none.pickle: no such file"),
     ("hydra-flag-value", TRAIN, ["--cfg", "every"], "argument --cfg/-c: invalid choice: 'every'"),
     ("list-key-given-a-value", TRAIN, ["launcher=mpirun", "launcher.hosts=nohost:2"],
      "launcher.hosts=nohost:2: launcher.hosts is a list: write launcher.hosts=[nohost:2]"),

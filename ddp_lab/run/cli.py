@@ -181,9 +181,12 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 
     parser.error = refuse  # argparse would print the usage block and exit
     try:
-        _, unknown = parser.parse_known_args(argv)
+        known, unknown = parser.parse_known_args(argv)
     except _FlagError as e:
         return f"{e}: see --help"
+    rerun = known.experimental_rerun  # Hydra reads it unchecked: a traceback
+    if rerun is not None and not os.path.isfile(rerun):
+        return f"--experimental-rerun {rerun}: no such file (give a job's .hydra/config.pickle)"
     flags = [a for a in unknown if a.startswith("-") and len(a) > 1]
     if not flags:
         return None
