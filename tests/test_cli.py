@@ -149,3 +149,11 @@ def test_a_bad_override_on_the_fast_path_is_still_one_line(monkeypatch, capsys):
 def test_hydra_flags_still_take_hydra_main(monkeypatch, capsys):
     rc, composed, seen = _cli_in_process(monkeypatch, ["--cfg", "job", "sync=tree"])
     assert rc == 0 and not seen and "name: tree" in capsys.readouterr().out
+
+
+def test_a_glob_sweep_runs_its_jobs(monkeypatch, tmp_path):
+    """`-m sync=glob(ri*)`: the check of a sweep's jobs parses with a config loader, as
+    Hydra's sweeper does (without one it refused every glob: "ConfigLoader is not set")."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, seen = _cli_in_process(monkeypatch, ["-m", "sync=glob(ri*)", f"run.root={tmp_path}"])
+    assert rc == 0 and [s[0] for s in seen] == ["ring"], seen

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from ddp_lab.run import validate
 from ddp_lab.errors import UserError
 
-TRAIN, BENCH = "ddp_lab", "ddp_lab.bench"
+TRAIN, BENCH, REPORT = "ddp_lab", "ddp_lab.bench", "ddp_lab.report"
 
 # (id, entry point, arguments, what the one line must contain). In the arguments, {file}
 # is an existing file, {ro} a folder the user cannot write, {open} one anyone can write.
@@ -104,6 +104,29 @@ MISTAKES = [
     ("bench-trainer-group", BENCH, ["+sync=ring"], "Key 'sync' not in 'BenchRootConfig'"),
     ("bench-alps-no-account", BENCH, ["cluster=alps", "launcher.environment=/e.toml"],
      "launcher.account is not set"),
+    # what Hydra itself rejects: its own one line, never its usage block or a traceback
+    ("flag-style", TRAIN, ["--sync", "ring"], "--sync ring: not a flag here: settings are "
+                                             "key=value overrides: write sync=ring"),
+    ("flag-style-in-sweep", TRAIN, ["-m", "--sync=ring,ddp", "--train.epochs", "1"],
+     "write sync=ring,ddp train.epochs=1"),
+    ("flag-style-key-found", TRAIN, ["--epochs", "3", "--dry-run"],
+     "--epochs 3 --dry-run: not a flag here: settings are key=value overrides: write "
+     "train.epochs=3 launcher.dry_run=true"),
+    ("bench-flag-style", BENCH, ["--ops", "reduce"], "write bench.ops=[reduce]"),
+    ("hydra-rerun-no-file", TRAIN, ["--experimental-rerun", "{open}/none.pickle"],
+     "--experimental-rerun {open}/none.pickle: no such file"),
+    ("hydra-flag-value", TRAIN, ["--cfg", "every"], "argument --cfg/-c: invalid choice: 'every'"),
+    ("list-key-given-a-value", TRAIN, ["launcher=mpirun", "launcher.hosts=nohost:2"],
+     "launcher.hosts=nohost:2: launcher.hosts is a list: write launcher.hosts=[nohost:2]"),
+    ("bench-list-key-given-a-value", BENCH, ["bench.ops=reduce"], "write bench.ops=[reduce]"),
+    ("interpolation-to-no-key", TRAIN, ["train.epochs=${{nokey}}"],
+     "train.epochs: Interpolation key 'nokey' not found"),
+    ("group-deleted", TRAIN, ["~sync"], "Missing mandatory value: sync"),
+    ("key-added-to-a-section", TRAIN, ["+sync.foo=1"], "sync.foo: not a key of sync (sync keys: "),
+    ("empty-sweep", TRAIN, ["-m", "train.epochs=range(1,1)"],
+     "train.epochs=range(1,1): no values, so no jobs"),
+    ("report-flag", REPORT, ["--bogus"], "unrecognized arguments: --bogus (usage: "
+                                         "python -m ddp_lab.report PATH"),
 ]
 
 

@@ -203,7 +203,34 @@ def test_one_world_draws_bars_not_empty_panels(tmp_path):
     readable(fig)
     legend_clear_of_axes(fig)
     assert len(info["bars"]) == 9 and len(fig.axes) == 2
-    assert fig.axes[0].get_shared_x_axes().joined(fig.axes[0], fig.axes[1])  # ms per step, one axis
+    bars_read_on_their_own_scale(fig)
+
+
+def bars_read_on_their_own_scale(fig) -> None:
+    """Every panel of the phase figure on an x axis of its own, from zero, that its
+    longest bar fills for the most part: no workload's bars a sliver beside another's."""
+    for a, b in itertools.combinations(fig.axes, 2):
+        assert not a.get_shared_x_axes().joined(a, b), (a.get_title(), b.get_title())
+    for ax in fig.axes:
+        longest = max(bar.get_x() + bar.get_width() for bar in ax.patches)
+        low, high = ax.get_xlim()
+        assert low == 0 and longest >= 0.6 * high, (ax.get_title(), longest, high)
+        assert ax.get_xticklabels() and ax.get_xlabel(), ax.get_title()  # its scale is shown
+
+
+def test_phases_of_a_fast_and_a_slow_workload_each_read(tmp_path):
+    """mlp at ~4 ms a step and mlp_wide at ~430 ms, with different epoch counts: each
+    workload's bars fill their own panel (on one axis the mlp bars were slivers of 1%),
+    the legend clear of every panel."""
+    for s in ("ddp", "ring"):
+        train_run(tmp_path / "o", f"mlp_{s}", sync=s, epoch_s=(2.2, 2.0, 2.0, 2.0, 2.0))
+        train_run(tmp_path / "o", f"wide_{s}", sync=s, model="mlp_wide", epoch_s=(210.0, 200.0))
+    doc = build_report(find_runs([tmp_path / "o"]), tmp_path / "rep", make_plots=False)["doc"]
+    fig, info = phase_figure(doc["phases"])
+    readable(fig)
+    legend_clear_of_axes(fig)
+    assert len(fig.axes) >= 2 and {b["workload"].split(",")[0] for b in info["data"]} >= {"mlp", "mlp_wide"}
+    bars_read_on_their_own_scale(fig)
 
 
 def test_several_worlds_and_one_world_in_one_figure(tmp_path):

@@ -6,6 +6,7 @@ mid-epoch and resumed on one continuous axis."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.run.tensorboard import BANDS, LAYOUT, run_name
+from ddp_lab.run.tensorboard import BANDS, LAYOUT, ONE_RUN, band_tag, run_name
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training
 
@@ -141,12 +142,13 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     assert [s for s, _ in _points(acc, "Run/test_accuracy")] == [2, 4]
 
 
-def _one_timed_epoch(tmp_path, every: int, steps: int):
-    """A one-epoch run of `steps` steps of 5 ms (1 ms a phase) through Telemetry, every
-    `every`-th step to TensorBoard; its event file read back."""
+def _one_timed_epoch(tmp_path, every: int, steps: int, epochs: int = 1):
+    """The first epoch, of `steps` steps of 5 ms (1 ms a phase), of an `epochs`-epoch run
+    through Telemetry, every `every`-th step to TensorBoard; its event file read back."""
     from ddp_lab.timing import PHASES, StepTimes
 
-    tel = _telemetry(tmp_path, "train.epochs=1", f"timing.tb_every={every}", steps_per_epoch=steps)
+    tel = _telemetry(tmp_path, f"train.epochs={epochs}", f"timing.tb_every={every}",
+                     steps_per_epoch=steps)
     tel.start(0, 0)
     times = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
              for i in range(steps)]
@@ -157,11 +159,11 @@ def _one_timed_epoch(tmp_path, every: int, steps: int):
 
 def test_per_step_points_share_the_axis_with_the_epoch(tmp_path):
     """Without a live watch (as here) the epoch's end writes the per-step points: every
-    2nd of 4 steps at its global step, the epoch's scalars at its last, `epoch` once there."""
-    acc = _one_timed_epoch(tmp_path, every=2, steps=4)
-    assert _points(acc, "step/time[ms]") == [(2, pytest.approx(5.0)), (4, pytest.approx(5.0))]
-    assert _points(acc, "epoch") == [(2, 1.0), (4, 1.0)]
-    assert [s for s, _ in _points(acc, "time/step[ms/step]")] == [4]
+    2nd of 40 steps at its global step, the epoch's scalars at its last, `epoch` once there."""
+    acc = _one_timed_epoch(tmp_path, every=2, steps=40)
+    assert _points(acc, "step/time[ms]") == [(n, pytest.approx(5.0)) for n in range(2, 41, 2)]
+    assert _points(acc, "epoch") == [(n, 1.0) for n in range(2, 41, 2)]
+    assert [s for s, _ in _points(acc, "time/step[ms/step]")] == [40]
     tags = set(acc.Tags()["scalars"])
     assert {"step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"} <= tags
     assert not [t for t in tags if "(" in t]  # custom scalars would draw them invisible
@@ -175,10 +177,11 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
     flight the band, which ends where the exposed comm ends."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    acc = _one_timed_epoch(tmp_path, every=1, steps=2)
+    acc = _one_timed_epoch(tmp_path, every=1, steps=2, epochs=2)
     (event,) = acc.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
-    assert [(c.title, c.closed) for c in layout.category] == [(t, closed) for t, closed, _ in LAYOUT]
+    assert [(c.title, c.closed) for c in layout.category] == \
+        [(t, closed) for _, t, closed, *_ in ONE_RUN] + [(t, closed) for t, closed, _ in LAYOUT]
     tags = set(acc.Tags()["scalars"])
     margins = 0
     for chart in (c for cat in layout.category for c in cat.chart):
@@ -194,11 +197,66 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
         # one quantity a chart, but for the step time's variants and the two losses
         assert len(chart.multiline.tag) == 1 or chart.title.startswith(("step time", "loss")), chart
     assert margins == 2
-    # the band: in flight long, ending at compute + exposed
-    for (compute, inflight, exposed), (low, high) in BANDS.items():
-        for (s, c), (_, i), (_, e), (_, lo), (_, hi) in zip(*(_points(acc, t) for t in (
-                compute, inflight, exposed, low, high))):
-            assert hi == pytest.approx(c + e, abs=1e-4) and lo == pytest.approx(max(0.0, c + e - i), abs=1e-4)
+    # the band: in flight long, ending at compute + exposed; its line: compute
+    for (compute, inflight, exposed), names in BANDS.items():
+        line, low, high = (band_tag(tmp_path.name, n) for n in names)
+        for (s, c), (_, i), (_, e), (_, ln), (_, lo), (_, hi) in zip(*(_points(acc, t) for t in (
+                compute, inflight, exposed, line, low, high))):
+            assert ln == c and hi == pytest.approx(c + e, abs=1e-4)
+            assert lo == pytest.approx(max(0.0, c + e - i), abs=1e-4)
+
+
+def _custom_scalars(logdir: Path):
+    """The custom-scalars layout TensorBoard serves for `logdir` (its plugin merges the
+    runs' layouts) and the scalar tags of each of its runs."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.backend.event_processing.data_provider import MultiplexerDataProvider
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.custom_scalar.custom_scalars_plugin import CustomScalarsPlugin
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    plugin = CustomScalarsPlugin(base_plugin.TBContext(
+        logdir=str(logdir), multiplexer=mux, data_provider=MultiplexerDataProvider(mux, str(logdir))))
+    layout = json.loads(plugin.layout_impl(context.RequestContext(), ""))
+    return layout, {run: set(tags) for run, tags in mux.PluginRunToTagToContent("scalars").items()}
+
+
+def test_one_run_charts_stay_one_run_each_among_many(tmp_path):
+    """Three runs in one folder, as TensorBoard serves them: the one-run margin charts are
+    one per run, each drawing that run's band only (on tags every run shared, each chart
+    drew every run's band: with 15 runs a pile of translucent bands)."""
+    for k in range(3):
+        _one_timed_epoch(tmp_path / f"ring_run{k}", every=1, steps=20)
+    layout, tags = _custom_scalars(tmp_path)
+    assert len(tags) == 3
+    margins = [c for cat in layout["category"] for c in cat.get("chart", []) if "margin" in c]
+    assert len(margins) == 3  # per step; one epoch draws no line: no per-epoch chart
+    for chart in margins:
+        (series,) = chart["margin"]["series"]
+        having = [run for run, t in tags.items() if series["value"] in t]
+        assert len(having) == 1 and {series["lower"], series["upper"]} <= tags[having[0]], chart
+        assert having[0].split("/")[0] in chart["title"], (chart["title"], having)
+
+
+def test_a_short_run_draws_per_step_points(tmp_path):
+    """A 20-step run at the default timing.tb_every (50) writes a point every step, so its
+    per-step charts draw lines (every 50th step of 20: none, and the one epoch point
+    alone drew nothing)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    from ddp_lab.config import TimingConfig
+
+    assert TimingConfig().tb_every > 20
+    acc = _one_timed_epoch(tmp_path, every=TimingConfig().tb_every, steps=20)
+    assert [s for s, _ in _points(acc, "step/time[ms]")] == list(range(1, 21))
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    (chart,) = [c for cat in layout.category for c in cat.chart if c.HasField("margin")]
+    assert chart.title.endswith("per step (ms)")  # its one epoch point would draw no line
+    assert len(_points(acc, chart.margin.series[0].value)) == 20
 
 
 def test_a_fresh_start_hides_what_a_former_attempt_wrote(tmp_path):

@@ -305,7 +305,8 @@ class TimingConfig:
     trace_steps: int = doc(10, "steps of each epoch in the trace: the first N and the last N")
     tb_every: int = doc(50, "TensorBoard per-step scalars (step time, sync, "
                             "compute, comm in flight and exposed) every N "
-                            "steps, written as the steps go; 0 = none")
+                            "steps, written as the steps go (a run of fewer than "
+                            "20 x N steps: 20 points); 0 = none")
 
 
 @dataclass

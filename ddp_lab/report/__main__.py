@@ -37,8 +37,18 @@ def parse_worlds(text: str) -> list[int]:
     return sorted(set(out))
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints the usage block first)
+        print(f"error: {message} (usage: {USAGE})", file=sys.stderr)
+        sys.exit(2)
+
+
+USAGE = "python -m ddp_lab.report PATH [PATH ...] [-o OUT] [--no-plots] [--warmup N] " \
+        "[--forecast W1,W2,...] [--gpus-per-node G]"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m ddp_lab.report",
         description="Compare ddp_lab run folders: time per epoch, speedup, efficiency and comm "
                     "share per sync across allocations; bench runs give the alpha-beta model.")

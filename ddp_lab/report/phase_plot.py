@@ -2,8 +2,10 @@
 
 Bars lie horizontally, their names on the y axis: a name gets a row of its own, so seven
 syncs' names ("reduce_broadcast") and the workloads' never run into each other however
-many bars there are. One panel per workload (capped and full epochs apart), all on one x
-axis: the panels show one quantity, ms per step.
+many bars there are. One panel per workload, each on its own x axis from zero: a
+workload's step of 5 ms beside another's of 430 ms would be a sliver on a shared one, and
+what a panel is read for is where its own step's time goes (the tables compare the
+workloads' times). Every panel says its scale under its bars.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from .runs import PHASES
 from .tables import workload_titles
 
 BAR_IN = 0.3  # inches of figure height per bar: one line of 8-point text with room
+AXIS_ROWS = 1.5  # a panel's x ticks and their label, in bars' heights
+XLABEL = "time per step (ms, mean over the runs of a bar; this panel's own scale)"
 
 
 def _points(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -61,8 +65,9 @@ def phase_figure(rows: list[dict]):
             y.append((y[-1] if y else -1.0) + 1.0 + (0.5 if i and k[2] != keys[i - 1][2] else 0.0))
             bars.append(_bar(k, points[k], {kk[5] for kk in keys if kk[2] == k[2]}))
         panels.append((wl, bars, y))
-    rows_in = [y[-1] + 1.6 for _, _, y in panels]  # bars, gaps and the panel's title
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, layout="constrained",
+    # bars, gaps, the panel's title and (its own scale) its ticks and their label
+    rows_in = [y[-1] + 1.6 + AXIS_ROWS for _, _, y in panels]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
                              figsize=(10, 1.2 + BAR_IN * sum(rows_in)), height_ratios=rows_in)
     legend = {}
     for ax, (wl, bars, y) in zip(axes[:, 0], panels):
@@ -78,13 +83,14 @@ def phase_figure(rows: list[dict]):
                        zorder=3, label="measured comm / step")
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
         ax.set_ylim(y[-1] + 0.8, -0.8)  # the first bar on top, as read
+        ax.set_xlim(0, None)  # its own scale: the longest bar (or diamond) sets it
+        ax.set_xlabel(XLABEL, fontsize=8)
         ax.grid(True, axis="x", alpha=0.3)
         if len(panels) > 1:
             ax.set_title(titles[wl], fontsize=9)
         # every panel draws every phase: the legend takes each label once
         handles, labels = ax.get_legend_handles_labels()
         legend.update(zip(labels, handles))
-    axes[-1, 0].set_xlabel("time per step (ms, mean over the runs of a bar)")
     order = sorted(legend, key=lambda k: k != "measured comm / step")  # stacking order after it
     fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
     fig.suptitle("Phase times per step" + (f": {common}" if common else ""), fontsize=10)

@@ -52,6 +52,10 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     validates a composed config: a sweep's jobs are all checked before the first starts.
     `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
     each entry point passes its own, so this module knows none of them."""
+    flags = command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
+    if flags:
+        print(f"error: {flags}", file=sys.stderr)
+        sys.exit(2)
     failed: list[int] = []
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
@@ -66,6 +70,11 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
+        except (HydraException, OmegaConfBaseException) as e:
+            # the config read as the job starts (`~sync`, an interpolation to no key):
+            # one line, where Hydra adds its own "Error executing job with overrides"
+            print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
+            outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
         if outcome.rc != 0:
@@ -154,13 +163,106 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     return "\n".join(lines)
 
 
+def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
+                         ) -> str | None:
+    """What is wrong with the command line's flags, in one line, else None. Hydra takes
+    `key=value` overrides and its own flags (-m, --cfg, ...); a `--key value` flag (the
+    style of most command lines) is not an override: Hydra would print its 8-line usage
+    and `unrecognized arguments`. Here it is named with its override (`--sync ring`:
+    write sync=ring; `--epochs 3`: train.epochs=3, the key found in `defaults()`, the
+    composed config; a list key's value bracketed); Hydra's own flag given a bad value
+    gets argparse's one line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise _FlagError(message)
+
+    parser.error = refuse  # argparse would print the usage block and exit
+    try:
+        known, unknown = parser.parse_known_args(argv)
+    except _FlagError as e:
+        return f"{e}: see --help"
+    rerun = known.experimental_rerun  # Hydra reads it unchecked: a traceback
+    if rerun is not None and not os.path.isfile(rerun):
+        return f"--experimental-rerun {rerun}: no such file (give a job's .hydra/config.pickle)"
+    flags = [a for a in unknown if a.startswith("-") and len(a) > 1]
+    if not flags:
+        return None
+    try:
+        keys = _leaves(defaults())
+    except (HydraException, OmegaConfBaseException):
+        keys = {}  # a config that does not compose: its own error comes once the flags are fixed
+    given, fixed, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in flags:
+            key, eq, value = a.lstrip("-").partition("=")
+            if not eq and i + 1 < len(argv) and argv[i + 1][:1] != "-" and "=" not in argv[i + 1]:
+                value = argv[i + 1]  # `--sync ring`: its value is the next word
+                a, i = f"{a} {value}", i + 1
+            given.append(a)
+            fixed.append(_as_override(key, value, keys))
+        i += 1
+    return (f"{' '.join(given)}: not a flag here: settings are key=value overrides: write "
+            f"{' '.join(fixed)}")
+
+
+def _defaults(config_name: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name=config_name)
+
+
+def _leaves(cfg) -> dict[str, object]:
+    """Every key of `cfg` (dotted) and its node, groups' keys included."""
+    out: dict[str, object] = {}
+    if cfg is None:
+        return out
+
+    def walk(node, prefix: str) -> None:
+        for k in node.keys() if isinstance(node, DictConfig) else ():
+            full = f"{prefix}{k}"
+            value = node._get_node(k)
+            out[full] = value
+            if isinstance(value, DictConfig):
+                walk(value, full + ".")
+
+    walk(cfg, "")
+    return out
+
+
+def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
+    """The override a `--key value` flag meant: the key as the config spells it (the one
+    key whose last part it names: `epochs` -> train.epochs; `dry-run` -> launcher.dry_run),
+    a list key's value in brackets, a flag without a value true where the key is a bool."""
+    from omegaconf import ListConfig
+
+    named = [key, key.replace("-", "_")]
+    found = next((k for k in named if k in keys), None)
+    if found is None:
+        matches = sorted({k for k in keys for n in named if k.rsplit(".", 1)[-1] == n})
+        found = matches[0] if len(matches) == 1 else None
+    key = found or key
+    node = keys.get(key)
+    if not value:
+        value = "true" if node is not None and isinstance(getattr(node, "_val", None), bool) else "VALUE"
+    elif isinstance(node, ListConfig) and value[:1] != "[":
+        value = f"[{value}]"
+    return f"{key}={value}"
+
+
+class _FlagError(Exception):
+    pass
+
+
 def _swept_keys(argv: list[str]) -> set[str]:
     """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their
     values (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+        overrides = _parser().parse_overrides([a for a in argv if a[:1] != "-"])
     except HydraException:
         return set()
     return {o.key_or_group for o in overrides if o.is_sweep_override()}
@@ -194,11 +296,26 @@ def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
     its turn comes, after the earlier ones ran (and made their run folders)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
-    overrides = OverridesParser.create().parse_overrides([a for a in argv if a[:1] != "-"])
+    overrides = _parser().parse_overrides([a for a in argv if a[:1] != "-"])
+    batches = BasicSweeper.split_arguments(overrides, None)
+    if not any(batches):
+        empty = [o.input_line for o in overrides if o.is_sweep_override()
+                 and not list(o.sweep_string_iterator())]
+        raise UserError(f"{' '.join(empty) or 'the sweep'}: no values, so no jobs: give at "
+                        "least one (range(1,4) is 1, 2, 3)")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        for batch in BasicSweeper.split_arguments(overrides, None):
+        for batch in batches:
             for job in batch:
                 check_fn(compose(config_name=config_name, overrides=list(job)))
+
+
+def _parser() -> OverridesParser:
+    """Hydra's override parser as its sweeper makes it: with a config loader, which
+    glob(...) needs to list a group's options."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    return OverridesParser.create(config_loader=ConfigLoaderImpl(
+        config_search_path=create_config_search_path(str(CONF_DIR))))
 
 
 def _restore_env(name: str, value: str | None) -> None:
@@ -219,9 +336,17 @@ def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
     text = text.split("\nConfig search path:")[0]
     message = one_line("\n".join(ln.rstrip().rstrip(".") for ln in text.splitlines()
                                  if not _NOISE.match(ln.strip())))
+    full_key = getattr(e, "full_key", None)  # OmegaConf's error names the key on a line of its own
+    if full_key and full_key not in message:
+        message = f"{full_key}: {message}"
     override = getattr(e, "override", None)  # a parse error names the override it could not read
     if override and override not in message:
         message = f"override '{override}': {message}"
+    listed = re.search(r"override ([\w.]+)=(.*?); Invalid value assigned: \w+ is not a "
+                       r"ListConfig", message)
+    if listed:  # a list key given one value: its bracketed form
+        key, value = listed[1], re.sub(r"\\(.)", r"\1", listed[2])  # Hydra's escapes (a\:1) off
+        return f"{key}={value}: {key} is a list: write {key}=[{value}]"
     missing = re.search(r"Key '(\w+)' not in '(\w+)'", message)
     if missing:
         full_key = getattr(cause, "full_key", None) or missing.group(1)

@@ -92,7 +92,7 @@ class NullSink:
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
 
-    def tensorboard(self, name: str, config: str, hparams: dict) -> None:
+    def tensorboard(self, name: str, config: str, hparams: dict, bands: tuple[str, ...] = ()) -> None:
         pass
 
     def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
@@ -144,17 +144,19 @@ class RunFolderSink(NullSink):
         self._at = global_step
         return kept
 
-    def tensorboard(self, name: str, config: str, hparams: dict) -> None:
+    def tensorboard(self, name: str, config: str, hparams: dict,
+                    bands: tuple[str, ...] = ("step", "epoch")) -> None:
         """Open the run's TensorBoard folder: the one a former segment wrote, its points
         past the checkpoint hidden, else tb/<name>, which starts with the config, the
-        layout and the hparams. A fresh start keeps nothing, as in metrics.jsonl."""
+        layout (with the band charts `bands`) and the hparams. A fresh start keeps
+        nothing, as in metrics.jsonl."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
         written = TensorBoardRun.written(tb)
         self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None)
         if not written:
-            self._tb.head(config, hparams)
+            self._tb.head(config, hparams, bands)
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))

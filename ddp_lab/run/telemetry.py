@@ -36,7 +36,7 @@ from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .step_progress import StepProgress
-from .tensorboard import run_metrics, run_name
+from .tensorboard import run_metrics, run_name, step_stride
 from .presentation import comm_line, epoch_scalars, step_scalars
 from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
@@ -76,7 +76,9 @@ class Telemetry:
         self.fingerprint: dict = {}
         self.fingerprint_id: Optional[str] = None
         self._progress = StepProgress(cfg.log.progress, cfg.log.progress_every_s, ctx.env.is_main)
-        self.every = cfg.timing.tb_every if self.timing else 0  # per-step points: every N
+        # per-step points: every N steps (a short run more often: tensorboard.step_stride)
+        self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
+                      if self.timing else 0)
         self.written_step = 0  # the last per-step point written
         self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
                       if meter is not None and self.every > 0 and ctx.env.is_main else None)
@@ -93,8 +95,12 @@ class Telemetry:
         self.records = self.sink.truncate_after(start_epoch, self.written_step)
         hparams = self.hparams()
         repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
+        # the run's own compute-vs-comm charts that will draw a line: per step where it
+        # writes per-step points, per epoch where it has more than one epoch
+        bands = (("step",) if self.every > 0 else ()) \
+            + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
         self.sink.tensorboard(run_name(hparams, repeat),
-                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams)
+                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams, bands)
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))

@@ -18,7 +18,8 @@ parentheses, which the custom-scalars dashboard cannot draw (it names a line
 colour and its line stays invisible).
 
 Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
-the custom-scalars layout (`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
+the custom-scalars layout (`layout(run)`: the run's own compute-vs-comm charts, then
+`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
 experiment of its own, so the HParams dashboard ticks the hparams that differ among the
 runs it shows). The run's figures so far (`RUN_METRICS`) at every epoch's end.
 """
@@ -39,6 +40,17 @@ EVENTS = "events.out.tfevents.*"
 FLUSH_S = 2
 QUEUE = 1000
 
+# a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
+# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them (every step of a
+# 20-step run, where every 50th drew nothing and its one epoch point no line)
+MIN_POINTS = 20
+
+
+def step_stride(tb_every: int, steps: int) -> int:
+    """Every how many steps a run of `steps` steps writes a per-step point (0: none)."""
+    return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
+
+
 # the run's figures so far, written at every epoch's end: the HParams dashboard's metric
 # columns. It lists every scalar tag of the runs, sorted, and shows the first five: an
 # upper-case group sorts before every lower-case tag, so these four (and the test
@@ -55,21 +67,31 @@ def run_metrics(**figures: float) -> dict[str, float]:
 # The margin charts' band: a run's comm in flight drawn as one stretch of its length that
 # ends where its exposed part ends (compute + exposed, counted from the forward's start),
 # so the part above the compute line is the exposed comm and the part below it the comm
-# that overlapped compute. Derived here, where the charts that need them are written:
-# (compute, in flight, exposed) -> (band from, band to)
+# that overlapped compute. A margin chart draws its tags for every run that has them, so
+# with many runs in a folder one chart over shared tags was a pile of translucent bands:
+# each run writes its band under tags of its own, `band/<run folder>/...`, and its layout
+# holds its own chart over them (TensorBoard merges the runs' layouts: one chart per run).
+# (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
-         ("time/comm_from[ms/step]", "time/comm_to[ms/step]"),
+         ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
          ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
-         ("step/comm_from[ms]", "step/comm_to[ms]")}
+         ("step_compute[ms]", "step_comm_from[ms]", "step_comm_to[ms]")}
+BAND = "band"  # the group of the per-run band tags
 
 
-def with_bands(values: dict[str, float]) -> dict[str, float]:
-    """`values` and, where it has a (compute, in flight, exposed) triple, its band."""
+def band_tag(run: str, name: str) -> str:
+    """The tag of run `run`'s band series `name` (a name in `BANDS`' values)."""
+    return f"{BAND}/{run}/{name}"
+
+
+def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
+    """`values` and, where it has a (compute, in flight, exposed) triple, run `run`'s band."""
     out = dict(values)
-    for (compute, inflight, exposed), (low, high) in BANDS.items():
+    for (compute, inflight, exposed), names in BANDS.items():
         if compute in values and inflight in values and exposed in values:
             end = values[compute] + values[exposed]
-            out[low], out[high] = max(0.0, end - values[inflight]), end
+            line, low, high = (band_tag(run, n) for n in names)
+            out[line], out[low], out[high] = values[compute], max(0.0, end - values[inflight]), end
     return out
 
 
@@ -78,23 +100,24 @@ def _lines(*tags: str) -> dict:
     return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
-def _band(value: str, low: str, high: str) -> dict:
-    return {"margin": {"series": [{"value": value, "lower": low, "upper": high}]}}
+def _band(run: str, names: tuple[str, str, str]) -> dict:
+    line, low, high = (band_tag(run, n) for n in names)
+    return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
 # Custom scalars. TensorBoard gives every line of a run the run's colour (it finds the run
 # again in the line's name), so quantities drawn as lines of one chart differ only by
 # marker. Hence: one chart per quantity where runs are compared (a colour per run), and
-# for one run a margin chart where compute is the line and comm the shaded band.
-# (title, closed, [(chart title, content)])
+# for one run a margin chart where compute is the line and comm the shaded band, one per
+# run (`ONE_RUN`, `layout(run)`). (title, closed, [(chart title, content)])
+# (which, title, closed, the band's tags, what the chart's title says after the run's)
+ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
+                    "comm in flight (above the line: exposed)", False,
+            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
+           ("epoch", "compute vs comm per epoch, a chart per run", True,
+            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
+            "per epoch (ms/step)"))
 LAYOUT = (
-    ("compute vs comm, one run: line = compute ends, band = comm in flight (above the line: "
-     "exposed)", False, [
-        ("per epoch (ms into the step)", _band("time/compute[ms/step]", *BANDS[
-            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]")])),
-        ("per step (ms into the step)", _band("step/compute[ms]", *BANDS[
-            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]")])),
-    ]),
     ("compute vs comm, runs side by side: one chart per quantity, a colour per run", False, [
         ("compute (ms/step)", _lines("time/compute[ms/step]")),
         ("comm in flight (ms/step)", _lines("comm/inflight[ms/step]")),
@@ -116,26 +139,34 @@ LAYOUT = (
 )
 
 
-def layout():
-    """`LAYOUT` as the custom-scalars plugin's proto."""
+def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+    """Run `run`'s custom-scalars layout as the plugin's proto: its own band charts
+    (`ONE_RUN`, titled by the run), then `LAYOUT`. `bands`: the charts the run will draw
+    lines on ("step": it writes per-step points; "epoch": more than one epoch); a chart
+    of one point or none is left out, its category kept: every run's layout has the same
+    categories, which the plugin merges into one chart per run (a category the first
+    run lacks would lose the later runs' charts)."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
+    categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
+                   if which in bands else [])
+                  for which, title, closed, triple, what in ONE_RUN] + list(LAYOUT)
     return layout_pb2.Layout(category=[
         layout_pb2.Category(title=title, closed=closed,
                             chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
-        for title, closed, charts in LAYOUT])
+        for title, closed, charts in categories])
 
 
-def layout_summary():
-    """The layout as the Summary the plugin reads (tag `custom_scalars__config__`), built
-    as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
+def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+    """Run `run`'s layout (`layout`) as the Summary the plugin reads (tag `custom_scalars__config__`),
+    built as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
     TensorFlow."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
-    tensor = TensorProto(dtype="DT_STRING", string_val=[layout().SerializeToString()],
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands).SerializeToString()],
                          tensor_shape=TensorShapeProto())
     return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=meta)])
 
@@ -191,6 +222,9 @@ class TensorBoardRun:
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
+        # the band's tags and chart: the run folder's name (unique in its outputs folder,
+        # and what starts the run's name in TensorBoard's sidebar)
+        self.band = tb_root.resolve().parent.name
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
                                     flush_secs=FLUSH_S)
 
@@ -210,10 +244,12 @@ class TensorBoardRun:
             if not any(d.iterdir()):
                 d.rmdir()
 
-    def head(self, config_text: str, hparams: dict[str, Any]) -> None:
-        """A fresh run's first events (step 0): config, layout, hparams."""
+    def head(self, config_text: str, hparams: dict[str, Any],
+             bands: tuple[str, ...] = ("step", "epoch")) -> None:
+        """A fresh run's first events (step 0): config, layout (`bands`: its band charts
+        that will draw a line, `layout`), hparams."""
         self.writer.add_text("config", config_text, 0)
-        self.writer.file_writer.add_summary(layout_summary(), 0)
+        self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
@@ -224,7 +260,7 @@ class TensorBoardRun:
 
         self.writer.file_writer.add_summary(Summary(value=[
             Summary.Value(tag=tag, simple_value=float(v))
-            for tag, v in with_bands(values).items()]), step)
+            for tag, v in with_bands(values, self.band).items()]), step)
 
     def flush(self) -> None:
         self.writer.flush()

@@ -153,8 +153,31 @@ def known_sections(cfg: DictConfig) -> Optional[str]:
     the bench's BenchRootConfig), so the list is never written twice."""
     allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
     extra = [k for k in cfg if k not in allowed]
-    return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
-            f"drop +{extra[0]}=..." if extra else None)
+    if extra:
+        return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
+                f"drop +{extra[0]}=...")
+    return _known_keys(cfg, "")
+
+
+def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
+    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section) would be ignored:
+    refuse a key that is no field of its section's dataclass, at any depth."""
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        return None  # a plain mapping (a dict-typed key): any key is its content
+    fields = [f.name for f in dataclasses.fields(kind)]
+    for key in node:
+        full = f"{prefix}{key}"
+        if key not in fields:
+            section = prefix.rstrip(".")
+            return (f"{full}: not a key of {section} ({section} keys: {', '.join(fields)}); "
+                    f"drop +{full}=...")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            problem = _known_keys(child, full + ".")
+            if problem:
+                return problem
+    return None
 
 
 # ---------------------------------------------------------------- backend and device
