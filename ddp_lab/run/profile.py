@@ -90,7 +90,7 @@ class StepProfiler:
                                              active=self.active, repeat=1))
         self.steps = 0  # steps ended since the profiler started
         self.ours: Optional[dict] = None  # ddp_lab's figures for the window's steps
-        self.run_steps, self.run_inflight, self.run_exposed = 0, 0.0, 0.0  # every epoch's
+        self.run_steps, self.run_inflight, self.run_exposed, self.run_compute = 0, 0.0, 0.0, 0.0
         self.written = False
         self._attach()
         self.prof.start()
@@ -157,6 +157,7 @@ class StepProfiler:
         self.run_steps += len(steps)
         self.run_inflight += sum(inflight)
         self.run_exposed += sum(exposed)
+        self.run_compute += sum(st.compute_seconds() for st in steps)
         if self.ours is not None:
             return
         self.stop()
@@ -186,7 +187,9 @@ class StepProfiler:
         return {**ddp_figures(self.ddp, self.ddp_base), "every_iteration": True,
                 "ddp_lab": {"comm_per_step_s": self.run_inflight / n if n else None,
                             "hidden_per_step_s": (self.run_inflight - self.run_exposed) / n
-                            if n else None, "steps": n}}
+                            if n else None,
+                            "compute_per_step_s": self.run_compute / n if n else None,
+                            "steps": n}}
 
     def witnesses(self, ctx: Any) -> Optional[dict]:
         """Collective. Every rank's figures for the window and its trace's, on the logging
