@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import statistics
 import logging
 from pathlib import Path
 from typing import Any, Optional
@@ -170,8 +171,9 @@ class StepProfiler:
         n = len(window)
         self.ours = {
             "steps": n,
-            "comm_per_step_s": sum(inflight[i] for i in window) / n,
-            "exposed_per_step_s": sum(exposed[i] for i in window) / n,
+            # medians: one step a busy machine preempted mid-call moves a mean, not these
+            "comm_per_step_s": statistics.median(inflight[i] for i in window),
+            "exposed_per_step_s": statistics.median(exposed[i] for i in window),
             "compute_per_step_s": sum(steps[i].compute_seconds() for i in window) / n,
             "step_s": sum(steps[i].end - steps[i].start for i in window) / n,
             "calls": len(calls),
@@ -264,7 +266,7 @@ def _collective(event: dict, cuda: bool) -> bool:
 def trace_figures(path: Path) -> dict:
     """A profiler trace's own figures, per `ProfilerStep#N` (the profiler's step ranges):
     the union of the collectives it recorded (comm in flight per step, on the profiler's
-    clock) and their count by name. Which collectives are the step's: those that start
+    clock; the median step's, as ddp_lab's beside it) and their count by name. Which collectives are the step's: those that start
     inside one of its phases, so the stop agreement's between steps is not counted (our
     ranges pick the events; their times are torch's)."""
     data = json.loads(path.read_text())
@@ -289,7 +291,7 @@ def trace_figures(path: Path) -> dict:
         per_step.append(union_length([(a, b) for a, b, _ in mine]) / 1e6)
         for _, _, name in mine:
             counts[name] = counts.get(name, 0) + 1
-    return {"steps": len(steps), "comm_per_step_s": sum(per_step) / len(per_step),
+    return {"steps": len(steps), "comm_per_step_s": statistics.median(per_step),
             "events": counts, "step_s": sum(e - s for s, e in steps) / len(steps) / 1e6,
             "source": "nccl kernels" if cuda else "c10d and gloo ops"}
 
