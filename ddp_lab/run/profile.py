@@ -78,6 +78,8 @@ class StepProfiler:
         self.path = run_dir / "profile" / f"rank{rank}.pt.trace.json"
         self.cuda = device.type == "cuda"
         self.ddp = _ddp_of(syncer.model)  # sync=ddp in a world > 1: DDP's own timing too
+        # the caller waits for each collective (every sync but ddp and sync.overlap)
+        self.blocking = self.ddp is None and not getattr(syncer, "overlapped", False)
         if self.ddp is not None:  # every iteration from now (the preflight's is iteration 1)
             self.ddp._set_ddp_runtime_logging_sample_rate(1)
         self.ddp_base: Optional[dict] = None  # DDP's averages after the preflight alone
@@ -198,7 +200,7 @@ class StepProfiler:
         rank (None on the others): what summary.json keeps as `witnesses`."""
         self.stop()
         mine = {"rank": self.rank, "ddp_lab": self.ours or {},
-                "profiler": trace_figures(self.path) if self.written else {},
+                "profiler": trace_figures(self.path, self.blocking) if self.written else {},
                 "trace": f"profile/{self.path.name}" if self.written else None}
         ranks = ctx.gather_objects_to(mine, dst=0)
         if ranks is None or not ctx.env.is_main:
@@ -263,12 +265,26 @@ def _collective(event: dict, cuda: bool) -> bool:
     return name.startswith(("c10d::", "gloo:"))
 
 
-def trace_figures(path: Path) -> dict:
+def steps_tid(events: list[dict]) -> object:
+    """The thread the profiler's steps run on: the training loop's."""
+    return next((e.get("tid") for e in events
+                 if str(e.get("name", "")).startswith("ProfilerStep#")), None)
+
+
+def _next(times: list[float], t: float) -> float:
+    """The first of the sorted `times` at or after `t`; `t` itself when there is none."""
+    i = bisect.bisect_left(times, t)
+    return times[i] if i < len(times) else t
+
+
+def trace_figures(path: Path, blocking: bool = False) -> dict:
     """A profiler trace's own figures, per `ProfilerStep#N` (the profiler's step ranges):
     the union of the collectives it recorded (comm in flight per step, on the profiler's
     clock; the median step's, as ddp_lab's beside it) and their count by name. Which collectives are the step's: those that start
     inside one of its phases, so the stop agreement's between steps is not counted (our
-    ranges pick the events; their times are torch's)."""
+    ranges pick the events; their times are torch's). `blocking` (every sync but ddp and
+    sync.overlap): the caller waits for each call, so a call lasts until the training
+    thread's next operator in the trace (on a busy CPU the thread resumes late)."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)
@@ -283,11 +299,23 @@ def trace_figures(path: Path) -> dict:
         i = bisect.bisect_right(phases, (t, float("inf"))) - 1
         return i >= 0 and phases[i][0] <= t <= phases[i][1]
 
-    colls = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+    # CUDA: a kernel belongs to the step that launched it (its launch's correlation id),
+    # wherever the GPU ran it; CPU: an op to the step it starts in
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    colls = sorted((launched.get(e.get("args", {}).get("correlation"), e["ts"]) if cuda
+                    else e["ts"], e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
                    if _collective(e, cuda) and (cuda or in_phase(e["ts"])))
+    if blocking and not cuda:
+        # a blocking call's caller waits until its thread runs again: gloo's op ends on
+        # its worker thread, the caller's next operator in the trace starts when it resumed
+        main = steps_tid(events)
+        resumed = sorted(e["ts"] for e in events if e.get("tid") == main
+                         and e.get("cat") == "cpu_op" and not _collective(e, cuda))
+        colls = [(at, a, _next(resumed, b), name) for at, a, b, name in colls]
     per_step, counts = [], {}
     for s, e in steps:
-        mine = [(a, b, name) for a, b, name in colls if s <= a < e]
+        mine = [(a, b, name) for at, a, b, name in colls if s <= at < e]
         per_step.append(union_length([(a, b) for a, b, _ in mine]) / 1e6)
         for _, _, name in mine:
             counts[name] = counts.get(name, 0) + 1
