@@ -122,12 +122,12 @@ class StepProfiler:
             self._step()
 
         timer.phase, comm.timed, timer.on_step_end = labelled_phase, labelled_call, on_step_end
-        self._restore = (step_end,)
+        self._step_end = step_end
 
     def _detach(self) -> None:
         for obj, name in ((self.timer, "phase"), (self.comm, "timed")):
             obj.__dict__.pop(name, None)
-        self.timer.on_step_end = self._restore[0]
+        self.timer.on_step_end = self._step_end
 
     def _step(self) -> None:
         self.steps += 1
@@ -216,7 +216,11 @@ def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
     if profiler is not None:
         return profiler.ddp_timing()
     ddp = _ddp_of(syncer.model)
-    return None if ddp is None else {**ddp_figures(ddp, None), "every_iteration": False}
+    if ddp is None:
+        return None
+    out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them
+    out["last_logged_iteration"] = out.pop("iterations")  # (not how many it averaged)
+    return {**out, "every_iteration": False}
 
 
 def _ddp_of(model: torch.nn.Module) -> Optional[Any]:
