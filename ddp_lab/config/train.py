@@ -308,7 +308,7 @@ class TimingConfig:
                             "steps, written as the steps go; 0 = none")
     profile: bool = doc(False, "run torch.profiler over profile_steps steps of the first "
                                "epoch on every rank: profile/rank<N>.pt.trace.json "
-                               "(Perfetto, TensorBoard, HTA), the phases as ranges, the "
+                               "(Perfetto, HTA), the phases as ranges, the "
                                "witness table in the report (docs/timing.md)")
     profile_skip: int = doc(5, "with profile: steps of the first epoch run before the "
                                "profiler records (warm-up)")

@@ -6,8 +6,8 @@ the step's code path is the one it always is). It
 
 - runs `torch.profiler` over `timing.profile_steps` steps of the run's first epoch, after
   `timing.profile_skip` steps of warm-up, and writes one Chrome/Kineto trace per rank,
-  `profile/rank<N>.pt.trace.json`: the format Perfetto (ui.perfetto.dev), TensorBoard's
-  profiler plugin and Holistic Trace Analysis (HTA) read;
+  `profile/rank<N>.pt.trace.json`: the Chrome/Kineto JSON that Perfetto (ui.perfetto.dev)
+  opens and Holistic Trace Analysis (HTA) reads;
 - labels ddp_lab's phases (data, forward, backward, sync, optim) as `record_function`
   ranges `ddp_lab:<phase>` and the synchroniser's blocking collectives by op name
   (`ddp_lab:all_reduce`, ...), and on CUDA as NVTX ranges too, so `nsys profile python -m
