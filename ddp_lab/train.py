@@ -57,7 +57,7 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         return finished(run_dir, start.epoch)
-    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.resumed_part)  # clocks, timer, stop, delay
+    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.resumed_part, run_dir)  # clocks, timer, stop, delay, profiler
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
                           plan=batching, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)

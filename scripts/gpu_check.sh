@@ -13,8 +13,10 @@
 # eager; goal <= 0.3 s, within 0.3 points), the same step's floor (a tight loop, no
 # ddp_lab), CUDA-event phase timing, an nccl group of several
 # ranks on one device (NCCL may refuse it, "Duplicate GPU detected": then the row says
-# refused), every synchroniser with nccl, the collective benchmark with nccl, and a run with
-# PyTorch's flight recorder on (dumps go into that run's folder). Exit 1 if a check failed.
+# refused), every synchroniser with nccl, the collective benchmark with nccl, a run with
+# PyTorch's flight recorder on (dumps go into that run's folder), and a run with
+# timing.profile=true (its traces, HTA, the witness table's rows, its cost against row 1).
+# Exit 1 if a check failed.
 #
 # Knobs (env): PYTHON (default: the checkout's .venv/bin/python, else python3 from PATH),
 # OUT (default outputs/gpu_check/<date>_<time>), EPOCHS (3: full epochs of the speed row),
@@ -139,6 +141,34 @@ elif what == "refused":  # the one line a refused command printed (exit 2)
     lines = [x for x in (d / "log").read_text().splitlines() if x.strip()]
     assert len(lines) == 1 and "train.cuda_graph=true" in lines[0], lines
     print(lines[0][:120])
+elif what == "witness":  # timing.profile: the traces, HTA's reading, the witness table's rows
+    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.witness import hta_overlap, witness_rows
+    traces = sorted((d / "profile").glob("rank*.pt.trace.json"))
+    assert traces, "no profile/rank*.pt.trace.json"
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    missing = {f"ddp_lab:{p}" for p in ("data", "forward", "backward", "sync", "optim")} - names
+    assert not missing, missing
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    nccl = sum(1 for e in events if e.get("cat") == "kernel" and str(e.get("name", "")).startswith("nccl"))
+    import os
+    saved = os.dup(1)
+    os.dup2(2, 1)  # HTA logs its parsing to stdout: to the log, not into the row
+    try:
+        try:
+            from hta.trace_analysis import TraceAnalysis
+            hta = f"HTA parsed {len(TraceAnalysis(trace_dir=str(d / 'profile')).t.traces)} rank(s)"
+        except ImportError:
+            hta = "HTA not installed"
+        overlap = hta_overlap(d / "profile")
+        rows = "; ".join(f"{r['figure']} {r['ratio']:.2f}" for r in witness_rows(load_run(d), str)
+                         if r["ratio"] is not None)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+    print(f"{len(traces)} trace(s), {kernels} kernels ({nccl} nccl), {hta}, HTA overlap "
+          + (f"{overlap:.2f}" if overlap is not None else "n/a") + (f"; {rows}" if rows else ""))
 elif what == "dumps":
     print(f"{len(list(d.glob('nccl_trace_rank_*')))} dump file(s) (dumps come on a timeout)")
 EOF
@@ -242,6 +272,21 @@ if run flight_recorder "${FR[@]}" "$PYTHON" -m ddp_lab "${DIST[@]}" "$DATA" "run
      log.progress=lines train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
   [ "$MODE" = dry ] || row "flight recorder env" ok "$(figure "$OUT/flight_recorder" dumps)"
 else row "flight recorder env" failed "see logs/flight_recorder.log"; fi
+
+# 6. timing.profile: torch.profiler's traces (CUDA kernels, ddp_lab's phases as ranges),
+# read by HTA where it is installed, the witness table's rows (ddp_lab/report/witness.py:
+# comm per step against the NCCL kernels, exposed comm against HTA's overlap, DDP's own
+# timing; with one GPU, one rank: no collective, so no comm rows), and what it costs,
+# side by side with row 1
+NGPU=$("$PYTHON" -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+[ "$DEVICE" = cpu ] && NGPU=2
+if train profile "$OUT/profile" sync=ddp "launcher.nproc_per_node=$NGPU" "train.epochs=$EPOCHS" \
+     "train.max_steps_per_epoch=$SPEED_STEPS" timing.profile=true; then
+  [ "$MODE" = dry ] || { if f=$(figure "$OUT/profile" witness 2>>"$OUT/logs/profile.log"); then
+      row "timing.profile, $NGPU rank(s)" ok "$f"; else row "timing.profile, $NGPU rank(s)" failed "see logs/profile.log"; fi
+    [ "$NGPU" = 1 ] && row "timing.profile on vs off (this vs row 1)" ok \
+      "$(figure "$OUT/profile" versus "$OUT/nccl_1rank" "profile off")"; }
+else row "timing.profile, $NGPU rank(s)" failed "see logs/profile.log"; fi
 
 [ "$MODE" = dry ] && exit 0
 echo

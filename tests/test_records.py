@@ -76,6 +76,7 @@ def test_old_files_read_as_version_0_with_every_value():
                            "global_batch": None, "scaling": None,
                            "micro_batch": None, "accumulation": None, "study": None,
                            "compiled": None, "compile_s": None, "cuda_graph": None,
+                           "ddp_timing": None, "witnesses": None,
                            "straggler": None, "injected_delay": None,
                            "comm_bytes_cross_node": None, "compress": None,
                            "memory_param_bytes": None, "memory_grad_bytes": None,

@@ -269,3 +269,16 @@ def test_a_run_folder_is_named_first_by_what_differs_and_stays_unique(tmp_path):
     cfg.run.name = "ring_sgd"  # a sweep's job (cli sets it from the swept values)
     assert make_run_dir(cfg).name.startswith("ring_sgd_20")
     assert make_run_dir(cfg, label="bench_local").name.startswith("bench_local_ring_sgd_20")
+
+
+@pytest.mark.dist
+def test_a_ddp_run_keeps_ddps_own_timing(uninterrupted):
+    # sync=ddp (the default) on 2 ranks, profiler off: DDP's logging data as DDP samples it
+    d = summary(uninterrupted)["ddp_timing"]
+    assert d["every_iteration"] is False and d["preflight_excluded"] is False, d
+    assert d["last_logged_iteration"] >= 10, d  # 1 preflight + 90 steps: 1-10 logged
+    for k in ("forward_compute_time_s", "backward_compute_time_s", "backward_comm_time_s",
+              "backward_compute_comm_overlap_time_s"):
+        assert 0 < d[k] < 1, (k, d)
+    assert summary(uninterrupted)["witnesses"] is None  # timing.profile off: no trace
+    assert not (uninterrupted / "profile").exists()

@@ -307,6 +307,13 @@ class TimingConfig:
                             "compute, comm in flight and exposed) every N "
                             "steps, written as the steps go (a run of fewer than "
                             "20 x N steps: 20 points); 0 = none")
+    profile: bool = doc(False, "run torch.profiler over profile_steps steps of the first "
+                               "epoch on every rank: profile/rank<N>.pt.trace.json "
+                               "(Perfetto, HTA), the phases as ranges, the "
+                               "witness table in the report (docs/timing.md)")
+    profile_skip: int = doc(5, "with profile: steps of the first epoch run before the "
+                               "profiler records (warm-up)")
+    profile_steps: int = doc(5, "with profile: the steps it records")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from . import forecast as fcast
 from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
 from .runs import Run
 from .memory import memory_markdown, memory_rows
+from .witness import witness_markdown, witness_rows
 from .segments import segment_rows, segments_markdown
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
@@ -85,6 +86,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if show_fc:
         md += fcast.forecast_markdown(fc)
     md += memory_markdown(memory)
+    md += witness_markdown(runs, short)  # timing.profile runs: ours beside torch's clocks
     md += segments_markdown(segments)
     md += comm_tables.bench_markdown(runs, short)
     md += tables.skipped_markdown(runs, short)
@@ -100,6 +102,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
         "memory": memory,
+        "witnesses": [r for run in runs if run.kind == "train" and run.ok
+                      for r in witness_rows(run, short)],
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
         "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],

@@ -24,6 +24,7 @@ from ..distributed import DistContext
 from ..timing import Clock, CommStats, StepTimer, StepTimes
 from . import progress
 from .delay import ComputeDelay, fail_once
+from .profile import make_profiler
 from .stop import StopControl, StopInfo, stop_control
 
 
@@ -123,9 +124,9 @@ class EpochMeter:
     stop agreement (inside `stop_control`) and the failure hook (`between_epochs`)."""
 
     def __init__(self, cfg: Config, ctx: DistContext, clock: Clock, syncer,
-                 resumed_part: Callable[[int], Position]):
+                 resumed_part: Callable[[int], Position], run_dir: Optional[Path] = None):
         """`resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds
-        (`Checkpointer.resumed_part`)."""
+        (`Checkpointer.resumed_part`); `run_dir`: where timing.profile writes its traces."""
         self.cfg, self.ctx, self.clock, self.syncer = cfg, ctx, clock, syncer
         self.resumed_part = resumed_part
         record = progress.current()  # each phase and step's end says where this rank is
@@ -134,6 +135,9 @@ class EpochMeter:
         if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
             self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
         self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
+        # timing.profile: torch.profiler over a few steps, the phases labelled (run/profile.py)
+        self.profiler = make_profiler(cfg.timing, ctx.env.rank, ctx.device, run_dir,
+                                      self.timer, syncer)  # None when off: nothing wrapped
         self.stopper: Optional[StopControl] = None  # inside `stop_control`
         self.epoch, self.t0 = 0, 0.0
 
@@ -174,6 +178,8 @@ class EpochMeter:
         # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
         # communicate to bring the optimiser state to rank 0) adds to them
         steps, comm = self.timer.collect(), self.syncer.collect_comm()
+        if self.profiler is not None:
+            self.profiler.measured(steps, comm)
         measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),
                                  batches.samples, int(correct.item()),
                                  resumed_at_step=batches.first_step,

@@ -169,6 +169,11 @@ class RunSummary(_Record):
     compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
     compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
     cuda_graph: Optional[bool] = None  # train.cuda_graph: the step replayed as one CUDA graph, timed whole
+    # sync=ddp: DDP's own timing (ddp._get_ddp_logging_data(), seconds) beside ours
+    # (ddp_lab/run/profile.py; docs/timing.md, Independent witnesses)
+    ddp_timing: Optional[dict] = None
+    # timing.profile: each rank's figures for the profiled steps, ours and the trace's
+    witnesses: Optional[dict] = None
     hosts: list = field(default_factory=list)
     node_ranks: list = field(default_factory=list)
     env_source: Optional[str] = None

@@ -37,6 +37,7 @@ from .files import read_json_or_empty
 from .metrics import make_sink
 from .step_progress import StepProgress
 from .tensorboard import run_metrics, run_name, step_stride
+from .profile import ddp_timing
 from .presentation import comm_line, epoch_scalars, step_scalars
 from .records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
@@ -80,6 +81,7 @@ class Telemetry:
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
         self.written_step = 0  # the last per-step point written
+        self.meter = meter
         self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
                       if meter is not None and self.every > 0 and ctx.env.is_main else None)
 
@@ -294,6 +296,7 @@ class Telemetry:
         stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
         why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
         self._merge_trace()
+        witnesses, ddp = self._witnesses()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
             self._fingerprint()         # every connection it made are in the logs, flushed
         cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
@@ -330,10 +333,20 @@ class Telemetry:
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
             cuda_graph=bool(getattr(cfg.train, "cuda_graph", False)),
+            ddp_timing=ddp, witnesses=witnesses,
             **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
         self.sink.close()
         return summary
+
+    def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
+        """Collective with timing.profile. The profiler's witnesses (on the logging rank)
+        and, for sync=ddp, DDP's own timing of this rank (ddp_lab/run/profile.py)."""
+        if self.meter is None:
+            return None, None
+        profiler = self.meter.profiler
+        witnesses = profiler.witnesses(self.ctx) if profiler is not None else None
+        return witnesses, ddp_timing(self.meter.syncer, profiler)
 
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""

@@ -321,6 +321,8 @@ TRAIN: list[Rule] = [
     at_least("data.num_workers", 0),
     at_least("timing.trace_steps", 0),
     at_least("timing.tb_every", 0),
+    at_least("timing.profile_skip", 0),
+    at_least("timing.profile_steps", 1),
     above("train.stop_check_s", 0),
     _stop_signal,
     in_use,  # another command's job in run.dir: said before what the folder holds
