@@ -77,12 +77,14 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 def as_forked_rank() -> None:
     """A rank forked by `fork_ranks` starts as a fresh `python -u` would: with the signal
     handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
-    console written through, not buffered."""
+    console written a whole line at a time: one write per line, which a pipe or terminal
+    shared by the ranks never cuts (written through, `print`'s text and its newline are two
+    writes, and another rank's line lands between them)."""
     for sig, handler in _inherited.items():
         signal.signal(sig, handler)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
-            stream.reconfigure(write_through=True)
+            stream.reconfigure(line_buffering=True)
 
 
 def exit_soon(rc: int, grace_s: float = 1.0) -> None:

@@ -202,6 +202,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "segments": summary.get("segments") or [], "ranks": [],
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
+    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.stop0)
+        info["records"] = False
+        note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"
+        info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
     info["dead"] = dead(info)
     if state not in ("completed", "not started"):
         info["ranks"] = rank_progress(run_dir)
