@@ -138,6 +138,10 @@ class Description:
     def label(self, repeat: Optional[int] = None) -> str:
         """The short name of the run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`,
         `allreduce-fp16-overlap_w8n2_cnn_sgd_b128_r3`, `ring_w2_mlp_stop0`."""
+        return safe("_".join(self.parts(repeat)))
+
+    def parts(self, repeat: Optional[int] = None) -> list[str]:
+        """The label's parts: the sync with its options, the world, the model, ..."""
         s, w = self.s, self.w
         head = "-".join([self.sync, *(_token(k, v) for k, v in self.options.items())])
         parts = [head]
@@ -162,7 +166,7 @@ class Description:
             parts.append(str(s["entry"]).rsplit(".", 1)[-1])
         if repeat:
             parts.append(f"r{repeat}")
-        return safe("_".join(parts))
+        return [safe(p) for p in parts]
 
     def workload_words(self, length: bool = False) -> str:
         """`mlp, adam, batch 64/rank`; with `length`: `, 20 steps/epoch, 2 epochs`."""
@@ -255,12 +259,11 @@ def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Descript
 def differing_labels(descs: list[Description]) -> list[str]:
     """Each run's label cut to the parts that differ among `descs` (the sync always kept):
     `ring-prepost`, `ring` for a prepost sweep; `ddp_mlp`, `ddp_mlp_wide` for two models."""
-    split = [d.label().split("_") for d in descs]
+    parts = [d.parts() for d in descs]
     if len(descs) < 2:
-        return ["_".join(p) for p in split]
-    width = max(len(p) for p in split)
-    keep = [i for i in range(width) if i == 0 or len({tuple(p[i:i + 1]) for p in split}) > 1]
-    return ["_".join(p[i] for i in keep if i < len(p)) for p in split]
+        return ["_".join(p) for p in parts]
+    common = set.intersection(*(set(p[1:]) for p in parts))
+    return [safe("_".join([p[0], *(x for x in p[1:] if x not in common)])) for p in parts]
 
 
 def plural(n: int, word: str) -> str:

@@ -53,6 +53,10 @@ def describe_config(cfg: DictConfig) -> str:
         world = None
     lc = cfg.launcher
     nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
+    if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
+        from ..launch.base import default_nproc  # what the local launcher will start
+
+        world = default_nproc()
     return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()
 
 
