@@ -69,7 +69,9 @@ def test_labels_name_every_option_that_is_not_the_default():
     h = desc("sync=hierarchical", "sync.inter=library", "sync.node_size=1", world=4)
     assert h.label() == "hierarchical-inter-library-node_size1_w4_mlp"
     hp = b.hparams()
-    assert hp["label"] == "ring-prepost_w2_mlp" and hp["sync.prepost"] is True
+    assert hp["sync.prepost"] is True and hp["world_size"] == 2
+    from ddp_lab.run.description import Description
+    assert Description.from_hparams(hp).label() == "ring-prepost_w2_mlp"  # the TensorBoard run
     assert a.hparams()["sync.prepost"] is False  # every option, so the runs line up
 
 
@@ -197,3 +199,23 @@ def test_the_comm_note_advises_a_bench_only_where_none_is_the_runs_own():
     assert "try a bench on the runs' own allocation" not in comm_model_note(own).lower()
     assert "own allocation already" in comm_model_note(own)
     assert "Try a bench on the runs' own allocation" in comm_model_note(other)
+
+
+def test_a_study_point_is_named_by_what_it_is_in_status(tmp_path):
+    """A study's point folders are `points/w2_r1`: status names each by its description
+    (sync, world, model, repeat), not by `w2_r1` alone."""
+    from omegaconf import open_dict
+
+    from ddp_lab.run.status import inspect
+    from ddp_lab.run.status_view import one_line
+
+    d = tmp_path / "study" / "points" / "w2_r1"
+    d.mkdir(parents=True)
+    cfg = compose("sync=ring", "sync.prepost=true", "launcher.nproc_per_node=2")
+    with open_dict(cfg):
+        cfg.study_point = {"id": "s", "world": 2, "repeat": 1, "index": 2}
+    OmegaConf.save(cfg, d / "config.yaml")
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2,
+                                                 "nodes": 1, "epochs_done": 5, "epochs": 5}))
+    line = one_line(inspect(d, scheduler=False))
+    assert line.startswith("w2_r1 (ring-prepost_w2_mlp_r1) ") and "completed" in line, line

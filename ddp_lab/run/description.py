@@ -194,12 +194,12 @@ class Description:
         """Flat name -> value for TensorBoard's HParams: every setting and workload key,
         the sync's options each as `sync.<key>` (all of them, defaults included, so runs
         with and without an option line up in one table)."""
-        out: dict[str, Any] = {"label": self.label()}
+        out: dict[str, Any] = {}
         for k, v in self.setting:
             if k == "options":
                 continue
             if v is not None:
-                out[k] = v
+                out["world_size" if k == "world" else k] = v
         for k, v in sync_options(self.sync).items():
             v = self.options.get(k, v)
             out[f"sync.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
@@ -209,8 +209,30 @@ class Description:
             out[k] = v
         for k, v in (self.w.get("model_options") or ()):
             out[f"model.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
+        out["scaling"] = "strong" if self.w.get("global_batch") else "weak"
         out["epochs"], out["max_steps_per_epoch"] = self.length
         return out
+
+    @classmethod
+    def from_hparams(cls, hp: Mapping) -> "Description":
+        """The description back from its hparams (`hparams`, plus what the ranks add:
+        `world_size`, top-level `compress`/`overlap`)."""
+        sync = {"name": hp.get("sync")}
+        for k in sync_options(str(hp.get("sync"))):  # in the schema's order, as a config has them
+            if f"sync.{k}" in hp or k in hp:
+                sync[k] = hp.get(f"sync.{k}", hp.get(k))
+        model = {"name": hp.get("model"), **{k[6:]: v for k, v in hp.items() if k.startswith("model.")}}
+        strong = hp.get("scaling") == "strong"
+        config = {"sync": sync, "model": model, "optim": {"name": hp.get("optim")},
+                  "launcher": {"name": hp.get("launcher")},
+                  "data": {"name": hp.get("data"), "pipeline": hp.get("pipeline")},
+                  "run": {"entry": hp.get("entry")},
+                  "train": {"batch_size": hp.get("batch_size"), "lr": hp.get("lr"),
+                            "global_batch": hp.get("global_batch") if strong else 0,
+                            "micro_batch": hp.get("micro_batch"), "epochs": hp.get("epochs"),
+                            "max_steps_per_epoch": hp.get("max_steps_per_epoch")}}
+        return describe_run(config, {"world_size": hp.get("world_size", hp.get("world")),
+                                     "nodes": hp.get("nodes"), "device": hp.get("device")})
 
 
 def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Description:

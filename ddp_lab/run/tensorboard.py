@@ -140,10 +140,12 @@ def layout_summary():
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder: the run's description's label (hparams["label"],
-    description.Description.hparams), with a study point's repeat: `ring-prepost_w4_mlp`,
-    `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
-    return f"{hparams['label']}_r{repeat}" if repeat else str(hparams["label"])
+    """The TensorBoard run's folder: the label of the run's description (the
+    description's own hparams, `Description.hparams`, and what the ranks found):
+    `ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    from .description import Description
+
+    return Description.from_hparams(hparams).label(repeat)
 
 
 def run_folder(tb_root: Path, name: str) -> Path:
