@@ -6,6 +6,7 @@ do not contradict what it measured."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -152,32 +153,46 @@ def test_a_run_entry_that_keeps_no_records_is_a_completed_run(tmp_path):
     assert collect(f, 1, entry="ddp_lab.stop0")["status"].startswith("failed")
 
 
-def test_a_forked_ranks_line_is_one_write():
-    """Two ranks share the console: `print`'s text and newline as two writes let another
-    rank's line land between them (`... 5.01 ms/step[rank 0] epoch 0: ...`)."""
+class _Raw(io.RawIOBase):
+    """A console that records each write it gets."""
+
+    def __init__(self):
+        self.writes = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+@pytest.mark.parametrize("how", ["forked", "spawned"])
+def test_a_ranks_line_is_one_write(how, monkeypatch):
+    """Ranks share the console: `print`'s text and newline as two writes (a rank started
+    as `python -u`: unbuffered) let another rank's line land between them (`... 5.01
+    ms/step[rank 0] epoch 0: ...`). A forked rank (as_forked_rank) and a spawned one
+    (ddp_lab.launch.whole_lines, which torchrun starts every other entry through) write a
+    line at once."""
     from ddp_lab.launch.torchrun import as_forked_rank
 
-    class Raw(io.RawIOBase):
-        def __init__(self):
-            self.writes = []
-
-        def writable(self):
-            return True
-
-        def write(self, b):
-            self.writes.append(bytes(b))
-            return len(b)
-
-    raw = Raw()
-    stream = io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = stream
-    try:
+    raw = _Raw()
+    stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as `python -u`
+    monkeypatch.setattr(sys, "stdout", stream)
+    monkeypatch.setattr(sys, "stderr", stream)
+    if how == "forked":
         as_forked_rank()
         print("[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step")
-    finally:
-        sys.stdout, sys.stderr = saved
-    assert raw.writes == [b"[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step\n"]
+    else:  # any module, as `python -m MODULE` would run it: the stdlib's `platform`
+        from ddp_lab.launch.whole_lines import main as whole_lines_main
+
+        monkeypatch.setattr(sys, "argv", ["whole_lines", "platform"])
+        with contextlib.suppress(SystemExit):
+            whole_lines_main()
+    stream.flush()
+    assert raw.writes and all(w.endswith(b"\n") for w in raw.writes), raw.writes  # no part of a line
+    if how == "forked":
+        assert raw.writes == [b"[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step\n"]
 
 
 def test_a_study_says_why_no_comm_fit_without_contradicting_itself(tmp_path):
