@@ -270,7 +270,11 @@ def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Descript
                 ("data", data.get("name") or "mnist"),
                 ("batch_size", None if global_batch else (train.get("batch_size") or summary.get("batch_size"))),
                 ("global_batch", global_batch or None),
-                ("micro_batch", int(train.get("micro_batch") or summary.get("micro_batch") or 0) or None),
+                # a micro-batch only where one was asked for (summary.json's is the batch as
+                # used, the whole one without accumulation)
+                ("micro_batch", (int(train.get("micro_batch") or 0) if train else
+                                 int(summary.get("micro_batch") or 0)
+                                 if (summary.get("accumulation") or 1) > 1 else 0) or None),
                 ("optim", (config.get("optim") or {}).get("name") or summary.get("optim")),
                 ("lr", train.get("lr")),
                 ("pipeline", data.get("pipeline") or summary.get("pipeline")))
