@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from helpers import PY, child_env, compose, free_port, world_context
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.xdist_group("every_setting")]
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 QUICK = ["train.epochs=1", "train.max_steps_per_epoch=3", "train.eval_batch_size=5000",
          "log.progress=lines", "dist.init_timeout_s=60", "dist.timeout_s=60"]
@@ -69,14 +69,19 @@ def _candidates(key: str, default) -> list:
     raise AssertionError(f"sync option {key}={default!r}: a type the test cannot vary")
 
 
-def _accepted(overrides: list[str]) -> bool:
-    """Whether the submitting side accepts the config (its rules, before any process)."""
-    from ddp_lab.errors import UserError
-    from ddp_lab.run.validate import resolve_train
+def _accepted(sync: str, key: str, value, world: int) -> bool:
+    """Whether the synchroniser's own rules (its schema's `check`, what the submitting side
+    asks before any process starts) take `sync.<key>=<value>` at `world`."""
+    from omegaconf import OmegaConf
 
+    from ddp_lab.config import with_defaults
+    from ddp_lab.run.description import sync_options
+    from ddp_lab.sync.schemas import SYNC_SCHEMAS
+
+    section = with_defaults(OmegaConf.create({**sync_options(sync), "name": sync, key: value}))
     try:
-        resolve_train(compose(*overrides))
-    except (UserError, ValueError):
+        SYNC_SCHEMAS[sync].check(section, world)
+    except ValueError:
         return False
     return True
 
@@ -94,10 +99,9 @@ def cases(root: Path, data: Path) -> dict[int, list[list[str]]]:
             out[w].append([f"sync={sync}"])
         for key, default in sync_options(sync).items():
             for value in _candidates(key, default):
-                value = str(value).lower() if isinstance(value, bool) else str(value)
-                job = [f"sync={sync}", f"sync.{key}={value}"]
-                if _accepted([*base, *job, f"launcher.nproc_per_node={OPTION_WORLD}"]):
-                    out[OPTION_WORLD].append(job)
+                if _accepted(sync, key, value, OPTION_WORLD):
+                    text = str(value).lower() if isinstance(value, bool) else str(value)
+                    out[OPTION_WORLD].append([f"sync={sync}", f"sync.{key}={text}"])
                     break
     return {w: [[*base, *job, f"launcher.nproc_per_node={w}"] for job in jobs]
             for w, jobs in out.items()}
