@@ -55,8 +55,9 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, queue,
 # Modules every rank of a test world imports: the forkserver imports them once per test
 # session, so a rank starts in milliseconds instead of importing torch again (~2-3 s a
 # process on these 2-core machines, x ~400 worlds).
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddp_lab.collectives",
-           "ddp_lab.sync", "ddp_lab.train"]
+# torch._dynamo: the first optimiser a process builds imports it (~5 s on these machines)
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+           "ddp_lab.collectives", "ddp_lab.sync", "ddp_lab.train"]
 
 
 def world_context():

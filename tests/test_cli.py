@@ -73,13 +73,19 @@ def test_every_entry_point_ends_a_sweep_with_its_table(tmp_path, module, sweep):
                if ln.startswith("run dir: ")]
     lines = proc.stdout.splitlines()[-5:]
     assert lines[0] == "sweep of 2 job(s):" and lines[-1] == "all 2 job(s) ok", proc.stdout
+    # a training job's run, named by what sets it apart (its description's label, cut to
+    # what differs among the sweep's runs); a bench's has no description
+    runs = [["ddp"], ["ddp_sgd"]] if module == "ddp_lab" else [[], []]
     assert [row.split() for row in lines[2:4]] == [
-        [f"#{i}", f"{key}={v}", folder, "ok", "(dry", "run)"]
-        for i, (v, folder) in enumerate(zip(values.split(","), folders))], proc.stdout
-    # each folder named by what the sweep varies, first
-    prefix = "bench_local_" if module == "ddp_lab.bench" else ""
-    assert [Path(f).name.split("_20")[0] for f in folders] == [
-        prefix + sweep_name([f"{key}={v}"]) for v in values.split(",")], folders
+        [f"#{i}", f"{key}={v}", *run, folder, "ok", "(dry", "run)"]
+        for i, (v, folder, run) in enumerate(zip(values.split(","), folders, runs))], proc.stdout
+    # each folder named first by what sets it apart: a training run by its description's
+    # label, a bench by what the sweep varies
+    names = [Path(f).name.split("_20")[0] for f in folders]
+    if module == "ddp_lab":
+        assert names == ["ddp_w2_mlp", "ddp_w2_mlp_sgd"], folders
+    else:
+        assert names == ["bench_local_" + sweep_name([f"{key}={v}"]) for v in values.split(",")], folders
 
 
 @pytest.mark.dist

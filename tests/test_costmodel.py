@@ -21,7 +21,7 @@ from torch import nn
 
 import ddp_lab.collectives as C
 from ddp_lab.measure.costmodel import (
-    ALGORITHMS, SYNC_COLLECTIVES, Cost, busbw_factor, cost, sync_calls, sync_step,
+    ALGORITHMS, SHARD_ALIGN, SYNC_COLLECTIVES, Cost, busbw_factor, cost, sync_calls, sync_step,
 )
 from ddp_lab.report.model import Fit, predict_comm_s
 
@@ -282,7 +282,9 @@ def test_busbw_factor_edge_cases():
 def test_report_predicts_with_the_synchronisers_costs(n):
     """predict_comm_s prices exactly the calls whose bytes the synchroniser records."""
     fit = Fit(20e-6, 1e-9, 5, "torch", "ring", "global", n, 0.0)
-    m, buckets = 12000, 3
+    # bytes per bucket as a synchroniser puts them on the wire: zero1's padded to n shards
+    # of whole SHARD_ALIGN fp32 elements (60 x 4 x 64 bytes splits so for n = 2..5)
+    m, buckets = 60 * 4 * SHARD_ALIGN, 3
     for sync, phases in SYNC_COLLECTIVES.items():
         calls = sync_calls(sync, [m] * buckets, n, 1)
         expected = sum(c.time(fit.alpha_s, fit.beta_s_per_byte) for _, c in calls)

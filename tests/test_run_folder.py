@@ -242,16 +242,27 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
 
 # ------------------------------------------------------------------ names (issue 28)
 def test_names_start_with_what_differs():
-    from ddp_lab.run.names import DEFAULT_GROUPS, describe, sweep_name
+    from ddp_lab.run.description import describe_run
+    from ddp_lab.run.names import DEFAULT_GROUPS, sweep_name
     from ddp_lab.run.rundir import describe_config
 
     # the groups named when not the default: conf/config.yaml's defaults
     defaults = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "config.yaml").defaults)
     chosen = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items()}
     assert {g: chosen[g] for g in DEFAULT_GROUPS} == DEFAULT_GROUPS
-    assert describe("ring", "mlp", 4) == "ring_w4_mlp"
-    assert describe("ddp", "cnn", 8, 2, groups={"optim": "sgd", "launcher": "local"}) == "ddp_w8n2_cnn_sgd"
-    assert describe("ring", "mlp") == "ring_mlp"  # world not known yet
+
+    def label(*overrides, **found):
+        return describe_run(OmegaConf.to_container(compose(*overrides)), found).label()
+
+    assert label("sync=ring", world_size=4) == "ring_w4_mlp"
+    assert label("optim=sgd", "model=cnn", world_size=8, nodes=2) == "ddp_w8n2_cnn_sgd"
+    assert label("sync=ring") == "ring_mlp"  # world not known yet
+    # every option of the sync's group that is not its default, in the head
+    assert label("sync=ring", "sync.prepost=true", "sync.compress=fp16", world_size=2) == (
+        "ring-fp16-prepost_w2_mlp")
+    assert label("sync=hierarchical", "sync.prepost=false", world_size=2) == "hierarchical-noprepost_w2_mlp"
+    assert label("sync=ddp", "model=mlp_wide", world_size=2) == "ddp_w2_mlp_wide"
+    assert label("run.entry=ddp_lab.stop0", "sync=ring", world_size=2) == "ring_w2_mlp_stop0"
     assert sweep_name(["sync=ring", "optim=sgd"]) == "ring_sgd"
     assert sweep_name(["train.lr=0.1", "sync.compress=fp16", "model.hidden=[256,256]"]) == (
         "lr0.1_compress-fp16_hidden256-256")

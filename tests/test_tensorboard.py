@@ -51,7 +51,9 @@ def test_run_name_says_what_tells_runs_apart():
             "model": "mlp", "optim": "adam", "launcher": "local"}
     assert run_name(base) == "ring_w4_mlp"
     assert run_name({**base, "compress": "fp16", "overlap": True, "world_size": 8, "nodes": 2},
-                    repeat=3) == "ring-fp16-overlap_w8n2_mlp_r3"
+                    repeat=3) == "ring-overlap-fp16_w8n2_mlp_r3"
+    # every option of the sync's group that is not its default (run/description.py)
+    assert run_name({**base, "sync.prepost": True, "world_size": 2}) == "ring-prepost_w2_mlp"
     assert run_name({**base, "sync": "ddp", "overlap": True}) == "ddp_w4_mlp"  # ddp always overlaps
     # a non-default group is named: an optim=sgd run is not named as the default one
     assert run_name({**base, "optim": "sgd", "launcher": "slurm"}) == "ring_w4_mlp_sgd_slurm"
@@ -97,7 +99,7 @@ def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
     assert every["world_size"].type == api_pb2.DATA_TYPE_STRING
     assert list(every["world_size"].domain_discrete.values[0].string_value) == list("1")
     acc = tensorboard(tmp_path / "sgd")
-    assert acc.path.endswith("/tb/ring_w1_mlp_sgd")
+    assert acc.path.endswith("/tb/ring_w1_mlp_sgd_b2_lr0.1")  # what is not the default
     session = metadata.parse_session_start_info_plugin_data(
         acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
     assert session.hparams["world_size"].string_value == "1"  # shown as 1, not 1.0000
@@ -128,7 +130,7 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     tel.finish()
 
     acc = tensorboard(tmp_path)
-    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp")
+    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp_b2_lr0.1")
     assert _points(acc, "epoch") == [(2, 1.0), (4, 2.0)]  # 2 steps per epoch
     assert [s for s, _ in _points(acc, "loss/train")] == [2, 4]
     assert [e.step for e in acc.Tensors("config/text_summary")] == [0]

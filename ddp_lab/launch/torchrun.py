@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from .. import cpu
+from .whole_lines import whole_lines
 
 # The ranks' entries this torchrun may start as forks of itself, with what each would import
 # first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
@@ -75,14 +76,12 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 
 
 def as_forked_rank() -> None:
-    """A rank forked by `fork_ranks` starts as a fresh `python -u` would: with the signal
+    """A rank forked by `fork_ranks` starts as a fresh `python -u` would, with the signal
     handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
-    console written through, not buffered."""
+    console written a whole line at a time (whole_lines: the ranks share the console)."""
     for sig, handler in _inherited.items():
         signal.signal(sig, handler)
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(write_through=True)
+    whole_lines()
 
 
 def exit_soon(rc: int, grace_s: float = 1.0) -> None:
@@ -159,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         forked = False
         try:
             forked = fork_ranks(parsed)
+            if not forked and parsed.module:  # a fresh `python -u -m ENTRY`: whole lines too
+                parsed.training_script_args = [parsed.training_script, *parsed.training_script_args]
+                parsed.training_script = "ddp_lab.launch.whole_lines"
             sys.stdout.flush()  # nothing buffered here may be written again by the forks
             sys.stderr.flush()
             record(torchrun.run)(parsed)  # torchrun's main: its own error goes to its file

@@ -49,6 +49,12 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "torch"),
 }
 
+#: elements every shard of a sharded call (reduce_scatter, all_gather) is a whole number of:
+#: sync=zero1 lays parameters out on this grid and pads each bucket to world x SHARD_ALIGN
+#: elements (sync/zero1.py), so its calls always split evenly
+SHARD_ALIGN = 64
+SHARDED = ("all_gather", "reduce_scatter")
+
 #: what the library's ("torch") collectives are modelled as, for labels
 TORCH_MODELLED_AS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
                      "broadcast": "tree", "reduce": "ring reduce-scatter + gather"}
@@ -107,6 +113,17 @@ def busbw_factor(collective: str, world: int) -> float:
     if collective in ("broadcast", "reduce", "send_recv", "p2p"):
         return 1.0
     raise ValueError(f"no bus-bandwidth factor for op {collective!r}")
+
+
+def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:
+    """The elements a call of `numel` puts on the wire as the code makes it: a sharded
+    call's buffer padded to `world` equal shards of whole `unit`s (sync/zero1.py's
+    buckets), any other call's as it is. A prediction for another world size pads as
+    that world would."""
+    if collective in SHARDED and world > 1:
+        step = world * unit
+        return -(-numel // step) * step
+    return numel
 
 
 # ----------------------------------------------------------------- per-rank pieces

@@ -47,21 +47,40 @@ def _shortener(runs: list[Run]):
     return short, common
 
 
+def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int,
+        warmup: Optional[int]) -> None:
+    """Each usable training run through every table alone first: one the report cannot
+    use (a figure no table understands) is set aside with why, in the skipped list's one
+    line, and the report is written from the rest."""
+    for r in runs:
+        if r.kind != "train" or not r.ok:
+            continue
+        try:
+            groups = tables.scaling_groups([r], warmup)
+            tables.phase_rows([r])
+            comm_tables.comm_model_rows([r], fits, str)
+            fcast.forecast(groups, [r], fits, worlds, gpus_per_node, warmup)
+        except Exception as e:  # noqa: BLE001 -- named in the report, never its end
+            first = (str(e).strip().splitlines() or [""])[0]
+            r.ok, r.status = False, f"the report cannot use it ({type(e).__name__}: {first})"
+
+
 def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                  inputs: list[str] | None = None, warmup: Optional[int] = None,
                  forecast_worlds: Optional[list[int]] = None, gpus_per_node: int = 8) -> dict:
     """Write report.md, report.csv, report.json (+ PNGs) into out_dir; return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     short, common = _shortener(runs)
+    fits = comm_tables.bench_fits(runs)
+    worlds = forecast_worlds or fcast.DEFAULT_WORLDS
+    vet(runs, fits, worlds, gpus_per_node, warmup)
     groups = tables.scaling_groups(runs, warmup)
     phases = tables.phase_rows(runs)
-    fits = comm_tables.bench_fits(runs)
     comm = comm_tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
     segments = segment_rows(runs, short)
     memory = memory_rows(runs, short)
-    fc = fcast.forecast(groups, runs, fits, forecast_worlds or fcast.DEFAULT_WORLDS,
-                        gpus_per_node, warmup)
+    fc = fcast.forecast(groups, runs, fits, worlds, gpus_per_node, warmup)
     show_fc = any(s["predictions"] or s["heldout"] for s in fc["series"])
 
     figures = []

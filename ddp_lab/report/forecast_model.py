@@ -116,6 +116,26 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
     return Fit(a, b, len(rows), "measured", "sync's own", "study", max(p.world for p in points), rms)
 
 
+def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
+    """Why neither a bench nor the runs' own points give a comm fit, as the points show it:
+    no multi-rank point (among the worlds up to `max_world`, what a held-out check fits
+    on), multi-rank points without a comm record, or calls the cost model has no
+    prediction for."""
+    multi = [p for p in points if p.world >= 2]
+    if not multi:
+        among = (f" at the fitted world(s) <= {max_world} (the largest world is held out)"
+                 if max_world else "")
+        return f"no bench run on this backend/device and no multi-rank point{among}"
+    timed = [p for p in multi if p.comm_s and p.payload]
+    if not timed:
+        return (f"no bench run on this backend/device, and the multi-rank point(s) recorded no "
+                f"comm time (timing.enabled=false?)")
+    syncs = sorted({p.sync for p in timed})
+    return (f"no bench run on this backend/device, and no prediction for the calls of "
+            f"sync={', '.join(syncs)} (ddp_lab/measure/costmodel.py) to fit the multi-rank "
+            f"point(s) with")
+
+
 class Model:
     """The fitted model of one series (one sync and workload) on one backend and device."""
 
@@ -235,7 +255,7 @@ def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: l
     pool_pts = [p for p in (measured_point(r, warmup) for r in pool if keep(r)) if p]
     intra, cross, src = comm_fits(bench, pool_pts, first.device_kind, first.get("backend"), fid)
     if intra is None:
-        return None, "no comm fit: no bench run and no multi-rank point"
+        return None, "no comm fit: " + why_no_fit(pool_pts, max_world)
     cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
     return Model(pts, scaling, cap, intra, cross, G, shape=every, device=first.device_kind,
                  cores=cores), src

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from ..arith import ceil_log2
-from ..measure.costmodel import SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost
+from ..measure.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
+                                 padded)
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
@@ -68,7 +69,9 @@ def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit"
     model's whole-element rounding is then at most a byte); with `per_node` and `intra`,
     `fit` prices the steps that cross nodes (their bytes times `node_load`) and `intra`
     the others."""
-    c = cost(collective, algorithm, round(nbytes), n, 1)
+    # bytes as 1-byte elements: a sharded call pads to shards of whole SHARD_ALIGN fp32
+    # elements, as the code does (zero1 sends fp32 only)
+    c = cost(collective, algorithm, padded(collective, round(nbytes), n, 4 * SHARD_ALIGN), n, 1)
     if not (per_node and intra):
         return c.time(fit.alpha_s, fit.beta_s_per_byte)
     share = cross_share(collective, algorithm, n, per_node)
@@ -203,8 +206,11 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     inside = [phase_fit(intra, coll, algo) if intra else None for coll, algo in phases]
     if any(f is None for f in fits):
         return None
-    return buckets * sum(call_time(coll, algo, per_call, n, f, per_node, i)
-                         for (coll, algo), f, i in zip(phases, fits, inside))
+    try:
+        return buckets * sum(call_time(coll, algo, per_call, n, f, per_node, i)
+                             for (coll, algo), f, i in zip(phases, fits, inside))
+    except (KeyError, ValueError):  # a call the cost model has no answer for: no prediction
+        return None
 
 
 def formula(sync: str) -> str:

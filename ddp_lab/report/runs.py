@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from ..run.description import Description, describe_run, plural
 from ..run.records import EpochRecord, RunSummary, read_metrics
 from ..run.rundir import DRY_RUN, is_dry_run
 
@@ -79,6 +80,22 @@ class Run:
 
     # ------------------------------------------------------------- training runs
     @property
+    def description(self) -> Description:
+        """What the run is (ddp_lab.run.description): the one source of its series label
+        (`ring prepost=true`), its workload and its name."""
+        return describe_run(self.config, self.summary)
+
+    def series_label(self) -> str:
+        """The run's setting as a report's series names it: the sync and every option of
+        its group that is not the default (runs whose labels differ are never repeats)."""
+        return self.description.series_label()
+
+    def step_workload(self) -> str:
+        """The workload a time per step is compared within: what is trained, whatever the
+        epoch count and step cap ("mlp, adam, batch 64/rank")."""
+        return self.description.workload_words()
+
+    @property
     def scaling(self) -> str:
         """strong (train.global_batch fixed) | weak (batch per rank fixed): summary.json
         `scaling`, else the config's train.global_batch (> 0: strong), else weak."""
@@ -130,7 +147,7 @@ class Run:
         return ", ".join(str(p) for p in (
             model, optim, what, f"micro {micro}" if micro else None,
             f"{steps} steps/epoch" if steps else "full epochs",
-            f"{epochs} epochs" if epochs else None,
+            plural(epochs, "epoch") if epochs else None,
             f"{pipeline} pipeline" if pipeline else None) if p)
 
     def workload_short(self) -> str:
@@ -251,6 +268,9 @@ def load_run(path: Path) -> Run:
                           "summary.json (still running, or killed)")
         else:
             run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
+    elif typed.records_kept is False:  # a run.entry of its own (ddp_lab.stop0)
+        run.status = (f"{typed.status}: run.entry={typed.entry} keeps no records (no metrics.jsonl), "
+                      "so it has no figures to compare")
     elif typed.status != "completed":
         run.status = str(typed.status or "no status in summary.json")
     elif typed.epoch_time_s_median is None:

@@ -144,10 +144,15 @@ def comm_model_note(comm: list[dict]) -> str | None:
                    "shares its cores with compute, the bench times each call alone")
     if min(ratios) < 1 - TARGET_MODEL:
         why.append("faster: ddp's buckets overlap backward, or the fit's line misses small calls")
+    # the advice only where a run is priced by another allocation's bench
+    own = all(r.get("fit_source", "").startswith("same allocation") for r in comm if r.get("ratio"))
+    advice = ("the bench is the runs' own allocation already, so the gap is training's, not "
+              "the fit's" if own else
+              "try a bench on the runs' own allocation (same nodes x procs)")
     return (f"comm model: measured comm per step is {lo if lo == hi else f'{lo}-{hi}'} the "
             f"alpha-beta prediction (target: within {TARGET_MODEL:.0%}), so forecasts built on "
-            f"it miss as much; {'; '.join(why)}. Try a bench on the runs' own allocation (same "
-            "nodes x procs); report.md, \"Communication\", prices each run")
+            f"it miss as much; {'; '.join(why)}. {advice[0].upper() + advice[1:]}; report.md, "
+            "\"Communication\", prices each run")
 
 
 def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> list[str]:

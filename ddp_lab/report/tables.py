@@ -55,7 +55,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
     series: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.kind == "train" and r.ok:
-            series.setdefault((r.get("sync", "?"), r.device_kind, r.workload), []).append(r)
+            series.setdefault((r.series_label(), r.device_kind, r.workload), []).append(r)
     out = []
     for (sync, device, workload), members in sorted(series.items(), key=lambda kv: str(kv[0])):
         points: dict[tuple, list[Run]] = {}
@@ -125,7 +125,8 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
             skipped.append(skip)
     first = rs[0]
     return {
-        "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.get("sync", "?"),
+        "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.series_label(),
+        "algorithm": first.get("sync", "?"),
         "launcher": first.get("launcher", "?"), "backend": first.get("backend", "?"),
         "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
         "epochs": first.get("epochs_run", first.get("epochs")), "fingerprint_id": fid,
@@ -227,9 +228,10 @@ def phase_rows(runs: list[Run]) -> list[dict]:
             continue
         ph = r.phase_ms()
         comm = r.comm_per_step()
-        rows.append({"run": str(r.path), "sync": r.get("sync", "?"), "world_size": r.world_size,
-                     "device": r.device_kind, "workload": r.workload_label(),
-                     "workload_short": r.workload_short(), "allocation": allocation(r),
+        # a time per step: compared across epoch counts and step caps (not split by them)
+        rows.append({"run": str(r.path), "sync": r.series_label(), "world_size": r.world_size,
+                     "device": r.device_kind, "workload": r.step_workload(),
+                     "workload_short": r.step_workload(), "allocation": allocation(r),
                      "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
                      "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import hydra
 from hydra import compose, initialize_config_dir
@@ -37,8 +37,9 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import UserError
 from ..config import CONF_DIR
 from .job import Outcome
+from .description import describe_run, differing_labels, sweep_extra
 from .names import sweep_name
-from .rundir import read_summary
+from .rundir import describe_config, read_summary
 
 # Hydra's lines that are noise once its message is one line
 _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https://hydra\.cc|"
@@ -63,8 +64,8 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     def task(cfg: DictConfig) -> Outcome:  # Hydra hands the Outcome to SweepTable
         _restore_env("HYDRA_FULL_ERROR", full_error)  # the job's processes see the user's env
         if swept and not cfg.run.get("name"):  # a sweep's job is named by what it varies
-            cfg.run.name = sweep_name(o for o in HydraConfig.get().overrides.task
-                                      if _key(o) in swept) or None
+            cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
+                                          if _key(o) in swept])
         try:
             outcome = submit_fn(cfg)
         except UserError as e:
@@ -100,6 +101,16 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     finally:
         _restore_env("HYDRA_FULL_ERROR", full_error)
     sys.exit(failed[0] if len(failed) == 1 else (1 if failed else 0))
+
+
+def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
+    """A sweep job's folder name: a training run's description label (what sets it apart
+    from any other run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`) and the swept values it
+    does not show (`seed1`); another entry point's job (a bench), the swept values."""
+    if cfg.get("sync") is not None and cfg.get("model") is not None:
+        label = describe_config(cfg)
+        return "_".join(p for p in (label, sweep_extra(swept, label)) if p) or None
+    return sweep_name(swept) or None
 
 
 class SweepTable(Callback):
@@ -145,13 +156,16 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     summaries = [read_summary(o.run_dir) if o.run_dir else {} for _, _, o in jobs]
     figures = [(head, key, fmt) for head, key, fmt in FIGURES
                if any(isinstance(s.get(key), (int, float)) for s in summaries)]
-    header = ["", "job", *(head for head, _, _ in figures), "run dir", "result"]
-    rows = [[f"#{num}", name,
+    runs = _run_labels(jobs, summaries)  # what each training job is, as its description says
+    header = ["", "job", *(["run"] if runs else []), *(head for head, _, _ in figures),
+              "run dir", "result"]
+    rows = [[f"#{num}", name, *([runs[i]] if runs else []),
              *(fmt.format(s[key]) if isinstance(s.get(key), (int, float)) else "-"
                for _, key, fmt in figures),
              str(o.run_dir) if o.run_dir else "-", o.result]
-            for (num, _, o), name, s in zip(jobs, names, summaries)]
-    right = range(2, 2 + len(figures))  # the figures align right, as numbers do
+            for i, ((num, _, o), name, s) in enumerate(zip(jobs, names, summaries))]
+    first = 3 if runs else 2
+    right = range(first, first + len(figures))  # the figures align right, as numbers do
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"sweep of {len(jobs)} job(s):"]
     for row in [header, *rows]:
@@ -254,6 +268,30 @@ def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
 
 class _FlagError(Exception):
     pass
+
+
+def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
+    """Each job's run, named by what sets it apart from the sweep's other runs (its
+    description's label, cut to the parts that differ: description.differing_labels);
+    [] when no job is a training run with a config."""
+    from omegaconf import OmegaConf
+
+    descs = []
+    for (_, _, o), s in zip(jobs, summaries):
+        path = o.run_dir / "config.yaml" if o.run_dir else None
+        if path is None or not path.is_file():
+            descs.append(None)
+            continue
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception:  # noqa: BLE001 -- a garbled config: the job is named by its overrides
+            config = {}
+        descs.append(describe_run(config, s) if config.get("sync") and config.get("model") else None)
+    known = [d for d in descs if d is not None]
+    if not known:
+        return []
+    labels = iter(differing_labels(known))
+    return [next(labels) if d is not None else "-" for d in descs]
 
 
 def _swept_keys(argv: list[str]) -> set[str]:

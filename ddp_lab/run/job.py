@@ -24,6 +24,7 @@ from omegaconf import DictConfig, open_dict
 from .. import launch
 from . import failure, lock
 from .files import atomic_write_text, write_json
+from .description import TRAINER
 from .records import now_iso
 from .rundir import DRY_RUN, make_run_dir, read_summary, world_size, write_config
 from ..env import process_start
@@ -136,6 +137,15 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
     with `fields` filled in where the ranks did not write them."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
+    entry = fields.pop("entry", None)
+    if entry not in (None, TRAINER) and not summary:
+        # a run.entry that keeps no records (ddp_lab.stop0): still a run, ended as its
+        # exit status says; the report and status say why it has no figures
+        fields.update(entry=entry, records_kept=False)
+        if rc == 0:
+            summary = {"status": "completed", **fields}
+            write_json(run_dir / "summary.json", summary)
+            return summary
     if rc != 0 and (not summary or status.startswith(("completed", "running"))):
         # rank 0 could not say it (it was the one that died): the progress records can
         why = (failure.failure_line(failure.diagnose(run_dir))

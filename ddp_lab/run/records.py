@@ -202,6 +202,11 @@ class RunSummary(_Record):
     memory_param_bytes: Optional[int] = None
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None
+    # the module the ranks ran (run.entry) when it is not the trainer, and whether it kept
+    # records: a run.entry of the user's (ddp_lab.stop0) writes none, so the command that
+    # launched it writes this summary from its exit status (run/job.py: collect)
+    entry: Optional[str] = None
+    records_kept: Optional[bool] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 

@@ -10,7 +10,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from .files import atomic_write_text, read_json_or_empty
-from .names import DEFAULT_GROUPS, describe
+from .description import describe_run
 from .records import read_metrics
 
 
@@ -41,20 +41,23 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 
 def describe_config(cfg: DictConfig) -> str:
-    """`names.describe` of a resolved training config, on the submitting side: the world
-    size as the launcher will start it (left out where not known yet)."""
+    """The description's label (description.describe_run) of a training config, on the
+    submitting side: the world size as the launcher will start it (left out where not
+    known yet)."""
     if cfg.get("sync") is None or cfg.get("model") is None:
         return "run"
-    lc = cfg.launcher
-    nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
+    data = OmegaConf.to_container(cfg, resolve=False)
     try:
         world = world_size(cfg)
     except ValueError:  # a launcher value not resolved yet ("auto")
         world = None
-    return describe(cfg.sync.name, cfg.model.name, world, nodes,
-                    compress=cfg.sync.get("compress") or "none",
-                    overlap=bool(cfg.sync.get("overlap")),
-                    groups={g: cfg[g].name for g in DEFAULT_GROUPS if cfg.get(g) is not None})
+    lc = cfg.launcher
+    nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
+    if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
+        from ..launch.base import default_nproc  # what the local launcher will start
+
+        world = default_nproc()
+    return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()
 
 
 def _mkdir(path: Path, exist_ok: bool) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from ..launch import job_processes, slurm_job
+from .description import describe_run
 from .progress import read_all
 from .records import read_metrics
 from .rundir import folder_state, is_dry_run
@@ -202,6 +203,15 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "segments": summary.get("segments") or [], "ranks": [],
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
+    point = cfg.get("study_point") or summary.get("study") or {}
+    try:  # what the run is, named by its description (a study's point by its repeat too)
+        info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
+    except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
+        info["label"] = None
+    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.stop0)
+        info["records"] = False
+        note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"
+        info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
     info["dead"] = dead(info)
     if state not in ("completed", "not started"):
         info["ranks"] = rank_progress(run_dir)

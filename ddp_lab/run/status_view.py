@@ -108,7 +108,12 @@ def one_line(info: dict) -> str:
     state = info["state"] + (" (dead)" if dead(info) else "")
     if info["scheduler"]:
         state += f" [{info['scheduler']['state']}]"
-    return (f"{Path(info['run_dir']).name:<48} {state:<22} "
-            f"{reached(info['epochs_done'], info['step_in_epoch'], info['epochs']):<26} "
+    where = ("keeps no records" if info.get("records") is False
+             else reached(info['epochs_done'], info['step_in_epoch'], info['epochs']))
+    name = Path(info["run_dir"]).name
+    if info.get("label") and not name.startswith(info["label"]):  # a study's `w2_r1`
+        name = f"{name} ({info['label']})"
+    return (f"{name:<48} {state:<22} "
+            f"{where:<26} "
             f"acc {_fmt(acc) if acc is not None else '-':<7} job {info['job_id'] or '-'}")
 

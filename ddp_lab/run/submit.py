@@ -24,7 +24,8 @@ def submit(cfg: DictConfig) -> Outcome:
     run_dir, rc = launch_job(cfg)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
-    summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name)
+    summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name,
+                      entry=cfg.run.entry)
     status = str(summary.get("status", ""))
     if status in ("stopped", "preempted"):
         where = f"after {summary.get('epochs_done')} epoch(s)"
@@ -48,6 +49,9 @@ def submit(cfg: DictConfig) -> Outcome:
         print(f"job failed with exit status {rc}{': ' + why if why else ''} "
               f"(logs in {run_dir / 'logs'})")
         result = f"failed: {why or f'exit status {rc}'}"
+    elif summary.get("records_kept") is False:
+        print(f"run.entry={cfg.run.entry} ended (exit status 0); it keeps no records "
+              "(no metrics.jsonl, no figures for the report)")
     elif summary:
         start = (summary.get("segments") or [{}])[-1].get("startup_s")
         print(f"test accuracy {summary['test_accuracy']:.4f}, "

@@ -36,6 +36,7 @@ from .epoch import EpochMeter, MeasuredEpoch
 from .files import read_json_or_empty
 from .metrics import make_sink
 from .step_progress import StepProgress
+from .description import describe_run
 from .tensorboard import run_metrics, run_name, step_stride
 from .profile import ddp_timing
 from .presentation import comm_line, epoch_scalars, step_scalars
@@ -243,13 +244,16 @@ class Telemetry:
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard (the HParams dashboard ticks those that differ)."""
+        """The run's hparams for TensorBoard (the HParams dashboard ticks those that
+        differ): its description's (description.Description.hparams: every setting, each
+        sync option, the workload) and what the ranks found (backend, batch as used)."""
         cfg, env = self.cfg, self.ctx.env
-        return {"sync": cfg.sync.name, "world_size": env.world_size, "nodes": env.num_nodes,
-                "compress": cfg.sync.compress, "overlap": bool(cfg.sync.overlap),
-                "model": cfg.model.name, "optim": cfg.optim.name, "lr": cfg.train.lr,
-                "batch_size": self.plan.per_rank, "global_batch": self.plan.global_batch,
-                "backend": self.ctx.backend, "launcher": cfg.launcher.name}
+        desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
+                            {"world_size": env.world_size, "nodes": env.num_nodes,
+                             "device": "cpu" if self.ctx.device.type == "cpu" else None})
+        return {**desc.hparams(), "world_size": env.world_size, "compress": cfg.sync.compress,
+                "overlap": bool(cfg.sync.overlap), "batch_size": self.plan.per_rank,
+                "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
         """Collective. The record's timing part: phases, comm, comm_fraction, stragglers

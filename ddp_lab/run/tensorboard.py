@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .names import DEFAULT_GROUPS, describe
 
 EVENTS = "events.out.tfevents.*"
 # the writer's own thread writes and flushes the file (every FLUSH_S seconds when there is
@@ -172,12 +171,12 @@ def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder, from the run's hparams (names.describe):
-    `ring_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
-    return describe(hparams["sync"], hparams["model"], int(hparams["world_size"]),
-                    int(hparams.get("nodes", 1)), compress=hparams.get("compress", "none"),
-                    overlap=bool(hparams.get("overlap")),
-                    groups={g: hparams[g] for g in DEFAULT_GROUPS if g in hparams}, repeat=repeat)
+    """The TensorBoard run's folder: the label of the run's description (the
+    description's own hparams, `Description.hparams`, and what the ranks found):
+    `ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    from .description import Description
+
+    return Description.from_hparams(hparams).label(repeat)
 
 
 def run_folder(tb_root: Path, name: str) -> Path:

@@ -44,7 +44,9 @@ from ._buckets import make_buckets
 from ._wire import WireFormat
 from .base import Synchroniser
 
-ALIGN = 64  # elements: a multiple of any CPU vector width and of fused Adam's 64-byte task
+# elements: a multiple of any CPU vector width and of fused Adam's 64-byte task (the cost
+# model pads its predictions on the same grid: costmodel.padded)
+ALIGN = costmodel.SHARD_ALIGN
 
 
 class Zero1Sync(Synchroniser):
