@@ -65,6 +65,19 @@ def test_stop0_trains_to_the_framework_weights_bit_for_bit(tmp_path, shared_data
     assert not torch.equal(stop0_naive["fc1.weight"], first)
 
 
+def job_folders(root, world: int, entry: str) -> list:
+    """The sweep's run folders of one world size and entry, found by their config.yaml
+    (what the run is), not by how folders are named."""
+    from omegaconf import OmegaConf
+
+    found = []
+    for config in root.glob("*/config.yaml"):
+        cfg = OmegaConf.load(config)
+        if cfg.launcher.nproc_per_node == world and cfg.run.entry == entry:
+            found.append(config.parent)
+    return found
+
+
 # a whole epoch in a few steps: 4096 samples per rank a step reach the shard's padded tail
 # (at 7 ranks 60000 samples deal 8572 a rank: 4 of them repeated, in the third, last step)
 @pytest.mark.slow
@@ -79,8 +92,8 @@ def test_stop0_matches_the_ring_at_3_and_7_ranks(tmp_path, shared_data_root):
                    "log.progress=lines", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, describe(proc)
     for world in (3, 7):
-        framework, = tmp_path.glob(f"nproc_per_node{world}_entry-ddp_lab.worker_*")
-        stop0, = tmp_path.glob(f"nproc_per_node{world}_entry-ddp_lab.stop0_*")
+        framework, = job_folders(tmp_path, world, "ddp_lab.worker")
+        stop0, = job_folders(tmp_path, world, "ddp_lab.stop0")
         state = torch.load(framework / "checkpoints" / "epoch_0001.pt", weights_only=False)
         assert_same_bits(torch.load(stop0 / "model.pt"), state["model"],
                          f"stop0 ring vs sync=ring at {world} ranks")
