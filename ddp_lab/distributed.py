@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .hang import enable_flight_recorder
 from .measure import fingerprint
 from .run import progress
-from . import cpu
+from . import cpu, torch_support
 from .config import device_type
 from .env import DistEnv
 
@@ -163,8 +163,11 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     init_timeout = datetime.timedelta(seconds=init_timeout_s or timeout_s)
     dist.init_process_group(be, init_method="env://", rank=env.rank,
                             world_size=env.world_size, timeout=init_timeout, **kwargs)
-    if init_timeout_s and init_timeout_s != timeout_s:
-        set_timeout(timeout_s)
+    if init_timeout_s and init_timeout_s != timeout_s and not set_timeout(timeout_s):
+        torch_support.choose(f"dist.timeout_s={timeout_s:g}: every collective keeps "
+                             f"dist.init_timeout_s={init_timeout_s:g} (torch "
+                             f"{torch_support.version()} cannot change a group's timeout; "
+                             "torch >= 2.3 can)")
     try:
         yield DistContext(env=env, backend=be, device=dev)
     finally:
@@ -172,13 +175,18 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
             dist.destroy_process_group()
 
 
-def set_timeout(timeout_s: float) -> None:
+def set_timeout(timeout_s: float) -> bool:
     """The default group's timeout for every later collective (torch >= 2.9 names it
-    dist.set_timeout; before, distributed_c10d._set_pg_timeout)."""
+    dist.set_timeout; 2.3 to 2.8, distributed_c10d._set_pg_timeout). False where the
+    installed torch has neither (2.2): the group keeps its init timeout for every call
+    (ddp_lab.torch_compat says so in the run's first lines)."""
     import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
-    setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout")
+    setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
+    if setter is None:
+        return False
     setter(datetime.timedelta(seconds=timeout_s))
+    return True
 
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
