@@ -4,6 +4,7 @@ set -euo pipefail
 
 {setup}
 {pythonpath}
+{container}
 {python_check}
 
 # Open MPI gives rank and local rank but no node index: count it from the slots, which
