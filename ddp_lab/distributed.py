@@ -151,7 +151,12 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     be = choose_backend(dev, backend)
     kwargs = {}
     if be == "nccl":
-        kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
+            kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        else:
+            torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
+                                 f"first collective (torch {torch_support.version()} has no "
+                                 "init_process_group(device_id=...); torch >= 2.3 has)")
         if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
             enable_flight_recorder(run_dir)
             # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there

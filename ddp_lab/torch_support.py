@@ -30,6 +30,13 @@ def version() -> str:
     return torch.__version__.split("+")[0]
 
 
+def accepts(function, keyword: str) -> bool:
+    """Whether this torch's `function` takes the keyword argument `keyword`."""
+    import inspect
+
+    return keyword in inspect.signature(function).parameters
+
+
 @functools.lru_cache(maxsize=None)
 def has_fused(optimizer: str, device_type: str) -> bool:
     """Whether this torch has the fused (one kernel) update of torch.optim.`optimizer`

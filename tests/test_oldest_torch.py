@@ -74,3 +74,17 @@ def test_a_finished_run_continues_for_another_epoch_and_the_report_compares(swee
     assert proc.returncode == 0, describe(proc)
     for name in compared:
         assert name in proc.stdout, describe(proc)
+
+
+def test_fused_true_where_torch_has_none_is_refused_in_one_line(tmp_path):
+    proc = run_cli("optim.fused=true", "dist.device=cpu", "launcher.dry_run=true",
+                   f"run.root={tmp_path}", cwd=tmp_path)
+    if torch_support.has_fused("adam", "cpu"):
+        assert proc.returncode == 0, describe(proc)
+    else:
+        assert proc.returncode == 2, describe(proc)
+        assert proc.stderr.strip() == (
+            f"error: optim.fused=true: torch {torch_support.version()} has no fused adam update "
+            "on cpu (torch >= 2.4 has): leave optim.fused=null (fused where torch has it) or "
+            "set optim.fused=false"), describe(proc)
+        assert not any(tmp_path.iterdir())  # refused before a run folder was made
