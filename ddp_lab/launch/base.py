@@ -139,12 +139,13 @@ def ranks_python(cfg, run_dir: str) -> str:
 
 
 def container_folders(cfg, run_dir: str) -> str:
-    """The script line that makes what launcher.image binds (a comment without an image)."""
+    """The script line (and its newline) that makes what launcher.image binds; nothing
+    without an image."""
     if not cfg.launcher.get("image"):
-        return "# (no launcher.image: the ranks' python runs on the node itself)"
+        return ""
     sources = [shlex.quote(b.split(":")[0]) for b in container_binds(cfg)]
     return (f"mkdir -p {' '.join([run_dir, *sources])}  # launcher.image binds them "
-            "(Apptainer refuses a missing source)")
+            "(Apptainer refuses a missing source)\n")
 
 
 def check_container(cfg) -> None:
