@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .hang import enable_flight_recorder
 from .measure import fingerprint
 from .run import progress
-from . import cpu
+from . import cpu, torch_support
 from .config import device_type
 from .env import DistEnv
 
@@ -151,7 +151,12 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     be = choose_backend(dev, backend)
     kwargs = {}
     if be == "nccl":
-        kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
+            kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        else:
+            torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
+                                 f"first collective (torch {torch_support.version()} has no "
+                                 "init_process_group(device_id=...); torch >= 2.3 has)")
         if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
             enable_flight_recorder(run_dir)
             # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there
@@ -163,8 +168,11 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     init_timeout = datetime.timedelta(seconds=init_timeout_s or timeout_s)
     dist.init_process_group(be, init_method="env://", rank=env.rank,
                             world_size=env.world_size, timeout=init_timeout, **kwargs)
-    if init_timeout_s and init_timeout_s != timeout_s:
-        set_timeout(timeout_s)
+    if init_timeout_s and init_timeout_s != timeout_s and not set_timeout(timeout_s):
+        torch_support.choose(f"dist.timeout_s={timeout_s:g}: every collective keeps "
+                             f"dist.init_timeout_s={init_timeout_s:g} (torch "
+                             f"{torch_support.version()} cannot change a group's timeout; "
+                             "torch >= 2.3 can)")
     try:
         yield DistContext(env=env, backend=be, device=dev)
     finally:
@@ -172,13 +180,18 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
             dist.destroy_process_group()
 
 
-def set_timeout(timeout_s: float) -> None:
+def set_timeout(timeout_s: float) -> bool:
     """The default group's timeout for every later collective (torch >= 2.9 names it
-    dist.set_timeout; before, distributed_c10d._set_pg_timeout)."""
+    dist.set_timeout; 2.3 to 2.8, distributed_c10d._set_pg_timeout). False where the
+    installed torch has neither (2.2): the group keeps its init timeout for every call
+    (ddp_lab.torch_compat says so in the run's first lines)."""
     import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
-    setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout")
+    setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
+    if setter is None:
+        return False
     setter(datetime.timedelta(seconds=timeout_s))
+    return True
 
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:

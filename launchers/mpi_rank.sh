@@ -4,7 +4,7 @@ set -euo pipefail
 
 {setup}
 {pythonpath}
-{python_check}
+{container}{python_check}
 
 # Open MPI gives rank and local rank but no node index: count it from the slots, which
 # mpirun --map-by slot fills host by host in hostfile order.

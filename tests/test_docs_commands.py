@@ -292,7 +292,9 @@ SCRIPTS = {"gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
 
 # scripts whose end-to-end test lives with what they measure (a larger case than the
 # cheapest form here, so running them here too would repeat it)
-ELSEWHERE = {"netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist(")}
+ELSEWHERE = {"netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist("),
+             # CI's last step runs it whole (a 2.5 GB install: nowhere cheaper)
+             "oldest_torch.sh": (".ci/run", "bash scripts/oldest_torch.sh")}
 BENCHES_ELSEWHERE = {"truth": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
                      # minutes on a lab and a cluster: its pure parts only (what it measures: above)
                      "network": ("tests/test_net_claims.py",

@@ -142,3 +142,29 @@ def test_port_taken_after_the_check_ends_at_once_naming_the_rendezvous(tmp_path)
     assert summary(run_dir)["status"] == f"failed: {line}"
     assert not list((run_dir / "logs").glob("rank*.log"))  # torchrun started no rank
     assert took < 30, took  # within dist.init_timeout_s; 3.8 s here (torchrun's start)
+
+
+def test_forked_ranks_end_when_torchrun_polls_seldom(tmp_path, shared_data_root):
+    """torchrun's agent looking at its ranks every 3 s (torch 2.2 and 2.3 look every 5 s):
+    the forked CPU ranks wait on torchrun's shared Event until it has read every rank's
+    result, and the run ends. A rank ended in that wait (once, on a 1 s timer) left
+    torchrun's `Event.set` waiting for it forever: the run trained, then hung until killed."""
+    cmd = [PY, "-m", "ddp_lab", "launcher.nproc_per_node=2", *QUICK,
+           f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=child_env({"PET_MONITOR_INTERVAL": "3"}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the run did not end within 120 s\n{out}\n{err}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything of the job's still alive
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert proc.returncode == 0, describe(done)
+    assert summary(run_dir_of(done))["status"] == "completed"
+    assert time.monotonic() - t0 < 90, describe(done)

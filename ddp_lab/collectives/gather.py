@@ -93,12 +93,13 @@ def torch_gather(output: torch.Tensor | None, input: torch.Tensor, dst: int | No
     if info is None:
         return
     root = resolve_root(info, dst, group_dst, "dst")
+    dst = info.ranks[root]  # the root by its global rank: group_dst is torch >= 2.6's
     with flat_view(input, writeback=False) as inp:
         if info.rank != root:
-            dist.gather(inp, None, group=group, group_dst=root)
+            dist.gather(inp, None, dst=dst, group=group)
             return
         with flat_view(output) as out:
-            dist.gather(inp, list(out.view(info.size, -1)), group=group, group_dst=root)
+            dist.gather(inp, list(out.view(info.size, -1)), dst=dst, group=group)
 
 
 GATHER = {"naive": gather_naive, "tree": gather_tree, "torch": torch_gather}

@@ -52,10 +52,12 @@ def torch_broadcast(
     *, group_src: int | None = None,
 ) -> None:
     """:func:`torch.distributed.broadcast` (non-contiguous tensors allowed). Returns None."""
-    if group_info(group) is None:
+    info = group_info(group)
+    if info is None:
         return
-    with flat_view(tensor) as flat:
-        dist.broadcast(flat, src, group=group, group_src=group_src)
+    root = resolve_root(info, src, group_src, "src")
+    with flat_view(tensor) as flat:  # the root by its global rank: group_src is torch >= 2.6's
+        dist.broadcast(flat, info.ranks[root], group=group)
 
 
 def torch_reduce(
@@ -71,7 +73,8 @@ def torch_reduce(
     root = resolve_root(info, dst, group_dst, "dst")
     torch_op, divide = _torch_op(op, group)
     with flat_view(tensor) as flat:
-        dist.reduce(flat, dst, op=torch_op, group=group, group_dst=group_dst)
+        # the root by its global rank: group_dst is torch >= 2.6's
+        dist.reduce(flat, info.ranks[root], op=torch_op, group=group)
         if divide and info.rank == root:
             flat.div_(info.size)
 

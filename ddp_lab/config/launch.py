@@ -45,7 +45,21 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 @dataclass
-class MpirunLauncherConfig(LauncherConfig):
+class ContainerLauncherConfig(LauncherConfig):
+    """An Apptainer/Singularity image the ranks run in (launcher=slurm and mpirun)."""
+    image: Optional[str] = doc(None, "an Apptainer/Singularity image every node's python runs "
+                                     "in (`<runtime> exec --nv --bind ... <image> python`): a "
+                                     ".sif file on storage every node sees, or a docker:// "
+                                     "reference; null = none (docs/launchers.md, Containers)")
+    runtime: str = doc("apptainer", "apptainer | singularity: the command that runs "
+                                    "launcher.image")
+    bind: List[str] = doc([], "more --bind entries (src[:dest[:ro]]) for launcher.image; the "
+                              "run folder, data.root, the ddp_lab checkout and launcher.venv "
+                              "are bound already")
+
+
+@dataclass
+class MpirunLauncherConfig(ContainerLauncherConfig):
     """Open MPI's mpirun starts one process per slot (the lab-machines recipe)."""
 
     hosts: Optional[List[str]] = doc(None, "`name:slots` entries (`name` alone = nproc_per_node "
@@ -69,7 +83,7 @@ class MpirunLauncherConfig(LauncherConfig):
 
 
 @dataclass
-class SlurmLauncherConfig(LauncherConfig):
+class SlurmLauncherConfig(ContainerLauncherConfig):
     """sbatch + srun: one torchrun per node, or one task per process (per_task=true)."""
 
     job_name: str = doc("ddp_lab", "#SBATCH --job-name (also %x in the log names)")

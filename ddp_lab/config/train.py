@@ -92,8 +92,9 @@ class DataConfig:
 class OptimConfig:
     name: str = doc(MISSING, "adam | sgd (the learning rate is train.lr)")
     weight_decay: float = doc(0.0, "L2 penalty")
-    fused: bool = doc(True, "one fused kernel for the whole update (CPU and "
-                            "CUDA); false = torch's per-tensor loop")
+    fused: Optional[bool] = doc(None, "one fused kernel for the whole update; null = where "
+                                      "the installed torch has it for the device (CPU: torch "
+                                      ">= 2.4); false = torch's per-tensor loop")
 
 
 @dataclass

@@ -104,6 +104,70 @@ def python_exe(lc) -> str:
     return lc.python or sys.executable
 
 
+RUNTIMES = ("apptainer", "singularity")
+
+
+def container_binds(cfg) -> list[str]:
+    """What launcher.image's --bind names besides the run folder: data.root, the ddp_lab
+    checkout that renders (an installed one comes with launcher.venv), launcher.venv, then
+    launcher.bind. Apptainer refuses a source that does not exist: the scripts make the
+    folders first (`container_folders`)."""
+    lc = cfg.launcher
+    binds = [str(cfg.data.root)] if "data" in cfg else []
+    if code_dir().name not in ("site-packages", "dist-packages"):
+        binds.append(str(code_dir()))
+    if lc.get("venv"):
+        binds.append(str(Path(str(lc.venv)).expanduser()))
+    binds += [str(b) for b in lc.get("bind") or []]
+    return list(dict.fromkeys(binds))
+
+
+def ranks_python(cfg, run_dir: str) -> str:
+    """The shell words that run the ranks' python on a node: `python_exe`, or with
+    launcher.image, the image's python (launcher.venv's, else launcher.python, else
+    `python`) under `<runtime> exec` (Apptainer's CLI: `exec [options] <image> <command>`;
+    --nv, the host's NVIDIA driver and GPUs in the image, unless dist.device=cpu).
+    `run_dir` is the run folder as a shell word (a quoted path, or $RUN_DIR)."""
+    lc = cfg.launcher
+    if not lc.get("image"):
+        return shlex.quote(python_exe(lc))
+    py = python_exe(lc) if lc.get("venv") else (lc.python or "python")
+    nv = "--nv " if cfg.dist.device != "cpu" else ""
+    binds = ",".join([run_dir, *(shlex.quote(b) for b in container_binds(cfg))])
+    return (f"{shlex.quote(lc.runtime)} exec {nv}--bind {binds} {shlex.quote(str(lc.image))} "
+            f"{shlex.quote(py)}")
+
+
+def container_folders(cfg, run_dir: str) -> str:
+    """The script line (and its newline) that makes what launcher.image binds; nothing
+    without an image."""
+    if not cfg.launcher.get("image"):
+        return ""
+    sources = [shlex.quote(b.split(":")[0]) for b in container_binds(cfg)]
+    return (f"mkdir -p {' '.join([run_dir, *sources])}  # launcher.image binds them "
+            "(Apptainer refuses a missing source)\n")
+
+
+def check_container(cfg) -> None:
+    """launcher.image and launcher.runtime, before anything is written or started: the
+    runtime is one of RUNTIMES, and for a real submission it is on this machine's PATH and
+    a local image exists (a dry run renders without either)."""
+    lc = cfg.launcher
+    if lc.runtime not in RUNTIMES:
+        raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
+    if lc.get("image") and "://" not in str(lc.image):
+        lc.image = str(Path(str(lc.image)).expanduser().resolve())  # one path for every node
+    if not lc.get("image") or lc.dry_run:
+        return
+    image = str(lc.image)
+    if "://" not in image:
+        if not Path(image).exists():
+            raise LaunchError(f"launcher.image={image}: no such image (a .sif file every "
+                              "node sees, or a docker:// reference)")
+    require_tool(lc.runtime, "launcher.image needs it on every node; install Apptainer, or "
+                             "set launcher.runtime=singularity where that is the site's")
+
+
 def pythonpath_line() -> str:
     """Put the ddp_lab that renders on the ranks' path when it is a source checkout; an
     installed one (site-packages) stays off it: that folder also holds this machine's torch,

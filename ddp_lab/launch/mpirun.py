@@ -16,9 +16,9 @@ import socket
 from pathlib import Path
 
 from .ports import free_port
-from .base import (LaunchError, Rendered, check_port_free, default_nproc, is_this_machine,
-                   python_check, python_exe, pythonpath_line, require_tool, setup_block,
-                   template)
+from .base import (LaunchError, Rendered, check_container, check_port_free, container_folders,
+                   default_nproc, is_this_machine, python_check, pythonpath_line, ranks_python,
+                   require_tool, setup_block, template)
 from .foreground import run_foreground
 from .mpirun_errors import MpirunStderr
 
@@ -96,6 +96,7 @@ def same_host(a: str, b: str) -> bool:
 
 def resolve(cfg) -> None:
     lc = cfg.launcher
+    check_container(cfg)
     if lc.max_restarts:
         raise LaunchError("launcher=mpirun cannot restart ranks (launcher.max_restarts needs "
                           "torchrun: use launcher=local or slurm)")
@@ -161,10 +162,11 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, master_addr=shlex.quote(lc.master_addr), master_port=port,
         mpirun=shlex.quote(lc.mpirun), flags="".join(f"{f} " for f in flags), np=np_total,
         extra=extra, hosts_summary=", ".join(f"{n}:{s}" for n, s in hosts))
+    py = ranks_python(cfg, q_run)  # launcher.image: under `<runtime> exec ... <image>`
     rank_sh = template("mpi_rank.sh").format(
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
-        python_check=python_check(shlex.quote(python_exe(lc))),
-        slots=" ".join(str(s) for _, s in hosts), python=shlex.quote(python_exe(lc)),
+        container=container_folders(cfg, q_run), python_check=python_check(py),
+        slots=" ".join(str(s) for _, s in hosts), python=py,
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}

@@ -36,8 +36,9 @@ import shlex
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .base import (LaunchError, Rendered, python_check, python_exe, pythonpath_line,
-                   setup_block, sourced_note, store_line, template)
+from .base import (LaunchError, Rendered, check_container, container_folders, python_check,
+                   python_exe, pythonpath_line, ranks_python, setup_block, sourced_note,
+                   store_line, template)
 from .slurm_job import submit_and_follow  # the rendered job's submit and follow
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
@@ -79,6 +80,7 @@ def stop_lead_s(limit_s: Optional[int]) -> int:
 
 def resolve(cfg) -> None:
     lc = cfg.launcher
+    check_container(cfg)
     if lc.nodes < 1:
         raise LaunchError(f"launcher.nodes={lc.nodes}: must be >= 1")
     if lc.gpus_per_node is not None and lc.gpus_per_node < 0:
@@ -185,7 +187,7 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
     task per process). A study's job step (ddp_lab/measure/study.py) passes its own size: `nnodes`,
     the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
     lc = cfg.launcher
-    py = shlex.quote(python_exe(lc))
+    py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
     entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
     if not step:  # the whole allocation, sized from the allocation itself: srun would take
         # the task count from SLURM_NTASKS, which a requeued job keeps from its submission
@@ -228,16 +230,17 @@ def nccl_block(cfg) -> str:
     exported here (srun passes the environment on to every node)."""
     if not cfg.launcher.nccl_env:
         return "# (launcher.nccl_env=false: NCCL picks its network itself)"
-    py = shlex.quote(python_exe(cfg.launcher))
+    py = ranks_python(cfg, "$RUN_DIR")
     return ("# NCCL's network settings from sysfs (ddp_lab.nccl_env: Slingshot, RoCE/IB; why: stderr)\n"
             f"NCCL_EXPORTS=\"$({py} -m ddp_lab.nccl_env)\"\n"
             "echo \"$NCCL_EXPORTS\"; eval \"$NCCL_EXPORTS\"")
 
 
-def stop_script(lc) -> str:
+def stop_script(lc, py: Optional[str] = None) -> str:
     """slurm_stop.sh, the stop and requeue machinery a job script (a run's job.sbatch, a
-    study's study.sbatch) sources from its folder."""
-    py = shlex.quote(python_exe(lc))
+    study's study.sbatch) sources from its folder; `py`: the ranks' python as shell words
+    (`ranks_python`), else launcher.python's."""
+    py = py or shlex.quote(python_exe(lc))
     return template("slurm_stop.sh").format(
         python_check=python_check(py), py=py, max_requeues=lc.max_requeues,
         self_requeue=int(bool(lc.requeue)))
@@ -260,8 +263,9 @@ def render(cfg, run_dir: Path) -> Rendered:
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(), nccl_block=nccl_block(cfg),
-        port_line=port_line, launch=launch_block(cfg))
-    stop = stop_script(lc)
+        container=container_folders(cfg, "$RUN_DIR"), port_line=port_line,
+        launch=launch_block(cfg))
+    stop = stop_script(lc, ranks_python(cfg, "$RUN_DIR"))
     path = run_dir / "job.sbatch"
     command = ["sbatch", "--parsable", str(path)]
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"

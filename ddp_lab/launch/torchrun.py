@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -64,10 +65,35 @@ def fork_ranks(args) -> bool:
     _inherited.update({sig: signal.getsignal(sig) for sig in AGENT_SIGNALS})
     args.training_script = importlib.util.find_spec(args.training_script).origin
     args.module, args.run_path, args.start_method = False, True, "fork"
+    _return_on_exit_0()
     # a forked rank that fails is logged with torch's own traceback of noticing it (a
     # ProcessExitedException); a fresh interpreter's, in one line: keep the line
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_traceback)
     return True
+
+
+def _return_on_exit_0() -> None:
+    """A forked rank hands torchrun its result by returning from the entry function;
+    the ranks' entries end with `sys.exit(rc)`. torch >= 2.3 turns a `SystemExit(0)` of a
+    `--run-path` entry into a return (its `record`); torch 2.2 lets it end the process
+    with exit 0 and no result, and its agent then waits for one forever. So the entry
+    torchrun runs here does that itself, on every torch (any other exit stays an exit)."""
+    from torch.distributed import run as torchrun
+
+    run_path = torchrun.run_script_path
+    if getattr(run_path, "returns_on_exit_0", False):
+        return
+
+    def run_script_path(training_script: str, *training_script_args: str):
+        try:
+            return run_path(training_script, *training_script_args)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+            return None
+
+    run_script_path.returns_on_exit_0 = True  # type: ignore[attr-defined]
+    torchrun.run_script_path = run_script_path  # read by torchrun's config_from_args
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:
@@ -84,19 +110,30 @@ def as_forked_rank() -> None:
     whole_lines()
 
 
-def exit_soon(rc: int, grace_s: float = 1.0) -> None:
+def exit_soon(rc: int) -> None:
     """A forked rank's last step. torchrun's fork protocol ends a rank in two moves: the
     rank puts its return value on a queue (a pipe: there the moment it is put), then waits
-    until torchrun has read it. torchrun may never read it: killed (the rank stopped
-    because of that), or closing the ranks after a signal, when it waits 30 s for them to
-    exit before it reads anything. So a thread ends the rank with `rc` `grace_s` after this
-    call, at once if torchrun is gone; a rank torchrun releases first just ends."""
+    on an Event torchrun shares with every rank until torchrun has read them all and sets
+    it. That wait is a `multiprocessing.Condition` sleeper: a rank ended inside it never
+    acknowledges the wake-up, and torchrun's `Event.set` then waits for it forever
+    (`Condition.notify` -> `_woken_count.acquire()`). So the rank is never ended on a
+    timer: it waits for torchrun, and a thread ends it with `rc` only when waiting is
+    pointless, that is when torchrun is gone (killed: the rank is reparented, or gets the
+    SIGINT torch's fork asks for at its parent's death), or when torchrun signals it
+    (closing the ranks after a signal or a failed rank: then torchrun never sets the Event).
+    A torchrun that polls seldom (torch < 2.4: every 5 s) only makes the end later."""
     torchrun = multiprocessing.parent_process().pid  # reparented once torchrun is gone
+    # the signals reach this process's C handler on whichever thread: the wakeup fd tells
+    # the watcher, whatever the main thread is blocked in (the Condition's semaphore)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    for sig in AGENT_SIGNALS:
+        signal.signal(sig, lambda *_: None)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
     def watch() -> None:
-        deadline = time.monotonic() + grace_s
-        while os.getppid() == torchrun and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while os.getppid() == torchrun and not select.select([r], [], [], 0.05)[0]:
+            pass
         os._exit(rc)
 
     threading.Thread(target=watch, name="exit_soon", daemon=True).start()
@@ -143,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
     # machine's cores free now, shared among its ranks (ddp_lab/cpu.py); the forks inherit it
     cpu.apply(cpu.look(nproc_per_node(args)))
+    # how often the agent looks at its ranks: torch >= 2.4's 0.1 s on every torch (2.2 and
+    # 2.3 look every 5 s: a run's end, or a failed rank, noticed up to 5 s late); torchrun
+    # reads PET_MONITOR_INTERVAL itself, so a value set there wins
+    os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from .. import cpu
+from .. import cpu, torch_support
 from ..measure import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..distributed import DistContext
@@ -137,6 +137,8 @@ class Telemetry:
                  cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
                  plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
                  if plan.accumulation > 1 else "")
+        for line in torch_support.choices():  # defaults the installed torch could not honour
+            log.info("%s", line)
         if self.ctx.device.type == "cpu":
             share = cpu_share()
             n = share["threads"]

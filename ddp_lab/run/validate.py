@@ -291,6 +291,18 @@ def _cuda_graph(cfg: DictConfig) -> Optional[str]:
     return cuda_graph_problem(cfg, device, accumulation)
 
 
+def _fused(cfg: DictConfig) -> Optional[str]:
+    """optim.fused=true on a local launch where this torch has no fused update for the
+    device the ranks will use (torch < 2.4 on CPU). Elsewhere the ranks' torch (a cluster's,
+    a container's) is not this machine's to judge: a rank that cannot says so itself."""
+    if cfg.optim.fused is not True or cfg.launcher.name != "local":
+        return None
+    from .. import torch_support  # imports torch: only for a run that asks for fused
+
+    return torch_support.fused_refusal(cfg.optim.name,
+                                       device_type(cfg.dist.device, local_gpus() > 0))
+
+
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
     """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/run/delay.py)."""
     return delay_problem(cfg.debug, world_size(cfg))
@@ -332,6 +344,7 @@ TRAIN: list[Rule] = [
     one_of("sync.compress", COMPRESS_MODES),
     _sync_fits,
     _cuda_graph,
+    _fused,
     _debug_delays,
     data_folder,
 ]

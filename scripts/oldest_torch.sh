@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The oldest torch ddp_lab declares (pyproject.toml's floor: torch 2.2, as NVIDIA's NGC
+# containers from 24.01 on carry it), from the registry, in a venv of its own, and the part
+# of the suite that runs on it: every synchroniser to its end, a resume, the report, stop 0
+# bit for bit, and the end of a run whose ranks torchrun forked.
+#   bash scripts/oldest_torch.sh          # .ci/run's last step
+# Knobs (env): PYTHON (default python3), VENV (default .venv-oldest-torch).
+# The registry's linux wheels of torch 2.2 bring NVIDIA's CUDA 12 libraries (~2.5 GB;
+# `import torch` loads them even on a CPU): one install, then reused while the venv stays.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv-oldest-torch}
+# torch==X.Y.* and torchvision==X.Y.* of pyproject.toml's floors (the newest patch release)
+read -r -a PINS < <("$PYTHON" - <<'PY'
+import re, tomllib
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+for d in deps:
+    m = re.fullmatch(r"(torch|torchvision)>=(\d+)\.(\d+)\S*", d.replace(" ", ""))
+    if m:
+        print(f"{m[1]}=={m[2]}.{m[3]}.*", end=" ")
+print()
+PY
+)
+[ "${#PINS[@]}" -eq 2 ] || { echo "pyproject.toml: no torch>=X.Y / torchvision>=X.Y floor" >&2; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+# numpy < 2: torch < 2.3 was built against numpy 1 (tensor.numpy() fails under numpy 2)
+time "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PINS[@]}" "numpy<2" -e '.[test]'
+"$VENV/bin/python" -c "import torch, torchvision; print('oldest torch:', torch.__version__, 'torchvision', torchvision.__version__)"
+time "$VENV/bin/python" -m pytest -n 0 -v -p no:cacheprovider tests/oldest_torch.py tests/test_stop0.py \
+    tests/test_launch_local.py::test_forked_ranks_end_when_torchrun_polls_seldom
