@@ -49,7 +49,7 @@ def fork_ranks(args) -> bool:
     what they would import first. On a GPU the ranks stay fresh interpreters: CUDA cannot
     be used in a fork of a process that touched it, so nothing here risks it."""
     preload = FORK_PRELOAD.get(args.training_script) if args.module else None
-    if preload is None or len(args.training_script_args) != 1:
+    if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
     from .base import gpu_devices_present
