@@ -60,6 +60,8 @@ def test_hundreds_of_takers_one_holder_one_line_refusals(tmp_path):
     run_dir.mkdir()
     out = tmp_path / "outcomes"
     out.touch()
+    from ddp_lab.launch import job_processes  # noqa: F401 (imported before the forks, not in each)
+
     ctx = multiprocessing.get_context("fork")  # cheap takers, started together
     procs = [ctx.Process(target=_taker, args=(run_dir, out, seed)) for seed in range(TAKERS)]
     for p in procs:

@@ -2,8 +2,8 @@
 into the folder and held for the life of its job.
 
 The lock is a small JSON file, created only where there is none (atomic on local and
-network file systems alike), naming who holds it: host, pid (and the pid's start time, so a reused pid
-is not mistaken for the holder) and launcher. A second command on the same folder reads
+network file systems alike), naming who holds it: host, pid (and the pid's start time, so a
+reused pid is not mistaken for the holder) and launcher. A second command on the same folder reads
 it and asks whether that holder still lives:
 
 - on this machine: the holder's process, or any process of the folder's job
@@ -22,9 +22,10 @@ hard-linked to LOCK, which fails if LOCK exists), and it is removed (given back,
 aside as dead) only under a short `flock` of the run folder, after checking that LOCK is
 still the very file that was judged (its inode and content). So two commands never both
 hold the folder, and no command removes a lock it did not judge. (A file system without
-flock or hard links falls back to O_EXCL alone, without that guard.) A command run in the
-foreground (torchrun, mpirun) gives the lock back when its job ends; a scheduler's job
-leaves it to be taken over once the scheduler says it has ended.
+flock or hard links falls back to O_EXCL alone, without that guard.)
+
+A command run in the foreground (torchrun, mpirun) gives the lock back when its job ends;
+a scheduler's job leaves it to be taken over once the scheduler says it has ended.
 """
 
 from __future__ import annotations
