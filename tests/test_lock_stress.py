@@ -1,7 +1,8 @@
 """run/lock.py under a crowd: hundreds of real processes take, read, set aside and give back
 one folder's lock at once (some die holding it). Exactly one holds it at any moment; every
 other is refused in one line or takes over a dead holder's lock; none sees a traceback
-(a lock that vanishes between two calls is a holder that has just left)."""
+(a lock that vanishes between two calls is a holder that has just left; the folder itself
+may vanish, removed by another command's validation probe while it is empty)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ddp_lab.run import lock
+from ddp_lab.run.validate import folder_problem
 
 TAKERS, ROUNDS = 200, 3
 
@@ -33,6 +35,8 @@ def _taker(run_dir: Path, out: Path, seed: int) -> None:
         for _ in range(ROUNDS):
             if rng.random() < 0.3:
                 lock.in_use(cfg)  # a validation reading the lock meanwhile
+            if rng.random() < 0.3:  # and its probe, which removes the folder while it is empty
+                folder_problem("run.dir", str(run_dir), "choose another")
             try:
                 lock.acquire(run_dir, "local")
             except lock.FolderInUse as e:
@@ -57,7 +61,7 @@ def _taker(run_dir: Path, out: Path, seed: int) -> None:
 
 def test_hundreds_of_takers_one_holder_one_line_refusals(tmp_path):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir()  # as make_run_dir leaves it: empty, so a probe may remove it
     out = tmp_path / "outcomes"
     out.touch()
     from ddp_lab.launch import job_processes  # noqa: F401 (imported before the forks, not in each)
@@ -77,4 +81,4 @@ def test_hundreds_of_takers_one_holder_one_line_refusals(tmp_path):
     assert all("\n" not in m and m.startswith(f"run.dir={run_dir}") for m in refusals), refusals[:3]
     assert kinds.count("held") + kinds.count("died holding") >= 10 and refusals, kinds
     assert kinds.count("died holding") >= 1  # so some took over a dead holder's lock
-    assert not list(run_dir.glob(".LOCK*")), list(run_dir.iterdir())
+    assert not list(run_dir.glob(".LOCK*")), list(run_dir.glob("*"))

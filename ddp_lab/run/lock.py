@@ -15,7 +15,9 @@ it and asks whether that holder still lives:
 
 A live holder: the command is refused in one line naming the job and how to follow it.
 A dead one: the lock is taken over, with a line that says so. A lock that vanishes while it
-is read is a holder that has just left: the command tries again.
+is read is a holder that has just left, a folder that vanishes before the lock is in it is
+another command's validation probe (it removes the empty folders it made): the command
+tries again.
 
 Race-free at every point: a lock appears whole (written to a private file first, then
 hard-linked to LOCK, which fails if LOCK exists), and it is removed (given back, or set
@@ -167,8 +169,14 @@ def acquire(run_dir: Path, launcher: str) -> None:
     mine = json.dumps(_me(launcher), indent=1) + "\n"
     unreadable = 0
     for _ in range(50):
-        if _create(path, mine):
-            return
+        try:
+            if _create(path, mine):
+                return
+        except FileNotFoundError:
+            # the folder itself vanished: another command's validation probe
+            # (validate.folder_problem) removes the empty folder it made on the way
+            run_dir.mkdir(parents=True, exist_ok=True)
+            continue
         ident, holder = _read(path)
         if ident is None:
             continue  # given back (or set aside) since: a holder that has just left
