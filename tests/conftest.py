@@ -24,6 +24,43 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+# The only skips a CI machine without a GPU may show (.ci/run): the start of each expected
+# reason, and why it is expected. Any other skip (no sbatch, no mpirun, no network lab, the
+# cluster fallen back to loopback, no root...) fails the test with its reason: a machine
+# missing a package is not green. A developer without SLURM or Open MPI who wants those
+# tests skipped asks for it: DDP_LAB_ALLOW_SKIPS=1 (CI never sets it).
+EXPECTED_SKIPS = {
+    "needs CUDA": "no GPU on the CI machine",
+    "CUDA is not available": "no GPU on the CI machine",
+    "nccl needs one GPU per rank": "nccl's test needs two GPUs",
+    "this torch build has no nccl": "a CPU-only torch build has no nccl",
+    "setup.sh builds a venv": "the venv running the suite is what setup.sh makes",
+    "not under pytest-xdist": "a test of the xdist groups, run with -n 0",
+}
+ALLOW_SKIPS = "DDP_LAB_ALLOW_SKIPS"
+
+
+def skip_reason(report) -> str:
+    """The reason a skipped report gives ('Skipped: ' cut)."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip whose reason is not one of EXPECTED_SKIPS is a failure, with its reason."""
+    report = (yield).get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or os.environ.get(ALLOW_SKIPS) == "1":
+        return
+    reason = skip_reason(report)
+    if not reason.startswith(tuple(EXPECTED_SKIPS)):
+        report.outcome = "failed"
+        report.longrepr = (f"skipped for a reason this suite does not expect: {reason}\n"
+                           f"(expected skips: tests/conftest.py EXPECTED_SKIPS; to skip anyway "
+                           f"on a machine without it, {ALLOW_SKIPS}=1)")
+
+
 FILE_SECONDS: dict[str, float] = {}
 
 

@@ -1,10 +1,14 @@
-"""Every command of the README's runbook, every script in scripts/ and every benchmark of
-`python -m ddp_lab.bench.suite`, run as written, in its cheapest form (a dry run, or one epoch of 20 steps), from a folder outside the checkout.
+"""Every command of the README's runbook and of docs/tour.md, every script in scripts/ and
+every benchmark of `python -m ddp_lab.bench.suite`, run as written from a folder outside
+the checkout.
 
-The commands are parsed from README.md itself, so a README edit is tested. `python` is
-this interpreter (the runbook activates the venv first); the cheap overrides are appended
-(Hydra: the last value of a key wins). Commands that need a scheduler, a remote host or a
-cluster image (slurm, mpirun, runai) are dry runs. Everything must land under ./outputs.
+The commands are parsed from README.md and docs/tour.md themselves, so a doc edit is
+tested. `python` is this interpreter (the runbook activates the venv first). A command
+that trains runs as written with only caps appended (one epoch of a few steps, the shared
+data: Hydra's last value of a key wins); a dry run is run as written. What cannot run on
+this machine (NOT_HERE: a 4-node or GPU SLURM allocation, a RunAI cluster, remote hosts)
+says why, and is composed, checked and rendered as a dry run. Everything must land under
+./outputs.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ import pytest
 from helpers import REPO, child_env, compose, describe, run_dir_of
 
 README = (REPO / "README.md").read_text()
+TOUR = (REPO / "docs" / "tour.md").read_text()
 QUICK = ["train.epochs=1", "train.max_steps_per_epoch=20", "log.progress=lines"]
+# the caps appended to a documented command that trains (its own values of these lose)
+CAPS = ["train.epochs=1", "train.max_steps_per_epoch=8", "train.eval_batch_size=2000",
+        "log.progress=lines"]
 QUICK_BENCH = ["bench.min_elements=1024", "bench.max_elements=4096", "bench.points=2",
                "bench.warmup=1", "bench.iters=3", "bench.min_iters=1", "log.progress=lines"]
 REMOTE = ("launcher=slurm", "launcher=mpirun", "launcher=runai", "cluster=")
@@ -43,6 +51,35 @@ def runbook_commands() -> list[str]:
 COMMANDS = runbook_commands()
 
 
+def tour_commands() -> list[str]:
+    """docs/tour.md's commands: its indented lines that start with `python -m` or `torchrun`."""
+    commands = []
+    for line in re.findall(r"^    ((?:python -m|torchrun) .*)$", TOUR, re.M):
+        commands.append(shlex.join(shlex.split(line, comments=True)))
+    return commands
+
+
+TOUR_COMMANDS = tour_commands()
+
+# The documented commands that cannot run on this machine, and why: each is composed,
+# checked and rendered as a dry run instead. Any other command runs.
+NOT_HERE = {
+    "python -m ddp_lab launcher=slurm launcher.nodes=4 launcher.account=a-xyz sync=ring":
+        "a 4-node SLURM allocation (the test cluster has 2 nodes)",
+    "python -m ddp_lab study=scaling 'study.worlds=[1,2,4]' study.repeats=3 launcher=slurm "
+    "launcher.nodes=2 launcher.nproc_per_node=2":
+        "9 SLURM jobs; tests/test_study_slurm.py runs a study on the test cluster",
+    "python -m ddp_lab launcher=mpirun 'launcher.hosts=[red01:2,orange07:1,purple11:1]'":
+        "the hosts red01, orange07 and purple11 stand for the user's machines",
+    "python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 "
+    "launcher.image=...":
+        "a RunAI cluster with GPU nodes and an image",
+    "python -m ddp_lab.bench bench=handin launcher=slurm launcher.nodes=4 "
+    "launcher.gpus_per_node=4":
+        "a 4-node SLURM allocation with 4 GPUs a node",
+}
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, shared_data_root):
     cwd = tmp_path_factory.mktemp("user")
@@ -61,22 +98,26 @@ def ok(proc) -> str:
 
 
 def cheap(argv: list[str], work) -> tuple[list[str], str]:
-    """The cheapest form of a README command and what to check: 'run', 'help', 'plain'."""
+    """A documented command as it runs here and what to check: 'run', 'help', 'plain'.
+    Training and benchmarking commands run as written plus the caps; one that cannot run
+    here (NOT_HERE) is a dry run."""
     if argv[:2] != ["python", "-m"]:
-        raise AssertionError(f"no rule for this README command: {shlex.join(argv)}")
+        raise AssertionError(f"no rule for this command: {shlex.join(argv)}")
     module, args = argv[2], argv[3:]
     py = [sys.executable, "-m", module, *args]
     if "--help" in args:
         return py, "help"
     if module in ("ddp_lab", "ddp_lab.bench"):
         data = [work["data"]] if module == "ddp_lab" else []  # the bench reads no data
-        if any(a.startswith(REMOTE) for a in args) or "launcher.dry_run=true" in args or args:
-            # the plain command runs for real; every other command is composed, checked and
-            # rendered (a sweep: one folder per job): what its option does when it trains,
-            # that option's own test shows (test_sync, test_models, test_data, test_bench;
-            # sweeps that train: test_strong_scaling, test_study)
+        command = shlex.join(argv)
+        if command in NOT_HERE:
+            print(f"not run here: {NOT_HERE[command]}; composed, checked and rendered")
             return [*py, "launcher.dry_run=true", *data], "run"
-        return [*py, *(QUICK if module == "ddp_lab" else QUICK_BENCH), *data], "run"
+        remote = [a for a in args if a.startswith(REMOTE)]
+        assert not remote or "launcher.dry_run=true" in args, (
+            f"{command}: {remote} cannot run on this machine; run it as a dry run in the "
+            "docs, or say why in NOT_HERE")
+        return [*py, *(CAPS if module == "ddp_lab" else QUICK_BENCH), *data], "run"
     return py, "plain"  # ddp_lab.report, ddp_lab.nccl_env: cheap as they are
 
 
@@ -138,6 +179,31 @@ def status(work, argv):
         ok(sh(work, [sys.executable, "-m", "ddp_lab", "launcher.dry_run=true", work["data"]]))
     out = ok(sh(work, [sys.executable, "-m", *argv[2:]]))
     assert " run(s) under " in out.splitlines()[-1], out
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("command", TOUR_COMMANDS, ids=[c[:70] for c in TOUR_COMMANDS])
+def test_tour_command(work, command):
+    argv = shlex.split(command)
+    if argv[0] == "torchrun":  # torch.distributed.run's console script, on a port of its
+        from ddp_lab.launch import ports  # own (torchrun reads PET_* variables)
+
+        env = {"PET_MASTER_PORT": str(ports.free_port())}
+        out = ok(sh(work, [sys.executable, "-m", "torch.distributed.run", *argv[1:]], env=env))
+        assert "[rank 0] epoch 0: loss" in out and "[rank 1] epoch 0: loss" in out, out
+        return
+    full, kind = cheap(argv, work)
+    proc = sh(work, full)
+    out = ok(proc)
+    if "-m" in argv[3:]:
+        assert out.count("run dir: ") == sweep_jobs(argv[3:]), out
+    else:
+        assert run_dir_of(proc).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
+
+
+def test_tour_is_parsed():
+    assert len(TOUR_COMMANDS) >= 5 and any(c.startswith("torchrun ") for c in TOUR_COMMANDS)
 
 
 def test_runbook_is_parsed():

@@ -4,7 +4,7 @@ Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/run/delay.py): i
 one line and exit 2 before anything starts; the jitter has its own generator, so the
 training RNG does not move. Finding (`ddp_lab.timing.StragglerTally`): the rule on known
 waits, then the acceptance on real runs: `python -m ddp_lab` on 3 ranks (torchrun, gloo),
-5 ms injected on rank 1 -> rank 1 named, its lateness 5 ms +- 20%, in metrics.jsonl,
+10 ms injected on rank 1 -> rank 1 named, its lateness 10 ms +- 30%, in metrics.jsonl,
 summary.json, TensorBoard, the console and the report; nothing injected -> no rank named.
 """
 
@@ -86,10 +86,13 @@ def waits(n_steps: int, late: dict[int, float], world: int = 3, noise: float = 0
 
 
 def test_rule_names_the_late_rank_and_its_lateness():
-    t = StragglerTally.from_waits(waits(200, {1: 5e-3}))
+    # 5 ms late, each rank's arrival spread 0..2 ms: the median lead over 200 steps is 5 ms
+    # to within its sampling error (under 0.1 ms); the largest lead would be about 6.6 ms,
+    # the largest over the other ranks at each step (max for the in-step median) 5.3 ms
+    t = StragglerTally.from_waits(waits(200, {1: 5e-3}, noise=2e-3))
     named = t.named()
     assert named["rank"] == 1 and named["share"] == 1.0
-    assert named["late_ms"] == pytest.approx(5.0, abs=0.3)  # noise 0..0.3 ms on each side
+    assert named["late_ms"] == pytest.approx(5.0, abs=0.15)
     ev = stragglers([1.0, 1.0, 1.0], t)
     assert ev["last_share"] == [0.0, 1.0, 0.0] and ev["steps_compared"] == 200
 

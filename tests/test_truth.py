@@ -15,7 +15,7 @@ from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
-from ddp_lab.report.truth import _ratios, bench_time, per_step
+from ddp_lab.report.truth import TARGET_MODEL, _ratios, bench_time, per_step
 
 
 def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):
@@ -233,7 +233,10 @@ def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):
         assert r["steps"] == 8 and r["measured_ms"] > 0 and r["last_arrival_ms"] > 0
         # the bench measured each bucket's exact size (bench.sizes), not a neighbour
         assert r["bench_exact"] is True and r["bench_ms"] > 0 and r["model_ms"] > 0
-        assert r["a_ok"] in (True, False) and r["b_ok"] in (True, False)
+        # the cost model against the bench's own measurement at the calls' exact sizes: its
+        # alpha-beta fits price them within the (b) target of 30% (docs/benchmarks.md: 0.79
+        # to 1.16 on every row); a wrong cost (a factor in a formula, bytes for elements) is not
+        assert abs(r["model_ms"] / r["bench_ms"] - 1) <= TARGET_MODEL, r
     ar, rb = rows
     assert ar["calls"] == [["all_reduce", 159040]]  # the notebook MLP's 39,760 float32
     assert rb["calls"] == [["reduce", 159040], ["broadcast", 159040]]

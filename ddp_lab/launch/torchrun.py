@@ -11,6 +11,8 @@ descriptors they inherit), in real time as under plain torchrun. torchrun's log 
 
 One thing it adds: CPU ranks start as forks of this process (`fork_ranks`), which has
 imported torch already, instead of as fresh interpreters that import it again.
+DDP_LAB_FRESH_RANKS=1 turns that off: CPU ranks then start as fresh interpreters, the way
+they always start on a GPU (tests/test_fresh_ranks.py runs that path on CPU).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 # the signals torchrun's agent handles by raising in its own code, as this process got them
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 _inherited: dict = {}  # fork_ranks: their handlers in this process before torchrun's agent
 
 
@@ -48,7 +51,7 @@ def fork_ranks(args) -> bool:
     what they would import first. On a GPU the ranks stay fresh interpreters: CUDA cannot
     be used in a fork of a process that touched it, so nothing here risks it."""
     preload = FORK_PRELOAD.get(args.training_script) if args.module else None
-    if preload is None or len(args.training_script_args) != 1:
+    if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
     from .base import gpu_devices_present

@@ -1,0 +1,61 @@
+"""The ranks' start as on a GPU, run on CPU. On CPU, `python -m ddp_lab`'s torchrun starts
+every rank as a fork of itself (launch/torchrun.py `fork_ranks`); on a GPU each rank is a
+fresh interpreter (`python -u -m ddp_lab.worker RUN_DIR`), which imports torch and ddp_lab
+itself. DDP_LAB_FRESH_RANKS=1 makes CPU ranks start that way: this test trains so, and
+watches /proc while it runs to see the fresh interpreters, not forks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import PY, child_env, describe, run_dir_of
+
+from ddp_lab.launch.torchrun import FRESH_RANKS
+
+
+def _argvs() -> dict[int, list[str]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.dist
+def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_root):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [PY, "-m", "ddp_lab", "launcher.nproc_per_node=2", "train.epochs=1",
+         "train.max_steps_per_epoch=10", "train.eval_batch_size=2000", "log.progress=lines",
+         "train.checkpoint=false", f"run.root={runs}", f"data.root={shared_data_root}"],
+        cwd=tmp_path, env=child_env({FRESH_RANKS: "1"}), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks: dict[int, list[str]] = {}  # the job's rank processes seen, by pid
+    try:
+        while proc.poll() is None:
+            for pid, argv in _argvs().items():
+                if "ddp_lab.worker" in argv and str(runs) in " ".join(argv):
+                    ranks.setdefault(pid, argv)
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert proc.returncode == 0, describe(done)
+    # a fork shows torchrun's command line; a fresh rank its own: python -u -m ddp_lab.worker
+    fresh = {pid: a for pid, a in ranks.items() if a[1:4] == ["-u", "-m", "ddp_lab.worker"]}
+    assert len(fresh) == 2, ranks
+    run_dir = run_dir_of(done)
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed" and s["world_size"] == 2, s
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1] and records[0]["test_accuracy"] > 0.3, records
