@@ -77,6 +77,7 @@ def test_old_files_read_as_version_0_with_every_value():
                            "micro_batch": None, "accumulation": None, "study": None,
                            "compiled": None, "compile_s": None, "cuda_graph": None,
                            "ddp_timing": None, "witnesses": None,
+                           "entry": None, "records_kept": None,
                            "straggler": None, "injected_delay": None,
                            "comm_bytes_cross_node": None, "compress": None,
                            "memory_param_bytes": None, "memory_grad_bytes": None,
@@ -231,7 +232,8 @@ def test_only_the_logging_rank_writes(tmp_path):
     assert not (tmp_path / "rank1").exists()  # rank 1 wrote nothing at all
     written = tmp_path / "rank0"
     assert {p.name for p in written.iterdir()} == {"metrics.jsonl", "summary.json", "tb"}
-    assert list((written / "tb" / "ddp_w2_mlp").glob("events.out.tfevents.*"))
+    (tb_run,) = (written / "tb").iterdir()  # one TensorBoard run, named by the description
+    assert tb_run.name.startswith("ddp_w2_mlp") and list(tb_run.glob("events.out.tfevents.*"))
     (line,) = (written / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line) == results[0]["record"]
     assert json.loads((written / "summary.json").read_text()) == results[0]["summary"]
