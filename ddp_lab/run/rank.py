@@ -24,9 +24,9 @@ from typing import Any, Callable, Optional
 from .. import cpu
 from ..env import detect_env
 from ..launch import ports
-from ..launch.torchrun import as_forked_rank, exit_soon
+from ..launch.torchrun import AGENT_SIGNALS, as_forked_rank, exit_soon
 from .. import hang
-from . import progress
+from . import progress, stop
 from .files import read_json_or_empty
 from .failure import diagnose, end_stuck, failure_line, short_error
 from .job import mark_failed
@@ -197,8 +197,10 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     # (run_rank's finally: the process group, the log; the records are atomic files).
     sys.stdout.flush()
     sys.stderr.flush()
-    if forked:  # multiprocessing ends a fork without the teardown, once torchrun has its status
-        exit_soon(rc)
+    if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):
+        exit_soon(rc)  # torchrun reads the result, then frees the ranks: wait for it
         sys.exit(rc)
+    # a failed or stopped rank puts no result on torchrun's queue, and a rank torchrun has
+    # signalled (closing its ranks: it reads no result) has nobody to wait for: it leaves now
     os._exit(rc)
 

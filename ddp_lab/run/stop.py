@@ -96,6 +96,11 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
         return False
 
 
+#: the signals this process was stopped by: a forked rank that torchrun signalled (torchrun
+#: is closing its ranks and will not collect a result) leaves at once (run/rank.py)
+RECEIVED: set[int] = set()
+
+
 class StopControl:
     """This rank's side of the agreement; see the module docstring."""
 
@@ -128,6 +133,7 @@ class StopControl:
         self._signals.clear()
 
     def _on_signal(self, signum, frame) -> None:
+        RECEIVED.add(signum)
         name = signal.Signals(signum).name
         code = self._signals[signum][0]
         # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by design (slurmstepd
