@@ -51,8 +51,10 @@ def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_roo
             proc.wait()
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert proc.returncode == 0, describe(done)
-    # a fork shows torchrun's command line; a fresh rank its own: python -u -m ddp_lab.worker
-    fresh = {pid: a for pid, a in ranks.items() if a[1:4] == ["-u", "-m", "ddp_lab.worker"]}
+    # a fork shows torchrun's command line; a fresh rank its own: `python -u -m MODULE ...`
+    # (the worker, started through the module that writes its console a line at a time)
+    fresh = {pid: a for pid, a in ranks.items()
+             if a[1:3] == ["-u", "-m"] and "ddp_lab.launch.torchrun" not in a}
     assert len(fresh) == 2, ranks
     run_dir = run_dir_of(done)
     s = json.loads((run_dir / "summary.json").read_text())
