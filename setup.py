@@ -1,7 +1,7 @@
 """Build hook only (the metadata is in pyproject.toml): the wheel carries conf/ and launchers/.
 
 They stay at the top level of the repository, where users edit them, and are copied into
-the built package as ddp_lab/_conf and ddp_lab/_launchers (found by ddp_lab/resources.py).
+the built package as ddp_lab/_conf and ddp_lab/_launchers (found by ddp_lab/config/resources.py).
 An editable install copies nothing: the package finds the checkout's folders.
 """
 

@@ -7,8 +7,8 @@
 """
 
 from . import config
-from .run.cli import cli
-from .run.submit import check, submit
+from .command.cli import cli
+from .command.submit import check, submit
 
 if __name__ == "__main__":
     config.register_configs()

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .config import batch_plan
 from .data_fetch import DataError, raw_folder
-from .env import DistEnv
+from .world.env import DistEnv
 
 MEAN, STD = 0.1307, 0.3081
 

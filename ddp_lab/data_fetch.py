@@ -27,8 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .distributed import DistContext
-from .run.files import atomic_open, file_hash
+from .world.distributed import DistContext
+from .folder.files import atomic_open, file_hash
 
 log = logging.getLogger("ddp_lab")
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from . import torch_support
+from .world import torch_support
 from .config import widths
-from .registry import Registry
+from .config.registry import Registry
 
 
 class MLP(nn.Module):
@@ -88,7 +88,7 @@ def build_model(cfg) -> nn.Module:
 def build_optimizer(cfg, params, lr: float) -> torch.optim.Optimizer:
     # fused: the whole update in one kernel per dtype/device instead of a Python loop
     # over parameters -- for a small model the step is dispatch-bound, so this matters
-    # (null: where the installed torch has it for these parameters' device, ddp_lab/torch_support.py)
+    # (null: where the installed torch has it for these parameters' device, ddp_lab/world/torch_support.py)
     params = list(params)
     device = params[0].device.type if params else "cpu"
     fused = {"fused": True} if torch_support.fused(cfg.name, device, cfg.fused) else {}

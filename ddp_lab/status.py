@@ -1,10 +1,10 @@
 """`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run (the
-code: ddp_lab/run/status_commands.py, its state from ddp_lab/run/status.py)."""
+code: ddp_lab/command/status_commands.py, its state from ddp_lab/command/status.py)."""
 
 import os
 import sys
 
-from .run.status_commands import main
+from .command.status_commands import main
 
 if __name__ == "__main__":
     try:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import Splits
-from .distributed import DistContext
+from .world.distributed import DistContext
 from .timing import StepTimer
 
 
@@ -49,7 +49,7 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
               micro_batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The training steps of one epoch, each phase timed: the summed loss and the right
     predictions, on the device. `batches` gives each step's (x, y); the trainer's
-    (`EpochBatches`, ddp_lab/run/epoch.py) also times the data phase, counts the steps and
+    (`EpochBatches`, ddp_lab/rank/epoch.py) also times the data phase, counts the steps and
     agrees on a stop. `micro_batch` > 0: a larger batch accumulates its gradient over
     micro-batches (`accumulate`) and is synchronised once, after the last."""
     losses, rights, sizes = [], [], []  # each step's, on the device: summed once, at the end

@@ -6,14 +6,14 @@ its synchroniser and the optimiser (`build_parts`), then per epoch `run_steps` (
 forward, backward, sync, optimiser step), evaluation, a checkpoint and the epoch's
 record. What a real run needs besides sits behind one call each:
 
-- `Checkpointer` (ddp_lab/run/checkpointer.py): where the run starts (resume, restarts and
+- `Checkpointer` (ddp_lab/rank/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
-- `EpochMeter` (ddp_lab/run/epoch.py): the barriers and clocks around each epoch's steps,
+- `EpochMeter` (ddp_lab/rank/epoch.py): the barriers and clocks around each epoch's steps,
   the step timer; it hands out the epoch's batches (`EpochBatches`: the data phase, the
   step count, injected delays, the stop agreement) and back one `MeasuredEpoch`. A stop
   every rank agreed on comes out of it as `Stopped`, which `train` hands to the
   checkpointer in one place; after each epoch it runs the failure hook (DDP_LAB_FAIL_ONCE);
-- `Telemetry` (ddp_lab/run/telemetry.py): the run's records (metrics.jsonl, summary.json,
+- `Telemetry` (ddp_lab/rank/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
   points as the steps end (it listens to the meter's step timer).
 """
@@ -28,15 +28,16 @@ import torch
 from .config import Config, batch_plan
 from .data import Splits, build_splits
 from .data_fetch import prepare_mnist
-from .distributed import DistContext
+from .world.distributed import DistContext
 from .models import build_model, build_optimizer
-from .run.checkpointer import Checkpointer
-from .run.compile import preflight_and_compile
-from .run.cuda_graph import build_stream, step_runner
-from .run.epoch import EpochMeter, Position, Stopped
-from .run.files import read_json_or_empty
-from .run.records import RunSummary
-from .run.telemetry import Telemetry
+from .rank.checkpointer import Checkpointer
+from .rank.compile import preflight_and_compile
+from .rank.cuda_graph import build_stream, step_runner
+from .rank.epoch import EpochMeter, Position, Stopped
+from .folder.files import read_json_or_empty
+from .folder.records import RunSummary
+from .folder import progress
+from .rank.telemetry import Telemetry
 from .step import evaluate, run_steps
 from .sync import Synchroniser, build_sync
 from .timing import Clock
@@ -96,6 +97,7 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock
     module = build_model(cfg.model).to(ctx.device)
     with build_stream(cfg.train, ctx.device):  # train.cuda_graph: DDP built on a side stream
         syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
+                            on_collective=progress.current().collective,
                             timing=cfg.timing.enabled)
     # over what the sync says this rank steps: every parameter, or (zero1) its shard
     optimizer = build_optimizer(cfg.optim, syncer.optimizer_params(), cfg.train.lr)

@@ -1,7 +1,7 @@
 """The entry every rank of a training run runs: `python -m ddp_lab.worker RUN_DIR`.
 
 It reads the run folder's resolved config.yaml (it never composes one of its own), finds
-its place in the world from the launcher's variables (ddp_lab.run.rank.run_rank), and trains.
+its place in the world from the launcher's variables (ddp_lab.rank.main.run_rank), and trains.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ddp_lab.config import load_run_config
-from ddp_lab.run.rank import rank_main, run_rank
+from ddp_lab.rank.main import rank_main, run_rank
 
 
 def run(run_dir: Path) -> int:

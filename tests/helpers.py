@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch.multiprocessing as mp
-from ddp_lab.launch.ports import free_port
+from ddp_lab.world.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

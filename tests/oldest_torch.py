@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from ddp_lab import torch_support
+from ddp_lab.world import torch_support
 from ddp_lab.sync import SYNCS
 
 from helpers import describe, run_cli, summary

@@ -1,5 +1,5 @@
 """Run folders and bench folders for the report's tests, written without training: the
-records through the trainer's own types (`EpochRecord`, `RunSummary`, ddp_lab/run/records.py)
+records through the trainer's own types (`EpochRecord`, `RunSummary`, ddp_lab/folder/records.py)
 and the bench's own writer (`write_outputs`, ddp_lab/bench/output.py), so the report reads
 what the trainer and the bench write. Times are made up, shaped like a 2-core CPU's."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ddp_lab.run.files import atomic_write_text, write_json
-from ddp_lab.run.records import EpochRecord, RunSummary
+from ddp_lab.folder.files import atomic_write_text, write_json
+from ddp_lab.folder.records import EpochRecord, RunSummary
 
 SYNCS = ("ddp", "naive", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
 FP = {"hosts": ["h"], "cpu": "Test CPU", "cpu_count": 2, "gpu": None, "torch": "2.x",

@@ -37,7 +37,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 from netlab_fixture import Lab, lab_down, lab_status, lab_up, unique_name
 from netlab_fixture import skip_reason as netlab_skip_reason
 
-from ddp_lab.launch.ports import free_port
+from ddp_lab.world.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm_cluster.sh"

@@ -19,11 +19,11 @@ from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes
-from ddp_lab.arith import pow2_label
+from ddp_lab.measure.arith import pow2_label
 from ddp_lab.bench.ops import OPS, Pattern
-from ddp_lab.topology import topology_from_table
+from ddp_lab.world.topology import topology_from_table
 from ddp_lab.measure.costmodel import busbw_factor
-from ddp_lab.errors import UserError
+from ddp_lab.config.errors import UserError
 
 register_bench_configs()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -124,8 +124,8 @@ def _broken_world(rank, world, out_dir):
 
     from ddp_lab.bench.harness import memory_caps, run_bench
     from ddp_lab.bench.output import write_outputs
-    from ddp_lab.distributed import DistContext
-    from ddp_lab.env import detect_env
+    from ddp_lab.world.distributed import DistContext
+    from ddp_lab.world.env import detect_env
 
     def broken(b, g):
         dist.all_reduce(b["t"], group=g.handle)

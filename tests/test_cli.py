@@ -1,4 +1,4 @@
-"""A -m sweep ends with its table of jobs (ddp_lab/run/cli.py: SweepTable, a Hydra callback):
+"""A -m sweep ends with its table of jobs (ddp_lab/command/cli.py: SweepTable, a Hydra callback):
 one row per job, printed last, so the end of the console says which job failed and why.
 (The one-line mistakes of the command line are tests/test_mistakes.py.)"""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import PY, child_env, summary
 
-from ddp_lab.run.cli import sweep_table
-from ddp_lab.run.job import Outcome
-from ddp_lab.run.names import sweep_name
+from ddp_lab.command.cli import sweep_table
+from ddp_lab.command.job import Outcome
+from ddp_lab.folder.names import sweep_name
 
 
 def test_the_table_names_each_job_by_what_sets_it_apart():
@@ -119,7 +119,7 @@ def _cli_in_process(monkeypatch, argv):
     from hydra.core.hydra_config import HydraConfig
 
     from ddp_lab import config
-    from ddp_lab.run.cli import cli
+    from ddp_lab.command.cli import cli
 
     composed, seen = [], []
     real = Hydra.compose_config

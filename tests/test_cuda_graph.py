@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ddp_lab.config import CUDA_GRAPH_SYNCS
-from ddp_lab.run import cuda_graph, validate
+from ddp_lab.rank import cuda_graph
+from ddp_lab.command import validate
 from ddp_lab.step import run_steps
 from ddp_lab.timing import Clock, CommRecorder
 from helpers import compose, run_cli, run_dir_of, summary

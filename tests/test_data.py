@@ -16,8 +16,8 @@ from torch.utils.data import DistributedSampler
 from ddp_lab.data import TensorShards, load_split, normalise, shard_indices
 from ddp_lab.data_fetch import (EMBEDDED, RESOURCES, DataError, fetch_mnist, idx_is_valid,
                                 prepare_mnist, raw_folder)
-from ddp_lab.distributed import DistContext
-from ddp_lab.env import DistEnv
+from ddp_lab.world.distributed import DistContext
+from ddp_lab.world.env import DistEnv
 from helpers import run_world
 
 

@@ -34,7 +34,7 @@ def root(tmp_path, shared_data_root) -> Path:
 @pytest.fixture
 def logged(caplog, monkeypatch):
     """caplog, with ddp_lab's warnings: a run in this process may have detached its logger
-    from the root one (run/metrics.py)."""
+    from the root one (folder/metrics.py)."""
     monkeypatch.setattr(logging.getLogger("ddp_lab"), "propagate", True)
     caplog.set_level(logging.WARNING, logger="ddp_lab")
     return caplog

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_lab.distributed import DistContext
-from ddp_lab.env import DistEnv
+from ddp_lab.world.distributed import DistContext
+from ddp_lab.world.env import DistEnv
 from helpers import run_world
 
 

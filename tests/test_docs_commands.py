@@ -187,7 +187,7 @@ def status(work, argv):
 def test_tour_command(work, command):
     argv = shlex.split(command)
     if argv[0] == "torchrun":  # torch.distributed.run's console script, on a port of its
-        from ddp_lab.launch import ports  # own (torchrun reads PET_* variables)
+        from ddp_lab.world import ports  # own (torchrun reads PET_* variables)
 
         env = {"PET_MASTER_PORT": str(ports.free_port())}
         out = ok(sh(work, [sys.executable, "-m", "torch.distributed.run", *argv[1:]], env=env))

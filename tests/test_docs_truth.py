@@ -3,7 +3,7 @@ named in the guide (README.md, docs/*.md; docs/log/ keeps its commands as they w
 and in conf/'s comments exists, and every default a page cites equals conf/.
 
 What counts as a citation, each defined once below:
-- a path: a word starting with a top folder of the checkout (`ddp_lab/run/cli.py`,
+- a path: a word starting with a top folder of the checkout (`ddp_lab/command/cli.py`,
   `conf/sync/ring.yaml`, `tests/...`), a relative markdown link, or in code a `x/y.py`
   (from the checkout or from `ddp_lab/`) or a bare `name.py` (somewhere in the checkout);
   a link's `#section` is one of the target page's headings;
@@ -39,7 +39,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 CONF = REPO / "conf"
 TOP = ("ddp_lab", "conf", "launchers", "scripts", "tests", "docs", ".ci")
 PACKAGE = REPO / "ddp_lab"
-# placeholders (`sync/schemas/<name>.py`, `tests/test_*.py`) and a user's own files
+# placeholders (`config/sync/<name>.py`, `tests/test_*.py`) and a user's own files
 NOT_FILES = re.compile(r"<|\*|\{|\.\.\.|(^|/)my_")
 FILE_EXTS = {"py", "md", "yaml", "yml", "json", "jsonl", "sh", "pt", "txt", "log", "bin", "out",
              "err", "sbatch", "toml", "csv", "png", "svg", "html", "gz", "cfg", "sif", "def"}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddp_lab.env import EnvError, detect_env, first_slurm_host, slurm_port
+from ddp_lab.world.env import EnvError, detect_env, first_slurm_host, slurm_port
 
 # What torchrun sets for rank 3 of 2 nodes x 2 (captured from torch.distributed.run)
 TORCHRUN = {

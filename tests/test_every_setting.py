@@ -1,8 +1,8 @@
 """Every registered synchroniser and every option of its group, through every consumer.
 
 The cases come from the registry, not from a list here: the synchronisers are
-ddp_lab.sync.schemas.SYNC_SCHEMAS, each one's options its schema's keys with their
-conf/sync/<name>.yaml defaults (ddp_lab.run.description.sync_options), and each option's
+ddp_lab.config.sync.SYNC_SCHEMAS, each one's options its schema's keys with their
+conf/sync/<name>.yaml defaults (ddp_lab.folder.description.sync_options), and each option's
 case is its first other value the submitting side accepts at the world (a bool flipped, a
 choice from the value tuples the schemas export, a number 0/1/2). A new synchroniser or
 option adds its cases with no edit here; an option whose values the test cannot guess
@@ -46,7 +46,7 @@ OPTION_WORLD = 2
 def _choices() -> dict[str, list[str]]:
     """The values of the string options the sync schemas export, by name (COMPRESS_MODES,
     HIERARCHICAL_INTER, ...): tuples of strings, or dicts keyed by them."""
-    import ddp_lab.sync.schemas as schemas
+    import ddp_lab.config.sync as schemas
 
     return {name: list(v) for name, v in vars(schemas).items()
             if isinstance(v, (tuple, dict)) and v and all(isinstance(x, str) for x in v)}
@@ -75,8 +75,8 @@ def _accepted(sync: str, key: str, value, world: int) -> bool:
     from omegaconf import OmegaConf
 
     from ddp_lab.config import with_defaults
-    from ddp_lab.run.description import sync_options
-    from ddp_lab.sync.schemas import SYNC_SCHEMAS
+    from ddp_lab.folder.description import sync_options
+    from ddp_lab.config.sync import SYNC_SCHEMAS
 
     section = with_defaults(OmegaConf.create({**sync_options(sync), "name": sync, key: value}))
     try:
@@ -89,8 +89,8 @@ def _accepted(sync: str, key: str, value, world: int) -> bool:
 def cases(root: Path, data: Path) -> dict[int, list[list[str]]]:
     """world -> the override lists of its jobs: each sync as it is, and at OPTION_WORLD
     each option of its group at its first accepted other value."""
-    from ddp_lab.run.description import sync_options
-    from ddp_lab.sync.schemas import SYNC_SCHEMAS
+    from ddp_lab.folder.description import sync_options
+    from ddp_lab.config.sync import SYNC_SCHEMAS
 
     base = [*QUICK, "train.checkpoint=false", f"data.root={data}", f"run.root={root}"]
     out: dict[int, list[list[str]]] = {w: [] for w in WORLDS}
@@ -111,9 +111,9 @@ def make_folder(overrides: list[str], swept: list[str]) -> Path:
     """The run folder `python -m ddp_lab -m ...` makes for one job of a sweep varying
     `swept`, rendered (launcher.dry_run) and then handed to the ranks as the launcher
     would: the submitting side's code from composition to render, nothing mocked."""
-    from ddp_lab.run.cli import job_name
-    from ddp_lab.run.rundir import DRY_RUN
-    from ddp_lab.run.submit import submit
+    from ddp_lab.command.cli import job_name
+    from ddp_lab.folder.rundir import DRY_RUN
+    from ddp_lab.command.submit import submit
 
     cfg = compose(*overrides, "launcher.dry_run=true")
     cfg.run.name = job_name(cfg, swept)
@@ -163,15 +163,15 @@ def cli(*args: str, module: str = "ddp_lab", cwd: Path) -> subprocess.CompletedP
 
 
 def _description(folder: Path):
-    from ddp_lab.run.description import describe_run
+    from ddp_lab.folder.description import describe_run
 
     summary = json.loads((folder / "summary.json").read_text())
     return describe_run(OmegaConf.to_container(OmegaConf.load(folder / "config.yaml")), summary)
 
 
 def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root):
-    from ddp_lab.run.cli import sweep_table
-    from ddp_lab.run.job import Outcome
+    from ddp_lab.command.cli import sweep_table
+    from ddp_lab.command.job import Outcome
 
     t0 = time.monotonic()
     root = tmp_path / "outputs"
@@ -240,8 +240,8 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
 
     # the sweep table of the shared jobs: each run named by what differs from the others
     # (two runs of different settings never one name), its figures shown
-    from ddp_lab.run.cli import _run_labels
-    from ddp_lab.run.rundir import read_summary
+    from ddp_lab.command.cli import _run_labels
+    from ddp_lab.folder.rundir import read_summary
 
     names = _run_labels(outcomes, [read_summary(o.run_dir) for _, _, o in outcomes])
     full = [descs[o.run_dir].label() for _, _, o in outcomes]

@@ -1,6 +1,6 @@
 """Dead and hung ranks, and the job's processes under every kind of kill (issue 11, item 5).
 
-Unit part: the per-rank progress record (ddp_lab.run.progress; what it costs a step is
+Unit part: the per-rank progress record (ddp_lab.folder.progress; what it costs a step is
 `python -m ddp_lab.bench.suite stop`), the
 diagnosis from records plus /proc (a real frozen process, a real dead pid), the hang
 watchdog's stack dump, the nccl flight recorder's variables, the init timeout's key.
@@ -31,10 +31,11 @@ import torch
 from helpers import PY, child_env, compose, describe, summary
 from helpers import free_port as _free_port
 
-from ddp_lab import hang
-from ddp_lab.launch import ports
-from ddp_lab.run import failure, progress
-from ddp_lab.errors import UserError
+from ddp_lab.world import hang
+from ddp_lab.world import ports
+from ddp_lab.rank import failure
+from ddp_lab.folder import progress
+from ddp_lab.config.errors import UserError
 from ddp_lab.launch import job_processes
 
 TIMEOUT_S = 10  # dist.timeout_s of the acceptance runs
@@ -178,7 +179,8 @@ def test_a_start_that_failed_on_its_own_is_in_the_summary_whichever_rank_failed(
     # ... dead (no process)" instead of rank 1's line (seen in CI)
     import logging
 
-    from ddp_lab.run import job, rank
+    from ddp_lab.command import job
+    from ddp_lab.rank import main as rank
 
     run_dir = tmp_path.resolve()
     rec = _record(run_dir, 1, os.getpid(), 2)
@@ -235,7 +237,7 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
     log = tmp_path / "rank0.log"
     code = (
         "import threading, time\n"
-        "from ddp_lab import hang\n"
+        "from ddp_lab.world import hang\n"
         f"f = open({str(log)!r}, 'a')\n"
         "w = hang.set_watchdog(1.0, f)\n"
         "for _ in range(5):\n"
@@ -272,8 +274,8 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
     """On nccl, the variables are in the environment when init_process_group runs."""
     import torch.distributed as dist
 
-    from ddp_lab import distributed as d
-    from ddp_lab.env import DistEnv
+    from ddp_lab.world import distributed as d
+    from ddp_lab.world.env import DistEnv
 
     seen = {}
 
@@ -299,7 +301,7 @@ def test_distributed_sets_the_flight_recorder_before_nccl_init(tmp_path, monkeyp
 
 def test_init_timeout_is_its_own_key():
     from ddp_lab.launch import local
-    from ddp_lab.run.validate import COMMON, check
+    from ddp_lab.command.validate import COMMON, check
 
     cfg = compose("dist.timeout_s=15", "dist.init_timeout_s=77", "launcher.nproc_per_node=2")
     assert local.render(cfg, Path("/tmp/x")).files["launch.sh"].count("join_timeout=77") == 1

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from ddp_lab import cpu
+from ddp_lab.world import cpu
 from helpers import run_cli, run_dir_of, summary
 
 
@@ -127,8 +127,8 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
     from omegaconf import OmegaConf
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_lab.distributed import local_gloo_world
-    from ddp_lab.launch.ports import free_port
+    from ddp_lab.world.distributed import local_gloo_world
+    from ddp_lab.world.ports import free_port
     from ddp_lab.sync import build_sync
 
     local_gloo_world(0, 1, free_port())
@@ -158,8 +158,8 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
 
 
 def test_a_resumed_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypatch):
-    from ddp_lab.env import DistEnv
-    from ddp_lab.run.rank import _threads
+    from ddp_lab.world.env import DistEnv
+    from ddp_lab.rank.main import _threads
 
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                   num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
@@ -179,7 +179,7 @@ def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monk
     from types import SimpleNamespace
 
     from ddp_lab.config import compose
-    from ddp_lab.run.compile import tune_threads
+    from ddp_lab.rank.compile import tune_threads
     from ddp_lab.timing import Clock
     from ddp_lab.train import build_parts
 

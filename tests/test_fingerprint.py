@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ddp_lab.measure import fingerprint as fpm
+from ddp_lab.world import fingerprint as fpm
 
 # INFO lines as NCCL 2.18-2.21 write them (NCCL_DEBUG=INFO, NCCL_DEBUG_FILE): two nodes of
 # two GPUs on InfiniBand, and a node without RDMA that falls back to sockets

@@ -76,7 +76,7 @@ def global_batches(world: int):
 
 class launcher_nodes:
     """torchrun's variables for node `nodes[rank]` (GROUP_RANK, LOCAL_*), as on a real
-    multi-node launch, while the synchroniser reads them (ddp_lab.env.detect_env)."""
+    multi-node launch, while the synchroniser reads them (ddp_lab.world.env.detect_env)."""
 
     KEYS = ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 

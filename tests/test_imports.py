@@ -9,7 +9,7 @@ submodule's `from . import y` is an edge to the package. Fast: reads the sources
 
 The same reading, of module-level imports only, checks start-up: what `python -m ddp_lab
 --help` and the ranks' entries load before their first line runs (no torch: --help needs
-none, and a rank must set OMP_WAIT_POLICY before torch loads, see ddp_lab/cpu.py).
+none, and a rank must set OMP_WAIT_POLICY before torch loads, see ddp_lab/world/cpu.py).
 """
 
 from __future__ import annotations
@@ -144,10 +144,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_package():
     graph = import_graph()
-    assert {"ddp_lab", "ddp_lab.run.job", "ddp_lab.launch", "ddp_lab.launch.runai",
-            "ddp_lab.measure.study", "ddp_lab.run.validate", "ddp_lab.run.cli"} <= set(graph)
-    assert "ddp_lab.run.rundir" in graph["ddp_lab.run.job"]  # module level, relative
-    assert "ddp_lab.launch.slurm" in graph["ddp_lab.measure.study"]  # inside a function
+    assert {"ddp_lab", "ddp_lab.command.job", "ddp_lab.launch", "ddp_lab.launch.runai",
+            "ddp_lab.command.study", "ddp_lab.command.validate", "ddp_lab.command.cli"} <= set(graph)
+    assert "ddp_lab.folder.rundir" in graph["ddp_lab.command.job"]  # module level, relative
+    assert "ddp_lab.launch.slurm" in graph["ddp_lab.command.study"]  # inside a function
 
 
 def test_find_cycle_names_the_circle():
@@ -161,29 +161,29 @@ def test_no_import_cycle():
 
 
 def test_the_generic_cli_knows_no_entry_point():
-    """ddp_lab.run.cli serves `python -m ddp_lab` and `python -m ddp_lab.bench`: each entry
+    """ddp_lab.command.cli serves `python -m ddp_lab` and `python -m ddp_lab.bench`: each entry
     point passes it what it needs; it imports neither the bench nor the trainer's checks."""
     graph = import_graph()
-    assert not {m for m in graph["ddp_lab.run.cli"]
-                if m.startswith("ddp_lab.bench") or m in ("ddp_lab.run.validate", "ddp_lab.measure.study")}
+    assert not {m for m in graph["ddp_lab.command.cli"]
+                if m.startswith("ddp_lab.bench") or m in ("ddp_lab.command.validate", "ddp_lab.command.study")}
 
 
 @pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
-                                   "ddp_lab.status", "ddp_lab.measure.study",
+                                   "ddp_lab.status", "ddp_lab.command.study",
                                    "ddp_lab.report.__main__"])
 def test_entry_points_load_no_torch_at_import(entry):
     """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
     the ranks' entries until rank_main set OMP_WAIT_POLICY; status, the report (it reads
     files: torch was 2.5 s of its start) and the study's batch-script side (`python -m
-    ddp_lab.measure.study done|end`) never."""
+    ddp_lab.command.study done|end`) never."""
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(entry).items()}
     assert not any(loads.values()), f"{entry} loads torch at import through " + ", ".join(
         sorted(m for m, ext in loads.items() if ext))
 
 
-@pytest.mark.parametrize("module", ["ddp_lab.config", "ddp_lab.sync", "ddp_lab.sync.schemas"])
+@pytest.mark.parametrize("module", ["ddp_lab.config", "ddp_lab.sync", "ddp_lab.config.sync"])
 def test_the_config_and_the_sync_schemas_load_no_torch(module):
-    """Each synchroniser's keys and rules sit beside it (sync/schemas/), yet the submitting
+    """Each synchroniser's keys and rules sit beside it (config/sync/), yet the submitting
     side reads them without torch: ddp_lab.sync loads its torch-bound names on first use."""
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(module).items()}
     assert not any(loads.values()), f"{module} loads torch at import through " + ", ".join(
@@ -219,7 +219,7 @@ def test_a_dry_run_never_imports_torch(tmp_path, entry, args):
     assert proc.returncode == 0, describe(proc)
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "ddp_lab.run.validate" in imported and "torch" not in imported
+    assert "ddp_lab.command.validate" in imported and "torch" not in imported
 
 
 def test_the_bench_configs_table_is_the_ops():

@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import pytest
 from helpers import PY, QUICK, child_env, describe, free_port, run_cli, run_dir_of, summary
 
-from ddp_lab.launch import ports
+from ddp_lab.world import ports
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

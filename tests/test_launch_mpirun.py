@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from helpers import PY, QUICK, child_env, describe, run_cli, run_dir_of, summary
 
-from ddp_lab.launch import ports
-from ddp_lab.run import progress
+from ddp_lab.world import ports
+from ddp_lab.folder import progress
 
 pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None,

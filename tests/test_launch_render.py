@@ -15,13 +15,13 @@ import pytest
 from helpers import REPO, compose, describe, run_cli, run_dir_of
 
 import ddp_lab
-from ddp_lab.env import slurm_port
+from ddp_lab.world.env import slurm_port
 from ddp_lab.launch import mpirun as mpirun_launch
-from ddp_lab.launch import ports
+from ddp_lab.world import ports
 from ddp_lab.launch import slurm_job
-from ddp_lab.errors import UserError
-from ddp_lab.run.submit import submit
-from ddp_lab.run.validate import duration_s, resolve_train as resolve_defaults
+from ddp_lab.config.errors import UserError
+from ddp_lab.command.submit import submit
+from ddp_lab.command.validate import duration_s, resolve_train as resolve_defaults
 from fake_runai import parse as runai_parse
 
 

@@ -1,4 +1,4 @@
-"""run/lock.py under a crowd: hundreds of real processes take, read, set aside and give back
+"""command/lock.py under a crowd: hundreds of real processes take, read, set aside and give back
 one folder's lock at once (some die holding it). Exactly one holds it at any moment; every
 other is refused in one line or takes over a dead holder's lock; none sees a traceback
 (a lock that vanishes between two calls is a holder that has just left; the folder itself
@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from ddp_lab.run import lock
-from ddp_lab.run.validate import folder_problem
+from ddp_lab.command import lock
+from ddp_lab.command.validate import folder_problem
 
 TAKERS, ROUNDS = 200, 3
 

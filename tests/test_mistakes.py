@@ -23,8 +23,8 @@ import pytest
 from helpers import REPO, compose
 from omegaconf import OmegaConf
 
-from ddp_lab.run import validate
-from ddp_lab.errors import UserError
+from ddp_lab.command import validate
+from ddp_lab.config.errors import UserError
 
 TRAIN, BENCH, REPORT = "ddp_lab", "ddp_lab.bench", "ddp_lab.report"
 
@@ -349,7 +349,7 @@ def test_a_new_run_folder_survives_another_commands_check_of_the_same_new_root(t
     import contextlib
     import threading
 
-    from ddp_lab.run.rundir import make_run_dir
+    from ddp_lab.folder.rundir import make_run_dir
 
     root = tmp_path / "runs"
     cfg = OmegaConf.create({"run": {"root": str(root), "dir": None}})

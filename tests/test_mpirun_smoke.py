@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from ddp_lab.launch.ports import free_port
+from ddp_lab.world.ports import free_port
 
 pytestmark = [pytest.mark.mpi]
 

@@ -1,5 +1,5 @@
 """timing.profile: torch.profiler's traces and DDP's own logging data as witnesses of
-ddp_lab's figures (ddp_lab/run/profile.py, ddp_lab/report/witness.py, docs/timing.md).
+ddp_lab's figures (ddp_lab/rank/profile.py, ddp_lab/report/witness.py, docs/timing.md).
 
 Three real 2-rank gloo runs (ddp, allreduce, ring; 20 steps, 5 profiled), made once for
 the module: their traces are loaded by Holistic Trace Analysis (HTA), the parser the
@@ -130,7 +130,7 @@ def doc_rows(tmp_path) -> list[dict]:
 def test_the_window_unwraps_and_off_wraps_nothing(tmp_path):
     """The phases are labelled for the window only: after it, the timer's and recorder's
     methods are the classes' own again; with the key off nothing is made at all."""
-    from ddp_lab.run.profile import make_profiler
+    from ddp_lab.rank.profile import make_profiler
     from ddp_lab.timing import Clock, CommRecorder, StepTimer
 
     clock = Clock(torch.device("cpu"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.run.records import SCHEMA_VERSION, EpochRecord, RunSummary
+from ddp_lab.folder.records import SCHEMA_VERSION, EpochRecord, RunSummary
 from helpers import run_world
 
 # `python -m ddp_lab launcher.nproc_per_node=2 train.epochs=1 train.max_steps_per_epoch=5`
@@ -149,7 +149,7 @@ def test_device_kind_is_cpu_or_the_gpu_name(tmp_path, device, cfg_device, kind):
 
 # ----------------------------------------------------------------- the writers
 def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp_path):
-    from ddp_lab.run.metrics import RunFolderSink
+    from ddp_lab.folder.metrics import RunFolderSink
 
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) + "\n" for e in (1, 2, 3)))
@@ -169,7 +169,7 @@ def test_run_folder_sink_rewrites_metrics_atomically_and_truncates_on_resume(tmp
 def test_a_torn_metrics_line_costs_its_record_not_the_resume(tmp_path):
     """Issue 20: a stopped run whose metrics.jsonl ends with half a line (damaged outside
     the run) resumes; the torn line is moved aside (kept) and named in the log, once."""
-    from ddp_lab.run.metrics import RunFolderSink
+    from ddp_lab.folder.metrics import RunFolderSink
 
     whole = [json.dumps({**json.loads(OLD_METRICS_LINE), "epoch": e}) for e in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(whole) + "\n" + whole[1][:40])
@@ -202,10 +202,10 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
     """Drive Telemetry on a real rank as the loop does: start, one epoch, finish."""
     import torch
 
-    from ddp_lab.distributed import DistContext
-    from ddp_lab.env import DistEnv
-    from ddp_lab.run.epoch import MeasuredEpoch
-    from ddp_lab.run.telemetry import Telemetry
+    from ddp_lab.world.distributed import DistContext
+    from ddp_lab.world.env import DistEnv
+    from ddp_lab.rank.epoch import MeasuredEpoch
+    from ddp_lab.rank.telemetry import Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
     cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",

@@ -4,8 +4,8 @@ things, and an unknown name is one message listing the valid ones."""
 import pytest
 
 from ddp_lab.config import SCHEMAS
-from ddp_lab.errors import UserError
-from ddp_lab.registry import Registry, UnknownName
+from ddp_lab.config.errors import UserError
+from ddp_lab.config.registry import Registry, UnknownName
 
 
 def implementations() -> dict:
@@ -58,11 +58,11 @@ def test_bench_impls_follow_the_collectives_tables():
 
 
 def test_each_sync_schema_lives_beside_its_synchroniser():
-    """sync/<name>.py runs what sync/schemas/<name>.py accepts (tree and butterfly take
+    """sync/<name>.py runs what config/sync/<name>.py accepts (tree and butterfly take
     allreduce's keys: another algorithm on the same buckets)."""
     from ddp_lab.sync import SYNCS
 
     for name, schema in SCHEMAS["sync"].items():
         owner = "allreduce" if name in ("tree", "butterfly") else name
-        assert schema.__module__ == f"ddp_lab.sync.schemas.{owner}", name
+        assert schema.__module__ == f"ddp_lab.config.sync.{owner}", name
         assert SYNCS[name].__module__ == f"ddp_lab.sync.{name}", name

@@ -55,7 +55,7 @@ def test_a_time_per_step_is_compared_across_epoch_counts(tmp_path):
 
 
 def test_labels_name_every_option_that_is_not_the_default():
-    from ddp_lab.run.description import describe_run, differing_labels
+    from ddp_lab.folder.description import describe_run, differing_labels
 
     def desc(*o, world=2):
         return describe_run(OmegaConf.to_container(compose(*o)), {"world_size": world})
@@ -71,7 +71,7 @@ def test_labels_name_every_option_that_is_not_the_default():
     assert h.label() == "hierarchical-inter-library-node_size1_w4_mlp"
     hp = b.hparams()
     assert hp["sync.prepost"] is True and hp["world_size"] == 2
-    from ddp_lab.run.description import Description
+    from ddp_lab.folder.description import Description
     assert Description.from_hparams(hp).label() == "ring-prepost_w2_mlp"  # the TensorBoard run
     assert a.hparams()["sync.prepost"] is False  # every option, so the runs line up
 
@@ -129,9 +129,9 @@ def test_a_run_the_report_cannot_use_is_named_and_the_rest_written(tmp_path, mon
 def test_a_run_entry_that_keeps_no_records_is_a_completed_run(tmp_path):
     """`run.entry=ddp_lab.stop0` ended 0: summary.json says completed and that it keeps
     no records; status says so (not `not started`), the report says why no figures."""
-    from ddp_lab.run.job import collect
-    from ddp_lab.run.status import inspect
-    from ddp_lab.run.status_view import one_line
+    from ddp_lab.command.job import collect
+    from ddp_lab.command.status import inspect
+    from ddp_lab.command.status_view import one_line
 
     d = tmp_path / "stop0"
     d.mkdir()
@@ -172,9 +172,9 @@ def test_a_ranks_line_is_one_write(how, monkeypatch):
     """Ranks share the console: `print`'s text and newline as two writes (a rank started
     as `python -u`: unbuffered) let another rank's line land between them (`... 5.01
     ms/step[rank 0] epoch 0: ...`). A forked rank (as_forked_rank) and a spawned one
-    (ddp_lab.launch.whole_lines, which torchrun starts every other entry through) write a
+    (ddp_lab.rank.whole_lines, which torchrun starts every other entry through) write a
     line at once."""
-    from ddp_lab.launch.torchrun import as_forked_rank
+    from ddp_lab.rank.forked import as_forked_rank
 
     raw = _Raw()
     stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as `python -u`
@@ -184,7 +184,7 @@ def test_a_ranks_line_is_one_write(how, monkeypatch):
         as_forked_rank()
         print("[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step")
     else:  # any module, as `python -m MODULE` would run it: the stdlib's `platform`
-        from ddp_lab.launch.whole_lines import main as whole_lines_main
+        from ddp_lab.rank.whole_lines import main as whole_lines_main
 
         monkeypatch.setattr(sys, "argv", ["whole_lines", "platform"])
         with contextlib.suppress(SystemExit):
@@ -221,8 +221,8 @@ def test_a_study_point_is_named_by_what_it_is_in_status(tmp_path):
     (sync, world, model, repeat), not by `w2_r1` alone."""
     from omegaconf import open_dict
 
-    from ddp_lab.run.status import inspect
-    from ddp_lab.run.status_view import one_line
+    from ddp_lab.command.status import inspect
+    from ddp_lab.command.status_view import one_line
 
     d = tmp_path / "study" / "points" / "w2_r1"
     d.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The run folder under stress (issue 20): one command per folder (run/lock.py), damaged
+"""The run folder under stress (issue 20): one command per folder (command/lock.py), damaged
 checkpoints, torn records, full disks. Real processes, real files."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pytest
 from helpers import PY, child_env, compose, summary
 from omegaconf import OmegaConf
 
-from ddp_lab.run import lock
+from ddp_lab.command import lock
 
 REPO = Path(__file__).resolve().parent.parent
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from ddp_lab.run import lock
+from ddp_lab.command import lock
 lock.acquire(Path(sys.argv[1]), "local")
 print("held", flush=True)
 time.sleep(600)
@@ -173,7 +173,7 @@ def test_a_truncated_newest_checkpoint_is_set_aside_and_the_run_continues(
 
 
 def test_checksums_catch_a_flipped_byte_and_old_checkpoints_are_trusted(tmp_path):
-    from ddp_lab.run import checkpoint
+    from ddp_lab.folder import checkpoint
 
     state = {"model": {"w": __import__("torch").arange(1000.0)}}
     for epoch in (1, 2, 3):
@@ -228,7 +228,7 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
     assert summary(run_dir)["status"] == f"failed: {why}", summary(run_dir)["status"]
     last = [ln for ln in res.stdout.splitlines() if ln.strip()][-2]  # before `run dir: ...`
     assert why in last, res.stdout[-2000:]
-    from ddp_lab.run import checkpoint
+    from ddp_lab.folder import checkpoint
 
     assert checkpoint.latest(run_dir / "checkpoints").name == "epoch_0001.pt"
     assert checkpoint.damage(run_dir / "checkpoints" / "epoch_0001.pt") is None
@@ -242,9 +242,9 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
 
 # ------------------------------------------------------------------ names (issue 28)
 def test_names_start_with_what_differs():
-    from ddp_lab.run.description import describe_run
-    from ddp_lab.run.names import DEFAULT_GROUPS, sweep_name
-    from ddp_lab.run.rundir import describe_config
+    from ddp_lab.folder.description import describe_run
+    from ddp_lab.folder.names import DEFAULT_GROUPS, sweep_name
+    from ddp_lab.folder.rundir import describe_config
 
     # the groups named when not the default: conf/config.yaml's defaults
     defaults = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "config.yaml").defaults)
@@ -272,7 +272,7 @@ def test_names_start_with_what_differs():
 
 
 def test_a_run_folder_is_named_first_by_what_differs_and_stays_unique(tmp_path):
-    from ddp_lab.run.rundir import make_run_dir
+    from ddp_lab.folder.rundir import make_run_dir
 
     cfg = compose("optim=sgd", "launcher.nproc_per_node=2", f"run.root={tmp_path}")
     a, b = make_run_dir(cfg), make_run_dir(cfg)  # in the same second, most likely

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import PY, child_env, describe, run_cli, run_dir_of, summary, tensorboard
 
-from ddp_lab.run import progress
-from ddp_lab.run.tensorboard import RUN_METRICS
+from ddp_lab.folder import progress
+from ddp_lab.folder.tensorboard import RUN_METRICS
 
 TRAIN = ["train.epochs=2", "train.max_steps_per_epoch=15", "train.eval_batch_size=2000",
          "log.progress=lines", "launcher.nproc_per_node=2"]

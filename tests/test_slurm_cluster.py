@@ -15,7 +15,7 @@ import textwrap
 import time
 
 import pytest
-from ddp_lab.launch.ports import free_port
+from ddp_lab.world.ports import free_port
 
 from slurm_fixture import CLUSTER_SCRIPT, submit_and_wait
 

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab.models import MLP
-from ddp_lab.run.epoch import EpochBatches
+from ddp_lab.rank.epoch import EpochBatches
 from ddp_lab.step import run_steps
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer
@@ -40,8 +40,8 @@ def test_run_steps_counts_the_right_training_predictions(micro_batch):
 def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, every_rank, shown):
     """log.ranks=all: every rank's lines on the console, each prefixed with its rank (torchrun
     --tee 3's view); the default: rank 0's, and the others' errors."""
-    from ddp_lab.env import DistEnv
-    from ddp_lab.run.metrics import setup_logging
+    from ddp_lab.world.env import DistEnv
+    from ddp_lab.folder.metrics import setup_logging
 
     env = DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
                   num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
@@ -56,7 +56,7 @@ def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, eve
 def test_epoch_batches_end_after_the_step_the_ranks_agreed_to_stop_at():
     """EpochBatches asks its stopper after every step (never before the first) and ends
     the epoch there, keeping why; the steps and samples done are its own count."""
-    from ddp_lab.run.stop import StopInfo
+    from ddp_lab.rank.stop import StopInfo
 
     class StopAfter:
         def __init__(self, n):

@@ -1,4 +1,4 @@
-"""The stop agreement (ddp_lab/run/stop.py) on real gloo worlds: whichever rank gets the signal
+"""The stop agreement (ddp_lab/rank/stop.py) on real gloo worlds: whichever rank gets the signal
 (or the stop file), every rank stops after the same step, and the adaptive check interval
 is the same on every rank."""
 
@@ -16,14 +16,14 @@ from helpers import run_world
 def _ctx():
     import torch
 
-    from ddp_lab.distributed import DistContext
-    from ddp_lab.env import detect_env
+    from ddp_lab.world.distributed import DistContext
+    from ddp_lab.world.env import detect_env
 
     return DistContext(env=detect_env(), backend="gloo", device=torch.device("cpu"))
 
 
 def _loop(rank, world, run_dir, trigger, at_step, check_s):
-    from ddp_lab.run.stop import StopControl, request_stop
+    from ddp_lab.rank.stop import StopControl, request_stop
 
     stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)
     everies = []

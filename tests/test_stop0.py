@@ -17,7 +17,7 @@ SETTINGS = ["train.epochs=2", "train.max_steps_per_epoch=25", "launcher.nproc_pe
 
 
 def framework_weights(run_dir) -> dict:
-    """The model state of the run's last checkpoint (ddp_lab/run/checkpoint.py)."""
+    """The model state of the run's last checkpoint (ddp_lab/folder/checkpoint.py)."""
     state = torch.load(run_dir / "checkpoints" / "epoch_0002.pt", weights_only=False)
     return state["model"]
 

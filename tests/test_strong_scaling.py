@@ -118,7 +118,7 @@ def test_a_resumed_run_keeps_its_global_and_micro_batch(tmp_path, key, was, now)
     from helpers import compose
     from omegaconf import OmegaConf
 
-    from ddp_lab.run.rundir import reuse_problem, write_config
+    from ddp_lab.folder.rundir import reuse_problem, write_config
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_weak_scaling_on_another_world_asks_for_consent(tmp_path):
     changes every later step: one line says what changes and how to consent."""
     from helpers import compose
 
-    from ddp_lab.run.rundir import reuse_problem, write_config
+    from ddp_lab.folder.rundir import reuse_problem, write_config
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""`python -m ddp_lab study=scaling ...` (ddp_lab/measure/study.py): a ladder of world sizes in one
+"""`python -m ddp_lab study=scaling ...` (ddp_lab/command/study.py): a ladder of world sizes in one
 command, with real torchrun per point; continued on its folder; bad worlds refused."""
 
 from __future__ import annotations
@@ -229,8 +229,8 @@ def test_study_folder_holding_another_plan_is_refused(tmp_path):
 # ------------------------------------------------------------------ the plan, no processes
 def test_plan_orders_and_fits_each_launcher(tmp_path):
     from ddp_lab.config import load_run_config
-    from ddp_lab.run.rundir import write_config
-    from ddp_lab.measure.study import plan, point_config, resolve_study
+    from ddp_lab.folder.rundir import write_config
+    from ddp_lab.command.study import plan, point_config, resolve_study
     from helpers import compose
 
     base = resolve_study(compose("study=scaling", "study.worlds=[1,2]", "study.repeats=2",

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.run.tensorboard import BANDS, LAYOUT, ONE_RUN, band_tag, run_name
+from ddp_lab.folder.tensorboard import BANDS, LAYOUT, ONE_RUN, band_tag, run_name
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training
 
 
 def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
     """A one-rank Telemetry as the loop drives it (no process group)."""
-    from ddp_lab.distributed import DistContext
-    from ddp_lab.env import DistEnv
-    from ddp_lab.run.telemetry import Telemetry
+    from ddp_lab.world.distributed import DistContext
+    from ddp_lab.world.env import DistEnv
+    from ddp_lab.rank.telemetry import Telemetry
 
     cfg = compose("launcher=local", "sync=ring", "model=mlp", "optim=adam", "train.batch_size=2",
                   "train.lr=0.1", "log.progress=lines", "timing.trace=false", *overrides)
@@ -35,7 +35,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
 
 
 def _epoch(n: int, steps: list | None = None, at: int = 0):
-    from ddp_lab.run.epoch import MeasuredEpoch
+    from ddp_lab.rank.epoch import MeasuredEpoch
     from ddp_lab.timing import CommStats
 
     return MeasuredEpoch(n, steps or [], CommStats(), busy_s=0.01, wall_s=0.1, loss_sum=2.0,
@@ -52,7 +52,7 @@ def test_run_name_says_what_tells_runs_apart():
     assert run_name(base) == "ring_w4_mlp"
     assert run_name({**base, "compress": "fp16", "overlap": True, "world_size": 8, "nodes": 2},
                     repeat=3) == "ring-overlap-fp16_w8n2_mlp_r3"
-    # every option of the sync's group that is not its default (run/description.py)
+    # every option of the sync's group that is not its default (folder/description.py)
     assert run_name({**base, "sync.prepost": True, "world_size": 2}) == "ring-prepost_w2_mlp"
     assert run_name({**base, "sync": "ddp", "overlap": True}) == "ddp_w4_mlp"  # ddp always overlaps
     # a non-default group is named: an optim=sgd run is not named as the default one

@@ -12,7 +12,7 @@ from ddp_lab.timing import (
     PHASES, Clock, CommRecorder, StepTimer, StepTimes, StepWatch, describe,
     epoch_timing, percentile, stragglers, summarise_steps, union_length,
 )
-from ddp_lab.measure.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
+from ddp_lab.rank.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
 
 CPU = torch.device("cpu")
 
@@ -249,7 +249,7 @@ def _record(epoch, time_s, comm_s=0.03, step_s=0.1, steps=10, resumed_at=None, t
 
 
 def test_run_figures_sum_every_epoch_of_every_allocation():
-    from ddp_lab.run.records import run_figures
+    from ddp_lab.folder.records import run_figures
 
     # epochs 1-2 in one allocation, 3 split by a stop at step 4 and continued, 4 after it
     recs = [_record(1, 2.0), _record(2, 1.0), _record(3, 1.5, step_s=0.06, resumed_at=4),
@@ -272,7 +272,7 @@ def test_run_figures_sum_every_epoch_of_every_allocation():
 
 
 def test_run_figures_timing_off_keeps_bytes():
-    from ddp_lab.run.records import run_figures
+    from ddp_lab.folder.records import run_figures
 
     off = run_figures([_record(1, 1.0, timing=False), _record(2, 1.0, timing=False)])
     assert off["comm_fraction"] is None and off["comm_busbw_GBps"] is None

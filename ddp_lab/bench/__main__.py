@@ -7,7 +7,7 @@
 """
 
 from .. import config
-from ..run.cli import cli
+from ..command.cli import cli
 from . import config as bench_config
 from .submit import resolve_bench, submit_bench
 

@@ -16,7 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..config import (SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig, doc,
                       register_configs)
-from ..registry import Registry
+from ..config.registry import Registry
 
 # bench.ops -> the implementations each has. The submitting side reads this table and
 # imports no torch; the ops themselves (ops.py, which take their algorithms from

@@ -26,12 +26,12 @@ from typing import Any, Iterable, Optional
 import torch
 from tqdm import tqdm
 
-from ..distributed import DistContext
+from ..world.distributed import DistContext
 from ..measure.costmodel import busbw_factor
-from ..arith import pow2_label
+from ..measure.arith import pow2_label
 from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
-from ..topology import GroupSet, Topology, build_groups, detect_topology
+from ..world.topology import GroupSet, Topology, build_groups, detect_topology
 
 log = logging.getLogger("ddp_lab")
 

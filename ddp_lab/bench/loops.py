@@ -152,7 +152,7 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
 
-    from ..launch.ports import free_port
+    from ..world.ports import free_port
 
     class NN(nn.Module):
         def __init__(self, input_size, num_classes):

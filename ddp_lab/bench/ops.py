@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER
-from ..registry import Registry
+from ..config.registry import Registry
 from . import config
 from .pattern import Pattern
 

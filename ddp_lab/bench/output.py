@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..arith import pow2_label
+from ..measure.arith import pow2_label
 from .harness import iter_series
-from .style import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, impl_color
+from ..report.style import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, impl_color
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",

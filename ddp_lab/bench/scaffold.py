@@ -27,10 +27,10 @@ import torch
 from ..config import Config, compose
 from ..data import build_splits
 from ..data_fetch import prepare_mnist
-from ..distributed import DistContext, local_gloo_world
-from ..launch.ports import free_port
-from ..run.epoch import EpochBatches
-from ..run.stop import StopControl
+from ..world.distributed import DistContext, local_gloo_world
+from ..world.ports import free_port
+from ..rank.epoch import EpochBatches
+from ..rank.stop import StopControl
 from ..timing import Clock, StepTimer
 from ..step import run_steps
 from ..train import build_parts

@@ -1,6 +1,6 @@
 """The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.run.validate`, `ddp_lab.run.job`); only the rules
+The same machinery as a training run (`ddp_lab.command.validate`, `ddp_lab.command.job`); only the rules
 of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the
 folder's label (`<date>_<time>_bench_<launcher>`) differ.
 """
@@ -15,14 +15,14 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..run.job import Outcome, collect, launch_job
-from ..run.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
+from ..command.job import Outcome, collect, launch_job
+from ..command.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
 # ------------------------------------------------------------------ check
 # the bench's own rules, before any process starts; the launcher's and every job's
-# (validate.COMMON) come from ddp_lab.run.validate
+# (validate.COMMON) come from ddp_lab.command.validate
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)

@@ -10,9 +10,9 @@ import logging
 import sys
 from pathlib import Path
 
-from ddp_lab.measure import fingerprint as fingerprints
-from ddp_lab.run.files import write_json
-from ddp_lab.run.rank import rank_main, run_rank
+from ddp_lab.world import fingerprint as fingerprints
+from ddp_lab.folder.files import write_json
+from ddp_lab.rank.main import rank_main, run_rank
 
 # Every import that loads torch (this package's config, ops, harness, output) is inside a
 # function: torch must load after rank_main set OMP_WAIT_POLICY (see rank.run_rank).

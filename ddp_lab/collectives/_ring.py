@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..arith import num_pipeline_chunks
+from ..measure.arith import num_pipeline_chunks
 from ._common import GroupInfo, combine_into, scratch
 from .ring_schedule import Exchange
 

@@ -5,7 +5,7 @@ fails at composition, with Hydra's own message, before any process starts. Each 
 group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
 The schemas live by section: launch.py (how ranks start), train.py (model, data,
 optimiser, loop, run folder, logging, timing), and each synchroniser's keys and rules
-beside it, in ddp_lab/sync/schemas/ (torch-free, as everything here); this module puts
+beside it, in ddp_lab/config/sync/ (torch-free, as everything here); this module puts
 them together (`Config`), registers them and reads them back.
 
 Workers do not compose: they read the resolved `config.yaml` of their run folder back
@@ -22,12 +22,12 @@ from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ..config_help import doc, help_keys
-from ..registry import Registry
-from ..resources import conf_dir
+from .help import doc, help_keys
+from .registry import Registry
+from .resources import conf_dir
 from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
     SlurmLauncherConfig, RunaiLauncherConfig)
-from ..sync.schemas import SYNC_SCHEMAS, SyncConfig
+from .sync import SYNC_SCHEMAS, SyncConfig
 from .train import (widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
     DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
     DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig,
@@ -48,7 +48,7 @@ class Config:
     timing: TimingConfig = field(default_factory=TimingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     study: Optional[StudyConfig] = doc(None, "`study=scaling`: run a ladder of world sizes "
-                                             "(ddp_lab/measure/study.py); null = one run")
+                                             "(ddp_lab/command/study.py); null = one run")
     study_point: Optional[Dict[str, Any]] = doc(None, "set by a study in each point's config "
                                                       "({id, world, repeat, index}); the "
                                                       "trainer copies it into summary.json "
@@ -56,21 +56,21 @@ class Config:
 
 
 # group -> option -> schema: the options the config accepts. Adding an option = one
-# dataclass (here, or sync/schemas/) + one YAML in conf/ + the implementation in its
+# dataclass (here, or config/sync/) + one YAML in conf/ + the implementation in its
 # kind's registry (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
 # checks that each kind's registry names exactly these options.
 SCHEMAS: dict[str, Registry[type]] = {
     "launcher": Registry("launcher", {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
         "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
-    "sync": Registry("sync", SYNC_SCHEMAS),  # each beside its synchroniser: sync/schemas/
+    "sync": Registry("sync", SYNC_SCHEMAS),  # each beside its synchroniser: config/sync/
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),
     "data": Registry("data", {"mnist": DataConfig}),
     "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
 }
 
-CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/resources.py)
+CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/config/resources.py)
 
 
 # the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in

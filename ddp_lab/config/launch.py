@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import MISSING
 
-from ..config_help import doc
+from .help import doc
 
 
 @dataclass

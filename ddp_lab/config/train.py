@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from ..config_help import doc
+from .help import doc
 
 
 def _size(value: Any) -> bool:
@@ -142,7 +142,7 @@ class TrainConfig:
     stop_check_s: float = doc(1.0, "seconds between the ranks' agreements on "
                                    "whether to stop (one tiny all-reduce)")
     threads: int = doc(0, "torch CPU threads per rank; 0 = decided at start: at most the "
-                          "free cores' share, 1 where that is as fast (ddp_lab/cpu.py)")
+                          "free cores' share, 1 where that is as fast (ddp_lab/world/cpu.py)")
     compile: bool = doc(False, "torch.compile the model the step calls (inductor), "
                                "compiled before the first epoch (summary.json compile_s); "
                                "numerics may differ from eager in the last bits")
@@ -210,7 +210,7 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
 #: the synchronisers whose step a CUDA graph can hold on nccl: their collectives are the
 #: library's own (all_reduce, reduce_scatter, all_gather), launched from this thread. Ours
 #: built from send/recv (ring, tree, butterfly, hierarchical) and reduce_broadcast's rooted
-#: calls with their waits are not captured (ddp_lab/run/cuda_graph.py)
+#: calls with their waits are not captured (ddp_lab/rank/cuda_graph.py)
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
@@ -331,7 +331,7 @@ class DebugConfig:
 @dataclass
 class StudyConfig:
     """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
-    point under one study folder, then the report (ddp_lab/measure/study.py, docs/scaling.md)."""
+    point under one study folder, then the report (ddp_lab/command/study.py, docs/scaling.md)."""
 
     name: str = doc("scaling", "the study kind (conf/study/<name>.yaml)")
     worlds: List[int] = doc([1, 2, 4], "world sizes (ranks) of the ladder, e.g. [1,2,4,8]")

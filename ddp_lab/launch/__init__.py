@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from ..registry import Registry
+from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
 from .base import (LaunchError, Rendered, Tail, check_port_free, code_dir, default_nproc, diagnose, is_this_machine, python_exe, require_tool, setup_block, should_wait, tail_text, template)
 from .foreground import JOB_ENV, JOB_MARKERS, Foreground, job_processes, run_foreground, sweep

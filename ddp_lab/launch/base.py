@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-from ..errors import UserError
-from ..resources import launchers_dir
-from .ports import FIX, port_in_use
+from ..config.errors import UserError
+from ..config.resources import launchers_dir
+from ..world.devices import default_nproc, gpu_devices_present, local_gpus  # noqa: F401 (launchers' names)
+from ..world.ports import FIX, port_in_use
 
-TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/resources.py)
+TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/resources.py)
 
 
 class LaunchError(UserError):
@@ -67,29 +68,6 @@ def is_this_machine(host: str) -> bool:
     names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
              socket.gethostname().split(".")[0]}
     return host in names
-
-
-def gpu_devices_present() -> bool:
-    """Whether this machine shows a GPU driver's device files (NVIDIA's /dev/nvidia0, ...;
-    ROCm's /dev/kfd). Without any, torch finds no GPU either: asking it costs seconds of
-    import on every command, so only a machine that may have one asks."""
-    dev = Path("/dev")
-    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
-
-
-def local_gpus() -> int:
-    """CUDA devices of this machine: 0 from the device files alone where there are none, so
-    a command on a CPU machine never imports torch (seconds of every command's start)."""
-    if not gpu_devices_present():
-        return 0
-    import torch  # lazy: see above
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def default_nproc() -> int:
-    """One process per visible GPU, else 2 (CPU ranks)."""
-    return local_gpus() or 2
 
 
 def code_dir() -> Path:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..run.rundir import read_summary
+from ..folder.rundir import read_summary
 from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
                    setup_block, should_wait, sourced_note, store_line, template)
 

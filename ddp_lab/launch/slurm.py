@@ -8,7 +8,7 @@ Two modes:
 - torchrun (default): one srun task per node, each a torchrun that starts nproc_per_node
   processes; rendezvous c10d (or static) at the first node, port from the job id.
 - per_task=true: srun starts every process itself (ntasks-per-node = nproc_per_node);
-  ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.env reads them).
+  ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.world.env reads them).
 
 The job script reads top to bottom as a student would write it (#SBATCH lines, exports, the
 srun line); the stop and requeue machinery below lives in RUN_DIR/slurm_stop.sh, which it
@@ -184,7 +184,7 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
                  step: Sequence[str] = ()) -> str:
     """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one
-    task per process). A study's job step (ddp_lab/measure/study.py) passes its own size: `nnodes`,
+    task per process). A study's job step (ddp_lab/command/study.py) passes its own size: `nnodes`,
     the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
     lc = cfg.launcher
     py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
@@ -200,7 +200,7 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
     srun += [shlex.quote(str(a)) for a in lc.srun_extra]
     if lc.per_task:
         return ("# One task per process: srun starts every rank; each reads its rank from\n"
-                "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.env).\n"
+                "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.world.env).\n"
                 f"{' '.join(srun)} \\\n  {py} -m {entry} \"$RUN_DIR\"")
     timeout = max(1, int(cfg.dist.init_timeout_s))
     if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
@@ -255,7 +255,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         port_line = f"export MASTER_PORT={lc.master_port}"
     else:
         port_line = ("export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))  # the same on "
-                     "every node (ddp_lab.env.slurm_port)")
+                     "every node (ddp_lab.world.env.slurm_port)")
     mode = "one task per process" if lc.per_task else "one torchrun per node"
     summary = f"{lc.nodes} node(s) x {lc.nproc_per_node} process(es), {mode}"
     # what a student would write by hand; the stop and requeue machinery it sources comes apart

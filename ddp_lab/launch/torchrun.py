@@ -21,16 +21,14 @@ import importlib.util
 import logging
 import multiprocessing
 import os
-import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 
-from .. import cpu
-from .whole_lines import whole_lines
+from ..world import cpu
+from ..rank.forked import AGENT_SIGNALS, _inherited
 
 # The ranks' entries this torchrun may start as forks of itself, with what each would import
 # first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
@@ -40,9 +38,7 @@ from .whole_lines import whole_lines
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 # the signals torchrun's agent handles by raising in its own code, as this process got them
-AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
-_inherited: dict = {}  # fork_ranks: their handlers in this process before torchrun's agent
 
 
 def fork_ranks(args) -> bool:
@@ -104,44 +100,6 @@ def _no_traceback(record: logging.LogRecord) -> bool:
     return True
 
 
-def as_forked_rank() -> None:
-    """A rank forked by `fork_ranks` starts as a fresh `python -u` would, with the signal
-    handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
-    console written a whole line at a time (whole_lines: the ranks share the console)."""
-    for sig, handler in _inherited.items():
-        signal.signal(sig, handler)
-    whole_lines()
-
-
-def exit_soon(rc: int) -> None:
-    """A forked rank's last step. torchrun's fork protocol ends a rank in two moves: the
-    rank puts its return value on a queue (a pipe: there the moment it is put), then waits
-    on an Event torchrun shares with every rank until torchrun has read them all and sets
-    it. That wait is a `multiprocessing.Condition` sleeper: a rank ended inside it never
-    acknowledges the wake-up, and torchrun's `Event.set` then waits for it forever
-    (`Condition.notify` -> `_woken_count.acquire()`). So the rank is never ended on a
-    timer: it waits for torchrun, and a thread ends it with `rc` only when waiting is
-    pointless, that is when torchrun is gone (killed: the rank is reparented, or gets the
-    SIGINT torch's fork asks for at its parent's death), or when torchrun signals it
-    (closing the ranks after a signal or a failed rank: then torchrun never sets the Event).
-    A torchrun that polls seldom (torch < 2.4: every 5 s) only makes the end later."""
-    torchrun = multiprocessing.parent_process().pid  # reparented once torchrun is gone
-    # the signals reach this process's C handler on whichever thread: the wakeup fd tells
-    # the watcher, whatever the main thread is blocked in (the Condition's semaphore)
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    for sig in AGENT_SIGNALS:
-        signal.signal(sig, lambda *_: None)
-    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while os.getppid() == torchrun and not select.select([r], [], [], 0.05)[0]:
-            pass
-        os._exit(rc)
-
-    threading.Thread(target=watch, name="exit_soon", daemon=True).start()
-
-
 def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
     """What went wrong, in one line: a `ChildFailedError` of the ranks running `entry` by
     its first failed rank (the root cause), any other exception by its type and first line.
@@ -181,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     path, args = Path(argv[0].removeprefix("--log=")), argv[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
-    # machine's cores free now, shared among its ranks (ddp_lab/cpu.py); the forks inherit it
+    # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
     cpu.apply(cpu.look(nproc_per_node(args)))
     # how often the agent looks at its ranks: torch >= 2.4's 0.1 s on every torch (2.2 and
     # 2.3 look every 5 s: a run's end, or a failed rank, noticed up to 5 s late); torchrun
@@ -204,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             forked = fork_ranks(parsed)
             if not forked and parsed.module:  # a fresh `python -u -m ENTRY`: whole lines too
                 parsed.training_script_args = [parsed.training_script, *parsed.training_script_args]
-                parsed.training_script = "ddp_lab.launch.whole_lines"
+                parsed.training_script = "ddp_lab.rank.whole_lines"
             sys.stdout.flush()  # nothing buffered here may be written again by the forks
             sys.stderr.flush()
             record(torchrun.run)(parsed)  # torchrun's main: its own error goes to its file

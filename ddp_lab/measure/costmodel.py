@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..arith import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
+from .arith import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -285,7 +285,7 @@ def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size
                        intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
     """``(collective, Cost)`` of the three phases of one hierarchical all-reduce of ``numel``
     elements (:data:`HIERARCHICAL_PHASES`), each over the whole world. ``nodes``: the global
-    ranks of each node (every rank once, the leader first: ``ddp_lab.topology``);
+    ranks of each node (every rank once, the leader first: ``ddp_lab.world.topology``);
     ``intra``: the reduce/broadcast algorithm inside nodes (``tree`` | ``torch``),
     ``inter``: the leaders' all-reduce (``ring`` | ``torch`` | ...)."""
     world = sum(len(n) for n in nodes)

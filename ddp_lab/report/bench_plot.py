@@ -3,7 +3,7 @@ measured, on one x axis (bytes per rank) for both panels."""
 
 from __future__ import annotations
 
-from ..bench.style import GROUP_STYLES, impl_color
+from .style import GROUP_STYLES, impl_color
 from .model import call_time
 from .plots import MARKERS, _distinct, _plt
 

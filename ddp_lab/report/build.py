@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..run.files import atomic_open, atomic_write_text
+from ..folder.files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
 from .runs import Run

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..measure.fingerprint import link_label
+from ..world.fingerprint import link_label
 from .forecast_model import fit_model, measured_point
 from .runs import Run
 from .stats import sig

@@ -6,7 +6,7 @@ recursively, never below a run folder; a study folder (study.json, its points in
 STUDY/points/<point>/) is searched, never taken for a run. Every folder found comes back, usable or not: the
 ones that cannot be compared carry the reason, so a report lists them instead of
 silently dropping them. A training run's metrics.jsonl and summary.json are read through
-the trainer's own record types (`ddp_lab.run.records`), so files written before versioning
+the trainer's own record types (`ddp_lab.folder.records`), so files written before versioning
 read as well.
 """
 
@@ -21,12 +21,12 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ..run.description import Description, describe_run, plural
-from ..run.records import EpochRecord, RunSummary, read_metrics
-from ..run.rundir import DRY_RUN, is_dry_run
+from ..folder.description import Description, describe_run, plural
+from ..folder.records import EpochRecord, RunSummary, read_metrics
+from ..folder.rundir import DRY_RUN, is_dry_run
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
-STUDY_FILE = "study.json"  # a study folder (ddp_lab.measure.study): its run folders are in points/
+STUDY_FILE = "study.json"  # a study folder (ddp_lab.command.study): its run folders are in points/
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
 
@@ -81,7 +81,7 @@ class Run:
     # ------------------------------------------------------------- training runs
     @property
     def description(self) -> Description:
-        """What the run is (ddp_lab.run.description): the one source of its series label
+        """What the run is (ddp_lab.folder.description): the one source of its series label
         (`ring prepost=true`), its workload and its name."""
         return describe_run(self.config, self.summary)
 

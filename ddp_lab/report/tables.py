@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..measure import fingerprint
+from ..world import fingerprint
 from . import stats
 from .runs import PHASES, Run
 

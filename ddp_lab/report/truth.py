@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..measure.costmodel import SYNC_COLLECTIVES
-from ..arith import union_length
+from ..measure.arith import union_length
 from .model import Fit, fit_all, predict_comm_s
 from .runs import Run, find_runs
 

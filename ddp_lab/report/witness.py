@@ -1,6 +1,6 @@
 """The witness table: ddp_lab's figures beside clocks that are not its own.
 
-A run with `timing.profile=true` keeps in summary.json (ddp_lab/run/profile.py), per rank,
+A run with `timing.profile=true` keeps in summary.json (ddp_lab/rank/profile.py), per rank,
 its comm in flight per step over the profiled steps as ddp_lab measured it and as the
 profiler's trace says (torch's c10d and gloo events on CPU, the NCCL kernels on CUDA);
 sync=ddp runs keep DDP's own timing (`ddp_timing`, from `ddp._get_ddp_logging_data()`).

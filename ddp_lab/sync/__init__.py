@@ -1,8 +1,8 @@
 """Gradient synchronisers, chosen with the `sync` config group: one file each
 (sync/<name>.py, start with naive.py), its config keys and rules beside it in
-sync/schemas/<name>.py.
+config/sync/<name>.py.
 
-Importing this package loads no torch: the submitting command reads sync/schemas/ (the
+Importing this package loads no torch: the submitting command reads config/sync/ (the
 rules refuse a bad config before any process starts) and has no torch to spare. The
 names below come from sync/build.py, loaded (with torch) on first use.
 """

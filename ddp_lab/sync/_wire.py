@@ -11,7 +11,7 @@ tests/test_compress.py on real process groups, so no combination is refused for 
 
 `sync.compress=none`: the bucket is reduced as it is and averaged afterwards, bit for bit
 as before compression existed. `powersgd` is torch's DDP comm hook: ddp only
-(sync/schemas/allreduce.py's BucketSyncConfig.check).
+(config/sync/allreduce.py's BucketSyncConfig.check).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ on the run's `Clock` when timing is enabled. That is how comm time is measured t
 way for every synchroniser, and why a synchroniser's body reads as its algorithm.
 
 A synchroniser that cannot run a configuration says so in its section's `check`
-(its schema, sync/schemas/<name>.py: config only, run before any process starts and again
+(its schema, config/sync/<name>.py: config only, run before any process starts and again
 where it is built, `build_sync` in sync/build.py) or in `preflight` (needs the model and a
 batch; called once before the first step), never by hanging in a collective. The class
 holds none of that wiring: this file is the interface only.

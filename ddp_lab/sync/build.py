@@ -4,24 +4,23 @@
 the trainer calls. Between the class and a running synchroniser it does three things,
 none of which belongs to the class itself:
 
-- the section's config rules, its schema's `check` (sync/schemas/<name>.py; the
+- the section's config rules, its schema's `check` (config/sync/<name>.py; the
   submitting command ran them already, before any process started);
 - `sync.overlap=true` on more than one rank: the overlapped variant of an all-reduce
   family class (`overlapped`, sync/overlap.py);
-- every collective the synchroniser enters counted in this rank's progress record (the
-  rank behind the others is the one with the smaller count: ddp_lab/run/progress.py).
+- every collective the synchroniser enters counted by the listener the caller passes: train() passes this rank's progress record (the
+  rank behind the others is the one with the smaller count: ddp_lab/folder/progress.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from ..config import check_sync, with_defaults
-from ..registry import Registry
-from ..run import progress
+from ..config.registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
 from .base import Synchroniser
@@ -57,12 +56,14 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
 
 
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
-               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
+               clock: Optional[Clock] = None, timing: bool = True,
+               on_collective: Optional[Callable[[str], None]] = None) -> Synchroniser:
     """The synchroniser `cfg` names, for `module` on `world_size` ranks (see the module
     docstring for what is done here)."""
     check_sync(cfg, world_size)
     overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
     syncer = sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,
                                            timing=timing)
-    syncer.comm.on_collective = progress.current().collective
+    if on_collective is not None:
+        syncer.comm.on_collective = on_collective
     return syncer

@@ -6,7 +6,7 @@ buffer with partner rank XOR 2^k for k = 0..log2(p)-1, adding what they receive 
 b+a bitwise, so partners stay identical); the folded ranks get the result back. log2(p)
 (+2 when n is not a power of two) latencies, log2(p) whole buffers each way per rank.
 
-Its keys and rules are allreduce's (sync/schemas/allreduce.py), and so are overlap
+Its keys and rules are allreduce's (config/sync/allreduce.py), and so are overlap
 (overlap.py) and compression (`_reduce`, allreduce.py).
 """
 

@@ -17,7 +17,7 @@ accounting, so that overlap stays real:
 `sync.sync()` is a no-op here (DDP has finished by the time backward returns). A world of
 one runs the bare model: nothing to exchange, and DDP's reducer would cost a third of the step.
 
-Its keys and rules: sync/schemas/ddp.py.
+Its keys and rules: config/sync/ddp.py.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime

@@ -20,13 +20,13 @@ the whole buffer.
   `torch.distributed.all_reduce` on that group.
 - `sync.intra=library` (default): `torch.distributed.reduce` / `broadcast` on the node's
   group (NVLink / shared memory under nccl); `tree`: `ddp_lab.collectives`' binomial trees.
-- Nodes: the launcher's (`DistEnv.node_rank`, `ddp_lab.topology`), or with
+- Nodes: the launcher's (`DistEnv.node_rank`, `ddp_lab.world.topology`), or with
   `sync.node_size=k` every k consecutive ranks pretend to be a node (one machine). Nodes
   of unequal sizes work (each node's group is its own size).
 
 It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging, wire
 compression (`_reduce`, allreduce.py) and overlap (overlap.py) are shared with allreduce,
-ring, tree and butterfly; its keys and rules: sync/schemas/hierarchical.py.
+ring, tree and butterfly; its keys and rules: config/sync/hierarchical.py.
 Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per rank), and the
 bytes each rank sends to another node (`comm_bytes_cross_node`). With `inter=ring` and
 `intra=tree` every byte goes through our send/recv and the count is exact; the library's phases are modelled as gloo runs them.
@@ -43,11 +43,11 @@ from torch import nn
 
 from ..measure import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
-from ..distributed import DistContext
-from ..env import detect_env
-from ..topology import Topology, build_groups, detect_topology
+from ..world.distributed import DistContext
+from ..world.env import detect_env
+from ..world.topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
-from .schemas.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
+from ..config.sync.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 
 log = logging.getLogger("ddp_lab")
 

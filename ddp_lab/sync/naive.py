@@ -18,7 +18,7 @@ Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
 (`costmodel.SYNC_COLLECTIVES["naive"]`; not exact, we cannot see the library's routing).
 
 Its rules (overlap and compression refused, each with the sync that runs it):
-sync/schemas/naive.py.
+config/sync/naive.py.
 """
 
 from __future__ import annotations

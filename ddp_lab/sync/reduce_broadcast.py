@@ -28,7 +28,7 @@ moment its gradients are ready, stamped like DDP's hook (start at launch, end in
 future's completion callback); `sync()` waits for them. The broadcast stays after the
 root's step: it carries the new weights, which exist only then.
 
-Its keys and rules: sync/schemas/reduce_broadcast.py.
+Its keys and rules: config/sync/reduce_broadcast.py.
 """
 
 from __future__ import annotations

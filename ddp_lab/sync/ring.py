@@ -18,7 +18,7 @@ Which transport carries the steps (the same steps, bytes and bits; docs/collecti
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl needs the pair in
   one group).
 
-Its keys and rules: sync/schemas/ring.py. Overlap (overlap.py) and compression (`_reduce`,
+Its keys and rules: config/sync/ring.py. Overlap (overlap.py) and compression (`_reduce`,
 allreduce.py) are allreduce's.
 """
 

@@ -7,7 +7,7 @@ whole buffer once per tree edge it has: once to/from its parent, once per child.
 log2(n) times the ring's traffic at the root, for log2(n) instead of 2(n-1) latencies:
 the tree wins on small buffers and many ranks, the ring on large buffers.
 
-Its keys and rules are allreduce's (sync/schemas/allreduce.py), and so are overlap
+Its keys and rules are allreduce's (config/sync/allreduce.py), and so are overlap
 (overlap.py) and compression (`_reduce`, allreduce.py).
 """
 

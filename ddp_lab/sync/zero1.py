@@ -26,7 +26,7 @@ same rounding, DDP's weights bit for bit. A checkpoint gathers the pieces into t
 plain optimiser over every parameter would hold, and a load cuts it again (_zero1_state.py),
 so it moves between world sizes and synchronisers.
 
-Its keys and rules: sync/schemas/zero1.py.
+Its keys and rules: config/sync/zero1.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ One file per idea:
 
 Timing knows nothing of the rest of the trainer: whoever builds a timer or recorder
 passes the listeners that want to hear of each phase or call (the progress record,
-ddp_lab/run/progress.py). Every name below is importable from `ddp_lab.timing`.
+ddp_lab/folder/progress.py). Every name below is importable from `ddp_lab.timing`.
 """
 
 from .clock import Clock

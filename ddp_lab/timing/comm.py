@@ -39,7 +39,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..arith import union_length
+from ..measure.arith import union_length
 from .steps import StepTimes
 
 

@@ -5,7 +5,7 @@ It counts every call's bytes always and, when timing is on, stamps its start and
 the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
 (ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who else wants to hear of
 a call: whoever builds it passes a listener (`on_collective`); the synchroniser passes
-the rank's progress record (ddp_lab/run/progress.py).
+the rank's progress record (ddp_lab/folder/progress.py).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class CommRecorder:
     def add_counts(self, delta: tuple, times: int = 1) -> None:
         """Count `times` more of the calls and bytes `delta` (a `counts()` difference):
         a CUDA graph's replays launch the calls its capture counted once
-        (ddp_lab/run/cuda_graph.py); `times` may be negative."""
+        (ddp_lab/rank/cuda_graph.py); `times` may be negative."""
         with self._lock:
             for k, d in zip(self.COUNTS, delta):
                 setattr(self._stats, k, getattr(self._stats, k) + d * times)

@@ -1,6 +1,6 @@
 """Steps read while the epoch runs: `StepWatch` hands every `every`-th step (the global
 steps whose number is a multiple of `every`) to a listener as soon as its stamps can be
-read, so TensorBoard shows the steps while training goes on (ddp_lab/run/telemetry.py).
+read, so TensorBoard shows the steps while training goes on (ddp_lab/rank/telemetry.py).
 
     watch = StepWatch(timer, comm, every, on_step)   # on_step(number, StepTimes, calls)
     watch.begin(steps_done)                          # at each epoch's start

@@ -5,8 +5,8 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
     timer.end_step()
 
 The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
-listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/run/epoch.py)
-passes the rank's progress record (ddp_lab/run/progress.py), so a stuck rank can be found.
+listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/rank/epoch.py)
+passes the rank's progress record (ddp_lab/folder/progress.py), so a stuck rank can be found.
 
 On CUDA a step's phases share their boundaries: the end of one phase is the start of the
 next, one event each (a step of five phases records six), from the clock's pool, handed

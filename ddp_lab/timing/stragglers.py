@@ -1,6 +1,6 @@
 """Stragglers: who makes the others wait, found from every rank's comm time per step.
 
-Telemetry (ddp_lab/run/telemetry.py) gathers each rank's `CommStats.per_step_seconds` once per
+Telemetry (ddp_lab/rank/telemetry.py) gathers each rank's `CommStats.per_step_seconds` once per
 epoch, builds a `StragglerTally` from them (`from_waits`), merges the epochs' tallies and
 names the rank with `named()`; `stragglers` makes the epoch record's "stragglers" dict
 (the slowest and fastest rank by step time, and the tally's evidence).

@@ -1,6 +1,6 @@
 """An epoch's timing numbers from its steps and its comm: per-phase statistics, comm time
 per step, comm_fraction and exposed comm (defined in ddp_lab/timing/comm.py). Telemetry
-(ddp_lab/run/telemetry.py) puts them in the epoch's record.
+(ddp_lab/rank/telemetry.py) puts them in the epoch's record.
 """
 
 from __future__ import annotations

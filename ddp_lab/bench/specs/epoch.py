@@ -29,7 +29,7 @@ Goals (docs/performance.md): ddp_lab / floor <= 1.15 idle on 1 rank, <= 1.2 on 2
    idle, then as many under a hog started at the end of the last idle one: once with its
    defaults, and once per spinning `--waits` setting pinned on every core
    (`train.threads=<cores>`), each epoch printed. This is why ddp_lab spins only with a
-   core to spare (ddp_lab/cpu.py).
+   core to spare (ddp_lab/world/cpu.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from ... import cpu
+from ...world import cpu
 from .. import loops
 from ..suite import REPO, Spec, trained
 

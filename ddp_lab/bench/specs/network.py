@@ -207,7 +207,7 @@ def measure(ctx, plan: dict) -> list[dict]:
 
 def rank(run_dir: Path) -> int:
     from ddp_lab.config import load_run_config
-    from ddp_lab.run.rank import run_rank
+    from ddp_lab.rank.main import run_rank
 
     cfg = load_run_config(run_dir)
     plan = json.loads(Path(os.environ[PLAN_ENV]).read_text())
@@ -311,6 +311,6 @@ def run(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":  # a rank of the job (run.entry)
-    from ...run.rank import rank_main
+    from ...rank.main import rank_main
 
     sys.exit(rank_main(None, "ddp_lab.bench.specs.network", "python -m ddp_lab.bench.suite network", rank))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ...distributed import DistContext
+from ...world.distributed import DistContext
 from ...timing import epoch_timing
 from ..scaffold import Bench, rank0
 from ..suite import Spec, chosen, medians, ratios, rounds, select

@@ -5,12 +5,12 @@
 
 The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam,
 sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.step.run_steps`). Each
-round runs one epoch without the stop check and one with it (`ddp_lab.run.stop.StopControl`
+round runs one epoch without the stop check and one with it (`ddp_lab.rank.stop.StopControl`
 at train.stop_check_s), in alternating order. Printed:
 - the time spent inside the stop check (its all-reduces included) per step, as a share of
   the step: the direct measure, free of the drift between epochs;
 - the median epoch time with / without the check (a ratio near 1; noisy on a shared machine);
-- what a step writes into its rank's progress record (ddp_lab.run.progress: 5 phases, one
+- what a step writes into its rank's progress record (ddp_lab.folder.progress: 5 phases, one
   collective, the step's end), against the compute alone of the notebook's step on one
   process (the real step, with gloo, is several times longer).
 The targets (issue 11): the check and the record each cost <= 1% of a step. Not a test:
@@ -26,8 +26,8 @@ import time
 import timeit
 from pathlib import Path
 
-from ...distributed import DistContext
-from ...run.stop import StopControl
+from ...world.distributed import DistContext
+from ...rank.stop import StopControl
 from ..scaffold import Bench, run_ranks
 from ..suite import Spec, rounds
 
@@ -87,7 +87,7 @@ def record_share(run_dir: Path) -> tuple[float, float]:
 
     from ddp_lab.config import compose
     from ddp_lab.models import build_model
-    from ddp_lab.run import progress
+    from ddp_lab.folder import progress
 
     rec = progress.Progress(run_dir, 0)
     try:

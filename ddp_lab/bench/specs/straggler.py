@@ -30,8 +30,8 @@ import time
 
 from omegaconf import OmegaConf
 
-from ...distributed import DistContext
-from ...run.delay import ComputeDelay
+from ...world.distributed import DistContext
+from ...rank.delay import ComputeDelay
 from ...timing import Clock, StragglerTally
 from ..scaffold import Bench, rank0
 from ..suite import Spec

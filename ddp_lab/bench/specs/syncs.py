@@ -27,8 +27,8 @@ import os
 import statistics
 import time
 
-from ...distributed import DistContext
-from ...run.epoch import EpochBatches
+from ...world.distributed import DistContext
+from ...rank.epoch import EpochBatches
 from ...step import run_steps
 from ..scaffold import Bench, rank0
 from ..suite import Spec, chosen, medians, ratios, rounds, select

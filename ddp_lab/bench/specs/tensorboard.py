@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ...run.metrics import RunFolderSink
-from ...run.telemetry import step_scalars
+from ...folder.metrics import RunFolderSink
+from ...rank.telemetry import step_scalars
 from ...timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
 from ..suite import Spec, rounds
 

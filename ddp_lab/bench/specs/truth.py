@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
     table = truth.truth_table(truth.find_train_runs(run_paths), truth.find_bench_runs(bench_paths))
     md = truth.markdown(table)
     print("\n".join(md))
-    from ddp_lab.run.files import atomic_write_text
+    from ddp_lab.folder.files import atomic_write_text
 
     atomic_write_text(out / "truth.json", json.dumps(table, indent=1))
     atomic_write_text(out / "truth.md", "\n".join(md) + "\n")

@@ -1,0 +1,306 @@
+"""A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
+`python -m ddp_lab.status` shows, its --json output, and what ddp_lab.command.lock asks before
+a second submission).
+
+Everything comes from the run folder (summary.json, metrics.jsonl, checkpoints/, job_id,
+logs/) plus what this machine can see: the scheduler's view of the job (`scontrol`, then
+`sacct`) and the processes of the job alive here (`ddp_lab.launch.job_processes`). So it
+works from any shell, long after the one that submitted the run is gone. How it is shown:
+status_view.py; the command and its --follow and --stop: status_commands.py.
+
+A run's state is one word: `running`, `pending` (queued or starting), `completed`,
+`failed`, `preempted` (stopped to continue later), `stopped` (a person stopped it), or
+`not started` (a dry run). summary.json says `running` from the moment the ranks start
+until they end; if everything was SIGKILLed it still says so: with no scheduler job and no
+process of the job alive here the state reads `running (no process alive: the job died
+without a word)`, and `--follow` treats it as failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from ..launch import job_processes, slurm_job
+from ..folder.description import describe_run
+from ..folder.progress import read_all
+from ..folder.records import read_metrics
+from ..folder.rundir import folder_state, is_dry_run
+from ..rank.stop import STOP_FILE
+
+FINAL = ("completed", "failed", "preempted", "stopped")
+# scheduler states of a job that still holds (or waits for) an allocation
+SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                 "RESV_DEL_HOLD", "SUSPENDED"}
+SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+# launchers whose processes run on the submitting machine (job_processes can see them)
+LOCAL_LAUNCHERS = ("local", "mpirun")
+
+
+# ------------------------------------------------------------------ reading a run
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file()
+
+
+def find_runs(path: Path, depth: int = 4) -> list[Path]:
+    """Run folders at or below `path` (a sweep folder, run.root), not inside one another;
+    below `path`, a dry run's folder is none (`dry_runs` counts those)."""
+    if is_run_dir(path):
+        return [path]
+    found: list[Path] = []
+    if depth <= 0:
+        return found
+    try:
+        children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return found
+    for child in children:
+        found += [r for r in find_runs(child, depth - 1) if not is_dry_run(r)]
+    return found
+
+
+def dry_runs(path: Path, depth: int = 4) -> int:
+    """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
+    if is_run_dir(path) or depth <= 0:
+        return int(is_dry_run(path))
+    try:
+        return sum(dry_runs(p, depth - 1) for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return 0
+
+
+def _config(run_dir: Path) -> dict:
+    """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    except Exception:  # noqa: BLE001 -- a half-written or foreign file: show what we can
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _last_record(path: Path) -> Optional[dict]:
+    """The last record of metrics.jsonl (a torn line is skipped)."""
+    records = read_metrics(path)[0]
+    return records[-1] if records else None
+
+
+def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
+    """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
+    submission), else the one the ranks recorded in summary.json."""
+    try:
+        text = (run_dir / "job_id").read_text().strip()
+    except OSError:
+        text = ""
+    return text or (str(summary["job_id"]) if summary.get("job_id") else None)
+
+
+def live_processes(run_dir: Path) -> list[int]:
+    """Processes of the job alive on this machine; other status/follow processes excepted."""
+    pids = []
+    for pid in job_processes(run_dir):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if any(a.endswith((b"ddp_lab.status", b"ddp_lab/status.py")) for a in argv):
+            continue
+        pids.append(pid)
+    return pids
+
+
+def rank_progress(run_dir: Path) -> list[dict]:
+    """Per-rank progress records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.progress); []
+    when there are none, or they cannot be read."""
+    try:
+        records = read_all(run_dir)
+    except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
+        return []
+    if isinstance(records, dict):
+        records = [r if isinstance(r, dict) and "rank" in r else {"rank": k, **_as_dict(r)}
+                   for k, r in sorted(records.items())]
+    out = []
+    for rec in records or []:
+        rec = _as_dict(rec)
+        if rec:
+            out.append(rec)
+    return out
+
+
+def _as_dict(rec: Any) -> dict:
+    if isinstance(rec, dict):
+        return rec
+    if hasattr(rec, "to_dict"):
+        return rec.to_dict()
+    if hasattr(rec, "__dataclass_fields__"):
+        return dataclasses.asdict(rec)
+    return {}
+
+
+def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
+              status: str) -> tuple[int, int]:
+    """(epochs done, steps into the next): the summary's, or for a running run the newest
+    of the summary's start, the last epoch record and the newest checkpoint."""
+    here = (int(summary.get("epochs_done") or 0), int(summary.get("step_in_epoch") or 0))
+    if status in FINAL and summary.get("epochs_done") is not None:
+        return here
+    candidates = [here]
+    if record and isinstance(record.get("epoch"), int):
+        candidates.append((record["epoch"], 0))
+    if ckpt:
+        candidates.append(ckpt)
+    return max(candidates)
+
+
+def inspect(run_dir: Path, scheduler: bool = True) -> dict:
+    """Everything `status` shows about one run folder, as plain data (the --json output)."""
+    run_dir = Path(run_dir)
+    fs = folder_state(run_dir)
+    summary = fs["summary"]
+    cfg = _config(run_dir)
+    launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
+    status = str(summary.get("status") or "")
+    word = status.split(":")[0].strip()
+    record = _last_record(run_dir / "metrics.jsonl")
+    epochs_done, step = _position(summary, record, fs["checkpoint"], word)
+    job_id = _job_id(run_dir, summary)
+
+    sched = None
+    if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
+        state, code, reason = slurm_job.job_state(job_id)
+        sched = {"state": state, "exit_code": code, "reason": reason}
+    pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
+    hosts = summary.get("hosts") or []
+    here = socket.gethostname()
+    sees_ranks = launcher in LOCAL_LAUNCHERS and (not hosts or here in hosts)
+    state, detail = _state(word, status, launcher, job_id, sched, pids, sees_ranks)
+    if not word and not pids and is_dry_run(run_dir):
+        state, detail = "dry run", "rendered by launcher.dry_run=true, never started"
+    elif not word and not pids:  # no rank ever wrote: did the job's python check stop it?
+        said = python_check_failure(run_dir)
+        if said:
+            state, detail = "failed", said
+
+    train = cfg.get("train") or {}
+    lc = cfg.get("launcher") or {}
+    logs = [run_dir / "logs" / "rank0.log"]
+    if launcher == "slurm" and job_id:
+        name = slurm_job.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
+        logs = [run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err", *logs]
+    info = {
+        "run_dir": str(run_dir), "state": state, "detail": detail, "status": status or None,
+        "launcher": launcher, "job_id": job_id, "scheduler": sched,
+        "processes": pids, "host": here,
+        "epochs": summary.get("epochs") or train.get("epochs"),
+        "epochs_done": epochs_done, "step_in_epoch": step,
+        "checkpoint": fs["checkpoint_name"], "stop_reason": summary.get("stop_reason"),
+        "stop_requested": _stop_request(run_dir) if state in ("running", "pending") else None,
+        "last_epoch": _metrics(record), "test_accuracy": summary.get("test_accuracy"),
+        "segments": summary.get("segments") or [], "ranks": [],
+        "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
+    }
+    point = cfg.get("study_point") or summary.get("study") or {}
+    try:  # what the run is, named by its description (a study's point by its repeat too)
+        info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
+    except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
+        info["label"] = None
+    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.stop0)
+        info["records"] = False
+        note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"
+        info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
+    info["dead"] = dead(info)
+    if state not in ("completed", "not started"):
+        info["ranks"] = rank_progress(run_dir)
+    return info
+
+
+def _stop_request(run_dir: Path) -> Optional[str]:
+    try:
+        return (run_dir / STOP_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _metrics(record: Optional[dict]) -> Optional[dict]:
+    if not record:
+        return None
+    keys = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_time_s",
+            "samples_per_s")
+    return {k: record.get(k) for k in keys}
+
+
+def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],
+           sched: Optional[dict], pids: Optional[list[int]], sees_ranks: bool) -> tuple[str, str]:
+    """(one word, what it rests on) from the summary, the scheduler and the processes."""
+    why = status.partition(":")[2].strip()
+    final_detail = why if word == "failed" else ""
+    if sched is not None and sched["state"] not in ("GONE", "UNKNOWN"):
+        s, reason = sched["state"], sched["reason"]
+        job = f"SLURM job {job_id} {s}"
+        if s in SLURM_WAITING:
+            because = f" ({reason})" if reason and reason != "None" else ""
+            after = f"; the run was {word}" if word in ("preempted", "stopped") else ""
+            if reason == "BeginTime" and word:  # a requeued job waits ~2 min before it starts
+                after += f"; `scontrol update JobId={job_id} StartTime=now` starts it at once"
+            return "pending", f"{job}{because}{after}"
+        if s in SLURM_ALIVE:
+            if word in FINAL:  # the ranks have ended; the batch script is finishing (requeue?)
+                return word, f"{job}: its ranks have ended" + (f"; {final_detail}" if final_detail else "")
+            if not word:
+                return "pending", f"{job}: starting (no summary.json yet)"
+            return "running", job
+        # the job has ended
+        if word in FINAL:
+            return word, f"{job}" + (f"; {final_detail}" if final_detail else "")
+        if s == "PREEMPTED":
+            return "preempted", f"{job} before the run saved a stop checkpoint (it resumes from its last epoch checkpoint)"
+        return "failed", (f"{job} (exit code {sched['exit_code'] or '?'}) but summary.json "
+                          f"says {word or 'nothing'}: the run did not finish")
+    sched_note = ""
+    if sched is not None:
+        sched_note = (f"; SLURM job {job_id}: the scheduler does not know it any more"
+                      if sched["state"] == "GONE" else
+                      f"; SLURM job {job_id}: the scheduler did not answer ({sched['reason']})")
+    if word in FINAL:
+        return word, final_detail + sched_note
+    if pids:
+        if not word:
+            return "pending", f"starting: {len(pids)} process(es) alive, no summary.json yet"
+        return "running", f"{len(pids)} process(es) of the job alive here"
+    if word == "running":
+        if sched is not None and sched["state"] == "UNKNOWN":
+            return "running", "per summary.json" + sched_note
+        if sched is None and not sees_ranks:
+            where = {"runai": "in its pods (runai describe job)",
+                     "slurm": "on its nodes (no job id, or no scontrol here)"}.get(
+                         launcher or "", "elsewhere")
+            return "running", f"per summary.json; its processes run {where}, not visible from here"
+        return "running", "no process alive: the job died without a word" + sched_note
+    if word:
+        return word, status + sched_note
+    if sched is not None:
+        return "failed", f"no summary.json{sched_note}: the job ended before the ranks started"
+    return "not started", "no summary.json and no process of the job (a dry run, or never launched)"
+
+
+def python_check_failure(run_dir: Path) -> Optional[str]:
+    """The line a job script printed when its ranks' python could not import what they run
+    (ddp_lab.launch.base.python_check), from the pods' logs or the SLURM job's errors."""
+    for log in sorted((run_dir / "logs").glob("pod*.log")) + sorted((run_dir / "logs").glob("*.err")):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("[ddp_lab] ") and (" cannot import " in line or " did not run: " in line):
+                return line.removeprefix("[ddp_lab] ") + f" ({log.name})"
+    return None
+
+
+def dead(info: dict) -> bool:
+    """summary.json says running but nothing of the job is alive."""
+    return info["state"] == "running" and "died without a word" in info["detail"]

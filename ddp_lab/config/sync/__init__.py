@@ -1,0 +1,29 @@
+"""The `sync` section's schemas: each synchroniser's config keys (with their `--help`
+text) and the rules its config must meet for a world size (`check`), one file beside each
+synchroniser's own name: sync/ring.py runs what config/sync/ring.py accepts.
+
+Torch-free, like the package above them: the submitting command refuses a bad config
+with them before any rank starts, and config/ composes them into the run's `Config`
+(config/__init__.py: SCHEMAS["sync"], registered in Hydra's ConfigStore).
+"""
+
+from .allreduce import BucketSyncConfig
+from .base import COMPRESS_MODES, SyncConfig
+from .ddp import DDPSyncConfig
+from .hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA, HierarchicalSyncConfig
+from .naive import NaiveSyncConfig
+from .reduce_broadcast import ReduceBroadcastSyncConfig
+from .ring import RingSyncConfig
+from .zero1 import Zero1SyncConfig
+
+#: sync option -> its schema (tree and butterfly: allreduce's keys, another algorithm)
+SYNC_SCHEMAS: dict[str, type[SyncConfig]] = {
+    "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
+    "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
+    "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
+    "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig}
+
+__all__ = ["BucketSyncConfig", "COMPRESS_MODES", "DDPSyncConfig", "HIERARCHICAL_INTER",
+           "HIERARCHICAL_INTRA", "HierarchicalSyncConfig", "NaiveSyncConfig",
+           "ReduceBroadcastSyncConfig", "RingSyncConfig", "SYNC_SCHEMAS", "SyncConfig",
+           "Zero1SyncConfig"]

@@ -1,0 +1,188 @@
+"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs. Only one
+rank writes results.
+
+`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
+a `NullSink` that does nothing, so the caller (`ddp_lab.rank.telemetry`) never asks which rank
+it is on (torchtitan's habit). TensorBoard (ddp_lab/folder/tensorboard.py): one run per
+training, tags with their units: `time/epoch[s]`, `throughput/train[samples/s]`,
+`comm/busbw[GB/s]`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ..world.env import DistEnv
+from .files import DISK_FULL, atomic_write_text, disk_error, write_json
+from .records import EpochRecord, RunSummary, read_metrics
+from .tensorboard import TensorBoardRun
+
+
+class RankFormatter(logging.Formatter):
+    def __init__(self, rank: int):
+        super().__init__(f"[rank {rank}] %(message)s")
+
+
+_FAULT_FILE = None  # the rank's log, opened for faulthandler (which writes to its fd)
+
+
+def fault_file():
+    """The file faulthandler writes this rank's stacks to (its log), or None."""
+    return _FAULT_FILE
+
+
+class _LogFile(logging.FileHandler):
+    """A rank's log file. A full disk costs the log (said once on the console), not the
+    run: the checkpoint, whose write fails next, is what ends it, in its own words."""
+
+    def __init__(self, path: Path, rank: int):
+        super().__init__(path)
+        self.rank, self.said = rank, False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        full = disk_error(sys.exc_info()[1])
+        if full is None:
+            return super().handleError(record)
+        if not self.said:
+            self.said = True
+            print(f"[rank {self.rank}] cannot write its log {self.baseFilename}: "
+                  f"{DISK_FULL[full.errno]}", file=sys.stderr, flush=True)
+
+
+def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
+                  every_rank: bool = False) -> logging.Logger:
+    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console,
+    or with `every_rank` (log.ranks=all) every rank, each line prefixed with its rank.
+    faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
+    SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
+    (ddp_lab.world.hang.Watchdog)."""
+    global _FAULT_FILE
+    log = logging.getLogger("ddp_lab")
+    log.handlers.clear()
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    fmt = RankFormatter(env.rank)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(fmt)
+    shown = env.rank == 0 or every_rank
+    console.setLevel(getattr(logging, level.upper(), logging.INFO) if shown else logging.ERROR)
+    log.addHandler(console)
+    if run_dir is not None:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        fh = _LogFile(run_dir / "logs" / f"rank{env.rank}.log", env.rank)
+        fh.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
+        fh.setLevel(logging.DEBUG)
+        log.addHandler(fh)
+        old, _FAULT_FILE = _FAULT_FILE, open(run_dir / "logs" / f"rank{env.rank}.log", "a")
+        faulthandler.enable(file=_FAULT_FILE, all_threads=True)
+        if old is not None:
+            old.close()
+    return log
+
+
+class NullSink:
+    """What a non-logging rank writes to: nothing. The loop and `Telemetry` call it exactly
+    as the real one, so no `if rank == 0` sits around each call (torchtitan's BaseLogger)."""
+
+    def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
+        return []
+
+    def tensorboard(self, name: str, config: str, hparams: dict, bands: tuple[str, ...] = ()) -> None:
+        pass
+
+    def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
+        pass
+
+    def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        pass
+
+    def summary(self, summary: RunSummary) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RunFolderSink(NullSink):
+    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are
+    rewritten whole and atomically (`ddp_lab.folder.files`): a reader, or a run killed mid-write,
+    sees the file before or after an epoch, never a torn line. They are small (a line per
+    epoch), so the rewrite costs nothing next to an epoch.
+
+    TensorBoard: one run per training, in tb/<name>/, x axis the global step
+    (ddp_lab/folder/tensorboard.py); a resumed run hides its points past the checkpoint."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.metrics = run_dir / "metrics.jsonl"
+        self._lines: list[str] = []
+        self._tb: Optional[TensorBoardRun] = None
+        self._at = 0  # global steps done at the checkpoint the run continues from
+
+    def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
+        """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
+        `global_step` steps in all), drop later ones, and return those kept (the run's
+        figures count them); a fresh run keeps none. TensorBoard hides its points past the
+        same position (`tensorboard`)."""
+        records, torn = read_metrics(self.metrics)
+        if torn:  # torn by something outside the run: kept aside, said once
+            aside = self.metrics.with_name(self.metrics.name + ".torn")
+            with open(aside, "a") as f:
+                f.writelines(line + "\n" for _, line in torn)
+            logging.getLogger("ddp_lab").warning(
+                "%s: %d line(s) that are not JSON records (torn?), line %s first: moved to %s",
+                self.metrics.name, len(torn), torn[0][0], aside.name)
+        kept = [r for r in records if r.get("epoch", 0) <= epoch]
+        self._lines = [json.dumps(r, sort_keys=True) for r in kept]
+        if self.metrics.exists():
+            self._write_metrics()
+        self._at = global_step
+        return kept
+
+    def tensorboard(self, name: str, config: str, hparams: dict,
+                    bands: tuple[str, ...] = ("step", "epoch")) -> None:
+        """Open the run's TensorBoard folder: the one a former segment wrote, its points
+        past the checkpoint hidden, else tb/<name>, which starts with the config, the
+        layout (with the band charts `bands`) and the hparams. A fresh start keeps
+        nothing, as in metrics.jsonl."""
+        tb = self.run_dir / "tb"
+        if not self._at:
+            TensorBoardRun.clear(tb)
+        written = TensorBoardRun.written(tb)
+        self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None)
+        if not written:
+            self._tb.head(config, hparams, bands)
+
+    def _write_metrics(self) -> None:
+        atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
+
+    def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
+        """An epoch's record, and its scalars at `step` (the global steps done)."""
+        self._lines.append(json.dumps(record.to_dict(), sort_keys=True))
+        self._write_metrics()
+        self._tb.scalars(step, scalars)
+        self._tb.flush()  # the epoch's end: outside every step's clock
+
+    def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        """Per-step scalars (step, values); the writer's thread flushes them within
+        seconds (tensorboard.FLUSH_S): nothing here waits for the disk."""
+        for step, scalars in points:
+            self._tb.scalars(step, scalars)
+
+    def summary(self, summary: RunSummary) -> None:
+        write_json(self.run_dir / "summary.json", summary.to_dict())
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def make_sink(run_dir: Path, enabled: bool) -> NullSink:
+    """The run folder's sink on the logging rank, the no-op one elsewhere."""
+    return RunFolderSink(run_dir) if enabled else NullSink()

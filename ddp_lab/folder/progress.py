@@ -1,0 +1,302 @@
+"""Each rank's progress record: where it is, for the other ranks, the launcher and `status`.
+
+Every rank keeps one fixed-size record, `RUN_DIR/progress/rank<N>.bin`, mapped into its
+memory (mmap): an update is one `struct.pack_into` into that page (about a microsecond), never
+a file write; the kernel writes the page back on its own, and a reader on the same machine
+sees it at once. A record holds
+
+    rank, local rank, world size, pid, host, start time          (written once)
+    node name and address (the node's name in the job, the address its peers reach)
+    time of the last update, epoch, step, phase, collective number and op, state
+    a message (a failed rank's one-line reason)
+
+Who updates it: the step timer and each synchroniser's comm recorder, as their listener
+(`ddp_lab.rank.epoch.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
+`ddp_lab.sync.base.Synchroniser` passes `collective` to its `CommRecorder`; timing itself
+knows nothing of this record), the scalar collectives of `ddp_lab.world.distributed.DistContext`,
+the training loop (each epoch's start) and `ddp_lab.rank.main.run_rank` (state: starting,
+running, done, failed).
+
+Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
+view, and what ddp_lab.rank.failure reads to name the rank(s) that stopped the others);
+`mark_killed` lets another process say in a rank's record that it killed it, and why.
+
+Numbers: `epoch` counts the epochs done (the one running is epoch + 1 on the console),
+`step` the steps done in it; `collective` counts the collectives this rank has entered
+(every rank enters the same ones in the same order, so the rank behind is the one with the
+smaller number).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..world.env import host_address
+
+FOLDER = "progress"
+MAGIC, VERSION = b"DDPR", 1
+SIZE = 512
+_HEAD = struct.Struct("<4sIiiiid64s")  # magic version rank local_rank world pid started host
+_HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op state
+_HOT_AT = 96
+_STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
+_MSG = struct.Struct("<256s")
+MESSAGE_MAX = _MSG.size - 1  # bytes of a rank's message a record keeps (a longer one is
+# cut there; the field's last byte stays NUL)
+_MSG_AT = _HOT_AT + _HOT.size
+_NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
+_NODE_AT = SIZE - _NODE.size
+
+PHASES = ("init", "setup", "data", "forward", "backward", "sync", "optim", "step end",
+          "eval", "checkpoint", "teardown", "other")
+OPS = ("", "all_reduce", "all_gather", "gather", "barrier", "broadcast", "reduce",
+       "reduce_scatter", "send/recv", "other")
+STATES = ("starting", "running", "done", "failed", "killed")
+_PHASE = {name: i for i, name in enumerate(PHASES)}
+_OP = {name: i for i, name in enumerate(OPS)}
+_STEP_END, _OTHER, _OTHER_OP = _PHASE["step end"], len(PHASES) - 1, len(OPS) - 1
+STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
+
+
+def record_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / FOLDER / f"rank{rank}.bin"
+
+
+# ------------------------------------------------------------------ the writer
+class NullProgress:
+    """What a process without a record updates (a test's trainer, a bench script): nothing."""
+
+    path: Optional[Path] = None
+
+    def phase(self, name: str) -> None:
+        pass
+
+    def at(self, epoch: int, step: int) -> None:
+        pass
+
+    def step_done(self) -> None:
+        pass
+
+    def collective(self, op: str = "") -> None:
+        pass
+
+    def state(self, state: str, message: str = "") -> None:
+        pass
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class _Hot(ctypes.LittleEndianStructure):
+    """The record's changing part, laid over the mapped page (the layout of `_HOT`): an
+    update is a couple of attribute stores, about 0.1 us each."""
+
+    _pack_ = 1
+    _fields_ = [("updated", ctypes.c_double), ("epoch", ctypes.c_int64),
+                ("step", ctypes.c_int64), ("collective", ctypes.c_int64),
+                ("phase", ctypes.c_uint8), ("op", ctypes.c_uint8), ("state", ctypes.c_uint8)]
+
+
+class Progress(NullProgress):
+    """This rank's record (see the module docstring). A DDP hook on a backend thread may
+    count a collective while the main thread marks a phase: each store is atomic under the
+    GIL, and a reader wants the latest of each, not a consistent set."""
+
+    def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
+        self.path = record_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        with open(self.path, "w+b") as f:  # a fresh record each start of the rank
+            f.truncate(SIZE)
+            self._mm = mmap.mmap(f.fileno(), SIZE)
+        _HEAD.pack_into(self._mm, 0, MAGIC, VERSION, rank, local_rank, world_size, os.getpid(),
+                        time.time(), socket.gethostname().encode()[:64])
+        name, addr = node_identity()
+        _NODE.pack_into(self._mm, _NODE_AT, name.encode()[:64], addr.encode()[:48])
+        self._hot = _Hot.from_buffer(self._mm, _HOT_AT)
+        self._hot.phase = _PHASE["init"]
+        self._hot.updated = time.time()
+
+    def phase(self, name: str, _time=time.time) -> None:
+        h = self._hot
+        h.phase = _PHASE.get(name, _OTHER)
+        h.updated = _time()
+
+    def at(self, epoch: int, step: int) -> None:
+        """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
+        h = self._hot
+        h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
+        h.updated = time.time()
+
+    def step_done(self, _time=time.time) -> None:
+        h = self._hot
+        h.step += 1
+        h.phase = _STEP_END
+        h.updated = _time()
+
+    def collective(self, op: str = "", _time=time.time) -> None:
+        """Called as this rank enters a collective."""
+        h = self._hot
+        h.collective += 1
+        h.op = _OP.get(op, _OTHER_OP)
+        h.updated = _time()
+
+    def state(self, state: str, message: str = "") -> None:
+        if message:
+            _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
+        self._hot.state = STATES.index(state)
+        self._hot.updated = time.time()
+
+    def snapshot(self) -> dict:
+        return parse(bytes(self._mm[:SIZE])) or {}
+
+    def close(self) -> None:
+        del self._hot  # the mapping cannot close while a structure points into it
+        try:
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass
+
+
+_CURRENT: NullProgress = NullProgress()
+
+
+def current() -> NullProgress:
+    """This process's record (a NullProgress before `start`)."""
+    return _CURRENT
+
+
+def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullProgress:
+    """Open this rank's record; rank 0 also drops records of ranks a larger earlier world
+    left behind. A record that cannot be made (a read-only folder) leaves a NullProgress."""
+    global _CURRENT
+    try:
+        _CURRENT = Progress(run_dir, rank, local_rank, world_size)
+    except OSError:
+        _CURRENT = NullProgress()
+        return _CURRENT
+    if rank == 0:
+        for path in (Path(run_dir) / FOLDER).glob("rank*.bin"):
+            n = path.stem.removeprefix("rank")
+            if n.isdigit() and int(n) >= world_size:
+                path.unlink(missing_ok=True)
+    return _CURRENT
+
+
+def node_identity() -> tuple[str, str]:
+    """(this node's name, the address its peers reach it at): SLURM's node name (several
+    nodes may share a hostname: scripts/netlab.sh's do), else the hostname; the address the
+    hostname resolves to, the one gloo gives its peers ('' if it does not resolve)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
+
+
+# ------------------------------------------------------------------ readers
+def parse(data: bytes) -> Optional[dict]:
+    if len(data) < SIZE or data[:4] != MAGIC:
+        return None
+    _, version, rank, local_rank, world, pid, started, host = _HEAD.unpack_from(data, 0)
+    updated, epoch, step, count, phase, op, state = _HOT.unpack_from(data, _HOT_AT)
+    (msg,) = _MSG.unpack_from(data, _MSG_AT)
+    host, node, addr = (x.rstrip(b"\0").decode(errors="replace")
+                        for x in (host, *_NODE.unpack_from(data, _NODE_AT)))
+    return {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": pid,
+            "host": host, "node": node or host, "addr": addr, "started": started,
+            "updated": updated, "epoch": epoch, "step": step, "collective": count,
+            "phase": PHASES[phase] if phase < len(PHASES) else "other",
+            "op": OPS[op] if op < len(OPS) else "other",
+            "state": STATES[state] if state < len(STATES) else "unknown",
+            "message": msg.rstrip(b"\0").decode(errors="replace")}
+
+
+def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
+    """A pid of this machine: running | frozen (stopped by a signal, SIGSTOP) | dead (no
+    such process, a zombie, or a process that is no longer one of this run's)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat[stat.rindex(")") + 2]
+        if run_dir is not None:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            key = str(run_dir).encode()
+            if not any(a == key or a.startswith(key + b"/") for a in argv):
+                return "dead"  # the pid was reused
+    except (OSError, ValueError, IndexError):
+        return "dead"
+    if state in "Tt":
+        return "frozen"
+    if state in "ZXx":
+        return "dead"
+    return "running"
+
+
+def is_local(record: dict) -> bool:
+    return record.get("host") == socket.gethostname()
+
+
+def read_all(run_dir: Path) -> list[dict]:
+    """Every rank's record of the run folder's current (newest) world, in rank order. Each
+    dict: rank, local_rank, world_size, pid, host, node, addr, started, updated (seconds
+    since the epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
+    running epoch), collective, op, phase, state (starting|running|done|failed), message,
+    where (the position in words), local (on this machine) and process (running|frozen|
+    dead for a rank of this machine, None for another's)."""
+    run_dir = Path(run_dir).resolve()
+    records = []
+    for path in (run_dir / FOLDER).glob("rank*.bin"):
+        try:
+            rec = parse(path.read_bytes())
+            if rec is None:
+                continue
+            rec["local"] = is_local(rec)
+            # the process first, the record again after it: a killer marks the record
+            # before its SIGKILL, so a process seen gone has its record saying why
+            rec["process"] = process_state(rec["pid"], run_dir) if rec["local"] else None
+            rec.update({k: v for k, v in (parse(path.read_bytes()) or {}).items()
+                        if k in ("updated", "epoch", "step", "collective", "phase", "op",
+                                 "state", "message")})
+        except OSError:
+            continue
+        records.append(rec)
+    if not records:
+        return []
+    newest = max(records, key=lambda r: r["started"])
+    records = [r for r in records if r["rank"] < newest["world_size"]]
+    now = time.time()
+    for r in records:
+        r["age_s"] = max(0.0, now - r["updated"])
+        r["where"] = where(r)
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def where(r: dict) -> str:
+    """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (epoch and step 1-based:
+    the step running, or just done at `step end`)."""
+    if r["phase"] in ("init",):
+        text = "init"
+    else:
+        step = r["step"] + 1 if r["phase"] in STEP_PHASES else r["step"]
+        text = f"epoch {r['epoch'] + 1} step {step} phase {r['phase']}"
+    text += f" collective #{r['collective']}"
+    return text + (f" ({r['op']})" if r["op"] else "")
+
+
+def mark_killed(run_dir: Path, rank: int, message: str) -> None:
+    """Say in a rank's record that another process killed it, and why (it cannot)."""
+    try:
+        fd = os.open(record_path(run_dir, rank), os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, _MSG.pack(message.encode()[:MESSAGE_MAX]), _MSG_AT)
+        os.pwrite(fd, bytes([STATES.index("killed")]), _STATE_AT)
+    finally:
+        os.close(fd)

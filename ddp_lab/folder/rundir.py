@@ -1,0 +1,249 @@
+"""The run folder: made once, on the submitting machine, before any rank starts."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .files import atomic_write_text, read_json_or_empty, write_json
+from .description import describe_run
+from .records import now_iso, read_metrics
+
+
+def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
+    """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
+    `<run.root>/<name>_<date>_<time>` (suffixed when two runs start in one second).
+
+    The name comes first so that TensorBoard's sidebar, which names a run by its path
+    under --logdir, starts with what tells runs apart (docs/architecture.md, issue 28):
+    `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
+    the user's), else what `names.describe` says of the config (`ring_w2_mlp_sgd`)."""
+    if cfg.run.dir:
+        path = Path(cfg.run.dir).expanduser().resolve()
+        _mkdir(path, exist_ok=True)
+        return path
+    root = Path(cfg.run.root).expanduser().resolve()
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    name = "_".join(n for n in (label, cfg.run.get("name")) if n) or describe_config(cfg)
+    base = f"{name}_{stamp}"
+    for i in range(1000):
+        path = root / (base if i == 0 else f"{base}_{i}")
+        try:
+            _mkdir(path, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot make a unique run folder under {root}")
+
+
+def describe_config(cfg: DictConfig) -> str:
+    """The description's label (description.describe_run) of a training config, on the
+    submitting side: the world size as the launcher will start it (left out where not
+    known yet)."""
+    if cfg.get("sync") is None or cfg.get("model") is None:
+        return "run"
+    data = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        world = world_size(cfg)
+    except ValueError:  # a launcher value not resolved yet ("auto")
+        world = None
+    lc = cfg.launcher
+    nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
+    if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
+        from ..world.devices import default_nproc  # what the local launcher will start
+
+        world = default_nproc()
+    return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()
+
+
+def _mkdir(path: Path, exist_ok: bool) -> None:
+    """`mkdir -p`, again if a folder on the way vanished meanwhile: another command started
+    at the same time checks a new run.root by making it and removing it again
+    (validate.folder_problem). Each try takes microseconds and the other command's probe
+    removes the root only while it is empty, so a few tries win; 100, because on a busy
+    machine the probe won 5 in a row (seen on CI)."""
+    for attempt in range(100):
+        try:
+            path.mkdir(parents=True, exist_ok=exist_ok)
+            return
+        except FileNotFoundError:
+            if attempt == 99:
+                raise
+
+
+def write_config(cfg: DictConfig, run_dir: Path) -> Path:
+    path = run_dir / "config.yaml"
+    atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
+    return path
+
+
+# ------------------------------------------------------------ what a folder holds
+RESUME_MODES = ("auto", "true", "false")
+# settings that change what a run computes: a run folder continues only under the same ones
+# (launcher, world size, timing, logging and train.epochs may change between allocations)
+SAME_RUN_KEYS = ("model", "optim", "sync", "data.name", "data.normalize", "train.batch_size",
+                 "train.global_batch", "train.micro_batch", "train.lr", "train.seed",
+                 "train.max_steps_per_epoch")
+
+
+def resume_mode(value) -> str:
+    """train.resume as auto | true | false (YAML may hand a bool or a string)."""
+    text = str(value).strip().lower()
+    return {"yes": "true", "no": "false", "1": "true", "0": "false"}.get(text, text)
+
+
+DRY_RUN = "DRY_RUN"  # the marker of a folder a dry run rendered: nothing ever ran in it
+
+
+def is_dry_run(run_dir: Path) -> bool:
+    """A folder that only holds what `launcher.dry_run=true` rendered (status and the
+    report leave it out of their counts). One whose script was then run by hand (`sbatch
+    RUN_DIR/job.sbatch`, `bash pod.sh`) has logs or a summary: a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / DRY_RUN).is_file() or (run_dir / "summary.json").exists():
+        return False
+    try:
+        return not any((run_dir / "logs").iterdir())
+    except OSError:
+        return True
+
+
+def read_summary(run_dir: Path) -> dict:
+    """The folder's summary.json ({} when there is none yet, or it cannot be read)."""
+    return read_json_or_empty(run_dir / "summary.json")
+
+
+def folder_state(run_dir: Path) -> dict:
+    """What `run_dir` holds: the newest checkpoint's position, the summary's status and
+    epochs, how many epoch records metrics.jsonl has. Reads only small files."""
+    ckpts = sorted(checkpoints(run_dir / "checkpoints"))
+    metrics = run_dir / "metrics.jsonl"
+    records = read_metrics(metrics)[0]
+    summary = read_summary(run_dir)
+    return {"checkpoint": ckpts[-1][0] if ckpts else None,
+            "checkpoint_name": ckpts[-1][1].name if ckpts else None,
+            "records": len(records), "status": summary.get("status"),
+            "epochs": summary.get("epochs"), "summary": summary}
+
+
+_CKPT_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
+
+
+def checkpoint_position(name: str) -> Optional[tuple[int, int]]:
+    """(epochs done, steps of the next epoch) that a checkpoint file name stands for
+    (`epoch_0003.pt`, `epoch_0003_step_000120.pt`); None for any other name (temp files)."""
+    m = _CKPT_NAME.match(name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def checkpoints(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
+    """The checkpoints of a folder with their positions (unordered; none if no folder)."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = ((checkpoint_position(p.name), p) for p in ckpt_dir.iterdir())
+    return [(pos, p) for pos, p in found if pos is not None]
+
+
+def describe_state(state: dict) -> str:
+    parts = [f"status {str(state['status']).split(':')[0]}"] if state["status"] else []
+    if state["checkpoint"]:
+        e, s = state["checkpoint"]
+        parts.append(f"checkpoint after {e} epoch(s)" + (f" + {s} steps" if s else ""))
+    if state["records"]:
+        parts.append(f"{state['records']} epoch record(s)")
+    return ", ".join(parts) or "files of a run"
+
+
+def world_size(cfg: DictConfig) -> Optional[int]:
+    """The ranks a resolved config starts: mpirun's host slots summed (hosts may have
+    different counts), else nodes x processes per node; None where not yet known (a config
+    before the launcher resolved it). The submitting side's rules and a run folder's old
+    config.yaml are both read with it."""
+    lc = cfg.get("launcher") or {}
+    if lc.get("hosts"):
+        slots = [str(h).rpartition(":")[2] for h in lc.hosts]
+        return sum(map(int, slots)) if all(s.isdigit() for s in slots) else None
+    if lc.get("nodes") and lc.get("nproc_per_node"):
+        return int(lc.nodes) * int(lc.nproc_per_node)
+    return None
+
+
+def reuse_problem(cfg: DictConfig) -> Optional[str]:
+    """Why the command may not use cfg.run.dir as it stands (None: it may). A folder that
+    holds a run's results is continued (train.resume auto/true) under the same settings,
+    never overwritten; a completed run is left as it is."""
+    mode = resume_mode(cfg.train.resume)
+    if mode not in RESUME_MODES:
+        return f"train.resume={cfg.train.resume}: choose auto, true or false"
+    if not cfg.run.dir:
+        if mode == "true":
+            return "train.resume=true needs run.dir=PATH, the run folder to continue"
+        return None
+    run_dir = Path(cfg.run.dir).expanduser()
+    state = folder_state(run_dir) if run_dir.is_dir() else None
+    if mode == "true" and (state is None or state["checkpoint"] is None):
+        return (f"train.resume=true but {run_dir}/checkpoints holds no checkpoint: point run.dir "
+                "at a run that completed at least one epoch (or use train.resume=auto)")
+    if state is None:
+        return None
+    has_results = (state["checkpoint"] is not None or state["records"] > 0
+                   or str(state["status"]).split(":")[0] in ("completed", "stopped", "preempted"))
+    if not has_results:
+        return None
+    what = describe_state(state)
+    if mode == "false":
+        return (f"run.dir={run_dir} holds a run ({what}): continue it with train.resume=auto, "
+                "or give a new run.dir (or none, for a fresh folder under run.root)")
+    if state["checkpoint"] is None:
+        return (f"run.dir={run_dir} holds a run's results ({what}) but no checkpoint to continue "
+                "from: give a new run.dir (or none, for a fresh folder under run.root)")
+    old_path = run_dir / "config.yaml"
+    if old_path.is_file():
+        old = OmegaConf.load(old_path)
+        for key in SAME_RUN_KEYS:
+            was, now = OmegaConf.select(old, key), OmegaConf.select(cfg, key)
+            if isinstance(was, DictConfig):
+                was = OmegaConf.to_container(was)
+            if isinstance(now, DictConfig):
+                now = OmegaConf.to_container(now)
+            if was is not None and was != now:
+                return (f"run.dir={run_dir} holds a run with {key}={_short(was)}, this command has "
+                        f"{key}={_short(now)}: continue it with the same {key}, or give a new run.dir")
+        was, now = world_size(old), world_size(cfg)
+        if was and now and was != now and not cfg.train.global_batch \
+                and not cfg.train.get("allow_world_change"):
+            b = cfg.train.batch_size
+            return (f"run.dir={run_dir} trained on {was} ranks, this command runs {now}: under "
+                    f"weak scaling its global batch goes from {b * was} to {b * now} samples a "
+                    "step; continue anyway with train.allow_world_change=true, or run "
+                    f"{was} ranks (or fix the batch with train.global_batch={b * was})")
+    epochs, step = state["checkpoint"]
+    if step == 0 and epochs >= cfg.train.epochs:
+        return (f"run.dir={run_dir} holds a completed run of {epochs} epoch(s) ({what}): "
+                f"set train.epochs above {epochs} to train it further, or give a new run.dir")
+    return None
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        return value.get("name", str(value)) if "name" in value else str(value)
+    return str(value)
+
+
+def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
+    """summary.json says `status` (a failure), keeping what it held (the run's segments,
+    its last metrics) and closing the open segment; `fields` fill keys it lacks."""
+    summary = read_summary(run_dir)
+    summary["status"] = status
+    for key, value in (fields or {}).items():
+        summary.setdefault(key, value)
+    segments = summary.get("segments")
+    if isinstance(segments, list) and segments and isinstance(segments[-1], dict) \
+            and segments[-1].get("status") == "running":
+        segments[-1].update(status="failed", end=now_iso())
+    write_json(run_dir / "summary.json", summary)
+    return summary

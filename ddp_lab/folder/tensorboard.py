@@ -1,0 +1,268 @@
+r"""TensorBoard for one run folder: one writer, so one TensorBoard run per training.
+
+    RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
+
+TensorBoard names a run by its folder relative to --logdir: the run folder's name starts
+with what tells runs apart and `<name>` says the rest (ddp_lab/folder/names.py), so the
+sidebar reads `ring_sgd_2026-11-26_16-24-20/tb/ring_w2_mlp_sgd`. A resumed run goes on in
+the folder its first segment made, whatever its name says.
+
+One x axis, the global step (optimiser steps done over all epochs): a per-step point at
+its step, an epoch's scalars at the epoch's last step, and `epoch` as a scalar of its own
+(Lightning's layout), so per-step and per-epoch cards line up. A resumed run hides every
+point past its checkpoint: one writer, one axis, one purge step.
+
+Tags carry their units in brackets, `time/epoch[s]`, `comm/busbw[GB/s]`: never in
+parentheses, which the custom-scalars dashboard cannot draw (it names a line
+`<tag> (<run>)` and finds the run again with /\((.*)\)$/, so a tag with "(" gets no
+colour and its line stays invisible).
+
+Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
+the custom-scalars layout (`layout(run)`: the run's own compute-vs-comm charts, then
+`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
+experiment of its own, so the HParams dashboard ticks the hparams that differ among the
+runs it shows). The run's figures so far (`RUN_METRICS`) at every epoch's end.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+EVENTS = "events.out.tfevents.*"
+# the writer's own thread writes and flushes the file (every FLUSH_S seconds when there is
+# something new): TensorBoard sees a step within seconds and the training thread never
+# waits, the queue being long enough for the points of several seconds
+FLUSH_S = 2
+QUEUE = 1000
+
+# a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
+# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them (every step of a
+# 20-step run, where every 50th drew nothing and its one epoch point no line)
+MIN_POINTS = 20
+
+
+def step_stride(tb_every: int, steps: int) -> int:
+    """Every how many steps a run of `steps` steps writes a per-step point (0: none)."""
+    return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
+
+
+# the run's figures so far, written at every epoch's end: the HParams dashboard's metric
+# columns. It lists every scalar tag of the runs, sorted, and shows the first five: an
+# upper-case group sorts before every lower-case tag, so these four (and the test
+# accuracy) are the five shown
+RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_time_median[s]",
+               "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
+
+
+def run_metrics(**figures: float) -> dict[str, float]:
+    """`RUN_METRICS`' scalars from the run's figures so far (test_accuracy=..., ...)."""
+    return {RUN_METRICS[name]: value for name, value in figures.items()}
+
+
+# The margin charts' band: a run's comm in flight drawn as one stretch of its length that
+# ends where its exposed part ends (compute + exposed, counted from the forward's start),
+# so the part above the compute line is the exposed comm and the part below it the comm
+# that overlapped compute. A margin chart draws its tags for every run that has them, so
+# with many runs in a folder one chart over shared tags was a pile of translucent bands:
+# each run writes its band under tags of its own, `band/<run folder>/...`, and its layout
+# holds its own chart over them (TensorBoard merges the runs' layouts: one chart per run).
+# (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
+BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
+         ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
+         ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
+         ("step_compute[ms]", "step_comm_from[ms]", "step_comm_to[ms]")}
+BAND = "band"  # the group of the per-run band tags
+
+
+def band_tag(run: str, name: str) -> str:
+    """The tag of run `run`'s band series `name` (a name in `BANDS`' values)."""
+    return f"{BAND}/{run}/{name}"
+
+
+def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
+    """`values` and, where it has a (compute, in flight, exposed) triple, run `run`'s band."""
+    out = dict(values)
+    for (compute, inflight, exposed), names in BANDS.items():
+        if compute in values and inflight in values and exposed in values:
+            end = values[compute] + values[exposed]
+            line, low, high = (band_tag(run, n) for n in names)
+            out[line], out[low], out[high] = values[compute], max(0.0, end - values[inflight]), end
+    return out
+
+
+def _lines(*tags: str) -> dict:
+    """A multiline chart of these exact tags (the plugin takes regular expressions)."""
+    return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
+
+
+def _band(run: str, names: tuple[str, str, str]) -> dict:
+    line, low, high = (band_tag(run, n) for n in names)
+    return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
+
+
+# Custom scalars. TensorBoard gives every line of a run the run's colour (it finds the run
+# again in the line's name), so quantities drawn as lines of one chart differ only by
+# marker. Hence: one chart per quantity where runs are compared (a colour per run), and
+# for one run a margin chart where compute is the line and comm the shaded band, one per
+# run (`ONE_RUN`, `layout(run)`). (title, closed, [(chart title, content)])
+# (which, title, closed, the band's tags, what the chart's title says after the run's)
+ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
+                    "comm in flight (above the line: exposed)", False,
+            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
+           ("epoch", "compute vs comm per epoch, a chart per run", True,
+            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
+            "per epoch (ms/step)"))
+LAYOUT = (
+    ("compute vs comm, runs side by side: one chart per quantity, a colour per run", False, [
+        ("compute (ms/step)", _lines("time/compute[ms/step]")),
+        ("comm in flight (ms/step)", _lines("comm/inflight[ms/step]")),
+        ("exposed comm (ms/step)", _lines("comm/exposed[ms/step]")),
+        ("step (ms/step)", _lines("time/step[ms/step]")),
+    ]),
+    ("compute vs comm per step, runs side by side", True, [
+        ("compute (ms)", _lines("step/compute[ms]")),
+        ("comm in flight (ms)", _lines("step/comm[ms]")),
+        ("exposed comm (ms)", _lines("step/comm_exposed[ms]")),
+        ("step time (ms): each step, epoch mean, median, p95", _lines(
+            "step/time[ms]", "time/step[ms/step]", "time/step_median[ms]", "time/step_p95[ms]")),
+    ]),
+    ("bandwidth and training", False, [
+        ("busbw (GB/s)", _lines("comm/busbw[GB/s]")),
+        ("test accuracy", _lines("accuracy/test[fraction]")),
+        ("loss: train, test", _lines("loss/train", "loss/test")),
+    ]),
+)
+
+
+def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+    """Run `run`'s custom-scalars layout as the plugin's proto: its own band charts
+    (`ONE_RUN`, titled by the run), then `LAYOUT`. `bands`: the charts the run will draw
+    lines on ("step": it writes per-step points; "epoch": more than one epoch); a chart
+    of one point or none is left out, its category kept: every run's layout has the same
+    categories, which the plugin merges into one chart per run (a category the first
+    run lacks would lose the later runs' charts)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
+                   if which in bands else [])
+                  for which, title, closed, triple, what in ONE_RUN] + list(LAYOUT)
+    return layout_pb2.Layout(category=[
+        layout_pb2.Category(title=title, closed=closed,
+                            chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
+        for title, closed, charts in categories])
+
+
+def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+    """Run `run`'s layout (`layout`) as the Summary the plugin reads (tag `custom_scalars__config__`),
+    built as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
+    TensorFlow."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands).SerializeToString()],
+                         tensor_shape=TensorShapeProto())
+    return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=meta)])
+
+
+def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
+    """The TensorBoard run's folder: the label of the run's description (the
+    description's own hparams, `Description.hparams`, and what the ranks found):
+    `ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    from .description import Description
+
+    return Description.from_hparams(hparams).label(repeat)
+
+
+def run_folder(tb_root: Path, name: str) -> Path:
+    """The run's writer folder: the one a former segment wrote, else `tb_root/name`."""
+    written = _written(tb_root)
+    return written[0] if written else tb_root / name
+
+
+def _written(tb_root: Path) -> list[Path]:
+    # tb/steps/ is the per-step writer of the layout before this one: not ours to go on in
+    return sorted(p.parent for p in tb_root.glob(f"*/{EVENTS}") if p.parent.name != "steps")
+
+
+def hparams_summaries(hparams: dict[str, Any]) -> list:
+    """This run's session start for the HParams plugin (its hparams in `hparams`' order),
+    as Summary protos. No experiment: the plugin takes the first it finds as every run's,
+    so one run's guess at what varies would hold for all; without one it works the
+    experiment out from every run's session start, `differs` included, and ticks the
+    hparams that differ among the runs it shows. Integers go as strings: the dashboard
+    prints every number with five digits (a world size of 2 as 2.0000)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for name, value in hparams.items():
+        if isinstance(value, bool):  # before int: a bool is an int
+            start.hparams[name].bool_value = value
+        elif isinstance(value, float):
+            start.hparams[name].number_value = value
+        else:
+            start.hparams[name].string_value = str(value)
+    data = plugin_data_pb2.HParamsPluginData(session_start_info=start)
+    return [Summary(value=[Summary.Value(tag=metadata.SESSION_START_INFO_TAG,
+                                         metadata=metadata.create_summary_metadata(data))])]
+
+
+class TensorBoardRun:
+    """The writer of one run's TensorBoard folder (`run_folder`). `purge_step`: hide the
+    points a former segment wrote at this step and after (None: nothing to hide)."""
+
+    def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None):
+        from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
+
+        self.folder = run_folder(tb_root, name)
+        # the band's tags and chart: the run folder's name (unique in its outputs folder,
+        # and what starts the run's name in TensorBoard's sidebar)
+        self.band = tb_root.resolve().parent.name
+        self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
+                                    flush_secs=FLUSH_S)
+
+    @staticmethod
+    def written(tb_root: Path) -> bool:
+        """Whether a former segment of the run wrote its TensorBoard folder."""
+        return bool(_written(tb_root))
+
+    @staticmethod
+    def clear(tb_root: Path) -> None:
+        """Remove the event files under `tb_root` and the folders left empty: a fresh
+        start keeps no record of a former attempt (TensorBoard's purge would keep its
+        step-0 text and layout, which a fresh start writes again)."""
+        for f in tb_root.rglob(EVENTS):
+            f.unlink()
+        for d in sorted((p for p in tb_root.rglob("*") if p.is_dir()), reverse=True):
+            if not any(d.iterdir()):
+                d.rmdir()
+
+    def head(self, config_text: str, hparams: dict[str, Any],
+             bands: tuple[str, ...] = ("step", "epoch")) -> None:
+        """A fresh run's first events (step 0): config, layout (`bands`: its band charts
+        that will draw a line, `layout`), hparams."""
+        self.writer.add_text("config", config_text, 0)
+        self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
+        for summary in hparams_summaries(hparams):
+            self.writer.file_writer.add_summary(summary, 0)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """`values` at global step `step`, as one event: the writer checksums every event
+        in pure Python (tens of us each), so one per point, not one per tag."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self.writer.file_writer.add_summary(Summary(value=[
+            Summary.Value(tag=tag, simple_value=float(v))
+            for tag, v in with_bands(values, self.band).items()]), step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

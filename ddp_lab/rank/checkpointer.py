@@ -1,0 +1,149 @@
+"""A run's checkpoints as the training loop uses them, on every rank: where the run stands
+when it starts (`Checkpointer.load`), its state after an epoch (`save`), and a graceful
+stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.folder.checkpoint`'s.
+
+Every rank calls every method in the same order: loading agrees on whether to resume,
+saving is collective (a synchroniser may gather the optimiser state onto rank 0), and
+rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..folder import checkpoint
+from ..config import BatchPlan, Config
+from ..world.distributed import DistContext
+from .epoch import Position, Stopped
+from ..folder.rundir import resume_mode
+
+log = logging.getLogger("ddp_lab")
+
+
+class Checkpointer:
+    """The checkpoints of one run on this rank; see the module docstring."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, syncer: Any, batching: BatchPlan):
+        self.cfg, self.ctx, self.ckpt_dir, self.batching = cfg, ctx, ckpt_dir, batching
+        self.module, self.optimizer, self.syncer = module, optimizer, syncer
+        self.start = Position()  # where this allocation started (`load`)
+
+    def load(self) -> Position:
+        """Load the newest checkpoint when continuing (train.resume auto/true, or a restart
+        of this job); the position it holds. Later checkpoints of an older timeline go."""
+        env, ctx = self.ctx.env, self.ctx
+        mode = resume_mode(self.cfg.train.resume)
+        # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
+        # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
+        restarted = ctx.any_rank(env.restart_count > 0 or requeued())
+        if mode == "false" and not restarted:
+            return self.start
+        if env.is_main:  # the newest checkpoint that is intact: damaged ones are set aside
+            for line in checkpoint.newest_intact(self.ckpt_dir)[1]:
+                log.warning(line)
+        ctx.barrier()  # load-bearing: every rank picks from what rank 0 left
+        path = checkpoint.latest(self.ckpt_dir)
+        if path is None and mode == "true":
+            raise FileNotFoundError(f"train.resume=true but {self.ckpt_dir} holds no checkpoint: "
+                                    "point run.dir at a run that completed an epoch")
+        if path is None:
+            return self.start
+        state = checkpoint.load(path, ctx.device)
+        self.module.load_state_dict(state["model"])
+        built = [g.get("capturable") for g in self.optimizer.param_groups]
+        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
+        for group, flag in zip(self.optimizer.param_groups, built):  # a train.cuda_graph run's
+            if flag is not None:  # Adam saved capturable=True: this run's own flag stands
+                group["capturable"] = flag
+        if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
+            # (strong scaling: every world size trains on the same samples at every step)
+            log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
+                        "differs from an uninterrupted run", state.get("world_size"),
+                        env.world_size)
+        if "rng" in state:
+            _set_rng(state["rng"])
+        pos = Position(state["epoch"], state.get("step", 0), **state.get("partial", {}))
+        ctx.barrier()  # load-bearing: every rank has read the checkpoint before rank 0 prunes
+        if env.is_main:
+            checkpoint.drop_after(self.ckpt_dir, (pos.epoch, pos.step))
+        log.info("resumed from %s (epoch %d done%s)", path.name, pos.epoch,
+                 f", {pos.step} steps into the next" if pos.step else "")
+        self.start = pos
+        return pos
+
+    def resumed_part(self, epoch: int) -> Position:
+        """The part of `epoch` (0-based) the checkpoint we resumed from holds, as this rank
+        adds it to what it measures: the global loss and sample sums on rank 0 only (so a
+        sum over the ranks counts them once), the times on every rank. An epoch this
+        allocation runs from its first step carries nothing."""
+        s = self.start
+        if epoch != s.epoch or not s.step:
+            return Position()
+        return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
+
+    def save(self, pos: Position, force: bool = False) -> None:
+        """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
+        is saved even with train.checkpoint=false: it is the only way to continue the run."""
+        if not (self.cfg.train.checkpoint or force or pos.step):
+            return
+        opt_state = self.syncer.optimizer_state(self.optimizer)
+        if self.ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
+            partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s",
+                                                    "correct")}
+            checkpoint.save(self.ckpt_dir, pos.epoch, pos.step, {
+                "model": self.module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
+                "partial": partial if pos.step else {},
+                "world_size": self.ctx.env.world_size, "sync": self.cfg.sync.name})
+        self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
+
+    def on_stop(self, stopped: Stopped) -> dict[str, Any]:
+        """Collective. Every rank agreed to stop (`stopped`): save where the run stands and return
+        `Telemetry.finish`'s keywords (status, position, stop_reason).
+
+        Mid-epoch (`stopped.measured`: the epoch's steps so far): the checkpoint holds the steps
+        done and the loss and samples so far, summed over the ranks, which the resumed
+        run goes on from (`resumed_part`). Between epochs (after `stopped.epochs_done`): the epoch's own
+        checkpoint stands, written now if train.checkpoint=false (the only way to continue)."""
+        stop, measured = stopped.info, stopped.measured
+        if measured is None:
+            here = Position(stopped.epochs_done)
+            if not self.cfg.train.checkpoint:
+                self.save(here, force=True)
+        else:
+            m, before = measured, measured.resumed_part
+            # the shard's last batch may be short: steps done rounds the samples up
+            done = m.resumed_at_step - (-m.samples // self.batching.per_rank)
+            g_loss, g_samples, g_correct = self.ctx.reduce_floats(
+                [m.loss_sum, float(m.samples), float(m.correct)])
+            here = Position(m.epoch - 1, done, before.loss_sum + g_loss,
+                            before.samples + int(g_samples), before.busy_s + m.busy_s,
+                            before.wall_s + m.wall_s, before.correct + int(g_correct))
+            self.save(here)
+        return {"status": stop.status, "position": (here.epoch, here.step),
+                "stop_reason": stop.reason}
+
+
+def requeued() -> bool:
+    """This job is a scheduler's second (or later) start of the same run."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

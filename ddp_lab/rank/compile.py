@@ -1,0 +1,93 @@
+"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, on
+every rank, not mid-step), the CPU thread count timed on this model (`tune_threads`) and
+`train.compile` (torch.compile, compiled outside every epoch so that no epoch's time holds
+the compilation)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..world import cpu
+from ..config import TrainConfig
+from ..data import Splits
+from ..step import run_steps
+from ..timing import Clock, StepTimer
+
+log = logging.getLogger("ddp_lab")
+
+
+def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
+                          splits: Splits, batch_size: int, ctx) -> Optional[float]:
+    """Collective. The synchroniser's preflight on two test samples (a misconfiguration
+    fails here, not mid-step), the thread count, then train.compile's compilation: its
+    seconds, None when not compiled."""
+    x0, y0 = splits.test_x[:2], splits.test_y[:2]
+    syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
+    tune_threads(ctx, syncer, optimizer, splits, batch_size)
+    return compile_model(syncer, splits, batch_size) if train.compile else None
+
+
+def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
+                 batch_size: int, blocks: int = 3, steps: int = 8) -> None:
+    """Collective. On CPU, where the count was not asked for (`cpu.chosen.tunable`): time
+    whole training steps (`run_steps`, the trainer's own, on a test batch) on 1 thread and on
+    the rank's ceiling, in alternating blocks (the best block of each count), and keep the
+    faster, summed over every rank so that they agree (the ceiling only if it is at least 5%
+    faster: fewer threads also leave cores to the rest of the machine). The model's and the
+    optimiser's state, the RNG and the comm records are as before."""
+    share = cpu.chosen
+    if share is None or not share.tunable or share.threads == 1 or ctx.device.type != "cpu":
+        return
+    n = min(batch_size, len(splits.test_x))
+    batch = (splits.test_x[:n], splits.test_y[:n])
+    saved = copy.deepcopy((syncer.module.state_dict(), optimizer.state_dict()))
+    timer = StepTimer(Clock(ctx.device), enabled=False)
+    best = {share.threads: float("inf"), 1: float("inf")}
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(blocks):
+            for threads in best:
+                torch.set_num_threads(threads)
+                run_steps(syncer, optimizer, [batch], timer)  # the first of a count: untimed
+                t0 = time.perf_counter()
+                run_steps(syncer, optimizer, [batch] * steps, timer)
+                best[threads] = min(best[threads], (time.perf_counter() - t0) / steps)
+    syncer.module.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    syncer.module.zero_grad(set_to_none=True)
+    syncer.collect_comm()  # the trial steps' collectives are no epoch's
+    many, one = ctx.reduce_floats([best[share.threads], best[1]])  # every rank's, summed
+    keep = share.threads if many < 0.95 * one else 1
+    torch.set_num_threads(keep)
+    cpu.chosen = cpu.RankThreads(keep, f"{share.why}; a training step took {best[1] * 1e3:.2f} "
+                                 f"ms on 1 thread, {best[share.threads] * 1e3:.2f} ms on "
+                                 f"{share.threads}", False)
+
+
+def compile_model(syncer, splits: Splits, batch_size: int) -> float:
+    """train.compile: torch.compile the model the step calls (DDP's wrapper included: dynamo
+    splits its graph at DDP's buckets) and compile it now, so that no epoch holds the
+    compilation: one forward and backward at the batch size, then one at another size (the
+    epoch's short last batch would otherwise compile a dynamic-shape graph mid-epoch).
+    Gradients are dropped; weights, optimiser and RNG are untouched. Returns the seconds."""
+    t0 = time.perf_counter()
+    syncer.model = torch.compile(syncer.model)
+    n = min(batch_size, len(splits.test_x))
+    sizes = [n, n - 1] if n > 2 else [n]
+    devices = [syncer.device] if syncer.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for size in sizes:
+            F.cross_entropy(syncer.model(splits.test_x[:size]), splits.test_y[:size]).backward()
+            syncer.sync()  # sync.overlap: the buckets backward started are waited for
+    syncer.module.zero_grad(set_to_none=True)
+    syncer.collect_comm()  # DDP's warm-up all-reduces are no epoch's
+    if syncer.device.type == "cuda":
+        torch.cuda.synchronize(syncer.device)
+    seconds = time.perf_counter() - t0
+    log.info("train.compile: model compiled in %.1f s (outside every epoch)", seconds)
+    return seconds

@@ -1,0 +1,98 @@
+"""Injected faults. A crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`: tests of
+restarts) and compute delays (`debug.slow_rank`, `debug.slow_ms`, `debug.jitter_ms`): a
+straggler made on purpose, to see what the measurements make of it. Telemetry names the
+rank the others wait for from what it measures, never from this config
+(`ddp_lab.timing.stragglers`), so an injected delay is also a check of that finding.
+
+- `debug.slow_rank=R debug.slow_ms=M`: rank R's compute takes M ms longer every step.
+- `debug.jitter_ms=J`: every rank's compute takes a random 0..J ms longer every step,
+  drawn from the rank's own `random.Random` seeded from `train.seed` and the rank, so
+  the training RNG (torch's, Python's global one) and thus the run's numbers do not move.
+
+The delay is a host sleep at the start of the step's forward phase (once per step, also
+when the step accumulates micro-batches), so it counts as compute in the phase timings.
+On CUDA the sleep holds up the *launch* of the step's kernels: the GPU is delayed by it
+only as far as it has caught up with the host. MNIST-sized steps are launch-bound (the
+GPU idles between kernels), so there the whole delay reaches the GPU; a step whose
+kernels queue up far ahead of the host absorbs part of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:  # the submitting side imports this module for its rule: no torch there
+    from ..world.distributed import DistContext
+
+log = logging.getLogger("ddp_lab")
+
+
+class ComputeDelay:
+    """Callable: sleep this rank's delay for one step."""
+
+    def __init__(self, fixed_ms: float, jitter_ms: float, seed: int, rank: int):
+        self.fixed_s, self.jitter_s = fixed_ms / 1e3, jitter_ms / 1e3
+        # its own generator (not `random`'s global one, which checkpoints carry): seeded per
+        # rank, so the ranks' jitters are independent and a run repeats its delays
+        self.rng = random.Random(f"ddp_lab.rank.delay:{seed}:{rank}")
+
+    def __call__(self) -> None:
+        s = self.fixed_s + (self.rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
+        if s > 0:
+            time.sleep(s)
+
+    @classmethod
+    def from_config(cls, debug: Any, rank: int, seed: int) -> Optional["ComputeDelay"]:
+        """This rank's delay per `debug` (the config's debug section); None when none."""
+        fixed = debug.slow_ms if debug.slow_rank == rank else 0.0
+        if fixed <= 0 and debug.jitter_ms <= 0:
+            return None
+        return cls(fixed, debug.jitter_ms, seed, rank)
+
+
+def injected(debug: Any) -> Optional[dict]:
+    """What summary.json records of the injection (None when nothing is injected, or
+    no debug section is given)."""
+    if debug is None:
+        return None
+    slow = debug.slow_rank >= 0 and debug.slow_ms > 0
+    if not slow and debug.jitter_ms <= 0:
+        return None
+    return {"slow_rank": debug.slow_rank if slow else None,
+            "slow_ms": float(debug.slow_ms) if slow else 0.0,
+            "jitter_ms": float(debug.jitter_ms)}
+
+
+def problem(debug: Any, world_size: int) -> Optional[str]:
+    """Why the debug section cannot run on `world_size` ranks (one line with the fix)."""
+    if not -1 <= debug.slow_rank < world_size:
+        return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) or a rank, "
+                f"0..{world_size - 1} for this world of {world_size}")
+    for key in ("slow_ms", "jitter_ms"):
+        if debug[key] < 0:
+            return f"debug.{key}={debug[key]}: must be >= 0 milliseconds (0 = none)"
+    return None
+
+
+def fail_once(ctx: DistContext, epoch: int) -> None:
+    """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R
+    after epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    spec = os.environ.get("DDP_LAB_FAIL_ONCE")
+    if not spec or ctx.env.restart_count > 0:
+        return
+    try:
+        want = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        rank, at = want["rank"], want["epoch"]
+    except (ValueError, KeyError):
+        raise ValueError(f"DDP_LAB_FAIL_ONCE={spec!r}: expected 'rank=R,epoch=E'") from None
+    if epoch != at:
+        return
+    ctx.barrier()  # load-bearing: rank 0 has written this epoch's checkpoint before anyone dies
+    if ctx.env.rank == rank:
+        log.error("DDP_LAB_FAIL_ONCE: rank %d exits after epoch %d (first attempt only)", rank, epoch)
+        logging.shutdown()
+        os._exit(17)  # a crash, not an exception: no clean-up, as a killed process

@@ -1,0 +1,199 @@
+"""The training loop's epochs, on every rank: `EpochMeter` starts and ends each epoch
+(barriers, clocks, the step timer) and hands out its batches as an `EpochBatches`, the
+iterator that owns what a real run adds to the notebook's loop: the step count, the
+stop agreement, injected delays. A stop the ranks agreed on is raised once, as `Stopped`,
+from `EpochMeter.end` (mid-epoch) or `EpochMeter.between_epochs`, where the failure hook
+(DDP_LAB_FAIL_ONCE) runs too; `train()` catches it in one place.
+
+One epoch as this rank measured it (`MeasuredEpoch`) and where a run stands (`Position`)
+are what the loop hands to `Telemetry.epoch` (records) and to the `Checkpointer` (a
+graceful stop's checkpoint), in a module both import, so that neither imports the other."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+import torch
+
+from ..config import Config
+from ..world.distributed import DistContext
+from ..timing import Clock, CommStats, StepTimer, StepTimes
+from ..folder import progress
+from .delay import ComputeDelay, fail_once
+from .profile import make_profiler
+from .stop import StopControl, StopInfo, stop_control
+
+
+@dataclass
+class Position:
+    """Where a run stands: epochs done, steps done of the next epoch, and that partial
+    epoch's sums so far (kept in a mid-epoch checkpoint)."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    correct: int = 0  # training predictions that were right (train accuracy)
+
+
+@dataclass
+class MeasuredEpoch:
+    """One epoch as this rank measured it, handed whole to `Telemetry.epoch` (and, when the
+    ranks stopped inside it, to `Checkpointer.on_stop`). `epoch` is 1-based: the epochs
+    done when it ends. An epoch resumed mid-way (`resumed_at_step` > 0) was run by two
+    allocations: the fields are this one's part, `resumed_part` the part the checkpoint held
+    (`Checkpointer.resumed_part`: its global loss and sample sums on rank 0 only, its times on
+    every rank); `totals` adds the two."""
+
+    epoch: int
+    steps: list[StepTimes]  # this part's phase stamps (none when timing is off)
+    comm: CommStats  # this part's collectives
+    busy_s: float  # this rank's own time, before waiting for the others at the epoch's end
+    wall_s: float  # barrier to barrier: the slowest rank's time
+    loss_sum: float  # this rank's training loss summed over its samples
+    samples: int
+    correct: int = 0  # this rank's right training predictions
+    resumed_at_step: int = 0
+    resumed_part: Position = field(default_factory=Position)
+    test: tuple[float, float] = (float("nan"), float("nan"))  # (loss, accuracy), after the steps
+
+    def totals(self) -> tuple[float, int, int, float, float]:
+        """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
+        c = self.resumed_part
+        return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
+                c.busy_s + self.busy_s, c.wall_s + self.wall_s)
+
+
+class Stopped(Exception):
+    """Every rank agreed to stop (`info`): mid-epoch, with the epoch's steps so far
+    (`measured`), or between epochs, after `epochs_done`. `Checkpointer.on_stop` saves it."""
+
+    def __init__(self, info: StopInfo, measured: Optional[MeasuredEpoch] = None,
+                 epochs_done: int = 0):
+        super().__init__(f"{info.status}: {info.reason}")
+        self.info, self.measured, self.epochs_done = info, measured, epochs_done
+
+
+class EpochBatches:
+    """One epoch's batches as the training step iterates them, on every rank: `for x, y in
+    batches:` gives the (x, y) of each step, and around each step this iterator does what
+    the notebook's loop never needed:
+
+    - times the data phase (`timer.phase("data")`) and runs the injected delay (debug.*) as
+      part of the step's compute (a "forward" span before the model's);
+    - counts the steps and samples done (`steps`: the step numbers to run, e.g. a progress bar);
+    - after each step, asks `stopper` whether every rank agreed to stop; if so it ends early
+      and `stop` holds why (`EpochMeter.end` raises it as `Stopped`).
+    """
+
+    def __init__(self, data: Iterator, steps: Iterable, timer: StepTimer,
+                 stopper: Optional[StopControl] = None, delay: Optional[Callable[[], None]] = None,
+                 first_step: int = 0):
+        self.data, self.steps, self.timer = data, steps, timer
+        self.stopper, self.delay = stopper, delay
+        self.first_step = first_step  # steps a mid-epoch checkpoint already did
+        self.done, self.samples = 0, 0  # steps and samples this rank ran in this part
+        self.stop: Optional[StopInfo] = None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in self.steps:
+            with self.timer.phase("data"):
+                x, y = next(self.data)
+            if self.delay is not None:
+                with self.timer.phase("forward"):
+                    self.delay()  # an injected straggler: part of this rank's compute
+            yield x, y  # the step runs here
+            self.done, self.samples = self.done + 1, self.samples + len(y)
+            if self.stopper is not None:
+                self.stop = self.stopper.step()  # collective now and then: all stop alike
+                if self.stop is not None:
+                    return
+
+
+class EpochMeter:
+    """The clock around each epoch's steps, on every rank: the ranks start it together
+    (`begin`, which hands out the epoch's `EpochBatches`), the epoch ends when the slowest
+    rank ends (`end`), and what the epoch measured comes back as one `MeasuredEpoch`, with
+    the part a mid-epoch checkpoint held. It owns the step timer, the injected delay, the
+    stop agreement (inside `stop_control`) and the failure hook (`between_epochs`)."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, clock: Clock, syncer,
+                 resumed_part: Callable[[int], Position], run_dir: Optional[Path] = None):
+        """`resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds
+        (`Checkpointer.resumed_part`); `run_dir`: where timing.profile writes its traces."""
+        self.cfg, self.ctx, self.clock, self.syncer = cfg, ctx, clock, syncer
+        self.resumed_part = resumed_part
+        record = progress.current()  # each phase and step's end says where this rank is
+        self.timer = StepTimer(clock, enabled=cfg.timing.enabled,
+                               on_phase=record.phase, on_step_end=record.step_done)
+        if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
+            self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
+        self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
+        # timing.profile: torch.profiler over a few steps, the phases labelled (rank/profile.py)
+        self.profiler = make_profiler(cfg.timing, ctx.env.rank, ctx.device, run_dir,
+                                      self.timer, syncer)  # None when off: nothing wrapped
+        self.stopper: Optional[StopControl] = None  # inside `stop_control`
+        self.epoch, self.t0 = 0, 0.0
+
+    @contextmanager
+    def stop_control(self, run_dir: Path) -> Iterator[None]:
+        """Collective. Inside: stop signals and the stop file are heard, and agreed on
+        (ddp_lab/rank/stop.py); on leaving, the signal handlers are restored."""
+        with stop_control(self.ctx, run_dir, self.cfg.train) as self.stopper:
+            try:
+                yield
+            finally:
+                self.stopper = None
+
+    def begin(self, epoch: int, shard, steps: Callable[[int, int], Iterable]) -> EpochBatches:
+        """Collective. Epoch `epoch` (0-based) starts: its batches of this rank's `shard`,
+        from step 0 or, in the epoch a run resumes in, from the steps its mid-epoch
+        checkpoint holds; `steps(epoch, first_step)` numbers them (`Telemetry.progress`)."""
+        skip = self.resumed_part(epoch).step
+        shard.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
+        self.ctx.synchronize()
+        self.ctx.barrier()  # load-bearing: every rank starts the clock together
+        self.clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
+        if self.stopper is not None:
+            self.stopper.restart_clock()
+        progress.current().at(epoch, skip)  # where this rank is, for the others (status)
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        return EpochBatches(shard.iter_from(skip), steps(epoch, skip), self.timer, self.stopper,
+                            self.delay, first_step=skip)
+
+    def end(self, batches: EpochBatches, loss_sum: torch.Tensor,
+            correct: torch.Tensor) -> MeasuredEpoch:
+        """Collective. The epoch's steps are done (or stopped): what this rank measured.
+        Raises `Stopped` (with it) when the ranks agreed to stop inside the epoch."""
+        self.ctx.synchronize()  # wait for the GPU to finish the epoch's work
+        busy = time.perf_counter() - self.t0  # this rank's own time, before waiting for the others
+        self.ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
+        wall = time.perf_counter() - self.t0
+        # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may
+        # communicate to bring the optimiser state to rank 0) adds to them
+        steps, comm = self.timer.collect(), self.syncer.collect_comm()
+        if self.profiler is not None:
+            self.profiler.measured(steps, comm)
+        measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),
+                                 batches.samples, int(correct.item()),
+                                 resumed_at_step=batches.first_step,
+                                 resumed_part=self.resumed_part(self.epoch))
+        if batches.stop is not None:
+            raise Stopped(batches.stop, measured)
+        return measured
+
+    def between_epochs(self, epochs_done: int) -> None:
+        """Collective, after an epoch's checkpoint and record: the failure hook
+        (DDP_LAB_FAIL_ONCE, a crash to test restarts), then, unless it was the last epoch,
+        a stop check (evaluation may be long). Raises `Stopped` when the ranks agreed."""
+        fail_once(self.ctx, epochs_done)
+        if self.stopper is not None and epochs_done < self.cfg.train.epochs:
+            info = self.stopper.check()
+            if info is not None:
+                raise Stopped(info, epochs_done=epochs_done)

@@ -1,0 +1,209 @@
+"""The ranks' side of a job: every rank runs as `python -m <run.entry> RUN_DIR`
+(ddp_lab.worker, ddp_lab.bench.worker):
+
+    rank_main(argv, module, maker, run)  ->  run_rank(run_dir, cfg, body)
+
+`run_rank` finds the rank's place in the world from the launcher's variables, sets up its
+log, threads and progress record, initialises the process group, runs `body(ctx)`, and
+turns a failure into one line that names the rank(s) that stopped (job.py is the
+submitting side).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..world import cpu
+from ..world.env import detect_env
+from ..world import ports
+from .forked import AGENT_SIGNALS, as_forked_rank, exit_soon
+from ..world import hang
+from ..folder import progress
+from . import stop
+from ..folder.files import read_json_or_empty
+from .failure import diagnose, end_stuck, failure_line, short_error
+from ..folder.rundir import mark_failed
+from ..folder.metrics import fault_file, setup_logging
+from .stop import die_with_parent
+
+
+def _threads(run_dir: Path, env, requested: int) -> int:
+    """This rank's torch threads (ddp_lab/world/cpu.py): train.threads, or the count the run
+    started with (its first allocation's, same world), or the launcher's choice (kept in
+    `cpu.chosen`, for start-up's `tune_threads` and the run's records)."""
+    first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
+    earlier = (first.get("cpu") or {}).get("threads", 0) \
+        if first.get("world_size") == env.world_size else 0
+    cpu.chosen = cpu.rank_threads(env.local_world_size, requested, earlier)
+    return cpu.chosen.threads
+
+
+def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
+             failure: Optional[dict] = None) -> int:
+    """Run `body(ctx)` on this rank inside an initialised process group (env, logging,
+    threads set up first); 0 on success, 1 after logging the failure (rank 0 also writes
+    it to summary.json with `failure`'s fields) instead of a traceback.
+
+    Dead and hung peers: the rank dies with its parent from the first instruction on
+    (PR_SET_PDEATHSIG: torchrun killed during init), keeps its progress record
+    (ddp_lab.folder.progress) and its hang watchdog (stacks into its log: ddp_lab.world.hang). When a
+    collective fails (a peer died, froze or hung past dist.timeout_s) its one `failed:` line
+    names the rank(s) that stopped and where (ddp_lab.rank.failure), and it kills those of
+    this machine that cannot end themselves (a frozen rank would keep torchrun waiting 30 s
+    more). A start that cannot reach its rendezvous ends within dist.init_timeout_s, its line
+    naming the host and port."""
+    # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
+    # reads it once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
+    import torch
+
+    from ..world import distributed as dist_hooks
+    from ..world.distributed import distributed
+
+    die_with_parent()
+    env = detect_env()
+    log = setup_logging(env, run_dir, cfg.log.level, every_rank=cfg.log.ranks == "all")
+    record = progress.start(run_dir, env.rank, env.local_rank, env.world_size)
+    dist_hooks.on_collective = lambda op: progress.current().collective(op)
+    timeout_s = float(cfg.dist.timeout_s)
+    init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
+    # a little before the peers' collectives time out, so a stuck rank's stack is in its log
+    hang.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
+    torch.set_num_threads(_threads(run_dir, env, threads))
+    fields = {**(failure or {}), "world_size": env.world_size}
+
+    def start_timed_out() -> None:  # on the timer's thread: the main one is stuck in torch
+        line = ports.no_answer(env.master_addr, env.master_port, init_s)
+        _failed(run_dir, record, log, line, fields)
+        logging.shutdown()
+        os._exit(1)
+
+    start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
+    try:
+        with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir) as ctx:
+            start_timer.stop()  # the group is up: the start is over
+            record.state("running")
+            body(ctx)
+            record.phase("teardown")
+        record.state("done")
+        return 0
+    except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
+        in_start = start_timer.stop()  # True: it failed while still starting
+        _ignore_sigterm()  # torchrun's SIGTERM (another rank failed) must not cut this short
+        hang.watchdog().cancel()
+        log.debug(traceback.format_exc())
+        mine = short_error(e)
+        if in_start and isinstance(e, torch.distributed.DistNetworkError):
+            # the store could not be bound or reached: nothing of a peer to diagnose
+            line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
+                    else ports.no_answer(env.master_addr, env.master_port, init_s))
+            _failed(run_dir, record, log, line, fields)
+            return 1
+        here = record.snapshot()
+        record.state("failed", mine)
+        # probe: a node that no longer answers this one is named as a node (a cut link)
+        culprits = diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
+                             probe=env.num_nodes > 1)
+        trace = run_dir / "logs" / f"rank{env.rank}.log"
+        if culprits:
+            line = failure_line(culprits)
+            at = f" at {progress.where(here)}" if here else ""
+            log.error("failed: %s [rank %d: %s%s] (traceback in %s)", line, env.rank, mine, at, trace)
+        else:
+            line = mine
+            log.error("failed: %s (traceback in %s)", mine, trace)
+        if env.is_main:
+            mark_failed(run_dir, f"failed: {line}", {**fields, "error": mine})
+        killed = end_stuck(culprits, run_dir, by=f"rank {env.rank}")
+        if killed:
+            log.error("killed stuck process(es) of this job: %s", killed)
+        return 1
+    finally:
+        start_timer.stop()
+        hang.watchdog().cancel()
+        logging.shutdown()
+
+
+def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
+    """A start that failed on its own (no peer to name): the line into this rank's record,
+    its log and summary.json. Any rank writes it there, not only rank 0: the launcher ends
+    the other ranks the moment one fails (seen: rank 1's rendezvous timed out a moment
+    before rank 0's, mpirun killed rank 0 before it could say why, and the job named rank 0
+    "dead"); the record cannot hold the whole line (progress.MESSAGE_MAX)."""
+    record.state("failed", line)
+    log.error("failed: %s", line)
+    mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
+
+
+# torch itself gives up on an unreachable store only after about twice dist.init_timeout_s:
+# one connect attempt that long, a backoff, then a second (33 s for 10 here). The timer
+# ends the rank at the bound; these seconds leave torch's own errors at the bound first.
+START_SLACK_S = 2.0
+
+
+class StartTimer:
+    """The start's time limit: calls `end` (on a timer thread) unless `stop()` is called
+    within `seconds`; a bound on the start that works while the main thread waits inside
+    torch's C++ code."""
+
+    def __init__(self, seconds: float, end: Callable[[], None]):
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer = threading.Timer(seconds, self._expire, (end,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> bool:
+        """The start has ended (the group is up, or it failed): stop the timer; True the
+        first time (the timer was still running). Waits
+        (for good: `end` exits) when the timer is ending the process at this moment."""
+        self._timer.cancel()
+        with self._lock:
+            first, self._done = not self._done, True
+        return first
+
+    def _expire(self, end: Callable[[], None]) -> None:
+        with self._lock:  # held until `end` has ended the process
+            if not self._done:
+                end()
+
+
+def _ignore_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def rank_main(argv: Optional[list[str]], module: str, maker: str,
+              run: Callable[[Path], int]) -> int:
+    """`python -m <module> RUN_DIR`: check the argument (2 and a usage line if wrong), then
+    `run(run_dir)` and leave the process with its exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
+        print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
+              f"as `{maker}` makes)", file=sys.stderr)
+        return 2
+    cpu.prepare_rank()  # before torch loads: libgomp reads its variables once (ddp_lab/world/cpu.py)
+    forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
+    if forked:
+        as_forked_rank()
+    rc = run(Path(argv[0]).resolve())
+    # Leave without the interpreter's teardown. With torch loaded it takes about 1 s of CPU
+    # on every rank of every run, and a failed rank's broken process group can block it
+    # for seconds (gloo's pending calls). Everything the rank wrote is closed by now
+    # (run_rank's finally: the process group, the log; the records are atomic files).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):
+        exit_soon(rc)  # torchrun reads the result, then frees the ranks: wait for it
+        sys.exit(rc)
+    # a failed or stopped rank puts no result on torchrun's queue, and a rank torchrun has
+    # signalled (closing its ranks: it reads no result) has nobody to wait for: it leaves now
+    os._exit(rc)
+

@@ -1,0 +1,65 @@
+"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (their tags
+carry their units; ddp_lab/folder/tensorboard.py draws the charts from the same tags) and
+the comm part of the console's epoch line. `Telemetry` (ddp_lab/rank/telemetry.py) writes
+them; the benchmark of TensorBoard's cost times `step_scalars` alone."""
+
+from __future__ import annotations
+
+from ..folder.records import EpochRecord
+from ..timing import PHASES, StepTimes
+
+
+def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
+    """TensorBoard scalars of an epoch; tags carry their units."""
+    c, steps, phases = rec.comm, rec.steps, rec.phase_s
+    out = {
+        "loss/train": rec.train_loss, "loss/test": rec.test_loss,
+        "accuracy/train[fraction]": rec.train_accuracy,
+        "accuracy/test[fraction]": rec.test_accuracy, "time/epoch[s]": rec.epoch_time_s,
+        "throughput/train[samples/s]": rec.samples_per_s,
+        "comm/bytes_sent[MB/step]": c["bytes_sent"] / 1e6 / steps,
+        "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
+        "comm/calls[per step]": c["calls"] / steps,
+    }
+    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
+        out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
+    if rec.timing:
+        out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
+        out.update({"time/step_p95[ms]": phases["step"]["p95"] * 1e3,
+                    "time/step_median[ms]": phases["step"]["median"] * 1e3,
+                    "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
+                    "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
+                    "comm/fraction[of step]": c["fraction"] or 0.0,
+                    # side by side: in-flight (the union of the collectives) and exposed
+                    # (its part after the step's compute end), both per step
+                    "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
+                    "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
+                    "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
+                    "time/compute[ms/step]": (rec.compute_s or 0.0) * 1e3 / steps})
+        spread = rec.stragglers.get("spread")
+        if spread:
+            out["stragglers/spread[slowest/fastest]"] = spread
+        if rec.world_size and rec.world_size > 1:  # -1 and 0 ms: no rank named this epoch
+            named = rec.straggler or {"rank": -1, "late_ms": 0.0}
+            out["stragglers/rank"] = float(named["rank"])
+            out["stragglers/late[ms]"] = named["late_ms"]
+    return out
+
+
+def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
+    """One step's TensorBoard scalars: its time, sync phase, compute, comm in flight and
+    exposed (ddp_lab/timing/comm.py), and the (1-based) epoch it belongs to."""
+    d = step.durations()
+    return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
+            "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
+            "step/comm_exposed[ms]": 1e3 * exposed_s, "epoch": epoch}
+
+
+def comm_line(rec: EpochRecord) -> str:
+    """The console epoch line's comm part (its times, bytes and bandwidths are in
+    metrics.jsonl, TensorBoard and the report: the line fits 100 columns)."""
+    c, steps = rec.comm, rec.steps
+    if c["fraction"] is None:
+        return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
+    return (f"{100 * c['fraction']:.0f}% in flight, "
+            f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed")

@@ -1,0 +1,337 @@
+"""`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses
+that check ddp_lab's own figures against clocks that are not its own.
+
+One object, `StepProfiler`, made by `EpochMeter` when the key is on (off: nothing is made,
+the step's code path is the one it always is). It
+
+- runs `torch.profiler` over `timing.profile_steps` steps of the run's first epoch, after
+  `timing.profile_skip` steps of warm-up, and writes one Chrome/Kineto trace per rank,
+  `profile/rank<N>.pt.trace.json`: the Chrome/Kineto JSON that Perfetto (ui.perfetto.dev)
+  opens and Holistic Trace Analysis (HTA) reads;
+- labels ddp_lab's phases (data, forward, backward, sync, optim) as `record_function`
+  ranges `ddp_lab:<phase>` and the synchroniser's blocking collectives by op name
+  (`ddp_lab:all_reduce`, ...), and on CUDA as NVTX ranges too, so `nsys profile python -m
+  ddp_lab ...` shows them. It does so by wrapping the step timer's `phase` and the comm
+  recorder's `timed` on those two objects for the window only: when the window ends they
+  are the plain methods again, and the rest of the run pays nothing;
+- after the epoch, keeps ddp_lab's own figures for the same steps (comm in flight per
+  step, calls, exposed comm, compute), and at the end reads its trace back: the
+  collectives as torch records them (gloo's `gloo:<op>` ranges, torch's c10d events; on
+  CUDA the NCCL kernels), never ddp_lab's own ranges, which share its clock;
+- for sync=ddp, has DDP log its own timing every iteration (DDP's default samples
+  iterations 1-10 and every 100th), and keeps DDP's averages over the training steps.
+
+`witnesses()` (collective) is what summary.json keeps under `witnesses`; the report's
+witness table (ddp_lab/report/witness.py) sets the two side by side; docs/timing.md
+*Independent witnesses* says what each figure means and how far they should agree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..measure.arith import union_length
+from ..timing import PHASES, CommStats, StepTimes
+
+log = logging.getLogger("ddp_lab")
+
+PREFIX = "ddp_lab:"  # ddp_lab's own ranges in the trace (what a witness must not use)
+
+
+class _Range:
+    """One labelled phase or call: a `record_function` range (and on CUDA an NVTX range)
+    around the timer's own context."""
+
+    __slots__ = ("name", "inner", "nvtx", "rf")
+
+    def __init__(self, name: str, inner: Any, nvtx: bool):
+        self.name, self.inner, self.nvtx, self.rf = name, inner, nvtx, None
+
+    def __enter__(self) -> None:
+        self.rf = torch.profiler.record_function(self.name)
+        self.rf.__enter__()
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(self.name)
+        self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.inner.__exit__(*exc)
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
+        self.rf.__exit__(*exc)
+
+
+class StepProfiler:
+    """torch.profiler over a window of steps, the phases labelled; see the module docstring."""
+
+    def __init__(self, cfg: Any, rank: int, device: torch.device, run_dir: Path, timer: Any,
+                 syncer: Any):
+        self.skip, self.active = int(cfg.profile_skip), int(cfg.profile_steps)
+        self.rank, self.timer, self.comm = rank, timer, syncer.comm
+        self.path = run_dir / "profile" / f"rank{rank}.pt.trace.json"
+        self.cuda = device.type == "cuda"
+        self.ddp = _ddp_of(syncer.model)  # sync=ddp in a world > 1: DDP's own timing too
+        # the caller waits for each collective (every sync but ddp and sync.overlap)
+        self.blocking = self.ddp is None and not getattr(syncer, "overlapped", False)
+        if self.ddp is not None:  # every iteration from now (the preflight's is iteration 1)
+            self.ddp._set_ddp_runtime_logging_sample_rate(1)
+        self.ddp_base: Optional[dict] = None  # DDP's averages after the preflight alone
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        warmup = 1 if self.skip > 0 else 0  # the profiler's own warm-up step, within the skip
+        self.prof = torch.profiler.profile(
+            activities=activities, on_trace_ready=self._write,
+            schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup,
+                                             active=self.active, repeat=1))
+        self.steps = 0  # steps ended since the profiler started
+        self.ours: Optional[dict] = None  # ddp_lab's figures for the window's steps
+        self.run_steps, self.run_inflight, self.run_exposed, self.run_compute = 0, 0.0, 0.0, 0.0
+        self.written = False
+        self._attach()
+        self.prof.start()
+
+    # ------------------------------------------------------------ the window
+    def _attach(self) -> None:
+        """Wrap the timer's `phase`, the recorder's `timed` and the step end, on these two
+        objects only (instance attributes over the class's methods; `_detach` removes them)."""
+        timer, comm, nvtx = self.timer, self.comm, self.cuda
+        phase, timed, step_end = timer.phase, comm.timed, timer.on_step_end
+        ranges: dict[str, _Range] = {}
+
+        def labelled_phase(name: str) -> _Range:
+            r = ranges.get(name)
+            if r is None:
+                r = ranges[name] = _Range(PREFIX + name, None, nvtx)
+            r.inner = phase(name)
+            return r
+
+        def labelled_call(op: str, *args: Any, **kw: Any) -> _Range:
+            return _Range(PREFIX + op, timed(op, *args, **kw), nvtx)
+
+        def on_step_end() -> None:
+            if step_end is not None:
+                step_end()
+            self._step()
+
+        timer.phase, comm.timed, timer.on_step_end = labelled_phase, labelled_call, on_step_end
+        self._step_end = step_end
+
+    def _detach(self) -> None:
+        for obj, name in ((self.timer, "phase"), (self.comm, "timed")):
+            obj.__dict__.pop(name, None)
+        self.timer.on_step_end = self._step_end
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps == 1 and self.ddp is not None:  # the preflight's figures were logged
+            self.ddp_base = _ddp_averages(self.ddp)  # by this step's forward: iteration 1
+        self.prof.step()
+        if self.steps >= self.skip + self.active:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the window (its trace is written) and unwrap; idempotent."""
+        if self.prof is not None:
+            self._detach()
+            self.prof.stop()
+            self.prof = None
+
+    def _write(self, prof: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        prof.export_chrome_trace(str(tmp))
+        tmp.replace(self.path)  # atomic: a reader never sees half a trace
+        self.written = True
+
+    # ------------------------------------------------------------ the figures
+    def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
+        """Each epoch's steps and calls (EpochMeter.end). The first: ddp_lab's figures for
+        the window's steps, which the trace holds too (the window ends here if the epoch
+        was shorter than it); every one: this rank's steps and comm sums, for DDP's."""
+        inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
+        self.run_steps += len(steps)
+        self.run_inflight += sum(inflight)
+        self.run_exposed += sum(exposed)
+        self.run_compute += sum(st.compute_seconds() for st in steps)
+        if self.ours is not None:
+            return
+        self.stop()
+        window = range(self.skip, min(self.skip + self.active, len(steps)))
+        self.ours = {}
+        if not window:
+            return
+        first, end = steps[window.start].start, steps[window.stop - 1].end
+        calls = [c for c in comm.timed if first <= c.start < end]
+        n = len(window)
+        self.ours = {
+            "steps": n,
+            # medians: one step a busy machine preempted mid-call moves a mean, not these
+            "comm_per_step_s": statistics.median(inflight[i] for i in window),
+            "exposed_per_step_s": statistics.median(exposed[i] for i in window),
+            "compute_per_step_s": sum(steps[i].compute_seconds() for i in window) / n,
+            "step_s": sum(steps[i].end - steps[i].start for i in window) / n,
+            "calls": len(calls),
+            "call_s": sum(c.end - c.start for c in calls) / len(calls) if calls else None,
+        }
+
+    def ddp_timing(self) -> Optional[dict]:
+        """DDP's averages over the training steps (the preflight's iteration taken out)
+        beside ddp_lab's over all the steps of the run, this rank; None without DDP."""
+        if self.ddp is None:
+            return None
+        n = self.run_steps
+        return {**ddp_figures(self.ddp, self.ddp_base), "every_iteration": True,
+                "ddp_lab": {"comm_per_step_s": self.run_inflight / n if n else None,
+                            "hidden_per_step_s": (self.run_inflight - self.run_exposed) / n
+                            if n else None,
+                            "compute_per_step_s": self.run_compute / n if n else None,
+                            "steps": n}}
+
+    def witnesses(self, ctx: Any) -> Optional[dict]:
+        """Collective. Every rank's figures for the window and its trace's, on the logging
+        rank (None on the others): what summary.json keeps as `witnesses`."""
+        self.stop()
+        mine = {"rank": self.rank, "ddp_lab": self.ours or {},
+                "profiler": trace_figures(self.path, self.blocking) if self.written else {},
+                "trace": f"profile/{self.path.name}" if self.written else None}
+        ranks = ctx.gather_objects_to(mine, dst=0)
+        if ranks is None or not ctx.env.is_main:
+            return None
+        return {"window": {"skip": self.skip, "steps": self.active},
+                "device": "cuda" if self.cuda else "cpu", "ranks": ranks}
+
+
+def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
+    """sync=ddp: DDP's own timing of this rank (`ddp._get_ddp_logging_data()`), in seconds:
+    with the profiler on, over every training step; else as DDP samples it (iterations
+    1-10, the preflight first, then every 100th). None without DDP (another sync, 1 rank)."""
+    if profiler is not None:
+        return profiler.ddp_timing()
+    ddp = _ddp_of(syncer.model)
+    if ddp is None:
+        return None
+    out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them
+    out["last_logged_iteration"] = out.pop("iterations")  # (not how many it averaged)
+    return {**out, "every_iteration": False}
+
+
+def _ddp_of(model: torch.nn.Module) -> Optional[Any]:
+    """The DistributedDataParallel the step calls (train.compile wraps it), or None."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = getattr(model, "_orig_mod", model)
+    return ddp if isinstance(ddp, DistributedDataParallel) else None
+
+
+DDP_TIMES = ("avg_forward_compute_time", "avg_backward_compute_time",
+             "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time")
+
+
+def _ddp_averages(ddp: Any) -> dict:
+    """DDP's running averages (ns) and how many iterations they are over (`iteration`,
+    the last one logged: an iteration is logged by the next one's forward)."""
+    data = ddp._get_ddp_logging_data()
+    return {k: data.get(k) for k in (*DDP_TIMES, "iteration")}
+
+
+def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
+    """DDP's own averages in seconds over the training steps it logged: its running
+    averages at the end, with the preflight's iteration (`base`, iteration 1) taken out.
+    Every iteration is logged (sample rate 1), the last one not (no forward logs it)."""
+    end = _ddp_averages(ddp)
+    n_end = end.get("iteration") or 0
+    n_base = (base or {}).get("iteration") or 0
+    out: dict = {"iterations": max(0, n_end - n_base), "preflight_excluded": n_base > 0}
+    for k in DDP_TIMES:
+        total = (end.get(k) or 0) * n_end - ((base or {}).get(k) or 0) * n_base
+        n = n_end - n_base
+        out[k.removeprefix("avg_") + "_s"] = total / n / 1e9 if n > 0 else None
+    return out
+
+
+def _collective(event: dict, cuda: bool) -> bool:
+    """Whether a trace event is a collective as torch records it: c10d's ops and gloo's
+    own ranges (`c10d::allreduce_`, `gloo:all_reduce`, `c10d::send`, `gloo:recv`, ...) on
+    CPU, the NCCL kernels on CUDA; never one of ddp_lab's own ranges."""
+    name = str(event.get("name", ""))
+    if event.get("ph") != "X" or name.startswith(PREFIX):
+        return False
+    if cuda:
+        return event.get("cat") == "kernel" and name.startswith("nccl")
+    return name.startswith(("c10d::", "gloo:"))
+
+
+def steps_tid(events: list[dict]) -> object:
+    """The thread the profiler's steps run on: the training loop's."""
+    return next((e.get("tid") for e in events
+                 if str(e.get("name", "")).startswith("ProfilerStep#")), None)
+
+
+def _next(times: list[float], t: float) -> float:
+    """The first of the sorted `times` at or after `t`; `t` itself when there is none."""
+    i = bisect.bisect_left(times, t)
+    return times[i] if i < len(times) else t
+
+
+def trace_figures(path: Path, blocking: bool = False) -> dict:
+    """A profiler trace's own figures, per `ProfilerStep#N` (the profiler's step ranges):
+    the union of the collectives it recorded (comm in flight per step, on the profiler's
+    clock; the median step's, as ddp_lab's beside it) and their count by name. Which collectives are the step's: those that start
+    inside one of its phases, so the stop agreement's between steps is not counted (our
+    ranges pick the events; their times are torch's). `blocking` (every sync but ddp and
+    sync.overlap): the caller waits for each call, so a call lasts until the training
+    thread's next operator in the trace (on a busy CPU the thread resumes late)."""
+    data = json.loads(path.read_text())
+    events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    cuda = any(e.get("cat") == "kernel" for e in events)
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                    if e.get("name") in {PREFIX + p for p in PHASES})
+    if not steps:
+        return {}
+
+    def in_phase(t: float) -> bool:
+        i = bisect.bisect_right(phases, (t, float("inf"))) - 1
+        return i >= 0 and phases[i][0] <= t <= phases[i][1]
+
+    # CUDA: a kernel belongs to the step that launched it (its launch's correlation id),
+    # wherever the GPU ran it; CPU: an op to the step it starts in
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    colls = sorted((launched.get(e.get("args", {}).get("correlation"), e["ts"]) if cuda
+                    else e["ts"], e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if _collective(e, cuda) and (cuda or in_phase(e["ts"])))
+    if blocking and not cuda:
+        # a blocking call's caller waits until its thread runs again: gloo's op ends on
+        # its worker thread, the caller's next operator in the trace starts when it resumed
+        main = steps_tid(events)
+        resumed = sorted(e["ts"] for e in events if e.get("tid") == main
+                         and e.get("cat") == "cpu_op" and not _collective(e, cuda))
+        colls = [(at, a, _next(resumed, b), name) for at, a, b, name in colls]
+    per_step, counts = [], {}
+    for s, e in steps:
+        mine = [(a, b, name) for at, a, b, name in colls if s <= at < e]
+        per_step.append(union_length([(a, b) for a, b, _ in mine]) / 1e6)
+        for _, _, name in mine:
+            counts[name] = counts.get(name, 0) + 1
+    return {"steps": len(steps), "comm_per_step_s": statistics.median(per_step),
+            "events": counts, "step_s": sum(e - s for s, e in steps) / len(steps) / 1e6,
+            "source": "nccl kernels" if cuda else "c10d and gloo ops"}
+
+
+def make_profiler(cfg: Any, rank: int, device: torch.device, run_dir: Optional[Path],
+                  timer: Any, syncer: Any) -> Optional[StepProfiler]:
+    """The run's profiler when `timing.profile` is on (and there is a run folder), else None."""
+    if not getattr(cfg, "profile", False) or run_dir is None:
+        return None
+    return StepProfiler(cfg, rank, device, run_dir, timer, syncer)
+

@@ -1,0 +1,205 @@
+"""Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
+
+A stop can reach any one process of a job: SIGTERM (a scheduler, Kubernetes, torchrun
+shutting its workers down), SIGINT (Ctrl-C), the user signal `train.stop_signal` (SIGUSR2 by
+default: SLURM's `--signal=B:USR2@N` ahead of the time limit; NCCL keeps SIGUSR1), the stop
+file `RUN_DIR/STOP` (written by the batch shell's trap, by `python -m ddp_lab` on Ctrl-C and
+by `python -m ddp_lab.status --stop`), or the death of the rank's parent (torchrun killed:
+PR_SET_PDEATHSIG turns it into SIGTERM, a ppid check backs it up). The handlers only set a
+flag: the rank keeps its step.
+
+Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last check])
+every `every` steps. `every` adapts so that checks come about `train.stop_check_s` apart,
+from the reduced (hence identical on every rank) step time: deterministic, no extra
+collective, and cheap (python -m ddp_lab.bench.suite stop measures it). A rank's local flag reaches
+the others at the next check; all stop after the same step.
+
+Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a
+stop file saying `preempted`): the run should continue in a later allocation; 2 stopped
+(SIGINT, a stop file, the parent gone): a person ended it. A second
+SIGINT restores the default action: Ctrl-C twice kills at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from ..world import hang
+from ..folder.files import atomic_write_text
+
+log = logging.getLogger("ddp_lab")
+
+STOP_FILE = "STOP"
+EXIT_STOPPED = 75  # `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again later)
+PREEMPTED, STOPPED = 1, 2
+STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
+MAX_EVERY = 100_000
+
+
+@dataclass(frozen=True)
+class StopInfo:
+    status: str  # preempted | stopped
+    reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
+
+
+def request_stop(run_dir: Path, status: str = "stopped", reason: str = "") -> Path:
+    """Ask a running job to stop at its next check (any process that sees the run folder
+    may call this). `status`: stopped (a person) or preempted (continue later)."""
+    if status not in STATUS.values():
+        raise ValueError(f"stop status {status!r}: choose stopped or preempted")
+    path = Path(run_dir) / STOP_FILE
+    atomic_write_text(path, f"{status} {reason}".strip() + "\n")
+    return path
+
+
+def read_stop_file(run_dir: Path) -> Optional[tuple[int, str]]:
+    try:
+        text = (Path(run_dir) / STOP_FILE).read_text().strip()
+    except OSError:
+        return None
+    word, _, rest = text.partition(" ")
+    code = PREEMPTED if word == "preempted" else STOPPED
+    return code, f"stop file ({rest or word})"
+
+
+def clear_stop_file(run_dir: Path) -> None:
+    """A new segment of the run starts: an old request is spent."""
+    (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)
+
+
+_PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when it started
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """The first thing a rank does: get `sig` when its parent dies (also during init, when
+    no handler is installed yet: the rank then ends at once), and remember the parent for
+    the ppid check of `StopControl`."""
+    global _PARENT
+    _PARENT = os.getppid()
+    return set_parent_death_signal(sig)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return False
+
+
+#: the signals this process was stopped by: a forked rank that torchrun signalled (torchrun
+#: is closing its ranks and will not collect a result) leaves at once (rank/main.py)
+RECEIVED: set[int] = set()
+
+
+class StopControl:
+    """This rank's side of the agreement; see the module docstring."""
+
+    def __init__(self, ctx, run_dir: Path, user_signal: str = "SIGUSR2", check_s: float = 1.0,
+                 install: bool = True):
+        self.ctx, self.run_dir, self.check_s = ctx, Path(run_dir), max(check_s, 1e-3)
+        self.every, self._count = 1, 0
+        self._last = time.monotonic()
+        self._code, self._reason = 0, ""
+        self.checks = 0
+        self.ppid = _PARENT or os.getppid()  # a parent gone before this is noticed too
+        self._signals: dict[int, tuple[int, object]] = {}
+        if install:
+            self._install(user_signal)
+
+    # ------------------------------------------------------------ local sources
+    def _install(self, user_signal: str) -> None:
+        wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
+        if user_signal:
+            wanted[getattr(signal, user_signal)] = PREEMPTED
+        for sig, code in wanted.items():
+            self._signals[sig] = (code, signal.signal(sig, self._on_signal))
+        if os.getppid() != self.ppid:  # the parent died before the death signal was set
+            self._flag(STOPPED, "parent process gone")
+
+    def restore(self) -> None:
+        hang.watchdog().cancel()
+        for sig, (_, previous) in self._signals.items():
+            signal.signal(sig, previous)
+        self._signals.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        RECEIVED.add(signum)
+        name = signal.Signals(signum).name
+        code = self._signals[signum][0]
+        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by design (slurmstepd
+        # signals every process of the step, and torchrun passes its own on)
+        if signum == signal.SIGINT and self._reason.startswith(name):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self._flag(code, f"{name} on rank {self.ctx.env.rank}")
+
+    def _flag(self, code: int, reason: str) -> None:
+        if code > self._code:
+            self._code, self._reason = code, reason
+            log.warning("stop requested (%s): stopping at the next check", reason)
+
+    def local(self) -> tuple[int, str]:
+        if os.getppid() != self.ppid:
+            self._flag(STOPPED, "parent process gone (launcher killed)")
+        if self.ctx.env.rank == 0:
+            found = read_stop_file(self.run_dir)
+            if found:
+                self._flag(*found)
+        return self._code, self._reason
+
+    # ------------------------------------------------------------ agreement
+    def restart_clock(self) -> None:
+        """Time between checks excludes evaluation and checkpoints (epoch ends)."""
+        self._last, self._count = time.monotonic(), 0
+        hang.watchdog().rearm()
+
+    def step(self) -> Optional[StopInfo]:
+        """After every step: agree now and then whether to stop; the StopInfo when all stop."""
+        self._count += 1
+        if self._count < self.every:
+            return None
+        return self.check()
+
+    def check(self) -> Optional[StopInfo]:
+        """Collective: every rank calls it at the same step."""
+        now = time.monotonic()
+        hang.watchdog().rearm()  # no stack dump while checks keep coming
+        code, _ = self.local()
+        agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
+        self.checks += 1
+        if self._count:  # adapt: next check about check_s away, growing at most 2x a time
+            per_step = max(longest / self._count, 1e-9)
+            self.every = int(min(max(1, self.check_s / per_step), 2 * self.every, MAX_EVERY))
+        self._last, self._count = now, 0
+        if agreed < 1:
+            return None
+        reasons = [r for r in self.ctx.gather_objects(self._reason) if r]
+        info = StopInfo(STATUS[int(agreed)], "; ".join(dict.fromkeys(reasons)) or "stop")
+        log.warning("all ranks stop: %s (%s)", info.status, info.reason)
+        return info
+
+
+@contextmanager
+def stop_control(ctx, run_dir: Path, train) -> Iterator[StopControl]:
+    """A run's StopControl per `train` (the config's train section): a stop request the
+    previous allocation acted on is spent first, and the signal handlers are restored on
+    leaving."""
+    stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
+    try:
+        if ctx.env.is_main:
+            clear_stop_file(run_dir)  # a request the previous allocation acted on is spent
+        ctx.barrier()  # load-bearing: no rank checks for a stop before the old request is gone
+        yield stopper
+    finally:
+        stopper.restore()

@@ -1,0 +1,384 @@
+"""From the loop's raw measurements to the run's records: one object, `Telemetry`.
+
+The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
+step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
+training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
+(ddp_lab.folder.records), writes it to metrics.jsonl, TensorBoard, the console (the scalars
+and the comm part of the line: presentation.py) and the Chrome trace, and at the end
+builds and writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop
+never assembles a record and never asks which rank it is on. Every rank calls every method in the same order, because some of them are collectives
+(the straggler gather, the loss sum, the trace merge); only the logging rank's sink writes
+(`metrics.make_sink`).
+
+One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
+EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
+(`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
+record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
+`StepWatch` on the step timer, ddp_lab/timing/live.py; `progress` starts it each epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from ..world import cpu, torch_support
+from ..world import fingerprint as fingerprints
+from ..config import BatchPlan, Config, batch_plan
+from ..world.distributed import DistContext
+from ..world.env import allocation, hostname, startup_s
+from .epoch import EpochMeter, MeasuredEpoch
+from ..folder.files import read_json_or_empty
+from ..folder.metrics import make_sink
+from .step_progress import StepProgress
+from ..folder.description import describe_run
+from ..folder.tensorboard import run_metrics, run_name, step_stride
+from .profile import ddp_timing
+from .presentation import comm_line, epoch_scalars, step_scalars
+from ..folder.records import EpochRecord, RunSummary, now_iso, run_figures
+from .delay import injected
+from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
+                      stragglers)
+from .trace import TraceWriter, write_trace
+
+log = logging.getLogger("ddp_lab")
+
+
+class Telemetry:
+    """The records of one run on this rank; see the module docstring."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
+                 bytes_exact: bool, plan: Optional[BatchPlan] = None,
+                 compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
+        """`meter`: the loop's EpochMeter, whose step timer and comm recorder the live
+        TensorBoard points are read from (without one they are written at epoch ends)."""
+        self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
+        self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
+        self.timing = bool(cfg.timing.enabled)
+        self.plan = plan or batch_plan(cfg.train, ctx.env.world_size)  # the trainer's, else derived
+        self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
+        self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
+                                 enabled=self.timing and cfg.timing.trace)
+        self.records: list[dict] = []  # every epoch's record on the logging rank, earlier allocations' too
+        self.stragglers_run = StragglerTally(ctx.env.world_size)  # every epoch's steps
+        self.compile_s = compile_s  # train.compile's compilation (train.py), outside every epoch
+        self.epoch_times: list[float] = []
+        self.last: Optional[EpochRecord] = None
+        self.start_epoch = 0
+        self.start_step = 0
+        self.segments: list[dict] = []
+        self.previous: dict = {}
+        self.hosts: list[str] = []
+        self.node_ranks: list[int] = []
+        self.fingerprint: dict = {}
+        self.fingerprint_id: Optional[str] = None
+        self._progress = StepProgress(cfg.log.progress, cfg.log.progress_every_s, ctx.env.is_main)
+        # per-step points: every N steps (a short run more often: tensorboard.step_stride)
+        self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
+                      if self.timing else 0)
+        self.written_step = 0  # the last per-step point written
+        self.meter = meter
+        self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
+                      if meter is not None and self.every > 0 and ctx.env.is_main else None)
+
+    # -------------------------------------------------------------- start
+    def start(self, start_epoch: int, start_step: int = 0) -> None:
+        """Collective. Drop metrics past the checkpoint we resume from (all of them on a
+        fresh run), record the config and where every rank runs, and open this
+        allocation's segment in summary.json (status `running`)."""
+        env, cfg = self.ctx.env, self.cfg
+        self.start_epoch, self.start_step = start_epoch, start_step
+        fresh = start_epoch == 0 and start_step == 0
+        self.written_step = start_epoch * self.steps_per_epoch + start_step
+        self.records = self.sink.truncate_after(start_epoch, self.written_step)
+        hparams = self.hparams()
+        repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
+        # the run's own compute-vs-comm charts that will draw a line: per step where it
+        # writes per-step points, per epoch where it has more than one epoch
+        bands = (("step",) if self.every > 0 else ()) \
+            + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
+        self.sink.tensorboard(run_name(hparams, repeat),
+                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams, bands)
+        pairs = self.ctx.gather_objects((hostname(), env.node_rank))
+        # on a loopback cluster every node has the same host name: node ranks tell them apart
+        self.hosts = list(dict.fromkeys(p[0] for p in pairs))
+        self.node_ranks = sorted({p[1] for p in pairs})
+        self._fingerprint()
+        if env.is_main:
+            self.previous = read_json_or_empty(self.run_dir / "summary.json")
+            if not fresh and isinstance(self.previous.get("segments"), list):
+                self.segments = list(self.previous["segments"])
+            self.segments.append({
+                **allocation(), "launcher": cfg.launcher.name, "hosts": self.hosts,
+                "nodes": env.num_nodes, "world_size": env.world_size, "start": now_iso(),
+                "end": None, "start_epoch": start_epoch, "start_step": start_step,
+                "status": "running", "fingerprint_id": self.fingerprint_id,
+                "startup_s": startup_s(), "cpu": cpu_share()})
+            running = {**(self.previous if not fresh else {}), "status": "running",
+                       "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
+                       "segments": self.segments, "job_id": self.segments[-1]["job_id"],
+                       "epochs_done": start_epoch, "step_in_epoch": start_step,
+                       "world_size": env.world_size, "launcher": cfg.launcher.name,
+                       "sync": cfg.sync.name, "compress": cfg.sync.compress,
+                       "global_batch": self.plan.global_batch,
+                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
+                       "study": _study_point(cfg)}
+            self.sink.summary(RunSummary.from_dict(running))
+        plan = self.plan
+        log.info("world %d (%d node%s x %d) %s/%s sync=%s model=%s %d steps of %d a rank "
+                 "(global %d, %s%s)", env.world_size, env.num_nodes,
+                 "s" if env.num_nodes > 1 else "",
+                 env.local_world_size, self.ctx.backend, self.ctx.device, cfg.sync.name,
+                 cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
+                 plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
+                 if plan.accumulation > 1 else "")
+        for line in torch_support.choices():  # defaults the installed torch could not honour
+            log.info("%s", line)
+        if self.ctx.device.type == "cpu":
+            share = cpu_share()
+            n = share["threads"]
+            log.info("%d CPU thread%s a rank%s: %s", n, "s" if n > 1 else "",
+                     f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
+
+    def _fingerprint(self) -> None:
+        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
+        rank parses its own NCCL INFO log, read after the hosts gather above made NCCL
+        connect its peers, and rank 0 joins what the ranks saw; `finish` reads them again
+        (connections made later, lines NCCL had not yet written out)."""
+        env, ctx = self.ctx.env, self.ctx
+        detail = None
+        if ctx.backend == "nccl":
+            detail = ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+        if not env.is_main:
+            return
+        self.fingerprint = fingerprints.collect(
+            ctx.backend, ctx.device, self.hosts, self.cfg.launcher.name, env.num_nodes,
+            env.local_world_size, nccl_transport=fingerprints.transport_label(detail or []),
+            nccl_detail=detail)
+        self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
+
+    def progress(self, epoch: int, first_step: int = 0) -> Iterable:
+        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on
+        the logging rank (a bar on a terminal, else a line every log.progress_every_s:
+        rank/step_progress.py). From here every `timing.tb_every`-th step goes to
+        TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
+        if self.watch is not None:
+            self.watch.begin(epoch * self.steps_per_epoch + first_step)
+        return self._progress.wrap(range(first_step, self.steps_per_epoch),
+                                   f"epoch {epoch + 1}/{self.cfg.train.epochs}")
+
+    def _live_point(self, step: int, times: StepTimes, calls: list[CommCall]) -> None:
+        """One step from the watch, to TensorBoard (x: its global step number)."""
+        stats = CommStats(timed=calls)
+        self.sink.steps([(step, step_scalars(times, stats.per_step_seconds([times])[0],
+                                             stats.per_step_exposed([times])[0],
+                                             (step - 1) // self.steps_per_epoch + 1))])
+        self.written_step = step
+
+    # -------------------------------------------------------------- each epoch
+    def epoch(self, m: MeasuredEpoch) -> EpochRecord:
+        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere.
+
+        `m.steps`/`m.comm` are this rank's (empty steps when timing is off). An epoch
+        resumed at step `m.resumed_at_step` records the loss, samples and times of the whole
+        epoch (`m.totals()`: the checkpoint carried the first part) and the timings of this
+        part."""
+        n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
+                                                  m.resumed_at_step)
+        train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
+        first_step = (epoch - 1) * n + resumed_at_step
+        self.trace.add_epoch(epoch, steps, comm, first_step=first_step)
+        timed = self._timing(steps, comm, busy_s)
+        loss, global_correct, global_samples = self.ctx.reduce_floats(
+            [train_loss_sum, float(correct), float(samples)])
+        rec = EpochRecord(
+            epoch=epoch, world_size=self.ctx.env.world_size, train_loss=loss / global_samples,
+            train_accuracy=global_correct / global_samples,
+            test_loss=m.test[0], test_accuracy=m.test[1], epoch_time_s=wall_s,
+            samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
+            resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress,
+            step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
+        self.epoch_times.append(wall_s)
+        self.last = rec
+        if rec.straggler:
+            s = rec.straggler
+            log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
+                     "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
+                     s["late_ms"], 100 * s["share"])
+        self._tensorboard(rec, steps, comm, first_step)  # (adds rec to self.records)
+        if len(self.epoch_times) == 1:  # the first epoch line of this allocation: its key
+            log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
+                     "exposed: waited)", "%")
+        log.info("epoch %d/%d  loss %.3f/%.3f  acc %.1f/%.1f%%  %.2f s  comm %s", epoch,
+                 self.cfg.train.epochs, rec.train_loss, rec.test_loss, 100 * rec.train_accuracy,
+                 100 * rec.test_accuracy, wall_s, comm_line(rec))
+        return rec
+
+    def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
+                     first_step: int) -> None:
+        """The epoch's record and scalars at its last step (x: global step), with the
+        run's hparam metrics so far; first the per-step points the watch has not written
+        (all of them without one)."""
+        every, end = self.every, rec.epoch * self.steps_per_epoch
+        if every > 0:
+            comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
+            points = []
+            for i, st in enumerate(steps):
+                n = first_step + i + 1  # the step's global number
+                if n % every == 0 and n > self.written_step:
+                    points.append((n, step_scalars(st, comm_s[i], exposed_s[i], rec.epoch)))
+            self.sink.steps(points)
+        self.written_step = end
+        scalars = epoch_scalars(rec)
+        if not (every > 0 and end % every == 0):  # else the step's point carries it
+            scalars["epoch"] = rec.epoch
+        self.records.append(rec.to_dict())
+        so_far = run_figures(self.records)  # the run's, as summary.json will say them
+        scalars.update(run_metrics(test_accuracy=rec.test_accuracy,
+                                   epoch_time_s=so_far["epoch_time_s_median"],
+                                   comm_fraction=so_far["comm_fraction"] or 0.0,
+                                   busbw_GBps=so_far["comm_busbw_GBps"] or 0.0))
+        self.sink.epoch(rec, scalars, end)
+
+    def hparams(self) -> dict:
+        """The run's hparams for TensorBoard (the HParams dashboard ticks those that
+        differ): its description's (description.Description.hparams: every setting, each
+        sync option, the workload) and what the ranks found (backend, batch as used)."""
+        cfg, env = self.cfg, self.ctx.env
+        desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
+                            {"world_size": env.world_size, "nodes": env.num_nodes,
+                             "device": "cpu" if self.ctx.device.type == "cpu" else None})
+        return {**desc.hparams(), "world_size": env.world_size, "compress": cfg.sync.compress,
+                "overlap": bool(cfg.sync.overlap), "batch_size": self.plan.per_rank,
+                "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
+
+    def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
+        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers
+        and the straggler named from them."""
+        t = epoch_timing(steps, comm)
+        step_total = t["phases"]["step"]["total"] if self.timing else busy_s
+        # every rank's summed step time, and that minus its comm time (its own compute: a
+        # straggler makes the others *wait*, so their step times grow too; compute does not),
+        # and its comm time per step (empty when timing is off): who waited for whom
+        per_rank = self.ctx.gather_objects(
+            (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
+        tally = StragglerTally.from_waits([r[2] for r in per_rank])
+        self.stragglers_run.merge(tally)
+        return {
+            "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if self.timing else {},
+            "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                     "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                     "bytes_cross_node": comm.bytes_cross_node,
+                     "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
+                     "bus_bytes": comm.bus_bytes,
+                     "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                     "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                     "fraction": t["comm_fraction"]},
+            "comm_fraction": t["comm_fraction"],
+            "comm_exposed_s": t["exposed_s"] if self.timing else None,
+            "comm_exposed_fraction": t["exposed_fraction"] if self.timing else None,
+            "comm_inflight_s": comm.seconds if self.timing else None,
+            "compute_s": t["compute_s"] if self.timing else None,
+            "overlap": self.cfg.sync.overlap,
+            "stragglers": {**stragglers([r[0] for r in per_rank], tally),
+                           "measure": "step time" if self.timing else "wall time",
+                           "per_rank_compute_s": [r[1] for r in per_rank]},
+            "straggler": tally.named(),
+        }
+
+    # -------------------------------------------------------------- the end
+    def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
+               position: Optional[tuple[int, int]] = None,
+               stop_reason: Optional[str] = None,
+               memory: Optional[dict[str, int]] = None) -> RunSummary:
+        """Collective. Merge the trace, write summary.json and close TensorBoard.
+        `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
+        that had already finished). A graceful stop passes its `status` (preempted |
+        stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
+        why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
+        self._merge_trace()
+        witnesses, ddp = self._witnesses()
+        if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
+            self._fingerprint()         # every connection it made are in the logs, flushed
+        cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
+        test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
+                               final_test or (self.previous.get("test_loss"),
+                                              self.previous.get("test_accuracy")))
+        times = self.epoch_times
+        epochs_done, step = position or (cfg.train.epochs, 0)
+        if self.segments:
+            self.segments[-1].update(
+                end=now_iso(), end_epoch=epochs_done, end_step=step, status=status,
+                epochs_done=len(times),
+                steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
+                epoch_time_s_median=statistics.median(times) if times else None)
+        figures = run_figures(self.records)  # every epoch of the run, every allocation's
+        summary = RunSummary(
+            status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
+            compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
+            backend=ctx.backend,
+            device=_device_name(ctx.device), nodes=env.num_nodes,
+            nproc_per_node=env.local_world_size, world_size=env.world_size,
+            epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
+            batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
+            scaling=self.plan.scaling, micro_batch=self.plan.micro,
+            accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
+            test_accuracy=test_acc, test_loss=test_loss,
+            train_loss=last.train_loss if last else None,
+            **figures, hosts=_every_host(self.segments) or self.hosts, node_ranks=self.node_ranks, env_source=env.source,
+            torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
+            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
+            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
+            study=_study_point(cfg),
+            straggler=self.stragglers_run.named() if self.timing else None,
+            injected_delay=injected(cfg.debug),
+            compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
+            cuda_graph=bool(getattr(cfg.train, "cuda_graph", False)),
+            ddp_timing=ddp, witnesses=witnesses,
+            **{f"memory_{k}": v for k, v in (memory or {}).items()})
+        self.sink.summary(summary)
+        self.sink.close()
+        return summary
+
+    def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
+        """Collective with timing.profile. The profiler's witnesses (on the logging rank)
+        and, for sync=ddp, DDP's own timing of this rank (ddp_lab/rank/profile.py)."""
+        if self.meter is None:
+            return None, None
+        profiler = self.meter.profiler
+        witnesses = profiler.witnesses(self.ctx) if profiler is not None else None
+        return witnesses, ddp_timing(self.meter.syncer, profiler)
+
+    def _merge_trace(self) -> None:
+        """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
+        if not self.trace.enabled:
+            return
+        gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
+        if gathered is not None:
+            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
+
+
+def _device_name(device: torch.device) -> str:
+    return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def cpu_share() -> dict:
+    """This rank's torch threads, why, and how they wait (ddp_lab/world/cpu.py)."""
+    return {"threads": torch.get_num_threads(), "why": cpu.chosen.why if cpu.chosen else "",
+            "wait": cpu.wait_policy()}
+
+
+def _every_host(segments: list[dict]) -> list[str]:
+    """The hosts a run used, over all its allocations, in the order they first came."""
+    return list(dict.fromkeys(h for seg in segments for h in seg.get("hosts") or []))
+
+
+def _study_point(cfg: Config) -> Optional[dict]:
+    """The study this run is a point of (its config's `study_point`, ddp_lab/command/study.py)."""
+    point = cfg.study_point
+    return OmegaConf.to_container(point) if point is not None else None

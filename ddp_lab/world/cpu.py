@@ -1,0 +1,177 @@
+"""How many CPU threads each rank runs and how its threads wait: decided once per machine,
+before torch loads (torch-free).
+
+torch's CPU kernels split their work over OpenMP threads (libgomp). Between two parallel
+pieces of work a thread waits for the others, and how it waits decides how fast a small
+model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performance.md):
+
+- on an idle machine, threads that spin a moment before sleeping (libgomp's default) are
+  the fastest there is: a step of the course's MLP is many tiny kernels, and a thread that
+  had to be woken for each would double the epoch;
+- on a busy machine (another job, a login node's users, more ranks than cores), a spinning
+  thread takes the core the thread it waits for needs: an epoch of 0.5 s took 16 s. There
+  the fastest is fewer threads, one per core nobody else uses, sleeping when they wait.
+  Load that arrives after the start counts too: libgomp reads the wait once, so threads
+  spinning on every core of an idle machine stay spinning when a neighbour comes (epochs
+  4-20x slower, against 1.6-2.2x for one sleeping thread: the benchmark's `--load late`).
+
+So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
+the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
+each rank gets the cores nobody is using divided by the ranks, at least 1 and at most its
+equal share, and its threads spin only if every one of them has a free core and one core is
+left for the job's own other processes and threads; otherwise they sleep
+(OMP_WAIT_POLICY=PASSIVE). The choice reaches the ranks as environment (`apply`).
+Where no such look came first (SLURM's and mpirun's ranks, the benchmarks' workers) a rank
+cannot look, since its siblings are starting beside it, so it takes its equal share with
+sleeping threads: never far off, and safe on a node shared with other jobs (set
+OMP_WAIT_POLICY=ACTIVE in the job's environment where the cores are the job's alone). What you set
+yourself stands: `train.threads`, OMP_WAIT_POLICY or GOMP_SPINCOUNT. The thread count can
+change a run's last bits (a sum split over 2 threads rounds differently than over 1); the
+wait never does.
+
+The free cores are a ceiling, not the answer: a step of a small model is made of kernels so
+short that splitting each over two threads can cost more than it saves. So where the
+launcher looked, before the first step each rank times whole training steps on 1 thread
+against its ceiling (ddp_lab/rank/compile.py, `tune_threads`: about 50 ms) and the ranks
+keep the faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
+(summary.json `segments[*].cpu`, and its first lines), and a resumed run keeps the count it
+started with; pin `train.threads` for the same bits from two separate runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import MutableMapping, Optional
+
+THREADS_VAR = "DDP_LAB_THREADS"  # the launcher's choice for its ranks
+WHY_VAR = "DDP_LAB_THREADS_WHY"
+USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    threads: int
+    """torch threads per rank"""
+    spin: bool
+    """threads spin a moment before sleeping (libgomp's default), else sleep at once"""
+    why: str
+    """in words, for the run's first line and summary.json"""
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity: an allocation's, a container's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def equal_share(local_ranks: int, n_cores: Optional[int] = None) -> int:
+    """Each of `local_ranks` ranks' share of `n_cores` (this process's cores by default),
+    at least 1."""
+    return max(1, (cores() if n_cores is None else n_cores) // max(local_ranks, 1))
+
+
+def busy_cores(window_s: float = 0.2) -> Optional[float]:
+    """How many of this process's cores other processes kept busy over `window_s` (sleeping
+    meanwhile, so not us), from /proc/stat; None where there is no /proc/stat."""
+    def sample() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    ticks = [int(x) for x in fields[:8]]
+                    idle = ticks[3] + ticks[4]  # idle + iowait
+                    out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+        return out
+    try:
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        a = sample()
+        time.sleep(window_s)
+        b = sample()
+    except OSError:
+        return None
+    busy = 0.0
+    for cpu in (mine if mine is not None else a):
+        if cpu in a and cpu in b and b[cpu][1] > a[cpu][1]:
+            busy += (b[cpu][0] - a[cpu][0]) / (b[cpu][1] - a[cpu][1])
+    return busy
+
+
+def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
+    """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
+    share = equal_share(local_ranks, n_cores)
+    if busy is None:
+        return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
+    free = max(0, n_cores - round(busy))
+    threads = min(share, equal_share(local_ranks, free))
+    # spinning only with a core to spare: the job's launcher, the command that follows it
+    # and each rank's own helper threads (TensorBoard's writer, gloo's) run beside the ranks
+    spin = threads * local_ranks <= free - 1
+    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
+
+
+def look(local_ranks: int) -> CpuShare:
+    """`decide` for this machine's `local_ranks` ranks, looking at the load only where it can
+    change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
+    n = cores()
+    if equal_share(local_ranks, n) == 1:
+        ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
+        return CpuShare(1, False, f"{n} cores for {ranks}")
+    return decide(n, local_ranks, busy_cores())
+
+
+def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Hand `share` to this machine's ranks: call before torch loads (libgomp reads its
+    variables once) and before the ranks start. The user's own OpenMP variables stand."""
+    env = os.environ if environ is None else environ
+    env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
+    if not share.spin and not any(k in env for k in USER_WAIT_VARS):
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """In a rank, before torch loads: without a launcher's choice (mpirun, the benchmarks'
+    workers) its threads sleep when they wait, unless the user chose."""
+    env = os.environ if environ is None else environ
+    if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+@dataclass
+class RankThreads:
+    """This rank's torch threads (`rank_threads`), why, and whether start-up may time fewer
+    against them (ddp_lab/rank/compile.py: `tune_threads`)."""
+    threads: int
+    why: str
+    tunable: bool
+
+
+chosen: Optional[RankThreads] = None  # this rank's, set by run_rank (ddp_lab/rank/main.py)
+
+
+def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
+                 environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
+    """This rank's torch threads: `train.threads` if set (`requested`), else the count the
+    run started with (`earlier`: a resumed run keeps its bits), else the launcher's choice,
+    else its equal share of the cores; only the launcher's choice is a ceiling start-up may
+    lower (the equal share stays as it always was: the same threads, the same bits, on
+    SLURM, mpirun and RunAI)."""
+    env = os.environ if environ is None else environ
+    if requested > 0:
+        return RankThreads(requested, "train.threads", False)
+    if earlier > 0:
+        return RankThreads(earlier, "as when the run started", False)
+    if env.get(THREADS_VAR, "").isdigit():
+        return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
+    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores",
+                       False)  # no launcher looked: as before, and not timed
+
+
+def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:
+    """How this process's OpenMP threads wait, in words (the variables libgomp read)."""
+    env = os.environ if environ is None else environ
+    if "GOMP_SPINCOUNT" in env:
+        return f"spin {env['GOMP_SPINCOUNT']} times, then sleep"
+    return {"PASSIVE": "sleep", "ACTIVE": "spin"}.get(env.get("OMP_WAIT_POLICY", "").upper(),
+                                                      "spin a moment, then sleep")

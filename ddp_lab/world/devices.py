@@ -1,0 +1,28 @@
+"""The GPUs this machine shows, asked without importing torch where it has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def gpu_devices_present() -> bool:
+    """Whether this machine shows a GPU driver's device files (NVIDIA's /dev/nvidia0, ...;
+    ROCm's /dev/kfd). Without any, torch finds no GPU either: asking it costs seconds of
+    import on every command, so only a machine that may have one asks."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
+
+
+def local_gpus() -> int:
+    """CUDA devices of this machine: 0 from the device files alone where there are none, so
+    a command on a CPU machine never imports torch (seconds of every command's start)."""
+    if not gpu_devices_present():
+        return 0
+    import torch  # lazy: see above
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, else 2 (CPU ranks)."""
+    return local_gpus() or 2

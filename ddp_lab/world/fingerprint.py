@@ -1,0 +1,320 @@
+"""The allocation's fingerprint: what a run's timings depend on besides its config.
+
+`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and the cores this
+process may use, GPU name, torch / CUDA /
+NCCL versions, gloo availability, backend, device, the NCCL transport in use, the NCCL /
+RDMA / threading variables in effect, python, launcher, nodes x procs); `fingerprint_id`
+hashes the fields that make timings comparable (CPU/GPU model, host count, backend, torch,
+NCCL, transport, env) into a short stable id. The report groups repeats by it and flags a
+comparison across two ids, naming the fields that differ (`differences`).
+
+The NCCL transport comes from NCCL's own INFO lines. On nccl, `enable_nccl_debug` (called
+before init_process_group) sets NCCL_DEBUG=INFO with NCCL_DEBUG_FILE=RUN_DIR/logs/nccl.%h.%p.log
+(a user's own NCCL_DEBUG wins: then no transport is read); after the first collectives
+`read_nccl_transport` parses this process's file: "Using network IB", "NET/IB : Using ...",
+and the channel lines "... via P2P/CUMEM", "via SHM/direct/direct", "via NET/IB/0/GDRDMA".
+The variables ddp_lab.nccl_env exports (NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_SOCKET_NTHREADS,
+NCCL_NSOCKS_PERTHREAD) are among ENV_PREFIXES' and land in `env`.
+
+The node's link (`link`): the interface this node's ranks talk to other nodes through (the
+one gloo/NCCL are told to use, else the one holding the address the hostname names: what
+gloo picks, else the default route's), its speed, and the rate a traffic shaper holds it to
+(a root `tbf` qdisc's rate, from `tc -j qdisc show`). Only configured limits, asked of the
+kernel through netlink (`ip`, `tc`), which answers for the process's own network namespace;
+/sys/class/net is believed only where its MAC address is the interface's, because sysfs
+shows the namespace of whoever mounted it (a slurmd started with `nsenter --net` sees the
+machine's eth0 there). What the link *delivers* is measured by the bench (its fit's 1/beta),
+not here: a measured figure in the id would split repeats by noise. `link_label` is in the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from .env import host_address
+
+# the variables that change how collectives run: NCCL's, UCX's and libfabric's (RDMA),
+# gloo's, the thread counts, torch's NCCL knobs
+ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
+# set by ddp_lab itself for its own logs (paths change with every run): not part of the id
+NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
+             "TORCH_NCCL_DUMP_ON_TIMEOUT"}
+# What makes two allocations' timings comparable: the kind of machine and software, not
+# the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
+# report groups by already: a study's world 1 on one node and world 4 on two are one
+# allocation). NCCL's network (IB, Socket, a plugin) is the allocation's: it is in.
+# The node's link rate (a tbf's, else the interface's speed) is the allocation's too: two
+# allocations at 200 and 50 Mbit/s must not be taken for repeats of each other.
+ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
+
+_VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
+_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")  # IB, Socket, AWS Libfabric
+_NET_DEVICES = re.compile(r"NCCL INFO (NET/[A-Za-z0-9_]+) ?: Using (.+)$")
+
+
+# ------------------------------------------------------------------ NCCL's INFO lines
+def nccl_debug_env(run_dir: Path) -> dict[str, str]:
+    """NCCL_DEBUG=INFO into RUN_DIR/logs/nccl.<host>.<pid>.log (INIT, NET and ENV lines)."""
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
+            "NCCL_DEBUG_FILE": str(Path(run_dir) / "logs" / "nccl.%h.%p.log")}
+
+
+def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
+    """Set `nccl_debug_env` in `environ` (os.environ) before init_process_group. False (and
+    nothing set) when the user chose NCCL_DEBUG themselves: their choice stands."""
+    environ = os.environ if environ is None else environ
+    if environ.get("NCCL_DEBUG"):
+        return False
+    (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    environ.update(nccl_debug_env(run_dir))
+    return True
+
+
+def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
+    """What NCCL's INFO lines say about its transport: the network it chose ("IB",
+    "Socket", a plugin's name), the devices of that network, and how many channel
+    connections went over each transport (P2P, SHM, NET/IB, NET/Socket, ...)."""
+    network, devices, conns = None, {}, {}
+    for line in lines:
+        if "NCCL INFO" not in line:
+            continue
+        m = _NETWORK.search(line)
+        if m:
+            network = m.group(1)
+        m = _NET_DEVICES.search(line.rstrip())
+        if m:
+            devices[m.group(1)] = m.group(2).strip()
+        if " Channel " in line:
+            m = _VIA.search(line)
+            if m:
+                conns[m.group(1)] = conns.get(m.group(1), 0) + 1
+    return {"network": network, "net_devices": devices.get(f"NET/{network}") if network else None,
+            "connections": dict(sorted(conns.items()))}
+
+
+def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
+    """One label for the ranks' parsed logs: the transports their peer connections used
+    ("NET/IB+P2P"), else "none (network X)" when no rank connected to a peer (one rank);
+    None when no log was read."""
+    parsed = [p for p in parsed if p]
+    if not parsed:
+        return None
+    kinds = sorted({k for p in parsed for k in p.get("connections", {})})
+    if kinds:
+        return "+".join(kinds)
+    nets = sorted({p["network"] for p in parsed if p.get("network")})
+    return f"none (network {'+'.join(nets) or '?'})"
+
+
+def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
+    """Parse this process's NCCL debug file (RUN_DIR/logs/nccl.<host>.<pid>.log); None
+    when there is none (gloo, or the user's own NCCL_DEBUG)."""
+    pid = os.getpid() if pid is None else pid
+    files = sorted((Path(run_dir) / "logs").glob(f"nccl.*.{pid}.log"))
+    if not files:
+        return None
+    lines: list[str] = []
+    for f in files:
+        try:
+            lines += f.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+    return parse_nccl_info(lines)
+
+
+# ------------------------------------------------------------------ the fingerprint
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    try:
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "?"
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity: a SLURM task's cpus, a container's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# ------------------------------------------------------------------ the node's link
+def _json_of(*argv: str) -> Any:
+    """The JSON an iproute2 command prints (`ip -j ...`, `tc -j ...`); None when the tool
+    is missing or fails."""
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=5)
+        return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def iface_with_address(links: Any, address: str) -> Optional[str]:
+    """The interface of `ip -j addr show` output that holds `address`."""
+    for link in links or []:
+        if any(a.get("local") == address for a in link.get("addr_info", [])):
+            return link.get("ifname")
+    return None
+
+
+def chosen_iface(environ: Mapping[str, str]) -> Optional[str]:
+    """The interface the user told gloo (or NCCL) to use: GLOO_SOCKET_IFNAME, else
+    NCCL_SOCKET_IFNAME (its first name; an exclusion list `^lo,docker` names none)."""
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        first = (environ.get(key) or "").split(",")[0].strip().lstrip("=")
+        if first and not first.startswith("^"):
+            return first
+    return None
+
+
+def uplink(environ: Mapping[str, str]) -> Optional[str]:
+    """The interface this node reaches other nodes through (see the module docstring)."""
+    chosen = chosen_iface(environ)
+    if chosen:
+        return chosen
+    address = host_address()
+    if address and not address.startswith("127."):
+        name = iface_with_address(_json_of("ip", "-j", "addr", "show"), address)
+        if name:
+            return name
+    routes = _json_of("ip", "-j", "route", "show", "default") or []
+    return routes[0].get("dev") if routes else None
+
+
+def root_tbf(qdiscs: Any) -> dict[str, Any]:
+    """The options of the root tbf qdisc in `tc -j qdisc show dev IF` output (tc gives its
+    rate in bytes/s, its burst in bytes); {} when the interface is not shaped."""
+    for q in qdiscs or []:
+        if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
+            return q["options"]
+    return {}
+
+
+def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") -> Optional[int]:
+    """The interface's speed in Mbit/s from sysfs, only if sysfs shows this namespace's
+    interface (its MAC address is `mac`) and knows a speed (virtual links say -1 or fail)."""
+    base = Path(root) / iface
+    try:
+        if mac is None or (base / "address").read_text().strip() != mac:
+            return None
+        speed = int((base / "speed").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
+
+
+def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
+    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps", "shaped_burst_B"} (None
+    where unknown or unshaped)."""
+    iface = uplink(os.environ if environ is None else environ)
+    if not iface:
+        return None
+    info = _json_of("ip", "-j", "link", "show", "dev", iface) or [{}]
+    tbf = root_tbf(_json_of("tc", "-j", "qdisc", "show", "dev", iface))
+    return {"iface": iface, "speed_mbit": sysfs_speed(iface, info[0].get("address")),
+            "shaped_Bps": float(tbf["rate"]) if tbf else None, "shaped_burst_B": tbf.get("burst")}
+
+
+def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The link's limit in words, as the id holds it: "tbf 25 MB/s" where shaped, else
+    "10000 Mbit/s"; None where neither is known (the id is then what it was before links)."""
+    if not lk:
+        return None
+    if lk.get("shaped_Bps"):
+        return f"tbf {lk['shaped_Bps'] / 1e6:.4g} MB/s"
+    return f"{lk['speed_mbit']} Mbit/s" if lk.get("speed_mbit") else None
+
+
+def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The network and thread variables in force. Not OMP_WAIT_POLICY: ddp_lab sets it from
+    the load at start (ddp_lab/world/cpu.py), so it would tell two runs of one allocation apart;
+    each run records how its threads wait in summary.json `segments[*].cpu`."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ)
+            if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
+
+
+def _versions(backend: str) -> dict[str, Any]:
+    # lazy, as in `collect`: the report imports this module to compare fingerprints, which
+    # needs no torch; only the ranks, which have it loaded, collect one
+    import torch
+    import torch.distributed as dist
+
+    nccl = None
+    if dist.is_available() and dist.is_nccl_available():
+        try:  # a CPU-only build has no NCCL; a CUDA build without a GPU still reports it
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 -- the version is informational
+            nccl = None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "gloo": bool(dist.is_available() and dist.is_gloo_available())}
+
+
+def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: int,
+            nproc_per_node: int, nccl_transport: Optional[str] = None,
+            nccl_detail: Optional[list] = None,
+            environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The fingerprint of this allocation (see the module docstring)."""
+    import torch  # lazy: see _versions
+
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    return {
+        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cpu_count(), "gpu": gpu,
+        **_versions(backend),
+        "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
+        "nccl_detail": nccl_detail, "env": applied_env(environ),
+        "link": link(environ),
+        "python": sys.version.split()[0], "launcher": launcher, "nodes": nodes,
+        "nproc_per_node": nproc_per_node,
+    }
+
+
+def id_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that make timings comparable, as fingerprint_id hashes them."""
+    return {
+        "cpu": fp.get("cpu"), "gpu": fp.get("gpu"),
+        "backend": fp.get("backend"), "torch": fp.get("torch"),
+        # the NCCL version matters where NCCL runs; a gloo run's timings do not depend on it
+        "nccl": fp.get("nccl") if fp.get("backend") == "nccl" else None,
+        "nccl_network": "+".join(sorted({d["network"] for d in fp.get("nccl_detail") or []
+                                         if isinstance(d, dict) and d.get("network")})) or None,
+        "link": link_label(fp.get("link")),
+        "env": {k: v for k, v in sorted((fp.get("env") or {}).items()) if k not in NOT_IN_ID},
+    }
+
+
+def fingerprint_id(fp: Mapping[str, Any]) -> str:
+    """A short stable hash (10 hex digits) of `id_fields(fp)` (an unknown link left out,
+    so that fingerprints from before links were recorded keep their ids)."""
+    fields = id_fields(fp)
+    if fields["link"] is None:
+        del fields["link"]
+    blob = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """What differs between two fingerprints, in words ("cpu: X vs Y", "env NCCL_IB_HCA:
+    mlx5_0 vs unset"): the line the report prints under a cross-fingerprint comparison."""
+    fa, fb = id_fields(a), id_fields(b)
+    out = []
+    for k in ID_FIELDS:
+        if k == "env":
+            keys = sorted(set(fa["env"]) | set(fb["env"]))
+            out += [f"env {e}: {fa['env'].get(e, 'unset')} vs {fb['env'].get(e, 'unset')}"
+                    for e in keys if fa["env"].get(e) != fb["env"].get(e)]
+        elif fa[k] != fb[k]:
+            out.append(f"{k}: {fa[k]} vs {fb[k]}")
+    return out

@@ -1,0 +1,86 @@
+"""The rendezvous port: a free one, whether one is taken, and the lines that say a
+rendezvous could not start. Every launcher, test and script asks here. And whether a
+machine answers at all (`answers`): a failed rank's probe of the other nodes
+(ddp_lab.rank.failure), where a node that sends no reply went silent.
+
+The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
+on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
+only when nothing listens on it on any address: a program bound to the machine's own
+network address (not 127.0.0.1) takes it from the store just the same."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+WILDCARD = "0.0.0.0"  # where the store binds
+PROBE_S = 2.0  # how long `answers` waits for a node's reply
+PROBE_PORT = 9  # "discard": any port will do, a live node answers even where nothing listens
+LOW = 20000  # free_port draws from here up to the ephemeral range: clear of well-known ports
+FIX = "choose another launcher.master_port, or leave it unset for a free one"
+
+
+def free_port(host: str = WILDCARD) -> int:
+    """A port nothing listens on now, for a rendezvous that must name its port before it
+    binds (mpirun's rank 0, a test's daemons). Drawn at random below the kernel's ephemeral
+    range (ip_local_port_range): the OS hands ports from that range to every bind to port 0
+    and every outgoing connection, so a port it gave us free is the next one it gives
+    someone else; below it only another random draw can collide. Another process may still
+    take it before it is used, so callers that can, retry (or bind port 0 themselves, as
+    launcher=local's torchrun does)."""
+    low = ephemeral_range()[0]
+    for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
+        if not port_in_use(port, host):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below: the OS's
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the OS gives a bind to port 0 and an outgoing connection (Linux's default
+    32768-60999 where /proc does not say)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def port_in_use(port: int, host: str = WILDCARD) -> bool:
+    """Whether the store could not bind `port`: the same bind it makes (every address,
+    SO_REUSEADDR, so the TIME_WAIT left by a previous run's store does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def taken(host: str, port: int) -> str:
+    """The line for a rendezvous whose port another program holds."""
+    return (f"the rendezvous at {host}:{port} cannot start: another program holds port "
+            f"{port} on that machine: {FIX}")
+
+
+def no_answer(host: str, port: int, waited_s: float) -> str:
+    """The line for a rendezvous that did not answer within dist.init_timeout_s."""
+    return (f"the rendezvous at {host}:{port} did not answer within {waited_s:g} s "
+            f"(dist.init_timeout_s): check that {host} is rank 0's machine and reachable "
+            f"from this one on port {port}; if another program holds that port, {FIX}")
+
+
+def answers(addr: str, timeout_s: float = PROBE_S) -> bool:
+    """Whether the machine at `addr` answers a TCP connection attempt within `timeout_s`.
+    Any reply counts, a refusal too: a live node's kernel refuses a port where nothing
+    listens at once. A node behind a cut link sends nothing, and the attempt times out."""
+    try:
+        socket.create_connection((addr, PROBE_PORT), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # timed out, or no route to it
+        return False
+    return True

@@ -1,0 +1,76 @@
+"""What the installed torch has, where a default of ddp_lab's asks for more than the oldest
+torch it supports (pyproject.toml: torch 2.2, NVIDIA's NGC containers from 24.01 on).
+
+A default that the installed torch cannot honour picks what it has, and the run says so in
+its first lines (`choices`, logged after rank 0's world line): the choice is made where the
+part is built, in every rank alike. A value the user set that the installed torch cannot
+honour is refused before any rank starts (ddp_lab/command/validate.py), in one line.
+"""
+
+from __future__ import annotations
+
+import functools
+
+_choices: list[str] = []  # this process's choices, in the order they were made
+
+
+def choose(line: str) -> None:
+    """Record a choice a default made for the installed torch (once per line)."""
+    if line not in _choices:
+        _choices.append(line)
+
+
+def choices() -> list[str]:
+    return list(_choices)
+
+
+def version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def accepts(function, keyword: str) -> bool:
+    """Whether this torch's `function` takes the keyword argument `keyword`."""
+    import inspect
+
+    return keyword in inspect.signature(function).parameters
+
+
+@functools.lru_cache(maxsize=None)
+def has_fused(optimizer: str, device_type: str) -> bool:
+    """Whether this torch has the fused (one kernel) update of torch.optim.`optimizer`
+    ("adam" | "sgd") for tensors on `device_type`: fused Adam on CPU comes with torch 2.4,
+    fused SGD with 2.3 (CUDA) and 2.4 (CPU). Asked of torch itself, by making one."""
+    import torch
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return True  # not this machine's to say: the ranks' torch decides where they run
+    param = torch.zeros(1, device=device_type, requires_grad=True)
+    cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
+    try:
+        cls([param], lr=0.1, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
+
+
+def fused(optimizer: str, device_type: str, setting) -> bool:
+    """optim.fused as the optimiser is built: null (the default) is the fused update where
+    this torch has it for `device_type`, else the per-tensor loop, said in the first lines."""
+    if setting is not None:
+        return bool(setting)
+    if has_fused(optimizer, device_type):
+        return True
+    choose(f"optim.fused=null: the per-tensor loop (torch {version()} has no fused "
+           f"{optimizer} update on {device_type}; torch >= 2.4 has)")
+    return False
+
+
+def fused_refusal(optimizer: str, device_type: str) -> str | None:
+    """optim.fused=true where this torch cannot: the one line that refuses it."""
+    if has_fused(optimizer, device_type):
+        return None
+    return (f"optim.fused=true: torch {version()} has no fused {optimizer} update on "
+            f"{device_type} (torch >= 2.4 has): leave optim.fused=null (fused where torch "
+            "has it) or set optim.fused=false")
