@@ -177,11 +177,12 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     model = comm_model_note(comm)
     if model:
         notes.append(model)
-    for s in skipped[:3]:
-        notes.append(f"skipped {Path(s['run']).name}: "
-                     + textwrap.shorten(s["reason"], 100, placeholder=" …"))
+    # what the report left out comes first: the screen's cap never hides it
+    left_out = [f"skipped {Path(s['run']).name}: "
+                + textwrap.shorten(s["reason"], 100, placeholder=" …") for s in skipped[:3]]
     if len(skipped) > 3:
-        notes.append(f"... and {len(skipped) - 3} more skipped folder(s), in report.md")
+        left_out.append(f"... and {len(skipped) - 3} more skipped folder(s), in report.md")
+    notes = left_out + notes
     if not notes:
         return []
     return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")]
