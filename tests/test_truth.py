@@ -234,9 +234,13 @@ def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):
         # the bench measured each bucket's exact size (bench.sizes), not a neighbour
         assert r["bench_exact"] is True and r["bench_ms"] > 0 and r["model_ms"] > 0
         # the cost model against the bench's own measurement at the calls' exact sizes: its
-        # alpha-beta fits price them within the (b) target of 30% (docs/benchmarks.md: 0.79
-        # to 1.16 on every row); a wrong cost (a factor in a formula, bytes for elements) is not
-        assert abs(r["model_ms"] / r["bench_ms"] - 1) <= TARGET_MODEL, r
+        # alpha-beta fits price them within the (b) target of 30% of the bench's spread, from
+        # its fastest iterations to its median (docs/benchmarks.md: 0.79 to 1.16 on every row
+        # of an idle machine, where the two agree; a loaded one slows the median only, 3.9x
+        # the fastest in one CI run); a wrong cost (a factor in a formula, bytes for
+        # elements: 2.27x the median with reduce_broadcast's cost doubled) is not
+        low, high = r["bench_min_ms"] * (1 - TARGET_MODEL), r["bench_ms"] * (1 + TARGET_MODEL)
+        assert low <= r["model_ms"] <= high, r
     ar, rb = rows
     assert ar["calls"] == [["all_reduce", 159040]]  # the notebook MLP's 39,760 float32
     assert rb["calls"] == [["reduce", 159040], ["broadcast", 159040]]
