@@ -15,7 +15,7 @@ from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
-from ddp_lab.report.truth import TARGET_MODEL, _ratios, bench_time, per_step
+from ddp_lab.report.truth import _ratios, bench_time, per_step
 
 
 def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):
@@ -233,13 +233,14 @@ def test_comm_truth_script_end_to_end(tmp_path, shared_data_root):
         assert r["steps"] == 8 and r["measured_ms"] > 0 and r["last_arrival_ms"] > 0
         # the bench measured each bucket's exact size (bench.sizes), not a neighbour
         assert r["bench_exact"] is True and r["bench_ms"] > 0 and r["model_ms"] > 0
-        # the cost model against the bench's own measurement at the calls' exact sizes: its
-        # alpha-beta fits price them within the (b) target of 30% of the bench's spread, from
-        # its fastest iterations to its median (docs/benchmarks.md: 0.79 to 1.16 on every row
-        # of an idle machine, where the two agree; a loaded one slows the median only, 3.9x
-        # the fastest in one CI run); a wrong cost (a factor in a formula, bytes for
-        # elements: 2.27x the median with reduce_broadcast's cost doubled) is not
-        low, high = r["bench_min_ms"] * (1 - TARGET_MODEL), r["bench_ms"] * (1 + TARGET_MODEL)
+        # the cost model against the bench's own measurement at the calls' exact sizes, from
+        # its fastest iterations to its median: within a factor of 2 of that spread. The (b)
+        # target of 30% (docs/benchmarks.md: 0.79 to 1.16 on every row of an idle machine) is
+        # the report's judgement (b_ok), not asserted here: on a loaded CI machine the fit's
+        # own points slow too (1.32x the median, 1.88x the fastest in one run, with a right
+        # model). A wrong cost is still out: bytes for elements 4x, reduce_broadcast's cost
+        # doubled 2.27x the median of an idle run
+        low, high = r["bench_min_ms"] / 2, r["bench_ms"] * 2
         assert low <= r["model_ms"] <= high, r
     ar, rb = rows
     assert ar["calls"] == [["all_reduce", 159040]]  # the notebook MLP's 39,760 float32
