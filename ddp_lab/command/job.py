@@ -26,7 +26,6 @@ from ..rank import failure
 from . import lock
 from ..folder.files import atomic_write_text, write_json
 from ..folder.description import TRAINER
-from ..folder.records import now_iso
 from ..folder.rundir import (DRY_RUN, make_run_dir, mark_failed, read_summary, world_size,
     write_config)
 from ..world.env import process_start

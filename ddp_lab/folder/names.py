@@ -8,7 +8,7 @@ the run folder is `<name>_<date>_<time>` (rundir.make_run_dir) and the TensorBoa
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Optional
+from typing import Iterable
 
 # groups whose option is part of a name when it is not conf/config.yaml's default
 # (tests/test_run_folder.py checks these against the config's defaults list); sync and

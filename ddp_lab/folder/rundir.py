@@ -21,7 +21,7 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     The name comes first so that TensorBoard's sidebar, which names a run by its path
     under --logdir, starts with what tells runs apart (docs/architecture.md, issue 28):
     `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
-    the user's), else what `names.describe` says of the config (`ring_w2_mlp_sgd`)."""
+    the user's), else the run's description's label (`describe_config`: `ring_w2_mlp_sgd`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         _mkdir(path, exist_ok=True)

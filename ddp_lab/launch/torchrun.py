@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import multiprocessing
 import os
 import signal
 import sys
