@@ -37,12 +37,17 @@ def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_roo
          "train.checkpoint=false", f"run.root={runs}", f"data.root={shared_data_root}"],
         cwd=tmp_path, env=child_env({FRESH_RANKS: "1"}), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ranks: dict[int, list[str]] = {}  # the job's rank processes seen, by pid
+    # every command line each of the job's processes showed, by pid: a process started with
+    # fork + exec shows its parent's command line until its exec, so one look can catch a
+    # fresh rank still wearing torchrun's
+    ranks: dict[int, list[list[str]]] = {}
     try:
         while proc.poll() is None:
             for pid, argv in _argvs().items():
                 if "ddp_lab.worker" in argv and str(runs) in " ".join(argv):
-                    ranks.setdefault(pid, argv)
+                    seen = ranks.setdefault(pid, [])
+                    if argv not in seen:
+                        seen.append(argv)
             time.sleep(0.1)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -53,7 +58,7 @@ def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_roo
     assert proc.returncode == 0, describe(done)
     # a fork shows torchrun's command line; a fresh rank its own: `python -u -m MODULE ...`
     # (the worker, started through the module that writes its console a line at a time)
-    fresh = {pid: a for pid, a in ranks.items()
+    fresh = {pid: a for pid, argvs in ranks.items() for a in argvs
              if a[1:3] == ["-u", "-m"] and "ddp_lab.launch.torchrun" not in a}
     assert len(fresh) == 2, ranks
     run_dir = run_dir_of(done)
