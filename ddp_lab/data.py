@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .config import batch_plan
+from .config import DataConfig, TrainConfig, batch_plan
 from .data_fetch import DataError, raw_folder
 from .world.env import DistEnv
 
@@ -122,7 +122,8 @@ class Splits:
     test_y: torch.Tensor
 
 
-def build_splits(data_cfg, train_cfg, env: DistEnv, device: torch.device) -> Splits:
+def build_splits(data_cfg: DataConfig, train_cfg: TrainConfig, env: DistEnv,
+                 device: torch.device) -> Splits:
     """The test share and the training batches of this rank. A training batch holds the
     per-rank batch of `config.batch_plan`: with train.global_batch (strong scaling) that is
     global_batch / world, and because shards are strided (rank r takes positions r, r+w,
@@ -174,7 +175,8 @@ class _DeviceLoader:
             yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
 
-def _dataloader(data_cfg, train_cfg, batch_size: int, env: DistEnv, device: torch.device):
+def _dataloader(data_cfg: DataConfig, train_cfg: TrainConfig, batch_size: int, env: DistEnv,
+                device: torch.device):
     from torchvision import transforms  # lazy: see load_split
     from torchvision.datasets import MNIST
 

@@ -8,7 +8,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .world import torch_support
-from .config import widths
+from .config import AdamConfig, ModelConfig, OptimConfig, SGDConfig, widths
 from .config.registry import Registry
 
 
@@ -68,12 +68,12 @@ MODELS: Registry = Registry("model", {
 })
 
 
-def _adam(cfg, params, lr: float, **fused) -> torch.optim.Optimizer:
+def _adam(cfg: AdamConfig, params, lr: float, **fused) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
                             weight_decay=cfg.weight_decay, **fused)
 
 
-def _sgd(cfg, params, lr: float, **fused) -> torch.optim.Optimizer:
+def _sgd(cfg: SGDConfig, params, lr: float, **fused) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, **fused)
 
@@ -81,11 +81,11 @@ def _sgd(cfg, params, lr: float, **fused) -> torch.optim.Optimizer:
 OPTIMIZERS: Registry = Registry("optim", {"adam": _adam, "sgd": _sgd})
 
 
-def build_model(cfg) -> nn.Module:
+def build_model(cfg: ModelConfig) -> nn.Module:
     return MODELS.get(cfg.name)(cfg)
 
 
-def build_optimizer(cfg, params, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, params, lr: float) -> torch.optim.Optimizer:
     # fused: the whole update in one kernel per dtype/device instead of a Python loop
     # over parameters -- for a small model the step is dispatch-bound, so this matters
     # (null: where the installed torch has it for these parameters' device, ddp_lab/world/torch_support.py)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, batch_plan
+from .config import Config, DataConfig, TrainConfig, batch_plan
 from .data import Splits, build_splits
 from .data_fetch import prepare_mnist
 from .world.distributed import DistContext
@@ -49,18 +49,20 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     """Train per `cfg` on the initialised process group; return the run's summary. The
     course notebook's loop plus the sync; the rest is one call each (module docstring)."""
     batching = batch_plan(cfg.train, ctx.env.world_size)  # per-rank batch, micro-batches
-    splits = load_data(cfg, ctx)  # this rank's shard of MNIST
+    splits = load_data(cfg.data, cfg.train, ctx)  # this rank's shard of MNIST
     ctx.barrier()  # load-bearing: every rank's clock starts at the same instant (trace)
     clock = Clock(ctx.device)
     module, syncer, optimizer = build_parts(cfg, ctx, clock)  # seeded: the same on every rank
     compile_s = preflight_and_compile(cfg.train, syncer, optimizer, splits, batching.micro, ctx)
-    ckpt = Checkpointer(cfg, ctx, run_dir / "checkpoints", module, optimizer, syncer, batching)
+    ckpt = Checkpointer(cfg.train, ctx, run_dir / "checkpoints", module, optimizer, syncer,
+                        batching)
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         return finished(run_dir, start.epoch)
-    meter = EpochMeter(cfg, ctx, clock, syncer, ckpt.resumed_part, run_dir)  # clocks, timer, stop, delay, profiler
-    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg, splits), syncer.bytes_exact,
-                          plan=batching, compile_s=compile_s, meter=meter)
+    meter = EpochMeter(cfg.train, cfg.timing, cfg.debug, ctx, clock, syncer, ckpt.resumed_part,
+                       run_dir)  # clocks, timer, stop, delay, profiler
+    telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg.train, splits),
+                          syncer.bytes_exact, plan=batching, compile_s=compile_s, meter=meter)
     telemetry.start(start.epoch, start.step)
     steps_of = step_runner(cfg.train, syncer, optimizer) if cfg.train.cuda_graph else run_steps
     with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
@@ -80,11 +82,12 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     return telemetry.finish(memory=syncer.memory(optimizer))  # bytes held per rank
 
 
-def load_data(cfg: Config, ctx: DistContext) -> Splits:
+def load_data(data: DataConfig, train: TrainConfig, ctx: DistContext) -> Splits:
     """MNIST on disk (one rank per shared root fetches it, the others wait), then this
-    rank's shard of the training set and its share of the test set, on its device."""
-    prepare_mnist(cfg.data.root, list(cfg.data.mirrors), ctx, cfg.data.node_local)
-    return build_splits(cfg.data, cfg.train, ctx.env, ctx.device)
+    rank's shard of the training set (batched per `train`) and its share of the test set,
+    on its device."""
+    prepare_mnist(data.root, list(data.mirrors), ctx, data.node_local)
+    return build_splits(data, train, ctx.env, ctx.device)
 
 
 def build_parts(cfg: Config, ctx: DistContext, clock: Clock
@@ -104,9 +107,9 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock
     return module, syncer, optimizer
 
 
-def steps_per_epoch(cfg: Config, splits: Splits) -> int:
+def steps_per_epoch(train: TrainConfig, splits: Splits) -> int:
     """The shard's batches, or train.max_steps_per_epoch of them."""
-    n, most = len(splits.train), cfg.train.max_steps_per_epoch
+    n, most = len(splits.train), train.max_steps_per_epoch
     return min(n, most) if most > 0 else n
 
 

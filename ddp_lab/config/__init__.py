@@ -121,12 +121,12 @@ def with_defaults(cfg: Any) -> Any:
     return OmegaConf.merge(base, cfg)
 
 
-def check_model(cfg: Any) -> None:
+def check_model(cfg: ModelConfig) -> None:
     """Raise ValueError (with the fix) if model section `cfg` cannot be built."""
     schema_for("model", cfg.name).check(cfg)
 
 
-def check_sync(cfg: Any, world_size: int) -> None:
+def check_sync(cfg: SyncConfig, world_size: int) -> None:
     """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size`
     ranks: its schema's `check`. Needs no torch, so the submitting side runs it."""
     schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)

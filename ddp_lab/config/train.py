@@ -31,7 +31,7 @@ class ModelConfig:
     name: str = doc(MISSING, "mlp | mlp_wide | cnn | resnet18")
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
+    def check(cls, cfg: ModelConfig) -> None:
         """Raise ValueError, with the fix, for sizes the model cannot be built with."""
 
 
@@ -43,7 +43,7 @@ class MLPConfig(ModelConfig):
                           "list, e.g. [2048,2048] (784-2048-2048-10)")
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
+    def check(cls, cfg: MLPConfig) -> None:
         hidden = cfg.hidden
         widths(OmegaConf.to_object(hidden) if OmegaConf.is_config(hidden) else hidden)
 
@@ -62,7 +62,7 @@ class CNNConfig(ModelConfig):
     hidden: int = doc(64, "units of the fully connected layer")
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
+    def check(cls, cfg: CNNConfig) -> None:
         for key in ("channels1", "channels2", "hidden"):
             if not _size(cfg[key]):
                 raise ValueError(f"model.{key}={cfg[key]}: must be an integer >= 1 "

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..folder import checkpoint
-from ..config import BatchPlan, Config
+from ..config import BatchPlan, TrainConfig
 from ..world.distributed import DistContext
 from .epoch import Position, Stopped
 from ..folder.rundir import resume_mode
@@ -29,9 +29,15 @@ log = logging.getLogger("ddp_lab")
 class Checkpointer:
     """The checkpoints of one run on this rank; see the module docstring."""
 
-    def __init__(self, cfg: Config, ctx: DistContext, ckpt_dir: Path, module: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, syncer: Any, batching: BatchPlan):
-        self.cfg, self.ctx, self.ckpt_dir, self.batching = cfg, ctx, ckpt_dir, batching
+    def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
+                 module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer: Any,
+                 batching: BatchPlan):
+        """`train`: the config's train section (resume, checkpoint); `syncer` saves and
+        loads the optimiser state (zero1: its shard) and names the checkpoint's sync."""
+        self.train = train
+        self.ctx = ctx
+        self.ckpt_dir = ckpt_dir
+        self.batching = batching
         self.module, self.optimizer, self.syncer = module, optimizer, syncer
         self.start = Position()  # where this allocation started (`load`)
 
@@ -39,7 +45,7 @@ class Checkpointer:
         """Load the newest checkpoint when continuing (train.resume auto/true, or a restart
         of this job); the position it holds. Later checkpoints of an older timeline go."""
         env, ctx = self.ctx.env, self.ctx
-        mode = resume_mode(self.cfg.train.resume)
+        mode = resume_mode(self.train.resume)
         # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
         # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
@@ -91,7 +97,7 @@ class Checkpointer:
     def save(self, pos: Position, force: bool = False) -> None:
         """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
         is saved even with train.checkpoint=false: it is the only way to continue the run."""
-        if not (self.cfg.train.checkpoint or force or pos.step):
+        if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
         if self.ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
@@ -100,7 +106,7 @@ class Checkpointer:
             checkpoint.save(self.ckpt_dir, pos.epoch, pos.step, {
                 "model": self.module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
                 "partial": partial if pos.step else {},
-                "world_size": self.ctx.env.world_size, "sync": self.cfg.sync.name})
+                "world_size": self.ctx.env.world_size, "sync": self.syncer.name})
         self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
 
     def on_stop(self, stopped: Stopped) -> dict[str, Any]:
@@ -114,7 +120,7 @@ class Checkpointer:
         stop, measured = stopped.info, stopped.measured
         if measured is None:
             here = Position(stopped.epochs_done)
-            if not self.cfg.train.checkpoint:
+            if not self.train.checkpoint:
                 self.save(here, force=True)
         else:
             m, before = measured, measured.resumed_part

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import batch_plan
+from ..config import TrainConfig, batch_plan
 from ..step import run_steps
 from ..timing import StepTimer
 
@@ -46,11 +46,11 @@ WARMUP_DDP = 11  # PyTorch's notes: DDP needs 11 eager iterations before capture
 WARMUP = 3
 
 
-def enabled(train_cfg: Any) -> bool:
+def enabled(train_cfg: TrainConfig) -> bool:
     return bool(getattr(train_cfg, "cuda_graph", False))
 
 
-def build_stream(train_cfg: Any, device: torch.device):
+def build_stream(train_cfg: TrainConfig, device: torch.device):
     """Where the synchroniser is built: with train.cuda_graph on CUDA, a side stream (the
     notes: DDP constructed in a side-stream context for full-backward capture)."""
     if enabled(train_cfg) and device.type == "cuda":
@@ -58,7 +58,7 @@ def build_stream(train_cfg: Any, device: torch.device):
     return nullcontext()
 
 
-def step_runner(train_cfg: Any, syncer, optimizer: torch.optim.Optimizer) -> Callable:
+def step_runner(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimizer) -> Callable:
     """What runs an epoch's steps, chosen in one place: `run_steps` (ddp_lab/step.py), or
     with train.cuda_graph a `GraphedSteps` with the same call and results."""
     if not enabled(train_cfg):

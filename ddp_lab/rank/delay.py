@@ -23,9 +23,10 @@ import logging
 import os
 import random
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # the submitting side imports this module for its rule: no torch there
+    from ..config import DebugConfig
     from ..world.distributed import DistContext
 
 log = logging.getLogger("ddp_lab")
@@ -46,7 +47,7 @@ class ComputeDelay:
             time.sleep(s)
 
     @classmethod
-    def from_config(cls, debug: Any, rank: int, seed: int) -> Optional["ComputeDelay"]:
+    def from_config(cls, debug: DebugConfig, rank: int, seed: int) -> Optional["ComputeDelay"]:
         """This rank's delay per `debug` (the config's debug section); None when none."""
         fixed = debug.slow_ms if debug.slow_rank == rank else 0.0
         if fixed <= 0 and debug.jitter_ms <= 0:
@@ -54,7 +55,7 @@ class ComputeDelay:
         return cls(fixed, debug.jitter_ms, seed, rank)
 
 
-def injected(debug: Any) -> Optional[dict]:
+def injected(debug: Optional[DebugConfig]) -> Optional[dict]:
     """What summary.json records of the injection (None when nothing is injected, or
     no debug section is given)."""
     if debug is None:
@@ -67,7 +68,7 @@ def injected(debug: Any) -> Optional[dict]:
             "jitter_ms": float(debug.jitter_ms)}
 
 
-def problem(debug: Any, world_size: int) -> Optional[str]:
+def problem(debug: DebugConfig, world_size: int) -> Optional[str]:
     """Why the debug section cannot run on `world_size` ranks (one line with the fix)."""
     if not -1 <= debug.slow_rank < world_size:
         return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) or a rank, "

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
-from ..config import Config
+from ..config import DebugConfig, TimingConfig, TrainConfig
 from ..world.distributed import DistContext
 from ..timing import Clock, CommStats, StepTimer, StepTimes
 from ..folder import progress
@@ -123,20 +123,24 @@ class EpochMeter:
     the part a mid-epoch checkpoint held. It owns the step timer, the injected delay, the
     stop agreement (inside `stop_control`) and the failure hook (`between_epochs`)."""
 
-    def __init__(self, cfg: Config, ctx: DistContext, clock: Clock, syncer,
+    def __init__(self, train: TrainConfig, timing: TimingConfig, debug: DebugConfig,
+                 ctx: DistContext, clock: Clock, syncer,
                  resumed_part: Callable[[int], Position], run_dir: Optional[Path] = None):
-        """`resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds
+        """The config's sections it reads: `train` (epochs, seed, the stop's signal and
+        check interval), `timing` (the step timer, the profiler), `debug` (the injected
+        delay). `resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds
         (`Checkpointer.resumed_part`); `run_dir`: where timing.profile writes its traces."""
-        self.cfg, self.ctx, self.clock, self.syncer = cfg, ctx, clock, syncer
+        self.train = train
+        self.ctx, self.clock, self.syncer = ctx, clock, syncer
         self.resumed_part = resumed_part
         record = progress.current()  # each phase and step's end says where this rank is
-        self.timer = StepTimer(clock, enabled=cfg.timing.enabled,
+        self.timer = StepTimer(clock, enabled=timing.enabled,
                                on_phase=record.phase, on_step_end=record.step_done)
         if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
             self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
-        self.delay = ComputeDelay.from_config(cfg.debug, ctx.env.rank, cfg.train.seed)  # or None
+        self.delay = ComputeDelay.from_config(debug, ctx.env.rank, train.seed)  # or None
         # timing.profile: torch.profiler over a few steps, the phases labelled (rank/profile.py)
-        self.profiler = make_profiler(cfg.timing, ctx.env.rank, ctx.device, run_dir,
+        self.profiler = make_profiler(timing, ctx.env.rank, ctx.device, run_dir,
                                       self.timer, syncer)  # None when off: nothing wrapped
         self.stopper: Optional[StopControl] = None  # inside `stop_control`
         self.epoch, self.t0 = 0, 0.0
@@ -145,7 +149,7 @@ class EpochMeter:
     def stop_control(self, run_dir: Path) -> Iterator[None]:
         """Collective. Inside: stop signals and the stop file are heard, and agreed on
         (ddp_lab/rank/stop.py); on leaving, the signal handlers are restored."""
-        with stop_control(self.ctx, run_dir, self.cfg.train) as self.stopper:
+        with stop_control(self.ctx, run_dir, self.train) as self.stopper:
             try:
                 yield
             finally:
@@ -193,7 +197,7 @@ class EpochMeter:
         (DDP_LAB_FAIL_ONCE, a crash to test restarts), then, unless it was the last epoch,
         a stop check (evaluation may be long). Raises `Stopped` when the ranks agreed."""
         fail_once(self.ctx, epochs_done)
-        if self.stopper is not None and epochs_done < self.cfg.train.epochs:
+        if self.stopper is not None and epochs_done < self.train.epochs:
             info = self.stopper.check()
             if info is not None:
                 raise Stopped(info, epochs_done=epochs_done)

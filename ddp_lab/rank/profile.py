@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..config import TimingConfig
 from ..measure.arith import union_length
 from ..timing import PHASES, CommStats, StepTimes
 
@@ -71,9 +72,9 @@ class _Range:
 class StepProfiler:
     """torch.profiler over a window of steps, the phases labelled; see the module docstring."""
 
-    def __init__(self, cfg: Any, rank: int, device: torch.device, run_dir: Path, timer: Any,
-                 syncer: Any):
-        self.skip, self.active = int(cfg.profile_skip), int(cfg.profile_steps)
+    def __init__(self, timing: TimingConfig, rank: int, device: torch.device, run_dir: Path,
+                 timer: Any, syncer: Any):
+        self.skip, self.active = int(timing.profile_skip), int(timing.profile_steps)
         self.rank, self.timer, self.comm = rank, timer, syncer.comm
         self.path = run_dir / "profile" / f"rank{rank}.pt.trace.json"
         self.cuda = device.type == "cuda"
@@ -328,10 +329,10 @@ def trace_figures(path: Path, blocking: bool = False) -> dict:
             "source": "nccl kernels" if cuda else "c10d and gloo ops"}
 
 
-def make_profiler(cfg: Any, rank: int, device: torch.device, run_dir: Optional[Path],
-                  timer: Any, syncer: Any) -> Optional[StepProfiler]:
+def make_profiler(timing: TimingConfig, rank: int, device: torch.device,
+                  run_dir: Optional[Path], timer: Any, syncer: Any) -> Optional[StepProfiler]:
     """The run's profiler when `timing.profile` is on (and there is a run folder), else None."""
-    if not getattr(cfg, "profile", False) or run_dir is None:
+    if not getattr(timing, "profile", False) or run_dir is None:
         return None
-    return StepProfiler(cfg, rank, device, run_dir, timer, syncer)
+    return StepProfiler(timing, rank, device, run_dir, timer, syncer)
 

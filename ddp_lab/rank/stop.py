@@ -30,10 +30,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from ..world import hang
 from ..folder.files import atomic_write_text
+
+if TYPE_CHECKING:  # the submitting side imports this module (request_stop): no torch there
+    from ..config import TrainConfig
+    from ..world.distributed import DistContext
 
 log = logging.getLogger("ddp_lab")
 
@@ -191,7 +195,8 @@ class StopControl:
 
 
 @contextmanager
-def stop_control(ctx, run_dir: Path, train) -> Iterator[StopControl]:
+def stop_control(ctx: DistContext, run_dir: Path,
+                 train: TrainConfig) -> Iterator[StopControl]:
     """A run's StopControl per `train` (the config's train section): a stop request the
     previous allocation acted on is spent first, and the signal handlers are restored on
     leaving."""

@@ -55,8 +55,11 @@ class Telemetry:
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
-        """`meter`: the loop's EpochMeter, whose step timer and comm recorder the live
-        TensorBoard points are read from (without one they are written at epoch ends)."""
+        """`cfg`: the whole config, for the records describe the run: its text in
+        TensorBoard, its description's hparams (folder/description.py) and summary.json's
+        settings, from every section. `meter`: the loop's EpochMeter, whose step timer and
+        comm recorder the live TensorBoard points are read from (without one they are
+        written at epoch ends)."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)

@@ -4,7 +4,6 @@ as they are, ring, reduce_broadcast, hierarchical and zero1 add theirs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..help import doc
 from .base import SyncConfig
@@ -18,7 +17,7 @@ class BucketSyncConfig(SyncConfig):
     bucket_mb: float = doc(25.0, "bucket size in MB (1e6 bytes); 0 = one call per parameter")
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: BucketSyncConfig, world_size: int) -> None:
         if cfg.bucket_mb < 0:
             raise ValueError(f"sync.bucket_mb={cfg.bucket_mb}: must be >= 0 "
                              "(0 = one call per parameter)")

@@ -5,7 +5,6 @@ synchroniser cannot run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import MISSING
 
@@ -26,7 +25,7 @@ class SyncConfig:
     compress: str = doc("none", "gradients on the wire: none | fp16 | bf16 | powersgd (ddp only)")
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: SyncConfig, world_size: int) -> None:
         """Raise ValueError, with the fix, for a section (`cfg`: this schema's keys, as
         composed or completed by `with_defaults`) the synchroniser cannot run on
         `world_size` ranks. Config only: it runs before any process starts (validate.py)

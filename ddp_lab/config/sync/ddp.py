@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..help import doc
 from .base import SyncConfig
@@ -24,7 +23,7 @@ class DDPSyncConfig(SyncConfig):
     find_unused_parameters: bool = doc(False, "let DDP look for parameters that got no gradient")
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: DDPSyncConfig, world_size: int) -> None:
         if not cfg.get("overlap", True):
             raise ValueError("sync=ddp sync.overlap=false: DDP always overlaps its bucket "
                              "all-reduces with backward; drop sync.overlap=false (or use "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..help import doc
 from .ring import RingSyncConfig
@@ -29,7 +28,7 @@ class HierarchicalSyncConfig(RingSyncConfig):
                             "are a node (one machine; must divide the world size)")
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: HierarchicalSyncConfig, world_size: int) -> None:
         super().check(cfg, world_size)
         for key, allowed in (("inter", HIERARCHICAL_INTER), ("intra", HIERARCHICAL_INTRA)):
             if cfg[key] not in allowed:

@@ -4,7 +4,6 @@ compression, each with the synchroniser that runs it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .base import SyncConfig
 
@@ -16,7 +15,7 @@ class NaiveSyncConfig(SyncConfig):
     refused."""
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: NaiveSyncConfig, world_size: int) -> None:
         if cfg.get("overlap", False):
             raise ValueError("sync=naive sync.overlap=true: naive starts its calls after backward; "
                              "drop sync.overlap, or use sync=allreduce sync.bucket_mb=0 "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..help import doc
 from .allreduce import BucketSyncConfig
@@ -16,7 +15,7 @@ class ReduceBroadcastSyncConfig(BucketSyncConfig):
     root: int = doc(0, "the rank that averages, steps the optimiser and holds its state")
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: ReduceBroadcastSyncConfig, world_size: int) -> None:
         super().check(cfg, world_size)
         if not 0 <= cfg.root < world_size:
             raise ValueError(f"sync.root={cfg.root}: must be a rank, 0..{world_size - 1}")

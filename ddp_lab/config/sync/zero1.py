@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .allreduce import BucketSyncConfig
 
@@ -14,7 +13,7 @@ class Zero1SyncConfig(BucketSyncConfig):
     of the flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
 
     @classmethod
-    def check(cls, cfg: Any, world_size: int) -> None:
+    def check(cls, cfg: Zero1SyncConfig, world_size: int) -> None:
         super().check(cfg, world_size)
         if cfg.get("overlap", False):
             raise ValueError("sync=zero1 sync.overlap=true: zero1 reduce-scatters after backward; "
