@@ -4,7 +4,9 @@ epoch the steps (ddp_lab/step.py), evaluation, a checkpoint and the epoch's reco
 `train` reads as the course notebook's loop plus the sync: data, then the seeded model,
 its synchroniser and the optimiser (`build_parts`), then per epoch `run_steps` (data,
 forward, backward, sync, optimiser step), evaluation, a checkpoint and the epoch's
-record. What a real run needs besides sits behind one call each:
+record. What a real run needs besides sits behind one call each, and each part is handed
+the config sections it reads (`cfg.train`, `cfg.timing`, ...: the typed schemas of
+ddp_lab/config/train.py), so its call says what it depends on:
 
 - `Checkpointer` (ddp_lab/rank/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
@@ -15,7 +17,9 @@ record. What a real run needs besides sits behind one call each:
   checkpointer in one place; after each epoch it runs the failure hook (DDP_LAB_FAIL_ONCE);
 - `Telemetry` (ddp_lab/rank/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
-  points as the steps end (it listens to the meter's step timer).
+  points as the steps end (it listens to the meter's step timer). Of the three it alone
+  takes the whole config: the records describe the run (its config, hparams, summary.json's
+  settings).
 """
 
 from __future__ import annotations

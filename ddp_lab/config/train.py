@@ -5,11 +5,14 @@ injected faults and a scaling study."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
 from .help import doc
+
+if TYPE_CHECKING:
+    from . import Config
 
 
 def _size(value: Any) -> bool:
@@ -175,7 +178,7 @@ class BatchPlan:
         return self.micro if self.accumulation > 1 else 0
 
 
-def batch_plan(train: Any, world_size: int) -> BatchPlan:
+def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
     """The batch plan of `train` (the train config section) on `world_size` ranks. Raises
     ValueError, one line naming the key and the fix, for a combination that cannot run:
     the submitting side checks it with the launcher's world size (validate.py), every rank
@@ -214,7 +217,7 @@ def batch_plan(train: Any, world_size: int) -> BatchPlan:
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
-def cuda_graph_problem(cfg: Any, device: str, accumulation: int) -> Optional[str]:
+def cuda_graph_problem(cfg: Config, device: str, accumulation: int) -> Optional[str]:
     """Why train.cuda_graph=true cannot run `cfg` (the whole config), or None: one line
     naming the key and the fix. `device`: dist.device as the ranks will see it where that
     is known (auto stays auto when the ranks start elsewhere); `accumulation`: micro-steps
