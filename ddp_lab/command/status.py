@@ -5,8 +5,8 @@ a second submission).
 Everything comes from the run folder (summary.json, metrics.jsonl, checkpoints/, job_id,
 logs/) plus what this machine can see: the scheduler's view of the job (`scontrol`, then
 `sacct`) and the processes of the job alive here (`ddp_lab.launch.job_processes`). So it
-works from any shell, long after the one that submitted the run is gone. How it is shown:
-status_view.py; the command and its --follow and --stop: status_commands.py.
+works from any shell, long after the one that submitted the run is gone. How it is shown,
+the command and its --follow and --stop: status_commands.py.
 
 A run's state is one word: `running`, `pending` (queued or starting), `completed`,
 `failed`, `preempted` (stopped to continue later), `stopped` (a person stopped it), or
