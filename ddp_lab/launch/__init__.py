@@ -22,14 +22,11 @@ from types import ModuleType
 
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
-from .base import (LaunchError, Rendered, Tail, check_port_free, code_dir, default_nproc, diagnose, is_this_machine, python_exe, require_tool, setup_block, should_wait, tail_text, template)
-from .foreground import JOB_ENV, JOB_MARKERS, Foreground, job_processes, run_foreground, sweep
+from .base import LaunchError, Rendered, Tail, python_exe, setup_block, template
+from .foreground import job_processes, run_foreground, sweep
 
-__all__ = ["JOB_ENV", "JOB_MARKERS", "Foreground", "LaunchError", "Rendered", "Tail",
-           "check_port_free", "code_dir", "default_nproc", "diagnose", "is_this_machine",
-           "job_processes", "modules", "python_exe", "render", "require_tool", "resolve",
-           "run_foreground", "setup_block", "should_wait", "start", "sweep", "tail_text",
-           "template"]
+__all__ = ["LaunchError", "Tail", "job_processes", "modules", "python_exe", "render", "resolve",
+           "setup_block", "start", "sweep", "template"]
 
 # ----------------------------------------------------------------- dispatch
 LAUNCHERS: Registry[ModuleType] = Registry("launcher", {

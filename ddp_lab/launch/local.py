@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..world.ports import FIX, taken
-from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
+from ..world.devices import default_nproc
+from .base import (LaunchError, Rendered, check_port_free, code_dir, python_exe, setup_block, template)
 
 ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ERROR_FILE)
 

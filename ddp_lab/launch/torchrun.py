@@ -49,7 +49,7 @@ def fork_ranks(args) -> bool:
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
-    from .base import gpu_devices_present
+    from ..world.devices import gpu_devices_present
 
     run_dir = Path(args.training_script_args[0])
     try:

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from ..measure.costmodel import SYNC_COLLECTIVES
 from ..measure.arith import union_length
-from .model import Fit, fit_all, predict_comm_s
+from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
 
 #: targets of issue 12 item 7: (a) measured vs bench, (b) measured vs model
