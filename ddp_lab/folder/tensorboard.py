@@ -1,27 +1,18 @@
-r"""TensorBoard for one run folder: one writer, so one TensorBoard run per training.
+"""TensorBoard for one run folder: one writer, so one TensorBoard run per training
+(docs/timing.md, "TensorBoard", shows what it draws).
 
     RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
 
-TensorBoard names a run by its folder relative to --logdir: the run folder's name starts
-with what tells runs apart and `<name>` says the rest (ddp_lab/folder/names.py), so the
-sidebar reads `ring_sgd_2026-11-26_16-24-20/tb/ring_w2_mlp_sgd`. A resumed run goes on in
-the folder its first segment made, whatever its name says.
+The run folder's name starts with what tells runs apart and `<name>` says the rest
+(ddp_lab/folder/names.py); a resumed run goes on in its first segment's folder. One x axis,
+the global step: a per-step point at its step, an epoch's scalars at the epoch's last step,
+`epoch` a scalar of its own; a resumed run purges every point past its checkpoint.
 
-One x axis, the global step (optimiser steps done over all epochs): a per-step point at
-its step, an epoch's scalars at the epoch's last step, and `epoch` as a scalar of its own
-(Lightning's layout), so per-step and per-epoch cards line up. A resumed run hides every
-point past its checkpoint: one writer, one axis, one purge step.
-
-Tags carry their units in brackets, `time/epoch[s]`, `comm/busbw[GB/s]`: never in
-parentheses, which the custom-scalars dashboard cannot draw (it names a line
-`<tag> (<run>)` and finds the run again with /\((.*)\)$/, so a tag with "(" gets no
-colour and its line stays invisible).
-
-Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
-the custom-scalars layout (`layout(run)`: the run's own compute-vs-comm charts, then
-`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
-experiment of its own, so the HParams dashboard ticks the hparams that differ among the
-runs it shows). The run's figures so far (`RUN_METRICS`) at every epoch's end.
+Tags carry their units in brackets, `time/epoch[s]`, never in parentheses: the
+custom-scalars dashboard finds a line's run with /\((.*)\)$/, so a tag with "(" stays
+invisible. Written once, at step 0 of a fresh run: the config as text, the custom-scalars
+layout (`layout(run)`, then `LAYOUT`) and the hparams (`hparams_summaries`, no experiment of
+its own, so the HParams dashboard ticks those that differ); `RUN_METRICS` at every epoch's end.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
-"""Are the numbers true? A training run's comm per step set against the bench and the model.
+"""Are the numbers true? A training run's comm per step set against the bench and the model
+(the columns, for users: docs/benchmarks.md, "Are the numbers true?").
 
-For each training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
+Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
+- **measured**: rank 0's comm per step as its synchroniser recorded it, from
+  `trace/rank0.json`: the union of the step's call intervals, median over steps;
+- **after the last arrival**: per call the shortest duration any rank saw, unioned per
+  step: the difference to *measured* is waiting for a straggler (no clock is compared
+  across ranks);
+- **bench**: the bench's median of the same collective and algorithm at each call's size
+  (interpolated log-log between measured sizes), summed per step. Check (a): within 20%;
+- **model**: `report.model.predict_comm_s` with that bench run's fits (`model.fit_all`).
+  Check (b): within 30%;
+- **why**: for a row that misses a check, the reasons the figures show (`why`).
 
-- **measured**: rank 0's communication per step as its synchroniser recorded it
-  (`CommRecorder`: DDP's comm hook per bucket, ours per call), the union of the step's call
-  intervals: median over steps. Read from `trace/rank0.json`, where every call is one slice
-  with its payload bytes and its step.
-- **after the last arrival**: per call, the shortest duration any rank saw, ending where the
-  call ended on rank 0, unioned per step as above. A blocking collective ends on every rank
-  at about the same moment, so the rank that arrived last saw the call itself and the
-  others saw it plus their wait for that rank: the difference to *measured* is waiting for
-  a straggler, which no bench of barrier-started calls sees. (No clock is compared across
-  ranks: each rank's durations are its own.)
-- **bench**: the bench's median time of the same collective and algorithm at each call's
-  size (`bench.sizes` holds every bucket size; other sizes are interpolated log-log between
-  the two nearest measured ones), summed over one step's calls. Check (a): within 20%.
-- **model**: `report.model.predict_comm_s` with the alpha-beta fits of that bench run, one
-  per collective and algorithm (`model.fit_all`). Check (b): within 30%.
-- **why**: for a row that misses a check, the reasons the figures themselves show (`why`).
-
-The bench run of a training run is the one of its allocation: the same world size, nodes
-and backend (2 nodes x 1 rank crosses a link, 1 node x 2 ranks does not).
+A training run's bench run is its allocation's: the same world size, nodes and backend.
 """
 
 from __future__ import annotations
