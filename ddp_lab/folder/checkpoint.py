@@ -101,10 +101,6 @@ def _remove(path: Path) -> None:
     path.with_name(path.name + SUM).unlink(missing_ok=True)
 
 
-def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
-    return save(ckpt_dir, epoch, 0, state, keep)
-
-
 def position(path: Path) -> tuple[int, int]:
     """(epochs done, steps of the next epoch) of a checkpoint file name."""
     pos = checkpoint_position(path.name)
