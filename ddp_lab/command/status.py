@@ -1,19 +1,12 @@
 """A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
-`python -m ddp_lab.status` shows, its --json output, and what ddp_lab.command.lock asks before
-a second submission).
+`python -m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-Everything comes from the run folder (summary.json, metrics.jsonl, checkpoints/, job_id,
-logs/) plus what this machine can see: the scheduler's view of the job (`scontrol`, then
-`sacct`) and the processes of the job alive here (`ddp_lab.launch.job_processes`). So it
-works from any shell, long after the one that submitted the run is gone. How it is shown,
-the command and its --follow and --stop: status_commands.py.
-
-A run's state is one word: `running`, `pending` (queued or starting), `completed`,
-`failed`, `preempted` (stopped to continue later), `stopped` (a person stopped it), or
-`not started` (a dry run). summary.json says `running` from the moment the ranks start
-until they end; if everything was SIGKILLed it still says so: with no scheduler job and no
-process of the job alive here the state reads `running (no process alive: the job died
-without a word)`, and `--follow` treats it as failed.
+It reads the run folder (summary.json, metrics.jsonl, checkpoints/, job_id, logs/), the
+scheduler's view of the job (`scontrol`, then `sacct`) and the job's processes alive here
+(`ddp_lab.launch.job_processes`), so it works from any shell. How it is shown, --follow and
+--stop: status_commands.py. The states (docs/status.md): `running`, `pending`, `completed`,
+`failed`, `preempted`, `stopped`, `not started`; summary.json's `running` with no job and no
+process alive reads `running (no process alive: the job died without a word)`.
 """
 
 from __future__ import annotations
