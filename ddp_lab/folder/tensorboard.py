@@ -31,8 +31,7 @@ FLUSH_S = 2
 QUEUE = 1000
 
 # a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
-# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them (every step of a
-# 20-step run, where every 50th drew nothing and its one epoch point no line)
+# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them
 MIN_POINTS = 20
 
 
@@ -54,13 +53,10 @@ def run_metrics(**figures: float) -> dict[str, float]:
     return {RUN_METRICS[name]: value for name, value in figures.items()}
 
 
-# The margin charts' band: a run's comm in flight drawn as one stretch of its length that
-# ends where its exposed part ends (compute + exposed, counted from the forward's start),
-# so the part above the compute line is the exposed comm and the part below it the comm
-# that overlapped compute. A margin chart draws its tags for every run that has them, so
-# with many runs in a folder one chart over shared tags was a pile of translucent bands:
-# each run writes its band under tags of its own, `band/<run folder>/...`, and its layout
-# holds its own chart over them (TensorBoard merges the runs' layouts: one chart per run).
+# The margin charts' band: a run's comm in flight drawn as a stretch that ends where its
+# exposed part ends (compute + exposed), so the part above the compute line is exposed.
+# Each run writes its band under tags of its own, `band/<run folder>/...`, with its own
+# chart over them (a margin chart draws every run that has its tags).
 # (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
          ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
@@ -95,12 +91,9 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
     return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
-# Custom scalars. TensorBoard gives every line of a run the run's colour (it finds the run
-# again in the line's name), so quantities drawn as lines of one chart differ only by
-# marker. Hence: one chart per quantity where runs are compared (a colour per run), and
-# for one run a margin chart where compute is the line and comm the shaded band, one per
-# run (`ONE_RUN`, `layout(run)`). (title, closed, [(chart title, content)])
-# (which, title, closed, the band's tags, what the chart's title says after the run's)
+# Custom scalars: every line of a run has the run's colour, so one chart per quantity
+# where runs are compared, and per run a margin chart, compute the line and comm the band
+# (`ONE_RUN`, `layout(run)`): (which, title, closed, the band's tags, the title's tail)
 ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
                     "comm in flight (above the line: exposed)", False,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),

@@ -24,10 +24,7 @@ from ..world import cpu
 from ..rank.forked import AGENT_SIGNALS, _inherited
 
 # The ranks' entries this torchrun may start as forks of itself, with what each would import
-# first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
-# (2.2 s: the optimiser's first call imports it) before its first step. Imported once here,
-# the forks start with them loaded: half the CPU of a 2-rank start, ~2 s less to the first
-# step (docs/performance.md).
+# first (torch, torch._dynamo: ~5 s of CPU a rank), imported once here (docs/performance.md).
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 # the signals torchrun's agent handles by raising in its own code, as this process got them

@@ -39,12 +39,9 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-# What makes two allocations' timings comparable: the kind of machine and software, not
-# the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
-# report groups by already: a study's world 1 on one node and world 4 on two are one
-# allocation). NCCL's network (IB, Socket, a plugin) is the allocation's: it is in.
-# The node's link rate (a tbf's, else the interface's speed) is the allocation's too: two
-# allocations at 200 and 50 Mbit/s must not be taken for repeats of each other.
+# What makes two allocations' timings comparable: the kind of machine, software, NCCL's
+# network and the node's link rate; not the shape of the run (nodes x procs), which the
+# report groups by already.
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
