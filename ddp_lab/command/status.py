@@ -11,11 +11,10 @@ process alive reads `running (no process alive: the job died without a word)`.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import OmegaConf
 
@@ -110,28 +109,9 @@ def rank_progress(run_dir: Path) -> list[dict]:
     """Per-rank progress records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.progress); []
     when there are none, or they cannot be read."""
     try:
-        records = read_all(run_dir)
+        return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
         return []
-    if isinstance(records, dict):
-        records = [r if isinstance(r, dict) and "rank" in r else {"rank": k, **_as_dict(r)}
-                   for k, r in sorted(records.items())]
-    out = []
-    for rec in records or []:
-        rec = _as_dict(rec)
-        if rec:
-            out.append(rec)
-    return out
-
-
-def _as_dict(rec: Any) -> dict:
-    if isinstance(rec, dict):
-        return rec
-    if hasattr(rec, "to_dict"):
-        return rec.to_dict()
-    if hasattr(rec, "__dataclass_fields__"):
-        return dataclasses.asdict(rec)
-    return {}
 
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
