@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from .cpu import cores
 from .env import host_address
 
 # the variables that change how collectives run: NCCL's, UCX's and libfabric's (RDMA),
@@ -129,11 +130,6 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "?"
-
-
-def cpu_count() -> int:
-    """The cores this process may run on (its affinity: a SLURM task's cpus, a container's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ------------------------------------------------------------------ the node's link
@@ -259,7 +255,7 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     return {
-        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cpu_count(), "gpu": gpu,
+        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cores(), "gpu": gpu,
         **_versions(backend),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),
