@@ -29,7 +29,7 @@ from ..measure.arith import union_length
 from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
 
-#: targets of issue 12 item 7: (a) measured vs bench, (b) measured vs model
+#: the targets: (a) measured vs bench, (b) measured vs model
 TARGET_BENCH = 0.20
 TARGET_MODEL = 0.30
 
@@ -302,7 +302,7 @@ def markdown(rows: list[dict]) -> list[str]:
               "bench's median time of the same collective and algorithm at each call's size, "
               "summed (* = some size interpolated); model: alpha-beta fits of that bench run, "
               "one per collective and algorithm; one-fit model: the library all_reduce's fit "
-              "for every call (the model before issue 12).", "",
+              "for every call.", "",
               "Per call (median duration over the run's steps vs the bench at that size):", "",
               "| sync | model | world | op (algorithm) | MB | measured ms | bench ms | ratio |",
               "|---|---|---|---|---|---|---|---|"]
