@@ -209,23 +209,10 @@ def _ratios(row: dict) -> dict:
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
     """The known reasons a row misses (a) or (b), in words ("; "-joined); None for a row
-    that meets both, "not known" where none of these applies:
-
-    - waiting: after the last arrival the calls take what the bench says, so the rest is
-      rank 0 waiting for a later rank (a straggler; the bench starts every call after a
-      barrier);
-    - the model's line: the bench itself is beyond 30% of the model, so the alpha-beta fit
-      misses the bench at these sizes (its points are log-spaced; a curve is not a line);
-    - the link's burst: the run crossed a shaped link (tbf) with calls not much larger than
-      its burst, which passes at memory speed after an idle moment: how long the link idled
-      before a call (compute in training, the previous iteration in the bench) sets its time;
-    - DDP's buckets: several buckets overlap backward and each other, and the union of their
-      intervals is not the sum of separate calls the bench adds up;
-    - the bench's spread: its fastest iterations at these sizes are within 20% of the
-      measured figure, its median is not (a few slow iterations of a few, a loaded machine);
-    - the broadcast's root: rank 0 roots reduce_broadcast's broadcast, whose sends end for
-      it when the kernel has taken them, not when the others have the data (the bench times
-      a call until every rank has it)."""
+    that meets both, "not known" where none applies. Each reason is the figures' own: rank 0
+    waiting for a later rank, the fit's line missing the bench at these sizes, calls within
+    reach of a shaped link's tbf burst, DDP's overlapping buckets, the bench's own spread,
+    and rank 0 rooting a broadcast (its sends end when the kernel has taken them)."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
