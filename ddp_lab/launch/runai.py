@@ -8,7 +8,7 @@ pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma
 torchrun with --nnodes $WORLD_SIZE --node_rank $RANK; the stop and exit machinery is
 pod_stop.sh beside it. The run folder must be on a PVC the pods mount at the same path.
 A preempted pod's trap writes RUN_DIR/STOP, every rank checkpoints, and the script exits
-PREEMPTED_EXIT so that the pods come back and continue (docs/launchers.md, "runai").
+PREEMPTED_EXIT so that the pods come back and continue (docs/launchers.md, "runai: RunAI pods").
 Flags are those of `runai submit-dist pytorch` (CLI v2.10+).
 """
 
