@@ -31,7 +31,7 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch
 
 def test_latest_ignores_temp_files_and_keeps_two(tmp_path):
     for e in range(1, 5):
-        checkpoint.save_epoch(tmp_path, e, {"x": e})
+        checkpoint.save(tmp_path, e, 0, {"x": e})
     (tmp_path / ".epoch_0005.pt.tmp-1").write_bytes(b"partial")
     assert checkpoint.latest(tmp_path).name == "epoch_0004.pt"
     assert sorted(p.name for p in tmp_path.glob("epoch_*.pt")) == ["epoch_0003.pt", "epoch_0004.pt"]

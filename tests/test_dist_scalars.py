@@ -30,7 +30,6 @@ def _scalars(rank: int, world: int) -> dict:
         "big": ctx.reduce_float(2.0 ** 40 + 1),
         "any_last": ctx.any_rank(rank == world - 1),
         "any_none": ctx.any_rank(False),
-        "floats": ctx.gather_floats([rank, rank * 0.5]),
         "objects": ctx.gather_objects({"rank": rank, "host": f"h{rank}"}),
         "to_root": ctx.gather_objects_to(("r", rank), dst=0),
         "to_last": ctx.gather_objects_to(rank, dst=world - 1),
@@ -51,7 +50,6 @@ def test_scalar_collectives_on_real_worlds(world):
         assert r["big"] == world * (2.0 ** 40 + 1)
         assert r["any_last"] is True
         assert r["any_none"] is False
-        assert r["floats"] == [[q, q * 0.5] for q in ranks]
         assert r["objects"] == [{"rank": q, "host": f"h{q}"} for q in ranks]
         assert r["to_root"] == ([("r", q) for q in ranks] if rank == 0 else None)
         assert r["to_last"] == (list(ranks) if rank == world - 1 else None)
@@ -66,7 +64,6 @@ def test_scalar_collectives_without_a_process_group():
     assert ctx.reduce_floats([1.5, 2.0], "mean") == [1.5, 2.0]
     assert ctx.reduce_float(3.0, "max") == 3.0
     assert ctx.any_rank(True) and not ctx.any_rank(False)
-    assert ctx.gather_floats([1.0]) == [[1.0]]
     assert ctx.gather_objects("x") == ["x"]
     assert ctx.gather_objects_to("x") == ["x"]
     with pytest.raises(ValueError, match="reduce op 'avg'"):

@@ -638,11 +638,11 @@ def test_fork_ranks_only_ddp_lab_entries_on_cpu(tmp_path, monkeypatch, device, g
     from omegaconf import OmegaConf
     from torch.distributed import run as torchrun
 
-    from ddp_lab.launch import base
     from ddp_lab.launch import torchrun as wrapper
+    from ddp_lab.world import devices
 
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose(f"dist.device={device}")))
-    monkeypatch.setattr(base, "gpu_devices_present", lambda: gpus)
+    monkeypatch.setattr(devices, "gpu_devices_present", lambda: gpus)
     monkeypatch.setattr(wrapper, "FORK_PRELOAD", {k: ("json",) for k in wrapper.FORK_PRELOAD})
     args = torchrun.parse_args(["--nproc_per_node=2", "-m", entry, str(tmp_path)])
     assert wrapper.fork_ranks(args) is forked

@@ -41,7 +41,7 @@ def test_list_keys_are_checked_against_the_registry():
 
 def test_a_name_is_registered_once():
     reg = Registry("model")
-    reg.register("mlp")(object)
+    reg.add("mlp", object)
     with pytest.raises(ValueError, match="registered twice"):
         reg.add("mlp", object)
 

@@ -5,11 +5,9 @@ One measurement (all ranks take part, in the same order):
     inputs reset (untimed) -> device sync -> global barrier -> clock/events start
     -> the op on this rank's group -> clock/events stop -> result checked (untimed)
 
-The barrier starts every group of a kind together (node-local groups run at the same
-time, as in the assignment). On CPU a monotonic clock brackets the call (gloo calls
-return when done); on CUDA, events on the stream do (the call only queues kernels). A
-group's time for an iteration is its slowest member's; the kind's row reports its slowest
-group; the row's time is the median over iterations, with min/p25/p75/max as spread.
+The barrier starts every group of a kind together. On CPU a monotonic clock brackets the
+call, on CUDA events on the stream. An iteration's time is its slowest member's, the row's
+its slowest group's median over iterations, with min/p25/p75/max as spread (docs/bench.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The loops the epoch benchmark (ddp_lab/bench/specs/epoch.py) times ddp_lab against: the
 tightest loop over the same work, on 1 process and on 2, and the course notebook's own.
 
-The workload is the notebook's: MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, one pass
-over MNIST's 60,000 training images. The tight loop keeps only the work: MNIST preloaded as
-one normalised float tensor, a fresh permutation per epoch, batches by index, no process
-group beyond what 2 ranks need, no timers, no records. How fast that runs depends on
-settings that are not ddp_lab's to choose for it (torch's thread count, OpenMP's wait policy
-and spin count, read once when torch loads, and Adam's implementation), so each loop here
-takes them as arguments and the benchmark searches them: the floor is the fastest found.
+The tight loop keeps only the work (MNIST preloaded as one normalised tensor, batches by
+index, no timers, no records); its speed depends on settings that are not ddp_lab's to
+choose (torch threads, OpenMP's wait, Adam's implementation), so each loop takes them as
+arguments and the benchmark searches them: the floor is the fastest found.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Optional
 SWEEP = ["ring", "hierarchical", "ddp", "allreduce"]
 STRAGGLER = ["ddp", "hierarchical"]
 COMPRESSED = ["ddp fp16", "ddp bf16", "ddp powersgd"]
-TOLERANCE = 0.20  # a prediction is met within 20% (issue 22's target for the hierarchy)
+TOLERANCE = 0.20  # a prediction is met within 20%
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
 RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,  # tc's: bytes/s
               "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}

@@ -1,8 +1,6 @@
 """The scaffold of the training benchmarks of ddp_lab/bench/specs/ that time the trainer's
 parts (syncs, overlap, stop, straggler): ranks of a one-machine gloo group, each with the
-trainer's parts built as `ddp_lab.train.train` builds them (`build_parts`; `step.run_steps`).
-The choice of configurations, interleaved rounds, medians and ratios are the runner's
-(ddp_lab/bench/suite.py).
+trainer's parts built as `ddp_lab.train.train` builds them.
 
     def worker(ctx, args):                      # on every rank, in its own process
         bench = Bench(ctx, [f"data.root={args.data_root}"])    # config, data, Clock
@@ -11,9 +9,7 @@ The choice of configurations, interleaved rounds, medians and ratios are the run
 
     results = run_ranks(worker, 2, args)        # {rank: what worker returned}, or None
 
-`worker` is a module-level function of the spec: the spawned ranks import it by name. Only
-the specs import this module: the collective benchmark (`python -m ddp_lab.bench`) does
-not, and still imports no trainer module.
+`worker` is a module-level function of the spec (the spawned ranks import it by name).
 """
 
 from __future__ import annotations

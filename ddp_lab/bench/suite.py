@@ -1,19 +1,16 @@
-"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite NAME [options]`.
+"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite NAME [options]`
+(docs/benchmarks.md).
 
     python -m ddp_lab.bench.suite                         # the benchmarks, one line each
     python -m ddp_lab.bench.suite syncs --rounds 7 --out syncs.json
     python -m ddp_lab.bench.suite start --vs ../before    # this checkout against another
     python -m ddp_lab.bench.suite NAME --help             # its own options too
 
-Each benchmark is a module of ddp_lab/bench/specs/ whose `SPEC` says what it runs side by
-side, its rounds and the ratios it prints; `add_args(parser)` adds its own options and
-`run(args)` measures and returns its figures. The runner gives every one the same
-options (`--rounds`, `--out`, `--data-root` where it reads MNIST), the same ending (the
-ratios, measured side by side in one run, as a table) and the same JSON file (`--out`:
-{"bench", "args", "ratios", and the benchmark's own figures}). A bad option is one line
-and exit 2, before anything runs. The collective benchmark (`python -m ddp_lab.bench`,
-Hydra-configured, a run folder per job) is not one of these: it sweeps message sizes on
-any launcher; these time the trainer's own parts, or whole runs, on this machine.
+Each benchmark is a module of ddp_lab/bench/specs/: its `SPEC` says what it runs side by
+side, its rounds and ratios; `add_args(parser)` adds its options, `run(args)` measures and
+returns its figures. The runner gives every one the same options (`--rounds`, `--out`,
+`--data-root`), the same ending (the ratios as a table) and the same JSON file (`--out`).
+A bad option is one line and exit 2, before anything runs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - `cli` (Hydra's overrides, errors as one line), `validate` (every rule before any process
   starts), `submit` (one run, a sweep or a study), `job` (the launcher's side of a run),
   `lock` (one command per run folder);
-- `status`, `status_view`, `status_commands`: `python -m ddp_lab.status`, reattach to a
-  run, follow it, stop it;
+- `status` (a run's state), `status_commands` (`python -m ddp_lab.status`: show it,
+  follow it, stop it);
 - `study`, `study_plan`, `study_folder`: a scaling study, one run per world size.
 """

@@ -1,33 +1,19 @@
 """One command per run folder: `RUN_DIR/LOCK`, taken before the command writes anything
-into the folder and held for the life of its job.
+into the folder and held for the life of its job (docs/failures.md, "Two commands on one
+run folder").
 
-The lock is a small JSON file, created only where there is none (atomic on local and
-network file systems alike), naming who holds it: host, pid (and the pid's start time, so a
-reused pid is not mistaken for the holder) and launcher. A second command on the same folder reads
-it and asks whether that holder still lives:
+The lock is a small JSON file naming its holder: host, pid (with the pid's start time, so
+a reused pid is not the holder) and launcher. A second command asks whether that holder
+lives: on this machine its process or any process of the folder's job; a SLURM job the
+scheduler (the job holds the lock through requeues until it ends); RunAI the run's state
+as `python -m ddp_lab.status` reads it; a foreground command on another machine counts as
+alive. A live holder: refused in one line. A dead one: taken over, with a line. A lock that
+vanishes while read, or a folder that vanishes before the lock is in it: try again.
 
-- on this machine: the holder's process, or any process of the folder's job
-  (ranks still stopping after their launcher was killed);
-- a SLURM job (launcher=slurm, its id in RUN_DIR/job_id): the scheduler's word; the job
-  holds the lock after the submitting command has exited, through requeues, until it ends;
-- RunAI: the run's state as `python -m ddp_lab.status` reads it;
-- a foreground command on another machine: nothing can tell, so it counts as alive.
-
-A live holder: the command is refused in one line naming the job and how to follow it.
-A dead one: the lock is taken over, with a line that says so. A lock that vanishes while it
-is read is a holder that has just left, a folder that vanishes before the lock is in it is
-another command's validation probe (it removes the empty folders it made): the command
-tries again.
-
-Race-free at every point: a lock appears whole (written to a private file first, then
-hard-linked to LOCK, which fails if LOCK exists), and it is removed (given back, or set
-aside as dead) only under a short `flock` of the run folder, after checking that LOCK is
-still the very file that was judged (its inode and content). So two commands never both
-hold the folder, and no command removes a lock it did not judge. (A file system without
-flock or hard links falls back to O_EXCL alone, without that guard.)
-
-A command run in the foreground (torchrun, mpirun) gives the lock back when its job ends;
-a scheduler's job leaves it to be taken over once the scheduler says it has ended.
+Race-free: a lock appears whole (a private file hard-linked to LOCK, which fails if LOCK
+exists), and is removed only under a short `flock` of the run folder, after checking that
+LOCK is still the very file judged (inode and content). Without flock or hard links:
+O_EXCL alone.
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
-`python -m ddp_lab.status` shows, its --json output, and what ddp_lab.command.lock asks before
-a second submission).
+`python -m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-Everything comes from the run folder (summary.json, metrics.jsonl, checkpoints/, job_id,
-logs/) plus what this machine can see: the scheduler's view of the job (`scontrol`, then
-`sacct`) and the processes of the job alive here (`ddp_lab.launch.job_processes`). So it
-works from any shell, long after the one that submitted the run is gone. How it is shown:
-status_view.py; the command and its --follow and --stop: status_commands.py.
-
-A run's state is one word: `running`, `pending` (queued or starting), `completed`,
-`failed`, `preempted` (stopped to continue later), `stopped` (a person stopped it), or
-`not started` (a dry run). summary.json says `running` from the moment the ranks start
-until they end; if everything was SIGKILLed it still says so: with no scheduler job and no
-process of the job alive here the state reads `running (no process alive: the job died
-without a word)`, and `--follow` treats it as failed.
+It reads the run folder (summary.json, metrics.jsonl, checkpoints/, job_id, logs/), the
+scheduler's view of the job (`scontrol`, then `sacct`) and the job's processes alive here
+(`ddp_lab.launch.job_processes`), so it works from any shell. How it is shown, --follow and
+--stop: status_commands.py. The states (docs/status.md): `running`, `pending`, `completed`,
+`failed`, `preempted`, `stopped`, `not started`; summary.json's `running` with no job and no
+process alive reads `running (no process alive: the job died without a word)`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import OmegaConf
 
@@ -117,28 +109,9 @@ def rank_progress(run_dir: Path) -> list[dict]:
     """Per-rank progress records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.progress); []
     when there are none, or they cannot be read."""
     try:
-        records = read_all(run_dir)
+        return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
         return []
-    if isinstance(records, dict):
-        records = [r if isinstance(r, dict) and "rank" in r else {"rank": k, **_as_dict(r)}
-                   for k, r in sorted(records.items())]
-    out = []
-    for rec in records or []:
-        rec = _as_dict(rec)
-        if rec:
-            out.append(rec)
-    return out
-
-
-def _as_dict(rec: Any) -> dict:
-    if isinstance(rec, dict):
-        return rec
-    if hasattr(rec, "to_dict"):
-        return rec.to_dict()
-    if hasattr(rec, "__dataclass_fields__"):
-        return dataclasses.asdict(rec)
-    return {}
 
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],

@@ -26,7 +26,7 @@ from .. import launch
 from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
 from ..rank.delay import problem as delay_problem
 from ..config.errors import UserError
-from ..launch.base import local_gpus
+from ..world.devices import default_nproc, local_gpus
 from ..launch.slurm import duration_s
 from ..config.sync import COMPRESS_MODES
 from .lock import in_use
@@ -365,7 +365,7 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
     with open_dict(cfg):
         launch.resolve(cfg)  # the launcher's own defaults and checks (LaunchError)
         if cfg.launcher.nproc_per_node is None:
-            cfg.launcher.nproc_per_node = launch.default_nproc()
+            cfg.launcher.nproc_per_node = default_nproc()
         if "data" in cfg:
             cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
             cfg.data.mirrors = [m if m == "embedded" or "://" in m

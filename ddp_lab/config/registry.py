@@ -7,7 +7,7 @@ error messages all read it, so a name is never listed twice by hand.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, Optional, TypeVar
 
 from .errors import UserError
@@ -34,10 +34,6 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ValueError(f"{self.key} '{name}' is registered twice")
         self._entries[name] = entry
         return entry
-
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator form of `add`."""
-        return lambda entry: self.add(name, entry)
 
     def get(self, name: str) -> T:  # type: ignore[override]  -- raises, never None
         try:

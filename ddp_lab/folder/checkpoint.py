@@ -1,14 +1,10 @@
 """Checkpoints written atomically: a crash leaves the previous one, never half of a new one.
 
-Names order the run's timeline: `epoch_0003.pt` holds the state after 3 epochs,
-`epoch_0003_step_000120.pt` after 3 epochs and 120 steps of the 4th (a graceful stop).
-The newest by (epochs, step) is the one a run continues from.
-
-Each checkpoint has its SHA-256 beside it (`epoch_0003.pt.sha256`, in `sha256sum`'s format:
-`cd checkpoints && sha256sum -c epoch_0003.pt.sha256` checks it by hand), written before the
-checkpoint is renamed into place. A run continues from the newest checkpoint whose bytes
-still match: a damaged one (a node that died while a shared file system still held its
-write, a full disk, a copy cut short) is set aside as `<name>.damaged`, never deleted.
+`epoch_0003.pt` holds the state after 3 epochs, `epoch_0003_step_000120.pt` after 3 epochs
+and 120 steps of the 4th (a graceful stop); a run continues from the newest by (epochs,
+step) whose bytes still match its SHA-256 (`epoch_0003.pt.sha256`, `sha256sum -c` format,
+written before the checkpoint is renamed into place). A damaged one is set aside as
+`<name>.damaged`, never deleted.
 """
 
 from __future__ import annotations
@@ -99,10 +95,6 @@ def save(ckpt_dir: Path, epochs: int, step: int, state: dict, keep: int = 2) -> 
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     path.with_name(path.name + SUM).unlink(missing_ok=True)
-
-
-def save_epoch(ckpt_dir: Path, epoch: int, state: dict, keep: int = 2) -> Path:
-    return save(ckpt_dir, epoch, 0, state, keep)
 
 
 def position(path: Path) -> tuple[int, int]:

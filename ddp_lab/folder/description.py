@@ -1,22 +1,17 @@
 """One description of a run: what it trains (its workload), how (its setting), and a short
-label of what sets it apart. Every consumer of a run reads it: the report's series and
-workloads, status, TensorBoard's run names and hparams, run folder names, the sweep's
-closing table and a study's points.
+label of what sets it apart; the report, status, TensorBoard, run folder names, the sweep's
+table and a study's points all read it.
 
     describe_run(config, summary) -> Description
-      workload  model (and its non-default options), data, batch (per rank or global),
-                micro-batch, optimiser (and lr, non-default options)
-      setting   sync and every option of its group that is not the group's default,
-                world, nodes, launcher, device, the entry the ranks run (when not the
-                trainer)
-      length    epochs and the step cap: an epoch's time is compared only within them,
-                a step's time across them
+      workload  model (non-default options), data, batch (per rank or global), micro-batch,
+                optimiser (lr, non-default options)
+      setting   sync and its non-default options, world, nodes, launcher, device, the entry
+                the ranks run (when not the trainer)
+      length    epochs and the step cap: epoch times compare only within them
 
-Two runs are repeats of one point only when their workload and setting agree; settings
-that differ are two series, never an average (`sync=ring sync.prepost=false,true`).
-A group's default is its conf/sync/<name>.yaml over its schema (config/sync/), so a new
-synchroniser or option is described without a change here. Torch-free (the submitting
-command and the ranks import it).
+Two runs are repeats of one point only when workload and setting agree. A group's default
+is its conf/sync/<name>.yaml over its schema, so a new synchroniser or option is described
+without a change here. Torch-free.
 """
 
 from __future__ import annotations

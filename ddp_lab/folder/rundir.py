@@ -19,7 +19,7 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     `<run.root>/<name>_<date>_<time>` (suffixed when two runs start in one second).
 
     The name comes first so that TensorBoard's sidebar, which names a run by its path
-    under --logdir, starts with what tells runs apart (docs/architecture.md, issue 28):
+    under --logdir, starts with what tells runs apart:
     `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
     the user's), else the run's description's label (`describe_config`: `ring_w2_mlp_sgd`)."""
     if cfg.run.dir:

@@ -1,27 +1,18 @@
-r"""TensorBoard for one run folder: one writer, so one TensorBoard run per training.
+"""TensorBoard for one run folder: one writer, so one TensorBoard run per training
+(docs/timing.md, "TensorBoard", shows what it draws).
 
     RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
 
-TensorBoard names a run by its folder relative to --logdir: the run folder's name starts
-with what tells runs apart and `<name>` says the rest (ddp_lab/folder/names.py), so the
-sidebar reads `ring_sgd_2026-11-26_16-24-20/tb/ring_w2_mlp_sgd`. A resumed run goes on in
-the folder its first segment made, whatever its name says.
+The run folder's name starts with what tells runs apart and `<name>` says the rest
+(ddp_lab/folder/names.py); a resumed run goes on in its first segment's folder. One x axis,
+the global step: a per-step point at its step, an epoch's scalars at the epoch's last step,
+`epoch` a scalar of its own; a resumed run purges every point past its checkpoint.
 
-One x axis, the global step (optimiser steps done over all epochs): a per-step point at
-its step, an epoch's scalars at the epoch's last step, and `epoch` as a scalar of its own
-(Lightning's layout), so per-step and per-epoch cards line up. A resumed run hides every
-point past its checkpoint: one writer, one axis, one purge step.
-
-Tags carry their units in brackets, `time/epoch[s]`, `comm/busbw[GB/s]`: never in
-parentheses, which the custom-scalars dashboard cannot draw (it names a line
-`<tag> (<run>)` and finds the run again with /\((.*)\)$/, so a tag with "(" gets no
-colour and its line stays invisible).
-
-Written once, at step 0 of a fresh run, so they show while it runs: the config as text,
-the custom-scalars layout (`layout(run)`: the run's own compute-vs-comm charts, then
-`LAYOUT`) and the run's hparams (`hparams_summaries`, with no
-experiment of its own, so the HParams dashboard ticks the hparams that differ among the
-runs it shows). The run's figures so far (`RUN_METRICS`) at every epoch's end.
+Tags carry their units in brackets, `time/epoch[s]`, never in parentheses: the
+custom-scalars dashboard finds a line's run with /\((.*)\)$/, so a tag with "(" stays
+invisible. Written once, at step 0 of a fresh run: the config as text, the custom-scalars
+layout (`layout(run)`, then `LAYOUT`) and the hparams (`hparams_summaries`, no experiment of
+its own, so the HParams dashboard ticks those that differ); `RUN_METRICS` at every epoch's end.
 """
 
 from __future__ import annotations
@@ -40,8 +31,7 @@ FLUSH_S = 2
 QUEUE = 1000
 
 # a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
-# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them (every step of a
-# 20-step run, where every 50th drew nothing and its one epoch point no line)
+# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them
 MIN_POINTS = 20
 
 
@@ -63,13 +53,10 @@ def run_metrics(**figures: float) -> dict[str, float]:
     return {RUN_METRICS[name]: value for name, value in figures.items()}
 
 
-# The margin charts' band: a run's comm in flight drawn as one stretch of its length that
-# ends where its exposed part ends (compute + exposed, counted from the forward's start),
-# so the part above the compute line is the exposed comm and the part below it the comm
-# that overlapped compute. A margin chart draws its tags for every run that has them, so
-# with many runs in a folder one chart over shared tags was a pile of translucent bands:
-# each run writes its band under tags of its own, `band/<run folder>/...`, and its layout
-# holds its own chart over them (TensorBoard merges the runs' layouts: one chart per run).
+# The margin charts' band: a run's comm in flight drawn as a stretch that ends where its
+# exposed part ends (compute + exposed), so the part above the compute line is exposed.
+# Each run writes its band under tags of its own, `band/<run folder>/...`, with its own
+# chart over them (a margin chart draws every run that has its tags).
 # (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
          ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
@@ -104,12 +91,9 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
     return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
-# Custom scalars. TensorBoard gives every line of a run the run's colour (it finds the run
-# again in the line's name), so quantities drawn as lines of one chart differ only by
-# marker. Hence: one chart per quantity where runs are compared (a colour per run), and
-# for one run a margin chart where compute is the line and comm the shaded band, one per
-# run (`ONE_RUN`, `layout(run)`). (title, closed, [(chart title, content)])
-# (which, title, closed, the band's tags, what the chart's title says after the run's)
+# Custom scalars: every line of a run has the run's colour, so one chart per quantity
+# where runs are compared, and per run a margin chart, compute the line and comm the band
+# (`ONE_RUN`, `layout(run)`): (which, title, closed, the band's tags, the title's tail)
 ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
                     "comm in flight (above the line: exposed)", False,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),

@@ -1,18 +1,12 @@
 """Launchers: render what will run into the run folder, then start it and follow it.
 
-One module per launcher (local, mpirun, slurm, runai), each with
-
-- `resolve(cfg)`: fill the launcher's derived settings into `cfg.launcher` and reject bad
-  input with a `LaunchError`, before the run folder exists (so config.yaml records them);
-- `render(cfg, run_dir) -> Rendered`: pure: the files to write and the command to run;
-  `Rendered.starter`, when set, starts + follows the job (sbatch, runai); otherwise the
-  command runs in the foreground and its exit status is the job's.
-
-Templates live in `launchers/` and are filled with `str.format` (bash braces doubled).
-`base.py` holds what the launchers share, `foreground.py` the job run from this process,
-`slurm_job.py` the submit and follow of what `slurm.py` renders;
-their public names are handed on here, so callers write `launch.LaunchError`,
-`launch.render(...)`, `launch.job_processes(...)`.
+One module per launcher (local, mpirun, slurm, runai), each with `resolve(cfg)` (fill its
+derived settings into `cfg.launcher`, reject bad input with a `LaunchError` before the run
+folder exists) and `render(cfg, run_dir) -> Rendered` (pure: the files and the command;
+`Rendered.starter`, when set, starts and follows the job, else the command runs in the
+foreground). Templates live in `launchers/`, filled with `str.format`. `base.py` holds what
+the launchers share, `foreground.py` the job run from this process, `slurm_job.py` the
+submit and follow of what `slurm.py` renders.
 """
 
 from __future__ import annotations
@@ -22,14 +16,11 @@ from types import ModuleType
 
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
-from .base import (LaunchError, Rendered, Tail, check_port_free, code_dir, default_nproc, diagnose, is_this_machine, python_exe, require_tool, setup_block, should_wait, tail_text, template)
-from .foreground import JOB_ENV, JOB_MARKERS, Foreground, job_processes, run_foreground, sweep
+from .base import LaunchError, Rendered, Tail, python_exe, setup_block, template
+from .foreground import job_processes, run_foreground, sweep
 
-__all__ = ["JOB_ENV", "JOB_MARKERS", "Foreground", "LaunchError", "Rendered", "Tail",
-           "check_port_free", "code_dir", "default_nproc", "diagnose", "is_this_machine",
-           "job_processes", "modules", "python_exe", "render", "require_tool", "resolve",
-           "run_foreground", "setup_block", "should_wait", "start", "sweep", "tail_text",
-           "template"]
+__all__ = ["LaunchError", "Tail", "job_processes", "modules", "python_exe", "render", "resolve",
+           "setup_block", "start", "sweep", "template"]
 
 # ----------------------------------------------------------------- dispatch
 LAUNCHERS: Registry[ModuleType] = Registry("launcher", {

@@ -16,7 +16,6 @@ from typing import Callable, Optional, TextIO
 
 from ..config.errors import UserError
 from ..config.resources import launchers_dir
-from ..world.devices import default_nproc, gpu_devices_present, local_gpus  # noqa: F401 (launchers' names)
 from ..world.ports import FIX, port_in_use
 
 TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/resources.py)

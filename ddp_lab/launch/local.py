@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..world.ports import FIX, taken
-from .base import (LaunchError, Rendered, check_port_free, code_dir, default_nproc, python_exe, setup_block, template)
+from ..world.devices import default_nproc
+from .base import (LaunchError, Rendered, check_port_free, code_dir, python_exe, setup_block, template)
 
 ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ERROR_FILE)
 
@@ -45,9 +46,8 @@ def resolve(cfg) -> None:
 
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
-    # None: port 0, and the store binds whatever port the OS gives it. A port picked free
-    # here and bound later by torchrun can be taken in between by another program (seen in
-    # CI: two test workers, one port); a bind to port 0 cannot lose that race.
+    # None: port 0, and the store binds whatever port the OS gives it: a port picked free
+    # here could be taken by another program before torchrun binds it; port 0 cannot.
     port = lc.master_port if lc.master_port is not None else 0
     script = template("local.sh").format(
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,

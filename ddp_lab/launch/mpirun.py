@@ -15,10 +15,11 @@ import shlex
 import socket
 from pathlib import Path
 
+from ..world.devices import default_nproc
 from ..world.ports import free_port
 from .base import (LaunchError, Rendered, check_container, check_port_free, container_folders,
-                   default_nproc, is_this_machine, python_check, pythonpath_line, ranks_python,
-                   require_tool, setup_block, template)
+                   is_this_machine, python_check, pythonpath_line, ranks_python, require_tool,
+                   setup_block, template)
 from .foreground import run_foreground
 from .mpirun_errors import MpirunStderr
 

@@ -1,17 +1,13 @@
 """mpirun's stderr on its way to the console: Open MPI's failure to reach a host as one line.
 
-mpirun starts a daemon (orted) on every other host over ssh. When ssh fails there, the
-console used to get ssh's own complaint, then about 40 lines of Open MPI's "ORTE was unable to
-reliably start one or more daemons" (five possible causes, none of them named), then "job
-failed with exit status 255". `MpirunStderr` reads mpirun's stderr line by line:
-
+`MpirunStderr` reads mpirun's stderr line by line:
 - ssh's messages (SSH_LINES) and Open MPI's help blocks (text between two rules of dashes)
-  go to RUN_DIR/logs/mpirun.log; a daemon failure is kept there only, and `close` prints one
-  line instead: the host, ssh's reason, the fix. Any other block is also shown, as before;
+  go to RUN_DIR/logs/mpirun.log; a daemon failure (about 40 lines of "ORTE was unable to
+  reliably start one or more daemons") is kept there only, and `close` prints one line
+  instead: the host, ssh's reason, the fix. Any other block is also shown;
 - torch's `[c10d] The hostname of the client socket cannot be retrieved. err=-3`, one per
-  rank whose store connection it logs (a lab's addresses that no DNS server names: reverse
-  lookups fail, and torch falls back to the address), is explained once instead;
-- every other line (the ranks' own stderr, which mpirun forwards) passes through at once.
+  rank (addresses no DNS server names), is explained once instead;
+- every other line (the ranks' own stderr) passes through at once.
 
 `reason()` is the run's one-line failure for summary.json when the daemons did not start.
 """

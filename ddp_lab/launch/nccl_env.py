@@ -1,32 +1,13 @@
 """NCCL network settings: Slingshot (CSCS Alps), RoCE / InfiniBand (e.g. RunAI pods with
-``rdma/rdma=1``), or none (sockets).
+``rdma/rdma=1``), or none (sockets); docs/nccl_env.md says how the index is chosen.
 
-The network is told apart from sysfs: CXI NICs (``<sysfs_root>/class/cxi``) are HPE
-Slingshot, which NCCL reaches through the aws-ofi-nccl plugin with CSCS's settings
-(``SLINGSHOT``, each with its reason); RDMA devices (``class/infiniband``) are InfiniBand
-or RoCE by their ports' link layer; neither leaves NCCL on TCP sockets.
-
-Automates the recipe of the RunAI guide: find the RDMA devices under
-``<sysfs_root>/class/infiniband``, find the GID index whose GID is an IPv4-mapped address
-(``0000:0000:0000:0000:0000:ffff:xxxx:xxxx``) and whose type is ``RoCE v2``, and export::
-
-    NCCL_IB_GID_INDEX=<that index>
-    NCCL_IB_HCA=<usable device names, comma-joined>    (or the --hca override)
-    NCCL_SOCKET_NTHREADS=4
-    NCCL_NSOCKS_PERTHREAD=8
-
-Choice with several devices/ports (NCCL_IB_GID_INDEX is one value for all devices):
-devices are scanned in name order, ports and GID indices in numeric order; the first
-(device, port, index) with an IPv4-mapped RoCE v2 GID fixes NCCL_IB_GID_INDEX.
-NCCL_IB_HCA lists every device that has such a GID *at that same index* (plus devices
-whose port link layer is InfiniBand, which need no GID index); devices whose usable GID
-sits at another index are left out, with a warning.
-
-Nothing here raises on a missing or odd sysfs tree: problems become warnings, and the
-result without a device is "RDMA off, NCCL falls back to sockets". Reading sysfs (devices,
-ports, GIDs, CXI NICs) is sysfs_scan.py's; choosing and writing the variables is here.
-
-CLI (for a pod entry script)::
+CXI NICs (``<sysfs_root>/class/cxi``) are HPE Slingshot, reached through the aws-ofi-nccl
+plugin with CSCS's settings (``SLINGSHOT``); RDMA devices (``class/infiniband``) are
+InfiniBand or RoCE by their ports' link layer, and get NCCL_IB_GID_INDEX (the first
+IPv4-mapped RoCE v2 GID, devices in name order), NCCL_IB_HCA (every device with such a GID
+at that index, or an InfiniBand port), NCCL_SOCKET_NTHREADS=4, NCCL_NSOCKS_PERTHREAD=8;
+neither leaves NCCL on TCP sockets. A missing or odd sysfs tree gives warnings, never an
+error. Reading sysfs is sysfs_scan.py's; choosing and writing the variables is here.
 
     eval "$(python -m ddp_lab.nccl_env)"            # export lines on stdout, '# ...' on stderr
     python -m ddp_lab.nccl_env --format json        # {"env": {...}, "warnings": [...], ...}

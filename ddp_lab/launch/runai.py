@@ -5,17 +5,11 @@
 
 RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
 pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
-torchrun with --nnodes $WORLD_SIZE --node_rank $RANK (RunAI's pod counts); the stop and exit
-machinery it sources first is pod_stop.sh beside it. The run folder must be on a PVC the
-pods mount at the same path as this machine sees it.
-
-Preemption: Kubernetes SIGTERMs each pod's script; its trap writes RUN_DIR/STOP, every rank
-of every pod checkpoints and exits 0, and the script exits PREEMPTED_EXIT so that the pods
-come back; started again, they continue from the checkpoint (train.resume=auto). The
-follower reports such a run as preempted/stopped (summary.json), not as a failure.
-
-Flags used are the documented ones of `runai submit-dist pytorch` (run-ai/docs,
-docs/Researcher/cli-reference/runai-submit-dist-pytorch.md, CLI v2.10+).
+torchrun with --nnodes $WORLD_SIZE --node_rank $RANK; the stop and exit machinery is
+pod_stop.sh beside it. The run folder must be on a PVC the pods mount at the same path.
+A preempted pod's trap writes RUN_DIR/STOP, every rank checkpoints, and the script exits
+PREEMPTED_EXIT so that the pods come back and continue (docs/launchers.md, "runai: RunAI pods").
+Flags are those of `runai submit-dist pytorch` (CLI v2.10+).
 """
 
 from __future__ import annotations

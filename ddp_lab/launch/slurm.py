@@ -4,29 +4,15 @@
     python -m ddp_lab launcher=slurm launcher.dry_run=true          # print the sbatch script
     python -m ddp_lab launcher=slurm launcher.per_task=true         # one srun task per process
 
-Two modes:
-- torchrun (default): one srun task per node, each a torchrun that starts nproc_per_node
-  processes; rendezvous c10d (or static) at the first node, port from the job id.
-- per_task=true: srun starts every process itself (ntasks-per-node = nproc_per_node);
-  ranks come from SLURM_PROCID / SLURM_LOCALID (ddp_lab.world.env reads them).
+torchrun (default): one srun task per node, each a torchrun of nproc_per_node processes,
+rendezvous at the first node, port from the job id. per_task=true: srun starts every
+process (ranks from SLURM_PROCID / SLURM_LOCALID, read by ddp_lab.world.env).
 
-The job script reads top to bottom as a student would write it (#SBATCH lines, exports, the
-srun line); the stop and requeue machinery below lives in RUN_DIR/slurm_stop.sh, which it
-sources first (launchers/slurm_stop.sh).
-
-Submits with `sbatch --parsable`; with launcher.wait (default: when stdin is a terminal)
-it follows the job through scontrol, streams its log and returns its exit status: the
-submit and the follow are slurm_job.py's.
-
-Time limits and requeue (docs/launchers.md, "Time limits, preemption, requeue"):
-- `#SBATCH --signal=B:USR2@<launcher.signal_s>` asks SLURM to signal the batch shell ahead of
-  the limit; its trap writes RUN_DIR/STOP, every rank checkpoints and exits 0, and the shell
-  requeues the job (`scontrol requeue $SLURM_JOB_ID`) while SLURM_RESTART_COUNT <
-  launcher.max_requeues; `--requeue` (launcher.requeue) and `--open-mode=append`.
-- A job SLURM ends (scancel, scontrol requeue, preemption) gets SIGTERM everywhere: the ranks
-  checkpoint (their handler); torchrun ignores it, so that no rank gets it twice.
-- `follow` (slurm_job.py) follows a job through its requeues (same id, Restarts+1,
-  appended logs) to its final state.
+The job script reads top to bottom as a student would write it; the stop and requeue
+machinery lives in RUN_DIR/slurm_stop.sh (launchers/slurm_stop.sh), sourced first. The
+submit (`sbatch --parsable`) and the follow (launcher.wait) are slurm_job.py's. Time
+limits, `--signal`, requeue and what each signal does: docs/launchers.md, "Time limits,
+preemption, requeue".
 """
 
 from __future__ import annotations

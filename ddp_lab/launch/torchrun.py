@@ -1,18 +1,12 @@
 """`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun, with its
 own failure traceback kept in FILE (the run folder's logs/torchrun.log), not the console.
 
-When a rank fails, the console has already said which rank and why: the rank's own line,
-then `python -m ddp_lab`'s diagnosis. torchrun would end it with a ~30-line traceback of
-its `ChildFailedError`. Here that traceback goes to FILE, and the console gets one line
-saying where it is. Nothing else changes: this is torchrun's own `main` in this process,
-so its signal handling is its own, and the ranks write to the console directly (the
-descriptors they inherit), in real time as under plain torchrun. torchrun's log lines
-(warnings, "failed (exitcode: ...)") still reach the console, and FILE too.
-
-One thing it adds: CPU ranks start as forks of this process (`fork_ranks`), which has
-imported torch already, instead of as fresh interpreters that import it again.
-DDP_LAB_FRESH_RANKS=1 turns that off: CPU ranks then start as fresh interpreters, the way
-they always start on a GPU (tests/test_fresh_ranks.py runs that path on CPU).
+When a rank fails, the console has already said which rank and why; torchrun's ~30-line
+`ChildFailedError` traceback goes to FILE and the console gets one line saying where.
+Otherwise this is torchrun's own `main` in this process: its signal handling, its log
+lines, and the ranks writing to the console directly. One thing it adds: CPU ranks start
+as forks of this process, which has imported torch already (`fork_ranks`);
+DDP_LAB_FRESH_RANKS=1 starts them as fresh interpreters, as on a GPU.
 """
 
 from __future__ import annotations
@@ -30,10 +24,7 @@ from ..world import cpu
 from ..rank.forked import AGENT_SIGNALS, _inherited
 
 # The ranks' entries this torchrun may start as forks of itself, with what each would import
-# first: every rank of a CPU run spends ~5 s of CPU importing torch (2.5 s) and torch._dynamo
-# (2.2 s: the optimiser's first call imports it) before its first step. Imported once here,
-# the forks start with them loaded: half the CPU of a 2-rank start, ~2 s less to the first
-# step (docs/performance.md).
+# first (torch, torch._dynamo: ~5 s of CPU a rank), imported once here (docs/performance.md).
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 # the signals torchrun's agent handles by raising in its own code, as this process got them
@@ -49,7 +40,7 @@ def fork_ranks(args) -> bool:
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
-    from .base import gpu_devices_present
+    from ..world.devices import gpu_devices_present
 
     run_dir = Path(args.training_script_args[0])
     try:

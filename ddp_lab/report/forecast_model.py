@@ -1,34 +1,21 @@
-"""The forecast's model of time per epoch, fitted on the measured runs of a series.
-
-The model of one epoch on n ranks (nodes of G ranks):
+"""The forecast's model of time per epoch, fitted on the measured runs of a series
+(docs/scaling.md, "Forecast", says it for users).
 
     T(n) = S(n) * (c(b(n)) + m(n))
 
-- b(n): samples per rank per step: the batch per rank (weak scaling) or global batch / n
-  (strong scaling).
-- S(n): steps per epoch per rank: the step cap (train.max_steps_per_epoch) where there is
-  one, else the epoch's samples D / (b(n) * n), D read from the measured runs.
-- c(b): compute per step (data + forward + backward + optimiser and the epoch's own overhead
-  spread over its steps), measured: T / S - the measured comm per step, at every fitted
-  point; a line c0 + c1 * b where the fitted points have several per-rank batches, else
-  the largest fitted world's (proportional to b when another batch is asked for).
-- m(n): comm per step from the alpha-beta model (`model.predict_comm_s`: the sync's own
-  algorithm, the payload and calls per step it recorded, from any run of the series), with
-  one alpha-beta fit per link level: ranks of one node talk over the node's own memory
-  (loopback), ranks on several nodes over the network, whose every collective is paced by
-  the slowest link it crosses. The intra-node fit prices a world of one node, the cross-node
-  fit a world of several (n > ranks per node: the measured point's, else G). Each level's
-  fit: a bench run on the same backend and device that measured that level (1 node; 2 nodes
-  or more), the allocation's own first (same fingerprint: its link's rate is in it), else
-  fitted on the study's own measured comm per step of that level's points (weighted least
-  squares, `model._solve`, pooled over the syncs of the same backend and device: the model
-  is linear in alpha and beta, so a point's two coefficients are its prediction under
-  (1, 0) and (0, 1); points of one world and one sync cannot tell alpha from beta: latency
-  only then); the cross-node level without either takes the intra-node fit.
-- On CPU, ranks sharing cores (a node's ranks > the fingerprint's `cpu_count`) run
-  ranks/cores times slower, compute and comm alike; fitted points are normalised by it.
-- No overlap of comm with compute (ddp overlaps: its forecast is then an upper bound), no
-  contention beyond what the fitted points had, the link of the level's fit for every pair.
+- b(n): samples per rank per step (weak scaling: the batch per rank; strong: global / n);
+  S(n): steps per epoch per rank (the step cap, else D / (b(n) * n), D from the runs).
+- c(b): compute per step, measured T / S minus the measured comm per step; a line c0 + c1 * b
+  where the fitted points have several per-rank batches, else the largest fitted world's.
+- m(n): comm per step from the alpha-beta model (`model.predict_comm_s`) with one fit per
+  link level, intra-node for a world of one node, cross-node for several. Each level's fit:
+  a bench run that measured that level (the allocation's own first), else weighted least
+  squares on the study's own comm per step of that level's points (`model._solve`, pooled
+  over the syncs of one backend and device; one world and one sync: latency only); the
+  cross-node level without either takes the intra-node fit.
+- On CPU, ranks sharing cores run ranks/cores times slower; fitted points are normalised.
+- No overlap of comm with compute (ddp's forecast is an upper bound), no contention beyond
+  the fitted points'.
 """
 
 from __future__ import annotations

@@ -1,33 +1,20 @@
 """The alpha-beta cost model: fitted on a bench run, set against measured training comm.
 
-A message of m bytes costs alpha + m * beta (alpha: latency, beta: seconds per byte,
-1/beta the link bandwidth). An algorithm's time is steps * alpha + path_bytes * beta, with
-`steps` and `path_bytes` from `ddp_lab.measure.costmodel.cost` -- e.g. ring all-reduce on
-n ranks: 2(n-1) alpha + 2(n-1)/n * m * beta. What a synchroniser runs per bucket is
-`costmodel.SYNC_COLLECTIVES`: the same figures its recorded bytes come from.
+A message of m bytes costs alpha + m * beta. An algorithm's time is steps * alpha +
+path_bytes * beta, both from `ddp_lab.measure.costmodel.cost` (ring all-reduce on n ranks:
+2(n-1) alpha + 2(n-1)/n * m * beta); a synchroniser's calls per bucket are
+`costmodel.SYNC_COLLECTIVES`, the library's collectives modelled as
+`costmodel.TORCH_MODELLED_AS` says.
 
-The fit: least squares of that line through a bench run's points of one collective and
-implementation (time per call vs bytes), each point weighted by 1/time so that the
-microsecond points weigh as much as the second-long ones (plain least squares would let
-the largest sizes decide alpha, which then comes out as noise, often negative). The
-library's collectives (`torch`) are modelled as `costmodel.TORCH_MODELLED_AS` says (all_reduce
-as a ring: what gloo and NCCL run for large messages).
+The fit: least squares through a bench run's points of one collective and implementation,
+each point weighted by 1/time (else the largest sizes decide alpha). One fit per collective
+and implementation (`fit_all`): their per-message costs differ (docs/benchmarks.md, "Are
+the numbers true?").
 
-One fit per collective and implementation (`fit_all`): a synchroniser's call is priced with
-the fit of the very collective and algorithm it runs (`costmodel.SYNC_COLLECTIVES`), because
-their per-message costs differ: the library's all_reduce is one C++ call whose steps cost
-gloo's own latency, our send/recv algorithms pay Python dispatch and gloo's send/recv
-rendezvous on every step (2-4x the library's alpha on this machine), and gloo's reduce and
-broadcast are other code again. One all_reduce fit for every synchroniser was what left
-the predictions 1.6x-4.9x off (docs/benchmarks.md, "Are the numbers true?").
-
-Across nodes (`predict_comm_s(..., per_node=k, intra=fit)`): ranks placed k to a node in
-order, a call's steps that cross nodes cost the cross-node fit, those that stay inside one
-the intra-node fit (`cross_share`). A ring's every step has a message crossing, and the
-slowest link paces the step: all of it crosses. A binomial tree's or butterfly's level k
-pairs ranks 2^k apart: inside a node while 2^k < k ranks (a power of two), so only its
-top levels cross; in those, a tree sends one message out of a node, a butterfly k (every
-rank exchanges with a partner on another node), which share the node's link (`node_load`).
+Across nodes (`predict_comm_s(..., per_node=k, intra=fit)`): a call's steps that cross
+nodes cost the cross-node fit, those inside one the intra-node fit (`cross_share`); a ring
+crosses on every step, a tree or butterfly only at its top levels, where a butterfly's k
+messages share the node's link (`node_load`).
 """
 
 from __future__ import annotations

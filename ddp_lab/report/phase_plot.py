@@ -1,11 +1,8 @@
 """The report's phase figure: where a step's time goes, one stacked bar per point.
 
-Bars lie horizontally, their names on the y axis: a name gets a row of its own, so seven
-syncs' names ("reduce_broadcast") and the workloads' never run into each other however
-many bars there are. One panel per workload, each on its own x axis from zero: a
-workload's step of 5 ms beside another's of 430 ms would be a sliver on a shared one, and
-what a panel is read for is where its own step's time goes (the tables compare the
-workloads' times). Every panel says its scale under its bars.
+Bars lie horizontally, a row per name, so long names never meet. One panel per workload,
+each on its own x axis from zero (a 5 ms step beside a 430 ms one would be a sliver on a
+shared one; the tables compare the workloads), its scale said under its bars.
 """
 
 from __future__ import annotations

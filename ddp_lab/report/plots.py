@@ -1,12 +1,9 @@
 """Report figures (matplotlib, Agg), each with a sidecar JSON of the series drawn: the
 time per epoch here, the phases in phase_plot.py, the bench in bench_plot.py.
 
-Each `*_figure` function returns the Figure and what it drew; `save` writes the PNG and
-the JSON. Tests read the returned Figure's own artists (legend, error bars, limits, text
-extents). Layout is matplotlib's constrained layout with every legend outside the axes
-(`fig.legend(loc="outside ...")`): a legend never covers a point or an axis label. Where
-names are many or long (syncs, points), bars lie horizontally with their names on the y
-axis, a row each, so no two names meet whatever the data.
+Each `*_figure` function returns the Figure and what it drew (tests read its artists);
+`save` writes the PNG and the JSON. Every legend lies outside the axes (constrained
+layout), and many or long names get horizontal bars, a row each, so no two names meet.
 """
 
 from __future__ import annotations

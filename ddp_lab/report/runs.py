@@ -1,13 +1,10 @@
 """Finding and reading run folders: training runs and bench runs, complete or not.
 
-A run folder is any folder holding `config.yaml`, `summary.json` or `metrics.jsonl` (what
-`python -m ddp_lab` and `python -m ddp_lab.bench` make); a parent folder is searched
-recursively, never below a run folder; a study folder (study.json, its points in
-STUDY/points/<point>/) is searched, never taken for a run. Every folder found comes back, usable or not: the
-ones that cannot be compared carry the reason, so a report lists them instead of
-silently dropping them. A training run's metrics.jsonl and summary.json are read through
-the trainer's own record types (`ddp_lab.folder.records`), so files written before versioning
-read as well.
+A run folder holds `config.yaml`, `summary.json` or `metrics.jsonl`; a parent folder is
+searched recursively, never below a run folder, and a study folder is searched, never
+taken for a run. Every folder found comes back, usable or not: the ones that cannot be
+compared carry the reason, so a report lists them. A training run's files are read through
+the trainer's own record types (`ddp_lab.folder.records`).
 """
 
 from __future__ import annotations

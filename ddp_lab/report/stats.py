@@ -1,22 +1,14 @@
 """Statistics of repeats: mean, standard deviation, 95% confidence intervals.
 
-A point of a scaling study (one config, one world size, one allocation fingerprint) is
-measured by n repeats, each giving one value (its mean post-warm-up epoch time). Times are
-positive and their spread is relative (a busy machine makes a run 2x slower, never 2 s
-faster), so the point's interval is Student's t on the LOGS of the values, exponentiated:
+Times are positive and their spread relative (a busy machine makes a run 2x slower, never
+2 s faster), so a point's interval is Student's t on the LOGS of its repeats, exponentiated:
 
     exp(mean(log x) +- t(0.975, n-1) * sd(log x) / sqrt(n))
 
-an interval around the geometric mean that never goes below zero (a t-interval on the
-times themselves reached -0.75 s for two repeats). Fewer than MIN_REPEATS values give no
-interval at all: with two, t(0.975, 1) = 12.7 and any pair's interval spans everything;
-the report says "not meaningful" instead.
-
-A speedup is a ratio of two such means, T_base / T. Its interval comes from the delta
-method on the log of the ratio: its variance is the sum of the two means' relative
-variances, s0^2 / (n0 m0^2) + s1^2 / (n1 m1^2), with Welch-Satterthwaite's degrees of
-freedom for the t quantile; exponentiated, it stays positive too. Efficiency = speedup x
-base world / world, its interval scaled alike.
+around the geometric mean, never below zero. Fewer than MIN_REPEATS values give none (with
+two, t = 12.7: the report says "not meaningful"). A speedup T_base / T gets its interval
+from the delta method on the log of the ratio (variance s0^2 / (n0 m0^2) + s1^2 / (n1 m1^2),
+Welch-Satterthwaite degrees of freedom); efficiency = speedup x base world / world.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The report in one screen: what `python -m ddp_lab.report` prints; report.md has the rest.
 
-The main question first -- time per epoch per world size and allocation, one block per
-workload --, then the forecasts' verdicts, the notes that change how the numbers read,
-and where the plots and the full report are. At most MAX_LINES lines whatever the folder
-holds: a thing that applies to many series is said once (with how many), and the table
-gets the lines the rest leaves, its largest workloads first; what does not fit is counted
-and left to report.md.
+Time per epoch per world size and allocation first, one block per workload, then the
+forecasts' verdicts, the notes that change how the numbers read, and where the rest is.
+At most MAX_LINES lines: a thing that applies to many series is said once, the table gets
+the lines left (largest workloads first), and what does not fit is counted.
 """
 
 from __future__ import annotations

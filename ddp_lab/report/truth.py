@@ -1,26 +1,19 @@
-"""Are the numbers true? A training run's comm per step set against the bench and the model.
+"""Are the numbers true? A training run's comm per step set against the bench and the model
+(the columns, for users: docs/benchmarks.md, "Are the numbers true?").
 
-For each training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
+Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
+- **measured**: rank 0's comm per step as its synchroniser recorded it, from
+  `trace/rank0.json`: the union of the step's call intervals, median over steps;
+- **after the last arrival**: per call the shortest duration any rank saw, unioned per
+  step: the difference to *measured* is waiting for a straggler (no clock is compared
+  across ranks);
+- **bench**: the bench's median of the same collective and algorithm at each call's size
+  (interpolated log-log between measured sizes), summed per step. Check (a): within 20%;
+- **model**: `report.model.predict_comm_s` with that bench run's fits (`model.fit_all`).
+  Check (b): within 30%;
+- **why**: for a row that misses a check, the reasons the figures show (`why`).
 
-- **measured**: rank 0's communication per step as its synchroniser recorded it
-  (`CommRecorder`: DDP's comm hook per bucket, ours per call), the union of the step's call
-  intervals: median over steps. Read from `trace/rank0.json`, where every call is one slice
-  with its payload bytes and its step.
-- **after the last arrival**: per call, the shortest duration any rank saw, ending where the
-  call ended on rank 0, unioned per step as above. A blocking collective ends on every rank
-  at about the same moment, so the rank that arrived last saw the call itself and the
-  others saw it plus their wait for that rank: the difference to *measured* is waiting for
-  a straggler, which no bench of barrier-started calls sees. (No clock is compared across
-  ranks: each rank's durations are its own.)
-- **bench**: the bench's median time of the same collective and algorithm at each call's
-  size (`bench.sizes` holds every bucket size; other sizes are interpolated log-log between
-  the two nearest measured ones), summed over one step's calls. Check (a): within 20%.
-- **model**: `report.model.predict_comm_s` with the alpha-beta fits of that bench run, one
-  per collective and algorithm (`model.fit_all`). Check (b): within 30%.
-- **why**: for a row that misses a check, the reasons the figures themselves show (`why`).
-
-The bench run of a training run is the one of its allocation: the same world size, nodes
-and backend (2 nodes x 1 rank crosses a link, 1 node x 2 ranks does not).
+A training run's bench run is its allocation's: the same world size, nodes and backend.
 """
 
 from __future__ import annotations
@@ -33,10 +26,10 @@ from typing import Any, Optional
 
 from ..measure.costmodel import SYNC_COLLECTIVES
 from ..measure.arith import union_length
-from .model import Fit, fit_all, predict_comm_s
+from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
 
-#: targets of issue 12 item 7: (a) measured vs bench, (b) measured vs model
+#: the targets: (a) measured vs bench, (b) measured vs model
 TARGET_BENCH = 0.20
 TARGET_MODEL = 0.30
 
@@ -216,23 +209,10 @@ def _ratios(row: dict) -> dict:
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
     """The known reasons a row misses (a) or (b), in words ("; "-joined); None for a row
-    that meets both, "not known" where none of these applies:
-
-    - waiting: after the last arrival the calls take what the bench says, so the rest is
-      rank 0 waiting for a later rank (a straggler; the bench starts every call after a
-      barrier);
-    - the model's line: the bench itself is beyond 30% of the model, so the alpha-beta fit
-      misses the bench at these sizes (its points are log-spaced; a curve is not a line);
-    - the link's burst: the run crossed a shaped link (tbf) with calls not much larger than
-      its burst, which passes at memory speed after an idle moment: how long the link idled
-      before a call (compute in training, the previous iteration in the bench) sets its time;
-    - DDP's buckets: several buckets overlap backward and each other, and the union of their
-      intervals is not the sum of separate calls the bench adds up;
-    - the bench's spread: its fastest iterations at these sizes are within 20% of the
-      measured figure, its median is not (a few slow iterations of a few, a loaded machine);
-    - the broadcast's root: rank 0 roots reduce_broadcast's broadcast, whose sends end for
-      it when the kernel has taken them, not when the others have the data (the bench times
-      a call until every rank has it)."""
+    that meets both, "not known" where none applies. Each reason is the figures' own: rank 0
+    waiting for a later rank, the fit's line missing the bench at these sizes, calls within
+    reach of a shaped link's tbf burst, DDP's overlapping buckets, the bench's own spread,
+    and rank 0 rooting a broadcast (its sends end when the kernel has taken them)."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
@@ -309,7 +289,7 @@ def markdown(rows: list[dict]) -> list[str]:
               "bench's median time of the same collective and algorithm at each call's size, "
               "summed (* = some size interpolated); model: alpha-beta fits of that bench run, "
               "one per collective and algorithm; one-fit model: the library all_reduce's fit "
-              "for every call (the model before issue 12).", "",
+              "for every call.", "",
               "Per call (median duration over the run's steps vs the bench at that size):", "",
               "| sync | model | world | op (algorithm) | MB | measured ms | bench ms | ratio |",
               "|---|---|---|---|---|---|---|---|"]

@@ -1,41 +1,16 @@
 """How many CPU threads each rank runs and how its threads wait: decided once per machine,
-before torch loads (torch-free).
+before torch loads (torch-free). Why and what was measured: docs/performance.md, "What
+decides the defaults".
 
-torch's CPU kernels split their work over OpenMP threads (libgomp). Between two parallel
-pieces of work a thread waits for the others, and how it waits decides how fast a small
-model trains (`python -m ddp_lab.bench.suite epoch` measures it; docs/performance.md):
-
-- on an idle machine, threads that spin a moment before sleeping (libgomp's default) are
-  the fastest there is: a step of the course's MLP is many tiny kernels, and a thread that
-  had to be woken for each would double the epoch;
-- on a busy machine (another job, a login node's users, more ranks than cores), a spinning
-  thread takes the core the thread it waits for needs: an epoch of 0.5 s took 16 s. There
-  the fastest is fewer threads, one per core nobody else uses, sleeping when they wait.
-  Load that arrives after the start counts too: libgomp reads the wait once, so threads
-  spinning on every core of an idle machine stay spinning when a neighbour comes (epochs
-  4-20x slower, against 1.6-2.2x for one sleeping thread: the benchmark's `--load late`).
-
-So `launcher=local` (ddp_lab.launch.torchrun, which starts the machine's ranks) looks at
-the machine for a moment before anything of the job runs (`busy_cores`) and `decide`s:
-each rank gets the cores nobody is using divided by the ranks, at least 1 and at most its
-equal share, and its threads spin only if every one of them has a free core and one core is
-left for the job's own other processes and threads; otherwise they sleep
-(OMP_WAIT_POLICY=PASSIVE). The choice reaches the ranks as environment (`apply`).
-Where no such look came first (SLURM's and mpirun's ranks, the benchmarks' workers) a rank
-cannot look, since its siblings are starting beside it, so it takes its equal share with
-sleeping threads: never far off, and safe on a node shared with other jobs (set
-OMP_WAIT_POLICY=ACTIVE in the job's environment where the cores are the job's alone). What you set
-yourself stands: `train.threads`, OMP_WAIT_POLICY or GOMP_SPINCOUNT. The thread count can
-change a run's last bits (a sum split over 2 threads rounds differently than over 1); the
-wait never does.
-
-The free cores are a ceiling, not the answer: a step of a small model is made of kernels so
-short that splitting each over two threads can cost more than it saves. So where the
-launcher looked, before the first step each rank times whole training steps on 1 thread
-against its ceiling (ddp_lab/rank/compile.py, `tune_threads`: about 50 ms) and the ranks
-keep the faster, as cuDNN's benchmark mode picks its kernels. Each run records the count and why
-(summary.json `segments[*].cpu`, and its first lines), and a resumed run keeps the count it
-started with; pin `train.threads` for the same bits from two separate runs.
+`launcher=local` (ddp_lab.launch.torchrun) looks at the machine before the job runs
+(`busy_cores`) and `decide`s: each rank gets the free cores divided by the ranks (at least
+1, at most its equal share); its threads spin only if each has a free core and one is left
+for the job's other processes, else they sleep (OMP_WAIT_POLICY=PASSIVE). The choice
+reaches the ranks as environment (`apply`). Where no look came first (SLURM's and mpirun's
+ranks, the benchmarks' workers) a rank takes its equal share with sleeping threads. What
+you set stands: `train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT. Where the launcher looked,
+each rank then times whole steps on 1 thread against its ceiling (ddp_lab/rank/compile.py,
+`tune_threads`) and keeps the faster; summary.json `segments[*].cpu` records the choice.
 """
 
 from __future__ import annotations

@@ -78,16 +78,6 @@ class DistContext:
         """True on every rank when `flag` is true on at least one."""
         return self.reduce_float(1.0 if flag else 0.0, "max") > 0
 
-    def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
-        """Every rank's `values` (same length on each), in rank order, on every rank."""
-        t = self._tensor(values)
-        if not self.collective:
-            return [t.tolist()]
-        out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-        on_collective("all_gather")
-        dist.all_gather(out, t)
-        return [o.tolist() for o in out]
-
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's picklable `obj`, in rank order, on every rank."""
         if not self.collective:

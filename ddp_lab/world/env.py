@@ -1,24 +1,16 @@
 """Who am I? Rank, local rank, world size, node rank and master address, from any launcher.
 
-One function, `detect_env`, reads the variables each launcher sets, in this order:
-
-- torchrun (and anything that sets the same names): RANK, LOCAL_RANK, WORLD_SIZE,
-  LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (TORCHELASTIC_RUN_ID marks it)
+`detect_env` reads the variables each launcher sets, in this order:
+- torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+  MASTER_PORT (TORCHELASTIC_RUN_ID marks it);
 - srun without torchrun: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
-  SLURM_NNODES, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE; master = first host of
-  SLURM_JOB_NODELIST (unless MASTER_ADDR is set)
-- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; the node index
-  from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES (set by launcher=mpirun's rank wrapper)
-- RunAI / Kubeflow PyTorchJob pods: WORLD_SIZE and RANK count *pods* (PET_NNODES,
-  PET_NODE_RANK in newer operators); one process per pod unless torchrun runs inside,
-  in which case torchrun's variables win.
-
-An inconsistent set (rank >= world size, a multi-node world without a master address,
-...) raises `EnvError` with a message that names the variable and the fix.
-
-The same variables name the job around the rank (`allocation`: the scheduler's job id and
-restart count) and when it started (`startup_s`, with the process starts of /proc), as
-summary.json's segments record them.
+  SLURM_NNODES, SLURM_(N)TASKS_PER_NODE; master = first host of SLURM_JOB_NODELIST;
+- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; the node from
+  DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES (set by launcher=mpirun's rank wrapper);
+- RunAI / Kubeflow pods: WORLD_SIZE and RANK count *pods* (PET_NNODES, PET_NODE_RANK);
+  with torchrun inside, torchrun's variables win.
+An inconsistent set raises `EnvError` naming the variable and the fix. The same variables
+name the job around the rank (`allocation`) and when it started (`startup_s`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,21 @@
 """The allocation's fingerprint: what a run's timings depend on besides its config.
 
-`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and the cores this
-process may use, GPU name, torch / CUDA /
-NCCL versions, gloo availability, backend, device, the NCCL transport in use, the NCCL /
+`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and usable cores, GPU,
+torch / CUDA / NCCL versions, gloo, backend, device, the NCCL transport in use, the NCCL /
 RDMA / threading variables in effect, python, launcher, nodes x procs); `fingerprint_id`
-hashes the fields that make timings comparable (CPU/GPU model, host count, backend, torch,
-NCCL, transport, env) into a short stable id. The report groups repeats by it and flags a
-comparison across two ids, naming the fields that differ (`differences`).
+hashes the fields that make timings comparable into a short stable id. The report groups
+repeats by it and names the fields that differ across two ids (`differences`).
 
-The NCCL transport comes from NCCL's own INFO lines. On nccl, `enable_nccl_debug` (called
-before init_process_group) sets NCCL_DEBUG=INFO with NCCL_DEBUG_FILE=RUN_DIR/logs/nccl.%h.%p.log
-(a user's own NCCL_DEBUG wins: then no transport is read); after the first collectives
-`read_nccl_transport` parses this process's file: "Using network IB", "NET/IB : Using ...",
-and the channel lines "... via P2P/CUMEM", "via SHM/direct/direct", "via NET/IB/0/GDRDMA".
-The variables ddp_lab.nccl_env exports (NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_SOCKET_NTHREADS,
-NCCL_NSOCKS_PERTHREAD) are among ENV_PREFIXES' and land in `env`.
+The NCCL transport: `enable_nccl_debug` (before init_process_group) sets NCCL_DEBUG=INFO
+into RUN_DIR/logs/nccl.%h.%p.log (a user's own NCCL_DEBUG wins), and after the first
+collectives `read_nccl_transport` parses its "Using network ..." and channel lines.
 
-The node's link (`link`): the interface this node's ranks talk to other nodes through (the
-one gloo/NCCL are told to use, else the one holding the address the hostname names: what
-gloo picks, else the default route's), its speed, and the rate a traffic shaper holds it to
-(a root `tbf` qdisc's rate, from `tc -j qdisc show`). Only configured limits, asked of the
-kernel through netlink (`ip`, `tc`), which answers for the process's own network namespace;
-/sys/class/net is believed only where its MAC address is the interface's, because sysfs
-shows the namespace of whoever mounted it (a slurmd started with `nsenter --net` sees the
-machine's eth0 there). What the link *delivers* is measured by the bench (its fit's 1/beta),
-not here: a measured figure in the id would split repeats by noise. `link_label` is in the id.
+The node's link (`link`): the interface the ranks talk to other nodes through, its speed
+and a traffic shaper's rate (a root `tbf` qdisc), asked of the kernel through netlink
+(`ip`, `tc`) for the process's own network namespace (/sys/class/net only where its MAC is
+the interface's: sysfs shows the mounter's namespace). What the link delivers is the
+bench's to measure (its fit's 1/beta): a measured figure in the id would split repeats by
+noise. `link_label` is in the id.
 """
 
 from __future__ import annotations
@@ -39,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from .cpu import cores
 from .env import host_address
 
 # the variables that change how collectives run: NCCL's, UCX's and libfabric's (RDMA),
@@ -48,12 +40,9 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-# What makes two allocations' timings comparable: the kind of machine and software, not
-# the shape of the run (nodes x procs, hence hosts and NCCL's P2P/SHM/NET mix, which the
-# report groups by already: a study's world 1 on one node and world 4 on two are one
-# allocation). NCCL's network (IB, Socket, a plugin) is the allocation's: it is in.
-# The node's link rate (a tbf's, else the interface's speed) is the allocation's too: two
-# allocations at 200 and 50 Mbit/s must not be taken for repeats of each other.
+# What makes two allocations' timings comparable: the kind of machine, software, NCCL's
+# network and the node's link rate; not the shape of the run (nodes x procs), which the
+# report groups by already.
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
@@ -141,11 +130,6 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "?"
-
-
-def cpu_count() -> int:
-    """The cores this process may run on (its affinity: a SLURM task's cpus, a container's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ------------------------------------------------------------------ the node's link
@@ -271,7 +255,7 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     return {
-        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cpu_count(), "gpu": gpu,
+        "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cores(), "gpu": gpu,
         **_versions(backend),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),

@@ -1,21 +1,12 @@
 """Process groups from the detected topology: global, intra-node, cross-node, leaders.
 
-Every rank tells every other rank its node (from the launcher's variables, `DistEnv`)
-and host name; the groups follow from that table, never from a hard-coded layout:
-
-- `global`: all ranks (the default group)
-- `intra_node`: the ranks of one node, one group per node (ranks 0-3, 4-7, ... on 4x4)
-- `cross_node`: the j-th rank of every node, one group per local index (0,4,8,12, ...)
-- `leaders`: the first (lowest) rank of every node, one group (0,4,8,12); the other ranks
-  are in none (`GroupSet.mine` is None there)
-
-`node_size=k` (the benchmark's `bench.node_size`, the hierarchical synchroniser's
-`sync.node_size`) pretends that every k consecutive ranks are a node, to study
-the layouts on one machine.
-
-`torch.distributed.new_group` is collective over the *whole* world: every rank must call
-it for every group, in the same order, even for groups it is not in. `build_groups` does
-exactly that, from the same table on every rank.
+Every rank tells every other its node (`DistEnv`) and host; the groups follow from that
+table: `global` (all ranks), `intra_node` (one group per node: 0-3, 4-7 on 4x4),
+`cross_node` (the j-th rank of every node: 0,4,8,12), `leaders` (the first rank of every
+node; the others are in none, `GroupSet.mine` is None). `node_size=k` (`bench.node_size`,
+`sync.node_size`) pretends every k consecutive ranks are a node, to study the layouts on one
+machine. `torch.distributed.new_group` is collective over the whole world: `build_groups`
+has every rank create every group, in the same order.
 """
 
 from __future__ import annotations

@@ -3,26 +3,16 @@
     python -m ddp_lab.bench.suite accuracy                    # 5 epochs, worlds 2 and 3, all six syncs
     python -m ddp_lab.bench.suite accuracy --epochs 1 --worlds 2   # a quick look
     python -m ddp_lab.bench.suite accuracy model=cnn          # extra overrides go to every run
-    python -m ddp_lab.bench.suite accuracy --model mlp_wide --overlap false,true --worlds 2,4 \\
+    python -m ddp_lab.bench.suite accuracy --model mlp_wide --overlap false,true --worlds 2,4 \
         --epochs 1 --bucket-mb 4 train.max_steps_per_epoch=20     # docs/sync.md's overlap table
     python -m ddp_lab.bench.suite accuracy --from outputs/compare_syncs/w2   # the table again
 
-Runs one after another (ddp, then a Hydra -m sweep of sync.overlap per other sync, per
-world size): on a shared machine, run it when it is quiet. Each run's folder is
-ROOT/w<world>/<date>_<time>_<sync>_...; the table is printed and written to ROOT/table.md.
-`--overlap` is sync.overlap of every sync but ddp, which always overlaps (false, true or
-false,true for both); `--bucket-mb` the bucket size for all (ddp's sync.bucket_cap_mb, the
-others' sync.bucket_mb; default: each config's own, 25).
-
-The synchronisers side by side at each world size, accuracy against ddp's: the view that
-`python -m ddp_lab.report` (per sync, across allocations) does not give. Runs are found and
-read by the report's own reader (ddp_lab.report.runs).
-
-Arguments are run folders or folders of run folders. Accuracy is compared with the ddp
-run of the same world size (in points, i.e. percent): the acceptance bar is 0.5.
-Comm columns (ddp_lab.timing): in-flight = the union of the collectives' intervals,
-exposed = its part after the step's last gradient was ready (both ms per step, rank 0);
-overlap = sync.overlap (ddp always overlaps).
+Runs one after another (ddp, then a Hydra -m sweep per other sync, per world size) into
+ROOT/w<world>/...; the table is printed and written to ROOT/table.md, the runs read by the
+report's reader (ddp_lab.report.runs). `--overlap`: sync.overlap of every sync but ddp
+(which always overlaps); `--bucket-mb`: the bucket size for all. Accuracy is compared with
+the ddp run of the same world size, in points (the bar: 0.5); comm columns: in-flight and
+exposed ms per step of rank 0 (ddp_lab.timing).
 """
 
 from __future__ import annotations

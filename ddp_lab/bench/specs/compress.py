@@ -1,17 +1,14 @@
-"""Gradient compression (sync.compress): bytes, time per epoch and accuracy, side by side.
+"""Gradient compression (sync.compress): bytes, time per epoch and accuracy, side by side
+(docs/compression_overlap.md, "What it buys").
 
     python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
     python -m ddp_lab.bench.suite compress --model mlp_wide --max-steps 40 --epochs 2
     python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
 
 Each configuration is one real training run (`python -m ddp_lab`, 2 ranks on gloo by
-default, the config defaults otherwise: batch 64 per rank, Adam lr 1e-3, MNIST), run one
-after another in one invocation; with `--rounds` the rounds go in a rotating order so
-drift on a shared machine hits every configuration alike. From each run's summary.json:
-bytes one rank sent per step (the wire's: 16-bit for fp16/bf16, PowerSGD's P and Q plus
-what it all-reduces uncompressed), the median epoch time (barrier to barrier, training
-only) and the test accuracy after the last epoch. Each is printed with its ratio to the
-uncompressed run of the same synchroniser (`<sync> none`), as a Markdown table.
+default), one after another, rounds in rotating order. From each summary.json: bytes one
+rank sent per step, the median epoch time and the final test accuracy, each with its ratio
+to the uncompressed run of the same synchroniser, as a Markdown table.
 Not a test: times depend on the machine and on what else runs on it.
 """
 

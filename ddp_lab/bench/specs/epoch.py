@@ -7,29 +7,15 @@
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
     python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
 
-The workload is the course notebook's (MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU).
-For each load (`idle`; `hog`: one busy process per core, started and ended here):
-
-1. **The search.** The tight loop (ddp_lab/bench/loops.py: the same work, nothing else) under
-   every setting ddp_lab does not own: torch threads (`--threads`), OpenMP's wait (`--waits`:
-   `default` = libgomp's own bounded spin, `passive`, `active`, `spin:N` = GOMP_SPINCOUNT=N)
-   and Adam's implementation (fused, foreach, for-loop). On 2 ranks: threads per rank and
-   wait, the gradient summed by torch's DDP or by one hand-written flat all_reduce a step.
-   The floor is the fastest setting found, named.
-2. **Side by side.** Then `--rounds` interleaved rounds of: the floor's setting, `python -m
-   ddp_lab` with its defaults (no OpenMP variable inherited from this shell), the same on 2
-   ranks and the 2-rank floor. The ratios are medians over every epoch of every round.
-
-Goals (docs/performance.md): ddp_lab / floor <= 1.15 idle on 1 rank, <= 1.2 on 2 ranks, and
-<= 1.3 under the hog against the floor found under the same hog.
-
-3. **Load that comes later** (`--load late`): the idle floor on 1 rank spins its threads on
-   every core, and libgomp reads its wait once, when torch loads. So a hog that arrives
-   mid-run finds those threads spinning. Here `python -m ddp_lab` runs `--epochs` epochs
-   idle, then as many under a hog started at the end of the last idle one: once with its
-   defaults, and once per spinning `--waits` setting pinned on every core
-   (`train.threads=<cores>`), each epoch printed. This is why ddp_lab spins only with a
-   core to spare (ddp_lab/world/cpu.py).
+The notebook's workload (MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU), per load
+(`idle`; `hog`: one busy process per core): 1. the search: the tight loop
+(ddp_lab/bench/loops.py) under every setting ddp_lab does not own (`--threads`, `--waits`:
+`default`, `passive`, `active`, `spin:N` = GOMP_SPINCOUNT=N; Adam fused, foreach, for-loop;
+on 2 ranks DDP or one flat all_reduce); the floor is the fastest, named. 2. `--rounds`
+interleaved rounds of the floor, `python -m ddp_lab` with its defaults, the same on 2 ranks
+and the 2-rank floor; ratios are medians over every epoch. 3. `--load late`: a hog started
+mid-run, against ddp_lab's defaults and each spinning `--waits` pinned on every core.
+The goals and the figures: docs/performance.md.
 """
 
 from __future__ import annotations

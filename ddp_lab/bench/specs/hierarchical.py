@@ -1,20 +1,17 @@
-"""Hierarchical all-reduce against the flat ones, side by side, measured in one run.
+"""Hierarchical all-reduce against the flat ones, side by side, measured in one run
+(docs/sync.md, "Hierarchical").
 
     # the loopback SLURM cluster, 2 nodes x 2 ranks (scripts/slurm_cluster.sh up first)
-    SLURM_CONF=... python -m ddp_lab.bench.suite hierarchical --rounds 2 -- \\
+    SLURM_CONF=... python -m ddp_lab.bench.suite hierarchical --rounds 2 -- \
         launcher=slurm launcher.nodes=2 launcher.nproc_per_node=2 model=mlp_wide
     # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
     python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
 
 Each configuration is a real `python -m ddp_lab` run (1 epoch of `--steps` steps, the
-overrides after `--` added to each), the configurations in a rotating order `--rounds`
-times, so slow drift on a shared machine hits each alike. Printed per configuration, from
-rank 0's summary.json (rank 0 leads node 0): the median epoch time, comm time per step,
-MB sent per step, MB sent to another node per step (`comm_bytes_cross_node`: only
-sync=hierarchical knows the nodes; the flat ring's figure is its formula, see
-docs/sync.md) and the ratios of each hierarchical variant to ring and to ddp.
-Not a test: numbers depend on the machine, and loopback "nodes" share one machine's
-memory, so no network is measured.
+overrides after `--` added), in rotating order `--rounds` times. Printed from rank 0's
+summary.json: the median epoch time, comm time, MB sent and MB sent to another node per
+step (`comm_bytes_cross_node`), and each hierarchical variant's ratio to ring and ddp.
+Not a test: loopback "nodes" share one machine's memory, so no network is measured.
 """
 
 from __future__ import annotations

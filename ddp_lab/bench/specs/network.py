@@ -1,29 +1,20 @@
 """What a slow network does to DDP: the project's claims about communication, measured on a
-shaped link (issue 22, item 3), each printed beside its prediction and its target.
+shaped link, each printed beside its prediction and its target (docs/network_ddp.md).
 
     python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster; 558 s on 2 busy cores
-    python -m ddp_lab.bench.suite network --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \\
+    python -m ddp_lab.bench.suite network --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \
         --slow-link 100mbit --plots docs/img --out net_claims.json
     # on a lab and cluster already up (docs/network.md), SLURM_CONF of that cluster exported:
     python -m ddp_lab.bench.suite network --lab netlab
 
-Without --lab it makes a 2-node network lab (scripts/netlab.sh) and a SLURM cluster whose
-slurmd run in the lab's nodes (scripts/slurm_cluster.sh), on a name and ports of its own,
-and removes both when it ends, whatever happened. Then ONE SLURM job of 2 nodes x 2 ranks
-(`python -m ddp_lab launcher=slurm run.entry=ddp_lab.bench.specs.network`: this module is
-the ranks' entry too) builds the trainer's parts for every configuration in turn
-(ddp_lab.bench.scaffold, as the overlap benchmark does) and times one epoch of `--steps` steps of each:
-
-1. at `--link`, every configuration, `--rounds` rounds in a rotating order (A B C, B C A, ...:
-   drift on a shared machine hits each alike); the claims are made from their medians;
-2. at each of `--rates`, the synchronisers of the first plot (`--sweep-rounds` rounds);
-3. node2's link alone at `--slow-link` (node1's stays at `--link`), for the straggler claim.
-
-Rank 0 of node1 reshapes the links between phases (netlab.sh shape, in the submitting
-process's network namespace), the other ranks wait at a barrier. Printed: a table per phase
-and the claims, each "measured / predicted / target / ok"; `--plots DIR` draws the lesson's
-figures (network_*.png) and `--out` keeps every round's figures as JSON.
-Not a test: the times depend on the machine and on what else runs on it.
+Without --lab it makes a 2-node network lab (scripts/netlab.sh) and a SLURM cluster in it
+(scripts/slurm_cluster.sh), and removes both when it ends. Then ONE SLURM job of 2 nodes x
+2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is the ranks' entry too)
+times one epoch of `--steps` steps of every configuration (ddp_lab.bench.scaffold): at
+`--link`, `--rounds` rotating rounds; at each of `--rates`, the first plot's synchronisers;
+node2's link alone at `--slow-link`. Rank 0 reshapes the links between phases (netlab.sh
+shape), the others wait at a barrier. `--plots DIR` draws network_*.png, `--out` keeps every
+round as JSON. Not a test: the times depend on the machine and its load.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""Overlap on vs off, side by side in one run: DDP, allreduce+overlap, allreduce.
+"""Overlap on vs off, side by side in one run: DDP, allreduce+overlap, allreduce
+(docs/compression_overlap.md).
 
     python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
     python -m ddp_lab.bench.suite overlap --bucket-mb 25 --steps 30 --rounds 7
     python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
 
-model=mlp_wide (784-2048x3-10, 10.0M parameters, 40 MB of gradients a step), batch 64 per
-rank, CPU gloo. The same bucket size for all (`--bucket-mb`: DDP's `sync.bucket_cap_mb`,
-our `sync.bucket_mb`; DDP caps its first bucket at 1 MB, its own rule). One process group
-runs every configuration in turn, a warm-up epoch each, then `--rounds` rounds in a
-rotating order (drift on a shared machine hits every configuration alike); each figure is
-the median over rounds. The step loop is the trainer's (`ddp_lab.step.run_steps`) with
-the trainer's timers (`StepTimer.watch_grads`: compute end, exposed and in-flight comm as
-ddp_lab.timing defines them).
-
-Prints per configuration: time per step (epoch wall time / steps), exposed and in-flight
-comm (ms/step, rank 0), and the ratios allreduce+overlap / ddp (target <= 1.1) and
+model=mlp_wide (40 MB of gradients a step), batch 64 per rank, CPU gloo, the same bucket
+size for all (`--bucket-mb`). Every configuration in turn, a warm-up epoch each, then
+`--rounds` rotating rounds; each figure is the median over rounds, timed by the trainer's
+step loop and timers. Prints per configuration: time per step, exposed and in-flight comm
+(ms/step, rank 0), and the ratios allreduce+overlap / ddp (target <= 1.1) and
 allreduce+overlap / allreduce. Not a test: numbers depend on the machine and its load.
 """
 

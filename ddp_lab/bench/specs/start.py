@@ -3,15 +3,11 @@
     python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
     python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
-Two measures, each the median (min-max) over rounds, a round running every checkout in turn:
-- first line: from starting `python -m ddp_lab train.epochs=1` to its first line on the
-  console (`[ddp_lab] starting N rank(s) ...`, printed once the run folder is made); the
-  run is then stopped with SIGTERM and `--pause` seconds are left before the next start;
-- report: `python -m ddp_lab.report --help`, start to end (what the report pays before it
-  reads anything).
-`--vs DIR` runs DIR's ddp_lab (a checkout, e.g. `git worktree add ../before <commit>`)
-with the same interpreter, and prints after / before. Not a test: times depend on the
-machine and what else runs on it (docs/performance.md has the figures and the load).
+Each the median (min-max) over rounds, a round running every checkout in turn: from
+starting `python -m ddp_lab train.epochs=1` to its first console line (then SIGTERM and
+`--pause` seconds), and `python -m ddp_lab.report --help`, start to end. `--vs DIR` runs
+DIR's ddp_lab (a checkout, e.g. `git worktree add ../before <commit>`) with the same
+interpreter and prints after / before. Not a test (docs/performance.md has the figures).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""What checking for a graceful stop, and the progress record, cost a training step.
+"""What checking for a graceful stop, and the progress record, cost a training step
+(docs/failures.md, "What the stop check costs").
 
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
     python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
-The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam,
-sync=ddp), full epochs of the trainer's own step loop (`ddp_lab.step.run_steps`). Each
-round runs one epoch without the stop check and one with it (`ddp_lab.rank.stop.StopControl`
-at train.stop_check_s), in alternating order. Printed:
-- the time spent inside the stop check (its all-reduces included) per step, as a share of
-  the step: the direct measure, free of the drift between epochs;
-- the median epoch time with / without the check (a ratio near 1; noisy on a shared machine);
-- what a step writes into its rank's progress record (ddp_lab.folder.progress: 5 phases, one
-  collective, the step's end), against the compute alone of the notebook's step on one
-  process (the real step, with gloo, is several times longer).
-The targets (issue 11): the check and the record each cost <= 1% of a step. Not a test:
-numbers depend on the machine and on what else runs on it.
+The notebook's workload, full epochs of the trainer's step loop, each round one epoch
+without the stop check and one with it (`ddp_lab.rank.stop.StopControl`), alternating.
+Printed: the time inside the stop check per step, as a share of the step; the median
+epoch time with / without the check; and what a step writes into its progress record
+(ddp_lab.folder.progress) against the compute alone of the notebook's step. Targets: each
+at most 1% of a step. Not a test: numbers depend on the machine and its load.
 """
 
 from __future__ import annotations

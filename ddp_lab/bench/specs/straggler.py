@@ -1,25 +1,17 @@
 """Straggler finding, checked against the truth: which measure names the late rank and how
-well it gets its lateness, measured side by side in one run.
+well it gets its lateness, measured side by side in one run (docs/timing.md, "Stragglers,
+injected and found").
 
     python -m ddp_lab.bench.suite straggler                        # 3 ranks, CPU gloo
     python -m ddp_lab.bench.suite straggler --world 3 --steps 300 --rounds 3 --slow-ms 5
 
-Every rank of one machine reads one clock (time.perf_counter is CLOCK_MONOTONIC, shared by
-the processes of a host), so here the true arrival of each rank at each step's first
-collective is known. Each configuration (nothing injected; `--slow-ms` on rank 1;
-`--jitter-ms` on every rank) runs the trainer's own step loop (`ddp_lab.step.run_steps`,
-MLP, batch 64, MNIST) for every sync of `--syncs`, with a fresh `Clock` made right after
-a barrier, as the trainer does at the start. Three estimates of "the rank the others wait
-for, and by how much" are printed per (configuration, sync, round):
-
-- waits: each rank's comm time per step (`ddp_lab.timing.StragglerTally`, what the
-  trainer records); durations on each rank's own clock,
-- arrivals: each rank's arrival stamp at the step's first collective on its Clock (zero
-  set after the barrier: off by that barrier's exit skew),
-- truth: the same arrival stamps on the host's shared clock.
-
-and the barrier's exit skew (spread of the Clock zeros on the shared clock) and the delay
-the slow rank actually slept (median). Not a test: under load the numbers move.
+The ranks of one machine share one clock (time.perf_counter), so the true arrival of each
+at each step's first collective is known. Each configuration (nothing injected;
+`--slow-ms` on rank 1; `--jitter-ms` on every rank) runs the trainer's step loop for every
+sync of `--syncs`, with a fresh `Clock` made after a barrier. Printed per (configuration,
+sync, round): the waits (`ddp_lab.timing.StragglerTally`, what the trainer records), the
+arrival stamps on each rank's Clock, the truth on the shared clock, the barrier's exit skew
+and the delay slept. Not a test: under load the numbers move.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
-"""Epoch time of every synchroniser, side by side, measured in one run.
+"""Epoch time of every synchroniser, side by side, measured in one run (docs/sync.md, "Speed").
 
     python -m ddp_lab.bench.suite syncs                      # 2 ranks, CPU gloo
     python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
-The notebook's workload (the config defaults: MLP 784-50-10, batch 64 per rank, Adam
-lr 1e-3, MNIST), full epochs. One process group runs every configuration in turn, a
-warm-up pass each, then `--rounds` rounds in a rotating order (so slow drift on a shared
-machine hits every configuration alike); each configuration's time is the median of its
-rounds. The parts and the step loop are the trainer's own (`ddp_lab.train.build_parts`,
-`run_steps`, through ddp_lab/bench/scaffold.py), so what is measured is what
-`python -m ddp_lab` runs, minus evaluation and checkpoints.
-
-Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce one call per parameter /
-bucketed, timing hooks on / off (timing.enabled=false) for ddp, allreduce and ring, and
-ring with its receives posted at call start (sync.prepost=false) / a call ahead. Then,
-for ddp, allreduce and ring, the timers' cost measured step against step: `--rounds`
-more epochs in which the timers are on for every other step (mean step time of each arm,
-with two standard errors), which cancels the drift that whole-epoch medians suffer.
-Not a test: numbers depend on the machine and on what else runs on it.
+The notebook's workload, full epochs. One process group runs every configuration in turn,
+a warm-up pass each, then `--rounds` rounds in a rotating order; each time is the median of
+its rounds. The parts and the step loop are the trainer's own (ddp_lab/bench/scaffold.py).
+Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce per parameter / bucketed,
+timing on / off for ddp, allreduce and ring, ring prepost=false / a call ahead; then the
+timers' cost step against step (`--rounds` more epochs with the timers on every other
+step, mean and two standard errors). Not a test: numbers depend on the machine.
 """
 
 from __future__ import annotations

@@ -4,22 +4,13 @@
     python -m ddp_lab.bench.suite tensorboard --every 1
     python -m ddp_lab.bench.suite tensorboard --step-ms 4   # with 4 ms of work in each step
 
-One process, no process group: a loop of steps stamped by the trainer's StepTimer, with a
-timed collective on its CommRecorder, as a real step is; empty by default, so the cost
-of writing is measured alone and not drowned in a step's noise (`--step-ms` puts that much
-Python work in each step: it holds the GIL, so the writer's thread waits for it). Three
-ways, in rounds of rotating order:
-
-    none       the stamps only
-    live       the trainer's way: a StepWatch on the step timer hands every N-th step to
-               the run folder's sink (one event per point, the writer's thread flushes
-               every few seconds)
-    naive      add_scalar per tag and a flush() after every point
-
-Printed: the median over rounds of the extra CPU time per step against `none` (the
-process's, every thread, the writer's included: one GIL, so at most what a step waits;
-on a shared machine wall time would measure the neighbours), in us and as a share of a
-`--of-ms` step. Not a test: times depend on the machine.
+One process, no process group: a loop of steps stamped by the trainer's StepTimer with a
+timed collective on its CommRecorder, empty by default so that the cost of writing is
+measured alone (`--step-ms` puts Python work in each step). Three ways, in rotating rounds:
+`none` (the stamps only), `live` (the trainer's: a StepWatch hands every N-th step to the
+run folder's sink) and `naive` (add_scalar per tag, a flush() per point). Printed: the
+median extra CPU time per step against `none` (every thread's, the writer's included), in
+us and as a share of an `--of-ms` step. Not a test: times depend on the machine.
 """
 
 from __future__ import annotations

@@ -6,31 +6,14 @@
     python -m ddp_lab.bench.suite truth --launcher slurm --nodes 2 --worlds 2,4 \
         --models mlp --set 'model.hidden=[1024]'       # across a cluster's nodes (docs/network.md)
 
-What it runs (unless given folders): one short training run per sync x model x world
-(`python -m ddp_lab`, every step traced: `timing.trace_steps` = the steps), then per world
-one bench run (`python -m ddp_lab.bench`) of all_reduce / reduce / broadcast with every
-implementation the synchronisers use, at log-spaced sizes *and* at every bucket size the
-training runs put on the wire (`bench.sizes`), right after the training, so that both see
-the same machine load. With `--launcher slurm --nodes N` every run (training and bench) is a
-SLURM job of N nodes x world/N ranks (`launcher=slurm launcher.nodes=N ... launcher.wait=true`)
-on the cluster whose environment the shell has (SLURM_CONF: `scripts/slurm_cluster.sh up`
-prints it), so on a network lab every collective crosses the nodes' links.
-
-What it prints, one row per training run (`ddp_lab.report.truth`):
-
-- measured ms/step: the median over steps of rank 0's communication per step, as the
-  synchroniser recorded it (CommRecorder: DDP's hook per bucket, ours per call; the union
-  of the step's call intervals);
-- bench ms/step: the bench's median time of the same algorithm at each call's size,
-  summed over the step's calls -- check (a), target within 20%;
-- model ms/step: what `ddp_lab.report.model` predicts from alpha-beta fits of that bench
-  run, one fit per collective and implementation the synchroniser calls -- check (b),
-  target within 30%;
-- the ratios measured / bench and measured / model, and whether each is within its target;
-- why, for a row that misses one, where the reason is known (`truth.why`).
-
-Not a test: the figures depend on the machine and on what else runs on it (say which load
-when quoting them; `uptime` is printed). Writes truth.json and truth.md into --dir.
+Unless given folders: one short traced training run per sync x model x world, then per
+world one bench run (`python -m ddp_lab.bench`) of the synchronisers' collectives and
+implementations at log-spaced sizes and at every bucket size the runs put on the wire
+(`bench.sizes`), right after, under the same load; with `--launcher slurm --nodes N` each
+is a SLURM job of N nodes. One row per training run (`ddp_lab.report.truth`): measured,
+bench and model ms/step, their ratios against the targets, and why a row misses
+(docs/benchmarks.md, "Are the numbers true?"). Not a test: the figures depend on the load
+(`uptime` is printed). Writes truth.json and truth.md into --dir.
 """
 
 from __future__ import annotations
