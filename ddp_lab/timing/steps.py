@@ -40,15 +40,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .clock import UNTIMED, Clock
-
-if TYPE_CHECKING:  # (comm.py reads StepTimes from here)
-    from .comm import CommCall
-    from .comm_recorder import CommRecorder
 
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
@@ -254,10 +250,11 @@ class StepTimer:
 
 
 class StepWatch:
-    """Every `every`-th step of `timer` and its calls on `comm`, handed to `on_step`."""
+    """Every `every`-th step of `timer` and its calls on `comm` (the synchroniser's
+    `CommRecorder`: its `count` and `ready`), handed to `on_step(number, times, calls)`."""
 
-    def __init__(self, timer: StepTimer, comm: CommRecorder, every: int,
-                 on_step: Callable[[int, StepTimes, list[CommCall]], None]):
+    def __init__(self, timer: StepTimer, comm: Any, every: int,
+                 on_step: Callable[[int, StepTimes, list], None]):
         self.timer, self.comm, self.every, self.on_step = timer, comm, every, on_step
         self.done = self.index = self.first = 0
         self.waiting: list[tuple[int, int, int, int]] = []  # (number, index, first, end call)
