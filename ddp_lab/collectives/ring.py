@@ -35,10 +35,13 @@ def ring_steps(rank: int, n: int) -> list[tuple[int, int, bool]]:
     return [((rank - s) % n, (rank - s - 1) % n, s < n - 1) for s in range(2 * (n - 1))]
 
 
-def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                             landing: torch.Tensor | None = None) -> None:
     """Sum the contiguous ``tensor`` over the ranks of ``group`` (None: every rank) in
     place: the ring with plain isend/irecv, one step after the other. gloo; on nccl use
-    ``all_reduce_ring`` (module docstring)."""
+    ``all_reduce_ring`` (module docstring). ``landing``: where a chunk to add arrives, at
+    least a chunk long (``numel / n`` rounded up), ``tensor``'s dtype; None: allocated for
+    this call (``sync=ring`` keeps one, so that no step allocates it)."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0 or n == 1 or tensor.numel() == 0:  # -1: this process is not in ``group``
         return
@@ -46,7 +49,8 @@ def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | No
     ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
     to_next, from_prev = ranks[(rank + 1) % n], ranks[(rank - 1) % n]
     chunks = tensor.view(-1).tensor_split(n)  # the first numel % n are one element longer
-    landing = torch.empty_like(chunks[0])  # where a chunk to add arrives (copies land in place)
+    if landing is None:  # (a copied chunk lands in place)
+        landing = torch.empty_like(chunks[0])  # chunks[0] is the longest
     for send_chunk, recv_chunk, add in ring_steps(rank, n):
         mine = chunks[recv_chunk]
         into = landing[:mine.numel()] if add else mine
