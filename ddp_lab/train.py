@@ -104,8 +104,8 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock
     module = build_model(cfg.model).to(ctx.device)
     with build_stream(cfg.train, ctx.device):  # train.cuda_graph: DDP built on a side stream
         syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
-                            on_collective=progress.current().collective,
                             timing=cfg.timing.enabled)
+    progress.current().follow(comm=syncer.comm)  # its calls: where this rank is (status)
     # over what the sync says this rank steps: every parameter, or (zero1) its shard
     optimizer = build_optimizer(cfg.optim, syncer.optimizer_params(), cfg.train.lr)
     return module, syncer, optimizer

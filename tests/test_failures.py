@@ -78,6 +78,51 @@ def test_record_round_trip(tmp_path):
         progress._CURRENT = progress.NullProgress()
 
 
+def test_record_follows_the_timer_and_the_recorder(tmp_path):
+    """A training rank's record reads its step timer and its synchroniser's recorder on a
+    thread of its own: the step only sets their attributes, and a rank whose main thread
+    waits in a collective (here: sleeps) still shows that collective, for status and
+    diagnose; a direct write (DistContext's collectives, an epoch's start) adds to it."""
+    from ddp_lab.timing import Clock, CommRecorder, StepTimer
+
+    def seen(**want):
+        deadline = time.monotonic() + 5 * progress.FOLLOW_S + 2
+        while True:
+            (r,) = progress.read_all(tmp_path)
+            if all(r[k] == v for k, v in want.items()) or time.monotonic() > deadline:
+                return r
+
+    rec = progress.start(tmp_path, 0, 0, 2)
+    try:
+        rec.collective("barrier")  # before the recorder is followed: counted on
+        clock = Clock(torch.device("cpu"))
+        timer, comm = StepTimer(clock), CommRecorder(clock, 2)
+        rec.follow(comm=comm)
+        rec.follow(timer=timer)
+        rec.at(1, 40)  # resumed 40 steps into the second epoch
+        with timer.phase("forward"):
+            pass
+        timer.end_step()
+        with timer.phase("sync"), comm.timed("all_reduce", 8, 8, 8):
+            r = seen(phase="sync", collective=2)  # no write of the main thread's meanwhile
+            assert r["where"] == "epoch 2 step 42 phase sync collective #2 (all_reduce)", r
+            before = r["updated"]
+            time.sleep(3 * progress.FOLLOW_S)  # stuck: nothing moves, `updated` stays
+            assert progress.read_all(tmp_path)[0]["updated"] == before
+        timer.end_step()
+        rec.collective("all_gather")  # DistContext's: on top of the recorder's
+        r = seen(phase="step end")
+        assert r["where"] == "epoch 2 step 42 phase step end collective #3 (all_gather)", r
+        comm.finish(comm.begin(), "all_reduce", 8, 8, 8)
+        with timer.phase("data"):
+            r = seen(phase="data", collective=4)
+        assert (r["step"], r["op"]) == (42, ""), r
+        assert rec.snapshot()["collective"] == 4  # a snapshot reads them first
+    finally:
+        rec.close()
+        progress._CURRENT = progress.NullProgress()
+
+
 def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
     old = [_record(tmp_path, r, os.getpid(), world=4) for r in range(4)]
     time.sleep(0.01)

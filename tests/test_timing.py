@@ -108,26 +108,26 @@ def test_comm_recorder_disabled_still_counts_bytes():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_timers_tell_their_listeners_timed_or_not(enabled):
-    """The progress record listens to the timers (ddp_lab/train.py and sync/base.py pass
-    its methods): each phase as it starts, each step's end, each collective entered."""
-    heard: list[str] = []
-    timer = StepTimer(Clock(CPU), enabled, on_phase=heard.append,
-                      on_step_end=lambda: heard.append("step end"))
+def test_timers_say_where_the_rank_is_timed_or_not(enabled):
+    """The progress record reads the timers (ddp_lab/folder/progress.py `follow`): the phase
+    running and the steps ended, the calls entered and the last one's op."""
+    timer = StepTimer(Clock(CPU), enabled)
+    assert (timer.now, timer.ended) == ("", 0)
     with timer.phase("data"):
-        heard.append("in data")
+        assert (timer.now, timer.ended) == ("data", 0)
     timer.end_step()
-    rec = CommRecorder(Clock(CPU), 2, enabled, on_collective=heard.append)
+    assert (timer.now, timer.ended) == ("step end", 1)
+    rec = CommRecorder(Clock(CPU), 2, enabled)
     with rec.timed("all_reduce", 8, 8, 8):
-        pass
+        assert (rec.entered, rec.op) == (1, "all_reduce")
     rec.finish(rec.begin(), "all_reduce", 8, 8, 8)  # async: its op is known only at the end
-    assert heard == ["data", "in data", "step end", "all_reduce", ""]
+    assert (rec.entered, rec.op) == (2, "")
 
 
 def test_step_watch_hands_over_every_nth_step_as_it_ends():
     """The live TensorBoard points: global steps 5..11 watched every 3 hand over steps 6
-    and 9 as they end, with the times and calls `collect` reads, after the timer's own
-    listener (the progress record's place)."""
+    and 9 as they end, with the times and calls `collect` reads, after the listener the
+    timer had."""
     clock = Clock(CPU)
     heard: list = []
     timer = StepTimer(clock, on_step_end=lambda: heard.append("step end"))
@@ -150,7 +150,7 @@ def test_step_watch_hands_over_every_nth_step_as_it_ends():
 
 
 def test_timing_imports_nothing_of_progress():
-    """Timing knows nothing of who listens: no module of ddp_lab/timing/ imports progress."""
+    """Timing knows nothing of who reads it: no module of ddp_lab/timing/ imports progress."""
     import ast
     from pathlib import Path
 

@@ -20,8 +20,8 @@ from helpers import free_port
 REPO = Path(__file__).resolve().parent.parent
 
 #: the step's files and the sync's (docs/tour.md, *What one step runs*)
-STEP_FILES_AT_MOST = 19
-SYNC_FILES_AT_MOST = 10
+STEP_FILES_AT_MOST = 12
+SYNC_FILES_AT_MOST = 6
 
 HARNESS = r'''
 import json, os, sys

@@ -28,8 +28,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import flat_view, group_info, scratch
-
 
 def ring_steps(rank: int, n: int) -> list[tuple[int, int, bool]]:
     """Rank ``rank``'s ``2(n-1)`` steps: (chunk sent to rank+1, chunk received from rank-1,
@@ -37,23 +35,30 @@ def ring_steps(rank: int, n: int) -> list[tuple[int, int, bool]]:
     return [((rank - s) % n, (rank - s - 1) % n, s < n - 1) for s in range(2 * (n - 1))]
 
 
-def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
-    """Sum ``tensor`` over the ranks of ``group`` in place: the ring with plain isend/irecv,
-    one step after the other. gloo; on nccl use ``all_reduce_ring`` (module docstring)."""
-    info = group_info(group)
-    if info is None or info.size == 1 or tensor.numel() == 0:
+def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                             landing: torch.Tensor | None = None) -> None:
+    """Sum the contiguous ``tensor`` over the ranks of ``group`` (None: every rank) in
+    place: the ring with plain isend/irecv, one step after the other. gloo; on nccl use
+    ``all_reduce_ring`` (module docstring). ``landing``: where a chunk to add arrives, at
+    least a chunk long (``numel / n`` rounded up), ``tensor``'s dtype; None: allocated for
+    this call (``sync=ring`` keeps one, so that no step allocates it)."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0 or n == 1 or tensor.numel() == 0:  # -1: this process is not in ``group``
         return
-    to_next, from_prev = info.peer(info.rank + 1), info.peer(info.rank - 1)
-    with flat_view(tensor) as flat:
-        chunks = flat.tensor_split(info.size)  # the first numel % n are one element longer
-        for send_chunk, recv_chunk, add in ring_steps(info.rank, info.size):
-            mine = chunks[recv_chunk]
-            landing = scratch(mine.numel(), mine) if add else mine  # copies land in place
-            # the receive is posted before the send (docs/network.md: sends first, a shaped
-            # link carried one direction at a time)
-            incoming = dist.irecv(landing, from_prev, group=info.group)
-            outgoing = dist.isend(chunks[send_chunk], to_next, group=info.group)
-            incoming.wait()
-            outgoing.wait()  # the chunk sent may be written in a later step
-            if add:
-                mine += landing
+    # isend/irecv name their peer by its global rank
+    ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
+    to_next, from_prev = ranks[(rank + 1) % n], ranks[(rank - 1) % n]
+    chunks = tensor.view(-1).tensor_split(n)  # the first numel % n are one element longer
+    if landing is None:  # (a copied chunk lands in place)
+        landing = torch.empty_like(chunks[0])  # chunks[0] is the longest
+    for send_chunk, recv_chunk, add in ring_steps(rank, n):
+        mine = chunks[recv_chunk]
+        into = landing[:mine.numel()] if add else mine
+        # the receive is posted before the send (docs/network.md: sends first, a shaped
+        # link carried one direction at a time)
+        incoming = dist.irecv(into, from_prev, group=group)
+        outgoing = dist.isend(chunks[send_chunk], to_next, group=group)
+        incoming.wait()
+        outgoing.wait()  # the chunk sent may be written in a later step
+        if add:
+            mine += into

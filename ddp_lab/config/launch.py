@@ -167,4 +167,5 @@ class RunaiLauncherConfig(LauncherConfig):
 
 
 # -------------------------------------------------------------------- sync
-#: sync.compress: what gradients travel as (ddp_lab/sync/_wire.py for ours, sync/ddp.py for DDP)
+#: sync.compress: what gradients travel as (WireFormat in ddp_lab/sync/_buckets.py for ours,
+#: sync/ddp.py for DDP)

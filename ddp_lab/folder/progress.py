@@ -10,12 +10,14 @@ sees it at once. A record holds
     time of the last update, epoch, step, phase, collective number and op, state
     a message (a failed rank's one-line reason)
 
-Who updates it: the step timer and each synchroniser's comm recorder, as their listener
-(`ddp_lab.rank.epoch.EpochMeter` passes `phase` and `step_done` to its `StepTimer`,
-`ddp_lab.sync.base.Synchroniser` passes `collective` to its `CommRecorder`; timing itself
-knows nothing of this record), the scalar collectives of `ddp_lab.world.distributed.DistContext`,
-the training loop (each epoch's start) and `ddp_lab.rank.main.run_rank` (state: starting,
-running, done, failed).
+Who updates it: the record itself reads the step timer and the synchroniser's comm
+recorder it follows (`follow`: `ddp_lab.train.build_parts` and `ddp_lab.rank.epoch.EpochMeter`
+hand them over), every `FOLLOW_S` on a thread of its own, so a step only sets a few
+attributes of theirs and a rank stuck in a collective still says where it is (the thread
+reads them while the main thread waits); timing itself knows nothing of this record. The
+scalar collectives of `ddp_lab.world.distributed.DistContext`, the training loop (each
+epoch's start) and `ddp_lab.rank.main.run_rank` (state: starting, running, done, failed)
+write theirs at once (`collective`, `at`, `phase`, `state`).
 
 Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
 view, and what ddp_lab.rank.failure reads to name the rank(s) that stopped the others);
@@ -34,9 +36,10 @@ import mmap
 import os
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..world.env import host_address
 
@@ -63,6 +66,7 @@ _PHASE = {name: i for i, name in enumerate(PHASES)}
 _OP = {name: i for i, name in enumerate(OPS)}
 _STEP_END, _OTHER, _OTHER_OP = _PHASE["step end"], len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
+FOLLOW_S = 0.1  # how often a record reads the timer and recorder it follows
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
@@ -74,6 +78,9 @@ class NullProgress:
     """What a process without a record updates (a test's trainer, a bench script): nothing."""
 
     path: Optional[Path] = None
+
+    def follow(self, timer: Any = None, comm: Any = None) -> None:
+        pass
 
     def phase(self, name: str) -> None:
         pass
@@ -108,9 +115,8 @@ class _Hot(ctypes.LittleEndianStructure):
 
 
 class Progress(NullProgress):
-    """This rank's record (see the module docstring). A DDP hook on a backend thread may
-    count a collective while the main thread marks a phase: each store is atomic under the
-    GIL, and a reader wants the latest of each, not a consistent set."""
+    """This rank's record (see the module docstring). Its writes, from the main thread and
+    from its follower thread, take turns under a lock."""
 
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
@@ -126,41 +132,107 @@ class Progress(NullProgress):
         self._hot = _Hot.from_buffer(self._mm, _HOT_AT)
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
+        self._lock = threading.Lock()
+        self._timer: Any = None  # a StepTimer: .now (phase), .ended (steps)
+        self._comm: Any = None  # a CommRecorder: .entered (calls), .op
+        self._seen: tuple = (None, None)  # what the last read found: (timer's, comm's)
+        self._first_step = 0  # the record's step is this plus the timer's steps ended
+        self._calls = 0  # collectives written at once (DistContext's), besides the comm's
+        self._closing = threading.Event()
+        self._follower: Optional[threading.Thread] = None
 
-    def phase(self, name: str, _time=time.time) -> None:
-        h = self._hot
-        h.phase = _PHASE.get(name, _OTHER)
-        h.updated = _time()
+    def follow(self, timer: Any = None, comm: Any = None) -> None:
+        """Read `timer` (the step timer) and `comm` (the synchroniser's recorder) from now
+        on, every FOLLOW_S on a thread of this record's."""
+        with self._lock:
+            self._read()
+            h = self._hot
+            if timer is not None:
+                self._timer, self._first_step = timer, h.step - timer.ended
+            if comm is not None:
+                self._comm, self._calls = comm, h.collective - comm.entered
+            self._seen = self._sources()
+        if self._follower is None:
+            self._follower = threading.Thread(target=self._follow, name="ddp_lab progress",
+                                              daemon=True)
+            self._follower.start()
+
+    def _sources(self) -> tuple:
+        t, c = self._timer, self._comm
+        return ((t.now, t.ended) if t is not None else None,
+                (c.entered, c.op) if c is not None else None)
+
+    def _read(self) -> None:
+        """Write what the followed timer and recorder say, where it changed since the last
+        read (under the lock). A change of theirs is a move: `updated` is its time."""
+        seen = self._sources()
+        if seen == self._seen:
+            return
+        (timer, comm), h = seen, self._hot
+        if timer is not None and timer != self._seen[0]:
+            h.phase = _PHASE.get(timer[0], _OTHER)
+            h.step = self._first_step + timer[1]
+        if comm is not None and comm != self._seen[1]:
+            h.collective = self._calls + comm[0]
+            h.op = _OP.get(comm[1], _OTHER_OP)
+        self._seen = seen
+        h.updated = time.time()
+
+    def _follow(self) -> None:
+        while not self._closing.wait(FOLLOW_S):
+            with self._lock:
+                self._read()
+
+    def phase(self, name: str) -> None:
+        with self._lock:
+            self._read()
+            self._hot.phase = _PHASE.get(name, _OTHER)
+            self._hot.updated = time.time()
 
     def at(self, epoch: int, step: int) -> None:
         """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
-        h = self._hot
-        h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
-        h.updated = time.time()
+        with self._lock:
+            self._read()
+            h = self._hot
+            h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
+            self._first_step = step - (self._timer.ended if self._timer is not None else 0)
+            h.updated = time.time()
 
-    def step_done(self, _time=time.time) -> None:
-        h = self._hot
-        h.step += 1
-        h.phase = _STEP_END
-        h.updated = _time()
+    def step_done(self) -> None:
+        """A step ended (a record that follows no timer: the timer's steps count there)."""
+        with self._lock:
+            self._read()
+            h = self._hot
+            self._first_step += 1
+            h.step, h.phase = h.step + 1, _STEP_END
+            h.updated = time.time()
 
-    def collective(self, op: str = "", _time=time.time) -> None:
-        """Called as this rank enters a collective."""
-        h = self._hot
-        h.collective += 1
-        h.op = _OP.get(op, _OTHER_OP)
-        h.updated = _time()
+    def collective(self, op: str = "") -> None:
+        """Called as this rank enters a collective the followed recorder does not count."""
+        with self._lock:
+            self._read()
+            h = self._hot
+            self._calls += 1
+            h.collective, h.op = h.collective + 1, _OP.get(op, _OTHER_OP)
+            h.updated = time.time()
 
     def state(self, state: str, message: str = "") -> None:
-        if message:
-            _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
-        self._hot.state = STATES.index(state)
-        self._hot.updated = time.time()
+        with self._lock:
+            self._read()
+            if message:
+                _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
+            self._hot.state = STATES.index(state)
+            self._hot.updated = time.time()
 
     def snapshot(self) -> dict:
+        with self._lock:
+            self._read()
         return parse(bytes(self._mm[:SIZE])) or {}
 
     def close(self) -> None:
+        self._closing.set()
+        if self._follower is not None:
+            self._follower.join()
         del self._hot  # the mapping cannot close while a structure points into it
         try:
             self._mm.close()

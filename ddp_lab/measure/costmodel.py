@@ -98,21 +98,23 @@ def nothing(world: int) -> Cost:
     return Cost(0, zeros, zeros, 0.0)
 
 
-def busbw_factor(collective: str, world: int) -> float:
-    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md): all_reduce
-    ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n`` (size = the full buffer);
-    broadcast, reduce and point-to-point 1. One rank moves nothing over a bus: 0 for the
-    first three."""
+def busbw_factors(world: int) -> dict[str, float]:
+    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md) of every op, on
+    ``world`` ranks: all_reduce ``2(n-1)/n``; all_gather / reduce_scatter / gather
+    ``(n-1)/n`` (size = the full buffer); broadcast, reduce and point-to-point 1. One rank
+    moves nothing over a bus: 0 for the first four."""
     n = world
-    if collective in ("all_reduce", "all_gather", "reduce_scatter", "gather") and n <= 1:
-        return 0.0
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "gather"):
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce", "send_recv", "p2p"):
-        return 1.0
-    raise ValueError(f"no bus-bandwidth factor for op {collective!r}")
+    spread, both = ((n - 1) / n, 2 * (n - 1) / n) if n > 1 else (0.0, 0.0)
+    return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread,
+            "gather": spread, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0, "p2p": 1.0}
+
+
+def busbw_factor(collective: str, world: int) -> float:
+    """`collective`'s factor (:func:`busbw_factors`)."""
+    factor = busbw_factors(world).get(collective)
+    if factor is None:
+        raise ValueError(f"no bus-bandwidth factor for op {collective!r}")
+    return factor
 
 
 def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:

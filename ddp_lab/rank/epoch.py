@@ -133,9 +133,8 @@ class EpochMeter:
         self.train = train
         self.ctx, self.clock, self.syncer = ctx, clock, syncer
         self.resumed_part = resumed_part
-        record = progress.current()  # each phase and step's end says where this rank is
-        self.timer = StepTimer(clock, enabled=timing.enabled,
-                               on_phase=record.phase, on_step_end=record.step_done)
+        self.timer = StepTimer(clock, enabled=timing.enabled)
+        progress.current().follow(timer=self.timer)  # its phases: where this rank is (status)
         if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
             self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
         self.delay = ComputeDelay.from_config(debug, ctx.env.rank, train.seed)  # or None

@@ -10,8 +10,8 @@
       [rank 0] step 230/938 of epoch 1/5 (25%), 23.1 steps/s, 31 s left
 
 `log.progress=bar` or `lines` picks one either way; `log.progress_every_s=0` turns the lines
-off. The check is made between steps (no thread): a step that takes longer than the
-interval delays its line, never skips the count.
+off. Both are tqdm's; the check is made between steps (no thread): a step that takes
+longer than the interval delays its line, never skips the count.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
-from typing import Iterable, Iterator
+from typing import Iterable, Optional
 
 from tqdm import tqdm
 
@@ -56,31 +55,26 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-class StepLines:
-    """The steps of `steps`, with a line on the console at most every `every_s` seconds
-    (steps done of the epoch's total, the rate since the epoch began, the time left)."""
+class StepLines(tqdm):
+    """The steps of `steps` through tqdm, its bar drawn as a line on the console at most
+    every `every_s` seconds (tqdm's `mininterval`; the first after `every_s`): steps done
+    of the epoch's total, the rate since the epoch began, the time left."""
+
+    monitor_interval = 0  # tqdm's monitor thread only shortens a bar's dynamic interval
 
     def __init__(self, steps: range, desc: str, every_s: float):
-        self.steps, self.desc, self.every_s = steps, desc, every_s
+        super().__init__(steps, desc=desc, total=steps.stop, initial=steps.start,
+                         mininterval=every_s, delay=every_s, miniters=1, leave=False)
 
-    def __iter__(self) -> Iterator[int]:
-        start = last = time.monotonic()
-        done = 0
-        for step in self.steps:
-            yield step
-            done += 1  # the loop's body ran: this step is done
-            now = time.monotonic()
-            if now - last < self.every_s or step + 1 >= self.steps.stop:
-                continue  # not yet; or the epoch's own line comes next
-            last = now
-            rate = done / (now - start)
-            left = (self.steps.stop - step - 1) / rate
-            log.info("step %d/%d of %s (%.0f%%), %.1f steps/s, %s left", step + 1,
-                     self.steps.stop, self.desc, 100 * (step + 1) / self.steps.stop, rate,
-                     duration(left))
-
-    def __len__(self) -> int:
-        return len(self.steps)
+    def display(self, msg: Optional[str] = None, pos: Optional[int] = None) -> bool:
+        """tqdm's redraw, as a log line; none on closing (`msg` ''), and none after the
+        last step: the epoch's own line comes next."""
+        if msg is None and self.n < self.total:
+            rate = (self.n - self.initial) / max(self.format_dict["elapsed"], 1e-9)
+            log.info("step %d/%d of %s (%.0f%%), %.1f steps/s, %s left", self.n, self.total,
+                     self.desc, 100 * self.n / self.total, rate,
+                     duration((self.total - self.n) / rate) if rate else "?")
+        return False
 
 
 class StepProgress:

@@ -14,7 +14,7 @@ One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoc
 EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
 (`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
 record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
-`StepWatch` on the step timer, ddp_lab/timing/live.py; `progress` starts it each epoch).
+`StepWatch` on the step timer, ddp_lab/timing/steps.py; `progress` starts it each epoch).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ Built on this class (each adds one thing, the rest is shared):
   `ddp_lab.collectives`, with exact byte counts;
 - `sync.overlap=true`: overlap.py's `OverlappedAllReduce`, every bucket launched during
   backward (`build_sync` picks it, sync/build.py);
-- `sync.compress=fp16|bf16`: the wire format (`_wire.py`): `pack` divides and casts the
-  share to 16 bits, `unpack` casts the average back; none: `pack` only divides.
+- `sync.compress=fp16|bf16`: the wire format (`WireFormat`, `_buckets.py`): `pack`
+  divides and casts the share to 16 bits, `unpack` casts the average back; none: `pack`
+  only divides.
 
 Bytes: every rank records what `ddp_lab.measure.costmodel` says its algorithm moves
 (`costmodel.SYNC_COLLECTIVES[name]`, through `Synchroniser.timed`). The library's
@@ -35,8 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._buckets import Bucket, make_buckets
-from ._wire import WireFormat
+from ._buckets import Bucket, WireFormat, make_buckets
 from .base import Synchroniser
 
 

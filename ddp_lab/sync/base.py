@@ -12,8 +12,9 @@ and `syncer.close()` (collective) follows the last step. `syncer.collect_comm()`
 what was communicated since the last call (a `CommStats`: calls, payload bytes, bytes
 this rank sent and received, in-flight time).
 Every collective a synchroniser runs sits inside one call, `with self.timed(op, tensor):`,
-which works out the bytes this rank sends and receives from the cost model
-(`ddp_lab.measure.costmodel`, per `SYNC_COLLECTIVES[name]`) and hands them to `self.comm`
+which takes the bytes this rank sends and receives from the cost model
+(`ddp_lab.measure.costmodel`, per `SYNC_COLLECTIVES[name]`; worked out once per tensor
+shape, as a step's buffers are the same every step) and hands them to `self.comm`
 (a `CommRecorder`): it counts the call and its bytes always and stamps its start and end
 on the run's `Clock` when timing is enabled. That is how comm time is measured the same
 way for every synchroniser, and why a synchroniser's body reads as its algorithm.
@@ -54,6 +55,7 @@ class Synchroniser:
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
+        self.bytes_by_shape: dict[tuple[str, int, int], tuple[int, int, Optional[int]]] = {}
         self.model: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -111,10 +113,13 @@ class Synchroniser:
         this rank sends and receives come from `traffic`; `payload` is the bytes the call
         stands for (default: `wire`'s own; sync.compress passes the gradients' bytes in
         the wire dtype, padding excluded)."""
-        sent, recv, cross_node = self.traffic(op, wire.numel(), wire.element_size())
+        shape = (op, wire.numel(), wire.element_size())
+        traffic = self.bytes_by_shape.get(shape)
+        if traffic is None:  # the first call of this shape: its bytes, from `traffic`
+            traffic = self.bytes_by_shape[shape] = self.traffic(*shape)
         if payload is None:
-            payload = wire.numel() * wire.element_size()
-        return self.comm.timed(op, payload, sent, recv, cross_node)
+            payload = shape[1] * shape[2]
+        return self.comm.timed(op, payload, *traffic)
 
     def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """This rank's (bytes sent, bytes received, bytes sent to another node or None when

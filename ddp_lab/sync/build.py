@@ -1,20 +1,22 @@
-"""Where a synchroniser is built: the `sync` option's class, its rules, its listeners.
+"""Where a synchroniser is built: the `sync` option's class and its rules.
 
 `SYNCS` names every synchroniser's class (sync/<name>.py); `build_sync(cfg, ...)` is what
-the trainer calls. Between the class and a running synchroniser it does three things,
-none of which belongs to the class itself:
+the trainer calls. Between the class and a running synchroniser it does two things,
+neither of which belongs to the class itself:
 
 - the section's config rules, its schema's `check` (config/sync/<name>.py; the
   submitting command ran them already, before any process started);
 - `sync.overlap=true` on more than one rank: the overlapped variant of an all-reduce
-  family class (`overlapped`, sync/overlap.py);
-- every collective the synchroniser enters counted by the listener the caller passes: train() passes this rank's progress record (the
-  rank behind the others is the one with the smaller count: ddp_lab/folder/progress.py).
+  family class (`overlapped`, sync/overlap.py).
+
+Every collective the synchroniser enters is counted by its `comm` recorder, which the
+rank's progress record reads (train() hands it over; the rank behind the others is the
+one with the smaller count: ddp_lab/folder/progress.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -56,14 +58,10 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
 
 
 def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
-               clock: Optional[Clock] = None, timing: bool = True,
-               on_collective: Optional[Callable[[str], None]] = None) -> Synchroniser:
+               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
     """The synchroniser `cfg` names, for `module` on `world_size` ranks (see the module
     docstring for what is done here)."""
     check_sync(cfg, world_size)
     overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
-    syncer = sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,
-                                           timing=timing)
-    if on_collective is not None:
-        syncer.comm.on_collective = on_collective
-    return syncer
+    return sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,
+                                         timing=timing)

@@ -32,7 +32,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ._wire import WIRE_DTYPES
+from ._buckets import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 
 

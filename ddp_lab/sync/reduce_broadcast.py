@@ -18,9 +18,10 @@ runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast
 backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
 factor 1 for both (nccl-tests).
 
-`sync.compress=fp16|bf16` compresses the gradients' reduce (`ddp_lab/sync/_wire.py`); the
-parameters' broadcast stays fp32: rounding the weights themselves to 16 bits every step
-would be another training method (low-precision weights), not gradient compression.
+`sync.compress=fp16|bf16` compresses the gradients' reduce (`WireFormat`,
+ddp_lab/sync/_buckets.py); the parameters' broadcast stays fp32: rounding the weights
+themselves to 16 bits every step would be another training method (low-precision weights),
+not gradient compression.
 
 `sync.overlap=true` (sync/_overlap.py): the gradient buckets hold the parameters in
 reverse order and each bucket's `dist.reduce` is started (async_op) from backward the
@@ -40,8 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._buckets import Bucket, make_buckets
-from ._wire import WireFormat
+from ._buckets import Bucket, WireFormat, make_buckets
 from ._overlap import ReadyBuckets
 from .base import Synchroniser
 

@@ -41,11 +41,15 @@ class RingSync(AllReduceSync):
         module = super().wrap(module)
         # one plan per bucket buffer, looked up by its address (buffers never move)
         self.plans: dict[int, PersistentRingAllReduce] = {}
+        self.landing: dict[torch.dtype, torch.Tensor] = {}  # the textbook ring's, per dtype
         self.textbook = self.world_size > 1 and dist.get_backend() == "gloo"
+        # the tensors that go on the wire (sync.compress: the 16-bit copies)
+        wires = [self.wire.buffer(b.buffer) for b in self.buckets]
         if self.cfg.prepost and self.textbook and self.device.type == "cpu":
-            # a plan per tensor that goes on the wire (sync.compress: the 16-bit copy)
-            wires = [self.wire.buffer(b.buffer) for b in self.buckets]
             self.plans = {w.data_ptr(): PersistentRingAllReduce(w) for w in wires}
+        elif self.textbook:  # a chunk of the longest buffer: one call at a time uses it
+            for w in sorted(wires, key=torch.Tensor.numel):
+                self.landing[w.dtype] = torch.empty_like(w.tensor_split(self.world_size)[0])
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:
@@ -53,7 +57,7 @@ class RingSync(AllReduceSync):
         if plan is not None:
             plan(flat)
         elif self.textbook:
-            all_reduce_ring_textbook(flat)
+            all_reduce_ring_textbook(flat, landing=self.landing.get(flat.dtype))
         else:
             all_reduce_ring(flat)
 

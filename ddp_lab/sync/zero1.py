@@ -5,7 +5,7 @@ followed by an all-gather (every rank gets every chunk). Adam and SGD are elemen
 the optimiser need not see the whole vector: rank r steps chunk r alone, then the
 all-gather spreads *updated weights* instead of summed gradients.
 
-    sync():  gradients -> one flat bucket, / world (before the sum, as DDP: _wire.py),
+    sync():  gradients -> one flat bucket, / world (before the sum, as DDP: WireFormat),
              reduce-scatter: this rank's chunk of the averaged gradient
     step():  the optimiser steps the chunk of the flat weights this rank owns (its state,
              Adam's two moments, exists for that 1/world only), then all-gather the weights
@@ -40,8 +40,7 @@ from torch import nn
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..measure import costmodel
 from . import _zero1_state
-from ._buckets import make_buckets
-from ._wire import WireFormat
+from ._buckets import WireFormat, make_buckets
 from .base import Synchroniser
 
 # elements: a multiple of any CPU vector width and of fused Adam's 64-byte task (the cost

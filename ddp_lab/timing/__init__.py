@@ -8,25 +8,24 @@ time base, so a collective can be placed inside its step and phase.
 One file per idea:
 
     clock.py          Clock: the rank's time base (host clock on CPU, CUDA events on GPU)
-    steps.py          StepTimer and StepTimes: the phases of every step
-    grads.py          GradReadyMark: compute end, the step's last gradient ready
+    steps.py          StepTimer and StepTimes: the phases of every step; GradReadyMark:
+                      compute end, the step's last gradient ready; StepWatch: every
+                      N-th step handed over while the epoch runs
     comm.py           CommStats: what was communicated, comm_fraction, exposed vs in-flight
     comm_recorder.py  CommRecorder: every collective call's bytes and stamps
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time
     stragglers.py     who makes the others wait (StragglerTally)
-    live.py           StepWatch: every N-th step handed over while the epoch runs
 
-Timing knows nothing of the rest of the trainer: whoever builds a timer or recorder
-passes the listeners that want to hear of each phase or call (the progress record,
-ddp_lab/folder/progress.py). Every name below is importable from `ddp_lab.timing`.
+Timing knows nothing of the rest of the trainer: the timer and the recorder keep where
+the rank is as plain attributes (the phase running, the steps ended, the calls entered),
+which the rank's progress record reads (ddp_lab/folder/progress.py). Every name below is
+importable from `ddp_lab.timing`.
 """
 
 from .clock import Clock
 from .comm import CommCall, CommStats, union_length
 from .comm_recorder import CommRecorder
-from .grads import GradReadyMark
-from .live import StepWatch
-from .steps import PHASES, StepTimer, StepTimes
+from .steps import PHASES, GradReadyMark, StepTimer, StepTimes, StepWatch
 from .stragglers import (STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_MIN_SHARE, STRAGGLER_MIN_STEPS, StragglerTally, stragglers)
 from .summary import describe, epoch_timing, percentile, summarise_steps
 

@@ -20,7 +20,7 @@ during which communication was in flight, an upper bound on its exposed cost.
 
 Exposed and in-flight communication (`comm_exposed_s`, `comm_inflight_s`, `compute_s`):
 
-    compute end   = the moment the step's last gradient was ready (ddp_lab/timing/grads.py)
+    compute end   = the moment the step's last gradient was ready (GradReadyMark, steps.py)
     in-flight     = the union of the step's collective intervals (as above)
     exposed       = the part of that union that lies after compute end: communication
                     the rank could no longer hide behind its own backward, so it waited

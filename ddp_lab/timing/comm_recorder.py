@@ -3,17 +3,17 @@ holds as `self.comm` (ddp_lab/sync/base.py), so comm time is measured the same w
 
 It counts every call's bytes always and, when timing is on, stamps its start and end on
 the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
-(ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who else wants to hear of
-a call: whoever builds it passes a listener (`on_collective`); the synchroniser passes
-the rank's progress record (ddp_lab/folder/progress.py).
+(ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who reads where the rank
+is: it keeps the calls entered and the last one's op as plain attributes (`entered`, `op`),
+which the rank's progress record reads when it writes (ddp_lab/folder/progress.py).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from ..measure.costmodel import busbw_factor
+from ..measure.costmodel import busbw_factors
 from .clock import UNTIMED, Clock
 from .comm import CommCall, CommStats, union_length
 
@@ -41,16 +41,16 @@ class CommRecorder:
     Async call:      `start = rec.begin()` ... in its completion callback
                      `rec.finish(start, op, payload, sent, recv)`
 
-    Listener: `on_collective(op)` as this rank enters each call, timed or not (op "" for
-    an async call: its op is known only when it finishes).
+    Where the rank is, timed or not: `entered`, the calls this rank has entered, and `op`,
+    the last one's ("" for an async call: its op is known only when it finishes).
     """
 
-    def __init__(self, clock: Clock, world_size: int, enabled: bool = True,
-                 on_collective: Optional[Callable[[str], None]] = None):
+    def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
         self.clock = clock
         self.world_size = world_size
         self.enabled = enabled
-        self.on_collective = on_collective
+        self.bus = busbw_factors(world_size)  # each op's busbw factor, worked out once
+        self.entered, self.op = 0, ""
         self._pending: list[tuple[CommCall, Any, Any]] = []
         self._stats = CommStats()
         # DDP's completion callbacks run on the backend's worker threads, several at once
@@ -63,7 +63,7 @@ class CommRecorder:
         st.payload_bytes += payload
         st.bytes_sent += sent
         st.bytes_recv += recv
-        st.bus_bytes += payload * busbw_factor(op, self.world_size)
+        st.bus_bytes += payload * self.bus[op]
         if cross_node is not None:
             st.bytes_cross_node = (st.bytes_cross_node or 0) + cross_node
         return CommCall(op, payload, sent, recv)
@@ -71,14 +71,12 @@ class CommRecorder:
     def timed(self, op: str, payload: int, sent: int, recv: int,
               cross_node: Optional[int] = None):
         """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
-        if self.on_collective is not None:
-            self.on_collective(op)
+        self.entered, self.op = self.entered + 1, op
         call = self._count(op, payload, sent, recv, cross_node)
         return _Timed(self, call) if self.enabled else UNTIMED
 
     def begin(self) -> Any:
-        if self.on_collective is not None:
-            self.on_collective("")  # an async call (DDP's bucket all-reduce) is launched
+        self.entered, self.op = self.entered + 1, ""  # an async call (DDP's bucket) is launched
         return self.clock.stamp() if self.enabled else None
 
     def finish(self, start: Any, op: str, payload: int, sent: int, recv: int,
@@ -111,7 +109,7 @@ class CommRecorder:
     def ready(self, first: int, end: int) -> Optional[list[CommCall]]:
         """Timed calls `first` to `end` (in the order they were recorded since the last
         collect), in seconds, if every stamp of theirs can be read now; else None. Never
-        waits: the live TensorBoard points read a step's calls with it (timing/live.py)."""
+        waits: the live TensorBoard points read a step's calls with it (`StepWatch`)."""
         with self._lock:
             pending = self._pending[first:end]
         ready = self.clock.ready  # each call's own: an overlap thread stamps on its stream

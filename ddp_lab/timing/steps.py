@@ -4,24 +4,47 @@ runs and resolves them into `StepTimes` (seconds) once per epoch.
     with timer.phase("data"): ...      # data, forward, backward, sync, optim
     timer.end_step()
 
-The timer knows nothing of who else wants to hear of a phase: whoever builds it passes
-listeners (`on_phase`, `on_step_end`). The training loop's `EpochMeter` (ddp_lab/rank/epoch.py)
-passes the rank's progress record (ddp_lab/folder/progress.py), so a stuck rank can be found.
+The timer knows nothing of who reads where the rank is: it keeps the phase running and
+the steps ended as plain attributes (`now`, `ended`), which the rank's progress record
+(ddp_lab/folder/progress.py) reads when it writes, so a stuck rank can be found.
 
 On CUDA a step's phases share their boundaries: the end of one phase is the start of the
 next, one event each (a step of five phases records six), from the clock's pool, handed
 back once read (`collect`). On CPU every phase takes its own two host-clock stamps.
+
+Compute end, the moment the step's last gradient was ready, is the line between the
+model's own work and the communication that comes after it (ddp_lab/timing/comm.py):
+`GradReadyMark` stamps every trainable parameter's `register_post_accumulate_grad_hook`
+(the host clock on CPU; on CUDA a preallocated event re-recorded by each hook, so it holds
+the last one); the last stamp of the step wins. `StepTimer.watch_grads` sets it up and
+hands each step's mark to its `StepTimes.compute_end`. A step whose hooks did not fire
+(timing off, no trainable parameter) takes its backward end as compute end.
+
+Steps read while the epoch runs: `StepWatch` hands every `every`-th step (the global
+steps whose number is a multiple of `every`) to a listener as soon as its stamps can be
+read, so TensorBoard shows the steps while training goes on (ddp_lab/rank/telemetry.py).
+
+    watch = StepWatch(timer, comm, every, on_step)   # on_step(number, StepTimes, calls)
+    watch.begin(steps_done)                          # at each epoch's start
+
+It listens to the timer's step ends (`on_step_end`, after the listener the timer had), so
+a step is handed over as it ends, the last before a stop included. It never waits for the
+device: on CPU a step is handed over at once; on CUDA its stamps are events that fire
+when the GPU gets there, so it is handed over at the first step end after they fired
+(usually a step or two later). A step's calls are those recorded between its start and
+its end. The epoch's end still reads every stamp (`StepTimer.collect`): what the watch
+had not handed over yet is written from there.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .clock import UNTIMED, Clock
-from .grads import GradReadyMark
 
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
@@ -66,6 +89,52 @@ class StepTimes:
         return total
 
 
+class GradReadyMark:
+    """The moment the last gradient of a step was ready: compute end (module docstring).
+
+    One `register_post_accumulate_grad_hook` per trainable parameter stamps it each time
+    a gradient is accumulated; `take()` (at the step's end) hands over the last stamp and
+    starts the next step's. CPU: the host clock (a float, no allocation). CUDA: the hook
+    re-records the step's preallocated event on the stream that produced the gradient
+    (re-recording keeps the latest); events come from the clock's pool and go back to it
+    once per epoch (`recycle`, after the epoch's stamps were read), so no step allocates one.
+    """
+
+    def __init__(self, clock: Clock, module: torch.nn.Module):
+        self.clock = clock
+        self.cuda = clock.cuda
+        self.last: Any = None
+        self._used: list = []  # CUDA: events handed out this epoch
+        self._event: Any = None
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook)
+                        for p in module.parameters() if p.requires_grad]
+
+    def _hook(self, _param: torch.Tensor) -> None:
+        if not self.cuda:
+            self.last = time.perf_counter()
+            return
+        if self._event is None:
+            self._event = self.clock.event()
+        self._event.record()  # on the current stream: the one that produced this gradient
+        self.last = self._event
+
+    def take(self) -> Any:
+        out, self.last = self.last, None
+        if self.cuda and self._event is not None:
+            self._used.append(self._event)
+            self._event = None
+        return out
+
+    def recycle(self) -> None:
+        """CUDA: the epoch's events were read; they go back to the clock's pool."""
+        self.clock.release(self._used)
+        self._used = []
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 class _Phase:
     """`with timer.phase(name):` -- a plain class, cheaper than a generator context, made
     once per phase name and reused every step (a phase never nests inside itself)."""
@@ -105,17 +174,16 @@ class _SharedPhase:
 class StepTimer:
     """Stamps the phases of every step; `collect()` resolves them once per epoch.
 
-    Listeners, called timed or not: `on_phase(name)` as each phase starts and
-    `on_step_end()` as each step ends. One callable each, called directly: a listener
-    costs the step one call per phase and allocates nothing (to have several, pass one
-    function that calls them)."""
+    Where the rank is, timed or not: `now`, the phase running ("step end" between steps),
+    and `ended`, the steps ended. `on_step_end()`, if given, is called as each step ends
+    (`StepWatch` listens there)."""
 
     def __init__(self, clock: Clock, enabled: bool = True,
-                 on_phase: Optional[Callable[[str], None]] = None,
                  on_step_end: Optional[Callable[[], None]] = None):
         self.clock = clock
         self.enabled = enabled
-        self.on_phase, self.on_step_end = on_phase, on_step_end
+        self.on_step_end = on_step_end
+        self.now, self.ended = "", 0
         self._steps: list[list] = []
         self._marks: list = []  # each step's compute-end stamp (GradReadyMark), or None
         self._current: list = []
@@ -129,8 +197,7 @@ class StepTimer:
             self.grads = GradReadyMark(self.clock, module)
 
     def phase(self, name: str):
-        if self.on_phase is not None:
-            self.on_phase(name)
+        self.now = name
         if not self.enabled:
             return UNTIMED
         ph = self._phases.get(name)
@@ -143,13 +210,14 @@ class StepTimer:
             self._steps.append(self._current)
             self._marks.append(self.grads.take() if self.grads is not None else None)
             self._current, self._edge = [], None
+        self.now, self.ended = "step end", self.ended + 1
         if self.on_step_end is not None:  # after: a listener may read the step (`ready`)
             self.on_step_end()
 
     def ready(self, i: int) -> Optional[StepTimes]:
         """Step `i` of those since the last collect, in seconds, if it has ended and its
         stamps can be read now; None if not yet (CUDA: its events have not all fired).
-        Never waits: the live TensorBoard points read steps with it (timing/live.py)."""
+        Never waits: the live TensorBoard points read steps with it (`StepWatch`)."""
         if i >= len(self._steps):
             return None
         spans, mark = self._steps[i], self._marks[i]
@@ -179,3 +247,46 @@ class StepTimer:
             self.clock.release({id(s): s for spans in raw for _, a, b in spans
                                 for s in (a, b)}.values())
         return out
+
+
+class StepWatch:
+    """Every `every`-th step of `timer` and its calls on `comm` (the synchroniser's
+    `CommRecorder`: its `count` and `ready`), handed to `on_step(number, times, calls)`."""
+
+    def __init__(self, timer: StepTimer, comm: Any, every: int,
+                 on_step: Callable[[int, StepTimes, list], None]):
+        self.timer, self.comm, self.every, self.on_step = timer, comm, every, on_step
+        self.done = self.index = self.first = 0
+        self.waiting: list[tuple[int, int, int, int]] = []  # (number, index, first, end call)
+        heard = timer.on_step_end  # the timer calls one listener: this one calls both
+
+        def step_ended() -> None:
+            if heard is not None:
+                heard()
+            self._step_ended()
+
+        timer.on_step_end = step_ended
+
+    def begin(self, done: int) -> None:
+        """An epoch (or its resumed part) starts, `done` global steps before its first:
+        the timer's and the recorder's lists start anew (collected at the last end)."""
+        self.done, self.index, self.waiting = done, 0, []
+        self.first = self.comm.count()
+
+    def _step_ended(self) -> None:
+        self.done += 1
+        end = self.comm.count()
+        if self.done % self.every == 0:
+            self.waiting.append((self.done, self.index, self.first, end))
+        self.index, self.first = self.index + 1, end
+        while self.waiting and self._hand_over(*self.waiting[0]):
+            self.waiting.pop(0)
+
+    def _hand_over(self, number: int, i: int, first: int, end: int) -> bool:
+        """Step `number` to the listener if its stamps can be read now."""
+        times = self.timer.ready(i)
+        calls = None if times is None else self.comm.ready(first, end)
+        if calls is None:
+            return False
+        self.on_step(number, times, calls)
+        return True
