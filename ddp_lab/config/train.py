@@ -5,14 +5,11 @@ injected faults and a scaling study."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .help import doc
-
-if TYPE_CHECKING:
-    from . import Config
 
 
 def _size(value: Any) -> bool:
@@ -217,8 +214,9 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
-def cuda_graph_problem(cfg: Config, device: str, accumulation: int) -> Optional[str]:
-    """Why train.cuda_graph=true cannot run `cfg` (the whole config), or None: one line
+def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optional[str]:
+    """Why train.cuda_graph=true cannot run `cfg` (the whole composed config, as
+    validation reads it before any process starts), or None: one line
     naming the key and the fix. `device`: dist.device as the ranks will see it where that
     is known (auto stays auto when the ranks start elsewhere); `accumulation`: micro-steps
     per optimiser step (`batch_plan`). A graph replays fixed kernels on fixed memory:
