@@ -58,7 +58,7 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
             loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer)
         else:
             with timer.phase("forward"):
-                out = syncer.model(x)
+                out = syncer.wrapped(x)
                 loss = F.cross_entropy(out, y)
                 right = (out.argmax(1) == y).sum()  # train accuracy, as the notebook's check
             with timer.phase("backward"):
@@ -102,7 +102,7 @@ def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: tor
     for i, (xm, ym) in enumerate(zip(xs, ys)):
         with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
             with timer.phase("forward"):
-                out = syncer.model(xm)
+                out = syncer.wrapped(xm)
                 loss = F.cross_entropy(out, ym) * (len(ym) / len(y))
                 right += (out.argmax(1) == ym).sum()
             with timer.phase("backward"):

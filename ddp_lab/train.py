@@ -10,14 +10,14 @@ ddp_lab/config/train.py), so its call says what it depends on:
 
 - `Checkpointer` (ddp_lab/rank/checkpointer.py): where the run starts (resume, restarts and
   requeues agreed on by every rank), the checkpoint after each epoch, a graceful stop's;
-- `EpochMeter` (ddp_lab/rank/epoch.py): the barriers and clocks around each epoch's steps,
+- `EpochControl` (ddp_lab/rank/epoch.py): the barriers and clocks around each epoch's steps,
   the step timer; it hands out the epoch's batches (`EpochBatches`: the data phase, the
   step count, injected delays, the stop agreement) and back one `MeasuredEpoch`. A stop
   every rank agreed on comes out of it as `Stopped`, which `train` hands to the
   checkpointer in one place; after each epoch it runs the failure hook (DDP_LAB_FAIL_ONCE);
 - `Telemetry` (ddp_lab/rank/telemetry.py): the run's records (metrics.jsonl, summary.json,
   TensorBoard, the console line) from the measured epochs, and TensorBoard's per-step
-  points as the steps end (it listens to the meter's step timer). Of the three it alone
+  points as the steps end (it listens to the epoch control's step timer). Of the three it alone
   takes the whole config: the records describe the run (its config, hparams, summary.json's
   settings).
 """
@@ -37,7 +37,7 @@ from .models import build_model, build_optimizer
 from .rank.checkpointer import Checkpointer
 from .rank.compile import preflight_and_compile
 from .rank.cuda_graph import build_stream, step_runner
-from .rank.epoch import EpochMeter, Position, Stopped
+from .rank.epoch import EpochControl, Position, Stopped
 from .folder.files import read_json_or_empty
 from .folder.records import RunSummary
 from .folder import progress
@@ -63,23 +63,23 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
     start = ckpt.load()  # epoch 0 step 0, or where the newest checkpoint stands
     if start.epoch >= cfg.train.epochs:  # a finished run, started again: leave it as it is
         return finished(run_dir, start.epoch)
-    meter = EpochMeter(cfg.train, cfg.timing, cfg.debug, ctx, clock, syncer, ckpt.resumed_part,
-                       run_dir)  # clocks, timer, stop, delay, profiler
+    control = EpochControl(cfg.train, cfg.timing, cfg.debug, ctx, clock, syncer,
+                           ckpt.resumed_part, run_dir)  # clocks, timer, stop, delay, profiler
     telemetry = Telemetry(cfg, ctx, run_dir, steps_per_epoch(cfg.train, splits),
-                          syncer.bytes_exact, plan=batching, compile_s=compile_s, meter=meter)
+                          syncer.bytes_exact, plan=batching, compile_s=compile_s, control=control)
     telemetry.start(start.epoch, start.step)
     steps_of = step_runner(cfg.train, syncer, optimizer) if cfg.train.cuda_graph else run_steps
-    with meter.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
+    with control.stop_control(run_dir):  # a stop: every rank agrees, saves, then leaves
         try:
             for epoch in range(start.epoch, cfg.train.epochs):
-                batches = meter.begin(epoch, splits.train, telemetry.progress)
-                loss_sum, correct = steps_of(syncer, optimizer, batches, meter.timer,
+                batches = control.begin(epoch, splits.train, telemetry.progress)
+                loss_sum, correct = steps_of(syncer, optimizer, batches, control.timer,
                                           batching.micro_batch)
-                measured = meter.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
+                measured = control.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
                 measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
                 ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
                 telemetry.epoch(measured)
-                meter.between_epochs(epoch + 1)  # the failure hook; raises Stopped
+                control.between_epochs(epoch + 1)  # the failure hook; raises Stopped
         except Stopped as stop:
             return telemetry.finish(**ckpt.on_stop(stop), memory=syncer.memory(optimizer))
     syncer.close()  # collective: every rank has run the same steps

@@ -29,5 +29,5 @@ fi
 # numpy < 2: torch < 2.3 was built against numpy 1 (tensor.numpy() fails under numpy 2)
 time "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PINS[@]}" "numpy<2" -e '.[test]'
 "$VENV/bin/python" -c "import torch, torchvision; print('oldest torch:', torch.__version__, 'torchvision', torchvision.__version__)"
-time "$VENV/bin/python" -m pytest -n 0 -v -p no:cacheprovider tests/oldest_torch.py tests/test_stop0.py \
+time "$VENV/bin/python" -m pytest -n 0 -v -p no:cacheprovider tests/oldest_torch.py tests/test_one_file.py \
     tests/test_launch_local.py::test_forked_ranks_end_when_torchrun_polls_seldom

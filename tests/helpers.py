@@ -101,7 +101,7 @@ def run_world(fn: Callable, world: int, *args: Any, timeout: float = 120) -> lis
 
 def count_p2p_bytes(counter: dict) -> None:
     """Count, in `counter["sent"]` / `counter["recv"]`, the bytes this process hands to
-    torch.distributed's isend/irecv (directly, as PersistentRingAllReduce does, or through
+    torch.distributed's isend/irecv (directly, as PrepostedRingAllReduce does, or through
     batch_isend_irecv, which calls them: every send/recv of ddp_lab.collectives). A receive
     counts when it has been waited for: the ring posts receives a call ahead. Sends are
     also counted by destination, in `counter["to"]` (global rank -> bytes), when the

@@ -1,6 +1,6 @@
 """The short part of the suite that runs on the oldest torch ddp_lab supports (.ci/run's
 last step, scripts/oldest_torch.sh, builds a second venv with it from the registry and runs
-this file, tests/test_stop0.py and the forked ranks' end there). Not named test_*.py: the
+this file, tests/test_one_file.py and the forked ranks' end there). Not named test_*.py: the
 main run leaves it out (the synchronisers' runs are covered there by their own tests), and
 `pytest tests/oldest_torch.py` runs it on any torch: every synchroniser trains a local run to its end with the
 defaults, a finished run's folder continues for another epoch (a resume), the report

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_lab.folder import checkpoint
+from ddp_lab.folder import checkpoint_file as checkpoint
 from helpers import run_cli
 
 

@@ -341,7 +341,7 @@ def _suite(ck: Checker, group) -> None:
 
 
 def _persistent_suite(ck: Checker, group) -> None:
-    """PersistentRingAllReduce: repeated calls on one plan (each reusing the receives the
+    """PrepostedRingAllReduce: repeated calls on one plan (each reusing the receives the
     previous call posted) match torch's all_reduce, with other traffic on the same ranks in
     between, with pieces, after close() and with a forgotten, unclosed plan alongside."""
     n = dist.get_world_size(group)
@@ -368,11 +368,11 @@ def _persistent_suite(ck: Checker, group) -> None:
         for op in _ops_for(dtype):
             for length in LENGTHS:
                 name = f"persistent[{op},{dtype},{length}]"
-                with C.PersistentRingAllReduce(torch.empty(length, dtype=dtype), op,
+                with C.PrepostedRingAllReduce(torch.empty(length, dtype=dtype), op,
                                                group) as plan:
                     calls(name, plan, (length,), dtype, op)
     # pieces: each ring step's message cut into ~3 uneven pieces
-    plan = C.PersistentRingAllReduce(torch.empty(1001), "SUM", group,
+    plan = C.PrepostedRingAllReduce(torch.empty(1001), "SUM", group,
                                      segment_bytes=4 * 1001 * 4 // (3 * n) + 1)
     calls("persistent segmented", plan, (1001,), torch.float32, "SUM")
     plan.close()
@@ -380,9 +380,9 @@ def _persistent_suite(ck: Checker, group) -> None:
     plan.close()
     plan.close()  # nothing posted: a no-op
     # a plan left unclosed (its receives still posted) does not capture a newer plan's data
-    forgotten = C.PersistentRingAllReduce(torch.empty(7, 13), "SUM", group)
+    forgotten = C.PrepostedRingAllReduce(torch.empty(7, 13), "SUM", group)
     calls("persistent 2-D", forgotten, (7, 13), torch.float32, "SUM", k=1)
-    newer = C.PersistentRingAllReduce(torch.empty(7, 13), "MAX", group)
+    newer = C.PrepostedRingAllReduce(torch.empty(7, 13), "MAX", group)
     calls("persistent newer plan", newer, (7, 13), torch.float32, "MAX", k=2)
     calls("persistent forgotten plan again", forgotten, (7, 13), torch.float32, "SUM", k=1)
     for p in (forgotten, newer):
@@ -390,11 +390,11 @@ def _persistent_suite(ck: Checker, group) -> None:
     ck.expect_raises("persistent wrong shape", ValueError,
                      lambda: newer(torch.empty(8, 13)), "one plan per tensor shape")
     ck.expect_raises("persistent AVG int", ValueError,
-                     lambda: C.PersistentRingAllReduce(torch.empty(3, dtype=torch.int32), "avg",
+                     lambda: C.PrepostedRingAllReduce(torch.empty(3, dtype=torch.int32), "avg",
                                                        group), "AVG")
     if n > 1:
         ck.expect_raises("persistent on meta", ValueError,
-                         lambda: C.PersistentRingAllReduce(torch.empty(3, device="meta"),
+                         lambda: C.PrepostedRingAllReduce(torch.empty(3, device="meta"),
                                                            group=group), "gloo group and CPU")
 
 
@@ -422,7 +422,7 @@ def _worker(rank, world_size, init_file, backend, out_dir, scenario):
                 else:  # outside the group: the plan's calls leave the tensor alone
                     x = ck.inputs((7,), torch.float32)
                     y = x.clone()
-                    C.PersistentRingAllReduce(y, group=g)(y)
+                    C.PrepostedRingAllReduce(y, group=g)(y)
                     ck.check("persistent non-member", y, x, exact=True)
     else:
         groups = [(ranks, dist.new_group(ranks)) for ranks in SUBGROUPS[world_size]]
@@ -504,7 +504,7 @@ def test_sub_groups_gloo(tmp_path, world_size):
     [1, 2, 3, pytest.param(4, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)],
 )
 def test_persistent_ring_gloo(tmp_path, world_size):
-    """PersistentRingAllReduce against torch.distributed.all_reduce (4 ranks: also on two
+    """PrepostedRingAllReduce against torch.distributed.all_reduce (4 ranks: also on two
     sub-groups at once); a receive matched to the wrong message fails or hangs here."""
     results = _run_world(tmp_path, world_size, scenario="persistent")
     assert min(res["count"] for res in results) > 150

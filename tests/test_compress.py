@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.models import MLP
 from ddp_lab.config import check_sync
-from ddp_lab.sync import REGISTRY
+from ddp_lab.sync import SYNCS
 
 from helpers import count_p2p_bytes, log_collectives, run_cli, run_dir_of, run_world
 from test_sync import (BATCH, LR, MOMENTUM, SMALL_BUCKET_MB, STEPS, global_batches, initial_model,
@@ -57,7 +57,7 @@ def _worker(rank: int, world: int) -> dict:
     out = {}
     for variant, name, overrides in VARIANTS:
         model = initial_model()
-        syncer = REGISTRY[name](sync_cfg(name, **overrides), model, device, world)
+        syncer = SYNCS[name](sync_cfg(name, **overrides), model, device, world)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         x0, y0 = xs[0, rank * BATCH:(rank + 1) * BATCH], ys[0, rank * BATCH:(rank + 1) * BATCH]
         syncer.preflight(lambda m=model: F.cross_entropy(m(x0), y0))  # as train.py does
@@ -253,7 +253,7 @@ def _powersgd_buckets_worker(rank: int, world: int, serial: bool) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = MLP(hidden=[512, 512, 512])
-    syncer = REGISTRY["ddp"](sync_cfg("ddp", compress="powersgd", bucket_cap_mb=1), model,
+    syncer = SYNCS["ddp"](sync_cfg("ddp", compress="powersgd", bucket_cap_mb=1), model,
                              torch.device("cpu"), world)
     syncer.serial = serial and syncer.serial
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -262,7 +262,7 @@ def _powersgd_buckets_worker(rank: int, world: int, serial: bool) -> dict:
     syncer.preflight(lambda m=model: F.cross_entropy(m(x), y))
     for _ in range(4):
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(syncer.model(x), y).backward()
+        F.cross_entropy(syncer.wrapped(x), y).backward()
         opt.step()
     return {"params": [p.detach().numpy().copy() for p in model.parameters()],
             "calls": syncer.collect_comm().calls, "serial": syncer.serial}

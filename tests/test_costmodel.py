@@ -85,7 +85,7 @@ def _collectives(rank: int, world: int, counter: dict) -> list[dict]:
             # the persistent ring: same bytes per call; its first call's receives are the only
             # ones waited for (the next call's stay posted until close(), not counted here)
             t = torch.ones(numel, dtype=dtype)
-            plan = C.PersistentRingAllReduce(t)
+            plan = C.PrepostedRingAllReduce(t)
             rec("persistent", "all_reduce", "ring", numel, lambda: plan(t))
             plan.close()
     return out
@@ -128,7 +128,7 @@ def _wire_numels(syncer) -> list[int]:
 
 
 def _syncs(rank: int, world: int, counter: dict) -> list[dict]:
-    from ddp_lab.sync import REGISTRY
+    from ddp_lab.sync import SYNCS
 
     out = []
     for label, name, overrides, dtype in SYNC_VARIANTS:
@@ -136,12 +136,12 @@ def _syncs(rank: int, world: int, counter: dict) -> list[dict]:
             overrides = {**overrides, "root": world - 1}
         torch.manual_seed(0)
         model = _Odd(dtype)
-        syncer = REGISTRY[name](sync_cfg(name, **overrides), model, torch.device("cpu"), world)
+        syncer = SYNCS[name](sync_cfg(name, **overrides), model, torch.device("cpu"), world)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         counter.update(sent=0, recv=0)
         for step in range(SYNC_STEPS):
             x = torch.randn(4, 7, dtype=dtype, generator=torch.Generator().manual_seed(rank + step))
-            loss = F.mse_loss(syncer.model(x), torch.zeros(4, 5, dtype=dtype))
+            loss = F.mse_loss(syncer.wrapped(x), torch.zeros(4, 5, dtype=dtype))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             syncer.sync()

@@ -304,7 +304,7 @@ def bench_stop(work):
     data = work["data"].removeprefix("data.root=")
     out = ok(sh(work, [*SUITE, "stop", "--rounds", "1",
                        "--steps", "30", "--data-root", data]))
-    assert "time inside the check / step" in out and "progress record / step" in out
+    assert "time inside the check / step" in out and "step bookkeeping / step" in out
 
 
 def bench_straggler(work):

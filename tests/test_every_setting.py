@@ -14,7 +14,7 @@ rank runs (`ddp_lab.worker`) on a real gloo world. The ranks of one world are sh
 all its jobs (one set of processes per world: starting torch once, not once a job). Every
 synchroniser runs at world 1, 2 and 3, every option at world 2 (two ranks on CI's two
 cores: the options are most of the jobs). Then the user's commands, as processes: a real sweep of the tour's `sync=ring
-sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.stop0` through the
+sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.one_file` through the
 launcher, and every folder fed to the report (exit 0, each setting its own series),
 status (completed), TensorBoard (one run each, named by what differs) and the sweep table.
 """
@@ -207,13 +207,13 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
                   f"data.root={shared_data_root}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert json.loads((tour_dirs[1] / "summary.json").read_text())["epochs_done"] == 2
-    stop0 = cli("run.entry=ddp_lab.stop0", "sync=ring", "launcher.nproc_per_node=3",
+    one_file = cli("run.entry=ddp_lab.one_file", "sync=ring", "launcher.nproc_per_node=3",
                 "train.epochs=1", "train.max_steps_per_epoch=5", f"data.root={shared_data_root}",
                 f"run.root={root}", cwd=tmp_path)
-    assert stop0.returncode == 0, stop0.stdout[-3000:]
-    stop0_dir = Path(stop0.stdout.splitlines()[-1].removeprefix("run dir: "))
+    assert one_file.returncode == 0, one_file.stdout[-3000:]
+    one_file_dir = Path(one_file.stdout.splitlines()[-1].removeprefix("run dir: "))
     # every rank's line whole: never two run together on one line
-    lines = [x for x in stop0.stdout.splitlines() if "[rank" in x]
+    lines = [x for x in one_file.stdout.splitlines() if "[rank" in x]
     assert len(lines) == 3 and all(re.fullmatch(r"\[rank \d\] epoch 0: loss \S+, sync \(ring\) "
                                                 r"\S+ ms/step", x) for x in lines), lines
     trained += tour_dirs
@@ -222,10 +222,10 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
     st = cli(str(root), "--json", module="ddp_lab.status", cwd=tmp_path)
     assert st.returncode == 0, st.stdout[-3000:]
     states = {Path(i["run_dir"]): i for i in json.loads(st.stdout)}
-    assert set(states) == {*trained, stop0_dir}
+    assert set(states) == {*trained, one_file_dir}
     bad = {p.name: (i["state"], i["detail"]) for p, i in states.items() if i["state"] != "completed"}
     assert not bad, bad
-    assert "keeps no records" in states[stop0_dir]["detail"]
+    assert "keeps no records" in states[one_file_dir]["detail"]
 
     # TensorBoard: one run per folder, named by its description's label; settings that
     # differ, names that differ (a study's repeat aside, two folders never share one)
@@ -254,8 +254,8 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
     assert rep.returncode == 0, rep.stdout[-5000:]
     doc = json.loads((root / "report" / "report.json").read_text())
     skipped = {Path(s["run"]): s["reason"] for s in doc["skipped"]}
-    assert set(skipped) == {stop0_dir}, skipped
-    assert "keeps no records" in skipped[stop0_dir]
+    assert set(skipped) == {one_file_dir}, skipped
+    assert "keeps no records" in skipped[one_file_dir]
     series = {}
     for g in doc["scaling"]:
         for row in g["rows"]:

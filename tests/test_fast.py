@@ -144,8 +144,8 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
                 model = DDP(m)
             else:
                 syncer = build_sync(cfg, m, torch.device("cpu"), 1)
-                assert syncer.model is m  # no reducer
-                model = syncer.model
+                assert syncer.wrapped is m  # no reducer
+                model = syncer.wrapped
             opt = torch.optim.Adam(m.parameters(), lr=1e-3)
             for i in range(5):
                 opt.zero_grad(set_to_none=True)

@@ -105,7 +105,7 @@ def _train(syncer, model, rank, xs, ys):
     for k in range(STEPS):
         x, y = xs[k, rank * BATCH:(rank + 1) * BATCH], ys[k, rank * BATCH:(rank + 1) * BATCH]
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(syncer.model(x), y).backward()
+        F.cross_entropy(syncer.wrapped(x), y).backward()
         syncer.sync()
         syncer.step(opt)
 

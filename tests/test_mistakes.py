@@ -42,6 +42,7 @@ MISTAKES = [
     ("unknown-option-in-sweep", TRAIN, ["-m", "sync=ddp,rign", "launcher.dry_run=true"], "sync/rign"),
     ("misspelt-key", TRAIN, ["train.epoch=3"], "did you mean train.epochs?"),
     ("wrong-type", TRAIN, ["train.epochs=many"], "train.epochs=many"),
+    ("unknown-entry", TRAIN, ["run.entry=ddp_lab.stop_0"], "run.entry=ddp_lab.stop_0: no such module"),
     ("key-of-another-option", TRAIN, ["optim=adam", "optim.momentum=0.9"], "optim.momentum"),
     ("unknown-section", TRAIN, ["+foo=1"], "foo: not a config section"),
     ("bench-group-in-trainer", TRAIN, ["+bench=sweep"], "bench/sweep"),

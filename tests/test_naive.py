@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.config import check_sync
-from ddp_lab.sync import REGISTRY
+from ddp_lab.sync import SYNCS
 
 from helpers import run_world
 from test_sync import LR, MOMENTUM, STEPS, _close, _max_diff, global_batches, initial_model, sync_cfg, train_steps
@@ -26,7 +26,7 @@ def _worker(rank: int, world: int) -> dict:
     out = {}
     for name in ("ddp", "naive"):
         model = initial_model()
-        syncer = REGISTRY[name](sync_cfg(name), model, torch.device("cpu"), world)
+        syncer = SYNCS[name](sync_cfg(name), model, torch.device("cpu"), world)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         train_steps(syncer, opt, xs, ys, rank)
         comm = syncer.collect_comm()
@@ -76,7 +76,7 @@ def test_naive_refuses_overlap_and_compress_with_the_fix(key, value):
 
 def test_naive_on_one_rank_communicates_nothing():
     model = initial_model()
-    syncer = REGISTRY["naive"](OmegaConf.create({"name": "naive"}), model, torch.device("cpu"), 1)
+    syncer = SYNCS["naive"](OmegaConf.create({"name": "naive"}), model, torch.device("cpu"), 1)
     model(torch.randn(2, 784)).sum().backward()
     before = [p.grad.clone() for p in model.parameters()]
     syncer.sync()

@@ -69,7 +69,7 @@ def _train(rank, world, syncer, model, micro: int) -> list:
         for i, (xm, ym) in enumerate(parts):
             ctx = syncer.no_sync() if i < len(parts) - 1 else torch.enable_grad()
             with ctx:
-                (F.cross_entropy(syncer.model(xm), ym) / len(parts)).backward()
+                (F.cross_entropy(syncer.wrapped(xm), ym) / len(parts)).backward()
         syncer.sync()
         syncer.step(opt)
     comm = syncer.collect_comm()
@@ -242,7 +242,7 @@ def _dead_peer_worker(rank: int, world: int) -> str:
     import time
 
     time.sleep(1.0)
-    F.cross_entropy(syncer.model(x), y).backward()
+    F.cross_entropy(syncer.wrapped(x), y).backward()
     t0 = time.perf_counter()
     try:
         syncer.sync()

@@ -173,7 +173,7 @@ def test_a_truncated_newest_checkpoint_is_set_aside_and_the_run_continues(
 
 
 def test_checksums_catch_a_flipped_byte_and_old_checkpoints_are_trusted(tmp_path):
-    from ddp_lab.folder import checkpoint
+    from ddp_lab.folder import checkpoint_file as checkpoint
 
     state = {"model": {"w": __import__("torch").arange(1000.0)}}
     for epoch in (1, 2, 3):
@@ -228,7 +228,7 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
     assert summary(run_dir)["status"] == f"failed: {why}", summary(run_dir)["status"]
     last = [ln for ln in res.stdout.splitlines() if ln.strip()][-2]  # before `run dir: ...`
     assert why in last, res.stdout[-2000:]
-    from ddp_lab.folder import checkpoint
+    from ddp_lab.folder import checkpoint_file as checkpoint
 
     assert checkpoint.latest(run_dir / "checkpoints").name == "epoch_0001.pt"
     assert checkpoint.damage(run_dir / "checkpoints" / "epoch_0001.pt") is None
@@ -262,7 +262,7 @@ def test_names_start_with_what_differs():
         "ring-fp16-prepost_w2_mlp")
     assert label("sync=hierarchical", "sync.prepost=false", world_size=2) == "hierarchical-noprepost_w2_mlp"
     assert label("sync=ddp", "model=mlp_wide", world_size=2) == "ddp_w2_mlp_wide"
-    assert label("run.entry=ddp_lab.stop0", "sync=ring", world_size=2) == "ring_w2_mlp_stop0"
+    assert label("run.entry=ddp_lab.one_file", "sync=ring", world_size=2) == "ring_w2_mlp_one_file"
     assert sweep_name(["sync=ring", "optim=sgd"]) == "ring_sgd"
     assert sweep_name(["train.lr=0.1", "sync.compress=fp16", "model.hidden=[256,256]"]) == (
         "lr0.1_compress-fp16_hidden256-256")

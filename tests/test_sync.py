@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from ddp_lab.config import CONF_DIR, SCHEMAS, check_sync
 from ddp_lab.models import MLP
-from ddp_lab.sync import REGISTRY, build_sync
+from ddp_lab.sync import SYNCS, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.sync.base import unused_parameters
 from ddp_lab.sync.ring import RingSync
@@ -136,7 +136,7 @@ def train_steps(syncer, opt, xs, ys, rank: int) -> None:
     for k in range(STEPS):
         x = xs[k, rank * BATCH:(rank + 1) * BATCH]
         y = ys[k, rank * BATCH:(rank + 1) * BATCH]
-        loss = F.cross_entropy(syncer.model(x), y)
+        loss = F.cross_entropy(syncer.wrapped(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         syncer.sync()
@@ -151,7 +151,7 @@ def _train_worker(rank: int, world: int) -> dict:
     counter = {"sent": 0, "recv": 0}
     count_p2p_bytes(counter)
     out = {}
-    runs = [(v, name, ov, REGISTRY[name]) for v, name, ov in VARIANTS]
+    runs = [(v, name, ov, SYNCS[name]) for v, name, ov in VARIANTS]
     runs += [(f"broken_{k}", "ring" if cls is SkipStepSync else "allreduce",
               {"bucket_mb": SMALL_BUCKET_MB}, cls) for k, cls in BROKEN.items()]
     for variant, name, overrides, cls in runs:
@@ -252,7 +252,7 @@ def test_broken_sync_fails_the_equivalence_check(world_run, broken):
 @pytest.mark.dist
 def test_ring_preposts_on_gloo_only_when_asked(world_run):
     """sync=ring runs the textbook ring by default (no persistent plan), and one
-    PersistentRingAllReduce per bucket on gloo with sync.prepost=true (the equivalence test
+    PrepostedRingAllReduce per bucket on gloo with sync.prepost=true (the equivalence test
     above covers both)."""
     _, results, _ = world_run
     for r in results:
@@ -261,7 +261,7 @@ def test_ring_preposts_on_gloo_only_when_asked(world_run):
 
 
 def test_every_sync_option_is_covered():
-    assert {name for _, name, _ in VARIANTS} == set(REGISTRY) == set(SCHEMAS["sync"])
+    assert {name for _, name, _ in VARIANTS} == set(SYNCS) == set(SCHEMAS["sync"])
 
 
 # ------------------------------------------------------------ bytes and busbw
@@ -391,7 +391,7 @@ def test_cli_bad_sync_input_is_one_line_no_traceback(tmp_path):
     p = run_cli("sync=ringg", cwd=tmp_path, timeout=120)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "Could not find 'sync/ringg'" in p.stderr
-    for option in REGISTRY:
+    for option in SYNCS:
         assert option in p.stderr
 
 

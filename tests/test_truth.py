@@ -15,7 +15,7 @@ from helpers import PY, REPO, child_env, describe
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
-from ddp_lab.report.truth import _ratios, bench_time, per_step
+from ddp_lab.report.truth_table import _ratios, bench_time, per_step
 
 
 def _rows(op, impl, alpha, beta, n, sizes=(1024, 8192, 65536, 524288, 4194304)):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddp_lab.sync import REGISTRY
+from ddp_lab.sync import SYNCS
 
 from helpers import run_cli, run_dir_of, run_world, summary
 from test_sync import BATCH, STEPS, global_batches, initial_model, sync_cfg
@@ -32,7 +32,7 @@ def _steps(syncer, opt, rank: int, first: int = 0, last: int = STEPS) -> None:
     xs, ys = global_batches(syncer.world_size)
     for k in range(first, last):
         x, y = xs[k, rank * BATCH:(rank + 1) * BATCH], ys[k, rank * BATCH:(rank + 1) * BATCH]
-        loss = F.cross_entropy(syncer.model(x), y)
+        loss = F.cross_entropy(syncer.wrapped(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         syncer.sync()
@@ -50,7 +50,7 @@ def _worker(rank: int, world: int) -> dict:
         runs = {}
         for name, ov in (("allreduce", {}), ("zero1", {}), ("zero1", {"bucket_mb": 0.004})):
             model = initial_model()
-            syncer = REGISTRY[name](sync_cfg(name, **ov), model, cpu, world)
+            syncer = SYNCS[name](sync_cfg(name, **ov), model, cpu, world)
             opt = make(syncer.optimizer_params())
             _steps(syncer, opt, rank, last=STEPS - 1)
             runs[name, bool(ov)] = (model, syncer, opt)
@@ -60,7 +60,7 @@ def _worker(rank: int, world: int) -> dict:
         # then one more step on both: a checkpoint of any sync continues under zero1
         moved = initial_model()
         moved.load_state_dict(ref.state_dict())
-        msync = REGISTRY["zero1"](sync_cfg("zero1"), moved, cpu, world)
+        msync = SYNCS["zero1"](sync_cfg("zero1"), moved, cpu, world)
         mopt = make(msync.optimizer_params())
         msync.load_optimizer_state(mopt, ropt.state_dict())
         for model, syncer, opt in [*runs.values(), (moved, msync, mopt)]:

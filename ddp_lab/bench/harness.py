@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..world.distributed import DistContext
 from ..measure.costmodel import busbw_factor
-from ..measure.arith import pow2_label
+from ..measure.numbers import pow2_label
 from ..timing import percentile
 from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
 from ..world.topology import GroupSet, Topology, build_groups, detect_topology

@@ -7,7 +7,7 @@ run on gloo (CPU) and nccl (CUDA). Their communication goes through
 ``torch.distributed.batch_isend_irecv`` -- no barriers. See ``docs/collectives.md``.
 The ring in one screen is ``ring.py`` (:func:`all_reduce_ring_textbook`, plain
 ``isend``/``irecv``: gloo); :func:`all_reduce_ring` batches each step (gloo and nccl);
-:class:`PersistentRingAllReduce` is the ring for repeated calls on one shape (gloo): it
+:class:`PrepostedRingAllReduce` is the ring for repeated calls on one shape (gloo): it
 posts each call's receives during the previous one.
 
 Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` values or
@@ -18,8 +18,8 @@ from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, 
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_naive, broadcast_ring, broadcast_tree
 from .gather import GATHER, gather_naive, gather_tree, torch_gather
-from ._ring import DEFAULT_SEGMENT_BYTES
-from .persistent import PersistentRingAllReduce
+from .ring_batched import DEFAULT_SEGMENT_BYTES
+from .ring_preposted import PrepostedRingAllReduce
 from .ring import all_reduce_ring_textbook
 from .reduce import reduce_naive, reduce_tree
 from .registry import (ALL_GATHER, ALL_REDUCE, BROADCAST, COLLECTIVES, REDUCE, REDUCE_SCATTER, torch_all_gather, torch_all_reduce, torch_broadcast, torch_reduce, torch_reduce_scatter)
@@ -33,7 +33,7 @@ __all__ = [
     "all_reduce_ring_textbook",
     "all_gather_ring", "reduce_scatter_ring", "DEFAULT_SEGMENT_BYTES",
     "gather_naive", "gather_tree", "torch_gather", "GATHER",
-    "PersistentRingAllReduce",
+    "PrepostedRingAllReduce",
     "torch_broadcast", "torch_reduce", "torch_all_reduce", "torch_all_gather",
     "torch_reduce_scatter",
     "BROADCAST", "REDUCE", "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "COLLECTIVES",

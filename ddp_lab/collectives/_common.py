@@ -152,7 +152,7 @@ def p2p(
     communicator; with gloo it degrades to plain isend/irecv. Zero-element tensors are
     skipped -- both ends of a transfer always agree on its size, so they skip together.
     """
-    # receives first, as the ring's (_ring.py): sends first, a butterfly's exchange across a
+    # receives first, as the ring's (ring_batched.py): sends first, a butterfly's exchange across a
     # shaped link ran as if its two directions took turns (docs/network.md)
     ops = [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
     ops += [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op, p2p, scratch)
-from ._ring import DEFAULT_SEGMENT_BYTES, batched_exchange
+from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_naive, _bcast_tree
 from .reduce import _reduce_naive, _reduce_tree
 from .ring_schedule import ring_all_reduce
@@ -127,7 +127,7 @@ def all_reduce_ring(
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal. The
-    schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch (``_ring.py``).
+    schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch (``ring_batched.py``).
 
     The flat tensor is split into ``n`` chunks (sizes differ by at most one element when
     ``numel % n != 0``). ``n-1`` reduce-scatter steps leave rank ``r`` with the full

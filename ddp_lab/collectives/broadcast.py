@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..measure.arith import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
+from ..measure.numbers import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
 from ._common import GroupInfo, p2p, rooted
 
 

@@ -17,8 +17,8 @@ Each chunk is summed once, in one order, then copied, so every rank ends with th
 
 This is what ``sync=ring`` runs with ``sync.prepost=false`` on gloo. The optimised
 transports run the same steps with the same bits (docs/collectives.md, *Optimising the
-ring*, has the measured reason for each): ``persistent.py`` posts a call's receives during
-the call before (``sync.prepost=true``, gloo only); ``_ring.py`` posts each step's send and receive as
+ring*, has the measured reason for each): ``ring_preposted.py`` posts a call's receives during
+the call before (``sync.prepost=true``, gloo only); ``ring_batched.py`` posts each step's send and receive as
 one batch, cut into pieces reduced as they land (nccl needs the batch: a lone receive
 queued before a send to the same peer would wait for ever).
 """

@@ -3,8 +3,8 @@ recv_chunk, reduce)`` that a transport supplies, so one schedule serves them all
 
 Read ``ring.py`` first: it holds the ring in one screen (its steps, ``ring_steps``, and the
 textbook transport, plain isend/irecv) and why it is correct. Here the same steps drive
-``_ring.py`` (each step's send and receive posted as one batch: nccl, the bench) and
-``persistent.py`` (every receive of a call posted during the call before: ``sync=ring`` on
+``ring_batched.py`` (each step's send and receive posted as one batch: nccl, the bench) and
+``ring_preposted.py`` (every receive of a call posted during the call before: ``sync=ring`` on
 gloo), which only move bytes differently (docs/collectives.md, *Optimising the ring*).
 
 ``exchange(send_chunk, recv_chunk, reduce)`` takes chunk *numbers*: send chunk

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
-from ._ring import DEFAULT_SEGMENT_BYTES, batched_exchange
+from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .ring_schedule import ring_all_gather, ring_reduce_scatter
 
 

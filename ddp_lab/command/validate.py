@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import signal
 from pathlib import Path
@@ -318,6 +319,19 @@ def _stop_signal(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def _run_entry(cfg: DictConfig) -> Optional[str]:
+    """run.entry is a module this Python finds: a typo is one line here, not a traceback
+    from every rank."""
+    entry = cfg.run.entry
+    try:
+        if importlib.util.find_spec(entry) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    return (f"run.entry={entry}: no such module; give one every rank runs as `python -m "
+            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.one_file)")
+
+
 TRAIN: list[Rule] = [
     known_sections,
     at_least("train.epochs", 1),
@@ -337,6 +351,7 @@ TRAIN: list[Rule] = [
     at_least("timing.profile_steps", 1),
     above("train.stop_check_s", 0),
     _stop_signal,
+    _run_entry,
     in_use,  # another command's job in run.dir: said before what the folder holds
     reuse_problem,
     _batch_fits,

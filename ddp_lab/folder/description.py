@@ -131,7 +131,7 @@ class Description:
 
     def label(self, repeat: Optional[int] = None) -> str:
         """The short name of the run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`,
-        `allreduce-fp16-overlap_w8n2_cnn_sgd_b128_r3`, `ring_w2_mlp_stop0`."""
+        `allreduce-fp16-overlap_w8n2_cnn_sgd_b128_r3`, `ring_w2_mlp_one_file`."""
         return safe("_".join(self.parts(repeat)))
 
     def parts(self, repeat: Optional[int] = None) -> list[str]:

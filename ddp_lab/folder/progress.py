@@ -11,7 +11,7 @@ sees it at once. A record holds
     a message (a failed rank's one-line reason)
 
 Who updates it: the record itself reads the step timer and the synchroniser's comm
-recorder it follows (`follow`: `ddp_lab.train.build_parts` and `ddp_lab.rank.epoch.EpochMeter`
+recorder it follows (`follow`: `ddp_lab.train.build_parts` and `ddp_lab.rank.epoch.EpochControl`
 hand them over), every `FOLLOW_S` on a thread of its own, so a step only sets a few
 attributes of theirs and a rank stuck in a collective still says where it is (the thread
 reads them while the main thread waits); timing itself knows nothing of this record. The

@@ -203,7 +203,7 @@ class RunSummary(_Record):
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None
     # the module the ranks ran (run.entry) when it is not the trainer, and whether it kept
-    # records: a run.entry of the user's (ddp_lab.stop0) writes none, so the command that
+    # records: a run.entry of the user's (ddp_lab.one_file) writes none, so the command that
     # launched it writes this summary from its exit status (command/job.py: collect)
     entry: Optional[str] = None
     records_kept: Optional[bool] = None

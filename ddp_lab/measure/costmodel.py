@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .arith import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
+from .numbers import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {

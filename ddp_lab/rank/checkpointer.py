@@ -1,6 +1,6 @@
 """A run's checkpoints as the training loop uses them, on every rank: where the run stands
 when it starts (`Checkpointer.load`), its state after an epoch (`save`), and a graceful
-stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.folder.checkpoint`'s.
+stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.folder.checkpoint_file`'s.
 
 Every rank calls every method in the same order: loading agrees on whether to resume,
 saving is collective (a synchroniser may gather the optimiser state onto rank 0), and
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..folder import checkpoint
+from ..folder import checkpoint_file as checkpoint
 from ..config import BatchPlan, TrainConfig
 from ..world.distributed import DistContext
 from .epoch import Position, Stopped

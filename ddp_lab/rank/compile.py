@@ -76,13 +76,13 @@ def compile_model(syncer, splits: Splits, batch_size: int) -> float:
     epoch's short last batch would otherwise compile a dynamic-shape graph mid-epoch).
     Gradients are dropped; weights, optimiser and RNG are untouched. Returns the seconds."""
     t0 = time.perf_counter()
-    syncer.model = torch.compile(syncer.model)
+    syncer.wrapped = torch.compile(syncer.wrapped)
     n = min(batch_size, len(splits.test_x))
     sizes = [n, n - 1] if n > 2 else [n]
     devices = [syncer.device] if syncer.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for size in sizes:
-            F.cross_entropy(syncer.model(splits.test_x[:size]), splits.test_y[:size]).backward()
+            F.cross_entropy(syncer.wrapped(splits.test_x[:size]), splits.test_y[:size]).backward()
             syncer.sync()  # sync.overlap: the buckets backward started are waited for
     syncer.module.zero_grad(set_to_none=True)
     syncer.collect_comm()  # DDP's warm-up all-reduces are no epoch's

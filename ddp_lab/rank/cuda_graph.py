@@ -76,7 +76,7 @@ class GraphedSteps:
     def __init__(self, syncer, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 0):
         """`batch`: the per-rank batch of a full step, the one the graph is captured for."""
         self.syncer, self.optimizer, self.batch = syncer, optimizer, batch
-        wrapped = getattr(syncer.model, "_orig_mod", syncer.model)
+        wrapped = getattr(syncer.wrapped, "_orig_mod", syncer.wrapped)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
                                  else WARMUP)
         self.eager_steps = 0  # warm-up steps run so far
@@ -151,7 +151,7 @@ class GraphedSteps:
         """The step the graph holds: `run_steps`'s, on the static buffers, the sums kept on
         the device (no zero_grad: every .grad was None at capture, so backward writes it)."""
         syncer, x, y = self.syncer, self.static_x, self.static_y
-        out = syncer.model(x)
+        out = syncer.wrapped(x)
         loss = F.cross_entropy(out, y)
         loss.backward()
         syncer.sync()  # every rank's .grad becomes the average

@@ -1,8 +1,8 @@
-"""The training loop's epochs, on every rank: `EpochMeter` starts and ends each epoch
+"""The training loop's epochs, on every rank: `EpochControl` starts and ends each epoch
 (barriers, clocks, the step timer) and hands out its batches as an `EpochBatches`, the
 iterator that owns what a real run adds to the notebook's loop: the step count, the
 stop agreement, injected delays. A stop the ranks agreed on is raised once, as `Stopped`,
-from `EpochMeter.end` (mid-epoch) or `EpochMeter.between_epochs`, where the failure hook
+from `EpochControl.end` (mid-epoch) or `EpochControl.between_epochs`, where the failure hook
 (DDP_LAB_FAIL_ONCE) runs too; `train()` catches it in one place.
 
 One epoch as this rank measured it (`MeasuredEpoch`) and where a run stands (`Position`)
@@ -89,7 +89,7 @@ class EpochBatches:
       part of the step's compute (a "forward" span before the model's);
     - counts the steps and samples done (`steps`: the step numbers to run, e.g. a progress bar);
     - after each step, asks `stopper` whether every rank agreed to stop; if so it ends early
-      and `stop` holds why (`EpochMeter.end` raises it as `Stopped`).
+      and `stop` holds why (`EpochControl.end` raises it as `Stopped`).
     """
 
     def __init__(self, data: Iterator, steps: Iterable, timer: StepTimer,
@@ -116,7 +116,7 @@ class EpochBatches:
                     return
 
 
-class EpochMeter:
+class EpochControl:
     """The clock around each epoch's steps, on every rank: the ranks start it together
     (`begin`, which hands out the epoch's `EpochBatches`), the epoch ends when the slowest
     rank ends (`end`), and what the epoch measured comes back as one `MeasuredEpoch`, with

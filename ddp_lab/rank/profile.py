@@ -1,7 +1,7 @@
 """`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses
 that check ddp_lab's own figures against clocks that are not its own.
 
-One object, `StepProfiler`, made by `EpochMeter` when the key is on (off: nothing is made,
+One object, `StepProfiler`, made by `EpochControl` when the key is on (off: nothing is made,
 the step's code path is the one it always is). It
 
 - runs `torch.profiler` over `timing.profile_steps` steps of the run's first epoch, after
@@ -38,7 +38,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import TimingConfig
-from ..measure.arith import union_length
+from ..measure.numbers import union_length
 from ..timing import PHASES, CommStats, StepTimes
 
 log = logging.getLogger("ddp_lab")
@@ -78,7 +78,7 @@ class StepProfiler:
         self.rank, self.timer, self.comm = rank, timer, syncer.comm
         self.path = run_dir / "profile" / f"rank{rank}.pt.trace.json"
         self.cuda = device.type == "cuda"
-        self.ddp = _ddp_of(syncer.model)  # sync=ddp in a world > 1: DDP's own timing too
+        self.ddp = _ddp_of(syncer.wrapped)  # sync=ddp in a world > 1: DDP's own timing too
         # the caller waits for each collective (every sync but ddp and sync.overlap)
         self.blocking = self.ddp is None and not getattr(syncer, "overlapped", False)
         if self.ddp is not None:  # every iteration from now (the preflight's is iteration 1)
@@ -154,7 +154,7 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (EpochMeter.end). The first: ddp_lab's figures for
+        """Each epoch's steps and calls (EpochControl.end). The first: ddp_lab's figures for
         the window's steps, which the trace holds too (the window ends here if the epoch
         was shorter than it); every one: this rank's steps and comm sums, for DDP's."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
@@ -216,7 +216,7 @@ def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
     1-10, the preflight first, then every 100th). None without DDP (another sync, 1 rank)."""
     if profiler is not None:
         return profiler.ddp_timing()
-    ddp = _ddp_of(syncer.model)
+    ddp = _ddp_of(syncer.wrapped)
     if ddp is None:
         return None
     out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them

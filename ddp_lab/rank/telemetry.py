@@ -14,7 +14,7 @@ One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoc
 EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
 (`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
 record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
-`StepWatch` on the step timer, ddp_lab/timing/steps.py; `progress` starts it each epoch).
+`StepWatch` on the step timer, ddp_lab/timing/phases.py; `progress` starts it each epoch).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from ..world import fingerprint as fingerprints
 from ..config import BatchPlan, Config, batch_plan
 from ..world.distributed import DistContext
 from ..world.env import allocation, hostname, startup_s
-from .epoch import EpochMeter, MeasuredEpoch
+from .epoch import EpochControl, MeasuredEpoch
 from ..folder.files import read_json_or_empty
 from ..folder.metrics import make_sink
-from .step_progress import StepProgress
+from .console_progress import StepProgress
 from ..folder.description import describe_run
 from ..folder.tensorboard import run_metrics, run_name, step_stride
 from .profile import ddp_timing
@@ -54,10 +54,10 @@ class Telemetry:
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
-                 compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
+                 compile_s: Optional[float] = None, control: Optional[EpochControl] = None):
         """`cfg`: the whole config, for the records describe the run: its text in
         TensorBoard, its description's hparams (folder/description.py) and summary.json's
-        settings, from every section. `meter`: the loop's EpochMeter, whose step timer and
+        settings, from every section. `control`: the loop's EpochControl, whose step timer and
         comm recorder the live TensorBoard points are read from (without one they are
         written at epoch ends)."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
@@ -85,9 +85,9 @@ class Telemetry:
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
         self.written_step = 0  # the last per-step point written
-        self.meter = meter
-        self.watch = (StepWatch(meter.timer, meter.syncer.comm, self.every, self._live_point)
-                      if meter is not None and self.every > 0 and ctx.env.is_main else None)
+        self.control = control
+        self.watch = (StepWatch(control.timer, control.syncer.comm, self.every, self._live_point)
+                      if control is not None and self.every > 0 and ctx.env.is_main else None)
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
@@ -168,7 +168,7 @@ class Telemetry:
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
         """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on
         the logging rank (a bar on a terminal, else a line every log.progress_every_s:
-        rank/step_progress.py). From here every `timing.tb_every`-th step goes to
+        rank/console_progress.py). From here every `timing.tb_every`-th step goes to
         TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
@@ -351,11 +351,11 @@ class Telemetry:
     def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
         """Collective with timing.profile. The profiler's witnesses (on the logging rank)
         and, for sync=ddp, DDP's own timing of this rank (ddp_lab/rank/profile.py)."""
-        if self.meter is None:
+        if self.control is None:
             return None, None
-        profiler = self.meter.profiler
+        profiler = self.control.profiler
         witnesses = profiler.witnesses(self.ctx) if profiler is not None else None
-        return witnesses, ddp_timing(self.meter.syncer, profiler)
+        return witnesses, ddp_timing(self.control.syncer, profiler)
 
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""

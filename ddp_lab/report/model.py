@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from ..measure.arith import ceil_log2
+from ..measure.numbers import ceil_log2
 from ..measure.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  padded)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .stats import MIN_REPEATS, sig
 from .tables import ci_cell, workload_titles
-from .truth import TARGET_MODEL
+from .truth_table import TARGET_MODEL
 
 MAX_LINES = 40  # one terminal screen
 WIDTH = 100

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_BUILD_NAMES = ("REGISTRY", "SYNCS", "Synchroniser", "build_sync", "sync_class")
+_BUILD_NAMES = ("SYNCS", "Synchroniser", "build_sync", "sync_class")
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: `from ddp_lab.sync import build_sync`

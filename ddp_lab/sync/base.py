@@ -2,7 +2,7 @@
 
 A training step with any synchroniser reads
 
-    out = syncer.model(x); loss = ...; loss.backward()
+    out = syncer.wrapped(x); loss = ...; loss.backward()
     syncer.sync()          # make every rank's .grad the average over ranks
     syncer.step(optimizer) # usually optimizer.step(); reduce_broadcast steps on the root only,
                            # zero1 each rank its shard (the optimiser is built over
@@ -56,7 +56,7 @@ class Synchroniser:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
         self.bytes_by_shape: dict[tuple[str, int, int], tuple[int, int, Optional[int]]] = {}
-        self.model: nn.Module = self.wrap(module)
+        self.wrapped: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
         """The module the training step calls (DDP wraps; the others return it as is)."""

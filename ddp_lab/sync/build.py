@@ -47,7 +47,6 @@ SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "hierarchical": HierarchicalSync,
     "zero1": Zero1Sync,
 })
-REGISTRY = SYNCS  # the name earlier code and users' scripts import
 
 
 def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:

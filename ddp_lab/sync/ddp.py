@@ -72,7 +72,7 @@ class DDPSync(Synchroniser):
         (forward and backward must both run inside it); the next backward outside it
         all-reduces the accumulated sum. In a world of one (the bare model) there is
         nothing to hold back. train.compile wraps the model: DDP is the wrapped one."""
-        ddp = getattr(self.model, "_orig_mod", self.model)
+        ddp = getattr(self.wrapped, "_orig_mod", self.wrapped)
         return ddp.no_sync() if isinstance(ddp, DDP) else nullcontext()
 
     def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
@@ -91,7 +91,7 @@ class DDPSync(Synchroniser):
         # resumed from a checkpoint would sum its first gradients in another order than the
         # run it continues (on 3+ ranks the rounding differs: no bit-identical resume).
         # Every rank runs it (one all-reduce per bucket); its comm is no epoch's.
-        loss_fn(self.model).backward()
+        loss_fn(self.wrapped).backward()
         self.module.zero_grad(set_to_none=True)
         self.collect_comm()
 

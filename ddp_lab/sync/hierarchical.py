@@ -16,7 +16,7 @@ the whole buffer.
 
 - `sync.inter=ring` (default): the leaders run `ddp_lab.collectives`' ring all-reduce on
   their own process group (on gloo with `sync.prepost`, one
-  `PersistentRingAllReduce` per bucket, receives posted a call ahead); `library`:
+  `PrepostedRingAllReduce` per bucket, receives posted a call ahead); `library`:
   `torch.distributed.all_reduce` on that group.
 - `sync.intra=library` (default): `torch.distributed.reduce` / `broadcast` on the node's
   group (NVLink / shared memory under nccl); `tree`: `ddp_lab.collectives`' binomial trees.
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..measure import costmodel
-from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PersistentRingAllReduce
+from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce
 from ..world.distributed import DistContext
 from ..world.env import detect_env
 from ..world.topology import Topology, build_groups, detect_topology
@@ -59,7 +59,7 @@ class HierarchicalSync(AllReduceSync):
     def wrap(self, module: nn.Module) -> nn.Module:
         module = super().wrap(module)
         self.intra_algo, self.inter_algo = HIERARCHICAL_INTRA[self.cfg.intra], HIERARCHICAL_INTER[self.cfg.inter]
-        self.rings: dict[int, PersistentRingAllReduce] = {}
+        self.rings: dict[int, PrepostedRingAllReduce] = {}
         if self.world_size == 1:
             self.topology = Topology(nodes=((0,),), hosts=("",))
             return module
@@ -79,7 +79,7 @@ class HierarchicalSync(AllReduceSync):
             # move); made collectively by the leaders, in bucket order
             # (sync.compress: the ring is the 16-bit copy's, the tensor that goes on the wire)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
-            self.rings = {w.data_ptr(): PersistentRingAllReduce(w, group=self.leader_group)
+            self.rings = {w.data_ptr(): PrepostedRingAllReduce(w, group=self.leader_group)
                           for w in wires}
         largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
             max((b.buffer.numel() for b in self.buckets), default=1)

@@ -10,8 +10,8 @@ Which transport carries the steps (the same steps, bytes and bits; docs/collecti
 *Optimising the ring*, has the measured reason for each):
 
 * gloo (the default, `sync.prepost=false`): `all_reduce_ring_textbook`, plain isend/irecv
-  step by step: the ring as a textbook writes it, and as ddp_lab/stop0.py does.
-* gloo, `sync.prepost=true` (an optimisation asked for): a `PersistentRingAllReduce` per
+  step by step: the ring as a textbook writes it, and as ddp_lab/one_file.py does.
+* gloo, `sync.prepost=true` (an optimisation asked for): a `PrepostedRingAllReduce` per
   bucket, the next call's receives posted as soon as this call ends. gloo's TCP transport
   holds a send until the receiver has posted its receive; posted a call ahead, every send
   leaves at once. `close()` answers the receives left posted after the last step.
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import PersistentRingAllReduce, all_reduce_ring, all_reduce_ring_textbook
+from ..collectives import PrepostedRingAllReduce, all_reduce_ring, all_reduce_ring_textbook
 from .allreduce import AllReduceSync
 
 
@@ -40,13 +40,13 @@ class RingSync(AllReduceSync):
     def wrap(self, module: nn.Module) -> nn.Module:
         module = super().wrap(module)
         # one plan per bucket buffer, looked up by its address (buffers never move)
-        self.plans: dict[int, PersistentRingAllReduce] = {}
+        self.plans: dict[int, PrepostedRingAllReduce] = {}
         self.landing: dict[torch.dtype, torch.Tensor] = {}  # the textbook ring's, per dtype
         self.textbook = self.world_size > 1 and dist.get_backend() == "gloo"
         # the tensors that go on the wire (sync.compress: the 16-bit copies)
         wires = [self.wire.buffer(b.buffer) for b in self.buckets]
         if self.cfg.prepost and self.textbook and self.device.type == "cpu":
-            self.plans = {w.data_ptr(): PersistentRingAllReduce(w) for w in wires}
+            self.plans = {w.data_ptr(): PrepostedRingAllReduce(w) for w in wires}
         elif self.textbook:  # a chunk of the longest buffer: one call at a time uses it
             for w in sorted(wires, key=torch.Tensor.numel):
                 self.landing[w.dtype] = torch.empty_like(w.tensor_split(self.world_size)[0])

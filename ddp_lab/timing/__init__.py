@@ -25,7 +25,7 @@ importable from `ddp_lab.timing`.
 from .clock import Clock
 from .comm import CommCall, CommStats, union_length
 from .comm_recorder import CommRecorder
-from .steps import PHASES, GradReadyMark, StepTimer, StepTimes, StepWatch
+from .phases import PHASES, GradReadyMark, StepTimer, StepTimes, StepWatch
 from .stragglers import (STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_MIN_SHARE, STRAGGLER_MIN_STEPS, StragglerTally, stragglers)
 from .summary import describe, epoch_timing, percentile, summarise_steps
 

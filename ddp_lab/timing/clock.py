@@ -52,7 +52,7 @@ class Clock:
 
     def event(self) -> Any:
         """CUDA: an event from the pool (a new one if it is empty), not yet recorded: what
-        `stamp` records, and what `GradReadyMark` (timing/steps.py) re-records in its hooks."""
+        `stamp` records, and what `GradReadyMark` (timing/phases.py) re-records in its hooks."""
         try:  # (DDP's completion callbacks stamp from other threads: pop, never check)
             return self._free.pop()
         except IndexError:

@@ -39,8 +39,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..measure.arith import union_length
-from .steps import StepTimes
+from ..measure.numbers import union_length
+from .phases import StepTimes
 
 
 @dataclass

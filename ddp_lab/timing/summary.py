@@ -9,7 +9,7 @@ import statistics
 from typing import Any, Optional, Sequence
 
 from .comm import CommStats
-from .steps import PHASES, StepTimes
+from .phases import PHASES, StepTimes
 
 
 def percentile(values: Sequence[float], q: float) -> float:

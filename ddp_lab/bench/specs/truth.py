@@ -10,7 +10,7 @@ Unless given folders: one short traced training run per sync x model x world, th
 world one bench run (`python -m ddp_lab.bench`) of the synchronisers' collectives and
 implementations at log-spaced sizes and at every bucket size the runs put on the wire
 (`bench.sizes`), right after, under the same load; with `--launcher slurm --nodes N` each
-is a SLURM job of N nodes. One row per training run (`ddp_lab.report.truth`): measured,
+is a SLURM job of N nodes. One row per training run (`ddp_lab.report.truth_table`): measured,
 bench and model ms/step, their ratios against the targets, and why a row misses
 (docs/benchmarks.md, "Are the numbers true?"). Not a test: the figures depend on the load
 (`uptime` is printed). Writes truth.json and truth.md into --dir.
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...report import truth
+from ...report import truth_table as truth
 from .. import suite
 from ..suite import REPO, Spec, UsageError
 

@@ -16,4 +16,4 @@ class RingSyncConfig(BucketSyncConfig):
                                "step's receive posted when the step starts; true on gloo: "
                                "each bucket's receives posted a call ahead, so sends never "
                                "wait for the receiver's \"ready\" notice "
-                               "(collectives.PersistentRingAllReduce). nccl: all_reduce_ring")
+                               "(collectives.PrepostedRingAllReduce). nccl: all_reduce_ring")

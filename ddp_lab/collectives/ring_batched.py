@@ -5,7 +5,7 @@ rank's send to ``r+1`` and its receive from ``r-1``, posted together when the st
 no barrier, and on nccl one group per step, so the ring cannot deadlock. Runs
 ``all_reduce_ring`` (``sync=ring`` on nccl, the bench), ``reduce_scatter_ring`` and
 ``all_gather_ring``. ``ring.py`` is the same schedule step by step with plain
-isend/irecv (read it first), ``persistent.py`` with receives posted a call ahead.
+isend/irecv (read it first), ``ring_preposted.py`` with receives posted a call ahead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..measure.arith import num_pipeline_chunks
+from ..measure.numbers import num_pipeline_chunks
 from ._common import GroupInfo, combine_into, scratch
 from .ring_schedule import Exchange
 
@@ -53,7 +53,7 @@ def p2p_pipelined(
     # receives first: with the sends posted first, a 2-rank ring across a 25 MB/s link
     # (docs/network.md, "The bench across the link") ran 8 MB all_reduces at 0.50 of the
     # link's rate (1 MB: 0.77), as if the two directions took turns; receives first, 0.97,
-    # as gloo's own all_reduce. Likely gloo's parked sends (persistent.py's docstring).
+    # as gloo's own all_reduce. Likely gloo's parked sends (ring_preposted.py's docstring).
     ops = [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
     ops += [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
     if not ops:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ._common import AVG, SUM, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op
-from ._ring import DEFAULT_SEGMENT_BYTES, pieces
+from .ring_batched import DEFAULT_SEGMENT_BYTES, pieces
 from .ring import ring_steps
 from .ring_schedule import ring_all_reduce
 
@@ -49,10 +49,10 @@ def _agree_tag(group: dist.ProcessGroup | None) -> int:
     return tag
 
 
-class PersistentRingAllReduce:
+class PrepostedRingAllReduce:
     """A ring all-reduce for one tensor shape, callable many times, receives pre-posted.
 
-    ``plan = PersistentRingAllReduce(like, op, group)`` (collective: every rank of
+    ``plan = PrepostedRingAllReduce(like, op, group)`` (collective: every rank of
     ``group``); then ``plan(tensor)`` sums (``op``) ``tensor`` across the group in place,
     like ``all_reduce_ring(tensor, op, group)``, for any tensor with ``like``'s number of
     elements, dtype and device; ``plan.close()`` (collective) when done, or use it as a
@@ -76,7 +76,7 @@ class PersistentRingAllReduce:
         backend = dist.get_backend(group)
         if backend != "gloo" or like.device.type != "cpu":
             raise ValueError(
-                f"PersistentRingAllReduce needs a gloo group and CPU tensors (got backend "
+                f"PrepostedRingAllReduce needs a gloo group and CPU tensors (got backend "
                 f"{backend!r}, device {like.device}); use all_reduce_ring, whose grouped "
                 "sends and receives are what nccl needs")
         n, r = info.size, info.rank
@@ -112,7 +112,7 @@ class PersistentRingAllReduce:
     def _check(self, tensor: torch.Tensor) -> None:
         if self._broken is not None:
             raise RuntimeError(
-                "this PersistentRingAllReduce failed in an earlier call "
+                "this PrepostedRingAllReduce failed in an earlier call "
                 f"({type(self._broken).__name__}: {self._broken}); build a new one")
         if (tensor.numel(), tensor.dtype, tensor.device) != (self.numel, self.dtype, self.device):
             raise ValueError(
@@ -174,7 +174,7 @@ class PersistentRingAllReduce:
         for w in [w for step in posted for w in step] + sends:
             w.wait()
 
-    def __enter__(self) -> "PersistentRingAllReduce":
+    def __enter__(self) -> "PrepostedRingAllReduce":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,11 +1,11 @@
 """Stop 0: all of data-parallel training in one file (docs/tour.md starts here).
 
-    torchrun --nproc-per-node 2 -m ddp_lab.stop0 --sync naive --max-steps 50 --save w.pt
-    python -m ddp_lab run.entry=ddp_lab.stop0 sync=ring   # the same, launched by ddp_lab
+    torchrun --nproc-per-node 2 -m ddp_lab.one_file --sync naive --max-steps 50 --save w.pt
+    python -m ddp_lab run.entry=ddp_lab.one_file sync=ring   # the same, launched by ddp_lab
 
 Each rank trains the same model on its own shard, then averages the gradients with the
 others, so all take the same step: the weights equal `python -m ddp_lab sync=naive` and
-`sync=ring` bit for bit (tests/test_stop0.py)."""
+`sync=ring` bit for bit (tests/test_one_file.py)."""
 import argparse
 import gzip
 import math
@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def settings_of_run(run_dir: str) -> dict:
-    """`python -m ddp_lab run.entry=ddp_lab.stop0`: the run folder's config.yaml decides."""
+    """`python -m ddp_lab run.entry=ddp_lab.one_file`: the run folder's config.yaml decides."""
     with open(os.path.join(run_dir, "config.yaml")) as f:
         cfg = yaml.safe_load(f)
     train = cfg["train"]

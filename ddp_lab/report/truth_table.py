@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..measure.costmodel import SYNC_COLLECTIVES
-from ..measure.arith import union_length
+from ..measure.numbers import union_length
 from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
 
