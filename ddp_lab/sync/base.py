@@ -29,13 +29,13 @@ holds none of that wiring: this file is the interface only.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import with_defaults
+from ..config import SyncConfig, with_defaults
 from ..measure import costmodel
 from ..timing import Clock, CommRecorder, CommStats
 
@@ -47,7 +47,7 @@ class Synchroniser:
     bytes_exact = False
     root = 0  # the destination of a rooted collective (reduce); reduce_broadcast's sync.root
 
-    def __init__(self, cfg: Any, module: nn.Module, device: torch.device, world_size: int,
+    def __init__(self, cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
                  clock: Optional[Clock] = None, timing: bool = True):
         self.cfg = with_defaults(cfg)  # keys a plain section lacks read as their defaults
         self.module = module  # the bare model: evaluation and checkpoints use this

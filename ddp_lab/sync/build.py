@@ -16,12 +16,12 @@ one with the smaller count: ddp_lab/folder/progress.py).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
-from ..config import check_sync, with_defaults
+from ..config import SyncConfig, check_sync, with_defaults
 from ..config.registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
@@ -56,7 +56,7 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
     return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
 
 
-def build_sync(cfg: Any, module: nn.Module, device: torch.device, world_size: int,
+def build_sync(cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
     """The synchroniser `cfg` names, for `module` on `world_size` ranks (see the module
     docstring for what is done here)."""
