@@ -2,17 +2,11 @@
 
     python -m ddp_lab.bench.suite accuracy                    # 5 epochs, worlds 2 and 3, all six syncs
     python -m ddp_lab.bench.suite accuracy --epochs 1 --worlds 2   # a quick look
-    python -m ddp_lab.bench.suite accuracy model=cnn          # extra overrides go to every run
-    python -m ddp_lab.bench.suite accuracy --model mlp_wide --overlap false,true --worlds 2,4 \
-        --epochs 1 --bucket-mb 4 train.max_steps_per_epoch=20     # docs/sync.md's overlap table
     python -m ddp_lab.bench.suite accuracy --from outputs/compare_syncs/w2   # the table again
 
-Runs one after another (ddp, then a Hydra -m sweep per other sync, per world size) into
-ROOT/w<world>/...; the table is printed and written to ROOT/table.md, the runs read by the
-report's reader (ddp_lab.report.runs). `--overlap`: sync.overlap of every sync but ddp
-(which always overlaps); `--bucket-mb`: the bucket size for all. Accuracy is compared with
-the ddp run of the same world size, in points (the bar: 0.5); comm columns: in-flight and
-exposed ms per step of rank 0 (ddp_lab.timing).
+Runs one after another (ddp, then a Hydra -m sweep per other sync) into ROOT/w<world>/...,
+read by the report's reader; the table goes to ROOT/table.md. Accuracy is compared with the
+ddp run of the same world size, in points (docs/sync.md, "Accuracy after 5 epochs").
 """
 
 from __future__ import annotations
