@@ -1,12 +1,8 @@
 """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
 
-The one place where a user mistake becomes `error: <one line>` on stderr and exit 2:
-ddp_lab's own `UserError` (launchers' `LaunchError` included) and Hydra's composition
-errors (bad override syntax, unknown option, misspelt key, wrong type), which Hydra would
-print over several lines (or as a traceback under HYDRA_FULL_ERROR=1) and exit 1.
-
-A -m sweep is Hydra's: its sweeper makes the jobs, its launcher runs them one after
-another, and `SweepTable` (a Hydra callback) prints one row per job at the end.
+The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors)
+becomes `error: <one line>` on stderr and exit 2, where Hydra would print several lines and
+exit 1. A -m sweep is Hydra's; `SweepTable` (a Hydra callback) prints one row per job.
 """
 
 from __future__ import annotations

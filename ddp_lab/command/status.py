@@ -1,12 +1,9 @@
 """A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
 `python -m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-It reads the run folder (summary.json, metrics.jsonl, checkpoints/, job_id, logs/), the
-scheduler's view of the job (`scontrol`, then `sacct`) and the job's processes alive here
-(`ddp_lab.launch.job_processes`), so it works from any shell. How it is shown, --follow and
---stop: status_commands.py. The states (docs/status.md): `running`, `pending`, `completed`,
-`failed`, `preempted`, `stopped`, `not started`; summary.json's `running` with no job and no
-process alive reads `running (no process alive: the job died without a word)`.
+It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the
+job's processes alive here, so it works from any shell. The states: docs/status.md, "What it
+shows"; how they are shown, --follow and --stop: status_commands.py.
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 is made (`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
 
 A rule is a small function of the composed config that returns None, or one line naming
-the key and the fix (it may also raise a `UserError`, as launchers and registries do).
-Rules sit in tables, one per entry point: adding a check is adding a line. The launcher's
-own checks run first (`launch.resolve`, which also fills its derived values).
-
-Here: the rules' toolkit, the rules every job shares (COMMON) and a training run's (TRAIN).
-A study's own rules live with the study (`study.py`: STUDY_PLAN, STUDY) and the
-benchmark's with the benchmark (`bench/submit.py`: BENCH); both build on these.
+the key and the fix (or raises a `UserError`); rules sit in tables, one per entry point:
+COMMON and TRAIN here, STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The
+launcher's own checks run first (`launch.resolve`, which also fills its derived values).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Are the numbers true? A training run's comm per step set against the bench and the model
 (the columns, for users: docs/benchmarks.md, "Are the numbers true?").
 
-Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
-- **measured**: rank 0's comm per step as its synchroniser recorded it, from
-  `trace/rank0.json`: the union of the step's call intervals, median over steps;
-- **after the last arrival**: per call the shortest duration any rank saw, unioned per
-  step: the difference to *measured* is waiting for a straggler (no clock is compared
-  across ranks);
-- **bench**: the bench's median of the same collective and algorithm at each call's size
-  (interpolated log-log between measured sizes), summed per step. Check (a): within 20%;
-- **model**: `report.model.predict_comm_s` with that bench run's fits (`model.fit_all`).
-  Check (b): within 30%;
-- **why**: for a row that misses a check, the reasons the figures show (`why`).
-
-A training run's bench run is its allocation's: the same world size, nodes and backend.
+Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced), from
+`trace/rank0.json`: **measured** (the union of the step's calls), **after the last arrival**
+(each call at the shortest duration any rank saw), **bench** (interpolated log-log at each
+call's size; check (a): within 20%), **model** (`model.predict_comm_s` with that bench run's
+fits; check (b): within 30%) and **why** a row misses. A run's bench run is its allocation's.
 """
 
 from __future__ import annotations
