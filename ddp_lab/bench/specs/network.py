@@ -139,7 +139,8 @@ def shape(plan: dict, link: str, node: Optional[int] = None) -> None:
 def measure(ctx, plan: dict) -> list[dict]:
     """On every rank: every phase's configurations, one epoch each per round; rank 0 keeps
     the figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
-    from ddp_lab.bench.scaffold import Bench, rounds
+    from ddp_lab.bench.scaffold import Bench
+    from ddp_lab.bench.suite import rounds
     from ddp_lab.timing import epoch_timing
 
     bench = Bench(ctx, plan["overrides"])
