@@ -54,12 +54,9 @@ def one_of(key: str, choices: Sequence[str]) -> Rule:
 
 # ---------------------------------------------------------------- paths
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be made and written, or None.
-
-    One test for every reason: make a probe folder inside it (and the missing folders on
-    the way, as `mkdir -p` would) and let the OS refuse: a file in the way, no permission,
-    a read-only filesystem, a name too long, ... each becomes the OS's own words. Then
-    remove what the probe made, so a refused (or a checked) command leaves nothing."""
+    """Why folder `value` (given as `key`) cannot be made and written, or None: a probe
+    folder made inside it (as `mkdir -p` would) lets the OS refuse in its own words; what
+    the probe made is removed, so a checked command leaves nothing."""
     path = Path(value).expanduser().absolute()
     probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):

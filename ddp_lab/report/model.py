@@ -162,15 +162,10 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
                    per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
     """Seconds of communication per step the sync's algorithm costs under `fit` (one fit
-    for every call, or one per collective and algorithm: `fit_all`); None for a sync
-    without a model or without a fit for one of its calls. Across nodes of `per_node`
-    ranks, `fit` prices what crosses them and `intra` what stays inside (`cross_share`).
-
-    `calls` and `payload_bytes` per step are what the synchroniser recorded: one entry per
-    collective call, each with the bytes it synchronised. A sync whose model has k
-    collectives per bucket (reduce_broadcast: a reduce and a broadcast) makes k calls per
-    bucket, so buckets = calls / k, each of payload / calls bytes.
-    """
+    for every call, or `fit_all`'s); None for a sync without a model or a fit for one of its
+    calls. Across nodes of `per_node` ranks, `fit` prices what crosses them, `intra` the rest.
+    `calls` and `payload_bytes` per step are the synchroniser's records: k collectives per
+    bucket (reduce_broadcast: 2) make buckets = calls / k, each of payload / calls bytes."""
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None

@@ -79,18 +79,9 @@ class Run:
     @property
     def description(self) -> Description:
         """What the run is (ddp_lab.folder.description): the one source of its series label
-        (`ring prepost=true`), its workload and its name."""
+        (`ring prepost=true`: runs whose labels differ are never repeats), its workload (a
+        time per step is compared within `workload_words()`) and its name."""
         return describe_run(self.config, self.summary)
-
-    def series_label(self) -> str:
-        """The run's setting as a report's series names it: the sync and every option of
-        its group that is not the default (runs whose labels differ are never repeats)."""
-        return self.description.series_label()
-
-    def step_workload(self) -> str:
-        """The workload a time per step is compared within: what is trained, whatever the
-        epoch count and step cap ("mlp, adam, batch 64/rank")."""
-        return self.description.workload_words()
 
     @property
     def scaling(self) -> str:

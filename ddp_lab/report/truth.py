@@ -200,11 +200,9 @@ def _ratios(row: dict) -> dict:
 
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
-    """The known reasons a row misses (a) or (b), in words ("; "-joined); None for a row
-    that meets both, "not known" where none applies. Each reason is the figures' own: rank 0
-    waiting for a later rank, the fit's line missing the bench at these sizes, calls within
-    reach of a shaped link's tbf burst, DDP's overlapping buckets, the bench's own spread,
-    and rank 0 rooting a broadcast (its sends end when the kernel has taken them)."""
+    """The known reasons a row misses (a) or (b), "; "-joined; None for a row that meets
+    both, "not known" where none applies. Each reason is the figures' own (docs/benchmarks.md,
+    "Are the numbers true?")."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []

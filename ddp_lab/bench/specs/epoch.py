@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> dict:
             if load == "late":
                 figures[load] = late(root, tmp, args)
                 continue
-            with (cpu_hog() if load == "hog" else _nothing()):
+            with (cpu_hog() if load == "hog" else nullcontext()):
                 figures[load] = measure(load, root, tmp, args)
             figures["ratios"].update(figures[load]["ratios"])
     return figures
@@ -257,7 +257,6 @@ def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
     return [json.loads(x)["epoch_time_s"] for x in records], s["segments"][0].get("cpu") or {}
 
 
-
 @contextmanager
 def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
     """One busy process per core while the block runs (each dies with this process, and
@@ -276,11 +275,6 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
         for p in procs:
             p.kill()
             p.wait()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _hog_from(marker: str):

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
 from .. import suite
 from ..network_claims import (STRAGGLER, SWEEP, Claim, claims, claims_table, draw,
@@ -48,10 +48,6 @@ CONFIGS: dict[str, list[str]] = {
     "ddp powersgd": ["sync=ddp", "sync.compress=powersgd"],
 }
 # ------------------------------------------------------------------- the command line
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    return suite.parse("network", argv)
-
-
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--link", default="200mbit", help="the rate of the claims (default 200mbit)")
     ap.add_argument("--rates", default="1gbit,500mbit,100mbit",
