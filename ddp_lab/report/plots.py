@@ -1,9 +1,6 @@
-"""Report figures (matplotlib, Agg), each with a sidecar JSON of the series drawn: the
-time per epoch here, the phases in phase_plot.py, the bench in bench_plot.py.
-
-Each `*_figure` function returns the Figure and what it drew (tests read its artists);
-`save` writes the PNG and the JSON. Every legend lies outside the axes (constrained
-layout), and many or long names get horizontal bars, a row each, so no two names meet.
+"""Report figures (matplotlib, Agg): the time per epoch here, the phases in phase_plot.py,
+the bench in bench_plot.py. Each `*_figure` returns the Figure and what it drew; `save`
+writes the PNG and a sidecar JSON of the series. Legends lie outside the axes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Finding and reading run folders: training runs and bench runs, complete or not.
 
-A run folder holds `config.yaml`, `summary.json` or `metrics.jsonl`; a parent folder is
-searched recursively, never below a run folder, and a study folder is searched, never
-taken for a run. Every folder found comes back, usable or not: the ones that cannot be
-compared carry the reason, so a report lists them. A training run's files are read through
-the trainer's own record types (`ddp_lab.folder.records`).
+A parent folder is searched recursively, never below a run folder (one holding MARKERS),
+and a study folder is searched, never taken for a run. Every folder found comes back:
+the ones that cannot be compared carry the reason, so a report lists them.
 """
 
 from __future__ import annotations

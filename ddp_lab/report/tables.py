@@ -1,9 +1,6 @@
-"""Comparison tables: time per epoch across allocations (scaling), phases, skipped folders.
-
-All numbers come from the run folders' own files: summary.json (median epoch time, comm
-share, accuracy), metrics.jsonl (phase times, comm per step). The alpha-beta model vs the
-measured comm and the bench's peaks are in comm_tables.py; the allocations of a run that
-used several (requeues, resumes) in segments.py.
+"""Comparison tables: time per epoch across allocations (scaling), phases, skipped folders,
+from the run folders' summary.json and metrics.jsonl (the comm model and the bench's peaks:
+comm_tables.py; a run's several allocations: segments.py).
 """
 
 from __future__ import annotations
