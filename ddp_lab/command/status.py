@@ -72,12 +72,6 @@ def _config(run_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _last_record(path: Path) -> Optional[dict]:
-    """The last record of metrics.jsonl (a torn line is skipped)."""
-    records = read_metrics(path)[0]
-    return records[-1] if records else None
-
-
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
     """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
     submission), else the one the ranks recorded in summary.json."""
@@ -135,7 +129,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
     status = str(summary.get("status") or "")
     word = status.split(":")[0].strip()
-    record = _last_record(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")[0]  # a torn line is skipped
+    record = records[-1] if records else None
     epochs_done, step = _position(summary, record, fs["checkpoint"], word)
     job_id = _job_id(run_dir, summary)
 
