@@ -24,13 +24,8 @@ SPEC = Spec(compares="every synchroniser at each world size, whole training runs
 ORDER = ["ddp", "naive", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
 
 
-def summaries(paths: list[str]) -> list[dict]:
-    # the report's own reader: the same run folders, statuses and skips as `ddp_lab.report`
-    return [r.summary for r in find_runs(paths) if r.kind == "train" and r.ok]
-
-
-def fmt(v, spec: str, scale: float = 1.0) -> str:
-    return "-" if v is None else format(v * scale, spec)
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -71,7 +66,9 @@ def sweep(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> dict | None:
     folders = args.from_dirs or sweep(args)
     try:
-        runs = [r for r in summaries(folders) if r.get("status") == "completed"]
+        # the report's own reader: the same run folders, statuses and skips as `ddp_lab.report`
+        runs = [r.summary for r in find_runs(folders) if r.kind == "train" and r.ok
+                and r.summary.get("status") == "completed"]
     except ReportError as e:
         raise UsageError(str(e)) from None
     if not runs:
