@@ -20,6 +20,7 @@ from ..measure.costmodel import SYNC_COLLECTIVES
 from ..measure.arith import union_length
 from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
+from .tables import _f  # a number in a cell, "–" for none
 
 #: the targets: (a) measured vs bench, (b) measured vs model
 TARGET_BENCH = 0.20
@@ -244,10 +245,6 @@ def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
 
 
 # ------------------------------------------------------------------ printing
-def _f(x: Optional[float], fmt: str = ".2f") -> str:
-    return "–" if x is None else format(x, fmt)
-
-
 def _yes(x: Optional[bool]) -> str:
     return "–" if x is None else ("yes" if x else "NO")
 
@@ -269,9 +266,9 @@ def markdown(rows: list[dict]) -> list[str]:
             f"| {r['sync']} | {r['model']} | {_world(r)} | {len(r['calls'])} | "
             f"{_f(r['measured_ms'], '.3f')} | {_f(r['last_arrival_ms'], '.3f')} | "
             f"{_f(r['bench_ms'], '.3f')}{'' if r['bench_exact'] in (None, True) else '*'} | "
-            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'])} | {_yes(r['a_ok'])} | "
-            f"{_f(r['measured_over_model'])} | {_yes(r['b_ok'])} | "
-            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']))} | "
+            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'], '.2f')} | {_yes(r['a_ok'])} | "
+            f"{_f(r['measured_over_model'], '.2f')} | {_yes(r['b_ok'])} | "
+            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']), '.2f')} | "
             f"{r.get('why') or ''} |")
     lines += ["", "measured: median over steps of rank 0's comm per step (union of its calls, as "
               "the synchroniser's CommRecorder timed them); after last arrival: per call the "
@@ -293,5 +290,5 @@ def markdown(rows: list[dict]) -> list[str]:
             lines.append(
                 f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
                 f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
-                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']))} |")
+                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")
     return lines

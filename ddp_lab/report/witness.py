@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .runs import Run
+from .tables import _mean  # of the values that are not None
 
 #: ours / witness: the band each figure's ratio should lie in (docs/timing.md explains
 #: each); None: the definitions differ too much to expect agreement, shown for reading.
@@ -23,11 +24,6 @@ EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     # not yet measured on a GPU: no band until docs/timing.md states a measured one
     "exposed comm share of comm (HTA)": None,
 }
-
-
-def _mean(xs: list) -> Optional[float]:
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def witness_rows(run: Run, short) -> list[dict[str, Any]]:
