@@ -171,7 +171,8 @@ class Run:
 
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
-        return median_or_none([r.samples_per_s for r in self.records])
+        values = [r.samples_per_s for r in self.records if r.samples_per_s is not None]
+        return statistics.median(values) if values else None
 
     def steps_total(self) -> int:
         return sum(int(r.steps or 0) for r in self.records)
@@ -327,7 +328,3 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
             "or summary.json, as `python -m ddp_lab` and `python -m ddp_lab.bench` make")
     return [load_run(p) for p in sorted(found)]
 
-
-def median_or_none(values: list[float]) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
