@@ -22,6 +22,7 @@ from .. import launch
 from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
 from ..rank.delay import problem as delay_problem
 from ..config.errors import UserError
+from ..world import cpu
 from ..world.devices import default_nproc, local_gpus
 from ..launch.slurm import duration_s
 from ..config.sync import COMPRESS_MODES
@@ -216,7 +217,7 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
     lc = cfg.launcher
     if lc.name != "local" or lc.dry_run or lc.get("oversubscribe"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = cpu.cores()
     if lc.nproc_per_node <= RANKS_PER_CORE * cores:
         return None
     return (f"launcher.nproc_per_node={lc.nproc_per_node} starts {lc.nproc_per_node} ranks on "
