@@ -1,11 +1,12 @@
-"""What TensorBoard's live per-step points cost a training step (docs/timing.md, "TensorBoard").
+"""What TensorBoard's live per-step points cost a training step.
 
     python -m ddp_lab.bench.suite tensorboard               # every 10th step written, vs a 4 ms step
     python -m ddp_lab.bench.suite tensorboard --every 1
 
 One process: a loop of steps stamped by the trainer's StepTimer, in rotating rounds of `none`
 (the stamps only), `live` (the trainer's StepWatch) and `naive` (add_scalar and flush per
-point); printed: the median extra CPU time per step against `none`.
+point); printed: the median extra CPU time per step against `none` (docs/timing.md,
+"TensorBoard").
 """
 
 from __future__ import annotations
