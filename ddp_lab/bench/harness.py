@@ -1,13 +1,8 @@
 """The sweep: for every op x implementation x group kind x size, warm up, time, check.
 
-One measurement (all ranks take part, in the same order):
-
-    inputs reset (untimed) -> device sync -> global barrier -> clock/events start
-    -> the op on this rank's group -> clock/events stop -> result checked (untimed)
-
-The barrier starts every group of a kind together. On CPU a monotonic clock brackets the
-call, on CUDA events on the stream. An iteration's time is its slowest member's, the row's
-its slowest group's median over iterations, with min/p25/p75/max as spread (docs/bench.md).
+One measurement, all ranks in the same order: inputs reset (untimed) -> device sync ->
+global barrier -> start -> the op on this rank's group -> stop -> result checked (untimed).
+A row's time is its slowest group's median (docs/bench.md, "Sizes, timing, correctness").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The loops the epoch benchmark (ddp_lab/bench/specs/epoch.py) times ddp_lab against: the
 tightest loop over the same work, on 1 process and on 2, and the course notebook's own.
-
-The tight loop keeps only the work (MNIST preloaded as one normalised tensor, batches by
-index, no timers, no records); its speed depends on settings that are not ddp_lab's to
-choose (torch threads, OpenMP's wait, Adam's implementation), so each loop takes them as
-arguments and the benchmark searches them: the floor is the fastest found.
+Each takes the settings that are not ddp_lab's (threads, OpenMP's wait, Adam's
+implementation) as arguments: the benchmark searches them.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The benchmarked operations: buffers, inputs, the call being timed, and its check.
 
-Each op fills its inputs with a known pattern (value `base + scale * ((i + off) % 8)` at
-element i, so a misplaced chunk is caught, not only a wrong sum), runs one
-implementation, and checks every element of the result against the closed form. The
-library (`torch`: torch.distributed) and ddp_lab.collectives' algorithms (ring, butterfly,
-tree, naive) run through the same op, so they are timed and checked identically.
-
-Sizes follow nccl-tests: `elements` is the tensor of broadcast/reduce/all-reduce and of
-one send, and the *full* array (n pieces) of all-gather and reduce-scatter; busbw factors
-are `ddp_lab.measure.costmodel.busbw_factor`'s.
+Each op fills its inputs with pattern.py's known pattern, runs one implementation (the
+library's `torch` or ddp_lab.collectives' algorithms, timed and checked alike) and checks
+every element of the result; sizes follow nccl-tests (docs/bench.md, "What is measured").
 """
 
 from __future__ import annotations

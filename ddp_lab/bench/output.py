@@ -14,6 +14,7 @@ from typing import Any
 
 from ..measure.numbers import pow2_label
 from .harness import iter_series
+from ..report.plots import _plt, save
 from ..report.style import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, impl_color
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
@@ -106,7 +107,7 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def _log2_axis(ax) -> None:
-    from matplotlib.ticker import LogLocator  # lazy: see plot_op
+    from matplotlib.ticker import LogLocator  # lazy: see report.plots._plt
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
@@ -119,7 +120,7 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
     read apart without the legend's help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
-        import matplotlib  # lazy: see plot_op
+        import matplotlib  # lazy: see report.plots._plt
 
         color = matplotlib.colormaps["tab10"](ops_order.index(row["op"]) % 10)
         if row["impl"] != "torch":
@@ -131,23 +132,12 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
     return {"color": color, "linestyle": ls, "marker": marker}
 
 
-def _pyplot():
-    # lazy: matplotlib takes 0.4 s to load and only rank 0 draws, at the end; the Agg
-    # backend (no display) must be chosen before pyplot loads
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def op_figure(title: str, rows: list[dict], metric: str, nops: int):
     """Bandwidth vs size (left) and time per call vs size (right), one line per series,
     both panels on one x axis (elements). The legend sits under the panels (constrained
     layout makes room for it), so it never covers a line. Returns the figure and what was
     drawn (the sidecar JSON's content)."""
-    plt = _pyplot()
+    plt = _plt()
 
     series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
     series = [s for s in series if s]  # a wrong result is reported, not plotted
@@ -189,12 +179,7 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
 
 def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
     """op_figure's PNG at `path` and its sidecar JSON; returns the JSON's content."""
-    fig, drawn = op_figure(title, rows, metric, nops)
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-    info = {"file": path.name, **drawn}
-    path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
-    return info
+    return save(*op_figure(title, rows, metric, nops), path)
 
 
 def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw",

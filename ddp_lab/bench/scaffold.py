@@ -35,8 +35,7 @@ from ..train import build_parts
 def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
               timeout_s: float = 3600) -> Optional[dict[int, Any]]:
     """`body(ctx, args)` on `world` spawned ranks of a local gloo group; what each returned,
-    by rank. A rank that raised: its error on stderr and None. `body` is a module-level
-    function of the spec (the spawned ranks import it by name)."""
+    by rank. A rank that raised: its error on stderr and None."""
     import torch.multiprocessing as mp
 
     mpc = mp.get_context("spawn")

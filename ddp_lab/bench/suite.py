@@ -2,15 +2,11 @@
 (docs/benchmarks.md).
 
     python -m ddp_lab.bench.suite                         # the benchmarks, one line each
-    python -m ddp_lab.bench.suite syncs --rounds 7 --out syncs.json
-    python -m ddp_lab.bench.suite start --vs ../before    # this checkout against another
     python -m ddp_lab.bench.suite NAME --help             # its own options too
 
-Each benchmark is a module of ddp_lab/bench/specs/: its `SPEC` says what it runs side by
-side, its rounds and ratios; `add_args(parser)` adds its options, `run(args)` measures and
-returns its figures. The runner gives every one the same options (`--rounds`, `--out`,
-`--data-root`), the same ending (the ratios as a table) and the same JSON file (`--out`).
-A bad option is one line and exit 2, before anything runs.
+Each benchmark is a module of ddp_lab/bench/specs/: `SPEC` (what it compares), `add_args`
+and `run(args)` (its figures). The runner gives every one the same options (`--rounds`,
+`--out`, `--data-root`), ending (the ratios as a table) and JSON file (`--out`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
 
-The one place where a user mistake becomes `error: <one line>` on stderr and exit 2:
-ddp_lab's own `UserError` (launchers' `LaunchError` included) and Hydra's composition
-errors (bad override syntax, unknown option, misspelt key, wrong type), which Hydra would
-print over several lines (or as a traceback under HYDRA_FULL_ERROR=1) and exit 1.
-
-A -m sweep is Hydra's: its sweeper makes the jobs, its launcher runs them one after
-another, and `SweepTable` (a Hydra callback) prints one row per job at the end.
+The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors)
+becomes `error: <one line>` on stderr and exit 2, where Hydra would print several lines and
+exit 1. A -m sweep is Hydra's; `SweepTable` (a Hydra callback) prints one row per job.
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https:
 def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
     """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m
-    sweep), and exit with the failed job's status (2 for a user mistake). `check_fn`
-    validates a composed config: a sweep's jobs are all checked before the first starts.
-    `schemas`: the modules whose dataclasses type the config (for "did you mean" hints);
-    each entry point passes its own, so this module knows none of them."""
+    sweep; every job checked by `check_fn` before the first starts), and exit with the
+    failed job's status (2 for a user mistake). `schemas`: the dataclass modules that type
+    the config, for "did you mean" hints."""
     flags = command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
     if flags:
         print(f"error: {flags}", file=sys.stderr)
@@ -114,12 +109,9 @@ def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
 
 
 class SweepTable(Callback):
-    """A -m sweep ends with one row per job: the overrides that set it apart, what the
-    sweep was run for (median epoch time, comm share, test accuracy), its run folder and
-    how it ended ("ok", "failed: why"), then which jobs failed. The jobs' own
-    lines are far up the console by then; this way its last lines say what failed.
-    Hydra calls it with each job's return value (the task's `Outcome`): conf/config.yaml
-    and conf/bench.yaml register it under hydra.callbacks."""
+    """A -m sweep ends with one row per job (`sweep_table`), so its last lines say what
+    failed. Hydra calls it with each job's `Outcome`: conf/config.yaml and conf/bench.yaml
+    register it under hydra.callbacks."""
 
     def __init__(self) -> None:
         self.jobs: list[tuple[int, list[str], Outcome]] = []
@@ -145,10 +137,9 @@ FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
 
 
 def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
-    """The table `SweepTable` prints: `jobs` are (Hydra's job number, the job's overrides,
-    its outcome); a job is named by the overrides whose value differs between jobs, and
-    shown with its median epoch time, comm share of the step (in flight, exposed) and
-    test accuracy as its summary.json has them, its run folder and how it ended."""
+    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): a
+    job named by the overrides that differ between jobs, with its summary.json figures
+    (FIGURES), its run folder and how it ended."""
     by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
     keys = list(dict.fromkeys(k for d in by_key for k in d))
     varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
@@ -179,13 +170,10 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
 
 def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
                          ) -> str | None:
-    """What is wrong with the command line's flags, in one line, else None. Hydra takes
-    `key=value` overrides and its own flags (-m, --cfg, ...); a `--key value` flag (the
-    style of most command lines) is not an override: Hydra would print its 8-line usage
-    and `unrecognized arguments`. Here it is named with its override (`--sync ring`:
-    write sync=ring; `--epochs 3`: train.epochs=3, the key found in `defaults()`, the
-    composed config; a list key's value bracketed); Hydra's own flag given a bad value
-    gets argparse's one line."""
+    """What is wrong with the command line's flags, in one line, else None. A `--key value`
+    flag is not a Hydra override (Hydra would print its usage): it is named with the override
+    it meant (`--epochs 3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag
+    given a bad value gets argparse's one line."""
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()

@@ -66,10 +66,9 @@ def make_run(cfg: DictConfig, label: str | None = None) -> Path:
 
 def launch_job(cfg: DictConfig, label: str | None = None,
                files: Optional[dict[str, str]] = None) -> tuple[Path, Optional[int]]:
-    """Make the run folder (with `files` written in it), render the launcher's files into
-    it and, unless launcher.dry_run, start the job and follow it. Returns the folder and
-    the job's exit status (None for a dry run). A launcher that refuses to render (a
-    LaunchError) leaves no new folder behind."""
+    """Make the run folder (with `files` in it), render the launcher's files and, unless
+    launcher.dry_run, start the job and follow it: (the folder, the exit status or None for
+    a dry run). A LaunchError leaves no new folder behind."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
     # one command per folder (command/lock.py): a scheduler's job holds the lock after we exit

@@ -1,15 +1,8 @@
 """One command per run folder: `RUN_DIR/LOCK`, taken before the command writes anything
 into the folder and held for the life of its job (docs/failures.md, "Two commands on one
-run folder").
+run folder": whose lock counts as alive, refusal and takeover).
 
-The lock is a small JSON file naming its holder: host, pid (with the pid's start time, so
-a reused pid is not the holder) and launcher. A second command asks whether that holder
-lives: on this machine its process or any process of the folder's job; a SLURM job the
-scheduler (the job holds the lock through requeues until it ends); RunAI the run's state
-as `python -m ddp_lab.status` reads it; a foreground command on another machine counts as
-alive. A live holder: refused in one line. A dead one: taken over, with a line. A lock that
-vanishes while read, or a folder that vanishes before the lock is in it: try again.
-
+The lock is a small JSON file naming its holder (host, pid with its start time, launcher).
 Race-free: a lock appears whole (a private file hard-linked to LOCK, which fails if LOCK
 exists), and is removed only under a short `flock` of the run folder, after checking that
 LOCK is still the very file judged (inode and content). Without flock or hard links:

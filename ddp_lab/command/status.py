@@ -1,12 +1,9 @@
 """A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
 `python -m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-It reads the run folder (summary.json, metrics.jsonl, checkpoints/, job_id, logs/), the
-scheduler's view of the job (`scontrol`, then `sacct`) and the job's processes alive here
-(`ddp_lab.launch.job_processes`), so it works from any shell. How it is shown, --follow and
---stop: status_commands.py. The states (docs/status.md): `running`, `pending`, `completed`,
-`failed`, `preempted`, `stopped`, `not started`; summary.json's `running` with no job and no
-process alive reads `running (no process alive: the job died without a word)`.
+It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the
+job's processes alive here, so it works from any shell. The states: docs/status.md, "What it
+shows"; how they are shown, --follow and --stop: status_commands.py.
 """
 
 from __future__ import annotations
@@ -75,12 +72,6 @@ def _config(run_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _last_record(path: Path) -> Optional[dict]:
-    """The last record of metrics.jsonl (a torn line is skipped)."""
-    records = read_metrics(path)[0]
-    return records[-1] if records else None
-
-
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
     """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
     submission), else the one the ranks recorded in summary.json."""
@@ -138,7 +129,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
     status = str(summary.get("status") or "")
     word = status.split(":")[0].strip()
-    record = _last_record(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")[0]  # a torn line is skipped
+    record = records[-1] if records else None
     epochs_done, step = _position(summary, record, fs["checkpoint"], word)
     job_id = _job_id(run_dir, summary)
 

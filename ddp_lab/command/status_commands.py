@@ -1,14 +1,11 @@
 """`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run.
 
-    python -m ddp_lab.status outputs/ring_w2_mlp_2026-11-23_10-00-00   # its state
-    python -m ddp_lab.status outputs/                                  # one line per run
-    python -m ddp_lab.status RUN_DIR --follow   # its logs until it ends: exit 0 completed,
-                                                # 75 preempted/stopped, 1 failed
-    python -m ddp_lab.status RUN_DIR --stop     # checkpoint, then end it (scancel on SLURM)
+    python -m ddp_lab.status outputs/             # one line per run
+    python -m ddp_lab.status RUN_DIR --follow     # its logs until it ends
+    python -m ddp_lab.status RUN_DIR --stop       # checkpoint, then end it (scancel on SLURM)
 
-The state comes from `inspect` (ddp_lab/command/status.py); here is how it is shown
-(`render` for one run, `one_line` per run of a folder) and what the command does beyond
-showing: --follow and --stop (docs/status.md).
+The state comes from `inspect` (status.py); here is how it is shown (`render`, `one_line`)
+and what --follow and --stop do (docs/status.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """A scaling study in one command: every world size of a ladder, repeated, one run folder
-per point under one study folder, then the report (docs/scaling.md).
+per point under one study folder, then the report (docs/scaling.md, "A study in one command":
+the folder, its files and how a study continues).
 
     python -m ddp_lab study=scaling study.worlds=[1,2,4] study.repeats=3 sync=ring
-    python -m ddp_lab study=scaling launcher=slurm launcher.nodes=2 launcher.nproc_per_node=2
-    python -m ddp_lab -m sync=ddp,ring study=scaling study.worlds=[1,2]   # one study per job
 
-The study folder (`run.root/studies/<time>_<label>`, or `run.dir`) is the study's identity:
-the same command on it again continues it. It holds study.json (the plan and each point's
-status), points/w2_r1/ (one ordinary run folder per point), report/, and with
-launcher=slurm study.sbatch: ONE allocation whose batch script runs every point as an srun
-job step of its size. Locally every point is one torchrun (`job.launch_job`), under mpirun
-one mpirun over the first `world` slots. A completed point is never run again; a stopped
-one resumes from its checkpoint. The batch script reports points through `python -m
+Locally every point is one torchrun (`job.launch_job`); with launcher=slurm ONE allocation
+whose batch script runs every point as an srun job step, reporting through `python -m
 ddp_lab.command.study done|end STUDY_DIR INDEX`, so study.json has one writer's code.
-
-study_plan.py makes the points and their configs, study_folder.py keeps the folder,
-study.json and the report; this module runs the points, here or in one SLURM allocation.
+study_plan.py makes the points, study_folder.py keeps the folder; this module runs them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ writer's code whichever side runs the points) and the report at its end.
 
 from __future__ import annotations
 
-import datetime
 import shlex
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from ..folder.files import read_json_or_empty, write_json
+from ..folder.records import now_iso
 from .job import collect
 from ..folder.rundir import make_run_dir, read_summary
 from .study_plan import Point
@@ -68,7 +68,7 @@ def load(study_dir: Path) -> dict:
 
 
 def save(study_dir: Path, state: dict) -> None:
-    state["updated"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    state["updated"] = now_iso()
     write_json(study_dir / STUDY_FILE, state)
 
 
@@ -100,7 +100,7 @@ def new_state(cfg: DictConfig, study_dir: Path, points: list[Point]) -> dict:
     return {"schema_version": SCHEMA_VERSION, "id": study_dir.name, "status": "running",
             "launcher": cfg.launcher.name, "sync": cfg.sync.name, "model": cfg.model.name,
             "worlds": list(st.worlds), "repeats": st.repeats, "order": st.order,
-            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "created": now_iso(),
             "points": [{**asdict(p), "status": "pending"} for p in points]}
 
 

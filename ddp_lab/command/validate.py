@@ -2,13 +2,9 @@
 is made (`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
 
 A rule is a small function of the composed config that returns None, or one line naming
-the key and the fix (it may also raise a `UserError`, as launchers and registries do).
-Rules sit in tables, one per entry point: adding a check is adding a line. The launcher's
-own checks run first (`launch.resolve`, which also fills its derived values).
-
-Here: the rules' toolkit, the rules every job shares (COMMON) and a training run's (TRAIN).
-A study's own rules live with the study (`study.py`: STUDY_PLAN, STUDY) and the
-benchmark's with the benchmark (`bench/submit.py`: BENCH); both build on these.
+the key and the fix (or raises a `UserError`); rules sit in tables, one per entry point:
+COMMON and TRAIN here, STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The
+launcher's own checks run first (`launch.resolve`, which also fills its derived values).
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from .. import launch
 from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
 from ..rank.delay import problem as delay_problem
 from ..config.errors import UserError
+from ..world import cpu
 from ..world.devices import default_nproc, local_gpus
 from ..launch.slurm import duration_s
 from ..config.sync import COMPRESS_MODES
@@ -59,12 +56,9 @@ def one_of(key: str, choices: Sequence[str]) -> Rule:
 
 # ---------------------------------------------------------------- paths
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be made and written, or None.
-
-    One test for every reason: make a probe folder inside it (and the missing folders on
-    the way, as `mkdir -p` would) and let the OS refuse: a file in the way, no permission,
-    a read-only filesystem, a name too long, ... each becomes the OS's own words. Then
-    remove what the probe made, so a refused (or a checked) command leaves nothing."""
+    """Why folder `value` (given as `key`) cannot be made and written, or None: a probe
+    folder made inside it (as `mkdir -p` would) lets the OS refuse in its own words; what
+    the probe made is removed, so a checked command leaves nothing."""
     path = Path(value).expanduser().absolute()
     probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):
@@ -224,7 +218,7 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
     lc = cfg.launcher
     if lc.name != "local" or lc.dry_run or lc.get("oversubscribe"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = cpu.cores()
     if lc.nproc_per_node <= RANKS_PER_CORE * cores:
         return None
     return (f"launcher.nproc_per_node={lc.nproc_per_node} starts {lc.nproc_per_node} ranks on "

@@ -1,9 +1,5 @@
-"""The communication tables: alpha-beta fits of the bench runs, the model's prediction of
-every training run's comm per step against what it measured, and the bench's peak bus
-bandwidths.
-
-The numbers come from bench.json (bench points) and metrics.jsonl (comm per step); the
-fits themselves are report/model.py's.
+"""The communication tables: alpha-beta fits of the bench runs (report/model.py's), each
+training run's predicted comm per step against the measured, the bench's peak busbw.
 """
 
 from __future__ import annotations

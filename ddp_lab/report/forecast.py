@@ -1,12 +1,8 @@
 """Forecast time per epoch for worlds nobody ran, and check the forecast honestly.
 
-The model of one epoch on n ranks, T(n) = S(n) * (c(b(n)) + m(n)) (steps per epoch x
-(compute + comm per step)), and its fit on a series' measured runs: forecast_model.py.
-
-The honest check: per series, fit on every world but the largest, predict the largest,
-report (predicted - measured) / measured. A forecast is shown only with that error, and
-called reliable only where it and the fitted model's misses of the measured worlds are all
-within TARGET (`verdict`).
+The model and its fit: forecast_model.py. The honest check: per series, fit on every world
+but the largest, predict the largest; a forecast is shown only with that error, and called
+reliable only within TARGET (`verdict`; docs/scaling.md, "Forecast").
 """
 
 from __future__ import annotations

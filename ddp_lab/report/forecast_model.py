@@ -1,21 +1,11 @@
-"""The forecast's model of time per epoch, fitted on the measured runs of a series
-(docs/scaling.md, "Forecast", says it for users).
+"""The forecast's model of time per epoch, fitted on the measured runs of a series.
 
     T(n) = S(n) * (c(b(n)) + m(n))
 
-- b(n): samples per rank per step (weak scaling: the batch per rank; strong: global / n);
-  S(n): steps per epoch per rank (the step cap, else D / (b(n) * n), D from the runs).
-- c(b): compute per step, measured T / S minus the measured comm per step; a line c0 + c1 * b
-  where the fitted points have several per-rank batches, else the largest fitted world's.
-- m(n): comm per step from the alpha-beta model (`model.predict_comm_s`) with one fit per
-  link level, intra-node for a world of one node, cross-node for several. Each level's fit:
-  a bench run that measured that level (the allocation's own first), else weighted least
-  squares on the study's own comm per step of that level's points (`model._solve`, pooled
-  over the syncs of one backend and device; one world and one sync: latency only); the
-  cross-node level without either takes the intra-node fit.
-- On CPU, ranks sharing cores run ranks/cores times slower; fitted points are normalised.
-- No overlap of comm with compute (ddp's forecast is an upper bound), no contention beyond
-  the fitted points'.
+S: steps per epoch per rank; c: compute per step at b samples per rank (a line in b where
+several were measured); m: comm per step from the alpha-beta model, one fit per link level
+(a bench run, else the study's own comm). What each term is fitted on and what the model
+leaves out: docs/scaling.md, "Forecast".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The alpha-beta cost model: fitted on a bench run, set against measured training comm.
 
-A message of m bytes costs alpha + m * beta. An algorithm's time is steps * alpha +
-path_bytes * beta, both from `ddp_lab.measure.costmodel.cost` (ring all-reduce on n ranks:
-2(n-1) alpha + 2(n-1)/n * m * beta); a synchroniser's calls per bucket are
-`costmodel.SYNC_COLLECTIVES`, the library's collectives modelled as
-`costmodel.TORCH_MODELLED_AS` says.
-
-The fit: least squares through a bench run's points of one collective and implementation,
-each point weighted by 1/time (else the largest sizes decide alpha). One fit per collective
-and implementation (`fit_all`): their per-message costs differ (docs/benchmarks.md, "Are
-the numbers true?").
-
-Across nodes (`predict_comm_s(..., per_node=k, intra=fit)`): a call's steps that cross
-nodes cost the cross-node fit, those inside one the intra-node fit (`cross_share`); a ring
-crosses on every step, a tree or butterfly only at its top levels, where a butterfly's k
-messages share the node's link (`node_load`).
+A message of m bytes costs alpha + m * beta; an algorithm's time is steps * alpha +
+path_bytes * beta (`ddp_lab.measure.costmodel.cost`). The fit is least squares weighted by
+1/time, one per collective and implementation (`fit_all`); across nodes only the steps that
+cross them cost the cross-node fit (`cross_share`, `node_load`). For users: docs/report.md,
+"The alpha-beta model", and docs/scaling.md, "Forecast".
 """
 
 from __future__ import annotations
@@ -172,15 +162,10 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
                    per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
     """Seconds of communication per step the sync's algorithm costs under `fit` (one fit
-    for every call, or one per collective and algorithm: `fit_all`); None for a sync
-    without a model or without a fit for one of its calls. Across nodes of `per_node`
-    ranks, `fit` prices what crosses them and `intra` what stays inside (`cross_share`).
-
-    `calls` and `payload_bytes` per step are what the synchroniser recorded: one entry per
-    collective call, each with the bytes it synchronised. A sync whose model has k
-    collectives per bucket (reduce_broadcast: a reduce and a broadcast) makes k calls per
-    bucket, so buckets = calls / k, each of payload / calls bytes.
-    """
+    for every call, or `fit_all`'s); None for a sync without a model or a fit for one of its
+    calls. Across nodes of `per_node` ranks, `fit` prices what crosses them, `intra` the rest.
+    `calls` and `payload_bytes` per step are the synchroniser's records: k collectives per
+    bucket (reduce_broadcast: 2) make buckets = calls / k, each of payload / calls bytes."""
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None

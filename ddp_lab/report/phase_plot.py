@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .plots import PHASE_COLORS, _distinct, _plt
 from .runs import PHASES
-from .tables import workload_titles
+from .tables import _mean, workload_titles
 
 BAR_IN = 0.3  # inches of figure height per bar: one line of 8-point text with room
 AXIS_ROWS = 1.5  # a panel's x ticks and their label, in bars' heights
@@ -28,11 +28,6 @@ def _points(rows: list[dict]) -> dict[tuple, list[dict]]:
     return {k: points[k] for k in sorted(points, key=str)}
 
 
-def _mean(rs: list[dict], k: str):
-    vs = [r[k] for r in rs if r.get(k) is not None]
-    return sum(vs) / len(vs) if vs else None
-
-
 def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
     """One bar: its point, runs, mean ms per phase, and its name ("ring · 2 ranks · 3 runs")."""
     sync, world, alloc, fid = key[2:]
@@ -43,7 +38,7 @@ def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
     return {"sync": sync, "workload": key[1], "world_size": world, "allocation": alloc,
             "fingerprint_id": fid, "runs": [r["run"] for r in rs],
             "label": f"{where}\n{runs}", "name": f"{sync} · {where} · {runs}",
-            **{f"{p}_ms": _mean(rs, f"{p}_ms") for p in (*PHASES, "step", "comm")}}
+            **{f"{p}_ms": _mean([r.get(f"{p}_ms") for r in rs]) for p in (*PHASES, "step", "comm")}}
 
 
 def phase_figure(rows: list[dict]):

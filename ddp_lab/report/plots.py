@@ -1,9 +1,6 @@
-"""Report figures (matplotlib, Agg), each with a sidecar JSON of the series drawn: the
-time per epoch here, the phases in phase_plot.py, the bench in bench_plot.py.
-
-Each `*_figure` function returns the Figure and what it drew (tests read its artists);
-`save` writes the PNG and the JSON. Every legend lies outside the axes (constrained
-layout), and many or long names get horizontal bars, a row each, so no two names meet.
+"""Report figures (matplotlib, Agg): the time per epoch here, the phases in phase_plot.py,
+the bench in bench_plot.py. Each `*_figure` returns the Figure and what it drew; `save`
+writes the PNG and a sidecar JSON of the series. Legends lie outside the axes.
 """
 
 from __future__ import annotations
@@ -52,11 +49,9 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
 
 
 def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
-    """A series' line and points: an error bar where there is an interval, a hollow marker
-    where there is none (fewer than MIN_REPEATS repeats) unless the value is exact (a
-    baseline against itself). A point whose n is not the panel's `common` one (said in its
-    title) gets its n at its upper right, clear of the bar (the panel's `nth` series one
-    line higher: two series at one world never write over each other)."""
+    """A series' line and points: an error bar where there is an interval, else a hollow
+    marker unless the value is `exact`; an n other than the panel's `common` beside its point
+    (the `nth` series' one line higher, so two never write over each other)."""
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
@@ -142,10 +137,8 @@ def _line_row(ax_t, ax_e, panel: list[dict], colors: dict, title: str) -> tuple[
 
 
 def _bar_row(ax, panel: list[dict], colors: dict, title: str) -> list[dict]:
-    """A workload measured at one world size per sync: nothing to draw a line through and
-    no efficiency, so a horizontal bar per point (sync, world, fingerprint), its mean time
-    written at its end (and its n where not the panel's), the 95% interval as an error bar
-    where there is one."""
+    """A workload measured at one world size per sync: a horizontal bar per point, its mean
+    time (and an n not the panel's) at its end, the 95% interval as an error bar."""
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
@@ -191,14 +184,9 @@ def _bar_row(ax, panel: list[dict], colors: dict, title: str) -> list[dict]:
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload (device and workload: capped and full epochs never share an
-    axis), one colour per sync. A workload measured at several world sizes: mean
-    post-warm-up time per epoch (left) and parallel efficiency (right) vs world size, a
-    marker per fingerprint where a series has several; error bars: the 95% interval (t on
-    log time, never below zero), only where n >= MIN_REPEATS (else a hollow marker); every
-    point's n: the panel's most common one in its title, any other beside its point;
-    dotted: ideal scaling. A workload measured at one world size only: one panel of bars
-    (`_bar_row`), no empty efficiency panel beside it."""
+    """One row per workload, one colour per sync: time per epoch and efficiency vs world
+    size (`_line_row`), or bars where a workload has one world size (`_bar_row`); what the
+    marks mean: docs/scaling.md, "Reading a scaling report"."""
     plt = _plt()
     from matplotlib.lines import Line2D
 

@@ -1,10 +1,8 @@
 """Finding and reading run folders: training runs and bench runs, complete or not.
 
-A run folder holds `config.yaml`, `summary.json` or `metrics.jsonl`; a parent folder is
-searched recursively, never below a run folder, and a study folder is searched, never
-taken for a run. Every folder found comes back, usable or not: the ones that cannot be
-compared carry the reason, so a report lists them. A training run's files are read through
-the trainer's own record types (`ddp_lab.folder.records`).
+A parent folder is searched recursively, never below a run folder (one holding MARKERS),
+and a study folder is searched, never taken for a run. Every folder found comes back:
+the ones that cannot be compared carry the reason, so a report lists them.
 """
 
 from __future__ import annotations
@@ -79,18 +77,9 @@ class Run:
     @property
     def description(self) -> Description:
         """What the run is (ddp_lab.folder.description): the one source of its series label
-        (`ring prepost=true`), its workload and its name."""
+        (`ring prepost=true`: runs whose labels differ are never repeats), its workload (a
+        time per step is compared within `workload_words()`) and its name."""
         return describe_run(self.config, self.summary)
-
-    def series_label(self) -> str:
-        """The run's setting as a report's series names it: the sync and every option of
-        its group that is not the default (runs whose labels differ are never repeats)."""
-        return self.description.series_label()
-
-    def step_workload(self) -> str:
-        """The workload a time per step is compared within: what is trained, whatever the
-        epoch count and step cap ("mlp, adam, batch 64/rank")."""
-        return self.description.workload_words()
 
     @property
     def scaling(self) -> str:
@@ -182,7 +171,8 @@ class Run:
 
     def samples_per_s(self) -> Optional[float]:
         """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
-        return median_or_none([r.samples_per_s for r in self.records])
+        values = [r.samples_per_s for r in self.records if r.samples_per_s is not None]
+        return statistics.median(values) if values else None
 
     def steps_total(self) -> int:
         return sum(int(r.steps or 0) for r in self.records)
@@ -338,7 +328,3 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
             "or summary.json, as `python -m ddp_lab` and `python -m ddp_lab.bench` make")
     return [load_run(p) for p in sorted(found)]
 
-
-def median_or_none(values: list[float]) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None

@@ -1,14 +1,9 @@
 """Statistics of repeats: mean, standard deviation, 95% confidence intervals.
 
-Times are positive and their spread relative (a busy machine makes a run 2x slower, never
-2 s faster), so a point's interval is Student's t on the LOGS of its repeats, exponentiated:
-
-    exp(mean(log x) +- t(0.975, n-1) * sd(log x) / sqrt(n))
-
-around the geometric mean, never below zero. Fewer than MIN_REPEATS values give none (with
-two, t = 12.7: the report says "not meaningful"). A speedup T_base / T gets its interval
-from the delta method on the log of the ratio (variance s0^2 / (n0 m0^2) + s1^2 / (n1 m1^2),
-Welch-Satterthwaite degrees of freedom); efficiency = speedup x base world / world.
+A point's interval is Student's t on the logs of its repeats, exponentiated (times are
+positive and their spread relative); fewer than MIN_REPEATS values give none. A speedup's
+interval comes from the delta method on the log of the ratio (docs/scaling.md, "Reading a
+scaling report").
 """
 
 from __future__ import annotations

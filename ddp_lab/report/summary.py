@@ -1,9 +1,8 @@
 """The report in one screen: what `python -m ddp_lab.report` prints; report.md has the rest.
 
-Time per epoch per world size and allocation first, one block per workload, then the
-forecasts' verdicts, the notes that change how the numbers read, and where the rest is.
-At most MAX_LINES lines: a thing that applies to many series is said once, the table gets
-the lines left (largest workloads first), and what does not fit is counted.
+Time per epoch per world size first, one block per workload (the largest first), then the
+forecasts' verdicts and the notes, each said once; at most MAX_LINES lines, what does not
+fit counted.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Comparison tables: time per epoch across allocations (scaling), phases, skipped folders.
-
-All numbers come from the run folders' own files: summary.json (median epoch time, comm
-share, accuracy), metrics.jsonl (phase times, comm per step). The alpha-beta model vs the
-measured comm and the bench's peaks are in comm_tables.py; the allocations of a run that
-used several (requeues, resumes) in segments.py.
+"""Comparison tables: time per epoch across allocations (scaling), phases, skipped folders,
+from the run folders' summary.json and metrics.jsonl (the comm model and the bench's peaks:
+comm_tables.py; a run's several allocations: segments.py).
 """
 
 from __future__ import annotations
@@ -46,16 +43,13 @@ def _ci(pair) -> Optional[list[float]]:
 
 
 def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
-    """Completed training runs as scaling series: one per (sync, device, workload); in a
-    series, the runs of one world size, nodes x procs and fingerprint are REPEATS of one
-    point (mean, std, 95% CI of their post-warm-up epoch times). Speedup and efficiency
-    (with intervals, `stats.ratio`) only between points of different world sizes, against
-    the series' smallest world (its point with the row's fingerprint where there is one);
-    a row set against another fingerprint is flagged, the differences named."""
+    """Completed training runs as scaling series, one per (sync, device, workload); runs of
+    one world size, nodes x procs and fingerprint are repeats of one point. Speedup and
+    efficiency as docs/scaling.md, "Reading a scaling report", defines them."""
     series: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.kind == "train" and r.ok:
-            series.setdefault((r.series_label(), r.device_kind, r.workload), []).append(r)
+            series.setdefault((r.description.series_label(), r.device_kind, r.workload), []).append(r)
     out = []
     for (sync, device, workload), members in sorted(series.items(), key=lambda kv: str(kv[0])):
         points: dict[tuple, list[Run]] = {}
@@ -125,7 +119,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
             skipped.append(skip)
     first = rs[0]
     return {
-        "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.series_label(),
+        "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.description.series_label(),
         "algorithm": first.get("sync", "?"),
         "launcher": first.get("launcher", "?"), "backend": first.get("backend", "?"),
         "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
@@ -229,9 +223,10 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         ph = r.phase_ms()
         comm = r.comm_per_step()
         # a time per step: compared across epoch counts and step caps (not split by them)
-        rows.append({"run": str(r.path), "sync": r.series_label(), "world_size": r.world_size,
-                     "device": r.device_kind, "workload": r.step_workload(),
-                     "workload_short": r.step_workload(), "allocation": allocation(r),
+        what = r.description
+        rows.append({"run": str(r.path), "sync": what.series_label(), "world_size": r.world_size,
+                     "device": r.device_kind, "workload": what.workload_words(),
+                     "workload_short": what.workload_words(), "allocation": allocation(r),
                      "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
                      "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,

@@ -1,19 +1,11 @@
 """Are the numbers true? A training run's comm per step set against the bench and the model
 (the columns, for users: docs/benchmarks.md, "Are the numbers true?").
 
-Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced):
-- **measured**: rank 0's comm per step as its synchroniser recorded it, from
-  `trace/rank0.json`: the union of the step's call intervals, median over steps;
-- **after the last arrival**: per call the shortest duration any rank saw, unioned per
-  step: the difference to *measured* is waiting for a straggler (no clock is compared
-  across ranks);
-- **bench**: the bench's median of the same collective and algorithm at each call's size
-  (interpolated log-log between measured sizes), summed per step. Check (a): within 20%;
-- **model**: `report.model.predict_comm_s` with that bench run's fits (`model.fit_all`).
-  Check (b): within 30%;
-- **why**: for a row that misses a check, the reasons the figures show (`why`).
-
-A training run's bench run is its allocation's: the same world size, nodes and backend.
+Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced), from
+`trace/rank0.json`: **measured** (the union of the step's calls), **after the last arrival**
+(each call at the shortest duration any rank saw), **bench** (interpolated log-log at each
+call's size; check (a): within 20%), **model** (`model.predict_comm_s` with that bench run's
+fits; check (b): within 30%) and **why** a row misses. A run's bench run is its allocation's.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ from ..measure.costmodel import SYNC_COLLECTIVES
 from ..measure.numbers import union_length
 from .model import fit_all, predict_comm_s
 from .runs import Run, find_runs
+from .tables import _f  # a number in a cell, "–" for none
 
 #: the targets: (a) measured vs bench, (b) measured vs model
 TARGET_BENCH = 0.20
@@ -208,11 +201,9 @@ def _ratios(row: dict) -> dict:
 
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
-    """The known reasons a row misses (a) or (b), in words ("; "-joined); None for a row
-    that meets both, "not known" where none applies. Each reason is the figures' own: rank 0
-    waiting for a later rank, the fit's line missing the bench at these sizes, calls within
-    reach of a shaped link's tbf burst, DDP's overlapping buckets, the bench's own spread,
-    and rank 0 rooting a broadcast (its sends end when the kernel has taken them)."""
+    """The known reasons a row misses (a) or (b), "; "-joined; None for a row that meets
+    both, "not known" where none applies. Each reason is the figures' own (docs/benchmarks.md,
+    "Are the numbers true?")."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
@@ -254,10 +245,6 @@ def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
 
 
 # ------------------------------------------------------------------ printing
-def _f(x: Optional[float], fmt: str = ".2f") -> str:
-    return "–" if x is None else format(x, fmt)
-
-
 def _yes(x: Optional[bool]) -> str:
     return "–" if x is None else ("yes" if x else "NO")
 
@@ -279,9 +266,9 @@ def markdown(rows: list[dict]) -> list[str]:
             f"| {r['sync']} | {r['model']} | {_world(r)} | {len(r['calls'])} | "
             f"{_f(r['measured_ms'], '.3f')} | {_f(r['last_arrival_ms'], '.3f')} | "
             f"{_f(r['bench_ms'], '.3f')}{'' if r['bench_exact'] in (None, True) else '*'} | "
-            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'])} | {_yes(r['a_ok'])} | "
-            f"{_f(r['measured_over_model'])} | {_yes(r['b_ok'])} | "
-            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']))} | "
+            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'], '.2f')} | {_yes(r['a_ok'])} | "
+            f"{_f(r['measured_over_model'], '.2f')} | {_yes(r['b_ok'])} | "
+            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']), '.2f')} | "
             f"{r.get('why') or ''} |")
     lines += ["", "measured: median over steps of rank 0's comm per step (union of its calls, as "
               "the synchroniser's CommRecorder timed them); after last arrival: per call the "
@@ -303,5 +290,5 @@ def markdown(rows: list[dict]) -> list[str]:
             lines.append(
                 f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
                 f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
-                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']))} |")
+                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")
     return lines

@@ -1,14 +1,9 @@
 """The witness table: ddp_lab's figures beside clocks that are not its own.
 
-A run with `timing.profile=true` keeps in summary.json (ddp_lab/rank/profile.py), per rank,
-its comm in flight per step over the profiled steps as ddp_lab measured it and as the
-profiler's trace says (torch's c10d and gloo events on CPU, the NCCL kernels on CUDA);
-sync=ddp runs keep DDP's own timing (`ddp_timing`, from `ddp._get_ddp_logging_data()`).
-This module sets them side by side, one row per figure: ddp_lab's value, the witness's,
-their ratio, and whether the ratio lies where docs/timing.md (*Independent witnesses*) says
-it should (`EXPECTED`: the one place those bounds live). A row outside them gives the
-report one line. On CUDA, with HTA installed, the exposed comm is set against HTA's
-comm/compute overlap of the traces (`hta_overlap`).
+Per profiled run (`timing.profile=true`), one row per figure: ddp_lab's comm in flight per
+step against the profiler's trace, and for sync=ddp against DDP's own timing; their ratio
+and whether it lies within `EXPECTED` (the one place those bounds live; docs/timing.md,
+"Independent witnesses"). On CUDA with HTA, exposed comm against HTA's overlap.
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .runs import Run
+from .tables import _mean  # of the values that are not None
 
 #: ours / witness: the band each figure's ratio should lie in (docs/timing.md explains
 #: each); None: the definitions differ too much to expect agreement, shown for reading.
@@ -28,11 +24,6 @@ EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     # not yet measured on a GPU: no band until docs/timing.md states a measured one
     "exposed comm share of comm (HTA)": None,
 }
-
-
-def _mean(xs: list) -> Optional[float]:
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def witness_rows(run: Run, short) -> list[dict[str, Any]]:

@@ -2,17 +2,11 @@
 
     python -m ddp_lab.bench.suite accuracy                    # 5 epochs, worlds 2 and 3, all six syncs
     python -m ddp_lab.bench.suite accuracy --epochs 1 --worlds 2   # a quick look
-    python -m ddp_lab.bench.suite accuracy model=cnn          # extra overrides go to every run
-    python -m ddp_lab.bench.suite accuracy --model mlp_wide --overlap false,true --worlds 2,4 \
-        --epochs 1 --bucket-mb 4 train.max_steps_per_epoch=20     # docs/sync.md's overlap table
     python -m ddp_lab.bench.suite accuracy --from outputs/compare_syncs/w2   # the table again
 
-Runs one after another (ddp, then a Hydra -m sweep per other sync, per world size) into
-ROOT/w<world>/...; the table is printed and written to ROOT/table.md, the runs read by the
-report's reader (ddp_lab.report.runs). `--overlap`: sync.overlap of every sync but ddp
-(which always overlaps); `--bucket-mb`: the bucket size for all. Accuracy is compared with
-the ddp run of the same world size, in points (the bar: 0.5); comm columns: in-flight and
-exposed ms per step of rank 0 (ddp_lab.timing).
+Runs one after another (ddp, then a Hydra -m sweep per other sync) into ROOT/w<world>/...,
+read by the report's reader; the table goes to ROOT/table.md. Accuracy is compared with the
+ddp run of the same world size, in points (docs/sync.md, "Accuracy after 5 epochs").
 """
 
 from __future__ import annotations
@@ -30,13 +24,8 @@ SPEC = Spec(compares="every synchroniser at each world size, whole training runs
 ORDER = ["ddp", "naive", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly"]
 
 
-def summaries(paths: list[str]) -> list[dict]:
-    # the report's own reader: the same run folders, statuses and skips as `ddp_lab.report`
-    return [r.summary for r in find_runs(paths) if r.kind == "train" and r.ok]
-
-
-def fmt(v, spec: str, scale: float = 1.0) -> str:
-    return "-" if v is None else format(v * scale, spec)
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -77,7 +66,9 @@ def sweep(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> dict | None:
     folders = args.from_dirs or sweep(args)
     try:
-        runs = [r for r in summaries(folders) if r.get("status") == "completed"]
+        # the report's own reader: the same run folders, statuses and skips as `ddp_lab.report`
+        runs = [r.summary for r in find_runs(folders) if r.kind == "train" and r.ok
+                and r.summary.get("status") == "completed"]
     except ReportError as e:
         raise UsageError(str(e)) from None
     if not runs:

@@ -2,14 +2,10 @@
 (docs/compression_overlap.md, "What it buys").
 
     python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
-    python -m ddp_lab.bench.suite compress --model mlp_wide --max-steps 40 --epochs 2
     python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
 
-Each configuration is one real training run (`python -m ddp_lab`, 2 ranks on gloo by
-default), one after another, rounds in rotating order. From each summary.json: bytes one
-rank sent per step, the median epoch time and the final test accuracy, each with its ratio
-to the uncompressed run of the same synchroniser, as a Markdown table.
-Not a test: times depend on the machine and on what else runs on it.
+Each configuration is one real training run, rounds in rotating order; each figure with its
+ratio to the uncompressed run of the same synchroniser.
 """
 
 from __future__ import annotations

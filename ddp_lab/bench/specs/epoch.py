@@ -1,21 +1,14 @@
 """Time per epoch: ddp_lab's default against the floor, the fastest loop the machine runs.
 
     python -m ddp_lab.bench.suite epoch                  # idle and under a CPU hog, 1 and 2 ranks
-    python -m ddp_lab.bench.suite epoch --load idle --ranks 1
     python -m ddp_lab.bench.suite epoch --waits default passive spin:0 --threads 1 2
-    python -m ddp_lab.bench.suite epoch --load idle --ranks 1 --notebook --extra train.compile=true
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
     python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
 
-The notebook's workload (MLP 784-50-10, batch 64 per rank, Adam lr 1e-3, CPU), per load
-(`idle`; `hog`: one busy process per core): 1. the search: the tight loop
-(ddp_lab/bench/loops.py) under every setting ddp_lab does not own (`--threads`, `--waits`:
-`default`, `passive`, `active`, `spin:N` = GOMP_SPINCOUNT=N; Adam fused, foreach, for-loop;
-on 2 ranks DDP or one flat all_reduce); the floor is the fastest, named. 2. `--rounds`
-interleaved rounds of the floor, `python -m ddp_lab` with its defaults, the same on 2 ranks
-and the 2-rank floor; ratios are medians over every epoch. 3. `--load late`: a hog started
-mid-run, against ddp_lab's defaults and each spinning `--waits` pinned on every core.
-The goals and the figures: docs/performance.md.
+The notebook's workload per load: the search (the tight loop of ddp_lab/bench/loops.py under
+every setting ddp_lab does not own; the floor is the fastest), then `--rounds` interleaved
+rounds of the floor against `python -m ddp_lab`. What each step measures, the goals and the
+figures: docs/performance.md, "The floor: the fastest loop the machine runs, idle and loaded".
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -88,7 +81,7 @@ def run(args: argparse.Namespace) -> dict:
             if load == "late":
                 figures[load] = late(root, tmp, args)
                 continue
-            with (cpu_hog() if load == "hog" else _nothing()):
+            with (cpu_hog() if load == "hog" else nullcontext()):
                 figures[load] = measure(load, root, tmp, args)
             figures["ratios"].update(figures[load]["ratios"])
     return figures
@@ -264,7 +257,6 @@ def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
     return [json.loads(x)["epoch_time_s"] for x in records], s["segments"][0].get("cpu") or {}
 
 
-
 @contextmanager
 def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
     """One busy process per core while the block runs (each dies with this process, and
@@ -283,11 +275,6 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
         for p in procs:
             p.kill()
             p.wait()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _hog_from(marker: str):

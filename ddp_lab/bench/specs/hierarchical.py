@@ -1,17 +1,12 @@
 """Hierarchical all-reduce against the flat ones, side by side, measured in one run
 (docs/sync.md, "Hierarchical").
 
-    # the loopback SLURM cluster, 2 nodes x 2 ranks (scripts/slurm_cluster.sh up first)
-    SLURM_CONF=... python -m ddp_lab.bench.suite hierarchical --rounds 2 -- \
-        launcher=slurm launcher.nodes=2 launcher.nproc_per_node=2 model=mlp_wide
     # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
     python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
 
 Each configuration is a real `python -m ddp_lab` run (1 epoch of `--steps` steps, the
-overrides after `--` added), in rotating order `--rounds` times. Printed from rank 0's
-summary.json: the median epoch time, comm time, MB sent and MB sent to another node per
-step (`comm_bytes_cross_node`), and each hierarchical variant's ratio to ring and ddp.
-Not a test: loopback "nodes" share one machine's memory, so no network is measured.
+overrides after `--` added), in rotating order; printed from rank 0's summary.json: epoch
+and comm time, MB sent (and to another node) per step, each variant's ratio to ring and ddp.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """What a slow network does to DDP: the project's claims about communication, measured on a
-shaped link, each printed beside its prediction and its target (docs/network_ddp.md).
+shaped link, each printed beside its prediction and its target.
 
-    python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster; 558 s on 2 busy cores
-    python -m ddp_lab.bench.suite network --rounds 3 --link 200mbit --rates 1gbit,500mbit,100mbit \
-        --slow-link 100mbit --plots docs/img --out net_claims.json
-    # on a lab and cluster already up (docs/network.md), SLURM_CONF of that cluster exported:
-    python -m ddp_lab.bench.suite network --lab netlab
+    python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster
+    python -m ddp_lab.bench.suite network --lab netlab   # a lab and cluster already up
 
-Without --lab it makes a 2-node network lab (scripts/netlab.sh) and a SLURM cluster in it
-(scripts/slurm_cluster.sh), and removes both when it ends. Then ONE SLURM job of 2 nodes x
-2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is the ranks' entry too)
-times one epoch of `--steps` steps of every configuration (ddp_lab.bench.scaffold): at
-`--link`, `--rounds` rotating rounds; at each of `--rates`, the first plot's synchronisers;
-node2's link alone at `--slow-link`. Rank 0 reshapes the links between phases (netlab.sh
-shape), the others wait at a barrier. `--plots DIR` draws network_*.png, `--out` keeps every
-round as JSON. Not a test: the times depend on the machine and its load.
+One SLURM job of 2 nodes x 2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is
+the ranks' entry too) times every configuration per phase; rank 0 reshapes the links between
+phases (netlab.sh shape). The phases, options and figures: docs/network_ddp.md, "How the
+script measures".
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
 from .. import suite
 from ..network_claims import (STRAGGLER, SWEEP, Claim, claims, claims_table, draw,
@@ -55,10 +48,6 @@ CONFIGS: dict[str, list[str]] = {
     "ddp powersgd": ["sync=ddp", "sync.compress=powersgd"],
 }
 # ------------------------------------------------------------------- the command line
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    return suite.parse("network", argv)
-
-
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--link", default="200mbit", help="the rate of the claims (default 200mbit)")
     ap.add_argument("--rates", default="1gbit,500mbit,100mbit",
@@ -146,7 +135,8 @@ def shape(plan: dict, link: str, node: Optional[int] = None) -> None:
 def measure(ctx, plan: dict) -> list[dict]:
     """On every rank: every phase's configurations, one epoch each per round; rank 0 keeps
     the figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
-    from ddp_lab.bench.scaffold import Bench, rounds
+    from ddp_lab.bench.scaffold import Bench
+    from ddp_lab.bench.suite import rounds
     from ddp_lab.timing import epoch_timing
 
     bench = Bench(ctx, plan["overrides"])

@@ -1,16 +1,11 @@
 """Overlap on vs off, side by side in one run: DDP, allreduce+overlap, allreduce
-(docs/compression_overlap.md).
+(docs/compression_overlap.md, "Overlap and exposed comm").
 
     python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
-    python -m ddp_lab.bench.suite overlap --bucket-mb 25 --steps 30 --rounds 7
     python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
 
-model=mlp_wide (40 MB of gradients a step), batch 64 per rank, CPU gloo, the same bucket
-size for all (`--bucket-mb`). Every configuration in turn, a warm-up epoch each, then
-`--rounds` rotating rounds; each figure is the median over rounds, timed by the trainer's
-step loop and timers. Prints per configuration: time per step, exposed and in-flight comm
-(ms/step, rank 0), and the ratios allreduce+overlap / ddp (target <= 1.1) and
-allreduce+overlap / allreduce. Not a test: numbers depend on the machine and its load.
+The same bucket size for all; a warm-up epoch each, then `--rounds` rotating rounds, each
+figure the median over rounds, timed by the trainer's step loop and timers.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@
     python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
     python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
-Each the median (min-max) over rounds, a round running every checkout in turn: from
-starting `python -m ddp_lab train.epochs=1` to its first console line (then SIGTERM and
-`--pause` seconds), and `python -m ddp_lab.report --help`, start to end. `--vs DIR` runs
-DIR's ddp_lab (a checkout, e.g. `git worktree add ../before <commit>`) with the same
-interpreter and prints after / before. Not a test (docs/performance.md has the figures).
+Each the median (min-max) over rounds: `python -m ddp_lab train.epochs=1` to its first console
+line (then SIGTERM), and `python -m ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with
+the same interpreter (docs/performance.md, "Time to the first step").
 """
 
 from __future__ import annotations

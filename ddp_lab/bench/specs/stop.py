@@ -4,13 +4,10 @@
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
     python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
-The notebook's workload, full epochs of the trainer's step loop, each round one epoch
-without the stop check and one with it (`ddp_lab.rank.stop.StopControl`), alternating.
-Printed: the time inside the stop check per step, as a share of the step; the median
-epoch time with / without the check; and a step's bookkeeping (its timed phases and
-collective, which the progress record's thread reads: ddp_lab.folder.progress) against the
-compute alone of the notebook's step. Targets: each
-at most 1% of a step. Not a test: numbers depend on the machine and its load.
+Each round one epoch of the trainer's step loop without the stop check and one with it,
+alternating; printed: the check's time per step and a step's bookkeeping (its timed
+phases and collective, which the progress record's thread reads), each against the step
+(targets: at most 1% each).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Straggler finding, checked against the truth: which measure names the late rank and how
-well it gets its lateness, measured side by side in one run (docs/timing.md, "Stragglers,
-injected and found").
+well it gets its lateness (docs/timing.md, "Stragglers, injected and found").
 
     python -m ddp_lab.bench.suite straggler                        # 3 ranks, CPU gloo
     python -m ddp_lab.bench.suite straggler --world 3 --steps 300 --rounds 3 --slow-ms 5
 
-The ranks of one machine share one clock (time.perf_counter), so the true arrival of each
-at each step's first collective is known. Each configuration (nothing injected;
-`--slow-ms` on rank 1; `--jitter-ms` on every rank) runs the trainer's step loop for every
-sync of `--syncs`, with a fresh `Clock` made after a barrier. Printed per (configuration,
-sync, round): the waits (`ddp_lab.timing.StragglerTally`, what the trainer records), the
-arrival stamps on each rank's Clock, the truth on the shared clock, the barrier's exit skew
-and the delay slept. Not a test: under load the numbers move.
+The ranks of one machine share one clock (time.perf_counter), so each rank's true arrival at
+each step's first collective is known; per (configuration, sync, round) the trainer's waits
+and stamps are printed beside that truth.
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
     python -m ddp_lab.bench.suite syncs                      # 2 ranks, CPU gloo
     python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
-The notebook's workload, full epochs. One process group runs every configuration in turn,
-a warm-up pass each, then `--rounds` rounds in a rotating order; each time is the median of
-its rounds. The parts and the step loop are the trainer's own (ddp_lab/bench/scaffold.py).
-Ratios printed: allreduce (bucketed) / ddp, ring / ddp, allreduce per parameter / bucketed,
-timing on / off for ddp, allreduce and ring, ring prepost=false / a call ahead; then the
-timers' cost step against step (`--rounds` more epochs with the timers on every other
-step, mean and two standard errors). Not a test: numbers depend on the machine.
+The notebook's workload, full epochs, the trainer's parts and step loop
+(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds` rotating rounds, each time
+the median of its rounds; then the timers' cost step against step.
 """
 
 from __future__ import annotations

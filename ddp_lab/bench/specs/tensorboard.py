@@ -2,15 +2,11 @@
 
     python -m ddp_lab.bench.suite tensorboard               # every 10th step written, vs a 4 ms step
     python -m ddp_lab.bench.suite tensorboard --every 1
-    python -m ddp_lab.bench.suite tensorboard --step-ms 4   # with 4 ms of work in each step
 
-One process, no process group: a loop of steps stamped by the trainer's StepTimer with a
-timed collective on its CommRecorder, empty by default so that the cost of writing is
-measured alone (`--step-ms` puts Python work in each step). Three ways, in rotating rounds:
-`none` (the stamps only), `live` (the trainer's: a StepWatch hands every N-th step to the
-run folder's sink) and `naive` (add_scalar per tag, a flush() per point). Printed: the
-median extra CPU time per step against `none` (every thread's, the writer's included), in
-us and as a share of an `--of-ms` step. Not a test: times depend on the machine.
+One process: a loop of steps stamped by the trainer's StepTimer, in rotating rounds of `none`
+(the stamps only), `live` (the trainer's StepWatch) and `naive` (add_scalar and flush per
+point); printed: the median extra CPU time per step against `none` (docs/timing.md,
+"TensorBoard").
 """
 
 from __future__ import annotations

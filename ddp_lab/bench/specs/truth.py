@@ -1,19 +1,12 @@
 """Are the numbers true? Training comm per step against the bench and the alpha-beta model.
 
-    python -m ddp_lab.bench.suite truth                       # runs everything (~15 min, 2 cores)
-    python -m ddp_lab.bench.suite truth --worlds 2 --models mlp_wide --syncs allreduce,ddp
+    python -m ddp_lab.bench.suite truth                       # runs everything
     python -m ddp_lab.bench.suite truth --runs DIR/train --bench DIR/bench   # re-read folders
-    python -m ddp_lab.bench.suite truth --launcher slurm --nodes 2 --worlds 2,4 \
-        --models mlp --set 'model.hidden=[1024]'       # across a cluster's nodes (docs/network.md)
 
-Unless given folders: one short traced training run per sync x model x world, then per
-world one bench run (`python -m ddp_lab.bench`) of the synchronisers' collectives and
-implementations at log-spaced sizes and at every bucket size the runs put on the wire
-(`bench.sizes`), right after, under the same load; with `--launcher slurm --nodes N` each
-is a SLURM job of N nodes. One row per training run (`ddp_lab.report.truth_table`): measured,
-bench and model ms/step, their ratios against the targets, and why a row misses
-(docs/benchmarks.md, "Are the numbers true?"). Not a test: the figures depend on the load
-(`uptime` is printed). Writes truth.json and truth.md into --dir.
+Unless given folders: one short traced training run per sync x model x world, then per world
+one bench run of the synchronisers' collectives at the sizes the runs put on the wire; one row
+per run (`ddp_lab.report.truth_table`). Writes truth.json and truth.md into --dir
+(docs/benchmarks.md, "Are the numbers true?").
 """
 
 from __future__ import annotations
