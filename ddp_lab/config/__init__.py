@@ -1,15 +1,10 @@
 """The config schema: dataclasses give the types, YAML in conf/ gives the values.
 
-Registered in Hydra's ConfigStore so that a misspelt key or a value of the wrong type
-fails at composition, with Hydra's own message, before any process starts. Each config
-group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
-The schemas live by section: launch.py (how ranks start), train.py (model, data,
-optimiser, loop, run folder, logging, timing), and each synchroniser's keys and rules
-beside it, in ddp_lab/config/sync/ (torch-free, as everything here); this module puts
-them together (`Config`), registers them and reads them back.
-
-Workers do not compose: they read the resolved `config.yaml` of their run folder back
-into the same schema with `load_run_config`, so every rank runs exactly one config.
+Registered in Hydra's ConfigStore, so a misspelt key or a wrong type fails at composition;
+each group option (conf/<group>/<name>.yaml) starts from `/schema/<group>/<name>`. The
+sections live in launch.py, train.py and sync/ (torch-free); this module joins them
+(`Config`), registers them and reads them back. Workers do not compose: they read their
+run folder's resolved `config.yaml` with `load_run_config`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""TensorBoard for one run folder: one writer, so one TensorBoard run per training
-(docs/timing.md, "TensorBoard", shows what it draws).
-
-    RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
-
-The run folder's name starts with what tells runs apart and `<name>` says the rest
-(ddp_lab/folder/names.py); a resumed run goes on in its first segment's folder. One x axis,
-the global step: a per-step point at its step, an epoch's scalars at the epoch's last step,
-`epoch` a scalar of its own; a resumed run purges every point past its checkpoint.
-
-Tags carry their units in brackets, `time/epoch[s]`, never in parentheses: the
-custom-scalars dashboard finds a line's run with /\((.*)\)$/, so a tag with "(" stays
-invisible. Written once, at step 0 of a fresh run: the config as text, the custom-scalars
-layout (`layout(run)`, then `LAYOUT`) and the hparams (`hparams_summaries`, no experiment of
-its own, so the HParams dashboard ticks those that differ); `RUN_METRICS` at every epoch's end.
+"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoard run per
+training (docs/timing.md, "TensorBoard", shows what it draws). One x axis, the global
+step; a resumed run goes on in its first segment's folder and purges the points past its
+checkpoint. Tags carry units in brackets, `time/epoch[s]`, never parentheses: the
+custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0 of a fresh run:
+the config, the custom-scalars layout (`layout`) and the hparams (`hparams_summaries`).
 """
 
 from __future__ import annotations
@@ -24,14 +15,11 @@ from typing import Any, Optional
 
 
 EVENTS = "events.out.tfevents.*"
-# the writer's own thread writes and flushes the file (every FLUSH_S seconds when there is
-# something new): TensorBoard sees a step within seconds and the training thread never
-# waits, the queue being long enough for the points of several seconds
+# the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
 FLUSH_S = 2
 QUEUE = 1000
 
-# a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
-# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them
+# a short run writes per-step points more often than tb_every, to have MIN_POINTS of them
 MIN_POINTS = 20
 
 
@@ -40,10 +28,8 @@ def step_stride(tb_every: int, steps: int) -> int:
     return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
 
 
-# the run's figures so far, written at every epoch's end: the HParams dashboard's metric
-# columns. It lists every scalar tag of the runs, sorted, and shows the first five: an
-# upper-case group sorts before every lower-case tag, so these four (and the test
-# accuracy) are the five shown
+# the HParams dashboard's metric columns, at every epoch's end: it shows the first five
+# sorted tags, and an upper-case group sorts before every lower-case tag
 RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_time_median[s]",
                "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
@@ -53,11 +39,9 @@ def run_metrics(**figures: float) -> dict[str, float]:
     return {RUN_METRICS[name]: value for name, value in figures.items()}
 
 
-# The margin charts' band: a run's comm in flight drawn as a stretch that ends where its
-# exposed part ends (compute + exposed), so the part above the compute line is exposed.
-# Each run writes its band under tags of its own, `band/<run folder>/...`, with its own
-# chart over them (a margin chart draws every run that has its tags).
-# (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
+# A run's margin chart: comm in flight as a band ending at compute + exposed, so the part
+# above the compute line is exposed; under the run's own tags, `band/<run folder>/...`.
+# (compute, in flight, exposed) -> (the chart's line, band from, band to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
          ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
          ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
@@ -91,9 +75,8 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
     return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
-# Custom scalars: every line of a run has the run's colour, so one chart per quantity
-# where runs are compared, and per run a margin chart, compute the line and comm the band
-# (`ONE_RUN`, `layout(run)`): (which, title, closed, the band's tags, the title's tail)
+# Custom scalars: a chart per quantity to compare runs (`LAYOUT`), and per run its margin
+# chart (`ONE_RUN`: which, title, closed, the band's tags, the title's tail)
 ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
                     "comm in flight (above the line: exposed)", False,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),

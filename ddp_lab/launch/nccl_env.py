@@ -1,13 +1,7 @@
-"""NCCL network settings: Slingshot (CSCS Alps), RoCE / InfiniBand (e.g. RunAI pods with
-``rdma/rdma=1``), or none (sockets); docs/nccl_env.md says how the index is chosen.
-
-CXI NICs (``<sysfs_root>/class/cxi``) are HPE Slingshot, reached through the aws-ofi-nccl
-plugin with CSCS's settings (``SLINGSHOT``); RDMA devices (``class/infiniband``) are
-InfiniBand or RoCE by their ports' link layer, and get NCCL_IB_GID_INDEX (the first
-IPv4-mapped RoCE v2 GID, devices in name order), NCCL_IB_HCA (every device with such a GID
-at that index, or an InfiniBand port), NCCL_SOCKET_NTHREADS=4, NCCL_NSOCKS_PERTHREAD=8;
-neither leaves NCCL on TCP sockets. A missing or odd sysfs tree gives warnings, never an
-error. Reading sysfs is sysfs_scan.py's; choosing and writing the variables is here.
+"""NCCL network settings: Slingshot (CXI NICs: CSCS's aws-ofi-nccl settings, `SLINGSHOT`),
+RoCE / InfiniBand (RDMA devices: NCCL_IB_GID_INDEX, NCCL_IB_HCA, socket threads), or none
+(sockets); docs/nccl_env.md says how each is chosen. Reading sysfs is sysfs_scan.py's; a
+missing or odd tree gives warnings, never an error.
 
     eval "$(python -m ddp_lab.nccl_env)"            # export lines on stdout, '# ...' on stderr
     python -m ddp_lab.nccl_env --format json        # {"env": {...}, "warnings": [...], ...}

@@ -1,15 +1,12 @@
-"""launcher=runai: `runai submit-dist pytorch` + a pod entry script (the RCP recipe).
+"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod entry script
+(docs/launchers.md, "runai: RunAI pods").
 
     python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 launcher.image=...
-    python -m ddp_lab launcher=runai launcher.dry_run=true    # print the command + pod script
 
-RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
-pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
-torchrun with --nnodes $WORLD_SIZE --node_rank $RANK; the stop and exit machinery is
-pod_stop.sh beside it. The run folder must be on a PVC the pods mount at the same path.
-A preempted pod's trap writes RUN_DIR/STOP, every rank checkpoints, and the script exits
-PREEMPTED_EXIT so that the pods come back and continue (docs/launchers.md, "runai: RunAI pods").
-Flags are those of `runai submit-dist pytorch` (CLI v2.10+).
+RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each pod runs `bash
+RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one torchrun; pod_stop.sh holds the stop and
+exit machinery): a preempted pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the
+pods come back and continue. The run folder must be on a PVC mounted at the same path.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""launcher=slurm: an sbatch script whose srun starts the ranks (the Alps / entropy recipes).
+"""launcher=slurm: an sbatch script whose srun starts the ranks (docs/launchers.md, "slurm").
 
     python -m ddp_lab launcher=slurm launcher.nodes=4 launcher.account=a-xyz sync=ring
     python -m ddp_lab launcher=slurm launcher.dry_run=true          # print the sbatch script
-    python -m ddp_lab launcher=slurm launcher.per_task=true         # one srun task per process
 
-torchrun (default): one srun task per node, each a torchrun of nproc_per_node processes,
-rendezvous at the first node, port from the job id. per_task=true: srun starts every
-process (ranks from SLURM_PROCID / SLURM_LOCALID, read by ddp_lab.world.env).
-
-The job script reads top to bottom as a student would write it; the stop and requeue
-machinery lives in RUN_DIR/slurm_stop.sh (launchers/slurm_stop.sh), sourced first. The
-submit (`sbatch --parsable`) and the follow (launcher.wait) are slurm_job.py's. Time
-limits, `--signal`, requeue and what each signal does: docs/launchers.md, "Time limits,
-preemption, requeue".
+Default: one srun task per node, each a torchrun of nproc_per_node processes (rendezvous
+at the first node, port from the job id); per_task=true: srun starts every process. The
+stop and requeue machinery is RUN_DIR/slurm_stop.sh, sourced first; submit and follow are
+slurm_job.py's ("Time limits, preemption, requeue" there says what each signal does).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun, with its
-own failure traceback kept in FILE (the run folder's logs/torchrun.log), not the console.
-
-When a rank fails, the console has already said which rank and why; torchrun's ~30-line
-`ChildFailedError` traceback goes to FILE and the console gets one line saying where.
-Otherwise this is torchrun's own `main` in this process: its signal handling, its log
-lines, and the ranks writing to the console directly. One thing it adds: CPU ranks start
-as forks of this process, which has imported torch already (`fork_ranks`);
+"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun's own
+`main`, with its ~30-line `ChildFailedError` traceback kept in FILE (logs/torchrun.log)
+and one line on the console saying where (which rank failed, the console said already).
+CPU ranks start as forks of this process, which has imported torch (`fork_ranks`);
 DDP_LAB_FRESH_RANKS=1 starts them as fresh interpreters, as on a GPU.
 """
 

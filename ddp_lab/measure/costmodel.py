@@ -1,36 +1,17 @@
 """The one cost model: bytes per rank, latency steps and busbw factor of every collective.
+Synchronisers record their traffic with it, the bench and the report take their busbw
+factors and alpha-beta predictions from it; nothing else computes a cost. The formulas:
+docs/collectives.md, "Algorithms and alpha-beta costs"; the fit: docs/report.md.
 
-Synchronisers record their traffic with it, the benchmark and the report take their busbw
-factors and alpha-beta predictions from it; nothing else computes a cost.
-
-``cost(collective, algorithm, numel, world, elem_size)`` gives a :class:`Cost`:
-
-- ``sent[r]`` / ``recv[r]``: bytes group rank ``r`` hands to send / gets from receive in one
-  call. For our send/recv algorithms (``ddp_lab.collectives``) these are exact, uneven
-  chunks included (the ring's ``tensor_split`` makes the first ``numel % n`` chunks one
-  element longer; the model cuts the same way), and ``exact`` is true.
-- ``steps``: messages on the critical path (the alpha term); ``path_bytes``: bytes
-  serialised on it (the beta term): ``time(alpha, beta) = steps*alpha + path_bytes*beta``.
-
-``"torch"`` is the library's collective, whose routing we cannot see: it is *modelled*
-(``exact`` false) on what gloo runs, read from gloo's source: all_reduce / all_gather /
-reduce_scatter as the ideal ring (``2(n-1)/n`` of the buffer each way, floored to whole
-bytes, the same on every rank, as nccl-tests' busbw assumes); broadcast as the binomial
-tree gloo's ``broadcast.cc`` runs (the same tree as ours); reduce as gloo's ``reduce.cc``: a
-ring reduce-scatter, then every rank sends its reduced chunk to the root. nccl picks
-its own algorithms (ring, tree, pipelined chains); the model does not follow it there.
-
-Bytes scale with ``elem_size``: a bf16/fp16 wire format is the same call with
-``elem_size=2``. A call made of phases is their costs joined with :meth:`Cost.then`;
-:func:`sync_calls` does that for what a synchroniser runs per bucket.
-
-Hierarchical all-reduce (``sync=hierarchical``) runs its phases on *groups*: a reduce
-inside every node onto the node's leader (its lowest rank), an all-reduce among the
-leaders (one per node), a broadcast inside every node. :func:`hierarchical_calls` gives
-each phase as a :class:`Cost` over the whole world (group ranks mapped to global ranks,
-the groups of one phase running side by side: the slowest sets ``steps``/``path_bytes``);
-only the leaders' phase crosses nodes, so what rank ``r`` sends to another node per
-bucket is that phase's ``sent[r]`` (:func:`cross_node_sent`).
+`cost(collective, algorithm, numel, world, elem_size)` gives a :class:`Cost`: `sent[r]`
+/ `recv[r]`, the bytes group rank r sends / receives in one call (exact for our
+send/recv algorithms, uneven chunks included), `steps` (the alpha term) and `path_bytes`
+(the beta term): `time(alpha, beta) = steps*alpha + path_bytes*beta`. `"torch"`, the
+library's collective, is modelled (`exact` false) on what gloo runs: all_reduce,
+all_gather, reduce_scatter as the ideal ring; broadcast as the binomial tree; reduce as a
+ring reduce-scatter, then every chunk to the root. nccl's own choices are not followed.
+Phases join with :meth:`Cost.then`; sync=hierarchical's phases run on groups
+(:func:`hierarchical_calls`), only the leaders' crossing nodes (:func:`cross_node_sent`).
 """
 
 from __future__ import annotations

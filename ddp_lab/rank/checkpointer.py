@@ -1,10 +1,6 @@
-"""A run's checkpoints as the training loop uses them, on every rank: where the run stands
-when it starts (`Checkpointer.load`), its state after an epoch (`save`), and a graceful
-stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.folder.checkpoint`'s.
-
-Every rank calls every method in the same order: loading agrees on whether to resume,
-saving is collective (a synchroniser may gather the optimiser state onto rank 0), and
-rank 0 alone writes.
+"""A run's checkpoints as the training loop uses them, on every rank (`load`, `save`,
+`on_stop`); the files themselves are `ddp_lab.folder.checkpoint`'s. Every rank calls
+every method in the same order (saving is collective); rank 0 alone writes.
 """
 
 from __future__ import annotations

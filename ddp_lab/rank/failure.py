@@ -1,12 +1,10 @@
 """Which rank stopped the others, and the one line that says so.
 
-When a collective fails (a peer died, froze or hung past dist.timeout_s) every surviving
-rank, and the launcher after them, reads the ranks' progress records (ddp_lab.folder.progress)
-and asks `diagnose` who stopped: a rank of this machine whose process is dead or frozen
-(/proc), one another rank killed, the ranks of a node that no longer answers (a cut link:
-`ddp_lab.world.ports.answers`), the live rank behind the others in collectives, or the
-first that failed. `failure_line` says it in one line, `end_stuck` kills the local
-culprits that cannot end themselves, `short_error` puts a rank's own exception in one line.
+When a collective fails, every surviving rank and the launcher read the ranks' progress
+records (ddp_lab.folder.progress) and `diagnose` who stopped: a dead or frozen local
+process (/proc), a node that no longer answers (`ddp_lab.world.ports.answers`), the live
+rank behind in collectives, or the first that failed (docs/failures.md, "A rank dies").
+`failure_line` says it, `end_stuck` kills local culprits, `short_error` is one line.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The ranks' side of a job: every rank runs as `python -m <run.entry> RUN_DIR`
-(ddp_lab.worker, ddp_lab.bench.worker):
-
-    rank_main(argv, module, maker, run)  ->  run_rank(run_dir, cfg, body)
-
-`run_rank` finds the rank's place in the world from the launcher's variables, sets up its
-log, threads and progress record, initialises the process group, runs `body(ctx)`, and
-turns a failure into one line that names the rank(s) that stopped (job.py is the
-submitting side).
+"""The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
+`rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places
+the rank from the launcher's variables, sets up its log, threads and progress record and
+the process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s)
+that stopped (job.py is the submitting side).
 """
 
 from __future__ import annotations

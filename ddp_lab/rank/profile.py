@@ -1,29 +1,14 @@
 """`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses
-that check ddp_lab's own figures against clocks that are not its own.
+that check ddp_lab's own figures against clocks that are not its own (docs/timing.md,
+"Independent witnesses": what each figure means and how far they should agree).
 
-One object, `StepProfiler`, made by `EpochMeter` when the key is on (off: nothing is made,
-the step's code path is the one it always is). It
-
-- runs `torch.profiler` over `timing.profile_steps` steps of the run's first epoch, after
-  `timing.profile_skip` steps of warm-up, and writes one Chrome/Kineto trace per rank,
-  `profile/rank<N>.pt.trace.json`: the Chrome/Kineto JSON that Perfetto (ui.perfetto.dev)
-  opens and Holistic Trace Analysis (HTA) reads;
-- labels ddp_lab's phases (data, forward, backward, sync, optim) as `record_function`
-  ranges `ddp_lab:<phase>` and the synchroniser's blocking collectives by op name
-  (`ddp_lab:all_reduce`, ...), and on CUDA as NVTX ranges too, so `nsys profile python -m
-  ddp_lab ...` shows them. It does so by wrapping the step timer's `phase` and the comm
-  recorder's `timed` on those two objects for the window only: when the window ends they
-  are the plain methods again, and the rest of the run pays nothing;
-- after the epoch, keeps ddp_lab's own figures for the same steps (comm in flight per
-  step, calls, exposed comm, compute), and at the end reads its trace back: the
-  collectives as torch records them (gloo's `gloo:<op>` ranges, torch's c10d events; on
-  CUDA the NCCL kernels), never ddp_lab's own ranges, which share its clock;
-- for sync=ddp, has DDP log its own timing every iteration (DDP's default samples
-  iterations 1-10 and every 100th), and keeps DDP's averages over the training steps.
-
-`witnesses()` (collective) is what summary.json keeps under `witnesses`; the report's
-witness table (ddp_lab/report/witness.py) sets the two side by side; docs/timing.md
-*Independent witnesses* says what each figure means and how far they should agree.
+`StepProfiler` (made by `EpochMeter` when the key is on) profiles `timing.profile_steps`
+steps after `timing.profile_skip` and writes `profile/rank<N>.pt.trace.json` (Perfetto,
+HTA). For the window only it wraps the step timer's `phase` and the comm recorder's
+`timed` on those two objects, labelling phases and blocking collectives as `ddp_lab:<name>`
+ranges (NVTX too on CUDA). The trace's collectives are read back as torch records them,
+never from ddp_lab's ranges, which share its clock. For sync=ddp, DDP logs its own
+timing every iteration. `witnesses()` is summary.json's `witnesses`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
 
-A stop can reach any one process of a job: SIGTERM (a scheduler, Kubernetes, torchrun
-shutting its workers down), SIGINT (Ctrl-C), the user signal `train.stop_signal` (SIGUSR2 by
-default: SLURM's `--signal=B:USR2@N` ahead of the time limit; NCCL keeps SIGUSR1), the stop
-file `RUN_DIR/STOP` (written by the batch shell's trap, by `python -m ddp_lab` on Ctrl-C and
-by `python -m ddp_lab.status --stop`), or the death of the rank's parent (torchrun killed:
-PR_SET_PDEATHSIG turns it into SIGTERM, a ppid check backs it up). The handlers only set a
-flag: the rank keeps its step.
-
-Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last check])
-every `every` steps. `every` adapts so that checks come about `train.stop_check_s` apart,
-from the reduced (hence identical on every rank) step time: deterministic, no extra
-collective, and cheap (python -m ddp_lab.bench.suite stop measures it). A rank's local flag reaches
-the others at the next check; all stop after the same step.
-
-Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a
-stop file saying `preempted`): the run should continue in a later allocation; 2 stopped
-(SIGINT, a stop file, the parent gone): a person ended it. A second
-SIGINT restores the default action: Ctrl-C twice kills at once.
+A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
+`RUN_DIR/STOP`, the parent's death through PR_SET_PDEATHSIG); the handlers only set a
+flag. Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last
+check]) every `every` steps, `every` adapted from the reduced step time so that checks come
+about `train.stop_check_s` apart; all stop after the same step. Stop codes (higher wins):
+1 preempted (continue it later), 2 stopped (a person ended it); a second SIGINT kills at
+once. docs/failures.md, "The pieces" and "What the stop check costs".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""From the loop's raw measurements to the run's records: one object, `Telemetry`.
+"""From the loop's raw measurements to the run's records: one object, `Telemetry`
+(docs/architecture.md, "The path of one epoch's numbers").
 
-The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
-step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
-training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
-(ddp_lab.folder.records), writes it to metrics.jsonl, TensorBoard, the console (the scalars
-and the comm part of the line: presentation.py) and the Chrome trace, and at the end
-builds and writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop
-never assembles a record and never asks which rank it is on. Every rank calls every method in the same order, because some of them are collectives
-(the straggler gather, the loss sum, the trace merge); only the logging rank's sink writes
-(`metrics.make_sink`).
-
-One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
-EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
-(`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
-record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
-`StepWatch` on the step timer, ddp_lab/timing/live.py; `progress` starts it each epoch).
+Once per epoch the loop hands it a `MeasuredEpoch`; it builds the `EpochRecord` and writes
+it to metrics.jsonl, TensorBoard, the console and the Chrome trace, and at the end the
+`RunSummary`: the loop never assembles a record nor asks its rank. Every rank calls every
+method in the same order (some are collectives); only the logging rank's sink writes.
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 before torch loads (torch-free). Why and what was measured: docs/performance.md, "What
 decides the defaults".
 
-`launcher=local` (ddp_lab.launch.torchrun) looks at the machine before the job runs
-(`busy_cores`) and `decide`s: each rank gets the free cores divided by the ranks (at least
-1, at most its equal share); its threads spin only if each has a free core and one is left
-for the job's other processes, else they sleep (OMP_WAIT_POLICY=PASSIVE). The choice
-reaches the ranks as environment (`apply`). Where no look came first (SLURM's and mpirun's
-ranks, the benchmarks' workers) a rank takes its equal share with sleeping threads. What
-you set stands: `train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT. Where the launcher looked,
-each rank then times whole steps on 1 thread against its ceiling (ddp_lab/rank/compile.py,
-`tune_threads`) and keeps the faster; summary.json `segments[*].cpu` records the choice.
+`launcher=local` looks at the machine first (`busy_cores`) and `decide`s: each rank gets
+the free cores divided by the ranks (1 to its equal share), its threads spinning only if
+each has a free core and one is left over (else OMP_WAIT_POLICY=PASSIVE), passed on as
+environment (`apply`). Without that look a rank takes its equal share, sleeping. What you
+set stands (`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT); `tune_threads`
+(rank/compile.py) then times 1 thread against the ceiling.
 """
 
 from __future__ import annotations

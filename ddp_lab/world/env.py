@@ -1,16 +1,11 @@
 """Who am I? Rank, local rank, world size, node rank and master address, from any launcher.
 
-`detect_env` reads the variables each launcher sets, in this order:
-- torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-  MASTER_PORT (TORCHELASTIC_RUN_ID marks it);
-- srun without torchrun: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
-  SLURM_NNODES, SLURM_(N)TASKS_PER_NODE; master = first host of SLURM_JOB_NODELIST;
-- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; the node from
-  DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES (set by launcher=mpirun's rank wrapper);
-- RunAI / Kubeflow pods: WORLD_SIZE and RANK count *pods* (PET_NNODES, PET_NODE_RANK);
-  with torchrun inside, torchrun's variables win.
-An inconsistent set raises `EnvError` naming the variable and the fix. The same variables
-name the job around the rank (`allocation`) and when it started (`startup_s`).
+`detect_env` reads the variables of torchrun (TORCHELASTIC_RUN_ID marks it), srun
+(SLURM_PROCID, ...; master = first host of SLURM_JOB_NODELIST), Open MPI's mpirun
+(OMPI_COMM_WORLD_*, the node from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow
+pods (PET_NNODES, PET_NODE_RANK), in that order (docs/launchers.md, "What every launcher
+shares"). An inconsistent set raises `EnvError` naming the variable and the fix. The same
+variables name the job around the rank (`allocation`) and its start (`startup_s`).
 """
 
 from __future__ import annotations

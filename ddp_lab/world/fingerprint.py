@@ -1,21 +1,11 @@
 """The allocation's fingerprint: what a run's timings depend on besides its config.
 
-`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and usable cores, GPU,
-torch / CUDA / NCCL versions, gloo, backend, device, the NCCL transport in use, the NCCL /
-RDMA / threading variables in effect, python, launcher, nodes x procs); `fingerprint_id`
-hashes the fields that make timings comparable into a short stable id. The report groups
-repeats by it and names the fields that differ across two ids (`differences`).
-
-The NCCL transport: `enable_nccl_debug` (before init_process_group) sets NCCL_DEBUG=INFO
-into RUN_DIR/logs/nccl.%h.%p.log (a user's own NCCL_DEBUG wins), and after the first
-collectives `read_nccl_transport` parses its "Using network ..." and channel lines.
-
-The node's link (`link`): the interface the ranks talk to other nodes through, its speed
-and a traffic shaper's rate (a root `tbf` qdisc), asked of the kernel through netlink
-(`ip`, `tc`) for the process's own network namespace (/sys/class/net only where its MAC is
-the interface's: sysfs shows the mounter's namespace). What the link delivers is the
-bench's to measure (its fit's 1/beta): a measured figure in the id would split repeats by
-noise. `link_label` is in the id.
+`collect(...)` gives summary.json's `fingerprint`; `fingerprint_id` hashes `ID_FIELDS`
+into a short stable id, by which the report groups repeats (`differences` names what
+differs). NCCL's transport is parsed from its INFO log (`enable_nccl_debug`, then
+`read_nccl_transport`). The node's link (interface, speed, a root `tbf` rate) is asked of
+the kernel through `ip`/`tc` in the process's own namespace; only `link_label` is in the
+id, never a measured rate (docs/network.md, "The link in the fingerprint").
 """
 
 from __future__ import annotations

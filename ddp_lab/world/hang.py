@@ -1,10 +1,8 @@
-"""What a hung rank leaves behind to say where it stopped: PyTorch's NCCL flight recorder
-(every rank's last collectives, dumped into RUN_DIR/flight_recorder/ when a collective
-times out) and this rank's watchdog (every thread's stack into its log). Set up beside
-the process group: `ddp_lab.world.distributed.distributed` turns the flight recorder on before
-init_process_group, `ddp_lab.rank.main.run_rank` arms the watchdog and the stop checks
-(`ddp_lab.rank.stop`) re-arm it. No torch at import (status reaches it through the stop
-checks' module)."""
+"""What a hung rank leaves behind: PyTorch's NCCL flight recorder (dumped into
+RUN_DIR/flight_recorder/ when a collective times out; turned on by `distributed` before
+init_process_group) and this rank's watchdog (every thread's stack into its log; armed
+by `run_rank`, re-armed by the stop checks). No torch at import.
+"""
 
 from __future__ import annotations
 

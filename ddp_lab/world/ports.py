@@ -1,12 +1,8 @@
 """The rendezvous port: a free one, whether one is taken, and the lines that say a
-rendezvous could not start. Every launcher, test and script asks here. And whether a
-machine answers at all (`answers`): a failed rank's probe of the other nodes
-(ddp_lab.rank.failure), where a node that sends no reply went silent.
-
-The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
-on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
-only when nothing listens on it on any address: a program bound to the machine's own
-network address (not 127.0.0.1) takes it from the store just the same."""
+rendezvous could not start (every launcher, test and script asks here); and whether a
+machine answers at all (`answers`, ddp_lab.rank.failure's probe). The store listens on
+0.0.0.0, so a port is free only when nothing listens on it on any address.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """Process groups from the detected topology: global, intra-node, cross-node, leaders.
 
-Every rank tells every other its node (`DistEnv`) and host; the groups follow from that
-table: `global` (all ranks), `intra_node` (one group per node: 0-3, 4-7 on 4x4),
-`cross_node` (the j-th rank of every node: 0,4,8,12), `leaders` (the first rank of every
-node; the others are in none, `GroupSet.mine` is None). `node_size=k` (`bench.node_size`,
-`sync.node_size`) pretends every k consecutive ranks are a node, to study the layouts on one
-machine. `torch.distributed.new_group` is collective over the whole world: `build_groups`
-has every rank create every group, in the same order.
+From every rank's node: `global`, `intra_node` (0-3, 4-7 on 4x4), `cross_node` (the j-th
+rank of every node: 0,4,8,12), `leaders` (the first rank of every node; the others'
+`GroupSet.mine` is None). `node_size=k` pretends every k consecutive ranks are a node.
+`new_group` is collective over the world: `build_groups` has every rank create every
+group, in the same order.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What the installed torch has, where a default of ddp_lab's asks for more than the oldest
-torch it supports (pyproject.toml: torch 2.2, NVIDIA's NGC containers from 24.01 on).
-
-A default that the installed torch cannot honour picks what it has, and the run says so in
-its first lines (`choices`, logged after rank 0's world line): the choice is made where the
-part is built, in every rank alike. A value the user set that the installed torch cannot
-honour is refused before any rank starts (ddp_lab/command/validate.py), in one line.
+torch it supports (pyproject.toml). A default it cannot honour picks what it has, and the
+run says so (`choices`); a value the user set that it cannot honour is refused before
+any rank starts (ddp_lab/command/validate.py).
 """
 
 from __future__ import annotations
