@@ -57,10 +57,9 @@ class _LogFile(logging.FileHandler):
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
     """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console,
-    or with `every_rank` (log.ranks=all) every rank, each line prefixed with its rank.
-    faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
-    SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
-    (ddp_lab.world.hang.Watchdog)."""
+    or every rank with `every_rank` (log.ranks=all), each line prefixed with its rank.
+    faulthandler writes every thread's stack there on a fatal signal and on the hang watchdog.
+    """
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
@@ -109,13 +108,8 @@ class NullSink:
 
 
 class RunFolderSink(NullSink):
-    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are
-    rewritten whole and atomically (`ddp_lab.folder.files`): a reader, or a run killed mid-write,
-    sees the file before or after an epoch, never a torn line. They are small (a line per
-    epoch), so the rewrite costs nothing next to an epoch.
-
-    TensorBoard: one run per training, in tb/<name>/, x axis the global step
-    (ddp_lab/folder/tensorboard.py); a resumed run hides its points past the checkpoint."""
+    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are small
+    and rewritten whole and atomically (`ddp_lab.folder.files`): never a torn line."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir

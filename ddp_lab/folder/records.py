@@ -213,16 +213,11 @@ class RunSummary(_Record):
 
 # ------------------------------------------------------------------ the run's figures
 def run_figures(epochs: list[dict]) -> dict[str, Any]:
-    """The run's figures from its epochs' records (metrics.jsonl, every allocation's): the
-    one place each is derived. summary.json, the console's closing line, TensorBoard's
-    hparam metrics and the report all read them from here, so a resumed, requeued or
-    stopped-and-continued run describes all its epochs, not its last allocation's.
-
-    Epoch times: median and mean over every epoch (an epoch split by a stop counts once,
-    with the time of both parts). Comm: sums over the steps each record timed (an epoch
-    split by a stop timed its second part only; `steps_run` counts what was timed);
-    comm_fraction = in-flight comm / step time, both summed, as one epoch's
-    (ddp_lab/timing/comm.py); algbw/busbw = bytes / in-flight time, as nccl-tests'."""
+    """The run's figures from its epochs' records (every allocation's): the one place each is
+    derived, for summary.json, the console, TensorBoard's hparam metrics and the report.
+    Epoch times: median and mean over every epoch (a split epoch counts once). Comm: sums
+    over the steps each record timed (`steps_run`); comm_fraction = in-flight comm / step
+    time, both summed; algbw/busbw = bytes / in-flight time, as nccl-tests'."""
     recs = sorted((r for r in epochs if r.get("epoch")), key=lambda r: r["epoch"])
     times = [float(r["epoch_time_s"]) for r in recs if r.get("epoch_time_s") is not None]
     timing = bool(recs) and all(r.get("timing") for r in recs)

@@ -16,12 +16,8 @@ from .records import now_iso, read_metrics
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
-    `<run.root>/<name>_<date>_<time>` (suffixed when two runs start in one second).
-
-    The name comes first so that TensorBoard's sidebar, which names a run by its path
-    under --logdir, starts with what tells runs apart:
-    `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
-    the user's), else the run's description's label (`describe_config`: `ring_w2_mlp_sgd`)."""
+    `<run.root>/<name>_<date>_<time>`. The name comes first, for TensorBoard's sidebar:
+    `label` and run.name, else the run's description's label (`ring_w2_mlp_sgd`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         _mkdir(path, exist_ok=True)
@@ -61,11 +57,9 @@ def describe_config(cfg: DictConfig) -> str:
 
 
 def _mkdir(path: Path, exist_ok: bool) -> None:
-    """`mkdir -p`, again if a folder on the way vanished meanwhile: another command started
-    at the same time checks a new run.root by making it and removing it again
-    (validate.folder_problem). Each try takes microseconds and the other command's probe
-    removes the root only while it is empty, so a few tries win; 100, because on a busy
-    machine the probe won 5 in a row (seen on CI)."""
+    """`mkdir -p`, again if a folder on the way vanished meanwhile: a command starting at the
+    same time probes a new run.root by making and removing it (validate.folder_problem),
+    only while it is empty, so a few tries win."""
     for attempt in range(100):
         try:
             path.mkdir(parents=True, exist_ok=exist_ok)

@@ -23,16 +23,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class Foreground:
-    """A job run from this process (torchrun, mpirun): in its own session, so Ctrl-C reaches
-    only us and we stop it gracefully (the stop file: every rank checkpoints at its next
-    check), and tied to us by PR_SET_PDEATHSIG, so a SIGKILL of `python -m ddp_lab` still
-    stops it. A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the
-    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
-
-    When the command ends, ranks may outlive it: a torchrun killed by SIGKILL leaves its
-    ranks stopping gracefully (their parent's death reached them as SIGTERM), so we wait
-    for them up to `grace_s`; a rank frozen by SIGSTOP cannot act, so it is killed at once.
-    Whatever is left after that is killed last (`sweep`)."""
+    """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only
+    us and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG.
+    A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it
+    at once: SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command
+    get `grace_s` to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
+    """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
                  stderr_lines: Optional[Callable[[str], None]] = None):
@@ -173,12 +169,10 @@ def job_mark(run_dir: Path) -> str:
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
-    """Processes of this machine that belong to the job of `run_dir`: the ranks, torchrun,
-    mpirun and the launch scripts (their command line names the run folder and one of
-    JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
-    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them. With
-    `marked`, only those that also carry this process's mark in their environment (JOB_ENV,
-    inherited from the command `Foreground` started): what a sweep may kill."""
+    """Processes of this machine that belong to the job of `run_dir`: their command line names
+    the run folder and one of JOB_MARKERS, or runs a script inside it (not a watcher such as
+    `status --follow`). With `marked`, only those also carrying this process's JOB_ENV mark:
+    what a sweep may kill."""
     key = str(run_dir).encode()
     mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []

@@ -111,13 +111,10 @@ HINTS = {
 def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float,
            settle_s: float = 30.0) -> int:
     """Stream the job's logs and print each state change until it ends; its exit status.
-
-    A job SLURM requeues (self-requeue after the time-limit stop, `scontrol requeue`,
-    preemption, a failed node) goes back to PENDING with the same id and Restarts+1, and
-    its logs are appended to (--open-mode=append): that is not the end, the follower says
-    "requeued" and goes on tailing the same files. A final-looking PREEMPTED or NODE_FAIL of
-    a requeueable job (or any end state seen within `settle_s` of a requeue) is final only
-    when the job stays so for `settle_s` seconds."""
+    A requeued job (PENDING again, same id, Restarts+1, logs appended) is not the end: the
+    follower says "requeued" and goes on. A final-looking PREEMPTED or NODE_FAIL of a
+    requeueable job (or any end within `settle_s` of a requeue) is final only when it stays
+    so for `settle_s` seconds."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
     last, restarts, unknown, since, requeued_at = None, None, 0, None, None

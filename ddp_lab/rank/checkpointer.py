@@ -107,12 +107,9 @@ class Checkpointer:
 
     def on_stop(self, stopped: Stopped) -> dict[str, Any]:
         """Collective. Every rank agreed to stop (`stopped`): save where the run stands and return
-        `Telemetry.finish`'s keywords (status, position, stop_reason).
-
-        Mid-epoch (`stopped.measured`: the epoch's steps so far): the checkpoint holds the steps
-        done and the loss and samples so far, summed over the ranks, which the resumed
-        run goes on from (`resumed_part`). Between epochs (after `stopped.epochs_done`): the epoch's own
-        checkpoint stands, written now if train.checkpoint=false (the only way to continue)."""
+        `Telemetry.finish`'s keywords. Mid-epoch: the checkpoint holds the steps done and the
+        summed loss and samples (`resumed_part`); between epochs: the epoch's own checkpoint,
+        written now if train.checkpoint=false."""
         stop, measured = stopped.info, stopped.measured
         if measured is None:
             here = Position(stopped.epochs_done)

@@ -51,13 +51,10 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
              records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
     """The rank(s) that stopped the others, each record with `why` added, in order of
-    evidence: ranks of this machine whose record says running but whose process is dead
-    ('dead (no process)') or stopped ('frozen (SIGSTOP)'), or that another rank killed for
-    it (its record says so); with `probe`, the ranks of the nodes that no longer answer
-    `me`'s node (`silent_nodes`: a cut link); else the live ranks behind the others (the
-    smallest collective number) with no update for `stale_s` seconds or more ('no progress
-    for N s'); else the rank that failed first, unless that is `me` ('failed (<its
-    reason>)'). [] when nothing stands out (every rank waits in the same collective)."""
+    evidence: local ranks recorded running but dead or frozen, or killed by another rank;
+    with `probe`, the ranks of nodes that no longer answer (`silent_nodes`); else the live
+    ranks behind in collectives with no update for `stale_s` s; else the first that failed,
+    unless `me`. [] when nothing stands out (every rank waits in the same collective)."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []

@@ -44,18 +44,12 @@ def _threads(run_dir: Path, env, requested: int) -> int:
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
              failure: Optional[dict] = None) -> int:
-    """Run `body(ctx)` on this rank inside an initialised process group (env, logging,
-    threads set up first); 0 on success, 1 after logging the failure (rank 0 also writes
-    it to summary.json with `failure`'s fields) instead of a traceback.
-
-    Dead and hung peers: the rank dies with its parent from the first instruction on
-    (PR_SET_PDEATHSIG: torchrun killed during init), keeps its progress record
-    (ddp_lab.folder.progress) and its hang watchdog (stacks into its log: ddp_lab.world.hang). When a
-    collective fails (a peer died, froze or hung past dist.timeout_s) its one `failed:` line
-    names the rank(s) that stopped and where (ddp_lab.rank.failure), and it kills those of
-    this machine that cannot end themselves (a frozen rank would keep torchrun waiting 30 s
-    more). A start that cannot reach its rendezvous ends within dist.init_timeout_s, its line
-    naming the host and port."""
+    """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1
+    after logging the failure (rank 0 also into summary.json) instead of a traceback.
+    The rank dies with its parent (PR_SET_PDEATHSIG), keeps its progress record and hang
+    watchdog; a failed collective's `failed:` line names the rank(s) that stopped
+    (ddp_lab.rank.failure), whose local frozen ones it kills. A start that cannot reach its
+    rendezvous ends within dist.init_timeout_s, naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
     # reads it once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
@@ -129,10 +123,8 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record,
-    its log and summary.json. Any rank writes it there, not only rank 0: the launcher ends
-    the other ranks the moment one fails (seen: rank 1's rendezvous timed out a moment
-    before rank 0's, mpirun killed rank 0 before it could say why, and the job named rank 0
-    "dead"); the record cannot hold the whole line (progress.MESSAGE_MAX)."""
+    its log and summary.json, by any rank, since the launcher may end rank 0 before it
+    says why; the record holds at most progress.MESSAGE_MAX characters."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})

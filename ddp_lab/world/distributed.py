@@ -134,13 +134,9 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
                 run_dir: Optional[Path] = None) -> Iterator[DistContext]:
     """Initialise the default process group for `env`; destroy it on the way out.
-
-    Two timeouts: `init_timeout_s` (default: `timeout_s`) bounds init_process_group (every
-    peer must join by then: a slow start on a busy cluster), `timeout_s` every collective
-    after it, so a dead or hung rank turns into an error on the others instead of a hang
-    (gloo: the call raises; nccl: its watchdog ends the process). On nccl with a `run_dir`,
-    PyTorch's flight recorder is on, its dumps in RUN_DIR/flight_recorder/.
-    """
+    `init_timeout_s` (default `timeout_s`) bounds init_process_group, `timeout_s` every
+    collective after it (a dead or hung peer becomes an error, not a hang). On nccl with a
+    `run_dir`, the flight recorder dumps into RUN_DIR/flight_recorder/."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}

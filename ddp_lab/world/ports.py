@@ -18,12 +18,8 @@ FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 def free_port(host: str = WILDCARD) -> int:
     """A port nothing listens on now, for a rendezvous that must name its port before it
-    binds (mpirun's rank 0, a test's daemons). Drawn at random below the kernel's ephemeral
-    range (ip_local_port_range): the OS hands ports from that range to every bind to port 0
-    and every outgoing connection, so a port it gave us free is the next one it gives
-    someone else; below it only another random draw can collide. Another process may still
-    take it before it is used, so callers that can, retry (or bind port 0 themselves, as
-    launcher=local's torchrun does)."""
+    binds. Drawn at random below the kernel's ephemeral range, where only another random draw
+    can collide; another process may still take it first, so callers that can, retry."""
     low = ephemeral_range()[0]
     for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
         if not port_in_use(port, host):
