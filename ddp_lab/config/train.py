@@ -179,10 +179,8 @@ class BatchPlan:
 
 
 def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
-    """The batch plan of `train` (the train config section) on `world_size` ranks. Raises
-    ValueError, one line naming the key and the fix, for a combination that cannot run:
-    the submitting side checks it with the launcher's world size (validate.py), every rank
-    again with the real one."""
+    """The batch plan of the train section on `world_size` ranks; ValueError, one line naming
+    the key and the fix, for a combination that cannot run."""
     # (a hand-made section without the keys, as scripts and tests build, means both off)
     gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
     if gb < 0:

@@ -106,12 +106,9 @@ LAYOUT = (
 
 
 def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
-    """Run `run`'s custom-scalars layout as the plugin's proto: its own band charts
-    (`ONE_RUN`, titled by the run), then `LAYOUT`. `bands`: the charts the run will draw
-    lines on ("step": it writes per-step points; "epoch": more than one epoch); a chart
-    of one point or none is left out, its category kept: every run's layout has the same
-    categories, which the plugin merges into one chart per run (a category the first
-    run lacks would lose the later runs' charts)."""
+    """Run `run`'s custom-scalars layout proto: its band charts (`ONE_RUN`), then `LAYOUT`.
+    `bands`: the charts that will draw a line; a left-out chart keeps its category, since
+    the plugin merges every run's categories by the first run's."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
@@ -158,12 +155,9 @@ def _written(tb_root: Path) -> list[Path]:
 
 
 def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """This run's session start for the HParams plugin (its hparams in `hparams`' order),
-    as Summary protos. No experiment: the plugin takes the first it finds as every run's,
-    so one run's guess at what varies would hold for all; without one it works the
-    experiment out from every run's session start, `differs` included, and ticks the
-    hparams that differ among the runs it shows. Integers go as strings: the dashboard
-    prints every number with five digits (a world size of 2 as 2.0000)."""
+    """This run's session start for the HParams plugin, as Summary protos. No experiment: the
+    plugin would take the first run's as every run's; without one it ticks the hparams that
+    differ among the runs shown. Integers go as strings (it prints numbers as 2.0000)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 

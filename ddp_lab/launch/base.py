@@ -101,10 +101,8 @@ def container_binds(cfg) -> list[str]:
 
 def ranks_python(cfg, run_dir: str) -> str:
     """The shell words that run the ranks' python on a node: `python_exe`, or with
-    launcher.image, the image's python (launcher.venv's, else launcher.python, else
-    `python`) under `<runtime> exec` (Apptainer's CLI: `exec [options] <image> <command>`;
-    --nv, the host's NVIDIA driver and GPUs in the image, unless dist.device=cpu).
-    `run_dir` is the run folder as a shell word (a quoted path, or $RUN_DIR)."""
+    launcher.image the image's python under `<runtime> exec [--nv] --bind ...`. `run_dir`:
+    the run folder as a shell word (a quoted path, or $RUN_DIR)."""
     lc = cfg.launcher
     if not lc.get("image"):
         return shlex.quote(python_exe(lc))
@@ -205,10 +203,8 @@ def template(name: str) -> str:
 
 def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh):
-    its path and length, and the functions it offers, from the `#   name   what it does`
-    lines of its header, not its body. The console keeps to the script a student would
-    write by hand (#SBATCH or pod lines, exports, the launch line); the helper itself is
-    written into the run folder in full and runs from there."""
+    its path, length and the functions its header lists; the helper runs from the run folder.
+    """
     lines = text.splitlines()
     header = []
     for line in lines[1:]:  # after the shebang: the leading comment block

@@ -49,11 +49,8 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots.
-
-    As Open MPI reads them: `slots` is how many ranks go to the host, `max_slots` the most it
-    may ever take. A host given only `max_slots` (the notebook's `red01 max_slots = 2`) offers
-    that many; the rank count (`launcher.np`, mpirun's `-np`) may use fewer."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots,
+    as Open MPI reads them: a host given only `max_slots` offers that many."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")

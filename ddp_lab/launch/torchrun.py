@@ -58,11 +58,9 @@ def fork_ranks(args) -> bool:
 
 
 def _return_on_exit_0() -> None:
-    """A forked rank hands torchrun its result by returning from the entry function;
-    the ranks' entries end with `sys.exit(rc)`. torch >= 2.3 turns a `SystemExit(0)` of a
-    `--run-path` entry into a return (its `record`); torch 2.2 lets it end the process
-    with exit 0 and no result, and its agent then waits for one forever. So the entry
-    torchrun runs here does that itself, on every torch (any other exit stays an exit)."""
+    """A forked rank must return its result from the entry, which ends with `sys.exit(rc)`:
+    torch 2.2 lets `SystemExit(0)` end the process with no result and its agent waits for
+    ever, so the entry run here turns it into a return on every torch."""
     from torch.distributed import run as torchrun
 
     run_path = torchrun.run_script_path
@@ -87,11 +85,9 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 
 
 def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
-    """What went wrong, in one line: a `ChildFailedError` of the ranks running `entry` by
-    its first failed rank (the root cause), any other exception by its type and first line.
-    Forked ranks (`fork_ranks`): torchrun records only the first exit it notices, and two
-    ranks that end within one of its polls are noticed in rank order, so its failure names
-    the rank it saw, not the root cause (the ranks' own lines name that)."""
+    """What went wrong, in one line: a `ChildFailedError` by its first failed rank, any other
+    exception by its type and first line. With forked ranks torchrun may name a rank other
+    than the root cause (the ranks' own lines name that)."""
     failures = getattr(e, "failures", None)
     if failures:
         rank, first = e.get_first_failure()  # type: ignore[attr-defined]

@@ -80,10 +80,8 @@ def nothing(world: int) -> Cost:
 
 
 def busbw_factor(collective: str, world: int) -> float:
-    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md): all_reduce
-    ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n`` (size = the full buffer);
-    broadcast, reduce and point-to-point 1. One rank moves nothing over a bus: 0 for the
-    first three."""
+    """nccl-tests' factor from algorithm to bus bandwidth (its PERFORMANCE.md); 0 on one rank
+    for the collectives whose factor has `(n-1)`."""
     n = world
     if collective in ("all_reduce", "all_gather", "reduce_scatter", "gather") and n <= 1:
         return 0.0
@@ -97,10 +95,8 @@ def busbw_factor(collective: str, world: int) -> float:
 
 
 def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:
-    """The elements a call of `numel` puts on the wire as the code makes it: a sharded
-    call's buffer padded to `world` equal shards of whole `unit`s (sync/zero1.py's
-    buckets), any other call's as it is. A prediction for another world size pads as
-    that world would."""
+    """The elements a call of `numel` puts on the wire: a sharded call's buffer padded to
+    `world` equal shards of whole `unit`s (sync/zero1.py's buckets), any other call's as is."""
     if collective in SHARDED and world > 1:
         step = world * unit
         return -(-numel // step) * step
@@ -129,14 +125,10 @@ def _by_root(n: int, root: int, f) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)
 def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
          root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
-    """Cost of one ``collective`` call with ``algorithm`` on ``world`` ranks.
-
-    ``numel`` elements of ``elem_size`` bytes: the tensor of broadcast / reduce /
-    all_reduce, the *full* buffer (``world`` pieces) of all_gather / reduce_scatter, as
-    nccl-tests counts. ``root``: the group rank of a broadcast's source / a reduce's
-    destination. ``chunk_bytes``: the ring broadcast's pipeline piece. Cached: a
-    synchroniser asks it once per bucket and step.
-    """
+    """Cost of one `collective` call with `algorithm` on `world` ranks: `numel` elements of
+    `elem_size` bytes (all_gather / reduce_scatter: the *full* buffer, as nccl-tests counts);
+    `root`: the group rank of the source / destination; `chunk_bytes`: the ring broadcast's
+    pipeline piece. Cached: a synchroniser asks it once per bucket and step."""
     if algorithm not in ALGORITHMS.get(collective, ()):
         raise KeyError(f"no cost model for {collective}/{algorithm!r}; known: {ALGORITHMS}")
     n, N, e = world, numel * elem_size, elem_size
@@ -264,11 +256,9 @@ def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
 @lru_cache(maxsize=1024)
 def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
                        intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
-    """``(collective, Cost)`` of the three phases of one hierarchical all-reduce of ``numel``
-    elements (:data:`HIERARCHICAL_PHASES`), each over the whole world. ``nodes``: the global
-    ranks of each node (every rank once, the leader first: ``ddp_lab.world.topology``);
-    ``intra``: the reduce/broadcast algorithm inside nodes (``tree`` | ``torch``),
-    ``inter``: the leaders' all-reduce (``ring`` | ``torch`` | ...)."""
+    """`(collective, Cost)` of the three phases (:data:`HIERARCHICAL_PHASES`) of one
+    hierarchical all-reduce, each over the whole world. `nodes`: each node's global ranks,
+    the leader first; `intra` / `inter`: the algorithms inside nodes / among the leaders."""
     world = sum(len(n) for n in nodes)
     if sorted(r for n in nodes for r in n) != list(range(world)):
         raise ValueError(f"nodes {nodes} do not hold every rank 0..{world - 1} once")

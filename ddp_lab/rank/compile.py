@@ -35,12 +35,10 @@ def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Opt
 
 def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
                  batch_size: int, blocks: int = 3, steps: int = 8) -> None:
-    """Collective. On CPU, where the count was not asked for (`cpu.chosen.tunable`): time
-    whole training steps (`run_steps`, the trainer's own, on a test batch) on 1 thread and on
-    the rank's ceiling, in alternating blocks (the best block of each count), and keep the
-    faster, summed over every rank so that they agree (the ceiling only if it is at least 5%
-    faster: fewer threads also leave cores to the rest of the machine). The model's and the
-    optimiser's state, the RNG and the comm records are as before."""
+    """Collective. On CPU, where the count was not asked for: time whole training steps on 1
+    thread and on the rank's ceiling in alternating blocks, summed over the ranks so that
+    they agree, and keep the ceiling only if at least 5% faster. State, RNG and comm
+    records are left as before."""
     share = cpu.chosen
     if share is None or not share.tunable or share.threads == 1 or ctx.device.type != "cpu":
         return
@@ -70,11 +68,9 @@ def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
 
 
 def compile_model(syncer, splits: Splits, batch_size: int) -> float:
-    """train.compile: torch.compile the model the step calls (DDP's wrapper included: dynamo
-    splits its graph at DDP's buckets) and compile it now, so that no epoch holds the
-    compilation: one forward and backward at the batch size, then one at another size (the
-    epoch's short last batch would otherwise compile a dynamic-shape graph mid-epoch).
-    Gradients are dropped; weights, optimiser and RNG are untouched. Returns the seconds."""
+    """train.compile: torch.compile the model the step calls and compile it now, at the batch
+    size and at another (the short last batch), so no epoch holds the compilation. Weights,
+    optimiser and RNG are untouched. Returns the seconds."""
     t0 = time.perf_counter()
     syncer.model = torch.compile(syncer.model)
     n = min(batch_size, len(splits.test_x))

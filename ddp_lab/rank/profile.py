@@ -139,9 +139,9 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (EpochMeter.end). The first: ddp_lab's figures for
-        the window's steps, which the trace holds too (the window ends here if the epoch
-        was shorter than it); every one: this rank's steps and comm sums, for DDP's."""
+        """Each epoch's steps and calls (EpochMeter.end). The first: ddp_lab's figures for the
+        window's steps (the window ends here if the epoch was shorter); every one: this rank's
+        sums, for DDP's."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
         self.run_steps += len(steps)
         self.run_inflight += sum(inflight)
@@ -196,9 +196,8 @@ class StepProfiler:
 
 
 def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
-    """sync=ddp: DDP's own timing of this rank (`ddp._get_ddp_logging_data()`), in seconds:
-    with the profiler on, over every training step; else as DDP samples it (iterations
-    1-10, the preflight first, then every 100th). None without DDP (another sync, 1 rank)."""
+    """sync=ddp: DDP's own timing of this rank, in seconds: over every training step with the
+    profiler on, else as DDP samples it. None without DDP (another sync, 1 rank)."""
     if profiler is not None:
         return profiler.ddp_timing()
     ddp = _ddp_of(syncer.model)
@@ -229,9 +228,8 @@ def _ddp_averages(ddp: Any) -> dict:
 
 
 def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
-    """DDP's own averages in seconds over the training steps it logged: its running
-    averages at the end, with the preflight's iteration (`base`, iteration 1) taken out.
-    Every iteration is logged (sample rate 1), the last one not (no forward logs it)."""
+    """DDP's own averages in seconds over the training steps it logged, the preflight's
+    iteration (`base`) taken out."""
     end = _ddp_averages(ddp)
     n_end = end.get("iteration") or 0
     n_base = (base or {}).get("iteration") or 0
@@ -244,9 +242,8 @@ def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
 
 
 def _collective(event: dict, cuda: bool) -> bool:
-    """Whether a trace event is a collective as torch records it: c10d's ops and gloo's
-    own ranges (`c10d::allreduce_`, `gloo:all_reduce`, `c10d::send`, `gloo:recv`, ...) on
-    CPU, the NCCL kernels on CUDA; never one of ddp_lab's own ranges."""
+    """Whether a trace event is a collective as torch records it (c10d's ops and gloo's ranges
+    on CPU, the NCCL kernels on CUDA), never one of ddp_lab's own ranges."""
     name = str(event.get("name", ""))
     if event.get("ph") != "X" or name.startswith(PREFIX):
         return False
@@ -268,13 +265,10 @@ def _next(times: list[float], t: float) -> float:
 
 
 def trace_figures(path: Path, blocking: bool = False) -> dict:
-    """A profiler trace's own figures, per `ProfilerStep#N` (the profiler's step ranges):
-    the union of the collectives it recorded (comm in flight per step, on the profiler's
-    clock; the median step's, as ddp_lab's beside it) and their count by name. Which collectives are the step's: those that start
-    inside one of its phases, so the stop agreement's between steps is not counted (our
-    ranges pick the events; their times are torch's). `blocking` (every sync but ddp and
-    sync.overlap): the caller waits for each call, so a call lasts until the training
-    thread's next operator in the trace (on a busy CPU the thread resumes late)."""
+    """A profiler trace's own figures per `ProfilerStep#N`: the union of the collectives it
+    recorded (the median step's comm in flight, on the profiler's clock) and their count by
+    name. A step's collectives are those starting inside one of its phases; `blocking`: the
+    caller waits for each call, so a call lasts until the thread's next operator."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)

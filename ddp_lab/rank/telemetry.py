@@ -45,11 +45,8 @@ class Telemetry:
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None, meter: Optional[EpochMeter] = None):
-        """`cfg`: the whole config, for the records describe the run: its text in
-        TensorBoard, its description's hparams (folder/description.py) and summary.json's
-        settings, from every section. `meter`: the loop's EpochMeter, whose step timer and
-        comm recorder the live TensorBoard points are read from (without one they are
-        written at epoch ends)."""
+        """`cfg`: the whole config, which the records describe. `meter`: the loop's EpochMeter,
+        whose timer and recorder the live TensorBoard points are read from."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
@@ -81,9 +78,8 @@ class Telemetry:
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
-        """Collective. Drop metrics past the checkpoint we resume from (all of them on a
-        fresh run), record the config and where every rank runs, and open this
-        allocation's segment in summary.json (status `running`)."""
+        """Collective. Drop metrics past the checkpoint we resume from, record the config and
+        where every rank runs, and open this allocation's segment in summary.json."""
         env, cfg = self.ctx.env, self.cfg
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
@@ -139,10 +135,8 @@ class Telemetry:
                      f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
 
     def _fingerprint(self) -> None:
-        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
-        rank parses its own NCCL INFO log, read after the hosts gather above made NCCL
-        connect its peers, and rank 0 joins what the ranks saw; `finish` reads them again
-        (connections made later, lines NCCL had not yet written out)."""
+        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it), from every rank's
+        NCCL INFO log after the hosts gather made NCCL connect; `finish` reads them again."""
         env, ctx = self.ctx.env, self.ctx
         detail = None
         if ctx.backend == "nccl":
@@ -156,10 +150,8 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
-        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on
-        the logging rank (a bar on a terminal, else a line every log.progress_every_s:
-        rank/step_progress.py). From here every `timing.tb_every`-th step goes to
-        TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
+        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on the
+        logging rank; starts the live TensorBoard watch."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
         return self._progress.wrap(range(first_step, self.steps_per_epoch),
@@ -176,11 +168,8 @@ class Telemetry:
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
         """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere.
-
-        `m.steps`/`m.comm` are this rank's (empty steps when timing is off). An epoch
-        resumed at step `m.resumed_at_step` records the loss, samples and times of the whole
-        epoch (`m.totals()`: the checkpoint carried the first part) and the timings of this
-        part."""
+        A resumed epoch records the loss, samples and times of the whole epoch (`m.totals()`)
+        and the timings of this part."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
         train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
@@ -214,9 +203,8 @@ class Telemetry:
 
     def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
                      first_step: int) -> None:
-        """The epoch's record and scalars at its last step (x: global step), with the
-        run's hparam metrics so far; first the per-step points the watch has not written
-        (all of them without one)."""
+        """The epoch's record and scalars at its last step, with the run's hparam metrics so far;
+        first the per-step points the watch has not written."""
         every, end = self.every, rec.epoch * self.steps_per_epoch
         if every > 0:
             comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
@@ -239,9 +227,8 @@ class Telemetry:
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard (the HParams dashboard ticks those that
-        differ): its description's (description.Description.hparams: every setting, each
-        sync option, the workload) and what the ranks found (backend, batch as used)."""
+        """The run's hparams for TensorBoard: its description's (`Description.hparams`) and what
+        the ranks found (backend, batch as used)."""
         cfg, env = self.cfg, self.ctx.env
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
@@ -289,11 +276,9 @@ class Telemetry:
                position: Optional[tuple[int, int]] = None,
                stop_reason: Optional[str] = None,
                memory: Optional[dict[str, int]] = None) -> RunSummary:
-        """Collective. Merge the trace, write summary.json and close TensorBoard.
-        `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
-        that had already finished). A graceful stop passes its `status` (preempted |
-        stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
-        why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
+        """Collective. Merge the trace, write summary.json and close TensorBoard. `final_test`:
+        needed only when no epoch ran here; a graceful stop passes `status`, `position` and
+        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory)."""
         self._merge_trace()
         witnesses, ddp = self._witnesses()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of

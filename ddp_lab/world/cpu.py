@@ -124,11 +124,9 @@ chosen: Optional[RankThreads] = None  # this rank's, set by run_rank (ddp_lab/ra
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
                  environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
-    """This rank's torch threads: `train.threads` if set (`requested`), else the count the
-    run started with (`earlier`: a resumed run keeps its bits), else the launcher's choice,
-    else its equal share of the cores; only the launcher's choice is a ceiling start-up may
-    lower (the equal share stays as it always was: the same threads, the same bits, on
-    SLURM, mpirun and RunAI)."""
+    """This rank's torch threads: `requested` (train.threads), else `earlier` (a resumed run
+    keeps its bits), else the launcher's choice (the only ceiling start-up may lower), else
+    its equal share of the cores."""
     env = os.environ if environ is None else environ
     if requested > 0:
         return RankThreads(requested, "train.threads", False)

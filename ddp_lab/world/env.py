@@ -57,11 +57,8 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> in
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM node list: 'nid[001-004,007],login1' -> 'nid001'.
-
-    The same answer as `scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`, without
-    needing scontrol on the compute node.
-    """
+    """First host of a SLURM node list, as `scontrol show hostnames` gives it:
+    'nid[001-004,007],login1' -> 'nid001'."""
     nodelist = nodelist.strip()
     if not nodelist:
         raise EnvError("SLURM_JOB_NODELIST is empty")
@@ -216,10 +213,9 @@ def start_ticks(pid: int | str = "self") -> Optional[str]:
 
 
 def process_start(pid: int | str = "self") -> Optional[float]:
-    """When a process started, in seconds since the epoch, to a clock tick (10 ms): its start
-    in ticks since boot (/proc/PID/stat), set against the boot clock now. Not /proc/stat's
-    `btime`: that is whole seconds, and a 7.5 s run read as 8.0 s from it. None where it
-    cannot be read (not Linux, the process gone)."""
+    """When a process started, in seconds since the epoch, to a clock tick: its start in ticks
+    since boot (/proc/PID/stat) against the boot clock now (`btime` is whole seconds). None
+    where it cannot be read."""
     ticks = start_ticks(pid)
     if ticks is None:
         return None
@@ -241,10 +237,8 @@ def allocation(environ=None) -> dict:
 
 
 def startup_s() -> Optional[float]:
-    """Seconds from the job's own start to the first step, as the user waits for it:
-    DDP_LAB_T0 where the job set it (ddp_lab.command.job: the command's start, or the end of
-    the sweep's previous job; a SLURM batch script's or a pod's own start), else this rank's
-    start (`bash launch.sh` by hand)."""
+    """Seconds from the job's own start to the first step: DDP_LAB_T0 where the job set it
+    (ddp_lab.command.job), else this rank's start."""
     t0 = os.environ.get("DDP_LAB_T0")
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)
