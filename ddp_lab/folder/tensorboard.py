@@ -1,4 +1,4 @@
-"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoard run per
+r"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoard run per
 training (docs/timing.md, "TensorBoard", shows what it draws). One x axis, the global
 step; a resumed run goes on in its first segment's folder and purges the points past its
 checkpoint. Tags carry units in brackets, `time/epoch[s]`, never parentheses: the

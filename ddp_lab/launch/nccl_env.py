@@ -150,15 +150,6 @@ def _why_no_gid(sc: Scan, devices: Sequence[str]) -> str:
     return f"no GID that is both IPv4-mapped and RoCE v2 on {','.join(devices)}"
 
 
-def slingshot_env() -> NcclEnv:
-    return NcclEnv({k: v for k, (v, _) in SLINGSHOT.items()}, [],
-                   info=[f"{k}={v}: {why}" for k, (v, why) in SLINGSHOT.items()])
-
-
-def format_exports(env: dict[str, str]) -> str:
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-
-
 def _positive_int(s: str) -> int:
     try:
         v = int(s)
@@ -194,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--hca must not be empty")
     kind, devices = network_kind(args.sysfs_root)
     if kind == "slingshot" and not hca:
-        res = slingshot_env()
+        res = NcclEnv({k: v for k, (v, _) in SLINGSHOT.items()}, [],
+                      info=[f"{k}={v}: {why}" for k, (v, why) in SLINGSHOT.items()])
     else:
         res = nccl_rdma_env(args.sysfs_root, hca=hca, socket_nthreads=args.socket_nthreads,
                             nsocks_perthread=args.nsocks_perthread)
@@ -207,5 +199,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {line}", file=sys.stderr)
         for w in res.warnings:
             print(f"# WARNING: {w}", file=sys.stderr)
-        sys.stdout.write(format_exports(res.env))
+        sys.stdout.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in res.env.items()))
     return 0

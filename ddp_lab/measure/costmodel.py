@@ -55,10 +55,6 @@ class Cost:
     def max_sent(self) -> int:
         return max(self.sent, default=0)
 
-    @property
-    def max_recv(self) -> int:
-        return max(self.recv, default=0)
-
     def time(self, alpha: float, beta: float) -> float:
         """Predicted seconds: ``steps * alpha + path_bytes * beta`` (beta = seconds/byte)."""
         return self.steps * alpha + self.path_bytes * beta

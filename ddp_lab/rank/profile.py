@@ -252,12 +252,6 @@ def _collective(event: dict, cuda: bool) -> bool:
     return name.startswith(("c10d::", "gloo:"))
 
 
-def steps_tid(events: list[dict]) -> object:
-    """The thread the profiler's steps run on: the training loop's."""
-    return next((e.get("tid") for e in events
-                 if str(e.get("name", "")).startswith("ProfilerStep#")), None)
-
-
 def _next(times: list[float], t: float) -> float:
     """The first of the sorted `times` at or after `t`; `t` itself when there is none."""
     i = bisect.bisect_left(times, t)
@@ -293,7 +287,8 @@ def trace_figures(path: Path, blocking: bool = False) -> dict:
     if blocking and not cuda:
         # a blocking call's caller waits until its thread runs again: gloo's op ends on
         # its worker thread, the caller's next operator in the trace starts when it resumed
-        main = steps_tid(events)
+        main = next((e.get("tid") for e in events  # the training loop's thread
+                     if str(e.get("name", "")).startswith("ProfilerStep#")), None)
         resumed = sorted(e["ts"] for e in events if e.get("tid") == main
                          and e.get("cat") == "cpu_op" and not _collective(e, cuda))
         colls = [(at, a, _next(resumed, b), name) for at, a, b, name in colls]

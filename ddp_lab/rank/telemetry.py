@@ -300,7 +300,8 @@ class Telemetry:
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
             backend=ctx.backend,
-            device=_device_name(ctx.device), nodes=env.num_nodes,
+            device=ctx.device.type if ctx.device.type == "cpu"
+            else torch.cuda.get_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
             epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
             batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
@@ -308,7 +309,9 @@ class Telemetry:
             accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
-            **figures, hosts=_every_host(self.segments) or self.hosts, node_ranks=self.node_ranks, env_source=env.source,
+            **figures, node_ranks=self.node_ranks, env_source=env.source,
+            hosts=list(dict.fromkeys(h for seg in self.segments for h in seg.get("hosts") or []))
+            or self.hosts,  # every allocation's, in the order they first came
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
@@ -341,19 +344,10 @@ class Telemetry:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
 
 
-def _device_name(device: torch.device) -> str:
-    return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
-
-
 def cpu_share() -> dict:
     """This rank's torch threads, why, and how they wait (ddp_lab/world/cpu.py)."""
     return {"threads": torch.get_num_threads(), "why": cpu.chosen.why if cpu.chosen else "",
             "wait": cpu.wait_policy()}
-
-
-def _every_host(segments: list[dict]) -> list[str]:
-    """The hosts a run used, over all its allocations, in the order they first came."""
-    return list(dict.fromkeys(h for seg in segments for h in seg.get("hosts") or []))
 
 
 def _study_point(cfg: Config) -> Optional[dict]:
