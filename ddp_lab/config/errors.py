@@ -1,8 +1,5 @@
-"""The one error type a user sees: a mistake in the command line or the config.
-
-Everything that can reject a command before a process starts raises a `UserError` (or a
-subclass: `ddp_lab.launch.LaunchError`, `ddp_lab.config.registry.UnknownName`); the CLI wrapper
-(`ddp_lab.command.cli`) is the one place that turns it into `error: <message>` on stderr, exit 2.
+"""The one error type a user sees, `UserError` (or a subclass): a mistake in the command
+line or the config; `ddp_lab.command.cli` turns it into one line on stderr, exit 2.
 """
 
 

@@ -1,8 +1,7 @@
-"""`python -m ddp_lab --help`'s keys, each with its meaning: a schema declares a key as
-`nodes: int = doc(1, "number of machines (nodes, pods)")` (ddp_lab/config/,
-ddp_lab/config/sync/, ddp_lab/bench/config.py), the text rides on the dataclass field as its metadata, and
-`help_keys` (the `${ddp_lab_keys:...}` resolver of conf/<app>.yaml's help template) shows
-it beside every key of the composed config. The groups' listing is config.help_groups."""
+"""`--help`'s keys, each with its meaning: a schema declares `nodes: int = doc(1, "number of
+machines")`, the text rides on the field's metadata, and `help_keys` (the
+`${ddp_lab_keys:...}` resolver) shows it beside every key of the composed config.
+"""
 
 from __future__ import annotations
 

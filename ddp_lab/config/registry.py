@@ -1,8 +1,5 @@
-"""One generic name -> entry table, used for every kind the config names (synchronisers,
-launchers, models, optimisers, benchmark ops and implementations, config schemas).
-
-Each kind fills its own `Registry` where the kind lives; config validation, `--help` and
-error messages all read it, so a name is never listed twice by hand.
+"""One generic name -> entry table for every kind the config names (synchronisers,
+launchers, models, ...): validation, `--help` and error messages all read it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Checkpoints written atomically: a crash leaves the previous one, never half of a new one.
-
-`epoch_0003.pt` holds the state after 3 epochs, `epoch_0003_step_000120.pt` after 3 epochs
-and 120 steps of the 4th (a graceful stop); a run continues from the newest by (epochs,
-step) whose bytes still match its SHA-256 (`epoch_0003.pt.sha256`, `sha256sum -c` format,
-written before the checkpoint is renamed into place). A damaged one is set aside as
-`<name>.damaged`, never deleted.
+`epoch_0003.pt`: after 3 epochs; `epoch_0003_step_000120.pt`: and 120 steps of the 4th.
+A run continues from the newest whose bytes match its `.sha256` (`sha256sum -c` format,
+written first); a damaged one is set aside as `<name>.damaged`, never deleted.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs. Only one
-rank writes results.
-
-`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
-a `NullSink` that does nothing, so the caller (`ddp_lab.rank.telemetry`) never asks which rank
-it is on (torchtitan's habit). TensorBoard (ddp_lab/folder/tensorboard.py): one run per
-training, tags with their units: `time/epoch[s]`, `throughput/train[samples/s]`,
-`comm/busbw[GB/s]`.
+"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs.
+`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other a
+`NullSink`, so the caller never asks which rank it is on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The words of a name: what a run folder or TensorBoard run may hold, and a bench
-sweep's job name. A training run's name is its description's label
-(ddp_lab/folder/description.py: `ring-prepost_w3_mlp`, `ring-fp16-overlap_w8n2_cnn_sgd`);
-the run folder is `<name>_<date>_<time>` (rundir.make_run_dir) and the TensorBoard run
-`tb/<label>/` inside it. Only stdlib here: the submitting side and the ranks both import it.
+"""The words of a name: what a run folder or TensorBoard run may hold, and a bench sweep's
+job name. A training run's name is its description's label (`ring-prepost_w3_mlp`).
+Stdlib only: the submitting side and the ranks both import it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""What every launcher shares: the error it raises, what it renders, and the small tools
-of rendering (templates, paths, the python to run) and of following a job (log tails,
-failure reasons). The launchers (local, mpirun, slurm, runai) import this; the package
-(`ddp_lab.launch`) picks one of them and hands their names on to callers."""
+"""What every launcher shares: the error it raises, what it renders, and the small tools of
+rendering (templates, paths, the python to run) and of following a job.
+"""
 
 from __future__ import annotations
 

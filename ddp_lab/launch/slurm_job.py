@@ -1,9 +1,6 @@
-"""A SLURM job after its script is rendered: submit it (`sbatch --parsable`), then follow it
-through scontrol (or sacct once its record aged out) to its final state, streaming its logs.
-
-A job SLURM requeues (the time-limit stop's self-requeue, `scontrol requeue`, preemption,
-a failed node) comes back PENDING with the same id and Restarts+1 and appends to the same
-logs: `follow` says "requeued" and goes on. The script itself: slurm.py.
+"""A SLURM job after slurm.py rendered its script: submit it (`sbatch --parsable`), then
+follow it through scontrol (or sacct once its record aged out) to its final state,
+streaming its logs, a requeue included (`follow`).
 """
 
 from __future__ import annotations
@@ -53,10 +50,9 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
 
 
 def job_info(job_id: str) -> dict:
-    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, Requeue,
-    ...) while slurmctld keeps it (MinJobAge after the end), else what sacct knows (JobState,
-    ExitCode); {"JobState": "GONE"} when neither knows it, {"JobState": "UNKNOWN", "Reason":
-    why} when they do not answer."""
+    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, ...),
+    else sacct's (JobState, ExitCode); {"JobState": "GONE"} when neither knows it,
+    {"JobState": "UNKNOWN", "Reason": why} when they do not answer."""
     try:
         res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=15)
@@ -79,8 +75,7 @@ def job_info(job_id: str) -> dict:
 
 
 def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, ExitCode, Reason) from scontrol while the job record lives, else sacct;
-    ("GONE", "", "") when neither knows it, ("UNKNOWN", ...) when they do not answer."""
+    """(state, ExitCode, Reason) of `job_info`."""
     info = job_info(job_id)
     return info.get("JobState", "UNKNOWN"), info.get("ExitCode", ""), info.get("Reason", "")
 

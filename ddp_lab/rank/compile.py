@@ -1,7 +1,6 @@
-"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, on
-every rank, not mid-step), the CPU thread count timed on this model (`tune_threads`) and
-`train.compile` (torch.compile, compiled outside every epoch so that no epoch's time holds
-the compilation)."""
+"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, not
+mid-step), the CPU thread count (`tune_threads`) and `train.compile`, outside every epoch.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (their tags
-carry their units; ddp_lab/folder/tensorboard.py draws the charts from the same tags) and
-the comm part of the console's epoch line. `Telemetry` (ddp_lab/rank/telemetry.py) writes
-them; the benchmark of TensorBoard's cost times `step_scalars` alone."""
+"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (tags with
+their units, as folder/tensorboard.py charts them) and the comm part of the epoch line.
+"""
 
 from __future__ import annotations
 
