@@ -105,10 +105,8 @@ def schema_for(group: str, name: str) -> type:
 
 
 def with_defaults(cfg: Any) -> Any:
-    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
-    tests', a script's) completed with its schema's defaults, so keys added since
-    (overlap, compress, ...) read as their defaults; a composed config (typed by its
-    schema already) comes back as it is."""
+    """A plain sync section (`OmegaConf.create({"name": "ring"})`, as tests and scripts make)
+    completed with its schema's defaults; a composed config comes back as it is."""
     if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
         return cfg
     base = OmegaConf.structured(schema_for("sync", cfg.name))

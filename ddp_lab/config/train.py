@@ -216,11 +216,9 @@ CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
 def cuda_graph_problem(cfg: Config, device: str, accumulation: int) -> Optional[str]:
-    """Why train.cuda_graph=true cannot run `cfg` (the whole config), or None: one line
-    naming the key and the fix. `device`: dist.device as the ranks will see it where that
-    is known (auto stays auto when the ranks start elsewhere); `accumulation`: micro-steps
-    per optimiser step (`batch_plan`). A graph replays fixed kernels on fixed memory:
-    anything the host decides per step cannot be in it."""
+    """Why train.cuda_graph=true cannot run `cfg`, or None: one line naming the key and the
+    fix. `device`: dist.device as the ranks will see it; `accumulation`: micro-steps per
+    optimiser step. A graph replays fixed kernels on fixed memory: nothing decided per step."""
     if not cfg.train.get("cuda_graph", False):
         return None
     sync, key = cfg.sync, "train.cuda_graph=true"

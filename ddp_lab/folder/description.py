@@ -1,17 +1,10 @@
-"""One description of a run: what it trains (its workload), how (its setting), and a short
-label of what sets it apart; the report, status, TensorBoard, run folder names, the sweep's
-table and a study's points all read it.
-
-    describe_run(config, summary) -> Description
-      workload  model (non-default options), data, batch (per rank or global), micro-batch,
-                optimiser (lr, non-default options)
-      setting   sync and its non-default options, world, nodes, launcher, device, the entry
-                the ranks run (when not the trainer)
-      length    epochs and the step cap: epoch times compare only within them
-
-Two runs are repeats of one point only when workload and setting agree. A group's default
-is its conf/sync/<name>.yaml over its schema, so a new synchroniser or option is described
-without a change here. Torch-free.
+"""One description of a run: what it trains (`workload`: model, data, batch, micro-batch,
+optimiser), how (`setting`: sync and its options, world, nodes, launcher, device, entry),
+its `length`, and a short label of what sets it apart. The report, status, TensorBoard,
+run folder names, the sweep and a study all read it; two runs are repeats of one point
+only when workload and setting agree. Only non-default options are named, a default
+being conf/sync/<name>.yaml over its schema, so a new option needs no change here.
+Torch-free.
 """
 
 from __future__ import annotations

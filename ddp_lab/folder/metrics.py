@@ -114,10 +114,9 @@ class RunFolderSink(NullSink):
         self._at = 0  # global steps done at the checkpoint the run continues from
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
-        """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
-        `global_step` steps in all), drop later ones, and return those kept (the run's
-        figures count them); a fresh run keeps none. TensorBoard hides its points past the
-        same position (`tensorboard`)."""
+        """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
+        `global_step` steps), drop the rest; a fresh run keeps none. TensorBoard does the same.
+        """
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
@@ -135,10 +134,8 @@ class RunFolderSink(NullSink):
 
     def tensorboard(self, name: str, config: str, hparams: dict,
                     bands: tuple[str, ...] = ("step", "epoch")) -> None:
-        """Open the run's TensorBoard folder: the one a former segment wrote, its points
-        past the checkpoint hidden, else tb/<name>, which starts with the config, the
-        layout (with the band charts `bands`) and the hparams. A fresh start keeps
-        nothing, as in metrics.jsonl."""
+        """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
+        hidden, else a fresh tb/<name> (config, layout with the `bands` charts, hparams)."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)

@@ -1,12 +1,7 @@
 """The run folder's records as types: one `EpochRecord` per line of metrics.jsonl, one
-`RunSummary` in summary.json. The trainer writes them (through `ddp_lab.rank.telemetry`) and the
-report reads them, so both sides agree on one shape.
-
-Versioning: every record carries `schema_version`. A file written before versioning has
-none and reads as version 0 (its keys are the same). Later versions only add fields, each
-with a default, so an old file still reads; keys a reader does not know are kept in
-`extra` and written back unchanged, so an older reader never drops a newer writer's data.
-Stdlib only: the report reads runs without importing torch.
+`RunSummary` in summary.json; the trainer writes them and the report reads them.
+Every record carries `schema_version` (none: 0); later versions only add fields with
+defaults, and unknown keys are kept in `extra` and written back unchanged. Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,10 +22,9 @@ def now_iso() -> str:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """metrics.jsonl's records (its JSON-object lines, in order) and the lines that are not
-    one, with their numbers: a line torn by something outside the run (the trainer rewrites
-    the file whole and atomically) costs its own record, never the reader. Every reader of
-    the file (resume, status, report) comes through here. ([], []) when there is no file."""
+    """metrics.jsonl's JSON-object lines, in order, and the other lines with their numbers: a
+    torn line costs its own record, never the reader. Every reader of the file comes through
+    here; ([], []) when there is no file."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:

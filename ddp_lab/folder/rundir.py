@@ -153,10 +153,8 @@ def describe_state(state: dict) -> str:
 
 
 def world_size(cfg: DictConfig) -> Optional[int]:
-    """The ranks a resolved config starts: mpirun's host slots summed (hosts may have
-    different counts), else nodes x processes per node; None where not yet known (a config
-    before the launcher resolved it). The submitting side's rules and a run folder's old
-    config.yaml are both read with it."""
+    """The ranks a resolved config starts: mpirun's host slots summed, else nodes x processes
+    per node; None before the launcher resolved it."""
     lc = cfg.get("launcher") or {}
     if lc.get("hosts"):
         slots = [str(h).rpartition(":")[2] for h in lc.hosts]

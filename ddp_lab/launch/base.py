@@ -84,10 +84,8 @@ RUNTIMES = ("apptainer", "singularity")
 
 
 def container_binds(cfg) -> list[str]:
-    """What launcher.image's --bind names besides the run folder: data.root, the ddp_lab
-    checkout that renders (an installed one comes with launcher.venv), launcher.venv, then
-    launcher.bind. Apptainer refuses a source that does not exist: the scripts make the
-    folders first (`container_folders`)."""
+    """What launcher.image's --bind names besides the run folder: data.root, the rendering
+    checkout, launcher.venv, launcher.bind (each made first: `container_folders`)."""
     lc = cfg.launcher
     binds = [str(cfg.data.root)] if "data" in cfg else []
     if code_dir().name not in ("site-packages", "dist-packages"):

@@ -140,10 +140,9 @@ class Foreground:
 
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
                    stderr_lines: Optional[Callable[[str], None]] = None) -> int:
-    """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
-    or 128 + the signal when a Ctrl-C / SIGTERM stopped it. A signal that came after the
-    last epoch (the job ended 0 and rank 0 wrote `completed`) stopped nothing: 0.
-    `stderr_lines` gets the job's stderr line by line (mpirun's filter), else it is ours."""
+    """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the
+    signal that stopped it (0 when the job had completed anyway). `stderr_lines` gets the
+    job's stderr line by line (mpirun's filter), else it is ours."""
     fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
     rc = fg.run()
     if fg.signal is None:

@@ -1,10 +1,6 @@
-"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe).
-
-    python -m ddp_lab launcher=mpirun launcher.hosts=[red01:2,orange07:1,purple11:1]
-    python -m ddp_lab launcher=mpirun launcher.hostfile=hosts
-
-Renders into the run folder: `hostfile`, `mpi_rank.sh` (per rank: setup lines, then
-`exec python -m <run.entry> RUN_DIR`) and `launch.sh` (the mpirun command).
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe):
+`launcher.hosts=[red01:2,orange07:1]` or `launcher.hostfile=hosts`. Renders `hostfile`,
+`mpi_rank.sh` (per rank: setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
 """
 
 from __future__ import annotations

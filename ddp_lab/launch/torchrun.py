@@ -28,10 +28,9 @@ FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 
 
 def fork_ranks(args) -> bool:
-    """Start the ranks as forks of this process (torchrun's own `--run-path` with
-    `--start-method fork`) when they run one of ddp_lab's entries on CPU, after importing
-    what they would import first. On a GPU the ranks stay fresh interpreters: CUDA cannot
-    be used in a fork of a process that touched it, so nothing here risks it."""
+    """Start CPU ranks of ddp_lab's entries as forks of this process (`--run-path`,
+    `--start-method fork`), after importing what they would import first. GPU ranks stay
+    fresh interpreters: CUDA cannot be used in a fork of a process that touched it."""
     preload = FORK_PRELOAD.get(args.training_script) if args.module else None
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False

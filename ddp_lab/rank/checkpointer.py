@@ -81,10 +81,9 @@ class Checkpointer:
         return pos
 
     def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the checkpoint we resumed from holds, as this rank
-        adds it to what it measures: the global loss and sample sums on rank 0 only (so a
-        sum over the ranks counts them once), the times on every rank. An epoch this
-        allocation runs from its first step carries nothing."""
+        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it to what
+        it measures: loss and sample sums on rank 0 only (counted once), times on every rank.
+        """
         s = self.start
         if epoch != s.epoch or not s.step:
             return Position()

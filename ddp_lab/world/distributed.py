@@ -171,10 +171,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 
 
 def set_timeout(timeout_s: float) -> bool:
-    """The default group's timeout for every later collective (torch >= 2.9 names it
-    dist.set_timeout; 2.3 to 2.8, distributed_c10d._set_pg_timeout). False where the
-    installed torch has neither (2.2): the group keeps its init timeout for every call
-    (ddp_lab.torch_compat says so in the run's first lines)."""
+    """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout;
+    2.3 to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
     import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)

@@ -19,10 +19,8 @@ FLIGHT_RECORDER_NAMES = {"buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BU
 
 def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
                         torch_version: Optional[str] = None) -> dict[str, str]:
-    """The variables that turn on PyTorch's NCCL flight recorder with its dumps in
-    RUN_DIR/flight_recorder/rank_<N> (made here), each under the name the running torch
-    reads (`torch_version`, default torch.__version__; FLIGHT_RECORDER_NAMES): the buffer's
-    entries, the dump path, and TORCH_NCCL_DUMP_ON_TIMEOUT."""
+    """The variables that turn on PyTorch's NCCL flight recorder, its dumps in
+    RUN_DIR/flight_recorder/rank_<N> (made here), under the names `torch_version` reads."""
     from torch.torch_version import TorchVersion, __version__
 
     version = TorchVersion(torch_version or __version__)
@@ -54,10 +52,9 @@ def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
 
 # ------------------------------------------------------------------ hang watchdog
 class Watchdog:
-    """Dumps every thread's stack into the rank's log when the rank has made no progress
-    for `timeout_s` (faulthandler.dump_traceback_later: a C thread, so it fires even when
-    the main thread is stuck in a collective, holding the GIL or not). `rearm()` starts the
-    wait again: cheap enough for a call every second or so (the stop checks)."""
+    """Dumps every thread's stack into the rank's log after `timeout_s` without progress
+    (faulthandler's C thread fires even when the main thread is stuck in a collective).
+    `rearm()` starts the wait again, cheap enough for every stop check."""
 
     def __init__(self, timeout_s: float, file: Any = None):
         self.timeout_s, self.file, self.armed = float(timeout_s), file, False
