@@ -260,9 +260,7 @@ class DistConfig:
 
 
 def device_type(device: str, cuda_available: bool) -> str:
-    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu
-    (the ranks: distributed.choose_device; the submitting side, for a local launch:
-    validate.py)."""
+    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu."""
     if device == "auto":
         return "cuda" if cuda_available else "cpu"
     return device

@@ -223,9 +223,8 @@ class Description:
 
 
 def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Description:
-    """What a run is, from its config (config.yaml as plain data, resolved or composed)
-    and, where it has one, its summary.json (the world and device as the ranks found
-    them)."""
+    """What a run is, from its config (plain data, resolved or composed) and its summary.json
+    where it has one (the world and device as the ranks found them)."""
     config, summary = config or {}, summary or {}
     sync = dict(config.get("sync") or {})
     model = dict(config.get("model") or {})

@@ -26,9 +26,8 @@ class DiskFull(OSError):
 
 
 def disk_error(e: Optional[BaseException]) -> Optional[OSError]:
-    """The out-of-space (quota, read-only) OSError behind `e`, if that is what `e` is:
-    torch.save reports a full disk as a RuntimeError ("unexpected pos ...") raised while
-    handling it."""
+    """The out-of-space (quota, read-only) OSError behind `e`, if that is what `e` is
+    (torch.save raises a RuntimeError while handling it)."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in DISK_FULL:
             return e

@@ -115,8 +115,7 @@ class RunFolderSink(NullSink):
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
-        `global_step` steps), drop the rest; a fresh run keeps none. TensorBoard does the same.
-        """
+        `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")

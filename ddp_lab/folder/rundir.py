@@ -37,9 +37,8 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 
 def describe_config(cfg: DictConfig) -> str:
-    """The description's label (description.describe_run) of a training config, on the
-    submitting side: the world size as the launcher will start it (left out where not
-    known yet)."""
+    """The description's label of a training config on the submitting side (the world size as
+    the launcher will start it, where known)."""
     if cfg.get("sync") is None or cfg.get("model") is None:
         return "run"
     data = OmegaConf.to_container(cfg, resolve=False)
@@ -94,9 +93,8 @@ DRY_RUN = "DRY_RUN"  # the marker of a folder a dry run rendered: nothing ever r
 
 
 def is_dry_run(run_dir: Path) -> bool:
-    """A folder that only holds what `launcher.dry_run=true` rendered (status and the
-    report leave it out of their counts). One whose script was then run by hand (`sbatch
-    RUN_DIR/job.sbatch`, `bash pod.sh`) has logs or a summary: a run."""
+    """A folder that only holds what `launcher.dry_run=true` rendered (one whose script was then
+    run by hand has logs or a summary: a run)."""
     run_dir = Path(run_dir)
     if not (run_dir / DRY_RUN).is_file() or (run_dir / "summary.json").exists():
         return False

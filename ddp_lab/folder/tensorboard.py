@@ -121,9 +121,8 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
 
 
 def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
-    """Run `run`'s layout (`layout`) as the Summary the plugin reads (tag `custom_scalars__config__`),
-    built as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
-    TensorFlow."""
+    """Run `run`'s `layout` as the Summary the plugin reads, built as torch's
+    `add_custom_scalars` builds it (the plugin's own `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
@@ -135,9 +134,8 @@ def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder: the label of the run's description (the
-    description's own hparams, `Description.hparams`, and what the ranks found):
-    `ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    """The TensorBoard run's folder: the label of the run's description from its hparams
+    (`ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
     from .description import Description
 
     return Description.from_hparams(hparams).label(repeat)
@@ -195,9 +193,8 @@ class TensorBoardRun:
 
     @staticmethod
     def clear(tb_root: Path) -> None:
-        """Remove the event files under `tb_root` and the folders left empty: a fresh
-        start keeps no record of a former attempt (TensorBoard's purge would keep its
-        step-0 text and layout, which a fresh start writes again)."""
+        """Remove the event files under `tb_root` and the folders left empty: a fresh start keeps
+        nothing of a former attempt (a purge would keep its step-0 text and layout)."""
         for f in tb_root.rglob(EVENTS):
             f.unlink()
         for d in sorted((p for p in tb_root.rglob("*") if p.is_dir()), reverse=True):

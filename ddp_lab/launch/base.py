@@ -121,9 +121,8 @@ def container_folders(cfg, run_dir: str) -> str:
 
 
 def check_container(cfg) -> None:
-    """launcher.image and launcher.runtime, before anything is written or started: the
-    runtime is one of RUNTIMES, and for a real submission it is on this machine's PATH and
-    a local image exists (a dry run renders without either)."""
+    """launcher.image and launcher.runtime, before anything is written: the runtime is one of
+    RUNTIMES, and for a real submission on PATH, with a local image that exists."""
     lc = cfg.launcher
     if lc.runtime not in RUNTIMES:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
@@ -141,9 +140,9 @@ def check_container(cfg) -> None:
 
 
 def pythonpath_line() -> str:
-    """Put the ddp_lab that renders on the ranks' path when it is a source checkout; an
-    installed one (site-packages) stays off it: that folder also holds this machine's torch,
-    which would shadow a container's."""
+    """Put the ddp_lab that renders on the ranks' path when it is a source checkout, never an
+    installed one: site-packages holds this machine's torch, which would shadow a container's.
+    """
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
@@ -200,8 +199,7 @@ def template(name: str) -> str:
 
 def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh):
-    its path, length and the functions its header lists; the helper runs from the run folder.
-    """
+    its path, length and the functions its header lists."""
     lines = text.splitlines()
     header = []
     for line in lines[1:]:  # after the shebang: the leading comment block

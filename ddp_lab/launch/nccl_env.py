@@ -68,9 +68,8 @@ def nccl_rdma_env(
     socket_nthreads: int | None = DEFAULT_SOCKET_NTHREADS,
     nsocks_perthread: int | None = DEFAULT_NSOCKS_PERTHREAD,
 ) -> NcclEnv:
-    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. ``hca``: NCCL_IB_HCA instead
-    of the detected devices (detection keeps those it matches); None leaves a variable unset.
-    """
+    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`: NCCL_IB_HCA instead of
+    the detected devices (detection keeps those it matches); None leaves a variable unset."""
     sc = scan(sysfs_root, hca)
     warnings = list(sc.warnings)
     env: dict[str, str] = {}

@@ -163,9 +163,8 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
 
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
                  step: Sequence[str] = ()) -> str:
-    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one
-    task per process). A study's job step (ddp_lab/command/study.py) passes its own size: `nnodes`,
-    the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
+    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one task
+    per process); a study's job step passes `nnodes`, the rendezvous id and srun's `step`."""
     lc = cfg.launcher
     py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
     entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
@@ -217,9 +216,8 @@ def nccl_block(cfg) -> str:
 
 
 def stop_script(lc, py: Optional[str] = None) -> str:
-    """slurm_stop.sh, the stop and requeue machinery a job script (a run's job.sbatch, a
-    study's study.sbatch) sources from its folder; `py`: the ranks' python as shell words
-    (`ranks_python`), else launcher.python's."""
+    """slurm_stop.sh, the stop and requeue machinery a job script sources from its folder; `py`:
+    the ranks' python as shell words, else launcher.python's."""
     py = py or shlex.quote(python_exe(lc))
     return template("slurm_stop.sh").format(
         python_check=python_check(py), py=py, max_requeues=lc.max_requeues,

@@ -235,9 +235,8 @@ HIERARCHICAL_PHASES: tuple[tuple[str, str], ...] = (
 
 def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
                algorithm: str, numel: int, elem_size: int) -> Cost:
-    """One collective run side by side on disjoint ``groups`` (global ranks, the first of
-    each its root), as one world-wide Cost: each rank's bytes in its own group (0 outside
-    every group), the slowest group's steps and path bytes."""
+    """One collective run side by side on disjoint `groups` (global ranks, roots first) as one
+    world-wide Cost: each rank's bytes in its group, the slowest group's steps and bytes."""
     sent, recv = [0] * world, [0] * world
     steps, path, exact = 0, 0.0, True
     for g in groups:

@@ -81,9 +81,8 @@ class Checkpointer:
         return pos
 
     def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it to what
-        it measures: loss and sample sums on rank 0 only (counted once), times on every rank.
-        """
+        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it: loss
+        and sample sums on rank 0 only (counted once), times on every rank."""
         s = self.start
         if epoch != s.epoch or not s.step:
             return Position()

@@ -28,9 +28,8 @@ def who(r: dict) -> str:
 
 
 def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
-    """The ranks of the other nodes that do not answer `me`'s node any more, each with
-    `why` and `silent_node` added; [] when every node answers (or nothing says where the
-    nodes are: records without addresses, or `me` unknown)."""
+    """The ranks of the other nodes that no longer answer `me`'s node, each with `why` and
+    `silent_node` added; [] when every node answers or nothing says where the nodes are."""
     mine = next((r for r in records if r["rank"] == me), None)
     if mine is None or not mine.get("node"):
         return []
@@ -119,8 +118,7 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
-    """SIGKILL the culprits of this machine that cannot end themselves: frozen (a stopped
-    process keeps its torchrun waiting 30 s more) or without progress (hung). Only
+    """SIGKILL this machine's culprits that cannot end themselves (frozen or hung), only
     processes whose command line names the run folder; the pids killed."""
     killed = []
     for r in culprits:
@@ -141,9 +139,8 @@ def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
 
 
 def short_error(e: BaseException, limit: int = 200) -> str:
-    """'RuntimeError: Timed out waiting 15000ms for recv operation to complete': the
-    exception's type and first meaningful line, without source paths. A full disk is
-    said as `no space left on <folder> (writing <file>)`."""
+    """The exception's type and first meaningful line, without source paths ('RuntimeError:
+    Timed out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
     if isinstance(e, DiskFull):
         return str(e)
     text = " ".join(str(e).split("\n\n")[0].split())

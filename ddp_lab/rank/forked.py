@@ -16,9 +16,8 @@ _inherited: dict = {}  # fork_ranks: their handlers in this process before torch
 
 
 def as_forked_rank() -> None:
-    """A rank forked by `fork_ranks` starts as a fresh `python -u` would, with the signal
-    handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
-    console written a whole line at a time (whole_lines: the ranks share the console)."""
+    """A forked rank starts as a fresh `python -u` would: this process's signal handlers, not
+    the agent's, and its console written a whole line at a time (whole_lines)."""
     for sig, handler in _inherited.items():
         signal.signal(sig, handler)
     whole_lines()

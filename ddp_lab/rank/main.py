@@ -33,8 +33,7 @@ from .stop import die_with_parent
 
 def _threads(run_dir: Path, env, requested: int) -> int:
     """This rank's torch threads (ddp_lab/world/cpu.py): train.threads, or the count the run
-    started with (its first allocation's, same world), or the launcher's choice (kept in
-    `cpu.chosen`, for start-up's `tune_threads` and the run's records)."""
+    started with, or the launcher's choice (kept in `cpu.chosen`)."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
@@ -137,9 +136,8 @@ START_SLACK_S = 2.0
 
 
 class StartTimer:
-    """The start's time limit: calls `end` (on a timer thread) unless `stop()` is called
-    within `seconds`; a bound on the start that works while the main thread waits inside
-    torch's C++ code."""
+    """The start's time limit: calls `end` on a timer thread unless `stop()` comes within
+    `seconds`; it works while the main thread waits inside torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
         self._lock = threading.Lock()
@@ -149,9 +147,8 @@ class StartTimer:
         self._timer.start()
 
     def stop(self) -> bool:
-        """The start has ended (the group is up, or it failed): stop the timer; True the
-        first time (the timer was still running). Waits
-        (for good: `end` exits) when the timer is ending the process at this moment."""
+        """The start has ended: stop the timer; True the first time. Waits (for good) when the
+        timer is ending the process at this moment."""
         self._timer.cancel()
         with self._lock:
             first, self._done = not self._done, True

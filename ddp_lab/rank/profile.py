@@ -139,9 +139,8 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (EpochMeter.end). The first: ddp_lab's figures for the
-        window's steps (the window ends here if the epoch was shorter); every one: this rank's
-        sums, for DDP's."""
+        """Each epoch's steps and calls (EpochMeter.end): the first epoch's give ddp_lab's figures
+        for the window (ended here at the latest); every epoch adds to this rank's sums."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
         self.run_steps += len(steps)
         self.run_inflight += sum(inflight)

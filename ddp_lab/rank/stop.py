@@ -72,9 +72,8 @@ _PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent dies (also during init, when
-    no handler is installed yet: the rank then ends at once), and remember the parent for
-    the ppid check of `StopControl`."""
+    """The first thing a rank does: get `sig` when its parent dies (during init too), and
+    remember the parent for `StopControl`'s ppid check."""
     global _PARENT
     _PARENT = os.getppid()
     return set_parent_death_signal(sig)
@@ -186,9 +185,8 @@ class StopControl:
 @contextmanager
 def stop_control(ctx: DistContext, run_dir: Path,
                  train: TrainConfig) -> Iterator[StopControl]:
-    """A run's StopControl per `train` (the config's train section): a stop request the
-    previous allocation acted on is spent first, and the signal handlers are restored on
-    leaving."""
+    """A run's StopControl per the train section: a stop request the previous allocation acted
+    on is spent first; the signal handlers are restored on leaving."""
     stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
     try:
         if ctx.env.is_main:

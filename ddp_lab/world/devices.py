@@ -6,9 +6,8 @@ from pathlib import Path
 
 
 def gpu_devices_present() -> bool:
-    """Whether this machine shows a GPU driver's device files (NVIDIA's /dev/nvidia0, ...;
-    ROCm's /dev/kfd). Without any, torch finds no GPU either: asking it costs seconds of
-    import on every command, so only a machine that may have one asks."""
+    """Whether this machine shows a GPU driver's device files (/dev/nvidia0, ROCm's /dev/kfd):
+    only then is torch asked, which costs seconds of import."""
     dev = Path("/dev")
     return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
 

@@ -184,8 +184,7 @@ def set_timeout(timeout_s: float) -> bool:
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
     """This process as rank `rank` of a one-machine gloo group of `world` CPU ranks at
-    127.0.0.1:`port`, torch's threads shared among them: what the benchmark scripts'
-    workers run in, without a launcher. The caller destroys the group."""
+    127.0.0.1:`port`, without a launcher (the benchmark scripts); the caller destroys it."""
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")

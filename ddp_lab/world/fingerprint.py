@@ -59,9 +59,8 @@ def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
 
 
 def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
-    """What NCCL's INFO lines say about its transport: the network it chose ("IB",
-    "Socket", a plugin's name), the devices of that network, and how many channel
-    connections went over each transport (P2P, SHM, NET/IB, NET/Socket, ...)."""
+    """What NCCL's INFO lines say: the network it chose ("IB", "Socket", a plugin), that
+    network's devices, and the channel connections over each transport (P2P, NET/IB, ...)."""
     network, devices, conns = None, {}, {}
     for line in lines:
         if "NCCL INFO" not in line:
@@ -210,9 +209,8 @@ def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
 
 
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The network and thread variables in force. Not OMP_WAIT_POLICY: ddp_lab sets it from
-    the load at start (ddp_lab/world/cpu.py), so it would tell two runs of one allocation apart;
-    each run records how its threads wait in summary.json `segments[*].cpu`."""
+    """The network and thread variables in force, but OMP_WAIT_POLICY: ddp_lab sets it from the
+    load at start (summary.json `segments[*].cpu` records it), so it would split repeats."""
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ)
             if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}

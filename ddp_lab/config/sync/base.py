@@ -27,5 +27,4 @@ class SyncConfig:
     @classmethod
     def check(cls, cfg: SyncConfig, world_size: int) -> None:
         """Raise ValueError, with the fix, for a section the synchroniser cannot run on
-        `world_size` ranks; runs before any process starts and where the synchroniser is built.
-        """
+        `world_size` ranks (before any process starts, and where the synchroniser is built)."""
