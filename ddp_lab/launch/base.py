@@ -140,9 +140,8 @@ def check_container(cfg) -> None:
 
 
 def pythonpath_line() -> str:
-    """Put the ddp_lab that renders on the ranks' path when it is a source checkout, never an
-    installed one: site-packages holds this machine's torch, which would shadow a container's.
-    """
+    """Put the ddp_lab that renders on the ranks' path if it is a source checkout, never an
+    installed one (site-packages, with this machine's torch, would shadow a container's)."""
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
