@@ -50,10 +50,8 @@ class Config:
                                                       "`study`. Not for users.")
 
 
-# group -> option -> schema: the options the config accepts. Adding an option = one
-# dataclass (here, or config/sync/) + one YAML in conf/ + the implementation in its
-# kind's registry (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
-# checks that each kind's registry names exactly these options.
+# group -> option -> schema. Adding an option = a dataclass + a YAML in conf/ + the
+# implementation in its kind's registry (tests/test_registry.py checks they agree).
 SCHEMAS: dict[str, Registry[type]] = {
     "launcher": Registry("launcher", {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
@@ -68,9 +66,8 @@ SCHEMAS: dict[str, Registry[type]] = {
 CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/config/resources.py)
 
 
-# the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
-# conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
-# for the trainer, the bench presets
+# the groups each entry point's `--help` lists (`${ddp_lab_groups:<app>}`); Hydra's own
+# listing would also show `schema/*` and the bench presets
 HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster", "study"),
                "bench": ("launcher", "bench", "cluster")}
 

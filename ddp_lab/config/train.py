@@ -208,10 +208,8 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
                      micro=per_rank // steps, accumulation=steps, scaling=scaling)
 
 
-#: the synchronisers whose step a CUDA graph can hold on nccl: their collectives are the
-#: library's own (all_reduce, reduce_scatter, all_gather), launched from this thread. Ours
-#: built from send/recv (ring, tree, butterfly, hierarchical) and reduce_broadcast's rooted
-#: calls with their waits are not captured (ddp_lab/rank/cuda_graph.py)
+#: the synchronisers whose step a CUDA graph can hold on nccl: the library's own
+#: collectives, launched from this thread (not send/recv, not rooted calls with waits)
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-# groups whose option is part of a name when it is not conf/config.yaml's default
-# (tests/test_run_folder.py checks these against the config's defaults list); sync and
-# model are always named, data has one option
+# groups named only when not conf/config.yaml's default (sync and model: always)
 DEFAULT_GROUPS = {"optim": "adam", "launcher": "local"}
 MAX_LEN = 60  # a name longer than this is cut: file systems and sidebars both have limits
 

@@ -180,8 +180,7 @@ class TensorBoardRun:
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
-        # the band's tags and chart: the run folder's name (unique in its outputs folder,
-        # and what starts the run's name in TensorBoard's sidebar)
+        # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
         self.band = tb_root.resolve().parent.name
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
                                     flush_secs=FLUSH_S)

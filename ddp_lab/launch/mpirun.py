@@ -164,8 +164,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
-    # the hostfile is not shown: launch.sh's comment lists its hosts and slots on one line,
-    # where a lab's ten hosts do not push the script off the screen
+    # the hostfile is not shown: launch.sh's comment lists its hosts on one line
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
 

@@ -24,10 +24,9 @@ from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_e
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
-# Not 0: a PyTorchJob whose master pod succeeds is complete and would not come back (RunAI's
-# checkpointing guide: a non-zero exit "is important for the Job to return later"); and
-# Kubeflow's ExitCode restart policy retries 128-255, while 1-127 are permanent failures.
+# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a
+# PyTorchJob whose master pod succeeds would not come back) and not 1-127 (Kubeflow's
+# ExitCode restart policy retries only 128-255).
 PREEMPTED_EXIT = 143
 
 

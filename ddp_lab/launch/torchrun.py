@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
     # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
     cpu.apply(cpu.look(nproc_per_node(args)))
-    # how often the agent looks at its ranks: torch >= 2.4's 0.1 s on every torch (2.2 and
-    # 2.3 look every 5 s: a run's end, or a failed rank, noticed up to 5 s late); torchrun
-    # reads PET_MONITOR_INTERVAL itself, so a value set there wins
+    # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s);
+    # a PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -30,9 +30,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "torch"),
 }
 
-#: elements every shard of a sharded call (reduce_scatter, all_gather) is a whole number of:
-#: sync=zero1 lays parameters out on this grid and pads each bucket to world x SHARD_ALIGN
-#: elements (sync/zero1.py), so its calls always split evenly
+#: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads
+#: each bucket to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
 SHARD_ALIGN = 64
 SHARDED = ("all_gather", "reduce_scatter")
 
@@ -168,9 +167,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
         b = tuple(m * N for m in msgs)
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
-    # ring (reduce-scatter then all-gather, shift 1, see collectives/ring_schedule.py): rank r sends
-    # every chunk but r+1 and then every chunk but r+2, receives every chunk but r, then
-    # every chunk but r+1
+    # ring (collectives/ring_schedule.py, shift 1): rank r sends every chunk but r+1, then
+    # but r+2; receives every chunk but r, then but r+1
     size = [c * e for c in _split(numel, n)]
     sent = tuple(2 * N - size[(r + 1) % n] - size[(r + 2) % n] for r in range(n))
     recv = tuple(2 * N - size[r] - size[(r + 1) % n] for r in range(n))
@@ -226,9 +224,8 @@ SYNC_FORMULAS: dict[str, str] = {
 }
 
 
-#: sync=hierarchical per bucket: (collective, where it runs). "node": inside every node
-#: (sync.intra's algorithm, root = the node's leader); "leaders": one rank per node
-#: (sync.inter's algorithm). See hierarchical_calls.
+#: sync=hierarchical per bucket: (collective, where: "node", inside every node with
+#: sync.intra, root its leader; "leaders", one rank per node with sync.inter)
 HIERARCHICAL_PHASES: tuple[tuple[str, str], ...] = (
     ("reduce", "node"), ("all_reduce", "leaders"), ("broadcast", "node"))
 

@@ -129,9 +129,8 @@ def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: 
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
 
 
-# torch itself gives up on an unreachable store only after about twice dist.init_timeout_s:
-# one connect attempt that long, a backoff, then a second (33 s for 10 here). The timer
-# ends the rank at the bound; these seconds leave torch's own errors at the bound first.
+# torch gives up on an unreachable store after about twice dist.init_timeout_s: the timer
+# ends the rank at the bound, these seconds after it leave torch's own errors first
 START_SLACK_S = 2.0
 
 
@@ -179,10 +178,8 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     if forked:
         as_forked_rank()
     rc = run(Path(argv[0]).resolve())
-    # Leave without the interpreter's teardown. With torch loaded it takes about 1 s of CPU
-    # on every rank of every run, and a failed rank's broken process group can block it
-    # for seconds (gloo's pending calls). Everything the rank wrote is closed by now
-    # (run_rank's finally: the process group, the log; the records are atomic files).
+    # Leave without the interpreter's teardown (with torch loaded, ~1 s of CPU; a broken
+    # process group can block it): everything the rank wrote is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):

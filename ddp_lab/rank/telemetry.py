@@ -87,8 +87,7 @@ class Telemetry:
         self.records = self.sink.truncate_after(start_epoch, self.written_step)
         hparams = self.hparams()
         repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
-        # the run's own compute-vs-comm charts that will draw a line: per step where it
-        # writes per-step points, per epoch where it has more than one epoch
+        # the run's compute-vs-comm charts that will draw a line
         bands = (("step",) if self.every > 0 else ()) \
             + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
         self.sink.tensorboard(run_name(hparams, repeat),
@@ -242,9 +241,8 @@ class Telemetry:
         and the straggler named from them."""
         t = epoch_timing(steps, comm)
         step_total = t["phases"]["step"]["total"] if self.timing else busy_s
-        # every rank's summed step time, and that minus its comm time (its own compute: a
-        # straggler makes the others *wait*, so their step times grow too; compute does not),
-        # and its comm time per step (empty when timing is off): who waited for whom
+        # every rank's step time, its compute (the others' step times grow while they wait
+        # for a straggler; compute does not) and its comm per step: who waited for whom
         per_rank = self.ctx.gather_objects(
             (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
         tally = StragglerTally.from_waits([r[2] for r in per_rank])

@@ -47,8 +47,7 @@ class DistContext:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------ scalar collectives
-    # Every small agreement of a run (a loss, a flag, each rank's host or step time) goes
-    # through these, so the device/dtype choice and the world of one live in one place.
+    # every small agreement of a run (a loss, a flag, a host, a step time) goes through these
     @property
     def collective(self) -> bool:
         """True when there are other ranks to talk to (no process group, or 1 rank: none)."""

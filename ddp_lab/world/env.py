@@ -125,10 +125,8 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     elif "OMPI_COMM_WORLD_RANK" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        # Open MPI has no node *index*: OMPI_COMM_WORLD_NODE_RANK is the rank among the
-        # processes on this node (0,1,2 for -np 3 on one host), not which node this is.
-        # launcher=mpirun's rank wrapper computes DDP_LAB_NODE_RANK/NUM_NODES from the
-        # slots; without it, assume equal slots filled host by host (mpirun's default).
+        # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is the rank on the node):
+        # launcher=mpirun's wrapper sets DDP_LAB_NODE_RANK/NUM_NODES, else equal slots
         rank = _int(env, "OMPI_COMM_WORLD_RANK")
         d = dict(
             rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),

@@ -30,9 +30,7 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-# What makes two allocations' timings comparable: the kind of machine, software, NCCL's
-# network and the node's link rate; not the shape of the run (nodes x procs), which the
-# report groups by already.
+# what makes two allocations' timings comparable (not nodes x procs: the report groups by it)
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
@@ -217,8 +215,7 @@ def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
 
 
 def _versions(backend: str) -> dict[str, Any]:
-    # lazy, as in `collect`: the report imports this module to compare fingerprints, which
-    # needs no torch; only the ranks, which have it loaded, collect one
+    # lazy, as in `collect`: the report compares fingerprints without torch
     import torch
     import torch.distributed as dist
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 # ------------------------------------------------------------------ the NCCL flight recorder
-# (current name, name before, the torch that reads the current one): torch still reads the
-# name before, but warns on every rank's console (TORCH_NCCL_TRACE_BUFFER_SIZE, seen on 2.11)
+# (current name, name before, the torch that reads the current one): the old name warns
 FLIGHT_RECORDER_NAMES = {"buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "2.9"),
                          "dump": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "2.5")}
 
