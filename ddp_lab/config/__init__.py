@@ -117,8 +117,7 @@ def check_model(cfg: ModelConfig) -> None:
 
 
 def check_sync(cfg: SyncConfig, world_size: int) -> None:
-    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size`
-    ranks: its schema's `check`. Needs no torch, so the submitting side runs it."""
+    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size` ranks."""
     schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)
 
 
@@ -137,8 +136,7 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
 
 
 def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
-    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python
-    (benchmark scripts that run the trainer's pieces in their own processes)."""
+    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hydra_compose(config_name=config_name, overrides=overrides)

@@ -4,5 +4,4 @@ line or the config; `ddp_lab.command.cli` turns it into one line on stderr, exit
 
 
 class UserError(ValueError):
-    """A mistake in the command line or config: printed as one line, no traceback.
-    (A ValueError: code that checks values raises it where a ValueError is expected.)"""
+    """A mistake in the command line or config, one line, no traceback (also a ValueError)."""

@@ -26,8 +26,7 @@ def doc(default: Any, text: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """A schema dataclass's keys -> their meaning on one line (`doc`'s text), inherited
-    keys included."""
+    """A schema dataclass's keys (inherited ones too) -> their one-line meaning."""
     return {f.name: " ".join(f.metadata["doc"].split())
             for f in dataclasses.fields(cls) if "doc" in f.metadata}
 

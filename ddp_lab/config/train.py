@@ -173,8 +173,7 @@ class BatchPlan:
 
     @property
     def micro_batch(self) -> int:
-        """The micro-batch a step accumulates its gradient over, 0 if it takes its batch
-        whole (`step.run_steps`)."""
+        """The micro-batch a step accumulates over, 0 if it takes its batch whole."""
         return self.micro if self.accumulation > 1 else 0
 
 

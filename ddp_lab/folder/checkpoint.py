@@ -109,8 +109,7 @@ def latest(ckpt_dir: Path) -> Optional[Path]:
 
 
 def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
-    """Delete checkpoints past `pos`: a run continuing from `pos` starts a new timeline, and
-    the old one's later states must not outlive it."""
+    """Delete checkpoints past `pos`: the old timeline's later states must not outlive it."""
     gone = [p for key, p in _list(ckpt_dir) if key > pos]
     for p in gone:
         _remove(p)

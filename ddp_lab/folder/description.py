@@ -107,8 +107,8 @@ class Description:
 
     # ------------------------------------------------------------------ words
     def sync_label(self) -> str:
-        """The synchroniser with what is not its default: `ring`, `ring prepost=true`,
-        `allreduce compress=fp16 overlap=true`; the entry when it is not the trainer."""
+        """The synchroniser with what is not its default (`ring prepost=true`), and the
+        entry when it is not the trainer."""
         entry = self.s.get("entry")
         words = [self.sync] + [f"{k}={_yaml(v)}" for k, v in self.options.items()]
         if entry:
@@ -116,8 +116,7 @@ class Description:
         return " ".join(words)
 
     def series_label(self) -> str:
-        """`sync_label` and the rest of the setting that is not the default (launcher,
-        device), for a report's series."""
+        """`sync_label` and a launcher that is not the default, for a report's series."""
         s = self.s
         extra = [f"{k}={s[k]}" for k in ("launcher",) if s.get(k) not in (None, "local")]
         return " ".join([self.sync_label(), *extra])
@@ -178,22 +177,16 @@ class Description:
         return ", ".join(words)
 
     def hparams(self) -> dict:
-        """Flat name -> value for TensorBoard's HParams: every setting and workload key,
-        the sync's options each as `sync.<key>` (all of them, defaults included, so runs
-        with and without an option line up in one table)."""
+        """Flat name -> value for TensorBoard's HParams: every setting and workload key, and
+        every sync option as `sync.<key>`, defaults included (so runs line up in one table)."""
         out: dict[str, Any] = {}
         for k, v in self.setting:
-            if k == "options":
-                continue
-            if v is not None:
+            if k != "options" and v is not None:
                 out["world_size" if k == "world" else k] = v
         for k, v in sync_options(self.sync).items():
             v = self.options.get(k, v)
             out[f"sync.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
-        for k, v in self.workload:
-            if v is None or k == "model_options":
-                continue
-            out[k] = v
+        out.update((k, v) for k, v in self.workload if v is not None and k != "model_options")
         for k, v in (self.w.get("model_options") or ()):
             out[f"model.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
         out["scaling"] = "strong" if self.w.get("global_batch") else "weak"
@@ -202,8 +195,7 @@ class Description:
 
     @classmethod
     def from_hparams(cls, hp: Mapping) -> "Description":
-        """The description back from its hparams (`hparams`, plus what the ranks add:
-        `world_size`, top-level `compress`/`overlap`)."""
+        """The description back from its hparams (the ranks' `world_size` etc. included)."""
         sync = {"name": hp.get("sync")}
         for k in sync_options(str(hp.get("sync"))):  # in the schema's order, as a config has them
             if f"sync.{k}" in hp or k in hp:

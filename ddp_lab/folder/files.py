@@ -76,8 +76,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def file_hash(path: Path, algorithm: str) -> str:
-    """The hex digest of a file's bytes (`hashlib.file_digest` from Python 3.11 on; read in
-    1 MiB blocks here, for 3.10's sake)."""
+    """The hex digest of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

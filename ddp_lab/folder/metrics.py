@@ -154,8 +154,7 @@ class RunFolderSink(NullSink):
         self._tb.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Per-step scalars (step, values); the writer's thread flushes them within
-        seconds (tensorboard.FLUSH_S): nothing here waits for the disk."""
+        """Per-step scalars (step, values); the writer's thread flushes them."""
         for step, scalars in points:
             self._tb.scalars(step, scalars)
 

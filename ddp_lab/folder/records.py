@@ -112,8 +112,7 @@ class EpochRecord(_Record):
 
 @dataclass
 class RunSummary(_Record):
-    """The run in one object (summary.json). Every field has a default: a failed run's
-    summary holds little more than its status."""
+    """The run in one object (summary.json); every field has a default."""
 
     status: Optional[str] = None  # running | completed | preempted | stopped | failed: <why>
     launcher: Optional[str] = None

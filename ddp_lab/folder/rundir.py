@@ -110,8 +110,7 @@ def read_summary(run_dir: Path) -> dict:
 
 
 def folder_state(run_dir: Path) -> dict:
-    """What `run_dir` holds: the newest checkpoint's position, the summary's status and
-    epochs, how many epoch records metrics.jsonl has. Reads only small files."""
+    """What `run_dir` holds (newest checkpoint, summary, epoch records), from small files only."""
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
     records = read_metrics(metrics)[0]

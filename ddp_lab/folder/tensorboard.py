@@ -202,16 +202,14 @@ class TensorBoardRun:
 
     def head(self, config_text: str, hparams: dict[str, Any],
              bands: tuple[str, ...] = ("step", "epoch")) -> None:
-        """A fresh run's first events (step 0): config, layout (`bands`: its band charts
-        that will draw a line, `layout`), hparams."""
+        """A fresh run's first events (step 0): config, `layout` with its `bands`, hparams."""
         self.writer.add_text("config", config_text, 0)
         self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """`values` at global step `step`, as one event: the writer checksums every event
-        in pure Python (tens of us each), so one per point, not one per tag."""
+        """`values` at global step `step` as one event (each event costs a checksum in Python)."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self.writer.file_writer.add_summary(Summary(value=[

@@ -111,8 +111,7 @@ def ranks_python(cfg, run_dir: str) -> str:
 
 
 def container_folders(cfg, run_dir: str) -> str:
-    """The script line (and its newline) that makes what launcher.image binds; nothing
-    without an image."""
+    """The script line that makes what launcher.image binds; '' without an image."""
     if not cfg.launcher.get("image"):
         return ""
     sources = [shlex.quote(b.split(":")[0]) for b in container_binds(cfg)]

@@ -193,8 +193,7 @@ def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
 
 
 def sweep(run_dir: Path) -> list[int]:
-    """Kill what is left of a job that has ended (a rank frozen by SIGSTOP survives its
-    torchrun); the pids killed."""
+    """Kill what is left of a job that has ended (a SIGSTOPped rank); the pids killed."""
     pids = job_processes(run_dir, marked=True)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -67,8 +67,7 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
 
 
 def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
-    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next;
-    hosts left with no rank are not used."""
+    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next."""
     placed, left = [], np
     for name, slots in hosts:
         if left <= 0:

@@ -45,8 +45,7 @@ FIX = ("mpirun starts a daemon on every other host over ssh, which must work wit
 
 
 class MpirunStderr:
-    """A filter for mpirun's stderr (see the module's docstring): `feed` each line as it
-    comes, `close` when mpirun has ended."""
+    """A filter for mpirun's stderr: `feed` each line as it comes, `close` at mpirun's end."""
 
     def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
         self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out

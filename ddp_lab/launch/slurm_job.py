@@ -21,8 +21,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 def log_name(pattern: str, job_name: str, job_id: str) -> str:
-    """The name sbatch gives a log of `launcher.output` (without .out/.err): %x the job's
-    name, %j its id, %u the user, %% a percent sign."""
+    """sbatch's name of a `launcher.output` log: %x job name, %j id, %u user, %% '%'."""
     values = {"x": job_name, "j": str(job_id), "u": getpass.getuser(), "%": "%"}
     return re.sub(r"%([xju%])", lambda m: values[m.group(1)], pattern)
 

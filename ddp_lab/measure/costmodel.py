@@ -272,8 +272,7 @@ def cross_node_sent(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: i
 
 def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
                root: int = 0) -> list[tuple[str, Cost]]:
-    """``(collective, Cost)`` of every call synchroniser ``sync`` makes in one step, bucket
-    by bucket, given the elements each bucket puts on the wire (padding included)."""
+    """`(collective, Cost)` of every call `sync` makes in a step, per bucket's wire numel."""
     phases = SYNC_COLLECTIVES[sync]
     return [(coll, cost(coll, algo, numel, world, elem_size, root=root))
             for numel in wire_numels for coll, algo in phases]

@@ -23,8 +23,7 @@ log = logging.getLogger("ddp_lab")
 
 def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
                           splits: Splits, batch_size: int, ctx) -> Optional[float]:
-    """Collective. The synchroniser's preflight on two test samples, the thread count, then
-    train.compile's compilation: its seconds, None when not compiled."""
+    """Collective. Preflight, thread count, then train.compile: its seconds, or None."""
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
     tune_threads(ctx, syncer, optimizer, splits, batch_size)

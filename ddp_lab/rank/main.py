@@ -146,8 +146,7 @@ class StartTimer:
         self._timer.start()
 
     def stop(self) -> bool:
-        """The start has ended: stop the timer; True the first time. Waits (for good) when the
-        timer is ending the process at this moment."""
+        """The start has ended: stop the timer; True the first time (waits if it fires now)."""
         self._timer.cancel()
         with self._lock:
             first, self._done = not self._done, True

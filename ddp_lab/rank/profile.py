@@ -227,8 +227,7 @@ def _ddp_averages(ddp: Any) -> dict:
 
 
 def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
-    """DDP's own averages in seconds over the training steps it logged, the preflight's
-    iteration (`base`) taken out."""
+    """DDP's own averages in seconds over its logged training steps (`base` taken out)."""
     end = _ddp_averages(ddp)
     n_end = end.get("iteration") or 0
     n_base = (base or {}).get("iteration") or 0

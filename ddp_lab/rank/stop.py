@@ -72,8 +72,7 @@ _PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent dies (during init too), and
-    remember the parent for `StopControl`'s ppid check."""
+    """The first thing a rank does: get `sig` when its parent dies, and remember the parent."""
     global _PARENT
     _PARENT = os.getppid()
     return set_parent_death_signal(sig)

@@ -149,8 +149,7 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
-        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on the
-        logging rank; starts the live TensorBoard watch."""
+        """Epoch `epoch`'s steps from `first_step` on, shown as they go; starts the live watch."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
         return self._progress.wrap(range(first_step, self.steps_per_epoch),
@@ -226,8 +225,7 @@ class Telemetry:
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard: its description's (`Description.hparams`) and what
-        the ranks found (backend, batch as used)."""
+        """The run's hparams for TensorBoard: its description's and the ranks'."""
         cfg, env = self.cfg, self.ctx.env
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
@@ -237,8 +235,7 @@ class Telemetry:
                 "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
-        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers
-        and the straggler named from them."""
+        """Collective. The record's timing part: phases, comm, stragglers, the straggler named."""
         t = epoch_timing(steps, comm)
         step_total = t["phases"]["step"]["total"] if self.timing else busy_s
         # every rank's step time, its compute (the others' step times grow while they wait
@@ -325,8 +322,7 @@ class Telemetry:
         return summary
 
     def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
-        """Collective with timing.profile. The profiler's witnesses (on the logging rank)
-        and, for sync=ddp, DDP's own timing of this rank (ddp_lab/rank/profile.py)."""
+        """Collective with timing.profile: the profiler's witnesses and DDP's own timing."""
         if self.meter is None:
             return None, None
         profiler = self.meter.profiler

@@ -38,8 +38,7 @@ def cores() -> int:
 
 
 def equal_share(local_ranks: int, n_cores: Optional[int] = None) -> int:
-    """Each of `local_ranks` ranks' share of `n_cores` (this process's cores by default),
-    at least 1."""
+    """Each of `local_ranks` ranks' share of `n_cores` (default: this process's), at least 1."""
     return max(1, (cores() if n_cores is None else n_cores) // max(local_ranks, 1))
 
 
@@ -112,8 +111,7 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
 
 @dataclass
 class RankThreads:
-    """This rank's torch threads (`rank_threads`), why, and whether start-up may time fewer
-    against them (ddp_lab/rank/compile.py: `tune_threads`)."""
+    """This rank's torch threads, why, and whether `tune_threads` may lower them."""
     threads: int
     why: str
     tunable: bool

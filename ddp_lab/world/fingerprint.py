@@ -121,8 +121,7 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 # ------------------------------------------------------------------ the node's link
 def _json_of(*argv: str) -> Any:
-    """The JSON an iproute2 command prints (`ip -j ...`, `tc -j ...`); None when the tool
-    is missing or fails."""
+    """The JSON an iproute2 command prints (`ip -j ...`); None when it is missing or fails."""
     try:
         out = subprocess.run(list(argv), capture_output=True, text=True, timeout=5)
         return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
@@ -185,8 +184,7 @@ def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") ->
 
 
 def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
-    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps", "shaped_burst_B"} (None
-    where unknown or unshaped)."""
+    """This node's uplink: iface, speed_mbit, shaped_Bps, shaped_burst_B (None where unknown)."""
     iface = uplink(os.environ if environ is None else environ)
     if not iface:
         return None

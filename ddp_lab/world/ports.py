@@ -30,8 +30,7 @@ def free_port(host: str = WILDCARD) -> int:
 
 
 def ephemeral_range() -> tuple[int, int]:
-    """The ports the OS gives a bind to port 0 and an outgoing connection (Linux's default
-    32768-60999 where /proc does not say)."""
+    """The ports the OS hands out itself (32768-60999 where /proc does not say)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = f.read().split()

@@ -72,8 +72,7 @@ def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bo
 
 def detect_topology(ctx: DistContext, node_size: int = 0,
                     key: str = "bench.node_size") -> Topology:
-    """Collective: every rank's node (or `rank // node_size` when simulating, `key` naming
-    the setting) and host."""
+    """Collective: every rank's node (`rank // node_size` when simulating) and host."""
     table = ctx.gather_objects((ctx.env.node_rank, hostname()))
     hosts = [h for _, h in table]
     if node_size > 0:  # one table row per rank of the process group
