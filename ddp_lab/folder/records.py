@@ -162,8 +162,7 @@ class RunSummary(_Record):
     compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
     compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
     cuda_graph: Optional[bool] = None  # train.cuda_graph: the step replayed as one CUDA graph, timed whole
-    # sync=ddp: DDP's own timing (ddp._get_ddp_logging_data(), seconds) beside ours
-    # (ddp_lab/rank/profile.py; docs/timing.md, Independent witnesses)
+    # sync=ddp: DDP's own timing in seconds beside ours (docs/timing.md, Independent witnesses)
     ddp_timing: Optional[dict] = None
     # timing.profile: each rank's figures for the profiled steps, ours and the trace's
     witnesses: Optional[dict] = None
@@ -176,22 +175,18 @@ class RunSummary(_Record):
     step_in_epoch: Optional[int] = None
     stop_reason: Optional[str] = None
     job_id: Optional[str] = None  # the scheduler's job id of the latest allocation
-    # every allocation (SLURM job or requeue, pod set, local launch) the run used, in order:
-    # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
-    # step, epochs_done/steps_done in it, status when it ended
+    # every allocation the run used, in order: job id, hosts, start/end, epochs and steps
+    # done in it, how it ended (docs/failures.md, "The pieces")
     segments: list = field(default_factory=list)
-    # the allocation's fingerprint (ddp_lab.world.fingerprint: hosts, CPU/GPU, versions, backend,
-    # NCCL transport, env) and its short id, written by rank 0 at start
+    # the allocation's fingerprint (ddp_lab.world.fingerprint) and its short id
     fingerprint: dict = field(default_factory=dict)
     fingerprint_id: Optional[str] = None
     # the run is a point of a study (ddp_lab/command/study.py): {id, world, repeat, index}
     study: Optional[dict] = None
-    # the run's straggler, from all its epochs' steps ({rank, late_ms, share} | None) and
-    # the delay injected (debug.slow_rank/slow_ms/jitter_ms; None when none)
+    # the run's straggler over all its steps ({rank, late_ms, share}) and the injected delay
     straggler: Optional[dict] = None
     injected_delay: Optional[dict] = None
-    # bytes one rank holds at the end (Synchroniser.memory): parameters, gradients (the
-    # whole gradient backward makes) and optimiser state (zero1: its shard's only)
+    # bytes one rank holds at the end (Synchroniser.memory; zero1: its shard's state only)
     memory_param_bytes: Optional[int] = None
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None

@@ -1,17 +1,13 @@
 """train.cuda_graph=true: the training step captured once as a CUDA graph, then replayed
 (PyTorch's CUDA Graphs notes; docs/performance.md, "Launch-overhead ladder").
 
-1. warm-up: the first steps (11 with DDP, else 3) run eagerly on a side stream, timed
-   as usual.
-2. capture: the batch copied into static buffers, every `.grad` None, then forward,
-   loss, backward, `sync()`, the optimiser's step and the loss/correct sums recorded into
-   a `torch.cuda.CUDAGraph`, then replayed once for this batch.
-3. every later step: the batch copied in, `replay()`.
-
-The optimiser must be capturable (Adam: `capturable=True`). What a graph cannot hold is
-refused before any process starts (config/train.py `cuda_graph_problem`); a batch of
-another size runs eagerly. The step is timed whole; the collectives are counted once per
-replay from what the capture recorded.
+The first steps (11 with DDP, else 3) run eagerly on a side stream; then the batch is
+copied into static buffers and, every `.grad` None, forward, loss, backward, `sync()`, the
+optimiser's step and the loss/correct sums are recorded into a `torch.cuda.CUDAGraph`;
+every later step copies its batch in and replays it. The optimiser must be capturable
+(Adam: `capturable=True`); what a graph cannot hold is refused before any process starts
+(`cuda_graph_problem`); a batch of another size runs eagerly. The step is timed whole, its
+collectives counted once per replay from what the capture recorded.
 """
 
 from __future__ import annotations

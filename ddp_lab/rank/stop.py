@@ -1,12 +1,11 @@
 """Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
 
 A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
-`RUN_DIR/STOP`, the parent's death through PR_SET_PDEATHSIG); the handlers only set a
-flag. Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last
-check]) every `every` steps, `every` adapted from the reduced step time so that checks come
-about `train.stop_check_s` apart; all stop after the same step. Stop codes (higher wins):
-1 preempted (continue it later), 2 stopped (a person ended it); a second SIGINT kills at
-once. docs/failures.md, "The pieces" and "What the stop check costs".
+`RUN_DIR/STOP`, the parent's death); the handlers only set a flag. Ranks agree with one
+all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps, adapted
+so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
+(continue later), 2 stopped (a person); a second SIGINT kills at once. docs/failures.md,
+"The pieces" and "What the stop check costs".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """How many CPU threads each rank runs and how its threads wait: decided once per machine,
 before torch loads (torch-free). Why and what was measured: docs/performance.md, "What
-decides the defaults".
-
-`launcher=local` looks at the machine first (`busy_cores`) and `decide`s: each rank gets
-the free cores divided by the ranks (1 to its equal share), its threads spinning only if
-each has a free core and one is left over (else OMP_WAIT_POLICY=PASSIVE), passed on as
-environment (`apply`). Without that look a rank takes its equal share, sleeping. What you
-set stands (`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT); `tune_threads`
-(rank/compile.py) then times 1 thread against the ceiling.
+decides the defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`,
+passed on by `apply`); otherwise a rank takes its equal share, its threads sleeping.
+What you set stands (`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
 from __future__ import annotations
