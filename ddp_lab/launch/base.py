@@ -4,6 +4,7 @@ rendering (templates, paths, the python to run) and of following a job.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import shutil
 import socket
@@ -199,12 +200,8 @@ def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh):
     its path, length and the functions its header lists."""
     lines = text.splitlines()
-    header = []
-    for line in lines[1:]:  # after the shebang: the leading comment block
-        if not line.startswith("#"):
-            break
-        if line.startswith("#   ") and line[4:5].strip():
-            header.append(line)
+    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])  # after the shebang
+    header = [ln for ln in block if ln.startswith("#   ") and ln[4:5].strip()]
     return (f"# ---- {path}: sourced by {by}, {len(lines)} lines not shown "
             f"(cat it to read it); it defines:\n" + "\n".join(header))
 

@@ -116,12 +116,11 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
             num_nodes=_int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1)),
             source="slurm",
         )
-        if not env.get("MASTER_ADDR") and env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST")):
-            env = dict(env)
-            env["MASTER_ADDR"] = first_slurm_host(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not env.get("MASTER_ADDR") and nodelist:
+            env = dict(env, MASTER_ADDR=first_slurm_host(nodelist))
         if not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID"):
-            env = dict(env)
-            env["MASTER_PORT"] = str(slurm_port(_int(env, "SLURM_JOB_ID")))
+            env = dict(env, MASTER_PORT=str(slurm_port(_int(env, "SLURM_JOB_ID"))))
     elif "OMPI_COMM_WORLD_RANK" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
