@@ -37,8 +37,7 @@ def one_line(text: str, width: int) -> str:
 
 
 def help_keys(app: str, *, _root_: DictConfig) -> str:
-    """`--help`'s config: every key of the composed config (overrides applied, so
-    `--help launcher=slurm` shows SLURM's keys) with its value and its meaning."""
+    """`--help`'s config: every key of the composed config with its value and meaning."""
     rows: list[tuple[str, str]] = []
 
     def walk(node: DictConfig, depth: int) -> None:

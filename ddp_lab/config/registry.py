@@ -17,8 +17,7 @@ class UnknownName(UserError, LookupError):
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Entries by name, in registration order. `key` is the config key that picks an
-    entry (`sync`, `launcher`, `bench.ops`): every error message names it."""
+    """Entries by name, in registration order; `key` is the config key every error names."""
 
     def __init__(self, key: str, entries: Optional[Mapping[str, T]] = None):
         self.key = key

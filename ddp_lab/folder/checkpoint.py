@@ -33,8 +33,7 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def damage(path: Path) -> Optional[str]:
-    """Why the checkpoint at `path` cannot be trusted (None: its bytes match its checksum;
-    one written before checksums were recorded is trusted as it is)."""
+    """Why the checkpoint at `path` cannot be trusted, or None (no checksum recorded: trusted)."""
     try:
         recorded = path.with_name(path.name + SUM).read_text().split()[0]
     except (OSError, IndexError):

@@ -26,8 +26,7 @@ TRAIN_DEFAULTS = {"batch_size": 64, "global_batch": 0, "micro_batch": 0, "lr": 1
 
 @functools.lru_cache(maxsize=None)
 def group_defaults(group: str, option: str) -> dict:
-    """conf/<group>/<option>.yaml's values over its schema's defaults (sync only has
-    schemas here; other groups: the yaml's values), {} for an unknown option."""
+    """conf/<group>/<option>.yaml's values over its schema's defaults (sync); {} if unknown."""
     out: dict = {}
     schema = SYNC_SCHEMAS.get(option) if group == "sync" else None
     if schema is not None:

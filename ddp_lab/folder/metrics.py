@@ -80,8 +80,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
 
 
 class NullSink:
-    """What a non-logging rank writes to: nothing. The loop and `Telemetry` call it exactly
-    as the real one, so no `if rank == 0` sits around each call (torchtitan's BaseLogger)."""
+    """What a non-logging rank writes to: nothing, called exactly as the real one."""
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []

@@ -51,8 +51,7 @@ R = TypeVar("R", bound="_Record")
 class _Record:
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
-        """A record from its JSON object; unknown keys go to `extra`, a missing
-        `schema_version` means a file written before versioning (0)."""
+        """A record from its JSON object; unknown keys into `extra`, no schema_version: 0."""
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -250,8 +249,7 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
 
 
 def _step_seconds(rec: dict) -> float:
-    """One record's seconds in its timed steps: `step_time_s`, or for a record written
-    before it was kept, phase `step`'s total."""
+    """A record's seconds in its timed steps: `step_time_s`, else phase `step`'s total."""
     if rec.get("step_time_s") is not None:
         return float(rec["step_time_s"])
     return float(((rec.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)

@@ -224,8 +224,7 @@ def _short(value) -> str:
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
-    """summary.json says `status` (a failure), keeping what it held (the run's segments,
-    its last metrics) and closing the open segment; `fields` fill keys it lacks."""
+    """summary.json says `status` (a failure), its open segment closed; `fields` fill gaps."""
     summary = read_summary(run_dir)
     summary["status"] = status
     for key, value in (fields or {}).items():

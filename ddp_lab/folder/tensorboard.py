@@ -173,8 +173,7 @@ def hparams_summaries(hparams: dict[str, Any]) -> list:
 
 
 class TensorBoardRun:
-    """The writer of one run's TensorBoard folder (`run_folder`). `purge_step`: hide the
-    points a former segment wrote at this step and after (None: nothing to hide)."""
+    """One run's TensorBoard writer; `purge_step`: hide a former segment's points."""
 
     def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None):
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import

@@ -22,8 +22,7 @@ TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/resou
 
 
 class LaunchError(UserError):
-    """A launcher cannot start this configuration; the message says why and the fix.
-    A user error like any other: the CLI wrapper prints it as one line, exit 2."""
+    """A launcher cannot start this configuration: a user error, one line with the fix, exit 2."""
 
 
 @dataclass

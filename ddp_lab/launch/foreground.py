@@ -162,8 +162,7 @@ JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
 
 
 def job_mark(run_dir: Path) -> str:
-    """The mark of the job this process runs in `run_dir`: the folder and our pid, so a
-    sweep never takes another command's job in the same folder for ours."""
+    """The mark of this process's job in `run_dir`: the folder and our pid."""
     return f"{run_dir}:{os.getpid()}"
 
 

@@ -107,8 +107,7 @@ class MpirunStderr:
         return f"mpirun could not start its daemon on {where} over ssh" + (f" ({said})" if said else "")
 
     def close(self) -> None:
-        """mpirun has ended: an unfinished block goes out as it is; a daemon failure becomes
-        its one line, with the fix and where Open MPI's own message is."""
+        """mpirun has ended: flush an unfinished block; a daemon failure becomes its one line."""
         with self.lock:
             if self.block is not None:
                 self._end_block()

@@ -28,8 +28,7 @@ class Checkpointer:
     def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
                  module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer: Any,
                  batching: BatchPlan):
-        """`train`: the config's train section (resume, checkpoint); `syncer` saves and
-        loads the optimiser state (zero1: its shard) and names the checkpoint's sync."""
+        """`train`: the train section; `syncer` saves and loads the optimiser state."""
         self.train = train
         self.ctx = ctx
         self.ckpt_dir = ckpt_dir

@@ -46,8 +46,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
 
 
 def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
-    """One step's TensorBoard scalars: its time, sync phase, compute, comm in flight and
-    exposed (ddp_lab/timing/comm.py), and the (1-based) epoch it belongs to."""
+    """One step's TensorBoard scalars: times, comm in flight and exposed, its epoch."""
     d = step.durations()
     return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
             "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,

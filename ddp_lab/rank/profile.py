@@ -240,8 +240,7 @@ def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
 
 
 def _collective(event: dict, cuda: bool) -> bool:
-    """Whether a trace event is a collective as torch records it (c10d's ops and gloo's ranges
-    on CPU, the NCCL kernels on CUDA), never one of ddp_lab's own ranges."""
+    """Whether a trace event is a torch-recorded collective (never one of our ranges)."""
     name = str(event.get("name", ""))
     if event.get("ph") != "X" or name.startswith(PREFIX):
         return False

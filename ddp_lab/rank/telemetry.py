@@ -78,8 +78,7 @@ class Telemetry:
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
-        """Collective. Drop metrics past the checkpoint we resume from, record the config and
-        where every rank runs, and open this allocation's segment in summary.json."""
+        """Collective. Drop metrics past the checkpoint; record the config and the ranks."""
         env, cfg = self.ctx.env, self.cfg
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
@@ -201,8 +200,7 @@ class Telemetry:
 
     def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
                      first_step: int) -> None:
-        """The epoch's record and scalars at its last step, with the run's hparam metrics so far;
-        first the per-step points the watch has not written."""
+        """The epoch's record and scalars at its last step, after the unwritten step points."""
         every, end = self.every, rec.epoch * self.steps_per_epoch
         if every > 0:
             comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)

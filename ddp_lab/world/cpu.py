@@ -97,8 +97,7 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
-    """In a rank, before torch loads: without a launcher's choice (mpirun, the benchmarks'
-    workers) its threads sleep when they wait, unless the user chose."""
+    """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
     if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
         env["OMP_WAIT_POLICY"] = "PASSIVE"

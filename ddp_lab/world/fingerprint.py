@@ -92,8 +92,7 @@ def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
 
 
 def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
-    """Parse this process's NCCL debug file (RUN_DIR/logs/nccl.<host>.<pid>.log); None
-    when there is none (gloo, or the user's own NCCL_DEBUG)."""
+    """Parse this process's NCCL debug file; None without one (gloo, a user's NCCL_DEBUG)."""
     pid = os.getpid() if pid is None else pid
     files = sorted((Path(run_dir) / "logs").glob(f"nccl.*.{pid}.log"))
     if not files:
@@ -162,8 +161,7 @@ def uplink(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def root_tbf(qdiscs: Any) -> dict[str, Any]:
-    """The options of the root tbf qdisc in `tc -j qdisc show dev IF` output (tc gives its
-    rate in bytes/s, its burst in bytes); {} when the interface is not shaped."""
+    """The root tbf qdisc's options in `tc -j qdisc show` output (bytes/s); {} if none."""
     for q in qdiscs or []:
         if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
             return q["options"]
@@ -273,8 +271,7 @@ def fingerprint_id(fp: Mapping[str, Any]) -> str:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """What differs between two fingerprints, in words ("cpu: X vs Y", "env NCCL_IB_HCA:
-    mlx5_0 vs unset"): the line the report prints under a cross-fingerprint comparison."""
+    """What differs between two fingerprints in words ("cpu: X vs Y"), for the report."""
     fa, fb = id_fields(a), id_fields(b)
     out = []
     for k in ID_FIELDS:

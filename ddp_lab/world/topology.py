@@ -30,8 +30,7 @@ class Topology:
         return len(self.hosts)
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
-        """The rank lists of every group of `kind` (each rank is in exactly one, except
-        for `leaders`, which holds one rank per node)."""
+        """The rank lists of every group of `kind` (`leaders`: one rank per node)."""
         if kind == "global":
             return [tuple(range(self.world_size))]
         if kind == "intra_node":
