@@ -49,8 +49,7 @@ class Rendered:
 
 # ------------------------------------------------------------------ helpers
 def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
-    """Refuse a rendezvous port that is not a port, or that another program holds on any
-    address of this machine (the store binds them all: ports.py), before any process starts."""
+    """Refuse, before any process starts, a rendezvous port that is no port or is held here."""
     try:
         number = int(port)
     except (TypeError, ValueError):
@@ -170,8 +169,7 @@ _CHECK = ("import importlib.util as u, sys\n"
 
 
 def python_check(py: str, fail: str = "exit 3") -> str:
-    """Script lines that end the job in one line when the ranks' python cannot import
-    what they run (a container image with torch alone), before any rank starts."""
+    """Script lines that end the job in one line if the ranks' python cannot import their code."""
     code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")  # no ' for bash
     return ("# the ranks' python must import what they run: else one line naming what is missing\n"
             f"MISSING=$({py} -c '{code}' 2>&1) || MISSING=\"{py} did not run: $MISSING\"\n"
@@ -182,8 +180,7 @@ def python_check(py: str, fail: str = "exit 3") -> str:
 
 
 def store_line(max_restarts: int) -> str:
-    """The script lines that pick the workers' store: torchrun's own (the rendezvous port,
-    bound before any worker starts) unless restarts need a fresh one per attempt."""
+    """The script lines that pick the workers' store: torchrun's, or a fresh one per restart."""
     if max_restarts <= 0:
         return "# no restarts: the workers share torchrun's store on the rendezvous port"
     return ("# a fresh store per restart attempt (pytorch/pytorch#135712); its port is picked\n"

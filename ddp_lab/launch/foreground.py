@@ -69,8 +69,7 @@ class Foreground:
             self.proc.wait()
 
     def settle(self) -> list[int]:
-        """The command has ended: wait (up to `grace_s`) for the job's processes that
-        outlive it, killing frozen ones at once; the pids still there at the end."""
+        """Wait up to `grace_s` for the job's processes that outlive the command; the rest."""
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
             pids = job_processes(self.run_dir, marked=True)

@@ -62,8 +62,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
-    """One line naming the rendezvous when torchrun ended because it could not start it
-    (torchrun's own error file says a Rendezvous...Error); None for any other ending."""
+    """One line naming the rendezvous when torchrun could not start it, else None."""
     try:
         error = json.loads((run_dir / ERROR_FILE).read_text())["message"]
         message, trace = error["message"], error["extraInfo"]["py_callstack"]

@@ -257,8 +257,7 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
 
 
 def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
-    """What to say when the pods ended by a graceful stop (summary.json: preempted or
-    stopped, every pod exited 0 or PREEMPTED_EXIT), else None (completed, or failed)."""
+    """What to say when the pods ended by a graceful stop (preempted or stopped), else None."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if status not in ("preempted", "stopped") or any(

@@ -205,8 +205,7 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
 
 
 def nccl_block(cfg) -> str:
-    """launcher.nccl_env: the network's NCCL settings, read from the first node's sysfs and
-    exported here (srun passes the environment on to every node)."""
+    """launcher.nccl_env: the first node's NCCL settings, exported (srun passes them on)."""
     if not cfg.launcher.nccl_env:
         return "# (launcher.nccl_env=false: NCCL picks its network itself)"
     py = ranks_python(cfg, "$RUN_DIR")

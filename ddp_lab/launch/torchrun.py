@@ -19,11 +19,10 @@ from pathlib import Path
 from ..world import cpu
 from ..rank.forked import AGENT_SIGNALS, _inherited
 
-# The ranks' entries this torchrun may start as forks of itself, with what each would import
-# first (torch, torch._dynamo: ~5 s of CPU a rank), imported once here (docs/performance.md).
+# the entries this torchrun may fork ranks of, with what each imports first, once here
+# (torch, torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
-# the signals torchrun's agent handles by raising in its own code, as this process got them
 FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 
 
@@ -101,8 +100,7 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
 
 
 def nproc_per_node(args: list[str]) -> int:
-    """torchrun's --nproc-per-node (or --nproc_per_node) among `args`, read before torch
-    loads; 1 if absent or not a number (torchrun's "gpu", "auto": it decides)."""
+    """torchrun's --nproc-per-node among `args`, before torch loads; 1 if absent or no number."""
     for i, a in enumerate(args):
         for flag in ("--nproc-per-node", "--nproc_per_node"):
             if a == flag and i + 1 < len(args):

@@ -3,15 +3,11 @@ Synchronisers record their traffic with it, the bench and the report take their 
 factors and alpha-beta predictions from it; nothing else computes a cost. The formulas:
 docs/collectives.md, "Algorithms and alpha-beta costs"; the fit: docs/report.md.
 
-`cost(collective, algorithm, numel, world, elem_size)` gives a :class:`Cost`: `sent[r]`
-/ `recv[r]`, the bytes group rank r sends / receives in one call (exact for our
-send/recv algorithms, uneven chunks included), `steps` (the alpha term) and `path_bytes`
-(the beta term): `time(alpha, beta) = steps*alpha + path_bytes*beta`. `"torch"`, the
-library's collective, is modelled (`exact` false) on what gloo runs: all_reduce,
-all_gather, reduce_scatter as the ideal ring; broadcast as the binomial tree; reduce as a
-ring reduce-scatter, then every chunk to the root. nccl's own choices are not followed.
-Phases join with :meth:`Cost.then`; sync=hierarchical's phases run on groups
-(:func:`hierarchical_calls`), only the leaders' crossing nodes (:func:`cross_node_sent`).
+`cost(...)` gives a :class:`Cost`: `sent[r]` / `recv[r]` (bytes of group rank r in one
+call, exact for our send/recv algorithms), `steps` (the alpha term) and `path_bytes` (the
+beta term). `"torch"`, the library's collective, is modelled (`exact` false) on what gloo
+runs (all_reduce, all_gather, reduce_scatter: the ideal ring; broadcast: the binomial tree;
+reduce: a ring reduce-scatter, then a gather to the root). Phases join with `Cost.then`.
 """
 
 from __future__ import annotations

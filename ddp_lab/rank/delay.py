@@ -1,12 +1,9 @@
 """Injected faults: a crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`) and compute
-delays (`debug.slow_rank` + `debug.slow_ms`, `debug.jitter_ms`), a straggler made on
-purpose; telemetry finds it from what it measures, never from this config
-(docs/timing.md, "Stragglers, injected and found").
-
-The jitter comes from the rank's own `random.Random` (seeded from `train.seed` and the
-rank), so the training RNG does not move. The delay is a host sleep at the start of the
-step's forward phase, once per step: it counts as compute, and on CUDA delays the kernels'
-launch (all of it where the step is launch-bound).
+delays (`debug.slow_rank` + `debug.slow_ms`, `debug.jitter_ms`): a straggler made on
+purpose, which telemetry must find from what it measures (docs/timing.md, "Stragglers,
+injected and found"). The delay is a host sleep at the start of the forward phase, once
+per step (compute, and on CUDA a late launch); the jitter comes from the rank's own
+`random.Random`, so the training RNG does not move.
 """
 
 from __future__ import annotations

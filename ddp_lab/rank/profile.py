@@ -1,14 +1,11 @@
 """`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses
-that check ddp_lab's own figures against clocks that are not its own (docs/timing.md,
+that check ddp_lab's own figures against clocks not its own (docs/timing.md,
 "Independent witnesses": what each figure means and how far they should agree).
 
-`StepProfiler` (made by `EpochMeter` when the key is on) profiles `timing.profile_steps`
-steps after `timing.profile_skip` and writes `profile/rank<N>.pt.trace.json` (Perfetto,
-HTA). For the window only it wraps the step timer's `phase` and the comm recorder's
-`timed` on those two objects, labelling phases and blocking collectives as `ddp_lab:<name>`
-ranges (NVTX too on CUDA). The trace's collectives are read back as torch records them,
-never from ddp_lab's ranges, which share its clock. For sync=ddp, DDP logs its own
-timing every iteration. `witnesses()` is summary.json's `witnesses`.
+`StepProfiler` traces `timing.profile_steps` steps after `timing.profile_skip` into
+`profile/rank<N>.pt.trace.json`, labelling the phases and blocking collectives
+(`ddp_lab:<name>`, NVTX on CUDA) by wrapping the timer's `phase` and the recorder's `timed`
+for the window only. Witnesses read the trace's own collectives, never our ranges.
 """
 
 from __future__ import annotations

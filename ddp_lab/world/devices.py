@@ -13,8 +13,7 @@ def gpu_devices_present() -> bool:
 
 
 def local_gpus() -> int:
-    """CUDA devices of this machine: 0 from the device files alone where there are none, so
-    a command on a CPU machine never imports torch (seconds of every command's start)."""
+    """CUDA devices of this machine; 0 from the device files alone, so no torch import on CPU."""
     if not gpu_devices_present():
         return 0
     import torch  # lazy: see above

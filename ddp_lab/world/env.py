@@ -191,8 +191,7 @@ def hostname() -> str:
 
 
 def host_address() -> Optional[str]:
-    """The address this machine's hostname resolves to: the one gloo gives its peers (a
-    rank's node as other nodes reach it); None if it does not resolve."""
+    """The address this machine's hostname resolves to (the one gloo gives peers), or None."""
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -224,8 +223,7 @@ def process_start(pid: int | str = "self") -> Optional[float]:
 
 
 def allocation(environ=None) -> dict:
-    """The scheduler's name for this allocation: SLURM's job id and requeue count, RunAI's
-    (Kubeflow's) job name and pod restart; None for a local launch."""
+    """The scheduler's name for this allocation: job id and restart count (None: local)."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}

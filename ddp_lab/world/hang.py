@@ -35,8 +35,7 @@ def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
 
 def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
                            torch_version: Optional[str] = None) -> dict[str, str]:
-    """Set `flight_recorder_env` in `environ` before init_process_group, keeping what a user set
-    (under either name); the variables now in effect."""
+    """Set `flight_recorder_env` before init_process_group, keeping a user's; those in effect."""
     environ = os.environ if environ is None else environ
     aliases = {name: names[:2] for names in FLIGHT_RECORDER_NAMES.values() for name in names[:2]}
     in_effect = {}

@@ -40,8 +40,7 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def port_in_use(port: int, host: str = WILDCARD) -> bool:
-    """Whether the store could not bind `port`: the same bind it makes (every address,
-    SO_REUSEADDR, so the TIME_WAIT left by a previous run's store does not count)."""
+    """Whether the store could not bind `port`: the same bind (every address, SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

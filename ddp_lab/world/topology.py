@@ -43,8 +43,7 @@ class Topology:
         raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node, cross_node or leaders")
 
     def pairs(self) -> dict[str, Optional[tuple[int, int]]]:
-        """Ping-pong partners of rank 0: another rank on its node, and the first rank of
-        the next node (None where the allocation has no such rank)."""
+        """Ping-pong partners of rank 0: a rank on its node, the next node's first (or None)."""
         node0 = self.nodes[0]
         return {"same_node": (node0[0], node0[1]) if len(node0) > 1 else None,
                 "cross_node": (node0[0], self.nodes[1][0]) if len(self.nodes) > 1 else None}
