@@ -5,14 +5,11 @@ injected faults and a scaling study."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .help import doc
-
-if TYPE_CHECKING:
-    from . import Config
 
 
 def _size(value: Any) -> bool:
@@ -212,7 +209,7 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
-def cuda_graph_problem(cfg: Config, device: str, accumulation: int) -> Optional[str]:
+def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optional[str]:
     """Why train.cuda_graph=true cannot run `cfg`, or None: one line naming the key and the
     fix. `device`: dist.device as the ranks will see it; `accumulation`: micro-steps per
     optimiser step. A graph replays fixed kernels on fixed memory: nothing decided per step."""
@@ -258,9 +255,7 @@ class DistConfig:
 
 def device_type(device: str, cuda_available: bool) -> str:
     """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu."""
-    if device == "auto":
-        return "cuda" if cuda_available else "cpu"
-    return device
+    return ("cuda" if cuda_available else "cpu") if device == "auto" else device
 
 
 @dataclass

@@ -22,9 +22,8 @@ def now_iso() -> str:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """metrics.jsonl's JSON-object lines, in order, and the other lines with their numbers: a
-    torn line costs its own record, never the reader. Every reader of the file comes through
-    here; ([], []) when there is no file."""
+    """metrics.jsonl's JSON-object lines, in order, and the others with their numbers (a torn
+    line costs its own record, never the reader); ([], []) without a file."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:

@@ -41,8 +41,7 @@ class Checkpointer:
         of this job); the position it holds. Later checkpoints of an older timeline go."""
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
-        # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
-        # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
+        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return self.start
@@ -88,8 +87,7 @@ class Checkpointer:
         return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def save(self, pos: Position, force: bool = False) -> None:
-        """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
-        is saved even with train.checkpoint=false: it is the only way to continue the run."""
+        """Collective; rank 0 writes. A stop saves even with train.checkpoint=false."""
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
@@ -103,10 +101,9 @@ class Checkpointer:
         self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
 
     def on_stop(self, stopped: Stopped) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop (`stopped`): save where the run stands and return
-        `Telemetry.finish`'s keywords. Mid-epoch: the checkpoint holds the steps done and the
-        summed loss and samples (`resumed_part`); between epochs: the epoch's own checkpoint,
-        written now if train.checkpoint=false."""
+        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch: the steps
+        done and the summed loss and samples; between epochs: the epoch's checkpoint, written now
+        if train.checkpoint=false) and return `Telemetry.finish`'s keywords."""
         stop, measured = stopped.info, stopped.measured
         if measured is None:
             here = Position(stopped.epochs_done)

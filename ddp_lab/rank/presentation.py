@@ -29,8 +29,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
                     "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
                     "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
                     "comm/fraction[of step]": c["fraction"] or 0.0,
-                    # side by side: in-flight (the union of the collectives) and exposed
-                    # (its part after the step's compute end), both per step
+                    # in flight (the collectives' union) and exposed (after compute's end)
                     "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
                     "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
                     "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
@@ -54,8 +53,7 @@ def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -
 
 
 def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part (its times, bytes and bandwidths are in
-    metrics.jsonl, TensorBoard and the report: the line fits 100 columns)."""
+    """The console epoch line's comm part, short: the figures are in metrics.jsonl."""
     c, steps = rec.comm, rec.steps
     if c["fraction"] is None:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
