@@ -51,10 +51,8 @@ class _LogFile(logging.FileHandler):
 
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console,
-    or every rank with `every_rank` (log.ranks=all), each line prefixed with its rank.
-    faulthandler writes every thread's stack there on a fatal signal and on the hang watchdog.
-    """
+    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank with `every_rank`) also
+    to the console; faulthandler writes stacks there (fatal signals, the hang watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()

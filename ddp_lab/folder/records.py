@@ -200,10 +200,8 @@ class RunSummary(_Record):
 # ------------------------------------------------------------------ the run's figures
 def run_figures(epochs: list[dict]) -> dict[str, Any]:
     """The run's figures from its epochs' records (every allocation's): the one place each is
-    derived, for summary.json, the console, TensorBoard's hparam metrics and the report.
-    Epoch times: median and mean over every epoch (a split epoch counts once). Comm: sums
-    over the steps each record timed (`steps_run`); comm_fraction = in-flight comm / step
-    time, both summed; algbw/busbw = bytes / in-flight time, as nccl-tests'."""
+    derived, for summary.json, the console, TensorBoard and the report. Epoch times over
+    every epoch; comm sums over the timed steps (`steps_run`), its fraction and busbw too."""
     recs = sorted((r for r in epochs if r.get("epoch")), key=lambda r: r["epoch"])
     times = [float(r["epoch_time_s"]) for r in recs if r.get("epoch_time_s") is not None]
     timing = bool(recs) and all(r.get("timing") for r in recs)

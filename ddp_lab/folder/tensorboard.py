@@ -153,9 +153,8 @@ def _written(tb_root: Path) -> list[Path]:
 
 
 def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """This run's session start for the HParams plugin, as Summary protos. No experiment: the
-    plugin would take the first run's as every run's; without one it ticks the hparams that
-    differ among the runs shown. Integers go as strings (it prints numbers as 2.0000)."""
+    """This run's HParams session start, as Summary protos; no experiment, so the plugin ticks
+    the hparams that differ among the runs shown. Integers as strings (else 2 is 2.0000)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 

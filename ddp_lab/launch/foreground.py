@@ -166,10 +166,9 @@ def job_mark(run_dir: Path) -> str:
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
-    """Processes of this machine that belong to the job of `run_dir`: their command line names
-    the run folder and one of JOB_MARKERS, or runs a script inside it (not a watcher such as
-    `status --follow`). With `marked`, only those also carrying this process's JOB_ENV mark:
-    what a sweep may kill."""
+    """Processes of this machine in the job of `run_dir` (their command line names it and one of
+    JOB_MARKERS, or runs a script in it; not a watcher). With `marked`, only those carrying
+    this process's JOB_ENV mark: what a sweep may kill."""
     key = str(run_dir).encode()
     mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []

@@ -104,11 +104,9 @@ HINTS = {
 
 def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float,
            settle_s: float = 30.0) -> int:
-    """Stream the job's logs and print each state change until it ends; its exit status.
-    A requeued job (PENDING again, same id, Restarts+1, logs appended) is not the end: the
-    follower says "requeued" and goes on. A final-looking PREEMPTED or NODE_FAIL of a
-    requeueable job (or any end within `settle_s` of a requeue) is final only when it stays
-    so for `settle_s` seconds."""
+    """Stream the job's logs and print each state change until it ends; its exit status. A
+    requeued job (PENDING again, Restarts+1) goes on being followed; a requeueable job's
+    PREEMPTED or NODE_FAIL (or any end just after a requeue) is final after `settle_s`."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
     last, restarts, unknown, since, requeued_at = None, None, 0, None, None

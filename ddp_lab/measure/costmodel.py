@@ -116,10 +116,9 @@ def _by_root(n: int, root: int, f) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)
 def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
          root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
-    """Cost of one `collective` call with `algorithm` on `world` ranks: `numel` elements of
+    """Cost of one `collective` with `algorithm` on `world` ranks of `numel` elements of
     `elem_size` bytes (all_gather / reduce_scatter: the *full* buffer, as nccl-tests counts);
-    `root`: the group rank of the source / destination; `chunk_bytes`: the ring broadcast's
-    pipeline piece. Cached: a synchroniser asks it once per bucket and step."""
+    `root`: the source / destination; `chunk_bytes`: the ring broadcast's piece. Cached."""
     if algorithm not in ALGORITHMS.get(collective, ()):
         raise KeyError(f"no cost model for {collective}/{algorithm!r}; known: {ALGORITHMS}")
     n, N, e = world, numel * elem_size, elem_size

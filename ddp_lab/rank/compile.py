@@ -32,10 +32,9 @@ def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Opt
 
 def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
                  batch_size: int, blocks: int = 3, steps: int = 8) -> None:
-    """Collective. On CPU, where the count was not asked for: time whole training steps on 1
-    thread and on the rank's ceiling in alternating blocks, summed over the ranks so that
-    they agree, and keep the ceiling only if at least 5% faster. State, RNG and comm
-    records are left as before."""
+    """Collective. On CPU, where the count was not asked for: time steps on 1 thread against
+    the ceiling in alternating blocks, summed over the ranks, and keep the ceiling only if
+    5% faster. State, RNG and comm records are left as before."""
     share = cpu.chosen
     if share is None or not share.tunable or share.threads == 1 or ctx.device.type != "cpu":
         return

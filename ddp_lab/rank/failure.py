@@ -49,11 +49,9 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
              records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
-    """The rank(s) that stopped the others, each record with `why` added, in order of
-    evidence: local ranks recorded running but dead or frozen, or killed by another rank;
-    with `probe`, the ranks of nodes that no longer answer (`silent_nodes`); else the live
-    ranks behind in collectives with no update for `stale_s` s; else the first that failed,
-    unless `me`. [] when nothing stands out (every rank waits in the same collective)."""
+    """The rank(s) that stopped the others, each with `why`, by evidence: local ranks dead,
+    frozen or killed; with `probe`, the ranks of silent nodes; else live ranks behind in
+    collectives, still for `stale_s`; else the first that failed (unless `me`). [] if none."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []

@@ -253,10 +253,9 @@ def _next(times: list[float], t: float) -> float:
 
 
 def trace_figures(path: Path, blocking: bool = False) -> dict:
-    """A profiler trace's own figures per `ProfilerStep#N`: the union of the collectives it
-    recorded (the median step's comm in flight, on the profiler's clock) and their count by
-    name. A step's collectives are those starting inside one of its phases; `blocking`: the
-    caller waits for each call, so a call lasts until the thread's next operator."""
+    """A trace's own figures per `ProfilerStep#N`: the median step's union of the collectives
+    that start in its phases, and their count by name. `blocking`: a call lasts until the
+    calling thread's next operator."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)

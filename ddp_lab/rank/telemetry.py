@@ -164,9 +164,8 @@ class Telemetry:
 
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
-        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere.
-        A resumed epoch records the loss, samples and times of the whole epoch (`m.totals()`)
-        and the timings of this part."""
+        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere (a
+        resumed epoch: the whole epoch's loss, samples and times, this part's timings)."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
         train_loss_sum, correct, samples, busy_s, wall_s = m.totals()

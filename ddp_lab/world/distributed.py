@@ -132,10 +132,9 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
                 run_dir: Optional[Path] = None) -> Iterator[DistContext]:
-    """Initialise the default process group for `env`; destroy it on the way out.
-    `init_timeout_s` (default `timeout_s`) bounds init_process_group, `timeout_s` every
-    collective after it (a dead or hung peer becomes an error, not a hang). On nccl with a
-    `run_dir`, the flight recorder dumps into RUN_DIR/flight_recorder/."""
+    """Initialise the default process group for `env`, destroyed on the way out: within
+    `init_timeout_s` (default `timeout_s`), then `timeout_s` per collective (a dead peer is
+    an error, not a hang); on nccl with a `run_dir`, the flight recorder on."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}

@@ -49,9 +49,8 @@ def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
 
 # ------------------------------------------------------------------ hang watchdog
 class Watchdog:
-    """Dumps every thread's stack into the rank's log after `timeout_s` without progress
-    (faulthandler's C thread fires even when the main thread is stuck in a collective).
-    `rearm()` starts the wait again, cheap enough for every stop check."""
+    """Dumps every thread's stack into the log after `timeout_s` without progress (a C thread:
+    it fires inside a stuck collective too); `rearm()`, cheap, starts the wait again."""
 
     def __init__(self, timeout_s: float, file: Any = None):
         self.timeout_s, self.file, self.armed = float(timeout_s), file, False

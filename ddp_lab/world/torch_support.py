@@ -36,9 +36,8 @@ def accepts(function, keyword: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def has_fused(optimizer: str, device_type: str) -> bool:
-    """Whether this torch has the fused (one kernel) update of torch.optim.`optimizer`
-    ("adam" | "sgd") for tensors on `device_type`: fused Adam on CPU comes with torch 2.4,
-    fused SGD with 2.3 (CUDA) and 2.4 (CPU). Asked of torch itself, by making one."""
+    """Whether this torch has the fused update of torch.optim.`optimizer` ("adam" | "sgd") on
+    `device_type` (Adam on CPU: 2.4; SGD: 2.3 on CUDA, 2.4 on CPU), asked by making one."""
     import torch
 
     if device_type == "cuda" and not torch.cuda.is_available():
