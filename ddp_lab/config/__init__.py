@@ -1,15 +1,10 @@
 """The config schema: dataclasses give the types, YAML in conf/ gives the values.
 
-Registered in Hydra's ConfigStore so that a misspelt key or a value of the wrong type
-fails at composition, with Hydra's own message, before any process starts. Each config
-group option (conf/<group>/<name>.yaml) starts from its schema node `/schema/<group>/<name>`.
-The schemas live by section: launch.py (how ranks start), train.py (model, data,
-optimiser, loop, run folder, logging, timing), and each synchroniser's keys and rules
-beside it, in ddp_lab/config/sync/ (torch-free, as everything here); this module puts
-them together (`Config`), registers them and reads them back.
-
-Workers do not compose: they read the resolved `config.yaml` of their run folder back
-into the same schema with `load_run_config`, so every rank runs exactly one config.
+Registered in Hydra's ConfigStore, so a misspelt key or a wrong type fails at composition;
+each group option (conf/<group>/<name>.yaml) starts from `/schema/<group>/<name>`. The
+sections live in launch.py, train.py and sync/ (torch-free); this module joins them
+(`Config`), registers them and reads them back. Workers do not compose: they read their
+run folder's resolved `config.yaml` with `load_run_config`.
 """
 
 from __future__ import annotations
@@ -55,10 +50,8 @@ class Config:
                                                       "`study`. Not for users.")
 
 
-# group -> option -> schema: the options the config accepts. Adding an option = one
-# dataclass (here, or config/sync/) + one YAML in conf/ + the implementation in its
-# kind's registry (launch.LAUNCHERS, sync.SYNCS, models.MODELS / OPTIMIZERS); tests/test_registry.py
-# checks that each kind's registry names exactly these options.
+# group -> option -> schema. Adding an option = a dataclass + a YAML in conf/ + the
+# implementation in its kind's registry (tests/test_registry.py checks they agree).
 SCHEMAS: dict[str, Registry[type]] = {
     "launcher": Registry("launcher", {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
@@ -73,9 +66,8 @@ SCHEMAS: dict[str, Registry[type]] = {
 CONF_DIR = conf_dir()  # checkout or installed wheel (ddp_lab/config/resources.py)
 
 
-# the groups each entry point accepts, as `--help` lists them (`${ddp_lab_groups:<app>}` in
-# conf/<app>.yaml's help template); Hydra's own listing would also show `schema/*` and,
-# for the trainer, the bench presets
+# the groups each entry point's `--help` lists (`${ddp_lab_groups:<app>}`); Hydra's own
+# listing would also show `schema/*` and the bench presets
 HELP_GROUPS = {"config": ("launcher", "sync", "model", "data", "optim", "cluster", "study"),
                "bench": ("launcher", "bench", "cluster")}
 
@@ -110,10 +102,8 @@ def schema_for(group: str, name: str) -> type:
 
 
 def with_defaults(cfg: Any) -> Any:
-    """A sync section as plain as `OmegaConf.create({"name": "ring", "bucket_mb": 1})` (the
-    tests', a script's) completed with its schema's defaults, so keys added since
-    (overlap, compress, ...) read as their defaults; a composed config (typed by its
-    schema already) comes back as it is."""
+    """A plain sync section (`OmegaConf.create({"name": "ring"})`, as tests and scripts make)
+    completed with its schema's defaults; a composed config comes back as it is."""
     if not isinstance(cfg, DictConfig) or OmegaConf.get_type(cfg) is not dict:
         return cfg
     base = OmegaConf.structured(schema_for("sync", cfg.name))
@@ -127,8 +117,7 @@ def check_model(cfg: ModelConfig) -> None:
 
 
 def check_sync(cfg: SyncConfig, world_size: int) -> None:
-    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size`
-    ranks: its schema's `check`. Needs no torch, so the submitting side runs it."""
+    """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size` ranks."""
     schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)
 
 
@@ -147,8 +136,7 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
 
 
 def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
-    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python
-    (benchmark scripts that run the trainer's pieces in their own processes)."""
+    """The trainer's config as `python -m ddp_lab <overrides>` composes it, from Python."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hydra_compose(config_name=config_name, overrides=overrides)

@@ -1,11 +1,7 @@
-"""The one error type a user sees: a mistake in the command line or the config.
-
-Everything that can reject a command before a process starts raises a `UserError` (or a
-subclass: `ddp_lab.launch.LaunchError`, `ddp_lab.config.registry.UnknownName`); the CLI wrapper
-(`ddp_lab.command.cli`) is the one place that turns it into `error: <message>` on stderr, exit 2.
+"""The one error type a user sees, `UserError` (or a subclass): a mistake in the command
+line or the config; `ddp_lab.command.cli` turns it into one line on stderr, exit 2.
 """
 
 
 class UserError(ValueError):
-    """A mistake in the command line or config: printed as one line, no traceback.
-    (A ValueError: code that checks values raises it where a ValueError is expected.)"""
+    """A mistake in the command line or config, one line, no traceback (also a ValueError)."""

@@ -1,8 +1,7 @@
-"""`python -m ddp_lab --help`'s keys, each with its meaning: a schema declares a key as
-`nodes: int = doc(1, "number of machines (nodes, pods)")` (ddp_lab/config/,
-ddp_lab/config/sync/, ddp_lab/bench/config.py), the text rides on the dataclass field as its metadata, and
-`help_keys` (the `${ddp_lab_keys:...}` resolver of conf/<app>.yaml's help template) shows
-it beside every key of the composed config. The groups' listing is config.help_groups."""
+"""`--help`'s keys, each with its meaning: a schema declares `nodes: int = doc(1, "number of
+machines")`, the text rides on the field's metadata, and `help_keys` (the
+`${ddp_lab_keys:...}` resolver) shows it beside every key of the composed config.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def doc(default: Any, text: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """A schema dataclass's keys -> their meaning on one line (`doc`'s text), inherited
-    keys included."""
+    """A schema dataclass's keys (inherited ones too) -> their one-line meaning."""
     return {f.name: " ".join(f.metadata["doc"].split())
             for f in dataclasses.fields(cls) if "doc" in f.metadata}
 
@@ -39,8 +37,7 @@ def one_line(text: str, width: int) -> str:
 
 
 def help_keys(app: str, *, _root_: DictConfig) -> str:
-    """`--help`'s config: every key of the composed config (overrides applied, so
-    `--help launcher=slurm` shows SLURM's keys) with its value and its meaning."""
+    """`--help`'s config: every key of the composed config with its value and meaning."""
     rows: list[tuple[str, str]] = []
 
     def walk(node: DictConfig, depth: int) -> None:

@@ -1,8 +1,5 @@
-"""One generic name -> entry table, used for every kind the config names (synchronisers,
-launchers, models, optimisers, benchmark ops and implementations, config schemas).
-
-Each kind fills its own `Registry` where the kind lives; config validation, `--help` and
-error messages all read it, so a name is never listed twice by hand.
+"""One generic name -> entry table for every kind the config names (synchronisers,
+launchers, models, ...): validation, `--help` and error messages all read it.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ class UnknownName(UserError, LookupError):
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Entries by name, in registration order. `key` is the config key that picks an
-    entry (`sync`, `launcher`, `bench.ops`): every error message names it."""
+    """Entries by name, in registration order; `key` is the config key every error names."""
 
     def __init__(self, key: str, entries: Optional[Mapping[str, T]] = None):
         self.key = key

@@ -1,9 +1,6 @@
-"""Where the Hydra config tree and the launch templates are, from a checkout or installed.
-
-In a checkout (and an editable install) they are the top-level `conf/` and `launchers/`
-users know and edit; a wheel carries copies inside the package, `ddp_lab/_conf` and
-`ddp_lab/_launchers` (setup.py's build_py copies them), because nothing outside the
-package travels with `pip install`.
+"""Where the Hydra config tree and the launch templates are: the top-level `conf/` and
+`launchers/` in a checkout, copies inside the package (`ddp_lab/_conf`,
+`ddp_lab/_launchers`, setup.py's build_py) in a wheel.
 """
 
 from __future__ import annotations

@@ -170,16 +170,13 @@ class BatchPlan:
 
     @property
     def micro_batch(self) -> int:
-        """The micro-batch a step accumulates its gradient over, 0 if it takes its batch
-        whole (`step.run_steps`)."""
+        """The micro-batch a step accumulates over, 0 if it takes its batch whole."""
         return self.micro if self.accumulation > 1 else 0
 
 
 def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
-    """The batch plan of `train` (the train config section) on `world_size` ranks. Raises
-    ValueError, one line naming the key and the fix, for a combination that cannot run:
-    the submitting side checks it with the launcher's world size (validate.py), every rank
-    again with the real one."""
+    """The batch plan of the train section on `world_size` ranks; ValueError, one line naming
+    the key and the fix, for a combination that cannot run."""
     # (a hand-made section without the keys, as scripts and tests build, means both off)
     gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
     if gb < 0:
@@ -207,20 +204,15 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
                      micro=per_rank // steps, accumulation=steps, scaling=scaling)
 
 
-#: the synchronisers whose step a CUDA graph can hold on nccl: their collectives are the
-#: library's own (all_reduce, reduce_scatter, all_gather), launched from this thread. Ours
-#: built from send/recv (ring, tree, butterfly, hierarchical) and reduce_broadcast's rooted
-#: calls with their waits are not captured (ddp_lab/rank/cuda_graph.py)
+#: the synchronisers whose step a CUDA graph can hold on nccl: the library's own
+#: collectives, launched from this thread (not send/recv, not rooted calls with waits)
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
 def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optional[str]:
-    """Why train.cuda_graph=true cannot run `cfg` (the whole composed config, as
-    validation reads it before any process starts), or None: one line
-    naming the key and the fix. `device`: dist.device as the ranks will see it where that
-    is known (auto stays auto when the ranks start elsewhere); `accumulation`: micro-steps
-    per optimiser step (`batch_plan`). A graph replays fixed kernels on fixed memory:
-    anything the host decides per step cannot be in it."""
+    """Why train.cuda_graph=true cannot run `cfg`, or None: one line naming the key and the
+    fix. `device`: dist.device as the ranks will see it; `accumulation`: micro-steps per
+    optimiser step. A graph replays fixed kernels on fixed memory: nothing decided per step."""
     if not cfg.train.get("cuda_graph", False):
         return None
     sync, key = cfg.sync, "train.cuda_graph=true"
@@ -262,12 +254,8 @@ class DistConfig:
 
 
 def device_type(device: str, cuda_available: bool) -> str:
-    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu
-    (the ranks: distributed.choose_device; the submitting side, for a local launch:
-    validate.py)."""
-    if device == "auto":
-        return "cuda" if cuda_available else "cpu"
-    return device
+    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu."""
+    return ("cuda" if cuda_available else "cpu") if device == "auto" else device
 
 
 @dataclass

@@ -1,10 +1,7 @@
 """Checkpoints written atomically: a crash leaves the previous one, never half of a new one.
-
-`epoch_0003.pt` holds the state after 3 epochs, `epoch_0003_step_000120.pt` after 3 epochs
-and 120 steps of the 4th (a graceful stop); a run continues from the newest by (epochs,
-step) whose bytes still match its SHA-256 (`epoch_0003.pt.sha256`, `sha256sum -c` format,
-written before the checkpoint is renamed into place). A damaged one is set aside as
-`<name>.damaged`, never deleted.
+`epoch_0003.pt`: after 3 epochs; `epoch_0003_step_000120.pt`: and 120 steps of the 4th.
+A run continues from the newest whose bytes match its `.sha256` (`sha256sum -c` format,
+written first); a damaged one is set aside as `<name>.damaged`, never deleted.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def damage(path: Path) -> Optional[str]:
-    """Why the checkpoint at `path` cannot be trusted (None: its bytes match its checksum;
-    one written before checksums were recorded is trusted as it is)."""
+    """Why the checkpoint at `path` cannot be trusted, or None (no checksum recorded: trusted)."""
     try:
         recorded = path.with_name(path.name + SUM).read_text().split()[0]
     except (OSError, IndexError):
@@ -112,8 +108,7 @@ def latest(ckpt_dir: Path) -> Optional[Path]:
 
 
 def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
-    """Delete checkpoints past `pos`: a run continuing from `pos` starts a new timeline, and
-    the old one's later states must not outlive it."""
+    """Delete checkpoints past `pos`: the old timeline's later states must not outlive it."""
     gone = [p for key, p in _list(ckpt_dir) if key > pos]
     for p in gone:
         _remove(p)

@@ -1,17 +1,10 @@
-"""One description of a run: what it trains (its workload), how (its setting), and a short
-label of what sets it apart; the report, status, TensorBoard, run folder names, the sweep's
-table and a study's points all read it.
-
-    describe_run(config, summary) -> Description
-      workload  model (non-default options), data, batch (per rank or global), micro-batch,
-                optimiser (lr, non-default options)
-      setting   sync and its non-default options, world, nodes, launcher, device, the entry
-                the ranks run (when not the trainer)
-      length    epochs and the step cap: epoch times compare only within them
-
-Two runs are repeats of one point only when workload and setting agree. A group's default
-is its conf/sync/<name>.yaml over its schema, so a new synchroniser or option is described
-without a change here. Torch-free.
+"""One description of a run: what it trains (`workload`: model, data, batch, micro-batch,
+optimiser), how (`setting`: sync and its options, world, nodes, launcher, device, entry),
+its `length`, and a short label of what sets it apart. The report, status, TensorBoard,
+run folder names, the sweep and a study all read it; two runs are repeats of one point
+only when workload and setting agree. Only non-default options are named, a default
+being conf/sync/<name>.yaml over its schema, so a new option needs no change here.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -33,8 +26,7 @@ TRAIN_DEFAULTS = {"batch_size": 64, "global_batch": 0, "micro_batch": 0, "lr": 1
 
 @functools.lru_cache(maxsize=None)
 def group_defaults(group: str, option: str) -> dict:
-    """conf/<group>/<option>.yaml's values over its schema's defaults (sync only has
-    schemas here; other groups: the yaml's values), {} for an unknown option."""
+    """conf/<group>/<option>.yaml's values over its schema's defaults (sync); {} if unknown."""
     out: dict = {}
     schema = SYNC_SCHEMAS.get(option) if group == "sync" else None
     if schema is not None:
@@ -114,8 +106,8 @@ class Description:
 
     # ------------------------------------------------------------------ words
     def sync_label(self) -> str:
-        """The synchroniser with what is not its default: `ring`, `ring prepost=true`,
-        `allreduce compress=fp16 overlap=true`; the entry when it is not the trainer."""
+        """The synchroniser with what is not its default (`ring prepost=true`), and the
+        entry when it is not the trainer."""
         entry = self.s.get("entry")
         words = [self.sync] + [f"{k}={_yaml(v)}" for k, v in self.options.items()]
         if entry:
@@ -123,8 +115,7 @@ class Description:
         return " ".join(words)
 
     def series_label(self) -> str:
-        """`sync_label` and the rest of the setting that is not the default (launcher,
-        device), for a report's series."""
+        """`sync_label` and a launcher that is not the default, for a report's series."""
         s = self.s
         extra = [f"{k}={s[k]}" for k in ("launcher",) if s.get(k) not in (None, "local")]
         return " ".join([self.sync_label(), *extra])
@@ -185,22 +176,16 @@ class Description:
         return ", ".join(words)
 
     def hparams(self) -> dict:
-        """Flat name -> value for TensorBoard's HParams: every setting and workload key,
-        the sync's options each as `sync.<key>` (all of them, defaults included, so runs
-        with and without an option line up in one table)."""
+        """Flat name -> value for TensorBoard's HParams: every setting and workload key, and
+        every sync option as `sync.<key>`, defaults included (so runs line up in one table)."""
         out: dict[str, Any] = {}
         for k, v in self.setting:
-            if k == "options":
-                continue
-            if v is not None:
+            if k != "options" and v is not None:
                 out["world_size" if k == "world" else k] = v
         for k, v in sync_options(self.sync).items():
             v = self.options.get(k, v)
             out[f"sync.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
-        for k, v in self.workload:
-            if v is None or k == "model_options":
-                continue
-            out[k] = v
+        out.update((k, v) for k, v in self.workload if v is not None and k != "model_options")
         for k, v in (self.w.get("model_options") or ()):
             out[f"model.{k}"] = v if isinstance(v, (bool, int, float, str)) else str(v)
         out["scaling"] = "strong" if self.w.get("global_batch") else "weak"
@@ -209,8 +194,7 @@ class Description:
 
     @classmethod
     def from_hparams(cls, hp: Mapping) -> "Description":
-        """The description back from its hparams (`hparams`, plus what the ranks add:
-        `world_size`, top-level `compress`/`overlap`)."""
+        """The description back from its hparams (the ranks' `world_size` etc. included)."""
         sync = {"name": hp.get("sync")}
         for k in sync_options(str(hp.get("sync"))):  # in the schema's order, as a config has them
             if f"sync.{k}" in hp or k in hp:
@@ -230,9 +214,8 @@ class Description:
 
 
 def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Description:
-    """What a run is, from its config (config.yaml as plain data, resolved or composed)
-    and, where it has one, its summary.json (the world and device as the ranks found
-    them)."""
+    """What a run is, from its config (plain data, resolved or composed) and its summary.json
+    where it has one (the world and device as the ranks found them)."""
     config, summary = config or {}, summary or {}
     sync = dict(config.get("sync") or {})
     model = dict(config.get("model") or {})

@@ -26,9 +26,8 @@ class DiskFull(OSError):
 
 
 def disk_error(e: Optional[BaseException]) -> Optional[OSError]:
-    """The out-of-space (quota, read-only) OSError behind `e`, if that is what `e` is:
-    torch.save reports a full disk as a RuntimeError ("unexpected pos ...") raised while
-    handling it."""
+    """The out-of-space (quota, read-only) OSError behind `e`, if that is what `e` is
+    (torch.save raises a RuntimeError while handling it)."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in DISK_FULL:
             return e
@@ -77,8 +76,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def file_hash(path: Path, algorithm: str) -> str:
-    """The hex digest of a file's bytes (`hashlib.file_digest` from Python 3.11 on; read in
-    1 MiB blocks here, for 3.10's sake)."""
+    """The hex digest of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -1,11 +1,6 @@
-"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs. Only one
-rank writes results.
-
-`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other rank
-a `NullSink` that does nothing, so the caller (`ddp_lab.rank.telemetry`) never asks which rank
-it is on (torchtitan's habit). TensorBoard (ddp_lab/folder/tensorboard.py): one run per
-training, tags with their units: `time/epoch[s]`, `throughput/train[samples/s]`,
-`comm/busbw[GB/s]`.
+"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs.
+`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other a
+`NullSink`, so the caller never asks which rank it is on.
 """
 
 from __future__ import annotations
@@ -56,11 +51,8 @@ class _LogFile(logging.FileHandler):
 
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log; only rank 0 (and errors) to the console,
-    or with `every_rank` (log.ranks=all) every rank, each line prefixed with its rank.
-    faulthandler writes into the same log: every thread's stack on a fatal signal (SIGSEGV,
-    SIGABRT: nccl's watchdog aborts a rank that way) and on the hang watchdog
-    (ddp_lab.world.hang.Watchdog)."""
+    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank with `every_rank`) also
+    to the console; faulthandler writes stacks there (fatal signals, the hang watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
@@ -86,8 +78,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
 
 
 class NullSink:
-    """What a non-logging rank writes to: nothing. The loop and `Telemetry` call it exactly
-    as the real one, so no `if rank == 0` sits around each call (torchtitan's BaseLogger)."""
+    """What a non-logging rank writes to: nothing, called exactly as the real one."""
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
@@ -109,13 +100,8 @@ class NullSink:
 
 
 class RunFolderSink(NullSink):
-    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are
-    rewritten whole and atomically (`ddp_lab.folder.files`): a reader, or a run killed mid-write,
-    sees the file before or after an epoch, never a torn line. They are small (a line per
-    epoch), so the rewrite costs nothing next to an epoch.
-
-    TensorBoard: one run per training, in tb/<name>/, x axis the global step
-    (ddp_lab/folder/tensorboard.py); a resumed run hides its points past the checkpoint."""
+    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are small
+    and rewritten whole and atomically (`ddp_lab.folder.files`): never a torn line."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -125,10 +111,8 @@ class RunFolderSink(NullSink):
         self._at = 0  # global steps done at the checkpoint the run continues from
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
-        """Keep the records up to the checkpoint we continue from (after `epoch` epochs,
-        `global_step` steps in all), drop later ones, and return those kept (the run's
-        figures count them); a fresh run keeps none. TensorBoard hides its points past the
-        same position (`tensorboard`)."""
+        """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
+        `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
@@ -146,10 +130,8 @@ class RunFolderSink(NullSink):
 
     def tensorboard(self, name: str, config: str, hparams: dict,
                     bands: tuple[str, ...] = ("step", "epoch")) -> None:
-        """Open the run's TensorBoard folder: the one a former segment wrote, its points
-        past the checkpoint hidden, else tb/<name>, which starts with the config, the
-        layout (with the band charts `bands`) and the hparams. A fresh start keeps
-        nothing, as in metrics.jsonl."""
+        """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
+        hidden, else a fresh tb/<name> (config, layout with the `bands` charts, hparams)."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
@@ -169,8 +151,7 @@ class RunFolderSink(NullSink):
         self._tb.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Per-step scalars (step, values); the writer's thread flushes them within
-        seconds (tensorboard.FLUSH_S): nothing here waits for the disk."""
+        """Per-step scalars (step, values); the writer's thread flushes them."""
         for step, scalars in points:
             self._tb.scalars(step, scalars)
 

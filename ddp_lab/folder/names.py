@@ -1,8 +1,6 @@
-"""The words of a name: what a run folder or TensorBoard run may hold, and a bench
-sweep's job name. A training run's name is its description's label
-(ddp_lab/folder/description.py: `ring-prepost_w3_mlp`, `ring-fp16-overlap_w8n2_cnn_sgd`);
-the run folder is `<name>_<date>_<time>` (rundir.make_run_dir) and the TensorBoard run
-`tb/<label>/` inside it. Only stdlib here: the submitting side and the ranks both import it.
+"""The words of a name: what a run folder or TensorBoard run may hold, and a bench sweep's
+job name. A training run's name is its description's label (`ring-prepost_w3_mlp`).
+Stdlib only: the submitting side and the ranks both import it.
 """
 
 from __future__ import annotations
@@ -10,9 +8,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-# groups whose option is part of a name when it is not conf/config.yaml's default
-# (tests/test_run_folder.py checks these against the config's defaults list); sync and
-# model are always named, data has one option
+# groups named only when not conf/config.yaml's default (sync and model: always)
 DEFAULT_GROUPS = {"optim": "adam", "launcher": "local"}
 MAX_LEN = 60  # a name longer than this is cut: file systems and sidebars both have limits
 

@@ -1,12 +1,7 @@
 """The run folder's records as types: one `EpochRecord` per line of metrics.jsonl, one
-`RunSummary` in summary.json. The trainer writes them (through `ddp_lab.rank.telemetry`) and the
-report reads them, so both sides agree on one shape.
-
-Versioning: every record carries `schema_version`. A file written before versioning has
-none and reads as version 0 (its keys are the same). Later versions only add fields, each
-with a default, so an old file still reads; keys a reader does not know are kept in
-`extra` and written back unchanged, so an older reader never drops a newer writer's data.
-Stdlib only: the report reads runs without importing torch.
+`RunSummary` in summary.json; the trainer writes them and the report reads them.
+Every record carries `schema_version` (none: 0); later versions only add fields with
+defaults, and unknown keys are kept in `extra` and written back unchanged. Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,10 +22,8 @@ def now_iso() -> str:
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """metrics.jsonl's records (its JSON-object lines, in order) and the lines that are not
-    one, with their numbers: a line torn by something outside the run (the trainer rewrites
-    the file whole and atomically) costs its own record, never the reader. Every reader of
-    the file (resume, status, report) comes through here. ([], []) when there is no file."""
+    """metrics.jsonl's JSON-object lines, in order, and the others with their numbers (a torn
+    line costs its own record, never the reader); ([], []) without a file."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
@@ -57,8 +50,7 @@ R = TypeVar("R", bound="_Record")
 class _Record:
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
-        """A record from its JSON object; unknown keys go to `extra`, a missing
-        `schema_version` means a file written before versioning (0)."""
+        """A record from its JSON object; unknown keys into `extra`, no schema_version: 0."""
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -118,8 +110,7 @@ class EpochRecord(_Record):
 
 @dataclass
 class RunSummary(_Record):
-    """The run in one object (summary.json). Every field has a default: a failed run's
-    summary holds little more than its status."""
+    """The run in one object (summary.json); every field has a default."""
 
     status: Optional[str] = None  # running | completed | preempted | stopped | failed: <why>
     launcher: Optional[str] = None
@@ -169,8 +160,7 @@ class RunSummary(_Record):
     compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
     compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
     cuda_graph: Optional[bool] = None  # train.cuda_graph: the step replayed as one CUDA graph, timed whole
-    # sync=ddp: DDP's own timing (ddp._get_ddp_logging_data(), seconds) beside ours
-    # (ddp_lab/rank/profile.py; docs/timing.md, Independent witnesses)
+    # sync=ddp: DDP's own timing in seconds beside ours (docs/timing.md, Independent witnesses)
     ddp_timing: Optional[dict] = None
     # timing.profile: each rank's figures for the profiled steps, ours and the trace's
     witnesses: Optional[dict] = None
@@ -183,22 +173,18 @@ class RunSummary(_Record):
     step_in_epoch: Optional[int] = None
     stop_reason: Optional[str] = None
     job_id: Optional[str] = None  # the scheduler's job id of the latest allocation
-    # every allocation (SLURM job or requeue, pod set, local launch) the run used, in order:
-    # job_id, restart, hosts, nodes, world_size, start/end (ISO), start_/end_ epoch and
-    # step, epochs_done/steps_done in it, status when it ended
+    # every allocation the run used, in order: job id, hosts, start/end, epochs and steps
+    # done in it, how it ended (docs/failures.md, "The pieces")
     segments: list = field(default_factory=list)
-    # the allocation's fingerprint (ddp_lab.world.fingerprint: hosts, CPU/GPU, versions, backend,
-    # NCCL transport, env) and its short id, written by rank 0 at start
+    # the allocation's fingerprint (ddp_lab.world.fingerprint) and its short id
     fingerprint: dict = field(default_factory=dict)
     fingerprint_id: Optional[str] = None
     # the run is a point of a study (ddp_lab/command/study.py): {id, world, repeat, index}
     study: Optional[dict] = None
-    # the run's straggler, from all its epochs' steps ({rank, late_ms, share} | None) and
-    # the delay injected (debug.slow_rank/slow_ms/jitter_ms; None when none)
+    # the run's straggler over all its steps ({rank, late_ms, share}) and the injected delay
     straggler: Optional[dict] = None
     injected_delay: Optional[dict] = None
-    # bytes one rank holds at the end (Synchroniser.memory): parameters, gradients (the
-    # whole gradient backward makes) and optimiser state (zero1: its shard's only)
+    # bytes one rank holds at the end (Synchroniser.memory; zero1: its shard's state only)
     memory_param_bytes: Optional[int] = None
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None
@@ -213,16 +199,9 @@ class RunSummary(_Record):
 
 # ------------------------------------------------------------------ the run's figures
 def run_figures(epochs: list[dict]) -> dict[str, Any]:
-    """The run's figures from its epochs' records (metrics.jsonl, every allocation's): the
-    one place each is derived. summary.json, the console's closing line, TensorBoard's
-    hparam metrics and the report all read them from here, so a resumed, requeued or
-    stopped-and-continued run describes all its epochs, not its last allocation's.
-
-    Epoch times: median and mean over every epoch (an epoch split by a stop counts once,
-    with the time of both parts). Comm: sums over the steps each record timed (an epoch
-    split by a stop timed its second part only; `steps_run` counts what was timed);
-    comm_fraction = in-flight comm / step time, both summed, as one epoch's
-    (ddp_lab/timing/comm.py); algbw/busbw = bytes / in-flight time, as nccl-tests'."""
+    """The run's figures from its epochs' records (every allocation's): the one place each is
+    derived, for summary.json, the console, TensorBoard and the report. Epoch times over
+    every epoch; comm sums over the timed steps (`steps_run`), its fraction and busbw too."""
     recs = sorted((r for r in epochs if r.get("epoch")), key=lambda r: r["epoch"])
     times = [float(r["epoch_time_s"]) for r in recs if r.get("epoch_time_s") is not None]
     timing = bool(recs) and all(r.get("timing") for r in recs)
@@ -267,8 +246,7 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
 
 
 def _step_seconds(rec: dict) -> float:
-    """One record's seconds in its timed steps: `step_time_s`, or for a record written
-    before it was kept, phase `step`'s total."""
+    """A record's seconds in its timed steps: `step_time_s`, else phase `step`'s total."""
     if rec.get("step_time_s") is not None:
         return float(rec["step_time_s"])
     return float(((rec.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)

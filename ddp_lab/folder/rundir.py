@@ -16,12 +16,8 @@ from .records import now_iso, read_metrics
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
-    `<run.root>/<name>_<date>_<time>` (suffixed when two runs start in one second).
-
-    The name comes first so that TensorBoard's sidebar, which names a run by its path
-    under --logdir, starts with what tells runs apart:
-    `label` (a kind of job: `bench_local`) and run.name (a sweep job's swept values, or
-    the user's), else the run's description's label (`describe_config`: `ring_w2_mlp_sgd`)."""
+    `<run.root>/<name>_<date>_<time>`. The name comes first, for TensorBoard's sidebar:
+    `label` and run.name, else the run's description's label (`ring_w2_mlp_sgd`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         _mkdir(path, exist_ok=True)
@@ -41,9 +37,8 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 
 def describe_config(cfg: DictConfig) -> str:
-    """The description's label (description.describe_run) of a training config, on the
-    submitting side: the world size as the launcher will start it (left out where not
-    known yet)."""
+    """The description's label of a training config on the submitting side (the world size as
+    the launcher will start it, where known)."""
     if cfg.get("sync") is None or cfg.get("model") is None:
         return "run"
     data = OmegaConf.to_container(cfg, resolve=False)
@@ -61,11 +56,9 @@ def describe_config(cfg: DictConfig) -> str:
 
 
 def _mkdir(path: Path, exist_ok: bool) -> None:
-    """`mkdir -p`, again if a folder on the way vanished meanwhile: another command started
-    at the same time checks a new run.root by making it and removing it again
-    (validate.folder_problem). Each try takes microseconds and the other command's probe
-    removes the root only while it is empty, so a few tries win; 100, because on a busy
-    machine the probe won 5 in a row (seen on CI)."""
+    """`mkdir -p`, again if a folder on the way vanished meanwhile: a command starting at the
+    same time probes a new run.root by making and removing it (validate.folder_problem),
+    only while it is empty, so a few tries win."""
     for attempt in range(100):
         try:
             path.mkdir(parents=True, exist_ok=exist_ok)
@@ -100,9 +93,8 @@ DRY_RUN = "DRY_RUN"  # the marker of a folder a dry run rendered: nothing ever r
 
 
 def is_dry_run(run_dir: Path) -> bool:
-    """A folder that only holds what `launcher.dry_run=true` rendered (status and the
-    report leave it out of their counts). One whose script was then run by hand (`sbatch
-    RUN_DIR/job.sbatch`, `bash pod.sh`) has logs or a summary: a run."""
+    """A folder that only holds what `launcher.dry_run=true` rendered (one whose script was then
+    run by hand has logs or a summary: a run)."""
     run_dir = Path(run_dir)
     if not (run_dir / DRY_RUN).is_file() or (run_dir / "summary.json").exists():
         return False
@@ -118,8 +110,7 @@ def read_summary(run_dir: Path) -> dict:
 
 
 def folder_state(run_dir: Path) -> dict:
-    """What `run_dir` holds: the newest checkpoint's position, the summary's status and
-    epochs, how many epoch records metrics.jsonl has. Reads only small files."""
+    """What `run_dir` holds (newest checkpoint, summary, epoch records), from small files only."""
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
     records = read_metrics(metrics)[0]
@@ -159,10 +150,8 @@ def describe_state(state: dict) -> str:
 
 
 def world_size(cfg: DictConfig) -> Optional[int]:
-    """The ranks a resolved config starts: mpirun's host slots summed (hosts may have
-    different counts), else nodes x processes per node; None where not yet known (a config
-    before the launcher resolved it). The submitting side's rules and a run folder's old
-    config.yaml are both read with it."""
+    """The ranks a resolved config starts: mpirun's host slots summed, else nodes x processes
+    per node; None before the launcher resolved it."""
     lc = cfg.get("launcher") or {}
     if lc.get("hosts"):
         slots = [str(h).rpartition(":")[2] for h in lc.hosts]
@@ -235,8 +224,7 @@ def _short(value) -> str:
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
-    """summary.json says `status` (a failure), keeping what it held (the run's segments,
-    its last metrics) and closing the open segment; `fields` fill keys it lacks."""
+    """summary.json says `status` (a failure), its open segment closed; `fields` fill gaps."""
     summary = read_summary(run_dir)
     summary["status"] = status
     for key, value in (fields or {}).items():

@@ -1,18 +1,9 @@
-"""TensorBoard for one run folder: one writer, so one TensorBoard run per training
-(docs/timing.md, "TensorBoard", shows what it draws).
-
-    RUN/tb/<name>/events.out.tfevents.*      e.g. RUN/tb/ring_w4_mlp/
-
-The run folder's name starts with what tells runs apart and `<name>` says the rest
-(ddp_lab/folder/names.py); a resumed run goes on in its first segment's folder. One x axis,
-the global step: a per-step point at its step, an epoch's scalars at the epoch's last step,
-`epoch` a scalar of its own; a resumed run purges every point past its checkpoint.
-
-Tags carry their units in brackets, `time/epoch[s]`, never in parentheses: the
-custom-scalars dashboard finds a line's run with /\((.*)\)$/, so a tag with "(" stays
-invisible. Written once, at step 0 of a fresh run: the config as text, the custom-scalars
-layout (`layout(run)`, then `LAYOUT`) and the hparams (`hparams_summaries`, no experiment of
-its own, so the HParams dashboard ticks those that differ); `RUN_METRICS` at every epoch's end.
+r"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoard run per
+training (docs/timing.md, "TensorBoard", shows what it draws). One x axis, the global
+step; a resumed run goes on in its first segment's folder and purges the points past its
+checkpoint. Tags carry units in brackets, `time/epoch[s]`, never parentheses: the
+custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0 of a fresh run:
+the config, the custom-scalars layout (`layout`) and the hparams (`hparams_summaries`).
 """
 
 from __future__ import annotations
@@ -24,14 +15,11 @@ from typing import Any, Optional
 
 
 EVENTS = "events.out.tfevents.*"
-# the writer's own thread writes and flushes the file (every FLUSH_S seconds when there is
-# something new): TensorBoard sees a step within seconds and the training thread never
-# waits, the queue being long enough for the points of several seconds
+# the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
 FLUSH_S = 2
 QUEUE = 1000
 
-# a run's per-step points: every `timing.tb_every`-th step, or more often in a run of fewer
-# than MIN_POINTS x tb_every steps, so that it has MIN_POINTS of them
+# a short run writes per-step points more often than tb_every, to have MIN_POINTS of them
 MIN_POINTS = 20
 
 
@@ -40,10 +28,8 @@ def step_stride(tb_every: int, steps: int) -> int:
     return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
 
 
-# the run's figures so far, written at every epoch's end: the HParams dashboard's metric
-# columns. It lists every scalar tag of the runs, sorted, and shows the first five: an
-# upper-case group sorts before every lower-case tag, so these four (and the test
-# accuracy) are the five shown
+# the HParams dashboard's metric columns, at every epoch's end: it shows the first five
+# sorted tags, and an upper-case group sorts before every lower-case tag
 RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_time_median[s]",
                "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
@@ -53,11 +39,9 @@ def run_metrics(**figures: float) -> dict[str, float]:
     return {RUN_METRICS[name]: value for name, value in figures.items()}
 
 
-# The margin charts' band: a run's comm in flight drawn as a stretch that ends where its
-# exposed part ends (compute + exposed), so the part above the compute line is exposed.
-# Each run writes its band under tags of its own, `band/<run folder>/...`, with its own
-# chart over them (a margin chart draws every run that has its tags).
-# (compute, in flight, exposed) -> (what the chart calls them: its line, band from, to)
+# A run's margin chart: comm in flight as a band ending at compute + exposed, so the part
+# above the compute line is exposed; under the run's own tags, `band/<run folder>/...`.
+# (compute, in flight, exposed) -> (the chart's line, band from, band to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
          ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
          ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
@@ -91,9 +75,8 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
     return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
-# Custom scalars: every line of a run has the run's colour, so one chart per quantity
-# where runs are compared, and per run a margin chart, compute the line and comm the band
-# (`ONE_RUN`, `layout(run)`): (which, title, closed, the band's tags, the title's tail)
+# Custom scalars: a chart per quantity to compare runs (`LAYOUT`), and per run its margin
+# chart (`ONE_RUN`: which, title, closed, the band's tags, the title's tail)
 ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
                     "comm in flight (above the line: exposed)", False,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
@@ -123,12 +106,9 @@ LAYOUT = (
 
 
 def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
-    """Run `run`'s custom-scalars layout as the plugin's proto: its own band charts
-    (`ONE_RUN`, titled by the run), then `LAYOUT`. `bands`: the charts the run will draw
-    lines on ("step": it writes per-step points; "epoch": more than one epoch); a chart
-    of one point or none is left out, its category kept: every run's layout has the same
-    categories, which the plugin merges into one chart per run (a category the first
-    run lacks would lose the later runs' charts)."""
+    """Run `run`'s custom-scalars layout proto: its band charts (`ONE_RUN`), then `LAYOUT`.
+    `bands`: the charts that will draw a line; a left-out chart keeps its category, since
+    the plugin merges every run's categories by the first run's."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
@@ -141,9 +121,8 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
 
 
 def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
-    """Run `run`'s layout (`layout`) as the Summary the plugin reads (tag `custom_scalars__config__`),
-    built as torch's `add_custom_scalars` builds it: the plugin's own `summary.pb` imports
-    TensorFlow."""
+    """Run `run`'s `layout` as the Summary the plugin reads, built as torch's
+    `add_custom_scalars` builds it (the plugin's own `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
@@ -155,9 +134,8 @@ def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder: the label of the run's description (the
-    description's own hparams, `Description.hparams`, and what the ranks found):
-    `ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`."""
+    """The TensorBoard run's folder: the label of the run's description from its hparams
+    (`ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
     from .description import Description
 
     return Description.from_hparams(hparams).label(repeat)
@@ -175,12 +153,8 @@ def _written(tb_root: Path) -> list[Path]:
 
 
 def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """This run's session start for the HParams plugin (its hparams in `hparams`' order),
-    as Summary protos. No experiment: the plugin takes the first it finds as every run's,
-    so one run's guess at what varies would hold for all; without one it works the
-    experiment out from every run's session start, `differs` included, and ticks the
-    hparams that differ among the runs it shows. Integers go as strings: the dashboard
-    prints every number with five digits (a world size of 2 as 2.0000)."""
+    """This run's HParams session start, as Summary protos; no experiment, so the plugin ticks
+    the hparams that differ among the runs shown. Integers as strings (else 2 is 2.0000)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
@@ -198,15 +172,13 @@ def hparams_summaries(hparams: dict[str, Any]) -> list:
 
 
 class TensorBoardRun:
-    """The writer of one run's TensorBoard folder (`run_folder`). `purge_step`: hide the
-    points a former segment wrote at this step and after (None: nothing to hide)."""
+    """One run's TensorBoard writer; `purge_step`: hide a former segment's points."""
 
     def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None):
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
-        # the band's tags and chart: the run folder's name (unique in its outputs folder,
-        # and what starts the run's name in TensorBoard's sidebar)
+        # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
         self.band = tb_root.resolve().parent.name
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
                                     flush_secs=FLUSH_S)
@@ -218,9 +190,8 @@ class TensorBoardRun:
 
     @staticmethod
     def clear(tb_root: Path) -> None:
-        """Remove the event files under `tb_root` and the folders left empty: a fresh
-        start keeps no record of a former attempt (TensorBoard's purge would keep its
-        step-0 text and layout, which a fresh start writes again)."""
+        """Remove the event files under `tb_root` and the folders left empty: a fresh start keeps
+        nothing of a former attempt (a purge would keep its step-0 text and layout)."""
         for f in tb_root.rglob(EVENTS):
             f.unlink()
         for d in sorted((p for p in tb_root.rglob("*") if p.is_dir()), reverse=True):
@@ -229,16 +200,14 @@ class TensorBoardRun:
 
     def head(self, config_text: str, hparams: dict[str, Any],
              bands: tuple[str, ...] = ("step", "epoch")) -> None:
-        """A fresh run's first events (step 0): config, layout (`bands`: its band charts
-        that will draw a line, `layout`), hparams."""
+        """A fresh run's first events (step 0): config, `layout` with its `bands`, hparams."""
         self.writer.add_text("config", config_text, 0)
         self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """`values` at global step `step`, as one event: the writer checksums every event
-        in pure Python (tens of us each), so one per point, not one per tag."""
+        """`values` at global step `step` as one event (each event costs a checksum in Python)."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self.writer.file_writer.add_summary(Summary(value=[

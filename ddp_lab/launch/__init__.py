@@ -1,12 +1,8 @@
 """Launchers: render what will run into the run folder, then start it and follow it.
-
-One module per launcher (local, mpirun, slurm, runai), each with `resolve(cfg)` (fill its
-derived settings into `cfg.launcher`, reject bad input with a `LaunchError` before the run
-folder exists) and `render(cfg, run_dir) -> Rendered` (pure: the files and the command;
-`Rendered.starter`, when set, starts and follows the job, else the command runs in the
-foreground). Templates live in `launchers/`, filled with `str.format`. `base.py` holds what
-the launchers share, `foreground.py` the job run from this process, `slurm_job.py` the
-submit and follow of what `slurm.py` renders.
+Each (local, mpirun, slurm, runai) has `resolve(cfg)` (fill its derived settings, reject
+bad input with a `LaunchError` before the run folder exists) and `render(cfg, run_dir)
+-> Rendered` (pure: the files and the command; `Rendered.starter`, when set, starts and
+follows the job). Templates live in `launchers/`, filled with `str.format`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""What every launcher shares: the error it raises, what it renders, and the small tools
-of rendering (templates, paths, the python to run) and of following a job (log tails,
-failure reasons). The launchers (local, mpirun, slurm, runai) import this; the package
-(`ddp_lab.launch`) picks one of them and hands their names on to callers."""
+"""What every launcher shares: the error it raises, what it renders, and the small tools of
+rendering (templates, paths, the python to run) and of following a job.
+"""
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import shutil
 import socket
@@ -22,8 +22,7 @@ TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/resou
 
 
 class LaunchError(UserError):
-    """A launcher cannot start this configuration; the message says why and the fix.
-    A user error like any other: the CLI wrapper prints it as one line, exit 2."""
+    """A launcher cannot start this configuration: a user error, one line with the fix, exit 2."""
 
 
 @dataclass
@@ -50,8 +49,7 @@ class Rendered:
 
 # ------------------------------------------------------------------ helpers
 def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
-    """Refuse a rendezvous port that is not a port, or that another program holds on any
-    address of this machine (the store binds them all: ports.py), before any process starts."""
+    """Refuse, before any process starts, a rendezvous port that is no port or is held here."""
     try:
         number = int(port)
     except (TypeError, ValueError):
@@ -85,10 +83,8 @@ RUNTIMES = ("apptainer", "singularity")
 
 
 def container_binds(cfg) -> list[str]:
-    """What launcher.image's --bind names besides the run folder: data.root, the ddp_lab
-    checkout that renders (an installed one comes with launcher.venv), launcher.venv, then
-    launcher.bind. Apptainer refuses a source that does not exist: the scripts make the
-    folders first (`container_folders`)."""
+    """What launcher.image's --bind names besides the run folder: data.root, the rendering
+    checkout, launcher.venv, launcher.bind (each made first: `container_folders`)."""
     lc = cfg.launcher
     binds = [str(cfg.data.root)] if "data" in cfg else []
     if code_dir().name not in ("site-packages", "dist-packages"):
@@ -101,10 +97,8 @@ def container_binds(cfg) -> list[str]:
 
 def ranks_python(cfg, run_dir: str) -> str:
     """The shell words that run the ranks' python on a node: `python_exe`, or with
-    launcher.image, the image's python (launcher.venv's, else launcher.python, else
-    `python`) under `<runtime> exec` (Apptainer's CLI: `exec [options] <image> <command>`;
-    --nv, the host's NVIDIA driver and GPUs in the image, unless dist.device=cpu).
-    `run_dir` is the run folder as a shell word (a quoted path, or $RUN_DIR)."""
+    launcher.image the image's python under `<runtime> exec [--nv] --bind ...`. `run_dir`:
+    the run folder as a shell word (a quoted path, or $RUN_DIR)."""
     lc = cfg.launcher
     if not lc.get("image"):
         return shlex.quote(python_exe(lc))
@@ -116,8 +110,7 @@ def ranks_python(cfg, run_dir: str) -> str:
 
 
 def container_folders(cfg, run_dir: str) -> str:
-    """The script line (and its newline) that makes what launcher.image binds; nothing
-    without an image."""
+    """The script line that makes what launcher.image binds; '' without an image."""
     if not cfg.launcher.get("image"):
         return ""
     sources = [shlex.quote(b.split(":")[0]) for b in container_binds(cfg)]
@@ -126,9 +119,8 @@ def container_folders(cfg, run_dir: str) -> str:
 
 
 def check_container(cfg) -> None:
-    """launcher.image and launcher.runtime, before anything is written or started: the
-    runtime is one of RUNTIMES, and for a real submission it is on this machine's PATH and
-    a local image exists (a dry run renders without either)."""
+    """launcher.image and launcher.runtime, before anything is written: the runtime is one of
+    RUNTIMES, and for a real submission on PATH, with a local image that exists."""
     lc = cfg.launcher
     if lc.runtime not in RUNTIMES:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
@@ -146,9 +138,8 @@ def check_container(cfg) -> None:
 
 
 def pythonpath_line() -> str:
-    """Put the ddp_lab that renders on the ranks' path when it is a source checkout; an
-    installed one (site-packages) stays off it: that folder also holds this machine's torch,
-    which would shadow a container's."""
+    """Put the ddp_lab that renders on the ranks' path if it is a source checkout, never an
+    installed one (site-packages, with this machine's torch, would shadow a container's)."""
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
@@ -178,8 +169,7 @@ _CHECK = ("import importlib.util as u, sys\n"
 
 
 def python_check(py: str, fail: str = "exit 3") -> str:
-    """Script lines that end the job in one line when the ranks' python cannot import
-    what they run (a container image with torch alone), before any rank starts."""
+    """Script lines that end the job in one line if the ranks' python cannot import their code."""
     code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")  # no ' for bash
     return ("# the ranks' python must import what they run: else one line naming what is missing\n"
             f"MISSING=$({py} -c '{code}' 2>&1) || MISSING=\"{py} did not run: $MISSING\"\n"
@@ -190,8 +180,7 @@ def python_check(py: str, fail: str = "exit 3") -> str:
 
 
 def store_line(max_restarts: int) -> str:
-    """The script lines that pick the workers' store: torchrun's own (the rendezvous port,
-    bound before any worker starts) unless restarts need a fresh one per attempt."""
+    """The script lines that pick the workers' store: torchrun's, or a fresh one per restart."""
     if max_restarts <= 0:
         return "# no restarts: the workers share torchrun's store on the rendezvous port"
     return ("# a fresh store per restart attempt (pytorch/pytorch#135712); its port is picked\n"
@@ -205,17 +194,10 @@ def template(name: str) -> str:
 
 def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh):
-    its path and length, and the functions it offers, from the `#   name   what it does`
-    lines of its header, not its body. The console keeps to the script a student would
-    write by hand (#SBATCH or pod lines, exports, the launch line); the helper itself is
-    written into the run folder in full and runs from there."""
+    its path, length and the functions its header lists."""
     lines = text.splitlines()
-    header = []
-    for line in lines[1:]:  # after the shebang: the leading comment block
-        if not line.startswith("#"):
-            break
-        if line.startswith("#   ") and line[4:5].strip():
-            header.append(line)
+    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])  # after the shebang
+    header = [ln for ln in block if ln.startswith("#   ") and ln[4:5].strip()]
     return (f"# ---- {path}: sourced by {by}, {len(lines)} lines not shown "
             f"(cat it to read it); it defines:\n" + "\n".join(header))
 

@@ -23,16 +23,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class Foreground:
-    """A job run from this process (torchrun, mpirun): in its own session, so Ctrl-C reaches
-    only us and we stop it gracefully (the stop file: every rank checkpoints at its next
-    check), and tied to us by PR_SET_PDEATHSIG, so a SIGKILL of `python -m ddp_lab` still
-    stops it. A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the
-    request, ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
-
-    When the command ends, ranks may outlive it: a torchrun killed by SIGKILL leaves its
-    ranks stopping gracefully (their parent's death reached them as SIGTERM), so we wait
-    for them up to `grace_s`; a rank frozen by SIGSTOP cannot act, so it is killed at once.
-    Whatever is left after that is killed last (`sweep`)."""
+    """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only
+    us and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG.
+    A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it
+    at once: SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command
+    get `grace_s` to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
+    """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
                  stderr_lines: Optional[Callable[[str], None]] = None):
@@ -73,8 +69,7 @@ class Foreground:
             self.proc.wait()
 
     def settle(self) -> list[int]:
-        """The command has ended: wait (up to `grace_s`) for the job's processes that
-        outlive it, killing frozen ones at once; the pids still there at the end."""
+        """Wait up to `grace_s` for the job's processes that outlive the command; the rest."""
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
             pids = job_processes(self.run_dir, marked=True)
@@ -144,10 +139,9 @@ class Foreground:
 
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
                    stderr_lines: Optional[Callable[[str], None]] = None) -> int:
-    """Run a job's command in the foreground (see `Foreground`); its exit status is ours,
-    or 128 + the signal when a Ctrl-C / SIGTERM stopped it. A signal that came after the
-    last epoch (the job ended 0 and rank 0 wrote `completed`) stopped nothing: 0.
-    `stderr_lines` gets the job's stderr line by line (mpirun's filter), else it is ours."""
+    """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the
+    signal that stopped it (0 when the job had completed anyway). `stderr_lines` gets the
+    job's stderr line by line (mpirun's filter), else it is ours."""
     fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
     rc = fg.run()
     if fg.signal is None:
@@ -167,18 +161,14 @@ JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
 
 
 def job_mark(run_dir: Path) -> str:
-    """The mark of the job this process runs in `run_dir`: the folder and our pid, so a
-    sweep never takes another command's job in the same folder for ours."""
+    """The mark of this process's job in `run_dir`: the folder and our pid."""
     return f"{run_dir}:{os.getpid()}"
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
-    """Processes of this machine that belong to the job of `run_dir`: the ranks, torchrun,
-    mpirun and the launch scripts (their command line names the run folder and one of
-    JOB_MARKERS, or runs a script inside it). Whatever only watches the run (`python -m
-    ddp_lab.status RUN_DIR --follow`, `tail -f RUN_DIR/logs/...`) is not one of them. With
-    `marked`, only those that also carry this process's mark in their environment (JOB_ENV,
-    inherited from the command `Foreground` started): what a sweep may kill."""
+    """Processes of this machine in the job of `run_dir` (their command line names it and one of
+    JOB_MARKERS, or runs a script in it; not a watcher). With `marked`, only those carrying
+    this process's JOB_ENV mark: what a sweep may kill."""
     key = str(run_dir).encode()
     mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []
@@ -200,8 +190,7 @@ def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
 
 
 def sweep(run_dir: Path) -> list[int]:
-    """Kill what is left of a job that has ended (a rank frozen by SIGSTOP survives its
-    torchrun); the pids killed."""
+    """Kill what is left of a job that has ended (a SIGSTOPped rank); the pids killed."""
     pids = job_processes(run_dir, marked=True)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

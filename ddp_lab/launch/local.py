@@ -16,10 +16,9 @@ ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ER
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous will bind, and the key that sets it: MASTER_PORT from
-    this environment (the script's knob wins, and the job inherits this environment), else
-    launcher.master_port (None: port 0, a free one that torchrun's store is given by the
-    OS as it binds, so no other program can take it in between)."""
+    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT from this
+    environment, else launcher.master_port (None: port 0, which the OS gives torchrun's store
+    as it binds, so no other program can take it in between)."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -63,8 +62,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
-    """One line naming the rendezvous when torchrun ended because it could not start it
-    (torchrun's own error file says a Rendezvous...Error); None for any other ending."""
+    """One line naming the rendezvous when torchrun could not start it, else None."""
     try:
         error = json.loads((run_dir / ERROR_FILE).read_text())["message"]
         message, trace = error["message"], error["extraInfo"]["py_callstack"]

@@ -1,10 +1,6 @@
-"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe).
-
-    python -m ddp_lab launcher=mpirun launcher.hosts=[red01:2,orange07:1,purple11:1]
-    python -m ddp_lab launcher=mpirun launcher.hostfile=hosts
-
-Renders into the run folder: `hostfile`, `mpi_rank.sh` (per rank: setup lines, then
-`exec python -m <run.entry> RUN_DIR`) and `launch.sh` (the mpirun command).
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe):
+`launcher.hosts=[red01:2,orange07:1]` or `launcher.hostfile=hosts`. Renders `hostfile`,
+`mpi_rank.sh` (per rank: setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
 """
 
 from __future__ import annotations
@@ -49,11 +45,8 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots.
-
-    As Open MPI reads them: `slots` is how many ranks go to the host, `max_slots` the most it
-    may ever take. A host given only `max_slots` (the notebook's `red01 max_slots = 2`) offers
-    that many; the rank count (`launcher.np`, mpirun's `-np`) may use fewer."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots,
+    as Open MPI reads them: a host given only `max_slots` offers that many."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")
@@ -74,8 +67,7 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
 
 
 def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
-    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next;
-    hosts left with no rank are not used."""
+    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next."""
     placed, left = [], np
     for name, slots in hosts:
         if left <= 0:
@@ -171,8 +163,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
-    # the hostfile is not shown: launch.sh's comment lists its hosts and slots on one line,
-    # where a lab's ten hosts do not push the script off the screen
+    # the hostfile is not shown: launch.sh's comment lists its hosts on one line
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
 

@@ -1,15 +1,10 @@
 """mpirun's stderr on its way to the console: Open MPI's failure to reach a host as one line.
 
-`MpirunStderr` reads mpirun's stderr line by line:
-- ssh's messages (SSH_LINES) and Open MPI's help blocks (text between two rules of dashes)
-  go to RUN_DIR/logs/mpirun.log; a daemon failure (about 40 lines of "ORTE was unable to
-  reliably start one or more daemons") is kept there only, and `close` prints one line
-  instead: the host, ssh's reason, the fix. Any other block is also shown;
-- torch's `[c10d] The hostname of the client socket cannot be retrieved. err=-3`, one per
-  rank (addresses no DNS server names), is explained once instead;
-- every other line (the ranks' own stderr) passes through at once.
-
-`reason()` is the run's one-line failure for summary.json when the daemons did not start.
+`MpirunStderr` sends ssh's messages and Open MPI's help blocks to RUN_DIR/logs/mpirun.log;
+a daemon failure is kept there only and `close` prints one line (host, ssh's reason, the
+fix); other blocks are also shown. torch's per-rank "hostname of the client socket cannot
+be retrieved" is explained once; every other line passes through at once. `reason()` is
+the run's one-line failure when the daemons did not start.
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ FIX = ("mpirun starts a daemon on every other host over ssh, which must work wit
 
 
 class MpirunStderr:
-    """A filter for mpirun's stderr (see the module's docstring): `feed` each line as it
-    comes, `close` when mpirun has ended."""
+    """A filter for mpirun's stderr: `feed` each line as it comes, `close` at mpirun's end."""
 
     def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
         self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out
@@ -113,8 +107,7 @@ class MpirunStderr:
         return f"mpirun could not start its daemon on {where} over ssh" + (f" ({said})" if said else "")
 
     def close(self) -> None:
-        """mpirun has ended: an unfinished block goes out as it is; a daemon failure becomes
-        its one line, with the fix and where Open MPI's own message is."""
+        """mpirun has ended: flush an unfinished block; a daemon failure becomes its one line."""
         with self.lock:
             if self.block is not None:
                 self._end_block()

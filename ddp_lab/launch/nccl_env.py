@@ -1,13 +1,7 @@
-"""NCCL network settings: Slingshot (CSCS Alps), RoCE / InfiniBand (e.g. RunAI pods with
-``rdma/rdma=1``), or none (sockets); docs/nccl_env.md says how the index is chosen.
-
-CXI NICs (``<sysfs_root>/class/cxi``) are HPE Slingshot, reached through the aws-ofi-nccl
-plugin with CSCS's settings (``SLINGSHOT``); RDMA devices (``class/infiniband``) are
-InfiniBand or RoCE by their ports' link layer, and get NCCL_IB_GID_INDEX (the first
-IPv4-mapped RoCE v2 GID, devices in name order), NCCL_IB_HCA (every device with such a GID
-at that index, or an InfiniBand port), NCCL_SOCKET_NTHREADS=4, NCCL_NSOCKS_PERTHREAD=8;
-neither leaves NCCL on TCP sockets. A missing or odd sysfs tree gives warnings, never an
-error. Reading sysfs is sysfs_scan.py's; choosing and writing the variables is here.
+"""NCCL network settings: Slingshot (CXI NICs: CSCS's aws-ofi-nccl settings, `SLINGSHOT`),
+RoCE / InfiniBand (RDMA devices: NCCL_IB_GID_INDEX, NCCL_IB_HCA, socket threads), or none
+(sockets); docs/nccl_env.md says how each is chosen. Reading sysfs is sysfs_scan.py's; a
+missing or odd tree gives warnings, never an error.
 
     eval "$(python -m ddp_lab.nccl_env)"            # export lines on stdout, '# ...' on stderr
     python -m ddp_lab.nccl_env --format json        # {"env": {...}, "warnings": [...], ...}
@@ -74,12 +68,8 @@ def nccl_rdma_env(
     socket_nthreads: int | None = DEFAULT_SOCKET_NTHREADS,
     nsocks_perthread: int | None = DEFAULT_NSOCKS_PERTHREAD,
 ) -> NcclEnv:
-    """NCCL env vars for RDMA over RoCE v2 / IB, plus human-readable warnings.
-
-    ``hca``: value for NCCL_IB_HCA instead of the detected device list; detection is then
-    restricted to devices it matches (NCCL's prefix / '=' exact / '^' exclude rules).
-    ``socket_nthreads`` / ``nsocks_perthread``: None leaves the variable unset.
-    """
+    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`: NCCL_IB_HCA instead of
+    the detected devices (detection keeps those it matches); None leaves a variable unset."""
     sc = scan(sysfs_root, hca)
     warnings = list(sc.warnings)
     env: dict[str, str] = {}
@@ -159,15 +149,6 @@ def _why_no_gid(sc: Scan, devices: Sequence[str]) -> str:
     return f"no GID that is both IPv4-mapped and RoCE v2 on {','.join(devices)}"
 
 
-def slingshot_env() -> NcclEnv:
-    return NcclEnv({k: v for k, (v, _) in SLINGSHOT.items()}, [],
-                   info=[f"{k}={v}: {why}" for k, (v, why) in SLINGSHOT.items()])
-
-
-def format_exports(env: dict[str, str]) -> str:
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-
-
 def _positive_int(s: str) -> int:
     try:
         v = int(s)
@@ -203,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--hca must not be empty")
     kind, devices = network_kind(args.sysfs_root)
     if kind == "slingshot" and not hca:
-        res = slingshot_env()
+        res = NcclEnv({k: v for k, (v, _) in SLINGSHOT.items()}, [],
+                      info=[f"{k}={v}: {why}" for k, (v, why) in SLINGSHOT.items()])
     else:
         res = nccl_rdma_env(args.sysfs_root, hca=hca, socket_nthreads=args.socket_nthreads,
                             nsocks_perthread=args.nsocks_perthread)
@@ -216,5 +198,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"# {line}", file=sys.stderr)
         for w in res.warnings:
             print(f"# WARNING: {w}", file=sys.stderr)
-        sys.stdout.write(format_exports(res.env))
+        sys.stdout.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in res.env.items()))
     return 0

@@ -1,15 +1,12 @@
-"""launcher=runai: `runai submit-dist pytorch` + a pod entry script (the RCP recipe).
+"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod entry script
+(docs/launchers.md, "runai: RunAI pods").
 
     python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 launcher.image=...
-    python -m ddp_lab launcher=runai launcher.dry_run=true    # print the command + pod script
 
-RunAI adds a master pod to the `--workers` it is asked for, so --workers = nodes - 1. Each
-pod runs `bash RUN_DIR/pod.sh`: setup lines, NCCL's RDMA settings (launcher.rdma), then one
-torchrun with --nnodes $WORLD_SIZE --node_rank $RANK; the stop and exit machinery is
-pod_stop.sh beside it. The run folder must be on a PVC the pods mount at the same path.
-A preempted pod's trap writes RUN_DIR/STOP, every rank checkpoints, and the script exits
-PREEMPTED_EXIT so that the pods come back and continue (docs/launchers.md, "runai: RunAI pods").
-Flags are those of `runai submit-dist pytorch` (CLI v2.10+).
+RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each pod runs `bash
+RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one torchrun; pod_stop.sh holds the stop and
+exit machinery): a preempted pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the
+pods come back and continue. The run folder must be on a PVC mounted at the same path.
 """
 
 from __future__ import annotations
@@ -27,10 +24,9 @@ from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_e
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM, "not finished".
-# Not 0: a PyTorchJob whose master pod succeeds is complete and would not come back (RunAI's
-# checkpointing guide: a non-zero exit "is important for the Job to return later"); and
-# Kubeflow's ExitCode restart policy retries 128-255, while 1-127 are permanent failures.
+# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a
+# PyTorchJob whose master pod succeeds would not come back) and not 1-127 (Kubeflow's
+# ExitCode restart policy retries only 128-255).
 PREEMPTED_EXIT = 143
 
 
@@ -261,8 +257,7 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
 
 
 def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
-    """What to say when the pods ended by a graceful stop (summary.json: preempted or
-    stopped, every pod exited 0 or PREEMPTED_EXIT), else None (completed, or failed)."""
+    """What to say when the pods ended by a graceful stop (preempted or stopped), else None."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if status not in ("preempted", "stopped") or any(

@@ -1,18 +1,12 @@
-"""launcher=slurm: an sbatch script whose srun starts the ranks (the Alps / entropy recipes).
+"""launcher=slurm: an sbatch script whose srun starts the ranks (docs/launchers.md, "slurm").
 
     python -m ddp_lab launcher=slurm launcher.nodes=4 launcher.account=a-xyz sync=ring
     python -m ddp_lab launcher=slurm launcher.dry_run=true          # print the sbatch script
-    python -m ddp_lab launcher=slurm launcher.per_task=true         # one srun task per process
 
-torchrun (default): one srun task per node, each a torchrun of nproc_per_node processes,
-rendezvous at the first node, port from the job id. per_task=true: srun starts every
-process (ranks from SLURM_PROCID / SLURM_LOCALID, read by ddp_lab.world.env).
-
-The job script reads top to bottom as a student would write it; the stop and requeue
-machinery lives in RUN_DIR/slurm_stop.sh (launchers/slurm_stop.sh), sourced first. The
-submit (`sbatch --parsable`) and the follow (launcher.wait) are slurm_job.py's. Time
-limits, `--signal`, requeue and what each signal does: docs/launchers.md, "Time limits,
-preemption, requeue".
+Default: one srun task per node, each a torchrun of nproc_per_node processes (rendezvous
+at the first node, port from the job id); per_task=true: srun starts every process. The
+stop and requeue machinery is RUN_DIR/slurm_stop.sh, sourced first; submit and follow are
+slurm_job.py's ("Time limits, preemption, requeue" there says what each signal does).
 """
 
 from __future__ import annotations
@@ -169,9 +163,8 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
 
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
                  step: Sequence[str] = ()) -> str:
-    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one
-    task per process). A study's job step (ddp_lab/command/study.py) passes its own size: `nnodes`,
-    the rendezvous id and srun's `step` options (--nodes, --nodelist, ...)."""
+    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one task
+    per process); a study's job step passes `nnodes`, the rendezvous id and srun's `step`."""
     lc = cfg.launcher
     py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
     entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
@@ -212,8 +205,7 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
 
 
 def nccl_block(cfg) -> str:
-    """launcher.nccl_env: the network's NCCL settings, read from the first node's sysfs and
-    exported here (srun passes the environment on to every node)."""
+    """launcher.nccl_env: the first node's NCCL settings, exported (srun passes them on)."""
     if not cfg.launcher.nccl_env:
         return "# (launcher.nccl_env=false: NCCL picks its network itself)"
     py = ranks_python(cfg, "$RUN_DIR")
@@ -223,9 +215,8 @@ def nccl_block(cfg) -> str:
 
 
 def stop_script(lc, py: Optional[str] = None) -> str:
-    """slurm_stop.sh, the stop and requeue machinery a job script (a run's job.sbatch, a
-    study's study.sbatch) sources from its folder; `py`: the ranks' python as shell words
-    (`ranks_python`), else launcher.python's."""
+    """slurm_stop.sh, the stop and requeue machinery a job script sources from its folder; `py`:
+    the ranks' python as shell words, else launcher.python's."""
     py = py or shlex.quote(python_exe(lc))
     return template("slurm_stop.sh").format(
         python_check=python_check(py), py=py, max_requeues=lc.max_requeues,

@@ -1,9 +1,6 @@
-"""A SLURM job after its script is rendered: submit it (`sbatch --parsable`), then follow it
-through scontrol (or sacct once its record aged out) to its final state, streaming its logs.
-
-A job SLURM requeues (the time-limit stop's self-requeue, `scontrol requeue`, preemption,
-a failed node) comes back PENDING with the same id and Restarts+1 and appends to the same
-logs: `follow` says "requeued" and goes on. The script itself: slurm.py.
+"""A SLURM job after slurm.py rendered its script: submit it (`sbatch --parsable`), then
+follow it through scontrol (or sacct once its record aged out) to its final state,
+streaming its logs, a requeue included (`follow`).
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 def log_name(pattern: str, job_name: str, job_id: str) -> str:
-    """The name sbatch gives a log of `launcher.output` (without .out/.err): %x the job's
-    name, %j its id, %u the user, %% a percent sign."""
+    """sbatch's name of a `launcher.output` log: %x job name, %j id, %u user, %% '%'."""
     values = {"x": job_name, "j": str(job_id), "u": getpass.getuser(), "%": "%"}
     return re.sub(r"%([xju%])", lambda m: values[m.group(1)], pattern)
 
@@ -53,10 +49,9 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
 
 
 def job_info(job_id: str) -> dict:
-    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, Requeue,
-    ...) while slurmctld keeps it (MinJobAge after the end), else what sacct knows (JobState,
-    ExitCode); {"JobState": "GONE"} when neither knows it, {"JobState": "UNKNOWN", "Reason":
-    why} when they do not answer."""
+    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, ...),
+    else sacct's (JobState, ExitCode); {"JobState": "GONE"} when neither knows it,
+    {"JobState": "UNKNOWN", "Reason": why} when they do not answer."""
     try:
         res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=15)
@@ -79,8 +74,7 @@ def job_info(job_id: str) -> dict:
 
 
 def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, ExitCode, Reason) from scontrol while the job record lives, else sacct;
-    ("GONE", "", "") when neither knows it, ("UNKNOWN", ...) when they do not answer."""
+    """(state, ExitCode, Reason) of `job_info`."""
     info = job_info(job_id)
     return info.get("JobState", "UNKNOWN"), info.get("ExitCode", ""), info.get("Reason", "")
 
@@ -110,14 +104,9 @@ HINTS = {
 
 def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float,
            settle_s: float = 30.0) -> int:
-    """Stream the job's logs and print each state change until it ends; its exit status.
-
-    A job SLURM requeues (self-requeue after the time-limit stop, `scontrol requeue`,
-    preemption, a failed node) goes back to PENDING with the same id and Restarts+1, and
-    its logs are appended to (--open-mode=append): that is not the end, the follower says
-    "requeued" and goes on tailing the same files. A final-looking PREEMPTED or NODE_FAIL of
-    a requeueable job (or any end state seen within `settle_s` of a requeue) is final only
-    when the job stays so for `settle_s` seconds."""
+    """Stream the job's logs and print each state change until it ends; its exit status. A
+    requeued job (PENDING again, Restarts+1) goes on being followed; a requeueable job's
+    PREEMPTED or NODE_FAIL (or any end just after a requeue) is final after `settle_s`."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
     last, restarts, unknown, since, requeued_at = None, None, 0, None, None

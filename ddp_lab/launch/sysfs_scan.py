@@ -1,9 +1,6 @@
 """What a node's sysfs says about its network: HPE Slingshot's CXI NICs (`class/cxi`), and
-every RDMA device under `class/infiniband` with its ports' link layers and GIDs.
-
-Nothing here raises on a missing or odd sysfs tree: a problem becomes a warning of the
-`Scan`, and a tree without a device is a node without RDMA. What NCCL is told from it:
-nccl_env.py.
+every RDMA device under `class/infiniband` with its ports' link layers and GIDs. Never
+raises: a problem becomes a warning of the `Scan`. What NCCL is told: nccl_env.py.
 """
 
 from __future__ import annotations

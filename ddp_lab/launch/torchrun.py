@@ -1,11 +1,7 @@
-"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun, with its
-own failure traceback kept in FILE (the run folder's logs/torchrun.log), not the console.
-
-When a rank fails, the console has already said which rank and why; torchrun's ~30-line
-`ChildFailedError` traceback goes to FILE and the console gets one line saying where.
-Otherwise this is torchrun's own `main` in this process: its signal handling, its log
-lines, and the ranks writing to the console directly. One thing it adds: CPU ranks start
-as forks of this process, which has imported torch already (`fork_ranks`);
+"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun's own
+`main`, with its ~30-line `ChildFailedError` traceback kept in FILE (logs/torchrun.log)
+and one line on the console saying where (which rank failed, the console said already).
+CPU ranks start as forks of this process, which has imported torch (`fork_ranks`);
 DDP_LAB_FRESH_RANKS=1 starts them as fresh interpreters, as on a GPU.
 """
 
@@ -23,19 +19,17 @@ from pathlib import Path
 from ..world import cpu
 from ..rank.forked import AGENT_SIGNALS, _inherited
 
-# The ranks' entries this torchrun may start as forks of itself, with what each would import
-# first (torch, torch._dynamo: ~5 s of CPU a rank), imported once here (docs/performance.md).
+# the entries this torchrun may fork ranks of, with what each imports first, once here
+# (torch, torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
-# the signals torchrun's agent handles by raising in its own code, as this process got them
 FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 
 
 def fork_ranks(args) -> bool:
-    """Start the ranks as forks of this process (torchrun's own `--run-path` with
-    `--start-method fork`) when they run one of ddp_lab's entries on CPU, after importing
-    what they would import first. On a GPU the ranks stay fresh interpreters: CUDA cannot
-    be used in a fork of a process that touched it, so nothing here risks it."""
+    """Start CPU ranks of ddp_lab's entries as forks of this process (`--run-path`,
+    `--start-method fork`), after importing what they would import first. GPU ranks stay
+    fresh interpreters: CUDA cannot be used in a fork of a process that touched it."""
     preload = FORK_PRELOAD.get(args.training_script) if args.module else None
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
@@ -62,11 +56,9 @@ def fork_ranks(args) -> bool:
 
 
 def _return_on_exit_0() -> None:
-    """A forked rank hands torchrun its result by returning from the entry function;
-    the ranks' entries end with `sys.exit(rc)`. torch >= 2.3 turns a `SystemExit(0)` of a
-    `--run-path` entry into a return (its `record`); torch 2.2 lets it end the process
-    with exit 0 and no result, and its agent then waits for one forever. So the entry
-    torchrun runs here does that itself, on every torch (any other exit stays an exit)."""
+    """A forked rank must return its result from the entry, which ends with `sys.exit(rc)`:
+    torch 2.2 lets `SystemExit(0)` end the process with no result and its agent waits for
+    ever, so the entry run here turns it into a return on every torch."""
     from torch.distributed import run as torchrun
 
     run_path = torchrun.run_script_path
@@ -91,11 +83,9 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 
 
 def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
-    """What went wrong, in one line: a `ChildFailedError` of the ranks running `entry` by
-    its first failed rank (the root cause), any other exception by its type and first line.
-    Forked ranks (`fork_ranks`): torchrun records only the first exit it notices, and two
-    ranks that end within one of its polls are noticed in rank order, so its failure names
-    the rank it saw, not the root cause (the ranks' own lines name that)."""
+    """What went wrong, in one line: a `ChildFailedError` by its first failed rank, any other
+    exception by its type and first line. With forked ranks torchrun may name a rank other
+    than the root cause (the ranks' own lines name that)."""
     failures = getattr(e, "failures", None)
     if failures:
         rank, first = e.get_first_failure()  # type: ignore[attr-defined]
@@ -110,8 +100,7 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
 
 
 def nproc_per_node(args: list[str]) -> int:
-    """torchrun's --nproc-per-node (or --nproc_per_node) among `args`, read before torch
-    loads; 1 if absent or not a number (torchrun's "gpu", "auto": it decides)."""
+    """torchrun's --nproc-per-node among `args`, before torch loads; 1 if absent or no number."""
     for i, a in enumerate(args):
         for flag in ("--nproc-per-node", "--nproc_per_node"):
             if a == flag and i + 1 < len(args):
@@ -131,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
     # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
     cpu.apply(cpu.look(nproc_per_node(args)))
-    # how often the agent looks at its ranks: torch >= 2.4's 0.1 s on every torch (2.2 and
-    # 2.3 look every 5 s: a run's end, or a failed rank, noticed up to 5 s late); torchrun
-    # reads PET_MONITOR_INTERVAL itself, so a value set there wins
+    # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s);
+    # a PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
     from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -1,36 +1,13 @@
 """The one cost model: bytes per rank, latency steps and busbw factor of every collective.
+Synchronisers record their traffic with it, the bench and the report take their busbw
+factors and alpha-beta predictions from it; nothing else computes a cost. The formulas:
+docs/collectives.md, "Algorithms and alpha-beta costs"; the fit: docs/report.md.
 
-Synchronisers record their traffic with it, the benchmark and the report take their busbw
-factors and alpha-beta predictions from it; nothing else computes a cost.
-
-``cost(collective, algorithm, numel, world, elem_size)`` gives a :class:`Cost`:
-
-- ``sent[r]`` / ``recv[r]``: bytes group rank ``r`` hands to send / gets from receive in one
-  call. For our send/recv algorithms (``ddp_lab.collectives``) these are exact, uneven
-  chunks included (the ring's ``tensor_split`` makes the first ``numel % n`` chunks one
-  element longer; the model cuts the same way), and ``exact`` is true.
-- ``steps``: messages on the critical path (the alpha term); ``path_bytes``: bytes
-  serialised on it (the beta term): ``time(alpha, beta) = steps*alpha + path_bytes*beta``.
-
-``"torch"`` is the library's collective, whose routing we cannot see: it is *modelled*
-(``exact`` false) on what gloo runs, read from gloo's source: all_reduce / all_gather /
-reduce_scatter as the ideal ring (``2(n-1)/n`` of the buffer each way, floored to whole
-bytes, the same on every rank, as nccl-tests' busbw assumes); broadcast as the binomial
-tree gloo's ``broadcast.cc`` runs (the same tree as ours); reduce as gloo's ``reduce.cc``: a
-ring reduce-scatter, then every rank sends its reduced chunk to the root. nccl picks
-its own algorithms (ring, tree, pipelined chains); the model does not follow it there.
-
-Bytes scale with ``elem_size``: a bf16/fp16 wire format is the same call with
-``elem_size=2``. A call made of phases is their costs joined with :meth:`Cost.then`;
-:func:`sync_calls` does that for what a synchroniser runs per bucket.
-
-Hierarchical all-reduce (``sync=hierarchical``) runs its phases on *groups*: a reduce
-inside every node onto the node's leader (its lowest rank), an all-reduce among the
-leaders (one per node), a broadcast inside every node. :func:`hierarchical_calls` gives
-each phase as a :class:`Cost` over the whole world (group ranks mapped to global ranks,
-the groups of one phase running side by side: the slowest sets ``steps``/``path_bytes``);
-only the leaders' phase crosses nodes, so what rank ``r`` sends to another node per
-bucket is that phase's ``sent[r]`` (:func:`cross_node_sent`).
+`cost(...)` gives a :class:`Cost`: `sent[r]` / `recv[r]` (bytes of group rank r in one
+call, exact for our send/recv algorithms), `steps` (the alpha term) and `path_bytes` (the
+beta term). `"torch"`, the library's collective, is modelled (`exact` false) on what gloo
+runs (all_reduce, all_gather, reduce_scatter: the ideal ring; broadcast: the binomial tree;
+reduce: a ring reduce-scatter, then a gather to the root). Phases join with `Cost.then`.
 """
 
 from __future__ import annotations
@@ -49,9 +26,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "torch"),
 }
 
-#: elements every shard of a sharded call (reduce_scatter, all_gather) is a whole number of:
-#: sync=zero1 lays parameters out on this grid and pads each bucket to world x SHARD_ALIGN
-#: elements (sync/zero1.py), so its calls always split evenly
+#: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads
+#: each bucket to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
 SHARD_ALIGN = 64
 SHARDED = ("all_gather", "reduce_scatter")
 
@@ -73,10 +49,6 @@ class Cost:
     @property
     def max_sent(self) -> int:
         return max(self.sent, default=0)
-
-    @property
-    def max_recv(self) -> int:
-        return max(self.recv, default=0)
 
     def time(self, alpha: float, beta: float) -> float:
         """Predicted seconds: ``steps * alpha + path_bytes * beta`` (beta = seconds/byte)."""
@@ -118,10 +90,8 @@ def busbw_factor(collective: str, world: int) -> float:
 
 
 def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:
-    """The elements a call of `numel` puts on the wire as the code makes it: a sharded
-    call's buffer padded to `world` equal shards of whole `unit`s (sync/zero1.py's
-    buckets), any other call's as it is. A prediction for another world size pads as
-    that world would."""
+    """The elements a call of `numel` puts on the wire: a sharded call's buffer padded to
+    `world` equal shards of whole `unit`s (sync/zero1.py's buckets), any other call's as is."""
     if collective in SHARDED and world > 1:
         step = world * unit
         return -(-numel // step) * step
@@ -150,14 +120,9 @@ def _by_root(n: int, root: int, f) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)
 def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
          root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
-    """Cost of one ``collective`` call with ``algorithm`` on ``world`` ranks.
-
-    ``numel`` elements of ``elem_size`` bytes: the tensor of broadcast / reduce /
-    all_reduce, the *full* buffer (``world`` pieces) of all_gather / reduce_scatter, as
-    nccl-tests counts. ``root``: the group rank of a broadcast's source / a reduce's
-    destination. ``chunk_bytes``: the ring broadcast's pipeline piece. Cached: a
-    synchroniser asks it once per bucket and step.
-    """
+    """Cost of one `collective` with `algorithm` on `world` ranks of `numel` elements of
+    `elem_size` bytes (all_gather / reduce_scatter: the *full* buffer, as nccl-tests counts);
+    `root`: the source / destination; `chunk_bytes`: the ring broadcast's piece. Cached."""
     if algorithm not in ALGORITHMS.get(collective, ()):
         raise KeyError(f"no cost model for {collective}/{algorithm!r}; known: {ALGORITHMS}")
     n, N, e = world, numel * elem_size, elem_size
@@ -201,9 +166,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
         b = tuple(m * N for m in msgs)
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
-    # ring (reduce-scatter then all-gather, shift 1, see collectives/ring_schedule.py): rank r sends
-    # every chunk but r+1 and then every chunk but r+2, receives every chunk but r, then
-    # every chunk but r+1
+    # ring (collectives/ring_schedule.py, shift 1): rank r sends every chunk but r+1, then
+    # but r+2; receives every chunk but r, then but r+1
     size = [c * e for c in _split(numel, n)]
     sent = tuple(2 * N - size[(r + 1) % n] - size[(r + 2) % n] for r in range(n))
     recv = tuple(2 * N - size[r] - size[(r + 1) % n] for r in range(n))
@@ -259,18 +223,16 @@ SYNC_FORMULAS: dict[str, str] = {
 }
 
 
-#: sync=hierarchical per bucket: (collective, where it runs). "node": inside every node
-#: (sync.intra's algorithm, root = the node's leader); "leaders": one rank per node
-#: (sync.inter's algorithm). See hierarchical_calls.
+#: sync=hierarchical per bucket: (collective, where: "node", inside every node with
+#: sync.intra, root its leader; "leaders", one rank per node with sync.inter)
 HIERARCHICAL_PHASES: tuple[tuple[str, str], ...] = (
     ("reduce", "node"), ("all_reduce", "leaders"), ("broadcast", "node"))
 
 
 def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
                algorithm: str, numel: int, elem_size: int) -> Cost:
-    """One collective run side by side on disjoint ``groups`` (global ranks, the first of
-    each its root), as one world-wide Cost: each rank's bytes in its own group (0 outside
-    every group), the slowest group's steps and path bytes."""
+    """One collective run side by side on disjoint `groups` (global ranks, roots first) as one
+    world-wide Cost: each rank's bytes in its group, the slowest group's steps and bytes."""
     sent, recv = [0] * world, [0] * world
     steps, path, exact = 0, 0.0, True
     for g in groups:
@@ -285,11 +247,9 @@ def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
 @lru_cache(maxsize=1024)
 def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
                        intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
-    """``(collective, Cost)`` of the three phases of one hierarchical all-reduce of ``numel``
-    elements (:data:`HIERARCHICAL_PHASES`), each over the whole world. ``nodes``: the global
-    ranks of each node (every rank once, the leader first: ``ddp_lab.world.topology``);
-    ``intra``: the reduce/broadcast algorithm inside nodes (``tree`` | ``torch``),
-    ``inter``: the leaders' all-reduce (``ring`` | ``torch`` | ...)."""
+    """`(collective, Cost)` of the three phases (:data:`HIERARCHICAL_PHASES`) of one
+    hierarchical all-reduce, each over the whole world. `nodes`: each node's global ranks,
+    the leader first; `intra` / `inter`: the algorithms inside nodes / among the leaders."""
     world = sum(len(n) for n in nodes)
     if sorted(r for n in nodes for r in n) != list(range(world)):
         raise ValueError(f"nodes {nodes} do not hold every rank 0..{world - 1} once")
@@ -311,8 +271,7 @@ def cross_node_sent(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: i
 
 def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
                root: int = 0) -> list[tuple[str, Cost]]:
-    """``(collective, Cost)`` of every call synchroniser ``sync`` makes in one step, bucket
-    by bucket, given the elements each bucket puts on the wire (padding included)."""
+    """`(collective, Cost)` of every call `sync` makes in a step, per bucket's wire numel."""
     phases = SYNC_COLLECTIVES[sync]
     return [(coll, cost(coll, algo, numel, world, elem_size, root=root))
             for numel in wire_numels for coll, algo in phases]

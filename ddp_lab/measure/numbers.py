@@ -1,9 +1,5 @@
-"""Small arithmetic shared by the code that moves and times bytes (ddp_lab.collectives,
-ddp_lab.bench, ddp_lab.timing) and the code that prices and reports them
-(ddp_lab.measure.costmodel, ddp_lab.report).
-
-No torch here: `python -m ddp_lab.report` and the cost model import this without paying
-for torch (about 2.5 s of a report's start on the 2-core VM).
+"""Small arithmetic shared by the code that moves and times bytes and the code that prices
+and reports them. No torch: the report and the cost model import it without it.
 """
 
 from __future__ import annotations

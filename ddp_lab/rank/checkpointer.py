@@ -1,10 +1,6 @@
-"""A run's checkpoints as the training loop uses them, on every rank: where the run stands
-when it starts (`Checkpointer.load`), its state after an epoch (`save`), and a graceful
-stop's (`on_stop`). The files themselves (names, atomic writes) are `ddp_lab.folder.checkpoint_file`'s.
-
-Every rank calls every method in the same order: loading agrees on whether to resume,
-saving is collective (a synchroniser may gather the optimiser state onto rank 0), and
-rank 0 alone writes.
+"""A run's checkpoints as the training loop uses them, on every rank (`load`, `save`,
+`on_stop`); the files themselves are `ddp_lab.folder.checkpoint_file`'s. Every rank calls
+every method in the same order (saving is collective); rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ class Checkpointer:
     def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
                  module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer: Any,
                  batching: BatchPlan):
-        """`train`: the config's train section (resume, checkpoint); `syncer` saves and
-        loads the optimiser state (zero1: its shard) and names the checkpoint's sync."""
+        """`train`: the train section; `syncer` saves and loads the optimiser state."""
         self.train = train
         self.ctx = ctx
         self.ckpt_dir = ckpt_dir
@@ -46,8 +41,7 @@ class Checkpointer:
         of this job); the position it holds. Later checkpoints of an older timeline go."""
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
-        # TORCHELASTIC_RESTART_COUNT counts restarts of *this node's* worker group only
-        # (pytorch/pytorch#108158): after a restart every rank must resume, so agree on it.
+        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return self.start
@@ -85,18 +79,15 @@ class Checkpointer:
         return pos
 
     def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the checkpoint we resumed from holds, as this rank
-        adds it to what it measures: the global loss and sample sums on rank 0 only (so a
-        sum over the ranks counts them once), the times on every rank. An epoch this
-        allocation runs from its first step carries nothing."""
+        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it: loss
+        and sample sums on rank 0 only (counted once), times on every rank."""
         s = self.start
         if epoch != s.epoch or not s.step:
             return Position()
         return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def save(self, pos: Position, force: bool = False) -> None:
-        """Collective (the synchroniser may gather the optimiser state); rank 0 writes. A stop
-        is saved even with train.checkpoint=false: it is the only way to continue the run."""
+        """Collective; rank 0 writes. A stop saves even with train.checkpoint=false."""
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
@@ -110,13 +101,9 @@ class Checkpointer:
         self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
 
     def on_stop(self, stopped: Stopped) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop (`stopped`): save where the run stands and return
-        `Telemetry.finish`'s keywords (status, position, stop_reason).
-
-        Mid-epoch (`stopped.measured`: the epoch's steps so far): the checkpoint holds the steps
-        done and the loss and samples so far, summed over the ranks, which the resumed
-        run goes on from (`resumed_part`). Between epochs (after `stopped.epochs_done`): the epoch's own
-        checkpoint stands, written now if train.checkpoint=false (the only way to continue)."""
+        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch: the steps
+        done and the summed loss and samples; between epochs: the epoch's checkpoint, written now
+        if train.checkpoint=false) and return `Telemetry.finish`'s keywords."""
         stop, measured = stopped.info, stopped.measured
         if measured is None:
             here = Position(stopped.epochs_done)

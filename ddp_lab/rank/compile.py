@@ -1,7 +1,6 @@
-"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, on
-every rank, not mid-step), the CPU thread count timed on this model (`tune_threads`) and
-`train.compile` (torch.compile, compiled outside every epoch so that no epoch's time holds
-the compilation)."""
+"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, not
+mid-step), the CPU thread count (`tune_threads`) and `train.compile`, outside every epoch.
+"""
 
 from __future__ import annotations
 
@@ -24,9 +23,7 @@ log = logging.getLogger("ddp_lab")
 
 def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
                           splits: Splits, batch_size: int, ctx) -> Optional[float]:
-    """Collective. The synchroniser's preflight on two test samples (a misconfiguration
-    fails here, not mid-step), the thread count, then train.compile's compilation: its
-    seconds, None when not compiled."""
+    """Collective. Preflight, thread count, then train.compile: its seconds, or None."""
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
     tune_threads(ctx, syncer, optimizer, splits, batch_size)
@@ -35,12 +32,9 @@ def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Opt
 
 def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
                  batch_size: int, blocks: int = 3, steps: int = 8) -> None:
-    """Collective. On CPU, where the count was not asked for (`cpu.chosen.tunable`): time
-    whole training steps (`run_steps`, the trainer's own, on a test batch) on 1 thread and on
-    the rank's ceiling, in alternating blocks (the best block of each count), and keep the
-    faster, summed over every rank so that they agree (the ceiling only if it is at least 5%
-    faster: fewer threads also leave cores to the rest of the machine). The model's and the
-    optimiser's state, the RNG and the comm records are as before."""
+    """Collective. On CPU, where the count was not asked for: time steps on 1 thread against
+    the ceiling in alternating blocks, summed over the ranks, and keep the ceiling only if
+    5% faster. State, RNG and comm records are left as before."""
     share = cpu.chosen
     if share is None or not share.tunable or share.threads == 1 or ctx.device.type != "cpu":
         return
@@ -70,11 +64,9 @@ def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
 
 
 def compile_model(syncer, splits: Splits, batch_size: int) -> float:
-    """train.compile: torch.compile the model the step calls (DDP's wrapper included: dynamo
-    splits its graph at DDP's buckets) and compile it now, so that no epoch holds the
-    compilation: one forward and backward at the batch size, then one at another size (the
-    epoch's short last batch would otherwise compile a dynamic-shape graph mid-epoch).
-    Gradients are dropped; weights, optimiser and RNG are untouched. Returns the seconds."""
+    """train.compile: torch.compile the model the step calls and compile it now, at the batch
+    size and at another (the short last batch), so no epoch holds the compilation. Weights,
+    optimiser and RNG are untouched. Returns the seconds."""
     t0 = time.perf_counter()
     syncer.wrapped = torch.compile(syncer.wrapped)
     n = min(batch_size, len(splits.test_x))

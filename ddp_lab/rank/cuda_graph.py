@@ -1,28 +1,13 @@
-"""train.cuda_graph=true: the training step captured once as a CUDA graph, then replayed.
+"""train.cuda_graph=true: the training step captured once as a CUDA graph, then replayed
+(PyTorch's CUDA Graphs notes; docs/performance.md, "Launch-overhead ladder").
 
-Eager PyTorch launches every kernel of a step from Python, one by one: for a small model
-on a GPU the step *is* the launches (about 1 ms a step on an H200, docs/performance.md).
-A CUDA graph records the kernels of one step once; every later step is one `replay()`,
-which hands them all to the GPU at once. This follows PyTorch's CUDA Graphs notes
-(whole-network capture, and their DDP section):
-
-1. warm-up: the first steps run eagerly, on a side stream: cuBLAS, the optimiser's state
-   and DDP's buckets are set up there (DDP wants 11 such iterations, others 3). They are
-   real training steps of the run, timed as usual.
-2. capture: the batch is copied into static buffers; with every `.grad` None (backward
-   then makes them in the graph's private memory), forward, loss, backward, the
-   synchroniser's `sync()` (nccl's collectives are captured), the optimiser's step and the
-   epoch's loss and correct sums are recorded into a `torch.cuda.CUDAGraph`. Nothing runs
-   while it is recorded: it is then replayed once, for this batch.
-3. every later step: the batch copied into the static buffers, `replay()`.
-
-The optimiser must be capturable (Adam: `capturable=True`, its step count a device
-tensor); SGD is as it is. What a graph cannot hold (CPU, gloo, PowerSGD, send/recv
-synchronisers, a background overlap thread, micro-batches, torch.compile) is refused before
-any process starts (config/train.py `cuda_graph_problem`). A batch of another size (the
-epoch's last, shorter one) runs eagerly. Nothing inside the graph is timed: the step is
-timed whole (one "step" span after the data phase), and the synchroniser's collectives are
-counted once per replay from what the capture recorded.
+The first steps (11 with DDP, else 3) run eagerly on a side stream; then the batch is
+copied into static buffers and, every `.grad` None, forward, loss, backward, `sync()`, the
+optimiser's step and the loss/correct sums are recorded into a `torch.cuda.CUDAGraph`;
+every later step copies its batch in and replays it. The optimiser must be capturable
+(Adam: `capturable=True`); what a graph cannot hold is refused before any process starts
+(`cuda_graph_problem`); a batch of another size runs eagerly. The step is timed whole, its
+collectives counted once per replay from what the capture recorded.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Injected faults. A crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`: tests of
-restarts) and compute delays (`debug.slow_rank`, `debug.slow_ms`, `debug.jitter_ms`): a
-straggler made on purpose, to see what the measurements make of it. Telemetry names the
-rank the others wait for from what it measures, never from this config
-(`ddp_lab.timing.stragglers`), so an injected delay is also a check of that finding.
-
-- `debug.slow_rank=R debug.slow_ms=M`: rank R's compute takes M ms longer every step.
-- `debug.jitter_ms=J`: every rank's compute takes a random 0..J ms longer every step,
-  drawn from the rank's own `random.Random` seeded from `train.seed` and the rank, so
-  the training RNG (torch's, Python's global one) and thus the run's numbers do not move.
-
-The delay is a host sleep at the start of the step's forward phase (once per step, also
-when the step accumulates micro-batches), so it counts as compute in the phase timings.
-On CUDA the sleep holds up the *launch* of the step's kernels: the GPU is delayed by it
-only as far as it has caught up with the host. MNIST-sized steps are launch-bound (the
-GPU idles between kernels), so there the whole delay reaches the GPU; a step whose
-kernels queue up far ahead of the host absorbs part of it.
+"""Injected faults: a crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`) and compute
+delays (`debug.slow_rank` + `debug.slow_ms`, `debug.jitter_ms`): a straggler made on
+purpose, which telemetry must find from what it measures (docs/timing.md, "Stragglers,
+injected and found"). The delay is a host sleep at the start of the forward phase, once
+per step (compute, and on CUDA a late launch); the jitter comes from the rank's own
+`random.Random`, so the training RNG does not move.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Which rank stopped the others, and the one line that says so.
 
-When a collective fails (a peer died, froze or hung past dist.timeout_s) every surviving
-rank, and the launcher after them, reads the ranks' progress records (ddp_lab.folder.progress)
-and asks `diagnose` who stopped: a rank of this machine whose process is dead or frozen
-(/proc), one another rank killed, the ranks of a node that no longer answers (a cut link:
-`ddp_lab.world.ports.answers`), the live rank behind the others in collectives, or the
-first that failed. `failure_line` says it in one line, `end_stuck` kills the local
-culprits that cannot end themselves, `short_error` puts a rank's own exception in one line.
+When a collective fails, every surviving rank and the launcher read the ranks' progress
+records (ddp_lab.folder.progress) and `diagnose` who stopped: a dead or frozen local
+process (/proc), a node that no longer answers (`ddp_lab.world.ports.answers`), the live
+rank behind in collectives, or the first that failed (docs/failures.md, "A rank dies").
+`failure_line` says it, `end_stuck` kills local culprits, `short_error` is one line.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ def who(r: dict) -> str:
 
 
 def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
-    """The ranks of the other nodes that do not answer `me`'s node any more, each with
-    `why` and `silent_node` added; [] when every node answers (or nothing says where the
-    nodes are: records without addresses, or `me` unknown)."""
+    """The ranks of the other nodes that no longer answer `me`'s node, each with `why` and
+    `silent_node` added; [] when every node answers or nothing says where the nodes are."""
     mine = next((r for r in records if r["rank"] == me), None)
     if mine is None or not mine.get("node"):
         return []
@@ -52,14 +49,9 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
              records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
-    """The rank(s) that stopped the others, each record with `why` added, in order of
-    evidence: ranks of this machine whose record says running but whose process is dead
-    ('dead (no process)') or stopped ('frozen (SIGSTOP)'), or that another rank killed for
-    it (its record says so); with `probe`, the ranks of the nodes that no longer answer
-    `me`'s node (`silent_nodes`: a cut link); else the live ranks behind the others (the
-    smallest collective number) with no update for `stale_s` seconds or more ('no progress
-    for N s'); else the rank that failed first, unless that is `me` ('failed (<its
-    reason>)'). [] when nothing stands out (every rank waits in the same collective)."""
+    """The rank(s) that stopped the others, each with `why`, by evidence: local ranks dead,
+    frozen or killed; with `probe`, the ranks of silent nodes; else live ranks behind in
+    collectives, still for `stale_s`; else the first that failed (unless `me`). [] if none."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []
@@ -124,8 +116,7 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
-    """SIGKILL the culprits of this machine that cannot end themselves: frozen (a stopped
-    process keeps its torchrun waiting 30 s more) or without progress (hung). Only
+    """SIGKILL this machine's culprits that cannot end themselves (frozen or hung), only
     processes whose command line names the run folder; the pids killed."""
     killed = []
     for r in culprits:
@@ -146,9 +137,8 @@ def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
 
 
 def short_error(e: BaseException, limit: int = 200) -> str:
-    """'RuntimeError: Timed out waiting 15000ms for recv operation to complete': the
-    exception's type and first meaningful line, without source paths. A full disk is
-    said as `no space left on <folder> (writing <file>)`."""
+    """The exception's type and first meaningful line, without source paths ('RuntimeError:
+    Timed out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
     if isinstance(e, DiskFull):
         return str(e)
     text = " ".join(str(e).split("\n\n")[0].split())

@@ -16,9 +16,8 @@ _inherited: dict = {}  # fork_ranks: their handlers in this process before torch
 
 
 def as_forked_rank() -> None:
-    """A rank forked by `fork_ranks` starts as a fresh `python -u` would, with the signal
-    handlers this process was given, not the agent's (a SIGTERM ends the rank), and its
-    console written a whole line at a time (whole_lines: the ranks share the console)."""
+    """A forked rank starts as a fresh `python -u` would: this process's signal handlers, not
+    the agent's, and its console written a whole line at a time (whole_lines)."""
     for sig, handler in _inherited.items():
         signal.signal(sig, handler)
     whole_lines()
@@ -26,17 +25,12 @@ def as_forked_rank() -> None:
 
 
 def exit_soon(rc: int) -> None:
-    """A forked rank's last step. torchrun's fork protocol ends a rank in two moves: the
-    rank puts its return value on a queue (a pipe: there the moment it is put), then waits
-    on an Event torchrun shares with every rank until torchrun has read them all and sets
-    it. That wait is a `multiprocessing.Condition` sleeper: a rank ended inside it never
-    acknowledges the wake-up, and torchrun's `Event.set` then waits for it forever
-    (`Condition.notify` -> `_woken_count.acquire()`). So the rank is never ended on a
-    timer: it waits for torchrun, and a thread ends it with `rc` only when waiting is
-    pointless, that is when torchrun is gone (killed: the rank is reparented, or gets the
-    SIGINT torch's fork asks for at its parent's death), or when torchrun signals it
-    (closing the ranks after a signal or a failed rank: then torchrun never sets the Event).
-    A torchrun that polls seldom (torch < 2.4: every 5 s) only makes the end later."""
+    """A forked rank's last step. torchrun ends a rank in two moves: the rank queues its
+    return value, then waits on a shared Event until torchrun has read them all. A rank ended
+    inside that `multiprocessing.Condition` wait never acknowledges the wake-up, and
+    torchrun's `Event.set` then waits forever. So a thread ends the rank with `rc` only when
+    waiting is pointless: torchrun is gone (reparented, or the SIGINT of its death) or has
+    signalled it (closing the ranks: then it never sets the Event)."""
     torchrun = multiprocessing.parent_process().pid  # reparented once torchrun is gone
     # the signals reach this process's C handler on whichever thread: the wakeup fd tells
     # the watcher, whatever the main thread is blocked in (the Condition's semaphore)

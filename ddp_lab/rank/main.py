@@ -1,12 +1,8 @@
-"""The ranks' side of a job: every rank runs as `python -m <run.entry> RUN_DIR`
-(ddp_lab.worker, ddp_lab.bench.worker):
-
-    rank_main(argv, module, maker, run)  ->  run_rank(run_dir, cfg, body)
-
-`run_rank` finds the rank's place in the world from the launcher's variables, sets up its
-log, threads and progress record, initialises the process group, runs `body(ctx)`, and
-turns a failure into one line that names the rank(s) that stopped (job.py is the
-submitting side).
+"""The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
+`rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places
+the rank from the launcher's variables, sets up its log, threads and progress record and
+the process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s)
+that stopped (job.py is the submitting side).
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ from .stop import die_with_parent
 
 def _threads(run_dir: Path, env, requested: int) -> int:
     """This rank's torch threads (ddp_lab/world/cpu.py): train.threads, or the count the run
-    started with (its first allocation's, same world), or the launcher's choice (kept in
-    `cpu.chosen`, for start-up's `tune_threads` and the run's records)."""
+    started with, or the launcher's choice (kept in `cpu.chosen`)."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
@@ -48,18 +43,12 @@ def _threads(run_dir: Path, env, requested: int) -> int:
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
              failure: Optional[dict] = None) -> int:
-    """Run `body(ctx)` on this rank inside an initialised process group (env, logging,
-    threads set up first); 0 on success, 1 after logging the failure (rank 0 also writes
-    it to summary.json with `failure`'s fields) instead of a traceback.
-
-    Dead and hung peers: the rank dies with its parent from the first instruction on
-    (PR_SET_PDEATHSIG: torchrun killed during init), keeps its progress record
-    (ddp_lab.folder.progress) and its hang watchdog (stacks into its log: ddp_lab.world.hang). When a
-    collective fails (a peer died, froze or hung past dist.timeout_s) its one `failed:` line
-    names the rank(s) that stopped and where (ddp_lab.rank.failure), and it kills those of
-    this machine that cannot end themselves (a frozen rank would keep torchrun waiting 30 s
-    more). A start that cannot reach its rendezvous ends within dist.init_timeout_s, its line
-    naming the host and port."""
+    """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1
+    after logging the failure (rank 0 also into summary.json) instead of a traceback.
+    The rank dies with its parent (PR_SET_PDEATHSIG), keeps its progress record and hang
+    watchdog; a failed collective's `failed:` line names the rank(s) that stopped
+    (ddp_lab.rank.failure), whose local frozen ones it kills. A start that cannot reach its
+    rendezvous ends within dist.init_timeout_s, naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
     # reads it once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
@@ -133,25 +122,21 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record,
-    its log and summary.json. Any rank writes it there, not only rank 0: the launcher ends
-    the other ranks the moment one fails (seen: rank 1's rendezvous timed out a moment
-    before rank 0's, mpirun killed rank 0 before it could say why, and the job named rank 0
-    "dead"); the record cannot hold the whole line (progress.MESSAGE_MAX)."""
+    its log and summary.json, by any rank, since the launcher may end rank 0 before it
+    says why; the record holds at most progress.MESSAGE_MAX characters."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
 
 
-# torch itself gives up on an unreachable store only after about twice dist.init_timeout_s:
-# one connect attempt that long, a backoff, then a second (33 s for 10 here). The timer
-# ends the rank at the bound; these seconds leave torch's own errors at the bound first.
+# torch gives up on an unreachable store after about twice dist.init_timeout_s: the timer
+# ends the rank at the bound, these seconds after it leave torch's own errors first
 START_SLACK_S = 2.0
 
 
 class StartTimer:
-    """The start's time limit: calls `end` (on a timer thread) unless `stop()` is called
-    within `seconds`; a bound on the start that works while the main thread waits inside
-    torch's C++ code."""
+    """The start's time limit: calls `end` on a timer thread unless `stop()` comes within
+    `seconds`; it works while the main thread waits inside torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
         self._lock = threading.Lock()
@@ -161,9 +146,7 @@ class StartTimer:
         self._timer.start()
 
     def stop(self) -> bool:
-        """The start has ended (the group is up, or it failed): stop the timer; True the
-        first time (the timer was still running). Waits
-        (for good: `end` exits) when the timer is ending the process at this moment."""
+        """The start has ended: stop the timer; True the first time (waits if it fires now)."""
         self._timer.cancel()
         with self._lock:
             first, self._done = not self._done, True
@@ -194,10 +177,8 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     if forked:
         as_forked_rank()
     rc = run(Path(argv[0]).resolve())
-    # Leave without the interpreter's teardown. With torch loaded it takes about 1 s of CPU
-    # on every rank of every run, and a failed rank's broken process group can block it
-    # for seconds (gloo's pending calls). Everything the rank wrote is closed by now
-    # (run_rank's finally: the process group, the log; the records are atomic files).
+    # Leave without the interpreter's teardown (with torch loaded, ~1 s of CPU; a broken
+    # process group can block it): everything the rank wrote is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):

@@ -1,7 +1,6 @@
-"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (their tags
-carry their units; ddp_lab/folder/tensorboard.py draws the charts from the same tags) and
-the comm part of the console's epoch line. `Telemetry` (ddp_lab/rank/telemetry.py) writes
-them; the benchmark of TensorBoard's cost times `step_scalars` alone."""
+"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (tags with
+their units, as folder/tensorboard.py charts them) and the comm part of the epoch line.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
                     "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
                     "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
                     "comm/fraction[of step]": c["fraction"] or 0.0,
-                    # side by side: in-flight (the union of the collectives) and exposed
-                    # (its part after the step's compute end), both per step
+                    # in flight (the collectives' union) and exposed (after compute's end)
                     "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
                     "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
                     "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
@@ -47,8 +45,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
 
 
 def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
-    """One step's TensorBoard scalars: its time, sync phase, compute, comm in flight and
-    exposed (ddp_lab/timing/comm.py), and the (1-based) epoch it belongs to."""
+    """One step's TensorBoard scalars: times, comm in flight and exposed, its epoch."""
     d = step.durations()
     return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
             "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
@@ -56,8 +53,7 @@ def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -
 
 
 def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part (its times, bytes and bandwidths are in
-    metrics.jsonl, TensorBoard and the report: the line fits 100 columns)."""
+    """The console epoch line's comm part, short: the figures are in metrics.jsonl."""
     c, steps = rec.comm, rec.steps
     if c["fraction"] is None:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"

@@ -1,29 +1,11 @@
 """`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses
-that check ddp_lab's own figures against clocks that are not its own.
+that check ddp_lab's own figures against clocks not its own (docs/timing.md,
+"Independent witnesses": what each figure means and how far they should agree).
 
-One object, `StepProfiler`, made by `EpochControl` when the key is on (off: nothing is made,
-the step's code path is the one it always is). It
-
-- runs `torch.profiler` over `timing.profile_steps` steps of the run's first epoch, after
-  `timing.profile_skip` steps of warm-up, and writes one Chrome/Kineto trace per rank,
-  `profile/rank<N>.pt.trace.json`: the Chrome/Kineto JSON that Perfetto (ui.perfetto.dev)
-  opens and Holistic Trace Analysis (HTA) reads;
-- labels ddp_lab's phases (data, forward, backward, sync, optim) as `record_function`
-  ranges `ddp_lab:<phase>` and the synchroniser's blocking collectives by op name
-  (`ddp_lab:all_reduce`, ...), and on CUDA as NVTX ranges too, so `nsys profile python -m
-  ddp_lab ...` shows them. It does so by wrapping the step timer's `phase` and the comm
-  recorder's `timed` on those two objects for the window only: when the window ends they
-  are the plain methods again, and the rest of the run pays nothing;
-- after the epoch, keeps ddp_lab's own figures for the same steps (comm in flight per
-  step, calls, exposed comm, compute), and at the end reads its trace back: the
-  collectives as torch records them (gloo's `gloo:<op>` ranges, torch's c10d events; on
-  CUDA the NCCL kernels), never ddp_lab's own ranges, which share its clock;
-- for sync=ddp, has DDP log its own timing every iteration (DDP's default samples
-  iterations 1-10 and every 100th), and keeps DDP's averages over the training steps.
-
-`witnesses()` (collective) is what summary.json keeps under `witnesses`; the report's
-witness table (ddp_lab/report/witness.py) sets the two side by side; docs/timing.md
-*Independent witnesses* says what each figure means and how far they should agree.
+`StepProfiler` traces `timing.profile_steps` steps after `timing.profile_skip` into
+`profile/rank<N>.pt.trace.json`, labelling the phases and blocking collectives
+(`ddp_lab:<name>`, NVTX on CUDA) by wrapping the timer's `phase` and the recorder's `timed`
+for the window only. Witnesses read the trace's own collectives, never our ranges.
 """
 
 from __future__ import annotations
@@ -154,9 +136,8 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (EpochControl.end). The first: ddp_lab's figures for
-        the window's steps, which the trace holds too (the window ends here if the epoch
-        was shorter than it); every one: this rank's steps and comm sums, for DDP's."""
+        """Each epoch's steps and calls (EpochControl.end): the first epoch's give ddp_lab's figures
+        for the window (ended here at the latest); every epoch adds to this rank's sums."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
         self.run_steps += len(steps)
         self.run_inflight += sum(inflight)
@@ -211,9 +192,8 @@ class StepProfiler:
 
 
 def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
-    """sync=ddp: DDP's own timing of this rank (`ddp._get_ddp_logging_data()`), in seconds:
-    with the profiler on, over every training step; else as DDP samples it (iterations
-    1-10, the preflight first, then every 100th). None without DDP (another sync, 1 rank)."""
+    """sync=ddp: DDP's own timing of this rank, in seconds: over every training step with the
+    profiler on, else as DDP samples it. None without DDP (another sync, 1 rank)."""
     if profiler is not None:
         return profiler.ddp_timing()
     ddp = _ddp_of(syncer.wrapped)
@@ -244,9 +224,7 @@ def _ddp_averages(ddp: Any) -> dict:
 
 
 def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
-    """DDP's own averages in seconds over the training steps it logged: its running
-    averages at the end, with the preflight's iteration (`base`, iteration 1) taken out.
-    Every iteration is logged (sample rate 1), the last one not (no forward logs it)."""
+    """DDP's own averages in seconds over its logged training steps (`base` taken out)."""
     end = _ddp_averages(ddp)
     n_end = end.get("iteration") or 0
     n_base = (base or {}).get("iteration") or 0
@@ -259,21 +237,13 @@ def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
 
 
 def _collective(event: dict, cuda: bool) -> bool:
-    """Whether a trace event is a collective as torch records it: c10d's ops and gloo's
-    own ranges (`c10d::allreduce_`, `gloo:all_reduce`, `c10d::send`, `gloo:recv`, ...) on
-    CPU, the NCCL kernels on CUDA; never one of ddp_lab's own ranges."""
+    """Whether a trace event is a torch-recorded collective (never one of our ranges)."""
     name = str(event.get("name", ""))
     if event.get("ph") != "X" or name.startswith(PREFIX):
         return False
     if cuda:
         return event.get("cat") == "kernel" and name.startswith("nccl")
     return name.startswith(("c10d::", "gloo:"))
-
-
-def steps_tid(events: list[dict]) -> object:
-    """The thread the profiler's steps run on: the training loop's."""
-    return next((e.get("tid") for e in events
-                 if str(e.get("name", "")).startswith("ProfilerStep#")), None)
 
 
 def _next(times: list[float], t: float) -> float:
@@ -283,13 +253,9 @@ def _next(times: list[float], t: float) -> float:
 
 
 def trace_figures(path: Path, blocking: bool = False) -> dict:
-    """A profiler trace's own figures, per `ProfilerStep#N` (the profiler's step ranges):
-    the union of the collectives it recorded (comm in flight per step, on the profiler's
-    clock; the median step's, as ddp_lab's beside it) and their count by name. Which collectives are the step's: those that start
-    inside one of its phases, so the stop agreement's between steps is not counted (our
-    ranges pick the events; their times are torch's). `blocking` (every sync but ddp and
-    sync.overlap): the caller waits for each call, so a call lasts until the training
-    thread's next operator in the trace (on a busy CPU the thread resumes late)."""
+    """A trace's own figures per `ProfilerStep#N`: the median step's union of the collectives
+    that start in its phases, and their count by name. `blocking`: a call lasts until the
+    calling thread's next operator."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)
@@ -314,7 +280,8 @@ def trace_figures(path: Path, blocking: bool = False) -> dict:
     if blocking and not cuda:
         # a blocking call's caller waits until its thread runs again: gloo's op ends on
         # its worker thread, the caller's next operator in the trace starts when it resumed
-        main = steps_tid(events)
+        main = next((e.get("tid") for e in events  # the training loop's thread
+                     if str(e.get("name", "")).startswith("ProfilerStep#")), None)
         resumed = sorted(e["ts"] for e in events if e.get("tid") == main
                          and e.get("cat") == "cpu_op" and not _collective(e, cuda))
         colls = [(at, a, _next(resumed, b), name) for at, a, b, name in colls]

@@ -1,23 +1,11 @@
 """Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
 
-A stop can reach any one process of a job: SIGTERM (a scheduler, Kubernetes, torchrun
-shutting its workers down), SIGINT (Ctrl-C), the user signal `train.stop_signal` (SIGUSR2 by
-default: SLURM's `--signal=B:USR2@N` ahead of the time limit; NCCL keeps SIGUSR1), the stop
-file `RUN_DIR/STOP` (written by the batch shell's trap, by `python -m ddp_lab` on Ctrl-C and
-by `python -m ddp_lab.status --stop`), or the death of the rank's parent (torchrun killed:
-PR_SET_PDEATHSIG turns it into SIGTERM, a ppid check backs it up). The handlers only set a
-flag: the rank keeps its step.
-
-Ranks agree with one small all-reduce (MAX of [stop code, seconds since the last check])
-every `every` steps. `every` adapts so that checks come about `train.stop_check_s` apart,
-from the reduced (hence identical on every rank) step time: deterministic, no extra
-collective, and cheap (python -m ddp_lab.bench.suite stop measures it). A rank's local flag reaches
-the others at the next check; all stop after the same step.
-
-Stop codes (higher wins when several arrive): 1 preempted (SIGTERM, the user signal, a
-stop file saying `preempted`): the run should continue in a later allocation; 2 stopped
-(SIGINT, a stop file, the parent gone): a person ended it. A second
-SIGINT restores the default action: Ctrl-C twice kills at once.
+A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
+`RUN_DIR/STOP`, the parent's death); the handlers only set a flag. Ranks agree with one
+all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps, adapted
+so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
+(continue later), 2 stopped (a person); a second SIGINT kills at once. docs/failures.md,
+"The pieces" and "What the stop check costs".
 """
 
 from __future__ import annotations
@@ -83,9 +71,7 @@ _PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent dies (also during init, when
-    no handler is installed yet: the rank then ends at once), and remember the parent for
-    the ppid check of `StopControl`."""
+    """The first thing a rank does: get `sig` when its parent dies, and remember the parent."""
     global _PARENT
     _PARENT = os.getppid()
     return set_parent_death_signal(sig)
@@ -197,9 +183,8 @@ class StopControl:
 @contextmanager
 def stop_control(ctx: DistContext, run_dir: Path,
                  train: TrainConfig) -> Iterator[StopControl]:
-    """A run's StopControl per `train` (the config's train section): a stop request the
-    previous allocation acted on is spent first, and the signal handlers are restored on
-    leaving."""
+    """A run's StopControl per the train section: a stop request the previous allocation acted
+    on is spent first; the signal handlers are restored on leaving."""
     stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
     try:
         if ctx.env.is_main:

@@ -1,20 +1,10 @@
-"""From the loop's raw measurements to the run's records: one object, `Telemetry`.
+"""From the loop's raw measurements to the run's records: one object, `Telemetry`
+(docs/architecture.md, "The path of one epoch's numbers").
 
-The training loop hands it, once per epoch, what it measured as one `MeasuredEpoch` (the
-step timer's phases, the synchroniser's `CommStats`, its own busy and wall time, the summed
-training loss, the test scores); `Telemetry` builds the typed `EpochRecord`
-(ddp_lab.folder.records), writes it to metrics.jsonl, TensorBoard, the console (the scalars
-and the comm part of the line: presentation.py) and the Chrome trace, and at the end
-builds and writes the `RunSummary`. This is torchtitan's MetricsProcessor shape: the loop
-never assembles a record and never asks which rank it is on. Every rank calls every method in the same order, because some of them are collectives
-(the straggler gather, the loss sum, the trace merge); only the logging rank's sink writes
-(`metrics.make_sink`).
-
-One epoch's numbers: StepTimer + CommRecorder (timing) -> MeasuredEpoch -> `epoch` here ->
-EpochRecord -> RunFolderSink (metrics.jsonl, tb/) and the console line; the run's sums
-(`RunTotals`) -> RunSummary -> summary.json; the report reads both back through the same
-record types. Every `timing.tb_every`-th step goes to TensorBoard as it ends (a
-`StepWatch` on the step timer, ddp_lab/timing/phases.py; `progress` starts it each epoch).
+Once per epoch the loop hands it a `MeasuredEpoch`; it builds the `EpochRecord` and writes
+it to metrics.jsonl, TensorBoard, the console and the Chrome trace, and at the end the
+`RunSummary`: the loop never assembles a record nor asks its rank. Every rank calls every
+method in the same order (some are collectives); only the logging rank's sink writes.
 """
 
 from __future__ import annotations
@@ -55,11 +45,8 @@ class Telemetry:
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None, control: Optional[EpochControl] = None):
-        """`cfg`: the whole config, for the records describe the run: its text in
-        TensorBoard, its description's hparams (folder/description.py) and summary.json's
-        settings, from every section. `control`: the loop's EpochControl, whose step timer and
-        comm recorder the live TensorBoard points are read from (without one they are
-        written at epoch ends)."""
+        """`cfg`: the whole config, which the records describe. `control`: the loop's EpochControl,
+        whose timer and recorder the live TensorBoard points are read from."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
@@ -91,9 +78,7 @@ class Telemetry:
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
-        """Collective. Drop metrics past the checkpoint we resume from (all of them on a
-        fresh run), record the config and where every rank runs, and open this
-        allocation's segment in summary.json (status `running`)."""
+        """Collective. Drop metrics past the checkpoint; record the config and the ranks."""
         env, cfg = self.ctx.env, self.cfg
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
@@ -101,8 +86,7 @@ class Telemetry:
         self.records = self.sink.truncate_after(start_epoch, self.written_step)
         hparams = self.hparams()
         repeat = cfg.study_point["repeat"] if cfg.study_point is not None else None
-        # the run's own compute-vs-comm charts that will draw a line: per step where it
-        # writes per-step points, per epoch where it has more than one epoch
+        # the run's compute-vs-comm charts that will draw a line
         bands = (("step",) if self.every > 0 else ()) \
             + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
         self.sink.tensorboard(run_name(hparams, repeat),
@@ -149,10 +133,8 @@ class Telemetry:
                      f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
 
     def _fingerprint(self) -> None:
-        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it): on nccl every
-        rank parses its own NCCL INFO log, read after the hosts gather above made NCCL
-        connect its peers, and rank 0 joins what the ranks saw; `finish` reads them again
-        (connections made later, lines NCCL had not yet written out)."""
+        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it), from every rank's
+        NCCL INFO log after the hosts gather made NCCL connect; `finish` reads them again."""
         env, ctx = self.ctx.env, self.ctx
         detail = None
         if ctx.backend == "nccl":
@@ -166,10 +148,7 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def progress(self, epoch: int, first_step: int = 0) -> Iterable:
-        """The steps of epoch `epoch` (0-based) from `first_step` on, shown as they go on
-        the logging rank (a bar on a terminal, else a line every log.progress_every_s:
-        rank/console_progress.py). From here every `timing.tb_every`-th step goes to
-        TensorBoard as it ends (`StepWatch`, never waiting for the device)."""
+        """Epoch `epoch`'s steps from `first_step` on, shown as they go; starts the live watch."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
         return self._progress.wrap(range(first_step, self.steps_per_epoch),
@@ -185,12 +164,8 @@ class Telemetry:
 
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
-        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere.
-
-        `m.steps`/`m.comm` are this rank's (empty steps when timing is off). An epoch
-        resumed at step `m.resumed_at_step` records the loss, samples and times of the whole
-        epoch (`m.totals()`: the checkpoint carried the first part) and the timings of this
-        part."""
+        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere (a
+        resumed epoch: the whole epoch's loss, samples and times, this part's timings)."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
         train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
@@ -224,9 +199,7 @@ class Telemetry:
 
     def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
                      first_step: int) -> None:
-        """The epoch's record and scalars at its last step (x: global step), with the
-        run's hparam metrics so far; first the per-step points the watch has not written
-        (all of them without one)."""
+        """The epoch's record and scalars at its last step, after the unwritten step points."""
         every, end = self.every, rec.epoch * self.steps_per_epoch
         if every > 0:
             comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
@@ -249,9 +222,7 @@ class Telemetry:
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard (the HParams dashboard ticks those that
-        differ): its description's (description.Description.hparams: every setting, each
-        sync option, the workload) and what the ranks found (backend, batch as used)."""
+        """The run's hparams for TensorBoard: its description's and the ranks'."""
         cfg, env = self.cfg, self.ctx.env
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
@@ -261,13 +232,11 @@ class Telemetry:
                 "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
-        """Collective. The record's timing part: phases, comm, comm_fraction, stragglers
-        and the straggler named from them."""
+        """Collective. The record's timing part: phases, comm, stragglers, the straggler named."""
         t = epoch_timing(steps, comm)
         step_total = t["phases"]["step"]["total"] if self.timing else busy_s
-        # every rank's summed step time, and that minus its comm time (its own compute: a
-        # straggler makes the others *wait*, so their step times grow too; compute does not),
-        # and its comm time per step (empty when timing is off): who waited for whom
+        # every rank's step time, its compute (the others' step times grow while they wait
+        # for a straggler; compute does not) and its comm per step: who waited for whom
         per_rank = self.ctx.gather_objects(
             (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
         tally = StragglerTally.from_waits([r[2] for r in per_rank])
@@ -299,11 +268,9 @@ class Telemetry:
                position: Optional[tuple[int, int]] = None,
                stop_reason: Optional[str] = None,
                memory: Optional[dict[str, int]] = None) -> RunSummary:
-        """Collective. Merge the trace, write summary.json and close TensorBoard.
-        `final_test` (loss, accuracy) is needed only when no epoch ran here (a resumed run
-        that had already finished). A graceful stop passes its `status` (preempted |
-        stopped), the `position` (epochs done, steps of the next) its checkpoint holds and
-        why it stopped. `memory`: this rank's bytes (Synchroniser.memory)."""
+        """Collective. Merge the trace, write summary.json and close TensorBoard. `final_test`:
+        needed only when no epoch ran here; a graceful stop passes `status`, `position` and
+        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory)."""
         self._merge_trace()
         witnesses, ddp = self._witnesses()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
@@ -325,7 +292,8 @@ class Telemetry:
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
             backend=ctx.backend,
-            device=_device_name(ctx.device), nodes=env.num_nodes,
+            device=ctx.device.type if ctx.device.type == "cpu"
+            else torch.cuda.get_device_name(ctx.device), nodes=env.num_nodes,
             nproc_per_node=env.local_world_size, world_size=env.world_size,
             epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
             batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
@@ -333,7 +301,9 @@ class Telemetry:
             accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
-            **figures, hosts=_every_host(self.segments) or self.hosts, node_ranks=self.node_ranks, env_source=env.source,
+            **figures, node_ranks=self.node_ranks, env_source=env.source,
+            hosts=list(dict.fromkeys(h for seg in self.segments for h in seg.get("hosts") or []))
+            or self.hosts,  # every allocation's, in the order they first came
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
@@ -349,8 +319,7 @@ class Telemetry:
         return summary
 
     def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
-        """Collective with timing.profile. The profiler's witnesses (on the logging rank)
-        and, for sync=ddp, DDP's own timing of this rank (ddp_lab/rank/profile.py)."""
+        """Collective with timing.profile: the profiler's witnesses and DDP's own timing."""
         if self.control is None:
             return None, None
         profiler = self.control.profiler
@@ -366,19 +335,10 @@ class Telemetry:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
 
 
-def _device_name(device: torch.device) -> str:
-    return device.type if device.type == "cpu" else torch.cuda.get_device_name(device)
-
-
 def cpu_share() -> dict:
     """This rank's torch threads, why, and how they wait (ddp_lab/world/cpu.py)."""
     return {"threads": torch.get_num_threads(), "why": cpu.chosen.why if cpu.chosen else "",
             "wait": cpu.wait_policy()}
-
-
-def _every_host(segments: list[dict]) -> list[str]:
-    """The hosts a run used, over all its allocations, in the order they first came."""
-    return list(dict.fromkeys(h for seg in segments for h in seg.get("hosts") or []))
 
 
 def _study_point(cfg: Config) -> Optional[dict]:

@@ -1,16 +1,9 @@
-"""A timeline of the run in Chrome's trace event format (ui.perfetto.dev, chrome://tracing).
+"""A timeline of the run in Chrome's trace event format (docs/timing.md, "What is written").
 
-Every rank writes `trace/rank<N>.json`: one process per rank (pid = rank) with two
-tracks, the phases of each step (tid = rank: data, forward, backward, sync, optim) and
-this rank's collectives (tid = 1000 + rank: one slice per call, with its bytes; for ddp
-they overlap backward). At the end rank 0 also writes `trace/all.json`, every rank in one
-file, to see stragglers and waits side by side. Times are microseconds since the run's
-clock was started right after a barrier, so the ranks line up (to within that barrier's
-exit skew; the ranks of one node share one clock).
-
-The size is bounded: of each epoch only the first `trace_steps` and the last
-`trace_steps` steps are kept (warm-up and steady state), so a trace holds at most
-epochs x 2 x trace_steps steps, however long the epochs.
+Every rank writes `trace/rank<N>.json` (pid = rank; tid = rank: the step phases; tid =
+1000 + rank: its collectives); at the end rank 0 writes `trace/all.json`, every rank in
+one file. Times are microseconds since a clock started after a barrier. Of each epoch
+only the first and last `trace_steps` steps are kept.
 """
 
 from __future__ import annotations

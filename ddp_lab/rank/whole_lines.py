@@ -1,12 +1,9 @@
 """`python -m ddp_lab.rank.whole_lines MODULE ARGS...`: run MODULE as `python -m MODULE
-ARGS...` would, its console written a whole line at a time.
-
-The ranks of one machine share its console (one pipe or terminal). torchrun starts a rank
-as `python -u -m MODULE`: unbuffered, `print`'s text and its newline are two writes, and
-another rank's line can land between them (`... 5.01 ms/step[rank 0] epoch 0: ...`).
-Line-buffered, each line is one write, which a pipe never cuts (lines are far below
-PIPE_BUF). ddp_lab.launch.torchrun starts every spawned rank through this module (a forked
-rank calls `whole_lines` itself), so any `run.entry` prints whole lines, ours or a user's.
+ARGS...` would, its console written a whole line at a time. The ranks of a machine share
+its console, and under `python -u` a line and its newline are two writes that another
+rank's line can land between; line-buffered, each line is one write a pipe never cuts.
+ddp_lab.launch.torchrun starts every spawned rank through this (forked ones call
+`whole_lines`), so any `run.entry` prints whole lines.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """How many CPU threads each rank runs and how its threads wait: decided once per machine,
 before torch loads (torch-free). Why and what was measured: docs/performance.md, "What
-decides the defaults".
-
-`launcher=local` (ddp_lab.launch.torchrun) looks at the machine before the job runs
-(`busy_cores`) and `decide`s: each rank gets the free cores divided by the ranks (at least
-1, at most its equal share); its threads spin only if each has a free core and one is left
-for the job's other processes, else they sleep (OMP_WAIT_POLICY=PASSIVE). The choice
-reaches the ranks as environment (`apply`). Where no look came first (SLURM's and mpirun's
-ranks, the benchmarks' workers) a rank takes its equal share with sleeping threads. What
-you set stands: `train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT. Where the launcher looked,
-each rank then times whole steps on 1 thread against its ceiling (ddp_lab/rank/compile.py,
-`tune_threads`) and keeps the faster; summary.json `segments[*].cpu` records the choice.
+decides the defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`,
+passed on by `apply`); otherwise a rank takes its equal share, its threads sleeping.
+What you set stands (`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ def cores() -> int:
 
 
 def equal_share(local_ranks: int, n_cores: Optional[int] = None) -> int:
-    """Each of `local_ranks` ranks' share of `n_cores` (this process's cores by default),
-    at least 1."""
+    """Each of `local_ranks` ranks' share of `n_cores` (default: this process's), at least 1."""
     return max(1, (cores() if n_cores is None else n_cores) // max(local_ranks, 1))
 
 
@@ -106,8 +97,7 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
-    """In a rank, before torch loads: without a launcher's choice (mpirun, the benchmarks'
-    workers) its threads sleep when they wait, unless the user chose."""
+    """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
     if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -115,8 +105,7 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
 
 @dataclass
 class RankThreads:
-    """This rank's torch threads (`rank_threads`), why, and whether start-up may time fewer
-    against them (ddp_lab/rank/compile.py: `tune_threads`)."""
+    """This rank's torch threads, why, and whether `tune_threads` may lower them."""
     threads: int
     why: str
     tunable: bool
@@ -127,11 +116,9 @@ chosen: Optional[RankThreads] = None  # this rank's, set by run_rank (ddp_lab/ra
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
                  environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
-    """This rank's torch threads: `train.threads` if set (`requested`), else the count the
-    run started with (`earlier`: a resumed run keeps its bits), else the launcher's choice,
-    else its equal share of the cores; only the launcher's choice is a ceiling start-up may
-    lower (the equal share stays as it always was: the same threads, the same bits, on
-    SLURM, mpirun and RunAI)."""
+    """This rank's torch threads: `requested` (train.threads), else `earlier` (a resumed run
+    keeps its bits), else the launcher's choice (the only ceiling start-up may lower), else
+    its equal share of the cores."""
     env = os.environ if environ is None else environ
     if requested > 0:
         return RankThreads(requested, "train.threads", False)

@@ -6,16 +6,14 @@ from pathlib import Path
 
 
 def gpu_devices_present() -> bool:
-    """Whether this machine shows a GPU driver's device files (NVIDIA's /dev/nvidia0, ...;
-    ROCm's /dev/kfd). Without any, torch finds no GPU either: asking it costs seconds of
-    import on every command, so only a machine that may have one asks."""
+    """Whether this machine shows a GPU driver's device files (/dev/nvidia0, ROCm's /dev/kfd):
+    only then is torch asked, which costs seconds of import."""
     dev = Path("/dev")
     return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
 
 
 def local_gpus() -> int:
-    """CUDA devices of this machine: 0 from the device files alone where there are none, so
-    a command on a CPU machine never imports torch (seconds of every command's start)."""
+    """CUDA devices of this machine; 0 from the device files alone, so no torch import on CPU."""
     if not gpu_devices_present():
         return 0
     import torch  # lazy: see above

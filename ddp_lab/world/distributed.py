@@ -47,8 +47,7 @@ class DistContext:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------ scalar collectives
-    # Every small agreement of a run (a loss, a flag, each rank's host or step time) goes
-    # through these, so the device/dtype choice and the world of one live in one place.
+    # every small agreement of a run (a loss, a flag, a host, a step time) goes through these
     @property
     def collective(self) -> bool:
         """True when there are other ranks to talk to (no process group, or 1 rank: none)."""
@@ -133,14 +132,9 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
                 run_dir: Optional[Path] = None) -> Iterator[DistContext]:
-    """Initialise the default process group for `env`; destroy it on the way out.
-
-    Two timeouts: `init_timeout_s` (default: `timeout_s`) bounds init_process_group (every
-    peer must join by then: a slow start on a busy cluster), `timeout_s` every collective
-    after it, so a dead or hung rank turns into an error on the others instead of a hang
-    (gloo: the call raises; nccl: its watchdog ends the process). On nccl with a `run_dir`,
-    PyTorch's flight recorder is on, its dumps in RUN_DIR/flight_recorder/.
-    """
+    """Initialise the default process group for `env`, destroyed on the way out: within
+    `init_timeout_s` (default `timeout_s`), then `timeout_s` per collective (a dead peer is
+    an error, not a hang); on nccl with a `run_dir`, the flight recorder on."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}
@@ -175,10 +169,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 
 
 def set_timeout(timeout_s: float) -> bool:
-    """The default group's timeout for every later collective (torch >= 2.9 names it
-    dist.set_timeout; 2.3 to 2.8, distributed_c10d._set_pg_timeout). False where the
-    installed torch has neither (2.2): the group keeps its init timeout for every call
-    (ddp_lab.torch_compat says so in the run's first lines)."""
+    """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout;
+    2.3 to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
     import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
@@ -190,8 +182,7 @@ def set_timeout(timeout_s: float) -> bool:
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
     """This process as rank `rank` of a one-machine gloo group of `world` CPU ranks at
-    127.0.0.1:`port`, torch's threads shared among them: what the benchmark scripts'
-    workers run in, without a launcher. The caller destroys the group."""
+    127.0.0.1:`port`, without a launcher (the benchmark scripts); the caller destroys it."""
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")

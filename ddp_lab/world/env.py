@@ -1,16 +1,11 @@
 """Who am I? Rank, local rank, world size, node rank and master address, from any launcher.
 
-`detect_env` reads the variables each launcher sets, in this order:
-- torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-  MASTER_PORT (TORCHELASTIC_RUN_ID marks it);
-- srun without torchrun: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID,
-  SLURM_NNODES, SLURM_(N)TASKS_PER_NODE; master = first host of SLURM_JOB_NODELIST;
-- Open MPI's mpirun: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; the node from
-  DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES (set by launcher=mpirun's rank wrapper);
-- RunAI / Kubeflow pods: WORLD_SIZE and RANK count *pods* (PET_NNODES, PET_NODE_RANK);
-  with torchrun inside, torchrun's variables win.
-An inconsistent set raises `EnvError` naming the variable and the fix. The same variables
-name the job around the rank (`allocation`) and when it started (`startup_s`).
+`detect_env` reads the variables of torchrun (TORCHELASTIC_RUN_ID marks it), srun
+(SLURM_PROCID, ...; master = first host of SLURM_JOB_NODELIST), Open MPI's mpirun
+(OMPI_COMM_WORLD_*, the node from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow
+pods (PET_NNODES, PET_NODE_RANK), in that order (docs/launchers.md, "What every launcher
+shares"). An inconsistent set raises `EnvError` naming the variable and the fix. The same
+variables name the job around the rank (`allocation`) and its start (`startup_s`).
 """
 
 from __future__ import annotations
@@ -62,11 +57,8 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> in
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM node list: 'nid[001-004,007],login1' -> 'nid001'.
-
-    The same answer as `scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`, without
-    needing scontrol on the compute node.
-    """
+    """First host of a SLURM node list, as `scontrol show hostnames` gives it:
+    'nid[001-004,007],login1' -> 'nid001'."""
     nodelist = nodelist.strip()
     if not nodelist:
         raise EnvError("SLURM_JOB_NODELIST is empty")
@@ -124,19 +116,16 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
             num_nodes=_int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1)),
             source="slurm",
         )
-        if not env.get("MASTER_ADDR") and env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST")):
-            env = dict(env)
-            env["MASTER_ADDR"] = first_slurm_host(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not env.get("MASTER_ADDR") and nodelist:
+            env = dict(env, MASTER_ADDR=first_slurm_host(nodelist))
         if not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID"):
-            env = dict(env)
-            env["MASTER_PORT"] = str(slurm_port(_int(env, "SLURM_JOB_ID")))
+            env = dict(env, MASTER_PORT=str(slurm_port(_int(env, "SLURM_JOB_ID"))))
     elif "OMPI_COMM_WORLD_RANK" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        # Open MPI has no node *index*: OMPI_COMM_WORLD_NODE_RANK is the rank among the
-        # processes on this node (0,1,2 for -np 3 on one host), not which node this is.
-        # launcher=mpirun's rank wrapper computes DDP_LAB_NODE_RANK/NUM_NODES from the
-        # slots; without it, assume equal slots filled host by host (mpirun's default).
+        # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is the rank on the node):
+        # launcher=mpirun's wrapper sets DDP_LAB_NODE_RANK/NUM_NODES, else equal slots
         rank = _int(env, "OMPI_COMM_WORLD_RANK")
         d = dict(
             rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
@@ -202,8 +191,7 @@ def hostname() -> str:
 
 
 def host_address() -> Optional[str]:
-    """The address this machine's hostname resolves to: the one gloo gives its peers (a
-    rank's node as other nodes reach it); None if it does not resolve."""
+    """The address this machine's hostname resolves to (the one gloo gives peers), or None."""
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -221,10 +209,9 @@ def start_ticks(pid: int | str = "self") -> Optional[str]:
 
 
 def process_start(pid: int | str = "self") -> Optional[float]:
-    """When a process started, in seconds since the epoch, to a clock tick (10 ms): its start
-    in ticks since boot (/proc/PID/stat), set against the boot clock now. Not /proc/stat's
-    `btime`: that is whole seconds, and a 7.5 s run read as 8.0 s from it. None where it
-    cannot be read (not Linux, the process gone)."""
+    """When a process started, in seconds since the epoch, to a clock tick: its start in ticks
+    since boot (/proc/PID/stat) against the boot clock now (`btime` is whole seconds). None
+    where it cannot be read."""
     ticks = start_ticks(pid)
     if ticks is None:
         return None
@@ -236,8 +223,7 @@ def process_start(pid: int | str = "self") -> Optional[float]:
 
 
 def allocation(environ=None) -> dict:
-    """The scheduler's name for this allocation: SLURM's job id and requeue count, RunAI's
-    (Kubeflow's) job name and pod restart; None for a local launch."""
+    """The scheduler's name for this allocation: job id and restart count (None: local)."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
@@ -246,10 +232,8 @@ def allocation(environ=None) -> dict:
 
 
 def startup_s() -> Optional[float]:
-    """Seconds from the job's own start to the first step, as the user waits for it:
-    DDP_LAB_T0 where the job set it (ddp_lab.command.job: the command's start, or the end of
-    the sweep's previous job; a SLURM batch script's or a pod's own start), else this rank's
-    start (`bash launch.sh` by hand)."""
+    """Seconds from the job's own start to the first step: DDP_LAB_T0 where the job set it
+    (ddp_lab.command.job), else this rank's start."""
     t0 = os.environ.get("DDP_LAB_T0")
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)

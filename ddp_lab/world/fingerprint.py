@@ -1,21 +1,11 @@
 """The allocation's fingerprint: what a run's timings depend on besides its config.
 
-`collect(...)` gives summary.json's `fingerprint` (hosts, CPU model and usable cores, GPU,
-torch / CUDA / NCCL versions, gloo, backend, device, the NCCL transport in use, the NCCL /
-RDMA / threading variables in effect, python, launcher, nodes x procs); `fingerprint_id`
-hashes the fields that make timings comparable into a short stable id. The report groups
-repeats by it and names the fields that differ across two ids (`differences`).
-
-The NCCL transport: `enable_nccl_debug` (before init_process_group) sets NCCL_DEBUG=INFO
-into RUN_DIR/logs/nccl.%h.%p.log (a user's own NCCL_DEBUG wins), and after the first
-collectives `read_nccl_transport` parses its "Using network ..." and channel lines.
-
-The node's link (`link`): the interface the ranks talk to other nodes through, its speed
-and a traffic shaper's rate (a root `tbf` qdisc), asked of the kernel through netlink
-(`ip`, `tc`) for the process's own network namespace (/sys/class/net only where its MAC is
-the interface's: sysfs shows the mounter's namespace). What the link delivers is the
-bench's to measure (its fit's 1/beta): a measured figure in the id would split repeats by
-noise. `link_label` is in the id.
+`collect(...)` gives summary.json's `fingerprint`; `fingerprint_id` hashes `ID_FIELDS`
+into a short stable id, by which the report groups repeats (`differences` names what
+differs). NCCL's transport is parsed from its INFO log (`enable_nccl_debug`, then
+`read_nccl_transport`). The node's link (interface, speed, a root `tbf` rate) is asked of
+the kernel through `ip`/`tc` in the process's own namespace; only `link_label` is in the
+id, never a measured rate (docs/network.md, "The link in the fingerprint").
 """
 
 from __future__ import annotations
@@ -40,9 +30,7 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-# What makes two allocations' timings comparable: the kind of machine, software, NCCL's
-# network and the node's link rate; not the shape of the run (nodes x procs), which the
-# report groups by already.
+# what makes two allocations' timings comparable (not nodes x procs: the report groups by it)
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
@@ -69,9 +57,8 @@ def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
 
 
 def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
-    """What NCCL's INFO lines say about its transport: the network it chose ("IB",
-    "Socket", a plugin's name), the devices of that network, and how many channel
-    connections went over each transport (P2P, SHM, NET/IB, NET/Socket, ...)."""
+    """What NCCL's INFO lines say: the network it chose ("IB", "Socket", a plugin), that
+    network's devices, and the channel connections over each transport (P2P, NET/IB, ...)."""
     network, devices, conns = None, {}, {}
     for line in lines:
         if "NCCL INFO" not in line:
@@ -105,8 +92,7 @@ def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
 
 
 def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
-    """Parse this process's NCCL debug file (RUN_DIR/logs/nccl.<host>.<pid>.log); None
-    when there is none (gloo, or the user's own NCCL_DEBUG)."""
+    """Parse this process's NCCL debug file; None without one (gloo, a user's NCCL_DEBUG)."""
     pid = os.getpid() if pid is None else pid
     files = sorted((Path(run_dir) / "logs").glob(f"nccl.*.{pid}.log"))
     if not files:
@@ -134,8 +120,7 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 # ------------------------------------------------------------------ the node's link
 def _json_of(*argv: str) -> Any:
-    """The JSON an iproute2 command prints (`ip -j ...`, `tc -j ...`); None when the tool
-    is missing or fails."""
+    """The JSON an iproute2 command prints (`ip -j ...`); None when it is missing or fails."""
     try:
         out = subprocess.run(list(argv), capture_output=True, text=True, timeout=5)
         return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
@@ -176,8 +161,7 @@ def uplink(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def root_tbf(qdiscs: Any) -> dict[str, Any]:
-    """The options of the root tbf qdisc in `tc -j qdisc show dev IF` output (tc gives its
-    rate in bytes/s, its burst in bytes); {} when the interface is not shaped."""
+    """The root tbf qdisc's options in `tc -j qdisc show` output (bytes/s); {} if none."""
     for q in qdiscs or []:
         if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
             return q["options"]
@@ -198,8 +182,7 @@ def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") ->
 
 
 def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
-    """This node's uplink: {"iface", "speed_mbit", "shaped_Bps", "shaped_burst_B"} (None
-    where unknown or unshaped)."""
+    """This node's uplink: iface, speed_mbit, shaped_Bps, shaped_burst_B (None where unknown)."""
     iface = uplink(os.environ if environ is None else environ)
     if not iface:
         return None
@@ -220,17 +203,15 @@ def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
 
 
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The network and thread variables in force. Not OMP_WAIT_POLICY: ddp_lab sets it from
-    the load at start (ddp_lab/world/cpu.py), so it would tell two runs of one allocation apart;
-    each run records how its threads wait in summary.json `segments[*].cpu`."""
+    """The network and thread variables in force, but OMP_WAIT_POLICY: ddp_lab sets it from the
+    load at start (summary.json `segments[*].cpu` records it), so it would split repeats."""
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ)
             if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
 
 
 def _versions(backend: str) -> dict[str, Any]:
-    # lazy, as in `collect`: the report imports this module to compare fingerprints, which
-    # needs no torch; only the ranks, which have it loaded, collect one
+    # lazy, as in `collect`: the report compares fingerprints without torch
     import torch
     import torch.distributed as dist
 
@@ -290,8 +271,7 @@ def fingerprint_id(fp: Mapping[str, Any]) -> str:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """What differs between two fingerprints, in words ("cpu: X vs Y", "env NCCL_IB_HCA:
-    mlx5_0 vs unset"): the line the report prints under a cross-fingerprint comparison."""
+    """What differs between two fingerprints in words ("cpu: X vs Y"), for the report."""
     fa, fb = id_fields(a), id_fields(b)
     out = []
     for k in ID_FIELDS:

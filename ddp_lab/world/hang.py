@@ -1,10 +1,8 @@
-"""What a hung rank leaves behind to say where it stopped: PyTorch's NCCL flight recorder
-(every rank's last collectives, dumped into RUN_DIR/flight_recorder/ when a collective
-times out) and this rank's watchdog (every thread's stack into its log). Set up beside
-the process group: `ddp_lab.world.distributed.distributed` turns the flight recorder on before
-init_process_group, `ddp_lab.rank.main.run_rank` arms the watchdog and the stop checks
-(`ddp_lab.rank.stop`) re-arm it. No torch at import (status reaches it through the stop
-checks' module)."""
+"""What a hung rank leaves behind: PyTorch's NCCL flight recorder (dumped into
+RUN_DIR/flight_recorder/ when a collective times out; turned on by `distributed` before
+init_process_group) and this rank's watchdog (every thread's stack into its log; armed
+by `run_rank`, re-armed by the stop checks). No torch at import.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +11,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 # ------------------------------------------------------------------ the NCCL flight recorder
-# (current name, name before, the torch that reads the current one): torch still reads the
-# name before, but warns on every rank's console (TORCH_NCCL_TRACE_BUFFER_SIZE, seen on 2.11)
+# (current name, name before, the torch that reads the current one): the old name warns
 FLIGHT_RECORDER_NAMES = {"buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "2.9"),
                          "dump": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "2.5")}
 
 
 def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
                         torch_version: Optional[str] = None) -> dict[str, str]:
-    """The variables that turn on PyTorch's NCCL flight recorder with its dumps in
-    RUN_DIR/flight_recorder/rank_<N> (made here), each under the name the running torch
-    reads (`torch_version`, default torch.__version__; FLIGHT_RECORDER_NAMES): the buffer's
-    entries, the dump path, and TORCH_NCCL_DUMP_ON_TIMEOUT."""
+    """The variables that turn on PyTorch's NCCL flight recorder, its dumps in
+    RUN_DIR/flight_recorder/rank_<N> (made here), under the names `torch_version` reads."""
     from torch.torch_version import TorchVersion, __version__
 
     version = TorchVersion(torch_version or __version__)
@@ -40,9 +35,7 @@ def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
 
 def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
                            torch_version: Optional[str] = None) -> dict[str, str]:
-    """Set `flight_recorder_env` in `environ` (os.environ), keeping what a user set (under
-    either name of a variable); call it before init_process_group. The variables now in
-    effect."""
+    """Set `flight_recorder_env` before init_process_group, keeping a user's; those in effect."""
     environ = os.environ if environ is None else environ
     aliases = {name: names[:2] for names in FLIGHT_RECORDER_NAMES.values() for name in names[:2]}
     in_effect = {}
@@ -56,10 +49,8 @@ def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
 
 # ------------------------------------------------------------------ hang watchdog
 class Watchdog:
-    """Dumps every thread's stack into the rank's log when the rank has made no progress
-    for `timeout_s` (faulthandler.dump_traceback_later: a C thread, so it fires even when
-    the main thread is stuck in a collective, holding the GIL or not). `rearm()` starts the
-    wait again: cheap enough for a call every second or so (the stop checks)."""
+    """Dumps every thread's stack into the log after `timeout_s` without progress (a C thread:
+    it fires inside a stuck collective too); `rearm()`, cheap, starts the wait again."""
 
     def __init__(self, timeout_s: float, file: Any = None):
         self.timeout_s, self.file, self.armed = float(timeout_s), file, False

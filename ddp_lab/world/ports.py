@@ -1,12 +1,8 @@
 """The rendezvous port: a free one, whether one is taken, and the lines that say a
-rendezvous could not start. Every launcher, test and script asks here. And whether a
-machine answers at all (`answers`): a failed rank's probe of the other nodes
-(ddp_lab.rank.failure), where a node that sends no reply went silent.
-
-The store of a rendezvous (torch's TCPStore: torchrun's, or rank 0's under mpirun) listens
-on every address of its machine (0.0.0.0), whatever host the ranks dial. So a port is free
-only when nothing listens on it on any address: a program bound to the machine's own
-network address (not 127.0.0.1) takes it from the store just the same."""
+rendezvous could not start (every launcher, test and script asks here); and whether a
+machine answers at all (`answers`, ddp_lab.rank.failure's probe). The store listens on
+0.0.0.0, so a port is free only when nothing listens on it on any address.
+"""
 
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 def free_port(host: str = WILDCARD) -> int:
     """A port nothing listens on now, for a rendezvous that must name its port before it
-    binds (mpirun's rank 0, a test's daemons). Drawn at random below the kernel's ephemeral
-    range (ip_local_port_range): the OS hands ports from that range to every bind to port 0
-    and every outgoing connection, so a port it gave us free is the next one it gives
-    someone else; below it only another random draw can collide. Another process may still
-    take it before it is used, so callers that can, retry (or bind port 0 themselves, as
-    launcher=local's torchrun does)."""
+    binds. Drawn at random below the kernel's ephemeral range, where only another random draw
+    can collide; another process may still take it first, so callers that can, retry."""
     low = ephemeral_range()[0]
     for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
         if not port_in_use(port, host):
@@ -38,8 +30,7 @@ def free_port(host: str = WILDCARD) -> int:
 
 
 def ephemeral_range() -> tuple[int, int]:
-    """The ports the OS gives a bind to port 0 and an outgoing connection (Linux's default
-    32768-60999 where /proc does not say)."""
+    """The ports the OS hands out itself (32768-60999 where /proc does not say)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = f.read().split()
@@ -49,8 +40,7 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def port_in_use(port: int, host: str = WILDCARD) -> bool:
-    """Whether the store could not bind `port`: the same bind it makes (every address,
-    SO_REUSEADDR, so the TIME_WAIT left by a previous run's store does not count)."""
+    """Whether the store could not bind `port`: the same bind (every address, SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -1,12 +1,10 @@
 """Process groups from the detected topology: global, intra-node, cross-node, leaders.
 
-Every rank tells every other its node (`DistEnv`) and host; the groups follow from that
-table: `global` (all ranks), `intra_node` (one group per node: 0-3, 4-7 on 4x4),
-`cross_node` (the j-th rank of every node: 0,4,8,12), `leaders` (the first rank of every
-node; the others are in none, `GroupSet.mine` is None). `node_size=k` (`bench.node_size`,
-`sync.node_size`) pretends every k consecutive ranks are a node, to study the layouts on one
-machine. `torch.distributed.new_group` is collective over the whole world: `build_groups`
-has every rank create every group, in the same order.
+From every rank's node: `global`, `intra_node` (0-3, 4-7 on 4x4), `cross_node` (the j-th
+rank of every node: 0,4,8,12), `leaders` (the first rank of every node; the others'
+`GroupSet.mine` is None). `node_size=k` pretends every k consecutive ranks are a node.
+`new_group` is collective over the world: `build_groups` has every rank create every
+group, in the same order.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ class Topology:
         return len(self.hosts)
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
-        """The rank lists of every group of `kind` (each rank is in exactly one, except
-        for `leaders`, which holds one rank per node)."""
+        """The rank lists of every group of `kind` (`leaders`: one rank per node)."""
         if kind == "global":
             return [tuple(range(self.world_size))]
         if kind == "intra_node":
@@ -46,8 +43,7 @@ class Topology:
         raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node, cross_node or leaders")
 
     def pairs(self) -> dict[str, Optional[tuple[int, int]]]:
-        """Ping-pong partners of rank 0: another rank on its node, and the first rank of
-        the next node (None where the allocation has no such rank)."""
+        """Ping-pong partners of rank 0: a rank on its node, the next node's first (or None)."""
         node0 = self.nodes[0]
         return {"same_node": (node0[0], node0[1]) if len(node0) > 1 else None,
                 "cross_node": (node0[0], self.nodes[1][0]) if len(self.nodes) > 1 else None}
@@ -74,8 +70,7 @@ def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bo
 
 def detect_topology(ctx: DistContext, node_size: int = 0,
                     key: str = "bench.node_size") -> Topology:
-    """Collective: every rank's node (or `rank // node_size` when simulating, `key` naming
-    the setting) and host."""
+    """Collective: every rank's node (`rank // node_size` when simulating) and host."""
     table = ctx.gather_objects((ctx.env.node_rank, hostname()))
     hosts = [h for _, h in table]
     if node_size > 0:  # one table row per rank of the process group

@@ -1,10 +1,7 @@
 """What the installed torch has, where a default of ddp_lab's asks for more than the oldest
-torch it supports (pyproject.toml: torch 2.2, NVIDIA's NGC containers from 24.01 on).
-
-A default that the installed torch cannot honour picks what it has, and the run says so in
-its first lines (`choices`, logged after rank 0's world line): the choice is made where the
-part is built, in every rank alike. A value the user set that the installed torch cannot
-honour is refused before any rank starts (ddp_lab/command/validate.py), in one line.
+torch it supports (pyproject.toml). A default it cannot honour picks what it has, and the
+run says so (`choices`); a value the user set that it cannot honour is refused before
+any rank starts (ddp_lab/command/validate.py).
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ def accepts(function, keyword: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def has_fused(optimizer: str, device_type: str) -> bool:
-    """Whether this torch has the fused (one kernel) update of torch.optim.`optimizer`
-    ("adam" | "sgd") for tensors on `device_type`: fused Adam on CPU comes with torch 2.4,
-    fused SGD with 2.3 (CUDA) and 2.4 (CPU). Asked of torch itself, by making one."""
+    """Whether this torch has the fused update of torch.optim.`optimizer` ("adam" | "sgd") on
+    `device_type` (Adam on CPU: 2.4; SGD: 2.3 on CUDA, 2.4 on CPU), asked by making one."""
     import torch
 
     if device_type == "cuda" and not torch.cuda.is_available():

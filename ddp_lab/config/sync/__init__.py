@@ -1,10 +1,6 @@
-"""The `sync` section's schemas: each synchroniser's config keys (with their `--help`
-text) and the rules its config must meet for a world size (`check`), one file beside each
-synchroniser's own name: sync/ring.py runs what config/sync/ring.py accepts.
-
-Torch-free, like the package above them: the submitting command refuses a bad config
-with them before any rank starts, and config/ composes them into the run's `Config`
-(config/__init__.py: SCHEMAS["sync"], registered in Hydra's ConfigStore).
+"""The `sync` section's schemas: each synchroniser's keys (with their `--help` text) and the
+rules for a world size (`check`), one file beside each: sync/ring.py runs what
+config/sync/ring.py accepts. Torch-free: the submitting command checks with them.
 """
 
 from .allreduce import BucketSyncConfig

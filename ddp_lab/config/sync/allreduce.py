@@ -11,8 +11,7 @@ from .base import SyncConfig
 
 @dataclass
 class BucketSyncConfig(SyncConfig):
-    """Flattened gradient buckets, one collective call per bucket (allreduce, ring, tree,
-    butterfly)."""
+    """Flattened gradient buckets, one collective call per bucket."""
 
     bucket_mb: float = doc(25.0, "bucket size in MB (1e6 bytes); 0 = one call per parameter")
 

@@ -26,7 +26,5 @@ class SyncConfig:
 
     @classmethod
     def check(cls, cfg: SyncConfig, world_size: int) -> None:
-        """Raise ValueError, with the fix, for a section (`cfg`: this schema's keys, as
-        composed or completed by `with_defaults`) the synchroniser cannot run on
-        `world_size` ranks. Config only: it runs before any process starts (validate.py)
-        and again where a synchroniser is built (sync/build.py)."""
+        """Raise ValueError, with the fix, for a section the synchroniser cannot run on
+        `world_size` ranks (before any process starts, and where the synchroniser is built)."""

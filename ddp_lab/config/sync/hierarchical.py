@@ -15,8 +15,7 @@ HIERARCHICAL_INTRA = {"library": "torch", "tree": "tree"}
 
 @dataclass
 class HierarchicalSyncConfig(RingSyncConfig):
-    """Reduce inside each node, all-reduce among one leader per node, broadcast inside
-    each node, per bucket (ddp_lab/sync/hierarchical.py)."""
+    """Reduce inside each node, all-reduce among the leaders, broadcast inside each node."""
 
     inter: str = doc("ring", "the leaders' all-reduce (the only traffic between nodes): ring "
                              "(ddp_lab.collectives, exact bytes; sync.prepost applies) | "

@@ -10,9 +10,8 @@ from .base import SyncConfig
 
 @dataclass
 class NaiveSyncConfig(SyncConfig):
-    """One torch.distributed.all_reduce per parameter's .grad after backward, then divided
-    by the world size (ddp_lab/sync/naive.py); no keys of its own, overlap and compress
-    refused."""
+    """One all_reduce per parameter's .grad after backward, divided by the world size
+    (ddp_lab/sync/naive.py); no keys of its own, overlap and compress refused."""
 
     @classmethod
     def check(cls, cfg: NaiveSyncConfig, world_size: int) -> None:
