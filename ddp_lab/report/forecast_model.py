@@ -105,8 +105,8 @@ def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
         return f"no bench run on this backend/device and no multi-rank point{among}"
     timed = [p for p in multi if p.comm_s and p.payload]
     if not timed:
-        return (f"no bench run on this backend/device, and the multi-rank point(s) recorded no "
-                f"comm time (timing.enabled=false?)")
+        return ("no bench run on this backend/device, and the multi-rank point(s) recorded no "
+                "comm time (timing.enabled=false?)")
     syncs = sorted({p.sync for p in timed})
     return (f"no bench run on this backend/device, and no prediction for the calls of "
             f"sync={', '.join(syncs)} (ddp_lab/measure/costmodel.py) to fit the multi-rank "
