@@ -135,7 +135,7 @@ def test_the_window_unwraps_and_off_wraps_nothing(tmp_path):
 
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, 1)
-    syncer = types.SimpleNamespace(comm=comm, model=torch.nn.Linear(2, 2))
+    syncer = types.SimpleNamespace(comm=comm, wrapped=torch.nn.Linear(2, 2))
     off = types.SimpleNamespace(profile=False, profile_skip=1, profile_steps=2)
     assert make_profiler(off, 0, clock.device, tmp_path, timer, syncer) is None
     assert "phase" not in vars(timer) and "timed" not in vars(comm)
