@@ -1,18 +1,12 @@
-"""MNIST on disk: a guarded fetch, every file verified by its MD5 before it is used.
+"""MNIST on disk: a guarded fetch, every file verified by its MD5 before it is used
+(docs/failures.md, "The dataset files are damaged"; reading them into tensors: data.py).
 
-Fetch: with a shared `data.root`, global rank 0 fetches and extracts while the other ranks
-wait; with `data.node_local=true`, local rank 0 of every node does it for its node. The
-wait is an all-reduce of a status flag rather than a bare barrier, so a failed fetch
-fails every rank at once, with the reason, instead of leaving them waiting.
-
-Every file is written under a temporary name, verified by its MD5 (the archive's, or the
-decompressed content's for an extracted file) and only then renamed into place: a crash or
-a bad mirror never leaves a partial file that looks valid. At every start the fetcher
-checks the extracted files' MD5 again (about 0.1 s for the four) and extracts a damaged
-one again: a flipped byte keeps the idx header's size, so a size check would train on it.
-
-Reading the files into tensors and a rank's shards of them: data.py.
-"""
+One fetcher per shared `data.root` (global rank 0; with `data.node_local=true` local rank 0
+of each node); the others wait on an all-reduce of a status flag, not a bare barrier, so a
+failed fetch fails every rank at once, with the reason. Every file is written under a
+temporary name, verified (the archive's MD5, or the extracted content's) and only then
+renamed into place. Every start checks the extracted files' MD5 again (0.1 s): a flipped
+byte keeps the idx header's size, so a size check would train on it."""
 
 from __future__ import annotations
 

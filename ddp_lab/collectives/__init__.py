@@ -1,17 +1,9 @@
-"""Collective algorithms built from point-to-point send/recv.
-
-Plain functions that mirror ``torch.distributed``: they work in place (or, for
-all-gather / reduce-scatter, into an ``output`` argument), return None, take
-``group=None`` (any sub-group; a process outside ``group`` returns immediately), and
-run on gloo (CPU) and nccl (CUDA). Their communication goes through
-``torch.distributed.batch_isend_irecv`` -- no barriers. See ``docs/collectives.md``.
-The ring in one screen is ``ring.py`` (:func:`all_reduce_ring_textbook`, plain
-``isend``/``irecv``: gloo); :func:`all_reduce_ring` batches each step (gloo and nccl);
-:class:`PrepostedRingAllReduce` is the ring for repeated calls on one shape (gloo): it
-posts each call's receives during the previous one.
-
-Ops: ``SUM, PRODUCT, MAX, MIN, AVG`` given as ``torch.distributed.ReduceOp`` values or
-as names; AVG (= SUM then divide) is only accepted for floating/complex tensors.
+"""Collective algorithms built from point-to-point send/recv: plain functions that mirror
+``torch.distributed`` (in place or into ``output``, return None, any ``group``, gloo and
+nccl, no barriers); their conventions and costs: docs/collectives.md. The ring in one
+screen is ``ring.py`` (:func:`all_reduce_ring_textbook`); :func:`all_reduce_ring` batches
+each step (gloo and nccl); :class:`PrepostedRingAllReduce` posts each call's receives
+during the previous one (gloo).
 """
 
 from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op

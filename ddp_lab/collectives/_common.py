@@ -1,8 +1,5 @@
-"""Shared plumbing for the collectives: reduction ops, group bookkeeping, point-to-point.
-
-Everything here is private to :mod:`ddp_lab.collectives`; the public names are
-re-exported from the package ``__init__``.
-"""
+"""Shared plumbing for the collectives: reduction ops, group bookkeeping, point-to-point
+(private; the package ``__init__`` re-exports the public names)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-# Canonical op names. Callers may pass these strings (any case), a
-# ``torch.distributed.ReduceOp.<NAME>`` enum value, or a ``ReduceOp`` instance.
+# Canonical op names; callers may also pass any case or a ``ReduceOp`` (docs/collectives.md)
 SUM = "SUM"
 PRODUCT = "PRODUCT"
 MAX = "MAX"
@@ -55,41 +51,25 @@ def check_op_dtype(op: str, dtype: torch.dtype) -> None:
         )
 
 
-def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
-    """``acc = acc (op) other`` in place. AVG combines like SUM (divide once at the end)."""
-    if op == SUM or op == AVG:
-        acc.add_(other)
-    elif op == PRODUCT:
-        acc.mul_(other)
-    elif op == MAX:
-        torch.maximum(acc, other, out=acc)
-    elif op == MIN:
-        torch.minimum(acc, other, out=acc)
-    else:  # pragma: no cover - normalize_op already rejected it
-        raise ValueError(op)
+# AVG combines like SUM (divided once at the end)
+_COMBINE = {SUM: torch.add, AVG: torch.add, PRODUCT: torch.mul, MAX: torch.maximum,
+            MIN: torch.minimum}
 
 
 def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
     """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may alias ``a``)."""
-    if op == SUM or op == AVG:
-        torch.add(a, b, out=out)
-    elif op == PRODUCT:
-        torch.mul(a, b, out=out)
-    elif op == MAX:
-        torch.maximum(a, b, out=out)
-    elif op == MIN:
-        torch.minimum(a, b, out=out)
-    else:  # pragma: no cover
-        raise ValueError(op)
+    _COMBINE[op](a, b, out=out)
+
+
+def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
+    """``acc = acc (op) other`` in place."""
+    _COMBINE[op](acc, other, out=acc)
 
 
 @dataclass(frozen=True)
 class GroupInfo:
-    """This process's view of a process group.
-
-    ``rank``/``size`` are group-local (``dist.get_rank(group)``); ``ranks[i]`` is the
-    global rank of group rank ``i``, which is what point-to-point calls need.
-    """
+    """This process's view of a process group: ``rank``/``size`` group-local, ``ranks[i]``
+    the global rank of group rank ``i`` (what point-to-point calls need)."""
 
     group: dist.ProcessGroup | None
     rank: int
@@ -120,11 +100,8 @@ def group_info(group: dist.ProcessGroup | None) -> GroupInfo | None:
 
 
 def resolve_root(info: GroupInfo, root: int | None, group_root: int | None, name: str) -> int:
-    """Group-local rank of the root, given either its global rank or its group rank.
-
-    Mirrors ``torch.distributed``: ``src``/``dst`` are *global* ranks, while
-    ``group_src``/``group_dst`` are ranks within ``group``.
-    """
+    """Group-local rank of the root, from its global rank (``src``/``dst``, as in
+    ``torch.distributed``) or its group rank (``group_src``/``group_dst``)."""
     if (root is None) == (group_root is None):
         raise ValueError(f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)")
     if group_root is not None:
@@ -144,16 +121,10 @@ def p2p(
     sends: Sequence[tuple[torch.Tensor, int]] = (),
     recvs: Sequence[tuple[torch.Tensor, int]] = (),
 ) -> None:
-    """Post ``sends``/``recvs`` (``(tensor, group_rank)`` pairs) as ONE batch and wait for all.
-
-    Everything goes through :func:`torch.distributed.batch_isend_irecv`: with nccl that
-    puts a step's send and recv in one NCCL group so ring/butterfly exchanges cannot
-    deadlock, and every send is matched by a recv on the same (whole-group)
-    communicator; with gloo it degrades to plain isend/irecv. Zero-element tensors are
-    skipped -- both ends of a transfer always agree on its size, so they skip together.
-    """
-    # receives first, as the ring's (ring_batched.py): sends first, a butterfly's exchange across a
-    # shaped link ran as if its two directions took turns (docs/network.md)
+    """Post ``sends``/``recvs`` (``(tensor, group_rank)`` pairs) as ONE
+    :func:`torch.distributed.batch_isend_irecv` and wait for all: on nccl one group, so
+    exchanges cannot deadlock. Zero-element tensors are skipped (both ends agree on sizes)."""
+    # receives first, as the ring's (ring_batched.py's p2p_pipelined says why)
     ops = [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
     ops += [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]
     if not ops:
@@ -166,13 +137,9 @@ _scratch = threading.local()
 
 
 def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
-    """A reusable 1-D buffer of ``numel`` elements with ``like``'s dtype and device.
-
-    Ring algorithms need chunk-sized receive/accumulate buffers on every call; a fresh
-    ``torch.empty`` of many MB costs page faults (and zeroing) on CPU each time, so
-    buffers are cached per thread, per (device, dtype, slot), and only ever grow. A
-    caller must not hold two live buffers with the same slot.
-    """
+    """A reusable 1-D buffer of ``numel`` elements with ``like``'s dtype and device, cached
+    per thread, (device, dtype, slot), only ever growing: a fresh ``torch.empty`` of many
+    MB costs page faults on CPU each call. Never hold two live buffers of one slot."""
     cache = getattr(_scratch, "buffers", None)
     if cache is None:
         cache = _scratch.buffers = {}
@@ -190,11 +157,8 @@ def clear_scratch() -> None:
 
 @contextlib.contextmanager
 def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tensor]:
-    """A contiguous 1-D view of ``t`` (a copy if ``t`` is not contiguous).
-
-    For non-contiguous tensors the copy is written back into ``t`` on normal exit when
-    ``writeback`` is true, so callers can always work "in place" on the flat view.
-    """
+    """A contiguous 1-D view of ``t``; for a non-contiguous ``t`` a copy, written back on
+    normal exit when ``writeback``, so callers always work "in place" on it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.is_contiguous():

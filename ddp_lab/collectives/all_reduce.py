@@ -1,10 +1,7 @@
-"""All-reduce: every rank ends with ``op`` applied over all ranks' tensors.
-
-All four algorithms leave the result *bitwise identical* on every rank (each element is
-reduced once and then copied, or reduced symmetrically with a commutative op), which is
-what data-parallel training needs to keep replicas in lock-step. Cost notation as in
-:mod:`ddp_lab.collectives.broadcast` (``n`` ranks, ``N`` bytes).
-"""
+"""All-reduce: every rank ends with ``op`` applied over all ranks' tensors, bitwise
+identical on every rank (each element reduced once then copied, or reduced symmetrically),
+which keeps data-parallel replicas in lock-step. Costs: docs/collectives.md, "Algorithms and
+alpha-beta costs"."""
 
 from __future__ import annotations
 
@@ -66,13 +63,8 @@ def all_reduce_naive(
     tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Naive all-reduce, in place: :func:`reduce_naive` to group rank 0, then
-    :func:`broadcast_naive` from it.
-
-    ``2(n-1)`` messages through rank 0's link: about ``2(n-1)(alpha + N beta)``. Bytes per
-    rank: rank 0 receives and sends ``(n-1)N`` each, every other rank sends and receives
-    ``N``. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM, divide by ``n`` once on rank 0;
-    float/complex only). Returns None.
-    """
+    :func:`broadcast_naive` from it; ``2(n-1)`` messages through rank 0's link. ``op``:
+    SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM, divide by ``n`` once on rank 0; float/complex only)."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
@@ -84,13 +76,9 @@ def all_reduce_naive(
 def all_reduce_tree(
     tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
-    """Tree all-reduce, in place: binomial-tree reduce to group rank 0, then binomial-tree
-    broadcast from it.
-
-    ``2 ceil(log2 n)`` rounds: about ``2 ceil(log2 n)(alpha + N beta)``. Bytes per rank: rank
-    0 receives and sends ``ceil(log2 n) N``, a leaf sends and receives ``N``. Ops as in
-    :func:`all_reduce_naive`. Returns None.
-    """
+    """Tree all-reduce, in place: binomial-tree reduce to group rank 0, then
+    binomial-tree broadcast from it (``2 ceil(log2 n)`` rounds). Ops as in
+    :func:`all_reduce_naive`."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
@@ -102,16 +90,10 @@ def all_reduce_tree(
 def all_reduce_butterfly(
     tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
-    """Butterfly (recursive-doubling) all-reduce, in place; any ``n``, not only powers of two.
-
-    With ``p`` the largest power of two <= ``n``, ranks ``p..n-1`` first fold their data
-    into ranks ``0..n-p-1``; ranks ``0..p-1`` then do ``log2 p`` rounds of exchanging the
-    whole tensor with partner ``rank XOR 2^k`` and combining; finally the folded ranks get
-    the result back. Cost: ``(log2 p + 2[n != p])(alpha + N beta)``; bytes per rank:
-    ``(log2 p) N`` sent and received, plus ``N`` each way on the ranks paired with a folded
-    one. Latency-optimal for small tensors, ``log2 n`` times the ring's traffic for large
-    ones. Ops as in :func:`all_reduce_naive`. Returns None.
-    """
+    """Butterfly (recursive-doubling) all-reduce, in place, any ``n``: with ``p`` the largest
+    power of two <= ``n``, ranks ``p..n-1`` fold into ``0..n-p-1``, ranks ``0..p-1`` exchange
+    the whole tensor with ``rank XOR 2^k`` for ``log2 p`` rounds, the folded ranks get the
+    result back. Latency-optimal for small tensors. Ops as in :func:`all_reduce_naive`."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
@@ -126,20 +108,11 @@ def all_reduce_ring(
     *,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """Ring all-reduce (reduce-scatter + all-gather), in place; bandwidth-optimal. The
-    schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch (``ring_batched.py``).
-
-    The flat tensor is split into ``n`` chunks (sizes differ by at most one element when
-    ``numel % n != 0``). ``n-1`` reduce-scatter steps leave rank ``r`` with the full
-    reduction of chunk ``r+1``; ``n-1`` all-gather steps circulate the reduced chunks. Each
-    of the ``2(n-1)`` steps is one paired send-to-next / recv-from-previous of ``N/n`` bytes:
-    cost ``2(n-1)(alpha + (N/n) beta)``; bytes per rank: ``2(n-1)/n * N`` sent and received,
-    independent of ``n`` for large ``n``. Each step's message is cut into pieces of
-    ``segment_bytes`` (``None``: whole) posted together; a reduce-scatter step reduces each
-    piece as it lands, overlapping arithmetic with the transfer. The only scratch memory
-    is one chunk-sized receive buffer. Ops as in :func:`all_reduce_naive` (AVG divides the
-    owned chunk once, between the phases). Returns None.
-    """
+    """Ring all-reduce (reduce-scatter + all-gather of ``n`` chunks), in place; bandwidth-optimal.
+    The schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch
+    (``ring_batched.py``) whose message is cut into ``segment_bytes`` pieces (``None``: whole),
+    each reduced as it lands. Ops as in :func:`all_reduce_naive` (AVG divides the owned chunk
+    once, between the phases)."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return

@@ -1,8 +1,5 @@
-"""Broadcast: copy ``tensor`` from one root rank to every rank of the group.
-
-Cost notation used in the docstrings (alpha-beta model): ``n`` ranks, ``N`` bytes in
-``tensor``, ``alpha`` = per-message latency, ``beta`` = seconds per byte on one link.
-"""
+"""Broadcast: copy ``tensor`` from one root rank to every rank of the group. Costs (``n``
+ranks, ``N`` bytes, alpha-beta): docs/collectives.md, "Algorithms and alpha-beta costs"."""
 
 from __future__ import annotations
 
@@ -70,15 +67,9 @@ def broadcast_naive(
     *,
     group_src: int | None = None,
 ) -> None:
-    """Naive (flat) broadcast, in place: the root sends the whole tensor to each rank.
-
-    The root posts ``n-1`` sends of ``N`` bytes at once and every other rank receives
-    once. Cost: ``n-1`` messages serialised on the root's link, i.e. about
-    ``(n-1)(alpha + N beta)``; bytes per rank: root sends ``(n-1)N``, others receive
-    ``N``. ``src`` is a *global* rank as in :func:`torch.distributed.broadcast`; pass
-    ``group_src=`` to name the root by its rank within ``group`` instead. Returns None;
-    a process outside ``group`` returns immediately.
-    """
+    """Naive (flat) broadcast, in place: the root posts ``n-1`` sends of the whole tensor at
+    once. ``src`` is a *global* rank as in :func:`torch.distributed.broadcast`; or name the
+    root by its rank in ``group`` with ``group_src=``. A process outside ``group`` returns."""
     rooted(tensor, group, src, group_src, "src", False, _bcast_naive)
 
 
@@ -89,14 +80,9 @@ def broadcast_tree(
     *,
     group_src: int | None = None,
 ) -> None:
-    """Binomial-tree broadcast, in place: the set of ranks holding the data doubles each round.
-
-    Relative to the root, rank ``v`` receives from ``v - lowbit(v)`` and forwards to
-    ``v + 2^k`` for each ``2^k < lowbit(v)``, so there are ``ceil(log2 n)`` rounds and no
-    barriers. Cost: ``ceil(log2 n)(alpha + N beta)``; bytes per rank: the root sends
-    ``ceil(log2 n) N`` (the most), every non-root receives ``N``. Latency-optimal, good
-    for small tensors. ``src``/``group_src`` as in :func:`broadcast_naive`. Returns None.
-    """
+    """Binomial-tree broadcast, in place: relative to the root, rank ``v`` receives from
+    ``v - lowbit(v)`` and forwards to ``v + 2^k`` for each ``2^k < lowbit(v)``
+    (``ceil(log2 n)`` rounds). ``src``/``group_src`` as in :func:`broadcast_naive`."""
     rooted(tensor, group, src, group_src, "src", False, _bcast_tree)
 
 
@@ -108,15 +94,9 @@ def broadcast_ring(
     group_src: int | None = None,
     chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES,
 ) -> None:
-    """Pipelined ring broadcast, in place: data flows root -> root+1 -> ... -> root-1.
-
-    The tensor is cut into ``k = ceil(N / chunk_bytes)`` pieces (uneven sizes allowed;
-    ``chunk_bytes=None`` sends it whole, and with ``n <= 2`` it is never cut); each middle
-    rank forwards piece ``i-1`` while receiving piece ``i`` in one paired step. Steps:
-    ``n-2+k``, cost ``(n-2+k)(alpha + (N/k) beta)`` -> ``N beta`` for large tensors, so
-    bandwidth is independent of ``n``. Bytes per rank: every rank but the last sends
-    ``N``, every rank but the root receives ``N``. ``src``/``group_src`` as in
-    :func:`broadcast_naive`. Returns None.
-    """
+    """Pipelined ring broadcast, in place: root -> root+1 -> ... -> root-1, the tensor cut
+    into ``ceil(N / chunk_bytes)`` pieces (``None``: whole; never cut for ``n <= 2``), each
+    middle rank forwarding piece ``i-1`` while receiving piece ``i``.
+    ``src``/``group_src`` as in :func:`broadcast_naive`."""
     rooted(tensor, group, src, group_src, "src", False,
            lambda info, flat, root: _bcast_ring(info, flat, root, chunk_bytes))

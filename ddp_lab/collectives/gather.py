@@ -1,10 +1,6 @@
-"""Gather: every rank's ``input`` lands, in group-rank order, in the root's ``output``
-(``n`` pieces of ``input.numel()`` elements, one tensor, as
-:func:`torch.distributed.all_gather_into_tensor` lays them out); the other ranks' output
-is not used (pass None). The collectives exercises' gather (seed 004), naive and tree.
-Cost notation as in :mod:`ddp_lab.collectives.broadcast`; here ``N`` is the size in bytes
-of the *full* output, ``N/n`` each rank's piece.
-"""
+"""Gather: every rank's ``input`` lands, in group-rank order, in the root's ``output`` (``n``
+pieces of ``input.numel()`` elements, laid out as :func:`torch.distributed.all_gather_into_tensor`
+does); the other ranks pass None. Costs: docs/collectives.md."""
 
 from __future__ import annotations
 
@@ -68,21 +64,16 @@ def _gather(body, output: torch.Tensor | None, input: torch.Tensor, dst: int | N
 
 def gather_naive(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                  group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """Naive gather: every rank sends its piece to the root, which posts the ``n-1``
-    receives at once, straight into ``output``. Cost: ``n-1`` messages of ``N/n`` serialised
-    on the root's link, about ``(n-1)(alpha + N beta / n)``; bytes: each non-root sends
-    ``N/n``, the root receives ``(n-1)N/n``. ``dst`` is a *global* rank as in
-    :func:`torch.distributed.gather`, or give ``group_dst=``. Returns None."""
+    """Naive gather: every rank sends its piece to the root, which posts the ``n-1`` receives
+    at once, straight into ``output``. ``dst`` is a *global* rank as in
+    :func:`torch.distributed.gather`, or give ``group_dst=``."""
     _gather(_gather_naive, output, input, dst, group, group_dst)
 
 
 def gather_tree(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                 group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """Binomial-tree gather, the mirror image of a tree scatter: ``ceil(log2 n)`` rounds,
-    each rank receives its children's blocks (smallest first) and sends its whole subtree's
-    block up once. Cost: ``ceil(log2 n) alpha + (n-1)N beta / n`` on the root's link (its
-    children's blocks add up to every piece but its own); bytes: rank ``v`` sends its
-    subtree's ``span N/n``. Arguments as :func:`gather_naive`. Returns None."""
+    """Binomial-tree gather: each rank receives its children's blocks (smallest first) and
+    sends its subtree's block up once. Arguments as :func:`gather_naive`."""
     _gather(_gather_tree, output, input, dst, group, group_dst)
 
 

@@ -1,7 +1,5 @@
 """Reduce: combine ``tensor`` from every rank with ``op``; only the root gets the result.
-
-Cost notation as in :mod:`ddp_lab.collectives.broadcast` (``n`` ranks, ``N`` bytes).
-"""
+Costs: docs/collectives.md, "Algorithms and alpha-beta costs"."""
 
 from __future__ import annotations
 
@@ -61,16 +59,10 @@ def reduce_naive(
     *,
     group_dst: int | None = None,
 ) -> None:
-    """Naive (flat) reduce, in place on the root: every rank sends its tensor to the root.
-
-    The root posts ``n-1`` receives at once (into ``n-1`` scratch buffers) and combines
-    them in rank order. Cost: ``n-1`` messages serialised on the root's link, about
-    ``(n-1)(alpha + N beta)``; bytes per rank: each non-root sends ``N``, the root
-    receives ``(n-1)N``. ``op`` is SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide by ``n``
-    on the root; float/complex only). ``dst`` is a *global* rank as in
-    :func:`torch.distributed.reduce`, or give ``group_dst=``. Non-root tensors are left
-    unchanged. Returns None.
-    """
+    """Naive (flat) reduce, in place on the root: it posts ``n-1`` receives at once and
+    combines them in rank order. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide on the
+    root; float/complex only). ``dst`` is a *global* rank as in
+    :func:`torch.distributed.reduce`, or give ``group_dst=``. Non-root tensors are unchanged."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,
@@ -85,16 +77,9 @@ def reduce_tree(
     *,
     group_dst: int | None = None,
 ) -> None:
-    """Binomial-tree reduce, in place on the root: the mirror image of :func:`broadcast_tree`.
-
-    Relative to the root, rank ``v`` combines the partial results of its children
-    ``v + 2^k`` (``2^k < lowbit(v)``, smallest first) into its own and sends the result to
-    ``v - lowbit(v)``: ``ceil(log2 n)`` rounds, no barriers. Cost:
-    ``ceil(log2 n)(alpha + N beta)`` plus the local reductions; bytes per rank: every
-    non-root sends ``N`` once, the root receives ``ceil(log2 n) N``. Ops and ``dst`` /
-    ``group_dst`` as in :func:`reduce_naive`; non-root tensors are left unchanged (inner
-    nodes accumulate in a scratch copy). Returns None.
-    """
+    """Binomial-tree reduce, in place on the root, the mirror of :func:`broadcast_tree`:
+    rank ``v`` combines its children's partials (smallest first) into a scratch copy and sends
+    it to ``v - lowbit(v)``. Ops and ``dst``/``group_dst`` as in :func:`reduce_naive`."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,

@@ -10,9 +10,8 @@ Every entry of a registry has the calling convention of its collective, so calle
     REDUCE_SCATTER[name](output, input, op=SUM, group=None)
     GATHER[name](output, input, dst, group=None)         (output: the root's; None elsewhere)
 
-``"torch"`` entries wrap the built-in collective (whatever algorithm the backend picks)
-with the same op handling as ours: any supported op name / ``ReduceOp``, AVG = SUM then
-divide (native AVG on nccl), ValueError for unsupported ops or AVG on integers.
+``"torch"`` entries wrap the built-in collective with the same op handling as ours (AVG:
+native on nccl, SUM then divide on gloo, whose AVG support varies across torch versions).
 """
 
 from __future__ import annotations
@@ -30,21 +29,13 @@ from .gather import GATHER
 from .reduce import reduce_naive, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
-_TORCH_OPS = {
-    "SUM": ReduceOp.SUM,
-    "PRODUCT": ReduceOp.PRODUCT,
-    "MAX": ReduceOp.MAX,
-    "MIN": ReduceOp.MIN,
-}
-
-
 def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpType, bool]:
     """(op to hand to torch, whether we must divide by the group size afterwards)."""
     if op != AVG:
-        return _TORCH_OPS[op], False
+        return getattr(ReduceOp, op), False
     if dist.get_backend(group) == "nccl":
         return ReduceOp.AVG, False
-    return ReduceOp.SUM, True  # gloo's AVG support varies across torch versions
+    return ReduceOp.SUM, True
 
 
 def torch_broadcast(

@@ -1,12 +1,8 @@
-"""The batched transport of the ring (schedule: :mod:`~ddp_lab.collectives.ring_schedule`).
-
-Each step of the schedule is one :func:`torch.distributed.batch_isend_irecv` of this
-rank's send to ``r+1`` and its receive from ``r-1``, posted together when the step starts:
-no barrier, and on nccl one group per step, so the ring cannot deadlock. Runs
-``all_reduce_ring`` (``sync=ring`` on nccl, the bench), ``reduce_scatter_ring`` and
-``all_gather_ring``. ``ring.py`` is the same schedule step by step with plain
-isend/irecv (read it first), ``ring_preposted.py`` with receives posted a call ahead.
-"""
+"""The batched transport of the ring (schedule: :mod:`~ddp_lab.collectives.ring_schedule`):
+each step one :func:`torch.distributed.batch_isend_irecv` of this rank's send to ``r+1`` and
+receive from ``r-1``, so on nccl one group per step and no deadlock. Runs ``all_reduce_ring``
+(``sync=ring`` on nccl, the bench), ``reduce_scatter_ring`` and ``all_gather_ring``
+(docs/collectives.md, "Each step one batch, cut into pieces")."""
 
 from __future__ import annotations
 
@@ -39,21 +35,13 @@ def p2p_pipelined(
     segment_bytes: int | None,
     on_piece: Callable[[int, int], None] | None = None,
 ) -> None:
-    """One ring step: send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from``.
-
-    Both tensors are cut into ``ceil(nbytes / segment_bytes)`` pieces (``None``: whole) that
-    are posted as one batch; ``on_piece(lo, hi)`` is called as soon as received elements
-    ``recv[lo:hi]`` have landed, in order, so reducing a piece overlaps with the transfer of
-    the next ones. Cutting large messages also keeps more data in flight on gloo/TCP. Both
-    ends compute the same pieces from the same sizes, so sends and recvs match in order.
-    With a backend that coalesces the batch into one request (nccl) the pieces are handed
-    to ``on_piece`` after the whole batch has completed.
-    """
+    """One ring step: send ``send`` to ``send_to`` while receiving ``recv`` from ``recv_from``,
+    both cut into the same ``segment_bytes`` pieces (``None``: whole) posted as one batch.
+    ``on_piece(lo, hi)`` runs as ``recv[lo:hi]`` lands, in order, so reducing a piece overlaps
+    the next one's transfer; where the backend coalesces the batch (nccl), after all of it."""
     send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
-    # receives first: with the sends posted first, a 2-rank ring across a 25 MB/s link
-    # (docs/network.md, "The bench across the link") ran 8 MB all_reduces at 0.50 of the
-    # link's rate (1 MB: 0.77), as if the two directions took turns; receives first, 0.97,
-    # as gloo's own all_reduce. Likely gloo's parked sends (ring_preposted.py's docstring).
+    # receives first: sends first, the two directions of a shaped link took turns
+    # (docs/network.md, "The bench across the link")
     ops = [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
     ops += [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
     if not ops:
@@ -86,16 +74,11 @@ def batched_exchange(
     out: torch.Tensor | None = None,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> Exchange:
-    """The schedule's ``exchange`` over ``n`` contiguous 1-D ``chunks`` (views; uneven
-    sizes, even empty ones, allowed), each step one batch (:func:`p2p_pipelined`).
-
-    A reduce step receives into a scratch buffer and combines each piece as it lands; a
-    copy step (all-gather) receives straight into place. ``out is None``: partials
-    accumulate in ``chunks`` themselves. ``out`` given (a reduce-scatter that must not
-    touch ``chunks``): partials live in two alternating scratch buffers (a step writes
-    one while the partial it sends may still be in flight) and the last of the ``n-1``
-    reduce steps writes its result straight into ``out``. AVG combines like SUM.
-    """
+    """The schedule's ``exchange`` over ``n`` contiguous 1-D ``chunks`` (uneven, even empty),
+    each step one batch. A reduce step receives into scratch and combines each piece as it
+    lands; a copy step receives in place. ``out`` given (a reduce-scatter that must not touch
+    ``chunks``): partials alternate between two scratch buffers (one may still be in flight)
+    and the last reduce step writes into ``out``. AVG combines like SUM."""
     n, r = info.size, info.rank
     biggest = max(c.numel() for c in chunks)
     partial: dict[int, torch.Tensor] = {}  # chunk -> where this rank's partial of it is

@@ -1,26 +1,14 @@
-"""The pre-posted ring: the schedule of :mod:`~ddp_lab.collectives.ring_schedule`, the same
-as :func:`all_reduce_ring`'s, with every receive of a call posted during the call before.
+"""The pre-posted ring: :func:`all_reduce_ring`'s schedule with every receive of a call posted
+during the call before (docs/collectives.md, "Receives posted a call ahead").
 
-Why. gloo's TCP transport sends with a *rendezvous*: a send whose receiver has not yet
-posted the matching receive is parked until the peer's "recv ready" notice comes back, and
-then leaves from gloo's event-loop thread. In a training step the ranks reach the
-all-reduce a little apart, so every ring step paid that round trip and a thread hand-off:
-at 2 ranks and a 159 KB bucket, about twice gloo's own all-reduce. As MPI's persistent
-requests do, a plan is built once per tensor shape, owns one receive buffer per step, and
-posts the *next* call's receives at the end of each call: then every send leaves at once
-from the calling thread. Same steps, bytes and bits as :func:`all_reduce_ring`.
-
-Costs and rules (docs/collectives.md has more):
-
-* receive buffers of ``2(n-1)`` chunks, about ``2(n-1)/n`` of the tensor, allocated once
-  (the all-gather cannot receive in place a call ahead: a fast peer's data would land in
-  chunks this rank is still reducing), and one copy per all-gather step out of them;
-* the plan's messages carry their own tag, agreed by the group when it is built;
-* building, calling and ``close()`` are collective; ``close()`` answers each pre-posted
-  receive with a throw-away message so nothing stays in flight;
-* gloo and CPU only: on nccl a receive posted a call ahead would block the stream behind
-  it; :func:`all_reduce_ring` (one grouped batch per step) is the ring for nccl.
-"""
+Why: gloo's TCP sends rendezvous, so a send whose receive is not yet posted waits for the
+peer's notice and leaves from gloo's event-loop thread; ranks reach the all-reduce a little
+apart, so every ring step paid that round trip. A plan, built once per tensor shape as
+MPI's persistent requests, posts the *next* call's receives at the end of each call. Same
+steps, bytes and bits as :func:`all_reduce_ring`. Receive buffers take ``2(n-1)/n`` of the
+tensor (the all-gather cannot receive in place a call ahead); the plan's messages carry a
+tag the group agrees on; building, calling and ``close()`` are collective. gloo and CPU
+only: on nccl a receive posted ahead would block the stream behind it."""
 
 from __future__ import annotations
 
@@ -52,14 +40,10 @@ def _agree_tag(group: dist.ProcessGroup | None) -> int:
 class PrepostedRingAllReduce:
     """A ring all-reduce for one tensor shape, callable many times, receives pre-posted.
 
-    ``plan = PrepostedRingAllReduce(like, op, group)`` (collective: every rank of
-    ``group``); then ``plan(tensor)`` sums (``op``) ``tensor`` across the group in place,
-    like ``all_reduce_ring(tensor, op, group)``, for any tensor with ``like``'s number of
-    elements, dtype and device; ``plan.close()`` (collective) when done, or use it as a
-    context manager. A process outside ``group``, or a group of one, gets a plan whose
-    calls return at once. ``segment_bytes`` cuts each step's message into pieces as in
-    :func:`all_reduce_ring` (each piece reduced as it lands).
-    """
+    ``plan = PrepostedRingAllReduce(like, op, group)`` (collective); ``plan(tensor)`` reduces
+    any tensor with ``like``'s numel, dtype and device in place, as ``all_reduce_ring``;
+    ``plan.close()`` (collective) when done, or use it as a context manager. Outside
+    ``group``, or in a group of one, calls return at once."""
 
     def __init__(self, like: torch.Tensor, op: OpLike = SUM,
                  group: dist.ProcessGroup | None = None, *,

@@ -1,19 +1,9 @@
 """The ring's schedule for the optimised transports: each step a call ``exchange(send_chunk,
-recv_chunk, reduce)`` that a transport supplies, so one schedule serves them all.
-
-Read ``ring.py`` first: it holds the ring in one screen (its steps, ``ring_steps``, and the
-textbook transport, plain isend/irecv) and why it is correct. Here the same steps drive
-``ring_batched.py`` (each step's send and receive posted as one batch: nccl, the bench) and
-``ring_preposted.py`` (every receive of a call posted during the call before: ``sync=ring`` on
-gloo), which only move bytes differently (docs/collectives.md, *Optimising the ring*).
-
-``exchange(send_chunk, recv_chunk, reduce)`` takes chunk *numbers*: send chunk
-``send_chunk`` to ``r+1``, receive chunk ``recv_chunk`` from ``r-1``, add it into this
-rank's copy (``reduce``) or write it over it. The reduce-scatter and the all-gather also
-run alone (``scatter_gather.py``); there ``shift=0`` makes rank ``r`` end with chunk ``r``,
-as torch's reduce_scatter does (the all-reduce's ``shift=1`` leaves it chunk ``r+1``, as
-``ring_steps``).
-"""
+recv_chunk, reduce)`` that a transport supplies (``ring_batched.py``, ``ring_preposted.py``),
+so one schedule serves them all. Read ``ring.py`` first: the ring in one screen and why it is
+correct (docs/collectives.md, *Optimising the ring*). Run alone (``scatter_gather.py``),
+``shift=0`` leaves rank ``r`` chunk ``r``, as torch's reduce_scatter does; the all-reduce's
+``shift=1`` leaves it chunk ``r+1``, as ``ring_steps``."""
 
 from __future__ import annotations
 
@@ -21,9 +11,8 @@ from collections.abc import Callable
 
 from .ring import ring_steps
 
-#: ``exchange(send_chunk, recv_chunk, reduce)``: one step of this rank. Send chunk
-#: ``send_chunk`` to rank+1, receive chunk ``recv_chunk`` from rank-1, add it into this
-#: rank's copy of it (``reduce`` true) or write it over it (false).
+#: one step of this rank: send chunk ``send_chunk`` to rank+1, receive chunk ``recv_chunk``
+#: from rank-1 and add it into (``reduce``) or write it over this rank's copy
 Exchange = Callable[[int, int, bool], None]
 
 

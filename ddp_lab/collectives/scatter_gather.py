@@ -1,12 +1,5 @@
-"""Ring all-gather and ring reduce-scatter with ``torch.distributed``-style signatures.
-
-``all_gather_ring(output, input)`` mirrors :func:`torch.distributed.all_gather_into_tensor`
-(and accepts a list of tensors like :func:`torch.distributed.all_gather`);
-``reduce_scatter_ring(output, input, op)`` mirrors
-:func:`torch.distributed.reduce_scatter_tensor` (and accepts a list input like
-:func:`torch.distributed.reduce_scatter`). Here ``N`` is the size in bytes of the *full*
-buffer (all-gather output / reduce-scatter input), i.e. ``n`` times the per-rank piece.
-"""
+"""Ring all-gather and ring reduce-scatter with ``torch.distributed``-style signatures (each
+also takes a list, like :func:`torch.distributed.all_gather` / ``reduce_scatter``)."""
 
 from __future__ import annotations
 
@@ -60,17 +53,10 @@ def all_gather_ring(
     *,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of every rank's ``output``.
-
-    ``output`` is either one tensor with ``n * input.numel()`` elements (any shape, e.g.
-    ``(n*m,)`` or ``(n, *input.shape)``; slot ``i`` is the ``i``-th run of
-    ``input.numel()`` elements of its flattened form), or a list of ``n`` tensors with
-    ``input.numel()`` elements each. ``input`` may be a view of this rank's slot. Each of
-    the ``n-1`` steps sends one piece to the next rank while receiving one from the previous
-    straight into ``output`` (no scratch memory; messages cut into ``segment_bytes`` pieces):
-    cost ``(n-1)(alpha + (N/n) beta)``; bytes per rank: ``(n-1)/n * N`` sent and received.
-    Returns None.
-    """
+    """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of every rank's ``output``:
+    one tensor of ``n * input.numel()`` elements (any shape; slot ``i`` the ``i``-th run of its
+    flattened form) or a list of ``n`` tensors. ``input`` may be a view of this rank's slot.
+    Pieces are received straight into ``output``, messages cut into ``segment_bytes``."""
     info = group_info(group)
     if info is None:
         return
@@ -96,19 +82,9 @@ def reduce_scatter_ring(
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
     """Ring reduce-scatter: ``output`` on rank ``i`` = ``op`` over all ranks of piece ``i`` of
-    ``input``.
-
-    ``input`` is one tensor with ``n * output.numel()`` elements (piece ``i`` = ``i``-th run
-    of ``output.numel()`` elements of its flattened form) or a list of ``n`` tensors with
-    ``output.numel()`` elements each. ``input`` is not modified (``output`` may be a view of
-    this rank's piece). ``n-1`` steps, each sending a running partial to the next rank while
-    receiving one from the previous and combining it with the local piece as it lands
-    (messages cut into ``segment_bytes`` pieces; double-buffered partials, the last step
-    written straight into ``output``): cost
-    ``(n-1)(alpha + (N/n) beta)``; bytes per rank: ``(n-1)/n * N`` sent and received. ``op``:
-    SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide ``output`` by ``n``; float/complex only).
-    Returns None.
-    """
+    ``input`` (one tensor of ``n * output.numel()`` elements, or a list of ``n``), which is not
+    modified. Double-buffered partials, reduced as pieces land, the last step written into
+    ``output``. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG: float/complex only)."""
     op = normalize_op(op)
     check_op_dtype(op, output.dtype)
     info = group_info(group)

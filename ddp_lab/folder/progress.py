@@ -1,32 +1,13 @@
-"""Each rank's progress record: where it is, for the other ranks, the launcher and `status`.
+"""Each rank's progress record, `RUN_DIR/progress/rank<N>.bin`: where it is, for the other
+ranks, the launcher and `status` (docs/failures.md, "A rank dies").
 
-Every rank keeps one fixed-size record, `RUN_DIR/progress/rank<N>.bin`, mapped into its
-memory (mmap): an update is one `struct.pack_into` into that page (about a microsecond), never
-a file write; the kernel writes the page back on its own, and a reader on the same machine
-sees it at once. A record holds
-
-    rank, local rank, world size, pid, host, start time          (written once)
-    node name and address (the node's name in the job, the address its peers reach)
-    time of the last update, epoch, step, phase, collective number and op, state
-    a message (a failed rank's one-line reason)
-
-Who updates it: the record itself reads the step timer and the synchroniser's comm
-recorder it follows (`follow`: `ddp_lab.train.build_parts` and `ddp_lab.rank.epoch.EpochControl`
-hand them over), every `FOLLOW_S` on a thread of its own, so a step only sets a few
-attributes of theirs and a rank stuck in a collective still says where it is (the thread
-reads them while the main thread waits); timing itself knows nothing of this record. The
-scalar collectives of `ddp_lab.world.distributed.DistContext`, the training loop (each
-epoch's start) and `ddp_lab.rank.main.run_rank` (state: starting, running, done, failed)
-write theirs at once (`collective`, `at`, `phase`, `state`).
-
-Readers: `read_all(run_dir)` gives every rank's record as a dict (a `status` command's
-view, and what ddp_lab.rank.failure reads to name the rank(s) that stopped the others);
-`mark_killed` lets another process say in a rank's record that it killed it, and why.
-
-Numbers: `epoch` counts the epochs done (the one running is epoch + 1 on the console),
-`step` the steps done in it; `collective` counts the collectives this rank has entered
-(every rank enters the same ones in the same order, so the rank behind is the one with the
-smaller number).
+A fixed 512-byte record mapped into memory (mmap): an update is a store into the page, never
+a file write, and a reader on the same machine sees it at once. A thread of the record reads
+the step timer and comm recorder it `follow`s every FOLLOW_S, so a step only sets their
+attributes and a rank stuck in a collective still says where it is. `read_all(run_dir)`
+gives every rank's record as a dict; `mark_killed` lets another process say it killed a rank.
+`epoch` counts epochs done, `step` steps done in the running one, `collective` the
+collectives entered (same order on every rank: the rank behind has the smaller number).
 """
 
 from __future__ import annotations
@@ -51,8 +32,7 @@ _HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op sta
 _HOT_AT = 96
 _STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
-MESSAGE_MAX = _MSG.size - 1  # bytes of a rank's message a record keeps (a longer one is
-# cut there; the field's last byte stays NUL)
+MESSAGE_MAX = _MSG.size - 1  # a longer message is cut; the last byte stays NUL
 _MSG_AT = _HOT_AT + _HOT.size
 _NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
 _NODE_AT = SIZE - _NODE.size
@@ -105,8 +85,7 @@ class NullProgress:
 
 
 class _Hot(ctypes.LittleEndianStructure):
-    """The record's changing part, laid over the mapped page (the layout of `_HOT`): an
-    update is a couple of attribute stores, about 0.1 us each."""
+    """The record's changing part (`_HOT`'s layout) laid over the page: updates are stores."""
 
     _pack_ = 1
     _fields_ = [("updated", ctypes.c_double), ("epoch", ctypes.c_int64),
@@ -115,8 +94,7 @@ class _Hot(ctypes.LittleEndianStructure):
 
 
 class Progress(NullProgress):
-    """This rank's record (see the module docstring). Its writes, from the main thread and
-    from its follower thread, take turns under a lock."""
+    """This rank's record; the main thread's and the follower's writes take a lock."""
 
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
@@ -142,8 +120,7 @@ class Progress(NullProgress):
         self._follower: Optional[threading.Thread] = None
 
     def follow(self, timer: Any = None, comm: Any = None) -> None:
-        """Read `timer` (the step timer) and `comm` (the synchroniser's recorder) from now
-        on, every FOLLOW_S on a thread of this record's."""
+        """Read `timer` (StepTimer) and `comm` (CommRecorder) every FOLLOW_S from now on."""
         with self._lock:
             self._read()
             h = self._hot
@@ -163,8 +140,7 @@ class Progress(NullProgress):
                 (c.entered, c.op) if c is not None else None)
 
     def _read(self) -> None:
-        """Write what the followed timer and recorder say, where it changed since the last
-        read (under the lock). A change of theirs is a move: `updated` is its time."""
+        """Write what the followed timer and recorder say if it changed (under the lock)."""
         seen = self._sources()
         if seen == self._seen:
             return
@@ -249,8 +225,8 @@ def current() -> NullProgress:
 
 
 def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullProgress:
-    """Open this rank's record; rank 0 also drops records of ranks a larger earlier world
-    left behind. A record that cannot be made (a read-only folder) leaves a NullProgress."""
+    """Open this rank's record (a NullProgress if it cannot be made); rank 0 drops records
+    of ranks a larger earlier world left behind."""
     global _CURRENT
     try:
         _CURRENT = Progress(run_dir, rank, local_rank, world_size)
@@ -266,9 +242,8 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
 
 
 def node_identity() -> tuple[str, str]:
-    """(this node's name, the address its peers reach it at): SLURM's node name (several
-    nodes may share a hostname: scripts/netlab.sh's do), else the hostname; the address the
-    hostname resolves to, the one gloo gives its peers ('' if it does not resolve)."""
+    """(SLURM's node name, else the hostname: nodes may share one; the address gloo gives
+    its peers, '' if the hostname does not resolve)."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
 
 
@@ -315,12 +290,9 @@ def is_local(record: dict) -> bool:
 
 
 def read_all(run_dir: Path) -> list[dict]:
-    """Every rank's record of the run folder's current (newest) world, in rank order. Each
-    dict: rank, local_rank, world_size, pid, host, node, addr, started, updated (seconds
-    since the epoch), age_s (since the last update), epoch (epochs done), step (steps done in the
-    running epoch), collective, op, phase, state (starting|running|done|failed), message,
-    where (the position in words), local (on this machine) and process (running|frozen|
-    dead for a rank of this machine, None for another's)."""
+    """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict
+    plus age_s, where (in words), local (on this machine) and process (`process_state`,
+    None for another machine's rank)."""
     run_dir = Path(run_dir).resolve()
     records = []
     for path in (run_dir / FOLDER).glob("rank*.bin"):
@@ -350,8 +322,7 @@ def read_all(run_dir: Path) -> list[dict]:
 
 
 def where(r: dict) -> str:
-    """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (epoch and step 1-based:
-    the step running, or just done at `step end`)."""
+    """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (1-based)."""
     if r["phase"] in ("init",):
         text = "init"
     else:

@@ -1,13 +1,9 @@
-"""The training loop's epochs, on every rank: `EpochControl` starts and ends each epoch
-(barriers, clocks, the step timer) and hands out its batches as an `EpochBatches`, the
-iterator that owns what a real run adds to the notebook's loop: the step count, the
-stop agreement, injected delays. A stop the ranks agreed on is raised once, as `Stopped`,
-from `EpochControl.end` (mid-epoch) or `EpochControl.between_epochs`, where the failure hook
-(DDP_LAB_FAIL_ONCE) runs too; `train()` catches it in one place.
-
-One epoch as this rank measured it (`MeasuredEpoch`) and where a run stands (`Position`)
-are what the loop hands to `Telemetry.epoch` (records) and to the `Checkpointer` (a
-graceful stop's checkpoint), in a module both import, so that neither imports the other."""
+"""The training loop's epochs, on every rank (docs/architecture.md, "The path of one
+epoch's numbers"): `EpochControl` starts and ends each epoch and hands out its batches as an
+`EpochBatches`, which adds to the notebook's loop the step count, the stop agreement and
+injected delays. An agreed stop is raised once, as `Stopped`; `train()` catches it.
+`MeasuredEpoch` and `Position` live here so that telemetry and the checkpointer, which both
+take them, need not import each other."""
 
 from __future__ import annotations
 
@@ -44,12 +40,9 @@ class Position:
 
 @dataclass
 class MeasuredEpoch:
-    """One epoch as this rank measured it, handed whole to `Telemetry.epoch` (and, when the
-    ranks stopped inside it, to `Checkpointer.on_stop`). `epoch` is 1-based: the epochs
-    done when it ends. An epoch resumed mid-way (`resumed_at_step` > 0) was run by two
-    allocations: the fields are this one's part, `resumed_part` the part the checkpoint held
-    (`Checkpointer.resumed_part`: its global loss and sample sums on rank 0 only, its times on
-    every rank); `totals` adds the two."""
+    """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields
+    are this allocation's part, `resumed_part` the checkpoint's (its loss and sample sums
+    on rank 0 only); `totals` adds the two."""
 
     epoch: int
     steps: list[StepTimes]  # this part's phase stamps (none when timing is off)
@@ -81,16 +74,9 @@ class Stopped(Exception):
 
 
 class EpochBatches:
-    """One epoch's batches as the training step iterates them, on every rank: `for x, y in
-    batches:` gives the (x, y) of each step, and around each step this iterator does what
-    the notebook's loop never needed:
-
-    - times the data phase (`timer.phase("data")`) and runs the injected delay (debug.*) as
-      part of the step's compute (a "forward" span before the model's);
-    - counts the steps and samples done (`steps`: the step numbers to run, e.g. a progress bar);
-    - after each step, asks `stopper` whether every rank agreed to stop; if so it ends early
-      and `stop` holds why (`EpochControl.end` raises it as `Stopped`).
-    """
+    """`for x, y in batches:` gives each step's batch and, around it, times the data phase,
+    runs the injected delay (a "forward" span), counts steps and samples, and after each
+    step asks `stopper` whether every rank agreed to stop (then ends, `stop` saying why)."""
 
     def __init__(self, data: Iterator, steps: Iterable, timer: StepTimer,
                  stopper: Optional[StopControl] = None, delay: Optional[Callable[[], None]] = None,
@@ -117,19 +103,15 @@ class EpochBatches:
 
 
 class EpochControl:
-    """The clock around each epoch's steps, on every rank: the ranks start it together
-    (`begin`, which hands out the epoch's `EpochBatches`), the epoch ends when the slowest
-    rank ends (`end`), and what the epoch measured comes back as one `MeasuredEpoch`, with
-    the part a mid-epoch checkpoint held. It owns the step timer, the injected delay, the
-    stop agreement (inside `stop_control`) and the failure hook (`between_epochs`)."""
+    """The clock around each epoch's steps: the ranks start together (`begin`), the epoch
+    ends with the slowest rank (`end`, a `MeasuredEpoch`). Owns the step timer, the injected
+    delay, the stop agreement (`stop_control`) and the failure hook (`between_epochs`)."""
 
     def __init__(self, train: TrainConfig, timing: TimingConfig, debug: DebugConfig,
                  ctx: DistContext, clock: Clock, syncer,
                  resumed_part: Callable[[int], Position], run_dir: Optional[Path] = None):
-        """The config's sections it reads: `train` (epochs, seed, the stop's signal and
-        check interval), `timing` (the step timer, the profiler), `debug` (the injected
-        delay). `resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds
-        (`Checkpointer.resumed_part`); `run_dir`: where timing.profile writes its traces."""
+        """`resumed_part(epoch)`: the part of `epoch` a mid-epoch checkpoint holds;
+        `run_dir`: where timing.profile writes its traces."""
         self.train = train
         self.ctx, self.clock, self.syncer = ctx, clock, syncer
         self.resumed_part = resumed_part
@@ -146,8 +128,7 @@ class EpochControl:
 
     @contextmanager
     def stop_control(self, run_dir: Path) -> Iterator[None]:
-        """Collective. Inside: stop signals and the stop file are heard, and agreed on
-        (ddp_lab/rank/stop.py); on leaving, the signal handlers are restored."""
+        """Collective. Inside, stop signals and the stop file are heard and agreed on."""
         with stop_control(self.ctx, run_dir, self.train) as self.stopper:
             try:
                 yield
@@ -155,9 +136,8 @@ class EpochControl:
                 self.stopper = None
 
     def begin(self, epoch: int, shard, steps: Callable[[int, int], Iterable]) -> EpochBatches:
-        """Collective. Epoch `epoch` (0-based) starts: its batches of this rank's `shard`,
-        from step 0 or, in the epoch a run resumes in, from the steps its mid-epoch
-        checkpoint holds; `steps(epoch, first_step)` numbers them (`Telemetry.progress`)."""
+        """Collective. Epoch `epoch` (0-based) starts: `shard`'s batches from step 0 or a
+        mid-epoch checkpoint's; `steps(epoch, first_step)` numbers them."""
         skip = self.resumed_part(epoch).step
         shard.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
         self.ctx.synchronize()
@@ -193,8 +173,7 @@ class EpochControl:
 
     def between_epochs(self, epochs_done: int) -> None:
         """Collective, after an epoch's checkpoint and record: the failure hook
-        (DDP_LAB_FAIL_ONCE, a crash to test restarts), then, unless it was the last epoch,
-        a stop check (evaluation may be long). Raises `Stopped` when the ranks agreed."""
+        (DDP_LAB_FAIL_ONCE), then, but after the last epoch, a stop check (`Stopped`)."""
         fail_once(self.ctx, epochs_done)
         if self.stopper is not None and epochs_done < self.train.epochs:
             info = self.stopper.check()

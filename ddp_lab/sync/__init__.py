@@ -1,11 +1,7 @@
 """Gradient synchronisers, chosen with the `sync` config group: one file each
-(sync/<name>.py, start with naive.py), its config keys and rules beside it in
-config/sync/<name>.py.
-
-Importing this package loads no torch: the submitting command reads config/sync/ (the
-rules refuse a bad config before any process starts) and has no torch to spare. The
-names below come from sync/build.py, loaded (with torch) on first use.
-"""
+(sync/<name>.py, start with naive.py), its config keys and rules in config/sync/<name>.py.
+Importing this package loads no torch (the submitting command checks the config without
+it); the names below come from sync/build.py, loaded on first use."""
 
 from __future__ import annotations
 

@@ -1,28 +1,9 @@
-"""sync.overlap=true: each gradient bucket's collective starts during backward, as DDP's do.
-
-`ReadyBuckets` is DDP's reducer in miniature, for our bucketed synchronisers:
-
-- buckets hold the parameters in reverse order (`reversed(module.parameters())`, DDP's
-  order: backward produces the last layer's gradients first);
-- one `register_post_accumulate_grad_hook` per parameter counts the gradients of its
-  bucket; when a bucket's count is complete the bucket is *ready*: its gradients are
-  packed (on the thread and stream that produced them) and the synchroniser's `launch`
-  starts its collective at once, while backward goes on with the earlier layers;
-- buckets are launched in bucket order, never out of it (a bucket ready early waits for
-  the ones before it, as DDP's reducer does): every rank then starts the same sequence
-  of collectives whatever order its autograd engine finished them in;
-- `no_sync()` (micro-batches before a step's last, train.micro_batch) disarms the hooks:
-  the gradients only accumulate; the last micro-batch's backward, armed, launches them;
-- `finish()` (the synchroniser's `sync()`) checks that every bucket was launched and
-  resets the counts for the next step.
-
-`SerialWorker` runs the blocking collectives of a synchroniser (our send/recv ring, tree
-and butterfly, and the library all-reduce through the same `_reduce`) off the training
-thread: ONE thread per synchroniser, FIFO, so every rank runs the same sequence; on CUDA
-on its own stream, waiting on an event recorded where the bucket was packed. A collective
-that fails there (a dead peer: the process group's timeout) is raised in the training
-thread by `wait()`, and the buckets queued behind it are skipped, so nothing hangs.
-"""
+"""sync.overlap=true: each gradient bucket's collective starts during backward, as DDP's do
+(docs/compression_overlap.md, "Overlap and exposed comm"). `ReadyBuckets`, DDP's reducer in
+miniature, launches a bucket once its gradients are all ready, in bucket order only, so every
+rank starts the same sequence. `SerialWorker` runs a synchroniser's blocking collectives on
+ONE FIFO thread; a failure there is raised in the training thread by `wait()` and the
+buckets queued behind it are skipped, so nothing hangs."""
 
 from __future__ import annotations
 

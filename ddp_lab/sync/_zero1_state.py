@@ -1,11 +1,7 @@
-"""sync=zero1's checkpoints: the shards of the optimiser state gathered into the state a
-plain optimiser over every parameter would hold, and such a state cut into shards again.
-
-A checkpoint in that one format resumes on any world size and with any synchroniser: a
-zero1 run stopped on 4 ranks continues on 2, a ddp checkpoint continues under zero1. The
-optimiser state of a parameter is per element (Adam's moments, SGD's momentum: shaped as
-the parameter) or a scalar (Adam's step count: the same for every parameter).
-"""
+"""sync=zero1's checkpoints: the optimiser state's shards gathered into the state a plain
+optimiser over every parameter would hold, and cut into shards again, so a checkpoint
+resumes on any world size and under any synchroniser (docs/sync.md, "ZeRO stage 1").
+A parameter's state is per element (moments, momentum) or a scalar (Adam's step)."""
 
 from __future__ import annotations
 

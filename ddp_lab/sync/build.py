@@ -1,18 +1,8 @@
-"""Where a synchroniser is built: the `sync` option's class and its rules.
-
-`SYNCS` names every synchroniser's class (sync/<name>.py); `build_sync(cfg, ...)` is what
-the trainer calls. Between the class and a running synchroniser it does two things,
-neither of which belongs to the class itself:
-
-- the section's config rules, its schema's `check` (config/sync/<name>.py; the
-  submitting command ran them already, before any process started);
-- `sync.overlap=true` on more than one rank: the overlapped variant of an all-reduce
-  family class (`overlapped`, sync/overlap.py).
-
-Every collective the synchroniser enters is counted by its `comm` recorder, which the
-rank's progress record reads (train() hands it over; the rank behind the others is the
-one with the smaller count: ddp_lab/folder/progress.py).
-"""
+"""Where a synchroniser is built: `SYNCS` names every synchroniser's class (sync/<name>.py);
+`build_sync(cfg, ...)`, what the trainer calls, runs the section's config rules (its
+schema's `check`, config/sync/<name>.py) and, for `sync.overlap=true` on more than one
+rank, picks an all-reduce family class's overlapped variant (sync/overlap.py): neither
+belongs to the class itself."""
 
 from __future__ import annotations
 
@@ -58,8 +48,7 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
 
 def build_sync(cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
-    """The synchroniser `cfg` names, for `module` on `world_size` ranks (see the module
-    docstring for what is done here)."""
+    """The synchroniser `cfg` names, for `module` on `world_size` ranks."""
     check_sync(cfg, world_size)
     overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
     return sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,

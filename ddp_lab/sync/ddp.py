@@ -1,24 +1,11 @@
 """sync=ddp: torch's DistributedDataParallel, its bucket all-reduces timed by a comm hook.
 
-DDP launches each gradient bucket's all-reduce from inside backward, as soon as the
-bucket is ready, so communication overlaps the rest of backward. The comm hook below is
-DDP's default one (divide by the world size, all-reduce, return the future) plus
-accounting, so that overlap stays real:
-
-- the start is stamped when DDP hands the hook a ready bucket, the end in the future's
-  completion callback. CPU: host clock; the callback runs on gloo's worker thread the
-  moment the all-reduce completes. CUDA: events; the hook runs on the stream that
-  produced the bucket and NCCL's completion callbacks run with the current stream synced
-  to the collective's, so the end event fires when the all-reduce is done. The events are
-  read once per epoch by `collect_comm()` (one synchronize), never per step.
-- bucket all-reduces may be in flight together: comm time is the union of the
-  intervals, and it overlaps backward (see `ddp_lab.timing` on comm_fraction).
-
-`sync.sync()` is a no-op here (DDP has finished by the time backward returns). A world of
-one runs the bare model: nothing to exchange, and DDP's reducer would cost a third of the step.
-
-Its keys and rules: config/sync/ddp.py.
-"""
+DDP launches each bucket's all-reduce from inside backward as soon as the bucket is ready,
+so communication overlaps the rest of backward. The hook below is DDP's default one (or
+torch's sync.compress hook) plus two stamps: the start when DDP hands it a bucket, the end in
+the future's completion callback, so that overlap stays real (docs/timing.md, "How
+communication is timed"). `sync()` is a no-op (DDP is done when backward returns). A world
+of one runs the bare model. Keys and rules: config/sync/ddp.py."""
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 
@@ -41,11 +28,8 @@ class DDPSync(Synchroniser):
     bytes_exact = False  # the backend's own all-reduce; bytes follow the ring model
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """DDP around the model; in a world of one the model itself. One rank has nothing to
-        all-reduce (the hook below hands the bucket straight back), yet DDP's reducer still
-        copies every gradient into its buckets and back and runs its autograd hooks: 35% of
-        a 1-rank step here (docs/performance.md). Copies do not change a bit: the weights
-        are identical with and without it (tests/test_fast.py)."""
+        """DDP around the model; in a world of one the model itself: DDP's reducer would
+        cost 35% of a 1-rank step for nothing (docs/performance.md), not a bit changed."""
         if self.world_size == 1:
             return module
         cfg = self.cfg
@@ -55,13 +39,9 @@ class DDPSync(Synchroniser):
                   static_graph=cfg.static_graph,
                   find_unused_parameters=cfg.find_unused_parameters)
         self.torch_hook, self.powersgd = _torch_hook(cfg)
-        # PowerSGD launches its P and Q all-reduces from completion callbacks. nccl's
-        # futures complete when the kernel is queued, so those run at once, in order, on
-        # this thread; gloo's complete later on its worker threads, so with several buckets
-        # in flight the ranks would issue their collectives in different orders (seen on
-        # mlp_wide: "Received data size doesn't match expected size", an abort). On gloo a
-        # bucket therefore waits for the previous bucket's chain before it starts: one
-        # bucket in flight, still overlapping the backward of the next.
+        # PowerSGD launches its P and Q all-reduces from completion callbacks, on gloo from
+        # its worker threads: with several buckets in flight the ranks would issue them in
+        # different orders (an abort). So on gloo a bucket waits for the previous one's chain.
         self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
         self.inflight: Optional[torch.futures.Future] = None
         ddp.register_comm_hook(self, _timed_allreduce_hook)
@@ -86,11 +66,9 @@ class DDPSync(Synchroniser):
                 raise ValueError(f"sync=ddp: the model has parameters that get no gradient "
                                  f"({names}): set sync.find_unused_parameters=true (or "
                                  "sync.static_graph=true if the set never changes)")
-        # One forward and backward through DDP, gradients dropped, weights untouched: DDP
-        # lays its buckets out anew after its first iteration, so without this a run
-        # resumed from a checkpoint would sum its first gradients in another order than the
-        # run it continues (on 3+ ranks the rounding differs: no bit-identical resume).
-        # Every rank runs it (one all-reduce per bucket); its comm is no epoch's.
+        # One forward and backward, gradients dropped: DDP lays its buckets out anew after
+        # its first iteration, so without it a resumed run would sum its first gradients in
+        # another order (3+ ranks: no bit-identical resume). Its comm is no epoch's.
         loss_fn(self.wrapped).backward()
         self.module.zero_grad(set_to_none=True)
         self.collect_comm()
@@ -99,19 +77,9 @@ class DDPSync(Synchroniser):
 def _torch_hook(cfg: Any) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
     """torch's own comm hook for sync.compress (and PowerSGD's state, which the hook keeps).
 
-    PowerSGD: `start_powerSGD_iter=2`, the smallest torch allows with error feedback and
-    warm start (both on, torch's defaults): DDP rebuilds its buckets after its first
-    iteration, and PowerSGD's per-bucket memories must be made after that. Our preflight
-    runs DDP's first iteration, so the first training step is the one vanilla all-reduce
-    left and every later step is compressed: a short run measures PowerSGD, not the
-    all-reduce before it (torch's advice, 10% of the steps uncompressed, is for accuracy
-    on long runs; the compression table shows what skipping it costs here).
-    `min_compression_rate=2` (torch's default): a matrix is compressed only when P and Q
-    are less than half its size, so biases (n x 1) go uncompressed. PowerSGD's state
-    (error feedback, P/Q memories) is not in checkpoints: a resumed run starts it afresh
-    (its first step after the preflight vanilla again), so it is not bit-identical to an
-    uninterrupted run, as the other modes are.
-    """
+    PowerSGD's settings and why (`start_powerSGD_iter=2`: our preflight runs DDP's first
+    iteration, so only the first training step is vanilla; its state is not in checkpoints):
+    docs/compression_overlap.md, "Compression"."""
     if cfg.compress == "powersgd":
         state = powerSGD.PowerSGDState(
             process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
@@ -125,12 +93,9 @@ def _torch_hook(cfg: Any) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
 
 def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[tuple[int, int]]:
     """(elements, element size) of each all-reduce torch's hook made for `bucket`, from
-    torch's own rules: the bucket in the wire dtype (none, fp16, bf16, PowerSGD before
-    start_powerSGD_iter); PowerSGD proper all-reduces three tensors, the uncompressed
-    tensors (biases: vectors never pay off) batched, then all P matrices, then all Q. Its
-    state counts those elements (`compression_stats()`'s "after", which the hook has added
-    to before returning; `before` is its value before the call), and holds P and Q,
-    allocated before the first all-reduce."""
+    torch's own rules: the bucket in the wire dtype (also PowerSGD before its start iteration),
+    or PowerSGD's three (uncompressed tensors batched, all P, all Q): its state counts their
+    elements (`compression_stats()`'s "after"; `before`: its value before the call)."""
     buf = bucket.buffer()
     ps = state.powersgd
     if ps is None or ps.compression_stats()[2] == before:  # no PowerSGD, or its vanilla phase
@@ -142,11 +107,8 @@ def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[
 
 
 def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """torch's hook for sync.compress (default: divide by world size, then all-reduce),
-    timed around: the start when DDP hands the bucket, the end when its future completes
-    (PowerSGD: its compression arithmetic and three all-reduces lie inside). One recorded
-    call per bucket, its bytes those of every all-reduce the hook made, in the wire dtype,
-    each by the ring model of the library's all-reduce."""
+    """torch's hook for sync.compress, timed around: one recorded call per bucket, its bytes
+    those of every all-reduce the hook made, in the wire dtype, by the library's ring model."""
     buf = bucket.buffer()
     if state.world_size == 1:  # a world of one has nothing to exchange: hand the bucket straight back
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -1,36 +1,25 @@
 """sync=hierarchical: per flat bucket, reduce inside each node, all-reduce among the nodes'
-leaders, broadcast inside each node.
+leaders, broadcast inside each node (docs/sync.md, "Hierarchical").
 
     node 0: ranks 0 1        1. reduce   0 <- 1,   2 <- 3     (inside nodes, side by side)
     node 1: ranks 2 3        2. all-reduce among 0, 2         (the only cross-node traffic)
                              3. broadcast 0 -> 1,  2 -> 3     (inside nodes)
 
-Only one rank per node (its leader, the lowest rank) talks to other nodes: on L nodes
-each leader sends the ring's 2(L-1)/L of the buffer, 2(L-1) buffers cross nodes in all,
-in 2(L-1) steps of 1/L of the buffer. A flat ring over the n = kL ranks (nodes contiguous)
-also has L links between nodes, but each carries 2(n-1)/n of the buffer (2L(n-1)/n in
-all, in 2(n-1) steps of 1/n, every step waiting for the slow link): fewer bytes and k
-times fewer, larger messages between nodes. The price is two more phases (2 x
-ceil(log2 k) latencies with the tree) and, inside the node, a reduce and a broadcast of
-the whole buffer.
+Only one rank per node (its leader, the lowest rank) talks to other nodes: on L nodes of k
+ranks, fewer bytes and k times fewer, larger messages cross nodes than a flat ring's, for
+two more phases and a whole-buffer reduce and broadcast inside the node.
 
-- `sync.inter=ring` (default): the leaders run `ddp_lab.collectives`' ring all-reduce on
-  their own process group (on gloo with `sync.prepost`, one
-  `PrepostedRingAllReduce` per bucket, receives posted a call ahead); `library`:
-  `torch.distributed.all_reduce` on that group.
-- `sync.intra=library` (default): `torch.distributed.reduce` / `broadcast` on the node's
-  group (NVLink / shared memory under nccl); `tree`: `ddp_lab.collectives`' binomial trees.
-- Nodes: the launcher's (`DistEnv.node_rank`, `ddp_lab.world.topology`), or with
-  `sync.node_size=k` every k consecutive ranks pretend to be a node (one machine). Nodes
-  of unequal sizes work (each node's group is its own size).
+- `sync.inter=ring` (default): `ddp_lab.collectives`' ring on the leaders' group (on gloo
+  with `sync.prepost`, one `PrepostedRingAllReduce` per bucket); `library`: torch's.
+- `sync.intra=library` (default): torch's reduce / broadcast on the node's group; `tree`:
+  `ddp_lab.collectives`' binomial trees.
+- Nodes: the launcher's (`ddp_lab.world.topology`), or every `sync.node_size=k`
+  consecutive ranks; nodes of unequal sizes work.
 
-It is AllReduceSync with another `all_reduce(flat)`: bucketing, averaging, wire
-compression (`_reduce`, allreduce.py) and overlap (overlap.py) are shared with allreduce,
-ring, tree and butterfly; its keys and rules: config/sync/hierarchical.py.
-Bytes: `ddp_lab.measure.costmodel.hierarchical_calls` (each phase, per rank), and the
-bytes each rank sends to another node (`comm_bytes_cross_node`). With `inter=ring` and
-`intra=tree` every byte goes through our send/recv and the count is exact; the library's phases are modelled as gloo runs them.
-"""
+It is AllReduceSync with another `all_reduce(flat)` (bucketing, averaging, compression,
+overlap shared); keys and rules: config/sync/hierarchical.py. Bytes:
+`ddp_lab.measure.costmodel.hierarchical_calls`, and those sent to another node
+(`comm_bytes_cross_node`); exact with `inter=ring intra=tree`, else modelled."""
 
 from __future__ import annotations
 

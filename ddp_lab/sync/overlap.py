@@ -1,27 +1,13 @@
-"""sync.overlap=true for the all-reduce family: each bucket's call starts during backward.
+"""sync.overlap=true for the all-reduce family (allreduce, ring, tree, butterfly,
+hierarchical): each bucket's call starts during backward, as DDP's do
+(docs/compression_overlap.md, "Overlap and exposed comm").
 
-AllReduceSync (allreduce.py) starts its first call once backward is done, so the whole
-communication adds to the step. Backward produces the last layer's gradients first, and
-those are final long before the first layer's: DDP starts a bucket's all-reduce the moment
-its gradients are all ready and lets it run while backward computes the rest.
-`OverlappedAllReduce` does the same for allreduce, ring, tree, butterfly and hierarchical:
-
-- `overlapped = True` makes AllReduceSync.wrap fill the buckets in reverse parameter order
-  (DDP's: the last layer's bucket is ready first) and one bucket per parameter for
-  `sync.bucket_mb=0`;
-- `ReadyBuckets` (_overlap.py, DDP's reducer in miniature) counts each bucket's gradients
-  from backward's hooks and calls `_launch` when a bucket is complete, in bucket order;
-- `_launch` packs the bucket and hands its `_reduce` (the same division, call and timing
-  as after backward) to `SerialWorker` (_overlap.py): one background thread, FIFO, so
-  every rank runs the same sequence of blocking collectives while backward goes on;
-- `sync()` only waits for that thread and unpacks; `no_sync()` (the micro-batches before
-  a step's last) holds the hooks back, so gradients only accumulate.
-
-`build_sync` (sync/build.py) picks it for `sync.overlap=true` on more than one rank:
-`overlapped(RingSync)` is a class `(OverlappedAllReduce, RingSync)`, ring's algorithm
-with these launches. ddp always overlaps (DDP's own reducer), reduce_broadcast starts its
-reduces from the same `ReadyBuckets` (reduce_broadcast.py), naive and zero1 refuse it.
-"""
+`overlapped = True` makes AllReduceSync.wrap fill the buckets in reverse parameter order
+(one bucket per parameter for `sync.bucket_mb=0`); `ReadyBuckets` calls `_launch` as each
+bucket completes, which packs it and hands its `_reduce` (the same call and timing as after
+backward) to `SerialWorker`; `sync()` waits and unpacks. `overlapped(RingSync)` is a class
+`(OverlappedAllReduce, RingSync)`, which `build_sync` picks. ddp overlaps by itself,
+reduce_broadcast from the same `ReadyBuckets`; naive and zero1 refuse it."""
 
 from __future__ import annotations
 

@@ -5,32 +5,14 @@
     step():  the root alone takes the optimiser step, then every bucket of parameters is
              `dist.broadcast` from the root: all ranks hold the root's new weights.
 
-So the optimiser state (Adam's moments, momentum buffers) lives on the root only, and the
-other ranks' optimisers never step. Checkpoints are written by rank 0: with the default
-`sync.root=0` rank 0 holds the state; with another root, `optimizer_state` ships the
-root's state to rank 0 (point-to-point, once per checkpoint).
-
-Twice the all-reduce's latency count and an idle root-bound critical path: the pattern is
-here to be measured against the others, not because it is fast.
-
-Bytes are `ddp_lab.measure.costmodel`'s model of the library's reduce and broadcast (what gloo
-runs: a ring reduce-scatter then a gather to the root; a binomial-tree broadcast), the
-backend's own routing being invisible from here (`bytes_exact = False`). busbw uses
-factor 1 for both (nccl-tests).
-
-`sync.compress=fp16|bf16` compresses the gradients' reduce (`WireFormat`,
-ddp_lab/sync/_buckets.py); the parameters' broadcast stays fp32: rounding the weights
-themselves to 16 bits every step would be another training method (low-precision weights),
-not gradient compression.
-
-`sync.overlap=true` (sync/_overlap.py): the gradient buckets hold the parameters in
-reverse order and each bucket's `dist.reduce` is started (async_op) from backward the
-moment its gradients are ready, stamped like DDP's hook (start at launch, end in the
-future's completion callback); `sync()` waits for them. The broadcast stays after the
-root's step: it carries the new weights, which exist only then.
-
-Its keys and rules: config/sync/reduce_broadcast.py.
-"""
+The optimiser state lives on the root only; with `sync.root` other than 0,
+`optimizer_state` ships it to rank 0 for the checkpoint. Twice the all-reduce's latency
+count and a root-bound critical path: here to be measured, not because it is fast. Bytes
+follow `ddp_lab.measure.costmodel`'s model (`bytes_exact = False`). `sync.compress` compresses
+the gradients' reduce only: 16-bit weights would be another training method.
+`sync.overlap=true` starts each bucket's reduce (async) from backward, stamped like DDP's
+hook; the broadcast stays after the root's step (docs/compression_overlap.md). Keys and
+rules: config/sync/reduce_broadcast.py."""
 
 from __future__ import annotations
 

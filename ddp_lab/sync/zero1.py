@@ -1,33 +1,16 @@
-"""sync=zero1: ZeRO stage 1, the ring's two halves with the optimiser step between them.
-
-A ring all-reduce is a reduce-scatter (after it, rank r holds the sum of chunk r only)
-followed by an all-gather (every rank gets every chunk). Adam and SGD are element-wise, so
-the optimiser need not see the whole vector: rank r steps chunk r alone, then the
-all-gather spreads *updated weights* instead of summed gradients.
+"""sync=zero1: ZeRO stage 1, the ring's two halves with the optimiser step between them
+(docs/sync.md, "ZeRO stage 1"; keys and rules: config/sync/zero1.py).
 
     sync():  gradients -> one flat bucket, / world (before the sum, as DDP: WireFormat),
              reduce-scatter: this rank's chunk of the averaged gradient
-    step():  the optimiser steps the chunk of the flat weights this rank owns (its state,
-             Adam's two moments, exists for that 1/world only), then all-gather the weights
+    step():  the optimiser steps the chunk of the flat weights this rank owns (its state
+             exists for that 1/world only), then all-gather the weights
 
-The module's weights are views of a flat weight bucket, so the all-gather writes them in
-place; the optimiser's gradients are views of the gradient bucket's chunk the
-reduce-scatter sums into. No buffer beyond DDP's one gradient bucket.
-
-Bytes per step: (n-1)/n of the bucket each way, twice: exactly an all-reduce's. Memory per
-rank: full weights and gradients, 1/world of the optimiser state. On gloo the two halves
-are ddp_lab's own ring (collectives/scatter_gather.py, exact bytes); on nccl torch's
-reduce_scatter_tensor / all_gather_into_tensor (bytes modelled as the same ring).
-
-The optimiser is built over `optimizer_params()`: the pieces of each parameter that fall
-in this rank's chunk. Parameters start at multiples of ALIGN elements in the bucket, so a
-piece is cut where a vectorised (fused) optimiser kernel cuts the whole parameter: the
-same rounding, DDP's weights bit for bit. A checkpoint gathers the pieces into the state a
-plain optimiser over every parameter would hold, and a load cuts it again (_zero1_state.py),
-so it moves between world sizes and synchronisers.
-
-Its keys and rules: config/sync/zero1.py.
-"""
+The module's weights are views of a flat weight bucket (the all-gather writes them in place)
+and the optimiser's gradients views of the chunk the reduce-scatter sums into. Parameters
+start at multiples of ALIGN elements, so a piece is cut where a fused optimiser kernel cuts
+the whole parameter: DDP's weights bit for bit. On gloo the halves are ddp_lab's ring (exact
+bytes); on nccl torch's (bytes modelled). Checkpoints: _zero1_state.py."""
 
 from __future__ import annotations
 

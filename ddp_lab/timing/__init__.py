@@ -1,25 +1,13 @@
-"""Phase timers and communication accounting.
-
-One `Clock` per rank gives every timestamp of a run: `StepTimer` stamps the phases of
-every step (data, forward, backward, sync, optim) and the synchroniser's `CommRecorder`
-stamps every collective call. Both resolve their stamps once per epoch, on the same
-time base, so a collective can be placed inside its step and phase.
-
-One file per idea:
+"""Phase timers and communication accounting (docs/timing.md), one file per idea:
 
     clock.py          Clock: the rank's time base (host clock on CPU, CUDA events on GPU)
-    steps.py          StepTimer and StepTimes: the phases of every step; GradReadyMark:
-                      compute end, the step's last gradient ready; StepWatch: every
-                      N-th step handed over while the epoch runs
-    comm.py           CommStats: what was communicated, comm_fraction, exposed vs in-flight
+    phases.py         StepTimer, StepTimes, GradReadyMark (compute end), StepWatch
+    comm.py           CommStats: what was communicated, in flight and exposed
     comm_recorder.py  CommRecorder: every collective call's bytes and stamps
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time
     stragglers.py     who makes the others wait (StragglerTally)
 
-Timing knows nothing of the rest of the trainer: the timer and the recorder keep where
-the rank is as plain attributes (the phase running, the steps ended, the calls entered),
-which the rank's progress record reads (ddp_lab/folder/progress.py). Every name below is
-importable from `ddp_lab.timing`.
+Timing knows nothing of the rest of the trainer. Every name below is importable from here.
 """
 
 from .clock import Clock

@@ -1,15 +1,9 @@
 """One time base per rank: every stamp of a run (phases, collectives, compute end) is a
-`Clock` stamp, so all of them can be laid on one timeline and compared.
-
-- CPU: a stamp is `time.perf_counter()`. The work of a phase is finished when its Python
-  call returns (gloo collectives block the caller; DDP's async ones are stamped in their
-  completion callback), so the host clock times the work itself.
-- CUDA: kernels are queued asynchronously, so a host clock would time the *launch*. A
-  stamp is a CUDA event recorded on the current stream; events are read once per epoch,
-  after a single synchronize, so timing adds no per-step host-device sync. `Clock.anchor`
-  ties the device timeline to the host clock at each epoch start. Events come from a
-  pool: whoever read its stamps hands them back (`release`), so after the first epoch no
-  step makes an event (creating one costs the host more than recording it).
+`Clock` stamp, so all of them lie on one timeline. CPU: `time.perf_counter()` (gloo calls
+block, so the host clock times the work). CUDA: an event on the current stream, read once per
+epoch after one synchronize and tied to the host clock by `anchor`; events come from a pool
+(`release` hands them back), since making one costs the host more than recording it
+(docs/timing.md, "How communication is timed").
 """
 
 from __future__ import annotations
@@ -21,11 +15,8 @@ import torch
 
 
 class Clock:
-    """This rank's time base: seconds since the clock was made.
-
-    Make it right after a barrier and every rank's zero is the same instant,
-    to within the barrier's exit skew: that is what lines the ranks up in a trace.
-    """
+    """Seconds since the clock was made: made right after a barrier, every rank's zero is
+    the same instant (to the barrier's exit skew), which lines the ranks up in a trace."""
 
     def __init__(self, device: torch.device, event: Optional[Callable[[], Any]] = None):
         """`event`: what makes one event (default a timing `torch.cuda.Event`); given on a
@@ -51,8 +42,7 @@ class Clock:
             self._anchor_s = time.perf_counter() - self.origin
 
     def event(self) -> Any:
-        """CUDA: an event from the pool (a new one if it is empty), not yet recorded: what
-        `stamp` records, and what `GradReadyMark` (timing/phases.py) re-records in its hooks."""
+        """CUDA: an unrecorded event from the pool (a new one if it is empty)."""
         try:  # (DDP's completion callbacks stamp from other threads: pop, never check)
             return self._free.pop()
         except IndexError:
@@ -67,8 +57,7 @@ class Clock:
         return time.perf_counter()
 
     def release(self, stamps: Iterable[Any]) -> None:
-        """Stamps that were read (`seconds`, after `synchronize`) and are not needed again:
-        CUDA, their events go back to the pool; CPU, nothing. Each event once."""
+        """Stamps read and not needed again go back to the pool (CUDA), each event once."""
         if self.cuda:
             self._free.extend(stamps)
 
@@ -94,8 +83,7 @@ def _timing_event() -> Any:
 
 
 class _Untimed:
-    """What a timer or recorder with timing off hands to `with`: it stamps nothing. One
-    shared instance (`UNTIMED`), so timing off allocates nothing per phase or call."""
+    """What timing off hands to `with`: stamps nothing; one shared instance, no allocation."""
 
     __slots__ = ()
 

@@ -1,11 +1,7 @@
-"""A synchroniser's log of its collective calls: `CommRecorder`, which every synchroniser
-holds as `self.comm` (ddp_lab/sync/base.py), so comm time is measured the same way for all.
-
-It counts every call's bytes always and, when timing is on, stamps its start and end on
-the rank's `Clock`; `collect()` resolves the stamps once per epoch into a `CommStats`
-(ddp_lab/timing/comm.py). Like `StepTimer` it knows nothing of who reads where the rank
-is: it keeps the calls entered and the last one's op as plain attributes (`entered`, `op`),
-which the rank's progress record reads when it writes (ddp_lab/folder/progress.py).
+"""A synchroniser's log of its collective calls: `CommRecorder`, every synchroniser's
+`self.comm` (ddp_lab/sync/base.py), so comm time is measured the same way for all. It counts
+every call's bytes and, with timing on, stamps start and end on the rank's `Clock`;
+`collect()` resolves them once per epoch into a `CommStats`.
 """
 
 from __future__ import annotations
@@ -41,9 +37,8 @@ class CommRecorder:
     Async call:      `start = rec.begin()` ... in its completion callback
                      `rec.finish(start, op, payload, sent, recv)`
 
-    Where the rank is, timed or not: `entered`, the calls this rank has entered, and `op`,
-    the last one's ("" for an async call: its op is known only when it finishes).
-    """
+    `entered` (calls entered) and `op` (the last one's; "" for an async call) are kept even
+    untimed."""
 
     def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
         self.clock = clock
@@ -95,9 +90,8 @@ class CommRecorder:
             return tuple(getattr(self._stats, k) for k in self.COUNTS)
 
     def add_counts(self, delta: tuple, times: int = 1) -> None:
-        """Count `times` more of the calls and bytes `delta` (a `counts()` difference):
-        a CUDA graph's replays launch the calls its capture counted once
-        (ddp_lab/rank/cuda_graph.py); `times` may be negative."""
+        """Count `times` (may be negative) more of `delta`, a `counts()` difference: a CUDA
+        graph's replays launch the calls its capture counted once."""
         with self._lock:
             for k, d in zip(self.COUNTS, delta):
                 setattr(self._stats, k, getattr(self._stats, k) + d * times)
@@ -107,9 +101,8 @@ class CommRecorder:
         return len(self._pending)
 
     def ready(self, first: int, end: int) -> Optional[list[CommCall]]:
-        """Timed calls `first` to `end` (in the order they were recorded since the last
-        collect), in seconds, if every stamp of theirs can be read now; else None. Never
-        waits: the live TensorBoard points read a step's calls with it (`StepWatch`)."""
+        """Timed calls `first` to `end` since the last collect, in seconds, if all their
+        stamps can be read now, else None. Never waits (`StepWatch` reads steps with it)."""
         with self._lock:
             pending = self._pending[first:end]
         ready = self.clock.ready  # each call's own: an overlap thread stamps on its stream

@@ -1,39 +1,16 @@
 """The phases of every step: `StepTimer` stamps them on the rank's `Clock` while the epoch
-runs and resolves them into `StepTimes` (seconds) once per epoch.
+runs and resolves them into `StepTimes` (seconds) once per epoch (docs/timing.md, "How
+communication is timed").
 
     with timer.phase("data"): ...      # data, forward, backward, sync, optim
     timer.end_step()
 
-The timer knows nothing of who reads where the rank is: it keeps the phase running and
-the steps ended as plain attributes (`now`, `ended`), which the rank's progress record
-(ddp_lab/folder/progress.py) reads when it writes, so a stuck rank can be found.
-
-On CUDA a step's phases share their boundaries: the end of one phase is the start of the
-next, one event each (a step of five phases records six), from the clock's pool, handed
-back once read (`collect`). On CPU every phase takes its own two host-clock stamps.
-
-Compute end, the moment the step's last gradient was ready, is the line between the
-model's own work and the communication that comes after it (ddp_lab/timing/comm.py):
-`GradReadyMark` stamps every trainable parameter's `register_post_accumulate_grad_hook`
-(the host clock on CPU; on CUDA a preallocated event re-recorded by each hook, so it holds
-the last one); the last stamp of the step wins. `StepTimer.watch_grads` sets it up and
-hands each step's mark to its `StepTimes.compute_end`. A step whose hooks did not fire
-(timing off, no trainable parameter) takes its backward end as compute end.
-
-Steps read while the epoch runs: `StepWatch` hands every `every`-th step (the global
-steps whose number is a multiple of `every`) to a listener as soon as its stamps can be
-read, so TensorBoard shows the steps while training goes on (ddp_lab/rank/telemetry.py).
-
-    watch = StepWatch(timer, comm, every, on_step)   # on_step(number, StepTimes, calls)
-    watch.begin(steps_done)                          # at each epoch's start
-
-It listens to the timer's step ends (`on_step_end`, after the listener the timer had), so
-a step is handed over as it ends, the last before a stop included. It never waits for the
-device: on CPU a step is handed over at once; on CUDA its stamps are events that fire
-when the GPU gets there, so it is handed over at the first step end after they fired
-(usually a step or two later). A step's calls are those recorded between its start and
-its end. The epoch's end still reads every stamp (`StepTimer.collect`): what the watch
-had not handed over yet is written from there.
+The timer keeps the phase running and the steps ended as plain attributes (`now`, `ended`)
+for the progress record to read. On CUDA a phase's end is the next one's start (one event per
+boundary, from the clock's pool, handed back once read); on CPU each phase takes two stamps.
+`GradReadyMark` stamps compute end, the step's last gradient ready (docs/timing.md, "Exposed
+vs in-flight comm"). `StepWatch` hands every `every`-th step to a listener as soon as its
+stamps can be read, never waiting for the device (live TensorBoard, docs/timing.md).
 """
 
 from __future__ import annotations
@@ -90,15 +67,10 @@ class StepTimes:
 
 
 class GradReadyMark:
-    """The moment the last gradient of a step was ready: compute end (module docstring).
-
-    One `register_post_accumulate_grad_hook` per trainable parameter stamps it each time
-    a gradient is accumulated; `take()` (at the step's end) hands over the last stamp and
-    starts the next step's. CPU: the host clock (a float, no allocation). CUDA: the hook
-    re-records the step's preallocated event on the stream that produced the gradient
-    (re-recording keeps the latest); events come from the clock's pool and go back to it
-    once per epoch (`recycle`, after the epoch's stamps were read), so no step allocates one.
-    """
+    """Compute end: a post-accumulate-grad hook per trainable parameter stamps it (CPU: the
+    host clock; CUDA: re-records the step's pooled event on the gradient's stream, so it
+    keeps the latest). `take()` at the step's end hands over the last stamp; `recycle()`
+    returns the epoch's events to the clock's pool once read."""
 
     def __init__(self, clock: Clock, module: torch.nn.Module):
         self.clock = clock
@@ -136,8 +108,7 @@ class GradReadyMark:
 
 
 class _Phase:
-    """`with timer.phase(name):` -- a plain class, cheaper than a generator context, made
-    once per phase name and reused every step (a phase never nests inside itself)."""
+    """`with timer.phase(name):`, a reused plain class: cheaper than a generator context."""
 
     __slots__ = ("timer", "name", "start", "stamp")
 
@@ -153,8 +124,7 @@ class _Phase:
 
 
 class _SharedPhase:
-    """`_Phase` on CUDA: the phase starts at the step's last boundary (the previous phase's
-    end event) when there is one, so a step records one event per boundary."""
+    """`_Phase` on CUDA: starts at the previous phase's end event when there is one."""
 
     __slots__ = ("timer", "name", "start")
 
@@ -172,11 +142,9 @@ class _SharedPhase:
 
 
 class StepTimer:
-    """Stamps the phases of every step; `collect()` resolves them once per epoch.
-
-    Where the rank is, timed or not: `now`, the phase running ("step end" between steps),
-    and `ended`, the steps ended. `on_step_end()`, if given, is called as each step ends
-    (`StepWatch` listens there)."""
+    """Stamps the phases of every step; `collect()` resolves them once per epoch. `now`
+    (the phase running, "step end" between steps) and `ended` (steps ended) are kept even
+    untimed; `on_step_end()`, if given, is called as each step ends."""
 
     def __init__(self, clock: Clock, enabled: bool = True,
                  on_step_end: Optional[Callable[[], None]] = None):
@@ -215,9 +183,8 @@ class StepTimer:
             self.on_step_end()
 
     def ready(self, i: int) -> Optional[StepTimes]:
-        """Step `i` of those since the last collect, in seconds, if it has ended and its
-        stamps can be read now; None if not yet (CUDA: its events have not all fired).
-        Never waits: the live TensorBoard points read steps with it (`StepWatch`)."""
+        """Step `i` since the last collect, in seconds, if its stamps can be read now, else
+        None (CUDA: not all its events fired). Never waits."""
         if i >= len(self._steps):
             return None
         spans, mark = self._steps[i], self._marks[i]
@@ -268,8 +235,7 @@ class StepWatch:
         timer.on_step_end = step_ended
 
     def begin(self, done: int) -> None:
-        """An epoch (or its resumed part) starts, `done` global steps before its first:
-        the timer's and the recorder's lists start anew (collected at the last end)."""
+        """An epoch (or its resumed part) starts, `done` global steps before its first."""
         self.done, self.index, self.waiting = done, 0, []
         self.first = self.comm.count()
 

@@ -1,9 +1,6 @@
 """Stragglers: who makes the others wait, found from every rank's comm time per step.
-
-Telemetry (ddp_lab/rank/telemetry.py) gathers each rank's `CommStats.per_step_seconds` once per
-epoch, builds a `StragglerTally` from them (`from_waits`), merges the epochs' tallies and
-names the rank with `named()`; `stragglers` makes the epoch record's "stragglers" dict
-(the slowest and fastest rank by step time, and the tally's evidence).
+Telemetry gathers each rank's `CommStats.per_step_seconds` once per epoch into a
+`StragglerTally` (`from_waits`), merges the epochs' and names the rank with `named()`.
 """
 
 from __future__ import annotations
@@ -11,20 +8,11 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional, Sequence
 
-# Who makes the others wait. Every rank's time blocked in (or, for DDP, waiting on) its
-# collectives is measured per step (`CommStats.per_step_seconds`); the rank that arrives
-# last at a step's collectives waits least, and every other rank waits about its lateness
-# longer. So per step and rank: its lead = the median over the other ranks of (their comm
-# time - its own), positive when the others waited for it; the step's last arriver is the
-# rank with the largest lead. Durations on each rank's own clock: no offset between the
-# ranks' clocks enters (arrival stamps would carry the exit skew of the barrier that set
-# each rank's Clock zero: docs/sync.md "Stragglers" measures both against the truth).
-#
-# A rank's lateness is the median of its lead over *all* steps compared, not only those
-# it came last at: with nothing injected the most-often-last rank then has a lateness
-# near zero (the median over its last-steps alone is always positive: the largest of n
-# noisy leads), and with a fixed delay the median is the delay, whatever the noise.
-# A rank is named only when it is clearly the one (each threshold must hold):
+# The last arriver at a step's collectives waits least: a rank's lead = median over the
+# others of (their comm time - its own). Durations on each rank's own clock, so no clock
+# offset enters. Lateness is the median lead over *all* steps compared (near zero with
+# nothing injected). A rank is named only when every threshold holds (docs/timing.md,
+# "Stragglers, injected and found"):
 STRAGGLER_MIN_STEPS = 20  # steps compared: fewer say nothing
 STRAGGLER_MIN_SHARE = 0.5  # last in at least half the steps ...
 STRAGGLER_CHANCE_FACTOR = 1.5  # ... and in 1.5x its chance share 1/n (n=2: 75%)
@@ -32,9 +20,8 @@ STRAGGLER_MIN_LATE_S = 0.5e-3  # its median lead: >= 0.5 ms
 
 
 class StragglerTally:
-    """Per rank: the steps at which it arrived last and its lead over the others at every
-    step; summed over epochs with `merge` (the run's finding is made from all its steps,
-    the same way)."""
+    """Per rank: the steps it arrived last at and its lead at every step (`merge` sums
+    epochs: the run's finding is made from all its steps)."""
 
     def __init__(self, world: int):
         self.world = world
@@ -99,9 +86,8 @@ class StragglerTally:
 
 def stragglers(step_totals: Sequence[float],
                tally: Optional[StragglerTally] = None) -> dict[str, Any]:
-    """An epoch's stragglers, all in one dict: the slowest and fastest rank by summed step
-    time and, from the comm waits (`tally`), each rank's share of steps arrived last and
-    its lateness then (the rank named from these is `tally.named()`)."""
+    """An epoch's "stragglers" dict: the slowest and fastest rank by summed step time and
+    `tally`'s evidence (docs/timing.md, "Stragglers")."""
     if not step_totals:
         return {}
     slow = max(range(len(step_totals)), key=lambda r: step_totals[r])

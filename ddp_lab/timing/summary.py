@@ -1,6 +1,5 @@
 """An epoch's timing numbers from its steps and its comm: per-phase statistics, comm time
-per step, comm_fraction and exposed comm (defined in ddp_lab/timing/comm.py). Telemetry
-(ddp_lab/rank/telemetry.py) puts them in the epoch's record.
+per step, comm_fraction and exposed comm (docs/timing.md).
 """
 
 from __future__ import annotations
@@ -13,8 +12,7 @@ from .phases import PHASES, StepTimes
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence: the sorted value at
-    index round(q/100 * (len-1)), so p0 is the minimum, p100 the maximum."""
+    """Nearest-rank percentile (q in [0, 100]): the sorted value at round(q/100 * (len-1))."""
     if not values:
         raise ValueError("percentile of an empty sequence")
     if not 0 <= q <= 100:
