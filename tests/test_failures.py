@@ -52,13 +52,17 @@ def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> progress.
 
 
 def test_record_round_trip(tmp_path):
+    from ddp_lab.timing import Clock, StepTimer
+
     rec = progress.start(tmp_path, 0, 0, 2)
+    timer = StepTimer(Clock(torch.device("cpu")))
     try:
         rec.state("running")
+        rec.follow(timer=timer)  # a step ends on the timer; the record reads it
         rec.at(1, 40)  # 1 epoch done, resumed 40 steps into the second
         for name in ("data", "forward", "backward"):
             rec.phase(name)
-        rec.step_done()
+        timer.end_step()
         rec.phase("data")
         rec.phase("sync")
         rec.collective("all_reduce")
@@ -68,7 +72,8 @@ def test_record_round_trip(tmp_path):
         assert r["state"] == "running" and r["local"]  # (process: see the diagnose tests)
         assert r["where"] == "epoch 2 step 42 phase sync collective #1 (all_reduce)"
         assert r["age_s"] < 5
-        rec.step_done()
+        timer.end_step()
+        rec.snapshot()  # reads the timer now, as its thread would within FOLLOW_S
         assert progress.read_all(tmp_path)[0]["where"].startswith("epoch 2 step 42 phase step end")
         rec.state("failed", "RuntimeError: boom")
         (r,) = progress.read_all(tmp_path)

@@ -44,7 +44,7 @@ OPS = ("", "all_reduce", "all_gather", "gather", "barrier", "broadcast", "reduce
 STATES = ("starting", "running", "done", "failed", "killed")
 _PHASE = {name: i for i, name in enumerate(PHASES)}
 _OP = {name: i for i, name in enumerate(OPS)}
-_STEP_END, _OTHER, _OTHER_OP = _PHASE["step end"], len(PHASES) - 1, len(OPS) - 1
+_OTHER, _OTHER_OP = len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
 FOLLOW_S = 0.1  # how often a record reads the timer and recorder it follows
 
@@ -66,9 +66,6 @@ class NullProgress:
         pass
 
     def at(self, epoch: int, step: int) -> None:
-        pass
-
-    def step_done(self) -> None:
         pass
 
     def collective(self, op: str = "") -> None:
@@ -172,15 +169,6 @@ class Progress(NullProgress):
             h = self._hot
             h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
             self._first_step = step - (self._timer.ended if self._timer is not None else 0)
-            h.updated = time.time()
-
-    def step_done(self) -> None:
-        """A step ended (a record that follows no timer: the timer's steps count there)."""
-        with self._lock:
-            self._read()
-            h = self._hot
-            self._first_step += 1
-            h.step, h.phase = h.step + 1, _STEP_END
             h.updated = time.time()
 
     def collective(self, op: str = "") -> None:
