@@ -4,13 +4,15 @@
 # of the suite that runs on it: every synchroniser to its end, a resume, the report, stop 0
 # bit for bit, and the end of a run whose ranks torchrun forked.
 #   bash scripts/oldest_torch.sh          # .ci/run's last step
-# Knobs (env): PYTHON (default python3), VENV (default .venv-oldest-torch).
+# Knobs (env): PYTHON (default python3), VENV (default .venv-oldest-torch), KEEP_VENV
+# (default 1; 0 removes the venv at the end, as .ci/run does to free its ~5 GB).
 # The registry's linux wheels of torch 2.2 bring NVIDIA's CUDA 12 libraries (~2.5 GB;
 # `import torch` loads them even on a CPU): one install, then reused while the venv stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv-oldest-torch}
+KEEP_VENV=${KEEP_VENV:-1}
 # torch==X.Y.* and torchvision==X.Y.* of pyproject.toml's floors (the newest patch release)
 read -r -a PINS < <("$PYTHON" - <<'PY'
 import re, tomllib
@@ -23,11 +25,14 @@ print()
 PY
 )
 [ "${#PINS[@]}" -eq 2 ] || { echo "pyproject.toml: no torch>=X.Y / torchvision>=X.Y floor" >&2; exit 1; }
+if [ "$KEEP_VENV" = 0 ]; then
+    trap 'rm -rf "$VENV"' EXIT
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 # numpy < 2: torch < 2.3 was built against numpy 1 (tensor.numpy() fails under numpy 2)
-time "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PINS[@]}" "numpy<2" -e '.[test]'
+time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2" -e '.[test]'
 "$VENV/bin/python" -c "import torch, torchvision; print('oldest torch:', torch.__version__, 'torchvision', torchvision.__version__)"
 time "$VENV/bin/python" -m pytest -n 0 -v -p no:cacheprovider tests/oldest_torch.py tests/test_one_file.py \
     tests/test_launch_local.py::test_forked_ranks_end_when_torchrun_polls_seldom
