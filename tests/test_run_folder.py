@@ -72,7 +72,9 @@ def test_a_reused_pid_is_not_the_holder(tmp_path):
 @pytest.mark.dist
 def test_two_commands_one_folder_exactly_one_trains(tmp_path, shared_data_root):
     """Two identical commands started together on one run.dir: one trains, the other is
-    refused within 10 s in one line, exit 2, having written nothing into the folder."""
+    refused in one line, exit 2, having written nothing into the folder, and ends while the
+    winner still trains (it does not wait for the lock: an order, not a time, so a loaded
+    machine cannot fail it)."""
     run_dir = tmp_path / "run"
     cmd = [PY, "-m", "ddp_lab", f"run.dir={run_dir}", "launcher.nproc_per_node=2",
            "train.epochs=2", "train.max_steps_per_epoch=60", "train.eval_batch_size=2000",
@@ -96,9 +98,9 @@ def test_two_commands_one_folder_exactly_one_trains(tmp_path, shared_data_root):
                 p.wait()
     codes = sorted((p.returncode, i) for i, p in enumerate(procs))
     assert [c for c, _ in codes] == [0, 2], [(p.returncode, o[1][-2000:]) for p, o in zip(procs, outs)]
-    loser = codes[1][1]
+    loser, winner = codes[1][1], codes[0][1]
     out, err = outs[loser]
-    assert ended[loser] < 10, ended
+    assert ended[loser] < ended[winner], ended
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: run.dir={run_dir} is in use by"), err
     assert "training" not in out.lower() and "epoch" not in out, out
