@@ -20,17 +20,23 @@ from helpers import QUICK, run_cli, run_dir_of, summary
 
 SYNCS = ("ddp", "allreduce", "ring")
 # docs/timing.md: the bands hold on a CPU with room; where the cores are oversubscribed
-# (load average above twice their number) the threads are preempted mid-call at points
-# one clock sees and the other does not (measured there: 1.25-1.32), and only a wide
-# band, 0.5-2, is asserted
+# (load average above their number: a 2-rank job alone holds 2 cores busy) the threads are
+# preempted mid-call at points one clock sees and the other does not (measured there:
+# 1.25-1.32), and only a wide band, 0.5-2, is asserted
 BUSY_BAND = (0.5, 2.0)
+LOAD_AT_RUN: dict[str, float] = {}  # each run's 1-minute load average as it ended
 
 
-def band(figure: str) -> tuple[float, float]:
+def band(figure: str, sync: str) -> tuple[float, float]:
+    """The band for `figure` of `sync`'s run: the docs' own, or the wide one where the
+    machine was oversubscribed while the run ran (its end) or is now."""
     from ddp_lab.report.witness import EXPECTED
 
-    busy = os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+    load = max(LOAD_AT_RUN.get(sync, 0.0), os.getloadavg()[0])
+    busy = load > (os.cpu_count() or 1)
     return BUSY_BAND if busy and figure.startswith("comm in flight") else EXPECTED[figure]
+
+
 STEPS, SKIP, WINDOW = 20, 5, 5
 
 pytestmark = [pytest.mark.dist]
@@ -48,6 +54,7 @@ def runs(tmp_path_factory, shared_data_root):
                        f"timing.profile_steps={WINDOW}", f"data.root={shared_data_root}",
                        f"run.root={tmp}", cwd=tmp, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        LOAD_AT_RUN[sync] = os.getloadavg()[0]
         out[sync] = run_dir_of(proc)
     return out
 
@@ -81,8 +88,8 @@ def test_comm_per_step_agrees_with_the_profilers_events(runs, sync):
     run = load_run(runs[sync])
     rows = {r["figure"]: r for r in witness_rows(run, str)}
     row = rows["comm in flight per step (profiler)"]
-    lo, hi = band(row["figure"])
-    assert lo <= row["ratio"] <= hi, (row, os.getloadavg())
+    lo, hi = band(row["figure"], sync)
+    assert lo <= row["ratio"] <= hi, (row, LOAD_AT_RUN, os.getloadavg())
     w = summary(runs[sync])["witnesses"]
     for r in w["ranks"]:  # every rank's window: the profiler's steps are ddp_lab's
         assert r["ddp_lab"]["steps"] == r["profiler"]["steps"] == WINDOW, r
@@ -103,8 +110,8 @@ def test_ddp_logging_data_beside_ours(runs):
         assert 0 <= d[k] < 1, (k, d)
     rows = {r["figure"]: r for r in witness_rows(load_run(runs["ddp"]), str)}
     row = rows["backward comm per step (DDP)"]
-    lo, hi = band(row["figure"])
-    assert lo <= row["ratio"] <= hi, (row, os.getloadavg())
+    lo, hi = band(row["figure"], "ddp")
+    assert lo <= row["ratio"] <= hi, (row, LOAD_AT_RUN, os.getloadavg())
     # no DDP, no DDP figures
     assert summary(runs["allreduce"])["ddp_timing"] is None
 
