@@ -34,6 +34,8 @@ import warnings
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
+import pytest
+
 from netlab_fixture import Lab, lab_down, lab_status, lab_up, unique_name
 from netlab_fixture import skip_reason as netlab_skip_reason
 
@@ -57,6 +59,13 @@ class SlurmCluster:
     ports: tuple[int, int, int] | None  # slurmctld, slurmd node1, node2 (None: reused as found)
     netlab: Optional[Lab] = None  # the lab whose nodes run the slurmd; None: loopback
     loopback_why: Optional[str] = None  # why not on a lab (None when on one)
+
+    def lab_or_skip(self) -> Lab:
+        """The lab whose nodes run the slurmd, for a test that shapes or cuts its links;
+        the test skips when the session's cluster runs on loopback."""
+        if self.netlab is None:
+            pytest.skip(f"the session's cluster runs on loopback: {self.loopback_why}")
+        return self.netlab
 
     def __getitem__(self, key):  # allow dict-style access: cluster["env"]
         return getattr(self, key)

@@ -31,9 +31,7 @@ BENCH = ["dist.device=cpu", "bench.impl=[torch]", "bench.min_elements=262144",
 
 def test_held_out_world_across_the_link_is_forecast_within_the_target(
         slurm_cluster, shared_data_root, tmp_path):
-    lab = slurm_cluster.netlab
-    if lab is None:
-        pytest.skip(f"the session's cluster runs on loopback: {slurm_cluster.loopback_why}")
+    lab = slurm_cluster.lab_or_skip()
     env = slurm_cluster.env
     with shaped(lab, "200mbit"):
         study = run_cli("study=scaling", "study.worlds=[1,2,4]", "study.repeats=1",

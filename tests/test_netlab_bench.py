@@ -32,9 +32,7 @@ SLURM = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "lau
 
 
 def test_bench_reaches_the_link_rate_and_the_fit_finds_it(slurm_cluster, tmp_path):
-    lab = slurm_cluster.netlab
-    if lab is None:
-        pytest.skip(f"the session's cluster runs on loopback: {slurm_cluster.loopback_why}")
+    lab = slurm_cluster.lab_or_skip()
     with shaped(lab, "200mbit") as rate:
         assert rate == 25e6
         proc = run_cli(*BENCH, *SLURM, f"run.root={tmp_path / 'runs'}", cwd=tmp_path,

@@ -95,9 +95,7 @@ def model(path: Path) -> dict:
 
 def test_a_cut_link_ends_the_job_names_the_node_and_the_same_command_continues(
         slurm_cluster, shared_data_root, tmp_path):
-    lab = slurm_cluster.netlab
-    if lab is None:
-        pytest.skip(f"the session's cluster runs on loopback: {slurm_cluster.loopback_why}")
+    lab = slurm_cluster.lab_or_skip()
     data = f"data.root={shared_data_root}"
     t0 = time.monotonic()
 

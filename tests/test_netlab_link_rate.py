@@ -26,9 +26,7 @@ SLURM = ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=1", "lau
 
 def test_two_link_rates_two_fingerprints_and_the_report_tells_them_apart(
         slurm_cluster, shared_data_root, tmp_path):
-    lab = slurm_cluster.netlab
-    if lab is None:
-        pytest.skip(f"the session's cluster runs on loopback: {slurm_cluster.loopback_why}")
+    lab = slurm_cluster.lab_or_skip()
     runs = {}
     for link in ("200mbit", "50mbit"):
         with shaped(lab, link) as rate:

@@ -31,9 +31,7 @@ def qdisc(node, dev="eth0") -> str:
 
 
 def test_hierarchical_trains_across_a_200mbit_link(slurm_cluster, shared_data_root, tmp_path):
-    lab = slurm_cluster.netlab
-    if lab is None:
-        pytest.skip(f"the session's cluster runs on loopback: {slurm_cluster.loopback_why}")
+    lab = slurm_cluster.lab_or_skip()
     n1, n2 = lab.nodes[:2]
     assert "tbf" not in qdisc(n1)  # the session's lab is unshaped
     with shaped(lab, "200mbit") as rate:

@@ -115,9 +115,10 @@ def test_a_pod_whose_python_lacks_ddp_lab_is_a_failure_with_its_reason(tmp_path)
 @pytest.mark.dist
 def test_local_run_status_stop_follow_resume(tmp_path, shared_data_root):
     run_dir = tmp_path / "runs" / "a"
-    # 5 ms a step on rank 1 (all wait for it at the sync): ~2.5 s more an epoch, so however
-    # late the stop lands, the resumed run still trains while --follow attaches (without
-    # it, a stop in the last epoch left the resume 1 s, over before --follow started)
+    # 5 ms a step on rank 1 (all wait for it at the sync): ~2.5 s more an epoch, so the stop
+    # lands epochs before the end and the resumed run still trains while --follow attaches
+    # (without it, a CI run's stop landed in the last epoch and left the resume 1 s, over
+    # before --follow started)
     overrides = ["train.epochs=5", "debug.slow_rank=1", "debug.slow_ms=5", *LONG,
                  f"data.root={shared_data_root}"]
     proc = start_run(tmp_path, run_dir, *overrides)
