@@ -1,0 +1,24 @@
+"""One rank of a rendered run under cProfile: python scripts/profile_rank.py RUN_DIR OUT.prof
+
+RUN_DIR is a folder `python -m ddp_lab launcher.dry_run=true launcher.nproc_per_node=1 ...`
+rendered; the rank runs in this process (world 1, its variables set here) and its profile
+goes to OUT.prof for scripts/profile_diff.py. (`python -m cProfile -m ddp_lab.worker` writes
+nothing: the worker leaves with os._exit, skipping the interpreter's teardown.)
+"""
+
+import cProfile
+import os
+import sys
+from pathlib import Path
+
+from ddp_lab.world import cpu
+
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29641"))
+cpu.prepare_rank()
+from ddp_lab.worker import run  # noqa: E402  (after prepare_rank: libgomp reads its variables once)
+
+profiler = cProfile.Profile()
+rc = profiler.runcall(run, Path(sys.argv[1]).resolve())
+profiler.dump_stats(sys.argv[2])
+print(f"rank exit {rc}; profile in {sys.argv[2]}")
