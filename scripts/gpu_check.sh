@@ -25,7 +25,7 @@
 # lacks (torch is expected there); every wheel in it is installed (--no-deps) into
 # $OUT/pydeps. Made on a machine with network, for the GPU machine's Python (3.12 here):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux2014_x86_64 -d .wheels hydra-core omegaconf PyYAML
+#     --platform manylinux2014_x86_64 -d .wheels "hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" PyYAML   # hydra 1.3 needs omegaconf 2.3 (2.4 warns at every run)
 #   pip wheel --no-deps -w .wheels antlr4-python3-runtime==4.9.3     # no wheel on PyPI
 # (and tensorboard, matplotlib, tqdm with their dependencies if the machine lacks them)
 set -uo pipefail

@@ -17,7 +17,7 @@
 # 7. NVTX: the ranges a profiled rank pushes (scripts/nvtx_ranges.py).
 # Make the wheel folders on a machine with network (once):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux2014_x86_64 -d .wheels hydra-core omegaconf PyYAML
+#     --platform manylinux2014_x86_64 -d .wheels "hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" PyYAML   # hydra 1.3 needs omegaconf 2.3 (2.4 warns at every run)
 #   pip wheel --no-deps -w .wheels antlr4-python3-runtime==4.9.3
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .wheels-gpu \
