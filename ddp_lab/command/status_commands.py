@@ -73,8 +73,8 @@ def render(info: dict) -> str:
             job += f" {info['processes'][:8]}"
     lines.append(f"job:         {job}")
     for r in info["ranks"]:
-        lines.append(f"             rank {r.get('rank', '?')} at epoch {r.get('epoch', '?')} step "
-                     f"{r.get('step', '?')} phase {r.get('phase', '?')}"
+        at = r.get("where") or f"epoch {r.get('epoch', '?')} step {r.get('step', '?')}"
+        lines.append(f"             rank {r.get('rank', '?')} at {at}"  # 1-based (progress.where)
                      + (f" ({r['age_s']:.0f} s ago)" if isinstance(r.get("age_s"), (int, float)) else ""))
     for i, seg in enumerate(info["segments"], 1):
         lines.append(f"allocation {i}: {_segment(seg)}")
