@@ -24,6 +24,7 @@ from ..launch import Tail, slurm_job
 from .status import (FINAL, SLURM_ALIVE, SLURM_WAITING, dead, dry_runs, find_runs, inspect,
                      live_processes)
 from ..rank.stop import EXIT_STOPPED, STOP_FILE, request_stop
+from . import paste
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 
@@ -110,7 +111,10 @@ def _hint(info: dict) -> str:
         return (f"follow:      python -m ddp_lab.status {run} --follow\n"
                 f"stop:        python -m ddp_lab.status {run} --stop")
     if _to_continue(info):
-        return "continue:    " + continue_command(info)
+        text = "continue:    " + continue_command(info)
+        if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
+            text += f"\nor:          sbatch {run}/job.sbatch"
+        return text
     return ""
 
 
@@ -119,14 +123,19 @@ def _to_continue(info: dict) -> bool:
 
 
 def continue_command(info: dict) -> str:
+    """The command that continues the run (paste.continue_command: every override it started
+    with), alone: it pastes as printed."""
+    return paste.continue_command(Path(info["run_dir"]), info["launcher"])
+
+
+def _continue_lines(info: dict) -> str:
+    """'[status] continue with:' and the command on a line of its own (a SLURM run: or its
+    batch script, again)."""
+    text = "[status] continue with:\n  " + continue_command(info)
     run = info["run_dir"]
-    cmd = f"python -m ddp_lab run.dir={run}"
-    if info["launcher"] and info["launcher"] != "local":
-        cmd += f" launcher={info['launcher']}"
-    cmd += "   (the same overrides; train.resume=auto continues from its newest checkpoint)"
     if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
-        cmd += f", or: sbatch {run}/job.sbatch"
-    return cmd
+        text += f"\n[status] or submit its batch script again: sbatch {run}/job.sbatch"
+    return text
 
 
 def one_line(info: dict) -> str:
@@ -168,7 +177,7 @@ def _final_line(info: dict) -> str:
     if info["state"] == "completed" and isinstance(info["test_accuracy"], (int, float)):
         line += f", test accuracy {info['test_accuracy']:.4f}"
     if _to_continue(info):
-        line += "\n[status] continue with: " + continue_command(info)
+        line += "\n" + _continue_lines(info)
     return line
 
 
@@ -249,21 +258,21 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
     if alive_in_slurm and info["state"] in FINAL:
         # the ranks have ended (a batch script finishing, or about to requeue itself)
         _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
-        print(f"[status] {info['state']} after {_where(info)}; continue with: "
-              + continue_command(info), file=out)
+        print(f"[status] {info['state']} after {_where(info)}", file=out)
+        print(_continue_lines(info), file=out)
         return 0
     if info["state"] not in ("running", "pending") or dead(info):
         print(f"[status] nothing to stop: {info['state']}"
               + (f" ({info['detail']})" if info["detail"] else ""), file=out)
         if _to_continue(info):
-            print("[status] continue with: " + continue_command(info), file=out)
+            print(_continue_lines(info), file=out)
         return 0 if info["state"] in FINAL else 1
     if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
         # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
         _scancel(info["job_id"], out)
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
               f"{info['scheduler']['state']}; the run folder keeps {_where(info)}", file=out)
-        print("[status] continue with: " + continue_command(info), file=out)
+        print(_continue_lines(info), file=out)
         return 0
     reason = "python -m ddp_lab.status --stop"
     request_stop(run_dir, "stopped", reason)
@@ -301,7 +310,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
           + (f" ({info['stop_reason']})" if info["stop_reason"] else "")
           + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else ""), file=out)
     if info["state"] != "completed":
-        print("[status] continue with: " + continue_command(info), file=out)
+        print(_continue_lines(info), file=out)
     return 0
 
 
