@@ -60,3 +60,13 @@ def test_status_names_a_ranks_epoch_from_one():
     text = render(info)
     assert "rank 0 at epoch 1 step 12 phase sync" in text, text
     assert "epoch 0" not in text, text
+
+
+def test_status_says_an_allocations_span_in_epochs_done():
+    from ddp_lab.command.status_commands import _segment
+
+    seg = {"status": "completed", "launcher": "local", "hosts": ["h"], "nodes": 1, "world_size": 2,
+           "start": "a", "end": "b", "start_epoch": 0, "start_step": 0, "end_epoch": 2, "end_step": 0}
+    assert _segment(seg).endswith("from the start to 2 epoch(s) done"), _segment(seg)
+    seg.update(start_epoch=2, start_step=40, end_epoch=5)
+    assert _segment(seg).endswith("from 2 epoch(s) + 40 steps done to 5 epoch(s) done")

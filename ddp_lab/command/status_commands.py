@@ -95,9 +95,11 @@ def _segment(seg: dict) -> str:
     hosts = ",".join(seg.get("hosts") or []) or "?"
     start = (seg.get("start_epoch"), seg.get("start_step") or 0)
     end = (seg.get("end_epoch"), seg.get("end_step") or 0)
-    span = f"from {reached(start[0] or 0, start[1])}"
+    # positions are counts done (epoch_0002.pt: 2 epochs done), never an epoch's number
+    span = ("from the start" if not (start[0] or start[1])
+            else f"from {reached(start[0] or 0, start[1])} done")
     if end[0] is not None:
-        span += f" to {reached(end[0], end[1])}"
+        span += f" to {reached(end[0], end[1])} done"
     median = seg.get("epoch_time_s_median")
     per = f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else ""
     return (f"{seg.get('status', '?')}, {job}, {seg.get('launcher', '?')} on {hosts} "
