@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> None:
             sync_s += time.perf_counter() - t0
             optimizer.step()  # the same average on every rank: the same step
         ms = sync_s / len(starts) * 1e3
-        print(f"[rank {rank}] epoch {epoch}: loss {loss.item():.4f}, "
+        print(f"[rank {rank}] epoch {epoch + 1}/{args.epochs}: loss {loss.item():.4f}, "
               f"sync ({args.sync}) {ms:.2f} ms/step", flush=True)
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)

@@ -214,7 +214,7 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
     one_file_dir = Path(one_file.stdout.splitlines()[-1].removeprefix("run dir: "))
     # every rank's line whole: never two run together on one line
     lines = [x for x in one_file.stdout.splitlines() if "[rank" in x]
-    assert len(lines) == 3 and all(re.fullmatch(r"\[rank \d\] epoch 0: loss \S+, sync \(ring\) "
+    assert len(lines) == 3 and all(re.fullmatch(r"\[rank \d\] epoch 1/1: loss \S+, sync \(ring\) "
                                                 r"\S+ ms/step", x) for x in lines), lines
     trained += tour_dirs
 

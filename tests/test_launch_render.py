@@ -308,9 +308,13 @@ def test_site_preset_dry_run(tmp_path, capsys):
     assert {"--partition=normal", "--gpus-per-node=4", "--account=a-xyz", "--nodes=2"} <= set(opts)
 
 
-def test_runai_run_folder_and_data_on_the_pvc():
+def test_runai_run_folder_and_data_on_the_pvc(tmp_path, monkeypatch):
     """What the RunAI guide does: run.root and data.root under the PVC's mount; data fetched
     per pod (data.node_local) may stay off it."""
+    runai = tmp_path / "runai"  # a real submission asks for the CLI on PATH; never run here
+    runai.write_text("#!/bin/sh\nexit 1\n")
+    runai.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     base = ["launcher=runai", "launcher.image=x", "launcher.pvc=[mlo-scratch:/mloscratch]"]
     resolve_defaults(compose(*base, "run.root=/mloscratch/me/runs", "data.root=/mloscratch/me/data"))
     resolve_defaults(compose(*base, "run.dir=/mloscratch/me/run1", "data.root=/tmp/d",
@@ -611,8 +615,9 @@ def test_cli_missing_tool(tmp_path, launcher, tool):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {tool} not found on PATH"), describe(proc)
     assert "launcher.dry_run=true" in err[0] and "Traceback" not in proc.stderr
-    if launcher == "runai":  # printed, so it can be run elsewhere
-        assert "runai submit-dist pytorch" in proc.stdout
+    # refused before anything: no "starting" line, no run folder (a dry run prints the job)
+    assert proc.stdout == "", describe(proc)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_cli_dry_run_prints_script_and_run_dir(tmp_path):

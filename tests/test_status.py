@@ -132,7 +132,7 @@ def test_local_run_status_stop_follow_resume(tmp_path, shared_data_root):
         stop = status(run_dir, "--stop", "--timeout", "120", cwd=tmp_path, timeout=200)
         assert stop.returncode == 0, describe(stop)
         assert "[status] stopped after" in stop.stdout, stop.stdout
-        assert f"continue with: python -m ddp_lab run.dir={run_dir}" in stop.stdout
+        assert f"continue with:\n  python -m ddp_lab run.dir={run_dir} " in stop.stdout
         assert proc.wait(timeout=60) == 75  # the submitting shell's view: stopped gracefully
         s = summary(run_dir)
         assert s["status"] == "stopped" and "ddp_lab.status --stop" in s["stop_reason"], s

@@ -129,7 +129,7 @@ def test_a_resumed_run_keeps_its_global_and_micro_batch(tmp_path, key, was, now)
     # the world size may change (the global batch is what a step computes); these may not
     assert reuse_problem(compose(*base, f"{key}={was}", "launcher.nproc_per_node=4")) is None
     said = reuse_problem(compose(*base, f"{key}={now}"))
-    assert said and f"{key}={was}, this command has {key}={now}" in said, said
+    assert said and f"{key}={was} (this command: {now})" in said, said
     assert OmegaConf.select(OmegaConf.load(run_dir / "config.yaml"), key) == was
 
 

@@ -24,6 +24,7 @@ from ..launch import Tail, slurm_job
 from .status import (FINAL, SLURM_ALIVE, SLURM_WAITING, dead, dry_runs, find_runs, inspect,
                      live_processes)
 from ..rank.stop import EXIT_STOPPED, STOP_FILE, request_stop
+from . import paste
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 
@@ -73,8 +74,8 @@ def render(info: dict) -> str:
             job += f" {info['processes'][:8]}"
     lines.append(f"job:         {job}")
     for r in info["ranks"]:
-        lines.append(f"             rank {r.get('rank', '?')} at epoch {r.get('epoch', '?')} step "
-                     f"{r.get('step', '?')} phase {r.get('phase', '?')}"
+        at = r.get("where") or f"epoch {r.get('epoch', '?')} step {r.get('step', '?')}"
+        lines.append(f"             rank {r.get('rank', '?')} at {at}"  # 1-based (progress.where)
                      + (f" ({r['age_s']:.0f} s ago)" if isinstance(r.get("age_s"), (int, float)) else ""))
     for i, seg in enumerate(info["segments"], 1):
         lines.append(f"allocation {i}: {_segment(seg)}")
@@ -94,9 +95,11 @@ def _segment(seg: dict) -> str:
     hosts = ",".join(seg.get("hosts") or []) or "?"
     start = (seg.get("start_epoch"), seg.get("start_step") or 0)
     end = (seg.get("end_epoch"), seg.get("end_step") or 0)
-    span = f"from {reached(start[0] or 0, start[1])}"
+    # positions are counts done (epoch_0002.pt: 2 epochs done), never an epoch's number
+    span = ("from the start" if not (start[0] or start[1])
+            else f"from {reached(start[0] or 0, start[1])} done")
     if end[0] is not None:
-        span += f" to {reached(end[0], end[1])}"
+        span += f" to {reached(end[0], end[1])} done"
     median = seg.get("epoch_time_s_median")
     per = f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else ""
     return (f"{seg.get('status', '?')}, {job}, {seg.get('launcher', '?')} on {hosts} "
@@ -110,7 +113,10 @@ def _hint(info: dict) -> str:
         return (f"follow:      python -m ddp_lab.status {run} --follow\n"
                 f"stop:        python -m ddp_lab.status {run} --stop")
     if _to_continue(info):
-        return "continue:    " + continue_command(info)
+        text = "continue:    " + continue_command(info)
+        if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
+            text += f"\nor:          sbatch {run}/job.sbatch"
+        return text
     return ""
 
 
@@ -119,14 +125,19 @@ def _to_continue(info: dict) -> bool:
 
 
 def continue_command(info: dict) -> str:
+    """The command that continues the run (paste.continue_command: every override it started
+    with), alone: it pastes as printed."""
+    return paste.continue_command(Path(info["run_dir"]), info["launcher"])
+
+
+def _continue_lines(info: dict) -> str:
+    """'[status] continue with:' and the command on a line of its own (a SLURM run: or its
+    batch script, again)."""
+    text = "[status] continue with:\n  " + continue_command(info)
     run = info["run_dir"]
-    cmd = f"python -m ddp_lab run.dir={run}"
-    if info["launcher"] and info["launcher"] != "local":
-        cmd += f" launcher={info['launcher']}"
-    cmd += "   (the same overrides; train.resume=auto continues from its newest checkpoint)"
     if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
-        cmd += f", or: sbatch {run}/job.sbatch"
-    return cmd
+        text += f"\n[status] or submit its batch script again: sbatch {run}/job.sbatch"
+    return text
 
 
 def one_line(info: dict) -> str:
@@ -168,7 +179,7 @@ def _final_line(info: dict) -> str:
     if info["state"] == "completed" and isinstance(info["test_accuracy"], (int, float)):
         line += f", test accuracy {info['test_accuracy']:.4f}"
     if _to_continue(info):
-        line += "\n[status] continue with: " + continue_command(info)
+        line += "\n" + _continue_lines(info)
     return line
 
 
@@ -249,21 +260,21 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
     if alive_in_slurm and info["state"] in FINAL:
         # the ranks have ended (a batch script finishing, or about to requeue itself)
         _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
-        print(f"[status] {info['state']} after {_where(info)}; continue with: "
-              + continue_command(info), file=out)
+        print(f"[status] {info['state']} after {_where(info)}", file=out)
+        print(_continue_lines(info), file=out)
         return 0
     if info["state"] not in ("running", "pending") or dead(info):
         print(f"[status] nothing to stop: {info['state']}"
               + (f" ({info['detail']})" if info["detail"] else ""), file=out)
         if _to_continue(info):
-            print("[status] continue with: " + continue_command(info), file=out)
+            print(_continue_lines(info), file=out)
         return 0 if info["state"] in FINAL else 1
     if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
         # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
         _scancel(info["job_id"], out)
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
               f"{info['scheduler']['state']}; the run folder keeps {_where(info)}", file=out)
-        print("[status] continue with: " + continue_command(info), file=out)
+        print(_continue_lines(info), file=out)
         return 0
     reason = "python -m ddp_lab.status --stop"
     request_stop(run_dir, "stopped", reason)
@@ -301,7 +312,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
           + (f" ({info['stop_reason']})" if info["stop_reason"] else "")
           + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else ""), file=out)
     if info["state"] != "completed":
-        print("[status] continue with: " + continue_command(info), file=out)
+        print(_continue_lines(info), file=out)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from .job import Outcome, collect, launch_job
+from .paste import COMMAND_FILE, command_line, continue_command, job_overrides
 from ..rank.stop import EXIT_STOPPED
 from .study import resolve_study, run_study
 from .validate import resolve_train
@@ -21,7 +22,9 @@ def submit(cfg: DictConfig) -> Outcome:
     if cfg.get("study") is not None:
         return run_study(cfg)
     cfg = resolve_train(cfg)
-    run_dir, rc = launch_job(cfg)
+    overrides = job_overrides()  # kept in the folder: the command that continues it has them
+    files = {COMMAND_FILE: command_line(overrides) + "\n"} if overrides is not None else {}
+    run_dir, rc = launch_job(cfg, files=files)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name,
@@ -38,8 +41,8 @@ def submit(cfg: DictConfig) -> Outcome:
             print(f"RunAI starts the pods again and they continue the run by themselves; "
                   f"follow it with: python -m ddp_lab.status {run_dir} --follow")
         else:
-            print(f"Continue with:\n  python -m ddp_lab run.dir={run_dir}   "
-                  "(the same overrides; train.resume=auto)")
+            print("Continue with (the same settings; it resumes from its newest checkpoint):\n  "
+                  + continue_command(run_dir, cfg.launcher.name))
         print(f"run dir: {run_dir}")
         return Outcome(rc if rc > 128 else EXIT_STOPPED, result, run_dir)
     result = "ok"

@@ -380,6 +380,7 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
             cfg.data.mirrors = [m if m == "embedded" or "://" in m
                                 else str(Path(m).expanduser().resolve()) for m in cfg.data.mirrors]
     check(cfg, rules)
+    launch.check_tool(cfg)  # last: the command's own mistakes are said first
     return cfg
 
 

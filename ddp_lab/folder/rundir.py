@@ -193,19 +193,19 @@ def reuse_problem(cfg: DictConfig) -> Optional[str]:
     old_path = run_dir / "config.yaml"
     if old_path.is_file():
         old = OmegaConf.load(old_path)
-        for key in SAME_RUN_KEYS:
-            was, now = OmegaConf.select(old, key), OmegaConf.select(cfg, key)
-            if isinstance(was, DictConfig):
-                was = OmegaConf.to_container(was)
-            if isinstance(now, DictConfig):
-                now = OmegaConf.to_container(now)
-            if was is not None and was != now:
-                return (f"run.dir={run_dir} holds a run with {key}={_short(was)}, this command has "
-                        f"{key}={_short(now)}: continue it with the same {key}, or give a new run.dir")
+        diffs = setting_differences(old, cfg)
         was, now = world_size(old), world_size(cfg)
-        if was and now and was != now and not cfg.train.global_batch \
-                and not cfg.train.get("allow_world_change"):
-            b = cfg.train.batch_size
+        world_changes = bool(was and now and was != now and not cfg.train.global_batch
+                             and not cfg.train.get("allow_world_change"))
+        b = cfg.train.batch_size
+        if diffs:  # every one at once: a user fixes them in one go
+            also = (f"; and it trained on {was} ranks, this command runs {now} (weak scaling: "
+                    "train.allow_world_change=true continues anyway)") if world_changes else ""
+            return (f"run.dir={run_dir} holds a run with other settings than this command's "
+                    f"({len(diffs)} differ): " + ", ".join(
+                        f"{key}={_short(w)} (this command: {_short(n)})" for key, w, n in diffs)
+                    + f"{also}: continue it with its own settings, or give a new run.dir")
+        if world_changes:
             return (f"run.dir={run_dir} trained on {was} ranks, this command runs {now}: under "
                     f"weak scaling its global batch goes from {b * was} to {b * now} samples a "
                     "step; continue anyway with train.allow_world_change=true, or run "
@@ -217,7 +217,30 @@ def reuse_problem(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def setting_differences(old: DictConfig, new: DictConfig) -> list[tuple[str, object, object]]:
+    """(key, the folder's value, the command's) for each SAME_RUN_KEYS setting that differs:
+    a group by its option where that differs (`sync`), else each option of it that does
+    (`sync.bucket_mb`)."""
+    out = []
+    for key in SAME_RUN_KEYS:
+        was, now = OmegaConf.select(old, key), OmegaConf.select(new, key)
+        if isinstance(was, DictConfig):
+            was = OmegaConf.to_container(was)
+        if isinstance(now, DictConfig):
+            now = OmegaConf.to_container(now)
+        if was is None or was == now:
+            continue
+        if isinstance(was, dict) and isinstance(now, dict) and was.get("name") == now.get("name"):
+            out += [(f"{key}.{k}", was.get(k), now.get(k)) for k in dict.fromkeys([*was, *now])
+                    if was.get(k) != now.get(k)]
+        else:
+            out.append((key, was, now))
+    return out
+
+
 def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
     if isinstance(value, dict):
         return value.get("name", str(value)) if "name" in value else str(value)
     return str(value)

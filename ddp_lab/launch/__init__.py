@@ -12,10 +12,10 @@ from types import ModuleType
 
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
-from .base import LaunchError, Rendered, Tail, python_exe, setup_block, template
+from .base import LaunchError, Rendered, Tail, python_exe, require_tool, setup_block, template
 from .foreground import job_processes, run_foreground, sweep
 
-__all__ = ["LaunchError", "Tail", "job_processes", "modules", "python_exe", "render", "resolve",
+__all__ = ["LaunchError", "Tail", "check_tool", "job_processes", "modules", "python_exe", "render", "resolve",
            "setup_block", "start", "sweep", "template"]
 
 # ----------------------------------------------------------------- dispatch
@@ -37,6 +37,14 @@ def resolve(cfg) -> None:
     mod = _module(cfg.launcher.name)
     if hasattr(mod, "resolve"):
         mod.resolve(cfg)
+
+
+def check_tool(cfg) -> None:
+    """The launcher's own tool (sbatch, mpirun, runai) on PATH, for a real start: a LaunchError
+    in one line, before any run folder or "starting" line. A dry run needs none."""
+    mod = _module(cfg.launcher.name)
+    if not cfg.launcher.get("dry_run") and hasattr(mod, "tool"):
+        require_tool(*mod.tool(cfg))
 
 
 def render(cfg, run_dir: Path) -> Rendered:

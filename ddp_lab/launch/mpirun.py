@@ -87,6 +87,14 @@ def same_host(a: str, b: str) -> bool:
         return True
 
 
+MPIRUN_FIX = "install Open MPI (apt-get install openmpi-bin) or set launcher.mpirun=/path/to/mpirun"
+
+
+def tool(cfg) -> tuple[str, str]:
+    """What a real start needs on PATH, and where to get it (launch.check_tool)."""
+    return cfg.launcher.mpirun, MPIRUN_FIX
+
+
 def resolve(cfg) -> None:
     lc = cfg.launcher
     check_container(cfg)
@@ -173,8 +181,7 @@ def render(cfg, run_dir: Path) -> Rendered:
                           [n for n, _ in hosts if not is_this_machine(n)])
 
     def starter() -> int:
-        require_tool(lc.mpirun, "install Open MPI (apt-get install openmpi-bin) or set "
-                                "launcher.mpirun=/path/to/mpirun")
+        require_tool(lc.mpirun, MPIRUN_FIX)
         try:
             return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir,
                                   cfg.dist.timeout_s + 60, stderr_lines=errors.feed)

@@ -30,6 +30,11 @@ _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 PREEMPTED_EXIT = 143
 
 
+def tool(cfg) -> tuple[str, str]:
+    """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
+    return "runai", "install the RunAI CLI and `runai login`"
+
+
 def resolve(cfg) -> None:
     lc = cfg.launcher
     if lc.nodes < 1:

@@ -58,6 +58,11 @@ def stop_lead_s(limit_s: Optional[int]) -> int:
     return 120 if limit_s is None else min(120, limit_s // 4)
 
 
+def tool(cfg) -> tuple[str, str]:
+    """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
+    return "sbatch", "run this on a SLURM login node"
+
+
 def resolve(cfg) -> None:
     lc = cfg.launcher
     check_container(cfg)

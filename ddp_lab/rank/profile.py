@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import bisect
 import json
-import statistics
 import logging
+import os
+import statistics
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,6 +27,13 @@ from ..timing import PHASES, CommStats, StepTimes
 log = logging.getLogger("ddp_lab")
 
 PREFIX = "ddp_lab:"  # ddp_lab's own ranges in the trace (what a witness must not use)
+# Kineto (torch.profiler's C++ side) prints to the rank's stderr at or above its level: by
+# default ERROR (4), and USDT (5) lines on every start and stop. A CUDA build on a machine
+# without a driver adds `ERROR: ... gpuGetDeviceCount failed with code 35` as it writes
+# the trace's device properties, on a healthy CPU run. 6 is above its highest level: none
+# of its lines. Read once, when the profiler first starts in the process; a user's own
+# KINETO_LOG_LEVEL wins (0: everything, docs/timing.md).
+KINETO_QUIET = "6"
 
 
 class _Range:
@@ -70,6 +78,7 @@ class StepProfiler:
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         warmup = 1 if self.skip > 0 else 0  # the profiler's own warm-up step, within the skip
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # before Kineto initialises
         self.prof = torch.profiler.profile(
             activities=activities, on_trace_ready=self._write,
             schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup,

@@ -183,18 +183,18 @@ class Telemetry:
             step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
         self.epoch_times.append(wall_s)
         self.last = rec
-        if rec.straggler:
-            s = rec.straggler
-            log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
-                     "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
-                     s["late_ms"], 100 * s["share"])
         self._tensorboard(rec, steps, comm, first_step)  # (adds rec to self.records)
-        if len(self.epoch_times) == 1:  # the first epoch line of this allocation: its key
+        if len(self.epoch_times) == 1:  # the key, before this allocation's first epoch line
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
                      "exposed: waited)", "%")
         log.info("epoch %d/%d  loss %.3f/%.3f  acc %.1f/%.1f%%  %.2f s  comm %s", epoch,
                  self.cfg.train.epochs, rec.train_loss, rec.test_loss, 100 * rec.train_accuracy,
                  100 * rec.test_accuracy, wall_s, comm_line(rec))
+        if rec.straggler:  # the epoch's detail, after its line
+            s = rec.straggler
+            log.info("epoch %d/%d  straggler: rank %d, the others wait %.2f ms for it "
+                     "(last at %.0f%% of steps)", epoch, self.cfg.train.epochs, s["rank"],
+                     s["late_ms"], 100 * s["share"])
         return rec
 
     def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
