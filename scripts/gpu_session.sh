@@ -35,17 +35,19 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 RESULT=${RESULT:-$OUT}
 export PYTHONPATH="$REPO"
+SECTIONS=${SECTIONS:-1 2 3 4 5 6 7 8}  # which of the numbered parts to run (1 and 2 always)
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 echo "== 1. packages"
 PYDEPS="$OUT/pydeps"
 need=$("$PYTHON" - <<'EOF'
 import importlib.util
 need = {"hydra": "hydra-core", "omegaconf": "omegaconf", "yaml": "PyYAML", "antlr4": "antlr4-python3-runtime",
-        "pytest": "pytest", "xdist": "pytest-xdist", "execnet": "execnet", "pluggy": "pluggy",
-        "iniconfig": "iniconfig", "hta": "holistictraceanalysis", "pandas": "pandas",
-        "plotly": "plotly", "narwhals": "narwhals", "networkx": "networkx", "pydot": "pydot",
-        "pyparsing": "pyparsing", "dateutil": "python-dateutil", "six": "six", "tzdata": "tzdata",
-        "ijson": "ijson", "psutil": "psutil"}
+      "pytest": "pytest", "xdist": "pytest-xdist", "execnet": "execnet", "pluggy": "pluggy",
+      "iniconfig": "iniconfig", "hta": "holistictraceanalysis", "pandas": "pandas",
+      "plotly": "plotly", "narwhals": "narwhals", "networkx": "networkx", "pydot": "pydot",
+      "pyparsing": "pyparsing", "dateutil": "python-dateutil", "six": "six", "tzdata": "tzdata",
+      "ijson": "ijson", "psutil": "psutil"}
 print(" ".join(d for m, d in need.items() if importlib.util.find_spec(m) is None))
 EOF
 )
@@ -64,8 +66,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 which nsys ncu 2>/dev/null || echo "no nsys/ncu on PATH"
 nvidia-smi topo -m 2>/dev/null | head -5
 
-echo "== 3. where the time to the first step goes"
-"$PYTHON" - "$OUT" <<'EOF'
+if want 3; then
+  echo "== 3. where the time to the first step goes"
+  "$PYTHON" - "$OUT" <<'EOF'
 import os, subprocess, sys, time
 out = sys.argv[1]
 def took(code):
@@ -83,40 +86,82 @@ ddp = took("import ddp_lab.train, ddp_lab.worker")
 print(f"python alone {base:.2f} s | + import torch {imp - base:.2f} s | + CUDA context {cuda - imp:.2f} s"
       f" | + NCCL communicator (world 1) {nccl - cuda:.2f} s | import ddp_lab's rank side {ddp - base:.2f} s")
 EOF
+fi
 
-echo "== 4. scripts/gpu_check.sh"
-OUT="$OUT/check" WHEELS="$REPO/.wheels" timeout 420 bash scripts/gpu_check.sh
-echo "gpu_check exit $?"
-for d in "$OUT"/check/nccl_1rank "$OUT"/check/cuda_graph; do
-  [ -f "$d/summary.json" ] && "$PYTHON" -c "import json,sys; s=json.load(open(sys.argv[1]));
-print(sys.argv[1].rsplit('/',1)[-1], 'startup_s', [g.get('startup_s') for g in s.get('segments', [])],
-      'epochs', s.get('epochs_done'), 'median', s.get('epoch_time_s_median'))" "$d/summary.json"
-done
+if want 4; then
+  echo "== 4. scripts/gpu_check.sh"
+  OUT="$OUT/check" WHEELS="$REPO/.wheels" timeout 420 bash scripts/gpu_check.sh
+  echo "gpu_check exit $?"
+  for d in "$OUT"/check/nccl_1rank "$OUT"/check/cuda_graph; do
+    [ -f "$d/summary.json" ] && "$PYTHON" -c "import json,sys; s=json.load(open(sys.argv[1]));
+  print(sys.argv[1].rsplit('/',1)[-1], 'startup_s', [g.get('startup_s') for g in s.get('segments', [])],
+        'epochs', s.get('epochs_done'), 'median', s.get('epoch_time_s_median'))" "$d/summary.json"
+  done
+fi
 
-echo "== 5. the suite's GPU tests"
-timeout 150 "$PYTHON" -m pytest -p no:cacheprovider -n 0 -q -rs -W ignore --continue-on-collection-errors -m gpu tests 2>&1 |
-  grep -E "passed|failed|FAILED|ERROR|Error|error|SKIP" | tail -15
-timeout 150 "$PYTHON" -m pytest -p no:cacheprovider -n 0 -q -rs -W ignore tests/test_cuda_graph.py \
-  tests/test_timing.py tests/test_timing_pool.py 2>&1 | grep -E "passed|failed|FAILED|ERROR|Error|SKIP" | tail -15
+if want 5; then
+  echo "== 5. the suite's GPU tests"
+  timeout 150 "$PYTHON" -m pytest -p no:cacheprovider -n 0 -q -rs -W ignore --continue-on-collection-errors -m gpu tests 2>&1 |
+    grep -E "passed|failed|FAILED|ERROR|Error|error|SKIP" | tail -15
+  timeout 150 "$PYTHON" -m pytest -p no:cacheprovider -n 0 -q -rs -W ignore tests/test_cuda_graph.py \
+    tests/test_timing.py tests/test_timing_pool.py 2>&1 | grep -E "passed|failed|FAILED|ERROR|Error|SKIP" | tail -15
+fi
 
-echo "== 6. what the phase timing costs, profiled: one rank's full epoch under cProfile, timing on and off"
-for t in on off; do
-  d="$OUT/cost_$t"; rm -rf "$d"
-  en=true; [ $t = off ] && en=false
+if want 6; then
+  echo "== 6. what the phase timing costs, profiled: one rank's full epoch under cProfile, timing on and off"
+  for t in on off; do
+    d="$OUT/cost_$t"; rm -rf "$d"
+    en=true; [ $t = off ] && en=false
+    "$PYTHON" -m ddp_lab launcher.dry_run=true "run.dir=$d" dist.backend=nccl dist.device=cuda \
+      "data.root=$OUT/check/data" launcher.nproc_per_node=1 train.epochs=1 "timing.enabled=$en" >/dev/null 2>&1
+    (cd "$d" && MASTER_PORT=2961${#t} timeout 120 "$PYTHON" "$REPO/scripts/profile_rank.py" "$d" \
+       "$OUT/cost_$t.prof" >"$OUT/cost_$t.log" 2>&1) || echo "cost_$t failed: $(tail -3 "$OUT/cost_$t.log")"
+    grep "epoch 1/" "$OUT/cost_$t.log"
+  done
+  "$PYTHON" "$REPO/scripts/profile_diff.py" "$OUT/cost_on.prof" "$OUT/cost_off.prof"
+fi
+
+if want 7; then
+  echo "== 7. NVTX ranges of a profiled rank (no nsys here: range_push counted in process)"
+  d="$OUT/nvtx_run"; rm -rf "$d"
   "$PYTHON" -m ddp_lab launcher.dry_run=true "run.dir=$d" dist.backend=nccl dist.device=cuda \
-    "data.root=$OUT/check/data" launcher.nproc_per_node=1 train.epochs=1 "timing.enabled=$en" >/dev/null 2>&1
-  (cd "$d" && MASTER_PORT=2961${#t} timeout 120 "$PYTHON" "$REPO/scripts/profile_rank.py" "$d" \
-     "$OUT/cost_$t.prof" >"$OUT/cost_$t.log" 2>&1) || echo "cost_$t failed: $(tail -3 "$OUT/cost_$t.log")"
-  grep "epoch 1/" "$OUT/cost_$t.log"
-done
-"$PYTHON" "$REPO/scripts/profile_diff.py" "$OUT/cost_on.prof" "$OUT/cost_off.prof"
+    "data.root=$OUT/check/data" launcher.nproc_per_node=1 train.epochs=1 train.max_steps_per_epoch=50 \
+    timing.profile=true >/dev/null 2>&1
+  (cd "$d" && timeout 120 "$PYTHON" "$REPO/scripts/nvtx_ranges.py" "$d" 2>"$OUT/nvtx.log" | grep -v "^\[rank")
+fi
 
-echo "== 7. NVTX ranges of a profiled rank (no nsys here: range_push counted in process)"
-d="$OUT/nvtx_run"; rm -rf "$d"
-"$PYTHON" -m ddp_lab launcher.dry_run=true "run.dir=$d" dist.backend=nccl dist.device=cuda \
-  "data.root=$OUT/check/data" launcher.nproc_per_node=1 train.epochs=1 train.max_steps_per_epoch=50 \
-  timing.profile=true >/dev/null 2>&1
-(cd "$d" && timeout 120 "$PYTHON" "$REPO/scripts/nvtx_ranges.py" "$d" 2>"$OUT/nvtx.log" | grep -v "^\[rank")
+if want 8; then
+  echo "== 8. the library twins against DDP on nccl (one rank: the same weights, optimiser state per rank)"
+  for s in ddp zero1 torch_zero fsdp2 "ddp sync.hook=ring" "ddp sync.hook=fp16"; do
+    name=twin_${s// /_}; name=${name//[.=]/-}
+    # shellcheck disable=SC2086
+    timeout 120 "$PYTHON" -m ddp_lab dist.backend=nccl dist.device=cuda "data.root=$OUT/check/data" \
+      "run.dir=$OUT/$name" launcher.nproc_per_node=1 train.epochs=1 train.max_steps_per_epoch=200 \
+      model=mlp_wide log.progress=lines sync=$s >"$OUT/$name.log" 2>&1 || echo "$name failed: $(tail -2 "$OUT/$name.log")"
+  done
+  "$PYTHON" - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+import torch
+out = Path(sys.argv[1])
+ref = None
+for d in sorted(out.glob("twin_*")):
+  if not (d / "summary.json").is_file():
+      continue
+  s = json.loads((d / "summary.json").read_text())
+  w = d / "model.pt"
+  diff = "-"
+  if w.is_file():
+      sd = torch.load(w, map_location="cpu")
+      if d.name == "twin_ddp":
+          ref = sd
+      if ref is not None:
+          diff = f"{max((sd[k].float() - ref[k].float()).abs().max().item() for k in ref):.2e}"
+  state = s.get('memory_optimizer_state_bytes_per_rank') or s.get('memory_optimizer_state_bytes')
+  print(f"{d.name:<22} {s.get('status')!s:<10} {s.get('epoch_time_s_median', 0):.3f} s/epoch  "
+        f"acc {s.get('test_accuracy', 0):.4f}  max|w - ddp| {diff}  optimiser state {state}")
+PYEOF
+fi
 
 if [ "$RESULT" != "$OUT" ]; then
   (cd "$OUT" && find . \( -name '*.log' -o -name summary.json -o -name metrics.jsonl \

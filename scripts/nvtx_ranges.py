@@ -9,8 +9,8 @@ without a driver).
 
 import collections
 import os
-import runpy
 import sys
+from pathlib import Path
 
 import torch.cuda.nvtx as nvtx
 
@@ -29,11 +29,12 @@ def counted(msg: str) -> int:
 nvtx.range_push = counted
 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
                   MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29631"))
-sys.argv = ["ddp_lab.worker", sys.argv[1]]
-try:
-    runpy.run_module("ddp_lab.worker", run_name="__main__")
-except SystemExit as e:
-    print(f"rank exit {e.code}")
+from ddp_lab.world import cpu  # noqa: E402
+
+cpu.prepare_rank()
+from ddp_lab.worker import run  # noqa: E402  (not main(): it leaves with os._exit)
+
+print(f"rank exit {run(Path(sys.argv[1]).resolve())}")
 print(f"NVTX ranges pushed: {sum(counts.values())} in {len(counts)} names; depths "
       f"{min(depths) if depths else '-'}..{max(depths) if depths else '-'} (-1 would be an error)")
 for name, n in counts.most_common(12):
