@@ -56,7 +56,7 @@ def _folder(root: Path, real: dict, names: list[str]) -> Path:
 def drawn_colors(doc: dict) -> dict[str, str]:
     """series label -> colour, read from the artists of the figures the report draws from
     its report.json: a bar's face by its name on the axis, a line's by its legend entry, a
-    phase bar's name by its tick label's colour."""
+    phase bar's name by its frame's colour."""
     from matplotlib.colors import to_hex
 
     out: dict[str, set] = {}
@@ -75,7 +75,7 @@ def drawn_colors(doc: dict) -> dict[str, str]:
     names = {b["name"]: b["sync"] for b in info["data"]}
     for ax in fig.axes:
         for t in ax.get_yticklabels():
-            out.setdefault(names[t.get_text()], set()).add(to_hex(t.get_color()))
+            out.setdefault(names[t.get_text()], set()).add(to_hex(t.get_bbox_patch().get_edgecolor()))
     assert all(len(c) == 1 for c in out.values()), out  # one colour per sync in a report
     return {k: c.pop() for k, c in out.items()}
 
@@ -177,6 +177,9 @@ def test_warm_up_said_only_where_an_epoch_was_left_out(real, tmp_path):
     assert ticks == ["ddp · 2 epochs", "ring · 1 epoch"], ticks
     labels = [t.get_text() for t in ax.texts]
     assert sum("warm-up in" in t for t in labels) == 1
+    r = fig.canvas.get_renderer()  # every bar's label inside its axes, none cut at the edge
+    right = ax.get_window_extent(r).x1
+    assert all(t.get_window_extent(r).x1 <= right for t in ax.texts), labels
     assert next(t for t in labels if "warm-up in" in t).startswith(
         plots.sig(info["data"][1]["epoch_time_s"][0]))
     # a 1-epoch run alone: never "after warm-up"

@@ -48,6 +48,8 @@ def phase_figure(rows: list[dict]):
     panel per workload; a black diamond: the measured comm per step (inside backward for
     ddp)."""
     plt = _plt()
+    from matplotlib.colors import to_rgba
+
     points = _points(rows)
     workloads = list(dict.fromkeys(k[:2] for k in points))
     titles, common = _distinct(workload_titles(rows, workloads))
@@ -75,10 +77,12 @@ def phase_figure(rows: list[dict]):
         if comm:
             ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
                        zorder=3, label="measured comm / step")
-        # a bar's name in its sync's colour, as the sync's bars and lines in the other figures
+        # a bar's name framed in its sync's colour, as the sync's bars and lines in the other
+        # figures (the bars' own colours are the phases'); the text stays black to read
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
         for tick, b in zip(ax.get_yticklabels(), bars):
-            tick.set_color(b["color"])
+            tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
+                           "edgecolor": b["color"], "linewidth": 1.5})
         ax.set_ylim(y[-1] + 0.8, -0.8)  # the first bar on top, as read
         ax.set_xlim(0, None)  # its own scale: the longest bar (or diamond) sets it
         ax.set_xlabel(XLABEL, fontsize=8)

@@ -215,12 +215,13 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
             for i, m in zip(idx, mean)])
     ax.set_yticks(range(len(pts)), labels=names, fontsize=8)
     ax.set_ylim(len(pts) - 0.4, -0.6)  # the first point on top, as read
-    ax.margins(x=0.15)  # room at the right for the longest bar's label
+    # room at the right for the longest bar's label (about 1% of the axis a character)
+    ax.margins(x=max(0.15, 0.012 * max(len(t.get_text()) for t in ax.texts)))
     ax.set_xlim(left=0)
     ax.set_xlabel(measured([r for _, r in pts]))
     ax.grid(True, axis="x", alpha=0.3)
     where = (f"at {worlds[0]} ranks ({allocs[0]})" if len(worlds) == 1 and len(allocs) == 1
-             else "one world size per sync")
+             else f"at {', '.join(map(str, worlds))} ranks, named per bar")
     n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every bar")
     no_ci = f"; no interval below n={MIN_REPEATS}" if common < MIN_REPEATS else ""
     head = f"{title}\n" if title else ""
