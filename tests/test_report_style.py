@@ -172,7 +172,7 @@ def test_warm_up_said_only_where_an_epoch_was_left_out(real, tmp_path):
     fig, info = plots.epoch_time_figure(res["doc"]["scaling"])
     (ax,) = fig.axes
     _title_fits(fig)
-    assert ax.get_xlabel() == 'epoch time (s), after warm-up unless marked "warm-up in"'
+    assert ax.get_xlabel() == 'epoch time (s) after warm-up,\nunless marked "warm-up in"'
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert ticks == ["ddp · 2 epochs", "ring · 1 epoch"], ticks
     labels = [t.get_text() for t in ax.texts]

@@ -63,7 +63,7 @@ def measured(rows: list[dict]) -> str:
         return "epoch time after warm-up (s)"
     if not any(left):
         return "epoch time, warm-up included (s)"
-    return "epoch time (s), after warm-up unless marked \"warm-up in\""
+    return "epoch time (s) after warm-up,\nunless marked \"warm-up in\""
 
 
 def _left_out(row: dict) -> bool:
@@ -286,7 +286,8 @@ def epoch_time_figure(groups: list[dict]):
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
     what = "Time per epoch" + (" and parallel efficiency" if any(lines) else "")
-    fig.suptitle(fit_title(f"{what}: {common}" if common else what, FULL_CHARS)
+    # the legend takes the figure's top right: the title keeps to the axes' width
+    fig.suptitle(fit_title(f"{what}: {common}" if common else what, FULL_CHARS - 20)
                  + "\nerror bars: 95% CI, n = repeats", fontsize=10)
     return fig, {"title": "epoch time and efficiency vs world size",
                  "series": list(dict.fromkeys(s["label"] for s in series)),
