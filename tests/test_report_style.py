@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import QUICK, run_cli, run_dir_of
 from report_data import runbook_folder, train_run
+from test_report_plots import legend_clear_of_axes
 
 from ddp_lab.config import SCHEMAS
 from ddp_lab.config.registry import Registry
@@ -159,6 +160,16 @@ def test_titles_fit_and_break_between_phrases(tmp_path):
     assert len(capped) == 1 and len(capped[0].patches) == 7
     fig, _ = phase_figure(res["doc"]["phases"])
     _title_fits(fig)
+    # one workload at two worlds: its whole description in the figure's title, which
+    # stays clear of the legend at the top right
+    one = tmp_path / "one"
+    for n in (1, 2):
+        train_run(one, f"ring_w{n}", sync="ring", world=n, steps=20, epoch_s=(0.5, 0.3))
+    res = build_report(find_runs([one]), tmp_path / "rep1")
+    fig, _ = plots.epoch_time_figure(res["doc"]["scaling"])
+    legend_clear_of_axes(fig)
+    _title_fits(fig)
+    assert "20 steps/epoch" in fig.texts[0].get_text()
     assert plots.fit_title("mlp, adam, batch 64/rank (weak scaling), 20 steps/epoch, 2 epochs", 40) \
         == "mlp, adam, batch 64/rank (weak scaling),\n20 steps/epoch, 2 epochs"
 

@@ -7,7 +7,7 @@ shared one; the tables compare the workloads), its scale said under its bars.
 
 from __future__ import annotations
 
-from .plots import FULL_CHARS, PHASE_COLORS, _distinct, _plt, fit_title
+from .plots import FULL_CHARS, PHASE_COLORS, _distinct, _plt, fit_title, title_chars
 from .style import sync_color
 from .runs import PHASES
 from .tables import _mean, workload_titles
@@ -94,8 +94,8 @@ def phase_figure(rows: list[dict]):
         legend.update(zip(labels, handles))
     order = sorted(legend, key=lambda k: k != "measured comm / step")  # stacking order after it
     fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
-    fig.suptitle(fit_title("Phase times per step" + (f": {common}" if common else ""), FULL_CHARS),
-                 fontsize=10)
+    fig.suptitle(fit_title("Phase times per step" + (f": {common}" if common else ""),
+                           title_chars(fig.get_figwidth(), order)), fontsize=10)
     bars = [b for _, bs, _ in panels for b in bs]
     return fig, {"title": "phase times per step",
                  "series": list(PHASES) + (["comm"] if any(b["comm_ms"] for b in bars) else []),
