@@ -303,7 +303,10 @@ class TimingConfig:
                                "witness table in the report (docs/timing.md)")
     profile_skip: int = doc(5, "with profile: steps of the first epoch run before the "
                                "profiler records (warm-up)")
-    profile_steps: int = doc(5, "with profile: the steps it records")
+    profile_steps: int = doc(40, "with profile: the steps it records (a first epoch "
+                                 "shorter than profile_skip + this records what it has); "
+                                 "fewer read one rank's ratio out of its band more often "
+                                 "(docs/timing.md, \"How far they agree\")")
 
 
 @dataclass

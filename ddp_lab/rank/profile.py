@@ -191,7 +191,10 @@ class StepProfiler:
         rank (None on the others): what summary.json keeps as `witnesses`."""
         self.stop()
         mine = {"rank": self.rank, "ddp_lab": self.ours or {},
-                "profiler": trace_figures(self.path, self.blocking) if self.written else {},
+                # the steps ddp_lab timed: where the first epoch ended inside the window,
+                # the profiler's last step is the rest of the epoch (evaluation), no step
+                "profiler": trace_figures(self.path, self.blocking, (self.ours or {}).get("steps"))
+                if self.written else {},
                 "trace": f"profile/{self.path.name}" if self.written else None}
         ranks = ctx.gather_objects_to(mine, dst=0)
         if ranks is None or not ctx.env.is_main:
@@ -261,15 +264,15 @@ def _next(times: list[float], t: float) -> float:
     return times[i] if i < len(times) else t
 
 
-def trace_figures(path: Path, blocking: bool = False) -> dict:
-    """A trace's own figures per `ProfilerStep#N`: the median step's union of the collectives
-    that start in its phases, and their count by name. `blocking`: a call lasts until the
-    calling thread's next operator."""
+def trace_figures(path: Path, blocking: bool = False, first: Optional[int] = None) -> dict:
+    """A trace's own figures per `ProfilerStep#N` (the `first` ones where given): the median
+    step's union of the collectives that start in its phases, and their count by name.
+    `blocking`: a call lasts until the calling thread's next operator."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+                   if str(e.get("name", "")).startswith("ProfilerStep#"))[:first]
     phases = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                     if e.get("name") in {PREFIX + p for p in PHASES})
     if not steps:

@@ -43,7 +43,6 @@ def bench_figure(fits: list[dict]):
     plt = _plt()
     fits = [f for f in fits if _series(f["run"])]
     names, common = bench_names(fits)
-    impls = list(dict.fromkeys(k[0] for f in fits for k in _series(f["run"])))
     groups = {k[1] for f in fits for k in _series(f["run"])}
     fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.6), sharex=True, layout="constrained")
     series = []
@@ -53,7 +52,7 @@ def bench_figure(fits: list[dict]):
             # the group kind sets the line style where several kinds were measured (as in
             # the bench's own plots), else the bench run does, with its marker
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
-            style = {"color": impl_color(impl, impls), "marker": MARKERS[i % len(MARKERS)],
+            style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
             label = " · ".join(p for p in (name if len(fits) > 1 else "", impl,
                                            group if len(groups) > 1 else "") if p) \
@@ -66,6 +65,7 @@ def bench_figure(fits: list[dict]):
             if pred:  # thick and pale, under its points: the line the fit draws through them
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
+                           "color": style["color"],
                            "bytes": b, "busbw_GBps": [r["busbw_GBps"] for r in pts],
                            "time_ms": [r["time_median_s"] * 1e3 for r in pts], "fit_time_ms": pred,
                            "alpha_us": fit.alpha_s * 1e6 if fit else None,
@@ -85,4 +85,5 @@ def bench_figure(fits: list[dict]):
     fig.suptitle("all_reduce across bench runs" + (f": {common}" if common else " (allocations)"),
                  fontsize=11)
     return fig, {"title": "all_reduce across bench runs",
-                 "series": [s["label"] for s in series], "data": series}
+                 "series": [s["label"] for s in series],
+                 "colors": {s["impl"]: s["color"] for s in series}, "data": series}

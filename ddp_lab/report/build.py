@@ -65,6 +65,20 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
             r.ok, r.status = False, f"the report cannot use it ({type(e).__name__}: {first})"
 
 
+def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
+    """What the terminal's times are: "after warm-up" only for the runs that left an epoch
+    out (a 1-epoch run keeps its only one)."""
+    left = [max(r["warmup_epochs"] or [0]) for g in groups for r in g["rows"]]
+    first = "first epoch" if warmup in (None, 1) else f"first {warmup} epochs"
+    if left and all(left):
+        return f"each run's {first} left out as warm-up"
+    if not any(left):
+        return "every epoch counted: no run had more than " + \
+            ("one" if warmup is None else str(warmup))
+    return f"{first} left out as warm-up where a run had more; {left.count(0)} point(s) " \
+        "count every epoch"
+
+
 def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                  inputs: list[str] | None = None, warmup: Optional[int] = None,
                  forecast_worlds: Optional[list[int]] = None, gpus_per_node: int = 8) -> dict:
@@ -130,7 +144,6 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-    warm = ("each run's first epoch left out as warm-up" if warmup is None else
-            f"each run's first {warmup} epoch(s) left out as warm-up")
+    warm = warmup_words(groups, warmup)
     screen = summary.terminal_summary(doc, counts, out_dir, common, warm)
     return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}

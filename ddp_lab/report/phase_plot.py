@@ -7,7 +7,8 @@ shared one; the tables compare the workloads), its scale said under its bars.
 
 from __future__ import annotations
 
-from .plots import PHASE_COLORS, _distinct, _plt
+from .plots import FULL_CHARS, PHASE_COLORS, _distinct, _plt, fit_title, title_chars
+from .style import sync_color
 from .runs import PHASES
 from .tables import _mean, workload_titles
 
@@ -35,7 +36,8 @@ def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
     where = f"{world} rank{'s' if world > 1 else ''}" \
         + (f"/{nodes} nodes" if nodes not in ("1", "?") else "") + (f" [{fid}]" if len(fids) > 1 else "")
     runs = f"{len(rs)} run{'s' if len(rs) > 1 else ''}"
-    return {"sync": sync, "workload": key[1], "world_size": world, "allocation": alloc,
+    return {"sync": sync, "color": sync_color(sync), "workload": key[1], "world_size": world,
+            "allocation": alloc,
             "fingerprint_id": fid, "runs": [r["run"] for r in rs],
             "label": f"{where}\n{runs}", "name": f"{sync} · {where} · {runs}",
             **{f"{p}_ms": _mean([r.get(f"{p}_ms") for r in rs]) for p in (*PHASES, "step", "comm")}}
@@ -46,6 +48,8 @@ def phase_figure(rows: list[dict]):
     panel per workload; a black diamond: the measured comm per step (inside backward for
     ddp)."""
     plt = _plt()
+    from matplotlib.colors import to_rgba
+
     points = _points(rows)
     workloads = list(dict.fromkeys(k[:2] for k in points))
     titles, common = _distinct(workload_titles(rows, workloads))
@@ -73,20 +77,27 @@ def phase_figure(rows: list[dict]):
         if comm:
             ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
                        zorder=3, label="measured comm / step")
+        # a bar's name framed in its sync's colour, as the sync's bars and lines in the other
+        # figures (the bars' own colours are the phases'); the text stays black to read
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
+        for tick, b in zip(ax.get_yticklabels(), bars):
+            tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
+                           "edgecolor": b["color"], "linewidth": 1.5})
         ax.set_ylim(y[-1] + 0.8, -0.8)  # the first bar on top, as read
         ax.set_xlim(0, None)  # its own scale: the longest bar (or diamond) sets it
         ax.set_xlabel(XLABEL, fontsize=8)
         ax.grid(True, axis="x", alpha=0.3)
         if len(panels) > 1:
-            ax.set_title(titles[wl], fontsize=9)
+            ax.set_title(fit_title(titles[wl], FULL_CHARS), fontsize=9)
         # every panel draws every phase: the legend takes each label once
         handles, labels = ax.get_legend_handles_labels()
         legend.update(zip(labels, handles))
     order = sorted(legend, key=lambda k: k != "measured comm / step")  # stacking order after it
     fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
-    fig.suptitle("Phase times per step" + (f": {common}" if common else ""), fontsize=10)
+    fig.suptitle(fit_title("Phase times per step" + (f": {common}" if common else ""),
+                           title_chars(fig.get_figwidth(), order)), fontsize=10)
     bars = [b for _, bs, _ in panels for b in bs]
     return fig, {"title": "phase times per step",
                  "series": list(PHASES) + (["comm"] if any(b["comm_ms"] for b in bars) else []),
+                 "colors": {b["sync"]: b["color"] for b in bars},
                  "bars": [b["label"] for b in bars], "data": bars}

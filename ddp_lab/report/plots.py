@@ -6,17 +6,19 @@ writes the PNG and a sidecar JSON of the series. Legends lie outside the axes.
 from __future__ import annotations
 
 import json
-import textwrap
 from collections import Counter
 from pathlib import Path
 
 from .stats import MIN_REPEATS, sig
-from .tables import workload_titles
+from ..folder.description import plural
+from .style import sync_color
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
 MARKERS = "osD^v"  # one per fingerprint of a series (per bench run in bench_plot)
+DODGE = 0.05  # log2 units between the lines of a panel at one world: none hides another
 BAR_IN = 0.3  # inches of figure height per horizontal bar: a line of 8-point text with room
+HALF_CHARS, FULL_CHARS = 60, 120  # a 9-point title's characters across half the figure, all of it
 
 
 def _plt():
@@ -37,6 +39,46 @@ def save(fig, info: dict, path: Path) -> dict:
     info = {"file": path.name, **info}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return info
+
+
+def fit_title(text: str, width: int, sep: str = ", ") -> str:
+    """`text` on lines of at most `width` characters, broken only between its `sep`-joined
+    phrases ("mlp, adam, 20 steps/epoch" never as "20\nsteps/epoch"); a phrase longer
+    than `width` keeps a line of its own."""
+    lines: list[str] = []
+    for phrase in text.split(sep):
+        if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
+            lines[-1] += sep + phrase
+        else:
+            lines.append(phrase)
+    return (sep.rstrip() + "\n").join(lines)
+
+
+def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float = 10) -> int:
+    """Characters of a `fontsize` figure title centred over a figure whose legend takes its
+    top right (8-point labels beside their markers): the title stays clear of it on both
+    sides. A character: about 0.55 of the font size wide."""
+    longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
+    legend_in = 0.7 + longest * 8 * 0.55 / 72  # marker, padding, the longest label
+    room_in = fig_width_in - 2 * (legend_in + 0.2)
+    return max(30, int(room_in / (fontsize * 0.55 / 72)))
+
+
+def measured(rows: list[dict]) -> str:
+    """What a time per epoch is, for an axis: "after warm-up" only where every point left
+    an epoch out, "warm-up included" where none could (1-epoch runs), both where mixed (the
+    points without one marked "warm-up in")."""
+    left = [_left_out(r) for r in rows]
+    if all(left):
+        return "epoch time after warm-up (s)"
+    if not any(left):
+        return "epoch time, warm-up included (s)"
+    return "epoch time (s) after warm-up,\nunless marked \"warm-up in\""
+
+
+def _left_out(row: dict) -> bool:
+    """Whether every repeat of a point left a warm-up epoch out (tables' `warmup_epochs`)."""
+    return min(row.get("warmup_epochs") or [0]) > 0
 
 
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
@@ -73,10 +115,12 @@ def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> N
                         ha="left", fontsize=7, color=color)
 
 
-def _line_row(ax_t, ax_e, panel: list[dict], colors: dict, title: str) -> tuple[list, dict, set]:
+def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, set]:
     """A workload measured at several world sizes: time per epoch (left) and efficiency
-    (right) against the world, a line per sync (and fingerprint). Returns the series drawn,
-    their legend handles and the repeat counts below MIN_REPEATS."""
+    (right) against the world, a line per sync (and fingerprint, and epoch count), each a
+    little aside of the world it ran at (DODGE) so that points of one world never hide each
+    other. Returns the series drawn, their legend handles and the repeat counts below
+    MIN_REPEATS."""
     from matplotlib.lines import Line2D
 
     worlds: set[int] = set()
@@ -84,44 +128,52 @@ def _line_row(ax_t, ax_e, panel: list[dict], colors: dict, title: str) -> tuple[
     counts = Counter(r["time_n"] for g in panel for r in g["rows"])
     common = counts.most_common(1)[0][0]
     handles, series, few = {}, [], set()
-    for g in panel:
+    epochs = {g.get("epochs") for g in panel}
+    mixed = len({_left_out(r) for g in panel for r in g["rows"]}) > 1
+    lines = [(g, fid) for g in panel for fid in dict.fromkeys(r["fingerprint_id"] for r in g["rows"])]
+    for k, (g, fid) in enumerate(lines):
         fids = list(dict.fromkeys(r["fingerprint_id"] for r in g["rows"]))
-        for j, fid in enumerate(fids):
-            rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
-                          key=lambda r: r["world_size"])
-            label = g["sync"] + (f" [{fid}]" if len(fids) > 1 else "")
-            color, marker = colors[g["sync"]], MARKERS[j % len(MARKERS)]
-            x = [r["world_size"] for r in rows]
-            y = [r["epoch_time_s_mean"] for r in rows]
-            ns = [r["time_n"] for r in rows]
-            worlds.update(x)
-            few.update(n for n in ns if n < MIN_REPEATS)
-            _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
-                    common, nth=nth)
-            n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
-            # ideal: the baseline's time per unit of work (flat where the work grows with n)
-            ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
-                     for r in rows]
-            ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
-            eff = [r for r in rows if r["efficiency"] is not None]
-            if eff:
-                _points(ax_e, [r["world_size"] for r in eff], [r["efficiency"] for r in eff],
-                        [r["efficiency_ci95"] for r in eff], [r["time_n"] for r in eff],
-                        color, marker, common, nth=nth,
-                        exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
-            nth += any(n != common for n in ns)
-            handles.setdefault(label, Line2D([], [], color=color, marker=marker))
-            series.append({"label": label, "workload": g["workload"], "device": g["device"],
-                           "world_size": x, "epoch_time_s": y, "n": ns,
-                           "epoch_time_s_ci95": [r["epoch_time_s_ci95"] for r in rows],
-                           "efficiency": [r["efficiency"] for r in rows],
-                           "efficiency_ci95": [r["efficiency_ci95"] for r in rows],
-                           "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
+        j = fids.index(fid)  # a fingerprint's marker
+        rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
+                      key=lambda r: r["world_size"])
+        label = g["sync"] + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "") \
+            + (f" [{fid}]" if len(fids) > 1 else "") \
+            + (" (warm-up in)" if mixed and not _left_out(rows[0]) else "")
+        color, marker = sync_color(g["sync"]), MARKERS[j % len(MARKERS)]
+        shift = 2 ** (DODGE * (k - (len(lines) - 1) / 2))
+        x = [r["world_size"] * shift for r in rows]
+        y = [r["epoch_time_s_mean"] for r in rows]
+        ns = [r["time_n"] for r in rows]
+        worlds.update(r["world_size"] for r in rows)
+        few.update(n for n in ns if n < MIN_REPEATS)
+        _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
+                common, nth=nth)
+        n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
+        # ideal: the baseline's time per unit of work (flat where the work grows with n)
+        ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
+                 for r in rows]
+        ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
+        eff = [r for r in rows if r["efficiency"] is not None]
+        if eff:
+            _points(ax_e, [r["world_size"] * shift for r in eff], [r["efficiency"] for r in eff],
+                    [r["efficiency_ci95"] for r in eff], [r["time_n"] for r in eff],
+                    color, marker, common, nth=nth,
+                    exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
+        nth += any(n != common for n in ns)
+        handles.setdefault(label, Line2D([], [], color=color, marker=marker))
+        series.append({"label": label, "sync": g["sync"], "color": color,
+                       "workload": g["workload"], "device": g["device"],
+                       "world_size": [r["world_size"] for r in rows], "epoch_time_s": y, "n": ns,
+                       "epoch_time_s_ci95": [r["epoch_time_s_ci95"] for r in rows],
+                       "efficiency": [r["efficiency"] for r in rows],
+                       "efficiency_ci95": [r["efficiency_ci95"] for r in rows],
+                       "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
     ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
     n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
-    ax_t.set_title(f"{title}\ntime per epoch, {n_text}", fontsize=9)
-    ax_t.set_ylabel("epoch time after warm-up (s)")
-    ax_e.set_title(f"{title}\nefficiency, {n_text}", fontsize=9)
+    head = f"{title}\n" if title else ""
+    ax_t.set_title(f"{head}time per epoch, {n_text}", fontsize=9)
+    ax_t.set_ylabel(measured([r for g in panel for r in g["rows"]]))
+    ax_e.set_title(f"{head}efficiency, {n_text}", fontsize=9)
     ax_e.set_ylabel("efficiency vs smallest world")
     for ax in (ax_t, ax_e):
         ax.set_xscale("log", base=2)
@@ -136,19 +188,25 @@ def _line_row(ax_t, ax_e, panel: list[dict], colors: dict, title: str) -> tuple[
     return series, handles, few
 
 
-def _bar_row(ax, panel: list[dict], colors: dict, title: str) -> list[dict]:
-    """A workload measured at one world size per sync: a horizontal bar per point, its mean
-    time (and an n not the panel's) at its end, the 95% interval as an error bar."""
+def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
+    """A workload measured at one world size per sync: a horizontal bar per point, every
+    sync of the workload in this one panel, its mean time (and an n not the panel's) at its
+    end, the 95% interval as an error bar; "warm-up in" where the panel mixes points that
+    left a warm-up epoch out with points that could not (1-epoch runs)."""
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
+    epochs = {g.get("epochs") for g in panel}
     counts = Counter(r["time_n"] for _, r in pts)
     common = counts.most_common(1)[0][0]
+    mixed = len({_left_out(r) for _, r in pts}) > 1
     names = []
     for g, r in pts:
         fids = {x["fingerprint_id"] for x in g["rows"]}
         names.append(g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
+                     + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
                      + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
+    colors = [sync_color(g["sync"]) for g, _ in pts]
     # two containers, with and without an interval: bar_label puts a label at the end of
     # the error bar where there is one, so each container gets its own labels
     for has_ci in (True, False):
@@ -160,58 +218,76 @@ def _bar_row(ax, panel: list[dict], colors: dict, title: str) -> list[dict]:
         # the interval is around the geometric mean: never below zero, nor above the mean's bar
         xerr = [[max(0.0, m - c[0]) for m, c in zip(mean, cis)],
                 [max(0.0, c[1] - m) for m, c in zip(mean, cis)]] if has_ci else None
-        bars = ax.barh(idx, mean, xerr=xerr, height=0.7, capsize=3,
-                       color=[colors[pts[i][0]["sync"]] for i in idx])
+        bars = ax.barh(idx, mean, xerr=xerr, height=0.7, capsize=3, color=[colors[i] for i in idx])
         ax.bar_label(bars, padding=3, fontsize=8, labels=[
             f"{sig(m)} s" + (f", n={pts[i][1]['time_n']}" if pts[i][1]["time_n"] != common else "")
+            + (", warm-up in" if mixed and not _left_out(pts[i][1]) else "")
             for i, m in zip(idx, mean)])
     ax.set_yticks(range(len(pts)), labels=names, fontsize=8)
     ax.set_ylim(len(pts) - 0.4, -0.6)  # the first point on top, as read
-    ax.margins(x=0.15)  # room at the right for the longest bar's label
+    # room at the right for the longest bar's label (about 1% of the axis a character)
+    ax.margins(x=max(0.15, 0.012 * max(len(t.get_text()) for t in ax.texts)))
     ax.set_xlim(left=0)
-    ax.set_xlabel("epoch time after warm-up (s)")
+    ax.set_xlabel(measured([r for _, r in pts]))
     ax.grid(True, axis="x", alpha=0.3)
     where = (f"at {worlds[0]} ranks ({allocs[0]})" if len(worlds) == 1 and len(allocs) == 1
-             else "one world size per sync")
+             else f"at {', '.join(map(str, worlds))} ranks, named per bar")
     n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every bar")
     no_ci = f"; no interval below n={MIN_REPEATS}" if common < MIN_REPEATS else ""
-    ax.set_title(f"{title}\ntime per epoch {where}, {n_text}{no_ci}", fontsize=9)
-    return [{"label": g["sync"], "workload": g["workload"], "device": g["device"],
-             "world_size": [r["world_size"]], "epoch_time_s": [r["epoch_time_s_mean"]],
-             "n": [r["time_n"]], "epoch_time_s_ci95": [r["epoch_time_s_ci95"]],
-             "efficiency": [None], "efficiency_ci95": [None], "speedup": [None],
-             "baseline_world_size": g["baseline_world_size"]} for g, r in pts]
+    head = f"{title}\n" if title else ""
+    ax.set_title(f"{head}time per epoch {where}, {n_text}{no_ci}", fontsize=9)
+    return [{"label": name, "sync": g["sync"], "color": color, "workload": g["workload"],
+             "device": g["device"], "world_size": [r["world_size"]],
+             "epoch_time_s": [r["epoch_time_s_mean"]], "n": [r["time_n"]],
+             "epoch_time_s_ci95": [r["epoch_time_s_ci95"]], "efficiency": [None],
+             "efficiency_ci95": [None], "speedup": [None],
+             "baseline_world_size": g["baseline_world_size"]}
+            for (g, r), name, color in zip(pts, names, colors)]
+
+
+def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
+    """The epoch-time figure's panels, one per (device, workload but its epoch count: each
+    bar or line says its own), their titles cut to what sets them apart, and what every
+    panel shares (for the figure's title)."""
+    keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
+    several = len({k[0] for k in keys}) > 1
+    full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
+    if len(keys) == 1:
+        return keys, {keys[0]: ""}, full[keys[0]]
+    titles, common = _distinct(full)
+    return keys, titles, common
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload, one colour per sync: time per epoch and efficiency vs world
+    """One row per workload, every sync of it in that row, one colour per sync
+    (style.sync_color: the same in every report): time per epoch and efficiency vs world
     size (`_line_row`), or bars where a workload has one world size (`_bar_row`); what the
     marks mean: docs/scaling.md, "Reading a scaling report"."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
-    keys = list(dict.fromkeys((g["device"], g["workload"]) for g in groups))
-    titles = workload_titles(groups, keys)
-    colors = {s: f"C{i % 10}" for i, s in enumerate(dict.fromkeys(g["sync"] for g in groups))}
-    panels = [[g for g in groups if (g["device"], g["workload"]) == key] for key in keys]
+    keys, titles, common = panel_titles(groups)
+    panels = [[g for g in groups if (g["device"], g.get("workload_panel", g["workload"])) == key]
+              for key in keys]
     lines = [any(len({r["world_size"] for r in g["rows"]}) > 1 for g in p) for p in panels]
     heights = [3.4 if line else 1.0 + BAR_IN * sum(len(g["rows"]) for g in p)
                for p, line in zip(panels, lines)]
-    fig = plt.figure(figsize=(11, 0.8 + sum(heights)), layout="constrained")
+    fig = plt.figure(figsize=(11, 1.0 + sum(heights)), layout="constrained")
     grid = fig.add_gridspec(len(keys), 2, height_ratios=heights)
     handles: dict[str, Line2D] = {}
     series, few, line_x = [], set(), None
     for i, (key, panel, line) in enumerate(zip(keys, panels, lines)):
-        title = textwrap.fill(titles[key], 62)  # within its panel: no title runs into the next
         if line:  # the world-size axis is one quantity: every line panel shares it
             ax_t = fig.add_subplot(grid[i, 0], sharex=line_x)
             line_x = line_x or ax_t
-            s, h, f = _line_row(ax_t, fig.add_subplot(grid[i, 1], sharex=ax_t), panel, colors, title)
+            # within its half of the figure: no title runs into its neighbour's
+            s, h, f = _line_row(ax_t, fig.add_subplot(grid[i, 1], sharex=ax_t), panel,
+                                fit_title(titles[key], HALF_CHARS))
             series += s
             few |= f
             handles.update((k, v) for k, v in h.items() if k not in handles)
         else:
-            series += _bar_row(fig.add_subplot(grid[i, :]), panel, colors, title)
+            series += _bar_row(fig.add_subplot(grid[i, :]), panel, fit_title(titles[key], FULL_CHARS))
     if any(lines):  # a bar is named on its axis; a line needs its sync's colour in the legend
         handles["ideal scaling"] = Line2D([], [], ls=":", color="black")
     if few:
@@ -219,7 +295,11 @@ def epoch_time_figure(groups: list[dict]):
         handles[text] = Line2D([], [], ls="none", marker="o", color="gray", mfc="white")
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
-    fig.suptitle("Time per epoch" + (" and parallel efficiency" if any(lines) else "")
-                 + " per workload; error bars: 95% CI, n = repeats", fontsize=10)
+    what = "Time per epoch" + (" and parallel efficiency" if any(lines) else "")
+    # the legend takes the figure's top right: the centred title keeps clear of it
+    fig.suptitle(fit_title(f"{what}: {common}" if common else what,
+                           title_chars(fig.get_figwidth(), list(handles)))
+                 + "\nerror bars: 95% CI, n = repeats", fontsize=10)
     return fig, {"title": "epoch time and efficiency vs world size",
-                 "series": list(dict.fromkeys(s["label"] for s in series)), "data": series}
+                 "series": list(dict.fromkeys(s["label"] for s in series)),
+                 "colors": {s["sync"]: s["color"] for s in series}, "data": series}

@@ -125,9 +125,12 @@ class Run:
         return (model, optim, self.scaling, batch, int(train.get("micro_batch") or 0),
                 train.get("max_steps_per_epoch", 0), self.get("epochs"), pipeline)
 
-    def workload_label(self) -> str:
-        """e.g. "mlp, adam, global batch 64 (strong scaling), 20 steps/epoch, 2 epochs"."""
-        model, optim, scaling, batch, micro, steps, epochs, pipeline = self.workload
+    def workload_label(self, epochs: bool = True) -> str:
+        """e.g. "mlp, adam, global batch 64 (strong scaling), 20 steps/epoch, 2 epochs";
+        without `epochs`, the epoch count left out (a figure's panel: a time per epoch
+        compares across it, each bar saying its own)."""
+        model, optim, scaling, batch, micro, steps, n_epochs, pipeline = self.workload
+        epochs = n_epochs if epochs else None
         what = (f"global batch {batch} (strong scaling)" if scaling == "strong"
                 else f"batch {batch}/rank (weak scaling)")
         return ", ".join(str(p) for p in (

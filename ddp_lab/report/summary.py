@@ -14,11 +14,13 @@ from pathlib import Path
 from .stats import MIN_REPEATS, sig
 from .tables import ci_cell, workload_titles
 from .truth_table import TARGET_MODEL
+from .witness import disagreement
 
 MAX_LINES = 40  # one terminal screen
 WIDTH = 100
 FORECAST_LINES = 6  # the forecast's verdicts, at most (report.md has every series)
 NOTE_LINES = 10  # the notes, at most
+WITNESS_LINES = 6  # the witnesses' disagreements, at most
 
 
 def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -185,18 +187,35 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")]
 
 
+def witness_lines(rows: list[dict]) -> list[str]:
+    """The witness table's verdict (report.json `witnesses`): each figure outside its band
+    on a line of its own, as report.md lists them; else one line saying they agree."""
+    judged = [r for r in rows if r["agrees"] is not None]
+    if not judged:
+        return []
+    bad = [r for r in judged if r["agrees"] is False]
+    runs = len({r["run"] for r in judged})
+    if not bad:
+        return ["", f"Independent witnesses: {len(judged)} figure(s) of {runs} profiled run(s), "
+                    "every rank within its band (report.md)"]
+    return ["", f"Independent witnesses: {len(bad)} of {len(judged)} figure(s) outside the band "
+                "docs/timing.md states:",
+            *_capped([[f"  {disagreement(r)}"] for r in bad], WITNESS_LINES, "disagreement(s)")]
+
+
 def terminal_summary(doc: dict, counts: dict, out_dir: Path, common: str,
                      warmup_text: str) -> str:
     """The screen `python -m ddp_lab.report` prints (report.json's `doc` as input), at most
     MAX_LINES lines: the table gets what the other parts leave."""
     head = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
             f"{counts['skipped']} skipped, under {common}", ""]
-    tail = forecast_lines(doc["forecast"]) + note_lines(doc["scaling"], doc["comm_model"], doc["skipped"])
+    tail = forecast_lines(doc["forecast"]) + witness_lines(doc.get("witnesses") or []) \
+        + note_lines(doc["scaling"], doc["comm_model"], doc["skipped"])
     if doc["figures"]:
         tail += ["", "Plots:", *(f"  {out_dir / f['file']}" for f in doc["figures"])]
     tail += ["", f"Full report: {out_dir / 'report.md'}"]
     if doc["scaling"]:
-        body = [f"Time per epoch, mean of n repeats ({warmup_text}):"]
+        body = textwrap.wrap(f"Time per epoch, mean of n repeats ({warmup_text}):", WIDTH)
         body += scaling_lines(doc["scaling"], MAX_LINES - len(head) - len(tail) - 1)
     else:
         body = ["No completed training run to compare."]

@@ -101,6 +101,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         first = members[0]
         out.append({"sync": sync, "device": device, "workload": first.workload_label(),
                     "workload_short": first.workload_short(),
+                    "workload_panel": first.workload_label(epochs=False),
+                    "epochs": first.get("epochs"),
                     "scaling": first.scaling, "baseline": rows[0]["baseline_run"],
                     "baseline_world_size": n0, "rows": rows,
                     "fingerprints": {k: fps[k] for k in sorted(fps)}, "fingerprint_notes": notes,
