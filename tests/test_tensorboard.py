@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.folder.tensorboard import BANDS, LAYOUT, ONE_RUN, band_tag, run_name
+from ddp_lab.folder.tensorboard import (BANDS, ONE_RUN, band_tag, compare_categories, run_name,
+                                       workload)
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training
 
 
-def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
+def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2, world: int = 1):
     """A one-rank Telemetry as the loop drives it (no process group)."""
     from ddp_lab.world.distributed import DistContext
     from ddp_lab.world.env import DistEnv
@@ -29,7 +30,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
 
     cfg = compose("launcher=local", "sync=ring", "model=mlp", "optim=adam", "train.batch_size=2",
                   "train.lr=0.1", "log.progress=lines", "timing.trace=false", *overrides)
-    ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
+    ctx = DistContext(env=DistEnv(0, 0, world, world, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
                       device=torch.device("cpu"))
     return Telemetry(cfg, ctx, run_dir, steps_per_epoch=steps_per_epoch, bytes_exact=True)
 
@@ -81,9 +82,9 @@ def _hparams_experiment(logdir: Path, limit: int | None = 5):
 
 def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
     """Two runs that differ in the optimiser only (as `-m optim=adam,sgd` makes them): the
-    HParams dashboard ticks optim among its first five (the old fixed flags left it
-    unticked, so SGD and Adam rows looked the same), shows the world size as `1` (not
-    1.0000) and the run's figures first among the metrics."""
+    HParams dashboard ticks it among its first five (`~optim`: not a setting, so it sorts
+    after the settings), shows the world size as `1` (not 1.0000), has no `overlap` or
+    `compress` beside the sync's own options, and the run's figures first among the metrics."""
     from tensorboard.plugins.hparams import api_pb2, metadata
 
     for optim in ("adam", "sgd"):
@@ -93,18 +94,18 @@ def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
         tel.finish()
     experiment = _hparams_experiment(tmp_path)
     ticked = [h.name for h in experiment.hparam_infos]
-    assert ticked[0] == "optim" and experiment.hparam_infos[0].differs, ticked
-    assert [h.name for h in experiment.hparam_infos if h.differs] == ["optim"]
+    assert ticked[0] == "~optim" and experiment.hparam_infos[0].differs, ticked
+    assert [h.name for h in experiment.hparam_infos if h.differs] == ["~optim"]
     every = {h.name: h for h in _hparams_experiment(tmp_path, limit=None).hparam_infos}
     assert every["world_size"].type == api_pb2.DATA_TYPE_STRING
     assert list(every["world_size"].domain_discrete.values[0].string_value) == list("1")
+    assert not {"overlap", "~overlap", "compress", "~compress"} & set(every), sorted(every)
     acc = tensorboard(tmp_path / "sgd")
-    assert acc.path.endswith("/tb/ring_w1_mlp_sgd_b2_lr0.1")  # what is not the default
+    assert acc.path.endswith("/tb/ring_w1_mlp_sgd_b2_lr0.1_full")  # what is not the default
     session = metadata.parse_session_start_info_plugin_data(
         acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
     assert session.hparams["world_size"].string_value == "1"  # shown as 1, not 1.0000
-    assert session.hparams["lr"].number_value == 0.1
-    assert session.hparams["overlap"].bool_value is False
+    assert session.hparams["~lr"].number_value == 0.1
     metrics = [m.name.tag for m in experiment.metric_infos][:5]  # the five it shows
     assert metrics == ["Run/busbw[GB/s]", "Run/comm_fraction", "Run/epoch_time_median[s]",
                        "Run/test_accuracy", "accuracy/test[fraction]"]
@@ -130,7 +131,7 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     tel.finish()
 
     acc = tensorboard(tmp_path)
-    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp_b2_lr0.1")
+    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp_b2_lr0.1_full")
     assert _points(acc, "epoch") == [(2, 1.0), (4, 2.0)]  # 2 steps per epoch
     assert [s for s, _ in _points(acc, "loss/train")] == [2, 4]
     assert [e.step for e in acc.Tensors("config/text_summary")] == [0]
@@ -183,7 +184,8 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
     (event,) = acc.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
     assert [(c.title, c.closed) for c in layout.category] == \
-        [(t, closed) for _, t, closed, *_ in ONE_RUN] + [(t, closed) for t, closed, _ in LAYOUT]
+        [(t, closed) for t, closed, _ in compare_categories(workload(_telemetry(tmp_path).hparams()))] \
+        + [(t, True) for _, t, *_ in ONE_RUN]  # the one-run charts: folded
     tags = set(acc.Tags()["scalars"])
     margins = 0
     for chart in (c for cat in layout.category for c in cat.chart):
@@ -194,10 +196,8 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
             assert [s for s, _ in value] == [s for s, _ in low] == [s for s, _ in high] != []
             assert all(lo <= hi for (_, lo), (_, hi) in zip(low, high))
             continue
-        for rx in chart.multiline.tag:
-            assert any(re.match(rx, t) for t in tags), (chart.title, rx)
-        # one quantity a chart, but for the step time's variants and the two losses
-        assert len(chart.multiline.tag) == 1 or chart.title.startswith(("step time", "loss")), chart
+        (rx,) = chart.multiline.tag  # one quantity a chart
+        assert any(re.match(rx, t) for t in tags), (chart.title, rx)
     assert margins == 2
     # the band: in flight long, ending at compute + exposed; its line: compute
     for (compute, inflight, exposed), names in BANDS.items():
@@ -310,7 +310,7 @@ def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_
     finally:
         _clean_up(proc, run_dir)
     acc = tensorboard(run_dir)  # one run in tb/
-    assert acc.path.endswith("/tb/ddp_w2_mlp")
+    assert acc.path.endswith("/tb/ddp_w2_mlp_150steps_slow0-30ms")
     for tag in acc.Tags()["scalars"]:
         steps = [e.step for e in acc.Scalars(tag)]
         assert steps == sorted(set(steps)), (tag, steps, stopped_at)
