@@ -318,3 +318,84 @@ def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_
     assert [s for s, _ in _points(acc, "loss/train")] == [150, 300]
     assert all(v == (1.0 if s <= 150 else 2.0) for s, v in _points(acc, "epoch"))
     print(f"stopped at epoch {stopped_at[0]} step {stopped_at[1]}: one continuous axis")
+
+
+def _timed_run(run_dir: Path, *overrides: str, steps: int, epochs: int, world: int = 1,
+               resumed_from: int = 0) -> None:
+    """A run of `epochs` epochs of `steps` steps of 5 ms (1 ms a phase) through Telemetry, a
+    per-step point every step; `resumed_from`: its first segment ran that many epochs and
+    stopped, and a second one (train.epochs raised) continued it."""
+    from ddp_lab.timing import PHASES, StepTimes
+
+    times = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
+             for i in range(steps)]
+    segments = [(0, resumed_from), (resumed_from, epochs)] if resumed_from else [(0, epochs)]
+    for first, last in segments:
+        tel = _telemetry(run_dir, f"train.epochs={last}", "timing.tb_every=1",
+                         f"train.max_steps_per_epoch={steps}", *overrides,
+                         steps_per_epoch=steps, world=world)
+        tel.start(first, 0)
+        for e in range(first + 1, last + 1):
+            tel.epoch(_epoch(e, times))
+        tel.finish()
+
+
+def test_runs_of_any_length_compare_on_the_epoch_and_the_step_within_it(tmp_path):
+    """Four runs of one workload in one folder (two syncs, worlds 1 and 2, 4 and 8 steps per
+    epoch, 2 or 3 epochs, one resumed), as TensorBoard's own plugin serves them: the
+    workload's comparison chart of time per epoch has every run as a line on x = the epoch,
+    and its per-step charts put each step at its place within its epoch, so a long run does
+    not squeeze a short one; the one-run band charts are folded; the TensorBoard run names
+    are unique and hold the label once; HParams ticks sync and world_size among its first
+    five, and the resumed run's hparams say its epochs now."""
+    from tensorboard.plugins.hparams import metadata
+
+    runs = {"ring": dict(steps=4, epochs=2, world=1), "allreduce": dict(steps=8, epochs=3, world=2),
+            "ring2": dict(steps=8, epochs=2, world=2), "allreduce1": dict(steps=4, epochs=2, world=1,
+                                                                         resumed_from=1)}
+    labels, folders = {}, {}
+    for k, (name, spec) in enumerate(runs.items()):
+        sync = name.rstrip("12")
+        labels[name] = run_name(_telemetry(tmp_path / "probe", f"sync={sync}", world=spec["world"]).hparams())
+        folders[f"{labels[name]}_2026-01-01_00-00-0{k}"] = spec
+        _timed_run(tmp_path / f"{labels[name]}_2026-01-01_00-00-0{k}", f"sync={sync}", **spec)
+    layout, tags = _custom_scalars(tmp_path)
+    names = sorted(tags)
+    assert len(set(names)) == 4, names
+    for run in names:  # `<run folder>/tb/<what the folder's name does not say>`
+        folder, tb, tail = run.split("/")
+        assert tb == "tb" and tail == f"{folders[folder]['steps']}steps", run
+
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.util import tensor_util
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    by_epoch, by_step, *one_run = layout["category"]
+    assert by_epoch["title"].endswith("x = epoch (a line per run)") and not by_epoch.get("closed")
+    assert all(c.get("closed") for c in one_run) and len(one_run) == 2  # folded
+    (chart,) = [c for c in by_epoch["chart"] if c["title"] == "time per epoch (s)"]
+    (rx,) = chart["multiline"]["tag"]
+    for run in names:
+        (tag,) = [t for t in tags[run] if re.match(rx, t)]  # the same tag in every run
+        points = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in mux.Tensors(run, tag)]
+        epochs = folders[run.split("/")[0]]["epochs"]
+        assert points == [(e, pytest.approx(0.1)) for e in range(1, epochs + 1)], (run, points)  # x: the epoch
+    (chart,) = [c for c in by_step["chart"] if c["title"] == "compute (ms)"]
+    (rx,) = chart["multiline"]["tag"]
+    for run in names:
+        steps = folders[run.split("/")[0]]["steps"]
+        matched = sorted(t for t in tags[run] if re.match(rx, t))
+        assert matched and matched[0].endswith("/e1"), matched  # a line per epoch
+        for tag in matched:
+            assert [e.step for e in mux.Tensors(run, tag)] == list(range(1, steps + 1)), (run, tag)
+
+    experiment = _hparams_experiment(tmp_path)  # the five it ticks
+    ticked = {h.name: h.differs for h in experiment.hparam_infos}
+    assert ticked.get("sync") and ticked.get("world_size"), ticked
+    (resumed,) = [r for r in names if r.startswith(f"{labels['allreduce1']}_2026-01-01_00-00-03/")]
+    acc = mux.GetAccumulator(resumed)
+    session = metadata.parse_session_start_info_plugin_data(
+        acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+    assert session.hparams["~epochs"].string_value == "2"  # not the first segment's 1
