@@ -133,19 +133,19 @@ class Work:
         self.done: dict[str, object] = {}
         self.skipped: dict[str, str] = {}
 
-    def train(self, *overrides: str, root: Optional[Path] = None) -> None:
-        run([PY, "-m", "ddp_lab", f"run.root={root or self.outputs}", f"data.root={self.data}",
-             "train.threads=1", "log.progress=lines", *overrides], self.log)
+    def train(self, *overrides: str, root: Optional[Path] = None, sweep: bool = False) -> None:
+        run([PY, "-m", "ddp_lab", *(["-m"] if sweep else []), f"run.root={root or self.outputs}",
+             f"data.root={self.data}", "train.threads=1", "log.progress=lines", *overrides], self.log)
 
     # ---------------------------------------------------------------- the steps
     def runs(self) -> None:
         """The 16 training runs and the resumed 17th, in outputs/."""
         if "runs" in self.done:
             return
-        self.train("-m", f"sync={','.join(SYNCS)}",
+        self.train(f"sync={','.join(SYNCS)}",
                    f"launcher.nproc_per_node={','.join(map(str, WORLDS))}",
                    f"train.max_steps_per_epoch={','.join(map(str, CAPS))}",
-                   f"train.epochs={EPOCHS}", "timing.tb_every=2")
+                   f"train.epochs={EPOCHS}", "timing.tb_every=2", sweep=True)
         resumed = self.outputs / "ring_w2_mlp_resumed"
         common = ("sync=ring", "launcher.nproc_per_node=2", "train.max_steps_per_epoch=30",
                   "timing.tb_every=2", f"run.dir={resumed}")
@@ -174,6 +174,9 @@ class Work:
             return
         for name, overrides in BENCHES.items():
             folder = self.root / "bench" / name
+            if list(folder.glob("*/plots/all_reduce.png")):  # made by an earlier call (--work)
+                self.done[name] = next(folder.glob("*/plots/all_reduce.png"))
+                continue
             run([PY, "-m", "ddp_lab.bench", f"run.root={folder}", *overrides], self.log)
             (plot,) = folder.glob("*/plots/all_reduce.png")
             self.done[name] = plot
@@ -183,8 +186,9 @@ class Work:
         if "profile" in self.done:
             return
         folder = self.root / "profile"
-        self.train("sync=ring", "launcher.nproc_per_node=2", "train.max_steps_per_epoch=20",
-                   "train.epochs=1", "timing.profile=true", root=folder)
+        if not list(folder.glob("*/profile/rank0.pt.trace.json")):  # else made earlier (--work)
+            self.train("sync=ring", "launcher.nproc_per_node=2", "train.max_steps_per_epoch=20",
+                       "train.epochs=1", "timing.profile=true", root=folder)
         (trace,) = folder.glob("*/profile/rank0.pt.trace.json")
         self.done["profile"] = trace
 
