@@ -50,6 +50,7 @@ SYNCS = ("ddp", "ring", "tree", "allreduce")
 WORLDS = (2, 3)
 CAPS = (20, 40)
 EPOCHS = 2
+WAIT_S = 75  # a screenshot waits this long for TensorBoard to draw every chart (a loaded machine)
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,15 @@ class Work:
         """The 16 training runs and the resumed 17th, in outputs/."""
         if "runs" in self.done:
             return
+        resumed = self.outputs / "ring_w2_mlp_resumed"
+        if (resumed / "summary.json").is_file() and \
+                json.loads((resumed / "summary.json").read_text()).get("epochs") == EPOCHS:
+            self.done["runs"] = True  # made by an earlier call (--work)
+            return
         self.train(f"sync={','.join(SYNCS)}",
                    f"launcher.nproc_per_node={','.join(map(str, WORLDS))}",
                    f"train.max_steps_per_epoch={','.join(map(str, CAPS))}",
                    f"train.epochs={EPOCHS}", "timing.tb_every=2", sweep=True)
-        resumed = self.outputs / "ring_w2_mlp_resumed"
         common = ("sync=ring", "launcher.nproc_per_node=2", "train.max_steps_per_epoch=30",
                   "timing.tb_every=2", f"run.dir={resumed}")
         self.train(*common, "train.epochs=1")
@@ -160,7 +165,7 @@ class Work:
         if "report" in self.done:
             return
         self.runs()
-        for world in WORLDS:  # the alpha-beta fits, one per allocation
+        for world in WORLDS if not list(self.outputs.glob("bench_*")) else ():  # the fits
             run([PY, "-m", "ddp_lab.bench", f"run.root={self.outputs}", f"launcher.nproc_per_node={world}",
                  "bench.impl=[torch,ring]", "bench.max_elements=4194304", "bench.points=6"], self.log)
         report = self.root / "report"
@@ -307,14 +312,79 @@ class Browser:
         raise RuntimeError("tensorboard did not serve its runs within 120 s")
 
     def shot(self, fragment: str, png: Path, size: tuple[int, int]) -> None:
+        """A screenshot of TensorBoard's `fragment` (`#custom_scalars`) at `size`, smoothing off
+        and no outliers left out of a chart's y range (every run's line whole): through the
+        DevTools protocol where websocket-client is installed, else Chromium's --screenshot
+        (TensorBoard's defaults: smoothing 0.6, outliers ignored)."""
         profile = tempfile.mkdtemp(prefix="docs_images_chromium_")
+        url = f"http://127.0.0.1:{self.port}/{fragment}&_smoothingWeight=0"
         try:
-            run([self.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                 f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-                 "--virtual-time-budget=30000", f"--screenshot={png}",
-                 f"http://127.0.0.1:{self.port}/{fragment}"], self.log, timeout=180)
+            try:
+                import websocket  # noqa: F401  (websocket-client)
+            except ImportError:
+                say("no websocket-client: Chromium's --screenshot, with TensorBoard's chart defaults")
+                run([self.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                     f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                     "--virtual-time-budget=30000", f"--screenshot={png}", url], self.log, timeout=180)
+                return
+            self._devtools(url, png, size, profile)
         finally:
             shutil.rmtree(profile, ignore_errors=True)
+
+    def _devtools(self, url: str, png: Path, size: tuple[int, int], profile: str) -> None:
+        import base64
+        import itertools
+        import urllib.request
+
+        import websocket
+
+        port = free_port()
+        proc = subprocess.Popen([self.chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                                 "--hide-scrollbars", f"--user-data-dir={profile}",
+                                 f"--window-size={size[0]},{size[1]}", f"--remote-debugging-port={port}",
+                                 "--remote-allow-origins=*", "about:blank"],
+                                stdout=subprocess.DEVNULL, stderr=open(self.log, "a"))
+        try:
+            deadline, page = time.monotonic() + 60, None
+            while page is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=5) as r:
+                        page = next(t for t in json.loads(r.read()) if t["type"] == "page")
+                except (OSError, StopIteration):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("chromium's DevTools did not answer within 60 s")
+                    time.sleep(0.5)
+            ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=120)
+            ids = itertools.count(1)
+
+            def call(method: str, **params) -> dict:
+                n = next(ids)
+                ws.send(json.dumps({"id": n, "method": method, "params": params}))
+                while True:
+                    answer = json.loads(ws.recv())
+                    if answer.get("id") == n:
+                        if "error" in answer:
+                            raise RuntimeError(f"{method}: {answer['error']}")
+                        return answer.get("result", {})
+
+            call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1],
+                 deviceScaleFactor=1, mobile=False)
+            call("Page.navigate", url=f"http://127.0.0.1:{self.port}/")
+            time.sleep(3)
+            # TensorBoard keeps this setting in the origin's localStorage, not in the URL
+            call("Runtime.evaluate", expression="localStorage.setItem('_ignoreYOutliers', 'false')")
+            call("Page.navigate", url=url)
+            time.sleep(WAIT_S)  # the dashboard loads, fetches every run's series and draws
+            data = call("Page.captureScreenshot", format="png")["data"]
+            png.write_bytes(base64.b64decode(data))
+            ws.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def close(self) -> None:
         self.proc.terminate()
@@ -333,6 +403,7 @@ def one_run_unfolded(work: Work) -> Path:
 
     (src,) = [p for p in work.outputs.glob("ring_w2_mlp_*")
               if p.is_dir() and (p / "tb" / "40steps").is_dir()]
+    shutil.rmtree(work.root / "one_run", ignore_errors=True)  # an earlier call's (--work)
     dst = work.root / "one_run" / src.name
     shutil.copytree(src / "tb", dst / "tb")
     folder = dst / "tb" / "40steps"
@@ -385,14 +456,14 @@ def make(work: Work, names: list[str]) -> dict[str, str]:
         browser = Browser(work.outputs, work.log)
         try:
             for name, fragment, size in (("tensorboard_compare", "#custom_scalars", (1600, 1500)),
-                                         ("tensorboard_compare_steps", "#custom_scalars", (1600, 2600)),
-                                         ("tensorboard_hparams", "#hparams", (1600, 1000))):
+                                         ("tensorboard_compare_steps", "#custom_scalars", (1600, 1750)),
+                                         ("tensorboard_hparams", "#hparams", (2100, 950))):
                 if name in shots:
                     browser.shot(fragment, work.out / f"{name}.png", size)
         finally:
             browser.close()
         if "tensorboard_compare_steps" in shots:  # its lower half: the per-step category
-            crop(work.out / "tensorboard_compare_steps.png", top=1250)
+            crop(work.out / "tensorboard_compare_steps.png", top=1060)
         if "tensorboard_compute_comm_one_run" in shots:
             browser = Browser(one_run_unfolded(work), work.log)
             try:
