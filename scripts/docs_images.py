@@ -50,7 +50,14 @@ SYNCS = ("ddp", "ring", "tree", "allreduce")
 WORLDS = (2, 3)
 CAPS = (20, 40)
 EPOCHS = 2
-WAIT_S = 75  # a screenshot waits this long for TensorBoard to draw every chart (a loaded machine)
+WAIT_S = 300  # a screenshot waits at most this long for TensorBoard to draw every chart
+MIN_WAIT_S = 20
+# the loading spinners turning in TensorBoard's page, through every shadow root
+SPINNERS = """(function count(root) { let n = 0;
+  for (const el of root.querySelectorAll('*')) {
+    if (/SPINNER/.test(el.tagName) && (el.active || el.hasAttribute('active'))) n++;
+    if (el.shadowRoot) n += count(el.shadowRoot); }
+  return n; })(document)"""
 
 
 @dataclass(frozen=True)
@@ -374,7 +381,17 @@ class Browser:
             # TensorBoard keeps this setting in the origin's localStorage, not in the URL
             call("Runtime.evaluate", expression="localStorage.setItem('_ignoreYOutliers', 'false')")
             call("Page.navigate", url=url)
-            time.sleep(WAIT_S)  # the dashboard loads, fetches every run's series and draws
+            # the dashboard loads, fetches every run's series and draws: wait until no chart's
+            # spinner turns (twice in a row), at least MIN_WAIT_S, at most WAIT_S
+            started, quiet = time.monotonic(), 0
+            while time.monotonic() - started < WAIT_S:
+                time.sleep(3)
+                spinning = call("Runtime.evaluate", expression=SPINNERS, returnByValue=True)
+                n = spinning.get("result", {}).get("value", -1)
+                quiet = quiet + 1 if n == 0 else 0
+                if quiet >= 2 and time.monotonic() - started >= MIN_WAIT_S:
+                    break
+            say(f"{png.name}: drawn after {time.monotonic() - started:.0f} s (spinners left: {n})")
             data = call("Page.captureScreenshot", format="png")["data"]
             png.write_bytes(base64.b64decode(data))
             ws.close()
@@ -452,32 +469,35 @@ def make(work: Work, names: list[str]) -> dict[str, str]:
             draw_profile(work.done["profile"], png)
         said.setdefault(name, "made")
     shots = [n for n in names if BY_NAME[n].needs == "tensorboard"]
-    if shots:
+    if set(shots) - {"tensorboard_compute_comm_one_run"}:
         browser = Browser(work.outputs, work.log)
         try:
-            for name, fragment, size in (("tensorboard_compare", "#custom_scalars", (1600, 1500)),
-                                         ("tensorboard_compare_steps", "#custom_scalars", (1600, 1750)),
-                                         ("tensorboard_hparams", "#hparams", (2100, 950))):
-                if name in shots:
-                    browser.shot(fragment, work.out / f"{name}.png", size)
+            if {"tensorboard_compare", "tensorboard_compare_steps"} & set(shots):
+                # one page for both: the x = epoch category above, the per-step one below
+                whole = work.root / "custom_scalars.png"
+                browser.shot("#custom_scalars", whole, (1600, 1750))
+                if "tensorboard_compare" in shots:
+                    crop(whole, work.out / "tensorboard_compare.png", 0, 1075)
+                if "tensorboard_compare_steps" in shots:
+                    crop(whole, work.out / "tensorboard_compare_steps.png", 1060, 1750)
+            if "tensorboard_hparams" in shots:
+                browser.shot("#hparams", work.out / "tensorboard_hparams.png", (2100, 950))
         finally:
             browser.close()
-        if "tensorboard_compare_steps" in shots:  # its lower half: the per-step category
-            crop(work.out / "tensorboard_compare_steps.png", top=1060)
-        if "tensorboard_compute_comm_one_run" in shots:
-            browser = Browser(one_run_unfolded(work), work.log)
-            try:
-                browser.shot("#custom_scalars", work.out / "tensorboard_compute_comm_one_run.png", (1400, 900))
-            finally:
-                browser.close()
+    if "tensorboard_compute_comm_one_run" in shots:
+        browser = Browser(one_run_unfolded(work), work.log)
+        try:
+            browser.shot("#custom_scalars", work.out / "tensorboard_compute_comm_one_run.png", (1400, 900))
+        finally:
+            browser.close()
     return said
 
 
-def crop(png: Path, top: int) -> None:
+def crop(src: Path, dst: Path, top: int, bottom: int) -> None:
+    """Rows top..bottom of the picture `src`, to `dst`."""
     import matplotlib.image as mpimg
 
-    pixels = mpimg.imread(png)
-    mpimg.imsave(png, pixels[top:])
+    mpimg.imsave(dst, mpimg.imread(src)[top:bottom])
 
 
 def main(argv: Optional[list[str]] = None) -> int:
