@@ -50,12 +50,13 @@ SYNCS = ("ddp", "ring", "tree", "allreduce")
 WORLDS = (2, 3)
 CAPS = (20, 40)
 EPOCHS = 2
-WAIT_S = 300  # a screenshot waits at most this long for TensorBoard to draw every chart
+WAIT_S = 180  # a screenshot waits at most this long for TensorBoard to draw every chart
 MIN_WAIT_S = 20
 # the loading spinners turning in TensorBoard's page, through every shadow root
 SPINNERS = """(function count(root) { let n = 0;
   for (const el of root.querySelectorAll('*')) {
-    if (/SPINNER/.test(el.tagName) && (el.active || el.hasAttribute('active'))) n++;
+    if (/SPINNER/.test(el.tagName) && (el.active || el.hasAttribute('active'))
+        && el.getClientRects().length > 0) n++;
     if (el.shadowRoot) n += count(el.shadowRoot); }
   return n; })(document)"""
 
