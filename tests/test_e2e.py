@@ -135,7 +135,9 @@ def test_default_run_reaches_the_notebook_accuracy(tmp_path, shared_data_root):
             time.sleep(1)
         assert any(SCALARS <= set(t) for t in served.values()), served
         runs = list(served)  # one TensorBoard run per training, named for the sidebar
-        assert len(runs) == 1 and runs[0].endswith("/tb/ddp_w2_mlp"), runs
+        # `<run folder, named by the label>/tb/full`: the label once, then what it does not say
+        assert len(runs) == 1 and runs[0] == f"{run_dir.name}/tb/full", runs
+        assert run_dir.name.startswith("ddp_w2_mlp_"), run_dir
     finally:
         tb.terminate()
         tb.wait(timeout=30)

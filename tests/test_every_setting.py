@@ -227,12 +227,16 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
     assert not bad, bad
     assert "keeps no records" in states[one_file_dir]["detail"]
 
-    # TensorBoard: one run per folder, named by its description's label; settings that
-    # differ, names that differ (a study's repeat aside, two folders never share one)
+    # TensorBoard: one run per folder, `<folder named by its description's label>/tb/<what
+    # the label does not say>`; settings that differ, names that differ (a study's repeat
+    # aside, two folders never share one)
+    from ddp_lab.folder.tensorboard import length_extras, writer_name
+
     descs = {f: _description(f) for f in trained}
     for f, d in descs.items():
         runs = [p.parent.name for p in (f / "tb").glob("*/events.out.tfevents.*")]
-        assert set(runs) == {d.label()}, (f.name, runs)
+        cap = OmegaConf.load(f / "config.yaml").train.max_steps_per_epoch
+        assert set(runs) == {writer_name(d.label(), f.name, length_extras(cap))}, (f.name, runs)
     by_setting = {}
     for f, d in descs.items():
         by_setting.setdefault((d.label()), set()).add((d.setting, d.workload))

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.folder.tensorboard import BANDS, LAYOUT, ONE_RUN, band_tag, run_name
+from ddp_lab.folder.tensorboard import (BANDS, ONE_RUN, band_tag, compare_categories, run_name,
+                                       workload)
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training
 
 
-def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
+def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2, world: int = 1):
     """A one-rank Telemetry as the loop drives it (no process group)."""
     from ddp_lab.world.distributed import DistContext
     from ddp_lab.world.env import DistEnv
@@ -29,7 +30,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2):
 
     cfg = compose("launcher=local", "sync=ring", "model=mlp", "optim=adam", "train.batch_size=2",
                   "train.lr=0.1", "log.progress=lines", "timing.trace=false", *overrides)
-    ctx = DistContext(env=DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
+    ctx = DistContext(env=DistEnv(0, 0, world, world, 0, 1, "127.0.0.1", 1, "test"), backend="gloo",
                       device=torch.device("cpu"))
     return Telemetry(cfg, ctx, run_dir, steps_per_epoch=steps_per_epoch, bytes_exact=True)
 
@@ -81,9 +82,9 @@ def _hparams_experiment(logdir: Path, limit: int | None = 5):
 
 def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
     """Two runs that differ in the optimiser only (as `-m optim=adam,sgd` makes them): the
-    HParams dashboard ticks optim among its first five (the old fixed flags left it
-    unticked, so SGD and Adam rows looked the same), shows the world size as `1` (not
-    1.0000) and the run's figures first among the metrics."""
+    HParams dashboard ticks it among its first five (`~optim`: not a setting, so it sorts
+    after the settings), shows the world size as `1` (not 1.0000), has no `overlap` or
+    `compress` beside the sync's own options, and the run's figures first among the metrics."""
     from tensorboard.plugins.hparams import api_pb2, metadata
 
     for optim in ("adam", "sgd"):
@@ -93,18 +94,18 @@ def test_hparams_tick_what_differs_and_show_integers_as_integers(tmp_path):
         tel.finish()
     experiment = _hparams_experiment(tmp_path)
     ticked = [h.name for h in experiment.hparam_infos]
-    assert ticked[0] == "optim" and experiment.hparam_infos[0].differs, ticked
-    assert [h.name for h in experiment.hparam_infos if h.differs] == ["optim"]
+    assert ticked[0] == "~optim" and experiment.hparam_infos[0].differs, ticked
+    assert [h.name for h in experiment.hparam_infos if h.differs] == ["~optim"]
     every = {h.name: h for h in _hparams_experiment(tmp_path, limit=None).hparam_infos}
     assert every["world_size"].type == api_pb2.DATA_TYPE_STRING
     assert list(every["world_size"].domain_discrete.values[0].string_value) == list("1")
+    assert not {"overlap", "~overlap", "compress", "~compress"} & set(every), sorted(every)
     acc = tensorboard(tmp_path / "sgd")
-    assert acc.path.endswith("/tb/ring_w1_mlp_sgd_b2_lr0.1")  # what is not the default
+    assert acc.path.endswith("/tb/ring_w1_mlp_sgd_b2_lr0.1_full")  # what is not the default
     session = metadata.parse_session_start_info_plugin_data(
         acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
     assert session.hparams["world_size"].string_value == "1"  # shown as 1, not 1.0000
-    assert session.hparams["lr"].number_value == 0.1
-    assert session.hparams["overlap"].bool_value is False
+    assert session.hparams["~lr"].number_value == 0.1
     metrics = [m.name.tag for m in experiment.metric_infos][:5]  # the five it shows
     assert metrics == ["Run/busbw[GB/s]", "Run/comm_fraction", "Run/epoch_time_median[s]",
                        "Run/test_accuracy", "accuracy/test[fraction]"]
@@ -130,7 +131,7 @@ def test_one_run_its_head_once_and_every_epoch_on_the_global_step_axis(tmp_path)
     tel.finish()
 
     acc = tensorboard(tmp_path)
-    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp_b2_lr0.1")
+    assert acc.path == str(tmp_path / "tb" / "ring_w1_mlp_b2_lr0.1_full")
     assert _points(acc, "epoch") == [(2, 1.0), (4, 2.0)]  # 2 steps per epoch
     assert [s for s, _ in _points(acc, "loss/train")] == [2, 4]
     assert [e.step for e in acc.Tensors("config/text_summary")] == [0]
@@ -183,7 +184,8 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
     (event,) = acc.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
     assert [(c.title, c.closed) for c in layout.category] == \
-        [(t, closed) for _, t, closed, *_ in ONE_RUN] + [(t, closed) for t, closed, _ in LAYOUT]
+        [(t, closed) for t, closed, _ in compare_categories(workload(_telemetry(tmp_path).hparams()))] \
+        + [(t, True) for _, t, *_ in ONE_RUN]  # the one-run charts: folded
     tags = set(acc.Tags()["scalars"])
     margins = 0
     for chart in (c for cat in layout.category for c in cat.chart):
@@ -194,10 +196,8 @@ def test_the_layout_tells_compute_and_comm_apart(tmp_path):
             assert [s for s, _ in value] == [s for s, _ in low] == [s for s, _ in high] != []
             assert all(lo <= hi for (_, lo), (_, hi) in zip(low, high))
             continue
-        for rx in chart.multiline.tag:
-            assert any(re.match(rx, t) for t in tags), (chart.title, rx)
-        # one quantity a chart, but for the step time's variants and the two losses
-        assert len(chart.multiline.tag) == 1 or chart.title.startswith(("step time", "loss")), chart
+        (rx,) = chart.multiline.tag  # one quantity a chart
+        assert any(re.match(rx, t) for t in tags), (chart.title, rx)
     assert margins == 2
     # the band: in flight long, ending at compute + exposed; its line: compute
     for (compute, inflight, exposed), names in BANDS.items():
@@ -310,7 +310,7 @@ def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_
     finally:
         _clean_up(proc, run_dir)
     acc = tensorboard(run_dir)  # one run in tb/
-    assert acc.path.endswith("/tb/ddp_w2_mlp")
+    assert acc.path.endswith("/tb/ddp_w2_mlp_150steps_slow0-30ms")
     for tag in acc.Tags()["scalars"]:
         steps = [e.step for e in acc.Scalars(tag)]
         assert steps == sorted(set(steps)), (tag, steps, stopped_at)
@@ -318,3 +318,84 @@ def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_
     assert [s for s, _ in _points(acc, "loss/train")] == [150, 300]
     assert all(v == (1.0 if s <= 150 else 2.0) for s, v in _points(acc, "epoch"))
     print(f"stopped at epoch {stopped_at[0]} step {stopped_at[1]}: one continuous axis")
+
+
+def _timed_run(run_dir: Path, *overrides: str, steps: int, epochs: int, world: int = 1,
+               resumed_from: int = 0) -> None:
+    """A run of `epochs` epochs of `steps` steps of 5 ms (1 ms a phase) through Telemetry, a
+    per-step point every step; `resumed_from`: its first segment ran that many epochs and
+    stopped, and a second one (train.epochs raised) continued it."""
+    from ddp_lab.timing import PHASES, StepTimes
+
+    times = [StepTimes([(p, (5 * i + k) * 1e-3, (5 * i + k + 1) * 1e-3) for k, p in enumerate(PHASES)])
+             for i in range(steps)]
+    segments = [(0, resumed_from), (resumed_from, epochs)] if resumed_from else [(0, epochs)]
+    for first, last in segments:
+        tel = _telemetry(run_dir, f"train.epochs={last}", "timing.tb_every=1",
+                         f"train.max_steps_per_epoch={steps}", *overrides,
+                         steps_per_epoch=steps, world=world)
+        tel.start(first, 0)
+        for e in range(first + 1, last + 1):
+            tel.epoch(_epoch(e, times))
+        tel.finish()
+
+
+def test_runs_of_any_length_compare_on_the_epoch_and_the_step_within_it(tmp_path):
+    """Four runs of one workload in one folder (two syncs, worlds 1 and 2, 4 and 8 steps per
+    epoch, 2 or 3 epochs, one resumed), as TensorBoard's own plugin serves them: the
+    workload's comparison chart of time per epoch has every run as a line on x = the epoch,
+    and its per-step charts put each step at its place within its epoch, so a long run does
+    not squeeze a short one; the one-run band charts are folded; the TensorBoard run names
+    are unique and hold the label once; HParams ticks sync and world_size among its first
+    five, and the resumed run's hparams say its epochs now."""
+    from tensorboard.plugins.hparams import metadata
+
+    runs = {"ring": dict(steps=4, epochs=2, world=1), "allreduce": dict(steps=8, epochs=3, world=2),
+            "ring2": dict(steps=8, epochs=2, world=2), "allreduce1": dict(steps=4, epochs=2, world=1,
+                                                                         resumed_from=1)}
+    labels, folders = {}, {}
+    for k, (name, spec) in enumerate(runs.items()):
+        sync = name.rstrip("12")
+        labels[name] = run_name(_telemetry(tmp_path / "probe", f"sync={sync}", world=spec["world"]).hparams())
+        folders[f"{labels[name]}_2026-01-01_00-00-0{k}"] = spec
+        _timed_run(tmp_path / f"{labels[name]}_2026-01-01_00-00-0{k}", f"sync={sync}", **spec)
+    layout, tags = _custom_scalars(tmp_path)
+    names = sorted(tags)
+    assert len(set(names)) == 4, names
+    for run in names:  # `<run folder>/tb/<what the folder's name does not say>`
+        folder, tb, tail = run.split("/")
+        assert tb == "tb" and tail == f"{folders[folder]['steps']}steps", run
+
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.util import tensor_util
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    by_epoch, by_step, *one_run = layout["category"]
+    assert by_epoch["title"].endswith("x = epoch (a line per run)") and not by_epoch.get("closed")
+    assert all(c.get("closed") for c in one_run) and len(one_run) == 2  # folded
+    (chart,) = [c for c in by_epoch["chart"] if c["title"] == "time per epoch (s)"]
+    (rx,) = chart["multiline"]["tag"]
+    for run in names:
+        (tag,) = [t for t in tags[run] if re.match(rx, t)]  # the same tag in every run
+        points = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in mux.Tensors(run, tag)]
+        epochs = folders[run.split("/")[0]]["epochs"]
+        assert points == [(e, pytest.approx(0.1)) for e in range(1, epochs + 1)], (run, points)  # x: the epoch
+    (chart,) = [c for c in by_step["chart"] if c["title"] == "compute (ms)"]
+    (rx,) = chart["multiline"]["tag"]
+    for run in names:
+        steps = folders[run.split("/")[0]]["steps"]
+        matched = sorted(t for t in tags[run] if re.match(rx, t))
+        assert matched and matched[0].endswith("/e1"), matched  # a line per epoch
+        for tag in matched:
+            assert [e.step for e in mux.Tensors(run, tag)] == list(range(1, steps + 1)), (run, tag)
+
+    experiment = _hparams_experiment(tmp_path)  # the five it ticks
+    ticked = {h.name: h.differs for h in experiment.hparam_infos}
+    assert ticked.get("sync") and ticked.get("world_size"), ticked
+    (resumed,) = [r for r in names if r.startswith(f"{labels['allreduce1']}_2026-01-01_00-00-03/")]
+    acc = mux.GetAccumulator(resumed)
+    session = metadata.parse_session_start_info_plugin_data(
+        acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+    assert session.hparams["~epochs"].string_value == "2"  # not the first segment's 1

@@ -15,7 +15,7 @@ from typing import Optional
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
-from .tensorboard import TensorBoardRun
+from .tensorboard import TensorBoardRun, drop_head, run_folder
 
 
 class RankFormatter(logging.Formatter):
@@ -83,7 +83,8 @@ class NullSink:
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
 
-    def tensorboard(self, name: str, config: str, hparams: dict, bands: tuple[str, ...] = ()) -> None:
+    def tensorboard(self, name: str, config: str, hparams: dict, bands: tuple[str, ...] = (),
+                    load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0) -> None:
         pass
 
     def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
@@ -129,16 +130,20 @@ class RunFolderSink(NullSink):
         return kept
 
     def tensorboard(self, name: str, config: str, hparams: dict,
-                    bands: tuple[str, ...] = ("step", "epoch")) -> None:
+                    bands: tuple[str, ...] = ("step", "epoch"), load: tuple[str, str] = ("?", "?"),
+                    steps_per_epoch: int = 0) -> None:
         """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
-        hidden, else a fresh tb/<name> (config, layout with the `bands` charts, hparams)."""
+        hidden and its layout and hparams replaced, else a fresh tb/<name> (config, layout
+        with the `bands` charts and the workload's (`load`) comparison charts, hparams)."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
         written = TensorBoardRun.written(tb)
-        self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None)
-        if not written:
-            self._tb.head(config, hparams, bands)
+        if written:
+            drop_head(run_folder(tb, name))
+        self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None,
+                                  load=load, steps_per_epoch=steps_per_epoch)
+        self._tb.head(config, hparams, bands, fresh=not written)
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
@@ -148,6 +153,7 @@ class RunFolderSink(NullSink):
         self._lines.append(json.dumps(record.to_dict(), sort_keys=True))
         self._write_metrics()
         self._tb.scalars(step, scalars)
+        self._tb.epoch(record.epoch, scalars)
         self._tb.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:

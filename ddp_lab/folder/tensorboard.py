@@ -75,52 +75,111 @@ def _band(run: str, names: tuple[str, str, str]) -> dict:
     return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
 
 
-# Custom scalars: a chart per quantity to compare runs (`LAYOUT`), and per run its margin
-# chart (`ONE_RUN`: which, title, closed, the band's tags, the title's tail)
-ONE_RUN = (("step", "compute vs comm per step, a chart per run: line = compute ends, band = "
-                    "comm in flight (above the line: exposed)", False,
+# What a workload's runs are compared on (`compare`): one tag in every run of the
+# workload, `by_epoch/<workload>/...` at x = the epoch (1-based) and `by_step/<workload>/
+# .../e<epoch>` at x = the step within its epoch (a tag per epoch: TensorBoard keeps one
+# line per tag in step order), so runs of any length share an axis, and TensorBoard's run
+# name tells the lines apart. (the epoch's scalar -> the comparison's name)
+BY_EPOCH = {"time/epoch[s]": "time[s]", "time/step[ms/step]": "step[ms/step]",
+            "time/compute[ms/step]": "compute[ms/step]",
+            "comm/inflight[ms/step]": "comm_inflight[ms/step]",
+            "comm/exposed[ms/step]": "comm_exposed[ms/step]", "comm/busbw[GB/s]": "busbw[GB/s]",
+            "accuracy/test[fraction]": "test_accuracy[fraction]", "loss/train": "train_loss"}
+BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms]",
+           "step/comm_exposed[ms]": "comm_exposed[ms]", "step/time[ms]": "step[ms]"}
+EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
+                ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
+                ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
+                ("step (ms/step)", "step[ms/step]"), ("busbw (GB/s)", "busbw[GB/s]"),
+                ("test accuracy", "test_accuracy[fraction]"), ("train loss", "train_loss"))
+STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_inflight[ms]"),
+               ("exposed comm (ms)", "comm_exposed[ms]"), ("step time (ms)", "step[ms]"))
+
+
+def workload(hparams: dict[str, Any]) -> tuple[str, str]:
+    """What a run trains, as (key, words): its model (and options), data, batch and
+    micro-batch, `("mlp_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world
+    and length are left out, so the runs that differ in them share the charts."""
+    from .description import Description
+    from .names import safe
+
+    w = Description.from_hparams(hparams).w
+    options = list(w.get("model_options") or ())
+    model = str(w.get("model") or "?")
+    words = model + (" (" + ", ".join(f"{k}={v}" for k, v in options) + ")" if options else "")
+    batch = (f"global batch {w['global_batch']}" if w.get("global_batch")
+             else f"batch {w.get('batch_size')}/rank")
+    key = [model, *(f"{k}{v}" for k, v in options), str(w.get("data") or "mnist"),
+           f"gb{w['global_batch']}" if w.get("global_batch") else f"b{w.get('batch_size')}"]
+    text = [words, str(w.get("data") or "mnist"), batch]
+    if w.get("micro_batch"):
+        key.append(f"mb{w['micro_batch']}")
+        text.append(f"micro {w['micro_batch']}")
+    return safe("_".join(key)), ", ".join(text)
+
+
+def compare_tag(load: str, axis: str, name: str, epoch: Optional[int] = None) -> str:
+    """A comparison tag: `by_epoch/mlp_mnist_b64/time[s]`, `by_step/mlp_mnist_b64/compute[ms]/e2`."""
+    return f"{axis}/{load}/{name}" + (f"/e{epoch}" if epoch is not None else "")
+
+
+def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int = 0
+            ) -> Optional[tuple[int, dict[str, float]]]:
+    """The comparison point of a point's `values` (an epoch's at its end, or a step's,
+    `step_in_epoch` 1-based): (its x, its tags) or None where it has none."""
+    if step_in_epoch:
+        out = {compare_tag(load, "by_step", name, epoch): values[tag]
+               for tag, name in BY_STEP.items() if tag in values}
+        return (step_in_epoch, out) if out else None
+    out = {compare_tag(load, "by_epoch", name): values[tag]
+           for tag, name in BY_EPOCH.items() if tag in values}
+    return (epoch, out) if out else None
+
+
+def compare_categories(load: tuple[str, str]) -> list:
+    """The workload's two comparison categories (open): every run a line, at x = epoch; and
+    per step, at x = the step within its epoch (a line per run and epoch)."""
+    key, words = load
+    by_step = [(title, {"multiline": {"tag": [
+        "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
+        for title, name in STEP_CHARTS]
+    return [(f"{words}: the runs compared, x = epoch (a line per run)", False,
+             [(title, _lines(compare_tag(key, "by_epoch", name))) for title, name in EPOCH_CHARTS]),
+            (f"{words}: the runs compared per step, x = the step within its epoch "
+             "(a line per run and epoch)", False, by_step)]
+
+
+# One run's margin chart, in a category of its own, closed (`ONE_RUN`: which, title,
+# closed, the band's tags, the title's tail)
+ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = compute ends, "
+                    "band = comm in flight; above the line: exposed)", True,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
-           ("epoch", "compute vs comm per epoch, a chart per run", True,
+           ("epoch", "one run: compute vs comm per epoch, a chart per run", True,
             ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
             "per epoch (ms/step)"))
-LAYOUT = (
-    ("compute vs comm, runs side by side: one chart per quantity, a colour per run", False, [
-        ("compute (ms/step)", _lines("time/compute[ms/step]")),
-        ("comm in flight (ms/step)", _lines("comm/inflight[ms/step]")),
-        ("exposed comm (ms/step)", _lines("comm/exposed[ms/step]")),
-        ("step (ms/step)", _lines("time/step[ms/step]")),
-    ]),
-    ("compute vs comm per step, runs side by side", True, [
-        ("compute (ms)", _lines("step/compute[ms]")),
-        ("comm in flight (ms)", _lines("step/comm[ms]")),
-        ("exposed comm (ms)", _lines("step/comm_exposed[ms]")),
-        ("step time (ms): each step, epoch mean, median, p95", _lines(
-            "step/time[ms]", "time/step[ms/step]", "time/step_median[ms]", "time/step_p95[ms]")),
-    ]),
-    ("bandwidth and training", False, [
-        ("busbw (GB/s)", _lines("comm/busbw[GB/s]")),
-        ("test accuracy", _lines("accuracy/test[fraction]")),
-        ("loss: train, test", _lines("loss/train", "loss/test")),
-    ]),
-)
 
 
-def layout(run: str, bands: tuple[str, ...] = ("step", "epoch")):
-    """Run `run`'s custom-scalars layout proto: its band charts (`ONE_RUN`), then `LAYOUT`.
-    `bands`: the charts that will draw a line; a left-out chart keeps its category, since
-    the plugin merges every run's categories by the first run's."""
+def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
+           load: tuple[str, str] = ("?", "?")):
+    """Run `run`'s custom-scalars layout proto: its workload's comparison charts
+    (`compare_categories`), then its band charts (`ONE_RUN`). `bands`: the charts that will
+    draw a line; a left-out chart keeps its category, since the plugin merges every run's
+    categories into the first run's (a category the first run lacks holds only the charts
+    of the first run that has it: the comparison charts are alike in every run of a
+    workload)."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    categories = [(title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))]
-                   if which in bands else [])
-                  for which, title, closed, triple, what in ONE_RUN] + list(LAYOUT)
+    categories = compare_categories(load) + [
+        (title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))] if which in bands else [])
+        for which, title, closed, triple, what in ONE_RUN]
     return layout_pb2.Layout(category=[
         layout_pb2.Category(title=title, closed=closed,
                             chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
         for title, closed, charts in categories])
 
 
-def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
+def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
+                   load: tuple[str, str] = ("?", "?")):
     """Run `run`'s `layout` as the Summary the plugin reads, built as torch's
     `add_custom_scalars` builds it (the plugin's own `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -128,17 +187,46 @@ def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch")):
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
     meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
-    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands).SerializeToString()],
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands, load).SerializeToString()],
                          tensor_shape=TensorShapeProto())
-    return Summary(value=[Summary.Value(tag="custom_scalars__config__", tensor=tensor, metadata=meta)])
+    return Summary(value=[Summary.Value(tag=LAYOUT_TAG, tensor=tensor, metadata=meta)])
+
+
+LAYOUT_TAG = "custom_scalars__config__"
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The TensorBoard run's folder: the label of the run's description from its hparams
-    (`ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
+    """The label of the run's description from its hparams (`ring-prepost_w4_mlp`,
+    `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
     from .description import Description
 
     return Description.from_hparams(hparams).label(repeat)
+
+
+def writer_name(label: str, run_folder_name: str, extras: tuple[str, ...] = ()) -> str:
+    """The TensorBoard run's folder under `RUN/tb/`. TensorBoard names a run by its path
+    under --logdir, `<run folder>/tb/<this>`, so this holds what the run folder's name does
+    not: under a folder named by the label (`ddp_w2_mlp_<date>_<time>`), only what tells the
+    run apart from others of that label (`extras`: `20steps`, `slow1-30ms`; `full` for whole
+    epochs), else the label too (`ring_w2_mlp_20steps`)."""
+    from .names import safe
+
+    tail = list(extras) or ["full"]
+    head = [] if run_folder_name.startswith(label) else [label]
+    return safe("_".join(head + tail))
+
+
+def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = None) -> tuple[str, ...]:
+    """What tells two runs of one label apart: the step cap (`20steps`; `full` epochs), an
+    injected delay (`slow1-30ms`, `jitter5ms`). The epochs are left out: a resumed run may
+    go on for more."""
+    out = [f"{max_steps_per_epoch}steps" if max_steps_per_epoch else "full"]
+    if delay:
+        if delay.get("slow_rank") is not None:
+            out.append(f"slow{delay['slow_rank']}-{delay['slow_ms']:g}ms")
+        if delay.get("jitter_ms"):
+            out.append(f"jitter{delay['jitter_ms']:g}ms")
+    return tuple(out)
 
 
 def run_folder(tb_root: Path, name: str) -> Path:
@@ -152,6 +240,22 @@ def _written(tb_root: Path) -> list[Path]:
     return sorted(p.parent for p in tb_root.glob(f"*/{EVENTS}") if p.parent.name != "steps")
 
 
+# The HParams dashboard sorts the hparams, those that differ among the runs shown first, by
+# name, and ticks the first five: the settings keep their names (`sync`, `world_size`, ...;
+# `sync.<option>`, `model.<option>`) and every other hparam is named `~<name>`
+# (`~epochs`, `~optim`), which sorts after every letter, so a setting that varies is shown.
+SETTINGS = ("sync", "world_size", "nodes", "launcher", "model")
+LATER = "~"
+
+
+def shown_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
+    """`hparams` as HParams shows them: the settings first and by their names, the rest
+    `~`-named (`SETTINGS`)."""
+    first = {k: hparams[k] for k in SETTINGS if k in hparams}
+    first.update((k, v) for k, v in hparams.items() if k.startswith(("sync.", "model.")))
+    return {**first, **{f"{LATER}{k}": v for k, v in hparams.items() if k not in first}}
+
+
 def hparams_summaries(hparams: dict[str, Any]) -> list:
     """This run's HParams session start, as Summary protos; no experiment, so the plugin ticks
     the hparams that differ among the runs shown. Integers as strings (else 2 is 2.0000)."""
@@ -159,7 +263,7 @@ def hparams_summaries(hparams: dict[str, Any]) -> list:
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for name, value in hparams.items():
+    for name, value in shown_hparams(hparams).items():
         if isinstance(value, bool):  # before int: a bool is an int
             start.hparams[name].bool_value = value
         elif isinstance(value, float):
@@ -171,15 +275,45 @@ def hparams_summaries(hparams: dict[str, Any]) -> list:
                                          metadata=metadata.create_summary_metadata(data))])]
 
 
+def drop_head(folder: Path) -> None:
+    """Rewrite `folder`'s event files without their layout and hparams events: TensorBoard
+    keeps a tag's first metadata, so a resumed run's new ones (`TensorBoardRun.head`) show
+    only where the former are gone. Each file is replaced whole (atomically)."""
+    import os
+
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    head = {LAYOUT_TAG, metadata.SESSION_START_INFO_TAG}
+    for path in sorted(folder.glob(EVENTS)):
+        records = list(RawEventFileLoader(str(path)).Load())  # as written (not migrated)
+        kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
+        if len(kept) == len(records):
+            continue
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            writer = RecordWriter(fh)
+            for record in kept:
+                writer.write(record)
+            writer.flush()
+        os.replace(tmp, path)
+
+
 class TensorBoardRun:
     """One run's TensorBoard writer; `purge_step`: hide a former segment's points."""
 
-    def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None):
+    def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None,
+                 load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0):
+        """`load`: the run's `workload` (its comparison charts and tags); `steps_per_epoch`:
+        to place a step's point within its epoch (0: no per-step comparison points)."""
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
         # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
         self.band = tb_root.resolve().parent.name
+        self.load, self.steps_per_epoch = load, steps_per_epoch
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
                                     flush_secs=FLUSH_S)
 
@@ -199,20 +333,38 @@ class TensorBoardRun:
                 d.rmdir()
 
     def head(self, config_text: str, hparams: dict[str, Any],
-             bands: tuple[str, ...] = ("step", "epoch")) -> None:
-        """A fresh run's first events (step 0): config, `layout` with its `bands`, hparams."""
-        self.writer.add_text("config", config_text, 0)
-        self.writer.file_writer.add_summary(layout_summary(self.band, bands), 0)
+             bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
+        """The run's head at step 0: config (a fresh run's only), `layout` with its `bands`,
+        hparams. A resumed run's replace the former segment's (`drop_head`, before this
+        writer opened): its hparams say what it is now (its epochs, its world)."""
+        if fresh:
+            self.writer.add_text("config", config_text, 0)
+        self.writer.file_writer.add_summary(layout_summary(self.band, bands, self.load), 0)
         for summary in hparams_summaries(hparams):
             self.writer.file_writer.add_summary(summary, 0)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """`values` at global step `step` as one event (each event costs a checksum in Python)."""
+        """`values` at global step `step` as one event (each event costs a checksum in Python);
+        a step's point (it has `epoch`) also as its comparison point, at its step within
+        the epoch."""
+        self._event(step, with_bands(values, self.band))
+        if self.steps_per_epoch and "epoch" in values and "step/time[ms]" in values:
+            epoch = int(values["epoch"])
+            point = compare(self.load[0], values, epoch, step - (epoch - 1) * self.steps_per_epoch)
+            if point is not None:
+                self._event(*point)
+
+    def epoch(self, epoch: int, values: dict[str, float]) -> None:
+        """Epoch `epoch`'s comparison point (x: the epoch) from its scalars."""
+        point = compare(self.load[0], values, epoch)
+        if point is not None:
+            self._event(*point)
+
+    def _event(self, step: int, values: dict[str, float]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self.writer.file_writer.add_summary(Summary(value=[
-            Summary.Value(tag=tag, simple_value=float(v))
-            for tag, v in with_bands(values, self.band).items()]), step)
+            Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
 
     def flush(self) -> None:
         self.writer.flush()

@@ -27,7 +27,8 @@ from ..folder.files import read_json_or_empty
 from ..folder.metrics import make_sink
 from .console_progress import StepProgress
 from ..folder.description import describe_run
-from ..folder.tensorboard import run_metrics, run_name, step_stride
+from ..folder.tensorboard import (length_extras, run_metrics, run_name, step_stride, workload,
+                                  writer_name)
 from .profile import ddp_timing
 from .presentation import comm_line, epoch_scalars, step_scalars
 from ..folder.records import EpochRecord, RunSummary, now_iso, run_figures
@@ -89,8 +90,11 @@ class Telemetry:
         # the run's compute-vs-comm charts that will draw a line
         bands = (("step",) if self.every > 0 else ()) \
             + (("epoch",) if self.timing and cfg.train.epochs > 1 else ())
-        self.sink.tensorboard(run_name(hparams, repeat),
-                              "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams, bands)
+        name = writer_name(run_name(hparams, repeat), self.run_dir.name,
+                           length_extras(cfg.train.max_steps_per_epoch, injected(cfg.debug)))
+        self.sink.tensorboard(name, "```yaml\n" + OmegaConf.to_yaml(cfg) + "\n```", hparams, bands,
+                              load=workload(hparams),
+                              steps_per_epoch=self.steps_per_epoch if self.every > 0 else 0)
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
         # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
@@ -227,8 +231,8 @@ class Telemetry:
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
                              "device": "cpu" if self.ctx.device.type == "cpu" else None})
-        return {**desc.hparams(), "world_size": env.world_size, "compress": cfg.sync.compress,
-                "overlap": bool(cfg.sync.overlap), "batch_size": self.plan.per_rank,
+        # the sync's options are the description's `sync.<key>` (no `overlap` beside `sync.overlap`)
+        return {**desc.hparams(), "world_size": env.world_size, "batch_size": self.plan.per_rank,
                 "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
