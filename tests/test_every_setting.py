@@ -1,8 +1,8 @@
 """Every registered synchroniser and every option of its group, through every consumer.
 
 The cases come from the registry, not from a list here: the synchronisers are
-ddp_lab.config.sync.SYNC_SCHEMAS, each one's options its schema's keys with their
-conf/sync/<name>.yaml defaults (ddp_lab.folder.description.sync_options), and each option's
+conf/sync/*.yaml (the same names as ddp_lab.config.sync.SYNC_SCHEMAS), each one's options
+its schema's fields under its yaml's values, read here (`registry`), and each option's
 case is its first other value the submitting side accepts at the world (a bool flipped, a
 choice from the value tuples the schemas export, a number 0/1/2). A new synchroniser or
 option adds its cases with no edit here; an option whose values the test cannot guess
@@ -13,17 +13,18 @@ code (compose, name, check, render: `launcher.dry_run`), then trained by the ent
 rank runs (`ddp_lab.worker`) on a real gloo world. The ranks of one world are shared by
 all its jobs (one set of processes per world: starting torch once, not once a job). Every
 synchroniser runs at world 1, 2 and 3, every option at world 2 (two ranks on CI's two
-cores: the options are most of the jobs). Then the user's commands, as processes: a real sweep of the tour's `sync=ring
-sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.one_file` through the
+cores: the options are most of the jobs). Then the user's commands, as processes: a real
+sweep of the tour's `sync=ring sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.one_file` through the
 launcher, and every folder fed to the report (exit 0, each setting its own series),
 status (completed), TensorBoard (one run each, named by what differs) and the sweep table.
 
 What the consumers show is checked against the override each case passed, never against
 `describe_run` (the code that makes the names): `sync.root=1` must read `root=1` in its
 report series and `root1` in its TensorBoard run and folder name, and two cases of different
-overrides never share a series or a name (`name_problem`, `series_problem`). The cases are
-pinned to the registry: conf/sync/*.yaml's keys over their schema's fields, read here, less
-the pairs a synchroniser refuses (`REFUSED`, each with the rule that refuses it).
+overrides never share a series or a name (`name_problem`, `series_problem`): on the
+trained runs (the slow test), and in seconds on each case's dry-run folder
+(`test_every_case_named_by_its_override`). The number of cases is the registry's: every
+(sync, option) pair less those a synchroniser refuses (`REFUSED`, each with its rule).
 
 And each option does what it says (`test_every_option_changes_what_it_configures`): every
 case is built again in one 2-rank gloo world, beside its synchroniser's defaults, and the
@@ -35,6 +36,7 @@ state each rank holds. An option without a probe in `PROBES` fails, naming it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -85,6 +87,7 @@ def _candidates(key: str, default) -> list:
     raise AssertionError(f"sync option {key}={default!r}: a type the test cannot vary")
 
 
+@functools.lru_cache(maxsize=None)
 def registry() -> dict[str, dict]:
     """sync -> its options and their defaults, read here from the registry: the schema's
     fields (ddp_lab.config.sync.SYNC_SCHEMAS) under conf/sync/<sync>.yaml's values (`name`
@@ -242,8 +245,9 @@ def test_every_case_named_by_its_override(tmp_path):
 
     jobs = [(c, o) for c, o in cases(tmp_path / "outputs", tmp_path / "data")[OPTION_WORLD]]
     problems, folder_names, tb_names, series = [], [], [], []
-    for case, overrides in jobs:
-        folder = make_folder(overrides, case.overrides, dry=True)
+    with composer() as compose_one:
+        folders = [make_folder(o, c.overrides, dry=True, compose=compose_one) for c, o in jobs]
+    for (case, overrides), folder in zip(jobs, folders):
         config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=True)
         # what the ranks and the report read: config.yaml and the world they found
         desc = describe_run(config, {"world_size": OPTION_WORLD, "nodes": 1, "device": "cpu"})
@@ -263,7 +267,21 @@ def test_every_case_named_by_its_override(tmp_path):
     assert len(jobs) == len(registry()) + sum(len(o) for o in registry().values()) - len(REFUSED)
 
 
-def make_folder(overrides: list[str], swept: list[str], dry: bool = False) -> Path:
+@contextlib.contextmanager
+def composer():
+    """`compose(*overrides)` as helpers.compose, Hydra initialised once for many."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from ddp_lab.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        yield lambda *overrides: hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def make_folder(overrides: list[str], swept: list[str], dry: bool = False,
+                compose=compose) -> Path:
     """The run folder `python -m ddp_lab -m ...` makes for one job of a sweep varying
     `swept`, rendered (launcher.dry_run) and then handed to the ranks as the launcher
     would: the submitting side's code from composition to render, nothing mocked
