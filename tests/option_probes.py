@@ -105,7 +105,7 @@ def observe(section: dict, world: int, log: list, phase: dict) -> dict[str, Any]
            "ddp": {k: data.get(k) for k in DDP_KEYS} if data is not None else None,
            "state_bytes": sum(v.numel() * v.element_size() for v in state if v.dim() > 0),
            "grad_storages": None}
-    if data is not None:  # gradient_as_bucket_view: is each .grad a view of one storage?
+    if data is not None:  # the storages holding the .grads (gradient_as_bucket_view: 1)
         out["grad_storages"] = len({p.grad.untyped_storage().data_ptr()
                                     for p in model.parameters() if p.grad is not None})
     phase["step"] = -1
