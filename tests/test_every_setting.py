@@ -211,7 +211,8 @@ def name_problem(name: str, case: Case, world: int) -> Optional[str]:
     `world` ranks (None: nothing): it starts `<sync>[-<override's words>]_w<world>_`."""
     head = "-".join([case.sync, *expected_tokens(case)])
     if not name.startswith(f"{head}_w{world}_"):
-        return f"{name!r} for {' '.join(case.overrides)} at world {world}: expected {head}_w{world}_..."
+        return (f"{name!r} for {' '.join(case.overrides)} at world {world}: "
+                f"expected {head}_w{world}_...")
     return None
 
 
@@ -458,7 +459,8 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
         assert series[f] == d.series_label(), (f.name, series[f])
     # each case's series says its override, and only that; different overrides, different
     # series (the worlds of one setting are one series)
-    problems = [p for f, (case, _) in case_of.items() for p in [series_problem(series[f], case)] if p]
+    problems = [p for f, (case, _) in case_of.items()
+                for p in [series_problem(series[f], case)] if p]
     problems += [p for p in [distinct_problem([(tuple(c.overrides), series[f])
                                                for f, (c, _) in case_of.items()])] if p]
     assert not problems, "\n".join(problems)
@@ -634,7 +636,8 @@ def probe_node_size(case, base, var):
     nodes = OPTION_WORLD // case.value if case.value else 1
     want = {"isend", "irecv"} if nodes == OPTION_WORLD else {"reduce", "broadcast"}
     if not all(set(_ops(v)) == want for v in var):
-        return f"calls {[sorted(set(_ops(v))) for v in var]} for {nodes} node(s), not {sorted(want)}"
+        return (f"calls {[sorted(set(_ops(v))) for v in var]} for {nodes} node(s), "
+                f"not {sorted(want)}")
     if any(set(_ops(b)) == want for b in base):
         return "the default's nodes make the same calls"
 
