@@ -192,13 +192,25 @@ class FSDP2Sync(Synchroniser):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Any sync's checkpoint (a plain optimiser's state over every parameter): this
-        rank's chunks cut out of it."""
+        rank's chunk of each per-element state cut out of it, as FSDP2 cuts the parameter
+        (dim-0 `torch.chunk`), no communication."""
         if not self.sharded:
             return super().load_optimizer_state(optimizer, state)
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        from torch.distributed.tensor import DTensor
 
-        names = self._names()
-        by_name = {"state": {names[i]: s for i, s in state["state"].items()},
-                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
-                                    for g in state["param_groups"]]}
-        set_optimizer_state_dict(self.module, optimizer, by_name, options=self._options())
+        params = list(self.module.parameters())
+        local: dict[int, dict] = {}
+        for i, s in state["state"].items():
+            p = params[int(i)]
+            local[int(i)] = {k: self._shard(v, p, DTensor) for k, v in s.items()}
+        optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
+
+    def _shard(self, v: Any, p: torch.Tensor, dtensor: Any) -> Any:
+        """`v` (a whole parameter's state) as a DTensor sharded as `p` is; a scalar as is."""
+        if not (torch.is_tensor(v) and v.shape == p.shape and v.dim() > 0):
+            return v
+        chunks = torch.chunk(v.to(p.device), self.world_size, dim=0)
+        mine = (chunks[self.rank] if self.rank < len(chunks)
+                else v.new_empty((0, *v.shape[1:])))
+        return dtensor.from_local(mine.clone(), p.device_mesh, p.placements, shape=p.shape,
+                                  stride=p.stride(), run_check=False)

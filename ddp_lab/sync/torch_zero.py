@@ -89,4 +89,6 @@ class TorchZeroSync(DDPSync):
         keeps the part of the parameters this rank owns."""
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             return super().load_optimizer_state(optimizer, state)
-        optimizer.load_state_dict(state)
+        # (a copy of its structure: ZeRO drops the entries of other ranks' parameters in place)
+        optimizer.load_state_dict({"state": {i: dict(s) for i, s in state["state"].items()},
+                                   "param_groups": [dict(g) for g in state["param_groups"]]})
