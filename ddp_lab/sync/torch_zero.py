@@ -89,6 +89,9 @@ class TorchZeroSync(DDPSync):
         keeps the part of the parameters this rank owns."""
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
             return super().load_optimizer_state(optimizer, state)
-        # (a copy of its structure: ZeRO drops the entries of other ranks' parameters in place)
-        optimizer.load_state_dict({"state": {i: dict(s) for i, s in state["state"].items()},
+        # (a copy: ZeRO drops the entries of other ranks' parameters in place, and keeps the
+        # tensors of its own as they are, which may be another optimiser's live state)
+        optimizer.load_state_dict({"state": {i: {k: v.clone() if torch.is_tensor(v) else v
+                                                 for k, v in s.items()}
+                                             for i, s in state["state"].items()},
                                    "param_groups": [dict(g) for g in state["param_groups"]]})
