@@ -134,6 +134,7 @@ class FSDP2Sync(Synchroniser):
             for child in self.children:
                 child.set_reshard_after_forward(bool(self.cfg.reshard_after_forward),
                                                 recurse=False)
+            self.collect_comm()  # the evaluation's all-gathers are no training step's
 
     # ---------------------------------------------------------------- what a rank holds
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
