@@ -269,8 +269,8 @@ def script_gpu_check(work):
         assert out.strip().splitlines() == [out.strip()] and out.startswith("skipped: no CUDA")
     dry = ok(sh(work, ["bash", script, "--dry"], env=env)).splitlines()
     ours = [shlex.split(x) for x in dry if " -m ddp_lab" in x]
-    assert len(ours) == 14, dry  # speed, timing off, cuda graph, eight syncs, bench, flight
-    # recorder, timing.profile
+    assert len(ours) == 22, dry  # speed, timing off, cuda graph, eight syncs, eight twins,
+    # bench, flight recorder, timing.profile
     for argv in ours:  # every config key is real: Hydra composes each command (in this
         # process: the same schema and conf/ as `python -m ddp_lab ... --cfg job`)
         argv = argv[argv.index(sys.executable):]
