@@ -191,5 +191,6 @@ def section(runs: list[Run], out_dir: Path, short, make_plots: bool = True) -> d
     body = table(found)
     pic = [f"![{f['title']}]({f['file']})" for f in figures]
     md = head + body + [""] + (pic + [""] if pic else [])
-    screen = "\n".join(["", "Library twins (weights vs ddp, optimiser state per rank):", *body]) + "\n"
+    screen = "\n".join(["", "Library twins (weights vs ddp, optimiser state per rank):",
+                        *body]) + "\n"
     return {"markdown": md, "doc": {"rows": found}, "screen": screen, "figures": figures}

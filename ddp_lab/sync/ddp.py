@@ -56,7 +56,8 @@ class DDPSync(Synchroniser):
                   static_graph=cfg.static_graph,
                   find_unused_parameters=cfg.find_unused_parameters)
         self.hook = hook_name(cfg)
-        self.torch_hook, self.powersgd = (None, None) if self.hook in OUR_HOOKS else _torch_hook(cfg, self.hook)
+        self.torch_hook, self.powersgd = ((None, None) if self.hook in OUR_HOOKS
+                                          else _torch_hook(cfg, self.hook))
         self.bytes_exact = self.hook in OUR_HOOKS  # our send/recv: this rank's bytes exactly
         self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}  # ring_prepost's, per bucket
         self.textbook = dist.get_backend() == "gloo"  # nccl: the batched ring (sync=ring's rule)
