@@ -198,6 +198,8 @@ def test_tour_command(work, command):
     out = ok(proc)
     if "-m" in argv[3:]:
         assert out.count("run dir: ") == sweep_jobs(argv[3:]), out
+    elif argv[2] == "ddp_lab.report":  # the report of the runs the stop's commands made
+        assert (work["cwd"] / argv[3] / "report" / "report.md").is_file(), out
     else:
         assert run_dir_of(proc).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
 
