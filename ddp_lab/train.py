@@ -41,6 +41,7 @@ from .rank.epoch import EpochControl, Position, Stopped
 from .folder.files import read_json_or_empty
 from .folder.records import RunSummary
 from .folder import progress
+from .folder import weights as weights_file
 from .rank.telemetry import Telemetry
 from .step import evaluate, run_steps
 from .sync import Synchroniser, build_sync
@@ -76,14 +77,18 @@ def train(cfg: Config, ctx: DistContext, run_dir: Path) -> RunSummary:
                 loss_sum, correct = steps_of(syncer, optimizer, batches, control.timer,
                                           batching.micro_batch)
                 measured = control.end(batches, loss_sum, correct)  # raises Stopped mid-epoch
-                measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
+                with syncer.evaluation():  # fsdp2: its weights gathered once, not per batch
+                    measured.test = evaluate(module, splits, cfg.train.eval_batch_size, ctx)
                 ckpt.save(Position(epoch + 1))  # then the record: it never outlives its state
                 telemetry.epoch(measured)
                 control.between_epochs(epoch + 1)  # the failure hook; raises Stopped
         except Stopped as stop:
-            return telemetry.finish(**ckpt.on_stop(stop), memory=syncer.memory(optimizer))
+            return telemetry.finish(**ckpt.on_stop(stop),
+                                    memory=memory_per_rank(syncer, optimizer, ctx))
     syncer.close()  # collective: every rank has run the same steps
-    return telemetry.finish(memory=syncer.memory(optimizer))  # bytes held per rank
+    weights = final_weights(syncer, ctx, run_dir)  # model.pt: the report compares runs by it
+    return telemetry.finish(memory=memory_per_rank(syncer, optimizer, ctx),
+                            weights_sha256=weights)
 
 
 def load_data(data: DataConfig, train: TrainConfig, ctx: DistContext) -> Splits:
@@ -106,9 +111,27 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock
         syncer = build_sync(cfg.sync, module, ctx.device, ctx.env.world_size, clock=clock,
                             timing=cfg.timing.enabled)
     progress.current().follow(comm=syncer.comm)  # its calls: where this rank is (status)
-    # over what the sync says this rank steps: every parameter, or (zero1) its shard
-    optimizer = build_optimizer(cfg.optim, syncer.optimizer_params(), cfg.train.lr)
+    # over what the sync says this rank steps: every parameter, or (zero1) its shard;
+    # torch_zero wraps it in torch's ZeroRedundancyOptimizer
+    optimizer = syncer.make_optimizer(lambda params: build_optimizer(cfg.optim, params,
+                                                                     cfg.train.lr))
     return module, syncer, optimizer
+
+
+def memory_per_rank(syncer: Synchroniser, optimizer: torch.optim.Optimizer,
+                    ctx: DistContext) -> dict:
+    """Collective: this rank's bytes (Synchroniser.memory) and every rank's optimiser state
+    (`optimizer_state_bytes_per_rank`: a sharded optimiser's largest and smallest shard)."""
+    mine = syncer.memory(optimizer)
+    every = ctx.gather_objects(mine["optimizer_state_bytes"])
+    return {**mine, "optimizer_state_bytes_per_rank": [int(b) for b in every]}
+
+
+def final_weights(syncer: Synchroniser, ctx: DistContext, run_dir: Path):
+    """Collective: the whole model's weights written to the run folder's model.pt by rank 0;
+    their digest there (summary.json `weights_sha256`), None elsewhere."""
+    state = syncer.model_state()  # fsdp2: its shards gathered
+    return weights_file.save(run_dir, state) if ctx.env.is_main else None
 
 
 def steps_per_epoch(train: TrainConfig, splits: Splits) -> int:

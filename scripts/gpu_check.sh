@@ -13,7 +13,8 @@
 # eager; goal <= 0.3 s, within 0.3 points), the same step's floor (a tight loop, no
 # ddp_lab), CUDA-event phase timing, an nccl group of several
 # ranks on one device (NCCL may refuse it, "Duplicate GPU detected": then the row says
-# refused), every synchroniser with nccl, the collective benchmark with nccl, a run with
+# refused), every synchroniser with nccl, torch's library twins (sync=torch_zero, sync=fsdp2,
+# sync=ddp sync.hook=...), the collective benchmark with nccl, a run with
 # PyTorch's flight recorder on (dumps go into that run's folder), and a run with
 # timing.profile=true (its traces, HTA, the witness table's rows, its cost against row 1).
 # Exit 1 if a check failed.
@@ -256,6 +257,20 @@ for s in ddp naive allreduce reduce_broadcast ring tree butterfly zero1; do
   if train "sync_$s" "$OUT/sync_$s" "sync=$s" train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
     [ "$MODE" = dry ] || row "sync=$s" ok "$(figure "$OUT/sync_$s" epoch)"
   else row "sync=$s" failed "see logs/sync_$s.log"; fi
+done
+
+# 3b. torch's library twins (docs/twins.md), each as a row: ZeroRedundancyOptimizer over DDP,
+# FSDP2 both ways, and DDP with each comm hook (ddp_lab's collectives and torch's). One rank
+# per visible GPU: on one GPU they run the bare model, as sync=ddp's world of one does
+TWINS=("sync=torch_zero" "sync=fsdp2" "sync=fsdp2 sync.reshard_after_forward=false"
+       "sync=ddp sync.hook=ring" "sync=ddp sync.hook=ring_prepost" "sync=ddp sync.hook=reduce_broadcast"
+       "sync=ddp sync.hook=fp16" "sync=ddp sync.hook=powersgd")
+for t in "${TWINS[@]}"; do
+  name="twin_$(echo "$t" | tr ' =.' '___')"
+  # shellcheck disable=SC2086  # the words of $t are overrides
+  if train "$name" "$OUT/$name" $t train.epochs=1 "train.max_steps_per_epoch=$STEPS"; then
+    [ "$MODE" = dry ] || row "$t" ok "$(figure "$OUT/$name" epoch)"
+  else row "$t" failed "see logs/$name.log"; fi
 done
 
 # 4. the collective benchmark

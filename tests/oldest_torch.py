@@ -21,6 +21,10 @@ from helpers import describe, run_cli, summary
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
+#: every synchroniser this torch can run (sync=fsdp2 needs torch.distributed.fsdp.fully_shard,
+#: torch >= 2.6: on an older torch it is refused, test_fsdp2_on_a_torch_without_it_...)
+RUNNABLE = [n for n in SYNCS if n != "fsdp2" or torch_support.has_fully_shard()]
+
 STEPS = ["train.epochs=1", "train.max_steps_per_epoch=8", "train.eval_batch_size=2000",
          "log.progress=lines", "launcher.nproc_per_node=2"]
 
@@ -29,7 +33,7 @@ STEPS = ["train.epochs=1", "train.max_steps_per_epoch=8", "train.eval_batch_size
 def sweep(tmp_path_factory, shared_data_root):
     """Every synchroniser, one job after another (a -m sweep: one command)."""
     root = tmp_path_factory.mktemp("syncs")
-    proc = run_cli("-m", f"sync={','.join(sorted(SYNCS))}", *STEPS, f"run.root={root}",
+    proc = run_cli("-m", f"sync={','.join(sorted(RUNNABLE))}", *STEPS, f"run.root={root}",
                    f"data.root={shared_data_root}", cwd=root, timeout=600)
     return root, proc
 
@@ -37,7 +41,7 @@ def sweep(tmp_path_factory, shared_data_root):
 def test_every_synchroniser_trains_to_its_end(sweep):
     root, proc = sweep
     assert proc.returncode == 0, describe(proc)
-    for name in SYNCS:
+    for name in RUNNABLE:
         run_dir, = root.glob(f"{name}_*")  # a sweep names each job by its value
         s = summary(run_dir)
         assert s["status"] == "completed" and s["sync"] == name and s["world_size"] == 2, s
@@ -70,7 +74,7 @@ def test_a_finished_run_continues_for_another_epoch_and_the_report_compares(swee
 
     # zero1 apart: the report's forecast of it fails on its own (reduce_scatter of
     # 159040 elements "do not split into 128 pieces"), on every torch
-    compared = [n for n in SYNCS if n != "zero1"]
+    compared = [n for n in RUNNABLE if n != "zero1"]
     proc = run_cli(*sorted(str(p) for n in compared for p in root.glob(f"{n}_*")),
                    module="ddp_lab.report", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, describe(proc)
@@ -90,3 +94,17 @@ def test_fused_true_where_torch_has_none_is_refused_in_one_line(tmp_path):
             "on cpu (torch >= 2.4 has): leave optim.fused=null (fused where torch has it) or "
             "set optim.fused=false"), describe(proc)
         assert not any(tmp_path.iterdir())  # refused before a run folder was made
+
+
+def test_fsdp2_on_a_torch_without_fully_shard_is_refused_in_one_line(tmp_path):
+    proc = run_cli("sync=fsdp2", "dist.device=cpu", "launcher.nproc_per_node=2",
+                   "launcher.dry_run=true", f"run.root={tmp_path}", cwd=tmp_path)
+    if torch_support.has_fully_shard():
+        assert proc.returncode == 0 and torch_support.fsdp2_refusal() is None, describe(proc)
+        return
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.strip() == (
+        f"error: sync=fsdp2: torch {torch_support.version()} has no "
+        "torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6): use sync=zero1 or "
+        "sync=torch_zero (sharded optimiser state on this torch), or a torch >= 2.6"), describe(proc)
+    assert not any(tmp_path.iterdir())  # refused before a run folder was made

@@ -198,6 +198,8 @@ def test_tour_command(work, command):
     out = ok(proc)
     if "-m" in argv[3:]:
         assert out.count("run dir: ") == sweep_jobs(argv[3:]), out
+    elif argv[2] == "ddp_lab.report":  # the report of the runs the stop's commands made
+        assert (work["cwd"] / argv[3] / "report" / "report.md").is_file(), out
     else:
         assert run_dir_of(proc).resolve().is_relative_to((work["cwd"] / "outputs").resolve())
 
@@ -269,8 +271,8 @@ def script_gpu_check(work):
         assert out.strip().splitlines() == [out.strip()] and out.startswith("skipped: no CUDA")
     dry = ok(sh(work, ["bash", script, "--dry"], env=env)).splitlines()
     ours = [shlex.split(x) for x in dry if " -m ddp_lab" in x]
-    assert len(ours) == 14, dry  # speed, timing off, cuda graph, eight syncs, bench, flight
-    # recorder, timing.profile
+    assert len(ours) == 22, dry  # speed, timing off, cuda graph, eight syncs, eight twins,
+    # bench, flight recorder, timing.profile
     for argv in ours:  # every config key is real: Hydra composes each command (in this
         # process: the same schema and conf/ as `python -m ddp_lab ... --cfg job`)
         argv = argv[argv.index(sys.executable):]

@@ -82,7 +82,8 @@ def test_old_files_read_as_version_0_with_every_value():
                            "comm_bytes_cross_node": None, "compress": None,
                            "memory_param_bytes": None, "memory_grad_bytes": None,
                            "memory_optimizer_state_bytes": None,
-                           **overlap_keys}
+                           "memory_optimizer_state_bytes_per_rank": None,
+                           "weights_sha256": None, **overlap_keys}
 
 
 def test_round_trip_keeps_unknown_keys_and_fills_defaults():

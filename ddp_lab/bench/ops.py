@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, REDUCE_SCATTER
 from ..config.registry import Registry
+from ..world import torch_support
 from . import config
 from .pattern import Pattern
 
@@ -233,7 +234,8 @@ def _ag_check(b, g, pat):
 
 ALL_GATHER_OP = Op(
     "all_gather", "all_gather", 2.5, _ag_setup, _ag_reset, _ag_check,
-    {"torch": lambda b, g: dist.all_gather_into_tensor(b["out"], b["in"], group=g.handle),
+    {"torch": lambda b, g: torch_support.all_gather_single(b["out"], b["in"],
+                                                                group=g.handle),
      **{k: (lambda f: lambda b, g: f(b["out"], b["in"], group=g.handle))(f)
         for k, f in ALL_GATHER.items() if k != "torch"}},
     full_array=True)
@@ -268,7 +270,8 @@ def _rs_check(b, g, pat):
 
 REDUCE_SCATTER_OP = Op(
     "reduce_scatter", "reduce_scatter", 2.5, _rs_setup, _rs_reset, _rs_check,
-    {"torch": lambda b, g: dist.reduce_scatter_tensor(b["out"], b["in"], group=g.handle),
+    {"torch": lambda b, g: torch_support.reduce_scatter_single(b["out"], b["in"],
+                                                                    group=g.handle),
      **{k: (lambda f: lambda b, g: f(b["out"], b["in"], "SUM", group=g.handle))(f)
         for k, f in REDUCE_SCATTER.items() if k != "torch"}},
     full_array=True)

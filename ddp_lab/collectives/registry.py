@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from ..world import torch_support
 from ._common import (AVG, SUM, OpLike, check_op_dtype, flat_view, group_info, normalize_op, resolve_root)
 from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
 from .broadcast import broadcast_naive, broadcast_ring, broadcast_tree
@@ -90,11 +91,12 @@ def torch_all_gather(
     output: torch.Tensor | Sequence[torch.Tensor], input: torch.Tensor,
     group: dist.ProcessGroup | None = None,
 ) -> None:
-    """:func:`torch.distributed.all_gather_into_tensor` (tensor output) or
+    """:func:`torch.distributed.all_gather_single` (tensor output; `all_gather_into_tensor`
+    on a torch older than 2.14) or
     :func:`torch.distributed.all_gather` (list output). Returns None."""
     if isinstance(output, torch.Tensor):
         with flat_view(output) as flat:
-            dist.all_gather_into_tensor(flat, input.reshape(-1), group=group)
+            torch_support.all_gather_single(flat, input.reshape(-1), group=group)
     else:
         dist.all_gather(list(output), input, group=group)
 
@@ -103,7 +105,8 @@ def torch_reduce_scatter(
     output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op: OpLike = SUM,
     group: dist.ProcessGroup | None = None,
 ) -> None:
-    """:func:`torch.distributed.reduce_scatter_tensor` (tensor input) or
+    """:func:`torch.distributed.reduce_scatter_single` (tensor input; `reduce_scatter_tensor`
+    on a torch older than 2.14) or
     :func:`torch.distributed.reduce_scatter` (list input), with our op handling."""
     op = normalize_op(op)
     check_op_dtype(op, output.dtype)
@@ -113,7 +116,8 @@ def torch_reduce_scatter(
     torch_op, divide = _torch_op(op, group)
     with flat_view(output) as flat:
         if isinstance(input, torch.Tensor):
-            dist.reduce_scatter_tensor(flat, input.reshape(-1), op=torch_op, group=group)
+            torch_support.reduce_scatter_single(flat, input.reshape(-1), op=torch_op,
+                                                group=group)
         else:
             dist.reduce_scatter(flat, [t.reshape(-1) for t in input], op=torch_op, group=group)
         if divide:

@@ -298,6 +298,17 @@ def _fused(cfg: DictConfig) -> Optional[str]:
                                        device_type(cfg.dist.device, local_gpus() > 0))
 
 
+def _twin_support(cfg: DictConfig) -> Optional[str]:
+    """sync=fsdp2 on a local launch where this torch has no torch.distributed.fsdp.fully_shard
+    (torch < 2.6: the oldest ddp_lab supports is 2.2). Elsewhere the ranks' torch decides
+    (a rank that cannot says so in the same line, sync/fsdp2.py)."""
+    if cfg.sync.name != "fsdp2" or cfg.launcher.name != "local":
+        return None
+    from ..world import torch_support  # imports torch: only for sync=fsdp2
+
+    return torch_support.fsdp2_refusal()
+
+
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
     """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/rank/delay.py)."""
     return delay_problem(cfg.debug, world_size(cfg))
@@ -354,6 +365,7 @@ TRAIN: list[Rule] = [
     _sync_fits,
     _cuda_graph,
     _fused,
+    _twin_support,
     _debug_delays,
     data_folder,
 ]

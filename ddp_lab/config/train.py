@@ -224,6 +224,12 @@ def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optio
         return (f"{key} with sync.compress=powersgd: PowerSGD decides on the host every step "
                 "(its warm-up iterations, which matrices to compress), which a graph cannot "
                 "replay: use sync.compress=none, fp16 or bf16, or train.cuda_graph=false")
+    hook = sync.get("hook", "none") if sync.name == "ddp" else "none"
+    if hook not in ("none", "allreduce", "fp16", "bf16"):
+        return (f"{key} with sync.hook={hook}: "
+                + ("PowerSGD decides on the host every step" if hook == "powersgd" else
+                   "ddp_lab's send/recv steps and waits are not captured in a graph")
+                + ": use sync.hook=none, allreduce, fp16 or bf16, or train.cuda_graph=false")
     if sync.name not in CUDA_GRAPH_SYNCS:
         return (f"{key} with sync={sync.name}: its send/recv steps and waits are not captured "
                 f"in a graph: use sync={', '.join(CUDA_GRAPH_SYNCS[:-1])} or "

@@ -188,6 +188,10 @@ class RunSummary(_Record):
     memory_param_bytes: Optional[int] = None
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None
+    # every rank's optimiser state bytes, in rank order (torch_zero's shards are uneven)
+    memory_optimizer_state_bytes_per_rank: Optional[list] = None
+    # sha256 of the final weights (the run folder's model.pt; ddp_lab/folder/weights.py)
+    weights_sha256: Optional[str] = None
     # the module the ranks ran (run.entry) when it is not the trainer, and whether it kept
     # records: a run.entry of the user's (ddp_lab.one_file) writes none, so the command that
     # launched it writes this summary from its exit status (command/job.py: collect)

@@ -56,7 +56,7 @@ class Checkpointer:
         if path is None:
             return self.start
         state = checkpoint.load(path, ctx.device)
-        self.module.load_state_dict(state["model"])
+        self.syncer.load_model_state(state["model"])  # fsdp2: its shards
         built = [g.get("capturable") for g in self.optimizer.param_groups]
         self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
         for group, flag in zip(self.optimizer.param_groups, built):  # a train.cuda_graph run's
@@ -91,11 +91,12 @@ class Checkpointer:
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
+        model_state = self.syncer.model_state()  # collective: fsdp2 gathers its shards
         if self.ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
             partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s",
                                                     "correct")}
             checkpoint.save(self.ckpt_dir, pos.epoch, pos.step, {
-                "model": self.module.state_dict(), "optimizer": opt_state, "rng": _rng_state(),
+                "model": model_state, "optimizer": opt_state, "rng": _rng_state(),
                 "partial": partial if pos.step else {},
                 "world_size": self.ctx.env.world_size, "sync": self.syncer.name})
         self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk

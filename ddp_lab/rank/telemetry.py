@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import statistics
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -271,10 +271,12 @@ class Telemetry:
     def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
                position: Optional[tuple[int, int]] = None,
                stop_reason: Optional[str] = None,
-               memory: Optional[dict[str, int]] = None) -> RunSummary:
+               memory: Optional[dict[str, Any]] = None,
+               weights_sha256: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard. `final_test`:
         needed only when no epoch ran here; a graceful stop passes `status`, `position` and
-        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory)."""
+        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory) and every rank's
+        optimiser state; `weights_sha256`: the final weights' digest (model.pt)."""
         self._merge_trace()
         witnesses, ddp = self._witnesses()
         if self.ctx.backend == "nccl":  # every collective has run by now: NCCL's lines of
@@ -316,7 +318,7 @@ class Telemetry:
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
             cuda_graph=bool(getattr(cfg.train, "cuda_graph", False)),
-            ddp_timing=ddp, witnesses=witnesses,
+            ddp_timing=ddp, witnesses=witnesses, weights_sha256=weights_sha256,
             **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
         self.sink.close()

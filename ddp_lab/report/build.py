@@ -13,6 +13,7 @@ from ..folder.files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
 from .runs import Run
+from . import twins
 from .memory import memory_markdown, memory_rows
 from .witness import witness_markdown, witness_rows
 from .segments import segment_rows, segments_markdown
@@ -119,6 +120,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if show_fc:
         md += fcast.forecast_markdown(fc)
     md += memory_markdown(memory)
+    twin = twins.section(runs, out_dir, short, make_plots)  # ours beside torch's (twins.py)
+    md += twin["markdown"]
     md += witness_markdown(runs, short)  # timing.profile runs: ours beside torch's clocks
     md += segments_markdown(segments)
     md += comm_tables.bench_markdown(runs, short)
@@ -134,7 +137,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                 w.writerow(_csv_row(r, g["device"]))
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
-        "memory": memory,
+        "memory": memory, "twins": twin["doc"],
         "witnesses": [r for run in runs if run.kind == "train" and run.ok
                       for r in witness_rows(run, short)],
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
@@ -145,5 +148,5 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     warm = warmup_words(groups, warmup)
-    screen = summary.terminal_summary(doc, counts, out_dir, common, warm)
+    screen = summary.terminal_summary(doc, counts, out_dir, common, warm) + twin["screen"]
     return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}

@@ -84,6 +84,28 @@ class Synchroniser:
         this rank's shards of them)."""
         return list(self.module.parameters())
 
+    def make_optimizer(self, build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+                       ) -> torch.optim.Optimizer:
+        """The optimiser the step uses, from `build(params)` (the config's optimiser over
+        `params`): `build(self.optimizer_params())`; torch_zero wraps it in torch's
+        ZeroRedundancyOptimizer."""
+        return build(self.optimizer_params())
+
+    def model_state(self) -> Optional[dict]:
+        """Collective: the whole model's state dict (plain tensors) on rank 0, None elsewhere;
+        fsdp2 gathers its shards."""
+        return self.module.state_dict() if self.rank == 0 else None
+
+    def load_model_state(self, state: dict) -> None:
+        """Load a whole-model state dict (`model_state`'s format); fsdp2 cuts its shards."""
+        self.module.load_state_dict(state)
+
+    def evaluation(self):
+        """Context around the evaluation of the bare module (every rank scores its share of
+        the test set, each its own number of batches): fsdp2 gathers its weights once in it,
+        so no forward communicates. Default: nothing to do."""
+        return nullcontext()
+
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a checkpoint's optimiser state (`optimizer_state`'s format: a plain
         optimiser's over every parameter); zero1 cuts out its shard."""

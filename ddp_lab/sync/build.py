@@ -18,11 +18,13 @@ from .allreduce import AllReduceSync
 from .base import Synchroniser
 from .butterfly import ButterflySync
 from .ddp import DDPSync
+from .fsdp2 import FSDP2Sync
 from .hierarchical import HierarchicalSync
 from .naive import NaiveSync
 from .overlap import overlapped
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
+from .torch_zero import TorchZeroSync
 from .tree import TreeSync
 from .zero1 import Zero1Sync
 
@@ -36,6 +38,9 @@ SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
     "butterfly": ButterflySync,
     "hierarchical": HierarchicalSync,
     "zero1": Zero1Sync,
+    # torch's library twins (docs/twins.md)
+    "torch_zero": TorchZeroSync,
+    "fsdp2": FSDP2Sync,
 })
 
 

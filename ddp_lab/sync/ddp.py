@@ -5,7 +5,14 @@ so communication overlaps the rest of backward. The hook below is DDP's default 
 torch's sync.compress hook) plus two stamps: the start when DDP hands it a bucket, the end in
 the future's completion callback, so that overlap stays real (docs/timing.md, "How
 communication is timed"). `sync()` is a no-op (DDP is done when backward returns). A world
-of one runs the bare model. Keys and rules: config/sync/ddp.py."""
+of one runs the bare model. Keys and rules: config/sync/ddp.py.
+
+`sync.hook` picks what runs on each bucket: torch's own hooks (allreduce, fp16, bf16,
+powersgd: `sync.compress=fp16` is the same fp16 hook), or ddp_lab's collectives (ring,
+ring_prepost, reduce_broadcast) inside DDP's reducer: the bucket divided by the world size,
+then our send/recv algorithm on it, a completed Future back (docs/twins.md). The hook is
+registered under its own name (`ddp_lab_<hook>_hook`), which DDP's logging data records
+(`comm_hook`)."""
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 
@@ -19,8 +26,18 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..collectives import (PrepostedRingAllReduce, all_reduce_ring, all_reduce_ring_textbook,
+                           broadcast_tree, reduce_tree)
+from ..measure import costmodel
 from ._buckets import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
+
+#: sync.hook -> ddp_lab's collective calls it makes on a bucket: (collective, algorithm)
+OUR_HOOKS: dict[str, tuple[tuple[str, str], ...]] = {
+    "ring": (("all_reduce", "ring"),),
+    "ring_prepost": (("all_reduce", "ring"),),
+    "reduce_broadcast": (("reduce", "tree"), ("broadcast", "tree")),
+}
 
 
 class DDPSync(Synchroniser):
@@ -38,14 +55,25 @@ class DDPSync(Synchroniser):
                   gradient_as_bucket_view=cfg.gradient_as_bucket_view,
                   static_graph=cfg.static_graph,
                   find_unused_parameters=cfg.find_unused_parameters)
-        self.torch_hook, self.powersgd = _torch_hook(cfg)
+        self.hook = hook_name(cfg)
+        self.torch_hook, self.powersgd = ((None, None) if self.hook in OUR_HOOKS
+                                          else _torch_hook(cfg, self.hook))
+        self.bytes_exact = self.hook in OUR_HOOKS  # our send/recv: this rank's bytes exactly
+        self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}  # ring_prepost's, per bucket
+        self.textbook = dist.get_backend() == "gloo"  # nccl: the batched ring (sync=ring's rule)
         # PowerSGD launches its P and Q all-reduces from completion callbacks, on gloo from
         # its worker threads: with several buckets in flight the ranks would issue them in
         # different orders (an abort). So on gloo a bucket waits for the previous one's chain.
         self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
         self.inflight: Optional[torch.futures.Future] = None
-        ddp.register_comm_hook(self, _timed_allreduce_hook)
+        hook = _our_hook if self.hook in OUR_HOOKS else _timed_allreduce_hook
+        ddp.register_comm_hook(self, _named(hook, self.hook))
         return ddp
+
+    def close(self) -> None:
+        """Collective: ring_prepost's plans answer the receives they keep posted."""
+        for plan in getattr(self, "plans", {}).values():
+            plan.close()
 
     def no_sync(self):
         """DDP all-reduces from inside backward: `DDP.no_sync()` keeps the gradients local
@@ -74,20 +102,73 @@ class DDPSync(Synchroniser):
         self.collect_comm()
 
 
-def _torch_hook(cfg: Any) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
-    """torch's own comm hook for sync.compress (and PowerSGD's state, which the hook keeps).
+def hook_name(cfg: Any) -> str:
+    """The hook DDP runs: sync.hook, or with sync.hook=none the one sync.compress picks (the
+    same torch hook: sync.compress=fp16 is sync.hook=fp16), allreduce without either."""
+    hook = cfg.get("hook", "none")
+    if hook != "none":
+        return hook
+    compress = cfg.get("compress", "none")
+    return "allreduce" if compress == "none" else compress
+
+
+def _named(hook: Callable, name: str) -> Callable:
+    """`hook` registered under `ddp_lab_<name>_hook`: DDP's logging data says which one ran."""
+    def named(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return hook(state, bucket)
+
+    named.__name__ = named.__qualname__ = f"ddp_lab_{name}_hook"
+    return named
+
+
+def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """ddp_lab's collective on DDP's bucket: divided by the world size first (as torch's
+    allreduce_hook does, so the sum is the average), then our send/recv algorithm, in place
+    and blocking; the bucket handed back in a completed Future. Timed as one call whose
+    bytes are our algorithm's (exact)."""
+    buf = bucket.buffer()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    if state.world_size == 1:
+        fut.set_result(buf)
+        return fut
+    buf.div_(state.world_size)
+    sent = recv = 0
+    for coll, algo in OUR_HOOKS[state.hook]:
+        c = costmodel.cost(coll, algo, buf.numel(), state.world_size, buf.element_size())
+        sent, recv = sent + c.sent[state.rank], recv + c.recv[state.rank]
+    op = "all_reduce"
+    with state.comm.timed(op, buf.numel() * buf.element_size(), sent, recv):
+        if state.hook == "reduce_broadcast":
+            reduce_tree(buf, 0)
+            broadcast_tree(buf, 0)
+        elif state.hook == "ring_prepost" and state.textbook and buf.device.type == "cpu":
+            key = (bucket.index(), buf.numel())  # DDP rebuilds its buckets after step one
+            if key not in state.plans:
+                state.plans[key] = PrepostedRingAllReduce(buf)  # collective: same order everywhere
+            state.plans[key](buf)
+        elif state.textbook:
+            all_reduce_ring_textbook(buf)
+        else:
+            all_reduce_ring(buf)
+    fut.set_result(buf)
+    return fut
+
+
+def _torch_hook(cfg: Any, name: str) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
+    """torch's own comm hook `name` (sync.hook, or sync.compress: `hook_name`), and
+    PowerSGD's state, which the hook keeps.
 
     PowerSGD's settings and why (`start_powerSGD_iter=2`: our preflight runs DDP's first
     iteration, so only the first training step is vanilla; its state is not in checkpoints):
     docs/compression_overlap.md, "Compression"."""
-    if cfg.compress == "powersgd":
+    if name == "powersgd":
         state = powerSGD.PowerSGDState(
             process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
             start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
             warm_start=True, random_seed=0)
         return (lambda bucket: powerSGD.powerSGD_hook(state, bucket)), state
-    hook = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-            "bf16": default_hooks.bf16_compress_hook}[cfg.compress]
+    hook = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+            "bf16": default_hooks.bf16_compress_hook}[name]
     return (lambda bucket: hook(None, bucket)), None  # None: the default (world) group
 
 
@@ -99,7 +180,7 @@ def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[
     buf = bucket.buffer()
     ps = state.powersgd
     if ps is None or ps.compression_stats()[2] == before:  # no PowerSGD, or its vanilla phase
-        dtype = WIRE_DTYPES.get(state.cfg.compress)  # fp16 / bf16; None: the bucket's own
+        dtype = WIRE_DTYPES.get(state.hook)  # fp16 / bf16; None: the bucket's own
         return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
     i, e = bucket.index(), buf.element_size()
     p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..measure import costmodel
+from ..world import torch_support
 from . import _zero1_state
 from ._buckets import WireFormat, make_buckets
 from .base import Synchroniser
@@ -81,7 +82,7 @@ class Zero1Sync(Synchroniser):
                 # first half of the ring: sums, scattered
                 with self.timed("reduce_scatter", flat, b.nbytes):
                     if self.nccl:
-                        dist.reduce_scatter_tensor(grad, flat)
+                        torch_support.reduce_scatter_single(grad, flat)
                     else:
                         reduce_scatter_ring(grad, flat)
         for (k, lo, hi), view in zip(self.pieces, self.views):
@@ -104,7 +105,7 @@ class Zero1Sync(Synchroniser):
 
     def _all_gather(self, out: torch.Tensor, chunk: torch.Tensor) -> None:
         if self.nccl:
-            dist.all_gather_into_tensor(out, chunk)
+            torch_support.all_gather_single(out, chunk)
         else:
             all_gather_ring(out, chunk)
 

@@ -70,3 +70,43 @@ def fused_refusal(optimizer: str, device_type: str) -> str | None:
     return (f"optim.fused=true: torch {version()} has no fused {optimizer} update on "
             f"{device_type} (torch >= 2.4 has): leave optim.fused=null (fused where torch "
             "has it) or set optim.fused=false")
+
+
+# ------------------------------------------------------------- collectives' current names
+def all_gather_single(output, input, group=None, async_op: bool = False):
+    """`dist.all_gather_single` (torch >= 2.14; `all_gather_into_tensor` before, which
+    2.14 marks deprecated with a FutureWarning): every rank's `input` end to end in `output`."""
+    import torch.distributed as dist
+
+    call = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return call(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output, input, op=None, group=None, async_op: bool = False):
+    """`dist.reduce_scatter_single` (torch >= 2.14; `reduce_scatter_tensor` before, which
+    2.14 marks deprecated): the sum (or `op`) of every rank's `input`, this rank's chunk."""
+    import torch.distributed as dist
+
+    call = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return call(output, input, op=dist.ReduceOp.SUM if op is None else op, group=group,
+                async_op=async_op)
+
+
+# ------------------------------------------------------------- the library twins' needs
+#: the oldest torch whose torch.distributed.fsdp exports fully_shard (FSDP2)
+FULLY_SHARD_SINCE = "2.6"
+
+
+def has_fully_shard() -> bool:
+    import torch.distributed.fsdp as fsdp
+
+    return hasattr(fsdp, "fully_shard")
+
+
+def fsdp2_refusal() -> str | None:
+    """sync=fsdp2 where this torch has no `torch.distributed.fsdp.fully_shard`: one line."""
+    if has_fully_shard():
+        return None
+    return (f"sync=fsdp2: torch {version()} has no torch.distributed.fsdp.fully_shard (FSDP2, "
+            f"torch >= {FULLY_SHARD_SINCE}): use sync=zero1 or sync=torch_zero (sharded "
+            f"optimiser state on this torch), or a torch >= {FULLY_SHARD_SINCE}")

@@ -18,7 +18,8 @@ class SyncConfig:
     """How gradients are synchronised across ranks."""
 
     name: str = doc(MISSING, "ddp | naive | allreduce | reduce_broadcast | ring | tree | "
-                             "butterfly | hierarchical | zero1 (ddp_lab/sync/<name>.py)")
+                             "butterfly | hierarchical | zero1 | torch_zero | fsdp2 "
+                             "(ddp_lab/sync/<name>.py)")
     overlap: bool = doc(False, "start each gradient bucket's collective during backward, "
                                "as soon as the bucket is ready (DDP's overlap; ddp "
                                "always overlaps), instead of after backward")
