@@ -18,7 +18,7 @@ from typing import Any
 PROBE_STEPS = 3
 #: DistributedDataParallel's own account of how it was built (`_get_ddp_logging_data()`)
 DDP_KEYS = ("bucket_cap_bytes", "bucket_sizes", "gradient_as_bucket_view", "static_graph",
-            "find_unused_parameters")
+            "find_unused_parameters", "comm_hook")
 
 
 def probe_model():
@@ -74,7 +74,7 @@ def observe(section: dict, world: int, log: list, phase: dict) -> dict[str, Any]
     torch.manual_seed(0)
     model = probe_model()
     syncer = build_sync(OmegaConf.create(section), model, torch.device("cpu"), world)
-    opt = torch.optim.Adam(syncer.optimizer_params(), lr=1e-3)
+    opt = syncer.make_optimizer(lambda params: torch.optim.Adam(params, lr=1e-3))
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(8, 32, generator=g), torch.randn(8, 4, generator=g)
 
@@ -104,7 +104,13 @@ def observe(section: dict, world: int, log: list, phase: dict) -> dict[str, Any]
            "comm": {"calls": comm.calls, "payload": comm.payload_bytes, "sent": comm.bytes_sent},
            "ddp": {k: data.get(k) for k in DDP_KEYS} if data is not None else None,
            "state_bytes": sum(v.numel() * v.element_size() for v in state if v.dim() > 0),
-           "grad_storages": None}
+           "grad_storages": None,
+           # FSDP2: per sharded child module, whether it reshards after forward (torch keeps
+           # a post-forward mesh only then)
+           "fsdp_reshard": [m._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+                            for m in model.modules() if m is not model
+                            and hasattr(m, "_get_fsdp_state")
+                            and m._get_fsdp_state()._fsdp_param_group is not None]}
     if data is not None:  # the storages holding the .grads (gradient_as_bucket_view: 1)
         out["grad_storages"] = len({p.grad.untyped_storage().data_ptr()
                                     for p in model.parameters() if p.grad is not None})

@@ -115,6 +115,12 @@ REFUSED = {
     ("naive", "compress"): "naive sends each .grad as it is",
     ("zero1", "overlap"): "zero1 reduce-scatters after backward",
     ("zero1", "compress"): "zero1 sends fp32 gradients",
+    ("torch_zero", "overlap"): "torch_zero is DDP underneath: it always overlaps",
+    ("torch_zero", "compress"): "torch_zero sends fp32 through DDP's plain all-reduce",
+    ("torch_zero", "hook"): "torch_zero runs DDP's plain all-reduce, no other hook",
+    ("torch_zero", "powersgd_rank"): "torch_zero runs no PowerSGD",
+    ("fsdp2", "overlap"): "FSDP2 always reduce-scatters during backward",
+    ("fsdp2", "compress"): "fsdp2 runs fp32 (its MixedPrecisionPolicy is not wired)",
 }
 
 
@@ -488,9 +494,11 @@ def _ops(obs: dict) -> list[str]:
     return [c["op"] for c in obs["calls"]]
 
 
-def _per_step(obs: dict) -> int:
-    """Wire calls (collectives, sends and receives) per step, the same every step."""
-    counts = {s: sum(c["step"] == s for c in obs["calls"]) for s in range(PROBE_STEPS)}
+def _per_step(obs: dict, ops: tuple = ()) -> int:
+    """Wire calls (collectives, sends and receives; only `ops` where given) per step, the
+    same every step."""
+    counts = {s: sum(c["step"] == s and (not ops or c["op"] in ops) for c in obs["calls"])
+              for s in range(PROBE_STEPS)}
     assert len(set(counts.values())) == 1, counts
     return counts[0]
 
@@ -547,17 +555,22 @@ def probe_bucket_mb(case, base, var):
     bucket in the comm records and as many times the wire calls (every algorithm here
     makes the same number of sends, receives or calls per bucket at a world of 2),
     smaller messages; ddp also in its own logging data."""
-    mb = 2 ** 20 if case.sync == "ddp" else 1e6
+    ddp = case.sync in ("ddp", "torch_zero")  # DDP's buckets (torch_zero runs DDP)
+    mb = 2 ** 20 if ddp else 1e6
     n_var, n_base = expected_buckets(case.value * mb), expected_buckets(25 * mb)
+    # torch_zero also records its parameters' broadcast, one call a step, and sends them
+    # on the wire: the buckets are the rest, and the all-reduces
+    extra = PROBE_STEPS if case.sync == "torch_zero" else 0
+    ops = ("all_reduce",) if case.sync == "torch_zero" else ()
     for b, v in zip(base, var):
-        if v["comm"]["calls"] * n_base != b["comm"]["calls"] * n_var:
+        if (v["comm"]["calls"] - extra) * n_base != (b["comm"]["calls"] - extra) * n_var:
             return (f"comm records: {v['comm']['calls']} calls, the default's "
                     f"{b['comm']['calls']}: not {n_var} buckets for {n_base}")
-        if _per_step(v) * n_base != _per_step(b) * n_var:
-            return f"{_per_step(v)} wire calls a step, the default's {_per_step(b)}"
+        if _per_step(v, ops) * n_base != _per_step(b, ops) * n_var:
+            return f"{_per_step(v, ops)} wire calls a step, the default's {_per_step(b, ops)}"
         if n_var > n_base and not _largest(v) < _largest(b):
             return f"largest message {_largest(v)} elements, the default's {_largest(b)}"
-        if case.sync == "ddp" and v["ddp"]["bucket_cap_bytes"] != int(case.value * mb):
+        if ddp and v["ddp"]["bucket_cap_bytes"] != int(case.value * mb):
             return f"DDP's logging data: bucket_cap_bytes={v['ddp']['bucket_cap_bytes']}"
 
 
@@ -646,6 +659,29 @@ def probe_node_size(case, base, var):
         return "the default's nodes make the same calls"
 
 
+def probe_hook(case, base, var):
+    """hook (ddp): the comm hook DDP's reducer reports running (its logging data's
+    `comm_hook`), and, for ddp_lab's send/recv hooks, their calls on the wire."""
+    def hook(o):
+        return str((o["ddp"] or {}).get("comm_hook"))
+    if not all(case.text in hook(v) for v in var):
+        return f"DDP's logging data: comm_hook={[hook(v) for v in var]}"
+    if any(case.text in hook(b) for b in base):
+        return f"the default's hook is {hook(base[0])} too"
+    if case.text.startswith("ring") and not all({"isend", "irecv"} <= set(_ops(v)) for v in var):
+        return f"a ring hook whose wire calls are {[sorted(set(_ops(v))) for v in var]}"
+
+
+def probe_reshard(case, base, var):
+    """reshard_after_forward (fsdp2): whether the child modules' FSDP states keep a
+    post-forward mesh (torch frees the gathered weights after forward only with one)."""
+    if not all(v["fsdp_reshard"] == [case.value] * len(v["fsdp_reshard"]) and v["fsdp_reshard"]
+               for v in var):
+        return f"FSDP's states reshard after forward: {[v['fsdp_reshard'] for v in var]}"
+    if any(b["fsdp_reshard"] == v["fsdp_reshard"] for b, v in zip(base, var)):
+        return "the default reshards the same way"
+
+
 #: option -> (what both builds add to the sync's defaults, so that the option acts; the
 #: probe). An option of the registry missing here fails test_every_option_has_a_probe.
 PROBES = {
@@ -662,6 +698,8 @@ PROBES = {
     "inter": ({"node_size": 1}, probe_level),
     "intra": ({}, probe_level),
     "node_size": ({}, probe_node_size),
+    "hook": ({}, probe_hook),
+    "reshard_after_forward": ({}, probe_reshard),
 }
 
 

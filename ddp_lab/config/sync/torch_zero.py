@@ -23,3 +23,6 @@ class TorchZeroSyncConfig(DDPSyncConfig):
                                  f"library twin of sync=zero1 and sends fp32 through DDP's plain "
                                  f"all-reduce; drop sync.{key} (or use sync=ddp sync.{key}="
                                  f"{cfg[key]})")
+        if cfg.get("powersgd_rank", 1) != 1:
+            raise ValueError(f"sync=torch_zero sync.powersgd_rank={cfg.powersgd_rank}: torch_zero "
+                             f"runs no PowerSGD (compression refused); drop sync.powersgd_rank")
