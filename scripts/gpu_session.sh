@@ -35,6 +35,10 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 RESULT=${RESULT:-$OUT}
 export PYTHONPATH="$REPO"
+if ! command -v nvidia-smi >/dev/null; then
+  echo "skipped: no CUDA (no nvidia-smi: this is the GPU machine's script; scripts/gpu_check.sh --rehearse runs its rows on CPU)"
+  exit 0
+fi
 SECTIONS=${SECTIONS:-1 2 3 4 5 6 7 8}  # which of the numbered parts to run (1 and 2 always)
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -280,6 +281,30 @@ def script_gpu_check(work):
         compose(*overrides, config_name="bench" if entry == "ddp_lab.bench" else "config")
 
 
+def script_gpu_session(work):
+    """gpu_session.sh's own parts run on the GPU machine; here: its CPU answer, and its
+    three helpers on a CPU rank (a rendered run profiled, two profiles compared, the NVTX
+    ranges counted: none without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        out = ok(sh(work, ["bash", str(REPO / "scripts/gpu_session.sh")]))
+        assert out.strip().splitlines() == [out.strip()] and out.startswith("skipped: no CUDA")
+    run = work["cwd"] / "outputs" / "rank"
+    ok(sh(work, [sys.executable, "-m", "ddp_lab", "launcher.dry_run=true", f"run.dir={run}",
+                 "launcher.nproc_per_node=1", "train.epochs=1", "train.max_steps_per_epoch=5",
+                 work["data"], "log.progress=lines"]))
+    prof = work["cwd"] / "rank.prof"
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/profile_rank.py"), str(run), str(prof)]))
+    assert "rank exit 0" in out and prof.is_file(), out
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/profile_diff.py"), str(prof), str(prof)]))
+    assert "own time grown most" in out and "+0.000 s" in out, out
+    (run / "checkpoints").exists() and shutil.rmtree(run / "checkpoints")
+    (run / "summary.json").unlink(missing_ok=True)
+    out = ok(sh(work, [sys.executable, str(REPO / "scripts/nvtx_ranges.py"), str(run)]))
+    assert "NVTX ranges pushed: 0" in out, out
+
+
 def script_setup(work):
     assert subprocess.run(["bash", "-n", str(REPO / "scripts/setup.sh")]).returncode == 0
     pytest.skip("setup.sh builds a venv and installs torch from the index: bash -n only "
@@ -353,7 +378,8 @@ BENCHES = {"start": bench_start, "compress": bench_compress, "tensorboard": benc
            "straggler": bench_straggler, "accuracy": bench_accuracy, "stop": bench_stop,
            "epoch": bench_epoch, "syncs": bench_syncs, "hierarchical": bench_hierarchical,
            "overlap": bench_overlap}
-SCRIPTS = {"gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
+SCRIPTS = {"gpu_check.sh": script_gpu_check, "gpu_session.sh": script_gpu_session,
+           "setup.sh": script_setup,
            "install_system_deps.sh": script_install_system_deps,
            "slurm_cluster.sh": script_slurm_cluster}
 
@@ -361,6 +387,10 @@ SCRIPTS = {"gpu_check.sh": script_gpu_check, "setup.sh": script_setup,
 # scripts whose end-to-end test lives with what they measure (a larger case than the
 # cheapest form here, so running them here too would repeat it)
 ELSEWHERE = {"netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_nothing_and_labs_coexist("),
+             "docs_images.py": ("tests/test_docs_images.py", "def test_every_picture_in_docs_img_has_a_recipe("),
+             # gpu_session.sh's helpers: its check runs them on a CPU rank
+             **{name: ("tests/test_docs_commands.py", "def script_gpu_session(")
+                for name in ("profile_rank.py", "profile_diff.py", "nvtx_ranges.py")},
              # CI's last step runs it whole (a 2.5 GB install: nowhere cheaper)
              "oldest_torch.sh": (".ci/run", "bash scripts/oldest_torch.sh")}
 BENCHES_ELSEWHERE = {"truth": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
