@@ -7,8 +7,8 @@ thread and `threading.setprofile` on every thread it starts (sync.overlap's coll
 thread among them): every ddp_lab file whose code runs in the step on any thread (a
 function called, or the ddp_lab code calling it), and the same for `syncer.sync()` with
 what the overlap thread runs meanwhile. Two steps are traced: the fourth, which writes no
-per-step TensorBoard point (as 49 of 50 steps of a full epoch do not), and the tenth, the
-first that does (a run of 200 steps writes every 10th): its telemetry's files are counted
+per-step TensorBoard point (as 49 of 50 steps of a full epoch do not), and the fifth, the
+first that does (a run of 100 steps writes every 5th): its telemetry's files are counted
 too. Run for sync=ring and for sync=ring sync.overlap=true (whose buckets go out on their
 own thread). The bounds are today's counts: a change that adds a file to the step must
 say why here (and in the tour's table). The rank's progress record reads on a thread of
@@ -27,7 +27,7 @@ from helpers import free_port
 REPO = Path(__file__).resolve().parent.parent
 
 #: the step's files and the sync's (docs/tour.md, *What one step runs*), by setting: the
-#: plain step (the fourth), and the step that writes a TensorBoard point (the tenth)
+#: plain step (the fourth), and the step that writes a TensorBoard point (the fifth)
 AT_MOST = {  # setting: {"step": n, "sync": n, "telemetry step": n}
     "ring": {"step": 12, "sync": 6, "telemetry step": 19},
     "ring-overlap": {"step": 14, "sync": 8, "telemetry step": 21},
@@ -52,7 +52,7 @@ PKG = os.path.dirname(ddp_lab.__file__)
 cfg = load_run_config(run_dir)
 EVERY = step_stride(cfg.timing.tb_every, cfg.train.epochs * cfg.train.max_steps_per_epoch)
 TRACED = {3: "step", EVERY - 1: "telemetry step"}  # the fourth (no point), the first point
-assert EVERY > 4, EVERY
+assert EVERY == 5, EVERY  # the fourth step writes no point, the fifth does
 seen = {}  # (traced step, thread name) -> files
 at = {"step": -1, "in_sync": False}
 RANK0 = int(os.environ["RANK"]) == 0
@@ -115,7 +115,7 @@ def test_a_ring_step_runs_code_in_few_files(tmp_path, setting):
     run_dir = tmp_path / "run"
     subprocess.run([sys.executable, "-m", "ddp_lab", *SETTINGS[setting],
                     "launcher.nproc_per_node=2", "train.epochs=1",
-                    "train.max_steps_per_epoch=200", f"run.dir={run_dir}",
+                    "train.max_steps_per_epoch=100", f"run.dir={run_dir}",
                     "launcher.dry_run=true"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=120)
     harness = tmp_path / "traced_rank.py"
@@ -127,7 +127,7 @@ def test_a_ring_step_runs_code_in_few_files(tmp_path, setting):
                  GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     try:
-        logs = [rank.communicate(timeout=240)[0] for rank in ranks]
+        logs = [rank.communicate(timeout=480)[0] for rank in ranks]
     finally:
         for rank in ranks:
             if rank.poll() is None:
@@ -149,7 +149,7 @@ def test_a_ring_step_runs_code_in_few_files(tmp_path, setting):
     assert set(found) == {"step", "sync", "telemetry step"}, traced
     step, sync, point = found["step"], found["sync"], found["telemetry step"]
     assert "ddp_lab/sync/ring.py" in sync and "ddp_lab/step.py" in step, found
-    assert "ddp_lab/rank/telemetry.py" in point, f"the tenth step wrote no point: {found}"
+    assert "ddp_lab/rank/telemetry.py" in point, f"the fifth step wrote no point: {found}"
     if setting == "ring-overlap":  # its buckets went out on a thread of their own
         assert any(t.startswith("ddp_lab-") for t in threads), threads
         assert "ddp_lab/sync/_overlap.py" in sync, found
