@@ -223,10 +223,12 @@ def group_value_mistake(argv: list[str]) -> str | None:
     if not words:
         return None
     parser = _parser()
-    try:
-        overrides = parser.parse_overrides(words)
-    except HydraException:
-        return None
+    overrides = []
+    for word in words:  # one by one: a word Hydra cannot parse (or `--cfg job`'s job) is
+        try:            # Hydra's to refuse, and does not hide a group mistake beside it
+            overrides += parser.parse_overrides([word])
+        except HydraException:
+            continue
     loader = parser.config_loader
     for o in overrides:
         group = o.key_or_group
