@@ -24,18 +24,22 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
-# The only skips a CI machine without a GPU may show (.ci/run): the start of each expected
-# reason, and why it is expected. Any other skip (no sbatch, no mpirun, no network lab, the
-# cluster fallen back to loopback, no root...) fails the test with its reason: a machine
-# missing a package is not green. A developer without SLURM or Open MPI who wants those
-# tests skipped asks for it: DDP_LAB_ALLOW_SKIPS=1 (CI never sets it).
+# The only skips a CI machine without a GPU may show (.ci/run): each expected reason, word
+# for word (a reason that merely starts like one is not it: "needs CUDA 13" is another
+# skip), and why it is expected. Any other skip (no sbatch, no mpirun, no network lab, the
+# cluster fallen back to loopback, no root...) fails with its reason: a machine missing a
+# package is not green. This holds at collection too: a module-level `pytest.skip` or
+# `pytest.importorskip` is a collection error unless its reason is one of these. A developer
+# without SLURM or Open MPI who wants those tests skipped asks for it: DDP_LAB_ALLOW_SKIPS=1
+# (CI never sets it).
 EXPECTED_SKIPS = {
     "needs CUDA": "no GPU on the CI machine",
     "CUDA is not available": "no GPU on the CI machine",
-    "nccl needs one GPU per rank": "nccl's test needs two GPUs",
+    "nccl needs one GPU per rank; fewer than 2 CUDA devices visible": "nccl's test needs two GPUs",
     "this torch build has no nccl": "a CPU-only torch build has no nccl",
-    "setup.sh builds a venv": "the venv running the suite is what setup.sh makes",
-    "not under pytest-xdist": "a test of the xdist groups, run with -n 0",
+    "setup.sh builds a venv and installs torch from the index: bash -n only (the venv running "
+    "these tests is what it makes)": "the venv running the suite is what setup.sh makes",
+    "not under pytest-xdist (-n 0)": "a test of the xdist groups, run with -n 0",
 }
 ALLOW_SKIPS = "DDP_LAB_ALLOW_SKIPS"
 
@@ -47,18 +51,37 @@ def skip_reason(report) -> str:
     return text.removeprefix("Skipped: ")
 
 
+def _unexpected(report) -> str | None:
+    """Why a skipped report fails: its reason is none of EXPECTED_SKIPS; None if it may skip."""
+    if not report.skipped or hasattr(report, "wasxfail") or os.environ.get(ALLOW_SKIPS) == "1":
+        return None
+    reason = skip_reason(report)
+    if reason in EXPECTED_SKIPS:
+        return None
+    return (f"skipped for a reason this suite does not expect: {reason}\n"
+            f"(expected skips: tests/conftest.py EXPECTED_SKIPS, matched word for word; to "
+            f"skip anyway on a machine without it, {ALLOW_SKIPS}=1)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A skip whose reason is not one of EXPECTED_SKIPS is a failure, with its reason."""
     report = (yield).get_result()
-    if not report.skipped or hasattr(report, "wasxfail") or os.environ.get(ALLOW_SKIPS) == "1":
-        return
-    reason = skip_reason(report)
-    if not reason.startswith(tuple(EXPECTED_SKIPS)):
+    why = _unexpected(report)
+    if why:
         report.outcome = "failed"
-        report.longrepr = (f"skipped for a reason this suite does not expect: {reason}\n"
-                           f"(expected skips: tests/conftest.py EXPECTED_SKIPS; to skip anyway "
-                           f"on a machine without it, {ALLOW_SKIPS}=1)")
+        report.longrepr = why
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same at collection: a module skipped whole (module-level `pytest.skip`,
+    `pytest.importorskip`) for an unexpected reason is a collection error."""
+    report = (yield).get_result()
+    why = _unexpected(report)
+    if why:
+        report.outcome = "failed"
+        report.longrepr = why
 
 
 FILE_SECONDS: dict[str, float] = {}

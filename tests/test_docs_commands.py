@@ -392,7 +392,11 @@ ELSEWHERE = {"netlab.sh": ("tests/test_netlab.py", "def test_up_down_leaves_noth
              **{name: ("tests/test_docs_commands.py", "def script_gpu_session(")
                 for name in ("profile_rank.py", "profile_diff.py", "nvtx_ranges.py")},
              # CI's last step runs it whole (a 2.5 GB install: nowhere cheaper)
-             "oldest_torch.sh": (".ci/run", "bash scripts/oldest_torch.sh")}
+             "oldest_torch.sh": (".ci/run", "bash scripts/oldest_torch.sh"),
+             # the suite's own mutants: each patch applies and names its test; the script lists them
+             "mutants.py": ("tests/test_mutants.py", "def test_the_script_lists_them("),
+             # random command lines by hand; the suite runs the same sets in-process
+             "override_fuzz.py": ("tests/test_override_fuzz.py", "def test_the_script_judges_a_few_sets(")}
 BENCHES_ELSEWHERE = {"truth": ("tests/test_truth.py", "def test_comm_truth_script_end_to_end("),
                      # minutes on a lab and a cluster: its pure parts only (what it measures: above)
                      "network": ("tests/test_net_claims.py",

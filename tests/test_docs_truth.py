@@ -362,7 +362,7 @@ def python_name(key: str) -> bool:
     """`a.b` that is Python, not a key: `dist.all_reduce` (torch.distributed's), a name in
     ddp_lab (`train.train`, `bench.submit.resolve_bench`), a CONSTANT or a Class."""
     head, rest = key.split(".", 1)
-    return (key != key.lower() or module_problem(f"ddp_lab.{key}") is None
+    return (key != key.lower()
             or (head == "dist" and rest.split(".")[0] in torch_distributed_names()))
 
 
@@ -379,17 +379,41 @@ def cited_keys(text: str) -> list[str]:
     return keys
 
 
-def test_every_config_key_named_exists():
+def key_problems(items) -> tuple[list[str], set[str]]:
+    """(a line per key cited in `items` (file, line, text, is_code: prose and code alike)
+    that no composed config has, the keys checked)."""
     problems, checked = [], set()
-    for path, n, text, is_code in sources():
-        if not is_code:
-            continue
+    for path, n, text, _ in items:
         for key in cited_keys(text):
             checked.add(key)
             if not values(key):
                 problems.append(f"{where(path, n)}: no config key {key} (conf/, any group option)")
+    return problems, checked
+
+
+def test_every_config_key_named_exists():
+    problems, checked = key_problems(sources())
     report(sorted(set(problems)), "config keys in the docs that no config has")
     assert len(checked) > 50, f"only {len(checked)} keys found: is the pattern still right?"
+
+
+def test_a_made_up_key_fails_in_prose_and_in_code():
+    """A key no config has is caught wherever a page names it, even where its last part
+    names a module of ddp_lab (`timing.clock`: ddp_lab/timing/clock.py, no config key) or its
+    words are plain prose; a real key and a Python call are not."""
+    page = REPO / "docs" / "timing.md"
+    made_up = ["Set timing.clock=wall to time with the wall clock.",  # prose, assigned
+               "the clock is timing.clock, read once per step",  # prose, named
+               "`timing.clock`", "python -m ddp_lab timing.clock=wall",  # code
+               "`sync.bucket_size=25`"]
+    for text in made_up:
+        for is_code in (False, True):
+            problems, _ = key_problems([(page, 1, text, is_code)])
+            assert problems, f"{text!r} (is_code={is_code}) passed"
+    for text in ["`timing.trace_steps=3`", "train.lr sets the rate", "`dist.all_reduce(t)`",
+                 "`ddp_lab.timing.clock`", "see ddp_lab/timing/clock.py"]:
+        problems, _ = key_problems([(page, 1, text, False)])
+        assert not problems, (text, problems)
 
 
 # --------------------------------------------------------------------------- defaults

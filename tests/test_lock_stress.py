@@ -6,6 +6,7 @@ may vanish, removed by another command's validation probe while it is empty)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -82,3 +83,64 @@ def test_hundreds_of_takers_one_holder_one_line_refusals(tmp_path):
     assert kinds.count("held") + kinds.count("died holding") >= 10 and refusals, kinds
     assert kinds.count("died holding") >= 1  # so some took over a dead holder's lock
     assert not list(run_dir.glob(".LOCK*")), list(run_dir.glob("*"))
+
+
+def _blocked_on_flock(folder: Path) -> bool:
+    """Whether some process waits for a flock on `folder` (a `->` line of /proc/locks on
+    its inode)."""
+    inode = f":{folder.stat().st_ino} "
+    return any("->" in ln and "FLOCK" in ln and inode in ln
+               for ln in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_second_taker_cannot_slip_between_the_recheck_and_the_unlink(tmp_path, monkeypatch):
+    """Deterministic, every run: two takers judge the same dead holder's LOCK. The first is
+    paused between its re-check and its unlink (lock._before_unlink); the second must then
+    wait on the folder's flock (seen in /proc/locks), not remove the lock itself. Once the
+    first goes on, it holds the lock and the second is refused. Without the flock the
+    second takes the lock while the first is paused, and the first then removes the
+    second's lock; without the re-check the second, let in after the first, removes the
+    first's: two holders, either way."""
+    import socket
+    import threading
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    dead = {"host": socket.gethostname(), "pid": 2 ** 22 + 1, "start": 1, "launcher": "local"}
+    (run_dir / lock.LOCK).write_text(json.dumps(dead))
+    paused, go = threading.Event(), threading.Event()
+    first = []
+
+    def pause() -> None:
+        if not first:  # the first taker to get here waits; any later one goes on
+            first.append(threading.current_thread().name)
+            paused.set()
+            assert go.wait(60)
+
+    monkeypatch.setattr(lock, "_before_unlink", pause)
+    outcome: dict[str, str] = {}
+
+    def take(name: str) -> None:
+        try:
+            lock.acquire(run_dir, "local")
+            outcome[name] = "held"
+        except lock.FolderInUse:
+            outcome[name] = "refused"
+        except BaseException as e:  # noqa: BLE001 (the test reports it)
+            outcome[name] = f"{type(e).__name__}: {e}"
+
+    a = threading.Thread(target=take, args=("a",), name="a")
+    a.start()
+    assert paused.wait(60), "the first taker never reached the unlink"
+    b = threading.Thread(target=take, args=("b",), name="b")
+    b.start()
+    deadline = time.monotonic() + 60
+    while b.is_alive() and not _blocked_on_flock(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the second waits on the flock, or has finished without it
+    b_done_while_a_paused = not b.is_alive()
+    go.set()
+    a.join(60)
+    b.join(60)
+    assert not b_done_while_a_paused, f"the second taker got past the flock: {outcome}"
+    assert outcome == {"a": "held", "b": "refused"}, outcome
+    assert json.loads((run_dir / lock.LOCK).read_text())["pid"] == os.getpid()

@@ -69,6 +69,10 @@ def test_a_reused_pid_is_not_the_holder(tmp_path):
         assert json.loads((run_dir / lock.LOCK).read_text())["start"] == lock._me("local")["start"]
 
 
+# the slow tier: two real trainings racing; the lock's claim is held in the fast tier by
+# test_lock_stress (a crowd of takers, and the pause between re-check and unlink) and by
+# test_a_live_holder_refuses_a_dead_one_is_taken_over above
+@pytest.mark.slow
 @pytest.mark.dist
 def test_two_commands_one_folder_exactly_one_trains(tmp_path, shared_data_root):
     """Two identical commands started together on one run.dir: one trains, the other is

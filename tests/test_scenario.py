@@ -24,6 +24,10 @@ from helpers import PY, child_env, describe, run_cli, run_dir_of, summary, tenso
 from ddp_lab.folder import progress
 from ddp_lab.folder.tensorboard import RUN_METRICS
 
+# the slow tier: minutes of real runs (a sweep, resumes, mpirun, benches, a study), each
+# capability already tested on its own in the fast tier; this module tests their joins
+pytestmark = [pytest.mark.slow]
+
 TRAIN = ["train.epochs=2", "train.max_steps_per_epoch=15", "train.eval_batch_size=2000",
          "log.progress=lines", "launcher.nproc_per_node=2"]
 

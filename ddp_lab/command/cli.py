@@ -48,7 +48,8 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     sweep; every job checked by `check_fn` before the first starts), and exit with the
     failed job's status (2 for a user mistake). `schemas`: the dataclass modules that type
     the config, for "did you mean" hints."""
-    flags = command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
+    flags = (command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
+             or group_value_mistake(sys.argv[1:]))
     if flags:
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
@@ -209,6 +210,58 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
         i += 1
     return (f"{' '.join(given)}: not a flag here: settings are key=value overrides: write "
             f"{' '.join(fixed)}")
+
+
+def group_value_mistake(argv: list[str]) -> str | None:
+    """A config group given something other than an option's name (`sync=3`, `model=7`,
+    `study=[1,2]`, `sync=null`, `launcher=[a,b]`, `-m sync=ddp,4`), in one line naming the
+    group and its options, else None. Hydra takes a group's value from the override parser
+    as it comes (an int, None, a list) and fails deep in its defaults list with a traceback;
+    an option's name is a string, one per group here (no group of ddp_lab's merges several).
+    A line Hydra cannot parse is left to Hydra, which says why in one line."""
+    words = [a for a in argv if a[:1] != "-"]
+    if not words:
+        return None
+    parser = _parser()
+    overrides = []
+    for word in words:  # one by one: a word Hydra cannot parse (or `--cfg job`'s job) is
+        try:            # Hydra's to refuse, and does not hide a group mistake beside it
+            overrides += parser.parse_overrides([word])
+        except HydraException:
+            continue
+    loader = parser.config_loader
+    for o in overrides:
+        group = o.key_or_group
+        if o.is_delete() and o._value is None:
+            continue  # `~sync`: no value to judge
+        try:
+            is_group = loader.repository.group_exists(group)
+        except OSError as e:  # Hydra looks the name up as a folder: 300 characters are not one
+            name = group if len(group) <= 60 else group[:40] + f"... ({len(group)} characters)"
+            return f"{name}: no such key or config group ({e.strerror})"
+        if not is_group:
+            continue  # a key (train.epochs=3), not a group
+        if o.is_sweep_override():
+            try:
+                values = list(o.sweep_iterator())
+            except HydraException:
+                continue  # a sweep Hydra cannot expand: its own line
+        else:
+            values = [o.value()]
+        wrong = next((v for v in values if not isinstance(v, str)), _NONE)
+        if wrong is _NONE:
+            continue
+        options = loader.get_group_options(group)
+        what = ("null" if wrong is None else "a list" if isinstance(wrong, list)
+                else "a mapping" if isinstance(wrong, dict) else f"the {type(wrong).__name__} {wrong}")
+        return (f"{o.input_line}: {group} is a config group and takes one option's name, "
+                f"not {what}: choose {', '.join(options)}"
+                if options else f"{o.input_line}: {group} is a config group and takes one "
+                f"option's name, not {what}")
+    return None
+
+
+_NONE = object()
 
 
 def _defaults(config_name: str) -> DictConfig:

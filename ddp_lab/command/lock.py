@@ -30,6 +30,12 @@ from ..folder.records import now_iso
 LOCK = "LOCK"
 
 
+def _before_unlink() -> None:
+    """Called between the re-check of a dead holder's LOCK and its removal, under the
+    folder's flock: nothing here. tests/test_lock_stress.py pauses one taker at this point
+    to show a second one cannot slip in (the flock and the re-check, each shown needed)."""
+
+
 class FolderInUse(UserError):
     """Another command's job uses this run folder."""
 
@@ -168,6 +174,7 @@ def acquire(run_dir: Path, launcher: str) -> None:
             raise FolderInUse(_in_use(run_dir, who))
         with _guard(run_dir):  # remove it only if it is still the lock judged dead
             if _read(path) == (ident, holder):
+                _before_unlink()
                 path.unlink()
                 print(f"[ddp_lab] run.dir={run_dir}: taking over the lock of {who}, which has "
                       "ended", file=sys.stderr, flush=True)
