@@ -72,7 +72,8 @@ def _disagree(values: Mapping[str, Any]) -> Optional[str]:
         groups.setdefault(str(value), []).append(node)
     if len(groups) < 2:
         return None
-    ordered = sorted(groups.items(), key=lambda kv: len(kv[1]))
+    first = next(iter(values), None)  # the first node is the reference: the other is odd
+    ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), first in kv[1]))
     return ", ".join(f"{'/'.join(nodes)} {'has ' if i == 0 else ''}{value}"
                      for i, (value, nodes) in enumerate(ordered))
 
@@ -259,11 +260,15 @@ def link(f: Facts) -> Check:
     links = {f.label(n): (x.get("network") or {}).get("link") for n, x in f.node_facts().items()}
     known = {k: v for k, v in links.items() if v}
     if not known:
+        if any(c["spec"] and not c["resolved"] for x in f.node_facts().values()
+               for c in ((x.get("network") or {}).get("chosen") or {}).values()):
+            return Check("link", False, "not read: the interface named does not exist "
+                         "(the interface check)", "fix the interface first")
         return Check("link", True, "no node could say its link (no `ip` there)")
     for what in (_rate, lambda lk: lk.get("mtu")):
         odd = _disagree({k: what(v) for k, v in known.items()})
         if odd:
-            slow = min(known, key=lambda k: _rate(known[k]) or 0)
+            slow = min(known, key=lambda k: _rate(known[k]) or float("inf"))
             return Check("link", False, "the nodes' links differ: " + "; ".join(
                 f"{k} {_words(v)}" for k, v in sorted(known.items(), key=lambda kv: kv[0] != slow)),
                 f"every node on the same network: ask for other nodes than {slow}, or fix "
@@ -286,6 +291,12 @@ def rendezvous(f: Facts) -> Check:
                      "set launcher.master_addr to rank 0's node's address the others reach")
     joined = sorted(f.measures)
     want = f.settings["world_size"]
+    skipped = sorted(r["rank"] for r in f.ranks if r.get("skipped_group"))
+    if len(joined) < want and skipped:
+        return Check("rendezvous", False, f"{len(joined)} of {want} rank(s) joined the process "
+                     f"group at {where}: rank(s) {', '.join(map(str, skipped[:8]))} did not try "
+                     "(their interface does not exist: the interface check)",
+                     "fix the interface first")
     if len(joined) < want:
         why = f.status.removeprefix("failed: ") if f.status.startswith("failed") else \
             f"exit status {f.rc}"
@@ -322,6 +333,16 @@ def inter_node(f: Facts) -> Optional[Check]:
     if not rates:
         return Check("inter-node all-reduce", True, head + "; no link rate to compare with")
     best = max(rates, key=rates.get)
+    shaped = [k for k, v in links.items() if v and v.get("shaped_Bps")]
+    if len(rates) < len(links) and shaped or len(set(rates.values())) > 1:
+        # one node's link is slower than another's (or shaped where another is not): every
+        # ring and tree runs at the slowest link's pace
+        slow = min(rates, key=rates.get)
+        return Check("inter-node all-reduce", False,
+                     f"inter-node all-reduce at {got / 1e6:.4g} MB/s, held to {slow}'s link "
+                     f"({_words(links[slow])}; "
+                     + ", ".join(f"{k} {_words(v)}" for k, v in links.items() if k != slow)
+                     + ")", f"every node on links of one rate: ask for other nodes than {slow}")
     share = got / rates[best]
     floor = MIN_LINK_SHARE_CPU if row["backend"] == "gloo" else MIN_LINK_SHARE
     finding = f"{head}: {share:.0%} of the link's rate ({_words(links[best])} on {best})"
