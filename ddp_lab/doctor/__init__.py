@@ -6,9 +6,9 @@ each writes what it sees (`facts`: software, data, cores, GPUs, the scheduler's 
 interface its collectives would use and that link), then the ranks join a process group
 and time an all-reduce within each node and across nodes (`measure`). The submitting side
 (`submit`) turns the folder's facts into one verdict line per check (`verdicts`, pure) and
-keeps them in `doctor.json` (`records`, which a run and the report read).
+keeps them in `doctor.json` (ddp_lab.folder.doctor, which a run and the report read).
 
-Layers: `verdicts`, `parsers` and `records` import no torch and nothing of the ranks;
-`submit` imports the submitting side's machinery (command/, launch/) only; `worker` and
-`facts` are the ranks' side.
+Layers: `verdicts` and `parsers` import no torch and nothing of the ranks; `submit`
+imports the submitting side's machinery (command/, launch/) only (pyproject.toml's
+import-linter contract); `worker` and `facts` are the ranks' side.
 """

@@ -20,7 +20,7 @@ from ..config.errors import UserError
 from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
-from . import records
+from ..folder import doctor as records
 from .verdicts import Check, Facts, verdicts
 
 ENTRY = "ddp_lab.doctor.worker"

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from ..world import cpu, torch_support
 from ..world import fingerprint as fingerprints
-from ..doctor import records as doctor_records
+from ..folder import doctor as doctor_records
 from ..config import BatchPlan, Config, batch_plan
 from ..world.distributed import DistContext
 from ..world.env import allocation, hostname, startup_s

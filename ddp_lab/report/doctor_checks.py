@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..doctor import records
+from ..folder import doctor as records
 
 
 def doctor_markdown(runs) -> list[str]:

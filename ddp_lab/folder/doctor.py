@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..folder.files import read_json_or_empty, write_json
+from .files import read_json_or_empty, write_json
 
 FILE = "doctor.json"
 KIND = "doctor"
