@@ -103,48 +103,52 @@ def ranks(f: Facts) -> Check:
 
 def tasks(f: Facts) -> Check:
     """The ranks, tasks and GPUs per node against the launcher settings (the mismatch that
-    hangs a job or leaves devices idle)."""
+    hangs a job or leaves devices idle). A finding shared by several nodes names them all."""
     s = f.settings
-    nproc, problems, notes = s["nproc_per_node"], [], []
+    nproc, notes = s["nproc_per_node"], []
+    problems: dict[tuple[str, str], list[str]] = {}  # (finding with {node}, fix) -> nodes
+
+    def problem(finding: str, fix: str, node: str) -> None:
+        problems.setdefault((finding, fix), []).append(node)
+
     for n, rs in f.nodes().items():
         label = f.label(n)
         sched = rs[0].get("scheduler", {})
         if len(rs) != nproc and s["launcher"] != "mpirun":
-            problems.append((f"{label} runs {len(rs)} rank(s), launcher.nproc_per_node={nproc}",
-                             "set launcher.nproc_per_node to the ranks each node should run"))
+            problem(f"{{node}} runs {len(rs)} rank(s), launcher.nproc_per_node={nproc}",
+                    "set launcher.nproc_per_node to the ranks each node should run", label)
         local = {r.get("local_world_size") for r in rs}
         if local != {len(rs)}:
-            problems.append((f"{label}'s ranks think {'/'.join(map(str, sorted(local)))} rank(s) "
-                             f"share the node, {len(rs)} run there",
-                             "collectives that group by node hang or mix nodes: ask the "
-                             "scheduler for as many tasks per node as ranks"))
+            problem(f"the ranks of {{node}} think {'/'.join(map(str, sorted(local)))} rank(s) "
+                    f"share the node, {len(rs)} run there", "collectives that group by node "
+                    "hang or mix nodes: ask the scheduler for as many tasks per node as ranks",
+                    label)
         if s["launcher"] == "slurm":
             want_tasks = nproc if s.get("per_task") else 1
             given = sched.get("SLURM_NTASKS_PER_NODE")
             if given is not None and str(given) != str(want_tasks):
                 mode = ("launcher.per_task=true: one task per rank" if s.get("per_task")
                         else "one torchrun per node")
-                problems.append((f"SLURM gives {given} task(s) per node on {label}, "
-                                 f"launcher.nproc_per_node={nproc} ({mode} wants {want_tasks})",
-                                 "drop the --ntasks-per-node of launcher.sbatch_extra / "
-                                 "your salloc; ddp_lab asks for what the settings need"))
+                problem(f"SLURM gives {given} task(s) per node on {{node}}, "
+                        f"launcher.nproc_per_node={nproc} ({mode} wants {want_tasks})",
+                        "drop the --ntasks-per-node of launcher.sbatch_extra / your salloc: "
+                        "ddp_lab asks for what the settings need", label)
             gpus = sched.get("SLURM_GPUS_ON_NODE")
             if gpus is not None and s.get("device") != "cpu" and int(gpus) not in (0, nproc):
-                problems.append((f"SLURM gives {gpus} GPU(s) on {label}, "
-                                 f"launcher.nproc_per_node={nproc}",
-                                 f"set launcher.nproc_per_node={gpus} (one rank per GPU) or "
-                                 f"launcher.gpus_per_node={nproc}"))
+                problem(f"SLURM gives {gpus} GPU(s) on {{node}}, launcher.nproc_per_node={nproc}",
+                        f"set launcher.nproc_per_node={gpus} (one rank per GPU) or "
+                        f"launcher.gpus_per_node={nproc}", label)
         cuda = [r.get("gpus", {}).get("count", 0) for r in rs]
         if s.get("device") == "cuda" and min(cuda, default=0) < len(rs):
-            problems.append((f"{label} shows {min(cuda)} GPU(s) to {len(rs)} rank(s)",
-                             "one GPU per rank: lower launcher.nproc_per_node or ask for "
-                             "more GPUs (launcher.gpus_per_node)"))
+            problem(f"{{node}} shows {min(cuda)} GPU(s) to {len(rs)} rank(s)",
+                    "one GPU per rank: lower launcher.nproc_per_node or ask for more GPUs "
+                    "(launcher.gpus_per_node)", label)
         if sched.get("SLURM_NTASKS_PER_NODE") is not None:
             notes.append(f"{label} {sched['SLURM_NTASKS_PER_NODE']} task(s)")
     if problems:
-        finding, fix = problems[0]
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        return Check("tasks", False, finding + more, fix)
+        (finding, fix), nodes = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more finding(s))" if len(problems) > 1 else ""
+        return Check("tasks", False, finding.format(node=", ".join(nodes)) + more, fix)
     mode = ("one task per rank" if s.get("per_task") else
             "one torchrun per node" if s["launcher"] in ("slurm", "local") else s["launcher"])
     return Check("tasks", True, f"{nproc} rank(s) per node as launcher.nproc_per_node says "
@@ -207,16 +211,19 @@ def data(f: Facts) -> Check:
                "mount the shared folder there, or set data.node_local=true")
         return Check("data", False, f"data missing on {n} under {root} "
                      f"({len(missing[n])} of {len(next(iter(nf.values()))['files'])} files)", fix)
+    expected = next(iter(nf.values()))["expected"]
     for name in sorted(next(iter(nf.values()))["files"]):
-        odd = _disagree({f.label(n): d["files"][name] for n, d in nf.items()})
+        got = {f.label(n): d["files"][name] for n, d in nf.items()}
+        wrong = {k: v for k, v in got.items() if expected.get(name) and v != expected[name]}
+        if wrong:
+            node, md5 = next(iter(wrong.items()))
+            on = f" on {', '.join(wrong)}" if len(nf) > 1 else ""
+            return Check("data", False, f"{name} under {root} has MD5 {md5}{on}, not "
+                         f"{expected[name]}", "remove it: ddp_lab fetches and verifies it again")
+        odd = _disagree(got)
         if odd:
             return Check("data", False, f"{name} differs between nodes: {odd}",
                          "remove the odd copy (ddp_lab fetches and verifies it again)")
-        expected = next(iter(nf.values()))["expected"].get(name)
-        got = next(iter(nf.values()))["files"][name]
-        if expected and got != expected:
-            return Check("data", False, f"{name} under {root} has MD5 {got}, not {expected}",
-                         "remove it: ddp_lab fetches and verifies it again")
     return Check("data", True, f"{len(next(iter(nf.values()))['files'])} files under {root}, "
                  f"the same MD5s on {len(nf)} node(s)")
 
