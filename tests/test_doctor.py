@@ -196,8 +196,8 @@ def test_a_wrong_socket_interface():
     bad = failed(f)
     assert bad["interface"] == ("FAIL interface: GLOO_SOCKET_IFNAME=nonexistent does not exist "
                                 "on node1 (it has lo, eth0) -> set GLOO_SOCKET_IFNAME=eth0 or "
-                                "unset it (gloo then takes the interface of the hostname's "
-                                "address)")
+                                "unset it (then the interface of the hostname's address is "
+                                "used)")
     assert "did not try" in bad["rendezvous"] and "not read" in bad["link"]
 
 

@@ -122,7 +122,9 @@ def network(environ: Mapping[str, str]) -> dict[str, Any]:
     lk = None
     if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
         lk = link_facts(None, environ)
-    return {"interfaces": names, "chosen": chosen, "link": lk,
+    # the interface gloo takes when none is named: the hostname's address's, else the route's
+    default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
+    return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
             "address": host_address(), "rdma_devices": rdma_devices()}
 
 

@@ -235,11 +235,11 @@ def interface(f: Facts) -> Check:
         names = net.get("interfaces") or []
         for key, c in (net.get("chosen") or {}).items():
             if not c["resolved"]:
-                others = [i for i in names if i != "lo"] or names
+                other = net.get("default") or next((i for i in names if i != "lo"), None)
                 return Check("interface", False, f"{key}={c['spec']} does not exist on "
                              f"{f.label(n)} (it has {', '.join(names)})",
-                             f"set {key}={others[0] if others else '<an interface>'} or unset it "
-                             "(gloo then takes the interface of the hostname's address)")
+                             f"set {key}={other or '<an interface>'} or unset it (then the "
+                             "interface of the hostname's address is used)")
             found.append(f"{f.label(n)} {key}={','.join(c['resolved'])}")
         if not net.get("chosen") and net.get("link"):
             found.append(f"{f.label(n)} {net['link']['iface']}")

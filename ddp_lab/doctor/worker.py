@@ -25,6 +25,7 @@ from ddp_lab.world.ports import answers
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 ITERS = 3
 BUDGET_S = 3.0
+FACTS_WAIT_S = 30.0  # a rank that cannot join waits this long at most for the others' facts
 
 
 def run(run_dir: Path) -> int:
@@ -48,12 +49,21 @@ def run(run_dir: Path) -> int:
     missing = [k for k, c in net["chosen"].items() if not c["resolved"]]
     mine["skipped_group"] = bool(missing)
     write_json(out / f"rank{env.rank}.json", mine)
-    if missing:  # gloo / NCCL would fail on it after a timeout: say it now instead
+    if missing:  # gloo / NCCL would fail on it after a timeout: say it now instead,
+        # once every rank has written its facts (the launcher ends the others as this one
+        # leaves, maybe before local rank 0 has read its node)
+        _wait_for(lambda: len(list(out.glob("rank*[0-9].json"))) >= env.world_size, FACTS_WAIT_S)
         print(f"[ddp_lab] doctor rank {env.rank}: {missing[0]}={environ[missing[0]]} is no "
               f"interface here ({', '.join(net['interfaces'])}): not joining", file=sys.stderr)
         return 1
     return run_rank(run_dir, cfg, lambda ctx: _measure(ctx, cfg, run_dir, out),
                     cfg.train.threads, failure={"kind": "doctor"})
+
+
+def _wait_for(done, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        time.sleep(0.2)
 
 
 def _master(env) -> dict:
