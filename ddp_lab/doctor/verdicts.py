@@ -53,11 +53,17 @@ class Facts:
 
     def label(self, node_rank: int) -> str:
         """A node's name as the user knows it (SLURMD_NODENAME or hostname); nodes of one
-        machine that share a hostname (a loopback cluster) get their node rank too."""
+        machine that share a hostname (a network lab) get their address, else node rank."""
         by_node = self.nodes()
-        name = (by_node.get(node_rank) or [{}])[0].get("node", f"node {node_rank}")
-        names = [(rs[0].get("node")) for rs in by_node.values()]
-        return f"{name}[{node_rank}]" if names.count(name) > 1 else name
+        first = (by_node.get(node_rank) or [{}])[0]
+        name = first.get("node", f"node {node_rank}")
+        names = [rs[0].get("node") for rs in by_node.values()]
+        if names.count(name) == 1:
+            return name
+        addresses = [rs[0].get("address") for rs in by_node.values()]
+        if first.get("address") and addresses.count(first["address"]) == 1:
+            return f"{name}@{first['address']}"  # network namespaces of one machine
+        return f"{name}[{node_rank}]"
 
     def node_facts(self) -> dict[int, dict]:
         """node rank -> the node facts its local rank 0 gathered."""
