@@ -240,10 +240,11 @@ def test_nccl_on_sockets_where_the_nodes_have_infiniband():
     f = healthy()
     for r in f.ranks:
         if "node_facts" in r:
-            r["node_facts"]["network"]["rdma_devices"] = ["mlx5_0"]
+            r["node_facts"]["network"]["rdma_devices"] = ["mlx5_0 (roce)"]
     f.measures[0]["nccl"] = nccl_transport(NCCL_SOCKET.splitlines())
     assert failed(f)["nccl transport"].startswith(
-        "FAIL nccl transport: NCCL on NET/Socket eth0: InfiniBand/RoCE not used")
+        "FAIL nccl transport: NCCL on NET/Socket eth0: InfiniBand/RoCE/Slingshot not used though "
+        "the nodes have mlx5_0 (roce)")
     f.measures[0]["nccl"] = nccl_transport(NCCL_IB.splitlines())
     assert lines(f)["nccl transport"] == "ok nccl transport: NET/IB+P2P with GPUDirect RDMA"
 

@@ -128,12 +128,17 @@ def network(environ: Mapping[str, str]) -> dict[str, Any]:
             "address": host_address(), "rdma_devices": rdma_devices()}
 
 
-def rdma_devices(root: str = "/sys/class/infiniband") -> list[str]:
-    """InfiniBand / RoCE devices on this node (mlx5_0, ...): NCCL should use NET/IB there."""
+def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
+    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs: Slingshot (cxi0,
+    ...: NCCL should use the aws-ofi-nccl plugin there) or InfiniBand / RoCE (mlx5_0, ...:
+    NET/IB); [] where only sockets exist."""
+    from ..launch.sysfs_scan import network_kind
+
     try:
-        return sorted(p.name for p in Path(root).iterdir())
-    except OSError:
+        kind, devices = network_kind(sysfs_root)
+    except Exception:  # noqa: BLE001 -- an odd sysfs: the check says nothing of it
         return []
+    return [] if kind == "sockets" else [f"{d} ({kind})" for d in devices]
 
 
 # ------------------------------------------------------------------ software and data

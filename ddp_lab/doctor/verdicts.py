@@ -383,10 +383,11 @@ def nccl(f: Facts) -> Optional[Check]:
     if socket and rdma:
         ifs = sorted({i for r in socket for i in r.get("socket_ifaces") or []})
         return Check("nccl transport", False, f"NCCL on NET/Socket {','.join(ifs) or ''}: "
-                     "InfiniBand/RoCE not used though the nodes have "
+                     "InfiniBand/RoCE/Slingshot not used though the nodes have "
                      f"{', '.join(sorted({d for n in rdma for d in f.node_facts()[n]['network']['rdma_devices']}))}",
-                     "unset NCCL_IB_DISABLE / NCCL_NET=Socket; set NCCL_IB_HCA (python -m "
-                     "ddp_lab.nccl_env prints the exports) or load the site's NCCL plugin")
+                     "unset NCCL_IB_DISABLE / NCCL_NET=Socket; on IB/RoCE set NCCL_IB_HCA and "
+                     "NCCL_IB_GID_INDEX (python -m ddp_lab.nccl_env prints them), on Slingshot "
+                     "load the aws-ofi-nccl plugin (the site's container or module)")
     return Check("nccl transport", True, label + (" with GPUDirect RDMA" if gdr else ""))
 
 
