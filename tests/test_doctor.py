@@ -277,7 +277,8 @@ def test_the_doctor_on_this_machine(tmp_path, shared_data_root):
     """Healthy: exit 0, every check listed, doctor.json kept with the fingerprint id. A
     damaged data file: exit 1 naming it, and the run after it on the same allocation says
     so in its first lines (then repairs the file, as it always does). A wrong interface:
-    exit 1 at once, no rank waits out a timeout. A mistake: exit 2, one line."""
+    exit 1 at once, no rank waits out a timeout. A mistake: exit 2, one line. The report
+    lists both doctors beside the run of their fingerprint."""
     data = tmp_path / "data"
     shutil.copytree(shared_data_root, data)
     common = [f"run.root={tmp_path / 'runs'}", f"data.root={data}", "launcher.nproc_per_node=2"]
@@ -310,6 +311,16 @@ def test_the_doctor_on_this_machine(tmp_path, shared_data_root):
                for ln in first), describe(run)
     assert any(bad in ln for ln in first), describe(run)
     assert json.loads((run_dir_of(run) / "summary.json").read_text())["fingerprint_id"] == fid
+    # the report shows the allocation's checks beside its runs of the same fingerprint
+    rep = run_cli(str(tmp_path / "runs"), "-o", str(tmp_path / "report"), "--no-plots",
+                  cwd=tmp_path, module="ddp_lab.report", timeout=120)
+    assert rep.returncode == 0, describe(rep)
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## The allocations' doctor checks", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith(f"| {fid} |")]
+    assert len(rows) == 2, section  # the healthy doctor and the failing one
+    assert any("9 checks ok" in r for r in rows) and any("1 FAIL: data:" in r for r in rows)
+    assert all(run_dir_of(run).name in r for r in rows), section
 
     proc = run_cli(*common, cwd=tmp_path, module="ddp_lab.doctor", timeout=240,
                    env={"GLOO_SOCKET_IFNAME": "nonexistent"})
