@@ -219,6 +219,12 @@ def test_tasks_per_node_against_the_launcher():
     h = healthy(nproc=2)
     h.ranks = h.ranks[:3]  # node2 started one rank of two
     assert "ranks" in failed(h) and "node2 runs 1 rank(s)" in failed(h)["tasks"]
+    m = healthy(nproc=2, launcher="mpirun")
+    m.settings["slots"] = [2, 3]  # launcher.hosts=[a:2,b:3]: node2 should run 3
+    assert failed(m)["tasks"].startswith("FAIL tasks: node2 runs 2 rank(s), launcher.hosts "
+                                         "gives it 3 slot(s)")
+    m.settings["slots"] = [2, 2]
+    assert "tasks" not in failed(m)
 
 
 def test_one_slow_link_and_a_slow_all_reduce():

@@ -53,7 +53,10 @@ def settings(cfg: DictConfig) -> dict:
             "world_size": world_size(cfg), "per_task": bool(lc.get("per_task")),
             "gpus_per_node": lc.get("gpus_per_node"), "device": cfg.dist.device,
             "backend": cfg.dist.backend, "data_root": cfg.data.root,
-            "node_local": bool(cfg.data.node_local)}
+            "node_local": bool(cfg.data.node_local),
+            # mpirun: each host's slots, in rank order (its nodes may differ)
+            "slots": [int(str(h).rpartition(":")[2]) for h in lc.hosts] if lc.name == "mpirun"
+            else None}
 
 
 def read_facts(run_dir: Path, sets: dict, rc: int) -> Facts:

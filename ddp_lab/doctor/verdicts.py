@@ -120,7 +120,12 @@ def tasks(f: Facts) -> Check:
     for n, rs in f.nodes().items():
         label = f.label(n)
         sched = rs[0].get("scheduler", {})
-        if len(rs) != nproc and s["launcher"] != "mpirun":
+        slots = s.get("slots") or []
+        if s["launcher"] == "mpirun" and n < len(slots):
+            if len(rs) != slots[n]:
+                problem(f"{{node}} runs {len(rs)} rank(s), launcher.hosts gives it {slots[n]} "
+                        "slot(s)", "check the hostfile's slots and launcher.np", label)
+        elif len(rs) != nproc:
             problem(f"{{node}} runs {len(rs)} rank(s), launcher.nproc_per_node={nproc}",
                     "set launcher.nproc_per_node to the ranks each node should run", label)
         local = {r.get("local_world_size") for r in rs}
