@@ -112,13 +112,15 @@ def link_facts(iface: Optional[str], environ: Mapping[str, str]) -> Optional[dic
     return {**lk, "mtu": info.get("mtu"), "state": info.get("operstate")}
 
 
+def chosen_ifaces(environ: Mapping[str, str], names: list[str]) -> dict[str, dict]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec, resolved}}."""
+    return {key: {"spec": environ[key], "resolved": resolve_ifname(key, environ[key], names)}
+            for key in IF_KEYS if environ.get(key)}
+
+
 def network(environ: Mapping[str, str]) -> dict[str, Any]:
     names = interfaces()
-    chosen = {}
-    for key in IF_KEYS:
-        spec = environ.get(key)
-        if spec:
-            chosen[key] = {"spec": spec, "resolved": resolve_ifname(key, spec, names)}
+    chosen = chosen_ifaces(environ, names)
     lk = None
     if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
         lk = link_facts(None, environ)

@@ -45,8 +45,8 @@ def run(run_dir: Path) -> int:
     mine["master"] = _master(env)
     if env.is_local_main:
         mine["node_facts"] = gather.node_facts(cfg.data.root, environ)
-    net = gather.network(environ)
-    missing = [k for k, c in net["chosen"].items() if not c["resolved"]]
+    names = gather.interfaces()
+    missing = [k for k, c in gather.chosen_ifaces(environ, names).items() if not c["resolved"]]
     mine["skipped_group"] = bool(missing)
     write_json(out / f"rank{env.rank}.json", mine)
     if missing:  # gloo / NCCL would fail on it after a timeout: say it now instead,
@@ -54,7 +54,7 @@ def run(run_dir: Path) -> int:
         # leaves, maybe before local rank 0 has read its node)
         _wait_for(lambda: len(list(out.glob("rank*[0-9].json"))) >= env.world_size, FACTS_WAIT_S)
         print(f"[ddp_lab] doctor rank {env.rank}: {missing[0]}={environ[missing[0]]} is no "
-              f"interface here ({', '.join(net['interfaces'])}): not joining", file=sys.stderr)
+              f"interface here ({', '.join(names)}): not joining", file=sys.stderr)
         return 1
     return run_rank(run_dir, cfg, lambda ctx: _measure(ctx, cfg, run_dir, out),
                     cfg.train.threads, failure={"kind": "doctor"})
