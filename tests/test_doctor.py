@@ -6,7 +6,6 @@ interface, a mistake on the command line. The 2-node allocations: test_doctor_sl
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 

@@ -102,7 +102,7 @@ def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
     return [n for n in names if match(n)]
 
 
-def link_facts(iface: Optional[str], environ: Mapping[str, str]) -> Optional[dict]:
+def link_facts(environ: Mapping[str, str]) -> Optional[dict]:
     """The link the node's collectives use: fingerprint.link's iface, speed and tbf, and
     the MTU and state `ip` reports."""
     lk = fingerprint.link(environ)
@@ -123,7 +123,7 @@ def network(environ: Mapping[str, str]) -> dict[str, Any]:
     chosen = chosen_ifaces(environ, names)
     lk = None
     if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
-        lk = link_facts(None, environ)
+        lk = link_facts(environ)
     # the interface gloo takes when none is named: the hostname's address's, else the route's
     default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
     return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
