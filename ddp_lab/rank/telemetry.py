@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from ..world import cpu, torch_support
 from ..world import fingerprint as fingerprints
+from ..folder import doctor as doctor_records
 from ..config import BatchPlan, Config, batch_plan
 from ..world.distributed import DistContext
 from ..world.env import allocation, hostname, startup_s
@@ -100,7 +101,9 @@ class Telemetry:
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
         self.node_ranks = sorted({p[1] for p in pairs})
         self._fingerprint()
-        if env.is_main:
+        if env.is_main:  # a doctor of this allocation failed a check: said first
+            for line in doctor_records.run_warnings(self.run_dir.parent, self.fingerprint_id):
+                log.warning("%s", line)
             self.previous = read_json_or_empty(self.run_dir / "summary.json")
             if not fresh and isinstance(self.previous.get("segments"), list):
                 self.segments = list(self.previous["segments"])

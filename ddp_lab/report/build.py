@@ -17,6 +17,7 @@ from . import twins
 from .memory import memory_markdown, memory_rows
 from .witness import witness_markdown, witness_rows
 from .segments import segment_rows, segments_markdown
+from .doctor_checks import doctor_markdown
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
                "nproc_per_node", "world_size", "launcher", "backend", "epochs", "time_n",
@@ -125,6 +126,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     md += witness_markdown(runs, short)  # timing.profile runs: ours beside torch's clocks
     md += segments_markdown(segments)
     md += comm_tables.bench_markdown(runs, short)
+    md += doctor_markdown(runs)  # the allocations' doctor checks beside their runs
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
     atomic_write_text(out_dir / "report.md", text)

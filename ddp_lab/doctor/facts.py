@@ -1,0 +1,222 @@
+"""What one rank of the doctor's job sees, before any process group: its place, cores and
+NUMA node, the scheduler's counts, its GPUs; local rank 0 adds its node's software, data,
+network interfaces and link. Plain dicts (JSON), one file per rank in RUN_DIR/doctor/.
+
+torch loads only inside `software` and `gpus` (the worker calls them after rank_main set
+the threads' variables, as every rank does).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from ..world import fingerprint
+from ..world.env import host_address
+
+# the scheduler's variables that say what it gave this task
+SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS",
+              "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+              "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
+              "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_NODEID",
+              "SLURM_LOCALID", "SLURM_PROCID", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD_SIZE",
+              "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+IF_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+# ------------------------------------------------------------------ cores and NUMA
+def ranges(cpus: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (the kernel's cpulist format)."""
+    cpus = sorted(set(cpus))
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(f"{start}-{c}" if c != start else f"{c}")
+            start = None
+    return ",".join(out)
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """"0-2,5" -> {0, 1, 2, 5}."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def numa_of(cpus: Iterable[int], root: str = "/sys/devices/system/node") -> Optional[list[int]]:
+    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None where it does not."""
+    nodes = {}
+    for d in sorted(Path(root).glob("node[0-9]*")):
+        try:
+            nodes[int(d.name[4:])] = parse_cpulist((d / "cpulist").read_text())
+        except (OSError, ValueError):
+            continue
+    if not nodes:
+        return None
+    cpus = set(cpus)
+    return sorted(n for n, members in nodes.items() if members & cpus)
+
+
+def affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+# ------------------------------------------------------------------ interfaces
+def interfaces() -> list[str]:
+    """This network namespace's interfaces (the kernel's own list, not sysfs)."""
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+
+
+def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
+    """The interfaces `spec` selects among `names`, as gloo / NCCL read the variable:
+    GLOO_SOCKET_IFNAME is exact names (comma separated); NCCL_SOCKET_IFNAME prefixes, `=`
+    for exact names, `^` to exclude (then every other interface but lo is a candidate)."""
+    spec = spec.strip()
+    if key == "GLOO_SOCKET_IFNAME":
+        return [n for n in (s.strip() for s in spec.split(",")) if n in names]
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    wanted = [s.strip() for s in spec.lstrip("=").split(",") if s.strip()]
+    match = (lambda n: n in wanted) if exact else (lambda n: any(n.startswith(w) for w in wanted))
+    if exclude:
+        return [n for n in names if not match(n) and n != "lo"]
+    return [n for n in names if match(n)]
+
+
+def link_facts(environ: Mapping[str, str]) -> Optional[dict]:
+    """The link the node's collectives use: fingerprint.link's iface, speed and tbf, and
+    the MTU and state `ip` reports."""
+    lk = fingerprint.link(environ)
+    if not lk:
+        return None
+    info = (fingerprint._json_of("ip", "-j", "link", "show", "dev", lk["iface"]) or [{}])[0]
+    return {**lk, "mtu": info.get("mtu"), "state": info.get("operstate")}
+
+
+def chosen_ifaces(environ: Mapping[str, str], names: list[str]) -> dict[str, dict]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec, resolved}}."""
+    return {key: {"spec": environ[key], "resolved": resolve_ifname(key, environ[key], names)}
+            for key in IF_KEYS if environ.get(key)}
+
+
+def network(environ: Mapping[str, str]) -> dict[str, Any]:
+    names = interfaces()
+    chosen = chosen_ifaces(environ, names)
+    lk = None
+    if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
+        lk = link_facts(environ)
+    # the interface gloo takes when none is named: the hostname's address's, else the route's
+    default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
+    return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
+            "address": host_address(), "rdma_devices": rdma_devices()}
+
+
+def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
+    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs: Slingshot (cxi0,
+    ...: NCCL should use the aws-ofi-nccl plugin there) or InfiniBand / RoCE (mlx5_0, ...:
+    NET/IB); [] where only sockets exist."""
+    from ..launch.sysfs_scan import network_kind
+
+    try:
+        kind, devices = network_kind(sysfs_root)
+    except Exception:  # noqa: BLE001 -- an odd sysfs: the check says nothing of it
+        return []
+    return [] if kind == "sockets" else [f"{d} ({kind})" for d in devices]
+
+
+# ------------------------------------------------------------------ software and data
+def software() -> dict[str, Any]:
+    import torch  # lazy: after rank_main (module docstring)
+
+    import ddp_lab
+
+    nccl = None
+    try:
+        if torch.cuda.is_available() or hasattr(torch.cuda, "nccl"):
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001 -- a CPU-only build has none
+        nccl = None
+    return {"python": platform.python_version(), "torch": str(torch.__version__),
+            "cuda": torch.version.cuda, "nccl": nccl, "ddp_lab": ddp_lab.__version__,
+            "executable": sys.executable}
+
+
+def data(root: str) -> dict[str, Any]:
+    """The extracted MNIST files under `root` (MNIST/raw): each one's MD5, or absent."""
+    from ..data_fetch import EXTRACTED_MD5, md5sum, raw_folder
+
+    raw = raw_folder(root)
+    files = {}
+    for name in sorted(EXTRACTED_MD5):
+        path = raw / name
+        try:
+            files[name] = md5sum(path) if path.is_file() else None
+        except OSError:
+            files[name] = None
+    return {"root": str(Path(root).expanduser()), "files": files,
+            "expected": dict(EXTRACTED_MD5)}
+
+
+def gpus() -> dict[str, Any]:
+    import torch  # lazy: after rank_main
+
+    if not torch.cuda.is_available():
+        return {"count": 0, "names": []}
+    n = torch.cuda.device_count()
+    return {"count": n, "names": [torch.cuda.get_device_name(i) for i in range(n)]}
+
+
+def topo_text() -> Optional[str]:
+    """`nvidia-smi topo -m`, where nvidia-smi exists (None elsewhere)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+# ------------------------------------------------------------------ per rank, per node
+def node_name(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def rank_facts(env, environ: Mapping[str, str]) -> dict[str, Any]:
+    cpus = affinity()
+    return {
+        "rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
+        "local_world_size": env.local_world_size, "node_rank": env.node_rank,
+        "num_nodes": env.num_nodes, "source": env.source, "master_addr": env.master_addr,
+        "master_port": env.master_port, "node": node_name(environ), "pid": os.getpid(),
+        "address": host_address(), "cpus": ranges(cpus), "ncpus": len(cpus),
+        "numa": numa_of(cpus), "cores_online": os.cpu_count(),
+        "scheduler": {k: environ[k] for k in SLURM_KEYS if k in environ},
+        "gpus": gpus(),
+    }
+
+
+def node_facts(data_root: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    return {"software": software(), "data": data(data_root), "network": network(environ),
+            "topo": topo_text(), "cpu_model": fingerprint.cpu_model()}
