@@ -6,7 +6,8 @@ reads as:
 - a training run (folder/rundir.make_run_dir): its run description's label
   (rundir.describe_config, ddp_lab/folder/description.py), `ring-prepost_w2_mlp_sgd`;
 - a study (under `studies/`): study_folder.label_of, `ring_mlp_local`;
-- a benchmark: `bench_<launcher>` (bench/submit.py).
+- a benchmark: `bench_<launcher>` (bench/submit.py);
+- a doctor's check of an allocation: `doctor` (doctor/submit.py, folder/doctor.KIND).
 
 The label is read part by part as Description.parts writes it (the sync and its options,
 w<world>[n<nodes>], the model, then optim, launcher, batch, lr, entry), the config composed
@@ -146,6 +147,10 @@ def problem(name: str, before: str) -> Optional[str]:
     label = m["label"]
     if label.startswith("bench_"):
         return None if label[6:] in options("launcher") else f"bench_<launcher>: {label[6:]}?"
+    from ddp_lab.folder.doctor import KIND
+
+    if label == KIND:
+        return None
     if before.endswith("studies/"):
         parts = label.split("_")
         sync, model = _option(label, "sync"), None
