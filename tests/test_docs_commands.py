@@ -294,7 +294,7 @@ def script_gpu_session(work):
     ok(sh(work, [sys.executable, "-m", "ddp_lab", "launcher.dry_run=true", f"run.dir={run}",
                  "launcher.nproc_per_node=1", "train.epochs=1", "train.max_steps_per_epoch=5",
                  work["data"], "log.progress=lines"]))
-    prof = work["cwd"] / "rank.prof"
+    prof = work["cwd"] / "outputs" / "rank.prof"
     out = ok(sh(work, [sys.executable, str(REPO / "scripts/profile_rank.py"), str(run), str(prof)]))
     assert "rank exit 0" in out and prof.is_file(), out
     out = ok(sh(work, [sys.executable, str(REPO / "scripts/profile_diff.py"), str(prof), str(prof)]))

@@ -433,7 +433,8 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
     # names, not from the description (its own code could drop an option from both)
     problems, tb_names, folder_names = [], [], []
     for f, (case, w) in case_of.items():
-        runs = [p.parent.name for p in (f / "tb").glob("*/events.out.tfevents.*")]
+        # the run as TensorBoard names it over a folder of runs: <run folder>/tb/<name>
+        runs = [f"{f.name}/tb/{p.parent.name}" for p in (f / "tb").glob("*/events.out.tfevents.*")]
         problems += [p for p in (name_problem(r, case, w) for r in runs) if p]
         problems += [p for p in [name_problem(f.name, case, w)] if p]
         tb_names += [((tuple(case.overrides), w), r) for r in runs]

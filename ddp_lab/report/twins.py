@@ -10,6 +10,8 @@ terminal) and one picture (twins.png). docs/twins.md says what each twin does di
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,7 +42,9 @@ def _point(run: Run) -> tuple:
     """What a run must share with its DDP reference: workload, length, seed, world, device."""
     d = run.description
     seed = (run.config.get("train") or {}).get("seed", 0)
-    return (d.workload, d.length, seed, run.world_size, run.device_kind)
+    # as JSON: a workload's settings may hold lists (model.hidden=[1024])
+    return json.dumps([d.workload, d.length, seed, run.world_size, run.device_kind],
+                      sort_keys=True, default=str)
 
 
 def _weights_diff(run: Run, ref: Run) -> Optional[float]:
