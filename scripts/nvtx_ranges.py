@@ -8,11 +8,13 @@ without a driver).
 """
 
 import collections
-import os
 import sys
-from pathlib import Path
 
-import torch.cuda.nvtx as nvtx
+from profile_rank import rank_here  # beside this script
+
+# the rank first: its CPU settings before torch loads (profile_rank.rank_here)
+run, folder = rank_here(sys.argv[1])
+import torch.cuda.nvtx as nvtx  # noqa: E402
 
 counts: collections.Counter = collections.Counter()
 depths: list[int] = []
@@ -27,14 +29,7 @@ def counted(msg: str) -> int:
 
 
 nvtx.range_push = counted
-os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29631"))
-from ddp_lab.world import cpu  # noqa: E402
-
-cpu.prepare_rank()
-from ddp_lab.worker import run  # noqa: E402  (not main(): it leaves with os._exit)
-
-print(f"rank exit {run(Path(sys.argv[1]).resolve())}")
+print(f"rank exit {run(folder)}")
 print(f"NVTX ranges pushed: {sum(counts.values())} in {len(counts)} names; depths "
       f"{min(depths) if depths else '-'}..{max(depths) if depths else '-'} (-1 would be an error)")
 for name, n in counts.most_common(12):

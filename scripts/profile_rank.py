@@ -11,14 +11,24 @@ import os
 import sys
 from pathlib import Path
 
-from ddp_lab.world import cpu
 
-os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                  MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29641"))
-cpu.prepare_rank()
-from ddp_lab.worker import run  # noqa: E402  (after prepare_rank: libgomp reads its variables once)
+def rank_here(run_dir: str):
+    """RUN_DIR's rank 0 of a world of 1, to be run in this process: the worker's `run`
+    (not its main, which leaves with os._exit) and its argument."""
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ.get("MASTER_PORT", "29641"))
+    from ddp_lab.world import cpu
 
-profiler = cProfile.Profile()
-rc = profiler.runcall(run, Path(sys.argv[1]).resolve())
-profiler.dump_stats(sys.argv[2])
-print(f"rank exit {rc}; profile in {sys.argv[2]}")
+    cpu.prepare_rank()  # before torch loads: libgomp reads its variables once
+    from ddp_lab.worker import run
+
+    return run, Path(run_dir).resolve()
+
+
+if __name__ == "__main__":
+    run, folder = rank_here(sys.argv[1])
+    profiler = cProfile.Profile()
+    rc = profiler.runcall(run, folder)
+    profiler.dump_stats(sys.argv[2])
+    print(f"rank exit {rc}; profile in {sys.argv[2]}")
