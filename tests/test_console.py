@@ -19,9 +19,9 @@ KINETO_LINE = re.compile(r"^(VERBOSE|INFO|WARNING|STAGE|ERROR|USDT):\d{4}-\d\d-\
 @pytest.mark.slow
 def test_a_profiled_cpu_run_is_quiet_and_counts_epochs_from_one(tmp_path, shared_data_root):
     # a straggler injected, so its line is on the console to be ordered after the key
-    proc = run_cli("launcher.nproc_per_node=2", "train.epochs=1", "train.max_steps_per_epoch=30",
+    proc = run_cli("launcher.nproc_per_node=2", "train.epochs=1", "train.max_steps_per_epoch=40",
                    "train.eval_batch_size=2000", "train.checkpoint=false", "log.progress=lines",
-                   "timing.profile=true", "debug.slow_rank=1", "debug.slow_ms=10",
+                   "timing.profile=true", "debug.slow_rank=1", "debug.slow_ms=40",
                    f"data.root={shared_data_root}", f"run.root={tmp_path / 'runs'}",
                    cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, describe(proc)
