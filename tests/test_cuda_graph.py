@@ -64,7 +64,7 @@ def test_the_key_defaults_to_off():
 
 def test_eager_runner_unless_asked():
     cfg = compose()
-    assert cuda_graph.step_runner(cfg.train, None, None) is run_steps
+    assert cuda_graph.step_runner(cfg.train, None, None, run_steps) is run_steps
     assert isinstance(cuda_graph.build_stream(compose(*GPU).train, torch.device("cpu")),
                       type(cuda_graph.nullcontext()))
 
@@ -73,7 +73,7 @@ def test_graphed_runner_refuses_a_cpu_rank():
     class Syncer:
         device = torch.device("cpu")
     with pytest.raises(ValueError, match="train.cuda_graph=true: this rank's device is cpu"):
-        cuda_graph.step_runner(compose(*GPU).train, Syncer(), None)
+        cuda_graph.step_runner(compose(*GPU).train, Syncer(), None, run_steps)
 
 
 class FakeStream:
@@ -133,7 +133,7 @@ def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
     m_eager, s_eager, o_eager, t_eager = parts()
     loss_e, right_e = run_steps(s_eager, o_eager, batches, t_eager)
     module, syncer, optimizer, timer = parts()
-    graphed = cuda_graph.GraphedSteps(syncer, optimizer, 16, warmup=3)
+    graphed = cuda_graph.GraphedSteps(syncer, optimizer, run_steps, 16, warmup=3)
     FakeGraph.body, FakeGraph.zero_grad = graphed.step, lambda: optimizer.zero_grad(set_to_none=True)
     loss_g, right_g = graphed(syncer, optimizer, batches, timer)
 

@@ -181,6 +181,7 @@ def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monk
     from ddp_lab.config import compose
     from ddp_lab.rank.compile import tune_threads
     from ddp_lab.timing import Clock
+    from ddp_lab.step import run_steps
     from ddp_lab.train import build_parts
 
     env = SimpleNamespace(world_size=1)
@@ -192,7 +193,7 @@ def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monk
     monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "2 of 2 cores free at start", True))
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     try:
-        tune_threads(ctx, syncer, optimizer, splits, 64)
+        tune_threads(ctx, syncer, optimizer, splits, 64, run_steps)
         kept = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
@@ -204,5 +205,5 @@ def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monk
     assert torch.equal(rng, torch.random.get_rng_state())
     # asked for (train.threads), or one thread already: nothing is timed
     monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "train.threads", False))
-    tune_threads(ctx, syncer, optimizer, splits, 64)
+    tune_threads(ctx, syncer, optimizer, splits, 64, run_steps)
     assert cpu.chosen.why == "train.threads"

@@ -21,7 +21,7 @@ from ..rank.forked import AGENT_SIGNALS, _inherited
 
 # the entries this torchrun may fork ranks of, with what each imports first, once here
 # (torch, torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
-FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train"),
+FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train", "ddp_lab.rank.machinery"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 

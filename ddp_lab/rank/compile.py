@@ -7,31 +7,32 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..world import cpu
 from ..config import TrainConfig
-from ..data import Splits
-from ..step import run_steps
 from ..timing import Clock, StepTimer
 
 log = logging.getLogger("ddp_lab")
 
 
 def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
-                          splits: Splits, batch_size: int, ctx) -> Optional[float]:
-    """Collective. Preflight, thread count, then train.compile: its seconds, or None."""
+                          splits: Any, batch_size: int, ctx,
+                          steps: Callable) -> Optional[float]:
+    """Collective. Preflight, thread count (timing `steps`, the loop's
+    run_steps), then train.compile: its seconds, or None."""
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
-    tune_threads(ctx, syncer, optimizer, splits, batch_size)
+    tune_threads(ctx, syncer, optimizer, splits, batch_size, steps)
     return compile_model(syncer, splits, batch_size) if train.compile else None
 
 
-def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
-                 batch_size: int, blocks: int = 3, steps: int = 8) -> None:
+def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Any,
+                 batch_size: int, run_steps: Callable, blocks: int = 3,
+                 steps: int = 8) -> None:
     """Collective. On CPU, where the count was not asked for: time steps on 1 thread against
     the ceiling in alternating blocks, summed over the ranks, and keep the ceiling only if
     5% faster. State, RNG and comm records are left as before."""
@@ -63,7 +64,7 @@ def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Splits,
                                  f"{share.threads}", False)
 
 
-def compile_model(syncer, splits: Splits, batch_size: int) -> float:
+def compile_model(syncer, splits: Any, batch_size: int) -> float:
     """train.compile: torch.compile the model the step calls and compile it now, at the batch
     size and at another (the short last batch), so no epoch holds the compilation. Weights,
     optimiser and RNG are untouched. Returns the seconds."""

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig, batch_plan
-from ..step import run_steps
 from ..timing import StepTimer
 
 log = logging.getLogger("ddp_lab")
@@ -43,24 +42,29 @@ def build_stream(train_cfg: TrainConfig, device: torch.device):
     return nullcontext()
 
 
-def step_runner(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimizer) -> Callable:
-    """What runs an epoch's steps, chosen in one place: `run_steps` (ddp_lab/step.py), or
-    with train.cuda_graph a `GraphedSteps` with the same call and results."""
+def step_runner(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
+                run_steps: Callable) -> Callable:
+    """What runs an epoch's steps: the loop's `run_steps`, or with
+    train.cuda_graph a `GraphedSteps` of it, with the same call and results."""
     if not enabled(train_cfg):
         return run_steps
     if syncer.device.type != "cuda":  # dist.device=auto resolved to cpu on this rank
         raise ValueError(f"train.cuda_graph=true: this rank's device is {syncer.device}; "
                          "CUDA graphs need dist.device=cuda and dist.backend=nccl")
-    return GraphedSteps(syncer, optimizer, batch_plan(train_cfg, syncer.world_size).per_rank)
+    return GraphedSteps(syncer, optimizer, run_steps,
+                        batch_plan(train_cfg, syncer.world_size).per_rank)
 
 
 class GraphedSteps:
     """`run_steps` as one CUDA graph a step (module docstring); the graph lives across
     epochs. Call it as `run_steps(syncer, optimizer, batches, timer)`."""
 
-    def __init__(self, syncer, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 0):
-        """`batch`: the per-rank batch of a full step, the one the graph is captured for."""
+    def __init__(self, syncer, optimizer: torch.optim.Optimizer, run_steps: Callable,
+                 batch: int, warmup: int = 0):
+        """`run_steps`: the loop's eager steps; `batch`: the per-rank batch of
+        a full step, the one the graph is captured for."""
         self.syncer, self.optimizer, self.batch = syncer, optimizer, batch
+        self.run_steps = run_steps
         wrapped = getattr(syncer.wrapped, "_orig_mod", syncer.wrapped)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
                                  else WARMUP)
@@ -104,7 +108,7 @@ class GraphedSteps:
         if stream is not None:
             stream.wait_stream(current)  # the batch was made on the current stream
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            loss, right = run_steps(self.syncer, self.optimizer, [(x, y)], timer)
+            loss, right = self.run_steps(self.syncer, self.optimizer, [(x, y)], timer)
             self.loss_sum += loss
             self.correct += right
         if stream is not None:
