@@ -1,7 +1,8 @@
 """The training loop's epochs, on every rank (docs/architecture.md, "The path of one
 epoch's numbers"): `EpochControl` starts and ends each epoch and hands out its batches as an
 `EpochBatches`, which adds to the notebook's loop the step count, the stop agreement and
-injected delays. An agreed stop is raised once, as `Stopped`; `train()` catches it.
+injected delays. An agreed stop is raised once, as `Stopped`; `run_training`
+(rank/machinery.py) catches it.
 `MeasuredEpoch` and `Position` live here so that telemetry and the checkpointer, which both
 take them, need not import each other."""
 
