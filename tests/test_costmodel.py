@@ -23,7 +23,7 @@ import ddp_lab.collectives as C
 from ddp_lab.measure.costmodel import (
     ALGORITHMS, SHARD_ALIGN, SYNC_COLLECTIVES, Cost, busbw_factor, cost, sync_calls, sync_step,
 )
-from ddp_lab.report.model import Fit, predict_comm_s
+from ddp_lab.report.alpha_beta import Fit, predict_comm_s
 
 from helpers import count_p2p_bytes, run_world
 from test_sync import sync_cfg

@@ -15,7 +15,7 @@ from test_report_plots import legend_clear_of_axes
 
 from ddp_lab.measure.costmodel import cost
 from ddp_lab.report import plots
-from ddp_lab.report.model import fit_alpha_beta, predict_comm_s
+from ddp_lab.report.alpha_beta import fit_alpha_beta, predict_comm_s
 from ddp_lab.report.runs import ReportError, find_runs
 from ddp_lab.report.stats import sig
 
@@ -56,7 +56,7 @@ def test_fit_never_returns_a_negative_latency():
 
 def test_predictions_follow_the_formulas():
     alpha, beta = 10e-6, 1e-9
-    from ddp_lab.report.model import Fit
+    from ddp_lab.report.alpha_beta import Fit
 
     fit = Fit(alpha, beta, 5, "torch", "ring", "global", 4, 0.0)
     m, n = 4.8e6, 4  # m/3 whole bytes: the model counts whole bytes

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import PY, REPO, child_env, describe
 
-from ddp_lab.report.model import Fit, cross_share, fit_all, phase_fit, predict_comm_s
+from ddp_lab.report.alpha_beta import Fit, cross_share, fit_all, phase_fit, predict_comm_s
 from ddp_lab.report.truth_table import _ratios, bench_time, per_step
 
 

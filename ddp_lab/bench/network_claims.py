@@ -50,7 +50,7 @@ def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
     (the cost model's bandwidth term, alpha 0: the link sets the pace): the flat ring of 4
     sends 2(n-1)/n = 1.5 buffers over each link that crosses nodes, the leaders' ring of 2
     one buffer; the in-node phases run on the nodes' loopback and are not counted."""
-    from ddp_lab.report.model import Fit, call_time
+    from ddp_lab.report.alpha_beta import Fit, call_time
 
     fit = Fit(alpha_s=0.0, beta_s_per_byte=1 / rate, points=0, impl="link", algorithm="ring",
               group="", n=0, rel_rms=0.0)

@@ -12,7 +12,7 @@ from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, fla
 from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_naive, _bcast_tree
 from .reduce import _reduce_naive, _reduce_tree
-from .ring_schedule import ring_all_reduce
+from .ring_schedule import schedule_all_reduce
 
 
 def _prepare(tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None):
@@ -56,7 +56,7 @@ def _all_reduce_ring(
     chunks = flat.tensor_split(n)  # views; the first numel % n chunks are one longer
     exchange = batched_exchange(info, chunks, op, segment_bytes=segment_bytes)
     # AVG: divide the one chunk this rank owns, once, before it is replicated
-    ring_all_reduce(info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None)
+    schedule_all_reduce(info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None)
 
 
 def all_reduce_naive(

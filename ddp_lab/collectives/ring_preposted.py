@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ._common import AVG, SUM, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op
 from .ring_batched import DEFAULT_SEGMENT_BYTES, pieces
 from .ring import ring_steps
-from .ring_schedule import ring_all_reduce
+from .ring_schedule import schedule_all_reduce
 
 #: Tags of persistent plans start here (plain send/recv defaults to tag 0).
 TAG_BASE = 0x5249_0000
@@ -114,7 +114,7 @@ class PrepostedRingAllReduce:
                 self._post_receives()
             with flat_view(tensor) as flat:
                 self._chunks, self._step = flat.tensor_split(self.info.size), 0
-                ring_all_reduce(self.info.rank, self.info.size, self._exchange,
+                schedule_all_reduce(self.info.rank, self.info.size, self._exchange,
                                 self._divide if self.op == AVG else None)
                 self._chunks = ()
             self._post_receives()  # the next call's, while this rank computes

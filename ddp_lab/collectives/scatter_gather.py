@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
 from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
-from .ring_schedule import ring_all_gather, ring_reduce_scatter
+from .ring_schedule import schedule_all_gather, schedule_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
@@ -70,7 +70,7 @@ def all_gather_ring(
         if src.data_ptr() != mine.data_ptr():
             mine.copy_(src)
         exchange = batched_exchange(info, chunks, SUM, segment_bytes=segment_bytes)
-        ring_all_gather(info.rank, n, exchange, shift=0)
+        schedule_all_gather(info.rank, n, exchange, shift=0)
 
 
 def reduce_scatter_ring(
@@ -101,6 +101,6 @@ def reduce_scatter_ring(
                 out.copy_(chunks[0])
             return
         exchange = batched_exchange(info, chunks, op, out=out, segment_bytes=segment_bytes)
-        ring_reduce_scatter(info.rank, n, exchange, shift=0)
+        schedule_reduce_scatter(info.rank, n, exchange, shift=0)
         if op == AVG:
             out.div_(n)

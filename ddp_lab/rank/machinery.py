@@ -88,7 +88,7 @@ class RankMachinery:
         return start.epoch, steps
 
     def batches(self, epoch: int, shard):
-        return self.control.begin(epoch, shard, self.telemetry.progress)
+        return self.control.begin(epoch, shard, self.telemetry.step_numbers)
 
     def steps_done(self, batches, loss_sum, correct) -> None:
         # raises Stopped when the ranks agreed to stop mid-epoch

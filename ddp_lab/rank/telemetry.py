@@ -154,7 +154,7 @@ class Telemetry:
             nccl_detail=detail)
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
-    def progress(self, epoch: int, first_step: int = 0) -> Iterable:
+    def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
         """Epoch `epoch`'s steps from `first_step` on, shown as they go; starts the live watch."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)

@@ -4,7 +4,7 @@ measured, on one x axis (bytes per rank) for both panels."""
 from __future__ import annotations
 
 from .style import GROUP_STYLES, impl_color
-from .model import call_time
+from .alpha_beta import call_time
 from .plots import MARKERS, _distinct, _plt
 
 LINESTYLES = ("-", "--", ":", "-.")  # one per bench run where the group kinds do not vary

@@ -1,4 +1,4 @@
-"""The communication tables: alpha-beta fits of the bench runs (report/model.py's), each
+"""The communication tables: alpha-beta fits of the bench runs (report/alpha_beta.py's), each
 training run's predicted comm per step against the measured, the bench's peak busbw.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..measure.numbers import pow2_label
-from .model import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
+from .alpha_beta import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .runs import Run
 from .tables import _f  # a number in a cell, "–" for none: every table writes them alike
 
@@ -21,7 +21,7 @@ def bench_fits(runs: list[Run]) -> list[dict]:
         primary = fit_alpha_beta(rows)
         impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
         fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
-        # what predictions use: one fit per collective and implementation (report/model.py)
+        # what predictions use: one fit per collective and implementation (report/alpha_beta.py)
         out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
     return out
 

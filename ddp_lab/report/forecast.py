@@ -1,6 +1,6 @@
 """Forecast time per epoch for worlds nobody ran, and check the forecast honestly.
 
-The model and its fit: forecast_model.py. The honest check: per series, fit on every world
+The model and its fit: forecast_fit.py. The honest check: per series, fit on every world
 but the largest, predict the largest; a forecast is shown only with that error, and called
 reliable only within TARGET (`verdict`; docs/scaling.md, "Forecast").
 """
@@ -11,7 +11,7 @@ import math
 from typing import Optional
 
 from ..world.fingerprint import link_label
-from .forecast_model import fit_model, measured_point
+from .forecast_fit import fit_model, measured_point
 from .runs import Run
 from .stats import sig
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ._buckets import Bucket
-from ._overlap import ReadyBuckets, SerialWorker
+from .ready_buckets import ReadyBuckets, SerialWorker
 from .allreduce import AllReduceSync
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._buckets import Bucket, WireFormat, make_buckets
-from ._overlap import ReadyBuckets
+from .ready_buckets import ReadyBuckets
 from .base import Synchroniser
 
 

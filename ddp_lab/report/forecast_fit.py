@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .model import Fit, _solve, predict_comm_s
+from .alpha_beta import Fit, _solve, predict_comm_s
 from .runs import Run
 
 
