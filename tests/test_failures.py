@@ -33,7 +33,7 @@ from helpers import free_port as _free_port
 
 from ddp_lab.world import hang
 from ddp_lab.world import ports
-from ddp_lab.rank import failure
+from ddp_lab.folder import failure
 from ddp_lab.folder import progress
 from ddp_lab.config.errors import UserError
 from ddp_lab.launch import job_processes
@@ -275,11 +275,13 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
 
 
 def test_short_error_drops_source_paths():
+    from ddp_lab.rank.main import short_error
+
     e = RuntimeError("Got the following error when running the callback: RuntimeError: "
                      "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
                      "Timed out waiting 15000ms for recv operation to complete\n\nAt:\n  x.py(88): done")
-    assert failure.short_error(e) == ("RuntimeError: Timed out waiting 15000ms for recv "
-                                      "operation to complete")
+    assert short_error(e) == ("RuntimeError: Timed out waiting 15000ms for recv "
+                              "operation to complete")
 
 
 def test_watchdog_dumps_every_stack_into_the_log(tmp_path):

@@ -2,8 +2,8 @@
 
 pyproject.toml's [tool.importlinter] names the layers, top first; import-linter reads every
 import of ddp_lab/ (at module level or inside a function) and fails on one that runs from a
-layer to one above it, or from the lesson (sync/, collectives/, timing/, models, data,
-step) into the machinery."""
+layer to one above it, from the lesson (sync/, collectives/, timing/, models, data,
+step) into the machinery, or from the submitting side (command/, launch/) into rank/."""
 
 from pathlib import Path
 

@@ -28,7 +28,7 @@ import torch
 from helpers import PY, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.launch import job_processes
-from ddp_lab.rank import failure
+from ddp_lab.folder import failure
 from ddp_lab.folder import progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]

@@ -1,11 +1,12 @@
 """Stragglers, injected and found (issue 12 item 5).
 
-Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/rank/delay.py): its checks are
-one line and exit 2 before anything starts; the jitter has its own generator, so the
-training RNG does not move. Finding (`ddp_lab.timing.StragglerTally`): the rule on known
-waits, then the acceptance on real runs: `python -m ddp_lab` on 3 ranks (torchrun, gloo),
-10 ms injected on rank 1 -> rank 1 named, its lateness 10 ms +- 30%, in metrics.jsonl,
-summary.json, TensorBoard, the console and the report; nothing injected -> no rank named.
+Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/rank/delay.py): its checks
+(`debug_problem`, ddp_lab/config/train.py) are one line and exit 2 before anything
+starts; the jitter has its own generator, so the training RNG does not move. Finding
+(`ddp_lab.timing.StragglerTally`): the rule on known waits, then the acceptance on real
+runs: `python -m ddp_lab` on 3 ranks (torchrun, gloo), 10 ms injected on rank 1 -> rank 1
+named, its lateness 10 ms +- 30%, in metrics.jsonl, summary.json, TensorBoard, the console
+and the report; nothing injected -> no rank named.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ddp_lab.rank.delay import ComputeDelay, injected, problem
+from ddp_lab.config.train import debug_problem
+from ddp_lab.rank.delay import ComputeDelay, injected
 from ddp_lab.timing import STRAGGLER_MIN_STEPS, StragglerTally, stragglers
 
 from helpers import describe, run_cli, run_dir_of, summary, tensorboard
@@ -46,7 +48,8 @@ def test_bad_delay_is_one_line_exit_2(tmp_path, overrides, expected):
 
 
 def test_delay_only_where_asked_and_leaves_the_training_rng_alone():
-    assert problem(debug(2, 5.0), 3) is None and problem(debug(-1), 1) is None
+    assert debug_problem(debug(2, 5.0), 3) is None
+    assert debug_problem(debug(-1), 1) is None
     assert ComputeDelay.from_config(debug(), 0, 0) is None
     assert ComputeDelay.from_config(debug(1, 5.0), 0, 0) is None  # another rank is slow
     assert ComputeDelay.from_config(debug(1, 0.0), 1, 0) is None

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, open_dict
 
 from .. import launch
-from ..rank import failure
+from ..folder import failure
 from . import lock
 from ..folder.files import atomic_write_text, write_json
 from ..folder.description import TRAINER

@@ -20,7 +20,7 @@ from ..folder.description import describe_run
 from ..folder.progress import read_all
 from ..folder.records import read_metrics
 from ..folder.rundir import folder_state, is_dry_run
-from ..rank.stop import STOP_FILE
+from ..folder.stop import STOP_FILE
 
 FINAL = ("completed", "failed", "preempted", "stopped")
 # scheduler states of a job that still holds (or waits for) an allocation

@@ -23,7 +23,7 @@ from ..config.errors import UserError
 from ..launch import Tail, slurm_job
 from .status import (FINAL, SLURM_ALIVE, SLURM_WAITING, dead, dry_runs, find_runs, inspect,
                      live_processes)
-from ..rank.stop import EXIT_STOPPED, STOP_FILE, request_stop
+from ..folder.stop import EXIT_STOPPED, STOP_FILE, request_stop
 from . import paste
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"

@@ -28,7 +28,7 @@ from ..launch.base import pythonpath_line
 from ..launch.slurm import launch_block, sbatch_lines, stop_script
 from ..launch.slurm_job import submit_and_follow
 from ..folder.rundir import read_summary
-from ..rank.stop import EXIT_STOPPED
+from ..folder.stop import EXIT_STOPPED
 from .study_plan import Point, plan, point_config, resolve_study
 from .study_folder import (STUDY_FILE, continue_hint, build_report, finish, load, make_study_dir,
                            new_state, point_line, point_status, record_end, reuse_problem, save,

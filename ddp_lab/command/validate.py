@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
 from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
-from ..rank.delay import problem as delay_problem
+from ..config.train import debug_problem
 from ..config.errors import UserError
 from ..world import cpu
 from ..world.devices import default_nproc, local_gpus
@@ -310,8 +310,8 @@ def _twin_support(cfg: DictConfig) -> Optional[str]:
 
 
 def _debug_delays(cfg: DictConfig) -> Optional[str]:
-    """debug.slow_rank names a rank of this world; delays are >= 0 (ddp_lab/rank/delay.py)."""
-    return delay_problem(cfg.debug, world_size(cfg))
+    """debug.slow_rank names a rank of this world; delays are >= 0."""
+    return debug_problem(cfg.debug, world_size(cfg))
 
 
 def _stop_signal(cfg: DictConfig) -> Optional[str]:

@@ -326,6 +326,21 @@ class DebugConfig:
                                 "0..jitter_ms every step (0 = none)")
 
 
+def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
+    """Why the debug section cannot run on `world_size` ranks (one line
+    with the fix); the delays themselves: ddp_lab/rank/delay.py."""
+    last = world_size - 1
+    if not -1 <= debug.slow_rank <= last:
+        return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) "
+                f"or a rank, 0..{last} for this world of {world_size}")
+    for key in ("slow_ms", "jitter_ms"):
+        ms = debug[key]
+        if ms < 0:
+            return (f"debug.{key}={ms}: must be >= 0 milliseconds "
+                    "(0 = none)")
+    return None
+
+
 @dataclass
 class StudyConfig:
     """A scaling study: every world size of `worlds`, `repeats` times, one run folder per

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 
 from ..folder.progress import mark_killed, process_state, read_all
 from ..folder.rundir import read_summary
-from ..rank.stop import clear_stop_file, request_stop, set_parent_death_signal
+from ..folder.stop import clear_stop_file, request_stop
+from ..world.parent import set_parent_death_signal
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..rank.stop import EXIT_STOPPED
+from ..folder.stop import EXIT_STOPPED
 from .base import LaunchError, Tail, diagnose, require_tool, should_wait
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from ..world import cpu
-from ..rank.forked import AGENT_SIGNALS, _inherited
+from ..world.parent import keep_handlers
 
 # the entries this torchrun may fork ranks of, with what each imports first, once here
 # (torch, torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
@@ -45,7 +44,7 @@ def fork_ranks(args) -> bool:
         return False
     for module in preload:
         importlib.import_module(module)
-    _inherited.update({sig: signal.getsignal(sig) for sig in AGENT_SIGNALS})
+    keep_handlers()
     args.training_script = importlib.util.find_spec(args.training_script).origin
     args.module, args.run_path, args.start_method = False, True, "fork"
     _return_on_exit_0()

@@ -14,7 +14,8 @@ import random
 import time
 from typing import TYPE_CHECKING, Optional
 
-if TYPE_CHECKING:  # the submitting side imports this module for its rule: no torch there
+# types only: the delays and the fault need no torch
+if TYPE_CHECKING:
     from ..config import DebugConfig
     from ..world.distributed import DistContext
 
@@ -55,17 +56,6 @@ def injected(debug: Optional[DebugConfig]) -> Optional[dict]:
     return {"slow_rank": debug.slow_rank if slow else None,
             "slow_ms": float(debug.slow_ms) if slow else 0.0,
             "jitter_ms": float(debug.jitter_ms)}
-
-
-def problem(debug: DebugConfig, world_size: int) -> Optional[str]:
-    """Why the debug section cannot run on `world_size` ranks (one line with the fix)."""
-    if not -1 <= debug.slow_rank < world_size:
-        return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) or a rank, "
-                f"0..{world_size - 1} for this world of {world_size}")
-    for key in ("slow_ms", "jitter_ms"):
-        if debug[key] < 0:
-            return f"debug.{key}={debug[key]}: must be >= 0 milliseconds (0 = none)"
-    return None
 
 
 def fail_once(ctx: DistContext, epoch: int) -> None:

@@ -1,5 +1,5 @@
 """A rank forked by torchrun's fork_ranks (ddp_lab/launch/torchrun.py): its start as a fresh
-`python -u` would begin, and its end. Torch-free: the agent imports it before it forks."""
+`python -u` would begin, and its end. Torch-free: rank/main imports it before torch loads."""
 
 from __future__ import annotations
 
@@ -9,17 +9,14 @@ import select
 import signal
 import threading
 
+from ..world.parent import AGENT_SIGNALS, restore_handlers
 from .whole_lines import whole_lines
-
-AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-_inherited: dict = {}  # fork_ranks: their handlers in this process before torchrun's agent
 
 
 def as_forked_rank() -> None:
     """A forked rank starts as a fresh `python -u` would: this process's signal handlers, not
     the agent's, and its console written a whole line at a time (whole_lines)."""
-    for sig, handler in _inherited.items():
-        signal.signal(sig, handler)
+    restore_handlers()
     whole_lines()
 
 

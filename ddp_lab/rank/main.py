@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -20,12 +21,13 @@ from typing import Any, Callable, Optional
 from ..world import cpu
 from ..world.env import detect_env
 from ..world import ports
-from .forked import AGENT_SIGNALS, as_forked_rank, exit_soon
+from ..world.parent import AGENT_SIGNALS
+from .forked import as_forked_rank, exit_soon
 from ..world import hang
 from ..folder import progress
 from . import stop
-from ..folder.files import read_json_or_empty
-from .failure import diagnose, end_stuck, failure_line, short_error
+from ..folder.files import DiskFull, read_json_or_empty
+from ..folder.failure import diagnose, end_stuck, failure_line
 from ..folder.rundir import mark_failed
 from ..folder.metrics import fault_file, setup_logging
 from .stop import die_with_parent
@@ -47,7 +49,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     after logging the failure (rank 0 also into summary.json) instead of a traceback.
     The rank dies with its parent (PR_SET_PDEATHSIG), keeps its progress record and hang
     watchdog; a failed collective's `failed:` line names the rank(s) that stopped
-    (ddp_lab.rank.failure), whose local frozen ones it kills. A start that cannot reach its
+    (ddp_lab.folder.failure), whose local frozen ones it kills. A start that cannot reach its
     rendezvous ends within dist.init_timeout_s, naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
     # reads it once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
@@ -127,6 +129,21 @@ def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: 
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
+
+
+
+def short_error(e: BaseException, limit: int = 200) -> str:
+    """The exception's type and first meaningful line, without source paths ('RuntimeError:
+    Timed out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
+    if isinstance(e, DiskFull):
+        return str(e)
+    text = " ".join(str(e).split("\n\n")[0].split())
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)
+    text = text.replace("Got the following error when running the callback: ", "")
+    name = type(e).__name__
+    text = text.removeprefix(f"{name}: ")
+    text = f"{name}: {text}" if text else name
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # torch gives up on an unreachable store after about twice dist.init_timeout_s: the timer

@@ -1,7 +1,7 @@
 """Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
 
 A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
-`RUN_DIR/STOP`, the parent's death); the handlers only set a flag. Ranks agree with one
+`RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death); the handlers only set a flag. Ranks agree with one
 all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps, adapted
 so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
 (continue later), 2 stopped (a person); a second SIGINT kills at once. docs/failures.md,
@@ -10,7 +10,6 @@ so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 pre
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -20,19 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
+from ..config import TrainConfig
 from ..world import hang
-from ..folder.files import atomic_write_text
+from ..world.parent import set_parent_death_signal
+from ..folder.stop import (PREEMPTED, STATUS, STOPPED, clear_stop_file,
+                           read_stop_file)
 
-if TYPE_CHECKING:  # the submitting side imports this module (request_stop): no torch there
-    from ..config import TrainConfig
+# rank/main imports this module before torch loads (OMP_WAIT_POLICY first)
+if TYPE_CHECKING:
     from ..world.distributed import DistContext
 
 log = logging.getLogger("ddp_lab")
 
-STOP_FILE = "STOP"
-EXIT_STOPPED = 75  # `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again later)
-PREEMPTED, STOPPED = 1, 2
-STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
 MAX_EVERY = 100_000
 
 
@@ -40,31 +38,6 @@ MAX_EVERY = 100_000
 class StopInfo:
     status: str  # preempted | stopped
     reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
-
-
-def request_stop(run_dir: Path, status: str = "stopped", reason: str = "") -> Path:
-    """Ask a running job to stop at its next check (any process that sees the run folder
-    may call this). `status`: stopped (a person) or preempted (continue later)."""
-    if status not in STATUS.values():
-        raise ValueError(f"stop status {status!r}: choose stopped or preempted")
-    path = Path(run_dir) / STOP_FILE
-    atomic_write_text(path, f"{status} {reason}".strip() + "\n")
-    return path
-
-
-def read_stop_file(run_dir: Path) -> Optional[tuple[int, str]]:
-    try:
-        text = (Path(run_dir) / STOP_FILE).read_text().strip()
-    except OSError:
-        return None
-    word, _, rest = text.partition(" ")
-    code = PREEMPTED if word == "preempted" else STOPPED
-    return code, f"stop file ({rest or word})"
-
-
-def clear_stop_file(run_dir: Path) -> None:
-    """A new segment of the run starts: an old request is spent."""
-    (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)
 
 
 _PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when it started
@@ -75,15 +48,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     global _PARENT
     _PARENT = os.getppid()
     return set_parent_death_signal(sig)
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
-    """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        return False
 
 
 #: the signals this process was stopped by: a forked rank that torchrun signalled (torchrun

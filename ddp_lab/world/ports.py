@@ -1,6 +1,6 @@
 """The rendezvous port: a free one, whether one is taken, and the lines that say a
 rendezvous could not start (every launcher, test and script asks here); and whether a
-machine answers at all (`answers`, ddp_lab.rank.failure's probe). The store listens on
+machine answers at all (`answers`, ddp_lab.folder.failure's probe). The store listens on
 0.0.0.0, so a port is free only when nothing listens on it on any address.
 """
 

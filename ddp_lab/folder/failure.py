@@ -4,21 +4,19 @@ When a collective fails, every surviving rank and the launcher read the ranks' p
 records (ddp_lab.folder.progress) and `diagnose` who stopped: a dead or frozen local
 process (/proc), a node that no longer answers (`ddp_lab.world.ports.answers`), the live
 rank behind in collectives, or the first that failed (docs/failures.md, "A rank dies").
-`failure_line` says it, `end_stuck` kills local culprits, `short_error` is one line.
+`failure_line` says it, `end_stuck` kills local culprits.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 from ..world.ports import PROBE_S, answers
-from ..folder.files import DiskFull
-from ..folder.progress import mark_killed, process_state, read_all
+from .progress import mark_killed, process_state, read_all
 
 REMOTE_STALE_S = 40.0  # see `diagnose`
 
@@ -133,18 +131,3 @@ def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
             continue
         killed.append(r["pid"])
     return killed
-
-
-
-def short_error(e: BaseException, limit: int = 200) -> str:
-    """The exception's type and first meaningful line, without source paths ('RuntimeError:
-    Timed out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
-    if isinstance(e, DiskFull):
-        return str(e)
-    text = " ".join(str(e).split("\n\n")[0].split())
-    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)
-    text = text.replace("Got the following error when running the callback: ", "")
-    name = type(e).__name__
-    text = text.removeprefix(f"{name}: ")
-    text = f"{name}: {text}" if text else name
-    return text if len(text) <= limit else text[: limit - 3] + "..."
