@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 # name -> module of ddp_lab.bench.specs, in the order `python -m ddp_lab.bench.suite` lists
-NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical", "straggler", "accuracy",
+NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical",
          "stop", "start", "tensorboard", "truth", "network")
 
 
