@@ -7,8 +7,7 @@ every element of the result; sizes follow nccl-tests (docs/bench.md, "What is me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -17,53 +16,13 @@ from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, RED
 from ..config.registry import Registry
 from ..world import torch_support
 from . import config
-from .pattern import Pattern
+from .pattern import Op
 
 LR = 0.1  # reduce_broadcast's learning rate: the assignment's (its check is allclose)
 
 
-@dataclass(frozen=True)
-class GroupCtx:
-    """This rank's group for one measurement: global ranks, handle, own index."""
-
-    ranks: tuple[int, ...]
-    handle: Optional[dist.ProcessGroup]  # None = the default group
-    grank: int
-
-    @property
-    def n(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def root(self) -> int:
-        return self.ranks[0]  # global rank of the group's first member
-
-    def peer(self, shift: int) -> int:
-        return self.ranks[(self.grank + shift) % self.n]
-
-
 def _sum_ranks(n: int) -> int:
     return n * (n + 1) // 2  # sum of the inputs' bases 1..n
-
-
-@dataclass(frozen=True)
-class Op:
-    """One benchmarked operation. `impls` maps implementation names to callables
-    `(bufs, g) -> None`; `mem` is the number of size-N buffers a rank holds (with
-    scratch), for the memory cap; `factor` names the nccl-tests bus-bandwidth factor."""
-
-    name: str
-    factor: str
-    mem: float
-    setup: Callable[[int, GroupCtx, torch.dtype, torch.device], dict]
-    reset: Callable[[dict, GroupCtx, Pattern], None]
-    check: Callable[[dict, GroupCtx, Pattern], Optional[str]]
-    impls: dict[str, Callable[[dict, GroupCtx], None]]
-    full_array: bool = False  # elements = n pieces of N // n (all_gather, reduce_scatter)
-    pairwise: bool = False  # ping-pong: runs on rank pairs, not on the process groups
-
-    def elements(self, size: int, n: int) -> int:
-        return (size // n) * n if self.full_array else size
 
 
 def _one(size, g, dtype, device):

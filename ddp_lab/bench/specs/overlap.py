@@ -16,7 +16,7 @@ import os
 from ...world.distributed import DistContext
 from ...timing import epoch_timing
 from ..scaffold import Bench, rank0
-from ..suite import Spec, chosen, medians, ratios, rounds, select
+from ..suite import Spec, chosen, medians, ratios, rounds
 
 # label -> (sync option, overlap)
 CONFIGS = {
@@ -43,7 +43,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", f"model={args.model}"])
     steps = bench.steps(args.steps)
     cfgs = {label: bench.compose(overrides(*c, args.bucket_mb))
-            for label, c in select(CONFIGS, args.only).items()}
+            for label, c in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
         parts = bench.parts(cfgs[label], epoch, watch_grads=True)  # compute end, as trained
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> dict | None:
     print("| configuration | time/step (ms) | min - max | compute (ms) | exposed comm (ms) "
           "| in-flight comm (ms) | exposed / in-flight |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label in select(CONFIGS, args.only):
+    for label in chosen(CONFIGS, args.only):
         m, ms = med[label], [x["step_ms"] for x in res["rows"][label]]
         share = m["exposed_ms"] / m["inflight_ms"] if m["inflight_ms"] else float("nan")
         print(f"| {label} | {m['step_ms']:.1f} | {min(ms):.1f} - {max(ms):.1f} "

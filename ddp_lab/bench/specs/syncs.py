@@ -19,7 +19,7 @@ from ...world.distributed import DistContext
 from ...rank.epoch import EpochBatches
 from ...step import run_steps
 from ..scaffold import Bench, rank0
-from ..suite import Spec, chosen, medians, ratios, rounds, select
+from ..suite import Spec, chosen, medians, ratios, rounds
 
 # label -> its overrides on the trainer's config (the defaults: timing on)
 CONFIGS = {
@@ -48,7 +48,7 @@ PAIRED = ("ddp", "allreduce", "ring")
 def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}"])
     n_steps = bench.steps(args.steps)
-    cfgs = {label: bench.compose(ov) for label, ov in select(CONFIGS, args.only).items()}
+    cfgs = {label: bench.compose(ov) for label, ov in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
         parts = bench.parts(cfgs[label], epoch)
