@@ -27,7 +27,7 @@ from ..world.distributed import DistContext, local_gloo_world
 from ..world.ports import free_port
 from ..rank.epoch import EpochBatches
 from ..rank.stop import StopControl
-from ..timing import Clock, StepTimer
+from ..timing import PHASES, Clock, StepTimer, epoch_timing
 from ..step import run_steps
 from ..train import build_parts
 
@@ -134,3 +134,31 @@ class Bench:
         wall = time.perf_counter() - t0
         parts.syncer.close()
         return wall
+
+    def overlapped(self, cfg: Config, epoch: int, steps: int) -> tuple:
+        """One epoch of `cfg` with compute's end stamped (as trained): ms per
+        step of the step, its compute, its exposed and in-flight comm; and
+        the epoch's step times and comm."""
+        parts = self.parts(cfg, epoch, watch_grads=True)
+        wall = self.epoch(parts, steps)
+        st, comm = parts.timer.collect(), parts.syncer.collect_comm()
+        parts.timer.grads.remove()
+        t = epoch_timing(st, comm)
+        ms = {"step_ms": wall, "compute_ms": t["compute_s"],
+              "exposed_ms": t["exposed_s"], "inflight_ms": comm.seconds}
+        ms = {k: 1e3 * v / steps for k, v in ms.items()}
+        return ms, st, comm
+
+
+def stamped_step(timer, comm, work: Callable[[], None] = lambda: None,
+                 nbytes: int = 8) -> None:
+    """One step of the trainer's stamps alone: its five phases timed,
+    `work()` in each, and in sync one timed all_reduce of `nbytes`."""
+    for p in PHASES:
+        with timer.phase(p):
+            if p != "sync":
+                work()
+                continue
+            with comm.timed("all_reduce", nbytes, nbytes, nbytes):
+                work()
+    timer.end_step()

@@ -14,7 +14,6 @@ import argparse
 import os
 
 from ...world.distributed import DistContext
-from ...timing import epoch_timing
 from ..scaffold import Bench, rank0
 from ..suite import Spec, chosen, medians, ratios, rounds
 
@@ -46,12 +45,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
             for label, c in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
-        parts = bench.parts(cfgs[label], epoch, watch_grads=True)  # compute end, as trained
-        elapsed = bench.epoch(parts, n)
-        t = epoch_timing(parts.timer.collect(), comm := parts.syncer.collect_comm())
-        parts.timer.grads.remove()
-        return {"step_ms": 1e3 * elapsed / n, "exposed_ms": 1e3 * t["exposed_s"] / n,
-                "inflight_ms": 1e3 * comm.seconds / n, "compute_ms": 1e3 * t["compute_s"] / n}
+        return bench.overlapped(cfgs[label], epoch, n)[0]
 
     for label in cfgs:  # warm-up: allocations, connections, caches
         one_epoch(label, 0, min(5, steps))
