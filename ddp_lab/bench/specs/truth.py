@@ -87,11 +87,6 @@ def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
     return items if allowed is not None else [int(x) for x in items]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The options, checked (UsageError: one line, exit 2, from the runner)."""
-    return suite.parse("truth", argv)
-
-
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--models", default="mlp,mlp_wide")
