@@ -135,7 +135,7 @@ class Bench:
         parts.syncer.close()
         return wall
 
-    def overlapped(self, cfg: Config, epoch: int, steps: int) -> tuple:
+    def split_epoch(self, cfg: Config, epoch: int, steps: int) -> tuple:
         """One epoch of `cfg` with compute's end stamped (as trained): ms per
         step of the step, its compute, its exposed and in-flight comm; and
         the epoch's step times and comm."""

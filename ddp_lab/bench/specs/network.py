@@ -144,7 +144,7 @@ def measure(ctx, plan: dict) -> list[dict]:
     boss = ctx.env.rank == 0
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
-        ms, st, comm = bench.overlapped(cfgs[label], epoch, n)
+        ms, st, comm = bench.split_epoch(cfgs[label], epoch, n)
         waits = ctx.gather_objects(comm.per_step_seconds(st))
         cross = comm.bytes_cross_node
         return {"figures": {

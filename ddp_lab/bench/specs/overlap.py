@@ -45,7 +45,7 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
             for label, c in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
-        return bench.overlapped(cfgs[label], epoch, n)[0]
+        return bench.split_epoch(cfgs[label], epoch, n)[0]
 
     for label in cfgs:  # warm-up: allocations, connections, caches
         one_epoch(label, 0, min(5, steps))
