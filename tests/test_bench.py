@@ -20,7 +20,8 @@ from helpers import compose, run_cli, run_dir_of, run_world
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes
 from ddp_lab.measure.numbers import pow2_label
-from ddp_lab.bench.ops import OPS, Pattern
+from ddp_lab.bench.ops import OPS
+from ddp_lab.bench.pattern import Pattern
 from ddp_lab.world.topology import topology_from_table
 from ddp_lab.measure.costmodel import busbw_factor
 from ddp_lab.config.errors import UserError
@@ -366,7 +367,8 @@ def test_reduce_broadcast_checks_the_assignments_expected_param():
     """The assignment's root update at 4 ranks: parameters 1, gradient = rank, lr 0.1 ->
     expected_param = 1 - 0.1 * (4 - 1) / 2 = 0.85 at element 0 (the pattern adds to the
     others); the reduce is done by hand here, the op's own update and check run as is."""
-    from ddp_lab.bench.ops import LR, GroupCtx
+    from ddp_lab.bench.ops import LR
+    from ddp_lab.bench.pattern import GroupCtx
 
     op, n, size = OPS["reduce_broadcast"], 4, 64
     pat = Pattern(torch.float32, torch.device("cpu"))

@@ -218,17 +218,6 @@ def test_runbook_is_parsed():
 SUITE = [sys.executable, "-m", "ddp_lab.bench.suite"]
 
 
-def bench_accuracy(work):
-    root = work["cwd"] / "outputs" / "compare_syncs"
-    out = ok(sh(work, [*SUITE, "accuracy", "--epochs", "1", "--worlds", "2", "--syncs", "ring",
-                       "--root", str(root), "train.max_steps_per_epoch=20", work["data"]]))
-    assert "| 2 | ring | no | 1 |" in out and (root / "table.md").read_text().count("| 2 |") == 1
-    # its runs, read again (what scripts/sync_table.py did); a wrong path: one line
-    assert "| 2 | ring | no | 1 |" in ok(sh(work, [*SUITE, "accuracy", "--from", str(root / "w2")]))
-    proc = sh(work, [*SUITE, "accuracy", "--from", str(root / "nowhere")])
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-
-
 def bench_epoch(work):
     # 1 rank, idle, two waits: every kind of row but the 2-rank ones (four more
     # interpreters that import torch, for rows of the same table code) and the hog's; then
@@ -334,14 +323,6 @@ def bench_stop(work):
     assert "time inside the check / step" in out and "step bookkeeping / step" in out
 
 
-def bench_straggler(work):
-    data = work["data"].removeprefix("data.root=")
-    out = ok(sh(work, [*SUITE, "straggler", "--world", "2",
-                       "--rounds", "1", "--steps", "30", "--syncs", "allreduce",
-                       "--data-root", data]))
-    assert "| rank 1 +5 ms | allreduce | 1 |" in out and "waits vs truth" in out
-
-
 def bench_hierarchical(work):
     # 2 local ranks, each its own pretend node: the leaders' ring is the world's
     out = ok(sh(work, [*SUITE, "hierarchical", "--rounds",
@@ -375,7 +356,7 @@ def bench_start(work):
 
 
 BENCHES = {"start": bench_start, "compress": bench_compress, "tensorboard": bench_tensorboard,
-           "straggler": bench_straggler, "accuracy": bench_accuracy, "stop": bench_stop,
+           "stop": bench_stop,
            "epoch": bench_epoch, "syncs": bench_syncs, "hierarchical": bench_hierarchical,
            "overlap": bench_overlap}
 SCRIPTS = {"gpu_check.sh": script_gpu_check, "gpu_session.sh": script_gpu_session,

@@ -186,13 +186,6 @@ def test_why_names_the_known_reasons_of_a_miss():
 
 
 # ------------------------------------------------------------------ the script
-def _comm_truth():
-    """The truth benchmark's spec (ddp_lab/bench/specs/truth.py)."""
-    from ddp_lab.bench.specs import truth as spec
-
-    return spec
-
-
 @pytest.mark.parametrize("args, message", [
     (["--worlds", "2,x"], "error: --worlds 2,x: 'x' is not an integer of 2 or more"),
     (["--worlds", "1"], "error: --worlds 1: '1' is not an integer of 2 or more"),
@@ -220,13 +213,15 @@ def test_comm_truth_bad_option_exits_2_from_the_shell():
 
 
 def test_comm_truth_runs_on_slurm_nodes():
-    ct = _comm_truth()
-    args = ct.parse_args(["--launcher", "slurm", "--nodes", "2", "--worlds", "2,4", "--runs", "x",
-                          "--set", "model.hidden=[1024]"])
+    from ddp_lab.bench import suite
+    from ddp_lab.bench.specs import truth as ct
+
+    args = suite.parse("truth", ["--launcher", "slurm", "--nodes", "2", "--worlds", "2,4",
+                                 "--runs", "x", "--set", "model.hidden=[1024]"])
     assert args.worlds == [2, 4] and args.nodes == 2 and args.set == ["model.hidden=[1024]"]
     assert ct.launch(args, 4) == ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=2",
                                   "launcher.wait=true"]
-    assert ct.launch(ct.parse_args([]), 4) == ["launcher.nproc_per_node=4"]
+    assert ct.launch(suite.parse("truth", []), 4) == ["launcher.nproc_per_node=4"]
 
 
 @pytest.mark.dist

@@ -23,7 +23,8 @@ from ..world.distributed import DistContext
 from ..measure.costmodel import busbw_factor
 from ..measure.numbers import pow2_label
 from ..timing import percentile
-from .ops import OPS, GroupCtx, Op, Pattern, dtype_of
+from .ops import OPS, dtype_of
+from .pattern import GroupCtx, Op, Pattern
 from ..world.topology import GroupSet, Topology, build_groups, detect_topology
 
 log = logging.getLogger("ddp_lab")

@@ -7,8 +7,8 @@ every element of the result; sizes follow nccl-tests (docs/bench.md, "What is me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -17,53 +17,19 @@ from ..collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, GATHER, REDUCE, RED
 from ..config.registry import Registry
 from ..world import torch_support
 from . import config
-from .pattern import Pattern
+from .pattern import Op
 
 LR = 0.1  # reduce_broadcast's learning rate: the assignment's (its check is allclose)
-
-
-@dataclass(frozen=True)
-class GroupCtx:
-    """This rank's group for one measurement: global ranks, handle, own index."""
-
-    ranks: tuple[int, ...]
-    handle: Optional[dist.ProcessGroup]  # None = the default group
-    grank: int
-
-    @property
-    def n(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def root(self) -> int:
-        return self.ranks[0]  # global rank of the group's first member
-
-    def peer(self, shift: int) -> int:
-        return self.ranks[(self.grank + shift) % self.n]
 
 
 def _sum_ranks(n: int) -> int:
     return n * (n + 1) // 2  # sum of the inputs' bases 1..n
 
 
-@dataclass(frozen=True)
-class Op:
-    """One benchmarked operation. `impls` maps implementation names to callables
-    `(bufs, g) -> None`; `mem` is the number of size-N buffers a rank holds (with
-    scratch), for the memory cap; `factor` names the nccl-tests bus-bandwidth factor."""
-
-    name: str
-    factor: str
-    mem: float
-    setup: Callable[[int, GroupCtx, torch.dtype, torch.device], dict]
-    reset: Callable[[dict, GroupCtx, Pattern], None]
-    check: Callable[[dict, GroupCtx, Pattern], Optional[str]]
-    impls: dict[str, Callable[[dict, GroupCtx], None]]
-    full_array: bool = False  # elements = n pieces of N // n (all_gather, reduce_scatter)
-    pairwise: bool = False  # ping-pong: runs on rank pairs, not on the process groups
-
-    def elements(self, size: int, n: int) -> int:
-        return (size // n) * n if self.full_array else size
+def _ours(table: dict, call: Callable, skip: str = "torch") -> dict:
+    """ddp_lab's algorithms in `table`, each as run(bufs, g):
+    call(f, bufs, g) with the algorithm f."""
+    return {k: partial(call, f) for k, f in table.items() if k != skip}
 
 
 def _one(size, g, dtype, device):
@@ -91,14 +57,13 @@ def _check_sum_root(b, g, pat):
 ALL_REDUCE_OP = Op(
     "all_reduce", "all_reduce", 2.0, _one, _fill_rank, _check_sum,
     {"torch": lambda b, g: dist.all_reduce(b["t"], group=g.handle),
-     **{k: (lambda f: lambda b, g: f(b["t"], "SUM", group=g.handle))(f)
-        for k, f in ALL_REDUCE.items() if k != "torch"}})
+     **_ours(ALL_REDUCE, lambda f, b, g: f(b["t"], "SUM", group=g.handle))})
 
 REDUCE_OP = Op(
     "reduce", "reduce", 2.0, _one, _fill_rank, _check_sum_root,
     {"torch": lambda b, g: dist.reduce(b["t"], dst=g.root, group=g.handle),
-     **{k: (lambda f: lambda b, g: f(b["t"], dst=g.root, op="SUM", group=g.handle))(f)
-        for k, f in REDUCE.items() if k != "torch"}})
+     **_ours(REDUCE, lambda f, b, g: f(b["t"], dst=g.root, op="SUM",
+                                       group=g.handle))})
 
 
 # ------------------------------------------------------------------------- broadcast
@@ -113,8 +78,8 @@ BROADCAST_OP = Op(
     "broadcast", "broadcast", 1.5, _one, _fill_root,
     lambda b, g, pat: pat.check(b["t"], base=1),
     {"torch": lambda b, g: dist.broadcast(b["t"], src=g.root, group=g.handle),
-     **{k: (lambda f: lambda b, g: f(b["t"], src=g.root, group=g.handle))(f)
-        for k, f in BROADCAST.items() if k != "torch"}})
+     **_ours(BROADCAST,
+             lambda f, b, g: f(b["t"], src=g.root, group=g.handle))})
 
 
 # --------------------------------------------------- reduce + broadcast (root update)
@@ -164,8 +129,10 @@ _RB_IMPLS = {"torch": _rb_impl(lambda t, g: dist.reduce(t, dst=g.root, group=g.h
 for _k in REDUCE:
     if _k != "torch" and _k in BROADCAST:
         _RB_IMPLS[_k] = _rb_impl(
-            (lambda f: lambda t, g: f(t, dst=g.root, op="SUM", group=g.handle))(REDUCE[_k]),
-            (lambda f: lambda t, g: f(t, src=g.root, group=g.handle))(BROADCAST[_k]))
+            partial(lambda f, t, g: f(t, dst=g.root, op="SUM",
+                                      group=g.handle), REDUCE[_k]),
+            partial(lambda f, t, g: f(t, src=g.root, group=g.handle),
+                    BROADCAST[_k]))
 
 # busbw factor 1, as for reduce and broadcast (nccl-tests has no composite; bytes = the tensor)
 REDUCE_BROADCAST_OP = Op("reduce_broadcast", "reduce", 3.0, _rb_setup, _rb_reset,
@@ -236,8 +203,8 @@ ALL_GATHER_OP = Op(
     "all_gather", "all_gather", 2.5, _ag_setup, _ag_reset, _ag_check,
     {"torch": lambda b, g: torch_support.all_gather_single(b["out"], b["in"],
                                                                 group=g.handle),
-     **{k: (lambda f: lambda b, g: f(b["out"], b["in"], group=g.handle))(f)
-        for k, f in ALL_GATHER.items() if k != "torch"}},
+     **_ours(ALL_GATHER,
+             lambda f, b, g: f(b["out"], b["in"], group=g.handle))},
     full_array=True)
 
 
@@ -248,8 +215,9 @@ def _gather_check(b, g, pat):
 # the root is the group's first rank (g.root, a global rank); the others pass no output
 GATHER_OP = Op(
     "gather", "gather", 2.5, _ag_setup, _ag_reset, _gather_check,
-    {k: (lambda f: lambda b, g: f(b["out"] if g.grank == 0 else None, b["in"], g.root,
-                                  group=g.handle))(f) for k, f in GATHER.items()},
+    _ours(GATHER, lambda f, b, g: f(b["out"] if g.grank == 0 else None,
+                                    b["in"], g.root, group=g.handle),
+          skip=""),
     full_array=True)
 
 
@@ -272,8 +240,8 @@ REDUCE_SCATTER_OP = Op(
     "reduce_scatter", "reduce_scatter", 2.5, _rs_setup, _rs_reset, _rs_check,
     {"torch": lambda b, g: torch_support.reduce_scatter_single(b["out"], b["in"],
                                                                     group=g.handle),
-     **{k: (lambda f: lambda b, g: f(b["out"], b["in"], "SUM", group=g.handle))(f)
-        for k, f in REDUCE_SCATTER.items() if k != "torch"}},
+     **_ours(REDUCE_SCATTER,
+             lambda f, b, g: f(b["out"], b["in"], "SUM", group=g.handle))},
     full_array=True)
 
 

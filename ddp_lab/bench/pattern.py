@@ -1,4 +1,5 @@
-"""The inputs' known pattern, and its check: `t[i] = base + scale * ((i + off) % PERIOD)`.
+"""What a benchmarked op is made of: its group (GroupCtx), its parts (Op), and
+the inputs' known pattern with its check: `t[i] = base + scale * ((i + off) % PERIOD)`.
 
 A misplaced chunk breaks the pattern, so a check catches it, not only a wrong sum; the
 benchmarked ops (ops.py) fill their inputs with it and check every element of a result
@@ -7,9 +8,11 @@ against the closed form.
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 PERIOD = 8  # the pattern repeats every PERIOD elements
 CHUNK = 1 << 22  # elements per fill/check slice: bounds the temporaries
@@ -55,3 +58,43 @@ class Pattern:
                 return (f"{what}[{s + i}] = {seg[i].item()}, expected {exp[i].item()} "
                         f"({int(bad.sum())} of {seg.numel()} elements wrong in that slice)")
         return None
+
+
+@dataclass(frozen=True)
+class GroupCtx:
+    """This rank's group for one measurement: global ranks, handle, own index."""
+
+    ranks: tuple[int, ...]
+    handle: Optional[dist.ProcessGroup]  # None = the default group
+    grank: int
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def root(self) -> int:
+        return self.ranks[0]  # global rank of the group's first member
+
+    def peer(self, shift: int) -> int:
+        return self.ranks[(self.grank + shift) % self.n]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One benchmarked operation. `impls` maps implementation names to callables
+    `(bufs, g) -> None`; `mem` is the number of size-N buffers a rank holds (with
+    scratch), for the memory cap; `factor` names the nccl-tests bus-bandwidth factor."""
+
+    name: str
+    factor: str
+    mem: float
+    setup: Callable[[int, GroupCtx, torch.dtype, torch.device], dict]
+    reset: Callable[[dict, GroupCtx, Pattern], None]
+    check: Callable[[dict, GroupCtx, Pattern], Optional[str]]
+    impls: dict[str, Callable[[dict, GroupCtx], None]]
+    full_array: bool = False  # elements = n pieces of N // n (all_gather, reduce_scatter)
+    pairwise: bool = False  # ping-pong: runs on rank pairs, not on the process groups
+
+    def elements(self, size: int, n: int) -> int:
+        return (size // n) * n if self.full_array else size

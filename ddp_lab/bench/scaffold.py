@@ -1,5 +1,5 @@
 """The scaffold of the training benchmarks of ddp_lab/bench/specs/ that time the trainer's
-parts (syncs, overlap, stop, straggler): ranks of a one-machine gloo group, each with the
+parts (syncs, overlap, stop, network): ranks of a one-machine gloo group, each with the
 trainer's parts built as `ddp_lab.train.train` builds them.
 
     def worker(ctx, args):                      # on every rank, in its own process
@@ -27,7 +27,7 @@ from ..world.distributed import DistContext, local_gloo_world
 from ..world.ports import free_port
 from ..rank.epoch import EpochBatches
 from ..rank.stop import StopControl
-from ..timing import Clock, StepTimer
+from ..timing import PHASES, Clock, StepTimer, epoch_timing
 from ..step import run_steps
 from ..train import build_parts
 
@@ -105,13 +105,13 @@ class Bench:
         n = len(self.splits.train)
         return min(most, n) if most > 0 else n
 
-    def parts(self, cfg: Config, epoch: int, clock: Optional[Clock] = None,
+    def parts(self, cfg: Config, epoch: int,
               watch_grads: bool = False) -> Parts:
         """A new model (the same weights each time), synchroniser and optimiser from `cfg`,
-        as the trainer builds them; a step timer on `clock` (default the bench's), timing
-        per cfg.timing.enabled, stamping compute end as the trainer's does if `watch_grads`;
+        as the trainer builds them; a step timer on the bench's Clock, timing per
+        cfg.timing.enabled, stamping compute end as the trainer's does if `watch_grads`;
         the data in epoch `epoch`'s order."""
-        clock = clock or self.clock
+        clock = self.clock
         module, syncer, optimizer = build_parts(cfg, self.ctx, clock)
         timer = StepTimer(clock, enabled=cfg.timing.enabled)
         if watch_grads:
@@ -119,17 +119,46 @@ class Bench:
         self.splits.train.set_epoch(epoch)
         return Parts(module, syncer, optimizer, timer)
 
-    def epoch(self, parts: Parts, steps: int, stopper: Optional[StopControl] = None,
-              delay: Optional[Callable[[], None]] = None) -> float:
+    def epoch(self, parts: Parts, steps: int,
+              stopper: Optional[StopControl] = None) -> float:
         """`steps` of the trainer's step loop between two barriers, then the synchroniser
         closed: seconds from when every rank starts to when the slowest ends."""
         self.ctx.barrier()  # load-bearing: all ranks start together
         if stopper is not None:
             stopper.restart_clock()  # as the trainer does at each epoch's start
         t0 = time.perf_counter()
-        batches = EpochBatches(iter(self.splits.train), range(steps), parts.timer, stopper, delay)
+        batches = EpochBatches(iter(self.splits.train), range(steps),
+                               parts.timer, stopper)
         run_steps(parts.syncer, parts.optimizer, batches, parts.timer)
         self.ctx.barrier()  # load-bearing: the epoch ends when the slowest rank ends
         wall = time.perf_counter() - t0
         parts.syncer.close()
         return wall
+
+    def split_epoch(self, cfg: Config, epoch: int, steps: int) -> tuple:
+        """One epoch of `cfg` with compute's end stamped (as trained): ms per
+        step of the step, its compute, its exposed and in-flight comm; and
+        the epoch's step times and comm."""
+        parts = self.parts(cfg, epoch, watch_grads=True)
+        wall = self.epoch(parts, steps)
+        st, comm = parts.timer.collect(), parts.syncer.collect_comm()
+        parts.timer.grads.remove()
+        t = epoch_timing(st, comm)
+        ms = {"step_ms": wall, "compute_ms": t["compute_s"],
+              "exposed_ms": t["exposed_s"], "inflight_ms": comm.seconds}
+        ms = {k: 1e3 * v / steps for k, v in ms.items()}
+        return ms, st, comm
+
+
+def stamped_step(timer, comm, work: Callable[[], None] = lambda: None,
+                 nbytes: int = 8) -> None:
+    """One step of the trainer's stamps alone: its five phases timed,
+    `work()` in each, and in sync one timed all_reduce of `nbytes`."""
+    for p in PHASES:
+        with timer.phase(p):
+            if p != "sync":
+                work()
+                continue
+            with comm.timed("all_reduce", nbytes, nbytes, nbytes):
+                work()
+    timer.end_step()

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 # name -> module of ddp_lab.bench.specs, in the order `python -m ddp_lab.bench.suite` lists
-NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical", "straggler", "accuracy",
+NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical",
          "stop", "start", "tensorboard", "truth", "network")
 
 
@@ -117,25 +117,17 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def select(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty or None: all), in
-    `configs`' order. ValueError for a label `configs` lacks."""
+def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
+    """The configurations named in `only` (comma-separated labels; empty or None:
+    all), in `configs`' order. A label `configs` lacks: UsageError."""
     if not only:
         return dict(configs)
     keep = [c.strip() for c in only.split(",")]
     unknown = set(keep) - set(configs)
     if unknown:
-        raise ValueError(f"unknown configuration(s) {sorted(unknown)}: choose from "
-                         f"{list(configs)}")
+        raise UsageError(f"--only: unknown configuration(s) {sorted(unknown)}: "
+                         f"choose from {list(configs)}")
     return {label: c for label, c in configs.items() if label in keep}
-
-
-def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """`select`, with an unknown label a user's mistake: one line and exit 2 (the runner's)."""
-    try:
-        return select(configs, only)
-    except ValueError as e:
-        raise UsageError(f"--only: {e}") from None
 
 
 def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
@@ -165,14 +157,15 @@ def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -
 
 
 def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
-            on_line: Optional[Callable[[Optional[str]], None]] = None) -> dict:
-    """One real training run (`python -m ddp_lab`, this checkout's, `overrides` last) started
-    in `cwd`, `env` added to its environment: its summary.json, and its folder as "run_dir".
-    `on_line` sees each line of its output as it comes, then None when it has ended (in any
-    case). Exits with the run's last output if it failed."""
+            on_line: Optional[Callable[[Optional[str]], None]] = None,
+            entry: str = "ddp_lab") -> dict:
+    """One real run (`python -m ddp_lab`, or `entry`: this checkout's, `overrides` last)
+    started in `cwd`, `env` added to its environment: its summary.json, and its folder as
+    "run_dir". `on_line` sees each line of its output as it comes, then None when it has
+    ended (in any case). Exits with the run's last output if it failed."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
-    cmd = [sys.executable, "-m", "ddp_lab", "log.progress=lines", *overrides]
+    cmd = [sys.executable, "-m", entry, "log.progress=lines", *overrides]
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     err: list[str] = []

@@ -137,7 +137,6 @@ def measure(ctx, plan: dict) -> list[dict]:
     the figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
     from ddp_lab.bench.scaffold import Bench
     from ddp_lab.bench.suite import rounds
-    from ddp_lab.timing import epoch_timing
 
     bench = Bench(ctx, plan["overrides"])
     cfgs = {label: bench.compose(ov) for label, ov in plan["configs"].items()}
@@ -145,17 +144,11 @@ def measure(ctx, plan: dict) -> list[dict]:
     boss = ctx.env.rank == 0
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
-        parts = bench.parts(cfgs[label], epoch, watch_grads=True)
-        elapsed = bench.epoch(parts, n)
-        st, comm = parts.timer.collect(), parts.syncer.collect_comm()
-        parts.timer.grads.remove()
-        t = epoch_timing(st, comm)
+        ms, st, comm = bench.split_epoch(cfgs[label], epoch, n)
         waits = ctx.gather_objects(comm.per_step_seconds(st))
         cross = comm.bytes_cross_node
         return {"figures": {
-            "step_ms": 1e3 * elapsed / n, "inflight_ms": 1e3 * comm.seconds / n,
-            "exposed_ms": 1e3 * t["exposed_s"] / n, "compute_ms": 1e3 * t["compute_s"] / n,
-            "sent_bytes": comm.bytes_sent / n, "payload_bytes": comm.payload_bytes / n,
+            **ms, "sent_bytes": comm.bytes_sent / n, "payload_bytes": comm.payload_bytes / n,
             "cross_bytes": None if cross is None else cross / n}, "waits": waits}
 
     def reshape(link: str, node2: Optional[str]) -> None:

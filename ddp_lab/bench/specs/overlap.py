@@ -14,9 +14,8 @@ import argparse
 import os
 
 from ...world.distributed import DistContext
-from ...timing import epoch_timing
 from ..scaffold import Bench, rank0
-from ..suite import Spec, chosen, medians, ratios, rounds, select
+from ..suite import Spec, chosen, medians, ratios, rounds
 
 # label -> (sync option, overlap)
 CONFIGS = {
@@ -43,15 +42,10 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", f"model={args.model}"])
     steps = bench.steps(args.steps)
     cfgs = {label: bench.compose(overrides(*c, args.bucket_mb))
-            for label, c in select(CONFIGS, args.only).items()}
+            for label, c in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, n: int) -> dict:
-        parts = bench.parts(cfgs[label], epoch, watch_grads=True)  # compute end, as trained
-        elapsed = bench.epoch(parts, n)
-        t = epoch_timing(parts.timer.collect(), comm := parts.syncer.collect_comm())
-        parts.timer.grads.remove()
-        return {"step_ms": 1e3 * elapsed / n, "exposed_ms": 1e3 * t["exposed_s"] / n,
-                "inflight_ms": 1e3 * comm.seconds / n, "compute_ms": 1e3 * t["compute_s"] / n}
+        return bench.split_epoch(cfgs[label], epoch, n)[0]
 
     for label in cfgs:  # warm-up: allocations, connections, caches
         one_epoch(label, 0, min(5, steps))
@@ -91,7 +85,7 @@ def run(args: argparse.Namespace) -> dict | None:
     print("| configuration | time/step (ms) | min - max | compute (ms) | exposed comm (ms) "
           "| in-flight comm (ms) | exposed / in-flight |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label in select(CONFIGS, args.only):
+    for label in chosen(CONFIGS, args.only):
         m, ms = med[label], [x["step_ms"] for x in res["rows"][label]]
         share = m["exposed_ms"] / m["inflight_ms"] if m["inflight_ms"] else float("nan")
         print(f"| {label} | {m['step_ms']:.1f} | {min(ms):.1f} - {max(ms):.1f} "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ...world.distributed import DistContext
 from ...rank.stop import StopControl
-from ..scaffold import Bench, run_ranks
+from ..scaffold import Bench, run_ranks, stamped_step
 from ..suite import Spec, rounds
 
 SPEC = Spec(compares="epochs with and without the stop check, alternating", rounds=5,
@@ -89,16 +89,8 @@ def record_share(run_dir: Path) -> tuple[float, float]:
     rec = progress.Progress(run_dir, 0)
     rec.follow(timer=timer, comm=comm)
     try:
-        def record_step():
-            for name in ("data", "forward", "backward", "sync", "optim"):
-                with timer.phase(name):
-                    if name == "sync":
-                        with comm.timed("all_reduce", 636_000, 636_000, 636_000):
-                            pass
-            timer.end_step()
-
         def one_round():
-            record_step()
+            stamped_step(timer, comm, nbytes=636_000)
             if len(timer._steps) >= 4000:  # what an epoch's end collects
                 timer.collect(), comm.collect()
 

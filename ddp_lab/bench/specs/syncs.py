@@ -18,8 +18,8 @@ import time
 from ...world.distributed import DistContext
 from ...rank.epoch import EpochBatches
 from ...step import run_steps
-from ..scaffold import Bench, rank0
-from ..suite import Spec, chosen, medians, ratios, rounds, select
+from ..scaffold import Bench, rank0, stamped_step
+from ..suite import Spec, chosen, medians, ratios, rounds
 
 # label -> its overrides on the trainer's config (the defaults: timing on)
 CONFIGS = {
@@ -48,7 +48,7 @@ PAIRED = ("ddp", "allreduce", "ring")
 def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}"])
     n_steps = bench.steps(args.steps)
-    cfgs = {label: bench.compose(ov) for label, ov in select(CONFIGS, args.only).items()}
+    cfgs = {label: bench.compose(ov) for label, ov in chosen(CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
         parts = bench.parts(cfgs[label], epoch)
@@ -114,20 +114,11 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
         t0 = time.perf_counter()
         for _ in range(epochs):
             for _ in range(steps):
-                for p in ("data", "forward", "backward"):
-                    with timer.phase(p):
-                        pass
-                with timer.phase("sync"), rec.timed("all_reduce", 1, 1, 1):
-                    pass
-                with timer.phase("optim"):
-                    pass
-                timer.end_step()
+                stamped_step(timer, rec)
             epoch_timing(timer.collect(), rec.collect())
         return (time.perf_counter() - t0) / (epochs * steps)
 
     return min(run(True) for _ in range(5)) - min(run(False) for _ in range(5))
-
-
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:

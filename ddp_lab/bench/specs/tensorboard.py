@@ -22,6 +22,7 @@ import torch
 from ...folder.metrics import RunFolderSink
 from ...rank.telemetry import step_scalars
 from ...timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
+from ..scaffold import stamped_step
 from ..suite import Spec, rounds
 
 SPEC = Spec(compares="a step's stamps alone, with the trainer's live points, with add_scalar "
@@ -67,14 +68,7 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
     part = n // len(PHASES)
     t0 = time.process_time()
     for s in range(steps):
-        for p in PHASES:
-            with timer.phase(p):
-                if p == "sync":
-                    with comm.timed("all_reduce", 8, 8, 8):
-                        work(part)
-                else:
-                    work(part)
-        timer.end_step()
+        stamped_step(timer, comm, lambda: work(part))
         if writer is not None and (s + 1) % every == 0:
             st = timer.ready(s)
             for tag, v in step_scalars(st, 0.0, 0.0, 1).items():

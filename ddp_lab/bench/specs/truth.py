@@ -15,8 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,24 +35,12 @@ BENCH_OPS = ["all_reduce", "reduce", "broadcast"]
 BENCH_IMPLS = ["torch", "ring", "tree", "butterfly"]
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _run(cmd: list[str], log: Path) -> Path:
-    """Run one CLI command; its run folder (the last `run dir: PATH` line)."""
+def _run(entry: str, overrides: list[str]) -> Path:
+    """One run of `python -m entry`; its run folder."""
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}\n")
-    lines = [x for x in p.stdout.splitlines() if x.startswith("run dir: ")]
-    if p.returncode != 0 or not lines:
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    print(f"  {time.time() - t0:5.1f} s  {' '.join(cmd[3:])}", flush=True)
-    return Path(lines[-1][len("run dir: "):])
+    run_dir = suite.trained(overrides, REPO, entry=entry)["run_dir"]
+    print(f"  {time.time() - t0:5.1f} s  {' '.join(overrides)}", flush=True)
+    return Path(run_dir)
 
 
 def launch(args: argparse.Namespace, world: int) -> list[str]:
@@ -70,22 +56,22 @@ def train_runs(args: argparse.Namespace, out: Path, world: int) -> list[Path]:
     for model in args.models:
         steps = args.steps or STEPS.get(model, 30)
         for sync in args.syncs:
-            dirs.append(_run([
-                sys.executable, "-m", "ddp_lab", f"sync={sync}", f"model={model}",
+            dirs.append(_run("ddp_lab", [
+                f"sync={sync}", f"model={model}",
                 *launch(args, world), *args.set, "train.epochs=1",
                 f"train.max_steps_per_epoch={steps}", f"timing.trace_steps={steps}",
-                "train.checkpoint=false", "train.threads=1", "log.progress=lines",
-                f"data.root={args.data_root}", f"run.root={out / 'train'}"], out / "commands.log"))
+                "train.checkpoint=false", "train.threads=1",
+                f"data.root={args.data_root}", f"run.root={out / 'train'}"]))
     return dirs
 
 
 def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int]) -> Path:
-    return _run([
-        sys.executable, "-m", "ddp_lab.bench", *launch(args, world),
+    return _run("ddp_lab.bench", [
+        *launch(args, world),
         f"bench.ops=[{','.join(BENCH_OPS)}]", f"bench.impl=[{','.join(BENCH_IMPLS)}]",
         f"bench.min_elements={args.bench_min}", f"bench.max_elements={args.bench_max}",
         f"bench.points={args.bench_points}", f"bench.sizes=[{','.join(map(str, sizes))}]",
-        "log.progress=lines", f"run.root={out / 'bench'}"], out / "commands.log")
+        f"run.root={out / 'bench'}"])
 
 
 def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
@@ -99,11 +85,6 @@ def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
         if allowed is not None and x not in allowed:
             raise UsageError(f"{option} {text}: {x!r} is not one of {', '.join(allowed)}")
     return items if allowed is not None else [int(x) for x in items]
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The options, checked (UsageError: one line, exit 2, from the runner)."""
-    return suite.parse("truth", argv)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
