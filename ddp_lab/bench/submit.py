@@ -16,7 +16,8 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from ..command.job import Outcome, collect, launch_job
-from ..command.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
+from ..command.config_rules import known_sections
+from ..command.validate import COMMON, Rule, above, at_least, one_of, resolve
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
