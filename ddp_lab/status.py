@@ -1,5 +1,5 @@
-"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run (shown by
-ddp_lab/command/status_commands.py, its state read by ddp_lab/command/status.py)."""
+"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run (the command:
+ddp_lab/command/status_commands.py; its state read by ddp_lab/command/status.py)."""
 
 import os
 import sys

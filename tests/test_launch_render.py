@@ -21,7 +21,8 @@ from ddp_lab.world import ports
 from ddp_lab.launch import slurm_job
 from ddp_lab.config.errors import UserError
 from ddp_lab.command.submit import submit
-from ddp_lab.command.validate import duration_s, resolve_train as resolve_defaults
+from ddp_lab.command.validate import resolve_train as resolve_defaults
+from ddp_lab.launch.slurm import duration_s
 from fake_runai import parse as runai_parse
 
 

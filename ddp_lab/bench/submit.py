@@ -2,7 +2,7 @@
 
 The same machinery as a training run (`ddp_lab.command.validate`, `ddp_lab.command.job`); only the rules
 of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the
-folder's label (`<date>_<time>_bench_<launcher>`) differ.
+folder's name (`bench_<launcher>_<date>_<time>`) differ.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from ..command.job import Outcome, collect, launch_job
-from ..command.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
+from ..command.config_rules import known_sections
+from ..command.validate import COMMON, Rule, above, at_least, one_of, resolve
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 

@@ -159,7 +159,7 @@ def acquire(run_dir: Path, launcher: str) -> None:
                 return
         except FileNotFoundError:
             # the folder itself vanished: another command's validation probe
-            # (validate.folder_problem) removes the empty folder it made on the way
+            # (folder_rules.folder_problem) removes the empty folder it made on the way
             run_dir.mkdir(parents=True, exist_ok=True)
             continue
         ident, holder = _read(path)

@@ -3,7 +3,8 @@
 
 It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the
 job's processes alive here, so it works from any shell. The states: docs/status.md, "What it
-shows"; how they are shown, --follow and --stop: status_commands.py.
+shows"; how they are shown: status_screen.py; --follow and --stop:
+status_follow.py, status_stop.py.
 """
 
 from __future__ import annotations

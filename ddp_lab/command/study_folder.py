@@ -56,7 +56,8 @@ def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
 
 
 def make_study_dir(cfg: DictConfig) -> Path:
-    """A new `run.root/studies/<date>_<time>_<label>` (unique, as run folders are)."""
+    """A new `run.root/studies/<label>_<date>_<time>` (`make_run_dir`: unique, as
+    run folders are; `<label>`: `label_of`, run.name after it where set)."""
     c = cfg.copy()
     with open_dict(c):
         c.run.root = str(Path(cfg.run.root).expanduser() / "studies")

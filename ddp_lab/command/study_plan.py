@@ -12,7 +12,8 @@ from omegaconf import DictConfig, open_dict
 
 from ..config.errors import UserError
 from ..launch.mpirun import parse_hosts, place
-from .validate import (COMMON, Rule, at_least, check, known_sections, one_of, resolve, resolve_train)
+from .config_rules import known_sections
+from .validate import (COMMON, Rule, at_least, check, one_of, resolve, resolve_train)
 
 ORDERS = ("interleaved", "grouped")
 MAX_LOCAL_WORLD = 64  # processes one machine is asked to run for one point

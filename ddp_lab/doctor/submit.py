@@ -21,7 +21,8 @@ from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
 from ..folder import doctor as records
-from .verdicts import Check, Facts, verdicts
+from .findings import Check, Facts
+from .verdicts import verdicts
 
 ENTRY = "ddp_lab.doctor.worker"
 # the doctor's own bounds: a rank that cannot join, or a collective that hangs (the

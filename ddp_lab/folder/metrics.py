@@ -15,7 +15,8 @@ from typing import Optional
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
-from .tensorboard import TensorBoardRun, drop_head, run_folder
+from .tb_head import drop_head, write_head
+from .tensorboard import TensorBoardRun, run_folder
 
 
 class RankFormatter(logging.Formatter):
@@ -143,7 +144,7 @@ class RunFolderSink(NullSink):
             drop_head(run_folder(tb, name))
         self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None,
                                   load=load, steps_per_epoch=steps_per_epoch)
-        self._tb.head(config, hparams, bands, fresh=not written)
+        write_head(self._tb, config, hparams, bands, fresh=not written)
 
     def _write_metrics(self) -> None:
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))

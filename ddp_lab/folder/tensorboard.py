@@ -2,17 +2,14 @@ r"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoar
 training (docs/timing.md, "TensorBoard", shows what it draws). One x axis, the global
 step; a resumed run goes on in its first segment's folder and purges the points past its
 checkpoint. Tags carry units in brackets, `time/epoch[s]`, never parentheses: the
-custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0 of a fresh run:
-the config, the custom-scalars layout (`layout`) and the hparams (`hparams_summaries`).
+custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0: the run's head
+(tb_head.py: the config, the custom-scalars layout of tb_charts.py, the hparams).
 """
 
 from __future__ import annotations
 
-import re
-import time
 from pathlib import Path
 from typing import Any, Optional
-
 
 EVENTS = "events.out.tfevents.*"
 # the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
@@ -65,16 +62,6 @@ def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
     return out
 
 
-def _lines(*tags: str) -> dict:
-    """A multiline chart of these exact tags (the plugin takes regular expressions)."""
-    return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
-
-
-def _band(run: str, names: tuple[str, str, str]) -> dict:
-    line, low, high = (band_tag(run, n) for n in names)
-    return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
-
-
 # What a workload's runs are compared on (`compare`): one tag in every run of the
 # workload, `by_epoch/<workload>/...` at x = the epoch (1-based) and `by_step/<workload>/
 # .../e<epoch>` at x = the step within its epoch (a tag per epoch: TensorBoard keeps one
@@ -87,13 +74,6 @@ BY_EPOCH = {"time/epoch[s]": "time[s]", "time/step[ms/step]": "step[ms/step]",
             "accuracy/test[fraction]": "test_accuracy[fraction]", "loss/train": "train_loss"}
 BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms]",
            "step/comm_exposed[ms]": "comm_exposed[ms]", "step/time[ms]": "step[ms]"}
-EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
-                ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
-                ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
-                ("step (ms/step)", "step[ms/step]"), ("busbw (GB/s)", "busbw[GB/s]"),
-                ("test accuracy", "test_accuracy[fraction]"), ("train loss", "train_loss"))
-STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_inflight[ms]"),
-               ("exposed comm (ms)", "comm_exposed[ms]"), ("step time (ms)", "step[ms]"))
 
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
@@ -134,65 +114,6 @@ def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int 
     out = {compare_tag(load, "by_epoch", name): values[tag]
            for tag, name in BY_EPOCH.items() if tag in values}
     return (epoch, out) if out else None
-
-
-def compare_categories(load: tuple[str, str]) -> list:
-    """The workload's two comparison categories (open): every run a line, at x = epoch; and
-    per step, at x = the step within its epoch (a line per run and epoch)."""
-    key, words = load
-    by_step = [(title, {"multiline": {"tag": [
-        "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
-        for title, name in STEP_CHARTS]
-    return [(f"{words}: the runs compared, x = epoch (a line per run)", False,
-             [(title, _lines(compare_tag(key, "by_epoch", name))) for title, name in EPOCH_CHARTS]),
-            (f"{words}: the runs compared per step, x = the step within its epoch "
-             "(a line per run and epoch)", False, by_step)]
-
-
-# One run's margin chart, in a category of its own, closed (`ONE_RUN`: which, title,
-# closed, the band's tags, the title's tail)
-ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = compute ends, "
-                    "band = comm in flight; above the line: exposed)", True,
-            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
-           ("epoch", "one run: compute vs comm per epoch, a chart per run", True,
-            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
-            "per epoch (ms/step)"))
-
-
-def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-           load: tuple[str, str] = ("?", "?")):
-    """Run `run`'s custom-scalars layout proto: its workload's comparison charts
-    (`compare_categories`), then its band charts (`ONE_RUN`). `bands`: the charts that will
-    draw a line; a left-out chart keeps its category, since the plugin merges every run's
-    categories into the first run's (a category the first run lacks holds only the charts
-    of the first run that has it: the comparison charts are alike in every run of a
-    workload)."""
-    from tensorboard.plugins.custom_scalar import layout_pb2
-
-    categories = compare_categories(load) + [
-        (title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))] if which in bands else [])
-        for which, title, closed, triple, what in ONE_RUN]
-    return layout_pb2.Layout(category=[
-        layout_pb2.Category(title=title, closed=closed,
-                            chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
-        for title, closed, charts in categories])
-
-
-def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-                   load: tuple[str, str] = ("?", "?")):
-    """Run `run`'s `layout` as the Summary the plugin reads, built as torch's
-    `add_custom_scalars` builds it (the plugin's own `summary.pb` imports TensorFlow)."""
-    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-    from tensorboard.compat.proto.tensor_pb2 import TensorProto
-    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
-
-    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
-    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands, load).SerializeToString()],
-                         tensor_shape=TensorShapeProto())
-    return Summary(value=[Summary.Value(tag=LAYOUT_TAG, tensor=tensor, metadata=meta)])
-
-
-LAYOUT_TAG = "custom_scalars__config__"
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
@@ -240,67 +161,6 @@ def _written(tb_root: Path) -> list[Path]:
     return sorted(p.parent for p in tb_root.glob(f"*/{EVENTS}") if p.parent.name != "steps")
 
 
-# The HParams dashboard sorts the hparams, those that differ among the runs shown first, by
-# name, and ticks the first five: the settings keep their names (`sync`, `world_size`, ...;
-# `sync.<option>`, `model.<option>`) and every other hparam is named `~<name>`
-# (`~epochs`, `~optim`), which sorts after every letter, so a setting that varies is shown.
-SETTINGS = ("sync", "world_size", "nodes", "launcher", "model")
-LATER = "~"
-
-
-def shown_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
-    """`hparams` as HParams shows them: the settings first and by their names, the rest
-    `~`-named (`SETTINGS`)."""
-    first = {k: hparams[k] for k in SETTINGS if k in hparams}
-    first.update((k, v) for k, v in hparams.items() if k.startswith(("sync.", "model.")))
-    return {**first, **{f"{LATER}{k}": v for k, v in hparams.items() if k not in first}}
-
-
-def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """This run's HParams session start, as Summary protos; no experiment, so the plugin ticks
-    the hparams that differ among the runs shown. Integers as strings (else 2 is 2.0000)."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
-
-    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for name, value in shown_hparams(hparams).items():
-        if isinstance(value, bool):  # before int: a bool is an int
-            start.hparams[name].bool_value = value
-        elif isinstance(value, float):
-            start.hparams[name].number_value = value
-        else:
-            start.hparams[name].string_value = str(value)
-    data = plugin_data_pb2.HParamsPluginData(session_start_info=start)
-    return [Summary(value=[Summary.Value(tag=metadata.SESSION_START_INFO_TAG,
-                                         metadata=metadata.create_summary_metadata(data))])]
-
-
-def drop_head(folder: Path) -> None:
-    """Rewrite `folder`'s event files without their layout and hparams events: TensorBoard
-    keeps a tag's first metadata, so a resumed run's new ones (`TensorBoardRun.head`) show
-    only where the former are gone. Each file is replaced whole (atomically)."""
-    import os
-
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.plugins.hparams import metadata
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    head = {LAYOUT_TAG, metadata.SESSION_START_INFO_TAG}
-    for path in sorted(folder.glob(EVENTS)):
-        records = list(RawEventFileLoader(str(path)).Load())  # as written (not migrated)
-        kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
-        if len(kept) == len(records):
-            continue
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
-            writer = RecordWriter(fh)
-            for record in kept:
-                writer.write(record)
-            writer.flush()
-        os.replace(tmp, path)
-
-
 class TensorBoardRun:
     """One run's TensorBoard writer; `purge_step`: hide a former segment's points."""
 
@@ -331,17 +191,6 @@ class TensorBoardRun:
         for d in sorted((p for p in tb_root.rglob("*") if p.is_dir()), reverse=True):
             if not any(d.iterdir()):
                 d.rmdir()
-
-    def head(self, config_text: str, hparams: dict[str, Any],
-             bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
-        """The run's head at step 0: config (a fresh run's only), `layout` with its `bands`,
-        hparams. A resumed run's replace the former segment's (`drop_head`, before this
-        writer opened): its hparams say what it is now (its epochs, its world)."""
-        if fresh:
-            self.writer.add_text("config", config_text, 0)
-        self.writer.file_writer.add_summary(layout_summary(self.band, bands, self.load), 0)
-        for summary in hparams_summaries(hparams):
-            self.writer.file_writer.add_summary(summary, 0)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """`values` at global step `step` as one event (each event costs a checksum in Python);

@@ -122,7 +122,7 @@ def resolve(cfg) -> None:
                           ">= 0 (0: no signal; null: a quarter of launcher.time, at most 120)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    limit = duration_s("launcher.time", lc.time)  # also a rule of validate.py
+    limit = duration_s("launcher.time", lc.time)  # also a rule of command/config_rules.py
     if "train" not in cfg:  # a benchmark: no checkpoint to stop at, nothing to resume
         lc.signal_s, lc.requeue = 0, False
     elif lc.signal_s is None:

@@ -11,19 +11,21 @@ parameter back out. `align=k` starts every parameter at a multiple of k elements
 between; sync=zero1: a shard then cuts each parameter where a vectorised optimiser kernel
 would cut the whole parameter, so its rounding is the same).
 
-`WireFormat` is sync.compress for our synchronisers, in one place.
-`sync.compress=fp16|bf16`: each bucket is divided by the world size first (as torch's
-fp16/bf16 DDP hooks do: the sum of n averaged values cannot overflow fp16 where the sum of
-n raw ones might), cast into a wire buffer allocated once per bucket (the same length as
-the fp32 bucket, padding included, so the ring's equal chunks stay equal), reduced in that
-dtype by the synchroniser's own algorithm, and cast back into the fp32 bucket. Half the
-bytes on the wire; the sums themselves are rounded to 16 bits at every step of the
-algorithm (gloo's all_reduce / reduce add fp16 and bf16 on CPU in torch 2.14: checked by
-tests/test_compress.py on real process groups, so no combination is refused for it).
+`WireFormat` is sync.compress for our synchronisers, in one place. In every
+mode each bucket is divided by the world size first, as DDP and torch's fp16/bf16
+hooks do: the sum of the shares is then the average, rounded as DDP's is, and in
+fp16 the sum of n divided values cannot overflow where the sum of n raw ones might.
 
-`sync.compress=none`: the bucket is reduced as it is and averaged afterwards, bit for bit
-as before compression existed. `powersgd` is torch's DDP comm hook: ddp only
-(config/sync/allreduce.py's BucketSyncConfig.check).
+`sync.compress=none`: the divided bucket is reduced as it is.
+`sync.compress=fp16|bf16`: the divided bucket is cast into a wire buffer allocated
+once per bucket (the same length as the fp32 bucket, padding included, so the
+ring's equal chunks stay equal), reduced in that dtype by the synchroniser's own
+algorithm, and cast back into the fp32 bucket. Half the bytes on the wire; the
+sums are rounded to 16 bits at every step of the algorithm (gloo's all_reduce and
+reduce add fp16 and bf16 on CPU: tests/test_compress.py checks it on real
+process groups, so no combination is refused for it).
+`powersgd` is torch's DDP comm hook: ddp only (config/sync/allreduce.py's
+BucketSyncConfig.check).
 """
 
 from __future__ import annotations

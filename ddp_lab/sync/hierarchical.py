@@ -52,7 +52,10 @@ class HierarchicalSync(AllReduceSync):
         if self.world_size == 1:
             self.topology = Topology(nodes=((0,),), hosts=("",))
             return module
-        # collective: every rank reports its node, then creates every group in one order
+        # collective: every rank reports its node, then creates every group in one order.
+        # A rank's node is known only to its launcher's variables (world/env.py reads
+        # them); build_sync hands a synchroniser the device and the world size, not the
+        # trainer's DistContext, so wrap reads the same variables again
         ctx = DistContext(env=detect_env(), backend=dist.get_backend(), device=self.device)
         self.topology = detect_topology(ctx, self.cfg.node_size, key="sync.node_size")
         groups = build_groups(self.topology, ["intra_node", "leaders"], self.rank)

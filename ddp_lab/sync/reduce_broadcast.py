@@ -1,7 +1,8 @@
 """sync=reduce_broadcast: the course assignment's pattern, on flat buckets.
 
-    sync():  every bucket of gradients is `dist.reduce`d (summed) onto the root rank,
-             which divides by the world size: only the root holds averaged gradients.
+    sync():  every rank divides each bucket of gradients by the world size, then
+             they are `dist.reduce`d (summed) onto the root rank: only the root
+             holds the averaged gradients.
     step():  the root alone takes the optimiser step, then every bucket of parameters is
              `dist.broadcast` from the root: all ranks hold the root's new weights.
 
@@ -52,7 +53,8 @@ class ReduceBroadcastSync(Synchroniser):
 
     def _launch(self, i: int, b: Bucket) -> None:
         """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
-        wire = self.wire.pack(b.pack_grads())  # the bucket, or its average in fp16 / bf16
+        # the bucket / world, cast to fp16 / bf16 where compressed
+        wire = self.wire.pack(b.pack_grads())
         sent, recv, _ = self.traffic("reduce", wire.numel(), wire.element_size())
         payload = wire.numel() * wire.element_size()  # these buckets hold no padding
         rec = self.comm
@@ -91,7 +93,8 @@ class ReduceBroadcastSync(Synchroniser):
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()
-            wire = self.wire.pack(buf)  # buf itself, or buf / world in fp16 / bf16
+            # buf / world, in place (or cast to fp16 / bf16 where compressed)
+            wire = self.wire.pack(buf)
             with self.timed("reduce", wire):
                 dist.reduce(wire, dst=self.root)
             if self.is_root:

@@ -1,7 +1,7 @@
 """What the installed torch has, where a default of ddp_lab's asks for more than the oldest
 torch it supports (pyproject.toml). A default it cannot honour picks what it has, and the
 run says so (`choices`); a value the user set that it cannot honour is refused before
-any rank starts (ddp_lab/command/validate.py).
+any rank starts (ddp_lab/command/machine_rules.py).
 """
 
 from __future__ import annotations

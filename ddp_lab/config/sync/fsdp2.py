@@ -1,6 +1,6 @@
 """sync=fsdp2's keys (sync/fsdp2.py): where FSDP2 reshards; overlap and compression refused.
 A torch without torch.distributed.fsdp.fully_shard is refused before any process starts
-(command/validate.py, world/torch_support.py: it needs torch, this file is torch-free)."""
+(command/machine_rules.py, world/torch_support.py: it needs torch, this file is torch-free)."""
 
 from __future__ import annotations
 
