@@ -68,7 +68,7 @@ def _bench_row(impl: str, group: str, n: int, elements: int, alpha_s: float, bet
     """One all_reduce point as the harness summarises it: time from alpha-beta (ring's
     2(n-1) messages, 2(n-1)/n of the bytes), each implementation a little slower than torch."""
     nbytes = elements * 4
-    slower = {"torch": 1.0, "ring": 1.3, "butterfly": 1.2, "tree": 1.5, "naive": 2.0}.get(impl, 1.1)
+    slower = {"torch": 1.0, "ring": 1.3, "butterfly": 1.2, "tree": 1.5, "linear": 2.0}.get(impl, 1.1)
     t = slower * (2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes * beta)
     algbw = nbytes / t / 1e9
     return {"op": "all_reduce", "impl": impl, "group": group, "group_size": n, "groups": 1,
@@ -115,7 +115,7 @@ def runbook_folder(root: Path) -> Path:
     """What the README's runbook leaves in outputs/: 21 trainings and 2 benches. The
     7-sync sweep on full epochs and on 20-step epochs, the default run, an optim sweep,
     sgd, a 4-rank cnn, the dataloader pipeline, ring at 3 ranks; the default bench and
-    `bench.impl=[torch,ring,butterfly,tree,naive]`."""
+    `bench.impl=[torch,ring,butterfly,tree,linear]`."""
     out = root / "outputs"
     for i, s in enumerate(SYNCS):
         train_run(out, f"full_{s}", sync=s, comm_ms=0.8 + 0.3 * i)
@@ -128,5 +128,5 @@ def runbook_folder(root: Path) -> Path:
     train_run(out, "dataloader", pipeline="dataloader", epoch_s=(2.5, 1.8, 1.8))
     train_run(out, "ring_w3", sync="ring", world=3, epoch_s=(1.5, 0.9, 0.9))
     bench_run(out, "bench_default")
-    bench_run(out, "bench_impls", impls=("torch", "ring", "butterfly", "tree", "naive"))
+    bench_run(out, "bench_impls", impls=("torch", "ring", "butterfly", "tree", "linear"))
     return out

@@ -19,11 +19,11 @@ from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes
-from ddp_lab.measure.numbers import pow2_label
+from ddp_lab.predict.numbers import pow2_label
 from ddp_lab.bench.ops import OPS
 from ddp_lab.bench.pattern import Pattern
 from ddp_lab.world.topology import topology_from_table
-from ddp_lab.measure.costmodel import busbw_factor
+from ddp_lab.predict.costmodel import busbw_factor
 from ddp_lab.config.errors import UserError
 
 register_bench_configs()
@@ -236,7 +236,7 @@ def test_cli_two_ranks_ours_vs_the_library(tmp_path):
 def test_cli_three_ranks_every_op_impl_and_group(tmp_path):
     ops = "[all_reduce,reduce,broadcast,reduce_broadcast,send_recv_ring,isend_irecv_ring,all_gather,gather,reduce_scatter,ping_pong]"
     proc = run_cli("launcher.nproc_per_node=3", "bench.max_elements=4096", "bench.points=2",
-                   f"bench.ops={ops}", "bench.impl=[torch,ring,butterfly,tree,naive]",
+                   f"bench.ops={ops}", "bench.impl=[torch,ring,butterfly,tree,linear]",
                    "bench.groups=[global,intra_node,cross_node]", "bench.warmup=1",
                    "bench.iters=2", "bench.min_iters=1", "log.progress=lines",
                    f"run.root={tmp_path}", cwd=tmp_path, module="ddp_lab.bench", timeout=400)
@@ -255,7 +255,7 @@ def test_cli_three_ranks_every_op_impl_and_group(tmp_path):
     assert {r["elements"] for r in ag} == {1023, 4095}  # n pieces of N // n: the full array
     assert {p["file"] for p in doc["plots"]} == {f"{op}.png" for op in OPS} | {"overview.png"}
     side = json.loads((run_dir / "plots" / "reduce_broadcast.json").read_text())
-    assert set(side["series"]) == {f"{i} · {g} (n=3)" for i in ("torch", "tree", "naive")
+    assert set(side["series"]) == {f"{i} · {g} (n=3)" for i in ("torch", "tree", "linear")
                                    for g in ("global", "intra_node")}
 
 

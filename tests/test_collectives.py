@@ -297,12 +297,12 @@ def _suite(ck: Checker, group) -> None:
 
     # ---- group-local roots (group_src= / group_dst=) and op spellings
     x = ck.inputs((7,), torch.float32)
-    for algo in ("naive", "tree", "ring"):
+    for algo in ("linear", "tree", "ring"):
         ours, ref = x.clone(), x.clone()
         C.BROADCAST[algo](ours, group=group, group_src=n - 1)
         dist.broadcast(ref, granks[n - 1], group=group)
         ck.check(f"broadcast[{algo}] group_src={n - 1}", ours, ref, exact=True)
-    for algo in ("naive", "tree"):
+    for algo in ("linear", "tree"):
         ours, ref = x.clone(), x.clone()
         C.REDUCE[algo](ours, op="max", group=group, group_dst=n - 1)
         _ref_reduce(ref, granks[n - 1], "MAX", group, n, r == n - 1)
@@ -546,8 +546,8 @@ def test_errors_before_any_communication():
 
 
 def test_registries_are_complete():
-    assert set(C.ALL_REDUCE) == {"naive", "ring", "butterfly", "tree", "torch"}
-    assert set(C.BROADCAST) == {"naive", "tree", "ring", "torch"}
-    assert set(C.REDUCE) == {"naive", "tree", "torch"}
+    assert set(C.ALL_REDUCE) == {"linear", "ring", "butterfly", "tree", "torch"}
+    assert set(C.BROADCAST) == {"linear", "tree", "ring", "torch"}
+    assert set(C.REDUCE) == {"linear", "tree", "torch"}
     assert set(C.ALL_GATHER) == set(C.REDUCE_SCATTER) == {"ring", "torch"}
     assert C.COLLECTIVES["all_reduce"] is C.ALL_REDUCE

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddp_lab.measure.costmodel import cost
+from ddp_lab.predict.costmodel import cost
 from ddp_lab.models import MLP
 from ddp_lab.config import check_sync
 from ddp_lab.sync import SYNCS

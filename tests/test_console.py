@@ -44,10 +44,10 @@ def test_a_profiled_cpu_run_is_quiet_and_counts_epochs_from_one(tmp_path, shared
 
 
 def test_status_names_a_ranks_epoch_from_one():
-    """A rank's progress record counts epochs done (0 while it runs its first epoch):
+    """A rank's heartbeat record counts epochs done (0 while it runs its first epoch):
     status shows the epoch it is in, as the console does (`epoch 1`)."""
     from ddp_lab.command.status_screen import render
-    from ddp_lab.folder.progress import where
+    from ddp_lab.folder.heartbeat import where
 
     rank = {"rank": 0, "epoch": 0, "step": 11, "phase": "sync", "collective": 7, "op": "all_reduce",
             "age_s": 1.0}

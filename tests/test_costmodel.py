@@ -1,4 +1,4 @@
-"""ddp_lab.measure.costmodel against the bytes really sent.
+"""ddp_lab.predict.costmodel against the bytes really sent.
 
 On real gloo worlds of 2, 3, 4 and 5 ranks every send/recv algorithm of ddp_lab.collectives
 runs on odd sizes (1, 7, 1001 elements, float32 and float64, several roots, pipelined
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddp_lab.collectives as C
-from ddp_lab.measure.costmodel import (
+from ddp_lab.predict.costmodel import (
     ALGORITHMS, SHARD_ALIGN, SYNC_COLLECTIVES, Cost, busbw_factor, cost, sync_calls, sync_step,
 )
 from ddp_lab.report.alpha_beta import Fit, predict_comm_s
@@ -40,19 +40,19 @@ def _cases(world: int):
     send/recv algorithm of ours. `t` is this rank's float tensor of `numel` elements."""
     last = world - 1
     cases = []
-    for algo in ("naive", "tree", "butterfly", "ring"):
+    for algo in ("linear", "tree", "butterfly", "ring"):
         cases.append((algo, "all_reduce", algo, 0, {},
                       lambda t, f=C.ALL_REDUCE[algo]: f(t)))
     cases.append(("ring_small_segments", "all_reduce", "ring", 0, {},
                   lambda t: C.all_reduce_ring(t, segment_bytes=SMALL_CHUNK)))
     for root in (0, last):
-        for algo in ("naive", "tree", "ring"):
+        for algo in ("linear", "tree", "ring"):
             cases.append((f"{algo}_root{root}", "broadcast", algo, root, {},
                           lambda t, f=C.BROADCAST[algo], r=root: f(t, src=r)))
         cases.append((f"ring_pipelined_root{root}", "broadcast", "ring", root,
                       {"chunk_bytes": SMALL_CHUNK},
                       lambda t, r=root: C.broadcast_ring(t, src=r, chunk_bytes=SMALL_CHUNK)))
-        for algo in ("naive", "tree"):
+        for algo in ("linear", "tree"):
             cases.append((f"{algo}_root{root}", "reduce", algo, root, {},
                           lambda t, f=C.REDUCE[algo], r=root: f(t, dst=r)))
     return cases
@@ -240,10 +240,10 @@ def test_textbook_figures(n):
     k = int(math.log2(n))
     assert cost("all_reduce", "butterfly", N, n, 1).steps == k + (0 if 2 ** k == n else 2)
     assert cost("broadcast", "tree", N, n, 1).steps == L
-    assert cost("broadcast", "naive", N, n, 1).sent[0] == (n - 1) * N
-    assert cost("reduce", "naive", N, n, 1).recv[0] == (n - 1) * N
+    assert cost("broadcast", "linear", N, n, 1).sent[0] == (n - 1) * N
+    assert cost("reduce", "linear", N, n, 1).recv[0] == (n - 1) * N
     assert cost("all_gather", "ring", N * n, n, 1).max_sent == (n - 1) * N
-    for algo in ("naive", "tree", "butterfly"):  # the ring never sends more
+    for algo in ("linear", "tree", "butterfly"):  # the ring never sends more
         assert ring.max_sent <= cost("all_reduce", algo, N, n, 1).max_sent
     # element size scales bytes: a bf16 wire format is the same call with elem_size=2
     assert cost("all_reduce", "ring", N, n, 2).sent == tuple(2 * b for b in ring.sent)

@@ -1,6 +1,6 @@
 """Dead and hung ranks, and the job's processes under every kind of kill (issue 11, item 5).
 
-Unit part: the per-rank progress record (ddp_lab.folder.progress; what it costs a step is
+Unit part: the per-rank heartbeat record (ddp_lab.folder.heartbeat; what it costs a step is
 `python -m ddp_lab.bench.suite stop`), the
 diagnosis from records plus /proc (a real frozen process, a real dead pid), the hang
 watchdog's stack dump, the nccl flight recorder's variables, the init timeout's key.
@@ -34,7 +34,7 @@ from helpers import free_port as _free_port
 from ddp_lab.world import hang
 from ddp_lab.world import ports
 from ddp_lab.folder import failure
-from ddp_lab.folder import progress
+from ddp_lab.folder import heartbeat
 from ddp_lab.config.errors import UserError
 from ddp_lab.launch import job_processes
 
@@ -43,10 +43,10 @@ WORLD = 3
 
 
 # ================================================================== unit
-def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> progress.Progress:
+def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> heartbeat.Progress:
     """A record as rank `rank` would keep it, claiming process `pid`."""
-    rec = progress.Progress(run_dir, rank, rank, world)
-    progress._HEAD.pack_into(rec._mm, 0, progress.MAGIC, progress.VERSION, rank, rank, world,
+    rec = heartbeat.Progress(run_dir, rank, rank, world)
+    heartbeat._HEAD.pack_into(rec._mm, 0, heartbeat.MAGIC, heartbeat.VERSION, rank, rank, world,
                              pid, time.time(), socket.gethostname().encode())
     return rec
 
@@ -54,7 +54,7 @@ def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> progress.
 def test_record_round_trip(tmp_path):
     from ddp_lab.timing import Clock, StepTimer
 
-    rec = progress.start(tmp_path, 0, 0, 2)
+    rec = heartbeat.start(tmp_path, 0, 0, 2)
     timer = StepTimer(Clock(torch.device("cpu")))
     try:
         rec.state("running")
@@ -66,7 +66,7 @@ def test_record_round_trip(tmp_path):
         rec.phase("data")
         rec.phase("sync")
         rec.collective("all_reduce")
-        (r,) = progress.read_all(tmp_path)
+        (r,) = heartbeat.read_all(tmp_path)
         assert (r["rank"], r["world_size"], r["pid"]) == (0, 2, os.getpid())
         assert (r["epoch"], r["step"], r["phase"], r["collective"], r["op"]) == (1, 41, "sync", 1, "all_reduce")
         assert r["state"] == "running" and r["local"]  # (process: see the diagnose tests)
@@ -74,13 +74,13 @@ def test_record_round_trip(tmp_path):
         assert r["age_s"] < 5
         timer.end_step()
         rec.snapshot()  # reads the timer now, as its thread would within FOLLOW_S
-        assert progress.read_all(tmp_path)[0]["where"].startswith("epoch 2 step 42 phase step end")
+        assert heartbeat.read_all(tmp_path)[0]["where"].startswith("epoch 2 step 42 phase step end")
         rec.state("failed", "RuntimeError: boom")
-        (r,) = progress.read_all(tmp_path)
+        (r,) = heartbeat.read_all(tmp_path)
         assert (r["state"], r["message"]) == ("failed", "RuntimeError: boom")
     finally:
         rec.close()
-        progress._CURRENT = progress.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullProgress()
 
 
 def test_record_follows_the_timer_and_the_recorder(tmp_path):
@@ -91,13 +91,13 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
     from ddp_lab.timing import Clock, CommRecorder, StepTimer
 
     def seen(**want):
-        deadline = time.monotonic() + 5 * progress.FOLLOW_S + 2
+        deadline = time.monotonic() + 5 * heartbeat.FOLLOW_S + 2
         while True:
-            (r,) = progress.read_all(tmp_path)
+            (r,) = heartbeat.read_all(tmp_path)
             if all(r[k] == v for k, v in want.items()) or time.monotonic() > deadline:
                 return r
 
-    rec = progress.start(tmp_path, 0, 0, 2)
+    rec = heartbeat.start(tmp_path, 0, 0, 2)
     try:
         rec.collective("barrier")  # before the recorder is followed: counted on
         clock = Clock(torch.device("cpu"))
@@ -112,8 +112,8 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
             r = seen(phase="sync", collective=2)  # no write of the main thread's meanwhile
             assert r["where"] == "epoch 2 step 42 phase sync collective #2 (all_reduce)", r
             before = r["updated"]
-            time.sleep(3 * progress.FOLLOW_S)  # stuck: nothing moves, `updated` stays
-            assert progress.read_all(tmp_path)[0]["updated"] == before
+            time.sleep(3 * heartbeat.FOLLOW_S)  # stuck: nothing moves, `updated` stays
+            assert heartbeat.read_all(tmp_path)[0]["updated"] == before
         timer.end_step()
         rec.collective("all_gather")  # DistContext's: on top of the recorder's
         r = seen(phase="step end")
@@ -125,20 +125,20 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
         assert rec.snapshot()["collective"] == 4  # a snapshot reads them first
     finally:
         rec.close()
-        progress._CURRENT = progress.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullProgress()
 
 
 def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
     old = [_record(tmp_path, r, os.getpid(), world=4) for r in range(4)]
     time.sleep(0.01)
-    new = [progress.start(tmp_path, r, r, 2) for r in (1, 0)]  # rank 0 last: it prunes
+    new = [heartbeat.start(tmp_path, r, r, 2) for r in (1, 0)]  # rank 0 last: it prunes
     try:
-        assert [r["rank"] for r in progress.read_all(tmp_path)] == [0, 1]
-        assert sorted(p.name for p in (tmp_path / "progress").iterdir()) == ["rank0.bin", "rank1.bin"]
+        assert [r["rank"] for r in heartbeat.read_all(tmp_path)] == [0, 1]
+        assert sorted(p.name for p in (tmp_path / "heartbeat").iterdir()) == ["rank0.bin", "rank1.bin"]
     finally:
         for rec in old + new:
             rec.close()
-        progress._CURRENT = progress.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullProgress()
 
 
 def _sleeper(run_dir: Path) -> subprocess.Popen:
@@ -154,8 +154,8 @@ def _sleeper(run_dir: Path) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def _sleeping_ranks(run_dir: Path, world: int = WORLD) -> Iterator[list[progress.Progress]]:
-    """`world` sleeping processes, rank r's progress record naming process r; all ended
+def _sleeping_ranks(run_dir: Path, world: int = WORLD) -> Iterator[list[heartbeat.Progress]]:
+    """`world` sleeping processes, rank r's heartbeat record naming process r; all ended
     after the block."""
     procs = [_sleeper(run_dir) for _ in range(world)]
     recs = [_record(run_dir, r, p.pid, world=world) for r, p in enumerate(procs)]
@@ -255,7 +255,7 @@ def test_diagnose_names_a_node_that_no_longer_answers(tmp_path, monkeypatch):
     def place(node2_addr: str) -> None:
         for r, rec in enumerate(recs):
             node, addr = ("node1", "127.0.0.1") if r < 2 else ("node2", node2_addr)
-            progress._NODE.pack_into(rec._mm, progress._NODE_AT, node.encode(), addr.encode())
+            heartbeat._NODE.pack_into(rec._mm, heartbeat._NODE_AT, node.encode(), addr.encode())
 
     with _sleeping_ranks(run_dir, world=4) as recs:
         for rec in recs:
@@ -375,7 +375,7 @@ def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the rank is up and waiting in init
-            recs = progress.read_all(run_dir)
+            recs = heartbeat.read_all(run_dir)
             if recs and recs[0]["phase"] == "init" and recs[0]["process"] == "running":
                 break
             time.sleep(0.1)
@@ -386,9 +386,9 @@ def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 10
-        while progress.process_state(rank) != "dead" and time.monotonic() < deadline:
+        while heartbeat.process_state(rank) != "dead" and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert progress.process_state(rank) == "dead", "the rank outlived its launcher"
+        assert heartbeat.process_state(rank) == "dead", "the rank outlived its launcher"
     finally:
         parent.kill()
         parent.wait()
@@ -411,7 +411,7 @@ def _training(run_dir: Path, proc: subprocess.Popen, steps: int = 5, timeout: fl
     """The ranks' records once every rank is `steps` steps into training."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        recs = progress.read_all(run_dir)
+        recs = heartbeat.read_all(run_dir)
         if (len(recs) == world and all(r["state"] == "running" for r in recs)
                 and all(r["epoch"] * 10_000 + r["step"] >= steps for r in recs)):
             return recs
@@ -440,7 +440,7 @@ def _leftovers(run_dir: Path, wait_s: float = 10) -> list[int]:
     any process naming the run folder in its command line."""
     deadline = time.monotonic() + wait_s
     while True:
-        pids = [p for p in job_processes(run_dir, marked=False) if progress.process_state(p) != "dead"]
+        pids = [p for p in job_processes(run_dir, marked=False) if heartbeat.process_state(p) != "dead"]
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.2)

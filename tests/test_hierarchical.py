@@ -7,7 +7,7 @@ LOCAL_WORLD_SIZE as a real launcher sets them). Every rank also trains the same 
 DDP in the same process; each hierarchical variant must end with DDP's parameters (within
 1e-6) and with bitwise identical parameters on every rank. Each send is counted by its
 destination (helpers.count_p2p_bytes), so "bytes to another node" is measured, not
-derived: it must equal what the synchroniser recorded and ddp_lab.measure.costmodel's formula.
+derived: it must equal what the synchroniser recorded and ddp_lab.predict.costmodel's formula.
 The loopback SLURM cluster (2 nodes x 2 ranks, the trainer end to end) is
 tests/test_hierarchical_slurm.py.
 """
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from ddp_lab.measure import costmodel
+from ddp_lab.predict import costmodel
 from ddp_lab.collectives import ALL_REDUCE, REDUCE
 from ddp_lab.config import CONF_DIR, SCHEMAS
 from ddp_lab.models import MLP

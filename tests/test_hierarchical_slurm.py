@@ -3,7 +3,7 @@ ranks, the trainer end to end, nodes from the launcher (torchrun's GROUP_RANK), 
 sync.node_size. The same training with sync=ddp (4 local ranks, run meanwhile: the
 cluster's 2 x 2 CPUs hold one such job at a time) must end with the same weights (rank 0's
 checkpoints, within 1e-6), and the bytes rank 0 sent to the other node must be what
-ddp_lab.measure.costmodel says. Loopback: both "nodes" are this machine."""
+ddp_lab.predict.costmodel says. Loopback: both "nodes" are this machine."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import describe, run_cli, run_dir_of, summary
 
-from ddp_lab.measure import costmodel
+from ddp_lab.predict import costmodel
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ddp_lab.measure.costmodel import cost
+from ddp_lab.predict.costmodel import cost
 from ddp_lab.config import check_sync
 from ddp_lab.sync import SYNCS
 

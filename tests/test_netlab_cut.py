@@ -5,7 +5,7 @@ slurmd live in the nodes of a network lab, tests/slurm_fixture.py).
 its second epoch (the first one's checkpoint written) the test takes node2's link down on the
 bridge (`ip link set NAME-h2 down`: node2 keeps running, nothing of it reaches anyone). Then:
 - the command ends within dist.timeout_s + 30 s, non-zero, its failure line naming node2
-  and the ranks that ran there (read back from their progress records, not assumed);
+  and the ranks that ran there (read back from their heartbeat records, not assumed);
 - the first epoch's checkpoint is kept, and nothing of the job runs on afterwards;
 - the link restored, the SAME command continues from that checkpoint and ends with weights
   bit for bit those of a run that was never interrupted (same world of 4 gloo CPU ranks, same
@@ -29,7 +29,7 @@ from helpers import PY, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.launch import job_processes
 from ddp_lab.folder import failure
-from ddp_lab.folder import progress
+from ddp_lab.folder import heartbeat
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
 
@@ -71,9 +71,9 @@ def wait_for(what: str, check, timeout: float, pause: float = 0.2):
 
 def in_second_epoch(run_dir: Path):
     """The 4 ranks' records once every rank is 3 steps into epoch 2 (epoch 1 checkpointed)."""
-    if not (run_dir / "progress").is_dir():
+    if not (run_dir / "heartbeat").is_dir():
         return None
-    recs = progress.read_all(run_dir)
+    recs = heartbeat.read_all(run_dir)
     ok = len(recs) == 4 and all(r["epoch"] == 1 and r["step"] >= 3 for r in recs)
     return recs if ok else None
 
@@ -85,7 +85,7 @@ def cluster_idle(cluster) -> bool:
 
 
 def node_addr(recs: list[dict], node: str) -> str:
-    """The address `node`'s ranks wrote into their progress records."""
+    """The address `node`'s ranks wrote into their heartbeat records."""
     return next(r["addr"] for r in recs if r["node"] == node)
 
 

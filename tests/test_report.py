@@ -13,7 +13,7 @@ import pytest
 from helpers import run_cli, run_dir_of
 from test_report_plots import legend_clear_of_axes
 
-from ddp_lab.measure.costmodel import cost
+from ddp_lab.predict.costmodel import cost
 from ddp_lab.report import plots
 from ddp_lab.report.alpha_beta import fit_alpha_beta, predict_comm_s
 from ddp_lab.report.runs import ReportError, find_runs
@@ -69,7 +69,7 @@ def test_predictions_follow_the_formulas():
     assert math.isclose(predict_comm_s("butterfly", n, m, 1, fit), 2 * (alpha + m * beta))
     # the library's reduce as gloo runs it (ring reduce-scatter, gather: n steps, 2(n-1)/n m
     # through the root), then its binomial-tree broadcast (log2 n rounds of m), as the
-    # synchroniser's recorded bytes (ddp_lab.measure.costmodel)
+    # synchroniser's recorded bytes (ddp_lab.predict.costmodel)
     rb = n * alpha + 2 * (n - 1) / n * m * beta + 2 * (alpha + m * beta)
     assert math.isclose(predict_comm_s("reduce_broadcast", n, m, 1, fit), rb)
     # a synchroniser that records the reduce and the broadcast as two calls of m bytes each

@@ -260,7 +260,7 @@ def test_several_worlds_and_one_world_in_one_figure(tmp_path):
 
 
 def test_two_benches_draw_every_implementation(runbook):
-    """The default bench and bench.impl=[torch,ring,butterfly,tree,naive]: six lines on
+    """The default bench and bench.impl=[torch,ring,butterfly,tree,linear]: six lines on
     each panel (torch twice, once per bench, told apart), both panels against bytes."""
     out, doc, res = runbook
     fig, info = bench_figure(_fits(out))
@@ -268,7 +268,7 @@ def test_two_benches_draw_every_implementation(runbook):
     legend_clear_of_axes(fig)
     ax_bw, ax_t = fig.axes
     labels = [ln.get_label() for ln in ax_bw.lines]
-    for impl in ("torch", "ring", "butterfly", "tree", "naive"):
+    for impl in ("torch", "ring", "butterfly", "tree", "linear"):
         assert any(f" · {impl} (n=2)" in lb for lb in labels), (impl, labels)
     assert len(labels) == 6 and len(set(labels)) == 6
     assert ax_bw.get_xlabel() == ax_t.get_xlabel() == "bytes per rank (log scale)"
@@ -301,7 +301,7 @@ def test_bench_own_plots_read_apart(tmp_path):
     from report_data import _bench_row
 
     rows = [_bench_row(i, "global", 2, 2 ** k, 3e-4, 2e-9)
-            for i in ("torch", "ring", "butterfly", "tree", "naive") for k in range(10, 21, 2)]
+            for i in ("torch", "ring", "butterfly", "tree", "linear") for k in range(10, 21, 2)]
     fig, info = op_figure("all_reduce — 2 ranks", rows, "busbw", 1)
     readable(fig)
     legend_clear_of_axes(fig)

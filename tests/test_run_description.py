@@ -80,7 +80,7 @@ def test_the_cost_model_answers_every_call_the_code_makes():
     """zero1's reduce-scatter and all-gather pad each bucket to world x SHARD_ALIGN
     elements: a prediction for any world pads as that world would (the report crashed on
     `159040 elements do not split into 128 pieces`)."""
-    from ddp_lab.measure.costmodel import SHARD_ALIGN, SYNC_COLLECTIVES, cost, padded
+    from ddp_lab.predict.costmodel import SHARD_ALIGN, SYNC_COLLECTIVES, cost, padded
     from ddp_lab.report.alpha_beta import Fit, predict_comm_s
 
     fit = Fit(1e-5, 1e-9, 3, "torch", "ring", "global", 2, 0.0)

@@ -13,9 +13,9 @@ import torch
 from helpers import child_env, run_cli, run_dir_of, tensorboard
 
 
-def _tree(run_dir, skip=("logs", "progress")) -> dict[str, str]:
+def _tree(run_dir, skip=("logs", "heartbeat")) -> dict[str, str]:
     """Every file of a run folder with its hash; not the logs (they append) nor the ranks'
-    live positions (progress/: where a rank is, not a result)."""
+    live positions (heartbeat/: where a rank is, not a result)."""
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(run_dir.rglob("*")) if p.is_file() and p.relative_to(run_dir).parts[0] not in skip}
 

@@ -29,7 +29,7 @@ from ddp_lab.sync import SYNCS, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.sync.base import unused_parameters
 from ddp_lab.sync.ring import RingSync
-from ddp_lab.measure.costmodel import busbw_factor, cost
+from ddp_lab.predict.costmodel import busbw_factor, cost
 
 from helpers import count_p2p_bytes, run_cli, run_dir_of, run_world, tensorboard
 
@@ -320,7 +320,7 @@ def test_comm_accounting(world_run, variant):
             assert c["calls"] == 2 * rec["buckets"] * STEPS
             assert c["bus_bytes"] == pytest.approx(c["payload"])  # factor 1 for both
             root = world - 1 if variant.endswith("root_last") else 0
-            # the library's reduce and broadcast as ddp_lab.measure.costmodel models them, per bucket
+            # the library's reduce and broadcast as ddp_lab.predict.costmodel models them, per bucket
             model = [cost(op, "torch", numel, world, 4, root=root)
                      for numel in rec["bucket_numels"] for op in ("reduce", "broadcast")]
             assert c["sent"] == STEPS * sum(m.sent[rank] for m in model)

@@ -109,7 +109,7 @@ def test_comm_recorder_disabled_still_counts_bytes():
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_timers_say_where_the_rank_is_timed_or_not(enabled):
-    """The progress record reads the timers (ddp_lab/folder/progress.py `follow`): the phase
+    """The heartbeat record reads the timers (ddp_lab/folder/heartbeat.py `follow`): the phase
     running and the steps ended, the calls entered and the last one's op."""
     timer = StepTimer(Clock(CPU), enabled)
     assert (timer.now, timer.ended) == ("", 0)
@@ -164,7 +164,7 @@ def test_timing_imports_nothing_of_progress():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert not any("progress" in n for n in names), path.name
+            assert not any("heartbeat" in n for n in names), path.name
 
 def _fake_epoch(n_steps: int, overlap: bool = False):
     """Steps of 10 ms (5 phases of 2 ms) and one 3 ms collective per step, in the sync

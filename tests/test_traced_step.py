@@ -11,7 +11,7 @@ per-step TensorBoard point (as 49 of 50 steps of a full epoch do not), and the f
 first that does (a run of 100 steps writes every 5th): its telemetry's files are counted
 too. Run for sync=ring and for sync=ring sync.overlap=true (whose buckets go out on their
 own thread). The bounds are today's counts: a change that adds a file to the step must
-say why here (and in the tour's table). The rank's progress record reads on a thread of
+say why here (and in the tour's table). The rank's heartbeat record reads on a thread of
 its own, outside the step (`NOT_THE_STEP`)."""
 
 import json
@@ -34,7 +34,7 @@ AT_MOST = {  # setting: {"step": n, "sync": n, "telemetry step": n}
 }
 SETTINGS = {"ring": ["sync=ring"], "ring-overlap": ["sync=ring", "sync.overlap=true"]}
 #: threads that run beside the step, not in it (their code is not counted)
-NOT_THE_STEP = ("ddp_lab progress",)
+NOT_THE_STEP = ("ddp_lab heartbeat",)
 
 HARNESS = r'''
 import json, os, sys, threading

@@ -22,14 +22,14 @@ from ..config.registry import Registry
 # imports no torch; the ops themselves (ops.py, which take their algorithms from
 # ddp_lab.collectives' tables) check at import that they are exactly these.
 OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
-    "all_reduce": ("torch", "naive", "tree", "butterfly", "ring"),
-    "reduce": ("torch", "naive", "tree"),
-    "broadcast": ("torch", "naive", "tree", "ring"),
-    "reduce_broadcast": ("torch", "naive", "tree"),
+    "all_reduce": ("torch", "linear", "tree", "butterfly", "ring"),
+    "reduce": ("torch", "linear", "tree"),
+    "broadcast": ("torch", "linear", "tree", "ring"),
+    "reduce_broadcast": ("torch", "linear", "tree"),
     "send_recv_ring": ("torch",),
     "isend_irecv_ring": ("torch",),
     "all_gather": ("torch", "ring"),
-    "gather": ("naive", "tree", "torch"),
+    "gather": ("linear", "tree", "torch"),
     "reduce_scatter": ("torch", "ring"),
     "ping_pong": ("torch",),
 })
@@ -58,7 +58,7 @@ class BenchConfig:
                                          "even ranks send first) | isend_irecv_ring | "
                                          "all_gather | gather | reduce_scatter | ping_pong")
     impl: List[str] = doc(["torch"], "torch (torch.distributed) and/or ddp_lab.collectives' ring "
-                                     "| butterfly | tree | naive; an op runs every listed "
+                                     "| butterfly | tree | linear; an op runs every listed "
                                      "implementation it has")
     groups: List[str] = doc(["global"], "global (all ranks) | intra_node (the ranks of one node) "
                                         "| cross_node (one local rank across nodes); all groups "

@@ -20,8 +20,8 @@ import torch
 from tqdm import tqdm
 
 from ..world.distributed import DistContext
-from ..measure.costmodel import busbw_factor
-from ..measure.numbers import pow2_label
+from ..predict.costmodel import busbw_factor
+from ..predict.numbers import pow2_label
 from ..timing import percentile
 from .ops import OPS, dtype_of
 from .pattern import GroupCtx, Op, Pattern

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op, p2p, scratch)
 from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
-from .broadcast import _bcast_naive, _bcast_tree
-from .reduce import _reduce_naive, _reduce_tree
+from .broadcast import _bcast_linear, _bcast_tree
+from .reduce import _reduce_linear, _reduce_tree
 from .ring_schedule import schedule_all_reduce
 
 
@@ -59,18 +59,18 @@ def _all_reduce_ring(
     schedule_all_reduce(info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None)
 
 
-def all_reduce_naive(
+def all_reduce_linear(
     tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
-    """Naive all-reduce, in place: :func:`reduce_naive` to group rank 0, then
-    :func:`broadcast_naive` from it; ``2(n-1)`` messages through rank 0's link. ``op``:
+    """Linear all-reduce, in place: :func:`reduce_linear` to group rank 0, then
+    :func:`broadcast_linear` from it; ``2(n-1)`` messages through rank 0's link. ``op``:
     SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM, divide by ``n`` once on rank 0; float/complex only)."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
     with flat_view(tensor) as flat:
-        _reduce_naive(info, flat, 0, op)
-        _bcast_naive(info, flat, 0)
+        _reduce_linear(info, flat, 0, op)
+        _bcast_linear(info, flat, 0)
 
 
 def all_reduce_tree(
@@ -78,7 +78,7 @@ def all_reduce_tree(
 ) -> None:
     """Tree all-reduce, in place: binomial-tree reduce to group rank 0, then
     binomial-tree broadcast from it (``2 ceil(log2 n)`` rounds). Ops as in
-    :func:`all_reduce_naive`."""
+    :func:`all_reduce_linear`."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
@@ -93,7 +93,7 @@ def all_reduce_butterfly(
     """Butterfly (recursive-doubling) all-reduce, in place, any ``n``: with ``p`` the largest
     power of two <= ``n``, ranks ``p..n-1`` fold into ``0..n-p-1``, ranks ``0..p-1`` exchange
     the whole tensor with ``rank XOR 2^k`` for ``log2 p`` rounds, the folded ranks get the
-    result back. Latency-optimal for small tensors. Ops as in :func:`all_reduce_naive`."""
+    result back. Latency-optimal for small tensors. Ops as in :func:`all_reduce_linear`."""
     op, info = _prepare(tensor, op, group)
     if info is None:
         return
@@ -111,7 +111,7 @@ def all_reduce_ring(
     """Ring all-reduce (reduce-scatter + all-gather of ``n`` chunks), in place; bandwidth-optimal.
     The schedule is :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch
     (``ring_batched.py``) whose message is cut into ``segment_bytes`` pieces (``None``: whole),
-    each reduced as it lands. Ops as in :func:`all_reduce_naive` (AVG divides the owned chunk
+    each reduced as it lands. Ops as in :func:`all_reduce_linear` (AVG divides the owned chunk
     once, between the phases)."""
     op, info = _prepare(tensor, op, group)
     if info is None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..measure.numbers import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
+from ..predict.numbers import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
 from ._common import GroupInfo, p2p, rooted
 
 
-def _bcast_naive(info: GroupInfo, flat: torch.Tensor, root: int) -> None:
+def _bcast_linear(info: GroupInfo, flat: torch.Tensor, root: int) -> None:
     if info.rank == root:
         p2p(info, sends=[(flat, r) for r in range(info.size) if r != root])
     else:
@@ -60,7 +60,7 @@ def _bcast_ring(info: GroupInfo, flat: torch.Tensor, root: int, chunk_bytes: int
         p2p(info, sends=[(pieces[-1], nxt)])
 
 
-def broadcast_naive(
+def broadcast_linear(
     tensor: torch.Tensor,
     src: int | None = None,
     group: dist.ProcessGroup | None = None,
@@ -70,7 +70,7 @@ def broadcast_naive(
     """Naive (flat) broadcast, in place: the root posts ``n-1`` sends of the whole tensor at
     once. ``src`` is a *global* rank as in :func:`torch.distributed.broadcast`; or name the
     root by its rank in ``group`` with ``group_src=``. A process outside ``group`` returns."""
-    rooted(tensor, group, src, group_src, "src", False, _bcast_naive)
+    rooted(tensor, group, src, group_src, "src", False, _bcast_linear)
 
 
 def broadcast_tree(
@@ -82,7 +82,7 @@ def broadcast_tree(
 ) -> None:
     """Binomial-tree broadcast, in place: relative to the root, rank ``v`` receives from
     ``v - lowbit(v)`` and forwards to ``v + 2^k`` for each ``2^k < lowbit(v)``
-    (``ceil(log2 n)`` rounds). ``src``/``group_src`` as in :func:`broadcast_naive`."""
+    (``ceil(log2 n)`` rounds). ``src``/``group_src`` as in :func:`broadcast_linear`."""
     rooted(tensor, group, src, group_src, "src", False, _bcast_tree)
 
 
@@ -97,6 +97,6 @@ def broadcast_ring(
     """Pipelined ring broadcast, in place: root -> root+1 -> ... -> root-1, the tensor cut
     into ``ceil(N / chunk_bytes)`` pieces (``None``: whole; never cut for ``n <= 2``), each
     middle rank forwarding piece ``i-1`` while receiving piece ``i``.
-    ``src``/``group_src`` as in :func:`broadcast_naive`."""
+    ``src``/``group_src`` as in :func:`broadcast_linear`."""
     rooted(tensor, group, src, group_src, "src", False,
            lambda info, flat, root: _bcast_ring(info, flat, root, chunk_bytes))

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ._common import GroupInfo, flat_view, group_info, p2p, resolve_root, scratch
 
 
-def _gather_naive(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int) -> None:
+def _gather_linear(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int) -> None:
     if info.rank != root:
         p2p(info, sends=[(inp, root)])
         return
@@ -62,18 +62,18 @@ def _gather(body, output: torch.Tensor | None, input: torch.Tensor, dst: int | N
                     body(info, out, inp, root)
 
 
-def gather_naive(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
+def gather_linear(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                  group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """Naive gather: every rank sends its piece to the root, which posts the ``n-1`` receives
+    """Linear gather: every rank sends its piece to the root, which posts the ``n-1`` receives
     at once, straight into ``output``. ``dst`` is a *global* rank as in
     :func:`torch.distributed.gather`, or give ``group_dst=``."""
-    _gather(_gather_naive, output, input, dst, group, group_dst)
+    _gather(_gather_linear, output, input, dst, group, group_dst)
 
 
 def gather_tree(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                 group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
     """Binomial-tree gather: each rank receives its children's blocks (smallest first) and
-    sends its subtree's block up once. Arguments as :func:`gather_naive`."""
+    sends its subtree's block up once. Arguments as :func:`gather_linear`."""
     _gather(_gather_tree, output, input, dst, group, group_dst)
 
 
@@ -93,4 +93,4 @@ def torch_gather(output: torch.Tensor | None, input: torch.Tensor, dst: int | No
             dist.gather(inp, list(out.view(info.size, -1)), dst=dst, group=group)
 
 
-GATHER = {"naive": gather_naive, "tree": gather_tree, "torch": torch_gather}
+GATHER = {"linear": gather_linear, "tree": gather_tree, "torch": torch_gather}

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, normalize_op, p2p, rooted, scratch)
 
 
-def _reduce_naive(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:
+def _reduce_linear(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:
     if info.rank != root:
         p2p(info, sends=[(flat, root)])
         return
@@ -51,7 +51,7 @@ def _reduce_tree(
         flat.div_(n)
 
 
-def reduce_naive(
+def reduce_linear(
     tensor: torch.Tensor,
     dst: int | None = None,
     op: OpLike = SUM,
@@ -66,7 +66,7 @@ def reduce_naive(
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,
-           lambda info, flat, root: _reduce_naive(info, flat, root, op))
+           lambda info, flat, root: _reduce_linear(info, flat, root, op))
 
 
 def reduce_tree(
@@ -79,7 +79,7 @@ def reduce_tree(
 ) -> None:
     """Binomial-tree reduce, in place on the root, the mirror of :func:`broadcast_tree`:
     rank ``v`` combines its children's partials (smallest first) into a scratch copy and sends
-    it to ``v - lowbit(v)``. Ops and ``dst``/``group_dst`` as in :func:`reduce_naive`."""
+    it to ``v - lowbit(v)``. Ops and ``dst``/``group_dst`` as in :func:`reduce_linear`."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,

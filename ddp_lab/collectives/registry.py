@@ -1,4 +1,4 @@
-"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.measure.costmodel``).
+"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.predict.costmodel``).
 
 Every entry of a registry has the calling convention of its collective, so callers
 (benchmarks, gradient synchronisers) can swap algorithms by name::
@@ -24,10 +24,10 @@ from torch.distributed import ReduceOp
 
 from ..world import torch_support
 from ._common import (AVG, SUM, OpLike, check_op_dtype, flat_view, group_info, normalize_op, resolve_root)
-from .all_reduce import all_reduce_butterfly, all_reduce_naive, all_reduce_ring, all_reduce_tree
-from .broadcast import broadcast_naive, broadcast_ring, broadcast_tree
+from .all_reduce import all_reduce_butterfly, all_reduce_linear, all_reduce_ring, all_reduce_tree
+from .broadcast import broadcast_linear, broadcast_ring, broadcast_tree
 from .gather import GATHER
-from .reduce import reduce_naive, reduce_tree
+from .reduce import reduce_linear, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
 def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpType, bool]:
@@ -125,18 +125,18 @@ def torch_reduce_scatter(
 
 
 BROADCAST: dict[str, Callable[..., None]] = {
-    "naive": broadcast_naive,
+    "linear": broadcast_linear,
     "tree": broadcast_tree,
     "ring": broadcast_ring,
     "torch": torch_broadcast,
 }
 REDUCE: dict[str, Callable[..., None]] = {
-    "naive": reduce_naive,
+    "linear": reduce_linear,
     "tree": reduce_tree,
     "torch": torch_reduce,
 }
 ALL_REDUCE: dict[str, Callable[..., None]] = {
-    "naive": all_reduce_naive,
+    "linear": all_reduce_linear,
     "tree": all_reduce_tree,
     "butterfly": all_reduce_butterfly,
     "ring": all_reduce_ring,

@@ -12,7 +12,7 @@ is the chunk the next receives.
   chunk it owns, then the one it has just received; it *copies* what arrives.
 
 Every rank sends and receives ``2(n-1)`` chunks, ``2(n-1)/n`` of the tensor whatever ``n``:
-the least any all-reduce can move (``ddp_lab/measure/costmodel.py`` counts these bytes).
+the least any all-reduce can move (``ddp_lab/predict/costmodel.py`` counts these bytes).
 Each chunk is summed once, in one order, then copied, so every rank ends with the same bits.
 
 This is what ``sync=ring`` runs with ``sync.prepost=false`` on gloo. The optimised

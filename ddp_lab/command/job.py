@@ -132,7 +132,7 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
             write_json(run_dir / "summary.json", summary)
             return summary
     if rc != 0 and (not summary or status.startswith(("completed", "running"))):
-        # rank 0 could not say it (it was the one that died): the progress records can
+        # rank 0 could not say it (it was the one that died): the heartbeat records can
         why = (failure.failure_line(failure.diagnose(run_dir))
                or f"job exit status {rc} (see {run_dir / 'logs'})")
         return mark_failed(run_dir, f"failed: {why}", fields)

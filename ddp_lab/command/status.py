@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ..launch import job_processes, slurm_job
 from ..folder.description import describe_run
-from ..folder.progress import read_all
+from ..folder.heartbeat import read_all
 from ..folder.records import read_metrics
 from ..folder.rundir import folder_state, is_dry_run
 from ..folder.stop import STOP_FILE
@@ -98,7 +98,7 @@ def live_processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank progress records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.progress); []
+    """Per-rank heartbeat records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.heartbeat); []
     when there are none, or they cannot be read."""
     try:
         return read_all(run_dir)

@@ -1,7 +1,7 @@
 """Which rank stopped the others, and the one line that says so.
 
 When a collective fails, every surviving rank and the launcher read the ranks' progress
-records (ddp_lab.folder.progress) and `diagnose` who stopped: a dead or frozen local
+records (ddp_lab.folder.heartbeat) and `diagnose` who stopped: a dead or frozen local
 process (/proc), a node that no longer answers (`ddp_lab.world.ports.answers`), the live
 rank behind in collectives, or the first that failed (docs/failures.md, "A rank dies").
 `failure_line` says it, `end_stuck` kills local culprits.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..world.ports import PROBE_S, answers
-from .progress import mark_killed, process_state, read_all
+from .heartbeat import mark_killed, process_state, read_all
 
 REMOTE_STALE_S = 40.0  # see `diagnose`
 

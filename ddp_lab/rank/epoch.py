@@ -19,7 +19,7 @@ import torch
 from ..config import DebugConfig, TimingConfig, TrainConfig
 from ..world.distributed import DistContext
 from ..timing import Clock, CommStats, StepTimer, StepTimes
-from ..folder import progress
+from ..folder import heartbeat
 from .delay import ComputeDelay, fail_once
 from .profile import make_profiler
 from .stop import StopControl, StopInfo, stop_control
@@ -117,7 +117,7 @@ class EpochControl:
         self.ctx, self.clock, self.syncer = ctx, clock, syncer
         self.resumed_part = resumed_part
         self.timer = StepTimer(clock, enabled=timing.enabled)
-        progress.current().follow(timer=self.timer)  # its phases: where this rank is (status)
+        heartbeat.current().follow(timer=self.timer)  # its phases: where this rank is (status)
         if ctx.env.world_size > 1:  # compute end (each step's last gradient ready): where
             self.timer.watch_grads(syncer.module)  # exposed comm starts; one rank has none
         self.delay = ComputeDelay.from_config(debug, ctx.env.rank, train.seed)  # or None
@@ -146,7 +146,7 @@ class EpochControl:
         self.clock.anchor()  # the GPU is idle here: its timeline is pinned to the host clock
         if self.stopper is not None:
             self.stopper.restart_clock()
-        progress.current().at(epoch, skip)  # where this rank is, for the others (status)
+        heartbeat.current().at(epoch, skip)  # where this rank is, for the others (status)
         self.epoch, self.t0 = epoch, time.perf_counter()
         return EpochBatches(shard.iter_from(skip), steps(epoch, skip), self.timer, self.stopper,
                             self.delay, first_step=skip)

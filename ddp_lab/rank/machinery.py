@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Config, batch_plan
-from ..folder import progress
+from ..folder import heartbeat
 from ..folder import weights as weights_file
 from ..folder.files import read_json_or_empty
 from ..folder.records import RunSummary
@@ -60,7 +60,7 @@ class RankMachinery:
         cfg, ctx, run_dir = self.cfg, self.ctx, self.run_dir
         model, self.syncer, self.optimizer = parts
         # its calls: where this rank is (status)
-        progress.current().follow(comm=self.syncer.comm)
+        heartbeat.current().follow(comm=self.syncer.comm)
         compile_s = preflight_and_compile(
             cfg.train, self.syncer, self.optimizer, splits,
             self.plan.micro, ctx, steps)

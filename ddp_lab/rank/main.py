@@ -1,6 +1,6 @@
 """The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
 `rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places
-the rank from the launcher's variables, sets up its log, threads and progress record and
+the rank from the launcher's variables, sets up its log, threads and heartbeat record and
 the process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s)
 that stopped (job.py is the submitting side).
 """
@@ -24,7 +24,7 @@ from ..world import ports
 from ..world.parent import AGENT_SIGNALS
 from .forked import as_forked_rank, exit_soon
 from ..world import hang
-from ..folder import progress
+from ..folder import heartbeat
 from . import stop
 from ..folder.files import DiskFull, read_json_or_empty
 from ..folder.failure import diagnose, end_stuck, failure_line
@@ -47,7 +47,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
              failure: Optional[dict] = None) -> int:
     """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1
     after logging the failure (rank 0 also into summary.json) instead of a traceback.
-    The rank dies with its parent (PR_SET_PDEATHSIG), keeps its progress record and hang
+    The rank dies with its parent (PR_SET_PDEATHSIG), keeps its heartbeat record and hang
     watchdog; a failed collective's `failed:` line names the rank(s) that stopped
     (ddp_lab.folder.failure), whose local frozen ones it kills. A start that cannot reach its
     rendezvous ends within dist.init_timeout_s, naming the host and port."""
@@ -61,8 +61,8 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     die_with_parent()
     env = detect_env()
     log = setup_logging(env, run_dir, cfg.log.level, every_rank=cfg.log.ranks == "all")
-    record = progress.start(run_dir, env.rank, env.local_rank, env.world_size)
-    dist_hooks.on_collective = lambda op: progress.current().collective(op)
+    record = heartbeat.start(run_dir, env.rank, env.local_rank, env.world_size)
+    dist_hooks.on_collective = lambda op: heartbeat.current().collective(op)
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
@@ -105,7 +105,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         trace = run_dir / "logs" / f"rank{env.rank}.log"
         if culprits:
             line = failure_line(culprits)
-            at = f" at {progress.where(here)}" if here else ""
+            at = f" at {heartbeat.where(here)}" if here else ""
             log.error("failed: %s [rank %d: %s%s] (traceback in %s)", line, env.rank, mine, at, trace)
         else:
             line = mine
@@ -125,7 +125,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record,
     its log and summary.json, by any rank, since the launcher may end rank 0 before it
-    says why; the record holds at most progress.MESSAGE_MAX characters."""
+    says why; the record holds at most heartbeat.MESSAGE_MAX characters."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})

@@ -1,7 +1,7 @@
 """The alpha-beta cost model: fitted on a bench run, set against measured training comm.
 
 A message of m bytes costs alpha + m * beta; an algorithm's time is steps * alpha +
-path_bytes * beta (`ddp_lab.measure.costmodel.cost`). The fit is least squares weighted by
+path_bytes * beta (`ddp_lab.predict.costmodel.cost`). The fit is least squares weighted by
 1/time, one per collective and implementation (`fit_all`); across nodes only the steps that
 cross them cost the cross-node fit (`cross_share`, `node_load`). For users: docs/report.md,
 "The alpha-beta model", and docs/scaling.md, "Forecast".
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from ..measure.numbers import ceil_log2
-from ..measure.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
+from ..predict.numbers import ceil_log2
+from ..predict.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  padded)
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's
@@ -117,7 +117,7 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     if not ar:
         return None
     impls = {r["impl"] for r in ar}
-    impl = impl or next((i for i in ("torch", "ring", "butterfly", "tree", "naive") if i in impls), None)
+    impl = impl or next((i for i in ("torch", "ring", "butterfly", "tree", "linear") if i in impls), None)
     groups = [r["group"] for r in ar if r["impl"] == impl]
     if not groups:
         return None

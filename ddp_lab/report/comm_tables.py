@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..measure.numbers import pow2_label
+from ..predict.numbers import pow2_label
 from .alpha_beta import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .runs import Run
 from .tables import _f  # a number in a cell, "–" for none: every table writes them alike

@@ -109,7 +109,7 @@ def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
                 "comm time (timing.enabled=false?)")
     syncs = sorted({p.sync for p in timed})
     return (f"no bench run on this backend/device, and no prediction for the calls of "
-            f"sync={', '.join(syncs)} (ddp_lab/measure/costmodel.py) to fit the multi-rank "
+            f"sync={', '.join(syncs)} (ddp_lab/predict/costmodel.py) to fit the multi-rank "
             f"point(s) with")
 
 

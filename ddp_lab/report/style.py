@@ -36,7 +36,7 @@ GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (
                 "same_node": ("--", "s")}
 GROUP_COLORS = {"global": "tab:blue", "intra_node": "tab:orange", "cross_node": "tab:green",
                 "same_node": "tab:orange"}
-IMPL_MARKERS = {"torch": "o", "ring": "D", "butterfly": "v", "tree": "P", "naive": "x"}
+IMPL_MARKERS = {"torch": "o", "ring": "D", "butterfly": "v", "tree": "P", "linear": "x"}
 
 
 def _hash(text: str) -> int:

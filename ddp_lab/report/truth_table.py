@@ -16,8 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from ..measure.costmodel import SYNC_COLLECTIVES
-from ..measure.numbers import union_length
+from ..predict.costmodel import SYNC_COLLECTIVES
+from ..predict.numbers import union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .runs import Run, find_runs
 from .tables import _f  # a number in a cell, "–" for none

@@ -23,7 +23,7 @@ Built on this class (each adds one thing, the rest is shared):
   divides and casts the share to 16 bits, `unpack` casts the average back; none: `pack`
   only divides.
 
-Bytes: every rank records what `ddp_lab.measure.costmodel` says its algorithm moves
+Bytes: every rank records what `ddp_lab.predict.costmodel` says its algorithm moves
 (`costmodel.SYNC_COLLECTIVES[name]`, through `Synchroniser.timed`). The library's
 all-reduce routes data its own way, invisible from here, so for this sync the model is the
 ring nccl-tests' busbw assumes, 2(n-1)/n of the buffer each way (`bytes_exact = False`).

@@ -13,7 +13,7 @@ what was communicated since the last call (a `CommStats`: calls, payload bytes, 
 this rank sent and received, in-flight time).
 Every collective a synchroniser runs sits inside one call, `with self.timed(op, tensor):`,
 which takes the bytes this rank sends and receives from the cost model
-(`ddp_lab.measure.costmodel`, per `SYNC_COLLECTIVES[name]`; worked out once per tensor
+(`ddp_lab.predict.costmodel`, per `SYNC_COLLECTIVES[name]`; worked out once per tensor
 shape, as a step's buffers are the same every step) and hands them to `self.comm`
 (a `CommRecorder`): it counts the call and its bytes always and stamps its start and end
 on the run's `Clock` when timing is enabled. That is how comm time is measured the same
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import SyncConfig, with_defaults
-from ..measure import costmodel
+from ..predict import costmodel
 from ..timing import Clock, CommRecorder, CommStats
 
 

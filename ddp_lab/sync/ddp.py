@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..collectives import (PrepostedRingAllReduce, all_reduce_ring, all_reduce_ring_textbook,
                            broadcast_tree, reduce_tree)
-from ..measure import costmodel
+from ..predict import costmodel
 from ._buckets import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import costmodel
+from ..predict import costmodel
 from ..world import torch_support
 from .base import Synchroniser
 

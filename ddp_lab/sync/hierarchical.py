@@ -18,7 +18,7 @@ two more phases and a whole-buffer reduce and broadcast inside the node.
 
 It is AllReduceSync with another `all_reduce(flat)` (bucketing, averaging, compression,
 overlap shared); keys and rules: config/sync/hierarchical.py. Bytes:
-`ddp_lab.measure.costmodel.hierarchical_calls`, and those sent to another node
+`ddp_lab.predict.costmodel.hierarchical_calls`, and those sent to another node
 (`comm_bytes_cross_node`); exact with `inter=ring intra=tree`, else modelled."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..measure import costmodel
+from ..predict import costmodel
 from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce
 from ..world.distributed import DistContext
 from ..world.env import detect_env

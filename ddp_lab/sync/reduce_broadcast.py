@@ -9,7 +9,7 @@
 The optimiser state lives on the root only; with `sync.root` other than 0,
 `optimizer_state` ships it to rank 0 for the checkpoint. Twice the all-reduce's latency
 count and a root-bound critical path: here to be measured, not because it is fast. Bytes
-follow `ddp_lab.measure.costmodel`'s model (`bytes_exact = False`). `sync.compress` compresses
+follow `ddp_lab.predict.costmodel`'s model (`bytes_exact = False`). `sync.compress` compresses
 the gradients' reduce only: 16-bit weights would be another training method.
 `sync.overlap=true` starts each bucket's reduce (async) from backward, stamped like DDP's
 hook; the broadcast stays after the root's step (docs/compression_overlap.md). Keys and

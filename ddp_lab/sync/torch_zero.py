@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ..measure import costmodel
+from ..predict import costmodel
 from .ddp import DDPSync
 
 

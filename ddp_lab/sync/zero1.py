@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..collectives import all_gather_ring, reduce_scatter_ring
-from ..measure import costmodel
+from ..predict import costmodel
 from ..world import torch_support
 from . import _zero1_state
 from ._buckets import WireFormat, make_buckets

@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..measure.numbers import union_length
+from ..predict.numbers import union_length
 from .phases import StepTimes
 
 

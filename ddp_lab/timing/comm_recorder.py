@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from ..measure.costmodel import busbw_factors
+from ..predict.costmodel import busbw_factors
 from .clock import UNTIMED, Clock
 from .comm import CommCall, CommStats, union_length
 

@@ -6,7 +6,7 @@ communication is timed").
     timer.end_step()
 
 The timer keeps the phase running and the steps ended as plain attributes (`now`, `ended`)
-for the progress record to read. On CUDA a phase's end is the next one's start (one event per
+for the heartbeat record to read. On CUDA a phase's end is the next one's start (one event per
 boundary, from the clock's pool, handed back once read); on CPU each phase takes two stamps.
 `GradReadyMark` stamps compute end, the step's last gradient ready (docs/timing.md, "Exposed
 vs in-flight comm"). `StepWatch` hands every `every`-th step to a listener as soon as its

@@ -23,7 +23,7 @@ log = logging.getLogger("ddp_lab")
 
 
 #: what each collective below is counted in: nothing, until run_rank points it at the
-#: rank's progress record (ddp_lab/folder/progress.py)
+#: rank's heartbeat record (ddp_lab/folder/heartbeat.py)
 on_collective: Callable[[str], None] = lambda op: None
 
 

@@ -1,4 +1,4 @@
-"""What checking for a graceful stop, and the progress record, cost a training step
+"""What checking for a graceful stop, and the heartbeat record, cost a training step
 (docs/failures.md, "What the stop check costs").
 
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
@@ -6,7 +6,7 @@
 
 Each round one epoch of the trainer's step loop without the stop check and one with it,
 alternating; printed: the check's time per step and a step's bookkeeping (its timed
-phases and collective, which the progress record's thread reads), each against the step
+phases and collective, which the heartbeat record's thread reads), each against the step
 (targets: at most 1% each).
 """
 
@@ -74,19 +74,19 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 def record_share(run_dir: Path) -> tuple[float, float]:
     """Seconds a step's bookkeeping takes (its five timed phases and one timed collective,
-    the attributes the progress record reads, with the record's thread following them),
+    the attributes the heartbeat record reads, with the record's thread following them),
     and the notebook's compute-only step (best of 7 repeats each, in this process)."""
     import torch
     import torch.nn.functional as F
 
     from ddp_lab.config import compose
     from ddp_lab.models import build_model
-    from ddp_lab.folder import progress
+    from ddp_lab.folder import heartbeat
     from ddp_lab.timing import Clock, CommRecorder, StepTimer
 
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, 2)
-    rec = progress.Progress(run_dir, 0)
+    rec = heartbeat.Progress(run_dir, 0)
     rec.follow(timer=timer, comm=comm)
     try:
         def one_round():

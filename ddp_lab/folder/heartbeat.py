@@ -1,4 +1,4 @@
-"""Each rank's progress record, `RUN_DIR/progress/rank<N>.bin`: where it is, for the other
+"""Each rank's heartbeat record, `RUN_DIR/heartbeat/rank<N>.bin`: where it is, for the other
 ranks, the launcher and `status` (docs/failures.md, "A rank dies").
 
 A fixed 512-byte record mapped into memory (mmap): an update is a store into the page, never
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from ..world.env import host_address
 
-FOLDER = "progress"
+FOLDER = "heartbeat"
 MAGIC, VERSION = b"DDPR", 1
 SIZE = 512
 _HEAD = struct.Struct("<4sIiiiid64s")  # magic version rank local_rank world pid started host
@@ -127,7 +127,7 @@ class Progress(NullProgress):
                 self._comm, self._calls = comm, h.collective - comm.entered
             self._seen = self._sources()
         if self._follower is None:
-            self._follower = threading.Thread(target=self._follow, name="ddp_lab progress",
+            self._follower = threading.Thread(target=self._follow, name="ddp_lab heartbeat",
                                               daemon=True)
             self._follower.start()
 

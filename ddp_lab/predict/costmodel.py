@@ -19,9 +19,9 @@ from .numbers import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "broadcast": ("naive", "tree", "ring", "torch"),
-    "reduce": ("naive", "tree", "torch"),
-    "all_reduce": ("naive", "tree", "butterfly", "ring", "torch"),
+    "broadcast": ("linear", "tree", "ring", "torch"),
+    "reduce": ("linear", "tree", "torch"),
+    "all_reduce": ("linear", "tree", "butterfly", "ring", "torch"),
     "all_gather": ("ring", "torch"),
     "reduce_scatter": ("ring", "torch"),
 }
@@ -137,7 +137,7 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
     if algorithm == "torch":
         return _torch(collective, n, N, root)
     if collective == "broadcast":
-        if algorithm == "naive":
+        if algorithm == "linear":
             return Cost(n - 1, _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0),
                         _by_root(n, root, lambda v: 0 if v == 0 else N), (n - 1) * N)
         if algorithm == "tree":
@@ -150,14 +150,14 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
                     _by_root(n, root, lambda v: N if v else 0),
                     (n - 2 + k) * -(-numel // k) * e)
     if collective == "reduce":
-        if algorithm == "naive":
+        if algorithm == "linear":
             return Cost(n - 1, _by_root(n, root, lambda v: 0 if v == 0 else N),
                         _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0), (n - 1) * N)
         return Cost(L, _by_root(n, root, lambda v: N if v else 0),
                     _by_root(n, root, lambda v: _children(v, n) * N), L * N)
     # all_reduce
-    if algorithm == "naive":  # naive reduce to rank 0, naive broadcast from it
-        return cost("reduce", "naive", numel, n, e).then(cost("broadcast", "naive", numel, n, e))
+    if algorithm == "linear":  # linear reduce to rank 0, linear broadcast from it
+        return cost("reduce", "linear", numel, n, e).then(cost("broadcast", "linear", numel, n, e))
     if algorithm == "tree":
         return cost("reduce", "tree", numel, n, e).then(cost("broadcast", "tree", numel, n, e))
     if algorithm == "butterfly":
