@@ -1,4 +1,5 @@
-"""`python -m ddp_lab [overrides]`: compose the config once, make the run folder, launch.
+"""`python -m ddp_lab [overrides]`: compose the config once, make the
+run folder, launch.
 
     python -m ddp_lab                                  # MNIST, 2 ranks on CPU (1 per GPU)
     python -m ddp_lab train.epochs=1 launcher.nproc_per_node=4 model=cnn

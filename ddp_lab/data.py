@@ -1,12 +1,15 @@
 """MNIST: the idx files read into tensors, then fast on-device shards.
 
-The files are fetched and verified before any rank reads them (`prepare_mnist`, in
-data_fetch.py: one fetcher per shared root, MD5s checked at every start).
+The files are fetched and verified before any rank reads them
+(`prepare_mnist`, in data_fetch.py: one fetcher per shared root, MD5s
+checked at every start).
 
-Batches: `TensorShards` holds a whole split as one normalised tensor on the training
-device and reads each rank's shard with DistributedSampler's semantics (same permutation
-on every rank for a seed and epoch, disjoint strided shards, padded to equal length).
-`data.pipeline=dataloader` keeps the classic per-sample DataLoader to compare against.
+Batches: `TensorShards` holds a whole split as one normalised tensor on
+the training device and reads each rank's shard with
+DistributedSampler's semantics (same permutation on every rank for a
+seed and epoch, disjoint strided shards, padded to equal length).
+`data.pipeline=dataloader` keeps the classic per-sample DataLoader to
+compare against.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ MEAN, STD = 0.1307, 0.3081
 
 
 def read_idx(path: Path) -> torch.Tensor:
-    """One idx file (MNIST's format: a magic number whose 4th byte is the number of
-    dimensions, the 3rd the type, 0x08 = uint8; then each dimension as a big-endian int32;
-    then the values) as a uint8 tensor of those dimensions."""
+    """One idx file (MNIST's format: a magic number whose 4th byte is
+    the number of dimensions, the 3rd the type, 0x08 = uint8; then each
+    dimension as a big-endian int32; then the values) as a uint8 tensor
+    of those dimensions."""
     data = path.read_bytes()
     ndim = data[3]
     if data[:3] != b"\x00\x00\x08" or len(data) < 4 + 4 * ndim:
@@ -44,9 +48,10 @@ def read_idx(path: Path) -> torch.Tensor:
 
 
 def load_split(root: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images uint8 [N,28,28], labels int64 [N]): the extracted idx files, read directly.
-    (torchvision.datasets.MNIST reads the same bytes into the same tensors, but importing
-    torchvision pulls in torch._dynamo and sympy: about 2 s more start-up on every rank.)"""
+    """(images uint8 [N,28,28], labels int64 [N]): the extracted idx
+    files, read directly. (torchvision.datasets.MNIST reads the same
+    bytes into the same tensors, but importing torchvision pulls in
+    torch._dynamo and sympy: about 2 s more start-up on every rank.)"""
     prefix = "train" if train else "t10k"
     raw = raw_folder(root)
     try:
@@ -62,14 +67,16 @@ def load_split(root: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tenso
 
 
 def normalise(images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
-    x = images.to(torch.float32).div_(255.0).unsqueeze(1)  # [N,1,28,28], like ToTensor
+    # [N,1,28,28], like ToTensor
+    x = images.to(torch.float32).div_(255.0).unsqueeze(1)
     return x.sub_(MEAN).div_(STD) if normalize else x
 
 
 def shard_indices(n: int, world_size: int, rank: int, epoch: int, seed: int,
                   shuffle: bool = True, device: torch.device | None = None) -> torch.Tensor:
-    """This rank's sample indices for an epoch, exactly as DistributedSampler orders them
-    (drop_last=False: padded by wrapping around so every rank gets ceil(n/world) samples)."""
+    """This rank's sample indices for an epoch, exactly as
+    DistributedSampler orders them (drop_last=False: padded by wrapping
+    around so every rank gets ceil(n/world) samples)."""
     if shuffle:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
@@ -86,7 +93,8 @@ def shard_indices(n: int, world_size: int, rank: int, epoch: int, seed: int,
 
 @dataclass
 class TensorShards:
-    """A whole split resident on the device; batches are index_select'ed slices."""
+    """A whole split resident on the device; batches are index_select'ed
+    slices."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -107,7 +115,8 @@ class TensorShards:
         return self.iter_from(0)
 
     def iter_from(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The epoch's batches from batch number `batch` on (a run resumed mid-epoch)."""
+        """The epoch's batches from batch number `batch` on (a run
+        resumed mid-epoch)."""
         idx = shard_indices(len(self.x), self.world_size, self.rank, self.epoch, self.seed,
                             self.shuffle, self.x.device)
         for start in range(batch * self.batch_size, len(idx), self.batch_size):
@@ -117,22 +126,27 @@ class TensorShards:
 
 @dataclass
 class Splits:
-    train: object  # TensorShards or DataLoader: iterable of (x, y) with set_epoch
-    test_x: torch.Tensor  # this rank's disjoint share of the test set (no padding)
+    # TensorShards or DataLoader: iterable of (x, y) with set_epoch
+    train: object
+    # this rank's disjoint share of the test set (no padding)
+    test_x: torch.Tensor
     test_y: torch.Tensor
 
 
 def build_splits(data_cfg: DataConfig, train_cfg: TrainConfig, env: DistEnv,
                  device: torch.device) -> Splits:
-    """The test share and the training batches of this rank. A training batch holds the
-    per-rank batch of `config.batch_plan`: with train.global_batch (strong scaling) that is
-    global_batch / world, and because shards are strided (rank r takes positions r, r+w,
-    ... of the epoch's permutation, in both pipelines) step s of every world size trains on
-    the same samples, positions [s*global_batch, (s+1)*global_batch)."""
+    """The test share and the training batches of this rank. A training
+    batch holds the per-rank batch of `config.batch_plan`: with
+    train.global_batch (strong scaling) that is global_batch / world,
+    and because shards are strided (rank r takes positions r, r+w, ...
+    of the epoch's permutation, in both pipelines) step s of every world
+    size trains on the same samples, positions [s*global_batch,
+    (s+1)*global_batch)."""
     root = data_cfg.root
     batch_size = batch_plan(train_cfg, env.world_size).per_rank
     tx, ty = load_split(root, train=False)
-    # evaluation: a strided, unpadded split so each test sample is counted exactly once
+    # evaluation: a strided, unpadded split so each test sample is
+    # counted exactly once
     test_x = normalise(tx[env.rank::env.world_size], data_cfg.normalize).to(device)
     test_y = ty[env.rank::env.world_size].to(device)
     if data_cfg.pipeline == "tensor":
@@ -147,7 +161,8 @@ def build_splits(data_cfg: DataConfig, train_cfg: TrainConfig, env: DistEnv,
 
 
 class _DeviceLoader:
-    """A DataLoader whose batches land on the device, with set_epoch passed through."""
+    """A DataLoader whose batches land on the device, with set_epoch
+    passed through."""
 
     def __init__(self, loader, sampler, device):
         self.loader, self.sampler, self.device = loader, sampler, device
@@ -162,8 +177,9 @@ class _DeviceLoader:
         return self.iter_from(0)
 
     def iter_from(self, batch: int):
-        """The epoch's batches from batch number `batch` on: the sampler's order is a
-        function of (seed, epoch), so skipping the first indices resumes it exactly."""
+        """The epoch's batches from batch number `batch` on: the
+        sampler's order is a function of (seed, epoch), so skipping the
+        first indices resumes it exactly."""
         nb = self.device.type == "cuda"
         loader = self.loader
         if batch:
@@ -177,7 +193,8 @@ class _DeviceLoader:
 
 def _dataloader(data_cfg: DataConfig, train_cfg: TrainConfig, batch_size: int, env: DistEnv,
                 device: torch.device):
-    from torchvision import transforms  # lazy: see load_split
+    # lazy: see load_split
+    from torchvision import transforms
     from torchvision.datasets import MNIST
 
     tf = [transforms.ToTensor()]

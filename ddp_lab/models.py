@@ -1,5 +1,6 @@
-"""The models: the course notebook's MLP (any widths: mlp_wide is the same class), a small
-CNN, and torchvision's ResNet-18 adapted to 1x28x28 digits."""
+"""The models: the course notebook's MLP (any widths: mlp_wide is the
+same class), a small CNN, and torchvision's ResNet-18 adapted to 1x28x28
+digits."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from .config.registry import Registry
 
 
 class MLP(nn.Module):
-    """784 -> hidden[0] (ReLU) -> hidden[1] (ReLU) ... -> 10. With one width it is the
-    notebook's network (784-50-10), parameters named fc1, fc2 as before."""
+    """784 -> hidden[0] (ReLU) -> hidden[1] (ReLU) ... -> 10. With one
+    width it is the notebook's network (784-50-10), parameters named
+    fc1, fc2 as before."""
 
     def __init__(self, hidden=50, in_features: int = 784, classes: int = 10):
         super().__init__()
@@ -47,10 +49,12 @@ class CNN(nn.Module):
 
 
 def resnet18(classes: int = 10) -> nn.Module:
-    """torchvision's ResNet-18 (11.2M parameters) for 1x28x28 input: a 3x3 stride-1 stem on
-    one channel and no max-pool (the 7x7/2 stem and pool would shrink 28x28 to 7x7 before
-    the first block, as CIFAR adaptations of ResNet do), `classes` outputs."""
-    # lazy: torchvision takes seconds to load (torch._dynamo, sympy) and only resnet18 needs it
+    """torchvision's ResNet-18 (11.2M parameters) for 1x28x28 input: a
+    3x3 stride-1 stem on one channel and no max-pool (the 7x7/2 stem and
+    pool would shrink 28x28 to 7x7 before the first block, as CIFAR
+    adaptations of ResNet do), `classes` outputs."""
+    # lazy: torchvision takes seconds to load (torch._dynamo, sympy) and
+    # only resnet18 needs it
     from torchvision.models import resnet18 as tv_resnet18
 
     net = tv_resnet18(weights=None, num_classes=classes)
@@ -59,7 +63,8 @@ def resnet18(classes: int = 10) -> nn.Module:
     return net
 
 
-# model / optim option -> builder from its config section (schemas: ddp_lab.config.SCHEMAS)
+# model / optim option -> builder from its config section (schemas:
+# ddp_lab.config.SCHEMAS)
 MODELS: Registry = Registry("model", {
     "mlp": lambda cfg: MLP(hidden=cfg.hidden),
     "mlp_wide": lambda cfg: MLP(hidden=cfg.hidden),
@@ -86,9 +91,11 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 
 def build_optimizer(cfg: OptimConfig, params, lr: float) -> torch.optim.Optimizer:
-    # fused: the whole update in one kernel per dtype/device instead of a Python loop
-    # over parameters -- for a small model the step is dispatch-bound, so this matters
-    # (null: where the installed torch has it for these parameters' device, ddp_lab/world/torch_support.py)
+    # fused: the whole update in one kernel per dtype/device instead of
+    # a Python loop over parameters -- for a small model the step is
+    # dispatch-bound, so this matters (null: where the installed torch
+    # has it for these parameters' device,
+    # ddp_lab/world/torch_support.py)
     params = list(params)
     device = params[0].device.type if params else "cpu"
     fused = {"fused": True} if torch_support.fused(cfg.name, device, cfg.fused) else {}

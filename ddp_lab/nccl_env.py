@@ -1,5 +1,5 @@
-"""`python -m ddp_lab.nccl_env`: the NCCL variables for this cluster's network (the code:
-ddp_lab/launch/nccl_env.py)."""
+"""`python -m ddp_lab.nccl_env`: the NCCL variables for this cluster's
+network (the code: ddp_lab/launch/nccl_env.py)."""
 
 import sys
 

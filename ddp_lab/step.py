@@ -1,4 +1,5 @@
-"""One epoch's training steps, the heart of data-parallel training, on every rank:
+"""One epoch's training steps, the heart of data-parallel training, on
+every rank:
 
     for x, y in batches:                      # this rank's shard of each batch
         out = model(x)                        # forward
@@ -7,9 +8,10 @@
         syncer.sync()                         # every rank's .grad becomes the average
         syncer.step(optimizer)                # the same update on every rank
 
-each phase timed (`timer.phase`); `accumulate` splits a batch into micro-batches whose
-gradients add up before the one sync; `evaluate` scores the test set, each rank its share.
-`train.py` runs these epoch after epoch.
+each phase timed (`timer.phase`); `accumulate` splits a batch into
+micro-batches whose gradients add up before the one sync; `evaluate`
+scores the test set, each rank its share. `train.py` runs these epoch
+after epoch.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from .timing import StepTimer
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
              ctx: DistContext) -> tuple[float, float]:
-    """Global test loss and accuracy: every rank scores its disjoint share, then a sum."""
+    """Global test loss and accuracy: every rank scores its disjoint
+    share, then a sum."""
     device = ctx.device
     was_training = model.training
     model.eval()
@@ -47,12 +50,15 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
 
 def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer: StepTimer,
               micro_batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training steps of one epoch, each phase timed: the summed loss and the right
-    predictions, on the device. `batches` gives each step's (x, y); the trainer's
-    (`EpochBatches`, ddp_lab/rank/epoch.py) also times the data phase, counts the steps and
-    agrees on a stop. `micro_batch` > 0: a larger batch accumulates its gradient over
-    micro-batches (`accumulate`) and is synchronised once, after the last."""
-    losses, rights, sizes = [], [], []  # each step's, on the device: summed once, at the end
+    """The training steps of one epoch, each phase timed: the summed
+    loss and the right predictions, on the device. `batches` gives each
+    step's (x, y); the trainer's (`EpochBatches`, ddp_lab/rank/epoch.py)
+    also times the data phase, counts the steps and agrees on a stop.
+    `micro_batch` > 0: a larger batch accumulates its gradient over
+    micro-batches (`accumulate`) and is synchronised once, after the
+    last."""
+    # each step's, on the device: summed once, at the end
+    losses, rights, sizes = [], [], []
     for x, y in batches:
         if micro_batch and len(y) > micro_batch:
             loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer)
@@ -60,16 +66,19 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
             with timer.phase("forward"):
                 out = syncer.wrapped(x)
                 loss = F.cross_entropy(out, y)
-                right = (out.argmax(1) == y).sum()  # train accuracy, as the notebook's check
+                # train accuracy, as the notebook's check
+                right = (out.argmax(1) == y).sum()
             with timer.phase("backward"):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
         with timer.phase("sync"):
-            syncer.sync()  # every rank's .grad becomes the average
+            # every rank's .grad becomes the average
+            syncer.sync()
         with timer.phase("optim"):
             syncer.step(optimizer)
         timer.end_step()
-        losses.append(loss.detach())  # a reference, no kernel: nothing waits for the device
+        # a reference, no kernel: nothing waits for the device
+        losses.append(loss.detach())
         rights.append(right)
         sizes.append(len(y))
     return epoch_sums(losses, rights, sizes, syncer.device)
@@ -77,8 +86,9 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
 
 def epoch_sums(losses: list, rights: list, sizes: list[int], device: torch.device
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The epoch's summed loss (each step's mean loss times its samples, in float64) and
-    right predictions, from the steps' tensors: two kernels an epoch instead of four a step."""
+    """The epoch's summed loss (each step's mean loss times its samples,
+    in float64) and right predictions, from the steps' tensors: two
+    kernels an epoch instead of four a step."""
     if not losses:
         return (torch.zeros((), dtype=torch.float64, device=device),
                 torch.zeros((), dtype=torch.int64, device=device))
@@ -88,14 +98,15 @@ def epoch_sums(losses: list, rights: list, sizes: list[int], device: torch.devic
 
 def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                micro_batch: int, timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward of one batch in micro-batches of `micro_batch` samples, their
-    gradients summed in .grad; returns the batch's mean loss (detached) and its correct
-    predictions. Each micro-batch's
-    mean loss is weighted by its share of the batch, so the accumulated gradient is the
-    whole batch's mean gradient. No synchroniser communicates before the step's `sync()`;
-    DDP, which all-reduces from inside backward, is held back by `syncer.no_sync()` on
-    every micro-batch but the last. The step's forward and backward phases are the sums
-    of the micro-batches' ones."""
+    """Forward and backward of one batch in micro-batches of
+    `micro_batch` samples, their gradients summed in .grad; returns the
+    batch's mean loss (detached) and its correct predictions. Each
+    micro-batch's mean loss is weighted by its share of the batch, so
+    the accumulated gradient is the whole batch's mean gradient. No
+    synchroniser communicates before the step's `sync()`; DDP, which
+    all-reduces from inside backward, is held back by `syncer.no_sync()`
+    on every micro-batch but the last. The step's forward and backward
+    phases are the sums of the micro-batches' ones."""
     xs, ys = x.split(micro_batch), y.split(micro_batch)
     total = torch.zeros((), device=y.device)
     right = torch.zeros((), dtype=torch.int64, device=y.device)

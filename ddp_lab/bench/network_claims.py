@@ -1,7 +1,8 @@
-"""The network benchmark's claims (`python -m ddp_lab.bench.suite network`): each claim's
-prediction from the link rate, its target, the tables and the plots, from the rows the
-job's rank 0 measured. Pure arithmetic and matplotlib: no lab, no cluster, no process
-group (tests/test_net_claims.py checks them from saved rows).
+"""The network benchmark's claims (`python -m ddp_lab.bench.suite
+network`): each claim's prediction from the link rate, its target, the
+tables and the plots, from the rows the job's rank 0 measured. Pure
+arithmetic and matplotlib: no lab, no cluster, no process group
+(tests/test_net_claims.py checks them from saved rows).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ STRAGGLER = ["ddp", "hierarchical"]
 COMPRESSED = ["ddp fp16", "ddp bf16", "ddp powersgd"]
 TOLERANCE = 0.20  # a prediction is met within 20%
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
-RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,  # tc's: bytes/s
+# tc's: bytes/s
+RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,
               "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 
 
 def rate_bytes(text: str) -> float:
-    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s; ValueError if it is none."""
+    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s;
+    ValueError if it is none."""
     m = RATE_RE.match(text)
     if not m or float(m[1]) <= 0:
         raise ValueError(f"'{text}' is not a tc rate such as 200mbit, 1gbit or 25mbps")
@@ -34,7 +37,8 @@ def rate_bytes(text: str) -> float:
 @dataclasses.dataclass
 class Claim:
     name: str
-    measured: float | str  # a number in `unit`, or words (the rank named)
+    # a number in `unit`, or words (the rank named)
+    measured: float | str
     predicted: float | str
     unit: str
     target: str
@@ -46,10 +50,12 @@ def within(measured: float, predicted: float, tol: float = TOLERANCE) -> bool:
 
 
 def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
-    """Seconds per step a 2x2 hierarchy saves over the flat ring on a link of `rate` bytes/s
-    (the cost model's bandwidth term, alpha 0: the link sets the pace): the flat ring of 4
-    sends 2(n-1)/n = 1.5 buffers over each link that crosses nodes, the leaders' ring of 2
-    one buffer; the in-node phases run on the nodes' loopback and are not counted."""
+    """Seconds per step a 2x2 hierarchy saves over the flat ring on a
+    link of `rate` bytes/s (the cost model's bandwidth term, alpha 0:
+    the link sets the pace): the flat ring of 4 sends 2(n-1)/n = 1.5
+    buffers over each link that crosses nodes, the leaders' ring of 2
+    one buffer; the in-node phases run on the nodes' loopback and are
+    not counted."""
     from ddp_lab.report.alpha_beta import Fit, call_time
 
     fit = Fit(alpha_s=0.0, beta_s_per_byte=1 / rate, points=0, impl="link", algorithm="ring",
@@ -59,14 +65,16 @@ def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
 
 
 def link_bytes(m: dict) -> float:
-    """Bytes per step over the busiest link between the nodes: the hierarchy's leader sends
-    all it sends (`cross_bytes`) to the other node; in a flat ring of 4 (ours, or the
-    library's, modelled as one) each link between nodes carries what one rank sends."""
+    """Bytes per step over the busiest link between the nodes: the
+    hierarchy's leader sends all it sends (`cross_bytes`) to the other
+    node; in a flat ring of 4 (ours, or the library's, modelled as one)
+    each link between nodes carries what one rank sends."""
     return m["cross_bytes"] if m.get("cross_bytes") is not None else m["sent_bytes"]
 
 
 def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[Claim]:
-    """The hierarchy's saving over the flat ring at `rate`, if both were run."""
+    """The hierarchy's saving over the flat ring at `rate`, if both were
+    run."""
     ring, hier = med.get("ring"), med.get("hierarchical")
     if not (ring and hier):
         return []
@@ -78,9 +86,10 @@ def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[
 
 def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
            slow: Optional[dict[str, dict]] = None, slow_rate: float = 0.0) -> list[Claim]:
-    """The claims from the medians at the claims' link (`med`: label -> figures per step),
-    the straggler phase's findings (`named`: label -> the rank named, or None) and medians
-    (`slow`, node2's link at `slow_rate` bytes/s)."""
+    """The claims from the medians at the claims' link (`med`: label ->
+    figures per step), the straggler phase's findings (`named`: label ->
+    the rank named, or None) and medians (`slow`, node2's link at
+    `slow_rate` bytes/s)."""
     out = hierarchy_claim(med, rate)
     base = med.get("ddp")
     for label in (c for c in COMPRESSED if c in med and base):
@@ -139,8 +148,9 @@ def phase_table(med: dict[str, dict], spread: dict[str, tuple[float, float]]) ->
 
 
 def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
-    """Medians per label of one phase's rounds, key by key (None where the sync does not
-    record it: cross_bytes), and each label's (min, max) time/step."""
+    """Medians per label of one phase's rounds, key by key (None where
+    the sync does not record it: cross_bytes), and each label's (min,
+    max) time/step."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
@@ -156,7 +166,8 @@ def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
 
 
 def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
-    """label -> the rank the straggler report names over all the straggler phase's steps."""
+    """label -> the rank the straggler report names over all the
+    straggler phase's steps."""
     from ddp_lab.timing import StragglerTally
 
     out: dict[str, Optional[dict]] = {}
@@ -177,7 +188,8 @@ def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
 
 # ------------------------------------------------------------------- the plots
 def _spans(values: list[list[float]], mids: list[float]) -> list[list[float]]:
-    """Error bars from each point's rounds: [median - min, max - median], never below 0."""
+    """Error bars from each point's rounds: [median - min, max -
+    median], never below 0."""
     return [[max(0.0, m - min(v)) for v, m in zip(values, mids)],
             [max(0.0, max(v) - m) for v, m in zip(values, mids)]]
 
@@ -191,8 +203,9 @@ def _by(rows: list[dict], phase: str, key: str) -> dict[tuple[str, str], list[fl
 
 
 def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
-    """Time per epoch against the link's rate, one line per synchroniser (error bars: the
-    rounds' min-max at the claims' link, where there are several)."""
+    """Time per epoch against the link's rate, one line per synchroniser
+    (error bars: the rounds' min-max at the claims' link, where there
+    are several)."""
     from ddp_lab.report.plots import _plt
 
     plt = _plt()
@@ -220,7 +233,8 @@ def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
 
 
 def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: in-flight and exposed comm per step, and compute, per config."""
+    """At the claims' link: in-flight and exposed comm per step, and
+    compute, per config."""
     from ddp_lab.report.plots import _plt
 
     plt = _plt()
@@ -246,7 +260,8 @@ def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
 
 
 def compression(args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: bytes sent and comm time per step for each sync.compress."""
+    """At the claims' link: bytes sent and comm time per step for each
+    sync.compress."""
     from ddp_lab.report.plots import _plt
 
     plt = _plt()
@@ -256,7 +271,8 @@ def compression(args: argparse.Namespace, rows: list[dict]):
     mb = [statistics.median(sent[(args.link, lb)]) / 1e6 for lb in labels]
     ms_v = [comm[(args.link, lb)] for lb in labels]
     ms = [statistics.median(v) for v in ms_v]
-    pred = [ms[0] * b / mb[0] for b in mb]  # none's time, scaled by the bytes
+    # none's time, scaled by the bytes
+    pred = [ms[0] * b / mb[0] for b in mb]
     fig, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(9, 3.8), layout="constrained")
     ax_b.bar(names, mb, color="C0")
     ax_b.set_ylabel("MB sent per step (rank 0)")

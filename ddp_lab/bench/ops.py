@@ -1,8 +1,10 @@
-"""The benchmarked operations: buffers, inputs, the call being timed, and its check.
+"""The benchmarked operations: buffers, inputs, the call being timed,
+and its check.
 
-Each op fills its inputs with pattern.py's known pattern, runs one implementation (the
-library's `torch` or ddp_lab.collectives' algorithms, timed and checked alike) and checks
-every element of the result; sizes follow nccl-tests (docs/bench.md, "What is measured").
+Each op fills its inputs with pattern.py's known pattern, runs one
+implementation (the library's `torch` or ddp_lab.collectives'
+algorithms, timed and checked alike) and checks every element of the
+result; sizes follow nccl-tests (docs/bench.md, "What is measured").
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from ..world import torch_support
 from . import config
 from .pattern import Op
 
-LR = 0.1  # reduce_broadcast's learning rate: the assignment's (its check is allclose)
+# reduce_broadcast's learning rate: the assignment's (its check is
+# allclose)
+LR = 0.1
 
 
 def _sum_ranks(n: int) -> int:
@@ -51,7 +55,8 @@ def _check_sum(b, g, pat):
 
 
 def _check_sum_root(b, g, pat):
-    return _check_sum(b, g, pat) if g.grank == 0 else None  # only the root is defined
+    # only the root is defined
+    return _check_sum(b, g, pat) if g.grank == 0 else None
 
 
 ALL_REDUCE_OP = Op(
@@ -89,14 +94,15 @@ def _rb_setup(size, g, dtype, device):
 
 
 def _rb_reset(b, g, pat):
-    # the assignment's values: parameters 1, each rank's gradient its rank (here + the
-    # pattern, which catches a misplaced chunk)
+    # the assignment's values: parameters 1, each rank's gradient its
+    # rank (here + the pattern, which catches a misplaced chunk)
     pat.fill(b["grad"], base=g.grank)
     b["param"].fill_(1)
 
 
 def _rb_update(b, g):
-    """The root averages the summed gradients and takes an SGD step (the assignment)."""
+    """The root averages the summed gradients and takes an SGD step (the
+    assignment)."""
     if g.grank != 0:
         return
     if b["grad"].dtype.is_floating_point:
@@ -108,8 +114,9 @@ def _rb_update(b, g):
 
 
 def _rb_check(b, g, pat):
-    # mean gradient = (n-1)/2 + pattern; at element 0 (pattern 0) the parameter is the
-    # assignment's expected_param = 1 - LR (n-1)/2, checked as it does: allclose
+    # mean gradient = (n-1)/2 + pattern; at element 0 (pattern 0) the
+    # parameter is the assignment's expected_param = 1 - LR (n-1)/2,
+    # checked as it does: allclose
     if b["param"].dtype.is_floating_point:
         return pat.check(b["param"], base=1 - LR * (g.n - 1) / 2, scale=-LR, what="param",
                          rtol=1e-5, atol=1e-6)
@@ -134,7 +141,8 @@ for _k in REDUCE:
             partial(lambda f, t, g: f(t, src=g.root, group=g.handle),
                     BROADCAST[_k]))
 
-# busbw factor 1, as for reduce and broadcast (nccl-tests has no composite; bytes = the tensor)
+# busbw factor 1, as for reduce and broadcast (nccl-tests has no
+# composite; bytes = the tensor)
 REDUCE_BROADCAST_OP = Op("reduce_broadcast", "reduce", 3.0, _rb_setup, _rb_reset,
                          _rb_check, _RB_IMPLS)
 
@@ -150,9 +158,10 @@ def _ring_check(b, g, pat):
 
 
 def _ring_blocking(b, g):
-    # blocking send/recv: even ranks send first, odd ranks receive first, so no cycle of
-    # ranks all waiting to send (an odd ring has two even neighbours: 0 and n-1; rank 1
-    # receives first and breaks the cycle)
+    # blocking send/recv: even ranks send first, odd ranks receive
+    # first, so no cycle of ranks all waiting to send (an odd ring has
+    # two even neighbours: 0 and n-1; rank 1 receives first and breaks
+    # the cycle)
     if g.grank % 2 == 0:
         dist.send(b["t"], dst=g.peer(1), group=g.handle)
         dist.recv(b["r"], src=g.peer(-1), group=g.handle)
@@ -162,9 +171,10 @@ def _ring_blocking(b, g):
 
 
 def _ring_async(b, g):
-    # isend + irecv both in flight. Posted as one batch: with nccl that is one NCCL group,
-    # so two ranks sending to each other first cannot deadlock on one pair's stream; with
-    # gloo it is exactly dist.isend + dist.irecv.
+    # isend + irecv both in flight. Posted as one batch: with nccl that
+    # is one NCCL group, so two ranks sending to each other first cannot
+    # deadlock on one pair's stream; with gloo it is exactly dist.isend
+    # + dist.irecv.
     reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, b["t"], g.peer(1), g.handle),
                                    dist.P2POp(dist.irecv, b["r"], g.peer(-1), g.handle)])
     for r in reqs:
@@ -185,7 +195,8 @@ def _ag_setup(size, g, dtype, device):
 
 
 def _ag_reset(b, g, pat):
-    # piece i of the gathered array continues the pattern where piece i-1 stopped
+    # piece i of the gathered array continues the pattern where piece
+    # i-1 stopped
     pat.fill(b["in"], base=g.grank + 1, off=g.grank * b["m"])
     b["out"].fill_(-1)
 
@@ -209,10 +220,12 @@ ALL_GATHER_OP = Op(
 
 
 def _gather_check(b, g, pat):
-    return _ag_check(b, g, pat) if g.grank == 0 else None  # only the root's output is defined
+    # only the root's output is defined
+    return _ag_check(b, g, pat) if g.grank == 0 else None
 
 
-# the root is the group's first rank (g.root, a global rank); the others pass no output
+# the root is the group's first rank (g.root, a global rank); the others
+# pass no output
 GATHER_OP = Op(
     "gather", "gather", 2.5, _ag_setup, _ag_reset, _gather_check,
     _ours(GATHER, lambda f, b, g: f(b["out"] if g.grank == 0 else None,
@@ -255,7 +268,8 @@ def _pp_reset(b, g, pat):
 
 
 def _pp_run(b, g):
-    # rank a sends, b echoes the same bytes back: the time is a round trip
+    # rank a sends, b echoes the same bytes back: the time is a round
+    # trip
     if g.grank == 0:
         dist.send(b["t"], dst=g.peer(1))
         dist.recv(b["r"], src=g.peer(1))
@@ -271,8 +285,9 @@ def _pp_check(b, g, pat):
 PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
-# the benchmarked ops (bench.ops); their implementations come from ddp_lab.collectives'
-# tables. The config's table (what the submitting side checks, without torch) must say the same.
+# the benchmarked ops (bench.ops); their implementations come from
+# ddp_lab.collectives' tables. The config's table (what the submitting
+# side checks, without torch) must say the same.
 OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
     ISEND_IRECV_RING_OP, ALL_GATHER_OP, GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})

@@ -1,8 +1,9 @@
-"""Bench results on disk: bench.csv, bench.json, bench.md and plots/*.png (+ .json).
+"""Bench results on disk: bench.csv, bench.json, bench.md and
+plots/*.png (+ .json).
 
-Every plot has a sidecar JSON with the exact series drawn (label, x, y), so tests and
-scripts can read what a figure shows without parsing pixels. Wrong results are in the
-tables (marked) and never in a plot.
+Every plot has a sidecar JSON with the exact series drawn (label, x, y),
+so tests and scripts can read what a figure shows without parsing
+pixels. Wrong results are in the tables (marked) and never in a plot.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype
                "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "throughput_GiBps",
                "correct", "error")
 
-# bench.plot_metric -> (row key, y-axis label, title): every axis says its unit
+# bench.plot_metric -> (row key, y-axis label, title): every axis says
+# its unit
 METRICS = {
     "busbw": ("busbw_GBps", "busbw (GB/s = 1e9 bytes/s)", "bus bandwidth"),
     "algbw": ("algbw_GBps", "algbw (GB/s = 1e9 bytes/s)", "algorithm bandwidth"),
@@ -107,7 +109,8 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def _log2_axis(ax) -> None:
-    from matplotlib.ticker import LogLocator  # lazy: see report.plots._plt
+    # lazy: see report.plots._plt
+    from matplotlib.ticker import LogLocator
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
@@ -115,9 +118,10 @@ def _log2_axis(ax) -> None:
 
 
 def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict:
-    """Line style and marker = group kind; colour = implementation (the group kind when
-    the figure has one implementation, as the hand-in plot; op on the overview), so lines
-    read apart without the legend's help."""
+    """Line style and marker = group kind; colour = implementation (the
+    group kind when the figure has one implementation, as the hand-in
+    plot; op on the overview), so lines read apart without the legend's
+    help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
         import matplotlib  # lazy: see report.plots._plt
@@ -133,14 +137,16 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
 
 
 def op_figure(title: str, rows: list[dict], metric: str, nops: int):
-    """Bandwidth vs size (left) and time per call vs size (right), one line per series,
-    both panels on one x axis (elements). The legend sits under the panels (constrained
-    layout makes room for it), so it never covers a line. Returns the figure and what was
-    drawn (the sidecar JSON's content)."""
+    """Bandwidth vs size (left) and time per call vs size (right), one
+    line per series, both panels on one x axis (elements). The legend
+    sits under the panels (constrained layout makes room for it), so it
+    never covers a line. Returns the figure and what was drawn (the
+    sidecar JSON's content)."""
     plt = _plt()
 
     series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
-    series = [s for s in series if s]  # a wrong result is reported, not plotted
+    # a wrong result is reported, not plotted
+    series = [s for s in series if s]
     ops_order = list(dict.fromkeys(r["op"] for r in rows))
     impls = list(dict.fromkeys(s[0]["impl"] for s in series))
     fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.2 + 0.2 * -(-len(series) // 3)),
@@ -154,7 +160,8 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
         t = [r["time_median_s"] * 1e3 for r in good]
         ax_bw.plot(x, y, ms=4, label=label, **style)
         ax_t.plot(x, t, ms=4, **style)
-        if len(series) <= 4:  # spread bands only where they stay readable
+        # spread bands only where they stay readable
+        if len(series) <= 4:
             ax_t.fill_between(x, [r["time_p25_s"] * 1e3 for r in good],
                               [r["time_p75_s"] * 1e3 for r in good], color=style["color"], alpha=0.15)
         drawn.append({"label": label, "op": good[0]["op"], "impl": good[0]["impl"],
@@ -178,13 +185,15 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
 
 
 def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
-    """op_figure's PNG at `path` and its sidecar JSON; returns the JSON's content."""
+    """op_figure's PNG at `path` and its sidecar JSON; returns the
+    JSON's content."""
     return save(*op_figure(title, rows, metric, nops), path)
 
 
 def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw",
                   title: str = "") -> dict[str, Any]:
-    """Every file of a bench run folder; returns the plot descriptions."""
+    """Every file of a bench run folder; returns the plot
+    descriptions."""
     rows = result["rows"]
     write_csv(run_dir / "bench.csv", rows)
     plots_dir = run_dir / "plots"

@@ -1,8 +1,9 @@
 """The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.command.validate`, `ddp_lab.command.job`); only the rules
-of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the
-folder's name (`bench_<launcher>_<date>_<time>`) differ.
+The same machinery as a training run (`ddp_lab.command.validate`,
+`ddp_lab.command.job`); only the rules of the `bench` section (BENCH,
+here), the entry each rank runs (`run.entry`) and the folder's name
+(`bench_<launcher>_<date>_<time>`) differ.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
 # ------------------------------------------------------------------ check
-# the bench's own rules, before any process starts; the launcher's and every job's
-# (validate.COMMON) come from ddp_lab.command.validate
+# the bench's own rules, before any process starts; the launcher's and
+# every job's (validate.COMMON) come from ddp_lab.command.validate
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)
@@ -38,8 +39,8 @@ def _names(cfg: DictConfig) -> Optional[str]:
 
 
 def _gpus(cfg: DictConfig) -> Optional[str]:
-    """The hand-in measures NCCL between GPUs: on SLURM it asks for them, and never ends up
-    on CPUs (gloo) by accident."""
+    """The hand-in measures NCCL between GPUs: on SLURM it asks for
+    them, and never ends up on CPUs (gloo) by accident."""
     lc = cfg.launcher
     if (cfg.bench.name == "handin" and lc.name == "slurm" and not lc.gpus_per_node
             and cfg.dist.device != "cpu"):
@@ -98,7 +99,9 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> Outcome:
     if rc != 0:
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
         result = f"failed: {summary['status'].removeprefix('failed: ')}"
-    elif not summary:  # submitted without following (launcher.wait=false): still running
+    elif not summary:
+        # submitted without following (launcher.wait=false): still
+        # running
         print(f"no results yet: bench.md, bench.csv and plots/ appear in {run_dir} when the "
               "job ends")
     else:
@@ -112,7 +115,9 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> Outcome:
               f"plots: {', '.join(str(run_dir / p) for p in summary.get('plots', []))}")
         result = f"ok: {summary.get('measurements', 0)} measurements"
         if summary.get("wrong_results"):
-            rc = 1  # a wrong result is a failure of the implementation under test
+            # a wrong result is a failure of the implementation under
+            # test
+            rc = 1
             result = f"failed: {summary['wrong_results']} wrong result(s)"
     print(f"run dir: {run_dir}")
     return Outcome(rc, result, run_dir)

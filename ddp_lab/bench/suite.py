@@ -1,12 +1,13 @@
-"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite NAME [options]`
-(docs/benchmarks.md).
+"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite
+NAME [options]` (docs/benchmarks.md).
 
     python -m ddp_lab.bench.suite                         # the benchmarks, one line each
     python -m ddp_lab.bench.suite NAME --help             # its own options too
 
-Each benchmark is a module of ddp_lab/bench/specs/: `SPEC` (what it compares), `add_args`
-and `run(args)` (its figures). The runner gives every one the same options (`--rounds`,
-`--out`, `--data-root`), ending (the ratios as a table) and JSON file (`--out`).
+Each benchmark is a module of ddp_lab/bench/specs/: `SPEC` (what it
+compares), `add_args` and `run(args)` (its figures). The runner gives
+every one the same options (`--rounds`, `--out`, `--data-root`), ending
+(the ratios as a table) and JSON file (`--out`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
-# name -> module of ddp_lab.bench.specs, in the order `python -m ddp_lab.bench.suite` lists
+# name -> module of ddp_lab.bench.specs, in the order `python -m
+# ddp_lab.bench.suite` lists
 NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical",
          "stop", "start", "tensorboard", "truth", "network")
 
 
 @dataclass(frozen=True)
 class Spec:
-    """What a benchmark runs side by side (`compares`), its rounds (`rounds`: the default of
-    `--rounds`; None: it has no rounds) and the ratios it prints (`ratios`, in words)."""
+    """What a benchmark runs side by side (`compares`), its rounds
+    (`rounds`: the default of `--rounds`; None: it has no rounds) and
+    the ratios it prints (`ratios`, in words)."""
     compares: str
     ratios: str
     rounds: Optional[int] = None
@@ -43,11 +46,13 @@ class Spec:
 
 
 class UsageError(ValueError):
-    """A bad option found after parsing: one line naming it and the fix, exit 2."""
+    """A bad option found after parsing: one line naming it and the fix,
+    exit 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """A user's mistake: one line naming the option, exit 2 (no usage block)."""
+    """A user's mistake: one line naming the option, exit 2 (no usage
+    block)."""
 
     def error(self, message: str) -> None:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -55,12 +60,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def load(name: str):
-    """The spec module of benchmark `name` (ddp_lab.bench.specs.<name>)."""
+    """The spec module of benchmark `name`
+    (ddp_lab.bench.specs.<name>)."""
     return importlib.import_module(f"ddp_lab.bench.specs.{name}")
 
 
 def parser(name: str) -> argparse.ArgumentParser:
-    """Benchmark `name`'s command line: the runner's options, then its own."""
+    """Benchmark `name`'s command line: the runner's options, then its
+    own."""
     mod = load(name)
     spec: Spec = mod.SPEC
     ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
@@ -77,7 +84,8 @@ def parser(name: str) -> argparse.ArgumentParser:
 
 
 def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Benchmark `name`'s options, checked by its `check(args)` where it has one."""
+    """Benchmark `name`'s options, checked by its `check(args)` where it
+    has one."""
     args = parser(name).parse_args(argv)
     check = getattr(load(name), "check", None)
     if check is not None:
@@ -86,13 +94,15 @@ def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace
 
 
 def ratio_table(ratios: Mapping[str, float]) -> str:
-    """The one ending every benchmark prints: each ratio, measured side by side in one run."""
+    """The one ending every benchmark prints: each ratio, measured side
+    by side in one run."""
     rows = [f"| {k} | {v:.3f} |" for k, v in ratios.items() if v is not None]
     return "\n".join(["| ratio | measured |", "| --- | ---: |", *rows])
 
 
 def write_json(path: str, name: str, args: argparse.Namespace, result: Mapping[str, Any]) -> None:
-    """The one JSON file: the benchmark, its options and its figures (ratios among them)."""
+    """The one JSON file: the benchmark, its options and its figures
+    (ratios among them)."""
     doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
                                    for k, v in vars(args).items()}, **result}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +110,8 @@ def write_json(path: str, name: str, args: argparse.Namespace, result: Mapping[s
 
 
 def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, measure, print the ratios, write the JSON: benchmark `name`'s whole command."""
+    """Parse, measure, print the ratios, write the JSON: benchmark
+    `name`'s whole command."""
     try:
         args = parse(name, argv)
         result = load(name).run(args)
@@ -118,8 +129,9 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
 
 
 def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty or None:
-    all), in `configs`' order. A label `configs` lacks: UsageError."""
+    """The configurations named in `only` (comma-separated labels; empty
+    or None: all), in `configs`' order. A label `configs` lacks:
+    UsageError."""
     if not only:
         return dict(configs)
     keep = [c.strip() for c in only.split(",")]
@@ -131,9 +143,10 @@ def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
 
 
 def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
-    """(round, configuration) for rounds 1 to `repeats`: every configuration once a round,
-    the order rotated by one each round, so that slow drift on a shared machine hits every
-    configuration alike."""
+    """(round, configuration) for rounds 1 to `repeats`: every
+    configuration once a round, the order rotated by one each round, so
+    that slow drift on a shared machine hits every configuration
+    alike."""
     configs = list(configs)
     for r in range(repeats):
         k = r % len(configs)
@@ -142,7 +155,8 @@ def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
 
 
 def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
-    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
+    """label -> the median over its rounds: of numbers, or key by key of
+    dicts of numbers."""
     def median(v: Sequence) -> Any:
         if isinstance(v[0], Mapping):
             return {k: statistics.median(m[k] for m in v) for k in v[0]}
@@ -152,17 +166,19 @@ def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
 
 
 def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -> dict[str, float]:
-    """name -> values[a] / values[b] for each (name, a, b) of `pairs` where both were run."""
+    """name -> values[a] / values[b] for each (name, a, b) of `pairs`
+    where both were run."""
     return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}
 
 
 def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
             on_line: Optional[Callable[[Optional[str]], None]] = None,
             entry: str = "ddp_lab") -> dict:
-    """One real run (`python -m ddp_lab`, or `entry`: this checkout's, `overrides` last)
-    started in `cwd`, `env` added to its environment: its summary.json, and its folder as
-    "run_dir". `on_line` sees each line of its output as it comes, then None when it has
-    ended (in any case). Exits with the run's last output if it failed."""
+    """One real run (`python -m ddp_lab`, or `entry`: this checkout's,
+    `overrides` last) started in `cwd`, `env` added to its environment:
+    its summary.json, and its folder as "run_dir". `on_line` sees each
+    line of its output as it comes, then None when it has ended (in any
+    case). Exits with the run's last output if it failed."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
     cmd = [sys.executable, "-m", entry, "log.progress=lines", *overrides]
@@ -209,17 +225,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[0] not in NAMES:
         print(f"error: no benchmark {argv[0]!r}; choose from {', '.join(NAMES)}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so every `finally` ends what it started
+    # so every `finally` ends what it started
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return run(argv[0], argv[1:])
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM as an exception: the benchmark's processes (a run, a loop in a child, the CPU
-    hog) are ended on the way out (`subprocess.run` kills its child; the specs' `finally`)."""
+    """SIGTERM as an exception: the benchmark's processes (a run, a loop
+    in a child, the CPU hog) are ended on the way out (`subprocess.run`
+    kills its child; the specs' `finally`)."""
     raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
-    from ddp_lab.bench import suite  # the module the specs import, not this __main__ copy
+    # the module the specs import, not this __main__ copy
+    from ddp_lab.bench import suite
 
     sys.exit(suite.main())

@@ -1,9 +1,11 @@
-"""Collective algorithms built from point-to-point send/recv: plain functions that mirror
-``torch.distributed`` (in place or into ``output``, return None, any ``group``, gloo and
-nccl, no barriers); their conventions and costs: docs/collectives.md. The ring in one
-screen is ``ring.py`` (:func:`all_reduce_ring_textbook`); :func:`all_reduce_ring` batches
-each step (gloo and nccl); :class:`PrepostedRingAllReduce` posts each call's receives
-during the previous one (gloo).
+"""Collective algorithms built from point-to-point send/recv: plain
+functions that mirror ``torch.distributed`` (in place or into
+``output``, return None, any ``group``, gloo and nccl, no barriers);
+their conventions and costs: docs/collectives.md. The ring in one screen
+is ``ring.py`` (:func:`all_reduce_ring_textbook`);
+:func:`all_reduce_ring` batches each step (gloo and nccl);
+:class:`PrepostedRingAllReduce` posts each call's receives during the
+previous one (gloo).
 """
 
 from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op

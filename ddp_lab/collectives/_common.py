@@ -1,5 +1,6 @@
-"""Shared plumbing for the collectives: reduction ops, group bookkeeping, point-to-point
-(private; the package ``__init__`` re-exports the public names)."""
+"""Shared plumbing for the collectives: reduction ops, group
+bookkeeping, point-to-point (private; the package ``__init__``
+re-exports the public names)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-# Canonical op names; callers may also pass any case or a ``ReduceOp`` (docs/collectives.md)
+# Canonical op names; callers may also pass any case or a ``ReduceOp``
+# (docs/collectives.md)
 SUM = "SUM"
 PRODUCT = "PRODUCT"
 MAX = "MAX"
@@ -26,10 +28,12 @@ OpLike = Union[str, ReduceOp, ReduceOp.RedOpType]
 
 
 def normalize_op(op: object) -> str:
-    """Return the canonical name (``"SUM"``, ...) of a reduction op, or raise ValueError."""
+    """Return the canonical name (``"SUM"``, ...) of a reduction op, or
+    raise ValueError."""
     name = None
     if not isinstance(op, ReduceOp.RedOpType) and isinstance(op, ReduceOp):
-        op = op.op  # ReduceOp(ReduceOp.SUM) wraps the enum value; unwrap it
+        # ReduceOp(ReduceOp.SUM) wraps the enum value; unwrap it
+        op = op.op
     if isinstance(op, ReduceOp.RedOpType):
         name = op.name
     elif isinstance(op, str):
@@ -43,7 +47,8 @@ def normalize_op(op: object) -> str:
 
 
 def check_op_dtype(op: str, dtype: torch.dtype) -> None:
-    """AVG is SUM followed by a division, which only makes sense for float/complex tensors."""
+    """AVG is SUM followed by a division, which only makes sense for
+    float/complex tensors."""
     if op == AVG and not (dtype.is_floating_point or dtype.is_complex):
         raise ValueError(
             f"op AVG needs a floating-point or complex tensor, got {dtype}; "
@@ -57,7 +62,8 @@ _COMBINE = {SUM: torch.add, AVG: torch.add, PRODUCT: torch.mul, MAX: torch.maxim
 
 
 def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
-    """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may alias ``a``)."""
+    """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may
+    alias ``a``)."""
     _COMBINE[op](a, b, out=out)
 
 
@@ -68,8 +74,9 @@ def combine_(acc: torch.Tensor, other: torch.Tensor, op: str) -> None:
 
 @dataclass(frozen=True)
 class GroupInfo:
-    """This process's view of a process group: ``rank``/``size`` group-local, ``ranks[i]``
-    the global rank of group rank ``i`` (what point-to-point calls need)."""
+    """This process's view of a process group: ``rank``/``size``
+    group-local, ``ranks[i]`` the global rank of group rank ``i`` (what
+    point-to-point calls need)."""
 
     group: dist.ProcessGroup | None
     rank: int
@@ -77,31 +84,36 @@ class GroupInfo:
     ranks: tuple[int, ...]
 
     def peer(self, group_rank: int) -> int:
-        """Global rank of group rank ``group_rank`` (taken modulo the group size)."""
+        """Global rank of group rank ``group_rank`` (taken modulo the
+        group size)."""
         return self.ranks[group_rank % self.size]
 
 
 def group_info(group: dist.ProcessGroup | None) -> GroupInfo | None:
-    """Describe ``group`` (None = default group); None if this process is not a member."""
+    """Describe ``group`` (None = default group); None if this process
+    is not a member."""
     if not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is not initialised; call dist.init_process_group() first"
         )
     rank = dist.get_rank(group)
-    if rank < 0:  # torch returns -1 for processes outside ``group``
+    # torch returns -1 for processes outside ``group``
+    if rank < 0:
         return None
     size = dist.get_world_size(group)
     if group is None or group is dist.GroupMember.WORLD:
         ranks = tuple(range(size))
     else:
-        # Same as [dist.get_global_rank(group, r) for r in range(size)], in O(size).
+        # Same as [dist.get_global_rank(group, r) for r in range(size)],
+        # in O(size).
         ranks = tuple(dist.get_process_group_ranks(group))
     return GroupInfo(group, rank, size, ranks)
 
 
 def resolve_root(info: GroupInfo, root: int | None, group_root: int | None, name: str) -> int:
-    """Group-local rank of the root, from its global rank (``src``/``dst``, as in
-    ``torch.distributed``) or its group rank (``group_src``/``group_dst``)."""
+    """Group-local rank of the root, from its global rank
+    (``src``/``dst``, as in ``torch.distributed``) or its group rank
+    (``group_src``/``group_dst``)."""
     if (root is None) == (group_root is None):
         raise ValueError(f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)")
     if group_root is not None:
@@ -122,9 +134,11 @@ def p2p(
     recvs: Sequence[tuple[torch.Tensor, int]] = (),
 ) -> None:
     """Post ``sends``/``recvs`` (``(tensor, group_rank)`` pairs) as ONE
-    :func:`torch.distributed.batch_isend_irecv` and wait for all: on nccl one group, so
-    exchanges cannot deadlock. Zero-element tensors are skipped (both ends agree on sizes)."""
-    # receives first, as the ring's (ring_batched.py's p2p_pipelined says why)
+    :func:`torch.distributed.batch_isend_irecv` and wait for all: on
+    nccl one group, so exchanges cannot deadlock. Zero-element tensors
+    are skipped (both ends agree on sizes)."""
+    # receives first, as the ring's (ring_batched.py's p2p_pipelined
+    # says why)
     ops = [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
     ops += [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]
     if not ops:
@@ -137,9 +151,10 @@ _scratch = threading.local()
 
 
 def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
-    """A reusable 1-D buffer of ``numel`` elements with ``like``'s dtype and device, cached
-    per thread, (device, dtype, slot), only ever growing: a fresh ``torch.empty`` of many
-    MB costs page faults on CPU each call. Never hold two live buffers of one slot."""
+    """A reusable 1-D buffer of ``numel`` elements with ``like``'s dtype
+    and device, cached per thread, (device, dtype, slot), only ever
+    growing: a fresh ``torch.empty`` of many MB costs page faults on CPU
+    each call. Never hold two live buffers of one slot."""
     cache = getattr(_scratch, "buffers", None)
     if cache is None:
         cache = _scratch.buffers = {}
@@ -151,14 +166,16 @@ def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
 
 
 def clear_scratch() -> None:
-    """Drop this thread's cached scratch buffers (see :func:`scratch`)."""
+    """Drop this thread's cached scratch buffers (see
+    :func:`scratch`)."""
     _scratch.buffers = {}
 
 
 @contextlib.contextmanager
 def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tensor]:
-    """A contiguous 1-D view of ``t``; for a non-contiguous ``t`` a copy, written back on
-    normal exit when ``writeback``, so callers always work "in place" on it."""
+    """A contiguous 1-D view of ``t``; for a non-contiguous ``t`` a
+    copy, written back on normal exit when ``writeback``, so callers
+    always work "in place" on it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.is_contiguous():
@@ -173,10 +190,11 @@ def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tens
 def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,
            group_root: int | None, name: str, result_on_root: bool,
            body: Callable[[GroupInfo, torch.Tensor, int], None]) -> None:
-    """The frame every rooted collective (broadcast, reduce) shares: resolve the group and
-    the root, skip when there is nothing to do (not a member, one rank, empty tensor),
-    and run ``body(info, flat, root)`` on a flat view written back where the result lands
-    (the root for a reduce, every other rank for a broadcast)."""
+    """The frame every rooted collective (broadcast, reduce) shares:
+    resolve the group and the root, skip when there is nothing to do
+    (not a member, one rank, empty tensor), and run ``body(info, flat,
+    root)`` on a flat view written back where the result lands (the root
+    for a reduce, every other rank for a broadcast)."""
     info = group_info(group)
     if info is None:
         return

@@ -1,6 +1,7 @@
-"""Gather: every rank's ``input`` lands, in group-rank order, in the root's ``output`` (``n``
-pieces of ``input.numel()`` elements, laid out as :func:`torch.distributed.all_gather_into_tensor`
-does); the other ranks pass None. Costs: docs/collectives.md."""
+"""Gather: every rank's ``input`` lands, in group-rank order, in the
+root's ``output`` (``n`` pieces of ``input.numel()`` elements, laid out
+as :func:`torch.distributed.all_gather_into_tensor` does); the other
+ranks pass None. Costs: docs/collectives.md."""
 
 from __future__ import annotations
 
@@ -20,18 +21,21 @@ def _gather_linear(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor,
 
 
 def _gather_tree(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int) -> None:
-    """Binomial tree, relative to the root: rank ``v`` holds the pieces of its subtree
-    ``v .. v + span - 1`` (``span`` = its lowest set bit, the root all ``n``), receives
-    each child's block as the child completes it, and sends the block to its parent."""
+    """Binomial tree, relative to the root: rank ``v`` holds the pieces
+    of its subtree ``v .. v + span - 1`` (``span`` = its lowest set bit,
+    the root all ``n``), receives each child's block as the child
+    completes it, and sends the block to its parent."""
     n, m = info.size, inp.numel()
     v = (info.rank - root) % n
     span = min(v & -v if v else n, n - v)
-    block = scratch(span * m, inp, slot=4)  # relative order: piece k is rank v + k's
+    # relative order: piece k is rank v + k's
+    block = scratch(span * m, inp, slot=4)
     block[:m].copy_(inp)
     mask = 1
     while mask < span:
         child = v + mask
-        count = min(mask, n - child)  # the child's subtree, cut at the end of the group
+        # the child's subtree, cut at the end of the group
+        count = min(mask, n - child)
         p2p(info, recvs=[(block[mask * m:(mask + count) * m], (child + root) % n)])
         mask <<= 1
     if v:
@@ -64,27 +68,31 @@ def _gather(body, output: torch.Tensor | None, input: torch.Tensor, dst: int | N
 
 def gather_linear(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                  group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """Linear gather: every rank sends its piece to the root, which posts the ``n-1`` receives
-    at once, straight into ``output``. ``dst`` is a *global* rank as in
-    :func:`torch.distributed.gather`, or give ``group_dst=``."""
+    """Linear gather: every rank sends its piece to the root, which
+    posts the ``n-1`` receives at once, straight into ``output``.
+    ``dst`` is a *global* rank as in :func:`torch.distributed.gather`,
+    or give ``group_dst=``."""
     _gather(_gather_linear, output, input, dst, group, group_dst)
 
 
 def gather_tree(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                 group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """Binomial-tree gather: each rank receives its children's blocks (smallest first) and
-    sends its subtree's block up once. Arguments as :func:`gather_linear`."""
+    """Binomial-tree gather: each rank receives its children's blocks
+    (smallest first) and sends its subtree's block up once. Arguments as
+    :func:`gather_linear`."""
     _gather(_gather_tree, output, input, dst, group, group_dst)
 
 
 def torch_gather(output: torch.Tensor | None, input: torch.Tensor, dst: int | None = None,
                  group: dist.ProcessGroup | None = None, *, group_dst: int | None = None) -> None:
-    """:func:`torch.distributed.gather` into one output tensor (its ``n`` rows). Returns None."""
+    """:func:`torch.distributed.gather` into one output tensor (its
+    ``n`` rows). Returns None."""
     info = group_info(group)
     if info is None:
         return
     root = resolve_root(info, dst, group_dst, "dst")
-    dst = info.ranks[root]  # the root by its global rank: group_dst is torch >= 2.6's
+    # the root by its global rank: group_dst is torch >= 2.6's
+    dst = info.ranks[root]
     with flat_view(input, writeback=False) as inp:
         if info.rank != root:
             dist.gather(inp, None, dst=dst, group=group)

@@ -1,5 +1,6 @@
-"""Reduce: combine ``tensor`` from every rank with ``op``; only the root gets the result.
-Costs: docs/collectives.md, "Algorithms and alpha-beta costs"."""
+"""Reduce: combine ``tensor`` from every rank with ``op``; only the root
+gets the result. Costs: docs/collectives.md, "Algorithms and alpha-beta
+costs"."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ def _reduce_linear(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> N
     if info.rank != root:
         p2p(info, sends=[(flat, root)])
         return
-    # Receive everything concurrently, then combine in group-rank order so the result
-    # does not depend on which message arrived first.
+    # Receive everything concurrently, then combine in group-rank order
+    # so the result does not depend on which message arrived first.
     bufs = [(r, torch.empty_like(flat)) for r in range(info.size) if r != root]
     p2p(info, recvs=[(buf, r) for r, buf in bufs])
     for _, buf in bufs:
@@ -26,15 +27,17 @@ def _reduce_linear(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> N
 def _reduce_tree(
     info: GroupInfo, flat: torch.Tensor, root: int, op: str, *, clobber: bool
 ) -> None:
-    """Binomial-tree reduce. With ``clobber`` inner nodes accumulate into ``flat`` itself
-    (fine when a broadcast will overwrite it anyway); otherwise into a private copy."""
+    """Binomial-tree reduce. With ``clobber`` inner nodes accumulate
+    into ``flat`` itself (fine when a broadcast will overwrite it
+    anyway); otherwise into a private copy."""
     n = info.size
     v = (info.rank - root) % n
     acc = flat
     buf = None
     mask = 1
     while mask < n:
-        if v & mask:  # hand the partial result to the parent and stop
+        # hand the partial result to the parent and stop
+        if v & mask:
             p2p(info, sends=[(acc, (v - mask + root) % n)])
             return
         child = v + mask
@@ -59,10 +62,12 @@ def reduce_linear(
     *,
     group_dst: int | None = None,
 ) -> None:
-    """Naive (flat) reduce, in place on the root: it posts ``n-1`` receives at once and
-    combines them in rank order. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide on the
-    root; float/complex only). ``dst`` is a *global* rank as in
-    :func:`torch.distributed.reduce`, or give ``group_dst=``. Non-root tensors are unchanged."""
+    """Naive (flat) reduce, in place on the root: it posts ``n-1``
+    receives at once and combines them in rank order. ``op``:
+    SUM/PRODUCT/MAX/MIN/AVG (AVG = SUM then divide on the root;
+    float/complex only). ``dst`` is a *global* rank as in
+    :func:`torch.distributed.reduce`, or give ``group_dst=``. Non-root
+    tensors are unchanged."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,
@@ -77,9 +82,11 @@ def reduce_tree(
     *,
     group_dst: int | None = None,
 ) -> None:
-    """Binomial-tree reduce, in place on the root, the mirror of :func:`broadcast_tree`:
-    rank ``v`` combines its children's partials (smallest first) into a scratch copy and sends
-    it to ``v - lowbit(v)``. Ops and ``dst``/``group_dst`` as in :func:`reduce_linear`."""
+    """Binomial-tree reduce, in place on the root, the mirror of
+    :func:`broadcast_tree`: rank ``v`` combines its children's partials
+    (smallest first) into a scratch copy and sends it to ``v -
+    lowbit(v)``. Ops and ``dst``/``group_dst`` as in
+    :func:`reduce_linear`."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     rooted(tensor, group, dst, group_dst, "dst", True,

@@ -1,7 +1,9 @@
-"""Name -> function registries and ``torch.distributed`` wrappers (costs: ``ddp_lab.predict.costmodel``).
+"""Name -> function registries and ``torch.distributed`` wrappers
+(costs: ``ddp_lab.predict.costmodel``).
 
-Every entry of a registry has the calling convention of its collective, so callers
-(benchmarks, gradient synchronisers) can swap algorithms by name::
+Every entry of a registry has the calling convention of its collective,
+so callers (benchmarks, gradient synchronisers) can swap algorithms by
+name::
 
     BROADCAST[name](tensor, src, group=None)
     REDUCE[name](tensor, dst, op=SUM, group=None)
@@ -10,8 +12,9 @@ Every entry of a registry has the calling convention of its collective, so calle
     REDUCE_SCATTER[name](output, input, op=SUM, group=None)
     GATHER[name](output, input, dst, group=None)         (output: the root's; None elsewhere)
 
-``"torch"`` entries wrap the built-in collective with the same op handling as ours (AVG:
-native on nccl, SUM then divide on gloo, whose AVG support varies across torch versions).
+``"torch"`` entries wrap the built-in collective with the same op
+handling as ours (AVG: native on nccl, SUM then divide on gloo, whose
+AVG support varies across torch versions).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from .reduce import reduce_linear, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
 def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpType, bool]:
-    """(op to hand to torch, whether we must divide by the group size afterwards)."""
+    """(op to hand to torch, whether we must divide by the group size
+    afterwards)."""
     if op != AVG:
         return getattr(ReduceOp, op), False
     if dist.get_backend(group) == "nccl":
@@ -43,12 +47,14 @@ def torch_broadcast(
     tensor: torch.Tensor, src: int | None = None, group: dist.ProcessGroup | None = None,
     *, group_src: int | None = None,
 ) -> None:
-    """:func:`torch.distributed.broadcast` (non-contiguous tensors allowed). Returns None."""
+    """:func:`torch.distributed.broadcast` (non-contiguous tensors
+    allowed). Returns None."""
     info = group_info(group)
     if info is None:
         return
     root = resolve_root(info, src, group_src, "src")
-    with flat_view(tensor) as flat:  # the root by its global rank: group_src is torch >= 2.6's
+    # the root by its global rank: group_src is torch >= 2.6's
+    with flat_view(tensor) as flat:
         dist.broadcast(flat, info.ranks[root], group=group)
 
 
@@ -56,7 +62,8 @@ def torch_reduce(
     tensor: torch.Tensor, dst: int | None = None, op: OpLike = SUM,
     group: dist.ProcessGroup | None = None, *, group_dst: int | None = None,
 ) -> None:
-    """:func:`torch.distributed.reduce` with our op handling. Returns None."""
+    """:func:`torch.distributed.reduce` with our op handling. Returns
+    None."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     info = group_info(group)
@@ -74,7 +81,8 @@ def torch_reduce(
 def torch_all_reduce(
     tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
-    """:func:`torch.distributed.all_reduce` with our op handling. Returns None."""
+    """:func:`torch.distributed.all_reduce` with our op handling.
+    Returns None."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     info = group_info(group)
@@ -91,8 +99,8 @@ def torch_all_gather(
     output: torch.Tensor | Sequence[torch.Tensor], input: torch.Tensor,
     group: dist.ProcessGroup | None = None,
 ) -> None:
-    """:func:`torch.distributed.all_gather_single` (tensor output; `all_gather_into_tensor`
-    on a torch older than 2.14) or
+    """:func:`torch.distributed.all_gather_single` (tensor output;
+    `all_gather_into_tensor` on a torch older than 2.14) or
     :func:`torch.distributed.all_gather` (list output). Returns None."""
     if isinstance(output, torch.Tensor):
         with flat_view(output) as flat:
@@ -105,9 +113,10 @@ def torch_reduce_scatter(
     output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op: OpLike = SUM,
     group: dist.ProcessGroup | None = None,
 ) -> None:
-    """:func:`torch.distributed.reduce_scatter_single` (tensor input; `reduce_scatter_tensor`
-    on a torch older than 2.14) or
-    :func:`torch.distributed.reduce_scatter` (list input), with our op handling."""
+    """:func:`torch.distributed.reduce_scatter_single` (tensor input;
+    `reduce_scatter_tensor` on a torch older than 2.14) or
+    :func:`torch.distributed.reduce_scatter` (list input), with our op
+    handling."""
     op = normalize_op(op)
     check_op_dtype(op, output.dtype)
     info = group_info(group)

@@ -1,5 +1,6 @@
-"""Ring all-gather and ring reduce-scatter with ``torch.distributed``-style signatures (each
-also takes a list, like :func:`torch.distributed.all_gather` / ``reduce_scatter``)."""
+"""Ring all-gather and ring reduce-scatter with
+``torch.distributed``-style signatures (each also takes a list, like
+:func:`torch.distributed.all_gather` / ``reduce_scatter``)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 def _pieces(stack: contextlib.ExitStack, buf: torch.Tensor | Sequence[torch.Tensor],
             ref: torch.Tensor, n: int, name: str, ref_name: str,
             writeback: bool) -> list[torch.Tensor]:
-    """The ``n`` flat pieces of the full buffer ``buf`` (one tensor of ``n * ref.numel()``
-    elements, or a list of ``n`` tensors of ``ref.numel()``), each checked against ``ref``;
-    the flat views live as long as ``stack``."""
+    """The ``n`` flat pieces of the full buffer ``buf`` (one tensor of
+    ``n * ref.numel()`` elements, or a list of ``n`` tensors of
+    ``ref.numel()``), each checked against ``ref``; the flat views live
+    as long as ``stack``."""
     m = ref.numel()
     if isinstance(buf, torch.Tensor):
         _check_piece(buf, ref, name)
@@ -53,10 +55,12 @@ def all_gather_ring(
     *,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of every rank's ``output``:
-    one tensor of ``n * input.numel()`` elements (any shape; slot ``i`` the ``i``-th run of its
-    flattened form) or a list of ``n`` tensors. ``input`` may be a view of this rank's slot.
-    Pieces are received straight into ``output``, messages cut into ``segment_bytes``."""
+    """Ring all-gather: rank ``i``'s ``input`` ends up in slot ``i`` of
+    every rank's ``output``: one tensor of ``n * input.numel()``
+    elements (any shape; slot ``i`` the ``i``-th run of its flattened
+    form) or a list of ``n`` tensors. ``input`` may be a view of this
+    rank's slot. Pieces are received straight into ``output``, messages
+    cut into ``segment_bytes``."""
     info = group_info(group)
     if info is None:
         return
@@ -81,10 +85,12 @@ def reduce_scatter_ring(
     *,
     segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
 ) -> None:
-    """Ring reduce-scatter: ``output`` on rank ``i`` = ``op`` over all ranks of piece ``i`` of
-    ``input`` (one tensor of ``n * output.numel()`` elements, or a list of ``n``), which is not
-    modified. Double-buffered partials, reduced as pieces land, the last step written into
-    ``output``. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG: float/complex only)."""
+    """Ring reduce-scatter: ``output`` on rank ``i`` = ``op`` over all
+    ranks of piece ``i`` of ``input`` (one tensor of ``n *
+    output.numel()`` elements, or a list of ``n``), which is not
+    modified. Double-buffered partials, reduced as pieces land, the last
+    step written into ``output``. ``op``: SUM/PRODUCT/MAX/MIN/AVG (AVG:
+    float/complex only)."""
     op = normalize_op(op)
     check_op_dtype(op, output.dtype)
     info = group_info(group)

@@ -1,8 +1,9 @@
 """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
 
-The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors)
-becomes `error: <one line>` on stderr and exit 2, where Hydra would print several lines and
-exit 1 (the lines: mistakes.py). A -m sweep is Hydra's; `SweepTable` (sweep_table.py)
+The one place where a user mistake (ddp_lab's `UserError`, Hydra's
+composition errors) becomes `error: <one line>` on stderr and exit 2,
+where Hydra would print several lines and exit 1 (the lines:
+mistakes.py). A -m sweep is Hydra's; `SweepTable` (sweep_table.py)
 prints one row per job.
 """
 
@@ -34,10 +35,11 @@ from .sweep_table import job_name
 
 def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
-    """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one, or each of a -m
-    sweep; every job checked by `check_fn` before the first starts), and exit with the
-    failed job's status (2 for a user mistake). `schemas`: the dataclass modules that type
-    the config, for "did you mean" hints."""
+    """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one,
+    or each of a -m sweep; every job checked by `check_fn` before the
+    first starts), and exit with the failed job's status (2 for a user
+    mistake). `schemas`: the dataclass modules that type the config, for
+    "did you mean" hints."""
     flags = (command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
              or group_value_mistake(sys.argv[1:]))
     if flags:
@@ -47,9 +49,12 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
 
-    def task(cfg: DictConfig) -> Outcome:  # Hydra hands the Outcome to SweepTable
-        _restore_env("HYDRA_FULL_ERROR", full_error)  # the job's processes see the user's env
-        if swept and not cfg.run.get("name"):  # a sweep's job is named by what it varies
+    # Hydra hands the Outcome to SweepTable
+    def task(cfg: DictConfig) -> Outcome:
+        # the job's processes see the user's env
+        _restore_env("HYDRA_FULL_ERROR", full_error)
+        # a sweep's job is named by what it varies
+        if swept and not cfg.run.get("name"):
             cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
                                           if _key(o) in swept])
         try:
@@ -58,8 +63,9 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
         except (HydraException, OmegaConfBaseException) as e:
-            # the config read as the job starts (`~sync`, an interpolation to no key):
-            # one line, where Hydra adds its own "Error executing job with overrides"
+            # the config read as the job starts (`~sync`, an
+            # interpolation to no key): one line, where Hydra adds its
+            # own "Error executing job with overrides"
             print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
             outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
@@ -68,8 +74,9 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
             failed.append(outcome.rc)
         return outcome
 
-    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of printing them: we
-    # print one line of our own (and no traceback, whatever the user's setting)
+    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of
+    # printing them: we print one line of our own (and no traceback,
+    # whatever the user's setting)
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         if _plain_run(sys.argv[1:]):
@@ -95,8 +102,9 @@ def _defaults(config_name: str) -> DictConfig:
 
 
 def _swept_keys(argv: list[str]) -> set[str]:
-    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their
-    values (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
+    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs
+    are named by their values (names.sweep_name). None for a plain run
+    or one Hydra cannot parse (it says why)."""
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
@@ -111,15 +119,17 @@ def _key(override: str) -> str:
 
 
 def _plain_run(argv: list[str]) -> bool:
-    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no hydra.* key."""
+    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no
+    hydra.* key."""
     return not any(a.startswith("-") or a.lstrip("+~").startswith(("hydra.", "hydra/"))
                    for a in argv)
 
 
 def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides: list[str]) -> None:
-    """What `hydra.main` does for a plain run, with the config composed once: Hydra's own
-    path composes it twice (first only to read `hydra.mode`, which ddp_lab's configs never
-    set), about 0.5 s each here, half the time to the first line on the console."""
+    """What `hydra.main` does for a plain run, with the config composed
+    once: Hydra's own path composes it twice (first only to read
+    `hydra.mode`, which ddp_lab's configs never set), about 0.5 s each
+    here, half the time to the first line on the console."""
     app = Hydra.create_main_hydra2(task_name="ddp_lab",
                                    config_search_path=create_config_search_path(str(CONF_DIR)))
     try:
@@ -130,10 +140,13 @@ def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides
 
 
 def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
-    """Compose and check every job of a sweep first: Hydra composes each job only when
-    its turn comes, after the earlier ones ran (and made their run folders)."""
+    """Compose and check every job of a sweep first: Hydra composes each
+    job only when its turn comes, after the earlier ones ran (and made
+    their run folders)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return  # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
+        # other Hydra flags (--cfg, --config-name, ...): Hydra handles
+        # those runs
+        return
     overrides = override_parser().parse_overrides([a for a in argv if a[:1] != "-"])
     batches = BasicSweeper.split_arguments(overrides, None)
     if not any(batches):

@@ -1,5 +1,5 @@
-"""The rules on the config's keys: sections and keys it knows, keys a preset needs,
-durations that parse."""
+"""The rules on the config's keys: sections and keys it knows, keys a
+preset needs, durations that parse."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from omegaconf import DictConfig, OmegaConf
 from ..launch.slurm import duration_s
 
 
-#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one
-#: parser, with SLURM's launcher: --time, signal_s), here before any process starts
+#: keys that hold a duration in SLURM's formats: each is read by
+#: `duration_s` (the one parser, with SLURM's launcher: --time,
+#: signal_s), here before any process starts
 DURATION_KEYS = ("launcher.time",)
 def durations(cfg: DictConfig) -> Optional[str]:
-    """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
+    """Every DURATION_KEYS key this config has (launcher.time: slurm
+    only) parses."""
     for key in DURATION_KEYS:
         value = OmegaConf.select(cfg, key)
         if value is not None:
@@ -24,9 +26,10 @@ def durations(cfg: DictConfig) -> Optional[str]:
 
 
 def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
-    """A site preset's `launcher.required` keys must be set for a real submission. A dry
-    run still renders without them: it only shows the script, and seeing it is how a user
-    finds what to fill in (the missing #SBATCH lines are simply absent)."""
+    """A site preset's `launcher.required` keys must be set for a real
+    submission. A dry run still renders without them: it only shows the
+    script, and seeing it is how a user finds what to fill in (the
+    missing #SBATCH lines are simply absent)."""
     for key in cfg.launcher.get("required", []):
         if key not in cfg.launcher:
             return f"launcher.required names launcher.{key}, which launcher={cfg.launcher.name} has not"
@@ -37,9 +40,10 @@ def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
 
 
 def known_sections(cfg: DictConfig) -> Optional[str]:
-    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it. The
-    sections are the fields of the schema the config was composed from (config.Config,
-    the bench's BenchRootConfig), so the list is never written twice."""
+    """`+foo=1` adds a top-level key the typed sections cannot catch:
+    refuse it. The sections are the fields of the schema the config was
+    composed from (config.Config, the bench's BenchRootConfig), so the
+    list is never written twice."""
     allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
     extra = [k for k in cfg if k not in allowed]
     if extra:
@@ -49,11 +53,13 @@ def known_sections(cfg: DictConfig) -> Optional[str]:
 
 
 def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
-    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section) would be ignored:
-    refuse a key that is no field of its section's dataclass, at any depth."""
+    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section)
+    would be ignored: refuse a key that is no field of its section's
+    dataclass, at any depth."""
     kind = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(kind):
-        return None  # a plain mapping (a dict-typed key): any key is its content
+        # a plain mapping (a dict-typed key): any key is its content
+        return None
     fields = [f.name for f in dataclasses.fields(kind)]
     for key in node:
         full = f"{prefix}{key}"

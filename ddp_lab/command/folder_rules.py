@@ -1,4 +1,5 @@
-"""The rules on folders: run.dir or run.root and data.root can be made and written."""
+"""The rules on folders: run.dir or run.root and data.root can be made
+and written."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from omegaconf import DictConfig
 
 
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be made and written, or None: a probe
-    folder made inside it (as `mkdir -p` would) lets the OS refuse in its own words; what
-    the probe made is removed, so a checked command leaves nothing."""
+    """Why folder `value` (given as `key`) cannot be made and written,
+    or None: a probe folder made inside it (as `mkdir -p` would) lets
+    the OS refuse in its own words; what the probe made is removed, so a
+    checked command leaves nothing."""
     path = Path(value).expanduser().absolute()
     probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):
         error = _probe(probe)
-        # another command probing the same new folder removed it as ours went in: again
+        # another command probing the same new folder removed it as ours
+        # went in: again
         if not isinstance(error, FileNotFoundError):
             break
     if error is None:
@@ -30,9 +33,10 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
 
 
 def _probe(probe: Path) -> Optional[Exception]:
-    """Make the folder `probe` (and the folders on the way), then remove what was made; the
-    OS's error if it refused."""
-    missing = [probe]  # the probe and the folders to make on the way, innermost first
+    """Make the folder `probe` (and the folders on the way), then remove
+    what was made; the OS's error if it refused."""
+    # the probe and the folders to make on the way, innermost first
+    missing = [probe]
     while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
         missing.append(missing[-1].parent)
     made: list[Path] = []
@@ -41,7 +45,8 @@ def _probe(probe: Path) -> Optional[Exception]:
             try:
                 folder.mkdir()
                 made.append(folder)
-            except FileExistsError:  # made meanwhile by someone else: theirs, not ours
+            except FileExistsError:
+                # made meanwhile by someone else: theirs, not ours
                 if folder == probe or not folder.is_dir():
                     raise
     except (OSError, ValueError) as e:
@@ -63,9 +68,13 @@ def run_folder(cfg: DictConfig) -> Optional[str]:
 
 def data_folder(cfg: DictConfig) -> Optional[str]:
     if cfg.data.node_local:
-        return None  # node-local storage: it exists on the compute nodes, not necessarily here
+        # node-local storage: it exists on the compute nodes, not
+        # necessarily here
+        return None
     root = Path(cfg.data.root).expanduser()
     if root.is_dir() and (root / "MNIST" / "raw").is_dir() and not os.access(root, os.W_OK):
-        return None  # a read-only shared copy that is already there: nothing to write
+        # a read-only shared copy that is already there: nothing to
+        # write
+        return None
     return folder_problem("data.root", cfg.data.root, "give a folder you can write (the "
                           "dataset is fetched there), e.g. data.root=$HOME/data")

@@ -1,12 +1,14 @@
-"""One command per run folder: `RUN_DIR/LOCK`, taken before the command writes anything
-into the folder and held for the life of its job (docs/failures.md, "Two commands on one
-run folder": whose lock counts as alive, refusal and takeover).
+"""One command per run folder: `RUN_DIR/LOCK`, taken before the command
+writes anything into the folder and held for the life of its job
+(docs/failures.md, "Two commands on one run folder": whose lock counts
+as alive, refusal and takeover).
 
-The lock is a small JSON file naming its holder (host, pid with its start time, launcher).
-Race-free: a lock appears whole (a private file hard-linked to LOCK, which fails if LOCK
-exists), and is removed only under a short `flock` of the run folder, after checking that
-LOCK is still the very file judged (inode and content). Without flock or hard links:
-O_EXCL alone.
+The lock is a small JSON file naming its holder (host, pid with its
+start time, launcher). Race-free: a lock appears whole (a private file
+hard-linked to LOCK, which fails if LOCK exists), and is removed only
+under a short `flock` of the run folder, after checking that LOCK is
+still the very file judged (inode and content). Without flock or hard
+links: O_EXCL alone.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ LOCK = "LOCK"
 
 
 def _before_unlink() -> None:
-    """Called between the re-check of a dead holder's LOCK and its removal, under the
-    folder's flock: nothing here. tests/test_lock_stress.py pauses one taker at this point
-    to show a second one cannot slip in (the flock and the re-check, each shown needed)."""
+    """Called between the re-check of a dead holder's LOCK and its
+    removal, under the folder's flock: nothing here.
+    tests/test_lock_stress.py pauses one taker at this point to show a
+    second one cannot slip in (the flock and the re-check, each shown
+    needed)."""
 
 
 class FolderInUse(UserError):
@@ -54,7 +58,8 @@ def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
             and start_ticks(pid) == holder["start"]:  # the same process, not a reused pid
         return True, who
     if here:
-        from ..launch import job_processes  # (the launch package imports this module's caller)
+        # (the launch package imports this module's caller)
+        from ..launch import job_processes
 
         if job_processes(run_dir):
             return True, f"the job of {who}, whose processes still run"
@@ -64,20 +69,23 @@ def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
         info = inspect(run_dir)
         job = f"{launcher} job {info.get('job_id') or '?'}"
         sched = info.get("scheduler")
-        if sched is not None:  # SLURM: the scheduler's word (UNKNOWN: it did not answer)
+        # SLURM: the scheduler's word (UNKNOWN: it did not answer)
+        if sched is not None:
             alive = sched["state"] in SLURM_ALIVE | {"UNKNOWN", "PREEMPTED", "NODE_FAIL"}
             return alive, f"SLURM job {info['job_id']} ({sched['state']})"
         return info["state"] in ("running", "pending"), f"{job} ({info['state']}: {info['detail']})"
     if not here:
-        return True, who  # another machine's process: nothing here can tell
+        # another machine's process: nothing here can tell
+        return True, who
     return False, who
 
 
 @contextlib.contextmanager
 def hold(run_dir: Path, launcher: str, keep: bool = False) -> Iterator[None]:
-    """Hold `run_dir`'s lock for the `with` block: refuse (FolderInUse) while another
-    command's job lives, take it over from a dead one. Given back at the end unless
-    `keep` (a scheduler's job, which outlives this command, holds it on)."""
+    """Hold `run_dir`'s lock for the `with` block: refuse (FolderInUse)
+    while another command's job lives, take it over from a dead one.
+    Given back at the end unless `keep` (a scheduler's job, which
+    outlives this command, holds it on)."""
     acquire(run_dir, launcher)
     kept = False
     try:
@@ -90,8 +98,9 @@ def hold(run_dir: Path, launcher: str, keep: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _guard(run_dir: Path) -> Iterator[None]:
-    """The run folder's short exclusive flock: the only place a LOCK is removed. Released
-    by the kernel if this process dies; a no-op where the file system has no flock."""
+    """The run folder's short exclusive flock: the only place a LOCK is
+    removed. Released by the kernel if this process dies; a no-op where
+    the file system has no flock."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -100,16 +109,20 @@ def _guard(run_dir: Path) -> Iterator[None]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory): unguarded
+        except OSError:
+            # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory):
+            # unguarded
             pass
         yield
     finally:
-        os.close(fd)  # closing the last descriptor drops the flock
+        # closing the last descriptor drops the flock
+        os.close(fd)
 
 
 def _read(path: Path) -> tuple[Optional[tuple[int, int]], dict]:
-    """(LOCK's identity (device, inode), its holder) as one file's: (None, {}) when there is
-    no LOCK; a holder of {} when its content cannot be read (torn, or not JSON)."""
+    """(LOCK's identity (device, inode), its holder) as one file's:
+    (None, {}) when there is no LOCK; a holder of {} when its content
+    cannot be read (torn, or not JSON)."""
     try:
         with open(path, "rb") as f:
             ident = os.fstat(f.fileno())
@@ -126,8 +139,9 @@ def _read(path: Path) -> tuple[Optional[tuple[int, int]], dict]:
 
 
 def _create(path: Path, text: str) -> bool:
-    """Make LOCK with `text` if there is none (True), whole from its first moment: written to
-    a private file, then hard-linked to LOCK (atomic, fails if LOCK exists)."""
+    """Make LOCK with `text` if there is none (True), whole from its
+    first moment: written to a private file, then hard-linked to LOCK
+    (atomic, fails if LOCK exists)."""
     tmp = path.with_name(f".{LOCK}.new-{os.getpid()}-{threading.get_ident()}")
     try:
         tmp.write_text(text)
@@ -136,7 +150,9 @@ def _create(path: Path, text: str) -> bool:
             return True
         except FileExistsError:
             return False
-        except OSError:  # no hard links here: O_EXCL, whose content appears after a moment
+        except OSError:
+            # no hard links here: O_EXCL, whose content appears after a
+            # moment
             pass
     finally:
         tmp.unlink(missing_ok=True)
@@ -158,21 +174,26 @@ def acquire(run_dir: Path, launcher: str) -> None:
             if _create(path, mine):
                 return
         except FileNotFoundError:
-            # the folder itself vanished: another command's validation probe
-            # (folder_rules.folder_problem) removes the empty folder it made on the way
+            # the folder itself vanished: another command's validation
+            # probe (folder_rules.folder_problem) removes the empty
+            # folder it made on the way
             run_dir.mkdir(parents=True, exist_ok=True)
             continue
         ident, holder = _read(path)
         if ident is None:
-            continue  # given back (or set aside) since: a holder that has just left
-        if not holder and unreadable < 5:  # being written this moment (O_EXCL), or torn
+            # given back (or set aside) since: a holder that has just
+            # left
+            continue
+        # being written this moment (O_EXCL), or torn
+        if not holder and unreadable < 5:
             unreadable += 1
             time.sleep(0.05 * unreadable)
             continue
         alive, who = holder_alive(run_dir, holder) if holder else (False, "an unreadable lock")
         if alive:
             raise FolderInUse(_in_use(run_dir, who))
-        with _guard(run_dir):  # remove it only if it is still the lock judged dead
+        # remove it only if it is still the lock judged dead
+        with _guard(run_dir):
             if _read(path) == (ident, holder):
                 _before_unlink()
                 path.unlink()
@@ -189,8 +210,9 @@ def _in_use(run_dir: Path, who: str) -> str:
 
 
 def in_use(cfg) -> Optional[str]:
-    """A validation rule: why cfg.run.dir cannot be used now (another command's job lives
-    there), checked before the folder's contents are judged; None when it is free."""
+    """A validation rule: why cfg.run.dir cannot be used now (another
+    command's job lives there), checked before the folder's contents are
+    judged; None when it is free."""
     if not cfg.run.dir:
         return None
     run_dir = Path(cfg.run.dir).expanduser().resolve()

@@ -1,7 +1,8 @@
 """A mistake on the command line or in the config, said in one line.
 
-The flags and group values Hydra would answer with a usage block or a traceback, and
-Hydra's own errors cut to one line (with "did you mean" hints for a misspelt key).
+The flags and group values Hydra would answer with a usage block or a
+traceback, and Hydra's own errors cut to one line (with "did you mean"
+hints for a misspelt key).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https:
 
 def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
                          ) -> str | None:
-    """What is wrong with the command line's flags, in one line, else None. A `--key value`
-    flag is not a Hydra override (Hydra would print its usage): it is named with the override
-    it meant (`--epochs 3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag
+    """What is wrong with the command line's flags, in one line, else
+    None. A `--key value` flag is not a Hydra override (Hydra would
+    print its usage): it is named with the override it meant (`--epochs
+    3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag
     given a bad value gets argparse's one line."""
     from hydra._internal.utils import get_args_parser
 
@@ -39,12 +41,14 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
     def refuse(message: str):
         raise _FlagError(message)
 
-    parser.error = refuse  # argparse would print the usage block and exit
+    # argparse would print the usage block and exit
+    parser.error = refuse
     try:
         known, unknown = parser.parse_known_args(argv)
     except _FlagError as e:
         return f"{e}: see --help"
-    rerun = known.experimental_rerun  # Hydra reads it unchecked: a traceback
+    # Hydra reads it unchecked: a traceback
+    rerun = known.experimental_rerun
     if rerun is not None and not os.path.isfile(rerun):
         return f"--experimental-rerun {rerun}: no such file (give a job's .hydra/config.pickle)"
     flags = [a for a in unknown if a.startswith("-") and len(a) > 1]
@@ -53,14 +57,17 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
     try:
         keys = _leaves(defaults())
     except (HydraException, OmegaConfBaseException):
-        keys = {}  # a config that does not compose: its own error comes once the flags are fixed
+        # a config that does not compose: its own error comes once the
+        # flags are fixed
+        keys = {}
     given, fixed, i = [], [], 0
     while i < len(argv):
         a = argv[i]
         if a in flags:
             key, eq, value = a.lstrip("-").partition("=")
             if not eq and i + 1 < len(argv) and argv[i + 1][:1] != "-" and "=" not in argv[i + 1]:
-                value = argv[i + 1]  # `--sync ring`: its value is the next word
+                # `--sync ring`: its value is the next word
+                value = argv[i + 1]
                 a, i = f"{a} {value}", i + 1
             given.append(a)
             fixed.append(_as_override(key, value, keys))
@@ -70,19 +77,23 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 
 
 def group_value_mistake(argv: list[str]) -> str | None:
-    """A config group given something other than an option's name (`sync=3`, `model=7`,
-    `study=[1,2]`, `sync=null`, `launcher=[a,b]`, `-m sync=ddp,4`), in one line naming the
-    group and its options, else None. Hydra takes a group's value from the override parser
-    as it comes (an int, None, a list) and fails deep in its defaults list with a traceback;
-    an option's name is a string, one per group here (no group of ddp_lab's merges several).
-    A line Hydra cannot parse is left to Hydra, which says why in one line."""
+    """A config group given something other than an option's name
+    (`sync=3`, `model=7`, `study=[1,2]`, `sync=null`, `launcher=[a,b]`,
+    `-m sync=ddp,4`), in one line naming the group and its options, else
+    None. Hydra takes a group's value from the override parser as it
+    comes (an int, None, a list) and fails deep in its defaults list
+    with a traceback; an option's name is a string, one per group here
+    (no group of ddp_lab's merges several). A line Hydra cannot parse is
+    left to Hydra, which says why in one line."""
     words = [a for a in argv if a[:1] != "-"]
     if not words:
         return None
     parser = override_parser()
     overrides = []
-    for word in words:  # one by one: a word Hydra cannot parse (or `--cfg job`'s job) is
-        try:            # Hydra's to refuse, and does not hide a group mistake beside it
+    # one by one: a word Hydra cannot parse (or `--cfg job`'s job) is
+    for word in words:
+        # Hydra's to refuse, and does not hide a group mistake beside it
+        try:
             overrides += parser.parse_overrides([word])
         except HydraException:
             continue
@@ -93,7 +104,9 @@ def group_value_mistake(argv: list[str]) -> str | None:
             continue  # `~sync`: no value to judge
         try:
             is_group = loader.repository.group_exists(group)
-        except OSError as e:  # Hydra looks the name up as a folder: 300 characters are not one
+        except OSError as e:
+            # Hydra looks the name up as a folder: 300 characters are
+            # not one
             name = group if len(group) <= 60 else group[:40] + f"... ({len(group)} characters)"
             return f"{name}: no such key or config group ({e.strerror})"
         if not is_group:
@@ -102,7 +115,8 @@ def group_value_mistake(argv: list[str]) -> str | None:
             try:
                 values = list(o.sweep_iterator())
             except HydraException:
-                continue  # a sweep Hydra cannot expand: its own line
+                # a sweep Hydra cannot expand: its own line
+                continue
         else:
             values = [o.value()]
         wrong = next((v for v in values if not isinstance(v, str)), _NONE)
@@ -122,7 +136,8 @@ _NONE = object()
 
 
 def _leaves(cfg) -> dict[str, object]:
-    """Every key of `cfg` (dotted) and its node, groups' keys included."""
+    """Every key of `cfg` (dotted) and its node, groups' keys
+    included."""
     out: dict[str, object] = {}
     if cfg is None:
         return out
@@ -140,9 +155,10 @@ def _leaves(cfg) -> dict[str, object]:
 
 
 def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
-    """The override a `--key value` flag meant: the key as the config spells it (the one
-    key whose last part it names: `epochs` -> train.epochs; `dry-run` -> launcher.dry_run),
-    a list key's value in brackets, a flag without a value true where the key is a bool."""
+    """The override a `--key value` flag meant: the key as the config
+    spells it (the one key whose last part it names: `epochs` ->
+    train.epochs; `dry-run` -> launcher.dry_run), a list key's value in
+    brackets, a flag without a value true where the key is a bool."""
     from omegaconf import ListConfig
 
     named = [key, key.replace("-", "_")]
@@ -164,8 +180,8 @@ class _FlagError(Exception):
 
 
 def override_parser() -> OverridesParser:
-    """Hydra's override parser as its sweeper makes it: with a config loader, which
-    glob(...) needs to list a group's options."""
+    """Hydra's override parser as its sweeper makes it: with a config
+    loader, which glob(...) needs to list a group's options."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     return OverridesParser.create(config_loader=ConfigLoaderImpl(
@@ -173,9 +189,10 @@ def override_parser() -> OverridesParser:
 
 
 def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
-    """Hydra's message and its cause's, on one line, keeping the key they name; a misspelt
-    key gets the close matches of its section (a dataclass of `schemas`) instead of Hydra's
-    '+key' hint (a typed section refuses new keys too)."""
+    """Hydra's message and its cause's, on one line, keeping the key
+    they name; a misspelt key gets the close matches of its section (a
+    dataclass of `schemas`) instead of Hydra's '+key' hint (a typed
+    section refuses new keys too)."""
     text = str(e)
     cause = e.__cause__
     if cause is not None and str(cause) not in text:
@@ -183,16 +200,20 @@ def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
     text = text.split("\nConfig search path:")[0]
     message = one_line("\n".join(ln.rstrip().rstrip(".") for ln in text.splitlines()
                                  if not _NOISE.match(ln.strip())))
-    full_key = getattr(e, "full_key", None)  # OmegaConf's error names the key on a line of its own
+    # OmegaConf's error names the key on a line of its own
+    full_key = getattr(e, "full_key", None)
     if full_key and full_key not in message:
         message = f"{full_key}: {message}"
-    override = getattr(e, "override", None)  # a parse error names the override it could not read
+    # a parse error names the override it could not read
+    override = getattr(e, "override", None)
     if override and override not in message:
         message = f"override '{override}': {message}"
     listed = re.search(r"override ([\w.]+)=(.*?); Invalid value assigned: \w+ is not a "
                        r"ListConfig", message)
-    if listed:  # a list key given one value: its bracketed form
-        key, value = listed[1], re.sub(r"\\(.)", r"\1", listed[2])  # Hydra's escapes (a\:1) off
+    # a list key given one value: its bracketed form
+    if listed:
+        # Hydra's escapes (a\:1) off
+        key, value = listed[1], re.sub(r"\\(.)", r"\1", listed[2])
         return f"{key}={value}: {key} is a list: write {key}=[{value}]"
     missing = re.search(r"Key '(\w+)' not in '(\w+)'", message)
     if missing:
@@ -202,15 +223,16 @@ def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
 
 
 def one_line(text: str) -> str:
-    """Lines joined with '; '; what follows a line ending in ':' joined to it (an indented
-    list by ', ')."""
+    """Lines joined with '; '; what follows a line ending in ':' joined
+    to it (an indented list by ', ')."""
     parts: list[str] = []
     listing = False
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
             continue
-        if listing:  # a heading's items (indented) or its one sentence
+        # a heading's items (indented) or its one sentence
+        if listing:
             parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
             listing = raw[:1] in ("\t", " ") or line.endswith(":")
             continue

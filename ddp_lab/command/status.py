@@ -1,10 +1,11 @@
-"""A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what
-`python -m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
+"""A run's state from its folder and this machine: `inspect(run_dir)` ->
+plain data (what `python -m ddp_lab.status` shows, its --json, and what
+ddp_lab.command.lock asks).
 
-It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the
-job's processes alive here, so it works from any shell. The states: docs/status.md, "What it
-shows"; how they are shown: status_screen.py; --follow and --stop:
-status_follow.py, status_stop.py.
+It reads the run folder, the scheduler's view of the job (`scontrol`,
+then `sacct`) and the job's processes alive here, so it works from any
+shell. The states: docs/status.md, "What it shows"; how they are shown:
+status_screen.py; --follow and --stop: status_follow.py, status_stop.py.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from ..folder.rundir import folder_state, is_dry_run
 from ..folder.stop import STOP_FILE
 
 FINAL = ("completed", "failed", "preempted", "stopped")
-# scheduler states of a job that still holds (or waits for) an allocation
+# scheduler states of a job that still holds (or waits for) an
+# allocation
 SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                  "RESV_DEL_HOLD", "SUSPENDED"}
 SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
-# launchers whose processes run on the submitting machine (job_processes can see them)
+# launchers whose processes run on the submitting machine (job_processes
+# can see them)
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
 
@@ -38,8 +41,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(path: Path, depth: int = 4) -> list[Path]:
-    """Run folders at or below `path` (a sweep folder, run.root), not inside one another;
-    below `path`, a dry run's folder is none (`dry_runs` counts those)."""
+    """Run folders at or below `path` (a sweep folder, run.root), not
+    inside one another; below `path`, a dry run's folder is none
+    (`dry_runs` counts those)."""
     if is_run_dir(path):
         return [path]
     found: list[Path] = []
@@ -55,7 +59,8 @@ def find_runs(path: Path, depth: int = 4) -> list[Path]:
 
 
 def dry_runs(path: Path, depth: int = 4) -> int:
-    """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
+    """How many dry runs' folders lie below `path` (left out of
+    `find_runs`)."""
     if is_run_dir(path) or depth <= 0:
         return int(is_dry_run(path))
     try:
@@ -65,7 +70,8 @@ def dry_runs(path: Path, depth: int = 4) -> int:
 
 
 def _config(run_dir: Path) -> dict:
-    """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
+    """config.yaml as plain data ({} when unreadable): the newest
+    submission wrote it."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     except Exception:  # noqa: BLE001 -- a half-written or foreign file: show what we can
@@ -74,8 +80,9 @@ def _config(run_dir: Path) -> dict:
 
 
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
-    """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
-    submission), else the one the ranks recorded in summary.json."""
+    """The scheduler's job id: the file the SLURM launcher writes at
+    submission (the newest submission), else the one the ranks recorded
+    in summary.json."""
     try:
         text = (run_dir / "job_id").read_text().strip()
     except OSError:
@@ -84,7 +91,8 @@ def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
 
 
 def live_processes(run_dir: Path) -> list[int]:
-    """Processes of the job alive on this machine; other status/follow processes excepted."""
+    """Processes of the job alive on this machine; other status/follow
+    processes excepted."""
     pids = []
     for pid in job_processes(run_dir):
         try:
@@ -98,8 +106,9 @@ def live_processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank heartbeat records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.heartbeat); []
-    when there are none, or they cannot be read."""
+    """Per-rank heartbeat records ({rank, epoch, step, phase, ...})
+    (ddp_lab.folder.heartbeat); [] when there are none, or they cannot
+    be read."""
     try:
         return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
@@ -108,8 +117,9 @@ def rank_progress(run_dir: Path) -> list[dict]:
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
               status: str) -> tuple[int, int]:
-    """(epochs done, steps into the next): the summary's, or for a running run the newest
-    of the summary's start, the last epoch record and the newest checkpoint."""
+    """(epochs done, steps into the next): the summary's, or for a
+    running run the newest of the summary's start, the last epoch record
+    and the newest checkpoint."""
     here = (int(summary.get("epochs_done") or 0), int(summary.get("step_in_epoch") or 0))
     if status in FINAL and summary.get("epochs_done") is not None:
         return here
@@ -122,7 +132,8 @@ def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, i
 
 
 def inspect(run_dir: Path, scheduler: bool = True) -> dict:
-    """Everything `status` shows about one run folder, as plain data (the --json output)."""
+    """Everything `status` shows about one run folder, as plain data
+    (the --json output)."""
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
@@ -130,7 +141,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
     status = str(summary.get("status") or "")
     word = status.split(":")[0].strip()
-    records = read_metrics(run_dir / "metrics.jsonl")[0]  # a torn line is skipped
+    # a torn line is skipped
+    records = read_metrics(run_dir / "metrics.jsonl")[0]
     record = records[-1] if records else None
     epochs_done, step = _position(summary, record, fs["checkpoint"], word)
     job_id = _job_id(run_dir, summary)
@@ -146,7 +158,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     state, detail = _state(word, status, launcher, job_id, sched, pids, sees_ranks)
     if not word and not pids and is_dry_run(run_dir):
         state, detail = "dry run", "rendered by launcher.dry_run=true, never started"
-    elif not word and not pids:  # no rank ever wrote: did the job's python check stop it?
+    elif not word and not pids:
+        # no rank ever wrote: did the job's python check stop it?
         said = python_check_failure(run_dir)
         if said:
             state, detail = "failed", said
@@ -170,11 +183,14 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
     point = cfg.get("study_point") or summary.get("study") or {}
-    try:  # what the run is, named by its description (a study's point by its repeat too)
+    # what the run is, named by its description (a study's point by its
+    # repeat too)
+    try:
         info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
     except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
         info["label"] = None
-    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.one_file)
+    # a run.entry of its own (ddp_lab.one_file)
+    if summary.get("records_kept") is False:
         info["records"] = False
         note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"
         info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
@@ -201,7 +217,8 @@ def _metrics(record: Optional[dict]) -> Optional[dict]:
 
 def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],
            sched: Optional[dict], pids: Optional[list[int]], sees_ranks: bool) -> tuple[str, str]:
-    """(one word, what it rests on) from the summary, the scheduler and the processes."""
+    """(one word, what it rests on) from the summary, the scheduler and
+    the processes."""
     why = status.partition(":")[2].strip()
     final_detail = why if word == "failed" else ""
     if sched is not None and sched["state"] not in ("GONE", "UNKNOWN"):
@@ -210,11 +227,14 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
         if s in SLURM_WAITING:
             because = f" ({reason})" if reason and reason != "None" else ""
             after = f"; the run was {word}" if word in ("preempted", "stopped") else ""
-            if reason == "BeginTime" and word:  # a requeued job waits ~2 min before it starts
+            # a requeued job waits ~2 min before it starts
+            if reason == "BeginTime" and word:
                 after += f"; `scontrol update JobId={job_id} StartTime=now` starts it at once"
             return "pending", f"{job}{because}{after}"
         if s in SLURM_ALIVE:
-            if word in FINAL:  # the ranks have ended; the batch script is finishing (requeue?)
+            # the ranks have ended; the batch script is finishing
+            # (requeue?)
+            if word in FINAL:
                 return word, f"{job}: its ranks have ended" + (f"; {final_detail}" if final_detail else "")
             if not word:
                 return "pending", f"{job}: starting (no summary.json yet)"
@@ -254,8 +274,9 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
 
 
 def python_check_failure(run_dir: Path) -> Optional[str]:
-    """The line a job script printed when its ranks' python could not import what they run
-    (ddp_lab.launch.base.python_check), from the pods' logs or the SLURM job's errors."""
+    """The line a job script printed when its ranks' python could not
+    import what they run (ddp_lab.launch.base.python_check), from the
+    pods' logs or the SLURM job's errors."""
     for log in sorted((run_dir / "logs").glob("pod*.log")) + sorted((run_dir / "logs").glob("*.err")):
         try:
             lines = log.read_text(errors="replace").splitlines()

@@ -1,11 +1,13 @@
-"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run.
+"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`:
+reattach to a run.
 
     python -m ddp_lab.status outputs/             # one line per run
     python -m ddp_lab.status RUN_DIR --follow     # its logs until it ends
     python -m ddp_lab.status RUN_DIR --stop       # checkpoint, then end it (scancel on SLURM)
 
-The state comes from `inspect` (status.py), its screen from status_screen.py; --follow
-and --stop are status_follow.py and status_stop.py (docs/status.md).
+The state comes from `inspect` (status.py), its screen from
+status_screen.py; --follow and --stop are status_follow.py and
+status_stop.py (docs/status.md).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse prints usage on two)
+    # one line, exit 2 (argparse prints usage on two)
+    def error(self, message: str):
         raise UserError(f"{message} (usage: {USAGE})")
 
 

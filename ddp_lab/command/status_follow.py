@@ -1,4 +1,5 @@
-"""`python -m ddp_lab.status RUN_DIR --follow`: the run's logs and state until it ends."""
+"""`python -m ddp_lab.status RUN_DIR --follow`: the run's logs and state
+until it ends."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from .status_screen import continue_lines, render, run_reached, to_continue
 
 
 def exit_code(info: dict) -> int:
-    """0 completed, 75 preempted/stopped (continue it), 1 failed (or dead)."""
+    """0 completed, 75 preempted/stopped (continue it), 1 failed (or
+    dead)."""
     return {"completed": 0, "preempted": EXIT_STOPPED, "stopped": EXIT_STOPPED}.get(info["state"], 1)
 
 
 def follow(run_dir: Path, poll_s: float = 1.0, out=None) -> int:
-    """Print what the run's logs gain and its state changes until it ends; see exit_code."""
+    """Print what the run's logs gain and its state changes until it
+    ends; see exit_code."""
     out = out or sys.stdout
     info = inspect(run_dir)
     print(render(info), file=out, flush=True)
@@ -44,7 +47,8 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.out",
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.err")
     rc = slurm_job.follow(info["job_id"], out_log, err_log, None, poll_s)
-    if rc in (124, 130):  # not followed to the end: the job lives on
+    # not followed to the end: the job lives on
+    if rc in (124, 130):
         return rc
     info = _settled(run_dir)
     print(_final_line(info), file=out, flush=True)
@@ -52,7 +56,8 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
 
 
 def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
-    """The state once the job's last writes are in (summary.json lags a job's end a bit)."""
+    """The state once the job's last writes are in (summary.json lags a
+    job's end a bit)."""
     deadline = time.monotonic() + wait_s
     info = inspect(run_dir)
     while info["state"] in ("running", "pending") and time.monotonic() < deadline:
@@ -63,7 +68,8 @@ def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
 
 def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
     tail = Tail(run_dir / "logs" / "rank0.log", out)
-    try:  # new lines only: the state above showed where it is
+    # new lines only: the state above showed where it is
+    try:
         tail.pos = tail.path.stat().st_size
     except OSError:
         pass
@@ -72,13 +78,16 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
     try:
         while True:
             if info["state"] not in ("running", "pending") or dead(info):
-                if dead(info):  # seen twice, a poll apart: not a gap between two processes
+                # seen twice, a poll apart: not a gap between two
+                # processes
+                if dead(info):
                     quiet += 1
                     if quiet < 2:
                         time.sleep(poll_s)
                         info = inspect(run_dir)
                         continue
-                elif info["processes"]:  # final status written, processes still exiting
+                elif info["processes"]:
+                    # final status written, processes still exiting
                     time.sleep(poll_s)
                     info = inspect(run_dir)
                     if info["processes"] and quiet < 30:

@@ -1,7 +1,9 @@
-"""How `python -m ddp_lab.status` shows a run: its screen (`render`) and its line (`one_line`).
+"""How `python -m ddp_lab.status` shows a run: its screen (`render`) and
+its line (`one_line`).
 
-The state comes from `inspect` (status.py); the lines that say how to go on with a run
-(`continue_command`) are also what --follow and --stop end with.
+The state comes from `inspect` (status.py); the lines that say how to go
+on with a run (`continue_command`) are also what --follow and --stop end
+with.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def render(info: dict) -> str:
     lines.append(f"job:         {job}")
     for r in info["ranks"]:
         at = r.get("where") or f"epoch {r.get('epoch', '?')} step {r.get('step', '?')}"
-        lines.append(f"             rank {r.get('rank', '?')} at {at}"  # 1-based (progress.where)
+        # 1-based (progress.where)
+        lines.append(f"             rank {r.get('rank', '?')} at {at}"
                      + (f" ({r['age_s']:.0f} s ago)" if isinstance(r.get("age_s"), (int, float)) else ""))
     for i, seg in enumerate(info["segments"], 1):
         lines.append(f"allocation {i}: {_segment(seg)}")
@@ -79,7 +82,8 @@ def _segment(seg: dict) -> str:
     hosts = ",".join(seg.get("hosts") or []) or "?"
     start = (seg.get("start_epoch"), seg.get("start_step") or 0)
     end = (seg.get("end_epoch"), seg.get("end_step") or 0)
-    # positions are counts done (epoch_0002.pt: 2 epochs done), never an epoch's number
+    # positions are counts done (epoch_0002.pt: 2 epochs done), never an
+    # epoch's number
     span = ("from the start" if not (start[0] or start[1])
             else f"from {reached(start[0] or 0, start[1])} done")
     if end[0] is not None:
@@ -110,14 +114,14 @@ def to_continue(info: dict) -> bool:
 
 
 def continue_command(info: dict) -> str:
-    """The command that continues the run (paste.continue_command: every override it started
-    with), alone: it pastes as printed."""
+    """The command that continues the run (paste.continue_command: every
+    override it started with), alone: it pastes as printed."""
     return paste.continue_command(Path(info["run_dir"]), info["launcher"])
 
 
 def continue_lines(info: dict) -> str:
-    """'[status] continue with:' and the command on a line of its own (a SLURM run: or its
-    batch script, again)."""
+    """'[status] continue with:' and the command on a line of its own (a
+    SLURM run: or its batch script, again)."""
     text = "[status] continue with:\n  " + continue_command(info)
     run = info["run_dir"]
     if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
@@ -133,7 +137,8 @@ def one_line(info: dict) -> str:
         state += f" [{info['scheduler']['state']}]"
     where = "keeps no records" if info.get("records") is False else run_reached(info)
     name = Path(info["run_dir"]).name
-    if info.get("label") and not name.startswith(info["label"]):  # a study's `w2_r1`
+    # a study's `w2_r1`
+    if info.get("label") and not name.startswith(info["label"]):
         name = f"{name} ({info['label']})"
     return (f"{name:<48} {state:<22} "
             f"{where:<26} "

@@ -1,4 +1,5 @@
-"""`python -m ddp_lab.status RUN_DIR --stop`: every rank checkpoints, then the job ends."""
+"""`python -m ddp_lab.status RUN_DIR --stop`: every rank checkpoints,
+then the job ends."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from .status_screen import continue_lines, run_reached, to_continue
 
 
 def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None) -> int:
-    """Ask every rank to checkpoint and stop; wait for it; end what is left of a SLURM job."""
+    """Ask every rank to checkpoint and stop; wait for it; end what is
+    left of a SLURM job."""
     out = out or sys.stdout
     info = inspect(run_dir)
     alive_in_slurm = info["launcher"] == "slurm" and info["scheduler"] is not None \
         and info["scheduler"]["state"] in SLURM_ALIVE
     if alive_in_slurm and info["state"] in FINAL:
-        # the ranks have ended (a batch script finishing, or about to requeue itself)
+        # the ranks have ended (a batch script finishing, or about to
+        # requeue itself)
         _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
         print(f"[status] {info['state']} after {run_reached(info)}", file=out)
         print(continue_lines(info), file=out)
@@ -33,7 +36,8 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
             print(continue_lines(info), file=out)
         return 0 if info["state"] in FINAL else 1
     if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
-        # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
+        # nothing runs: no rank to checkpoint (a new segment would clear
+        # the stop file anyway)
         _scancel(info["job_id"], out)
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
               f"{info['scheduler']['state']}; the run folder keeps {run_reached(info)}", file=out)
@@ -49,14 +53,16 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
         info = inspect(run_dir)
         if info["state"] in FINAL or dead(info) or info["state"] == "not started":
             break
-        if not (run_dir / STOP_FILE).exists():  # a segment starting now cleared it: again
+        # a segment starting now cleared it: again
+        if not (run_dir / STOP_FILE).exists():
             request_stop(run_dir, "stopped", reason)
     else:
         info = inspect(run_dir)
     stopped = info["state"] in FINAL
     if info["launcher"] == "slurm" and info["job_id"]:
         _end_slurm_job(run_dir, info, out, grace_s=0 if not stopped else 15.0, poll_s=poll_s)
-    elif stopped:  # local: the ranks have exited; let the launcher finish
+    elif stopped:
+        # local: the ranks have exited; let the launcher finish
         end = time.monotonic() + 30
         while live_processes(run_dir) and time.monotonic() < end:
             time.sleep(poll_s)
@@ -80,8 +86,8 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
 
 
 def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float) -> None:
-    """The ranks have checkpointed (or did not in time): give the job `grace_s` to end by
-    itself, then cancel it."""
+    """The ranks have checkpointed (or did not in time): give the job
+    `grace_s` to end by itself, then cancel it."""
     end = time.monotonic() + grace_s
     state = slurm_job.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:

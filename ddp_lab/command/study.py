@@ -1,13 +1,16 @@
-"""A scaling study in one command: every world size of a ladder, repeated, one run folder
-per point under one study folder, then the report (docs/scaling.md, "A study in one command":
-the folder, its files and how a study continues).
+"""A scaling study in one command: every world size of a ladder,
+repeated, one run folder per point under one study folder, then the
+report (docs/scaling.md, "A study in one command": the folder, its files
+and how a study continues).
 
     python -m ddp_lab study=scaling study.worlds=[1,2,4] study.repeats=3 sync=ring
 
-Locally every point is one torchrun (`job.launch_job`); with launcher=slurm ONE allocation
-whose batch script runs every point as an srun job step, reporting through `python -m
-ddp_lab.command.study done|end STUDY_DIR INDEX`, so study.json has one writer's code.
-study_plan.py makes the points, study_folder.py keeps the folder; this module runs them.
+Locally every point is one torchrun (`job.launch_job`); with
+launcher=slurm ONE allocation whose batch script runs every point as an
+srun job step, reporting through `python -m ddp_lab.command.study
+done|end STUDY_DIR INDEX`, so study.json has one writer's code.
+study_plan.py makes the points, study_folder.py keeps the folder; this
+module runs them.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ def _raise_stop(signum, frame):
 
 
 def run_study(cfg: DictConfig) -> Outcome:
-    """`python -m ddp_lab study=...`: check every point, then run them in order."""
-    base = resolve_study(cfg)  # the study's rules, then every point's config (TRAIN rules)
+    """`python -m ddp_lab study=...`: check every point, then run them
+    in order."""
+    # the study's rules, then every point's config (TRAIN rules)
+    base = resolve_study(cfg)
     points = plan(base)
     study_dir, sweep_dir = study_dir_of(base)
     state = load(study_dir) if study_dir is not None else {}
@@ -56,7 +61,8 @@ def run_study(cfg: DictConfig) -> Outcome:
             raise UserError(problem)
     todo = [p for p in points
             if study_dir is None or point_status(study_dir, p.folder) != "completed"]
-    if study_dir is not None:  # every point to run, checked on its own folder too
+    # every point to run, checked on its own folder too
+    if study_dir is not None:
         for p in todo:
             point_config(base, p, study_dir, study_dir.name)
     if study_dir is None:
@@ -75,7 +81,8 @@ def run_study(cfg: DictConfig) -> Outcome:
         stopped = rc != 0 and finish(study_dir)["status"] == "stopped"
     else:
         rc, stopped = _run_here(base, study_dir, points)
-    if base.launcher.dry_run:  # rendered and printed; nothing ran
+    # rendered and printed; nothing ran
+    if base.launcher.dry_run:
         print(f"study dir: {study_dir}\nrun dir: {study_dir}")
         return Outcome(0, "ok (dry run)", study_dir)
     final = finish(study_dir, stopped)
@@ -96,7 +103,8 @@ def run_study(cfg: DictConfig) -> Outcome:
 
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[int, bool]:
-    """local / mpirun: one job per point from this process, in order. (rc, stopped)"""
+    """local / mpirun: one job per point from this process, in order.
+    (rc, stopped)"""
     state = load(study_dir)
     failed = 0
     previous = signal.signal(signal.SIGTERM, _raise_stop)
@@ -109,11 +117,13 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[i
             print(point_line(state, p.index, f"starting ({p.nodes} node(s) x "
                              f"{p.nproc_per_node}) in {study_dir / p.folder}"), flush=True)
             run_dir, rc = launch_job(cfg)
-            if rc is None:  # launcher.dry_run: rendered, nothing started
+            # launcher.dry_run: rendered, nothing started
+            if rc is None:
                 continue
             done = read_summary(run_dir).get("status") == "completed"
-            # a stop that came as the job was ending (rc 128+N is our signal, not the job's):
-            # the ranks had finished and said so; the point is complete
+            # a stop that came as the job was ending (rc 128+N is our
+            # signal, not the job's): the ranks had finished and said
+            # so; the point is complete
             summary = collect(run_dir, 0 if rc > 128 and done else rc,
                               launcher=cfg.launcher.name, sync=cfg.sync.name)
             record_end(study_dir, p.index)
@@ -135,13 +145,15 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[i
 
 # ------------------------------------------------------------------ SLURM
 def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str:
-    """ONE allocation (launcher.nodes x nproc_per_node) whose batch script runs every point
-    as an srun job step of its size on the first k nodes (slurm.launch_block renders the
-    step's srun/torchrun line, as for a single run)."""
+    """ONE allocation (launcher.nodes x nproc_per_node) whose batch
+    script runs every point as an srun job step of its size on the first
+    k nodes (slurm.launch_block renders the step's srun/torchrun line,
+    as for a single run)."""
     lc = base.launcher
     py = shlex.quote(python_exe(lc))
     step = launch_block(base, nnodes="$NODES", rdzv_id="$SLURM_JOB_ID-$INDEX",
-                        # --ntasks too: srun inherits the allocation's SLURM_NTASKS otherwise
+                        # --ntasks too: srun inherits the allocation's
+                        # SLURM_NTASKS otherwise
                         step=["--nodes=$NODES", "--nodelist=$NODELIST",
                               "--ntasks=$((NODES * NPROC_PER_NODE))" if lc.per_task
                               else "--ntasks=$NODES"])
@@ -157,14 +169,16 @@ def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str
 
 
 def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
-    for p in points:  # every point's folder and config.yaml, as for a single run
+    # every point's folder and config.yaml, as for a single run
+    for p in points:
         if point_status(study_dir, p.folder) != "completed":
             cfg = point_config(base, p, study_dir, study_dir.name)
             make_run(cfg)
             (study_dir / p.folder / "logs").mkdir(exist_ok=True)
     (study_dir / "logs").mkdir(exist_ok=True)
     script = study_dir / "study.sbatch"
-    atomic_write_text(study_dir / "slurm_stop.sh", stop_script(base.launcher))  # it sources
+    # it sources
+    atomic_write_text(study_dir / "slurm_stop.sh", stop_script(base.launcher))
     atomic_write_text(script, render_sbatch(base, study_dir, points))
     script.chmod(0o755)
     if base.launcher.dry_run:
@@ -178,10 +192,11 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
 
 # ------------------------------------------------------------------ batch-script side
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m ddp_lab.command.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
-    done: exit 0 if the point completed earlier (it is kept; prints so), else 1;
-    end: the point's job step ended with exit status RC: study.json records it (a step that
-    failed without a summary is marked failed), its line is printed."""
+    """`python -m ddp_lab.command.study done|end STUDY_DIR INDEX [RC]`
+    (the study's batch script): done: exit 0 if the point completed
+    earlier (it is kept; prints so), else 1; end: the point's job step
+    ended with exit status RC: study.json records it (a step that failed
+    without a summary is marked failed), its line is printed."""
     argv = sys.argv[1:] if argv is None else argv
     if (len(argv) not in (3, 4) or argv[0] not in ("done", "end")
             or not all(a.isdigit() for a in argv[2:])):

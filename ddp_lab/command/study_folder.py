@@ -1,5 +1,6 @@
-"""A study's folder: where it is, study.json (the plan and each point's status; one
-writer's code whichever side runs the points) and the report at its end.
+"""A study's folder: where it is, study.json (the plan and each point's
+status; one writer's code whichever side runs the points) and the report
+at its end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ SCHEMA_VERSION = 1
 
 # ------------------------------------------------------------------ the folder
 def _sweep_job() -> Optional[tuple[Path, int]]:
-    """(the sweep's folder, this job's number) inside a Hydra -m sweep, else None."""
+    """(the sweep's folder, this job's number) inside a Hydra -m sweep,
+    else None."""
     try:
         hc = HydraConfig.get()
     except ValueError:  # not inside a Hydra job
@@ -43,9 +45,10 @@ def label_of(cfg: DictConfig) -> str:
 
 
 def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
-    """(the study folder if it is already named, the sweep folder it sits in). In a sweep
-    the studies sit side by side in run.dir (if given) or the sweep's folder, named by job
-    number, so the same sweep command (with hydra.sweep.dir or run.dir) continues them."""
+    """(the study folder if it is already named, the sweep folder it
+    sits in). In a sweep the studies sit side by side in run.dir (if
+    given) or the sweep's folder, named by job number, so the same sweep
+    command (with hydra.sweep.dir or run.dir) continues them."""
     sweep = _sweep_job()
     if sweep is not None:
         parent = Path(cfg.run.dir).expanduser().resolve() if cfg.run.dir else sweep[0]
@@ -56,8 +59,9 @@ def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
 
 
 def make_study_dir(cfg: DictConfig) -> Path:
-    """A new `run.root/studies/<label>_<date>_<time>` (`make_run_dir`: unique, as
-    run folders are; `<label>`: `label_of`, run.name after it where set)."""
+    """A new `run.root/studies/<label>_<date>_<time>` (`make_run_dir`:
+    unique, as run folders are; `<label>`: `label_of`, run.name after it
+    where set)."""
     c = cfg.copy()
     with open_dict(c):
         c.run.root = str(Path(cfg.run.root).expanduser() / "studies")
@@ -74,13 +78,15 @@ def save(study_dir: Path, state: dict) -> None:
 
 
 def point_status(study_dir: Path, folder: str) -> str:
-    """The status word of a point's summary.json (`pending` when it has none)."""
+    """The status word of a point's summary.json (`pending` when it has
+    none)."""
     summary = read_summary(study_dir / folder)
     return str(summary.get("status") or "pending").split(":")[0]
 
 
 def reuse_problem(study_dir: Path, state: dict, points: list[Point], cfg: DictConfig) -> Optional[str]:
-    """Why this command may not continue the study in `study_dir` (None: it may)."""
+    """Why this command may not continue the study in `study_dir` (None:
+    it may)."""
     if not state:
         if (study_dir / "config.yaml").is_file() or (study_dir / "summary.json").is_file():
             return (f"run.dir={study_dir} holds a run, not a study: give a new run.dir for "
@@ -119,14 +125,16 @@ def end_note(summary: dict) -> str:
 
 
 def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
-    """Point `index` has ended (its job step with exit status `rc`, when the batch script
-    says): copy its status (and median epoch) into study.json; its summary. Prints the
-    point's end line."""
+    """Point `index` has ended (its job step with exit status `rc`, when
+    the batch script says): copy its status (and median epoch) into
+    study.json; its summary. Prints the point's end line."""
     state = load(study_dir)
     p = state["points"][index - 1]
     if rc is None:
         summary = read_summary(study_dir / p["folder"])
-    else:  # a step that failed without saying so (srun refused it, a rank died) is marked
+    else:
+        # a step that failed without saying so (srun refused it, a rank
+        # died) is marked
         summary = collect(study_dir / p["folder"], rc, launcher=state.get("launcher"),
                           sync=state.get("sync"), world_size=p["world"])
     p["status"] = str(summary.get("status") or "failed: no summary.json").split(":")[0]
@@ -137,7 +145,8 @@ def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
 
 
 def finish(study_dir: Path, stopped: bool = False) -> dict:
-    """The study's own status from its points': completed | stopped | failed."""
+    """The study's own status from its points': completed | stopped |
+    failed."""
     state = load(study_dir)
     words = [point_status(study_dir, p["folder"]) for p in state["points"]]
     for p, w in zip(state["points"], words):
@@ -152,8 +161,9 @@ def finish(study_dir: Path, stopped: bool = False) -> dict:
 
 
 def build_report(study_dir: Path, sweep_dir: Optional[Path]) -> list[Path]:
-    """`python -m ddp_lab.report` on the study folder (-> study/report/), and in a sweep on
-    the sweep's folder too (-> sweep/report/: the last study's covers them all)."""
+    """`python -m ddp_lab.report` on the study folder (->
+    study/report/), and in a sweep on the sweep's folder too (->
+    sweep/report/: the last study's covers them all)."""
     out = []
     for folder in [study_dir] + ([sweep_dir] if sweep_dir is not None else []):
         res = subprocess.run([sys.executable, "-m", "ddp_lab.report", str(folder),

@@ -1,5 +1,6 @@
-"""A study's plan: its points (world x repeat, each with its launcher layout) and
-each point's ordinary run config, checked by the trainer's rules (study.py runs them).
+"""A study's plan: its points (world x repeat, each with its launcher
+layout) and each point's ordinary run config, checked by the trainer's
+rules (study.py runs them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .config_rules import known_sections
 from .validate import (COMMON, Rule, at_least, check, one_of, resolve, resolve_train)
 
 ORDERS = ("interleaved", "grouped")
-MAX_LOCAL_WORLD = 64  # processes one machine is asked to run for one point
+# processes one machine is asked to run for one point
+MAX_LOCAL_WORLD = 64
 
 
 @dataclass
@@ -27,13 +29,15 @@ class Point:
     nodes: int
     nproc_per_node: int
     folder: str  # relative to the study folder
-    hosts: Optional[list] = None  # mpirun: the `name:slots` subset this point uses
+    # mpirun: the `name:slots` subset this point uses
+    hosts: Optional[list] = None
 
 
 # ------------------------------------------------------------------ the plan
 def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
-    """How `world` ranks fit the launcher: (nodes, processes per node, mpirun hosts), or
-    one line saying why they do not (the rule `_fits` turns it into the user's error)."""
+    """How `world` ranks fit the launcher: (nodes, processes per node,
+    mpirun hosts), or one line saying why they do not (the rule `_fits`
+    turns it into the user's error)."""
     name = lc.name
     if name == "local":
         if world > MAX_LOCAL_WORLD:
@@ -42,7 +46,8 @@ def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
         return 1, world, None
     if name == "slurm":
         nodes, nproc = lc.nodes, lc.nproc_per_node
-        for k in range(1, nodes + 1):  # the fewest nodes: intra-node first, as users expect
+        # the fewest nodes: intra-node first, as users expect
+        for k in range(1, nodes + 1):
             if world % k == 0 and world // k <= nproc:
                 return k, world // k, None
         return (f"study.worlds has {world}: the allocation is launcher.nodes={nodes} x "
@@ -54,13 +59,15 @@ def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
         if world > total:
             return (f"study.worlds has {world}: the hosts give {total} slot(s) "
                     f"({', '.join(map(str, lc.hosts))}); drop {world} or add hosts/slots")
-        placed = place(hosts, world)  # the first `world` slots, as mpirun's -np fills them
+        # the first `world` slots, as mpirun's -np fills them
+        placed = place(hosts, world)
         return len(placed), max(s for _, s in placed), [f"{n}:{s}" for n, s in placed]
     return f"launcher={name}: a study is not supported yet; use launcher=local, slurm or mpirun"
 
 
 def plan(cfg: DictConfig) -> list[Point]:
-    """Every point in run order: interleaved (1,2,4,1,2,4,...) or grouped (1,1,2,2,...)."""
+    """Every point in run order: interleaved (1,2,4,1,2,4,...) or
+    grouped (1,1,2,2,...)."""
     st = cfg.study
     pairs = ([(w, r) for r in range(1, st.repeats + 1) for w in st.worlds]
              if st.order == "interleaved" else
@@ -77,7 +84,8 @@ def plan(cfg: DictConfig) -> list[Point]:
 
 def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
                  study_id: str) -> DictConfig:
-    """The ordinary run config of one point, resolved and checked by the trainer's rules."""
+    """The ordinary run config of one point, resolved and checked by the
+    trainer's rules."""
     cfg = base.copy()
     with open_dict(cfg):
         cfg.study = None
@@ -88,7 +96,8 @@ def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
         if point.hosts is not None:
             cfg.launcher.hosts = list(point.hosts)
             cfg.launcher.hostfile = None
-            cfg.launcher.np = None  # every slot of the point's hosts
+            # every slot of the point's hosts
+            cfg.launcher.np = None
         cfg.run.dir = str(study_dir / point.folder) if study_dir is not None else None
     return resolve_train(cfg)
 
@@ -115,7 +124,8 @@ def _worlds(cfg: DictConfig) -> Optional[str]:
 
 
 def _fits(cfg: DictConfig) -> Optional[str]:
-    """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
+    """Every world fits the (resolved) launcher: slurm k nodes x p,
+    mpirun the hosts' slots."""
     for world in cfg.study.worlds:
         fit = layout(world, cfg.launcher)
         if isinstance(fit, str):
@@ -123,14 +133,16 @@ def _fits(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-STUDY_PLAN: list[Rule] = [  # on the composed config, before the launcher resolves it
+# on the composed config, before the launcher resolves it
+STUDY_PLAN: list[Rule] = [
     _launcher,
     _worlds,
     at_least("study.repeats", 1),
     one_of("study.order", ORDERS),
 ]
 
-STUDY: list[Rule] = [  # on the resolved base config; each point then passes TRAIN
+# on the resolved base config; each point then passes TRAIN
+STUDY: list[Rule] = [
     known_sections,
     _fits,
     *COMMON,
@@ -138,9 +150,10 @@ STUDY: list[Rule] = [  # on the resolved base config; each point then passes TRA
 
 
 def resolve_study(cfg: DictConfig) -> DictConfig:
-    """The study's base config, resolved and checked (validate.py's rules and these),
-    after every point's config was composed and checked by TRAIN (in a fresh folder:
-    run_study checks the points' own folders again once the study folder is known)."""
+    """The study's base config, resolved and checked (validate.py's
+    rules and these), after every point's config was composed and
+    checked by TRAIN (in a fresh folder: run_study checks the points'
+    own folders again once the study folder is known)."""
     check(cfg, STUDY_PLAN)
     base = resolve(cfg, STUDY)
     for point in plan(base):

@@ -1,4 +1,5 @@
-"""A -m sweep's closing table (`SweepTable`, a Hydra callback) and its jobs' names."""
+"""A -m sweep's closing table (`SweepTable`, a Hydra callback) and its
+jobs' names."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from ..folder.rundir import describe_config, read_summary
 
 
 def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
-    """A sweep job's folder name: a training run's description label (what sets it apart
-    from any other run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`) and the swept values it
-    does not show (`seed1`); another entry point's job (a bench), the swept values."""
+    """A sweep job's folder name: a training run's description label
+    (what sets it apart from any other run: `ring-prepost_w3_mlp`,
+    `ddp_w2_mlp_wide`) and the swept values it does not show (`seed1`);
+    another entry point's job (a bench), the swept values."""
     if cfg.get("sync") is not None and cfg.get("model") is not None:
         label = describe_config(cfg)
         return "_".join(p for p in (label, sweep_extra(swept, label)) if p) or None
@@ -26,16 +28,17 @@ def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
 
 
 class SweepTable(Callback):
-    """A -m sweep ends with one row per job (`sweep_table`), so its last lines say what
-    failed. Hydra calls it with each job's `Outcome`: conf/config.yaml and conf/bench.yaml
-    register it under hydra.callbacks."""
+    """A -m sweep ends with one row per job (`sweep_table`), so its last
+    lines say what failed. Hydra calls it with each job's `Outcome`:
+    conf/config.yaml and conf/bench.yaml register it under
+    hydra.callbacks."""
 
     def __init__(self) -> None:
         self.jobs: list[tuple[int, list[str], Outcome]] = []
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        # a single run has no table; a task that raised (a bug) has no Outcome: Hydra
-        # raises it after the last job
+        # a single run has no table; a task that raised (a bug) has no
+        # Outcome: Hydra raises it after the last job
         if config.hydra.mode == RunMode.MULTIRUN and job_return.status == JobStatus.COMPLETED:
             self.jobs.append((config.hydra.job.num, list(job_return.overrides or []),
                               job_return.return_value))
@@ -44,9 +47,9 @@ class SweepTable(Callback):
         print("\n" + sweep_table(self.jobs), flush=True)
 
 
-# what a sweep is run for, per job, from its summary.json (the run's one record of them):
-# (heading, summary key, format); a column only where some job has the figure (a bench
-# or a dry run has none of them)
+# what a sweep is run for, per job, from its summary.json (the run's one
+# record of them): (heading, summary key, format); a column only where
+# some job has the figure (a bench or a dry run has none of them)
 FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
            ("comm in flight", "comm_fraction", "{:.0%}"),
            ("exposed", "comm_exposed_fraction", "{:.0%}"),
@@ -54,9 +57,10 @@ FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
 
 
 def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
-    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): a
-    job named by the overrides that differ between jobs, with its summary.json figures
-    (FIGURES), its run folder and how it ended."""
+    """The table `SweepTable` prints from `jobs` (Hydra's job number,
+    overrides, outcome): a job named by the overrides that differ
+    between jobs, with its summary.json figures (FIGURES), its run
+    folder and how it ended."""
     by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
     keys = list(dict.fromkeys(k for d in by_key for k in d))
     varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
@@ -64,7 +68,8 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
     summaries = [read_summary(o.run_dir) if o.run_dir else {} for _, _, o in jobs]
     figures = [(head, key, fmt) for head, key, fmt in FIGURES
                if any(isinstance(s.get(key), (int, float)) for s in summaries)]
-    runs = _run_labels(jobs, summaries)  # what each training job is, as its description says
+    # what each training job is, as its description says
+    runs = _run_labels(jobs, summaries)
     header = ["", "job", *(["run"] if runs else []), *(head for head, _, _ in figures),
               "run dir", "result"]
     rows = [[f"#{num}", name, *([runs[i]] if runs else []),
@@ -73,7 +78,8 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
              str(o.run_dir) if o.run_dir else "-", o.result]
             for i, ((num, _, o), name, s) in enumerate(zip(jobs, names, summaries))]
     first = 3 if runs else 2
-    right = range(first, first + len(figures))  # the figures align right, as numbers do
+    # the figures align right, as numbers do
+    right = range(first, first + len(figures))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"sweep of {len(jobs)} job(s):"]
     for row in [header, *rows]:
@@ -86,9 +92,10 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
 
 
 def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
-    """Each job's run, named by what sets it apart from the sweep's other runs (its
-    description's label, cut to the parts that differ: description.differing_labels);
-    [] when no job is a training run with a config."""
+    """Each job's run, named by what sets it apart from the sweep's
+    other runs (its description's label, cut to the parts that differ:
+    description.differing_labels); [] when no job is a training run with
+    a config."""
     from omegaconf import OmegaConf
 
     descs = []

@@ -1,5 +1,5 @@
-"""The rules of a training run: its sync, batch, model, CUDA graph, delays, stop
-signal and entry module fit this config and world."""
+"""The rules of a training run: its sync, batch, model, CUDA graph,
+delays, stop signal and entry module fit this config and world."""
 
 from __future__ import annotations
 
@@ -16,17 +16,20 @@ from ..folder.rundir import world_size
 
 
 def sync_fits(cfg: DictConfig) -> Optional[str]:
-    """A synchroniser that cannot run this config (or world size) fails here."""
+    """A synchroniser that cannot run this config (or world size) fails
+    here."""
     try:
         check_sync(cfg.sync, world_size(cfg))
-    except ValueError as e:  # the synchronisers' check() speaks ValueError, with the fix
+    except ValueError as e:
+        # the synchronisers' check() speaks ValueError, with the fix
         return str(e)
     return None
 
 
 def batch_fits(cfg: DictConfig) -> Optional[str]:
-    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world
-    (the rule lives in config.batch_plan, which every rank applies again)."""
+    """train.global_batch and train.micro_batch: >= 0, and splitting
+    evenly over this world (the rule lives in config.batch_plan, which
+    every rank applies again)."""
     try:
         batch_plan(cfg.train, world_size(cfg))
     except ValueError as e:
@@ -35,7 +38,8 @@ def batch_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def model_fits(cfg: DictConfig) -> Optional[str]:
-    """The model's sizes (mlp widths, cnn channels): its schema's check (config/train.py)."""
+    """The model's sizes (mlp widths, cnn channels): its schema's check
+    (config/train.py)."""
     try:
         check_model(cfg.model)
     except ValueError as e:
@@ -44,20 +48,23 @@ def model_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
-    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem).
-    On a local launch that starts, dist.device=auto is what it will be on this machine."""
+    """train.cuda_graph=true: what a graph cannot hold (config/train.py
+    cuda_graph_problem). On a local launch that starts, dist.device=auto
+    is what it will be on this machine."""
     device = cfg.dist.device
     if device == "auto" and cfg.launcher.name == "local" and not cfg.launcher.dry_run:
         device = device_type(device, local_gpus() > 0)
     try:
         accumulation = batch_plan(cfg.train, world_size(cfg) or 1).accumulation
-    except ValueError:  # a batch that cannot split: batch_fits says so
+    except ValueError:
+        # a batch that cannot split: batch_fits says so
         accumulation = 1
     return cuda_graph_problem(cfg, device, accumulation)
 
 
 def debug_delays(cfg: DictConfig) -> Optional[str]:
-    """debug.slow_rank names a rank of this world; delays are >= 0 (config/train.py)."""
+    """debug.slow_rank names a rank of this world; delays are >= 0
+    (config/train.py)."""
     return debug_problem(cfg.debug, world_size(cfg))
 
 
@@ -72,8 +79,8 @@ def stop_signal(cfg: DictConfig) -> Optional[str]:
 
 
 def run_entry(cfg: DictConfig) -> Optional[str]:
-    """run.entry is a module this Python finds: a typo is one line here, not a traceback
-    from every rank."""
+    """run.entry is a module this Python finds: a typo is one line here,
+    not a traceback from every rank."""
     entry = cfg.run.entry
     try:
         if importlib.util.find_spec(entry) is not None:

@@ -1,12 +1,14 @@
-"""Every check of a command, in one layer, run before any process starts or any folder
-is made (`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
+"""Every check of a command, in one layer, run before any process starts
+or any folder is made (`python -m ddp_lab` and `python -m ddp_lab.bench`
+both call `resolve`).
 
-A rule is a small function of the composed config that returns None, or one line naming
-the key and the fix (or raises a `UserError`); rules sit in tables, one per entry point:
-COMMON and TRAIN here, STUDY_PLAN and STUDY in study_plan.py, BENCH in bench/submit.py.
-The rules themselves: config_rules.py, folder_rules.py, machine_rules.py,
-train_rules.py. The launcher's own checks run first (`launch.resolve`, which also fills
-its derived values).
+A rule is a small function of the composed config that returns None, or
+one line naming the key and the fix (or raises a `UserError`); rules sit
+in tables, one per entry point: COMMON and TRAIN here, STUDY_PLAN and
+STUDY in study_plan.py, BENCH in bench/submit.py. The rules themselves:
+config_rules.py, folder_rules.py, machine_rules.py, train_rules.py. The
+launcher's own checks run first (`launch.resolve`, which also fills its
+derived values).
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ TRAIN: list[Rule] = [
     above("train.stop_check_s", 0),
     stop_signal,
     run_entry,
-    in_use,  # another command's job in run.dir: said before what the folder holds
+    # another command's job in run.dir: said before what the folder
+    # holds
+    in_use,
     reuse_problem,
     batch_fits,
     model_fits,
@@ -113,11 +117,13 @@ def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
 
 
 def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
-    """A copy of `cfg` with what depends on this machine filled in and paths made absolute
-    (ranks may start elsewhere: all must read the same folders), checked by `rules`."""
+    """A copy of `cfg` with what depends on this machine filled in and
+    paths made absolute (ranks may start elsewhere: all must read the
+    same folders), checked by `rules`."""
     cfg = cfg.copy()
     with open_dict(cfg):
-        launch.resolve(cfg)  # the launcher's own defaults and checks (LaunchError)
+        # the launcher's own defaults and checks (LaunchError)
+        launch.resolve(cfg)
         if cfg.launcher.nproc_per_node is None:
             cfg.launcher.nproc_per_node = default_nproc()
         if "data" in cfg:
@@ -125,10 +131,12 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
             cfg.data.mirrors = [m if m == "embedded" or "://" in m
                                 else str(Path(m).expanduser().resolve()) for m in cfg.data.mirrors]
     check(cfg, rules)
-    launch.check_tool(cfg)  # last: the command's own mistakes are said first
+    # last: the command's own mistakes are said first
+    launch.check_tool(cfg)
     return cfg
 
 
 def resolve_train(cfg: DictConfig) -> DictConfig:
-    """A training run's config resolved and checked (a study's: `study.resolve_study`)."""
+    """A training run's config resolved and checked (a study's:
+    `study.resolve_study`)."""
     return resolve(cfg, TRAIN)

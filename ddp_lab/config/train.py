@@ -1,6 +1,6 @@
-"""The schemas of what a run trains and how: model, data, optimiser, the training loop
-(with the batch plan every rank applies), process group, run folder, logging, timing,
-injected faults and a scaling study."""
+"""The schemas of what a run trains and how: model, data, optimiser, the
+training loop (with the batch plan every rank applies), process group,
+run folder, logging, timing, injected faults and a scaling study."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from .help import doc
 
 
 def _size(value: Any) -> bool:
-    """Whether `value` is a layer size: an int >= 1 (True is not one)."""
+    """Whether `value` is a layer size: an int >= 1 (True is not
+    one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def widths(hidden: Any) -> list[int]:
-    """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
+    """`model.hidden` as a list of layer widths: one int or a list of
+    them, each >= 1."""
     ws = [hidden] if isinstance(hidden, int) else list(hidden)
     if not ws or not all(map(_size, ws)):
         raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
@@ -32,7 +34,8 @@ class ModelConfig:
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
-        """Raise ValueError, with the fix, for sizes the model cannot be built with."""
+        """Raise ValueError, with the fix, for sizes the model cannot be
+        built with."""
 
 
 @dataclass
@@ -50,7 +53,8 @@ class MLPConfig(ModelConfig):
 
 @dataclass
 class ResNet18Config(ModelConfig):
-    """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no max-pool)."""
+    """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no
+    max-pool)."""
 
 
 @dataclass
@@ -155,7 +159,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How the samples of one optimiser step are split over ranks and micro-steps."""
+    """How the samples of one optimiser step are split over ranks and
+    micro-steps."""
 
     global_batch: int
     """samples of one optimiser step over all ranks"""
@@ -166,18 +171,22 @@ class BatchPlan:
     accumulation: int
     """forward/backward micro-steps per optimiser step (1 = none)"""
     scaling: str
-    """strong (train.global_batch fixed) | weak (train.batch_size per rank fixed)"""
+    """strong (train.global_batch fixed) | weak (train.batch_size per
+    rank fixed)"""
 
     @property
     def micro_batch(self) -> int:
-        """The micro-batch a step accumulates over, 0 if it takes its batch whole."""
+        """The micro-batch a step accumulates over, 0 if it takes its
+        batch whole."""
         return self.micro if self.accumulation > 1 else 0
 
 
 def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
-    """The batch plan of the train section on `world_size` ranks; ValueError, one line naming
-    the key and the fix, for a combination that cannot run."""
-    # (a hand-made section without the keys, as scripts and tests build, means both off)
+    """The batch plan of the train section on `world_size` ranks;
+    ValueError, one line naming the key and the fix, for a combination
+    that cannot run."""
+    # (a hand-made section without the keys, as scripts and tests build,
+    # means both off)
     gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
     if gb < 0:
         raise ValueError(f"train.global_batch={gb}: must be >= 0 (0 = off: train.batch_size per rank)")
@@ -204,15 +213,17 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
                      micro=per_rank // steps, accumulation=steps, scaling=scaling)
 
 
-#: the synchronisers whose step a CUDA graph can hold on nccl: the library's own
-#: collectives, launched from this thread (not send/recv, not rooted calls with waits)
+#: the synchronisers whose step a CUDA graph can hold on nccl: the
+#: library's own collectives, launched from this thread (not send/recv,
+#: not rooted calls with waits)
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
 def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optional[str]:
-    """Why train.cuda_graph=true cannot run `cfg`, or None: one line naming the key and the
-    fix. `device`: dist.device as the ranks will see it; `accumulation`: micro-steps per
-    optimiser step. A graph replays fixed kernels on fixed memory: nothing decided per step."""
+    """Why train.cuda_graph=true cannot run `cfg`, or None: one line
+    naming the key and the fix. `device`: dist.device as the ranks will
+    see it; `accumulation`: micro-steps per optimiser step. A graph
+    replays fixed kernels on fixed memory: nothing decided per step."""
     if not cfg.train.get("cuda_graph", False):
         return None
     sync, key = cfg.sync, "train.cuda_graph=true"
@@ -260,7 +271,8 @@ class DistConfig:
 
 
 def device_type(device: str, cuda_available: bool) -> str:
-    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu."""
+    """dist.device as the ranks will use it: auto = cuda where CUDA is
+    available, else cpu."""
     return ("cuda" if cuda_available else "cpu") if device == "auto" else device
 
 
@@ -317,7 +329,8 @@ class TimingConfig:
 
 @dataclass
 class DebugConfig:
-    """Fault and delay injection, to see what the measurements make of them."""
+    """Fault and delay injection, to see what the measurements make of
+    them."""
 
     slow_rank: int = doc(-1, "the rank whose compute is delayed every "
                              "step (-1 = none): a straggler")
@@ -343,8 +356,9 @@ def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
 
 @dataclass
 class StudyConfig:
-    """A scaling study: every world size of `worlds`, `repeats` times, one run folder per
-    point under one study folder, then the report (ddp_lab/command/study.py, docs/scaling.md)."""
+    """A scaling study: every world size of `worlds`, `repeats` times,
+    one run folder per point under one study folder, then the report
+    (ddp_lab/command/study.py, docs/scaling.md)."""
 
     name: str = doc("scaling", "the study kind (conf/study/<name>.yaml)")
     worlds: List[int] = doc([1, 2, 4], "world sizes (ranks) of the ladder, e.g. [1,2,4,8]")

@@ -1,9 +1,10 @@
-"""What one rank of the doctor's job sees, before any process group: its place, cores and
-NUMA node, the scheduler's counts, its GPUs; local rank 0 adds its node's software, data,
-network interfaces and link. Plain dicts (JSON), one file per rank in RUN_DIR/doctor/.
+"""What one rank of the doctor's job sees, before any process group: its
+place, cores and NUMA node, the scheduler's counts, its GPUs; local rank
+0 adds its node's software, data, network interfaces and link. Plain
+dicts (JSON), one file per rank in RUN_DIR/doctor/.
 
-torch loads only inside `software` and `gpus` (the worker calls them after rank_main set
-the threads' variables, as every rank does).
+torch loads only inside `software` and `gpus` (the worker calls them
+after rank_main set the threads' variables, as every rank does).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def parse_cpulist(text: str) -> set[int]:
 
 
 def numa_of(cpus: Iterable[int], root: str = "/sys/devices/system/node") -> Optional[list[int]]:
-    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None where it does not."""
+    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None
+    where it does not."""
     nodes = {}
     for d in sorted(Path(root).glob("node[0-9]*")):
         try:
@@ -78,7 +80,8 @@ def affinity() -> list[int]:
 
 # ------------------------------------------------------------------ interfaces
 def interfaces() -> list[str]:
-    """This network namespace's interfaces (the kernel's own list, not sysfs)."""
+    """This network namespace's interfaces (the kernel's own list, not
+    sysfs)."""
     try:
         return [name for _, name in socket.if_nameindex()]
     except OSError:
@@ -86,9 +89,10 @@ def interfaces() -> list[str]:
 
 
 def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
-    """The interfaces `spec` selects among `names`, as gloo / NCCL read the variable:
-    GLOO_SOCKET_IFNAME is exact names (comma separated); NCCL_SOCKET_IFNAME prefixes, `=`
-    for exact names, `^` to exclude (then every other interface but lo is a candidate)."""
+    """The interfaces `spec` selects among `names`, as gloo / NCCL read
+    the variable: GLOO_SOCKET_IFNAME is exact names (comma separated);
+    NCCL_SOCKET_IFNAME prefixes, `=` for exact names, `^` to exclude
+    (then every other interface but lo is a candidate)."""
     spec = spec.strip()
     if key == "GLOO_SOCKET_IFNAME":
         return [n for n in (s.strip() for s in spec.split(",")) if n in names]
@@ -103,8 +107,8 @@ def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
 
 
 def link_facts(environ: Mapping[str, str]) -> Optional[dict]:
-    """The link the node's collectives use: fingerprint.link's iface, speed and tbf, and
-    the MTU and state `ip` reports."""
+    """The link the node's collectives use: fingerprint.link's iface,
+    speed and tbf, and the MTU and state `ip` reports."""
     lk = fingerprint.link(environ)
     if not lk:
         return None
@@ -113,7 +117,8 @@ def link_facts(environ: Mapping[str, str]) -> Optional[dict]:
 
 
 def chosen_ifaces(environ: Mapping[str, str], names: list[str]) -> dict[str, dict]:
-    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec, resolved}}."""
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec,
+    resolved}}."""
     return {key: {"spec": environ[key], "resolved": resolve_ifname(key, environ[key], names)}
             for key in IF_KEYS if environ.get(key)}
 
@@ -124,16 +129,18 @@ def network(environ: Mapping[str, str]) -> dict[str, Any]:
     lk = None
     if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
         lk = link_facts(environ)
-    # the interface gloo takes when none is named: the hostname's address's, else the route's
+    # the interface gloo takes when none is named: the hostname's
+    # address's, else the route's
     default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
     return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
             "address": host_address(), "rdma_devices": rdma_devices()}
 
 
 def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
-    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs: Slingshot (cxi0,
-    ...: NCCL should use the aws-ofi-nccl plugin there) or InfiniBand / RoCE (mlx5_0, ...:
-    NET/IB); [] where only sockets exist."""
+    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs:
+    Slingshot (cxi0, ...: NCCL should use the aws-ofi-nccl plugin there)
+    or InfiniBand / RoCE (mlx5_0, ...: NET/IB); [] where only sockets
+    exist."""
     from ..launch.sysfs_scan import network_kind
 
     try:
@@ -162,7 +169,8 @@ def software() -> dict[str, Any]:
 
 
 def data(root: str) -> dict[str, Any]:
-    """The extracted MNIST files under `root` (MNIST/raw): each one's MD5, or absent."""
+    """The extracted MNIST files under `root` (MNIST/raw): each one's
+    MD5, or absent."""
     from ..data_fetch import EXTRACTED_MD5, md5sum, raw_folder
 
     raw = raw_folder(root)
@@ -187,7 +195,8 @@ def gpus() -> dict[str, Any]:
 
 
 def topo_text() -> Optional[str]:
-    """`nvidia-smi topo -m`, where nvidia-smi exists (None elsewhere)."""
+    """`nvidia-smi topo -m`, where nvidia-smi exists (None
+    elsewhere)."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:

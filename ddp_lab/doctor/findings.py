@@ -1,4 +1,5 @@
-"""What the doctor's checks read and say: the job's `Facts`, one `Check` per question."""
+"""What the doctor's checks read and say: the job's `Facts`, one `Check`
+per question."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ class Check:
 
 @dataclass
 class Facts:
-    """What the doctor's job left: `settings` (the launcher's, from the resolved config),
-    `ranks` (every rank's facts file, local rank 0's with `node`), `measures` (rank ->
-    what it measured once in the group), `status` (the job's summary.json status), `rc`."""
+    """What the doctor's job left: `settings` (the launcher's, from the
+    resolved config), `ranks` (every rank's facts file, local rank 0's
+    with `node`), `measures` (rank -> what it measured once in the
+    group), `status` (the job's summary.json status), `rc`."""
     settings: dict
     ranks: list[dict]
     measures: dict[int, dict]
@@ -40,8 +42,9 @@ class Facts:
         return dict(sorted(out.items()))
 
     def label(self, node_rank: int) -> str:
-        """A node's name as the user knows it (SLURMD_NODENAME or hostname); nodes of one
-        machine that share a hostname (a network lab) get their address, else node rank."""
+        """A node's name as the user knows it (SLURMD_NODENAME or
+        hostname); nodes of one machine that share a hostname (a network
+        lab) get their address, else node rank."""
         by_node = self.nodes()
         first = (by_node.get(node_rank) or [{}])[0]
         name = first.get("node", f"node {node_rank}")
@@ -50,7 +53,8 @@ class Facts:
             return name
         addresses = [rs[0].get("address") for rs in by_node.values()]
         if first.get("address") and addresses.count(first["address"]) == 1:
-            return f"{name}@{first['address']}"  # network namespaces of one machine
+            # network namespaces of one machine
+            return f"{name}@{first['address']}"
         return f"{name}[{node_rank}]"
 
     def node_facts(self) -> dict[int, dict]:
@@ -60,13 +64,15 @@ class Facts:
 
 
 def disagree(values: Mapping[str, Any]) -> Optional[str]:
-    """"node2 has X, node1 Y" when the nodes' values differ (the odd one first), else None."""
+    """"node2 has X, node1 Y" when the nodes' values differ (the odd one
+    first), else None."""
     groups: dict[str, list[str]] = {}
     for node, value in values.items():
         groups.setdefault(str(value), []).append(node)
     if len(groups) < 2:
         return None
-    first = next(iter(values), None)  # the first node is the reference: the other is odd
+    # the first node is the reference: the other is odd
+    first = next(iter(values), None)
     ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), first in kv[1]))
     return ", ".join(f"{'/'.join(nodes)} {'has ' if i == 0 else ''}{value}"
                      for i, (value, nodes) in enumerate(ordered))

@@ -1,5 +1,6 @@
-"""The doctor's checks of the network: the interface, the link, the rendezvous, the
-all-reduces within and across nodes, NCCL's transport and the GPU-NIC affinity."""
+"""The doctor's checks of the network: the interface, the link, the
+rendezvous, the all-reduces within and across nodes, NCCL's transport
+and the GPU-NIC affinity."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from typing import Mapping, Optional
 
 from .findings import Check, Facts, disagree
 
-# an inter-node all-reduce below this share of the link's reported rate fails: NCCL on
-# sockets instead of InfiniBand measures about 5 of 25 GB/s (20%); a tbf-shaped node among
-# unshaped ones, or a 1 Gbit/s port in a 10 Gbit/s network, far less
+# an inter-node all-reduce below this share of the link's reported rate
+# fails: NCCL on sockets instead of InfiniBand measures about 5 of 25
+# GB/s (20%); a tbf-shaped node among unshaped ones, or a 1 Gbit/s port
+# in a 10 Gbit/s network, far less
 MIN_LINK_SHARE = 0.25
-# gloo on CPUs copies and sums every byte on cores shared with the ranks: its all-reduce
-# reaches a fraction of a fast link's rate even when the link is fine (docs/doctor.md)
+# gloo on CPUs copies and sums every byte on cores shared with the
+# ranks: its all-reduce reaches a fraction of a fast link's rate even
+# when the link is fine (docs/doctor.md)
 MIN_LINK_SHARE_CPU = 0.05
 
 
@@ -35,7 +38,8 @@ def interface(f: Facts) -> Check:
 
 
 def _rate(lk: Optional[Mapping]) -> Optional[float]:
-    """A link's rate in bytes/s: its tbf's where shaped, else its speed; None unknown."""
+    """A link's rate in bytes/s: its tbf's where shaped, else its speed;
+    None unknown."""
     if not lk:
         return None
     if lk.get("shaped_Bps"):
@@ -130,8 +134,9 @@ def inter_node(f: Facts) -> Optional[Check]:
     best = max(rates, key=rates.get)
     shaped = [k for k, v in links.items() if v and v.get("shaped_Bps")]
     if len(rates) < len(links) and shaped or len(set(rates.values())) > 1:
-        # one node's link is slower than another's (or shaped where another is not): every
-        # ring and tree runs at the slowest link's pace
+        # one node's link is slower than another's (or shaped where
+        # another is not): every ring and tree runs at the slowest
+        # link's pace
         slow = min(rates, key=rates.get)
         return Check("inter-node all-reduce", False,
                      f"inter-node all-reduce at {got / 1e6:.4g} MB/s, held to {slow}'s link "

@@ -1,4 +1,5 @@
-"""The doctor's checks that every node has the same software and the same data."""
+"""The doctor's checks that every node has the same software and the
+same data."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""What NVIDIA's tools print, read: NCCL's INFO lines (the transport NCCL chose) and
-`nvidia-smi topo -m` (how each GPU reaches each NIC). Pure text in, dicts out: no torch,
-no GPU; tests feed them the formats NVIDIA documents.
+"""What NVIDIA's tools print, read: NCCL's INFO lines (the transport
+NCCL chose) and `nvidia-smi topo -m` (how each GPU reaches each NIC).
+Pure text in, dicts out: no torch, no GPU; tests feed them the formats
+NVIDIA documents.
 """
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ from typing import Any, Iterable, Optional
 from ..world.fingerprint import parse_nccl_info
 
 # ------------------------------------------------------------------ NCCL INFO
-# "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via NET/IB/0/GDRDMA",
-# "... via NET/Socket/0", "... via SHM/direct/direct"
+# "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via
+# NET/IB/0/GDRDMA", "... via NET/Socket/0", "... via SHM/direct/direct"
 _CHANNEL = re.compile(r"NCCL INFO Channel \S+ ?: .*\bvia (\S+)")
-# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces NCCL's sockets use)
+# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces
+# NCCL's sockets use)
 _SOCKET_IFS = re.compile(r"NCCL INFO NET/Socket ?: Using (.+)$")
 _IF_NAME = re.compile(r"\[\d+\]([A-Za-z0-9_.\-]+):")
 
 
 def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
-    """The transport NCCL chose, from its INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS
-    INIT,NET): `network` (IB, Socket, a plugin's name), `net_devices`, `connections` (per
-    kind: P2P, SHM, NET/IB, NET/Socket), `gdrdma` (a NET channel with GPUDirect RDMA) and
-    `socket_ifaces` (the interfaces of NET/Socket). fingerprint.parse_nccl_info reads the
-    first three; this adds the last two."""
+    """The transport NCCL chose, from its INFO lines (NCCL_DEBUG=INFO,
+    NCCL_DEBUG_SUBSYS INIT,NET): `network` (IB, Socket, a plugin's
+    name), `net_devices`, `connections` (per kind: P2P, SHM, NET/IB,
+    NET/Socket), `gdrdma` (a NET channel with GPUDirect RDMA) and
+    `socket_ifaces` (the interfaces of NET/Socket).
+    fingerprint.parse_nccl_info reads the first three; this adds the
+    last two."""
     lines = list(lines)
     out = parse_nccl_info(lines)
     gdr, ifaces = False, []
@@ -39,7 +43,8 @@ def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
 
 
 def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
-    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not IB/RoCE or a plugin."""
+    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not
+    IB/RoCE or a plugin."""
     conns = t.get("connections") or {}
     return "NET/Socket" in conns or (t.get("network") == "Socket"
                                      and any(k.startswith("NET/") for k in conns))
@@ -62,11 +67,13 @@ def _rank(kind: str) -> int:
 
 
 def parse_topo(text: str) -> Optional[dict[str, Any]]:
-    """`nvidia-smi topo -m` read: {"gpus": [...], "nics": [...], "matrix": {row: {col: kind}},
-    "cpu_affinity": {gpu: "0-31"}, "numa_affinity": {gpu: "0"}, "nic_names": {"NIC0":
-    "mlx5_0"}}; None when the text holds no matrix. The header row names the columns
-    (GPU0.. NIC0.., then CPU Affinity, NUMA Affinity, GPU NUMA ID); each row starts with its
-    device name. The header is tab separated; columns of two words are kept whole."""
+    """`nvidia-smi topo -m` read: {"gpus": [...], "nics": [...],
+    "matrix": {row: {col: kind}}, "cpu_affinity": {gpu: "0-31"},
+    "numa_affinity": {gpu: "0"}, "nic_names": {"NIC0": "mlx5_0"}}; None
+    when the text holds no matrix. The header row names the columns
+    (GPU0.. NIC0.., then CPU Affinity, NUMA Affinity, GPU NUMA ID); each
+    row starts with its device name. The header is tab separated;
+    columns of two words are kept whole."""
     lines = [ln.rstrip() for ln in text.splitlines()]
     head_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
     if head_i is None:
@@ -100,8 +107,9 @@ def parse_topo(text: str) -> Optional[dict[str, Any]]:
 
 
 def nearest_nic(topo: dict[str, Any]) -> dict[str, tuple[Optional[str], Optional[str]]]:
-    """Each GPU's nearest NIC and the path to it: {"GPU0": ("mlx5_0", "PIX")}; (None, None)
-    for a GPU of a node without a NIC in the matrix."""
+    """Each GPU's nearest NIC and the path to it: {"GPU0": ("mlx5_0",
+    "PIX")}; (None, None) for a GPU of a node without a NIC in the
+    matrix."""
     out = {}
     for gpu in topo["gpus"]:
         row = topo["matrix"].get(gpu, {})

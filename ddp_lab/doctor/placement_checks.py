@@ -1,5 +1,5 @@
-"""The doctor's checks of where the ranks run: their count, tasks and GPUs per node,
-and the cores they share (docs/doctor.md)."""
+"""The doctor's checks of where the ranks run: their count, tasks and
+GPUs per node, and the cores they share (docs/doctor.md)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ def ranks(f: Facts) -> Check:
 
 
 def tasks(f: Facts) -> Check:
-    """The ranks, tasks and GPUs per node against the launcher settings (the mismatch that
-    hangs a job or leaves devices idle). A finding shared by several nodes names them all."""
+    """The ranks, tasks and GPUs per node against the launcher settings
+    (the mismatch that hangs a job or leaves devices idle). A finding
+    shared by several nodes names them all."""
     s = f.settings
     nproc, notes = s["nproc_per_node"], []
-    problems: dict[tuple[str, str], list[str]] = {}  # (finding with {node}, fix) -> nodes
+    # (finding with {node}, fix) -> nodes
+    problems: dict[tuple[str, str], list[str]] = {}
 
     def problem(finding: str, fix: str, node: str) -> None:
         problems.setdefault((finding, fix), []).append(node)
@@ -88,7 +90,8 @@ def tasks(f: Facts) -> Check:
 
 
 def cores(f: Facts) -> Check:
-    """Each node's ranks against the cores they may run on (affinity) and their NUMA nodes."""
+    """Each node's ranks against the cores they may run on (affinity)
+    and their NUMA nodes."""
     parts, bad = [], []
     for n, rs in f.nodes().items():
         label = f.label(n)

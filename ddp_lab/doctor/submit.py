@@ -1,5 +1,6 @@
-"""The doctor's submitting side: the run's config with the doctor's entry, one short job
-through the launcher (`ddp_lab.command.job.launch_job`), then the verdicts printed and kept.
+"""The doctor's submitting side: the run's config with the doctor's
+entry, one short job through the launcher
+(`ddp_lab.command.job.launch_job`), then the verdicts printed and kept.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from .findings import Check, Facts
 from .verdicts import verdicts
 
 ENTRY = "ddp_lab.doctor.worker"
-# the doctor's own bounds: a rank that cannot join, or a collective that hangs (the
-# tasks/devices mismatch), ends the job within these rather than the run's
+# the doctor's own bounds: a rank that cannot join, or a collective that
+# hangs (the tasks/devices mismatch), ends the job within these rather
+# than the run's
 INIT_TIMEOUT_S = 20.0
 TIMEOUT_S = 60.0
 
 
 def resolve_doctor(cfg: DictConfig) -> DictConfig:
-    """A run's config, checked as a run's, with the doctor's entry and time bounds."""
+    """A run's config, checked as a run's, with the doctor's entry and
+    time bounds."""
     if cfg.run.get("dir"):
         raise UserError(f"run.dir={cfg.run.dir}: the doctor makes its own folder under "
                         "run.root (doctor_<date>_<time>); drop run.dir")
@@ -43,7 +46,8 @@ def resolve_doctor(cfg: DictConfig) -> DictConfig:
     with open_dict(cfg):
         cfg.dist.init_timeout_s = min(float(cfg.dist.init_timeout_s or TIMEOUT_S), INIT_TIMEOUT_S)
         cfg.dist.timeout_s = min(float(cfg.dist.timeout_s), TIMEOUT_S)
-        if "wait" in cfg.launcher:  # the verdicts need the job's end
+        # the verdicts need the job's end
+        if "wait" in cfg.launcher:
             cfg.launcher.wait = True
     return cfg
 
@@ -55,7 +59,8 @@ def settings(cfg: DictConfig) -> dict:
             "gpus_per_node": lc.get("gpus_per_node"), "device": cfg.dist.device,
             "backend": cfg.dist.backend, "data_root": cfg.data.root,
             "node_local": bool(cfg.data.node_local),
-            # mpirun: each host's slots, in rank order (its nodes may differ)
+            # mpirun: each host's slots, in rank order (its nodes may
+            # differ)
             "slots": [int(str(h).rpartition(":")[2]) for h in lc.hosts] if lc.name == "mpirun"
             else None}
 

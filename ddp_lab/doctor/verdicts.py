@@ -1,7 +1,8 @@
-"""The doctor's verdicts: the ranks' facts (RUN_DIR/doctor/*.json) against the launcher
-settings, one `Check` per question, each "ok|FAIL <name>: <finding> -> <fix>". Pure: dicts
-in, checks out; no torch, no process (docs/doctor.md says what each check answers). The
-checks: placement_checks.py, node_checks.py, network_checks.py.
+"""The doctor's verdicts: the ranks' facts (RUN_DIR/doctor/*.json)
+against the launcher settings, one `Check` per question, each "ok|FAIL
+<name>: <finding> -> <fix>". Pure: dicts in, checks out; no torch, no
+process (docs/doctor.md says what each check answers). The checks:
+placement_checks.py, node_checks.py, network_checks.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def verdicts(f: Facts) -> list[Check]:
     for check in CHECKS:
         try:
             c = check(f)
-        except (KeyError, TypeError, ValueError) as e:  # a node that reported half
+        except (KeyError, TypeError, ValueError) as e:
+            # a node that reported half
             c = Check(check.__name__.replace("_", "-"), False, f"could not judge: {e!r}",
                       "read the doctor folder's doctor/*.json and logs/")
         if c is not None:

@@ -1,9 +1,12 @@
-"""The entry every rank of the doctor's job runs: `python -m ddp_lab.doctor.worker RUN_DIR`.
+"""The entry every rank of the doctor's job runs: `python -m
+ddp_lab.doctor.worker RUN_DIR`.
 
-First, with no process group, what the rank sees (`facts`) into RUN_DIR/doctor/rank<N>.json:
-a wrong interface or an unreachable rendezvous is then still reported. Then, as a training
-rank joins (`run_rank`), an all-reduce timed within each node and across nodes, NCCL's
-transport from its INFO log, and rank 0's fingerprint of the allocation (as a run's).
+First, with no process group, what the rank sees (`facts`) into
+RUN_DIR/doctor/rank<N>.json: a wrong interface or an unreachable
+rendezvous is then still reported. Then, as a training rank joins
+(`run_rank`), an all-reduce timed within each node and across nodes,
+NCCL's transport from its INFO log, and rank 0's fingerprint of the
+allocation (as a run's).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from ddp_lab.world import fingerprint as fingerprints
 from ddp_lab.world.env import EnvError, detect_env, hostname
 from ddp_lab.world.ports import answers
 
-# all-reduce sizes (bytes), each timed ITERS times after one warm-up, until a level has
-# spent BUDGET_S: a slow link stops early, a fast one reaches the largest size
+# all-reduce sizes (bytes), each timed ITERS times after one warm-up,
+# until a level has spent BUDGET_S: a slow link stops early, a fast one
+# reaches the largest size
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 ITERS = 3
 BUDGET_S = 3.0
-FACTS_WAIT_S = 30.0  # a rank that cannot join waits this long at most for the others' facts
+# a rank that cannot join waits this long at most for the others' facts
+FACTS_WAIT_S = 30.0
 
 
 def run(run_dir: Path) -> int:
@@ -49,9 +54,11 @@ def run(run_dir: Path) -> int:
     missing = [k for k, c in gather.chosen_ifaces(environ, names).items() if not c["resolved"]]
     mine["skipped_group"] = bool(missing)
     write_json(out / f"rank{env.rank}.json", mine)
-    if missing:  # gloo / NCCL would fail on it after a timeout: say it now instead,
-        # once every rank has written its facts (the launcher ends the others as this one
-        # leaves, maybe before local rank 0 has read its node)
+    # gloo / NCCL would fail on it after a timeout: say it now instead,
+    if missing:
+        # once every rank has written its facts (the launcher ends the
+        # others as this one leaves, maybe before local rank 0 has read
+        # its node)
         _wait_for(lambda: len(list(out.glob("rank*[0-9].json"))) >= env.world_size, FACTS_WAIT_S)
         print(f"[ddp_lab] doctor rank {env.rank}: {missing[0]}={environ[missing[0]]} is no "
               f"interface here ({', '.join(names)}): not joining", file=sys.stderr)
@@ -67,8 +74,9 @@ def _wait_for(done, seconds: float) -> None:
 
 
 def _master(env) -> dict:
-    """Whether the rendezvous host answers this node (any reply; the port is only bound as
-    the group starts, under torchrun before the ranks do)."""
+    """Whether the rendezvous host answers this node (any reply; the
+    port is only bound as the group starts, under torchrun before the
+    ranks do)."""
     if env.world_size == 1 or env.rank == 0:
         return {"answers": True}
     ok = answers(env.master_addr)
@@ -85,7 +93,8 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
     nodes: dict[int, list[int]] = {}
     for rank, (node, _) in enumerate(pairs):
         nodes.setdefault(node, []).append(rank)
-    # every rank makes every group, in one order (new_group is collective)
+    # every rank makes every group, in one order (new_group is
+    # collective)
     groups = {n: (dist.new_group(rs) if len(rs) > 1 else None) for n, rs in sorted(nodes.items())}
     leaders = [rs[0] for _, rs in sorted(nodes.items())]
     cross = dist.new_group(leaders) if len(leaders) > 1 else None
@@ -106,7 +115,8 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
     if ctx.backend == "nccl":
         detail = ctx.gather_objects(fingerprints.read_nccl_transport(run_dir))
     write_json(out / f"rank{env.rank}.measure.json", result)
-    if env.is_main:  # the allocation's fingerprint, as a run's telemetry makes it
+    # the allocation's fingerprint, as a run's telemetry makes it
+    if env.is_main:
         hosts = list(dict.fromkeys(h for _, h in pairs))
         fp = fingerprints.collect(ctx.backend, ctx.device, hosts, cfg.launcher.name,
                                   env.num_nodes, env.local_world_size,
@@ -117,8 +127,9 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
 
 
 def _time(group, n: int, ctx, torch, dist) -> dict:
-    """The all-reduce's bus bandwidth in `group` (n ranks), at the largest size the budget
-    allows; every rank of the group takes the same decisions (the slowest rank's times)."""
+    """The all-reduce's bus bandwidth in `group` (n ranks), at the
+    largest size the budget allows; every rank of the group takes the
+    same decisions (the slowest rank's times)."""
     spent, row = 0.0, None
     for nbytes in SIZES:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)

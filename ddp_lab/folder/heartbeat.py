@@ -1,13 +1,17 @@
-"""Each rank's heartbeat record, `RUN_DIR/heartbeat/rank<N>.bin`: where it is, for the other
-ranks, the launcher and `status` (docs/failures.md, "A rank dies").
+"""Each rank's heartbeat record, `RUN_DIR/heartbeat/rank<N>.bin`: where
+it is, for the other ranks, the launcher and `status` (docs/failures.md,
+"A rank dies").
 
-A fixed 512-byte record mapped into memory (mmap): an update is a store into the page, never
-a file write, and a reader on the same machine sees it at once. A thread of the record reads
-the step timer and comm recorder it `follow`s every FOLLOW_S, so a step only sets their
-attributes and a rank stuck in a collective still says where it is. `read_all(run_dir)`
-gives every rank's record as a dict; `mark_killed` lets another process say it killed a rank.
-`epoch` counts epochs done, `step` steps done in the running one, `collective` the
-collectives entered (same order on every rank: the rank behind has the smaller number).
+A fixed 512-byte record mapped into memory (mmap): an update is a store
+into the page, never a file write, and a reader on the same machine sees
+it at once. A thread of the record reads the step timer and comm
+recorder it `follow`s every FOLLOW_S, so a step only sets their
+attributes and a rank stuck in a collective still says where it is.
+`read_all(run_dir)` gives every rank's record as a dict; `mark_killed`
+lets another process say it killed a rank. `epoch` counts epochs done,
+`step` steps done in the running one, `collective` the collectives
+entered (same order on every rank: the rank behind has the smaller
+number).
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ from ..world.env import host_address
 FOLDER = "heartbeat"
 MAGIC, VERSION = b"DDPR", 1
 SIZE = 512
-_HEAD = struct.Struct("<4sIiiiid64s")  # magic version rank local_rank world pid started host
-_HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op state
+# magic version rank local_rank world pid started host
+_HEAD = struct.Struct("<4sIiiiid64s")
+# updated epoch step collective phase op state
+_HOT = struct.Struct("<dqqqBBB5x")
 _HOT_AT = 96
-_STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
+# the state byte, for `mark_killed`
+_STATE_AT = _HOT_AT + 34
 _MSG = struct.Struct("<256s")
-MESSAGE_MAX = _MSG.size - 1  # a longer message is cut; the last byte stays NUL
+# a longer message is cut; the last byte stays NUL
+MESSAGE_MAX = _MSG.size - 1
 _MSG_AT = _HOT_AT + _HOT.size
-_NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
+# node name, address (written once; empty in older records)
+_NODE = struct.Struct("<64s48s")
 _NODE_AT = SIZE - _NODE.size
 
 PHASES = ("init", "setup", "data", "forward", "backward", "sync", "optim", "step end",
@@ -46,7 +55,8 @@ _PHASE = {name: i for i, name in enumerate(PHASES)}
 _OP = {name: i for i, name in enumerate(OPS)}
 _OTHER, _OTHER_OP = len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
-FOLLOW_S = 0.1  # how often a record reads the timer and recorder it follows
+# how often a record reads the timer and recorder it follows
+FOLLOW_S = 0.1
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
@@ -55,7 +65,8 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 # ------------------------------------------------------------------ the writer
 class NullProgress:
-    """What a process without a record updates (a test's trainer, a bench script): nothing."""
+    """What a process without a record updates (a test's trainer, a
+    bench script): nothing."""
 
     path: Optional[Path] = None
 
@@ -82,7 +93,8 @@ class NullProgress:
 
 
 class _Hot(ctypes.LittleEndianStructure):
-    """The record's changing part (`_HOT`'s layout) laid over the page: updates are stores."""
+    """The record's changing part (`_HOT`'s layout) laid over the page:
+    updates are stores."""
 
     _pack_ = 1
     _fields_ = [("updated", ctypes.c_double), ("epoch", ctypes.c_int64),
@@ -91,13 +103,15 @@ class _Hot(ctypes.LittleEndianStructure):
 
 
 class Progress(NullProgress):
-    """This rank's record; the main thread's and the follower's writes take a lock."""
+    """This rank's record; the main thread's and the follower's writes
+    take a lock."""
 
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        with open(self.path, "w+b") as f:  # a fresh record each start of the rank
+        # a fresh record each start of the rank
+        with open(self.path, "w+b") as f:
             f.truncate(SIZE)
             self._mm = mmap.mmap(f.fileno(), SIZE)
         _HEAD.pack_into(self._mm, 0, MAGIC, VERSION, rank, local_rank, world_size, os.getpid(),
@@ -108,16 +122,23 @@ class Progress(NullProgress):
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
         self._lock = threading.Lock()
-        self._timer: Any = None  # a StepTimer: .now (phase), .ended (steps)
-        self._comm: Any = None  # a CommRecorder: .entered (calls), .op
-        self._seen: tuple = (None, None)  # what the last read found: (timer's, comm's)
-        self._first_step = 0  # the record's step is this plus the timer's steps ended
-        self._calls = 0  # collectives written at once (DistContext's), besides the comm's
+        # a StepTimer: .now (phase), .ended (steps)
+        self._timer: Any = None
+        # a CommRecorder: .entered (calls), .op
+        self._comm: Any = None
+        # what the last read found: (timer's, comm's)
+        self._seen: tuple = (None, None)
+        # the record's step is this plus the timer's steps ended
+        self._first_step = 0
+        # collectives written at once (DistContext's), besides the
+        # comm's
+        self._calls = 0
         self._closing = threading.Event()
         self._follower: Optional[threading.Thread] = None
 
     def follow(self, timer: Any = None, comm: Any = None) -> None:
-        """Read `timer` (StepTimer) and `comm` (CommRecorder) every FOLLOW_S from now on."""
+        """Read `timer` (StepTimer) and `comm` (CommRecorder) every
+        FOLLOW_S from now on."""
         with self._lock:
             self._read()
             h = self._hot
@@ -137,7 +158,8 @@ class Progress(NullProgress):
                 (c.entered, c.op) if c is not None else None)
 
     def _read(self) -> None:
-        """Write what the followed timer and recorder say if it changed (under the lock)."""
+        """Write what the followed timer and recorder say if it changed
+        (under the lock)."""
         seen = self._sources()
         if seen == self._seen:
             return
@@ -163,7 +185,8 @@ class Progress(NullProgress):
             self._hot.updated = time.time()
 
     def at(self, epoch: int, step: int) -> None:
-        """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
+        """An epoch starts (or resumes at `step`): `epoch` epochs done
+        before it."""
         with self._lock:
             self._read()
             h = self._hot
@@ -172,7 +195,8 @@ class Progress(NullProgress):
             h.updated = time.time()
 
     def collective(self, op: str = "") -> None:
-        """Called as this rank enters a collective the followed recorder does not count."""
+        """Called as this rank enters a collective the followed recorder
+        does not count."""
         with self._lock:
             self._read()
             h = self._hot
@@ -197,7 +221,8 @@ class Progress(NullProgress):
         self._closing.set()
         if self._follower is not None:
             self._follower.join()
-        del self._hot  # the mapping cannot close while a structure points into it
+        # the mapping cannot close while a structure points into it
+        del self._hot
         try:
             self._mm.close()
         except (BufferError, ValueError):
@@ -213,8 +238,8 @@ def current() -> NullProgress:
 
 
 def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullProgress:
-    """Open this rank's record (a NullProgress if it cannot be made); rank 0 drops records
-    of ranks a larger earlier world left behind."""
+    """Open this rank's record (a NullProgress if it cannot be made);
+    rank 0 drops records of ranks a larger earlier world left behind."""
     global _CURRENT
     try:
         _CURRENT = Progress(run_dir, rank, local_rank, world_size)
@@ -230,8 +255,9 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
 
 
 def node_identity() -> tuple[str, str]:
-    """(SLURM's node name, else the hostname: nodes may share one; the address gloo gives
-    its peers, '' if the hostname does not resolve)."""
+    """(SLURM's node name, else the hostname: nodes may share one; the
+    address gloo gives its peers, '' if the hostname does not
+    resolve)."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
 
 
@@ -254,8 +280,9 @@ def parse(data: bytes) -> Optional[dict]:
 
 
 def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
-    """A pid of this machine: running | frozen (stopped by a signal, SIGSTOP) | dead (no
-    such process, a zombie, or a process that is no longer one of this run's)."""
+    """A pid of this machine: running | frozen (stopped by a signal,
+    SIGSTOP) | dead (no such process, a zombie, or a process that is no
+    longer one of this run's)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         state = stat[stat.rindex(")") + 2]
@@ -278,9 +305,10 @@ def is_local(record: dict) -> bool:
 
 
 def read_all(run_dir: Path) -> list[dict]:
-    """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict
-    plus age_s, where (in words), local (on this machine) and process (`process_state`,
-    None for another machine's rank)."""
+    """Every rank's record of the run folder's newest world, in rank
+    order: `parse`'s dict plus age_s, where (in words), local (on this
+    machine) and process (`process_state`, None for another machine's
+    rank)."""
     run_dir = Path(run_dir).resolve()
     records = []
     for path in (run_dir / FOLDER).glob("rank*.bin"):
@@ -289,8 +317,9 @@ def read_all(run_dir: Path) -> list[dict]:
             if rec is None:
                 continue
             rec["local"] = is_local(rec)
-            # the process first, the record again after it: a killer marks the record
-            # before its SIGKILL, so a process seen gone has its record saying why
+            # the process first, the record again after it: a killer
+            # marks the record before its SIGKILL, so a process seen
+            # gone has its record saying why
             rec["process"] = process_state(rec["pid"], run_dir) if rec["local"] else None
             rec.update({k: v for k, v in (parse(path.read_bytes()) or {}).items()
                         if k in ("updated", "epoch", "step", "collective", "phase", "op",
@@ -310,7 +339,8 @@ def read_all(run_dir: Path) -> list[dict]:
 
 
 def where(r: dict) -> str:
-    """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (1-based)."""
+    """'epoch 2 step 58 phase sync collective #171 (all_reduce)'
+    (1-based)."""
     if r["phase"] in ("init",):
         text = "init"
     else:
@@ -321,7 +351,8 @@ def where(r: dict) -> str:
 
 
 def mark_killed(run_dir: Path, rank: int, message: str) -> None:
-    """Say in a rank's record that another process killed it, and why (it cannot)."""
+    """Say in a rank's record that another process killed it, and why
+    (it cannot)."""
     try:
         fd = os.open(record_path(run_dir, rank), os.O_WRONLY)
     except OSError:

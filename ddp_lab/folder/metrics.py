@@ -1,6 +1,7 @@
-"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs.
-`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other a
-`NullSink`, so the caller never asks which rank it is on.
+"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the
+per-rank logs. `make_sink(run_dir, enabled)` gives the logging rank a
+`RunFolderSink` and every other a `NullSink`, so the caller never asks
+which rank it is on.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ class RankFormatter(logging.Formatter):
         super().__init__(f"[rank {rank}] %(message)s")
 
 
-_FAULT_FILE = None  # the rank's log, opened for faulthandler (which writes to its fd)
+# the rank's log, opened for faulthandler (which writes to its fd)
+_FAULT_FILE = None
 
 
 def fault_file():
-    """The file faulthandler writes this rank's stacks to (its log), or None."""
+    """The file faulthandler writes this rank's stacks to (its log), or
+    None."""
     return _FAULT_FILE
 
 
 class _LogFile(logging.FileHandler):
-    """A rank's log file. A full disk costs the log (said once on the console), not the
-    run: the checkpoint, whose write fails next, is what ends it, in its own words."""
+    """A rank's log file. A full disk costs the log (said once on the
+    console), not the run: the checkpoint, whose write fails next, is
+    what ends it, in its own words."""
 
     def __init__(self, path: Path, rank: int):
         super().__init__(path)
@@ -52,8 +56,9 @@ class _LogFile(logging.FileHandler):
 
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank with `every_rank`) also
-    to the console; faulthandler writes stacks there (fatal signals, the hang watchdog)."""
+    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank
+    with `every_rank`) also to the console; faulthandler writes stacks
+    there (fatal signals, the hang watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
@@ -79,7 +84,8 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
 
 
 class NullSink:
-    """What a non-logging rank writes to: nothing, called exactly as the real one."""
+    """What a non-logging rank writes to: nothing, called exactly as the
+    real one."""
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
@@ -102,21 +108,25 @@ class NullSink:
 
 
 class RunFolderSink(NullSink):
-    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are small
-    and rewritten whole and atomically (`ddp_lab.folder.files`): never a torn line."""
+    """metrics.jsonl, summary.json and TensorBoard of one run folder.
+    Both JSON files are small and rewritten whole and atomically
+    (`ddp_lab.folder.files`): never a torn line."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.metrics = run_dir / "metrics.jsonl"
         self._lines: list[str] = []
         self._tb: Optional[TensorBoardRun] = None
-        self._at = 0  # global steps done at the checkpoint the run continues from
+        # global steps done at the checkpoint the run continues from
+        self._at = 0
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
-        """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
-        `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
+        """Keep (and return) the records up to the checkpoint we
+        continue from (`epoch` epochs, `global_step` steps), drop the
+        rest; a fresh run keeps none. So does TensorBoard."""
         records, torn = read_metrics(self.metrics)
-        if torn:  # torn by something outside the run: kept aside, said once
+        # torn by something outside the run: kept aside, said once
+        if torn:
             aside = self.metrics.with_name(self.metrics.name + ".torn")
             with open(aside, "a") as f:
                 f.writelines(line + "\n" for _, line in torn)
@@ -133,9 +143,11 @@ class RunFolderSink(NullSink):
     def tensorboard(self, name: str, config: str, hparams: dict,
                     bands: tuple[str, ...] = ("step", "epoch"), load: tuple[str, str] = ("?", "?"),
                     steps_per_epoch: int = 0) -> None:
-        """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
-        hidden and its layout and hparams replaced, else a fresh tb/<name> (config, layout
-        with the `bands` charts and the workload's (`load`) comparison charts, hparams)."""
+        """Open the run's TensorBoard folder: a former segment's, its
+        points past the checkpoint hidden and its layout and hparams
+        replaced, else a fresh tb/<name> (config, layout with the
+        `bands` charts and the workload's (`load`) comparison charts,
+        hparams)."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
@@ -150,15 +162,18 @@ class RunFolderSink(NullSink):
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
 
     def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
-        """An epoch's record, and its scalars at `step` (the global steps done)."""
+        """An epoch's record, and its scalars at `step` (the global
+        steps done)."""
         self._lines.append(json.dumps(record.to_dict(), sort_keys=True))
         self._write_metrics()
         self._tb.scalars(step, scalars)
         self._tb.epoch(record.epoch, scalars)
-        self._tb.flush()  # the epoch's end: outside every step's clock
+        # the epoch's end: outside every step's clock
+        self._tb.flush()
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Per-step scalars (step, values); the writer's thread flushes them."""
+        """Per-step scalars (step, values); the writer's thread flushes
+        them."""
         for step, scalars in points:
             self._tb.scalars(step, scalars)
 
@@ -172,5 +187,6 @@ class RunFolderSink(NullSink):
 
 
 def make_sink(run_dir: Path, enabled: bool) -> NullSink:
-    """The run folder's sink on the logging rank, the no-op one elsewhere."""
+    """The run folder's sink on the logging rank, the no-op one
+    elsewhere."""
     return RunFolderSink(run_dir) if enabled else NullSink()

@@ -2,8 +2,9 @@
 codes of a stop and the exit status of a stopped run (torch-free).
 
 Any process that sees the run folder asks with `request_stop`; rank 0
-reads the file at each stop check (`read_stop_file`, ddp_lab/rank/stop.py
-agrees with the other ranks); a new segment clears it (`clear_stop_file`).
+reads the file at each stop check (`read_stop_file`,
+ddp_lab/rank/stop.py agrees with the other ranks); a new segment clears
+it (`clear_stop_file`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Optional
 from .files import atomic_write_text
 
 STOP_FILE = "STOP"
-# `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again later)
+# `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again
+# later)
 EXIT_STOPPED = 75
 # the codes of a stop: the higher wins when ranks disagree
 PREEMPTED, STOPPED = 1, 2

@@ -1,5 +1,6 @@
-"""A run's TensorBoard charts: its band charts and its workload's comparison charts,
-as the custom-scalars layout TensorBoard reads at step 0 (docs/timing.md)."""
+"""A run's TensorBoard charts: its band charts and its workload's
+comparison charts, as the custom-scalars layout TensorBoard reads at
+step 0 (docs/timing.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from .tensorboard import BANDS, band_tag, compare_tag
 
 
 def _lines(*tags: str) -> dict:
-    """A multiline chart of these exact tags (the plugin takes regular expressions)."""
+    """A multiline chart of these exact tags (the plugin takes regular
+    expressions)."""
     return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
@@ -28,8 +30,9 @@ STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_in
 
 
 def compare_categories(load: tuple[str, str]) -> list:
-    """The workload's two comparison categories (open): every run a line, at x = epoch; and
-    per step, at x = the step within its epoch (a line per run and epoch)."""
+    """The workload's two comparison categories (open): every run a
+    line, at x = epoch; and per step, at x = the step within its epoch
+    (a line per run and epoch)."""
     key, words = load
     by_step = [(title, {"multiline": {"tag": [
         "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
@@ -40,8 +43,8 @@ def compare_categories(load: tuple[str, str]) -> list:
              "(a line per run and epoch)", False, by_step)]
 
 
-# One run's margin chart, in a category of its own, closed (`ONE_RUN`: which, title,
-# closed, the band's tags, the title's tail)
+# One run's margin chart, in a category of its own, closed (`ONE_RUN`:
+# which, title, closed, the band's tags, the title's tail)
 ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = compute ends, "
                     "band = comm in flight; above the line: exposed)", True,
             ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
@@ -52,12 +55,13 @@ ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = 
 
 def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
            load: tuple[str, str] = ("?", "?")):
-    """Run `run`'s custom-scalars layout proto: its workload's comparison charts
-    (`compare_categories`), then its band charts (`ONE_RUN`). `bands`: the charts that will
-    draw a line; a left-out chart keeps its category, since the plugin merges every run's
-    categories into the first run's (a category the first run lacks holds only the charts
-    of the first run that has it: the comparison charts are alike in every run of a
-    workload)."""
+    """Run `run`'s custom-scalars layout proto: its workload's
+    comparison charts (`compare_categories`), then its band charts
+    (`ONE_RUN`). `bands`: the charts that will draw a line; a left-out
+    chart keeps its category, since the plugin merges every run's
+    categories into the first run's (a category the first run lacks
+    holds only the charts of the first run that has it: the comparison
+    charts are alike in every run of a workload)."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     categories = compare_categories(load) + [
@@ -71,8 +75,9 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
 
 def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
                    load: tuple[str, str] = ("?", "?")):
-    """Run `run`'s `layout` as the Summary the plugin reads, built as torch's
-    `add_custom_scalars` builds it (the plugin's own `summary.pb` imports TensorFlow)."""
+    """Run `run`'s `layout` as the Summary the plugin reads, built as
+    torch's `add_custom_scalars` builds it (the plugin's own
+    `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.compat.proto.tensor_pb2 import TensorProto
     from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto

@@ -1,9 +1,11 @@
-r"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one TensorBoard run per
-training (docs/timing.md, "TensorBoard", shows what it draws). One x axis, the global
-step; a resumed run goes on in its first segment's folder and purges the points past its
-checkpoint. Tags carry units in brackets, `time/epoch[s]`, never parentheses: the
-custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0: the run's head
-(tb_head.py: the config, the custom-scalars layout of tb_charts.py, the hparams).
+r"""TensorBoard for one run folder, `RUN/tb/<name>/`: one writer, one
+TensorBoard run per training (docs/timing.md, "TensorBoard", shows what
+it draws). One x axis, the global step; a resumed run goes on in its
+first segment's folder and purges the points past its checkpoint. Tags
+carry units in brackets, `time/epoch[s]`, never parentheses: the
+custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0:
+the run's head (tb_head.py: the config, the custom-scalars layout of
+tb_charts.py, the hparams).
 """
 
 from __future__ import annotations
@@ -12,33 +14,39 @@ from pathlib import Path
 from typing import Any, Optional
 
 EVENTS = "events.out.tfevents.*"
-# the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
+# the writer's thread flushes every FLUSH_S seconds; the queue holds
+# several seconds' points
 FLUSH_S = 2
 QUEUE = 1000
 
-# a short run writes per-step points more often than tb_every, to have MIN_POINTS of them
+# a short run writes per-step points more often than tb_every, to have
+# MIN_POINTS of them
 MIN_POINTS = 20
 
 
 def step_stride(tb_every: int, steps: int) -> int:
-    """Every how many steps a run of `steps` steps writes a per-step point (0: none)."""
+    """Every how many steps a run of `steps` steps writes a per-step
+    point (0: none)."""
     return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
 
 
-# the HParams dashboard's metric columns, at every epoch's end: it shows the first five
-# sorted tags, and an upper-case group sorts before every lower-case tag
+# the HParams dashboard's metric columns, at every epoch's end: it shows
+# the first five sorted tags, and an upper-case group sorts before every
+# lower-case tag
 RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_time_median[s]",
                "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
 
 def run_metrics(**figures: float) -> dict[str, float]:
-    """`RUN_METRICS`' scalars from the run's figures so far (test_accuracy=..., ...)."""
+    """`RUN_METRICS`' scalars from the run's figures so far
+    (test_accuracy=..., ...)."""
     return {RUN_METRICS[name]: value for name, value in figures.items()}
 
 
-# A run's margin chart: comm in flight as a band ending at compute + exposed, so the part
-# above the compute line is exposed; under the run's own tags, `band/<run folder>/...`.
-# (compute, in flight, exposed) -> (the chart's line, band from, band to)
+# A run's margin chart: comm in flight as a band ending at compute +
+# exposed, so the part above the compute line is exposed; under the
+# run's own tags, `band/<run folder>/...`. (compute, in flight, exposed)
+# -> (the chart's line, band from, band to)
 BANDS = {("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"):
          ("epoch_compute[ms/step]", "epoch_comm_from[ms/step]", "epoch_comm_to[ms/step]"),
          ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"):
@@ -47,12 +55,14 @@ BAND = "band"  # the group of the per-run band tags
 
 
 def band_tag(run: str, name: str) -> str:
-    """The tag of run `run`'s band series `name` (a name in `BANDS`' values)."""
+    """The tag of run `run`'s band series `name` (a name in `BANDS`'
+    values)."""
     return f"{BAND}/{run}/{name}"
 
 
 def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
-    """`values` and, where it has a (compute, in flight, exposed) triple, run `run`'s band."""
+    """`values` and, where it has a (compute, in flight, exposed)
+    triple, run `run`'s band."""
     out = dict(values)
     for (compute, inflight, exposed), names in BANDS.items():
         if compute in values and inflight in values and exposed in values:
@@ -62,11 +72,13 @@ def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
     return out
 
 
-# What a workload's runs are compared on (`compare`): one tag in every run of the
-# workload, `by_epoch/<workload>/...` at x = the epoch (1-based) and `by_step/<workload>/
-# .../e<epoch>` at x = the step within its epoch (a tag per epoch: TensorBoard keeps one
-# line per tag in step order), so runs of any length share an axis, and TensorBoard's run
-# name tells the lines apart. (the epoch's scalar -> the comparison's name)
+# What a workload's runs are compared on (`compare`): one tag in every
+# run of the workload, `by_epoch/<workload>/...` at x = the epoch
+# (1-based) and `by_step/<workload>/ .../e<epoch>` at x = the step
+# within its epoch (a tag per epoch: TensorBoard keeps one line per tag
+# in step order), so runs of any length share an axis, and TensorBoard's
+# run name tells the lines apart. (the epoch's scalar -> the
+# comparison's name)
 BY_EPOCH = {"time/epoch[s]": "time[s]", "time/step[ms/step]": "step[ms/step]",
             "time/compute[ms/step]": "compute[ms/step]",
             "comm/inflight[ms/step]": "comm_inflight[ms/step]",
@@ -77,9 +89,10 @@ BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms
 
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
-    """What a run trains, as (key, words): its model (and options), data, batch and
-    micro-batch, `("mlp_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world
-    and length are left out, so the runs that differ in them share the charts."""
+    """What a run trains, as (key, words): its model (and options),
+    data, batch and micro-batch, `("mlp_b64", "mlp, mnist, batch
+    64/rank")`; the optimiser, lr, sync, world and length are left out,
+    so the runs that differ in them share the charts."""
     from .description import Description
     from .names import safe
 
@@ -99,14 +112,16 @@ def workload(hparams: dict[str, Any]) -> tuple[str, str]:
 
 
 def compare_tag(load: str, axis: str, name: str, epoch: Optional[int] = None) -> str:
-    """A comparison tag: `by_epoch/mlp_mnist_b64/time[s]`, `by_step/mlp_mnist_b64/compute[ms]/e2`."""
+    """A comparison tag: `by_epoch/mlp_mnist_b64/time[s]`,
+    `by_step/mlp_mnist_b64/compute[ms]/e2`."""
     return f"{axis}/{load}/{name}" + (f"/e{epoch}" if epoch is not None else "")
 
 
 def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int = 0
             ) -> Optional[tuple[int, dict[str, float]]]:
-    """The comparison point of a point's `values` (an epoch's at its end, or a step's,
-    `step_in_epoch` 1-based): (its x, its tags) or None where it has none."""
+    """The comparison point of a point's `values` (an epoch's at its
+    end, or a step's, `step_in_epoch` 1-based): (its x, its tags) or
+    None where it has none."""
     if step_in_epoch:
         out = {compare_tag(load, "by_step", name, epoch): values[tag]
                for tag, name in BY_STEP.items() if tag in values}
@@ -117,19 +132,21 @@ def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int 
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
-    """The label of the run's description from its hparams (`ring-prepost_w4_mlp`,
-    `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
+    """The label of the run's description from its hparams
+    (`ring-prepost_w4_mlp`, `ring-fp16-overlap_w8n2_mlp_sgd_r3`)."""
     from .description import Description
 
     return Description.from_hparams(hparams).label(repeat)
 
 
 def writer_name(label: str, run_folder_name: str, extras: tuple[str, ...] = ()) -> str:
-    """The TensorBoard run's folder under `RUN/tb/`. TensorBoard names a run by its path
-    under --logdir, `<run folder>/tb/<this>`, so this holds what the run folder's name does
-    not: under a folder named by the label (`ddp_w2_mlp_<date>_<time>`), only what tells the
-    run apart from others of that label (`extras`: `20steps`, `slow1-30ms`; `full` for whole
-    epochs), else the label too (`ring_w2_mlp_20steps`)."""
+    """The TensorBoard run's folder under `RUN/tb/`. TensorBoard names a
+    run by its path under --logdir, `<run folder>/tb/<this>`, so this
+    holds what the run folder's name does not: under a folder named by
+    the label (`ddp_w2_mlp_<date>_<time>`), only what tells the run
+    apart from others of that label (`extras`: `20steps`, `slow1-30ms`;
+    `full` for whole epochs), else the label too
+    (`ring_w2_mlp_20steps`)."""
     from .names import safe
 
     tail = list(extras) or ["full"]
@@ -138,9 +155,9 @@ def writer_name(label: str, run_folder_name: str, extras: tuple[str, ...] = ()) 
 
 
 def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = None) -> tuple[str, ...]:
-    """What tells two runs of one label apart: the step cap (`20steps`; `full` epochs), an
-    injected delay (`slow1-30ms`, `jitter5ms`). The epochs are left out: a resumed run may
-    go on for more."""
+    """What tells two runs of one label apart: the step cap (`20steps`;
+    `full` epochs), an injected delay (`slow1-30ms`, `jitter5ms`). The
+    epochs are left out: a resumed run may go on for more."""
     out = [f"{max_steps_per_epoch}steps" if max_steps_per_epoch else "full"]
     if delay:
         if delay.get("slow_rank") is not None:
@@ -151,27 +168,33 @@ def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = No
 
 
 def run_folder(tb_root: Path, name: str) -> Path:
-    """The run's writer folder: the one a former segment wrote, else `tb_root/name`."""
+    """The run's writer folder: the one a former segment wrote, else
+    `tb_root/name`."""
     written = _written(tb_root)
     return written[0] if written else tb_root / name
 
 
 def _written(tb_root: Path) -> list[Path]:
-    # tb/steps/ is the per-step writer of the layout before this one: not ours to go on in
+    # tb/steps/ is the per-step writer of the layout before this one:
+    # not ours to go on in
     return sorted(p.parent for p in tb_root.glob(f"*/{EVENTS}") if p.parent.name != "steps")
 
 
 class TensorBoardRun:
-    """One run's TensorBoard writer; `purge_step`: hide a former segment's points."""
+    """One run's TensorBoard writer; `purge_step`: hide a former
+    segment's points."""
 
     def __init__(self, tb_root: Path, name: str, purge_step: Optional[int] = None,
                  load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0):
-        """`load`: the run's `workload` (its comparison charts and tags); `steps_per_epoch`:
-        to place a step's point within its epoch (0: no per-step comparison points)."""
-        from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
+        """`load`: the run's `workload` (its comparison charts and
+        tags); `steps_per_epoch`: to place a step's point within its
+        epoch (0: no per-step comparison points)."""
+        # lazy: 0.3 s to import
+        from torch.utils.tensorboard import SummaryWriter
 
         self.folder = run_folder(tb_root, name)
-        # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
+        # the band's tags and chart: the run folder's name (unique, and
+        # first in the sidebar)
         self.band = tb_root.resolve().parent.name
         self.load, self.steps_per_epoch = load, steps_per_epoch
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
@@ -179,13 +202,15 @@ class TensorBoardRun:
 
     @staticmethod
     def written(tb_root: Path) -> bool:
-        """Whether a former segment of the run wrote its TensorBoard folder."""
+        """Whether a former segment of the run wrote its TensorBoard
+        folder."""
         return bool(_written(tb_root))
 
     @staticmethod
     def clear(tb_root: Path) -> None:
-        """Remove the event files under `tb_root` and the folders left empty: a fresh start keeps
-        nothing of a former attempt (a purge would keep its step-0 text and layout)."""
+        """Remove the event files under `tb_root` and the folders left
+        empty: a fresh start keeps nothing of a former attempt (a purge
+        would keep its step-0 text and layout)."""
         for f in tb_root.rglob(EVENTS):
             f.unlink()
         for d in sorted((p for p in tb_root.rglob("*") if p.is_dir()), reverse=True):
@@ -193,9 +218,9 @@ class TensorBoardRun:
                 d.rmdir()
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """`values` at global step `step` as one event (each event costs a checksum in Python);
-        a step's point (it has `epoch`) also as its comparison point, at its step within
-        the epoch."""
+        """`values` at global step `step` as one event (each event costs
+        a checksum in Python); a step's point (it has `epoch`) also as
+        its comparison point, at its step within the epoch."""
         self._event(step, with_bands(values, self.band))
         if self.steps_per_epoch and "epoch" in values and "step/time[ms]" in values:
             epoch = int(values["epoch"])
@@ -204,7 +229,8 @@ class TensorBoardRun:
                 self._event(*point)
 
     def epoch(self, epoch: int, values: dict[str, float]) -> None:
-        """Epoch `epoch`'s comparison point (x: the epoch) from its scalars."""
+        """Epoch `epoch`'s comparison point (x: the epoch) from its
+        scalars."""
         point = compare(self.load[0], values, epoch)
         if point is not None:
             self._event(*point)

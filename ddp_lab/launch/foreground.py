@@ -1,5 +1,6 @@
-"""A job run from this process (torchrun, mpirun: `Foreground`), and the processes of a
-job found by its run folder (`job_processes`, `sweep`: what is left after it ended)."""
+"""A job run from this process (torchrun, mpirun: `Foreground`), and the
+processes of a job found by its run folder (`job_processes`, `sweep`:
+what is left after it ended)."""
 
 from __future__ import annotations
 
@@ -19,24 +20,30 @@ from ..folder.stop import clear_stop_file, request_stop
 from ..world.parent import set_parent_death_signal
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+# runs in the child between fork and exec
+def _die_with_parent() -> None:
     set_parent_death_signal(signal.SIGTERM)
 
 
 class Foreground:
-    """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only
-    us and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG.
-    A second Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it
-    at once: SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command
-    get `grace_s` to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
+    """A job run from this process (torchrun, mpirun), in its own
+    session (Ctrl-C reaches only us and we stop it gracefully through
+    the stop file) and tied to us by PR_SET_PDEATHSIG. A second Ctrl-C
+    (or SIGTERM), or a job still running `grace_s` after the request,
+    ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
+    Ranks that outlive the command get `grace_s` to stop (a SIGSTOPped
+    one is killed at once); the rest is killed (`sweep`).
     """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
                  stderr_lines: Optional[Callable[[str], None]] = None):
         self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
-        self.stderr_lines = stderr_lines  # None: the job writes to our stderr itself
-        self.signal: Optional[int] = None  # the first signal we got
-        self.forced = False  # a second signal: no more waiting
+        # None: the job writes to our stderr itself
+        self.stderr_lines = stderr_lines
+        # the first signal we got
+        self.signal: Optional[int] = None
+        # a second signal: no more waiting
+        self.forced = False
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
 
@@ -70,13 +77,15 @@ class Foreground:
             self.proc.wait()
 
     def settle(self) -> list[int]:
-        """Wait up to `grace_s` for the job's processes that outlive the command; the rest."""
+        """Wait up to `grace_s` for the job's processes that outlive the
+        command; the rest."""
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
             pids = job_processes(self.run_dir, marked=True)
             for pid in pids:
                 if process_state(pid) == "frozen":
-                    for rec in read_all(self.run_dir):  # its record says why it ended
+                    # its record says why it ended
+                    for rec in read_all(self.run_dir):
                         if rec["pid"] == pid and rec["local"] and rec["state"] in ("starting", "running"):
                             mark_killed(self.run_dir, rec["rank"],
                                         "frozen (SIGSTOP), killed by python -m ddp_lab")
@@ -94,7 +103,8 @@ class Foreground:
             time.sleep(0.5)
 
     def _read_stderr(self) -> threading.Thread:
-        """Hand the job's stderr to `stderr_lines`, line by line as it comes, from a thread."""
+        """Hand the job's stderr to `stderr_lines`, line by line as it
+        comes, from a thread."""
         def pump() -> None:
             for raw in iter(self.proc.stderr.readline, b""):
                 self.stderr_lines(raw.decode(errors="replace"))
@@ -110,7 +120,8 @@ class Foreground:
             handlers = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}  # what `sweep` recognises
+            # what `sweep` recognises
+            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}
             piped = self.stderr_lines is not None
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
                                          preexec_fn=_die_with_parent, env=env,
@@ -127,7 +138,8 @@ class Foreground:
                         self.forced = True
                         self.kill()
             self.settle()
-            if reader is not None:  # whatever the job wrote last (a child may hold the pipe)
+            # whatever the job wrote last (a child may hold the pipe)
+            if reader is not None:
                 reader.join(timeout=5)
         finally:
             for sig, previous in handlers.items():
@@ -140,36 +152,42 @@ class Foreground:
 
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
                    stderr_lines: Optional[Callable[[str], None]] = None) -> int:
-    """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the
-    signal that stopped it (0 when the job had completed anyway). `stderr_lines` gets the
-    job's stderr line by line (mpirun's filter), else it is ours."""
+    """Run a job's command in the foreground (`Foreground`); its exit
+    status, or 128 + the signal that stopped it (0 when the job had
+    completed anyway). `stderr_lines` gets the job's stderr line by line
+    (mpirun's filter), else it is ours."""
     fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
     rc = fg.run()
     if fg.signal is None:
         return rc
     if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":
-        clear_stop_file(fg.run_dir)  # our stop request came too late to be read: not a request
+        # our stop request came too late to be read: not a request
+        clear_stop_file(fg.run_dir)
         print(f"[ddp_lab] {signal.Signals(fg.signal).name} came after the last epoch: the run "
               "had completed", file=sys.stderr, flush=True)
         return 0
     return 128 + fg.signal
 
 
-# what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
+# what a process of a job runs: the ranks' entries, torchrun, a script
+# of the run folder
 JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run",
                b"ddp_lab.launch.torchrun")
-JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
+# set in the environment of a job `Foreground` starts
+JOB_ENV = "DDP_LAB_JOB"
 
 
 def job_mark(run_dir: Path) -> str:
-    """The mark of this process's job in `run_dir`: the folder and our pid."""
+    """The mark of this process's job in `run_dir`: the folder and our
+    pid."""
     return f"{run_dir}:{os.getpid()}"
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
-    """Processes of this machine in the job of `run_dir` (their command line names it and one of
-    JOB_MARKERS, or runs a script in it; not a watcher). With `marked`, only those carrying
-    this process's JOB_ENV mark: what a sweep may kill."""
+    """Processes of this machine in the job of `run_dir` (their command
+    line names it and one of JOB_MARKERS, or runs a script in it; not a
+    watcher). With `marked`, only those carrying this process's JOB_ENV
+    mark: what a sweep may kill."""
     key = str(run_dir).encode()
     mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []
@@ -191,7 +209,8 @@ def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
 
 
 def sweep(run_dir: Path) -> list[int]:
-    """Kill what is left of a job that has ended (a SIGSTOPped rank); the pids killed."""
+    """Kill what is left of a job that has ended (a SIGSTOPped rank);
+    the pids killed."""
     pids = job_processes(run_dir, marked=True)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

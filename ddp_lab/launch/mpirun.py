@@ -1,6 +1,7 @@
-"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe):
-`launcher.hosts=[red01:2,orange07:1]` or `launcher.hostfile=hosts`. Renders `hostfile`,
-`mpi_rank.sh` (per rank: setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts
+(the lab recipe): `launcher.hosts=[red01:2,orange07:1]` or
+`launcher.hostfile=hosts`. Renders `hostfile`, `mpi_rank.sh` (per rank:
+setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
-    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07', default_slots)]."""
+    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07',
+    default_slots)]."""
     out: list[tuple[str, int]] = []
     for entry in entries:
         name, _, slots = str(entry).strip().partition(":")
@@ -45,8 +47,9 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots,
-    as Open MPI reads them: a host given only `max_slots` offers that many."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots
+    = N`) -> name:slots, as Open MPI reads them: a host given only
+    `max_slots` offers that many."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")
@@ -56,7 +59,8 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
         if not line:
             continue
         name, rest = (line.split(None, 1) + [""])[:2]
-        rest = re.sub(r"\s*=\s*", "=", rest)  # the notebook writes `max_slots = 2`
+        # the notebook writes `max_slots = 2`
+        rest = re.sub(r"\s*=\s*", "=", rest)
         opts = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
         slots, most = opts.get("slots"), opts.get("max_slots")
         if slots and most and slots.isdigit() and most.isdigit() and int(slots) > int(most):
@@ -67,7 +71,8 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
 
 
 def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
-    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next."""
+    """Where `np` ranks go with `--map-by slot`: each host's slots
+    filled before the next."""
     placed, left = [], np
     for name, slots in hosts:
         if left <= 0:
@@ -78,12 +83,14 @@ def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
 
 
 def same_host(a: str, b: str) -> bool:
-    """Whether two names or addresses are one machine, as far as this machine can tell."""
+    """Whether two names or addresses are one machine, as far as this
+    machine can tell."""
     if a == b or (is_this_machine(a) and is_this_machine(b)):
         return True
     try:
         return socket.gethostbyname(a) == socket.gethostbyname(b)
-    except OSError:  # a lab's name this machine cannot resolve: it cannot tell
+    except OSError:
+        # a lab's name this machine cannot resolve: it cannot tell
         return True
 
 
@@ -91,7 +98,8 @@ MPIRUN_FIX = "install Open MPI (apt-get install openmpi-bin) or set launcher.mpi
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real start needs on PATH, and where to get it (launch.check_tool)."""
+    """What a real start needs on PATH, and where to get it
+    (launch.check_tool)."""
     return cfg.launcher.mpirun, MPIRUN_FIX
 
 
@@ -163,7 +171,8 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, master_addr=shlex.quote(lc.master_addr), master_port=port,
         mpirun=shlex.quote(lc.mpirun), flags="".join(f"{f} " for f in flags), np=np_total,
         extra=extra, hosts_summary=", ".join(f"{n}:{s}" for n, s in hosts))
-    py = ranks_python(cfg, q_run)  # launcher.image: under `<runtime> exec ... <image>`
+    # launcher.image: under `<runtime> exec ... <image>`
+    py = ranks_python(cfg, q_run)
     rank_sh = template("mpi_rank.sh").format(
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
         container=container_folders(cfg, q_run), python_check=python_check(py),
@@ -171,12 +180,14 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
-    # the hostfile is not shown: launch.sh's comment lists its hosts on one line
+    # the hostfile is not shown: launch.sh's comment lists its hosts on
+    # one line
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
 
-    # mpirun's stderr passes through a filter: a host it cannot reach over ssh is one line
-    # (the host, ssh's reason, the fix), Open MPI's block in logs/mpirun.log
+    # mpirun's stderr passes through a filter: a host it cannot reach
+    # over ssh is one line (the host, ssh's reason, the fix), Open MPI's
+    # block in logs/mpirun.log
     errors = MpirunStderr(run_dir / "logs" / "mpirun.log",
                           [n for n, _ in hosts if not is_this_machine(n)])
 

@@ -1,10 +1,12 @@
-"""mpirun's stderr on its way to the console: Open MPI's failure to reach a host as one line.
+"""mpirun's stderr on its way to the console: Open MPI's failure to
+reach a host as one line.
 
-`MpirunStderr` sends ssh's messages and Open MPI's help blocks to RUN_DIR/logs/mpirun.log;
-a daemon failure is kept there only and `close` prints one line (host, ssh's reason, the
-fix); other blocks are also shown. torch's per-rank "hostname of the client socket cannot
-be retrieved" is explained once; every other line passes through at once. `reason()` is
-the run's one-line failure when the daemons did not start.
+`MpirunStderr` sends ssh's messages and Open MPI's help blocks to
+RUN_DIR/logs/mpirun.log; a daemon failure is kept there only and `close`
+prints one line (host, ssh's reason, the fix); other blocks are also
+shown. torch's per-rank "hostname of the client socket cannot be
+retrieved" is explained once; every other line passes through at once.
+`reason()` is the run's one-line failure when the daemons did not start.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import threading
 from pathlib import Path
 from typing import Optional, TextIO
 
-RULE = re.compile(r"^-{20,}$")  # Open MPI frames each help message with these
+# Open MPI frames each help message with these
+RULE = re.compile(r"^-{20,}$")
 DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
-# what ssh (and a shell on the far side) says when a daemon cannot start; the first group,
-# where there is one, is the host
+# what ssh (and a shell on the far side) says when a daemon cannot
+# start; the first group, where there is one, is the host
 SSH_LINES = [re.compile(p) for p in (
     r"^ssh: Could not resolve hostname ([^:\s]+): .+",
     r"^ssh: connect to host (\S+) port \d+: .+",
@@ -30,7 +33,8 @@ SSH_LINES = [re.compile(p) for p in (
     r"^Connection (?:timed out during banner exchange|closed by .+|reset by .+)",
     r"^kex_exchange_identification: .+",
     r"^Can't open user config file .+",
-    r"^Warning: Permanently added .+",  # StrictHostKeyChecking=no, every run: noise
+    # StrictHostKeyChecking=no, every run: noise
+    r"^Warning: Permanently added .+",
     r"^(?:bash: )?(?:line \d+: )?orted: command not found",
 )]
 C10D_NO_NAME = "[c10d] The hostname of the client socket cannot be retrieved"
@@ -45,15 +49,19 @@ FIX = ("mpirun starts a daemon on every other host over ssh, which must work wit
 
 
 class MpirunStderr:
-    """A filter for mpirun's stderr: `feed` each line as it comes, `close` at mpirun's end."""
+    """A filter for mpirun's stderr: `feed` each line as it comes,
+    `close` at mpirun's end."""
 
     def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
         self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out
-        self.block: Optional[list[str]] = None  # the help block being read, rules included
-        self.ssh: list[tuple[Optional[str], str]] = []  # (host or None, ssh's line)
+        # the help block being read, rules included
+        self.block: Optional[list[str]] = None
+        # (host or None, ssh's line)
+        self.ssh: list[tuple[Optional[str], str]] = []
         self.daemons_failed = False
         self.c10d_told = False
-        self.lock = threading.Lock()  # feed runs in the reader thread, close in ours
+        # feed runs in the reader thread, close in ours
+        self.lock = threading.Lock()
 
     def _log(self, lines: list[str]) -> None:
         with open(self.log_path, "a") as f:
@@ -64,7 +72,8 @@ class MpirunStderr:
         self.out.flush()
 
     def feed(self, line: str) -> None:
-        line = line.rstrip("\r\n")  # ssh ends its lines with \r\n
+        # ssh ends its lines with \r\n
+        line = line.rstrip("\r\n")
         with self.lock:
             if self.block is not None:
                 self.block.append(line)
@@ -87,13 +96,16 @@ class MpirunStderr:
         block, self.block = self.block or [], None
         self._log(block)
         if any(DAEMONS_FAILED in ln for ln in block):
-            self.daemons_failed = True  # said in one line by `close`
+            # said in one line by `close`
+            self.daemons_failed = True
         else:
-            self._show(block)  # another of Open MPI's messages: shown as it was
+            # another of Open MPI's messages: shown as it was
+            self._show(block)
 
     def reason(self) -> Optional[str]:
-        """`mpirun could not start its daemon on HOST over ssh (ssh's words)`, or None when
-        the daemons started (the ranks' own records say why a run failed)."""
+        """`mpirun could not start its daemon on HOST over ssh (ssh's
+        words)`, or None when the daemons started (the ranks' own
+        records say why a run failed)."""
         if not self.daemons_failed:
             return None
         named = list(dict.fromkeys(h for h, _ in self.ssh if h))
@@ -107,12 +119,15 @@ class MpirunStderr:
         return f"mpirun could not start its daemon on {where} over ssh" + (f" ({said})" if said else "")
 
     def close(self) -> None:
-        """mpirun has ended: flush an unfinished block; a daemon failure becomes its one line."""
+        """mpirun has ended: flush an unfinished block; a daemon failure
+        becomes its one line."""
         with self.lock:
             if self.block is not None:
                 self._end_block()
             why = self.reason()
-            if why:  # the fix's `ssh HOST true`: the host ssh named, else the only remote one
+            # the fix's `ssh HOST true`: the host ssh named, else the
+            # only remote one
+            if why:
                 host = next((h for h, _ in self.ssh if h),
                             self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST")
                 self._show([f"[ddp_lab] {why}: {FIX.format(host=host)}; Open MPI's message: "

@@ -1,7 +1,8 @@
-"""NCCL network settings: Slingshot (CXI NICs: CSCS's aws-ofi-nccl settings, `SLINGSHOT`),
-RoCE / InfiniBand (RDMA devices: NCCL_IB_GID_INDEX, NCCL_IB_HCA, socket threads), or none
-(sockets); docs/nccl_env.md says how each is chosen. Reading sysfs is sysfs_scan.py's; a
-missing or odd tree gives warnings, never an error.
+"""NCCL network settings: Slingshot (CXI NICs: CSCS's aws-ofi-nccl
+settings, `SLINGSHOT`), RoCE / InfiniBand (RDMA devices:
+NCCL_IB_GID_INDEX, NCCL_IB_HCA, socket threads), or none (sockets);
+docs/nccl_env.md says how each is chosen. Reading sysfs is
+sysfs_scan.py's; a missing or odd tree gives warnings, never an error.
 
     eval "$(python -m ddp_lab.nccl_env)"            # export lines on stdout, '# ...' on stderr
     python -m ddp_lab.nccl_env --format json        # {"env": {...}, "warnings": [...], ...}
@@ -22,8 +23,9 @@ from typing import Iterator, Sequence
 
 from .sysfs_scan import Gid, Scan, network_kind, scan
 
-#: CSCS's NCCL settings for Slingshot (docs.cscs.ch, "NCCL"; the container engine's
-#: aws_ofi_nccl hook sets the same when the EDF enables it): variable -> (value, why)
+#: CSCS's NCCL settings for Slingshot (docs.cscs.ch, "NCCL"; the
+#: container engine's aws_ofi_nccl hook sets the same when the EDF
+#: enables it): variable -> (value, why)
 SLINGSHOT = {
     "NCCL_NET": ("AWS Libfabric", "the aws-ofi-nccl plugin, or fail at start: no silent "
                                   "fallback to TCP sockets"),
@@ -48,10 +50,14 @@ class NcclEnv:
 
     env: dict[str, str]
     warnings: list[str]
-    info: list[str] = field(default_factory=list)  # what was chosen and why (not problems)
-    devices: list[str] = field(default_factory=list)  # devices scanned (after --hca filter)
-    usable: list[Gid] = field(default_factory=list)  # IPv4-mapped RoCE v2 GIDs, scan order
-    chosen: Gid | None = None  # the GID that fixed NCCL_IB_GID_INDEX
+    # what was chosen and why (not problems)
+    info: list[str] = field(default_factory=list)
+    # devices scanned (after --hca filter)
+    devices: list[str] = field(default_factory=list)
+    # IPv4-mapped RoCE v2 GIDs, scan order
+    usable: list[Gid] = field(default_factory=list)
+    # the GID that fixed NCCL_IB_GID_INDEX
+    chosen: Gid | None = None
 
     def __iter__(self) -> Iterator:
         return iter((self.env, self.warnings))
@@ -68,8 +74,9 @@ def nccl_rdma_env(
     socket_nthreads: int | None = DEFAULT_SOCKET_NTHREADS,
     nsocks_perthread: int | None = DEFAULT_NSOCKS_PERTHREAD,
 ) -> NcclEnv:
-    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`: NCCL_IB_HCA instead of
-    the detected devices (detection keeps those it matches); None leaves a variable unset."""
+    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`:
+    NCCL_IB_HCA instead of the detected devices (detection keeps those
+    it matches); None leaves a variable unset."""
     sc = scan(sysfs_root, hca)
     warnings = list(sc.warnings)
     env: dict[str, str] = {}
@@ -118,7 +125,8 @@ def nccl_rdma_env(
                 env["NCCL_IB_HCA"] = ",".join(hca_devices)
             else:
                 warnings.append("no usable RDMA device: NCCL_IB_HCA not set")
-    if hca:  # an explicit override is exported even when sysfs shows nothing
+    # an explicit override is exported even when sysfs shows nothing
+    if hca:
         env["NCCL_IB_HCA"] = hca
 
     if socket_nthreads is not None:

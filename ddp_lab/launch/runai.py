@@ -1,12 +1,14 @@
-"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod entry script
-(docs/launchers.md, "runai: RunAI pods").
+"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod
+entry script (docs/launchers.md, "runai: RunAI pods").
 
     python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 launcher.image=...
 
-RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each pod runs `bash
-RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one torchrun; pod_stop.sh holds the stop and
-exit machinery): a preempted pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the
-pods come back and continue. The run folder must be on a PVC mounted at the same path.
+RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each
+pod runs `bash RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one
+torchrun; pod_stop.sh holds the stop and exit machinery): a preempted
+pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the pods come
+back and continue. The run folder must be on a PVC mounted at the same
+path.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_e
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a
-# PyTorchJob whose master pod succeeds would not come back) and not 1-127 (Kubeflow's
-# ExitCode restart policy retries only 128-255).
+# pod.sh's exit status after a graceful stop for preemption: 128 +
+# SIGTERM. Not 0 (a PyTorchJob whose master pod succeeds would not come
+# back) and not 1-127 (Kubeflow's ExitCode restart policy retries only
+# 128-255).
 PREEMPTED_EXIT = 143
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
+    """What a real submission needs on PATH, and where to get it
+    (launch.check_tool)."""
     return "runai", "install the RunAI CLI and `runai login`"
 
 
@@ -68,8 +72,9 @@ def resolve(cfg) -> None:
 
 
 def on_pvc(cfg) -> None:
-    """Every pod runs RUN_DIR/pod.sh and writes the run folder; rank 0 fetches the data
-    the others read: both must be on a PVC the pods mount, at the same path as here."""
+    """Every pod runs RUN_DIR/pod.sh and writes the run folder; rank 0
+    fetches the data the others read: both must be on a PVC the pods
+    mount, at the same path as here."""
     lc = cfg.launcher
     mounts = [Path(str(v).partition(":")[2]) for v in lc.pvc]
     where = {"run.dir" if cfg.run.dir else "run.root": cfg.run.dir or cfg.run.root}
@@ -103,7 +108,8 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
     if lc.project:
         cmd += ["--project", lc.project]
     cmd += ["--image", lc.image or "IMAGE-NOT-SET",
-            "--workers", str(lc.nodes - 1),  # RunAI adds the master pod itself
+            # RunAI adds the master pod itself
+            "--workers", str(lc.nodes - 1),
             "--gpu", str(lc.gpus_per_node)]
     for v in lc.pvc:
         cmd += ["--pvc", str(v)]
@@ -111,17 +117,20 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
         cmd += ["-e", f"{k}={v}"]
     if lc.large_shm:
         cmd.append("--large-shm")
-    if lc.rdma:  # RoCE: the secondary network and the RDMA device of the node
+    # RoCE: the secondary network and the RDMA device of the node
+    if lc.rdma:
         cmd += ["--annotation", lc.rdma_annotation, "--extended-resource", lc.rdma_resource]
     cmd += [str(a) for a in lc.extra_args]
-    # --command: run our script instead of appending it to the image's entry point
+    # --command: run our script instead of appending it to the image's
+    # entry point
     cmd += ["--command", "--", "bash", str(run_dir / "pod.sh")]
     return cmd
 
 
 def pod_script(cfg, run_dir: Path) -> tuple[str, str]:
-    """pod.sh (what each pod runs: the setup lines, then torchrun) and pod_stop.sh, which
-    pod.sh sources first (its log, the graceful stop on SIGTERM, its exit status)."""
+    """pod.sh (what each pod runs: the setup lines, then torchrun) and
+    pod_stop.sh, which pod.sh sources first (its log, the graceful stop
+    on SIGTERM, its exit status)."""
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc) if lc.venv else (lc.python or "python"))
     timeout = max(1, int(cfg.dist.init_timeout_s))
@@ -159,7 +168,8 @@ def render(cfg, run_dir: Path) -> Rendered:
                  "# ddp_lab's RunAI submission (launcher=runai); every pod runs pod.sh beside it: on a PVC\n"
                  f"set -euo pipefail\n{pretty}\n")
     pod, stop = pod_script(cfg, run_dir)
-    warnings = [] if lc.image else [  # only a dry run gets here without one (resolve)
+    # only a dry run gets here without one (resolve)
+    warnings = [] if lc.image else [
         "launcher.image is not set: add launcher.image=<registry/image:tag>"]
     show = (f"# ---- runai_submit.sh\n{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
             f"{sourced_note(run_dir / 'pod_stop.sh', stop, 'pod.sh')}\n")
@@ -170,7 +180,8 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def _pairs(cmd: list[str]) -> list[str]:
-    """Quote, and keep each flag on one line with its value, for a readable script."""
+    """Quote, and keep each flag on one line with its value, for a
+    readable script."""
     out: list[str] = []
     i = 0
     while i < len(cmd):
@@ -184,7 +195,8 @@ def _pairs(cmd: list[str]) -> list[str]:
         else:
             out.append(shlex.quote(a))
             i += 1
-    # `runai submit-dist pytorch --name x` reads better on the first line
+    # `runai submit-dist pytorch --name x` reads better on the first
+    # line
     return [" ".join(out[:4])] + out[4:] if len(out) > 4 else out
 
 
@@ -197,7 +209,8 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int
         print(submit_sh.rstrip())
         raise LaunchError(f"{e}; the command above was not run (it is also in "
                           f"{run_dir / 'runai_submit.sh'})") from None
-    for old in (run_dir / "logs").glob("pod*.exit"):  # a reused run folder: start afresh
+    # a reused run folder: start afresh
+    for old in (run_dir / "logs").glob("pod*.exit"):
         old.unlink()
     res = subprocess.run(cmd)
     if res.returncode != 0:
@@ -214,9 +227,10 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int
 
 
 def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:
-    """Wait for every pod's exit file in the (shared) run folder; stream pod 0's log. 0 when
-    the run completed or stopped gracefully (preempted: RunAI brings the pods back without
-    us), else the first pod's failure status."""
+    """Wait for every pod's exit file in the (shared) run folder; stream
+    pod 0's log. 0 when the run completed or stopped gracefully
+    (preempted: RunAI brings the pods back without us), else the first
+    pod's failure status."""
     logs = run_dir / "logs"
     tail = Tail(logs / "pod0.log", sys.stdout)
     t0 = time.monotonic()
@@ -253,7 +267,9 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
     stop = graceful_stop(run_dir, codes)
     if stop is not None:
         print(f"[runai] job {name}: {stop}", flush=True)
-        return 0  # not a failure: summary.json says preempted/stopped, the CLI reports it
+        # not a failure: summary.json says preempted/stopped, the CLI
+        # reports it
+        return 0
     rc = next((c for c in codes.values() if c != 0), 0)
     if rc != 0:
         bad = [logs / f"{k}.log" for k, v in codes.items() if v != 0]
@@ -262,7 +278,8 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
 
 
 def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
-    """What to say when the pods ended by a graceful stop (preempted or stopped), else None."""
+    """What to say when the pods ended by a graceful stop (preempted or
+    stopped), else None."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if status not in ("preempted", "stopped") or any(

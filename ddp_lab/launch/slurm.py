@@ -1,12 +1,15 @@
-"""launcher=slurm: an sbatch script whose srun starts the ranks (docs/launchers.md, "slurm").
+"""launcher=slurm: an sbatch script whose srun starts the ranks
+(docs/launchers.md, "slurm").
 
     python -m ddp_lab launcher=slurm launcher.nodes=4 launcher.account=a-xyz sync=ring
     python -m ddp_lab launcher=slurm launcher.dry_run=true          # print the sbatch script
 
-Default: one srun task per node, each a torchrun of nproc_per_node processes (rendezvous
-at the first node, port from the job id); per_task=true: srun starts every process. The
-stop and requeue machinery is RUN_DIR/slurm_stop.sh, sourced first; submit and follow are
-slurm_job.py's ("Time limits, preemption, requeue" there says what each signal does).
+Default: one srun task per node, each a torchrun of nproc_per_node
+processes (rendezvous at the first node, port from the job id);
+per_task=true: srun starts every process. The stop and requeue machinery
+is RUN_DIR/slurm_stop.sh, sourced first; submit and follow are
+slurm_job.py's ("Time limits, preemption, requeue" there says what each
+signal does).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Optional, Sequence
 from .base import (LaunchError, Rendered, check_container, container_folders, python_check,
                    python_exe, pythonpath_line, ranks_python, setup_block, sourced_note,
                    store_line, template)
-from .slurm_job import submit_and_follow  # the rendered job's submit and follow
+# the rendered job's submit and follow
+from .slurm_job import submit_and_follow
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
 _OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
@@ -29,9 +33,10 @@ _DURATION = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
 def duration_s(key: str, value) -> Optional[int]:
-    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in
-    seconds; None for no limit (UNLIMITED, INFINITE, 0). A malformed one is a LaunchError
-    naming `key` and the formats (sbatch would refuse it only after the run folder exists)."""
+    """SLURM's duration (sbatch --time: minutes, MM:SS, HH:MM:SS,
+    D-HH[:MM[:SS]]) in seconds; None for no limit (UNLIMITED, INFINITE,
+    0). A malformed one is a LaunchError naming `key` and the formats
+    (sbatch would refuse it only after the run folder exists)."""
     text = str(value).strip()
     if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
         return None
@@ -52,14 +57,16 @@ def duration_s(key: str, value) -> Optional[int]:
 
 
 def stop_lead_s(limit_s: Optional[int]) -> int:
-    """launcher.signal_s when it is null: a quarter of the time limit, at most 120 s, so a
-    short job (a course's `--time 00:02:00`) stops once, near its end. SLURM may signal up
-    to 60 s earlier than asked (sbatch --signal), never later."""
+    """launcher.signal_s when it is null: a quarter of the time limit,
+    at most 120 s, so a short job (a course's `--time 00:02:00`) stops
+    once, near its end. SLURM may signal up to 60 s earlier than asked
+    (sbatch --signal), never later."""
     return 120 if limit_s is None else min(120, limit_s // 4)
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
+    """What a real submission needs on PATH, and where to get it
+    (launch.check_tool)."""
     return "sbatch", "run this on a SLURM login node"
 
 
@@ -122,8 +129,10 @@ def resolve(cfg) -> None:
                           ">= 0 (0: no signal; null: a quarter of launcher.time, at most 120)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    limit = duration_s("launcher.time", lc.time)  # also a rule of command/config_rules.py
-    if "train" not in cfg:  # a benchmark: no checkpoint to stop at, nothing to resume
+    # also a rule of command/config_rules.py
+    limit = duration_s("launcher.time", lc.time)
+    # a benchmark: no checkpoint to stop at, nothing to resume
+    if "train" not in cfg:
         lc.signal_s, lc.requeue = 0, False
     elif lc.signal_s is None:
         lc.signal_s = stop_lead_s(limit)
@@ -145,10 +154,13 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
         opts.append(f"--cpus-per-task={lc.cpus_per_task}")
     opts += [f"--time={lc.time}",
              f"--output={run_dir}/logs/{lc.output}.out", f"--error={run_dir}/logs/{lc.output}.err"]
-    if lc.signal_s:  # B: the batch shell only; its trap writes the stop file (torchrun
-        opts.append(f"--signal=B:USR2@{lc.signal_s}")  # would die of USR2's default action)
+    # B: the batch shell only; its trap writes the stop file (torchrun
+    if lc.signal_s:
+        # would die of USR2's default action)
+        opts.append(f"--signal=B:USR2@{lc.signal_s}")
     opts.append("--requeue" if lc.requeue else "--no-requeue")
-    opts.append("--open-mode=append")  # a requeued job appends to the same logs
+    # a requeued job appends to the same logs
+    opts.append("--open-mode=append")
     if lc.environment:
         opts.append(f"--environment={lc.environment}")
     if lc.contiguous:
@@ -160,7 +172,8 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
                               "option such as --mem=0")
         opts.append(extra)
     lines = [f"#SBATCH {o}" for o in opts]
-    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
+    # a dry run of a container site
+    if not lc.environment and "environment" in lc.required:
         lines.append("##SBATCH --environment=<EDF .toml>  # launcher.environment: required to "
                      "submit (docs/launchers.md, Containers)")
     return lines
@@ -168,18 +181,25 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
 
 def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLURM_JOB_ID",
                  step: Sequence[str] = ()) -> str:
-    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one task
-    per process); a study's job step passes `nnodes`, the rendezvous id and srun's `step`."""
+    """The srun line that starts the ranks of "$RUN_DIR" (one torchrun
+    per node, or one task per process); a study's job step passes
+    `nnodes`, the rendezvous id and srun's `step`."""
     lc = cfg.launcher
-    py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
-    entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
-    if not step:  # the whole allocation, sized from the allocation itself: srun would take
-        # the task count from SLURM_NTASKS, which a requeued job keeps from its submission
-        # even when it comes back on fewer nodes (`scontrol update JobId=.. NumNodes=1`)
+    # launcher.image: under `<runtime> exec ... <image>`
+    py = ranks_python(cfg, "$RUN_DIR")
+    # the module every rank runs (ddp_lab.worker, ...)
+    entry = shlex.quote(cfg.run.entry)
+    # the whole allocation, sized from the allocation itself: srun would
+    # take
+    if not step:
+        # the task count from SLURM_NTASKS, which a requeued job keeps
+        # from its submission even when it comes back on fewer nodes
+        # (`scontrol update JobId=.. NumNodes=1`)
         step = [f"--ntasks=$(({nnodes} * NPROC_PER_NODE))" if lc.per_task else f"--ntasks={nnodes}"]
     srun = ["srun", "--kill-on-bad-exit=1", *step]
     if lc.cpus_per_task:
-        # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
+        # since Slurm 22.05 srun no longer inherits --cpus-per-task from
+        # sbatch
         srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
     srun += [shlex.quote(str(a)) for a in lc.srun_extra]
     if lc.per_task:
@@ -187,7 +207,9 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
                 "# SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID (ddp_lab.world.env).\n"
                 f"{' '.join(srun)} \\\n  {py} -m {entry} \"$RUN_DIR\"")
     timeout = max(1, int(cfg.dist.init_timeout_s))
-    if lc.rdzv == "c10d":  # node ranks come from the rendezvous order (torchrun ignores --node_rank)
+    # node ranks come from the rendezvous order (torchrun ignores
+    # --node_rank)
+    if lc.rdzv == "c10d":
         rdzv = ("--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT "
                 f"--rdzv_id={rdzv_id} --rdzv_conf=join_timeout={timeout}")
     else:
@@ -200,7 +222,8 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
         f"{' '.join(srun)} bash -c \"\n"
         "  echo \\\"[srun] node \\$SLURM_NODEID of $SLURM_JOB_NUM_NODES: \\$(hostname)\\\"\n"
         "  trap '' TERM  # SLURM's SIGTERM is for the ranks (they checkpoint): torchrun ignores it\n"
-        "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT"  # its --signals_to_handle; older torch:
+        # its --signals_to_handle; older torch:
+        "  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT"
         " TORCHELASTIC_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT\n"
         f"  exec {py} -m torch.distributed.run \\\n"
         f"    --nnodes={nnodes} --nproc_per_node=$NPROC_PER_NODE \\\n"
@@ -210,7 +233,8 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
 
 
 def nccl_block(cfg) -> str:
-    """launcher.nccl_env: the first node's NCCL settings, exported (srun passes them on)."""
+    """launcher.nccl_env: the first node's NCCL settings, exported (srun
+    passes them on)."""
     if not cfg.launcher.nccl_env:
         return "# (launcher.nccl_env=false: NCCL picks its network itself)"
     py = ranks_python(cfg, "$RUN_DIR")
@@ -220,8 +244,9 @@ def nccl_block(cfg) -> str:
 
 
 def stop_script(lc, py: Optional[str] = None) -> str:
-    """slurm_stop.sh, the stop and requeue machinery a job script sources from its folder; `py`:
-    the ranks' python as shell words, else launcher.python's."""
+    """slurm_stop.sh, the stop and requeue machinery a job script
+    sources from its folder; `py`: the ranks' python as shell words,
+    else launcher.python's."""
     py = py or shlex.quote(python_exe(lc))
     return template("slurm_stop.sh").format(
         python_check=python_check(py), py=py, max_requeues=lc.max_requeues,
@@ -240,7 +265,8 @@ def render(cfg, run_dir: Path) -> Rendered:
                      "every node (ddp_lab.world.env.slurm_port)")
     mode = "one task per process" if lc.per_task else "one torchrun per node"
     summary = f"{lc.nodes} node(s) x {lc.nproc_per_node} process(es), {mode}"
-    # what a student would write by hand; the stop and requeue machinery it sources comes apart
+    # what a student would write by hand; the stop and requeue machinery
+    # it sources comes apart
     script = template("slurm.sbatch").format(
         summary=summary, run_dir_q=shlex.quote(str(run_dir)), job_name=lc.job_name,
         sbatch_lines="\n".join(sbatch_lines(cfg, run_dir)), nproc=lc.nproc_per_node,
@@ -253,7 +279,8 @@ def render(cfg, run_dir: Path) -> Rendered:
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"
             f"{sourced_note(run_dir / 'slurm_stop.sh', stop, 'job.sbatch')}\n")
     warnings = []
-    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
+    # a dry run of a container site
+    if not lc.environment and "environment" in lc.required:
         warnings.append("launcher.environment is not set: this site needs one to submit "
                         "(launcher.environment=<EDF .toml>, docs/launchers.md, Containers)")
     return Rendered(command=command, files={"job.sbatch": script, "slurm_stop.sh": stop},

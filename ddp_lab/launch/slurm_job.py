@@ -1,6 +1,7 @@
-"""A SLURM job after slurm.py rendered its script: submit it (`sbatch --parsable`), then
-follow it through scontrol (or sacct once its record aged out) to its final state,
-streaming its logs, a requeue included (`follow`).
+"""A SLURM job after slurm.py rendered its script: submit it (`sbatch
+--parsable`), then follow it through scontrol (or sacct once its record
+aged out) to its final state, streaming its logs, a requeue included
+(`follow`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 def log_name(pattern: str, job_name: str, job_id: str) -> str:
-    """sbatch's name of a `launcher.output` log: %x job name, %j id, %u user, %% '%'."""
+    """sbatch's name of a `launcher.output` log: %x job name, %j id, %u
+    user, %% '%'."""
     values = {"x": job_name, "j": str(job_id), "u": getpass.getuser(), "%": "%"}
     return re.sub(r"%([xju%])", lambda m: values[m.group(1)], pattern)
 
@@ -49,9 +51,10 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
 
 
 def job_info(job_id: str) -> dict:
-    """scontrol's record of the job as a dict (JobState, ExitCode, Reason, Restarts, ...),
-    else sacct's (JobState, ExitCode); {"JobState": "GONE"} when neither knows it,
-    {"JobState": "UNKNOWN", "Reason": why} when they do not answer."""
+    """scontrol's record of the job as a dict (JobState, ExitCode,
+    Reason, Restarts, ...), else sacct's (JobState, ExitCode);
+    {"JobState": "GONE"} when neither knows it, {"JobState": "UNKNOWN",
+    "Reason": why} when they do not answer."""
     try:
         res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=15)
@@ -61,7 +64,9 @@ def job_info(job_id: str) -> dict:
         return dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
     if "Invalid job id" not in res.stderr:
         return {"JobState": "UNKNOWN", "Reason": res.stderr.strip()}
-    try:  # the record aged out of slurmctld (MinJobAge): accounting may still know it
+    # the record aged out of slurmctld (MinJobAge): accounting may still
+    # know it
+    try:
         acct = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
                               capture_output=True, text=True, timeout=15)
         line = acct.stdout.strip().splitlines()[0] if acct.returncode == 0 and acct.stdout.strip() else ""
@@ -80,7 +85,8 @@ def job_state(job_id: str) -> tuple[str, str, str]:
 
 
 def exit_status(state: str, exit_code: str) -> int:
-    """SLURM's ExitCode `code:signal` -> a shell exit status; non-zero for any failure."""
+    """SLURM's ExitCode `code:signal` -> a shell exit status; non-zero
+    for any failure."""
     try:
         code, sig = (int(x) for x in exit_code.split(":"))
     except ValueError:
@@ -89,10 +95,11 @@ def exit_status(state: str, exit_code: str) -> int:
     return rc if rc or state == "COMPLETED" else 1
 
 
-# A failed job COMPLETING this long waits for a node that does not answer (it usually
-# takes a second): `follow` reports it ended
+# A failed job COMPLETING this long waits for a node that does not
+# answer (it usually takes a second): `follow` reports it ended
 STUCK_COMPLETING_S = 5.0
-# States after which a --requeue job may still come back (PENDING again): wait and see.
+# States after which a --requeue job may still come back (PENDING
+# again): wait and see.
 MAYBE_REQUEUED = {"PREEMPTED", "NODE_FAIL"}
 HINTS = {
     "BeginTime": "a requeued job waits before it starts again; `scontrol update JobId={j} "
@@ -104,9 +111,10 @@ HINTS = {
 
 def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s: float,
            settle_s: float = 30.0) -> int:
-    """Stream the job's logs and print each state change until it ends; its exit status. A
-    requeued job (PENDING again, Restarts+1) goes on being followed; a requeueable job's
-    PREEMPTED or NODE_FAIL (or any end just after a requeue) is final after `settle_s`."""
+    """Stream the job's logs and print each state change until it ends;
+    its exit status. A requeued job (PENDING again, Restarts+1) goes on
+    being followed; a requeueable job's PREEMPTED or NODE_FAIL (or any
+    end just after a requeue) is final after `settle_s`."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
     last, restarts, unknown, since, requeued_at = None, None, 0, None, None
@@ -124,19 +132,22 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                 if restarts is not None and int(n) > restarts:
                     print(f"[slurm] job {job_id} requeued (restart {n}): it continues from "
                           "its checkpoint when it runs again", flush=True)
-                    last = None  # show the state again, even when it did not change
+                    # show the state again, even when it did not change
+                    last = None
                     requeued_at = time.monotonic()
                 restarts = int(n)
             final = state in TERMINAL or state == "GONE"
-            # the batch script ended with a failure and SLURM, for seconds on end, still
-            # waits to clean up on a node that does not answer (a cut link): over for its user
+            # the batch script ended with a failure and SLURM, for
+            # seconds on end, still waits to clean up on a node that
+            # does not answer (a cut link): over for its user
             if state == "COMPLETING" and code not in ("", "0:0"):
                 completing = completing if completing is not None else time.monotonic()
                 final = final or time.monotonic() - completing >= STUCK_COMPLETING_S
             else:
                 completing = None
-            # right after a requeue slurmctld may show the old allocation's end (FAILED,
-            # CANCELLED) before the job is PENDING again: that settles too
+            # right after a requeue slurmctld may show the old
+            # allocation's end (FAILED, CANCELLED) before the job is
+            # PENDING again: that settles too
             just_requeued = requeued_at is not None and time.monotonic() - requeued_at < settle_s
             if final and (state in MAYBE_REQUEUED or just_requeued) and info.get("Requeue") == "1":
                 since = since if since is not None else time.monotonic()
@@ -145,7 +156,8 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                 since = None
             shown = (state, reason if state == "PENDING" else "")
             if state == "PENDING" and reason in ("", "None") and last and last[0] == "PENDING":
-                shown = last  # a reason that clears is no news
+                # a reason that clears is no news
+                shown = last
             if shown != last and state not in ("UNKNOWN", "GONE") and not final:
                 why = f" ({reason})" if reason and reason != "None" and (
                     state == "PENDING" or state in MAYBE_REQUEUED) else ""
@@ -172,7 +184,8 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
         print(f"\n[slurm] stopped following; job {job_id} keeps running "
               f"(scancel {job_id} stops it)", file=sys.stderr)
         return 130
-    time.sleep(min(poll_s, 1.0))  # slurmd may still be flushing the job's output
+    # slurmd may still be flushing the job's output
+    time.sleep(min(poll_s, 1.0))
     for t in tails:
         t.poll(final=True)
     if state == "GONE":
@@ -185,7 +198,8 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     if state == "COMPLETING":
         print(f"[slurm] job {job_id} has ended; SLURM still cleans up on a node that does not "
               f"answer (squeue -j {job_id} shows it until then)", flush=True)
-    if rc == EXIT_STOPPED:  # the batch shell: stopped with a checkpoint, not requeued
+    # the batch shell: stopped with a checkpoint, not requeued
+    if rc == EXIT_STOPPED:
         print(f"[slurm] job {job_id} stopped with a checkpoint and was not requeued (its log "
               f"says why): `sbatch` its job.sbatch again to continue", file=sys.stderr)
     elif rc != 0:

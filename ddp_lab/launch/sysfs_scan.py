@@ -1,6 +1,7 @@
-"""What a node's sysfs says about its network: HPE Slingshot's CXI NICs (`class/cxi`), and
-every RDMA device under `class/infiniband` with its ports' link layers and GIDs. Never
-raises: a problem becomes a warning of the `Scan`. What NCCL is told: nccl_env.py.
+"""What a node's sysfs says about its network: HPE Slingshot's CXI NICs
+(`class/cxi`), and every RDMA device under `class/infiniband` with its
+ports' link layers and GIDs. Never raises: a problem becomes a warning
+of the `Scan`. What NCCL is told: nccl_env.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ class Gid:
     port: int
     index: int
     gid: str
-    type: str | None  # file content, e.g. "RoCE v2"; None if unreadable
+    # file content, e.g. "RoCE v2"; None if unreadable
+    type: str | None
 
     @property
     def is_ipv4(self) -> bool:
@@ -36,7 +38,8 @@ class Gid:
 class Port:
     device: str
     port: int
-    link_layer: str | None = None  # "Ethernet" (RoCE) / "InfiniBand"; None if absent
+    # "Ethernet" (RoCE) / "InfiniBand"; None if absent
+    link_layer: str | None = None
     gids: list[Gid] = field(default_factory=list)
 
 
@@ -53,7 +56,8 @@ class Scan:
 
 
 def _read(path: Path) -> str:
-    """File content, stripped of NULs and whitespace; raises OSError/UnicodeError."""
+    """File content, stripped of NULs and whitespace; raises
+    OSError/UnicodeError."""
     return path.read_bytes().decode("ascii").replace("\x00", "").strip()
 
 
@@ -73,7 +77,8 @@ def _numeric_children(d: Path, what: str, warnings: list[str]) -> list[tuple[int
 
 
 def _hca_matches(name: str, spec: str | None) -> bool:
-    """NCCL_IB_HCA semantics: comma list, prefix match, '=' exact, '^' excludes; ':port' ignored."""
+    """NCCL_IB_HCA semantics: comma list, prefix match, '=' exact, '^'
+    excludes; ':port' ignored."""
     if not spec:
         return True
     spec = spec.strip()
@@ -89,7 +94,8 @@ def _hca_matches(name: str, spec: str | None) -> bool:
 
 
 def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan:
-    """Read every device/port/GID under <sysfs_root>/class/infiniband (never raises)."""
+    """Read every device/port/GID under <sysfs_root>/class/infiniband
+    (never raises)."""
     root = Path(sysfs_root)
     ib = root / "class" / "infiniband"
     res = Scan(sysfs_root=str(root))
@@ -126,7 +132,9 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                                         f"{getattr(e, 'strerror', None) or e}")
                     continue
                 if gid == ZERO_GID or gid == "":
-                    continue  # unused slot (its type file is usually unreadable: EINVAL)
+                    # unused slot (its type file is usually unreadable:
+                    # EINVAL)
+                    continue
                 if not _GID_RE.match(gid):
                     res.warnings.append(f"{dev.name} port {pnum}: garbled GID {idx} "
                                         f"in {gpath}: {gid[:60]!r}")
@@ -146,14 +154,16 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
 
 
 def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]]:
-    """(slingshot | infiniband | roce | sockets, the devices that say so) from sysfs."""
+    """(slingshot | infiniband | roce | sockets, the devices that say
+    so) from sysfs."""
     try:
         cxi = sorted(d.name for d in (Path(sysfs_root) / "class" / "cxi").iterdir())
     except OSError:
         cxi = []
     if cxi:
         return "slingshot", cxi
-    sc = scan(sysfs_root)  # the RDMA devices and their ports' link layers
+    # the RDMA devices and their ports' link layers
+    sc = scan(sysfs_root)
     if not sc.devices:
         return "sockets", []
     layers = {p.link_layer.lower() for p in sc.ports if p.link_layer}

@@ -1,6 +1,7 @@
-"""A run's checkpoints as the training loop uses them, on every rank (`load`, `save`,
-`on_stop`); the files themselves are `ddp_lab.folder.checkpoint_file`'s. Every rank calls
-every method in the same order (saving is collective); rank 0 alone writes.
+"""A run's checkpoints as the training loop uses them, on every rank
+(`load`, `save`, `on_stop`); the files themselves are
+`ddp_lab.folder.checkpoint_file`'s. Every rank calls every method in the
+same order (saving is collective); rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -23,32 +24,40 @@ log = logging.getLogger("ddp_lab")
 
 
 class Checkpointer:
-    """The checkpoints of one run on this rank; see the module docstring."""
+    """The checkpoints of one run on this rank; see the module
+    docstring."""
 
     def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
                  module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer: Any,
                  batching: BatchPlan):
-        """`train`: the train section; `syncer` saves and loads the optimiser state."""
+        """`train`: the train section; `syncer` saves and loads the
+        optimiser state."""
         self.train = train
         self.ctx = ctx
         self.ckpt_dir = ckpt_dir
         self.batching = batching
         self.module, self.optimizer, self.syncer = module, optimizer, syncer
-        self.start = Position()  # where this allocation started (`load`)
+        # where this allocation started (`load`)
+        self.start = Position()
 
     def load(self) -> Position:
-        """Load the newest checkpoint when continuing (train.resume auto/true, or a restart
-        of this job); the position it holds. Later checkpoints of an older timeline go."""
+        """Load the newest checkpoint when continuing (train.resume
+        auto/true, or a restart of this job); the position it holds.
+        Later checkpoints of an older timeline go."""
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
-        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree
+        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only
+        # (pytorch#108158): agree
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return self.start
-        if env.is_main:  # the newest checkpoint that is intact: damaged ones are set aside
+        # the newest checkpoint that is intact: damaged ones are set
+        # aside
+        if env.is_main:
             for line in checkpoint.newest_intact(self.ckpt_dir)[1]:
                 log.warning(line)
-        ctx.barrier()  # load-bearing: every rank picks from what rank 0 left
+        # load-bearing: every rank picks from what rank 0 left
+        ctx.barrier()
         path = checkpoint.latest(self.ckpt_dir)
         if path is None and mode == "true":
             raise FileNotFoundError(f"train.resume=true but {self.ckpt_dir} holds no checkpoint: "
@@ -56,21 +65,28 @@ class Checkpointer:
         if path is None:
             return self.start
         state = checkpoint.load(path, ctx.device)
-        self.syncer.load_model_state(state["model"])  # fsdp2: its shards
+        # fsdp2: its shards
+        self.syncer.load_model_state(state["model"])
         built = [g.get("capturable") for g in self.optimizer.param_groups]
-        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
-        for group, flag in zip(self.optimizer.param_groups, built):  # a train.cuda_graph run's
-            if flag is not None:  # Adam saved capturable=True: this run's own flag stands
+        # zero1: its shard
+        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])
+        # a train.cuda_graph run's
+        for group, flag in zip(self.optimizer.param_groups, built):
+            # Adam saved capturable=True: this run's own flag stands
+            if flag is not None:
                 group["capturable"] = flag
         if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
-            # (strong scaling: every world size trains on the same samples at every step)
+            # (strong scaling: every world size trains on the same
+            # samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                         "differs from an uninterrupted run", state.get("world_size"),
                         env.world_size)
         if "rng" in state:
             _set_rng(state["rng"])
         pos = Position(state["epoch"], state.get("step", 0), **state.get("partial", {}))
-        ctx.barrier()  # load-bearing: every rank has read the checkpoint before rank 0 prunes
+        # load-bearing: every rank has read the checkpoint before rank 0
+        # prunes
+        ctx.barrier()
         if env.is_main:
             checkpoint.drop_after(self.ckpt_dir, (pos.epoch, pos.step))
         log.info("resumed from %s (epoch %d done%s)", path.name, pos.epoch,
@@ -79,32 +95,40 @@ class Checkpointer:
         return pos
 
     def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it: loss
-        and sample sums on rank 0 only (counted once), times on every rank."""
+        """The part of `epoch` (0-based) the resumed checkpoint holds,
+        as this rank adds it: loss and sample sums on rank 0 only
+        (counted once), times on every rank."""
         s = self.start
         if epoch != s.epoch or not s.step:
             return Position()
         return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def save(self, pos: Position, force: bool = False) -> None:
-        """Collective; rank 0 writes. A stop saves even with train.checkpoint=false."""
+        """Collective; rank 0 writes. A stop saves even with
+        train.checkpoint=false."""
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
-        model_state = self.syncer.model_state()  # collective: fsdp2 gathers its shards
-        if self.ctx.env.is_main:  # one copy of the (identical) model, in the shared run folder
+        # collective: fsdp2 gathers its shards
+        model_state = self.syncer.model_state()
+        # one copy of the (identical) model, in the shared run folder
+        if self.ctx.env.is_main:
             partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s",
                                                     "correct")}
             checkpoint.save(self.ckpt_dir, pos.epoch, pos.step, {
                 "model": model_state, "optimizer": opt_state, "rng": _rng_state(),
                 "partial": partial if pos.step else {},
                 "world_size": self.ctx.env.world_size, "sync": self.syncer.name})
-        self.ctx.barrier()  # load-bearing: a stopping rank leaves only after the state is on disk
+        # load-bearing: a stopping rank leaves only after the state is
+        # on disk
+        self.ctx.barrier()
 
     def on_stop(self, stopped: Stopped) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch: the steps
-        done and the summed loss and samples; between epochs: the epoch's checkpoint, written now
-        if train.checkpoint=false) and return `Telemetry.finish`'s keywords."""
+        """Collective. Every rank agreed to stop: save where the run
+        stands (mid-epoch: the steps done and the summed loss and
+        samples; between epochs: the epoch's checkpoint, written now if
+        train.checkpoint=false) and return `Telemetry.finish`'s
+        keywords."""
         stop, measured = stopped.info, stopped.measured
         if measured is None:
             here = Position(stopped.epochs_done)
@@ -112,7 +136,8 @@ class Checkpointer:
                 self.save(here, force=True)
         else:
             m, before = measured, measured.resumed_part
-            # the shard's last batch may be short: steps done rounds the samples up
+            # the shard's last batch may be short: steps done rounds the
+            # samples up
             done = m.resumed_at_step - (-m.samples // self.batching.per_rank)
             g_loss, g_samples, g_correct = self.ctx.reduce_floats(
                 [m.loss_sum, float(m.samples), float(m.correct)])
@@ -125,7 +150,8 @@ class Checkpointer:
 
 
 def requeued() -> bool:
-    """This job is a scheduler's second (or later) start of the same run."""
+    """This job is a scheduler's second (or later) start of the same
+    run."""
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 

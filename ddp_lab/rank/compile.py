@@ -1,5 +1,6 @@
-"""Before the first step: the synchroniser's preflight (a misconfiguration fails here, not
-mid-step), the CPU thread count (`tune_threads`) and `train.compile`, outside every epoch.
+"""Before the first step: the synchroniser's preflight (a
+misconfiguration fails here, not mid-step), the CPU thread count
+(`tune_threads`) and `train.compile`, outside every epoch.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ def preflight_and_compile(train: TrainConfig, syncer, optimizer: torch.optim.Opt
 def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Any,
                  batch_size: int, run_steps: Callable, blocks: int = 3,
                  steps: int = 8) -> None:
-    """Collective. On CPU, where the count was not asked for: time steps on 1 thread against
-    the ceiling in alternating blocks, summed over the ranks, and keep the ceiling only if
-    5% faster. State, RNG and comm records are left as before."""
+    """Collective. On CPU, where the count was not asked for: time steps
+    on 1 thread against the ceiling in alternating blocks, summed over
+    the ranks, and keep the ceiling only if 5% faster. State, RNG and
+    comm records are left as before."""
     share = cpu.chosen
     if share is None or not share.tunable or share.threads == 1 or ctx.device.type != "cpu":
         return
@@ -48,15 +50,18 @@ def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Any,
         for _ in range(blocks):
             for threads in best:
                 torch.set_num_threads(threads)
-                run_steps(syncer, optimizer, [batch], timer)  # the first of a count: untimed
+                # the first of a count: untimed
+                run_steps(syncer, optimizer, [batch], timer)
                 t0 = time.perf_counter()
                 run_steps(syncer, optimizer, [batch] * steps, timer)
                 best[threads] = min(best[threads], (time.perf_counter() - t0) / steps)
     syncer.module.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
     syncer.module.zero_grad(set_to_none=True)
-    syncer.collect_comm()  # the trial steps' collectives are no epoch's
-    many, one = ctx.reduce_floats([best[share.threads], best[1]])  # every rank's, summed
+    # the trial steps' collectives are no epoch's
+    syncer.collect_comm()
+    # every rank's, summed
+    many, one = ctx.reduce_floats([best[share.threads], best[1]])
     keep = share.threads if many < 0.95 * one else 1
     torch.set_num_threads(keep)
     cpu.chosen = cpu.RankThreads(keep, f"{share.why}; a training step took {best[1] * 1e3:.2f} "
@@ -65,9 +70,10 @@ def tune_threads(ctx, syncer, optimizer: torch.optim.Optimizer, splits: Any,
 
 
 def compile_model(syncer, splits: Any, batch_size: int) -> float:
-    """train.compile: torch.compile the model the step calls and compile it now, at the batch
-    size and at another (the short last batch), so no epoch holds the compilation. Weights,
-    optimiser and RNG are untouched. Returns the seconds."""
+    """train.compile: torch.compile the model the step calls and compile
+    it now, at the batch size and at another (the short last batch), so
+    no epoch holds the compilation. Weights, optimiser and RNG are
+    untouched. Returns the seconds."""
     t0 = time.perf_counter()
     syncer.wrapped = torch.compile(syncer.wrapped)
     n = min(batch_size, len(splits.test_x))
@@ -76,9 +82,11 @@ def compile_model(syncer, splits: Any, batch_size: int) -> float:
     with torch.random.fork_rng(devices=devices):
         for size in sizes:
             F.cross_entropy(syncer.wrapped(splits.test_x[:size]), splits.test_y[:size]).backward()
-            syncer.sync()  # sync.overlap: the buckets backward started are waited for
+            # sync.overlap: the buckets backward started are waited for
+            syncer.sync()
     syncer.module.zero_grad(set_to_none=True)
-    syncer.collect_comm()  # DDP's warm-up all-reduces are no epoch's
+    # DDP's warm-up all-reduces are no epoch's
+    syncer.collect_comm()
     if syncer.device.type == "cuda":
         torch.cuda.synchronize(syncer.device)
     seconds = time.perf_counter() - t0

@@ -50,10 +50,12 @@ class RankMachinery:
         self.plan = batch_plan(cfg.train, ctx.env.world_size)
         # the stop agreement, entered at start, left at the end
         self.stops = ExitStack()
-        self.done_before = None  # epochs of a finished run started again
+        # epochs of a finished run started again
+        self.done_before = None
 
     def building(self):
-        # train.cuda_graph: DDP built on the side stream it is captured on
+        # train.cuda_graph: DDP built on the side stream it is captured
+        # on
         return build_stream(self.cfg.train, self.ctx.device)
 
     def start(self, clock, parts, splits, steps: Callable):

@@ -1,8 +1,9 @@
-"""The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
-`rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places
-the rank from the launcher's variables, sets up its log, threads and heartbeat record and
-the process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s)
-that stopped (job.py is the submitting side).
+"""The ranks' side of a job: every rank runs `python -m <run.entry>
+RUN_DIR`, that is `rank_main(argv, module, maker, run)` ->
+`run_rank(run_dir, cfg, body)`, which places the rank from the
+launcher's variables, sets up its log, threads and heartbeat record and
+the process group, runs `body(ctx)`, and turns a failure into one line
+naming the rank(s) that stopped (job.py is the submitting side).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from .stop import die_with_parent
 
 
 def _threads(run_dir: Path, env, requested: int) -> int:
-    """This rank's torch threads (ddp_lab/world/cpu.py): train.threads, or the count the run
-    started with, or the launcher's choice (kept in `cpu.chosen`)."""
+    """This rank's torch threads (ddp_lab/world/cpu.py): train.threads,
+    or the count the run started with, or the launcher's choice (kept in
+    `cpu.chosen`)."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
@@ -45,14 +47,17 @@ def _threads(run_dir: Path, env, requested: int) -> int:
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
              failure: Optional[dict] = None) -> int:
-    """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1
-    after logging the failure (rank 0 also into summary.json) instead of a traceback.
-    The rank dies with its parent (PR_SET_PDEATHSIG), keeps its heartbeat record and hang
-    watchdog; a failed collective's `failed:` line names the rank(s) that stopped
-    (ddp_lab.folder.failure), whose local frozen ones it kills. A start that cannot reach its
-    rendezvous ends within dist.init_timeout_s, naming the host and port."""
-    # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp
-    # reads it once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
+    """Run `body(ctx)` on this rank inside an initialised process group;
+    0 on success, 1 after logging the failure (rank 0 also into
+    summary.json) instead of a traceback. The rank dies with its parent
+    (PR_SET_PDEATHSIG), keeps its heartbeat record and hang watchdog; a
+    failed collective's `failed:` line names the rank(s) that stopped
+    (ddp_lab.folder.failure), whose local frozen ones it kills. A start
+    that cannot reach its rendezvous ends within dist.init_timeout_s,
+    naming the host and port."""
+    # lazy: torch loads here, on the rank, after rank_main set
+    # OMP_WAIT_POLICY (libgomp reads it once, at load:
+    # ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
 
     from ..world import distributed as dist_hooks
@@ -65,12 +70,14 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     dist_hooks.on_collective = lambda op: heartbeat.current().collective(op)
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
-    # a little before the peers' collectives time out, so a stuck rank's stack is in its log
+    # a little before the peers' collectives time out, so a stuck rank's
+    # stack is in its log
     hang.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
     torch.set_num_threads(_threads(run_dir, env, threads))
     fields = {**(failure or {}), "world_size": env.world_size}
 
-    def start_timed_out() -> None:  # on the timer's thread: the main one is stuck in torch
+    # on the timer's thread: the main one is stuck in torch
+    def start_timed_out() -> None:
         line = ports.no_answer(env.master_addr, env.master_port, init_s)
         _failed(run_dir, record, log, line, fields)
         logging.shutdown()
@@ -79,27 +86,33 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
     try:
         with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir) as ctx:
-            start_timer.stop()  # the group is up: the start is over
+            # the group is up: the start is over
+            start_timer.stop()
             record.state("running")
             body(ctx)
             record.phase("teardown")
         record.state("done")
         return 0
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
-        in_start = start_timer.stop()  # True: it failed while still starting
-        _ignore_sigterm()  # torchrun's SIGTERM (another rank failed) must not cut this short
+        # True: it failed while still starting
+        in_start = start_timer.stop()
+        # torchrun's SIGTERM (another rank failed) must not cut this
+        # short
+        _ignore_sigterm()
         hang.watchdog().cancel()
         log.debug(traceback.format_exc())
         mine = short_error(e)
         if in_start and isinstance(e, torch.distributed.DistNetworkError):
-            # the store could not be bound or reached: nothing of a peer to diagnose
+            # the store could not be bound or reached: nothing of a peer
+            # to diagnose
             line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
                     else ports.no_answer(env.master_addr, env.master_port, init_s))
             _failed(run_dir, record, log, line, fields)
             return 1
         here = record.snapshot()
         record.state("failed", mine)
-        # probe: a node that no longer answers this one is named as a node (a cut link)
+        # probe: a node that no longer answers this one is named as a
+        # node (a cut link)
         culprits = diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
                              probe=env.num_nodes > 1)
         trace = run_dir / "logs" / f"rank{env.rank}.log"
@@ -123,9 +136,10 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
-    """A start that failed on its own (no peer to name): the line into this rank's record,
-    its log and summary.json, by any rank, since the launcher may end rank 0 before it
-    says why; the record holds at most heartbeat.MESSAGE_MAX characters."""
+    """A start that failed on its own (no peer to name): the line into
+    this rank's record, its log and summary.json, by any rank, since the
+    launcher may end rank 0 before it says why; the record holds at most
+    heartbeat.MESSAGE_MAX characters."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
@@ -133,8 +147,9 @@ def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: 
 
 
 def short_error(e: BaseException, limit: int = 200) -> str:
-    """The exception's type and first meaningful line, without source paths ('RuntimeError:
-    Timed out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
+    """The exception's type and first meaningful line, without source
+    paths ('RuntimeError: Timed out ...'); a full disk as `no space left
+    on <folder> (writing <file>)`."""
     if isinstance(e, DiskFull):
         return str(e)
     text = " ".join(str(e).split("\n\n")[0].split())
@@ -146,14 +161,16 @@ def short_error(e: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# torch gives up on an unreachable store after about twice dist.init_timeout_s: the timer
-# ends the rank at the bound, these seconds after it leave torch's own errors first
+# torch gives up on an unreachable store after about twice
+# dist.init_timeout_s: the timer ends the rank at the bound, these
+# seconds after it leave torch's own errors first
 START_SLACK_S = 2.0
 
 
 class StartTimer:
-    """The start's time limit: calls `end` on a timer thread unless `stop()` comes within
-    `seconds`; it works while the main thread waits inside torch's C++ code."""
+    """The start's time limit: calls `end` on a timer thread unless
+    `stop()` comes within `seconds`; it works while the main thread
+    waits inside torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
         self._lock = threading.Lock()
@@ -163,14 +180,16 @@ class StartTimer:
         self._timer.start()
 
     def stop(self) -> bool:
-        """The start has ended: stop the timer; True the first time (waits if it fires now)."""
+        """The start has ended: stop the timer; True the first time
+        (waits if it fires now)."""
         self._timer.cancel()
         with self._lock:
             first, self._done = not self._done, True
         return first
 
     def _expire(self, end: Callable[[], None]) -> None:
-        with self._lock:  # held until `end` has ended the process
+        # held until `end` has ended the process
+        with self._lock:
             if not self._done:
                 end()
 
@@ -182,26 +201,33 @@ def _ignore_sigterm() -> None:
 
 def rank_main(argv: Optional[list[str]], module: str, maker: str,
               run: Callable[[Path], int]) -> int:
-    """`python -m <module> RUN_DIR`: check the argument (2 and a usage line if wrong), then
-    `run(run_dir)` and leave the process with its exit status."""
+    """`python -m <module> RUN_DIR`: check the argument (2 and a usage
+    line if wrong), then `run(run_dir)` and leave the process with its
+    exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
-    cpu.prepare_rank()  # before torch loads: libgomp reads its variables once (ddp_lab/world/cpu.py)
-    forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
+    # before torch loads: libgomp reads its variables once
+    # (ddp_lab/world/cpu.py)
+    cpu.prepare_rank()
+    # ddp_lab.launch.torchrun.fork_ranks
+    forked = multiprocessing.parent_process() is not None
     if forked:
         as_forked_rank()
     rc = run(Path(argv[0]).resolve())
-    # Leave without the interpreter's teardown (with torch loaded, ~1 s of CPU; a broken
-    # process group can block it): everything the rank wrote is closed by now.
+    # Leave without the interpreter's teardown (with torch loaded, ~1 s
+    # of CPU; a broken process group can block it): everything the rank
+    # wrote is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):
-        exit_soon(rc)  # torchrun reads the result, then frees the ranks: wait for it
+        # torchrun reads the result, then frees the ranks: wait for it
+        exit_soon(rc)
         sys.exit(rc)
-    # a failed or stopped rank puts no result on torchrun's queue, and a rank torchrun has
-    # signalled (closing its ranks: it reads no result) has nobody to wait for: it leaves now
+    # a failed or stopped rank puts no result on torchrun's queue, and a
+    # rank torchrun has signalled (closing its ranks: it reads no
+    # result) has nobody to wait for: it leaves now
     os._exit(rc)
 

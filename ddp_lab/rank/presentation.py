@@ -1,5 +1,6 @@
-"""How an epoch's record shows: TensorBoard's scalars of an epoch and of a step (tags with
-their units, as folder/tensorboard.py charts them) and the comm part of the epoch line.
+"""How an epoch's record shows: TensorBoard's scalars of an epoch and of
+a step (tags with their units, as folder/tensorboard.py charts them) and
+the comm part of the epoch line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
         "comm/calls[per step]": c["calls"] / steps,
     }
-    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
+    # sync=hierarchical: what left the node
+    if c.get("bytes_cross_node") is not None:
         out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
     if rec.timing:
         out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
@@ -29,7 +31,8 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
                     "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
                     "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
                     "comm/fraction[of step]": c["fraction"] or 0.0,
-                    # in flight (the collectives' union) and exposed (after compute's end)
+                    # in flight (the collectives' union) and exposed
+                    # (after compute's end)
                     "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
                     "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
                     "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
@@ -37,7 +40,8 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         spread = rec.stragglers.get("spread")
         if spread:
             out["stragglers/spread[slowest/fastest]"] = spread
-        if rec.world_size and rec.world_size > 1:  # -1 and 0 ms: no rank named this epoch
+        # -1 and 0 ms: no rank named this epoch
+        if rec.world_size and rec.world_size > 1:
             named = rec.straggler or {"rank": -1, "late_ms": 0.0}
             out["stragglers/rank"] = float(named["rank"])
             out["stragglers/late[ms]"] = named["late_ms"]
@@ -45,7 +49,8 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
 
 
 def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
-    """One step's TensorBoard scalars: times, comm in flight and exposed, its epoch."""
+    """One step's TensorBoard scalars: times, comm in flight and
+    exposed, its epoch."""
     d = step.durations()
     return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
             "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
@@ -53,7 +58,8 @@ def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -
 
 
 def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part, short: the figures are in metrics.jsonl."""
+    """The console epoch line's comm part, short: the figures are in
+    metrics.jsonl."""
     c, steps = rec.comm, rec.steps
     if c["fraction"] is None:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"

@@ -1,11 +1,14 @@
-"""Graceful stop: every rank agrees to stop at the same step boundary, then checkpoints.
+"""Graceful stop: every rank agrees to stop at the same step boundary,
+then checkpoints.
 
-A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
-`RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death); the handlers only set a flag. Ranks agree with one
-all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps, adapted
-so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
-(continue later), 2 stopped (a person); a second SIGINT kills at once. docs/failures.md,
-"The pieces" and "What the stop check costs".
+A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`,
+the file `RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death);
+the handlers only set a flag. Ranks agree with one all-reduce (MAX of
+[stop code, seconds since the last check]) every `every` steps, adapted
+so that checks come about `train.stop_check_s` apart. Codes (higher
+wins): 1 preempted (continue later), 2 stopped (a person); a second
+SIGINT kills at once. docs/failures.md, "The pieces" and "What the stop
+check costs".
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from ..world.parent import set_parent_death_signal
 from ..folder.stop import (PREEMPTED, STATUS, STOPPED, clear_stop_file,
                            read_stop_file)
 
-# rank/main imports this module before torch loads (OMP_WAIT_POLICY first)
+# rank/main imports this module before torch loads (OMP_WAIT_POLICY
+# first)
 if TYPE_CHECKING:
     from ..world.distributed import DistContext
 
@@ -37,21 +41,25 @@ MAX_EVERY = 100_000
 @dataclass(frozen=True)
 class StopInfo:
     status: str  # preempted | stopped
-    reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
+    # what asked for it, e.g. "SIGUSR2 on rank 1"
+    reason: str
 
 
-_PARENT: Optional[int] = None  # the rank's parent (torchrun, srun, mpirun) when it started
+# the rank's parent (torchrun, srun, mpirun) when it started
+_PARENT: Optional[int] = None
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent dies, and remember the parent."""
+    """The first thing a rank does: get `sig` when its parent dies, and
+    remember the parent."""
     global _PARENT
     _PARENT = os.getppid()
     return set_parent_death_signal(sig)
 
 
-#: the signals this process was stopped by: a forked rank that torchrun signalled (torchrun
-#: is closing its ranks and will not collect a result) leaves at once (rank/main.py)
+#: the signals this process was stopped by: a forked rank that torchrun
+#: signalled (torchrun is closing its ranks and will not collect a
+#: result) leaves at once (rank/main.py)
 RECEIVED: set[int] = set()
 
 
@@ -65,7 +73,8 @@ class StopControl:
         self._last = time.monotonic()
         self._code, self._reason = 0, ""
         self.checks = 0
-        self.ppid = _PARENT or os.getppid()  # a parent gone before this is noticed too
+        # a parent gone before this is noticed too
+        self.ppid = _PARENT or os.getppid()
         self._signals: dict[int, tuple[int, object]] = {}
         if install:
             self._install(user_signal)
@@ -77,7 +86,8 @@ class StopControl:
             wanted[getattr(signal, user_signal)] = PREEMPTED
         for sig, code in wanted.items():
             self._signals[sig] = (code, signal.signal(sig, self._on_signal))
-        if os.getppid() != self.ppid:  # the parent died before the death signal was set
+        # the parent died before the death signal was set
+        if os.getppid() != self.ppid:
             self._flag(STOPPED, "parent process gone")
 
     def restore(self) -> None:
@@ -90,8 +100,9 @@ class StopControl:
         RECEIVED.add(signum)
         name = signal.Signals(signum).name
         code = self._signals[signum][0]
-        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by design (slurmstepd
-        # signals every process of the step, and torchrun passes its own on)
+        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by
+        # design (slurmstepd signals every process of the step, and
+        # torchrun passes its own on)
         if signum == signal.SIGINT and self._reason.startswith(name):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -114,12 +125,14 @@ class StopControl:
 
     # ------------------------------------------------------------ agreement
     def restart_clock(self) -> None:
-        """Time between checks excludes evaluation and checkpoints (epoch ends)."""
+        """Time between checks excludes evaluation and checkpoints
+        (epoch ends)."""
         self._last, self._count = time.monotonic(), 0
         hang.watchdog().rearm()
 
     def step(self) -> Optional[StopInfo]:
-        """After every step: agree now and then whether to stop; the StopInfo when all stop."""
+        """After every step: agree now and then whether to stop; the
+        StopInfo when all stop."""
         self._count += 1
         if self._count < self.every:
             return None
@@ -128,11 +141,14 @@ class StopControl:
     def check(self) -> Optional[StopInfo]:
         """Collective: every rank calls it at the same step."""
         now = time.monotonic()
-        hang.watchdog().rearm()  # no stack dump while checks keep coming
+        # no stack dump while checks keep coming
+        hang.watchdog().rearm()
         code, _ = self.local()
         agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
         self.checks += 1
-        if self._count:  # adapt: next check about check_s away, growing at most 2x a time
+        # adapt: next check about check_s away, growing at most 2x a
+        # time
+        if self._count:
             per_step = max(longest / self._count, 1e-9)
             self.every = int(min(max(1, self.check_s / per_step), 2 * self.every, MAX_EVERY))
         self._last, self._count = now, 0
@@ -147,13 +163,17 @@ class StopControl:
 @contextmanager
 def stop_control(ctx: DistContext, run_dir: Path,
                  train: TrainConfig) -> Iterator[StopControl]:
-    """A run's StopControl per the train section: a stop request the previous allocation acted
-    on is spent first; the signal handlers are restored on leaving."""
+    """A run's StopControl per the train section: a stop request the
+    previous allocation acted on is spent first; the signal handlers are
+    restored on leaving."""
     stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
     try:
         if ctx.env.is_main:
-            clear_stop_file(run_dir)  # a request the previous allocation acted on is spent
-        ctx.barrier()  # load-bearing: no rank checks for a stop before the old request is gone
+            # a request the previous allocation acted on is spent
+            clear_stop_file(run_dir)
+        # load-bearing: no rank checks for a stop before the old request
+        # is gone
+        ctx.barrier()
         yield stopper
     finally:
         stopper.restore()

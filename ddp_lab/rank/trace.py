@@ -1,9 +1,11 @@
-"""A timeline of the run in Chrome's trace event format (docs/timing.md, "What is written").
+"""A timeline of the run in Chrome's trace event format (docs/timing.md,
+"What is written").
 
-Every rank writes `trace/rank<N>.json` (pid = rank; tid = rank: the step phases; tid =
-1000 + rank: its collectives); at the end rank 0 writes `trace/all.json`, every rank in
-one file. Times are microseconds since a clock started after a barrier. Of each epoch
-only the first and last `trace_steps` steps are kept.
+Every rank writes `trace/rank<N>.json` (pid = rank; tid = rank: the step
+phases; tid = 1000 + rank: its collectives); at the end rank 0 writes
+`trace/all.json`, every rank in one file. Times are microseconds since a
+clock started after a barrier. Of each epoch only the first and last
+`trace_steps` steps are kept.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ COMM_TID = 1000
 
 
 def kept_steps(n_steps: int, keep: int) -> list[int]:
-    """Indices of the first `keep` and last `keep` of `n_steps` steps (each once)."""
+    """Indices of the first `keep` and last `keep` of `n_steps` steps
+    (each once)."""
     if keep <= 0:
         return []
     return sorted(set(range(min(keep, n_steps))) | set(range(max(0, n_steps - keep), n_steps)))
@@ -41,7 +44,8 @@ def metadata(rank: int) -> list[dict[str, Any]]:
 
 def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                  keep: int, step_offset: int = 0) -> list[dict[str, Any]]:
-    """Trace events of one epoch: kept steps' phases, and the collectives started in them."""
+    """Trace events of one epoch: kept steps' phases, and the
+    collectives started in them."""
     idx = kept_steps(len(steps), keep)
     events: list[dict[str, Any]] = []
     windows = []
@@ -66,7 +70,8 @@ def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommSt
 
 
 class TraceWriter:
-    """Accumulates the bounded events of each epoch and rewrites the rank's file."""
+    """Accumulates the bounded events of each epoch and rewrites the
+    rank's file."""
 
     def __init__(self, run_dir: Path, rank: int, keep: int, enabled: bool = True):
         self.path = run_dir / "trace" / f"rank{rank}.json"
@@ -75,7 +80,8 @@ class TraceWriter:
 
     def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                   first_step: int = 0) -> None:
-        """Add an epoch's kept steps (numbered from `first_step`) and rewrite the file."""
+        """Add an epoch's kept steps (numbered from `first_step`) and
+        rewrite the file."""
         if not self.enabled:
             return
         self.events += epoch_events(self.rank, epoch, steps, comm, self.keep, first_step)
@@ -83,6 +89,7 @@ class TraceWriter:
 
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> None:
-    """Atomically (re)write a trace file: readers see the old one or the new one."""
+    """Atomically (re)write a trace file: readers see the old one or the
+    new one."""
     atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
                                        separators=(",", ":")))

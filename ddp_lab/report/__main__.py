@@ -1,4 +1,5 @@
-"""`python -m ddp_lab.report PATH [PATH ...]`: compare run folders across allocations."""
+"""`python -m ddp_lab.report PATH [PATH ...]`: compare run folders
+across allocations."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from .runs import ReportError, find_runs
 
 
 def default_out(paths: list[str]) -> Path:
-    """report/ beside the runs it reads, never in the current folder unasked."""
+    """report/ beside the runs it reads, never in the current folder
+    unasked."""
     return Path(os.path.commonpath([Path(p).expanduser().resolve() for p in paths])) / "report"
 
 
 def parse_worlds(text: str) -> list[int]:
-    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: a list of positive ints, "..." doubling
-    from the number before it up to the one after."""
+    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: a list of positive
+    ints, "..." doubling from the number before it up to the one
+    after."""
     out: list[int] = []
     items = [t.strip() for t in text.split(",") if t.strip()]
     for i, t in enumerate(items):
@@ -38,7 +41,8 @@ def parse_worlds(text: str) -> list[int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse prints the usage block first)
+    # one line, exit 2 (argparse prints the usage block first)
+    def error(self, message: str):
         print(f"error: {message} (usage: {USAGE})", file=sys.stderr)
         sys.exit(2)
 
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     result = build_report(runs, out, make_plots=not args.no_plots, inputs=args.paths,
                           warmup=args.warmup, forecast_worlds=worlds,
                           gpus_per_node=args.gpus_per_node)
-    print(result["summary"], end="")  # the screen that matters; report.md has everything
+    # the screen that matters; report.md has everything
+    print(result["summary"], end="")
     return 0
 
 

@@ -1,10 +1,12 @@
-"""The alpha-beta cost model: fitted on a bench run, set against measured training comm.
+"""The alpha-beta cost model: fitted on a bench run, set against
+measured training comm.
 
-A message of m bytes costs alpha + m * beta; an algorithm's time is steps * alpha +
-path_bytes * beta (`ddp_lab.predict.costmodel.cost`). The fit is least squares weighted by
-1/time, one per collective and implementation (`fit_all`); across nodes only the steps that
-cross them cost the cross-node fit (`cross_share`, `node_load`). For users: docs/report.md,
-"The alpha-beta model", and docs/scaling.md, "Forecast".
+A message of m bytes costs alpha + m * beta; an algorithm's time is
+steps * alpha + path_bytes * beta (`ddp_lab.predict.costmodel.cost`).
+The fit is least squares weighted by 1/time, one per collective and
+implementation (`fit_all`); across nodes only the steps that cross them
+cost the cross-node fit (`cross_share`, `node_load`). For users:
+docs/report.md, "The alpha-beta model", and docs/scaling.md, "Forecast".
 """
 
 from __future__ import annotations
@@ -16,38 +18,44 @@ from ..predict.numbers import ceil_log2
 from ..predict.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  padded)
 
-#: the algorithms that run in binomial levels (level k: ranks 2^k apart), ours and gloo's
+#: the algorithms that run in binomial levels (level k: ranks 2^k
+#: apart), ours and gloo's
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
             ("all_reduce", "butterfly"), ("broadcast", "torch")}
 
 
 def cross_share(collective: str, algorithm: str, n: int, per_node: int) -> float:
-    """The share of a call's steps (and bytes) that cross nodes, n ranks k = `per_node` to a
-    node in rank order (see the module docstring): 0 on one node, all of it for a ring,
-    the levels of 2^k >= k ranks apart for a levelled algorithm."""
+    """The share of a call's steps (and bytes) that cross nodes, n ranks
+    k = `per_node` to a node in rank order (see the module docstring): 0
+    on one node, all of it for a ring, the levels of 2^k >= k ranks
+    apart for a levelled algorithm."""
     if n <= per_node:
         return 0.0
     if (collective, algorithm) not in LEVELLED:
         return 1.0
-    levels, inside = ceil_log2(n), per_node.bit_length() - 1  # 2^j < per_node: j < log2 k
+    # 2^j < per_node: j < log2 k
+    levels, inside = ceil_log2(n), per_node.bit_length() - 1
     return (levels - inside) / levels
 
 
 def node_load(algorithm: str, per_node: int) -> int:
-    """Messages one node's link carries at once in a step that crosses nodes: a butterfly's
-    every rank (`per_node`), one for the others (a ring crosses each node boundary once
-    each way, a tree's level sends from one rank of a node)."""
+    """Messages one node's link carries at once in a step that crosses
+    nodes: a butterfly's every rank (`per_node`), one for the others (a
+    ring crosses each node boundary once each way, a tree's level sends
+    from one rank of a node)."""
     return per_node if algorithm == "butterfly" else 1
 
 
 def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit",
               per_node: Optional[int] = None, intra: Optional["Fit"] = None) -> float:
-    """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte elements: the
-    model's whole-element rounding is then at most a byte); with `per_node` and `intra`,
-    `fit` prices the steps that cross nodes (their bytes times `node_load`) and `intra`
-    the others."""
-    # bytes as 1-byte elements: a sharded call pads to shards of whole SHARD_ALIGN fp32
-    # elements, as the code does (zero1 sends fp32 only)
+    """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte
+    elements: the model's whole-element rounding is then at most a
+    byte); with `per_node` and `intra`, `fit` prices the steps that
+    cross nodes (their bytes times `node_load`) and `intra` the
+    others."""
+    # bytes as 1-byte elements: a sharded call pads to shards of whole
+    # SHARD_ALIGN fp32 elements, as the code does (zero1 sends fp32
+    # only)
     c = cost(collective, algorithm, padded(collective, round(nbytes), n, 4 * SHARD_ALIGN), n, 1)
     if not (per_node and intra):
         return c.time(fit.alpha_s, fit.beta_s_per_byte)
@@ -66,12 +74,14 @@ class Fit:
     algorithm: str  # the algorithm its cost model assumes
     group: str
     n: int  # group size of the fitted points
-    rel_rms: float  # root mean square of (model - measured) / measured
+    # root mean square of (model - measured) / measured
+    rel_rms: float
     op: str = "all_reduce"  # the collective fitted
 
     @property
     def bandwidth_GBps(self) -> Optional[float]:
-        """1/beta in GB/s; None when the points show no bandwidth term (beta fitted 0)."""
+        """1/beta in GB/s; None when the points show no bandwidth term
+        (beta fitted 0)."""
         return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte > 0 else None
 
     def as_dict(self) -> dict:
@@ -82,7 +92,8 @@ class Fit:
 
 
 def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a, b >= 0."""
+    """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a,
+    b >= 0."""
     def fit2():
         s11 = s12 = s22 = r1 = r2 = 0.0
         for x1, x2, t in rows:
@@ -110,8 +121,9 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
                    group: Optional[str] = None, op: str = "all_reduce") -> Optional[Fit]:
-    """Fit on a bench run's correct rows of collective `op`, one implementation and group
-    (default: torch, else ring; global, else the first group measured)."""
+    """Fit on a bench run's correct rows of collective `op`, one
+    implementation and group (default: torch, else ring; global, else
+    the first group measured)."""
     ar = [r for r in rows if r.get("op") == op and r.get("correct")
           and r.get("time_median_s", 0) > 0]
     if not ar:
@@ -142,8 +154,8 @@ Fits = Union[Fit, Mapping[tuple[str, str], Fit]]
 
 
 def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, str], Fit]:
-    """One fit per (collective, implementation) a bench run measured (in `group`: global
-    if measured, else the first group of each)."""
+    """One fit per (collective, implementation) a bench run measured (in
+    `group`: global if measured, else the first group of each)."""
     keys = sorted({(r["op"], r["impl"]) for r in rows
                    if r.get("op") in ("all_reduce", "reduce", "broadcast")})
     fits = {k: fit_alpha_beta(rows, k[1], group, k[0]) for k in keys}
@@ -151,9 +163,10 @@ def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, st
 
 
 def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
-    """The fit that prices one call of `collective` run with `algorithm`: the bench's own
-    fit of that pair; without one, the library all_reduce's (whose alpha and beta are then
-    put into this algorithm's step counts and bytes, the single-fit model)."""
+    """The fit that prices one call of `collective` run with
+    `algorithm`: the bench's own fit of that pair; without one, the
+    library all_reduce's (whose alpha and beta are then put into this
+    algorithm's step counts and bytes, the single-fit model)."""
     if isinstance(fits, Fit):
         return fits
     return fits.get((collective, algorithm)) or fits.get(("all_reduce", "torch"))
@@ -161,11 +174,13 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
 
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
                    per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
-    """Seconds of communication per step the sync's algorithm costs under `fit` (one fit
-    for every call, or `fit_all`'s); None for a sync without a model or a fit for one of its
-    calls. Across nodes of `per_node` ranks, `fit` prices what crosses them, `intra` the rest.
-    `calls` and `payload_bytes` per step are the synchroniser's records: k collectives per
-    bucket (reduce_broadcast: 2) make buckets = calls / k, each of payload / calls bytes."""
+    """Seconds of communication per step the sync's algorithm costs
+    under `fit` (one fit for every call, or `fit_all`'s); None for a
+    sync without a model or a fit for one of its calls. Across nodes of
+    `per_node` ranks, `fit` prices what crosses them, `intra` the rest.
+    `calls` and `payload_bytes` per step are the synchroniser's records:
+    k collectives per bucket (reduce_broadcast: 2) make buckets = calls
+    / k, each of payload / calls bytes."""
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None
@@ -181,7 +196,8 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     try:
         return buckets * sum(call_time(coll, algo, per_call, n, f, per_node, i)
                              for (coll, algo), f, i in zip(phases, fits, inside))
-    except (KeyError, ValueError):  # a call the cost model has no answer for: no prediction
+    except (KeyError, ValueError):
+        # a call the cost model has no answer for: no prediction
         return None
 
 

@@ -1,5 +1,6 @@
-"""The report's bench figure: all_reduce of every bench run, every implementation it
-measured, on one x axis (bytes per rank) for both panels."""
+"""The report's bench figure: all_reduce of every bench run, every
+implementation it measured, on one x axis (bytes per rank) for both
+panels."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from .style import GROUP_STYLES, impl_color
 from .alpha_beta import call_time
 from .plots import MARKERS, _distinct, _plt
 
-LINESTYLES = ("-", "--", ":", "-.")  # one per bench run where the group kinds do not vary
+# one per bench run where the group kinds do not vary
+LINESTYLES = ("-", "--", ":", "-.")
 
 
 def bench_names(fits: list[dict]) -> tuple[list[str], str]:
-    """A short name per bench run, and what they all share (for the title): the allocation
-    ("2 ranks = 1 node x 2 ranks, gloo on CPU") where the runs differ by it, else what
-    differs in their folders' names ("bench 17-31-31" of 2026-11-26_17-31-31_bench_local):
-    two runs on one allocation never read alike."""
+    """A short name per bench run, and what they all share (for the
+    title): the allocation ("2 ranks = 1 node x 2 ranks, gloo on CPU")
+    where the runs differ by it, else what differs in their folders'
+    names ("bench 17-31-31" of 2026-11-26_17-31-31_bench_local): two
+    runs on one allocation never read alike."""
     allocs = [f["run"].bench.get("meta", {}).get("allocation") or f["run"].path.name for f in fits]
     if len(allocs) == 1:
         return allocs, allocs[0]
@@ -27,7 +30,8 @@ def bench_names(fits: list[dict]) -> tuple[list[str], str]:
 
 
 def _series(run) -> dict[tuple[str, str], list[dict]]:
-    """A bench run's correct all_reduce points by (implementation, group kind), sizes ascending."""
+    """A bench run's correct all_reduce points by (implementation, group
+    kind), sizes ascending."""
     out: dict[tuple[str, str], list[dict]] = {}
     for r in run.bench.get("rows", []):
         if r.get("op") == "all_reduce" and r.get("correct"):
@@ -36,10 +40,10 @@ def _series(run) -> dict[tuple[str, str], list[dict]]:
 
 
 def bench_figure(fits: list[dict]):
-    """all_reduce across bench runs: busbw (left) and time per call with each series'
-    fitted alpha-beta line (right), both against bytes per rank. Colour = implementation
-    (as in the bench's own plots), marker (and line style) = bench run; one legend entry
-    per line drawn."""
+    """all_reduce across bench runs: busbw (left) and time per call with
+    each series' fitted alpha-beta line (right), both against bytes per
+    rank. Colour = implementation (as in the bench's own plots), marker
+    (and line style) = bench run; one legend entry per line drawn."""
     plt = _plt()
     fits = [f for f in fits if _series(f["run"])]
     names, common = bench_names(fits)
@@ -49,8 +53,9 @@ def bench_figure(fits: list[dict]):
     for i, (f, name) in enumerate(zip(fits, names)):
         by_key = {(x.impl, x.group): x for x in f["fits"]}
         for (impl, group), pts in _series(f["run"]).items():
-            # the group kind sets the line style where several kinds were measured (as in
-            # the bench's own plots), else the bench run does, with its marker
+            # the group kind sets the line style where several kinds
+            # were measured (as in the bench's own plots), else the
+            # bench run does, with its marker
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
             style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
@@ -62,7 +67,9 @@ def bench_figure(fits: list[dict]):
             ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], **style)
             fit = by_key.get((impl, group))
             pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
-            if pred:  # thick and pale, under its points: the line the fit draws through them
+            # thick and pale, under its points: the line the fit draws
+            # through them
+            if pred:
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
                            "color": style["color"],

@@ -29,7 +29,8 @@ CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
 
 
 def _csv_row(r: dict, device: str) -> dict:
-    """A scaling row flat: an interval as its _lo/_hi columns, the repeats ;-joined."""
+    """A scaling row flat: an interval as its _lo/_hi columns, the
+    repeats ;-joined."""
     out = {**r, "device": device, "runs": ";".join(r["runs"])}
     for k in ("epoch_time_s_ci95", "speedup_ci95", "efficiency_ci95"):
         lo, hi = r.get(k) or (None, None)
@@ -51,9 +52,10 @@ def _shortener(runs: list[Run]):
 
 def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int,
         warmup: Optional[int]) -> None:
-    """Each usable training run through every table alone first: one the report cannot
-    use (a figure no table understands) is set aside with why, in the skipped list's one
-    line, and the report is written from the rest."""
+    """Each usable training run through every table alone first: one the
+    report cannot use (a figure no table understands) is set aside with
+    why, in the skipped list's one line, and the report is written from
+    the rest."""
     for r in runs:
         if r.kind != "train" or not r.ok:
             continue
@@ -68,8 +70,8 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
 
 
 def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
-    """What the terminal's times are: "after warm-up" only for the runs that left an epoch
-    out (a 1-epoch run keeps its only one)."""
+    """What the terminal's times are: "after warm-up" only for the runs
+    that left an epoch out (a 1-epoch run keeps its only one)."""
     left = [max(r["warmup_epochs"] or [0]) for g in groups for r in g["rows"]]
     first = "first epoch" if warmup in (None, 1) else f"first {warmup} epochs"
     if left and all(left):
@@ -84,7 +86,8 @@ def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
 def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                  inputs: list[str] | None = None, warmup: Optional[int] = None,
                  forecast_worlds: Optional[list[int]] = None, gpus_per_node: int = 8) -> dict:
-    """Write report.md, report.csv, report.json (+ PNGs) into out_dir; return the summary."""
+    """Write report.md, report.csv, report.json (+ PNGs) into out_dir;
+    return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     short, common = _shortener(runs)
     fits = comm_tables.bench_fits(runs)
@@ -121,12 +124,15 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if show_fc:
         md += fcast.forecast_markdown(fc)
     md += memory_markdown(memory)
-    twin = twins.section(runs, out_dir, short, make_plots)  # ours beside torch's (twins.py)
+    # ours beside torch's (twins.py)
+    twin = twins.section(runs, out_dir, short, make_plots)
     md += twin["markdown"]
-    md += witness_markdown(runs, short)  # timing.profile runs: ours beside torch's clocks
+    # timing.profile runs: ours beside torch's clocks
+    md += witness_markdown(runs, short)
     md += segments_markdown(segments)
     md += comm_tables.bench_markdown(runs, short)
-    md += doctor_markdown(runs)  # the allocations' doctor checks beside their runs
+    # the allocations' doctor checks beside their runs
+    md += doctor_markdown(runs)
     md += tables.skipped_markdown(runs, short)
     text = "\n".join(md).rstrip() + "\n"
     atomic_write_text(out_dir / "report.md", text)

@@ -1,5 +1,6 @@
-"""The communication tables: alpha-beta fits of the bench runs (report/alpha_beta.py's), each
-training run's predicted comm per step against the measured, the bench's peak busbw.
+"""The communication tables: alpha-beta fits of the bench runs
+(report/alpha_beta.py's), each training run's predicted comm per step
+against the measured, the bench's peak busbw.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from typing import Optional
 from ..predict.numbers import pow2_label
 from .alpha_beta import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .runs import Run
-from .tables import _f  # a number in a cell, "–" for none: every table writes them alike
+# a number in a cell, "–" for none: every table writes them alike
+from .tables import _f
 
 
 def bench_fits(runs: list[Run]) -> list[dict]:
@@ -21,15 +23,17 @@ def bench_fits(runs: list[Run]) -> list[dict]:
         primary = fit_alpha_beta(rows)
         impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
         fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
-        # what predictions use: one fit per collective and implementation (report/alpha_beta.py)
+        # what predictions use: one fit per collective and
+        # implementation (report/alpha_beta.py)
         out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
     return out
 
 
 def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
-    """The fit from the bench on the same allocation (world size, nodes, backend, device;
-    real nodes before simulated ones, the latest run first); else the nearest world size
-    on the same backend and device, named as such."""
+    """The fit from the bench on the same allocation (world size, nodes,
+    backend, device; real nodes before simulated ones, the latest run
+    first); else the nearest world size on the same backend and device,
+    named as such."""
     same = [f for f in fits if f["primary"]
             and f["run"].get("backend") == run.get("backend")
             and f["run"].device_kind == run.device_kind]

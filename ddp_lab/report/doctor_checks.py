@@ -1,6 +1,7 @@
-"""The report's section on the allocations' doctor checks (`python -m ddp_lab.doctor`,
-docs/doctor.md): each doctor.json found beside the runs, its verdict, and the runs of the
-same fingerprint, so a slow series can be read beside what the doctor said of its nodes."""
+"""The report's section on the allocations' doctor checks (`python -m
+ddp_lab.doctor`, docs/doctor.md): each doctor.json found beside the
+runs, its verdict, and the runs of the same fingerprint, so a slow
+series can be read beside what the doctor said of its nodes."""
 
 from __future__ import annotations
 

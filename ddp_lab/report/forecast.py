@@ -1,8 +1,10 @@
-"""Forecast time per epoch for worlds nobody ran, and check the forecast honestly.
+"""Forecast time per epoch for worlds nobody ran, and check the forecast
+honestly.
 
-The model and its fit: forecast_fit.py. The honest check: per series, fit on every world
-but the largest, predict the largest; a forecast is shown only with that error, and called
-reliable only within TARGET (`verdict`; docs/scaling.md, "Forecast").
+The model and its fit: forecast_fit.py. The honest check: per series,
+fit on every world but the largest, predict the largest; a forecast is
+shown only with that error, and called reliable only within TARGET
+(`verdict`; docs/scaling.md, "Forecast").
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from .runs import Run
 from .stats import sig
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
-TARGET = 0.25  # the forecast's goal: within 25% of a measured time per epoch (docs/scaling.md)
+# the forecast's goal: within 25% of a measured time per epoch
+# (docs/scaling.md)
+TARGET = 0.25
 
 
 def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
              worlds: list[int], gpus_per_node: int, warmup: Optional[int] = None) -> dict:
-    """Per scaling series: the held-out check and the forecast for `worlds` (both modes)."""
+    """Per scaling series: the held-out check and the forecast for
+    `worlds` (both modes)."""
     by_path = {str(r.path): r for r in runs}
     out = []
     for g in groups:
@@ -35,8 +40,9 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
                  "workload_short": g.get("workload_short", g["workload"]),
                  "scaling": first.scaling, "gpus_per_node": gpus_per_node}
-        # honest check: fit on the smaller worlds, predict the largest (of the allocation of
-        # the smallest world's first point, where the largest world ran on it too)
+        # honest check: fit on the smaller worlds, predict the largest
+        # (of the allocation of the smallest world's first point, where
+        # the largest world ran on it too)
         measured = sorted({row["world_size"] for row in g["rows"]})
         base_fid = g["rows"][0]["fingerprint_id"]
         entry["heldout"] = None
@@ -64,8 +70,9 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
             entry.update(verdict(entry))
             out.append(entry)
             continue
-        # the fitted model against the very points it was fitted on, each point with the
-        # comm fits of its own allocation (two link rates: two predictions)
+        # the fitted model against the very points it was fitted on,
+        # each point with the comm fits of its own allocation (two link
+        # rates: two predictions)
         entry["fit_check"] = []
         for row in g["rows"]:
             fid = row["fingerprint_id"]
@@ -109,9 +116,10 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
 
 
 def verdict(entry: dict) -> dict:
-    """Whether a series' forecast may be shown, and in what words: only with a held-out
-    error; `reliable` only where that error and the model's misses of the measured points
-    it was fitted on are all within TARGET."""
+    """Whether a series' forecast may be shown, and in what words: only
+    with a held-out error; `reliable` only where that error and the
+    model's misses of the measured points it was fitted on are all
+    within TARGET."""
     h, fits = entry["heldout"], entry.get("fit_check") or []
     if not entry["predictions"]:
         return {"shown": False, "reliable": False, "why": f"no model: {entry['comm_fit']}"}
@@ -153,8 +161,9 @@ ASSUMPTIONS = [
 
 
 def _allocation(check: dict, comm_fit: str) -> str:
-    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a fit_check line is (its
-    comm fit named where it is not the series' `comm_fit`)."""
+    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a
+    fit_check line is (its comm fit named where it is not the series'
+    `comm_fit`)."""
     link = f", link {check['link']}" if check.get("link") else ""
     comm = f", comm: {check['comm_fit']}" if check["comm_fit"] != comm_fit else ""
     return f" (fingerprint {check['fingerprint_id']}{link}{comm})"

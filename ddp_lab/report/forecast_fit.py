@@ -1,11 +1,13 @@
-"""The forecast's model of time per epoch, fitted on the measured runs of a series.
+"""The forecast's model of time per epoch, fitted on the measured runs
+of a series.
 
     T(n) = S(n) * (c(b(n)) + m(n))
 
-S: steps per epoch per rank; c: compute per step at b samples per rank (a line in b where
-several were measured); m: comm per step from the alpha-beta model, one fit per link level
-(a bench run, else the study's own comm). What each term is fitted on and what the model
-leaves out: docs/scaling.md, "Forecast".
+S: steps per epoch per rank; c: compute per step at b samples per rank
+(a line in b where several were measured); m: comm per step from the
+alpha-beta model, one fit per link level (a bench run, else the study's
+own comm). What each term is fitted on and what the model leaves out:
+docs/scaling.md, "Forecast".
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from .runs import Run
 
 @dataclass
 class Point:
-    """One measured run, reduced to what the forecast needs (post-warm-up epochs)."""
+    """One measured run, reduced to what the forecast needs
+    (post-warm-up epochs)."""
 
     sync: str
     world: int
@@ -31,11 +34,14 @@ class Point:
     comm_s: Optional[float]  # measured comm per step
     payload: Optional[float]  # bytes per step
     calls: Optional[float]
-    share: float = 1.0  # ranks per CPU core of its node where ranks outnumber cores (CPU runs), else 1
+    # ranks per CPU core of its node where ranks outnumber cores (CPU
+    # runs), else 1
+    share: float = 1.0
 
     @property
     def compute_s(self) -> float:
-        """Compute per step as one rank with a core of its own would take it."""
+        """Compute per step as one rank with a core of its own would
+        take it."""
         return (self.epoch_s / self.steps - (self.comm_s or 0.0)) / self.share
 
 
@@ -58,16 +64,17 @@ def measured_point(r: Run, warmup: Optional[int]) -> Optional[Point]:
 
 
 def core_share(device: str, ranks_per_node, cores) -> float:
-    """How many ranks share one core (>= 1) on a CPU node whose ranks outnumber its cores:
-    every rank then runs 1/share of the time, its compute and its part of every collective."""
+    """How many ranks share one core (>= 1) on a CPU node whose ranks
+    outnumber its cores: every rank then runs 1/share of the time, its
+    compute and its part of every collective."""
     if device != "cpu" or not ranks_per_node or not cores:
         return 1.0
     return max(1.0, float(ranks_per_node) / float(cores))
 
 
 def own_fit(points: list[Point]) -> Optional[Fit]:
-    """alpha, beta from the measured comm per step of multi-rank points (see the module
-    docstring); None without one."""
+    """alpha, beta from the measured comm per step of multi-rank points
+    (see the module docstring); None without one."""
     rows = []
     for p in points:
         if p.world < 2 or not p.comm_s or not p.payload:
@@ -81,9 +88,10 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
         return None
     r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
     if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
-        # one world, one sync: every point has the same latency/bytes mix and alpha and beta
-        # cannot be told apart; the latency term alone (2(n-1) alpha for a ring) grows with
-        # n as the measured comm of small messages on one machine does
+        # one world, one sync: every point has the same latency/bytes
+        # mix and alpha and beta cannot be told apart; the latency term
+        # alone (2(n-1) alpha for a ring) grows with n as the measured
+        # comm of small messages on one machine does
         a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
         b = 0.0
     else:
@@ -94,10 +102,11 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
 
 
 def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
-    """Why neither a bench nor the runs' own points give a comm fit, as the points show it:
-    no multi-rank point (among the worlds up to `max_world`, what a held-out check fits
-    on), multi-rank points without a comm record, or calls the cost model has no
-    prediction for."""
+    """Why neither a bench nor the runs' own points give a comm fit, as
+    the points show it: no multi-rank point (among the worlds up to
+    `max_world`, what a held-out check fits on), multi-rank points
+    without a comm record, or calls the cost model has no prediction
+    for."""
     multi = [p for p in points if p.world >= 2]
     if not multi:
         among = (f" at the fitted world(s) <= {max_world} (the largest world is held out)"
@@ -114,7 +123,8 @@ def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
 
 
 class Model:
-    """The fitted model of one series (one sync and workload) on one backend and device."""
+    """The fitted model of one series (one sync and workload) on one
+    backend and device."""
 
     def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
                  fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
@@ -130,17 +140,22 @@ class Model:
             sxx = sum((b - mb) ** 2 for b, _ in comp)
             self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
             self.c0 = mc - self.c1 * mb
-        else:  # one batch measured: the largest fitted world's compute (it has the most
-            # ranks sharing the machine's memory and cores), proportional to the batch
+        else:
+            # one batch measured: the largest fitted world's compute (it
+            # has the most
+            # ranks sharing the machine's memory and cores),
+            # proportional to the batch
             top = max(p.world for p in pts)
             cs = [p.compute_s for p in pts if p.world == top]
             b = next(iter(bs))
             self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
-        # the epoch's samples (D), from an uncapped point; None when every point was capped
+        # the epoch's samples (D), from an uncapped point; None when
+        # every point was capped
         uncapped = [p for p in pts if not cap or p.steps < cap]
         self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
-        # bytes and calls per step: what the sync sends, not a timing (any run of the series
-        # tells them, a held-out one too: a 1-rank run sends nothing)
+        # bytes and calls per step: what the sync sends, not a timing
+        # (any run of the series tells them, a held-out one too: a
+        # 1-rank run sends nothing)
         multi = [p for p in (shape or pts) if p.payload and p.calls]
         ref = max(multi, key=lambda p: p.world) if multi else None
         self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
@@ -153,9 +168,10 @@ class Model:
         return full
 
     def comm(self, n: int, nodes: int) -> Optional[float]:
-        """Comm per step of n ranks on `nodes` nodes: on one, the intra-node fit; across
-        several, the cross-node fit for the steps that cross them (all of a ring's: the
-        link paces every step), the intra-node one for the others (`model.cross_share`)."""
+        """Comm per step of n ranks on `nodes` nodes: on one, the
+        intra-node fit; across several, the cross-node fit for the steps
+        that cross them (all of a ring's: the link paces every step),
+        the intra-node one for the others (`model.cross_share`)."""
         if n < 2:
             return 0.0
         if self.fit_intra is None or self.payload is None:
@@ -166,8 +182,8 @@ class Model:
                               per_node=math.ceil(n / nodes), intra=self.fit_intra)
 
     def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
-        """Time per epoch on n ranks (`per_node` of them on a node: default min(n, G)) at
-        `batch` samples per rank per step."""
+        """Time per epoch on n ranks (`per_node` of them on a node:
+        default min(n, G)) at `batch` samples per rank per step."""
         if batch < 1:
             return None
         per_node = per_node or min(n, self.G)
@@ -183,9 +199,10 @@ class Model:
 
 def bench_level(bench: list[dict], device: str, backend: str, across: bool,
                 fid: Optional[str]) -> Optional[dict]:
-    """The bench run (its `comm_tables.bench_fits` entry) that measured one link level on this
-    backend and device: across nodes (2 or more) or inside one; the allocation `fid`'s own
-    (same fingerprint) where there is one, the latest first; None where none did."""
+    """The bench run (its `comm_tables.bench_fits` entry) that measured
+    one link level on this backend and device: across nodes (2 or more)
+    or inside one; the allocation `fid`'s own (same fingerprint) where
+    there is one, the latest first; None where none did."""
     level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
              and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
     mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
@@ -196,7 +213,8 @@ OWN_FIT = "fitted on the study's own comm per step"
 
 
 def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
-    """One level's fit and its source: the bench run that measured it, else its points'."""
+    """One level's fit and its source: the bench run that measured it,
+    else its points'."""
     if found:
         return found["primary"], "bench: " + found["run"].path.name
     return own_fit(pts), OWN_FIT
@@ -204,14 +222,17 @@ def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], 
 
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
               fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
-    """(intra-node fit, cross-node fit, where they came from): per level the bench's, else
-    the study's own points' of that level (see the module docstring)."""
+    """(intra-node fit, cross-node fit, where they came from): per level
+    the bench's, else the study's own points' of that level (see the
+    module docstring)."""
     one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
     intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
     cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
-    if intra is None:  # no point of one node: the other level's fit, else every point's
+    # no point of one node: the other level's fit, else every point's
+    if intra is None:
         intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), OWN_FIT)
-    if cross is None:  # nothing crossed a node: the intra-node fit for every link
+    # nothing crossed a node: the intra-node fit for every link
+    if cross is None:
         return intra, intra, intra_src
     if intra_src == cross_src:
         return intra, cross, intra_src
@@ -221,8 +242,9 @@ def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: st
 def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
               G: int, warmup: Optional[int], max_world: Optional[int] = None,
               fid: Optional[str] = None) -> tuple[Optional[Model], str]:
-    """Fit a series' model on its runs (and the comm fit on `pool`), worlds <= max_world;
-    comm fits of the allocation `fid` where a bench measured it."""
+    """Fit a series' model on its runs (and the comm fit on `pool`),
+    worlds <= max_world; comm fits of the allocation `fid` where a bench
+    measured it."""
     keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
     every = [p for p in (measured_point(r, warmup) for r in runs) if p]
     pts = [p for p in every if not max_world or p.world <= max_world]

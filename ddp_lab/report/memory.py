@@ -1,6 +1,7 @@
-"""What one rank holds, per run: parameters, gradients and optimiser state (summary.json's
-memory_* fields). sync=zero1 shards the optimiser state, so its column falls as 1/world
-while the others stay: the table puts runs of one model side by side to show it."""
+"""What one rank holds, per run: parameters, gradients and optimiser
+state (summary.json's memory_* fields). sync=zero1 shards the optimiser
+state, so its column falls as 1/world while the others stay: the table
+puts runs of one model side by side to show it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ KINDS = ("param", "grad", "optimizer_state")
 
 
 def memory_rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per completed training run that recorded its memory, by model, world, sync."""
+    """One row per completed training run that recorded its memory, by
+    model, world, sync."""
     rows = []
     for r in runs:
         s = r.summary

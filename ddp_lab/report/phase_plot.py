@@ -1,8 +1,10 @@
-"""The report's phase figure: where a step's time goes, one stacked bar per point.
+"""The report's phase figure: where a step's time goes, one stacked bar
+per point.
 
-Bars lie horizontally, a row per name, so long names never meet. One panel per workload,
-each on its own x axis from zero (a 5 ms step beside a 430 ms one would be a sliver on a
-shared one; the tables compare the workloads), its scale said under its bars.
+Bars lie horizontally, a row per name, so long names never meet. One
+panel per workload, each on its own x axis from zero (a 5 ms step beside
+a 430 ms one would be a sliver on a shared one; the tables compare the
+workloads), its scale said under its bars.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from .style import sync_color
 from .runs import PHASES
 from .tables import _mean, workload_titles
 
-BAR_IN = 0.3  # inches of figure height per bar: one line of 8-point text with room
-AXIS_ROWS = 1.5  # a panel's x ticks and their label, in bars' heights
+# inches of figure height per bar: one line of 8-point text with room
+BAR_IN = 0.3
+# a panel's x ticks and their label, in bars' heights
+AXIS_ROWS = 1.5
 XLABEL = "time per step (ms, mean over the runs of a bar; this panel's own scale)"
 
 
 def _points(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Runs with phase times by point: (device, workload, sync, world, nodes x procs,
-    fingerprint); a study's repeats are one point."""
+    """Runs with phase times by point: (device, workload, sync, world,
+    nodes x procs, fingerprint); a study's repeats are one point."""
     points: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("step_ms") is not None:
@@ -30,7 +34,8 @@ def _points(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
-    """One bar: its point, runs, mean ms per phase, and its name ("ring · 2 ranks · 3 runs")."""
+    """One bar: its point, runs, mean ms per phase, and its name ("ring
+    · 2 ranks · 3 runs")."""
     sync, world, alloc, fid = key[2:]
     nodes = alloc.split("x")[0]
     where = f"{world} rank{'s' if world > 1 else ''}" \
@@ -44,9 +49,9 @@ def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
 
 
 def phase_figure(rows: list[dict]):
-    """Stacked mean ms per step of every phase, one bar per point, grouped by sync in a
-    panel per workload; a black diamond: the measured comm per step (inside backward for
-    ddp)."""
+    """Stacked mean ms per step of every phase, one bar per point,
+    grouped by sync in a panel per workload; a black diamond: the
+    measured comm per step (inside backward for ddp)."""
     plt = _plt()
     from matplotlib.colors import to_rgba
 
@@ -57,11 +62,13 @@ def phase_figure(rows: list[dict]):
     for wl in workloads:
         keys = [k for k in points if k[:2] == wl]
         bars, y = [], []
-        for i, k in enumerate(keys):  # half a row between syncs
+        # half a row between syncs
+        for i, k in enumerate(keys):
             y.append((y[-1] if y else -1.0) + 1.0 + (0.5 if i and k[2] != keys[i - 1][2] else 0.0))
             bars.append(_bar(k, points[k], {kk[5] for kk in keys if kk[2] == k[2]}))
         panels.append((wl, bars, y))
-    # bars, gaps, the panel's title and (its own scale) its ticks and their label
+    # bars, gaps, the panel's title and (its own scale) its ticks and
+    # their label
     rows_in = [y[-1] + 1.6 + AXIS_ROWS for _, _, y in panels]
     fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
                              figsize=(10, 1.2 + BAR_IN * sum(rows_in)), height_ratios=rows_in)
@@ -77,22 +84,27 @@ def phase_figure(rows: list[dict]):
         if comm:
             ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
                        zorder=3, label="measured comm / step")
-        # a bar's name framed in its sync's colour, as the sync's bars and lines in the other
-        # figures (the bars' own colours are the phases'); the text stays black to read
+        # a bar's name framed in its sync's colour, as the sync's bars
+        # and lines in the other figures (the bars' own colours are the
+        # phases'); the text stays black to read
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
         for tick, b in zip(ax.get_yticklabels(), bars):
             tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
                            "edgecolor": b["color"], "linewidth": 1.5})
-        ax.set_ylim(y[-1] + 0.8, -0.8)  # the first bar on top, as read
-        ax.set_xlim(0, None)  # its own scale: the longest bar (or diamond) sets it
+        # the first bar on top, as read
+        ax.set_ylim(y[-1] + 0.8, -0.8)
+        # its own scale: the longest bar (or diamond) sets it
+        ax.set_xlim(0, None)
         ax.set_xlabel(XLABEL, fontsize=8)
         ax.grid(True, axis="x", alpha=0.3)
         if len(panels) > 1:
             ax.set_title(fit_title(titles[wl], FULL_CHARS), fontsize=9)
-        # every panel draws every phase: the legend takes each label once
+        # every panel draws every phase: the legend takes each label
+        # once
         handles, labels = ax.get_legend_handles_labels()
         legend.update(zip(labels, handles))
-    order = sorted(legend, key=lambda k: k != "measured comm / step")  # stacking order after it
+    # stacking order after it
+    order = sorted(legend, key=lambda k: k != "measured comm / step")
     fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
     fig.suptitle(fit_title("Phase times per step" + (f": {common}" if common else ""),
                            title_chars(fig.get_figwidth(), order)), fontsize=10)

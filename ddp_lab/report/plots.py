@@ -1,6 +1,7 @@
-"""Report figures (matplotlib, Agg): the time per epoch here, the phases in phase_plot.py,
-the bench in bench_plot.py. Each `*_figure` returns the Figure and what it drew; `save`
-writes the PNG and a sidecar JSON of the series. Legends lie outside the axes.
+"""Report figures (matplotlib, Agg): the time per epoch here, the phases
+in phase_plot.py, the bench in bench_plot.py. Each `*_figure` returns
+the Figure and what it drew; `save` writes the PNG and a sidecar JSON of
+the series. Legends lie outside the axes.
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from .style import sync_color
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
-MARKERS = "osD^v"  # one per fingerprint of a series (per bench run in bench_plot)
-DODGE = 0.05  # log2 units between the lines of a panel at one world: none hides another
-BAR_IN = 0.3  # inches of figure height per horizontal bar: a line of 8-point text with room
-HALF_CHARS, FULL_CHARS = 60, 120  # a 9-point title's characters across half the figure, all of it
+# one per fingerprint of a series (per bench run in bench_plot)
+MARKERS = "osD^v"
+# log2 units between the lines of a panel at one world: none hides
+# another
+DODGE = 0.05
+# inches of figure height per horizontal bar: a line of 8-point text
+# with room
+BAR_IN = 0.3
+# a 9-point title's characters across half the figure, all of it
+HALF_CHARS, FULL_CHARS = 60, 120
 
 
 def _plt():
-    # lazy: matplotlib takes 0.4 s to load and a report without plots (or its --help) needs
-    # none; the Agg backend (no display) must be chosen before pyplot loads
+    # lazy: matplotlib takes 0.4 s to load and a report without plots
+    # (or its --help) needs none; the Agg backend (no display) must be
+    # chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +41,8 @@ def _plt():
 
 
 def save(fig, info: dict, path: Path) -> dict:
-    """The PNG, and beside it a JSON of what it shows; the figure is closed."""
+    """The PNG, and beside it a JSON of what it shows; the figure is
+    closed."""
     fig.savefig(path, dpi=110)
     _plt().close(fig)
     info = {"file": path.name, **info}
@@ -42,9 +51,10 @@ def save(fig, info: dict, path: Path) -> dict:
 
 
 def fit_title(text: str, width: int, sep: str = ", ") -> str:
-    """`text` on lines of at most `width` characters, broken only between its `sep`-joined
-    phrases ("mlp, adam, 20 steps/epoch" never as "20\nsteps/epoch"); a phrase longer
-    than `width` keeps a line of its own."""
+    """`text` on lines of at most `width` characters, broken only
+    between its `sep`-joined phrases ("mlp, adam, 20 steps/epoch" never
+    as "20\nsteps/epoch"); a phrase longer than `width` keeps a line of
+    its own."""
     lines: list[str] = []
     for phrase in text.split(sep):
         if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
@@ -55,19 +65,22 @@ def fit_title(text: str, width: int, sep: str = ", ") -> str:
 
 
 def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float = 10) -> int:
-    """Characters of a `fontsize` figure title centred over a figure whose legend takes its
-    top right (8-point labels beside their markers): the title stays clear of it on both
-    sides. A character: about 0.55 of the font size wide."""
+    """Characters of a `fontsize` figure title centred over a figure
+    whose legend takes its top right (8-point labels beside their
+    markers): the title stays clear of it on both sides. A character:
+    about 0.55 of the font size wide."""
     longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
-    legend_in = 0.7 + longest * 8 * 0.55 / 72  # marker, padding, the longest label
+    # marker, padding, the longest label
+    legend_in = 0.7 + longest * 8 * 0.55 / 72
     room_in = fig_width_in - 2 * (legend_in + 0.2)
     return max(30, int(room_in / (fontsize * 0.55 / 72)))
 
 
 def measured(rows: list[dict]) -> str:
-    """What a time per epoch is, for an axis: "after warm-up" only where every point left
-    an epoch out, "warm-up included" where none could (1-epoch runs), both where mixed (the
-    points without one marked "warm-up in")."""
+    """What a time per epoch is, for an axis: "after warm-up" only where
+    every point left an epoch out, "warm-up included" where none could
+    (1-epoch runs), both where mixed (the points without one marked
+    "warm-up in")."""
     left = [_left_out(r) for r in rows]
     if all(left):
         return "epoch time after warm-up (s)"
@@ -77,13 +90,15 @@ def measured(rows: list[dict]) -> str:
 
 
 def _left_out(row: dict) -> bool:
-    """Whether every repeat of a point left a warm-up epoch out (tables' `warmup_epochs`)."""
+    """Whether every repeat of a point left a warm-up epoch out (tables'
+    `warmup_epochs`)."""
     return min(row.get("warmup_epochs") or [0]) > 0
 
 
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
-    """Titles cut to the parts that differ ("20 steps/epoch" vs "50 steps/epoch"), and
-    the parts they share ("mlp, batch 64/rank"); parts are `sep`-separated."""
+    """Titles cut to the parts that differ ("20 steps/epoch" vs "50
+    steps/epoch"), and the parts they share ("mlp, batch 64/rank");
+    parts are `sep`-separated."""
     parts = {k: t.split(sep) for k, t in titles.items()}
     common = [p for p in next(iter(parts.values()), []) if all(p in ps for ps in parts.values())]
     return ({k: sep.join(p for p in ps if p not in common) or titles[k] for k, ps in parts.items()},
@@ -91,14 +106,15 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
 
 
 def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
-    """A series' line and points: an error bar where there is an interval, else a hollow
-    marker unless the value is `exact`; an n other than the panel's `common` beside its point
-    (the `nth` series' one line higher, so two never write over each other)."""
+    """A series' line and points: an error bar where there is an
+    interval, else a hollow marker unless the value is `exact`; an n
+    other than the panel's `common` beside its point (the `nth` series'
+    one line higher, so two never write over each other)."""
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
-        # the interval is around the geometric mean: the (arithmetic) mean may sit at its
-        # upper edge, never below its lower one
+        # the interval is around the geometric mean: the (arithmetic)
+        # mean may sit at its upper edge, never below its lower one
         lo = [max(0.0, y[i] - cis[i][0]) for i in bar]
         hi = [max(0.0, cis[i][1] - y[i]) for i in bar]
         ax.errorbar([x[i] for i in bar], [y[i] for i in bar], yerr=[lo, hi], fmt=marker,
@@ -116,11 +132,12 @@ def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> N
 
 
 def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, set]:
-    """A workload measured at several world sizes: time per epoch (left) and efficiency
-    (right) against the world, a line per sync (and fingerprint, and epoch count), each a
-    little aside of the world it ran at (DODGE) so that points of one world never hide each
-    other. Returns the series drawn, their legend handles and the repeat counts below
-    MIN_REPEATS."""
+    """A workload measured at several world sizes: time per epoch (left)
+    and efficiency (right) against the world, a line per sync (and
+    fingerprint, and epoch count), each a little aside of the world it
+    ran at (DODGE) so that points of one world never hide each other.
+    Returns the series drawn, their legend handles and the repeat counts
+    below MIN_REPEATS."""
     from matplotlib.lines import Line2D
 
     worlds: set[int] = set()
@@ -149,7 +166,8 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
         _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
                 common, nth=nth)
         n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
-        # ideal: the baseline's time per unit of work (flat where the work grows with n)
+        # ideal: the baseline's time per unit of work (flat where the
+        # work grows with n)
         ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
                  for r in rows]
         ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
@@ -189,10 +207,11 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
 
 
 def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
-    """A workload measured at one world size per sync: a horizontal bar per point, every
-    sync of the workload in this one panel, its mean time (and an n not the panel's) at its
-    end, the 95% interval as an error bar; "warm-up in" where the panel mixes points that
-    left a warm-up epoch out with points that could not (1-epoch runs)."""
+    """A workload measured at one world size per sync: a horizontal bar
+    per point, every sync of the workload in this one panel, its mean
+    time (and an n not the panel's) at its end, the 95% interval as an
+    error bar; "warm-up in" where the panel mixes points that left a
+    warm-up epoch out with points that could not (1-epoch runs)."""
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
@@ -207,15 +226,17 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
                      + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
                      + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
     colors = [sync_color(g["sync"]) for g, _ in pts]
-    # two containers, with and without an interval: bar_label puts a label at the end of
-    # the error bar where there is one, so each container gets its own labels
+    # two containers, with and without an interval: bar_label puts a
+    # label at the end of the error bar where there is one, so each
+    # container gets its own labels
     for has_ci in (True, False):
         idx = [i for i, (_, r) in enumerate(pts) if bool(r["epoch_time_s_ci95"]) == has_ci]
         if not idx:
             continue
         mean = [pts[i][1]["epoch_time_s_mean"] for i in idx]
         cis = [pts[i][1]["epoch_time_s_ci95"] for i in idx]
-        # the interval is around the geometric mean: never below zero, nor above the mean's bar
+        # the interval is around the geometric mean: never below zero,
+        # nor above the mean's bar
         xerr = [[max(0.0, m - c[0]) for m, c in zip(mean, cis)],
                 [max(0.0, c[1] - m) for m, c in zip(mean, cis)]] if has_ci else None
         bars = ax.barh(idx, mean, xerr=xerr, height=0.7, capsize=3, color=[colors[i] for i in idx])
@@ -224,8 +245,10 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
             + (", warm-up in" if mixed and not _left_out(pts[i][1]) else "")
             for i, m in zip(idx, mean)])
     ax.set_yticks(range(len(pts)), labels=names, fontsize=8)
-    ax.set_ylim(len(pts) - 0.4, -0.6)  # the first point on top, as read
-    # room at the right for the longest bar's label (about 1% of the axis a character)
+    # the first point on top, as read
+    ax.set_ylim(len(pts) - 0.4, -0.6)
+    # room at the right for the longest bar's label (about 1% of the
+    # axis a character)
     ax.margins(x=max(0.15, 0.012 * max(len(t.get_text()) for t in ax.texts)))
     ax.set_xlim(left=0)
     ax.set_xlabel(measured([r for _, r in pts]))
@@ -246,9 +269,10 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
 
 
 def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
-    """The epoch-time figure's panels, one per (device, workload but its epoch count: each
-    bar or line says its own), their titles cut to what sets them apart, and what every
-    panel shares (for the figure's title)."""
+    """The epoch-time figure's panels, one per (device, workload but its
+    epoch count: each bar or line says its own), their titles cut to
+    what sets them apart, and what every panel shares (for the figure's
+    title)."""
     keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
     several = len({k[0] for k in keys}) > 1
     full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
@@ -259,10 +283,11 @@ def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload, every sync of it in that row, one colour per sync
-    (style.sync_color: the same in every report): time per epoch and efficiency vs world
-    size (`_line_row`), or bars where a workload has one world size (`_bar_row`); what the
-    marks mean: docs/scaling.md, "Reading a scaling report"."""
+    """One row per workload, every sync of it in that row, one colour
+    per sync (style.sync_color: the same in every report): time per
+    epoch and efficiency vs world size (`_line_row`), or bars where a
+    workload has one world size (`_bar_row`); what the marks mean:
+    docs/scaling.md, "Reading a scaling report"."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
@@ -277,10 +302,13 @@ def epoch_time_figure(groups: list[dict]):
     handles: dict[str, Line2D] = {}
     series, few, line_x = [], set(), None
     for i, (key, panel, line) in enumerate(zip(keys, panels, lines)):
-        if line:  # the world-size axis is one quantity: every line panel shares it
+        # the world-size axis is one quantity: every line panel shares
+        # it
+        if line:
             ax_t = fig.add_subplot(grid[i, 0], sharex=line_x)
             line_x = line_x or ax_t
-            # within its half of the figure: no title runs into its neighbour's
+            # within its half of the figure: no title runs into its
+            # neighbour's
             s, h, f = _line_row(ax_t, fig.add_subplot(grid[i, 1], sharex=ax_t), panel,
                                 fit_title(titles[key], HALF_CHARS))
             series += s
@@ -288,7 +316,9 @@ def epoch_time_figure(groups: list[dict]):
             handles.update((k, v) for k, v in h.items() if k not in handles)
         else:
             series += _bar_row(fig.add_subplot(grid[i, :]), panel, fit_title(titles[key], FULL_CHARS))
-    if any(lines):  # a bar is named on its axis; a line needs its sync's colour in the legend
+    # a bar is named on its axis; a line needs its sync's colour in the
+    # legend
+    if any(lines):
         handles["ideal scaling"] = Line2D([], [], ls=":", color="black")
     if few:
         text = "n=" + " or ".join(map(str, sorted(few))) + ": interval\nnot meaningful (no bar)"
@@ -296,7 +326,8 @@ def epoch_time_figure(groups: list[dict]):
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
     what = "Time per epoch" + (" and parallel efficiency" if any(lines) else "")
-    # the legend takes the figure's top right: the centred title keeps clear of it
+    # the legend takes the figure's top right: the centred title keeps
+    # clear of it
     fig.suptitle(fit_title(f"{what}: {common}" if common else what,
                            title_chars(fig.get_figwidth(), list(handles)))
                  + "\nerror bars: 95% CI, n = repeats", fontsize=10)

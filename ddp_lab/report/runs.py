@@ -1,8 +1,10 @@
-"""Finding and reading run folders: training runs and bench runs, complete or not.
+"""Finding and reading run folders: training runs and bench runs,
+complete or not.
 
-A parent folder is searched recursively, never below a run folder (one holding MARKERS),
-and a study folder is searched, never taken for a run. Every folder found comes back:
-the ones that cannot be compared carry the reason, so a report lists them.
+A parent folder is searched recursively, never below a run folder (one
+holding MARKERS), and a study folder is searched, never taken for a run.
+Every folder found comes back: the ones that cannot be compared carry
+the reason, so a report lists them.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from ..folder.records import EpochRecord, RunSummary, read_metrics
 from ..folder.rundir import DRY_RUN, is_dry_run
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
-STUDY_FILE = "study.json"  # a study folder (ddp_lab.command.study): its run folders are in points/
+# a study folder (ddp_lab.command.study): its run folders are in points/
+STUDY_FILE = "study.json"
 PHASES = ("data", "forward", "backward", "sync", "optim")
 
 
 class ReportError(Exception):
-    """A mistake in the report's input: printed as one line, no traceback."""
+    """A mistake in the report's input: printed as one line, no
+    traceback."""
 
 
 @dataclass
@@ -35,14 +39,17 @@ class Run:
     kind: str  # train | bench
     ok: bool  # usable for comparison
     status: str  # "completed" or why not
-    summary: dict = field(default_factory=dict)  # summary.json (a training run's: RunSummary's keys)
+    # summary.json (a training run's: RunSummary's keys)
+    summary: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
-    records: list[EpochRecord] = field(default_factory=list)  # metrics.jsonl, one per epoch
+    # metrics.jsonl, one per epoch
+    records: list[EpochRecord] = field(default_factory=list)
     bench: Optional[dict] = None  # bench.json
 
     # -------------------------------------------------------------- shared fields
     def get(self, key: str, default: Any = None) -> Any:
-        """From summary.json, else from the config (launcher/sync sections), else default."""
+        """From summary.json, else from the config (launcher/sync
+        sections), else default."""
         if self.summary.get(key) is not None:
             return self.summary[key]
         cfg = self.config
@@ -64,9 +71,10 @@ class Run:
 
     @property
     def device_kind(self) -> str:
-        """What runs must share to be compared: "cpu" (however it is spelled: cpu, CPU,
-        cpu:0; or dist.device=cpu in the config of a run without a summary), else the GPU's
-        name as the run recorded it."""
+        """What runs must share to be compared: "cpu" (however it is
+        spelled: cpu, CPU, cpu:0; or dist.device=cpu in the config of a
+        run without a summary), else the GPU's name as the run recorded
+        it."""
         d = self.get("device")
         if d is None:
             d = (self.config.get("dist") or {}).get("device")
@@ -76,15 +84,17 @@ class Run:
     # ------------------------------------------------------------- training runs
     @property
     def description(self) -> Description:
-        """What the run is (ddp_lab.folder.description): the one source of its series label
-        (`ring prepost=true`: runs whose labels differ are never repeats), its workload (a
-        time per step is compared within `workload_words()`) and its name."""
+        """What the run is (ddp_lab.folder.description): the one source
+        of its series label (`ring prepost=true`: runs whose labels
+        differ are never repeats), its workload (a time per step is
+        compared within `workload_words()`) and its name."""
         return describe_run(self.config, self.summary)
 
     @property
     def scaling(self) -> str:
-        """strong (train.global_batch fixed) | weak (batch per rank fixed): summary.json
-        `scaling`, else the config's train.global_batch (> 0: strong), else weak."""
+        """strong (train.global_batch fixed) | weak (batch per rank
+        fixed): summary.json `scaling`, else the config's
+        train.global_batch (> 0: strong), else weak."""
         s = self.summary.get("scaling")
         if s in ("strong", "weak"):
             return s
@@ -92,8 +102,9 @@ class Run:
 
     @property
     def global_batch(self) -> Optional[int]:
-        """Samples of one optimiser step over all ranks (summary.json `global_batch`, else
-        the config's, else batch per rank x world)."""
+        """Samples of one optimiser step over all ranks (summary.json
+        `global_batch`, else the config's, else batch per rank x
+        world)."""
         g = self.summary.get("global_batch") or (self.config.get("train") or {}).get("global_batch")
         if g:
             return int(g)
@@ -106,14 +117,16 @@ class Run:
 
     @property
     def fingerprint_id(self) -> str:
-        """summary.json `fingerprint_id`; "?" for a run written before fingerprints."""
+        """summary.json `fingerprint_id`; "?" for a run written before
+        fingerprints."""
         return self.summary.get("fingerprint_id") or "?"
 
     @property
     def workload(self) -> tuple:
-        """What must match for epoch times to be comparable across world sizes: model,
-        optimiser, scaling mode with its batch (per rank when weak, global when strong),
-        the micro-batch, the per-epoch step cap (0 = the whole shard), epochs, data pipeline."""
+        """What must match for epoch times to be comparable across world
+        sizes: model, optimiser, scaling mode with its batch (per rank
+        when weak, global when strong), the micro-batch, the per-epoch
+        step cap (0 = the whole shard), epochs, data pipeline."""
         train = self.config.get("train") or {}
         model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
         optim = (self.config.get("optim") or {}).get("name", self.summary.get("optim"))
@@ -126,9 +139,10 @@ class Run:
                 train.get("max_steps_per_epoch", 0), self.get("epochs"), pipeline)
 
     def workload_label(self, epochs: bool = True) -> str:
-        """e.g. "mlp, adam, global batch 64 (strong scaling), 20 steps/epoch, 2 epochs";
-        without `epochs`, the epoch count left out (a figure's panel: a time per epoch
-        compares across it, each bar saying its own)."""
+        """e.g. "mlp, adam, global batch 64 (strong scaling), 20
+        steps/epoch, 2 epochs"; without `epochs`, the epoch count left
+        out (a figure's panel: a time per epoch compares across it, each
+        bar saying its own)."""
         model, optim, scaling, batch, micro, steps, n_epochs, pipeline = self.workload
         epochs = n_epochs if epochs else None
         what = (f"global batch {batch} (strong scaling)" if scaling == "strong"
@@ -140,16 +154,19 @@ class Run:
             f"{pipeline} pipeline" if pipeline else None) if p)
 
     def workload_short(self) -> str:
-        """The workload as a plot's panel title: "mlp, batch 64/rank, 100 steps/epoch"."""
+        """The workload as a plot's panel title: "mlp, batch 64/rank,
+        100 steps/epoch"."""
         model, _, scaling, batch, _, steps, _, _ = self.workload
         what = f"global batch {batch}" if scaling == "strong" else f"batch {batch}/rank"
         return f"{model}, {what}, " + (f"{steps} steps/epoch" if steps else "full epochs")
 
     def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
-        """Epoch times (s) after the warm-up, and the epochs excluded. The warm-up: the
-        first `warmup` epochs when the run has more than that many timed; by default one
-        when it has more than one. An epoch split by a resume is left out (its time spans
-        two allocations). A run without per-epoch times gives its summary's mean."""
+        """Epoch times (s) after the warm-up, and the epochs excluded.
+        The warm-up: the first `warmup` epochs when the run has more
+        than that many timed; by default one when it has more than one.
+        An epoch split by a resume is left out (its time spans two
+        allocations). A run without per-epoch times gives its summary's
+        mean."""
         recs = sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
                       key=lambda r: r.epoch)
         times = [float(r.epoch_time_s) for r in recs]
@@ -158,12 +175,15 @@ class Run:
             return ([float(t)] if t else []), 0
         skip = (1 if len(times) > 1 else 0) if warmup is None else warmup
         if skip >= len(times):
-            skip = 0  # too few epochs to drop any: every one counts (said in the report)
+            # too few epochs to drop any: every one counts (said in the
+            # report)
+            skip = 0
         return times[skip:], skip
 
     def epoch_samples(self) -> Optional[float]:
-        """Training samples of one epoch over all ranks: steps per rank x batch per rank x
-        world (mean over the epochs logged); None when unknown."""
+        """Training samples of one epoch over all ranks: steps per rank
+        x batch per rank x world (mean over the epochs logged); None
+        when unknown."""
         steps = [r.steps for r in self.records if r.steps]
         batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
         if self.scaling == "strong" and self.global_batch and self.world_size:
@@ -173,7 +193,8 @@ class Run:
         return sum(steps) / len(steps) * float(batch) * (self.world_size or 1)
 
     def samples_per_s(self) -> Optional[float]:
-        """Median training throughput over epochs (metrics.jsonl `samples_per_s`)."""
+        """Median training throughput over epochs (metrics.jsonl
+        `samples_per_s`)."""
         values = [r.samples_per_s for r in self.records if r.samples_per_s is not None]
         return statistics.median(values) if values else None
 
@@ -181,7 +202,8 @@ class Run:
         return sum(int(r.steps or 0) for r in self.records)
 
     def phase_ms(self) -> dict[str, Optional[float]]:
-        """Mean ms per step of each phase (and the whole step), over every epoch."""
+        """Mean ms per step of each phase (and the whole step), over
+        every epoch."""
         out: dict[str, Optional[float]] = {}
         for p in (*PHASES, "step"):
             num = den = 0.0
@@ -195,7 +217,8 @@ class Run:
         return out
 
     def comm_per_step(self) -> dict[str, Optional[float]]:
-        """Measured comm per step: seconds (comm.time_s / steps), payload bytes and calls."""
+        """Measured comm per step: seconds (comm.time_s / steps),
+        payload bytes and calls."""
         steps = self.steps_total()
         if not steps:
             return {"time_s": None, "payload_bytes": None, "calls": None}
@@ -222,19 +245,22 @@ def _read_config(path: Path) -> dict:
 
 
 def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
-    lines, torn = read_metrics(path)  # a torn line is skipped and counted
+    # a torn line is skipped and counted
+    lines, torn = read_metrics(path)
     records: list[EpochRecord] = []
     bad = len(torn)
     for line in lines:
         try:
             records.append(EpochRecord.from_dict(line))
         except ValueError:
-            bad += 1  # a JSON object that is not an epoch record
+            # a JSON object that is not an epoch record
+            bad += 1
     return records, bad
 
 
 def load_run(path: Path) -> Run:
-    """Read one run folder and decide whether it can be compared, and if not, why."""
+    """Read one run folder and decide whether it can be compared, and if
+    not, why."""
     config = _read_config(path / "config.yaml") if (path / "config.yaml").exists() else {}
     summary, err = ({}, None)
     if (path / "summary.json").exists():
@@ -258,7 +284,8 @@ def load_run(path: Path) -> Run:
                           "summary.json (still running, or killed)")
         else:
             run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
-    elif typed.records_kept is False:  # a run.entry of its own (ddp_lab.one_file)
+    elif typed.records_kept is False:
+        # a run.entry of its own (ddp_lab.one_file)
         run.status = (f"{typed.status}: run.entry={typed.entry} keeps no records (no metrics.jsonl), "
                       "so it has no figures to compare")
     elif typed.status != "completed":
@@ -296,7 +323,8 @@ def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str]) -> 
 
 
 def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[Run]:
-    """Every run folder at or under `paths` (a list of folders), each once, sorted by path."""
+    """Every run folder at or under `paths` (a list of folders), each
+    once, sorted by path."""
     found: dict[Path, None] = {}
     dry = 0  # dry runs' folders, left out
     for p in paths:
@@ -308,17 +336,21 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
         root = root.resolve()
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
-            if exclude is not None and here == exclude and here != root:  # our own output
+            # our own output
+            if exclude is not None and here == exclude and here != root:
                 dirnames[:] = []
                 continue
-            if STUDY_FILE in filenames:  # a study folder: its points are runs, it is not
+            # a study folder: its points are runs, it is not
+            if STUDY_FILE in filenames:
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            elif DRY_RUN in filenames and is_dry_run(here):  # rendered, never started
+            elif DRY_RUN in filenames and is_dry_run(here):
+                # rendered, never started
                 dry += 1
                 dirnames[:] = []
             elif any(m in filenames for m in MARKERS):
                 found[here] = None
-                dirnames[:] = []  # tb/, checkpoints/, logs/, plots/ of a run: not runs
+                # tb/, checkpoints/, logs/, plots/ of a run: not runs
+                dirnames[:] = []
             else:
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     if not found and dry:

@@ -1,5 +1,6 @@
-"""The allocations of a training run that used several: one row per segment of its
-summary.json (a SLURM requeue, a re-created pod or a resume starts a new one)."""
+"""The allocations of a training run that used several: one row per
+segment of its summary.json (a SLURM requeue, a re-created pod or a
+resume starts a new one)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from .runs import Run
 
 
 def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per allocation of every training run that used several (summary.json
-    `segments`: a requeued SLURM job, a re-created pod, a resumed run)."""
+    """One row per allocation of every training run that used several
+    (summary.json `segments`: a requeued SLURM job, a re-created pod, a
+    resumed run)."""
     rows: list[dict[str, Any]] = []
     for r in runs:
         segs = r.summary.get("segments") if r.kind == "train" else None

@@ -1,9 +1,11 @@
-"""Statistics of repeats: mean, standard deviation, 95% confidence intervals.
+"""Statistics of repeats: mean, standard deviation, 95% confidence
+intervals.
 
-A point's interval is Student's t on the logs of its repeats, exponentiated (times are
-positive and their spread relative); fewer than MIN_REPEATS values give none. A speedup's
-interval comes from the delta method on the log of the ratio (docs/scaling.md, "Reading a
-scaling report").
+A point's interval is Student's t on the logs of its repeats,
+exponentiated (times are positive and their spread relative); fewer than
+MIN_REPEATS values give none. A speedup's interval comes from the delta
+method on the log of the ratio (docs/scaling.md, "Reading a scaling
+report").
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from typing import Optional, Sequence
 
 
 LEVEL = 0.95
-MIN_REPEATS = 3  # the fewest values an interval is given for
+# the fewest values an interval is given for
+MIN_REPEATS = 3
 
 
 @dataclass(frozen=True)
 class Summary:
     n: int
     mean: float  # arithmetic mean
-    std: Optional[float]  # sample standard deviation; None for one value
-    ci95: Optional[tuple[float, float]]  # None below MIN_REPEATS values
+    # sample standard deviation; None for one value
+    std: Optional[float]
+    # None below MIN_REPEATS values
+    ci95: Optional[tuple[float, float]]
 
     def as_dict(self) -> dict:
         return {"n": self.n, "mean": self.mean, "std": self.std,
@@ -32,14 +37,16 @@ class Summary:
 
 def t_quantile(df: float) -> float:
     """Student's t at (1 + LEVEL) / 2 with `df` degrees of freedom."""
-    # lazy: scipy.stats takes about 1.2 s to load, and only intervals (3+ repeats) need it
+    # lazy: scipy.stats takes about 1.2 s to load, and only intervals
+    # (3+ repeats) need it
     from scipy import stats
 
     return float(stats.t.ppf((1 + LEVEL) / 2, df))
 
 
 def summarize(values: Sequence[float]) -> Optional[Summary]:
-    """n, mean, std and the log-scale 95% interval of positive values (see above)."""
+    """n, mean, std and the log-scale 95% interval of positive values
+    (see above)."""
     values = [float(v) for v in values if v is not None]
     if not values:
         return None
@@ -55,8 +62,9 @@ def summarize(values: Sequence[float]) -> Optional[Summary]:
 
 
 def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, float]]]:
-    """num.mean / den.mean and its 95% interval (delta method on the log ratio, Welch's
-    df); no interval when either side has fewer than MIN_REPEATS values."""
+    """num.mean / den.mean and its 95% interval (delta method on the log
+    ratio, Welch's df); no interval when either side has fewer than
+    MIN_REPEATS values."""
     r = num.mean / den.mean
     if num.ci95 is None or den.ci95 is None:
         return r, None
@@ -70,7 +78,8 @@ def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, floa
 
 
 def sig(v: Optional[float], none: str = "–") -> str:
-    """v to 3 significant digits, never in exponent form: 0.0123, 1.23, 12.3, 1234."""
+    """v to 3 significant digits, never in exponent form: 0.0123, 1.23,
+    12.3, 1234."""
     if v is None:
         return none
     if v == 0 or not math.isfinite(v):

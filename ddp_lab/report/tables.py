@@ -1,6 +1,7 @@
-"""Comparison tables: time per epoch across allocations (scaling), phases, skipped folders,
-from the run folders' summary.json and metrics.jsonl (the comm model and the bench's peaks:
-comm_tables.py; a run's several allocations: segments.py).
+"""Comparison tables: time per epoch across allocations (scaling),
+phases, skipped folders, from the run folders' summary.json and
+metrics.jsonl (the comm model and the bench's peaks: comm_tables.py; a
+run's several allocations: segments.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ def allocation(run: Run) -> str:
 
 
 def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
-    """(device, workload) -> a short title ("mlp, batch 64/rank, full epochs"); the whole
-    workload where two short ones would read alike; the device where there are several."""
+    """(device, workload) -> a short title ("mlp, batch 64/rank, full
+    epochs"); the whole workload where two short ones would read alike;
+    the device where there are several."""
     short = {(i["device"], i["workload"]): i.get("workload_short") or i["workload"] for i in items}
     out = {k: short[k] for k in keys}
     if len(set(out.values())) < len(out):
@@ -43,9 +45,10 @@ def _ci(pair) -> Optional[list[float]]:
 
 
 def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
-    """Completed training runs as scaling series, one per (sync, device, workload); runs of
-    one world size, nodes x procs and fingerprint are repeats of one point. Speedup and
-    efficiency as docs/scaling.md, "Reading a scaling report", defines them."""
+    """Completed training runs as scaling series, one per (sync, device,
+    workload); runs of one world size, nodes x procs and fingerprint are
+    repeats of one point. Speedup and efficiency as docs/scaling.md,
+    "Reading a scaling report", defines them."""
     series: dict[tuple, list[Run]] = {}
     for r in runs:
         if r.kind == "train" and r.ok:
@@ -74,13 +77,16 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                      baseline_world_size=n0, baseline_run=base["run"], baseline_n=base["time"].n,
                      baseline_fingerprint_id=base["fingerprint_id"], cross_fingerprint=False)
             if not several_worlds:
-                continue  # repeats are never a speedup of each other
-            # the baseline against itself is 1 exactly, not a ratio of two samples
+                # repeats are never a speedup of each other
+                continue
+            # the baseline against itself is 1 exactly, not a ratio of
+            # two samples
             sp, ci = (1.0, None) if base is x else stats.ratio(base["time"], x["time"])
             n = x["world_size"]
-            # efficiency per unit of work: where an epoch's samples grow with the world
-            # (a step cap per rank in weak scaling) the ideal time stays flat, not 1/n
-            # (uncapped, an epoch is the dataset whatever the world: the factor stays 1)
+            # efficiency per unit of work: where an epoch's samples grow
+            # with the world (a step cap per rank in weak scaling) the
+            # ideal time stays flat, not 1/n (uncapped, an epoch is the
+            # dataset whatever the world: the factor stays 1)
             capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
             work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
             k = work * n0 / n
@@ -93,7 +99,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 what = "; ".join(diff) or "a run without a fingerprint"
                 notes.append(f"world {n} (fingerprint {x['fingerprint_id']}) is compared with world "
                              f"{n0} (fingerprint {base['fingerprint_id']}): {what}")
-                differs.append(what)  # the screen says each difference once (summary.py)
+                # the screen says each difference once (summary.py)
+                differs.append(what)
         for x in rows:
             t = x.pop("time")
             x.update(time_n=t.n, epoch_time_s_mean=t.mean, epoch_time_s_std=t.std,
@@ -111,7 +118,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
 
 
 def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
-    """One point: its repeats' per-run values (mean post-warm-up epoch time) summarised."""
+    """One point: its repeats' per-run values (mean post-warm-up epoch
+    time) summarised."""
     world, nodes, per, fid = key
     values, skipped = [], []
     for r in rs:
@@ -140,21 +148,23 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
 
 
 def _pm(ci, fmt) -> str:
-    """[lo, hi], each by `fmt`: a format spec (".3f") or a function (stats.sig)."""
+    """[lo, hi], each by `fmt`: a format spec (".3f") or a function
+    (stats.sig)."""
     num = fmt if callable(fmt) else (lambda v: format(v, fmt))
     return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
 
 
 def ci_cell(ci, n: int, fmt) -> str:
-    """An interval, or why there is none: "n=2: not meaningful" (too few repeats), "–"
-    (one repeat, or a value that has no interval)."""
+    """An interval, or why there is none: "n=2: not meaningful" (too few
+    repeats), "–" (one repeat, or a value that has no interval)."""
     if ci:
         return _pm(ci, fmt)
     return f"n={n}: not meaningful" if 1 < n < stats.MIN_REPEATS else "–"
 
 
 def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
-    """A speedup's or efficiency's interval cell: "baseline" on the baseline's own row."""
+    """A speedup's or efficiency's interval cell: "baseline" on the
+    baseline's own row."""
     if row[key] is None:
         return "–"
     if row["run"] == row["baseline_run"]:
@@ -190,7 +200,8 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
                   f"world {g['baseline_world_size']}", ""]
         if "steps/epoch" in g["workload"] and g.get("scaling") != "strong" \
                 and "global batch" not in g["workload"]:
-            # (strong scaling: a step is the same global batch on every world size)
+            # (strong scaling: a step is the same global batch on every
+            # world size)
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
                       "the work per epoch grows with the world size, so the speedup (a time "
                       "ratio) falls below 1 even when scaling is perfect; the efficiency counts "
@@ -224,7 +235,8 @@ def phase_rows(runs: list[Run]) -> list[dict]:
             continue
         ph = r.phase_ms()
         comm = r.comm_per_step()
-        # a time per step: compared across epoch counts and step caps (not split by them)
+        # a time per step: compared across epoch counts and step caps
+        # (not split by them)
         what = r.description
         rows.append({"run": str(r.path), "sync": what.series_label(), "world_size": r.world_size,
                      "device": r.device_kind, "workload": what.workload_words(),
@@ -238,7 +250,8 @@ def phase_rows(runs: list[Run]) -> list[dict]:
 
 
 def straggler_text(s: Optional[dict]) -> str:
-    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or – when none named."""
+    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or –
+    when none named."""
     if not s:
         return "–"
     return f"rank {s['rank']} +{s['late_ms']:.2f} ms ({s['share']:.0%})"

@@ -1,11 +1,14 @@
-"""Are the numbers true? A training run's comm per step set against the bench and the model
-(the columns, for users: docs/benchmarks.md, "Are the numbers true?").
+"""Are the numbers true? A training run's comm per step set against the
+bench and the model (the columns, for users: docs/benchmarks.md, "Are
+the numbers true?").
 
-Per training run (`python -m ddp_lab.bench.suite truth` makes them, every step traced), from
-`trace/rank0.json`: **measured** (the union of the step's calls), **after the last arrival**
-(each call at the shortest duration any rank saw), **bench** (interpolated log-log at each
-call's size; check (a): within 20%), **model** (`model.predict_comm_s` with that bench run's
-fits; check (b): within 30%) and **why** a row misses. A run's bench run is its allocation's.
+Per training run (`python -m ddp_lab.bench.suite truth` makes them,
+every step traced), from `trace/rank0.json`: **measured** (the union of
+the step's calls), **after the last arrival** (each call at the shortest
+duration any rank saw), **bench** (interpolated log-log at each call's
+size; check (a): within 20%), **model** (`model.predict_comm_s` with
+that bench run's fits; check (b): within 30%) and **why** a row misses.
+A run's bench run is its allocation's.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def find_bench_runs(paths) -> list[Run]:
 
 # ------------------------------------------------------------------ the trace
 def step_calls(events: list[dict], rank: int = 0) -> dict[int, list[dict]]:
-    """Step -> that step's collective calls on `rank` (trace slices of category comm:
-    name = op, dur in µs, args.payload_bytes), in order of their start."""
+    """Step -> that step's collective calls on `rank` (trace slices of
+    category comm: name = op, dur in µs, args.payload_bytes), in order
+    of their start."""
     out: dict[int, list[dict]] = {}
     for e in events:
         if e.get("cat") == "comm" and e.get("pid") == rank:
@@ -58,9 +62,10 @@ def read_trace(run_dir: Path) -> list[dict]:
 
 
 def per_step(events: list[dict]) -> dict[str, Any]:
-    """Rank 0's comm per step (the union of its calls' intervals), and the per-call
-    durations after the last arrival (the shortest over ranks of the same call: the i-th
-    call of a step on every rank is the same collective), in seconds."""
+    """Rank 0's comm per step (the union of its calls' intervals), and
+    the per-call durations after the last arrival (the shortest over
+    ranks of the same call: the i-th call of a step on every rank is the
+    same collective), in seconds."""
     ranks = sorted({e["pid"] for e in events if e.get("cat") == "comm"})
     by_rank = {r: step_calls(events, r) for r in ranks}
     mine = by_rank.get(0, {})
@@ -69,8 +74,9 @@ def per_step(events: list[dict]) -> dict[str, Any]:
         measured.append(union_length([(c["ts"] / 1e6, (c["ts"] + c["dur"]) / 1e6) for c in cs]))
         others = [by_rank[r].get(step, []) for r in ranks]
         if all(len(o) == len(cs) for o in others):
-            # call i after the last arrival: its shortest duration over ranks, ending when
-            # it ended on rank 0; unioned like the measured figure (DDP's buckets overlap)
+            # call i after the last arrival: its shortest duration over
+            # ranks, ending when it ended on rank 0; unioned like the
+            # measured figure (DDP's buckets overlap)
             last.append(union_length([((c["ts"] + c["dur"] - min(o[i]["dur"] for o in others)) / 1e6,
                                        (c["ts"] + c["dur"]) / 1e6) for i, c in enumerate(cs)]))
         calls = [(c["name"], int(c["args"]["payload_bytes"])) for c in cs]
@@ -79,7 +85,8 @@ def per_step(events: list[dict]) -> dict[str, Any]:
 
 
 def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], list[float]]:
-    """(op, payload bytes) -> every duration (s) of such a call on `rank`."""
+    """(op, payload bytes) -> every duration (s) of such a call on
+    `rank`."""
     out: dict[tuple[str, int], list[float]] = {}
     for cs in step_calls(events, rank).values():
         for c in cs:
@@ -88,8 +95,9 @@ def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], l
 
 
 def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
-    """World size -> the distinct call sizes (float32 elements) its runs put on the wire:
-    what the bench should measure exactly (`bench.sizes`)."""
+    """World size -> the distinct call sizes (float32 elements) its runs
+    put on the wire: what the bench should measure exactly
+    (`bench.sizes`)."""
     out: dict[int, set[int]] = {}
     for r in runs:
         st = per_step(read_trace(r.path))
@@ -100,10 +108,11 @@ def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
 # ------------------------------------------------------------------ the bench
 def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
                key: str = "time_median_s") -> Optional[tuple[float, bool]]:
-    """(median seconds, exact) of `op`/`impl` on the global group of `n` ranks at
-    `elements`: the measured row, else log-log interpolation between the nearest sizes
-    below and above (exact False); None outside the measured range. `key`: another of
-    the row's times (`time_min_s`: the fastest iteration)."""
+    """(median seconds, exact) of `op`/`impl` on the global group of `n`
+    ranks at `elements`: the measured row, else log-log interpolation
+    between the nearest sizes below and above (exact False); None
+    outside the measured range. `key`: another of the row's times
+    (`time_min_s`: the fastest iteration)."""
     pts = sorted((r["elements"], r[key]) for r in rows
                  if r.get("op") == op and r.get("impl") == impl and r.get("correct")
                  and r.get("group") == "global" and r.get("group_size") == n
@@ -121,7 +130,8 @@ def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
 
 
 def _bench_for(run: Run, benches: list[Run]) -> Optional[Run]:
-    """The bench run of this run's world size, nodes and backend (the latest)."""
+    """The bench run of this run's world size, nodes and backend (the
+    latest)."""
     same = [b for b in benches if b.world_size == run.world_size
             and (b.get("nodes") or 1) == (run.get("nodes") or 1)
             and b.get("backend") == run.get("backend")]
@@ -137,7 +147,8 @@ def _within(ratio: Optional[float], target: float) -> Optional[bool]:
 
 
 def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
-    """One training run against its bench run: (a) and (b), and the per-call detail."""
+    """One training run against its bench run: (a) and (b), and the
+    per-call detail."""
     events = read_trace(run.path)
     st = per_step(events)
     sync, n = run.get("sync", "?"), run.world_size or 1
@@ -179,7 +190,8 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
     payload = sum(b for _, b in st["calls"])
     pred = predict_comm_s(sync, n, payload, len(st["calls"]), fits)
     row["model_ms"] = pred * 1e3 if pred is not None else None
-    # the model as it was: the library all_reduce's fit for every call of every sync
+    # the model as it was: the library all_reduce's fit for every call
+    # of every sync
     one = fits.get(("all_reduce", "torch"))
     single = predict_comm_s(sync, n, payload, len(st["calls"]), one) if one else None
     row["model_one_fit_ms"] = single * 1e3 if single is not None else None
@@ -201,9 +213,10 @@ def _ratios(row: dict) -> dict:
 
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
-    """The known reasons a row misses (a) or (b), "; "-joined; None for a row that meets
-    both, "not known" where none applies. Each reason is the figures' own (docs/benchmarks.md,
-    "Are the numbers true?")."""
+    """The known reasons a row misses (a) or (b), "; "-joined; None for
+    a row that meets both, "not known" where none applies. Each reason
+    is the figures' own (docs/benchmarks.md, "Are the numbers
+    true?")."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
@@ -233,7 +246,8 @@ def why(row: dict) -> Optional[str]:
     return "; ".join(out) or "not known"
 
 
-#: a call of up to this many tbf bursts passes partly at memory speed after an idle link
+#: a call of up to this many tbf bursts passes partly at memory speed
+#: after an idle link
 BURST_REACH = 4
 
 

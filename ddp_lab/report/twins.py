@@ -1,12 +1,16 @@
-"""Library twins side by side: per idea (a sharded optimiser, the ring, ...), ddp_lab's
-synchroniser beside torch's, each against DDP on the same workload, seed, length, world and
-device: the final weights' largest difference from DDP's (the run folders' model.pt; equal
-digests, summary.json `weights_sha256`, read as 0 without loading), the optimiser state of the
-largest and the smallest rank (`memory_optimizer_state_bytes_per_rank`), the bytes this rank
-sent per step and the time per step. One table (report.md, report.json `twins`, the
-terminal) and one picture (twins.png). docs/twins.md says what each twin does differently.
+"""Library twins side by side: per idea (a sharded optimiser, the ring,
+...), ddp_lab's synchroniser beside torch's, each against DDP on the
+same workload, seed, length, world and device: the final weights'
+largest difference from DDP's (the run folders' model.pt; equal digests,
+summary.json `weights_sha256`, read as 0 without loading), the optimiser
+state of the largest and the smallest rank
+(`memory_optimizer_state_bytes_per_rank`), the bytes this rank sent per
+step and the time per step. One table (report.md, report.json `twins`,
+the terminal) and one picture (twins.png). docs/twins.md says what each
+twin does differently.
 
-`section(runs, out_dir, short, make_plots)` is the report's one call into this module."""
+`section(runs, out_dir, short, make_plots)` is the report's one call
+into this module."""
 
 from __future__ import annotations
 
@@ -17,13 +21,15 @@ from typing import Any, Optional
 
 from .runs import Run
 
-#: the synchronisers whose runs the table shows, by idea (a ddp run with sync.hook: `_idea`)
+#: the synchronisers whose runs the table shows, by idea (a ddp run with
+#: sync.hook: `_idea`)
 IDEAS = {"zero1": "sharded optimiser", "torch_zero": "sharded optimiser",
          "fsdp2": "sharded optimiser", "ring": "ring", "reduce_broadcast": "reduce + broadcast"}
 HOOK_IDEAS = {"ring": "ring", "ring_prepost": "ring", "reduce_broadcast": "reduce + broadcast",
               "allreduce": "torch's comm hooks", "fp16": "torch's comm hooks",
               "bf16": "torch's comm hooks", "powersgd": "torch's comm hooks"}
-TWINS = ("torch_zero", "fsdp2")  # torch's synchronisers: a table needs one of them, or a hook
+# torch's synchronisers: a table needs one of them, or a hook
+TWINS = ("torch_zero", "fsdp2")
 
 
 def _idea(run: Run) -> Optional[str]:
@@ -39,10 +45,12 @@ def _is_reference(run: Run) -> bool:
 
 
 def _point(run: Run) -> tuple:
-    """What a run must share with its DDP reference: workload, length, seed, world, device."""
+    """What a run must share with its DDP reference: workload, length,
+    seed, world, device."""
     d = run.description
     seed = (run.config.get("train") or {}).get("seed", 0)
-    # as JSON: a workload's settings may hold lists (model.hidden=[1024])
+    # as JSON: a workload's settings may hold lists
+    # (model.hidden=[1024])
     return json.dumps([d.workload, d.length, seed, run.world_size, run.device_kind],
                       sort_keys=True, default=str)
 
@@ -51,7 +59,8 @@ def _weights_diff(run: Run, ref: Run) -> Optional[float]:
     a, b = run.summary.get("weights_sha256"), ref.summary.get("weights_sha256")
     if a and a == b:
         return 0.0
-    from ..folder import weights  # torch: only when two runs' weights differ
+    # torch: only when two runs' weights differ
+    from ..folder import weights
 
     x, y = weights.load(run.path), weights.load(ref.path)
     if x is None or y is None or set(x) != set(y):
@@ -70,7 +79,8 @@ def _state(run: Run) -> tuple[Optional[int], Optional[int]]:
 
 
 def rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per run of an idea that has a twin at its point, its DDP reference first."""
+    """One row per run of an idea that has a twin at its point, its DDP
+    reference first."""
     usable = [r for r in runs if r.kind == "train" and r.ok]
     refs: dict[tuple, Run] = {}
     for r in usable:
@@ -93,14 +103,16 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
             "run": short(str(r.path)), "reference": short(str(ref.path)),
             "max_abs_diff_vs_ddp": _weights_diff(r, ref),
             "state_bytes_max": big, "state_bytes_min": small,
-            # the largest rank's state over DDP's share of it (1/world of DDP's): 1 = even
+            # the largest rank's state over DDP's share of it (1/world
+            # of DDP's): 1 = even
             "state_max_vs_ddp_share": (big / (ref_big / n) if big and ref_big else None),
             "sent_bytes_per_step": sent / steps if sent is not None and steps else None,
             "bytes_exact": r.summary.get("comm_bytes_exact"),
             "step_ms": r.summary.get("step_time_ms_mean"),
         })
     ideas = {x["idea"] for x in out if x["sync"].split()[0] in TWINS or " hook=" in x["sync"]}
-    # each idea with a twin of torch's, DDP's own row at the head of each of its blocks
+    # each idea with a twin of torch's, DDP's own row at the head of
+    # each of its blocks
     shown = [x for x in out if x["idea"] in ideas]
     for idea in ideas:
         for point in {(x["workload"], x["world_size"], x["reference"]) for x in shown
@@ -147,7 +159,8 @@ def table(rows_: list[dict[str, Any]]) -> list[str]:
 
 
 def figure(rows_: list[dict[str, Any]]):
-    """Per row: the optimiser state of the largest and smallest rank, and the time per step."""
+    """Per row: the optimiser state of the largest and smallest rank,
+    and the time per step."""
     from .plots import _plt
 
     plt = _plt()
@@ -176,8 +189,9 @@ def figure(rows_: list[dict[str, Any]]):
 
 
 def section(runs: list[Run], out_dir: Path, short, make_plots: bool = True) -> dict[str, Any]:
-    """The report's twin section: `markdown` lines, `doc` (report.json `twins`), `screen`
-    (the terminal's lines) and `figures` (twins.png's info, when drawn)."""
+    """The report's twin section: `markdown` lines, `doc` (report.json
+    `twins`), `screen` (the terminal's lines) and `figures` (twins.png's
+    info, when drawn)."""
     found = rows(runs, short)
     if not found:
         return {"markdown": [], "doc": {"rows": []}, "screen": "", "figures": []}

@@ -1,9 +1,12 @@
-"""The witness table: ddp_lab's figures beside clocks that are not its own.
+"""The witness table: ddp_lab's figures beside clocks that are not its
+own.
 
-Per profiled run (`timing.profile=true`), one row per figure: ddp_lab's comm in flight per
-step against the profiler's trace, and for sync=ddp against DDP's own timing; their ratio
-and whether it lies within `EXPECTED` (the one place those bounds live; docs/timing.md,
-"Independent witnesses"). On CUDA with HTA, exposed comm against HTA's overlap.
+Per profiled run (`timing.profile=true`), one row per figure: ddp_lab's
+comm in flight per step against the profiler's trace, and for sync=ddp
+against DDP's own timing; their ratio and whether it lies within
+`EXPECTED` (the one place those bounds live; docs/timing.md,
+"Independent witnesses"). On CUDA with HTA, exposed comm against HTA's
+overlap.
 """
 
 from __future__ import annotations
@@ -14,21 +17,24 @@ from typing import Any, Optional
 from .runs import Run
 from .tables import _mean  # of the values that are not None
 
-#: ours / witness: the band each figure's ratio should lie in (docs/timing.md explains
-#: each); None: the definitions differ too much to expect agreement, shown for reading.
+#: ours / witness: the band each figure's ratio should lie in
+#: (docs/timing.md explains each); None: the definitions differ too much
+#: to expect agreement, shown for reading.
 EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     "comm in flight per step (profiler)": (0.8, 1.2),
     "backward comm per step (DDP)": (0.45, 1.1),
     "comm hidden behind backward per step (DDP overlap)": None,
     "compute per step (DDP forward + backward)": None,
-    # not yet measured on a GPU: no band until docs/timing.md states a measured one
+    # not yet measured on a GPU: no band until docs/timing.md states a
+    # measured one
     "exposed comm share of comm (HTA)": None,
 }
 
 
 def witness_rows(run: Run, short) -> list[dict[str, Any]]:
-    """The rows of one run (none without witnesses); values in seconds, ranks averaged
-    for the profiler's figures, rank 0's for DDP's (as summary.json keeps them)."""
+    """The rows of one run (none without witnesses); values in seconds,
+    ranks averaged for the profiler's figures, rank 0's for DDP's (as
+    summary.json keeps them)."""
     s = run.summary
     rows: list[dict[str, Any]] = []
     name = short(str(run.path))
@@ -40,8 +46,8 @@ def witness_rows(run: Run, short) -> list[dict[str, Any]]:
         ratio = ours / theirs if theirs else None
         band = EXPECTED[figure]
         inside = (lambda x: band[0] <= x <= band[1]) if band else None
-        # every rank's ratio within the band, not only their mean: one rank's clock can
-        # disagree where the mean of two does not
+        # every rank's ratio within the band, not only their mean: one
+        # rank's clock can disagree where the mean of two does not
         ok = None if inside is None or ratio is None else \
             inside(ratio) and all(inside(x) for x in (per_rank or {}).values())
         rows.append({"run": name, "sync": s.get("sync"), "figure": figure, "ours": ours,
@@ -80,9 +86,10 @@ def witness_rows(run: Run, short) -> list[dict[str, Any]]:
 
 
 def hta_overlap(trace_dir: Path) -> Optional[float]:
-    """HTA's comm/compute overlap of the traces in `trace_dir` (the share of the NCCL
-    kernels' time that overlaps compute kernels), ranks averaged; None without HTA (a test
-    extra: `pip install holistictraceanalysis`) or without GPU kernels (NaN on CPU)."""
+    """HTA's comm/compute overlap of the traces in `trace_dir` (the
+    share of the NCCL kernels' time that overlaps compute kernels),
+    ranks averaged; None without HTA (a test extra: `pip install
+    holistictraceanalysis`) or without GPU kernels (NaN on CPU)."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
@@ -92,12 +99,13 @@ def hta_overlap(trace_dir: Path) -> Optional[float]:
         value = float(df["comp_comm_overlap_ratio"].mean())
     except Exception:  # noqa: BLE001  (HTA's own errors on traces it cannot analyse)
         return None
-    return value if value == value else None  # NaN: no kernels to overlap
+    # NaN: no kernels to overlap
+    return value if value == value else None
 
 
 def disagreement(r: dict) -> str:
-    """One figure outside its band, on one line: the run, the figure, the ratio (every
-    rank's where there are several) and the band."""
+    """One figure outside its band, on one line: the run, the figure,
+    the ratio (every rank's where there are several) and the band."""
     ranks = r.get("rank_ratios") or {}
     each = f" (rank {', rank '.join(f'{k} {v:.2f}' for k, v in sorted(ranks.items()))})" \
         if len(ranks) > 1 else ""
@@ -107,8 +115,8 @@ def disagreement(r: dict) -> str:
 
 
 def witness_markdown(runs: list[Run], short) -> list[str]:
-    """The report's section: one table, then one line per figure outside its band (the
-    terminal prints the same lines: summary.py)."""
+    """The report's section: one table, then one line per figure outside
+    its band (the terminal prints the same lines: summary.py)."""
     rows = [r for run in runs if run.kind == "train" and run.ok for r in witness_rows(run, short)]
     if not rows:
         return []

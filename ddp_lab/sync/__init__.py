@@ -1,7 +1,8 @@
-"""Gradient synchronisers, chosen with the `sync` config group: one file each
-(sync/<name>.py, start with naive.py), its config keys and rules in config/sync/<name>.py.
-Importing this package loads no torch (the submitting command checks the config without
-it); the names below come from sync/build.py, loaded on first use."""
+"""Gradient synchronisers, chosen with the `sync` config group: one file
+each (sync/<name>.py, start with naive.py), its config keys and rules in
+config/sync/<name>.py. Importing this package loads no torch (the
+submitting command checks the config without it); the names below come
+from sync/build.py, loaded on first use."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 _BUILD_NAMES = ("SYNCS", "Synchroniser", "build_sync", "sync_class")
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: `from ddp_lab.sync import build_sync`
+# PEP 562: `from ddp_lab.sync import build_sync`
+def __getattr__(name: str) -> Any:
     if name in _BUILD_NAMES:
         from . import build
         return getattr(build, name)

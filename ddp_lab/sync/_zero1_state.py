@@ -1,7 +1,8 @@
-"""sync=zero1's checkpoints: the optimiser state's shards gathered into the state a plain
-optimiser over every parameter would hold, and cut into shards again, so a checkpoint
-resumes on any world size and under any synchroniser (docs/sync.md, "ZeRO stage 1").
-A parameter's state is per element (moments, momentum) or a scalar (Adam's step)."""
+"""sync=zero1's checkpoints: the optimiser state's shards gathered into
+the state a plain optimiser over every parameter would hold, and cut
+into shards again, so a checkpoint resumes on any world size and under
+any synchroniser (docs/sync.md, "ZeRO stage 1"). A parameter's state is
+per element (moments, momentum) or a scalar (Adam's step)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import torch.distributed as dist
 
 
 def gather(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
-    """Collective: the state a plain optimiser over `module.parameters()` would hold."""
+    """Collective: the state a plain optimiser over
+    `module.parameters()` would hold."""
     index = {id(p): i for i, p in enumerate(z.module.parameters())}
     mine = optimizer.state_dict()
-    # which keys are per element (moments, momentum) and the scalars (Adam's step, the
-    # same on every piece): from any rank that holds a piece with state
+    # which keys are per element (moments, momentum) and the scalars
+    # (Adam's step, the same on every piece): from any rank that holds a
+    # piece with state
     held = [s for s in mine["state"].values() if s]
     kinds = {key: (torch.is_tensor(v) and v.dim() == 1, v) for key, v in
              (held[0] if held else {}).items()}
@@ -28,7 +31,8 @@ def gather(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
     for k, b in enumerate(z.param_buckets):
         for key, (per_element, scalar) in kinds.items():
             whole = None
-            if per_element:  # this rank's chunk of it, then every chunk end to end
+            # this rank's chunk of it, then every chunk end to end
+            if per_element:
                 chunk = torch.zeros_like(z.chunks[k])
                 base = len(chunk) * z.rank
                 for j, (kk, lo, hi) in enumerate(z.pieces):
@@ -46,10 +50,13 @@ def gather(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
 
 
 def cut(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
-    """Load a whole-model state (ours, DDP's, any sync's, any world's) into `z`'s pieces."""
+    """Load a whole-model state (ours, DDP's, any sync's, any world's)
+    into `z`'s pieces."""
     index = {id(p): i for i, p in enumerate(z.module.parameters())}
-    flats: dict[tuple[int, str], torch.Tensor] = {}  # (bucket, key): laid out as it
-    scalars: dict = {}  # Adam's step: the same for every parameter
+    # (bucket, key): laid out as it
+    flats: dict[tuple[int, str], torch.Tensor] = {}
+    # Adam's step: the same for every parameter
+    scalars: dict = {}
     for k, b in enumerate(z.param_buckets):
         for p, o in zip(b.params, b.offsets):
             for key, v in full["state"].get(index[id(p)], {}).items():
@@ -60,7 +67,8 @@ def cut(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
                     flats[k, key] = torch.zeros_like(b.buffer)
                 flats[k, key][o:o + p.numel()] = v.reshape(-1)
     state = {}
-    for j, (k, lo, hi) in enumerate(z.pieces):  # a piece: elements lo..hi of bucket k
+    # a piece: elements lo..hi of bucket k
+    for j, (k, lo, hi) in enumerate(z.pieces):
         state[j] = {key: _own(v) for key, v in scalars.items()}
         state[j].update({key: f[lo:hi].clone() for (kk, key), f in flats.items() if kk == k})
     group = {**full["param_groups"][0], "params": list(range(len(z.pieces)))}
@@ -69,6 +77,7 @@ def cut(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
 
 
 def _own(v):
-    """A copy of a scalar for each parameter: Adam adds 1 to its step in place, and a step
-    tensor shared by every parameter would count once per parameter."""
+    """A copy of a scalar for each parameter: Adam adds 1 to its step in
+    place, and a step tensor shared by every parameter would count once
+    per parameter."""
     return v.clone() if torch.is_tensor(v) else v

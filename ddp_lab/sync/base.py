@@ -1,4 +1,5 @@
-"""The synchroniser interface: wrap the model once, synchronise after backward, report.
+"""The synchroniser interface: wrap the model once, synchronise after
+backward, report.
 
 A training step with any synchroniser reads
 
@@ -8,21 +9,25 @@ A training step with any synchroniser reads
                            # zero1 each rank its shard (the optimiser is built over
                            # syncer.optimizer_params())
 
-and `syncer.close()` (collective) follows the last step. `syncer.collect_comm()` returns
-what was communicated since the last call (a `CommStats`: calls, payload bytes, bytes
-this rank sent and received, in-flight time).
-Every collective a synchroniser runs sits inside one call, `with self.timed(op, tensor):`,
-which takes the bytes this rank sends and receives from the cost model
-(`ddp_lab.predict.costmodel`, per `SYNC_COLLECTIVES[name]`; worked out once per tensor
-shape, as a step's buffers are the same every step) and hands them to `self.comm`
-(a `CommRecorder`): it counts the call and its bytes always and stamps its start and end
-on the run's `Clock` when timing is enabled. That is how comm time is measured the same
-way for every synchroniser, and why a synchroniser's body reads as its algorithm.
+and `syncer.close()` (collective) follows the last step.
+`syncer.collect_comm()` returns what was communicated since the last
+call (a `CommStats`: calls, payload bytes, bytes this rank sent and
+received, in-flight time). Every collective a synchroniser runs sits
+inside one call, `with self.timed(op, tensor):`, which takes the bytes
+this rank sends and receives from the cost model
+(`ddp_lab.predict.costmodel`, per `SYNC_COLLECTIVES[name]`; worked out
+once per tensor shape, as a step's buffers are the same every step) and
+hands them to `self.comm` (a `CommRecorder`): it counts the call and its
+bytes always and stamps its start and end on the run's `Clock` when
+timing is enabled. That is how comm time is measured the same way for
+every synchroniser, and why a synchroniser's body reads as its
+algorithm.
 
-A synchroniser that cannot run a configuration says so in its section's `check`
-(its schema, config/sync/<name>.py: config only, run before any process starts and again
-where it is built, `build_sync` in sync/build.py) or in `preflight` (needs the model and a
-batch; called once before the first step), never by hanging in a collective. The class
+A synchroniser that cannot run a configuration says so in its section's
+`check` (its schema, config/sync/<name>.py: config only, run before any
+process starts and again where it is built, `build_sync` in
+sync/build.py) or in `preflight` (needs the model and a batch; called
+once before the first step), never by hanging in a collective. The class
 holds none of that wiring: this file is the interface only.
 """
 
@@ -42,15 +47,20 @@ from ..timing import Clock, CommRecorder, CommStats
 
 class Synchroniser:
     name = "base"
-    #: whether bytes_sent/bytes_recv are this rank's exact traffic (our send/recv
-    #: algorithms) or the textbook model of a backend collective whose routing we cannot see
+    #: whether bytes_sent/bytes_recv are this rank's exact traffic (our
+    #: send/recv algorithms) or the textbook model of a backend
+    #: collective whose routing we cannot see
     bytes_exact = False
-    root = 0  # the destination of a rooted collective (reduce); reduce_broadcast's sync.root
+    # the destination of a rooted collective (reduce);
+    # reduce_broadcast's sync.root
+    root = 0
 
     def __init__(self, cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
                  clock: Optional[Clock] = None, timing: bool = True):
-        self.cfg = with_defaults(cfg)  # keys a plain section lacks read as their defaults
-        self.module = module  # the bare model: evaluation and checkpoints use this
+        # keys a plain section lacks read as their defaults
+        self.cfg = with_defaults(cfg)
+        # the bare model: evaluation and checkpoints use this
+        self.module = module
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -59,61 +69,69 @@ class Synchroniser:
         self.wrapped: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """The module the training step calls (DDP wraps; the others return it as is)."""
+        """The module the training step calls (DDP wraps; the others
+        return it as is)."""
         return module
 
     def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
-        """Checks and warm-ups that need the model and a batch: `loss_fn()` computes a loss
-        on the bare module, `loss_fn(model)` on another (the wrapped one). Runs before the
-        first step, on every rank; default: nothing to do."""
+        """Checks and warm-ups that need the model and a batch:
+        `loss_fn()` computes a loss on the bare module, `loss_fn(model)`
+        on another (the wrapped one). Runs before the first step, on
+        every rank; default: nothing to do."""
 
     def sync(self) -> None:
         """Average gradients across ranks (in place, in .grad)."""
 
     def no_sync(self):
-        """Context of a backward whose gradients only accumulate (a micro-batch before the
-        step's last, train.micro_batch): nothing may communicate inside it. Ours sync only
-        when `sync()` is called, so there is nothing to hold back; DDP overrides it."""
+        """Context of a backward whose gradients only accumulate (a
+        micro-batch before the step's last, train.micro_batch): nothing
+        may communicate inside it. Ours sync only when `sync()` is
+        called, so there is nothing to hold back; DDP overrides it."""
         return nullcontext()
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
     def optimizer_params(self) -> list[torch.Tensor]:
-        """What the optimiser is built over: every parameter of the module (zero1: only
-        this rank's shards of them)."""
+        """What the optimiser is built over: every parameter of the
+        module (zero1: only this rank's shards of them)."""
         return list(self.module.parameters())
 
     def make_optimizer(self, build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
                        ) -> torch.optim.Optimizer:
-        """The optimiser the step uses, from `build(params)` (the config's optimiser over
-        `params`): `build(self.optimizer_params())`; torch_zero wraps it in torch's
+        """The optimiser the step uses, from `build(params)` (the
+        config's optimiser over `params`):
+        `build(self.optimizer_params())`; torch_zero wraps it in torch's
         ZeroRedundancyOptimizer."""
         return build(self.optimizer_params())
 
     def model_state(self) -> Optional[dict]:
-        """Collective: the whole model's state dict (plain tensors) on rank 0, None elsewhere;
-        fsdp2 gathers its shards."""
+        """Collective: the whole model's state dict (plain tensors) on
+        rank 0, None elsewhere; fsdp2 gathers its shards."""
         return self.module.state_dict() if self.rank == 0 else None
 
     def load_model_state(self, state: dict) -> None:
-        """Load a whole-model state dict (`model_state`'s format); fsdp2 cuts its shards."""
+        """Load a whole-model state dict (`model_state`'s format); fsdp2
+        cuts its shards."""
         self.module.load_state_dict(state)
 
     def evaluation(self):
-        """Context around the evaluation of the bare module (every rank scores its share of
-        the test set, each its own number of batches): fsdp2 gathers its weights once in it,
-        so no forward communicates. Default: nothing to do."""
+        """Context around the evaluation of the bare module (every rank
+        scores its share of the test set, each its own number of
+        batches): fsdp2 gathers its weights once in it, so no forward
+        communicates. Default: nothing to do."""
         return nullcontext()
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Load a checkpoint's optimiser state (`optimizer_state`'s format: a plain
-        optimiser's over every parameter); zero1 cuts out its shard."""
+        """Load a checkpoint's optimiser state (`optimizer_state`'s
+        format: a plain optimiser's over every parameter); zero1 cuts
+        out its shard."""
         optimizer.load_state_dict(state)
 
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """Bytes this rank holds: parameters, their gradients (each rank computes the whole
-        gradient in backward, whatever the sync) and the optimiser's state tensors."""
+        """Bytes this rank holds: parameters, their gradients (each rank
+        computes the whole gradient in backward, whatever the sync) and
+        the optimiser's state tensors."""
         params = [p for p in self.module.parameters()]
         state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
@@ -121,46 +139,56 @@ class Synchroniser:
                 "optimizer_state_bytes": sum(v.numel() * v.element_size() for v in state)}
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
-        """The optimiser state a checkpoint on rank 0 should hold. Called on every rank (a
-        synchroniser may need a collective to bring it to rank 0); None off rank 0."""
+        """The optimiser state a checkpoint on rank 0 should hold.
+        Called on every rank (a synchroniser may need a collective to
+        bring it to rank 0); None off rank 0."""
         return optimizer.state_dict() if self.rank == 0 else None
 
     def close(self) -> None:
-        """Collective, after the last step: release what the synchroniser keeps in flight
-        between steps (ring's pre-posted receives). Default: nothing."""
+        """Collective, after the last step: release what the
+        synchroniser keeps in flight between steps (ring's pre-posted
+        receives). Default: nothing."""
 
     def timed(self, op: str, wire: torch.Tensor, payload: Optional[int] = None):
-        """Context of one collective `op` on `wire` (the tensor that goes on the wire),
-        counted and timed: `with self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes
-        this rank sends and receives come from `traffic`; `payload` is the bytes the call
-        stands for (default: `wire`'s own; sync.compress passes the gradients' bytes in
-        the wire dtype, padding excluded)."""
+        """Context of one collective `op` on `wire` (the tensor that
+        goes on the wire), counted and timed: `with
+        self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes this
+        rank sends and receives come from `traffic`; `payload` is the
+        bytes the call stands for (default: `wire`'s own; sync.compress
+        passes the gradients' bytes in the wire dtype, padding
+        excluded)."""
         shape = (op, wire.numel(), wire.element_size())
         traffic = self.bytes_by_shape.get(shape)
-        if traffic is None:  # the first call of this shape: its bytes, from `traffic`
+        # the first call of this shape: its bytes, from `traffic`
+        if traffic is None:
             traffic = self.bytes_by_shape[shape] = self.traffic(*shape)
         if payload is None:
             payload = shape[1] * shape[2]
         return self.comm.timed(op, payload, *traffic)
 
     def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
-        """This rank's (bytes sent, bytes received, bytes sent to another node or None when
-        the algorithm does not know the nodes) for one `op` of `numel` elements, by the cost
-        model of the algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for `op`."""
+        """This rank's (bytes sent, bytes received, bytes sent to
+        another node or None when the algorithm does not know the nodes)
+        for one `op` of `numel` elements, by the cost model of the
+        algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for
+        `op`."""
         algorithm = dict(costmodel.SYNC_COLLECTIVES[self.name])[op]
         c = costmodel.cost(op, algorithm, numel, self.world_size, elem_size, root=self.root)
         return c.sent[self.rank], c.recv[self.rank], None
 
     def collect_comm(self) -> CommStats:
-        """What was communicated since the last call; resolves CUDA events (one sync)."""
+        """What was communicated since the last call; resolves CUDA
+        events (one sync)."""
         return self.comm.collect()
 
 
 def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> list[str]:
-    """Names of trainable parameters that get no gradient from one backward of `loss_fn`.
+    """Names of trainable parameters that get no gradient from one
+    backward of `loss_fn`.
 
-    Runs on the bare module (no communication), leaves every .grad None and the RNG
-    untouched, so training afterwards is exactly as without the check.
+    Runs on the bare module (no communication), leaves every .grad None
+    and the RNG untouched, so training afterwards is exactly as without
+    the check.
     """
     params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     saved = [p.grad for _, p in params]

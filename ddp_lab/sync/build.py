@@ -1,8 +1,9 @@
-"""Where a synchroniser is built: `SYNCS` names every synchroniser's class (sync/<name>.py);
-`build_sync(cfg, ...)`, what the trainer calls, runs the section's config rules (its
-schema's `check`, config/sync/<name>.py) and, for `sync.overlap=true` on more than one
-rank, picks an all-reduce family class's overlapped variant (sync/overlap.py): neither
-belongs to the class itself."""
+"""Where a synchroniser is built: `SYNCS` names every synchroniser's
+class (sync/<name>.py); `build_sync(cfg, ...)`, what the trainer calls,
+runs the section's config rules (its schema's `check`,
+config/sync/<name>.py) and, for `sync.overlap=true` on more than one
+rank, picks an all-reduce family class's overlapped variant
+(sync/overlap.py): neither belongs to the class itself."""
 
 from __future__ import annotations
 
@@ -45,15 +46,18 @@ SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
 
 
 def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
-    """The class of `sync=name`; with `overlap`, an all-reduce family class's overlapped
-    variant (ddp and reduce_broadcast overlap by themselves, per their section)."""
-    cls = SYNCS.get(name)  # UnknownName (a ValueError) lists the valid ones
+    """The class of `sync=name`; with `overlap`, an all-reduce family
+    class's overlapped variant (ddp and reduce_broadcast overlap by
+    themselves, per their section)."""
+    # UnknownName (a ValueError) lists the valid ones
+    cls = SYNCS.get(name)
     return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
 
 
 def build_sync(cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
                clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
-    """The synchroniser `cfg` names, for `module` on `world_size` ranks."""
+    """The synchroniser `cfg` names, for `module` on `world_size`
+    ranks."""
     check_sync(cfg, world_size)
     overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
     return sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,

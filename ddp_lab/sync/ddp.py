@@ -1,20 +1,25 @@
-"""sync=ddp: torch's DistributedDataParallel, its bucket all-reduces timed by a comm hook.
+"""sync=ddp: torch's DistributedDataParallel, its bucket all-reduces
+timed by a comm hook.
 
-DDP launches each bucket's all-reduce from inside backward as soon as the bucket is ready,
-so communication overlaps the rest of backward. The hook below is DDP's default one (or
-torch's sync.compress hook) plus two stamps: the start when DDP hands it a bucket, the end in
-the future's completion callback, so that overlap stays real (docs/timing.md, "How
-communication is timed"). `sync()` is a no-op (DDP is done when backward returns). A world
-of one runs the bare model. Keys and rules: config/sync/ddp.py.
+DDP launches each bucket's all-reduce from inside backward as soon as
+the bucket is ready, so communication overlaps the rest of backward. The
+hook below is DDP's default one (or torch's sync.compress hook) plus two
+stamps: the start when DDP hands it a bucket, the end in the future's
+completion callback, so that overlap stays real (docs/timing.md, "How
+communication is timed"). `sync()` is a no-op (DDP is done when backward
+returns). A world of one runs the bare model. Keys and rules:
+config/sync/ddp.py.
 
-`sync.hook` picks what runs on each bucket: torch's own hooks (allreduce, fp16, bf16,
-powersgd: `sync.compress=fp16` is the same fp16 hook), or ddp_lab's collectives (ring,
-ring_prepost, reduce_broadcast) inside DDP's reducer: the bucket divided by the world size,
-then our send/recv algorithm on it, a completed Future back (docs/twins.md). The hook is
-registered under its own name (`ddp_lab_<hook>_hook`), which DDP's logging data records
-(`comm_hook`)."""
+`sync.hook` picks what runs on each bucket: torch's own hooks
+(allreduce, fp16, bf16, powersgd: `sync.compress=fp16` is the same fp16
+hook), or ddp_lab's collectives (ring, ring_prepost, reduce_broadcast)
+inside DDP's reducer: the bucket divided by the world size, then our
+send/recv algorithm on it, a completed Future back (docs/twins.md). The
+hook is registered under its own name (`ddp_lab_<hook>_hook`), which
+DDP's logging data records (`comm_hook`)."""
 
-# no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
+# no `from __future__ import annotations`: DDP checks the hook's
+# annotations at runtime
 
 from contextlib import nullcontext
 from typing import Any, Callable, Optional
@@ -32,7 +37,8 @@ from ..predict import costmodel
 from ._buckets import WIRE_DTYPES
 from .base import Synchroniser, unused_parameters
 
-#: sync.hook -> ddp_lab's collective calls it makes on a bucket: (collective, algorithm)
+#: sync.hook -> ddp_lab's collective calls it makes on a bucket:
+#: (collective, algorithm)
 OUR_HOOKS: dict[str, tuple[tuple[str, str], ...]] = {
     "ring": (("all_reduce", "ring"),),
     "ring_prepost": (("all_reduce", "ring"),),
@@ -42,11 +48,13 @@ OUR_HOOKS: dict[str, tuple[tuple[str, str], ...]] = {
 
 class DDPSync(Synchroniser):
     name = "ddp"
-    bytes_exact = False  # the backend's own all-reduce; bytes follow the ring model
+    # the backend's own all-reduce; bytes follow the ring model
+    bytes_exact = False
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """DDP around the model; in a world of one the model itself: DDP's reducer would
-        cost 35% of a 1-rank step for nothing (docs/performance.md), not a bit changed."""
+        """DDP around the model; in a world of one the model itself:
+        DDP's reducer would cost 35% of a 1-rank step for nothing
+        (docs/performance.md), not a bit changed."""
         if self.world_size == 1:
             return module
         cfg = self.cfg
@@ -58,12 +66,17 @@ class DDPSync(Synchroniser):
         self.hook = hook_name(cfg)
         self.torch_hook, self.powersgd = ((None, None) if self.hook in OUR_HOOKS
                                           else _torch_hook(cfg, self.hook))
-        self.bytes_exact = self.hook in OUR_HOOKS  # our send/recv: this rank's bytes exactly
-        self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}  # ring_prepost's, per bucket
-        self.textbook = dist.get_backend() == "gloo"  # nccl: the batched ring (sync=ring's rule)
-        # PowerSGD launches its P and Q all-reduces from completion callbacks, on gloo from
-        # its worker threads: with several buckets in flight the ranks would issue them in
-        # different orders (an abort). So on gloo a bucket waits for the previous one's chain.
+        # our send/recv: this rank's bytes exactly
+        self.bytes_exact = self.hook in OUR_HOOKS
+        # ring_prepost's, per bucket
+        self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}
+        # nccl: the batched ring (sync=ring's rule)
+        self.textbook = dist.get_backend() == "gloo"
+        # PowerSGD launches its P and Q all-reduces from completion
+        # callbacks, on gloo from its worker threads: with several
+        # buckets in flight the ranks would issue them in different
+        # orders (an abort). So on gloo a bucket waits for the previous
+        # one's chain.
         self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
         self.inflight: Optional[torch.futures.Future] = None
         hook = _our_hook if self.hook in OUR_HOOKS else _timed_allreduce_hook
@@ -71,40 +84,46 @@ class DDPSync(Synchroniser):
         return ddp
 
     def close(self) -> None:
-        """Collective: ring_prepost's plans answer the receives they keep posted."""
+        """Collective: ring_prepost's plans answer the receives they
+        keep posted."""
         for plan in getattr(self, "plans", {}).values():
             plan.close()
 
     def no_sync(self):
-        """DDP all-reduces from inside backward: `DDP.no_sync()` keeps the gradients local
-        (forward and backward must both run inside it); the next backward outside it
-        all-reduces the accumulated sum. In a world of one (the bare model) there is
-        nothing to hold back. train.compile wraps the model: DDP is the wrapped one."""
+        """DDP all-reduces from inside backward: `DDP.no_sync()` keeps
+        the gradients local (forward and backward must both run inside
+        it); the next backward outside it all-reduces the accumulated
+        sum. In a world of one (the bare model) there is nothing to hold
+        back. train.compile wraps the model: DDP is the wrapped one."""
         ddp = getattr(self.wrapped, "_orig_mod", self.wrapped)
         return ddp.no_sync() if isinstance(ddp, DDP) else nullcontext()
 
     def preflight(self, loss_fn: Callable[[], torch.Tensor]) -> None:
-        """DDP without unused-parameter detection waits forever for a gradient that never
-        comes, and only says so at the next iteration: find out before the first step."""
+        """DDP without unused-parameter detection waits forever for a
+        gradient that never comes, and only says so at the next
+        iteration: find out before the first step."""
         if not (self.cfg.find_unused_parameters or self.cfg.static_graph):
-            # (otherwise DDP handles parameters without gradients itself)
+            # (otherwise DDP handles parameters without gradients
+            # itself)
             unused = unused_parameters(self.module, loss_fn)
             if unused:
                 names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
                 raise ValueError(f"sync=ddp: the model has parameters that get no gradient "
                                  f"({names}): set sync.find_unused_parameters=true (or "
                                  "sync.static_graph=true if the set never changes)")
-        # One forward and backward, gradients dropped: DDP lays its buckets out anew after
-        # its first iteration, so without it a resumed run would sum its first gradients in
-        # another order (3+ ranks: no bit-identical resume). Its comm is no epoch's.
+        # One forward and backward, gradients dropped: DDP lays its
+        # buckets out anew after its first iteration, so without it a
+        # resumed run would sum its first gradients in another order (3+
+        # ranks: no bit-identical resume). Its comm is no epoch's.
         loss_fn(self.wrapped).backward()
         self.module.zero_grad(set_to_none=True)
         self.collect_comm()
 
 
 def hook_name(cfg: Any) -> str:
-    """The hook DDP runs: sync.hook, or with sync.hook=none the one sync.compress picks (the
-    same torch hook: sync.compress=fp16 is sync.hook=fp16), allreduce without either."""
+    """The hook DDP runs: sync.hook, or with sync.hook=none the one
+    sync.compress picks (the same torch hook: sync.compress=fp16 is
+    sync.hook=fp16), allreduce without either."""
     hook = cfg.get("hook", "none")
     if hook != "none":
         return hook
@@ -113,7 +132,8 @@ def hook_name(cfg: Any) -> str:
 
 
 def _named(hook: Callable, name: str) -> Callable:
-    """`hook` registered under `ddp_lab_<name>_hook`: DDP's logging data says which one ran."""
+    """`hook` registered under `ddp_lab_<name>_hook`: DDP's logging data
+    says which one ran."""
     def named(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return hook(state, bucket)
 
@@ -122,10 +142,11 @@ def _named(hook: Callable, name: str) -> Callable:
 
 
 def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """ddp_lab's collective on DDP's bucket: divided by the world size first (as torch's
-    allreduce_hook does, so the sum is the average), then our send/recv algorithm, in place
-    and blocking; the bucket handed back in a completed Future. Timed as one call whose
-    bytes are our algorithm's (exact)."""
+    """ddp_lab's collective on DDP's bucket: divided by the world size
+    first (as torch's allreduce_hook does, so the sum is the average),
+    then our send/recv algorithm, in place and blocking; the bucket
+    handed back in a completed Future. Timed as one call whose bytes are
+    our algorithm's (exact)."""
     buf = bucket.buffer()
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if state.world_size == 1:
@@ -142,9 +163,11 @@ def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future
             reduce_tree(buf, 0)
             broadcast_tree(buf, 0)
         elif state.hook == "ring_prepost" and state.textbook and buf.device.type == "cpu":
-            key = (bucket.index(), buf.numel())  # DDP rebuilds its buckets after step one
+            # DDP rebuilds its buckets after step one
+            key = (bucket.index(), buf.numel())
             if key not in state.plans:
-                state.plans[key] = PrepostedRingAllReduce(buf)  # collective: same order everywhere
+                # collective: same order everywhere
+                state.plans[key] = PrepostedRingAllReduce(buf)
             state.plans[key](buf)
         elif state.textbook:
             all_reduce_ring_textbook(buf)
@@ -155,11 +178,12 @@ def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future
 
 
 def _torch_hook(cfg: Any, name: str) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
-    """torch's own comm hook `name` (sync.hook, or sync.compress: `hook_name`), and
-    PowerSGD's state, which the hook keeps.
+    """torch's own comm hook `name` (sync.hook, or sync.compress:
+    `hook_name`), and PowerSGD's state, which the hook keeps.
 
-    PowerSGD's settings and why (`start_powerSGD_iter=2`: our preflight runs DDP's first
-    iteration, so only the first training step is vanilla; its state is not in checkpoints):
+    PowerSGD's settings and why (`start_powerSGD_iter=2`: our preflight
+    runs DDP's first iteration, so only the first training step is
+    vanilla; its state is not in checkpoints):
     docs/compression_overlap.md, "Compression"."""
     if name == "powersgd":
         state = powerSGD.PowerSGDState(
@@ -169,18 +193,23 @@ def _torch_hook(cfg: Any, name: str) -> tuple[Callable, Optional[powerSGD.PowerS
         return (lambda bucket: powerSGD.powerSGD_hook(state, bucket)), state
     hook = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
             "bf16": default_hooks.bf16_compress_hook}[name]
-    return (lambda bucket: hook(None, bucket)), None  # None: the default (world) group
+    # None: the default (world) group
+    return (lambda bucket: hook(None, bucket)), None
 
 
 def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[tuple[int, int]]:
-    """(elements, element size) of each all-reduce torch's hook made for `bucket`, from
-    torch's own rules: the bucket in the wire dtype (also PowerSGD before its start iteration),
-    or PowerSGD's three (uncompressed tensors batched, all P, all Q): its state counts their
-    elements (`compression_stats()`'s "after"; `before`: its value before the call)."""
+    """(elements, element size) of each all-reduce torch's hook made for
+    `bucket`, from torch's own rules: the bucket in the wire dtype (also
+    PowerSGD before its start iteration), or PowerSGD's three
+    (uncompressed tensors batched, all P, all Q): its state counts their
+    elements (`compression_stats()`'s "after"; `before`: its value
+    before the call)."""
     buf = bucket.buffer()
     ps = state.powersgd
-    if ps is None or ps.compression_stats()[2] == before:  # no PowerSGD, or its vanilla phase
-        dtype = WIRE_DTYPES.get(state.hook)  # fp16 / bf16; None: the bucket's own
+    # no PowerSGD, or its vanilla phase
+    if ps is None or ps.compression_stats()[2] == before:
+        # fp16 / bf16; None: the bucket's own
+        dtype = WIRE_DTYPES.get(state.hook)
         return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
     i, e = bucket.index(), buf.element_size()
     p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()
@@ -188,10 +217,13 @@ def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[
 
 
 def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """torch's hook for sync.compress, timed around: one recorded call per bucket, its bytes
-    those of every all-reduce the hook made, in the wire dtype, by the library's ring model."""
+    """torch's hook for sync.compress, timed around: one recorded call
+    per bucket, its bytes those of every all-reduce the hook made, in
+    the wire dtype, by the library's ring model."""
     buf = bucket.buffer()
-    if state.world_size == 1:  # a world of one has nothing to exchange: hand the bucket straight back
+    # a world of one has nothing to exchange: hand the bucket straight
+    # back
+    if state.world_size == 1:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(buf)
         return fut
@@ -199,7 +231,8 @@ def _timed_allreduce_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.fu
     before = state.powersgd.compression_stats()[2] if state.powersgd is not None else 0
     start = rec.begin()
     if state.serial and state.inflight is not None:
-        state.inflight.wait()  # load-bearing on gloo: collectives in the same order everywhere
+        # load-bearing on gloo: collectives in the same order everywhere
+        state.inflight.wait()
     fut = state.torch_hook(bucket)
     payload = sent = recv = 0
     for numel, elem in _wire_calls(state, bucket, before):

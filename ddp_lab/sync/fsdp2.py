@@ -1,6 +1,6 @@
-"""sync=fsdp2: torch's FSDP2 (`torch.distributed.fsdp.fully_shard`), the library twin of
-sharding one step further than sync=zero1 (docs/twins.md; keys and rules:
-config/sync/fsdp2.py; torch >= 2.6).
+"""sync=fsdp2: torch's FSDP2 (`torch.distributed.fsdp.fully_shard`), the
+library twin of sharding one step further than sync=zero1
+(docs/twins.md; keys and rules: config/sync/fsdp2.py; torch >= 2.6).
 
     wrap:     fully_shard on each child module that has parameters, then on the root: every
               parameter becomes a DTensor of which this rank keeps dim-0 chunk r (Shard(0))
@@ -11,13 +11,15 @@ config/sync/fsdp2.py; torch >= 2.6).
               this rank keeps chunk r of each gradient
     step():   the optimiser steps the local chunks: its state is 1/n of every parameter
 
-So weights, gradients and optimiser state are all sharded (ZeRO stage 3), where zero1 shards
-the optimiser state only. `sync()` has nothing left to do. Checkpoints and model.pt hold the
-whole model and a plain optimiser's state (gathered with torch.distributed.checkpoint's
-full state dicts), so they load into any synchroniser and world. Each all-gather and
-reduce-scatter is timed through FSDP2's custom-comm hooks (`set_custom_all_gather`,
-torch >= 2.8; older: bytes and times not recorded); bytes follow the library's model. A
-world of one runs the bare model."""
+So weights, gradients and optimiser state are all sharded (ZeRO stage
+3), where zero1 shards the optimiser state only. `sync()` has nothing
+left to do. Checkpoints and model.pt hold the whole model and a plain
+optimiser's state (gathered with torch.distributed.checkpoint's full
+state dicts), so they load into any synchroniser and world. Each
+all-gather and reduce-scatter is timed through FSDP2's custom-comm hooks
+(`set_custom_all_gather`, torch >= 2.8; older: bytes and times not
+recorded); bytes follow the library's model. A world of one runs the
+bare model."""
 
 from __future__ import annotations
 
@@ -34,13 +36,15 @@ from .base import Synchroniser
 
 
 def _parts(module: nn.Module) -> list[nn.Module]:
-    """The modules fully_shard wraps before the root: each child that holds parameters."""
+    """The modules fully_shard wraps before the root: each child that
+    holds parameters."""
     return [c for c in module.children() if any(True for _ in c.parameters())]
 
 
 class FSDP2Sync(Synchroniser):
     name = "fsdp2"
-    bytes_exact = False  # the library's collectives: modelled
+    # the library's collectives: modelled
+    bytes_exact = False
 
     def wrap(self, module: nn.Module) -> nn.Module:
         self.sharded = self.world_size > 1 and dist.is_initialized()
@@ -60,8 +64,9 @@ class FSDP2Sync(Synchroniser):
         return module
 
     def _time_collectives(self, modules: list[nn.Module]) -> None:
-        """Each FSDP2 all-gather and reduce-scatter counted and timed as one call (torch >=
-        2.8 has the custom-comm hooks; a torch without them records none)."""
+        """Each FSDP2 all-gather and reduce-scatter counted and timed as
+        one call (torch >= 2.8 has the custom-comm hooks; a torch
+        without them records none)."""
         try:
             from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
                 DefaultAllGather, DefaultReduceScatter)
@@ -100,8 +105,9 @@ class FSDP2Sync(Synchroniser):
                 m.set_custom_reduce_scatter(TimedReduceScatter())
 
     def no_sync(self):
-        """Micro-batches before the step's last: FSDP2 keeps the gradients unreduced
-        (`set_requires_gradient_sync(False)`), the last backward reduce-scatters their sum."""
+        """Micro-batches before the step's last: FSDP2 keeps the
+        gradients unreduced (`set_requires_gradient_sync(False)`), the
+        last backward reduce-scatters their sum."""
         if not self.sharded:
             return super().no_sync()
         return self._no_gradient_sync()
@@ -116,13 +122,15 @@ class FSDP2Sync(Synchroniser):
 
     @contextmanager
     def evaluation(self):
-        """Every FSDP module's weights gathered once (in the same order on every rank) and
-        kept through the evaluation's forwards, which then communicate nothing (ranks may
-        score different numbers of batches); sharded again after."""
+        """Every FSDP module's weights gathered once (in the same order
+        on every rank) and kept through the evaluation's forwards, which
+        then communicate nothing (ranks may score different numbers of
+        batches); sharded again after."""
         if not self.sharded:
             yield
             return
-        for child in self.children:  # (the root never reshards after its forward)
+        # (the root never reshards after its forward)
+        for child in self.children:
             child.set_reshard_after_forward(False, recurse=False)
         for m in [self.module, *self.children]:
             m.unshard()
@@ -134,11 +142,13 @@ class FSDP2Sync(Synchroniser):
             for child in self.children:
                 child.set_reshard_after_forward(bool(self.cfg.reshard_after_forward),
                                                 recurse=False)
-            self.collect_comm()  # the evaluation's all-gathers are no training step's
+            # the evaluation's all-gathers are no training step's
+            self.collect_comm()
 
     # ---------------------------------------------------------------- what a rank holds
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """This rank's shards: of the parameters, their gradients and the optimiser state."""
+        """This rank's shards: of the parameters, their gradients and
+        the optimiser state."""
         def local(t: torch.Tensor) -> torch.Tensor:
             return t.to_local() if hasattr(t, "to_local") else t
 
@@ -157,7 +167,8 @@ class FSDP2Sync(Synchroniser):
         return StateDictOptions(full_state_dict=True, **kw)
 
     def model_state(self) -> Optional[dict]:
-        """Collective: the whole model's weights, gathered, on rank 0."""
+        """Collective: the whole model's weights, gathered, on rank
+        0."""
         if not self.sharded:
             return super().model_state()
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -176,8 +187,9 @@ class FSDP2Sync(Synchroniser):
         return [n for n, _ in self.module.named_parameters()]
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
-        """Collective: a plain optimiser's state over every parameter (indices in
-        `module.parameters()` order, as every synchroniser's checkpoint holds), on rank 0."""
+        """Collective: a plain optimiser's state over every parameter
+        (indices in `module.parameters()` order, as every synchroniser's
+        checkpoint holds), on rank 0."""
         if not self.sharded:
             return super().optimizer_state(optimizer)
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -192,9 +204,10 @@ class FSDP2Sync(Synchroniser):
                                  for g in full["param_groups"]]}
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Any sync's checkpoint (a plain optimiser's state over every parameter): this
-        rank's chunk of each per-element state cut out of it, as FSDP2 cuts the parameter
-        (dim-0 `torch.chunk`), no communication."""
+        """Any sync's checkpoint (a plain optimiser's state over every
+        parameter): this rank's chunk of each per-element state cut out
+        of it, as FSDP2 cuts the parameter (dim-0 `torch.chunk`), no
+        communication."""
         if not self.sharded:
             return super().load_optimizer_state(optimizer, state)
         from torch.distributed.tensor import DTensor
@@ -207,7 +220,8 @@ class FSDP2Sync(Synchroniser):
         optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
     def _shard(self, v: Any, p: torch.Tensor, dtensor: Any) -> Any:
-        """`v` (a whole parameter's state) as a DTensor sharded as `p` is; a scalar as is."""
+        """`v` (a whole parameter's state) as a DTensor sharded as `p`
+        is; a scalar as is."""
         if not (torch.is_tensor(v) and v.shape == p.shape and v.dim() > 0):
             return v
         chunks = torch.chunk(v.to(p.device), self.world_size, dim=0)

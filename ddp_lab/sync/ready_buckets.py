@@ -1,9 +1,11 @@
-"""sync.overlap=true: each gradient bucket's collective starts during backward, as DDP's do
-(docs/compression_overlap.md, "Overlap and exposed comm"). `ReadyBuckets`, DDP's reducer in
-miniature, launches a bucket once its gradients are all ready, in bucket order only, so every
-rank starts the same sequence. `SerialWorker` runs a synchroniser's blocking collectives on
-ONE FIFO thread; a failure there is raised in the training thread by `wait()` and the
-buckets queued behind it are skipped, so nothing hangs."""
+"""sync.overlap=true: each gradient bucket's collective starts during
+backward, as DDP's do (docs/compression_overlap.md, "Overlap and exposed
+comm"). `ReadyBuckets`, DDP's reducer in miniature, launches a bucket
+once its gradients are all ready, in bucket order only, so every rank
+starts the same sequence. `SerialWorker` runs a synchroniser's blocking
+collectives on ONE FIFO thread; a failure there is raised in the
+training thread by `wait()` and the buckets queued behind it are
+skipped, so nothing hangs."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from .base import unused_parameters
 
 
 class ReadyBuckets:
-    """Hooks that pack and launch each bucket as soon as its gradients are all ready."""
+    """Hooks that pack and launch each bucket as soon as its gradients
+    are all ready."""
 
     def __init__(self, buckets: list[Bucket], launch: Callable[[int, Bucket], None]):
         self.buckets = buckets
@@ -36,7 +39,8 @@ class ReadyBuckets:
             if not self.armed:
                 return
             self._count[i] += 1
-            # launch every consecutive ready bucket from the first one not yet launched
+            # launch every consecutive ready bucket from the first one
+            # not yet launched
             while self._next < len(self.buckets) and self._count[self._next] == self._need[self._next]:
                 j = self._next
                 self._next += 1
@@ -45,7 +49,8 @@ class ReadyBuckets:
 
     @contextmanager
     def disarmed(self) -> Iterator[None]:
-        """Backward inside only accumulates .grad (no_sync, preflight checks)."""
+        """Backward inside only accumulates .grad (no_sync, preflight
+        checks)."""
         was, self.armed = self.armed, False
         try:
             yield
@@ -54,8 +59,9 @@ class ReadyBuckets:
 
     def preflight(self, module: torch.nn.Module, loss_fn: Callable[[], torch.Tensor],
                   name: str) -> None:
-        """A parameter that never gets a gradient would keep its bucket, and every bucket
-        after it, from ever starting: refuse it before the first step."""
+        """A parameter that never gets a gradient would keep its bucket,
+        and every bucket after it, from ever starting: refuse it before
+        the first step."""
         with self.disarmed():
             unused = unused_parameters(module, loss_fn)
         if unused:
@@ -81,29 +87,36 @@ class ReadyBuckets:
 
 
 class SerialWorker:
-    """One background thread (FIFO) for a synchroniser's blocking collectives."""
+    """One background thread (FIFO) for a synchroniser's blocking
+    collectives."""
 
     def __init__(self, device: torch.device, n_slots: int, name: str):
         self.cuda = device.type == "cuda"
         self.device = device
         self.error: Optional[BaseException] = None
         self.futures: list[Future] = []
-        init = (lambda: torch.cuda.set_device(device)) if self.cuda else None  # per thread
+        # per thread
+        init = (lambda: torch.cuda.set_device(device)) if self.cuda else None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ddp_lab-{name}",
                                        initializer=init)
-        if self.cuda:  # one side stream; events preallocated, one pair per bucket (reused)
+        # one side stream; events preallocated, one pair per bucket
+        # (reused)
+        if self.cuda:
             self.stream = torch.cuda.Stream(device)
             self.ready = [torch.cuda.Event() for _ in range(n_slots)]
             self.done = [torch.cuda.Event() for _ in range(n_slots)]
 
     def submit(self, slot: int, fn: Callable[[], Any]) -> None:
-        """Run `fn` on the worker after what the current stream has queued (the packing)."""
+        """Run `fn` on the worker after what the current stream has
+        queued (the packing)."""
         if self.cuda:
-            self.ready[slot].record()  # on the stream that packed the bucket
+            # on the stream that packed the bucket
+            self.ready[slot].record()
         self.futures.append(self.pool.submit(self._run, slot, fn))
 
     def _run(self, slot: int, fn: Callable[[], Any]) -> None:
-        if self.error is not None:  # a collective before this one failed: do not start more
+        # a collective before this one failed: do not start more
+        if self.error is not None:
             return
         try:
             if self.cuda:
@@ -118,11 +131,14 @@ class SerialWorker:
             raise
 
     def wait(self) -> None:
-        """Every submitted collective has finished (CUDA: the current stream waits for it);
-        the first failure is raised here, in the training thread."""
+        """Every submitted collective has finished (CUDA: the current
+        stream waits for it); the first failure is raised here, in the
+        training thread."""
         futures, self.futures = self.futures, []
         for f in futures:
-            f.exception()  # blocks until done (the process group's timeout bounds a dead peer)
+            # blocks until done (the process group's timeout bounds a
+            # dead peer)
+            f.exception()
         if self.error is not None:
             e, self.error = self.error, None
             raise RuntimeError(f"a gradient bucket's collective failed on the overlap "

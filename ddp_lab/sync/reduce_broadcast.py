@@ -1,4 +1,5 @@
-"""sync=reduce_broadcast: the course assignment's pattern, on flat buckets.
+"""sync=reduce_broadcast: the course assignment's pattern, on flat
+buckets.
 
     sync():  every rank divides each bucket of gradients by the world size, then
              they are `dist.reduce`d (summed) onto the root rank: only the root
@@ -6,14 +7,16 @@
     step():  the root alone takes the optimiser step, then every bucket of parameters is
              `dist.broadcast` from the root: all ranks hold the root's new weights.
 
-The optimiser state lives on the root only; with `sync.root` other than 0,
-`optimizer_state` ships it to rank 0 for the checkpoint. Twice the all-reduce's latency
-count and a root-bound critical path: here to be measured, not because it is fast. Bytes
-follow `ddp_lab.predict.costmodel`'s model (`bytes_exact = False`). `sync.compress` compresses
-the gradients' reduce only: 16-bit weights would be another training method.
-`sync.overlap=true` starts each bucket's reduce (async) from backward, stamped like DDP's
-hook; the broadcast stays after the root's step (docs/compression_overlap.md). Keys and
-rules: config/sync/reduce_broadcast.py."""
+The optimiser state lives on the root only; with `sync.root` other than
+0, `optimizer_state` ships it to rank 0 for the checkpoint. Twice the
+all-reduce's latency count and a root-bound critical path: here to be
+measured, not because it is fast. Bytes follow
+`ddp_lab.predict.costmodel`'s model (`bytes_exact = False`).
+`sync.compress` compresses the gradients' reduce only: 16-bit weights
+would be another training method. `sync.overlap=true` starts each
+bucket's reduce (async) from backward, stamped like DDP's hook; the
+broadcast stays after the root's step (docs/compression_overlap.md).
+Keys and rules: config/sync/reduce_broadcast.py."""
 
 from __future__ import annotations
 
@@ -39,10 +42,12 @@ class ReduceBroadcastSync(Synchroniser):
         self.root = self.cfg.root
         self.is_root = self.rank == self.root
         self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
-        order = list(reversed(params)) if self.overlap else params  # DDP's order
+        # DDP's order
+        order = list(reversed(params)) if self.overlap else params
         self.grad_buckets: list[Bucket] = make_buckets(order, cap)
         self.param_buckets: list[Bucket] = make_buckets(params, cap)
-        self.wire = WireFormat(self.cfg.compress, self.world_size)  # the gradients' reduce only
+        # the gradients' reduce only
+        self.wire = WireFormat(self.cfg.compress, self.world_size)
         for b in self.grad_buckets:
             self.wire.add(b.buffer)
         self.ready: Optional[ReadyBuckets] = None
@@ -52,11 +57,13 @@ class ReduceBroadcastSync(Synchroniser):
         return module
 
     def _launch(self, i: int, b: Bucket) -> None:
-        """sync.overlap: bucket `b`'s gradients are all ready (called from backward)."""
+        """sync.overlap: bucket `b`'s gradients are all ready (called
+        from backward)."""
         # the bucket / world, cast to fp16 / bf16 where compressed
         wire = self.wire.pack(b.pack_grads())
         sent, recv, _ = self.traffic("reduce", wire.numel(), wire.element_size())
-        payload = wire.numel() * wire.element_size()  # these buckets hold no padding
+        # these buckets hold no padding
+        payload = wire.numel() * wire.element_size()
         rec = self.comm
         start = rec.begin()
         fut = dist.reduce(wire, dst=self.root, async_op=True).get_future()
@@ -79,28 +86,34 @@ class ReduceBroadcastSync(Synchroniser):
     def sync(self) -> None:
         if self.world_size == 1:
             return
-        if self.ready is not None:  # the reduces were started during backward
+        # the reduces were started during backward
+        if self.ready is not None:
             works, self.works = self.works, []
             try:
                 self.ready.finish()
             finally:
                 for w in works:
-                    w.wait()  # a failed reduce raises here (the process group's timeout)
+                    # a failed reduce raises here (the process group's
+                    # timeout)
+                    w.wait()
             if self.is_root:
                 for b in self.grad_buckets:
-                    self.wire.unpack(b.buffer, self.wire.buffer(b.buffer))  # the average
+                    # the average
+                    self.wire.unpack(b.buffer, self.wire.buffer(b.buffer))
                     b.unpack_grads()
             return
         for b in self.grad_buckets:
             buf = b.pack_grads()
-            # buf / world, in place (or cast to fp16 / bf16 where compressed)
+            # buf / world, in place (or cast to fp16 / bf16 where
+            # compressed)
             wire = self.wire.pack(buf)
             with self.timed("reduce", wire):
                 dist.reduce(wire, dst=self.root)
             if self.is_root:
                 self.wire.unpack(buf, wire)
                 b.unpack_grads()
-            # other ranks keep their local gradients: their optimiser never reads them
+            # other ranks keep their local gradients: their optimiser
+            # never reads them
 
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -111,7 +124,8 @@ class ReduceBroadcastSync(Synchroniser):
             optimizer.step()
         for b in self.param_buckets:
             buf = b.pack_params() if self.is_root else b.buffer
-            with self.timed("broadcast", buf):  # parameters: always fp32 (sync.compress is gradients')
+            # parameters: always fp32 (sync.compress is gradients')
+            with self.timed("broadcast", buf):
                 dist.broadcast(buf, src=self.root)
             if not self.is_root:
                 b.unpack_params()

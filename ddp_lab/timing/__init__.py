@@ -1,4 +1,5 @@
-"""Phase timers and communication accounting (docs/timing.md), one file per idea:
+"""Phase timers and communication accounting (docs/timing.md), one file
+per idea:
 
     clock.py          Clock: the rank's time base (host clock on CPU, CUDA events on GPU)
     phases.py         StepTimer, StepTimes, GradReadyMark (compute end), StepWatch
@@ -7,7 +8,8 @@
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time
     stragglers.py     who makes the others wait (StragglerTally)
 
-Timing knows nothing of the rest of the trainer. Every name below is importable from here.
+Timing knows nothing of the rest of the trainer. Every name below is
+importable from here.
 """
 
 from .clock import Clock

@@ -1,7 +1,9 @@
-"""What a synchroniser communicated (`CommStats`, filled by a `CommRecorder`), and the
-arithmetic that places it in the steps: in-flight comm is the union of this rank's collective
-intervals, exposed comm the part of it after compute end, so exposed <= in-flight holds by
-construction (docs/timing.md, "comm_fraction" and "Exposed vs in-flight comm").
+"""What a synchroniser communicated (`CommStats`, filled by a
+`CommRecorder`), and the arithmetic that places it in the steps:
+in-flight comm is the union of this rank's collective intervals, exposed
+comm the part of it after compute end, so exposed <= in-flight holds by
+construction (docs/timing.md, "comm_fraction" and "Exposed vs in-flight
+comm").
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from .phases import StepTimes
 
 @dataclass
 class CommCall:
-    """One collective call as seen by this rank (times in seconds on the Clock's base)."""
+    """One collective call as seen by this rank (times in seconds on the
+    Clock's base)."""
 
     op: str
     payload: int
@@ -28,9 +31,10 @@ class CommCall:
 
 @dataclass
 class CommStats:
-    """What a synchroniser communicated since the last reset (this rank's view).
-    `payload_bytes`: nccl-tests' "size"; `seconds`: in-flight time; `bus_bytes`: the sum
-    over calls of payload * busbw_factor(op), so busbw mixes ops right (docs/timing.md)."""
+    """What a synchroniser communicated since the last reset (this
+    rank's view). `payload_bytes`: nccl-tests' "size"; `seconds`:
+    in-flight time; `bus_bytes`: the sum over calls of payload *
+    busbw_factor(op), so busbw mixes ops right (docs/timing.md)."""
 
     calls: int = 0
     bytes_sent: int = 0
@@ -39,7 +43,8 @@ class CommStats:
     seconds: float = 0.0
     bus_bytes: float = 0.0
     timed: list[CommCall] = field(default_factory=list)
-    #: bytes sent to another node; None unless the synchroniser knows the layout
+    #: bytes sent to another node; None unless the synchroniser knows
+    #: the layout
     bytes_cross_node: Optional[int] = None
 
     @property
@@ -54,8 +59,9 @@ class CommStats:
 
     def per_step_seconds(self, steps: Sequence[StepTimes],
                          exposed: bool = False) -> list[float]:
-        """In-flight comm seconds of each step (a call belongs to the step it starts in);
-        `exposed`: only the part after the step's compute end."""
+        """In-flight comm seconds of each step (a call belongs to the
+        step it starts in); `exposed`: only the part after the step's
+        compute end."""
         buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
         starts = [s.start for s in steps]
         for c in self.timed if steps else ():
@@ -66,5 +72,6 @@ class CommStats:
         return [union_length(b) for b in buckets]
 
     def per_step_exposed(self, steps: Sequence[StepTimes]) -> list[float]:
-        """Exposed comm seconds of each step: its in-flight union after compute end."""
+        """Exposed comm seconds of each step: its in-flight union after
+        compute end."""
         return self.per_step_seconds(steps, exposed=True)

@@ -1,7 +1,8 @@
-"""A synchroniser's log of its collective calls: `CommRecorder`, every synchroniser's
-`self.comm` (ddp_lab/sync/base.py), so comm time is measured the same way for all. It counts
-every call's bytes and, with timing on, stamps start and end on the rank's `Clock`;
-`collect()` resolves them once per epoch into a `CommStats`.
+"""A synchroniser's log of its collective calls: `CommRecorder`, every
+synchroniser's `self.comm` (ddp_lab/sync/base.py), so comm time is
+measured the same way for all. It counts every call's bytes and, with
+timing on, stamps start and end on the rank's `Clock`; `collect()`
+resolves them once per epoch into a `CommStats`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from .comm import CommCall, CommStats, union_length
 
 
 class _Timed:
-    """`with rec.timed(...):` -- stamps one blocking call's start and end."""
+    """`with rec.timed(...):` -- stamps one blocking call's start and
+    end."""
 
     __slots__ = ("rec", "call", "start")
 
@@ -31,24 +33,28 @@ class _Timed:
 
 
 class CommRecorder:
-    """A synchroniser's log of collective calls: bytes always, times when enabled.
+    """A synchroniser's log of collective calls: bytes always, times
+    when enabled.
 
-    Blocking call:   `with rec.timed(op, payload, sent, recv): dist.all_reduce(buf)`
-    Async call:      `start = rec.begin()` ... in its completion callback
+    Blocking call: `with rec.timed(op, payload, sent, recv):
+    dist.all_reduce(buf)` Async call: `start = rec.begin()` ... in its
+    completion callback
                      `rec.finish(start, op, payload, sent, recv)`
 
-    `entered` (calls entered) and `op` (the last one's; "" for an async call) are kept even
-    untimed."""
+    `entered` (calls entered) and `op` (the last one's; "" for an async
+    call) are kept even untimed."""
 
     def __init__(self, clock: Clock, world_size: int, enabled: bool = True):
         self.clock = clock
         self.world_size = world_size
         self.enabled = enabled
-        self.bus = busbw_factors(world_size)  # each op's busbw factor, worked out once
+        # each op's busbw factor, worked out once
+        self.bus = busbw_factors(world_size)
         self.entered, self.op = 0, ""
         self._pending: list[tuple[CommCall, Any, Any]] = []
         self._stats = CommStats()
-        # DDP's completion callbacks run on the backend's worker threads, several at once
+        # DDP's completion callbacks run on the backend's worker
+        # threads, several at once
         self._lock = threading.Lock()
 
     def _count(self, op: str, payload: int, sent: int, recv: int,
@@ -65,13 +71,15 @@ class CommRecorder:
 
     def timed(self, op: str, payload: int, sent: int, recv: int,
               cross_node: Optional[int] = None):
-        """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
+        """`cross_node`: of `sent`, the bytes that go to another node
+        (None: unknown)."""
         self.entered, self.op = self.entered + 1, op
         call = self._count(op, payload, sent, recv, cross_node)
         return _Timed(self, call) if self.enabled else UNTIMED
 
     def begin(self) -> Any:
-        self.entered, self.op = self.entered + 1, ""  # an async call (DDP's bucket) is launched
+        # an async call (DDP's bucket) is launched
+        self.entered, self.op = self.entered + 1, ""
         return self.clock.stamp() if self.enabled else None
 
     def finish(self, start: Any, op: str, payload: int, sent: int, recv: int,
@@ -85,34 +93,40 @@ class CommRecorder:
     COUNTS = ("calls", "payload_bytes", "bytes_sent", "bytes_recv", "bus_bytes")
 
     def counts(self) -> tuple:
-        """Calls and bytes counted since the last collect (`COUNTS`, in that order)."""
+        """Calls and bytes counted since the last collect (`COUNTS`, in
+        that order)."""
         with self._lock:
             return tuple(getattr(self._stats, k) for k in self.COUNTS)
 
     def add_counts(self, delta: tuple, times: int = 1) -> None:
-        """Count `times` (may be negative) more of `delta`, a `counts()` difference: a CUDA
-        graph's replays launch the calls its capture counted once."""
+        """Count `times` (may be negative) more of `delta`, a `counts()`
+        difference: a CUDA graph's replays launch the calls its capture
+        counted once."""
         with self._lock:
             for k, d in zip(self.COUNTS, delta):
                 setattr(self._stats, k, getattr(self._stats, k) + d * times)
 
     def count(self) -> int:
-        """Timed calls recorded since the last collect (an index for `ready`)."""
+        """Timed calls recorded since the last collect (an index for
+        `ready`)."""
         return len(self._pending)
 
     def ready(self, first: int, end: int) -> Optional[list[CommCall]]:
-        """Timed calls `first` to `end` since the last collect, in seconds, if all their
-        stamps can be read now, else None. Never waits (`StepWatch` reads steps with it)."""
+        """Timed calls `first` to `end` since the last collect, in
+        seconds, if all their stamps can be read now, else None. Never
+        waits (`StepWatch` reads steps with it)."""
         with self._lock:
             pending = self._pending[first:end]
-        ready = self.clock.ready  # each call's own: an overlap thread stamps on its stream
+        # each call's own: an overlap thread stamps on its stream
+        ready = self.clock.ready
         if not all(ready(s) and ready(e) for _, s, e in pending):
             return None
         sec = self.clock.seconds
         return [CommCall(c.op, c.payload, c.sent, c.recv, sec(s), sec(e)) for c, s, e in pending]
 
     def collect(self) -> CommStats:
-        """Everything since the last collect, resolved (CUDA: one synchronize here)."""
+        """Everything since the last collect, resolved (CUDA: one
+        synchronize here)."""
         with self._lock:
             out, self._stats = self._stats, CommStats()
             pending, self._pending = self._pending, []

@@ -1,6 +1,7 @@
-"""Stragglers: who makes the others wait, found from every rank's comm time per step.
-Telemetry gathers each rank's `CommStats.per_step_seconds` once per epoch into a
-`StragglerTally` (`from_waits`), merges the epochs' and names the rank with `named()`.
+"""Stragglers: who makes the others wait, found from every rank's comm
+time per step. Telemetry gathers each rank's
+`CommStats.per_step_seconds` once per epoch into a `StragglerTally`
+(`from_waits`), merges the epochs' and names the rank with `named()`.
 """
 
 from __future__ import annotations
@@ -8,20 +9,25 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional, Sequence
 
-# The last arriver at a step's collectives waits least: a rank's lead = median over the
-# others of (their comm time - its own). Durations on each rank's own clock, so no clock
-# offset enters. Lateness is the median lead over *all* steps compared (near zero with
-# nothing injected). A rank is named only when every threshold holds (docs/timing.md,
-# "Stragglers, injected and found"):
-STRAGGLER_MIN_STEPS = 20  # steps compared: fewer say nothing
-STRAGGLER_MIN_SHARE = 0.5  # last in at least half the steps ...
-STRAGGLER_CHANCE_FACTOR = 1.5  # ... and in 1.5x its chance share 1/n (n=2: 75%)
+# The last arriver at a step's collectives waits least: a rank's lead =
+# median over the others of (their comm time - its own). Durations on
+# each rank's own clock, so no clock offset enters. Lateness is the
+# median lead over *all* steps compared (near zero with nothing
+# injected). A rank is named only when every threshold holds
+# (docs/timing.md, "Stragglers, injected and found"):
+# steps compared: fewer say nothing
+STRAGGLER_MIN_STEPS = 20
+# last in at least half the steps ...
+STRAGGLER_MIN_SHARE = 0.5
+# ... and in 1.5x its chance share 1/n (n=2: 75%)
+STRAGGLER_CHANCE_FACTOR = 1.5
 STRAGGLER_MIN_LATE_S = 0.5e-3  # its median lead: >= 0.5 ms
 
 
 class StragglerTally:
-    """Per rank: the steps it arrived last at and its lead at every step (`merge` sums
-    epochs: the run's finding is made from all its steps)."""
+    """Per rank: the steps it arrived last at and its lead at every step
+    (`merge` sums epochs: the run's finding is made from all its
+    steps)."""
 
     def __init__(self, world: int):
         self.world = world
@@ -31,8 +37,9 @@ class StragglerTally:
 
     @classmethod
     def from_waits(cls, waits: Sequence[Sequence[float]]) -> "StragglerTally":
-        """`waits[rank][step]`: each rank's comm seconds per step (the same steps on every
-        rank). Steps where every rank waited exactly as long (no collective) are skipped."""
+        """`waits[rank][step]`: each rank's comm seconds per step (the
+        same steps on every rank). Steps where every rank waited exactly
+        as long (no collective) are skipped."""
         n = len(waits)
         t = cls(n)
         if n < 2 or len({len(w) for w in waits}) != 1:
@@ -61,19 +68,21 @@ class StragglerTally:
         return self.last[rank] / self.steps if self.steps else 0.0
 
     def late_ms(self, rank: int) -> Optional[float]:
-        """`rank`'s median lead over the others (ms): how long they wait for it."""
+        """`rank`'s median lead over the others (ms): how long they wait
+        for it."""
         return 1e3 * statistics.median(self.lead_s[rank]) if self.lead_s[rank] else None
 
     def evidence(self) -> dict[str, Any]:
-        """Every rank's share of steps arrived last and its median lead (ms)."""
+        """Every rank's share of steps arrived last and its median lead
+        (ms)."""
         return {"steps_compared": self.steps,
                 "last_share": [round(self.share(r), 4) for r in range(self.world)],
                 "late_ms": [None if (v := self.late_ms(r)) is None else round(v, 4)
                             for r in range(self.world)]}
 
     def named(self) -> Optional[dict[str, Any]]:
-        """{rank, late_ms, share} of the rank the others wait for, or None when no rank is
-        clearly the one (the thresholds above)."""
+        """{rank, late_ms, share} of the rank the others wait for, or
+        None when no rank is clearly the one (the thresholds above)."""
         if self.steps < STRAGGLER_MIN_STEPS:
             return None
         rank = max(range(self.world), key=self.share)
@@ -86,8 +95,9 @@ class StragglerTally:
 
 def stragglers(step_totals: Sequence[float],
                tally: Optional[StragglerTally] = None) -> dict[str, Any]:
-    """An epoch's "stragglers" dict: the slowest and fastest rank by summed step time and
-    `tally`'s evidence (docs/timing.md, "Stragglers")."""
+    """An epoch's "stragglers" dict: the slowest and fastest rank by
+    summed step time and `tally`'s evidence (docs/timing.md,
+    "Stragglers")."""
     if not step_totals:
         return {}
     slow = max(range(len(step_totals)), key=lambda r: step_totals[r])

@@ -1,5 +1,6 @@
-"""An epoch's timing numbers from its steps and its comm: per-phase statistics, comm time
-per step, comm_fraction and exposed comm (docs/timing.md).
+"""An epoch's timing numbers from its steps and its comm: per-phase
+statistics, comm time per step, comm_fraction and exposed comm
+(docs/timing.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from .phases import PHASES, StepTimes
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]): the sorted value at round(q/100 * (len-1))."""
+    """Nearest-rank percentile (q in [0, 100]): the sorted value at
+    round(q/100 * (len-1))."""
     if not values:
         raise ValueError("percentile of an empty sequence")
     if not 0 <= q <= 100:
@@ -22,7 +24,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def describe(values: Sequence[float]) -> dict[str, float]:
-    """mean, median, p95 and total of a list of seconds (zeros for an empty list)."""
+    """mean, median, p95 and total of a list of seconds (zeros for an
+    empty list)."""
     if not values:
         return {"mean": 0.0, "median": 0.0, "p95": 0.0, "total": 0.0}
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
@@ -30,7 +33,8 @@ def describe(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
-    """mean/median/p95/total seconds per phase and for the whole step."""
+    """mean/median/p95/total seconds per phase and for the whole
+    step."""
     durs = [s.durations() for s in steps]
     out = {p: describe([d.get(p, 0.0) for d in durs]) for p in PHASES}
     out["step"] = describe([sum(d.values()) for d in durs])
@@ -38,7 +42,8 @@ def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
 
 
 def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
-    """Per-phase statistics, comm time per step and the comm share of step time."""
+    """Per-phase statistics, comm time per step and the comm share of
+    step time."""
     phases = summarise_steps(steps)
     comm_steps = describe(comm.per_step_seconds(steps))
     exposed = float(sum(comm.per_step_exposed(steps)))
@@ -46,8 +51,9 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
     fraction: Optional[float] = None
     exposed_fraction: Optional[float] = None
     if steps and step_total > 0:
-        # in-flight comm / step time; clipped because an async collective may run on past
-        # the last phase boundary of the step that launched it
+        # in-flight comm / step time; clipped because an async
+        # collective may run on past the last phase boundary of the step
+        # that launched it
         fraction = min(1.0, comm.seconds / step_total)
         exposed_fraction = min(1.0, exposed / step_total)
     return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction,

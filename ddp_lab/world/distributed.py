@@ -1,4 +1,5 @@
-"""Process group set-up: backend, device, bounded timeouts, clean teardown."""
+"""Process group set-up: backend, device, bounded timeouts, clean
+teardown."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from .env import DistEnv
 log = logging.getLogger("ddp_lab")
 
 
-#: what each collective below is counted in: nothing, until run_rank points it at the
-#: rank's heartbeat record (ddp_lab/folder/heartbeat.py)
+#: what each collective below is counted in: nothing, until run_rank
+#: points it at the rank's heartbeat record
+#: (ddp_lab/folder/heartbeat.py)
 on_collective: Callable[[str], None] = lambda op: None
 
 
@@ -42,24 +44,29 @@ class DistContext:
                 dist.barrier()
 
     def synchronize(self) -> None:
-        """Wait for queued GPU work, so a host clock read after it means something."""
+        """Wait for queued GPU work, so a host clock read after it means
+        something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------ scalar collectives
-    # every small agreement of a run (a loss, a flag, a host, a step time) goes through these
+    # every small agreement of a run (a loss, a flag, a host, a step
+    # time) goes through these
     @property
     def collective(self) -> bool:
-        """True when there are other ranks to talk to (no process group, or 1 rank: none)."""
+        """True when there are other ranks to talk to (no process group,
+        or 1 rank: none)."""
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
     def _tensor(self, values: Sequence[float]) -> torch.Tensor:
-        # nccl moves only CUDA tensors; on CPU float64 keeps sums of many samples exact
+        # nccl moves only CUDA tensors; on CPU float64 keeps sums of
+        # many samples exact
         dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         return torch.tensor([float(v) for v in values], dtype=dtype, device=self.device)
 
     def reduce_floats(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """`values` reduced element-wise over all ranks; op: sum | mean | max | min."""
+        """`values` reduced element-wise over all ranks; op: sum | mean
+        | max | min."""
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
         t = self._tensor(values)
@@ -67,7 +74,8 @@ class DistContext:
             on_collective("all_reduce")
             dist.all_reduce(t, op=_REDUCE_OPS[op])
             if op == "mean":
-                t /= dist.get_world_size()  # ReduceOp.AVG exists on nccl only
+                # ReduceOp.AVG exists on nccl only
+                t /= dist.get_world_size()
         return t.tolist()
 
     def reduce_float(self, value: float, op: str = "sum") -> float:
@@ -78,7 +86,8 @@ class DistContext:
         return self.reduce_float(1.0 if flag else 0.0, "max") > 0
 
     def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's picklable `obj`, in rank order, on every rank."""
+        """Every rank's picklable `obj`, in rank order, on every
+        rank."""
         if not self.collective:
             return [obj]
         out: list[Any] = [None] * dist.get_world_size()
@@ -87,7 +96,8 @@ class DistContext:
         return out
 
     def gather_objects_to(self, obj: Any, dst: int = 0) -> Optional[list[Any]]:
-        """Every rank's picklable `obj` in rank order on rank `dst`; None on the others."""
+        """Every rank's picklable `obj` in rank order on rank `dst`;
+        None on the others."""
         if not self.collective:
             return [obj]
         mine = dist.get_rank() == dst
@@ -132,25 +142,31 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
                 run_dir: Optional[Path] = None) -> Iterator[DistContext]:
-    """Initialise the default process group for `env`, destroyed on the way out: within
-    `init_timeout_s` (default `timeout_s`), then `timeout_s` per collective (a dead peer is
-    an error, not a hang); on nccl with a `run_dir`, the flight recorder on."""
+    """Initialise the default process group for `env`, destroyed on the
+    way out: within `init_timeout_s` (default `timeout_s`), then
+    `timeout_s` per collective (a dead peer is an error, not a hang); on
+    nccl with a `run_dir`, the flight recorder on."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}
     if be == "nccl":
-        if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
-            kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
+        # torch >= 2.3
+        if torch_support.accepts(dist.init_process_group, "device_id"):
+            # binds the communicator to this GPU eagerly
+            kwargs["device_id"] = dev
         else:
             torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
                                  f"first collective (torch {torch_support.version()} has no "
                                  "init_process_group(device_id=...); torch >= 2.3 has)")
-        if run_dir is not None:  # read by ProcessGroupNCCL when it is made: set them first
+        # read by ProcessGroupNCCL when it is made: set them first
+        if run_dir is not None:
             enable_flight_recorder(run_dir)
-            # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there
+            # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads
+            # its transport there
             fingerprint.enable_nccl_debug(run_dir)
-    # env:// rather than tcp://: under torchrun the agent already serves the store on
-    # MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env:// knows to join it as a client.
+    # env:// rather than tcp://: under torchrun the agent already serves
+    # the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env://
+    # knows to join it as a client.
     os.environ["MASTER_ADDR"] = env.master_addr
     os.environ["MASTER_PORT"] = str(env.master_port)
     init_timeout = datetime.timedelta(seconds=init_timeout_s or timeout_s)
@@ -169,9 +185,11 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 
 
 def set_timeout(timeout_s: float) -> bool:
-    """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout;
-    2.3 to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
-    import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
+    """The default group's timeout for every later collective (torch >=
+    2.9: dist.set_timeout; 2.3 to 2.8: _set_pg_timeout). False on torch
+    2.2: the init timeout stays."""
+    # lazy: torch < 2.9's private module
+    import torch.distributed.distributed_c10d as c10d
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
     if setter is None:
@@ -181,8 +199,9 @@ def set_timeout(timeout_s: float) -> bool:
 
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
-    """This process as rank `rank` of a one-machine gloo group of `world` CPU ranks at
-    127.0.0.1:`port`, without a launcher (the benchmark scripts); the caller destroys it."""
+    """This process as rank `rank` of a one-machine gloo group of
+    `world` CPU ranks at 127.0.0.1:`port`, without a launcher (the
+    benchmark scripts); the caller destroys it."""
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")

@@ -1,11 +1,12 @@
-"""Gradient compression (sync.compress): bytes, time per epoch and accuracy, side by side
-(docs/compression_overlap.md, "What it buys").
+"""Gradient compression (sync.compress): bytes, time per epoch and
+accuracy, side by side (docs/compression_overlap.md, "What it buys").
 
     python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
     python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
 
-Each configuration is one real training run, rounds in rotating order; each figure with its
-ratio to the uncompressed run of the same synchroniser.
+Each configuration is one real training run, rounds in rotating order;
+each figure with its ratio to the uncompressed run of the same
+synchroniser.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from ..suite import Spec, chosen, rounds, trained
 
-#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours) through _reduce
+#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours)
+#: through _reduce
 CONFIGS = {f"{s} {c}": (s, c) for s, c in [
     ("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "powersgd"),
     ("ring", "none"), ("ring", "fp16"), ("ring", "bf16")]}

@@ -1,14 +1,17 @@
-"""Time per epoch: ddp_lab's default against the floor, the fastest loop the machine runs.
+"""Time per epoch: ddp_lab's default against the floor, the fastest loop
+the machine runs.
 
     python -m ddp_lab.bench.suite epoch                  # idle and under a CPU hog, 1 and 2 ranks
     python -m ddp_lab.bench.suite epoch --waits default passive spin:0 --threads 1 2
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
     python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
 
-The notebook's workload per load: the search (the tight loop of ddp_lab/bench/loops.py under
-every setting ddp_lab does not own; the floor is the fastest), then `--rounds` interleaved
-rounds of the floor against `python -m ddp_lab`. What each step measures, the goals and the
-figures: docs/performance.md, "The floor: the fastest loop the machine runs, idle and loaded".
+The notebook's workload per load: the search (the tight loop of
+ddp_lab/bench/loops.py under every setting ddp_lab does not own; the
+floor is the fastest), then `--rounds` interleaved rounds of the floor
+against `python -m ddp_lab`. What each step measures, the goals and the
+figures: docs/performance.md, "The floor: the fastest loop the machine
+runs, idle and loaded".
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def omp_env(wait: str) -> dict[str, str]:
-    """The environment OpenMP setting `wait` names (see the module docstring)."""
+    """The environment OpenMP setting `wait` names (see the module
+    docstring)."""
     if wait == "default":
         return {}
     if wait in ("passive", "active"):
@@ -69,9 +73,12 @@ def run(args: argparse.Namespace) -> dict:
     from ...data_fetch import fetch_mnist
 
     for w in args.waits:
-        omp_env(w)  # a bad one: one line, before anything runs
+        # a bad one: one line, before anything runs
+        omp_env(w)
     inherited = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
-    if inherited:  # ddp_lab's default is what is measured, and each loop's setting its own
+    # ddp_lab's default is what is measured, and each loop's setting its
+    # own
+    if inherited:
         print(f"(ignoring this shell's {inherited}: every row sets its own)", file=sys.stderr)
     figures: dict = {"ratios": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,13 +95,16 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def late(root: str, tmp: str, args) -> dict:
-    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a hog that starts when
-    the last idle one ends: its defaults, then every core's threads under each spinning wait
-    of `args.waits`. {row: {"idle": [s], "hog": [s]}}, each row printed as it ends."""
+    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a
+    hog that starts when the last idle one ends: its defaults, then
+    every core's threads under each spinning wait of `args.waits`. {row:
+    {"idle": [s], "hog": [s]}}, each row printed as it ends."""
     n = cpu.cores()
     rows = {"defaults": ([], {})}
-    for w in args.waits:  # libgomp's default is 300000 spins (its manual), set here
-        if w != "passive" and n > 1:  # explicitly: unset, ddp_lab would make the threads sleep
+    # libgomp's default is 300000 spins (its manual), set here
+    for w in args.waits:
+        # explicitly: unset, ddp_lab would make the threads sleep
+        if w != "passive" and n > 1:
             env = {"GOMP_SPINCOUNT": "300000"} if w == "default" else omp_env(w)
             rows[f"train.threads={n}, {w} wait ({' '.join(f'{k}={v}' for k, v in env.items())})"
                  ] = ([f"train.threads={n}"], env)
@@ -114,9 +124,10 @@ def late(root: str, tmp: str, args) -> dict:
 
 
 def measure(load: str, root: str, tmp: str, args) -> dict:
-    """The search, then the rounds: for each world, the best setting of each thread count
-    (the search's winner alone would carry its lucky draw) against ddp_lab's defaults, side
-    by side; the floor is the fastest of them over the rounds."""
+    """The search, then the rounds: for each world, the best setting of
+    each thread count (the search's winner alone would carry its lucky
+    draw) against ddp_lab's defaults, side by side; the floor is the
+    fastest of them over the rounds."""
     cores = cpu.cores()
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
@@ -138,9 +149,11 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
-    chosen: dict[int, dict] = {}  # world -> what ddp_lab's defaults chose (its last run)
+    # world -> what ddp_lab's defaults chose (its last run)
+    chosen: dict[int, dict] = {}
 
-    def tight(name: str) -> bool:  # a floor candidate (not ddp_lab, not the notebook)
+    # a floor candidate (not ddp_lab, not the notebook)
+    def tight(name: str) -> bool:
         return isinstance(runs[name][1], int)
 
     for rnd in range(args.rounds):
@@ -148,7 +161,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
             if setting[0] is None:
                 epochs, chosen[world] = ours(root, tmp, world, args)
                 rows[name] += epochs
-            elif setting[0] == "notebook":  # its own threads and wait, as its code runs it
+            elif setting[0] == "notebook":
+                # its own threads and wait, as its code runs it
                 rows[name] += loops.in_child("notebook_epochs", root, args.epochs,
                                              args.max_steps, env={})
             elif world == 1:
@@ -177,7 +191,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
 
 
 def _best_per_threads(found: dict) -> list[tuple]:
-    """The fastest setting of each thread count in a search's results {(t, w, x): s}."""
+    """The fastest setting of each thread count in a search's results
+    {(t, w, x): s}."""
     best: dict[int, tuple] = {}
     for key, sec in found.items():
         if key[0] not in best or sec < found[best[key[0]]]:
@@ -186,12 +201,14 @@ def _best_per_threads(found: dict) -> list[tuple]:
 
 
 def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
-    """The tight loop, 1 process, under every (threads, wait) x Adam: median s/epoch each."""
+    """The tight loop, 1 process, under every (threads, wait) x Adam:
+    median s/epoch each."""
     found = {}
     print("| 1 process: threads, OpenMP wait | " + " | ".join(f"{a} Adam" for a in loops.ADAMS)
           + " |\n| --- |" + " ---: |" * len(loops.ADAMS))
     for t in args.threads:
-        for w in (args.waits if t > 1 else args.waits[:1]):  # 1 thread: no OpenMP team to wait
+        # 1 thread: no OpenMP team to wait
+        for w in (args.waits if t > 1 else args.waits[:1]):
             times = loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t,
                                    list(loops.ADAMS), env=omp_env(w))
             for a, ts in times.items():
@@ -202,7 +219,8 @@ def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
 
 
 def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
-    """The tight loop on 2 ranks under every (threads per rank, wait) x way of summing."""
+    """The tight loop on 2 ranks under every (threads per rank, wait) x
+    way of summing."""
     found = {}
     per_rank = [t for t in args.threads if t <= cpu.equal_share(2)] or [1]
     print(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat all_reduce |"
@@ -219,7 +237,8 @@ def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
 
 
 def _chosen(share: dict | None) -> str:
-    """ddp_lab's defaults, as its run chose them (summary.json segments[0].cpu)."""
+    """ddp_lab's defaults, as its run chose them (summary.json
+    segments[0].cpu)."""
     if not share:
         return "its defaults"
     n = share.get("threads")
@@ -230,7 +249,8 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
     from ..scaffold import run_ranks
 
     saved = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
-    os.environ.update(omp_env(wait))  # the spawned ranks read it when torch loads
+    # the spawned ranks read it when torch loads
+    os.environ.update(omp_env(wait))
     try:
         out = run_ranks(loops.ranks_epochs, 2, (root, args.epochs, args.max_steps, threads, adam))
     finally:
@@ -244,10 +264,11 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
 
 def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
          env: Optional[dict] = None, hog_after: int = 0) -> tuple[list[float], dict]:
-    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus `overrides`, and `env`
-    added to its environment): each epoch as its records say, and what its defaults chose
-    (summary.json `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a hog
-    started when epoch `hog_after` ends."""
+    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus
+    `overrides`, and `env` added to its environment): each epoch as its
+    records say, and what its defaults chose (summary.json
+    `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a
+    hog started when epoch `hog_after` ends."""
     epochs = args.epochs + hog_after
     s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}",
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
@@ -259,9 +280,9 @@ def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
 
 @contextmanager
 def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
-    """One busy process per core while the block runs (each dies with this process, and
-    ends itself after `seconds` in any case): the load a shared login node or a neighbour's job puts
-    on the cores."""
+    """One busy process per core while the block runs (each dies with
+    this process, and ends itself after `seconds` in any case): the load
+    a shared login node or a neighbour's job puts on the cores."""
     code = ("import ctypes, os, time\n"
             "ctypes.CDLL('libc.so.6').prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when we die\n"
             "end = time.monotonic() + %r\n"
@@ -278,8 +299,9 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
 
 
 def _hog_from(marker: str):
-    """A line reader for `trained`: starts `cpu_hog` at the first line containing `marker`
-    and ends it when the run ends (called with None)."""
+    """A line reader for `trained`: starts `cpu_hog` at the first line
+    containing `marker` and ends it when the run ends (called with
+    None)."""
     hog, started = ExitStack(), []
 
     def on_line(line: Optional[str]) -> None:

@@ -1,12 +1,13 @@
-"""Hierarchical all-reduce against the flat ones, side by side, measured in one run
-(docs/sync.md, "Hierarchical").
+"""Hierarchical all-reduce against the flat ones, side by side, measured
+in one run (docs/sync.md, "Hierarchical").
 
     # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
     python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
 
-Each configuration is a real `python -m ddp_lab` run (1 epoch of `--steps` steps, the
-overrides after `--` added), in rotating order; printed from rank 0's summary.json: epoch
-and comm time, MB sent (and to another node) per step, each variant's ratio to ring and ddp.
+Each configuration is a real `python -m ddp_lab` run (1 epoch of
+`--steps` steps, the overrides after `--` added), in rotating order;
+printed from rank 0's summary.json: epoch and comm time, MB sent (and to
+another node) per step, each variant's ratio to ring and ddp.
 """
 
 from __future__ import annotations

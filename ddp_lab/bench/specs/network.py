@@ -1,13 +1,15 @@
-"""What a slow network does to DDP: the project's claims about communication, measured on a
-shaped link, each printed beside its prediction and its target.
+"""What a slow network does to DDP: the project's claims about
+communication, measured on a shaped link, each printed beside its
+prediction and its target.
 
     python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster
     python -m ddp_lab.bench.suite network --lab netlab   # a lab and cluster already up
 
-One SLURM job of 2 nodes x 2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is
-the ranks' entry too) times every configuration per phase; rank 0 reshapes the links between
-phases (netlab.sh shape). The phases, options and figures: docs/network_ddp.md, "How the
-script measures".
+One SLURM job of 2 nodes x 2 ranks
+(`run.entry=ddp_lab.bench.specs.network`: this module is the ranks'
+entry too) times every configuration per phase; rank 0 reshapes the
+links between phases (netlab.sh shape). The phases, options and figures:
+docs/network_ddp.md, "How the script measures".
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ SPEC = Spec(compares="every sync, overlap and compression on a shaped 2-node lin
                      "link swept and one node slowed", rounds=3,
             ratios="each claim: measured / predicted, against its target")
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
-NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
-PLAN_ENV = "NET_CLAIMS_PLAN"  # the job's ranks find their plan (a JSON file) here
+# netlab.sh's NAME.env of every lab up
+NETLAB_RECORDS = Path("/run/ddp_lab_netlab")
+# the job's ranks find their plan (a JSON file) here
+PLAN_ENV = "NET_CLAIMS_PLAN"
 
-#: label -> the trainer's overrides; the first four are also drawn against the link rate
+#: label -> the trainer's overrides; the first four are also drawn
+#: against the link rate
 CONFIGS: dict[str, list[str]] = {
     "ring": ["sync=ring"],
     "hierarchical": ["sync=hierarchical"],
@@ -101,7 +106,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    """label -> its sync's overrides, the same bucket size for all (DDP's own key)."""
+    """label -> its sync's overrides, the same bucket size for all
+    (DDP's own key)."""
     def bucket(ov: list[str]) -> list[str]:
         if "sync=ddp" in ov:
             return [f"sync.bucket_cap_mb={args.bucket_mb}",
@@ -112,7 +118,8 @@ def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def phases(args: argparse.Namespace) -> list[dict]:
-    """The job's phases: (name, link, node2's link or None, configurations, rounds)."""
+    """The job's phases: (name, link, node2's link or None,
+    configurations, rounds)."""
     out = [{"phase": "main", "link": args.link, "node2": None, "labels": list(CONFIGS),
             "rounds": args.rounds}]
     if args.sweep_rounds:
@@ -125,16 +132,18 @@ def phases(args: argparse.Namespace) -> list[dict]:
 
 # ------------------------------------------------------------------- the ranks
 def shape(plan: dict, link: str, node: Optional[int] = None) -> None:
-    """netlab.sh shape, run in the submitting process's network namespace (where the lab's
-    bridge ends are): every link at `link`, or node `node`'s alone."""
+    """netlab.sh shape, run in the submitting process's network
+    namespace (where the lab's bridge ends are): every link at `link`,
+    or node `node`'s alone."""
     cmd = ["nsenter", f"--net={plan['root_netns']}", "bash", str(NETLAB_SH), "shape",
            "--name", plan["lab"], "--link", link, *(["--node", str(node)] if node else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
 
 
 def measure(ctx, plan: dict) -> list[dict]:
-    """On every rank: every phase's configurations, one epoch each per round; rank 0 keeps
-    the figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
+    """On every rank: every phase's configurations, one epoch each per
+    round; rank 0 keeps the figures (its own: rank 0 leads node1) and
+    every rank's comm waits per step."""
     from ddp_lab.bench.scaffold import Bench
     from ddp_lab.bench.suite import rounds
 
@@ -160,7 +169,8 @@ def measure(ctx, plan: dict) -> list[dict]:
 
     rows = []
     reshape(plan["phases"][0]["link"], None)
-    for label in cfgs:  # warm-up: connections, allocations, PowerSGD's first steps
+    # warm-up: connections, allocations, PowerSGD's first steps
+    for label in cfgs:
         one_epoch(label, 0, min(3, steps))
     for ph in plan["phases"]:
         reshape(ph["link"], ph["node2"])
@@ -191,12 +201,14 @@ def rank(run_dir: Path) -> int:
 # ------------------------------------------------------------------- the submitting side
 @contextlib.contextmanager
 def lab_and_cluster(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
-    """(lab name, environment with SLURM_CONF): the --lab given, or a lab and a cluster made
-    here on a name and ports of their own, removed on the way out."""
+    """(lab name, environment with SLURM_CONF): the --lab given, or a
+    lab and a cluster made here on a name and ports of their own,
+    removed on the way out."""
     if args.lab:
         yield args.lab, dict(os.environ)
         return
-    sys.path.insert(0, str(REPO / "tests"))  # the tests' helpers: up, down, free ports
+    # the tests' helpers: up, down, free ports
+    sys.path.insert(0, str(REPO / "tests"))
     from netlab_fixture import lab_down, lab_up, unique_name
     from slurm_fixture import start_cluster, stop_cluster
 
@@ -218,7 +230,8 @@ def submit(args: argparse.Namespace, lab: str, env: dict, work: Path) -> dict:
     plan = {"lab": lab, "root_netns": f"/proc/{os.getpid()}/ns/net", "steps": args.steps,
             "overrides": overrides(args), "configs": config_overrides(args), "phases": phases(args), "out": str(work / "out.json")}
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
-    lines = [f"export {PLAN_ENV}={work / 'plan.json'}"]  # the ranks find their plan
+    # the ranks find their plan
+    lines = [f"export {PLAN_ENV}={work / 'plan.json'}"]
     setup = "[" + ",".join(f'"{line}"' for line in lines) + "]"
     cmd = [sys.executable, "-m", "ddp_lab", "launcher=slurm", "launcher.nodes=2",
            "launcher.nproc_per_node=2", "launcher.wait=true", "launcher.poll_s=1",
@@ -256,7 +269,8 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
     slow, _ = summarise(rows, "straggler", args.link)
     found = claims(med, rate_bytes(args.link), straggler_named(rows), slow,
                    rate_bytes(args.slow_link))
-    for ph in (ph for ph in phases(args) if ph["phase"] == "sweep"):  # the same, at each rate
+    # the same, at each rate
+    for ph in (ph for ph in phases(args) if ph["phase"] == "sweep"):
         found += hierarchy_claim(summarise(rows, "sweep", ph["link"])[0], rate_bytes(ph["link"]),
                                  f" at {ph['link']}, {ph['rounds']} round(s)")
     print(f"\nthe claims at {args.link}:\n\n{claims_table(found)}")

@@ -1,11 +1,12 @@
-"""Overlap on vs off, side by side in one run: DDP, allreduce+overlap, allreduce
-(docs/compression_overlap.md, "Overlap and exposed comm").
+"""Overlap on vs off, side by side in one run: DDP, allreduce+overlap,
+allreduce (docs/compression_overlap.md, "Overlap and exposed comm").
 
     python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
     python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
 
-The same bucket size for all; a warm-up epoch each, then `--rounds` rotating rounds, each
-figure the median over rounds, timed by the trainer's step loop and timers.
+The same bucket size for all; a warm-up epoch each, then `--rounds`
+rotating rounds, each figure the median over rounds, timed by the
+trainer's step loop and timers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ SPEC = Spec(compares="ddp, allreduce and ring with sync.overlap on and off, one 
 
 
 def overrides(name: str, overlap: bool, bucket_mb: float) -> list[str]:
-    """The trainer's overrides: the sync, its bucket size (DDP's own key), its overlap."""
+    """The trainer's overrides: the sync, its bucket size (DDP's own
+    key), its overlap."""
     if name == "ddp":  # DDP always overlaps
         return ["sync=ddp", f"sync.bucket_cap_mb={bucket_mb}"]
     return [f"sync={name}", f"sync.bucket_mb={bucket_mb}", f"sync.overlap={str(overlap).lower()}"]
@@ -47,7 +49,8 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     def one_epoch(label: str, epoch: int, n: int) -> dict:
         return bench.split_epoch(cfgs[label], epoch, n)[0]
 
-    for label in cfgs:  # warm-up: allocations, connections, caches
+    # warm-up: allocations, connections, caches
+    for label in cfgs:
         one_epoch(label, 0, min(5, steps))
     rows: dict[str, list[dict]] = {label: [] for label in cfgs}
     for r, label in rounds(cfgs, args.rounds):
@@ -71,7 +74,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    chosen(CONFIGS, args.only)  # an unknown label: one line, before any rank starts
+    # an unknown label: one line, before any rank starts
+    chosen(CONFIGS, args.only)
 
 
 def run(args: argparse.Namespace) -> dict | None:

@@ -1,11 +1,13 @@
-"""How soon a command answers: the first console line of a run, and the report's start.
+"""How soon a command answers: the first console line of a run, and the
+report's start.
 
     python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
     python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
-Each the median (min-max) over rounds: `python -m ddp_lab train.epochs=1` to its first console
-line (then SIGTERM), and `python -m ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with
-the same interpreter (docs/performance.md, "Time to the first step").
+Each the median (min-max) over rounds: `python -m ddp_lab
+train.epochs=1` to its first console line (then SIGTERM), and `python -m
+ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
+interpreter (docs/performance.md, "Time to the first step").
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def first_line_s(tree: Path, work: Path, data_root: str) -> float:
                             stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     took = time.perf_counter() - t0
-    proc.terminate()  # the run's own stop: its ranks checkpoint and end
+    # the run's own stop: its ranks checkpoint and end
+    proc.terminate()
     proc.communicate(timeout=120)
     if not line.startswith("[ddp_lab] starting"):
         sys.exit(f"error: {tree}: the first line was {line.strip()!r}")

@@ -1,13 +1,14 @@
-"""What checking for a graceful stop, and the heartbeat record, cost a training step
-(docs/failures.md, "What the stop check costs").
+"""What checking for a graceful stop, and the heartbeat record, cost a
+training step (docs/failures.md, "What the stop check costs").
 
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
     python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
-Each round one epoch of the trainer's step loop without the stop check and one with it,
-alternating; printed: the check's time per step and a step's bookkeeping (its timed
-phases and collective, which the heartbeat record's thread reads), each against the step
-(targets: at most 1% each).
+Each round one epoch of the trainer's step loop without the stop check
+and one with it, alternating; printed: the check's time per step and a
+step's bookkeeping (its timed phases and collective, which the heartbeat
+record's thread reads), each against the step (targets: at most 1%
+each).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ SPEC = Spec(compares="epochs with and without the stop check, alternating", roun
 
 
 class Timed(StopControl):
-    """The stop check with its own time summed (what it adds to the loop)."""
+    """The stop check with its own time summed (what it adds to the
+    loop)."""
 
     spent = 0.0
 
@@ -45,7 +47,8 @@ class Timed(StopControl):
 def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", "timing.enabled=false"])
     steps = bench.steps(args.steps)
-    # one for the run, as the trainer keeps one: its interval carries over between epochs
+    # one for the run, as the trainer keeps one: its interval carries
+    # over between epochs
     stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
 
     def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
@@ -56,16 +59,19 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
             return wall, stopper.spent - spent0, stopper.checks - checks0
         return wall, 0.0, 0
 
-    epoch(True, steps, 0)  # warm-up: connections, allocations, the check's interval
+    # warm-up: connections, allocations, the check's interval
+    epoch(True, steps, 0)
     epoch(False, min(50, steps), 0)
     off, on, spent, checks = [], [], [], []
-    for r, check in rounds((False, True), args.rounds):  # alternating order
+    # alternating order
+    for r, check in rounds((False, True), args.rounds):
         wall, s, c = epoch(check, steps, r)
         (on if check else off).append(wall)
         if check:
             spent.append(s)
             checks.append(c)
-        if ctx.env.rank == 0 and len(on) == len(off) == r:  # the round's two epochs are done
+        # the round's two epochs are done
+        if ctx.env.rank == 0 and len(on) == len(off) == r:
             print(f"round {r}/{args.rounds}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
                   f"({checks[-1]} checks)", flush=True)
     stopper.restore()
@@ -73,9 +79,10 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def record_share(run_dir: Path) -> tuple[float, float]:
-    """Seconds a step's bookkeeping takes (its five timed phases and one timed collective,
-    the attributes the heartbeat record reads, with the record's thread following them),
-    and the notebook's compute-only step (best of 7 repeats each, in this process)."""
+    """Seconds a step's bookkeeping takes (its five timed phases and one
+    timed collective, the attributes the heartbeat record reads, with
+    the record's thread following them), and the notebook's compute-only
+    step (best of 7 repeats each, in this process)."""
     import torch
     import torch.nn.functional as F
 
@@ -91,14 +98,16 @@ def record_share(run_dir: Path) -> tuple[float, float]:
     try:
         def one_round():
             stamped_step(timer, comm, nbytes=636_000)
-            if len(timer._steps) >= 4000:  # what an epoch's end collects
+            # what an epoch's end collects
+            if len(timer._steps) >= 4000:
                 timer.collect(), comm.collect()
 
         record_s = min(timeit.repeat(one_round, number=2000, repeat=7)) / 2000
     finally:
         rec.close()
     torch.manual_seed(0)
-    model = build_model(compose([]).model)  # the notebook's MLP
+    # the notebook's MLP
+    model = build_model(compose([]).model)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
 

@@ -1,11 +1,13 @@
-"""Epoch time of every synchroniser, side by side, measured in one run (docs/sync.md, "Speed").
+"""Epoch time of every synchroniser, side by side, measured in one run
+(docs/sync.md, "Speed").
 
     python -m ddp_lab.bench.suite syncs                      # 2 ranks, CPU gloo
     python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
 The notebook's workload, full epochs, the trainer's parts and step loop
-(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds` rotating rounds, each time
-the median of its rounds; then the timers' cost step against step.
+(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds`
+rotating rounds, each time the median of its rounds; then the timers'
+cost step against step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ...step import run_steps
 from ..scaffold import Bench, rank0, stamped_step
 from ..suite import Spec, chosen, medians, ratios, rounds
 
-# label -> its overrides on the trainer's config (the defaults: timing on)
+# label -> its overrides on the trainer's config (the defaults: timing
+# on)
 CONFIGS = {
     "ddp": ["sync=ddp"],
     "ddp timing off": ["sync=ddp", "timing.enabled=false"],
@@ -41,7 +44,8 @@ SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with their ti
                      "full epochs of the trainer's step loop", rounds=5,
             ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on")
 
-#: configurations whose timer overhead is also measured step against step (--paired)
+#: configurations whose timer overhead is also measured step against
+#: step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
 
 
@@ -60,8 +64,9 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
     def paired(label: str, epoch: int, steps: int) -> tuple[list, list]:
-        """One epoch with the timers switched on and off on alternate steps (both ranks
-        alike): per-step wall times of each arm, free of the drift between epochs."""
+        """One epoch with the timers switched on and off on alternate
+        steps (both ranks alike): per-step wall times of each arm, free
+        of the drift between epochs."""
         _, syncer, opt, timer = bench.parts(cfgs[label], epoch)
         batches, arms = iter(bench.splits.train), ([], [])
         ctx.barrier()
@@ -76,7 +81,8 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         timer.collect(), syncer.collect_comm()
         return arms
 
-    for label in cfgs:  # warm-up: allocations, connections, caches
+    # warm-up: allocations, connections, caches
+    for label in cfgs:
         one_epoch(label, 0, min(50, n_steps))
     times: dict[str, list[float]] = {label: [] for label in cfgs}
     fractions: dict[str, list[float]] = {label: [] for label in cfgs}
@@ -102,8 +108,9 @@ def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def timer_overhead(steps: int, epochs: int = 20) -> float:
-    """Seconds per step that the timers add: five phases, one timed collective and the
-    per-epoch resolution, with empty bodies, timers on minus timers off (best of 5)."""
+    """Seconds per step that the timers add: five phases, one timed
+    collective and the per-epoch resolution, with empty bodies, timers
+    on minus timers off (best of 5)."""
     import torch
 
     from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing

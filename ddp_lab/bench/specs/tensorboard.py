@@ -3,9 +3,10 @@
     python -m ddp_lab.bench.suite tensorboard               # every 10th step written, vs a 4 ms step
     python -m ddp_lab.bench.suite tensorboard --every 1
 
-One process: a loop of steps stamped by the trainer's StepTimer, in rotating rounds of `none`
-(the stamps only), `live` (the trainer's StepWatch) and `naive` (add_scalar and flush per
-point); printed: the median extra CPU time per step against `none` (docs/timing.md,
+One process: a loop of steps stamped by the trainer's StepTimer, in
+rotating rounds of `none` (the stamps only), `live` (the trainer's
+StepWatch) and `naive` (add_scalar and flush per point); printed: the
+median extra CPU time per step against `none` (docs/timing.md,
 "TensorBoard").
 """
 
@@ -46,7 +47,8 @@ def calibrate(seconds: float) -> int:
 
 
 def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
-    """CPU seconds per step of `steps` steps of `n` work, written `way`."""
+    """CPU seconds per step of `steps` steps of `n` work, written
+    `way`."""
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
     sink = writer = None
@@ -55,7 +57,8 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
         sink.truncate_after(0, 0)
         sink.tensorboard("bench", "config", {"sync": "ring"})
 
-        def point(n, times, calls):  # what Telemetry._live_point does
+        # what Telemetry._live_point does
+        def point(n, times, calls):
             stats = CommStats(timed=calls)
             sink.steps([(n, step_scalars(times, stats.per_step_seconds([times])[0],
                                          stats.per_step_exposed([times])[0], 1))])
@@ -76,7 +79,9 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
             writer.flush()
     for w in (sink, writer):
         if w is not None:
-            w.close()  # the writer's thread has written everything: its CPU is counted
+            # the writer's thread has written everything: its CPU is
+            # counted
+            w.close()
     return (time.process_time() - t0) / steps
 
 
@@ -92,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     took: dict[str, list[float]] = {w: [] for w in ways}
     n = calibrate(args.step_ms / 1e3) if args.step_ms > 0 else 0
     with tempfile.TemporaryDirectory() as tmp:
-        for r, way in rounds(ways, args.rounds):  # rotating order: drift hits every way alike
+        # rotating order: drift hits every way alike
+        for r, way in rounds(ways, args.rounds):
             took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
     base = statistics.median(took["none"])
     print(f"{args.steps} steps ({args.step_ms} ms of work each: {base * 1e3:.3f} ms CPU with "

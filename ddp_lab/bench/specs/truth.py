@@ -1,12 +1,14 @@
-"""Are the numbers true? Training comm per step against the bench and the alpha-beta model.
+"""Are the numbers true? Training comm per step against the bench and
+the alpha-beta model.
 
     python -m ddp_lab.bench.suite truth                       # runs everything
     python -m ddp_lab.bench.suite truth --runs DIR/train --bench DIR/bench   # re-read folders
 
-Unless given folders: one short traced training run per sync x model x world, then per world
-one bench run of the synchronisers' collectives at the sizes the runs put on the wire; one row
-per run (`ddp_lab.report.truth_table`). Writes truth.json and truth.md into --dir
-(docs/benchmarks.md, "Are the numbers true?").
+Unless given folders: one short traced training run per sync x model x
+world, then per world one bench run of the synchronisers' collectives at
+the sizes the runs put on the wire; one row per run
+(`ddp_lab.report.truth_table`). Writes truth.json and truth.md into
+--dir (docs/benchmarks.md, "Are the numbers true?").
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ SPEC = Spec(compares="each training run's comm per step, the bench at the same c
 
 LAUNCHERS = ("local", "slurm")
 SYNCS = ("ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
-#: training steps per model: enough calls for a median, short enough for a 2-core machine
+#: training steps per model: enough calls for a median, short enough for
+#: a 2-core machine
 STEPS = {"mlp": 200, "mlp_wide": 30}
-#: the bench's implementation of each (collective, algorithm) a synchroniser calls
+#: the bench's implementation of each (collective, algorithm) a
+#: synchroniser calls
 BENCH_OPS = ["all_reduce", "reduce", "broadcast"]
 BENCH_IMPLS = ["torch", "ring", "tree", "butterfly"]
 
@@ -75,7 +79,8 @@ def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int])
 
 
 def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
-    """A comma list of --option: ints of `least` or more, or names of `allowed`."""
+    """A comma list of --option: ints of `least` or more, or names of
+    `allowed`."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
         raise UsageError(f"{option} {text!r}: give a comma-separated list")

@@ -1,6 +1,7 @@
-"""The `sync` section's schemas: each synchroniser's keys (with their `--help` text) and the
-rules for a world size (`check`), one file beside each: sync/ring.py runs what
-config/sync/ring.py accepts. Torch-free: the submitting command checks with them.
+"""The `sync` section's schemas: each synchroniser's keys (with their
+`--help` text) and the rules for a world size (`check`), one file beside
+each: sync/ring.py runs what config/sync/ring.py accepts. Torch-free:
+the submitting command checks with them.
 """
 
 from .allreduce import BucketSyncConfig
@@ -14,7 +15,8 @@ from .fsdp2 import FSDP2SyncConfig
 from .torch_zero import TorchZeroSyncConfig
 from .zero1 import Zero1SyncConfig
 
-#: sync option -> its schema (tree and butterfly: allreduce's keys, another algorithm)
+#: sync option -> its schema (tree and butterfly: allreduce's keys,
+#: another algorithm)
 SYNC_SCHEMAS: dict[str, type[SyncConfig]] = {
     "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
     "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,

@@ -1,5 +1,6 @@
-"""The bucketed synchronisers' keys (sync/allreduce.py; tree and butterfly take these keys
-as they are, ring, reduce_broadcast, hierarchical and zero1 add theirs)."""
+"""The bucketed synchronisers' keys (sync/allreduce.py; tree and
+butterfly take these keys as they are, ring, reduce_broadcast,
+hierarchical and zero1 add theirs)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The keys every synchroniser has (sync/base.py's interface), and the rule hook each
-schema fills: `check(cfg, world_size)` raises ValueError, with the fix, for a config the
-synchroniser cannot run."""
+"""The keys every synchroniser has (sync/base.py's interface), and the
+rule hook each schema fills: `check(cfg, world_size)` raises ValueError,
+with the fix, for a config the synchroniser cannot run."""
 
 from __future__ import annotations
 
@@ -27,5 +27,6 @@ class SyncConfig:
 
     @classmethod
     def check(cls, cfg: SyncConfig, world_size: int) -> None:
-        """Raise ValueError, with the fix, for a section the synchroniser cannot run on
-        `world_size` ranks (before any process starts, and where the synchroniser is built)."""
+        """Raise ValueError, with the fix, for a section the
+        synchroniser cannot run on `world_size` ranks (before any
+        process starts, and where the synchroniser is built)."""

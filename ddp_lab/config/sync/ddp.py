@@ -1,5 +1,6 @@
-"""sync=ddp's keys (sync/ddp.py): DistributedDataParallel's own options, PowerSGD's rank, and
-the comm hook DDP's reducer runs on each bucket (sync.hook)."""
+"""sync=ddp's keys (sync/ddp.py): DistributedDataParallel's own options,
+PowerSGD's rank, and the comm hook DDP's reducer runs on each bucket
+(sync.hook)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from dataclasses import dataclass
 from ..help import doc
 from .base import SyncConfig
 
-#: sync.hook of sync=ddp -> what DDP's reducer runs on each gradient bucket: ddp_lab's
-#: collectives (the student's ring inside the production engine) or torch's own hooks
-#: (torch.distributed.algorithms.ddp_comm_hooks). "none": the one sync.compress picks.
+#: sync.hook of sync=ddp -> what DDP's reducer runs on each gradient
+#: bucket: ddp_lab's collectives (the student's ring inside the
+#: production engine) or torch's own hooks
+#: (torch.distributed.algorithms.ddp_comm_hooks). "none": the one
+#: sync.compress picks.
 DDP_HOOKS = {
     "none": "the hook sync.compress picks (none: torch's allreduce_hook)",
     "ring": "ddp_lab's textbook ring (collectives/ring.py) on the bucket",
@@ -21,7 +24,8 @@ DDP_HOOKS = {
     "bf16": "torch's default_hooks.bf16_compress_hook",
     "powersgd": "torch's powerSGD_hook (sync.powersgd_rank)",
 }
-#: the hooks that are also a sync.compress mode (the same hook: one code path)
+#: the hooks that are also a sync.compress mode (the same hook: one code
+#: path)
 TORCH_COMPRESS_HOOKS = ("fp16", "bf16", "powersgd")
 
 
@@ -53,7 +57,8 @@ class DDPSyncConfig(SyncConfig):
         if cfg.static_graph and cfg.find_unused_parameters:
             raise ValueError("sync.static_graph=true and sync.find_unused_parameters=true "
                              "contradict each other: set one of them to false")
-        if cfg.bucket_cap_mb < 0:  # DDP itself would take it silently
+        # DDP itself would take it silently
+        if cfg.bucket_cap_mb < 0:
             raise ValueError(f"sync.bucket_cap_mb={cfg.bucket_cap_mb}: must be >= 0 "
                              "(0 = one bucket per parameter)")
         hook, compress = cfg.get("hook", "none"), cfg.get("compress", "none")

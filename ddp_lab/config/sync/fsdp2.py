@@ -1,6 +1,7 @@
-"""sync=fsdp2's keys (sync/fsdp2.py): where FSDP2 reshards; overlap and compression refused.
-A torch without torch.distributed.fsdp.fully_shard is refused before any process starts
-(command/machine_rules.py, world/torch_support.py: it needs torch, this file is torch-free)."""
+"""sync=fsdp2's keys (sync/fsdp2.py): where FSDP2 reshards; overlap and
+compression refused. A torch without torch.distributed.fsdp.fully_shard
+is refused before any process starts (command/machine_rules.py,
+world/torch_support.py: it needs torch, this file is torch-free)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from .base import SyncConfig
 
 @dataclass
 class FSDP2SyncConfig(SyncConfig):
-    """torch.distributed.fsdp.fully_shard (FSDP2) on each child module with parameters, then
-    the root: weights, gradients and optimiser state sharded per parameter (Shard(0) DTensors),
-    all-gathered before each forward, gradients reduce-scattered (docs/twins.md)."""
+    """torch.distributed.fsdp.fully_shard (FSDP2) on each child module
+    with parameters, then the root: weights, gradients and optimiser
+    state sharded per parameter (Shard(0) DTensors), all-gathered before
+    each forward, gradients reduce-scattered (docs/twins.md)."""
 
     overlap: bool = doc(True, "FSDP2 overlaps its reduce-scatters with backward: "
                               "always true here")

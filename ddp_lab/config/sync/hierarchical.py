@@ -1,4 +1,5 @@
-"""sync=hierarchical's keys (sync/hierarchical.py): ring's, and how each level runs."""
+"""sync=hierarchical's keys (sync/hierarchical.py): ring's, and how each
+level runs."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ from ..help import doc
 from .ring import RingSyncConfig
 
 
-#: sync.inter / sync.intra of sync=hierarchical -> the algorithm that runs it
+#: sync.inter / sync.intra of sync=hierarchical -> the algorithm that
+#: runs it
 HIERARCHICAL_INTER = {"ring": "ring", "library": "torch"}
 HIERARCHICAL_INTRA = {"library": "torch", "tree": "tree"}
 
 
 @dataclass
 class HierarchicalSyncConfig(RingSyncConfig):
-    """Reduce inside each node, all-reduce among the leaders, broadcast inside each node."""
+    """Reduce inside each node, all-reduce among the leaders, broadcast
+    inside each node."""
 
     inter: str = doc("ring", "the leaders' all-reduce (the only traffic between nodes): ring "
                              "(ddp_lab.collectives, exact bytes; sync.prepost applies) | "

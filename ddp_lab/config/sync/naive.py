@@ -1,5 +1,5 @@
-"""sync=naive (sync/naive.py) has no keys of its own; its rules refuse overlap and
-compression, each with the synchroniser that runs it."""
+"""sync=naive (sync/naive.py) has no keys of its own; its rules refuse
+overlap and compression, each with the synchroniser that runs it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from .base import SyncConfig
 
 @dataclass
 class NaiveSyncConfig(SyncConfig):
-    """One all_reduce per parameter's .grad after backward, divided by the world size
-    (ddp_lab/sync/naive.py); no keys of its own, overlap and compress refused."""
+    """One all_reduce per parameter's .grad after backward, divided by
+    the world size (ddp_lab/sync/naive.py); no keys of its own, overlap
+    and compress refused."""
 
     @classmethod
     def check(cls, cfg: NaiveSyncConfig, world_size: int) -> None:

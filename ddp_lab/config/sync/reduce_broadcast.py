@@ -1,4 +1,5 @@
-"""sync=reduce_broadcast's keys (sync/reduce_broadcast.py): the buckets', and the root."""
+"""sync=reduce_broadcast's keys (sync/reduce_broadcast.py): the
+buckets', and the root."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from .allreduce import BucketSyncConfig
 
 @dataclass
 class ReduceBroadcastSyncConfig(BucketSyncConfig):
-    """Reduce gradients to a root, step there, broadcast the parameters."""
+    """Reduce gradients to a root, step there, broadcast the
+    parameters."""
 
     root: int = doc(0, "the rank that averages, steps the optimiser and holds its state")
 

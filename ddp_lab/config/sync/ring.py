@@ -1,4 +1,5 @@
-"""sync=ring's keys (sync/ring.py): the buckets', and which transport carries the steps."""
+"""sync=ring's keys (sync/ring.py): the buckets', and which transport
+carries the steps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""sync=torch_zero's keys (sync/torch_zero.py): DDP's, as torch's ZeroRedundancyOptimizer runs
-over DDP; compression and comm hooks refused (DDP's all-reduce is the plain one here)."""
+"""sync=torch_zero's keys (sync/torch_zero.py): DDP's, as torch's
+ZeroRedundancyOptimizer runs over DDP; compression and comm hooks
+refused (DDP's all-reduce is the plain one here)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from .ddp import DDPSyncConfig
 
 @dataclass
 class TorchZeroSyncConfig(DDPSyncConfig):
-    """torch.distributed.optim.ZeroRedundancyOptimizer over DistributedDataParallel: DDP
-    all-reduces the gradients, each rank steps the whole parameters it owns (placed greedily),
-    then every rank broadcasts its own (docs/twins.md)."""
+    """torch.distributed.optim.ZeroRedundancyOptimizer over
+    DistributedDataParallel: DDP all-reduces the gradients, each rank
+    steps the whole parameters it owns (placed greedily), then every
+    rank broadcasts its own (docs/twins.md)."""
 
     @classmethod
     def check(cls, cfg: TorchZeroSyncConfig, world_size: int) -> None:

@@ -1,4 +1,5 @@
-"""sync=zero1's keys (sync/zero1.py): the buckets'; overlap and compression refused."""
+"""sync=zero1's keys (sync/zero1.py): the buckets'; overlap and
+compression refused."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from .allreduce import BucketSyncConfig
 
 @dataclass
 class Zero1SyncConfig(BucketSyncConfig):
-    """ZeRO stage 1: gradients reduce-scattered, each rank steps the optimiser on its shard
-    of the flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
+    """ZeRO stage 1: gradients reduce-scattered, each rank steps the
+    optimiser on its shard of the flat weights, which are then
+    all-gathered (ddp_lab/sync/zero1.py)."""
 
     @classmethod
     def check(cls, cfg: Zero1SyncConfig, world_size: int) -> None:
