@@ -173,7 +173,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
     except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
         info["label"] = None
-    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.one_file)
+    if summary.get("records_kept") is False:  # a run.entry of its own (ddp_lab.rank.one_file)
         info["records"] = False
         note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"
         info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note

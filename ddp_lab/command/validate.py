@@ -334,7 +334,7 @@ def _run_entry(cfg: DictConfig) -> Optional[str]:
     except (ImportError, ValueError):
         pass
     return (f"run.entry={entry}: no such module; give one every rank runs as `python -m "
-            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.one_file)")
+            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.rank.one_file)")
 
 
 TRAIN: list[Rule] = [
