@@ -114,14 +114,14 @@ def parse(argv=None):
     defaults = argparse.ArgumentDefaultsHelpFormatter
     p = argparse.ArgumentParser(formatter_class=defaults)
     flag = p.add_argument
-    flag("--sync", default="ring", choices=SYNCS)
-    flag("--seed", type=int, default=0)
-    flag("--lr", type=float, default=1e-3)
+    flag("--sync", default="ring", choices=SYNCS, help="all-reduce")
+    flag("--seed", type=int, default=0, help="weights, shuffles")
+    flag("--lr", type=float, default=1e-3, help="Adam's")
     flag("--batch-size", type=int, default=64, help="per rank")
-    flag("--epochs", type=int, default=1)
+    flag("--epochs", type=int, default=1, help="passes")
     flag("--max-steps", type=int, default=0, help="0: all")
-    # one kernel updates every tensor (CPU: torch >= 2.4)
-    flag("--fused", default=True, action=argparse.BooleanOptionalAction)
+    flag("--fused", action=argparse.BooleanOptionalAction,
+         default=True, help="one-kernel Adam (CPU: torch >= 2.4)")
     flag("--save", default="", help="rank 0 saves weights here")
     return p.parse_args(argv)
 
