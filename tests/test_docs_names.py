@@ -114,7 +114,7 @@ def run_overrides(label: str) -> Optional[list[str]]:
     over.append(f"model={model}")
     rest = rest[len(model):].removeprefix("_")
     if rest.endswith("one_file"):  # the entry's last part, itself with a `_`
-        over.append("run.entry=ddp_lab.one_file")
+        over.append("run.entry=ddp_lab.rank.one_file")
         rest = rest.removesuffix("one_file").rstrip("_")
     for part in filter(None, rest.split("_")):
         simple = {"gb": "train.global_batch", "mb": "train.micro_batch", "b": "train.batch_size",
@@ -178,7 +178,7 @@ def test_the_reader_reads_what_the_namer_writes():
     for over in (["sync=ring", "sync.prepost=true", "optim=sgd"], ["model=mlp_wide"],
                  ["sync=allreduce", "sync.compress=fp16", "sync.bucket_mb=0", "train.lr=0.01"],
                  ["launcher=slurm", "launcher.nodes=2", "launcher.nproc_per_node=4", "model=cnn"],
-                 ["sync=reduce_broadcast", "train.batch_size=128", "run.entry=ddp_lab.one_file"],
+                 ["sync=reduce_broadcast", "train.batch_size=128", "run.entry=ddp_lab.rank.one_file"],
                  ["sync=hierarchical", "sync.inter=ring"]):
         label = describe_config(compose(*over))
         assert problem(f"{label}_2026-11-21_19-44-55", "") is None, (over, label)

@@ -14,7 +14,7 @@ rank runs (`ddp_lab.worker`) on a real gloo world. The ranks of one world are sh
 all its jobs (one set of processes per world: starting torch once, not once a job). Every
 synchroniser runs at world 1, 2 and 3, every option at world 2 (two ranks on CI's two
 cores: the options are most of the jobs). Then the user's commands, as processes: a real
-sweep of the tour's `sync=ring sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.one_file` through the
+sweep of the tour's `sync=ring sync.prepost=false,true`, its resume, and `run.entry=ddp_lab.rank.one_file` through the
 launcher, and every folder fed to the report (exit 0, each setting its own series),
 status (completed), TensorBoard (one run each, named by what differs) and the sweep table.
 
@@ -395,7 +395,7 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
                   f"data.root={shared_data_root}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert json.loads((tour_dirs[1] / "summary.json").read_text())["epochs_done"] == 2
-    one_file = cli("run.entry=ddp_lab.one_file", "sync=ring", "launcher.nproc_per_node=3",
+    one_file = cli("run.entry=ddp_lab.rank.one_file", "sync=ring", "launcher.nproc_per_node=3",
                 "train.epochs=1", "train.max_steps_per_epoch=5", f"data.root={shared_data_root}",
                 f"run.root={root}", cwd=tmp_path)
     assert one_file.returncode == 0, one_file.stdout[-3000:]

@@ -127,7 +127,7 @@ def test_a_run_the_report_cannot_use_is_named_and_the_rest_written(tmp_path, mon
 
 
 def test_a_run_entry_that_keeps_no_records_is_a_completed_run(tmp_path):
-    """`run.entry=ddp_lab.one_file` ended 0: summary.json says completed and that it keeps
+    """`run.entry=ddp_lab.rank.one_file` ended 0: summary.json says completed and that it keeps
     no records; status says so (not `not started`), the report says why no figures."""
     from ddp_lab.command.job import collect
     from ddp_lab.command.status import inspect
@@ -135,22 +135,22 @@ def test_a_run_entry_that_keeps_no_records_is_a_completed_run(tmp_path):
 
     d = tmp_path / "one_file"
     d.mkdir()
-    OmegaConf.save(compose("run.entry=ddp_lab.one_file", "sync=ring", "launcher.nproc_per_node=2"),
+    OmegaConf.save(compose("run.entry=ddp_lab.rank.one_file", "sync=ring", "launcher.nproc_per_node=2"),
                    d / "config.yaml")
-    summary = collect(d, 0, launcher="local", sync="ring", entry="ddp_lab.one_file")
+    summary = collect(d, 0, launcher="local", sync="ring", entry="ddp_lab.rank.one_file")
     assert summary["status"] == "completed" and summary["records_kept"] is False
     info = inspect(d, scheduler=False)
     assert info["state"] == "completed" and "keeps no records" in info["detail"]
     assert "keeps no records" in one_line(info)
     run = find_runs([d])[0]
-    assert not run.ok and "run.entry=ddp_lab.one_file keeps no records" in run.status
+    assert not run.ok and "run.entry=ddp_lab.rank.one_file keeps no records" in run.status
     # the trainer's own entry without a summary is still a failure to report, not this
     e = tmp_path / "worker"
     e.mkdir()
     assert collect(e, 0, entry="ddp_lab.worker") == {}
     f = tmp_path / "failed"
     f.mkdir()
-    assert collect(f, 1, entry="ddp_lab.one_file")["status"].startswith("failed")
+    assert collect(f, 1, entry="ddp_lab.rank.one_file")["status"].startswith("failed")
 
 
 class _Raw(io.RawIOBase):

@@ -268,7 +268,7 @@ def test_names_start_with_what_differs():
         "ring-fp16-prepost_w2_mlp")
     assert label("sync=hierarchical", "sync.prepost=false", world_size=2) == "hierarchical-noprepost_w2_mlp"
     assert label("sync=ddp", "model=mlp_wide", world_size=2) == "ddp_w2_mlp_wide"
-    assert label("run.entry=ddp_lab.one_file", "sync=ring", world_size=2) == "ring_w2_mlp_one_file"
+    assert label("run.entry=ddp_lab.rank.one_file", "sync=ring", world_size=2) == "ring_w2_mlp_one_file"
     assert sweep_name(["sync=ring", "optim=sgd"]) == "ring_sgd"
     assert sweep_name(["train.lr=0.1", "sync.compress=fp16", "model.hidden=[256,256]"]) == (
         "lr0.1_compress-fp16_hidden256-256")

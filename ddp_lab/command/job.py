@@ -144,7 +144,7 @@ def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
     status = str(summary.get("status", ""))
     entry = fields.pop("entry", None)
     if entry not in (None, TRAINER) and not summary:
-        # a run.entry that keeps no records (ddp_lab.one_file): still a
+        # a run.entry that keeps no records (ddp_lab.rank.one_file): still a
         # run, ended as its exit status says; the report and status say
         # why it has no figures
         fields.update(entry=entry, records_kept=False)

@@ -189,7 +189,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
     except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
         info["label"] = None
-    # a run.entry of its own (ddp_lab.one_file)
+    # a run.entry of its own (ddp_lab.rank.one_file)
     if summary.get("records_kept") is False:
         info["records"] = False
         note = f"run.entry={summary.get('entry')} keeps no records: no epochs, no figures"

@@ -82,10 +82,15 @@ def run_entry(cfg: DictConfig) -> Optional[str]:
     """run.entry is a module this Python finds: a typo is one line here,
     not a traceback from every rank."""
     entry = cfg.run.entry
+    # the lesson itself takes flags, never a run folder
+    if entry == "ddp_lab.one_file":
+        return ("run.entry=ddp_lab.one_file: the lesson takes flags, not a "
+                "run folder; use run.entry=ddp_lab.rank.one_file, which "
+                "runs it with this run's settings")
     try:
         if importlib.util.find_spec(entry) is not None:
             return None
     except (ImportError, ValueError):
         pass
     return (f"run.entry={entry}: no such module; give one every rank runs as `python -m "
-            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.one_file)")
+            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.rank.one_file)")

@@ -247,7 +247,7 @@ class RunSummary(_Record):
     weights_sha256: Optional[str] = None
     # the module the ranks ran (run.entry) when it is not the trainer,
     # and whether it kept records: a run.entry of the user's
-    # (ddp_lab.one_file) writes none, so the command that launched it
+    # (ddp_lab.rank.one_file) writes none, so the command that launched it
     # writes this summary from its exit status (command/job.py: collect)
     entry: Optional[str] = None
     records_kept: Optional[bool] = None

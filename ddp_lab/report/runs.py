@@ -285,7 +285,7 @@ def load_run(path: Path) -> Run:
         else:
             run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
     elif typed.records_kept is False:
-        # a run.entry of its own (ddp_lab.one_file)
+        # a run.entry of its own (ddp_lab.rank.one_file)
         run.status = (f"{typed.status}: run.entry={typed.entry} keeps no records (no metrics.jsonl), "
                       "so it has no figures to compare")
     elif typed.status != "completed":
