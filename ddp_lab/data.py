@@ -38,16 +38,24 @@ def read_idx(path: Path) -> torch.Tensor:
     data = path.read_bytes()
     ndim = data[3]
     if data[:3] != b"\x00\x00\x08" or len(data) < 4 + 4 * ndim:
-        raise DataError(f"{path} is not an idx file of uint8 values "
-                        f"(fix: delete {path.parent} and run again)")
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+        raise DataError(
+            f"{path} is not an idx file of uint8 values "
+            f"(fix: delete {path.parent} and run again)"
+        )
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     if len(data) != 4 + 4 * ndim + math.prod(dims):
-        raise DataError(f"{path} holds {len(data)} bytes, its header says "
-                        f"{4 + 4 * ndim + math.prod(dims)} (fix: delete {path.parent} and run again)")
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=4 + 4 * ndim).view(dims)
+        raise DataError(
+            f"{path} holds {len(data)} bytes, its header says "
+            f"{4 + 4 * ndim + math.prod(dims)} (fix: delete {path.parent} and run again)"
+        )
+    return torch.frombuffer(
+        bytearray(data), dtype=torch.uint8, offset=4 + 4 * ndim
+    ).view(dims)
 
 
-def load_split(root: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def load_split(
+    root: str | Path, train: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(images uint8 [N,28,28], labels int64 [N]): the extracted idx
     files, read directly. (torchvision.datasets.MNIST reads the same
     bytes into the same tensors, but importing torchvision pulls in
@@ -58,11 +66,15 @@ def load_split(root: str | Path, train: bool) -> tuple[torch.Tensor, torch.Tenso
         images = read_idx(raw / f"{prefix}-images-idx3-ubyte")
         labels = read_idx(raw / f"{prefix}-labels-idx1-ubyte").long()
     except OSError as e:
-        raise DataError(f"cannot read MNIST from {raw}: {e} "
-                        f"(fix: delete {raw} and run again)") from None
+        raise DataError(
+            f"cannot read MNIST from {raw}: {e} "
+            f"(fix: delete {raw} and run again)"
+        ) from None
     if len(images) != len(labels):
-        raise DataError(f"{raw}: {len(images)} {prefix} images but {len(labels)} labels "
-                        f"(fix: delete {raw} and run again)")
+        raise DataError(
+            f"{raw}: {len(images)} {prefix} images but {len(labels)} labels "
+            f"(fix: delete {raw} and run again)"
+        )
     return images, labels
 
 
@@ -72,8 +84,15 @@ def normalise(images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     return x.sub_(MEAN).div_(STD) if normalize else x
 
 
-def shard_indices(n: int, world_size: int, rank: int, epoch: int, seed: int,
-                  shuffle: bool = True, device: torch.device | None = None) -> torch.Tensor:
+def shard_indices(
+    n: int,
+    world_size: int,
+    rank: int,
+    epoch: int,
+    seed: int,
+    shuffle: bool = True,
+    device: torch.device | None = None,
+) -> torch.Tensor:
     """This rank's sample indices for an epoch, exactly as
     DistributedSampler orders them (drop_last=False: padded by wrapping
     around so every rank gets ceil(n/world) samples)."""
@@ -109,18 +128,29 @@ class TensorShards:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return math.ceil(math.ceil(len(self.x) / self.world_size) / self.batch_size)
+        return math.ceil(
+            math.ceil(len(self.x) / self.world_size) / self.batch_size
+        )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self.iter_from(0)
 
-    def iter_from(self, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def iter_from(
+        self, batch: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The epoch's batches from batch number `batch` on (a run
         resumed mid-epoch)."""
-        idx = shard_indices(len(self.x), self.world_size, self.rank, self.epoch, self.seed,
-                            self.shuffle, self.x.device)
+        idx = shard_indices(
+            len(self.x),
+            self.world_size,
+            self.rank,
+            self.epoch,
+            self.seed,
+            self.shuffle,
+            self.x.device,
+        )
         for start in range(batch * self.batch_size, len(idx), self.batch_size):
-            b = idx[start:start + self.batch_size]
+            b = idx[start : start + self.batch_size]
             yield self.x.index_select(0, b), self.y.index_select(0, b)
 
 
@@ -133,8 +163,12 @@ class Splits:
     test_y: torch.Tensor
 
 
-def build_splits(data_cfg: DataConfig, train_cfg: TrainConfig, env: DistEnv,
-                 device: torch.device) -> Splits:
+def build_splits(
+    data_cfg: DataConfig,
+    train_cfg: TrainConfig,
+    env: DistEnv,
+    device: torch.device,
+) -> Splits:
     """The test share and the training batches of this rank. A training
     batch holds the per-rank batch of `config.batch_plan`: with
     train.global_batch (strong scaling) that is global_batch / world,
@@ -147,16 +181,26 @@ def build_splits(data_cfg: DataConfig, train_cfg: TrainConfig, env: DistEnv,
     tx, ty = load_split(root, train=False)
     # evaluation: a strided, unpadded split so each test sample is
     # counted exactly once
-    test_x = normalise(tx[env.rank::env.world_size], data_cfg.normalize).to(device)
-    test_y = ty[env.rank::env.world_size].to(device)
+    test_x = normalise(tx[env.rank :: env.world_size], data_cfg.normalize).to(
+        device
+    )
+    test_y = ty[env.rank :: env.world_size].to(device)
     if data_cfg.pipeline == "tensor":
         x, y = load_split(root, train=True)
-        train = TensorShards(normalise(x, data_cfg.normalize).to(device), y.to(device),
-                             batch_size, env.world_size, env.rank, train_cfg.seed)
+        train = TensorShards(
+            normalise(x, data_cfg.normalize).to(device),
+            y.to(device),
+            batch_size,
+            env.world_size,
+            env.rank,
+            train_cfg.seed,
+        )
     elif data_cfg.pipeline == "dataloader":
         train = _dataloader(data_cfg, train_cfg, batch_size, env, device)
     else:
-        raise ValueError(f"data.pipeline={data_cfg.pipeline!r}: choose tensor or dataloader")
+        raise ValueError(
+            f"data.pipeline={data_cfg.pipeline!r}: choose tensor or dataloader"
+        )
     return Splits(train=train, test_x=test_x, test_y=test_y)
 
 
@@ -183,16 +227,27 @@ class _DeviceLoader:
         nb = self.device.type == "cuda"
         loader = self.loader
         if batch:
-            indices = list(self.sampler)[batch * self.loader.batch_size:]
-            loader = DataLoader(self.loader.dataset, batch_size=self.loader.batch_size,
-                                sampler=indices, num_workers=self.loader.num_workers,
-                                pin_memory=self.loader.pin_memory)
+            indices = list(self.sampler)[batch * self.loader.batch_size :]
+            loader = DataLoader(
+                self.loader.dataset,
+                batch_size=self.loader.batch_size,
+                sampler=indices,
+                num_workers=self.loader.num_workers,
+                pin_memory=self.loader.pin_memory,
+            )
         for x, y in loader:
-            yield x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+            yield x.to(self.device, non_blocking=nb), y.to(
+                self.device, non_blocking=nb
+            )
 
 
-def _dataloader(data_cfg: DataConfig, train_cfg: TrainConfig, batch_size: int, env: DistEnv,
-                device: torch.device):
+def _dataloader(
+    data_cfg: DataConfig,
+    train_cfg: TrainConfig,
+    batch_size: int,
+    env: DistEnv,
+    device: torch.device,
+):
     # lazy: see load_split
     from torchvision import transforms
     from torchvision.datasets import MNIST
@@ -200,10 +255,25 @@ def _dataloader(data_cfg: DataConfig, train_cfg: TrainConfig, batch_size: int, e
     tf = [transforms.ToTensor()]
     if data_cfg.normalize:
         tf.append(transforms.Normalize((MEAN,), (STD,)))
-    ds = MNIST(data_cfg.root, train=True, download=False, transform=transforms.Compose(tf))
-    sampler = DistributedSampler(ds, num_replicas=env.world_size, rank=env.rank,
-                                 shuffle=True, seed=train_cfg.seed)
-    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler,
-                        num_workers=data_cfg.num_workers, pin_memory=device.type == "cuda",
-                        persistent_workers=data_cfg.num_workers > 0)
+    ds = MNIST(
+        data_cfg.root,
+        train=True,
+        download=False,
+        transform=transforms.Compose(tf),
+    )
+    sampler = DistributedSampler(
+        ds,
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=True,
+        seed=train_cfg.seed,
+    )
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=data_cfg.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=data_cfg.num_workers > 0,
+    )
     return _DeviceLoader(loader, sampler, device)

@@ -85,8 +85,14 @@ def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
     rename into place."""
     # renamed into place only if the MD5 matches
     with atomic_open(dest, "wb") as out:
-        if mirror == "embedded" or not mirror.startswith(("http://", "https://")):
-            src = EMBEDDED if mirror == "embedded" else Path(mirror.removeprefix("file://"))
+        if mirror == "embedded" or not mirror.startswith(
+            ("http://", "https://")
+        ):
+            src = (
+                EMBEDDED
+                if mirror == "embedded"
+                else Path(mirror.removeprefix("file://"))
+            )
             if not (src / name).is_file():
                 raise DataError(f"{src / name} does not exist")
             with open(src / name, "rb") as f:
@@ -100,7 +106,9 @@ def _fetch_one(name: str, md5: str, mirror: str, dest: Path) -> None:
         out.flush()
         got = md5sum(Path(out.name))
         if got != md5:
-            raise DataError(f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)")
+            raise DataError(
+                f"{name} from {mirror} has MD5 {got}, expected {md5} (corrupt or partial)"
+            )
 
 
 def _fetch(name: str, md5: str, mirrors: Sequence[str], dest: Path) -> str:
@@ -114,9 +122,11 @@ def _fetch(name: str, md5: str, mirrors: Sequence[str], dest: Path) -> str:
         except (DataError, OSError, urllib.error.URLError, RuntimeError) as e:
             errors.append(f"  {mirror}: {e}")
     raise DataError(
-        f"could not fetch {name} into {dest.parent} from any mirror:\n" + "\n".join(errors)
+        f"could not fetch {name} into {dest.parent} from any mirror:\n"
+        + "\n".join(errors)
         + "\nfix: set data.mirrors to a reachable mirror (default: [embedded]), or copy "
-        "the four MNIST .gz files into that folder")
+        "the four MNIST .gz files into that folder"
+    )
 
 
 def _extract(archive: Path) -> Path:
@@ -130,7 +140,9 @@ def _extract(archive: Path) -> Path:
             dst.flush()
             got = md5sum(Path(dst.name))
             if got != want:
-                raise DataError(f"{archive} extracts to content with MD5 {got}, expected {want}")
+                raise DataError(
+                    f"{archive} extracts to content with MD5 {got}, expected {want}"
+                )
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot extract {archive}: {e}") from None
     return out
@@ -148,7 +160,10 @@ def fetch_mnist(root: str | Path, mirrors: Sequence[str]) -> int:
     for name, md5 in RESOURCES:
         archive = raw / name
         extracted = archive.with_suffix("")
-        if extracted.exists() and md5sum(extracted) == EXTRACTED_MD5[extracted.name]:
+        if (
+            extracted.exists()
+            and md5sum(extracted) == EXTRACTED_MD5[extracted.name]
+        ):
             # intact: its archive is checked only when it is needed
             continue
         # else missing: a first extraction, nothing to report
@@ -156,25 +171,40 @@ def fetch_mnist(root: str | Path, mirrors: Sequence[str]) -> int:
         source = name
         if archive.exists() and md5sum(archive) != md5:
             bad = archive.with_name(archive.name + ".corrupt")
-            log.warning("%s fails its MD5 check: moved to %s, fetching it again", archive, bad.name)
+            log.warning(
+                "%s fails its MD5 check: moved to %s, fetching it again",
+                archive,
+                bad.name,
+            )
             os.replace(archive, bad)
         if not archive.exists():
             try:
-                source += f" (fetched from {_fetch(name, md5, mirrors, archive)})"
+                source += (
+                    f" (fetched from {_fetch(name, md5, mirrors, archive)})"
+                )
             except DataError as e:
                 if damaged:  # say why a fetch was needed
-                    raise DataError(f"{extracted}: content MD5 mismatch (damaged?); {e}") from None
+                    raise DataError(
+                        f"{extracted}: content MD5 mismatch (damaged?); {e}"
+                    ) from None
                 raise
             fetched += 1
         _extract(archive)
         if damaged:
-            log.warning("%s: content MD5 mismatch (damaged?): extracted again from %s",
-                        extracted, source)
+            log.warning(
+                "%s: content MD5 mismatch (damaged?): extracted again from %s",
+                extracted,
+                source,
+            )
     return fetched
 
 
-def prepare_mnist(root: str | Path, mirrors: Sequence[str], ctx: DistContext,
-                  node_local: bool) -> None:
+def prepare_mnist(
+    root: str | Path,
+    mirrors: Sequence[str],
+    ctx: DistContext,
+    node_local: bool,
+) -> None:
     """The download guard: one fetcher per shared root, the others wait
     for its verdict."""
     env = ctx.env
@@ -184,8 +214,12 @@ def prepare_mnist(root: str | Path, mirrors: Sequence[str], ctx: DistContext,
         try:
             n = fetch_mnist(root, mirrors)
             if n:
-                log.info("fetched %d MNIST archive(s) into %s", n, raw_folder(root))
-        except BaseException as e:  # noqa: BLE001 -- reported to every rank below
+                log.info(
+                    "fetched %d MNIST archive(s) into %s", n, raw_folder(root)
+                )
+        except (
+            BaseException
+        ) as e:  # noqa: BLE001 -- reported to every rank below
             error = e
     # a barrier that carries a verdict: every rank learns whether any
     # fetcher failed
@@ -193,10 +227,21 @@ def prepare_mnist(root: str | Path, mirrors: Sequence[str], ctx: DistContext,
         if error is not None:
             raise error
         who = "local rank 0 of some node" if node_local else "rank 0"
-        raise DataError(f"{who} failed to prepare MNIST in {root}: see its log")
-    missing = [n for n, _ in RESOURCES if not idx_is_valid(raw_folder(root) / n.removesuffix(".gz"))]
+        raise DataError(
+            f"{who} failed to prepare MNIST in {root}: see its log"
+        )
+    missing = [
+        n
+        for n, _ in RESOURCES
+        if not idx_is_valid(raw_folder(root) / n.removesuffix(".gz"))
+    ]
     if missing:
-        hint = ("data.root is not shared by all nodes: set data.node_local=true"
-                if not node_local else "another job may be modifying it")
-        raise DataError(f"MNIST files missing or corrupt in {raw_folder(root)} after the fetch: "
-                        f"{', '.join(missing)} ({hint})")
+        hint = (
+            "data.root is not shared by all nodes: set data.node_local=true"
+            if not node_local
+            else "another job may be modifying it"
+        )
+        raise DataError(
+            f"MNIST files missing or corrupt in {raw_folder(root)} after the fetch: "
+            f"{', '.join(missing)} ({hint})"
+        )

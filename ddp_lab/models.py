@@ -35,7 +35,13 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """conv -> pool -> conv -> pool -> fc -> fc, for 1x28x28 inputs."""
 
-    def __init__(self, channels1: int = 16, channels2: int = 32, hidden: int = 64, classes: int = 10):
+    def __init__(
+        self,
+        channels1: int = 16,
+        channels2: int = 32,
+        hidden: int = 64,
+        classes: int = 10,
+    ):
         super().__init__()
         self.conv1 = nn.Conv2d(1, channels1, 3, padding=1)
         self.conv2 = nn.Conv2d(channels1, channels2, 3, padding=1)
@@ -58,29 +64,48 @@ def resnet18(classes: int = 10) -> nn.Module:
     from torchvision.models import resnet18 as tv_resnet18
 
     net = tv_resnet18(weights=None, num_classes=classes)
-    net.conv1 = nn.Conv2d(1, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.conv1 = nn.Conv2d(
+        1, 64, kernel_size=3, stride=1, padding=1, bias=False
+    )
     net.maxpool = nn.Identity()
     return net
 
 
 # model / optim option -> builder from its config section (schemas:
 # ddp_lab.config.SCHEMAS)
-MODELS: Registry = Registry("model", {
-    "mlp": lambda cfg: MLP(hidden=cfg.hidden),
-    "mlp_wide": lambda cfg: MLP(hidden=cfg.hidden),
-    "cnn": lambda cfg: CNN(cfg.channels1, cfg.channels2, cfg.hidden),
-    "resnet18": lambda cfg: resnet18(),
-})
+MODELS: Registry = Registry(
+    "model",
+    {
+        "mlp": lambda cfg: MLP(hidden=cfg.hidden),
+        "mlp_wide": lambda cfg: MLP(hidden=cfg.hidden),
+        "cnn": lambda cfg: CNN(cfg.channels1, cfg.channels2, cfg.hidden),
+        "resnet18": lambda cfg: resnet18(),
+    },
+)
 
 
-def _adam(cfg: AdamConfig, params, lr: float, **fused) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay, **fused)
+def _adam(
+    cfg: AdamConfig, params, lr: float, **fused
+) -> torch.optim.Optimizer:
+    return torch.optim.Adam(
+        params,
+        lr=lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        **fused,
+    )
 
 
 def _sgd(cfg: SGDConfig, params, lr: float, **fused) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay, **fused)
+    return torch.optim.SGD(
+        params,
+        lr=lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        weight_decay=cfg.weight_decay,
+        **fused,
+    )
 
 
 OPTIMIZERS: Registry = Registry("optim", {"adam": _adam, "sgd": _sgd})
@@ -90,7 +115,9 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return MODELS.get(cfg.name)(cfg)
 
 
-def build_optimizer(cfg: OptimConfig, params, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    cfg: OptimConfig, params, lr: float
+) -> torch.optim.Optimizer:
     # fused: the whole update in one kernel per dtype/device instead of
     # a Python loop over parameters -- for a small model the step is
     # dispatch-bound, so this matters (null: where the installed torch
@@ -98,5 +125,9 @@ def build_optimizer(cfg: OptimConfig, params, lr: float) -> torch.optim.Optimize
     # ddp_lab/world/torch_support.py)
     params = list(params)
     device = params[0].device.type if params else "cpu"
-    fused = {"fused": True} if torch_support.fused(cfg.name, device, cfg.fused) else {}
+    fused = (
+        {"fused": True}
+        if torch_support.fused(cfg.name, device, cfg.fused)
+        else {}
+    )
     return OPTIMIZERS.get(cfg.name)(cfg, params, lr, **fused)

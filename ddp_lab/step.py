@@ -28,8 +28,9 @@ from .timing import StepTimer
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
-             ctx: DistContext) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module, splits: Splits, batch_size: int, ctx: DistContext
+) -> tuple[float, float]:
     """Global test loss and accuracy: every rank scores its disjoint
     share, then a sum."""
     device = ctx.device
@@ -38,18 +39,27 @@ def evaluate(model: torch.nn.Module, splits: Splits, batch_size: int,
     loss = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     for i in range(0, len(splits.test_x), batch_size):
-        x, y = splits.test_x[i:i + batch_size], splits.test_y[i:i + batch_size]
+        x, y = (
+            splits.test_x[i : i + batch_size],
+            splits.test_y[i : i + batch_size],
+        )
         out = model(x)
         loss += F.cross_entropy(out, y, reduction="sum").double()
         correct += (out.argmax(1) == y).sum()
     model.train(was_training)
     total_loss, total_correct, total = ctx.reduce_floats(
-        [loss.item(), float(correct.item()), float(len(splits.test_x))])
+        [loss.item(), float(correct.item()), float(len(splits.test_x))]
+    )
     return total_loss / total, total_correct / total
 
 
-def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer: StepTimer,
-              micro_batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def run_steps(
+    syncer,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable,
+    timer: StepTimer,
+    micro_batch: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The training steps of one epoch, each phase timed: the summed
     loss and the right predictions, on the device. `batches` gives each
     step's (x, y); the trainer's (`EpochBatches`, ddp_lab/rank/epoch.py)
@@ -61,7 +71,9 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
     losses, rights, sizes = [], [], []
     for x, y in batches:
         if micro_batch and len(y) > micro_batch:
-            loss, right = accumulate(syncer, optimizer, x, y, micro_batch, timer)
+            loss, right = accumulate(
+                syncer, optimizer, x, y, micro_batch, timer
+            )
         else:
             with timer.phase("forward"):
                 out = syncer.wrapped(x)
@@ -84,20 +96,31 @@ def run_steps(syncer, optimizer: torch.optim.Optimizer, batches: Iterable, timer
     return epoch_sums(losses, rights, sizes, syncer.device)
 
 
-def epoch_sums(losses: list, rights: list, sizes: list[int], device: torch.device
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def epoch_sums(
+    losses: list, rights: list, sizes: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The epoch's summed loss (each step's mean loss times its samples,
     in float64) and right predictions, from the steps' tensors: two
     kernels an epoch instead of four a step."""
     if not losses:
-        return (torch.zeros((), dtype=torch.float64, device=device),
-                torch.zeros((), dtype=torch.int64, device=device))
+        return (
+            torch.zeros((), dtype=torch.float64, device=device),
+            torch.zeros((), dtype=torch.int64, device=device),
+        )
     samples = torch.tensor(sizes, dtype=torch.float64, device=device)
-    return (torch.stack(losses).double() * samples).sum(), torch.stack(rights).sum()
+    return (torch.stack(losses).double() * samples).sum(), torch.stack(
+        rights
+    ).sum()
 
 
-def accumulate(syncer, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               micro_batch: int, timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
+def accumulate(
+    syncer,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    micro_batch: int,
+    timer: StepTimer,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward of one batch in micro-batches of
     `micro_batch` samples, their gradients summed in .grad; returns the
     batch's mean loss (detached) and its correct predictions. Each

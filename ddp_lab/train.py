@@ -42,15 +42,17 @@ class Machinery(Protocol):
     def building(self) -> AbstractContextManager:
         """Where the synchroniser is built."""
 
-    def start(self, clock: Clock, parts: Parts, splits: Splits,
-              steps: Callable) -> tuple[int, Callable]:
+    def start(
+        self, clock: Clock, parts: Parts, splits: Splits, steps: Callable
+    ) -> tuple[int, Callable]:
         """The epoch to start from, and what runs the steps."""
 
     def batches(self, epoch: int, shard: Any) -> Iterable:
         """Epoch `epoch`'s batches of this rank's shard."""
 
-    def steps_done(self, batches: Iterable, loss_sum: torch.Tensor,
-                   correct: torch.Tensor) -> None:
+    def steps_done(
+        self, batches: Iterable, loss_sum: torch.Tensor, correct: torch.Tensor
+    ) -> None:
         """The epoch's steps ended (or a stop ends the run here)."""
 
     def epoch_done(self, test: tuple[float, float]) -> None:
@@ -73,21 +75,22 @@ def train(cfg: Config, ctx: DistContext, machinery: Machinery) -> Any:
     first, steps = machinery.start(clock, parts, splits, run_steps)
     for epoch in range(first, cfg.train.epochs):
         batches = machinery.batches(epoch, splits.train)
-        loss_sum, correct = steps(syncer, optimizer, batches,
-                                  machinery.timer, plan.micro_batch)
+        loss_sum, correct = steps(
+            syncer, optimizer, batches, machinery.timer, plan.micro_batch
+        )
         machinery.steps_done(batches, loss_sum, correct)
         # fsdp2: its weights gathered once, not per batch
         with syncer.evaluation():
-            test = evaluate(model, splits,
-                            cfg.train.eval_batch_size, ctx)
+            test = evaluate(model, splits, cfg.train.eval_batch_size, ctx)
         machinery.epoch_done(test)
     # collective: every rank has run the same steps
     syncer.close()
     return machinery.finish(parts)
 
 
-def load_data(data: DataConfig, train: TrainConfig,
-              ctx: DistContext) -> Splits:
+def load_data(
+    data: DataConfig, train: TrainConfig, ctx: DistContext
+) -> Splits:
     """MNIST on disk (one rank per shared root fetches it, the
     others wait), then this rank's shard of the training set and
     its share of the test set, on its device."""
@@ -101,11 +104,17 @@ def build_parts(cfg: Config, ctx: DistContext, clock: Clock) -> Parts:
     same weights. The benchmarks build theirs here too."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(ctx.device)
-    syncer = build_sync(cfg.sync, model, ctx.device,
-                        ctx.env.world_size, clock=clock,
-                        timing=cfg.timing.enabled)
+    syncer = build_sync(
+        cfg.sync,
+        model,
+        ctx.device,
+        ctx.env.world_size,
+        clock=clock,
+        timing=cfg.timing.enabled,
+    )
     # the optimiser steps what the sync says this rank owns: every
     # parameter, or (zero1) its shard
     optimizer = syncer.make_optimizer(
-        lambda params: build_optimizer(cfg.optim, params, cfg.train.lr))
+        lambda params: build_optimizer(cfg.optim, params, cfg.train.lr)
+    )
     return Parts(model, syncer, optimizer)

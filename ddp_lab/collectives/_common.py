@@ -57,11 +57,18 @@ def check_op_dtype(op: str, dtype: torch.dtype) -> None:
 
 
 # AVG combines like SUM (divided once at the end)
-_COMBINE = {SUM: torch.add, AVG: torch.add, PRODUCT: torch.mul, MAX: torch.maximum,
-            MIN: torch.minimum}
+_COMBINE = {
+    SUM: torch.add,
+    AVG: torch.add,
+    PRODUCT: torch.mul,
+    MAX: torch.maximum,
+    MIN: torch.minimum,
+}
 
 
-def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
+def combine_into(
+    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str
+) -> None:
     """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may
     alias ``a``)."""
     _COMBINE[op](a, b, out=out)
@@ -110,15 +117,21 @@ def group_info(group: dist.ProcessGroup | None) -> GroupInfo | None:
     return GroupInfo(group, rank, size, ranks)
 
 
-def resolve_root(info: GroupInfo, root: int | None, group_root: int | None, name: str) -> int:
+def resolve_root(
+    info: GroupInfo, root: int | None, group_root: int | None, name: str
+) -> int:
     """Group-local rank of the root, from its global rank
     (``src``/``dst``, as in ``torch.distributed``) or its group rank
     (``group_src``/``group_dst``)."""
     if (root is None) == (group_root is None):
-        raise ValueError(f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)")
+        raise ValueError(
+            f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)"
+        )
     if group_root is not None:
         if not 0 <= group_root < info.size:
-            raise ValueError(f"group_{name}={group_root} out of range for a group of size {info.size}")
+            raise ValueError(
+                f"group_{name}={group_root} out of range for a group of size {info.size}"
+            )
         return group_root
     try:
         return info.ranks.index(root)
@@ -139,8 +152,16 @@ def p2p(
     are skipped (both ends agree on sizes)."""
     # receives first, as the ring's (ring_batched.py's p2p_pipelined
     # says why)
-    ops = [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
-    ops += [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]
+    ops = [
+        dist.P2POp(dist.irecv, t, info.peer(r), info.group)
+        for t, r in recvs
+        if t.numel()
+    ]
+    ops += [
+        dist.P2POp(dist.isend, t, info.peer(r), info.group)
+        for t, r in sends
+        if t.numel()
+    ]
     if not ops:
         return
     for work in dist.batch_isend_irecv(ops):
@@ -161,7 +182,9 @@ def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
     key = (like.device, like.dtype, slot)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
-        buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        buf = cache[key] = torch.empty(
+            numel, dtype=like.dtype, device=like.device
+        )
     return buf[:numel]
 
 
@@ -172,7 +195,9 @@ def clear_scratch() -> None:
 
 
 @contextlib.contextmanager
-def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tensor]:
+def flat_view(
+    t: torch.Tensor, *, writeback: bool = True
+) -> Iterator[torch.Tensor]:
     """A contiguous 1-D view of ``t``; for a non-contiguous ``t`` a
     copy, written back on normal exit when ``writeback``, so callers
     always work "in place" on it."""
@@ -187,9 +212,15 @@ def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tens
             t.copy_(tmp.view(t.shape))
 
 
-def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | None,
-           group_root: int | None, name: str, result_on_root: bool,
-           body: Callable[[GroupInfo, torch.Tensor, int], None]) -> None:
+def rooted(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    root: int | None,
+    group_root: int | None,
+    name: str,
+    result_on_root: bool,
+    body: Callable[[GroupInfo, torch.Tensor, int], None],
+) -> None:
     """The frame every rooted collective (broadcast, reduce) shares:
     resolve the group and the root, skip when there is nothing to do
     (not a member, one rank, empty tensor), and run ``body(info, flat,
@@ -201,5 +232,7 @@ def rooted(tensor: torch.Tensor, group: dist.ProcessGroup | None, root: int | No
     r = resolve_root(info, root, group_root, name)
     if info.size == 1 or tensor.numel() == 0:
         return
-    with flat_view(tensor, writeback=(info.rank == r) == result_on_root) as flat:
+    with flat_view(
+        tensor, writeback=(info.rank == r) == result_on_root
+    ) as flat:
         body(info, flat, r)

@@ -42,14 +42,20 @@ def _bcast_tree(info: GroupInfo, flat: torch.Tensor, root: int) -> None:
         mask >>= 1
 
 
-def _bcast_ring(info: GroupInfo, flat: torch.Tensor, root: int, chunk_bytes: int | None) -> None:
+def _bcast_ring(
+    info: GroupInfo, flat: torch.Tensor, root: int, chunk_bytes: int | None
+) -> None:
     n = info.size
     v = (info.rank - root) % n
     # GroupInfo.peer takes these modulo n
     nxt, prv = info.rank + 1, info.rank - 1
     # Pipelining only pays off when some rank both receives and forwards
     # (n > 2).
-    k = num_pipeline_chunks(flat.numel(), flat.element_size(), chunk_bytes) if n > 2 else 1
+    k = (
+        num_pipeline_chunks(flat.numel(), flat.element_size(), chunk_bytes)
+        if n > 2
+        else 1
+    )
     pieces = flat.tensor_split(k)
     if v == 0:  # root: push the pieces down the ring
         for piece in pieces:
@@ -106,5 +112,12 @@ def broadcast_ring(
     (``None``: whole; never cut for ``n <= 2``), each middle rank
     forwarding piece ``i-1`` while receiving piece ``i``.
     ``src``/``group_src`` as in :func:`broadcast_linear`."""
-    rooted(tensor, group, src, group_src, "src", False,
-           lambda info, flat, root: _bcast_ring(info, flat, root, chunk_bytes))
+    rooted(
+        tensor,
+        group,
+        src,
+        group_src,
+        "src",
+        False,
+        lambda info, flat, root: _bcast_ring(info, flat, root, chunk_bytes),
+    )

@@ -7,10 +7,23 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import (AVG, SUM, GroupInfo, OpLike, check_op_dtype, combine_, normalize_op, p2p, rooted, scratch)
+from ._common import (
+    AVG,
+    SUM,
+    GroupInfo,
+    OpLike,
+    check_op_dtype,
+    combine_,
+    normalize_op,
+    p2p,
+    rooted,
+    scratch,
+)
 
 
-def _reduce_linear(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:
+def _reduce_linear(
+    info: GroupInfo, flat: torch.Tensor, root: int, op: str
+) -> None:
     if info.rank != root:
         p2p(info, sends=[(flat, root)])
         return
@@ -70,8 +83,15 @@ def reduce_linear(
     tensors are unchanged."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
-    rooted(tensor, group, dst, group_dst, "dst", True,
-           lambda info, flat, root: _reduce_linear(info, flat, root, op))
+    rooted(
+        tensor,
+        group,
+        dst,
+        group_dst,
+        "dst",
+        True,
+        lambda info, flat, root: _reduce_linear(info, flat, root, op),
+    )
 
 
 def reduce_tree(
@@ -89,5 +109,14 @@ def reduce_tree(
     :func:`reduce_linear`."""
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
-    rooted(tensor, group, dst, group_dst, "dst", True,
-           lambda info, flat, root: _reduce_tree(info, flat, root, op, clobber=False))
+    rooted(
+        tensor,
+        group,
+        dst,
+        group_dst,
+        "dst",
+        True,
+        lambda info, flat, root: _reduce_tree(
+            info, flat, root, op, clobber=False
+        ),
+    )

@@ -26,14 +26,31 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from ..world import torch_support
-from ._common import (AVG, SUM, OpLike, check_op_dtype, flat_view, group_info, normalize_op, resolve_root)
-from .all_reduce import all_reduce_butterfly, all_reduce_linear, all_reduce_ring, all_reduce_tree
+from ._common import (
+    AVG,
+    SUM,
+    OpLike,
+    check_op_dtype,
+    flat_view,
+    group_info,
+    normalize_op,
+    resolve_root,
+)
+from .all_reduce import (
+    all_reduce_butterfly,
+    all_reduce_linear,
+    all_reduce_ring,
+    all_reduce_tree,
+)
 from .broadcast import broadcast_linear, broadcast_ring, broadcast_tree
 from .gather import GATHER
 from .reduce import reduce_linear, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
-def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpType, bool]:
+
+def _torch_op(
+    op: str, group: dist.ProcessGroup | None
+) -> tuple[ReduceOp.RedOpType, bool]:
     """(op to hand to torch, whether we must divide by the group size
     afterwards)."""
     if op != AVG:
@@ -44,8 +61,11 @@ def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpT
 
 
 def torch_broadcast(
-    tensor: torch.Tensor, src: int | None = None, group: dist.ProcessGroup | None = None,
-    *, group_src: int | None = None,
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: dist.ProcessGroup | None = None,
+    *,
+    group_src: int | None = None,
 ) -> None:
     """:func:`torch.distributed.broadcast` (non-contiguous tensors
     allowed). Returns None."""
@@ -59,8 +79,12 @@ def torch_broadcast(
 
 
 def torch_reduce(
-    tensor: torch.Tensor, dst: int | None = None, op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None, *, group_dst: int | None = None,
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
+    *,
+    group_dst: int | None = None,
 ) -> None:
     """:func:`torch.distributed.reduce` with our op handling. Returns
     None."""
@@ -79,7 +103,9 @@ def torch_reduce(
 
 
 def torch_all_reduce(
-    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
+    tensor: torch.Tensor,
+    op: OpLike = SUM,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """:func:`torch.distributed.all_reduce` with our op handling.
     Returns None."""
@@ -96,7 +122,8 @@ def torch_all_reduce(
 
 
 def torch_all_gather(
-    output: torch.Tensor | Sequence[torch.Tensor], input: torch.Tensor,
+    output: torch.Tensor | Sequence[torch.Tensor],
+    input: torch.Tensor,
     group: dist.ProcessGroup | None = None,
 ) -> None:
     """:func:`torch.distributed.all_gather_single` (tensor output;
@@ -104,13 +131,17 @@ def torch_all_gather(
     :func:`torch.distributed.all_gather` (list output). Returns None."""
     if isinstance(output, torch.Tensor):
         with flat_view(output) as flat:
-            torch_support.all_gather_single(flat, input.reshape(-1), group=group)
+            torch_support.all_gather_single(
+                flat, input.reshape(-1), group=group
+            )
     else:
         dist.all_gather(list(output), input, group=group)
 
 
 def torch_reduce_scatter(
-    output: torch.Tensor, input: torch.Tensor | Sequence[torch.Tensor], op: OpLike = SUM,
+    output: torch.Tensor,
+    input: torch.Tensor | Sequence[torch.Tensor],
+    op: OpLike = SUM,
     group: dist.ProcessGroup | None = None,
 ) -> None:
     """:func:`torch.distributed.reduce_scatter_single` (tensor input;
@@ -125,10 +156,13 @@ def torch_reduce_scatter(
     torch_op, divide = _torch_op(op, group)
     with flat_view(output) as flat:
         if isinstance(input, torch.Tensor):
-            torch_support.reduce_scatter_single(flat, input.reshape(-1), op=torch_op,
-                                                group=group)
+            torch_support.reduce_scatter_single(
+                flat, input.reshape(-1), op=torch_op, group=group
+            )
         else:
-            dist.reduce_scatter(flat, [t.reshape(-1) for t in input], op=torch_op, group=group)
+            dist.reduce_scatter(
+                flat, [t.reshape(-1) for t in input], op=torch_op, group=group
+            )
         if divide:
             flat.div_(info.size)
 
@@ -168,4 +202,3 @@ COLLECTIVES: dict[str, dict[str, Callable[..., None]]] = {
     "reduce_scatter": REDUCE_SCATTER,
     "gather": GATHER,
 }
-

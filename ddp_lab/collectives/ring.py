@@ -41,11 +41,17 @@ def ring_steps(rank: int, n: int) -> list[tuple[int, int, bool]]:
     """Rank ``rank``'s ``2(n-1)`` steps: (chunk sent to rank+1, chunk
     received from rank-1, whether the received chunk is added
     (reduce-scatter) or copied (all-gather))."""
-    return [((rank - s) % n, (rank - s - 1) % n, s < n - 1) for s in range(2 * (n - 1))]
+    return [
+        ((rank - s) % n, (rank - s - 1) % n, s < n - 1)
+        for s in range(2 * (n - 1))
+    ]
 
 
-def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
-                             landing: torch.Tensor | None = None) -> None:
+def all_reduce_ring_textbook(
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    landing: torch.Tensor | None = None,
+) -> None:
     """Sum the contiguous ``tensor`` over the ranks of ``group`` (None:
     every rank) in place: the ring with plain isend/irecv, one step
     after the other. gloo; on nccl use ``all_reduce_ring`` (module
@@ -58,7 +64,9 @@ def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | No
     if rank < 0 or n == 1 or tensor.numel() == 0:
         return
     # isend/irecv name their peer by its global rank
-    ranks = dist.get_process_group_ranks(dist.group.WORLD if group is None else group)
+    ranks = dist.get_process_group_ranks(
+        dist.group.WORLD if group is None else group
+    )
     to_next, from_prev = ranks[(rank + 1) % n], ranks[(rank - 1) % n]
     # the first numel % n are one element longer
     chunks = tensor.view(-1).tensor_split(n)
@@ -67,7 +75,7 @@ def all_reduce_ring_textbook(tensor: torch.Tensor, group: dist.ProcessGroup | No
         landing = torch.empty_like(chunks[0])
     for send_chunk, recv_chunk, add in ring_steps(rank, n):
         mine = chunks[recv_chunk]
-        into = landing[:mine.numel()] if add else mine
+        into = landing[: mine.numel()] if add else mine
         # the receive is posted before the send (docs/network.md: sends
         # first, a shaped link carried one direction at a time)
         incoming = dist.irecv(into, from_prev, group=group)

@@ -26,8 +26,13 @@ def pieces(t: torch.Tensor, segment_bytes: int | None) -> list[torch.Tensor]:
     """``t`` (1-D) cut into the non-empty pieces of at most about
     ``segment_bytes`` that a pipelined ring step sends; both ends of a
     transfer compute the same cut from the size."""
-    return [p for p in t.tensor_split(
-        num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)) if p.numel()]
+    return [
+        p
+        for p in t.tensor_split(
+            num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)
+        )
+        if p.numel()
+    ]
 
 
 def p2p_pipelined(
@@ -45,11 +50,19 @@ def p2p_pipelined(
     ``on_piece(lo, hi)`` runs as ``recv[lo:hi]`` lands, in order, so
     reducing a piece overlaps the next one's transfer; where the backend
     coalesces the batch (nccl), after all of it."""
-    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
+    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(
+        recv, segment_bytes
+    )
     # receives first: sends first, the two directions of a shaped link
     # took turns (docs/network.md, "The bench across the link")
-    ops = [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
-    ops += [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
+    ops = [
+        dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group)
+        for t in recv_pieces
+    ]
+    ops += [
+        dist.P2POp(dist.isend, t, info.peer(send_to), info.group)
+        for t in send_pieces
+    ]
     if not ops:
         return
     works = dist.batch_isend_irecv(ops)
@@ -63,7 +76,7 @@ def p2p_pipelined(
             work.wait()
             if on_piece is not None:
                 on_piece(lo, hi)
-        for work in works[len(recv_pieces):]:
+        for work in works[len(recv_pieces) :]:
             work.wait()
     else:
         # one request for the whole batch (nccl coalescing)
@@ -97,7 +110,9 @@ def batched_exchange(
     def exchange(send_chunk: int, recv_chunk: int, reduce: bool) -> None:
         mine = chunks[recv_chunk]
         if not reduce:
-            p2p_pipelined(info, chunks[send_chunk], r + 1, mine, r - 1, segment_bytes)
+            p2p_pipelined(
+                info, chunks[send_chunk], r + 1, mine, r - 1, segment_bytes
+            )
             return
         got = scratch(biggest, mine, slot=0)[: mine.numel()]
         if out is None:
@@ -105,10 +120,21 @@ def batched_exchange(
         elif len(partial) == n - 2:  # the last reduce step
             target = out
         else:
-            target = scratch(biggest, mine, slot=1 + len(partial) % 2)[: mine.numel()]
+            target = scratch(biggest, mine, slot=1 + len(partial) % 2)[
+                : mine.numel()
+            ]
         outgoing = partial.get(send_chunk, chunks[send_chunk])
-        p2p_pipelined(info, outgoing, r + 1, got, r - 1, segment_bytes,
-                      lambda lo, hi: combine_into(target[lo:hi], mine[lo:hi], got[lo:hi], op))
+        p2p_pipelined(
+            info,
+            outgoing,
+            r + 1,
+            got,
+            r - 1,
+            segment_bytes,
+            lambda lo, hi: combine_into(
+                target[lo:hi], mine[lo:hi], got[lo:hi], op
+            ),
+        )
         partial[recv_chunk] = target
 
     return exchange

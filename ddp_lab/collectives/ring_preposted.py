@@ -20,7 +20,16 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from ._common import AVG, SUM, OpLike, check_op_dtype, combine_, flat_view, group_info, normalize_op
+from ._common import (
+    AVG,
+    SUM,
+    OpLike,
+    check_op_dtype,
+    combine_,
+    flat_view,
+    group_info,
+    normalize_op,
+)
 from .ring_batched import DEFAULT_SEGMENT_BYTES, pieces
 from .ring import ring_steps
 from .ring_schedule import schedule_all_reduce
@@ -52,12 +61,21 @@ class PrepostedRingAllReduce:
     (collective) when done, or use it as a context manager. Outside
     ``group``, or in a group of one, calls return at once."""
 
-    def __init__(self, like: torch.Tensor, op: OpLike = SUM,
-                 group: dist.ProcessGroup | None = None, *,
-                 segment_bytes: int | None = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        like: torch.Tensor,
+        op: OpLike = SUM,
+        group: dist.ProcessGroup | None = None,
+        *,
+        segment_bytes: int | None = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
         self.op = normalize_op(op)
         check_op_dtype(self.op, like.dtype)
-        self.numel, self.dtype, self.device = like.numel(), like.dtype, like.device
+        self.numel, self.dtype, self.device = (
+            like.numel(),
+            like.dtype,
+            like.device,
+        )
         self.info = info = group_info(group)
         self._active = info is not None and info.size > 1 and self.numel > 0
         self._posted: list[list[dist.Work]] | None = None
@@ -69,21 +87,32 @@ class PrepostedRingAllReduce:
             raise ValueError(
                 f"PrepostedRingAllReduce needs a gloo group and CPU tensors (got backend "
                 f"{backend!r}, device {like.device}); use all_reduce_ring, whose grouped "
-                "sends and receives are what nccl needs")
+                "sends and receives are what nccl needs"
+            )
         n, r = info.size, info.rank
         self.tag = _agree_tag(group)
         self.segment_bytes = segment_bytes
-        self.sizes = [c.numel() for c in torch.empty(self.numel, device="meta").tensor_split(n)]
+        self.sizes = [
+            c.numel()
+            for c in torch.empty(self.numel, device="meta").tensor_split(n)
+        ]
         # The schedule's steps, (chunk sent, chunk received), recorded
         # once: one receive buffer per step, and close() sends what the
         # next rank's receives expect.
-        steps = [(send_chunk, recv_chunk) for send_chunk, recv_chunk, _ in ring_steps(r, n)]
+        steps = [
+            (send_chunk, recv_chunk)
+            for send_chunk, recv_chunk, _ in ring_steps(r, n)
+        ]
         self._sends = [send_chunk for send_chunk, _ in steps]
-        self._recv = torch.empty(sum(self.sizes[c] for _, c in steps), dtype=self.dtype)
+        self._recv = torch.empty(
+            sum(self.sizes[c] for _, c in steps), dtype=self.dtype
+        )
         self._recv_steps: list[list[torch.Tensor]] = []
         lo = 0
         for _, c in steps:
-            self._recv_steps.append(pieces(self._recv[lo:lo + self.sizes[c]], segment_bytes))
+            self._recv_steps.append(
+                pieces(self._recv[lo : lo + self.sizes[c]], segment_bytes)
+            )
             lo += self.sizes[c]
         self.to_next, self.from_prev = info.peer(r + 1), info.peer(r - 1)
         # during a call: the tensor's n chunks
@@ -97,23 +126,33 @@ class PrepostedRingAllReduce:
         delivers in order, and gloo matches a peer's messages of one tag
         to receives first-in first-out."""
         group, tag, src = self.info.group, self.tag, self.from_prev
-        self._posted = [[dist.irecv(p, src, group=group, tag=tag) for p in step]
-                        for step in self._recv_steps]
+        self._posted = [
+            [dist.irecv(p, src, group=group, tag=tag) for p in step]
+            for step in self._recv_steps
+        ]
 
     def _send(self, t: torch.Tensor) -> list[dist.Work]:
-        return [dist.isend(p, self.to_next, group=self.info.group, tag=self.tag)
-                for p in pieces(t, self.segment_bytes)]
+        return [
+            dist.isend(p, self.to_next, group=self.info.group, tag=self.tag)
+            for p in pieces(t, self.segment_bytes)
+        ]
 
     def _check(self, tensor: torch.Tensor) -> None:
         if self._broken is not None:
             raise RuntimeError(
                 "this PrepostedRingAllReduce failed in an earlier call "
-                f"({type(self._broken).__name__}: {self._broken}); build a new one")
-        if (tensor.numel(), tensor.dtype, tensor.device) != (self.numel, self.dtype, self.device):
+                f"({type(self._broken).__name__}: {self._broken}); build a new one"
+            )
+        if (tensor.numel(), tensor.dtype, tensor.device) != (
+            self.numel,
+            self.dtype,
+            self.device,
+        ):
             raise ValueError(
                 f"this plan all-reduces {self.numel} elements of {self.dtype} on {self.device}, "
                 f"got {tensor.numel()} of {tensor.dtype} on {tensor.device}; build one plan "
-                "per tensor shape")
+                "per tensor shape"
+            )
 
     # ------------------------------------------------------------------ calls
     def __call__(self, tensor: torch.Tensor) -> None:
@@ -126,8 +165,12 @@ class PrepostedRingAllReduce:
                 self._post_receives()
             with flat_view(tensor) as flat:
                 self._chunks, self._step = flat.tensor_split(self.info.size), 0
-                schedule_all_reduce(self.info.rank, self.info.size, self._exchange,
-                                self._divide if self.op == AVG else None)
+                schedule_all_reduce(
+                    self.info.rank,
+                    self.info.size,
+                    self._exchange,
+                    self._divide if self.op == AVG else None,
+                )
                 self._chunks = ()
             # the next call's, while this rank computes
             self._post_receives()
@@ -135,7 +178,9 @@ class PrepostedRingAllReduce:
             self._broken, self._posted = e, None
             raise
 
-    def _exchange(self, send_chunk: int, recv_chunk: int, reduce: bool) -> None:
+    def _exchange(
+        self, send_chunk: int, recv_chunk: int, reduce: bool
+    ) -> None:
         """The schedule's step: send chunk ``send_chunk`` and take chunk
         ``recv_chunk`` piece by piece from the receives posted a call
         ago, adding it into (``reduce``) or copying it over this rank's

@@ -19,7 +19,9 @@ from .ring import ring_steps
 Exchange = Callable[[int, int, bool], None]
 
 
-def schedule_reduce_scatter(rank: int, n: int, exchange: Exchange, shift: int = 1) -> int:
+def schedule_reduce_scatter(
+    rank: int, n: int, exchange: Exchange, shift: int = 1
+) -> int:
     """``n-1`` steps; returns the chunk this rank then holds fully
     reduced."""
     for s in range(n - 1):
@@ -27,15 +29,21 @@ def schedule_reduce_scatter(rank: int, n: int, exchange: Exchange, shift: int = 
     return (rank + shift) % n
 
 
-def schedule_all_gather(rank: int, n: int, exchange: Exchange, shift: int = 1) -> None:
+def schedule_all_gather(
+    rank: int, n: int, exchange: Exchange, shift: int = 1
+) -> None:
     """``n-1`` steps, from this rank holding chunk ``rank+shift`` to it
     holding them all."""
     for s in range(n - 1):
         exchange((rank + shift - s) % n, (rank + shift - 1 - s) % n, False)
 
 
-def schedule_all_reduce(rank: int, n: int, exchange: Exchange,
-                    owned: Callable[[int], None] | None = None) -> None:
+def schedule_all_reduce(
+    rank: int,
+    n: int,
+    exchange: Exchange,
+    owned: Callable[[int], None] | None = None,
+) -> None:
     """The ``2(n-1)`` steps of a ring all-reduce (``ring.ring_steps``).
     ``owned(chunk)`` runs between the phases on the one chunk this rank
     has fully reduced (AVG divides it there: 1/n of the data)."""

@@ -10,23 +10,39 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ._common import SUM, AVG, OpLike, check_op_dtype, flat_view, group_info, normalize_op
+from ._common import (
+    SUM,
+    AVG,
+    OpLike,
+    check_op_dtype,
+    flat_view,
+    group_info,
+    normalize_op,
+)
 from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .ring_schedule import schedule_all_gather, schedule_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(
+            f"{what} must be a torch.Tensor, got {type(t).__name__}"
+        )
     if t.dtype != ref.dtype or t.device != ref.device:
         raise ValueError(
             f"{what} has dtype/device {t.dtype}/{t.device}, expected {ref.dtype}/{ref.device}"
         )
 
 
-def _pieces(stack: contextlib.ExitStack, buf: torch.Tensor | Sequence[torch.Tensor],
-            ref: torch.Tensor, n: int, name: str, ref_name: str,
-            writeback: bool) -> list[torch.Tensor]:
+def _pieces(
+    stack: contextlib.ExitStack,
+    buf: torch.Tensor | Sequence[torch.Tensor],
+    ref: torch.Tensor,
+    n: int,
+    name: str,
+    ref_name: str,
+    writeback: bool,
+) -> list[torch.Tensor]:
     """The ``n`` flat pieces of the full buffer ``buf`` (one tensor of
     ``n * ref.numel()`` elements, or a list of ``n`` tensors of
     ``ref.numel()``), each checked against ``ref``; the flat views live
@@ -35,8 +51,10 @@ def _pieces(stack: contextlib.ExitStack, buf: torch.Tensor | Sequence[torch.Tens
     if isinstance(buf, torch.Tensor):
         _check_piece(buf, ref, name)
         if buf.numel() != n * m:
-            raise ValueError(f"{name} has {buf.numel()} elements, expected world_size * "
-                             f"{ref_name}.numel() = {n} * {m}")
+            raise ValueError(
+                f"{name} has {buf.numel()} elements, expected world_size * "
+                f"{ref_name}.numel() = {n} * {m}"
+            )
         flat = stack.enter_context(flat_view(buf, writeback=writeback))
         return list(flat.split(m)) if m else []
     if len(buf) != n:
@@ -44,8 +62,12 @@ def _pieces(stack: contextlib.ExitStack, buf: torch.Tensor | Sequence[torch.Tens
     for i, t in enumerate(buf):
         _check_piece(t, ref, f"{name}[{i}]")
         if t.numel() != m:
-            raise ValueError(f"{name}[{i}] has {t.numel()} elements, expected {m}")
-    return [stack.enter_context(flat_view(t, writeback=writeback)) for t in buf]
+            raise ValueError(
+                f"{name}[{i}] has {t.numel()} elements, expected {m}"
+            )
+    return [
+        stack.enter_context(flat_view(t, writeback=writeback)) for t in buf
+    ]
 
 
 def all_gather_ring(
@@ -66,14 +88,18 @@ def all_gather_ring(
         return
     n, m = info.size, input.numel()
     with contextlib.ExitStack() as stack:
-        chunks = _pieces(stack, output, input, n, "output", "input", writeback=True)
+        chunks = _pieces(
+            stack, output, input, n, "output", "input", writeback=True
+        )
         if m == 0:
             return
         mine = chunks[info.rank]
         src = input.reshape(-1)
         if src.data_ptr() != mine.data_ptr():
             mine.copy_(src)
-        exchange = batched_exchange(info, chunks, SUM, segment_bytes=segment_bytes)
+        exchange = batched_exchange(
+            info, chunks, SUM, segment_bytes=segment_bytes
+        )
         schedule_all_gather(info.rank, n, exchange, shift=0)
 
 
@@ -98,7 +124,9 @@ def reduce_scatter_ring(
         return
     n, m = info.size, output.numel()
     with contextlib.ExitStack() as stack:
-        chunks = _pieces(stack, input, output, n, "input", "output", writeback=False)
+        chunks = _pieces(
+            stack, input, output, n, "input", "output", writeback=False
+        )
         if m == 0:
             return
         out = stack.enter_context(flat_view(output))
@@ -106,7 +134,9 @@ def reduce_scatter_ring(
             if out.data_ptr() != chunks[0].data_ptr():
                 out.copy_(chunks[0])
             return
-        exchange = batched_exchange(info, chunks, op, out=out, segment_bytes=segment_bytes)
+        exchange = batched_exchange(
+            info, chunks, op, out=out, segment_bytes=segment_bytes
+        )
         schedule_reduce_scatter(info.rank, n, exchange, shift=0)
         if op == AVG:
             out.div_(n)

@@ -15,6 +15,7 @@ _BUILD_NAMES = ("SYNCS", "Synchroniser", "build_sync", "sync_class")
 def __getattr__(name: str) -> Any:
     if name in _BUILD_NAMES:
         from . import build
+
         return getattr(build, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

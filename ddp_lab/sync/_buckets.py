@@ -63,16 +63,18 @@ class Bucket:
         buffer, used or not)."""
         grads = [p.grad for p in self.params]
         if self.dense and all(g is not None for g in grads):
-            torch.cat([g.reshape(-1) for g in grads], out=self.buffer[:self.numel])
+            torch.cat(
+                [g.reshape(-1) for g in grads], out=self.buffer[: self.numel]
+            )
         else:
             for p, o, g in zip(self.params, self.offsets, grads):
-                view = self.buffer[o:o + p.numel()]
+                view = self.buffer[o : o + p.numel()]
                 view.zero_() if g is None else view.copy_(g.reshape(-1))
         return self.buffer
 
     def unpack_grads(self) -> None:
         for p, o in zip(self.params, self.offsets):
-            src = self.buffer[o:o + p.numel()].view_as(p)
+            src = self.buffer[o : o + p.numel()].view_as(p)
             if p.grad is None:
                 p.grad = src.clone()
             else:
@@ -82,27 +84,39 @@ class Bucket:
     def pack_params(self) -> torch.Tensor:
         if not self.dense:
             for p, o in zip(self.params, self.offsets):
-                self.buffer[o:o + p.numel()].copy_(p.detach().reshape(-1))
+                self.buffer[o : o + p.numel()].copy_(p.detach().reshape(-1))
             return self.buffer
-        torch.cat([p.detach().reshape(-1) for p in self.params], out=self.buffer[:self.numel])
+        torch.cat(
+            [p.detach().reshape(-1) for p in self.params],
+            out=self.buffer[: self.numel],
+        )
         return self.buffer
 
     @torch.no_grad()
     def unpack_params(self) -> None:
         for p, o in zip(self.params, self.offsets):
-            p.copy_(self.buffer[o:o + p.numel()].view_as(p))
+            p.copy_(self.buffer[o : o + p.numel()].view_as(p))
 
 
-def make_buckets(params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1,
-                 align: int = 1) -> list[Bucket]:
+def make_buckets(
+    params: list[nn.Parameter],
+    cap_bytes: float,
+    pad_to: int = 1,
+    align: int = 1,
+) -> list[Bucket]:
     if cap_bytes < 0:
         raise ValueError(f"bucket size {cap_bytes} bytes: must be >= 0")
     groups: list[list[nn.Parameter]] = []
     size = 0
     for p in params:
         nbytes = p.numel() * p.element_size()
-        if (not groups or cap_bytes == 0 or size + nbytes > cap_bytes
-                or p.dtype != groups[-1][0].dtype or p.device != groups[-1][0].device):
+        if (
+            not groups
+            or cap_bytes == 0
+            or size + nbytes > cap_bytes
+            or p.dtype != groups[-1][0].dtype
+            or p.device != groups[-1][0].device
+        ):
             groups.append([])
             size = 0
         groups[-1].append(p)
@@ -116,13 +130,20 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1,
             n += p.numel()
         padded = -(-n // pad_to) * pad_to
         buf = torch.zeros(padded, dtype=group[0].dtype, device=group[0].device)
-        buckets.append(Bucket(group, offsets, sum(p.numel() for p in group), buf, align == 1))
+        buckets.append(
+            Bucket(
+                group, offsets, sum(p.numel() for p in group), buf, align == 1
+            )
+        )
     return buckets
 
 
 #: sync.compress -> the dtype on the wire (None: the gradients' own)
 WIRE_DTYPES: dict[str, Optional[torch.dtype]] = {
-    "none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+    "none": None,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
 
 
 class WireFormat:
@@ -140,8 +161,9 @@ class WireFormat:
         """Allocate `flat`'s wire buffer now (a bucket buffer, which
         never moves)."""
         if self.dtype is not None:
-            self._buffers[flat.data_ptr()] = torch.zeros(flat.numel(), dtype=self.dtype,
-                                                         device=flat.device)
+            self._buffers[flat.data_ptr()] = torch.zeros(
+                flat.numel(), dtype=self.dtype, device=flat.device
+            )
 
     def buffer(self, flat: torch.Tensor) -> torch.Tensor:
         """The tensor that goes on the wire for `flat`: `flat` itself
@@ -152,7 +174,9 @@ class WireFormat:
             return flat
         wire = self._buffers.get(flat.data_ptr())
         if wire is None or wire.numel() != flat.numel():
-            wire = torch.empty(flat.numel(), dtype=self.dtype, device=flat.device)
+            wire = torch.empty(
+                flat.numel(), dtype=self.dtype, device=flat.device
+            )
         return wire
 
     def pack(self, flat: torch.Tensor) -> torch.Tensor:
@@ -176,4 +200,8 @@ class WireFormat:
 
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:
         """`nbytes` of `flat`'s dtype, as bytes on the wire."""
-        return nbytes if self.dtype is None else nbytes // flat.element_size() * self.dtype.itemsize
+        return (
+            nbytes
+            if self.dtype is None
+            else nbytes // flat.element_size() * self.dtype.itemsize
+        )

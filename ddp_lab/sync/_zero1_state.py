@@ -21,8 +21,10 @@ def gather(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
     # (Adam's step, the same on every piece): from any rank that holds a
     # piece with state
     held = [s for s in mine["state"].values() if s]
-    kinds = {key: (torch.is_tensor(v) and v.dim() == 1, v) for key, v in
-             (held[0] if held else {}).items()}
+    kinds = {
+        key: (torch.is_tensor(v) and v.dim() == 1, v)
+        for key, v in (held[0] if held else {}).items()
+    }
     if z.world_size > 1:
         every: list = [None] * z.world_size
         dist.all_gather_object(every, kinds)
@@ -37,14 +39,17 @@ def gather(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
                 base = len(chunk) * z.rank
                 for j, (kk, lo, hi) in enumerate(z.pieces):
                     if kk == k and key in mine["state"].get(j, {}):
-                        chunk[lo - base:hi - base] = mine["state"][j][key]
+                        chunk[lo - base : hi - base] = mine["state"][j][key]
                 whole = chunk.clone()
                 if z.world_size > 1:
                     whole = torch.empty_like(b.buffer)
                     z._all_gather(whole, chunk)
             for p, o in zip(b.params, b.offsets):
                 state.setdefault(index[id(p)], {})[key] = (
-                    _own(scalar) if whole is None else whole[o:o + p.numel()].view_as(p).clone())
+                    _own(scalar)
+                    if whole is None
+                    else whole[o : o + p.numel()].view_as(p).clone()
+                )
     group = {**mine["param_groups"][0], "params": list(index.values())}
     return {"state": state, "param_groups": [group]} if z.rank == 0 else None
 
@@ -65,15 +70,25 @@ def cut(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
                     continue
                 if (k, key) not in flats:
                     flats[k, key] = torch.zeros_like(b.buffer)
-                flats[k, key][o:o + p.numel()] = v.reshape(-1)
+                flats[k, key][o : o + p.numel()] = v.reshape(-1)
     state = {}
     # a piece: elements lo..hi of bucket k
     for j, (k, lo, hi) in enumerate(z.pieces):
         state[j] = {key: _own(v) for key, v in scalars.items()}
-        state[j].update({key: f[lo:hi].clone() for (kk, key), f in flats.items() if kk == k})
+        state[j].update(
+            {
+                key: f[lo:hi].clone()
+                for (kk, key), f in flats.items()
+                if kk == k
+            }
+        )
     group = {**full["param_groups"][0], "params": list(range(len(z.pieces)))}
-    optimizer.load_state_dict({"state": {j: s for j, s in state.items() if s},
-                               "param_groups": [group]})
+    optimizer.load_state_dict(
+        {
+            "state": {j: s for j, s in state.items() if s},
+            "param_groups": [group],
+        }
+    )
 
 
 def _own(v):

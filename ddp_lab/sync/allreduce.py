@@ -55,11 +55,20 @@ class AllReduceSync(Synchroniser):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.per_param = self.cfg.bucket_mb == 0 and not (self.pad_to_world or self.overlapped)
+        self.per_param = self.cfg.bucket_mb == 0 and not (
+            self.pad_to_world or self.overlapped
+        )
         # overlap: DDP's order
         order = self.params[::-1] if self.overlapped else self.params
-        self.buckets: list[Bucket] = [] if self.per_param else make_buckets(
-            order, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1)
+        self.buckets: list[Bucket] = (
+            []
+            if self.per_param
+            else make_buckets(
+                order,
+                self.cfg.bucket_mb * 1e6,
+                self.world_size if self.pad_to_world else 1,
+            )
+        )
         # sync.compress
         self.wire = WireFormat(self.cfg.compress, self.world_size)
         for b in self.buckets:

@@ -55,8 +55,15 @@ class Synchroniser:
     # reduce_broadcast's sync.root
     root = 0
 
-    def __init__(self, cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
-                 clock: Optional[Clock] = None, timing: bool = True):
+    def __init__(
+        self,
+        cfg: SyncConfig,
+        module: nn.Module,
+        device: torch.device,
+        world_size: int,
+        clock: Optional[Clock] = None,
+        timing: bool = True,
+    ):
         # keys a plain section lacks read as their defaults
         self.cfg = with_defaults(cfg)
         # the bare model: evaluation and checkpoints use this
@@ -64,8 +71,12 @@ class Synchroniser:
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
-        self.bytes_by_shape: dict[tuple[str, int, int], tuple[int, int, Optional[int]]] = {}
+        self.comm = CommRecorder(
+            clock or Clock(device), world_size, enabled=timing
+        )
+        self.bytes_by_shape: dict[
+            tuple[str, int, int], tuple[int, int, Optional[int]]
+        ] = {}
         self.wrapped: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -97,8 +108,9 @@ class Synchroniser:
         module (zero1: only this rank's shards of them)."""
         return list(self.module.parameters())
 
-    def make_optimizer(self, build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
-                       ) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, build: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+    ) -> torch.optim.Optimizer:
         """The optimiser the step uses, from `build(params)` (the
         config's optimiser over `params`):
         `build(self.optimizer_params())`; torch_zero wraps it in torch's
@@ -122,7 +134,9 @@ class Synchroniser:
         communicates. Default: nothing to do."""
         return nullcontext()
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(
+        self, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
         """Load a checkpoint's optimiser state (`optimizer_state`'s
         format: a plain optimiser's over every parameter); zero1 cuts
         out its shard."""
@@ -133,12 +147,25 @@ class Synchroniser:
         computes the whole gradient in backward, whatever the sync) and
         the optimiser's state tensors."""
         params = [p for p in self.module.parameters()]
-        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        return {"param_bytes": sum(p.numel() * p.element_size() for p in params),
-                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-                "optimizer_state_bytes": sum(v.numel() * v.element_size() for v in state)}
+        state = [
+            v
+            for s in optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v)
+        ]
+        return {
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "grad_bytes": sum(
+                p.numel() * p.element_size() for p in params if p.requires_grad
+            ),
+            "optimizer_state_bytes": sum(
+                v.numel() * v.element_size() for v in state
+            ),
+        }
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+    def optimizer_state(
+        self, optimizer: torch.optim.Optimizer
+    ) -> Optional[dict]:
         """The optimiser state a checkpoint on rank 0 should hold.
         Called on every rank (a synchroniser may need a collective to
         bring it to rank 0); None off rank 0."""
@@ -149,7 +176,9 @@ class Synchroniser:
         synchroniser keeps in flight between steps (ring's pre-posted
         receives). Default: nothing."""
 
-    def timed(self, op: str, wire: torch.Tensor, payload: Optional[int] = None):
+    def timed(
+        self, op: str, wire: torch.Tensor, payload: Optional[int] = None
+    ):
         """Context of one collective `op` on `wire` (the tensor that
         goes on the wire), counted and timed: `with
         self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes this
@@ -166,14 +195,18 @@ class Synchroniser:
             payload = shape[1] * shape[2]
         return self.comm.timed(op, payload, *traffic)
 
-    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+    def traffic(
+        self, op: str, numel: int, elem_size: int
+    ) -> tuple[int, int, Optional[int]]:
         """This rank's (bytes sent, bytes received, bytes sent to
         another node or None when the algorithm does not know the nodes)
         for one `op` of `numel` elements, by the cost model of the
         algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for
         `op`."""
         algorithm = dict(costmodel.SYNC_COLLECTIVES[self.name])[op]
-        c = costmodel.cost(op, algorithm, numel, self.world_size, elem_size, root=self.root)
+        c = costmodel.cost(
+            op, algorithm, numel, self.world_size, elem_size, root=self.root
+        )
         return c.sent[self.rank], c.recv[self.rank], None
 
     def collect_comm(self) -> CommStats:
@@ -182,7 +215,9 @@ class Synchroniser:
         return self.comm.collect()
 
 
-def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> list[str]:
+def unused_parameters(
+    module: nn.Module, loss_fn: Callable[[], torch.Tensor]
+) -> list[str]:
     """Names of trainable parameters that get no gradient from one
     backward of `loss_fn`.
 
@@ -192,8 +227,11 @@ def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) ->
     """
     params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     saved = [p.grad for _, p in params]
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and any(
-        p.is_cuda for _, p in params) else []
+    devices = (
+        [torch.cuda.current_device()]
+        if torch.cuda.is_available() and any(p.is_cuda for _, p in params)
+        else []
+    )
     try:
         for _, p in params:
             p.grad = None

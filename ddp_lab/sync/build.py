@@ -29,20 +29,23 @@ from .torch_zero import TorchZeroSync
 from .tree import TreeSync
 from .zero1 import Zero1Sync
 
-SYNCS: Registry[type[Synchroniser]] = Registry("sync", {
-    "ddp": DDPSync,
-    "naive": NaiveSync,
-    "allreduce": AllReduceSync,
-    "reduce_broadcast": ReduceBroadcastSync,
-    "ring": RingSync,
-    "tree": TreeSync,
-    "butterfly": ButterflySync,
-    "hierarchical": HierarchicalSync,
-    "zero1": Zero1Sync,
-    # torch's library twins (docs/twins.md)
-    "torch_zero": TorchZeroSync,
-    "fsdp2": FSDP2Sync,
-})
+SYNCS: Registry[type[Synchroniser]] = Registry(
+    "sync",
+    {
+        "ddp": DDPSync,
+        "naive": NaiveSync,
+        "allreduce": AllReduceSync,
+        "reduce_broadcast": ReduceBroadcastSync,
+        "ring": RingSync,
+        "tree": TreeSync,
+        "butterfly": ButterflySync,
+        "hierarchical": HierarchicalSync,
+        "zero1": Zero1Sync,
+        # torch's library twins (docs/twins.md)
+        "torch_zero": TorchZeroSync,
+        "fsdp2": FSDP2Sync,
+    },
+)
 
 
 def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
@@ -51,14 +54,23 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
     themselves, per their section)."""
     # UnknownName (a ValueError) lists the valid ones
     cls = SYNCS.get(name)
-    return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
+    return (
+        overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
+    )
 
 
-def build_sync(cfg: SyncConfig, module: nn.Module, device: torch.device, world_size: int,
-               clock: Optional[Clock] = None, timing: bool = True) -> Synchroniser:
+def build_sync(
+    cfg: SyncConfig,
+    module: nn.Module,
+    device: torch.device,
+    world_size: int,
+    clock: Optional[Clock] = None,
+    timing: bool = True,
+) -> Synchroniser:
     """The synchroniser `cfg` names, for `module` on `world_size`
     ranks."""
     check_sync(cfg, world_size)
     overlap = bool(with_defaults(cfg).get("overlap", False)) and world_size > 1
-    return sync_class(cfg.name, overlap)(cfg, module, device, world_size, clock=clock,
-                                         timing=timing)
+    return sync_class(cfg.name, overlap)(
+        cfg, module, device, world_size, clock=clock, timing=timing
+    )

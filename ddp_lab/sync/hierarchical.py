@@ -53,7 +53,10 @@ class HierarchicalSync(AllReduceSync):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         module = super().wrap(module)
-        self.intra_algo, self.inter_algo = HIERARCHICAL_INTRA[self.cfg.intra], HIERARCHICAL_INTER[self.cfg.inter]
+        self.intra_algo, self.inter_algo = (
+            HIERARCHICAL_INTRA[self.cfg.intra],
+            HIERARCHICAL_INTER[self.cfg.inter],
+        )
         self.rings: dict[int, PrepostedRingAllReduce] = {}
         if self.world_size == 1:
             self.topology = Topology(nodes=((0,),), hosts=("",))
@@ -63,44 +66,84 @@ class HierarchicalSync(AllReduceSync):
         # launcher's variables (world/env.py reads them); build_sync
         # hands a synchroniser the device and the world size, not the
         # trainer's DistContext, so wrap reads the same variables again
-        ctx = DistContext(env=detect_env(), backend=dist.get_backend(), device=self.device)
-        self.topology = detect_topology(ctx, self.cfg.node_size, key="sync.node_size")
-        groups = build_groups(self.topology, ["intra_node", "leaders"], self.rank)
+        ctx = DistContext(
+            env=detect_env(), backend=dist.get_backend(), device=self.device
+        )
+        self.topology = detect_topology(
+            ctx, self.cfg.node_size, key="sync.node_size"
+        )
+        groups = build_groups(
+            self.topology, ["intra_node", "leaders"], self.rank
+        )
         node, leaders = groups["intra_node"], groups["leaders"]
         self.node_ranks, self.node_group = node.ranks, node.handle
         # the lowest rank of the node
         self.leader = node.ranks[0]
         self.is_leader = self.rank == self.leader
-        self.leader_ranks, self.leader_group = leaders.members[0], leaders.handles[0]
-        if (self.is_leader and self.inter_algo == "ring" and len(self.leader_ranks) > 1
-                and self.cfg.prepost and dist.get_backend() == "gloo"
-                and self.device.type == "cpu"):
+        self.leader_ranks, self.leader_group = (
+            leaders.members[0],
+            leaders.handles[0],
+        )
+        if (
+            self.is_leader
+            and self.inter_algo == "ring"
+            and len(self.leader_ranks) > 1
+            and self.cfg.prepost
+            and dist.get_backend() == "gloo"
+            and self.device.type == "cpu"
+        ):
             # one persistent ring per bucket buffer, found by its
             # address (buffers never move); made collectively by the
             # leaders, in bucket order (sync.compress: the ring is the
             # 16-bit copy's, the tensor that goes on the wire)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
-            self.rings = {w.data_ptr(): PrepostedRingAllReduce(w, group=self.leader_group)
-                          for w in wires}
-        largest = max((p.numel() for p in self.params), default=1) if self.per_param else \
-            max((b.buffer.numel() for b in self.buckets), default=1)
+            self.rings = {
+                w.data_ptr(): PrepostedRingAllReduce(
+                    w, group=self.leader_group
+                )
+                for w in wires
+            }
+        largest = (
+            max((p.numel() for p in self.params), default=1)
+            if self.per_param
+            else max((b.buffer.numel() for b in self.buckets), default=1)
+        )
         self.bytes_exact = all(c.exact for _, c in self._phases(largest, 4))
-        log.info("hierarchical all-reduce: %s, leaders %s; inter %s, intra %s",
-                 self.topology.describe(), ",".join(map(str, self.leader_ranks)),
-                 self.cfg.inter, self.cfg.intra)
+        log.info(
+            "hierarchical all-reduce: %s, leaders %s; inter %s, intra %s",
+            self.topology.describe(),
+            ",".join(map(str, self.leader_ranks)),
+            self.cfg.inter,
+            self.cfg.intra,
+        )
         return module
 
-    def _phases(self, numel: int, elem_size: int) -> tuple[tuple[str, costmodel.Cost], ...]:
-        return costmodel.hierarchical_calls(numel, self.topology.nodes, elem_size,
-                                            intra=self.intra_algo, inter=self.inter_algo)
+    def _phases(
+        self, numel: int, elem_size: int
+    ) -> tuple[tuple[str, costmodel.Cost], ...]:
+        return costmodel.hierarchical_calls(
+            numel,
+            self.topology.nodes,
+            elem_size,
+            intra=self.intra_algo,
+            inter=self.inter_algo,
+        )
 
-    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+    def traffic(
+        self, op: str, numel: int, elem_size: int
+    ) -> tuple[int, int, Optional[int]]:
         """One all-reduce of the world, as nccl-tests counts a
         hierarchical one (busbw): its three phases' bytes joined, and
         the leaders' phase as the bytes that cross nodes."""
-        (_, reduce), (_, leaders), (_, broadcast) = self._phases(numel, elem_size)
+        (_, reduce), (_, leaders), (_, broadcast) = self._phases(
+            numel, elem_size
+        )
         whole = reduce.then(leaders).then(broadcast)
-        return whole.sent[self.rank], whole.recv[self.rank], leaders.sent[self.rank]
+        return (
+            whole.sent[self.rank],
+            whole.recv[self.rank],
+            leaders.sent[self.rank],
+        )
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         in_node = len(self.node_ranks) > 1
@@ -115,7 +158,9 @@ class HierarchicalSync(AllReduceSync):
                 ALL_REDUCE[self.inter_algo](flat, group=self.leader_group)
         # 3. the leader's result to the rest of its node
         if in_node:
-            BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
+            BROADCAST[self.intra_algo](
+                flat, self.leader, group=self.node_group
+            )
 
     def close(self) -> None:
         # (overlapped: its thread, which calls the rings, is closed

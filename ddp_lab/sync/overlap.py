@@ -71,5 +71,8 @@ def overlapped(cls: type[AllReduceSync]) -> type[AllReduceSync]:
     during backward."""
     if cls is AllReduceSync:
         return OverlappedAllReduce
-    return type(f"Overlapped{cls.__name__}", (OverlappedAllReduce, cls),
-                {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    return type(
+        f"Overlapped{cls.__name__}",
+        (OverlappedAllReduce, cls),
+        {"__module__": cls.__module__, "__doc__": cls.__doc__},
+    )

@@ -23,7 +23,9 @@ class ReadyBuckets:
     """Hooks that pack and launch each bucket as soon as its gradients
     are all ready."""
 
-    def __init__(self, buckets: list[Bucket], launch: Callable[[int, Bucket], None]):
+    def __init__(
+        self, buckets: list[Bucket], launch: Callable[[int, Bucket], None]
+    ):
         self.buckets = buckets
         self.launch = launch
         self.armed = True
@@ -31,8 +33,11 @@ class ReadyBuckets:
         self._count = [0] * len(buckets)
         self._next = 0  # the first bucket not yet launched
         where = {id(p): i for i, b in enumerate(buckets) for p in b.params}
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook_for(where[id(p)]))
-                        for b in buckets for p in b.params]
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._hook_for(where[id(p)]))
+            for b in buckets
+            for p in b.params
+        ]
 
     def _hook_for(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:
@@ -41,10 +46,14 @@ class ReadyBuckets:
             self._count[i] += 1
             # launch every consecutive ready bucket from the first one
             # not yet launched
-            while self._next < len(self.buckets) and self._count[self._next] == self._need[self._next]:
+            while (
+                self._next < len(self.buckets)
+                and self._count[self._next] == self._need[self._next]
+            ):
                 j = self._next
                 self._next += 1
                 self.launch(j, self.buckets[j])
+
         return hook
 
     @contextmanager
@@ -57,8 +66,12 @@ class ReadyBuckets:
         finally:
             self.armed = was
 
-    def preflight(self, module: torch.nn.Module, loss_fn: Callable[[], torch.Tensor],
-                  name: str) -> None:
+    def preflight(
+        self,
+        module: torch.nn.Module,
+        loss_fn: Callable[[], torch.Tensor],
+        name: str,
+    ) -> None:
         """A parameter that never gets a gradient would keep its bucket,
         and every bucket after it, from ever starting: refuse it before
         the first step."""
@@ -66,8 +79,10 @@ class ReadyBuckets:
             unused = unused_parameters(module, loss_fn)
         if unused:
             names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
-            raise ValueError(f"sync={name} sync.overlap=true: the model has parameters that "
-                             f"get no gradient ({names}): set sync.overlap=false")
+            raise ValueError(
+                f"sync={name} sync.overlap=true: the model has parameters that "
+                f"get no gradient ({names}): set sync.overlap=false"
+            )
 
     def finish(self) -> None:
         """Every bucket was launched this step; reset for the next."""
@@ -75,11 +90,17 @@ class ReadyBuckets:
         self._count = [0] * len(self.buckets)
         self._next = 0
         if launched != len(self.buckets):
-            missing = [p for b in self.buckets[launched:] for p in b.params if p.grad is None]
+            missing = [
+                p
+                for b in self.buckets[launched:]
+                for p in b.params
+                if p.grad is None
+            ]
             raise RuntimeError(
                 f"sync.overlap: only {launched} of {len(self.buckets)} gradient buckets were "
                 f"ready after backward ({len(missing)} parameter(s) got no gradient this "
-                "step): set sync.overlap=false for a model whose used parameters vary")
+                "step): set sync.overlap=false for a model whose used parameters vary"
+            )
 
     def remove(self) -> None:
         for h in self.handles:
@@ -97,8 +118,11 @@ class SerialWorker:
         self.futures: list[Future] = []
         # per thread
         init = (lambda: torch.cuda.set_device(device)) if self.cuda else None
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ddp_lab-{name}",
-                                       initializer=init)
+        self.pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"ddp_lab-{name}",
+            initializer=init,
+        )
         # one side stream; events preallocated, one pair per bucket
         # (reused)
         if self.cuda:
@@ -141,8 +165,10 @@ class SerialWorker:
             f.exception()
         if self.error is not None:
             e, self.error = self.error, None
-            raise RuntimeError(f"a gradient bucket's collective failed on the overlap "
-                               f"thread: {type(e).__name__}: {e}") from e
+            raise RuntimeError(
+                f"a gradient bucket's collective failed on the overlap "
+                f"thread: {type(e).__name__}: {e}"
+            ) from e
         if self.cuda:
             cur = torch.cuda.current_stream(self.device)
             for ev in self.done:

@@ -35,7 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..collectives import PrepostedRingAllReduce, all_reduce_ring, all_reduce_ring_textbook
+from ..collectives import (
+    PrepostedRingAllReduce,
+    all_reduce_ring,
+    all_reduce_ring_textbook,
+)
 from .allreduce import AllReduceSync
 
 
@@ -56,11 +60,15 @@ class RingSync(AllReduceSync):
         # copies)
         wires = [self.wire.buffer(b.buffer) for b in self.buckets]
         if self.cfg.prepost and self.textbook and self.device.type == "cpu":
-            self.plans = {w.data_ptr(): PrepostedRingAllReduce(w) for w in wires}
+            self.plans = {
+                w.data_ptr(): PrepostedRingAllReduce(w) for w in wires
+            }
         elif self.textbook:
             # a chunk of the longest buffer: one call at a time uses it
             for w in sorted(wires, key=torch.Tensor.numel):
-                self.landing[w.dtype] = torch.empty_like(w.tensor_split(self.world_size)[0])
+                self.landing[w.dtype] = torch.empty_like(
+                    w.tensor_split(self.world_size)[0]
+                )
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:
@@ -68,7 +76,9 @@ class RingSync(AllReduceSync):
         if plan is not None:
             plan(flat)
         elif self.textbook:
-            all_reduce_ring_textbook(flat, landing=self.landing.get(flat.dtype))
+            all_reduce_ring_textbook(
+                flat, landing=self.landing.get(flat.dtype)
+            )
         else:
             all_reduce_ring(flat)
 

@@ -33,8 +33,9 @@ class TorchZeroSync(DDPSync):
     # the library's all-reduce and broadcasts: modelled
     bytes_exact = False
 
-    def make_optimizer(self, build: Callable[[list], torch.optim.Optimizer]
-                       ) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, build: Callable[[list], torch.optim.Optimizer]
+    ) -> torch.optim.Optimizer:
         """The config's optimiser as ZeroRedundancyOptimizer's
         `optimizer_class`, with the settings `build` gave it (lr, betas,
         fused, ...)."""
@@ -43,8 +44,9 @@ class TorchZeroSync(DDPSync):
         if self.world_size == 1:
             return plain
         defaults = {k: v for k, v in plain.defaults.items()}
-        zero = ZeroRedundancyOptimizer(self.optimizer_params(), optimizer_class=type(plain),
-                                       **defaults)
+        zero = ZeroRedundancyOptimizer(
+            self.optimizer_params(), optimizer_class=type(plain), **defaults
+        )
         self._time_broadcasts(zero)
         return zero
 
@@ -61,7 +63,14 @@ class TorchZeroSync(DDPSync):
         sent = recv = 0
         for owner, numel in owners.items():
             if numel:
-                c = costmodel.cost("broadcast", "torch", numel, self.world_size, elem, root=owner)
+                c = costmodel.cost(
+                    "broadcast",
+                    "torch",
+                    numel,
+                    self.world_size,
+                    elem,
+                    root=owner,
+                )
                 sent, recv = sent + c.sent[self.rank], recv + c.recv[self.rank]
         payload = sum(owners.values()) * elem
         sync_params = zero._sync_params
@@ -73,7 +82,9 @@ class TorchZeroSync(DDPSync):
         # (an instance attribute: step() calls it)
         zero._sync_params = timed_sync_params
 
-    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+    def traffic(
+        self, op: str, numel: int, elem_size: int
+    ) -> tuple[int, int, Optional[int]]:
         """DDP's bucket all-reduces: the library's, modelled as
         sync=ddp's."""
         c = costmodel.cost(op, "torch", numel, self.world_size, elem_size)
@@ -84,7 +95,9 @@ class TorchZeroSync(DDPSync):
         owns."""
         return super().memory(getattr(optimizer, "optim", optimizer))
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+    def optimizer_state(
+        self, optimizer: torch.optim.Optimizer
+    ) -> Optional[dict]:
         """Collective: every rank's shard consolidated on rank 0, a
         plain optimiser's state over every parameter there (global
         indices: `module.parameters()`' order)."""
@@ -97,7 +110,9 @@ class TorchZeroSync(DDPSync):
         groups = [{k: v for k, v in g.items()} for g in state["param_groups"]]
         return {"state": state["state"], "param_groups": groups}
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(
+        self, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
         """A plain optimiser's state over every parameter (any sync's,
         any world's): ZeRO keeps the part of the parameters this rank
         owns."""
@@ -106,7 +121,15 @@ class TorchZeroSync(DDPSync):
         # (a copy: ZeRO drops the entries of other ranks' parameters in
         # place, and keeps the tensors of its own as they are, which may
         # be another optimiser's live state)
-        optimizer.load_state_dict({"state": {i: {k: v.clone() if torch.is_tensor(v) else v
-                                                 for k, v in s.items()}
-                                             for i, s in state["state"].items()},
-                                   "param_groups": [dict(g) for g in state["param_groups"]]})
+        optimizer.load_state_dict(
+            {
+                "state": {
+                    i: {
+                        k: v.clone() if torch.is_tensor(v) else v
+                        for k, v in s.items()
+                    }
+                    for i, s in state["state"].items()
+                },
+                "param_groups": [dict(g) for g in state["param_groups"]],
+            }
+        )

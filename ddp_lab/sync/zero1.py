@@ -45,8 +45,12 @@ class Zero1Sync(Synchroniser):
         n, r, cap = self.world_size, self.rank, self.cfg.bucket_mb * 1e6
         # two buffers of one layout, n equal chunks of whole ALIGN
         # units: gradients, weights
-        self.grad_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
-        self.param_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
+        self.grad_buckets = make_buckets(
+            params, cap, pad_to=n * ALIGN, align=ALIGN
+        )
+        self.param_buckets = make_buckets(
+            params, cap, pad_to=n * ALIGN, align=ALIGN
+        )
         # pack() is the / world before the sum
         self.wire = WireFormat("none", n)
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
@@ -57,7 +61,7 @@ class Zero1Sync(Synchroniser):
             b.pack_params()
             # a checkpoint loads straight into it
             for p, o in zip(b.params, b.offsets):
-                p.data = b.buffer[o:o + p.numel()].view_as(p)
+                p.data = b.buffer[o : o + p.numel()].view_as(p)
         # rank r owns chunk r of both: the reduce-scatter sums the
         # gradient's into place
         self.chunks = [b.buffer.chunk(n)[r] for b in self.param_buckets]
@@ -72,14 +76,18 @@ class Zero1Sync(Synchroniser):
                 lo, hi = max(start, o), min(end, o + p.numel())
                 if lo < hi:
                     self.pieces.append((k, lo, hi))
-        self.views = [self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces]
+        self.views = [
+            self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces
+        ]
         return module
 
     def optimizer_params(self) -> list[torch.Tensor]:
         # the optimiser never sees the other ranks' chunks
         return self.views
 
-    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
+    def traffic(
+        self, op: str, numel: int, elem_size: int
+    ) -> tuple[int, int, Optional[int]]:
         """Our ring's bytes (SYNC_COLLECTIVES), or on nccl torch's
         collective's model."""
         if not self.nccl:
@@ -102,7 +110,7 @@ class Zero1Sync(Synchroniser):
         for (k, lo, hi), view in zip(self.pieces, self.views):
             base = len(self.chunks[k]) * self.rank
             # (zero_grad dropped it)
-            view.grad = self.chunk_grads[k][lo - base:hi - base]
+            view.grad = self.chunk_grads[k][lo - base : hi - base]
         # the full .grad is now in this rank's chunk of the sum: drop
         # it, as the optimiser's zero_grad would have (it knows only the
         # pieces, not the parameters)
@@ -128,13 +136,17 @@ class Zero1Sync(Synchroniser):
             all_gather_ring(out, chunk)
 
     # ---------------------------------------------------------- checkpoints that move
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+    def optimizer_state(
+        self, optimizer: torch.optim.Optimizer
+    ) -> Optional[dict]:
         """Collective: the shards gathered into the state a plain
         optimiser over every parameter would hold (rank 0; None
         elsewhere): a checkpoint any world, any sync loads."""
         return _zero1_state.gather(self, optimizer)
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+    def load_optimizer_state(
+        self, optimizer: torch.optim.Optimizer, full: dict
+    ) -> None:
         """Any such state (ours, DDP's, from any world): this rank's
         pieces cut out of it."""
         _zero1_state.cut(self, optimizer, full)
