@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ..config import Config, batch_plan
 from ..folder import heartbeat

@@ -1,12 +1,14 @@
 """How an epoch's record shows: TensorBoard's scalars of an epoch and of
 a step (tags with their units, as folder/tensorboard.py charts them) and
-the comm part of the epoch line.
+the comm part of the epoch line; and the record's timing part.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..folder.records import EpochRecord
-from ..timing import PHASES, StepTimes
+from ..timing import PHASES, CommStats, StepTimes, stragglers
 
 
 def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
@@ -65,3 +67,31 @@ def comm_line(rec: EpochRecord) -> str:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
     return (f"{100 * c['fraction']:.0f}% in flight, "
             f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed")
+
+
+def timing_fields(t: dict, comm: CommStats, per_rank: list, tally: Any, *,
+                  timed: bool, bytes_exact: bool, overlap: bool) -> dict:
+    """An epoch record's timing part: phases, comm, stragglers, the
+    straggler named (`t`: timing.epoch_timing's; `per_rank`: every
+    rank's step, compute and comm per step)."""
+    return {
+        "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timed else {},
+        "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                 "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                 "bytes_cross_node": comm.bytes_cross_node,
+                 "bytes_exact": bytes_exact, "time_s": comm.seconds,
+                 "bus_bytes": comm.bus_bytes,
+                 "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                 "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                 "fraction": t["comm_fraction"]},
+        "comm_fraction": t["comm_fraction"],
+        "comm_exposed_s": t["exposed_s"] if timed else None,
+        "comm_exposed_fraction": t["exposed_fraction"] if timed else None,
+        "comm_inflight_s": comm.seconds if timed else None,
+        "compute_s": t["compute_s"] if timed else None,
+        "overlap": overlap,
+        "stragglers": {**stragglers([r[0] for r in per_rank], tally),
+                       "measure": "step time" if timed else "wall time",
+                       "per_rank_compute_s": [r[1] for r in per_rank]},
+        "straggler": tally.named(),
+    }

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 import torch
 from omegaconf import OmegaConf
 
-from ..world import cpu, torch_support
+
 from ..world import fingerprint as fingerprints
 from ..folder import doctor as doctor_records
 from ..config import BatchPlan, Config, batch_plan
@@ -32,12 +32,13 @@ from .console_progress import StepProgress
 from ..folder.description import describe_run
 from ..folder.tensorboard import (length_extras, run_metrics, run_name, step_stride, workload,
                                   writer_name)
-from .profile import ddp_timing
-from .presentation import comm_line, epoch_scalars, step_scalars
+from .witnesses import ddp_timing
+from .announce import announce, cpu_share, study_point
+from .presentation import comm_line, timing_fields, epoch_scalars, step_scalars
 from ..folder.records import EpochRecord, RunSummary, now_iso, run_figures
 from .delay import injected
-from ..timing import (PHASES, CommCall, CommStats, StepTimes, StepWatch, StragglerTally, epoch_timing,
-                      stragglers)
+from ..timing import (CommCall, CommStats, StepTimes, StepWatch,
+                      StragglerTally, epoch_timing)
 from .trace import TraceWriter, write_trace
 
 log = logging.getLogger("ddp_lab")
@@ -134,24 +135,9 @@ class Telemetry:
                        "sync": cfg.sync.name, "compress": cfg.sync.compress,
                        "global_batch": self.plan.global_batch,
                        "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
-                       "study": _study_point(cfg)}
+                       "study": study_point(cfg)}
             self.sink.summary(RunSummary.from_dict(running))
-        plan = self.plan
-        log.info("world %d (%d node%s x %d) %s/%s sync=%s model=%s %d steps of %d a rank "
-                 "(global %d, %s%s)", env.world_size, env.num_nodes,
-                 "s" if env.num_nodes > 1 else "",
-                 env.local_world_size, self.ctx.backend, self.ctx.device, cfg.sync.name,
-                 cfg.model.name, self.steps_per_epoch, plan.per_rank, plan.global_batch,
-                 plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
-                 if plan.accumulation > 1 else "")
-        # defaults the installed torch could not honour
-        for line in torch_support.choices():
-            log.info("%s", line)
-        if self.ctx.device.type == "cpu":
-            share = cpu_share()
-            n = share["threads"]
-            log.info("%d CPU thread%s a rank%s: %s", n, "s" if n > 1 else "",
-                     f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
+        announce(self.ctx, cfg, self.plan, self.steps_per_epoch)
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0
@@ -277,27 +263,9 @@ class Telemetry:
             (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
         tally = StragglerTally.from_waits([r[2] for r in per_rank])
         self.stragglers_run.merge(tally)
-        return {
-            "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if self.timing else {},
-            "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
-                     "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
-                     "bytes_cross_node": comm.bytes_cross_node,
-                     "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
-                     "bus_bytes": comm.bus_bytes,
-                     "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
-                     "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
-                     "fraction": t["comm_fraction"]},
-            "comm_fraction": t["comm_fraction"],
-            "comm_exposed_s": t["exposed_s"] if self.timing else None,
-            "comm_exposed_fraction": t["exposed_fraction"] if self.timing else None,
-            "comm_inflight_s": comm.seconds if self.timing else None,
-            "compute_s": t["compute_s"] if self.timing else None,
-            "overlap": self.cfg.sync.overlap,
-            "stragglers": {**stragglers([r[0] for r in per_rank], tally),
-                           "measure": "step time" if self.timing else "wall time",
-                           "per_rank_compute_s": [r[1] for r in per_rank]},
-            "straggler": tally.named(),
-        }
+        return timing_fields(t, comm, per_rank, tally, timed=self.timing,
+                             bytes_exact=self.bytes_exact,
+                             overlap=self.cfg.sync.overlap)
 
     # -------------------------------------------------------------- the end
     def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
@@ -351,7 +319,7 @@ class Telemetry:
             torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
             stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
             fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
-            study=_study_point(cfg),
+            study=study_point(cfg),
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
@@ -379,17 +347,3 @@ class Telemetry:
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
         if gathered is not None:
             write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
-
-
-def cpu_share() -> dict:
-    """This rank's torch threads, why, and how they wait
-    (ddp_lab/world/cpu.py)."""
-    return {"threads": torch.get_num_threads(), "why": cpu.chosen.why if cpu.chosen else "",
-            "wait": cpu.wait_policy()}
-
-
-def _study_point(cfg: Config) -> Optional[dict]:
-    """The study this run is a point of (its config's `study_point`,
-    ddp_lab/command/study.py)."""
-    point = cfg.study_point
-    return OmegaConf.to_container(point) if point is not None else None
