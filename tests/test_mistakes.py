@@ -225,7 +225,7 @@ WIDTHS = [("mlp", "hidden", 0), ("mlp", "hidden", [64, -1]), ("mlp", "hidden", [
 
 @pytest.mark.parametrize("model, key, bad", WIDTHS, ids=lambda v: str(v))
 def test_every_width_of_every_model_is_checked(model, key, bad):
-    """One line naming the key and the fix (the model's schema check, config/train.py)."""
+    """One line naming the key and the fix (the model's schema check, config/workload.py)."""
     cfg = compose(f"model={model}")
     cfg.model[key] = bad
     said = train_rules.model_fits(cfg)

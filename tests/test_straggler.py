@@ -1,7 +1,7 @@
 """Stragglers, injected and found (issue 12 item 5).
 
 Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/rank/delay.py): its checks
-(`debug_problem`, ddp_lab/config/train.py) are one line and exit 2 before anything
+(`debug_problem`, ddp_lab/config/run.py) are one line and exit 2 before anything
 starts; the jitter has its own generator, so the training RNG does not move. Finding
 (`ddp_lab.timing.StragglerTally`): the rule on known waits, then the acceptance on real
 runs: `python -m ddp_lab` on 3 ranks (torchrun, gloo), 10 ms injected on rank 1 -> rank 1
@@ -19,7 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ddp_lab.config.train import debug_problem
+from ddp_lab.config.run import debug_problem
 from ddp_lab.rank.delay import ComputeDelay, injected
 from ddp_lab.timing import STRAGGLER_MIN_STEPS, StragglerTally, stragglers
 

@@ -10,7 +10,7 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
-from ..config.train import debug_problem
+from ..config.run import debug_problem
 from ..world.devices import local_gpus
 from ..folder.rundir import world_size
 
@@ -39,7 +39,7 @@ def batch_fits(cfg: DictConfig) -> Optional[str]:
 
 def model_fits(cfg: DictConfig) -> Optional[str]:
     """The model's sizes (mlp widths, cnn channels): its schema's check
-    (config/train.py)."""
+    (config/workload.py)."""
     try:
         check_model(cfg.model)
     except ValueError as e:
@@ -64,7 +64,7 @@ def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
 
 def debug_delays(cfg: DictConfig) -> Optional[str]:
     """debug.slow_rank names a rank of this world; delays are >= 0
-    (config/train.py)."""
+    (config/run.py)."""
     return debug_problem(cfg.debug, world_size(cfg))
 
 

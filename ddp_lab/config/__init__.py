@@ -4,9 +4,10 @@ the values.
 Registered in Hydra's ConfigStore, so a misspelt key or a wrong type
 fails at composition; each group option (conf/<group>/<name>.yaml)
 starts from `/schema/<group>/<name>`. The sections live in launch.py,
-train.py and sync/ (torch-free); this module joins them (`Config`),
-registers them and reads them back. Workers do not compose: they read
-their run folder's resolved `config.yaml` with `load_run_config`.
+workload.py, train.py, run.py and sync/ (torch-free); this module
+joins them (`Config`), registers them and reads them back. Workers do
+not compose: they read their run folder's resolved `config.yaml` with
+`load_run_config`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from .resources import conf_dir
 from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
     SlurmLauncherConfig, RunaiLauncherConfig)
 from .sync import SYNC_SCHEMAS, SyncConfig
-from .train import (widths, ModelConfig, MLPConfig, ResNet18Config, CNNConfig,
-    DataConfig, OptimConfig, AdamConfig, SGDConfig, TrainConfig, BatchPlan, batch_plan,
-    DistConfig, device_type, RunConfig, LogConfig, TimingConfig, DebugConfig, StudyConfig,
-    CUDA_GRAPH_SYNCS, cuda_graph_problem)
+from .workload import (widths, ModelConfig, MLPConfig, ResNet18Config,
+    CNNConfig, DataConfig, OptimConfig, AdamConfig, SGDConfig)
+from .train import (TrainConfig, BatchPlan, batch_plan, CUDA_GRAPH_SYNCS,
+    cuda_graph_problem)
+from .run import (DistConfig, device_type, RunConfig, LogConfig, TimingConfig,
+    DebugConfig, StudyConfig)
 
 
 @dataclass

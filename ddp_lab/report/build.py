@@ -12,7 +12,7 @@ from typing import Optional
 from ..folder.files import atomic_open, atomic_write_text
 from . import forecast as fcast
 from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
-from .runs import Run
+from .run import Run
 from . import twins
 from .memory import memory_markdown, memory_rows
 from .witness import witness_markdown, witness_rows

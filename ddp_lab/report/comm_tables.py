@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..predict.numbers import pow2_label
 from .alpha_beta import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
-from .runs import Run
+from .run import Run
 # a number in a cell, "–" for none: every table writes them alike
 from .tables import _f
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..world.fingerprint import link_label
 from .forecast_fit import fit_model, measured_point
-from .runs import Run
+from .run import Run
 from .stats import sig
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .alpha_beta import Fit, _solve, predict_comm_s
-from .runs import Run
+from .run import Run
 
 
 @dataclass

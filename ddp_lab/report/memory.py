@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .runs import Run
+from .run import Run
 
 KINDS = ("param", "grad", "optimizer_state")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .plots import FULL_CHARS, PHASE_COLORS, _distinct, _plt, fit_title, title_chars
 from .style import sync_color
-from .runs import PHASES
+from .run import PHASES
 from .tables import _mean, workload_titles
 
 # inches of figure height per bar: one line of 8-point text with room

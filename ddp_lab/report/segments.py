@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from .runs import Run
+from .run import Run
 
 
 def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from ..world import fingerprint
 from . import stats
-from .runs import PHASES, Run
+from .run import PHASES, Run
 
 
 def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:

@@ -22,7 +22,8 @@ from typing import Any, Optional
 from ..predict.costmodel import SYNC_COLLECTIVES
 from ..predict.numbers import union_length
 from .alpha_beta import fit_all, predict_comm_s
-from .runs import Run, find_runs
+from .run import Run
+from .runs import find_runs
 from .tables import _f  # a number in a cell, "–" for none
 
 #: the targets: (a) measured vs bench, (b) measured vs model

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from .runs import Run
+from .run import Run
 
 #: the synchronisers whose runs the table shows, by idea (a ddp run with
 #: sync.hook: `_idea`)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from .runs import Run
+from .run import Run
 from .tables import _mean  # of the values that are not None
 
 #: ours / witness: the band each figure's ratio should lie in
