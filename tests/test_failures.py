@@ -43,9 +43,9 @@ WORLD = 3
 
 
 # ================================================================== unit
-def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> heartbeat.Progress:
+def _record(run_dir: Path, rank: int, pid: int, world: int = WORLD) -> heartbeat.Heartbeat:
     """A record as rank `rank` would keep it, claiming process `pid`."""
-    rec = heartbeat.Progress(run_dir, rank, rank, world)
+    rec = heartbeat.Heartbeat(run_dir, rank, rank, world)
     heartbeat._HEAD.pack_into(rec._mm, 0, heartbeat.MAGIC, heartbeat.VERSION, rank, rank, world,
                              pid, time.time(), socket.gethostname().encode())
     return rec
@@ -80,7 +80,7 @@ def test_record_round_trip(tmp_path):
         assert (r["state"], r["message"]) == ("failed", "RuntimeError: boom")
     finally:
         rec.close()
-        heartbeat._CURRENT = heartbeat.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def test_record_follows_the_timer_and_the_recorder(tmp_path):
@@ -125,7 +125,7 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
         assert rec.snapshot()["collective"] == 4  # a snapshot reads them first
     finally:
         rec.close()
-        heartbeat._CURRENT = heartbeat.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
@@ -138,7 +138,7 @@ def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
     finally:
         for rec in old + new:
             rec.close()
-        heartbeat._CURRENT = heartbeat.NullProgress()
+        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def _sleeper(run_dir: Path) -> subprocess.Popen:
@@ -154,7 +154,7 @@ def _sleeper(run_dir: Path) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def _sleeping_ranks(run_dir: Path, world: int = WORLD) -> Iterator[list[heartbeat.Progress]]:
+def _sleeping_ranks(run_dir: Path, world: int = WORLD) -> Iterator[list[heartbeat.Heartbeat]]:
     """`world` sleeping processes, rank r's heartbeat record naming process r; all ended
     after the block."""
     procs = [_sleeper(run_dir) for _ in range(world)]

@@ -63,7 +63,7 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 
 # ------------------------------------------------------------------ the writer
-class NullProgress:
+class NullHeartbeat:
     """What a process without a record updates (a test's trainer, a
     bench script): nothing."""
 
@@ -101,7 +101,7 @@ class _Hot(ctypes.LittleEndianStructure):
                 ("phase", ctypes.c_uint8), ("op", ctypes.c_uint8), ("state", ctypes.c_uint8)]
 
 
-class Progress(NullProgress):
+class Heartbeat(NullHeartbeat):
     """This rank's record; the main thread's and the follower's writes
     take a lock."""
 
@@ -228,22 +228,22 @@ class Progress(NullProgress):
             pass
 
 
-_CURRENT: NullProgress = NullProgress()
+_CURRENT: NullHeartbeat = NullHeartbeat()
 
 
-def current() -> NullProgress:
-    """This process's record (a NullProgress before `start`)."""
+def current() -> NullHeartbeat:
+    """This process's record (a NullHeartbeat before `start`)."""
     return _CURRENT
 
 
-def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullProgress:
-    """Open this rank's record (a NullProgress if it cannot be made);
+def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullHeartbeat:
+    """Open this rank's record (a NullHeartbeat if it cannot be made);
     rank 0 drops records of ranks a larger earlier world left behind."""
     global _CURRENT
     try:
-        _CURRENT = Progress(run_dir, rank, local_rank, world_size)
+        _CURRENT = Heartbeat(run_dir, rank, local_rank, world_size)
     except OSError:
-        _CURRENT = NullProgress()
+        _CURRENT = NullHeartbeat()
         return _CURRENT
     if rank == 0:
         for path in (Path(run_dir) / FOLDER).glob("rank*.bin"):

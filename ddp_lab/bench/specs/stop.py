@@ -93,7 +93,7 @@ def record_share(run_dir: Path) -> tuple[float, float]:
 
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, 2)
-    rec = heartbeat.Progress(run_dir, 0)
+    rec = heartbeat.Heartbeat(run_dir, 0)
     rec.follow(timer=timer, comm=comm)
     try:
         def one_round():
