@@ -54,6 +54,8 @@ def test_held_out_world_across_the_link_is_forecast_within_the_target(
                         f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}",
                         cwd=tmp_path, env=env, timeout=600)
         assert study.returncode == 0, describe(study)
+        # the 1-minute load as the study ended: were the cores shared?
+        load_at_study = os.getloadavg()[0]
         for nodes, per_node in ((1, 2), (2, 1)):  # the loopback level, the link's
             bench = run_cli(*BENCH, *SLURM, f"launcher.nodes={nodes}",
                             f"launcher.nproc_per_node={per_node}",
