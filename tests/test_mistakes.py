@@ -44,6 +44,8 @@ MISTAKES = [
     ("misspelt-key", TRAIN, ["train.epoch=3"], "did you mean train.epochs?"),
     ("wrong-type", TRAIN, ["train.epochs=many"], "train.epochs=many"),
     ("unknown-entry", TRAIN, ["run.entry=ddp_lab.stop_0"], "run.entry=ddp_lab.stop_0: no such module"),
+    ("lesson-sync", TRAIN, ["run.entry=ddp_lab.rank.one_file", "sync=ddp"],
+     "sync=ddp: run.entry=ddp_lab.rank.one_file runs stop 0, which has sync=naive and sync=ring"),
     ("lesson-as-entry", TRAIN, ["run.entry=ddp_lab.one_file"],
      "run.entry=ddp_lab.one_file: the lesson takes flags, not a run folder; use run.entry=ddp_lab.rank.one_file"),
     ("key-of-another-option", TRAIN, ["optim=adam", "optim.momentum=0.9"], "optim.momentum"),

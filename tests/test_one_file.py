@@ -152,3 +152,12 @@ def test_a_run_folder_becomes_the_lessons_flags(tmp_path):
     OmegaConf.save(compose("sync=tree"), tmp_path / "config.yaml")
     with pytest.raises(SystemExit, match="stop 0 has sync=naive and sync=ring"):
         flags(tmp_path)
+
+
+def test_the_command_knows_the_lessons_syncs():
+    """The submitting command refuses another sync for stop 0 without
+    loading torch: its list is the lesson's own."""
+    from ddp_lab import one_file
+    from ddp_lab.command.train_rules import ONE_FILE_SYNCS
+
+    assert set(ONE_FILE_SYNCS) == set(one_file.SYNCS)

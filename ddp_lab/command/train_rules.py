@@ -78,6 +78,9 @@ def stop_signal(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+ONE_FILE_SYNCS = ("naive", "ring")
+
+
 def run_entry(cfg: DictConfig) -> Optional[str]:
     """run.entry is a module this Python finds: a typo is one line here,
     not a traceback from every rank."""
@@ -87,6 +90,10 @@ def run_entry(cfg: DictConfig) -> Optional[str]:
         return ("run.entry=ddp_lab.one_file: the lesson takes flags, not a "
                 "run folder; use run.entry=ddp_lab.rank.one_file, which "
                 "runs it with this run's settings")
+    # the lesson's syncs (one_file.SYNCS; the lesson loads torch)
+    if entry == "ddp_lab.rank.one_file" and cfg.sync.name not in ONE_FILE_SYNCS:
+        return (f"sync={cfg.sync.name}: run.entry=ddp_lab.rank.one_file "
+                "runs stop 0, which has sync=naive and sync=ring")
     try:
         if importlib.util.find_spec(entry) is not None:
             return None
