@@ -88,7 +88,7 @@ def busbw_factors(world: int) -> dict[str, float]:
     n = world
     spread, both = ((n - 1) / n, 2 * (n - 1) / n) if n > 1 else (0.0, 0.0)
     return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread,
-            "gather": spread, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0, "p2p": 1.0}
+            "gather": spread, "scatter": spread, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0, "p2p": 1.0}
 
 
 def busbw_factor(collective: str, world: int) -> float:
@@ -97,6 +97,19 @@ def busbw_factor(collective: str, world: int) -> float:
     if factor is None:
         raise ValueError(f"no bus-bandwidth factor for op {collective!r}")
     return factor
+
+
+def lower_bound(collective: str, numel: int, world: int, elem_size: int = 4) -> tuple[float, int]:
+    """What no algorithm of `collective` can beat on `world` ranks, for
+    `numel` elements a rank contributes or holds: (bytes the busiest
+    rank must send, in nccl-tests' busbw terms, :func:`busbw_factors`
+    times the full buffer; the rounds of a binomial tree, ceil(log2
+    n)). The full buffer is `world` x `numel` for the gathers, scatters
+    and reduce_scatter (their per-rank piece is `numel`)."""
+    full = numel * elem_size * (world if collective in ("all_gather", "reduce_scatter",
+                                                        "gather", "scatter") else 1)
+    factor = busbw_factor(collective, world) if world > 1 else 0.0
+    return factor * full, ceil_log2(world)
 
 
 def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:

@@ -1,0 +1,276 @@
+"""A student's functions checked, world by world: each case's ranks
+turned into pass, wrong, crash, hang or unsupported, and the table
+and check.json that say so.
+
+    check_function(fn, info, ...) -> FunctionResult
+
+runs `fn`'s cases (cases.py) on worlds of 1 to 7 real gloo ranks
+(world.py), stops a world at its first failure, and keeps the first
+failure over all worlds as the verdict. The bytes each rank sent and
+received and its rounds come from the watched calls of the largest
+passing case, beside what no algorithm can beat
+(`ddp_lab.predict.costmodel.lower_bound`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..config.student import StudentFunction
+from ..predict.costmodel import lower_bound
+from . import diagnose as D
+from .cases import LARGE, Case, cases
+from .world import CaseRun, World
+
+VERDICTS = ("pass", "wrong", "crash", "hang", "unsupported")
+WORLDS = (1, 2, 3, 4, 5, 6, 7)
+
+
+@dataclass
+class Failure:
+    verdict: str
+    case: Case
+    detail: str
+    ranks: list[dict] = field(default_factory=list)
+    #: the world can take the next case (every rank returned)
+    sound: bool = False
+
+
+@dataclass
+class FunctionResult:
+    name: str
+    collective: str
+    path: str
+    verdict: str = "pass"
+    worlds_passed: list[int] = field(default_factory=list)
+    worlds_checked: list[int] = field(default_factory=list)
+    first_failure: Optional[dict] = None
+    ranks: list[dict] = field(default_factory=list)
+    detail: str = ""
+    bytes: Optional[dict] = None
+    unsupported: list[str] = field(default_factory=list)
+    cases: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def limit_s(case: Case, base_s: float) -> float:
+    """A case's time limit: `base_s`, more for large tensors on many
+    ranks."""
+    return base_s + 2e-6 * case.numel * case.world_size
+
+
+def check_function(fn: Callable, info: StudentFunction, namespaces: list, log_dir: Path,
+                   worlds=WORLDS, base_s: float = 3.0,
+                   case_filter: Optional[Callable[[Case], bool]] = None,
+                   on_world: Optional[Callable[[int], None]] = None) -> FunctionResult:
+    res = FunctionResult(info.name, info.collective, info.path)
+    t0 = time.monotonic()
+    first: Optional[Failure] = None
+    unsupported: set[str] = set()
+    for w in worlds:
+        if on_world:
+            on_world(w)
+        todo = [(i, c) for i, c in enumerate(cases(info, w))
+                if case_filter is None or case_filter(c)]
+        failure = _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res)
+        res.worlds_checked.append(w)
+        if failure is None:
+            res.worlds_passed.append(w)
+        elif first is None or (first.case.world_size == 1 and w > 1):
+            # a world of one rank sends nothing: its failure is the
+            # verdict only when no larger world fails
+            first = failure
+    res.seconds = round(time.monotonic() - t0, 2)
+    res.unsupported = sorted(unsupported)
+    if first is not None:
+        res.verdict = first.verdict
+        res.first_failure = {k: v for k, v in first.case.as_dict().items()}
+        res.detail = first.detail
+        res.ranks = first.ranks
+    elif unsupported:
+        res.verdict = "unsupported"
+        res.detail = ("raised NotImplementedError for "
+                      + ", ".join(f"op {u}" if u != "*" else "every case" for u in res.unsupported))
+    return res
+
+
+def _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res
+               ) -> Optional[Failure]:
+    world: Optional[World] = None
+    try:
+        for index, case in todo:
+            if (case.op or "*") in unsupported or "*" in unsupported:
+                continue
+            if world is None:
+                world = World(fn, info, w, namespaces, log_dir).__enter__()
+            run = world.run(index, case, limit_s(case, base_s))
+            res.cases += 1
+            failure = classify(run, info)
+            if failure is None:
+                _keep_bytes(res, run, info)
+                continue
+            if failure.verdict == "unsupported":
+                unsupported.add(case.op or "*")
+                if not failure.sound:
+                    world.kill()
+                    world = None
+                continue
+            world.kill()
+            world = None
+            return failure
+        return None
+    finally:
+        if world is not None:
+            world.close()
+
+
+def _members(case: Case) -> list[int]:
+    return list(case.group or range(case.world_size))
+
+
+def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
+    """None when every member returned torch's answer; else the
+    failure."""
+    case, results, states = run.case, run.results, run.states
+    members = _members(case)
+    got = {r: results[r] for r in members if r in results}
+    raised = [r for r in members if got.get(r, {}).get("status") == "raised"]
+    if raised:
+        return _crash(run, raised, members)
+    unsup = [r for r in members if got.get(r, {}).get("status") == "unsupported"]
+    if unsup:
+        return Failure("unsupported", case, got[unsup[0]].get("message", ""),
+                       sound=len(got) == len(members))
+    if run.dead:
+        r = run.dead[0]
+        code = run.exitcodes.get(r)
+        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exit code {code}")
+        last = (states.get(r, {}).get("pending") or states.get(r, {}).get("history") or [None])[-1]
+        text = f"rank {r} died ({how}, inside torch: no Python exception)"
+        if last:
+            text += f" in its call {D.describe(last).removeprefix('in ')}"
+            text += D.peer_note(last, case.world_size)
+        return Failure("crash", case, text,
+                       [{"rank": r, "op": last["op"] if last else "died",
+                         "peer": last["peer"] if last else None,
+                         "where": last["where"] if last else None}])
+    if len(got) < len(members):
+        returned = set(got)
+        text, records = D.hang(members, states, returned, case.world_size)
+        return Failure("hang", case, text, records)
+    counts = {r: got[r].get("counts", {}) for r in members}
+    if len({tuple(sorted(c.items())) for c in counts.values()}) > 1:
+        return _unpaired(case, counts, members)
+    wrong = [r for r in members if got[r].get("status") == "wrong"]
+    if wrong:
+        return _wrong(case, got, wrong, members, info)
+    return None
+
+
+def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
+    r = raised[0]
+    res = run.results[r]
+    where = res.get("where")
+    text = f"rank {r} raised {res['type']}"
+    if res.get("message"):
+        text += f": {res['message']}"
+    if where:
+        text += f" at {D.short(where)}"
+        if res.get("source"):
+            text += f" ({res['source']})"
+    last = (run.states.get(r, {}).get("history") or [None])[-1]
+    if last and D.peer_note(last, run.case.world_size):
+        text += f"; its call {D.describe(last).removeprefix('in ')}{D.peer_note(last, run.case.world_size)}"
+    sizes = D.sizes_of_crash(res, run.states)
+    if sizes and "size" in (res.get("message") or "").lower():
+        text += f"; {sizes}"
+    if len(raised) > 1:
+        text += f" (also {D.ranks_text(raised[1:])})"
+    records = [{"rank": q, "op": "raised", "peer": None, "where": run.results[q].get("where"),
+                "error": f"{run.results[q]['type']}: {run.results[q].get('message', '')}"}
+               for q in raised]
+    return Failure("crash", run.case, text, records)
+
+
+def _unpaired(case: Case, counts: dict[int, dict], members: list[int]) -> Failure:
+    ops = sorted({op for c in counts.values() for op in c})
+    op = next(o for o in ops if len({c.get(o, 0) for c in counts.values()}) > 1)
+    by: dict[int, list[int]] = {}
+    for r in members:
+        by.setdefault(counts[r].get(op, 0), []).append(r)
+    ordered = sorted(by.items(), reverse=True)
+    parts = [f"{D.ranks_text(ordered[0][1])} called {op} {D.times(ordered[0][0])}"]
+    parts += [f"{D.ranks_text(rs)} {D.times(n)}" for n, rs in ordered[1:]]
+    text = (", ".join(parts) + ": every rank returned only because gloo paired the calls "
+            f"anyway; with another schedule, backend or the next collective, the extra {op} "
+            "waits forever (every rank must make the same collective calls)")
+    return Failure("hang", case, text,
+                   [{"rank": r, "op": op, "peer": None, "where": None,
+                     "count": counts[r].get(op, 0)} for r in members])
+
+
+def _wrong(case: Case, got: dict[int, dict], wrong: list[int], members: list[int],
+           info: StudentFunction) -> Failure:
+    r = wrong[0]
+    d = got[r]["difference"]
+    if "message" in d:
+        text = f"rank {r}: {d['message']}"
+    else:
+        text = (f"rank {r} holds {d['got']!r} at element {d['index']} where torch gives "
+                f"{d['expected']!r} ({d['differing']} of {max(case.numel, 1)} elements differ)")
+    right = [q for q in members if q not in wrong and got[q].get("status") == "ok"
+             and got[q].get("compared", True)]
+    others = wrong[1:]
+    if others:
+        text += f"; {D.ranks_text(others)} wrong too"
+    if right:
+        text += f"; {D.ranks_text(right)} right"
+    res = got[r]
+    if res.get("untouched"):
+        note = "the tensor passed in was not written"
+        if res.get("returned_right"):
+            note += ", but the returned value is right"
+        bound = [f"`{b['argument']}` in {b['function']}" for b in res.get("rebound", [])]
+        lines = [f"line {ln}" for name, ln in info.rebinds
+                 if any(b["argument"] == name for b in res.get("rebound", []))]
+        if bound:
+            note += (f": the function rebinds its argument {', '.join(bound)}"
+                     + (f" ({', '.join(lines)})" if lines else "")
+                     + ", so the result stays in a local; write into it in place "
+                       "(tensor.copy_(...), torch.maximum(tensor, buff, out=tensor))")
+        else:
+            note += " (did the function rebind its argument?)"
+        text += f"; {note}"
+    records = [{"rank": q, "op": "wrong", "peer": None, "where": None,
+                **{k: got[q]["difference"].get(k) for k in ("index", "expected", "got")}}
+               for q in wrong]
+    return Failure("wrong", case, text, records, sound=True)
+
+
+def _keep_bytes(res: FunctionResult, run: CaseRun, info: StudentFunction) -> None:
+    """The bytes of the largest whole-world case (float32, SUM or no op,
+    the first root): the biggest world that passed it wins."""
+    c = run.case
+    if c.numel != LARGE or c.dtype != "float32" or c.group or c.op not in (None, "SUM") or (
+            c.root not in (None, 0)):
+        return
+    if res.bytes is not None and res.bytes["world_size"] > c.world_size:
+        return
+    members = _members(c)
+    sent = [run.results[r].get("sent", 0) for r in members]
+    recv = [run.results[r].get("recv", 0) for r in members]
+    bound, rounds = lower_bound(info.collective, c.numel, c.world_size, 4)
+    res.bytes = {"world_size": c.world_size, "numel": c.numel, "dtype": c.dtype,
+                 "sent": sent, "recv": recv,
+                 "rounds": max(run.results[r].get("rounds", 0) for r in members),
+                 "bound_bytes": bound, "bound_rounds": rounds,
+                 "collectives": {k: v for k, v in run.results[members[0]].get("counts",
+                                                                               {}).items()}}
