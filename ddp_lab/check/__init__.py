@@ -77,7 +77,7 @@ def check(*functions: Callable, worlds: Sequence[int] = (1, 2, 3, 4, 5, 6, 7),
     allreduce_naive calls reduce_naive) are found where they were
     defined. `collective` names the collective when the names do not
     say it."""
-    from .load import describe_callable
+    from ..collectives.student import describe_callable
 
     items = [(f, describe_callable(f, collective), [f.__globals__]) for f in functions]
     log_dir = Path(tempfile.mkdtemp(prefix="ddp_lab_check_logs_"))

@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
         for spec in specs:
             find_functions(spec)
         # importing runs the student's top level: torch only now
-        from .load import functions
+        from ..collectives.student import functions
 
         items = [item for spec in specs for item in functions(spec)]
     except UserError as e:

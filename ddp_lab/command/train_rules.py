@@ -26,6 +26,17 @@ def sync_fits(cfg: DictConfig) -> Optional[str]:
     return None
 
 
+def student_code_passes(cfg: DictConfig) -> Optional[str]:
+    """sync=custom: the student's all-reduce passes its check at this
+    world size before any rank starts (a dry run starts none: not
+    checked)."""
+    if cfg.sync.name != "custom" or cfg.launcher.get("dry_run"):
+        return None
+    from .student_check import refusal
+
+    return refusal(cfg.sync.all_reduce, "all_reduce", world_size(cfg) or 1, "sync.all_reduce")
+
+
 def batch_fits(cfg: DictConfig) -> Optional[str]:
     """train.global_batch and train.micro_batch: >= 0, and splitting
     evenly over this world (the rule lives in config.batch_plan, which

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, open_dict
 
 from .. import launch
 from ..config.errors import UserError
+from ..config.student import absolute_spec
 from ..world.devices import default_nproc
 from ..config.sync import COMPRESS_MODES
 from .lock import in_use
@@ -28,6 +29,7 @@ from .config_rules import durations, known_sections, required_launcher_keys
 from .folder_rules import data_folder, run_folder
 from .machine_rules import dist_pair, fused_support, oversubscription, twin_support
 from .train_rules import (batch_fits, cuda_graph_fits, debug_delays, model_fits, run_entry,
+                          student_code_passes,
                           stop_signal, sync_fits)
 
 Rule = Callable[[DictConfig], Optional[str]]
@@ -100,6 +102,7 @@ TRAIN: list[Rule] = [
     model_fits,
     one_of("sync.compress", COMPRESS_MODES),
     sync_fits,
+    student_code_passes,
     cuda_graph_fits,
     fused_support,
     twin_support,
@@ -130,6 +133,9 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
             cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
             cfg.data.mirrors = [m if m == "embedded" or "://" in m
                                 else str(Path(m).expanduser().resolve()) for m in cfg.data.mirrors]
+        # a student's file (sync=custom): ranks may start in another folder
+        if "sync" in cfg and cfg.sync.get("all_reduce"):
+            cfg.sync.all_reduce = absolute_spec(cfg.sync.all_reduce)
     check(cfg, rules)
     # last: the command's own mistakes are said first
     launch.check_tool(cfg)

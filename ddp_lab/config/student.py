@@ -190,3 +190,20 @@ def one_function(spec: str, collective: str, key: str) -> StudentFunction:
         raise UserError(f"{key}={spec}: {f.name} is a {f.collective}, not a {collective}: "
                         f"name a {collective} function (or {path}:{fn}={collective})")
     return f
+
+
+def absolute_spec(spec: str) -> str:
+    """`spec` with its file's path made absolute (the ranks may start
+    in another folder)."""
+    path, fn, kind = split_spec(spec)
+    out = str(Path(path).expanduser().resolve())
+    if fn:
+        out += f":{fn}" + (f"={kind}" if kind else "")
+    return out
+
+
+def spec_label(spec: str) -> str:
+    """What a run, a table or a plot calls a student's function: its
+    name (the file's stem when none is given)."""
+    path, fn, _ = split_spec(spec)
+    return fn or Path(path).stem

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
 from ..config.resources import conf_dir
+from ..config.student import is_spec, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
 from .names import DEFAULT_GROUPS, safe
 
@@ -75,6 +77,9 @@ def _token(key: str, value: Any) -> str:
     `bucket_mb0`, `inter-library`."""
     if isinstance(value, bool):
         return key if value else f"no{key}"
+    if isinstance(value, str) and is_spec(value):
+        # a student's function (sync=custom): its name
+        return spec_label(value)
     if key == "compress":
         return str(value)
     text = f"{value:g}" if isinstance(value, float) else str(value)
@@ -293,6 +298,9 @@ def plural(n: int, word: str) -> str:
 
 
 def _yaml(v: Any) -> str:
+    if isinstance(v, str) and is_spec(v):
+        path, fn, _ = split_spec(v)
+        return f"{os.path.basename(path)}:{fn}" if fn else os.path.basename(path)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):

@@ -238,6 +238,9 @@ SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     # reduce-scatter the gradients, step the shard, all-gather the
     # weights (nccl: "torch")
     "zero1": (("reduce_scatter", "ring"), ("all_gather", "ring")),
+    # a student's all-reduce: its bytes are counted from its own calls
+    # (sync/custom.py); a forecast models it as the ideal ring
+    "custom": (("all_reduce", "ring"),),
 }
 
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks,
@@ -251,6 +254,8 @@ SYNC_FORMULAS: dict[str, str] = {
     "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
     "reduce_broadcast": "nα + 2(n-1)/n·m·β + ⌈log2 n⌉(α + m·β) (library, as gloo)",
     "zero1": "2(n-1)α + 2(n-1)/n·m·β (ring reduce-scatter, then all-gather of the weights)",
+    "custom": "yours: its bytes counted from its send/recv (forecast as the ring, 2(n-1)α + "
+              "2(n-1)/n·m·β)",
     # phases on groups (HIERARCHICAL_PHASES): k ranks per node, L nodes
     "hierarchical": "R_k + A_L + B_k: reduce in each node (tree: ⌈log2 k⌉(α + m·β)), "
                     "all-reduce among the L leaders (ring: 2(L-1)α + 2(L-1)/L·m·β, the only "

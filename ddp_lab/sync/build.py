@@ -18,6 +18,7 @@ from ..timing import Clock
 from .allreduce import AllReduceSync
 from .base import Synchroniser
 from .butterfly import ButterflySync
+from .custom import CustomSync
 from .ddp import DDPSync
 from .fsdp2 import FSDP2Sync
 from .hierarchical import HierarchicalSync
@@ -41,6 +42,8 @@ SYNCS: Registry[type[Synchroniser]] = Registry(
         "butterfly": ButterflySync,
         "hierarchical": HierarchicalSync,
         "zero1": Zero1Sync,
+        # the student's own all-reduce (docs/exercises.md)
+        "custom": CustomSync,
         # torch's library twins (docs/twins.md)
         "torch_zero": TorchZeroSync,
         "fsdp2": FSDP2Sync,

@@ -6,6 +6,7 @@ the submitting command checks with them.
 
 from .allreduce import BucketSyncConfig
 from .base import COMPRESS_MODES, SyncConfig
+from .custom import CustomSyncConfig
 from .ddp import DDP_HOOKS, TORCH_COMPRESS_HOOKS, DDPSyncConfig
 from .hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA, HierarchicalSyncConfig
 from .naive import NaiveSyncConfig
@@ -22,10 +23,12 @@ SYNC_SCHEMAS: dict[str, type[SyncConfig]] = {
     "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,
     "tree": BucketSyncConfig, "butterfly": BucketSyncConfig,
     "hierarchical": HierarchicalSyncConfig, "zero1": Zero1SyncConfig,
+    # the student's own all-reduce (docs/exercises.md)
+    "custom": CustomSyncConfig,
     # torch's library twins (docs/twins.md)
     "torch_zero": TorchZeroSyncConfig, "fsdp2": FSDP2SyncConfig}
 
-__all__ = ["BucketSyncConfig", "COMPRESS_MODES", "DDP_HOOKS", "DDPSyncConfig", "FSDP2SyncConfig",
+__all__ = ["BucketSyncConfig", "COMPRESS_MODES", "CustomSyncConfig", "DDP_HOOKS", "DDPSyncConfig", "FSDP2SyncConfig",
            "TORCH_COMPRESS_HOOKS", "TorchZeroSyncConfig", "HIERARCHICAL_INTER",
            "HIERARCHICAL_INTRA", "HierarchicalSyncConfig", "NaiveSyncConfig",
            "ReduceBroadcastSyncConfig", "RingSyncConfig", "SYNC_SCHEMAS", "SyncConfig",

@@ -89,3 +89,28 @@ def describe_callable(fn: Callable, collective: Optional[str] = None) -> Student
                         any("list" in p for p in params[:2]))
         rebinds = ()
     return StudentFunction(code.co_filename, name, kind, sig, first, rebinds)
+
+
+def as_all_reduce(fn: Callable, info: StudentFunction) -> Callable[..., None]:
+    """`fn` called as the ALL_REDUCE registry's entries are,
+    `f(tensor, op=SUM, group=None)`: the op as torch's ReduceOp, the
+    group only where `fn` takes one (a notebook's has none: the whole
+    world)."""
+    from torch.distributed import ReduceOp
+
+    from ._common import normalize_op
+
+    def all_reduce(tensor, op="SUM", group=None):
+        kw = {}
+        if info.signature.op:
+            kw["op"] = getattr(ReduceOp, normalize_op(op))
+        elif normalize_op(op) != "SUM":
+            raise NotImplementedError(f"{info.name} takes no op: SUM only")
+        if info.signature.group:
+            kw["group"] = group
+        elif group is not None:
+            raise NotImplementedError(f"{info.name} takes no group: the whole world only")
+        fn(tensor, **kw)
+
+    all_reduce.__name__ = info.name
+    return all_reduce
