@@ -25,7 +25,8 @@ from ..world.distributed import DistContext
 from ..predict.costmodel import busbw_factor
 from ..predict.numbers import pow2_label
 from ..timing import percentile
-from .ops import OPS, dtype_of
+from .ops import OPS, dtype_of, student_label, with_students
+from ..config.student import is_spec
 from .pattern import GroupCtx, Op, Pattern
 from ..world.topology import GroupSet, Topology, build_groups, detect_topology
 
@@ -69,9 +70,10 @@ def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
     tasks: list[Task] = []
     notes: list[str] = []
     for name in bench.ops:
-        op = OPS[name]
-        impls = [i for i in bench.impl if i in op.impls]
-        missing = [i for i in bench.impl if i not in op.impls]
+        op = with_students(OPS[name], list(bench.impl))
+        names = [student_label(i) if is_spec(i) else i for i in bench.impl]
+        impls = [i for i in names if i in op.impls]
+        missing = [i for i in names if i not in op.impls]
         if missing:
             notes.append(f"{name}: no {'/'.join(missing)} implementation "
                          f"(it has {', '.join(op.impls)})")

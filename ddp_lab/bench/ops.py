@@ -9,7 +9,9 @@ result; sizes follow nccl-tests (docs/bench.md, "What is measured").
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -295,6 +297,45 @@ _HAVE = {n: tuple(op.impls) for n, op in OPS.items()}
 if _HAVE != dict(config.OPS):
     raise RuntimeError("ddp_lab.bench.config.OPS lists other ops or implementations than "
                        f"ddp_lab.bench.ops.OPS: {_HAVE}")
+
+
+#: bench.ops -> the registry convention its implementations are called
+#: with (a student's function joins the op of its collective)
+STUDENT_CALLS = {
+    "all_reduce": lambda f, b, g: f(b["t"], "SUM", group=g.handle),
+    "reduce": lambda f, b, g: f(b["t"], g.root, "SUM", group=g.handle),
+    "broadcast": lambda f, b, g: f(b["t"], g.root, group=g.handle),
+    "all_gather": lambda f, b, g: f(b["out"], b["in"], group=g.handle),
+    "reduce_scatter": lambda f, b, g: f(b["out"], b["in"], "SUM", group=g.handle),
+}
+
+
+def student_label(spec: str) -> str:
+    """A student's implementation as the bench's tables and plots name
+    it: the function's name (with its file's where it is a built-in's
+    name)."""
+    from ..config.student import spec_label, split_spec
+
+    name = spec_label(spec)
+    return name if name not in config.IMPLS else f"{Path(split_spec(spec)[0]).stem}.{name}"
+
+
+def with_students(op: Op, impls: list[str]) -> Op:
+    """`op` with the student's functions of `impls` (FILE.py:fn) that
+    are its collective added, each named by `student_label`."""
+    from ..collectives.student import as_registry_entry, one
+    from ..config.student import find_functions, is_spec
+
+    extra = {}
+    for spec in impls:
+        if not is_spec(spec) or op.name not in STUDENT_CALLS:
+            continue
+        found = find_functions(spec, "bench.impl")
+        if len(found) != 1 or found[0].collective != op.name:
+            continue
+        fn, info, _ = one(spec, op.name, "bench.impl")
+        extra[student_label(spec)] = partial(STUDENT_CALLS[op.name], as_registry_entry(fn, info))
+    return replace(op, impls={**op.impls, **extra}) if extra else op
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from ..command.job import Outcome, collect, launch_job
 from ..command.config_rules import known_sections
 from ..command.validate import COMMON, Rule, above, at_least, one_of, resolve
+from ..config.student import absolute_spec, find_functions, is_spec, split_spec
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
@@ -28,13 +29,57 @@ from .config import DTYPES, GROUPS, IMPLS, OPS
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)
-    IMPLS.check(b.impl)
+    builtin = [i for i in b.impl if not is_spec(i)]
+    if builtin or not b.impl:
+        IMPLS.check(builtin)
     GROUPS.check(b.groups)
     DTYPES.check([b.dtype])
-    for impl in b.impl:
+    for spec in [i for i in b.impl if is_spec(i)]:
+        problem = _student(spec, list(b.ops))
+        if problem:
+            return problem
+    for impl in builtin:
         if not set(IMPLS[impl]) & set(b.ops):
             return (f"bench.impl={impl}: none of bench.ops={list(b.ops)} has it "
                     f"({impl} exists for {', '.join(IMPLS[impl])})")
+    return None
+
+
+#: the ops a student's function can join (bench/ops.py STUDENT_CALLS)
+STUDENT_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def _student(spec: str, ops: list[str]) -> Optional[str]:
+    """bench.impl=[FILE.py:function]: one function, of a collective the
+    bench measures."""
+    found = find_functions(spec, "bench.impl")
+    if len(found) != 1 or split_spec(spec)[1] is None:
+        names = ", ".join(f.name for f in found)
+        return (f"bench.impl={spec}: name one function as {split_spec(spec)[0]}:FUNCTION "
+                f"(it has {names})")
+    kind = found[0].collective
+    if kind not in STUDENT_OPS:
+        return (f"bench.impl={spec}: {found[0].name} is a {kind}; the bench measures a "
+                f"student's {', '.join(STUDENT_OPS)}")
+    if kind not in ops:
+        return (f"bench.impl={spec}: {found[0].name} is a {kind}, which bench.ops={ops} does not "
+                f"measure: add bench.ops=[{kind}]")
+    return None
+
+
+def _students_pass(cfg: DictConfig) -> Optional[str]:
+    """Every student's function passes its check at this world size
+    before the bench starts (a dry run starts nothing: not checked)."""
+    if cfg.launcher.get("dry_run"):
+        return None
+    from ..command.student_check import refusal
+
+    world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
+    for spec in [i for i in cfg.bench.impl if is_spec(i)]:
+        kind = find_functions(spec, "bench.impl")[0].collective
+        problem = refusal(spec, kind, world, "bench.impl")
+        if problem:
+            return problem
     return None
 
 
@@ -78,10 +123,15 @@ BENCH: list[Rule] = [
     _gpus,
     _sizes,
     *COMMON,
+    _students_pass,
 ]
 
 
 def resolve_bench(cfg: DictConfig) -> DictConfig:
+    cfg = cfg.copy()
+    # a student's file: the ranks may start in another folder
+    with open_dict(cfg):
+        cfg.bench.impl = [absolute_spec(i) if is_spec(i) else i for i in cfg.bench.impl]
     return resolve(cfg, BENCH)
 
 

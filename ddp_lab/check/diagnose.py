@@ -184,16 +184,40 @@ def _bad_peer(calls: dict, world: int) -> Optional[str]:
 
 
 def sizes_of_crash(raised: dict, states: dict[int, dict]) -> Optional[str]:
-    """A gloo size error on one rank, explained by its peer's pending
-    call where the sizes differ."""
-    for r, st in states.items():
-        for c in (st.get("pending") or []) + (st.get("history") or [])[-1:]:
-            if c["op"] in ("send", "isend") and isinstance(c["peer"], int):
-                peer = states.get(c["peer"], {})
-                for p in (peer.get("pending") or []) + (peer.get("history") or [])[-1:]:
-                    if p["op"] in ("recv", "irecv") and p["peer"] == r and \
-                            p["numel"] != c["numel"]:
-                        return (f"rank {r} sends {c['numel']} elements to rank {c['peer']} "
-                                f"({short(c['where'])}) but rank {c['peer']} receives "
-                                f"{p['numel']} ({short(p['where'])})")
+    """Two ranks whose latest send and receive between them differ in
+    size (what ends in a gloo error, or a rank's death), from the
+    board."""
+    def calls(st: dict) -> list[dict]:
+        return (st.get("history") or []) + (st.get("posted") or []) + (st.get("pending") or [])
+
+    for a in sorted(states):
+        sends = {c["peer"]: c for c in calls(states[a])
+                 if c["op"] in ("send", "isend") and isinstance(c["peer"], int)}
+        for b, c in sorted(sends.items()):
+            recvs = [p for p in calls(states.get(b, {}))
+                     if p["op"] in ("recv", "irecv") and p["peer"] == a]
+            if recvs and recvs[-1]["numel"] != c["numel"]:
+                p = recvs[-1]
+                return (f"rank {a} sends {c['numel']} elements to rank {b} "
+                        f"({short(c['where'])}) but rank {b} receives {p['numel']} "
+                        f"({short(p['where'])})")
+    return None
+
+
+def pairing(logs: dict[int, list]) -> Optional[str]:
+    """After every rank returned: the k-th message from a to b, and the
+    k-th receive at b from a, of different sizes (or counts)."""
+    for a in sorted(logs):
+        for b in sorted(logs):
+            if a == b:
+                continue
+            sent = [n for d, p, n in logs[a] if d == "sent" and p == b]
+            got = [n for d, p, n in logs[b] if d == "recv" and p == a]
+            for k, (x, y) in enumerate(zip(sent, got)):
+                if x != y:
+                    return (f"rank {a}'s message {k + 1} to rank {b} has {x} elements, but "
+                            f"rank {b} receives {y}")
+            if len(sent) != len(got) and all(p is not None for _, p, _ in logs[b]):
+                return (f"rank {a} sent {len(sent)} messages to rank {b}, which received "
+                        f"{len(got)} from it")
     return None

@@ -186,7 +186,7 @@ def run_case(rank: int, index: int, case: C.Case, fn: Callable, info: StudentFun
             sys.setprofile(None)
     out.update({"sent": watch.sent, "recv": watch.recv, "rounds": watch.rounds,
                 "counts": dict(watch.counts), "messages_sent": watch.messages_sent,
-                "messages_recv": watch.messages_recv})
+                "messages_recv": watch.messages_recv, "p2p": watch.log})
     board.write({"case": index, "in_function": False, "returned": True, **watch.state()})
     if prepared.expected is None:
         # torch leaves this rank's result undefined (a reduce's non-root)

@@ -54,6 +54,7 @@ class FunctionResult:
     bytes: Optional[dict] = None
     unsupported: list[str] = field(default_factory=list)
     cases: int = 0
+    cases_passed: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -79,9 +80,10 @@ def check_function(fn: Callable, info: StudentFunction, namespaces: list, log_di
             on_world(w)
         todo = [(i, c) for i, c in enumerate(cases(info, w))
                 if case_filter is None or case_filter(c)]
+        before = res.cases_passed
         failure = _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res)
         res.worlds_checked.append(w)
-        if failure is None:
+        if failure is None and res.cases_passed > before:
             res.worlds_passed.append(w)
         elif first is None or (first.case.world_size == 1 and w > 1):
             # a world of one rank sends nothing: its failure is the
@@ -114,6 +116,7 @@ def _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res
             res.cases += 1
             failure = classify(run, info)
             if failure is None:
+                res.cases_passed += 1
                 _keep_bytes(res, run, info)
                 continue
             if failure.verdict == "unsupported":
@@ -158,6 +161,9 @@ def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
         if last:
             text += f" in its call {D.describe(last).removeprefix('in ')}"
             text += D.peer_note(last, case.world_size)
+        sizes = D.sizes_of_crash({}, states)
+        if sizes:
+            text = f"sizes differ: {sizes}: a send and its receive must have one size; {text}"
         return Failure("crash", case, text,
                        [{"rank": r, "op": last["op"] if last else "died",
                          "peer": last["peer"] if last else None,
@@ -169,6 +175,10 @@ def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
     counts = {r: got[r].get("counts", {}) for r in members}
     if len({tuple(sorted(c.items())) for c in counts.values()}) > 1:
         return _unpaired(case, counts, members)
+    pairing = D.pairing({r: got[r].get("p2p", []) for r in members})
+    if pairing:
+        return Failure("wrong", case, pairing + " (gloo let it pass; nccl and MPI need a send "
+                       "and its receive of one size)", sound=True)
     wrong = [r for r in members if got[r].get("status") == "wrong"]
     if wrong:
         return _wrong(case, got, wrong, members, info)
@@ -186,12 +196,15 @@ def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
         text += f" at {D.short(where)}"
         if res.get("source"):
             text += f" ({res['source']})"
+    sizes = D.sizes_of_crash(res, run.states)
+    if sizes:
+        return Failure("crash", run.case, f"sizes differ: {sizes}: a send and its receive must "
+                       f"have one size (then {text})",
+                       [{"rank": q, "op": "raised", "peer": None,
+                         "where": run.results[q].get("where")} for q in raised])
     last = (run.states.get(r, {}).get("history") or [None])[-1]
     if last and D.peer_note(last, run.case.world_size):
         text += f"; its call {D.describe(last).removeprefix('in ')}{D.peer_note(last, run.case.world_size)}"
-    sizes = D.sizes_of_crash(res, run.states)
-    if sizes and "size" in (res.get("message") or "").lower():
-        text += f"; {sizes}"
     if len(raised) > 1:
         text += f" (also {D.ranks_text(raised[1:])})"
     records = [{"rank": q, "op": "raised", "peer": None, "where": run.results[q].get("where"),
@@ -246,8 +259,10 @@ def _wrong(case: Case, got: dict[int, dict], wrong: list[int], members: list[int
                      + (f" ({', '.join(lines)})" if lines else "")
                      + ", so the result stays in a local; write into it in place "
                        "(tensor.copy_(...), torch.maximum(tensor, buff, out=tensor))")
-        else:
+        elif res.get("returned_right"):
             note += " (did the function rebind its argument?)"
+        else:
+            note = f"rank {r}'s tensor was never written"
         text += f"; {note}"
     records = [{"rank": q, "op": "wrong", "peer": None, "where": None,
                 **{k: got[q]["difference"].get(k) for k in ("index", "expected", "got")}}

@@ -114,3 +114,47 @@ def as_all_reduce(fn: Callable, info: StudentFunction) -> Callable[..., None]:
 
     all_reduce.__name__ = info.name
     return all_reduce
+
+
+def as_registry_entry(fn: Callable, info: StudentFunction) -> Callable[..., None]:
+    """`fn` with the calling convention of its collective's registry
+    (collectives/registry.py): broadcast(tensor, src, group),
+    reduce(tensor, dst, op, group), all_reduce(tensor, op, group),
+    all_gather(output, input, group), reduce_scatter(output, input, op,
+    group). A function without `group` runs on the whole world only."""
+    import torch.distributed as dist
+
+    if info.collective == "all_reduce":
+        return as_all_reduce(fn, info)
+    sig = info.signature
+
+    def extra(op=None, group=None) -> dict:
+        kw = {}
+        if sig.group:
+            kw["group"] = group
+        elif group is not None and group is not dist.group.WORLD:
+            raise NotImplementedError(f"{info.name} takes no group: the whole world only")
+        if op is not None and sig.op:
+            from torch.distributed import ReduceOp
+
+            from ._common import normalize_op
+
+            kw["op"] = getattr(ReduceOp, normalize_op(op))
+        return kw
+
+    def rooted(tensor, root=0, op=None, group=None):
+        kw = extra(op, group)
+        if sig.root:
+            kw[sig.root] = root
+        fn(tensor, **kw)
+
+    if info.collective == "broadcast":
+        return lambda tensor, src=0, group=None: rooted(tensor, src, None, group)
+    if info.collective == "reduce":
+        return lambda tensor, dst=0, op="SUM", group=None: rooted(tensor, dst, op, group)
+    if info.collective == "all_gather":
+        return lambda output, input, group=None: fn(output, input, **extra(None, group))
+    if info.collective == "reduce_scatter":
+        return lambda output, input, op="SUM", group=None: fn(output, input, **extra(op, group))
+    raise UserError(f"{info.spec}: a {info.collective} has no benchmark here: bench and train "
+                    "take broadcast, reduce, all_reduce, all_gather and reduce_scatter")

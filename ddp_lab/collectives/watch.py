@@ -48,6 +48,7 @@ COLLECTIVE_CALLS = ("barrier", "broadcast", "all_reduce", "reduce", "all_gather"
                     "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                     "gather", "scatter", "all_to_all", "all_to_all_single", "monitored_barrier")
 
+LOG_MAX = 4096
 _HERE = os.path.abspath(__file__)
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP = (_TORCH, os.path.abspath(contextlib.__file__))
@@ -135,6 +136,9 @@ class Watch:
         self.pending: list[Call] = []
         self.posted: list[Call] = []
         self.history: collections.deque[Call] = collections.deque(maxlen=8)
+        #: every point-to-point call since reset: (direction, peer,
+        #: elements), at most LOG_MAX of them
+        self.log: list[tuple[str, Any, int]] = []
         self._posts_since_wait = False
 
     def state(self) -> dict:
@@ -178,6 +182,8 @@ class Watch:
             self.recv += nbytes
             self.messages_recv += 1
         self.history.append(call)
+        if len(self.log) < LOG_MAX:
+            self.log.append((direction, peer if isinstance(peer, int) else repr(peer), numel))
         if blocking:
             self.rounds += 1
             self._posts_since_wait = False
