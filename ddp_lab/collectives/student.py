@@ -53,10 +53,12 @@ def functions(spec: str, key: str = "FILE.py") -> list[tuple[Callable, StudentFu
 def one(spec: str, collective: str, key: str) -> tuple[Callable, StudentFunction, list]:
     """The one `collective` function `spec` names (sync.all_reduce,
     bench.impl)."""
-    from ..config.student import one_function
+    import importlib
+
+    from ..config.student import module_of, one_function
 
     f = one_function(spec, collective, key)
-    module = import_file(f.path)
+    module = importlib.import_module(module_of(spec)) if module_of(spec) else import_file(f.path)
     return getattr(module, f.name), f, [vars(module)]
 
 

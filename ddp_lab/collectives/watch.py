@@ -247,15 +247,19 @@ class Watch:
 
     # -------------------------------------------------------- install
     def __enter__(self) -> "Watch":
+        # the functions as they are now (a test's own logging wrapper
+        # stays under ours)
+        current = {n: getattr(dist, n) for n in _ORIGINALS}
         wrappers: dict[str, Callable] = {}
         for name in P2P:
-            wrappers[name] = self._p2p(name, _ORIGINALS[name])
-        wrappers["batch_isend_irecv"] = self._batch(_ORIGINALS["batch_isend_irecv"])
+            wrappers[name] = self._p2p(name, current[name])
+        wrappers["batch_isend_irecv"] = self._batch(current["batch_isend_irecv"])
         for name in COLLECTIVE_CALLS:
-            if name in _ORIGINALS:
-                wrappers[name] = self._collective(name, _ORIGINALS[name])
+            if name in current:
+                wrappers[name] = self._collective(name, current[name])
         wrappers["P2POp"] = _P2POp
-        by_id = {id(_ORIGINALS[n]): w for n, w in wrappers.items()}
+        by_id = {id(f): wrappers[n] for table in (_ORIGINALS, current)
+                 for n, f in table.items() if n in wrappers}
         for name, w in wrappers.items():
             self._swap(dist, name, w)
         # a student's `from torch.distributed import send`
@@ -290,7 +294,10 @@ _ORIGINALS: dict[str, Any] = {n: getattr(dist, n) for n in
 
 
 def _original(op: Any) -> Any:
-    return getattr(op, "__wrapped__", op)
+    """The real function under every wrapper."""
+    while hasattr(op, "__wrapped__"):
+        op = op.__wrapped__
+    return op
 
 
 class _P2POp(_ORIGINALS["P2POp"]):  # type: ignore[misc, valid-type]

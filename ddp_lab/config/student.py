@@ -20,6 +20,8 @@ Every mistake is a `UserError`: one line, exit 2, before any process.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -50,7 +52,9 @@ REDUCING = ("reduce", "all_reduce", "reduce_scatter")
 def collective_of(name: str) -> Optional[str]:
     """The collective a function's name says, or None
     (`allreduce_butterfly` -> all_reduce)."""
-    low = name.lower().lstrip("_")
+    if name.startswith("_"):
+        return None
+    low = name.lower()
     for kind in sorted(COLLECTIVE_PREFIXES, key=lambda k: -max(map(len, COLLECTIVE_PREFIXES[k]))):
         if low.startswith(COLLECTIVE_PREFIXES[kind]):
             return kind
@@ -107,8 +111,39 @@ class StudentFunction:
         return self.name
 
 
+_MODULE_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(=\w+)?$")
+
+
+def module_file(module: str) -> Optional[str]:
+    """The source file of `module` (dotted), found without importing it
+    or its packages (the submitting side loads no torch): the top
+    package by the import system's finders, the rest by folder."""
+    import importlib.util
+
+    top, *rest = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not rest:
+        return spec.origin
+    for base in spec.submodule_search_locations or []:
+        rel = Path(base, *rest)
+        for cand in (rel.with_suffix(".py"), rel / "__init__.py"):
+            if cand.is_file():
+                return str(cand.resolve())
+    return None
+
+
 def split_spec(spec: str) -> tuple[str, Optional[str], Optional[str]]:
-    """`FILE.py[:function[=collective]]` -> (file, function, collective)."""
+    """`FILE.py[:function[=collective]]` (or `package.module:function`,
+    a module on the path) -> (file, function, collective)."""
+    if _MODULE_SPEC.match(spec) and ".py:" not in spec:
+        module, _, rest = spec.partition(":")
+        fn, _, kind = rest.partition("=")
+        return module_file(module) or f"{module.replace('.', '/')}.py", fn, (kind or None)
     path, _, rest = spec.partition(".py:") if ".py:" in spec else (spec, "", "")
     if rest or spec.endswith(".py:"):
         path += ".py"
@@ -118,8 +153,15 @@ def split_spec(spec: str) -> tuple[str, Optional[str], Optional[str]]:
 
 def is_spec(text: str) -> bool:
     """Whether a bench.impl value (or a command-line word) names a file
-    of code rather than a built-in."""
-    return split_spec(str(text))[0].endswith(".py")
+    of code (or a module's function) rather than a built-in."""
+    text = str(text)
+    return bool(_MODULE_SPEC.match(text)) or split_spec(text)[0].endswith(".py")
+
+
+def module_of(spec: str) -> Optional[str]:
+    """The dotted module a `package.module:function` spec names, or
+    None for a file's."""
+    return spec.partition(":")[0] if _MODULE_SPEC.match(spec) and ".py:" not in spec else None
 
 
 def parse_file(path: str) -> ast.Module:
@@ -194,7 +236,9 @@ def one_function(spec: str, collective: str, key: str) -> StudentFunction:
 
 def absolute_spec(spec: str) -> str:
     """`spec` with its file's path made absolute (the ranks may start
-    in another folder)."""
+    in another folder); a module's spec as it is."""
+    if module_of(spec):
+        return spec
     path, fn, kind = split_spec(spec)
     out = str(Path(path).expanduser().resolve())
     if fn:

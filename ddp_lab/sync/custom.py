@@ -13,7 +13,7 @@ the bucket in place across ranks, as `dist.all_reduce` would:
 The bytes each rank sent and received are the ones your function's
 send/recv/isend/irecv calls really moved (collectives/watch.py), not a
 model of them; the time is the call's, as for every synchroniser. If
-one of your calls waits longer than `sync.hang_s`, the rank says which
+one of your calls waits longer than HANG_S (30 s), the rank says which
 call, to which peer, at which line of your file, and keeps waiting
 until torch's own timeout (`dist.timeout_s`) ends the run.
 
@@ -37,6 +37,9 @@ from .allreduce import AllReduceSync
 
 log = logging.getLogger("ddp_lab")
 
+#: a call of the student's that waits this long is named on the console
+HANG_S = 30.0
+
 
 class CustomSync(AllReduceSync):
     name = "custom"
@@ -47,7 +50,7 @@ class CustomSync(AllReduceSync):
         fn, self.info, namespaces = one(self.cfg.all_reduce, "all_reduce", "sync.all_reduce")
         self.student = as_all_reduce(fn, self.info)
         self.watch = Watch(modules=namespaces)
-        self._hang = _HangWatch(self.watch, self.rank, float(self.cfg.hang_s))
+        self._hang = _HangWatch(self.watch, self.rank, HANG_S)
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:

@@ -6,7 +6,7 @@ the submitting command checks with them.
 
 from .allreduce import BucketSyncConfig
 from .base import COMPRESS_MODES, SyncConfig
-from .custom import CustomSyncConfig
+from .custom import STUDENT_EXAMPLES, CustomSyncConfig
 from .ddp import DDP_HOOKS, TORCH_COMPRESS_HOOKS, DDPSyncConfig
 from .hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA, HierarchicalSyncConfig
 from .naive import NaiveSyncConfig
@@ -28,7 +28,7 @@ SYNC_SCHEMAS: dict[str, type[SyncConfig]] = {
     # torch's library twins (docs/twins.md)
     "torch_zero": TorchZeroSyncConfig, "fsdp2": FSDP2SyncConfig}
 
-__all__ = ["BucketSyncConfig", "COMPRESS_MODES", "CustomSyncConfig", "DDP_HOOKS", "DDPSyncConfig", "FSDP2SyncConfig",
+__all__ = ["BucketSyncConfig", "COMPRESS_MODES", "CustomSyncConfig", "STUDENT_EXAMPLES", "DDP_HOOKS", "DDPSyncConfig", "FSDP2SyncConfig",
            "TORCH_COMPRESS_HOOKS", "TorchZeroSyncConfig", "HIERARCHICAL_INTER",
            "HIERARCHICAL_INTRA", "HierarchicalSyncConfig", "NaiveSyncConfig",
            "ReduceBroadcastSyncConfig", "RingSyncConfig", "SYNC_SCHEMAS", "SyncConfig",

@@ -11,15 +11,20 @@ from ..help import doc
 from ..student import one_function
 from .allreduce import BucketSyncConfig
 
+#: worked all-reduces to train with as they are, or to read before
+#: writing yours (the first is sync.all_reduce's default)
+STUDENT_EXAMPLES = ("ddp_lab.collectives.ring:all_reduce_ring_textbook",
+                    "ddp_lab.collectives.all_reduce:all_reduce_butterfly")
+
 
 @dataclass
 class CustomSyncConfig(BucketSyncConfig):
     """Your own all-reduce on flat gradient buckets."""
 
-    all_reduce: str = doc("", "your all-reduce as FILE.py:function (docs/exercises.md); it "
-                              "sums each bucket in place, as dist.all_reduce does")
-    hang_s: float = doc(30.0, "a call of yours that waits this long is named on the console "
-                              "(rank, op, peer, file:line); 0 = never")
+    all_reduce: str = doc(STUDENT_EXAMPLES[0], "your all-reduce as FILE.py:function (or "
+                                              "package.module:function; docs/exercises.md): "
+                                              "it sums each bucket in place, as "
+                                              "dist.all_reduce does")
 
     @classmethod
     def check(cls, cfg: CustomSyncConfig, world_size: int) -> None:
