@@ -683,6 +683,17 @@ def probe_reshard(case, base, var):
         return "the default reshards the same way"
 
 
+def probe_all_reduce(case, base, var):
+    """all_reduce (custom): another function's sends and receives on the wire (the
+    textbook ring cuts each bucket in n chunks, the butterfly swaps it whole)."""
+    def wire(o):
+        return sorted((c["op"], c["numel"]) for c in o["calls"] if c["op"] in ("isend", "irecv"))
+    if not all(wire(v) for v in var):
+        return f"no sends or receives on the wire: {[sorted(set(_ops(v))) for v in var]}"
+    if any(wire(v) == wire(b) for b, v in zip(base, var)):
+        return "the default's function makes the same calls"
+
+
 #: option -> (what both builds add to the sync's defaults, so that the option acts; the
 #: probe). An option of the registry missing here fails test_every_option_has_a_probe.
 PROBES = {
@@ -701,6 +712,7 @@ PROBES = {
     "node_size": ({}, probe_node_size),
     "hook": ({}, probe_hook),
     "reshard_after_forward": ({}, probe_reshard),
+    "all_reduce": ({}, probe_all_reduce),
 }
 
 

@@ -124,6 +124,7 @@ class Watch:
         self.namespaces = list(modules)
         self.skip = tuple(skip)
         self._saved: list[tuple[Any, str, Any]] = []
+        self._isends: list[Any] = []
         self._lock = threading.Lock()
         self.reset()
 
@@ -217,8 +218,9 @@ class Watch:
 
     def _batch(self, real: Callable) -> Callable:
         def batch_isend_irecv(p2p_op_list, *args, **kwargs):
-            calls = [self._count("isend" if _original(op.op) is _ORIGINALS.get("isend")
-                                 else "irecv", op.tensor, op.peer) for op in p2p_op_list]
+            calls = [self._count("isend" if op.op in self._isends or _original(op.op) is
+                                 _ORIGINALS.get("isend") else "irecv", op.tensor, op.peer)
+                     for op in p2p_op_list]
             works = real(p2p_op_list, *args, **kwargs)
             with self._lock:
                 self.posted.extend(calls)
@@ -251,6 +253,7 @@ class Watch:
         # stays under ours)
         current = {n: getattr(dist, n) for n in _ORIGINALS}
         wrappers: dict[str, Callable] = {}
+        self._isends = [current["isend"], _ORIGINALS["isend"]]
         for name in P2P:
             wrappers[name] = self._p2p(name, current[name])
         wrappers["batch_isend_irecv"] = self._batch(current["batch_isend_irecv"])
@@ -258,6 +261,7 @@ class Watch:
             if name in current:
                 wrappers[name] = self._collective(name, current[name])
         wrappers["P2POp"] = _P2POp
+        self._isends.append(wrappers["isend"])
         by_id = {id(f): wrappers[n] for table in (_ORIGINALS, current)
                  for n, f in table.items() if n in wrappers}
         for name, w in wrappers.items():
