@@ -10,11 +10,12 @@ is timed).
 Around it: `world/` (a rank's place in its world and what it runs on),
 `rank/` (the machinery around train() on every rank), `folder/` (the run
 folder), `config/` (every key), `command/` (the submitting command),
-`launch/` (local, torchrun, mpirun, SLURM, RunAI), `measure/` (the cost
-model), `bench/`, `report/` and `doctor/`.
+`launch/` (local, torchrun, mpirun, SLURM, RunAI), `predict/` (the cost
+model), `bench/`, `check/` (a student's collectives against torch's),
+`report/` and `doctor/`.
 
-Entry points: `python -m ddp_lab`, `.bench`, `.report`, `.status`,
-`.doctor`, `.nccl_env`, and `.worker` (what every rank runs).
+Entry points: `python -m ddp_lab`, `.bench`, `.check`, `.report`,
+`.status`, `.doctor`, `.nccl_env`, and `.worker` (what every rank runs).
 """
 
 __version__ = "0.1.0"

@@ -104,6 +104,8 @@ VARIANTS = [
     # the optimiser steps this rank's shard only (tests/test_zero1.py has the rest)
     ("zero1", "zero1", {"bucket_mb": SMALL_BUCKET_MB}),
     ("zero1_one_bucket", "zero1", {}),
+    # the student's all-reduce (default: ddp_lab's textbook ring, as a student's file)
+    ("custom", "custom", {"bucket_mb": SMALL_BUCKET_MB}),
     # torch's library twins (tests/test_twins.py has the rest): ZeroRedundancyOptimizer over
     # DDP, FSDP2's fully_shard
     ("torch_zero", "torch_zero", {"bucket_cap_mb": SMALL_BUCKET_MB}),
@@ -275,7 +277,7 @@ def test_every_sync_option_is_covered():
 @pytest.mark.parametrize("variant", ["ring", "ring_one_bucket", "ring_prepost", "tree",
                                      "butterfly", "butterfly_per_param",
                                      "hierarchical_ranks_as_nodes", "hierarchical_one_node",
-                                     "zero1", "zero1_one_bucket"])
+                                     "zero1", "zero1_one_bucket", "custom"])
 def test_p2p_sync_bytes_are_exactly_what_was_sent(world_run, variant):
     world, results, _ = world_run
     for rank, r in enumerate(results):
