@@ -207,6 +207,9 @@ def expected_tokens(case: Case) -> list[str]:
         return [case.key if case.value else f"no{case.key}"]
     if case.key == "compress":
         return [case.text]
+    if re.fullmatch(r"[\w./-]+:\w+", case.text):
+        # a function (sync.all_reduce=module:function or FILE.py:function): its name
+        return [case.text.rpartition(":")[2]]
     if case.text[:1].isdigit() or case.text[:1] == "-":
         return [f"{case.key}{case.text}"]
     return [case.key, case.text]

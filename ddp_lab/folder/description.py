@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from ..config.resources import conf_dir
-from ..config.student import is_spec, spec_label, split_spec
+from ..config.student import is_spec, module_of, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
 from .names import DEFAULT_GROUPS, safe
 
@@ -298,7 +298,8 @@ def plural(n: int, word: str) -> str:
 
 
 def _yaml(v: Any) -> str:
-    if isinstance(v, str) and is_spec(v):
+    if isinstance(v, str) and is_spec(v) and not module_of(v):
+        # a student's file: its name, not its folder
         path, fn, _ = split_spec(v)
         return f"{os.path.basename(path)}:{fn}" if fn else os.path.basename(path)
     if isinstance(v, bool):
