@@ -248,3 +248,24 @@ def test_sync_custom_run_named_by_its_function_everywhere(tmp_path):
         describe(report)
     tb = [p.name for p in (run_dir / "tb").iterdir() if p.is_dir()]
     assert any("all_reduce_ring" in n for n in tb) or "all_reduce_ring" in run_dir.name, tb
+
+
+@pytest.mark.slow
+def test_a_hang_in_training_names_rank_peer_and_line(tmp_path):
+    """A function that passes its check but hangs on a whole model's bucket: the console
+    names the waiting rank, its call, its peer and the line of the student's file, and
+    the run ends (torch's timeout) with no rank left."""
+    path = STUDENTS / "hangs_in_training.py"
+    proc = run_cli("sync=custom", f"sync.all_reduce={path}:all_reduce_big_hangs",
+                   "launcher.nproc_per_node=2", "train.epochs=1", "train.max_steps_per_epoch=3",
+                   "dist.timeout_s=40", f"run.root={tmp_path / 'out'}", cwd=tmp_path, timeout=240)
+    assert proc.returncode != 0, describe(proc)
+    console = proc.stdout + proc.stderr
+    line = _line_of(path, "dist.recv(buf, 1)", "def all_reduce_big_hangs")
+    waits = [ln for ln in console.splitlines() if "has waited 20 s" in ln]
+    assert any("rank 0 has waited" in ln and "in recv from rank 1" in ln and
+               f"hangs_in_training.py:{line}" in ln for ln in waits), console[-4000:]
+    # at dist.timeout_s the call raises with the same words: the run ends failed
+    assert f"waited 40 s in recv from rank 1 (39760 elements) at {path}:{line}" in console, \
+        console[-4000:]
+    assert not _leftover_ranks()

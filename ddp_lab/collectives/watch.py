@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import os
 import sys
 import threading
@@ -119,8 +120,12 @@ class Watch:
 
     def __init__(self, publish: Optional[Callable[[dict], None]] = None,
                  modules: Iterable[MutableMapping[str, Any]] = (),
-                 skip: Iterable[str] = ()):
+                 skip: Iterable[str] = (), bound_s: Optional[float] = None):
         self.publish = publish
+        # a blocking send/recv becomes isend/irecv waited at most this
+        # long, then raises naming the call (gloo's own p2p wait ignores
+        # the group's timeout)
+        self.bound_s = bound_s
         self.namespaces = list(modules)
         self.skip = tuple(skip)
         self._saved: list[tuple[Any, str, Any]] = []
@@ -193,12 +198,24 @@ class Watch:
         return call
 
     # -------------------------------------------------------- wrappers
-    def _p2p(self, name: str, real: Callable) -> Callable:
+    def _p2p(self, name: str, real: Callable, posting_real: Optional[Callable] = None
+             ) -> Callable:
         def blocking(tensor, peer=None, *args, **kwargs):
             call = self._count(name, tensor, peer)
             self._enter(call)
             try:
-                return real(tensor, peer, *args, **kwargs)
+                if self.bound_s is None or posting_real is None or peer is None:
+                    return real(tensor, peer, *args, **kwargs)
+                work = posting_real(tensor, peer, *args, **kwargs)
+                try:
+                    work.wait(datetime.timedelta(seconds=self.bound_s))
+                except RuntimeError as e:
+                    to = "to" if name == "send" else "from"
+                    raise RuntimeError(
+                        f"rank {dist.get_rank()} waited {self.bound_s:.0f} s in {name} {to} "
+                        f"rank {peer} ({call.numel} elements) at {call.where}: no answer "
+                        f"({str(e).splitlines()[0][:120]})") from None
+                return peer if name == "recv" else None
             finally:
                 self._leave(call)
 
@@ -255,7 +272,8 @@ class Watch:
         wrappers: dict[str, Callable] = {}
         self._isends = [current["isend"], _ORIGINALS["isend"]]
         for name in P2P:
-            wrappers[name] = self._p2p(name, current[name])
+            wrappers[name] = self._p2p(name, current[name],
+                                       current.get({"send": "isend", "recv": "irecv"}.get(name, "")))
         wrappers["batch_isend_irecv"] = self._batch(current["batch_isend_irecv"])
         for name in COLLECTIVE_CALLS:
             if name in current:

@@ -13,9 +13,12 @@ the bucket in place across ranks, as `dist.all_reduce` would:
 The bytes each rank sent and received are the ones your function's
 send/recv/isend/irecv calls really moved (collectives/watch.py), not a
 model of them; the time is the call's, as for every synchroniser. If
-one of your calls waits longer than HANG_S (30 s), the rank says which
-call, to which peer, at which line of your file, and keeps waiting
-until torch's own timeout (`dist.timeout_s`) ends the run.
+one of your calls waits longer than HANG_S (30 s, or half of
+`dist.timeout_s`), the rank says which call, to which peer, at which
+line of your file; at `dist.timeout_s` the call raises with the same
+words and the run ends failed (a blocking send or recv is run as
+isend/irecv waited that long: gloo's own blocking wait ignores the
+group's timeout).
 
 Before any rank starts, `python -m ddp_lab.check` runs your function
 at the run's world size against torch's all_reduce, and a function
@@ -27,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Optional
 
 import torch
 from torch import nn
@@ -49,8 +53,11 @@ class CustomSync(AllReduceSync):
         module = super().wrap(module)
         fn, self.info, namespaces = one(self.cfg.all_reduce, "all_reduce", "sync.all_reduce")
         self.student = as_all_reduce(fn, self.info)
-        self.watch = Watch(modules=namespaces)
-        self._hang = _HangWatch(self.watch, self.rank, HANG_S)
+        # the group's timeout bounds every call of the student's
+        bound = group_timeout_s(self.device) if self.world_size > 1 else None
+        self.watch = Watch(modules=namespaces, bound_s=bound)
+        self._hang = _HangWatch(self.watch, self.rank,
+                                min(HANG_S, bound / 2) if bound else HANG_S)
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:
@@ -68,6 +75,18 @@ class CustomSync(AllReduceSync):
     def close(self) -> None:
         super().close()
         self._hang.stop()
+
+
+def group_timeout_s(device: torch.device) -> Optional[float]:
+    """The default group's timeout (dist.timeout_s), where torch says
+    it; None elsewhere."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        backend = c10d._get_default_group()._get_backend(device)
+        return float(backend.options._timeout.total_seconds())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 class _HangWatch(threading.Thread):
