@@ -102,7 +102,8 @@ def _leftover_ranks() -> list[str]:
 
 
 def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
-    files = ["deadlock", "off_by_one", "forgot_root", "raises_on_one", "not_written", "ring_ok"]
+    files = ["deadlock", "off_by_one", "forgot_root", "raises_on_one", "not_written", "ring_ok",
+             "extra_barrier"]
     proc, got = _check(tmp_path, *(str(STUDENTS / f"{f}.py") for f in files),
                        "check.worlds=[1,2,3,4]")
     assert proc.returncode == 1, describe(proc)
@@ -124,6 +125,13 @@ def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
     unwritten = got["all_reduce_returns"]
     assert unwritten["verdict"] == "wrong"
     assert "not written, but the returned value is right" in unwritten["detail"], unwritten
+    extra = got["reduce_extra_barrier"]
+    line = _line_of(STUDENTS / "extra_barrier.py", "dist.barrier()", "def reduce_extra")
+    assert extra["verdict"] == "hang" and extra["first_failure"]["world_size"] == 2, extra
+    root = extra["first_failure"]["root"]
+    assert f"rank {root} called barrier once, rank {1 - root} never" in extra["detail"], extra
+    assert {(r["rank"], r["op"], r["where"]) for r in extra["ranks"]} == {
+        (root, "barrier", f"extra_barrier.py:{line}"), (1 - root, "returned", None)}
     ok = got["all_reduce_ring"]
     # SUM only, and right everywhere: no false alarm
     assert ok["verdict"] == "unsupported" and ok["first_failure"] is None, ok

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ..collectives.watch import COLLECTIVE_CALLS
 
-_TIMES = {1: "once", 2: "twice"}
+_TIMES = {0: "never", 1: "once", 2: "twice"}
 
 
 def short(where: Optional[str]) -> str:

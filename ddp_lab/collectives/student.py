@@ -45,8 +45,13 @@ def import_file(path: str) -> ModuleType:
 def functions(spec: str, key: str = "FILE.py") -> list[tuple[Callable, StudentFunction, list]]:
     """(function, what it is, namespaces to watch) for each collective
     `spec` names."""
+    import importlib
+
+    from ..config.student import module_of
+
     found = find_functions(spec, key)
-    module = import_file(found[0].path)
+    name = module_of(spec)
+    module = importlib.import_module(name) if name else import_file(found[0].path)
     return [(getattr(module, f.name), f, [vars(module)]) for f in found]
 
 
