@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
 from ..predict.numbers import ceil_log2
-from ..predict.costmodel import (SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
+from ..predict.costmodel import (ALGORITHMS, SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  padded)
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k
@@ -132,6 +132,10 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     impl = impl or next((i for i in ("torch", "ring", "butterfly", "tree", "linear") if i in impls), None)
     groups = [r["group"] for r in ar if r["impl"] == impl]
     if not groups:
+        return None
+    if impl not in ALGORITHMS.get(op, ()):
+        # a student's function (bench.impl=[my_file.py:fn]): its
+        # algorithm is its own, and the cost model knows none of it
         return None
     group = group or ("global" if "global" in groups else groups[0])
     pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
