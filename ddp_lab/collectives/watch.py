@@ -130,6 +130,9 @@ class Watch:
         self.skip = tuple(skip)
         self._saved: list[tuple[Any, str, Any]] = []
         self._isends: list[Any] = []
+        self._built: Optional[tuple] = None
+        self._wrappers: dict[str, Callable] = {}
+        self._by_id: dict[int, Callable] = {}
         self._lock = threading.Lock()
         self.reset()
 
@@ -265,10 +268,7 @@ class Watch:
         return collective
 
     # -------------------------------------------------------- install
-    def __enter__(self) -> "Watch":
-        # the functions as they are now (a test's own logging wrapper
-        # stays under ours)
-        current = {n: getattr(dist, n) for n in _ORIGINALS}
+    def _build(self, current: dict[str, Any]) -> dict[str, Callable]:
         wrappers: dict[str, Callable] = {}
         self._isends = [current["isend"], _ORIGINALS["isend"]]
         for name in P2P:
@@ -280,15 +280,25 @@ class Watch:
                 wrappers[name] = self._collective(name, current[name])
         wrappers["P2POp"] = _P2POp
         self._isends.append(wrappers["isend"])
-        by_id = {id(f): wrappers[n] for table in (_ORIGINALS, current)
-                 for n, f in table.items() if n in wrappers}
-        for name, w in wrappers.items():
+        return wrappers
+
+    def __enter__(self) -> "Watch":
+        # the functions as they are now (a test's own logging wrapper
+        # stays under ours); the wrappers are made once, while those
+        # stay the same (a training step enters once per bucket)
+        current = {n: getattr(dist, n) for n in _ORIGINALS}
+        key = tuple(id(f) for f in current.values())
+        if self._built != key:
+            self._wrappers, self._built = self._build(current), key
+            self._by_id = {id(f): self._wrappers[n] for table in (_ORIGINALS, current)
+                           for n, f in table.items() if n in self._wrappers}
+        for name, w in self._wrappers.items():
             self._swap(dist, name, w)
         # a student's `from torch.distributed import send`
         for ns in self.namespaces:
-            for key, value in list(ns.items()):
-                if id(value) in by_id:
-                    self._swap(ns, key, by_id[id(value)])
+            for key_, value in list(ns.items()):
+                if id(value) in self._by_id:
+                    self._swap(ns, key_, self._by_id[id(value)])
         return self
 
     def _swap(self, where: Any, name: str, value: Any) -> None:
