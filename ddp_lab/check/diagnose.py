@@ -133,6 +133,22 @@ def _from_returned(recvs: dict[int, Any], returned: set[int], calls: dict) -> Op
     return None
 
 
+def ranks_by_count(counts: dict[int, int]) -> dict[int, list[int]]:
+    """{calls: the ranks that made that many} from {rank: calls}."""
+    by: dict[int, list[int]] = {}
+    for r, n in counts.items():
+        by.setdefault(n, []).append(r)
+    return by
+
+
+def counts_text(op: str, by_count: dict[int, list[int]]) -> str:
+    """"rank 0 called barrier 3 times, ranks 1 and 2 twice": most first."""
+    ordered = sorted(by_count.items(), reverse=True)
+    parts = [f"{ranks_text(ordered[0][1])} called {op} {times(ordered[0][0])}"]
+    parts += [f"{ranks_text(rs)} {times(n)}" for n, rs in ordered[1:]]
+    return ", ".join(parts)
+
+
 def _collective(members: list[int], calls: dict, states: dict) -> Optional[str]:
     inside = {r: c["op"] for r, c in calls.items() if c and c["op"] in COLLECTIVE_CALLS}
     if not inside:
@@ -140,9 +156,7 @@ def _collective(members: list[int], calls: dict, states: dict) -> Optional[str]:
     op = sorted(inside.values())[0]
     counts: dict[int, int] = {r: int((states.get(r, {}).get("counts") or {}).get(op, 0))
                               for r in members}
-    by_count: dict[int, list[int]] = {}
-    for r, n in counts.items():
-        by_count.setdefault(n, []).append(r)
+    by_count = ranks_by_count(counts)
     if len(by_count) == 1:
         others = [r for r in members if r not in inside]
         if not others:
@@ -151,13 +165,9 @@ def _collective(members: list[int], calls: dict, states: dict) -> Optional[str]:
         return (f"{ranks_text(sorted(inside))} wait in {op} at {where}, which "
                 f"{ranks_text(others)} never reach: "
                 + "; ".join(f"rank {r} {describe(calls[r])}" for r in others))
-    ordered = sorted(by_count.items(), reverse=True)
-    parts = [f"{ranks_text(ordered[0][1])} called {op} {times(ordered[0][0])}"]
-    parts += [f"{ranks_text(rs)} {times(n)}" for n, rs in ordered[1:]]
-    most = max(by_count)
-    stuck = by_count[most]
+    stuck = by_count[max(by_count)]
     where = short(calls[stuck[0]]["where"]) if calls.get(stuck[0]) else "?"
-    return (", ".join(parts) + f": {ranks_text(stuck)} {'waits' if len(stuck) == 1 else 'wait'}"
+    return (counts_text(op, by_count) + f": {ranks_text(stuck)} {'waits' if len(stuck) == 1 else 'wait'}"
             f" in a {op} ({where}) the others never call; every rank must make the same "
             f"collective calls")
 
@@ -183,7 +193,7 @@ def _bad_peer(calls: dict, world: int) -> Optional[str]:
     return None
 
 
-def sizes_of_crash(raised: dict, states: dict[int, dict]) -> Optional[str]:
+def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
     """Two ranks whose latest send and receive between them differ in
     size (what ends in a gloo error, or a rank's death), from the
     board."""

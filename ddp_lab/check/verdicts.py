@@ -161,7 +161,7 @@ def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
         if last:
             text += f" in its call {D.describe(last).removeprefix('in ')}"
             text += D.peer_note(last, case.world_size)
-        sizes = D.sizes_of_crash({}, states)
+        sizes = D.sizes_of_crash(states)
         if sizes:
             text = f"sizes differ: {sizes}: a send and its receive must have one size; {text}"
         return Failure("crash", case, text,
@@ -196,7 +196,7 @@ def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
         text += f" at {D.short(where)}"
         if res.get("source"):
             text += f" ({res['source']})"
-    sizes = D.sizes_of_crash(res, run.states)
+    sizes = D.sizes_of_crash(run.states)
     if sizes:
         return Failure("crash", run.case, f"sizes differ: {sizes}: a send and its receive must "
                        f"have one size (then {text})",
@@ -216,13 +216,8 @@ def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
 def _unpaired(case: Case, counts: dict[int, dict], members: list[int]) -> Failure:
     ops = sorted({op for c in counts.values() for op in c})
     op = next(o for o in ops if len({c.get(o, 0) for c in counts.values()}) > 1)
-    by: dict[int, list[int]] = {}
-    for r in members:
-        by.setdefault(counts[r].get(op, 0), []).append(r)
-    ordered = sorted(by.items(), reverse=True)
-    parts = [f"{D.ranks_text(ordered[0][1])} called {op} {D.times(ordered[0][0])}"]
-    parts += [f"{D.ranks_text(rs)} {D.times(n)}" for n, rs in ordered[1:]]
-    text = (", ".join(parts) + ": every rank returned only because gloo paired the calls "
+    by = D.ranks_by_count({r: counts[r].get(op, 0) for r in members})
+    text = (D.counts_text(op, by) + ": every rank returned only because gloo paired the calls "
             f"anyway; with another schedule, backend or the next collective, the extra {op} "
             "waits forever (every rank must make the same collective calls)")
     return Failure("hang", case, text,
