@@ -34,7 +34,7 @@ from helpers import free_port as _free_port
 from ddp_lab.world import hang
 from ddp_lab.world import ports
 from ddp_lab.folder import failure
-from ddp_lab.folder import heartbeat, heartbeat_read
+from ddp_lab.folder import heartbeat
 from ddp_lab.config.errors import UserError
 from ddp_lab.launch import job_processes
 
@@ -66,7 +66,7 @@ def test_record_round_trip(tmp_path):
         rec.phase("data")
         rec.phase("sync")
         rec.collective("all_reduce")
-        (r,) = heartbeat_read.read_all(tmp_path)
+        (r,) = heartbeat.read_all(tmp_path)
         assert (r["rank"], r["world_size"], r["pid"]) == (0, 2, os.getpid())
         assert (r["epoch"], r["step"], r["phase"], r["collective"], r["op"]) == (1, 41, "sync", 1, "all_reduce")
         assert r["state"] == "running" and r["local"]  # (process: see the diagnose tests)
@@ -74,9 +74,9 @@ def test_record_round_trip(tmp_path):
         assert r["age_s"] < 5
         timer.end_step()
         rec.snapshot()  # reads the timer now, as its thread would within FOLLOW_S
-        assert heartbeat_read.read_all(tmp_path)[0]["where"].startswith("epoch 2 step 42 phase step end")
+        assert heartbeat.read_all(tmp_path)[0]["where"].startswith("epoch 2 step 42 phase step end")
         rec.state("failed", "RuntimeError: boom")
-        (r,) = heartbeat_read.read_all(tmp_path)
+        (r,) = heartbeat.read_all(tmp_path)
         assert (r["state"], r["message"]) == ("failed", "RuntimeError: boom")
     finally:
         rec.close()
@@ -93,7 +93,7 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
     def seen(**want):
         deadline = time.monotonic() + 5 * heartbeat.FOLLOW_S + 2
         while True:
-            (r,) = heartbeat_read.read_all(tmp_path)
+            (r,) = heartbeat.read_all(tmp_path)
             if all(r[k] == v for k, v in want.items()) or time.monotonic() > deadline:
                 return r
 
@@ -113,7 +113,7 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
             assert r["where"] == "epoch 2 step 42 phase sync collective #2 (all_reduce)", r
             before = r["updated"]
             time.sleep(3 * heartbeat.FOLLOW_S)  # stuck: nothing moves, `updated` stays
-            assert heartbeat_read.read_all(tmp_path)[0]["updated"] == before
+            assert heartbeat.read_all(tmp_path)[0]["updated"] == before
         timer.end_step()
         rec.collective("all_gather")  # DistContext's: on top of the recorder's
         r = seen(phase="step end")
@@ -133,7 +133,7 @@ def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
     time.sleep(0.01)
     new = [heartbeat.start(tmp_path, r, r, 2) for r in (1, 0)]  # rank 0 last: it prunes
     try:
-        assert [r["rank"] for r in heartbeat_read.read_all(tmp_path)] == [0, 1]
+        assert [r["rank"] for r in heartbeat.read_all(tmp_path)] == [0, 1]
         assert sorted(p.name for p in (tmp_path / "heartbeat").iterdir()) == ["rank0.bin", "rank1.bin"]
     finally:
         for rec in old + new:
@@ -375,7 +375,7 @@ def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the rank is up and waiting in init
-            recs = heartbeat_read.read_all(run_dir)
+            recs = heartbeat.read_all(run_dir)
             if recs and recs[0]["phase"] == "init" and recs[0]["process"] == "running":
                 break
             time.sleep(0.1)
@@ -386,9 +386,9 @@ def test_a_rank_dies_with_its_launcher_during_init(tmp_path):
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 10
-        while heartbeat_read.process_state(rank) != "dead" and time.monotonic() < deadline:
+        while heartbeat.process_state(rank) != "dead" and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert heartbeat_read.process_state(rank) == "dead", "the rank outlived its launcher"
+        assert heartbeat.process_state(rank) == "dead", "the rank outlived its launcher"
     finally:
         parent.kill()
         parent.wait()
@@ -411,7 +411,7 @@ def _training(run_dir: Path, proc: subprocess.Popen, steps: int = 5, timeout: fl
     """The ranks' records once every rank is `steps` steps into training."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        recs = heartbeat_read.read_all(run_dir)
+        recs = heartbeat.read_all(run_dir)
         if (len(recs) == world and all(r["state"] == "running" for r in recs)
                 and all(r["epoch"] * 10_000 + r["step"] >= steps for r in recs)):
             return recs
@@ -440,7 +440,7 @@ def _leftovers(run_dir: Path, wait_s: float = 10) -> list[int]:
     any process naming the run folder in its command line."""
     deadline = time.monotonic() + wait_s
     while True:
-        pids = [p for p in job_processes(run_dir, marked=False) if heartbeat_read.process_state(p) != "dead"]
+        pids = [p for p in job_processes(run_dir, marked=False) if heartbeat.process_state(p) != "dead"]
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.2)

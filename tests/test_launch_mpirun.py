@@ -11,7 +11,7 @@ import pytest
 from helpers import PY, QUICK, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.world import ports
-from ddp_lab.folder import heartbeat, heartbeat_read
+from ddp_lab.folder import heartbeat
 
 pytestmark = [pytest.mark.mpi, pytest.mark.dist, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("mpirun") is None,
@@ -52,7 +52,7 @@ def test_mpirun_unreachable_master_fails_in_bounded_time(tmp_path):
     # each rank ended at the bound, its start to its end (torch alone: 2 connects + a backoff),
     # or was ended by mpirun the moment another rank failed, still starting (then the rank
     # that failed wrote the line above)
-    records = heartbeat_read.read_all(run_dir)
+    records = heartbeat.read_all(run_dir)
     assert any(rec["state"] == "failed" for rec in records), records
     for rec in records:
         if rec["state"] != "failed":

@@ -29,7 +29,7 @@ from helpers import PY, child_env, describe, run_cli, run_dir_of, summary
 
 from ddp_lab.launch import job_processes
 from ddp_lab.folder import failure
-from ddp_lab.folder import heartbeat_read
+from ddp_lab.folder import heartbeat
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
 
@@ -73,7 +73,7 @@ def in_second_epoch(run_dir: Path):
     """The 4 ranks' records once every rank is 3 steps into epoch 2 (epoch 1 checkpointed)."""
     if not (run_dir / "heartbeat").is_dir():
         return None
-    recs = heartbeat_read.read_all(run_dir)
+    recs = heartbeat.read_all(run_dir)
     ok = len(recs) == 4 and all(r["epoch"] == 1 and r["step"] >= 3 for r in recs)
     return recs if ok else None
 

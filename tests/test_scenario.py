@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import PY, child_env, describe, run_cli, run_dir_of, summary, tensorboard
 
-from ddp_lab.folder import heartbeat_read
+from ddp_lab.folder import heartbeat
 from ddp_lab.folder.tensorboard import RUN_METRICS
 
 # the slow tier: minutes of real runs (a sweep, resumes, mpirun, benches, a study), each
@@ -58,7 +58,7 @@ def _stop_mid_epoch(made: Made, run_dir: Path, *args: str) -> None:
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            recs = heartbeat_read.read_all(run_dir)
+            recs = heartbeat.read_all(run_dir)
             if len(recs) == 2 and all(r["state"] == "running" and r["step"] >= 20 for r in recs):
                 break
             time.sleep(0.05)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from ..launch import job_processes, slurm_job
 from ..folder.description import describe_run
-from ..folder.heartbeat_read import read_all
+from ..folder.heartbeat import read_all
 from ..folder.records import read_metrics
 from ..folder.rundir import folder_state, is_dry_run
 from ..folder.stop import STOP_FILE

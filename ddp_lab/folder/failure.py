@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..world.ports import PROBE_S, answers
-from .heartbeat import mark_killed
-from .heartbeat_read import process_state, read_all
+from .heartbeat import mark_killed, process_state, read_all
 
 REMOTE_STALE_S = 40.0  # see `diagnose`
 

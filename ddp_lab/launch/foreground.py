@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..folder.heartbeat import mark_killed
-from ..folder.heartbeat_read import process_state, read_all
+from ..folder.heartbeat import process_state, read_all
 from ..folder.rundir import read_summary
 from ..folder.stop import clear_stop_file, request_stop
 from ..world.parent import set_parent_death_signal

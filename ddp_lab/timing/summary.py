@@ -1,6 +1,9 @@
 """An epoch's timing numbers from its steps and its comm: per-phase
 statistics, comm time per step, comm_fraction and exposed comm
-(docs/timing.md).
+(docs/timing.md); and the stragglers, who makes the others wait, found
+from every rank's comm time per step: telemetry gathers each rank's
+`CommStats.per_step_seconds` once per epoch into a `StragglerTally`
+(`from_waits`), merges the epochs' and names the rank with `named()`.
 """
 
 from __future__ import annotations
@@ -59,3 +62,105 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
     return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction,
             "exposed_s": exposed if steps else None, "exposed_fraction": exposed_fraction,
             "compute_s": float(sum(s.compute_seconds() for s in steps)) if steps else None}
+
+
+# The last arriver at a step's collectives waits least: a rank's lead =
+# median over the others of (their comm time - its own). Durations on
+# each rank's own clock, so no clock offset enters. Lateness is the
+# median lead over *all* steps compared (near zero with nothing
+# injected). A rank is named only when every threshold holds
+# (docs/timing.md, "Stragglers, injected and found"):
+# steps compared: fewer say nothing
+STRAGGLER_MIN_STEPS = 20
+# last in at least half the steps ...
+STRAGGLER_MIN_SHARE = 0.5
+# ... and in 1.5x its chance share 1/n (n=2: 75%)
+STRAGGLER_CHANCE_FACTOR = 1.5
+STRAGGLER_MIN_LATE_S = 0.5e-3  # its median lead: >= 0.5 ms
+
+
+class StragglerTally:
+    """Per rank: the steps it arrived last at and its lead at every step
+    (`merge` sums epochs: the run's finding is made from all its
+    steps)."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.last = [0] * world
+        self.lead_s: list[list[float]] = [[] for _ in range(world)]
+        self.steps = 0
+
+    @classmethod
+    def from_waits(cls, waits: Sequence[Sequence[float]]) -> "StragglerTally":
+        """`waits[rank][step]`: each rank's comm seconds per step (the
+        same steps on every rank). Steps where every rank waited exactly
+        as long (no collective) are skipped."""
+        n = len(waits)
+        t = cls(n)
+        if n < 2 or len({len(w) for w in waits}) != 1:
+            return t
+        for col in zip(*waits):
+            if max(col) == min(col):
+                continue
+            leads = [statistics.median(col[q] - col[r] for q in range(n) if q != r)
+                     for r in range(n)]
+            t.last[min(range(n), key=col.__getitem__)] += 1
+            for r in range(n):
+                t.lead_s[r].append(leads[r])
+            t.steps += 1
+        return t
+
+    def merge(self, other: "StragglerTally") -> None:
+        if other.world != self.world:
+            return
+        for r in range(self.world):
+            self.last[r] += other.last[r]
+            self.lead_s[r] += other.lead_s[r]
+        self.steps += other.steps
+
+    def share(self, rank: int) -> float:
+        """The share of steps at which `rank` arrived last."""
+        return self.last[rank] / self.steps if self.steps else 0.0
+
+    def late_ms(self, rank: int) -> Optional[float]:
+        """`rank`'s median lead over the others (ms): how long they wait
+        for it."""
+        return 1e3 * statistics.median(self.lead_s[rank]) if self.lead_s[rank] else None
+
+    def evidence(self) -> dict[str, Any]:
+        """Every rank's share of steps arrived last and its median lead
+        (ms)."""
+        return {"steps_compared": self.steps,
+                "last_share": [round(self.share(r), 4) for r in range(self.world)],
+                "late_ms": [None if (v := self.late_ms(r)) is None else round(v, 4)
+                            for r in range(self.world)]}
+
+    def named(self) -> Optional[dict[str, Any]]:
+        """{rank, late_ms, share} of the rank the others wait for, or
+        None when no rank is clearly the one (the thresholds above)."""
+        if self.steps < STRAGGLER_MIN_STEPS:
+            return None
+        rank = max(range(self.world), key=self.share)
+        share, late = self.share(rank), self.late_ms(rank)
+        if (share < max(STRAGGLER_MIN_SHARE, STRAGGLER_CHANCE_FACTOR / self.world)
+                or late is None or late < 1e3 * STRAGGLER_MIN_LATE_S):
+            return None
+        return {"rank": rank, "late_ms": round(late, 4), "share": round(share, 4)}
+
+
+def stragglers(step_totals: Sequence[float],
+               tally: Optional[StragglerTally] = None) -> dict[str, Any]:
+    """An epoch's "stragglers" dict: the slowest and fastest rank by
+    summed step time and `tally`'s evidence (docs/timing.md,
+    "Stragglers")."""
+    if not step_totals:
+        return {}
+    slow = max(range(len(step_totals)), key=lambda r: step_totals[r])
+    fast = min(range(len(step_totals)), key=lambda r: step_totals[r])
+    out = {"slowest_rank": slow, "slowest_s": step_totals[slow],
+           "fastest_rank": fast, "fastest_s": step_totals[fast],
+           "spread": (step_totals[slow] / step_totals[fast]) if step_totals[fast] > 0 else None,
+           "per_rank_s": list(step_totals)}
+    if tally is not None and tally.steps:
+        out.update(tally.evidence())
+    return out
