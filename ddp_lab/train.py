@@ -1,24 +1,31 @@
 """The loop every rank runs: the course notebook's loop plus a sync.
 
     data -> model -> synchroniser -> optimiser
-    each epoch: run_steps (step.py), then evaluate
+    each epoch: its batches, run_steps (step.py), evaluate
 
-What a real run adds (resume, stop, checkpoints, records, profiler,
-CUDA graphs, compile) is `machinery`, handed in from outside by the
-worker (ddp_lab/rank/machinery.py). `Machinery` below is all the loop
-asks of it.
+What a real run adds is handed in as three parts, each called where it
+acts: the `checkpoint` (load where to start, save after each epoch),
+the `epochs` (this epoch's batches, the stop every rank agreed on, the
+failure hook) and the `records` (each epoch's figures, the run's
+summary). The worker builds the real ones (ddp_lab/rank/main.py,
+`run_training`); the null twins below keep nothing, never stop and
+write nothing, so `train(cfg, ctx)` is the bare loop.
+
+The steps run one of three ways (ddp_lab/fast_step.py): eagerly
+(`run_steps`), the model compiled first (train.compile), or each step
+replayed as one CUDA graph (train.cuda_graph: `GraphedSteps`).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Iterable, NamedTuple, Optional, Protocol
 
 import torch
 
 from .config import Config, DataConfig, TrainConfig, batch_plan
 from .data import Splits, build_splits
 from .data_fetch import prepare_mnist
+from .fast_step import graph_stream, graphed_steps, prepare_steps
 from .models import build_model, build_optimizer
 from .step import evaluate, run_steps
 from .sync import Synchroniser, build_sync
@@ -34,58 +41,160 @@ class Parts(NamedTuple):
     optimizer: torch.optim.Optimizer
 
 
-class Machinery(Protocol):
-    """The run around the loop, one call each (rank/machinery.py)."""
+class Start(NamedTuple):
+    """Where a run starts: epochs done, steps done of the next."""
 
-    timer: StepTimer  # stamps the phases of each step
+    epoch: int = 0
+    step: int = 0
 
-    def building(self) -> AbstractContextManager:
-        """Where the synchroniser is built."""
 
-    def start(
-        self, clock: Clock, parts: Parts, splits: Splits, steps: Callable
-    ) -> tuple[int, Callable]:
-        """The epoch to start from, and what runs the steps."""
+class Checkpoint(Protocol):
+    """The run's checkpoints (rank/checkpoint.py)."""
+
+    def load(self, parts: Parts) -> Start:
+        """Where to start; a checkpoint's state restored into `parts`."""
+
+    def save(self, epochs_done: int) -> None:
+        """After an epoch: its checkpoint."""
+
+    def save_stop(self, stop: Any, epochs_done: int, measured: Any = None) -> dict:
+        """Where a stop leaves the run, saved: what the records say of it."""
+
+
+class Epochs(Protocol):
+    """The epochs and the stop every rank agrees on (rank/epochs.py)."""
+
+    def start(self, clock: Clock, timer: StepTimer, parts: Parts, start: Start) -> None:
+        """The run starts at `start`: stops are heard from here."""
 
     def batches(self, epoch: int, shard: Any) -> Iterable:
         """Epoch `epoch`'s batches of this rank's shard."""
 
-    def steps_done(
-        self, batches: Iterable, loss_sum: torch.Tensor, correct: torch.Tensor
-    ) -> None:
-        """The epoch's steps ended (or a stop ends the run here)."""
+    def end(self, batches: Iterable, loss_sum: torch.Tensor,
+            correct: torch.Tensor) -> tuple[Any, Optional[Any]]:
+        """The epoch's steps ended: what was measured, and a stop
+        the ranks agreed on mid-epoch (or None)."""
 
-    def epoch_done(self, test: tuple[float, float]) -> None:
-        """The epoch ended with this test loss and accuracy."""
+    def between(self, epochs_done: int) -> Optional[Any]:
+        """The failure hook, then a stop the ranks agreed on (or None)."""
+
+
+class Records(Protocol):
+    """The run's records (rank/records.py)."""
+
+    def start(self, start: Start, timer: StepTimer, parts: Parts, splits: Splits,
+              compile_s: Optional[float]) -> None:
+        """The run starts at `start`."""
+
+    def epoch(self, measured: Any, test: tuple[float, float]) -> None:
+        """An epoch ended with this test loss and accuracy."""
+
+    def stopped(self, parts: Parts, saved: dict, measured: Any = None) -> Any:
+        """A stop ended the run where `saved` says: its summary."""
+
+    def finished(self, epochs_done: int) -> Any:
+        """A finished run started again: its summary as it is."""
 
     def finish(self, parts: Parts) -> Any:
-        """The run's result."""
+        """The run's summary."""
 
 
-def train(cfg: Config, ctx: DistContext, machinery: Machinery) -> Any:
+class NoCheckpoint:
+    """Nothing kept: every run starts at epoch 0."""
+
+    def load(self, parts):
+        return Start()
+
+    def save(self, epochs_done):
+        pass
+
+    def save_stop(self, stop, epochs_done, measured=None):
+        return {}
+
+
+class EveryBatch:
+    """Every batch of the shard, each epoch; no stop."""
+
+    def start(self, clock, timer, parts, start):
+        pass
+
+    def batches(self, epoch, shard):
+        shard.set_epoch(epoch)
+        return shard.iter_from(0)
+
+    def end(self, batches, loss_sum, correct):
+        return None, None
+
+    def between(self, epochs_done):
+        return None
+
+
+class NoRecords:
+    """Nothing written: the run's result is its parts."""
+
+    def start(self, start, timer, parts, splits, compile_s):
+        pass
+
+    def epoch(self, measured, test):
+        pass
+
+    def stopped(self, parts, saved, measured=None):
+        return parts
+
+    def finished(self, epochs_done):
+        return None
+
+    def finish(self, parts):
+        return parts
+
+
+def train(cfg: Config, ctx: DistContext, checkpoint: Checkpoint = NoCheckpoint(),
+          epochs: Epochs = EveryBatch(), records: Records = NoRecords()) -> Any:
     """Train per `cfg` on the initialised process group."""
     plan = batch_plan(cfg.train, ctx.env.world_size)
     splits = load_data(cfg.data, cfg.train, ctx)
     # every rank's clock starts at the same instant
     ctx.barrier()
     clock = Clock(ctx.device)
-    with machinery.building():
+    timer = StepTimer(clock, enabled=cfg.timing.enabled)
+    # train.cuda_graph: DDP built on the side stream it is captured on
+    with graph_stream(cfg.train, ctx.device):
         parts = build_parts(cfg, ctx, clock)
     model, syncer, optimizer = parts
-    first, steps = machinery.start(clock, parts, splits, run_steps)
-    for epoch in range(first, cfg.train.epochs):
-        batches = machinery.batches(epoch, splits.train)
-        loss_sum, correct = steps(
-            syncer, optimizer, batches, machinery.timer, plan.micro_batch
-        )
-        machinery.steps_done(batches, loss_sum, correct)
+    # the synchroniser's preflight, the CPU threads, train.compile
+    compile_s = prepare_steps(cfg.train, ctx, syncer, optimizer, splits, plan.micro)
+    # epoch 0 step 0, or where the newest checkpoint stands
+    start = checkpoint.load(parts)
+    if start.epoch >= cfg.train.epochs:
+        # collective: every rank has run the same steps
+        syncer.close()
+        return records.finished(start.epoch)
+    epochs.start(clock, timer, parts, start)
+    records.start(start, timer, parts, splits, compile_s)
+    # None: the steps run eagerly
+    graph = graphed_steps(cfg.train, syncer, optimizer, plan.per_rank)
+    for epoch in range(start.epoch, cfg.train.epochs):
+        batches = epochs.batches(epoch, splits.train)
+        if graph is None:
+            loss_sum, correct = run_steps(syncer, optimizer, batches, timer, plan.micro_batch)
+        else:
+            loss_sum, correct = graph.run_steps(batches, timer)
+        measured, stop = epochs.end(batches, loss_sum, correct)
+        if stop:
+            saved = checkpoint.save_stop(stop, epoch, measured)
+            return records.stopped(parts, saved, measured)
         # fsdp2: its weights gathered once, not per batch
         with syncer.evaluation():
             test = evaluate(model, splits, cfg.train.eval_batch_size, ctx)
-        machinery.epoch_done(test)
+        # the checkpoint, then the record: it never outlives its state
+        checkpoint.save(epoch + 1)
+        records.epoch(measured, test)
+        stop = epochs.between(epoch + 1)
+        if stop:
+            return records.stopped(parts, checkpoint.save_stop(stop, epoch + 1))
     # collective: every rank has run the same steps
     syncer.close()
-    return machinery.finish(parts)
+    return records.finish(parts)
 
 
 def load_data(

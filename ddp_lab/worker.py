@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 from ddp_lab.config import load_run_config
-from ddp_lab.rank.main import rank_main, run_rank
+from ddp_lab.rank.main import rank_main, run_rank, run_training
 
 
 def run(run_dir: Path) -> int:
     # torch loads here, on the rank (rank_main prepared the CPU first)
-    from ddp_lab.rank.machinery import run_training
     from ddp_lab.train import train
 
     cfg = load_run_config(run_dir)

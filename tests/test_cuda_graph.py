@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_lab.config import CUDA_GRAPH_SYNCS
-from ddp_lab.rank import cuda_graph
+from ddp_lab import fast_step as cuda_graph
 from ddp_lab.command import train_rules, validate
 from ddp_lab.step import run_steps
 from ddp_lab.timing import Clock, CommRecorder
@@ -64,8 +64,8 @@ def test_the_key_defaults_to_off():
 
 def test_eager_runner_unless_asked():
     cfg = compose()
-    assert cuda_graph.step_runner(cfg.train, None, None, run_steps) is run_steps
-    assert isinstance(cuda_graph.build_stream(compose(*GPU).train, torch.device("cpu")),
+    assert cuda_graph.graphed_steps(cfg.train, None, None, 16) is None
+    assert isinstance(cuda_graph.graph_stream(compose(*GPU).train, torch.device("cpu")),
                       type(cuda_graph.nullcontext()))
 
 
@@ -73,7 +73,7 @@ def test_graphed_runner_refuses_a_cpu_rank():
     class Syncer:
         device = torch.device("cpu")
     with pytest.raises(ValueError, match="train.cuda_graph=true: this rank's device is cpu"):
-        cuda_graph.step_runner(compose(*GPU).train, Syncer(), None, run_steps)
+        cuda_graph.graphed_steps(compose(*GPU).train, Syncer(), None, 16)
 
 
 class FakeStream:
@@ -133,9 +133,9 @@ def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
     m_eager, s_eager, o_eager, t_eager = parts()
     loss_e, right_e = run_steps(s_eager, o_eager, batches, t_eager)
     module, syncer, optimizer, timer = parts()
-    graphed = cuda_graph.GraphedSteps(syncer, optimizer, run_steps, 16, warmup=3)
+    graphed = cuda_graph.GraphedSteps(syncer, optimizer, 16, warmup=3)
     FakeGraph.body, FakeGraph.zero_grad = graphed.step, lambda: optimizer.zero_grad(set_to_none=True)
-    loss_g, right_g = graphed(syncer, optimizer, batches, timer)
+    loss_g, right_g = graphed.run_steps(batches, timer)
 
     assert graphed.graph is not None and graphed.eager_steps == 3 and graphed.replays == 4
     assert timer.grads is None  # its hooks would record events inside the capture
@@ -147,11 +147,11 @@ def test_graphed_steps_train_as_eager_with_fake_graphs(monkeypatch):
     assert names[3:7] == [["step"]] * 4  # timed whole
     assert names[7] == ["forward", "backward", "sync", "optim"]  # the shorter batch: eager
     # a second epoch replays the same graph, the sums start again from zero
-    loss2, _ = graphed(syncer, optimizer, batches[:2], timer)
+    loss2, _ = graphed.run_steps(batches[:2], timer)
     assert graphed.replays == 2 and loss2.item() > 0
     # a part that starts with the shorter batch (resumed at an epoch's last step): it runs
     # eagerly, the full ones after it replay
-    graphed(syncer, optimizer, [batches[7], batches[0]], timer)
+    graphed.run_steps([batches[7], batches[0]], timer)
     assert graphed.replays == 1
 
 

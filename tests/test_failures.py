@@ -80,7 +80,6 @@ def test_record_round_trip(tmp_path):
         assert (r["state"], r["message"]) == ("failed", "RuntimeError: boom")
     finally:
         rec.close()
-        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def test_record_follows_the_timer_and_the_recorder(tmp_path):
@@ -125,7 +124,6 @@ def test_record_follows_the_timer_and_the_recorder(tmp_path):
         assert rec.snapshot()["collective"] == 4  # a snapshot reads them first
     finally:
         rec.close()
-        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
@@ -138,7 +136,6 @@ def test_records_of_a_larger_earlier_world_are_dropped(tmp_path):
     finally:
         for rec in old + new:
             rec.close()
-        heartbeat._CURRENT = heartbeat.NullHeartbeat()
 
 
 def _sleeper(run_dir: Path) -> subprocess.Popen:
@@ -291,7 +288,7 @@ def test_watchdog_dumps_every_stack_into_the_log(tmp_path):
         "import threading, time\n"
         "from ddp_lab.world import hang\n"
         f"f = open({str(log)!r}, 'a')\n"
-        "w = hang.set_watchdog(1.0, f)\n"
+        "w = hang.Watchdog(1.0, f)\n"
         "for _ in range(5):\n"
         "    w.rearm(); time.sleep(0.3)\n"  # progress: no dump
         "def stuck_in_a_collective():\n"

@@ -164,24 +164,23 @@ def test_a_resumed_run_keeps_the_thread_count_it_started_with(tmp_path, monkeypa
     env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                   num_nodes=1, master_addr="127.0.0.1", master_port=1, source="single")
     monkeypatch.setenv(cpu.THREADS_VAR, "1")  # this start's launcher saw a busy machine
-    monkeypatch.setattr(cpu, "chosen", None)  # _threads sets it: restored after the test
-    assert _threads(tmp_path, env, 0) == 1  # a fresh run: the launcher's choice
+    assert _threads(tmp_path, env, 0).threads == 1  # a fresh run: the launcher's choice
     (tmp_path / "summary.json").write_text(json.dumps(
         {"segments": [{"world_size": 1, "cpu": {"threads": 2}}]}))
-    assert _threads(tmp_path, env, 0) == 2 and "started" in cpu.chosen.why
-    assert _threads(tmp_path, env, 3) == 3  # train.threads stands
+    share = _threads(tmp_path, env, 0)
+    assert share.threads == 2 and "started" in share.why
+    assert _threads(tmp_path, env, 3).threads == 3  # train.threads stands
     (tmp_path / "summary.json").write_text(json.dumps(
         {"segments": [{"world_size": 2, "cpu": {"threads": 2}}]}))
-    assert _threads(tmp_path, env, 0) == 1  # another world: its bits differ anyway
+    assert _threads(tmp_path, env, 0).threads == 1  # another world: its bits differ anyway
 
 
 def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monkeypatch):
     from types import SimpleNamespace
 
     from ddp_lab.config import compose
-    from ddp_lab.rank.compile import tune_threads
+    from ddp_lab.fast_step import tune_threads
     from ddp_lab.timing import Clock
-    from ddp_lab.step import run_steps
     from ddp_lab.train import build_parts
 
     env = SimpleNamespace(world_size=1)
@@ -190,20 +189,20 @@ def test_start_up_times_one_thread_against_the_ceiling_and_keeps_the_faster(monk
                                             Clock(ctx.device))
     before = {k: v.clone() for k, v in module.state_dict().items()}
     splits = SimpleNamespace(test_x=torch.randn(64, 784), test_y=torch.randint(0, 10, (64,)))
-    monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "2 of 2 cores free at start", True))
+    share = cpu.RankThreads(2, "2 of 2 cores free at start", True)
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     try:
-        tune_threads(ctx, syncer, optimizer, splits, 64, run_steps)
+        tune_threads(ctx, share, syncer, optimizer, splits, 64)
         kept = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
-    assert kept in (1, 2) and cpu.chosen.threads == kept and not cpu.chosen.tunable
-    assert "a training step took" in cpu.chosen.why and "ms on 1 thread" in cpu.chosen.why
+    assert kept in (1, 2) and share.threads == kept and not share.tunable
+    assert "a training step took" in share.why and "ms on 1 thread" in share.why
     # the trial steps trained: the weights, Adam's state and the RNG are as before them
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
     assert all(p.grad is None for p in module.parameters()) and not optimizer.state
     assert torch.equal(rng, torch.random.get_rng_state())
     # asked for (train.threads), or one thread already: nothing is timed
-    monkeypatch.setattr(cpu, "chosen", cpu.RankThreads(2, "train.threads", False))
-    tune_threads(ctx, syncer, optimizer, splits, 64, run_steps)
-    assert cpu.chosen.why == "train.threads"
+    share = cpu.RankThreads(2, "train.threads", False)
+    tune_threads(ctx, share, syncer, optimizer, splits, 64)
+    assert share.why == "train.threads" and share.threads == 2

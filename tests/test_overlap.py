@@ -26,7 +26,7 @@ from ddp_lab.config import check_sync
 from ddp_lab.sync import build_sync, sync_class
 from ddp_lab.sync.overlap import OverlappedAllReduce
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
-from ddp_lab.rank.epoch import EpochBatches
+from ddp_lab.rank.epochs import EpochBatches
 from ddp_lab.step import run_steps
 
 from helpers import run_cli, run_dir_of, run_world, tensorboard

@@ -205,8 +205,8 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
 
     from ddp_lab.world.distributed import DistContext
     from ddp_lab.world.env import DistEnv
-    from ddp_lab.rank.epoch import MeasuredEpoch
-    from ddp_lab.rank.telemetry import Telemetry
+    from ddp_lab.rank.epochs import MeasuredEpoch
+    from ddp_lab.rank.records import Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 
     cfg = _telemetry_cfg("train.epochs=1", "timing.trace=false", "timing.trace_steps=2",

@@ -174,7 +174,7 @@ def test_a_ranks_line_is_one_write(how, monkeypatch):
     ms/step[rank 0] epoch 0: ...`). A forked rank (as_forked_rank) and a spawned one
     (ddp_lab.rank.whole_lines, which torchrun starts every other entry through) write a
     line at once."""
-    from ddp_lab.rank.forked import as_forked_rank
+    from ddp_lab.rank.main import as_forked_rank
 
     raw = _Raw()
     stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as `python -u`
@@ -184,7 +184,7 @@ def test_a_ranks_line_is_one_write(how, monkeypatch):
         as_forked_rank()
         print("[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step")
     else:  # any module, as `python -m MODULE` would run it: the stdlib's `platform`
-        from ddp_lab.rank.whole_lines import main as whole_lines_main
+        from ddp_lab.rank.main import main as whole_lines_main
 
         monkeypatch.setattr(sys, "argv", ["whole_lines", "platform"])
         with contextlib.suppress(SystemExit):

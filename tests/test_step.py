@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab.models import MLP
-from ddp_lab.rank.epoch import EpochBatches
+from ddp_lab.rank.epochs import EpochBatches
 from ddp_lab.step import run_steps
 from ddp_lab.sync.allreduce import AllReduceSync
 from ddp_lab.timing import Clock, StepTimer
@@ -56,7 +56,7 @@ def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, eve
 def test_epoch_batches_end_after_the_step_the_ranks_agreed_to_stop_at():
     """EpochBatches asks its stopper after every step (never before the first) and ends
     the epoch there, keeping why; the steps and samples done are its own count."""
-    from ddp_lab.rank.stop import StopInfo
+    from ddp_lab.rank.epochs import StopInfo
 
     class StopAfter:
         def __init__(self, n):

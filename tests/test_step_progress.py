@@ -14,7 +14,7 @@ import time
 import pytest
 from helpers import PY, child_env, describe, run_dir_of
 
-from ddp_lab.rank.console_progress import StepLines, StepProgress
+from ddp_lab.rank.records import StepLines, StepProgress
 
 LINE = re.compile(r"^\[rank 0\] step (\d+)/(\d+) of epoch 1/1 \((\d+)%\), ([\d.]+) steps/s, .+ left$")
 
@@ -83,7 +83,7 @@ def test_bar_only_on_a_terminal():
     assert StepProgress("lines", 0, True).wrap(range(5), "e") == range(5)  # lines off
     assert StepProgress("auto", 10, False).wrap(range(5), "e") == range(5)  # not the logging rank
     # on a real terminal (a pseudo-terminal for stdout and stderr) `auto` draws the bar
-    code = "from ddp_lab.rank.console_progress import StepProgress; print(StepProgress('auto', 10, True).bar)"
+    code = "from ddp_lab.rank.records import StepProgress; print(StepProgress('auto', 10, True).bar)"
     pid, fd = pty.fork()
     if pid == 0:  # the child: its stdin, stdout and stderr are the terminal
         os.execve(PY, [PY, "-c", code], child_env())

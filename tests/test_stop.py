@@ -1,4 +1,4 @@
-"""The stop agreement (ddp_lab/rank/stop.py) on real gloo worlds: whichever rank gets the signal
+"""The stop agreement (ddp_lab/rank/epochs.py) on real gloo worlds: whichever rank gets the signal
 (or the stop file), every rank stops after the same step, and the adaptive check interval
 is the same on every rank."""
 
@@ -24,7 +24,7 @@ def _ctx():
 
 def _loop(rank, world, run_dir, trigger, at_step, check_s):
     from ddp_lab.folder.stop import request_stop
-    from ddp_lab.rank.stop import StopControl
+    from ddp_lab.rank.epochs import StopControl
 
     stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)
     everies = []

@@ -1,6 +1,6 @@
 """Stragglers, injected and found (issue 12 item 5).
 
-Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/rank/delay.py): its checks
+Injection (`debug.slow_rank` / `slow_ms` / `jitter_ms`, ddp_lab/rank/epochs.py): its checks
 (`debug_problem`, ddp_lab/config/run.py) are one line and exit 2 before anything
 starts; the jitter has its own generator, so the training RNG does not move. Finding
 (`ddp_lab.timing.StragglerTally`): the rule on known waits, then the acceptance on real
@@ -20,7 +20,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ddp_lab.config.run import debug_problem
-from ddp_lab.rank.delay import ComputeDelay, injected
+from ddp_lab.rank.epochs import ComputeDelay
+from ddp_lab.rank.records import injected
 from ddp_lab.timing import STRAGGLER_MIN_STEPS, StragglerTally, stragglers
 
 from helpers import describe, run_cli, run_dir_of, summary, tensorboard
@@ -186,7 +187,7 @@ def test_delay_runs_once_per_step_inside_forward_also_with_micro_batches():
     from ddp_lab.models import MLP
     from ddp_lab.sync.allreduce import AllReduceSync
     from ddp_lab.timing import Clock, StepTimer
-    from ddp_lab.rank.epoch import EpochBatches
+    from ddp_lab.rank.epochs import EpochBatches
     from ddp_lab.step import run_steps
 
     sync_cfg = OmegaConf.create({"name": "allreduce", "bucket_mb": 25})

@@ -26,7 +26,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2, world: 
     """A one-rank Telemetry as the loop drives it (no process group)."""
     from ddp_lab.world.distributed import DistContext
     from ddp_lab.world.env import DistEnv
-    from ddp_lab.rank.telemetry import Telemetry
+    from ddp_lab.rank.records import Telemetry
 
     cfg = compose("launcher=local", "sync=ring", "model=mlp", "optim=adam", "train.batch_size=2",
                   "train.lr=0.1", "log.progress=lines", "timing.trace=false", *overrides)
@@ -36,7 +36,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2, world: 
 
 
 def _epoch(n: int, steps: list | None = None, at: int = 0):
-    from ddp_lab.rank.epoch import MeasuredEpoch
+    from ddp_lab.rank.epochs import MeasuredEpoch
     from ddp_lab.timing import CommStats
 
     return MeasuredEpoch(n, steps or [], CommStats(), busy_s=0.01, wall_s=0.1, loss_sum=2.0,

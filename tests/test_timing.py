@@ -12,7 +12,7 @@ from ddp_lab.timing import (
     PHASES, Clock, CommRecorder, StepTimer, StepTimes, StepWatch, describe,
     epoch_timing, percentile, stragglers, summarise_steps, union_length,
 )
-from ddp_lab.rank.trace import COMM_TID, TraceWriter, epoch_events, kept_steps
+from ddp_lab.rank.records import COMM_TID, TraceWriter, epoch_events, kept_steps
 
 CPU = torch.device("cpu")
 

@@ -102,7 +102,7 @@ def traced_run_steps(syncer, optimizer, batches, *args, **kwargs):
 
 
 T.run_steps = traced_run_steps
-from ddp_lab.rank.machinery import run_training
+from ddp_lab.rank.main import run_training
 rc = run_rank(run_dir, cfg, lambda ctx: run_training(T.train, cfg, ctx, run_dir), cfg.train.threads)
 if RANK0:
     out.write_text(json.dumps({k: sorted(v) for k, v in seen.items()}))

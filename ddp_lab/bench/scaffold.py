@@ -27,8 +27,8 @@ from ..data import build_splits
 from ..data_fetch import prepare_mnist
 from ..world.distributed import DistContext, local_gloo_world
 from ..world.ports import free_port
-from ..rank.epoch import EpochBatches
-from ..rank.stop import StopControl
+from ..rank.epochs import EpochBatches
+from ..rank.epochs import StopControl
 from ..timing import PHASES, Clock, StepTimer, epoch_timing
 from ..step import run_steps
 from ..train import build_parts

@@ -229,29 +229,19 @@ class Heartbeat(NullHeartbeat):
             pass
 
 
-_CURRENT: NullHeartbeat = NullHeartbeat()
-
-
-def current() -> NullHeartbeat:
-    """This process's record (a NullHeartbeat before `start`)."""
-    return _CURRENT
-
-
 def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullHeartbeat:
     """Open this rank's record (a NullHeartbeat if it cannot be made);
     rank 0 drops records of ranks a larger earlier world left behind."""
-    global _CURRENT
     try:
-        _CURRENT = Heartbeat(run_dir, rank, local_rank, world_size)
+        record = Heartbeat(run_dir, rank, local_rank, world_size)
     except OSError:
-        _CURRENT = NullHeartbeat()
-        return _CURRENT
+        return NullHeartbeat()
     if rank == 0:
         for path in (Path(run_dir) / FOLDER).glob("rank*.bin"):
             n = path.stem.removeprefix("rank")
             if n.isdigit() and int(n) >= world_size:
                 path.unlink(missing_ok=True)
-    return _CURRENT
+    return record
 
 
 def node_identity() -> tuple[str, str]:

@@ -22,7 +22,7 @@ from ..world.parent import keep_handlers
 # the entries this torchrun may fork ranks of, with what each imports
 # first, once here (torch, torch._dynamo: ~5 s of CPU a rank;
 # docs/performance.md)
-FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train", "ddp_lab.rank.machinery"),
+FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train", "ddp_lab.rank.checkpoint"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
 # "1": never fork, ranks start as on a GPU
 FRESH_RANKS = "DDP_LAB_FRESH_RANKS"
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             # a fresh `python -u -m ENTRY`: whole lines too
             if not forked and parsed.module:
                 parsed.training_script_args = [parsed.training_script, *parsed.training_script_args]
-                parsed.training_script = "ddp_lab.rank.whole_lines"
+                parsed.training_script = "ddp_lab.rank.main"
             # nothing buffered here may be written again by the forks
             sys.stdout.flush()
             sys.stderr.flush()

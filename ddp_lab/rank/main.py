@@ -1,9 +1,20 @@
 """The ranks' side of a job: every rank runs `python -m <run.entry>
 RUN_DIR`, that is `rank_main(argv, module, maker, run)` ->
 `run_rank(run_dir, cfg, body)`, which places the rank from the
-launcher's variables, sets up its log, threads and heartbeat record and
-the process group, runs `body(ctx)`, and turns a failure into one line
-naming the rank(s) that stopped (job.py is the submitting side).
+launcher's variables, sets up its log, threads, heartbeat record and
+hang watchdog and the process group, runs `body(ctx)`, and turns a
+failure into one line naming the rank(s) that stopped (job.py is the
+submitting side). A training rank's body is `run_training`: the lesson's
+loop handed the run's parts.
+
+`python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m
+MODULE ARGS...` would, its console written a whole line at a time
+(`whole_lines`). The ranks of a machine share its console, and under
+`python -u` a line and its newline are two writes that another rank's
+line can land between; line-buffered, each line is one write a pipe
+never cuts. ddp_lab.launch.torchrun starts every spawned rank through
+this (forked ones call `as_forked_rank`), so any `run.entry` prints
+whole lines.
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ import logging
 import multiprocessing
 import os
 import re
+import runpy
+import select
 import signal
 import sys
 import threading
@@ -22,27 +35,22 @@ from typing import Any, Callable, Optional
 from ..world import cpu
 from ..world.env import detect_env
 from ..world import ports
-from ..world.parent import AGENT_SIGNALS
-from .forked import as_forked_rank, exit_soon
-from ..world import hang
+from ..world.hang import Watchdog
+from ..world.parent import AGENT_SIGNALS, restore_handlers
 from ..folder import heartbeat
-from . import stop
 from ..folder.files import DiskFull, read_json_or_empty
 from ..folder.failure import diagnose, end_stuck, failure_line
 from ..folder.rundir import mark_failed
 from ..folder.metrics import fault_file, setup_logging
-from .stop import die_with_parent
 
 
-def _threads(run_dir: Path, env, requested: int) -> int:
+def _threads(run_dir: Path, env, requested: int) -> cpu.RankThreads:
     """This rank's torch threads (ddp_lab/world/cpu.py): train.threads,
-    or the count the run started with, or the launcher's choice (kept in
-    `cpu.chosen`)."""
+    or the count the run started with, or the launcher's choice."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
-    cpu.chosen = cpu.rank_threads(env.local_world_size, requested, earlier)
-    return cpu.chosen.threads
+    return cpu.rank_threads(env.local_world_size, requested, earlier)
 
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
@@ -60,20 +68,20 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     # ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
 
-    from ..world import distributed as dist_hooks
     from ..world.distributed import distributed
+    from .epochs import die_with_parent
 
     die_with_parent()
     env = detect_env()
     log = setup_logging(env, run_dir, cfg.log.level, every_rank=cfg.log.ranks == "all")
     record = heartbeat.start(run_dir, env.rank, env.local_rank, env.world_size)
-    dist_hooks.on_collective = lambda op: heartbeat.current().collective(op)
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's
     # stack is in its log
-    hang.set_watchdog(max(1.0, timeout_s - 2.0), fault_file())
-    torch.set_num_threads(_threads(run_dir, env, threads))
+    watchdog = Watchdog(max(1.0, timeout_s - 2.0), fault_file())
+    share = _threads(run_dir, env, threads)
+    torch.set_num_threads(share.threads)
     fields = {**(failure or {}), "world_size": env.world_size}
 
     # on the timer's thread: the main one is stuck in torch
@@ -85,7 +93,8 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
     start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
     try:
-        with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir) as ctx:
+        with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir,
+                         heartbeat=record, watchdog=watchdog, threads=share) as ctx:
             # the group is up: the start is over
             start_timer.stop()
             record.state("running")
@@ -99,7 +108,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         # torchrun's SIGTERM (another rank failed) must not cut this
         # short
         _ignore_sigterm()
-        hang.watchdog().cancel()
+        watchdog.cancel()
         log.debug(traceback.format_exc())
         mine = short_error(e)
         if in_start and isinstance(e, torch.distributed.DistNetworkError):
@@ -131,7 +140,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         return 1
     finally:
         start_timer.stop()
-        hang.watchdog().cancel()
+        watchdog.cancel()
         logging.shutdown()
 
 
@@ -199,6 +208,22 @@ def _ignore_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
+    """`train(cfg, ctx, ...)` (ddp_lab/train.py) handed the run's parts:
+    the checkpoint, the epochs and the stop, the records, each for
+    `run_dir`; stops are heard inside."""
+    from ..config import batch_plan
+    from .checkpoint import Checkpointer
+    from .epochs import EpochControl
+    from .records import Records
+
+    checkpoint = Checkpointer(cfg.train, ctx, run_dir / "checkpoints",
+                              batch_plan(cfg.train, ctx.env.world_size))
+    records = Records(cfg, ctx, run_dir)
+    with EpochControl(cfg, ctx, run_dir, records) as epochs:
+        return train(cfg, ctx, checkpoint, epochs, records)
+
+
 def rank_main(argv: Optional[list[str]], module: str, maker: str,
               run: Callable[[Path], int]) -> int:
     """`python -m <module> RUN_DIR`: check the argument (2 and a usage
@@ -222,7 +247,9 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     # wrote is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
-    if forked and rc == 0 and not stop.RECEIVED & set(AGENT_SIGNALS):
+    from .epochs import RECEIVED
+
+    if forked and rc == 0 and not RECEIVED & set(AGENT_SIGNALS):
         # torchrun reads the result, then frees the ranks: wait for it
         exit_soon(rc)
         sys.exit(rc)
@@ -231,3 +258,61 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     # result) has nobody to wait for: it leaves now
     os._exit(rc)
 
+
+# ------------------------------------------------------------------ a rank's start and end
+def as_forked_rank() -> None:
+    """A forked rank starts as a fresh `python -u` would: this process's
+    signal handlers, not the agent's, and its console written a whole
+    line at a time (whole_lines)."""
+    restore_handlers()
+    whole_lines()
+
+
+def exit_soon(rc: int) -> None:
+    """A forked rank's last step. torchrun ends a rank in two moves: the
+    rank queues its return value, then waits on a shared Event until
+    torchrun has read them all. A rank ended inside that
+    `multiprocessing.Condition` wait never acknowledges the wake-up, and
+    torchrun's `Event.set` then waits forever. So a thread ends the rank
+    with `rc` only when waiting is pointless: torchrun is gone
+    (reparented, or the SIGINT of its death) or has signalled it
+    (closing the ranks: then it never sets the Event)."""
+    # reparented once torchrun is gone
+    torchrun = multiprocessing.parent_process().pid
+    # the signals reach this process's C handler on whichever thread:
+    # the wakeup fd tells the watcher, whatever the main thread is
+    # blocked in (the Condition's semaphore)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    for sig in AGENT_SIGNALS:
+        signal.signal(sig, lambda *_: None)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while os.getppid() == torchrun and not select.select([r], [], [], 0.05)[0]:
+            pass
+        os._exit(rc)
+
+    threading.Thread(target=watch, name="exit_soon", daemon=True).start()
+
+
+def whole_lines() -> None:
+    """stdout and stderr written a line at a time: one write per line,
+    never a part."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ddp_lab.rank.main MODULE [ARGS...]")
+    whole_lines()
+    module = sys.argv[1]
+    # as `python -m MODULE ARGS` sees them
+    sys.argv = [module, *sys.argv[2:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

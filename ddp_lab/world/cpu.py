@@ -119,14 +119,11 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
 @dataclass
 class RankThreads:
     """This rank's torch threads, why, and whether `tune_threads` may
-    lower them."""
+    lower them (run_rank makes it, the rank's DistContext holds it)."""
     threads: int
     why: str
     tunable: bool
 
-
-# this rank's, set by run_rank (ddp_lab/rank/main.py)
-chosen: Optional[RankThreads] = None
 
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,

@@ -9,35 +9,53 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .hang import enable_flight_recorder
+from .hang import Watchdog, enable_flight_recorder
 from . import fingerprint
 from . import cpu, torch_support
 from ..config import device_type
+from .cpu import RankThreads
 from .env import DistEnv
 
 log = logging.getLogger("ddp_lab")
 
 
-#: what each collective below is counted in: nothing, until run_rank
-#: points it at the rank's heartbeat record
-#: (ddp_lab/folder/heartbeat.py)
-on_collective: Callable[[str], None] = lambda op: None
+class Heartbeat(Protocol):
+    """Where this rank is, for the other ranks, the launcher and status
+    (its record: ddp_lab/folder/heartbeat.py)."""
+
+    def collective(self, op: str = "") -> None: ...
+
+    def follow(self, timer: Any = None, comm: Any = None) -> None: ...
+
+    def at(self, epoch: int, step: int) -> None: ...
 
 
 @dataclass(frozen=True)
 class DistContext:
+    """This rank in its initialised process group. `run_rank`
+    (ddp_lab/rank/main.py) adds what the rank's machinery shares: its
+    heartbeat record, which counts each collective below, its hang
+    watchdog and its torch threads (`tune_threads` may lower them)."""
+
     env: DistEnv
     backend: str
     device: torch.device
+    heartbeat: Optional[Heartbeat] = None
+    watchdog: Watchdog = Watchdog(0)
+    threads: Optional[RankThreads] = None
+
+    def _entering(self, op: str) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.collective(op)
 
     def barrier(self) -> None:
         if dist.is_initialized() and self.env.world_size > 1:
-            on_collective("barrier")
+            self._entering("barrier")
             if self.backend == "nccl":
                 dist.barrier(device_ids=[self.device.index])
             else:
@@ -71,7 +89,7 @@ class DistContext:
             raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
         t = self._tensor(values)
         if self.collective:
-            on_collective("all_reduce")
+            self._entering("all_reduce")
             dist.all_reduce(t, op=_REDUCE_OPS[op])
             if op == "mean":
                 # ReduceOp.AVG exists on nccl only
@@ -91,7 +109,7 @@ class DistContext:
         if not self.collective:
             return [obj]
         out: list[Any] = [None] * dist.get_world_size()
-        on_collective("all_gather")
+        self._entering("all_gather")
         dist.all_gather_object(out, obj)
         return out
 
@@ -102,7 +120,7 @@ class DistContext:
             return [obj]
         mine = dist.get_rank() == dst
         out: Optional[list[Any]] = [None] * dist.get_world_size() if mine else None
-        on_collective("gather")
+        self._entering("gather")
         dist.gather_object(obj, out, dst=dst)
         return out
 
@@ -141,11 +159,12 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 @contextlib.contextmanager
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
-                run_dir: Optional[Path] = None) -> Iterator[DistContext]:
+                run_dir: Optional[Path] = None, **rank: Any) -> Iterator[DistContext]:
     """Initialise the default process group for `env`, destroyed on the
     way out: within `init_timeout_s` (default `timeout_s`), then
     `timeout_s` per collective (a dead peer is an error, not a hang); on
-    nccl with a `run_dir`, the flight recorder on."""
+    nccl with a `run_dir`, the flight recorder on. `rank`: the
+    DistContext's heartbeat, watchdog and threads."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}
@@ -178,7 +197,7 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                              f"{torch_support.version()} cannot change a group's timeout; "
                              "torch >= 2.3 can)")
     try:
-        yield DistContext(env=env, backend=be, device=dev)
+        yield DistContext(env=env, backend=be, device=dev, **rank)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,8 +1,9 @@
 """What a hung rank leaves behind: PyTorch's NCCL flight recorder
 (dumped into RUN_DIR/flight_recorder/ when a collective times out;
 turned on by `distributed` before init_process_group) and this rank's
-watchdog (every thread's stack into its log; armed by `run_rank`,
-re-armed by the stop checks). No torch at import.
+watchdog (every thread's stack into its log; made by `run_rank`, which
+hands it to the rank's DistContext, re-armed by the stop checks). No
+torch at import.
 """
 
 from __future__ import annotations
@@ -75,18 +76,3 @@ class Watchdog:
             faulthandler.cancel_dump_traceback_later()
             self.armed = False
 
-
-_WATCHDOG = Watchdog(0)
-
-
-def watchdog() -> Watchdog:
-    """This process's watchdog (one that does nothing until
-    `set_watchdog`)."""
-    return _WATCHDOG
-
-
-def set_watchdog(timeout_s: float, file: Any) -> Watchdog:
-    global _WATCHDOG
-    _WATCHDOG.cancel()
-    _WATCHDOG = Watchdog(timeout_s, file)
-    return _WATCHDOG

@@ -21,7 +21,7 @@ import timeit
 from pathlib import Path
 
 from ...world.distributed import DistContext
-from ...rank.stop import StopControl
+from ...rank.epochs import StopControl
 from ..scaffold import Bench, run_ranks, stamped_step
 from ..suite import Spec, rounds
 

@@ -18,7 +18,7 @@ import statistics
 import time
 
 from ...world.distributed import DistContext
-from ...rank.epoch import EpochBatches
+from ...rank.epochs import EpochBatches
 from ...step import run_steps
 from ..scaffold import Bench, rank0, stamped_step
 from ..suite import Spec, chosen, medians, ratios, rounds

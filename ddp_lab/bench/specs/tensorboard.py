@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...folder.metrics import RunFolderSink
-from ...rank.telemetry import step_scalars
+from ...rank.records import step_scalars
 from ...timing import PHASES, Clock, CommRecorder, CommStats, StepTimer, StepWatch
 from ..scaffold import stamped_step
 from ..suite import Spec, rounds

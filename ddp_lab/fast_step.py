@@ -1,10 +1,17 @@
-"""train.cuda_graph=true: the training step captured once as a CUDA
-graph, then replayed (PyTorch's CUDA Graphs notes; docs/performance.md,
-"Launch-overhead ladder").
+"""The same steps, sooner: what train() (ddp_lab/train.py) runs before
+the first step and how the steps may run.
 
-The first steps (11 with DDP, else 3) run eagerly on a side stream; then
-the batch is copied into static buffers and, every `.grad` None,
-forward, loss, backward, `sync()`, the optimiser's step and the
+Before the first step (`prepare_steps`): the synchroniser's preflight (a
+misconfiguration fails here, not mid-step), the CPU thread count
+(`tune_threads`) and train.compile (`compile_model`), outside every
+epoch. Then each epoch's steps run eagerly (step.py's `run_steps`), or,
+with train.cuda_graph, as `GraphedSteps`: the training step captured
+once as a CUDA graph, then replayed (PyTorch's CUDA Graphs notes;
+docs/performance.md, "Launch-overhead ladder").
+
+The graph: the first steps (11 with DDP, else 3) run eagerly on a side
+stream; then the batch is copied into static buffers and, every `.grad`
+None, forward, loss, backward, `sync()`, the optimiser's step and the
 loss/correct sums are recorded into a `torch.cuda.CUDAGraph`; every
 later step copies its batch in and replays it. The optimiser must be
 capturable (Adam: `capturable=True`); what a graph cannot hold is
@@ -15,17 +22,21 @@ counted once per replay from what the capture recorded.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import nullcontext
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import TrainConfig, batch_plan
-from ..timing import StepTimer
+from .config import TrainConfig
+from .step import run_steps
+from .timing import Clock, StepTimer
+from .world.cpu import RankThreads
+from .world.distributed import DistContext
 
 log = logging.getLogger("ddp_lab")
 
@@ -34,11 +45,83 @@ WARMUP_DDP = 11
 WARMUP = 3
 
 
+def prepare_steps(train: TrainConfig, ctx: DistContext, syncer, optimizer: torch.optim.Optimizer,
+                  splits: Any, batch_size: int) -> Optional[float]:
+    """Collective. Preflight, thread count, then train.compile: its
+    seconds, or None."""
+    x0, y0 = splits.test_x[:2], splits.test_y[:2]
+    syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
+    if ctx.threads is not None and ctx.device.type == "cpu":
+        tune_threads(ctx, ctx.threads, syncer, optimizer, splits, batch_size)
+    return compile_model(syncer, splits, batch_size) if train.compile else None
+
+
+def tune_threads(ctx, share: RankThreads, syncer, optimizer: torch.optim.Optimizer, splits: Any,
+                 batch_size: int, blocks: int = 3, n_steps: int = 8) -> None:
+    """Collective. On CPU, where the count was not asked for: time steps
+    on 1 thread against the ceiling in alternating blocks, summed over
+    the ranks, and keep the ceiling only if 5% faster (`share` says
+    which, and why). State, RNG and comm records are left as before."""
+    if not share.tunable or share.threads == 1:
+        return
+    n = min(batch_size, len(splits.test_x))
+    batch = (splits.test_x[:n], splits.test_y[:n])
+    saved = copy.deepcopy((syncer.module.state_dict(), optimizer.state_dict()))
+    timer = StepTimer(Clock(ctx.device), enabled=False)
+    best = {share.threads: float("inf"), 1: float("inf")}
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(blocks):
+            for threads in best:
+                torch.set_num_threads(threads)
+                # the first of a count: untimed
+                run_steps(syncer, optimizer, [batch], timer)
+                t0 = time.perf_counter()
+                run_steps(syncer, optimizer, [batch] * n_steps, timer)
+                best[threads] = min(best[threads], (time.perf_counter() - t0) / n_steps)
+    syncer.module.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    syncer.module.zero_grad(set_to_none=True)
+    # the trial steps' collectives are no epoch's
+    syncer.collect_comm()
+    # every rank's, summed
+    many, one = ctx.reduce_floats([best[share.threads], best[1]])
+    keep = share.threads if many < 0.95 * one else 1
+    torch.set_num_threads(keep)
+    share.why = (f"{share.why}; a training step took {best[1] * 1e3:.2f} ms on 1 thread, "
+                 f"{best[share.threads] * 1e3:.2f} ms on {share.threads}")
+    share.threads, share.tunable = keep, False
+
+
+def compile_model(syncer, splits: Any, batch_size: int) -> float:
+    """train.compile: torch.compile the model the step calls and compile
+    it now, at the batch size and at another (the short last batch), so
+    no epoch holds the compilation. Weights, optimiser and RNG are
+    untouched. Returns the seconds."""
+    t0 = time.perf_counter()
+    syncer.wrapped = torch.compile(syncer.wrapped)
+    n = min(batch_size, len(splits.test_x))
+    sizes = [n, n - 1] if n > 2 else [n]
+    devices = [syncer.device] if syncer.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for size in sizes:
+            F.cross_entropy(syncer.wrapped(splits.test_x[:size]), splits.test_y[:size]).backward()
+            # sync.overlap: the buckets backward started are waited for
+            syncer.sync()
+    syncer.module.zero_grad(set_to_none=True)
+    # DDP's warm-up all-reduces are no epoch's
+    syncer.collect_comm()
+    if syncer.device.type == "cuda":
+        torch.cuda.synchronize(syncer.device)
+    seconds = time.perf_counter() - t0
+    log.info("train.compile: model compiled in %.1f s (outside every epoch)", seconds)
+    return seconds
+
+
 def enabled(train_cfg: TrainConfig) -> bool:
     return bool(getattr(train_cfg, "cuda_graph", False))
 
 
-def build_stream(train_cfg: TrainConfig, device: torch.device):
+def graph_stream(train_cfg: TrainConfig, device: torch.device):
     """Where the synchroniser is built: with train.cuda_graph on CUDA, a
     side stream (the notes: DDP constructed in a side-stream context for
     full-backward capture)."""
@@ -47,32 +130,27 @@ def build_stream(train_cfg: TrainConfig, device: torch.device):
     return nullcontext()
 
 
-def step_runner(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
-                run_steps: Callable) -> Callable:
-    """What runs an epoch's steps: the loop's `run_steps`, or with
-    train.cuda_graph a `GraphedSteps` of it, with the same call and
-    results."""
+def graphed_steps(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimizer,
+                  batch: int) -> Optional[GraphedSteps]:
+    """With train.cuda_graph, the epochs' steps as a `GraphedSteps` of
+    `batch` samples a rank; else None (they run eagerly)."""
     if not enabled(train_cfg):
-        return run_steps
+        return None
     # dist.device=auto resolved to cpu on this rank
     if syncer.device.type != "cuda":
         raise ValueError(f"train.cuda_graph=true: this rank's device is {syncer.device}; "
                          "CUDA graphs need dist.device=cuda and dist.backend=nccl")
-    return GraphedSteps(syncer, optimizer, run_steps,
-                        batch_plan(train_cfg, syncer.world_size).per_rank)
+    return GraphedSteps(syncer, optimizer, batch)
 
 
 class GraphedSteps:
     """`run_steps` as one CUDA graph a step (module docstring); the
-    graph lives across epochs. Call it as `run_steps(syncer, optimizer,
-    batches, timer)`."""
+    graph lives across epochs."""
 
-    def __init__(self, syncer, optimizer: torch.optim.Optimizer, run_steps: Callable,
-                 batch: int, warmup: int = 0):
-        """`run_steps`: the loop's eager steps; `batch`: the per-rank
-        batch of a full step, the one the graph is captured for."""
+    def __init__(self, syncer, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 0):
+        """`batch`: the per-rank batch of a full step, the one the graph
+        is captured for."""
         self.syncer, self.optimizer, self.batch = syncer, optimizer, batch
-        self.run_steps = run_steps
         wrapped = getattr(syncer.wrapped, "_orig_mod", syncer.wrapped)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
                                  else WARMUP)
@@ -88,8 +166,9 @@ class GraphedSteps:
         self.correct = torch.zeros((), dtype=torch.int64, device=syncer.device)
         make_capturable(optimizer)
 
-    def __call__(self, syncer, optimizer: torch.optim.Optimizer, batches: Iterable,
-                 timer: StepTimer, micro_batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_steps(self, batches: Iterable, timer: StepTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        """An epoch's steps, as step.py's `run_steps`: its summed loss
+        and correct predictions, on the device."""
         self.loss_sum.zero_()
         self.correct.zero_()
         self.replays = 0
@@ -122,9 +201,9 @@ class GraphedSteps:
             # the batch was made on the current stream
             stream.wait_stream(current)
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            loss, right = self.run_steps(self.syncer, self.optimizer, [(x, y)], timer)
+            loss, correct = run_steps(self.syncer, self.optimizer, [(x, y)], timer)
             self.loss_sum += loss
-            self.correct += right
+            self.correct += correct
         if stream is not None:
             current.wait_stream(stream)
 

@@ -1,5 +1,6 @@
-"""A run's checkpoints as the training loop uses them, on every rank
-(`load`, `save`, `on_stop`); the files themselves are
+"""train()'s checkpoint part for a run folder, on every rank: `load`
+(where to start, the state restored), `save` after each epoch,
+`save_stop` where a stop leaves the run; the files themselves are
 `ddp_lab.folder.checkpoint_file`'s. Every rank calls every method in the
 same order (saving is collective); rank 0 alone writes.
 """
@@ -10,14 +11,14 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from ..folder import checkpoint_file as checkpoint
 from ..config import BatchPlan, TrainConfig
 from ..world.distributed import DistContext
-from .epoch import Position, Stopped
+from .epochs import MeasuredEpoch, Position, StopInfo
 from ..folder.rundir import resume_mode
 
 log = logging.getLogger("ddp_lab")
@@ -28,29 +29,23 @@ class Checkpointer:
     docstring."""
 
     def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
-                 module: torch.nn.Module, optimizer: torch.optim.Optimizer, syncer: Any,
                  batching: BatchPlan):
-        """`train`: the train section; `syncer` saves and loads the
-        optimiser state."""
-        self.train = train
-        self.ctx = ctx
-        self.ckpt_dir = ckpt_dir
-        self.batching = batching
-        self.module, self.optimizer, self.syncer = module, optimizer, syncer
-        # where this allocation started (`load`)
-        self.start = Position()
+        """`train`: the train section."""
+        self.train, self.ctx, self.ckpt_dir, self.batching = train, ctx, ckpt_dir, batching
 
-    def load(self) -> Position:
-        """Load the newest checkpoint when continuing (train.resume
-        auto/true, or a restart of this job); the position it holds.
-        Later checkpoints of an older timeline go."""
+    def load(self, parts: Any) -> Position:
+        """Load the newest checkpoint into `parts` (its synchroniser
+        loads the model and optimiser state) when continuing
+        (train.resume auto/true, or a restart of this job); the position
+        it holds. Later checkpoints of an older timeline go."""
+        self.optimizer, self.syncer = parts.optimizer, parts.syncer
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
         # TORCHELASTIC_RESTART_COUNT counts this node's restarts only
         # (pytorch#108158): agree
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
-            return self.start
+            return Position()
         # the newest checkpoint that is intact: damaged ones are set
         # aside
         if env.is_main:
@@ -63,7 +58,7 @@ class Checkpointer:
             raise FileNotFoundError(f"train.resume=true but {self.ckpt_dir} holds no checkpoint: "
                                     "point run.dir at a run that completed an epoch")
         if path is None:
-            return self.start
+            return Position()
         state = checkpoint.load(path, ctx.device)
         # fsdp2: its shards
         self.syncer.load_model_state(state["model"])
@@ -91,19 +86,13 @@ class Checkpointer:
             checkpoint.drop_after(self.ckpt_dir, (pos.epoch, pos.step))
         log.info("resumed from %s (epoch %d done%s)", path.name, pos.epoch,
                  f", {pos.step} steps into the next" if pos.step else "")
-        self.start = pos
         return pos
 
-    def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the resumed checkpoint holds,
-        as this rank adds it: loss and sample sums on rank 0 only
-        (counted once), times on every rank."""
-        s = self.start
-        if epoch != s.epoch or not s.step:
-            return Position()
-        return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
+    def save(self, epochs_done: int) -> None:
+        """Collective, after an epoch: its checkpoint (train.checkpoint)."""
+        self.save_at(Position(epochs_done))
 
-    def save(self, pos: Position, force: bool = False) -> None:
+    def save_at(self, pos: Position, force: bool = False) -> None:
         """Collective; rank 0 writes. A stop saves even with
         train.checkpoint=false."""
         if not (self.train.checkpoint or force or pos.step):
@@ -123,17 +112,17 @@ class Checkpointer:
         # on disk
         self.ctx.barrier()
 
-    def on_stop(self, stopped: Stopped) -> dict[str, Any]:
+    def save_stop(self, stop: StopInfo, epochs_done: int,
+                  measured: Optional[MeasuredEpoch] = None) -> dict[str, Any]:
         """Collective. Every rank agreed to stop: save where the run
-        stands (mid-epoch: the steps done and the summed loss and
-        samples; between epochs: the epoch's checkpoint, written now if
-        train.checkpoint=false) and return `Telemetry.finish`'s
-        keywords."""
-        stop, measured = stopped.info, stopped.measured
+        stands (mid-epoch, `measured`: the steps done and the summed
+        loss and samples; between epochs: the epoch's checkpoint,
+        written now if train.checkpoint=false) and return
+        `Telemetry.finish`'s keywords."""
         if measured is None:
-            here = Position(stopped.epochs_done)
+            here = Position(epochs_done)
             if not self.train.checkpoint:
-                self.save(here, force=True)
+                self.save_at(here, force=True)
         else:
             m, before = measured, measured.resumed_part
             # the shard's last batch may be short: steps done rounds the
@@ -144,7 +133,7 @@ class Checkpointer:
             here = Position(m.epoch - 1, done, before.loss_sum + g_loss,
                             before.samples + int(g_samples), before.busy_s + m.busy_s,
                             before.wall_s + m.wall_s, before.correct + int(g_correct))
-            self.save(here)
+            self.save_at(here)
         return {"status": stop.status, "position": (here.epoch, here.step),
                 "stop_reason": stop.reason}
 

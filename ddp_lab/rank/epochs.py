@@ -1,0 +1,420 @@
+"""The epochs and the stop, on every rank: train()'s epochs part
+(ddp_lab/train.py; docs/architecture.md, "The path of one epoch's
+numbers"). `EpochControl` starts and ends each epoch and hands out its
+batches as an `EpochBatches`, which adds to the notebook's loop the step
+count, the stop agreement and the injected delays; `end` and `between`
+return the stop every rank agreed on, and train() ends the run there.
+
+The stop: a request reaches any one process (SIGTERM, SIGINT,
+`train.stop_signal`, the file `RUN_DIR/STOP` of ddp_lab/folder/stop.py,
+the parent's death); the handlers only set a flag. Ranks agree with one
+all-reduce (MAX of [stop code, seconds since the last check]) every
+`every` steps, adapted so that checks come about `train.stop_check_s`
+apart. Codes (higher wins): 1 preempted (continue later), 2 stopped (a
+person); a second SIGINT kills at once (docs/failures.md, "The pieces"
+and "What the stop check costs").
+
+Injected faults: a crash after an epoch (`DDP_LAB_FAIL_ONCE`,
+`fail_once`) and compute delays (`debug.slow_rank` + `debug.slow_ms`,
+`debug.jitter_ms`): a straggler made on purpose, which the records must
+find from what they measure (docs/timing.md, "Stragglers, injected and
+found"). The delay is a host sleep at the start of the forward phase,
+once per step; the jitter comes from the rank's own `random.Random`, so
+the training RNG does not move.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+from ..config import Config, DebugConfig, TrainConfig
+from ..folder.stop import PREEMPTED, STATUS, STOPPED, clear_stop_file, read_stop_file
+from ..timing import Clock, CommStats, StepTimer, StepTimes
+from ..world.distributed import DistContext
+from ..world.parent import set_parent_death_signal
+from .records import Records
+
+log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class Position:
+    """Where a run stands: epochs done, steps done of the next epoch,
+    and that partial epoch's sums so far (kept in a mid-epoch
+    checkpoint)."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    # training predictions that were right (train accuracy)
+    correct: int = 0
+
+
+@dataclass
+class MeasuredEpoch:
+    """One epoch as this rank measured it (`epoch`: 1-based). Resumed
+    mid-way, the fields are this allocation's part, `resumed_part` the
+    checkpoint's (its loss and sample sums on rank 0 only); `totals`
+    adds the two."""
+
+    epoch: int
+    # this part's phase stamps (none when timing is off)
+    steps: list[StepTimes]
+    comm: CommStats  # this part's collectives
+    # this rank's own time, before waiting for the others at the epoch's
+    # end
+    busy_s: float
+    # barrier to barrier: the slowest rank's time
+    wall_s: float
+    # this rank's training loss summed over its samples
+    loss_sum: float
+    samples: int
+    # this rank's right training predictions
+    correct: int = 0
+    resumed_at_step: int = 0
+    resumed_part: Position = field(default_factory=Position)
+    # (loss, accuracy), after the steps
+    test: tuple[float, float] = (float("nan"), float("nan"))
+
+    def totals(self) -> tuple[float, int, int, float, float]:
+        """The whole epoch on this rank: (loss sum, correct, samples,
+        busy s, wall s)."""
+        c = self.resumed_part
+        return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
+                c.busy_s + self.busy_s, c.wall_s + self.wall_s)
+
+
+MAX_EVERY = 100_000
+
+
+@dataclass(frozen=True)
+class StopInfo:
+    status: str  # preempted | stopped
+    # what asked for it, e.g. "SIGUSR2 on rank 1"
+    reason: str
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """The first thing a rank does: get `sig` when its parent (torchrun,
+    srun, mpirun) dies; a parent gone before that, `sig` now."""
+    parent = os.getppid()
+    armed = set_parent_death_signal(sig)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return armed
+
+
+#: the signals this process was stopped by: a forked rank that torchrun
+#: signalled (torchrun is closing its ranks and will not collect a
+#: result) leaves at once (rank/main.py)
+RECEIVED: set[int] = set()
+
+
+class StopControl:
+    """This rank's side of the agreement; see the module docstring."""
+
+    def __init__(self, ctx, run_dir: Path, user_signal: str = "SIGUSR2", check_s: float = 1.0,
+                 install: bool = True):
+        self.ctx, self.run_dir, self.check_s = ctx, Path(run_dir), max(check_s, 1e-3)
+        self.every, self._count = 1, 0
+        self._last = time.monotonic()
+        self._code, self._reason = 0, ""
+        self.checks = 0
+        # its death signal is set (die_with_parent): a later parent
+        # noticed gone is one the signal missed
+        self.ppid = os.getppid()
+        self._signals: dict[int, tuple[int, object]] = {}
+        if install:
+            self._install(user_signal)
+
+    # ------------------------------------------------------------ local sources
+    def _install(self, user_signal: str) -> None:
+        wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
+        if user_signal:
+            wanted[getattr(signal, user_signal)] = PREEMPTED
+        for sig, code in wanted.items():
+            self._signals[sig] = (code, signal.signal(sig, self._on_signal))
+
+    def restore(self) -> None:
+        self.ctx.watchdog.cancel()
+        for sig, (_, previous) in self._signals.items():
+            signal.signal(sig, previous)
+        self._signals.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        RECEIVED.add(signum)
+        name = signal.Signals(signum).name
+        code = self._signals[signum][0]
+        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by
+        # design (slurmstepd signals every process of the step, and
+        # torchrun passes its own on)
+        if signum == signal.SIGINT and self._reason.startswith(name):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self._flag(code, f"{name} on rank {self.ctx.env.rank}")
+
+    def _flag(self, code: int, reason: str) -> None:
+        if code > self._code:
+            self._code, self._reason = code, reason
+            log.warning("stop requested (%s): stopping at the next check", reason)
+
+    def local(self) -> tuple[int, str]:
+        if os.getppid() != self.ppid:
+            self._flag(STOPPED, "parent process gone (launcher killed)")
+        if self.ctx.env.rank == 0:
+            found = read_stop_file(self.run_dir)
+            if found:
+                self._flag(*found)
+        return self._code, self._reason
+
+    # ------------------------------------------------------------ agreement
+    def restart_clock(self) -> None:
+        """Time between checks excludes evaluation and checkpoints
+        (epoch ends)."""
+        self._last, self._count = time.monotonic(), 0
+        self.ctx.watchdog.rearm()
+
+    def step(self) -> Optional[StopInfo]:
+        """After every step: agree now and then whether to stop; the
+        StopInfo when all stop."""
+        self._count += 1
+        if self._count < self.every:
+            return None
+        return self.check()
+
+    def check(self) -> Optional[StopInfo]:
+        """Collective: every rank calls it at the same step."""
+        now = time.monotonic()
+        # no stack dump while checks keep coming
+        self.ctx.watchdog.rearm()
+        code, _ = self.local()
+        agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
+        self.checks += 1
+        # adapt: next check about check_s away, growing at most 2x a
+        # time
+        if self._count:
+            per_step = max(longest / self._count, 1e-9)
+            self.every = int(min(max(1, self.check_s / per_step), 2 * self.every, MAX_EVERY))
+        self._last, self._count = now, 0
+        if agreed < 1:
+            return None
+        reasons = [r for r in self.ctx.gather_objects(self._reason) if r]
+        info = StopInfo(STATUS[int(agreed)], "; ".join(dict.fromkeys(reasons)) or "stop")
+        log.warning("all ranks stop: %s (%s)", info.status, info.reason)
+        return info
+
+
+@contextmanager
+def stop_control(ctx: DistContext, run_dir: Path,
+                 train: TrainConfig) -> Iterator[StopControl]:
+    """A run's StopControl per the train section: a stop request the
+    previous allocation acted on is spent first; the signal handlers are
+    restored on leaving."""
+    stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
+    try:
+        if ctx.env.is_main:
+            # a request the previous allocation acted on is spent
+            clear_stop_file(run_dir)
+        # load-bearing: no rank checks for a stop before the old request
+        # is gone
+        ctx.barrier()
+        yield stopper
+    finally:
+        stopper.restore()
+
+
+class ComputeDelay:
+    """Callable: sleep this rank's delay for one step."""
+
+    def __init__(self, fixed_ms: float, jitter_ms: float, seed: int, rank: int):
+        self.fixed_s, self.jitter_s = fixed_ms / 1e3, jitter_ms / 1e3
+        # its own generator (not `random`'s global one, which
+        # checkpoints carry): seeded per rank, so the ranks' jitters are
+        # independent and a run repeats its delays
+        self.rng = random.Random(f"ddp_lab.rank.delay:{seed}:{rank}")
+
+    def __call__(self) -> None:
+        s = self.fixed_s + (self.rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
+        if s > 0:
+            time.sleep(s)
+
+    @classmethod
+    def from_config(cls, debug: DebugConfig, rank: int, seed: int) -> Optional["ComputeDelay"]:
+        """This rank's delay per `debug` (the config's debug section);
+        None when none."""
+        fixed = debug.slow_ms if debug.slow_rank == rank else 0.0
+        if fixed <= 0 and debug.jitter_ms <= 0:
+            return None
+        return cls(fixed, debug.jitter_ms, seed, rank)
+
+
+def fail_once(ctx: DistContext, epoch: int) -> None:
+    """Fault injection for testing restarts:
+    DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R after epoch E, on
+    the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    spec = os.environ.get("DDP_LAB_FAIL_ONCE")
+    if not spec or ctx.env.restart_count > 0:
+        return
+    try:
+        want = {k.strip(): int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+        rank, at = want["rank"], want["epoch"]
+    except (ValueError, KeyError):
+        raise ValueError(f"DDP_LAB_FAIL_ONCE={spec!r}: expected 'rank=R,epoch=E'") from None
+    if epoch != at:
+        return
+    # load-bearing: rank 0 has written this epoch's checkpoint before
+    # anyone dies
+    ctx.barrier()
+    if ctx.env.rank == rank:
+        log.error("DDP_LAB_FAIL_ONCE: rank %d exits after epoch %d (first attempt only)", rank, epoch)
+        logging.shutdown()
+        # a crash, not an exception: no clean-up, as a killed process
+        os._exit(17)
+
+
+class EpochBatches:
+    """`for x, y in batches:` gives each step's batch and, around it,
+    times the data phase, runs the injected delay (a "forward" span),
+    counts steps and samples, and after each step asks `stopper` whether
+    every rank agreed to stop (then ends, `stop` saying why). `numbers`:
+    the epoch's step numbers, one per batch."""
+
+    def __init__(self, data: Iterator, numbers: Iterable, timer: StepTimer,
+                 stopper: Optional[StopControl] = None, delay: Optional[Callable[[], None]] = None,
+                 first_step: int = 0):
+        self.data, self.numbers, self.timer = data, numbers, timer
+        self.stopper, self.delay = stopper, delay
+        # steps a mid-epoch checkpoint already did
+        self.first_step = first_step
+        # steps and samples this rank ran in this part
+        self.done, self.samples = 0, 0
+        self.stop: Optional[StopInfo] = None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in self.numbers:
+            with self.timer.phase("data"):
+                x, y = next(self.data)
+            if self.delay is not None:
+                with self.timer.phase("forward"):
+                    # an injected straggler: part of this rank's compute
+                    self.delay()
+            yield x, y  # the step runs here
+            self.done, self.samples = self.done + 1, self.samples + len(y)
+            if self.stopper is not None:
+                # collective now and then: all stop alike
+                self.stop = self.stopper.step()
+                if self.stop is not None:
+                    return
+
+
+class EpochControl:
+    """train()'s epochs part for a run folder: the clock around each
+    epoch's steps (the ranks start together, the epoch ends with the
+    slowest rank, a `MeasuredEpoch`), the injected delay, the stop
+    agreement and the failure hook. `with control:` is where stops are
+    heard (from `start`; the signal handlers restored on leaving).
+    `records`: the run's, which number the steps as they show them and
+    are handed each epoch's measurements."""
+
+    def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, records: Records):
+        self.train, self.debug, self.ctx, self.run_dir = cfg.train, cfg.debug, ctx, run_dir
+        self.records = records
+        self.stops = ExitStack()
+        self.stopper: Optional[StopControl] = None
+        self.epoch, self.t0 = 0, 0.0
+
+    def __enter__(self) -> "EpochControl":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stops.close()
+
+    def start(self, clock: Clock, timer: StepTimer, parts: Any, start: Position) -> None:
+        """Collective. The run starts at `start` (its partial epoch, if
+        any, is the checkpoint's): the ranks listen for stops from
+        here."""
+        ctx, syncer = self.ctx, parts.syncer
+        self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
+        # its phases and calls: where this rank is (status)
+        if ctx.heartbeat is not None:
+            ctx.heartbeat.follow(timer=timer, comm=syncer.comm)
+        # compute end (each step's last gradient ready): where exposed
+        # comm starts; one rank has none
+        if ctx.env.world_size > 1:
+            timer.watch_grads(syncer.module)
+        self.delay = ComputeDelay.from_config(self.debug, ctx.env.rank, self.train.seed)
+        self.stopper = self.stops.enter_context(stop_control(ctx, self.run_dir, self.train))
+
+    def resumed_part(self, epoch: int) -> Position:
+        """The part of `epoch` (0-based) the resumed checkpoint holds,
+        as this rank adds it: loss and sample sums on rank 0 only
+        (counted once), times on every rank."""
+        s = self.resumed
+        if epoch != s.epoch or not s.step:
+            return Position()
+        return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
+
+    def batches(self, epoch: int, shard: Any) -> EpochBatches:
+        """Collective. Epoch `epoch` (0-based) starts: `shard`'s batches
+        from step 0 or a mid-epoch checkpoint's."""
+        skip = self.resumed_part(epoch).step
+        # this epoch's shuffle, the same on every rank
+        shard.set_epoch(epoch)
+        self.ctx.synchronize()
+        # load-bearing: every rank starts the clock together
+        self.ctx.barrier()
+        # the GPU is idle here: its timeline is pinned to the host clock
+        self.clock.anchor()
+        self.stopper.restart_clock()
+        # where this rank is, for the others (status)
+        if self.ctx.heartbeat is not None:
+            self.ctx.heartbeat.at(epoch, skip)
+        self.epoch, self.t0 = epoch, time.perf_counter()
+        return EpochBatches(shard.iter_from(skip), self.records.step_numbers(epoch, skip), self.timer,
+                            self.stopper, self.delay, first_step=skip)
+
+    def end(self, batches: EpochBatches, loss_sum: torch.Tensor,
+            correct: torch.Tensor) -> tuple[MeasuredEpoch, Optional[StopInfo]]:
+        """Collective. The epoch's steps are done (or stopped): what
+        this rank measured, and the stop the ranks agreed on inside the
+        epoch (or None)."""
+        # wait for the GPU to finish the epoch's work
+        self.ctx.synchronize()
+        # this rank's own time, before waiting for the others
+        busy = time.perf_counter() - self.t0
+        # load-bearing: the epoch ends when the slowest rank ends
+        self.ctx.barrier()
+        wall = time.perf_counter() - self.t0
+        # the epoch's stamps and comm, taken before the checkpoint (a
+        # synchroniser may communicate to bring the optimiser state to
+        # rank 0) adds to them
+        steps, comm = self.timer.collect(), self.syncer.collect_comm()
+        self.records.steps_measured(steps, comm)
+        measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),
+                                 batches.samples, int(correct.item()),
+                                 resumed_at_step=batches.first_step,
+                                 resumed_part=self.resumed_part(self.epoch))
+        return measured, batches.stop
+
+    def between(self, epochs_done: int) -> Optional[StopInfo]:
+        """Collective, after an epoch's checkpoint and record: the
+        failure hook (DDP_LAB_FAIL_ONCE), then, but after the last
+        epoch, the stop the ranks agreed on (or None)."""
+        fail_once(self.ctx, epochs_done)
+        if epochs_done < self.train.epochs:
+            return self.stopper.check()
+        return None
