@@ -62,7 +62,7 @@ def run_steps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training steps of one epoch, each phase timed: the summed
     loss and the right predictions, on the device. `batches` gives each
-    step's (x, y); the trainer's (`EpochBatches`, ddp_lab/rank/epoch.py)
+    step's (x, y); the trainer's (`EpochBatches`, ddp_lab/rank/epochs.py)
     also times the data phase, counts the steps and agrees on a stop.
     `micro_batch` > 0: a larger batch accumulates its gradient over
     micro-batches (`accumulate`) and is synchronised once, after the

@@ -52,7 +52,7 @@ class WideBand(UserWarning):
 
 # ------------------------------------------------------------ the trace, read here
 # The profiler's comm per step recomputed from the raw Kineto trace by this test's own code
-# (not ddp_lab.rank.witnesses.trace_figures): torch's collective events (c10d:: and gloo:
+# (not ddp_lab.rank.profile.trace_figures): torch's collective events (c10d:: and gloo:
 # ops, never ddp_lab's `ddp_lab:` ranges) that start inside one of ddp_lab's phases within a
 # ProfilerStep; a blocking sync's call lasts until the training thread's next operator (its
 # caller waits for it); per step the union of those intervals; the median over the steps.

@@ -172,7 +172,7 @@ def test_a_ranks_line_is_one_write(how, monkeypatch):
     """Ranks share the console: `print`'s text and newline as two writes (a rank started
     as `python -u`: unbuffered) let another rank's line land between them (`... 5.01
     ms/step[rank 0] epoch 0: ...`). A forked rank (as_forked_rank) and a spawned one
-    (ddp_lab.rank.whole_lines, which torchrun starts every other entry through) write a
+    (ddp_lab.rank.main, which torchrun starts every other entry through) write a
     line at once."""
     from ddp_lab.rank.main import as_forked_rank
 

@@ -89,7 +89,7 @@ class DebugConfig:
 
 def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
     """Why the debug section cannot run on `world_size` ranks (one line
-    with the fix); the delays themselves: ddp_lab/rank/delay.py."""
+    with the fix); the delays themselves: ddp_lab/rank/epochs.py."""
     last = world_size - 1
     if not -1 <= debug.slow_rank <= last:
         return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) "

@@ -3,7 +3,7 @@ codes of a stop and the exit status of a stopped run (torch-free).
 
 Any process that sees the run folder asks with `request_stop`; rank 0
 reads the file at each stop check (`read_stop_file`,
-ddp_lab/rank/stop.py agrees with the other ranks); a new segment clears
+ddp_lab/rank/epochs.py agrees with the other ranks); a new segment clears
 it (`clear_stop_file`).
 """
 

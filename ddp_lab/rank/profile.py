@@ -162,7 +162,7 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (EpochControl.end): the first
+        """Each epoch's steps and calls (Records.steps_measured): the first
         epoch's give ddp_lab's figures for the window (ended here at the
         latest); every epoch adds to this rank's sums."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)

@@ -4,7 +4,7 @@ parent, and the signal handlers torchrun's agent takes over.
 The agent (ddp_lab/launch/torchrun.py) keeps this process's handlers of
 AGENT_SIGNALS before it installs its own (`keep_handlers`); a rank
 forked from it takes them back (`restore_handlers`,
-ddp_lab/rank/forked.py).
+ddp_lab/rank/main.py).
 """
 
 from __future__ import annotations
