@@ -78,10 +78,11 @@ def load_split(
     return images, labels
 
 
-def normalise(images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
-    # [N,1,28,28], like ToTensor
+def normalise(images: torch.Tensor, standardise: bool = True) -> torch.Tensor:
+    # [N,1,28,28] in [0, 1], like ToTensor; standardised (data.normalize)
+    # to MNIST's mean and standard deviation
     x = images.to(torch.float32).div_(255.0).unsqueeze(1)
-    return x.sub_(MEAN).div_(STD) if normalize else x
+    return x.sub_(MEAN).div_(STD) if standardise else x
 
 
 def shard_indices(

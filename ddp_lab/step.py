@@ -61,17 +61,17 @@ def run_steps(
     micro_batch: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training steps of one epoch, each phase timed: the summed
-    loss and the right predictions, on the device. `batches` gives each
+    loss and the correct predictions, on the device. `batches` gives each
     step's (x, y); the trainer's (`EpochBatches`, ddp_lab/rank/epochs.py)
     also times the data phase, counts the steps and agrees on a stop.
     `micro_batch` > 0: a larger batch accumulates its gradient over
     micro-batches (`accumulate`) and is synchronised once, after the
     last."""
     # each step's, on the device: summed once, at the end
-    losses, rights, sizes = [], [], []
+    losses, corrects, sizes = [], [], []
     for x, y in batches:
         if micro_batch and len(y) > micro_batch:
-            loss, right = accumulate(
+            loss, correct = accumulate(
                 syncer, optimizer, x, y, micro_batch, timer
             )
         else:
@@ -79,7 +79,7 @@ def run_steps(
                 out = syncer.wrapped(x)
                 loss = F.cross_entropy(out, y)
                 # train accuracy, as the notebook's check
-                right = (out.argmax(1) == y).sum()
+                correct = (out.argmax(1) == y).sum()
             with timer.phase("backward"):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -91,16 +91,16 @@ def run_steps(
         timer.end_step()
         # a reference, no kernel: nothing waits for the device
         losses.append(loss.detach())
-        rights.append(right)
+        corrects.append(correct)
         sizes.append(len(y))
-    return epoch_sums(losses, rights, sizes, syncer.device)
+    return epoch_sums(losses, corrects, sizes, syncer.device)
 
 
 def epoch_sums(
-    losses: list, rights: list, sizes: list[int], device: torch.device
+    losses: list, corrects: list, sizes: list[int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The epoch's summed loss (each step's mean loss times its samples,
-    in float64) and right predictions, from the steps' tensors: two
+    in float64) and correct predictions, from the steps' tensors: two
     kernels an epoch instead of four a step."""
     if not losses:
         return (
@@ -109,7 +109,7 @@ def epoch_sums(
         )
     samples = torch.tensor(sizes, dtype=torch.float64, device=device)
     return (torch.stack(losses).double() * samples).sum(), torch.stack(
-        rights
+        corrects
     ).sum()
 
 
@@ -132,16 +132,16 @@ def accumulate(
     phases are the sums of the micro-batches' ones."""
     xs, ys = x.split(micro_batch), y.split(micro_batch)
     total = torch.zeros((), device=y.device)
-    right = torch.zeros((), dtype=torch.int64, device=y.device)
+    correct = torch.zeros((), dtype=torch.int64, device=y.device)
     for i, (xm, ym) in enumerate(zip(xs, ys)):
         with syncer.no_sync() if i < len(ys) - 1 else nullcontext():
             with timer.phase("forward"):
                 out = syncer.wrapped(xm)
                 loss = F.cross_entropy(out, ym) * (len(ym) / len(y))
-                right += (out.argmax(1) == ym).sum()
+                correct += (out.argmax(1) == ym).sum()
             with timer.phase("backward"):
                 if i == 0:
                     optimizer.zero_grad(set_to_none=True)
                 loss.backward()
         total += loss.detach()
-    return total, right
+    return total, correct

@@ -59,7 +59,7 @@ class Position:
     samples: int = 0
     busy_s: float = 0.0
     wall_s: float = 0.0
-    # training predictions that were right (train accuracy)
+    # correct training predictions (train accuracy)
     correct: int = 0
 
 
@@ -82,7 +82,7 @@ class MeasuredEpoch:
     # this rank's training loss summed over its samples
     loss_sum: float
     samples: int
-    # this rank's right training predictions
+    # this rank's correct training predictions
     correct: int = 0
     resumed_at_step: int = 0
     resumed_part: Position = field(default_factory=Position)
