@@ -1,23 +1,19 @@
 """The same steps, sooner: what train() (ddp_lab/train.py) runs before
 the first step and how the steps may run.
 
-Before the first step (`prepare_steps`): the synchroniser's preflight (a
-misconfiguration fails here, not mid-step), the CPU thread count
-(`tune_threads`) and train.compile (`compile_model`), outside every
-epoch. Then each epoch's steps run eagerly (step.py's `run_steps`), or,
-with train.cuda_graph, as `GraphedSteps`: the training step captured
-once as a CUDA graph, then replayed (PyTorch's CUDA Graphs notes;
-docs/performance.md, "Launch-overhead ladder").
+Before the first step (`prepare_steps`): the synchroniser's preflight (a misconfiguration fails
+here, not mid-step), the CPU thread count (`tune_threads`) and train.compile (`compile_model`),
+outside every epoch. Then each epoch's steps run eagerly (step.py's `run_steps`), or, with
+train.cuda_graph, as `GraphedSteps`: the training step captured once as a CUDA graph, then replayed
+(PyTorch's CUDA Graphs notes; docs/performance.md, "Launch-overhead ladder").
 
-The graph: the first steps (11 with DDP, else 3) run eagerly on a side
-stream; then the batch is copied into static buffers and, every `.grad`
-None, forward, loss, backward, `sync()`, the optimiser's step and the
-loss/correct sums are recorded into a `torch.cuda.CUDAGraph`; every
-later step copies its batch in and replays it. The optimiser must be
-capturable (Adam: `capturable=True`); what a graph cannot hold is
-refused before any process starts (`cuda_graph_problem`); a batch of
-another size runs eagerly. The step is timed whole, its collectives
-counted once per replay from what the capture recorded.
+The graph: the first steps (11 with DDP, else 3) run eagerly on a side stream; then the batch is
+copied into static buffers and, every `.grad` None, forward, loss, backward, `sync()`, the
+optimiser's step and the loss/correct sums are recorded into a `torch.cuda.CUDAGraph`; every later
+step copies its batch in and replays it. The optimiser must be capturable (Adam:
+`capturable=True`); what a graph cannot hold is refused before any process starts
+(`cuda_graph_problem`); a batch of another size runs eagerly. The step is timed whole, its
+collectives counted once per replay from what the capture recorded.
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ WARMUP = 3
 
 def prepare_steps(train: TrainConfig, ctx: DistContext, syncer, optimizer: torch.optim.Optimizer,
                   splits: Any, batch_size: int) -> Optional[float]:
-    """Collective. Preflight, thread count, then train.compile: its
-    seconds, or None."""
+    """Collective. Preflight, thread count, then train.compile: its seconds, or None."""
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
     if ctx.threads is not None and ctx.device.type == "cpu":
@@ -58,10 +53,9 @@ def prepare_steps(train: TrainConfig, ctx: DistContext, syncer, optimizer: torch
 
 def tune_threads(ctx, share: RankThreads, syncer, optimizer: torch.optim.Optimizer, splits: Any,
                  batch_size: int, blocks: int = 3, n_steps: int = 8) -> None:
-    """Collective. On CPU, where the count was not asked for: time steps
-    on 1 thread against the ceiling in alternating blocks, summed over
-    the ranks, and keep the ceiling only if 5% faster (`share` says
-    which, and why). State, RNG and comm records are left as before."""
+    """Collective. On CPU, where the count was not asked for: time steps on 1 thread against the
+    ceiling in alternating blocks, summed over the ranks, and keep the ceiling only if 5% faster
+    (`share` says which, and why). State, RNG and comm records are left as before."""
     if not share.tunable or share.threads == 1:
         return
     n = min(batch_size, len(splits.test_x))
@@ -93,10 +87,9 @@ def tune_threads(ctx, share: RankThreads, syncer, optimizer: torch.optim.Optimiz
 
 
 def compile_model(syncer, splits: Any, batch_size: int) -> float:
-    """train.compile: torch.compile the model the step calls and compile
-    it now, at the batch size and at another (the short last batch), so
-    no epoch holds the compilation. Weights, optimiser and RNG are
-    untouched. Returns the seconds."""
+    """train.compile: torch.compile the model the step calls and compile it now, at the batch size
+    and at another (the short last batch), so no epoch holds the compilation. Weights, optimiser
+    and RNG are untouched. Returns the seconds."""
     t0 = time.perf_counter()
     syncer.wrapped = torch.compile(syncer.wrapped)
     n = min(batch_size, len(splits.test_x))
@@ -122,9 +115,8 @@ def enabled(train_cfg: TrainConfig) -> bool:
 
 
 def graph_stream(train_cfg: TrainConfig, device: torch.device):
-    """Where the synchroniser is built: with train.cuda_graph on CUDA, a
-    side stream (the notes: DDP constructed in a side-stream context for
-    full-backward capture)."""
+    """Where the synchroniser is built: with train.cuda_graph on CUDA, a side stream (the notes:
+    DDP constructed in a side-stream context for full-backward capture)."""
     if enabled(train_cfg) and device.type == "cuda":
         return torch.cuda.stream(torch.cuda.Stream(device))
     return nullcontext()
@@ -144,12 +136,10 @@ def graphed_steps(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimiz
 
 
 class GraphedSteps:
-    """`run_steps` as one CUDA graph a step (module docstring); the
-    graph lives across epochs."""
+    """`run_steps` as one CUDA graph a step (module docstring); the graph lives across epochs."""
 
     def __init__(self, syncer, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 0):
-        """`batch`: the per-rank batch of a full step, the one the graph
-        is captured for."""
+        """`batch`: the per-rank batch of a full step, the one the graph is captured for."""
         self.syncer, self.optimizer, self.batch = syncer, optimizer, batch
         wrapped = getattr(syncer.wrapped, "_orig_mod", syncer.wrapped)
         self.warmup = warmup or (WARMUP_DDP if isinstance(wrapped, DistributedDataParallel)
@@ -160,8 +150,7 @@ class GraphedSteps:
         self.replays = 0  # this epoch's
         # the calls and bytes of one replay (its capture's count)
         self.per_step: tuple = ()
-        # the epoch's sums, added to inside the graph: static, zeroed at
-        # each epoch's start
+        # the epoch's sums, added to inside the graph: static, zeroed at each epoch's start
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=syncer.device)
         self.correct = torch.zeros((), dtype=torch.int64, device=syncer.device)
         make_capturable(optimizer)
@@ -194,8 +183,7 @@ class GraphedSteps:
         return self.loss_sum.clone(), self.correct.clone()
 
     def eager(self, x: torch.Tensor, y: torch.Tensor, timer: StepTimer, stream) -> None:
-        """One eager step (`run_steps` on this one batch), on `stream`
-        (None: the current)."""
+        """One eager step (`run_steps` on this one batch), on `stream` (None: the current)."""
         current = torch.cuda.current_stream(self.syncer.device)
         if stream is not None:
             # the batch was made on the current stream
@@ -208,8 +196,7 @@ class GraphedSteps:
             current.wait_stream(stream)
 
     def capture(self, x: torch.Tensor, y: torch.Tensor, timer: StepTimer) -> None:
-        """Record the step into the graph (nothing runs); the caller
-        replays it for (x, y)."""
+        """Record the step into the graph (nothing runs); the caller replays it for (x, y)."""
         t0 = time.perf_counter()
         syncer = self.syncer
         # the data path copies into these
@@ -236,9 +223,8 @@ class GraphedSteps:
                  self.eager_steps, time.perf_counter() - t0)
 
     def step(self) -> None:
-        """The step the graph holds: `run_steps`'s, on the static
-        buffers, the sums kept on the device (no zero_grad: every .grad
-        was None at capture, so backward writes it)."""
+        """The step the graph holds: `run_steps`'s, on the static buffers, the sums kept on the
+        device (no zero_grad: every .grad was None at capture, so backward writes it)."""
         syncer, x, y = self.syncer, self.static_x, self.static_y
         out = syncer.wrapped(x)
         loss = F.cross_entropy(out, y)
@@ -251,9 +237,8 @@ class GraphedSteps:
 
 
 def make_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """Adam (and the optimisers with the flag): `capturable=True`, its
-    step count a device tensor, so the step reads no host value; state a
-    checkpoint loaded is moved along."""
+    """Adam (and the optimisers with the flag): `capturable=True`, its step count a device tensor,
+    so the step reads no host value; state a checkpoint loaded is moved along."""
     for group in optimizer.param_groups:
         if "capturable" in group:
             group["capturable"] = True

@@ -1,17 +1,13 @@
-"""Each rank's heartbeat record, `RUN_DIR/heartbeat/rank<N>.bin`: where
-it is, for the other ranks, the launcher and `status` (docs/failures.md,
-"A rank dies"); `read_all` reads every rank's back: its age, place and
-process.
+"""Each rank's heartbeat record, `RUN_DIR/heartbeat/rank<N>.bin`: where it is, for the other ranks,
+the launcher and `status` (docs/failures.md, "A rank dies"); `read_all` reads every rank's back:
+its age, place and process.
 
-A fixed 512-byte record mapped into memory (mmap): an update is a store
-into the page, never a file write, and a reader on the same machine sees
-it at once. A thread of the record reads the step timer and comm
-recorder it `follow`s every FOLLOW_S, so a step only sets their
-attributes and a rank stuck in a collective still says where it is.
-`mark_killed` lets another process say it killed a rank. `epoch` counts
-epochs done, `step` steps done in the running one, `collective` the
-collectives entered (same order on every rank: the rank behind has the
-smaller number).
+A fixed 512-byte record mapped into memory (mmap): an update is a store into the page, never a file
+write, and a reader on the same machine sees it at once. A thread of the record reads the step
+timer and comm recorder it `follow`s every FOLLOW_S, so a step only sets their attributes and a
+rank stuck in a collective still says where it is. `mark_killed` lets another process say it killed
+a rank. `epoch` counts epochs done, `step` steps done in the running one, `collective` the
+collectives entered (same order on every rank: the rank behind has the smaller number).
 """
 
 from __future__ import annotations
@@ -65,8 +61,7 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 # ------------------------------------------------------------------ the writer
 class NullHeartbeat:
-    """What a process without a record updates (a test's trainer, a
-    bench script): nothing."""
+    """What a process without a record updates (a test's trainer, a bench script): nothing."""
 
     path: Optional[Path] = None
 
@@ -93,8 +88,7 @@ class NullHeartbeat:
 
 
 class _Hot(ctypes.LittleEndianStructure):
-    """The record's changing part (`_HOT`'s layout) laid over the page:
-    updates are stores."""
+    """The record's changing part (`_HOT`'s layout) laid over the page: updates are stores."""
 
     _pack_ = 1
     _fields_ = [("updated", ctypes.c_double), ("epoch", ctypes.c_int64),
@@ -103,8 +97,7 @@ class _Hot(ctypes.LittleEndianStructure):
 
 
 class Heartbeat(NullHeartbeat):
-    """This rank's record; the main thread's and the follower's writes
-    take a lock."""
+    """This rank's record; the main thread's and the follower's writes take a lock."""
 
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
@@ -130,15 +123,13 @@ class Heartbeat(NullHeartbeat):
         self._seen: tuple = (None, None)
         # the record's step is this plus the timer's steps ended
         self._first_step = 0
-        # collectives written at once (DistContext's), besides the
-        # comm's
+        # collectives written at once (DistContext's), besides the comm's
         self._calls = 0
         self._closing = threading.Event()
         self._follower: Optional[threading.Thread] = None
 
     def follow(self, timer: Any = None, comm: Any = None) -> None:
-        """Read `timer` (StepTimer) and `comm` (CommRecorder) every
-        FOLLOW_S from now on."""
+        """Read `timer` (StepTimer) and `comm` (CommRecorder) every FOLLOW_S from now on."""
         with self._lock:
             self._read()
             h = self._hot
@@ -158,8 +149,7 @@ class Heartbeat(NullHeartbeat):
                 (c.entered, c.op) if c is not None else None)
 
     def _read(self) -> None:
-        """Write what the followed timer and recorder say if it changed
-        (under the lock)."""
+        """Write what the followed timer and recorder say if it changed (under the lock)."""
         seen = self._sources()
         if seen == self._seen:
             return
@@ -185,8 +175,7 @@ class Heartbeat(NullHeartbeat):
             self._hot.updated = time.time()
 
     def at(self, epoch: int, step: int) -> None:
-        """An epoch starts (or resumes at `step`): `epoch` epochs done
-        before it."""
+        """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
         with self._lock:
             self._read()
             h = self._hot
@@ -195,8 +184,7 @@ class Heartbeat(NullHeartbeat):
             h.updated = time.time()
 
     def collective(self, op: str = "") -> None:
-        """Called as this rank enters a collective the followed recorder
-        does not count."""
+        """Called as this rank enters a collective the followed recorder does not count."""
         with self._lock:
             self._read()
             h = self._hot
@@ -245,9 +233,8 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
 
 
 def node_identity() -> tuple[str, str]:
-    """(SLURM's node name, else the hostname: nodes may share one; the
-    address gloo gives its peers, '' if the hostname does not
-    resolve)."""
+    """(SLURM's node name, else the hostname: nodes may share one; the address gloo gives its
+    peers, '' if the hostname does not resolve)."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
 
 
@@ -270,8 +257,7 @@ def parse(data: bytes) -> Optional[dict]:
 
 
 def where(r: dict) -> str:
-    """'epoch 2 step 58 phase sync collective #171 (all_reduce)'
-    (1-based)."""
+    """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (1-based)."""
     if r["phase"] in ("init",):
         text = "init"
     else:
@@ -282,8 +268,7 @@ def where(r: dict) -> str:
 
 
 def mark_killed(run_dir: Path, rank: int, message: str) -> None:
-    """Say in a rank's record that another process killed it, and why
-    (it cannot)."""
+    """Say in a rank's record that another process killed it, and why (it cannot)."""
     try:
         fd = os.open(record_path(run_dir, rank), os.O_WRONLY)
     except OSError:
@@ -296,9 +281,8 @@ def mark_killed(run_dir: Path, rank: int, message: str) -> None:
 
 
 def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
-    """A pid of this machine: running | frozen (stopped by a signal,
-    SIGSTOP) | dead (no such process, a zombie, or a process that is no
-    longer one of this run's)."""
+    """A pid of this machine: running | frozen (stopped by a signal, SIGSTOP) | dead (no such
+    process, a zombie, or a process that is no longer one of this run's)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         state = stat[stat.rindex(")") + 2]
@@ -321,10 +305,9 @@ def is_local(record: dict) -> bool:
 
 
 def read_all(run_dir: Path) -> list[dict]:
-    """Every rank's record of the run folder's newest world, in rank
-    order: `parse`'s dict plus age_s, where (in words), local (on this
-    machine) and process (`process_state`, None for another machine's
-    rank)."""
+    """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict plus
+    age_s, where (in words), local (on this machine) and process (`process_state`, None for another
+    machine's rank)."""
     run_dir = Path(run_dir).resolve()
     records = []
     for path in (run_dir / FOLDER).glob("rank*.bin"):
@@ -333,9 +316,8 @@ def read_all(run_dir: Path) -> list[dict]:
             if rec is None:
                 continue
             rec["local"] = is_local(rec)
-            # the process first, the record again after it: a killer
-            # marks the record before its SIGKILL, so a process seen
-            # gone has its record saying why
+            # the process first, the record again after it: a killer marks the record before its
+            # SIGKILL, so a process seen gone has its record saying why
             rec["process"] = process_state(rec["pid"], run_dir) if rec["local"] else None
             rec.update({k: v for k, v in (parse(path.read_bytes()) or {}).items()
                         if k in ("updated", "epoch", "step", "collective", "phase", "op",

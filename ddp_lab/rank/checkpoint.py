@@ -1,8 +1,7 @@
-"""train()'s checkpoint part for a run folder, on every rank: `load`
-(where to start, the state restored), `save` after each epoch,
-`save_stop` where a stop leaves the run; the files themselves are
-`ddp_lab.folder.checkpoint_file`'s. Every rank calls every method in the
-same order (saving is collective); rank 0 alone writes.
+"""train()'s checkpoint part for a run folder, on every rank: `load` (where to start, the state
+restored), `save` after each epoch, `save_stop` where a stop leaves the run; the files themselves
+are `ddp_lab.folder.checkpoint_file`'s. Every rank calls every method in the same order (saving is
+collective); rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ log = logging.getLogger("ddp_lab")
 
 
 class Checkpointer:
-    """The checkpoints of one run on this rank; see the module
-    docstring."""
+    """The checkpoints of one run on this rank; see the module docstring."""
 
     def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
                  batching: BatchPlan):
@@ -34,20 +32,17 @@ class Checkpointer:
         self.train, self.ctx, self.ckpt_dir, self.batching = train, ctx, ckpt_dir, batching
 
     def load(self, parts: Any) -> Position:
-        """Load the newest checkpoint into `parts` (its synchroniser
-        loads the model and optimiser state) when continuing
-        (train.resume auto/true, or a restart of this job); the position
-        it holds. Later checkpoints of an older timeline go."""
+        """Load the newest checkpoint into `parts` (its synchroniser loads the model and optimiser
+        state) when continuing (train.resume auto/true, or a restart of this job); the position it
+        holds. Later checkpoints of an older timeline go."""
         self.optimizer, self.syncer = parts.optimizer, parts.syncer
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
-        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only
-        # (pytorch#108158): agree
+        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return Position()
-        # the newest checkpoint that is intact: damaged ones are set
-        # aside
+        # the newest checkpoint that is intact: damaged ones are set aside
         if env.is_main:
             for line in checkpoint.newest_intact(self.ckpt_dir)[1]:
                 log.warning(line)
@@ -71,16 +66,14 @@ class Checkpointer:
             if flag is not None:
                 group["capturable"] = flag
         if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
-            # (strong scaling: every world size trains on the same
-            # samples at every step)
+            # (strong scaling: every world size trains on the same samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                         "differs from an uninterrupted run", state.get("world_size"),
                         env.world_size)
         if "rng" in state:
             _set_rng(state["rng"])
         pos = Position(state["epoch"], state.get("step", 0), **state.get("partial", {}))
-        # load-bearing: every rank has read the checkpoint before rank 0
-        # prunes
+        # load-bearing: every rank has read the checkpoint before rank 0 prunes
         ctx.barrier()
         if env.is_main:
             checkpoint.drop_after(self.ckpt_dir, (pos.epoch, pos.step))
@@ -93,8 +86,7 @@ class Checkpointer:
         self.save_at(Position(epochs_done))
 
     def save_at(self, pos: Position, force: bool = False) -> None:
-        """Collective; rank 0 writes. A stop saves even with
-        train.checkpoint=false."""
+        """Collective; rank 0 writes. A stop saves even with train.checkpoint=false."""
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
@@ -108,25 +100,21 @@ class Checkpointer:
                 "model": model_state, "optimizer": opt_state, "rng": _rng_state(),
                 "partial": partial if pos.step else {},
                 "world_size": self.ctx.env.world_size, "sync": self.syncer.name})
-        # load-bearing: a stopping rank leaves only after the state is
-        # on disk
+        # load-bearing: a stopping rank leaves only after the state is on disk
         self.ctx.barrier()
 
     def save_stop(self, stop: StopInfo, epochs_done: int,
                   measured: Optional[MeasuredEpoch] = None) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop: save where the run
-        stands (mid-epoch, `measured`: the steps done and the summed
-        loss and samples; between epochs: the epoch's checkpoint,
-        written now if train.checkpoint=false) and return
-        `Telemetry.finish`'s keywords."""
+        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch, `measured`:
+        the steps done and the summed loss and samples; between epochs: the epoch's checkpoint,
+        written now if train.checkpoint=false) and return `Telemetry.finish`'s keywords."""
         if measured is None:
             here = Position(epochs_done)
             if not self.train.checkpoint:
                 self.save_at(here, force=True)
         else:
             m, before = measured, measured.resumed_part
-            # the shard's last batch may be short: steps done rounds the
-            # samples up
+            # the shard's last batch may be short: steps done rounds the samples up
             done = m.resumed_at_step - (-m.samples // self.batching.per_rank)
             g_loss, g_samples, g_correct = self.ctx.reduce_floats(
                 [m.loss_sum, float(m.samples), float(m.correct)])
@@ -139,8 +127,7 @@ class Checkpointer:
 
 
 def requeued() -> bool:
-    """This job is a scheduler's second (or later) start of the same
-    run."""
+    """This job is a scheduler's second (or later) start of the same run."""
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 

@@ -1,26 +1,21 @@
-"""The epochs and the stop, on every rank: train()'s epochs part
-(ddp_lab/train.py; docs/architecture.md, "The path of one epoch's
-numbers"). `EpochControl` starts and ends each epoch and hands out its
-batches as an `EpochBatches`, which adds to the notebook's loop the step
-count, the stop agreement and the injected delays; `end` and `between`
-return the stop every rank agreed on, and train() ends the run there.
+"""The epochs and the stop, on every rank: train()'s epochs part (ddp_lab/train.py;
+docs/architecture.md, "The path of one epoch's numbers"). `EpochControl` starts and ends each epoch
+and hands out its batches as an `EpochBatches`, which adds to the notebook's loop the step count,
+the stop agreement and the injected delays; `end` and `between` return the stop every rank agreed
+on, and train() ends the run there.
 
-The stop: a request reaches any one process (SIGTERM, SIGINT,
-`train.stop_signal`, the file `RUN_DIR/STOP` of ddp_lab/folder/stop.py,
-the parent's death); the handlers only set a flag. Ranks agree with one
-all-reduce (MAX of [stop code, seconds since the last check]) every
-`every` steps, adapted so that checks come about `train.stop_check_s`
-apart. Codes (higher wins): 1 preempted (continue later), 2 stopped (a
-person); a second SIGINT kills at once (docs/failures.md, "The pieces"
-and "What the stop check costs").
+The stop: a request reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
+`RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death); the handlers only set a flag. Ranks
+agree with one all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps,
+adapted so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
+(continue later), 2 stopped (a person); a second SIGINT kills at once (docs/failures.md, "The
+pieces" and "What the stop check costs").
 
-Injected faults: a crash after an epoch (`DDP_LAB_FAIL_ONCE`,
-`fail_once`) and compute delays (`debug.slow_rank` + `debug.slow_ms`,
-`debug.jitter_ms`): a straggler made on purpose, which the records must
-find from what they measure (docs/timing.md, "Stragglers, injected and
-found"). The delay is a host sleep at the start of the forward phase,
-once per step; the jitter comes from the rank's own `random.Random`, so
-the training RNG does not move.
+Injected faults: a crash after an epoch (`DDP_LAB_FAIL_ONCE`, `fail_once`) and compute delays
+(`debug.slow_rank` + `debug.slow_ms`, `debug.jitter_ms`): a straggler made on purpose, which the
+records must find from what they measure (docs/timing.md, "Stragglers, injected and found"). The
+delay is a host sleep at the start of the forward phase, once per step; the jitter comes from the
+rank's own `random.Random`, so the training RNG does not move.
 """
 
 from __future__ import annotations
@@ -49,9 +44,8 @@ log = logging.getLogger("ddp_lab")
 
 @dataclass
 class Position:
-    """Where a run stands: epochs done, steps done of the next epoch,
-    and that partial epoch's sums so far (kept in a mid-epoch
-    checkpoint)."""
+    """Where a run stands: epochs done, steps done of the next epoch, and that partial epoch's sums
+    so far (kept in a mid-epoch checkpoint)."""
 
     epoch: int = 0
     step: int = 0
@@ -65,17 +59,15 @@ class Position:
 
 @dataclass
 class MeasuredEpoch:
-    """One epoch as this rank measured it (`epoch`: 1-based). Resumed
-    mid-way, the fields are this allocation's part, `resumed_part` the
-    checkpoint's (its loss and sample sums on rank 0 only); `totals`
-    adds the two."""
+    """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields are this
+    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only);
+    `totals` adds the two."""
 
     epoch: int
     # this part's phase stamps (none when timing is off)
     steps: list[StepTimes]
     comm: CommStats  # this part's collectives
-    # this rank's own time, before waiting for the others at the epoch's
-    # end
+    # this rank's own time, before waiting for the others at the epoch's end
     busy_s: float
     # barrier to barrier: the slowest rank's time
     wall_s: float
@@ -90,8 +82,7 @@ class MeasuredEpoch:
     test: tuple[float, float] = (float("nan"), float("nan"))
 
     def totals(self) -> tuple[float, int, int, float, float]:
-        """The whole epoch on this rank: (loss sum, correct, samples,
-        busy s, wall s)."""
+        """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
         c = self.resumed_part
         return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
                 c.busy_s + self.busy_s, c.wall_s + self.wall_s)
@@ -158,9 +149,8 @@ class StopControl:
         RECEIVED.add(signum)
         name = signal.Signals(signum).name
         code = self._signals[signum][0]
-        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by
-        # design (slurmstepd signals every process of the step, and
-        # torchrun passes its own on)
+        # Ctrl-C again: force. Only SIGINT: SIGTERM may come twice by design (slurmstepd signals
+        # every process of the step, and torchrun passes its own on)
         if signum == signal.SIGINT and self._reason.startswith(name):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -183,14 +173,12 @@ class StopControl:
 
     # ------------------------------------------------------------ agreement
     def restart_clock(self) -> None:
-        """Time between checks excludes evaluation and checkpoints
-        (epoch ends)."""
+        """Time between checks excludes evaluation and checkpoints (epoch ends)."""
         self._last, self._count = time.monotonic(), 0
         self.ctx.watchdog.rearm()
 
     def step(self) -> Optional[StopInfo]:
-        """After every step: agree now and then whether to stop; the
-        StopInfo when all stop."""
+        """After every step: agree now and then whether to stop; the StopInfo when all stop."""
         self._count += 1
         if self._count < self.every:
             return None
@@ -204,8 +192,7 @@ class StopControl:
         code, _ = self.local()
         agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
         self.checks += 1
-        # adapt: next check about check_s away, growing at most 2x a
-        # time
+        # adapt: next check about check_s away, growing at most 2x a time
         if self._count:
             per_step = max(longest / self._count, 1e-9)
             self.every = int(min(max(1, self.check_s / per_step), 2 * self.every, MAX_EVERY))
@@ -221,16 +208,14 @@ class StopControl:
 @contextmanager
 def stop_control(ctx: DistContext, run_dir: Path,
                  train: TrainConfig) -> Iterator[StopControl]:
-    """A run's StopControl per the train section: a stop request the
-    previous allocation acted on is spent first; the signal handlers are
-    restored on leaving."""
+    """A run's StopControl per the train section: a stop request the previous allocation acted on
+    is spent first; the signal handlers are restored on leaving."""
     stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
     try:
         if ctx.env.is_main:
             # a request the previous allocation acted on is spent
             clear_stop_file(run_dir)
-        # load-bearing: no rank checks for a stop before the old request
-        # is gone
+        # load-bearing: no rank checks for a stop before the old request is gone
         ctx.barrier()
         yield stopper
     finally:
@@ -242,9 +227,8 @@ class ComputeDelay:
 
     def __init__(self, fixed_ms: float, jitter_ms: float, seed: int, rank: int):
         self.fixed_s, self.jitter_s = fixed_ms / 1e3, jitter_ms / 1e3
-        # its own generator (not `random`'s global one, which
-        # checkpoints carry): seeded per rank, so the ranks' jitters are
-        # independent and a run repeats its delays
+        # its own generator (not `random`'s global one, which checkpoints carry): seeded per rank,
+        # so the ranks' jitters are independent and a run repeats its delays
         self.rng = random.Random(f"ddp_lab.rank.delay:{seed}:{rank}")
 
     def __call__(self) -> None:
@@ -254,8 +238,7 @@ class ComputeDelay:
 
     @classmethod
     def from_config(cls, debug: DebugConfig, rank: int, seed: int) -> Optional["ComputeDelay"]:
-        """This rank's delay per `debug` (the config's debug section);
-        None when none."""
+        """This rank's delay per `debug` (the config's debug section); None when none."""
         fixed = debug.slow_ms if debug.slow_rank == rank else 0.0
         if fixed <= 0 and debug.jitter_ms <= 0:
             return None
@@ -263,9 +246,8 @@ class ComputeDelay:
 
 
 def fail_once(ctx: DistContext, epoch: int) -> None:
-    """Fault injection for testing restarts:
-    DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R after epoch E, on
-    the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
+    """Fault injection for testing restarts: DDP_LAB_FAIL_ONCE="rank=R,epoch=E" kills rank R after
+    epoch E, on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0)."""
     spec = os.environ.get("DDP_LAB_FAIL_ONCE")
     if not spec or ctx.env.restart_count > 0:
         return
@@ -276,8 +258,7 @@ def fail_once(ctx: DistContext, epoch: int) -> None:
         raise ValueError(f"DDP_LAB_FAIL_ONCE={spec!r}: expected 'rank=R,epoch=E'") from None
     if epoch != at:
         return
-    # load-bearing: rank 0 has written this epoch's checkpoint before
-    # anyone dies
+    # load-bearing: rank 0 has written this epoch's checkpoint before anyone dies
     ctx.barrier()
     if ctx.env.rank == rank:
         log.error("DDP_LAB_FAIL_ONCE: rank %d exits after epoch %d (first attempt only)", rank, epoch)
@@ -287,11 +268,10 @@ def fail_once(ctx: DistContext, epoch: int) -> None:
 
 
 class EpochBatches:
-    """`for x, y in batches:` gives each step's batch and, around it,
-    times the data phase, runs the injected delay (a "forward" span),
-    counts steps and samples, and after each step asks `stopper` whether
-    every rank agreed to stop (then ends, `stop` saying why). `numbers`:
-    the epoch's step numbers, one per batch."""
+    """`for x, y in batches:` gives each step's batch and, around it, times the data phase, runs
+    the injected delay (a "forward" span), counts steps and samples, and after each step asks
+    `stopper` whether every rank agreed to stop (then ends, `stop` saying why). `numbers`: the
+    epoch's step numbers, one per batch."""
 
     def __init__(self, data: Iterator, numbers: Iterable, timer: StepTimer,
                  stopper: Optional[StopControl] = None, delay: Optional[Callable[[], None]] = None,
@@ -322,13 +302,11 @@ class EpochBatches:
 
 
 class EpochControl:
-    """train()'s epochs part for a run folder: the clock around each
-    epoch's steps (the ranks start together, the epoch ends with the
-    slowest rank, a `MeasuredEpoch`), the injected delay, the stop
-    agreement and the failure hook. `with control:` is where stops are
-    heard (from `start`; the signal handlers restored on leaving).
-    `records`: the run's, which number the steps as they show them and
-    are handed each epoch's measurements."""
+    """train()'s epochs part for a run folder: the clock around each epoch's steps (the ranks start
+    together, the epoch ends with the slowest rank, a `MeasuredEpoch`), the injected delay, the
+    stop agreement and the failure hook. `with control:` is where stops are heard (from `start`;
+    the signal handlers restored on leaving). `records`: the run's, which number the steps as they
+    show them and are handed each epoch's measurements."""
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, records: Records):
         self.train, self.debug, self.ctx, self.run_dir = cfg.train, cfg.debug, ctx, run_dir
@@ -344,9 +322,8 @@ class EpochControl:
         self.stops.close()
 
     def start(self, clock: Clock, timer: StepTimer, parts: Any, start: Position) -> None:
-        """Collective. The run starts at `start` (its partial epoch, if
-        any, is the checkpoint's): the ranks listen for stops from
-        here."""
+        """Collective. The run starts at `start` (its partial epoch, if any, is the checkpoint's):
+        the ranks listen for stops from here."""
         ctx, syncer = self.ctx, parts.syncer
         self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
         # its phases and calls: where this rank is (status)
@@ -360,9 +337,8 @@ class EpochControl:
         self.stopper = self.stops.enter_context(stop_control(ctx, self.run_dir, self.train))
 
     def resumed_part(self, epoch: int) -> Position:
-        """The part of `epoch` (0-based) the resumed checkpoint holds,
-        as this rank adds it: loss and sample sums on rank 0 only
-        (counted once), times on every rank."""
+        """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it: loss
+        and sample sums on rank 0 only (counted once), times on every rank."""
         s = self.resumed
         if epoch != s.epoch or not s.step:
             return Position()
@@ -389,9 +365,8 @@ class EpochControl:
 
     def end(self, batches: EpochBatches, loss_sum: torch.Tensor,
             correct: torch.Tensor) -> tuple[MeasuredEpoch, Optional[StopInfo]]:
-        """Collective. The epoch's steps are done (or stopped): what
-        this rank measured, and the stop the ranks agreed on inside the
-        epoch (or None)."""
+        """Collective. The epoch's steps are done (or stopped): what this rank measured, and the
+        stop the ranks agreed on inside the epoch (or None)."""
         # wait for the GPU to finish the epoch's work
         self.ctx.synchronize()
         # this rank's own time, before waiting for the others
@@ -399,9 +374,8 @@ class EpochControl:
         # load-bearing: the epoch ends when the slowest rank ends
         self.ctx.barrier()
         wall = time.perf_counter() - self.t0
-        # the epoch's stamps and comm, taken before the checkpoint (a
-        # synchroniser may communicate to bring the optimiser state to
-        # rank 0) adds to them
+        # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may communicate
+        # to bring the optimiser state to rank 0) adds to them
         steps, comm = self.timer.collect(), self.syncer.collect_comm()
         self.records.steps_measured(steps, comm)
         measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),

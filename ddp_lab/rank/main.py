@@ -1,19 +1,15 @@
-"""The ranks' side of a job: every rank runs `python -m <run.entry>
-RUN_DIR`, that is `rank_main(argv, module, maker, run)` ->
-`run_rank(run_dir, cfg, body)`, which places the rank from the
-launcher's variables, sets up its log, threads, heartbeat record and
-hang watchdog and the process group, runs `body(ctx)`, and turns a
-failure into one line naming the rank(s) that stopped (job.py is the
-submitting side). A training rank's body is `run_training`: the lesson's
-loop handed the run's parts.
+"""The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
+`rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places the rank from
+the launcher's variables, sets up its log, threads, heartbeat record and hang watchdog and the
+process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s) that stopped
+(job.py is the submitting side). A training rank's body is `run_training`: the lesson's loop handed
+the run's parts.
 
-`python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m
-MODULE ARGS...` would, its console written a whole line at a time
-(`whole_lines`). The ranks of a machine share its console, and under
-`python -u` a line and its newline are two writes that another rank's
-line can land between; line-buffered, each line is one write a pipe
-never cuts. ddp_lab.launch.torchrun starts every spawned rank through
-this (forked ones call `as_forked_rank`), so any `run.entry` prints
+`python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` would, its
+console written a whole line at a time (`whole_lines`). The ranks of a machine share its console,
+and under `python -u` a line and its newline are two writes that another rank's line can land
+between; line-buffered, each line is one write a pipe never cuts. ddp_lab.launch.torchrun starts
+every spawned rank through this (forked ones call `as_forked_rank`), so any `run.entry` prints
 whole lines.
 """
 
@@ -55,17 +51,14 @@ def _threads(run_dir: Path, env, requested: int) -> cpu.RankThreads:
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
              failure: Optional[dict] = None) -> int:
-    """Run `body(ctx)` on this rank inside an initialised process group;
-    0 on success, 1 after logging the failure (rank 0 also into
-    summary.json) instead of a traceback. The rank dies with its parent
-    (PR_SET_PDEATHSIG), keeps its heartbeat record and hang watchdog; a
-    failed collective's `failed:` line names the rank(s) that stopped
-    (ddp_lab.folder.failure), whose local frozen ones it kills. A start
-    that cannot reach its rendezvous ends within dist.init_timeout_s,
-    naming the host and port."""
-    # lazy: torch loads here, on the rank, after rank_main set
-    # OMP_WAIT_POLICY (libgomp reads it once, at load:
-    # ddp_lab/world/cpu.py); the submitting side needs no torch
+    """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1 after
+    logging the failure (rank 0 also into summary.json) instead of a traceback. The rank dies with
+    its parent (PR_SET_PDEATHSIG), keeps its heartbeat record and hang watchdog; a failed
+    collective's `failed:` line names the rank(s) that stopped (ddp_lab.folder.failure), whose
+    local frozen ones it kills. A start that cannot reach its rendezvous ends within
+    dist.init_timeout_s, naming the host and port."""
+    # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp reads it
+    # once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
 
     from ..world.distributed import distributed
@@ -77,8 +70,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     record = heartbeat.start(run_dir, env.rank, env.local_rank, env.world_size)
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
-    # a little before the peers' collectives time out, so a stuck rank's
-    # stack is in its log
+    # a little before the peers' collectives time out, so a stuck rank's stack is in its log
     watchdog = Watchdog(max(1.0, timeout_s - 2.0), fault_file())
     share = _threads(run_dir, env, threads)
     torch.set_num_threads(share.threads)
@@ -105,23 +97,20 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
         # True: it failed while still starting
         in_start = start_timer.stop()
-        # torchrun's SIGTERM (another rank failed) must not cut this
-        # short
+        # torchrun's SIGTERM (another rank failed) must not cut this short
         _ignore_sigterm()
         watchdog.cancel()
         log.debug(traceback.format_exc())
         mine = short_error(e)
         if in_start and isinstance(e, torch.distributed.DistNetworkError):
-            # the store could not be bound or reached: nothing of a peer
-            # to diagnose
+            # the store could not be bound or reached: nothing of a peer to diagnose
             line = (ports.taken(env.master_addr, env.master_port) if "EADDRINUSE" in mine
                     else ports.no_answer(env.master_addr, env.master_port, init_s))
             _failed(run_dir, record, log, line, fields)
             return 1
         here = record.snapshot()
         record.state("failed", mine)
-        # probe: a node that no longer answers this one is named as a
-        # node (a cut link)
+        # probe: a node that no longer answers this one is named as a node (a cut link)
         culprits = diagnose(run_dir, me=env.rank, stale_s=min(5.0, timeout_s / 2),
                              probe=env.num_nodes > 1)
         trace = run_dir / "logs" / f"rank{env.rank}.log"
@@ -145,10 +134,9 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
-    """A start that failed on its own (no peer to name): the line into
-    this rank's record, its log and summary.json, by any rank, since the
-    launcher may end rank 0 before it says why; the record holds at most
-    heartbeat.MESSAGE_MAX characters."""
+    """A start that failed on its own (no peer to name): the line into this rank's record, its log
+    and summary.json, by any rank, since the launcher may end rank 0 before it says why; the record
+    holds at most heartbeat.MESSAGE_MAX characters."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
@@ -156,9 +144,8 @@ def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: 
 
 
 def short_error(e: BaseException, limit: int = 200) -> str:
-    """The exception's type and first meaningful line, without source
-    paths ('RuntimeError: Timed out ...'); a full disk as `no space left
-    on <folder> (writing <file>)`."""
+    """The exception's type and first meaningful line, without source paths ('RuntimeError: Timed
+    out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
     if isinstance(e, DiskFull):
         return str(e)
     text = " ".join(str(e).split("\n\n")[0].split())
@@ -170,16 +157,14 @@ def short_error(e: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# torch gives up on an unreachable store after about twice
-# dist.init_timeout_s: the timer ends the rank at the bound, these
-# seconds after it leave torch's own errors first
+# torch gives up on an unreachable store after about twice dist.init_timeout_s: the timer ends the
+# rank at the bound, these seconds after it leave torch's own errors first
 START_SLACK_S = 2.0
 
 
 class StartTimer:
-    """The start's time limit: calls `end` on a timer thread unless
-    `stop()` comes within `seconds`; it works while the main thread
-    waits inside torch's C++ code."""
+    """The start's time limit: calls `end` on a timer thread unless `stop()` comes within
+    `seconds`; it works while the main thread waits inside torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
         self._lock = threading.Lock()
@@ -189,8 +174,7 @@ class StartTimer:
         self._timer.start()
 
     def stop(self) -> bool:
-        """The start has ended: stop the timer; True the first time
-        (waits if it fires now)."""
+        """The start has ended: stop the timer; True the first time (waits if it fires now)."""
         self._timer.cancel()
         with self._lock:
             first, self._done = not self._done, True
@@ -209,9 +193,8 @@ def _ignore_sigterm() -> None:
 
 
 def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
-    """`train(cfg, ctx, ...)` (ddp_lab/train.py) handed the run's parts:
-    the checkpoint, the epochs and the stop, the records, each for
-    `run_dir`; stops are heard inside."""
+    """`train(cfg, ctx, ...)` (ddp_lab/train.py) handed the run's parts: the checkpoint, the epochs
+    and the stop, the records, each for `run_dir`; stops are heard inside."""
     from ..config import batch_plan
     from .checkpoint import Checkpointer
     from .epochs import EpochControl
@@ -226,25 +209,22 @@ def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
 
 def rank_main(argv: Optional[list[str]], module: str, maker: str,
               run: Callable[[Path], int]) -> int:
-    """`python -m <module> RUN_DIR`: check the argument (2 and a usage
-    line if wrong), then `run(run_dir)` and leave the process with its
-    exit status."""
+    """`python -m <module> RUN_DIR`: check the argument (2 and a usage line if wrong), then
+    `run(run_dir)` and leave the process with its exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
               f"as `{maker}` makes)", file=sys.stderr)
         return 2
-    # before torch loads: libgomp reads its variables once
-    # (ddp_lab/world/cpu.py)
+    # before torch loads: libgomp reads its variables once (ddp_lab/world/cpu.py)
     cpu.prepare_rank()
     # ddp_lab.launch.torchrun.fork_ranks
     forked = multiprocessing.parent_process() is not None
     if forked:
         as_forked_rank()
     rc = run(Path(argv[0]).resolve())
-    # Leave without the interpreter's teardown (with torch loaded, ~1 s
-    # of CPU; a broken process group can block it): everything the rank
-    # wrote is closed by now.
+    # Leave without the interpreter's teardown (with torch loaded, ~1 s of CPU; a broken process
+    # group can block it): everything the rank wrote is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     from .epochs import RECEIVED
@@ -253,35 +233,30 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         # torchrun reads the result, then frees the ranks: wait for it
         exit_soon(rc)
         sys.exit(rc)
-    # a failed or stopped rank puts no result on torchrun's queue, and a
-    # rank torchrun has signalled (closing its ranks: it reads no
-    # result) has nobody to wait for: it leaves now
+    # a failed or stopped rank puts no result on torchrun's queue, and a rank torchrun has
+    # signalled (closing its ranks: it reads no result) has nobody to wait for: it leaves now
     os._exit(rc)
 
 
 # ------------------------------------------------------------------ a rank's start and end
 def as_forked_rank() -> None:
-    """A forked rank starts as a fresh `python -u` would: this process's
-    signal handlers, not the agent's, and its console written a whole
-    line at a time (whole_lines)."""
+    """A forked rank starts as a fresh `python -u` would: this process's signal handlers, not the
+    agent's, and its console written a whole line at a time (whole_lines)."""
     restore_handlers()
     whole_lines()
 
 
 def exit_soon(rc: int) -> None:
-    """A forked rank's last step. torchrun ends a rank in two moves: the
-    rank queues its return value, then waits on a shared Event until
-    torchrun has read them all. A rank ended inside that
-    `multiprocessing.Condition` wait never acknowledges the wake-up, and
-    torchrun's `Event.set` then waits forever. So a thread ends the rank
-    with `rc` only when waiting is pointless: torchrun is gone
-    (reparented, or the SIGINT of its death) or has signalled it
-    (closing the ranks: then it never sets the Event)."""
+    """A forked rank's last step. torchrun ends a rank in two moves: the rank queues its return
+    value, then waits on a shared Event until torchrun has read them all. A rank ended inside that
+    `multiprocessing.Condition` wait never acknowledges the wake-up, and torchrun's `Event.set`
+    then waits forever. So a thread ends the rank with `rc` only when waiting is pointless:
+    torchrun is gone (reparented, or the SIGINT of its death) or has signalled it (closing the
+    ranks: then it never sets the Event)."""
     # reparented once torchrun is gone
     torchrun = multiprocessing.parent_process().pid
-    # the signals reach this process's C handler on whichever thread:
-    # the wakeup fd tells the watcher, whatever the main thread is
-    # blocked in (the Condition's semaphore)
+    # the signals reach this process's C handler on whichever thread: the wakeup fd tells the
+    # watcher, whatever the main thread is blocked in (the Condition's semaphore)
     r, w = os.pipe()
     os.set_blocking(w, False)
     for sig in AGENT_SIGNALS:
@@ -297,8 +272,7 @@ def exit_soon(rc: int) -> None:
 
 
 def whole_lines() -> None:
-    """stdout and stderr written a line at a time: one write per line,
-    never a part."""
+    """stdout and stderr written a line at a time: one write per line, never a part."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True, write_through=False)

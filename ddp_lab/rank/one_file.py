@@ -1,12 +1,10 @@
 """`python -m ddp_lab run.entry=ddp_lab.rank.one_file sync=ring`:
 ddp_lab's launchers run stop 0, the one-file lesson.
 
-Every rank runs `python -m ddp_lab.rank.one_file RUN_DIR`. The
-lesson takes flags and reads no run folder, so this reads the
-folder's config.yaml and calls the lesson's `main` with the same
-settings as flags; rank 0 writes the final weights to the
-folder's model.pt. No metrics, summary or checkpoints: the
-command that launched it writes the summary from its exit status.
+Every rank runs `python -m ddp_lab.rank.one_file RUN_DIR`. The lesson takes flags and reads no run
+folder, so this reads the folder's config.yaml and calls the lesson's `main` with the same settings
+as flags; rank 0 writes the final weights to the folder's model.pt. No metrics, summary or
+checkpoints: the command that launched it writes the summary from its exit status.
 """
 
 from __future__ import annotations

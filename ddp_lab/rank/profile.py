@@ -1,13 +1,11 @@
-"""`timing.profile=true`: torch.profiler over a few steps on every rank,
-and the witnesses that check ddp_lab's own figures against clocks not
-its own (docs/timing.md, "Independent witnesses": what each figure means
-and how far they should agree).
+"""`timing.profile=true`: torch.profiler over a few steps on every rank, and the witnesses that
+check ddp_lab's own figures against clocks not its own (docs/timing.md, "Independent witnesses":
+what each figure means and how far they should agree).
 
-`StepProfiler` traces `timing.profile_steps` steps after
-`timing.profile_skip` into `profile/rank<N>.pt.trace.json`, labelling
-the phases and blocking collectives (`ddp_lab:<name>`, NVTX on CUDA) by
-wrapping the timer's `phase` and the recorder's `timed` for the window
-only. Witnesses read the trace's own collectives, never our ranges.
+`StepProfiler` traces `timing.profile_steps` steps after `timing.profile_skip` into
+`profile/rank<N>.pt.trace.json`, labelling the phases and blocking collectives (`ddp_lab:<name>`,
+NVTX on CUDA) by wrapping the timer's `phase` and the recorder's `timed` for the window only.
+Witnesses read the trace's own collectives, never our ranges.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ log = logging.getLogger("ddp_lab")
 # above its level: by default ERROR (4), and USDT (5) lines on every
 # start and stop. A CUDA build on a machine without a driver adds
 # `ERROR: ... gpuGetDeviceCount failed with code 35` as it writes the
-# trace's device properties, on a healthy CPU run. 6 is above its
-# highest level: none of its lines. Read once, when the profiler first
-# starts in the process; a user's own KINETO_LOG_LEVEL wins (0:
+# trace's device properties, on a healthy CPU run. 6 is above its highest level: none of its lines.
+# Read once, when the profiler first starts in the process; a user's own KINETO_LOG_LEVEL wins (0:
 # everything, docs/timing.md).
 KINETO_QUIET = "6"
 
@@ -63,8 +60,7 @@ class _Range:
 
 
 class StepProfiler:
-    """torch.profiler over a window of steps, the phases labelled; see
-    the module docstring."""
+    """torch.profiler over a window of steps, the phases labelled; see the module docstring."""
 
     def __init__(self, timing: TimingConfig, rank: int, device: torch.device, run_dir: Path,
                  timer: Any, syncer: Any):
@@ -74,8 +70,7 @@ class StepProfiler:
         self.cuda = device.type == "cuda"
         # sync=ddp in a world > 1: DDP's own timing too
         self.ddp = ddp_of(syncer.wrapped)
-        # the caller waits for each collective (every sync but ddp and
-        # sync.overlap)
+        # the caller waits for each collective (every sync but ddp and sync.overlap)
         self.blocking = self.ddp is None and not getattr(syncer, "overlapped", False)
         # every iteration from now (the preflight's is iteration 1)
         if self.ddp is not None:
@@ -104,9 +99,8 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the window
     def _attach(self) -> None:
-        """Wrap the timer's `phase`, the recorder's `timed` and the step
-        end, on these two objects only (instance attributes over the
-        class's methods; `_detach` removes them)."""
+        """Wrap the timer's `phase`, the recorder's `timed` and the step end, on these two objects
+        only (instance attributes over the class's methods; `_detach` removes them)."""
         timer, comm, nvtx = self.timer, self.comm, self.cuda
         phase, timed, step_end = timer.phase, comm.timed, timer.on_step_end
         ranges: dict[str, _Range] = {}
@@ -145,8 +139,7 @@ class StepProfiler:
             self.stop()
 
     def stop(self) -> None:
-        """End the window (its trace is written) and unwrap;
-        idempotent."""
+        """End the window (its trace is written) and unwrap; idempotent."""
         if self.prof is not None:
             self._detach()
             self.prof.stop()
@@ -162,9 +155,8 @@ class StepProfiler:
 
     # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
-        """Each epoch's steps and calls (Records.steps_measured): the first
-        epoch's give ddp_lab's figures for the window (ended here at the
-        latest); every epoch adds to this rank's sums."""
+        """Each epoch's steps and calls (Records.steps_measured): the first epoch's give ddp_lab's
+        figures for the window (ended here at the latest); every epoch adds to this rank's sums."""
         inflight, exposed = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
         self.run_steps += len(steps)
         self.run_inflight += sum(inflight)
@@ -182,8 +174,7 @@ class StepProfiler:
         n = len(window)
         self.ours = {
             "steps": n,
-            # medians: one step a busy machine preempted mid-call moves
-            # a mean, not these
+            # medians: one step a busy machine preempted mid-call moves a mean, not these
             "comm_per_step_s": statistics.median(inflight[i] for i in window),
             "exposed_per_step_s": statistics.median(exposed[i] for i in window),
             "compute_per_step_s": sum(steps[i].compute_seconds() for i in window) / n,
@@ -193,9 +184,8 @@ class StepProfiler:
         }
 
     def ddp_timing(self) -> Optional[dict]:
-        """DDP's averages over the training steps (the preflight's
-        iteration taken out) beside ddp_lab's over all the steps of the
-        run, this rank; None without DDP."""
+        """DDP's averages over the training steps (the preflight's iteration taken out) beside
+        ddp_lab's over all the steps of the run, this rank; None without DDP."""
         if self.ddp is None:
             return None
         n = self.run_steps
@@ -207,14 +197,12 @@ class StepProfiler:
                             "steps": n}}
 
     def witnesses(self, ctx: Any) -> Optional[dict]:
-        """Collective. Every rank's figures for the window and its
-        trace's, on the logging rank (None on the others): what
-        summary.json keeps as `witnesses`."""
+        """Collective. Every rank's figures for the window and its trace's, on the logging rank
+        (None on the others): what summary.json keeps as `witnesses`."""
         self.stop()
         mine = {"rank": self.rank, "ddp_lab": self.ours or {},
-                # the steps ddp_lab timed: where the first epoch ended
-                # inside the window, the profiler's last step is the
-                # rest of the epoch (evaluation), no step
+                # the steps ddp_lab timed: where the first epoch ended inside the window, the
+                # profiler's last step is the rest of the epoch (evaluation), no step
                 "profiler": trace_figures(self.path, self.blocking, (self.ours or {}).get("steps"))
                 if self.written else {},
                 "trace": f"profile/{self.path.name}" if self.written else None}
@@ -227,8 +215,7 @@ class StepProfiler:
 
 def make_profiler(timing: TimingConfig, rank: int, device: torch.device,
                   run_dir: Optional[Path], timer: Any, syncer: Any) -> Optional[StepProfiler]:
-    """The run's profiler when `timing.profile` is on (and there is a
-    run folder), else None."""
+    """The run's profiler when `timing.profile` is on (and there is a run folder), else None."""
     if not getattr(timing, "profile", False) or run_dir is None:
         return None
     return StepProfiler(timing, rank, device, run_dir, timer, syncer)
@@ -240,9 +227,8 @@ PREFIX = "ddp_lab:"
 
 
 def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
-    """sync=ddp: DDP's own timing of this rank, in seconds: over every
-    training step with the profiler on, else as DDP samples it. None
-    without DDP (another sync, 1 rank)."""
+    """sync=ddp: DDP's own timing of this rank, in seconds: over every training step with the
+    profiler on, else as DDP samples it. None without DDP (another sync, 1 rank)."""
     if profiler is not None:
         return profiler.ddp_timing()
     ddp = ddp_of(syncer.wrapped)
@@ -256,8 +242,7 @@ def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
 
 
 def ddp_of(model: torch.nn.Module) -> Optional[Any]:
-    """The DistributedDataParallel the step calls (train.compile wraps
-    it), or None."""
+    """The DistributedDataParallel the step calls (train.compile wraps it), or None."""
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = getattr(model, "_orig_mod", model)
@@ -269,16 +254,14 @@ DDP_TIMES = ("avg_forward_compute_time", "avg_backward_compute_time",
 
 
 def ddp_averages(ddp: Any) -> dict:
-    """DDP's running averages (ns) and how many iterations they are over
-    (`iteration`, the last one logged: an iteration is logged by the
-    next one's forward)."""
+    """DDP's running averages (ns) and how many iterations they are over (`iteration`, the last one
+    logged: an iteration is logged by the next one's forward)."""
     data = ddp._get_ddp_logging_data()
     return {k: data.get(k) for k in (*DDP_TIMES, "iteration")}
 
 
 def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
-    """DDP's own averages in seconds over its logged training steps
-    (`base` taken out)."""
+    """DDP's own averages in seconds over its logged training steps (`base` taken out)."""
     end = ddp_averages(ddp)
     n_end = end.get("iteration") or 0
     n_base = (base or {}).get("iteration") or 0
@@ -291,8 +274,7 @@ def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
 
 
 def _collective(event: dict, cuda: bool) -> bool:
-    """Whether a trace event is a torch-recorded collective (never one
-    of our ranges)."""
+    """Whether a trace event is a torch-recorded collective (never one of our ranges)."""
     name = str(event.get("name", ""))
     if event.get("ph") != "X" or name.startswith(PREFIX):
         return False
@@ -302,17 +284,15 @@ def _collective(event: dict, cuda: bool) -> bool:
 
 
 def _next(times: list[float], t: float) -> float:
-    """The first of the sorted `times` at or after `t`; `t` itself when
-    there is none."""
+    """The first of the sorted `times` at or after `t`; `t` itself when there is none."""
     i = bisect.bisect_left(times, t)
     return times[i] if i < len(times) else t
 
 
 def trace_figures(path: Path, blocking: bool = False, first: Optional[int] = None) -> dict:
-    """A trace's own figures per `ProfilerStep#N` (the `first` ones
-    where given): the median step's union of the collectives that start
-    in its phases, and their count by name. `blocking`: a call lasts
-    until the calling thread's next operator."""
+    """A trace's own figures per `ProfilerStep#N` (the `first` ones where given): the median step's
+    union of the collectives that start in its phases, and their count by name. `blocking`: a call
+    lasts until the calling thread's next operator."""
     data = json.loads(path.read_text())
     events = [e for e in data.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     cuda = any(e.get("cat") == "kernel" for e in events)
@@ -327,19 +307,17 @@ def trace_figures(path: Path, blocking: bool = False, first: Optional[int] = Non
         i = bisect.bisect_right(phases, (t, float("inf"))) - 1
         return i >= 0 and phases[i][0] <= t <= phases[i][1]
 
-    # CUDA: a kernel belongs to the step that launched it (its launch's
-    # correlation id), wherever the GPU ran it; CPU: an op to the step
-    # it starts in
+    # CUDA: a kernel belongs to the step that launched it (its launch's correlation id), wherever
+    # the GPU ran it; CPU: an op to the step it starts in
     launched = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     colls = sorted((launched.get(e.get("args", {}).get("correlation"), e["ts"]) if cuda
                     else e["ts"], e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
                    if _collective(e, cuda) and (cuda or in_phase(e["ts"])))
     if blocking and not cuda:
-        # a blocking call's caller waits until its thread runs again:
-        # gloo's op ends on its worker thread, the caller's next
-        # operator in the trace starts when it resumed
-        # the training loop's thread
+        # a blocking call's caller waits until its thread runs again: gloo's op ends on its worker
+        # thread, the caller's next operator in the trace starts when it resumed; the training
+        # loop's thread:
         main = next((e.get("tid") for e in events
                      if str(e.get("name", "")).startswith("ProfilerStep#")), None)
         resumed = sorted(e["ts"] for e in events if e.get("tid") == main

@@ -1,20 +1,15 @@
-"""train()'s records part for a run folder (ddp_lab/train.py;
-docs/architecture.md, "The path of one epoch's numbers"): from the
-loop's raw measurements to the run's records.
+"""train()'s records part for a run folder (ddp_lab/train.py; docs/architecture.md, "The path of
+one epoch's numbers"): from the loop's raw measurements to the run's records.
 
-`Records` is the part: it starts the run's `Telemetry` and profiler,
-hands each epoch's `MeasuredEpoch` on, and at the end writes the final
-weights (model.pt) and the `RunSummary`. `Telemetry` builds each
-`EpochRecord` and writes it to metrics.jsonl, TensorBoard, the console
-and the Chrome trace: the loop never assembles a record nor asks its
-rank. Every rank calls every method in the same order (some are
-collectives); only the logging rank's sink writes. Below them: how a
-record shows (TensorBoard's scalars, the console's lines, the run's
-first lines) and the Chrome trace (`TraceWriter`: every rank writes
-`trace/rank<N>.json`, pid = rank, tid = rank for the step phases and
-1000 + rank for its collectives; at the end rank 0 writes
-`trace/all.json`; of each epoch only the first and last `trace_steps`
-steps are kept; docs/timing.md, "What is written").
+`Records` is the part: it starts the run's `Telemetry` and profiler, hands each epoch's
+`MeasuredEpoch` on, and at the end writes the final weights (model.pt) and the `RunSummary`.
+`Telemetry` builds each `EpochRecord` and writes it to metrics.jsonl, TensorBoard, the console and
+the Chrome trace: the loop never assembles a record nor asks its rank. Every rank calls every
+method in the same order (some are collectives); only the logging rank's sink writes. Below them:
+how a record shows (TensorBoard's scalars, the console's lines, the run's first lines) and the
+Chrome trace (`TraceWriter`: every rank writes `trace/rank<N>.json`, pid = rank, tid = rank for the
+step phases and 1000 + rank for its collectives; at the end rank 0 writes `trace/all.json`; of each
+epoch only the first and last `trace_steps` steps are kept; docs/timing.md, "What is written").
 """
 
 from __future__ import annotations
@@ -78,8 +73,7 @@ class Records:
         self.telemetry.start(start.epoch, start.step)
 
     def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
-        """Epoch `epoch`'s step numbers from `first_step` on, shown as
-        they go."""
+        """Epoch `epoch`'s step numbers from `first_step` on, shown as they go."""
         return self.telemetry.step_numbers(epoch, first_step)
 
     def steps_measured(self, steps: list[StepTimes], comm: CommStats) -> None:
@@ -107,8 +101,7 @@ class Records:
         return self.telemetry.finish(**saved, memory=memory_per_rank(parts, self.ctx))
 
     def finished(self, epochs_done: int) -> RunSummary:
-        """A run that has done all its epochs, started again: as it
-        is."""
+        """A run that has done all its epochs, started again: as it is."""
         log.info("the run in %s has completed its %d epochs: nothing to do",
                  self.run_dir, epochs_done)
         return RunSummary.from_dict(read_json_or_empty(self.run_dir / "summary.json"))
@@ -146,9 +139,8 @@ class Telemetry:
                  bytes_exact: bool, plan: Optional[BatchPlan] = None,
                  compile_s: Optional[float] = None, timer: Optional[StepTimer] = None,
                  syncer: Any = None, profiler: Optional[StepProfiler] = None):
-        """`cfg`: the whole config, which the records describe. `timer`
-        and `syncer`'s recorder: where the live TensorBoard points are
-        read from; `profiler`: timing.profile's."""
+        """`cfg`: the whole config, which the records describe. `timer` and `syncer`'s recorder:
+        where the live TensorBoard points are read from; `profiler`: timing.profile's."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
@@ -157,8 +149,7 @@ class Telemetry:
         self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
-        # every epoch's record on the logging rank, earlier allocations'
-        # too
+        # every epoch's record on the logging rank, earlier allocations' too
         self.records: list[dict] = []
         # every epoch's steps
         self.stragglers_run = StragglerTally(ctx.env.world_size)
@@ -175,8 +166,7 @@ class Telemetry:
         self.fingerprint: dict = {}
         self.fingerprint_id: Optional[str] = None
         self._progress = StepProgress(cfg.log.progress, cfg.log.progress_every_s, ctx.env.is_main)
-        # per-step points: every N steps (a short run more often:
-        # tensorboard.step_stride)
+        # per-step points: every N steps (a short run more often: tensorboard.step_stride)
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
         # the last per-step point written
@@ -187,8 +177,7 @@ class Telemetry:
 
     # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
-        """Collective. Drop metrics past the checkpoint; record the
-        config and the ranks."""
+        """Collective. Drop metrics past the checkpoint; record the config and the ranks."""
         env, cfg = self.ctx.env, self.cfg
         self.start_epoch, self.start_step = start_epoch, start_step
         fresh = start_epoch == 0 and start_step == 0
@@ -205,8 +194,7 @@ class Telemetry:
                               load=workload(hparams),
                               steps_per_epoch=self.steps_per_epoch if self.every > 0 else 0)
         pairs = self.ctx.gather_objects((hostname(), env.node_rank))
-        # on a loopback cluster every node has the same host name: node
-        # ranks tell them apart
+        # on a loopback cluster every node has the same host name: node ranks tell them apart
         self.hosts = list(dict.fromkeys(p[0] for p in pairs))
         self.node_ranks = sorted({p[1] for p in pairs})
         self._fingerprint()
@@ -236,9 +224,8 @@ class Telemetry:
         announce(self.ctx, cfg, self.plan, self.steps_per_epoch)
 
     def _fingerprint(self) -> None:
-        """Collective on nccl. This allocation's fingerprint (rank 0
-        keeps it), from every rank's NCCL INFO log after the hosts
-        gather made NCCL connect; `finish` reads them again."""
+        """Collective on nccl. This allocation's fingerprint (rank 0 keeps it), from every rank's
+        NCCL INFO log after the hosts gather made NCCL connect; `finish` reads them again."""
         env, ctx = self.ctx.env, self.ctx
         detail = None
         if ctx.backend == "nccl":
@@ -260,8 +247,7 @@ class Telemetry:
                                    f"epoch {epoch + 1}/{self.cfg.train.epochs}")
 
     def _live_point(self, step: int, times: StepTimes, calls: list[CommCall]) -> None:
-        """One step from the watch, to TensorBoard (x: its global step
-        number)."""
+        """One step from the watch, to TensorBoard (x: its global step number)."""
         stats = CommStats(timed=calls)
         self.sink.steps([(step, step_scalars(times, stats.per_step_seconds([times])[0],
                                              stats.per_step_exposed([times])[0],
@@ -270,9 +256,8 @@ class Telemetry:
 
     # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
-        """Collective. Epoch `m.epoch` (1-based) done: build its record,
-        write it everywhere (a resumed epoch: the whole epoch's loss,
-        samples and times, this part's timings)."""
+        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere (a
+        resumed epoch: the whole epoch's loss, samples and times, this part's timings)."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
         train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
@@ -309,8 +294,7 @@ class Telemetry:
 
     def _tensorboard(self, rec: EpochRecord, steps: list[StepTimes], comm: CommStats,
                      first_step: int) -> None:
-        """The epoch's record and scalars at its last step, after the
-        unwritten step points."""
+        """The epoch's record and scalars at its last step, after the unwritten step points."""
         every, end = self.every, rec.epoch * self.steps_per_epoch
         if every > 0:
             comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
@@ -336,8 +320,7 @@ class Telemetry:
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
-        """The run's hparams for TensorBoard: its description's and the
-        ranks'."""
+        """The run's hparams for TensorBoard: its description's and the ranks'."""
         cfg, env = self.cfg, self.ctx.env
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
@@ -348,13 +331,11 @@ class Telemetry:
                 "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
-        """Collective. The record's timing part: phases, comm,
-        stragglers, the straggler named."""
+        """Collective. The record's timing part: phases, comm, stragglers, the straggler named."""
         t = epoch_timing(steps, comm)
         step_total = t["phases"]["step"]["total"] if self.timing else busy_s
-        # every rank's step time, its compute (the others' step times
-        # grow while they wait for a straggler; compute does not) and
-        # its comm per step: who waited for whom
+        # every rank's step time, its compute (the others' step times grow while they wait for a
+        # straggler; compute does not) and its comm per step: who waited for whom
         per_rank = self.ctx.gather_objects(
             (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
         tally = StragglerTally.from_waits([r[2] for r in per_rank])
@@ -369,12 +350,10 @@ class Telemetry:
                stop_reason: Optional[str] = None,
                memory: Optional[dict[str, Any]] = None,
                weights_sha256: Optional[str] = None) -> RunSummary:
-        """Collective. Merge the trace, write summary.json and close
-        TensorBoard. `final_test`: needed only when no epoch ran here; a
-        graceful stop passes `status`, `position` and `stop_reason`;
-        `memory`: this rank's bytes (Synchroniser.memory) and every
-        rank's optimiser state; `weights_sha256`: the final weights'
-        digest (model.pt)."""
+        """Collective. Merge the trace, write summary.json and close TensorBoard. `final_test`:
+        needed only when no epoch ran here; a graceful stop passes `status`, `position` and
+        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory) and every rank's optimiser
+        state; `weights_sha256`: the final weights' digest (model.pt)."""
         self._merge_trace()
         witnesses, ddp = self._witnesses()
         # every collective has run by now: NCCL's lines of
@@ -427,8 +406,7 @@ class Telemetry:
         return summary
 
     def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
-        """Collective with timing.profile: the profiler's witnesses and
-        DDP's own timing."""
+        """Collective with timing.profile: the profiler's witnesses and DDP's own timing."""
         if self.syncer is None:
             return None, None
         profiler = self.profiler
@@ -436,8 +414,7 @@ class Telemetry:
         return witnesses, ddp_timing(self.syncer, profiler)
 
     def _merge_trace(self) -> None:
-        """trace/all.json on rank 0: every rank's events in one file
-        (one gather, at the end)."""
+        """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
         if not self.trace.enabled:
             return
         gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
@@ -481,8 +458,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
                     "comm/time[ms/step]": c["time_s"] * 1e3 / steps,
                     "comm/algbw[GB/s]": c["algbw_GBps"], "comm/busbw[GB/s]": c["busbw_GBps"],
                     "comm/fraction[of step]": c["fraction"] or 0.0,
-                    # in flight (the collectives' union) and exposed
-                    # (after compute's end)
+                    # in flight (the collectives' union) and exposed (after compute's end)
                     "comm/inflight[ms/step]": (rec.comm_inflight_s or 0.0) * 1e3 / steps,
                     "comm/exposed[ms/step]": (rec.comm_exposed_s or 0.0) * 1e3 / steps,
                     "comm/exposed_fraction[of step]": rec.comm_exposed_fraction or 0.0,
@@ -499,8 +475,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
 
 
 def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -> dict[str, float]:
-    """One step's TensorBoard scalars: times, comm in flight and
-    exposed, its epoch."""
+    """One step's TensorBoard scalars: times, comm in flight and exposed, its epoch."""
     d = step.durations()
     return {"step/time[ms]": 1e3 * sum(d.values()), "step/sync[ms]": 1e3 * d.get("sync", 0.0),
             "step/compute[ms]": 1e3 * step.compute_seconds(), "step/comm[ms]": 1e3 * comm_s,
@@ -508,8 +483,7 @@ def step_scalars(step: StepTimes, comm_s: float, exposed_s: float, epoch: int) -
 
 
 def comm_line(rec: EpochRecord) -> str:
-    """The console epoch line's comm part, short: the figures are in
-    metrics.jsonl."""
+    """The console epoch line's comm part, short: the figures are in metrics.jsonl."""
     c, steps = rec.comm, rec.steps
     if c["fraction"] is None:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
@@ -519,9 +493,8 @@ def comm_line(rec: EpochRecord) -> str:
 
 def timing_fields(t: dict, comm: CommStats, per_rank: list, tally: Any, *,
                   timed: bool, bytes_exact: bool, overlap: bool) -> dict:
-    """An epoch record's timing part: phases, comm, stragglers, the
-    straggler named (`t`: timing.epoch_timing's; `per_rank`: every
-    rank's step, compute and comm per step)."""
+    """An epoch record's timing part: phases, comm, stragglers, the straggler named (`t`:
+    timing.epoch_timing's; `per_rank`: every rank's step, compute and comm per step)."""
     return {
         "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timed else {},
         "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
@@ -566,15 +539,13 @@ def announce(ctx: Any, cfg: Config, plan: BatchPlan,
 
 
 def cpu_share(ctx: DistContext) -> dict:
-    """This rank's torch threads, why, and how they wait
-    (ddp_lab/world/cpu.py)."""
+    """This rank's torch threads, why, and how they wait (ddp_lab/world/cpu.py)."""
     return {"threads": torch.get_num_threads(), "why": ctx.threads.why if ctx.threads else "",
             "wait": cpu.wait_policy()}
 
 
 def study_point(cfg: Config) -> Optional[dict]:
-    """The study this run is a point of (its config's `study_point`,
-    ddp_lab/command/study.py)."""
+    """The study this run is a point of (its config's `study_point`, ddp_lab/command/study.py)."""
     point = cfg.study_point
     return OmegaConf.to_container(point) if point is not None else None
 
@@ -584,8 +555,7 @@ COMM_TID = 1000
 
 
 def kept_steps(n_steps: int, keep: int) -> list[int]:
-    """Indices of the first `keep` and last `keep` of `n_steps` steps
-    (each once)."""
+    """Indices of the first `keep` and last `keep` of `n_steps` steps (each once)."""
     if keep <= 0:
         return []
     return sorted(set(range(min(keep, n_steps))) | set(range(max(0, n_steps - keep), n_steps)))
@@ -607,8 +577,7 @@ def metadata(rank: int) -> list[dict[str, Any]]:
 
 def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                  keep: int, step_offset: int = 0) -> list[dict[str, Any]]:
-    """Trace events of one epoch: kept steps' phases, and the
-    collectives started in them."""
+    """Trace events of one epoch: kept steps' phases, and the collectives started in them."""
     idx = kept_steps(len(steps), keep)
     events: list[dict[str, Any]] = []
     windows = []
@@ -633,8 +602,7 @@ def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommSt
 
 
 class TraceWriter:
-    """Accumulates the bounded events of each epoch and rewrites the
-    rank's file."""
+    """Accumulates the bounded events of each epoch and rewrites the rank's file."""
 
     def __init__(self, run_dir: Path, rank: int, keep: int, enabled: bool = True):
         self.path = run_dir / "trace" / f"rank{rank}.json"
@@ -643,8 +611,7 @@ class TraceWriter:
 
     def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                   first_step: int = 0) -> None:
-        """Add an epoch's kept steps (numbered from `first_step`) and
-        rewrite the file."""
+        """Add an epoch's kept steps (numbered from `first_step`) and rewrite the file."""
         if not self.enabled:
             return
         self.events += epoch_events(self.rank, epoch, steps, comm, self.keep, first_step)
@@ -652,20 +619,17 @@ class TraceWriter:
 
 
 def write_trace(path: Path, events: list[dict[str, Any]]) -> None:
-    """Atomically (re)write a trace file: readers see the old one or the
-    new one."""
+    """Atomically (re)write a trace file: readers see the old one or the new one."""
     atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"},
                                        separators=(",", ":")))
 
 
 # ------------------------------------------------------------------ the console's progress
-# log.progress, logging rank only: on a terminal a tqdm bar on stderr;
-# anywhere else (a file, a pipe, a SLURM .out) a line every
-# log.progress_every_s seconds, checked between steps:
+# log.progress, logging rank only: on a terminal a tqdm bar on stderr; anywhere else (a file, a
+# pipe, a SLURM .out) a line every log.progress_every_s seconds, checked between steps:
 #       [rank 0] step 230/938 of epoch 1/5 (25%), 23.1 steps/s, 31 s left
 def on_terminal() -> bool:
-    """Whether stdout (the log's lines) and stderr (the bar) are both a
-    terminal."""
+    """Whether stdout (the log's lines) and stderr (the bar) are both a terminal."""
     try:
         return sys.stdout.isatty() and sys.stderr.isatty()
     except ValueError:  # a stream closed
@@ -673,9 +637,8 @@ def on_terminal() -> bool:
 
 
 def bar_size() -> dict:
-    """tqdm's size: the terminal's, followed; 100 x 24 where it reports
-    none (tqdm would take a sizeless pseudo-terminal as 0 rows and draw
-    nothing)."""
+    """tqdm's size: the terminal's, followed; 100 x 24 where it reports none (tqdm would take a
+    sizeless pseudo-terminal as 0 rows and draw nothing)."""
     try:
         if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
             return {"dynamic_ncols": True}
@@ -693,9 +656,8 @@ def duration(seconds: float) -> str:
 
 
 class StepLines(tqdm):
-    """tqdm drawing its bar as a log line at most every `every_s`
-    seconds: steps done, the rate since the epoch began, the time
-    left."""
+    """tqdm drawing its bar as a log line at most every `every_s` seconds: steps done, the rate
+    since the epoch began, the time left."""
 
     # tqdm's monitor thread only shortens a bar's dynamic interval
     monitor_interval = 0
@@ -705,8 +667,7 @@ class StepLines(tqdm):
                          mininterval=every_s, delay=every_s, miniters=1, leave=False)
 
     def display(self, msg: Optional[str] = None, pos: Optional[int] = None) -> bool:
-        """tqdm's redraw as a log line; none on closing, none after the
-        last step."""
+        """tqdm's redraw as a log line; none on closing, none after the last step."""
         if msg is None and self.n < self.total:
             rate = (self.n - self.initial) / max(self.format_dict["elapsed"], 1e-9)
             log.info("step %d/%d of %s (%.0f%%), %.1f steps/s, %s left", self.n, self.total,
@@ -716,16 +677,14 @@ class StepLines(tqdm):
 
 
 class StepProgress:
-    """What the logging rank wraps each epoch's steps in; the others get
-    them as they are."""
+    """What the logging rank wraps each epoch's steps in; the others get them as they are."""
 
     def __init__(self, mode: str, every_s: float, is_main: bool):
         self.mode, self.every_s, self.is_main = mode, every_s, is_main
         self.bar = is_main and (mode == "bar" or (mode == "auto" and on_terminal()))
 
     def wrap(self, steps: range, desc: str) -> Iterable[int]:
-        """`steps`, the epoch's remaining steps (range(first_step,
-        steps_per_epoch))."""
+        """`steps`, the epoch's remaining steps (range(first_step, steps_per_epoch))."""
         if not self.is_main:
             return steps
         if self.bar:

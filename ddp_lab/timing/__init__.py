@@ -1,5 +1,4 @@
-"""Phase timers and communication accounting (docs/timing.md), one file
-per idea:
+"""Phase timers and communication accounting (docs/timing.md), one file per idea:
 
     clock.py          Clock: the rank's time base (host clock on CPU, CUDA events on GPU)
     phases.py         StepTimer, StepTimes, GradReadyMark (compute end), StepWatch
@@ -8,8 +7,7 @@ per idea:
     summary.py        an epoch's numbers: per-phase statistics, comm share of step time,
                       who makes the others wait (StragglerTally)
 
-Timing knows nothing of the rest of the trainer. Every name below is
-importable from here.
+Timing knows nothing of the rest of the trainer. Every name below is importable from here.
 """
 
 from .clock import Clock
@@ -19,9 +17,3 @@ from .summary import (STRAGGLER_CHANCE_FACTOR, STRAGGLER_MIN_LATE_S, STRAGGLER_M
                       STRAGGLER_MIN_STEPS, StragglerTally, describe, epoch_timing, percentile,
                       stragglers, summarise_steps)
 
-__all__ = [
-    "PHASES", "STRAGGLER_CHANCE_FACTOR", "STRAGGLER_MIN_LATE_S", "STRAGGLER_MIN_SHARE",
-    "STRAGGLER_MIN_STEPS", "Clock", "CommCall", "CommRecorder", "CommStats", "GradReadyMark",
-    "StepTimer", "StepTimes", "StepWatch", "StragglerTally", "describe", "epoch_timing", "percentile",
-    "stragglers", "summarise_steps", "union_length",
-]

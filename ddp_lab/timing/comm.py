@@ -1,12 +1,9 @@
-"""What a synchroniser communicates: `CommRecorder`, every
-synchroniser's `self.comm` (ddp_lab/sync/base.py), counts every
-collective call's bytes and, with timing on, stamps its start and end on
-the rank's `Clock`; `collect()` resolves them once per epoch into a
-`CommStats`. Then the arithmetic that places the calls in the steps:
-in-flight comm is the union of this rank's collective intervals, exposed
-comm the part of it after compute end, so exposed <= in-flight holds by
-construction (docs/timing.md, "comm_fraction" and "Exposed vs in-flight
-comm").
+"""What a synchroniser communicates: `CommRecorder`, every synchroniser's `self.comm`
+(ddp_lab/sync/base.py), counts every collective call's bytes and, with timing on, stamps its start
+and end on the rank's `Clock`; `collect()` resolves them once per epoch into a `CommStats`. Then
+the arithmetic that places the calls in the steps: in-flight comm is the union of this rank's
+collective intervals, exposed comm the part of it after compute end, so exposed <= in-flight holds
+by construction (docs/timing.md, "comm_fraction" and "Exposed vs in-flight comm").
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ from .phases import StepTimes
 
 @dataclass
 class CommCall:
-    """One collective call as seen by this rank (times in seconds on the
-    Clock's base)."""
+    """One collective call as seen by this rank (times in seconds on the Clock's base)."""
 
     op: str
     payload: int
@@ -37,9 +33,8 @@ class CommCall:
 
 @dataclass
 class CommStats:
-    """What a synchroniser communicated since the last reset (this
-    rank's view). `payload_bytes`: nccl-tests' "size"; `seconds`:
-    in-flight time; `bus_bytes`: the sum over calls of payload *
+    """What a synchroniser communicated since the last reset (this rank's view). `payload_bytes`:
+    nccl-tests' "size"; `seconds`: in-flight time; `bus_bytes`: the sum over calls of payload *
     busbw_factor(op), so busbw mixes ops right (docs/timing.md)."""
 
     calls: int = 0
@@ -65,9 +60,8 @@ class CommStats:
 
     def per_step_seconds(self, steps: Sequence[StepTimes],
                          exposed: bool = False) -> list[float]:
-        """In-flight comm seconds of each step (a call belongs to the
-        step it starts in); `exposed`: only the part after the step's
-        compute end."""
+        """In-flight comm seconds of each step (a call belongs to the step it starts in);
+        `exposed`: only the part after the step's compute end."""
         buckets: list[list[tuple[float, float]]] = [[] for _ in steps]
         starts = [s.start for s in steps]
         for c in self.timed if steps else ():
@@ -78,14 +72,12 @@ class CommStats:
         return [union_length(b) for b in buckets]
 
     def per_step_exposed(self, steps: Sequence[StepTimes]) -> list[float]:
-        """Exposed comm seconds of each step: its in-flight union after
-        compute end."""
+        """Exposed comm seconds of each step: its in-flight union after compute end."""
         return self.per_step_seconds(steps, exposed=True)
 
 
 class _Timed:
-    """`with rec.timed(...):` -- stamps one blocking call's start and
-    end."""
+    """`with rec.timed(...):` -- stamps one blocking call's start and end."""
 
     __slots__ = ("rec", "call", "start")
 
@@ -101,8 +93,7 @@ class _Timed:
 
 
 class CommRecorder:
-    """A synchroniser's log of collective calls: bytes always, times
-    when enabled.
+    """A synchroniser's log of collective calls: bytes always, times when enabled.
 
     Blocking call: `with rec.timed(op, payload, sent, recv):
     dist.all_reduce(buf)` Async call: `start = rec.begin()` ... in its
@@ -121,8 +112,7 @@ class CommRecorder:
         self.entered, self.op = 0, ""
         self._pending: list[tuple[CommCall, Any, Any]] = []
         self._stats = CommStats()
-        # DDP's completion callbacks run on the backend's worker
-        # threads, several at once
+        # DDP's completion callbacks run on the backend's worker threads, several at once
         self._lock = threading.Lock()
 
     def _count(self, op: str, payload: int, sent: int, recv: int,
@@ -139,8 +129,7 @@ class CommRecorder:
 
     def timed(self, op: str, payload: int, sent: int, recv: int,
               cross_node: Optional[int] = None):
-        """`cross_node`: of `sent`, the bytes that go to another node
-        (None: unknown)."""
+        """`cross_node`: of `sent`, the bytes that go to another node (None: unknown)."""
         self.entered, self.op = self.entered + 1, op
         call = self._count(op, payload, sent, recv, cross_node)
         return _Timed(self, call) if self.enabled else UNTIMED
@@ -161,28 +150,24 @@ class CommRecorder:
     COUNTS = ("calls", "payload_bytes", "bytes_sent", "bytes_recv", "bus_bytes")
 
     def counts(self) -> tuple:
-        """Calls and bytes counted since the last collect (`COUNTS`, in
-        that order)."""
+        """Calls and bytes counted since the last collect (`COUNTS`, in that order)."""
         with self._lock:
             return tuple(getattr(self._stats, k) for k in self.COUNTS)
 
     def add_counts(self, delta: tuple, times: int = 1) -> None:
-        """Count `times` (may be negative) more of `delta`, a `counts()`
-        difference: a CUDA graph's replays launch the calls its capture
-        counted once."""
+        """Count `times` (may be negative) more of `delta`, a `counts()` difference: a CUDA graph's
+        replays launch the calls its capture counted once."""
         with self._lock:
             for k, d in zip(self.COUNTS, delta):
                 setattr(self._stats, k, getattr(self._stats, k) + d * times)
 
     def count(self) -> int:
-        """Timed calls recorded since the last collect (an index for
-        `ready`)."""
+        """Timed calls recorded since the last collect (an index for `ready`)."""
         return len(self._pending)
 
     def ready(self, first: int, end: int) -> Optional[list[CommCall]]:
-        """Timed calls `first` to `end` since the last collect, in
-        seconds, if all their stamps can be read now, else None. Never
-        waits (`StepWatch` reads steps with it)."""
+        """Timed calls `first` to `end` since the last collect, in seconds, if all their stamps can
+        be read now, else None. Never waits (`StepWatch` reads steps with it)."""
         with self._lock:
             pending = self._pending[first:end]
         # each call's own: an overlap thread stamps on its stream
@@ -193,8 +178,7 @@ class CommRecorder:
         return [CommCall(c.op, c.payload, c.sent, c.recv, sec(s), sec(e)) for c, s, e in pending]
 
     def collect(self) -> CommStats:
-        """Everything since the last collect, resolved (CUDA: one
-        synchronize here)."""
+        """Everything since the last collect, resolved (CUDA: one synchronize here)."""
         with self._lock:
             out, self._stats = self._stats, CommStats()
             pending, self._pending = self._pending, []

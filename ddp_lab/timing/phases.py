@@ -5,14 +5,12 @@
     with timer.phase("data"): ...      # data, forward, backward, sync, optim
     timer.end_step()
 
-The timer keeps the phase running and the steps ended as plain
-attributes (`now`, `ended`) for the heartbeat record to read. On CUDA a
-phase's end is the next one's start (one event per boundary, from the
-clock's pool, handed back once read); on CPU each phase takes two
-stamps. `GradReadyMark` stamps compute end, the step's last gradient
-ready (docs/timing.md, "Exposed vs in-flight comm"). `StepWatch` hands
-every `every`-th step to a listener as soon as its stamps can be read,
-never waiting for the device (live TensorBoard, docs/timing.md).
+The timer keeps the phase running and the steps ended as plain attributes (`now`, `ended`) for the
+heartbeat record to read. On CUDA a phase's end is the next one's start (one event per boundary,
+from the clock's pool, handed back once read); on CPU each phase takes two stamps. `GradReadyMark`
+stamps compute end, the step's last gradient ready (docs/timing.md, "Exposed vs in-flight comm").
+`StepWatch` hands every `every`-th step to a listener as soon as its stamps can be read, never
+waiting for the device (live TensorBoard, docs/timing.md).
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ PHASES = ("data", "forward", "backward", "sync", "optim")
 
 @dataclass
 class StepTimes:
-    """One step: the (phase, start, end) seconds of each phase, in
-    order."""
+    """One step: the (phase, start, end) seconds of each phase, in order."""
 
     spans: list[tuple[str, float, float]]
     # the step's last gradient ready (GradReadyMark)
@@ -52,16 +49,14 @@ class StepTimes:
         return d
 
     def compute_end_or_backward_end(self) -> float:
-        """compute end; without a mark, the end of the step's last
-        backward span."""
+        """compute end; without a mark, the end of the step's last backward span."""
         if self.compute_end is not None:
             return self.compute_end
         ends = [e for name, _, e in self.spans if name == "backward"]
         return ends[-1] if ends else self.end
 
     def compute_seconds(self) -> float:
-        """forward + backward, the last backward span cut at compute
-        end."""
+        """forward + backward, the last backward span cut at compute end."""
         end = self.compute_end_or_backward_end()
         total = 0.0
         for name, s, e in self.spans:
@@ -73,11 +68,10 @@ class StepTimes:
 
 
 class GradReadyMark:
-    """Compute end: a post-accumulate-grad hook per trainable parameter
-    stamps it (CPU: the host clock; CUDA: re-records the step's pooled
-    event on the gradient's stream, so it keeps the latest). `take()` at
-    the step's end hands over the last stamp; `recycle()` returns the
-    epoch's events to the clock's pool once read."""
+    """Compute end: a post-accumulate-grad hook per trainable parameter stamps it (CPU: the host
+    clock; CUDA: re-records the step's pooled event on the gradient's stream, so it keeps the
+    latest). `take()` at the step's end hands over the last stamp; `recycle()` returns the epoch's
+    events to the clock's pool once read."""
 
     def __init__(self, clock: Clock, module: torch.nn.Module):
         self.clock = clock
@@ -107,8 +101,7 @@ class GradReadyMark:
         return out
 
     def recycle(self) -> None:
-        """CUDA: the epoch's events were read; they go back to the
-        clock's pool."""
+        """CUDA: the epoch's events were read; they go back to the clock's pool."""
         self.clock.release(self._used)
         self._used = []
 
@@ -118,8 +111,7 @@ class GradReadyMark:
 
 
 class _Phase:
-    """`with timer.phase(name):`, a reused plain class: cheaper than a
-    generator context."""
+    """`with timer.phase(name):`, a reused plain class: cheaper than a generator context."""
 
     __slots__ = ("timer", "name", "start", "stamp")
 
@@ -135,8 +127,7 @@ class _Phase:
 
 
 class _SharedPhase:
-    """`_Phase` on CUDA: starts at the previous phase's end event when
-    there is one."""
+    """`_Phase` on CUDA: starts at the previous phase's end event when there is one."""
 
     __slots__ = ("timer", "name", "start")
 
@@ -154,10 +145,9 @@ class _SharedPhase:
 
 
 class StepTimer:
-    """Stamps the phases of every step; `collect()` resolves them once
-    per epoch. `now` (the phase running, "step end" between steps) and
-    `ended` (steps ended) are kept even untimed; `on_step_end()`, if
-    given, is called as each step ends."""
+    """Stamps the phases of every step; `collect()` resolves them once per epoch. `now` (the phase
+    running, "step end" between steps) and `ended` (steps ended) are kept even untimed;
+    `on_step_end()`, if given, is called as each step ends."""
 
     def __init__(self, clock: Clock, enabled: bool = True,
                  on_step_end: Optional[Callable[[], None]] = None):
@@ -175,8 +165,7 @@ class StepTimer:
         self.grads: Optional[GradReadyMark] = None
 
     def watch_grads(self, module: torch.nn.Module) -> None:
-        """Stamp compute end (the step's last gradient ready) on
-        `module`'s parameters."""
+        """Stamp compute end (the step's last gradient ready) on `module`'s parameters."""
         if self.enabled:
             self.grads = GradReadyMark(self.clock, module)
 
@@ -200,9 +189,8 @@ class StepTimer:
             self.on_step_end()
 
     def ready(self, i: int) -> Optional[StepTimes]:
-        """Step `i` since the last collect, in seconds, if its stamps
-        can be read now, else None (CUDA: not all its events fired).
-        Never waits."""
+        """Step `i` since the last collect, in seconds, if its stamps can be read now, else None
+        (CUDA: not all its events fired). Never waits."""
         if i >= len(self._steps):
             return None
         spans, mark = self._steps[i], self._marks[i]
@@ -214,9 +202,8 @@ class StepTimer:
                          None if mark is None else sec(mark))
 
     def collect(self) -> list[StepTimes]:
-        """The steps since the last collect, in seconds (CUDA: one
-        synchronize here; the events then go back to the clock's
-        pool)."""
+        """The steps since the last collect, in seconds (CUDA: one synchronize here; the events
+        then go back to the clock's pool)."""
         raw, self._steps = self._steps, []
         marks, self._marks = self._marks, []
         if not raw:
@@ -237,9 +224,8 @@ class StepTimer:
 
 
 class StepWatch:
-    """Every `every`-th step of `timer` and its calls on `comm` (the
-    synchroniser's `CommRecorder`: its `count` and `ready`), handed to
-    `on_step(number, times, calls)`."""
+    """Every `every`-th step of `timer` and its calls on `comm` (the synchroniser's `CommRecorder`:
+    its `count` and `ready`), handed to `on_step(number, times, calls)`."""
 
     def __init__(self, timer: StepTimer, comm: Any, every: int,
                  on_step: Callable[[int, StepTimes, list], None]):
@@ -258,8 +244,7 @@ class StepWatch:
         timer.on_step_end = step_ended
 
     def begin(self, done: int) -> None:
-        """An epoch (or its resumed part) starts, `done` global steps
-        before its first."""
+        """An epoch (or its resumed part) starts, `done` global steps before its first."""
         self.done, self.index, self.waiting = done, 0, []
         self.first = self.comm.count()
 
@@ -273,8 +258,7 @@ class StepWatch:
             self.waiting.pop(0)
 
     def _hand_over(self, number: int, i: int, first: int, end: int) -> bool:
-        """Step `number` to the listener if its stamps can be read
-        now."""
+        """Step `number` to the listener if its stamps can be read now."""
         times = self.timer.ready(i)
         calls = None if times is None else self.comm.ready(first, end)
         if calls is None:

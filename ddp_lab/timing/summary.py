@@ -1,9 +1,8 @@
-"""An epoch's timing numbers from its steps and its comm: per-phase
-statistics, comm time per step, comm_fraction and exposed comm
-(docs/timing.md); and the stragglers, who makes the others wait, found
-from every rank's comm time per step: telemetry gathers each rank's
-`CommStats.per_step_seconds` once per epoch into a `StragglerTally`
-(`from_waits`), merges the epochs' and names the rank with `named()`.
+"""An epoch's timing numbers from its steps and its comm: per-phase statistics, comm time per step,
+comm_fraction and exposed comm (docs/timing.md); and the stragglers, who makes the others wait,
+found from every rank's comm time per step: telemetry gathers each rank's
+`CommStats.per_step_seconds` once per epoch into a `StragglerTally` (`from_waits`), merges the
+epochs' and names the rank with `named()`.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from .phases import PHASES, StepTimes
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]): the sorted value at
-    round(q/100 * (len-1))."""
+    """Nearest-rank percentile (q in [0, 100]): the sorted value at round(q/100 * (len-1))."""
     if not values:
         raise ValueError("percentile of an empty sequence")
     if not 0 <= q <= 100:
@@ -27,8 +25,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def describe(values: Sequence[float]) -> dict[str, float]:
-    """mean, median, p95 and total of a list of seconds (zeros for an
-    empty list)."""
+    """mean, median, p95 and total of a list of seconds (zeros for an empty list)."""
     if not values:
         return {"mean": 0.0, "median": 0.0, "p95": 0.0, "total": 0.0}
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
@@ -36,8 +33,7 @@ def describe(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
-    """mean/median/p95/total seconds per phase and for the whole
-    step."""
+    """mean/median/p95/total seconds per phase and for the whole step."""
     durs = [s.durations() for s in steps]
     out = {p: describe([d.get(p, 0.0) for d in durs]) for p in PHASES}
     out["step"] = describe([sum(d.values()) for d in durs])
@@ -45,8 +41,7 @@ def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
 
 
 def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
-    """Per-phase statistics, comm time per step and the comm share of
-    step time."""
+    """Per-phase statistics, comm time per step and the comm share of step time."""
     phases = summarise_steps(steps)
     comm_steps = describe(comm.per_step_seconds(steps))
     exposed = float(sum(comm.per_step_exposed(steps)))
@@ -54,9 +49,8 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
     fraction: Optional[float] = None
     exposed_fraction: Optional[float] = None
     if steps and step_total > 0:
-        # in-flight comm / step time; clipped because an async
-        # collective may run on past the last phase boundary of the step
-        # that launched it
+        # in-flight comm / step time; clipped because an async collective may run on past the last
+        # phase boundary of the step that launched it
         fraction = min(1.0, comm.seconds / step_total)
         exposed_fraction = min(1.0, exposed / step_total)
     return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction,
@@ -64,12 +58,10 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
             "compute_s": float(sum(s.compute_seconds() for s in steps)) if steps else None}
 
 
-# The last arriver at a step's collectives waits least: a rank's lead =
-# median over the others of (their comm time - its own). Durations on
-# each rank's own clock, so no clock offset enters. Lateness is the
-# median lead over *all* steps compared (near zero with nothing
-# injected). A rank is named only when every threshold holds
-# (docs/timing.md, "Stragglers, injected and found"):
+# The last arriver at a step's collectives waits least: a rank's lead = median over the others of
+# (their comm time - its own). Durations on each rank's own clock, so no clock offset enters.
+# Lateness is the median lead over *all* steps compared (near zero with nothing injected). A rank
+# is named only when every threshold holds (docs/timing.md, "Stragglers, injected and found"):
 # steps compared: fewer say nothing
 STRAGGLER_MIN_STEPS = 20
 # last in at least half the steps ...
@@ -80,9 +72,8 @@ STRAGGLER_MIN_LATE_S = 0.5e-3  # its median lead: >= 0.5 ms
 
 
 class StragglerTally:
-    """Per rank: the steps it arrived last at and its lead at every step
-    (`merge` sums epochs: the run's finding is made from all its
-    steps)."""
+    """Per rank: the steps it arrived last at and its lead at every step (`merge` sums epochs: the
+    run's finding is made from all its steps)."""
 
     def __init__(self, world: int):
         self.world = world
@@ -92,9 +83,8 @@ class StragglerTally:
 
     @classmethod
     def from_waits(cls, waits: Sequence[Sequence[float]]) -> "StragglerTally":
-        """`waits[rank][step]`: each rank's comm seconds per step (the
-        same steps on every rank). Steps where every rank waited exactly
-        as long (no collective) are skipped."""
+        """`waits[rank][step]`: each rank's comm seconds per step (the same steps on every rank).
+        Steps where every rank waited exactly as long (no collective) are skipped."""
         n = len(waits)
         t = cls(n)
         if n < 2 or len({len(w) for w in waits}) != 1:
@@ -123,13 +113,11 @@ class StragglerTally:
         return self.last[rank] / self.steps if self.steps else 0.0
 
     def late_ms(self, rank: int) -> Optional[float]:
-        """`rank`'s median lead over the others (ms): how long they wait
-        for it."""
+        """`rank`'s median lead over the others (ms): how long they wait for it."""
         return 1e3 * statistics.median(self.lead_s[rank]) if self.lead_s[rank] else None
 
     def evidence(self) -> dict[str, Any]:
-        """Every rank's share of steps arrived last and its median lead
-        (ms)."""
+        """Every rank's share of steps arrived last and its median lead (ms)."""
         return {"steps_compared": self.steps,
                 "last_share": [round(self.share(r), 4) for r in range(self.world)],
                 "late_ms": [None if (v := self.late_ms(r)) is None else round(v, 4)
@@ -150,9 +138,8 @@ class StragglerTally:
 
 def stragglers(step_totals: Sequence[float],
                tally: Optional[StragglerTally] = None) -> dict[str, Any]:
-    """An epoch's "stragglers" dict: the slowest and fastest rank by
-    summed step time and `tally`'s evidence (docs/timing.md,
-    "Stragglers")."""
+    """An epoch's "stragglers" dict: the slowest and fastest rank by summed step time and `tally`'s
+    evidence (docs/timing.md, "Stragglers")."""
     if not step_totals:
         return {}
     slow = max(range(len(step_totals)), key=lambda r: step_totals[r])

@@ -1,10 +1,8 @@
-"""How many CPU threads each rank runs and how its threads wait: decided
-once per machine, before torch loads (torch-free). Why and what was
-measured: docs/performance.md, "What decides the defaults".
-`launcher=local` looks at the load first (`busy_cores`, `decide`, passed
-on by `apply`); otherwise a rank takes its equal share, its threads
-sleeping. What you set stands (`train.threads`, OMP_WAIT_POLICY,
-GOMP_SPINCOUNT).
+"""How many CPU threads each rank runs and how its threads wait: decided once per machine, before
+torch loads (torch-free). Why and what was measured: docs/performance.md, "What decides the
+defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`, passed on by `apply`);
+otherwise a rank takes its equal share, its threads sleeping. What you set stands (`train.threads`,
+OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
 from __future__ import annotations
@@ -32,21 +30,18 @@ class CpuShare:
 
 
 def cores() -> int:
-    """The cores this process may run on (its affinity: an allocation's,
-    a container's)."""
+    """The cores this process may run on (its affinity: an allocation's, a container's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def equal_share(local_ranks: int, n_cores: Optional[int] = None) -> int:
-    """Each of `local_ranks` ranks' share of `n_cores` (default: this
-    process's), at least 1."""
+    """Each of `local_ranks` ranks' share of `n_cores` (default: this process's), at least 1."""
     return max(1, (cores() if n_cores is None else n_cores) // max(local_ranks, 1))
 
 
 def busy_cores(window_s: float = 0.2) -> Optional[float]:
-    """How many of this process's cores other processes kept busy over
-    `window_s` (sleeping meanwhile, so not us), from /proc/stat; None
-    where there is no /proc/stat."""
+    """How many of this process's cores other processes kept busy over `window_s` (sleeping
+    meanwhile, so not us), from /proc/stat; None where there is no /proc/stat."""
     def sample() -> dict[int, tuple[int, int]]:
         out = {}
         with open("/proc/stat") as f:
@@ -73,24 +68,21 @@ def busy_cores(window_s: float = 0.2) -> Optional[float]:
 
 
 def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
-    """Each of `local_ranks` ranks' threads on `n_cores` cores of which
-    `busy` are in use."""
+    """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
     share = equal_share(local_ranks, n_cores)
     if busy is None:
         return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
     free = max(0, n_cores - round(busy))
     threads = min(share, equal_share(local_ranks, free))
-    # spinning only with a core to spare: the job's launcher, the
-    # command that follows it and each rank's own helper threads
-    # (TensorBoard's writer, gloo's) run beside the ranks
+    # spinning only with a core to spare: the job's launcher, the command that follows it and each
+    # rank's own helper threads (TensorBoard's writer, gloo's) run beside the ranks
     spin = threads * local_ranks <= free - 1
     return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
 
 
 def look(local_ranks: int) -> CpuShare:
-    """`decide` for this machine's `local_ranks` ranks, looking at the
-    load only where it can change the answer: with one core or less a
-    rank, each runs 1 thread whatever the load."""
+    """`decide` for this machine's `local_ranks` ranks, looking at the load only where it can
+    change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
     n = cores()
     if equal_share(local_ranks, n) == 1:
         ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
@@ -99,9 +91,8 @@ def look(local_ranks: int) -> CpuShare:
 
 
 def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
-    """Hand `share` to this machine's ranks: call before torch loads
-    (libgomp reads its variables once) and before the ranks start. The
-    user's own OpenMP variables stand."""
+    """Hand `share` to this machine's ranks: call before torch loads (libgomp reads its variables
+    once) and before the ranks start. The user's own OpenMP variables stand."""
     env = os.environ if environ is None else environ
     env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
     if not share.spin and not any(k in env for k in USER_WAIT_VARS):
@@ -109,8 +100,7 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
-    """In a rank, before torch: without a launcher's choice, threads
-    sleep (unless you chose)."""
+    """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
     if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -128,10 +118,9 @@ class RankThreads:
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
                  environ: Optional[MutableMapping[str, str]] = None) -> RankThreads:
-    """This rank's torch threads: `requested` (train.threads), else
-    `earlier` (a resumed run keeps its bits), else the launcher's choice
-    (the only ceiling start-up may lower), else its equal share of the
-    cores."""
+    """This rank's torch threads: `requested` (train.threads), else `earlier` (a resumed run keeps
+    its bits), else the launcher's choice (the only ceiling start-up may lower), else its equal
+    share of the cores."""
     env = os.environ if environ is None else environ
     if requested > 0:
         return RankThreads(requested, "train.threads", False)
@@ -145,8 +134,7 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:
-    """How this process's OpenMP threads wait, in words (the variables
-    libgomp read)."""
+    """How this process's OpenMP threads wait, in words (the variables libgomp read)."""
     env = os.environ if environ is None else environ
     if "GOMP_SPINCOUNT" in env:
         return f"spin {env['GOMP_SPINCOUNT']} times, then sleep"

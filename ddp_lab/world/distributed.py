@@ -1,5 +1,4 @@
-"""Process group set-up: backend, device, bounded timeouts, clean
-teardown."""
+"""Process group set-up: backend, device, bounded timeouts, clean teardown."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ class Heartbeat(Protocol):
 
 @dataclass(frozen=True)
 class DistContext:
-    """This rank in its initialised process group. `run_rank`
-    (ddp_lab/rank/main.py) adds what the rank's machinery shares: its
-    heartbeat record, which counts each collective below, its hang
+    """This rank in its initialised process group. `run_rank` (ddp_lab/rank/main.py) adds what the
+    rank's machinery shares: its heartbeat record, which counts each collective below, its hang
     watchdog and its torch threads (`tune_threads` may lower them)."""
 
     env: DistEnv
@@ -62,23 +60,19 @@ class DistContext:
                 dist.barrier()
 
     def synchronize(self) -> None:
-        """Wait for queued GPU work, so a host clock read after it means
-        something."""
+        """Wait for queued GPU work, so a host clock read after it means something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------ scalar collectives
-    # every small agreement of a run (a loss, a flag, a host, a step
-    # time) goes through these
+    # every small agreement of a run (a loss, a flag, a host, a step time) goes through these
     @property
     def collective(self) -> bool:
-        """True when there are other ranks to talk to (no process group,
-        or 1 rank: none)."""
+        """True when there are other ranks to talk to (no process group, or 1 rank: none)."""
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
     def _tensor(self, values: Sequence[float]) -> torch.Tensor:
-        # nccl moves only CUDA tensors; on CPU float64 keeps sums of
-        # many samples exact
+        # nccl moves only CUDA tensors; on CPU float64 keeps sums of many samples exact
         dtype = torch.float64 if self.device.type == "cpu" else torch.float32
         return torch.tensor([float(v) for v in values], dtype=dtype, device=self.device)
 
@@ -104,8 +98,7 @@ class DistContext:
         return self.reduce_float(1.0 if flag else 0.0, "max") > 0
 
     def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's picklable `obj`, in rank order, on every
-        rank."""
+        """Every rank's picklable `obj`, in rank order, on every rank."""
         if not self.collective:
             return [obj]
         out: list[Any] = [None] * dist.get_world_size()
@@ -114,8 +107,7 @@ class DistContext:
         return out
 
     def gather_objects_to(self, obj: Any, dst: int = 0) -> Optional[list[Any]]:
-        """Every rank's picklable `obj` in rank order on rank `dst`;
-        None on the others."""
+        """Every rank's picklable `obj` in rank order on rank `dst`; None on the others."""
         if not self.collective:
             return [obj]
         mine = dist.get_rank() == dst
@@ -160,11 +152,10 @@ def choose_backend(device: torch.device, backend: str = "auto") -> str:
 def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
                 timeout_s: float = 120.0, init_timeout_s: Optional[float] = None,
                 run_dir: Optional[Path] = None, **rank: Any) -> Iterator[DistContext]:
-    """Initialise the default process group for `env`, destroyed on the
-    way out: within `init_timeout_s` (default `timeout_s`), then
-    `timeout_s` per collective (a dead peer is an error, not a hang); on
-    nccl with a `run_dir`, the flight recorder on. `rank`: the
-    DistContext's heartbeat, watchdog and threads."""
+    """Initialise the default process group for `env`, destroyed on the way out: within
+    `init_timeout_s` (default `timeout_s`), then `timeout_s` per collective (a dead peer is an
+    error, not a hang); on nccl with a `run_dir`, the flight recorder on. `rank`: the DistContext's
+    heartbeat, watchdog and threads."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
     kwargs = {}
@@ -180,12 +171,10 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
         # read by ProcessGroupNCCL when it is made: set them first
         if run_dir is not None:
             enable_flight_recorder(run_dir)
-            # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads
-            # its transport there
+            # NCCL's INFO lines into RUN_DIR/logs: the fingerprint reads its transport there
             fingerprint.enable_nccl_debug(run_dir)
-    # env:// rather than tcp://: under torchrun the agent already serves
-    # the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) and env://
-    # knows to join it as a client.
+    # env:// rather than tcp://: under torchrun the agent already serves the store on MASTER_PORT
+    # (TORCHELASTIC_USE_AGENT_STORE) and env:// knows to join it as a client.
     os.environ["MASTER_ADDR"] = env.master_addr
     os.environ["MASTER_PORT"] = str(env.master_port)
     init_timeout = datetime.timedelta(seconds=init_timeout_s or timeout_s)
@@ -204,9 +193,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 
 
 def set_timeout(timeout_s: float) -> bool:
-    """The default group's timeout for every later collective (torch >=
-    2.9: dist.set_timeout; 2.3 to 2.8: _set_pg_timeout). False on torch
-    2.2: the init timeout stays."""
+    """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout; 2.3
+    to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
     # lazy: torch < 2.9's private module
     import torch.distributed.distributed_c10d as c10d
 
@@ -218,9 +206,8 @@ def set_timeout(timeout_s: float) -> bool:
 
 
 def local_gloo_world(rank: int, world: int, port: int, timeout_s: float = 300.0) -> DistContext:
-    """This process as rank `rank` of a one-machine gloo group of
-    `world` CPU ranks at 127.0.0.1:`port`, without a launcher (the
-    benchmark scripts); the caller destroys it."""
+    """This process as rank `rank` of a one-machine gloo group of `world` CPU ranks at
+    127.0.0.1:`port`, without a launcher (the benchmark scripts); the caller destroys it."""
     env = DistEnv(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
                   node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=port,
                   source="single")
