@@ -110,14 +110,10 @@ def compile_model(syncer, splits: Any, batch_size: int) -> float:
     return seconds
 
 
-def enabled(train_cfg: TrainConfig) -> bool:
-    return bool(getattr(train_cfg, "cuda_graph", False))
-
-
 def graph_stream(train_cfg: TrainConfig, device: torch.device):
     """Where the synchroniser is built: with train.cuda_graph on CUDA, a side stream (the notes:
     DDP constructed in a side-stream context for full-backward capture)."""
-    if enabled(train_cfg) and device.type == "cuda":
+    if train_cfg.cuda_graph and device.type == "cuda":
         return torch.cuda.stream(torch.cuda.Stream(device))
     return nullcontext()
 
@@ -126,7 +122,7 @@ def graphed_steps(train_cfg: TrainConfig, syncer, optimizer: torch.optim.Optimiz
                   batch: int) -> Optional[GraphedSteps]:
     """With train.cuda_graph, the epochs' steps as a `GraphedSteps` of
     `batch` samples a rank; else None (they run eagerly)."""
-    if not enabled(train_cfg):
+    if not train_cfg.cuda_graph:
         return None
     # dist.device=auto resolved to cpu on this rank
     if syncer.device.type != "cuda":

@@ -205,7 +205,7 @@ def _telemetry_rank(rank: int, world: int, root: str) -> dict:
 
     from ddp_lab.world.distributed import DistContext
     from ddp_lab.world.env import DistEnv
-    from ddp_lab.rank.epochs import MeasuredEpoch
+    from ddp_lab.rank.records import MeasuredEpoch
     from ddp_lab.rank.records import Telemetry
     from ddp_lab.timing import PHASES, CommStats, StepTimes
 

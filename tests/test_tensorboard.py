@@ -36,7 +36,7 @@ def _telemetry(run_dir: Path, *overrides: str, steps_per_epoch: int = 2, world: 
 
 
 def _epoch(n: int, steps: list | None = None, at: int = 0):
-    from ddp_lab.rank.epochs import MeasuredEpoch
+    from ddp_lab.rank.records import MeasuredEpoch
     from ddp_lab.timing import CommStats
 
     return MeasuredEpoch(n, steps or [], CommStats(), busy_s=0.01, wall_s=0.1, loss_sum=2.0,

@@ -17,7 +17,8 @@ import torch
 from ..folder import checkpoint_file as checkpoint
 from ..config import BatchPlan, TrainConfig
 from ..world.distributed import DistContext
-from .epochs import MeasuredEpoch, Position, StopInfo
+from .epochs import StopInfo
+from .records import MeasuredEpoch, Position
 from ..folder.rundir import resume_mode
 
 log = logging.getLogger("ddp_lab")

@@ -25,8 +25,7 @@ import os
 import random
 import signal
 import time
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -34,58 +33,12 @@ import torch
 
 from ..config import Config, DebugConfig, TrainConfig
 from ..folder.stop import PREEMPTED, STATUS, STOPPED, clear_stop_file, read_stop_file
-from ..timing import Clock, CommStats, StepTimer, StepTimes
+from ..timing import Clock, StepTimer
 from ..world.distributed import DistContext
 from ..world.parent import set_parent_death_signal
-from .records import Records
+from .records import MeasuredEpoch, Position, Records
 
 log = logging.getLogger("ddp_lab")
-
-
-@dataclass
-class Position:
-    """Where a run stands: epochs done, steps done of the next epoch, and that partial epoch's sums
-    so far (kept in a mid-epoch checkpoint)."""
-
-    epoch: int = 0
-    step: int = 0
-    loss_sum: float = 0.0
-    samples: int = 0
-    busy_s: float = 0.0
-    wall_s: float = 0.0
-    # correct training predictions (train accuracy)
-    correct: int = 0
-
-
-@dataclass
-class MeasuredEpoch:
-    """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields are this
-    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only);
-    `totals` adds the two."""
-
-    epoch: int
-    # this part's phase stamps (none when timing is off)
-    steps: list[StepTimes]
-    comm: CommStats  # this part's collectives
-    # this rank's own time, before waiting for the others at the epoch's end
-    busy_s: float
-    # barrier to barrier: the slowest rank's time
-    wall_s: float
-    # this rank's training loss summed over its samples
-    loss_sum: float
-    samples: int
-    # this rank's correct training predictions
-    correct: int = 0
-    resumed_at_step: int = 0
-    resumed_part: Position = field(default_factory=Position)
-    # (loss, accuracy), after the steps
-    test: tuple[float, float] = (float("nan"), float("nan"))
-
-    def totals(self) -> tuple[float, int, int, float, float]:
-        """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
-        c = self.resumed_part
-        return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
-                c.busy_s + self.busy_s, c.wall_s + self.wall_s)
 
 
 MAX_EVERY = 100_000
@@ -205,23 +158,6 @@ class StopControl:
         return info
 
 
-@contextmanager
-def stop_control(ctx: DistContext, run_dir: Path,
-                 train: TrainConfig) -> Iterator[StopControl]:
-    """A run's StopControl per the train section: a stop request the previous allocation acted on
-    is spent first; the signal handlers are restored on leaving."""
-    stopper = StopControl(ctx, run_dir, train.stop_signal, train.stop_check_s)
-    try:
-        if ctx.env.is_main:
-            # a request the previous allocation acted on is spent
-            clear_stop_file(run_dir)
-        # load-bearing: no rank checks for a stop before the old request is gone
-        ctx.barrier()
-        yield stopper
-    finally:
-        stopper.restore()
-
-
 class ComputeDelay:
     """Callable: sleep this rank's delay for one step."""
 
@@ -311,7 +247,6 @@ class EpochControl:
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, records: Records):
         self.train, self.debug, self.ctx, self.run_dir = cfg.train, cfg.debug, ctx, run_dir
         self.records = records
-        self.stops = ExitStack()
         self.stopper: Optional[StopControl] = None
         self.epoch, self.t0 = 0, 0.0
 
@@ -319,7 +254,8 @@ class EpochControl:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stops.close()
+        if self.stopper is not None:
+            self.stopper.restore()
 
     def start(self, clock: Clock, timer: StepTimer, parts: Any, start: Position) -> None:
         """Collective. The run starts at `start` (its partial epoch, if any, is the checkpoint's):
@@ -334,7 +270,13 @@ class EpochControl:
         if ctx.env.world_size > 1:
             timer.watch_grads(syncer.module)
         self.delay = ComputeDelay.from_config(self.debug, ctx.env.rank, self.train.seed)
-        self.stopper = self.stops.enter_context(stop_control(ctx, self.run_dir, self.train))
+        self.stopper = StopControl(ctx, self.run_dir, self.train.stop_signal,
+                                   self.train.stop_check_s)
+        if ctx.env.is_main:
+            # a request the previous allocation acted on is spent
+            clear_stop_file(self.run_dir)
+        # load-bearing: no rank checks for a stop before the old request is gone
+        ctx.barrier()
 
     def resumed_part(self, epoch: int) -> Position:
         """The part of `epoch` (0-based) the resumed checkpoint holds, as this rank adds it: loss
@@ -376,9 +318,9 @@ class EpochControl:
         wall = time.perf_counter() - self.t0
         # the epoch's stamps and comm, taken before the checkpoint (a synchroniser may communicate
         # to bring the optimiser state to rank 0) adds to them
-        steps, comm = self.timer.collect(), self.syncer.collect_comm()
-        self.records.steps_measured(steps, comm)
-        measured = MeasuredEpoch(self.epoch + 1, steps, comm, busy, wall, loss_sum.item(),
+        times, comm = self.timer.collect(), self.syncer.collect_comm()
+        self.records.steps_measured(times, comm)
+        measured = MeasuredEpoch(self.epoch + 1, times, comm, busy, wall, loss_sum.item(),
                                  batches.samples, int(correct.item()),
                                  resumed_at_step=batches.first_step,
                                  resumed_part=self.resumed_part(self.epoch))

@@ -1,5 +1,6 @@
 """train()'s records part for a run folder (ddp_lab/train.py; docs/architecture.md, "The path of
-one epoch's numbers"): from the loop's raw measurements to the run's records.
+one epoch's numbers"): from the loop's raw measurements to the run's records. `MeasuredEpoch` is
+what the epochs part measured of one epoch, `Position` where a run stands (a checkpoint's).
 
 `Records` is the part: it starts the run's `Telemetry` and profiler, hands each epoch's
 `MeasuredEpoch` on, and at the end writes the final weights (model.pt) and the `RunSummary`.
@@ -19,8 +20,9 @@ import logging
 import os
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -43,11 +45,53 @@ from ..world.distributed import DistContext
 from ..world.env import allocation, hostname, startup_s
 from .profile import StepProfiler, ddp_timing, make_profiler
 
-# the epochs part hands its measurements here (rank/epochs.py imports this)
-if TYPE_CHECKING:
-    from .epochs import MeasuredEpoch, Position
-
 log = logging.getLogger("ddp_lab")
+
+
+@dataclass
+class Position:
+    """Where a run stands: epochs done, steps done of the next epoch, and that partial epoch's sums
+    so far (kept in a mid-epoch checkpoint)."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    samples: int = 0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    # correct training predictions (train accuracy)
+    correct: int = 0
+
+
+@dataclass
+class MeasuredEpoch:
+    """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields are this
+    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only);
+    `totals` adds the two."""
+
+    epoch: int
+    # this part's phase stamps (none when timing is off)
+    steps: list[StepTimes]
+    comm: CommStats  # this part's collectives
+    # this rank's own time, before waiting for the others at the epoch's end
+    busy_s: float
+    # barrier to barrier: the slowest rank's time
+    wall_s: float
+    # this rank's training loss summed over its samples
+    loss_sum: float
+    samples: int
+    # this rank's correct training predictions
+    correct: int = 0
+    resumed_at_step: int = 0
+    resumed_part: Position = field(default_factory=Position)
+    # (loss, accuracy), after the steps
+    test: tuple[float, float] = (float("nan"), float("nan"))
+
+    def totals(self) -> tuple[float, int, int, float, float]:
+        """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
+        c = self.resumed_part
+        return (c.loss_sum + self.loss_sum, c.correct + self.correct, c.samples + self.samples,
+                c.busy_s + self.busy_s, c.wall_s + self.wall_s)
 
 
 class Records:
@@ -76,11 +120,11 @@ class Records:
         """Epoch `epoch`'s step numbers from `first_step` on, shown as they go."""
         return self.telemetry.step_numbers(epoch, first_step)
 
-    def steps_measured(self, steps: list[StepTimes], comm: CommStats) -> None:
+    def steps_measured(self, times: list[StepTimes], comm: CommStats) -> None:
         """An epoch's steps and calls, as its end measured them: the
         profiler's window ends here at the latest."""
         if self.profiler is not None:
-            self.profiler.measured(steps, comm)
+            self.profiler.measured(times, comm)
 
     def epoch(self, measured: MeasuredEpoch, test: tuple[float, float]) -> None:
         """Collective. An epoch ended with this test loss and accuracy."""
@@ -398,7 +442,7 @@ class Telemetry:
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
-            cuda_graph=bool(getattr(cfg.train, "cuda_graph", False)),
+            cuda_graph=cfg.train.cuda_graph,
             ddp_timing=ddp, witnesses=witnesses, weights_sha256=weights_sha256,
             **{f"memory_{k}": v for k, v in (memory or {}).items()})
         self.sink.summary(summary)
