@@ -201,8 +201,8 @@ class Telemetry:
         self.compile_s = compile_s
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
-        self.start_epoch = 0
-        self.start_step = 0
+        self.start_epoch, self.start_step = 0, 0
+        # this allocation's and the earlier ones' (summary.json `segments`), the summary before
         self.segments: list[dict] = []
         self.previous: dict = {}
         self.hosts: list[str] = []
@@ -369,8 +369,7 @@ class Telemetry:
         desc = describe_run(OmegaConf.to_container(cfg, resolve=True),
                             {"world_size": env.world_size, "nodes": env.num_nodes,
                              "device": "cpu" if self.ctx.device.type == "cpu" else None})
-        # the sync's options are the description's `sync.<key>` (no
-        # `overlap` beside `sync.overlap`)
+        # the sync's options are the description's `sync.<key>` (no `overlap` beside `sync.overlap`)
         return {**desc.hparams(), "world_size": env.world_size, "batch_size": self.plan.per_rank,
                 "global_batch": self.plan.global_batch, "backend": self.ctx.backend}
 
@@ -389,25 +388,21 @@ class Telemetry:
                              overlap=self.cfg.sync.overlap)
 
     # -------------------------------------------------------------- the end
-    def finish(self, final_test: Optional[tuple[float, float]] = None, status: str = "completed",
-               position: Optional[tuple[int, int]] = None,
-               stop_reason: Optional[str] = None,
-               memory: Optional[dict[str, Any]] = None,
+    def finish(self, status: str = "completed", position: Optional[tuple[int, int]] = None,
+               stop_reason: Optional[str] = None, memory: Optional[dict[str, Any]] = None,
                weights_sha256: Optional[str] = None) -> RunSummary:
-        """Collective. Merge the trace, write summary.json and close TensorBoard. `final_test`:
-        needed only when no epoch ran here; a graceful stop passes `status`, `position` and
-        `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory) and every rank's optimiser
+        """Collective. Merge the trace, write summary.json and close TensorBoard. A graceful stop
+        passes `status`, `position` and `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory) and every rank's optimiser
         state; `weights_sha256`: the final weights' digest (model.pt)."""
         self._merge_trace()
         witnesses, ddp = self._witnesses()
-        # every collective has run by now: NCCL's lines of
+        # every collective has run by now: NCCL's lines of every connection it made are in the
+        # logs, flushed
         if self.ctx.backend == "nccl":
-            # every connection it made are in the logs, flushed
             self._fingerprint()
         cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
         test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
-                               final_test or (self.previous.get("test_loss"),
-                                              self.previous.get("test_accuracy")))
+                               (self.previous.get("test_loss"), self.previous.get("test_accuracy")))
         times = self.epoch_times
         epochs_done, step = position or (cfg.train.epochs, 0)
         if self.segments:
