@@ -44,6 +44,9 @@ WARMUP = 3
 def prepare_steps(train: TrainConfig, ctx: DistContext, syncer, optimizer: torch.optim.Optimizer,
                   splits: Any, batch_size: int) -> Optional[float]:
     """Collective. Preflight, thread count, then train.compile: its seconds, or None."""
+    # its calls from here on: where this rank is, for status (its heartbeat record)
+    if ctx.heartbeat is not None:
+        ctx.heartbeat.follow(comm=syncer.comm)
     x0, y0 = splits.test_x[:2], splits.test_y[:2]
     syncer.preflight(lambda m=syncer.module: F.cross_entropy(m(x0), y0))
     if ctx.threads is not None and ctx.device.type == "cpu":

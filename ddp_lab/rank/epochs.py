@@ -262,9 +262,9 @@ class EpochControl:
         the ranks listen for stops from here."""
         ctx, syncer = self.ctx, parts.syncer
         self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
-        # its phases and calls: where this rank is (status)
+        # its phases: where this rank is (status)
         if ctx.heartbeat is not None:
-            ctx.heartbeat.follow(timer=timer, comm=syncer.comm)
+            ctx.heartbeat.follow(timer=timer)
         # compute end (each step's last gradient ready): where exposed
         # comm starts; one rank has none
         if ctx.env.world_size > 1:
