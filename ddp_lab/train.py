@@ -181,6 +181,7 @@ def train(cfg: Config, ctx: DistContext, checkpoint: Checkpoint = NoCheckpoint()
             loss_sum, correct = graph.run_steps(batches, timer)
         measured, stop = epochs.end(batches, loss_sum, correct)
         if stop:
+            # every rank agreed to stop mid-epoch: saved where it stands
             saved = checkpoint.save_stop(stop, epoch, measured)
             return records.stopped(parts, saved, measured)
         # fsdp2: its weights gathered once, not per batch
@@ -189,6 +190,7 @@ def train(cfg: Config, ctx: DistContext, checkpoint: Checkpoint = NoCheckpoint()
         # the checkpoint, then the record: it never outlives its state
         checkpoint.save(epoch + 1)
         records.epoch(measured, test)
+        # the failure hook, then a stop every rank agreed on
         stop = epochs.between(epoch + 1)
         if stop:
             return records.stopped(parts, checkpoint.save_stop(stop, epoch + 1))
