@@ -173,4 +173,4 @@ class RunaiLauncherConfig(LauncherConfig):
 
 # -------------------------------------------------------------------- sync
 #: sync.compress: what gradients travel as (WireFormat in
-#: ddp_lab/sync/_buckets.py for ours, sync/ddp.py for DDP)
+#: ddp_lab/sync/buckets.py for ours, sync/ddp.py for DDP)

@@ -27,8 +27,10 @@ A synchroniser that cannot run a configuration says so in its section's
 `check` (its schema, config/sync/<name>.py: config only, run before any
 process starts and again where it is built, `build_sync` in
 sync/build.py) or in `preflight` (needs the model and a batch; called
-once before the first step), never by hanging in a collective. The class
-holds none of that wiring: this file is the interface only.
+once before the first step), never by hanging in a collective. Besides
+the interface, the class holds only what every synchroniser shares: the
+byte counting above (`timed`, `traffic`) and the bytes a rank holds
+(`memory`).
 """
 
 from __future__ import annotations
@@ -214,30 +216,3 @@ class Synchroniser:
         events (one sync)."""
         return self.comm.collect()
 
-
-def unused_parameters(
-    module: nn.Module, loss_fn: Callable[[], torch.Tensor]
-) -> list[str]:
-    """Names of trainable parameters that get no gradient from one
-    backward of `loss_fn`.
-
-    Runs on the bare module (no communication), leaves every .grad None
-    and the RNG untouched, so training afterwards is exactly as without
-    the check.
-    """
-    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    saved = [p.grad for _, p in params]
-    devices = (
-        [torch.cuda.current_device()]
-        if torch.cuda.is_available() and any(p.is_cuda for _, p in params)
-        else []
-    )
-    try:
-        for _, p in params:
-            p.grad = None
-        with torch.random.fork_rng(devices=devices):
-            loss_fn().backward()
-        return [n for n, p in params if p.grad is None]
-    finally:
-        for (_, p), g in zip(params, saved):
-            p.grad = g

@@ -3,7 +3,7 @@ class (sync/<name>.py); `build_sync(cfg, ...)`, what the trainer calls,
 runs the section's config rules (its schema's `check`,
 config/sync/<name>.py) and, for `sync.overlap=true` on more than one
 rank, picks an all-reduce family class's overlapped variant
-(sync/overlap.py): neither belongs to the class itself."""
+(sync/allreduce.py): neither belongs to the class itself."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ from ..config.registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync
 from .base import Synchroniser
-from .butterfly import ButterflySync
+from .allreduce import ButterflySync
 from .custom import CustomSync
 from .ddp import DDPSync
 from .fsdp2 import FSDP2Sync
 from .hierarchical import HierarchicalSync
 from .naive import NaiveSync
-from .overlap import overlapped
+from .allreduce import overlapped
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .torch_zero import TorchZeroSync
-from .tree import TreeSync
+from .allreduce import TreeSync
 from .zero1 import Zero1Sync
 
 SYNCS: Registry[type[Synchroniser]] = Registry(

@@ -41,8 +41,8 @@ from ..collectives import (
     reduce_tree,
 )
 from ..predict import costmodel
-from ._buckets import WIRE_DTYPES
-from .base import Synchroniser, unused_parameters
+from .base import Synchroniser
+from .buckets import unused_parameters, WIRE_DTYPES
 
 #: sync.hook -> ddp_lab's collective calls it makes on a bucket:
 #: (collective, algorithm)

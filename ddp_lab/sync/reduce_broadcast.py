@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._buckets import Bucket, WireFormat, make_buckets
-from .ready_buckets import ReadyBuckets
+from .buckets import Bucket, WireFormat, make_buckets
+from .buckets import ReadyBuckets
 from .base import Synchroniser
 
 
