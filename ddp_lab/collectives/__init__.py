@@ -31,8 +31,7 @@ from .broadcast import (
     broadcast_tree,
 )
 from .gather import GATHER, gather_linear, gather_tree, torch_gather
-from .ring_batched import DEFAULT_SEGMENT_BYTES
-from .ring_preposted import PrepostedRingAllReduce
+from .ring_optimised import DEFAULT_SEGMENT_BYTES, PlanTags, PrepostedRingAllReduce, preposted_plans
 from .ring import all_reduce_ring_textbook
 from .reduce import reduce_linear, reduce_tree
 from .registry import (
@@ -78,6 +77,8 @@ __all__ = [
     "torch_gather",
     "GATHER",
     "PrepostedRingAllReduce",
+    "PlanTags",
+    "preposted_plans",
     "torch_broadcast",
     "torch_reduce",
     "torch_all_reduce",

@@ -150,7 +150,7 @@ def p2p(
     :func:`torch.distributed.batch_isend_irecv` and wait for all: on
     nccl one group, so exchanges cannot deadlock. Zero-element tensors
     are skipped (both ends agree on sizes)."""
-    # receives first, as the ring's (ring_batched.py's p2p_pipelined
+    # receives first, as the ring's (ring_optimised.py's p2p_pipelined
     # says why)
     ops = [
         dist.P2POp(dist.irecv, t, info.peer(r), info.group)

@@ -22,10 +22,10 @@ from ._common import (
     p2p,
     scratch,
 )
-from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
+from .ring_optimised import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_linear, _bcast_tree
 from .reduce import _reduce_linear, _reduce_tree
-from .ring_schedule import schedule_all_reduce
+from .ring_optimised import schedule_all_reduce
 
 
 def _prepare(
@@ -146,8 +146,8 @@ def all_reduce_ring(
 ) -> None:
     """Ring all-reduce (reduce-scatter + all-gather of ``n`` chunks), in
     place; bandwidth-optimal. The schedule is
-    :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch
-    (``ring_batched.py``) whose message is cut into ``segment_bytes``
+    :mod:`~ddp_lab.collectives.ring_optimised`, each step one batch
+    (``ring_optimised.py``) whose message is cut into ``segment_bytes``
     pieces (``None``: whole), each reduced as it lands. Ops as in
     :func:`all_reduce_linear` (AVG divides the owned chunk once, between
     the phases)."""

@@ -19,8 +19,8 @@ from ._common import (
     group_info,
     normalize_op,
 )
-from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
-from .ring_schedule import schedule_all_gather, schedule_reduce_scatter
+from .ring_optimised import DEFAULT_SEGMENT_BYTES, batched_exchange
+from .ring_optimised import schedule_all_gather, schedule_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:

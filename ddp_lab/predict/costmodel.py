@@ -196,7 +196,7 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
         b = tuple(m * N for m in msgs)
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
-    # ring (collectives/ring_schedule.py, shift 1): rank r sends every
+    # ring (collectives/ring_optimised.py, shift 1): rank r sends every
     # chunk but r+1, then but r+2; receives every chunk but r, then but
     # r+1
     size = [c * e for c in _split(numel, n)]

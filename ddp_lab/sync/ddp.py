@@ -34,6 +34,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..collectives import (
+    PlanTags,
     PrepostedRingAllReduce,
     all_reduce_ring,
     all_reduce_ring_textbook,
@@ -84,6 +85,7 @@ class DDPSync(Synchroniser):
         self.bytes_exact = self.hook in OUR_HOOKS
         # ring_prepost's, per bucket
         self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}
+        self.tags = PlanTags()
         # nccl: the batched ring (sync=ring's rule)
         self.textbook = dist.get_backend() == "gloo"
         # PowerSGD launches its P and Q all-reduces from completion
@@ -198,7 +200,7 @@ def _our_hook(
             key = (bucket.index(), buf.numel())
             if key not in state.plans:
                 # collective: same order everywhere
-                state.plans[key] = PrepostedRingAllReduce(buf)
+                state.plans[key] = PrepostedRingAllReduce(buf, tags=state.tags)
             state.plans[key](buf)
         elif state.textbook:
             all_reduce_ring_textbook(buf)

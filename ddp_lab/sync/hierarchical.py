@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..predict import costmodel
-from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce
+from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce, preposted_plans
 from ..world.distributed import DistContext
 from ..world.env import detect_env
 from ..world.topology import Topology, build_groups, detect_topology
@@ -97,12 +97,7 @@ class HierarchicalSync(AllReduceSync):
             # leaders, in bucket order (sync.compress: the ring is the
             # 16-bit copy's, the tensor that goes on the wire)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
-            self.rings = {
-                w.data_ptr(): PrepostedRingAllReduce(
-                    w, group=self.leader_group
-                )
-                for w in wires
-            }
+            self.rings = preposted_plans(wires, group=self.leader_group)
         largest = (
             max((p.numel() for p in self.params), default=1)
             if self.per_param
