@@ -13,9 +13,9 @@ import pytest
 from helpers import describe, run_cli, run_dir_of
 
 from ddp_lab.doctor import facts as gather
-from ddp_lab.doctor.parsers import (nccl_transport, nearest_nic, parse_topo,
+from ddp_lab.doctor.verdicts import (nccl_transport, nearest_nic, parse_topo,
                                     uses_sockets_between_nodes)
-from ddp_lab.doctor.findings import Facts
+from ddp_lab.doctor.verdicts import Facts
 from ddp_lab.doctor.verdicts import verdicts
 from ddp_lab.folder import doctor as records
 

@@ -171,7 +171,7 @@ def test_the_generic_cli_knows_no_entry_point():
 @pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
                                    "ddp_lab.status", "ddp_lab.command.study",
                                    "ddp_lab.report.__main__", "ddp_lab.doctor.__main__",
-                                   "ddp_lab.doctor.worker"])
+                                   "ddp_lab.doctor.probe"])
 def test_entry_points_load_no_torch_at_import(entry):
     """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
     the ranks' entries until rank_main set OMP_WAIT_POLICY; status, the report (it reads

@@ -22,10 +22,10 @@ from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
 from ..folder import doctor as records
-from .findings import Check, Facts
+from .verdicts import Check, Facts
 from .verdicts import verdicts
 
-ENTRY = "ddp_lab.doctor.worker"
+ENTRY = "ddp_lab.doctor.probe"
 # the doctor's own bounds: a rank that cannot join, or a collective that
 # hangs (the tasks/devices mismatch), ends the job within these rather
 # than the run's
