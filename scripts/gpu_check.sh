@@ -143,7 +143,7 @@ elif what == "refused":  # the one line a refused command printed (exit 2)
     assert len(lines) == 1 and "train.cuda_graph=true" in lines[0], lines
     print(lines[0][:120])
 elif what == "witness":  # timing.profile: the traces, HTA's reading, the witness table's rows
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
     from ddp_lab.report.truth_table import hta_overlap, witness_rows
     traces = sorted((d / "profile").glob("rank*.pt.trace.json"))
     assert traces, "no profile/rank*.pt.trace.json"

@@ -139,7 +139,7 @@ def test_traces_one_per_rank_parse_in_hta(runs):
 
 @pytest.mark.parametrize("sync", SYNCS)
 def test_comm_per_step_agrees_with_the_profilers_events(runs, sync):
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
     from ddp_lab.report.truth_table import witness_rows
 
     run = load_run(runs[sync])
@@ -158,7 +158,7 @@ def test_the_witness_is_the_trace_recomputed_here(runs, sync):
     """The profiler's figure in summary.json is what the raw trace files say (recomputed
     by this test), and the witness table's ratio is ddp_lab's figure over that one: a ratio
     of exactly 1.0 is refused (a witness that is ddp_lab's own figure again)."""
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
     from ddp_lab.report.truth_table import witness_rows
 
     blocking = sync != "ddp"  # every sync but ddp (and sync.overlap) waits for its calls
@@ -181,7 +181,7 @@ def test_the_witness_is_the_trace_recomputed_here(runs, sync):
 
 
 def test_ddp_logging_data_beside_ours(runs):
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
     from ddp_lab.report.truth_table import witness_rows
 
     d = summary(runs["ddp"])["ddp_timing"]

@@ -17,7 +17,7 @@ from test_report_stats import write_run
 from ddp_lab.report import plots
 from ddp_lab.report.build import build_report
 from ddp_lab.report.plots import bench_figure, phase_figure
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from ddp_lab.report import tables
 from ddp_lab.report.tables import sig
 from ddp_lab.report.__main__ import parse_worlds
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 
 def test_summary_on_known_numbers():

@@ -23,7 +23,7 @@ from ddp_lab.config.registry import Registry
 from ddp_lab.report import plots
 from ddp_lab.report.build import build_report
 from ddp_lab.report.plots import phase_figure
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 PROFILED = ("timing.profile=true", "timing.profile_skip=3", "timing.profile_steps=10")
 

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 from helpers import compose
 from report_data import PAYLOAD, bench_run, train_run
 

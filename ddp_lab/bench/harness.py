@@ -27,7 +27,7 @@ from ..predict.numbers import pow2_label
 from ..timing import percentile
 from .ops import OPS, dtype_of, student_label, with_students
 from ..config.student import is_spec
-from .pattern import GroupCtx, Op, Pattern
+from .ops import GroupCtx, Op, Pattern
 from ..world.topology import GroupSet, Topology, build_groups, detect_topology
 
 log = logging.getLogger("ddp_lab")

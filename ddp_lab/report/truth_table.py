@@ -26,7 +26,7 @@ from ..predict.costmodel import SYNC_COLLECTIVES
 from ..predict.numbers import union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import Run
-from .runs import find_runs
+from .run import find_runs
 from .tables import _f, _mean
 
 
