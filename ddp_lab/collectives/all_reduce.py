@@ -11,21 +11,20 @@ import torch.distributed as dist
 
 from ._common import (
     AVG,
-    SUM,
-    GroupInfo,
-    OpLike,
     check_op_dtype,
     combine_,
     flat_view,
     group_info,
+    GroupInfo,
     normalize_op,
+    OpLike,
     p2p,
     scratch,
+    SUM,
 )
-from .ring_optimised import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_linear, _bcast_tree
 from .reduce import _reduce_linear, _reduce_tree
-from .ring_optimised import schedule_all_reduce
+from .ring_optimised import batched_exchange, DEFAULT_SEGMENT_BYTES, schedule_all_reduce
 
 
 def _prepare(

@@ -10,17 +10,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    SUM,
-    AVG,
-    OpLike,
-    check_op_dtype,
-    flat_view,
-    group_info,
-    normalize_op,
+from ._common import AVG, check_op_dtype, flat_view, group_info, normalize_op, OpLike, SUM
+from .ring_optimised import (
+    batched_exchange,
+    DEFAULT_SEGMENT_BYTES,
+    schedule_all_gather,
+    schedule_reduce_scatter,
 )
-from .ring_optimised import DEFAULT_SEGMENT_BYTES, batched_exchange
-from .ring_optimised import schedule_all_gather, schedule_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:

@@ -15,15 +15,15 @@ from typing import Optional
 
 from omegaconf import DictConfig, open_dict
 
-from ..command.job import Outcome, launch_job
+from ..command.job import launch_job, Outcome
 from ..command.validate import resolve_train
 from ..config.errors import UserError
+from ..folder import doctor as records
 from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
-from ..folder import doctor as records
-from .verdicts import Check, Facts
-from .verdicts import verdicts
+from .verdicts import Check, Facts, verdicts
+
 
 ENTRY = "ddp_lab.doctor.probe"
 # the doctor's own bounds: a rank that cannot join, or a collective that

@@ -1,8 +1,8 @@
 """Report figures (matplotlib, Agg), one colour per synchroniser in all
 of them: the time per epoch, the phases of a step, the bench's all-reduce
-time by size. Each `*_figure` returns
-the Figure and what it drew; `save` writes the PNG and a sidecar JSON of
-the series. Legends lie outside the axes.
+time by size. Each `*_figure` returns the Figure and what it drew;
+`save` writes the PNG and a sidecar JSON of the series. Legends lie
+outside the axes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from ..config import SCHEMAS
 from ..folder.description import plural
 from .alpha_beta import call_time
 from .run import PHASES
-from .tables import MIN_REPEATS, sig
-from .tables import _mean, workload_titles
+from .tables import _mean, MIN_REPEATS, sig, workload_titles
 
 
 # How a series looks, in every figure of the report and in the bench's
@@ -421,10 +420,8 @@ def epoch_time_figure(groups: list[dict]):
 
 
 # The report's phase figure: where a step's time goes, one stacked bar
-# per point.
+# per point (BAR_IN inches of height each).
 
-# inches of figure height per bar: one line of 8-point text with room
-BAR_IN = 0.3
 # a panel's x ticks and their label, in bars' heights
 AXIS_ROWS = 1.5
 XLABEL = "time per step (ms, mean over the runs of a bar; this panel's own scale)"

@@ -25,8 +25,7 @@ from typing import Any, Optional
 from ..predict.costmodel import SYNC_COLLECTIVES
 from ..predict.numbers import union_length
 from .alpha_beta import fit_all, predict_comm_s
-from .run import Run
-from .run import find_runs
+from .run import find_runs, Run
 from .tables import _f, _mean
 
 

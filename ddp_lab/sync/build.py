@@ -12,23 +12,21 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import SyncConfig, check_sync, with_defaults
+from ..config import check_sync, SyncConfig, with_defaults
 from ..config.registry import Registry
 from ..timing import Clock
-from .allreduce import AllReduceSync
+from .allreduce import AllReduceSync, ButterflySync, overlapped, TreeSync
 from .base import Synchroniser
-from .allreduce import ButterflySync
 from .custom import CustomSync
 from .ddp import DDPSync
 from .fsdp2 import FSDP2Sync
 from .hierarchical import HierarchicalSync
 from .naive import NaiveSync
-from .allreduce import overlapped
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
 from .torch_zero import TorchZeroSync
-from .allreduce import TreeSync
 from .zero1 import Zero1Sync
+
 
 SYNCS: Registry[type[Synchroniser]] = Registry(
     "sync",

@@ -27,9 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .buckets import Bucket, WireFormat, make_buckets
-from .buckets import ReadyBuckets
 from .base import Synchroniser
+from .buckets import Bucket, make_buckets, ReadyBuckets, WireFormat
 
 
 class ReduceBroadcastSync(Synchroniser):
