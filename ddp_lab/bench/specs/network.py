@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .. import suite
-from ..suite import REPO, Spec
+from ..suite import Benchmark, REPO, Spec
 
 
 # The network benchmark's claims (`python -m ddp_lab.bench.suite
@@ -587,6 +587,10 @@ def run(args: argparse.Namespace) -> dict:
             "claims": [vars(c) for c in found],
             "ratios": {f"{c.name}: measured / predicted": c.measured / c.predicted for c in found
                        if isinstance(c.measured, float) and isinstance(c.predicted, float) and c.predicted}}
+
+
+# name -> the benchmark, for the runner (suite.NAMES)
+BENCHMARKS = {"network": Benchmark(__doc__, SPEC, add_args, run, check)}
 
 
 if __name__ == "__main__":  # a rank of the job (run.entry)
