@@ -87,7 +87,7 @@ def caller(skip: Iterable[str] = ()) -> str:
 
 def _numel(t: Any) -> tuple[int, int]:
     try:
-        return int(t.numel()), int(t.numel() * t.element_size())
+        return int(t.numel()), int(t.nbytes)
     except Exception:
         return 0, 0
 

@@ -107,7 +107,7 @@ class AllReduceSync(Synchroniser):
                 if p.grad is None:
                     # a rank that did not use p still takes part
                     p.grad = torch.zeros_like(p)
-                self._reduce(p.grad, p.grad.numel() * p.grad.element_size())
+                self._reduce(p.grad, p.grad.nbytes)
             return
         for b in self.buckets:
             b.pack_grads()

@@ -144,11 +144,17 @@ class Synchroniser:
         out its shard."""
         optimizer.load_state_dict(state)
 
+    def held(self, t: torch.Tensor) -> torch.Tensor:
+        """The part of `t` this rank holds: all of it (fsdp2: its
+        shard)."""
+        return t
+
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """Bytes this rank holds: parameters, their gradients (each rank
-        computes the whole gradient in backward, whatever the sync) and
-        the optimiser's state tensors."""
-        params = [p for p in self.module.parameters()]
+        """Bytes this rank holds (`held`): parameters, their gradients
+        (each rank computes the whole gradient in backward, whatever the
+        sync) and the optimiser's state tensors."""
+        local = self.held
+        params = list(self.module.parameters())
         state = [
             v
             for s in optimizer.state.values()
@@ -156,13 +162,9 @@ class Synchroniser:
             if torch.is_tensor(v)
         ]
         return {
-            "param_bytes": sum(p.numel() * p.element_size() for p in params),
-            "grad_bytes": sum(
-                p.numel() * p.element_size() for p in params if p.requires_grad
-            ),
-            "optimizer_state_bytes": sum(
-                v.numel() * v.element_size() for v in state
-            ),
+            "param_bytes": sum(local(p).nbytes for p in params),
+            "grad_bytes": sum(local(p).nbytes for p in params if p.requires_grad),
+            "optimizer_state_bytes": sum(local(v).nbytes for v in state),
         }
 
     def optimizer_state(

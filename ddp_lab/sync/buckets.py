@@ -114,7 +114,7 @@ def make_buckets(
     groups: list[list[nn.Parameter]] = []
     size = 0
     for p in params:
-        nbytes = p.numel() * p.element_size()
+        nbytes = p.nbytes
         if (
             not groups
             or cap_bytes == 0

@@ -187,7 +187,7 @@ def _our_hook(
         )
         sent, recv = sent + c.sent[state.rank], recv + c.recv[state.rank]
     op = "all_reduce"
-    with state.comm.timed(op, buf.numel() * buf.element_size(), sent, recv):
+    with state.comm.timed(op, buf.nbytes, sent, recv):
         if state.hook == "reduce_broadcast":
             reduce_tree(buf, 0)
             broadcast_tree(buf, 0)

@@ -172,33 +172,10 @@ class FSDP2Sync(Synchroniser):
             self.collect_comm()
 
     # ---------------------------------------------------------------- what a rank holds
-    def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """This rank's shards: of the parameters, their gradients and
-        the optimiser state."""
-
-        def local(t: torch.Tensor) -> torch.Tensor:
-            return t.to_local() if hasattr(t, "to_local") else t
-
-        params = list(self.module.parameters())
-        state = [
-            local(v)
-            for s in optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        ]
-        return {
-            "param_bytes": sum(
-                local(p).numel() * p.element_size() for p in params
-            ),
-            "grad_bytes": sum(
-                local(p).numel() * p.element_size()
-                for p in params
-                if p.requires_grad
-            ),
-            "optimizer_state_bytes": sum(
-                v.numel() * v.element_size() for v in state
-            ),
-        }
+    def held(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of a parameter, its gradient or its
+        optimiser state (`memory`)."""
+        return t.to_local() if hasattr(t, "to_local") else t
 
     # ------------------------------------------------------------------ checkpoints
     def _options(self, **kw: Any):
