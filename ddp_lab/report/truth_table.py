@@ -9,7 +9,7 @@ Per training run (`python -m ddp_lab.bench.suite truth` makes them,
 every step traced), from `trace/rank0.json`: **measured** (the union of
 the step's calls), **after the last arrival** (each call at the shortest
 duration any rank saw), **bench** (interpolated log-log at each call's
-size; check (a): within 20%), **model** (`model.predict_comm_s` with
+size; check (a): within 20%), **model** (`alpha_beta.predict_comm_s` with
 that bench run's fits; check (b): within 30%) and **why** a row misses.
 A run's bench run is its allocation's.
 """
