@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..collectives import all_reduce_butterfly, all_reduce_tree
-from .base import Synchroniser
+from .synchroniser import Synchroniser
 from .buckets import Bucket, make_buckets, ReadyBuckets, SerialWorker, WireFormat
 
 

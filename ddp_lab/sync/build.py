@@ -16,7 +16,6 @@ from ..config import check_sync, SyncConfig, with_defaults
 from ..config.registry import Registry
 from ..timing import Clock
 from .allreduce import AllReduceSync, ButterflySync, overlapped, TreeSync
-from .base import Synchroniser
 from .custom import CustomSync
 from .ddp import DDPSync
 from .fsdp2 import FSDP2Sync
@@ -24,6 +23,7 @@ from .hierarchical import HierarchicalSync
 from .naive import NaiveSync
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
+from .synchroniser import Synchroniser
 from .torch_zero import TorchZeroSync
 from .zero1 import Zero1Sync
 

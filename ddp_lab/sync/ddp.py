@@ -42,8 +42,8 @@ from ..collectives import (
     reduce_tree,
 )
 from ..predict import costmodel
-from .base import Synchroniser
 from .buckets import unused_parameters, WIRE_DTYPES
+from .synchroniser import Synchroniser
 
 #: sync.hook -> ddp_lab's collective calls it makes on a bucket:
 #: (collective, algorithm)

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..predict import costmodel
 from ..world import torch_support
-from .base import Synchroniser
+from .synchroniser import Synchroniser
 
 
 def _parts(module: nn.Module) -> list[nn.Module]:

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import Synchroniser
 from .buckets import Bucket, make_buckets, ReadyBuckets, WireFormat
+from .synchroniser import Synchroniser
 
 
 class ReduceBroadcastSync(Synchroniser):

@@ -26,7 +26,7 @@ from torch import nn
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..predict import costmodel
 from ..world import torch_support
-from .base import Synchroniser
+from .synchroniser import Synchroniser
 from .buckets import make_buckets, WireFormat
 
 

@@ -1,5 +1,5 @@
 """A synchroniser's log of its collective calls: `CommRecorder`, every
-synchroniser's `self.comm` (ddp_lab/sync/base.py), so comm time is
+synchroniser's `self.comm` (ddp_lab/sync/synchroniser.py), so comm time is
 measured the same way for all. It counts every call's bytes and, with
 timing on, stamps start and end on the rank's `Clock`; `collect()`
 resolves them once per epoch into a `CommStats`.

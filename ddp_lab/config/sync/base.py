@@ -1,4 +1,4 @@
-"""The keys every synchroniser has (sync/base.py's interface), and the
+"""The keys every synchroniser has (sync/synchroniser.py's interface), and the
 rule hook each schema fills: `check(cfg, world_size)` raises ValueError,
 with the fix, for a config the synchroniser cannot run."""
 
