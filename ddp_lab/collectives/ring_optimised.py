@@ -72,8 +72,7 @@ def schedule_all_reduce(
         exchange(send_chunk, recv_chunk, reduce)
 
 
-# The batched transport of the ring (schedule:
-# :mod:`~ddp_lab.collectives.ring_optimised`): each step one
+# The batched transport of the ring (the schedule above): each step one
 # :func:`torch.distributed.batch_isend_irecv` of this rank's send to
 # ``r+1`` and receive from ``r-1``, so on nccl one group per step and no
 # deadlock. Runs ``all_reduce_ring`` (``sync=ring`` on nccl, the bench),
