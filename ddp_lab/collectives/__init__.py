@@ -8,28 +8,9 @@ is ``ring.py`` (:func:`all_reduce_ring_textbook`);
 previous one (gloo).
 """
 
-from ._common import (
-    AVG,
-    MAX,
-    MIN,
-    PRODUCT,
-    SUM,
-    SUPPORTED_OPS,
-    clear_scratch,
-    normalize_op,
-)
-from .all_reduce import (
-    all_reduce_butterfly,
-    all_reduce_linear,
-    all_reduce_ring,
-    all_reduce_tree,
-)
-from .broadcast import (
-    DEFAULT_RING_CHUNK_BYTES,
-    broadcast_linear,
-    broadcast_ring,
-    broadcast_tree,
-)
+from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op
+from .all_reduce import all_reduce_butterfly, all_reduce_linear, all_reduce_ring, all_reduce_tree
+from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_linear, broadcast_ring, broadcast_tree
 from .gather import GATHER, gather_linear, gather_tree, torch_gather
 from .ring_optimised import DEFAULT_SEGMENT_BYTES, PlanTags, PrepostedRingAllReduce, preposted_plans
 from .ring import all_reduce_ring_textbook

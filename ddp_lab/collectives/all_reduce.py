@@ -27,9 +27,7 @@ from .reduce import _reduce_linear, _reduce_tree
 from .ring_optimised import batched_exchange, DEFAULT_SEGMENT_BYTES, schedule_all_reduce
 
 
-def _prepare(
-    tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None
-):
+def _prepare(tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None):
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     info = group_info(group)
@@ -38,9 +36,7 @@ def _prepare(
     return op, info
 
 
-def _all_reduce_butterfly(
-    info: GroupInfo, flat: torch.Tensor, op: str
-) -> None:
+def _all_reduce_butterfly(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
     n, r = info.size, info.rank
     # largest power of two <= n
     p = 1 << (n.bit_length() - 1)
@@ -78,17 +74,12 @@ def _all_reduce_ring(
     # AVG: divide the one chunk this rank owns, once, before it is
     # replicated
     schedule_all_reduce(
-        info.rank,
-        n,
-        exchange,
-        (lambda c: chunks[c].div_(n)) if op == AVG else None,
+        info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None
     )
 
 
 def all_reduce_linear(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Linear all-reduce, in place: :func:`reduce_linear` to group rank
     0, then :func:`broadcast_linear` from it; ``2(n-1)`` messages
@@ -103,9 +94,7 @@ def all_reduce_linear(
 
 
 def all_reduce_tree(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Tree all-reduce, in place: binomial-tree reduce to group rank 0,
     then binomial-tree broadcast from it (``2 ceil(log2 n)`` rounds).
@@ -119,9 +108,7 @@ def all_reduce_tree(
 
 
 def all_reduce_butterfly(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Butterfly (recursive-doubling) all-reduce, in place, any ``n``:
     with ``p`` the largest power of two <= ``n``, ranks ``p..n-1`` fold

@@ -31,16 +31,13 @@ from ._common import (
 )
 from .ring import ring_steps
 
-
 #: one step of this rank: send chunk ``send_chunk`` to rank+1, receive
 #: chunk ``recv_chunk`` from rank-1 and add it into (``reduce``) or
 #: write it over this rank's copy
 Exchange = Callable[[int, int, bool], None]
 
 
-def schedule_reduce_scatter(
-    rank: int, n: int, exchange: Exchange, shift: int = 1
-) -> int:
+def schedule_reduce_scatter(rank: int, n: int, exchange: Exchange, shift: int = 1) -> int:
     """``n-1`` steps; returns the chunk this rank then holds fully
     reduced."""
     for s in range(n - 1):
@@ -48,9 +45,7 @@ def schedule_reduce_scatter(
     return (rank + shift) % n
 
 
-def schedule_all_gather(
-    rank: int, n: int, exchange: Exchange, shift: int = 1
-) -> None:
+def schedule_all_gather(rank: int, n: int, exchange: Exchange, shift: int = 1) -> None:
     """``n-1`` steps, from this rank holding chunk ``rank+shift`` to it
     holding them all."""
     for s in range(n - 1):
@@ -58,10 +53,7 @@ def schedule_all_gather(
 
 
 def schedule_all_reduce(
-    rank: int,
-    n: int,
-    exchange: Exchange,
-    owned: Callable[[int], None] | None = None,
+    rank: int, n: int, exchange: Exchange, owned: Callable[[int], None] | None = None
 ) -> None:
     """The ``2(n-1)`` steps of a ring all-reduce (``ring.ring_steps``).
     ``owned(chunk)`` runs between the phases on the one chunk this rank
@@ -90,9 +82,7 @@ def pieces(t: torch.Tensor, segment_bytes: int | None) -> list[torch.Tensor]:
     transfer compute the same cut from the size."""
     return [
         p
-        for p in t.tensor_split(
-            num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes)
-        )
+        for p in t.tensor_split(num_pipeline_chunks(t.numel(), t.element_size(), segment_bytes))
         if p.numel()
     ]
 
@@ -112,19 +102,11 @@ def p2p_pipelined(
     ``on_piece(lo, hi)`` runs as ``recv[lo:hi]`` lands, in order, so
     reducing a piece overlaps the next one's transfer; where the backend
     coalesces the batch (nccl), after all of it."""
-    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(
-        recv, segment_bytes
-    )
+    send_pieces, recv_pieces = pieces(send, segment_bytes), pieces(recv, segment_bytes)
     # receives first: sends first, the two directions of a shaped link
     # took turns (docs/network.md, "The bench across the link")
-    ops = [
-        dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group)
-        for t in recv_pieces
-    ]
-    ops += [
-        dist.P2POp(dist.isend, t, info.peer(send_to), info.group)
-        for t in send_pieces
-    ]
+    ops = [dist.P2POp(dist.irecv, t, info.peer(recv_from), info.group) for t in recv_pieces]
+    ops += [dist.P2POp(dist.isend, t, info.peer(send_to), info.group) for t in send_pieces]
     if not ops:
         return
     works = dist.batch_isend_irecv(ops)
@@ -172,9 +154,7 @@ def batched_exchange(
     def exchange(send_chunk: int, recv_chunk: int, reduce: bool) -> None:
         mine = chunks[recv_chunk]
         if not reduce:
-            p2p_pipelined(
-                info, chunks[send_chunk], r + 1, mine, r - 1, segment_bytes
-            )
+            p2p_pipelined(info, chunks[send_chunk], r + 1, mine, r - 1, segment_bytes)
             return
         got = scratch(biggest, mine, slot=0)[: mine.numel()]
         if out is None:
@@ -182,9 +162,7 @@ def batched_exchange(
         elif len(partial) == n - 2:  # the last reduce step
             target = out
         else:
-            target = scratch(biggest, mine, slot=1 + len(partial) % 2)[
-                : mine.numel()
-            ]
+            target = scratch(biggest, mine, slot=1 + len(partial) % 2)[: mine.numel()]
         outgoing = partial.get(send_chunk, chunks[send_chunk])
         p2p_pipelined(
             info,
@@ -193,9 +171,7 @@ def batched_exchange(
             got,
             r - 1,
             segment_bytes,
-            lambda lo, hi: combine_into(
-                target[lo:hi], mine[lo:hi], got[lo:hi], op
-            ),
+            lambda lo, hi: combine_into(target[lo:hi], mine[lo:hi], got[lo:hi], op),
         )
         partial[recv_chunk] = target
 
@@ -234,10 +210,7 @@ def preposted_plans(
     """Collective: one plan per tensor of ``wires``, found by its address
     (a bucket's buffer never moves), their tags from one ``PlanTags``."""
     tags = PlanTags()
-    return {
-        w.data_ptr(): PrepostedRingAllReduce(w, group=group, tags=tags)
-        for w in wires
-    }
+    return {w.data_ptr(): PrepostedRingAllReduce(w, group=group, tags=tags) for w in wires}
 
 
 class PrepostedRingAllReduce:
@@ -263,11 +236,7 @@ class PrepostedRingAllReduce:
     ) -> None:
         self.op = normalize_op(op)
         check_op_dtype(self.op, like.dtype)
-        self.numel, self.dtype, self.device = (
-            like.numel(),
-            like.dtype,
-            like.device,
-        )
+        self.numel, self.dtype, self.device = (like.numel(), like.dtype, like.device)
         self.info = info = group_info(group)
         self._active = info is not None and info.size > 1 and self.numel > 0
         self._posted: list[list[dist.Work]] | None = None
@@ -284,27 +253,17 @@ class PrepostedRingAllReduce:
         n, r = info.size, info.rank
         self.tag = (tags or PlanTags()).agree(group)
         self.segment_bytes = segment_bytes
-        self.sizes = [
-            c.numel()
-            for c in torch.empty(self.numel, device="meta").tensor_split(n)
-        ]
+        self.sizes = [c.numel() for c in torch.empty(self.numel, device="meta").tensor_split(n)]
         # The schedule's steps, (chunk sent, chunk received), recorded
         # once: one receive buffer per step, and close() sends what the
         # next rank's receives expect.
-        steps = [
-            (send_chunk, recv_chunk)
-            for send_chunk, recv_chunk, _ in ring_steps(r, n)
-        ]
+        steps = [(send_chunk, recv_chunk) for send_chunk, recv_chunk, _ in ring_steps(r, n)]
         self._sends = [send_chunk for send_chunk, _ in steps]
-        self._recv = torch.empty(
-            sum(self.sizes[c] for _, c in steps), dtype=self.dtype
-        )
+        self._recv = torch.empty(sum(self.sizes[c] for _, c in steps), dtype=self.dtype)
         self._recv_steps: list[list[torch.Tensor]] = []
         lo = 0
         for _, c in steps:
-            self._recv_steps.append(
-                pieces(self._recv[lo : lo + self.sizes[c]], segment_bytes)
-            )
+            self._recv_steps.append(pieces(self._recv[lo : lo + self.sizes[c]], segment_bytes))
             lo += self.sizes[c]
         self.to_next, self.from_prev = info.peer(r + 1), info.peer(r - 1)
         # during a call: the tensor's n chunks
@@ -319,8 +278,7 @@ class PrepostedRingAllReduce:
         to receives first-in first-out."""
         group, tag, src = self.info.group, self.tag, self.from_prev
         self._posted = [
-            [dist.irecv(p, src, group=group, tag=tag) for p in step]
-            for step in self._recv_steps
+            [dist.irecv(p, src, group=group, tag=tag) for p in step] for step in self._recv_steps
         ]
 
     def _send(self, t: torch.Tensor) -> list[dist.Work]:
@@ -335,11 +293,7 @@ class PrepostedRingAllReduce:
                 "this PrepostedRingAllReduce failed in an earlier call "
                 f"({type(self._broken).__name__}: {self._broken}); build a new one"
             )
-        if (tensor.numel(), tensor.dtype, tensor.device) != (
-            self.numel,
-            self.dtype,
-            self.device,
-        ):
+        if (tensor.numel(), tensor.dtype, tensor.device) != (self.numel, self.dtype, self.device):
             raise ValueError(
                 f"this plan all-reduces {self.numel} elements of {self.dtype} on {self.device}, "
                 f"got {tensor.numel()} of {tensor.dtype} on {tensor.device}; build one plan "
@@ -370,9 +324,7 @@ class PrepostedRingAllReduce:
             self._broken, self._posted = e, None
             raise
 
-    def _exchange(
-        self, send_chunk: int, recv_chunk: int, reduce: bool
-    ) -> None:
+    def _exchange(self, send_chunk: int, recv_chunk: int, reduce: bool) -> None:
         """The schedule's step: send chunk ``send_chunk`` and take chunk
         ``recv_chunk`` piece by piece from the receives posted a call
         ago, adding it into (``reduce``) or copying it over this rank's

@@ -60,18 +60,14 @@ class AllReduceSync(Synchroniser):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.per_param = self.cfg.bucket_mb == 0 and not (
-            self.pad_to_world or self.overlapped
-        )
+        self.per_param = self.cfg.bucket_mb == 0 and not (self.pad_to_world or self.overlapped)
         # overlap: DDP's order
         order = self.params[::-1] if self.overlapped else self.params
         self.buckets: list[Bucket] = (
             []
             if self.per_param
             else make_buckets(
-                order,
-                self.cfg.bucket_mb * 1e6,
-                self.world_size if self.pad_to_world else 1,
+                order, self.cfg.bucket_mb * 1e6, self.world_size if self.pad_to_world else 1
             )
         )
         # sync.compress
@@ -157,6 +153,7 @@ class ButterflySync(AllReduceSync):
 # sync.overlap=true for the all-reduce family (allreduce, ring, tree,
 # butterfly, hierarchical): each bucket's call starts during backward, as
 # DDP's do (docs/compression_overlap.md, "Overlap and exposed comm").
+
 
 class OverlappedAllReduce(AllReduceSync):
     """AllReduceSync whose buckets are reduced on a background thread

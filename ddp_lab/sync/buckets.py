@@ -46,7 +46,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass
 class Bucket:
     params: list[nn.Parameter]
@@ -68,9 +67,7 @@ class Bucket:
         buffer, used or not)."""
         grads = [p.grad for p in self.params]
         if self.dense and all(g is not None for g in grads):
-            torch.cat(
-                [g.reshape(-1) for g in grads], out=self.buffer[: self.numel]
-            )
+            torch.cat([g.reshape(-1) for g in grads], out=self.buffer[: self.numel])
         else:
             for p, o, g in zip(self.params, self.offsets, grads):
                 view = self.buffer[o : o + p.numel()]
@@ -91,10 +88,7 @@ class Bucket:
             for p, o in zip(self.params, self.offsets):
                 self.buffer[o : o + p.numel()].copy_(p.detach().reshape(-1))
             return self.buffer
-        torch.cat(
-            [p.detach().reshape(-1) for p in self.params],
-            out=self.buffer[: self.numel],
-        )
+        torch.cat([p.detach().reshape(-1) for p in self.params], out=self.buffer[: self.numel])
         return self.buffer
 
     @torch.no_grad()
@@ -104,10 +98,7 @@ class Bucket:
 
 
 def make_buckets(
-    params: list[nn.Parameter],
-    cap_bytes: float,
-    pad_to: int = 1,
-    align: int = 1,
+    params: list[nn.Parameter], cap_bytes: float, pad_to: int = 1, align: int = 1
 ) -> list[Bucket]:
     if cap_bytes < 0:
         raise ValueError(f"bucket size {cap_bytes} bytes: must be >= 0")
@@ -135,11 +126,7 @@ def make_buckets(
             n += p.numel()
         padded = -(-n // pad_to) * pad_to
         buf = torch.zeros(padded, dtype=group[0].dtype, device=group[0].device)
-        buckets.append(
-            Bucket(
-                group, offsets, sum(p.numel() for p in group), buf, align == 1
-            )
-        )
+        buckets.append(Bucket(group, offsets, sum(p.numel() for p in group), buf, align == 1))
     return buckets
 
 
@@ -179,9 +166,7 @@ class WireFormat:
             return flat
         wire = self._buffers.get(flat.data_ptr())
         if wire is None or wire.numel() != flat.numel():
-            wire = torch.empty(
-                flat.numel(), dtype=self.dtype, device=flat.device
-            )
+            wire = torch.empty(flat.numel(), dtype=self.dtype, device=flat.device)
         return wire
 
     def pack(self, flat: torch.Tensor) -> torch.Tensor:
@@ -205,11 +190,7 @@ class WireFormat:
 
     def nbytes(self, nbytes: int, flat: torch.Tensor) -> int:
         """`nbytes` of `flat`'s dtype, as bytes on the wire."""
-        return (
-            nbytes
-            if self.dtype is None
-            else nbytes // flat.element_size() * self.dtype.itemsize
-        )
+        return nbytes if self.dtype is None else nbytes // flat.element_size() * self.dtype.itemsize
 
 
 # sync.overlap=true: each gradient bucket's collective starts during
@@ -221,13 +202,12 @@ class WireFormat:
 # training thread by `wait()` and the buckets queued behind it are
 # skipped, so nothing hangs.
 
+
 class ReadyBuckets:
     """Hooks that pack and launch each bucket as soon as its gradients
     are all ready."""
 
-    def __init__(
-        self, buckets: list[Bucket], launch: Callable[[int, Bucket], None]
-    ):
+    def __init__(self, buckets: list[Bucket], launch: Callable[[int, Bucket], None]):
         self.buckets = buckets
         self.launch = launch
         self.armed = True
@@ -249,8 +229,7 @@ class ReadyBuckets:
             # launch every consecutive ready bucket from the first one
             # not yet launched
             while (
-                self._next < len(self.buckets)
-                and self._count[self._next] == self._need[self._next]
+                self._next < len(self.buckets) and self._count[self._next] == self._need[self._next]
             ):
                 j = self._next
                 self._next += 1
@@ -269,10 +248,7 @@ class ReadyBuckets:
             self.armed = was
 
     def preflight(
-        self,
-        module: torch.nn.Module,
-        loss_fn: Callable[[], torch.Tensor],
-        name: str,
+        self, module: torch.nn.Module, loss_fn: Callable[[], torch.Tensor], name: str
     ) -> None:
         """A parameter that never gets a gradient would keep its bucket,
         and every bucket after it, from ever starting: refuse it before
@@ -292,12 +268,7 @@ class ReadyBuckets:
         self._count = [0] * len(self.buckets)
         self._next = 0
         if launched != len(self.buckets):
-            missing = [
-                p
-                for b in self.buckets[launched:]
-                for p in b.params
-                if p.grad is None
-            ]
+            missing = [p for b in self.buckets[launched:] for p in b.params if p.grad is None]
             raise RuntimeError(
                 f"sync.overlap: only {launched} of {len(self.buckets)} gradient buckets were "
                 f"ready after backward ({len(missing)} parameter(s) got no gradient this "
@@ -321,9 +292,7 @@ class SerialWorker:
         # per thread
         init = (lambda: torch.cuda.set_device(device)) if self.cuda else None
         self.pool = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix=f"ddp_lab-{name}",
-            initializer=init,
+            max_workers=1, thread_name_prefix=f"ddp_lab-{name}", initializer=init
         )
         # one side stream; events preallocated, one pair per bucket
         # (reused)
@@ -380,9 +349,7 @@ class SerialWorker:
         self.pool.shutdown(wait=True)
 
 
-def unused_parameters(
-    module: nn.Module, loss_fn: Callable[[], torch.Tensor]
-) -> list[str]:
+def unused_parameters(module: nn.Module, loss_fn: Callable[[], torch.Tensor]) -> list[str]:
     """Names of trainable parameters that get no gradient from one
     backward of `loss_fn`.
 

@@ -27,7 +27,6 @@ from .synchroniser import Synchroniser
 from .torch_zero import TorchZeroSync
 from .zero1 import Zero1Sync
 
-
 SYNCS: Registry[type[Synchroniser]] = Registry(
     "sync",
     {
@@ -55,9 +54,7 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
     themselves, per their section)."""
     # UnknownName (a ValueError) lists the valid ones
     cls = SYNCS.get(name)
-    return (
-        overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
-    )
+    return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
 
 
 def build_sync(

@@ -28,9 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.ddp_comm_hooks import (
-    powerSGD_hook as powerSGD,
-)
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..collectives import (
@@ -77,9 +75,7 @@ class DDPSync(Synchroniser):
         )
         self.hook = hook_name(cfg)
         self.torch_hook, self.powersgd = (
-            (None, None)
-            if self.hook in OUR_HOOKS
-            else _torch_hook(cfg, self.hook)
+            (None, None) if self.hook in OUR_HOOKS else _torch_hook(cfg, self.hook)
         )
         # our send/recv: this rank's bytes exactly
         self.bytes_exact = self.hook in OUR_HOOKS
@@ -93,9 +89,7 @@ class DDPSync(Synchroniser):
         # buckets in flight the ranks would issue them in different
         # orders (an abort). So on gloo a bucket waits for the previous
         # one's chain.
-        self.serial = (
-            self.powersgd is not None and dist.get_backend() != "nccl"
-        )
+        self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
         self.inflight: Optional[torch.futures.Future] = None
         hook = _our_hook if self.hook in OUR_HOOKS else _timed_allreduce_hook
         ddp.register_comm_hook(self, _named(hook, self.hook))
@@ -125,9 +119,7 @@ class DDPSync(Synchroniser):
             # itself)
             unused = unused_parameters(self.module, loss_fn)
             if unused:
-                names = ", ".join(unused[:5]) + (
-                    " ..." if len(unused) > 5 else ""
-                )
+                names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
                 raise ValueError(
                     f"sync=ddp: the model has parameters that get no gradient "
                     f"({names}): set sync.find_unused_parameters=true (or "
@@ -157,18 +149,14 @@ def _named(hook: Callable, name: str) -> Callable:
     """`hook` registered under `ddp_lab_<name>_hook`: DDP's logging data
     says which one ran."""
 
-    def named(
-        state: "DDPSync", bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def named(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return hook(state, bucket)
 
     named.__name__ = named.__qualname__ = f"ddp_lab_{name}_hook"
     return named
 
 
-def _our_hook(
-    state: "DDPSync", bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """ddp_lab's collective on DDP's bucket: divided by the world size
     first (as torch's allreduce_hook does, so the sum is the average),
     then our send/recv algorithm, in place and blocking; the bucket
@@ -182,20 +170,14 @@ def _our_hook(
     buf.div_(state.world_size)
     sent = recv = 0
     for coll, algo in OUR_HOOKS[state.hook]:
-        c = costmodel.cost(
-            coll, algo, buf.numel(), state.world_size, buf.element_size()
-        )
+        c = costmodel.cost(coll, algo, buf.numel(), state.world_size, buf.element_size())
         sent, recv = sent + c.sent[state.rank], recv + c.recv[state.rank]
     op = "all_reduce"
     with state.comm.timed(op, buf.nbytes, sent, recv):
         if state.hook == "reduce_broadcast":
             reduce_tree(buf, 0)
             broadcast_tree(buf, 0)
-        elif (
-            state.hook == "ring_prepost"
-            and state.textbook
-            and buf.device.type == "cpu"
-        ):
+        elif state.hook == "ring_prepost" and state.textbook and buf.device.type == "cpu":
             # DDP rebuilds its buckets after step one
             key = (bucket.index(), buf.numel())
             if key not in state.plans:
@@ -210,9 +192,7 @@ def _our_hook(
     return fut
 
 
-def _torch_hook(
-    cfg: Any, name: str
-) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
+def _torch_hook(cfg: Any, name: str) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
     """torch's own comm hook `name` (sync.hook, or sync.compress:
     `hook_name`), and PowerSGD's state, which the hook keeps.
 
@@ -240,9 +220,7 @@ def _torch_hook(
     return (lambda bucket: hook(None, bucket)), None
 
 
-def _wire_calls(
-    state: "DDPSync", bucket: dist.GradBucket, before: int
-) -> list[tuple[int, int]]:
+def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[tuple[int, int]]:
     """(elements, element size) of each all-reduce torch's hook made for
     `bucket`, from torch's own rules: the bucket in the wire dtype (also
     PowerSGD before its start iteration), or PowerSGD's three
@@ -255,12 +233,7 @@ def _wire_calls(
     if ps is None or ps.compression_stats()[2] == before:
         # fp16 / bf16; None: the bucket's own
         dtype = WIRE_DTYPES.get(state.hook)
-        return [
-            (
-                buf.numel(),
-                dtype.itemsize if dtype is not None else buf.element_size(),
-            )
-        ]
+        return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
     i, e = bucket.index(), buf.element_size()
     p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()
     return [(ps.compression_stats()[2] - before - p - q, e), (p, e), (q, e)]
@@ -280,11 +253,7 @@ def _timed_allreduce_hook(
         fut.set_result(buf)
         return fut
     rec = state.comm
-    before = (
-        state.powersgd.compression_stats()[2]
-        if state.powersgd is not None
-        else 0
-    )
+    before = state.powersgd.compression_stats()[2] if state.powersgd is not None else 0
     start = rec.begin()
     if state.serial and state.inflight is not None:
         # load-bearing on gloo: collectives in the same order everywhere

@@ -73,12 +73,8 @@ class Synchroniser:
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.comm = CommRecorder(
-            clock or Clock(device), world_size, enabled=timing
-        )
-        self.bytes_by_shape: dict[
-            tuple[str, int, int], tuple[int, int, Optional[int]]
-        ] = {}
+        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
+        self.bytes_by_shape: dict[tuple[str, int, int], tuple[int, int, Optional[int]]] = {}
         self.wrapped: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -136,9 +132,7 @@ class Synchroniser:
         communicates. Default: nothing to do."""
         return nullcontext()
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, state: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a checkpoint's optimiser state (`optimizer_state`'s
         format: a plain optimiser's over every parameter); zero1 cuts
         out its shard."""
@@ -155,21 +149,14 @@ class Synchroniser:
         sync) and the optimiser's state tensors."""
         local = self.held
         params = list(self.module.parameters())
-        state = [
-            v
-            for s in optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        ]
+        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         return {
             "param_bytes": sum(local(p).nbytes for p in params),
             "grad_bytes": sum(local(p).nbytes for p in params if p.requires_grad),
             "optimizer_state_bytes": sum(local(v).nbytes for v in state),
         }
 
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """The optimiser state a checkpoint on rank 0 should hold.
         Called on every rank (a synchroniser may need a collective to
         bring it to rank 0); None off rank 0."""
@@ -180,9 +167,7 @@ class Synchroniser:
         synchroniser keeps in flight between steps (ring's pre-posted
         receives). Default: nothing."""
 
-    def timed(
-        self, op: str, wire: torch.Tensor, payload: Optional[int] = None
-    ):
+    def timed(self, op: str, wire: torch.Tensor, payload: Optional[int] = None):
         """Context of one collective `op` on `wire` (the tensor that
         goes on the wire), counted and timed: `with
         self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes this
@@ -199,22 +184,17 @@ class Synchroniser:
             payload = shape[1] * shape[2]
         return self.comm.timed(op, payload, *traffic)
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """This rank's (bytes sent, bytes received, bytes sent to
         another node or None when the algorithm does not know the nodes)
         for one `op` of `numel` elements, by the cost model of the
         algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for
         `op`."""
         algorithm = dict(costmodel.SYNC_COLLECTIVES[self.name])[op]
-        c = costmodel.cost(
-            op, algorithm, numel, self.world_size, elem_size, root=self.root
-        )
+        c = costmodel.cost(op, algorithm, numel, self.world_size, elem_size, root=self.root)
         return c.sent[self.rank], c.recv[self.rank], None
 
     def collect_comm(self) -> CommStats:
         """What was communicated since the last call; resolves CUDA
         events (one sync)."""
         return self.comm.collect()
-

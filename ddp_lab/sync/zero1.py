@@ -29,7 +29,6 @@ from ..world import torch_support
 from .synchroniser import Synchroniser
 from .buckets import make_buckets, WireFormat
 
-
 # elements: a multiple of any CPU vector width and of fused Adam's
 # 64-byte task (the cost model pads its predictions on the same grid:
 # costmodel.padded)
@@ -45,12 +44,8 @@ class Zero1Sync(Synchroniser):
         n, r, cap = self.world_size, self.rank, self.cfg.bucket_mb * 1e6
         # two buffers of one layout, n equal chunks of whole ALIGN
         # units: gradients, weights
-        self.grad_buckets = make_buckets(
-            params, cap, pad_to=n * ALIGN, align=ALIGN
-        )
-        self.param_buckets = make_buckets(
-            params, cap, pad_to=n * ALIGN, align=ALIGN
-        )
+        self.grad_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
+        self.param_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
         # pack() is the / world before the sum
         self.wire = WireFormat("none", n)
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
@@ -76,18 +71,14 @@ class Zero1Sync(Synchroniser):
                 lo, hi = max(start, o), min(end, o + p.numel())
                 if lo < hi:
                     self.pieces.append((k, lo, hi))
-        self.views = [
-            self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces
-        ]
+        self.views = [self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces]
         return module
 
     def optimizer_params(self) -> list[torch.Tensor]:
         # the optimiser never sees the other ranks' chunks
         return self.views
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """Our ring's bytes (SYNC_COLLECTIVES), or on nccl torch's
         collective's model."""
         if not self.nccl:
@@ -136,17 +127,13 @@ class Zero1Sync(Synchroniser):
             all_gather_ring(out, chunk)
 
     # ---------------------------------------------------------- checkpoints that move
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """Collective: the shards gathered into the state a plain
         optimiser over every parameter would hold (rank 0; None
         elsewhere): a checkpoint any world, any sync loads."""
         return gather_state(self, optimizer)
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, full: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
         """Any such state (ours, DDP's, from any world): this rank's
         pieces cut out of it."""
         cut_state(self, optimizer, full)
@@ -157,6 +144,7 @@ class Zero1Sync(Synchroniser):
 # into shards again, so a checkpoint resumes on any world size and under
 # any synchroniser (docs/sync.md, "ZeRO stage 1"). A parameter's state is
 # per element (moments, momentum) or a scalar (Adam's step).
+
 
 def gather_state(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
     """Collective: the state a plain optimiser over
@@ -192,9 +180,7 @@ def gather_state(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
                     z._all_gather(whole, chunk)
             for p, o in zip(b.params, b.offsets):
                 state.setdefault(index[id(p)], {})[key] = (
-                    _own(scalar)
-                    if whole is None
-                    else whole[o : o + p.numel()].view_as(p).clone()
+                    _own(scalar) if whole is None else whole[o : o + p.numel()].view_as(p).clone()
                 )
     group = {**mine["param_groups"][0], "params": list(index.values())}
     return {"state": state, "param_groups": [group]} if z.rank == 0 else None
@@ -221,19 +207,10 @@ def cut_state(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
     # a piece: elements lo..hi of bucket k
     for j, (k, lo, hi) in enumerate(z.pieces):
         state[j] = {key: _own(v) for key, v in scalars.items()}
-        state[j].update(
-            {
-                key: f[lo:hi].clone()
-                for (kk, key), f in flats.items()
-                if kk == k
-            }
-        )
+        state[j].update({key: f[lo:hi].clone() for (kk, key), f in flats.items() if kk == k})
     group = {**full["param_groups"][0], "params": list(range(len(z.pieces)))}
     optimizer.load_state_dict(
-        {
-            "state": {j: s for j, s in state.items() if s},
-            "param_groups": [group],
-        }
+        {"state": {j: s for j, s in state.items() if s}, "param_groups": [group]}
     )
 
 
