@@ -485,6 +485,14 @@ def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
     return {**out, "gdrdma": gdr, "socket_ifaces": ifaces}
 
 
+def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
+    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not
+    IB/RoCE or a plugin."""
+    conns = t.get("connections") or {}
+    return "NET/Socket" in conns or (t.get("network") == "Socket"
+                                     and any(k.startswith("NET/") for k in conns))
+
+
 # ------------------------------------------------------------------ nvidia-smi topo -m
 # The legend nvidia-smi prints under the matrix, nearest first
 TOPO_KINDS = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
