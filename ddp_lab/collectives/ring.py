@@ -1,5 +1,5 @@
-"""The ring all-reduce in one screen. Read this first; the other ring
-files are optimisations.
+"""The ring all-reduce in one screen. Read this first;
+ring_optimised.py holds the optimisations.
 
 The ``n`` ranks stand in a ring: rank ``r`` sends only to ``r+1`` and
 receives only from ``r-1`` (mod ``n``). Every rank cuts its tensor the
