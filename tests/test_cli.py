@@ -128,7 +128,7 @@ def _cli_in_process(monkeypatch, argv):
         composed.append(kw.get("run_mode"))
         return real(self, *a, **kw)
 
-    def submit(cfg):
+    def submit(cfg, t0=None):
         seen.append((cfg.sync.name, HydraConfig.get().overrides.task, str(HydraConfig.get().mode)))
         return Outcome(0, "ok")
 

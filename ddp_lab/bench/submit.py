@@ -136,12 +136,13 @@ def resolve_bench(cfg: DictConfig) -> DictConfig:
 
 
 # ------------------------------------------------------------------ submit
-def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> Outcome:
+def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
+                 t0: float | None = None) -> Outcome:
     cfg = resolve_bench(cfg)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n"
     run_dir, rc = launch_job(cfg, label=f"bench_{cfg.launcher.name}",
-                             files={"command.txt": command})
+                             files={"command.txt": command}, t0=t0)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, kind="bench", launcher=cfg.launcher.name)

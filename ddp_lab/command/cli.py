@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from types import ModuleType
 from typing import Callable, Sequence
 
@@ -33,11 +34,11 @@ from .mistakes import (command_line_mistake, group_value_mistake, hydra_message,
 from .sweep_table import job_name
 
 
-def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
+def cli(config_name: str, submit_fn: Callable[..., Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
-    """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one,
-    or each of a -m sweep; every job checked by `check_fn` before the
-    first starts), and exit with the failed job's status (2 for a user
+    """Compose `conf/<config_name>.yaml`, run `submit_fn(cfg, t0=...)`
+    per job (one, or each of a -m sweep; every job checked by `check_fn`
+    before the first starts; `t0` as command/job.py's launch_job takes it), and exit with the failed job's status (2 for a user
     mistake). `schemas`: the dataclass modules that type the config, for
     "did you mean" hints."""
     flags = (command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
@@ -46,11 +47,15 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
     failed: list[int] = []
+    # when the job about to start began: with the command (None) for the
+    # first, when the one before it ended for each later one of a sweep
+    t0: float | None = None
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
 
     # Hydra hands the Outcome to SweepTable
     def task(cfg: DictConfig) -> Outcome:
+        nonlocal t0
         # the job's processes see the user's env
         _restore_env("HYDRA_FULL_ERROR", full_error)
         # a sweep's job is named by what it varies
@@ -58,7 +63,7 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
             cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
                                           if _key(o) in swept])
         try:
-            outcome = submit_fn(cfg)
+            outcome = submit_fn(cfg, t0=t0)
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
@@ -70,6 +75,7 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
             outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
+            t0 = time.time()
         if outcome.rc != 0:
             failed.append(outcome.rc)
         return outcome

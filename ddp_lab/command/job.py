@@ -8,7 +8,7 @@ Submitting side, one process on the submitting machine, after
     summary = collect(run_dir, rc, **fields)  # summary.json, marked failed if the job failed
     return Outcome(rc, "ok" or "failed: why", run_dir)  # what a -m sweep's table shows
 The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is
-rank.py (`rank_main` -> `run_rank`).
+rank/main.py.
 """
 
 from __future__ import annotations
@@ -36,17 +36,10 @@ from ..world.env import process_start
 # own start, as the user waits for it. The ranks read that start from
 # DDP_LAB_T0: the first job of a command starts with the command (its
 # imports count), each later one of a sweep or a study when the one
-# before it ended. A scheduler's job (launchers/slurm.sbatch,
-# runai_pod.sh) sets its own: the queue is not start-up.
+# before it ended (its caller passes `t0`). A scheduler's job
+# (launchers/slurm.sbatch, runai_pod.sh) sets its own: the queue is not
+# start-up.
 T0_ENV = "DDP_LAB_T0"
-# None: no job has run in this command yet
-_next_t0: list[Optional[float]] = [None]
-
-
-def job_t0() -> float:
-    """When the job about to start began (see above), in seconds since
-    the epoch."""
-    return _next_t0[0] or process_start() or time.time()
 
 
 # ------------------------------------------------------------ submitting side
@@ -72,11 +65,13 @@ def make_run(cfg: DictConfig, label: str | None = None) -> Path:
 
 
 def launch_job(cfg: DictConfig, label: str | None = None,
-               files: Optional[dict[str, str]] = None) -> tuple[Path, Optional[int]]:
+               files: Optional[dict[str, str]] = None,
+               t0: Optional[float] = None) -> tuple[Path, Optional[int]]:
     """Make the run folder (with `files` in it), render the launcher's
     files and, unless launcher.dry_run, start the job and follow it:
-    (the folder, the exit status or None for a dry run). A LaunchError
-    leaves no new folder behind."""
+    (the folder, the exit status or None for a dry run). `t0`: when the
+    job began (None: with this command). A LaunchError leaves no new
+    folder behind."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
     # one command per folder (command/lock.py): a scheduler's job holds
@@ -115,7 +110,7 @@ def launch_job(cfg: DictConfig, label: str | None = None,
               # the first line, at once
               f"({cfg.launcher.name}) in {run_dir}", flush=True)
         # the ranks (and scripts) inherit it
-        os.environ[T0_ENV] = repr(job_t0())
+        os.environ[T0_ENV] = repr(t0 or process_start() or time.time())
         try:
             # the trainer stops gracefully (a checkpoint first); a
             # benchmark has nothing to save
@@ -124,9 +119,6 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         except launch.LaunchError as e:
             # the folder stays: it holds what could not be started
             raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
-        finally:
-            # the next job of this command starts now
-            _next_t0[0] = time.time()
         why = rendered.explain() if rc and rendered.explain else None
         # the launcher failed before any rank started: its line is the
         # run's status

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -47,7 +48,7 @@ def _raise_stop(signum, frame):
     raise _Stop(signal.Signals(signum).name)
 
 
-def run_study(cfg: DictConfig) -> Outcome:
+def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
     """`python -m ddp_lab study=...`: check every point, then run them
     in order."""
     # the study's rules, then every point's config (TRAIN rules)
@@ -80,7 +81,7 @@ def run_study(cfg: DictConfig) -> Outcome:
         rc = _run_slurm(base, study_dir, points)
         stopped = rc != 0 and finish(study_dir)["status"] == "stopped"
     else:
-        rc, stopped = _run_here(base, study_dir, points)
+        rc, stopped = _run_here(base, study_dir, points, t0)
     # rendered and printed; nothing ran
     if base.launcher.dry_run:
         print(f"study dir: {study_dir}\nrun dir: {study_dir}")
@@ -102,8 +103,10 @@ def run_study(cfg: DictConfig) -> Outcome:
     return Outcome(0 if final["status"] == "completed" else (rc or 1), result, study_dir)
 
 
-def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[int, bool]:
-    """local / mpirun: one job per point from this process, in order.
+def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
+              t0: float | None) -> tuple[int, bool]:
+    """local / mpirun: one job per point from this process, in order,
+    each begun when the one before it ended (the first at `t0`).
     (rc, stopped)"""
     state = load(study_dir)
     failed = 0
@@ -116,7 +119,10 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point]) -> tuple[i
             cfg = point_config(base, p, study_dir, study_dir.name)
             print(point_line(state, p.index, f"starting ({p.nodes} node(s) x "
                              f"{p.nproc_per_node}) in {study_dir / p.folder}"), flush=True)
-            run_dir, rc = launch_job(cfg)
+            try:
+                run_dir, rc = launch_job(cfg, t0=t0)
+            finally:
+                t0 = time.time()
             # launcher.dry_run: rendered, nothing started
             if rc is None:
                 continue

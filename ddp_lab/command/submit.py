@@ -21,14 +21,14 @@ def check(cfg: DictConfig) -> DictConfig:
     return resolve_train(cfg)
 
 
-def submit(cfg: DictConfig) -> Outcome:
+def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
     if cfg.get("study") is not None:
-        return run_study(cfg)
+        return run_study(cfg, t0)
     cfg = resolve_train(cfg)
     # kept in the folder: the command that continues it has them
     overrides = job_overrides()
     files = {COMMAND_FILE: command_line(overrides) + "\n"} if overrides is not None else {}
-    run_dir, rc = launch_job(cfg, files=files)
+    run_dir, rc = launch_job(cfg, files=files, t0=t0)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name,
