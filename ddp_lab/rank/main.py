@@ -3,7 +3,8 @@ RUN_DIR`, that is `rank_main(argv, module, maker, run)` ->
 `run_rank(run_dir, cfg, body)`, which places the rank from the
 launcher's variables, sets up its log, threads and heartbeat record and
 the process group, runs `body(ctx)`, and turns a failure into one line
-naming the rank(s) that stopped (job.py is the submitting side).
+naming the rank(s) that stopped (command/job.py is the submitting
+side).
 """
 
 from __future__ import annotations
