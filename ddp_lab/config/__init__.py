@@ -4,7 +4,7 @@ the values.
 Registered in Hydra's ConfigStore, so a misspelt key or a wrong type
 fails at composition; each group option (conf/<group>/<name>.yaml)
 starts from `/schema/<group>/<name>`. The sections live in launch.py,
-workload.py, train.py, run.py and sync/ (torch-free); this module
+workload.py, train.py, run.py and sync.py (torch-free); this module
 joins them (`Config`), registers them and reads them back. Workers do
 not compose: they read their run folder's resolved `config.yaml` with
 `load_run_config`.
@@ -62,7 +62,7 @@ SCHEMAS: dict[str, Registry[type]] = {
     "launcher": Registry("launcher", {
         "local": LocalLauncherConfig, "mpirun": MpirunLauncherConfig,
         "slurm": SlurmLauncherConfig, "runai": RunaiLauncherConfig}),
-    # each beside its synchroniser: config/sync/
+    # their keys and rules, torch-free: config/sync.py
     "sync": Registry("sync", SYNC_SCHEMAS),
     "model": Registry("model", {"mlp": MLPConfig, "mlp_wide": MLPConfig, "cnn": CNNConfig,
                                 "resnet18": ResNet18Config}),

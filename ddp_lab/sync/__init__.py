@@ -1,6 +1,6 @@
 """Gradient synchronisers, chosen with the `sync` config group: one file
 each (sync/<name>.py, start with naive.py), its config keys and rules in
-config/sync/<name>.py. Importing this package loads no torch (the
+config/sync.py. Importing this package loads no torch (the
 submitting command checks the config without it); the names below come
 from sync/build.py, loaded on first use."""
 

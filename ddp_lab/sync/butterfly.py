@@ -9,7 +9,7 @@ partners stay identical); the folded ranks get the result back. log2(p)
 (+2 when n is not a power of two) latencies, log2(p) whole buffers each
 way per rank.
 
-Its keys and rules are allreduce's (config/sync/allreduce.py), and so
+Its keys and rules are allreduce's (config/sync.py), and so
 are overlap (overlap.py) and compression (`_reduce`, allreduce.py).
 """
 

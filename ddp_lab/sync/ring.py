@@ -25,7 +25,7 @@ each):
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl
   needs the pair in one group).
 
-Its keys and rules: config/sync/ring.py. Overlap (overlap.py) and
+Its keys and rules: config/sync.py. Overlap (overlap.py) and
 compression (`_reduce`, allreduce.py) are allreduce's.
 """
 

@@ -10,7 +10,7 @@ log2(n) times the ring's traffic at the root, for log2(n) instead of
 2(n-1) latencies: the tree wins on small buffers and many ranks, the
 ring on large buffers.
 
-Its keys and rules are allreduce's (config/sync/allreduce.py), and so
+Its keys and rules are allreduce's (config/sync.py), and so
 are overlap (overlap.py) and compression (`_reduce`, allreduce.py).
 """
 
