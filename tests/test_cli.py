@@ -1,4 +1,4 @@
-"""A -m sweep ends with its table of jobs (ddp_lab/command/sweep_table.py: SweepTable, a Hydra callback):
+"""A -m sweep ends with its table of jobs (ddp_lab/command/cli.py: SweepTable, a Hydra callback):
 one row per job, printed last, so the end of the console says which job failed and why.
 (The one-line mistakes of the command line are tests/test_mistakes.py.)"""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import PY, child_env, summary
 
-from ddp_lab.command.sweep_table import sweep_table
+from ddp_lab.command.cli import sweep_table
 from ddp_lab.command.job import Outcome
 from ddp_lab.folder.names import sweep_name
 

@@ -175,7 +175,7 @@ def acquire(run_dir: Path, launcher: str) -> None:
                 return
         except FileNotFoundError:
             # the folder itself vanished: another command's validation
-            # probe (folder_rules.folder_problem) removes the empty
+            # probe (validate.folder_problem) removes the empty
             # folder it made on the way
             run_dir.mkdir(parents=True, exist_ok=True)
             continue

@@ -62,7 +62,7 @@ def describe_config(cfg: DictConfig) -> str:
 def _mkdir(path: Path, exist_ok: bool) -> None:
     """`mkdir -p`, again if a folder on the way vanished meanwhile: a
     command starting at the same time probes a new run.root by making
-    and removing it (folder_rules.folder_problem), only while it is
+    and removing it (validate.folder_problem), only while it is
     empty, so a few tries win."""
     for attempt in range(100):
         try:

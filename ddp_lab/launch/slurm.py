@@ -129,7 +129,7 @@ def resolve(cfg) -> None:
                           ">= 0 (0: no signal; null: a quarter of launcher.time, at most 120)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    # also a rule of command/config_rules.py
+    # also a rule of command/validate.py
     limit = duration_s("launcher.time", lc.time)
     # a benchmark: no checkpoint to stop at, nothing to resume
     if "train" not in cfg:

@@ -2,7 +2,7 @@
 more than the oldest torch it supports (pyproject.toml). A default it
 cannot honour picks what it has, and the run says so (`choices`); a
 value the user set that it cannot honour is refused before any rank
-starts (ddp_lab/command/machine_rules.py).
+starts (ddp_lab/command/validate.py).
 """
 
 from __future__ import annotations
