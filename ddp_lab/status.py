@@ -26,7 +26,7 @@ from .command.status import (FINAL, SLURM_ALIVE, SLURM_WAITING, continue_lines, 
     find_runs, inspect, live_processes, one_line, render, run_reached, to_continue)
 from .config.errors import UserError
 from .folder.stop import EXIT_STOPPED, request_stop, STOP_FILE
-from .launch import slurm_job, Tail
+from .launch import Tail, slurm
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 
@@ -146,7 +146,7 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
     out_log, err_log = (Path(p) for p in info["logs"][:2]) if len(info["logs"]) >= 3 else (
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.out",
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.err")
-    rc = slurm_job.follow(info["job_id"], out_log, err_log, None, poll_s)
+    rc = slurm.follow(info["job_id"], out_log, err_log, None, poll_s)
     # not followed to the end: the job lives on
     if rc in (124, 130):
         return rc
@@ -289,10 +289,10 @@ def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float
     """The ranks have checkpointed (or did not in time): give the job
     `grace_s` to end by itself, then cancel it."""
     end = time.monotonic() + grace_s
-    state = slurm_job.job_state(info["job_id"])[0]
+    state = slurm.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:
         time.sleep(poll_s)
-        state = slurm_job.job_state(info["job_id"])[0]
+        state = slurm.job_state(info["job_id"])[0]
     if state in SLURM_ALIVE:
         _scancel(info["job_id"], out)
     else:

@@ -25,7 +25,7 @@ from ..folder.heartbeat_read import read_all
 from ..folder.records import read_metrics
 from ..folder.rundir import folder_state, is_dry_run
 from ..folder.stop import STOP_FILE
-from ..launch import job_processes, slurm_job
+from ..launch import job_processes, slurm
 
 FINAL = ("completed", "failed", "preempted", "stopped")
 # scheduler states of a job that still holds (or waits for) an
@@ -152,7 +152,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        state, code, reason = slurm_job.job_state(job_id)
+        state, code, reason = slurm.job_state(job_id)
         sched = {"state": state, "exit_code": code, "reason": reason}
     pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
@@ -171,7 +171,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     lc = cfg.get("launcher") or {}
     logs = [run_dir / "logs" / "rank0.log"]
     if launcher == "slurm" and job_id:
-        name = slurm_job.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
+        name = slurm.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
         logs = [run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err", *logs]
     info = {
         "run_dir": str(run_dir), "state": state, "detail": detail, "status": status or None,

@@ -38,8 +38,7 @@ from ..folder.stop import EXIT_STOPPED
 from ..launch import python_exe, setup_block, template
 from ..launch.base import pythonpath_line
 from ..launch.mpirun import parse_hosts, place
-from ..launch.slurm import launch_block, sbatch_lines, stop_script
-from ..launch.slurm_job import submit_and_follow
+from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
 from .job import collect, launch_job, make_run, Outcome
 from .validate import at_least, check, COMMON, known_sections, one_of, resolve, resolve_train, Rule
 

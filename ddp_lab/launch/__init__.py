@@ -14,7 +14,7 @@ from types import ModuleType
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
 from .base import LaunchError, Rendered, Tail, python_exe, require_tool, setup_block, template
-from .foreground import job_processes, run_foreground, sweep
+from .local import job_processes, run_foreground, sweep
 
 __all__ = ["LaunchError", "Tail", "check_tool", "job_processes", "modules", "python_exe", "render", "resolve",
            "setup_block", "start", "sweep", "template"]
