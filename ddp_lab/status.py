@@ -25,7 +25,7 @@ from typing import Optional
 from .command.status import (FINAL, SLURM_ALIVE, SLURM_WAITING, continue_lines, dead, dry_runs,
     find_runs, inspect, live_processes, one_line, render, run_reached, to_continue)
 from .config.errors import UserError
-from .folder.stop import EXIT_STOPPED, request_stop, STOP_FILE
+from .folder.rundir import EXIT_STOPPED, request_stop, STOP_FILE
 from .launch import Tail, slurm
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"

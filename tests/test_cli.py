@@ -13,7 +13,7 @@ from helpers import PY, child_env, summary
 
 from ddp_lab.command.cli import sweep_table
 from ddp_lab.command.job import Outcome
-from ddp_lab.folder.names import sweep_name
+from ddp_lab.folder.description import sweep_name
 
 
 def test_the_table_names_each_job_by_what_sets_it_apart():

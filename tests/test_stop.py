@@ -23,7 +23,7 @@ def _ctx():
 
 
 def _loop(rank, world, run_dir, trigger, at_step, check_s):
-    from ddp_lab.folder.stop import request_stop
+    from ddp_lab.folder.rundir import request_stop
     from ddp_lab.rank.stop import StopControl
 
     stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from .job import Outcome, collect, launch_job
 from .paste import COMMAND_FILE, command_line, continue_command, job_overrides
-from ..folder.stop import EXIT_STOPPED
+from ..folder.rundir import EXIT_STOPPED
 from .study import resolve_study, run_study
 from .validate import resolve_train
 

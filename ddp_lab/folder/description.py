@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
@@ -21,7 +22,6 @@ import yaml
 from ..config.resources import conf_dir
 from ..config.student import is_spec, module_of, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
-from .names import DEFAULT_GROUPS, safe
 
 # run.entry of a ddp_lab training run
 TRAINER = "ddp_lab.worker"
@@ -329,3 +329,35 @@ def sweep_extra(overrides: Iterable[str], label: str) -> str:
         if token not in have:
             parts.append(token)
     return safe("_".join(parts))
+
+
+# groups named only when not conf/config.yaml's default (sync and model:
+# always)
+DEFAULT_GROUPS = {"optim": "adam", "launcher": "local"}
+# a name longer than this is cut: file systems and sidebars both have
+# limits
+MAX_LEN = 60
+
+
+def sweep_name(overrides: Iterable[str]) -> str:
+    """A sweep job's name from the overrides the sweep varies, in their
+    order: a group's option as it is (`sync=ring` -> `ring`), a key by
+    its last part and value (`train.lr=0.1` -> `lr0.1`,
+    `sync.compress=fp16` -> `compress-fp16`)."""
+    parts = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        value = safe(value)
+        if "." not in key:
+            parts.append(value)
+        else:
+            leaf = key.rsplit(".", 1)[1]
+            parts.append(leaf + (value if value[:1].isdigit() else f"-{value}"))
+    return safe("_".join(p for p in parts if p))
+
+
+def safe(text: str) -> str:
+    """Letters, digits, `.`, `-` and `_` only (a path and a shell word
+    as it is), at most MAX_LEN characters: `[256,256]` -> `256-256`."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")
+    return text[:MAX_LEN].rstrip("-._")

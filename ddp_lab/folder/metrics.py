@@ -16,8 +16,7 @@ from typing import Optional
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
-from .tb_head import drop_head, write_head
-from .tensorboard import TensorBoardRun, run_folder
+from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head
 
 
 class RankFormatter(logging.Formatter):

@@ -1,5 +1,11 @@
 """The run folder: made once, on the submitting machine, before any rank
-starts."""
+starts; what it holds, and when a command may reuse it. And the stop
+contract both sides read (torch-free): the file `RUN_DIR/STOP`, the
+codes of a stop and the exit status of a stopped run. Any process that
+sees the folder asks with `request_stop`; rank 0 reads the file at each
+stop check (`read_stop_file`; rank/stop.py agrees with the other
+ranks); a new segment clears it (`clear_stop_file`).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,9 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .files import atomic_write_text, read_json_or_empty, write_json
 from .description import describe_run
+from .files import atomic_write_text, read_json_or_empty, write_json
 from .records import now_iso, read_metrics
-
 
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a
@@ -275,3 +280,41 @@ def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> di
         segments[-1].update(status="failed", end=now_iso())
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+# ------------------------------------------------------------ the stop file
+STOP_FILE = "STOP"
+# `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again
+# later)
+EXIT_STOPPED = 75
+# the codes of a stop: the higher wins when ranks disagree
+PREEMPTED, STOPPED = 1, 2
+STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
+
+
+def request_stop(run_dir: Path, status: str = "stopped",
+                 reason: str = "") -> Path:
+    """Ask a running job to stop at its next check. `status`: stopped
+    (a person) or preempted (continue later)."""
+    if status not in STATUS.values():
+        raise ValueError(
+            f"stop status {status!r}: choose stopped or preempted")
+    path = Path(run_dir) / STOP_FILE
+    atomic_write_text(path, f"{status} {reason}".strip() + "\n")
+    return path
+
+
+def read_stop_file(run_dir: Path) -> Optional[tuple[int, str]]:
+    """The request's code and reason; None when there is none."""
+    try:
+        text = (Path(run_dir) / STOP_FILE).read_text().strip()
+    except OSError:
+        return None
+    word, _, rest = text.partition(" ")
+    code = PREEMPTED if word == "preempted" else STOPPED
+    return code, f"stop file ({rest or word})"
+
+
+def clear_stop_file(run_dir: Path) -> None:
+    """A new segment of the run starts: an old request is spent."""
+    (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)

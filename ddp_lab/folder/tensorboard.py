@@ -4,12 +4,16 @@ it draws). One x axis, the global step; a resumed run goes on in its
 first segment's folder and purges the points past its checkpoint. Tags
 carry units in brackets, `time/epoch[s]`, never parentheses: the
 custom-scalars dashboard finds a line's run with /\((.*)\)$/. At step 0:
-the run's head (tb_head.py: the config, the custom-scalars layout of
-tb_charts.py, the hparams).
+the run's head (`write_head`): its config, its charts' layout (its band
+charts and its workload's comparison charts, as the custom-scalars
+layout TensorBoard reads; docs/timing.md) and its hparams as the HParams
+dashboard shows them; a resumed run's replaces the former's.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -94,7 +98,7 @@ def workload(hparams: dict[str, Any]) -> tuple[str, str]:
     64/rank")`; the optimiser, lr, sync, world and length are left out,
     so the runs that differ in them share the charts."""
     from .description import Description
-    from .names import safe
+    from .description import safe
 
     w = Description.from_hparams(hparams).w
     options = list(w.get("model_options") or ())
@@ -147,7 +151,7 @@ def writer_name(label: str, run_folder_name: str, extras: tuple[str, ...] = ()) 
     apart from others of that label (`extras`: `20steps`, `slow1-30ms`;
     `full` for whole epochs), else the label too
     (`ring_w2_mlp_20steps`)."""
-    from .names import safe
+    from .description import safe
 
     tail = list(extras) or ["full"]
     head = [] if run_folder_name.startswith(label) else [label]
@@ -246,3 +250,166 @@ class TensorBoardRun:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _lines(*tags: str) -> dict:
+    """A multiline chart of these exact tags (the plugin takes regular
+    expressions)."""
+    return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
+
+
+def _band(run: str, names: tuple[str, str, str]) -> dict:
+    line, low, high = (band_tag(run, n) for n in names)
+    return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
+
+
+EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
+                ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
+                ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
+                ("step (ms/step)", "step[ms/step]"), ("busbw (GB/s)", "busbw[GB/s]"),
+                ("test accuracy", "test_accuracy[fraction]"), ("train loss", "train_loss"))
+STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_inflight[ms]"),
+               ("exposed comm (ms)", "comm_exposed[ms]"), ("step time (ms)", "step[ms]"))
+
+
+def compare_categories(load: tuple[str, str]) -> list:
+    """The workload's two comparison categories (open): every run a
+    line, at x = epoch; and per step, at x = the step within its epoch
+    (a line per run and epoch)."""
+    key, words = load
+    by_step = [(title, {"multiline": {"tag": [
+        "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
+        for title, name in STEP_CHARTS]
+    return [(f"{words}: the runs compared, x = epoch (a line per run)", False,
+             [(title, _lines(compare_tag(key, "by_epoch", name))) for title, name in EPOCH_CHARTS]),
+            (f"{words}: the runs compared per step, x = the step within its epoch "
+             "(a line per run and epoch)", False, by_step)]
+
+
+# One run's margin chart, in a category of its own, closed (`ONE_RUN`:
+# which, title, closed, the band's tags, the title's tail)
+ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = compute ends, "
+                    "band = comm in flight; above the line: exposed)", True,
+            ("step/compute[ms]", "step/comm[ms]", "step/comm_exposed[ms]"), "per step (ms)"),
+           ("epoch", "one run: compute vs comm per epoch, a chart per run", True,
+            ("time/compute[ms/step]", "comm/inflight[ms/step]", "comm/exposed[ms/step]"),
+            "per epoch (ms/step)"))
+
+
+def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
+           load: tuple[str, str] = ("?", "?")):
+    """Run `run`'s custom-scalars layout proto: its workload's
+    comparison charts (`compare_categories`), then its band charts
+    (`ONE_RUN`). `bands`: the charts that will draw a line; a left-out
+    chart keeps its category, since the plugin merges every run's
+    categories into the first run's (a category the first run lacks
+    holds only the charts of the first run that has it: the comparison
+    charts are alike in every run of a workload)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    categories = compare_categories(load) + [
+        (title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))] if which in bands else [])
+        for which, title, closed, triple, what in ONE_RUN]
+    return layout_pb2.Layout(category=[
+        layout_pb2.Category(title=title, closed=closed,
+                            chart=[layout_pb2.Chart(title=t, **content) for t, content in charts])
+        for title, closed, charts in categories])
+
+
+def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
+                   load: tuple[str, str] = ("?", "?")):
+    """Run `run`'s `layout` as the Summary the plugin reads, built as
+    torch's `add_custom_scalars` builds it (the plugin's own
+    `summary.pb` imports TensorFlow)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="custom_scalars"))
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout(run, bands, load).SerializeToString()],
+                         tensor_shape=TensorShapeProto())
+    return Summary(value=[Summary.Value(tag=LAYOUT_TAG, tensor=tensor, metadata=meta)])
+
+
+LAYOUT_TAG = "custom_scalars__config__"
+
+
+def write_head(run: TensorBoardRun, config_text: str, hparams: dict[str, Any],
+               bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
+    """Run `run`'s head at step 0: config (a fresh run's only), `layout`
+    with its `bands`, hparams. A resumed run's replace the former
+    segment's (`drop_head`, before its writer opened): its hparams say
+    what it is now (its epochs, its world)."""
+    file_writer = run.writer.file_writer
+    if fresh:
+        run.writer.add_text("config", config_text, 0)
+    file_writer.add_summary(layout_summary(run.band, bands, run.load), 0)
+    for summary in hparams_summaries(hparams):
+        file_writer.add_summary(summary, 0)
+
+
+# The HParams dashboard sorts the hparams, those that differ among the
+# runs shown first, by name, and ticks the first five: the settings keep
+# their names (`sync`, `world_size`, ...; `sync.<option>`,
+# `model.<option>`) and every other hparam is named `~<name>`
+# (`~epochs`, `~optim`), which sorts after every letter, so a setting
+# that varies is shown.
+SETTINGS = ("sync", "world_size", "nodes", "launcher", "model")
+LATER = "~"
+
+
+def shown_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
+    """`hparams` as HParams shows them: the settings first and by their
+    names, the rest `~`-named (`SETTINGS`)."""
+    first = {k: hparams[k] for k in SETTINGS if k in hparams}
+    first.update((k, v) for k, v in hparams.items() if k.startswith(("sync.", "model.")))
+    return {**first, **{f"{LATER}{k}": v for k, v in hparams.items() if k not in first}}
+
+
+def hparams_summaries(hparams: dict[str, Any]) -> list:
+    """This run's HParams session start, as Summary protos; no
+    experiment, so the plugin ticks the hparams that differ among the
+    runs shown. Integers as strings (else 2 is 2.0000)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for name, value in shown_hparams(hparams).items():
+        # before int: a bool is an int
+        if isinstance(value, bool):
+            start.hparams[name].bool_value = value
+        elif isinstance(value, float):
+            start.hparams[name].number_value = value
+        else:
+            start.hparams[name].string_value = str(value)
+    data = plugin_data_pb2.HParamsPluginData(session_start_info=start)
+    return [Summary(value=[Summary.Value(tag=metadata.SESSION_START_INFO_TAG,
+                                         metadata=metadata.create_summary_metadata(data))])]
+
+
+def drop_head(folder: Path) -> None:
+    """Rewrite `folder`'s event files without their layout and hparams
+    events: TensorBoard keeps a tag's first metadata, so a resumed run's
+    new ones (`write_head`) show only where the former are gone. Each
+    file is replaced whole (atomically)."""
+    import os
+
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    head = {LAYOUT_TAG, metadata.SESSION_START_INFO_TAG}
+    for path in sorted(folder.glob(EVENTS)):
+        # as written (not migrated)
+        records = list(RawEventFileLoader(str(path)).Load())
+        kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
+        if len(kept) == len(records):
+            continue
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            writer = RecordWriter(fh)
+            for record in kept:
+                writer.write(record)
+            writer.flush()
+        os.replace(tmp, path)

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from ..folder.heartbeat import mark_killed
 from ..folder.heartbeat_read import process_state, read_all
 from ..folder.rundir import read_summary
-from ..folder.stop import clear_stop_file, request_stop
+from ..folder.rundir import clear_stop_file, request_stop
 from ..world.devices import default_nproc
 from ..world.parent import set_parent_death_signal
 from ..world.ports import FIX, taken

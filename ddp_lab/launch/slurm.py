@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..folder.stop import EXIT_STOPPED
+from ..folder.rundir import EXIT_STOPPED
 from .base import (check_container, container_folders, diagnose, LaunchError, python_check,
     python_exe, pythonpath_line, ranks_python, Rendered, require_tool, setup_block, should_wait,
     sourced_note, store_line, Tail, template)
