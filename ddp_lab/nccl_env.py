@@ -1,15 +1,13 @@
-"""`python -m ddp_lab.nccl_env`: NCCL's network settings for this node.
-Slingshot (CXI NICs: CSCS's aws-ofi-nccl settings, `SLINGSHOT`), RoCE /
-InfiniBand (RDMA devices: NCCL_IB_GID_INDEX, NCCL_IB_HCA, socket
-threads), or none (sockets); docs/nccl_env.md says how each is chosen.
+"""`python -m ddp_lab.nccl_env`: NCCL's network settings for this node. Slingshot (CXI NICs: CSCS's
+aws-ofi-nccl settings, `SLINGSHOT`), RoCE / InfiniBand (RDMA devices: NCCL_IB_GID_INDEX,
+NCCL_IB_HCA, socket threads), or none (sockets); docs/nccl_env.md says how each is chosen.
 
     eval "$(python -m ddp_lab.nccl_env)"            # export lines on stdout, '# ...' on stderr
     python -m ddp_lab.nccl_env --format json        # {"env": {...}, "warnings": [...], ...}
 
-First what the node's sysfs says (`scan`: `class/cxi`, and every RDMA
-device under `class/infiniband` with its ports' link layers and GIDs),
-then what NCCL is told. A missing or odd tree gives warnings, never an
-error: exit status 0 even without a device (informational), 2 on bad
+First what the node's sysfs says (`scan`: `class/cxi`, and every RDMA device under
+`class/infiniband` with its ports' link layers and GIDs), then what NCCL is told. A missing or odd
+tree gives warnings, never an error: exit status 0 even without a device (informational), 2 on bad
 arguments. The launchers' scripts (slurm, runai) run it on every node.
 """
 
@@ -70,8 +68,7 @@ class Scan:
 
 
 def _read(path: Path) -> str:
-    """File content, stripped of NULs and whitespace; raises
-    OSError/UnicodeError."""
+    """File content, stripped of NULs and whitespace; raises OSError/UnicodeError."""
     return path.read_bytes().decode("ascii").replace("\x00", "").strip()
 
 
@@ -91,8 +88,7 @@ def _numeric_children(d: Path, what: str, warnings: list[str]) -> list[tuple[int
 
 
 def _hca_matches(name: str, spec: str | None) -> bool:
-    """NCCL_IB_HCA semantics: comma list, prefix match, '=' exact, '^'
-    excludes; ':port' ignored."""
+    """NCCL_IB_HCA semantics: comma list, prefix match, '=' exact, '^' excludes; ':port' ignored."""
     if not spec:
         return True
     spec = spec.strip()
@@ -108,8 +104,7 @@ def _hca_matches(name: str, spec: str | None) -> bool:
 
 
 def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan:
-    """Read every device/port/GID under <sysfs_root>/class/infiniband
-    (never raises)."""
+    """Read every device/port/GID under <sysfs_root>/class/infiniband (never raises)."""
     root = Path(sysfs_root)
     ib = root / "class" / "infiniband"
     res = Scan(sysfs_root=str(root))
@@ -146,8 +141,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                                         f"{getattr(e, 'strerror', None) or e}")
                     continue
                 if gid == ZERO_GID or gid == "":
-                    # unused slot (its type file is usually unreadable:
-                    # EINVAL)
+                    # unused slot (its type file is usually unreadable: EINVAL)
                     continue
                 if not _GID_RE.match(gid):
                     res.warnings.append(f"{dev.name} port {pnum}: garbled GID {idx} "
@@ -168,8 +162,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
 
 
 def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]]:
-    """(slingshot | infiniband | roce | sockets, the devices that say
-    so) from sysfs."""
+    """(slingshot | infiniband | roce | sockets, the devices that say so) from sysfs."""
     try:
         cxi = sorted(d.name for d in (Path(sysfs_root) / "class" / "cxi").iterdir())
     except OSError:
@@ -184,9 +177,8 @@ def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]
     return ("infiniband" if layers == {"infiniband"} else "roce"), list(sc.devices)
 
 
-#: CSCS's NCCL settings for Slingshot (docs.cscs.ch, "NCCL"; the
-#: container engine's aws_ofi_nccl hook sets the same when the EDF
-#: enables it): variable -> (value, why)
+#: CSCS's NCCL settings for Slingshot (docs.cscs.ch, "NCCL"; the container engine's aws_ofi_nccl
+#: hook sets the same when the EDF enables it): variable -> (value, why)
 SLINGSHOT = {
     "NCCL_NET": ("AWS Libfabric", "the aws-ofi-nccl plugin, or fail at start: no silent "
                                   "fallback to TCP sockets"),
@@ -235,9 +227,8 @@ def nccl_rdma_env(
     socket_nthreads: int | None = DEFAULT_SOCKET_NTHREADS,
     nsocks_perthread: int | None = DEFAULT_NSOCKS_PERTHREAD,
 ) -> NcclEnv:
-    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`:
-    NCCL_IB_HCA instead of the detected devices (detection keeps those
-    it matches); None leaves a variable unset."""
+    """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`: NCCL_IB_HCA instead of the
+    detected devices (detection keeps those it matches); None leaves a variable unset."""
     sc = scan(sysfs_root, hca)
     warnings = list(sc.warnings)
     env: dict[str, str] = {}

@@ -1,13 +1,11 @@
-"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`:
-reattach to a run from any shell.
+"""`python -m ddp_lab.status PATH [--follow | --stop] [--json]`: reattach to a run from any shell.
 
     python -m ddp_lab.status outputs/             # one line per run
     python -m ddp_lab.status RUN_DIR --follow     # its logs and state until it ends
     python -m ddp_lab.status RUN_DIR --stop       # every rank checkpoints, then the job ends
 
-The state and its screen come from command/status.py (`inspect`,
-`render`); this module is the command: the runs it finds, --follow
-and --stop (docs/status.md).
+The state and its screen come from command/status.py (`inspect`, `render`); this module is the
+command: the runs it finds, --follow and --stop (docs/status.md).
 """
 
 from __future__ import annotations
@@ -114,14 +112,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def exit_code(info: dict) -> int:
-    """0 completed, 75 preempted/stopped (continue it), 1 failed (or
-    dead)."""
+    """0 completed, 75 preempted/stopped (continue it), 1 failed (or dead)."""
     return {"completed": 0, "preempted": EXIT_STOPPED, "stopped": EXIT_STOPPED}.get(info["state"], 1)
 
 
 def follow(run_dir: Path, poll_s: float = 1.0, out=None) -> int:
-    """Print what the run's logs gain and its state changes until it
-    ends; see exit_code."""
+    """Print what the run's logs gain and its state changes until it ends; see exit_code."""
     out = out or sys.stdout
     info = inspect(run_dir)
     print(render(info), file=out, flush=True)
@@ -156,8 +152,7 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
 
 
 def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
-    """The state once the job's last writes are in (summary.json lags a
-    job's end a bit)."""
+    """The state once the job's last writes are in (summary.json lags a job's end a bit)."""
     deadline = time.monotonic() + wait_s
     info = inspect(run_dir)
     while info["state"] in ("running", "pending") and time.monotonic() < deadline:
@@ -178,8 +173,7 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
     try:
         while True:
             if info["state"] not in ("running", "pending") or dead(info):
-                # seen twice, a poll apart: not a gap between two
-                # processes
+                # seen twice, a poll apart: not a gap between two processes
                 if dead(info):
                     quiet += 1
                     if quiet < 2:
@@ -216,15 +210,13 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
 
 
 def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None) -> int:
-    """Ask every rank to checkpoint and stop; wait for it; end what is
-    left of a SLURM job."""
+    """Ask every rank to checkpoint and stop; wait for it; end what is left of a SLURM job."""
     out = out or sys.stdout
     info = inspect(run_dir)
     alive_in_slurm = info["launcher"] == "slurm" and info["scheduler"] is not None \
         and info["scheduler"]["state"] in SLURM_ALIVE
     if alive_in_slurm and info["state"] in FINAL:
-        # the ranks have ended (a batch script finishing, or about to
-        # requeue itself)
+        # the ranks have ended (a batch script finishing, or about to requeue itself)
         _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
         print(f"[status] {info['state']} after {run_reached(info)}", file=out)
         print(continue_lines(info), file=out)
@@ -236,8 +228,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
             print(continue_lines(info), file=out)
         return 0 if info["state"] in FINAL else 1
     if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
-        # nothing runs: no rank to checkpoint (a new segment would clear
-        # the stop file anyway)
+        # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
         _scancel(info["job_id"], out)
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
               f"{info['scheduler']['state']}; the run folder keeps {run_reached(info)}", file=out)
@@ -286,8 +277,8 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
 
 
 def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float) -> None:
-    """The ranks have checkpointed (or did not in time): give the job
-    `grace_s` to end by itself, then cancel it."""
+    """The ranks have checkpointed (or did not in time): give the job `grace_s` to end by itself,
+    then cancel it."""
     end = time.monotonic() + grace_s
     state = slurm.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:

@@ -1,10 +1,8 @@
 """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
 
-The one place where a user mistake (ddp_lab's `UserError`, Hydra's
-composition errors) becomes `error: <one line>` on stderr and exit 2,
-where Hydra would print several lines and exit 1 (the lines:
-mistakes.py). A -m sweep is Hydra's; `SweepTable` (below)
-prints one row per job.
+The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors) becomes
+`error: <one line>` on stderr and exit 2, where Hydra would print several lines and exit 1 (the
+lines: mistakes.py). A -m sweep is Hydra's; `SweepTable` (below) prints one row per job.
 """
 
 from __future__ import annotations
@@ -40,19 +38,18 @@ from .mistakes import (command_line_mistake, group_value_mistake, hydra_message,
 
 def cli(config_name: str, submit_fn: Callable[..., Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
-    """Compose `conf/<config_name>.yaml`, run `submit_fn(cfg, t0=...)`
-    per job (one, or each of a -m sweep; every job checked by `check_fn`
-    before the first starts; `t0` as command/job.py's launch_job takes it), and exit with the failed job's status (2 for a user
-    mistake). `schemas`: the dataclass modules that type the config, for
-    "did you mean" hints."""
+    """Compose `conf/<config_name>.yaml`, run `submit_fn(cfg, t0=...)` per job (one, or each of a
+    -m sweep; every job checked by `check_fn` before the first starts; `t0` as command/job.py's
+    launch_job takes it), and exit with the failed job's status (2 for a user mistake). `schemas`:
+    the dataclass modules that type the config, for "did you mean" hints."""
     flags = (command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
              or group_value_mistake(sys.argv[1:]))
     if flags:
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
     failed: list[int] = []
-    # when the job about to start began: with the command (None) for the
-    # first, when the one before it ended for each later one of a sweep
+    # when the job about to start began: with the command (None) for the first, when the one before
+    # it ended for each later one of a sweep
     t0: float | None = None
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
@@ -72,9 +69,8 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
         except (HydraException, OmegaConfBaseException) as e:
-            # the config read as the job starts (`~sync`, an
-            # interpolation to no key): one line, where Hydra adds its
-            # own "Error executing job with overrides"
+            # the config read as the job starts (`~sync`, an interpolation to no key): one line,
+            # where Hydra adds its own "Error executing job with overrides"
             print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
             outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
@@ -84,9 +80,8 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
             failed.append(outcome.rc)
         return outcome
 
-    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of
-    # printing them: we print one line of our own (and no traceback,
-    # whatever the user's setting)
+    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of printing them: we print one
+    # line of our own (and no traceback, whatever the user's setting)
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         if _plain_run(sys.argv[1:]):
@@ -112,9 +107,8 @@ def _defaults(config_name: str) -> DictConfig:
 
 
 def _swept_keys(argv: list[str]) -> set[str]:
-    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs
-    are named by their values (names.sweep_name). None for a plain run
-    or one Hydra cannot parse (it says why)."""
+    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their values
+    (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
@@ -129,17 +123,15 @@ def _key(override: str) -> str:
 
 
 def _plain_run(argv: list[str]) -> bool:
-    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no
-    hydra.* key."""
+    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no hydra.* key."""
     return not any(a.startswith("-") or a.lstrip("+~").startswith(("hydra.", "hydra/"))
                    for a in argv)
 
 
 def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides: list[str]) -> None:
-    """What `hydra.main` does for a plain run, with the config composed
-    once: Hydra's own path composes it twice (first only to read
-    `hydra.mode`, which ddp_lab's configs never set), about 0.5 s each
-    here, half the time to the first line on the console."""
+    """What `hydra.main` does for a plain run, with the config composed once: Hydra's own path
+    composes it twice (first only to read `hydra.mode`, which ddp_lab's configs never set), about
+    0.5 s each here, half the time to the first line on the console."""
     app = Hydra.create_main_hydra2(task_name="ddp_lab",
                                    config_search_path=create_config_search_path(str(CONF_DIR)))
     try:
@@ -150,12 +142,10 @@ def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides
 
 
 def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
-    """Compose and check every job of a sweep first: Hydra composes each
-    job only when its turn comes, after the earlier ones ran (and made
-    their run folders)."""
+    """Compose and check every job of a sweep first: Hydra composes each job only when its turn
+    comes, after the earlier ones ran (and made their run folders)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        # other Hydra flags (--cfg, --config-name, ...): Hydra handles
-        # those runs
+        # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
         return
     overrides = override_parser().parse_overrides([a for a in argv if a[:1] != "-"])
     batches = BasicSweeper.split_arguments(overrides, None)
@@ -178,10 +168,9 @@ def _restore_env(name: str, value: str | None) -> None:
 
 
 def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
-    """A sweep job's folder name: a training run's description label
-    (what sets it apart from any other run: `ring-prepost_w3_mlp`,
-    `ddp_w2_mlp_wide`) and the swept values it does not show (`seed1`);
-    another entry point's job (a bench), the swept values."""
+    """A sweep job's folder name: a training run's description label (what sets it apart from any
+    other run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`) and the swept values it does not show
+    (`seed1`); another entry point's job (a bench), the swept values."""
     if cfg.get("sync") is not None and cfg.get("model") is not None:
         label = describe_config(cfg)
         return "_".join(p for p in (label, sweep_extra(swept, label)) if p) or None
@@ -189,17 +178,16 @@ def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
 
 
 class SweepTable(Callback):
-    """A -m sweep ends with one row per job (`sweep_table`), so its last
-    lines say what failed. Hydra calls it with each job's `Outcome`:
-    conf/config.yaml and conf/bench.yaml register it under
-    hydra.callbacks."""
+    """A -m sweep ends with one row per job (`sweep_table`), so its last lines say what failed.
+    Hydra calls it with each job's `Outcome`: conf/config.yaml and conf/bench.yaml register it
+    under hydra.callbacks."""
 
     def __init__(self) -> None:
         self.jobs: list[tuple[int, list[str], Outcome]] = []
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        # a single run has no table; a task that raised (a bug) has no
-        # Outcome: Hydra raises it after the last job
+        # a single run has no table; a task that raised (a bug) has no Outcome: Hydra raises it
+        # after the last job
         if config.hydra.mode == RunMode.MULTIRUN and job_return.status == JobStatus.COMPLETED:
             self.jobs.append((config.hydra.job.num, list(job_return.overrides or []),
                               job_return.return_value))
@@ -208,9 +196,9 @@ class SweepTable(Callback):
         print("\n" + sweep_table(self.jobs), flush=True)
 
 
-# what a sweep is run for, per job, from its summary.json (the run's one
-# record of them): (heading, summary key, format); a column only where
-# some job has the figure (a bench or a dry run has none of them)
+# what a sweep is run for, per job, from its summary.json (the run's one record of them): (heading,
+# summary key, format); a column only where some job has the figure (a bench or a dry run has none
+# of them)
 FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
            ("comm in flight", "comm_fraction", "{:.0%}"),
            ("exposed", "comm_exposed_fraction", "{:.0%}"),
@@ -218,10 +206,9 @@ FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
 
 
 def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
-    """The table `SweepTable` prints from `jobs` (Hydra's job number,
-    overrides, outcome): a job named by the overrides that differ
-    between jobs, with its summary.json figures (FIGURES), its run
-    folder and how it ended."""
+    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): a job
+    named by the overrides that differ between jobs, with its summary.json figures (FIGURES), its
+    run folder and how it ended."""
     by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
     keys = list(dict.fromkeys(k for d in by_key for k in d))
     varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
@@ -253,10 +240,9 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
 
 
 def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
-    """Each job's run, named by what sets it apart from the sweep's
-    other runs (its description's label, cut to the parts that differ:
-    description.differing_labels); [] when no job is a training run with
-    a config."""
+    """Each job's run, named by what sets it apart from the sweep's other runs (its description's
+    label, cut to the parts that differ: description.differing_labels); [] when no job is a
+    training run with a config."""
     from omegaconf import OmegaConf
 
     descs = []

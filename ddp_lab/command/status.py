@@ -1,13 +1,11 @@
-"""A run's state from its folder and this machine: `inspect(run_dir)` ->
-plain data (what `python -m ddp_lab.status` shows, its --json, and what
-ddp_lab.command.lock asks).
+"""A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what `python
+-m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-It reads the run folder, the scheduler's view of the job (`scontrol`,
-then `sacct`) and the job's processes alive here, so it works from any
-shell. The states: docs/status.md, "What it shows". How they are shown:
-its screen (`render`) and its line (`one_line`); the lines that say how
-to go on with a run (`continue_lines`) are also what --follow and
---stop end with (the command: ddp_lab/status.py).
+It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the job's
+processes alive here, so it works from any shell. The states: docs/status.md, "What it shows". How
+they are shown: its screen (`render`) and its line (`one_line`); the lines that say how to go on
+with a run (`continue_lines`) are also what --follow and --stop end with (the command:
+ddp_lab/status.py).
 """
 
 from __future__ import annotations
@@ -28,13 +26,11 @@ from ..folder.rundir import STOP_FILE
 from ..launch import job_processes, slurm
 
 FINAL = ("completed", "failed", "preempted", "stopped")
-# scheduler states of a job that still holds (or waits for) an
-# allocation
+# scheduler states of a job that still holds (or waits for) an allocation
 SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                  "RESV_DEL_HOLD", "SUSPENDED"}
 SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
-# launchers whose processes run on the submitting machine (job_processes
-# can see them)
+# launchers whose processes run on the submitting machine (job_processes can see them)
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
 
@@ -44,9 +40,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(path: Path, depth: int = 4) -> list[Path]:
-    """Run folders at or below `path` (a sweep folder, run.root), not
-    inside one another; below `path`, a dry run's folder is none
-    (`dry_runs` counts those)."""
+    """Run folders at or below `path` (a sweep folder, run.root), not inside one another; below
+    `path`, a dry run's folder is none (`dry_runs` counts those)."""
     if is_run_dir(path):
         return [path]
     found: list[Path] = []
@@ -62,8 +57,7 @@ def find_runs(path: Path, depth: int = 4) -> list[Path]:
 
 
 def dry_runs(path: Path, depth: int = 4) -> int:
-    """How many dry runs' folders lie below `path` (left out of
-    `find_runs`)."""
+    """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
     if is_run_dir(path) or depth <= 0:
         return int(is_dry_run(path))
     try:
@@ -73,8 +67,7 @@ def dry_runs(path: Path, depth: int = 4) -> int:
 
 
 def _config(run_dir: Path) -> dict:
-    """config.yaml as plain data ({} when unreadable): the newest
-    submission wrote it."""
+    """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     except Exception:  # noqa: BLE001 -- a half-written or foreign file: show what we can
@@ -83,9 +76,8 @@ def _config(run_dir: Path) -> dict:
 
 
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
-    """The scheduler's job id: the file the SLURM launcher writes at
-    submission (the newest submission), else the one the ranks recorded
-    in summary.json."""
+    """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
+    submission), else the one the ranks recorded in summary.json."""
     try:
         text = (run_dir / "job_id").read_text().strip()
     except OSError:
@@ -94,8 +86,7 @@ def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
 
 
 def live_processes(run_dir: Path) -> list[int]:
-    """Processes of the job alive on this machine; other status/follow
-    processes excepted."""
+    """Processes of the job alive on this machine; other status/follow processes excepted."""
     pids = []
     for pid in job_processes(run_dir):
         try:
@@ -109,9 +100,8 @@ def live_processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank heartbeat records ({rank, epoch, step, phase, ...})
-    (ddp_lab.folder.heartbeat); [] when there are none, or they cannot
-    be read."""
+    """Per-rank heartbeat records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.heartbeat); []
+    when there are none, or they cannot be read."""
     try:
         return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
@@ -120,9 +110,8 @@ def rank_progress(run_dir: Path) -> list[dict]:
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
               status: str) -> tuple[int, int]:
-    """(epochs done, steps into the next): the summary's, or for a
-    running run the newest of the summary's start, the last epoch record
-    and the newest checkpoint."""
+    """(epochs done, steps into the next): the summary's, or for a running run the newest of the
+    summary's start, the last epoch record and the newest checkpoint."""
     here = (int(summary.get("epochs_done") or 0), int(summary.get("step_in_epoch") or 0))
     if status in FINAL and summary.get("epochs_done") is not None:
         return here
@@ -135,8 +124,7 @@ def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, i
 
 
 def inspect(run_dir: Path, scheduler: bool = True) -> dict:
-    """Everything `status` shows about one run folder, as plain data
-    (the --json output)."""
+    """Everything `status` shows about one run folder, as plain data (the --json output)."""
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
@@ -186,8 +174,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
     point = cfg.get("study_point") or summary.get("study") or {}
-    # what the run is, named by its description (a study's point by its
-    # repeat too)
+    # what the run is, named by its description (a study's point by its repeat too)
     try:
         info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
     except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
@@ -220,8 +207,7 @@ def _metrics(record: Optional[dict]) -> Optional[dict]:
 
 def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],
            sched: Optional[dict], pids: Optional[list[int]], sees_ranks: bool) -> tuple[str, str]:
-    """(one word, what it rests on) from the summary, the scheduler and
-    the processes."""
+    """(one word, what it rests on) from the summary, the scheduler and the processes."""
     why = status.partition(":")[2].strip()
     final_detail = why if word == "failed" else ""
     if sched is not None and sched["state"] not in ("GONE", "UNKNOWN"):
@@ -235,8 +221,7 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
                 after += f"; `scontrol update JobId={job_id} StartTime=now` starts it at once"
             return "pending", f"{job}{because}{after}"
         if s in SLURM_ALIVE:
-            # the ranks have ended; the batch script is finishing
-            # (requeue?)
+            # the ranks have ended; the batch script is finishing (requeue?)
             if word in FINAL:
                 return word, f"{job}: its ranks have ended" + (f"; {final_detail}" if final_detail else "")
             if not word:
@@ -277,9 +262,8 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
 
 
 def python_check_failure(run_dir: Path) -> Optional[str]:
-    """The line a job script printed when its ranks' python could not
-    import what they run (ddp_lab.launch.base.python_check), from the
-    pods' logs or the SLURM job's errors."""
+    """The line a job script printed when its ranks' python could not import what they run
+    (ddp_lab.launch.base.python_check), from the pods' logs or the SLURM job's errors."""
     for log in sorted((run_dir / "logs").glob("pod*.log")) + sorted((run_dir / "logs").glob("*.err")):
         try:
             lines = log.read_text(errors="replace").splitlines()
@@ -363,8 +347,7 @@ def _segment(seg: dict) -> str:
     hosts = ",".join(seg.get("hosts") or []) or "?"
     start = (seg.get("start_epoch"), seg.get("start_step") or 0)
     end = (seg.get("end_epoch"), seg.get("end_step") or 0)
-    # positions are counts done (epoch_0002.pt: 2 epochs done), never an
-    # epoch's number
+    # positions are counts done (epoch_0002.pt: 2 epochs done), never an epoch's number
     span = ("from the start" if not (start[0] or start[1])
             else f"from {reached(start[0] or 0, start[1])} done")
     if end[0] is not None:
@@ -395,14 +378,14 @@ def to_continue(info: dict) -> bool:
 
 
 def continue_command(info: dict) -> str:
-    """The command that continues the run (paste.continue_command: every
-    override it started with), alone: it pastes as printed."""
+    """The command that continues the run (paste.continue_command: every override it started with),
+    alone: it pastes as printed."""
     return paste.continue_command(Path(info["run_dir"]), info["launcher"])
 
 
 def continue_lines(info: dict) -> str:
-    """'[status] continue with:' and the command on a line of its own (a
-    SLURM run: or its batch script, again)."""
+    """'[status] continue with:' and the command on a line of its own (a SLURM run: or its batch
+    script, again)."""
     text = "[status] continue with:\n  " + continue_command(info)
     run = info["run_dir"]
     if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():

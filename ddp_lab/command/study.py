@@ -1,17 +1,14 @@
-"""A scaling study in one command: every world size of a ladder,
-repeated, one run folder per point under one study folder, then the
-report (docs/scaling.md, "A study in one command": the folder, its files
-and how a study continues).
+"""A scaling study in one command: every world size of a ladder, repeated, one run folder per point
+under one study folder, then the report (docs/scaling.md, "A study in one command": the folder, its
+files and how a study continues).
 
     python -m ddp_lab study=scaling study.worlds=[1,2,4] study.repeats=3 sync=ring
 
-Locally every point is one torchrun (`job.launch_job`); with
-launcher=slurm ONE allocation whose batch script runs every point as an
-srun job step, reporting through `python -m ddp_lab.command.study
-done|end STUDY_DIR INDEX`, so study.json has one writer's code.
-The plan (its points: world x repeat, each with its launcher layout and
-its ordinary run config, checked by the trainer's rules), the folder
-(study.json: the plan and each point's status; the report at its end)
+Locally every point is one torchrun (`job.launch_job`); with launcher=slurm ONE allocation whose
+batch script runs every point as an srun job step, reporting through `python -m
+ddp_lab.command.study done|end STUDY_DIR INDEX`, so study.json has one writer's code. The plan (its
+points: world x repeat, each with its launcher layout and its ordinary run config, checked by the
+trainer's rules), the folder (study.json: the plan and each point's status; the report at its end)
 and the runs, in that order below.
 """
 
@@ -52,8 +49,7 @@ def _raise_stop(signum, frame):
 
 
 def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
-    """`python -m ddp_lab study=...`: check every point, then run them
-    in order."""
+    """`python -m ddp_lab study=...`: check every point, then run them in order."""
     # the study's rules, then every point's config (TRAIN rules)
     base = resolve_study(cfg)
     points = plan(base)
@@ -108,9 +104,8 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
               t0: float | None) -> tuple[int, bool]:
-    """local / mpirun: one job per point from this process, in order,
-    each begun when the one before it ended (the first at `t0`).
-    (rc, stopped)"""
+    """local / mpirun: one job per point from this process, in order, each begun when the one
+    before it ended (the first at `t0`). (rc, stopped)"""
     state = load(study_dir)
     failed = 0
     previous = signal.signal(signal.SIGTERM, _raise_stop)
@@ -130,9 +125,8 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
             if rc is None:
                 continue
             done = read_summary(run_dir).get("status") == "completed"
-            # a stop that came as the job was ending (rc 128+N is our
-            # signal, not the job's): the ranks had finished and said
-            # so; the point is complete
+            # a stop that came as the job was ending (rc 128+N is our signal, not the job's): the
+            # ranks had finished and said so; the point is complete
             summary = collect(run_dir, 0 if rc > 128 and done else rc,
                               launcher=cfg.launcher.name, sync=cfg.sync.name)
             record_end(study_dir, p.index)
@@ -154,15 +148,13 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
 
 # ------------------------------------------------------------------ SLURM
 def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str:
-    """ONE allocation (launcher.nodes x nproc_per_node) whose batch
-    script runs every point as an srun job step of its size on the first
-    k nodes (slurm.launch_block renders the step's srun/torchrun line,
-    as for a single run)."""
+    """ONE allocation (launcher.nodes x nproc_per_node) whose batch script runs every point as an
+    srun job step of its size on the first k nodes (slurm.launch_block renders the step's
+    srun/torchrun line, as for a single run)."""
     lc = base.launcher
     py = shlex.quote(python_exe(lc))
     step = launch_block(base, nnodes="$NODES", rdzv_id="$SLURM_JOB_ID-$INDEX",
-                        # --ntasks too: srun inherits the allocation's
-                        # SLURM_NTASKS otherwise
+                        # --ntasks too: srun inherits the allocation's SLURM_NTASKS otherwise
                         step=["--nodes=$NODES", "--nodelist=$NODELIST",
                               "--ntasks=$((NODES * NPROC_PER_NODE))" if lc.per_task
                               else "--ntasks=$NODES"])
@@ -201,11 +193,10 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
 
 # ------------------------------------------------------------------ batch-script side
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m ddp_lab.command.study done|end STUDY_DIR INDEX [RC]`
-    (the study's batch script): done: exit 0 if the point completed
-    earlier (it is kept; prints so), else 1; end: the point's job step
-    ended with exit status RC: study.json records it (a step that failed
-    without a summary is marked failed), its line is printed."""
+    """`python -m ddp_lab.command.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
+    done: exit 0 if the point completed earlier (it is kept; prints so), else 1; end: the point's
+    job step ended with exit status RC: study.json records it (a step that failed without a summary
+    is marked failed), its line is printed."""
     argv = sys.argv[1:] if argv is None else argv
     if (len(argv) not in (3, 4) or argv[0] not in ("done", "end")
             or not all(a.isdigit() for a in argv[2:])):
@@ -248,9 +239,8 @@ class Point:
 
 
 def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
-    """How `world` ranks fit the launcher: (nodes, processes per node,
-    mpirun hosts), or one line saying why they do not (the rule `_fits`
-    turns it into the user's error)."""
+    """How `world` ranks fit the launcher: (nodes, processes per node, mpirun hosts), or one line
+    saying why they do not (the rule `_fits` turns it into the user's error)."""
     name = lc.name
     if name == "local":
         if world > MAX_LOCAL_WORLD:
@@ -279,8 +269,7 @@ def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
 
 
 def plan(cfg: DictConfig) -> list[Point]:
-    """Every point in run order: interleaved (1,2,4,1,2,4,...) or
-    grouped (1,1,2,2,...)."""
+    """Every point in run order: interleaved (1,2,4,1,2,4,...) or grouped (1,1,2,2,...)."""
     st = cfg.study
     pairs = ([(w, r) for r in range(1, st.repeats + 1) for w in st.worlds]
              if st.order == "interleaved" else
@@ -297,8 +286,7 @@ def plan(cfg: DictConfig) -> list[Point]:
 
 def point_config(base: DictConfig, point: Point, study_dir: Optional[Path],
                  study_id: str) -> DictConfig:
-    """The ordinary run config of one point, resolved and checked by the
-    trainer's rules."""
+    """The ordinary run config of one point, resolved and checked by the trainer's rules."""
     cfg = base.copy()
     with open_dict(cfg):
         cfg.study = None
@@ -337,8 +325,7 @@ def _worlds(cfg: DictConfig) -> Optional[str]:
 
 
 def _fits(cfg: DictConfig) -> Optional[str]:
-    """Every world fits the (resolved) launcher: slurm k nodes x p,
-    mpirun the hosts' slots."""
+    """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
     for world in cfg.study.worlds:
         fit = layout(world, cfg.launcher)
         if isinstance(fit, str):
@@ -363,10 +350,9 @@ STUDY: list[Rule] = [
 
 
 def resolve_study(cfg: DictConfig) -> DictConfig:
-    """The study's base config, resolved and checked (validate.py's
-    rules and these), after every point's config was composed and
-    checked by TRAIN (in a fresh folder: run_study checks the points'
-    own folders again once the study folder is known)."""
+    """The study's base config, resolved and checked (validate.py's rules and these), after every
+    point's config was composed and checked by TRAIN (in a fresh folder: run_study checks the
+    points' own folders again once the study folder is known)."""
     check(cfg, STUDY_PLAN)
     base = resolve(cfg, STUDY)
     for point in plan(base):
@@ -380,8 +366,7 @@ SCHEMA_VERSION = 1
 
 
 def _sweep_job() -> Optional[tuple[Path, int]]:
-    """(the sweep's folder, this job's number) inside a Hydra -m sweep,
-    else None."""
+    """(the sweep's folder, this job's number) inside a Hydra -m sweep, else None."""
     try:
         hc = HydraConfig.get()
     except ValueError:  # not inside a Hydra job
@@ -396,10 +381,9 @@ def label_of(cfg: DictConfig) -> str:
 
 
 def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
-    """(the study folder if it is already named, the sweep folder it
-    sits in). In a sweep the studies sit side by side in run.dir (if
-    given) or the sweep's folder, named by job number, so the same sweep
-    command (with hydra.sweep.dir or run.dir) continues them."""
+    """(the study folder if it is already named, the sweep folder it sits in). In a sweep the
+    studies sit side by side in run.dir (if given) or the sweep's folder, named by job number, so
+    the same sweep command (with hydra.sweep.dir or run.dir) continues them."""
     sweep = _sweep_job()
     if sweep is not None:
         parent = Path(cfg.run.dir).expanduser().resolve() if cfg.run.dir else sweep[0]
@@ -410,9 +394,8 @@ def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
 
 
 def make_study_dir(cfg: DictConfig) -> Path:
-    """A new `run.root/studies/<label>_<date>_<time>` (`make_run_dir`:
-    unique, as run folders are; `<label>`: `label_of`, run.name after it
-    where set)."""
+    """A new `run.root/studies/<label>_<date>_<time>` (`make_run_dir`: unique, as run folders are;
+    `<label>`: `label_of`, run.name after it where set)."""
     c = cfg.copy()
     with open_dict(c):
         c.run.root = str(Path(cfg.run.root).expanduser() / "studies")
@@ -429,15 +412,13 @@ def save(study_dir: Path, state: dict) -> None:
 
 
 def point_status(study_dir: Path, folder: str) -> str:
-    """The status word of a point's summary.json (`pending` when it has
-    none)."""
+    """The status word of a point's summary.json (`pending` when it has none)."""
     summary = read_summary(study_dir / folder)
     return str(summary.get("status") or "pending").split(":")[0]
 
 
 def reuse_problem(study_dir: Path, state: dict, points: list[Point], cfg: DictConfig) -> Optional[str]:
-    """Why this command may not continue the study in `study_dir` (None:
-    it may)."""
+    """Why this command may not continue the study in `study_dir` (None: it may)."""
     if not state:
         if (study_dir / "config.yaml").is_file() or (study_dir / "summary.json").is_file():
             return (f"run.dir={study_dir} holds a run, not a study: give a new run.dir for "
@@ -476,16 +457,14 @@ def end_note(summary: dict) -> str:
 
 
 def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
-    """Point `index` has ended (its job step with exit status `rc`, when
-    the batch script says): copy its status (and median epoch) into
-    study.json; its summary. Prints the point's end line."""
+    """Point `index` has ended (its job step with exit status `rc`, when the batch script says):
+    copy its status (and median epoch) into study.json; its summary. Prints the point's end line."""
     state = load(study_dir)
     p = state["points"][index - 1]
     if rc is None:
         summary = read_summary(study_dir / p["folder"])
     else:
-        # a step that failed without saying so (srun refused it, a rank
-        # died) is marked
+        # a step that failed without saying so (srun refused it, a rank died) is marked
         summary = collect(study_dir / p["folder"], rc, launcher=state.get("launcher"),
                           sync=state.get("sync"), world_size=p["world"])
     p["status"] = str(summary.get("status") or "failed: no summary.json").split(":")[0]
@@ -496,8 +475,7 @@ def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
 
 
 def finish(study_dir: Path, stopped: bool = False) -> dict:
-    """The study's own status from its points': completed | stopped |
-    failed."""
+    """The study's own status from its points': completed | stopped | failed."""
     state = load(study_dir)
     words = [point_status(study_dir, p["folder"]) for p in state["points"]]
     for p, w in zip(state["points"], words):
@@ -512,9 +490,8 @@ def finish(study_dir: Path, stopped: bool = False) -> dict:
 
 
 def build_report(study_dir: Path, sweep_dir: Optional[Path]) -> list[Path]:
-    """`python -m ddp_lab.report` on the study folder (->
-    study/report/), and in a sweep on the sweep's folder too (->
-    sweep/report/: the last study's covers them all)."""
+    """`python -m ddp_lab.report` on the study folder (-> study/report/), and in a sweep on the
+    sweep's folder too (-> sweep/report/: the last study's covers them all)."""
     out = []
     for folder in [study_dir] + ([sweep_dir] if sweep_dir is not None else []):
         res = subprocess.run([sys.executable, "-m", "ddp_lab.report", str(folder),

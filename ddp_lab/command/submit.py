@@ -1,5 +1,4 @@
-"""The submitting side of a training run: check, launch
-(ddp_lab.command.job), report."""
+"""The submitting side of a training run: check, launch (ddp_lab.command.job), report."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from .validate import resolve_train
 
 
 def check(cfg: DictConfig) -> DictConfig:
-    """`python -m ddp_lab`'s config resolved and checked: a run's, or a
-    study's base."""
+    """`python -m ddp_lab`'s config resolved and checked: a run's, or a study's base."""
     # a ladder of runs (ddp_lab/command/study.py)
     if cfg.get("study") is not None:
         return resolve_study(cfg)
@@ -41,8 +39,7 @@ def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
         result = f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved"
         print(result + ".")
         if status == "preempted" and cfg.launcher.name == "runai":
-            # the PyTorchJob brings its pods back and they continue: a
-            # second job would race it
+            # the PyTorchJob brings its pods back and they continue: a second job would race it
             print(f"RunAI starts the pods again and they continue the run by themselves; "
                   f"follow it with: python -m ddp_lab.status {run_dir} --follow")
         else:
@@ -72,8 +69,7 @@ def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
 
 
 def memory_note(summary: dict) -> str:
-    """zero1's closing words: what one rank holds (summary.json's
-    memory_* fields)."""
+    """zero1's closing words: what one rank holds (summary.json's memory_* fields)."""
     if summary.get("sync") != "zero1" or summary.get("memory_optimizer_state_bytes") is None:
         return ""
     mb = {k: summary[f"memory_{k}_bytes"] / 1e6 for k in ("param", "grad", "optimizer_state")}

@@ -1,18 +1,14 @@
-"""Every check of a command, in one layer, run before any process starts
-or any folder is made (`python -m ddp_lab` and `python -m ddp_lab.bench`
-both call `resolve`).
+"""Every check of a command, in one layer, run before any process starts or any folder is made
+(`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
 
-A rule is a small function of the composed config that returns None, or
-one line naming the key and the fix (or raises a `UserError`); rules sit
-in tables, one per entry point: COMMON and TRAIN here, STUDY_PLAN and
-STUDY in study.py, BENCH in bench/submit.py. The rules, by what they
-look at: the config's keys (sections, a preset's keys, durations), the
-folders (run.dir or run.root and data.root can be made and written),
-this machine (its devices, cores and torch), and the training run (its
-sync, batch, model, CUDA graph, delays, stop signal, entry module and a
-student's function, checked by `python -m ddp_lab.check` in a process of
-its own). The launcher's own checks run first (`launch.resolve`, which
-also fills its derived values).
+A rule is a small function of the composed config that returns None, or one line naming the key and
+the fix (or raises a `UserError`); rules sit in tables, one per entry point: COMMON and TRAIN here,
+STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The rules, by what they look at: the
+config's keys (sections, a preset's keys, durations), the folders (run.dir or run.root and
+data.root can be made and written), this machine (its devices, cores and torch), and the training
+run (its sync, batch, model, CUDA graph, delays, stop signal, entry module and a student's
+function, checked by `python -m ddp_lab.check` in a process of its own). The launcher's own checks
+run first (`launch.resolve`, which also fills its derived values).
 """
 
 from __future__ import annotations
@@ -43,15 +39,13 @@ from ..world import cpu
 from ..world.devices import default_nproc, local_gpus
 from .lock import in_use
 
-#: keys that hold a duration in SLURM's formats: each is read by
-#: `duration_s` (the one parser, with SLURM's launcher: --time,
-#: signal_s), here before any process starts
+#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one parser, with
+#: SLURM's launcher: --time, signal_s), here before any process starts
 DURATION_KEYS = ("launcher.time",)
 
 
 def durations(cfg: DictConfig) -> Optional[str]:
-    """Every DURATION_KEYS key this config has (launcher.time: slurm
-    only) parses."""
+    """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
     for key in DURATION_KEYS:
         value = OmegaConf.select(cfg, key)
         if value is not None:
@@ -60,10 +54,9 @@ def durations(cfg: DictConfig) -> Optional[str]:
 
 
 def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
-    """A site preset's `launcher.required` keys must be set for a real
-    submission. A dry run still renders without them: it only shows the
-    script, and seeing it is how a user finds what to fill in (the
-    missing #SBATCH lines are simply absent)."""
+    """A site preset's `launcher.required` keys must be set for a real submission. A dry run still
+    renders without them: it only shows the script, and seeing it is how a user finds what to fill
+    in (the missing #SBATCH lines are simply absent)."""
     for key in cfg.launcher.get("required", []):
         if key not in cfg.launcher:
             return f"launcher.required names launcher.{key}, which launcher={cfg.launcher.name} has not"
@@ -74,10 +67,9 @@ def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
 
 
 def known_sections(cfg: DictConfig) -> Optional[str]:
-    """`+foo=1` adds a top-level key the typed sections cannot catch:
-    refuse it. The sections are the fields of the schema the config was
-    composed from (config.Config, the bench's BenchRootConfig), so the
-    list is never written twice."""
+    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it. The sections are
+    the fields of the schema the config was composed from (config.Config, the bench's
+    BenchRootConfig), so the list is never written twice."""
     allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
     extra = [k for k in cfg if k not in allowed]
     if extra:
@@ -87,9 +79,8 @@ def known_sections(cfg: DictConfig) -> Optional[str]:
 
 
 def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
-    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section)
-    would be ignored: refuse a key that is no field of its section's
-    dataclass, at any depth."""
+    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section) would be ignored: refuse a
+    key that is no field of its section's dataclass, at any depth."""
     kind = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(kind):
         # a plain mapping (a dict-typed key): any key is its content
@@ -110,16 +101,14 @@ def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
 
 
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
-    """Why folder `value` (given as `key`) cannot be made and written,
-    or None: a probe folder made inside it (as `mkdir -p` would) lets
-    the OS refuse in its own words; what the probe made is removed, so a
-    checked command leaves nothing."""
+    """Why folder `value` (given as `key`) cannot be made and written, or None: a probe folder made
+    inside it (as `mkdir -p` would) lets the OS refuse in its own words; what the probe made is
+    removed, so a checked command leaves nothing."""
     path = Path(value).expanduser().absolute()
     probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):
         error = _probe(probe)
-        # another command probing the same new folder removed it as ours
-        # went in: again
+        # another command probing the same new folder removed it as ours went in: again
         if not isinstance(error, FileNotFoundError):
             break
     if error is None:
@@ -131,8 +120,8 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
 
 
 def _probe(probe: Path) -> Optional[Exception]:
-    """Make the folder `probe` (and the folders on the way), then remove
-    what was made; the OS's error if it refused."""
+    """Make the folder `probe` (and the folders on the way), then remove what was made; the OS's
+    error if it refused."""
     # the probe and the folders to make on the way, innermost first
     missing = [probe]
     while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
@@ -166,24 +155,21 @@ def run_folder(cfg: DictConfig) -> Optional[str]:
 
 def data_folder(cfg: DictConfig) -> Optional[str]:
     if cfg.data.node_local:
-        # node-local storage: it exists on the compute nodes, not
-        # necessarily here
+        # node-local storage: it exists on the compute nodes, not necessarily here
         return None
     root = Path(cfg.data.root).expanduser()
     if root.is_dir() and (root / "MNIST" / "raw").is_dir() and not os.access(root, os.W_OK):
-        # a read-only shared copy that is already there: nothing to
-        # write
+        # a read-only shared copy that is already there: nothing to write
         return None
     return folder_problem("data.root", cfg.data.root, "give a folder you can write (the "
                           "dataset is fetched there), e.g. data.root=$HOME/data")
 
 
 def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> Optional[str]:
-    """Why dist.backend with dist.device cannot run, or None. `gpus`:
-    the CUDA devices of the machine the ranks run on, when that is this
-    one (a local launch); None when they start elsewhere (slurm, runai,
-    mpirun: the nodes may have GPUs this machine lacks), where only a
-    pair that contradicts itself is refused."""
+    """Why dist.backend with dist.device cannot run, or None. `gpus`: the CUDA devices of the
+    machine the ranks run on, when that is this one (a local launch); None when they start
+    elsewhere (slurm, runai, mpirun: the nodes may have GPUs this machine lacks), where only a pair
+    that contradicts itself is refused."""
     if backend == "nccl" and device == "cpu":
         return ("dist.backend=nccl with dist.device=cpu: nccl moves only CUDA tensors; use "
                 "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
@@ -204,23 +190,20 @@ def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> 
 
 
 def dist_pair(cfg: DictConfig) -> Optional[str]:
-    """dist.backend x dist.device (dist_problem); this machine's GPUs
-    count on a local launch that really starts (a dry run only renders:
-    it shows the script on any machine)."""
+    """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch that
+    really starts (a dry run only renders: it shows the script on any machine)."""
     gpus = local_gpus() if cfg.launcher.name == "local" and not cfg.launcher.dry_run else None
     return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
 
 
-# Ranks a core before a local launch is refused (launcher.oversubscribe
-# allows it): 3 or 4 ranks on a 2-core laptop are a lesson in sharing,
-# 1000 (a typo for 10) stall the machine for minutes while every rank
-# imports torch and waits its turn at every collective.
+# Ranks a core before a local launch is refused (launcher.oversubscribe allows it): 3 or 4 ranks on
+# a 2-core laptop are a lesson in sharing, 1000 (a typo for 10) stall the machine for minutes while
+# every rank imports torch and waits its turn at every collective.
 RANKS_PER_CORE = 4
 
 
 def oversubscription(cfg: DictConfig) -> Optional[str]:
-    """Far more ranks on this machine than it has cores, not asked
-    for."""
+    """Far more ranks on this machine than it has cores, not asked for."""
     lc = cfg.launcher
     if lc.name != "local" or lc.dry_run or lc.get("oversubscribe"):
         return None
@@ -233,10 +216,9 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
 
 
 def fused_support(cfg: DictConfig) -> Optional[str]:
-    """optim.fused=true on a local launch where this torch has no fused
-    update for the device the ranks will use (torch < 2.4 on CPU).
-    Elsewhere the ranks' torch (a cluster's, a container's) is not this
-    machine's to judge: a rank that cannot says so itself."""
+    """optim.fused=true on a local launch where this torch has no fused update for the device the
+    ranks will use (torch < 2.4 on CPU). Elsewhere the ranks' torch (a cluster's, a container's) is
+    not this machine's to judge: a rank that cannot says so itself."""
     if cfg.optim.fused is not True or cfg.launcher.name != "local":
         return None
     # imports torch: only for a run that asks for fused
@@ -247,10 +229,9 @@ def fused_support(cfg: DictConfig) -> Optional[str]:
 
 
 def twin_support(cfg: DictConfig) -> Optional[str]:
-    """sync=fsdp2 on a local launch where this torch has no
-    torch.distributed.fsdp.fully_shard (torch < 2.6: the oldest ddp_lab
-    supports is 2.2). Elsewhere the ranks' torch decides (a rank that
-    cannot says so in the same line, sync/fsdp2.py)."""
+    """sync=fsdp2 on a local launch where this torch has no torch.distributed.fsdp.fully_shard
+    (torch < 2.6: the oldest ddp_lab supports is 2.2). Elsewhere the ranks' torch decides (a rank
+    that cannot says so in the same line, sync/fsdp2.py)."""
     if cfg.sync.name != "fsdp2" or cfg.launcher.name != "local":
         return None
     # imports torch: only for sync=fsdp2
@@ -265,9 +246,8 @@ MOST_RANKS = 16
 
 def student_refusal(spec: str, collective: str, world: int, key: str,
             ops: tuple[str, ...] = ("SUM",)) -> Optional[str]:
-    """None when `spec`'s function passes its check at `world` ranks
-    for `ops` (one it does not implement at all is fine: a run uses
-    SUM); else the one-line refusal."""
+    """None when `spec`'s function passes its check at `world` ranks for `ops` (one it does not
+    implement at all is fine: a run uses SUM); else the one-line refusal."""
     f = one_function(spec, collective, key)
     w = max(1, min(world, MOST_RANKS))
     with tempfile.TemporaryDirectory(prefix="ddp_lab_precheck_") as tmp:
@@ -292,8 +272,7 @@ def student_refusal(spec: str, collective: str, world: int, key: str,
 
 
 def sync_fits(cfg: DictConfig) -> Optional[str]:
-    """A synchroniser that cannot run this config (or world size) fails
-    here."""
+    """A synchroniser that cannot run this config (or world size) fails here."""
     try:
         check_sync(cfg.sync, world_size(cfg))
     except ValueError as e:
@@ -303,9 +282,8 @@ def sync_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def student_code_passes(cfg: DictConfig) -> Optional[str]:
-    """sync=custom: the student's all-reduce passes its check at this
-    world size before any rank starts (a dry run starts none: not
-    checked)."""
+    """sync=custom: the student's all-reduce passes its check at this world size before any rank
+    starts (a dry run starts none: not checked)."""
     if cfg.sync.name != "custom" or cfg.launcher.get("dry_run"):
         return None
 
@@ -313,9 +291,8 @@ def student_code_passes(cfg: DictConfig) -> Optional[str]:
 
 
 def batch_fits(cfg: DictConfig) -> Optional[str]:
-    """train.global_batch and train.micro_batch: >= 0, and splitting
-    evenly over this world (the rule lives in config.batch_plan, which
-    every rank applies again)."""
+    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world (the
+    rule lives in config.batch_plan, which every rank applies again)."""
     try:
         batch_plan(cfg.train, world_size(cfg))
     except ValueError as e:
@@ -324,8 +301,7 @@ def batch_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def model_fits(cfg: DictConfig) -> Optional[str]:
-    """The model's sizes (mlp widths, cnn channels): its schema's check
-    (config/workload.py)."""
+    """The model's sizes (mlp widths, cnn channels): its schema's check (config/workload.py)."""
     try:
         check_model(cfg.model)
     except ValueError as e:
@@ -334,9 +310,8 @@ def model_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
-    """train.cuda_graph=true: what a graph cannot hold (config/train.py
-    cuda_graph_problem). On a local launch that starts, dist.device=auto
-    is what it will be on this machine."""
+    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem). On a
+    local launch that starts, dist.device=auto is what it will be on this machine."""
     device = cfg.dist.device
     if device == "auto" and cfg.launcher.name == "local" and not cfg.launcher.dry_run:
         device = device_type(device, local_gpus() > 0)
@@ -349,8 +324,7 @@ def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
 
 
 def debug_delays(cfg: DictConfig) -> Optional[str]:
-    """debug.slow_rank names a rank of this world; delays are >= 0
-    (config/run.py)."""
+    """debug.slow_rank names a rank of this world; delays are >= 0 (config/run.py)."""
     return debug_problem(cfg.debug, world_size(cfg))
 
 
@@ -368,8 +342,8 @@ ONE_FILE_SYNCS = ("naive", "ring")
 
 
 def run_entry(cfg: DictConfig) -> Optional[str]:
-    """run.entry is a module this Python finds: a typo is one line here,
-    not a traceback from every rank."""
+    """run.entry is a module this Python finds: a typo is one line here, not a traceback from every
+    rank."""
     entry = cfg.run.entry
     # the lesson itself takes flags, never a run folder
     if entry == "ddp_lab.one_file":
@@ -451,8 +425,7 @@ TRAIN: list[Rule] = [
     above("train.stop_check_s", 0),
     stop_signal,
     run_entry,
-    # another command's job in run.dir: said before what the folder
-    # holds
+    # another command's job in run.dir: said before what the folder holds
     in_use,
     reuse_problem,
     batch_fits,
@@ -477,9 +450,8 @@ def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
 
 
 def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
-    """A copy of `cfg` with what depends on this machine filled in and
-    paths made absolute (ranks may start elsewhere: all must read the
-    same folders), checked by `rules`."""
+    """A copy of `cfg` with what depends on this machine filled in and paths made absolute (ranks
+    may start elsewhere: all must read the same folders), checked by `rules`."""
     cfg = cfg.copy()
     with open_dict(cfg):
         # the launcher's own defaults and checks (LaunchError)
@@ -500,6 +472,5 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
 
 
 def resolve_train(cfg: DictConfig) -> DictConfig:
-    """A training run's config resolved and checked (a study's:
-    `study.resolve_study`)."""
+    """A training run's config resolved and checked (a study's: `study.resolve_study`)."""
     return resolve(cfg, TRAIN)

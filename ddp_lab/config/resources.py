@@ -1,7 +1,6 @@
-"""Where the Hydra config tree and the launch templates are: the
-top-level `conf/` and `launchers/` in a checkout, copies inside the
-package (`ddp_lab/_conf`, `ddp_lab/_launchers`, setup.py's build_py) in
-a wheel.
+"""Where the Hydra config tree and the launch templates are: the top-level `conf/` and `launchers/`
+in a checkout, copies inside the package (`ddp_lab/_conf`, `ddp_lab/_launchers`, setup.py's
+build_py) in a wheel.
 """
 
 from __future__ import annotations
@@ -13,9 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 def _find(name: str) -> Path:
     top = PACKAGE.parent
-    # pyproject.toml beside the package marks a checkout: an installed
-    # package's parent is site-packages, where a stray top-level `conf/`
-    # of another distribution may live
+    # pyproject.toml beside the package marks a checkout: an installed package's parent is
+    # site-packages, where a stray top-level `conf/` of another distribution may live
     if (top / "pyproject.toml").is_file() and (top / name).is_dir():
         return top / name
     bundled = PACKAGE / f"_{name}"
@@ -31,6 +29,5 @@ def conf_dir() -> Path:
 
 
 def launchers_dir() -> Path:
-    """The templates the launchers render (local.sh, slurm.sbatch,
-    ...)."""
+    """The templates the launchers render (local.sh, slurm.sbatch, ...)."""
     return _find("launchers")

@@ -1,8 +1,7 @@
-"""The `sync` section's schemas: each synchroniser's keys (with their
-`--help` text) and its rules for a world size (`check`, which raises
-ValueError with the fix for a config the synchroniser cannot run):
-sync/ring.py runs what `RingSyncConfig` accepts. Torch-free: the
-submitting command checks with them before any process starts.
+"""The `sync` section's schemas: each synchroniser's keys (with their `--help` text) and its rules
+for a world size (`check`, which raises ValueError with the fix for a config the synchroniser
+cannot run): sync/ring.py runs what `RingSyncConfig` accepts. Torch-free: the submitting command
+checks with them before any process starts.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ COMPRESS_MODES = ("none", "fp16", "bf16", "powersgd")
 
 @dataclass
 class SyncConfig:
-    """How gradients are synchronised across ranks: the keys every
-    synchroniser has (sync/base.py's interface)."""
+    """How gradients are synchronised across ranks: the keys every synchroniser has (sync/base.py's
+    interface)."""
 
     name: str = doc(MISSING, "ddp | naive | allreduce | reduce_broadcast | ring | tree | "
                              "butterfly | hierarchical | zero1 | torch_zero | fsdp2 "
@@ -34,16 +33,14 @@ class SyncConfig:
 
     @classmethod
     def check(cls, cfg: SyncConfig, world_size: int) -> None:
-        """Raise ValueError, with the fix, for a section the
-        synchroniser cannot run on `world_size` ranks (before any
-        process starts, and where the synchroniser is built)."""
+        """Raise ValueError, with the fix, for a section the synchroniser cannot run on
+        `world_size` ranks (before any process starts, and where the synchroniser is built)."""
 
 
 @dataclass
 class NaiveSyncConfig(SyncConfig):
-    """One all_reduce per parameter's .grad after backward, divided by
-    the world size (ddp_lab/sync/naive.py); no keys of its own, overlap
-    and compress refused."""
+    """One all_reduce per parameter's .grad after backward, divided by the world size
+    (ddp_lab/sync/naive.py); no keys of its own, overlap and compress refused."""
 
     @classmethod
     def check(cls, cfg: NaiveSyncConfig, world_size: int) -> None:
@@ -59,8 +56,8 @@ class NaiveSyncConfig(SyncConfig):
 
 @dataclass
 class BucketSyncConfig(SyncConfig):
-    """Flattened gradient buckets, one collective call per bucket
-    (sync/allreduce.py; tree and butterfly take these keys as they are)."""
+    """Flattened gradient buckets, one collective call per bucket (sync/allreduce.py; tree and
+    butterfly take these keys as they are)."""
 
     bucket_mb: float = doc(25.0, "bucket size in MB (1e6 bytes); 0 = one call per parameter")
 
@@ -77,8 +74,7 @@ class BucketSyncConfig(SyncConfig):
 
 @dataclass
 class ReduceBroadcastSyncConfig(BucketSyncConfig):
-    """Reduce gradients to a root, step there, broadcast the
-    parameters."""
+    """Reduce gradients to a root, step there, broadcast the parameters."""
 
     root: int = doc(0, "the rank that averages, steps the optimiser and holds its state")
 
@@ -100,16 +96,14 @@ class RingSyncConfig(BucketSyncConfig):
                                "(collectives.PrepostedRingAllReduce). nccl: all_reduce_ring")
 
 
-#: sync.inter / sync.intra of sync=hierarchical -> the algorithm that
-#: runs it
+#: sync.inter / sync.intra of sync=hierarchical -> the algorithm that runs it
 HIERARCHICAL_INTER = {"ring": "ring", "library": "torch"}
 HIERARCHICAL_INTRA = {"library": "torch", "tree": "tree"}
 
 
 @dataclass
 class HierarchicalSyncConfig(RingSyncConfig):
-    """Reduce inside each node, all-reduce among the leaders, broadcast
-    inside each node."""
+    """Reduce inside each node, all-reduce among the leaders, broadcast inside each node."""
 
     inter: str = doc("ring", "the leaders' all-reduce (the only traffic between nodes): ring "
                              "(ddp_lab.collectives, exact bytes; sync.prepost applies) | "
@@ -136,9 +130,8 @@ class HierarchicalSyncConfig(RingSyncConfig):
 
 @dataclass
 class Zero1SyncConfig(BucketSyncConfig):
-    """ZeRO stage 1: gradients reduce-scattered, each rank steps the
-    optimiser on its shard of the flat weights, which are then
-    all-gathered (ddp_lab/sync/zero1.py)."""
+    """ZeRO stage 1: gradients reduce-scattered, each rank steps the optimiser on its shard of the
+    flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
 
     @classmethod
     def check(cls, cfg: Zero1SyncConfig, world_size: int) -> None:
@@ -152,16 +145,16 @@ class Zero1SyncConfig(BucketSyncConfig):
                              f"sync.compress={cfg.compress}")
 
 
-#: worked all-reduces to train with as they are, or to read before
-#: writing yours (the first is sync.all_reduce's default)
+#: worked all-reduces to train with as they are, or to read before writing yours (the first is
+#: sync.all_reduce's default)
 STUDENT_EXAMPLES = ("ddp_lab.collectives.ring:all_reduce_ring_textbook",
                     "ddp_lab.collectives.all_reduce:all_reduce_butterfly")
 
 
 @dataclass
 class CustomSyncConfig(BucketSyncConfig):
-    """Your own all-reduce on flat gradient buckets (sync/custom.py):
-    `sync.all_reduce`, found as `python -m ddp_lab.check` finds it."""
+    """Your own all-reduce on flat gradient buckets (sync/custom.py): `sync.all_reduce`, found as
+    `python -m ddp_lab.check` finds it."""
 
     all_reduce: str = doc(STUDENT_EXAMPLES[0], "your all-reduce as FILE.py:function (or "
                                               "package.module:function; docs/exercises.md): "
@@ -181,11 +174,9 @@ class CustomSyncConfig(BucketSyncConfig):
             raise ValueError(str(e)) from None
 
 
-#: sync.hook of sync=ddp -> what DDP's reducer runs on each gradient
-#: bucket: ddp_lab's collectives (the student's ring inside the
-#: production engine) or torch's own hooks
-#: (torch.distributed.algorithms.ddp_comm_hooks). "none": the one
-#: sync.compress picks.
+#: sync.hook of sync=ddp -> what DDP's reducer runs on each gradient bucket: ddp_lab's collectives
+#: (the student's ring inside the production engine) or torch's own hooks
+#: (torch.distributed.algorithms.ddp_comm_hooks). "none": the one sync.compress picks.
 DDP_HOOKS = {
     "none": "the hook sync.compress picks (none: torch's allreduce_hook)",
     "ring": "ddp_lab's textbook ring (collectives/ring.py) on the bucket",
@@ -196,15 +187,14 @@ DDP_HOOKS = {
     "bf16": "torch's default_hooks.bf16_compress_hook",
     "powersgd": "torch's powerSGD_hook (sync.powersgd_rank)",
 }
-#: the hooks that are also a sync.compress mode (the same hook: one code
-#: path)
+#: the hooks that are also a sync.compress mode (the same hook: one code path)
 TORCH_COMPRESS_HOOKS = ("fp16", "bf16", "powersgd")
 
 
 @dataclass
 class DDPSyncConfig(SyncConfig):
-    """torch.nn.parallel.DistributedDataParallel (sync/ddp.py): its own
-    options, PowerSGD's rank and the comm hook it runs on each bucket."""
+    """torch.nn.parallel.DistributedDataParallel (sync/ddp.py): its own options, PowerSGD's rank
+    and the comm hook it runs on each bucket."""
 
     overlap: bool = doc(True, "DDP overlaps its bucket all-reduces "
                               "with backward: always true here")
@@ -248,10 +238,9 @@ class DDPSyncConfig(SyncConfig):
 
 @dataclass
 class TorchZeroSyncConfig(DDPSyncConfig):
-    """torch.distributed.optim.ZeroRedundancyOptimizer over
-    DistributedDataParallel: DDP all-reduces the gradients, each rank
-    steps the whole parameters it owns (placed greedily), then every
-    rank broadcasts its own (docs/twins.md)."""
+    """torch.distributed.optim.ZeroRedundancyOptimizer over DistributedDataParallel: DDP
+    all-reduces the gradients, each rank steps the whole parameters it owns (placed greedily), then
+    every rank broadcasts its own (docs/twins.md)."""
 
     @classmethod
     def check(cls, cfg: TorchZeroSyncConfig, world_size: int) -> None:
@@ -269,10 +258,9 @@ class TorchZeroSyncConfig(DDPSyncConfig):
 
 @dataclass
 class FSDP2SyncConfig(SyncConfig):
-    """torch.distributed.fsdp.fully_shard (FSDP2) on each child module
-    with parameters, then the root: weights, gradients and optimiser
-    state sharded per parameter (Shard(0) DTensors), all-gathered before
-    each forward, gradients reduce-scattered (docs/twins.md)."""
+    """torch.distributed.fsdp.fully_shard (FSDP2) on each child module with parameters, then the
+    root: weights, gradients and optimiser state sharded per parameter (Shard(0) DTensors),
+    all-gathered before each forward, gradients reduce-scattered (docs/twins.md)."""
 
     overlap: bool = doc(True, "FSDP2 overlaps its reduce-scatters with backward: "
                               "always true here")
@@ -291,8 +279,7 @@ class FSDP2SyncConfig(SyncConfig):
                              f"or use sync=ddp sync.compress={cfg.compress}")
 
 
-#: sync option -> its schema (tree and butterfly: allreduce's keys,
-#: another algorithm)
+#: sync option -> its schema (tree and butterfly: allreduce's keys, another algorithm)
 SYNC_SCHEMAS: dict[str, type[SyncConfig]] = {
     "ddp": DDPSyncConfig, "naive": NaiveSyncConfig, "allreduce": BucketSyncConfig,
     "reduce_broadcast": ReduceBroadcastSyncConfig, "ring": RingSyncConfig,

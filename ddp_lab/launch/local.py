@@ -1,7 +1,6 @@
-"""launcher=local: torchrun on this machine, every rank running the
-worker entry; and every job run from this process (torchrun, mpirun:
-`Foreground`), with the processes of a job found by its run folder
-(`job_processes`, `sweep`: what is left after it ended)."""
+"""launcher=local: torchrun on this machine, every rank running the worker entry; and every job run
+from this process (torchrun, mpirun: `Foreground`), with the processes of a job found by its run
+folder (`job_processes`, `sweep`: what is left after it ended)."""
 
 from __future__ import annotations
 
@@ -32,10 +31,9 @@ ERROR_FILE = "logs/torchrun_error.json"
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous binds, and the key that sets it:
-    MASTER_PORT from this environment, else launcher.master_port (None:
-    port 0, which the OS gives torchrun's store as it binds, so no other
-    program can take it in between)."""
+    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT from this
+    environment, else launcher.master_port (None: port 0, which the OS gives torchrun's store as it
+    binds, so no other program can take it in between)."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -62,9 +60,8 @@ def resolve(cfg) -> None:
 
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
-    # None: port 0, and the store binds whatever port the OS gives it: a
-    # port picked free here could be taken by another program before
-    # torchrun binds it; port 0 cannot.
+    # None: port 0, and the store binds whatever port the OS gives it: a port picked free here
+    # could be taken by another program before torchrun binds it; port 0 cannot.
     port = lc.master_port if lc.master_port is not None else 0
     script = template("local.sh").format(
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
@@ -81,8 +78,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
-    """One line naming the rendezvous when torchrun could not start it,
-    else None."""
+    """One line naming the rendezvous when torchrun could not start it, else None."""
     try:
         error = json.loads((run_dir / ERROR_FILE).read_text())["message"]
         message, trace = error["message"], error["extraInfo"]["py_callstack"]
@@ -104,13 +100,11 @@ def _die_with_parent() -> None:
 
 
 class Foreground:
-    """A job run from this process (torchrun, mpirun), in its own
-    session (Ctrl-C reaches only us and we stop it gracefully through
-    the stop file) and tied to us by PR_SET_PDEATHSIG. A second Ctrl-C
-    (or SIGTERM), or a job still running `grace_s` after the request,
-    ends it at once: SIGTERM to its process group, SIGKILL 30 s later.
-    Ranks that outlive the command get `grace_s` to stop (a SIGSTOPped
-    one is killed at once); the rest is killed (`sweep`).
+    """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only us
+    and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
+    Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it at once:
+    SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command get `grace_s`
+    to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
     """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
@@ -155,8 +149,7 @@ class Foreground:
             self.proc.wait()
 
     def settle(self) -> list[int]:
-        """Wait up to `grace_s` for the job's processes that outlive the
-        command; the rest."""
+        """Wait up to `grace_s` for the job's processes that outlive the command; the rest."""
         deadline, told = time.monotonic() + self.grace_s, False
         while True:
             pids = job_processes(self.run_dir, marked=True)
@@ -181,8 +174,7 @@ class Foreground:
             time.sleep(0.5)
 
     def _read_stderr(self) -> threading.Thread:
-        """Hand the job's stderr to `stderr_lines`, line by line as it
-        comes, from a thread."""
+        """Hand the job's stderr to `stderr_lines`, line by line as it comes, from a thread."""
         def pump() -> None:
             for raw in iter(self.proc.stderr.readline, b""):
                 self.stderr_lines(raw.decode(errors="replace"))
@@ -230,10 +222,9 @@ class Foreground:
 
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
                    stderr_lines: Optional[Callable[[str], None]] = None) -> int:
-    """Run a job's command in the foreground (`Foreground`); its exit
-    status, or 128 + the signal that stopped it (0 when the job had
-    completed anyway). `stderr_lines` gets the job's stderr line by line
-    (mpirun's filter), else it is ours."""
+    """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the signal
+    that stopped it (0 when the job had completed anyway). `stderr_lines` gets the job's stderr
+    line by line (mpirun's filter), else it is ours."""
     fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
     rc = fg.run()
     if fg.signal is None:
@@ -247,8 +238,7 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
     return 128 + fg.signal
 
 
-# what a process of a job runs: the ranks' entries, torchrun, a script
-# of the run folder
+# what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
 JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run",
                b"ddp_lab.launch.torchrun")
 # set in the environment of a job `Foreground` starts
@@ -256,16 +246,14 @@ JOB_ENV = "DDP_LAB_JOB"
 
 
 def job_mark(run_dir: Path) -> str:
-    """The mark of this process's job in `run_dir`: the folder and our
-    pid."""
+    """The mark of this process's job in `run_dir`: the folder and our pid."""
     return f"{run_dir}:{os.getpid()}"
 
 
 def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
-    """Processes of this machine in the job of `run_dir` (their command
-    line names it and one of JOB_MARKERS, or runs a script in it; not a
-    watcher). With `marked`, only those carrying this process's JOB_ENV
-    mark: what a sweep may kill."""
+    """Processes of this machine in the job of `run_dir` (their command line names it and one of
+    JOB_MARKERS, or runs a script in it; not a watcher). With `marked`, only those carrying this
+    process's JOB_ENV mark: what a sweep may kill."""
     key = str(run_dir).encode()
     mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
     found = []
@@ -287,8 +275,7 @@ def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
 
 
 def sweep(run_dir: Path) -> list[int]:
-    """Kill what is left of a job that has ended (a SIGSTOPped rank);
-    the pids killed."""
+    """Kill what is left of a job that has ended (a SIGSTOPped rank); the pids killed."""
     pids = job_processes(run_dir, marked=True)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):

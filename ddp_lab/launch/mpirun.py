@@ -1,15 +1,12 @@
-"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts
-(the lab recipe): `launcher.hosts=[red01:2,orange07:1]` or
-`launcher.hostfile=hosts`. Renders `hostfile`, `mpi_rank.sh` (per rank:
-setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe):
+`launcher.hosts=[red01:2,orange07:1]` or `launcher.hostfile=hosts`. Renders `hostfile`,
+`mpi_rank.sh` (per rank: setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
 
-mpirun's stderr goes to the console through `MpirunStderr`: ssh's
-messages and Open MPI's help blocks to RUN_DIR/logs/mpirun.log; a daemon
-failure is kept there only and `close` prints one line (host, ssh's
-reason, the fix); other blocks are also shown. torch's per-rank
-"hostname of the client socket cannot be retrieved" is explained once;
-every other line passes through at once. `reason()` is the run's
-one-line failure when the daemons did not start.
+mpirun's stderr goes to the console through `MpirunStderr`: ssh's messages and Open MPI's help
+blocks to RUN_DIR/logs/mpirun.log; a daemon failure is kept there only and `close` prints one line
+(host, ssh's reason, the fix); other blocks are also shown. torch's per-rank "hostname of the
+client socket cannot be retrieved" is explained once; every other line passes through at once.
+`reason()` is the run's one-line failure when the daemons did not start.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
-    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07',
-    default_slots)]."""
+    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07', default_slots)]."""
     out: list[tuple[str, int]] = []
     for entry in entries:
         name, _, slots = str(entry).strip().partition(":")
@@ -57,9 +53,8 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots
-    = N`) -> name:slots, as Open MPI reads them: a host given only
-    `max_slots` offers that many."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots, as
+    Open MPI reads them: a host given only `max_slots` offers that many."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")
@@ -81,8 +76,7 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
 
 
 def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
-    """Where `np` ranks go with `--map-by slot`: each host's slots
-    filled before the next."""
+    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next."""
     placed, left = [], np
     for name, slots in hosts:
         if left <= 0:
@@ -93,8 +87,7 @@ def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
 
 
 def same_host(a: str, b: str) -> bool:
-    """Whether two names or addresses are one machine, as far as this
-    machine can tell."""
+    """Whether two names or addresses are one machine, as far as this machine can tell."""
     if a == b or (is_this_machine(a) and is_this_machine(b)):
         return True
     try:
@@ -108,8 +101,7 @@ MPIRUN_FIX = "install Open MPI (apt-get install openmpi-bin) or set launcher.mpi
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real start needs on PATH, and where to get it
-    (launch.check_tool)."""
+    """What a real start needs on PATH, and where to get it (launch.check_tool)."""
     return cfg.launcher.mpirun, MPIRUN_FIX
 
 
@@ -190,14 +182,12 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
-    # the hostfile is not shown: launch.sh's comment lists its hosts on
-    # one line
+    # the hostfile is not shown: launch.sh's comment lists its hosts on one line
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
 
-    # mpirun's stderr passes through a filter: a host it cannot reach
-    # over ssh is one line (the host, ssh's reason, the fix), Open MPI's
-    # block in logs/mpirun.log
+    # mpirun's stderr passes through a filter: a host it cannot reach over ssh is one line (the
+    # host, ssh's reason, the fix), Open MPI's block in logs/mpirun.log
     errors = MpirunStderr(run_dir / "logs" / "mpirun.log",
                           [n for n, _ in hosts if not is_this_machine(n)])
 
@@ -217,8 +207,8 @@ def render(cfg, run_dir: Path) -> Rendered:
 # Open MPI frames each help message with these
 RULE = re.compile(r"^-{20,}$")
 DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
-# what ssh (and a shell on the far side) says when a daemon cannot
-# start; the first group, where there is one, is the host
+# what ssh (and a shell on the far side) says when a daemon cannot start; the first group, where
+# there is one, is the host
 SSH_LINES = [re.compile(p) for p in (
     r"^ssh: Could not resolve hostname ([^:\s]+): .+",
     r"^ssh: connect to host (\S+) port \d+: .+",
@@ -246,8 +236,7 @@ FIX = ("mpirun starts a daemon on every other host over ssh, which must work wit
 
 
 class MpirunStderr:
-    """A filter for mpirun's stderr: `feed` each line as it comes,
-    `close` at mpirun's end."""
+    """A filter for mpirun's stderr: `feed` each line as it comes, `close` at mpirun's end."""
 
     def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
         self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out
@@ -300,9 +289,8 @@ class MpirunStderr:
             self._show(block)
 
     def reason(self) -> Optional[str]:
-        """`mpirun could not start its daemon on HOST over ssh (ssh's
-        words)`, or None when the daemons started (the ranks' own
-        records say why a run failed)."""
+        """`mpirun could not start its daemon on HOST over ssh (ssh's words)`, or None when the
+        daemons started (the ranks' own records say why a run failed)."""
         if not self.daemons_failed:
             return None
         named = list(dict.fromkeys(h for h, _ in self.ssh if h))
@@ -316,14 +304,12 @@ class MpirunStderr:
         return f"mpirun could not start its daemon on {where} over ssh" + (f" ({said})" if said else "")
 
     def close(self) -> None:
-        """mpirun has ended: flush an unfinished block; a daemon failure
-        becomes its one line."""
+        """mpirun has ended: flush an unfinished block; a daemon failure becomes its one line."""
         with self.lock:
             if self.block is not None:
                 self._end_block()
             why = self.reason()
-            # the fix's `ssh HOST true`: the host ssh named, else the
-            # only remote one
+            # the fix's `ssh HOST true`: the host ssh named, else the only remote one
             if why:
                 host = next((h for h, _ in self.ssh if h),
                             self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST")

@@ -1,6 +1,5 @@
-"""Small arithmetic shared by the code that moves and times bytes and
-the code that prices and reports them. No torch: the report and the cost
-model import it without it.
+"""Small arithmetic shared by the code that moves and times bytes and the code that prices and
+reports them. No torch: the report and the cost model import it without it.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ def ceil_log2(n: int) -> int:
 
 
 def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) -> int:
-    """How many pieces a pipelined transfer of ``numel`` elements is cut
-    into."""
+    """How many pieces a pipelined transfer of ``numel`` elements is cut into."""
     if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
         return 1
     return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
@@ -31,8 +29,7 @@ def pow2_label(n: int) -> str:
 
 
 def union_length(intervals: Sequence[tuple[float, float]]) -> float:
-    """Total length covered by (start, end) intervals, overlaps counted
-    once."""
+    """Total length covered by (start, end) intervals, overlaps counted once."""
     total, cur_s, cur_e = 0.0, None, None
     for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:

@@ -1,5 +1,4 @@
-"""The GPUs this machine shows, asked without importing torch where it
-has none."""
+"""The GPUs this machine shows, asked without importing torch where it has none."""
 
 from __future__ import annotations
 
@@ -7,16 +6,14 @@ from pathlib import Path
 
 
 def gpu_devices_present() -> bool:
-    """Whether this machine shows a GPU driver's device files
-    (/dev/nvidia0, ROCm's /dev/kfd): only then is torch asked, which
-    costs seconds of import."""
+    """Whether this machine shows a GPU driver's device files (/dev/nvidia0, ROCm's /dev/kfd): only
+    then is torch asked, which costs seconds of import."""
     dev = Path("/dev")
     return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
 
 
 def local_gpus() -> int:
-    """CUDA devices of this machine; 0 from the device files alone, so
-    no torch import on CPU."""
+    """CUDA devices of this machine; 0 from the device files alone, so no torch import on CPU."""
     if not gpu_devices_present():
         return 0
     import torch  # lazy: see above

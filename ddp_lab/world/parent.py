@@ -1,9 +1,8 @@
-"""A process and the one that started it (torch-free): death with the
-parent, and the signal handlers torchrun's agent takes over.
+"""A process and the one that started it (torch-free): death with the parent, and the signal
+handlers torchrun's agent takes over.
 
-The agent (ddp_lab/launch/torchrun.py) keeps this process's handlers of
-AGENT_SIGNALS before it installs its own (`keep_handlers`); a rank
-forked from it takes them back (`restore_handlers`,
+The agent (ddp_lab/launch/torchrun.py) keeps this process's handlers of AGENT_SIGNALS before it
+installs its own (`keep_handlers`); a rank forked from it takes them back (`restore_handlers`,
 ddp_lab/rank/forked.py).
 """
 
@@ -31,8 +30,7 @@ def restore_handlers() -> None:
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
-    """Linux: get `sig` when the parent process dies (torchrun
-    SIGKILLed). False elsewhere."""
+    """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         # PR_SET_PDEATHSIG = 1
