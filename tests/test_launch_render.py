@@ -645,10 +645,10 @@ def test_fork_ranks_only_ddp_lab_entries_on_cpu(tmp_path, monkeypatch, device, g
     from torch.distributed import run as torchrun
 
     from ddp_lab.launch import torchrun as wrapper
-    from ddp_lab.world import devices
+    from ddp_lab.world import env
 
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose(f"dist.device={device}")))
-    monkeypatch.setattr(devices, "gpu_devices_present", lambda: gpus)
+    monkeypatch.setattr(env, "gpu_devices_present", lambda: gpus)
     monkeypatch.setattr(wrapper, "FORK_PRELOAD", {k: ("json",) for k in wrapper.FORK_PRELOAD})
     args = torchrun.parse_args(["--nproc_per_node=2", "-m", entry, str(tmp_path)])
     assert wrapper.fork_ranks(args) is forked

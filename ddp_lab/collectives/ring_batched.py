@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..predict.numbers import num_pipeline_chunks
+from ..predict.costmodel import num_pipeline_chunks
 from ._common import GroupInfo, combine_into, scratch
 from .ring_schedule import Exchange
 

@@ -36,7 +36,7 @@ from ..config.sync import COMPRESS_MODES
 from ..folder.rundir import reuse_problem, world_size
 from ..launch.slurm import duration_s
 from ..world import cpu
-from ..world.devices import default_nproc, local_gpus
+from ..world.env import default_nproc, local_gpus
 from .lock import in_use
 
 #: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one parser, with

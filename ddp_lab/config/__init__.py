@@ -15,21 +15,18 @@ from typing import Any, Dict, Optional
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, MISSING, OmegaConf
 
 from .help import doc, help_keys
-from .registry import Registry
-from .resources import conf_dir
 from .launch import (LauncherConfig, LocalLauncherConfig, MpirunLauncherConfig,
-    SlurmLauncherConfig, RunaiLauncherConfig)
+    RunaiLauncherConfig, SlurmLauncherConfig)
+from .registry import Registry
+from .run import (DebugConfig, device_type, DistConfig, LogConfig, RunConfig, StudyConfig,
+    TimingConfig)
 from .sync import SYNC_SCHEMAS, SyncConfig
-from .workload import (widths, ModelConfig, MLPConfig, ResNet18Config,
-    CNNConfig, DataConfig, OptimConfig, AdamConfig, SGDConfig)
-from .train import (TrainConfig, BatchPlan, batch_plan, CUDA_GRAPH_SYNCS,
-    cuda_graph_problem)
-from .run import (DistConfig, device_type, RunConfig, LogConfig, TimingConfig,
-    DebugConfig, StudyConfig)
-
+from .train import batch_plan, BatchPlan, cuda_graph_problem, CUDA_GRAPH_SYNCS, TrainConfig
+from .workload import (AdamConfig, CNNConfig, DataConfig, MLPConfig, ModelConfig, OptimConfig,
+    ResNet18Config, SGDConfig, widths)
 
 @dataclass
 class Config:
@@ -52,6 +49,32 @@ class Config:
                                                       "`study`. Not for users.")
 
 
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _find(name: str) -> Path:
+    top = PACKAGE.parent
+    # pyproject.toml beside the package marks a checkout: an installed package's parent is
+    # site-packages, where a stray top-level `conf/` of another distribution may live
+    if (top / "pyproject.toml").is_file() and (top / name).is_dir():
+        return top / name
+    bundled = PACKAGE / f"_{name}"
+    if bundled.is_dir():
+        return bundled
+    raise FileNotFoundError(f"ddp_lab: neither {top / name} (a checkout) nor {bundled} (an "
+                            "installed wheel) exists: reinstall ddp_lab (pip install .)")
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree: config.yaml, bench.yaml and the groups."""
+    return _find("conf")
+
+
+def launchers_dir() -> Path:
+    """The templates the launchers render (local.sh, slurm.sbatch, ...)."""
+    return _find("launchers")
+
+
 # group -> option -> schema. Adding an option = a dataclass + a YAML in conf/ + the implementation
 # in its kind's registry (tests/test_registry.py checks they agree).
 SCHEMAS: dict[str, Registry[type]] = {
@@ -66,7 +89,7 @@ SCHEMAS: dict[str, Registry[type]] = {
     "optim": Registry("optim", {"adam": AdamConfig, "sgd": SGDConfig}),
 }
 
-# checkout or installed wheel (ddp_lab/config/resources.py)
+# checkout or installed wheel
 CONF_DIR = conf_dir()
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from ..config.resources import conf_dir
+from ..config import conf_dir
 from ..config.student import is_spec, module_of, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
 

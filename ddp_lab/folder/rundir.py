@@ -55,7 +55,7 @@ def describe_config(cfg: DictConfig) -> str:
     nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
     if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
         # what the local launcher will start
-        from ..world.devices import default_nproc
+        from ..world.env import default_nproc
 
         world = default_nproc()
     return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from ..config.errors import UserError
-from ..config.resources import launchers_dir
+from ..config import launchers_dir
 from ..world.ports import FIX, port_in_use
 
-# checkout or installed wheel (ddp_lab/config/resources.py)
+# checkout or installed wheel (ddp_lab/config/__init__.py)
 TEMPLATES = launchers_dir()
 
 

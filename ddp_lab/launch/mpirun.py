@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Optional, TextIO
 
-from ..world.devices import default_nproc
+from ..world.env import default_nproc
 from ..world.ports import free_port
 from .base import (check_container, check_port_free, container_folders, is_this_machine,
     LaunchError, python_check, pythonpath_line, ranks_python, Rendered, require_tool, setup_block,

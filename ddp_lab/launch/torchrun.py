@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from ..world import cpu
-from ..world.parent import keep_handlers
+from ..world.env import keep_handlers
 
 # the entries this torchrun may fork ranks of, with what each imports first, once here (torch,
 # torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
@@ -34,7 +34,7 @@ def fork_ranks(args) -> bool:
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
-    from ..world.devices import gpu_devices_present
+    from ..world.env import gpu_devices_present
 
     run_dir = Path(args.training_script_args[0])
     try:

@@ -7,15 +7,17 @@ alpha-beta predictions from it; nothing else computes a cost. The formulas: docs
 for our send/recv algorithms), `steps` (the alpha term) and `path_bytes` (the beta term).
 `"torch"`, the library's collective, is modelled (`exact` false) on what gloo runs (all_reduce,
 all_gather, reduce_scatter: the ideal ring; broadcast: the binomial tree; reduce: a ring
-reduce-scatter, then a gather to the root). Phases join with `Cost.then`.
+reduce-scatter, then a gather to the root). Phases join with `Cost.then`. Below it, the small
+arithmetic the collectives, the clocks and the report share with it (`ceil_log2`,
+`num_pipeline_chunks`, `union_length`, `pow2_label`). No torch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
-
-from .numbers import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
+from typing import Sequence
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -28,6 +30,42 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 
 #: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads each bucket
 #: to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
+#: Default piece size of the pipelined ring broadcast.
+DEFAULT_RING_CHUNK_BYTES = 1 << 20
+
+
+def ceil_log2(n: int) -> int:
+    """Number of binomial-tree rounds for ``n`` ranks (0 for n <= 1)."""
+    return 0 if n <= 1 else (n - 1).bit_length()
+
+
+def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) -> int:
+    """How many pieces a pipelined transfer of ``numel`` elements is cut into."""
+    if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
+        return 1
+    return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
+
+
+def pow2_label(n: int) -> str:
+    """2^k for powers of two, else the number."""
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
 SHARD_ALIGN = 64
 SHARDED = ("all_gather", "reduce_scatter")
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from ..world import cpu
 from ..world.env import detect_env
 from ..world import ports
-from ..world.parent import AGENT_SIGNALS
+from ..world.env import AGENT_SIGNALS
 from .forked import as_forked_rank, exit_soon
 from ..world import hang
 from ..folder import heartbeat

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from ..config import TrainConfig
 from ..world import hang
-from ..world.parent import set_parent_death_signal
+from ..world.env import set_parent_death_signal
 from ..folder.rundir import (PREEMPTED, STATUS, STOPPED, clear_stop_file,
                            read_stop_file)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..predict.numbers import pow2_label
+from ..predict.costmodel import pow2_label
 from .alpha_beta import Fits, fit_all, fit_alpha_beta, formula, predict_comm_s
 from .run import Run
 # a number in a cell, "–" for none: every table writes them alike

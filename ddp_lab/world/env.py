@@ -6,17 +6,25 @@ from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow pods (PET_NNODES, P
 that order (docs/launchers.md, "What every launcher shares"). An inconsistent set raises `EnvError`
 naming the variable and the fix. The same variables name the job around the rank (`allocation`) and
 its start (`startup_s`).
+
+And what this process runs on and with, torch-free: the GPUs its machine shows (`local_gpus`, asked
+without importing torch where it has none), death with its parent, and the signal handlers
+torchrun's agent takes over: the agent (ddp_lab/launch/torchrun.py) keeps this process's handlers
+of AGENT_SIGNALS before it installs its own (`keep_handlers`); a rank forked from it takes them back
+(`restore_handlers`, ddp_lab/rank/forked.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import signal
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Optional
-
 
 class EnvError(ValueError):
     """The launcher's variables do not describe a valid distributed world."""
@@ -239,3 +247,52 @@ def startup_s() -> Optional[float]:
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)
 
+
+# ------------------------------------------------------------------ its machine and its parent
+def gpu_devices_present() -> bool:
+    """Whether this machine shows a GPU driver's device files (/dev/nvidia0, ROCm's /dev/kfd): only
+    then is torch asked, which costs seconds of import."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
+
+
+def local_gpus() -> int:
+    """CUDA devices of this machine; 0 from the device files alone, so no torch import on CPU."""
+    if not gpu_devices_present():
+        return 0
+    import torch  # lazy: see above
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, else 2 (CPU ranks)."""
+    return local_gpus() or 2
+
+
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT,
+                 signal.SIGHUP, signal.SIGQUIT)
+# the handlers this process had before torchrun's agent took them
+_before_agent: dict = {}
+
+
+def keep_handlers() -> None:
+    """Remember this process's handlers of AGENT_SIGNALS."""
+    for sig in AGENT_SIGNALS:
+        _before_agent[sig] = signal.getsignal(sig)
+
+
+def restore_handlers() -> None:
+    """Put back the handlers `keep_handlers` remembered."""
+    for sig, handler in _before_agent.items():
+        signal.signal(sig, handler)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        # PR_SET_PDEATHSIG = 1
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
