@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from ..world.distributed import DistContext
-from ..predict.costmodel import busbw_factor
-from ..predict.costmodel import pow2_label
+from ..predict.costmodel import busbw_factor, pow2_label
 from ..timing import percentile
 from .ops import OPS, dtype_of, student_label, with_students
 from ..config.student import is_spec

@@ -29,8 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CONF_DIR
 from ..config.errors import UserError
-from ..folder.description import describe_run, differing_labels, sweep_extra
-from ..folder.description import sweep_name
+from ..folder.description import describe_run, differing_labels, sweep_extra, sweep_name
 from ..folder.rundir import describe_config, read_summary
 from .job import Outcome
 from .mistakes import (command_line_mistake, group_value_mistake, hydra_message, one_line,

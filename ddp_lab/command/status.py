@@ -21,8 +21,7 @@ from . import paste
 from ..folder.description import describe_run
 from ..folder.heartbeat_read import read_all
 from ..folder.records import read_metrics
-from ..folder.rundir import folder_state, is_dry_run
-from ..folder.rundir import STOP_FILE
+from ..folder.rundir import STOP_FILE, folder_state, is_dry_run
 from ..launch import job_processes, slurm
 
 FINAL = ("completed", "failed", "preempted", "stopped")

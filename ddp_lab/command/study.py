@@ -30,8 +30,7 @@ from omegaconf import DictConfig, open_dict
 from ..config.errors import UserError
 from ..folder.files import atomic_write_text, read_json_or_empty, write_json
 from ..folder.records import now_iso
-from ..folder.rundir import make_run_dir, read_summary
-from ..folder.rundir import EXIT_STOPPED
+from ..folder.rundir import EXIT_STOPPED, make_run_dir, read_summary
 from ..launch import python_exe, setup_block, template
 from ..launch.base import pythonpath_line
 from ..launch.mpirun import parse_hosts, place

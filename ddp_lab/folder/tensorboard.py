@@ -84,8 +84,7 @@ def workload(hparams: dict[str, Any]) -> tuple[str, str]:
     """What a run trains, as (key, words): its model (and options), data, batch and micro-batch,
     `("mlp_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world and length are left
     out, so the runs that differ in them share the charts."""
-    from .description import Description
-    from .description import safe
+    from .description import Description, safe
 
     w = Description.from_hparams(hparams).w
     options = list(w.get("model_options") or ())

@@ -18,10 +18,8 @@ from typing import Callable, Optional
 
 from ..folder.heartbeat import mark_killed
 from ..folder.heartbeat_read import process_state, read_all
-from ..folder.rundir import read_summary
-from ..folder.rundir import clear_stop_file, request_stop
-from ..world.env import default_nproc
-from ..world.env import set_parent_death_signal
+from ..folder.rundir import clear_stop_file, read_summary, request_stop
+from ..world.env import default_nproc, set_parent_death_signal
 from ..world.ports import FIX, taken
 from .base import (check_port_free, code_dir, LaunchError, python_exe, Rendered, setup_block,
     template)

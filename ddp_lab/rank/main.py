@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..world import cpu
-from ..world.env import detect_env
+from ..world.env import AGENT_SIGNALS, detect_env
 from ..world import ports
-from ..world.env import AGENT_SIGNALS
 from .forked import as_forked_rank, exit_soon
 from ..world import hang
 from ..folder import heartbeat

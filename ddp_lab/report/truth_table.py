@@ -19,8 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from ..predict.costmodel import SYNC_COLLECTIVES
-from ..predict.costmodel import union_length
+from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import Run
 from .runs import find_runs
