@@ -206,7 +206,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
                         _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0), (n - 1) * N)
         return Cost(L, _by_root(n, root, lambda v: N if v else 0),
                     _by_root(n, root, lambda v: _children(v, n) * N), L * N)
-    # all_reduce linear reduce to rank 0, linear broadcast from it
+    # all_reduce
+    # linear reduce to rank 0, linear broadcast from it
     if algorithm == "linear":
         return cost("reduce", "linear", numel, n, e).then(cost("broadcast", "linear", numel, n, e))
     if algorithm == "tree":
