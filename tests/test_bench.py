@@ -19,7 +19,7 @@ from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes
-from ddp_lab.predict.numbers import pow2_label
+from ddp_lab.predict.costmodel import pow2_label
 from ddp_lab.bench.ops import OPS
 from ddp_lab.bench.ops import Pattern
 from ddp_lab.world.topology import topology_from_table

@@ -22,8 +22,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from ..config.student import is_spec
-from ..predict.costmodel import busbw_factor
-from ..predict.numbers import pow2_label
+from ..predict.costmodel import busbw_factor, pow2_label
 from ..timing import percentile
 from ..world.distributed import DistContext
 from ..world.topology import build_groups, detect_topology, GroupSet, Topology

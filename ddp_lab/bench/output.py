@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..predict.numbers import pow2_label
+from ..predict.costmodel import pow2_label
 from .harness import iter_series
 from ..report.plots import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, _plt, impl_color, save
 

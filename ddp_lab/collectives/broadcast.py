@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..predict.numbers import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
+from ..predict.costmodel import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
 from ._common import GroupInfo, p2p, rooted
 
 

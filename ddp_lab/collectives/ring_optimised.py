@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..predict.numbers import num_pipeline_chunks
+from ..predict.costmodel import num_pipeline_chunks
 from ._common import (
     AVG,
     check_op_dtype,

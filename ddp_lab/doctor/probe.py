@@ -155,7 +155,7 @@ def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
     Slingshot (cxi0, ...: NCCL should use the aws-ofi-nccl plugin there)
     or InfiniBand / RoCE (mlx5_0, ...: NET/IB); [] where only sockets
     exist."""
-    from ..launch.sysfs_scan import network_kind
+    from ..nccl_env import network_kind
 
     try:
         kind, devices = network_kind(sysfs_root)

@@ -10,7 +10,7 @@ import select
 import signal
 import threading
 
-from ..world.parent import AGENT_SIGNALS, restore_handlers
+from ..world.env import AGENT_SIGNALS, restore_handlers
 from .whole_lines import whole_lines
 
 

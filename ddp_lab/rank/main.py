@@ -3,7 +3,8 @@ RUN_DIR`, that is `rank_main(argv, module, maker, run)` ->
 `run_rank(run_dir, cfg, body)`, which places the rank from the
 launcher's variables, sets up its log, threads and heartbeat record and
 the process group, runs `body(ctx)`, and turns a failure into one line
-naming the rank(s) that stopped (job.py is the submitting side).
+naming the rank(s) that stopped (command/job.py is the submitting
+side).
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..world import cpu
-from ..world.env import detect_env
+from ..world.env import AGENT_SIGNALS, detect_env
 from ..world import ports
-from ..world.parent import AGENT_SIGNALS
 from .forked import as_forked_rank, exit_soon
 from ..world import hang
 from ..folder import heartbeat

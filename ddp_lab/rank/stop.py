@@ -2,7 +2,7 @@
 then checkpoints.
 
 A stop reaches any one process (SIGTERM, SIGINT, `train.stop_signal`,
-the file `RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death);
+the file `RUN_DIR/STOP` of ddp_lab/folder/rundir.py, the parent's death);
 the handlers only set a flag. Ranks agree with one all-reduce (MAX of
 [stop code, seconds since the last check]) every `every` steps, adapted
 so that checks come about `train.stop_check_s` apart. Codes (higher
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from ..config import TrainConfig
 from ..world import hang
-from ..world.parent import set_parent_death_signal
-from ..folder.stop import (PREEMPTED, STATUS, STOPPED, clear_stop_file,
+from ..world.env import set_parent_death_signal
+from ..folder.rundir import (PREEMPTED, STATUS, STOPPED, clear_stop_file,
                            read_stop_file)
 
 # rank/main imports this module before torch loads (OMP_WAIT_POLICY

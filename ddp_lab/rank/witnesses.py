@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..predict.numbers import union_length
+from ..predict.costmodel import union_length
 from ..timing import PHASES
 
 # ddp_lab's own ranges in the trace (what a witness must not use)

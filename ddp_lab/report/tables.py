@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..folder import doctor as records
-from ..predict.numbers import pow2_label
+from ..predict.costmodel import pow2_label
 from ..world import fingerprint
 from .alpha_beta import fit_all, fit_alpha_beta, Fits, formula, predict_comm_s
 from .run import PHASES, Run

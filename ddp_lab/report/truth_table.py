@@ -22,8 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from ..predict.costmodel import SYNC_COLLECTIVES
-from ..predict.numbers import union_length
+from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import find_runs, Run
 from .tables import _f, _mean

@@ -33,7 +33,7 @@ algorithm moves (`costmodel.SYNC_COLLECTIVES[name]`, through
 `Synchroniser.timed`). The library's all-reduce routes data its own way,
 invisible from here, so for this sync the model is the ring nccl-tests'
 busbw assumes, 2(n-1)/n of the buffer each way (`bytes_exact = False`).
-Its config keys and rules: config/sync/allreduce.py.
+Its config keys and rules: config/sync.py.
 """
 
 from __future__ import annotations

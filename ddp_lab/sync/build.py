@@ -1,7 +1,7 @@
 """Where a synchroniser is built: `SYNCS` names every synchroniser's
 class (sync/<name>.py); `build_sync(cfg, ...)`, what the trainer calls,
 runs the section's config rules (its schema's `check`,
-config/sync/<name>.py) and, for `sync.overlap=true` on more than one
+config/sync.py) and, for `sync.overlap=true` on more than one
 rank, picks an all-reduce family class's overlapped variant
 (sync/allreduce.py): neither belongs to the class itself."""
 

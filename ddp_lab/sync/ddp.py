@@ -8,7 +8,7 @@ stamps: the start when DDP hands it a bucket, the end in the future's
 completion callback, so that overlap stays real (docs/timing.md, "How
 communication is timed"). `sync()` is a no-op (DDP is done when backward
 returns). A world of one runs the bare model. Keys and rules:
-config/sync/ddp.py.
+config/sync.py.
 
 `sync.hook` picks what runs on each bucket: torch's own hooks
 (allreduce, fp16, bf16, powersgd: `sync.compress=fp16` is the same fp16

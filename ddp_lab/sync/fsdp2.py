@@ -1,6 +1,6 @@
 """sync=fsdp2: torch's FSDP2 (`torch.distributed.fsdp.fully_shard`), the
 library twin of sharding one step further than sync=zero1
-(docs/twins.md; keys and rules: config/sync/fsdp2.py; torch >= 2.6).
+(docs/twins.md; keys and rules: config/sync.py; torch >= 2.6).
 
     wrap:     fully_shard on each child module that has parameters, then on the root: every
               parameter becomes a DTensor of which this rank keeps dim-0 chunk r (Shard(0))

@@ -21,7 +21,7 @@ whole-buffer reduce and broadcast inside the node.
 
 It is AllReduceSync with another `all_reduce(flat)` (bucketing,
 averaging, compression, overlap shared); keys and rules:
-config/sync/hierarchical.py. Bytes:
+config/sync.py. Bytes:
 `ddp_lab.predict.costmodel.hierarchical_calls`, and those sent to
 another node (`comm_bytes_cross_node`); exact with `inter=ring
 intra=tree`, else modelled."""
@@ -41,7 +41,7 @@ from ..world.distributed import DistContext
 from ..world.env import detect_env
 from ..world.topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
-from ..config.sync.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
+from ..config.sync import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 
 log = logging.getLogger("ddp_lab")
 

@@ -24,7 +24,7 @@ Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
 library's routing).
 
 Its rules (overlap and compression refused, each with the sync that runs
-it): config/sync/naive.py.
+it): config/sync.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ measured, not because it is fast. Bytes follow
 would be another training method. `sync.overlap=true` starts each
 bucket's reduce (async) from backward, stamped like DDP's hook; the
 broadcast stays after the root's step (docs/compression_overlap.md).
-Keys and rules: config/sync/reduce_broadcast.py."""
+Keys and rules: config/sync.py."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ each):
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl
   needs the pair in one group).
 
-Its keys and rules: config/sync/ring.py. Overlap (allreduce.py) and
+Its keys and rules: config/sync.py. Overlap (allreduce.py) and
 compression (`_reduce`, allreduce.py) are allreduce's.
 """
 

@@ -24,7 +24,7 @@ every synchroniser, and why a synchroniser's body reads as its
 algorithm.
 
 A synchroniser that cannot run a configuration says so in its section's
-`check` (its schema, config/sync/<name>.py: config only, run before any
+`check` (its schema, config/sync.py: config only, run before any
 process starts and again where it is built, `build_sync` in
 sync/build.py) or in `preflight` (needs the model and a batch; called
 once before the first step), never by hanging in a collective. Besides

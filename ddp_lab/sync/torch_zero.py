@@ -1,6 +1,6 @@
 """sync=torch_zero: torch's ZeroRedundancyOptimizer over DDP, the
 library twin of sync=zero1 (docs/twins.md; keys and rules:
-config/sync/torch_zero.py).
+config/sync.py).
 
     backward: DDP all-reduces the gradients (sync=ddp's timed hook, buckets and all)
     step():   ZeroRedundancyOptimizer steps the parameters this rank owns, then every rank

@@ -1,6 +1,6 @@
 """sync=zero1: ZeRO stage 1, the ring's two halves with the optimiser
 step between them (docs/sync.md, "ZeRO stage 1"; keys and rules:
-config/sync/zero1.py).
+config/sync.py).
 
     sync():  gradients -> one flat bucket, / world (before the sum, as DDP: WireFormat),
              reduce-scatter: this rank's chunk of the averaged gradient

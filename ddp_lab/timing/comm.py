@@ -12,7 +12,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..predict.numbers import union_length
+from ..predict.costmodel import union_length
 from .phases import StepTimes
 
 
