@@ -32,7 +32,7 @@ Half the bytes on the wire; the sums are rounded to 16 bits at every
 step of the algorithm (gloo's all_reduce and reduce add fp16 and bf16 on
 CPU: tests/test_compress.py checks it on real process groups, so no
 combination is refused for it). `powersgd` is torch's DDP comm hook: ddp
-only (config/sync/allreduce.py's BucketSyncConfig.check).
+only (config/sync.py's BucketSyncConfig.check).
 """
 
 from __future__ import annotations
