@@ -416,8 +416,7 @@ class Browser:
 def one_run_unfolded(work: Work) -> Path:
     """A copy of one run (sync=ring, world 2, 40 steps) whose band categories are open: headless
     Chromium cannot unfold a category, so the copy's layout says what a click would show."""
-    from ddp_lab.folder.tb_charts import ONE_RUN, layout_summary
-    from ddp_lab.folder.tb_head import drop_head
+    from ddp_lab.folder.tensorboard import ONE_RUN, drop_head, layout_summary
     from ddp_lab.folder.tensorboard import workload
     from tensorboard.plugins.hparams import metadata
 

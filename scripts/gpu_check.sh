@@ -143,8 +143,8 @@ elif what == "refused":  # the one line a refused command printed (exit 2)
     assert len(lines) == 1 and "train.cuda_graph=true" in lines[0], lines
     print(lines[0][:120])
 elif what == "witness":  # timing.profile: the traces, HTA's reading, the witness table's rows
-    from ddp_lab.report.runs import load_run
-    from ddp_lab.report.witness import hta_overlap, witness_rows
+    from ddp_lab.report.run import load_run
+    from ddp_lab.report.truth_table import hta_overlap, witness_rows
     traces = sorted((d / "profile").glob("rank*.pt.trace.json"))
     assert traces, "no profile/rank*.pt.trace.json"
     events = json.loads(traces[0].read_text())["traceEvents"]
@@ -289,7 +289,7 @@ if run flight_recorder "${FR[@]}" "$PYTHON" -m ddp_lab "${DIST[@]}" "$DATA" "run
 else row "flight recorder env" failed "see logs/flight_recorder.log"; fi
 
 # 6. timing.profile: torch.profiler's traces (CUDA kernels, ddp_lab's phases as ranges),
-# read by HTA where it is installed, the witness table's rows (ddp_lab/report/witness.py:
+# read by HTA where it is installed, the witness table's rows (ddp_lab/report/truth_table.py:
 # comm per step against the NCCL kernels, exposed comm against HTA's overlap, DDP's own
 # timing; with one GPU, one rank: no collective, so no comm rows), and what it costs,
 # side by side with row 1

@@ -19,9 +19,9 @@ from helpers import compose, run_cli, run_dir_of, run_world
 
 from ddp_lab.bench.config import BenchConfig, register_bench_configs
 from ddp_lab.bench.harness import log_sizes
-from ddp_lab.predict.numbers import pow2_label
+from ddp_lab.predict.costmodel import pow2_label
 from ddp_lab.bench.ops import OPS
-from ddp_lab.bench.pattern import Pattern
+from ddp_lab.bench.ops import Pattern
 from ddp_lab.world.topology import topology_from_table
 from ddp_lab.predict.costmodel import busbw_factor
 from ddp_lab.config.errors import UserError
@@ -368,7 +368,7 @@ def test_reduce_broadcast_checks_the_assignments_expected_param():
     expected_param = 1 - 0.1 * (4 - 1) / 2 = 0.85 at element 0 (the pattern adds to the
     others); the reduce is done by hand here, the op's own update and check run as is."""
     from ddp_lab.bench.ops import LR
-    from ddp_lab.bench.pattern import GroupCtx
+    from ddp_lab.bench.ops import GroupCtx
 
     op, n, size = OPS["reduce_broadcast"], 4, 64
     pat = Pattern(torch.float32, torch.device("cpu"))

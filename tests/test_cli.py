@@ -1,4 +1,4 @@
-"""A -m sweep ends with its table of jobs (ddp_lab/command/sweep_table.py: SweepTable, a Hydra callback):
+"""A -m sweep ends with its table of jobs (ddp_lab/command/cli.py: SweepTable, a Hydra callback):
 one row per job, printed last, so the end of the console says which job failed and why.
 (The one-line mistakes of the command line are tests/test_mistakes.py.)"""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import PY, child_env, summary
 
-from ddp_lab.command.sweep_table import sweep_table
+from ddp_lab.command.cli import sweep_table
 from ddp_lab.command.job import Outcome
-from ddp_lab.folder.names import sweep_name
+from ddp_lab.folder.description import sweep_name
 
 
 def test_the_table_names_each_job_by_what_sets_it_apart():
@@ -128,7 +128,7 @@ def _cli_in_process(monkeypatch, argv):
         composed.append(kw.get("run_mode"))
         return real(self, *a, **kw)
 
-    def submit(cfg):
+    def submit(cfg, t0=None):
         seen.append((cfg.sync.name, HydraConfig.get().overrides.task, str(HydraConfig.get().mode)))
         return Outcome(0, "ok")
 

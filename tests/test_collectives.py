@@ -380,9 +380,10 @@ def _persistent_suite(ck: Checker, group) -> None:
     plan.close()
     plan.close()  # nothing posted: a no-op
     # a plan left unclosed (its receives still posted) does not capture a newer plan's data
-    forgotten = C.PrepostedRingAllReduce(torch.empty(7, 13), "SUM", group)
+    tags = C.PlanTags()
+    forgotten = C.PrepostedRingAllReduce(torch.empty(7, 13), "SUM", group, tags=tags)
     calls("persistent 2-D", forgotten, (7, 13), torch.float32, "SUM", k=1)
-    newer = C.PrepostedRingAllReduce(torch.empty(7, 13), "MAX", group)
+    newer = C.PrepostedRingAllReduce(torch.empty(7, 13), "MAX", group, tags=tags)
     calls("persistent newer plan", newer, (7, 13), torch.float32, "MAX", k=2)
     calls("persistent forgotten plan again", forgotten, (7, 13), torch.float32, "SUM", k=1)
     for p in (forgotten, newer):

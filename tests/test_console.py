@@ -46,7 +46,7 @@ def test_a_profiled_cpu_run_is_quiet_and_counts_epochs_from_one(tmp_path, shared
 def test_status_names_a_ranks_epoch_from_one():
     """A rank's heartbeat record counts epochs done (0 while it runs its first epoch):
     status shows the epoch it is in, as the console does (`epoch 1`)."""
-    from ddp_lab.command.status_screen import render
+    from ddp_lab.command.status import render
     from ddp_lab.folder.heartbeat import where
 
     rank = {"rank": 0, "epoch": 0, "step": 11, "phase": "sync", "collective": 7, "op": "all_reduce",
@@ -63,7 +63,7 @@ def test_status_names_a_ranks_epoch_from_one():
 
 
 def test_status_says_an_allocations_span_in_epochs_done():
-    from ddp_lab.command.status_screen import _segment
+    from ddp_lab.command.status import _segment
 
     seg = {"status": "completed", "launcher": "local", "hosts": ["h"], "nodes": 1, "world_size": 2,
            "start": "a", "end": "b", "start_epoch": 0, "start_step": 0, "end_epoch": 2, "end_step": 0}

@@ -9,7 +9,7 @@ import torch
 
 from ddp_lab.config import CUDA_GRAPH_SYNCS
 from ddp_lab import fast_step as cuda_graph
-from ddp_lab.command import train_rules, validate
+from ddp_lab.command import validate
 from ddp_lab.step import run_steps
 from ddp_lab.timing import Clock, CommRecorder
 from helpers import compose, run_cli, run_dir_of, summary
@@ -38,7 +38,7 @@ RULES = [
 
 @pytest.mark.parametrize("overrides, expected", [r[1:] for r in RULES], ids=[r[0] for r in RULES])
 def test_cuda_graph_rule(overrides, expected):
-    message = train_rules.cuda_graph_fits(compose(*overrides))
+    message = validate.cuda_graph_fits(compose(*overrides))
     if expected is None:
         assert message is None
     else:
@@ -47,14 +47,14 @@ def test_cuda_graph_rule(overrides, expected):
 
 
 def test_the_rule_is_in_the_trainers_table():
-    assert train_rules.cuda_graph_fits in validate.TRAIN
+    assert validate.cuda_graph_fits in validate.TRAIN
 
 
 def test_auto_device_on_a_local_machine_without_gpus_is_refused(monkeypatch):
-    monkeypatch.setattr(train_rules, "local_gpus", lambda: 0)
-    assert NEEDS in train_rules.cuda_graph_fits(compose("train.cuda_graph=true"))
+    monkeypatch.setattr(validate, "local_gpus", lambda: 0)
+    assert NEEDS in validate.cuda_graph_fits(compose("train.cuda_graph=true"))
     # a dry run only renders, and slurm's nodes may have GPUs: auto stands
-    assert train_rules.cuda_graph_fits(compose("train.cuda_graph=true", "launcher.dry_run=true")) is None
+    assert validate.cuda_graph_fits(compose("train.cuda_graph=true", "launcher.dry_run=true")) is None
 
 
 def test_the_key_defaults_to_off():

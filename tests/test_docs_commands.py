@@ -396,7 +396,8 @@ def test_every_benchmark_has_a_check():
 
     assert sorted(suite.NAMES) == sorted([*BENCHES, *BENCHES_ELSEWHERE])
     assert sorted(p.stem for p in (REPO / "ddp_lab/bench/specs").glob("[!_]*.py")) == sorted(
-        suite.NAMES)
+        set(suite.NAMES.values()))
+    assert all(suite.load(name).spec.compares for name in suite.NAMES)
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ reads as:
 
 - a training run (folder/rundir.make_run_dir): its run description's label
   (rundir.describe_config, ddp_lab/folder/description.py), `ring-prepost_w2_mlp_sgd`;
-- a study (under `studies/`): study_folder.label_of, `ring_mlp_local`;
+- a study (under `studies/`): study.label_of, `ring_mlp_local`;
 - a benchmark: `bench_<launcher>` (bench/submit.py);
 - a doctor's check of an allocation: `doctor` (doctor/submit.py, folder/doctor.KIND).
 
@@ -133,7 +133,7 @@ def run_overrides(label: str) -> Optional[list[str]]:
 
 def problem(name: str, before: str) -> Optional[str]:
     """Why `name` is not a folder name today's naming gives (None: it is one)."""
-    from ddp_lab.command.study_folder import label_of
+    from ddp_lab.command.study import label_of
     from ddp_lab.folder.rundir import describe_config
 
     m = NAME.fullmatch(name)

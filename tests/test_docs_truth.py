@@ -39,7 +39,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 CONF = REPO / "conf"
 TOP = ("ddp_lab", "conf", "launchers", "scripts", "tests", "docs", ".ci")
 PACKAGE = REPO / "ddp_lab"
-# placeholders (`config/sync/<name>.py`, `tests/test_*.py`) and a user's own files
+# placeholders (`config/sync.py`, `tests/test_*.py`) and a user's own files
 NOT_FILES = re.compile(r"<|\*|\{|\.\.\.|(^|/)my_")
 FILE_EXTS = {"py", "md", "yaml", "yml", "json", "jsonl", "sh", "pt", "txt", "log", "bin", "out",
              "err", "sbatch", "toml", "csv", "png", "svg", "html", "gz", "cfg", "sif", "def"}

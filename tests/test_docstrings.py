@@ -70,7 +70,7 @@ def path_exists(named: str) -> bool:
 
 def module_exists(dotted: str) -> bool:
     """`ddp_lab.a.b`: a package or module, or a name defined at the top of a
-    module (`ddp_lab.command.sweep_table.SweepTable`; a method: its class)."""
+    module (`ddp_lab.command.cli.SweepTable`; a method: its class)."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         base, rest = REPO.joinpath(*parts[:n]), parts[n:]

@@ -12,10 +12,10 @@ import shutil
 import pytest
 from helpers import describe, run_cli, run_dir_of
 
-from ddp_lab.doctor import facts as gather
-from ddp_lab.doctor.parsers import (nccl_transport, nearest_nic, parse_topo,
+from ddp_lab.doctor import probe
+from ddp_lab.doctor.verdicts import (nccl_transport, nearest_nic, parse_topo,
                                     uses_sockets_between_nodes)
-from ddp_lab.doctor.findings import Facts
+from ddp_lab.doctor.verdicts import Facts
 from ddp_lab.doctor.verdicts import verdicts
 from ddp_lab.folder import doctor as records
 
@@ -87,23 +87,23 @@ def test_topo_matrix_affinities_and_nearest_nic():
 # ---------------------------------------------------------------- helpers of the ranks' facts
 def test_interfaces_as_gloo_and_nccl_read_them():
     names = ["lo", "eth0", "eth1", "ib0", "docker0"]
-    assert gather.resolve_ifname("GLOO_SOCKET_IFNAME", "eth1", names) == ["eth1"]
-    assert gather.resolve_ifname("GLOO_SOCKET_IFNAME", "nonexistent", names) == []
-    assert gather.resolve_ifname("NCCL_SOCKET_IFNAME", "eth", names) == ["eth0", "eth1"]
-    assert gather.resolve_ifname("NCCL_SOCKET_IFNAME", "=eth", names) == []
-    assert gather.resolve_ifname("NCCL_SOCKET_IFNAME", "^docker,eth", names) == ["ib0"]
-    assert gather.resolve_ifname("NCCL_SOCKET_IFNAME", "hsn", names) == []
+    assert probe.resolve_ifname("GLOO_SOCKET_IFNAME", "eth1", names) == ["eth1"]
+    assert probe.resolve_ifname("GLOO_SOCKET_IFNAME", "nonexistent", names) == []
+    assert probe.resolve_ifname("NCCL_SOCKET_IFNAME", "eth", names) == ["eth0", "eth1"]
+    assert probe.resolve_ifname("NCCL_SOCKET_IFNAME", "=eth", names) == []
+    assert probe.resolve_ifname("NCCL_SOCKET_IFNAME", "^docker,eth", names) == ["ib0"]
+    assert probe.resolve_ifname("NCCL_SOCKET_IFNAME", "hsn", names) == []
 
 
 def test_cpu_lists_and_numa_nodes(tmp_path):
-    assert gather.ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    assert gather.parse_cpulist("0-2,5") == {0, 1, 2, 5}
+    assert probe.ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert probe.parse_cpulist("0-2,5") == {0, 1, 2, 5}
     for n, cpus in ((0, "0-3"), (1, "4-7")):
         (tmp_path / f"node{n}").mkdir()
         (tmp_path / f"node{n}" / "cpulist").write_text(cpus + "\n")
-    assert gather.numa_of([2, 5], str(tmp_path)) == [0, 1]
-    assert gather.numa_of([6], str(tmp_path)) == [1]
-    assert gather.numa_of([0], str(tmp_path / "none")) is None
+    assert probe.numa_of([2, 5], str(tmp_path)) == [0, 1]
+    assert probe.numa_of([6], str(tmp_path)) == [1]
+    assert probe.numa_of([0], str(tmp_path / "none")) is None
 
 
 # ---------------------------------------------------------------- verdicts

@@ -296,7 +296,7 @@ def make_folder(overrides: list[str], swept: list[str], dry: bool = False,
     `swept`, rendered (launcher.dry_run) and then handed to the ranks as the launcher
     would: the submitting side's code from composition to render, nothing mocked
     (`dry`: left as the dry run leaves it)."""
-    from ddp_lab.command.sweep_table import job_name
+    from ddp_lab.command.cli import job_name
     from ddp_lab.folder.rundir import DRY_RUN
     from ddp_lab.command.submit import submit
 
@@ -359,7 +359,7 @@ def _description(folder: Path):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root):
-    from ddp_lab.command.sweep_table import sweep_table
+    from ddp_lab.command.cli import sweep_table
     from ddp_lab.command.job import Outcome
 
     t0 = time.monotonic()
@@ -447,7 +447,7 @@ def test_every_sync_and_option_through_every_consumer(tmp_path, shared_data_root
 
     # the sweep table of the shared jobs: each run named by what differs from the others
     # (two runs of different settings never one name), its figures shown
-    from ddp_lab.command.sweep_table import _run_labels
+    from ddp_lab.command.cli import _run_labels
     from ddp_lab.folder.rundir import read_summary
 
     names = _run_labels(outcomes, [read_summary(o.run_dir) for _, _, o in outcomes])

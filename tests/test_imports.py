@@ -171,7 +171,7 @@ def test_the_generic_cli_knows_no_entry_point():
 @pytest.mark.parametrize("entry", ["ddp_lab.__main__", "ddp_lab.bench.worker", "ddp_lab.worker",
                                    "ddp_lab.status", "ddp_lab.command.study",
                                    "ddp_lab.report.__main__", "ddp_lab.doctor.__main__",
-                                   "ddp_lab.doctor.worker"])
+                                   "ddp_lab.doctor.probe"])
 def test_entry_points_load_no_torch_at_import(entry):
     """`python -m ddp_lab --help` and a dry run's checks before the first torch-bound rule;
     the ranks' entries until rank_main set OMP_WAIT_POLICY; status, the report (it reads
@@ -184,7 +184,7 @@ def test_entry_points_load_no_torch_at_import(entry):
 
 @pytest.mark.parametrize("module", ["ddp_lab.config", "ddp_lab.sync", "ddp_lab.config.sync"])
 def test_the_config_and_the_sync_schemas_load_no_torch(module):
-    """Each synchroniser's keys and rules sit beside it (config/sync/), yet the submitting
+    """Each synchroniser's keys and rules sit in config/sync.py, yet the submitting
     side reads them without torch: ddp_lab.sync loads its torch-bound names on first use."""
     loads = {m: ext & {"torch", "torchvision"} for m, ext in loaded_at_import(module).items()}
     assert not any(loads.values()), f"{module} loads torch at import through " + ", ".join(

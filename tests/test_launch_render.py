@@ -17,8 +17,8 @@ from helpers import REPO, compose, describe, run_cli, run_dir_of
 import ddp_lab
 from ddp_lab.world.env import slurm_port
 from ddp_lab.launch import mpirun as mpirun_launch
+from ddp_lab.launch import slurm as slurm_launch
 from ddp_lab.world import ports
-from ddp_lab.launch import slurm_job
 from ddp_lab.config.errors import UserError
 from ddp_lab.command.submit import submit
 from ddp_lab.command.validate import resolve_train as resolve_defaults
@@ -480,8 +480,8 @@ def test_slurm_output_file_names(tmp_path, capsys):
     assert f"--output={run_dir}/logs/mnist-%j-%u.out" in opts
     assert f"--error={run_dir}/logs/mnist-%j-%u.err" in opts
     user = __import__("getpass").getuser()
-    assert slurm_job.log_name("%x_%j", "ddp_lab", "42") == "ddp_lab_42"
-    assert slurm_job.log_name("mnist-%j-%u%%", "ddp_lab", "42") == f"mnist-42-{user}%"
+    assert slurm_launch.log_name("%x_%j", "ddp_lab", "42") == "ddp_lab_42"
+    assert slurm_launch.log_name("mnist-%j-%u%%", "ddp_lab", "42") == f"mnist-42-{user}%"
     assert "launcher.output='logs/%j': a file name in RUN_DIR/logs" in resolve_error(
         "launcher=slurm", "launcher.output=logs/%j")
     assert "launcher.output='%N'" in resolve_error("launcher=slurm", "launcher.output=%N")
@@ -516,7 +516,7 @@ def test_slurm_time_limit_s(text, seconds):
     ("COMPLETED", "0:0", 0), ("FAILED", "1:0", 1), ("FAILED", "143:0", 143),
     ("CANCELLED", "0:15", 143), ("TIMEOUT", "0:0", 1), ("NODE_FAIL", "", 1)])
 def test_slurm_exit_status(state, code, rc):
-    assert slurm_job.exit_status(state, code) == rc
+    assert slurm_launch.exit_status(state, code) == rc
 
 
 # --------------------------------------------------------------------- runai
@@ -645,10 +645,10 @@ def test_fork_ranks_only_ddp_lab_entries_on_cpu(tmp_path, monkeypatch, device, g
     from torch.distributed import run as torchrun
 
     from ddp_lab.launch import torchrun as wrapper
-    from ddp_lab.world import devices
+    from ddp_lab.world import env
 
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(compose(f"dist.device={device}")))
-    monkeypatch.setattr(devices, "gpu_devices_present", lambda: gpus)
+    monkeypatch.setattr(env, "gpu_devices_present", lambda: gpus)
     monkeypatch.setattr(wrapper, "FORK_PRELOAD", {k: ("json",) for k in wrapper.FORK_PRELOAD})
     args = torchrun.parse_args(["--nproc_per_node=2", "-m", entry, str(tmp_path)])
     assert wrapper.fork_ranks(args) is forked

@@ -21,7 +21,7 @@ from helpers import PY, QUICK, REPO, child_env, describe, run_cli, run_dir_of, s
 
 from ddp_lab.launch import job_processes
 from ddp_lab.launch.runai import PREEMPTED_EXIT
-from ddp_lab.folder.stop import EXIT_STOPPED
+from ddp_lab.folder.rundir import EXIT_STOPPED
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

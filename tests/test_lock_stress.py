@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ddp_lab.command import lock
-from ddp_lab.command.folder_rules import folder_problem
+from ddp_lab.command.validate import folder_problem
 
 TAKERS, ROUNDS = 200, 3
 

@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, compose
 from omegaconf import OmegaConf
 
-from ddp_lab.command import config_rules, folder_rules, machine_rules, train_rules, validate
+from ddp_lab.command import validate
 from ddp_lab.launch.slurm import duration_s
 from ddp_lab.config.errors import UserError
 
@@ -230,10 +230,10 @@ def test_every_width_of_every_model_is_checked(model, key, bad):
     """One line naming the key and the fix (the model's schema check, config/workload.py)."""
     cfg = compose(f"model={model}")
     cfg.model[key] = bad
-    said = train_rules.model_fits(cfg)
+    said = validate.model_fits(cfg)
     assert said and said.startswith(f"model.{key}=") and "\n" not in said, said
     assert "give a width >= 1" in said or "must be an integer >= 1" in said, said
-    assert train_rules.model_fits(compose(f"model={model}")) is None  # its defaults build
+    assert validate.model_fits(compose(f"model={model}")) is None  # its defaults build
 
 
 def test_the_width_table_covers_every_model():
@@ -271,7 +271,7 @@ def test_folder_problem(tmp_path, key, value, reason):
                             "data": {"root": str(tmp_path / "unused"), "node_local": False}})
     cfg[section][name] = value
     before = sorted(tmp_path.rglob("*"))
-    rule = folder_rules.data_folder if section == "data" else folder_rules.run_folder
+    rule = validate.data_folder if section == "data" else validate.run_folder
     said = rule(cfg)
     if reason is None:
         assert said is None
@@ -293,13 +293,13 @@ def test_duration_formats(text, seconds):
 def test_malformed_duration_names_the_key_and_the_formats(text):
     cfg = OmegaConf.create({"launcher": {"name": "slurm", "time": text}})
     with pytest.raises(UserError) as e:
-        config_rules.durations(cfg)
+        validate.durations(cfg)
     assert str(e.value).startswith(f"launcher.time={text}: not a duration; use MM, MM:SS, "
                                    "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"), e.value
 
 
 def test_a_launcher_without_a_duration_has_nothing_to_parse():
-    assert config_rules.durations(OmegaConf.create({"launcher": {"name": "local"}})) is None
+    assert validate.durations(OmegaConf.create({"launcher": {"name": "local"}})) is None
 
 
 def test_malformed_duration_is_refused_before_the_launcher_uses_it():
@@ -328,7 +328,7 @@ def test_malformed_duration_is_refused_before_the_launcher_uses_it():
     ("nccl", "auto", 2, 2, None),
 ])
 def test_backend_and_device(backend, device, gpus, nproc, expected):
-    said = machine_rules.dist_problem(backend, device, gpus, nproc)
+    said = validate.dist_problem(backend, device, gpus, nproc)
     if expected is None:
         assert said is None
     else:
@@ -344,7 +344,7 @@ def test_backend_and_device(backend, device, gpus, nproc, expected):
 def test_backend_and_device_rule_by_launcher(launcher, dry_run, backend, device, refused):
     cfg = OmegaConf.create({"launcher": {"name": launcher, "dry_run": dry_run, "nproc_per_node": 1},
                             "dist": {"backend": backend, "device": device}})
-    assert (machine_rules.dist_pair(cfg) is not None) == refused
+    assert (validate.dist_pair(cfg) is not None) == refused
 
 
 def test_a_new_run_folder_survives_another_commands_check_of_the_same_new_root(tmp_path):
@@ -363,7 +363,7 @@ def test_a_new_run_folder_survives_another_commands_check_of_the_same_new_root(t
 
     def checking():
         while not stop.is_set():
-            folder_rules.run_folder(cfg)
+            validate.run_folder(cfg)
 
     other = threading.Thread(target=checking)
     other.start()

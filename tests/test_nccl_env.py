@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, child_env, run_cli
 
-from ddp_lab.launch.nccl_env import main, nccl_rdma_env
-from ddp_lab.launch.sysfs_scan import _hca_matches, network_kind, scan
-from ddp_lab.launch import nccl_env
+from ddp_lab.nccl_env import _hca_matches, main, network_kind, nccl_rdma_env, scan
+from ddp_lab import nccl_env
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 LL6 = "fe80:0000:0000:0000:0a5e:45ff:fe3c:1a2b"  # link-local IPv6

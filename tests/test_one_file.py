@@ -158,6 +158,6 @@ def test_the_command_knows_the_lessons_syncs():
     """The submitting command refuses another sync for stop 0 without
     loading torch: its list is the lesson's own."""
     from ddp_lab import one_file
-    from ddp_lab.command.train_rules import ONE_FILE_SYNCS
+    from ddp_lab.command.validate import ONE_FILE_SYNCS
 
     assert set(ONE_FILE_SYNCS) == set(one_file.SYNCS)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ddp_lab.models import MLP
 from ddp_lab.config import check_sync
 from ddp_lab.sync import build_sync, sync_class
-from ddp_lab.sync.overlap import OverlappedAllReduce
+from ddp_lab.sync.allreduce import OverlappedAllReduce
 from ddp_lab.timing import Clock, StepTimer, epoch_timing
 from ddp_lab.rank.epochs import EpochBatches
 from ddp_lab.step import run_steps

@@ -1,5 +1,5 @@
 """timing.profile: torch.profiler's traces and DDP's own logging data as witnesses of
-ddp_lab's figures (ddp_lab/rank/profile.py, ddp_lab/report/witness.py, docs/timing.md).
+ddp_lab's figures (ddp_lab/rank/profile.py, ddp_lab/report/truth_table.py, docs/timing.md).
 
 Three real 2-rank gloo runs (ddp, allreduce, ring; 20 steps, 5 profiled), made once for
 the module: their traces are loaded by Holistic Trace Analysis (HTA), the parser the
@@ -32,7 +32,7 @@ LOAD_AT_RUN: dict[str, float] = {}  # each run's 1-minute load average as it end
 def band(figure: str, sync: str) -> tuple[float, float]:
     """The band for `figure` of `sync`'s run: the docs' own, or the wide one where the
     machine was oversubscribed while the run ran (its end) or is now."""
-    from ddp_lab.report.witness import EXPECTED
+    from ddp_lab.report.truth_table import EXPECTED
 
     load = max(LOAD_AT_RUN.get(sync, 0.0), os.getloadavg()[0])
     busy = load > (os.cpu_count() or 1)
@@ -139,8 +139,8 @@ def test_traces_one_per_rank_parse_in_hta(runs):
 
 @pytest.mark.parametrize("sync", SYNCS)
 def test_comm_per_step_agrees_with_the_profilers_events(runs, sync):
-    from ddp_lab.report.runs import load_run
-    from ddp_lab.report.witness import witness_rows
+    from ddp_lab.report.run import load_run
+    from ddp_lab.report.truth_table import witness_rows
 
     run = load_run(runs[sync])
     rows = {r["figure"]: r for r in witness_rows(run, str)}
@@ -158,8 +158,8 @@ def test_the_witness_is_the_trace_recomputed_here(runs, sync):
     """The profiler's figure in summary.json is what the raw trace files say (recomputed
     by this test), and the witness table's ratio is ddp_lab's figure over that one: a ratio
     of exactly 1.0 is refused (a witness that is ddp_lab's own figure again)."""
-    from ddp_lab.report.runs import load_run
-    from ddp_lab.report.witness import witness_rows
+    from ddp_lab.report.run import load_run
+    from ddp_lab.report.truth_table import witness_rows
 
     blocking = sync != "ddp"  # every sync but ddp (and sync.overlap) waits for its calls
     ranks = summary(runs[sync])["witnesses"]["ranks"]
@@ -181,8 +181,8 @@ def test_the_witness_is_the_trace_recomputed_here(runs, sync):
 
 
 def test_ddp_logging_data_beside_ours(runs):
-    from ddp_lab.report.runs import load_run
-    from ddp_lab.report.witness import witness_rows
+    from ddp_lab.report.run import load_run
+    from ddp_lab.report.truth_table import witness_rows
 
     d = summary(runs["ddp"])["ddp_timing"]
     # every iteration logged; the preflight's taken out; the last is logged by no forward

@@ -115,7 +115,7 @@ def _run_folder(root: Path, metrics: str, summary: str, device_cfg: str = "auto"
 
 
 def test_report_reads_a_run_written_before_versioning(tmp_path):
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
 
     run = load_run(_run_folder(tmp_path / "old", OLD_METRICS_LINE + "\n", OLD_SUMMARY))
     assert run.ok and run.status == "completed"
@@ -128,7 +128,7 @@ def test_report_reads_a_run_written_before_versioning(tmp_path):
 
 
 def test_report_counts_torn_and_foreign_lines(tmp_path):
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
 
     lines = OLD_METRICS_LINE + "\n" + '{"world_size": 2}\n' + OLD_METRICS_LINE[:40] + "\n"
     run = load_run(_run_folder(tmp_path / "torn", lines, OLD_SUMMARY))
@@ -140,7 +140,7 @@ def test_report_counts_torn_and_foreign_lines(tmp_path):
     ("NVIDIA H100 80GB HBM3", "auto", "NVIDIA H100 80GB HBM3"),
     (None, "cpu", "cpu"), (None, "auto", "auto")])
 def test_device_kind_is_cpu_or_the_gpu_name(tmp_path, device, cfg_device, kind):
-    from ddp_lab.report.runs import load_run
+    from ddp_lab.report.run import load_run
 
     summary = json.loads(OLD_SUMMARY)
     summary["device"] = device

@@ -58,11 +58,13 @@ def test_bench_impls_follow_the_collectives_tables():
 
 
 def test_each_sync_schema_lives_beside_its_synchroniser():
-    """sync/<name>.py runs what config/sync/<name>.py accepts (tree and butterfly take
-    allreduce's keys: another algorithm on the same buckets)."""
+    """sync/<name>.py runs what config/sync.py's schema for <name> accepts (tree and
+    butterfly take allreduce's keys and live in its file: another algorithm on the same
+    buckets)."""
     from ddp_lab.sync import SYNCS
 
     for name, schema in SCHEMAS["sync"].items():
         owner = "allreduce" if name in ("tree", "butterfly") else name
-        assert schema.__module__ == f"ddp_lab.config.sync.{owner}", name
-        assert SYNCS[name].__module__ == f"ddp_lab.sync.{name}", name
+        assert schema.__module__ == "ddp_lab.config.sync", name
+        assert schema is SCHEMAS["sync"][owner], name
+        assert SYNCS[name].__module__ == f"ddp_lab.sync.{owner}", name

@@ -16,8 +16,8 @@ from test_report_plots import legend_clear_of_axes
 from ddp_lab.predict.costmodel import cost
 from ddp_lab.report import plots
 from ddp_lab.report.alpha_beta import fit_alpha_beta, predict_comm_s
-from ddp_lab.report.runs import ReportError, find_runs
-from ddp_lab.report.stats import sig
+from ddp_lab.report.run import ReportError, find_runs
+from ddp_lab.report.tables import sig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

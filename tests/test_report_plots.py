@@ -15,10 +15,9 @@ from report_data import SYNCS, bench_run, runbook_folder, train_run  # tests/ is
 from test_report_stats import write_run
 
 from ddp_lab.report import plots
-from ddp_lab.report.bench_plot import bench_figure
 from ddp_lab.report.build import build_report
-from ddp_lab.report.phase_plot import phase_figure
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.plots import bench_figure, phase_figure
+from ddp_lab.report.run import find_runs
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +176,10 @@ def runbook(tmp_path_factory):
 
 
 def _fits(res):
-    from ddp_lab.report import comm_tables
+    from ddp_lab.report import tables
 
     runs = find_runs([res]) if not isinstance(res, list) else res
-    return comm_tables.bench_fits(runs)
+    return tables.bench_fits(runs)
 
 
 def test_one_world_draws_bars_not_empty_panels(tmp_path):

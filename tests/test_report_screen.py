@@ -8,7 +8,7 @@ from __future__ import annotations
 from report_data import FP, SYNCS, runbook_folder, train_run  # tests/ is on sys.path
 
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 
 def _screen(folder, out) -> list[str]:

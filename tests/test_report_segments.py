@@ -8,7 +8,7 @@ import json
 from test_report import _fake_run  # conftest.py puts tests/ on sys.path
 
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 
 def _segment(restart, start, end, frm, to, steps, epochs, epoch_s, status):

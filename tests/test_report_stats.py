@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from helpers import run_cli
 
-from ddp_lab.report import stats
-from ddp_lab.report.stats import sig
+from ddp_lab.report import tables
+from ddp_lab.report.tables import sig
 from ddp_lab.report.__main__ import parse_worlds
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 
 
 def test_summary_on_known_numbers():
-    s = stats.summarize([10.0, 12.0, 14.0])
+    s = tables.summarize([10.0, 12.0, 14.0])
     assert s.n == 3 and s.mean == 12.0 and s.std == pytest.approx(2.0)
     # the interval: Student t on the logs, exponentiated (t(0.975, 2) = 4.3027)
     logs = [math.log(v) for v in (10.0, 12.0, 14.0)]
@@ -29,33 +29,33 @@ def test_summary_on_known_numbers():
     half = 4.302652729911275 * sd / math.sqrt(3)
     assert s.ci95 == pytest.approx((math.exp(centre - half), math.exp(centre + half)))
     assert s.ci95[0] < 12.0 < s.ci95[1]
-    one = stats.summarize([5.0])
+    one = tables.summarize([5.0])
     assert one.n == 1 and one.std is None and one.ci95 is None
-    assert stats.summarize([]) is None
+    assert tables.summarize([]) is None
 
 
 def test_intervals_stay_positive_and_need_three_repeats():
     # a t-interval on the times themselves: 0.733 +- 4.30 x 1.097 / sqrt(3) = [-1.99, 3.46]
-    wide = stats.summarize([0.1, 0.1, 2.0])
+    wide = tables.summarize([0.1, 0.1, 2.0])
     assert 0 < wide.ci95[0] < 0.1 and wide.ci95[1] > 2.0
     # two repeats: t(0.975, 1) = 12.7, no interval is worth printing
-    two = stats.summarize([2.1, 2.5])
+    two = tables.summarize([2.1, 2.5])
     assert two.n == 2 and two.std == pytest.approx(math.sqrt(0.08)) and two.ci95 is None
-    assert stats.ratio(two, wide) == (pytest.approx(2.3 / 0.7333333), None)
-    sp, (lo, hi) = stats.ratio(stats.summarize([4.0, 4.2, 3.8]), wide)
+    assert tables.ratio(two, wide) == (pytest.approx(2.3 / 0.7333333), None)
+    sp, (lo, hi) = tables.ratio(tables.summarize([4.0, 4.2, 3.8]), wide)
     assert 0 < lo < sp < hi
 
 
 def test_ratio_interval_delta_method():
-    a, b = stats.summarize([10.0, 12.0, 14.0]), stats.summarize([5.0, 6.0, 7.0])
-    r, ci = stats.ratio(a, b)
+    a, b = tables.summarize([10.0, 12.0, 14.0]), tables.summarize([5.0, 6.0, 7.0])
+    r, ci = tables.ratio(a, b)
     assert r == pytest.approx(2.0)
     rel = math.sqrt((2 / 12) ** 2 / 3 + (1 / 6) ** 2 / 3)  # equal relative spreads
     df = (2 * (rel ** 2 / 2)) ** 2 / (2 * (rel ** 2 / 2) ** 2 / 2)  # Welch: 4
     assert df == pytest.approx(4.0)
     half = 2.7764451051977987 * rel  # t(0.975, 4), on the log of the ratio
     assert ci == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)))
-    assert stats.ratio(a, stats.summarize([6.0]))[1] is None  # one repeat: no interval
+    assert tables.ratio(a, tables.summarize([6.0]))[1] is None  # one repeat: no interval
 
 
 def test_parse_worlds():

@@ -1,4 +1,4 @@
-"""Pictures that hold still (ddp_lab/report/style.py, plots.py, phase_plot.py, witness.py):
+"""Pictures that hold still (ddp_lab/report/plots.py, witness.py):
 a synchroniser's colour read from two reports over different folders, titles that fit
 their axes and break only between phrases, "after warm-up" only where an epoch was left
 out, and each witness disagreement on a line of the terminal.
@@ -20,10 +20,10 @@ from test_report_plots import legend_clear_of_axes
 
 from ddp_lab.config import SCHEMAS
 from ddp_lab.config.registry import Registry
-from ddp_lab.report import plots, style
+from ddp_lab.report import plots
 from ddp_lab.report.build import build_report
-from ddp_lab.report.phase_plot import phase_figure
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.plots import phase_figure
+from ddp_lab.report.run import find_runs
 
 PROFILED = ("timing.profile=true", "timing.profile_skip=3", "timing.profile_steps=10")
 
@@ -106,24 +106,24 @@ def test_two_reports_give_each_sync_one_colour(real, tmp_path):
         assert ca[sync] == cb[sync], sync
     # each sync its own colour; an option setting a shade of its sync's, never the same
     assert len(set(cb.values())) == len(cb)
-    assert cb["ring prepost=true"] == style.sync_color("ring prepost=true") != cb["ring"]
+    assert cb["ring prepost=true"] == plots.sync_color("ring prepost=true") != cb["ring"]
 
 
 def test_a_new_sync_takes_a_colour_the_others_keep_theirs(monkeypatch):
     """Registered after the others, a synchroniser gets a colour of its own and no other
     colour moves; names outside the registry get one by their name alone."""
-    before = {s: style.name_color(s) for s in SCHEMAS["sync"]}
+    before = {s: plots.name_color(s) for s in SCHEMAS["sync"]}
     assert len(set(before.values())) == len(before)  # every registered sync its own
     registry = Registry("sync", {**dict(SCHEMAS["sync"]), "newsync": object})
     monkeypatch.setitem(SCHEMAS, "sync", registry)
-    after = {s: style.name_color(s) for s in SCHEMAS["sync"]}
+    after = {s: plots.name_color(s) for s in SCHEMAS["sync"]}
     assert {s: after[s] for s in before} == before
     assert after["newsync"] not in before.values()
     # option settings: a shade, whatever the order of the words, the same in every call
-    assert style.sync_color("ring prepost=true overlap=true") == \
-        style.sync_color("ring overlap=true prepost=true") != style.name_color("ring")
-    assert style.impl_color("ring", ["torch", "ring"]) == style.name_color("ring")
-    assert style.name_color("gone_sync") == style.name_color("gone_sync") not in before.values()
+    assert plots.sync_color("ring prepost=true overlap=true") == \
+        plots.sync_color("ring overlap=true prepost=true") != plots.name_color("ring")
+    assert plots.impl_color("ring", ["torch", "ring"]) == plots.name_color("ring")
+    assert plots.name_color("gone_sync") == plots.name_color("gone_sync") not in before.values()
 
 
 def _title_fits(fig) -> None:

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ddp_lab.report.build import build_report
-from ddp_lab.report.runs import find_runs
+from ddp_lab.report.run import find_runs
 from helpers import compose
 from report_data import PAYLOAD, bench_run, train_run
 
@@ -131,7 +131,7 @@ def test_a_run_entry_that_keeps_no_records_is_a_completed_run(tmp_path):
     no records; status says so (not `not started`), the report says why no figures."""
     from ddp_lab.command.job import collect
     from ddp_lab.command.status import inspect
-    from ddp_lab.command.status_screen import one_line
+    from ddp_lab.command.status import one_line
 
     d = tmp_path / "one_file"
     d.mkdir()
@@ -222,7 +222,7 @@ def test_a_study_point_is_named_by_what_it_is_in_status(tmp_path):
     from omegaconf import open_dict
 
     from ddp_lab.command.status import inspect
-    from ddp_lab.command.status_screen import one_line
+    from ddp_lab.command.status import one_line
 
     d = tmp_path / "study" / "points" / "w2_r1"
     d.mkdir(parents=True)

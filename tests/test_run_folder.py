@@ -249,7 +249,7 @@ def test_a_full_disk_is_named_and_the_run_continues_once_there_is_room(small_dis
 # ------------------------------------------------------------------ names (issue 28)
 def test_names_start_with_what_differs():
     from ddp_lab.folder.description import describe_run
-    from ddp_lab.folder.names import DEFAULT_GROUPS, sweep_name
+    from ddp_lab.folder.description import DEFAULT_GROUPS, sweep_name
     from ddp_lab.folder.rundir import describe_config
 
     # the groups named when not the default: conf/config.yaml's defaults

@@ -23,7 +23,7 @@ def _ctx():
 
 
 def _loop(rank, world, run_dir, trigger, at_step, check_s):
-    from ddp_lab.folder.stop import request_stop
+    from ddp_lab.folder.rundir import request_stop
     from ddp_lab.rank.epochs import StopControl
 
     stopper = StopControl(_ctx(), Path(run_dir), "SIGUSR2", check_s)
@@ -79,7 +79,7 @@ def test_a_sigterm_after_the_last_epoch_leaves_the_run_completed(tmp_path, statu
     import json
     import threading
 
-    from ddp_lab.launch.foreground import run_foreground
+    from ddp_lab.launch.local import run_foreground
 
     summary = tmp_path / "summary.json"
     script = tmp_path / "job.sh"

@@ -89,7 +89,7 @@ def test_the_report_groups_strong_scaling_runs_by_their_global_batch(tmp_path):
     scaling runs of one global batch share it whatever their world size; weak scaling runs
     share it by batch per rank; a strong and a weak run never do. Runs written before
     train.global_batch existed read as weak."""
-    from ddp_lab.report.runs import find_runs
+    from ddp_lab.report.run import find_runs
 
     strong = "  global_batch: 64\n  batch_size: 64\n  micro_batch: 0\n  max_steps_per_epoch: 20\n"
     weak = "  global_batch: 0\n  batch_size: 64\n  micro_batch: 0\n  max_steps_per_epoch: 20\n"

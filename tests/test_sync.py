@@ -27,7 +27,7 @@ from ddp_lab.config import CONF_DIR, SCHEMAS, check_sync
 from ddp_lab.models import MLP
 from ddp_lab.sync import SYNCS, build_sync
 from ddp_lab.sync.allreduce import AllReduceSync
-from ddp_lab.sync.base import unused_parameters
+from ddp_lab.sync.buckets import unused_parameters
 from ddp_lab.sync.ring import RingSync
 from ddp_lab.predict.costmodel import busbw_factor, cost
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_lab.folder.tb_charts import ONE_RUN, compare_categories
+from ddp_lab.folder.tensorboard import ONE_RUN, compare_categories
 from ddp_lab.folder.tensorboard import BANDS, band_tag, run_name, workload
 from helpers import compose, summary, tensorboard
 from test_failures import _clean_up, _finish, _start, _training

@@ -153,7 +153,7 @@ def test_a_ring_step_runs_code_in_few_files(tmp_path, setting):
     assert "ddp_lab/rank/records.py" in point, f"the fifth step wrote no point: {found}"
     if setting == "ring-overlap":  # its buckets went out on a thread of their own
         assert any(t.startswith("ddp_lab-") for t in threads), threads
-        assert "ddp_lab/sync/ready_buckets.py" in sync, found
+        assert "ddp_lab/sync/buckets.py" in sync, found
     limit = AT_MOST[setting]
     for what, files in found.items():
         assert len(files) <= limit[what], (f"{setting}: {what} runs code in {len(files)} files "

@@ -88,7 +88,7 @@ def test_build_prints_no_warnings(installed):
 
 @pytest.mark.slow
 def test_installed_package_imports_from_the_site_folder(installed):
-    proc = run(installed, "-c", "import ddp_lab, ddp_lab.config.resources as r; "
+    proc = run(installed, "-c", "import ddp_lab, ddp_lab.config as r; "
                "print(ddp_lab.__file__); print(r.conf_dir()); print(r.launchers_dir())")
     assert proc.returncode == 0, proc.stderr
     site = installed["site"].resolve()

@@ -16,19 +16,18 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from tqdm import tqdm
 from typing import Any, Iterable, Optional
 
 import torch
-from tqdm import tqdm
 
-from ..world.distributed import DistContext
-from ..predict.costmodel import busbw_factor
-from ..predict.numbers import pow2_label
-from ..timing import percentile
-from .ops import OPS, dtype_of, student_label, with_students
 from ..config.student import is_spec
-from .pattern import GroupCtx, Op, Pattern
-from ..world.topology import GroupSet, Topology, build_groups, detect_topology
+from ..predict.costmodel import busbw_factor, pow2_label
+from ..timing import percentile
+from ..world.distributed import DistContext
+from ..world.topology import build_groups, detect_topology, GroupSet, Topology
+from .ops import dtype_of, GroupCtx, Op, OPS, Pattern, student_label, with_students
+
 
 log = logging.getLogger("ddp_lab")
 

@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..predict.numbers import pow2_label
+from ..predict.costmodel import pow2_label
 from .harness import iter_series
-from ..report.plots import _plt, save
-from ..report.style import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, impl_color
+from ..report.plots import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, _plt, impl_color, save
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",

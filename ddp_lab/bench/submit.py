@@ -17,8 +17,7 @@ from typing import Optional
 from omegaconf import DictConfig, open_dict
 
 from ..command.job import Outcome, collect, launch_job
-from ..command.config_rules import known_sections
-from ..command.validate import COMMON, Rule, above, at_least, one_of, resolve
+from ..command.validate import COMMON, Rule, above, at_least, known_sections, one_of, resolve
 from ..config.student import absolute_spec, find_functions, is_spec, split_spec
 from .config import DTYPES, GROUPS, IMPLS, OPS
 
@@ -72,12 +71,12 @@ def _students_pass(cfg: DictConfig) -> Optional[str]:
     before the bench starts (a dry run starts nothing: not checked)."""
     if cfg.launcher.get("dry_run"):
         return None
-    from ..command.student_check import refusal
+    from ..command.validate import student_refusal
 
     world = cfg.launcher.nodes * cfg.launcher.nproc_per_node
     for spec in [i for i in cfg.bench.impl if is_spec(i)]:
         kind = find_functions(spec, "bench.impl")[0].collective
-        problem = refusal(spec, kind, world, "bench.impl")
+        problem = student_refusal(spec, kind, world, "bench.impl")
         if problem:
             return problem
     return None
@@ -136,12 +135,13 @@ def resolve_bench(cfg: DictConfig) -> DictConfig:
 
 
 # ------------------------------------------------------------------ submit
-def submit_bench(cfg: DictConfig, argv: list[str] | None = None) -> Outcome:
+def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
+                 t0: float | None = None) -> Outcome:
     cfg = resolve_bench(cfg)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m ddp_lab.bench " + " ".join(shlex.quote(a) for a in argv) + "\n"
     run_dir, rc = launch_job(cfg, label=f"bench_{cfg.launcher.name}",
-                             files={"command.txt": command})
+                             files={"command.txt": command}, t0=t0)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, kind="bench", launcher=cfg.launcher.name)

@@ -4,8 +4,9 @@ NAME [options]` (docs/benchmarks.md).
     python -m ddp_lab.bench.suite                         # the benchmarks, one line each
     python -m ddp_lab.bench.suite NAME --help             # its own options too
 
-Each benchmark is a module of ddp_lab/bench/specs/: `SPEC` (what it
-compares), `add_args` and `run(args)` (its figures). The runner gives
+Each benchmark is a `Benchmark` of a module of ddp_lab/bench/specs/ (its
+`BENCHMARKS`): its `Spec` (what it compares), `add_args` and `run(args)`
+(its figures). The runner gives
 every one the same options (`--rounds`, `--out`, `--data-root`), ending
 (the ratios as a table) and JSON file (`--out`).
 """
@@ -28,10 +29,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
-# name -> module of ddp_lab.bench.specs, in the order `python -m
-# ddp_lab.bench.suite` lists
-NAMES = ("epoch", "syncs", "overlap", "compress", "hierarchical",
-         "stop", "start", "tensorboard", "truth", "network")
+# name -> the module of ddp_lab.bench.specs that holds it, in the order
+# `python -m ddp_lab.bench.suite` lists
+NAMES = {"epoch": "epoch", "syncs": "syncs", "overlap": "syncs", "compress": "syncs",
+         "hierarchical": "syncs", "stop": "machinery", "start": "machinery",
+         "tensorboard": "machinery", "truth": "truth", "network": "network"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,18 @@ class Spec:
     ratios: str
     rounds: Optional[int] = None
     data: bool = True  # reads MNIST: takes --data-root
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: its description (the first paragraph is its line
+    in the listing), spec, options, run and optional check of the
+    parsed options."""
+    doc: str
+    spec: Spec
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Optional[dict]]
+    check: Optional[Callable[[argparse.Namespace], None]] = None
 
 
 class UsageError(ValueError):
@@ -59,19 +73,18 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def load(name: str):
-    """The spec module of benchmark `name`
-    (ddp_lab.bench.specs.<name>)."""
-    return importlib.import_module(f"ddp_lab.bench.specs.{name}")
+def load(name: str) -> Benchmark:
+    """Benchmark `name`, from its module of ddp_lab.bench.specs."""
+    return importlib.import_module(f"ddp_lab.bench.specs.{NAMES[name]}").BENCHMARKS[name]
 
 
 def parser(name: str) -> argparse.ArgumentParser:
     """Benchmark `name`'s command line: the runner's options, then its
     own."""
-    mod = load(name)
-    spec: Spec = mod.SPEC
+    bench = load(name)
+    spec = bench.spec
     ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
-                       description=(mod.__doc__ or "").split("\n\n")[0],
+                       description=bench.doc.split("\n\n")[0],
                        epilog=f"side by side: {spec.compares}. ratios: {spec.ratios}.")
     if spec.rounds is not None:
         ap.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=spec.rounds,
@@ -79,7 +92,7 @@ def parser(name: str) -> argparse.ArgumentParser:
     if spec.data:
         ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
-    mod.add_args(ap)
+    bench.add_args(ap)
     return ap
 
 
@@ -87,7 +100,7 @@ def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace
     """Benchmark `name`'s options, checked by its `check(args)` where it
     has one."""
     args = parser(name).parse_args(argv)
-    check = getattr(load(name), "check", None)
+    check = load(name).check
     if check is not None:
         check(args)
     return args
@@ -212,8 +225,7 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
 def listing() -> str:
     lines = ["python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:"]
     for name in NAMES:
-        mod = load(name)
-        lines.append(f"  {name:13s}{(mod.__doc__ or '').splitlines()[0]}")
+        lines.append(f"  {name:13s}{load(name).doc.splitlines()[0]}")
     return "\n".join(lines)
 
 

@@ -32,14 +32,14 @@ class CheckResults(list):
     run_dir: Optional[Path] = None
 
     def __str__(self) -> str:
-        from .report import text
+        from .verdicts import text
 
         return text(self)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from .report import html_table
+        from .verdicts import html_table
 
         return html_table(self)
 

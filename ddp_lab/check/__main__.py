@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         _fail(str(e))
     from ..folder.rundir import make_run_dir
-    from . import report, run_check
+    from . import run_check, verdicts
 
     stem = Path(specs[0].partition(":")[0]).stem
     run_dir = make_run_dir(cfg, label=f"check_{stem}")
@@ -83,9 +83,9 @@ def main(argv: list[str]) -> int:
         "python -m ddp_lab.check " + " ".join(shlex.quote(a) for a in argv) + "\n")
     results = run_check(items, run_dir / "logs", worlds, float(cfg.check.timeout_s),
                         progress=lambda line: print(line, flush=True))
-    report.write(run_dir, results, worlds=worlds, files=sorted({i.path for _, i, _ in items}))
+    verdicts.write(run_dir, results, worlds=worlds, files=sorted({i.path for _, i, _ in items}))
     print()
-    print(report.text(results))
+    print(verdicts.text(results))
     print(f"run dir: {run_dir}")
     return 0 if results.passed else 1
 

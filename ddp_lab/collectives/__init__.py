@@ -8,31 +8,11 @@ is ``ring.py`` (:func:`all_reduce_ring_textbook`);
 previous one (gloo).
 """
 
-from ._common import (
-    AVG,
-    MAX,
-    MIN,
-    PRODUCT,
-    SUM,
-    SUPPORTED_OPS,
-    clear_scratch,
-    normalize_op,
-)
-from .all_reduce import (
-    all_reduce_butterfly,
-    all_reduce_linear,
-    all_reduce_ring,
-    all_reduce_tree,
-)
-from .broadcast import (
-    DEFAULT_RING_CHUNK_BYTES,
-    broadcast_linear,
-    broadcast_ring,
-    broadcast_tree,
-)
+from ._common import AVG, MAX, MIN, PRODUCT, SUM, SUPPORTED_OPS, clear_scratch, normalize_op
+from .all_reduce import all_reduce_butterfly, all_reduce_linear, all_reduce_ring, all_reduce_tree
+from .broadcast import DEFAULT_RING_CHUNK_BYTES, broadcast_linear, broadcast_ring, broadcast_tree
 from .gather import GATHER, gather_linear, gather_tree, torch_gather
-from .ring_batched import DEFAULT_SEGMENT_BYTES
-from .ring_preposted import PrepostedRingAllReduce
+from .ring_optimised import DEFAULT_SEGMENT_BYTES, PlanTags, PrepostedRingAllReduce, preposted_plans
 from .ring import all_reduce_ring_textbook
 from .reduce import reduce_linear, reduce_tree
 from .registry import (
@@ -78,6 +58,8 @@ __all__ = [
     "torch_gather",
     "GATHER",
     "PrepostedRingAllReduce",
+    "PlanTags",
+    "preposted_plans",
     "torch_broadcast",
     "torch_reduce",
     "torch_all_reduce",

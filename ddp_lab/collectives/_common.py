@@ -66,9 +66,7 @@ _COMBINE = {
 }
 
 
-def combine_into(
-    out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str
-) -> None:
+def combine_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
     """``out = a (op) b`` without touching ``a`` or ``b`` (``out`` may
     alias ``a``)."""
     _COMBINE[op](a, b, out=out)
@@ -117,16 +115,12 @@ def group_info(group: dist.ProcessGroup | None) -> GroupInfo | None:
     return GroupInfo(group, rank, size, ranks)
 
 
-def resolve_root(
-    info: GroupInfo, root: int | None, group_root: int | None, name: str
-) -> int:
+def resolve_root(info: GroupInfo, root: int | None, group_root: int | None, name: str) -> int:
     """Group-local rank of the root, from its global rank
     (``src``/``dst``, as in ``torch.distributed``) or its group rank
     (``group_src``/``group_dst``)."""
     if (root is None) == (group_root is None):
-        raise ValueError(
-            f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)"
-        )
+        raise ValueError(f"pass exactly one of {name}= (global rank) or group_{name}= (group rank)")
     if group_root is not None:
         if not 0 <= group_root < info.size:
             raise ValueError(
@@ -150,18 +144,10 @@ def p2p(
     :func:`torch.distributed.batch_isend_irecv` and wait for all: on
     nccl one group, so exchanges cannot deadlock. Zero-element tensors
     are skipped (both ends agree on sizes)."""
-    # receives first, as the ring's (ring_batched.py's p2p_pipelined
+    # receives first, as the ring's (ring_optimised.py's p2p_pipelined
     # says why)
-    ops = [
-        dist.P2POp(dist.irecv, t, info.peer(r), info.group)
-        for t, r in recvs
-        if t.numel()
-    ]
-    ops += [
-        dist.P2POp(dist.isend, t, info.peer(r), info.group)
-        for t, r in sends
-        if t.numel()
-    ]
+    ops = [dist.P2POp(dist.irecv, t, info.peer(r), info.group) for t, r in recvs if t.numel()]
+    ops += [dist.P2POp(dist.isend, t, info.peer(r), info.group) for t, r in sends if t.numel()]
     if not ops:
         return
     for work in dist.batch_isend_irecv(ops):
@@ -182,9 +168,7 @@ def scratch(numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor:
     key = (like.device, like.dtype, slot)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
-        buf = cache[key] = torch.empty(
-            numel, dtype=like.dtype, device=like.device
-        )
+        buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buf[:numel]
 
 
@@ -195,9 +179,7 @@ def clear_scratch() -> None:
 
 
 @contextlib.contextmanager
-def flat_view(
-    t: torch.Tensor, *, writeback: bool = True
-) -> Iterator[torch.Tensor]:
+def flat_view(t: torch.Tensor, *, writeback: bool = True) -> Iterator[torch.Tensor]:
     """A contiguous 1-D view of ``t``; for a non-contiguous ``t`` a
     copy, written back on normal exit when ``writeback``, so callers
     always work "in place" on it."""
@@ -232,7 +214,5 @@ def rooted(
     r = resolve_root(info, root, group_root, name)
     if info.size == 1 or tensor.numel() == 0:
         return
-    with flat_view(
-        tensor, writeback=(info.rank == r) == result_on_root
-    ) as flat:
+    with flat_view(tensor, writeback=(info.rank == r) == result_on_root) as flat:
         body(info, flat, r)

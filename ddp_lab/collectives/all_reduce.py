@@ -11,26 +11,23 @@ import torch.distributed as dist
 
 from ._common import (
     AVG,
-    SUM,
-    GroupInfo,
-    OpLike,
     check_op_dtype,
     combine_,
     flat_view,
     group_info,
+    GroupInfo,
     normalize_op,
+    OpLike,
     p2p,
     scratch,
+    SUM,
 )
-from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
 from .broadcast import _bcast_linear, _bcast_tree
 from .reduce import _reduce_linear, _reduce_tree
-from .ring_schedule import schedule_all_reduce
+from .ring_optimised import batched_exchange, DEFAULT_SEGMENT_BYTES, schedule_all_reduce
 
 
-def _prepare(
-    tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None
-):
+def _prepare(tensor: torch.Tensor, op: OpLike, group: dist.ProcessGroup | None):
     op = normalize_op(op)
     check_op_dtype(op, tensor.dtype)
     info = group_info(group)
@@ -39,9 +36,7 @@ def _prepare(
     return op, info
 
 
-def _all_reduce_butterfly(
-    info: GroupInfo, flat: torch.Tensor, op: str
-) -> None:
+def _all_reduce_butterfly(info: GroupInfo, flat: torch.Tensor, op: str) -> None:
     n, r = info.size, info.rank
     # largest power of two <= n
     p = 1 << (n.bit_length() - 1)
@@ -79,17 +74,12 @@ def _all_reduce_ring(
     # AVG: divide the one chunk this rank owns, once, before it is
     # replicated
     schedule_all_reduce(
-        info.rank,
-        n,
-        exchange,
-        (lambda c: chunks[c].div_(n)) if op == AVG else None,
+        info.rank, n, exchange, (lambda c: chunks[c].div_(n)) if op == AVG else None
     )
 
 
 def all_reduce_linear(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Linear all-reduce, in place: :func:`reduce_linear` to group rank
     0, then :func:`broadcast_linear` from it; ``2(n-1)`` messages
@@ -104,9 +94,7 @@ def all_reduce_linear(
 
 
 def all_reduce_tree(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Tree all-reduce, in place: binomial-tree reduce to group rank 0,
     then binomial-tree broadcast from it (``2 ceil(log2 n)`` rounds).
@@ -120,9 +108,7 @@ def all_reduce_tree(
 
 
 def all_reduce_butterfly(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """Butterfly (recursive-doubling) all-reduce, in place, any ``n``:
     with ``p`` the largest power of two <= ``n``, ranks ``p..n-1`` fold
@@ -146,8 +132,8 @@ def all_reduce_ring(
 ) -> None:
     """Ring all-reduce (reduce-scatter + all-gather of ``n`` chunks), in
     place; bandwidth-optimal. The schedule is
-    :mod:`~ddp_lab.collectives.ring_schedule`, each step one batch
-    (``ring_batched.py``) whose message is cut into ``segment_bytes``
+    :mod:`~ddp_lab.collectives.ring_optimised`, each step one batch
+    (``ring_optimised.py``) whose message is cut into ``segment_bytes``
     pieces (``None``: whole), each reduced as it lands. Ops as in
     :func:`all_reduce_linear` (AVG divides the owned chunk once, between
     the phases)."""

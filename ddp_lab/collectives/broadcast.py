@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..predict.numbers import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
+from ..predict.costmodel import DEFAULT_RING_CHUNK_BYTES, num_pipeline_chunks
 from ._common import GroupInfo, p2p, rooted
 
 
@@ -42,20 +42,14 @@ def _bcast_tree(info: GroupInfo, flat: torch.Tensor, root: int) -> None:
         mask >>= 1
 
 
-def _bcast_ring(
-    info: GroupInfo, flat: torch.Tensor, root: int, chunk_bytes: int | None
-) -> None:
+def _bcast_ring(info: GroupInfo, flat: torch.Tensor, root: int, chunk_bytes: int | None) -> None:
     n = info.size
     v = (info.rank - root) % n
     # GroupInfo.peer takes these modulo n
     nxt, prv = info.rank + 1, info.rank - 1
     # Pipelining only pays off when some rank both receives and forwards
     # (n > 2).
-    k = (
-        num_pipeline_chunks(flat.numel(), flat.element_size(), chunk_bytes)
-        if n > 2
-        else 1
-    )
+    k = num_pipeline_chunks(flat.numel(), flat.element_size(), chunk_bytes) if n > 2 else 1
     pieces = flat.tensor_split(k)
     if v == 0:  # root: push the pieces down the ring
         for piece in pieces:

@@ -8,19 +8,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    GroupInfo,
-    flat_view,
-    group_info,
-    p2p,
-    resolve_root,
-    scratch,
-)
+from ._common import GroupInfo, flat_view, group_info, p2p, resolve_root, scratch
 
 
-def _gather_linear(
-    info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int
-) -> None:
+def _gather_linear(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int) -> None:
     if info.rank != root:
         p2p(info, sends=[(inp, root)])
         return
@@ -29,9 +20,7 @@ def _gather_linear(
     p2p(info, recvs=[(pieces[r], r) for r in range(info.size) if r != root])
 
 
-def _gather_tree(
-    info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int
-) -> None:
+def _gather_tree(info: GroupInfo, out: torch.Tensor | None, inp: torch.Tensor, root: int) -> None:
     """Binomial tree, relative to the root: rank ``v`` holds the pieces
     of its subtree ``v .. v + span - 1`` (``span`` = its lowest set bit,
     the root all ``n``), receives each child's block as the child
@@ -47,10 +36,7 @@ def _gather_tree(
         child = v + mask
         # the child's subtree, cut at the end of the group
         count = min(mask, n - child)
-        p2p(
-            info,
-            recvs=[(block[mask * m : (mask + count) * m], (child + root) % n)],
-        )
+        p2p(info, recvs=[(block[mask * m : (mask + count) * m], (child + root) % n)])
         mask <<= 1
     if v:
         p2p(info, sends=[(block, (v - (v & -v) + root) % n)])
@@ -70,9 +56,7 @@ def _gather(
     if info is None:
         return
     root = resolve_root(info, dst, group_dst, "dst")
-    if info.rank == root and (
-        output is None or output.numel() != info.size * input.numel()
-    ):
+    if info.rank == root and (output is None or output.numel() != info.size * input.numel()):
         raise ValueError(
             f"gather: the root's output must hold {info.size} x {input.numel()} "
             f"elements, got {None if output is None else output.numel()}"
@@ -140,9 +124,7 @@ def torch_gather(
             dist.gather(inp, None, dst=dst, group=group)
             return
         with flat_view(output) as out:
-            dist.gather(
-                inp, list(out.view(info.size, -1)), dst=dst, group=group
-            )
+            dist.gather(inp, list(out.view(info.size, -1)), dst=dst, group=group)
 
 
 GATHER = {"linear": gather_linear, "tree": gather_tree, "torch": torch_gather}

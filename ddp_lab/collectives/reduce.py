@@ -21,9 +21,7 @@ from ._common import (
 )
 
 
-def _reduce_linear(
-    info: GroupInfo, flat: torch.Tensor, root: int, op: str
-) -> None:
+def _reduce_linear(info: GroupInfo, flat: torch.Tensor, root: int, op: str) -> None:
     if info.rank != root:
         p2p(info, sends=[(flat, root)])
         return
@@ -37,9 +35,7 @@ def _reduce_linear(
         flat.div_(info.size)
 
 
-def _reduce_tree(
-    info: GroupInfo, flat: torch.Tensor, root: int, op: str, *, clobber: bool
-) -> None:
+def _reduce_tree(info: GroupInfo, flat: torch.Tensor, root: int, op: str, *, clobber: bool) -> None:
     """Binomial-tree reduce. With ``clobber`` inner nodes accumulate
     into ``flat`` itself (fine when a broadcast will overwrite it
     anyway); otherwise into a private copy."""
@@ -116,7 +112,5 @@ def reduce_tree(
         group_dst,
         "dst",
         True,
-        lambda info, flat, root: _reduce_tree(
-            info, flat, root, op, clobber=False
-        ),
+        lambda info, flat, root: _reduce_tree(info, flat, root, op, clobber=False),
     )

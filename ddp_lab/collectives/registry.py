@@ -36,21 +36,14 @@ from ._common import (
     normalize_op,
     resolve_root,
 )
-from .all_reduce import (
-    all_reduce_butterfly,
-    all_reduce_linear,
-    all_reduce_ring,
-    all_reduce_tree,
-)
+from .all_reduce import all_reduce_butterfly, all_reduce_linear, all_reduce_ring, all_reduce_tree
 from .broadcast import broadcast_linear, broadcast_ring, broadcast_tree
 from .gather import GATHER
 from .reduce import reduce_linear, reduce_tree
 from .scatter_gather import all_gather_ring, reduce_scatter_ring
 
 
-def _torch_op(
-    op: str, group: dist.ProcessGroup | None
-) -> tuple[ReduceOp.RedOpType, bool]:
+def _torch_op(op: str, group: dist.ProcessGroup | None) -> tuple[ReduceOp.RedOpType, bool]:
     """(op to hand to torch, whether we must divide by the group size
     afterwards)."""
     if op != AVG:
@@ -103,9 +96,7 @@ def torch_reduce(
 
 
 def torch_all_reduce(
-    tensor: torch.Tensor,
-    op: OpLike = SUM,
-    group: dist.ProcessGroup | None = None,
+    tensor: torch.Tensor, op: OpLike = SUM, group: dist.ProcessGroup | None = None
 ) -> None:
     """:func:`torch.distributed.all_reduce` with our op handling.
     Returns None."""
@@ -131,9 +122,7 @@ def torch_all_gather(
     :func:`torch.distributed.all_gather` (list output). Returns None."""
     if isinstance(output, torch.Tensor):
         with flat_view(output) as flat:
-            torch_support.all_gather_single(
-                flat, input.reshape(-1), group=group
-            )
+            torch_support.all_gather_single(flat, input.reshape(-1), group=group)
     else:
         dist.all_gather(list(output), input, group=group)
 
@@ -156,13 +145,9 @@ def torch_reduce_scatter(
     torch_op, divide = _torch_op(op, group)
     with flat_view(output) as flat:
         if isinstance(input, torch.Tensor):
-            torch_support.reduce_scatter_single(
-                flat, input.reshape(-1), op=torch_op, group=group
-            )
+            torch_support.reduce_scatter_single(flat, input.reshape(-1), op=torch_op, group=group)
         else:
-            dist.reduce_scatter(
-                flat, [t.reshape(-1) for t in input], op=torch_op, group=group
-            )
+            dist.reduce_scatter(flat, [t.reshape(-1) for t in input], op=torch_op, group=group)
         if divide:
             flat.div_(info.size)
 
@@ -185,10 +170,7 @@ ALL_REDUCE: dict[str, Callable[..., None]] = {
     "ring": all_reduce_ring,
     "torch": torch_all_reduce,
 }
-ALL_GATHER: dict[str, Callable[..., None]] = {
-    "ring": all_gather_ring,
-    "torch": torch_all_gather,
-}
+ALL_GATHER: dict[str, Callable[..., None]] = {"ring": all_gather_ring, "torch": torch_all_gather}
 REDUCE_SCATTER: dict[str, Callable[..., None]] = {
     "ring": reduce_scatter_ring,
     "torch": torch_reduce_scatter,

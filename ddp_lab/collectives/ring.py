@@ -1,5 +1,5 @@
-"""The ring all-reduce in one screen. Read this first; the other ring
-files are optimisations.
+"""The ring all-reduce in one screen. Read this first;
+ring_optimised.py holds the optimisations.
 
 The ``n`` ranks stand in a ring: rank ``r`` sends only to ``r+1`` and
 receives only from ``r-1`` (mod ``n``). Every rank cuts its tensor the
@@ -24,8 +24,8 @@ bits.
 This is what ``sync=ring`` runs with ``sync.prepost=false`` on gloo. The
 optimised transports run the same steps with the same bits
 (docs/collectives.md, *Optimising the ring*, has the measured reason for
-each): ``ring_preposted.py`` posts a call's receives during the call
-before (``sync.prepost=true``, gloo only); ``ring_batched.py`` posts
+each, ``ring_optimised.py`` holds both): one posts a call's receives
+during the call before (``sync.prepost=true``, gloo only); one posts
 each step's send and receive as one batch, cut into pieces reduced as
 they land (nccl needs the batch: a lone receive queued before a send to
 the same peer would wait for ever).

@@ -10,24 +10,18 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ._common import (
-    SUM,
-    AVG,
-    OpLike,
-    check_op_dtype,
-    flat_view,
-    group_info,
-    normalize_op,
+from ._common import AVG, check_op_dtype, flat_view, group_info, normalize_op, OpLike, SUM
+from .ring_optimised import (
+    batched_exchange,
+    DEFAULT_SEGMENT_BYTES,
+    schedule_all_gather,
+    schedule_reduce_scatter,
 )
-from .ring_batched import DEFAULT_SEGMENT_BYTES, batched_exchange
-from .ring_schedule import schedule_all_gather, schedule_reduce_scatter
 
 
 def _check_piece(t: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(
-            f"{what} must be a torch.Tensor, got {type(t).__name__}"
-        )
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != ref.dtype or t.device != ref.device:
         raise ValueError(
             f"{what} has dtype/device {t.dtype}/{t.device}, expected {ref.dtype}/{ref.device}"
@@ -62,12 +56,8 @@ def _pieces(
     for i, t in enumerate(buf):
         _check_piece(t, ref, f"{name}[{i}]")
         if t.numel() != m:
-            raise ValueError(
-                f"{name}[{i}] has {t.numel()} elements, expected {m}"
-            )
-    return [
-        stack.enter_context(flat_view(t, writeback=writeback)) for t in buf
-    ]
+            raise ValueError(f"{name}[{i}] has {t.numel()} elements, expected {m}")
+    return [stack.enter_context(flat_view(t, writeback=writeback)) for t in buf]
 
 
 def all_gather_ring(
@@ -88,18 +78,14 @@ def all_gather_ring(
         return
     n, m = info.size, input.numel()
     with contextlib.ExitStack() as stack:
-        chunks = _pieces(
-            stack, output, input, n, "output", "input", writeback=True
-        )
+        chunks = _pieces(stack, output, input, n, "output", "input", writeback=True)
         if m == 0:
             return
         mine = chunks[info.rank]
         src = input.reshape(-1)
         if src.data_ptr() != mine.data_ptr():
             mine.copy_(src)
-        exchange = batched_exchange(
-            info, chunks, SUM, segment_bytes=segment_bytes
-        )
+        exchange = batched_exchange(info, chunks, SUM, segment_bytes=segment_bytes)
         schedule_all_gather(info.rank, n, exchange, shift=0)
 
 
@@ -124,9 +110,7 @@ def reduce_scatter_ring(
         return
     n, m = info.size, output.numel()
     with contextlib.ExitStack() as stack:
-        chunks = _pieces(
-            stack, input, output, n, "input", "output", writeback=False
-        )
+        chunks = _pieces(stack, input, output, n, "input", "output", writeback=False)
         if m == 0:
             return
         out = stack.enter_context(flat_view(output))
@@ -134,9 +118,7 @@ def reduce_scatter_ring(
             if out.data_ptr() != chunks[0].data_ptr():
                 out.copy_(chunks[0])
             return
-        exchange = batched_exchange(
-            info, chunks, op, out=out, segment_bytes=segment_bytes
-        )
+        exchange = batched_exchange(info, chunks, op, out=out, segment_bytes=segment_bytes)
         schedule_reduce_scatter(info.rank, n, exchange, shift=0)
         if op == AVG:
             out.div_(n)

@@ -36,9 +36,11 @@ def import_file(path: str) -> ModuleType:
         sys.modules.pop(name, None)
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(p)]
         line = f":{frames[-1].lineno}" if frames else ""
-        raise UserError(f"{path}{line}: importing it raised {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''} (the file must import "
-                        "on its own: the check runs its functions, not its main)") from None
+        raise UserError(
+            f"{path}{line}: importing it raised {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''} (the file must import "
+            "on its own: the check runs its functions, not its main)"
+        ) from None
     return module
 
 
@@ -73,9 +75,11 @@ def describe_callable(fn: Callable, collective: Optional[str] = None) -> Student
     name = getattr(fn, "__name__", repr(fn))
     kind = collective or collective_of(name)
     if kind is None:
-        raise UserError(f"{name}: the name says no collective: check({name}, "
-                        "collective='all_reduce') (or broadcast, reduce, all_gather, "
-                        "reduce_scatter, gather, scatter)")
+        raise UserError(
+            f"{name}: the name says no collective: check({name}, "
+            "collective='all_reduce') (or broadcast, reduce, all_gather, "
+            "reduce_scatter, gather, scatter)"
+        )
     node = None
     try:
         src = textwrap.dedent(inspect.getsource(fn))
@@ -86,14 +90,19 @@ def describe_callable(fn: Callable, collective: Optional[str] = None) -> Student
     first = code.co_firstlineno
     if node is not None:
         sig = Signature.of(node)
-        rebinds = tuple((t.id, first + sub.lineno - 1) for sub in ast.walk(node)
-                        if isinstance(sub, ast.Assign) for t in sub.targets
-                        if isinstance(t, ast.Name) and t.id in sig.params)
+        rebinds = tuple(
+            (t.id, first + sub.lineno - 1)
+            for sub in ast.walk(node)
+            if isinstance(sub, ast.Assign)
+            for t in sub.targets
+            if isinstance(t, ast.Name) and t.id in sig.params
+        )
     else:
         params = tuple(inspect.signature(fn).parameters)
         root = next((p for p in params if p in ("src", "dst", "root")), None)
-        sig = Signature(params, "group" in params, "op" in params, root,
-                        any("list" in p for p in params[:2]))
+        sig = Signature(
+            params, "group" in params, "op" in params, root, any("list" in p for p in params[:2])
+        )
         rebinds = ()
     return StudentFunction(code.co_filename, name, kind, sig, first, rebinds)
 
@@ -163,5 +172,7 @@ def as_registry_entry(fn: Callable, info: StudentFunction) -> Callable[..., None
         return lambda output, input, group=None: fn(output, input, **extra(None, group))
     if info.collective == "reduce_scatter":
         return lambda output, input, op="SUM", group=None: fn(output, input, **extra(op, group))
-    raise UserError(f"{info.spec}: a {info.collective} has no benchmark here: bench and train "
-                    "take broadcast, reduce, all_reduce, all_gather and reduce_scatter")
+    raise UserError(
+        f"{info.spec}: a {info.collective} has no benchmark here: bench and train "
+        "take broadcast, reduce, all_reduce, all_gather and reduce_scatter"
+    )

@@ -41,13 +41,29 @@ import torch
 import torch.distributed as dist
 
 #: point-to-point functions: name -> (direction, blocking)
-P2P = {"send": ("sent", True), "recv": ("recv", True),
-       "isend": ("sent", False), "irecv": ("recv", False)}
+P2P = {
+    "send": ("sent", True),
+    "recv": ("recv", True),
+    "isend": ("sent", False),
+    "irecv": ("recv", False),
+}
 #: collectives a student's code may call inside its own (counted; a
 #: rank left in one the others never called is a hang's cause)
-COLLECTIVE_CALLS = ("barrier", "broadcast", "all_reduce", "reduce", "all_gather",
-                    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                    "gather", "scatter", "all_to_all", "all_to_all_single", "monitored_barrier")
+COLLECTIVE_CALLS = (
+    "barrier",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "monitored_barrier",
+)
 
 LOG_MAX = 4096
 _HERE = os.path.abspath(__file__)
@@ -87,7 +103,7 @@ def caller(skip: Iterable[str] = ()) -> str:
 
 def _numel(t: Any) -> tuple[int, int]:
     try:
-        return int(t.numel()), int(t.numel() * t.element_size())
+        return int(t.numel()), int(t.nbytes)
     except Exception:
         return 0, 0
 
@@ -118,9 +134,13 @@ class Watch:
     with `state()` whenever the rank enters or leaves a call (the check
     writes it where its parent reads it)."""
 
-    def __init__(self, publish: Optional[Callable[[dict], None]] = None,
-                 modules: Iterable[MutableMapping[str, Any]] = (),
-                 skip: Iterable[str] = (), bound_s: Optional[float] = None):
+    def __init__(
+        self,
+        publish: Optional[Callable[[dict], None]] = None,
+        modules: Iterable[MutableMapping[str, Any]] = (),
+        skip: Iterable[str] = (),
+        bound_s: Optional[float] = None,
+    ):
         self.publish = publish
         # a blocking send/recv becomes isend/irecv waited at most this
         # long, then raises naming the call (gloo's own p2p wait ignores
@@ -151,11 +171,15 @@ class Watch:
         self._posts_since_wait = False
 
     def state(self) -> dict:
-        return {"pending": [c.as_dict() for c in self.pending],
-                "posted": [c.as_dict() for c in self.posted[-4:]],
-                "history": [c.as_dict() for c in self.history],
-                "counts": dict(self.counts), "sent": self.sent, "recv": self.recv,
-                "rounds": self.rounds}
+        return {
+            "pending": [c.as_dict() for c in self.pending],
+            "posted": [c.as_dict() for c in self.posted[-4:]],
+            "history": [c.as_dict() for c in self.history],
+            "counts": dict(self.counts),
+            "sent": self.sent,
+            "recv": self.recv,
+            "rounds": self.rounds,
+        }
 
     def _publish(self) -> None:
         if self.publish is not None:
@@ -201,8 +225,7 @@ class Watch:
         return call
 
     # -------------------------------------------------------- wrappers
-    def _p2p(self, name: str, real: Callable, posting_real: Optional[Callable] = None
-             ) -> Callable:
+    def _p2p(self, name: str, real: Callable, posting_real: Optional[Callable] = None) -> Callable:
         def blocking(tensor, peer=None, *args, **kwargs):
             call = self._count(name, tensor, peer)
             self._enter(call)
@@ -217,7 +240,8 @@ class Watch:
                     raise RuntimeError(
                         f"rank {dist.get_rank()} waited {self.bound_s:.0f} s in {name} {to} "
                         f"rank {peer} ({call.numel} elements) at {call.where}: no answer "
-                        f"({str(e).splitlines()[0][:120]})") from None
+                        f"({str(e).splitlines()[0][:120]})"
+                    ) from None
                 return peer if name == "recv" else None
             finally:
                 self._leave(call)
@@ -238,9 +262,18 @@ class Watch:
 
     def _batch(self, real: Callable) -> Callable:
         def batch_isend_irecv(p2p_op_list, *args, **kwargs):
-            calls = [self._count("isend" if op.op in self._isends or _original(op.op) is
-                                 _ORIGINALS.get("isend") else "irecv", op.tensor, op.peer)
-                     for op in p2p_op_list]
+            calls = [
+                self._count(
+                    (
+                        "isend"
+                        if op.op in self._isends or _original(op.op) is _ORIGINALS.get("isend")
+                        else "irecv"
+                    ),
+                    op.tensor,
+                    op.peer,
+                )
+                for op in p2p_op_list
+            ]
             works = real(p2p_op_list, *args, **kwargs)
             with self._lock:
                 self.posted.extend(calls)
@@ -272,8 +305,9 @@ class Watch:
         wrappers: dict[str, Callable] = {}
         self._isends = [current["isend"], _ORIGINALS["isend"]]
         for name in P2P:
-            wrappers[name] = self._p2p(name, current[name],
-                                       current.get({"send": "isend", "recv": "irecv"}.get(name, "")))
+            wrappers[name] = self._p2p(
+                name, current[name], current.get({"send": "isend", "recv": "irecv"}.get(name, ""))
+            )
         wrappers["batch_isend_irecv"] = self._batch(current["batch_isend_irecv"])
         for name in COLLECTIVE_CALLS:
             if name in current:
@@ -290,8 +324,12 @@ class Watch:
         key = tuple(id(f) for f in current.values())
         if self._built != key:
             self._wrappers, self._built = self._build(current), key
-            self._by_id = {id(f): self._wrappers[n] for table in (_ORIGINALS, current)
-                           for n, f in table.items() if n in self._wrappers}
+            self._by_id = {
+                id(f): self._wrappers[n]
+                for table in (_ORIGINALS, current)
+                for n, f in table.items()
+                if n in self._wrappers
+            }
         for name, w in self._wrappers.items():
             self._swap(dist, name, w)
         # a student's `from torch.distributed import send`
@@ -320,9 +358,11 @@ class Watch:
 
 #: the real functions, taken once at import (a Watch inside a Watch
 #: wraps the real ones, never a wrapper)
-_ORIGINALS: dict[str, Any] = {n: getattr(dist, n) for n in
-                              (*P2P, "batch_isend_irecv", "P2POp", *COLLECTIVE_CALLS)
-                              if hasattr(dist, n)}
+_ORIGINALS: dict[str, Any] = {
+    n: getattr(dist, n)
+    for n in (*P2P, "batch_isend_irecv", "P2POp", *COLLECTIVE_CALLS)
+    if hasattr(dist, n)
+}
 
 
 def _original(op: Any) -> Any:

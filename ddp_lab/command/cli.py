@@ -1,18 +1,17 @@
 """The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
 
-The one place where a user mistake (ddp_lab's `UserError`, Hydra's
-composition errors) becomes `error: <one line>` on stderr and exit 2,
-where Hydra would print several lines and exit 1 (the lines:
-mistakes.py). A -m sweep is Hydra's; `SweepTable` (sweep_table.py)
-prints one row per job.
+The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors) becomes
+`error: <one line>` on stderr and exit 2, where Hydra would print several lines and exit 1 (the
+lines: mistakes.py). A -m sweep is Hydra's; `SweepTable` (below) prints one row per job.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import hydra
 from hydra import compose, initialize_config_dir
@@ -21,36 +20,42 @@ from hydra._internal.hydra import Hydra
 from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config.errors import UserError
 from ..config import CONF_DIR
+from ..config.errors import UserError
+from ..folder.description import describe_run, differing_labels, sweep_extra, sweep_name
+from ..folder.rundir import describe_config, read_summary
 from .job import Outcome
 from .mistakes import (command_line_mistake, group_value_mistake, hydra_message, one_line,
-                       override_parser)
-from .sweep_table import job_name
+    override_parser)
 
-
-def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
+def cli(config_name: str, submit_fn: Callable[..., Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
-    """Compose `conf/<config_name>.yaml`, run `submit_fn` per job (one,
-    or each of a -m sweep; every job checked by `check_fn` before the
-    first starts), and exit with the failed job's status (2 for a user
-    mistake). `schemas`: the dataclass modules that type the config, for
-    "did you mean" hints."""
+    """Compose `conf/<config_name>.yaml`, run `submit_fn(cfg, t0=...)` per job (one, or each of a
+    -m sweep; every job checked by `check_fn` before the first starts; `t0` as command/job.py's
+    launch_job takes it), and exit with the failed job's status (2 for a user mistake). `schemas`:
+    the dataclass modules that type the config, for "did you mean" hints."""
     flags = (command_line_mistake(sys.argv[1:], lambda: _defaults(config_name))
              or group_value_mistake(sys.argv[1:]))
     if flags:
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
     failed: list[int] = []
+    # when the job about to start began: with the command (None) for the first, when the one before
+    # it ended for each later one of a sweep
+    t0: float | None = None
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
 
     # Hydra hands the Outcome to SweepTable
     def task(cfg: DictConfig) -> Outcome:
+        nonlocal t0
         # the job's processes see the user's env
         _restore_env("HYDRA_FULL_ERROR", full_error)
         # a sweep's job is named by what it varies
@@ -58,25 +63,24 @@ def cli(config_name: str, submit_fn: Callable[[DictConfig], Outcome],
             cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
                                           if _key(o) in swept])
         try:
-            outcome = submit_fn(cfg)
+            outcome = submit_fn(cfg, t0=t0)
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             outcome = Outcome(2, f"error: {one_line(str(e))}")
         except (HydraException, OmegaConfBaseException) as e:
-            # the config read as the job starts (`~sync`, an
-            # interpolation to no key): one line, where Hydra adds its
-            # own "Error executing job with overrides"
+            # the config read as the job starts (`~sync`, an interpolation to no key): one line,
+            # where Hydra adds its own "Error executing job with overrides"
             print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
             outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
+            t0 = time.time()
         if outcome.rc != 0:
             failed.append(outcome.rc)
         return outcome
 
-    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of
-    # printing them: we print one line of our own (and no traceback,
-    # whatever the user's setting)
+    # with HYDRA_FULL_ERROR Hydra raises its errors to us instead of printing them: we print one
+    # line of our own (and no traceback, whatever the user's setting)
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         if _plain_run(sys.argv[1:]):
@@ -102,9 +106,8 @@ def _defaults(config_name: str) -> DictConfig:
 
 
 def _swept_keys(argv: list[str]) -> set[str]:
-    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs
-    are named by their values (names.sweep_name). None for a plain run
-    or one Hydra cannot parse (it says why)."""
+    """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their values
+    (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
@@ -119,17 +122,15 @@ def _key(override: str) -> str:
 
 
 def _plain_run(argv: list[str]) -> bool:
-    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no
-    hydra.* key."""
+    """Overrides only: no Hydra flag (-m, --help, --cfg, ...) and no hydra.* key."""
     return not any(a.startswith("-") or a.lstrip("+~").startswith(("hydra.", "hydra/"))
                    for a in argv)
 
 
 def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides: list[str]) -> None:
-    """What `hydra.main` does for a plain run, with the config composed
-    once: Hydra's own path composes it twice (first only to read
-    `hydra.mode`, which ddp_lab's configs never set), about 0.5 s each
-    here, half the time to the first line on the console."""
+    """What `hydra.main` does for a plain run, with the config composed once: Hydra's own path
+    composes it twice (first only to read `hydra.mode`, which ddp_lab's configs never set), about
+    0.5 s each here, half the time to the first line on the console."""
     app = Hydra.create_main_hydra2(task_name="ddp_lab",
                                    config_search_path=create_config_search_path(str(CONF_DIR)))
     try:
@@ -140,12 +141,10 @@ def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides
 
 
 def _check_sweep(config_name: str, argv: list[str], check_fn: Callable) -> None:
-    """Compose and check every job of a sweep first: Hydra composes each
-    job only when its turn comes, after the earlier ones ran (and made
-    their run folders)."""
+    """Compose and check every job of a sweep first: Hydra composes each job only when its turn
+    comes, after the earlier ones ran (and made their run folders)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        # other Hydra flags (--cfg, --config-name, ...): Hydra handles
-        # those runs
+        # other Hydra flags (--cfg, --config-name, ...): Hydra handles those runs
         return
     overrides = override_parser().parse_overrides([a for a in argv if a[:1] != "-"])
     batches = BasicSweeper.split_arguments(overrides, None)
@@ -165,3 +164,99 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
+    """A sweep job's folder name: a training run's description label (what sets it apart from any
+    other run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`) and the swept values it does not show
+    (`seed1`); another entry point's job (a bench), the swept values."""
+    if cfg.get("sync") is not None and cfg.get("model") is not None:
+        label = describe_config(cfg)
+        return "_".join(p for p in (label, sweep_extra(swept, label)) if p) or None
+    return sweep_name(swept) or None
+
+
+class SweepTable(Callback):
+    """A -m sweep ends with one row per job (`sweep_table`), so its last lines say what failed.
+    Hydra calls it with each job's `Outcome`: conf/config.yaml and conf/bench.yaml register it
+    under hydra.callbacks."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[int, list[str], Outcome]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        # a single run has no table; a task that raised (a bug) has no Outcome: Hydra raises it
+        # after the last job
+        if config.hydra.mode == RunMode.MULTIRUN and job_return.status == JobStatus.COMPLETED:
+            self.jobs.append((config.hydra.job.num, list(job_return.overrides or []),
+                              job_return.return_value))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        print("\n" + sweep_table(self.jobs), flush=True)
+
+
+# what a sweep is run for, per job, from its summary.json (the run's one record of them): (heading,
+# summary key, format); a column only where some job has the figure (a bench or a dry run has none
+# of them)
+FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
+           ("comm in flight", "comm_fraction", "{:.0%}"),
+           ("exposed", "comm_exposed_fraction", "{:.0%}"),
+           ("test acc", "test_accuracy", "{:.4f}"))
+
+
+def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
+    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): a job
+    named by the overrides that differ between jobs, with its summary.json figures (FIGURES), its
+    run folder and how it ended."""
+    by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
+    keys = list(dict.fromkeys(k for d in by_key for k in d))
+    varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
+    names = [" ".join(d[k] for k in varying if k in d) or "(no overrides)" for d in by_key]
+    summaries = [read_summary(o.run_dir) if o.run_dir else {} for _, _, o in jobs]
+    figures = [(head, key, fmt) for head, key, fmt in FIGURES
+               if any(isinstance(s.get(key), (int, float)) for s in summaries)]
+    # what each training job is, as its description says
+    runs = _run_labels(jobs, summaries)
+    header = ["", "job", *(["run"] if runs else []), *(head for head, _, _ in figures),
+              "run dir", "result"]
+    rows = [[f"#{num}", name, *([runs[i]] if runs else []),
+             *(fmt.format(s[key]) if isinstance(s.get(key), (int, float)) else "-"
+               for _, key, fmt in figures),
+             str(o.run_dir) if o.run_dir else "-", o.result]
+            for i, ((num, _, o), name, s) in enumerate(zip(jobs, names, summaries))]
+    first = 3 if runs else 2
+    # the figures align right, as numbers do
+    right = range(first, first + len(figures))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [f"sweep of {len(jobs)} job(s):"]
+    for row in [header, *rows]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    bad = [f"#{num}" for num, _, o in jobs if o.rc != 0]
+    lines.append(f"{len(bad)} of {len(jobs)} job(s) did not end ok: {', '.join(bad)}" if bad
+                 else f"all {len(jobs)} job(s) ok")
+    return "\n".join(lines)
+
+
+def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
+    """Each job's run, named by what sets it apart from the sweep's other runs (its description's
+    label, cut to the parts that differ: description.differing_labels); [] when no job is a
+    training run with a config."""
+    from omegaconf import OmegaConf
+
+    descs = []
+    for (_, _, o), s in zip(jobs, summaries):
+        path = o.run_dir / "config.yaml" if o.run_dir else None
+        if path is None or not path.is_file():
+            descs.append(None)
+            continue
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception:  # noqa: BLE001 -- a garbled config: the job is named by its overrides
+            config = {}
+        descs.append(describe_run(config, s) if config.get("sync") and config.get("model") else None)
+    known = [d for d in descs if d is not None]
+    if not known:
+        return []
+    labels = iter(differing_labels(known))
+    return [next(labels) if d is not None else "-" for d in descs]

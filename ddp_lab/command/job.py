@@ -1,6 +1,5 @@
-"""A job: its run folder, its ranks started through the launcher, its
-result. One path for every entry point (training, benchmarks); nothing
-here knows what the ranks compute.
+"""A job: its run folder, its ranks started through the launcher, its result. One path for every
+entry point (training, benchmarks); nothing here knows what the ranks compute.
 
 Submitting side, one process on the submitting machine, after
 `validate.resolve`:
@@ -8,7 +7,7 @@ Submitting side, one process on the submitting machine, after
     summary = collect(run_dir, rc, **fields)  # summary.json, marked failed if the job failed
     return Outcome(rc, "ok" or "failed: why", run_dir)  # what a -m sweep's table shows
 The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is
-rank.py (`rank_main` -> `run_rank`).
+rank/main.py.
 """
 
 from __future__ import annotations
@@ -32,38 +31,27 @@ from ..folder.rundir import (DRY_RUN, make_run_dir, mark_failed, read_summary, w
     write_config)
 from ..world.env import process_start
 
-# Start-up (summary.json's segments[].startup_s) counts from the job's
-# own start, as the user waits for it. The ranks read that start from
-# DDP_LAB_T0: the first job of a command starts with the command (its
-# imports count), each later one of a sweep or a study when the one
-# before it ended. A scheduler's job (launchers/slurm.sbatch,
-# runai_pod.sh) sets its own: the queue is not start-up.
+# Start-up (summary.json's segments[].startup_s) counts from the job's own start, as the user waits
+# for it. The ranks read that start from DDP_LAB_T0: the first job of a command starts with the
+# command (its imports count), each later one of a sweep or a study when the one before it ended
+# (its caller passes `t0`). A scheduler's job (launchers/slurm.sbatch, runai_pod.sh) sets its own:
+# the queue is not start-up.
 T0_ENV = "DDP_LAB_T0"
-# None: no job has run in this command yet
-_next_t0: list[Optional[float]] = [None]
-
-
-def job_t0() -> float:
-    """When the job about to start began (see above), in seconds since
-    the epoch."""
-    return _next_t0[0] or process_start() or time.time()
 
 
 # ------------------------------------------------------------ submitting side
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended, as its submit function returns it: the exit
-    status, one line saying how ("ok", "failed: why", "stopped after
-    ...") and its run folder (None when the job was refused before one
-    was made). A -m sweep shows one per job, last."""
+    """How a job ended, as its submit function returns it: the exit status, one line saying how
+    ("ok", "failed: why", "stopped after ...") and its run folder (None when the job was refused
+    before one was made). A -m sweep shows one per job, last."""
     rc: int
     result: str
     run_dir: Optional[Path] = None
 
 
 def make_run(cfg: DictConfig, label: str | None = None) -> Path:
-    """The run folder, with the resolved config (run.dir set to it)
-    written inside."""
+    """The run folder, with the resolved config (run.dir set to it) written inside."""
     run_dir = make_run_dir(cfg, label=label)
     with open_dict(cfg):
         cfg.run.dir = str(run_dir)
@@ -72,15 +60,15 @@ def make_run(cfg: DictConfig, label: str | None = None) -> Path:
 
 
 def launch_job(cfg: DictConfig, label: str | None = None,
-               files: Optional[dict[str, str]] = None) -> tuple[Path, Optional[int]]:
-    """Make the run folder (with `files` in it), render the launcher's
-    files and, unless launcher.dry_run, start the job and follow it:
-    (the folder, the exit status or None for a dry run). A LaunchError
-    leaves no new folder behind."""
+               files: Optional[dict[str, str]] = None,
+               t0: Optional[float] = None) -> tuple[Path, Optional[int]]:
+    """Make the run folder (with `files` in it), render the launcher's files and, unless
+    launcher.dry_run, start the job and follow it: (the folder, the exit status or None for a dry
+    run). `t0`: when the job began (None: with this command). A LaunchError leaves no new folder
+    behind."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
-    # one command per folder (command/lock.py): a scheduler's job holds
-    # the lock after we exit
+    # one command per folder (command/lock.py): a scheduler's job holds the lock after we exit
     scheduled = cfg.launcher.name in ("slurm", "runai") and not cfg.launcher.dry_run
     with lock.hold(run_dir, cfg.launcher.name, keep=scheduled):
         with open_dict(cfg):
@@ -115,46 +103,38 @@ def launch_job(cfg: DictConfig, label: str | None = None,
               # the first line, at once
               f"({cfg.launcher.name}) in {run_dir}", flush=True)
         # the ranks (and scripts) inherit it
-        os.environ[T0_ENV] = repr(job_t0())
+        os.environ[T0_ENV] = repr(t0 or process_start() or time.time())
         try:
-            # the trainer stops gracefully (a checkpoint first); a
-            # benchmark has nothing to save
+            # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
             rc = launch.start(rendered, run_dir, grace_s=grace)
         except launch.LaunchError as e:
             # the folder stays: it holds what could not be started
             raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None
-        finally:
-            # the next job of this command starts now
-            _next_t0[0] = time.time()
         why = rendered.explain() if rc and rendered.explain else None
-        # the launcher failed before any rank started: its line is the
-        # run's status
+        # the launcher failed before any rank started: its line is the run's status
         if why:
             mark_failed(run_dir, f"failed: {why}")
         return run_dir, rc
 
 
 def collect(run_dir: Path, rc: int, **fields: Any) -> dict:
-    """The job's summary.json after it ended with `rc`. A job that
-    failed without saying so (no summary, or one that claims completion)
-    is marked `failed: job exit status rc`, with `fields` filled in
-    where the ranks did not write them."""
+    """The job's summary.json after it ended with `rc`. A job that failed without saying so (no
+    summary, or one that claims completion) is marked `failed: job exit status rc`, with `fields`
+    filled in where the ranks did not write them."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     entry = fields.pop("entry", None)
     if entry not in (None, TRAINER) and not summary:
-        # a run.entry that keeps no records (ddp_lab.rank.one_file): still a
-        # run, ended as its exit status says; the report and status say
-        # why it has no figures
+        # a run.entry that keeps no records (ddp_lab.rank.one_file): still a run, ended as its exit
+        # status says; the report and status say why it has no figures
         fields.update(entry=entry, records_kept=False)
         if rc == 0:
             summary = {"status": "completed", **fields}
             write_json(run_dir / "summary.json", summary)
             return summary
     if rc != 0 and (not summary or status.startswith(("completed", "running"))):
-        # rank 0 could not say it (it was the one that died): the
-        # heartbeat records can
+        # rank 0 could not say it (it was the one that died): the heartbeat records can
         why = (failure.failure_line(failure.diagnose(run_dir))
                or f"job exit status {rc} (see {run_dir / 'logs'})")
         return mark_failed(run_dir, f"failed: {why}", fields)

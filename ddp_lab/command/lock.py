@@ -1,14 +1,11 @@
-"""One command per run folder: `RUN_DIR/LOCK`, taken before the command
-writes anything into the folder and held for the life of its job
-(docs/failures.md, "Two commands on one run folder": whose lock counts
-as alive, refusal and takeover).
+"""One command per run folder: `RUN_DIR/LOCK`, taken before the command writes anything into the
+folder and held for the life of its job (docs/failures.md, "Two commands on one run folder": whose
+lock counts as alive, refusal and takeover).
 
-The lock is a small JSON file naming its holder (host, pid with its
-start time, launcher). Race-free: a lock appears whole (a private file
-hard-linked to LOCK, which fails if LOCK exists), and is removed only
-under a short `flock` of the run folder, after checking that LOCK is
-still the very file judged (inode and content). Without flock or hard
-links: O_EXCL alone.
+The lock is a small JSON file naming its holder (host, pid with its start time, launcher).
+Race-free: a lock appears whole (a private file hard-linked to LOCK, which fails if LOCK exists),
+and is removed only under a short `flock` of the run folder, after checking that LOCK is still the
+very file judged (inode and content). Without flock or hard links: O_EXCL alone.
 """
 
 from __future__ import annotations
@@ -33,11 +30,9 @@ LOCK = "LOCK"
 
 
 def _before_unlink() -> None:
-    """Called between the re-check of a dead holder's LOCK and its
-    removal, under the folder's flock: nothing here.
-    tests/test_lock_stress.py pauses one taker at this point to show a
-    second one cannot slip in (the flock and the re-check, each shown
-    needed)."""
+    """Called between the re-check of a dead holder's LOCK and its removal, under the folder's
+    flock: nothing here. tests/test_lock_stress.py pauses one taker at this point to show a second
+    one cannot slip in (the flock and the re-check, each shown needed)."""
 
 
 class FolderInUse(UserError):
@@ -82,10 +77,9 @@ def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
 
 @contextlib.contextmanager
 def hold(run_dir: Path, launcher: str, keep: bool = False) -> Iterator[None]:
-    """Hold `run_dir`'s lock for the `with` block: refuse (FolderInUse)
-    while another command's job lives, take it over from a dead one.
-    Given back at the end unless `keep` (a scheduler's job, which
-    outlives this command, holds it on)."""
+    """Hold `run_dir`'s lock for the `with` block: refuse (FolderInUse) while another command's job
+    lives, take it over from a dead one. Given back at the end unless `keep` (a scheduler's job,
+    which outlives this command, holds it on)."""
     acquire(run_dir, launcher)
     kept = False
     try:
@@ -98,9 +92,8 @@ def hold(run_dir: Path, launcher: str, keep: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _guard(run_dir: Path) -> Iterator[None]:
-    """The run folder's short exclusive flock: the only place a LOCK is
-    removed. Released by the kernel if this process dies; a no-op where
-    the file system has no flock."""
+    """The run folder's short exclusive flock: the only place a LOCK is removed. Released by the
+    kernel if this process dies; a no-op where the file system has no flock."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -110,8 +103,7 @@ def _guard(run_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:
-            # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory):
-            # unguarded
+            # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory): unguarded
             pass
         yield
     finally:
@@ -120,9 +112,8 @@ def _guard(run_dir: Path) -> Iterator[None]:
 
 
 def _read(path: Path) -> tuple[Optional[tuple[int, int]], dict]:
-    """(LOCK's identity (device, inode), its holder) as one file's:
-    (None, {}) when there is no LOCK; a holder of {} when its content
-    cannot be read (torn, or not JSON)."""
+    """(LOCK's identity (device, inode), its holder) as one file's: (None, {}) when there is no
+    LOCK; a holder of {} when its content cannot be read (torn, or not JSON)."""
     try:
         with open(path, "rb") as f:
             ident = os.fstat(f.fileno())
@@ -139,9 +130,8 @@ def _read(path: Path) -> tuple[Optional[tuple[int, int]], dict]:
 
 
 def _create(path: Path, text: str) -> bool:
-    """Make LOCK with `text` if there is none (True), whole from its
-    first moment: written to a private file, then hard-linked to LOCK
-    (atomic, fails if LOCK exists)."""
+    """Make LOCK with `text` if there is none (True), whole from its first moment: written to a
+    private file, then hard-linked to LOCK (atomic, fails if LOCK exists)."""
     tmp = path.with_name(f".{LOCK}.new-{os.getpid()}-{threading.get_ident()}")
     try:
         tmp.write_text(text)
@@ -151,8 +141,7 @@ def _create(path: Path, text: str) -> bool:
         except FileExistsError:
             return False
         except OSError:
-            # no hard links here: O_EXCL, whose content appears after a
-            # moment
+            # no hard links here: O_EXCL, whose content appears after a moment
             pass
     finally:
         tmp.unlink(missing_ok=True)
@@ -174,15 +163,13 @@ def acquire(run_dir: Path, launcher: str) -> None:
             if _create(path, mine):
                 return
         except FileNotFoundError:
-            # the folder itself vanished: another command's validation
-            # probe (folder_rules.folder_problem) removes the empty
-            # folder it made on the way
+            # the folder itself vanished: another command's validation probe
+            # (validate.folder_problem) removes the empty folder it made on the way
             run_dir.mkdir(parents=True, exist_ok=True)
             continue
         ident, holder = _read(path)
         if ident is None:
-            # given back (or set aside) since: a holder that has just
-            # left
+            # given back (or set aside) since: a holder that has just left
             continue
         # being written this moment (O_EXCL), or torn
         if not holder and unreadable < 5:
@@ -210,9 +197,8 @@ def _in_use(run_dir: Path, who: str) -> str:
 
 
 def in_use(cfg) -> Optional[str]:
-    """A validation rule: why cfg.run.dir cannot be used now (another
-    command's job lives there), checked before the folder's contents are
-    judged; None when it is free."""
+    """A validation rule: why cfg.run.dir cannot be used now (another command's job lives there),
+    checked before the folder's contents are judged; None when it is free."""
     if not cfg.run.dir:
         return None
     run_dir = Path(cfg.run.dir).expanduser().resolve()

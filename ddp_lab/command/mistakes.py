@@ -1,8 +1,7 @@
 """A mistake on the command line or in the config, said in one line.
 
-The flags and group values Hydra would answer with a usage block or a
-traceback, and Hydra's own errors cut to one line (with "did you mean"
-hints for a misspelt key).
+The flags and group values Hydra would answer with a usage block or a traceback, and Hydra's own
+errors cut to one line (with "did you mean" hints for a misspelt key).
 """
 
 from __future__ import annotations
@@ -29,11 +28,10 @@ _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https:
 
 def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
                          ) -> str | None:
-    """What is wrong with the command line's flags, in one line, else
-    None. A `--key value` flag is not a Hydra override (Hydra would
-    print its usage): it is named with the override it meant (`--epochs
-    3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag
-    given a bad value gets argparse's one line."""
+    """What is wrong with the command line's flags, in one line, else None. A `--key value` flag is
+    not a Hydra override (Hydra would print its usage): it is named with the override it meant
+    (`--epochs 3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag given a bad
+    value gets argparse's one line."""
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()
@@ -57,8 +55,7 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
     try:
         keys = _leaves(defaults())
     except (HydraException, OmegaConfBaseException):
-        # a config that does not compose: its own error comes once the
-        # flags are fixed
+        # a config that does not compose: its own error comes once the flags are fixed
         keys = {}
     given, fixed, i = [], [], 0
     while i < len(argv):
@@ -77,14 +74,12 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 
 
 def group_value_mistake(argv: list[str]) -> str | None:
-    """A config group given something other than an option's name
-    (`sync=3`, `model=7`, `study=[1,2]`, `sync=null`, `launcher=[a,b]`,
-    `-m sync=ddp,4`), in one line naming the group and its options, else
-    None. Hydra takes a group's value from the override parser as it
-    comes (an int, None, a list) and fails deep in its defaults list
-    with a traceback; an option's name is a string, one per group here
-    (no group of ddp_lab's merges several). A line Hydra cannot parse is
-    left to Hydra, which says why in one line."""
+    """A config group given something other than an option's name (`sync=3`, `model=7`,
+    `study=[1,2]`, `sync=null`, `launcher=[a,b]`, `-m sync=ddp,4`), in one line naming the group
+    and its options, else None. Hydra takes a group's value from the override parser as it comes
+    (an int, None, a list) and fails deep in its defaults list with a traceback; an option's name
+    is a string, one per group here (no group of ddp_lab's merges several). A line Hydra cannot
+    parse is left to Hydra, which says why in one line."""
     words = [a for a in argv if a[:1] != "-"]
     if not words:
         return None
@@ -105,8 +100,7 @@ def group_value_mistake(argv: list[str]) -> str | None:
         try:
             is_group = loader.repository.group_exists(group)
         except OSError as e:
-            # Hydra looks the name up as a folder: 300 characters are
-            # not one
+            # Hydra looks the name up as a folder: 300 characters are not one
             name = group if len(group) <= 60 else group[:40] + f"... ({len(group)} characters)"
             return f"{name}: no such key or config group ({e.strerror})"
         if not is_group:
@@ -136,8 +130,7 @@ _NONE = object()
 
 
 def _leaves(cfg) -> dict[str, object]:
-    """Every key of `cfg` (dotted) and its node, groups' keys
-    included."""
+    """Every key of `cfg` (dotted) and its node, groups' keys included."""
     out: dict[str, object] = {}
     if cfg is None:
         return out
@@ -155,10 +148,9 @@ def _leaves(cfg) -> dict[str, object]:
 
 
 def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
-    """The override a `--key value` flag meant: the key as the config
-    spells it (the one key whose last part it names: `epochs` ->
-    train.epochs; `dry-run` -> launcher.dry_run), a list key's value in
-    brackets, a flag without a value true where the key is a bool."""
+    """The override a `--key value` flag meant: the key as the config spells it (the one key whose
+    last part it names: `epochs` -> train.epochs; `dry-run` -> launcher.dry_run), a list key's
+    value in brackets, a flag without a value true where the key is a bool."""
     from omegaconf import ListConfig
 
     named = [key, key.replace("-", "_")]
@@ -180,8 +172,8 @@ class _FlagError(Exception):
 
 
 def override_parser() -> OverridesParser:
-    """Hydra's override parser as its sweeper makes it: with a config
-    loader, which glob(...) needs to list a group's options."""
+    """Hydra's override parser as its sweeper makes it: with a config loader, which glob(...) needs
+    to list a group's options."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     return OverridesParser.create(config_loader=ConfigLoaderImpl(
@@ -189,10 +181,9 @@ def override_parser() -> OverridesParser:
 
 
 def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
-    """Hydra's message and its cause's, on one line, keeping the key
-    they name; a misspelt key gets the close matches of its section (a
-    dataclass of `schemas`) instead of Hydra's '+key' hint (a typed
-    section refuses new keys too)."""
+    """Hydra's message and its cause's, on one line, keeping the key they name; a misspelt key gets
+    the close matches of its section (a dataclass of `schemas`) instead of Hydra's '+key' hint (a
+    typed section refuses new keys too)."""
     text = str(e)
     cause = e.__cause__
     if cause is not None and str(cause) not in text:
@@ -223,8 +214,8 @@ def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
 
 
 def one_line(text: str) -> str:
-    """Lines joined with '; '; what follows a line ending in ':' joined
-    to it (an indented list by ', ')."""
+    """Lines joined with '; '; what follows a line ending in ':' joined to it (an indented list by
+    ', ')."""
     parts: list[str] = []
     listing = False
     for raw in text.splitlines():

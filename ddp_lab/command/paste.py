@@ -1,13 +1,10 @@
-"""The commands ddp_lab prints for the user to paste, made so they run
-as printed.
+"""The commands ddp_lab prints for the user to paste, made so they run as printed.
 
-A training run's folder keeps the command that last ran it
-(`command.txt`: `python -m ddp_lab` and its overrides, shell-quoted; a
--m sweep's job, its own overrides). The command that continues the run
-is that one with `run.dir=` the folder: every setting the run started
-with, so the folder's checks (rundir.reuse_problem) find nothing
-changed. submit prints it after a stop, status after --stop, --follow
-and in a run's state (tests/test_paste.py runs it exactly as printed).
+A training run's folder keeps the command that last ran it (`command.txt`: `python -m ddp_lab` and
+its overrides, shell-quoted; a -m sweep's job, its own overrides). The command that continues the
+run is that one with `run.dir=` the folder: every setting the run started with, so the folder's
+checks (rundir.reuse_problem) find nothing changed. submit prints it after a stop, status after
+--stop, --follow and in a run's state (tests/test_paste.py runs it exactly as printed).
 """
 
 from __future__ import annotations
@@ -18,15 +15,13 @@ from typing import Iterable, Optional
 
 COMMAND_FILE = "command.txt"
 PROGRAM = "python -m ddp_lab"
-# how one command ran, not what the run is: the command that continues
-# it sets its own
+# how one command ran, not what the run is: the command that continues it sets its own
 NOT_CARRIED = ("run.dir", "train.resume", "launcher.dry_run")
 
 
 def job_overrides() -> Optional[list[str]]:
-    """The overrides of the Hydra job running now (a -m sweep's job: its
-    own values); None outside Hydra (a test calling submit with a
-    composed config)."""
+    """The overrides of the Hydra job running now (a -m sweep's job: its own values); None outside
+    Hydra (a test calling submit with a composed config)."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
@@ -36,14 +31,13 @@ def job_overrides() -> Optional[list[str]]:
 
 
 def command_line(overrides: Iterable[str]) -> str:
-    """`python -m ddp_lab` and `overrides`, each a shell word as it is
-    or quoted."""
+    """`python -m ddp_lab` and `overrides`, each a shell word as it is or quoted."""
     return " ".join([PROGRAM, *(shlex.quote(str(o)) for o in overrides)])
 
 
 def started_with(run_dir: Path) -> Optional[list[str]]:
-    """The overrides of the command in the folder's command.txt; None
-    without one (a study's point, a folder from before the file)."""
+    """The overrides of the command in the folder's command.txt; None without one (a study's point,
+    a folder from before the file)."""
     try:
         words = shlex.split((Path(run_dir) / COMMAND_FILE).read_text())
     except (OSError, ValueError):
@@ -57,9 +51,8 @@ def _key(override: str) -> str:
 
 
 def continue_command(run_dir: Path, launcher: Optional[str] = None) -> str:
-    """The command that continues the run in `run_dir`: run.dir and
-    every override it was started with (`launcher` alone where the
-    folder does not say them)."""
+    """The command that continues the run in `run_dir`: run.dir and every override it was started
+    with (`launcher` alone where the folder does not say them)."""
     overrides = started_with(run_dir)
     if overrides is None:
         overrides = [f"launcher={launcher}"] if launcher and launcher != "local" else []

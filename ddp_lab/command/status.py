@@ -1,11 +1,11 @@
-"""A run's state from its folder and this machine: `inspect(run_dir)` ->
-plain data (what `python -m ddp_lab.status` shows, its --json, and what
-ddp_lab.command.lock asks).
+"""A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what `python
+-m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
 
-It reads the run folder, the scheduler's view of the job (`scontrol`,
-then `sacct`) and the job's processes alive here, so it works from any
-shell. The states: docs/status.md, "What it shows"; how they are shown:
-status_screen.py; --follow and --stop: status_follow.py, status_stop.py.
+It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the job's
+processes alive here, so it works from any shell. The states: docs/status.md, "What it shows". How
+they are shown: its screen (`render`) and its line (`one_line`); the lines that say how to go on
+with a run (`continue_lines`) are also what --follow and --stop end with (the command:
+ddp_lab/status.py).
 """
 
 from __future__ import annotations
@@ -13,25 +13,23 @@ from __future__ import annotations
 import shutil
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ..launch import job_processes, slurm_job
+from . import paste
 from ..folder.description import describe_run
 from ..folder.heartbeat import read_all
 from ..folder.records import read_metrics
-from ..folder.rundir import folder_state, is_dry_run
-from ..folder.stop import STOP_FILE
+from ..folder.rundir import STOP_FILE, folder_state, is_dry_run
+from ..launch import job_processes, slurm
 
 FINAL = ("completed", "failed", "preempted", "stopped")
-# scheduler states of a job that still holds (or waits for) an
-# allocation
+# scheduler states of a job that still holds (or waits for) an allocation
 SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                  "RESV_DEL_HOLD", "SUSPENDED"}
 SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
-# launchers whose processes run on the submitting machine (job_processes
-# can see them)
+# launchers whose processes run on the submitting machine (job_processes can see them)
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
 
@@ -41,9 +39,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_runs(path: Path, depth: int = 4) -> list[Path]:
-    """Run folders at or below `path` (a sweep folder, run.root), not
-    inside one another; below `path`, a dry run's folder is none
-    (`dry_runs` counts those)."""
+    """Run folders at or below `path` (a sweep folder, run.root), not inside one another; below
+    `path`, a dry run's folder is none (`dry_runs` counts those)."""
     if is_run_dir(path):
         return [path]
     found: list[Path] = []
@@ -59,8 +56,7 @@ def find_runs(path: Path, depth: int = 4) -> list[Path]:
 
 
 def dry_runs(path: Path, depth: int = 4) -> int:
-    """How many dry runs' folders lie below `path` (left out of
-    `find_runs`)."""
+    """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
     if is_run_dir(path) or depth <= 0:
         return int(is_dry_run(path))
     try:
@@ -70,8 +66,7 @@ def dry_runs(path: Path, depth: int = 4) -> int:
 
 
 def _config(run_dir: Path) -> dict:
-    """config.yaml as plain data ({} when unreadable): the newest
-    submission wrote it."""
+    """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     except Exception:  # noqa: BLE001 -- a half-written or foreign file: show what we can
@@ -80,9 +75,8 @@ def _config(run_dir: Path) -> dict:
 
 
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
-    """The scheduler's job id: the file the SLURM launcher writes at
-    submission (the newest submission), else the one the ranks recorded
-    in summary.json."""
+    """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
+    submission), else the one the ranks recorded in summary.json."""
     try:
         text = (run_dir / "job_id").read_text().strip()
     except OSError:
@@ -91,8 +85,7 @@ def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
 
 
 def live_processes(run_dir: Path) -> list[int]:
-    """Processes of the job alive on this machine; other status/follow
-    processes excepted."""
+    """Processes of the job alive on this machine; other status/follow processes excepted."""
     pids = []
     for pid in job_processes(run_dir):
         try:
@@ -106,9 +99,8 @@ def live_processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank heartbeat records ({rank, epoch, step, phase, ...})
-    (ddp_lab.folder.heartbeat); [] when there are none, or they cannot
-    be read."""
+    """Per-rank heartbeat records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.heartbeat); []
+    when there are none, or they cannot be read."""
     try:
         return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
@@ -117,9 +109,8 @@ def rank_progress(run_dir: Path) -> list[dict]:
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
               status: str) -> tuple[int, int]:
-    """(epochs done, steps into the next): the summary's, or for a
-    running run the newest of the summary's start, the last epoch record
-    and the newest checkpoint."""
+    """(epochs done, steps into the next): the summary's, or for a running run the newest of the
+    summary's start, the last epoch record and the newest checkpoint."""
     here = (int(summary.get("epochs_done") or 0), int(summary.get("step_in_epoch") or 0))
     if status in FINAL and summary.get("epochs_done") is not None:
         return here
@@ -132,8 +123,7 @@ def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, i
 
 
 def inspect(run_dir: Path, scheduler: bool = True) -> dict:
-    """Everything `status` shows about one run folder, as plain data
-    (the --json output)."""
+    """Everything `status` shows about one run folder, as plain data (the --json output)."""
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
@@ -149,7 +139,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        state, code, reason = slurm_job.job_state(job_id)
+        state, code, reason = slurm.job_state(job_id)
         sched = {"state": state, "exit_code": code, "reason": reason}
     pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
@@ -168,7 +158,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     lc = cfg.get("launcher") or {}
     logs = [run_dir / "logs" / "rank0.log"]
     if launcher == "slurm" and job_id:
-        name = slurm_job.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
+        name = slurm.log_name(lc.get("output") or "%x_%j", lc.get("job_name") or "ddp_lab", job_id)
         logs = [run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err", *logs]
     info = {
         "run_dir": str(run_dir), "state": state, "detail": detail, "status": status or None,
@@ -183,8 +173,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
     point = cfg.get("study_point") or summary.get("study") or {}
-    # what the run is, named by its description (a study's point by its
-    # repeat too)
+    # what the run is, named by its description (a study's point by its repeat too)
     try:
         info["label"] = describe_run(cfg, summary).label(repeat=point.get("repeat"))
     except Exception:  # noqa: BLE001 -- a garbled config: the folder's name says enough
@@ -217,8 +206,7 @@ def _metrics(record: Optional[dict]) -> Optional[dict]:
 
 def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],
            sched: Optional[dict], pids: Optional[list[int]], sees_ranks: bool) -> tuple[str, str]:
-    """(one word, what it rests on) from the summary, the scheduler and
-    the processes."""
+    """(one word, what it rests on) from the summary, the scheduler and the processes."""
     why = status.partition(":")[2].strip()
     final_detail = why if word == "failed" else ""
     if sched is not None and sched["state"] not in ("GONE", "UNKNOWN"):
@@ -232,8 +220,7 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
                 after += f"; `scontrol update JobId={job_id} StartTime=now` starts it at once"
             return "pending", f"{job}{because}{after}"
         if s in SLURM_ALIVE:
-            # the ranks have ended; the batch script is finishing
-            # (requeue?)
+            # the ranks have ended; the batch script is finishing (requeue?)
             if word in FINAL:
                 return word, f"{job}: its ranks have ended" + (f"; {final_detail}" if final_detail else "")
             if not word:
@@ -274,9 +261,8 @@ def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str
 
 
 def python_check_failure(run_dir: Path) -> Optional[str]:
-    """The line a job script printed when its ranks' python could not
-    import what they run (ddp_lab.launch.base.python_check), from the
-    pods' logs or the SLURM job's errors."""
+    """The line a job script printed when its ranks' python could not import what they run
+    (ddp_lab.launch.base.python_check), from the pods' logs or the SLURM job's errors."""
     for log in sorted((run_dir / "logs").glob("pod*.log")) + sorted((run_dir / "logs").glob("*.err")):
         try:
             lines = log.read_text(errors="replace").splitlines()
@@ -291,3 +277,132 @@ def python_check_failure(run_dir: Path) -> Optional[str]:
 def dead(info: dict) -> bool:
     """summary.json says running but nothing of the job is alive."""
     return info["state"] == "running" and "died without a word" in info["detail"]
+
+
+def reached(epochs_done: int, step: int, epochs: Any = None) -> str:
+    done = f"{epochs_done}/{epochs} epochs" if epochs else f"{epochs_done} epoch(s)"
+    return done + (f" + {step} steps" if step else "")
+
+
+def run_reached(info: dict) -> str:
+    """How far the run of `info` got (`reached`)."""
+    return reached(info["epochs_done"], info["step_in_epoch"], info["epochs"])
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "?"
+
+
+def render(info: dict) -> str:
+    lines = [f"run:         {info['run_dir']}"]
+    state = info["state"] + (f" ({info['detail']})" if info["detail"] else "")
+    lines.append(f"state:       {state}")
+    if info["stop_requested"]:
+        lines.append(f"stop asked:  {info['stop_requested']} (every rank stops at its next check)")
+    if info["stop_reason"] and info["state"] in ("preempted", "stopped"):
+        lines.append(f"stop reason: {info['stop_reason']}")
+    lines.append(f"reached:     {run_reached(info)}"
+                 + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else "; no checkpoint"))
+    m = info["last_epoch"]
+    if m:
+        lines.append(f"last epoch:  {m['epoch']}: train loss {_fmt(m['train_loss'])}, accuracy "
+                     f"{_fmt(m['train_accuracy'])}; test loss {_fmt(m['test_loss'])}, accuracy "
+                     f"{_fmt(m['test_accuracy'])}; {_fmt(m['epoch_time_s'], '.2f')} s")
+    job = f"launcher {info['launcher'] or '?'}"
+    if info["job_id"]:
+        job += f", job {info['job_id']}"
+    s = info["scheduler"]
+    if s:
+        job += f": scheduler says {s['state']}"
+        if s["exit_code"] and s["state"] not in SLURM_ALIVE:
+            job += f", exit code {s['exit_code']}"
+        if s["reason"] and s["reason"] != "None":
+            job += f" ({s['reason']})"
+    if info["processes"] is not None:
+        job += f"; {len(info['processes'])} process(es) alive on {info['host']}"
+        if info["processes"]:
+            job += f" {info['processes'][:8]}"
+    lines.append(f"job:         {job}")
+    for r in info["ranks"]:
+        at = r.get("where") or f"epoch {r.get('epoch', '?')} step {r.get('step', '?')}"
+        # 1-based (progress.where)
+        lines.append(f"             rank {r.get('rank', '?')} at {at}"
+                     + (f" ({r['age_s']:.0f} s ago)" if isinstance(r.get("age_s"), (int, float)) else ""))
+    for i, seg in enumerate(info["segments"], 1):
+        lines.append(f"allocation {i}: {_segment(seg)}")
+    lines.append(f"logs:        {' '.join(info['logs'])}")
+    hint = _hint(info)
+    if hint:
+        lines.append(hint)
+    return "\n".join(lines)
+
+
+def _segment(seg: dict) -> str:
+    if not isinstance(seg, dict):
+        return str(seg)
+    job = f"job {seg['job_id']}" if seg.get("job_id") else "no job id"
+    if seg.get("restart"):
+        job += f" (restart {seg['restart']})"
+    hosts = ",".join(seg.get("hosts") or []) or "?"
+    start = (seg.get("start_epoch"), seg.get("start_step") or 0)
+    end = (seg.get("end_epoch"), seg.get("end_step") or 0)
+    # positions are counts done (epoch_0002.pt: 2 epochs done), never an epoch's number
+    span = ("from the start" if not (start[0] or start[1])
+            else f"from {reached(start[0] or 0, start[1])} done")
+    if end[0] is not None:
+        span += f" to {reached(end[0], end[1])} done"
+    median = seg.get("epoch_time_s_median")
+    per = f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else ""
+    return (f"{seg.get('status', '?')}, {job}, {seg.get('launcher', '?')} on {hosts} "
+            f"({seg.get('nodes', '?')} node(s), world {seg.get('world_size', '?')}), "
+            f"{seg.get('start', '?')} .. {seg.get('end') or 'now'}, {span}{per}")
+
+
+def _hint(info: dict) -> str:
+    run = info["run_dir"]
+    if info["state"] in ("running", "pending") and not dead(info):
+        return (f"follow:      python -m ddp_lab.status {run} --follow\n"
+                f"stop:        python -m ddp_lab.status {run} --stop")
+    if to_continue(info):
+        text = "continue:    " + continue_command(info)
+        if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
+            text += f"\nor:          sbatch {run}/job.sbatch"
+        return text
+    return ""
+
+
+def to_continue(info: dict) -> bool:
+    """Whether the run ended before its last epoch and can go on."""
+    return info["state"] in ("preempted", "stopped", "failed") or dead(info)
+
+
+def continue_command(info: dict) -> str:
+    """The command that continues the run (paste.continue_command: every override it started with),
+    alone: it pastes as printed."""
+    return paste.continue_command(Path(info["run_dir"]), info["launcher"])
+
+
+def continue_lines(info: dict) -> str:
+    """'[status] continue with:' and the command on a line of its own (a SLURM run: or its batch
+    script, again)."""
+    text = "[status] continue with:\n  " + continue_command(info)
+    run = info["run_dir"]
+    if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
+        text += f"\n[status] or submit its batch script again: sbatch {run}/job.sbatch"
+    return text
+
+
+def one_line(info: dict) -> str:
+    m = info["last_epoch"] or {}
+    acc = info["test_accuracy"] if info["state"] == "completed" else m.get("test_accuracy")
+    state = info["state"] + (" (dead)" if dead(info) else "")
+    if info["scheduler"]:
+        state += f" [{info['scheduler']['state']}]"
+    where = "keeps no records" if info.get("records") is False else run_reached(info)
+    name = Path(info["run_dir"]).name
+    # a study's `w2_r1`
+    if info.get("label") and not name.startswith(info["label"]):
+        name = f"{name} ({info['label']})"
+    return (f"{name:<48} {state:<22} "
+            f"{where:<26} "
+            f"acc {_fmt(acc) if acc is not None else '-':<7} job {info['job_id'] or '-'}")

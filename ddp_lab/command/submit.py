@@ -1,5 +1,4 @@
-"""The submitting side of a training run: check, launch
-(ddp_lab.command.job), report."""
+"""The submitting side of a training run: check, launch (ddp_lab.command.job), report."""
 
 from __future__ import annotations
 
@@ -7,28 +6,27 @@ from omegaconf import DictConfig
 
 from .job import Outcome, collect, launch_job
 from .paste import COMMAND_FILE, command_line, continue_command, job_overrides
-from ..folder.stop import EXIT_STOPPED
+from ..folder.rundir import EXIT_STOPPED
 from .study import resolve_study, run_study
 from .validate import resolve_train
 
 
 def check(cfg: DictConfig) -> DictConfig:
-    """`python -m ddp_lab`'s config resolved and checked: a run's, or a
-    study's base."""
+    """`python -m ddp_lab`'s config resolved and checked: a run's, or a study's base."""
     # a ladder of runs (ddp_lab/command/study.py)
     if cfg.get("study") is not None:
         return resolve_study(cfg)
     return resolve_train(cfg)
 
 
-def submit(cfg: DictConfig) -> Outcome:
+def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
     if cfg.get("study") is not None:
-        return run_study(cfg)
+        return run_study(cfg, t0)
     cfg = resolve_train(cfg)
     # kept in the folder: the command that continues it has them
     overrides = job_overrides()
     files = {COMMAND_FILE: command_line(overrides) + "\n"} if overrides is not None else {}
-    run_dir, rc = launch_job(cfg, files=files)
+    run_dir, rc = launch_job(cfg, files=files, t0=t0)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     summary = collect(run_dir, rc, launcher=cfg.launcher.name, sync=cfg.sync.name,
@@ -41,8 +39,7 @@ def submit(cfg: DictConfig) -> Outcome:
         result = f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved"
         print(result + ".")
         if status == "preempted" and cfg.launcher.name == "runai":
-            # the PyTorchJob brings its pods back and they continue: a
-            # second job would race it
+            # the PyTorchJob brings its pods back and they continue: a second job would race it
             print(f"RunAI starts the pods again and they continue the run by themselves; "
                   f"follow it with: python -m ddp_lab.status {run_dir} --follow")
         else:
@@ -72,8 +69,7 @@ def submit(cfg: DictConfig) -> Outcome:
 
 
 def memory_note(summary: dict) -> str:
-    """zero1's closing words: what one rank holds (summary.json's
-    memory_* fields)."""
+    """zero1's closing words: what one rank holds (summary.json's memory_* fields)."""
     if summary.get("sync") != "zero1" or summary.get("memory_optimizer_state_bytes") is None:
         return ""
     mb = {k: summary[f"memory_{k}_bytes"] / 1e6 for k in ("param", "grad", "optimizer_state")}

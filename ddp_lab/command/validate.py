@@ -1,36 +1,367 @@
-"""Every check of a command, in one layer, run before any process starts
-or any folder is made (`python -m ddp_lab` and `python -m ddp_lab.bench`
-both call `resolve`).
+"""Every check of a command, in one layer, run before any process starts or any folder is made
+(`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
 
-A rule is a small function of the composed config that returns None, or
-one line naming the key and the fix (or raises a `UserError`); rules sit
-in tables, one per entry point: COMMON and TRAIN here, STUDY_PLAN and
-STUDY in study_plan.py, BENCH in bench/submit.py. The rules themselves:
-config_rules.py, folder_rules.py, machine_rules.py, train_rules.py. The
-launcher's own checks run first (`launch.resolve`, which also fills its
-derived values).
+A rule is a small function of the composed config that returns None, or one line naming the key and
+the fix (or raises a `UserError`); rules sit in tables, one per entry point: COMMON and TRAIN here,
+STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The rules, by what they look at: the
+config's keys (sections, a preset's keys, durations), the folders (run.dir or run.root and
+data.root can be made and written), this machine (its devices, cores and torch), and the training
+run (its sync, batch, model, CUDA graph, delays, stop signal, entry module and a student's
+function, checked by `python -m ddp_lab.check` in a process of its own). The launcher's own checks
+run first (`launch.resolve`, which also fills its derived values).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
+from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
 from ..config.errors import UserError
-from ..config.student import absolute_spec
-from ..world.devices import default_nproc
+from ..config.run import debug_problem
+from ..config.student import absolute_spec, one_function
 from ..config.sync import COMPRESS_MODES
+from ..folder.rundir import reuse_problem, world_size
+from ..launch.slurm import duration_s
+from ..world import cpu
+from ..world.env import default_nproc, local_gpus
 from .lock import in_use
-from ..folder.rundir import reuse_problem
-from .config_rules import durations, known_sections, required_launcher_keys
-from .folder_rules import data_folder, run_folder
-from .machine_rules import dist_pair, fused_support, oversubscription, twin_support
-from .train_rules import (batch_fits, cuda_graph_fits, debug_delays, model_fits, run_entry,
-                          student_code_passes,
-                          stop_signal, sync_fits)
+
+#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one parser, with
+#: SLURM's launcher: --time, signal_s), here before any process starts
+DURATION_KEYS = ("launcher.time",)
+
+
+def durations(cfg: DictConfig) -> Optional[str]:
+    """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
+    for key in DURATION_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if value is not None:
+            duration_s(key, value)  # raises the one line
+    return None
+
+
+def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
+    """A site preset's `launcher.required` keys must be set for a real submission. A dry run still
+    renders without them: it only shows the script, and seeing it is how a user finds what to fill
+    in (the missing #SBATCH lines are simply absent)."""
+    for key in cfg.launcher.get("required", []):
+        if key not in cfg.launcher:
+            return f"launcher.required names launcher.{key}, which launcher={cfg.launcher.name} has not"
+        if not cfg.launcher.dry_run and cfg.launcher[key] in (None, "", []):
+            return (f"launcher.{key} is not set, and this cluster preset needs it: add "
+                    f"launcher.{key}=... (or launcher.dry_run=true to only render the job)")
+    return None
+
+
+def known_sections(cfg: DictConfig) -> Optional[str]:
+    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it. The sections are
+    the fields of the schema the config was composed from (config.Config, the bench's
+    BenchRootConfig), so the list is never written twice."""
+    allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
+    extra = [k for k in cfg if k not in allowed]
+    if extra:
+        return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
+                f"drop +{extra[0]}=...")
+    return _known_keys(cfg, "")
+
+
+def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
+    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section) would be ignored: refuse a
+    key that is no field of its section's dataclass, at any depth."""
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        # a plain mapping (a dict-typed key): any key is its content
+        return None
+    fields = [f.name for f in dataclasses.fields(kind)]
+    for key in node:
+        full = f"{prefix}{key}"
+        if key not in fields:
+            section = prefix.rstrip(".")
+            return (f"{full}: not a key of {section} ({section} keys: {', '.join(fields)}); "
+                    f"drop +{full}=...")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            problem = _known_keys(child, full + ".")
+            if problem:
+                return problem
+    return None
+
+
+def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
+    """Why folder `value` (given as `key`) cannot be made and written, or None: a probe folder made
+    inside it (as `mkdir -p` would) lets the OS refuse in its own words; what the probe made is
+    removed, so a checked command leaves nothing."""
+    path = Path(value).expanduser().absolute()
+    probe = path / f".ddp_lab_probe_{os.getpid()}"
+    for _ in range(5):
+        error = _probe(probe)
+        # another command probing the same new folder removed it as ours went in: again
+        if not isinstance(error, FileNotFoundError):
+            break
+    if error is None:
+        return None
+    reason = getattr(error, "strerror", None) or str(error)
+    where = getattr(error, "filename", None)
+    at = f" (making {where})" if where and Path(where) not in (path, probe) else ""
+    return f"{key}={value} cannot be made or written: {reason}{at}: {fix}"
+
+
+def _probe(probe: Path) -> Optional[Exception]:
+    """Make the folder `probe` (and the folders on the way), then remove what was made; the OS's
+    error if it refused."""
+    # the probe and the folders to make on the way, innermost first
+    missing = [probe]
+    while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:
+                # made meanwhile by someone else: theirs, not ours
+                if folder == probe or not folder.is_dir():
+                    raise
+    except (OSError, ValueError) as e:
+        return e
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+def run_folder(cfg: DictConfig) -> Optional[str]:
+    if cfg.run.dir:
+        return folder_problem("run.dir", cfg.run.dir, "give a folder you can write (or leave "
+                              "run.dir unset for a new folder under run.root)")
+    return folder_problem("run.root", cfg.run.root, "give a folder you can write, e.g. "
+                          "run.root=$HOME/ddp_lab_runs")
+
+
+def data_folder(cfg: DictConfig) -> Optional[str]:
+    if cfg.data.node_local:
+        # node-local storage: it exists on the compute nodes, not necessarily here
+        return None
+    root = Path(cfg.data.root).expanduser()
+    if root.is_dir() and (root / "MNIST" / "raw").is_dir() and not os.access(root, os.W_OK):
+        # a read-only shared copy that is already there: nothing to write
+        return None
+    return folder_problem("data.root", cfg.data.root, "give a folder you can write (the "
+                          "dataset is fetched there), e.g. data.root=$HOME/data")
+
+
+def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> Optional[str]:
+    """Why dist.backend with dist.device cannot run, or None. `gpus`: the CUDA devices of the
+    machine the ranks run on, when that is this one (a local launch); None when they start
+    elsewhere (slurm, runai, mpirun: the nodes may have GPUs this machine lacks), where only a pair
+    that contradicts itself is refused."""
+    if backend == "nccl" and device == "cpu":
+        return ("dist.backend=nccl with dist.device=cpu: nccl moves only CUDA tensors; use "
+                "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
+    if gpus is None:
+        return None
+    kind = device_type(device, gpus > 0)
+    if kind == "cuda" and not gpus:
+        return ("dist.device=cuda but this machine has no CUDA device (launcher=local): "
+                "use dist.device=cpu (or auto)")
+    if backend == "nccl" and kind != "cuda":
+        return ("dist.backend=nccl but this machine has no CUDA device (launcher=local; "
+                "dist.device=auto is cpu here): use dist.backend=gloo (or auto)")
+    if kind == "cuda" and nproc > gpus:
+        return (f"launcher.nproc_per_node={nproc} with dist.device={device}: this machine "
+                f"has {gpus} CUDA device(s), one per rank: set launcher.nproc_per_node<={gpus}, "
+                "or dist.device=cpu")
+    return None
+
+
+def dist_pair(cfg: DictConfig) -> Optional[str]:
+    """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch that
+    really starts (a dry run only renders: it shows the script on any machine)."""
+    gpus = local_gpus() if cfg.launcher.name == "local" and not cfg.launcher.dry_run else None
+    return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
+
+
+# Ranks a core before a local launch is refused (launcher.oversubscribe allows it): 3 or 4 ranks on
+# a 2-core laptop are a lesson in sharing, 1000 (a typo for 10) stall the machine for minutes while
+# every rank imports torch and waits its turn at every collective.
+RANKS_PER_CORE = 4
+
+
+def oversubscription(cfg: DictConfig) -> Optional[str]:
+    """Far more ranks on this machine than it has cores, not asked for."""
+    lc = cfg.launcher
+    if lc.name != "local" or lc.dry_run or lc.get("oversubscribe"):
+        return None
+    cores = cpu.cores()
+    if lc.nproc_per_node <= RANKS_PER_CORE * cores:
+        return None
+    return (f"launcher.nproc_per_node={lc.nproc_per_node} starts {lc.nproc_per_node} ranks on "
+            f"this machine's {cores} core(s), more than {RANKS_PER_CORE} a core: use at most "
+            f"{RANKS_PER_CORE * cores}, or launcher.oversubscribe=true to run them anyway")
+
+
+def fused_support(cfg: DictConfig) -> Optional[str]:
+    """optim.fused=true on a local launch where this torch has no fused update for the device the
+    ranks will use (torch < 2.4 on CPU). Elsewhere the ranks' torch (a cluster's, a container's) is
+    not this machine's to judge: a rank that cannot says so itself."""
+    if cfg.optim.fused is not True or cfg.launcher.name != "local":
+        return None
+    # imports torch: only for a run that asks for fused
+    from ..world import torch_support
+
+    return torch_support.fused_refusal(cfg.optim.name,
+                                       device_type(cfg.dist.device, local_gpus() > 0))
+
+
+def twin_support(cfg: DictConfig) -> Optional[str]:
+    """sync=fsdp2 on a local launch where this torch has no torch.distributed.fsdp.fully_shard
+    (torch < 2.6: the oldest ddp_lab supports is 2.2). Elsewhere the ranks' torch decides (a rank
+    that cannot says so in the same line, sync/fsdp2.py)."""
+    if cfg.sync.name != "fsdp2" or cfg.launcher.name != "local":
+        return None
+    # imports torch: only for sync=fsdp2
+    from ..world import torch_support
+
+    return torch_support.fsdp2_refusal()
+
+
+#: the most ranks the check forks on this machine for a larger run
+MOST_RANKS = 16
+
+
+def student_refusal(spec: str, collective: str, world: int, key: str,
+            ops: tuple[str, ...] = ("SUM",)) -> Optional[str]:
+    """None when `spec`'s function passes its check at `world` ranks for `ops` (one it does not
+    implement at all is fine: a run uses SUM); else the one-line refusal."""
+    f = one_function(spec, collective, key)
+    w = max(1, min(world, MOST_RANKS))
+    with tempfile.TemporaryDirectory(prefix="ddp_lab_precheck_") as tmp:
+        cmd = [sys.executable, "-m", "ddp_lab.check", f"{f.path}:{f.name}={collective}",
+               f"check.worlds=[{w}]", f"run.root={tmp}"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return f"{key}={spec}: its check at world {w} did not end in 600 s"
+        found = list(Path(tmp).glob("*/check.json"))
+        if not found:
+            err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"{key}={spec}: the check could not run: {err}"
+        record = json.loads(found[0].read_text())["functions"][0]
+    verdict = record["verdict"]
+    if verdict == "pass" or (verdict == "unsupported" and not set(ops) & set(
+            record.get("unsupported") or [])):
+        return None
+    return (f"{key}={spec}: {f.name} does not pass its check at world {w}: {verdict}: "
+            f"{record.get('detail', '')} (python -m ddp_lab.check {f.path}:{f.name} shows every "
+            "case)")
+
+
+def sync_fits(cfg: DictConfig) -> Optional[str]:
+    """A synchroniser that cannot run this config (or world size) fails here."""
+    try:
+        check_sync(cfg.sync, world_size(cfg))
+    except ValueError as e:
+        # the synchronisers' check() speaks ValueError, with the fix
+        return str(e)
+    return None
+
+
+def student_code_passes(cfg: DictConfig) -> Optional[str]:
+    """sync=custom: the student's all-reduce passes its check at this world size before any rank
+    starts (a dry run starts none: not checked)."""
+    if cfg.sync.name != "custom" or cfg.launcher.get("dry_run"):
+        return None
+
+    return student_refusal(cfg.sync.all_reduce, "all_reduce", world_size(cfg) or 1, "sync.all_reduce")
+
+
+def batch_fits(cfg: DictConfig) -> Optional[str]:
+    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world (the
+    rule lives in config.batch_plan, which every rank applies again)."""
+    try:
+        batch_plan(cfg.train, world_size(cfg))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def model_fits(cfg: DictConfig) -> Optional[str]:
+    """The model's sizes (mlp widths, cnn channels): its schema's check (config/workload.py)."""
+    try:
+        check_model(cfg.model)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
+    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem). On a
+    local launch that starts, dist.device=auto is what it will be on this machine."""
+    device = cfg.dist.device
+    if device == "auto" and cfg.launcher.name == "local" and not cfg.launcher.dry_run:
+        device = device_type(device, local_gpus() > 0)
+    try:
+        accumulation = batch_plan(cfg.train, world_size(cfg) or 1).accumulation
+    except ValueError:
+        # a batch that cannot split: batch_fits says so
+        accumulation = 1
+    return cuda_graph_problem(cfg, device, accumulation)
+
+
+def debug_delays(cfg: DictConfig) -> Optional[str]:
+    """debug.slow_rank names a rank of this world; delays are >= 0 (config/run.py)."""
+    return debug_problem(cfg.debug, world_size(cfg))
+
+
+def stop_signal(cfg: DictConfig) -> Optional[str]:
+    name = cfg.train.stop_signal
+    if name and not (name.startswith("SIG") and isinstance(getattr(signal, name, None), signal.Signals)):
+        return f"train.stop_signal={name}: not a signal name (e.g. SIGUSR2, SIGTERM; '' = none)"
+    if name in ("SIGKILL", "SIGSTOP", "SIGUSR1"):
+        return (f"train.stop_signal={name}: cannot be caught" if name != "SIGUSR1" else
+                "train.stop_signal=SIGUSR1: NCCL uses it; pick SIGUSR2 (the default)")
+    return None
+
+
+ONE_FILE_SYNCS = ("naive", "ring")
+
+
+def run_entry(cfg: DictConfig) -> Optional[str]:
+    """run.entry is a module this Python finds: a typo is one line here, not a traceback from every
+    rank."""
+    entry = cfg.run.entry
+    # the lesson itself takes flags, never a run folder
+    if entry == "ddp_lab.one_file":
+        return ("run.entry=ddp_lab.one_file: the lesson takes flags, not a "
+                "run folder; use run.entry=ddp_lab.rank.one_file, which "
+                "runs it with this run's settings")
+    # the lesson's syncs (one_file.SYNCS; the lesson loads torch)
+    if entry == "ddp_lab.rank.one_file" and cfg.sync.name not in ONE_FILE_SYNCS:
+        return (f"sync={cfg.sync.name}: run.entry=ddp_lab.rank.one_file "
+                "runs stop 0, which has sync=naive and sync=ring")
+    try:
+        if importlib.util.find_spec(entry) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    return (f"run.entry={entry}: no such module; give one every rank runs as `python -m "
+            "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.rank.one_file)")
+
 
 Rule = Callable[[DictConfig], Optional[str]]
 
@@ -94,8 +425,7 @@ TRAIN: list[Rule] = [
     above("train.stop_check_s", 0),
     stop_signal,
     run_entry,
-    # another command's job in run.dir: said before what the folder
-    # holds
+    # another command's job in run.dir: said before what the folder holds
     in_use,
     reuse_problem,
     batch_fits,
@@ -120,9 +450,8 @@ def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
 
 
 def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
-    """A copy of `cfg` with what depends on this machine filled in and
-    paths made absolute (ranks may start elsewhere: all must read the
-    same folders), checked by `rules`."""
+    """A copy of `cfg` with what depends on this machine filled in and paths made absolute (ranks
+    may start elsewhere: all must read the same folders), checked by `rules`."""
     cfg = cfg.copy()
     with open_dict(cfg):
         # the launcher's own defaults and checks (LaunchError)
@@ -143,6 +472,5 @@ def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
 
 
 def resolve_train(cfg: DictConfig) -> DictConfig:
-    """A training run's config resolved and checked (a study's:
-    `study.resolve_study`)."""
+    """A training run's config resolved and checked (a study's: `study.resolve_study`)."""
     return resolve(cfg, TRAIN)

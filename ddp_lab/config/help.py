@@ -1,7 +1,6 @@
-"""`--help`'s keys, each with its meaning: a schema declares `nodes: int
-= doc(1, "number of machines")`, the text rides on the field's metadata,
-and `help_keys` (the `${ddp_lab_keys:...}` resolver) shows it beside
-every key of the composed config.
+"""`--help`'s keys, each with its meaning: a schema declares `nodes: int = doc(1, "number of
+machines")`, the text rides on the field's metadata, and `help_keys` (the `${ddp_lab_keys:...}`
+resolver) shows it beside every key of the composed config.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 def doc(default: Any, text: str) -> Any:
-    """A config key: its default and its meaning in one line, which
-    `--help` shows beside it (`field_docs` reads it back from the
-    dataclass field). A list or dict default is copied for every config,
-    as a dataclass wants of a mutable default."""
+    """A config key: its default and its meaning in one line, which `--help` shows beside it
+    (`field_docs` reads it back from the dataclass field). A list or dict default is copied for
+    every config, as a dataclass wants of a mutable default."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": text})
     return field(default=default, metadata={"doc": text})
@@ -28,21 +26,18 @@ def doc(default: Any, text: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """A schema dataclass's keys (inherited ones too) -> their one-line
-    meaning."""
+    """A schema dataclass's keys (inherited ones too) -> their one-line meaning."""
     return {f.name: " ".join(f.metadata["doc"].split())
             for f in dataclasses.fields(cls) if "doc" in f.metadata}
 
 
 def one_line(text: str, width: int) -> str:
-    """`text` cut to `width` characters at a word, marked with `...`
-    where cut."""
+    """`text` cut to `width` characters at a word, marked with `...` where cut."""
     return text if len(text) <= width else text[: width - 3].rsplit(" ", 1)[0] + "..."
 
 
 def help_keys(app: str, *, _root_: DictConfig) -> str:
-    """`--help`'s config: every key of the composed config with its
-    value and meaning."""
+    """`--help`'s config: every key of the composed config with its value and meaning."""
     rows: list[tuple[str, str]] = []
 
     def walk(node: DictConfig, depth: int) -> None:

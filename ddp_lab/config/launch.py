@@ -1,5 +1,4 @@
-"""The launcher section's schemas: how the ranks are started (local,
-mpirun, slurm, runai)."""
+"""The launcher section's schemas: how the ranks are started (local, mpirun, slurm, runai)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class LocalLauncherConfig(LauncherConfig):
 
 @dataclass
 class ContainerLauncherConfig(LauncherConfig):
-    """An Apptainer/Singularity image the ranks run in (launcher=slurm
-    and mpirun)."""
+    """An Apptainer/Singularity image the ranks run in (launcher=slurm and mpirun)."""
     image: Optional[str] = doc(None, "an Apptainer/Singularity image every node's python runs "
                                      "in (`<runtime> exec --nv --bind ... <image> python`): a "
                                      ".sif file on storage every node sees, or a docker:// "
@@ -62,8 +60,7 @@ class ContainerLauncherConfig(LauncherConfig):
 
 @dataclass
 class MpirunLauncherConfig(ContainerLauncherConfig):
-    """Open MPI's mpirun starts one process per slot (the lab-machines
-    recipe)."""
+    """Open MPI's mpirun starts one process per slot (the lab-machines recipe)."""
 
     hosts: Optional[List[str]] = doc(None, "`name:slots` entries (`name` alone = nproc_per_node "
                                            "slots); null = hostfile, else [localhost]")
@@ -87,8 +84,7 @@ class MpirunLauncherConfig(ContainerLauncherConfig):
 
 @dataclass
 class SlurmLauncherConfig(ContainerLauncherConfig):
-    """sbatch + srun: one torchrun per node, or one task per process
-    (per_task=true)."""
+    """sbatch + srun: one torchrun per node, or one task per process (per_task=true)."""
 
     job_name: str = doc("ddp_lab", "#SBATCH --job-name (also %x in the log names)")
     output: str = doc("%x_%j", "#SBATCH --output/--error: the logs' name in RUN_DIR/logs, "
@@ -142,8 +138,7 @@ class SlurmLauncherConfig(ContainerLauncherConfig):
 
 @dataclass
 class RunaiLauncherConfig(LauncherConfig):
-    """`runai submit-dist pytorch`: RunAI pods, one torchrun per pod
-    (the RCP recipe)."""
+    """`runai submit-dist pytorch`: RunAI pods, one torchrun per pod (the RCP recipe)."""
 
     job_name: Optional[str] = doc(None, "--name; null = derived from the run folder")
     project: Optional[str] = doc(None, "--project; null = the CLI's default project")
@@ -172,5 +167,5 @@ class RunaiLauncherConfig(LauncherConfig):
 
 
 # -------------------------------------------------------------------- sync
-#: sync.compress: what gradients travel as (WireFormat in
-#: ddp_lab/sync/_buckets.py for ours, sync/ddp.py for DDP)
+#: sync.compress: what gradients travel as (WireFormat in ddp_lab/sync/buckets.py for ours,
+#: sync/ddp.py for DDP)

@@ -1,6 +1,5 @@
-"""One generic name -> entry table for every kind the config names
-(synchronisers, launchers, models, ...): validation, `--help` and error
-messages all read it.
+"""One generic name -> entry table for every kind the config names (synchronisers, launchers,
+models, ...): validation, `--help` and error messages all read it.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ T = TypeVar("T")
 
 
 class UnknownName(UserError, LookupError):
-    """A name a registry does not hold; the message lists the valid
-    ones."""
+    """A name a registry does not hold; the message lists the valid ones."""
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Entries by name, in registration order; `key` is the config key
-    every error names."""
+    """Entries by name, in registration order; `key` is the config key every error names."""
 
     def __init__(self, key: str, entries: Optional[Mapping[str, T]] = None):
         self.key = key
@@ -42,8 +39,7 @@ class Registry(Mapping[str, T], Generic[T]):
                               f"{self.choices()}") from None
 
     def check(self, names: Iterable[str], key: Optional[str] = None) -> None:
-        """Every one of `names` (a list-valued key such as bench.ops) is
-        registered."""
+        """Every one of `names` (a list-valued key such as bench.ops) is registered."""
         key = key or self.key
         names = list(names)
         if not names:

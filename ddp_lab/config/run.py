@@ -19,8 +19,7 @@ class DistConfig:
 
 
 def device_type(device: str, cuda_available: bool) -> str:
-    """dist.device as the ranks will use it: auto = cuda where CUDA is
-    available, else cpu."""
+    """dist.device as the ranks will use it: auto = cuda where CUDA is available, else cpu."""
     return ("cuda" if cuda_available else "cpu") if device == "auto" else device
 
 
@@ -77,8 +76,7 @@ class TimingConfig:
 
 @dataclass
 class DebugConfig:
-    """Fault and delay injection, to see what the measurements make of
-    them."""
+    """Fault and delay injection, to see what the measurements make of them."""
 
     slow_rank: int = doc(-1, "the rank whose compute is delayed every "
                              "step (-1 = none): a straggler")
@@ -88,8 +86,8 @@ class DebugConfig:
 
 
 def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
-    """Why the debug section cannot run on `world_size` ranks (one line
-    with the fix); the delays themselves: ddp_lab/rank/epochs.py."""
+    """Why the debug section cannot run on `world_size` ranks (one line with the fix); the delays
+    themselves: ddp_lab/rank/epochs.py."""
     last = world_size - 1
     if not -1 <= debug.slow_rank <= last:
         return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) "
@@ -104,9 +102,8 @@ def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
 
 @dataclass
 class StudyConfig:
-    """A scaling study: every world size of `worlds`, `repeats` times,
-    one run folder per point under one study folder, then the report
-    (ddp_lab/command/study.py, docs/scaling.md)."""
+    """A scaling study: every world size of `worlds`, `repeats` times, one run folder per point
+    under one study folder, then the report (ddp_lab/command/study.py, docs/scaling.md)."""
 
     name: str = doc("scaling", "the study kind (conf/study/<name>.yaml)")
     worlds: List[int] = doc([1, 2, 4], "world sizes (ranks) of the ladder, e.g. [1,2,4,8]")

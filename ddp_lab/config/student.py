@@ -1,19 +1,17 @@
 """A student's collectives, found in their file without running it.
 
-`python -m ddp_lab.check FILE.py`, `bench.impl=[FILE.py:fn]` and
-`sync=custom sync.all_reduce=FILE.py:fn` all name a student's code the
-same way; this module reads such a name (a *spec*), parses the file
-with `ast` (nothing of it runs here, so this works torch-free, on the
+`python -m ddp_lab.check FILE.py`, `bench.impl=[FILE.py:fn]` and `sync=custom
+sync.all_reduce=FILE.py:fn` all name a student's code the same way; this module reads such a name
+(a *spec*), parses the file with `ast` (nothing of it runs here, so this works torch-free, on the
 submitting side) and says which collective each function is:
 
     mine.py                          every function named like a collective
     mine.py:ring                     one function; its collective from its name
     mine.py:ring=all_reduce          one function, the collective given
 
-A function's collective comes from its name's start (`broadcast*`,
-`reduce*`, `all_reduce*` / `allreduce*`, `all_gather*` / `allgather*`,
-`reduce_scatter*`, `gather*`, `scatter*`); its signature says how it is
-called (torch.distributed's, with `group`, or the notebook's, without).
+A function's collective comes from its name's start (`broadcast*`, `reduce*`, `all_reduce*` /
+`allreduce*`, `all_gather*` / `allgather*`, `reduce_scatter*`, `gather*`, `scatter*`); its
+signature says how it is called (torch.distributed's, with `group`, or the notebook's, without).
 Every mistake is a `UserError`: one line, exit 2, before any process.
 """
 
@@ -21,15 +19,14 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
 
-#: collective -> the name prefixes that mean it, longest first where
-#: one prefix starts another (reduce_scatter before reduce)
+#: collective -> the name prefixes that mean it, longest first where one prefix starts another
+#: (reduce_scatter before reduce)
 COLLECTIVE_PREFIXES: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("reduce_scatter", "reducescatter"),
     "all_reduce": ("all_reduce", "allreduce"),
@@ -50,8 +47,7 @@ REDUCING = ("reduce", "all_reduce", "reduce_scatter")
 
 
 def collective_of(name: str) -> Optional[str]:
-    """The collective a function's name says, or None
-    (`allreduce_butterfly` -> all_reduce)."""
+    """The collective a function's name says, or None (`allreduce_butterfly` -> all_reduce)."""
     if name.startswith("_"):
         return None
     low = name.lower()
@@ -66,15 +62,14 @@ class Signature:
     """How a function is called, read from its parameters."""
 
     params: tuple[str, ...]
-    #: a `group` parameter: torch.distributed's signature (else the
-    #: notebook's: the whole world)
+    #: a `group` parameter: torch.distributed's signature (else the notebook's: the whole world)
     group: bool
     #: an `op` parameter: reductions other than SUM are tried
     op: bool
     #: the root's parameter name (src, dst, ...) or None
     root: Optional[str]
-    #: the first parameter is a list of tensors (torch's all_gather,
-    #: gather_list, scatter_list) rather than one tensor
+    #: the first parameter is a list of tensors (torch's all_gather, gather_list, scatter_list)
+    #: rather than one tensor
     lists: bool
 
     @classmethod
@@ -97,8 +92,8 @@ class StudentFunction:
     collective: str
     signature: Signature
     line: int
-    #: lines where the function assigns to one of its own parameters
-    #: (`tensor = torch.max(...)`): what a rebound argument points at
+    #: lines where the function assigns to one of its own parameters (`tensor = torch.max(...)`):
+    #: what a rebound argument points at
     rebinds: tuple[tuple[str, int], ...] = field(default=())
 
     @property
@@ -115,9 +110,9 @@ _MODULE_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(=\w+)?
 
 
 def module_file(module: str) -> Optional[str]:
-    """The source file of `module` (dotted), found without importing it
-    or its packages (the submitting side loads no torch): the top
-    package by the import system's finders, the rest by folder."""
+    """The source file of `module` (dotted), found without importing it or its packages (the
+    submitting side loads no torch): the top package by the import system's finders, the rest by
+    folder."""
     import importlib.util
 
     top, *rest = module.split(".")
@@ -138,8 +133,8 @@ def module_file(module: str) -> Optional[str]:
 
 
 def split_spec(spec: str) -> tuple[str, Optional[str], Optional[str]]:
-    """`FILE.py[:function[=collective]]` (or `package.module:function`,
-    a module on the path) -> (file, function, collective)."""
+    """`FILE.py[:function[=collective]]` (or `package.module:function`, a module on the path) ->
+    (file, function, collective)."""
     if _MODULE_SPEC.match(spec) and ".py:" not in spec:
         module, _, rest = spec.partition(":")
         fn, _, kind = rest.partition("=")
@@ -152,15 +147,14 @@ def split_spec(spec: str) -> tuple[str, Optional[str], Optional[str]]:
 
 
 def is_spec(text: str) -> bool:
-    """Whether a bench.impl value (or a command-line word) names a file
-    of code (or a module's function) rather than a built-in."""
+    """Whether a bench.impl value (or a command-line word) names a file of code (or a module's
+    function) rather than a built-in."""
     text = str(text)
     return bool(_MODULE_SPEC.match(text)) or split_spec(text)[0].endswith(".py")
 
 
 def module_of(spec: str) -> Optional[str]:
-    """The dotted module a `package.module:function` spec names, or
-    None for a file's."""
+    """The dotted module a `package.module:function` spec names, or None for a file's."""
     return spec.partition(":")[0] if _MODULE_SPEC.match(spec) and ".py:" not in spec else None
 
 
@@ -178,8 +172,8 @@ def parse_file(path: str) -> ast.Module:
 
 
 def find_functions(spec: str, key: str = "FILE.py") -> list[StudentFunction]:
-    """The collectives `spec` names, found by name in its file (see the
-    module's docstring); a UserError when there are none."""
+    """The collectives `spec` names, found by name in its file (see the module's docstring); a
+    UserError when there are none."""
     path, fn, kind = split_spec(spec)
     if kind is not None and kind not in COLLECTIVE_KINDS:
         raise UserError(f"{spec}: unknown collective {kind!r}: choose one of "
@@ -217,8 +211,8 @@ def _function(path: str, node: ast.FunctionDef, kind: str) -> StudentFunction:
 
 
 def one_function(spec: str, collective: str, key: str) -> StudentFunction:
-    """The one function `spec` names, which must be a `collective`
-    (sync.all_reduce, bench.impl): a UserError naming `key` otherwise."""
+    """The one function `spec` names, which must be a `collective` (sync.all_reduce, bench.impl): a
+    UserError naming `key` otherwise."""
     path, fn, _ = split_spec(spec)
     if fn is None:
         found = [f for f in find_functions(spec, key) if f.collective == collective]
@@ -235,8 +229,8 @@ def one_function(spec: str, collective: str, key: str) -> StudentFunction:
 
 
 def absolute_spec(spec: str) -> str:
-    """`spec` with its file's path made absolute (the ranks may start
-    in another folder); a module's spec as it is."""
+    """`spec` with its file's path made absolute (the ranks may start in another folder); a
+    module's spec as it is."""
     if module_of(spec):
         return spec
     path, fn, kind = split_spec(spec)
@@ -247,7 +241,7 @@ def absolute_spec(spec: str) -> str:
 
 
 def spec_label(spec: str) -> str:
-    """What a run, a table or a plot calls a student's function: its
-    name (the file's stem when none is given)."""
+    """What a run, a table or a plot calls a student's function: its name (the file's stem when
+    none is given)."""
     path, fn, _ = split_spec(spec)
     return fn or Path(path).stem

@@ -55,8 +55,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How the samples of one optimiser step are split over ranks and
-    micro-steps."""
+    """How the samples of one optimiser step are split over ranks and micro-steps."""
 
     global_batch: int
     """samples of one optimiser step over all ranks"""
@@ -72,17 +71,14 @@ class BatchPlan:
 
     @property
     def micro_batch(self) -> int:
-        """The micro-batch a step accumulates over, 0 if it takes its
-        batch whole."""
+        """The micro-batch a step accumulates over, 0 if it takes its batch whole."""
         return self.micro if self.accumulation > 1 else 0
 
 
 def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
-    """The batch plan of the train section on `world_size` ranks;
-    ValueError, one line naming the key and the fix, for a combination
-    that cannot run."""
-    # (a hand-made section without the keys, as scripts and tests build,
-    # means both off)
+    """The batch plan of the train section on `world_size` ranks; ValueError, one line naming the
+    key and the fix, for a combination that cannot run."""
+    # (a hand-made section without the keys, as scripts and tests build, means both off)
     gb, micro = int(getattr(train, "global_batch", 0)), int(getattr(train, "micro_batch", 0))
     if gb < 0:
         raise ValueError(f"train.global_batch={gb}: must be >= 0 (0 = off: train.batch_size per rank)")
@@ -109,17 +105,15 @@ def batch_plan(train: TrainConfig, world_size: int) -> BatchPlan:
                      micro=per_rank // steps, accumulation=steps, scaling=scaling)
 
 
-#: the synchronisers whose step a CUDA graph can hold on nccl: the
-#: library's own collectives, launched from this thread (not send/recv,
-#: not rooted calls with waits)
+#: the synchronisers whose step a CUDA graph can hold on nccl: the library's own collectives,
+#: launched from this thread (not send/recv, not rooted calls with waits)
 CUDA_GRAPH_SYNCS = ("ddp", "naive", "allreduce", "zero1")
 
 
 def cuda_graph_problem(cfg: DictConfig, device: str, accumulation: int) -> Optional[str]:
-    """Why train.cuda_graph=true cannot run `cfg`, or None: one line
-    naming the key and the fix. `device`: dist.device as the ranks will
-    see it; `accumulation`: micro-steps per optimiser step. A graph
-    replays fixed kernels on fixed memory: nothing decided per step."""
+    """Why train.cuda_graph=true cannot run `cfg`, or None: one line naming the key and the fix.
+    `device`: dist.device as the ranks will see it; `accumulation`: micro-steps per optimiser step.
+    A graph replays fixed kernels on fixed memory: nothing decided per step."""
     if not cfg.train.get("cuda_graph", False):
         return None
     sync, key = cfg.sync, "train.cuda_graph=true"

@@ -11,14 +11,12 @@ from .help import doc
 
 
 def _size(value: Any) -> bool:
-    """Whether `value` is a layer size: an int >= 1 (True is not
-    one)."""
+    """Whether `value` is a layer size: an int >= 1 (True is not one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def widths(hidden: Any) -> list[int]:
-    """`model.hidden` as a list of layer widths: one int or a list of
-    them, each >= 1."""
+    """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
     ws = [hidden] if isinstance(hidden, int) else list(hidden)
     if not ws or not all(map(_size, ws)):
         raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
@@ -32,8 +30,7 @@ class ModelConfig:
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
-        """Raise ValueError, with the fix, for sizes the model cannot be
-        built with."""
+        """Raise ValueError, with the fix, for sizes the model cannot be built with."""
 
 
 @dataclass
@@ -51,8 +48,7 @@ class MLPConfig(ModelConfig):
 
 @dataclass
 class ResNet18Config(ModelConfig):
-    """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no
-    max-pool)."""
+    """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no max-pool)."""
 
 
 @dataclass

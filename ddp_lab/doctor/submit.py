@@ -15,17 +15,17 @@ from typing import Optional
 
 from omegaconf import DictConfig, open_dict
 
-from ..command.job import Outcome, launch_job
+from ..command.job import launch_job, Outcome
 from ..command.validate import resolve_train
 from ..config.errors import UserError
+from ..folder import doctor as records
 from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
-from ..folder import doctor as records
-from .findings import Check, Facts
-from .verdicts import verdicts
+from .verdicts import Check, Facts, verdicts
 
-ENTRY = "ddp_lab.doctor.worker"
+
+ENTRY = "ddp_lab.doctor.probe"
 # the doctor's own bounds: a rank that cannot join, or a collective that
 # hangs (the tasks/devices mismatch), ends the job within these rather
 # than the run's
@@ -81,12 +81,13 @@ def read_facts(run_dir: Path, sets: dict, rc: int) -> Facts:
                  str(read_summary(run_dir).get("status", "")), rc)
 
 
-def submit_doctor(cfg: DictConfig, argv: Optional[list[str]] = None) -> Outcome:
-    t0 = process_start() or time.time()
+def submit_doctor(cfg: DictConfig, argv: Optional[list[str]] = None,
+                  t0: Optional[float] = None) -> Outcome:
+    began = process_start() or time.time()
     cfg = resolve_doctor(cfg)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m ddp_lab.doctor " + " ".join(shlex.quote(a) for a in argv) + "\n"
-    run_dir, rc = launch_job(cfg, label="doctor", files={"command.txt": command})
+    run_dir, rc = launch_job(cfg, label="doctor", files={"command.txt": command}, t0=t0)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     facts = read_facts(run_dir, settings(cfg), rc)
@@ -95,7 +96,7 @@ def submit_doctor(cfg: DictConfig, argv: Optional[list[str]] = None) -> Outcome:
         checks.append(Check("job", False, f"ended with exit status {rc}: {facts.status or '?'}",
                             f"read {run_dir / 'logs'}"))
     fp = read_json_or_empty(run_dir / "doctor" / "fingerprint.json")
-    elapsed = time.time() - t0
+    elapsed = time.time() - began
     failed = [c for c in checks if not c.ok]
     doc = {"finished": datetime.datetime.now().isoformat(timespec="seconds"),
            "healthy": not failed, "elapsed_s": round(elapsed, 2), "job_rc": rc,

@@ -1,3 +1,3 @@
-"""The run folder: what every side reads and writes (its modules:
-docs/architecture.md, "The layout").
+"""The run folder: what every side reads and writes (its modules: docs/architecture.md, "The
+layout").
 """

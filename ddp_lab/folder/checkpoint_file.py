@@ -1,9 +1,7 @@
-"""Checkpoints written atomically: a crash leaves the previous one,
-never half of a new one. `epoch_0003.pt`: after 3 epochs;
-`epoch_0003_step_000120.pt`: and 120 steps of the 4th. A run continues
-from the newest whose bytes match its `.sha256` (`sha256sum -c` format,
-written first); a damaged one is set aside as `<name>.damaged`, never
-deleted.
+"""Checkpoints written atomically: a crash leaves the previous one, never half of a new one.
+`epoch_0003.pt`: after 3 epochs; `epoch_0003_step_000120.pt`: and 120 steps of the 4th. A run
+continues from the newest whose bytes match its `.sha256` (`sha256sum -c` format, written first); a
+damaged one is set aside as `<name>.damaged`, never deleted.
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ def sha256(path: Path) -> str:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temp file in the same folder, fsync, its checksum
-    beside it, then rename over `path`: a checkpoint never exists
-    without its checksum."""
+    """torch.save to a temp file in the same folder, fsync, its checksum beside it, then rename
+    over `path`: a checkpoint never exists without its checksum."""
     with atomic_open(path, "wb", fsync=True) as f:
         torch.save(obj, f)
         f.flush()
@@ -37,8 +34,7 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def damage(path: Path) -> Optional[str]:
-    """Why the checkpoint at `path` cannot be trusted, or None (no
-    checksum recorded: trusted)."""
+    """Why the checkpoint at `path` cannot be trusted, or None (no checksum recorded: trusted)."""
     try:
         recorded = path.with_name(path.name + SUM).read_text().split()[0]
     except (OSError, IndexError):
@@ -53,8 +49,7 @@ def damage(path: Path) -> Optional[str]:
 
 
 def set_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint (and its checksum) out of the run's
-    timeline; kept."""
+    """Rename a damaged checkpoint (and its checksum) out of the run's timeline; kept."""
     target = path.with_name(path.name + DAMAGED)
     for i in range(2, 1000):
         if not target.exists():
@@ -68,9 +63,8 @@ def set_aside(path: Path) -> Path:
 
 
 def newest_intact(ckpt_dir: Path) -> tuple[Optional[Path], list[str]]:
-    """The newest checkpoint whose bytes match its checksum, and a line
-    for each newer one found damaged and set aside on the way (the
-    caller logs them). One process calls it."""
+    """The newest checkpoint whose bytes match its checksum, and a line for each newer one found
+    damaged and set aside on the way (the caller logs them). One process calls it."""
     said = []
     for _, path in sorted(_list(ckpt_dir), reverse=True):
         why = damage(path)
@@ -87,8 +81,7 @@ def name(epochs: int, step: int = 0) -> str:
 
 
 def save(ckpt_dir: Path, epochs: int, step: int, state: dict, keep: int = 2) -> Path:
-    """The state after `epochs` epochs and `step` steps of the next; the
-    `keep` newest stay."""
+    """The state after `epochs` epochs and `step` steps of the next; the `keep` newest stay."""
     path = ckpt_dir / name(epochs, step)
     atomic_save({**state, "epoch": epochs, "step": step}, path)
     for _, old in sorted(_list(ckpt_dir))[:-keep] if keep > 0 else []:
@@ -102,8 +95,7 @@ def _remove(path: Path) -> None:
 
 
 def position(path: Path) -> tuple[int, int]:
-    """(epochs done, steps of the next epoch) of a checkpoint file
-    name."""
+    """(epochs done, steps of the next epoch) of a checkpoint file name."""
     pos = checkpoint_position(path.name)
     if pos is None:
         raise ValueError(f"{path.name} is not a checkpoint name")
@@ -111,15 +103,13 @@ def position(path: Path) -> tuple[int, int]:
 
 
 def latest(ckpt_dir: Path) -> Optional[Path]:
-    """The newest complete checkpoint (temp files never match the name
-    pattern)."""
+    """The newest complete checkpoint (temp files never match the name pattern)."""
     found = sorted(_list(ckpt_dir))
     return found[-1][1] if found else None
 
 
 def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
-    """Delete checkpoints past `pos`: the old timeline's later states
-    must not outlive it."""
+    """Delete checkpoints past `pos`: the old timeline's later states must not outlive it."""
     gone = [p for key, p in _list(ckpt_dir) if key > pos]
     for p in gone:
         _remove(p)

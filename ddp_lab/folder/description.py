@@ -1,11 +1,9 @@
-"""One description of a run: what it trains (`workload`: model, data,
-batch, micro-batch, optimiser), how (`setting`: sync and its options,
-world, nodes, launcher, device, entry), its `length`, and a short label
-of what sets it apart. The report, status, TensorBoard, run folder
-names, the sweep and a study all read it; two runs are repeats of one
-point only when workload and setting agree. Only non-default options are
-named, a default being conf/sync/<name>.yaml over its schema, so a new
-option needs no change here. Torch-free.
+"""One description of a run: what it trains (`workload`: model, data, batch, micro-batch,
+optimiser), how (`setting`: sync and its options, world, nodes, launcher, device, entry), its
+`length`, and a short label of what sets it apart. The report, status, TensorBoard, run folder
+names, the sweep and a study all read it; two runs are repeats of one point only when workload and
+setting agree. Only non-default options are named, a default being conf/sync/<name>.yaml over its
+schema, so a new option needs no change here. Torch-free.
 """
 
 from __future__ import annotations
@@ -13,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from ..config.resources import conf_dir
+from ..config import conf_dir
 from ..config.student import is_spec, module_of, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
-from .names import DEFAULT_GROUPS, safe
 
 # run.entry of a ddp_lab training run
 TRAINER = "ddp_lab.worker"
@@ -30,8 +28,7 @@ TRAIN_DEFAULTS = {"batch_size": 64, "global_batch": 0, "micro_batch": 0, "lr": 1
 
 @functools.lru_cache(maxsize=None)
 def group_defaults(group: str, option: str) -> dict:
-    """conf/<group>/<option>.yaml's values over its schema's defaults
-    (sync); {} if unknown."""
+    """conf/<group>/<option>.yaml's values over its schema's defaults (sync); {} if unknown."""
     out: dict = {}
     schema = SYNC_SCHEMAS.get(option) if group == "sync" else None
     if schema is not None:
@@ -50,8 +47,7 @@ def group_defaults(group: str, option: str) -> dict:
 
 
 def sync_options(name: str) -> dict:
-    """sync=<name>'s option keys and their defaults (the `name` key left
-    out)."""
+    """sync=<name>'s option keys and their defaults (the `name` key left out)."""
     return {k: v for k, v in group_defaults("sync", name).items() if k != "name"}
 
 
@@ -62,8 +58,7 @@ def _differs(value: Any, default: Any) -> bool:
 
 
 def non_default(section: Mapping, group: str) -> dict:
-    """The keys of a composed group section that differ from its
-    option's defaults."""
+    """The keys of a composed group section that differ from its option's defaults."""
     name = section.get("name")
     if not name:
         return {}
@@ -73,8 +68,7 @@ def non_default(section: Mapping, group: str) -> dict:
 
 
 def _token(key: str, value: Any) -> str:
-    """An option in a name: `prepost`, `noprepost`, `fp16`,
-    `bucket_mb0`, `inter-library`."""
+    """An option in a name: `prepost`, `noprepost`, `fp16`, `bucket_mb0`, `inter-library`."""
     if isinstance(value, bool):
         return key if value else f"no{key}"
     if isinstance(value, str) and is_spec(value):
@@ -113,14 +107,13 @@ class Description:
 
     @property
     def series(self) -> tuple:
-        """What a scaling line is: the setting without the world and
-        nodes."""
+        """What a scaling line is: the setting without the world and nodes."""
         return tuple((k, v) for k, v in self.setting if k not in ("world", "nodes"))
 
     # ------------------------------------------------------------------ words
     def sync_label(self) -> str:
-        """The synchroniser with what is not its default (`ring
-        prepost=true`), and the entry when it is not the trainer."""
+        """The synchroniser with what is not its default (`ring prepost=true`), and the entry when
+        it is not the trainer."""
         entry = self.s.get("entry")
         words = [self.sync] + [f"{k}={_yaml(v)}" for k, v in self.options.items()]
         if entry:
@@ -128,22 +121,18 @@ class Description:
         return " ".join(words)
 
     def series_label(self) -> str:
-        """`sync_label` and a launcher that is not the default, for a
-        report's series."""
+        """`sync_label` and a launcher that is not the default, for a report's series."""
         s = self.s
         extra = [f"{k}={s[k]}" for k in ("launcher",) if s.get(k) not in (None, "local")]
         return " ".join([self.sync_label(), *extra])
 
     def label(self, repeat: Optional[int] = None) -> str:
-        """The short name of the run: `ring-prepost_w3_mlp`,
-        `ddp_w2_mlp_wide`,
-        `allreduce-fp16-overlap_w8n2_cnn_sgd_b128_r3`,
-        `ring_w2_mlp_one_file`."""
+        """The short name of the run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`,
+        `allreduce-fp16-overlap_w8n2_cnn_sgd_b128_r3`, `ring_w2_mlp_one_file`."""
         return safe("_".join(self.parts(repeat)))
 
     def parts(self, repeat: Optional[int] = None) -> list[str]:
-        """The label's parts: the sync with its options, the world, the
-        model, ..."""
+        """The label's parts: the sync with its options, the world, the model, ..."""
         s, w = self.s, self.w
         head = "-".join([self.sync, *(_token(k, v) for k, v in self.options.items())])
         parts = [head]
@@ -171,8 +160,7 @@ class Description:
         return [safe(p) for p in parts]
 
     def workload_words(self, length: bool = False) -> str:
-        """`mlp, adam, batch 64/rank`; with `length`: `, 20 steps/epoch,
-        2 epochs`."""
+        """`mlp, adam, batch 64/rank`; with `length`: `, 20 steps/epoch, 2 epochs`."""
         w = self.w
         batch = (f"global batch {w['global_batch']} (strong scaling)" if w.get("global_batch")
                  else f"batch {w.get('batch_size')}/rank")
@@ -194,9 +182,8 @@ class Description:
         return ", ".join(words)
 
     def hparams(self) -> dict:
-        """Flat name -> value for TensorBoard's HParams: every setting
-        and workload key, and every sync option as `sync.<key>`,
-        defaults included (so runs line up in one table)."""
+        """Flat name -> value for TensorBoard's HParams: every setting and workload key, and every
+        sync option as `sync.<key>`, defaults included (so runs line up in one table)."""
         out: dict[str, Any] = {}
         for k, v in self.setting:
             if k != "options" and v is not None:
@@ -213,8 +200,7 @@ class Description:
 
     @classmethod
     def from_hparams(cls, hp: Mapping) -> "Description":
-        """The description back from its hparams (the ranks'
-        `world_size` etc. included)."""
+        """The description back from its hparams (the ranks' `world_size` etc. included)."""
         sync = {"name": hp.get("sync")}
         # in the schema's order, as a config has them
         for k in sync_options(str(hp.get("sync"))):
@@ -235,9 +221,8 @@ class Description:
 
 
 def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Description:
-    """What a run is, from its config (plain data, resolved or composed)
-    and its summary.json where it has one (the world and device as the
-    ranks found them)."""
+    """What a run is, from its config (plain data, resolved or composed) and its summary.json where
+    it has one (the world and device as the ranks found them)."""
     config, summary = config or {}, summary or {}
     sync = dict(config.get("sync") or {})
     model = dict(config.get("model") or {})
@@ -269,9 +254,8 @@ def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Descript
                 ("data", data.get("name") or "mnist"),
                 ("batch_size", None if global_batch else (train.get("batch_size") or summary.get("batch_size"))),
                 ("global_batch", global_batch or None),
-                # a micro-batch only where one was asked for
-                # (summary.json's is the batch as used, the whole one
-                # without accumulation)
+                # a micro-batch only where one was asked for (summary.json's is the batch as used,
+                # the whole one without accumulation)
                 ("micro_batch", (int(train.get("micro_batch") or 0) if train else
                                  int(summary.get("micro_batch") or 0)
                                  if (summary.get("accumulation") or 1) > 1 else 0) or None),
@@ -283,9 +267,8 @@ def describe_run(config: Mapping, summary: Optional[Mapping] = None) -> Descript
 
 
 def differing_labels(descs: list[Description]) -> list[str]:
-    """Each run's label cut to the parts that differ among `descs` (the
-    sync always kept): `ring-prepost`, `ring` for a prepost sweep;
-    `ddp_mlp`, `ddp_mlp_wide` for two models."""
+    """Each run's label cut to the parts that differ among `descs` (the sync always kept):
+    `ring-prepost`, `ring` for a prepost sweep; `ddp_mlp`, `ddp_mlp_wide` for two models."""
     parts = [d.parts() for d in descs]
     if len(descs) < 2:
         return ["_".join(p) for p in parts]
@@ -310,9 +293,8 @@ def _yaml(v: Any) -> str:
 
 
 def sweep_extra(overrides: Iterable[str], label: str) -> str:
-    """The swept overrides whose value a run's label does not show
-    already (train.seed, train.epochs, ...): `seed1`; '' when the label
-    names them all."""
+    """The swept overrides whose value a run's label does not show already (train.seed,
+    train.epochs, ...): `seed1`; '' when the label names them all."""
     parts = []
     have = set(label.split("_")) | set(label.split("_")[0].split("-"))
     for override in overrides:
@@ -329,3 +311,32 @@ def sweep_extra(overrides: Iterable[str], label: str) -> str:
         if token not in have:
             parts.append(token)
     return safe("_".join(parts))
+
+
+# groups named only when not conf/config.yaml's default (sync and model: always)
+DEFAULT_GROUPS = {"optim": "adam", "launcher": "local"}
+# a name longer than this is cut: file systems and sidebars both have limits
+MAX_LEN = 60
+
+
+def sweep_name(overrides: Iterable[str]) -> str:
+    """A sweep job's name from the overrides the sweep varies, in their order: a group's option as
+    it is (`sync=ring` -> `ring`), a key by its last part and value (`train.lr=0.1` -> `lr0.1`,
+    `sync.compress=fp16` -> `compress-fp16`)."""
+    parts = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        value = safe(value)
+        if "." not in key:
+            parts.append(value)
+        else:
+            leaf = key.rsplit(".", 1)[1]
+            parts.append(leaf + (value if value[:1].isdigit() else f"-{value}"))
+    return safe("_".join(p for p in parts if p))
+
+
+def safe(text: str) -> str:
+    """Letters, digits, `.`, `-` and `_` only (a path and a shell word as it is), at most MAX_LEN
+    characters: `[256,256]` -> `256-256`."""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")
+    return text[:MAX_LEN].rstrip("-._")

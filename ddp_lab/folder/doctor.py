@@ -1,8 +1,7 @@
-"""doctor.json: the doctor's verdicts kept in their own folder under
-run.root (`doctor_<date>_<time>/doctor.json`, written atomically), with
-the allocation's fingerprint id, so that a run on the same fingerprint,
-and the report, find them. No torch, nothing of the ranks: the trainer's
-rank 0, the report and the doctor's submitting side all read it.
+"""doctor.json: the doctor's verdicts kept in their own folder under run.root
+(`doctor_<date>_<time>/doctor.json`, written atomically), with the allocation's fingerprint id, so
+that a run on the same fingerprint, and the report, find them. No torch, nothing of the ranks: the
+trainer's rank 0, the report and the doctor's submitting side all read it.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ def write(folder: Path, doc: dict) -> Path:
 
 
 def find(roots: Iterable[Path]) -> list[tuple[Path, dict]]:
-    """Every doctor.json directly under each root (or a root that is a
-    doctor folder itself), oldest first by its `finished` time."""
+    """Every doctor.json directly under each root (or a root that is a doctor folder itself),
+    oldest first by its `finished` time."""
     found = {}
     for root in roots:
         root = Path(root)
@@ -41,8 +40,7 @@ def failing(doc: dict) -> list[str]:
 
 
 def latest_for(root: Path, fingerprint_id: Optional[str]) -> Optional[tuple[Path, dict]]:
-    """The newest doctor.json under `root` of this fingerprint, if
-    any."""
+    """The newest doctor.json under `root` of this fingerprint, if any."""
     if not fingerprint_id:
         return None
     same = [(p, d) for p, d in find([root]) if d.get("fingerprint_id") == fingerprint_id]
@@ -50,9 +48,8 @@ def latest_for(root: Path, fingerprint_id: Optional[str]) -> Optional[tuple[Path
 
 
 def run_warnings(root: Path, fingerprint_id: Optional[str]) -> list[str]:
-    """What a run starting on this fingerprint says first when the
-    newest doctor of it failed a check (nothing when it passed, or no
-    doctor ran)."""
+    """What a run starting on this fingerprint says first when the newest doctor of it failed a
+    check (nothing when it passed, or no doctor ran)."""
     found = latest_for(root, fingerprint_id)
     if found is None or not failing(found[1]):
         return []

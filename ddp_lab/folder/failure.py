@@ -1,11 +1,10 @@
 """Which rank stopped the others, and the one line that says so.
 
-When a collective fails, every surviving rank and the launcher read the
-ranks' progress records (ddp_lab.folder.heartbeat) and `diagnose` who
-stopped: a dead or frozen local process (/proc), a node that no longer
-answers (`ddp_lab.world.ports.answers`), the live rank behind in
-collectives, or the first that failed (docs/failures.md, "A rank dies").
-`failure_line` says it, `end_stuck` kills local culprits.
+When a collective fails, every surviving rank and the launcher read the ranks' progress records
+(ddp_lab.folder.heartbeat) and `diagnose` who stopped: a dead or frozen local process (/proc), a
+node that no longer answers (`ddp_lab.world.ports.answers`), the live rank behind in collectives,
+or the first that failed (docs/failures.md, "A rank dies"). `failure_line` says it, `end_stuck`
+kills local culprits.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ def who(r: dict) -> str:
 
 
 def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
-    """The ranks of the other nodes that no longer answer `me`'s node,
-    each with `why` and `silent_node` added; [] when every node answers
-    or nothing says where the nodes are."""
+    """The ranks of the other nodes that no longer answer `me`'s node, each with `why` and
+    `silent_node` added; [] when every node answers or nothing says where the nodes are."""
     mine = next((r for r in records if r["rank"] == me), None)
     if mine is None or not mine.get("node"):
         return []
@@ -50,11 +48,9 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
              records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
-    """The rank(s) that stopped the others, each with `why`, by
-    evidence: local ranks dead, frozen or killed; with `probe`, the
-    ranks of silent nodes; else live ranks behind in collectives, still
-    for `stale_s`; else the first that failed (unless `me`). [] if
-    none."""
+    """The rank(s) that stopped the others, each with `why`, by evidence: local ranks dead, frozen
+    or killed; with `probe`, the ranks of silent nodes; else live ranks behind in collectives,
+    still for `stale_s`; else the first that failed (unless `me`). [] if none."""
     records = read_all(run_dir) if records is None else records
     others = [r for r in records if r["rank"] != me]
     found = []
@@ -74,9 +70,8 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
     live = [r for r in others if r["state"] in ("starting", "running")]
     counts = [r["collective"] for r in live + [r for r in records if r["rank"] == me]]
     if live and min(counts) < max(counts):
-        # another machine's record reaches a shared folder when its
-        # kernel writes the page back (up to ~35 s later on NFS): only a
-        # longer silence counts against it
+        # another machine's record reaches a shared folder when its kernel writes the page back (up
+        # to ~35 s later on NFS): only a longer silence counts against it
         behind = [r for r in live if r["collective"] == min(counts)
                   and r["age_s"] >= (stale_s if r["local"] else max(stale_s, REMOTE_STALE_S))]
         for r in behind:
@@ -93,10 +88,9 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
 
 
 def failure_line(culprits: list[dict]) -> str:
-    """'rank 1 (pid P on host H) stopped at epoch E step S phase sync
-    collective #C: frozen (SIGSTOP)', one clause per rank, joined by ';
-    '. The ranks of a silent node make one clause: 'node node2 (ranks
-    2-3, last at ...) went silent: ...'."""
+    """'rank 1 (pid P on host H) stopped at epoch E step S phase sync collective #C: frozen
+    (SIGSTOP)', one clause per rank, joined by '; '. The ranks of a silent node make one clause:
+    'node node2 (ranks 2-3, last at ...) went silent: ...'."""
     clauses, named = [], set()
     for r in culprits:
         node = r.get("silent_node")
@@ -122,9 +116,8 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
-    """SIGKILL this machine's culprits that cannot end themselves
-    (frozen or hung), only processes whose command line names the run
-    folder; the pids killed."""
+    """SIGKILL this machine's culprits that cannot end themselves (frozen or hung), only processes
+    whose command line names the run folder; the pids killed."""
     killed = []
     for r in culprits:
         if not r.get("local") or r.get("process") not in ("frozen", "running"):

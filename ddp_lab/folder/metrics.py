@@ -1,7 +1,6 @@
-"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the
-per-rank logs. `make_sink(run_dir, enabled)` gives the logging rank a
-`RunFolderSink` and every other a `NullSink`, so the caller never asks
-which rank it is on.
+"""Where numbers go: metrics.jsonl, summary.json, TensorBoard, the per-rank logs.
+`make_sink(run_dir, enabled)` gives the logging rank a `RunFolderSink` and every other a
+`NullSink`, so the caller never asks which rank it is on.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from typing import Optional
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
-from .tb_head import drop_head, write_head
-from .tensorboard import TensorBoardRun, run_folder
+from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head
 
 
 class RankFormatter(logging.Formatter):
@@ -30,15 +28,13 @@ _FAULT_FILE = None
 
 
 def fault_file():
-    """The file faulthandler writes this rank's stacks to (its log), or
-    None."""
+    """The file faulthandler writes this rank's stacks to (its log), or None."""
     return _FAULT_FILE
 
 
 class _LogFile(logging.FileHandler):
-    """A rank's log file. A full disk costs the log (said once on the
-    console), not the run: the checkpoint, whose write fails next, is
-    what ends it, in its own words."""
+    """A rank's log file. A full disk costs the log (said once on the console), not the run: the
+    checkpoint, whose write fails next, is what ends it, in its own words."""
 
     def __init__(self, path: Path, rank: int):
         super().__init__(path)
@@ -56,9 +52,8 @@ class _LogFile(logging.FileHandler):
 
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
-    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank
-    with `every_rank`) also to the console; faulthandler writes stacks
-    there (fatal signals, the hang watchdog)."""
+    """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank with `every_rank`) also to
+    the console; faulthandler writes stacks there (fatal signals, the hang watchdog)."""
     global _FAULT_FILE
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
@@ -84,8 +79,7 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
 
 
 class NullSink:
-    """What a non-logging rank writes to: nothing, called exactly as the
-    real one."""
+    """What a non-logging rank writes to: nothing, called exactly as the real one."""
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
@@ -108,9 +102,8 @@ class NullSink:
 
 
 class RunFolderSink(NullSink):
-    """metrics.jsonl, summary.json and TensorBoard of one run folder.
-    Both JSON files are small and rewritten whole and atomically
-    (`ddp_lab.folder.files`): never a torn line."""
+    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are small and
+    rewritten whole and atomically (`ddp_lab.folder.files`): never a torn line."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -121,9 +114,8 @@ class RunFolderSink(NullSink):
         self._at = 0
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
-        """Keep (and return) the records up to the checkpoint we
-        continue from (`epoch` epochs, `global_step` steps), drop the
-        rest; a fresh run keeps none. So does TensorBoard."""
+        """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
+        `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
         records, torn = read_metrics(self.metrics)
         # torn by something outside the run: kept aside, said once
         if torn:
@@ -143,11 +135,9 @@ class RunFolderSink(NullSink):
     def tensorboard(self, name: str, config: str, hparams: dict,
                     bands: tuple[str, ...] = ("step", "epoch"), load: tuple[str, str] = ("?", "?"),
                     steps_per_epoch: int = 0) -> None:
-        """Open the run's TensorBoard folder: a former segment's, its
-        points past the checkpoint hidden and its layout and hparams
-        replaced, else a fresh tb/<name> (config, layout with the
-        `bands` charts and the workload's (`load`) comparison charts,
-        hparams)."""
+        """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
+        hidden and its layout and hparams replaced, else a fresh tb/<name> (config, layout with the
+        `bands` charts and the workload's (`load`) comparison charts, hparams)."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
@@ -162,8 +152,7 @@ class RunFolderSink(NullSink):
         atomic_write_text(self.metrics, "".join(ln + "\n" for ln in self._lines))
 
     def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
-        """An epoch's record, and its scalars at `step` (the global
-        steps done)."""
+        """An epoch's record, and its scalars at `step` (the global steps done)."""
         self._lines.append(json.dumps(record.to_dict(), sort_keys=True))
         self._write_metrics()
         self._tb.scalars(step, scalars)
@@ -172,8 +161,7 @@ class RunFolderSink(NullSink):
         self._tb.flush()
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Per-step scalars (step, values); the writer's thread flushes
-        them."""
+        """Per-step scalars (step, values); the writer's thread flushes them."""
         for step, scalars in points:
             self._tb.scalars(step, scalars)
 
@@ -187,6 +175,5 @@ class RunFolderSink(NullSink):
 
 
 def make_sink(run_dir: Path, enabled: bool) -> NullSink:
-    """The run folder's sink on the logging rank, the no-op one
-    elsewhere."""
+    """The run folder's sink on the logging rank, the no-op one elsewhere."""
     return RunFolderSink(run_dir) if enabled else NullSink()

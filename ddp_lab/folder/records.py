@@ -1,8 +1,7 @@
-"""The run folder's records as types: one `EpochRecord` per line of
-metrics.jsonl, one `RunSummary` in summary.json; the trainer writes them
-and the report reads them. Every record carries `schema_version` (none:
-0); later versions only add fields with defaults, and unknown keys are
-kept in `extra` and written back unchanged. Stdlib only.
+"""The run folder's records as types: one `EpochRecord` per line of metrics.jsonl, one `RunSummary`
+in summary.json; the trainer writes them and the report reads them. Every record carries
+`schema_version` (none: 0); later versions only add fields with defaults, and unknown keys are kept
+in `extra` and written back unchanged. Stdlib only.
 """
 
 from __future__ import annotations
@@ -18,15 +17,13 @@ SCHEMA_VERSION = 1
 
 
 def now_iso() -> str:
-    """A record's timestamp (segments' start/end): local time with its
-    offset, to the second."""
+    """A record's timestamp (segments' start/end): local time with its offset, to the second."""
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """metrics.jsonl's JSON-object lines, in order, and the others with
-    their numbers (a torn line costs its own record, never the reader);
-    ([], []) without a file."""
+    """metrics.jsonl's JSON-object lines, in order, and the others with their numbers (a torn line
+    costs its own record, never the reader); ([], []) without a file."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
@@ -53,8 +50,7 @@ R = TypeVar("R", bound="_Record")
 class _Record:
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
-        """A record from its JSON object; unknown keys into `extra`, no
-        schema_version: 0."""
+        """A record from its JSON object; unknown keys into `extra`, no schema_version: 0."""
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -67,8 +63,8 @@ class _Record:
             raise ValueError(f"{cls.__name__}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: every field (None included, as readers
-        expect every key), then the keys this version does not know."""
+        """The JSON object: every field (None included, as readers expect every key), then the keys
+        this version does not know."""
         out = dict(self.extra)
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"})
         return out
@@ -100,8 +96,7 @@ class EpochRecord(_Record):
     comm: dict = field(default_factory=dict)
     # in-flight comm / step time
     comm_fraction: Optional[float] = None
-    # exposed vs in-flight comm (ddp_lab.timing): this rank's seconds
-    # summed over the epoch
+    # exposed vs in-flight comm (ddp_lab.timing): this rank's seconds summed over the epoch
     # in-flight comm after the step's compute end
     comm_exposed_s: Optional[float] = None
     # exposed / step time
@@ -114,21 +109,17 @@ class EpochRecord(_Record):
     overlap: Optional[bool] = None
     # slowest/fastest rank, per-rank times,
     stragglers: dict = field(default_factory=dict)
-    # each rank's share of steps arrived last at the collectives and its
-    # lateness then (ms) the rank the others wait for, named from those
-    # (ddp_lab.timing.StragglerTally): {rank, late_ms (median wait it
-    # costs the others), share (of steps it came last)} | None
+    # each rank's share of steps arrived last at the collectives and its lateness then (ms) the
+    # rank the others wait for, named from those (ddp_lab.timing.StragglerTally): {rank, late_ms
+    # (median wait it costs the others), share (of steps it came last)} | None
     straggler: Optional[dict] = None
-    # an epoch split by a graceful stop: steps before this one ran in an
-    # earlier allocation; epoch_time_s and train_loss cover the whole
-    # epoch, phase_s and comm this part only
+    # an epoch split by a graceful stop: steps before this one ran in an earlier allocation;
+    # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
     resumed_at_step: Optional[int] = None
-    # sync.compress: none | fp16 | bf16 | powersgd (bytes are the
-    # wire's)
+    # sync.compress: none | fp16 | bf16 | powersgd (bytes are the wire's)
     compress: Optional[str] = None
-    # this rank's seconds in the steps this record timed (phase `step`'s
-    # total; with timing off, the loop's busy time): the denominator of
-    # the run's comm_fraction and step time
+    # this rank's seconds in the steps this record timed (phase `step`'s total; with timing off,
+    # the loop's busy time): the denominator of the run's comm_fraction and step time
     step_time_s: Optional[float] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
@@ -136,8 +127,7 @@ class EpochRecord(_Record):
 
 @dataclass
 class RunSummary(_Record):
-    """The run in one object (summary.json); every field has a
-    default."""
+    """The run in one object (summary.json); every field has a default."""
 
     # running | completed | preempted | stopped | failed: <why>
     status: Optional[str] = None
@@ -181,13 +171,11 @@ class RunSummary(_Record):
     comm_bytes_sent: Optional[int] = None
     comm_bytes_recv: Optional[int] = None
     comm_bytes_exact: Optional[bool] = None
-    # bytes one rank sent to another node over the run
-    # (sync=hierarchical; None: not known)
+    # bytes one rank sent to another node over the run (sync=hierarchical; None: not known)
     comm_bytes_cross_node: Optional[int] = None
     comm_algbw_GBps: Optional[float] = None
     comm_busbw_GBps: Optional[float] = None
-    # the run's exposed vs in-flight comm (sums over epochs, this rank;
-    # ddp_lab.timing)
+    # the run's exposed vs in-flight comm (sums over epochs, this rank; ddp_lab.timing)
     comm_exposed_s: Optional[float] = None
     # exposed / step time
     comm_exposed_fraction: Optional[float] = None
@@ -202,53 +190,42 @@ class RunSummary(_Record):
     compile_s: Optional[float] = None
     # train.cuda_graph: the step replayed as one CUDA graph, timed whole
     cuda_graph: Optional[bool] = None
-    # sync=ddp: DDP's own timing in seconds beside ours (docs/timing.md,
-    # Independent witnesses)
+    # sync=ddp: DDP's own timing in seconds beside ours (docs/timing.md, Independent witnesses)
     ddp_timing: Optional[dict] = None
-    # timing.profile: each rank's figures for the profiled steps, ours
-    # and the trace's
+    # timing.profile: each rank's figures for the profiled steps, ours and the trace's
     witnesses: Optional[dict] = None
     hosts: list = field(default_factory=list)
     node_ranks: list = field(default_factory=list)
     env_source: Optional[str] = None
     torch: Optional[str] = None
-    # where the run stands (a stopped run continues from here) and why
-    # it stopped
+    # where the run stands (a stopped run continues from here) and why it stopped
     epochs_done: Optional[int] = None
     step_in_epoch: Optional[int] = None
     stop_reason: Optional[str] = None
     # the scheduler's job id of the latest allocation
     job_id: Optional[str] = None
-    # every allocation the run used, in order: job id, hosts, start/end,
-    # epochs and steps done in it, how it ended (docs/failures.md, "The
-    # pieces")
+    # every allocation the run used, in order: job id, hosts, start/end, epochs and steps done in
+    # it, how it ended (docs/failures.md, "The pieces")
     segments: list = field(default_factory=list)
-    # the allocation's fingerprint (ddp_lab.world.fingerprint) and its
-    # short id
+    # the allocation's fingerprint (ddp_lab.world.fingerprint) and its short id
     fingerprint: dict = field(default_factory=dict)
     fingerprint_id: Optional[str] = None
-    # the run is a point of a study (ddp_lab/command/study.py): {id,
-    # world, repeat, index}
+    # the run is a point of a study (ddp_lab/command/study.py): {id, world, repeat, index}
     study: Optional[dict] = None
-    # the run's straggler over all its steps ({rank, late_ms, share})
-    # and the injected delay
+    # the run's straggler over all its steps ({rank, late_ms, share}) and the injected delay
     straggler: Optional[dict] = None
     injected_delay: Optional[dict] = None
-    # bytes one rank holds at the end (Synchroniser.memory; zero1: its
-    # shard's state only)
+    # bytes one rank holds at the end (Synchroniser.memory; zero1: its shard's state only)
     memory_param_bytes: Optional[int] = None
     memory_grad_bytes: Optional[int] = None
     memory_optimizer_state_bytes: Optional[int] = None
-    # every rank's optimiser state bytes, in rank order (torch_zero's
-    # shards are uneven)
+    # every rank's optimiser state bytes, in rank order (torch_zero's shards are uneven)
     memory_optimizer_state_bytes_per_rank: Optional[list] = None
-    # sha256 of the final weights (the run folder's model.pt;
-    # ddp_lab/folder/weights.py)
+    # sha256 of the final weights (the run folder's model.pt; ddp_lab/folder/weights.py)
     weights_sha256: Optional[str] = None
-    # the module the ranks ran (run.entry) when it is not the trainer,
-    # and whether it kept records: a run.entry of the user's
-    # (ddp_lab.rank.one_file) writes none, so the command that launched it
-    # writes this summary from its exit status (command/job.py: collect)
+    # the module the ranks ran (run.entry) when it is not the trainer, and whether it kept records:
+    # a run.entry of the user's (ddp_lab.rank.one_file) writes none, so the command that launched
+    # it writes this summary from its exit status (command/job.py: collect)
     entry: Optional[str] = None
     records_kept: Optional[bool] = None
     schema_version: int = SCHEMA_VERSION
@@ -257,10 +234,9 @@ class RunSummary(_Record):
 
 # ------------------------------------------------------------------ the run's figures
 def run_figures(epochs: list[dict]) -> dict[str, Any]:
-    """The run's figures from its epochs' records (every allocation's):
-    the one place each is derived, for summary.json, the console,
-    TensorBoard and the report. Epoch times over every epoch; comm sums
-    over the timed steps (`steps_run`), its fraction and busbw too."""
+    """The run's figures from its epochs' records (every allocation's): the one place each is
+    derived, for summary.json, the console, TensorBoard and the report. Epoch times over every
+    epoch; comm sums over the timed steps (`steps_run`), its fraction and busbw too."""
     recs = sorted((r for r in epochs if r.get("epoch")), key=lambda r: r["epoch"])
     times = [float(r["epoch_time_s"]) for r in recs if r.get("epoch_time_s") is not None]
     timing = bool(recs) and all(r.get("timing") for r in recs)
@@ -272,8 +248,8 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
     steps = sum(int(r.get("steps") or 0) - int(r.get("resumed_at_step") or 0) for r in recs)
     step_s = sum(_step_seconds(r) for r in recs)
     comm_s = total("time_s")
-    # busbw mixes ops through their bus bytes; a record written before
-    # they were kept gives them back from its busbw x time
+    # busbw mixes ops through their bus bytes; a record written before they were kept gives them
+    # back from its busbw x time
     bus = sum(c["bus_bytes"] if c.get("bus_bytes") is not None
               else (c.get("busbw_GBps") or 0) * (c.get("time_s") or 0) * 1e9 for c in comms)
     cross = [c.get("bytes_cross_node") for c in comms]
@@ -305,8 +281,7 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
 
 
 def _step_seconds(rec: dict) -> float:
-    """A record's seconds in its timed steps: `step_time_s`, else phase
-    `step`'s total."""
+    """A record's seconds in its timed steps: `step_time_s`, else phase `step`'s total."""
     if rec.get("step_time_s") is not None:
         return float(rec["step_time_s"])
     return float(((rec.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)

@@ -1,5 +1,9 @@
-"""The run folder: made once, on the submitting machine, before any rank
-starts."""
+"""The run folder: made once, on the submitting machine, before any rank starts; what it holds, and
+when a command may reuse it. And the stop contract both sides read (torch-free): the file
+`RUN_DIR/STOP`, the codes of a stop and the exit status of a stopped run. Any process that sees the
+folder asks with `request_stop`; rank 0 reads the file at each stop check (`read_stop_file`;
+rank/epochs.py agrees with the other ranks); a new segment clears it (`clear_stop_file`).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,14 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .files import atomic_write_text, read_json_or_empty, write_json
 from .description import describe_run
+from .files import atomic_write_text, read_json_or_empty, write_json
 from .records import now_iso, read_metrics
 
-
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
-    """run.dir if given (reused: that is how a run is resumed), else a
-    fresh unique folder `<run.root>/<name>_<date>_<time>`. The name
-    comes first, for TensorBoard's sidebar: `label` and run.name, else
-    the run's description's label (`ring_w2_mlp_sgd`)."""
+    """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
+    `<run.root>/<name>_<date>_<time>`. The name comes first, for TensorBoard's sidebar: `label` and
+    run.name, else the run's description's label (`ring_w2_mlp_sgd`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir).expanduser().resolve()
         _mkdir(path, exist_ok=True)
@@ -39,8 +41,8 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 
 def describe_config(cfg: DictConfig) -> str:
-    """The description's label of a training config on the submitting
-    side (the world size as the launcher will start it, where known)."""
+    """The description's label of a training config on the submitting side (the world size as the
+    launcher will start it, where known)."""
     if cfg.get("sync") is None or cfg.get("model") is None:
         return "run"
     data = OmegaConf.to_container(cfg, resolve=False)
@@ -53,17 +55,16 @@ def describe_config(cfg: DictConfig) -> str:
     nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
     if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
         # what the local launcher will start
-        from ..world.devices import default_nproc
+        from ..world.env import default_nproc
 
         world = default_nproc()
     return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()
 
 
 def _mkdir(path: Path, exist_ok: bool) -> None:
-    """`mkdir -p`, again if a folder on the way vanished meanwhile: a
-    command starting at the same time probes a new run.root by making
-    and removing it (folder_rules.folder_problem), only while it is
-    empty, so a few tries win."""
+    """`mkdir -p`, again if a folder on the way vanished meanwhile: a command starting at the same
+    time probes a new run.root by making and removing it (validate.folder_problem), only while it
+    is empty, so a few tries win."""
     for attempt in range(100):
         try:
             path.mkdir(parents=True, exist_ok=exist_ok)
@@ -81,17 +82,15 @@ def write_config(cfg: DictConfig, run_dir: Path) -> Path:
 
 # ------------------------------------------------------------ what a folder holds
 RESUME_MODES = ("auto", "true", "false")
-# settings that change what a run computes: a run folder continues only
-# under the same ones (launcher, world size, timing, logging and
-# train.epochs may change between allocations)
+# settings that change what a run computes: a run folder continues only under the same ones
+# (launcher, world size, timing, logging and train.epochs may change between allocations)
 SAME_RUN_KEYS = ("model", "optim", "sync", "data.name", "data.normalize", "train.batch_size",
                  "train.global_batch", "train.micro_batch", "train.lr", "train.seed",
                  "train.max_steps_per_epoch")
 
 
 def resume_mode(value) -> str:
-    """train.resume as auto | true | false (YAML may hand a bool or a
-    string)."""
+    """train.resume as auto | true | false (YAML may hand a bool or a string)."""
     text = str(value).strip().lower()
     return {"yes": "true", "no": "false", "1": "true", "0": "false"}.get(text, text)
 
@@ -101,9 +100,8 @@ DRY_RUN = "DRY_RUN"
 
 
 def is_dry_run(run_dir: Path) -> bool:
-    """A folder that only holds what `launcher.dry_run=true` rendered
-    (one whose script was then run by hand has logs or a summary: a
-    run)."""
+    """A folder that only holds what `launcher.dry_run=true` rendered (one whose script was then
+    run by hand has logs or a summary: a run)."""
     run_dir = Path(run_dir)
     if not (run_dir / DRY_RUN).is_file() or (run_dir / "summary.json").exists():
         return False
@@ -114,14 +112,12 @@ def is_dry_run(run_dir: Path) -> bool:
 
 
 def read_summary(run_dir: Path) -> dict:
-    """The folder's summary.json ({} when there is none yet, or it
-    cannot be read)."""
+    """The folder's summary.json ({} when there is none yet, or it cannot be read)."""
     return read_json_or_empty(run_dir / "summary.json")
 
 
 def folder_state(run_dir: Path) -> dict:
-    """What `run_dir` holds (newest checkpoint, summary, epoch records),
-    from small files only."""
+    """What `run_dir` holds (newest checkpoint, summary, epoch records), from small files only."""
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
     records = read_metrics(metrics)[0]
@@ -136,16 +132,14 @@ _CKPT_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
 
 def checkpoint_position(name: str) -> Optional[tuple[int, int]]:
-    """(epochs done, steps of the next epoch) that a checkpoint file
-    name stands for (`epoch_0003.pt`, `epoch_0003_step_000120.pt`); None
-    for any other name (temp files)."""
+    """(epochs done, steps of the next epoch) that a checkpoint file name stands for
+    (`epoch_0003.pt`, `epoch_0003_step_000120.pt`); None for any other name (temp files)."""
     m = _CKPT_NAME.match(name)
     return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
 def checkpoints(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
-    """The checkpoints of a folder with their positions (unordered; none
-    if no folder)."""
+    """The checkpoints of a folder with their positions (unordered; none if no folder)."""
     if not ckpt_dir.is_dir():
         return []
     found = ((checkpoint_position(p.name), p) for p in ckpt_dir.iterdir())
@@ -163,9 +157,8 @@ def describe_state(state: dict) -> str:
 
 
 def world_size(cfg: DictConfig) -> Optional[int]:
-    """The ranks a resolved config starts: mpirun's host slots summed,
-    else nodes x processes per node; None before the launcher resolved
-    it."""
+    """The ranks a resolved config starts: mpirun's host slots summed, else nodes x processes per
+    node; None before the launcher resolved it."""
     lc = cfg.get("launcher") or {}
     if lc.get("hosts"):
         slots = [str(h).rpartition(":")[2] for h in lc.hosts]
@@ -176,10 +169,9 @@ def world_size(cfg: DictConfig) -> Optional[int]:
 
 
 def reuse_problem(cfg: DictConfig) -> Optional[str]:
-    """Why the command may not use cfg.run.dir as it stands (None: it
-    may). A folder that holds a run's results is continued (train.resume
-    auto/true) under the same settings, never overwritten; a completed
-    run is left as it is."""
+    """Why the command may not use cfg.run.dir as it stands (None: it may). A folder that holds a
+    run's results is continued (train.resume auto/true) under the same settings, never overwritten;
+    a completed run is left as it is."""
     mode = resume_mode(cfg.train.resume)
     if mode not in RESUME_MODES:
         return f"train.resume={cfg.train.resume}: choose auto, true or false"
@@ -234,9 +226,9 @@ def reuse_problem(cfg: DictConfig) -> Optional[str]:
 
 
 def setting_differences(old: DictConfig, new: DictConfig) -> list[tuple[str, object, object]]:
-    """(key, the folder's value, the command's) for each SAME_RUN_KEYS
-    setting that differs: a group by its option where that differs
-    (`sync`), else each option of it that does (`sync.bucket_mb`)."""
+    """(key, the folder's value, the command's) for each SAME_RUN_KEYS setting that differs: a
+    group by its option where that differs (`sync`), else each option of it that does
+    (`sync.bucket_mb`)."""
     out = []
     for key in SAME_RUN_KEYS:
         was, now = OmegaConf.select(old, key), OmegaConf.select(new, key)
@@ -263,8 +255,7 @@ def _short(value) -> str:
 
 
 def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> dict:
-    """summary.json says `status` (a failure), its open segment closed;
-    `fields` fill gaps."""
+    """summary.json says `status` (a failure), its open segment closed; `fields` fill gaps."""
     summary = read_summary(run_dir)
     summary["status"] = status
     for key, value in (fields or {}).items():
@@ -275,3 +266,40 @@ def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> di
         segments[-1].update(status="failed", end=now_iso())
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+# ------------------------------------------------------------ the stop file
+STOP_FILE = "STOP"
+# `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again later)
+EXIT_STOPPED = 75
+# the codes of a stop: the higher wins when ranks disagree
+PREEMPTED, STOPPED = 1, 2
+STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
+
+
+def request_stop(run_dir: Path, status: str = "stopped",
+                 reason: str = "") -> Path:
+    """Ask a running job to stop at its next check. `status`: stopped (a person) or preempted
+    (continue later)."""
+    if status not in STATUS.values():
+        raise ValueError(
+            f"stop status {status!r}: choose stopped or preempted")
+    path = Path(run_dir) / STOP_FILE
+    atomic_write_text(path, f"{status} {reason}".strip() + "\n")
+    return path
+
+
+def read_stop_file(run_dir: Path) -> Optional[tuple[int, str]]:
+    """The request's code and reason; None when there is none."""
+    try:
+        text = (Path(run_dir) / STOP_FILE).read_text().strip()
+    except OSError:
+        return None
+    word, _, rest = text.partition(" ")
+    code = PREEMPTED if word == "preempted" else STOPPED
+    return code, f"stop file ({rest or word})"
+
+
+def clear_stop_file(run_dir: Path) -> None:
+    """A new segment of the run starts: an old request is spent."""
+    (Path(run_dir) / STOP_FILE).unlink(missing_ok=True)

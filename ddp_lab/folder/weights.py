@@ -1,7 +1,6 @@
-"""A run's final weights: `model.pt` in the run folder (the whole
-model's state dict, as stop 0 writes it) and their digest (summary.json
-`weights_sha256`), so the report can put runs of one workload and seed
-side by side and say how far each ended from another (docs/twins.md)."""
+"""A run's final weights: `model.pt` in the run folder (the whole model's state dict, as stop 0
+writes it) and their digest (summary.json `weights_sha256`), so the report can put runs of one
+workload and seed side by side and say how far each ended from another (docs/twins.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ WEIGHTS = "model.pt"
 
 
 def digest(state: dict) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in the
-    state dict's order: equal digests, the same weights bit for bit."""
+    """sha256 over every tensor's name, dtype, shape and bytes, in the state dict's order: equal
+    digests, the same weights bit for bit."""
     h = hashlib.sha256()
     for name, t in state.items():
         if not torch.is_tensor(t):
@@ -30,8 +29,7 @@ def digest(state: dict) -> str:
 
 
 def save(run_dir: Path, state: dict) -> str:
-    """Write `state` (plain tensors) as the run's final weights; their
-    digest."""
+    """Write `state` (plain tensors) as the run's final weights; their digest."""
     state = {k: v.detach().to("cpu") for k, v in state.items() if torch.is_tensor(v)}
     atomic_save(state, Path(run_dir) / WEIGHTS)
     return digest(state)

@@ -1,9 +1,8 @@
-"""Launchers: render what will run into the run folder, then start it
-and follow it. Each (local, mpirun, slurm, runai) has `resolve(cfg)`
-(fill its derived settings, reject bad input with a `LaunchError` before
-the run folder exists) and `render(cfg, run_dir) -> Rendered` (pure: the
-files and the command; `Rendered.starter`, when set, starts and follows
-the job). Templates live in `launchers/`, filled with `str.format`.
+"""Launchers: render what will run into the run folder, then start it and follow it. Each (local,
+mpirun, slurm, runai) has `resolve(cfg)` (fill its derived settings, reject bad input with a
+`LaunchError` before the run folder exists) and `render(cfg, run_dir) -> Rendered` (pure: the files
+and the command; `Rendered.starter`, when set, starts and follows the job). Templates live in
+`launchers/`, filled with `str.format`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from types import ModuleType
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
 from .base import LaunchError, Rendered, Tail, python_exe, require_tool, setup_block, template
-from .foreground import job_processes, run_foreground, sweep
+from .local import job_processes, run_foreground, sweep
 
 __all__ = ["LaunchError", "Tail", "check_tool", "job_processes", "modules", "python_exe", "render", "resolve",
            "setup_block", "start", "sweep", "template"]
@@ -35,17 +34,15 @@ def _module(name: str) -> ModuleType:
 
 
 def resolve(cfg) -> None:
-    """Fill cfg.launcher's derived settings in place (cfg must be open
-    for new keys)."""
+    """Fill cfg.launcher's derived settings in place (cfg must be open for new keys)."""
     mod = _module(cfg.launcher.name)
     if hasattr(mod, "resolve"):
         mod.resolve(cfg)
 
 
 def check_tool(cfg) -> None:
-    """The launcher's own tool (sbatch, mpirun, runai) on PATH, for a
-    real start: a LaunchError in one line, before any run folder or
-    "starting" line. A dry run needs none."""
+    """The launcher's own tool (sbatch, mpirun, runai) on PATH, for a real start: a LaunchError in
+    one line, before any run folder or "starting" line. A dry run needs none."""
     mod = _module(cfg.launcher.name)
     if not cfg.launcher.get("dry_run") and hasattr(mod, "tool"):
         require_tool(*mod.tool(cfg))
@@ -56,8 +53,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def start(rendered: Rendered, run_dir: Path, grace_s: float = 120.0) -> int:
-    """Start the job and follow it to its end; its exit status is
-    ours."""
+    """Start the job and follow it to its end; its exit status is ours."""
     if rendered.starter is not None:
         return rendered.starter()
     return run_foreground(rendered.command, run_dir, grace_s)

@@ -1,6 +1,5 @@
-"""What every launcher shares: the error it raises, what it renders, and
-the small tools of rendering (templates, paths, the python to run) and
-of following a job.
+"""What every launcher shares: the error it raises, what it renders, and the small tools of
+rendering (templates, paths, the python to run) and of following a job.
 """
 
 from __future__ import annotations
@@ -16,16 +15,15 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from ..config.errors import UserError
-from ..config.resources import launchers_dir
+from ..config import launchers_dir
 from ..world.ports import FIX, port_in_use
 
-# checkout or installed wheel (ddp_lab/config/resources.py)
+# checkout or installed wheel (ddp_lab/config/__init__.py)
 TEMPLATES = launchers_dir()
 
 
 class LaunchError(UserError):
-    """A launcher cannot start this configuration: a user error, one
-    line with the fix, exit 2."""
+    """A launcher cannot start this configuration: a user error, one line with the fix, exit 2."""
 
 
 @dataclass
@@ -41,14 +39,12 @@ class Rendered:
     warnings: list[str] = field(default_factory=list)
     # start + follow; None = run `command`
     starter: Optional[Callable[[], int]] = None
-    # after a failed job: the launcher's own reason, when it failed
-    # before any rank could say one (torchrun's rendezvous); None = the
-    # ranks' records say why
+    # after a failed job: the launcher's own reason, when it failed before any rank could say one
+    # (torchrun's rendezvous); None = the ranks' records say why
     explain: Optional[Callable[[], Optional[str]]] = None
 
     def write(self, run_dir: Path) -> None:
-        # logs/ must exist before the job starts: sbatch --output does
-        # not create folders
+        # logs/ must exist before the job starts: sbatch --output does not create folders
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         for name, content in self.files.items():
             path = run_dir / name
@@ -59,8 +55,7 @@ class Rendered:
 
 # ------------------------------------------------------------------ helpers
 def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
-    """Refuse, before any process starts, a rendezvous port that is no
-    port or is held here."""
+    """Refuse, before any process starts, a rendezvous port that is no port or is held here."""
     try:
         number = int(port)
     except (TypeError, ValueError):
@@ -79,14 +74,12 @@ def is_this_machine(host: str) -> bool:
 
 
 def code_dir() -> Path:
-    """The folder holding the `ddp_lab` package that renders: the ranks
-    run the same code."""
+    """The folder holding the `ddp_lab` package that renders: the ranks run the same code."""
     return Path(__file__).resolve().parents[2]
 
 
 def python_exe(lc) -> str:
-    """The ranks' python: launcher.venv's, else launcher.python, else
-    this interpreter."""
+    """The ranks' python: launcher.venv's, else launcher.python, else this interpreter."""
     if lc.get("venv"):
         return str(Path(str(lc.venv)).expanduser() / "bin" / "python")
     return lc.python or sys.executable
@@ -96,9 +89,8 @@ RUNTIMES = ("apptainer", "singularity")
 
 
 def container_binds(cfg) -> list[str]:
-    """What launcher.image's --bind names besides the run folder:
-    data.root, the rendering checkout, launcher.venv, launcher.bind
-    (each made first: `container_folders`)."""
+    """What launcher.image's --bind names besides the run folder: data.root, the rendering
+    checkout, launcher.venv, launcher.bind (each made first: `container_folders`)."""
     lc = cfg.launcher
     binds = [str(cfg.data.root)] if "data" in cfg else []
     if code_dir().name not in ("site-packages", "dist-packages"):
@@ -110,9 +102,8 @@ def container_binds(cfg) -> list[str]:
 
 
 def ranks_python(cfg, run_dir: str) -> str:
-    """The shell words that run the ranks' python on a node:
-    `python_exe`, or with launcher.image the image's python under
-    `<runtime> exec [--nv] --bind ...`. `run_dir`: the run folder as a
+    """The shell words that run the ranks' python on a node: `python_exe`, or with launcher.image
+    the image's python under `<runtime> exec [--nv] --bind ...`. `run_dir`: the run folder as a
     shell word (a quoted path, or $RUN_DIR)."""
     lc = cfg.launcher
     if not lc.get("image"):
@@ -125,8 +116,7 @@ def ranks_python(cfg, run_dir: str) -> str:
 
 
 def container_folders(cfg, run_dir: str) -> str:
-    """The script line that makes what launcher.image binds; '' without
-    an image."""
+    """The script line that makes what launcher.image binds; '' without an image."""
     if not cfg.launcher.get("image"):
         return ""
     sources = [shlex.quote(b.split(":")[0]) for b in container_binds(cfg)]
@@ -135,9 +125,8 @@ def container_folders(cfg, run_dir: str) -> str:
 
 
 def check_container(cfg) -> None:
-    """launcher.image and launcher.runtime, before anything is written:
-    the runtime is one of RUNTIMES, and for a real submission on PATH,
-    with a local image that exists."""
+    """launcher.image and launcher.runtime, before anything is written: the runtime is one of
+    RUNTIMES, and for a real submission on PATH, with a local image that exists."""
     lc = cfg.launcher
     if lc.runtime not in RUNTIMES:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
@@ -156,9 +145,8 @@ def check_container(cfg) -> None:
 
 
 def pythonpath_line() -> str:
-    """Put the ddp_lab that renders on the ranks' path if it is a source
-    checkout, never an installed one (site-packages, with this machine's
-    torch, would shadow a container's)."""
+    """Put the ddp_lab that renders on the ranks' path if it is a source checkout, never an
+    installed one (site-packages, with this machine's torch, would shadow a container's)."""
     where = code_dir()
     if where.name in ("site-packages", "dist-packages"):
         return "# ddp_lab is installed, not a checkout: the ranks' python brings its own"
@@ -173,8 +161,7 @@ def setup_block(lines) -> str:
     return "# launcher.setup\n" + "\n".join(lines)
 
 
-# what every rank imports first; a container image with torch alone
-# lacks the rest
+# what every rank imports first; a container image with torch alone lacks the rest
 NEEDED = ("torch", "torchvision", "hydra", "omegaconf", "ddp_lab")
 _CHECK = ("import importlib.util as u, sys\n"
           "def has(m):\n"
@@ -189,8 +176,7 @@ _CHECK = ("import importlib.util as u, sys\n"
 
 
 def python_check(py: str, fail: str = "exit 3") -> str:
-    """Script lines that end the job in one line if the ranks' python
-    cannot import their code."""
+    """Script lines that end the job in one line if the ranks' python cannot import their code."""
     # no ' for bash
     code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")
     return ("# the ranks' python must import what they run: else one line naming what is missing\n"
@@ -202,8 +188,7 @@ def python_check(py: str, fail: str = "exit 3") -> str:
 
 
 def store_line(max_restarts: int) -> str:
-    """The script lines that pick the workers' store: torchrun's, or a
-    fresh one per restart."""
+    """The script lines that pick the workers' store: torchrun's, or a fresh one per restart."""
     if max_restarts <= 0:
         return "# no restarts: the workers share torchrun's store on the rendezvous port"
     return ("# a fresh store per restart attempt (pytorch/pytorch#135712); its port is picked\n"
@@ -216,9 +201,8 @@ def template(name: str) -> str:
 
 
 def sourced_note(path: Path, text: str, by: str) -> str:
-    """What a dry run prints of a helper script that `by` sources
-    (slurm_stop.sh, pod_stop.sh): its path, length and the functions its
-    header lists."""
+    """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh): its
+    path, length and the functions its header lists."""
     lines = text.splitlines()
     # after the shebang
     block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])
@@ -236,8 +220,7 @@ def require_tool(tool: str, where: str) -> str:
 
 
 def should_wait(value: Optional[bool]) -> bool:
-    """launcher.wait: null means follow the job when a person is
-    watching (stdin is a tty)."""
+    """launcher.wait: null means follow the job when a person is watching (stdin is a tty)."""
     if value is None:
         try:
             return sys.stdin is not None and sys.stdin.isatty()
@@ -247,8 +230,7 @@ def should_wait(value: Optional[bool]) -> bool:
 
 
 class Tail:
-    """Print what a growing log file gains, whole lines only (the job
-    may be mid-line)."""
+    """Print what a growing log file gains, whole lines only (the job may be mid-line)."""
 
     def __init__(self, path: Path, out: TextIO):
         self.path, self.out, self.pos = path, out, 0
@@ -277,9 +259,8 @@ def tail_text(path: Path, lines: int = 20) -> str:
 
 
 def diagnose(logs: list[Path], lines: int = 15) -> str:
-    """What a failed job's logs say: every rank's one-line `failed: ...`
-    reason (the worker writes one), then the last lines of the first log
-    that has any (the launcher's view)."""
+    """What a failed job's logs say: every rank's one-line `failed: ...` reason (the worker writes
+    one), then the last lines of the first log that has any (the launcher's view)."""
     reasons: list[str] = []
     for path in logs:
         try:

@@ -1,27 +1,37 @@
-"""launcher=local: torchrun on this machine, every rank running the
-worker entry."""
+"""launcher=local: torchrun on this machine, every rank running the worker entry; and every job run
+from this process (torchrun, mpirun: `Foreground`), with the processes of a job found by its run
+folder (`job_processes`, `sweep`: what is left after it ended)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from ..folder.heartbeat import mark_killed
+from ..folder.heartbeat import process_state, read_all
+from ..folder.rundir import clear_stop_file, read_summary, request_stop
+from ..world.env import default_nproc, set_parent_death_signal
 from ..world.ports import FIX, taken
-from ..world.devices import default_nproc
-from .base import (LaunchError, Rendered, check_port_free, code_dir, python_exe, setup_block, template)
+from .base import (check_port_free, code_dir, LaunchError, python_exe, Rendered, setup_block,
+    template)
 
 # torchrun's own error (TORCHELASTIC_ERROR_FILE)
 ERROR_FILE = "logs/torchrun_error.json"
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous binds, and the key that sets it:
-    MASTER_PORT from this environment, else launcher.master_port (None:
-    port 0, which the OS gives torchrun's store as it binds, so no other
-    program can take it in between)."""
+    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT from this
+    environment, else launcher.master_port (None: port 0, which the OS gives torchrun's store as it
+    binds, so no other program can take it in between)."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -48,9 +58,8 @@ def resolve(cfg) -> None:
 
 def render(cfg, run_dir: Path) -> Rendered:
     lc = cfg.launcher
-    # None: port 0, and the store binds whatever port the OS gives it: a
-    # port picked free here could be taken by another program before
-    # torchrun binds it; port 0 cannot.
+    # None: port 0, and the store binds whatever port the OS gives it: a port picked free here
+    # could be taken by another program before torchrun binds it; port 0 cannot.
     port = lc.master_port if lc.master_port is not None else 0
     script = template("local.sh").format(
         python=shlex.quote(python_exe(lc)), nproc=lc.nproc_per_node, port=port,
@@ -67,8 +76,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
-    """One line naming the rendezvous when torchrun could not start it,
-    else None."""
+    """One line naming the rendezvous when torchrun could not start it, else None."""
     try:
         error = json.loads((run_dir / ERROR_FILE).read_text())["message"]
         message, trace = error["message"], error["extraInfo"]["py_callstack"]
@@ -81,3 +89,196 @@ def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
         return taken(host, port)
     where = f"{host}:{port}" if port else f"{host} (a port the OS gave it)"
     return f"torchrun's rendezvous at {where} could not start ({message.split(':')[0]}): {FIX}"
+
+
+# ------------------------------------------------------------ a job run from this process
+# runs in the child between fork and exec
+def _die_with_parent() -> None:
+    set_parent_death_signal(signal.SIGTERM)
+
+
+class Foreground:
+    """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only us
+    and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
+    Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it at once:
+    SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command get `grace_s`
+    to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
+    """
+
+    def __init__(self, command: list[str], run_dir: Path, grace_s: float,
+                 stderr_lines: Optional[Callable[[str], None]] = None):
+        self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
+        # None: the job writes to our stderr itself
+        self.stderr_lines = stderr_lines
+        # the first signal we got
+        self.signal: Optional[int] = None
+        # a second signal: no more waiting
+        self.forced = False
+        self.deadline: Optional[float] = None
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signal is None:
+            self.signal = signum
+            self.deadline = time.monotonic() + self.grace_s
+            what = "Ctrl-C" if signum == signal.SIGINT else name
+            if self.grace_s <= 0:
+                print(f"\n[ddp_lab] {what}: ending the job", file=sys.stderr, flush=True)
+                return
+            request_stop(self.run_dir, "stopped", f"{what} to python -m ddp_lab")
+            print(f"\n[ddp_lab] {what}: every rank stops at its next check and saves a checkpoint "
+                  "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
+        else:
+            print(f"[ddp_lab] {name} again: killing the job", file=sys.stderr, flush=True)
+            self.forced = True
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def settle(self) -> list[int]:
+        """Wait up to `grace_s` for the job's processes that outlive the command; the rest."""
+        deadline, told = time.monotonic() + self.grace_s, False
+        while True:
+            pids = job_processes(self.run_dir, marked=True)
+            for pid in pids:
+                if process_state(pid) == "frozen":
+                    # its record says why it ended
+                    for rec in read_all(self.run_dir):
+                        if rec["pid"] == pid and rec["local"] and rec["state"] in ("starting", "running"):
+                            mark_killed(self.run_dir, rec["rank"],
+                                        "frozen (SIGSTOP), killed by python -m ddp_lab")
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                    print(f"[ddp_lab] killed process {pid} of the job: frozen (SIGSTOP)",
+                          file=sys.stderr, flush=True)
+            pids = [p for p in pids if process_state(p) != "dead"]
+            if not pids or self.forced or time.monotonic() > deadline:
+                return pids
+            if not told:
+                told = True
+                print(f"[ddp_lab] the launcher has ended; waiting up to {self.grace_s:.0f} s for "
+                      f"{len(pids)} process(es) of the job to stop", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+
+    def _read_stderr(self) -> threading.Thread:
+        """Hand the job's stderr to `stderr_lines`, line by line as it comes, from a thread."""
+        def pump() -> None:
+            for raw in iter(self.proc.stderr.readline, b""):
+                self.stderr_lines(raw.decode(errors="replace"))
+            self.proc.stderr.close()
+
+        reader = threading.Thread(target=pump, name="job-stderr", daemon=True)
+        reader.start()
+        return reader
+
+    def run(self) -> int:
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, self._on_signal)
+                        for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            # what `sweep` recognises
+            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}
+            piped = self.stderr_lines is not None
+            self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
+                                         preexec_fn=_die_with_parent, env=env,
+                                         stderr=subprocess.PIPE if piped else None)
+            reader = self._read_stderr() if piped else None
+            while True:
+                try:
+                    rc = self.proc.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.deadline is not None and time.monotonic() > self.deadline:
+                        print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
+                              "killing it", file=sys.stderr, flush=True)
+                        self.forced = True
+                        self.kill()
+            self.settle()
+            # whatever the job wrote last (a child may hold the pipe)
+            if reader is not None:
+                reader.join(timeout=5)
+        finally:
+            for sig, previous in handlers.items():
+                signal.signal(sig, previous)
+            if self.proc is not None and self.proc.poll() is None:
+                self.kill()
+            sweep(self.run_dir)
+        return rc
+
+
+def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
+                   stderr_lines: Optional[Callable[[str], None]] = None) -> int:
+    """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the signal
+    that stopped it (0 when the job had completed anyway). `stderr_lines` gets the job's stderr
+    line by line (mpirun's filter), else it is ours."""
+    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
+    rc = fg.run()
+    if fg.signal is None:
+        return rc
+    if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":
+        # our stop request came too late to be read: not a request
+        clear_stop_file(fg.run_dir)
+        print(f"[ddp_lab] {signal.Signals(fg.signal).name} came after the last epoch: the run "
+              "had completed", file=sys.stderr, flush=True)
+        return 0
+    return 128 + fg.signal
+
+
+# what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
+JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run",
+               b"ddp_lab.launch.torchrun")
+# set in the environment of a job `Foreground` starts
+JOB_ENV = "DDP_LAB_JOB"
+
+
+def job_mark(run_dir: Path) -> str:
+    """The mark of this process's job in `run_dir`: the folder and our pid."""
+    return f"{run_dir}:{os.getpid()}"
+
+
+def job_processes(run_dir: Path, marked: bool = False) -> list[int]:
+    """Processes of this machine in the job of `run_dir` (their command line names it and one of
+    JOB_MARKERS, or runs a script in it; not a watcher). With `marked`, only those carrying this
+    process's JOB_ENV mark: what a sweep may kill."""
+    key = str(run_dir).encode()
+    mark = f"{JOB_ENV}={job_mark(run_dir)}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(arg == key or arg.startswith(key + b"/") for arg in argv):
+                continue
+            if marked and mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+        except OSError:
+            continue
+        script = any(arg.startswith(key + b"/") and arg.endswith((b".sh", b".sbatch")) for arg in argv)
+        if script or any(arg in JOB_MARKERS for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def sweep(run_dir: Path) -> list[int]:
+    """Kill what is left of a job that has ended (a SIGSTOPped rank); the pids killed."""
+    pids = job_processes(run_dir, marked=True)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if pids:
+        print(f"[ddp_lab] killed {len(pids)} leftover process(es) of the job: {pids}",
+              file=sys.stderr, flush=True)
+    return pids

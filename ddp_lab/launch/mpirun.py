@@ -1,7 +1,12 @@
-"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts
-(the lab recipe): `launcher.hosts=[red01:2,orange07:1]` or
-`launcher.hostfile=hosts`. Renders `hostfile`, `mpi_rank.sh` (per rank:
-setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
+"""launcher=mpirun: Open MPI starts one rank per slot on a list of hosts (the lab recipe):
+`launcher.hosts=[red01:2,orange07:1]` or `launcher.hostfile=hosts`. Renders `hostfile`,
+`mpi_rank.sh` (per rank: setup, then `exec python -m <run.entry> RUN_DIR`) and `launch.sh`.
+
+mpirun's stderr goes to the console through `MpirunStderr`: ssh's messages and Open MPI's help
+blocks to RUN_DIR/logs/mpirun.log; a daemon failure is kept there only and `close` prints one line
+(host, ssh's reason, the fix); other blocks are also shown. torch's per-rank "hostname of the
+client socket cannot be retrieved" is explained once; every other line passes through at once.
+`reason()` is the run's one-line failure when the daemons did not start.
 """
 
 from __future__ import annotations
@@ -10,22 +15,23 @@ import os
 import re
 import shlex
 import socket
+import sys
+import threading
 from pathlib import Path
+from typing import Optional, TextIO
 
-from ..world.devices import default_nproc
+from ..world.env import default_nproc
 from ..world.ports import free_port
-from .base import (LaunchError, Rendered, check_container, check_port_free, container_folders,
-                   is_this_machine, python_check, pythonpath_line, ranks_python, require_tool,
-                   setup_block, template)
-from .foreground import run_foreground
-from .mpirun_errors import MpirunStderr
+from .base import (check_container, check_port_free, container_folders, is_this_machine,
+    LaunchError, python_check, pythonpath_line, ranks_python, Rendered, require_tool, setup_block,
+    template)
+from .local import run_foreground
 
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
-    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07',
-    default_slots)]."""
+    """['red01:2', 'orange07'] -> [('red01', 2), ('orange07', default_slots)]."""
     out: list[tuple[str, int]] = []
     for entry in entries:
         name, _, slots = str(entry).strip().partition(":")
@@ -47,9 +53,8 @@ def parse_hosts(entries, default_slots: int) -> list[tuple[str, int]]:
 
 
 def read_hostfile(path: str, default_slots: int) -> list[str]:
-    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots
-    = N`) -> name:slots, as Open MPI reads them: a host given only
-    `max_slots` offers that many."""
+    """Open MPI hostfile lines (`name`, `name slots=N`, `name max_slots = N`) -> name:slots, as
+    Open MPI reads them: a host given only `max_slots` offers that many."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise LaunchError(f"launcher.hostfile={path}: no such file")
@@ -71,8 +76,7 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
 
 
 def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
-    """Where `np` ranks go with `--map-by slot`: each host's slots
-    filled before the next."""
+    """Where `np` ranks go with `--map-by slot`: each host's slots filled before the next."""
     placed, left = [], np
     for name, slots in hosts:
         if left <= 0:
@@ -83,8 +87,7 @@ def place(hosts: list[tuple[str, int]], np: int) -> list[tuple[str, int]]:
 
 
 def same_host(a: str, b: str) -> bool:
-    """Whether two names or addresses are one machine, as far as this
-    machine can tell."""
+    """Whether two names or addresses are one machine, as far as this machine can tell."""
     if a == b or (is_this_machine(a) and is_this_machine(b)):
         return True
     try:
@@ -98,8 +101,7 @@ MPIRUN_FIX = "install Open MPI (apt-get install openmpi-bin) or set launcher.mpi
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real start needs on PATH, and where to get it
-    (launch.check_tool)."""
+    """What a real start needs on PATH, and where to get it (launch.check_tool)."""
     return cfg.launcher.mpirun, MPIRUN_FIX
 
 
@@ -180,14 +182,12 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, entry=shlex.quote(cfg.run.entry))
     hostfile = "".join(f"{n} slots={s}\n" for n, s in hosts)
     files = {"launch.sh": launch_sh, "mpi_rank.sh": rank_sh, "hostfile": hostfile}
-    # the hostfile is not shown: launch.sh's comment lists its hosts on
-    # one line
+    # the hostfile is not shown: launch.sh's comment lists its hosts on one line
     show = "\n".join(f"# ---- {name}\n{text.rstrip()}" for name, text in
                      (("launch.sh", launch_sh), ("mpi_rank.sh", rank_sh)))
 
-    # mpirun's stderr passes through a filter: a host it cannot reach
-    # over ssh is one line (the host, ssh's reason, the fix), Open MPI's
-    # block in logs/mpirun.log
+    # mpirun's stderr passes through a filter: a host it cannot reach over ssh is one line (the
+    # host, ssh's reason, the fix), Open MPI's block in logs/mpirun.log
     errors = MpirunStderr(run_dir / "logs" / "mpirun.log",
                           [n for n, _ in hosts if not is_this_machine(n)])
 
@@ -202,3 +202,116 @@ def render(cfg, run_dir: Path) -> Rendered:
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files=files,
                     executable=("launch.sh", "mpi_rank.sh"), show=show, starter=starter,
                     explain=errors.reason)
+
+
+# Open MPI frames each help message with these
+RULE = re.compile(r"^-{20,}$")
+DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
+# what ssh (and a shell on the far side) says when a daemon cannot start; the first group, where
+# there is one, is the host
+SSH_LINES = [re.compile(p) for p in (
+    r"^ssh: Could not resolve hostname ([^:\s]+): .+",
+    r"^ssh: connect to host (\S+) port \d+: .+",
+    r"^Connection to (\S+) port \d+ timed out",
+    r"^(?:\S+@)?([^@:\s]+): Permission denied \(.+\)",
+    r"^ssh: .+",
+    r"^Host key verification failed\.",
+    r"^Permission denied \(.+\)",
+    r"^Connection (?:timed out during banner exchange|closed by .+|reset by .+)",
+    r"^kex_exchange_identification: .+",
+    r"^Can't open user config file .+",
+    # StrictHostKeyChecking=no, every run: noise
+    r"^Warning: Permanently added .+",
+    r"^(?:bash: )?(?:line \d+: )?orted: command not found",
+)]
+C10D_NO_NAME = "[c10d] The hostname of the client socket cannot be retrieved"
+C10D_NOTE = ("[ddp_lab] torch's [c10d] 'hostname of the client socket cannot be retrieved' "
+             "warnings (one per rank, hidden here): no DNS server names the lab's addresses, so "
+             "torch logs peers by address instead; harmless (list the hosts in /etc/hosts to "
+             "give them names)")
+FIX = ("mpirun starts a daemon on every other host over ssh, which must work without a prompt "
+       "(passwordless ssh: `ssh {host} true`); ssh options reach it through launcher.extra_args, "
+       "e.g. 'launcher.extra_args=[--mca,plm_rsh_args,\"-F SSH_CONFIG\"]' (docs/launchers.md, "
+       "mpirun)")
+
+
+class MpirunStderr:
+    """A filter for mpirun's stderr: `feed` each line as it comes, `close` at mpirun's end."""
+
+    def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
+        self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out
+        # the help block being read, rules included
+        self.block: Optional[list[str]] = None
+        # (host or None, ssh's line)
+        self.ssh: list[tuple[Optional[str], str]] = []
+        self.daemons_failed = False
+        self.c10d_told = False
+        # feed runs in the reader thread, close in ours
+        self.lock = threading.Lock()
+
+    def _log(self, lines: list[str]) -> None:
+        with open(self.log_path, "a") as f:
+            f.write("".join(ln + "\n" for ln in lines))
+
+    def _show(self, lines: list[str]) -> None:
+        self.out.write("".join(ln + "\n" for ln in lines))
+        self.out.flush()
+
+    def feed(self, line: str) -> None:
+        # ssh ends its lines with \r\n
+        line = line.rstrip("\r\n")
+        with self.lock:
+            if self.block is not None:
+                self.block.append(line)
+                if RULE.match(line):
+                    self._end_block()
+            elif RULE.match(line):
+                self.block = [line]
+            elif C10D_NO_NAME in line:
+                self._log([line])
+                if not self.c10d_told:
+                    self.c10d_told = True
+                    self._show([C10D_NOTE])
+            elif ssh := next(filter(None, (p.match(line) for p in SSH_LINES)), None):
+                self._log([line])
+                self.ssh.append((ssh.group(1) if ssh.re.groups else None, line))
+            else:
+                self._show([line])
+
+    def _end_block(self) -> None:
+        block, self.block = self.block or [], None
+        self._log(block)
+        if any(DAEMONS_FAILED in ln for ln in block):
+            # said in one line by `close`
+            self.daemons_failed = True
+        else:
+            # another of Open MPI's messages: shown as it was
+            self._show(block)
+
+    def reason(self) -> Optional[str]:
+        """`mpirun could not start its daemon on HOST over ssh (ssh's words)`, or None when the
+        daemons started (the ranks' own records say why a run failed)."""
+        if not self.daemons_failed:
+            return None
+        named = list(dict.fromkeys(h for h, _ in self.ssh if h))
+        if named:
+            where = " and ".join(named)
+        elif len(self.remote_hosts) == 1:
+            where = self.remote_hosts[0]
+        else:  # ssh did not say which: one of them
+            where = "one of " + ", ".join(self.remote_hosts)
+        said = "; ".join(dict.fromkeys(ln for _, ln in self.ssh if not ln.startswith("Warning:")))
+        return f"mpirun could not start its daemon on {where} over ssh" + (f" ({said})" if said else "")
+
+    def close(self) -> None:
+        """mpirun has ended: flush an unfinished block; a daemon failure becomes its one line."""
+        with self.lock:
+            if self.block is not None:
+                self._end_block()
+            why = self.reason()
+            # the fix's `ssh HOST true`: the host ssh named, else the only remote one
+            if why:
+                host = next((h for h, _ in self.ssh if h),
+                            self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST")
+                self._show([f"[ddp_lab] {why}: {FIX.format(host=host)}; Open MPI's message: "
+                            f"{self.log_path}"])

@@ -1,14 +1,12 @@
-"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod
-entry script (docs/launchers.md, "runai: RunAI pods").
+"""launcher=runai: `runai submit-dist pytorch` (CLI v2.10+) + a pod entry script
+(docs/launchers.md, "runai: RunAI pods").
 
     python -m ddp_lab launcher=runai launcher.nodes=2 launcher.gpus_per_node=4 launcher.image=...
 
-RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each
-pod runs `bash RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one
-torchrun; pod_stop.sh holds the stop and exit machinery): a preempted
-pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the pods come
-back and continue. The run folder must be on a PVC mounted at the same
-path.
+RunAI adds a master pod to `--workers`, so --workers = nodes - 1. Each pod runs `bash
+RUN_DIR/pod.sh` (setup, NCCL's RDMA settings, one torchrun; pod_stop.sh holds the stop and exit
+machinery): a preempted pod writes RUN_DIR/STOP and exits PREEMPTED_EXIT so that the pods come back
+and continue. The run folder must be on a PVC mounted at the same path.
 """
 
 from __future__ import annotations
@@ -26,16 +24,14 @@ from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_e
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-# pod.sh's exit status after a graceful stop for preemption: 128 +
-# SIGTERM. Not 0 (a PyTorchJob whose master pod succeeds would not come
-# back) and not 1-127 (Kubeflow's ExitCode restart policy retries only
-# 128-255).
+# pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a PyTorchJob
+# whose master pod succeeds would not come back) and not 1-127 (Kubeflow's ExitCode restart policy
+# retries only 128-255).
 PREEMPTED_EXIT = 143
 
 
 def tool(cfg) -> tuple[str, str]:
-    """What a real submission needs on PATH, and where to get it
-    (launch.check_tool)."""
+    """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
     return "runai", "install the RunAI CLI and `runai login`"
 
 
@@ -72,9 +68,8 @@ def resolve(cfg) -> None:
 
 
 def on_pvc(cfg) -> None:
-    """Every pod runs RUN_DIR/pod.sh and writes the run folder; rank 0
-    fetches the data the others read: both must be on a PVC the pods
-    mount, at the same path as here."""
+    """Every pod runs RUN_DIR/pod.sh and writes the run folder; rank 0 fetches the data the others
+    read: both must be on a PVC the pods mount, at the same path as here."""
     lc = cfg.launcher
     mounts = [Path(str(v).partition(":")[2]) for v in lc.pvc]
     where = {"run.dir" if cfg.run.dir else "run.root": cfg.run.dir or cfg.run.root}
@@ -121,16 +116,14 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
     if lc.rdma:
         cmd += ["--annotation", lc.rdma_annotation, "--extended-resource", lc.rdma_resource]
     cmd += [str(a) for a in lc.extra_args]
-    # --command: run our script instead of appending it to the image's
-    # entry point
+    # --command: run our script instead of appending it to the image's entry point
     cmd += ["--command", "--", "bash", str(run_dir / "pod.sh")]
     return cmd
 
 
 def pod_script(cfg, run_dir: Path) -> tuple[str, str]:
-    """pod.sh (what each pod runs: the setup lines, then torchrun) and
-    pod_stop.sh, which pod.sh sources first (its log, the graceful stop
-    on SIGTERM, its exit status)."""
+    """pod.sh (what each pod runs: the setup lines, then torchrun) and pod_stop.sh, which pod.sh
+    sources first (its log, the graceful stop on SIGTERM, its exit status)."""
     lc = cfg.launcher
     py = shlex.quote(python_exe(lc) if lc.venv else (lc.python or "python"))
     timeout = max(1, int(cfg.dist.init_timeout_s))
@@ -180,8 +173,7 @@ def render(cfg, run_dir: Path) -> Rendered:
 
 
 def _pairs(cmd: list[str]) -> list[str]:
-    """Quote, and keep each flag on one line with its value, for a
-    readable script."""
+    """Quote, and keep each flag on one line with its value, for a readable script."""
     out: list[str] = []
     i = 0
     while i < len(cmd):
@@ -195,8 +187,7 @@ def _pairs(cmd: list[str]) -> list[str]:
         else:
             out.append(shlex.quote(a))
             i += 1
-    # `runai submit-dist pytorch --name x` reads better on the first
-    # line
+    # `runai submit-dist pytorch --name x` reads better on the first line
     return [" ".join(out[:4])] + out[4:] if len(out) > 4 else out
 
 
@@ -227,10 +218,9 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int
 
 
 def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:
-    """Wait for every pod's exit file in the (shared) run folder; stream
-    pod 0's log. 0 when the run completed or stopped gracefully
-    (preempted: RunAI brings the pods back without us), else the first
-    pod's failure status."""
+    """Wait for every pod's exit file in the (shared) run folder; stream pod 0's log. 0 when the
+    run completed or stopped gracefully (preempted: RunAI brings the pods back without us), else
+    the first pod's failure status."""
     logs = run_dir / "logs"
     tail = Tail(logs / "pod0.log", sys.stdout)
     t0 = time.monotonic()
@@ -267,8 +257,7 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
     stop = graceful_stop(run_dir, codes)
     if stop is not None:
         print(f"[runai] job {name}: {stop}", flush=True)
-        # not a failure: summary.json says preempted/stopped, the CLI
-        # reports it
+        # not a failure: summary.json says preempted/stopped, the CLI reports it
         return 0
     rc = next((c for c in codes.values() if c != 0), 0)
     if rc != 0:
@@ -278,8 +267,7 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
 
 
 def graceful_stop(run_dir: Path, codes: dict[str, int]) -> Optional[str]:
-    """What to say when the pods ended by a graceful stop (preempted or
-    stopped), else None."""
+    """What to say when the pods ended by a graceful stop (preempted or stopped), else None."""
     summary = read_summary(run_dir)
     status = str(summary.get("status", ""))
     if status not in ("preempted", "stopped") or any(

@@ -1,9 +1,8 @@
-"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's
-arguments]`: torchrun's own `main`, with its ~30-line `ChildFailedError`
-traceback kept in FILE (logs/torchrun.log) and one line on the console
-saying where (which rank failed, the console said already). CPU ranks
-start as forks of this process, which has imported torch (`fork_ranks`);
-DDP_LAB_FRESH_RANKS=1 starts them as fresh interpreters, as on a GPU.
+"""`python -m ddp_lab.launch.torchrun --log=FILE [torchrun's arguments]`: torchrun's own `main`,
+with its ~30-line `ChildFailedError` traceback kept in FILE (logs/torchrun.log) and one line on the
+console saying where (which rank failed, the console said already). CPU ranks start as forks of
+this process, which has imported torch (`fork_ranks`); DDP_LAB_FRESH_RANKS=1 starts them as fresh
+interpreters, as on a GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from ..world import cpu
-from ..world.parent import keep_handlers
+from ..world.env import keep_handlers
 
 # the entries this torchrun may fork ranks of, with what each imports
 # first, once here (torch, torch._dynamo: ~5 s of CPU a rank;
@@ -29,15 +28,14 @@ FRESH_RANKS = "DDP_LAB_FRESH_RANKS"
 
 
 def fork_ranks(args) -> bool:
-    """Start CPU ranks of ddp_lab's entries as forks of this process
-    (`--run-path`, `--start-method fork`), after importing what they
-    would import first. GPU ranks stay fresh interpreters: CUDA cannot
-    be used in a fork of a process that touched it."""
+    """Start CPU ranks of ddp_lab's entries as forks of this process (`--run-path`, `--start-method
+    fork`), after importing what they would import first. GPU ranks stay fresh interpreters: CUDA
+    cannot be used in a fork of a process that touched it."""
     preload = FORK_PRELOAD.get(args.training_script) if args.module else None
     if preload is None or os.environ.get(FRESH_RANKS) == "1" or len(args.training_script_args) != 1:
         return False
     from ..config import device_type, load_run_config
-    from ..world.devices import gpu_devices_present
+    from ..world.env import gpu_devices_present
 
     run_dir = Path(args.training_script_args[0])
     try:
@@ -52,18 +50,16 @@ def fork_ranks(args) -> bool:
     args.training_script = importlib.util.find_spec(args.training_script).origin
     args.module, args.run_path, args.start_method = False, True, "fork"
     _return_on_exit_0()
-    # a forked rank that fails is logged with torch's own traceback of
-    # noticing it (a ProcessExitedException); a fresh interpreter's, in
-    # one line: keep the line
+    # a forked rank that fails is logged with torch's own traceback of noticing it (a
+    # ProcessExitedException); a fresh interpreter's, in one line: keep the line
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_traceback)
     return True
 
 
 def _return_on_exit_0() -> None:
-    """A forked rank must return its result from the entry, which ends
-    with `sys.exit(rc)`: torch 2.2 lets `SystemExit(0)` end the process
-    with no result and its agent waits for ever, so the entry run here
-    turns it into a return on every torch."""
+    """A forked rank must return its result from the entry, which ends with `sys.exit(rc)`: torch
+    2.2 lets `SystemExit(0)` end the process with no result and its agent waits for ever, so the
+    entry run here turns it into a return on every torch."""
     from torch.distributed import run as torchrun
 
     run_path = torchrun.run_script_path
@@ -89,10 +85,9 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 
 
 def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
-    """What went wrong, in one line: a `ChildFailedError` by its first
-    failed rank, any other exception by its type and first line. With
-    forked ranks torchrun may name a rank other than the root cause (the
-    ranks' own lines name that)."""
+    """What went wrong, in one line: a `ChildFailedError` by its first failed rank, any other
+    exception by its type and first line. With forked ranks torchrun may name a rank other than the
+    root cause (the ranks' own lines name that)."""
     failures = getattr(e, "failures", None)
     if failures:
         rank, first = e.get_first_failure()  # type: ignore[attr-defined]
@@ -107,8 +102,7 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
 
 
 def nproc_per_node(args: list[str]) -> int:
-    """torchrun's --nproc-per-node among `args`, before torch loads; 1
-    if absent or no number."""
+    """torchrun's --nproc-per-node among `args`, before torch loads; 1 if absent or no number."""
     for i, a in enumerate(args):
         for flag in ("--nproc-per-node", "--nproc_per_node"):
             if a == flag and i + 1 < len(args):
@@ -125,12 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("usage: python -m ddp_lab.launch.torchrun --log=FILE [torchrun arguments]")
     path, args = Path(argv[0].removeprefix("--log=")), argv[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
-    # before torch loads (libgomp reads its variables once) and before
-    # any rank runs: this machine's cores free now, shared among its
-    # ranks (ddp_lab/world/cpu.py); the forks inherit it
+    # before torch loads (libgomp reads its variables once) and before any rank runs: this
+    # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
     cpu.apply(cpu.look(nproc_per_node(args)))
-    # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does
-    # (2.2, 2.3: 5 s); a PET_MONITOR_INTERVAL set by the user wins
+    # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
+    # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
     # torch loads only in the job, not at import
     from torch.distributed import run as torchrun

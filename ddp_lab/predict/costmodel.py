@@ -1,27 +1,25 @@
-"""The one cost model: bytes per rank, latency steps and busbw factor of
-every collective. Synchronisers record their traffic with it, the bench
-and the report take their busbw factors and alpha-beta predictions from
-it; nothing else computes a cost. The formulas: docs/collectives.md,
+"""The one cost model: bytes per rank, latency steps and busbw factor of every collective.
+Synchronisers record their traffic with it, the bench and the report take their busbw factors and
+alpha-beta predictions from it; nothing else computes a cost. The formulas: docs/collectives.md,
 "Algorithms and alpha-beta costs"; the fit: docs/report.md.
 
-`cost(...)` gives a :class:`Cost`: `sent[r]` / `recv[r]` (bytes of group
-rank r in one call, exact for our send/recv algorithms), `steps` (the
-alpha term) and `path_bytes` (the beta term). `"torch"`, the library's
-collective, is modelled (`exact` false) on what gloo runs (all_reduce,
-all_gather, reduce_scatter: the ideal ring; broadcast: the binomial
-tree; reduce: a ring reduce-scatter, then a gather to the root). Phases
-join with `Cost.then`.
+`cost(...)` gives a :class:`Cost`: `sent[r]` / `recv[r]` (bytes of group rank r in one call, exact
+for our send/recv algorithms), `steps` (the alpha term) and `path_bytes` (the beta term).
+`"torch"`, the library's collective, is modelled (`exact` false) on what gloo runs (all_reduce,
+all_gather, reduce_scatter: the ideal ring; broadcast: the binomial tree; reduce: a ring
+reduce-scatter, then a gather to the root). Phases join with `Cost.then`. Below it, the small
+arithmetic the collectives, the clocks and the report share with it (`ceil_log2`,
+`num_pipeline_chunks`, `union_length`, `pow2_label`). No torch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
-from .numbers import DEFAULT_RING_CHUNK_BYTES, ceil_log2, num_pipeline_chunks
-
-#: collective -> the algorithms the model knows (= the registries of
-#: ddp_lab.collectives)
+#: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "broadcast": ("linear", "tree", "ring", "torch"),
     "reduce": ("linear", "tree", "torch"),
@@ -30,9 +28,44 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "torch"),
 }
 
-#: a sharded call's shards are whole multiples of this many elements:
-#: sync=zero1 pads each bucket to world x SHARD_ALIGN (sync/zero1.py),
-#: so its calls split evenly
+#: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads each bucket
+#: to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
+#: Default piece size of the pipelined ring broadcast.
+DEFAULT_RING_CHUNK_BYTES = 1 << 20
+
+
+def ceil_log2(n: int) -> int:
+    """Number of binomial-tree rounds for ``n`` ranks (0 for n <= 1)."""
+    return 0 if n <= 1 else (n - 1).bit_length()
+
+
+def num_pipeline_chunks(numel: int, element_size: int, chunk_bytes: int | None) -> int:
+    """How many pieces a pipelined transfer of ``numel`` elements is cut into."""
+    if not chunk_bytes or chunk_bytes <= 0 or numel == 0:
+        return 1
+    return max(1, min(numel, math.ceil(numel * element_size / chunk_bytes)))
+
+
+def pow2_label(n: int) -> str:
+    """2^k for powers of two, else the number."""
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
 SHARD_ALIGN = 64
 SHARDED = ("all_gather", "reduce_scatter")
 
@@ -43,8 +76,7 @@ TORCH_MODELLED_AS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter
 
 @dataclass(frozen=True)
 class Cost:
-    """One collective call (or several phases of one) on a group of
-    ``len(sent)`` ranks."""
+    """One collective call (or several phases of one) on a group of ``len(sent)`` ranks."""
 
     steps: int
     sent: tuple[int, ...]  # bytes each group rank sends
@@ -58,13 +90,11 @@ class Cost:
         return max(self.sent, default=0)
 
     def time(self, alpha: float, beta: float) -> float:
-        """Predicted seconds: ``steps * alpha + path_bytes * beta``
-        (beta = seconds/byte)."""
+        """Predicted seconds: ``steps * alpha + path_bytes * beta`` (beta = seconds/byte)."""
         return self.steps * alpha + self.path_bytes * beta
 
     def then(self, other: "Cost") -> "Cost":
-        """This call followed by ``other`` on the same ranks (phases add
-        up)."""
+        """This call followed by ``other`` on the same ranks (phases add up)."""
         if len(other.sent) != len(self.sent):
             raise ValueError(f"cannot join costs of {len(self.sent)} and {len(other.sent)} ranks")
         return Cost(self.steps + other.steps,
@@ -80,11 +110,10 @@ def nothing(world: int) -> Cost:
 
 
 def busbw_factors(world: int) -> dict[str, float]:
-    """nccl-tests' factor from algorithm to bus bandwidth
-    (PERFORMANCE.md) of every op, on ``world`` ranks: all_reduce
-    ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n`` (size
-    = the full buffer); broadcast, reduce and point-to-point 1. One rank
-    moves nothing over a bus: 0 for the first four."""
+    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md) of every op, on
+    ``world`` ranks: all_reduce ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n``
+    (size = the full buffer); broadcast, reduce and point-to-point 1. One rank moves nothing over a
+    bus: 0 for the first four."""
     n = world
     spread, both = ((n - 1) / n, 2 * (n - 1) / n) if n > 1 else (0.0, 0.0)
     return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread,
@@ -100,12 +129,11 @@ def busbw_factor(collective: str, world: int) -> float:
 
 
 def lower_bound(collective: str, numel: int, world: int, elem_size: int = 4) -> tuple[float, int]:
-    """What no algorithm of `collective` can beat on `world` ranks, for
-    `numel` elements a rank contributes or holds: (bytes the busiest
-    rank must send, in nccl-tests' busbw terms, :func:`busbw_factors`
-    times the full buffer; the rounds of a binomial tree, ceil(log2
-    n)). The full buffer is `world` x `numel` for the gathers, scatters
-    and reduce_scatter (their per-rank piece is `numel`)."""
+    """What no algorithm of `collective` can beat on `world` ranks, for `numel` elements a rank
+    contributes or holds: (bytes the busiest rank must send, in nccl-tests' busbw terms,
+    :func:`busbw_factors` times the full buffer; the rounds of a binomial tree, ceil(log2 n)). The
+    full buffer is `world` x `numel` for the gathers, scatters and reduce_scatter (their per-rank
+    piece is `numel`)."""
     full = numel * elem_size * (world if collective in ("all_gather", "reduce_scatter",
                                                         "gather", "scatter") else 1)
     factor = busbw_factor(collective, world) if world > 1 else 0.0
@@ -113,9 +141,8 @@ def lower_bound(collective: str, numel: int, world: int, elem_size: int = 4) -> 
 
 
 def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> int:
-    """The elements a call of `numel` puts on the wire: a sharded call's
-    buffer padded to `world` equal shards of whole `unit`s
-    (sync/zero1.py's buckets), any other call's as is."""
+    """The elements a call of `numel` puts on the wire: a sharded call's buffer padded to `world`
+    equal shards of whole `unit`s (sync/zero1.py's buckets), any other call's as is."""
     if collective in SHARDED and world > 1:
         step = world * unit
         return -(-numel // step) * step
@@ -124,33 +151,29 @@ def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> 
 
 # ----------------------------------------------------------------- per-rank pieces
 def _children(v: int, n: int) -> int:
-    """Children of relative rank ``v`` in the binomial tree rooted at 0
-    (our tree and gloo's broadcast): ``v + 2^k`` for every ``2^k`` below
-    ``v``'s lowest set bit."""
+    """Children of relative rank ``v`` in the binomial tree rooted at 0 (our tree and gloo's
+    broadcast): ``v + 2^k`` for every ``2^k`` below ``v``'s lowest set bit."""
     low = v & -v if v else 1 << ceil_log2(n)
     return sum(1 for k in range(n.bit_length()) if (1 << k) < low and v + (1 << k) < n)
 
 
 def _split(numel: int, n: int) -> list[int]:
-    """Sizes of ``tensor_split(n)``: the first ``numel % n`` pieces one
-    element longer."""
+    """Sizes of ``tensor_split(n)``: the first ``numel % n`` pieces one element longer."""
     q, extra = divmod(numel, n)
     return [q + (i < extra) for i in range(n)]
 
 
 def _by_root(n: int, root: int, f) -> tuple[int, ...]:
-    """``f(v)`` for every group rank, ``v`` its rank relative to
-    ``root``."""
+    """``f(v)`` for every group rank, ``v`` its rank relative to ``root``."""
     return tuple(f((r - root) % n) for r in range(n))
 
 
 @lru_cache(maxsize=4096)
 def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
          root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
-    """Cost of one `collective` with `algorithm` on `world` ranks of
-    `numel` elements of `elem_size` bytes (all_gather / reduce_scatter:
-    the *full* buffer, as nccl-tests counts); `root`: the source /
-    destination; `chunk_bytes`: the ring broadcast's piece. Cached."""
+    """Cost of one `collective` with `algorithm` on `world` ranks of `numel` elements of
+    `elem_size` bytes (all_gather / reduce_scatter: the *full* buffer, as nccl-tests counts);
+    `root`: the source / destination; `chunk_bytes`: the ring broadcast's piece. Cached."""
     if algorithm not in ALGORITHMS.get(collective, ()):
         raise KeyError(f"no cost model for {collective}/{algorithm!r}; known: {ALGORITHMS}")
     n, N, e = world, numel * elem_size, elem_size
@@ -171,8 +194,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         if algorithm == "tree":
             return Cost(L, _by_root(n, root, lambda v: _children(v, n) * N),
                         _by_root(n, root, lambda v: N if v else 0), L * N)
-        # ring: root -> root+1 -> ... -> root-1, cut into k pieces only
-        # when some rank both receives and forwards (n > 2)
+        # ring: root -> root+1 -> ... -> root-1, cut into k pieces only when some rank both
+        # receives and forwards (n > 2)
         k = num_pipeline_chunks(numel, e, chunk_bytes) if n > 2 else 1
         return Cost(n - 2 + k, _by_root(n, root, lambda v: N if v < n - 1 else 0),
                     _by_root(n, root, lambda v: N if v else 0),
@@ -196,9 +219,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         msgs = tuple(1 if r >= p else rounds + (r < n - p) for r in range(n))
         b = tuple(m * N for m in msgs)
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
-    # ring (collectives/ring_schedule.py, shift 1): rank r sends every
-    # chunk but r+1, then but r+2; receives every chunk but r, then but
-    # r+1
+    # ring (collectives/ring_optimised.py, shift 1): rank r sends every chunk but r+1, then but
+    # r+2; receives every chunk but r, then but r+1
     size = [c * e for c in _split(numel, n)]
     sent = tuple(2 * N - size[(r + 1) % n] - size[(r + 2) % n] for r in range(n))
     recv = tuple(2 * N - size[r] - size[(r + 1) % n] for r in range(n))
@@ -216,17 +238,16 @@ def _torch(collective: str, n: int, N: int, root: int) -> Cost:
         L = ceil_log2(n)
         return Cost(L, _by_root(n, root, lambda v: _children(v, n) * N),
                     _by_root(n, root, lambda v: N if v else 0), L * N, False)
-    # reduce: ring reduce-scatter, then each rank's reduced chunk (N/n)
-    # goes to the root, which receives n-1 of them on its link
+    # reduce: ring reduce-scatter, then each rank's reduced chunk (N/n) goes to the root, which
+    # receives n-1 of them on its link
     return Cost(n, _by_root(n, root, lambda v: int(part) if v == 0 else N),
                 _by_root(n, root, lambda v: int(2 * part) if v == 0 else int(part)),
                 2 * part, False)
 
 
 # ------------------------------------------------------------------ synchronisers
-#: synchroniser -> the collective calls it makes per bucket, in order,
-#: each as (collective, algorithm): ("all_reduce", "ring"), ("reduce",
-#: "torch"), ...
+#: synchroniser -> the collective calls it makes per bucket, in order, each as (collective,
+#: algorithm): ("all_reduce", "ring"), ("reduce", "torch"), ...
 SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     "ddp": (("all_reduce", "torch"),),
     "naive": (("all_reduce", "torch"),),  # per parameter
@@ -235,16 +256,14 @@ SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
     "tree": (("all_reduce", "tree"),),
     "butterfly": (("all_reduce", "butterfly"),),
     "reduce_broadcast": (("reduce", "torch"), ("broadcast", "torch")),
-    # reduce-scatter the gradients, step the shard, all-gather the
-    # weights (nccl: "torch")
+    # reduce-scatter the gradients, step the shard, all-gather the weights (nccl: "torch")
     "zero1": (("reduce_scatter", "ring"), ("all_gather", "ring")),
-    # a student's all-reduce: its bytes are counted from its own calls
-    # (sync/custom.py); a forecast models it as the ideal ring
+    # a student's all-reduce: its bytes are counted from its own calls (sync/custom.py); a forecast
+    # models it as the ideal ring
     "custom": (("all_reduce", "ring"),),
 }
 
-#: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks,
-#: p = 2^floor(log2 n))
+#: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
 SYNC_FORMULAS: dict[str, str] = {
     "ddp": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
     "naive": "2(n-1)α + 2(n-1)/n·m·β (library, as ring; a bucket = one parameter)",
@@ -263,18 +282,16 @@ SYNC_FORMULAS: dict[str, str] = {
 }
 
 
-#: sync=hierarchical per bucket: (collective, where: "node", inside
-#: every node with sync.intra, root its leader; "leaders", one rank per
-#: node with sync.inter)
+#: sync=hierarchical per bucket: (collective, where: "node", inside every node with sync.intra,
+#: root its leader; "leaders", one rank per node with sync.inter)
 HIERARCHICAL_PHASES: tuple[tuple[str, str], ...] = (
     ("reduce", "node"), ("all_reduce", "leaders"), ("broadcast", "node"))
 
 
 def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
                algorithm: str, numel: int, elem_size: int) -> Cost:
-    """One collective run side by side on disjoint `groups` (global
-    ranks, roots first) as one world-wide Cost: each rank's bytes in its
-    group, the slowest group's steps and bytes."""
+    """One collective run side by side on disjoint `groups` (global ranks, roots first) as one
+    world-wide Cost: each rank's bytes in its group, the slowest group's steps and bytes."""
     sent, recv = [0] * world, [0] * world
     steps, path, exact = 0, 0.0, True
     for g in groups:
@@ -289,11 +306,9 @@ def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
 @lru_cache(maxsize=1024)
 def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
                        intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
-    """`(collective, Cost)` of the three phases
-    (:data:`HIERARCHICAL_PHASES`) of one hierarchical all-reduce, each
-    over the whole world. `nodes`: each node's global ranks, the leader
-    first; `intra` / `inter`: the algorithms inside nodes / among the
-    leaders."""
+    """`(collective, Cost)` of the three phases (:data:`HIERARCHICAL_PHASES`) of one hierarchical
+    all-reduce, each over the whole world. `nodes`: each node's global ranks, the leader first;
+    `intra` / `inter`: the algorithms inside nodes / among the leaders."""
     world = sum(len(n) for n in nodes)
     if sorted(r for n in nodes for r in n) != list(range(world)):
         raise ValueError(f"nodes {nodes} do not hold every rank 0..{world - 1} once")
@@ -307,17 +322,15 @@ def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size
 
 def cross_node_sent(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
                     intra: str = "torch", inter: str = "ring") -> tuple[int, ...]:
-    """Bytes each rank sends to another node in one hierarchical
-    all-reduce: the leaders' all-reduce is the only phase whose messages
-    leave a node, and all of them do."""
+    """Bytes each rank sends to another node in one hierarchical all-reduce: the leaders'
+    all-reduce is the only phase whose messages leave a node, and all of them do."""
     _, (_, leaders), _ = hierarchical_calls(numel, nodes, elem_size, intra=intra, inter=inter)
     return leaders.sent
 
 
 def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
                root: int = 0) -> list[tuple[str, Cost]]:
-    """`(collective, Cost)` of every call `sync` makes in a step, per
-    bucket's wire numel."""
+    """`(collective, Cost)` of every call `sync` makes in a step, per bucket's wire numel."""
     phases = SYNC_COLLECTIVES[sync]
     return [(coll, cost(coll, algo, numel, world, elem_size, root=root))
             for numel in wire_numels for coll, algo in phases]

@@ -5,7 +5,7 @@ the stop agreement and the injected delays; `end` and `between` return the stop 
 on, and train() ends the run there.
 
 The stop: a request reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
-`RUN_DIR/STOP` of ddp_lab/folder/stop.py, the parent's death); the handlers only set a flag. Ranks
+`RUN_DIR/STOP` of ddp_lab/folder/rundir.py, the parent's death); the handlers only set a flag. Ranks
 agree with one all-reduce (MAX of [stop code, seconds since the last check]) every `every` steps,
 adapted so that checks come about `train.stop_check_s` apart. Codes (higher wins): 1 preempted
 (continue later), 2 stopped (a person); a second SIGINT kills at once (docs/failures.md, "The
@@ -32,10 +32,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 from ..config import Config, DebugConfig, TrainConfig
-from ..folder.stop import PREEMPTED, STATUS, STOPPED, clear_stop_file, read_stop_file
+from ..folder.rundir import PREEMPTED, STATUS, STOPPED, clear_stop_file, read_stop_file
 from ..timing import Clock, StepTimer
 from ..world.distributed import DistContext
-from ..world.parent import set_parent_death_signal
+from ..world.env import set_parent_death_signal
 from .records import MeasuredEpoch, Position, Records
 
 log = logging.getLogger("ddp_lab")

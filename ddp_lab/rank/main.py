@@ -2,8 +2,8 @@
 `rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places the rank from
 the launcher's variables, sets up its log, threads, heartbeat record and hang watchdog and the
 process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s) that stopped
-(job.py is the submitting side). A training rank's body is `run_training`: the lesson's loop handed
-the run's parts.
+(command/job.py is the submitting side). A training rank's body is `run_training`: the lesson's
+loop handed the run's parts.
 
 `python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` would, its
 console written a whole line at a time (`whole_lines`). The ranks of a machine share its console,
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..world import cpu
-from ..world.env import detect_env
+from ..world.env import AGENT_SIGNALS, detect_env
 from ..world import ports
 from ..world.hang import Watchdog
-from ..world.parent import AGENT_SIGNALS, restore_handlers
+from ..world.env import AGENT_SIGNALS, restore_handlers
 from ..folder import heartbeat
 from ..folder.files import DiskFull, read_json_or_empty
 from ..folder.failure import diagnose, end_stuck, failure_line

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..config import TimingConfig
-from ..predict.numbers import union_length
+from ..predict.costmodel import union_length
 from ..timing import PHASES, CommStats, StepTimes
 
 log = logging.getLogger("ddp_lab")

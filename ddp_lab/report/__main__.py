@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .build import build_report
-from .runs import ReportError, find_runs
+from .run import ReportError, find_runs
 
 
 def default_out(paths: list[str]) -> Path:

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
-from ..predict.numbers import ceil_log2
 from ..predict.costmodel import (ALGORITHMS, SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
-                                 padded)
+                                 ceil_log2, padded)
 
 #: the algorithms that run in binomial levels (level k: ranks 2^k
 #: apart), ours and gloo's

@@ -9,15 +9,13 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..folder.files import atomic_open, atomic_write_text
 from . import forecast as fcast
-from . import bench_plot, comm_tables, phase_plot, plots, summary, tables
+from . import plots, summary, tables, twins
+from ..folder.files import atomic_open, atomic_write_text
 from .run import Run
-from . import twins
-from .memory import memory_markdown, memory_rows
-from .witness import witness_markdown, witness_rows
-from .segments import segment_rows, segments_markdown
-from .doctor_checks import doctor_markdown
+from .tables import doctor_markdown, memory_markdown, memory_rows, segment_rows, segments_markdown
+from .truth_table import witness_markdown, witness_rows
+
 
 CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
                "nproc_per_node", "world_size", "launcher", "backend", "epochs", "time_n",
@@ -62,7 +60,7 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
         try:
             groups = tables.scaling_groups([r], warmup)
             tables.phase_rows([r])
-            comm_tables.comm_model_rows([r], fits, str)
+            tables.comm_model_rows([r], fits, str)
             fcast.forecast(groups, [r], fits, worlds, gpus_per_node, warmup)
         except Exception as e:  # noqa: BLE001 -- named in the report, never its end
             first = (str(e).strip().splitlines() or [""])[0]
@@ -90,12 +88,12 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     short, common = _shortener(runs)
-    fits = comm_tables.bench_fits(runs)
+    fits = tables.bench_fits(runs)
     worlds = forecast_worlds or fcast.DEFAULT_WORLDS
     vet(runs, fits, worlds, gpus_per_node, warmup)
     groups = tables.scaling_groups(runs, warmup)
     phases = tables.phase_rows(runs)
-    comm = comm_tables.comm_model_rows(runs, fits, short)
+    comm = tables.comm_model_rows(runs, fits, short)
     counts = tables.summary_counts(runs)
     segments = segment_rows(runs, short)
     memory = memory_rows(runs, short)
@@ -104,8 +102,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
 
     figures = []
     for name, make, data in (("epoch_time_vs_world.png", plots.epoch_time_figure, groups),
-                             ("phases.png", phase_plot.phase_figure, phases),
-                             ("bench_all_reduce.png", bench_plot.bench_figure, fits)):
+                             ("phases.png", plots.phase_figure, phases),
+                             ("bench_all_reduce.png", plots.bench_figure, fits)):
         if make_plots and data:
             figures.append(plots.save(*make(data), out_dir / name))
 
@@ -120,7 +118,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if phases:
         md += tables.phase_markdown(phases, short)
     if fits or comm:
-        md += comm_tables.comm_model_markdown(fits, comm, short)
+        md += tables.comm_model_markdown(fits, comm, short)
     if show_fc:
         md += fcast.forecast_markdown(fc)
     md += memory_markdown(memory)
@@ -130,7 +128,7 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     # timing.profile runs: ours beside torch's clocks
     md += witness_markdown(runs, short)
     md += segments_markdown(segments)
-    md += comm_tables.bench_markdown(runs, short)
+    md += tables.bench_markdown(runs, short)
     # the allocations' doctor checks beside their runs
     md += doctor_markdown(runs)
     md += tables.skipped_markdown(runs, short)

@@ -1,22 +1,105 @@
-"""Report figures (matplotlib, Agg): the time per epoch here, the phases
-in phase_plot.py, the bench in bench_plot.py. Each `*_figure` returns
-the Figure and what it drew; `save` writes the PNG and a sidecar JSON of
-the series. Legends lie outside the axes.
+"""Report figures (matplotlib, Agg), one colour per synchroniser in all
+of them: the time per epoch, the phases of a step, the bench's all-reduce
+time by size. Each `*_figure` returns the Figure and what it drew;
+`save` writes the PNG and a sidecar JSON of the series. Legends lie
+outside the axes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
 
-from .stats import MIN_REPEATS, sig
+from ..config import SCHEMAS
 from ..folder.description import plural
-from .style import sync_color
+from .alpha_beta import call_time
+from .run import PHASES
+from .tables import _mean, MIN_REPEATS, sig, workload_titles
+
+
+# How a series looks, in every figure of the report and in the bench's
+# own plots: one colour per name (a synchroniser, a bench implementation),
+# a shade of it per option setting, one line style and marker per group
+# kind. The one table: a name's colour never depends on which runs a
+# folder holds or in what order, so ring is the same colour in two
+# reports, in the epoch-time figure, the phase figure and the bench's.
+
+#: the registered synchronisers' colours, in registration order: tab10
+#: without its grey (grey is the phase figure's data phase and the
+#: legend's "no interval" mark), then more of the same weight
+SYNC_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                "#bcbd22", "#17becf", "#2f4b7c", "#a05195", "#f95d6a", "#665191", "#ffa600",
+                "#003f5c", "#d45087")
+#: names outside the registry (and syncs beyond SYNC_PALETTE): tab20b's
+#: dark row, none of them a SYNC_PALETTE colour
+OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252",
+                "#bd9e39", "#ad494a", "#a55194")
+#: an option setting's shade of its sync's colour: + towards white, -
+#: towards black, by that much; the first two are the furthest apart, so
+#: two settings of a sync read apart
+SHADES = (0.45, -0.4, -0.6, 0.25, 0.6, -0.2)
+
+GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (":", "^"),
+                "same_node": ("--", "s")}
+GROUP_COLORS = {"global": "tab:blue", "intra_node": "tab:orange", "cross_node": "tab:green",
+                "same_node": "tab:orange"}
+IMPL_MARKERS = {"torch": "o", "ring": "D", "butterfly": "v", "tree": "P", "linear": "x"}
+
+
+def _hash(text: str) -> int:
+    """A hash of `text` that is the same in every process (Python's
+    `hash` is salted)."""
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
+
+
+#: names outside the sync registry that other lines are read against
+# the bench's library all_reduce
+REFERENCE_COLORS = {"torch": "#000000"}
+
+
+def name_color(name: str) -> str:
+    """The colour of a synchroniser or implementation by its name alone
+    (#rrggbb)."""
+    if name in REFERENCE_COLORS:
+        return REFERENCE_COLORS[name]
+    syncs = list(SCHEMAS["sync"])
+    if name in syncs and syncs.index(name) < len(SYNC_PALETTE):
+        return SYNC_PALETTE[syncs.index(name)]
+    return OTHER_COLORS[_hash(name) % len(OTHER_COLORS)]
+
+
+def _mix(color: str, amount: float) -> str:
+    """`color` moved towards white (amount > 0) or black (< 0) by
+    |amount|."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    end = 255 if amount > 0 else 0
+    return "#" + "".join(f"{round(c + (end - c) * abs(amount)):02x}" for c in rgb)
+
+
+def sync_color(label: str) -> str:
+    """The colour of a report's series label (`ring`, `ring
+    prepost=true`, `allreduce compress=fp16 overlap=true
+    launcher=slurm`): its sync's colour, and for an option setting a
+    shade of it picked by the setting (its words in any order)."""
+    name, *setting = label.split()
+    base = name_color(name)
+    if not setting:
+        return base
+    return _mix(base, SHADES[_hash(" ".join(sorted(setting))) % len(SHADES)])
+
+
+def impl_color(impl: str, order: list[str] | None = None) -> str:
+    """A bench implementation's colour: its name's (`ring` as
+    sync=ring); `order`, the implementations beside it, changes nothing
+    (kept for the bench's callers)."""
+    return name_color(impl)
+
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
-# one per fingerprint of a series (per bench run in bench_plot)
+# one per fingerprint of a series (per bench run in bench_figure)
 MARKERS = "osD^v"
 # log2 units between the lines of a panel at one world: none hides
 # another
@@ -284,7 +367,7 @@ def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str
 
 def epoch_time_figure(groups: list[dict]):
     """One row per workload, every sync of it in that row, one colour
-    per sync (style.sync_color: the same in every report): time per
+    per sync (sync_color: the same in every report): time per
     epoch and efficiency vs world size (`_line_row`), or bars where a
     workload has one world size (`_bar_row`); what the marks mean:
     docs/scaling.md, "Reading a scaling report"."""
@@ -334,3 +417,197 @@ def epoch_time_figure(groups: list[dict]):
     return fig, {"title": "epoch time and efficiency vs world size",
                  "series": list(dict.fromkeys(s["label"] for s in series)),
                  "colors": {s["sync"]: s["color"] for s in series}, "data": series}
+
+
+# The report's phase figure: where a step's time goes, one stacked bar
+# per point (BAR_IN inches of height each).
+
+# a panel's x ticks and their label, in bars' heights
+AXIS_ROWS = 1.5
+XLABEL = "time per step (ms, mean over the runs of a bar; this panel's own scale)"
+
+
+def _phase_points(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Runs with phase times by point: (device, workload, sync, world,
+    nodes x procs, fingerprint); a study's repeats are one point."""
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("step_ms") is not None:
+            key = (r["device"], r["workload"], r["sync"], r["world_size"] or 1,
+                   r["allocation"], r["fingerprint_id"])
+            points.setdefault(key, []).append(r)
+    return {k: points[k] for k in sorted(points, key=str)}
+
+
+def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
+    """One bar: its point, runs, mean ms per phase, and its name ("ring
+    · 2 ranks · 3 runs")."""
+    sync, world, alloc, fid = key[2:]
+    nodes = alloc.split("x")[0]
+    where = f"{world} rank{'s' if world > 1 else ''}" \
+        + (f"/{nodes} nodes" if nodes not in ("1", "?") else "") + (f" [{fid}]" if len(fids) > 1 else "")
+    runs = f"{len(rs)} run{'s' if len(rs) > 1 else ''}"
+    return {"sync": sync, "color": sync_color(sync), "workload": key[1], "world_size": world,
+            "allocation": alloc,
+            "fingerprint_id": fid, "runs": [r["run"] for r in rs],
+            "label": f"{where}\n{runs}", "name": f"{sync} · {where} · {runs}",
+            **{f"{p}_ms": _mean([r.get(f"{p}_ms") for r in rs]) for p in (*PHASES, "step", "comm")}}
+
+
+def phase_figure(rows: list[dict]):
+    """Stacked mean ms per step of every phase, one bar per point,
+    grouped by sync in a panel per workload; a black diamond: the
+    measured comm per step (inside backward for ddp)."""
+    plt = _plt()
+    from matplotlib.colors import to_rgba
+
+    points = _phase_points(rows)
+    workloads = list(dict.fromkeys(k[:2] for k in points))
+    titles, common = _distinct(workload_titles(rows, workloads))
+    panels = []
+    for wl in workloads:
+        keys = [k for k in points if k[:2] == wl]
+        bars, y = [], []
+        # half a row between syncs
+        for i, k in enumerate(keys):
+            y.append((y[-1] if y else -1.0) + 1.0 + (0.5 if i and k[2] != keys[i - 1][2] else 0.0))
+            bars.append(_bar(k, points[k], {kk[5] for kk in keys if kk[2] == k[2]}))
+        panels.append((wl, bars, y))
+    # bars, gaps, the panel's title and (its own scale) its ticks and
+    # their label
+    rows_in = [y[-1] + 1.6 + AXIS_ROWS for _, _, y in panels]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
+                             figsize=(10, 1.2 + BAR_IN * sum(rows_in)), height_ratios=rows_in)
+    legend = {}
+    for ax, (wl, bars, y) in zip(axes[:, 0], panels):
+        left = [0.0] * len(bars)
+        for p in PHASES:
+            w = [b[f"{p}_ms"] or 0.0 for b in bars]
+            ax.barh(y, w, left=left, height=0.7, color=PHASE_COLORS[p],
+                    label=p if p != "sync" else "sync (comm)")
+            left = [a + v for a, v in zip(left, w)]
+        comm = [(yi, b["comm_ms"]) for yi, b in zip(y, bars) if b["comm_ms"]]
+        if comm:
+            ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
+                       zorder=3, label="measured comm / step")
+        # a bar's name framed in its sync's colour, as the sync's bars
+        # and lines in the other figures (the bars' own colours are the
+        # phases'); the text stays black to read
+        ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
+        for tick, b in zip(ax.get_yticklabels(), bars):
+            tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
+                           "edgecolor": b["color"], "linewidth": 1.5})
+        # the first bar on top, as read
+        ax.set_ylim(y[-1] + 0.8, -0.8)
+        # its own scale: the longest bar (or diamond) sets it
+        ax.set_xlim(0, None)
+        ax.set_xlabel(XLABEL, fontsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(panels) > 1:
+            ax.set_title(fit_title(titles[wl], FULL_CHARS), fontsize=9)
+        # every panel draws every phase: the legend takes each label
+        # once
+        handles, labels = ax.get_legend_handles_labels()
+        legend.update(zip(labels, handles))
+    # stacking order after it
+    order = sorted(legend, key=lambda k: k != "measured comm / step")
+    fig.legend([legend[k] for k in order], order, loc="outside right upper", fontsize=8)
+    fig.suptitle(fit_title("Phase times per step" + (f": {common}" if common else ""),
+                           title_chars(fig.get_figwidth(), order)), fontsize=10)
+    bars = [b for _, bs, _ in panels for b in bs]
+    return fig, {"title": "phase times per step",
+                 "series": list(PHASES) + (["comm"] if any(b["comm_ms"] for b in bars) else []),
+                 "colors": {b["sync"]: b["color"] for b in bars},
+                 "bars": [b["label"] for b in bars], "data": bars}
+
+
+# The report's bench figure: all_reduce of every bench run, every
+# implementation it measured, on one x axis (bytes per rank) for both
+# panels.
+
+# one per bench run where the group kinds do not vary
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def bench_names(fits: list[dict]) -> tuple[list[str], str]:
+    """A short name per bench run, and what they all share (for the
+    title): the allocation ("2 ranks = 1 node x 2 ranks, gloo on CPU")
+    where the runs differ by it, else what differs in their folders'
+    names ("bench 17-31-31" of 2026-11-26_17-31-31_bench_local): two
+    runs on one allocation never read alike."""
+    allocs = [f["run"].bench.get("meta", {}).get("allocation") or f["run"].path.name for f in fits]
+    if len(allocs) == 1:
+        return allocs, allocs[0]
+    if len(set(allocs)) == len(allocs):
+        return allocs, ""
+    common = allocs[0] if len(set(allocs)) == 1 else ""
+    folders, _ = _distinct({(i,): f["run"].path.name for i, f in enumerate(fits)}, sep="_")
+    return [a if allocs.count(a) == 1 else f"bench {folders[(i,)]}"
+            for i, a in enumerate(allocs)], common
+
+
+def _series(run) -> dict[tuple[str, str], list[dict]]:
+    """A bench run's correct all_reduce points by (implementation, group
+    kind), sizes ascending."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in run.bench.get("rows", []):
+        if r.get("op") == "all_reduce" and r.get("correct"):
+            out.setdefault((r["impl"], r["group"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["bytes"]) for k, v in out.items()}
+
+
+def bench_figure(fits: list[dict]):
+    """all_reduce across bench runs: busbw (left) and time per call with
+    each series' fitted alpha-beta line (right), both against bytes per
+    rank. Colour = implementation (as in the bench's own plots), marker
+    (and line style) = bench run; one legend entry per line drawn."""
+    plt = _plt()
+    fits = [f for f in fits if _series(f["run"])]
+    names, common = bench_names(fits)
+    groups = {k[1] for f in fits for k in _series(f["run"])}
+    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(13, 5.6), sharex=True, layout="constrained")
+    series = []
+    for i, (f, name) in enumerate(zip(fits, names)):
+        by_key = {(x.impl, x.group): x for x in f["fits"]}
+        for (impl, group), pts in _series(f["run"]).items():
+            # the group kind sets the line style where several kinds
+            # were measured (as in the bench's own plots), else the
+            # bench run does, with its marker
+            ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
+            style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
+                     "linestyle": ls, "ms": 4}
+            label = " · ".join(p for p in (name if len(fits) > 1 else "", impl,
+                                           group if len(groups) > 1 else "") if p) \
+                + f" (n={pts[0]['group_size']})"
+            b = [r["bytes"] for r in pts]
+            ax_bw.plot(b, [r["busbw_GBps"] for r in pts], label=label, **style)
+            ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], **style)
+            fit = by_key.get((impl, group))
+            pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
+            # thick and pale, under its points: the line the fit draws
+            # through them
+            if pred:
+                ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
+            series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
+                           "color": style["color"],
+                           "bytes": b, "busbw_GBps": [r["busbw_GBps"] for r in pts],
+                           "time_ms": [r["time_median_s"] * 1e3 for r in pts], "fit_time_ms": pred,
+                           "alpha_us": fit.alpha_s * 1e6 if fit else None,
+                           "bandwidth_GBps": fit.bandwidth_GBps if fit else None})
+    for ax in (ax_bw, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per rank (log scale)")
+        ax.grid(True, alpha=0.3)
+    ax_bw.set_ylabel("busbw (GB/s = 1e9 bytes/s)")
+    ax_bw.set_ylim(bottom=0)
+    ax_bw.set_title("all_reduce bus bandwidth (higher is better)", fontsize=10)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time per call (ms, median)")
+    ax_t.set_title("time per call; thick, pale: its alpha-beta fit", fontsize=10)
+    if series:
+        fig.legend(loc="outside lower center", ncol=min(3, len(series)), fontsize=8, frameon=False)
+    fig.suptitle("all_reduce across bench runs" + (f": {common}" if common else " (allocations)"),
+                 fontsize=11)
+    return fig, {"title": "all_reduce across bench runs",
+                 "series": [s["label"] for s in series],
+                 "colors": {s["impl"]: s["color"] for s in series}, "data": series}

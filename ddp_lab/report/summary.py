@@ -12,10 +12,9 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
-from .stats import MIN_REPEATS, sig
-from .tables import ci_cell, workload_titles
-from .truth_table import TARGET_MODEL
-from .witness import disagreement
+from .tables import ci_cell, MIN_REPEATS, sig, workload_titles
+from .truth_table import disagreement, TARGET_MODEL
+
 
 MAX_LINES = 40  # one terminal screen
 WIDTH = 100

@@ -1,16 +1,98 @@
-"""Comparison tables: time per epoch across allocations (scaling),
-phases, skipped folders, from the run folders' summary.json and
-metrics.jsonl (the comm model and the bench's peaks: comm_tables.py; a
-run's several allocations: segments.py).
+"""The report's tables, from the run folders' summary.json and
+metrics.jsonl: time per epoch across allocations (scaling, with the
+statistics of repeats), phases, skipped folders, the comm model and the
+bench's peaks, memory, a run's several allocations and the doctor's
+checks.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import datetime
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
+from ..folder import doctor as records
+from ..predict.costmodel import pow2_label
 from ..world import fingerprint
-from . import stats
+from .alpha_beta import fit_all, fit_alpha_beta, Fits, formula, predict_comm_s
 from .run import PHASES, Run
+
+
+# Statistics of repeats: mean, standard deviation, 95% confidence
+# intervals.
+
+LEVEL = 0.95
+# the fewest values an interval is given for
+MIN_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float  # arithmetic mean
+    # sample standard deviation; None for one value
+    std: Optional[float]
+    # None below MIN_REPEATS values
+    ci95: Optional[tuple[float, float]]
+
+    def as_dict(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "std": self.std,
+                "ci95": list(self.ci95) if self.ci95 else None}
+
+
+def t_quantile(df: float) -> float:
+    """Student's t at (1 + LEVEL) / 2 with `df` degrees of freedom."""
+    # lazy: scipy.stats takes about 1.2 s to load, and only intervals
+    # (3+ repeats) need it
+    from scipy import stats
+
+    return float(stats.t.ppf((1 + LEVEL) / 2, df))
+
+
+def summarize(values: Sequence[float]) -> Optional[Summary]:
+    """n, mean, std and the log-scale 95% interval of positive values
+    (see above)."""
+    values = [float(v) for v in values if v is not None]
+    if not values:
+        return None
+    n, mean = len(values), statistics.fmean(values)
+    if n < 2:
+        return Summary(n, mean, None, None)
+    std = statistics.stdev(values)
+    if n < MIN_REPEATS or min(values) <= 0:
+        return Summary(n, mean, std, None)
+    logs = [math.log(v) for v in values]
+    centre, half = statistics.fmean(logs), t_quantile(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return Summary(n, mean, std, (math.exp(centre - half), math.exp(centre + half)))
+
+
+def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, float]]]:
+    """num.mean / den.mean and its 95% interval (delta method on the log
+    ratio, Welch's df); no interval when either side has fewer than
+    MIN_REPEATS values."""
+    r = num.mean / den.mean
+    if num.ci95 is None or den.ci95 is None:
+        return r, None
+    a = (num.std / num.mean) ** 2 / num.n
+    b = (den.std / den.mean) ** 2 / den.n
+    if a + b == 0:
+        return r, (r, r)
+    df = (a + b) ** 2 / (a * a / (num.n - 1) + b * b / (den.n - 1))
+    half = t_quantile(df) * math.sqrt(a + b)
+    return r, (r * math.exp(-half), r * math.exp(half))
+
+
+def sig(v: Optional[float], none: str = "–") -> str:
+    """v to 3 significant digits, never in exponent form: 0.0123, 1.23,
+    12.3, 1234."""
+    if v is None:
+        return none
+    if v == 0 or not math.isfinite(v):
+        return format(v, "g")
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
 
 
 def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:
@@ -81,7 +163,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 continue
             # the baseline against itself is 1 exactly, not a ratio of
             # two samples
-            sp, ci = (1.0, None) if base is x else stats.ratio(base["time"], x["time"])
+            sp, ci = (1.0, None) if base is x else ratio(base["time"], x["time"])
             n = x["world_size"]
             # efficiency per unit of work: where an epoch's samples grow
             # with the world (a step cap per rank in weak scaling) the
@@ -134,7 +216,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
         "launcher": first.get("launcher", "?"), "backend": first.get("backend", "?"),
         "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
         "epochs": first.get("epochs_run", first.get("epochs")), "fingerprint_id": fid,
-        "time": stats.summarize(values), "repeat_values_s": values,
+        "time": summarize(values), "repeat_values_s": values,
         "warmup_epochs": sorted(set(skipped)),
         "comm_fraction": _mean([r.get("comm_fraction") for r in rs]),
         "comm_exposed_fraction": _mean([r.summary.get("comm_exposed_fraction") for r in rs])
@@ -149,7 +231,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
 
 def _pm(ci, fmt) -> str:
     """[lo, hi], each by `fmt`: a format spec (".3f") or a function
-    (stats.sig)."""
+    (sig)."""
     num = fmt if callable(fmt) else (lambda v: format(v, fmt))
     return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
 
@@ -159,7 +241,7 @@ def ci_cell(ci, n: int, fmt) -> str:
     repeats), "–" (one repeat, or a value that has no interval)."""
     if ci:
         return _pm(ci, fmt)
-    return f"n={n}: not meaningful" if 1 < n < stats.MIN_REPEATS else "–"
+    return f"n={n}: not meaningful" if 1 < n < MIN_REPEATS else "–"
 
 
 def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
@@ -182,7 +264,7 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
              "sync, workload, world size, nodes x procs and fingerprint are repeats of one point: "
              "n, mean, standard deviation and 95% CI (Student t on the logs of the repeats' values, "
              "exponentiated: an interval around their geometric mean that stays above zero; "
-             f"none below {stats.MIN_REPEATS} repeats, where it is not meaningful). speedup = "
+             f"none below {MIN_REPEATS} repeats, where it is not meaningful). speedup = "
              "baseline mean / mean, its 95% CI by the delta method on its log (Welch's degrees "
              "of freedom); efficiency = speedup x "
              "baseline ranks / ranks x the epoch's samples / the baseline's (an epoch capped at "
@@ -286,3 +368,265 @@ def summary_counts(runs: list[Run]) -> dict[str, Any]:
     return {"train": sum(r.kind == "train" and r.ok for r in runs),
             "bench": sum(r.kind == "bench" and r.ok for r in runs),
             "skipped": sum(not r.ok for r in runs)}
+
+
+# The communication tables: alpha-beta fits of the bench runs
+# (report/alpha_beta.py's), each training run's predicted comm per step
+# against the measured, the bench's peak busbw.
+
+def bench_fits(runs: list[Run]) -> list[dict]:
+    out = []
+    for r in runs:
+        if r.kind != "bench" or not r.ok:
+            continue
+        rows = r.bench.get("rows", [])
+        primary = fit_alpha_beta(rows)
+        impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
+        fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
+        # what predictions use: one fit per collective and
+        # implementation (report/alpha_beta.py)
+        out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
+    return out
+
+
+def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
+    """The fit from the bench on the same allocation (world size, nodes,
+    backend, device; real nodes before simulated ones, the latest run
+    first); else the nearest world size on the same backend and device,
+    named as such."""
+    same = [f for f in fits if f["primary"]
+            and f["run"].get("backend") == run.get("backend")
+            and f["run"].device_kind == run.device_kind]
+    if not same:
+        return None, "no bench run on this backend/device"
+    n = run.world_size or 1
+    exact = [f for f in same if f["run"].world_size == n and f["run"].get("nodes") == run.get("nodes")]
+    if exact:
+        best = sorted(exact, key=lambda f: (f["run"].summary.get("simulated_nodes") is None,
+                                            str(f["run"].path)))[-1]
+        return best["by_op"] or best["primary"], f"same allocation: {short(str(best['run'].path))}"
+    near = min(same, key=lambda f: abs((f["run"].world_size or 0) - n))
+    return (near["by_op"] or near["primary"],
+            f"fit at world {near['run'].world_size}: {short(str(near['run'].path))}")
+
+
+def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
+    rows = []
+    for r in runs:
+        if r.kind != "train" or not r.ok:
+            continue
+        fit, source = _match_fit(r, fits, short)
+        comm = r.comm_per_step()
+        ph = r.phase_ms()
+        sync, n = r.get("sync", "?"), r.world_size or 1
+        pred = predict_comm_s(sync, n, comm["payload_bytes"], comm["calls"], fit) if fit else None
+        measured = comm["time_s"]
+        rows.append({
+            "run": str(r.path), "sync": sync, "world_size": n, "formula": formula(sync),
+            "calls_per_step": comm["calls"],
+            "payload_MB_per_step": comm["payload_bytes"] / 1e6 if comm["payload_bytes"] is not None else None,
+            "predicted_ms": pred * 1e3 if pred is not None else None,
+            "measured_comm_ms": measured * 1e3 if measured is not None else None,
+            "sync_phase_ms": ph["sync"], "fit_source": source,
+            "ratio": (measured / pred) if pred and measured else None,
+        })
+    rows.sort(key=lambda x: (x["sync"], x["world_size"], x["run"]))
+    return rows
+
+
+def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
+    lines = ["## Communication: alpha-beta model vs measured", "",
+             "alpha = latency per message, beta = seconds per byte (1/beta = link bandwidth), "
+             "fitted by least squares (weights 1/time) on each bench run's all_reduce time per "
+             "call vs bytes, with the implementation's own cost model (torch modelled as ring: "
+             "2(n-1)α + 2(n-1)/n·m·β). rel. RMS = how far the line is from the points. Each "
+             "synchroniser call is priced with the fit of its own collective and algorithm "
+             "(reduce and broadcast rows too when the bench measured them); the library "
+             "all_reduce's fit (used) where the bench has none.", ""]
+    if not fits:
+        lines += ["No completed bench run: run `python -m ddp_lab.bench` on the same allocation "
+                  "to fit alpha and beta.", ""]
+    else:
+        lines += ["| bench run | allocation | impl (model) | group | n | alpha (µs) | beta (ns/B) | "
+                  "1/beta (GB/s) | points | rel. RMS |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for f in fits:
+            others = [x for k, x in f["by_op"].items() if k[0] != "all_reduce"]
+            for fit in f["fits"] + others:
+                mark = " (used)" if fit == f["primary"] else ""
+                op = "" if fit.op == "all_reduce" else f"{fit.op}: "
+                lines.append(
+                    f"| {short(str(f['run'].path))} | {f['run'].bench['meta'].get('allocation', '?')} | "
+                    f"{op}{fit.impl} ({fit.algorithm}){mark} | {fit.group} | {fit.n} | "
+                    f"{fit.alpha_s * 1e6:.1f} | {fit.beta_s_per_byte * 1e9:.3f} | "
+                    f"{_f(fit.bandwidth_GBps)} | {fit.points} | {fit.rel_rms:.0%} |")
+        lines.append("")
+    if rows:
+        lines += ["Per training step, as the synchroniser recorded it (metrics.jsonl, divided by "
+                  "`steps`): `comm.calls` collective calls carrying `comm.payload_bytes` in all; "
+                  "a bucket is one call (two for reduce_broadcast: a reduce and a broadcast) of "
+                  "payload / calls bytes = m. measured = `comm.time_s / steps`; sync phase = "
+                  "`phase_s.sync.mean`.", "",
+                  "| sync | world | model | calls/step | payload (MB/step) | predicted (ms/step) | "
+                  "measured comm (ms/step) | sync phase (ms/step) | measured / predicted | fit | run |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['sync']} | {r['world_size']} | {r['formula']} | {_f(r['calls_per_step'], '.1f')} | "
+                f"{_f(r['payload_MB_per_step'], '.3f')} | {_f(r['predicted_ms'], '.3f')} | "
+                f"{_f(r['measured_comm_ms'], '.3f')} | {_f(r['sync_phase_ms'], '.3f')} | "
+                f"{_f(r['ratio'], '.2f')} | {r['fit_source']} | {short(r['run'])} |")
+        lines.append("")
+    return lines
+
+
+def bench_markdown(runs: list[Run], short) -> list[str]:
+    benches = [r for r in runs if r.kind == "bench" and r.ok]
+    if not benches:
+        return []
+    lines = ["## Collective benchmarks", "",
+             "all_reduce peak bus bandwidth per bench run and series (GB/s = 1e9 bytes/s, "
+             "nccl-tests' busbw); each bench run's own bench.md has every op and size.", "",
+             "| bench run | allocation | op | impl | group | n | peak busbw (GB/s) | at elements | wrong |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in benches:
+        alloc = r.bench.get("meta", {}).get("allocation", "?")
+        series: dict[tuple, list[dict]] = {}
+        for x in r.bench.get("rows", []):
+            if x.get("op") != "all_reduce":
+                continue
+            series.setdefault((x["op"], x["impl"], x["group"]), []).append(x)
+        for (op, impl, group), xs in series.items():
+            good = [x for x in xs if x.get("correct")]
+            best = max(good, key=lambda x: x["busbw_GBps"]) if good else None
+            lines.append(
+                f"| {short(str(r.path))} | {alloc} | {op} | {impl} | {group} | {xs[0]['group_size']} | "
+                f"{_f(best['busbw_GBps'] if best else None)} | {pow2_label(best['elements']) if best else '–'} | "
+                f"{len(xs) - len(good)} |")
+    return lines + [""]
+
+
+# What one rank holds, per run: parameters, gradients and optimiser
+# state (summary.json's memory_* fields). sync=zero1 shards the optimiser
+# state, so its column falls as 1/world while the others stay: the table
+# puts runs of one model side by side to show it.
+
+KINDS = ("param", "grad", "optimizer_state")
+
+
+def memory_rows(runs: list[Run], short) -> list[dict[str, Any]]:
+    """One row per completed training run that recorded its memory, by
+    model, world, sync."""
+    rows = []
+    for r in runs:
+        s = r.summary
+        if r.kind != "train" or not r.ok or s.get("memory_optimizer_state_bytes") is None:
+            continue
+        rows.append({"run": short(str(r.path)), "model": s.get("model"), "sync": s.get("sync"),
+                     "world_size": r.world_size,
+                     **{f"{k}_MB": s[f"memory_{k}_bytes"] / 1e6 for k in KINDS}})
+    return sorted(rows, key=lambda x: (str(x["model"]), x["world_size"] or 0, str(x["sync"])))
+
+
+def memory_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Memory per rank", "",
+             "What one rank holds (summary.json `memory_*_bytes`): sync=zero1 keeps "
+             "1/world of the optimiser state, every other sync all of it.", "",
+             "| model | ranks | sync | parameters MB | gradients MB | optimiser state MB | run |",
+             "| --- | ---: | --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['model']} | {r['world_size']} | {r['sync']} | {r['param_MB']:.1f} | "
+              f"{r['grad_MB']:.1f} | {r['optimizer_state_MB']:.1f} | `{r['run']}` |" for r in rows]
+    return lines + [""]
+
+
+# The allocations of a training run that used several: one row per
+# segment of its summary.json (a SLURM requeue, a re-created pod or a
+# resume starts a new one).
+
+def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
+    """One row per allocation of every training run that used several
+    (summary.json `segments`: a requeued SLURM job, a re-created pod, a
+    resumed run)."""
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        segs = r.summary.get("segments") if r.kind == "train" else None
+        if not isinstance(segs, list) or len(segs) < 2:
+            continue
+        for i, seg in enumerate(s for s in segs if isinstance(s, dict)):
+            wall = None
+            try:
+                wall = (datetime.datetime.fromisoformat(seg["end"])
+                        - datetime.datetime.fromisoformat(seg["start"])).total_seconds()
+            except (KeyError, TypeError, ValueError):
+                pass
+            rows.append({
+                "run": short(str(r.path)), "segment": i + 1, "job_id": seg.get("job_id"),
+                "restart": seg.get("restart"), "nodes": seg.get("nodes"),
+                "hosts": ",".join(seg.get("hosts") or []), "start": seg.get("start"),
+                "wall_s": wall, "from": _position(seg, "start"), "to": _position(seg, "end"),
+                "steps_done": seg.get("steps_done"), "epochs_done": seg.get("epochs_done"),
+                "epoch_time_s_median": seg.get("epoch_time_s_median"),
+                "status": seg.get("status")})
+    return rows
+
+
+def _position(seg: dict, which: str) -> str:
+    epoch, step = seg.get(f"{which}_epoch"), seg.get(f"{which}_step")
+    if epoch is None:
+        return "?"
+    return f"epoch {epoch}" + (f" + {step} steps" if step else "")
+
+
+def segments_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+    lines = ["## Allocations of runs that used several", "",
+             "One row per segment of summary.json: a SLURM requeue, a re-created pod or a "
+             "resume starts a new one. Epoch time: the median of the epochs the segment "
+             "finished (\"-\": it finished none).", "",
+             "| run | # | job | restart | nodes | hosts | start | wall s | from | to | steps "
+             "| epochs | epoch s | status |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        lines.append(
+            f"| `{row['run']}` | {row['segment']} | {row['job_id'] or '-'} | "
+            f"{num(row['restart'], 'd')} | {num(row['nodes'], 'd')} | {row['hosts'] or '-'} | "
+            f"{row['start'] or '-'} | {num(row['wall_s'], '.0f')} | {row['from']} | {row['to']} | "
+            f"{num(row['steps_done'], 'd')} | {num(row['epochs_done'], 'd')} | "
+            f"{num(row['epoch_time_s_median'], '.2f')} | {row['status'] or '-'} |")
+    return lines + [""]
+
+
+# The report's section on the allocations' doctor checks (`python -m
+# ddp_lab.doctor`, docs/doctor.md): each doctor.json found beside the
+# runs, its verdict, and the runs of the same fingerprint, so a slow
+# series can be read beside what the doctor said of its nodes.
+
+def doctor_markdown(runs) -> list[str]:
+    """Markdown lines (none when no doctor ran where the runs are)."""
+    roots = {Path(r.path).parent for r in runs} | {Path(r.path) for r in runs}
+    docs = records.find(roots)
+    if not docs:
+        return []
+    by_fid: dict[str, list[str]] = {}
+    for r in runs:
+        if r.kind == "train" and r.ok:
+            by_fid.setdefault(r.fingerprint_id, []).append(Path(r.path).name)
+    lines = ["## The allocations' doctor checks", "",
+             "`python -m ddp_lab.doctor` before the runs (docs/doctor.md): each allocation's "
+             "checks beside its training runs of the same fingerprint.", "",
+             "| fingerprint | doctor | finished | took | verdict | runs of this fingerprint |",
+             "| --- | --- | --- | ---: | --- | --- |"]
+    for path, doc in docs:
+        bad = records.failing(doc)
+        verdict = (f"{len(doc.get('checks', []))} checks ok" if not bad else
+                   f"{len(bad)} FAIL: " + "; ".join(b.removeprefix("FAIL ") for b in bad))
+        fid = doc.get("fingerprint_id") or "?"
+        same = by_fid.get(fid, [])
+        lines.append(f"| {fid} | {path.parent.name} | {doc.get('finished', '?')} | "
+                     f"{doc.get('elapsed_s', 0):.0f} s | {verdict.replace('|', '/')} | "
+                     f"{', '.join(same) or '-'} |")
+    return lines + [""]

@@ -1,6 +1,7 @@
-"""Gradient synchronisers, chosen with the `sync` config group: one file
-each (sync/<name>.py, start with naive.py), its config keys and rules in
-config/sync/<name>.py. Importing this package loads no torch (the
+"""Gradient synchronisers, chosen with the `sync` config group: a file
+each (sync/<name>.py, start with naive.py; tree and butterfly live with
+allreduce.py, their family), its config keys and rules in
+config/sync.py. Importing this package loads no torch (the
 submitting command checks the config without it); the names below come
 from sync/build.py, loaded on first use."""
 

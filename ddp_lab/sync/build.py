@@ -1,9 +1,9 @@
 """Where a synchroniser is built: `SYNCS` names every synchroniser's
 class (sync/<name>.py); `build_sync(cfg, ...)`, what the trainer calls,
 runs the section's config rules (its schema's `check`,
-config/sync/<name>.py) and, for `sync.overlap=true` on more than one
+config/sync.py) and, for `sync.overlap=true` on more than one
 rank, picks an all-reduce family class's overlapped variant
-(sync/overlap.py): neither belongs to the class itself."""
+(sync/allreduce.py): neither belongs to the class itself."""
 
 from __future__ import annotations
 
@@ -12,22 +12,19 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import SyncConfig, check_sync, with_defaults
+from ..config import check_sync, SyncConfig, with_defaults
 from ..config.registry import Registry
 from ..timing import Clock
-from .allreduce import AllReduceSync
-from .base import Synchroniser
-from .butterfly import ButterflySync
+from .allreduce import AllReduceSync, ButterflySync, overlapped, TreeSync
 from .custom import CustomSync
 from .ddp import DDPSync
 from .fsdp2 import FSDP2Sync
 from .hierarchical import HierarchicalSync
 from .naive import NaiveSync
-from .overlap import overlapped
 from .reduce_broadcast import ReduceBroadcastSync
 from .ring import RingSync
+from .synchroniser import Synchroniser
 from .torch_zero import TorchZeroSync
-from .tree import TreeSync
 from .zero1 import Zero1Sync
 
 SYNCS: Registry[type[Synchroniser]] = Registry(
@@ -57,9 +54,7 @@ def sync_class(name: str, overlap: bool = False) -> type[Synchroniser]:
     themselves, per their section)."""
     # UnknownName (a ValueError) lists the valid ones
     cls = SYNCS.get(name)
-    return (
-        overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
-    )
+    return overlapped(cls) if overlap and issubclass(cls, AllReduceSync) else cls
 
 
 def build_sync(

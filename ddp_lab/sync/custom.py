@@ -56,8 +56,7 @@ class CustomSync(AllReduceSync):
         # the group's timeout bounds every call of the student's
         bound = group_timeout_s(self.device) if self.world_size > 1 else None
         self.watch = Watch(modules=namespaces, bound_s=bound)
-        self._hang = _HangWatch(self.watch, self.rank,
-                                min(HANG_S, bound / 2) if bound else HANG_S)
+        self._hang = _HangWatch(self.watch, self.rank, min(HANG_S, bound / 2) if bound else HANG_S)
         return module
 
     def all_reduce(self, flat: torch.Tensor) -> None:
@@ -65,8 +64,7 @@ class CustomSync(AllReduceSync):
         with self.watch:
             self.student(flat)
         # the bytes the student's calls moved (timed() counted none)
-        self.comm.add_counts((0, 0, self.watch.sent - before[0],
-                              self.watch.recv - before[1], 0))
+        self.comm.add_counts((0, 0, self.watch.sent - before[0], self.watch.recv - before[1], 0))
 
     def traffic(self, op: str, numel: int, elem_size: int):
         # counted from the calls themselves, in all_reduce above
@@ -117,10 +115,18 @@ class _HangWatch(threading.Thread):
                     told.add(id(c))
                     to = "to" if c.op in ("send", "isend") else "from"
                     peer = f" {to} rank {c.peer}" if c.peer is not None else ""
-                    log.error("rank %d has waited %.0f s in %s%s (%d elements) at %s: the "
-                              "peer never answers (python -m ddp_lab.check %s explains hangs "
-                              "rank by rank)", self.rank, now - t0, c.op, peer, c.numel,
-                              c.where, c.where.rpartition(":")[0])
+                    log.error(
+                        "rank %d has waited %.0f s in %s%s (%d elements) at %s: the "
+                        "peer never answers (python -m ddp_lab.check %s explains hangs "
+                        "rank by rank)",
+                        self.rank,
+                        now - t0,
+                        c.op,
+                        peer,
+                        c.numel,
+                        c.where,
+                        c.where.rpartition(":")[0],
+                    )
 
     def stop(self) -> None:
         self._stop.set()

@@ -8,7 +8,7 @@ stamps: the start when DDP hands it a bucket, the end in the future's
 completion callback, so that overlap stays real (docs/timing.md, "How
 communication is timed"). `sync()` is a no-op (DDP is done when backward
 returns). A world of one runs the bare model. Keys and rules:
-config/sync/ddp.py.
+config/sync.py.
 
 `sync.hook` picks what runs on each bucket: torch's own hooks
 (allreduce, fp16, bf16, powersgd: `sync.compress=fp16` is the same fp16
@@ -28,12 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.ddp_comm_hooks import (
-    powerSGD_hook as powerSGD,
-)
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..collectives import (
+    PlanTags,
     PrepostedRingAllReduce,
     all_reduce_ring,
     all_reduce_ring_textbook,
@@ -41,8 +40,8 @@ from ..collectives import (
     reduce_tree,
 )
 from ..predict import costmodel
-from ._buckets import WIRE_DTYPES
-from .base import Synchroniser, unused_parameters
+from .buckets import unused_parameters, WIRE_DTYPES
+from .synchroniser import Synchroniser
 
 #: sync.hook -> ddp_lab's collective calls it makes on a bucket:
 #: (collective, algorithm)
@@ -76,14 +75,13 @@ class DDPSync(Synchroniser):
         )
         self.hook = hook_name(cfg)
         self.torch_hook, self.powersgd = (
-            (None, None)
-            if self.hook in OUR_HOOKS
-            else _torch_hook(cfg, self.hook)
+            (None, None) if self.hook in OUR_HOOKS else _torch_hook(cfg, self.hook)
         )
         # our send/recv: this rank's bytes exactly
         self.bytes_exact = self.hook in OUR_HOOKS
         # ring_prepost's, per bucket
         self.plans: dict[tuple[int, int], PrepostedRingAllReduce] = {}
+        self.tags = PlanTags()
         # nccl: the batched ring (sync=ring's rule)
         self.textbook = dist.get_backend() == "gloo"
         # PowerSGD launches its P and Q all-reduces from completion
@@ -91,9 +89,7 @@ class DDPSync(Synchroniser):
         # buckets in flight the ranks would issue them in different
         # orders (an abort). So on gloo a bucket waits for the previous
         # one's chain.
-        self.serial = (
-            self.powersgd is not None and dist.get_backend() != "nccl"
-        )
+        self.serial = self.powersgd is not None and dist.get_backend() != "nccl"
         self.inflight: Optional[torch.futures.Future] = None
         hook = _our_hook if self.hook in OUR_HOOKS else _timed_allreduce_hook
         ddp.register_comm_hook(self, _named(hook, self.hook))
@@ -123,9 +119,7 @@ class DDPSync(Synchroniser):
             # itself)
             unused = unused_parameters(self.module, loss_fn)
             if unused:
-                names = ", ".join(unused[:5]) + (
-                    " ..." if len(unused) > 5 else ""
-                )
+                names = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
                 raise ValueError(
                     f"sync=ddp: the model has parameters that get no gradient "
                     f"({names}): set sync.find_unused_parameters=true (or "
@@ -155,18 +149,14 @@ def _named(hook: Callable, name: str) -> Callable:
     """`hook` registered under `ddp_lab_<name>_hook`: DDP's logging data
     says which one ran."""
 
-    def named(
-        state: "DDPSync", bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def named(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return hook(state, bucket)
 
     named.__name__ = named.__qualname__ = f"ddp_lab_{name}_hook"
     return named
 
 
-def _our_hook(
-    state: "DDPSync", bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def _our_hook(state: "DDPSync", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """ddp_lab's collective on DDP's bucket: divided by the world size
     first (as torch's allreduce_hook does, so the sum is the average),
     then our send/recv algorithm, in place and blocking; the bucket
@@ -180,25 +170,19 @@ def _our_hook(
     buf.div_(state.world_size)
     sent = recv = 0
     for coll, algo in OUR_HOOKS[state.hook]:
-        c = costmodel.cost(
-            coll, algo, buf.numel(), state.world_size, buf.element_size()
-        )
+        c = costmodel.cost(coll, algo, buf.numel(), state.world_size, buf.element_size())
         sent, recv = sent + c.sent[state.rank], recv + c.recv[state.rank]
     op = "all_reduce"
-    with state.comm.timed(op, buf.numel() * buf.element_size(), sent, recv):
+    with state.comm.timed(op, buf.nbytes, sent, recv):
         if state.hook == "reduce_broadcast":
             reduce_tree(buf, 0)
             broadcast_tree(buf, 0)
-        elif (
-            state.hook == "ring_prepost"
-            and state.textbook
-            and buf.device.type == "cpu"
-        ):
+        elif state.hook == "ring_prepost" and state.textbook and buf.device.type == "cpu":
             # DDP rebuilds its buckets after step one
             key = (bucket.index(), buf.numel())
             if key not in state.plans:
                 # collective: same order everywhere
-                state.plans[key] = PrepostedRingAllReduce(buf)
+                state.plans[key] = PrepostedRingAllReduce(buf, tags=state.tags)
             state.plans[key](buf)
         elif state.textbook:
             all_reduce_ring_textbook(buf)
@@ -208,9 +192,7 @@ def _our_hook(
     return fut
 
 
-def _torch_hook(
-    cfg: Any, name: str
-) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
+def _torch_hook(cfg: Any, name: str) -> tuple[Callable, Optional[powerSGD.PowerSGDState]]:
     """torch's own comm hook `name` (sync.hook, or sync.compress:
     `hook_name`), and PowerSGD's state, which the hook keeps.
 
@@ -238,9 +220,7 @@ def _torch_hook(
     return (lambda bucket: hook(None, bucket)), None
 
 
-def _wire_calls(
-    state: "DDPSync", bucket: dist.GradBucket, before: int
-) -> list[tuple[int, int]]:
+def _wire_calls(state: "DDPSync", bucket: dist.GradBucket, before: int) -> list[tuple[int, int]]:
     """(elements, element size) of each all-reduce torch's hook made for
     `bucket`, from torch's own rules: the bucket in the wire dtype (also
     PowerSGD before its start iteration), or PowerSGD's three
@@ -253,12 +233,7 @@ def _wire_calls(
     if ps is None or ps.compression_stats()[2] == before:
         # fp16 / bf16; None: the bucket's own
         dtype = WIRE_DTYPES.get(state.hook)
-        return [
-            (
-                buf.numel(),
-                dtype.itemsize if dtype is not None else buf.element_size(),
-            )
-        ]
+        return [(buf.numel(), dtype.itemsize if dtype is not None else buf.element_size())]
     i, e = bucket.index(), buf.element_size()
     p, q = ps.p_memory_dict[i].numel(), ps.q_memory_dict[i].numel()
     return [(ps.compression_stats()[2] - before - p - q, e), (p, e), (q, e)]
@@ -278,11 +253,7 @@ def _timed_allreduce_hook(
         fut.set_result(buf)
         return fut
     rec = state.comm
-    before = (
-        state.powersgd.compression_stats()[2]
-        if state.powersgd is not None
-        else 0
-    )
+    before = state.powersgd.compression_stats()[2] if state.powersgd is not None else 0
     start = rec.begin()
     if state.serial and state.inflight is not None:
         # load-bearing on gloo: collectives in the same order everywhere

@@ -1,6 +1,6 @@
 """sync=fsdp2: torch's FSDP2 (`torch.distributed.fsdp.fully_shard`), the
 library twin of sharding one step further than sync=zero1
-(docs/twins.md; keys and rules: config/sync/fsdp2.py; torch >= 2.6).
+(docs/twins.md; keys and rules: config/sync.py; torch >= 2.6).
 
     wrap:     fully_shard on each child module that has parameters, then on the root: every
               parameter becomes a DTensor of which this rank keeps dim-0 chunk r (Shard(0))
@@ -32,7 +32,7 @@ from torch import nn
 
 from ..predict import costmodel
 from ..world import torch_support
-from .base import Synchroniser
+from .synchroniser import Synchroniser
 
 
 def _parts(module: nn.Module) -> list[nn.Module]:
@@ -78,9 +78,7 @@ class FSDP2Sync(Synchroniser):
             return
         sync = self
 
-        def record(
-            op: str, numel: int, elem: int, start: Any, work: Any
-        ) -> Any:
+        def record(op: str, numel: int, elem: int, start: Any, work: Any) -> Any:
             c = costmodel.cost(op, "torch", numel, sync.world_size, elem)
             args = (op, numel * elem, c.sent[sync.rank], c.recv[sync.rank])
             if work is None:
@@ -90,42 +88,23 @@ class FSDP2Sync(Synchroniser):
             return work
 
         class TimedAllGather(DefaultAllGather):
-            def __call__(
-                self, output_tensor, input_tensor, group, async_op=False
-            ):
+            def __call__(self, output_tensor, input_tensor, group, async_op=False):
                 start = sync.comm.begin()
-                work = super().__call__(
-                    output_tensor, input_tensor, group, async_op
-                )
+                work = super().__call__(output_tensor, input_tensor, group, async_op)
                 return record(
-                    "all_gather",
-                    output_tensor.numel(),
-                    output_tensor.element_size(),
-                    start,
-                    work,
+                    "all_gather", output_tensor.numel(), output_tensor.element_size(), start, work
                 )
 
         class TimedReduceScatter(DefaultReduceScatter):
-            def __call__(
-                self, output_tensor, input_tensor, group, op, async_op=False
-            ):
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
                 start = sync.comm.begin()
-                work = super().__call__(
-                    output_tensor, input_tensor, group, op, async_op
-                )
+                work = super().__call__(output_tensor, input_tensor, group, op, async_op)
                 return record(
-                    "reduce_scatter",
-                    input_tensor.numel(),
-                    input_tensor.element_size(),
-                    start,
-                    work,
+                    "reduce_scatter", input_tensor.numel(), input_tensor.element_size(), start, work
                 )
 
         for m in modules:
-            if (
-                any(True for _ in m.parameters(recurse=False))
-                or m is modules[-1]
-            ):
+            if any(True for _ in m.parameters(recurse=False)) or m is modules[-1]:
                 m.set_custom_all_gather(TimedAllGather())
                 m.set_custom_reduce_scatter(TimedReduceScatter())
 
@@ -165,40 +144,15 @@ class FSDP2Sync(Synchroniser):
             for m in [self.module, *self.children]:
                 m.reshard()
             for child in self.children:
-                child.set_reshard_after_forward(
-                    bool(self.cfg.reshard_after_forward), recurse=False
-                )
+                child.set_reshard_after_forward(bool(self.cfg.reshard_after_forward), recurse=False)
             # the evaluation's all-gathers are no training step's
             self.collect_comm()
 
     # ---------------------------------------------------------------- what a rank holds
-    def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """This rank's shards: of the parameters, their gradients and
-        the optimiser state."""
-
-        def local(t: torch.Tensor) -> torch.Tensor:
-            return t.to_local() if hasattr(t, "to_local") else t
-
-        params = list(self.module.parameters())
-        state = [
-            local(v)
-            for s in optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        ]
-        return {
-            "param_bytes": sum(
-                local(p).numel() * p.element_size() for p in params
-            ),
-            "grad_bytes": sum(
-                local(p).numel() * p.element_size()
-                for p in params
-                if p.requires_grad
-            ),
-            "optimizer_state_bytes": sum(
-                v.numel() * v.element_size() for v in state
-            ),
-        }
+    def held(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of a parameter, its gradient or its
+        optimiser state (`memory`)."""
+        return t.to_local() if hasattr(t, "to_local") else t
 
     # ------------------------------------------------------------------ checkpoints
     def _options(self, **kw: Any):
@@ -211,38 +165,28 @@ class FSDP2Sync(Synchroniser):
         0."""
         if not self.sharded:
             return super().model_state()
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        full = get_model_state_dict(
-            self.module, options=self._options(cpu_offload=True)
-        )
+        full = get_model_state_dict(self.module, options=self._options(cpu_offload=True))
         return full if self.rank == 0 else None
 
     def load_model_state(self, state: dict) -> None:
         if not self.sharded:
             return super().load_model_state(state)
-        from torch.distributed.checkpoint.state_dict import (
-            set_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(self.module, state, options=self._options())
 
     def _names(self) -> list[str]:
         return [n for n, _ in self.module.named_parameters()]
 
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """Collective: a plain optimiser's state over every parameter
         (indices in `module.parameters()` order, as every synchroniser's
         checkpoint holds), on rank 0."""
         if not self.sharded:
             return super().optimizer_state(optimizer)
-        from torch.distributed.checkpoint.state_dict import (
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         full = get_optimizer_state_dict(
             self.module, optimizer, options=self._options(cpu_offload=True)
@@ -253,14 +197,11 @@ class FSDP2Sync(Synchroniser):
         return {
             "state": {index[n]: s for n, s in full["state"].items()},
             "param_groups": [
-                {**g, "params": [index[n] for n in g["params"]]}
-                for g in full["param_groups"]
+                {**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]
             ],
         }
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, state: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Any sync's checkpoint (a plain optimiser's state over every
         parameter): this rank's chunk of each per-element state cut out
         of it, as FSDP2 cuts the parameter (dim-0 `torch.chunk`), no
@@ -273,12 +214,8 @@ class FSDP2Sync(Synchroniser):
         local: dict[int, dict] = {}
         for i, s in state["state"].items():
             p = params[int(i)]
-            local[int(i)] = {
-                k: self._shard(v, p, DTensor) for k, v in s.items()
-            }
-        optimizer.load_state_dict(
-            {"state": local, "param_groups": state["param_groups"]}
-        )
+            local[int(i)] = {k: self._shard(v, p, DTensor) for k, v in s.items()}
+        optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
     def _shard(self, v: Any, p: torch.Tensor, dtensor: Any) -> Any:
         """`v` (a whole parameter's state) as a DTensor sharded as `p`
@@ -286,11 +223,7 @@ class FSDP2Sync(Synchroniser):
         if not (torch.is_tensor(v) and v.shape == p.shape and v.dim() > 0):
             return v
         chunks = torch.chunk(v.to(p.device), self.world_size, dim=0)
-        mine = (
-            chunks[self.rank]
-            if self.rank < len(chunks)
-            else v.new_empty((0, *v.shape[1:]))
-        )
+        mine = chunks[self.rank] if self.rank < len(chunks) else v.new_empty((0, *v.shape[1:]))
         return dtensor.from_local(
             mine.clone(),
             p.device_mesh,

@@ -21,7 +21,7 @@ whole-buffer reduce and broadcast inside the node.
 
 It is AllReduceSync with another `all_reduce(flat)` (bucketing,
 averaging, compression, overlap shared); keys and rules:
-config/sync/hierarchical.py. Bytes:
+config/sync.py. Bytes:
 `ddp_lab.predict.costmodel.hierarchical_calls`, and those sent to
 another node (`comm_bytes_cross_node`); exact with `inter=ring
 intra=tree`, else modelled."""
@@ -36,12 +36,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..predict import costmodel
-from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce
+from ..collectives import ALL_REDUCE, BROADCAST, REDUCE, PrepostedRingAllReduce, preposted_plans
 from ..world.distributed import DistContext
 from ..world.env import detect_env
 from ..world.topology import Topology, build_groups, detect_topology
 from .allreduce import AllReduceSync
-from ..config.sync.hierarchical import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
+from ..config.sync import HIERARCHICAL_INTER, HIERARCHICAL_INTRA
 
 log = logging.getLogger("ddp_lab")
 
@@ -66,24 +66,15 @@ class HierarchicalSync(AllReduceSync):
         # launcher's variables (world/env.py reads them); build_sync
         # hands a synchroniser the device and the world size, not the
         # trainer's DistContext, so wrap reads the same variables again
-        ctx = DistContext(
-            env=detect_env(), backend=dist.get_backend(), device=self.device
-        )
-        self.topology = detect_topology(
-            ctx, self.cfg.node_size, key="sync.node_size"
-        )
-        groups = build_groups(
-            self.topology, ["intra_node", "leaders"], self.rank
-        )
+        ctx = DistContext(env=detect_env(), backend=dist.get_backend(), device=self.device)
+        self.topology = detect_topology(ctx, self.cfg.node_size, key="sync.node_size")
+        groups = build_groups(self.topology, ["intra_node", "leaders"], self.rank)
         node, leaders = groups["intra_node"], groups["leaders"]
         self.node_ranks, self.node_group = node.ranks, node.handle
         # the lowest rank of the node
         self.leader = node.ranks[0]
         self.is_leader = self.rank == self.leader
-        self.leader_ranks, self.leader_group = (
-            leaders.members[0],
-            leaders.handles[0],
-        )
+        self.leader_ranks, self.leader_group = (leaders.members[0], leaders.handles[0])
         if (
             self.is_leader
             and self.inter_algo == "ring"
@@ -97,12 +88,7 @@ class HierarchicalSync(AllReduceSync):
             # leaders, in bucket order (sync.compress: the ring is the
             # 16-bit copy's, the tensor that goes on the wire)
             wires = [self.wire.buffer(b.buffer) for b in self.buckets]
-            self.rings = {
-                w.data_ptr(): PrepostedRingAllReduce(
-                    w, group=self.leader_group
-                )
-                for w in wires
-            }
+            self.rings = preposted_plans(wires, group=self.leader_group)
         largest = (
             max((p.numel() for p in self.params), default=1)
             if self.per_param
@@ -118,32 +104,18 @@ class HierarchicalSync(AllReduceSync):
         )
         return module
 
-    def _phases(
-        self, numel: int, elem_size: int
-    ) -> tuple[tuple[str, costmodel.Cost], ...]:
+    def _phases(self, numel: int, elem_size: int) -> tuple[tuple[str, costmodel.Cost], ...]:
         return costmodel.hierarchical_calls(
-            numel,
-            self.topology.nodes,
-            elem_size,
-            intra=self.intra_algo,
-            inter=self.inter_algo,
+            numel, self.topology.nodes, elem_size, intra=self.intra_algo, inter=self.inter_algo
         )
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """One all-reduce of the world, as nccl-tests counts a
         hierarchical one (busbw): its three phases' bytes joined, and
         the leaders' phase as the bytes that cross nodes."""
-        (_, reduce), (_, leaders), (_, broadcast) = self._phases(
-            numel, elem_size
-        )
+        (_, reduce), (_, leaders), (_, broadcast) = self._phases(numel, elem_size)
         whole = reduce.then(leaders).then(broadcast)
-        return (
-            whole.sent[self.rank],
-            whole.recv[self.rank],
-            leaders.sent[self.rank],
-        )
+        return (whole.sent[self.rank], whole.recv[self.rank], leaders.sent[self.rank])
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         in_node = len(self.node_ranks) > 1
@@ -158,9 +130,7 @@ class HierarchicalSync(AllReduceSync):
                 ALL_REDUCE[self.inter_algo](flat, group=self.leader_group)
         # 3. the leader's result to the rest of its node
         if in_node:
-            BROADCAST[self.intra_algo](
-                flat, self.leader, group=self.node_group
-            )
+            BROADCAST[self.intra_algo](flat, self.leader, group=self.node_group)
 
     def close(self) -> None:
         # (overlapped: its thread, which calls the rings, is closed

@@ -24,7 +24,7 @@ Bytes: as sync=allreduce's, the library all-reduce modelled as a ring
 library's routing).
 
 Its rules (overlap and compression refused, each with the sync that runs
-it): config/sync/naive.py.
+it): config/sync.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import Synchroniser
+from .synchroniser import Synchroniser
 
 
 class NaiveSync(Synchroniser):
@@ -51,7 +51,7 @@ class NaiveSync(Synchroniser):
                 p.grad = torch.zeros_like(p)
             # each rank's share: their sum is the average (as DDP)
             p.grad /= self.world_size
-            # counted and timed (base.py)
+            # counted and timed (synchroniser.py)
             with self.timed("all_reduce", p.grad):
                 # the sum over ranks, in place
                 dist.all_reduce(p.grad)

@@ -16,7 +16,7 @@ measured, not because it is fast. Bytes follow
 would be another training method. `sync.overlap=true` starts each
 bucket's reduce (async) from backward, stamped like DDP's hook; the
 broadcast stays after the root's step (docs/compression_overlap.md).
-Keys and rules: config/sync/reduce_broadcast.py."""
+Keys and rules: config/sync.py."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._buckets import Bucket, WireFormat, make_buckets
-from .ready_buckets import ReadyBuckets
-from .base import Synchroniser
+from .buckets import Bucket, make_buckets, ReadyBuckets, WireFormat
+from .synchroniser import Synchroniser
 
 
 class ReduceBroadcastSync(Synchroniser):
@@ -41,9 +40,7 @@ class ReduceBroadcastSync(Synchroniser):
         cap = self.cfg.bucket_mb * 1e6
         self.root = self.cfg.root
         self.is_root = self.rank == self.root
-        self.overlap = (
-            bool(self.cfg.get("overlap", False)) and self.world_size > 1
-        )
+        self.overlap = bool(self.cfg.get("overlap", False)) and self.world_size > 1
         # DDP's order
         order = list(reversed(params)) if self.overlap else params
         self.grad_buckets: list[Bucket] = make_buckets(order, cap)
@@ -63,9 +60,7 @@ class ReduceBroadcastSync(Synchroniser):
         from backward)."""
         # the bucket / world, cast to fp16 / bf16 where compressed
         wire = self.wire.pack(b.pack_grads())
-        sent, recv, _ = self.traffic(
-            "reduce", wire.numel(), wire.element_size()
-        )
+        sent, recv, _ = self.traffic("reduce", wire.numel(), wire.element_size())
         # these buckets hold no padding
         payload = wire.numel() * wire.element_size()
         rec = self.comm
@@ -80,9 +75,7 @@ class ReduceBroadcastSync(Synchroniser):
         self.works.append(fut.then(done))
 
     def no_sync(self):
-        return (
-            self.ready.disarmed() if self.ready is not None else nullcontext()
-        )
+        return self.ready.disarmed() if self.ready is not None else nullcontext()
 
     def preflight(self, loss_fn: Callable[..., torch.Tensor]) -> None:
         if self.ready is not None:
@@ -136,9 +129,7 @@ class ReduceBroadcastSync(Synchroniser):
             if not self.is_root:
                 b.unpack_params()
 
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         if self.root == 0 or self.world_size == 1:
             return super().optimizer_state(optimizer)
         box: list[Any] = [None]

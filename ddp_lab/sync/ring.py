@@ -25,7 +25,7 @@ each):
 * nccl: `all_reduce_ring`, each step's send and receive one batch (nccl
   needs the pair in one group).
 
-Its keys and rules: config/sync/ring.py. Overlap (overlap.py) and
+Its keys and rules: config/sync.py. Overlap (allreduce.py) and
 compression (`_reduce`, allreduce.py) are allreduce's.
 """
 
@@ -37,6 +37,7 @@ from torch import nn
 
 from ..collectives import (
     PrepostedRingAllReduce,
+    preposted_plans,
     all_reduce_ring,
     all_reduce_ring_textbook,
 )
@@ -60,9 +61,7 @@ class RingSync(AllReduceSync):
         # copies)
         wires = [self.wire.buffer(b.buffer) for b in self.buckets]
         if self.cfg.prepost and self.textbook and self.device.type == "cpu":
-            self.plans = {
-                w.data_ptr(): PrepostedRingAllReduce(w) for w in wires
-            }
+            self.plans = preposted_plans(wires)
         elif self.textbook:
             # a chunk of the longest buffer: one call at a time uses it
             for w in sorted(wires, key=torch.Tensor.numel):

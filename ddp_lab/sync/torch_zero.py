@@ -1,6 +1,6 @@
 """sync=torch_zero: torch's ZeroRedundancyOptimizer over DDP, the
 library twin of sync=zero1 (docs/twins.md; keys and rules:
-config/sync/torch_zero.py).
+config/sync.py).
 
     backward: DDP all-reduces the gradients (sync=ddp's timed hook, buckets and all)
     step():   ZeroRedundancyOptimizer steps the parameters this rank owns, then every rank
@@ -63,14 +63,7 @@ class TorchZeroSync(DDPSync):
         sent = recv = 0
         for owner, numel in owners.items():
             if numel:
-                c = costmodel.cost(
-                    "broadcast",
-                    "torch",
-                    numel,
-                    self.world_size,
-                    elem,
-                    root=owner,
-                )
+                c = costmodel.cost("broadcast", "torch", numel, self.world_size, elem, root=owner)
                 sent, recv = sent + c.sent[self.rank], recv + c.recv[self.rank]
         payload = sum(owners.values()) * elem
         sync_params = zero._sync_params
@@ -82,9 +75,7 @@ class TorchZeroSync(DDPSync):
         # (an instance attribute: step() calls it)
         zero._sync_params = timed_sync_params
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """DDP's bucket all-reduces: the library's, modelled as
         sync=ddp's."""
         c = costmodel.cost(op, "torch", numel, self.world_size, elem_size)
@@ -95,9 +86,7 @@ class TorchZeroSync(DDPSync):
         owns."""
         return super().memory(getattr(optimizer, "optim", optimizer))
 
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """Collective: every rank's shard consolidated on rank 0, a
         plain optimiser's state over every parameter there (global
         indices: `module.parameters()`' order)."""
@@ -110,9 +99,7 @@ class TorchZeroSync(DDPSync):
         groups = [{k: v for k, v in g.items()} for g in state["param_groups"]]
         return {"state": state["state"], "param_groups": groups}
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, state: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """A plain optimiser's state over every parameter (any sync's,
         any world's): ZeRO keeps the part of the parameters this rank
         owns."""
@@ -124,10 +111,7 @@ class TorchZeroSync(DDPSync):
         optimizer.load_state_dict(
             {
                 "state": {
-                    i: {
-                        k: v.clone() if torch.is_tensor(v) else v
-                        for k, v in s.items()
-                    }
+                    i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
                     for i, s in state["state"].items()
                 },
                 "param_groups": [dict(g) for g in state["param_groups"]],

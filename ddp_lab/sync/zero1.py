@@ -1,6 +1,6 @@
 """sync=zero1: ZeRO stage 1, the ring's two halves with the optimiser
 step between them (docs/sync.md, "ZeRO stage 1"; keys and rules:
-config/sync/zero1.py).
+config/sync.py).
 
     sync():  gradients -> one flat bucket, / world (before the sum, as DDP: WireFormat),
              reduce-scatter: this rank's chunk of the averaged gradient
@@ -13,11 +13,11 @@ the reduce-scatter sums into. Parameters start at multiples of ALIGN
 elements, so a piece is cut where a fused optimiser kernel cuts the
 whole parameter: DDP's weights bit for bit. On gloo the halves are
 ddp_lab's ring (exact bytes); on nccl torch's (bytes modelled).
-Checkpoints: _zero1_state.py."""
+Checkpoints: `gather_state` and `cut_state`, below."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,9 +26,8 @@ from torch import nn
 from ..collectives import all_gather_ring, reduce_scatter_ring
 from ..predict import costmodel
 from ..world import torch_support
-from . import _zero1_state
-from ._buckets import WireFormat, make_buckets
-from .base import Synchroniser
+from .synchroniser import Synchroniser
+from .buckets import make_buckets, WireFormat
 
 # elements: a multiple of any CPU vector width and of fused Adam's
 # 64-byte task (the cost model pads its predictions on the same grid:
@@ -45,12 +44,8 @@ class Zero1Sync(Synchroniser):
         n, r, cap = self.world_size, self.rank, self.cfg.bucket_mb * 1e6
         # two buffers of one layout, n equal chunks of whole ALIGN
         # units: gradients, weights
-        self.grad_buckets = make_buckets(
-            params, cap, pad_to=n * ALIGN, align=ALIGN
-        )
-        self.param_buckets = make_buckets(
-            params, cap, pad_to=n * ALIGN, align=ALIGN
-        )
+        self.grad_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
+        self.param_buckets = make_buckets(params, cap, pad_to=n * ALIGN, align=ALIGN)
         # pack() is the / world before the sum
         self.wire = WireFormat("none", n)
         self.nccl = dist.is_initialized() and dist.get_backend() == "nccl"
@@ -76,18 +71,14 @@ class Zero1Sync(Synchroniser):
                 lo, hi = max(start, o), min(end, o + p.numel())
                 if lo < hi:
                     self.pieces.append((k, lo, hi))
-        self.views = [
-            self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces
-        ]
+        self.views = [self.param_buckets[k].buffer[lo:hi] for k, lo, hi in self.pieces]
         return module
 
     def optimizer_params(self) -> list[torch.Tensor]:
         # the optimiser never sees the other ranks' chunks
         return self.views
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """Our ring's bytes (SYNC_COLLECTIVES), or on nccl torch's
         collective's model."""
         if not self.nccl:
@@ -136,17 +127,95 @@ class Zero1Sync(Synchroniser):
             all_gather_ring(out, chunk)
 
     # ---------------------------------------------------------- checkpoints that move
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """Collective: the shards gathered into the state a plain
         optimiser over every parameter would hold (rank 0; None
         elsewhere): a checkpoint any world, any sync loads."""
-        return _zero1_state.gather(self, optimizer)
+        return gather_state(self, optimizer)
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, full: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
         """Any such state (ours, DDP's, from any world): this rank's
         pieces cut out of it."""
-        _zero1_state.cut(self, optimizer, full)
+        cut_state(self, optimizer, full)
+
+
+# sync=zero1's checkpoints: the optimiser state's shards gathered into
+# the state a plain optimiser over every parameter would hold, and cut
+# into shards again, so a checkpoint resumes on any world size and under
+# any synchroniser (docs/sync.md, "ZeRO stage 1"). A parameter's state is
+# per element (moments, momentum) or a scalar (Adam's step).
+
+
+def gather_state(z: Any, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+    """Collective: the state a plain optimiser over
+    `module.parameters()` would hold."""
+    index = {id(p): i for i, p in enumerate(z.module.parameters())}
+    mine = optimizer.state_dict()
+    # which keys are per element (moments, momentum) and the scalars
+    # (Adam's step, the same on every piece): from any rank that holds a
+    # piece with state
+    held = [s for s in mine["state"].values() if s]
+    kinds = {
+        key: (torch.is_tensor(v) and v.dim() == 1, v)
+        for key, v in (held[0] if held else {}).items()
+    }
+    if z.world_size > 1:
+        every: list = [None] * z.world_size
+        dist.all_gather_object(every, kinds)
+        kinds = next((d for d in every if d), {})
+    state: dict[int, dict] = {}
+    for k, b in enumerate(z.param_buckets):
+        for key, (per_element, scalar) in kinds.items():
+            whole = None
+            # this rank's chunk of it, then every chunk end to end
+            if per_element:
+                chunk = torch.zeros_like(z.chunks[k])
+                base = len(chunk) * z.rank
+                for j, (kk, lo, hi) in enumerate(z.pieces):
+                    if kk == k and key in mine["state"].get(j, {}):
+                        chunk[lo - base : hi - base] = mine["state"][j][key]
+                whole = chunk.clone()
+                if z.world_size > 1:
+                    whole = torch.empty_like(b.buffer)
+                    z._all_gather(whole, chunk)
+            for p, o in zip(b.params, b.offsets):
+                state.setdefault(index[id(p)], {})[key] = (
+                    _own(scalar) if whole is None else whole[o : o + p.numel()].view_as(p).clone()
+                )
+    group = {**mine["param_groups"][0], "params": list(index.values())}
+    return {"state": state, "param_groups": [group]} if z.rank == 0 else None
+
+
+def cut_state(z: Any, optimizer: torch.optim.Optimizer, full: dict) -> None:
+    """Load a whole-model state (ours, DDP's, any sync's, any world's)
+    into `z`'s pieces."""
+    index = {id(p): i for i, p in enumerate(z.module.parameters())}
+    # (bucket, key): laid out as it
+    flats: dict[tuple[int, str], torch.Tensor] = {}
+    # Adam's step: the same for every parameter
+    scalars: dict = {}
+    for k, b in enumerate(z.param_buckets):
+        for p, o in zip(b.params, b.offsets):
+            for key, v in full["state"].get(index[id(p)], {}).items():
+                if not (torch.is_tensor(v) and v.dim() > 0):
+                    scalars[key] = v
+                    continue
+                if (k, key) not in flats:
+                    flats[k, key] = torch.zeros_like(b.buffer)
+                flats[k, key][o : o + p.numel()] = v.reshape(-1)
+    state = {}
+    # a piece: elements lo..hi of bucket k
+    for j, (k, lo, hi) in enumerate(z.pieces):
+        state[j] = {key: _own(v) for key, v in scalars.items()}
+        state[j].update({key: f[lo:hi].clone() for (kk, key), f in flats.items() if kk == k})
+    group = {**full["param_groups"][0], "params": list(range(len(z.pieces)))}
+    optimizer.load_state_dict(
+        {"state": {j: s for j, s in state.items() if s}, "param_groups": [group]}
+    )
+
+
+def _own(v):
+    """A copy of a scalar for each parameter: Adam adds 1 to its step in
+    place, and a step tensor shared by every parameter would count once
+    per parameter."""
+    return v.clone() if torch.is_tensor(v) else v

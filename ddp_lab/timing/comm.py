@@ -1,6 +1,6 @@
 """What a synchroniser communicates: `CommRecorder`, every synchroniser's `self.comm`
-(ddp_lab/sync/base.py), counts every collective call's bytes and, with timing on, stamps its start
-and end on the rank's `Clock`; `collect()` resolves them once per epoch into a `CommStats`. Then
+(ddp_lab/sync/synchroniser.py), counts every collective call's bytes and, with timing on, stamps
+its start and end on the rank's `Clock`; `collect()` resolves them once per epoch into a `CommStats`. Then
 the arithmetic that places the calls in the steps: in-flight comm is the union of this rank's
 collective intervals, exposed comm the part of it after compute end, so exposed <= in-flight holds
 by construction (docs/timing.md, "comm_fraction" and "Exposed vs in-flight comm").
@@ -13,8 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..predict.costmodel import busbw_factors
-from ..predict.numbers import union_length
+from ..predict.costmodel import busbw_factors, union_length
 from .clock import UNTIMED, Clock
 from .phases import StepTimes
 

@@ -1,3 +1,3 @@
-"""The rank's world: who it is and what it runs on (its modules:
-docs/architecture.md, "The layout").
+"""The rank's world: who it is and what it runs on (its modules: docs/architecture.md, "The
+layout").
 """

@@ -1,29 +1,33 @@
-"""Who am I? Rank, local rank, world size, node rank and master address,
-from any launcher.
+"""Who am I? Rank, local rank, world size, node rank and master address, from any launcher.
 
-`detect_env` reads the variables of torchrun (TORCHELASTIC_RUN_ID marks
-it), srun (SLURM_PROCID, ...; master = first host of
-SLURM_JOB_NODELIST), Open MPI's mpirun (OMPI_COMM_WORLD_*, the node from
-DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow pods
-(PET_NNODES, PET_NODE_RANK), in that order (docs/launchers.md, "What
-every launcher shares"). An inconsistent set raises `EnvError` naming
-the variable and the fix. The same variables name the job around the
-rank (`allocation`) and its start (`startup_s`).
+`detect_env` reads the variables of torchrun (TORCHELASTIC_RUN_ID marks it), srun (SLURM_PROCID,
+...; master = first host of SLURM_JOB_NODELIST), Open MPI's mpirun (OMPI_COMM_WORLD_*, the node
+from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow pods (PET_NNODES, PET_NODE_RANK), in
+that order (docs/launchers.md, "What every launcher shares"). An inconsistent set raises `EnvError`
+naming the variable and the fix. The same variables name the job around the rank (`allocation`) and
+its start (`startup_s`).
+
+And what this process runs on and with, torch-free: the GPUs its machine shows (`local_gpus`, asked
+without importing torch where it has none), death with its parent, and the signal handlers
+torchrun's agent takes over: the agent (ddp_lab/launch/torchrun.py) keeps this process's handlers
+of AGENT_SIGNALS before it installs its own (`keep_handlers`); a rank forked from it takes them back
+(`restore_handlers`, ddp_lab/rank/main.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import signal
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Optional
 
-
 class EnvError(ValueError):
-    """The launcher's variables do not describe a valid distributed
-    world."""
+    """The launcher's variables do not describe a valid distributed world."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,8 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> in
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM node list, as `scontrol show hostnames`
-    gives it: 'nid[001-004,007],login1' -> 'nid001'."""
+    """First host of a SLURM node list, as `scontrol show hostnames` gives it:
+    'nid[001-004,007],login1' -> 'nid001'."""
     nodelist = nodelist.strip()
     if not nodelist:
         raise EnvError("SLURM_JOB_NODELIST is empty")
@@ -76,14 +80,12 @@ def first_slurm_host(nodelist: str) -> str:
         elif ch == "," and depth == 0:
             nodelist = nodelist[:i]
             break
-    # every bracket range contributes its first value: rack[1-2]-n[3-4]
-    # -> rack1-n3
+    # every bracket range contributes its first value: rack[1-2]-n[3-4] -> rack1-n3
     return re.sub(r"\[([^\]]+)\]", lambda m: m.group(1).split(",")[0].split("-")[0], nodelist)
 
 
 def _slurm_tasks_per_node(env: Mapping[str, str], node_rank: int) -> Optional[int]:
-    # SLURM_TASKS_PER_NODE looks like '2(x3),1': expand and pick this
-    # node's count
+    # SLURM_TASKS_PER_NODE looks like '2(x3),1': expand and pick this node's count
     spec = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE")
     if not spec:
         v = env.get("SLURM_NTASKS_PER_NODE")
@@ -98,14 +100,12 @@ def _slurm_tasks_per_node(env: Mapping[str, str], node_rank: int) -> Optional[in
 
 
 def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
-    """Detect this process's place in the distributed world from its
-    environment."""
+    """Detect this process's place in the distributed world from its environment."""
     env = os.environ if environ is None else environ
     restarts = _int(env, "TORCHELASTIC_RESTART_COUNT", 0)
 
     if "LOCAL_RANK" in env and "RANK" in env and "WORLD_SIZE" in env:
-        # torchrun (or torch.distributed.launch): it also sets
-        # GROUP_RANK = node rank
+        # torchrun (or torch.distributed.launch): it also sets GROUP_RANK = node rank
         world = _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE", world)
         num_nodes = _int(env, "GROUP_WORLD_SIZE", max(1, world // max(local_world, 1)))
@@ -132,9 +132,8 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     elif "OMPI_COMM_WORLD_RANK" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is the
-        # rank on the node): launcher=mpirun's wrapper sets
-        # DDP_LAB_NODE_RANK/NUM_NODES, else equal slots
+        # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is the rank on the node):
+        # launcher=mpirun's wrapper sets DDP_LAB_NODE_RANK/NUM_NODES, else equal slots
         rank = _int(env, "OMPI_COMM_WORLD_RANK")
         d = dict(
             rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
@@ -144,8 +143,7 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
             source="mpi",
         )
     elif "PET_NNODES" in env or ("WORLD_SIZE" in env and "RANK" in env):
-        # RunAI / Kubeflow PyTorchJob: one process per pod;
-        # WORLD_SIZE/RANK count pods
+        # RunAI / Kubeflow PyTorchJob: one process per pod; WORLD_SIZE/RANK count pods
         pods = _int(env, "PET_NNODES", _int(env, "WORLD_SIZE", 1)) if "PET_NNODES" in env else _int(env, "WORLD_SIZE")
         pod = _int(env, "PET_NODE_RANK", _int(env, "RANK", 0)) if "PET_NODE_RANK" in env else _int(env, "RANK")
         d = dict(rank=pod, local_rank=0, world_size=pods, local_world_size=1,
@@ -174,8 +172,7 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 
 def slurm_port(job_id: int) -> int:
-    """A port derived from the SLURM job id: the same on every node,
-    rarely in use."""
+    """A port derived from the SLURM job id: the same on every node, rarely in use."""
     return 20000 + job_id % 20000
 
 
@@ -202,8 +199,7 @@ def hostname() -> str:
 
 
 def host_address() -> Optional[str]:
-    """The address this machine's hostname resolves to (the one gloo
-    gives peers), or None."""
+    """The address this machine's hostname resolves to (the one gloo gives peers), or None."""
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -211,9 +207,8 @@ def host_address() -> Optional[str]:
 
 
 def start_ticks(pid: int | str = "self") -> Optional[str]:
-    """When process `pid` started, in clock ticks since boot
-    (/proc/PID/stat's field 22, as text), None if it is gone: with the
-    pid, it names one process (a pid can be reused)."""
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's field 22, as text),
+    None if it is gone: with the pid, it names one process (a pid can be reused)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19]
@@ -222,10 +217,9 @@ def start_ticks(pid: int | str = "self") -> Optional[str]:
 
 
 def process_start(pid: int | str = "self") -> Optional[float]:
-    """When a process started, in seconds since the epoch, to a clock
-    tick: its start in ticks since boot (/proc/PID/stat) against the
-    boot clock now (`btime` is whole seconds). None where it cannot be
-    read."""
+    """When a process started, in seconds since the epoch, to a clock tick: its start in ticks
+    since boot (/proc/PID/stat) against the boot clock now (`btime` is whole seconds). None where
+    it cannot be read."""
     ticks = start_ticks(pid)
     if ticks is None:
         return None
@@ -237,8 +231,7 @@ def process_start(pid: int | str = "self") -> Optional[float]:
 
 
 def allocation(environ=None) -> dict:
-    """The scheduler's name for this allocation: job id and restart
-    count (None: local)."""
+    """The scheduler's name for this allocation: job id and restart count (None: local)."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
@@ -248,10 +241,58 @@ def allocation(environ=None) -> dict:
 
 
 def startup_s() -> Optional[float]:
-    """Seconds from the job's own start to the first step: DDP_LAB_T0
-    where the job set it (ddp_lab.command.job), else this rank's
-    start."""
+    """Seconds from the job's own start to the first step: DDP_LAB_T0 where the job set it
+    (ddp_lab.command.job), else this rank's start."""
     t0 = os.environ.get("DDP_LAB_T0")
     start = float(t0) if t0 else process_start()
     return None if start is None else round(time.time() - start, 2)
 
+
+# ------------------------------------------------------------------ its machine and its parent
+def gpu_devices_present() -> bool:
+    """Whether this machine shows a GPU driver's device files (/dev/nvidia0, ROCm's /dev/kfd): only
+    then is torch asked, which costs seconds of import."""
+    dev = Path("/dev")
+    return any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()
+
+
+def local_gpus() -> int:
+    """CUDA devices of this machine; 0 from the device files alone, so no torch import on CPU."""
+    if not gpu_devices_present():
+        return 0
+    import torch  # lazy: see above
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, else 2 (CPU ranks)."""
+    return local_gpus() or 2
+
+
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT,
+                 signal.SIGHUP, signal.SIGQUIT)
+# the handlers this process had before torchrun's agent took them
+_before_agent: dict = {}
+
+
+def keep_handlers() -> None:
+    """Remember this process's handlers of AGENT_SIGNALS."""
+    for sig in AGENT_SIGNALS:
+        _before_agent[sig] = signal.getsignal(sig)
+
+
+def restore_handlers() -> None:
+    """Put back the handlers `keep_handlers` remembered."""
+    for sig, handler in _before_agent.items():
+        signal.signal(sig, handler)
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
+    """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        # PR_SET_PDEATHSIG = 1
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

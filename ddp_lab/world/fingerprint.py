@@ -1,13 +1,10 @@
-"""The allocation's fingerprint: what a run's timings depend on besides
-its config.
+"""The allocation's fingerprint: what a run's timings depend on besides its config.
 
-`collect(...)` gives summary.json's `fingerprint`; `fingerprint_id`
-hashes `ID_FIELDS` into a short stable id, by which the report groups
-repeats (`differences` names what differs). NCCL's transport is parsed
-from its INFO log (`enable_nccl_debug`, then `read_nccl_transport`). The
-node's link (interface, speed, a root `tbf` rate) is asked of the kernel
-through `ip`/`tc` in the process's own namespace; only `link_label` is
-in the id, never a measured rate (docs/network.md, "The link in the
+`collect(...)` gives summary.json's `fingerprint`; `fingerprint_id` hashes `ID_FIELDS` into a short
+stable id, by which the report groups repeats (`differences` names what differs). NCCL's transport
+is parsed from its INFO log (`enable_nccl_debug`, then `read_nccl_transport`). The node's link
+(interface, speed, a root `tbf` rate) is asked of the kernel through `ip`/`tc` in the process's own
+namespace; only `link_label` is in the id, never a measured rate (docs/network.md, "The link in the
 fingerprint").
 """
 
@@ -26,16 +23,14 @@ from typing import Any, Iterable, Mapping, Optional
 from .cpu import cores
 from .env import host_address
 
-# the variables that change how collectives run: NCCL's, UCX's and
-# libfabric's (RDMA), gloo's, the thread counts, torch's NCCL knobs
+# the variables that change how collectives run: NCCL's, UCX's and libfabric's (RDMA), gloo's, the
+# thread counts, torch's NCCL knobs
 ENV_PREFIXES = ("NCCL_", "UCX_", "FI_", "GLOO_", "TORCH_NCCL_", "OMP_", "MKL_")
-# set by ddp_lab itself for its own logs (paths change with every run):
-# not part of the id
+# set by ddp_lab itself for its own logs (paths change with every run): not part of the id
 NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUMP_TEMP_FILE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
              "TORCH_NCCL_DUMP_ON_TIMEOUT"}
-# what makes two allocations' timings comparable (not nodes x procs: the
-# report groups by it)
+# what makes two allocations' timings comparable (not nodes x procs: the report groups by it)
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
@@ -46,16 +41,14 @@ _NET_DEVICES = re.compile(r"NCCL INFO (NET/[A-Za-z0-9_]+) ?: Using (.+)$")
 
 # ------------------------------------------------------------------ NCCL's INFO lines
 def nccl_debug_env(run_dir: Path) -> dict[str, str]:
-    """NCCL_DEBUG=INFO into RUN_DIR/logs/nccl.<host>.<pid>.log (INIT,
-    NET and ENV lines)."""
+    """NCCL_DEBUG=INFO into RUN_DIR/logs/nccl.<host>.<pid>.log (INIT, NET and ENV lines)."""
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
             "NCCL_DEBUG_FILE": str(Path(run_dir) / "logs" / "nccl.%h.%p.log")}
 
 
 def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
-    """Set `nccl_debug_env` in `environ` (os.environ) before
-    init_process_group. False (and nothing set) when the user chose
-    NCCL_DEBUG themselves: their choice stands."""
+    """Set `nccl_debug_env` in `environ` (os.environ) before init_process_group. False (and nothing
+    set) when the user chose NCCL_DEBUG themselves: their choice stands."""
     environ = os.environ if environ is None else environ
     if environ.get("NCCL_DEBUG"):
         return False
@@ -65,9 +58,8 @@ def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
 
 
 def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
-    """What NCCL's INFO lines say: the network it chose ("IB", "Socket",
-    a plugin), that network's devices, and the channel connections over
-    each transport (P2P, NET/IB, ...)."""
+    """What NCCL's INFO lines say: the network it chose ("IB", "Socket", a plugin), that network's
+    devices, and the channel connections over each transport (P2P, NET/IB, ...)."""
     network, devices, conns = None, {}, {}
     for line in lines:
         if "NCCL INFO" not in line:
@@ -87,9 +79,9 @@ def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
 
 
 def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
-    """One label for the ranks' parsed logs: the transports their peer
-    connections used ("NET/IB+P2P"), else "none (network X)" when no
-    rank connected to a peer (one rank); None when no log was read."""
+    """One label for the ranks' parsed logs: the transports their peer connections used
+    ("NET/IB+P2P"), else "none (network X)" when no rank connected to a peer (one rank); None when
+    no log was read."""
     parsed = [p for p in parsed if p]
     if not parsed:
         return None
@@ -101,8 +93,7 @@ def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
 
 
 def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
-    """Parse this process's NCCL debug file; None without one (gloo, a
-    user's NCCL_DEBUG)."""
+    """Parse this process's NCCL debug file; None without one (gloo, a user's NCCL_DEBUG)."""
     pid = os.getpid() if pid is None else pid
     files = sorted((Path(run_dir) / "logs").glob(f"nccl.*.{pid}.log"))
     if not files:
@@ -130,8 +121,7 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 # ------------------------------------------------------------------ the node's link
 def _json_of(*argv: str) -> Any:
-    """The JSON an iproute2 command prints (`ip -j ...`); None when it
-    is missing or fails."""
+    """The JSON an iproute2 command prints (`ip -j ...`); None when it is missing or fails."""
     try:
         out = subprocess.run(list(argv), capture_output=True, text=True, timeout=5)
         return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
@@ -140,8 +130,7 @@ def _json_of(*argv: str) -> Any:
 
 
 def iface_with_address(links: Any, address: str) -> Optional[str]:
-    """The interface of `ip -j addr show` output that holds
-    `address`."""
+    """The interface of `ip -j addr show` output that holds `address`."""
     for link in links or []:
         if any(a.get("local") == address for a in link.get("addr_info", [])):
             return link.get("ifname")
@@ -149,9 +138,8 @@ def iface_with_address(links: Any, address: str) -> Optional[str]:
 
 
 def chosen_iface(environ: Mapping[str, str]) -> Optional[str]:
-    """The interface the user told gloo (or NCCL) to use:
-    GLOO_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME (its first name; an
-    exclusion list `^lo,docker` names none)."""
+    """The interface the user told gloo (or NCCL) to use: GLOO_SOCKET_IFNAME, else
+    NCCL_SOCKET_IFNAME (its first name; an exclusion list `^lo,docker` names none)."""
     for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         first = (environ.get(key) or "").split(",")[0].strip().lstrip("=")
         if first and not first.startswith("^"):
@@ -160,8 +148,7 @@ def chosen_iface(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def uplink(environ: Mapping[str, str]) -> Optional[str]:
-    """The interface this node reaches other nodes through (see the
-    module docstring)."""
+    """The interface this node reaches other nodes through (see the module docstring)."""
     chosen = chosen_iface(environ)
     if chosen:
         return chosen
@@ -175,8 +162,7 @@ def uplink(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def root_tbf(qdiscs: Any) -> dict[str, Any]:
-    """The root tbf qdisc's options in `tc -j qdisc show` output
-    (bytes/s); {} if none."""
+    """The root tbf qdisc's options in `tc -j qdisc show` output (bytes/s); {} if none."""
     for q in qdiscs or []:
         if q.get("root") and q.get("kind") == "tbf" and (q.get("options") or {}).get("rate"):
             return q["options"]
@@ -184,9 +170,8 @@ def root_tbf(qdiscs: Any) -> dict[str, Any]:
 
 
 def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") -> Optional[int]:
-    """The interface's speed in Mbit/s from sysfs, only if sysfs shows
-    this namespace's interface (its MAC address is `mac`) and knows a
-    speed (virtual links say -1 or fail)."""
+    """The interface's speed in Mbit/s from sysfs, only if sysfs shows this namespace's interface
+    (its MAC address is `mac`) and knows a speed (virtual links say -1 or fail)."""
     base = Path(root) / iface
     try:
         if mac is None or (base / "address").read_text().strip() != mac:
@@ -198,8 +183,7 @@ def sysfs_speed(iface: str, mac: Optional[str], root: str = "/sys/class/net") ->
 
 
 def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
-    """This node's uplink: iface, speed_mbit, shaped_Bps, shaped_burst_B
-    (None where unknown)."""
+    """This node's uplink: iface, speed_mbit, shaped_Bps, shaped_burst_B (None where unknown)."""
     iface = uplink(os.environ if environ is None else environ)
     if not iface:
         return None
@@ -210,9 +194,8 @@ def link(environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]
 
 
 def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """The link's limit in words, as the id holds it: "tbf 25 MB/s"
-    where shaped, else "10000 Mbit/s"; None where neither is known (the
-    id is then what it was before links)."""
+    """The link's limit in words, as the id holds it: "tbf 25 MB/s" where shaped, else "10000
+    Mbit/s"; None where neither is known (the id is then what it was before links)."""
     if not lk:
         return None
     if lk.get("shaped_Bps"):
@@ -221,24 +204,21 @@ def link_label(lk: Optional[Mapping[str, Any]]) -> Optional[str]:
 
 
 def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """The network and thread variables in force, but OMP_WAIT_POLICY:
-    ddp_lab sets it from the load at start (summary.json
-    `segments[*].cpu` records it), so it would split repeats."""
+    """The network and thread variables in force, but OMP_WAIT_POLICY: ddp_lab sets it from the
+    load at start (summary.json `segments[*].cpu` records it), so it would split repeats."""
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ)
             if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
 
 
 def _versions(backend: str) -> dict[str, Any]:
-    # lazy, as in `collect`: the report compares fingerprints without
-    # torch
+    # lazy, as in `collect`: the report compares fingerprints without torch
     import torch
     import torch.distributed as dist
 
     nccl = None
     if dist.is_available() and dist.is_nccl_available():
-        # a CPU-only build has no NCCL; a CUDA build without a GPU still
-        # reports it
+        # a CPU-only build has no NCCL; a CUDA build without a GPU still reports it
         try:
             v = torch.cuda.nccl.version()
             nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -269,13 +249,11 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
 
 
 def id_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields that make timings comparable, as fingerprint_id hashes
-    them."""
+    """The fields that make timings comparable, as fingerprint_id hashes them."""
     return {
         "cpu": fp.get("cpu"), "gpu": fp.get("gpu"),
         "backend": fp.get("backend"), "torch": fp.get("torch"),
-        # the NCCL version matters where NCCL runs; a gloo run's timings
-        # do not depend on it
+        # the NCCL version matters where NCCL runs; a gloo run's timings do not depend on it
         "nccl": fp.get("nccl") if fp.get("backend") == "nccl" else None,
         "nccl_network": "+".join(sorted({d["network"] for d in fp.get("nccl_detail") or []
                                          if isinstance(d, dict) and d.get("network")})) or None,
@@ -285,9 +263,8 @@ def id_fields(fp: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def fingerprint_id(fp: Mapping[str, Any]) -> str:
-    """A short stable hash (10 hex digits) of `id_fields(fp)` (an
-    unknown link left out, so that fingerprints from before links were
-    recorded keep their ids)."""
+    """A short stable hash (10 hex digits) of `id_fields(fp)` (an unknown link left out, so that
+    fingerprints from before links were recorded keep their ids)."""
     fields = id_fields(fp)
     if fields["link"] is None:
         del fields["link"]
@@ -296,8 +273,7 @@ def fingerprint_id(fp: Mapping[str, Any]) -> str:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """What differs between two fingerprints in words ("cpu: X vs Y"),
-    for the report."""
+    """What differs between two fingerprints in words ("cpu: X vs Y"), for the report."""
     fa, fb = id_fields(a), id_fields(b)
     out = []
     for k in ID_FIELDS:

@@ -1,8 +1,7 @@
-"""The rendezvous port: a free one, whether one is taken, and the lines
-that say a rendezvous could not start (every launcher, test and script
-asks here); and whether a machine answers at all (`answers`,
-ddp_lab.folder.failure's probe). The store listens on 0.0.0.0, so a port
-is free only when nothing listens on it on any address.
+"""The rendezvous port: a free one, whether one is taken, and the lines that say a rendezvous could
+not start (every launcher, test and script asks here); and whether a machine answers at all
+(`answers`, ddp_lab.folder.failure's probe). The store listens on 0.0.0.0, so a port is free only
+when nothing listens on it on any address.
 """
 
 from __future__ import annotations
@@ -12,20 +11,17 @@ import socket
 
 WILDCARD = "0.0.0.0"  # where the store binds
 PROBE_S = 2.0  # how long `answers` waits for a node's reply
-# "discard": any port will do, a live node answers even where nothing
-# listens
+# "discard": any port will do, a live node answers even where nothing listens
 PROBE_PORT = 9
-# free_port draws from here up to the ephemeral range: clear of
-# well-known ports
+# free_port draws from here up to the ephemeral range: clear of well-known ports
 LOW = 20000
 FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 
 def free_port(host: str = WILDCARD) -> int:
-    """A port nothing listens on now, for a rendezvous that must name
-    its port before it binds. Drawn at random below the kernel's
-    ephemeral range, where only another random draw can collide; another
-    process may still take it first, so callers that can, retry."""
+    """A port nothing listens on now, for a rendezvous that must name its port before it binds.
+    Drawn at random below the kernel's ephemeral range, where only another random draw can collide;
+    another process may still take it first, so callers that can, retry."""
     low = ephemeral_range()[0]
     for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
         if not port_in_use(port, host):
@@ -37,8 +33,7 @@ def free_port(host: str = WILDCARD) -> int:
 
 
 def ephemeral_range() -> tuple[int, int]:
-    """The ports the OS hands out itself (32768-60999 where /proc does
-    not say)."""
+    """The ports the OS hands out itself (32768-60999 where /proc does not say)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = f.read().split()
@@ -48,8 +43,7 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def port_in_use(port: int, host: str = WILDCARD) -> bool:
-    """Whether the store could not bind `port`: the same bind (every
-    address, SO_REUSEADDR)."""
+    """Whether the store could not bind `port`: the same bind (every address, SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -66,18 +60,16 @@ def taken(host: str, port: int) -> str:
 
 
 def no_answer(host: str, port: int, waited_s: float) -> str:
-    """The line for a rendezvous that did not answer within
-    dist.init_timeout_s."""
+    """The line for a rendezvous that did not answer within dist.init_timeout_s."""
     return (f"the rendezvous at {host}:{port} did not answer within {waited_s:g} s "
             f"(dist.init_timeout_s): check that {host} is rank 0's machine and reachable "
             f"from this one on port {port}; if another program holds that port, {FIX}")
 
 
 def answers(addr: str, timeout_s: float = PROBE_S) -> bool:
-    """Whether the machine at `addr` answers a TCP connection attempt
-    within `timeout_s`. Any reply counts, a refusal too: a live node's
-    kernel refuses a port where nothing listens at once. A node behind a
-    cut link sends nothing, and the attempt times out."""
+    """Whether the machine at `addr` answers a TCP connection attempt within `timeout_s`. Any reply
+    counts, a refusal too: a live node's kernel refuses a port where nothing listens at once. A
+    node behind a cut link sends nothing, and the attempt times out."""
     try:
         socket.create_connection((addr, PROBE_PORT), timeout=timeout_s).close()
     except ConnectionRefusedError:

@@ -1,12 +1,9 @@
-"""Process groups from the detected topology: global, intra-node,
-cross-node, leaders.
+"""Process groups from the detected topology: global, intra-node, cross-node, leaders.
 
-From every rank's node: `global`, `intra_node` (0-3, 4-7 on 4x4),
-`cross_node` (the j-th rank of every node: 0,4,8,12), `leaders` (the
-first rank of every node; the others' `GroupSet.mine` is None).
-`node_size=k` pretends every k consecutive ranks are a node. `new_group`
-is collective over the world: `build_groups` has every rank create every
-group, in the same order.
+From every rank's node: `global`, `intra_node` (0-3, 4-7 on 4x4), `cross_node` (the j-th rank of
+every node: 0,4,8,12), `leaders` (the first rank of every node; the others' `GroupSet.mine` is
+None). `node_size=k` pretends every k consecutive ranks are a node. `new_group` is collective over
+the world: `build_groups` has every rank create every group, in the same order.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class Topology:
         return len(self.hosts)
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
-        """The rank lists of every group of `kind` (`leaders`: one rank
-        per node)."""
+        """The rank lists of every group of `kind` (`leaders`: one rank per node)."""
         if kind == "global":
             return [tuple(range(self.world_size))]
         if kind == "intra_node":
@@ -49,8 +45,7 @@ class Topology:
         raise ValueError(f"unknown group kind {kind!r}: choose global, intra_node, cross_node or leaders")
 
     def pairs(self) -> dict[str, Optional[tuple[int, int]]]:
-        """Ping-pong partners of rank 0: a rank on its node, the next
-        node's first (or None)."""
+        """Ping-pong partners of rank 0: a rank on its node, the next node's first (or None)."""
         node0 = self.nodes[0]
         return {"same_node": (node0[0], node0[1]) if len(node0) > 1 else None,
                 "cross_node": (node0[0], self.nodes[1][0]) if len(self.nodes) > 1 else None}
@@ -66,8 +61,7 @@ class Topology:
 
 def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bool = False,
                         simulated_by: str = "bench.node_size") -> Topology:
-    """Group ranks by node id (nodes ordered by id, ranks ascending
-    within a node)."""
+    """Group ranks by node id (nodes ordered by id, ranks ascending within a node)."""
     by_node: dict[int, list[int]] = {}
     for rank, node in enumerate(node_of_rank):
         by_node.setdefault(node, []).append(rank)
@@ -78,8 +72,7 @@ def topology_from_table(node_of_rank: list[int], hosts: list[str], simulated: bo
 
 def detect_topology(ctx: DistContext, node_size: int = 0,
                     key: str = "bench.node_size") -> Topology:
-    """Collective: every rank's node (`rank // node_size` when
-    simulating) and host."""
+    """Collective: every rank's node (`rank // node_size` when simulating) and host."""
     table = ctx.gather_objects((ctx.env.node_rank, hostname()))
     hosts = [h for _, h in table]
     # one table row per rank of the process group
@@ -109,14 +102,12 @@ class GroupSet:
 
     @property
     def measured(self) -> list[int]:
-        """Indices of the groups that have anything to communicate (size
-        >= 2)."""
+        """Indices of the groups that have anything to communicate (size >= 2)."""
         return [i for i, m in enumerate(self.members) if len(m) > 1]
 
 
 def build_groups(topo: Topology, kinds: list[str], rank: int) -> dict[str, GroupSet]:
-    """Collective: create the process groups of every kind, in one order
-    on every rank."""
+    """Collective: create the process groups of every kind, in one order on every rank."""
     out: dict[str, GroupSet] = {}
     for kind in kinds:
         members = topo.groups(kind)
@@ -129,8 +120,7 @@ def build_groups(topo: Topology, kinds: list[str], rank: int) -> dict[str, Group
                 # nothing to communicate; never used
                 handles.append(None)
             else:
-                # load-bearing: called by every rank, for every group,
-                # in the same order
+                # load-bearing: called by every rank, for every group, in the same order
                 handles.append(dist.new_group(list(ranks)))
         mine = next((i for i, m in enumerate(members) if rank in m), None)
         out[kind] = GroupSet(kind, members, handles, mine)

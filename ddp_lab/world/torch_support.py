@@ -1,8 +1,7 @@
-"""What the installed torch has, where a default of ddp_lab's asks for
-more than the oldest torch it supports (pyproject.toml). A default it
-cannot honour picks what it has, and the run says so (`choices`); a
-value the user set that it cannot honour is refused before any rank
-starts (ddp_lab/command/machine_rules.py).
+"""What the installed torch has, where a default of ddp_lab's asks for more than the oldest torch
+it supports (pyproject.toml). A default it cannot honour picks what it has, and the run says so
+(`choices`); a value the user set that it cannot honour is refused before any rank starts
+(ddp_lab/command/validate.py).
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ _choices: list[str] = []
 
 
 def choose(line: str) -> None:
-    """Record a choice a default made for the installed torch (once per
-    line)."""
+    """Record a choice a default made for the installed torch (once per line)."""
     if line not in _choices:
         _choices.append(line)
 
@@ -31,8 +29,7 @@ def version() -> str:
 
 
 def accepts(function, keyword: str) -> bool:
-    """Whether this torch's `function` takes the keyword argument
-    `keyword`."""
+    """Whether this torch's `function` takes the keyword argument `keyword`."""
     import inspect
 
     return keyword in inspect.signature(function).parameters
@@ -40,14 +37,12 @@ def accepts(function, keyword: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def has_fused(optimizer: str, device_type: str) -> bool:
-    """Whether this torch has the fused update of
-    torch.optim.`optimizer` ("adam" | "sgd") on `device_type` (Adam on
-    CPU: 2.4; SGD: 2.3 on CUDA, 2.4 on CPU), asked by making one."""
+    """Whether this torch has the fused update of torch.optim.`optimizer` ("adam" | "sgd") on
+    `device_type` (Adam on CPU: 2.4; SGD: 2.3 on CUDA, 2.4 on CPU), asked by making one."""
     import torch
 
     if device_type == "cuda" and not torch.cuda.is_available():
-        # not this machine's to say: the ranks' torch decides where they
-        # run
+        # not this machine's to say: the ranks' torch decides where they run
         return True
     param = torch.zeros(1, device=device_type, requires_grad=True)
     cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
@@ -59,9 +54,8 @@ def has_fused(optimizer: str, device_type: str) -> bool:
 
 
 def fused(optimizer: str, device_type: str, setting) -> bool:
-    """optim.fused as the optimiser is built: null (the default) is the
-    fused update where this torch has it for `device_type`, else the
-    per-tensor loop, said in the first lines."""
+    """optim.fused as the optimiser is built: null (the default) is the fused update where this
+    torch has it for `device_type`, else the per-tensor loop, said in the first lines."""
     if setting is not None:
         return bool(setting)
     if has_fused(optimizer, device_type):
@@ -72,8 +66,7 @@ def fused(optimizer: str, device_type: str, setting) -> bool:
 
 
 def fused_refusal(optimizer: str, device_type: str) -> str | None:
-    """optim.fused=true where this torch cannot: the one line that
-    refuses it."""
+    """optim.fused=true where this torch cannot: the one line that refuses it."""
     if has_fused(optimizer, device_type):
         return None
     return (f"optim.fused=true: torch {version()} has no fused {optimizer} update on "
@@ -83,9 +76,8 @@ def fused_refusal(optimizer: str, device_type: str) -> str | None:
 
 # ------------------------------------------------------------- collectives' current names
 def all_gather_single(output, input, group=None, async_op: bool = False):
-    """`dist.all_gather_single` (torch >= 2.14; `all_gather_into_tensor`
-    before, which 2.14 marks deprecated with a FutureWarning): every
-    rank's `input` end to end in `output`."""
+    """`dist.all_gather_single` (torch >= 2.14; `all_gather_into_tensor` before, which 2.14 marks
+    deprecated with a FutureWarning): every rank's `input` end to end in `output`."""
     import torch.distributed as dist
 
     call = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -93,9 +85,8 @@ def all_gather_single(output, input, group=None, async_op: bool = False):
 
 
 def reduce_scatter_single(output, input, op=None, group=None, async_op: bool = False):
-    """`dist.reduce_scatter_single` (torch >= 2.14;
-    `reduce_scatter_tensor` before, which 2.14 marks deprecated): the
-    sum (or `op`) of every rank's `input`, this rank's chunk."""
+    """`dist.reduce_scatter_single` (torch >= 2.14; `reduce_scatter_tensor` before, which 2.14
+    marks deprecated): the sum (or `op`) of every rank's `input`, this rank's chunk."""
     import torch.distributed as dist
 
     call = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -104,8 +95,7 @@ def reduce_scatter_single(output, input, op=None, group=None, async_op: bool = F
 
 
 # ------------------------------------------------------------- the library twins' needs
-#: the oldest torch whose torch.distributed.fsdp exports fully_shard
-#: (FSDP2)
+#: the oldest torch whose torch.distributed.fsdp exports fully_shard (FSDP2)
 FULLY_SHARD_SINCE = "2.6"
 
 
@@ -116,8 +106,7 @@ def has_fully_shard() -> bool:
 
 
 def fsdp2_refusal() -> str | None:
-    """sync=fsdp2 where this torch has no
-    `torch.distributed.fsdp.fully_shard`: one line."""
+    """sync=fsdp2 where this torch has no `torch.distributed.fsdp.fully_shard`: one line."""
     if has_fully_shard():
         return None
     return (f"sync=fsdp2: torch {version()} has no torch.distributed.fsdp.fully_shard (FSDP2, "

@@ -29,7 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 from ...world import cpu
 from .. import loops
-from ..suite import REPO, Spec, trained
+from ..suite import Benchmark, REPO, Spec, trained
 
 SPEC = Spec(compares="the tight loop under every thread count, OpenMP wait and Adam (the floor: "
                      "the fastest) and `python -m ddp_lab` with its defaults, on 1 and 2 ranks, "
@@ -310,3 +310,7 @@ def _hog_from(marker: str):
         elif marker in line and not started:
             started.append(hog.enter_context(cpu_hog()))
     return on_line
+
+
+# name -> the benchmark, for the runner (suite.NAMES)
+BENCHMARKS = {"epoch": Benchmark(__doc__, SPEC, add_args, run)}

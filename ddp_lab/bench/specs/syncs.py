@@ -1,4 +1,28 @@
-"""Epoch time of every synchroniser, side by side, measured in one run
+"""The training benchmarks of the synchronisers, side by side: every
+synchroniser's time per step (syncs), overlap on and off (overlap),
+gradient compression (compress) and the hierarchical all-reduce
+(hierarchical). Each benchmark's description is its `*_DOC`; the
+runner, `python -m ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ...rank.epochs import EpochBatches
+from ...step import run_steps
+from ...world.distributed import DistContext
+from ..scaffold import Bench, rank0, stamped_step
+from ..suite import Benchmark, chosen, medians, ratios, rounds, Spec, trained
+
+
+# ------------------------------------------------------------------ syncs
+SYNCS_DOC = """Epoch time of every synchroniser, side by side, measured in one run
 (docs/sync.md, "Speed").
 
     python -m ddp_lab.bench.suite syncs                      # 2 ranks, CPU gloo
@@ -10,53 +34,40 @@ rotating rounds, each time the median of its rounds; then the timers'
 cost step against step.
 """
 
-from __future__ import annotations
-
-import argparse
-import os
-import statistics
-import time
-
-from ...world.distributed import DistContext
-from ...rank.epochs import EpochBatches
-from ...step import run_steps
-from ..scaffold import Bench, rank0, stamped_step
-from ..suite import Spec, chosen, medians, ratios, rounds
-
 # label -> its overrides on the trainer's config (the defaults: timing
 # on)
-CONFIGS = {
-    "ddp": ["sync=ddp"],
-    "ddp timing off": ["sync=ddp", "timing.enabled=false"],
-    "allreduce": ["sync=allreduce"],
-    "allreduce timing off": ["sync=allreduce", "timing.enabled=false"],
-    "allreduce per-param": ["sync=allreduce", "sync.bucket_mb=0"],
-    "reduce_broadcast": ["sync=reduce_broadcast"],
-    "ring": ["sync=ring"],
-    "ring timing off": ["sync=ring", "timing.enabled=false"],
-    "ring prepost off": ["sync=ring", "sync.prepost=false"],
-    "tree": ["sync=tree"],
-    "butterfly": ["sync=butterfly"],
-    # the textbook ring as a student's function: its send/recv watched
-    # (docs/exercises.md, what the watch costs)
-    "custom": ["sync=custom"],
+SYNCS_CONFIGS = {
+          "ddp": ["sync=ddp"],
+          "ddp timing off": ["sync=ddp", "timing.enabled=false"],
+          "allreduce": ["sync=allreduce"],
+          "allreduce timing off": ["sync=allreduce", "timing.enabled=false"],
+          "allreduce per-param": ["sync=allreduce", "sync.bucket_mb=0"],
+          "reduce_broadcast": ["sync=reduce_broadcast"],
+          "ring": ["sync=ring"],
+          "ring timing off": ["sync=ring", "timing.enabled=false"],
+          "ring prepost off": ["sync=ring", "sync.prepost=false"],
+          "tree": ["sync=tree"],
+          "butterfly": ["sync=butterfly"],
+          # the textbook ring as a student's function: its send/recv watched
+          # (docs/exercises.md, what the watch costs)
+          "custom": ["sync=custom"],
 }
 
 
-SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with their timers off), "
-                     "full epochs of the trainer's step loop", rounds=5,
-            ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on, "
-                   "custom / ring")
+SYNCS_SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with their timers off), "
+                           "full epochs of the trainer's step loop", rounds=5,
+                  ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on, "
+                         "custom / ring")
 
 #: configurations whose timer overhead is also measured step against
 #: step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
 
 
-def worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}"])
     n_steps = bench.steps(args.steps)
-    cfgs = {label: bench.compose(ov) for label, ov in chosen(CONFIGS, args.only).items()}
+    cfgs = {label: bench.compose(ov) for label, ov in chosen(SYNCS_CONFIGS, args.only).items()}
 
     def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
         parts = bench.parts(cfgs[label], epoch)
@@ -119,7 +130,7 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
 
     from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
 
-    def run(enabled: bool) -> float:
+    def syncs_run(enabled: bool) -> float:
         clock = Clock(torch.device("cpu"))
         timer, rec = StepTimer(clock, enabled), CommRecorder(clock, 2, enabled)
         t0 = time.perf_counter()
@@ -129,10 +140,10 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
             epoch_timing(timer.collect(), rec.collect())
         return (time.perf_counter() - t0) / (epochs * steps)
 
-    return min(run(True) for _ in range(5)) - min(run(False) for _ in range(5))
+    return min(syncs_run(True) for _ in range(5)) - min(syncs_run(False) for _ in range(5))
 
 
-def add_args(ap: argparse.ArgumentParser) -> None:
+def syncs_add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
     ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
     ap.add_argument("--no-paired", dest="paired", action="store_false",
@@ -143,9 +154,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                          "ratios need ddp, allreduce, ring and their 'timing off' twins)")
 
 
-def run(args: argparse.Namespace) -> dict | None:
-    configs = chosen(CONFIGS, args.only)
-    res = rank0(worker, args.world, args)
+def syncs_run(args: argparse.Namespace) -> dict | None:
+    configs = chosen(SYNCS_CONFIGS, args.only)
+    res = rank0(syncs_worker, args.world, args)
     if res is None:
         return None  # the rank's error is above
     med = medians(res["times"])
@@ -197,3 +208,256 @@ def run(args: argparse.Namespace) -> dict | None:
             "steps": res["steps"], "median_s": med, "times_s": res["times"],
             "comm_share": frac, "comm_ms_per_step": comm_ms,
             "timer_overhead_s_per_step": res["timer_overhead_s"], "ratios": ratio}
+
+
+# ------------------------------------------------------------------ overlap
+OVERLAP_DOC = """Overlap on vs off, side by side in one run: DDP, allreduce+overlap,
+allreduce (docs/compression_overlap.md, "Overlap and exposed comm").
+
+    python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
+    python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
+
+The same bucket size for all; a warm-up epoch each, then `--rounds`
+rotating rounds, each figure the median over rounds, timed by the
+trainer's step loop and timers.
+"""
+
+# label -> (sync option, overlap)
+OVERLAP_CONFIGS = {
+            "ddp": ("ddp", True),
+            "allreduce+overlap": ("allreduce", True),
+            "allreduce": ("allreduce", False),
+            "ring+overlap": ("ring", True),
+            "ring": ("ring", False),
+}
+DEFAULT = "ddp,allreduce+overlap,allreduce"
+OVERLAP_SPEC = Spec(compares="ddp, allreduce and ring with sync.overlap on and off, one bucket size",
+                    rounds=5, ratios="time per step: allreduce+overlap / ddp (target <= 1.1), "
+                                     "+overlap / without, ring+overlap / ddp")
+
+
+def overrides(name: str, overlap: bool, bucket_mb: float) -> list[str]:
+    """The trainer's overrides: the sync, its bucket size (DDP's own
+    key), its overlap."""
+    if name == "ddp":  # DDP always overlaps
+        return ["sync=ddp", f"sync.bucket_cap_mb={bucket_mb}"]
+    return [f"sync={name}", f"sync.bucket_mb={bucket_mb}", f"sync.overlap={str(overlap).lower()}"]
+
+
+def overlap_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+    bench = Bench(ctx, [f"data.root={args.data_root}", f"model={args.model}"])
+    steps = bench.steps(args.steps)
+    cfgs = {label: bench.compose(overrides(*c, args.bucket_mb))
+            for label, c in chosen(OVERLAP_CONFIGS, args.only).items()}
+
+    def one_epoch(label: str, epoch: int, n: int) -> dict:
+        return bench.split_epoch(cfgs[label], epoch, n)[0]
+
+    # warm-up: allocations, connections, caches
+    for label in cfgs:
+        one_epoch(label, 0, min(5, steps))
+    rows: dict[str, list[dict]] = {label: [] for label in cfgs}
+    for r, label in rounds(cfgs, args.rounds):
+        m = one_epoch(label, r, steps)
+        rows[label].append(m)
+        if ctx.env.rank == 0:
+            print(f"round {r}/{args.rounds}  {label:18s} {m['step_ms']:8.1f} ms/step"
+                  f"  exposed {m['exposed_ms']:7.1f}  in flight {m['inflight_ms']:7.1f}",
+                  flush=True)
+    return {"rows": rows, "steps": steps}
+
+
+def overlap_add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--model", default="mlp_wide", help="model option (default mlp_wide)")
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size, MB (default 4)")
+    ap.add_argument("--steps", type=int, default=20, help="steps per epoch (default 20)")
+    ap.add_argument("--only", default=DEFAULT,
+                    help=f"configurations, comma-separated (default {DEFAULT}; also "
+                         "ring+overlap, ring)")
+
+
+def overlap_check(args: argparse.Namespace) -> None:
+    # an unknown label: one line, before any rank starts
+    chosen(OVERLAP_CONFIGS, args.only)
+
+
+def overlap_run(args: argparse.Namespace) -> dict | None:
+    res = rank0(overlap_worker, args.world, args)
+    if res is None:
+        return None  # the rank's error is above
+    med = medians(res["rows"])
+    print(f"\n{args.model}, world {args.world}, CPU gloo, buckets {args.bucket_mb} MB, "
+          f"{res['steps']} steps/epoch of 64 per rank, median of {args.rounds} rounds "
+          f"({os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f})\n")
+    print("| configuration | time/step (ms) | min - max | compute (ms) | exposed comm (ms) "
+          "| in-flight comm (ms) | exposed / in-flight |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label in chosen(OVERLAP_CONFIGS, args.only):
+        m, ms = med[label], [x["step_ms"] for x in res["rows"][label]]
+        share = m["exposed_ms"] / m["inflight_ms"] if m["inflight_ms"] else float("nan")
+        print(f"| {label} | {m['step_ms']:.1f} | {min(ms):.1f} - {max(ms):.1f} "
+              f"| {m['compute_ms']:.1f} | {m['exposed_ms']:.1f} | {m['inflight_ms']:.1f} "
+              f"| {share:.2f} |")
+    pairs = [("allreduce+overlap / ddp", "allreduce+overlap", "ddp"),
+             ("allreduce+overlap / allreduce", "allreduce+overlap", "allreduce"),
+             ("ring+overlap / ddp", "ring+overlap", "ddp"),
+             ("ring+overlap / ring", "ring+overlap", "ring")]
+    ratio = ratios({label: m["step_ms"] for label, m in med.items()}, pairs)
+    return {"model": args.model, "world": args.world, "bucket_mb": args.bucket_mb,
+            "steps": res["steps"], "median": med, "per_round": res["rows"], "ratios": ratio}
+
+
+# ------------------------------------------------------------------ compress
+COMPRESS_DOC = """Gradient compression (sync.compress): bytes, time per epoch and
+accuracy, side by side (docs/compression_overlap.md, "What it buys").
+
+    python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
+    python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
+
+Each configuration is one real training run, rounds in rotating order;
+each figure with its ratio to the uncompressed run of the same
+synchroniser.
+"""
+
+#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours)
+#: through _reduce
+COMPRESS_CONFIGS = {f"{s} {c}": (s, c) for s, c in [
+             ("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "powersgd"),
+             ("ring", "none"), ("ring", "fp16"), ("ring", "bf16")]}
+COMPRESS_SPEC = Spec(compares="ddp and ring, each uncompressed, fp16, bf16 (and ddp powersgd): "
+                              "whole training runs", rounds=1,
+                     ratios="bytes sent / step and epoch time, each / the same sync uncompressed")
+
+
+def run_one(sync: str, compress: str, args: argparse.Namespace, root: Path) -> dict:
+    """One training run; its summary.json."""
+    return trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
+                    f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
+                    f"train.max_steps_per_epoch={args.max_steps}", f"data.root={args.data_root}",
+                    f"run.root={root}", *args.override], root)
+
+
+def compress_add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--max-steps", type=int, default=0, help="train.max_steps_per_epoch (0 = all)")
+    ap.add_argument("--only", default="", help='comma-separated, e.g. "ddp none,ddp fp16"')
+    ap.add_argument("override", nargs="*", help="more overrides for every run")
+
+
+def compress_run(args: argparse.Namespace) -> dict:
+    configs = chosen(COMPRESS_CONFIGS, args.only)
+    rows: dict[tuple, list[dict]] = {c: [] for c in configs.values()}
+    with tempfile.TemporaryDirectory(prefix="bench_compress_") as tmp:
+        for _, (sync, compress) in rounds(list(configs.values()), args.rounds):
+            s = run_one(sync, compress, args, Path(tmp))
+            rows[(sync, compress)].append({
+                "sent_per_step": s["comm_bytes_sent"] / s["steps_run"],
+                "epoch_s": s["epoch_time_s_median"], "accuracy": s["test_accuracy"],
+                "comm_ms_per_step": 1e3 * (s["comm_time_s"] or 0) / s["steps_run"]})
+            print(f"  {sync} {compress}: {rows[(sync, compress)][-1]}", file=sys.stderr,
+                  flush=True)
+    med = {c: {k: statistics.median(x[k] for x in v) for k in v[0]} for c, v in rows.items()}
+    print(f"{args.model}, {args.world} ranks (gloo), {args.epochs} epochs"
+          f"{f' of {args.max_steps} steps' if args.max_steps else ''}, "
+          f"median of {args.rounds} run(s) each; ratio = / the same sync uncompressed\n")
+    print("| sync | compress | bytes sent / step | ratio | comm ms / step | epoch s | ratio "
+          "| test accuracy | difference |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    found = {}
+    for (sync, compress), m in med.items():
+        base = med.get((sync, "none"))
+        ratio = (lambda k: f"{m[k] / base[k]:.3f}" if base and base[k] else "-")
+        diff = f"{m['accuracy'] - base['accuracy']:+.4f}" if base else "-"
+        print(f"| {sync} | {compress} | {m['sent_per_step']:,.0f} | {ratio('sent_per_step')} "
+              f"| {m['comm_ms_per_step']:.2f} | {m['epoch_s']:.3f} | {ratio('epoch_s')} "
+              f"| {m['accuracy']:.4f} | {diff} |")
+        if base and compress != "none":
+            found[f"{sync} {compress} / none: bytes"] = m["sent_per_step"] / base["sent_per_step"]
+            found[f"{sync} {compress} / none: epoch"] = m["epoch_s"] / base["epoch_s"]
+    return {"runs": {f"{s} {c}": v for (s, c), v in rows.items()}, "ratios": found}
+
+
+# ------------------------------------------------------------------ hierarchical
+HIERARCHICAL_DOC = """Hierarchical all-reduce against the flat ones, side by side, measured
+in one run (docs/sync.md, "Hierarchical").
+
+    # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
+    python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
+
+Each configuration is a real `python -m ddp_lab` run (1 epoch of
+`--steps` steps, the overrides after `--` added), in rotating order;
+printed from rank 0's summary.json: epoch and comm time, MB sent (and to
+another node) per step, each variant's ratio to ring and ddp.
+"""
+
+# label -> overrides
+HIERARCHICAL_CONFIGS = {
+                 "ddp": ["sync=ddp"],
+                 "ring": ["sync=ring"],
+                 "hierarchical inter=ring": ["sync=hierarchical", "sync.inter=ring"],
+                 "hierarchical inter=library": ["sync=hierarchical", "sync.inter=library"],
+}
+HIERARCHICAL_SPEC = Spec(compares="ddp, ring and sync=hierarchical (ring or the library between nodes), "
+                                  "whole 1-epoch runs", rounds=2, data=False,
+                         ratios="each hierarchical variant / ring and / ddp: epoch, comm per step")
+
+
+def hierarchical_add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--node-size", type=int, default=0, help="sync.node_size for hierarchical")
+    ap.add_argument("--only", default="", help='comma-separated labels, e.g. "ring,hierarchical inter=ring"')
+    ap.add_argument("--root", type=Path, default=Path("outputs/bench_hierarchical"),
+                    help="run folders under this folder")
+    ap.add_argument("overrides", nargs="*", help="ddp_lab overrides for every run (after --)")
+
+
+def hierarchical_run(args: argparse.Namespace) -> dict:
+    root = args.root.resolve()
+    common = ["train.epochs=1", f"train.max_steps_per_epoch={args.steps}",
+              "train.checkpoint=false", *args.overrides]
+    configs = chosen(HIERARCHICAL_CONFIGS, args.only)
+    results: dict[str, list[dict]] = {label: [] for label in configs}
+    for r, label in rounds(list(configs), args.rounds):
+        ov = configs[label]
+        extra = [f"sync.node_size={args.node_size}"] if "sync=hierarchical" in ov else []
+        folder = root / label.replace(" ", "_").replace("=", "-")
+        s = trained([*common, *ov, *extra, f"run.root={folder}"], Path.cwd())
+        results[label].append(s)
+        print(f"round {r}: {label:<28} epoch {s['epoch_time_s_median']:.3f} s", flush=True)
+    rows = {}
+    for label, runs in results.items():
+        steps = runs[0]["steps_run"]
+        cross = runs[0].get("comm_bytes_cross_node")
+        rows[label] = {
+            "epoch_s": statistics.median(s["epoch_time_s_median"] for s in runs),
+            "comm_ms_step": statistics.median(1e3 * s["comm_time_s"] / s["steps_run"] for s in runs),
+            "sent_MB_step": runs[0]["comm_bytes_sent"] / steps / 1e6,
+            "cross_MB_step": None if cross is None else cross / steps / 1e6,
+            "world": runs[0]["world_size"], "nodes": runs[0]["nodes"]}
+    first = next(iter(results.values()))[0]
+    print(f"\n{first['world_size']} ranks, {first['nodes']} launcher node(s), model {first['model']}, "
+          f"{args.steps} steps, {args.rounds} rounds (medians); rank 0's figures; run folders in {root}")
+    print(f"{'sync':<28} {'epoch s':>8} {'comm ms/step':>13} {'MB sent/step':>13} {'MB to other node/step':>22}")
+    for label, row in rows.items():
+        cross = "-" if row["cross_MB_step"] is None else f"{row['cross_MB_step']:.3f}"
+        print(f"{label:<28} {row['epoch_s']:8.3f} {row['comm_ms_step']:13.2f} "
+              f"{row['sent_MB_step']:13.3f} {cross:>22}")
+    found = {}
+    for label in (lb for lb in rows if lb.startswith("hierarchical")):
+        for ref in (r for r in ("ring", "ddp") if r in rows):
+            a, b = rows[label], rows[ref]
+            found[f"{label} / {ref}: epoch"] = a["epoch_s"] / b["epoch_s"]
+            found[f"{label} / {ref}: comm per step"] = a["comm_ms_step"] / b["comm_ms_step"]
+    return {"root": str(root), "rows": rows, "ratios": found}
+
+
+# name -> the benchmark, for the runner (suite.NAMES)
+BENCHMARKS = {
+    "syncs": Benchmark(SYNCS_DOC, SYNCS_SPEC, syncs_add_args, syncs_run),
+    "overlap": Benchmark(OVERLAP_DOC, OVERLAP_SPEC, overlap_add_args, overlap_run, overlap_check),
+    "compress": Benchmark(COMPRESS_DOC, COMPRESS_SPEC, compress_add_args, compress_run),
+    "hierarchical": Benchmark(HIERARCHICAL_DOC, HIERARCHICAL_SPEC, hierarchical_add_args, hierarchical_run),
+}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...report import truth_table as truth
 from .. import suite
-from ..suite import REPO, Spec, UsageError
+from ..suite import Benchmark, REPO, Spec, UsageError
 
 SPEC = Spec(compares="each training run's comm per step, the bench at the same call sizes "
                      "and the alpha-beta model of that bench", rounds=None,
@@ -165,3 +165,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
           f"{os.getloadavg()[2]:.2f}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
     return {"rows": table}
+
+
+# name -> the benchmark, for the runner (suite.NAMES)
+BENCHMARKS = {"truth": Benchmark(__doc__, SPEC, add_args, run, check)}

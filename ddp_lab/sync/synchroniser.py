@@ -24,11 +24,13 @@ every synchroniser, and why a synchroniser's body reads as its
 algorithm.
 
 A synchroniser that cannot run a configuration says so in its section's
-`check` (its schema, config/sync/<name>.py: config only, run before any
+`check` (its schema, config/sync.py: config only, run before any
 process starts and again where it is built, `build_sync` in
 sync/build.py) or in `preflight` (needs the model and a batch; called
-once before the first step), never by hanging in a collective. The class
-holds none of that wiring: this file is the interface only.
+once before the first step), never by hanging in a collective. Besides
+the interface, the class holds only what every synchroniser shares: the
+byte counting above (`timed`, `traffic`) and the bytes a rank holds
+(`memory`).
 """
 
 from __future__ import annotations
@@ -71,12 +73,8 @@ class Synchroniser:
         self.device = device
         self.world_size = world_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.comm = CommRecorder(
-            clock or Clock(device), world_size, enabled=timing
-        )
-        self.bytes_by_shape: dict[
-            tuple[str, int, int], tuple[int, int, Optional[int]]
-        ] = {}
+        self.comm = CommRecorder(clock or Clock(device), world_size, enabled=timing)
+        self.bytes_by_shape: dict[tuple[str, int, int], tuple[int, int, Optional[int]]] = {}
         self.wrapped: nn.Module = self.wrap(module)
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -134,38 +132,31 @@ class Synchroniser:
         communicates. Default: nothing to do."""
         return nullcontext()
 
-    def load_optimizer_state(
-        self, optimizer: torch.optim.Optimizer, state: dict
-    ) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a checkpoint's optimiser state (`optimizer_state`'s
         format: a plain optimiser's over every parameter); zero1 cuts
         out its shard."""
         optimizer.load_state_dict(state)
 
+    def held(self, t: torch.Tensor) -> torch.Tensor:
+        """The part of `t` this rank holds: all of it (fsdp2: its
+        shard)."""
+        return t
+
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """Bytes this rank holds: parameters, their gradients (each rank
-        computes the whole gradient in backward, whatever the sync) and
-        the optimiser's state tensors."""
-        params = [p for p in self.module.parameters()]
-        state = [
-            v
-            for s in optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        ]
+        """Bytes this rank holds (`held`): parameters, their gradients
+        (each rank computes the whole gradient in backward, whatever the
+        sync) and the optimiser's state tensors."""
+        local = self.held
+        params = list(self.module.parameters())
+        state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         return {
-            "param_bytes": sum(p.numel() * p.element_size() for p in params),
-            "grad_bytes": sum(
-                p.numel() * p.element_size() for p in params if p.requires_grad
-            ),
-            "optimizer_state_bytes": sum(
-                v.numel() * v.element_size() for v in state
-            ),
+            "param_bytes": sum(local(p).nbytes for p in params),
+            "grad_bytes": sum(local(p).nbytes for p in params if p.requires_grad),
+            "optimizer_state_bytes": sum(local(v).nbytes for v in state),
         }
 
-    def optimizer_state(
-        self, optimizer: torch.optim.Optimizer
-    ) -> Optional[dict]:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
         """The optimiser state a checkpoint on rank 0 should hold.
         Called on every rank (a synchroniser may need a collective to
         bring it to rank 0); None off rank 0."""
@@ -176,9 +167,7 @@ class Synchroniser:
         synchroniser keeps in flight between steps (ring's pre-posted
         receives). Default: nothing."""
 
-    def timed(
-        self, op: str, wire: torch.Tensor, payload: Optional[int] = None
-    ):
+    def timed(self, op: str, wire: torch.Tensor, payload: Optional[int] = None):
         """Context of one collective `op` on `wire` (the tensor that
         goes on the wire), counted and timed: `with
         self.timed("all_reduce", g): dist.all_reduce(g)`. The bytes this
@@ -195,49 +184,17 @@ class Synchroniser:
             payload = shape[1] * shape[2]
         return self.comm.timed(op, payload, *traffic)
 
-    def traffic(
-        self, op: str, numel: int, elem_size: int
-    ) -> tuple[int, int, Optional[int]]:
+    def traffic(self, op: str, numel: int, elem_size: int) -> tuple[int, int, Optional[int]]:
         """This rank's (bytes sent, bytes received, bytes sent to
         another node or None when the algorithm does not know the nodes)
         for one `op` of `numel` elements, by the cost model of the
         algorithm `costmodel.SYNC_COLLECTIVES[self.name]` names for
         `op`."""
         algorithm = dict(costmodel.SYNC_COLLECTIVES[self.name])[op]
-        c = costmodel.cost(
-            op, algorithm, numel, self.world_size, elem_size, root=self.root
-        )
+        c = costmodel.cost(op, algorithm, numel, self.world_size, elem_size, root=self.root)
         return c.sent[self.rank], c.recv[self.rank], None
 
     def collect_comm(self) -> CommStats:
         """What was communicated since the last call; resolves CUDA
         events (one sync)."""
         return self.comm.collect()
-
-
-def unused_parameters(
-    module: nn.Module, loss_fn: Callable[[], torch.Tensor]
-) -> list[str]:
-    """Names of trainable parameters that get no gradient from one
-    backward of `loss_fn`.
-
-    Runs on the bare module (no communication), leaves every .grad None
-    and the RNG untouched, so training afterwards is exactly as without
-    the check.
-    """
-    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    saved = [p.grad for _, p in params]
-    devices = (
-        [torch.cuda.current_device()]
-        if torch.cuda.is_available() and any(p.is_cuda for _, p in params)
-        else []
-    )
-    try:
-        for _, p in params:
-            p.grad = None
-        with torch.random.fork_rng(devices=devices):
-            loss_fn().backward()
-        return [n for n, p in params if p.grad is None]
-    finally:
-        for (_, p), g in zip(params, saved):
-            p.grad = g

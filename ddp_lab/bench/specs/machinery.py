@@ -1,0 +1,354 @@
+"""The benchmarks of the run's machinery, each against going without it:
+the stop check (stop), the time to the first line and the report's
+(start), TensorBoard's live points (tensorboard). Each benchmark's
+description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite
+NAME`, finds it in `BENCHMARKS`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+import torch
+
+from ...folder.metrics import RunFolderSink
+from ...rank.epochs import StopControl
+from ...rank.records import step_scalars
+from ...timing import Clock, CommRecorder, CommStats, PHASES, StepTimer, StepWatch
+from ...world.distributed import DistContext
+from ..scaffold import Bench, run_ranks, stamped_step
+from ..suite import Benchmark, REPO, rounds, Spec, UsageError
+
+
+# ------------------------------------------------------------------ stop
+STOP_DOC = """What checking for a graceful stop, and the heartbeat record, cost a
+training step (docs/failures.md, "What the stop check costs").
+
+    python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
+    python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
+
+Each round one epoch of the trainer's step loop without the stop check
+and one with it, alternating; printed: the check's time per step and a
+step's bookkeeping (its timed phases and collective, which the heartbeat
+record's thread reads), each against the step (targets: at most 1%
+each).
+"""
+
+STOP_SPEC = Spec(compares="epochs with and without the stop check, alternating", rounds=5,
+                 ratios="time inside the check / step, epoch with / without the check, "
+                        "step bookkeeping / step (targets <= 1%)")
+
+
+class Timed(StopControl):
+    """The stop check with its own time summed (what it adds to the
+    loop)."""
+
+    spent = 0.0
+
+    def step(self):
+        t = time.perf_counter()
+        try:
+            return super().step()
+        finally:
+            self.spent += time.perf_counter() - t
+
+
+def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+    bench = Bench(ctx, [f"data.root={args.data_root}", "timing.enabled=false"])
+    steps = bench.steps(args.steps)
+    # one for the run, as the trainer keeps one: its interval carries
+    # over between epochs
+    stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
+
+    def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
+        parts = bench.parts(bench.cfg, seed_epoch)
+        spent0, checks0 = stopper.spent, stopper.checks
+        wall = bench.epoch(parts, n, stopper if check else None)
+        if check:
+            return wall, stopper.spent - spent0, stopper.checks - checks0
+        return wall, 0.0, 0
+
+    # warm-up: connections, allocations, the check's interval
+    epoch(True, steps, 0)
+    epoch(False, min(50, steps), 0)
+    off, on, spent, checks = [], [], [], []
+    # alternating order
+    for r, check in rounds((False, True), args.rounds):
+        wall, s, c = epoch(check, steps, r)
+        (on if check else off).append(wall)
+        if check:
+            spent.append(s)
+            checks.append(c)
+        # the round's two epochs are done
+        if ctx.env.rank == 0 and len(on) == len(off) == r:
+            print(f"round {r}/{args.rounds}: without {off[-1]:.3f} s, with {on[-1]:.3f} s "
+                  f"({checks[-1]} checks)", flush=True)
+    stopper.restore()
+    return {"off": off, "on": on, "spent": spent, "checks": checks, "steps": steps}
+
+
+def record_share(run_dir: Path) -> tuple[float, float]:
+    """Seconds a step's bookkeeping takes (its five timed phases and one
+    timed collective, the attributes the heartbeat record reads, with
+    the record's thread following them), and the notebook's compute-only
+    step (best of 7 repeats each, in this process)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddp_lab.config import compose
+    from ddp_lab.models import build_model
+    from ddp_lab.folder import heartbeat
+    from ddp_lab.timing import Clock, CommRecorder, StepTimer
+
+    clock = Clock(torch.device("cpu"))
+    timer, comm = StepTimer(clock), CommRecorder(clock, 2)
+    rec = heartbeat.Heartbeat(run_dir, 0)
+    rec.follow(timer=timer, comm=comm)
+    try:
+        def one_round():
+            stamped_step(timer, comm, nbytes=636_000)
+            # what an epoch's end collects
+            if len(timer._steps) >= 4000:
+                timer.collect(), comm.collect()
+
+        record_s = min(timeit.repeat(one_round, number=2000, repeat=7)) / 2000
+    finally:
+        rec.close()
+    torch.manual_seed(0)
+    # the notebook's MLP
+    model = build_model(compose([]).model)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return record_s, min(timeit.repeat(step, number=50, repeat=7)) / 50
+
+
+def stop_add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--steps", type=int, default=0, help="steps per epoch; 0 = the whole shard")
+    p.add_argument("--check-s", type=float, default=1.0, help="train.stop_check_s")
+
+
+def stop_run(args: argparse.Namespace) -> dict | None:
+    with tempfile.TemporaryDirectory() as run_dir:
+        args.run_dir = run_dir
+        results = run_ranks(stop_worker, args.world, args)
+    if results is None:
+        return None
+    r0 = results[0]
+    steps = r0["steps"] * len(r0["on"])
+    per_step = max(sum(x["on"]) for x in results.values()) / steps
+    check_share = max(sum(x["spent"]) / sum(x["on"]) for x in results.values())
+    med_off, med_on = statistics.median(r0["off"]), statistics.median(r0["on"])
+    print(f"\n{args.world} ranks, gloo, mlp batch 64, sync=ddp, {r0['steps']} steps/epoch, "
+          f"{args.rounds} rounds, train.stop_check_s={args.check_s}")
+    print(f"step time (with checks):      {1e3 * per_step:.3f} ms")
+    print(f"stop checks:                  {sum(r0['checks'])} over {steps} steps "
+          f"(one per {steps / max(1, sum(r0['checks'])):.0f} steps)")
+    print(f"time inside the check / step: {100 * check_share:.3f} %   (target <= 1 %)")
+    print(f"epoch time with / without:    {med_on / med_off:.3f}   "
+          f"(medians {med_on:.3f} s / {med_off:.3f} s)")
+    with tempfile.TemporaryDirectory() as run_dir:
+        record_s, step_s = record_share(Path(run_dir))
+    print(f"step bookkeeping / step:      {100 * record_s / step_s:.3f} %   (target <= 1 %: "
+          f"{record_s * 1e6:.2f} us a step against a compute-only step of {step_s * 1e3:.3f} ms)")
+    return {"step_ms": 1e3 * per_step, "checks": sum(r0["checks"]), "steps": steps,
+            "epoch_s": {"with": r0["on"], "without": r0["off"]}, "record_us": 1e6 * record_s,
+            "ratios": {"time inside the check / step": check_share,
+                       "epoch with / without the check": med_on / med_off,
+                       "step bookkeeping / step": record_s / step_s}}
+
+
+# ------------------------------------------------------------------ start
+START_DOC = """How soon a command answers: the first console line of a run, and the
+report's start.
+
+    python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
+    python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
+
+Each the median (min-max) over rounds: `python -m ddp_lab
+train.epochs=1` to its first console line (then SIGTERM), and `python -m
+ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
+interpreter (docs/performance.md, "Time to the first step").
+"""
+
+START_SPEC = Spec(compares="this checkout and --vs DIR's, each command in every round", rounds=10,
+                  ratios="after / before: the first console line, the report's start")
+
+
+def first_line_s(tree: Path, work: Path, data_root: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_lab", "train.epochs=1",
+                             f"data.root={data_root}", f"run.root={work / 'runs'}"],
+                            cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    took = time.perf_counter() - t0
+    # the run's own stop: its ranks checkpoint and end
+    proc.terminate()
+    proc.communicate(timeout=120)
+    if not line.startswith("[ddp_lab] starting"):
+        sys.exit(f"error: {tree}: the first line was {line.strip()!r}")
+    return took
+
+
+def report_s(tree: Path, work: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ddp_lab.report", "--help"], cwd=work, env=env,
+                   stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def start_add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pause", type=float, default=2.0, help="seconds between runs")
+    p.add_argument("--vs", type=Path, help="another checkout, timed in the same rounds")
+
+
+def start_check(args: argparse.Namespace) -> None:
+    if args.vs and not (args.vs / "ddp_lab" / "__main__.py").is_file():
+        raise UsageError(f"--vs {args.vs}: not a ddp_lab checkout")
+
+
+def start_run(args: argparse.Namespace) -> dict:
+    trees = {"before": args.vs.resolve(), "after": REPO} if args.vs else {"this": REPO}
+    got = {name: {"first line": [], "report": []} for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                got[name]["first line"].append(first_line_s(tree, Path(tmp), args.data_root))
+                time.sleep(args.pause)
+                got[name]["report"].append(report_s(tree, Path(tmp)))
+    print(f"\n{args.rounds} round(s), load average {os.getloadavg()[0]:.2f} at the end")
+    print("| measure | " + " | ".join(trees) + (" | after / before |" if args.vs else " |"))
+    print("| --- |" + " --- |" * (len(trees) + bool(args.vs)))
+    found = {}
+    for measure in ("first line", "report"):
+        cells = [f"{statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
+                 for v in (got[name][measure] for name in trees)]
+        if args.vs:
+            ratio = statistics.median(got["after"][measure]) / statistics.median(got["before"][measure])
+            cells.append(f"{ratio:.2f}")
+            found[f"{measure}: after / before"] = ratio
+        print(f"| {measure} | " + " | ".join(cells) + " |")
+    return {"seconds": got, "ratios": found}
+
+
+# ------------------------------------------------------------------ tensorboard
+TENSORBOARD_DOC = """What TensorBoard's live per-step points cost a training step.
+
+    python -m ddp_lab.bench.suite tensorboard               # every 10th step written, vs a 4 ms step
+    python -m ddp_lab.bench.suite tensorboard --every 1
+
+One process: a loop of steps stamped by the trainer's StepTimer, in
+rotating rounds of `none` (the stamps only), `live` (the trainer's
+StepWatch) and `naive` (add_scalar and flush per point); printed: the
+median extra CPU time per step against `none` (docs/timing.md,
+"TensorBoard").
+"""
+
+TENSORBOARD_SPEC = Spec(compares="a step's stamps alone, with the trainer's live points, with add_scalar "
+                                 "and flush per point", rounds=5, data=False,
+                        ratios="extra CPU per step of live and naive, as a share of a --of-ms step")
+
+
+def work(n: int) -> None:
+    sum(range(n))  # holds the GIL throughout
+
+
+def calibrate(seconds: float) -> int:
+    """The `work` that takes `seconds` of CPU here."""
+    n, t = 100_000, 0.0
+    while t < 0.2:
+        n *= 2
+        t0 = time.process_time()
+        work(n)
+        t = time.process_time() - t0
+    return max(1, int(n * seconds / t))
+
+
+def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
+    """CPU seconds per step of `steps` steps of `n` work, written
+    `way`."""
+    clock = Clock(torch.device("cpu"))
+    timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
+    sink = writer = None
+    if way == "live":
+        sink = RunFolderSink(folder)
+        sink.truncate_after(0, 0)
+        sink.tensorboard("bench", "config", {"sync": "ring"})
+
+        # what Telemetry._live_point does
+        def point(n, times, calls):
+            stats = CommStats(timed=calls)
+            sink.steps([(n, step_scalars(times, stats.per_step_seconds([times])[0],
+                                         stats.per_step_exposed([times])[0], 1))])
+
+        StepWatch(timer, comm, every, point).begin(0)
+    elif way == "naive":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(folder / "naive"))
+    part = n // len(PHASES)
+    t0 = time.process_time()
+    for s in range(steps):
+        stamped_step(timer, comm, lambda: work(part))
+        if writer is not None and (s + 1) % every == 0:
+            st = timer.ready(s)
+            for tag, v in step_scalars(st, 0.0, 0.0, 1).items():
+                writer.add_scalar(tag, v, s + 1)
+            writer.flush()
+    for w in (sink, writer):
+        if w is not None:
+            # the writer's thread has written everything: its CPU is
+            # counted
+            w.close()
+    return (time.process_time() - t0) / steps
+
+
+def tensorboard_add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--every", type=int, default=10, help="timing.tb_every")
+    ap.add_argument("--step-ms", type=float, default=0.0, help="work in each step")
+    ap.add_argument("--of-ms", type=float, default=4.0, help="the step to compare with")
+
+
+def tensorboard_run(args: argparse.Namespace) -> dict:
+    ways = ["none", "live", "naive"]
+    took: dict[str, list[float]] = {w: [] for w in ways}
+    n = calibrate(args.step_ms / 1e3) if args.step_ms > 0 else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        # rotating order: drift hits every way alike
+        for r, way in rounds(ways, args.rounds):
+            took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
+    base = statistics.median(took["none"])
+    print(f"{args.steps} steps ({args.step_ms} ms of work each: {base * 1e3:.3f} ms CPU with "
+          f"the stamps), a point every {args.every} step(s), median of {args.rounds} rounds")
+    print(f"| way | extra CPU per step (us) | share of a {args.of_ms:g} ms step |\n| --- | --- | --- |")
+    found = {}
+    for way in ("live", "naive"):
+        extra = statistics.median(t - b for t, b in zip(took[way], took["none"]))
+        found[f"{way}: extra CPU / {args.of_ms:g} ms step"] = extra / (args.of_ms / 1e3)
+        print(f"| {way} | {extra * 1e6:.1f} | {100 * extra / (args.of_ms / 1e3):.2f}% |")
+    return {"cpu_s_per_step": took, "ratios": found}
+
+
+# name -> the benchmark, for the runner (suite.NAMES)
+BENCHMARKS = {
+    "stop": Benchmark(STOP_DOC, STOP_SPEC, stop_add_args, stop_run),
+    "start": Benchmark(START_DOC, START_SPEC, start_add_args, start_run, start_check),
+    "tensorboard": Benchmark(TENSORBOARD_DOC, TENSORBOARD_SPEC, tensorboard_add_args, tensorboard_run),
+}
