@@ -143,6 +143,7 @@ def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
     assert not _leftover_ranks()
 
 
+@pytest.mark.slow  # every collective at four worlds, a minute; the check in the fast tier: test_broken_files_...
 def test_ddp_labs_own_collectives_pass():
     import ddp_lab.collectives as C
     from ddp_lab.check import check
