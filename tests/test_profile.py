@@ -99,8 +99,6 @@ STEPS, SKIP, WINDOW = 20, 5, 5
 pytestmark = [pytest.mark.dist]
 
 
-# the runs' tests are the slow tier (three profiled runs, ~30 s on an idle 2-core machine);
-# the window's rules stay in the fast one
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_data_root):
     """One profiled 2-rank run per sync, one after another (no two compete for the cores)."""
@@ -118,7 +116,6 @@ def runs(tmp_path_factory, shared_data_root):
     return out
 
 
-@pytest.mark.slow
 def test_traces_one_per_rank_parse_in_hta(runs):
     from hta.trace_analysis import TraceAnalysis
 
@@ -140,7 +137,6 @@ def test_traces_one_per_rank_parse_in_hta(runs):
     assert {"ddp_lab:all_reduce", "gloo:send", "gloo:recv"} <= ring_names
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sync", SYNCS)
 def test_comm_per_step_agrees_with_the_profilers_events(runs, sync):
     from ddp_lab.report.runs import load_run
@@ -157,7 +153,6 @@ def test_comm_per_step_agrees_with_the_profilers_events(runs, sync):
         assert r["ddp_lab"]["calls"] == WINDOW, r  # one bucket a step (the MLP)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sync", SYNCS)
 def test_the_witness_is_the_trace_recomputed_here(runs, sync):
     """The profiler's figure in summary.json is what the raw trace files say (recomputed
@@ -185,7 +180,6 @@ def test_the_witness_is_the_trace_recomputed_here(runs, sync):
     assert row["ratio"] == pytest.approx(ours / statistics.mean(theirs), rel=1e-9), (row, ours, theirs)
 
 
-@pytest.mark.slow
 def test_ddp_logging_data_beside_ours(runs):
     from ddp_lab.report.runs import load_run
     from ddp_lab.report.witness import witness_rows
@@ -206,7 +200,6 @@ def test_ddp_logging_data_beside_ours(runs):
     assert summary(runs["allreduce"])["ddp_timing"] is None
 
 
-@pytest.mark.slow
 def test_the_report_sets_them_side_by_side(runs, tmp_path):
     proc = run_cli(*(str(p) for p in runs.values()), "--out", str(tmp_path / "rep"),
                    "--no-plots", cwd=tmp_path, module="ddp_lab.report")
