@@ -25,7 +25,9 @@ def pytest_collection_modifyitems(config, items):
         own = item.get_closest_marker("xdist_group")
         group = ("slurm-cluster" if slurm else f"{item.module.__name__}:{own.args[0]}" if own
                  else item.module.__name__)
-        item.add_marker(pytest.mark.xdist_group(group), append=False)  # the closest: xdist's
+        # the one group it names (xdist joins every xdist_group mark it finds into one name)
+        item.own_markers[:] = [m for m in item.own_markers if m.name != "xdist_group"]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # The only skips a CI machine without a GPU may show (.ci/run): each expected reason, word
