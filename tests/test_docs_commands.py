@@ -84,6 +84,18 @@ NOT_HERE = {
 # fastest test that can hold it): each runs here as a dry run, composed, checked, named and
 # rendered (a doc edit is still tested), and the test named trains what it shows.
 HELD_ELSEWHERE = {
+    # SGD with momentum 0.9 at lr 0.05, through the CLI, against DDP's weights
+    "python -m ddp_lab optim=sgd train.lr=0.05 optim.momentum=0.9":
+        ("tests/test_zero1.py", "def test_cli_zero1_trains_to_ddps_weights("),
+    # a sweep's jobs one after another, its folders and table (times and all)
+    "python -m ddp_lab -m optim=adam,sgd":
+        ("tests/test_every_setting.py", "def test_every_sync_and_option_through_every_consumer("),
+    # the ring on 3 ranks (its buffer padded), bit for bit stop 0's
+    "python -m ddp_lab sync=ring launcher.nproc_per_node=3":
+        ("tests/test_one_file.py", "def test_one_file_matches_the_ring_at_3_and_7_ranks("),
+    # sync=custom on 3 ranks, then status, the report and TensorBoard naming its function
+    "python -m ddp_lab sync=custom launcher.nproc_per_node=3":
+        ("tests/test_check.py", "def test_sync_custom_run_named_by_its_function_everywhere("),
     "python -m ddp_lab -m sync=ddp,naive,allreduce,reduce_broadcast,ring,tree,butterfly":
         ("tests/test_every_setting.py", "def test_every_sync_and_option_through_every_consumer("),
     "python -m ddp_lab -m sync=ddp,zero1,torch_zero,fsdp2 model=mlp_wide "
