@@ -17,10 +17,16 @@ from slurm_fixture import session_cluster
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 3 --dist loadgroup`, pyproject.toml): a file's tests run on one
     worker, so its module fixtures (a reference run, a world) are made once; every test
-    that needs the SLURM cluster runs on one worker, so one cluster serves the session."""
+    that needs the SLURM cluster runs on one worker, so one cluster serves the session. A
+    big file whose parts share no module fixture splits itself: `pytest.mark.xdist_group(NAME)`
+    on a test puts it in the file's group NAME (`test_docs_commands:tour`), beside the others."""
     for item in items:
         slurm = "slurm_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("cluster")
-        group = "slurm-cluster" if slurm else item.module.__name__
+        own = item.get_closest_marker("xdist_group")
+        group = ("slurm-cluster" if slurm else f"{item.module.__name__}:{own.args[0]}" if own
+                 else item.module.__name__)
+        # the one group it names (xdist joins every xdist_group mark it finds into one name)
+        item.own_markers[:] = [m for m in item.own_markers if m.name != "xdist_group"]
         item.add_marker(pytest.mark.xdist_group(group))
 
 

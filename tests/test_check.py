@@ -93,12 +93,15 @@ def test_the_notebooks_seven_solutions(tmp_path):
     # a screen: the table and one line per failure, the run dir last
     assert len(proc.stdout.split("\n\n", 1)[1].splitlines()) <= 25, proc.stdout
     # every rank ended, whatever the verdict
-    assert not _leftover_ranks(), _leftover_ranks()
+    assert not _leftover_ranks(tmp_path), _leftover_ranks(tmp_path)
 
 
-def _leftover_ranks() -> list[str]:
+def _leftover_ranks(tmp_path: Path) -> list[str]:
+    """This test's check processes still there: a command line naming its folder (the run
+    root), not another session's check on the same machine."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if "ddp_lab.check" in ln and "ps -eo" not in ln]
+    return [ln for ln in out.splitlines()
+            if "ddp_lab" in ln and str(tmp_path) in ln and "ps -eo" not in ln]
 
 
 def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
@@ -140,9 +143,10 @@ def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
     # the ring moves 2(n-1)/n of the tensor: each element travels 2(n-1) hops in all
     assert sum(ok["bytes"]["sent"]) == 2 * (4 - 1) * 3001 * 4, ok["bytes"]
     assert sum(ok["bytes"]["recv"]) == sum(ok["bytes"]["sent"])
-    assert not _leftover_ranks()
+    assert not _leftover_ranks(tmp_path)
 
 
+@pytest.mark.slow  # every collective at four worlds, a minute; the check in the fast tier: test_broken_files_...
 def test_ddp_labs_own_collectives_pass():
     import ddp_lab.collectives as C
     from ddp_lab.check import check
@@ -276,4 +280,4 @@ def test_a_hang_in_training_names_rank_peer_and_line(tmp_path):
     # at dist.timeout_s the call raises with the same words: the run ends failed
     assert f"waited 40 s in recv from rank 1 (39760 elements) at {path}:{line}" in console, \
         console[-4000:]
-    assert not _leftover_ranks()
+    assert not _leftover_ranks(tmp_path)

@@ -163,8 +163,11 @@ def run_as_user(module: str, args: list[str], cwd: Path, unprivileged: bool):
                           capture_output=True, text=True, timeout=180)
 
 
-@pytest.mark.parametrize("module, args, expected", [m[1:] for m in MISTAKES],
-                         ids=[m[0] for m in MISTAKES])
+# one command a case, sharing nothing: in two xdist groups (conftest.py), this file the
+# fast tier's largest otherwise
+@pytest.mark.parametrize("module, args, expected", [
+    pytest.param(*m[1:], marks=pytest.mark.xdist_group(f"mistakes-{i % 2}"))
+    for i, m in enumerate(MISTAKES)], ids=[m[0] for m in MISTAKES])
 def test_mistake_is_one_line_exit_2_and_leaves_nothing(place, module, args, expected):
     fill = {"file": str(place / "a_file"), "ro": str(place / "read_only"),
             "open": str(place / "open")}

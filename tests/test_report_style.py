@@ -81,6 +81,7 @@ def drawn_colors(doc: dict) -> dict[str, str]:
     return {k: c.pop() for k, c in out.items()}
 
 
+@pytest.mark.slow  # the module's three real runs (~25 s idle)
 @pytest.mark.dist
 def test_two_reports_give_each_sync_one_colour(real, tmp_path):
     """Two folders, different syncs in different orders: every sync both hold is drawn in
@@ -174,6 +175,7 @@ def test_titles_fit_and_break_between_phrases(tmp_path):
         == "mlp, adam, batch 64/rank (weak scaling),\n20 steps/epoch, 2 epochs"
 
 
+@pytest.mark.slow  # the module's three real runs (~25 s idle)
 @pytest.mark.dist
 def test_warm_up_said_only_where_an_epoch_was_left_out(real, tmp_path):
     """ring ran 1 epoch, ddp 2: one panel (the workload but its epoch count), ddp's time
@@ -201,6 +203,7 @@ def test_warm_up_said_only_where_an_epoch_was_left_out(real, tmp_path):
     assert "(every epoch counted: no run had more than one):" in res["summary"]
 
 
+@pytest.mark.slow  # the module's three real runs (~25 s idle)
 @pytest.mark.dist
 def test_each_witness_disagreement_is_a_terminal_line(real, tmp_path):
     """The report run as a user runs it, over the two profiled runs and a copy of ddp's

@@ -1,8 +1,8 @@
 """Proof that scripts/slurm_cluster.sh gives a working 2-node SLURM cluster.
 
-* sbatch of a 2-node job whose srun starts one torchrun per node (c10d rendezvous),
-  4 ranks doing a gloo all_reduce;
-* sbatch of a per-task job (srun --ntasks-per-node=2, ranks from SLURM_PROCID);
+* sbatch of a per-task job (srun --ntasks-per-node=2, ranks from SLURM_PROCID), 4 ranks
+  doing a gloo all_reduce (a job whose srun starts one torchrun per node, c10d rendezvous:
+  ddp_lab's own, tests/test_launch_slurm.py::test_two_nodes_one_torchrun_each);
 * up is idempotent, down is a no-op when nothing is up.
 """
 
@@ -29,17 +29,16 @@ ALLREDUCE_PY = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    mode = sys.argv[1]
-    if mode == "task":  # plain srun task: map SLURM's ids to torch's
-        os.environ["RANK"] = os.environ["SLURM_PROCID"]
-        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-        os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
+    # a plain srun task: SLURM's ids mapped to torch's
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ["SLURM_LOCALID"]
     dist.init_process_group("gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    node_rank = os.environ.get("GROUP_RANK") if mode == "torchrun" else os.environ["SLURM_NODEID"]
+    node_rank = os.environ["SLURM_NODEID"]
     print(f"RESULT rank={rank} world={world} node_rank={node_rank} "
           f"local_rank={os.environ['LOCAL_RANK']} slurm_node={os.environ.get('SLURMD_NODENAME')} "
           f"sum={t.item():g}", flush=True)
@@ -90,34 +89,6 @@ def test_sinfo_two_idle_nodes(slurm_cluster):
     assert lines == ["node1 idle 2", "node2 idle 2"], res.stdout
 
 
-def test_torchrun_per_node_job(slurm_cluster, tmp_path):
-    (tmp_path / "allreduce.py").write_text(ALLREDUCE_PY)
-    script = textwrap.dedent(
-        f"""\
-        #!/bin/bash
-        #SBATCH --job-name=torchrun2x2
-        #SBATCH --nodes=2
-        #SBATCH --ntasks-per-node=1
-        #SBATCH --time=5
-        set -e
-        export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-        echo "MASTER=$MASTER_ADDR:$MASTER_PORT NODES=$SLURM_JOB_NODELIST NNODES=$SLURM_NNODES"
-        srun --kill-on-bad-exit=1 bash -c '{PY} -m torch.distributed.run \\
-            --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID --nproc_per_node=2 \\
-            --rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT \\
-            --rdzv_id=$SLURM_JOB_ID --max_restarts=0 \\
-            {tmp_path}/allreduce.py torchrun'
-        """
-    )
-    job = submit_and_wait(slurm_cluster, script, tmp_path, timeout=240,
-                          extra_env={"MASTER_PORT": str(free_port())})
-    print(f"torchrun job: {job.elapsed_s:.1f} s")
-    assert not job.timed_out, job.describe()
-    assert job.state == "COMPLETED" and job.exit_code == "0:0", job.describe()
-    assert "MASTER=node1:" in job.output and "NNODES=2" in job.output, job.describe()
-    check_four_ranks_two_nodes(parse_results(job.output), job.describe())
-
-
 def test_per_task_srun_job(slurm_cluster, tmp_path):
     (tmp_path / "allreduce.py").write_text(ALLREDUCE_PY)
     script = textwrap.dedent(
@@ -129,7 +100,7 @@ def test_per_task_srun_job(slurm_cluster, tmp_path):
         #SBATCH --time=5
         set -e
         export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-        srun --ntasks-per-node=2 --kill-on-bad-exit=1 {PY} {tmp_path}/allreduce.py task
+        srun --ntasks-per-node=2 --kill-on-bad-exit=1 {PY} {tmp_path}/allreduce.py
         """
     )
     job = submit_and_wait(slurm_cluster, script, tmp_path, timeout=240,

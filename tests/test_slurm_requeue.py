@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PY, child_env, describe, run_cli, summary
+from helpers import PY, child_env, summary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.dist]
 
@@ -175,38 +175,65 @@ def check_resumed_run(job: Job, reference: Path | None, allocations: int | None 
 THREADS = "train.threads=1"
 
 
-@pytest.fixture(scope="module")
-def reference(shared_data_root, tmp_path_factory) -> Path:
-    """The uninterrupted run: the same world of 2 gloo CPU ranks, same seed and threads,
-    started by torchrun on this machine (no allocation): the weights of a 2-rank run do not
-    depend on where its ranks run (checked side by side at 2 threads a rank: bit for bit a
-    SLURM 2 x 1 run's, 18.3 s against 26.6 s on an idle machine)."""
-    run_dir = tmp_path_factory.mktemp("slurm-reference") / "reference"
-    local = [a for a in TRAIN if not a.startswith("launcher.")]
-    proc = run_cli(*local, THREADS, "launcher=local", "launcher.nproc_per_node=2",
-                   f"run.dir={run_dir}", f"data.root={shared_data_root}",
-                   cwd=run_dir.parent, timeout=400)
-    assert proc.returncode == 0, f"reference run failed\n{describe(proc)}"
-    s = summary(run_dir)
-    assert s["status"] == "completed" and s["world_size"] == 2, s
-    return run_dir
+class Reference:
+    """The uninterrupted run, local (`launcher=local`: torchrun on this machine, no
+    allocation), started in the background: it trains while the SLURM job waits on the
+    scheduler (a requeued job's PENDING, the nodes letting go), instead of before it. The
+    weights of a run do not depend on where its ranks run (checked side by side at 2 threads
+    a rank: bit for bit a SLURM 2 x 1 run's, 18.3 s against 26.6 s on an idle machine; a
+    1-rank run bit for bit a `launcher=slurm launcher.nodes=1` run's, 11.2 s against 23.5 s)."""
+
+    def __init__(self, run_dir: Path, data_root: Path, *overrides: str):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        self.log = run_dir.parent / f"{run_dir.name}.console"
+        with open(self.log, "w") as out:  # a file: nobody reads a pipe while it runs
+            self.proc = subprocess.Popen(
+                [PY, "-m", "ddp_lab", *overrides, "launcher=local", f"run.dir={run_dir}",
+                 f"data.root={data_root}"], cwd=run_dir.parent, env=child_env(),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+
+    def done(self, timeout: float = 400) -> Path:
+        """Its run folder, once it has completed."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            self.stop()
+        assert rc == 0, f"reference run failed\n{self.log.read_text(errors='replace')[-8000:]}"
+        return self.run_dir
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+LOCAL = [a for a in TRAIN if not a.startswith("launcher.")]
 
 
 @pytest.mark.slow
-def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp_path,
-                                            reference):
+def test_scontrol_requeue_resumes_by_itself(slurm_cluster, shared_data_root, tmp_path):
     # stop checks every 0.2 s and steps a few ms longer (their own generator: the weights
     # are the reference's): on an idle machine an epoch took 1.4 s and the requeue's stop,
     # checked every second, once landed on the epoch's end instead of inside it
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root, THREADS,
               "train.stop_check_s=0.2", "debug.jitter_ms=4")
+    ref = None
     try:
         job.wait_training()
+        # the same world of 2 gloo CPU ranks, same seed and threads, never stopped
+        ref = Reference(tmp_path / "reference", shared_data_root, *LOCAL, THREADS,
+                        "launcher.nproc_per_node=2")
         time.sleep(0.5)
         slurm_cluster.run("scontrol", "requeue", job.job_id)  # an admin, or preemption
         rc = job.finish()
+        reference = ref.done()
     finally:
         job.stop()
+        if ref is not None:
+            ref.stop()
+    s = summary(reference)
+    assert s["status"] == "completed" and s["world_size"] == 2, s
     console, log = job.console(), job.job_log()
     assert rc == 0, console
     err = (job.run_dir / "logs" / f"ddp_lab_{job.job_id}.err").read_text(errors="replace")
@@ -269,15 +296,12 @@ def test_requeued_onto_one_node_after_two_continues_the_strong_scaling_run(
     run's weights do not depend on where it runs (checked side by side: bit for bit a
     `launcher=slurm launcher.nodes=1` run's, 11.2 s against 23.5 s on an idle machine)."""
     strong = ("train.epochs=2", "train.global_batch=64")
-    local = [a for a in TRAIN if not a.startswith("launcher.")]
-    ref = run_cli(*local, *strong, "launcher=local", "launcher.nproc_per_node=1",
-                  f"run.dir={tmp_path / 'reference'}", f"data.root={shared_data_root}",
-                  cwd=tmp_path, timeout=300)
-    assert ref.returncode == 0, f"reference run failed\n{describe(ref)}"
-    assert summary(tmp_path / "reference")["world_size"] == 1
     job = Job(slurm_cluster, tmp_path / "run", shared_data_root, *strong)
+    ref = None
     try:
         job.wait_training()
+        ref = Reference(tmp_path / "reference", shared_data_root, *LOCAL, *strong,
+                        "launcher.nproc_per_node=1")
         time.sleep(0.5)
         slurm_cluster.run("scancel", "--signal=USR2", "--batch", job.job_id)
         deadline = time.monotonic() + 120
@@ -286,8 +310,12 @@ def test_requeued_onto_one_node_after_two_continues_the_strong_scaling_run(
             time.sleep(0.5)
         slurm_cluster.run("scontrol", "update", f"JobId={job.job_id}", "NumNodes=1", "NumTasks=1")
         rc = job.finish()
+        ref.done()
     finally:
         job.stop()
+        if ref is not None:
+            ref.stop()
+    assert summary(tmp_path / "reference")["world_size"] == 1
     console, log = job.console(), job.job_log()
     assert rc == 0, console
     # the time-limit path: USR2 to the batch shell, a mid-epoch checkpoint, a self-requeue
