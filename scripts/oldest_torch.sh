@@ -37,6 +37,6 @@ time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache
 # of tests/test_one_file.py, what the oldest torch changes: stop 0 told --no-fused (no fused
 # Adam on CPU before 2.4) and still the framework's weights bit for bit, on 2 ranks; its 3- and
 # 7-rank run is about the ring's order and the shards' padding, the same on every torch
-time "$VENV/bin/python" -m pytest -n 0 -v -p no:cacheprovider tests/oldest_torch.py \
+time "$VENV/bin/python" -m pytest -n 2 -v -p no:cacheprovider tests/oldest_torch.py \
     tests/test_one_file.py -k "not test_one_file_matches_the_ring_at_3_and_7_ranks" \
     tests/test_launch_local.py::test_forked_ranks_end_when_torchrun_polls_seldom

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import logging
 import sys
@@ -21,15 +20,6 @@ from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head
 class RankFormatter(logging.Formatter):
     def __init__(self, rank: int):
         super().__init__(f"[rank {rank}] %(message)s")
-
-
-# the rank's log, opened for faulthandler (which writes to its fd)
-_FAULT_FILE = None
-
-
-def fault_file():
-    """The file faulthandler writes this rank's stacks to (its log), or None."""
-    return _FAULT_FILE
 
 
 class _LogFile(logging.FileHandler):
@@ -53,8 +43,7 @@ class _LogFile(logging.FileHandler):
 def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
                   every_rank: bool = False) -> logging.Logger:
     """Every rank logs to run_dir/logs/rank<N>.log, rank 0 (every rank with `every_rank`) also to
-    the console; faulthandler writes stacks there (fatal signals, the hang watchdog)."""
-    global _FAULT_FILE
+    the console (faulthandler's stacks go there too: ddp_lab/rank/main.py, `stacks_into`)."""
     log = logging.getLogger("ddp_lab")
     log.handlers.clear()
     log.setLevel(logging.DEBUG)
@@ -71,10 +60,6 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
         fh.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s"))
         fh.setLevel(logging.DEBUG)
         log.addHandler(fh)
-        old, _FAULT_FILE = _FAULT_FILE, open(run_dir / "logs" / f"rank{env.rank}.log", "a")
-        faulthandler.enable(file=_FAULT_FILE, all_threads=True)
-        if old is not None:
-            old.close()
     return log
 
 

@@ -29,15 +29,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..world import cpu
-from ..world.env import AGENT_SIGNALS, detect_env
+from ..world.env import AGENT_SIGNALS, detect_env, restore_handlers
 from ..world import ports
 from ..world.hang import Watchdog
-from ..world.env import AGENT_SIGNALS, restore_handlers
 from ..folder import heartbeat
 from ..folder.files import DiskFull, read_json_or_empty
 from ..folder.failure import diagnose, end_stuck, failure_line
 from ..folder.rundir import mark_failed
-from ..folder.metrics import fault_file, setup_logging
+from ..folder.metrics import setup_logging
 
 
 def _threads(run_dir: Path, env, requested: int) -> cpu.RankThreads:
@@ -47,6 +46,16 @@ def _threads(run_dir: Path, env, requested: int) -> cpu.RankThreads:
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
     return cpu.rank_threads(env.local_world_size, requested, earlier)
+
+
+def stacks_into(run_dir: Path, rank: int) -> int:
+    """This rank's log, where faulthandler writes every thread's stack (a fatal signal, the hang
+    watchdog): a bare descriptor, open until the process ends, as faulthandler needs."""
+    import faulthandler
+
+    fd = os.open(run_dir / "logs" / f"rank{rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    faulthandler.enable(file=fd, all_threads=True)
+    return fd
 
 
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
@@ -71,7 +80,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
     # a little before the peers' collectives time out, so a stuck rank's stack is in its log
-    watchdog = Watchdog(max(1.0, timeout_s - 2.0), fault_file())
+    watchdog = Watchdog(max(1.0, timeout_s - 2.0), stacks_into(run_dir, env.rank))
     share = _threads(run_dir, env, threads)
     torch.set_num_threads(share.threads)
     fields = {**(failure or {}), "world_size": env.world_size}
