@@ -286,8 +286,8 @@ def student_code_passes(cfg: DictConfig) -> Optional[str]:
     starts (a dry run starts none: not checked)."""
     if cfg.sync.name != "custom" or cfg.launcher.get("dry_run"):
         return None
-
-    return student_refusal(cfg.sync.all_reduce, "all_reduce", world_size(cfg) or 1, "sync.all_reduce")
+    return student_refusal(cfg.sync.all_reduce, "all_reduce", world_size(cfg) or 1,
+                           "sync.all_reduce")
 
 
 def batch_fits(cfg: DictConfig) -> Optional[str]:
