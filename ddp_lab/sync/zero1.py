@@ -11,8 +11,15 @@ The module's weights are views of a flat weight bucket (the all-gather
 writes them in place) and the optimiser's gradients views of the chunk
 the reduce-scatter sums into. Parameters start at multiples of ALIGN
 elements, so a piece is cut where a fused optimiser kernel cuts the
-whole parameter: DDP's weights bit for bit. On gloo the halves are
-ddp_lab's ring (exact bytes); on nccl torch's (bytes modelled).
+whole parameter: given the same sum, the sharded step is the fused step
+over whole parameters bit for bit (tests/test_zero1.py: the CNN at 3 and
+5 ranks, fused Adam and SGD with momentum). At 2 ranks that is DDP's
+weights bit for bit. At 3 and more the ring sums in another order than
+DDP, as every synchroniser does, and on the CNN a max-pool can turn that
+last bit into a gradient a few percent apart: zero1 then ends as far from
+DDP as any of them may (docs/sync.md, "Why 3 ranks drift from DDP").
+On gloo the halves are ddp_lab's ring (exact bytes); on nccl torch's
+(bytes modelled).
 Checkpoints: `gather_state` and `cut_state`, below."""
 
 from __future__ import annotations
