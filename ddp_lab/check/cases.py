@@ -141,10 +141,6 @@ class Prepared:
     scale: Optional[torch.Tensor] = None
 
 
-def _op(name: Optional[str]):
-    return getattr(ReduceOp, name) if name else None
-
-
 def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
             group: Optional[dist.ProcessGroup]) -> Prepared:
     """Make the inputs, run torch's collective on copies (every member
@@ -155,7 +151,7 @@ def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
     kw: dict = {}
     if sig.group:
         kw["group"] = group
-    op = _op(case.op)
+    op = getattr(ReduceOp, case.op) if case.op else None
     if op is not None and sig.op:
         kw["op"] = op
     root = case.root
@@ -223,22 +219,13 @@ def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def call(fn, prepared: Prepared) -> Any:
-    """Call the student's function as its signature asks."""
-    return fn(*prepared.args, **prepared.kwargs)
-
-
 # ------------------------------------------------------------- compare
-def _unit(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps / 2
-
-
 def tolerance(case: Case, expected: torch.Tensor, scale: Optional[torch.Tensor],
               n: int) -> Optional[torch.Tensor]:
     """Per-element tolerance, or None for an exact comparison."""
     if not expected.dtype.is_floating_point or case.op in ("MAX", "MIN", None):
         return None
-    u = _unit(expected.dtype)
+    u = torch.finfo(expected.dtype).eps / 2  # the unit roundoff
     if case.op == "PRODUCT":
         return 4 * max(n - 1, 1) * u * expected.abs() + 1e-300
     if scale is None:

@@ -77,18 +77,9 @@ def hang(members: list[int], states: dict[int, dict], returned: set[int],
     """(the diagnosis, each member's pending call as a record: rank,
     op, peer, numel, where)."""
     calls = {r: (None if r in returned else pending_of(states.get(r, {}))) for r in members}
-    records = []
-    for r in members:
-        c = calls[r]
-        if r in returned:
-            records.append({"rank": r, "op": "returned", "peer": None, "numel": None,
-                            "where": None})
-        elif c is None:
-            records.append({"rank": r, "op": "running", "peer": None, "numel": None,
-                            "where": None})
-        else:
-            records.append({"rank": r, "op": c["op"], "peer": c["peer"], "numel": c["numel"],
-                            "where": c["where"]})
+    records = [{"rank": r, "op": c["op"] if c else "returned" if r in returned else "running",
+                **{k: c[k] if c else None for k in ("peer", "numel", "where")}}
+               for r, c in calls.items()]
     sends = {r: c["peer"] for r, c in calls.items() if c and c["op"] in ("send", "isend")}
     recvs = {r: c["peer"] for r, c in calls.items() if c and c["op"] in ("recv", "irecv")}
     for text in (_cycle(sends, "sends to", "send first, neither receives",
@@ -167,9 +158,16 @@ def _collective(members: list[int], calls: dict, states: dict) -> Optional[str]:
                 + "; ".join(f"rank {r} {describe(calls[r])}" for r in others))
     stuck = by_count[max(by_count)]
     where = short(calls[stuck[0]]["where"]) if calls.get(stuck[0]) else "?"
-    return (counts_text(op, by_count) + f": {ranks_text(stuck)} {'waits' if len(stuck) == 1 else 'wait'}"
-            f" in a {op} ({where}) the others never call; every rank must make the same "
-            f"collective calls")
+    verb = "waits" if len(stuck) == 1 else "wait"
+    return (counts_text(op, by_count) + f": {ranks_text(stuck)} {verb} in a {op} ({where}) the "
+            "others never call; every rank must make the same collective calls")
+
+
+def _sizes_differ(send: dict, recv: dict) -> str:
+    """"rank a sends N elements to rank b (where) but rank b receives M (where)"."""
+    return (f"rank {recv['peer']} sends {send['numel']} elements to rank {send['peer']} "
+            f"({short(send['where'])}) but rank {send['peer']} receives {recv['numel']} "
+            f"({short(recv['where'])})")
 
 
 def _sizes(calls: dict) -> Optional[str]:
@@ -178,9 +176,7 @@ def _sizes(calls: dict) -> Optional[str]:
             continue
         p = calls.get(c["peer"]) if isinstance(c["peer"], int) else None
         if p and p["op"] in ("recv", "irecv") and p["peer"] == r and p["numel"] != c["numel"]:
-            return (f"rank {r} sends {c['numel']} elements to rank {c['peer']} "
-                    f"({short(c['where'])}) but rank {c['peer']} receives {p['numel']} "
-                    f"({short(p['where'])}): a send and its receive must have the same size")
+            return _sizes_differ(c, p) + ": a send and its receive must have the same size"
     return None
 
 
@@ -207,10 +203,7 @@ def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
             recvs = [p for p in calls(states.get(b, {}))
                      if p["op"] in ("recv", "irecv") and p["peer"] == a]
             if recvs and recvs[-1]["numel"] != c["numel"]:
-                p = recvs[-1]
-                return (f"rank {a} sends {c['numel']} elements to rank {b} "
-                        f"({short(c['where'])}) but rank {b} receives {p['numel']} "
-                        f"({short(p['where'])})")
+                return _sizes_differ(c, recvs[-1])
     return None
 
 
