@@ -1,9 +1,7 @@
-"""`python -m ddp_lab.check FILE.py [FILE.py:function[=collective] ...]
-[check.KEY=VALUE ...] [run.KEY=VALUE ...]`: a student's collectives
-against torch's, on real gloo ranks; the table, one line per failure,
-check.json in the run folder, `run dir: PATH` last. Exit 0 when every
-function passes, 1 when one does not, 2 for bad input (one line, before
-any process starts).
+"""`python -m ddp_lab.check FILE.py [FILE.py:function[=collective] ...] [check.KEY=VALUE ...]
+[run.KEY=VALUE ...]`: a student's collectives against torch's, on real gloo ranks; the table,
+one line per failure, check.json in the run folder, `run dir: PATH` last. Exit 0 when every
+function passes, 1 when one does not, 2 for bad input (one line, before any process starts).
 
     python -m ddp_lab.check mine.py
     python -m ddp_lab.check mine.py:ring=all_reduce check.worlds=[3]

@@ -1,24 +1,19 @@
-"""The cases a function is checked on, how one is called, and torch's
-answer to it.
+"""The cases a function is checked on, how one is called, and torch's answer to it.
 
-A case is a world size, a tensor size, a dtype, a reduction op (where
-the function takes one), a root (for rooted collectives) and a group
-(the whole world, or a subgroup where the function takes `group`).
-Every rank makes its own input from the case and its rank, runs
-torch.distributed's own collective on a copy (the oracle), then the
-student's function on the original, and compares.
+A case is a world size, a tensor size, a dtype, a reduction op (where the function takes one), a
+root (for rooted collectives) and a group (the whole world, or a subgroup where the function
+takes `group`). Every rank makes its own input from the case and its rank, runs
+torch.distributed's own collective on a copy (the oracle), then the student's function on the
+original, and compares.
 
-Sizes: 0, 1, fewer elements than ranks, not a multiple of the world,
-and a few thousand. Roots: first, last and middle. Floats compare
-within the rounding of a sum taken in another order:
+Sizes: 0, 1, fewer elements than ranks, not a multiple of the world, and a few thousand. Roots:
+first, last and middle. Floats compare within the rounding of a sum taken in another order:
 
     |got - expected| <= 2 (n - 1) u sum_i |x_i|      (u: the dtype's unit roundoff)
 
-the classical bound for n terms summed in any order (Higham,
-*Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 4.3);
-products within 4 (n - 1) u |expected|. Integers, MAX, MIN and copies
-(broadcast, gathers, scatters) compare exactly. docs/exercises.md says
-why.
+the classical bound for n terms summed in any order (Higham, *Accuracy and Stability of
+Numerical Algorithms*, 2nd ed., eq. 4.3); products within 4 (n - 1) u |expected|. Integers, MAX,
+MIN and copies (broadcast, gathers, scatters) compare exactly. docs/exercises.md says why.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ class Case:
 
 
 def sizes(world: int) -> list[int]:
-    """0, 1, fewer than the ranks, not a multiple of the world, a few
-    thousand (each once)."""
+    """0, 1, fewer than the ranks, not a multiple of the world, a few thousand (each once)."""
     out = [0, 1, max(world - 1, 0), 2 * world + 1 if world > 1 else 7, LARGE]
     return sorted(set(out), key=out.index)
 
@@ -77,10 +71,9 @@ def _roots(members: tuple[int, ...]) -> list[int]:
 
 def cases(fn: StudentFunction, world: int, *, dtypes=DTYPES, ops=OPS,
           numels: Optional[list[int]] = None) -> list[Case]:
-    """Every case of `fn` on `world` ranks, in the order they run: the
-    whole world first (dtype, size, op, root), then a subgroup (ranks
-    1..n-1, so group and global ranks differ) where `fn` takes a group
-    and the world has 3 ranks or more."""
+    """Every case of `fn` on `world` ranks, in the order they run: the whole world first (dtype,
+    size, op, root), then a subgroup (ranks 1..n-1, so group and global ranks differ) where `fn`
+    takes a group and the world has 3 ranks or more."""
     kind = fn.collective
     op_list = list(ops) if (kind in REDUCING and fn.signature.op) else (
         ["SUM"] if kind in REDUCING else [None])
@@ -118,19 +111,18 @@ def make_input(case: Case, rank: int, index: int, numel: Optional[int] = None) -
 
 
 def sentinel(like: torch.Tensor) -> torch.Tensor:
-    """What an output buffer holds before the call: a value no input
-    takes, so an element never written shows."""
+    """What an output buffer holds before the call: a value no input takes, so an element never
+    written shows."""
     return torch.full_like(like, -777)
 
 
 # ------------------------------------------------------------- calls
 @dataclass
 class Prepared:
-    """One rank's buffers for one case: `args`/`kwargs` for the
-    student's function, `expected` (tensor or None where torch leaves
-    the value undefined), `result` (what to compare after the call),
-    `written` (the tensor the caller handed in, to compare with
-    `original`), and `scale` (sum of |x| for the tolerance)."""
+    """One rank's buffers for one case: `args`/`kwargs` for the student's function, `expected`
+    (tensor or None where torch leaves the value undefined), `result` (what to compare after the
+    call), `written` (the tensor the caller handed in, to compare with `original`), and `scale`
+    (sum of |x| for the tolerance)."""
 
     args: tuple
     kwargs: dict
@@ -143,8 +135,8 @@ class Prepared:
 
 def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
             group: Optional[dist.ProcessGroup]) -> Prepared:
-    """Make the inputs, run torch's collective on copies (every member
-    of the case's group, in the same order), and lay out the call."""
+    """Make the inputs, run torch's collective on copies (every member of the case's group, in
+    the same order), and lay out the call."""
     kind, sig = fn.collective, fn.signature
     n_members = len(case.group) if case.group else case.world_size
     x = make_input(case, rank, index)
@@ -234,8 +226,8 @@ def tolerance(case: Case, expected: torch.Tensor, scale: Optional[torch.Tensor],
 
 
 def first_difference(got: Any, want: Any, tol: Optional[torch.Tensor]) -> Optional[dict]:
-    """None when `got` matches `want`; else the first differing
-    element: {index, expected, got} (or a shape / type message)."""
+    """None when `got` matches `want`; else the first differing element: {index, expected, got}
+    (or a shape / type message)."""
     if isinstance(want, list):
         if not isinstance(got, (list, tuple)) or len(got) != len(want):
             return {"message": f"expected a list of {len(want)} tensors"}

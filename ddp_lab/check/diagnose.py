@@ -1,5 +1,5 @@
-"""Why a case did not end: every rank's pending call, read off the
-board, turned into one sentence a student can act on.
+"""Why a case did not end: every rank's pending call, read off the board, turned into one
+sentence a student can act on.
 
 The causes, in the order they are looked for:
 
@@ -74,8 +74,7 @@ def peer_note(call: dict, world: int) -> str:
 
 def hang(members: list[int], states: dict[int, dict], returned: set[int],
          world: int) -> tuple[str, list[dict]]:
-    """(the diagnosis, each member's pending call as a record: rank,
-    op, peer, numel, where)."""
+    """(the diagnosis, each member's pending call as a record: rank, op, peer, numel, where)."""
     calls = {r: (None if r in returned else pending_of(states.get(r, {}))) for r in members}
     records = [{"rank": r, "op": c["op"] if c else "returned" if r in returned else "running",
                 **{k: c[k] if c else None for k in ("peer", "numel", "where")}}
@@ -190,9 +189,8 @@ def _bad_peer(calls: dict, world: int) -> Optional[str]:
 
 
 def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
-    """Two ranks whose latest send and receive between them differ in
-    size (what ends in a gloo error, or a rank's death), from the
-    board."""
+    """Two ranks whose latest send and receive between them differ in size (what ends in a gloo
+    error, or a rank's death), from the board."""
     def calls(st: dict) -> list[dict]:
         return (st.get("history") or []) + (st.get("posted") or []) + (st.get("pending") or [])
 
@@ -208,8 +206,8 @@ def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
 
 
 def pairing(logs: dict[int, list]) -> Optional[str]:
-    """After every rank returned: the k-th message from a to b, and the
-    k-th receive at b from a, of different sizes (or counts)."""
+    """After every rank returned: the k-th message from a to b, and the k-th receive at b from
+    a, of different sizes (or counts)."""
     for a in sorted(logs):
         for b in sorted(logs):
             if a == b:

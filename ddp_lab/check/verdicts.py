@@ -76,8 +76,8 @@ def check_function(fn: Callable, info: StudentFunction, namespaces: list, log_di
         if failure is None and res.cases_passed > before:
             res.worlds_passed.append(w)
         elif first is None or (first.case.world_size == 1 and w > 1):
-            # a world of one rank sends nothing: its failure is the
-            # verdict only when no larger world fails
+            # a world of one rank sends nothing: its failure is the verdict only when no larger
+            # world fails
             first = failure
     res.seconds = round(time.monotonic() - t0, 2)
     res.unsupported = sorted(unsupported)

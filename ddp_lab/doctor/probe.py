@@ -60,8 +60,7 @@ def parse_cpulist(text: str) -> set[int]:
 
 
 def numa_of(cpus: Iterable[int], root: str = "/sys/devices/system/node") -> Optional[list[int]]:
-    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None
-    where it does not."""
+    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None where it does not."""
     nodes = {}
     for d in sorted(Path(root).glob("node[0-9]*")):
         try:
@@ -124,8 +123,7 @@ def network(environ: Mapping[str, str]) -> dict[str, Any]:
     if lk:
         info = (fingerprint._json_of("ip", "-j", "link", "show", "dev", lk["iface"]) or [{}])[0]
         lk = {**lk, "mtu": info.get("mtu"), "state": info.get("operstate")}
-    # the interface gloo takes when none is named: the hostname's
-    # address's, else the route's
+    # the interface gloo takes when none is named: the hostname's address's, else the route's
     default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
     return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
             "address": host_address(), "rdma_devices": rdma_devices()}

@@ -375,8 +375,8 @@ def inter_node(f: Facts) -> Optional[Check]:
     finding = f"{head}: {share:.0%} of the link's rate ({_words(links[best])} on {best})"
     if share < floor:
         fix = (f"{slow}'s link is slower than {best}'s: ask for other nodes"
-               if rates[slow] < rates[best] else "check the transport below (NCCL on sockets?) and the switch ports; "
-               "python -m ddp_lab.bench measures every size")
+               if rates[slow] < rates[best] else "check the transport below (NCCL on sockets?) "
+               "and the switch ports; python -m ddp_lab.bench measures every size")
         return Check("inter-node all-reduce", False,
                      f"inter-node all-reduce at {share:.0%} of the link's rate ({got / 1e6:.4g} "
                      f"MB/s; {_words(links[best])} on {best}, below {floor:.0%})", fix)

@@ -196,7 +196,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
     # all_reduce
     if algorithm in ("linear", "tree"):
         # a reduce to rank 0, a broadcast from it
-        return cost("reduce", algorithm, numel, n, e).then(cost("broadcast", algorithm, numel, n, e))
+        return cost("reduce", algorithm, numel, n, e).then(
+            cost("broadcast", algorithm, numel, n, e))
     if algorithm == "butterfly":
         # ranks p..n-1 fold into 0..n-p-1 and get it back
         p = 1 << (n.bit_length() - 1)
