@@ -89,18 +89,16 @@ def main(argv: list[str]) -> int:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ..command.mistakes import hydra_message
-    from ..config import CONF_DIR
+    from ..config import compose
     from . import config as check_config
 
     check_config.register_check_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return compose(config_name="check", overrides=overrides)
+        return compose(overrides, config_name="check")
     except (HydraException, OmegaConfBaseException) as e:
         _fail(hydra_message(e, (check_config,)))
 

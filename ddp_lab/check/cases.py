@@ -64,34 +64,28 @@ def sizes(world: int) -> list[int]:
     return sorted(set(out), key=out.index)
 
 
-def _roots(members: tuple[int, ...]) -> list[int]:
-    picks = [members[0], members[-1], members[len(members) // 2]]
-    return sorted(set(picks), key=picks.index)
-
-
-def cases(fn: StudentFunction, world: int, *, dtypes=DTYPES, ops=OPS,
-          numels: Optional[list[int]] = None) -> list[Case]:
+def cases(fn: StudentFunction, world: int) -> list[Case]:
     """Every case of `fn` on `world` ranks, in the order they run: the whole world first (dtype,
     size, op, root), then a subgroup (ranks 1..n-1, so group and global ranks differ) where `fn`
     takes a group and the world has 3 ranks or more."""
     kind = fn.collective
-    op_list = list(ops) if (kind in REDUCING and fn.signature.op) else (
+    op_list = list(OPS) if (kind in REDUCING and fn.signature.op) else (
         ["SUM"] if kind in REDUCING else [None])
-    rooted = kind in ROOTED and fn.signature.root is not None
-    out: list[Case] = []
-    everyone = tuple(range(world))
-    for dtype in dtypes:
-        for n in numels if numels is not None else sizes(world):
-            for op in op_list:
-                for root in (_roots(everyone) if rooted else [None if kind not in ROOTED else 0]):
-                    out.append(Case(world, n, dtype, op, root))
-    if fn.signature.group and world >= 3 and numels is None:
+
+    def roots(members: tuple[int, ...]) -> list[Optional[int]]:
+        if kind not in ROOTED or fn.signature.root is None:
+            # a rooted collective that takes no root runs from the group's first rank
+            return [members[0] if kind in ROOTED else None]
+        picks = [members[0], members[-1], members[len(members) // 2]]
+        return sorted(set(picks), key=picks.index)
+
+    out = [Case(world, n, dtype, op, root) for dtype in DTYPES for n in sizes(world)
+           for op in op_list for root in roots(tuple(range(world)))]
+    if fn.signature.group and world >= 3:
         members = tuple(range(1, world))
-        for n in (1, 2 * len(members) + 1, LARGE):
-            for op in op_list[:2]:
-                for root in (_roots(members) if rooted else
-                             [None if kind not in ROOTED else members[0]]):
-                    out.append(Case(world, n, "float32", op, root, members))
+        out += [Case(world, n, "float32", op, root, members)
+                for n in (1, 2 * len(members) + 1, LARGE) for op in op_list[:2]
+                for root in roots(members)]
     return out
 
 

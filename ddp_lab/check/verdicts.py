@@ -101,7 +101,7 @@ def _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res
             if (case.op or "*") in unsupported or "*" in unsupported:
                 continue
             if world is None:
-                world = World(fn, info, w, namespaces, log_dir).__enter__()
+                world = World(fn, info, w, namespaces, log_dir).start()
             run = world.run(index, case, limit_s(case, base_s))
             res.cases += 1
             failure = classify(run, info)

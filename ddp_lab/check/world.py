@@ -239,7 +239,7 @@ class World:
     def log_path(self, rank: int) -> Path:
         return self.log_dir / f"{self.info.name}_w{self.size}_rank{rank}.log"
 
-    def __enter__(self) -> "World":
+    def start(self) -> "World":
         ctx = multiprocessing.get_context("fork")
         self.tmp = tempfile.mkdtemp(prefix="ddp_lab_check_")
         self.buf = mmap.mmap(-1, SLOT * self.size)
@@ -331,6 +331,3 @@ class World:
             if p.is_alive():
                 p.kill()
         self.close()
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill() if exc and exc[0] is not None else self.close()
