@@ -27,12 +27,6 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def template(name: str) -> str:
-    if name not in TEMPLATES:
-        _fail(f"--template {name}: choose one of {', '.join(TEMPLATES)}")
-    return (resources.files("ddp_lab.check") / "templates" / f"{name}.py").read_text()
-
-
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -40,7 +34,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--template":
         if len(argv) != 2:
             _fail("--template takes one name: notebook or assignment")
-        sys.stdout.write(template(argv[1]))
+        if argv[1] not in TEMPLATES:
+            _fail(f"--template {argv[1]}: choose one of {', '.join(TEMPLATES)}")
+        sys.stdout.write((resources.files("ddp_lab.check") / "templates" / f"{argv[1]}.py")
+                         .read_text())
         return 0
     from ..config.errors import UserError
     from ..config.student import find_functions, is_spec

@@ -42,12 +42,6 @@ def ranks_text(ranks: list[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def pending_of(state: dict) -> Optional[dict]:
-    """The call a rank waits in (the innermost), or None."""
-    calls = state.get("pending") or []
-    return calls[-1] if calls else None
-
-
 def describe(call: Optional[dict]) -> str:
     if call is None:
         return "returned"
@@ -75,7 +69,9 @@ def peer_note(call: dict, world: int) -> str:
 def hang(members: list[int], states: dict[int, dict], returned: set[int],
          world: int) -> tuple[str, list[dict]]:
     """(the diagnosis, each member's pending call as a record: rank, op, peer, numel, where)."""
-    calls = {r: (None if r in returned else pending_of(states.get(r, {}))) for r in members}
+    # the call each rank waits in (the innermost), None where it returned or runs
+    calls = {r: None if r in returned else (states.get(r, {}).get("pending") or [None])[-1]
+             for r in members}
     records = [{"rank": r, "op": c["op"] if c else "returned" if r in returned else "running",
                 **{k: c[k] if c else None for k in ("peer", "numel", "where")}}
                for r, c in calls.items()]

@@ -224,9 +224,8 @@ def _wrong(case: Case, got: dict[int, dict], wrong: list[int], members: list[int
                 f"{d['expected']!r} ({d['differing']} of {max(case.numel, 1)} elements differ)")
     right = [q for q in members if q not in wrong and got[q].get("status") == "ok"
              and got[q].get("compared", True)]
-    others = wrong[1:]
-    if others:
-        text += f"; {D.ranks_text(others)} wrong too"
+    if len(wrong) > 1:
+        text += f"; {D.ranks_text(wrong[1:])} wrong too"
     if right:
         text += f"; {D.ranks_text(right)} right"
     res = got[r]

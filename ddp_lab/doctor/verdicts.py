@@ -170,9 +170,8 @@ def cores(f: Facts) -> Check:
         sets = {r.get("cpus") for r in rs}
         usable = max((r.get("ncpus") or 0) for r in rs)
         numa = sorted({x for r in rs for x in (r.get("numa") or [])})
-        where = f"{label}: {len(rs)} rank(s) on cores {'/'.join(sorted(map(str, sets)))}" + \
-            (f" (NUMA {','.join(map(str, numa))})" if numa else "")
-        parts.append(where)
+        parts.append(f"{label}: {len(rs)} rank(s) on cores {'/'.join(sorted(map(str, sets)))}"
+                     + (f" (NUMA {','.join(map(str, numa))})" if numa else ""))
         if len(sets) == 1 and len(rs) > 1 and usable and usable * 4 < len(rs):
             bad.append((f"{label} runs {len(rs)} rank(s) on {usable} core(s) "
                         f"({next(iter(sets))})", "ask for more cores (launcher.cpus_per_task) "
@@ -302,11 +301,9 @@ def link(f: Facts) -> Check:
                 f"{k} {_words(v)}" for k, v in sorted(known.items(), key=lambda kv: kv[0] != slow)),
                 f"every node on the same network: ask for other nodes than {slow}, or fix "
                 "its link (tc qdisc, the switch port, the MTU)")
-    if len(known) < len(links):
-        blind = [k for k in links if k not in known]
-        return Check("link", True, f"{_words(next(iter(known.values())))} "
-                     f"(not known on {', '.join(blind)})")
-    return Check("link", True, f"{_words(next(iter(known.values())))} on every node")
+    blind = [k for k in links if k not in known]
+    where = f"(not known on {', '.join(blind)})" if blind else "on every node"
+    return Check("link", True, f"{_words(next(iter(known.values())))} {where}")
 
 
 def rendezvous(f: Facts) -> Check:
