@@ -1,9 +1,7 @@
-"""`python -m ddp_lab.check FILE.py [FILE.py:function[=collective] ...]
-[check.KEY=VALUE ...] [run.KEY=VALUE ...]`: a student's collectives
-against torch's, on real gloo ranks; the table, one line per failure,
-check.json in the run folder, `run dir: PATH` last. Exit 0 when every
-function passes, 1 when one does not, 2 for bad input (one line, before
-any process starts).
+"""`python -m ddp_lab.check FILE.py [FILE.py:function[=collective] ...] [check.KEY=VALUE ...]
+[run.KEY=VALUE ...]`: a student's collectives against torch's, on real gloo ranks; the table,
+one line per failure, check.json in the run folder, `run dir: PATH` last. Exit 0 when every
+function passes, 1 when one does not, 2 for bad input (one line, before any process starts).
 
     python -m ddp_lab.check mine.py
     python -m ddp_lab.check mine.py:ring=all_reduce check.worlds=[3]
@@ -29,12 +27,6 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def template(name: str) -> str:
-    if name not in TEMPLATES:
-        _fail(f"--template {name}: choose one of {', '.join(TEMPLATES)}")
-    return (resources.files("ddp_lab.check") / "templates" / f"{name}.py").read_text()
-
-
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -42,7 +34,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "--template":
         if len(argv) != 2:
             _fail("--template takes one name: notebook or assignment")
-        sys.stdout.write(template(argv[1]))
+        if argv[1] not in TEMPLATES:
+            _fail(f"--template {argv[1]}: choose one of {', '.join(TEMPLATES)}")
+        sys.stdout.write((resources.files("ddp_lab.check") / "templates" / f"{argv[1]}.py")
+                         .read_text())
         return 0
     from ..config.errors import UserError
     from ..config.student import find_functions, is_spec
@@ -91,18 +86,16 @@ def main(argv: list[str]) -> int:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ..command.mistakes import hydra_message
-    from ..config import CONF_DIR
+    from ..config import compose
     from . import config as check_config
 
     check_config.register_check_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return compose(config_name="check", overrides=overrides)
+        return compose(overrides, config_name="check")
     except (HydraException, OmegaConfBaseException) as e:
         _fail(hydra_message(e, (check_config,)))
 

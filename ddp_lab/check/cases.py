@@ -1,24 +1,19 @@
-"""The cases a function is checked on, how one is called, and torch's
-answer to it.
+"""The cases a function is checked on, how one is called, and torch's answer to it.
 
-A case is a world size, a tensor size, a dtype, a reduction op (where
-the function takes one), a root (for rooted collectives) and a group
-(the whole world, or a subgroup where the function takes `group`).
-Every rank makes its own input from the case and its rank, runs
-torch.distributed's own collective on a copy (the oracle), then the
-student's function on the original, and compares.
+A case is a world size, a tensor size, a dtype, a reduction op (where the function takes one), a
+root (for rooted collectives) and a group (the whole world, or a subgroup where the function
+takes `group`). Every rank makes its own input from the case and its rank, runs
+torch.distributed's own collective on a copy (the oracle), then the student's function on the
+original, and compares.
 
-Sizes: 0, 1, fewer elements than ranks, not a multiple of the world,
-and a few thousand. Roots: first, last and middle. Floats compare
-within the rounding of a sum taken in another order:
+Sizes: 0, 1, fewer elements than ranks, not a multiple of the world, and a few thousand. Roots:
+first, last and middle. Floats compare within the rounding of a sum taken in another order:
 
     |got - expected| <= 2 (n - 1) u sum_i |x_i|      (u: the dtype's unit roundoff)
 
-the classical bound for n terms summed in any order (Higham,
-*Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 4.3);
-products within 4 (n - 1) u |expected|. Integers, MAX, MIN and copies
-(broadcast, gathers, scatters) compare exactly. docs/exercises.md says
-why.
+the classical bound for n terms summed in any order (Higham, *Accuracy and Stability of
+Numerical Algorithms*, 2nd ed., eq. 4.3); products within 4 (n - 1) u |expected|. Integers, MAX,
+MIN and copies (broadcast, gathers, scatters) compare exactly. docs/exercises.md says why.
 """
 
 from __future__ import annotations
@@ -64,41 +59,33 @@ class Case:
 
 
 def sizes(world: int) -> list[int]:
-    """0, 1, fewer than the ranks, not a multiple of the world, a few
-    thousand (each once)."""
+    """0, 1, fewer than the ranks, not a multiple of the world, a few thousand (each once)."""
     out = [0, 1, max(world - 1, 0), 2 * world + 1 if world > 1 else 7, LARGE]
     return sorted(set(out), key=out.index)
 
 
-def _roots(members: tuple[int, ...]) -> list[int]:
-    picks = [members[0], members[-1], members[len(members) // 2]]
-    return sorted(set(picks), key=picks.index)
-
-
-def cases(fn: StudentFunction, world: int, *, dtypes=DTYPES, ops=OPS,
-          numels: Optional[list[int]] = None) -> list[Case]:
-    """Every case of `fn` on `world` ranks, in the order they run: the
-    whole world first (dtype, size, op, root), then a subgroup (ranks
-    1..n-1, so group and global ranks differ) where `fn` takes a group
-    and the world has 3 ranks or more."""
+def cases(fn: StudentFunction, world: int) -> list[Case]:
+    """Every case of `fn` on `world` ranks, in the order they run: the whole world first (dtype,
+    size, op, root), then a subgroup (ranks 1..n-1, so group and global ranks differ) where `fn`
+    takes a group and the world has 3 ranks or more."""
     kind = fn.collective
-    op_list = list(ops) if (kind in REDUCING and fn.signature.op) else (
+    op_list = list(OPS) if (kind in REDUCING and fn.signature.op) else (
         ["SUM"] if kind in REDUCING else [None])
-    rooted = kind in ROOTED and fn.signature.root is not None
-    out: list[Case] = []
-    everyone = tuple(range(world))
-    for dtype in dtypes:
-        for n in numels if numels is not None else sizes(world):
-            for op in op_list:
-                for root in (_roots(everyone) if rooted else [None if kind not in ROOTED else 0]):
-                    out.append(Case(world, n, dtype, op, root))
-    if fn.signature.group and world >= 3 and numels is None:
+
+    def roots(members: tuple[int, ...]) -> list[Optional[int]]:
+        if kind not in ROOTED or fn.signature.root is None:
+            # a rooted collective that takes no root runs from the group's first rank
+            return [members[0] if kind in ROOTED else None]
+        picks = [members[0], members[-1], members[len(members) // 2]]
+        return sorted(set(picks), key=picks.index)
+
+    out = [Case(world, n, dtype, op, root) for dtype in DTYPES for n in sizes(world)
+           for op in op_list for root in roots(tuple(range(world)))]
+    if fn.signature.group and world >= 3:
         members = tuple(range(1, world))
-        for n in (1, 2 * len(members) + 1, LARGE):
-            for op in op_list[:2]:
-                for root in (_roots(members) if rooted else
-                             [None if kind not in ROOTED else members[0]]):
-                    out.append(Case(world, n, "float32", op, root, members))
+        out += [Case(world, n, "float32", op, root, members)
+                for n in (1, 2 * len(members) + 1, LARGE) for op in op_list[:2]
+                for root in roots(members)]
     return out
 
 
@@ -118,19 +105,18 @@ def make_input(case: Case, rank: int, index: int, numel: Optional[int] = None) -
 
 
 def sentinel(like: torch.Tensor) -> torch.Tensor:
-    """What an output buffer holds before the call: a value no input
-    takes, so an element never written shows."""
+    """What an output buffer holds before the call: a value no input takes, so an element never
+    written shows."""
     return torch.full_like(like, -777)
 
 
 # ------------------------------------------------------------- calls
 @dataclass
 class Prepared:
-    """One rank's buffers for one case: `args`/`kwargs` for the
-    student's function, `expected` (tensor or None where torch leaves
-    the value undefined), `result` (what to compare after the call),
-    `written` (the tensor the caller handed in, to compare with
-    `original`), and `scale` (sum of |x| for the tolerance)."""
+    """One rank's buffers for one case: `args`/`kwargs` for the student's function, `expected`
+    (tensor or None where torch leaves the value undefined), `result` (what to compare after the
+    call), `written` (the tensor the caller handed in, to compare with `original`), and `scale`
+    (sum of |x| for the tolerance)."""
 
     args: tuple
     kwargs: dict
@@ -141,21 +127,17 @@ class Prepared:
     scale: Optional[torch.Tensor] = None
 
 
-def _op(name: Optional[str]):
-    return getattr(ReduceOp, name) if name else None
-
-
 def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
             group: Optional[dist.ProcessGroup]) -> Prepared:
-    """Make the inputs, run torch's collective on copies (every member
-    of the case's group, in the same order), and lay out the call."""
+    """Make the inputs, run torch's collective on copies (every member of the case's group, in
+    the same order), and lay out the call."""
     kind, sig = fn.collective, fn.signature
     n_members = len(case.group) if case.group else case.world_size
     x = make_input(case, rank, index)
     kw: dict = {}
     if sig.group:
         kw["group"] = group
-    op = _op(case.op)
+    op = getattr(ReduceOp, case.op) if case.op else None
     if op is not None and sig.op:
         kw["op"] = op
     root = case.root
@@ -223,22 +205,13 @@ def prepare(fn: StudentFunction, case: Case, rank: int, index: int,
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def call(fn, prepared: Prepared) -> Any:
-    """Call the student's function as its signature asks."""
-    return fn(*prepared.args, **prepared.kwargs)
-
-
 # ------------------------------------------------------------- compare
-def _unit(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps / 2
-
-
 def tolerance(case: Case, expected: torch.Tensor, scale: Optional[torch.Tensor],
               n: int) -> Optional[torch.Tensor]:
     """Per-element tolerance, or None for an exact comparison."""
     if not expected.dtype.is_floating_point or case.op in ("MAX", "MIN", None):
         return None
-    u = _unit(expected.dtype)
+    u = torch.finfo(expected.dtype).eps / 2  # the unit roundoff
     if case.op == "PRODUCT":
         return 4 * max(n - 1, 1) * u * expected.abs() + 1e-300
     if scale is None:
@@ -247,8 +220,8 @@ def tolerance(case: Case, expected: torch.Tensor, scale: Optional[torch.Tensor],
 
 
 def first_difference(got: Any, want: Any, tol: Optional[torch.Tensor]) -> Optional[dict]:
-    """None when `got` matches `want`; else the first differing
-    element: {index, expected, got} (or a shape / type message)."""
+    """None when `got` matches `want`; else the first differing element: {index, expected, got}
+    (or a shape / type message)."""
     if isinstance(want, list):
         if not isinstance(got, (list, tuple)) or len(got) != len(want):
             return {"message": f"expected a list of {len(want)} tensors"}

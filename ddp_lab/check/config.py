@@ -1,5 +1,5 @@
-"""The check's config: `conf/check.yaml` composes it (Hydra overrides
-as every entry point: `check.worlds=[2,3] run.root=/scratch/me`)."""
+"""The check's config: `conf/check.yaml` composes it (Hydra overrides as every entry point:
+`check.worlds=[2,3] run.root=/scratch/me`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from ..config import RunConfig, doc
 
 @dataclass
 class CheckConfig:
-    """Which worlds a student's functions are checked on, and how long
-    one case may take."""
+    """Which worlds a student's functions are checked on, and how long one case may take."""
 
     worlds: List[int] = doc([1, 2, 3, 4, 5, 6, 7], "world sizes checked, each with real gloo "
                                                     "ranks forked from one process")

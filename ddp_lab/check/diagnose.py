@@ -1,5 +1,5 @@
-"""Why a case did not end: every rank's pending call, read off the
-board, turned into one sentence a student can act on.
+"""Why a case did not end: every rank's pending call, read off the board, turned into one
+sentence a student can act on.
 
 The causes, in the order they are looked for:
 
@@ -42,12 +42,6 @@ def ranks_text(ranks: list[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def pending_of(state: dict) -> Optional[dict]:
-    """The call a rank waits in (the innermost), or None."""
-    calls = state.get("pending") or []
-    return calls[-1] if calls else None
-
-
 def describe(call: Optional[dict]) -> str:
     if call is None:
         return "returned"
@@ -74,21 +68,13 @@ def peer_note(call: dict, world: int) -> str:
 
 def hang(members: list[int], states: dict[int, dict], returned: set[int],
          world: int) -> tuple[str, list[dict]]:
-    """(the diagnosis, each member's pending call as a record: rank,
-    op, peer, numel, where)."""
-    calls = {r: (None if r in returned else pending_of(states.get(r, {}))) for r in members}
-    records = []
-    for r in members:
-        c = calls[r]
-        if r in returned:
-            records.append({"rank": r, "op": "returned", "peer": None, "numel": None,
-                            "where": None})
-        elif c is None:
-            records.append({"rank": r, "op": "running", "peer": None, "numel": None,
-                            "where": None})
-        else:
-            records.append({"rank": r, "op": c["op"], "peer": c["peer"], "numel": c["numel"],
-                            "where": c["where"]})
+    """(the diagnosis, each member's pending call as a record: rank, op, peer, numel, where)."""
+    # the call each rank waits in (the innermost), None where it returned or runs
+    calls = {r: None if r in returned else (states.get(r, {}).get("pending") or [None])[-1]
+             for r in members}
+    records = [{"rank": r, "op": c["op"] if c else "returned" if r in returned else "running",
+                **{k: c[k] if c else None for k in ("peer", "numel", "where")}}
+               for r, c in calls.items()]
     sends = {r: c["peer"] for r, c in calls.items() if c and c["op"] in ("send", "isend")}
     recvs = {r: c["peer"] for r, c in calls.items() if c and c["op"] in ("recv", "irecv")}
     for text in (_cycle(sends, "sends to", "send first, neither receives",
@@ -167,9 +153,16 @@ def _collective(members: list[int], calls: dict, states: dict) -> Optional[str]:
                 + "; ".join(f"rank {r} {describe(calls[r])}" for r in others))
     stuck = by_count[max(by_count)]
     where = short(calls[stuck[0]]["where"]) if calls.get(stuck[0]) else "?"
-    return (counts_text(op, by_count) + f": {ranks_text(stuck)} {'waits' if len(stuck) == 1 else 'wait'}"
-            f" in a {op} ({where}) the others never call; every rank must make the same "
-            f"collective calls")
+    verb = "waits" if len(stuck) == 1 else "wait"
+    return (counts_text(op, by_count) + f": {ranks_text(stuck)} {verb} in a {op} ({where}) the "
+            "others never call; every rank must make the same collective calls")
+
+
+def _sizes_differ(send: dict, recv: dict) -> str:
+    """"rank a sends N elements to rank b (where) but rank b receives M (where)"."""
+    return (f"rank {recv['peer']} sends {send['numel']} elements to rank {send['peer']} "
+            f"({short(send['where'])}) but rank {send['peer']} receives {recv['numel']} "
+            f"({short(recv['where'])})")
 
 
 def _sizes(calls: dict) -> Optional[str]:
@@ -178,9 +171,7 @@ def _sizes(calls: dict) -> Optional[str]:
             continue
         p = calls.get(c["peer"]) if isinstance(c["peer"], int) else None
         if p and p["op"] in ("recv", "irecv") and p["peer"] == r and p["numel"] != c["numel"]:
-            return (f"rank {r} sends {c['numel']} elements to rank {c['peer']} "
-                    f"({short(c['where'])}) but rank {c['peer']} receives {p['numel']} "
-                    f"({short(p['where'])}): a send and its receive must have the same size")
+            return _sizes_differ(c, p) + ": a send and its receive must have the same size"
     return None
 
 
@@ -194,9 +185,8 @@ def _bad_peer(calls: dict, world: int) -> Optional[str]:
 
 
 def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
-    """Two ranks whose latest send and receive between them differ in
-    size (what ends in a gloo error, or a rank's death), from the
-    board."""
+    """Two ranks whose latest send and receive between them differ in size (what ends in a gloo
+    error, or a rank's death), from the board."""
     def calls(st: dict) -> list[dict]:
         return (st.get("history") or []) + (st.get("posted") or []) + (st.get("pending") or [])
 
@@ -207,16 +197,13 @@ def sizes_of_crash(states: dict[int, dict]) -> Optional[str]:
             recvs = [p for p in calls(states.get(b, {}))
                      if p["op"] in ("recv", "irecv") and p["peer"] == a]
             if recvs and recvs[-1]["numel"] != c["numel"]:
-                p = recvs[-1]
-                return (f"rank {a} sends {c['numel']} elements to rank {b} "
-                        f"({short(c['where'])}) but rank {b} receives {p['numel']} "
-                        f"({short(p['where'])})")
+                return _sizes_differ(c, recvs[-1])
     return None
 
 
 def pairing(logs: dict[int, list]) -> Optional[str]:
-    """After every rank returned: the k-th message from a to b, and the
-    k-th receive at b from a, of different sizes (or counts)."""
+    """After every rank returned: the k-th message from a to b, and the k-th receive at b from
+    a, of different sizes (or counts)."""
     for a in sorted(logs):
         for b in sorted(logs):
             if a == b:

@@ -1,15 +1,10 @@
-"""A student's functions checked, world by world: each case's ranks
-turned into pass, wrong, crash, hang or unsupported, and the table
-and check.json that say so.
+"""A student's functions checked, world by world: each case's ranks turned into pass, wrong,
+crash, hang or unsupported, and the table and check.json that say so.
 
-    check_function(fn, info, ...) -> FunctionResult
-
-runs `fn`'s cases (cases.py) on worlds of 1 to 7 real gloo ranks
-(world.py), stops a world at its first failure, and keeps the first
-failure over all worlds as the verdict. The bytes each rank sent and
-received and its rounds come from the watched calls of the largest
-passing case, beside what no algorithm can beat
-(`ddp_lab.predict.costmodel.lower_bound`).
+`check_function` runs `fn`'s cases (cases.py) on worlds of 1 to 7 real gloo ranks (world.py),
+stops a world at its first failure, and keeps the first failure over all worlds as the verdict.
+The bytes each rank sent and received and its rounds come from the watched calls of the largest
+passing case, beside what no algorithm can beat (`ddp_lab.predict.costmodel.lower_bound`).
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ from .cases import Case, cases, LARGE
 from .world import CaseRun, World
 
 
-VERDICTS = ("pass", "wrong", "crash", "hang", "unsupported")
 WORLDS = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -60,43 +54,36 @@ class FunctionResult:
     cases_passed: int = 0
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def limit_s(case: Case, base_s: float) -> float:
-    """A case's time limit: `base_s`, more for large tensors on many
-    ranks."""
+    """A case's time limit: `base_s`, more for large tensors on many ranks."""
     return base_s + 2e-6 * case.numel * case.world_size
 
 
 def check_function(fn: Callable, info: StudentFunction, namespaces: list, log_dir: Path,
-                   worlds=WORLDS, base_s: float = 3.0,
-                   case_filter: Optional[Callable[[Case], bool]] = None,
-                   on_world: Optional[Callable[[int], None]] = None) -> FunctionResult:
+                   worlds=WORLDS, base_s: float = 3.0) -> FunctionResult:
+    """`fn` checked on each of `worlds`: the first failure is the verdict (a one-rank world's
+    only when no larger world fails)."""
     res = FunctionResult(info.name, info.collective, info.path)
     t0 = time.monotonic()
     first: Optional[Failure] = None
     unsupported: set[str] = set()
     for w in worlds:
-        if on_world:
-            on_world(w)
-        todo = [(i, c) for i, c in enumerate(cases(info, w))
-                if case_filter is None or case_filter(c)]
+        todo = list(enumerate(cases(info, w)))
         before = res.cases_passed
         failure = _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res)
         res.worlds_checked.append(w)
         if failure is None and res.cases_passed > before:
             res.worlds_passed.append(w)
         elif first is None or (first.case.world_size == 1 and w > 1):
-            # a world of one rank sends nothing: its failure is the
-            # verdict only when no larger world fails
+            # a world of one rank sends nothing: its failure is the verdict only when no larger
+            # world fails
             first = failure
     res.seconds = round(time.monotonic() - t0, 2)
     res.unsupported = sorted(unsupported)
     if first is not None:
         res.verdict = first.verdict
-        res.first_failure = {k: v for k, v in first.case.as_dict().items()}
+        res.first_failure = first.case.as_dict()
         res.detail = first.detail
         res.ranks = first.ranks
     elif unsupported:
@@ -114,7 +101,7 @@ def _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res
             if (case.op or "*") in unsupported or "*" in unsupported:
                 continue
             if world is None:
-                world = World(fn, info, w, namespaces, log_dir).__enter__()
+                world = World(fn, info, w, namespaces, log_dir).start()
             run = world.run(index, case, limit_s(case, base_s))
             res.cases += 1
             failure = classify(run, info)
@@ -124,13 +111,12 @@ def _run_world(fn, info, namespaces, log_dir, w, todo, base_s, unsupported, res
                 continue
             if failure.verdict == "unsupported":
                 unsupported.add(case.op or "*")
-                if not failure.sound:
-                    world.kill()
-                    world = None
-                continue
+                if failure.sound:
+                    continue
             world.kill()
             world = None
-            return failure
+            if failure.verdict != "unsupported":
+                return failure
         return None
     finally:
         if world is not None:
@@ -142,8 +128,7 @@ def _members(case: Case) -> list[int]:
 
 
 def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
-    """None when every member returned torch's answer; else the
-    failure."""
+    """None when every member returned torch's answer; else the failure."""
     case, results, states = run.case, run.results, run.states
     members = _members(case)
     got = {r: results[r] for r in members if r in results}
@@ -167,10 +152,9 @@ def classify(run: CaseRun, info: StudentFunction) -> Optional[Failure]:
         sizes = D.sizes_of_crash(states)
         if sizes:
             text = f"sizes differ: {sizes}: a send and its receive must have one size; {text}"
-        return Failure("crash", case, text,
-                       [{"rank": r, "op": last["op"] if last else "died",
-                         "peer": last["peer"] if last else None,
-                         "where": last["where"] if last else None}])
+        return Failure("crash", case, text, [{"rank": r, "op": "died", "peer": None, "where": None,
+                                              **({k: last[k] for k in ("op", "peer", "where")}
+                                                 if last else {})}])
     if len(got) < len(members):
         returned = set(got)
         text, records = D.hang(members, states, returned, case.world_size)
@@ -206,8 +190,9 @@ def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
                        [{"rank": q, "op": "raised", "peer": None,
                          "where": run.results[q].get("where")} for q in raised])
     last = (run.states.get(r, {}).get("history") or [None])[-1]
-    if last and D.peer_note(last, run.case.world_size):
-        text += f"; its call {D.describe(last).removeprefix('in ')}{D.peer_note(last, run.case.world_size)}"
+    note = D.peer_note(last, run.case.world_size) if last else ""
+    if note:
+        text += f"; its call {D.describe(last).removeprefix('in ')}{note}"
     if len(raised) > 1:
         text += f" (also {D.ranks_text(raised[1:])})"
     records = [{"rank": q, "op": "raised", "peer": None, "where": run.results[q].get("where"),
@@ -239,9 +224,8 @@ def _wrong(case: Case, got: dict[int, dict], wrong: list[int], members: list[int
                 f"{d['expected']!r} ({d['differing']} of {max(case.numel, 1)} elements differ)")
     right = [q for q in members if q not in wrong and got[q].get("status") == "ok"
              and got[q].get("compared", True)]
-    others = wrong[1:]
-    if others:
-        text += f"; {D.ranks_text(others)} wrong too"
+    if len(wrong) > 1:
+        text += f"; {D.ranks_text(wrong[1:])} wrong too"
     if right:
         text += f"; {D.ranks_text(right)} right"
     res = got[r]
@@ -269,8 +253,8 @@ def _wrong(case: Case, got: dict[int, dict], wrong: list[int], members: list[int
 
 
 def _keep_bytes(res: FunctionResult, run: CaseRun, info: StudentFunction) -> None:
-    """The bytes of the largest whole-world case (float32, SUM or no op,
-    the first root): the biggest world that passed it wins."""
+    """The bytes of the largest whole-world case (float32, SUM or no op, the first root): the
+    biggest world that passed it wins."""
     c = run.case
     if c.numel != LARGE or c.dtype != "float32" or c.group or c.op not in (None, "SUM") or (
             c.root not in (None, 0)):
@@ -285,12 +269,11 @@ def _keep_bytes(res: FunctionResult, run: CaseRun, info: StudentFunction) -> Non
                  "sent": sent, "recv": recv,
                  "rounds": max(run.results[r].get("rounds", 0) for r in members),
                  "bound_bytes": bound, "bound_rounds": rounds,
-                 "collectives": {k: v for k, v in run.results[members[0]].get("counts",
-                                                                               {}).items()}}
+                 "collectives": dict(run.results[members[0]].get("counts", {}))}
 
 
-# What a check prints and keeps: a table of at most a screen, one line
-# per failure saying where to look, and check.json.
+# What a check prints and keeps: a table of at most a screen, one line per failure saying where
+# to look, and check.json.
 
 COLUMNS = ("function", "collective", "verdict", "worlds passed", "bytes sent (busiest rank)",
            "rounds")
@@ -304,26 +287,18 @@ def _worlds(r: FunctionResult) -> str:
     return ",".join(map(str, r.worlds_passed)) or "none"
 
 
-def _bytes(r: FunctionResult) -> str:
+def _traffic(r: FunctionResult) -> tuple[str, str]:
+    """The bytes and rounds columns ("-" below two ranks)."""
     b = r.bytes
     if not b or b["world_size"] < 2:
-        return "-"
+        return "-", "-"
     most = max(b["sent"])
-    if not b["bound_bytes"]:
-        return f"{most} B (world {b['world_size']})"
-    return f"{most / b['bound_bytes']:.2f}x the bound (world {b['world_size']})"
-
-
-def _rounds(r: FunctionResult) -> str:
-    b = r.bytes
-    if not b or b["world_size"] < 2:
-        return "-"
-    return f"{b['rounds']} (bound {b['bound_rounds']})"
+    sent = f"{most / b['bound_bytes']:.2f}x the bound" if b["bound_bytes"] else f"{most} B"
+    return f"{sent} (world {b['world_size']})", f"{b['rounds']} (bound {b['bound_rounds']})"
 
 
 def rows(results: Sequence[FunctionResult]) -> list[tuple[str, ...]]:
-    return [(r.name, r.collective, r.verdict, _worlds(r), _bytes(r), _rounds(r))
-            for r in results]
+    return [(r.name, r.collective, r.verdict, _worlds(r), *_traffic(r)) for r in results]
 
 
 def table(results: Sequence[FunctionResult]) -> str:
@@ -340,14 +315,7 @@ def failure_line(r: FunctionResult) -> Optional[str]:
     f = r.first_failure
     if f is None:
         return f"{r.name}: {r.verdict}: {r.detail}"
-    case = [f"world {f['world_size']}", f"{f['numel']} elements", f["dtype"]]
-    if f.get("op"):
-        case.append(f"op {f['op']}")
-    if f.get("root") is not None:
-        case.append(f"root {f['root']}")
-    if f.get("group"):
-        case.append(f"group {f['group']}")
-    return f"{r.name}: {r.verdict} ({', '.join(case)}): {r.detail}"
+    return f"{r.name}: {r.verdict} ({Case(**f).label()}): {r.detail}"
 
 
 def text(results: Sequence[FunctionResult]) -> str:
@@ -375,7 +343,7 @@ def write(run_dir: Path, results: Sequence[FunctionResult], **extra) -> Path:
 
 
 def _record(r: FunctionResult) -> dict:
-    d = r.as_dict()
+    d = asdict(r)
     d["ranks"] = [{**x, "where": D.short(x["where"]) if x.get("where") else None,
                    "file": x.get("where")} for x in r.ranks]
     return d

@@ -1,19 +1,16 @@
-"""A checked world of n real gloo ranks, forked from this process (which
-imported torch once), and its cases run one at a time.
+"""A checked world of n real gloo ranks, forked from this process (which imported torch once),
+and its cases run one at a time.
 
-The parent hands every rank a case and waits for all of them, at most
-the case's time limit. A rank that does not answer in time is waiting
-in a call (the board says which); a rank that raised is a crash; then
-the world is ended (every rank killed) and the next world starts fresh.
-Forked ranks die with their parent (PR_SET_PDEATHSIG), so no verdict
-leaves a process behind. Each rank (`rank_process`) joins a gloo group
-and runs the student's function inside a `Watch`, whose state it writes
-to its slot of the shared board as every call starts and ends.
+The parent hands every rank a case and waits for all of them, at most the case's time limit. A
+rank that does not answer in time is waiting in a call (the board says which); a rank that
+raised is a crash; then the world is ended (every rank killed) and the next world starts fresh.
+Forked ranks die with their parent (PR_SET_PDEATHSIG), so no verdict leaves a process behind.
+Each rank (`rank_process`) joins a gloo group and runs the student's function inside a `Watch`,
+whose state it writes to its slot of the shared board as every call starts and ends.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import json
 import mmap
@@ -36,11 +33,9 @@ import torch.distributed as dist
 from . import cases as C
 from ..collectives.watch import Watch
 from ..config.student import StudentFunction
+from ..world.env import set_parent_death_signal
 from .cases import Case
 
-
-# One rank of a checked world: a forked process that joins a gloo
-# group and runs the cases its parent hands it, one at a time.
 
 _CHECK_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -48,8 +43,8 @@ SLOT = 8192
 
 
 class Board:
-    """Shared memory, one slot per rank: its Watch state as JSON (the
-    parent reads it when a case does not end)."""
+    """Shared memory, one slot per rank: its Watch state as JSON (the parent reads it when a
+    case does not end)."""
 
     def __init__(self, buf: Any, rank: int):
         self.buf, self.offset = buf, rank * SLOT
@@ -59,19 +54,17 @@ class Board:
         self.buf[self.offset + 8:self.offset + 8 + len(data)] = data
         self.buf[self.offset:self.offset + 8] = len(data).to_bytes(8, "little")
 
-
-def read_board(buf: Any, rank: int) -> dict:
-    off = rank * SLOT
-    n = int.from_bytes(buf[off:off + 8], "little")
-    try:
-        return json.loads(bytes(buf[off + 8:off + 8 + n])) if n else {}
-    except ValueError:
-        return {}
+    def read(self) -> dict:
+        n = int.from_bytes(self.buf[self.offset:self.offset + 8], "little")
+        try:
+            return json.loads(bytes(self.buf[self.offset + 8:self.offset + 8 + n])) if n else {}
+        except ValueError:
+            return {}
 
 
 def student_frame(tb_or_frames: Any) -> Optional[tuple[str, int, str]]:
-    """(file, line, source line) of the deepest frame outside torch and
-    ddp_lab's check: the student's line."""
+    """(file, line, source line) of the deepest frame outside torch and ddp_lab's check: the
+    student's line."""
     frames = traceback.extract_tb(tb_or_frames) if tb_or_frames is not None else []
     mine = [f for f in frames if not f.filename.startswith((_TORCH_DIR, _CHECK_DIR))
             and not f.filename.endswith("collectives/watch.py")]
@@ -82,26 +75,18 @@ def student_frame(tb_or_frames: Any) -> Optional[tuple[str, int, str]]:
 
 
 def _first_sentence(text: str) -> str:
-    """An exception's first line, less a trailing sentence that only
-    introduces what follows ("... are supported:")."""
+    """An exception's first line, less a trailing sentence that only introduces what follows
+    ("... are supported:")."""
     line = (text.strip().splitlines() or [""])[0][:300]
     if line.endswith(":") and ". " in line:
         line = line.rsplit(". ", 1)[0]
     return line.rstrip(":")
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _rebind_watch(files: set[str]):
-    """A profile hook that notes a student's function that returns with
-    one of its tensor arguments rebound to another tensor (`tensor =
-    torch.max(...)`: the caller's tensor is left as it was)."""
+    """A profile hook that notes a student's function that returns with one of its tensor
+    arguments rebound to another tensor (`tensor = torch.max(...)`: the caller's tensor is left
+    as it was)."""
     entered: dict[int, dict[str, int]] = {}
     found: list[dict] = []
 
@@ -123,11 +108,11 @@ def _rebind_watch(files: set[str]):
 
 
 def rank_process(rank: int, world: int, conn: Any, buf: Any, store_path: str, fn: Callable,
-         info: StudentFunction, namespaces: list, log_path: str) -> None:
+                 info: StudentFunction, namespaces: list, log_path: str) -> None:
     """The forked rank's whole life (it exits through os._exit)."""
     code = 0
     try:
-        _die_with_parent()
+        set_parent_death_signal(signal.SIGKILL)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -163,8 +148,8 @@ def rank_process(rank: int, world: int, conn: Any, buf: Any, store_path: str, fn
 
 
 def student_files(namespaces: list) -> set[str]:
-    """The files the functions of the student's namespaces come from
-    (a notebook's cells are a file each)."""
+    """The files the functions of the student's namespaces come from (a notebook's cells are a
+    file each)."""
     own = os.path.dirname(_CHECK_DIR)
     return {v.__code__.co_filename for ns in namespaces for v in list(ns.values())
             if callable(v) and hasattr(v, "__code__")
@@ -187,7 +172,7 @@ def run_case(rank: int, index: int, case: C.Case, fn: Callable, info: StudentFun
     with watch:
         sys.setprofile(hook)
         try:
-            returned = C.call(fn, prepared)
+            returned = fn(*prepared.args, **prepared.kwargs)
         except NotImplementedError as e:
             out = {"status": "unsupported", "message": str(e) or "NotImplementedError"}
         except BaseException as e:  # the student's exception, whatever it is
@@ -207,14 +192,12 @@ def run_case(rank: int, index: int, case: C.Case, fn: Callable, info: StudentFun
         out["compared"] = False
     if out["status"] != "ok" or prepared.expected is None:
         return out
-    n = len(members)
-    tol = (C.tolerance(case, prepared.expected, prepared.scale, n)
+    tol = (C.tolerance(case, prepared.expected, prepared.scale, len(members))
            if isinstance(prepared.expected, torch.Tensor) else None)
     diff = C.first_difference(prepared.result, prepared.expected, tol)
     if diff is None:
         return out
-    out["status"] = "wrong"
-    out["difference"] = diff
+    out.update(status="wrong", difference=diff)
     if prepared.written is not None and torch.equal(prepared.written, prepared.original):
         out["untouched"] = True
     if returned is not None and C.first_difference(returned, prepared.expected, tol) is None:
@@ -230,13 +213,11 @@ START_S = 60.0
 
 @dataclass
 class CaseRun:
-    """What the ranks of one case did: results by rank, and the board
-    of every rank that did not answer."""
+    """What the ranks of one case did: results by rank, and the board of every rank."""
 
     case: Case
     results: dict[int, dict] = field(default_factory=dict)
     states: dict[int, dict] = field(default_factory=dict)
-    timed_out: bool = False
     dead: list[int] = field(default_factory=list)
     exitcodes: dict[int, Optional[int]] = field(default_factory=dict)
 
@@ -258,7 +239,7 @@ class World:
     def log_path(self, rank: int) -> Path:
         return self.log_dir / f"{self.info.name}_w{self.size}_rank{rank}.log"
 
-    def __enter__(self) -> "World":
+    def start(self) -> "World":
         ctx = multiprocessing.get_context("fork")
         self.tmp = tempfile.mkdtemp(prefix="ddp_lab_check_")
         self.buf = mmap.mmap(-1, SLOT * self.size)
@@ -287,8 +268,8 @@ class World:
         return self
 
     def run(self, index: int, case: Case, limit_s: float, grace_s: float = 0.5) -> CaseRun:
-        """Run one case on every rank; wait at most `limit_s` (and only
-        `grace_s` more once a rank has raised: the others wait on it)."""
+        """Run one case on every rank; wait at most `limit_s` (and only `grace_s` more once a
+        rank has raised: the others wait on it)."""
         out = CaseRun(case)
         for conn in self.conns:
             conn.send(("case", index, case))
@@ -297,7 +278,6 @@ class World:
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                out.timed_out = True
                 break
             ready = multiprocessing.connection.wait(list(waiting.values()), timeout=left)
             for conn in ready:
@@ -318,12 +298,11 @@ class World:
             self.procs[rank].join(1.0)
             out.exitcodes[rank] = self.procs[rank].exitcode
         assert self.buf is not None
-        out.states = {r: read_board(self.buf, r) for r in range(self.size)}
+        out.states = {r: Board(self.buf, r).read() for r in range(self.size)}
         return out
 
     def close(self) -> None:
-        """Every rank ended: asked to stop if the world is sound, else
-        killed."""
+        """Every rank ended: asked to stop if the world is sound, else killed."""
         for conn, p in zip(self.conns, self.procs):
             try:
                 if p.is_alive():
@@ -352,6 +331,3 @@ class World:
             if p.is_alive():
                 p.kill()
         self.close()
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill() if exc and exc[0] is not None else self.close()

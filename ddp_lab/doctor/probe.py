@@ -1,13 +1,9 @@
-"""The entry every rank of the doctor's job runs: `python -m
-ddp_lab.doctor.probe RUN_DIR`.
+"""The entry every rank of the doctor's job runs: `python -m ddp_lab.doctor.probe RUN_DIR`.
 
-First, with no process group, what the rank sees (`rank_facts`,
-`node_facts`, below) into
-RUN_DIR/doctor/rank<N>.json: a wrong interface or an unreachable
-rendezvous is then still reported. Then, as a training rank joins
-(`run_rank`), an all-reduce timed within each node and across nodes,
-NCCL's transport from its INFO log, and rank 0's fingerprint of the
-allocation (as a run's).
+First, with no process group, what the rank sees (`rank_facts`) into RUN_DIR/doctor/rank<N>.json:
+a wrong interface or an unreachable rendezvous is then still reported. Then, as a training rank
+joins (`run_rank`), an all-reduce timed within each node and across nodes, NCCL's transport
+from its INFO log, and rank 0's fingerprint of the allocation (as a run's).
 """
 
 from __future__ import annotations
@@ -30,11 +26,6 @@ from ddp_lab.world.env import detect_env, EnvError, host_address, hostname
 from ddp_lab.world.ports import answers
 
 
-# What one rank of the doctor's job sees, before any process group: its
-# place, cores and NUMA node, the scheduler's counts, its GPUs; local rank
-# 0 adds its node's software, data, network interfaces and link. Plain
-# dicts (JSON), one file per rank in RUN_DIR/doctor/.
-
 # the scheduler's variables that say what it gave this task
 SLURM_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
@@ -48,15 +39,13 @@ IF_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # ------------------------------------------------------------------ cores and NUMA
 def ranges(cpus: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5" (the kernel's cpulist format)."""
-    cpus = sorted(set(cpus))
-    out, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            out.append(f"{start}-{c}" if c != start else f"{c}")
-            start = None
-    return ",".join(out)
+    runs: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b != a else f"{a}" for a, b in runs)
 
 
 def parse_cpulist(text: str) -> set[int]:
@@ -71,8 +60,7 @@ def parse_cpulist(text: str) -> set[int]:
 
 
 def numa_of(cpus: Iterable[int], root: str = "/sys/devices/system/node") -> Optional[list[int]]:
-    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None
-    where it does not."""
+    """The NUMA nodes holding `cpus`, where sysfs shows nodes; None where it does not."""
     nodes = {}
     for d in sorted(Path(root).glob("node[0-9]*")):
         try:
@@ -94,8 +82,7 @@ def affinity() -> list[int]:
 
 # ------------------------------------------------------------------ interfaces
 def interfaces() -> list[str]:
-    """This network namespace's interfaces (the kernel's own list, not
-    sysfs)."""
+    """This network namespace's interfaces (the kernel's own list, not sysfs)."""
     try:
         return [name for _, name in socket.if_nameindex()]
     except OSError:
@@ -103,10 +90,9 @@ def interfaces() -> list[str]:
 
 
 def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
-    """The interfaces `spec` selects among `names`, as gloo / NCCL read
-    the variable: GLOO_SOCKET_IFNAME is exact names (comma separated);
-    NCCL_SOCKET_IFNAME prefixes, `=` for exact names, `^` to exclude
-    (then every other interface but lo is a candidate)."""
+    """The interfaces `spec` selects among `names`, as gloo / NCCL read the variable:
+    GLOO_SOCKET_IFNAME is exact names (comma separated); NCCL_SOCKET_IFNAME prefixes, `=` for
+    exact names, `^` to exclude (then every other interface but lo is a candidate)."""
     spec = spec.strip()
     if key == "GLOO_SOCKET_IFNAME":
         return [n for n in (s.strip() for s in spec.split(",")) if n in names]
@@ -120,41 +106,33 @@ def resolve_ifname(key: str, spec: str, names: list[str]) -> list[str]:
     return [n for n in names if match(n)]
 
 
-def link_facts(environ: Mapping[str, str]) -> Optional[dict]:
-    """The link the node's collectives use: fingerprint.link's iface,
-    speed and tbf, and the MTU and state `ip` reports."""
-    lk = fingerprint.link(environ)
-    if not lk:
-        return None
-    info = (fingerprint._json_of("ip", "-j", "link", "show", "dev", lk["iface"]) or [{}])[0]
-    return {**lk, "mtu": info.get("mtu"), "state": info.get("operstate")}
-
-
 def chosen_ifaces(environ: Mapping[str, str], names: list[str]) -> dict[str, dict]:
-    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec,
-    resolved}}."""
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where set: {key: {spec, resolved}}."""
     return {key: {"spec": environ[key], "resolved": resolve_ifname(key, environ[key], names)}
             for key in IF_KEYS if environ.get(key)}
 
 
 def network(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The node's interfaces, those named, and the link its collectives use (fingerprint.link's
+    iface, speed and tbf, with the MTU and state `ip` reports) where the named ones exist."""
     names = interfaces()
     chosen = chosen_ifaces(environ, names)
     lk = None
     if not any(c["spec"] and not c["resolved"] for c in chosen.values()):
-        lk = link_facts(environ)
-    # the interface gloo takes when none is named: the hostname's
-    # address's, else the route's
+        lk = fingerprint.link(environ)
+    if lk:
+        info = (fingerprint._json_of("ip", "-j", "link", "show", "dev", lk["iface"]) or [{}])[0]
+        lk = {**lk, "mtu": info.get("mtu"), "state": info.get("operstate")}
+    # the interface gloo takes when none is named: the hostname's address's, else the route's
     default = fingerprint.uplink({k: v for k, v in environ.items() if k not in IF_KEYS})
     return {"interfaces": names, "chosen": chosen, "link": lk, "default": default,
             "address": host_address(), "rdma_devices": rdma_devices()}
 
 
 def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
-    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs:
-    Slingshot (cxi0, ...: NCCL should use the aws-ofi-nccl plugin there)
-    or InfiniBand / RoCE (mlx5_0, ...: NET/IB); [] where only sockets
-    exist."""
+    """The node's fast network devices, as ddp_lab.nccl_env reads sysfs: Slingshot (cxi0, ...:
+    NCCL should use the aws-ofi-nccl plugin there) or InfiniBand / RoCE (mlx5_0, ...: NET/IB);
+    [] where only sockets exist."""
     from ..nccl_env import network_kind
 
     try:
@@ -170,11 +148,9 @@ def software() -> dict[str, Any]:
 
     import ddp_lab
 
-    nccl = None
     try:
-        if torch.cuda.is_available() or hasattr(torch.cuda, "nccl"):
-            v = torch.cuda.nccl.version()
-            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:  # noqa: BLE001 -- a CPU-only build has none
         nccl = None
     return {"python": platform.python_version(), "torch": str(torch.__version__),
@@ -183,8 +159,7 @@ def software() -> dict[str, Any]:
 
 
 def data(root: str) -> dict[str, Any]:
-    """The extracted MNIST files under `root` (MNIST/raw): each one's
-    MD5, or absent."""
+    """The extracted MNIST files under `root` (MNIST/raw): each one's MD5, or absent."""
     from ..data_fetch import EXTRACTED_MD5, md5sum, raw_folder
 
     raw = raw_folder(root)
@@ -209,8 +184,7 @@ def gpus() -> dict[str, Any]:
 
 
 def topo_text() -> Optional[str]:
-    """`nvidia-smi topo -m`, where nvidia-smi exists (None
-    elsewhere)."""
+    """`nvidia-smi topo -m`, where nvidia-smi exists (None elsewhere)."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -227,6 +201,8 @@ def node_name(environ: Mapping[str, str]) -> str:
 
 
 def rank_facts(env, environ: Mapping[str, str]) -> dict[str, Any]:
+    """What one rank sees before any process group: its place, cores and NUMA nodes, the
+    scheduler's counts, its GPUs (plain dicts: JSON)."""
     cpus = affinity()
     return {
         "rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
@@ -240,14 +216,8 @@ def rank_facts(env, environ: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def node_facts(data_root: str, environ: Mapping[str, str]) -> dict[str, Any]:
-    return {"software": software(), "data": data(data_root), "network": network(environ),
-            "topo": topo_text(), "cpu_model": fingerprint.cpu_model()}
-
-
-# all-reduce sizes (bytes), each timed ITERS times after one warm-up,
-# until a level has spent BUDGET_S: a slow link stops early, a fast one
-# reaches the largest size
+# all-reduce sizes (bytes), each timed ITERS times after one warm-up, until a level has spent
+# BUDGET_S: a slow link stops early, a fast one reaches the largest size
 SIZES = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
 ITERS = 3
 BUDGET_S = 3.0
@@ -271,17 +241,21 @@ def run(run_dir: Path) -> int:
     mine = rank_facts(env, environ)
     mine["master"] = _master(env)
     if env.is_local_main:
-        mine["node_facts"] = node_facts(cfg.data.root, environ)
+        # the node's own facts, from its local rank 0
+        mine["node_facts"] = {"software": software(), "data": data(cfg.data.root),
+                              "network": network(environ), "topo": topo_text(),
+                              "cpu_model": fingerprint.cpu_model()}
     names = interfaces()
     missing = [k for k, c in chosen_ifaces(environ, names).items() if not c["resolved"]]
     mine["skipped_group"] = bool(missing)
     write_json(out / f"rank{env.rank}.json", mine)
     # gloo / NCCL would fail on it after a timeout: say it now instead,
     if missing:
-        # once every rank has written its facts (the launcher ends the
-        # others as this one leaves, maybe before local rank 0 has read
-        # its node)
-        _wait_for(lambda: len(list(out.glob("rank*[0-9].json"))) >= env.world_size, FACTS_WAIT_S)
+        # once every rank has written its facts (the launcher ends the others as this one
+        # leaves, maybe before local rank 0 has read its node)
+        end = time.monotonic() + FACTS_WAIT_S
+        while len(list(out.glob("rank*[0-9].json"))) < env.world_size and time.monotonic() < end:
+            time.sleep(0.2)
         print(f"[ddp_lab] doctor rank {env.rank}: {missing[0]}={environ[missing[0]]} is no "
               f"interface here ({', '.join(names)}): not joining", file=sys.stderr)
         return 1
@@ -289,16 +263,9 @@ def run(run_dir: Path) -> int:
                     cfg.train.threads, failure={"kind": "doctor"})
 
 
-def _wait_for(done, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while not done() and time.monotonic() < end:
-        time.sleep(0.2)
-
-
 def _master(env) -> dict:
-    """Whether the rendezvous host answers this node (any reply; the
-    port is only bound as the group starts, under torchrun before the
-    ranks do)."""
+    """Whether the rendezvous host answers this node (any reply; the port is only bound as the
+    group starts, under torchrun before the ranks do)."""
     if env.world_size == 1 or env.rank == 0:
         return {"answers": True}
     ok = answers(env.master_addr)
@@ -315,8 +282,7 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
     nodes: dict[int, list[int]] = {}
     for rank, (node, _) in enumerate(pairs):
         nodes.setdefault(node, []).append(rank)
-    # every rank makes every group, in one order (new_group is
-    # collective)
+    # every rank makes every group, in one order (new_group is collective)
     groups = {n: (dist.new_group(rs) if len(rs) > 1 else None) for n, rs in sorted(nodes.items())}
     leaders = [rs[0] for _, rs in sorted(nodes.items())]
     cross = dist.new_group(leaders) if len(leaders) > 1 else None
@@ -328,13 +294,11 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
     if cross is not None and env.rank in leaders:
         result["cross"] = _time(cross, len(leaders), ctx, torch, dist)
     ctx.barrier()
-    mine = _nccl_lines(run_dir) if ctx.backend == "nccl" else None
-    if mine is not None:
-        from ddp_lab.doctor.verdicts import nccl_transport
-
-        result["nccl"] = nccl_transport(mine)
     detail = None
     if ctx.backend == "nccl":
+        from ddp_lab.doctor.verdicts import nccl_transport
+
+        result["nccl"] = nccl_transport(_nccl_lines(run_dir))
         detail = ctx.gather_objects(fingerprint.read_nccl_transport(run_dir))
     write_json(out / f"rank{env.rank}.measure.json", result)
     # the allocation's fingerprint, as a run's telemetry makes it
@@ -349,9 +313,8 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
 
 
 def _time(group, n: int, ctx, torch, dist) -> dict:
-    """The all-reduce's bus bandwidth in `group` (n ranks), at the
-    largest size the budget allows; every rank of the group takes the
-    same decisions (the slowest rank's times)."""
+    """The all-reduce's bus bandwidth in `group` (n ranks), at the largest size the budget
+    allows; every rank of the group takes the same decisions (the slowest rank's times)."""
     spent, row = 0.0, None
     for nbytes in SIZES:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)

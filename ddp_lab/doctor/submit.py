@@ -1,7 +1,5 @@
-"""The doctor's submitting side: the run's config with the doctor's
-entry, one short job through the launcher
-(`ddp_lab.command.job.launch_job`), then the verdicts printed and kept.
-"""
+"""The doctor's submitting side: the run's config with the doctor's entry, one short job
+through the launcher (`ddp_lab.command.job.launch_job`), then the verdicts printed and kept."""
 
 from __future__ import annotations
 
@@ -26,16 +24,14 @@ from .verdicts import Check, Facts, verdicts
 
 
 ENTRY = "ddp_lab.doctor.probe"
-# the doctor's own bounds: a rank that cannot join, or a collective that
-# hangs (the tasks/devices mismatch), ends the job within these rather
-# than the run's
+# the doctor's own bounds: a rank that cannot join, or a collective that hangs (the
+# tasks/devices mismatch), ends the job within these rather than the run's
 INIT_TIMEOUT_S = 20.0
 TIMEOUT_S = 60.0
 
 
 def resolve_doctor(cfg: DictConfig) -> DictConfig:
-    """A run's config, checked as a run's, with the doctor's entry and
-    time bounds."""
+    """A run's config, checked as a run's, with the doctor's entry and time bounds."""
     if cfg.run.get("dir"):
         raise UserError(f"run.dir={cfg.run.dir}: the doctor makes its own folder under "
                         "run.root (doctor_<date>_<time>); drop run.dir")
@@ -59,8 +55,7 @@ def settings(cfg: DictConfig) -> dict:
             "gpus_per_node": lc.get("gpus_per_node"), "device": cfg.dist.device,
             "backend": cfg.dist.backend, "data_root": cfg.data.root,
             "node_local": bool(cfg.data.node_local),
-            # mpirun: each host's slots, in rank order (its nodes may
-            # differ)
+            # mpirun: each host's slots, in rank order (its nodes may differ)
             "slots": [int(str(h).rpartition(":")[2]) for h in lc.hosts] if lc.name == "mpirun"
             else None}
 
@@ -69,11 +64,8 @@ def read_facts(run_dir: Path, sets: dict, rc: int) -> Facts:
     folder = run_dir / "doctor"
     ranks = [read_json_or_empty(p) for p in sorted(folder.glob("rank*[0-9].json"))]
     ranks += [read_json_or_empty(p) for p in sorted(folder.glob("unplaced-*.json"))]
-    measures = {}
-    for p in sorted(folder.glob("rank*.measure.json")):
-        m = read_json_or_empty(p)
-        if "rank" in m:
-            measures[m["rank"]] = m
+    measures = {m["rank"]: m for m in map(read_json_or_empty,
+                                          sorted(folder.glob("rank*.measure.json"))) if "rank" in m}
     if sets["device"] == "auto" and measures:
         sets = {**sets, "device": "cuda" if any(str(m.get("device", "")).startswith("cuda")
                                                 for m in measures.values()) else "cpu"}

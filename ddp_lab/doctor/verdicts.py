@@ -1,11 +1,6 @@
-"""The doctor's verdicts: the ranks' facts (RUN_DIR/doctor/*.json)
-against the launcher settings, one `Check` per question, each "ok|FAIL
-<name>: <finding> -> <fix>". Pure: dicts in, checks out; no torch, no
-process (docs/doctor.md says what each check answers). Below: the
-facts and the check, then the checks of placement, of the nodes'
-software and data, of the network, and the parsers of what NVIDIA's
-tools print.
-"""
+"""The doctor's verdicts: the ranks' facts (RUN_DIR/doctor/*.json) against the launcher
+settings, one `Check` per question, each "ok|FAIL <name>: <finding> -> <fix>". Pure: dicts in,
+checks out; no torch, no process (docs/doctor.md says what each check answers)."""
 
 from __future__ import annotations
 
@@ -15,9 +10,6 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..world.fingerprint import parse_nccl_info
 
-
-# What the doctor's checks read and say: the job's `Facts`, one `Check`
-# per question.
 
 @dataclass(frozen=True)
 class Check:
@@ -36,10 +28,9 @@ class Check:
 
 @dataclass
 class Facts:
-    """What the doctor's job left: `settings` (the launcher's, from the
-    resolved config), `ranks` (every rank's facts file, local rank 0's
-    with `node`), `measures` (rank -> what it measured once in the
-    group), `status` (the job's summary.json status), `rc`."""
+    """What the doctor's job left: `settings` (the launcher's, from the resolved config),
+    `ranks` (every rank's facts file, local rank 0's with `node_facts`), `measures` (rank ->
+    what it measured in the group), `status` (the job's summary.json status), `rc`."""
     settings: dict
     ranks: list[dict]
     measures: dict[int, dict]
@@ -54,9 +45,8 @@ class Facts:
         return dict(sorted(out.items()))
 
     def label(self, node_rank: int) -> str:
-        """A node's name as the user knows it (SLURMD_NODENAME or
-        hostname); nodes of one machine that share a hostname (a network
-        lab) get their address, else node rank."""
+        """A node's name as the user knows it (SLURMD_NODENAME or hostname); nodes of one
+        machine that share a hostname (a network lab) get their address, else node rank."""
         by_node = self.nodes()
         first = (by_node.get(node_rank) or [{}])[0]
         name = first.get("node", f"node {node_rank}")
@@ -76,8 +66,7 @@ class Facts:
 
 
 def disagree(values: Mapping[str, Any]) -> Optional[str]:
-    """"node2 has X, node1 Y" when the nodes' values differ (the odd one
-    first), else None."""
+    """"node2 has X, node1 Y" when the nodes' values differ (the odd one first), else None."""
     groups: dict[str, list[str]] = {}
     for node, value in values.items():
         groups.setdefault(str(value), []).append(node)
@@ -90,8 +79,7 @@ def disagree(values: Mapping[str, Any]) -> Optional[str]:
                      for i, (value, nodes) in enumerate(ordered))
 
 
-# The doctor's checks of where the ranks run: their count, tasks and
-# GPUs per node, and the cores they share (docs/doctor.md).
+# Where the ranks run: their count, tasks and GPUs per node, the cores they share.
 
 def ranks(f: Facts) -> Check:
     want = f.settings["world_size"]
@@ -116,11 +104,10 @@ def ranks(f: Facts) -> Check:
 
 
 def tasks(f: Facts) -> Check:
-    """The ranks, tasks and GPUs per node against the launcher settings
-    (the mismatch that hangs a job or leaves devices idle). A finding
-    shared by several nodes names them all."""
+    """The ranks, tasks and GPUs per node against the launcher settings (the mismatch that
+    hangs a job or leaves devices idle). A finding shared by several nodes names them all."""
     s = f.settings
-    nproc, notes = s["nproc_per_node"], []
+    nproc, notes, slots = s["nproc_per_node"], [], s.get("slots") or []
     # (finding with {node}, fix) -> nodes
     problems: dict[tuple[str, str], list[str]] = {}
 
@@ -130,7 +117,6 @@ def tasks(f: Facts) -> Check:
     for n, rs in f.nodes().items():
         label = f.label(n)
         sched = rs[0].get("scheduler", {})
-        slots = s.get("slots") or []
         if s["launcher"] == "mpirun" and n < len(slots):
             if len(rs) != slots[n]:
                 problem(f"{{node}} runs {len(rs)} rank(s), launcher.hosts gives it {slots[n]} "
@@ -177,17 +163,15 @@ def tasks(f: Facts) -> Check:
 
 
 def cores(f: Facts) -> Check:
-    """Each node's ranks against the cores they may run on (affinity)
-    and their NUMA nodes."""
+    """Each node's ranks against the cores they may run on (affinity) and their NUMA nodes."""
     parts, bad = [], []
     for n, rs in f.nodes().items():
         label = f.label(n)
         sets = {r.get("cpus") for r in rs}
         usable = max((r.get("ncpus") or 0) for r in rs)
         numa = sorted({x for r in rs for x in (r.get("numa") or [])})
-        where = f"{label}: {len(rs)} rank(s) on cores {'/'.join(sorted(map(str, sets)))}" + \
-            (f" (NUMA {','.join(map(str, numa))})" if numa else "")
-        parts.append(where)
+        parts.append(f"{label}: {len(rs)} rank(s) on cores {'/'.join(sorted(map(str, sets)))}"
+                     + (f" (NUMA {','.join(map(str, numa))})" if numa else ""))
         if len(sets) == 1 and len(rs) > 1 and usable and usable * 4 < len(rs):
             bad.append((f"{label} runs {len(rs)} rank(s) on {usable} core(s) "
                         f"({next(iter(sets))})", "ask for more cores (launcher.cpus_per_task) "
@@ -197,8 +181,7 @@ def cores(f: Facts) -> Check:
     return Check("cores", True, "; ".join(parts))
 
 
-# The doctor's checks that every node has the same software and the
-# same data.
+# Every node has the same software and the same data.
 
 VERSIONS = ("python", "torch", "cuda", "nccl", "ddp_lab")
 
@@ -221,13 +204,13 @@ def data(f: Facts) -> Check:
     nf = {n: x.get("data") for n, x in f.node_facts().items() if x.get("data")}
     if not nf:
         return Check("data", False, "no node reported its data", "read the doctor folder's logs/")
-    root = next(iter(nf.values()))["root"]
+    first = next(iter(nf.values()))
+    root, files, expected = first["root"], first["files"], first["expected"]
     missing = {f.label(n): sorted(k for k, v in d["files"].items() if v is None)
                for n, d in nf.items()}
-    have = [n for n, m in missing.items() if not m]
     lacking = [n for n, m in missing.items() if m]
     local = f.settings.get("node_local")
-    if lacking and not have:
+    if len(lacking) == len(missing):
         how = ("each node's local rank 0 fetches it" if local else "global rank 0 fetches it")
         return Check("data", True, f"not under {root} on any node yet: at the start {how} "
                      "from data.mirrors")
@@ -238,36 +221,31 @@ def data(f: Facts) -> Check:
                "data.root is shared (data.node_local=false) but that node does not see it: "
                "mount the shared folder there, or set data.node_local=true")
         return Check("data", False, f"data missing on {n} under {root} "
-                     f"({len(missing[n])} of {len(next(iter(nf.values()))['files'])} files)", fix)
-    expected = next(iter(nf.values()))["expected"]
-    for name in sorted(next(iter(nf.values()))["files"]):
+                     f"({len(missing[n])} of {len(files)} files)", fix)
+    for name in sorted(files):
         got = {f.label(n): d["files"][name] for n, d in nf.items()}
         wrong = {k: v for k, v in got.items() if expected.get(name) and v != expected[name]}
         if wrong:
-            node, md5 = next(iter(wrong.items()))
-            on = f" on {', '.join(wrong)}" if len(nf) > 1 else ""
+            md5, on = next(iter(wrong.values())), f" on {', '.join(wrong)}" if len(nf) > 1 else ""
             return Check("data", False, f"{name} under {root} has MD5 {md5}{on}, not "
                          f"{expected[name]}", "remove it: ddp_lab fetches and verifies it again")
         odd = disagree(got)
         if odd:
             return Check("data", False, f"{name} differs between nodes: {odd}",
                          "remove the odd copy (ddp_lab fetches and verifies it again)")
-    return Check("data", True, f"{len(next(iter(nf.values()))['files'])} files under {root}, "
-                 f"the same MD5s on {len(nf)} node(s)")
+    return Check("data", True, f"{len(files)} files under {root}, the same MD5s on {len(nf)} "
+                 "node(s)")
 
 
-# The doctor's checks of the network: the interface, the link, the
-# rendezvous, the all-reduces within and across nodes, NCCL's transport
-# and the GPU-NIC affinity.
+# The network: the interface, the link, the rendezvous, the all-reduces within and across
+# nodes, NCCL's transport and the GPU-NIC affinity.
 
-# an inter-node all-reduce below this share of the link's reported rate
-# fails: NCCL on sockets instead of InfiniBand measures about 5 of 25
-# GB/s (20%); a tbf-shaped node among unshaped ones, or a 1 Gbit/s port
-# in a 10 Gbit/s network, far less
+# an inter-node all-reduce below this share of the link's reported rate fails: NCCL on sockets
+# instead of InfiniBand measures about 5 of 25 GB/s (20%); a tbf-shaped node among unshaped
+# ones, or a 1 Gbit/s port in a 10 Gbit/s network, far less
 MIN_LINK_SHARE = 0.25
-# gloo on CPUs copies and sums every byte on cores shared with the
-# ranks: its all-reduce reaches a fraction of a fast link's rate even
-# when the link is fine (docs/doctor.md)
+# gloo on CPUs copies and sums every byte on cores shared with the ranks: its all-reduce
+# reaches a fraction of a fast link's rate even when the link is fine (docs/doctor.md)
 MIN_LINK_SHARE_CPU = 0.05
 
 
@@ -290,8 +268,7 @@ def interface(f: Facts) -> Check:
 
 
 def _rate(lk: Optional[Mapping]) -> Optional[float]:
-    """A link's rate in bytes/s: its tbf's where shaped, else its speed;
-    None unknown."""
+    """A link's rate in bytes/s: its tbf's where shaped, else its speed; None unknown."""
     if not lk:
         return None
     if lk.get("shaped_Bps"):
@@ -324,11 +301,9 @@ def link(f: Facts) -> Check:
                 f"{k} {_words(v)}" for k, v in sorted(known.items(), key=lambda kv: kv[0] != slow)),
                 f"every node on the same network: ask for other nodes than {slow}, or fix "
                 "its link (tc qdisc, the switch port, the MTU)")
-    if len(known) < len(links):
-        blind = [k for k in links if k not in known]
-        return Check("link", True, f"{_words(next(iter(known.values())))} "
-                     f"(not known on {', '.join(blind)})")
-    return Check("link", True, f"{_words(next(iter(known.values())))} on every node")
+    blind = [k for k in links if k not in known]
+    where = f"(not known on {', '.join(blind)})" if blind else "on every node"
+    return Check("link", True, f"{_words(next(iter(known.values())))} {where}")
 
 
 def rendezvous(f: Facts) -> Check:
@@ -343,16 +318,15 @@ def rendezvous(f: Facts) -> Check:
     joined = sorted(f.measures)
     want = f.settings["world_size"]
     skipped = sorted(r["rank"] for r in f.ranks if r.get("skipped_group"))
-    if len(joined) < want and skipped:
-        return Check("rendezvous", False, f"{len(joined)} of {want} rank(s) joined the process "
-                     f"group at {where}: rank(s) {', '.join(map(str, skipped[:8]))} did not try "
-                     "(their interface does not exist: the interface check)",
-                     "fix the interface first")
     if len(joined) < want:
+        head = f"{len(joined)} of {want} rank(s) joined the process group at {where}: "
+        if skipped:
+            return Check("rendezvous", False, f"{head}rank(s) {', '.join(map(str, skipped[:8]))} "
+                         "did not try (their interface does not exist: the interface check)",
+                         "fix the interface first")
         why = f.status.removeprefix("failed: ") if f.status.startswith("failed") else \
             f"exit status {f.rc}"
-        return Check("rendezvous", False, f"{len(joined)} of {want} rank(s) joined the process "
-                     f"group at {where}: {why}", "the line above names the rank, host and "
+        return Check("rendezvous", False, head + why, "the line above names the rank, host and "
                      "port; the doctor folder's logs/ hold the rest")
     return Check("rendezvous", True, f"every rank reached {where} and joined the process group")
 
@@ -383,13 +357,11 @@ def inter_node(f: Facts) -> Optional[Check]:
             f"node(s) ({row['backend']})")
     if not rates:
         return Check("inter-node all-reduce", True, head + "; no link rate to compare with")
-    best = max(rates, key=rates.get)
+    best, slow = max(rates, key=rates.get), min(rates, key=rates.get)
     shaped = [k for k, v in links.items() if v and v.get("shaped_Bps")]
     if len(rates) < len(links) and shaped or len(set(rates.values())) > 1:
-        # one node's link is slower than another's (or shaped where
-        # another is not): every ring and tree runs at the slowest
-        # link's pace
-        slow = min(rates, key=rates.get)
+        # one node's link is slower than another's (or shaped where another is not): every
+        # ring and tree runs at the slowest link's pace
         return Check("inter-node all-reduce", False,
                      f"inter-node all-reduce at {got / 1e6:.4g} MB/s, held to {slow}'s link "
                      f"({_words(links[slow])}; "
@@ -399,10 +371,9 @@ def inter_node(f: Facts) -> Optional[Check]:
     floor = MIN_LINK_SHARE_CPU if row["backend"] == "gloo" else MIN_LINK_SHARE
     finding = f"{head}: {share:.0%} of the link's rate ({_words(links[best])} on {best})"
     if share < floor:
-        slow = min(rates, key=rates.get)
-        fix = (f"{slow}'s link is slower than {best}'s: ask for other nodes" if rates[slow] < rates[best]
-               else "check the transport below (NCCL on sockets?) and the switch ports; "
-               "python -m ddp_lab.bench measures every size")
+        fix = (f"{slow}'s link is slower than {best}'s: ask for other nodes"
+               if rates[slow] < rates[best] else "check the transport below (NCCL on sockets?) "
+               "and the switch ports; python -m ddp_lab.bench measures every size")
         return Check("inter-node all-reduce", False,
                      f"inter-node all-reduce at {share:.0%} of the link's rate ({got / 1e6:.4g} "
                      f"MB/s; {_words(links[best])} on {best}, below {floor:.0%})", fix)
@@ -410,20 +381,19 @@ def inter_node(f: Facts) -> Optional[Check]:
 
 
 def nccl(f: Facts) -> Optional[Check]:
-    rows = [m["nccl"] for m in f.measures.values() if m.get("nccl")]
+    rows = _level(f, "nccl")
     if not rows:
         return None
     kinds = sorted({k for r in rows for k in (r.get("connections") or {})})
     label = "+".join(kinds) or f"none (network {rows[0].get('network')})"
     gdr = any(r.get("gdrdma") for r in rows)
     socket = [r for r in rows if "NET/Socket" in (r.get("connections") or {})]
-    rdma = {n for n, x in f.node_facts().items()
-            if (x.get("network") or {}).get("rdma_devices")}
+    rdma = sorted({d for x in f.node_facts().values()
+                   for d in (x.get("network") or {}).get("rdma_devices") or []})
     if socket and rdma:
         ifs = sorted({i for r in socket for i in r.get("socket_ifaces") or []})
         return Check("nccl transport", False, f"NCCL on NET/Socket {','.join(ifs) or ''}: "
-                     "InfiniBand/RoCE/Slingshot not used though the nodes have "
-                     f"{', '.join(sorted({d for n in rdma for d in f.node_facts()[n]['network']['rdma_devices']}))}",
+                     f"InfiniBand/RoCE/Slingshot not used though the nodes have {', '.join(rdma)}",
                      "unset NCCL_IB_DISABLE / NCCL_NET=Socket; on IB/RoCE set NCCL_IB_HCA and "
                      "NCCL_IB_GID_INDEX (python -m ddp_lab.nccl_env prints them), on Slingshot "
                      "load the aws-ofi-nccl plugin (the site's container or module)")
@@ -449,29 +419,22 @@ def topology(f: Facts) -> Optional[Check]:
     return Check("gpu-nic affinity", True, "; ".join(found[:4]))
 
 
-# What NVIDIA's tools print, read: NCCL's INFO lines (the transport
-# NCCL chose) and `nvidia-smi topo -m` (how each GPU reaches each NIC).
-# Pure text in, dicts out: no torch, no GPU; tests feed them the formats
-# NVIDIA documents.
+# What NVIDIA's tools print, read (text in, dicts out; tests feed them the formats NVIDIA
+# documents).
 
 # ------------------------------------------------------------------ NCCL INFO
-# "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via
-# NET/IB/0/GDRDMA", "... via NET/Socket/0", "... via SHM/direct/direct"
+# "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via NET/IB/0/GDRDMA", "... via
+# NET/Socket/0", "... via SHM/direct/direct"
 _CHANNEL = re.compile(r"NCCL INFO Channel \S+ ?: .*\bvia (\S+)")
-# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces
-# NCCL's sockets use)
+# "NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>" (the interfaces NCCL's sockets use)
 _SOCKET_IFS = re.compile(r"NCCL INFO NET/Socket ?: Using (.+)$")
 _IF_NAME = re.compile(r"\[\d+\]([A-Za-z0-9_.\-]+):")
 
 
 def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
-    """The transport NCCL chose, from its INFO lines (NCCL_DEBUG=INFO,
-    NCCL_DEBUG_SUBSYS INIT,NET): `network` (IB, Socket, a plugin's
-    name), `net_devices`, `connections` (per kind: P2P, SHM, NET/IB,
-    NET/Socket), `gdrdma` (a NET channel with GPUDirect RDMA) and
-    `socket_ifaces` (the interfaces of NET/Socket).
-    fingerprint.parse_nccl_info reads the first three; this adds the
-    last two."""
+    """The transport NCCL chose, from its INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS
+    INIT,NET): fingerprint.parse_nccl_info's `network`, `net_devices` and `connections`, and
+    `gdrdma` (a NET channel with GPUDirect RDMA) and `socket_ifaces` (NET/Socket's)."""
     lines = list(lines)
     out = parse_nccl_info(lines)
     gdr, ifaces = False, []
@@ -486,8 +449,7 @@ def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
 
 
 def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
-    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not
-    IB/RoCE or a plugin."""
+    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not IB/RoCE or a plugin."""
     conns = t.get("connections") or {}
     return "NET/Socket" in conns or (t.get("network") == "Socket"
                                      and any(k.startswith("NET/") for k in conns))
@@ -496,11 +458,6 @@ def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
 # ------------------------------------------------------------------ nvidia-smi topo -m
 # The legend nvidia-smi prints under the matrix, nearest first
 TOPO_KINDS = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
-TOPO_WORDS = {
-    "PIX": "at most one PCIe bridge", "PXB": "several PCIe bridges, no host bridge",
-    "PHB": "a PCIe host bridge (the CPU)", "NODE": "host bridges within one NUMA node",
-    "SYS": "the interconnect between NUMA nodes (QPI/UPI, Infinity Fabric)",
-}
 
 
 def _rank(kind: str) -> int:
@@ -510,13 +467,11 @@ def _rank(kind: str) -> int:
 
 
 def parse_topo(text: str) -> Optional[dict[str, Any]]:
-    """`nvidia-smi topo -m` read: {"gpus": [...], "nics": [...],
-    "matrix": {row: {col: kind}}, "cpu_affinity": {gpu: "0-31"},
-    "numa_affinity": {gpu: "0"}, "nic_names": {"NIC0": "mlx5_0"}}; None
-    when the text holds no matrix. The header row names the columns
-    (GPU0.. NIC0.., then CPU Affinity, NUMA Affinity, GPU NUMA ID); each
-    row starts with its device name. The header is tab separated;
-    columns of two words are kept whole."""
+    """`nvidia-smi topo -m` read: {"gpus": [...], "nics": [...], "matrix": {row: {col: kind}},
+    "cpu_affinity": {gpu: "0-31"}, "numa_affinity": {gpu: "0"}, "nic_names": {"NIC0":
+    "mlx5_0"}}; None when the text holds no matrix. The header row (tab separated: columns of
+    two words kept whole) names the columns: GPU0.. NIC0.., then CPU Affinity, NUMA Affinity,
+    GPU NUMA ID; each row starts with its device name."""
     lines = [ln.rstrip() for ln in text.splitlines()]
     head_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
     if head_i is None:
@@ -533,11 +488,9 @@ def parse_topo(text: str) -> Optional[dict[str, Any]]:
         name = cells[0]
         if name not in devices:
             break
-        values = cells[1:1 + len(devices)]
-        matrix[name] = dict(zip(devices, values))
-        rest = cells[1 + len(devices):]
-        if name.startswith("GPU") and rest:
-            for key, value in zip(extra, rest):
+        matrix[name] = dict(zip(devices, cells[1:1 + len(devices)]))
+        if name.startswith("GPU"):
+            for key, value in zip(extra, cells[1 + len(devices):]):
                 if key.lower().startswith("cpu"):
                     cpu_aff[name] = value
                 elif key.lower().startswith("numa"):
@@ -550,9 +503,8 @@ def parse_topo(text: str) -> Optional[dict[str, Any]]:
 
 
 def nearest_nic(topo: dict[str, Any]) -> dict[str, tuple[Optional[str], Optional[str]]]:
-    """Each GPU's nearest NIC and the path to it: {"GPU0": ("mlx5_0",
-    "PIX")}; (None, None) for a GPU of a node without a NIC in the
-    matrix."""
+    """Each GPU's nearest NIC and the path to it: {"GPU0": ("mlx5_0", "PIX")}; (None, None)
+    for a GPU of a node without a NIC in the matrix."""
     out = {}
     for gpu in topo["gpus"]:
         row = topo["matrix"].get(gpu, {})

@@ -15,7 +15,7 @@ arithmetic the collectives, the clocks and the report share with it (`ceil_log2`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -28,8 +28,6 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "torch"),
 }
 
-#: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads each bucket
-#: to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
 #: Default piece size of the pipelined ring broadcast.
 DEFAULT_RING_CHUNK_BYTES = 1 << 20
 
@@ -53,19 +51,16 @@ def pow2_label(n: int) -> str:
 
 def union_length(intervals: Sequence[tuple[float, float]]) -> float:
     """Total length covered by (start, end) intervals, overlaps counted once."""
-    total, cur_s, cur_e = 0.0, None, None
+    total, reach = 0.0, -math.inf
     for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
     return total
 
 
+#: a sharded call's shards are whole multiples of this many elements: sync=zero1 pads each bucket
+#: to world x SHARD_ALIGN (sync/zero1.py), so its calls split evenly
 SHARD_ALIGN = 64
 SHARDED = ("all_gather", "reduce_scatter")
 
@@ -116,8 +111,8 @@ def busbw_factors(world: int) -> dict[str, float]:
     bus: 0 for the first four."""
     n = world
     spread, both = ((n - 1) / n, 2 * (n - 1) / n) if n > 1 else (0.0, 0.0)
-    return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread,
-            "gather": spread, "scatter": spread, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0, "p2p": 1.0}
+    return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread, "gather": spread,
+            "scatter": spread, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0, "p2p": 1.0}
 
 
 def busbw_factor(collective: str, world: int) -> float:
@@ -155,12 +150,6 @@ def _children(v: int, n: int) -> int:
     broadcast): ``v + 2^k`` for every ``2^k`` below ``v``'s lowest set bit."""
     low = v & -v if v else 1 << ceil_log2(n)
     return sum(1 for k in range(n.bit_length()) if (1 << k) < low and v + (1 << k) < n)
-
-
-def _split(numel: int, n: int) -> list[int]:
-    """Sizes of ``tensor_split(n)``: the first ``numel % n`` pieces one element longer."""
-    q, extra = divmod(numel, n)
-    return [q + (i < extra) for i in range(n)]
 
 
 def _by_root(n: int, root: int, f) -> tuple[int, ...]:
@@ -201,17 +190,14 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
                     _by_root(n, root, lambda v: N if v else 0),
                     (n - 2 + k) * -(-numel // k) * e)
     if collective == "reduce":
-        if algorithm == "linear":
-            return Cost(n - 1, _by_root(n, root, lambda v: 0 if v == 0 else N),
-                        _by_root(n, root, lambda v: (n - 1) * N if v == 0 else 0), (n - 1) * N)
-        return Cost(L, _by_root(n, root, lambda v: N if v else 0),
-                    _by_root(n, root, lambda v: _children(v, n) * N), L * N)
+        # the broadcast of its algorithm run backwards: what one sends, the other receives
+        b = cost("broadcast", algorithm, numel, n, e, root=root)
+        return Cost(b.steps, b.recv, b.sent, b.path_bytes)
     # all_reduce
-    # linear reduce to rank 0, linear broadcast from it
-    if algorithm == "linear":
-        return cost("reduce", "linear", numel, n, e).then(cost("broadcast", "linear", numel, n, e))
-    if algorithm == "tree":
-        return cost("reduce", "tree", numel, n, e).then(cost("broadcast", "tree", numel, n, e))
+    if algorithm in ("linear", "tree"):
+        # a reduce to rank 0, a broadcast from it
+        return cost("reduce", algorithm, numel, n, e).then(
+            cost("broadcast", algorithm, numel, n, e))
     if algorithm == "butterfly":
         # ranks p..n-1 fold into 0..n-p-1 and get it back
         p = 1 << (n.bit_length() - 1)
@@ -221,7 +207,8 @@ def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int
         return Cost(rounds + 2 * folded, b, b, (rounds + 2 * folded) * N)
     # ring (collectives/ring_optimised.py, shift 1): rank r sends every chunk but r+1, then but
     # r+2; receives every chunk but r, then but r+1
-    size = [c * e for c in _split(numel, n)]
+    # the chunks of tensor_split(n): the first numel % n one element longer
+    size = [(numel // n + (i < numel % n)) * e for i in range(n)]
     sent = tuple(2 * N - size[(r + 1) % n] - size[(r + 2) % n] for r in range(n))
     recv = tuple(2 * N - size[r] - size[(r + 1) % n] for r in range(n))
     return Cost(2 * (n - 1), sent, recv, 2 * (n - 1) * max(size))
@@ -235,9 +222,7 @@ def _torch(collective: str, n: int, N: int, root: int) -> Cost:
         b = int(2 * part)
         return Cost(2 * (n - 1), (b,) * n, (b,) * n, 2 * part, False)
     if collective == "broadcast":
-        L = ceil_log2(n)
-        return Cost(L, _by_root(n, root, lambda v: _children(v, n) * N),
-                    _by_root(n, root, lambda v: N if v else 0), L * N, False)
+        return replace(cost("broadcast", "tree", N, n, 1, root=root), exact=False)
     # reduce: ring reduce-scatter, then each rank's reduced chunk (N/n) goes to the root, which
     # receives n-1 of them on its link
     return Cost(n, _by_root(n, root, lambda v: int(part) if v == 0 else N),
