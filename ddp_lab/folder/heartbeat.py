@@ -12,6 +12,7 @@ collectives entered (same order on every rank: the rank behind has the smaller n
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -20,7 +21,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..world.env import host_address
 
@@ -115,12 +116,10 @@ class Heartbeat(NullHeartbeat):
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
         self._lock = threading.Lock()
-        # a StepTimer: .now (phase), .ended (steps)
+        # a StepTimer (.now: its phase, .ended: its steps), a CommRecorder (.entered: calls, .op)
         self._timer: Any = None
-        # a CommRecorder: .entered (calls), .op
         self._comm: Any = None
-        # what the last read found: (timer's, comm's)
-        self._seen: tuple = (None, None)
+        self._seen: tuple = (None, None)  # what the last read found: (timer's, comm's)
         # the record's step is this plus the timer's steps ended
         self._first_step = 0
         # collectives written at once (DistContext's), besides the comm's
@@ -168,37 +167,36 @@ class Heartbeat(NullHeartbeat):
             with self._lock:
                 self._read()
 
-    def phase(self, name: str) -> None:
+    @contextlib.contextmanager
+    def _update(self) -> Iterator[_Hot]:
+        """The record's changing part to write into, under the lock, after what the followed
+        sources say; stamped when done."""
         with self._lock:
             self._read()
-            self._hot.phase = _PHASE.get(name, _OTHER)
+            yield self._hot
             self._hot.updated = time.time()
+
+    def phase(self, name: str) -> None:
+        with self._update() as h:
+            h.phase = _PHASE.get(name, _OTHER)
 
     def at(self, epoch: int, step: int) -> None:
         """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
-        with self._lock:
-            self._read()
-            h = self._hot
+        with self._update() as h:
             h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
             self._first_step = step - (self._timer.ended if self._timer is not None else 0)
-            h.updated = time.time()
 
     def collective(self, op: str = "") -> None:
         """Called as this rank enters a collective the followed recorder does not count."""
-        with self._lock:
-            self._read()
-            h = self._hot
+        with self._update() as h:
             self._calls += 1
             h.collective, h.op = h.collective + 1, _OP.get(op, _OTHER_OP)
-            h.updated = time.time()
 
     def state(self, state: str, message: str = "") -> None:
-        with self._lock:
-            self._read()
+        with self._update() as h:
             if message:
                 _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
-            self._hot.state = STATES.index(state)
-            self._hot.updated = time.time()
+            h.state = STATES.index(state)
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -258,7 +256,7 @@ def parse(data: bytes) -> Optional[dict]:
 
 def where(r: dict) -> str:
     """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (1-based)."""
-    if r["phase"] in ("init",):
+    if r["phase"] == "init":
         text = "init"
     else:
         step = r["step"] + 1 if r["phase"] in STEP_PHASES else r["step"]
@@ -300,10 +298,6 @@ def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
     return "running"
 
 
-def is_local(record: dict) -> bool:
-    return record.get("host") == socket.gethostname()
-
-
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict plus
     age_s, where (in words), local (on this machine) and process (`process_state`, None for another
@@ -315,7 +309,7 @@ def read_all(run_dir: Path) -> list[dict]:
             rec = parse(path.read_bytes())
             if rec is None:
                 continue
-            rec["local"] = is_local(rec)
+            rec["local"] = rec["host"] == socket.gethostname()
             # the process first, the record again after it: a killer marks the record before its
             # SIGKILL, so a process seen gone has its record saying why
             rec["process"] = process_state(rec["pid"], run_dir) if rec["local"] else None
