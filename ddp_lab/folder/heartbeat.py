@@ -28,19 +28,14 @@ from ..world.env import host_address
 FOLDER = "heartbeat"
 MAGIC, VERSION = b"DDPR", 1
 SIZE = 512
-# magic version rank local_rank world pid started host
-_HEAD = struct.Struct("<4sIiiiid64s")
-# updated epoch step collective phase op state
-_HOT = struct.Struct("<dqqqBBB5x")
+_HEAD = struct.Struct("<4sIiiiid64s")  # magic version rank local_rank world pid started host
+_HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op state
 _HOT_AT = 96
-# the state byte, for `mark_killed`
-_STATE_AT = _HOT_AT + 34
+_STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
-# a longer message is cut; the last byte stays NUL
-MESSAGE_MAX = _MSG.size - 1
+MESSAGE_MAX = _MSG.size - 1  # a longer message is cut; the last byte stays NUL
 _MSG_AT = _HOT_AT + _HOT.size
-# node name, address (written once; empty in older records)
-_NODE = struct.Struct("<64s48s")
+_NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
 _NODE_AT = SIZE - _NODE.size
 
 PHASES = ("init", "setup", "data", "forward", "backward", "sync", "optim", "step end",
@@ -52,15 +47,14 @@ _PHASE = {name: i for i, name in enumerate(PHASES)}
 _OP = {name: i for i, name in enumerate(OPS)}
 _OTHER, _OTHER_OP = len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
-# how often a record reads the timer and recorder it follows
-FOLLOW_S = 0.1
+FOLLOW_S = 0.1  # how often a record reads the timer and recorder it follows
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s record in the run folder."""
     return Path(run_dir) / FOLDER / f"rank{rank}.bin"
 
 
-# ------------------------------------------------------------------ the writer
 class NullHeartbeat:
     """What a process without a record updates (a test's trainer, a bench script): nothing."""
 
@@ -104,14 +98,15 @@ class Heartbeat(NullHeartbeat):
         self.path = record_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        # a fresh record each start of the rank
-        with open(self.path, "w+b") as f:
+        with open(self.path, "w+b") as f:  # a fresh record each start of the rank
             f.truncate(SIZE)
             self._mm = mmap.mmap(f.fileno(), SIZE)
         _HEAD.pack_into(self._mm, 0, MAGIC, VERSION, rank, local_rank, world_size, os.getpid(),
                         time.time(), socket.gethostname().encode()[:64])
-        name, addr = node_identity()
-        _NODE.pack_into(self._mm, _NODE_AT, name.encode()[:64], addr.encode()[:48])
+        # SLURM's node name, else the hostname (nodes may share one); the address gloo gives its
+        # peers, '' if the hostname does not resolve
+        node, addr = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
+        _NODE.pack_into(self._mm, _NODE_AT, node.encode()[:64], addr.encode()[:48])
         self._hot = _Hot.from_buffer(self._mm, _HOT_AT)
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
@@ -207,8 +202,7 @@ class Heartbeat(NullHeartbeat):
         self._closing.set()
         if self._follower is not None:
             self._follower.join()
-        # the mapping cannot close while a structure points into it
-        del self._hot
+        del self._hot  # the mapping cannot close while a structure points into it
         try:
             self._mm.close()
         except (BufferError, ValueError):
@@ -230,14 +224,8 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
     return record
 
 
-def node_identity() -> tuple[str, str]:
-    """(SLURM's node name, else the hostname: nodes may share one; the address gloo gives its
-    peers, '' if the hostname does not resolve)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
-
-
-# ------------------------------------------------------------------ readers
 def parse(data: bytes) -> Optional[dict]:
+    """A record's bytes as a dict; None for anything that is not one."""
     if len(data) < SIZE or data[:4] != MAGIC:
         return None
     _, version, rank, local_rank, world, pid, started, host = _HEAD.unpack_from(data, 0)

@@ -182,8 +182,7 @@ class StartTimer:
         return first
 
     def _expire(self, end: Callable[[], None]) -> None:
-        # held until `end` has ended the process
-        with self._lock:
+        with self._lock:  # held until `end` has ended the process
             if not self._done:
                 end()
 

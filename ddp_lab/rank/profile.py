@@ -11,12 +11,13 @@ Witnesses read the trace's own collectives, never our ranges.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -33,27 +34,19 @@ log = logging.getLogger("ddp_lab")
 KINETO_QUIET = "6"
 
 
-class _Range:
+@contextlib.contextmanager
+def _labelled(name: str, inner: Any, nvtx: bool) -> Iterator[None]:
     """One labelled phase or call: a `record_function` range (and on CUDA an NVTX range) around the
-    timer's own context."""
-
-    __slots__ = ("name", "inner", "nvtx", "rf")
-
-    def __init__(self, name: str, inner: Any, nvtx: bool):
-        self.name, self.inner, self.nvtx, self.rf = name, inner, nvtx, None
-
-    def __enter__(self) -> None:
-        self.rf = torch.profiler.record_function(self.name)
-        self.rf.__enter__()
-        if self.nvtx:
-            torch.cuda.nvtx.range_push(self.name)
-        self.inner.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.inner.__exit__(*exc)
-        if self.nvtx:
-            torch.cuda.nvtx.range_pop()
-        self.rf.__exit__(*exc)
+    timer's own context `inner`."""
+    with torch.profiler.record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            with inner:
+                yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
 
 
 class StepProfiler:
@@ -94,17 +87,12 @@ class StepProfiler:
         only (instance attributes over the class's methods; `_detach` removes them)."""
         timer, comm, nvtx = self.timer, self.comm, self.cuda
         phase, timed, step_end = timer.phase, comm.timed, timer.on_step_end
-        ranges: dict[str, _Range] = {}
 
-        def labelled_phase(name: str) -> _Range:
-            r = ranges.get(name)
-            if r is None:
-                r = ranges[name] = _Range(PREFIX + name, None, nvtx)
-            r.inner = phase(name)
-            return r
+        def labelled_phase(name: str) -> Any:
+            return _labelled(PREFIX + name, phase(name), nvtx)
 
-        def labelled_call(op: str, *args: Any, **kw: Any) -> _Range:
-            return _Range(PREFIX + op, timed(op, *args, **kw), nvtx)
+        def labelled_call(op: str, *args: Any, **kw: Any) -> Any:
+            return _labelled(PREFIX + op, timed(op, *args, **kw), nvtx)
 
         def on_step_end() -> None:
             if step_end is not None:

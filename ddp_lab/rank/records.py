@@ -184,8 +184,7 @@ class Telemetry:
         # per-step points: every N steps (a short run more often: tensorboard.step_stride)
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
-        # the last per-step point written
-        self.written_step = 0
+        self.written_step = 0  # the last per-step point written
         self.syncer, self.profiler = syncer, profiler
         self.watch = (StepWatch(timer, syncer.comm, self.every, self._live_point)
                       if timer is not None and self.every > 0 and ctx.env.is_main else None)
@@ -317,8 +316,7 @@ class Telemetry:
             self.sink.steps(points)
         self.written_step = end
         scalars = epoch_scalars(rec)
-        # else the step's point carries it
-        if not (every > 0 and end % every == 0):
+        if not (every > 0 and end % every == 0):  # else the step's point carries it
             scalars["epoch"] = rec.epoch
         self.records.append(rec.to_dict())
         # the run's, as summary.json will say them
@@ -381,8 +379,7 @@ class Telemetry:
                 epochs_done=len(times),
                 steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
                 epoch_time_s_median=statistics.median(times) if times else None)
-        # every epoch of the run, every allocation's
-        figures = run_figures(self.records)
+        figures = run_figures(self.records)  # every epoch of the run, every allocation's
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
@@ -448,8 +445,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
         "comm/calls[per step]": c["calls"] / steps,
     }
-    # sync=hierarchical: what left the node
-    if c.get("bytes_cross_node") is not None:
+    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
         out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
     if rec.timing:
         out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
