@@ -58,8 +58,7 @@ class _Record:
         known.setdefault("schema_version", 0)
         try:
             return cls(**known, extra={k: v for k, v in data.items() if k not in names})
-        except TypeError as e:
-            # a required field is missing
+        except TypeError as e:  # a required field is missing
             raise ValueError(f"{cls.__name__}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:

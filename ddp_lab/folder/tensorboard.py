@@ -170,8 +170,7 @@ class TensorBoardRun:
                  load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0):
         """`load`: the run's `workload` (its comparison charts and tags); `steps_per_epoch`: to
         place a step's point within its epoch (0: no per-step comparison points)."""
-        # lazy: 0.3 s to import
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
         # the band's tags and chart: the run folder's name (unique, and first in the sidebar)

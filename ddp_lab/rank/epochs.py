@@ -251,9 +251,8 @@ class EpochControl:
         the ranks listen for stops from here."""
         ctx, syncer = self.ctx, parts.syncer
         self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
-        # its phases: where this rank is (status)
         if ctx.heartbeat is not None:
-            ctx.heartbeat.follow(timer=timer)
+            ctx.heartbeat.follow(timer=timer)  # its phases: where this rank is (status)
         # compute end (each step's last gradient ready), where exposed comm starts; not on one rank
         if ctx.env.world_size > 1:
             timer.watch_grads(syncer.module)

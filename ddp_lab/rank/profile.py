@@ -198,8 +198,7 @@ def make_profiler(timing: TimingConfig, rank: int, device: torch.device,
 
 
 # ------------------------------------------------------------------ the witnesses
-# ddp_lab's own ranges in the trace (what a witness must not use)
-PREFIX = "ddp_lab:"
+PREFIX = "ddp_lab:"  # ddp_lab's own ranges in the trace (what a witness must not use)
 
 
 def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
