@@ -16,8 +16,7 @@ from .files import atomic_open, atomic_write_text, file_hash
 from .rundir import checkpoint_position, checkpoints as _list
 
 SUM = ".sha256"  # the checksum file's suffix
-# a damaged checkpoint's suffix, once set aside
-DAMAGED = ".damaged"
+DAMAGED = ".damaged"  # a damaged checkpoint's suffix, once set aside
 
 
 def sha256(path: Path) -> str:
@@ -44,7 +43,8 @@ def damage(path: Path) -> Optional[str]:
     except OSError as e:
         return f"cannot be read ({e.strerror})"
     if actual != recorded:
-        return f"its SHA-256 differs from the one recorded when it was written ({path.stat().st_size} bytes)"
+        return (f"its SHA-256 differs from the one recorded when it was written "
+                f"({path.stat().st_size} bytes)")
     return None
 
 
@@ -77,6 +77,7 @@ def newest_intact(ckpt_dir: Path) -> tuple[Optional[Path], list[str]]:
 
 
 def name(epochs: int, step: int = 0) -> str:
+    """The file name of the checkpoint after `epochs` epochs and `step` steps of the next."""
     return f"epoch_{epochs:04d}.pt" if step == 0 else f"epoch_{epochs:04d}_step_{step:06d}.pt"
 
 
@@ -117,6 +118,7 @@ def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:
 
 
 def load(path: Path, device: torch.device) -> dict:
+    """The checkpoint's state, on `device`."""
     try:
         return torch.load(path, map_location=device, weights_only=False)
     except Exception as e:  # noqa: BLE001 -- a clear message beats torch's unpickling trace

@@ -21,8 +21,7 @@ from ..config import conf_dir
 from ..config.student import is_spec, module_of, spec_label, split_spec
 from ..config.sync import SYNC_SCHEMAS
 
-# run.entry of a ddp_lab training run
-TRAINER = "ddp_lab.worker"
+TRAINER = "ddp_lab.worker"  # run.entry of a ddp_lab training run
 TRAIN_DEFAULTS = {"batch_size": 64, "global_batch": 0, "micro_batch": 0, "lr": 1e-3}
 
 
@@ -84,10 +83,8 @@ def _token(key: str, value: Any) -> str:
 class Description:
     workload: tuple  # ((key, value), ...): what is trained
     setting: tuple  # ((key, value), ...): how
-    # (epochs, steps per epoch cap): within which epoch times compare
-    length: tuple
+    length: tuple  # (epochs, steps per epoch cap): within which epoch times compare
 
-    # ---------------------------------------------------------------- lookups
     @property
     def w(self) -> dict:
         return dict(self.workload)
@@ -110,7 +107,6 @@ class Description:
         """What a scaling line is: the setting without the world and nodes."""
         return tuple((k, v) for k, v in self.setting if k not in ("world", "nodes"))
 
-    # ------------------------------------------------------------------ words
     def sync_label(self) -> str:
         """The synchroniser with what is not its default (`ring prepost=true`), and the entry when
         it is not the trainer."""

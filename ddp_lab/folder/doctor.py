@@ -36,24 +36,19 @@ def find(roots: Iterable[Path]) -> list[tuple[Path, dict]]:
 
 
 def failing(doc: dict) -> list[str]:
+    """The lines of the doctor's checks that failed."""
     return [c["line"] for c in doc.get("checks", []) if not c.get("ok")]
 
 
-def latest_for(root: Path, fingerprint_id: Optional[str]) -> Optional[tuple[Path, dict]]:
-    """The newest doctor.json under `root` of this fingerprint, if any."""
-    if not fingerprint_id:
-        return None
-    same = [(p, d) for p, d in find([root]) if d.get("fingerprint_id") == fingerprint_id]
-    return same[-1] if same else None
-
-
 def run_warnings(root: Path, fingerprint_id: Optional[str]) -> list[str]:
-    """What a run starting on this fingerprint says first when the newest doctor of it failed a
-    check (nothing when it passed, or no doctor ran)."""
-    found = latest_for(root, fingerprint_id)
-    if found is None or not failing(found[1]):
+    """What a run starting on this fingerprint says first when the newest doctor of it under
+    `root` failed a check (nothing when it passed, or no doctor ran)."""
+    if not fingerprint_id:
         return []
-    path, doc = found
-    bad = failing(doc)
+    same = [(p, d) for p, d in find([root]) if d.get("fingerprint_id") == fingerprint_id]
+    bad = failing(same[-1][1]) if same else []
+    if not bad:
+        return []
+    path, doc = same[-1]
     return [f"this allocation (fingerprint {fingerprint_id}) failed {len(bad)} doctor "
             f"check(s) at {doc.get('finished', '?')} ({path}):", *(f"  {b}" for b in bad)]

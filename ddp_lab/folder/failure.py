@@ -35,14 +35,13 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
     for r in records:
         if r.get("node") and r.get("addr") and r["node"] != mine["node"]:
             nodes.setdefault(r["node"], r["addr"])
-    # a few seconds at most
     with ThreadPoolExecutor(max(1, min(16, len(nodes)))) as pool:
         quiet = {n for n, ok in zip(nodes, pool.map(answers, nodes.values())) if not ok}
     found = [r for r in records if r.get("node") in quiet]
     for r in found:
-        r["silent_node"] = r["node"]
-        r["why"] = (f"went silent: {r['addr']} sends no reply (a connection attempt from "
-                    f"{mine['node']} timed out after {PROBE_S:.0f} s)")
+        r["silent_node"], r["why"] = r["node"], (
+            f"went silent: {r['addr']} sends no reply (a connection attempt from {mine['node']} "
+            f"timed out after {PROBE_S:.0f} s)")
     return found
 
 
@@ -63,10 +62,9 @@ def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
             found.append(r)
     if found:
         return found
-    if probe:
-        found = silent_nodes(records, me)
-        if found:
-            return found
+    found = silent_nodes(records, me) if probe else []
+    if found:
+        return found
     live = [r for r in others if r["state"] in ("starting", "running")]
     counts = [r["collective"] for r in live + [r for r in records if r["rank"] == me]]
     if live and min(counts) < max(counts):
@@ -96,8 +94,7 @@ def failure_line(culprits: list[dict]) -> str:
         node = r.get("silent_node")
         if not node:
             clauses.append(f"{who(r)} stopped at {r['where']}: {r['why']}")
-        elif node not in named:
-            # the node's first rank speaks for it
+        elif node not in named:  # the node's first rank speaks for it
             named.add(node)
             ranks = rank_list([c["rank"] for c in culprits if c.get("silent_node") == node])
             clauses.append(f"node {node} (ranks {ranks}, last at {r['where']}) {r['why']}")

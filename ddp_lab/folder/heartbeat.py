@@ -12,6 +12,7 @@ collectives entered (same order on every rank: the rank behind has the smaller n
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -20,26 +21,21 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..world.env import host_address
 
 FOLDER = "heartbeat"
 MAGIC, VERSION = b"DDPR", 1
 SIZE = 512
-# magic version rank local_rank world pid started host
-_HEAD = struct.Struct("<4sIiiiid64s")
-# updated epoch step collective phase op state
-_HOT = struct.Struct("<dqqqBBB5x")
+_HEAD = struct.Struct("<4sIiiiid64s")  # magic version rank local_rank world pid started host
+_HOT = struct.Struct("<dqqqBBB5x")  # updated epoch step collective phase op state
 _HOT_AT = 96
-# the state byte, for `mark_killed`
-_STATE_AT = _HOT_AT + 34
+_STATE_AT = _HOT_AT + 34  # the state byte, for `mark_killed`
 _MSG = struct.Struct("<256s")
-# a longer message is cut; the last byte stays NUL
-MESSAGE_MAX = _MSG.size - 1
+MESSAGE_MAX = _MSG.size - 1  # a longer message is cut; the last byte stays NUL
 _MSG_AT = _HOT_AT + _HOT.size
-# node name, address (written once; empty in older records)
-_NODE = struct.Struct("<64s48s")
+_NODE = struct.Struct("<64s48s")  # node name, address (written once; empty in older records)
 _NODE_AT = SIZE - _NODE.size
 
 PHASES = ("init", "setup", "data", "forward", "backward", "sync", "optim", "step end",
@@ -51,15 +47,14 @@ _PHASE = {name: i for i, name in enumerate(PHASES)}
 _OP = {name: i for i, name in enumerate(OPS)}
 _OTHER, _OTHER_OP = len(PHASES) - 1, len(OPS) - 1
 STEP_PHASES = frozenset(("data", "forward", "backward", "sync", "optim"))
-# how often a record reads the timer and recorder it follows
-FOLLOW_S = 0.1
+FOLLOW_S = 0.1  # how often a record reads the timer and recorder it follows
 
 
 def record_path(run_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s record in the run folder."""
     return Path(run_dir) / FOLDER / f"rank{rank}.bin"
 
 
-# ------------------------------------------------------------------ the writer
 class NullHeartbeat:
     """What a process without a record updates (a test's trainer, a bench script): nothing."""
 
@@ -103,24 +98,23 @@ class Heartbeat(NullHeartbeat):
         self.path = record_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        # a fresh record each start of the rank
-        with open(self.path, "w+b") as f:
+        with open(self.path, "w+b") as f:  # a fresh record each start of the rank
             f.truncate(SIZE)
             self._mm = mmap.mmap(f.fileno(), SIZE)
         _HEAD.pack_into(self._mm, 0, MAGIC, VERSION, rank, local_rank, world_size, os.getpid(),
                         time.time(), socket.gethostname().encode()[:64])
-        name, addr = node_identity()
-        _NODE.pack_into(self._mm, _NODE_AT, name.encode()[:64], addr.encode()[:48])
+        # SLURM's node name, else the hostname (nodes may share one); the address gloo gives its
+        # peers, '' if the hostname does not resolve
+        node, addr = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
+        _NODE.pack_into(self._mm, _NODE_AT, node.encode()[:64], addr.encode()[:48])
         self._hot = _Hot.from_buffer(self._mm, _HOT_AT)
         self._hot.phase = _PHASE["init"]
         self._hot.updated = time.time()
         self._lock = threading.Lock()
-        # a StepTimer: .now (phase), .ended (steps)
+        # a StepTimer (.now: its phase, .ended: its steps), a CommRecorder (.entered: calls, .op)
         self._timer: Any = None
-        # a CommRecorder: .entered (calls), .op
         self._comm: Any = None
-        # what the last read found: (timer's, comm's)
-        self._seen: tuple = (None, None)
+        self._seen: tuple = (None, None)  # what the last read found: (timer's, comm's)
         # the record's step is this plus the timer's steps ended
         self._first_step = 0
         # collectives written at once (DistContext's), besides the comm's
@@ -168,37 +162,36 @@ class Heartbeat(NullHeartbeat):
             with self._lock:
                 self._read()
 
-    def phase(self, name: str) -> None:
+    @contextlib.contextmanager
+    def _update(self) -> Iterator[_Hot]:
+        """The record's changing part to write into, under the lock, after what the followed
+        sources say; stamped when done."""
         with self._lock:
             self._read()
-            self._hot.phase = _PHASE.get(name, _OTHER)
+            yield self._hot
             self._hot.updated = time.time()
+
+    def phase(self, name: str) -> None:
+        with self._update() as h:
+            h.phase = _PHASE.get(name, _OTHER)
 
     def at(self, epoch: int, step: int) -> None:
         """An epoch starts (or resumes at `step`): `epoch` epochs done before it."""
-        with self._lock:
-            self._read()
-            h = self._hot
+        with self._update() as h:
             h.epoch, h.step, h.phase = epoch, step, _PHASE["setup"]
             self._first_step = step - (self._timer.ended if self._timer is not None else 0)
-            h.updated = time.time()
 
     def collective(self, op: str = "") -> None:
         """Called as this rank enters a collective the followed recorder does not count."""
-        with self._lock:
-            self._read()
-            h = self._hot
+        with self._update() as h:
             self._calls += 1
             h.collective, h.op = h.collective + 1, _OP.get(op, _OTHER_OP)
-            h.updated = time.time()
 
     def state(self, state: str, message: str = "") -> None:
-        with self._lock:
-            self._read()
+        with self._update() as h:
             if message:
                 _MSG.pack_into(self._mm, _MSG_AT, message.encode()[:MESSAGE_MAX])
-            self._hot.state = STATES.index(state)
-            self._hot.updated = time.time()
+            h.state = STATES.index(state)
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -209,8 +202,7 @@ class Heartbeat(NullHeartbeat):
         self._closing.set()
         if self._follower is not None:
             self._follower.join()
-        # the mapping cannot close while a structure points into it
-        del self._hot
+        del self._hot  # the mapping cannot close while a structure points into it
         try:
             self._mm.close()
         except (BufferError, ValueError):
@@ -232,14 +224,8 @@ def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) ->
     return record
 
 
-def node_identity() -> tuple[str, str]:
-    """(SLURM's node name, else the hostname: nodes may share one; the address gloo gives its
-    peers, '' if the hostname does not resolve)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname(), host_address() or ""
-
-
-# ------------------------------------------------------------------ readers
 def parse(data: bytes) -> Optional[dict]:
+    """A record's bytes as a dict; None for anything that is not one."""
     if len(data) < SIZE or data[:4] != MAGIC:
         return None
     _, version, rank, local_rank, world, pid, started, host = _HEAD.unpack_from(data, 0)
@@ -258,7 +244,7 @@ def parse(data: bytes) -> Optional[dict]:
 
 def where(r: dict) -> str:
     """'epoch 2 step 58 phase sync collective #171 (all_reduce)' (1-based)."""
-    if r["phase"] in ("init",):
+    if r["phase"] == "init":
         text = "init"
     else:
         step = r["step"] + 1 if r["phase"] in STEP_PHASES else r["step"]
@@ -300,10 +286,6 @@ def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
     return "running"
 
 
-def is_local(record: dict) -> bool:
-    return record.get("host") == socket.gethostname()
-
-
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict plus
     age_s, where (in words), local (on this machine) and process (`process_state`, None for another
@@ -315,7 +297,7 @@ def read_all(run_dir: Path) -> list[dict]:
             rec = parse(path.read_bytes())
             if rec is None:
                 continue
-            rec["local"] = is_local(rec)
+            rec["local"] = rec["host"] == socket.gethostname()
             # the process first, the record again after it: a killer marks the record before its
             # SIGKILL, so a process seen gone has its record saying why
             rec["process"] = process_state(rec["pid"], run_dir) if rec["local"] else None

@@ -17,11 +17,6 @@ from .records import EpochRecord, RunSummary, read_metrics
 from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head
 
 
-class RankFormatter(logging.Formatter):
-    def __init__(self, rank: int):
-        super().__init__(f"[rank {rank}] %(message)s")
-
-
 class _LogFile(logging.FileHandler):
     """A rank's log file. A full disk costs the log (said once on the console), not the run: the
     checkpoint, whose write fails next, is what ends it, in its own words."""
@@ -48,9 +43,8 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
     log.handlers.clear()
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    fmt = RankFormatter(env.rank)
     console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(fmt)
+    console.setFormatter(logging.Formatter(f"[rank {env.rank}] %(message)s"))
     shown = env.rank == 0 or every_rank
     console.setLevel(getattr(logging, level.upper(), logging.INFO) if shown else logging.ERROR)
     log.addHandler(console)
@@ -95,15 +89,13 @@ class RunFolderSink(NullSink):
         self.metrics = run_dir / "metrics.jsonl"
         self._lines: list[str] = []
         self._tb: Optional[TensorBoardRun] = None
-        # global steps done at the checkpoint the run continues from
-        self._at = 0
+        self._at = 0  # global steps done at the checkpoint the run continues from
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
         `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
         records, torn = read_metrics(self.metrics)
-        # torn by something outside the run: kept aside, said once
-        if torn:
+        if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
             with open(aside, "a") as f:
                 f.writelines(line + "\n" for _, line in torn)
@@ -142,8 +134,7 @@ class RunFolderSink(NullSink):
         self._write_metrics()
         self._tb.scalars(step, scalars)
         self._tb.epoch(record.epoch, scalars)
-        # the epoch's end: outside every step's clock
-        self._tb.flush()
+        self._tb.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
         """Per-step scalars (step, values); the writer's thread flushes them."""
@@ -151,6 +142,7 @@ class RunFolderSink(NullSink):
             self._tb.scalars(step, scalars)
 
     def summary(self, summary: RunSummary) -> None:
+        """summary.json, rewritten whole."""
         write_json(self.run_dir / "summary.json", summary.to_dict())
 
     def close(self) -> None:

@@ -58,8 +58,7 @@ class _Record:
         known.setdefault("schema_version", 0)
         try:
             return cls(**known, extra={k: v for k, v in data.items() if k not in names})
-        except TypeError as e:
-            # a required field is missing
+        except TypeError as e:  # a required field is missing
             raise ValueError(f"{cls.__name__}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,50 +73,36 @@ class _Record:
 class EpochRecord(_Record):
     """One epoch, all ranks together (a line of metrics.jsonl)."""
 
-    # 1-based: the epochs completed after this one
-    epoch: int
+    epoch: int  # 1-based: the epochs completed after this one
     world_size: Optional[int] = None
-    # mean over every rank's samples
-    train_loss: Optional[float] = None
-    # in [0, 1]: right predictions while training
-    train_accuracy: Optional[float] = None
+    train_loss: Optional[float] = None  # mean over every rank's samples
+    train_accuracy: Optional[float] = None  # in [0, 1]: right predictions while training
     test_loss: Optional[float] = None
     test_accuracy: Optional[float] = None  # in [0, 1]
-    # barrier to barrier: the slowest rank's epoch
-    epoch_time_s: Optional[float] = None
-    # global training samples / epoch_time_s
-    samples_per_s: Optional[float] = None
+    epoch_time_s: Optional[float] = None  # barrier to barrier: the slowest rank's epoch
+    samples_per_s: Optional[float] = None  # global training samples / epoch_time_s
     steps: int = 0  # steps per rank
-    # phase timers on (phase_s filled, comm times measured)
-    timing: bool = False
-    # phase -> mean/median/p95/total seconds
-    phase_s: dict = field(default_factory=dict)
-    # this rank's calls, bytes, in-flight time, bw
-    comm: dict = field(default_factory=dict)
-    # in-flight comm / step time
-    comm_fraction: Optional[float] = None
-    # exposed vs in-flight comm (ddp_lab.timing): this rank's seconds summed over the epoch
-    # in-flight comm after the step's compute end
+    timing: bool = False  # phase timers on (phase_s filled, comm times measured)
+    phase_s: dict = field(default_factory=dict)  # phase -> mean/median/p95/total seconds
+    comm: dict = field(default_factory=dict)  # this rank's calls, bytes, in-flight time, bw
+    comm_fraction: Optional[float] = None  # in-flight comm / step time
+    # exposed vs in-flight comm (ddp_lab.timing), this rank's seconds summed over the epoch: the
+    # in-flight comm after the step's compute end, its share of the step, the collectives' union
     comm_exposed_s: Optional[float] = None
-    # exposed / step time
     comm_exposed_fraction: Optional[float] = None
-    # union of the collectives' intervals
     comm_inflight_s: Optional[float] = None
-    # forward + backward up to the last gradient ready
-    compute_s: Optional[float] = None
-    # sync.overlap: collectives started during backward
-    overlap: Optional[bool] = None
-    # slowest/fastest rank, per-rank times,
+    compute_s: Optional[float] = None  # forward + backward up to the last gradient ready
+    overlap: Optional[bool] = None  # sync.overlap: collectives started during backward
+    # slowest/fastest rank, per-rank times, each rank's share of steps arrived last at the
+    # collectives and its lateness then (ms)
     stragglers: dict = field(default_factory=dict)
-    # each rank's share of steps arrived last at the collectives and its lateness then (ms) the
-    # rank the others wait for, named from those (ddp_lab.timing.StragglerTally): {rank, late_ms
-    # (median wait it costs the others), share (of steps it came last)} | None
+    # the rank the others wait for, named from those (ddp_lab.timing.StragglerTally): {rank,
+    # late_ms (median wait it costs the others), share (of steps it came last)} | None
     straggler: Optional[dict] = None
     # an epoch split by a graceful stop: steps before this one ran in an earlier allocation;
     # epoch_time_s and train_loss cover the whole epoch, phase_s and comm this part only
     resumed_at_step: Optional[int] = None
-    # sync.compress: none | fp16 | bf16 | powersgd (bytes are the wire's)
-    compress: Optional[str] = None
+    compress: Optional[str] = None  # sync.compress: none | fp16 | bf16 | powersgd (wire bytes)
     # this rank's seconds in the steps this record timed (phase `step`'s total; with timing off,
     # the loop's busy time): the denominator of the run's comm_fraction and step time
     step_time_s: Optional[float] = None
@@ -129,12 +114,10 @@ class EpochRecord(_Record):
 class RunSummary(_Record):
     """The run in one object (summary.json); every field has a default."""
 
-    # running | completed | preempted | stopped | failed: <why>
-    status: Optional[str] = None
+    status: Optional[str] = None  # running | completed | preempted | stopped | failed: <why>
     launcher: Optional[str] = None
     sync: Optional[str] = None
-    # sync.compress; comm bytes (and algbw/busbw) are the wire's
-    compress: Optional[str] = None
+    compress: Optional[str] = None  # sync.compress; comm bytes (and algbw/busbw) are the wire's
     model: Optional[str] = None
     optim: Optional[str] = None
     backend: Optional[str] = None
@@ -143,13 +126,11 @@ class RunSummary(_Record):
     nproc_per_node: Optional[int] = None
     world_size: Optional[int] = None
     epochs: Optional[int] = None  # asked for
-    # trained by this invocation (fewer after a resume)
-    epochs_run: Optional[int] = None
+    epochs_run: Optional[int] = None  # trained by this invocation (fewer after a resume)
     start_epoch: Optional[int] = None
     # per rank, as used (global_batch / world in strong scaling)
     batch_size: Optional[int] = None
-    # samples of one optimiser step over all ranks
-    global_batch: Optional[int] = None
+    global_batch: Optional[int] = None  # samples of one optimiser step over all ranks
     # strong (train.global_batch fixed) | weak (batch per rank fixed)
     scaling: Optional[str] = None
     # samples per forward/backward (= batch_size without accumulation)
@@ -167,8 +148,7 @@ class RunSummary(_Record):
     comm_time_s: Optional[float] = None
     comm_calls: Optional[int] = None
     comm_payload_bytes: Optional[int] = None
-    # bytes one rank sent over the run
-    comm_bytes_sent: Optional[int] = None
+    comm_bytes_sent: Optional[int] = None  # bytes one rank sent over the run
     comm_bytes_recv: Optional[int] = None
     comm_bytes_exact: Optional[bool] = None
     # bytes one rank sent to another node over the run (sync=hierarchical; None: not known)
@@ -177,17 +157,14 @@ class RunSummary(_Record):
     comm_busbw_GBps: Optional[float] = None
     # the run's exposed vs in-flight comm (sums over epochs, this rank; ddp_lab.timing)
     comm_exposed_s: Optional[float] = None
-    # exposed / step time
-    comm_exposed_fraction: Optional[float] = None
+    comm_exposed_fraction: Optional[float] = None  # exposed / step time
     comm_inflight_s: Optional[float] = None
     compute_s: Optional[float] = None
     overlap: Optional[bool] = None  # sync.overlap
     step_time_ms_mean: Optional[float] = None
     steps_run: Optional[int] = None
-    # train.compile: the step's model ran torch.compile'd
-    compiled: Optional[bool] = None
-    # its compilation, before the first epoch (no epoch's)
-    compile_s: Optional[float] = None
+    compiled: Optional[bool] = None  # train.compile: the step's model ran torch.compile'd
+    compile_s: Optional[float] = None  # its compilation, before the first epoch (no epoch's)
     # train.cuda_graph: the step replayed as one CUDA graph, timed whole
     cuda_graph: Optional[bool] = None
     # sync=ddp: DDP's own timing in seconds beside ours (docs/timing.md, Independent witnesses)
@@ -202,8 +179,7 @@ class RunSummary(_Record):
     epochs_done: Optional[int] = None
     step_in_epoch: Optional[int] = None
     stop_reason: Optional[str] = None
-    # the scheduler's job id of the latest allocation
-    job_id: Optional[str] = None
+    job_id: Optional[str] = None  # the scheduler's job id of the latest allocation
     # every allocation the run used, in order: job id, hosts, start/end, epochs and steps done in
     # it, how it ended (docs/failures.md, "The pieces")
     segments: list = field(default_factory=list)

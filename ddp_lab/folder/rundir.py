@@ -18,6 +18,7 @@ from .description import describe_run
 from .files import atomic_write_text, read_json_or_empty, write_json
 from .records import now_iso, read_metrics
 
+
 def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     """run.dir if given (reused: that is how a run is resumed), else a fresh unique folder
     `<run.root>/<name>_<date>_<time>`. The name comes first, for TensorBoard's sidebar: `label` and
@@ -48,14 +49,12 @@ def describe_config(cfg: DictConfig) -> str:
     data = OmegaConf.to_container(cfg, resolve=False)
     try:
         world = world_size(cfg)
-    except ValueError:
-        # a launcher value not resolved yet ("auto")
+    except ValueError:  # a launcher value not resolved yet ("auto")
         world = None
     lc = cfg.launcher
     nodes = len(lc.hosts) if lc.get("hosts") else lc.get("nodes")
     if world is None and lc.get("name") == "local" and lc.get("nproc_per_node") is None:
-        # what the local launcher will start
-        from ..world.env import default_nproc
+        from ..world.env import default_nproc  # what the local launcher will start
 
         world = default_nproc()
     return describe_run(data, {"world_size": world, "nodes": nodes if world else None}).label()
@@ -75,12 +74,12 @@ def _mkdir(path: Path, exist_ok: bool) -> None:
 
 
 def write_config(cfg: DictConfig, run_dir: Path) -> Path:
+    """The run's config.yaml, resolved, written atomically."""
     path = run_dir / "config.yaml"
     atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
     return path
 
 
-# ------------------------------------------------------------ what a folder holds
 RESUME_MODES = ("auto", "true", "false")
 # settings that change what a run computes: a run folder continues only under the same ones
 # (launcher, world size, timing, logging and train.epochs may change between allocations)
@@ -119,12 +118,11 @@ def read_summary(run_dir: Path) -> dict:
 def folder_state(run_dir: Path) -> dict:
     """What `run_dir` holds (newest checkpoint, summary, epoch records), from small files only."""
     ckpts = sorted(checkpoints(run_dir / "checkpoints"))
-    metrics = run_dir / "metrics.jsonl"
-    records = read_metrics(metrics)[0]
     summary = read_summary(run_dir)
     return {"checkpoint": ckpts[-1][0] if ckpts else None,
             "checkpoint_name": ckpts[-1][1].name if ckpts else None,
-            "records": len(records), "status": summary.get("status"),
+            "records": len(read_metrics(run_dir / "metrics.jsonl")[0]),
+            "status": summary.get("status"),
             "epochs": summary.get("epochs"), "summary": summary}
 
 
@@ -147,6 +145,7 @@ def checkpoints(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
 
 
 def describe_state(state: dict) -> str:
+    """`folder_state` in words: `status stopped, checkpoint after 2 epoch(s), 3 epoch record(s)`."""
     parts = [f"status {str(state['status']).split(':')[0]}"] if state["status"] else []
     if state["checkpoint"]:
         e, s = state["checkpoint"]
@@ -186,10 +185,9 @@ def reuse_problem(cfg: DictConfig) -> Optional[str]:
                 "at a run that completed at least one epoch (or use train.resume=auto)")
     if state is None:
         return None
-    has_results = (state["checkpoint"] is not None or state["records"] > 0
-                   or str(state["status"]).split(":")[0] in ("completed", "stopped", "preempted"))
-    if not has_results:
-        return None
+    if not (state["checkpoint"] is not None or state["records"] > 0
+            or str(state["status"]).split(":")[0] in ("completed", "stopped", "preempted")):
+        return None  # no results
     what = describe_state(state)
     if mode == "false":
         return (f"run.dir={run_dir} holds a run ({what}): continue it with train.resume=auto, "
@@ -231,11 +229,8 @@ def setting_differences(old: DictConfig, new: DictConfig) -> list[tuple[str, obj
     (`sync.bucket_mb`)."""
     out = []
     for key in SAME_RUN_KEYS:
-        was, now = OmegaConf.select(old, key), OmegaConf.select(new, key)
-        if isinstance(was, DictConfig):
-            was = OmegaConf.to_container(was)
-        if isinstance(now, DictConfig):
-            now = OmegaConf.to_container(now)
+        was, now = (OmegaConf.to_container(v) if isinstance(v, DictConfig) else v
+                    for v in (OmegaConf.select(old, key), OmegaConf.select(new, key)))
         if was is None or was == now:
             continue
         if isinstance(was, dict) and isinstance(now, dict) and was.get("name") == now.get("name"):
@@ -250,7 +245,7 @@ def _short(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, dict):
-        return value.get("name", str(value)) if "name" in value else str(value)
+        return value.get("name", str(value))
     return str(value)
 
 
@@ -268,7 +263,6 @@ def mark_failed(run_dir: Path, status: str, fields: Optional[dict] = None) -> di
     return summary
 
 
-# ------------------------------------------------------------ the stop file
 STOP_FILE = "STOP"
 # `python -m ddp_lab` after a graceful stop (EX_TEMPFAIL: try again later)
 EXIT_STOPPED = 75
@@ -277,13 +271,11 @@ PREEMPTED, STOPPED = 1, 2
 STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
 
 
-def request_stop(run_dir: Path, status: str = "stopped",
-                 reason: str = "") -> Path:
+def request_stop(run_dir: Path, status: str = "stopped", reason: str = "") -> Path:
     """Ask a running job to stop at its next check. `status`: stopped (a person) or preempted
     (continue later)."""
     if status not in STATUS.values():
-        raise ValueError(
-            f"stop status {status!r}: choose stopped or preempted")
+        raise ValueError(f"stop status {status!r}: choose stopped or preempted")
     path = Path(run_dir) / STOP_FILE
     atomic_write_text(path, f"{status} {reason}".strip() + "\n")
     return path

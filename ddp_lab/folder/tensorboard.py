@@ -82,19 +82,18 @@ BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
     """What a run trains, as (key, words): its model (and options), data, batch and micro-batch,
-    `("mlp_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world and length are left
-    out, so the runs that differ in them share the charts."""
+    `("mlp_mnist_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world and length
+    are left out, so the runs that differ in them share the charts."""
     from .description import Description, safe
 
     w = Description.from_hparams(hparams).w
     options = list(w.get("model_options") or ())
-    model = str(w.get("model") or "?")
+    model, data = str(w.get("model") or "?"), str(w.get("data") or "mnist")
+    gb = w.get("global_batch")
     words = model + (" (" + ", ".join(f"{k}={v}" for k, v in options) + ")" if options else "")
-    batch = (f"global batch {w['global_batch']}" if w.get("global_batch")
-             else f"batch {w.get('batch_size')}/rank")
-    key = [model, *(f"{k}{v}" for k, v in options), str(w.get("data") or "mnist"),
-           f"gb{w['global_batch']}" if w.get("global_batch") else f"b{w.get('batch_size')}"]
-    text = [words, str(w.get("data") or "mnist"), batch]
+    key = [model, *(f"{k}{v}" for k, v in options), data,
+           f"gb{gb}" if gb else f"b{w.get('batch_size')}"]
+    text = [words, data, f"global batch {gb}" if gb else f"batch {w.get('batch_size')}/rank"]
     if w.get("micro_batch"):
         key.append(f"mb{w['micro_batch']}")
         text.append(f"micro {w['micro_batch']}")
@@ -171,8 +170,7 @@ class TensorBoardRun:
                  load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0):
         """`load`: the run's `workload` (its comparison charts and tags); `steps_per_epoch`: to
         place a step's point within its epoch (0: no per-step comparison points)."""
-        # lazy: 0.3 s to import
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
         self.folder = run_folder(tb_root, name)
         # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
@@ -230,11 +228,6 @@ def _lines(*tags: str) -> dict:
     return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
-def _band(run: str, names: tuple[str, str, str]) -> dict:
-    line, low, high = (band_tag(run, n) for n in names)
-    return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
-
-
 EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
                 ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
                 ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
@@ -276,8 +269,12 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
     it: the comparison charts are alike in every run of a workload)."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
+    def band(names: tuple[str, str, str]) -> dict:
+        line, low, high = (band_tag(run, n) for n in names)
+        return {"margin": {"series": [{"value": line, "lower": low, "upper": high}]}}
+
     categories = compare_categories(load) + [
-        (title, closed, [(f"{run}: {what}", _band(run, BANDS[triple]))] if which in bands else [])
+        (title, closed, [(f"{run}: {what}", band(BANDS[triple]))] if which in bands else [])
         for which, title, closed, triple, what in ONE_RUN]
     return layout_pb2.Layout(category=[
         layout_pb2.Category(title=title, closed=closed,
@@ -307,12 +304,10 @@ def write_head(run: TensorBoardRun, config_text: str, hparams: dict[str, Any],
     """Run `run`'s head at step 0: config (a fresh run's only), `layout` with its `bands`, hparams.
     A resumed run's replace the former segment's (`drop_head`, before its writer opened): its
     hparams say what it is now (its epochs, its world)."""
-    file_writer = run.writer.file_writer
     if fresh:
         run.writer.add_text("config", config_text, 0)
-    file_writer.add_summary(layout_summary(run.band, bands, run.load), 0)
-    for summary in hparams_summaries(hparams):
-        file_writer.add_summary(summary, 0)
+    for summary in [layout_summary(run.band, bands, run.load), *hparams_summaries(hparams)]:
+        run.writer.file_writer.add_summary(summary, 0)
 
 
 # The HParams dashboard sorts the hparams, those that differ among the runs shown first, by name,
@@ -323,22 +318,18 @@ SETTINGS = ("sync", "world_size", "nodes", "launcher", "model")
 LATER = "~"
 
 
-def shown_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
-    """`hparams` as HParams shows them: the settings first and by their names, the rest `~`-named
-    (`SETTINGS`)."""
-    first = {k: hparams[k] for k in SETTINGS if k in hparams}
-    first.update((k, v) for k, v in hparams.items() if k.startswith(("sync.", "model.")))
-    return {**first, **{f"{LATER}{k}": v for k, v in hparams.items() if k not in first}}
-
-
 def hparams_summaries(hparams: dict[str, Any]) -> list:
-    """This run's HParams session start, as Summary protos; no experiment, so the plugin ticks the
-    hparams that differ among the runs shown. Integers as strings (else 2 is 2.0000)."""
+    """This run's HParams session start, as Summary protos, the settings first (`SETTINGS`); no
+    experiment, so the plugin ticks the hparams that differ among the runs shown. Integers as
+    strings (else 2 is 2.0000)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
+    first = {k: hparams[k] for k in SETTINGS if k in hparams}
+    first.update((k, v) for k, v in hparams.items() if k.startswith(("sync.", "model.")))
+    shown = {**first, **{f"{LATER}{k}": v for k, v in hparams.items() if k not in first}}
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
-    for name, value in shown_hparams(hparams).items():
+    for name, value in shown.items():
         # before int: a bool is an int
         if isinstance(value, bool):
             start.hparams[name].bool_value = value
@@ -364,8 +355,7 @@ def drop_head(folder: Path) -> None:
 
     head = {LAYOUT_TAG, metadata.SESSION_START_INFO_TAG}
     for path in sorted(folder.glob(EVENTS)):
-        # as written (not migrated)
-        records = list(RawEventFileLoader(str(path)).Load())
+        records = list(RawEventFileLoader(str(path)).Load())  # as written (not migrated)
         kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
         if len(kept) == len(records):
             continue

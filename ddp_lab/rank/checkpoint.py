@@ -14,12 +14,12 @@ from typing import Any, Optional
 
 import torch
 
-from ..folder import checkpoint_file as checkpoint
 from ..config import BatchPlan, TrainConfig
+from ..folder import checkpoint_file as checkpoint
+from ..folder.rundir import resume_mode
 from ..world.distributed import DistContext
 from .epochs import StopInfo
 from .records import MeasuredEpoch, Position
-from ..folder.rundir import resume_mode
 
 log = logging.getLogger("ddp_lab")
 
@@ -27,9 +27,7 @@ log = logging.getLogger("ddp_lab")
 class Checkpointer:
     """The checkpoints of one run on this rank; see the module docstring."""
 
-    def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path,
-                 batching: BatchPlan):
-        """`train`: the train section."""
+    def __init__(self, train: TrainConfig, ctx: DistContext, ckpt_dir: Path, batching: BatchPlan):
         self.train, self.ctx, self.ckpt_dir, self.batching = train, ctx, ckpt_dir, batching
 
     def load(self, parts: Any) -> Position:
@@ -43,8 +41,7 @@ class Checkpointer:
         restarted = ctx.any_rank(env.restart_count > 0 or requeued())
         if mode == "false" and not restarted:
             return Position()
-        # the newest checkpoint that is intact: damaged ones are set aside
-        if env.is_main:
+        if env.is_main:  # damaged checkpoints are set aside: the newest left is intact
             for line in checkpoint.newest_intact(self.ckpt_dir)[1]:
                 log.warning(line)
         # load-bearing: every rank picks from what rank 0 left
@@ -56,18 +53,15 @@ class Checkpointer:
         if path is None:
             return Position()
         state = checkpoint.load(path, ctx.device)
-        # fsdp2: its shards
-        self.syncer.load_model_state(state["model"])
+        self.syncer.load_model_state(state["model"])  # fsdp2: its shards
         built = [g.get("capturable") for g in self.optimizer.param_groups]
-        # zero1: its shard
-        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])
-        # a train.cuda_graph run's
+        self.syncer.load_optimizer_state(self.optimizer, state["optimizer"])  # zero1: its shard
+        # a train.cuda_graph run's Adam saved capturable=True: this run's own flag stands
         for group, flag in zip(self.optimizer.param_groups, built):
-            # Adam saved capturable=True: this run's own flag stands
             if flag is not None:
                 group["capturable"] = flag
+        # (strong scaling: every world size trains on the same samples at every step)
         if state.get("world_size") != env.world_size and self.batching.scaling != "strong":
-            # (strong scaling: every world size trains on the same samples at every step)
             log.warning("checkpoint was written by %s ranks, resuming on %d: the data order "
                         "differs from an uninterrupted run", state.get("world_size"),
                         env.world_size)
@@ -91,8 +85,7 @@ class Checkpointer:
         if not (self.train.checkpoint or force or pos.step):
             return
         opt_state = self.syncer.optimizer_state(self.optimizer)
-        # collective: fsdp2 gathers its shards
-        model_state = self.syncer.model_state()
+        model_state = self.syncer.model_state()  # collective: fsdp2 gathers its shards
         # one copy of the (identical) model, in the shared run folder
         if self.ctx.env.is_main:
             partial = {k: getattr(pos, k) for k in ("loss_sum", "samples", "busy_s", "wall_s",

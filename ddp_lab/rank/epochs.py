@@ -1,8 +1,6 @@
-"""The epochs and the stop, on every rank: train()'s epochs part (ddp_lab/train.py;
-docs/architecture.md, "The path of one epoch's numbers"). `EpochControl` starts and ends each epoch
-and hands out its batches as an `EpochBatches`, which adds to the notebook's loop the step count,
-the stop agreement and the injected delays; `end` and `between` return the stop every rank agreed
-on, and train() ends the run there.
+"""The epochs and the stop, on every rank: train()'s epochs part (ddp_lab/train.py). `EpochControl`
+starts and ends each epoch and hands out its batches as an `EpochBatches` (the step count, the stop
+agreement, the injected delays); `end` and `between` return the stop every rank agreed on.
 
 The stop: a request reaches any one process (SIGTERM, SIGINT, `train.stop_signal`, the file
 `RUN_DIR/STOP` of ddp_lab/folder/rundir.py, the parent's death); the handlers only set a flag. Ranks
@@ -40,20 +38,19 @@ from .records import MeasuredEpoch, Position, Records
 
 log = logging.getLogger("ddp_lab")
 
-
+# the most steps between two stop checks
 MAX_EVERY = 100_000
 
 
 @dataclass(frozen=True)
 class StopInfo:
     status: str  # preempted | stopped
-    # what asked for it, e.g. "SIGUSR2 on rank 1"
-    reason: str
+    reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent (torchrun,
-    srun, mpirun) dies; a parent gone before that, `sig` now."""
+    """The first thing a rank does: get `sig` when its parent (torchrun, srun, mpirun) dies; a
+    parent gone before that, `sig` now."""
     parent = os.getppid()
     armed = set_parent_death_signal(sig)
     if os.getppid() != parent:
@@ -61,9 +58,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return armed
 
 
-#: the signals this process was stopped by: a forked rank that torchrun
-#: signalled (torchrun is closing its ranks and will not collect a
-#: result) leaves at once (rank/main.py)
+#: the signals this process was stopped by: a forked rank that torchrun signalled (closing its
+#: ranks, it will not collect a result) leaves at once (rank/main.py)
 RECEIVED: set[int] = set()
 
 
@@ -77,14 +73,12 @@ class StopControl:
         self._last = time.monotonic()
         self._code, self._reason = 0, ""
         self.checks = 0
-        # its death signal is set (die_with_parent): a later parent
-        # noticed gone is one the signal missed
+        # its death signal is set (die_with_parent): a parent noticed gone is one the signal missed
         self.ppid = os.getppid()
         self._signals: dict[int, tuple[int, object]] = {}
         if install:
             self._install(user_signal)
 
-    # ------------------------------------------------------------ local sources
     def _install(self, user_signal: str) -> None:
         wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
         if user_signal:
@@ -124,7 +118,6 @@ class StopControl:
                 self._flag(*found)
         return self._code, self._reason
 
-    # ------------------------------------------------------------ agreement
     def restart_clock(self) -> None:
         """Time between checks excludes evaluation and checkpoints (epoch ends)."""
         self._last, self._count = time.monotonic(), 0
@@ -140,8 +133,7 @@ class StopControl:
     def check(self) -> Optional[StopInfo]:
         """Collective: every rank calls it at the same step."""
         now = time.monotonic()
-        # no stack dump while checks keep coming
-        self.ctx.watchdog.rearm()
+        self.ctx.watchdog.rearm()  # no stack dump while checks keep coming
         code, _ = self.local()
         agreed, longest = self.ctx.reduce_floats([float(code), now - self._last], "max")
         self.checks += 1
@@ -214,10 +206,8 @@ class EpochBatches:
                  first_step: int = 0):
         self.data, self.numbers, self.timer = data, numbers, timer
         self.stopper, self.delay = stopper, delay
-        # steps a mid-epoch checkpoint already did
-        self.first_step = first_step
-        # steps and samples this rank ran in this part
-        self.done, self.samples = 0, 0
+        self.first_step = first_step  # steps a mid-epoch checkpoint already did
+        self.done, self.samples = 0, 0  # steps and samples this rank ran in this part
         self.stop: Optional[StopInfo] = None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -225,14 +215,13 @@ class EpochBatches:
             with self.timer.phase("data"):
                 x, y = next(self.data)
             if self.delay is not None:
+                # an injected straggler: part of this rank's compute
                 with self.timer.phase("forward"):
-                    # an injected straggler: part of this rank's compute
                     self.delay()
             yield x, y  # the step runs here
             self.done, self.samples = self.done + 1, self.samples + len(y)
             if self.stopper is not None:
-                # collective now and then: all stop alike
-                self.stop = self.stopper.step()
+                self.stop = self.stopper.step()  # collective now and then: all stop alike
                 if self.stop is not None:
                     return
 
@@ -262,19 +251,16 @@ class EpochControl:
         the ranks listen for stops from here."""
         ctx, syncer = self.ctx, parts.syncer
         self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
-        # its phases: where this rank is (status)
         if ctx.heartbeat is not None:
-            ctx.heartbeat.follow(timer=timer)
-        # compute end (each step's last gradient ready): where exposed
-        # comm starts; one rank has none
+            ctx.heartbeat.follow(timer=timer)  # its phases: where this rank is (status)
+        # compute end (each step's last gradient ready), where exposed comm starts; not on one rank
         if ctx.env.world_size > 1:
             timer.watch_grads(syncer.module)
         self.delay = ComputeDelay.from_config(self.debug, ctx.env.rank, self.train.seed)
         self.stopper = StopControl(ctx, self.run_dir, self.train.stop_signal,
                                    self.train.stop_check_s)
         if ctx.env.is_main:
-            # a request the previous allocation acted on is spent
-            clear_stop_file(self.run_dir)
+            clear_stop_file(self.run_dir)  # a request the previous allocation acted on is spent
         # load-bearing: no rank checks for a stop before the old request is gone
         ctx.barrier()
 
@@ -287,18 +273,16 @@ class EpochControl:
         return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def batches(self, epoch: int, shard: Any) -> EpochBatches:
-        """Collective. Epoch `epoch` (0-based) starts: `shard`'s batches
-        from step 0 or a mid-epoch checkpoint's."""
+        """Collective. Epoch `epoch` (0-based) starts: `shard`'s batches from step 0 or a
+        mid-epoch checkpoint's."""
         skip = self.resumed_part(epoch).step
-        # this epoch's shuffle, the same on every rank
-        shard.set_epoch(epoch)
+        shard.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
         self.ctx.synchronize()
         # load-bearing: every rank starts the clock together
         self.ctx.barrier()
         # the GPU is idle here: its timeline is pinned to the host clock
         self.clock.anchor()
         self.stopper.restart_clock()
-        # where this rank is, for the others (status)
         if self.ctx.heartbeat is not None:
             self.ctx.heartbeat.at(epoch, skip)
         self.epoch, self.t0 = epoch, time.perf_counter()
@@ -309,10 +293,8 @@ class EpochControl:
             correct: torch.Tensor) -> tuple[MeasuredEpoch, Optional[StopInfo]]:
         """Collective. The epoch's steps are done (or stopped): what this rank measured, and the
         stop the ranks agreed on inside the epoch (or None)."""
-        # wait for the GPU to finish the epoch's work
-        self.ctx.synchronize()
-        # this rank's own time, before waiting for the others
-        busy = time.perf_counter() - self.t0
+        self.ctx.synchronize()  # the GPU's work of the epoch done
+        busy = time.perf_counter() - self.t0  # this rank's own time, before waiting for the others
         # load-bearing: the epoch ends when the slowest rank ends
         self.ctx.barrier()
         wall = time.perf_counter() - self.t0
@@ -327,9 +309,8 @@ class EpochControl:
         return measured, batches.stop
 
     def between(self, epochs_done: int) -> Optional[StopInfo]:
-        """Collective, after an epoch's checkpoint and record: the
-        failure hook (DDP_LAB_FAIL_ONCE), then, but after the last
-        epoch, the stop the ranks agreed on (or None)."""
+        """Collective, after an epoch's checkpoint and record: the failure hook (DDP_LAB_FAIL_ONCE),
+        then, but after the last epoch, the stop the ranks agreed on (or None)."""
         fail_once(self.ctx, epochs_done)
         if epochs_done < self.train.epochs:
             return self.stopper.check()

@@ -1,16 +1,12 @@
-"""The ranks' side of a job: every rank runs `python -m <run.entry> RUN_DIR`, that is
-`rank_main(argv, module, maker, run)` -> `run_rank(run_dir, cfg, body)`, which places the rank from
-the launcher's variables, sets up its log, threads, heartbeat record and hang watchdog and the
-process group, runs `body(ctx)`, and turns a failure into one line naming the rank(s) that stopped
-(command/job.py is the submitting side). A training rank's body is `run_training`: the lesson's
-loop handed the run's parts.
+"""The ranks' side of a job (command/job.py is the submitting side): every rank runs `python -m
+<run.entry> RUN_DIR`, that is `rank_main` -> `run_rank(run_dir, cfg, body)`, which sets up the
+rank's log, threads, heartbeat record, hang watchdog and process group, runs `body(ctx)`, and turns
+a failure into one line naming the rank(s) that stopped. A training rank's body is `run_training`.
 
 `python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` would, its
-console written a whole line at a time (`whole_lines`). The ranks of a machine share its console,
-and under `python -u` a line and its newline are two writes that another rank's line can land
-between; line-buffered, each line is one write a pipe never cuts. ddp_lab.launch.torchrun starts
-every spawned rank through this (forked ones call `as_forked_rank`), so any `run.entry` prints
-whole lines.
+console written a whole line at a time (`whole_lines`): the ranks of a machine share its console,
+and under `python -u` a line and its newline are two writes another rank's line can land between.
+ddp_lab.launch.torchrun starts every spawned rank through this (forked ones: `as_forked_rank`).
 """
 
 from __future__ import annotations
@@ -28,9 +24,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..world import cpu
+from ..world import cpu, ports
 from ..world.env import AGENT_SIGNALS, detect_env, restore_handlers
-from ..world import ports
 from ..world.hang import Watchdog
 from ..folder import heartbeat
 from ..folder.files import DiskFull, read_json_or_empty
@@ -62,10 +57,9 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
              failure: Optional[dict] = None) -> int:
     """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1 after
     logging the failure (rank 0 also into summary.json) instead of a traceback. The rank dies with
-    its parent (PR_SET_PDEATHSIG), keeps its heartbeat record and hang watchdog; a failed
-    collective's `failed:` line names the rank(s) that stopped (ddp_lab.folder.failure), whose
-    local frozen ones it kills. A start that cannot reach its rendezvous ends within
-    dist.init_timeout_s, naming the host and port."""
+    its parent (PR_SET_PDEATHSIG); a failed collective's `failed:` line names the rank(s) that
+    stopped (ddp_lab.folder.failure), whose local frozen ones it kills. A start that cannot reach
+    its rendezvous ends within dist.init_timeout_s, naming the host and port."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp reads it
     # once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
@@ -96,18 +90,17 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     try:
         with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir,
                          heartbeat=record, watchdog=watchdog, threads=share) as ctx:
-            # the group is up: the start is over
-            start_timer.stop()
+            start_timer.stop()  # the group is up: the start is over
             record.state("running")
             body(ctx)
             record.phase("teardown")
         record.state("done")
         return 0
     except Exception as e:  # noqa: BLE001 -- the log keeps the trace, the console the reason
-        # True: it failed while still starting
-        in_start = start_timer.stop()
+        in_start = start_timer.stop()  # True: it failed while still starting
         # torchrun's SIGTERM (another rank failed) must not cut this short
-        _ignore_sigterm()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         watchdog.cancel()
         log.debug(traceback.format_exc())
         mine = short_error(e)
@@ -151,7 +144,6 @@ def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: 
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
 
 
-
 def short_error(e: BaseException, limit: int = 200) -> str:
     """The exception's type and first meaningful line, without source paths ('RuntimeError: Timed
     out ...'); a full disk as `no space left on <folder> (writing <file>)`."""
@@ -190,15 +182,9 @@ class StartTimer:
         return first
 
     def _expire(self, end: Callable[[], None]) -> None:
-        # held until `end` has ended the process
-        with self._lock:
+        with self._lock:  # held until `end` has ended the process
             if not self._done:
                 end()
-
-
-def _ignore_sigterm() -> None:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
@@ -227,8 +213,7 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         return 2
     # before torch loads: libgomp reads its variables once (ddp_lab/world/cpu.py)
     cpu.prepare_rank()
-    # ddp_lab.launch.torchrun.fork_ranks
-    forked = multiprocessing.parent_process() is not None
+    forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
     if forked:
         as_forked_rank()
     rc = run(Path(argv[0]).resolve())
@@ -262,8 +247,7 @@ def exit_soon(rc: int) -> None:
     then waits forever. So a thread ends the rank with `rc` only when waiting is pointless:
     torchrun is gone (reparented, or the SIGINT of its death) or has signalled it (closing the
     ranks: then it never sets the Event)."""
-    # reparented once torchrun is gone
-    torchrun = multiprocessing.parent_process().pid
+    torchrun = multiprocessing.parent_process().pid  # reparented once torchrun is gone
     # the signals reach this process's C handler on whichever thread: the wakeup fd tells the
     # watcher, whatever the main thread is blocked in (the Condition's semaphore)
     r, w = os.pipe()
@@ -292,8 +276,7 @@ def main() -> None:
         sys.exit("usage: python -m ddp_lab.rank.main MODULE [ARGS...]")
     whole_lines()
     module = sys.argv[1]
-    # as `python -m MODULE ARGS` sees them
-    sys.argv = [module, *sys.argv[2:]]
+    sys.argv = [module, *sys.argv[2:]]  # as `python -m MODULE ARGS` sees them
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

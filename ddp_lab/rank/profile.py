@@ -11,12 +11,13 @@ Witnesses read the trace's own collectives, never our ranges.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -26,37 +27,26 @@ from ..timing import PHASES, CommStats, StepTimes
 
 log = logging.getLogger("ddp_lab")
 
-# Kineto (torch.profiler's C++ side) prints to the rank's stderr at or
-# above its level: by default ERROR (4), and USDT (5) lines on every
-# start and stop. A CUDA build on a machine without a driver adds
-# `ERROR: ... gpuGetDeviceCount failed with code 35` as it writes the
-# trace's device properties, on a healthy CPU run. 6 is above its highest level: none of its lines.
-# Read once, when the profiler first starts in the process; a user's own KINETO_LOG_LEVEL wins (0:
-# everything, docs/timing.md).
+# Kineto (torch.profiler's C++ side) prints to stderr at or above its level: ERROR (4) by default,
+# USDT (5) lines on every start and stop, and on a CUDA build without a driver `ERROR: ...
+# gpuGetDeviceCount failed with code 35` on a healthy CPU run. 6 is above its highest: none. Read
+# once, when the profiler first starts; a user's own KINETO_LOG_LEVEL wins (docs/timing.md).
 KINETO_QUIET = "6"
 
 
-class _Range:
-    """One labelled phase or call: a `record_function` range (and on
-    CUDA an NVTX range) around the timer's own context."""
-
-    __slots__ = ("name", "inner", "nvtx", "rf")
-
-    def __init__(self, name: str, inner: Any, nvtx: bool):
-        self.name, self.inner, self.nvtx, self.rf = name, inner, nvtx, None
-
-    def __enter__(self) -> None:
-        self.rf = torch.profiler.record_function(self.name)
-        self.rf.__enter__()
-        if self.nvtx:
-            torch.cuda.nvtx.range_push(self.name)
-        self.inner.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.inner.__exit__(*exc)
-        if self.nvtx:
-            torch.cuda.nvtx.range_pop()
-        self.rf.__exit__(*exc)
+@contextlib.contextmanager
+def _labelled(name: str, inner: Any, nvtx: bool) -> Iterator[None]:
+    """One labelled phase or call: a `record_function` range (and on CUDA an NVTX range) around the
+    timer's own context `inner`."""
+    with torch.profiler.record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            with inner:
+                yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
 
 
 class StepProfiler:
@@ -75,45 +65,34 @@ class StepProfiler:
         # every iteration from now (the preflight's is iteration 1)
         if self.ddp is not None:
             self.ddp._set_ddp_runtime_logging_sample_rate(1)
-        # DDP's averages after the preflight alone
-        self.ddp_base: Optional[dict] = None
+        self.ddp_base: Optional[dict] = None  # DDP's averages after the preflight alone
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        # the profiler's own warm-up step, within the skip
-        warmup = 1 if self.skip > 0 else 0
-        # before Kineto initialises
-        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
+        warmup = 1 if self.skip > 0 else 0  # the profiler's own warm-up step, within the skip
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # before Kineto initialises
         self.prof = torch.profiler.profile(
             activities=activities, on_trace_ready=self._write,
             schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup,
                                              active=self.active, repeat=1))
-        # steps ended since the profiler started
-        self.steps = 0
-        # ddp_lab's figures for the window's steps
-        self.ours: Optional[dict] = None
+        self.steps = 0  # steps ended since the profiler started
+        self.ours: Optional[dict] = None  # ddp_lab's figures for the window's steps
         self.run_steps, self.run_inflight, self.run_exposed, self.run_compute = 0, 0.0, 0.0, 0.0
         self.written = False
         self._attach()
         self.prof.start()
 
-    # ------------------------------------------------------------ the window
     def _attach(self) -> None:
         """Wrap the timer's `phase`, the recorder's `timed` and the step end, on these two objects
         only (instance attributes over the class's methods; `_detach` removes them)."""
         timer, comm, nvtx = self.timer, self.comm, self.cuda
         phase, timed, step_end = timer.phase, comm.timed, timer.on_step_end
-        ranges: dict[str, _Range] = {}
 
-        def labelled_phase(name: str) -> _Range:
-            r = ranges.get(name)
-            if r is None:
-                r = ranges[name] = _Range(PREFIX + name, None, nvtx)
-            r.inner = phase(name)
-            return r
+        def labelled_phase(name: str) -> Any:
+            return _labelled(PREFIX + name, phase(name), nvtx)
 
-        def labelled_call(op: str, *args: Any, **kw: Any) -> _Range:
-            return _Range(PREFIX + op, timed(op, *args, **kw), nvtx)
+        def labelled_call(op: str, *args: Any, **kw: Any) -> Any:
+            return _labelled(PREFIX + op, timed(op, *args, **kw), nvtx)
 
         def on_step_end() -> None:
             if step_end is not None:
@@ -130,9 +109,8 @@ class StepProfiler:
 
     def _step(self) -> None:
         self.steps += 1
-        # the preflight's figures were logged
+        # the preflight's figures (iteration 1) were logged by this step's forward
         if self.steps == 1 and self.ddp is not None:
-            # by this step's forward: iteration 1
             self.ddp_base = ddp_averages(self.ddp)
         self.prof.step()
         if self.steps >= self.skip + self.active:
@@ -149,11 +127,9 @@ class StepProfiler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         prof.export_chrome_trace(str(tmp))
-        # atomic: a reader never sees half a trace
-        tmp.replace(self.path)
+        tmp.replace(self.path)  # atomic: a reader never sees half a trace
         self.written = True
 
-    # ------------------------------------------------------------ the figures
     def measured(self, steps: list[StepTimes], comm: CommStats) -> None:
         """Each epoch's steps and calls (Records.steps_measured): the first epoch's give ddp_lab's
         figures for the window (ended here at the latest); every epoch adds to this rank's sums."""
@@ -222,8 +198,7 @@ def make_profiler(timing: TimingConfig, rank: int, device: torch.device,
 
 
 # ------------------------------------------------------------------ the witnesses
-# ddp_lab's own ranges in the trace (what a witness must not use)
-PREFIX = "ddp_lab:"
+PREFIX = "ddp_lab:"  # ddp_lab's own ranges in the trace (what a witness must not use)
 
 
 def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
@@ -234,10 +209,8 @@ def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
     ddp = ddp_of(syncer.wrapped)
     if ddp is None:
         return None
-    # DDP's running averages as DDP keeps them
-    out = ddp_figures(ddp, None)
-    # (not how many it averaged)
-    out["last_logged_iteration"] = out.pop("iterations")
+    out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them
+    out["last_logged_iteration"] = out.pop("iterations")  # (not how many it averaged)
     return {**out, "every_iteration": False}
 
 
@@ -265,10 +238,10 @@ def ddp_figures(ddp: Any, base: Optional[dict]) -> dict:
     end = ddp_averages(ddp)
     n_end = end.get("iteration") or 0
     n_base = (base or {}).get("iteration") or 0
-    out: dict = {"iterations": max(0, n_end - n_base), "preflight_excluded": n_base > 0}
+    n = n_end - n_base
+    out: dict = {"iterations": max(0, n), "preflight_excluded": n_base > 0}
     for k in DDP_TIMES:
         total = (end.get(k) or 0) * n_end - ((base or {}).get(k) or 0) * n_base
-        n = n_end - n_base
         out[k.removeprefix("avg_") + "_s"] = total / n / 1e9 if n > 0 else None
     return out
 
@@ -316,8 +289,7 @@ def trace_figures(path: Path, blocking: bool = False, first: Optional[int] = Non
                    if _collective(e, cuda) and (cuda or in_phase(e["ts"])))
     if blocking and not cuda:
         # a blocking call's caller waits until its thread runs again: gloo's op ends on its worker
-        # thread, the caller's next operator in the trace starts when it resumed; the training
-        # loop's thread:
+        # thread, the training loop's next operator in the trace starts when it resumed
         main = next((e.get("tid") for e in events
                      if str(e.get("name", "")).startswith("ProfilerStep#")), None)
         resumed = sorted(e["ts"] for e in events if e.get("tid") == main

@@ -1,16 +1,11 @@
 """train()'s records part for a run folder (ddp_lab/train.py; docs/architecture.md, "The path of
-one epoch's numbers"): from the loop's raw measurements to the run's records. `MeasuredEpoch` is
-what the epochs part measured of one epoch, `Position` where a run stands (a checkpoint's).
-
-`Records` is the part: it starts the run's `Telemetry` and profiler, hands each epoch's
-`MeasuredEpoch` on, and at the end writes the final weights (model.pt) and the `RunSummary`.
-`Telemetry` builds each `EpochRecord` and writes it to metrics.jsonl, TensorBoard, the console and
-the Chrome trace: the loop never assembles a record nor asks its rank. Every rank calls every
-method in the same order (some are collectives); only the logging rank's sink writes. Below them:
-how a record shows (TensorBoard's scalars, the console's lines, the run's first lines) and the
-Chrome trace (`TraceWriter`: every rank writes `trace/rank<N>.json`, pid = rank, tid = rank for the
-step phases and 1000 + rank for its collectives; at the end rank 0 writes `trace/all.json`; of each
-epoch only the first and last `trace_steps` steps are kept; docs/timing.md, "What is written").
+one epoch's numbers"). `Records` is the part: it starts the run's `Telemetry` and profiler, and at
+the end writes model.pt and the `RunSummary`. `Telemetry` builds each `EpochRecord` and writes it to
+metrics.jsonl, TensorBoard, the console and the Chrome trace. Every rank calls every method in the
+same order (some are collectives); only the logging rank's sink writes. The trace (`TraceWriter`):
+`trace/rank<N>.json` per rank, pid = rank, tid = rank for the phases and 1000 + rank for the
+collectives, `trace/all.json` at the end; of each epoch only the first and last `trace_steps`
+steps (docs/timing.md, "What is written").
 """
 
 from __future__ import annotations
@@ -59,7 +54,6 @@ class Position:
     samples: int = 0
     busy_s: float = 0.0
     wall_s: float = 0.0
-    # correct training predictions (train accuracy)
     correct: int = 0
 
 
@@ -70,22 +64,19 @@ class MeasuredEpoch:
     `totals` adds the two."""
 
     epoch: int
-    # this part's phase stamps (none when timing is off)
+    # this part's phase stamps (none when timing is off) and collectives
     steps: list[StepTimes]
-    comm: CommStats  # this part's collectives
-    # this rank's own time, before waiting for the others at the epoch's end
+    comm: CommStats
+    # this rank's own time, before waiting for the others; barrier to barrier (the slowest rank's)
     busy_s: float
-    # barrier to barrier: the slowest rank's time
     wall_s: float
-    # this rank's training loss summed over its samples
+    # this rank's training loss summed over its samples, its correct predictions
     loss_sum: float
     samples: int
-    # this rank's correct training predictions
     correct: int = 0
     resumed_at_step: int = 0
     resumed_part: Position = field(default_factory=Position)
-    # (loss, accuracy), after the steps
-    test: tuple[float, float] = (float("nan"), float("nan"))
+    test: tuple[float, float] = (float("nan"), float("nan"))  # (loss, accuracy)
 
     def totals(self) -> tuple[float, int, int, float, float]:
         """The whole epoch on this rank: (loss sum, correct, samples, busy s, wall s)."""
@@ -104,14 +95,14 @@ class Records:
 
     def start(self, start: Position, timer: StepTimer, parts: Any, splits: Any,
               compile_s: Optional[float]) -> None:
-        """Collective. The run starts at `start`: drop records past it,
-        record the config and the ranks."""
+        """Collective. The run starts at `start`: drop records past it, record the config."""
         cfg, ctx = self.cfg, self.ctx
-        # timing.profile: torch.profiler over a few steps, the phases
-        # labelled (rank/profile.py); None when off: nothing wrapped
+        # None when timing.profile is off: nothing wrapped
         self.profiler = make_profiler(cfg.timing, ctx.env.rank, ctx.device, self.run_dir,
                                       timer, parts.syncer)
-        self.telemetry = Telemetry(cfg, ctx, self.run_dir, steps_per_epoch(cfg.train, splits),
+        # the shard's batches, or train.max_steps_per_epoch of them
+        n, most = len(splits.train), cfg.train.max_steps_per_epoch
+        self.telemetry = Telemetry(cfg, ctx, self.run_dir, min(n, most) if most > 0 else n,
                                    parts.syncer.bytes_exact, compile_s=compile_s, timer=timer,
                                    syncer=parts.syncer, profiler=self.profiler)
         self.telemetry.start(start.epoch, start.step)
@@ -121,8 +112,7 @@ class Records:
         return self.telemetry.step_numbers(epoch, first_step)
 
     def steps_measured(self, times: list[StepTimes], comm: CommStats) -> None:
-        """An epoch's steps and calls, as its end measured them: the
-        profiler's window ends here at the latest."""
+        """An epoch's steps and calls: the profiler's window ends here at the latest."""
         if self.profiler is not None:
             self.profiler.measured(times, comm)
 
@@ -132,16 +122,17 @@ class Records:
         self.telemetry.epoch(measured)
 
     def finish(self, parts: Any) -> RunSummary:
-        """Collective. The run's end: model.pt (the report compares runs
-        by it), then summary.json."""
-        weights = final_weights(parts.syncer, self.ctx, self.run_dir)
+        """Collective. The run's end: model.pt (the report compares runs by it; its digest is
+        summary.json's `weights_sha256`), then summary.json."""
+        # collective: fsdp2 gathers its shards
+        state = parts.syncer.model_state()
+        weights = weights_file.save(self.run_dir, state) if self.ctx.env.is_main else None
         return self.telemetry.finish(memory=memory_per_rank(parts, self.ctx),
                                      weights_sha256=weights)
 
     def stopped(self, parts: Any, saved: dict,
                 measured: Optional[MeasuredEpoch] = None) -> RunSummary:
-        """Collective. A stop ended the run where `saved` says
-        (`Checkpointer.save_stop`): its summary."""
+        """Collective. A stop ended the run where `saved` (`Checkpointer.save_stop`) says."""
         return self.telemetry.finish(**saved, memory=memory_per_rank(parts, self.ctx))
 
     def finished(self, epochs_done: int) -> RunSummary:
@@ -152,52 +143,32 @@ class Records:
 
 
 def memory_per_rank(parts: Any, ctx: DistContext) -> dict:
-    """Collective: this rank's bytes and every rank's optimiser
-    state (a sharded optimiser's largest and smallest shard)."""
+    """Collective: this rank's bytes and every rank's optimiser state (a sharded one's shards)."""
     mine = parts.syncer.memory(parts.optimizer)
     every = ctx.gather_objects(mine["optimizer_state_bytes"])
-    return {**mine,
-            "optimizer_state_bytes_per_rank": [int(b) for b in every]}
-
-
-def final_weights(syncer, ctx: DistContext, run_dir: Path):
-    """Collective: the whole model written to model.pt by rank 0;
-    its digest there (summary.json `weights_sha256`), else None."""
-    # fsdp2: its shards gathered
-    state = syncer.model_state()
-    if not ctx.env.is_main:
-        return None
-    return weights_file.save(run_dir, state)
-
-
-def steps_per_epoch(train, splits) -> int:
-    """The shard's batches, or train.max_steps_per_epoch of them."""
-    n, most = len(splits.train), train.max_steps_per_epoch
-    return min(n, most) if most > 0 else n
+    return {**mine, "optimizer_state_bytes_per_rank": [int(b) for b in every]}
 
 
 class Telemetry:
     """The records of one run on this rank; see the module docstring."""
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, steps_per_epoch: int,
-                 bytes_exact: bool, plan: Optional[BatchPlan] = None,
-                 compile_s: Optional[float] = None, timer: Optional[StepTimer] = None,
-                 syncer: Any = None, profiler: Optional[StepProfiler] = None):
+                 bytes_exact: bool, compile_s: Optional[float] = None,
+                 timer: Optional[StepTimer] = None, syncer: Any = None,
+                 profiler: Optional[StepProfiler] = None):
         """`cfg`: the whole config, which the records describe. `timer` and `syncer`'s recorder:
-        where the live TensorBoard points are read from; `profiler`: timing.profile's."""
+        where the live TensorBoard points are read from; `profiler`: timing.profile's;
+        `compile_s`: train.compile's compilation, outside every epoch."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
         self.timing = bool(cfg.timing.enabled)
-        # the trainer's, else derived
-        self.plan = plan or batch_plan(cfg.train, ctx.env.world_size)
+        self.plan = batch_plan(cfg.train, ctx.env.world_size)
         self.sink = make_sink(run_dir, enabled=ctx.env.is_main)
         self.trace = TraceWriter(run_dir, ctx.env.rank, cfg.timing.trace_steps,
                                  enabled=self.timing and cfg.timing.trace)
         # every epoch's record on the logging rank, earlier allocations' too
         self.records: list[dict] = []
-        # every epoch's steps
         self.stragglers_run = StragglerTally(ctx.env.world_size)
-        # train.compile's compilation (train.py), outside every epoch
         self.compile_s = compile_s
         self.epoch_times: list[float] = []
         self.last: Optional[EpochRecord] = None
@@ -213,13 +184,11 @@ class Telemetry:
         # per-step points: every N steps (a short run more often: tensorboard.step_stride)
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
-        # the last per-step point written
-        self.written_step = 0
+        self.written_step = 0  # the last per-step point written
         self.syncer, self.profiler = syncer, profiler
         self.watch = (StepWatch(timer, syncer.comm, self.every, self._live_point)
                       if timer is not None and self.every > 0 and ctx.env.is_main else None)
 
-    # -------------------------------------------------------------- start
     def start(self, start_epoch: int, start_step: int = 0) -> None:
         """Collective. Drop metrics past the checkpoint; record the config and the ranks."""
         env, cfg = self.ctx.env, self.cfg
@@ -283,8 +252,7 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
-        """Epoch `epoch`'s step numbers from `first_step` on, shown as
-        they go; starts the live watch."""
+        """Epoch `epoch`'s step numbers from `first_step` on, shown as they go; starts the watch."""
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
         return self._progress.wrap(range(first_step, self.steps_per_epoch),
@@ -298,7 +266,6 @@ class Telemetry:
                                              (step - 1) // self.steps_per_epoch + 1))])
         self.written_step = step
 
-    # -------------------------------------------------------------- each epoch
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
         """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere (a
         resumed epoch: the whole epoch's loss, samples and times, this part's timings)."""
@@ -319,8 +286,7 @@ class Telemetry:
             step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
         self.epoch_times.append(wall_s)
         self.last = rec
-        # (adds rec to self.records)
-        self._tensorboard(rec, steps, comm, first_step)
+        self._tensorboard(rec, steps, comm, first_step)  # adds rec to self.records
         # the key, before this allocation's first epoch line
         if len(self.epoch_times) == 1:
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
@@ -344,15 +310,13 @@ class Telemetry:
             comm_s, exposed_s = comm.per_step_seconds(steps), comm.per_step_exposed(steps)
             points = []
             for i, st in enumerate(steps):
-                # the step's global number
-                n = first_step + i + 1
+                n = first_step + i + 1  # the step's global number
                 if n % every == 0 and n > self.written_step:
                     points.append((n, step_scalars(st, comm_s[i], exposed_s[i], rec.epoch)))
             self.sink.steps(points)
         self.written_step = end
         scalars = epoch_scalars(rec)
-        # else the step's point carries it
-        if not (every > 0 and end % every == 0):
+        if not (every > 0 and end % every == 0):  # else the step's point carries it
             scalars["epoch"] = rec.epoch
         self.records.append(rec.to_dict())
         # the run's, as summary.json will say them
@@ -387,15 +351,19 @@ class Telemetry:
                              bytes_exact=self.bytes_exact,
                              overlap=self.cfg.sync.overlap)
 
-    # -------------------------------------------------------------- the end
     def finish(self, status: str = "completed", position: Optional[tuple[int, int]] = None,
                stop_reason: Optional[str] = None, memory: Optional[dict[str, Any]] = None,
                weights_sha256: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard. A graceful stop
-        passes `status`, `position` and `stop_reason`; `memory`: this rank's bytes (Synchroniser.memory) and every rank's optimiser
-        state; `weights_sha256`: the final weights' digest (model.pt)."""
+        passes `status`, `position` and `stop_reason`; `memory`: this rank's bytes
+        (Synchroniser.memory) and every rank's optimiser state; `weights_sha256`: model.pt's."""
         self._merge_trace()
-        witnesses, ddp = self._witnesses()
+        # collective with timing.profile: the profiler's witnesses and DDP's own timing
+        witnesses = ddp = None
+        if self.syncer is not None:
+            if self.profiler is not None:
+                witnesses = self.profiler.witnesses(self.ctx)
+            ddp = ddp_timing(self.syncer, self.profiler)
         # every collective has run by now: NCCL's lines of every connection it made are in the
         # logs, flushed
         if self.ctx.backend == "nccl":
@@ -411,8 +379,7 @@ class Telemetry:
                 epochs_done=len(times),
                 steps_done=(epochs_done - self.start_epoch) * self.steps_per_epoch + step - self.start_step,
                 epoch_time_s_median=statistics.median(times) if times else None)
-        # every epoch of the run, every allocation's
-        figures = run_figures(self.records)
+        figures = run_figures(self.records)  # every epoch of the run, every allocation's
         summary = RunSummary(
             status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
             compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
@@ -444,14 +411,6 @@ class Telemetry:
         self.sink.close()
         return summary
 
-    def _witnesses(self) -> tuple[Optional[dict], Optional[dict]]:
-        """Collective with timing.profile: the profiler's witnesses and DDP's own timing."""
-        if self.syncer is None:
-            return None, None
-        profiler = self.profiler
-        witnesses = profiler.witnesses(self.ctx) if profiler is not None else None
-        return witnesses, ddp_timing(self.syncer, profiler)
-
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
         if not self.trace.enabled:
@@ -463,8 +422,7 @@ class Telemetry:
 
 # ------------------------------------------------------------------ how a record shows
 def injected(debug: Optional[DebugConfig]) -> Optional[dict]:
-    """What summary.json records of the injection (None when nothing is
-    injected, or no debug section is given)."""
+    """What summary.json records of the injection (None: nothing injected, or no debug section)."""
     if debug is None:
         return None
     slow = debug.slow_rank >= 0 and debug.slow_ms > 0
@@ -487,8 +445,7 @@ def epoch_scalars(rec: EpochRecord) -> dict[str, float]:
         "comm/bytes_recv[MB/step]": c["bytes_recv"] / 1e6 / steps,
         "comm/calls[per step]": c["calls"] / steps,
     }
-    # sync=hierarchical: what left the node
-    if c.get("bytes_cross_node") is not None:
+    if c.get("bytes_cross_node") is not None:  # sync=hierarchical: what left the node
         out["comm/bytes_cross_node[MB/step]"] = c["bytes_cross_node"] / 1e6 / steps
     if rec.timing:
         out.update({f"time/{p}[ms/step]": phases[p]["mean"] * 1e3 for p in (*PHASES, "step")})
@@ -557,8 +514,7 @@ def timing_fields(t: dict, comm: CommStats, per_rank: list, tally: Any, *,
     }
 
 
-def announce(ctx: Any, cfg: Config, plan: BatchPlan,
-             steps_per_epoch: int) -> None:
+def announce(ctx: Any, cfg: Config, plan: BatchPlan, steps_per_epoch: int) -> None:
     """The run's first lines on the console."""
     log.info("world %d (%d node%s x %d) %s/%s sync=%s model=%s %d steps of %d a rank "
              "(global %d, %s%s)", ctx.env.world_size, ctx.env.num_nodes,
@@ -567,8 +523,7 @@ def announce(ctx: Any, cfg: Config, plan: BatchPlan,
              cfg.model.name, steps_per_epoch, plan.per_rank, plan.global_batch,
              plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
              if plan.accumulation > 1 else "")
-    # defaults the installed torch could not honour
-    for line in torch_support.choices():
+    for line in torch_support.choices():  # defaults the installed torch could not honour
         log.info("%s", line)
     if ctx.device.type == "cpu":
         share = cpu_share(ctx)
@@ -621,8 +576,7 @@ def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommSt
     events: list[dict[str, Any]] = []
     windows = []
     for i in idx:
-        st = steps[i]
-        step = step_offset + i
+        st, step = steps[i], step_offset + i
         windows.append((st.start, st.end, step))
         for name, s, e in st.spans:
             events.append({"name": name, "ph": "X", "ts": _us(s), "dur": _us(e - s),
@@ -687,6 +641,7 @@ def bar_size() -> dict:
 
 
 def duration(seconds: float) -> str:
+    """A time left in words: `31 s`, `12 min`, `2.5 h`."""
     if seconds < 100:
         return f"{seconds:.0f} s"
     if seconds < 6000:
