@@ -557,6 +557,56 @@ def test_a_hung_rank_is_named_and_its_stack_is_in_its_log(tmp_path, shared_data_
                 os.kill(pid, signal.SIGKILL)
 
 
+_NO_THREADS = """\
+import os
+import threading
+
+start = threading.Thread.start
+
+
+def start_unless_rank_1(self):  # RANK read at the call: CPU ranks are forks of torchrun
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("can't start new thread")
+    start(self)
+
+
+threading.Thread.start = start_unless_rank_1
+"""
+
+
+@pytest.mark.dist
+def test_a_rank_that_dies_at_start_says_why_on_the_console(tmp_path, shared_data_root):
+    """Rank 1 cannot start a thread (what `train.threads=100000` did to every rank; fault
+    injection: a sitecustomize on the ranks' path): before its first collective it puts its
+    cause, with its rank and host, on the console, before the job's line, which names it too."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_NO_THREADS)
+    env = child_env()
+    env["PYTHONPATH"] += os.pathsep + str(inject)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([PY, "-m", "ddp_lab", f"run.dir={run_dir}", "launcher.nproc_per_node=2",
+                           "log.progress=lines", "train.epochs=1", f"data.root={shared_data_root}"],
+                          cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=300)
+    try:
+        assert proc.returncode == 1, describe(proc)
+        host = socket.gethostname()
+        cause = f"rank 1 on host {host} died at start: RuntimeError: can't start new thread"
+        lines = proc.stdout.splitlines()
+        said = [i for i, ln in enumerate(lines) if cause in ln]
+        job = [i for i, ln in enumerate(lines) if ln.startswith("job failed with exit status")]
+        assert said and job and said[0] < job[0], describe(proc)
+        assert "can't start new thread" in lines[job[0]], lines[job[0]]
+        assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+        assert "can't start new thread" in summary(run_dir)["status"]
+        assert _leftovers(run_dir, 5) == []
+    finally:
+        for pid in job_processes(run_dir, marked=False):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_sigkill_of_torchrun_stops_the_ranks_gracefully(tmp_path, shared_data_root):

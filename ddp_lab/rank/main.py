@@ -18,6 +18,7 @@ import re
 import runpy
 import select
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -73,10 +74,6 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
     record = heartbeat.start(run_dir, env.rank, env.local_rank, env.world_size)
     timeout_s = float(cfg.dist.timeout_s)
     init_s = float(cfg.dist.get("init_timeout_s") or timeout_s)
-    # a little before the peers' collectives time out, so a stuck rank's stack is in its log
-    watchdog = Watchdog(max(1.0, timeout_s - 2.0), stacks_into(run_dir, env.rank))
-    share = _threads(run_dir, env, threads)
-    torch.set_num_threads(share.threads)
     fields = {**(failure or {}), "world_size": env.world_size}
 
     # on the timer's thread: the main one is stuck in torch
@@ -86,7 +83,18 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
         logging.shutdown()
         os._exit(1)
 
-    start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
+    try:
+        # a little before the peers' collectives time out, so a stuck rank's stack is in its log
+        watchdog = Watchdog(max(1.0, timeout_s - 2.0), stacks_into(run_dir, env.rank))
+        share = _threads(run_dir, env, threads)
+        torch.set_num_threads(share.threads)
+        start_timer = StartTimer(init_s + START_SLACK_S, start_timed_out)
+    except Exception as e:  # noqa: BLE001 -- before any collective: no peer can say why
+        log.debug(traceback.format_exc())
+        # on the console (every rank's errors are) and in the record the launcher reads
+        _failed(run_dir, record, log, f"rank {env.rank} on host {socket.gethostname()} died at "
+                f"start: {short_error(e)} (traceback in logs/rank{env.rank}.log)", fields)
+        return 1
     try:
         with distributed(env, cfg.dist.backend, cfg.dist.device, timeout_s, init_s, run_dir,
                          heartbeat=record, watchdog=watchdog, threads=share) as ctx:
