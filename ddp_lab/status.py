@@ -4,14 +4,14 @@
     python -m ddp_lab.status RUN_DIR --follow     # its logs and state until it ends
     python -m ddp_lab.status RUN_DIR --stop       # every rank checkpoints, then the job ends
 
-The state and its screen come from command/status.py (`inspect`, `render`); this module is the
-command: the runs it finds, --follow and --stop (docs/status.md).
+The state and its screen: command/status.py; this module is the command (docs/status.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import os
 import shutil
 import subprocess
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from .command.status import (FINAL, SLURM_ALIVE, SLURM_WAITING, continue_lines, dead, dry_runs,
-    find_runs, inspect, live_processes, one_line, render, run_reached, to_continue)
+    find_runs, inspect, live_processes, one_line, render, run_reached, state_said, to_continue)
 from .config.errors import UserError
 from .folder.rundir import EXIT_STOPPED, request_stop, STOP_FILE
 from .launch import Tail, slurm
@@ -101,9 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         for info in infos:
             print(one_line(info))
-        states: dict[str, int] = {}
-        for info in infos:
-            states[info["state"]] = states.get(info["state"], 0) + 1
+        states = Counter(info["state"] for info in infos)
         dry = dry_runs(path)
         print(f"{len(infos)} run(s) under {path}: "
               + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
@@ -194,7 +192,7 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
             info = inspect(run_dir)
             now = (info["state"], info["detail"])
             if now != last and info["state"] in ("running", "pending"):
-                print(f"[status] {now[0]}" + (f" ({now[1]})" if now[1] else ""), file=out, flush=True)
+                print(f"[status] {state_said(info)}", file=out, flush=True)
             last = now
     except KeyboardInterrupt:
         print(f"\n[status] stopped following; the run goes on (python -m ddp_lab.status "
@@ -222,8 +220,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
         print(continue_lines(info), file=out)
         return 0
     if info["state"] not in ("running", "pending") or dead(info):
-        print(f"[status] nothing to stop: {info['state']}"
-              + (f" ({info['detail']})" if info["detail"] else ""), file=out)
+        print(f"[status] nothing to stop: {state_said(info)}", file=out)
         if to_continue(info):
             print(continue_lines(info), file=out)
         return 0 if info["state"] in FINAL else 1
@@ -277,8 +274,7 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
 
 
 def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float) -> None:
-    """The ranks have checkpointed (or did not in time): give the job `grace_s` to end by itself,
-    then cancel it."""
+    """Give the job `grace_s` to end by itself once its ranks have stopped, then cancel it."""
     end = time.monotonic() + grace_s
     state = slurm.job_state(info["job_id"])[0]
     while state in SLURM_ALIVE and time.monotonic() < end:

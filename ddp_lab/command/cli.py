@@ -1,8 +1,6 @@
-"""The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`.
-
-The one place where a user mistake (ddp_lab's `UserError`, Hydra's composition errors) becomes
-`error: <one line>` on stderr and exit 2, where Hydra would print several lines and exit 1 (the
-lines: mistakes.py). A -m sweep is Hydra's; `SweepTable` (below) prints one row per job.
+"""The Hydra entry of `python -m ddp_lab` and `python -m ddp_lab.bench`: the one place where a user
+mistake (a `UserError`, Hydra's composition errors) becomes `error: <one line>` on stderr and exit 2
+(the lines: mistakes.py). A -m sweep is Hydra's; `SweepTable` prints one row per job.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CONF_DIR
@@ -32,8 +30,10 @@ from ..config.errors import UserError
 from ..folder.description import describe_run, differing_labels, sweep_extra, sweep_name
 from ..folder.rundir import describe_config, read_summary
 from .job import Outcome
+from .paste import override_key
 from .mistakes import (command_line_mistake, group_value_mistake, hydra_message, one_line,
     override_parser)
+
 
 def cli(config_name: str, submit_fn: Callable[..., Outcome],
         check_fn: Callable[[DictConfig], object], schemas: Sequence[ModuleType] = ()) -> None:
@@ -47,8 +47,7 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
         print(f"error: {flags}", file=sys.stderr)
         sys.exit(2)
     failed: list[int] = []
-    # when the job about to start began: with the command (None) for the first, when the one before
-    # it ended for each later one of a sweep
+    # when the next job began: with the command (None) for the first, else when the one before ended
     t0: float | None = None
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     swept = _swept_keys(sys.argv[1:])
@@ -61,20 +60,22 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
         # a sweep's job is named by what it varies
         if swept and not cfg.run.get("name"):
             cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
-                                          if _key(o) in swept])
+                                          if override_key(o) in swept])
+        error = None
         try:
             outcome = submit_fn(cfg, t0=t0)
         except UserError as e:
-            print(f"error: {one_line(str(e))}", file=sys.stderr)
-            outcome = Outcome(2, f"error: {one_line(str(e))}")
+            error = f"error: {one_line(str(e))}"
         except (HydraException, OmegaConfBaseException) as e:
             # the config read as the job starts (`~sync`, an interpolation to no key): one line,
             # where Hydra adds its own "Error executing job with overrides"
-            print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
-            outcome = Outcome(2, f"error: {hydra_message(e, schemas)}")
+            error = f"error: {hydra_message(e, schemas)}"
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
             t0 = time.time()
+        if error:
+            print(error, file=sys.stderr)
+            outcome = Outcome(2, error)
         if outcome.rc != 0:
             failed.append(outcome.rc)
         return outcome
@@ -107,7 +108,7 @@ def _defaults(config_name: str) -> DictConfig:
 
 def _swept_keys(argv: list[str]) -> set[str]:
     """The keys a -m sweep varies (`sync=ddp,ring` -> sync): its jobs are named by their values
-    (names.sweep_name). None for a plain run or one Hydra cannot parse (it says why)."""
+    (description.sweep_name). Empty for a plain run or one Hydra cannot parse (it says why)."""
     if not {"-m", "--multirun"} & set(argv):
         return set()
     try:
@@ -115,10 +116,6 @@ def _swept_keys(argv: list[str]) -> set[str]:
     except HydraException:
         return set()
     return {o.key_or_group for o in overrides if o.is_sweep_override()}
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").partition("=")[0]
 
 
 def _plain_run(argv: list[str]) -> bool:
@@ -129,8 +126,7 @@ def _plain_run(argv: list[str]) -> bool:
 
 def _run_once(config_name: str, task: Callable[[DictConfig], Outcome], overrides: list[str]) -> None:
     """What `hydra.main` does for a plain run, with the config composed once: Hydra's own path
-    composes it twice (first only to read `hydra.mode`, which ddp_lab's configs never set), about
-    0.5 s each here, half the time to the first line on the console."""
+    composes it twice (first only to read `hydra.mode`), about 0.5 s each."""
     app = Hydra.create_main_hydra2(task_name="ddp_lab",
                                    config_search_path=create_config_search_path(str(CONF_DIR)))
     try:
@@ -167,9 +163,8 @@ def _restore_env(name: str, value: str | None) -> None:
 
 
 def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
-    """A sweep job's folder name: a training run's description label (what sets it apart from any
-    other run: `ring-prepost_w3_mlp`, `ddp_w2_mlp_wide`) and the swept values it does not show
-    (`seed1`); another entry point's job (a bench), the swept values."""
+    """A sweep job's folder name: a training run's description label (`ring-prepost_w3_mlp`) and
+    the swept values it does not show (`seed1`); another entry point's job, the swept values."""
     if cfg.get("sync") is not None and cfg.get("model") is not None:
         label = describe_config(cfg)
         return "_".join(p for p in (label, sweep_extra(swept, label)) if p) or None
@@ -177,9 +172,8 @@ def job_name(cfg: DictConfig, swept: list[str]) -> Optional[str]:
 
 
 class SweepTable(Callback):
-    """A -m sweep ends with one row per job (`sweep_table`), so its last lines say what failed.
-    Hydra calls it with each job's `Outcome`: conf/config.yaml and conf/bench.yaml register it
-    under hydra.callbacks."""
+    """A -m sweep ends with one row per job (`sweep_table`), each job's `Outcome` (conf/config.yaml
+    and conf/bench.yaml register it under hydra.callbacks)."""
 
     def __init__(self) -> None:
         self.jobs: list[tuple[int, list[str], Outcome]] = []
@@ -195,9 +189,8 @@ class SweepTable(Callback):
         print("\n" + sweep_table(self.jobs), flush=True)
 
 
-# what a sweep is run for, per job, from its summary.json (the run's one record of them): (heading,
-# summary key, format); a column only where some job has the figure (a bench or a dry run has none
-# of them)
+# what a sweep is run for, per job, from its summary.json: (heading, summary key, format); a column
+# only where some job has the figure
 FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
            ("comm in flight", "comm_fraction", "{:.0%}"),
            ("exposed", "comm_exposed_fraction", "{:.0%}"),
@@ -205,9 +198,8 @@ FIGURES = (("epoch (median)", "epoch_time_s_median", "{:.2f} s"),
 
 
 def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
-    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): a job
-    named by the overrides that differ between jobs, with its summary.json figures (FIGURES), its
-    run folder and how it ended."""
+    """The table `SweepTable` prints from `jobs` (Hydra's job number, overrides, outcome): each job
+    by the overrides that differ, its summary.json FIGURES, its run folder and how it ended."""
     by_key = [{o.split("=", 1)[0]: o for o in overrides} for _, overrides, _ in jobs]
     keys = list(dict.fromkeys(k for d in by_key for k in d))
     varying = [k for k in keys if len({d.get(k) for d in by_key}) > 1] or keys
@@ -239,10 +231,8 @@ def sweep_table(jobs: list[tuple[int, list[str], Outcome]]) -> str:
 
 
 def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
-    """Each job's run, named by what sets it apart from the sweep's other runs (its description's
-    label, cut to the parts that differ: description.differing_labels); [] when no job is a
-    training run with a config."""
-    from omegaconf import OmegaConf
+    """Each job's run, named by the parts of its description's label that differ
+    (description.differing_labels); [] when no job is a training run with a config."""
 
     descs = []
     for (_, _, o), s in zip(jobs, summaries):

@@ -1,13 +1,11 @@
-"""A job: its run folder, its ranks started through the launcher, its result. One path for every
-entry point (training, benchmarks); nothing here knows what the ranks compute.
+"""A job: its run folder, its ranks started through the launcher, its result, for every entry point
+(training, benchmarks); nothing here knows what the ranks compute. After `validate.resolve`:
 
-Submitting side, one process on the submitting machine, after
-`validate.resolve`:
     run_dir, rc = launch_job(cfg, label)     # run folder + config.yaml, render, start, follow
     summary = collect(run_dir, rc, **fields)  # summary.json, marked failed if the job failed
     return Outcome(rc, "ok" or "failed: why", run_dir)  # what a -m sweep's table shows
-The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is
-rank/main.py.
+
+The ranks' side, every rank as `python -m <run.entry> RUN_DIR`, is rank/main.py.
 """
 
 from __future__ import annotations
@@ -39,12 +37,10 @@ from ..world.env import process_start
 T0_ENV = "DDP_LAB_T0"
 
 
-# ------------------------------------------------------------ submitting side
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended, as its submit function returns it: the exit status, one line saying how
-    ("ok", "failed: why", "stopped after ...") and its run folder (None when the job was refused
-    before one was made). A -m sweep shows one per job, last."""
+    """How a job ended: the exit status, one line saying how ("ok", "failed: why", "stopped after
+    ...") and its run folder (None when refused before one was made)."""
     rc: int
     result: str
     run_dir: Optional[Path] = None
@@ -64,8 +60,7 @@ def launch_job(cfg: DictConfig, label: str | None = None,
                t0: Optional[float] = None) -> tuple[Path, Optional[int]]:
     """Make the run folder (with `files` in it), render the launcher's files and, unless
     launcher.dry_run, start the job and follow it: (the folder, the exit status or None for a dry
-    run). `t0`: when the job began (None: with this command). A LaunchError leaves no new folder
-    behind."""
+    run). `t0`: when the job began (None: with this command). A LaunchError leaves no new folder."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
     # one command per folder (command/lock.py): a scheduler's job holds the lock after we exit
@@ -99,8 +94,8 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         # a real run now
         (run_dir / DRY_RUN).unlink(missing_ok=True)
         world = world_size(cfg)
+        # the first line, at once
         print(f"[ddp_lab] starting {f'{world} rank(s)' if world else 'the job'} "
-              # the first line, at once
               f"({cfg.launcher.name}) in {run_dir}", flush=True)
         # the ranks (and scripts) inherit it
         os.environ[T0_ENV] = repr(t0 or process_start() or time.time())

@@ -28,10 +28,9 @@ _NOISE = re.compile(r"^(Set the environment variable HYDRA_FULL_ERROR|See https:
 
 def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = lambda: None
                          ) -> str | None:
-    """What is wrong with the command line's flags, in one line, else None. A `--key value` flag is
-    not a Hydra override (Hydra would print its usage): it is named with the override it meant
-    (`--epochs 3`: train.epochs=3, the key found in `defaults()`); Hydra's own flag given a bad
-    value gets argparse's one line."""
+    """What is wrong with the command line's flags, in one line, else None: a `--key value` flag is
+    named with the override it meant (`--epochs 3`: train.epochs=3, the key found in
+    `defaults()`); Hydra's own flag given a bad value gets argparse's one line."""
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()
@@ -74,20 +73,17 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 
 
 def group_value_mistake(argv: list[str]) -> str | None:
-    """A config group given something other than an option's name (`sync=3`, `model=7`,
-    `study=[1,2]`, `sync=null`, `launcher=[a,b]`, `-m sync=ddp,4`), in one line naming the group
-    and its options, else None. Hydra takes a group's value from the override parser as it comes
-    (an int, None, a list) and fails deep in its defaults list with a traceback; an option's name
-    is a string, one per group here (no group of ddp_lab's merges several). A line Hydra cannot
-    parse is left to Hydra, which says why in one line."""
+    """A config group given something other than an option's name (`sync=3`, `study=[1,2]`,
+    `sync=null`, `-m sync=ddp,4`), in one line naming the group and its options, else None (Hydra
+    would fail deep in its defaults list with a traceback). A line Hydra cannot parse is Hydra's to
+    refuse, in one line."""
     words = [a for a in argv if a[:1] != "-"]
     if not words:
         return None
     parser = override_parser()
     overrides = []
-    # one by one: a word Hydra cannot parse (or `--cfg job`'s job) is
+    # one by one: a word Hydra cannot parse (or `--cfg job`'s job) does not hide a group mistake
     for word in words:
-        # Hydra's to refuse, and does not hide a group mistake beside it
         try:
             overrides += parser.parse_overrides([word])
         except HydraException:
@@ -120,9 +116,7 @@ def group_value_mistake(argv: list[str]) -> str | None:
         what = ("null" if wrong is None else "a list" if isinstance(wrong, list)
                 else "a mapping" if isinstance(wrong, dict) else f"the {type(wrong).__name__} {wrong}")
         return (f"{o.input_line}: {group} is a config group and takes one option's name, "
-                f"not {what}: choose {', '.join(options)}"
-                if options else f"{o.input_line}: {group} is a config group and takes one "
-                f"option's name, not {what}")
+                f"not {what}" + (f": choose {', '.join(options)}" if options else ""))
     return None
 
 
@@ -132,8 +126,6 @@ _NONE = object()
 def _leaves(cfg) -> dict[str, object]:
     """Every key of `cfg` (dotted) and its node, groups' keys included."""
     out: dict[str, object] = {}
-    if cfg is None:
-        return out
 
     def walk(node, prefix: str) -> None:
         for k in node.keys() if isinstance(node, DictConfig) else ():
@@ -148,9 +140,9 @@ def _leaves(cfg) -> dict[str, object]:
 
 
 def _as_override(key: str, value: str, keys: dict[str, object]) -> str:
-    """The override a `--key value` flag meant: the key as the config spells it (the one key whose
-    last part it names: `epochs` -> train.epochs; `dry-run` -> launcher.dry_run), a list key's
-    value in brackets, a flag without a value true where the key is a bool."""
+    """The override a `--key value` flag meant: the key as the config spells it (`epochs` ->
+    train.epochs, `dry-run` -> launcher.dry_run), a list key's value in brackets, a bare flag true
+    where the key is a bool."""
     from omegaconf import ListConfig
 
     named = [key, key.replace("-", "_")]
@@ -182,8 +174,7 @@ def override_parser() -> OverridesParser:
 
 def hydra_message(e: BaseException, schemas: Sequence[ModuleType] = ()) -> str:
     """Hydra's message and its cause's, on one line, keeping the key they name; a misspelt key gets
-    the close matches of its section (a dataclass of `schemas`) instead of Hydra's '+key' hint (a
-    typed section refuses new keys too)."""
+    the close matches of its section (a dataclass of `schemas`) instead of Hydra's '+key' hint."""
     text = str(e)
     cause = e.__cause__
     if cause is not None and str(cause) not in text:

@@ -1,10 +1,9 @@
 """The commands ddp_lab prints for the user to paste, made so they run as printed.
 
-A training run's folder keeps the command that last ran it (`command.txt`: `python -m ddp_lab` and
-its overrides, shell-quoted; a -m sweep's job, its own overrides). The command that continues the
-run is that one with `run.dir=` the folder: every setting the run started with, so the folder's
-checks (rundir.reuse_problem) find nothing changed. submit prints it after a stop, status after
---stop, --follow and in a run's state (tests/test_paste.py runs it exactly as printed).
+A training run's folder keeps the command that last ran it (`command.txt`, shell-quoted). The
+command that continues the run is that one with `run.dir=` the folder: every setting the run
+started with, so the folder's checks (rundir.reuse_problem) find nothing changed
+(tests/test_paste.py runs it exactly as printed).
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ def started_with(run_dir: Path) -> Optional[list[str]]:
     return words[len(program):] if words[:len(program)] == program else None
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key an override sets (`+train.epochs=3` -> train.epochs)."""
     return override.lstrip("+~").partition("=")[0]
 
 
@@ -56,5 +56,5 @@ def continue_command(run_dir: Path, launcher: Optional[str] = None) -> str:
     overrides = started_with(run_dir)
     if overrides is None:
         overrides = [f"launcher={launcher}"] if launcher and launcher != "local" else []
-    kept = [o for o in overrides if _key(o) not in NOT_CARRIED]
+    kept = [o for o in overrides if override_key(o) not in NOT_CARRIED]
     return command_line([f"run.dir={run_dir}", *kept])

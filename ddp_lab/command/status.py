@@ -1,11 +1,8 @@
-"""A run's state from its folder and this machine: `inspect(run_dir)` -> plain data (what `python
--m ddp_lab.status` shows, its --json, and what ddp_lab.command.lock asks).
-
-It reads the run folder, the scheduler's view of the job (`scontrol`, then `sacct`) and the job's
-processes alive here, so it works from any shell. The states: docs/status.md, "What it shows". How
-they are shown: its screen (`render`) and its line (`one_line`); the lines that say how to go on
-with a run (`continue_lines`) are also what --follow and --stop end with (the command:
-ddp_lab/status.py).
+"""A run's state from its folder, the scheduler (`scontrol`, then `sacct`) and the job's processes
+alive here: `inspect(run_dir)` -> plain data (what `python -m ddp_lab.status` shows, its --json,
+what ddp_lab.command.lock asks). The states: docs/status.md, "What it shows". Shown as a screen
+(`render`), a line (`one_line`) and how to go on (`continue_lines`, which --follow and --stop end
+with; the command: ddp_lab/status.py).
 """
 
 from __future__ import annotations
@@ -33,36 +30,33 @@ SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
 
-# ------------------------------------------------------------------ reading a run
-def is_run_dir(path: Path) -> bool:
+def _is_run_dir(path: Path) -> bool:
     return (path / "config.yaml").is_file()
+
+
+def _subfolders(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
 
 
 def find_runs(path: Path, depth: int = 4) -> list[Path]:
     """Run folders at or below `path` (a sweep folder, run.root), not inside one another; below
     `path`, a dry run's folder is none (`dry_runs` counts those)."""
-    if is_run_dir(path):
+    if _is_run_dir(path):
         return [path]
-    found: list[Path] = []
     if depth <= 0:
-        return found
-    try:
-        children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError:
-        return found
-    for child in children:
-        found += [r for r in find_runs(child, depth - 1) if not is_dry_run(r)]
-    return found
+        return []
+    return [r for child in _subfolders(path) for r in find_runs(child, depth - 1)
+            if not is_dry_run(r)]
 
 
 def dry_runs(path: Path, depth: int = 4) -> int:
     """How many dry runs' folders lie below `path` (left out of `find_runs`)."""
-    if is_run_dir(path) or depth <= 0:
+    if _is_run_dir(path) or depth <= 0:
         return int(is_dry_run(path))
-    try:
-        return sum(dry_runs(p, depth - 1) for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError:
-        return 0
+    return sum(dry_runs(p, depth - 1) for p in _subfolders(path))
 
 
 def _config(run_dir: Path) -> dict:
@@ -74,14 +68,18 @@ def _config(run_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _read(path: Path) -> Optional[str]:
+    """The file's text, stripped; None when it is empty or cannot be read."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
     """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
     submission), else the one the ranks recorded in summary.json."""
-    try:
-        text = (run_dir / "job_id").read_text().strip()
-    except OSError:
-        text = ""
-    return text or (str(summary["job_id"]) if summary.get("job_id") else None)
+    return _read(run_dir / "job_id") or (str(summary["job_id"]) if summary.get("job_id") else None)
 
 
 def live_processes(run_dir: Path) -> list[int]:
@@ -99,8 +97,7 @@ def live_processes(run_dir: Path) -> list[int]:
 
 
 def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank heartbeat records ({rank, epoch, step, phase, ...}) (ddp_lab.folder.heartbeat); []
-    when there are none, or they cannot be read."""
+    """Per-rank heartbeat records (ddp_lab.folder.heartbeat); [] when none can be read."""
     try:
         return read_all(run_dir)
     except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
@@ -167,7 +164,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "epochs": summary.get("epochs") or train.get("epochs"),
         "epochs_done": epochs_done, "step_in_epoch": step,
         "checkpoint": fs["checkpoint_name"], "stop_reason": summary.get("stop_reason"),
-        "stop_requested": _stop_request(run_dir) if state in ("running", "pending") else None,
+        "stop_requested": _read(run_dir / STOP_FILE) if state in ("running", "pending") else None,
         "last_epoch": _metrics(record), "test_accuracy": summary.get("test_accuracy"),
         "segments": summary.get("segments") or [], "ranks": [],
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
@@ -187,13 +184,6 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     if state not in ("completed", "not started"):
         info["ranks"] = rank_progress(run_dir)
     return info
-
-
-def _stop_request(run_dir: Path) -> Optional[str]:
-    try:
-        return (run_dir / STOP_FILE).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _metrics(record: Optional[dict]) -> Optional[dict]:
@@ -293,10 +283,13 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "?"
 
 
+def state_said(info: dict) -> str:
+    """The state, with what it rests on in brackets."""
+    return info["state"] + (f" ({info['detail']})" if info["detail"] else "")
+
+
 def render(info: dict) -> str:
-    lines = [f"run:         {info['run_dir']}"]
-    state = info["state"] + (f" ({info['detail']})" if info["detail"] else "")
-    lines.append(f"state:       {state}")
+    lines = [f"run:         {info['run_dir']}", f"state:       {state_said(info)}"]
     if info["stop_requested"]:
         lines.append(f"stop asked:  {info['stop_requested']} (every rank stops at its next check)")
     if info["stop_reason"] and info["state"] in ("preempted", "stopped"):
@@ -364,11 +357,14 @@ def _hint(info: dict) -> str:
         return (f"follow:      python -m ddp_lab.status {run} --follow\n"
                 f"stop:        python -m ddp_lab.status {run} --stop")
     if to_continue(info):
-        text = "continue:    " + continue_command(info)
-        if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
-            text += f"\nor:          sbatch {run}/job.sbatch"
-        return text
+        return "continue:    " + continue_command(info) + (
+            f"\nor:          sbatch {run}/job.sbatch" if _resubmits(info) else "")
     return ""
+
+
+def _resubmits(info: dict) -> bool:
+    """A SLURM run whose batch script can be submitted again."""
+    return info["launcher"] == "slurm" and (Path(info["run_dir"]) / "job.sbatch").is_file()
 
 
 def to_continue(info: dict) -> bool:
@@ -386,9 +382,8 @@ def continue_lines(info: dict) -> str:
     """'[status] continue with:' and the command on a line of its own (a SLURM run: or its batch
     script, again)."""
     text = "[status] continue with:\n  " + continue_command(info)
-    run = info["run_dir"]
-    if info["launcher"] == "slurm" and (Path(run) / "job.sbatch").is_file():
-        text += f"\n[status] or submit its batch script again: sbatch {run}/job.sbatch"
+    if _resubmits(info):
+        text += f"\n[status] or submit its batch script again: sbatch {info['run_dir']}/job.sbatch"
     return text
 
 

@@ -1,15 +1,11 @@
 """A scaling study in one command: every world size of a ladder, repeated, one run folder per point
-under one study folder, then the report (docs/scaling.md, "A study in one command": the folder, its
-files and how a study continues).
+under one study folder, then the report (docs/scaling.md, "A study in one command").
 
     python -m ddp_lab study=scaling study.worlds=[1,2,4] study.repeats=3 sync=ring
 
 Locally every point is one torchrun (`job.launch_job`); with launcher=slurm ONE allocation whose
 batch script runs every point as an srun job step, reporting through `python -m
-ddp_lab.command.study done|end STUDY_DIR INDEX`, so study.json has one writer's code. The plan (its
-points: world x repeat, each with its launcher layout and its ordinary run config, checked by the
-trainer's rules), the folder (study.json: the plan and each point's status; the report at its end)
-and the runs, in that order below.
+ddp_lab.command.study done|end STUDY_DIR INDEX`, so study.json has one writer's code.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from ..launch.base import pythonpath_line
 from ..launch.mpirun import parse_hosts, place
 from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
 from .job import collect, launch_job, make_run, Outcome
+from .paste import job_overrides
 from .validate import at_least, check, COMMON, known_sections, one_of, resolve, resolve_train, Rule
 
 # ------------------------------------------------------------------ the command
@@ -53,18 +50,17 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
     base = resolve_study(cfg)
     points = plan(base)
     study_dir, sweep_dir = study_dir_of(base)
-    state = load(study_dir) if study_dir is not None else {}
+    state, todo = {}, points
     if study_dir is not None:
+        state = load(study_dir)
         problem = reuse_problem(study_dir, state, points, base)
         if problem:
             raise UserError(problem)
-    todo = [p for p in points
-            if study_dir is None or point_status(study_dir, p.folder) != "completed"]
-    # every point to run, checked on its own folder too
-    if study_dir is not None:
+        todo = [p for p in points if point_status(study_dir, p.folder) != "completed"]
+        # every point to run, checked on its own folder too
         for p in todo:
             point_config(base, p, study_dir, study_dir.name)
-    if study_dir is None:
+    else:
         study_dir = make_study_dir(base)
     study_dir.mkdir(parents=True, exist_ok=True)
     if not state:
@@ -103,8 +99,8 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
 
 def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
               t0: float | None) -> tuple[int, bool]:
-    """local / mpirun: one job per point from this process, in order, each begun when the one
-    before it ended (the first at `t0`). (rc, stopped)"""
+    """local / mpirun: one job per point from this process, in order (the first begun at `t0`):
+    (rc, stopped)."""
     state = load(study_dir)
     failed = 0
     previous = signal.signal(signal.SIGTERM, _raise_stop)
@@ -148,8 +144,7 @@ def _run_here(base: DictConfig, study_dir: Path, points: list[Point],
 # ------------------------------------------------------------------ SLURM
 def render_sbatch(base: DictConfig, study_dir: Path, points: list[Point]) -> str:
     """ONE allocation (launcher.nodes x nproc_per_node) whose batch script runs every point as an
-    srun job step of its size on the first k nodes (slurm.launch_block renders the step's
-    srun/torchrun line, as for a single run)."""
+    srun job step of its size on the first k nodes (slurm.launch_block renders the step)."""
     lc = base.launcher
     py = shlex.quote(python_exe(lc))
     step = launch_block(base, nnodes="$NODES", rdzv_id="$SLURM_JOB_ID-$INDEX",
@@ -193,9 +188,8 @@ def _run_slurm(base: DictConfig, study_dir: Path, points: list[Point]) -> int:
 # ------------------------------------------------------------------ batch-script side
 def main(argv: Optional[list[str]] = None) -> int:
     """`python -m ddp_lab.command.study done|end STUDY_DIR INDEX [RC]` (the study's batch script):
-    done: exit 0 if the point completed earlier (it is kept; prints so), else 1; end: the point's
-    job step ended with exit status RC: study.json records it (a step that failed without a summary
-    is marked failed), its line is printed."""
+    done: exit 0 if the point completed earlier (kept), else 1; end: the point's job step ended
+    with exit status RC (record_end)."""
     argv = sys.argv[1:] if argv is None else argv
     if (len(argv) not in (3, 4) or argv[0] not in ("done", "end")
             or not all(a.isdigit() for a in argv[2:])):
@@ -239,7 +233,7 @@ class Point:
 
 def layout(world: int, lc) -> tuple[int, int, Optional[list]] | str:
     """How `world` ranks fit the launcher: (nodes, processes per node, mpirun hosts), or one line
-    saying why they do not (the rule `_fits` turns it into the user's error)."""
+    saying why they do not."""
     name = lc.name
     if name == "local":
         if world > MAX_LOCAL_WORLD:
@@ -349,9 +343,8 @@ STUDY: list[Rule] = [
 
 
 def resolve_study(cfg: DictConfig) -> DictConfig:
-    """The study's base config, resolved and checked (validate.py's rules and these), after every
-    point's config was composed and checked by TRAIN (in a fresh folder: run_study checks the
-    points' own folders again once the study folder is known)."""
+    """The study's base config, resolved and checked, every point's config checked by TRAIN (in a
+    fresh folder: run_study checks the points' own folders once the study folder is known)."""
     check(cfg, STUDY_PLAN)
     base = resolve(cfg, STUDY)
     for point in plan(base):
@@ -381,8 +374,8 @@ def label_of(cfg: DictConfig) -> str:
 
 def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
     """(the study folder if it is already named, the sweep folder it sits in). In a sweep the
-    studies sit side by side in run.dir (if given) or the sweep's folder, named by job number, so
-    the same sweep command (with hydra.sweep.dir or run.dir) continues them."""
+    studies sit side by side in run.dir or the sweep's folder, named by job number, so the same
+    sweep command continues them."""
     sweep = _sweep_job()
     if sweep is not None:
         parent = Path(cfg.run.dir).expanduser().resolve() if cfg.run.dir else sweep[0]
@@ -449,15 +442,9 @@ def point_line(state: dict, index: int, what: str) -> str:
             f"repeat {p['repeat']}: {what}")
 
 
-def end_note(summary: dict) -> str:
-    status = str(summary.get("status") or "no summary").split(":")[0]
-    median = summary.get("epoch_time_s_median")
-    return status + (f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else "")
-
-
 def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
     """Point `index` has ended (its job step with exit status `rc`, when the batch script says):
-    copy its status (and median epoch) into study.json; its summary. Prints the point's end line."""
+    its status and median epoch into study.json, its line printed; its summary."""
     state = load(study_dir)
     p = state["points"][index - 1]
     if rc is None:
@@ -467,9 +454,11 @@ def record_end(study_dir: Path, index: int, rc: Optional[int] = None) -> dict:
         summary = collect(study_dir / p["folder"], rc, launcher=state.get("launcher"),
                           sync=state.get("sync"), world_size=p["world"])
     p["status"] = str(summary.get("status") or "failed: no summary.json").split(":")[0]
-    p["epoch_time_s_median"] = summary.get("epoch_time_s_median")
+    median = p["epoch_time_s_median"] = summary.get("epoch_time_s_median")
     save(study_dir, state)
-    print(point_line(state, index, end_note(summary)), flush=True)
+    end = str(summary.get("status") or "no summary").split(":")[0] + (
+        f", median epoch {median:.2f} s" if isinstance(median, (int, float)) else "")
+    print(point_line(state, index, end), flush=True)
     return summary
 
 
@@ -489,8 +478,8 @@ def finish(study_dir: Path, stopped: bool = False) -> dict:
 
 
 def build_report(study_dir: Path, sweep_dir: Optional[Path]) -> list[Path]:
-    """`python -m ddp_lab.report` on the study folder (-> study/report/), and in a sweep on the
-    sweep's folder too (-> sweep/report/: the last study's covers them all)."""
+    """`python -m ddp_lab.report` on the study folder, and in a sweep on the sweep's folder too
+    (the last study's covers them all)."""
     out = []
     for folder in [study_dir] + ([sweep_dir] if sweep_dir is not None else []):
         res = subprocess.run([sys.executable, "-m", "ddp_lab.report", str(folder),
@@ -504,10 +493,8 @@ def build_report(study_dir: Path, sweep_dir: Optional[Path]) -> list[Path]:
 
 
 def continue_hint(study_dir: Path) -> str:
-    try:
-        args = [a for a in HydraConfig.get().overrides.task if not a.startswith("run.dir=")]
-    except ValueError:  # not inside a Hydra job
-        args = []
+    """The command that continues the study: this one's overrides, with run.dir the study's."""
+    args = [a for a in job_overrides() or [] if not a.startswith("run.dir=")]
     return "python -m ddp_lab " + " ".join([*map(shlex.quote, args), f"run.dir={study_dir}"])
 
 

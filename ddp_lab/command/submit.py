@@ -7,19 +7,20 @@ from omegaconf import DictConfig
 from .job import Outcome, collect, launch_job
 from .paste import COMMAND_FILE, command_line, continue_command, job_overrides
 from ..folder.rundir import EXIT_STOPPED
+from .status import reached
 from .study import resolve_study, run_study
 from .validate import resolve_train
 
 
 def check(cfg: DictConfig) -> DictConfig:
     """`python -m ddp_lab`'s config resolved and checked: a run's, or a study's base."""
-    # a ladder of runs (ddp_lab/command/study.py)
     if cfg.get("study") is not None:
         return resolve_study(cfg)
     return resolve_train(cfg)
 
 
 def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
+    """Run one training (or a study) and say how it ended: its Outcome."""
     if cfg.get("study") is not None:
         return run_study(cfg, t0)
     cfg = resolve_train(cfg)
@@ -33,10 +34,8 @@ def submit(cfg: DictConfig, t0: float | None = None) -> Outcome:
                       entry=cfg.run.entry)
     status = str(summary.get("status", ""))
     if status in ("stopped", "preempted"):
-        where = f"after {summary.get('epochs_done')} epoch(s)"
-        if summary.get("step_in_epoch"):
-            where += f" + {summary['step_in_epoch']} steps"
-        result = f"{status} {where} ({summary.get('stop_reason')}); checkpoint saved"
+        where = reached(summary.get("epochs_done"), summary.get("step_in_epoch"))
+        result = f"{status} after {where} ({summary.get('stop_reason')}); checkpoint saved"
         print(result + ".")
         if status == "preempted" and cfg.launcher.name == "runai":
             # the PyTorchJob brings its pods back and they continue: a second job would race it

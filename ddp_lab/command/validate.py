@@ -1,14 +1,10 @@
-"""Every check of a command, in one layer, run before any process starts or any folder is made
-(`python -m ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
+"""Every check of a command, run before any process starts or any folder is made (`python -m
+ddp_lab` and `python -m ddp_lab.bench` both call `resolve`).
 
 A rule is a small function of the composed config that returns None, or one line naming the key and
 the fix (or raises a `UserError`); rules sit in tables, one per entry point: COMMON and TRAIN here,
-STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The rules, by what they look at: the
-config's keys (sections, a preset's keys, durations), the folders (run.dir or run.root and
-data.root can be made and written), this machine (its devices, cores and torch), and the training
-run (its sync, batch, model, CUDA graph, delays, stop signal, entry module and a student's
-function, checked by `python -m ddp_lab.check` in a process of its own). The launcher's own checks
-run first (`launch.resolve`, which also fills its derived values).
+STUDY_PLAN and STUDY in study.py, BENCH in bench/submit.py. The launcher's own checks run first
+(`launch.resolve`, which also fills its derived values).
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from .lock import in_use
 #: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one parser, with
 #: SLURM's launcher: --time, signal_s), here before any process starts
 DURATION_KEYS = ("launcher.time",)
+Rule = Callable[[DictConfig], Optional[str]]
 
 
 def durations(cfg: DictConfig) -> Optional[str]:
@@ -54,9 +51,8 @@ def durations(cfg: DictConfig) -> Optional[str]:
 
 
 def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
-    """A site preset's `launcher.required` keys must be set for a real submission. A dry run still
-    renders without them: it only shows the script, and seeing it is how a user finds what to fill
-    in (the missing #SBATCH lines are simply absent)."""
+    """A site preset's `launcher.required` keys must be set for a real submission; a dry run
+    renders without them (seeing the script is how a user finds what to fill in)."""
     for key in cfg.launcher.get("required", []):
         if key not in cfg.launcher:
             return f"launcher.required names launcher.{key}, which launcher={cfg.launcher.name} has not"
@@ -67,9 +63,8 @@ def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
 
 
 def known_sections(cfg: DictConfig) -> Optional[str]:
-    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it. The sections are
-    the fields of the schema the config was composed from (config.Config, the bench's
-    BenchRootConfig), so the list is never written twice."""
+    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it (the sections: the
+    fields of the schema composed from, config.Config or the bench's BenchRootConfig)."""
     allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
     extra = [k for k in cfg if k not in allowed]
     if extra:
@@ -102,8 +97,7 @@ def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
 
 def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
     """Why folder `value` (given as `key`) cannot be made and written, or None: a probe folder made
-    inside it (as `mkdir -p` would) lets the OS refuse in its own words; what the probe made is
-    removed, so a checked command leaves nothing."""
+    inside it lets the OS refuse in its own words; what it made is removed."""
     path = Path(value).expanduser().absolute()
     probe = path / f".ddp_lab_probe_{os.getpid()}"
     for _ in range(5):
@@ -122,7 +116,6 @@ def folder_problem(key: str, value: str, fix: str) -> Optional[str]:
 def _probe(probe: Path) -> Optional[Exception]:
     """Make the folder `probe` (and the folders on the way), then remove what was made; the OS's
     error if it refused."""
-    # the probe and the folders to make on the way, innermost first
     missing = [probe]
     while not os.path.exists(missing[-1].parent) and missing[-1].parent != missing[-1]:
         missing.append(missing[-1].parent)
@@ -166,10 +159,8 @@ def data_folder(cfg: DictConfig) -> Optional[str]:
 
 
 def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> Optional[str]:
-    """Why dist.backend with dist.device cannot run, or None. `gpus`: the CUDA devices of the
-    machine the ranks run on, when that is this one (a local launch); None when they start
-    elsewhere (slurm, runai, mpirun: the nodes may have GPUs this machine lacks), where only a pair
-    that contradicts itself is refused."""
+    """Why dist.backend with dist.device cannot run, or None. `gpus`: this machine's CUDA devices
+    on a local launch; None where the ranks start elsewhere (only a contradiction is refused)."""
     if backend == "nccl" and device == "cpu":
         return ("dist.backend=nccl with dist.device=cpu: nccl moves only CUDA tensors; use "
                 "dist.backend=gloo (or auto) on CPU, or dist.device=cuda")
@@ -191,7 +182,7 @@ def dist_problem(backend: str, device: str, gpus: Optional[int], nproc: int) -> 
 
 def dist_pair(cfg: DictConfig) -> Optional[str]:
     """dist.backend x dist.device (dist_problem); this machine's GPUs count on a local launch that
-    really starts (a dry run only renders: it shows the script on any machine)."""
+    really starts (not a dry run)."""
     gpus = local_gpus() if cfg.launcher.name == "local" and not cfg.launcher.dry_run else None
     return dist_problem(cfg.dist.backend, cfg.dist.device, gpus, cfg.launcher.nproc_per_node)
 
@@ -216,9 +207,8 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
 
 
 def fused_support(cfg: DictConfig) -> Optional[str]:
-    """optim.fused=true on a local launch where this torch has no fused update for the device the
-    ranks will use (torch < 2.4 on CPU). Elsewhere the ranks' torch (a cluster's, a container's) is
-    not this machine's to judge: a rank that cannot says so itself."""
+    """optim.fused=true on a local launch where this torch has no fused update for the ranks'
+    device (torch < 2.4 on CPU); elsewhere the ranks' torch is not this machine's to judge."""
     if cfg.optim.fused is not True or cfg.launcher.name != "local":
         return None
     # imports torch: only for a run that asks for fused
@@ -230,8 +220,7 @@ def fused_support(cfg: DictConfig) -> Optional[str]:
 
 def twin_support(cfg: DictConfig) -> Optional[str]:
     """sync=fsdp2 on a local launch where this torch has no torch.distributed.fsdp.fully_shard
-    (torch < 2.6: the oldest ddp_lab supports is 2.2). Elsewhere the ranks' torch decides (a rank
-    that cannot says so in the same line, sync/fsdp2.py)."""
+    (torch < 2.6); elsewhere the ranks' torch decides (sync/fsdp2.py says so in the same line)."""
     if cfg.sync.name != "fsdp2" or cfg.launcher.name != "local":
         return None
     # imports torch: only for sync=fsdp2
@@ -271,47 +260,36 @@ def student_refusal(spec: str, collective: str, world: int, key: str,
             "case)")
 
 
-def sync_fits(cfg: DictConfig) -> Optional[str]:
-    """A synchroniser that cannot run this config (or world size) fails here."""
-    try:
-        check_sync(cfg.sync, world_size(cfg))
-    except ValueError as e:
-        # the synchronisers' check() speaks ValueError, with the fix
-        return str(e)
-    return None
-
-
 def student_code_passes(cfg: DictConfig) -> Optional[str]:
-    """sync=custom: the student's all-reduce passes its check at this world size before any rank
-    starts (a dry run starts none: not checked)."""
+    """sync=custom: the student's all-reduce passes its check at this world size (not on a dry
+    run)."""
     if cfg.sync.name != "custom" or cfg.launcher.get("dry_run"):
         return None
     return student_refusal(cfg.sync.all_reduce, "all_reduce", world_size(cfg) or 1,
                            "sync.all_reduce")
 
 
-def batch_fits(cfg: DictConfig) -> Optional[str]:
-    """train.global_batch and train.micro_batch: >= 0, and splitting evenly over this world (the
-    rule lives in config.batch_plan, which every rank applies again)."""
-    try:
-        batch_plan(cfg.train, world_size(cfg))
-    except ValueError as e:
-        return str(e)
-    return None
+def _fix_of(check: Callable[[DictConfig], object]) -> Rule:
+    """A rule from a check that raises ValueError with the fix (the config schemas' checks)."""
+    def rule(cfg: DictConfig) -> Optional[str]:
+        try:
+            check(cfg)
+        except ValueError as e:
+            return str(e)
+        return None
+    return rule
 
 
-def model_fits(cfg: DictConfig) -> Optional[str]:
-    """The model's sizes (mlp widths, cnn channels): its schema's check (config/workload.py)."""
-    try:
-        check_model(cfg.model)
-    except ValueError as e:
-        return str(e)
-    return None
+#: the sync section for this world size; train.global_batch and train.micro_batch splitting
+#: evenly over it (config.batch_plan, which every rank applies again); the model's sizes
+sync_fits = _fix_of(lambda cfg: check_sync(cfg.sync, world_size(cfg)))
+batch_fits = _fix_of(lambda cfg: batch_plan(cfg.train, world_size(cfg)))
+model_fits = _fix_of(lambda cfg: check_model(cfg.model))
 
 
 def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
-    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem). On a
-    local launch that starts, dist.device=auto is what it will be on this machine."""
+    """train.cuda_graph=true: what a graph cannot hold (config/train.py cuda_graph_problem), with
+    dist.device=auto as this machine makes it on a local launch that starts."""
     device = cfg.dist.device
     if device == "auto" and cfg.launcher.name == "local" and not cfg.launcher.dry_run:
         device = device_type(device, local_gpus() > 0)
@@ -321,11 +299,6 @@ def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
         # a batch that cannot split: batch_fits says so
         accumulation = 1
     return cuda_graph_problem(cfg, device, accumulation)
-
-
-def debug_delays(cfg: DictConfig) -> Optional[str]:
-    """debug.slow_rank names a rank of this world; delays are >= 0 (config/run.py)."""
-    return debug_problem(cfg.debug, world_size(cfg))
 
 
 def stop_signal(cfg: DictConfig) -> Optional[str]:
@@ -342,8 +315,7 @@ ONE_FILE_SYNCS = ("naive", "ring")
 
 
 def run_entry(cfg: DictConfig) -> Optional[str]:
-    """run.entry is a module this Python finds: a typo is one line here, not a traceback from every
-    rank."""
+    """run.entry is a module this Python finds (not a traceback from every rank)."""
     entry = cfg.run.entry
     # the lesson itself takes flags, never a run folder
     if entry == "ddp_lab.one_file":
@@ -363,9 +335,6 @@ def run_entry(cfg: DictConfig) -> Optional[str]:
             "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.rank.one_file)")
 
 
-Rule = Callable[[DictConfig], Optional[str]]
-
-
 def _get(cfg: DictConfig, key: str):
     node = cfg
     for part in key.split("."):
@@ -379,12 +348,14 @@ def at_least(key: str, low: float, note: str = "") -> Rule:
 
 
 def above(key: str, low: float) -> Rule:
-    return lambda cfg: None if _get(cfg, key) > low else f"{key}={_get(cfg, key)}: must be > {low}"
+    return lambda cfg: (None if _get(cfg, key) > low
+                        else f"{key}={_get(cfg, key)}: must be > {low}")
 
 
 def one_of(key: str, choices: Sequence[str]) -> Rule:
+    listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
     return lambda cfg: (None if _get(cfg, key) in choices
-                        else f"{key}={_get(cfg, key)}: choose {', '.join(choices[:-1])} or {choices[-1]}")
+                        else f"{key}={_get(cfg, key)}: choose {listed}")
 
 
 COMMON: list[Rule] = [
@@ -436,7 +407,7 @@ TRAIN: list[Rule] = [
     cuda_graph_fits,
     fused_support,
     twin_support,
-    debug_delays,
+    lambda cfg: debug_problem(cfg.debug, world_size(cfg)),
     data_folder,
 ]
 
@@ -451,7 +422,7 @@ def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
 
 def resolve(cfg: DictConfig, rules: Sequence[Rule]) -> DictConfig:
     """A copy of `cfg` with what depends on this machine filled in and paths made absolute (ranks
-    may start elsewhere: all must read the same folders), checked by `rules`."""
+    may start elsewhere), checked by `rules`."""
     cfg = cfg.copy()
     with open_dict(cfg):
         # the launcher's own defaults and checks (LaunchError)

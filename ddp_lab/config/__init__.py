@@ -1,10 +1,9 @@
 """The config schema: dataclasses give the types, YAML in conf/ gives the values.
 
-Registered in Hydra's ConfigStore, so a misspelt key or a wrong type fails at composition; each
-group option (conf/<group>/<name>.yaml) starts from `/schema/<group>/<name>`. The sections live in
-launch.py, workload.py, train.py, run.py and sync.py (torch-free); this module joins them
-(`Config`), registers them and reads them back. Workers do not compose: they read their run
-folder's resolved `config.yaml` with `load_run_config`.
+Registered in Hydra's ConfigStore, so a misspelt key or a wrong type fails at composition. The
+sections live in launch.py, workload.py, train.py, run.py and sync.py (torch-free); this module
+joins them (`Config`), registers them and reads them back (`load_run_config`: workers do not
+compose, they read their run folder's config.yaml).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from .sync import SYNC_SCHEMAS, SyncConfig
 from .train import batch_plan, BatchPlan, cuda_graph_problem, CUDA_GRAPH_SYNCS, TrainConfig
 from .workload import (AdamConfig, CNNConfig, DataConfig, MLPConfig, ModelConfig, OptimConfig,
     ResNet18Config, SGDConfig, widths)
+
 
 @dataclass
 class Config:
@@ -125,7 +125,7 @@ def register_configs() -> None:
 
 
 def schema_for(group: str, name: str) -> type:
-    # UnknownName lists the valid options
+    """The schema of a group's option (UnknownName, which lists the options, for another)."""
     return SCHEMAS[group].get(name)
 
 

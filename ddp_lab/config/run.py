@@ -93,10 +93,8 @@ def debug_problem(debug: DebugConfig, world_size: int) -> Optional[str]:
         return (f"debug.slow_rank={debug.slow_rank}: must be -1 (none) "
                 f"or a rank, 0..{last} for this world of {world_size}")
     for key in ("slow_ms", "jitter_ms"):
-        ms = debug[key]
-        if ms < 0:
-            return (f"debug.{key}={ms}: must be >= 0 milliseconds "
-                    "(0 = none)")
+        if debug[key] < 0:
+            return f"debug.{key}={debug[key]}: must be >= 0 milliseconds (0 = none)"
     return None
 
 

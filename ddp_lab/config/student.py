@@ -1,9 +1,6 @@
-"""A student's collectives, found in their file without running it.
-
-`python -m ddp_lab.check FILE.py`, `bench.impl=[FILE.py:fn]` and `sync=custom
-sync.all_reduce=FILE.py:fn` all name a student's code the same way; this module reads such a name
-(a *spec*), parses the file with `ast` (nothing of it runs here, so this works torch-free, on the
-submitting side) and says which collective each function is:
+"""A student's collectives, found in their file without running it (`ast`: torch-free, on the
+submitting side). `python -m ddp_lab.check FILE.py`, `bench.impl=[FILE.py:fn]` and `sync=custom
+sync.all_reduce=FILE.py:fn` name a student's code the same way (a *spec*):
 
     mine.py                          every function named like a collective
     mine.py:ring                     one function; its collective from its name
@@ -100,19 +97,13 @@ class StudentFunction:
     def spec(self) -> str:
         return f"{self.path}:{self.name}"
 
-    @property
-    def label(self) -> str:
-        """The function's name as runs and tables show it."""
-        return self.name
-
 
 _MODULE_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(=\w+)?$")
 
 
 def module_file(module: str) -> Optional[str]:
     """The source file of `module` (dotted), found without importing it or its packages (the
-    submitting side loads no torch): the top package by the import system's finders, the rest by
-    folder."""
+    submitting side loads no torch): the top package by the import system, the rest by folder."""
     import importlib.util
 
     top, *rest = module.split(".")

@@ -1,7 +1,6 @@
 """The `sync` section's schemas: each synchroniser's keys (with their `--help` text) and its rules
-for a world size (`check`, which raises ValueError with the fix for a config the synchroniser
-cannot run): sync/ring.py runs what `RingSyncConfig` accepts. Torch-free: the submitting command
-checks with them before any process starts.
+for a world size (`check`: ValueError with the fix). Torch-free: the submitting command checks with
+them before any process starts.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ class SyncConfig:
 
 @dataclass
 class NaiveSyncConfig(SyncConfig):
-    """One all_reduce per parameter's .grad after backward, divided by the world size
-    (ddp_lab/sync/naive.py); no keys of its own, overlap and compress refused."""
+    """One all_reduce per parameter's .grad after backward (ddp_lab/sync/naive.py)."""
 
     @classmethod
     def check(cls, cfg: NaiveSyncConfig, world_size: int) -> None:
@@ -130,8 +128,7 @@ class HierarchicalSyncConfig(RingSyncConfig):
 
 @dataclass
 class Zero1SyncConfig(BucketSyncConfig):
-    """ZeRO stage 1: gradients reduce-scattered, each rank steps the optimiser on its shard of the
-    flat weights, which are then all-gathered (ddp_lab/sync/zero1.py)."""
+    """ZeRO stage 1: each rank steps the optimiser on its shard (ddp_lab/sync/zero1.py)."""
 
     @classmethod
     def check(cls, cfg: Zero1SyncConfig, world_size: int) -> None:
@@ -153,8 +150,7 @@ STUDENT_EXAMPLES = ("ddp_lab.collectives.ring:all_reduce_ring_textbook",
 
 @dataclass
 class CustomSyncConfig(BucketSyncConfig):
-    """Your own all-reduce on flat gradient buckets (sync/custom.py): `sync.all_reduce`, found as
-    `python -m ddp_lab.check` finds it."""
+    """Your own all-reduce on flat gradient buckets (sync/custom.py): `sync.all_reduce`."""
 
     all_reduce: str = doc(STUDENT_EXAMPLES[0], "your all-reduce as FILE.py:function (or "
                                               "package.module:function; docs/exercises.md): "
@@ -187,8 +183,6 @@ DDP_HOOKS = {
     "bf16": "torch's default_hooks.bf16_compress_hook",
     "powersgd": "torch's powerSGD_hook (sync.powersgd_rank)",
 }
-#: the hooks that are also a sync.compress mode (the same hook: one code path)
-TORCH_COMPRESS_HOOKS = ("fp16", "bf16", "powersgd")
 
 
 @dataclass
@@ -238,9 +232,8 @@ class DDPSyncConfig(SyncConfig):
 
 @dataclass
 class TorchZeroSyncConfig(DDPSyncConfig):
-    """torch.distributed.optim.ZeroRedundancyOptimizer over DistributedDataParallel: DDP
-    all-reduces the gradients, each rank steps the whole parameters it owns (placed greedily), then
-    every rank broadcasts its own (docs/twins.md)."""
+    """torch.distributed.optim.ZeroRedundancyOptimizer over DistributedDataParallel
+    (docs/twins.md)."""
 
     @classmethod
     def check(cls, cfg: TorchZeroSyncConfig, world_size: int) -> None:
@@ -259,8 +252,7 @@ class TorchZeroSyncConfig(DDPSyncConfig):
 @dataclass
 class FSDP2SyncConfig(SyncConfig):
     """torch.distributed.fsdp.fully_shard (FSDP2) on each child module with parameters, then the
-    root: weights, gradients and optimiser state sharded per parameter (Shard(0) DTensors),
-    all-gathered before each forward, gradients reduce-scattered (docs/twins.md)."""
+    root (docs/twins.md)."""
 
     overlap: bool = doc(True, "FSDP2 overlaps its reduce-scatters with backward: "
                               "always true here")
