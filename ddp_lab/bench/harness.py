@@ -26,7 +26,7 @@ from ..predict.costmodel import busbw_factor, pow2_label
 from ..timing import percentile
 from ..world.distributed import DistContext
 from ..world.topology import build_groups, detect_topology, GroupSet, Topology
-from .ops import dtype_of, GroupCtx, Op, OPS, Pattern, student_label, with_students
+from .ops import GroupCtx, Op, OPS, Pattern, student_label, with_students
 
 
 log = logging.getLogger("ddp_lab")
@@ -257,7 +257,7 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     kinds = [k for k in bench.groups]
     groups = build_groups(topo, kinds, env.rank)
     tasks, notes = plan(bench, topo, groups, env.rank)
-    dtype = dtype_of(bench.dtype)
+    dtype = getattr(torch, bench.dtype)
     caps, mem_note = memory_caps(bench, ctx, dtype.itemsize)
     wanted = bench_sizes(bench)
     for name, cap in caps.items():

@@ -23,10 +23,6 @@ from ..config.registry import Registry
 from ..world import torch_support
 
 
-# What a benchmarked op is made of: its group (GroupCtx), its parts
-# (Op), and the inputs' known pattern with its check: `t[i] = base + scale
-# * ((i + off) % PERIOD)`.
-
 PERIOD = 8  # the pattern repeats every PERIOD elements
 # elements per fill/check slice: bounds the temporaries
 CHUNK = 1 << 22
@@ -93,8 +89,7 @@ class GroupCtx:
 
     @property
     def root(self) -> int:
-        # global rank of the group's first member
-        return self.ranks[0]
+        return self.ranks[0]  # global rank of the group's first member
 
     def peer(self, shift: int) -> int:
         return self.ranks[(self.grank + shift) % self.n]
@@ -138,39 +133,60 @@ def _ours(table: dict, call: Callable, skip: str = "torch") -> dict:
     return {k: partial(call, f) for k, f in table.items() if k != skip}
 
 
-def _one(size, g, dtype, device):
-    return {"t": torch.empty(size, dtype=dtype, device=device)}
+def _empty(*names: str) -> Callable:
+    """An op's setup: one tensor of `size` elements per name."""
+    return lambda size, g, dtype, device: {k: torch.empty(size, dtype=dtype, device=device)
+                                           for k in names}
 
 
-def _two(size, g, dtype, device):
-    return {"t": torch.empty(size, dtype=dtype, device=device),
-            "r": torch.empty(size, dtype=dtype, device=device)}
+def _pieces(piece: str, whole: str) -> Callable:
+    """An op's setup: `piece` of m = size // n elements, `whole` of the n pieces."""
+    def setup(size, g, dtype, device):
+        m = size // g.n
+        return {piece: torch.empty(m, dtype=dtype, device=device),
+                whole: torch.empty(m * g.n, dtype=dtype, device=device), "m": m}
+    return setup
+
+
+#: bench.ops -> how an implementation of ddp_lab.collectives' convention is called on the
+#: op's buffers: our algorithms, and a student's function of that collective
+CALLS = {
+    "all_reduce": lambda f, b, g: f(b["t"], "SUM", group=g.handle),
+    "reduce": lambda f, b, g: f(b["t"], g.root, "SUM", group=g.handle),
+    "broadcast": lambda f, b, g: f(b["t"], g.root, group=g.handle),
+    "all_gather": lambda f, b, g: f(b["out"], b["in"], group=g.handle),
+    "reduce_scatter": lambda f, b, g: f(b["out"], b["in"], "SUM", group=g.handle),
+}
 
 
 # ----------------------------------------------------------------- all_reduce, reduce
-def _fill_rank(b, g, pat):
-    pat.fill(b["t"], base=g.grank + 1)
+def _fill_rank(key: str = "t", clear: str = "") -> Callable:
+    """An op's reset: `key` filled from base = the rank + 1, `clear` (if named) with -1."""
+    def reset(b, g, pat):
+        pat.fill(b[key], base=g.grank + 1)
+        if clear:
+            b[clear].fill_(-1)
+    return reset
 
 
 def _check_sum(b, g, pat):
     return pat.check(b["t"], base=_sum_ranks(g.n), scale=g.n)
 
 
-def _check_sum_root(b, g, pat):
-    # only the root is defined
-    return _check_sum(b, g, pat) if g.grank == 0 else None
+def _root_only(check: Callable) -> Callable:
+    """`check` on the group's root, where alone the result is defined."""
+    return lambda b, g, pat: check(b, g, pat) if g.grank == 0 else None
 
 
 ALL_REDUCE_OP = Op(
-    "all_reduce", "all_reduce", 2.0, _one, _fill_rank, _check_sum,
+    "all_reduce", "all_reduce", 2.0, _empty("t"), _fill_rank(), _check_sum,
     {"torch": lambda b, g: dist.all_reduce(b["t"], group=g.handle),
-     **_ours(ALL_REDUCE, lambda f, b, g: f(b["t"], "SUM", group=g.handle))})
+     **_ours(ALL_REDUCE, CALLS["all_reduce"])})
 
 REDUCE_OP = Op(
-    "reduce", "reduce", 2.0, _one, _fill_rank, _check_sum_root,
+    "reduce", "reduce", 2.0, _empty("t"), _fill_rank(), _root_only(_check_sum),
     {"torch": lambda b, g: dist.reduce(b["t"], dst=g.root, group=g.handle),
-     **_ours(REDUCE, lambda f, b, g: f(b["t"], dst=g.root, op="SUM",
-                                       group=g.handle))})
+     **_ours(REDUCE, CALLS["reduce"])})
 
 
 # ------------------------------------------------------------------------- broadcast
@@ -182,19 +198,13 @@ def _fill_root(b, g, pat):
 
 
 BROADCAST_OP = Op(
-    "broadcast", "broadcast", 1.5, _one, _fill_root,
+    "broadcast", "broadcast", 1.5, _empty("t"), _fill_root,
     lambda b, g, pat: pat.check(b["t"], base=1),
     {"torch": lambda b, g: dist.broadcast(b["t"], src=g.root, group=g.handle),
-     **_ours(BROADCAST,
-             lambda f, b, g: f(b["t"], src=g.root, group=g.handle))})
+     **_ours(BROADCAST, CALLS["broadcast"])})
 
 
 # --------------------------------------------------- reduce + broadcast (root update)
-def _rb_setup(size, g, dtype, device):
-    return {"grad": torch.empty(size, dtype=dtype, device=device),
-            "param": torch.empty(size, dtype=dtype, device=device)}
-
-
 def _rb_reset(b, g, pat):
     # the assignment's values: parameters 1, each rank's gradient its
     # rank (here + the pattern, which catches a misplaced chunk)
@@ -226,35 +236,24 @@ def _rb_check(b, g, pat):
 
 
 def _rb_impl(reduce: Callable, bcast: Callable) -> Callable:
+    """The gradients reduced to the root, its update, the parameters broadcast from it."""
     def run(b, g):
-        reduce(b["grad"], g)
+        reduce(b["grad"], g.root, "SUM", group=g.handle)
         _rb_update(b, g)
-        bcast(b["param"], g)
+        bcast(b["param"], g.root, group=g.handle)
     return run
 
 
-_RB_IMPLS = {"torch": _rb_impl(lambda t, g: dist.reduce(t, dst=g.root, group=g.handle),
-                               lambda t, g: dist.broadcast(t, src=g.root, group=g.handle))}
-for _k in REDUCE:
-    if _k != "torch" and _k in BROADCAST:
-        _RB_IMPLS[_k] = _rb_impl(
-            partial(lambda f, t, g: f(t, dst=g.root, op="SUM",
-                                      group=g.handle), REDUCE[_k]),
-            partial(lambda f, t, g: f(t, src=g.root, group=g.handle),
-                    BROADCAST[_k]))
-
 # busbw factor 1, as for reduce and broadcast (nccl-tests has no
 # composite; bytes = the tensor)
-REDUCE_BROADCAST_OP = Op("reduce_broadcast", "reduce", 3.0, _rb_setup, _rb_reset,
-                         _rb_check, _RB_IMPLS)
+REDUCE_BROADCAST_OP = Op(
+    "reduce_broadcast", "reduce", 3.0, _empty("grad", "param"), _rb_reset, _rb_check,
+    {"torch": _rb_impl(lambda t, dst, op, group: dist.reduce(t, dst, group=group),
+                       dist.broadcast),
+     **{k: _rb_impl(REDUCE[k], BROADCAST[k]) for k in REDUCE if k != "torch" and k in BROADCAST}})
 
 
 # ------------------------------------------------------------- send/recv in a ring
-def _ring_reset(b, g, pat):
-    pat.fill(b["t"], base=g.grank + 1)
-    b["r"].fill_(-1)
-
-
 def _ring_check(b, g, pat):
     return pat.check(b["r"], base=(g.grank - 1) % g.n + 1, what="received")
 
@@ -283,19 +282,13 @@ def _ring_async(b, g):
         r.wait()
 
 
-SEND_RECV_RING_OP = Op("send_recv_ring", "send_recv", 2.5, _two, _ring_reset, _ring_check,
-                       {"torch": _ring_blocking})
-ISEND_IRECV_RING_OP = Op("isend_irecv_ring", "send_recv", 2.5, _two, _ring_reset, _ring_check,
-                         {"torch": _ring_async})
+SEND_RECV_RING_OP = Op("send_recv_ring", "send_recv", 2.5, _empty("t", "r"),
+                       _fill_rank("t", "r"), _ring_check, {"torch": _ring_blocking})
+ISEND_IRECV_RING_OP = Op("isend_irecv_ring", "send_recv", 2.5, _empty("t", "r"),
+                         _fill_rank("t", "r"), _ring_check, {"torch": _ring_async})
 
 
 # ------------------------------------------------------- all_gather, reduce_scatter
-def _ag_setup(size, g, dtype, device):
-    m = size // g.n
-    return {"in": torch.empty(m, dtype=dtype, device=device),
-            "out": torch.empty(m * g.n, dtype=dtype, device=device), "m": m}
-
-
 def _ag_reset(b, g, pat):
     # piece i of the gathered array continues the pattern where piece
     # i-1 stopped
@@ -313,50 +306,26 @@ def _ag_check(b, g, pat):
 
 
 ALL_GATHER_OP = Op(
-    "all_gather", "all_gather", 2.5, _ag_setup, _ag_reset, _ag_check,
-    {"torch": lambda b, g: torch_support.all_gather_single(b["out"], b["in"],
-                                                                group=g.handle),
-     **_ours(ALL_GATHER,
-             lambda f, b, g: f(b["out"], b["in"], group=g.handle))},
+    "all_gather", "all_gather", 2.5, _pieces("in", "out"), _ag_reset, _ag_check,
+    {"torch": lambda b, g: torch_support.all_gather_single(b["out"], b["in"], group=g.handle),
+     **_ours(ALL_GATHER, CALLS["all_gather"])},
     full_array=True)
-
-
-def _gather_check(b, g, pat):
-    # only the root's output is defined
-    return _ag_check(b, g, pat) if g.grank == 0 else None
-
 
 # the root is the group's first rank (g.root, a global rank); the others
 # pass no output
 GATHER_OP = Op(
-    "gather", "gather", 2.5, _ag_setup, _ag_reset, _gather_check,
+    "gather", "gather", 2.5, _pieces("in", "out"), _ag_reset, _root_only(_ag_check),
     _ours(GATHER, lambda f, b, g: f(b["out"] if g.grank == 0 else None,
                                     b["in"], g.root, group=g.handle),
           skip=""),
     full_array=True)
 
 
-def _rs_setup(size, g, dtype, device):
-    m = size // g.n
-    return {"in": torch.empty(m * g.n, dtype=dtype, device=device),
-            "out": torch.empty(m, dtype=dtype, device=device), "m": m}
-
-
-def _rs_reset(b, g, pat):
-    pat.fill(b["in"], base=g.grank + 1)
-    b["out"].fill_(-1)
-
-
-def _rs_check(b, g, pat):
-    return pat.check(b["out"], base=_sum_ranks(g.n), scale=g.n, off=g.grank * b["m"])
-
-
 REDUCE_SCATTER_OP = Op(
-    "reduce_scatter", "reduce_scatter", 2.5, _rs_setup, _rs_reset, _rs_check,
-    {"torch": lambda b, g: torch_support.reduce_scatter_single(b["out"], b["in"],
-                                                                    group=g.handle),
-     **_ours(REDUCE_SCATTER,
-             lambda f, b, g: f(b["out"], b["in"], "SUM", group=g.handle))},
+    "reduce_scatter", "reduce_scatter", 2.5, _pieces("out", "in"), _fill_rank("in", "out"),
+    lambda b, g, pat: pat.check(b["out"], base=_sum_ranks(g.n), scale=g.n, off=g.grank * b["m"]),
+    {"torch": lambda b, g: torch_support.reduce_scatter_single(b["out"], b["in"], group=g.handle),
+     **_ours(REDUCE_SCATTER, CALLS["reduce_scatter"])},
     full_array=True)
 
 
@@ -384,7 +353,7 @@ def _pp_check(b, g, pat):
     return pat.check(b["r"] if g.grank == 0 else b["t"], base=1, what="echo")
 
 
-PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _two, _pp_reset, _pp_check,
+PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _pp_reset, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
 # the benchmarked ops (bench.ops); their implementations come from
@@ -397,17 +366,6 @@ _HAVE = {n: tuple(op.impls) for n, op in OPS.items()}
 if _HAVE != dict(config.OPS):
     raise RuntimeError("ddp_lab.bench.config.OPS lists other ops or implementations than "
                        f"ddp_lab.bench.ops.OPS: {_HAVE}")
-
-
-#: bench.ops -> the registry convention its implementations are called
-#: with (a student's function joins the op of its collective)
-STUDENT_CALLS = {
-    "all_reduce": lambda f, b, g: f(b["t"], "SUM", group=g.handle),
-    "reduce": lambda f, b, g: f(b["t"], g.root, "SUM", group=g.handle),
-    "broadcast": lambda f, b, g: f(b["t"], g.root, group=g.handle),
-    "all_gather": lambda f, b, g: f(b["out"], b["in"], group=g.handle),
-    "reduce_scatter": lambda f, b, g: f(b["out"], b["in"], "SUM", group=g.handle),
-}
 
 
 def student_label(spec: str) -> str:
@@ -428,15 +386,11 @@ def with_students(op: Op, impls: list[str]) -> Op:
 
     extra = {}
     for spec in impls:
-        if not is_spec(spec) or op.name not in STUDENT_CALLS:
+        if not is_spec(spec) or op.name not in CALLS:
             continue
         found = find_functions(spec, "bench.impl")
         if len(found) != 1 or found[0].collective != op.name:
             continue
         fn, info, _ = one(spec, op.name, "bench.impl")
-        extra[student_label(spec)] = partial(STUDENT_CALLS[op.name], as_registry_entry(fn, info))
+        extra[student_label(spec)] = partial(CALLS[op.name], as_registry_entry(fn, info))
     return replace(op, impls={**op.impls, **extra}) if extra else op
-
-
-def dtype_of(name: str) -> torch.dtype:
-    return getattr(torch, name)
