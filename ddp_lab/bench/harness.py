@@ -110,9 +110,8 @@ def free_bytes(ctx: DistContext) -> tuple[float, str]:
     avail = None
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = float(line.split()[1]) * 1024
+            avail = next((float(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:")),
+                         None)
     except OSError:
         pass
     if avail is None:
@@ -234,9 +233,7 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
 
 
 def _progress(total: int, enabled: bool, mode: str):
-    if not enabled or mode == "lines":
-        return None
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+    if enabled and (mode == "bar" or (mode == "auto" and sys.stderr.isatty())):
         return tqdm(total=total, unit="size", dynamic_ncols=True, leave=False)
     return None
 
@@ -254,7 +251,7 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     env = ctx.env
     t_start = time.time()
     topo = detect_topology(ctx, bench.node_size)
-    kinds = [k for k in bench.groups]
+    kinds = list(bench.groups)
     groups = build_groups(topo, kinds, env.rank)
     tasks, notes = plan(bench, topo, groups, env.rank)
     dtype = getattr(torch, bench.dtype)
@@ -275,15 +272,14 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
     # implementations of one op/group run back to back at each size, so
     # that a drift in the machine's load (a shared node, thermal
     # throttling) hits them alike
-    order = {id(t): i for i, t in enumerate(tasks)}
-    first = {}
-    for t in tasks:
-        first.setdefault((t.op.name, t.kind), order[id(t)])
-    work = sorted(((t, s) for t in tasks for s in wanted if s <= caps[t.op.name]),
-                  key=lambda ts: (first[(ts[0].op.name, ts[0].kind)], ts[1], order[id(ts[0])]))
+    first: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(tasks):
+        first.setdefault((t.op.name, t.kind), i)
+    work = sorted(((first[(t.op.name, t.kind)], s, i, t) for i, t in enumerate(tasks)
+                   for s in wanted if s <= caps[t.op.name]), key=lambda w: w[:3])
     bar = _progress(len(work), env.is_main, progress)
     rows: list[dict] = []
-    for task, size in work:
+    for _, size, _, task in work:
         if bar is not None:
             bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
         view = measure(task, size, bench, ctx, pattern, dtype)

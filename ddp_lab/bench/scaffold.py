@@ -27,8 +27,7 @@ from ..data import build_splits
 from ..data_fetch import prepare_mnist
 from ..world.distributed import DistContext, local_gloo_world
 from ..world.ports import free_port
-from ..rank.epochs import EpochBatches
-from ..rank.epochs import StopControl
+from ..rank.epochs import EpochBatches, StopControl
 from ..timing import PHASES, Clock, StepTimer, epoch_timing
 from ..step import run_steps
 from ..train import build_parts
@@ -113,23 +112,20 @@ class Bench:
         n = len(self.splits.train)
         return min(most, n) if most > 0 else n
 
-    def parts(self, cfg: Config, epoch: int,
-              watch_grads: bool = False) -> Parts:
+    def parts(self, cfg: Config, epoch: int, watch_grads: bool = False) -> Parts:
         """A new model (the same weights each time), synchroniser and
         optimiser from `cfg`, as the trainer builds them; a step timer
         on the bench's Clock, timing per cfg.timing.enabled, stamping
         compute end as the trainer's does if `watch_grads`; the data in
         epoch `epoch`'s order."""
-        clock = self.clock
-        module, syncer, optimizer = build_parts(cfg, self.ctx, clock)
-        timer = StepTimer(clock, enabled=cfg.timing.enabled)
+        module, syncer, optimizer = build_parts(cfg, self.ctx, self.clock)
+        timer = StepTimer(self.clock, enabled=cfg.timing.enabled)
         if watch_grads:
             timer.watch_grads(module)
         self.splits.train.set_epoch(epoch)
         return Parts(module, syncer, optimizer, timer)
 
-    def epoch(self, parts: Parts, steps: int,
-              stopper: Optional[StopControl] = None) -> float:
+    def epoch(self, parts: Parts, steps: int, stopper: Optional[StopControl] = None) -> float:
         """`steps` of the trainer's step loop between two barriers, then
         the synchroniser closed: seconds from when every rank starts to
         when the slowest ends."""
@@ -139,8 +135,7 @@ class Bench:
             # as the trainer does at each epoch's start
             stopper.restart_clock()
         t0 = time.perf_counter()
-        batches = EpochBatches(iter(self.splits.train), range(steps),
-                               parts.timer, stopper)
+        batches = EpochBatches(iter(self.splits.train), range(steps), parts.timer, stopper)
         run_steps(parts.syncer, parts.optimizer, batches, parts.timer)
         # load-bearing: the epoch ends when the slowest rank ends
         self.ctx.barrier()

@@ -6,9 +6,8 @@ NAME [options]` (docs/benchmarks.md).
 
 Each benchmark is a `Benchmark` of a module of ddp_lab/bench/specs/ (its
 `BENCHMARKS`): its `Spec` (what it compares), `add_args` and `run(args)`
-(its figures). The runner gives
-every one the same options (`--rounds`, `--out`, `--data-root`), ending
-(the ratios as a table) and JSON file (`--out`).
+(its figures). The runner gives every one the same options (`--rounds`,
+`--out`, `--data-root`), ending (the ratios as a table) and JSON file.
 """
 
 from __future__ import annotations
@@ -106,22 +105,6 @@ def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace
     return args
 
 
-def ratio_table(ratios: Mapping[str, float]) -> str:
-    """The one ending every benchmark prints: each ratio, measured side
-    by side in one run."""
-    rows = [f"| {k} | {v:.3f} |" for k, v in ratios.items() if v is not None]
-    return "\n".join(["| ratio | measured |", "| --- | ---: |", *rows])
-
-
-def write_json(path: str, name: str, args: argparse.Namespace, result: Mapping[str, Any]) -> None:
-    """The one JSON file: the benchmark, its options and its figures
-    (ratios among them)."""
-    doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
-                                   for k, v in vars(args).items()}, **result}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-
-
 def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     """Parse, measure, print the ratios, write the JSON: benchmark
     `name`'s whole command."""
@@ -134,10 +117,15 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     if result is None:
         return 1  # the benchmark said why, on stderr
     if result.get("ratios"):
+        rows = [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items() if v is not None]
         print(f"\n{name}: the ratios, measured side by side in one run\n")
-        print(ratio_table(result["ratios"]))
+        print("\n".join(["| ratio | measured |", "| --- | ---: |", *rows]))
     if args.out:
-        write_json(args.out, name, args, result)
+        # the benchmark, its options and its figures (ratios among them)
+        doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                       for k, v in vars(args).items()}, **result}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0
 
 

@@ -32,11 +32,8 @@ from .. import suite
 from ..suite import Benchmark, REPO, Spec
 
 
-# The network benchmark's claims (`python -m ddp_lab.bench.suite
-# network`): each claim's prediction from the link rate, its target, the
-# tables and the plots, from the rows the job's rank 0 measured. Pure
-# arithmetic and matplotlib: no lab, no cluster, no process group
-# (tests/test_net_claims.py checks them from saved rows).
+# The claims, tables and plots from the rows the job's rank 0 measured: pure arithmetic and
+# matplotlib, no lab, no cluster, no process group (tests/test_net_claims.py checks them).
 
 SWEEP = ["ring", "hierarchical", "ddp", "allreduce"]
 STRAGGLER = ["ddp", "hierarchical"]
@@ -226,13 +223,10 @@ def _by(rows: list[dict], phase: str, key: str) -> dict[tuple[str, str], list[fl
     return out
 
 
-def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
+def epoch_vs_link(plt, args: argparse.Namespace, rows: list[dict]):
     """Time per epoch against the link's rate, one line per synchroniser
     (error bars: the rounds' min-max at the claims' link, where there
     are several)."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
     steps = {**_by(rows, "sweep", "step_ms"), **_by(rows, "main", "step_ms")}
     fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
     info = {}
@@ -256,12 +250,9 @@ def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
     return fig, info
 
 
-def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
+def exposed_vs_inflight(plt, args: argparse.Namespace, rows: list[dict]):
     """At the claims' link: in-flight and exposed comm per step, and
     compute, per config."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
     labels = ["ring", "hierarchical", "allreduce", "allreduce+overlap", "ddp"]
     series = {"compute": "compute_ms", "in-flight comm": "inflight_ms",
               "exposed comm": "exposed_ms"}
@@ -283,12 +274,9 @@ def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
     return fig, info
 
 
-def compression(args: argparse.Namespace, rows: list[dict]):
+def compression(plt, args: argparse.Namespace, rows: list[dict]):
     """At the claims' link: bytes sent and comm time per step for each
     sync.compress."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
     labels = ["ddp", *COMPRESSED]
     names = ["none", "fp16", "bf16", f"powersgd\n(rank {args.powersgd_rank})"]
     sent, comm = _by(rows, "main", "sent_bytes"), _by(rows, "main", "inflight_ms")
@@ -312,12 +300,13 @@ def compression(args: argparse.Namespace, rows: list[dict]):
 
 
 def draw(args: argparse.Namespace, rows: list[dict], folder: Path) -> None:
-    from ddp_lab.report.plots import save
+    from ddp_lab.report.plots import _plt, save
 
+    plt = _plt()
     folder.mkdir(parents=True, exist_ok=True)
     for name, make in (("epoch_vs_link", epoch_vs_link), ("exposed_inflight", exposed_vs_inflight),
                        ("compression", compression)):
-        fig, info = make(args, rows)
+        fig, info = make(plt, args, rows)
         save(fig, info, folder / f"network_{name}.png")
         print(f"plot: {folder / f'network_{name}.png'}")
 
@@ -522,8 +511,7 @@ def submit(args: argparse.Namespace, lab: str, env: dict, work: Path) -> dict:
             "overrides": overrides(args), "configs": config_overrides(args), "phases": phases(args), "out": str(work / "out.json")}
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
     # the ranks find their plan
-    lines = [f"export {PLAN_ENV}={work / 'plan.json'}"]
-    setup = "[" + ",".join(f'"{line}"' for line in lines) + "]"
+    setup = f'["export {PLAN_ENV}={work / "plan.json"}"]'
     cmd = [sys.executable, "-m", "ddp_lab", "launcher=slurm", "launcher.nodes=2",
            "launcher.nproc_per_node=2", "launcher.wait=true", "launcher.poll_s=1",
            "launcher.wait_timeout_s=3000", f"launcher.setup={setup}", "run.entry=ddp_lab.bench.specs.network",

@@ -109,14 +109,9 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         if ctx.env.rank == 0:
             print(f"round {r}/{args.rounds}  {label:22s} {t:7.3f} s", flush=True)
     pairs: dict[str, tuple[list, list]] = {}
-    if args.paired:
-        for label, cfg in cfgs.items():
-            if cfg.timing.enabled and label in PAIRED:
-                on, off = pairs.setdefault(label, ([], []))
-                for r in range(args.rounds):
-                    a, b = paired(label, r + 1, n_steps)
-                    on += a
-                    off += b
+    for label in (lb for lb in cfgs if args.paired and lb in PAIRED and cfgs[lb].timing.enabled):
+        arms = [paired(label, r + 1, n_steps) for r in range(args.rounds)]
+        pairs[label] = ([t for on, _ in arms for t in on], [t for _, off in arms for t in off])
     overhead = timer_overhead(n_steps) if ctx.env.rank == 0 else None
     return {"times": times, "fractions": fractions, "steps": n_steps,
             "timer_overhead_s": overhead, "paired": pairs}
@@ -130,7 +125,7 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
 
     from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
 
-    def syncs_run(enabled: bool) -> float:
+    def per_step(enabled: bool) -> float:
         clock = Clock(torch.device("cpu"))
         timer, rec = StepTimer(clock, enabled), CommRecorder(clock, 2, enabled)
         t0 = time.perf_counter()
@@ -140,7 +135,7 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
             epoch_timing(timer.collect(), rec.collect())
         return (time.perf_counter() - t0) / (epochs * steps)
 
-    return min(syncs_run(True) for _ in range(5)) - min(syncs_run(False) for _ in range(5))
+    return min(per_step(True) for _ in range(5)) - min(per_step(False) for _ in range(5))
 
 
 def syncs_add_args(ap: argparse.ArgumentParser) -> None:
@@ -330,14 +325,6 @@ COMPRESS_SPEC = Spec(compares="ddp and ring, each uncompressed, fp16, bf16 (and 
                      ratios="bytes sent / step and epoch time, each / the same sync uncompressed")
 
 
-def run_one(sync: str, compress: str, args: argparse.Namespace, root: Path) -> dict:
-    """One training run; its summary.json."""
-    return trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
-                    f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
-                    f"train.max_steps_per_epoch={args.max_steps}", f"data.root={args.data_root}",
-                    f"run.root={root}", *args.override], root)
-
-
 def compress_add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--world", type=int, default=2)
@@ -352,7 +339,10 @@ def compress_run(args: argparse.Namespace) -> dict:
     rows: dict[tuple, list[dict]] = {c: [] for c in configs.values()}
     with tempfile.TemporaryDirectory(prefix="bench_compress_") as tmp:
         for _, (sync, compress) in rounds(list(configs.values()), args.rounds):
-            s = run_one(sync, compress, args, Path(tmp))
+            s = trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
+                         f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
+                         f"train.max_steps_per_epoch={args.max_steps}",
+                         f"data.root={args.data_root}", f"run.root={tmp}", *args.override], tmp)
             rows[(sync, compress)].append({
                 "sent_per_step": s["comm_bytes_sent"] / s["steps_run"],
                 "epoch_s": s["epoch_time_s_median"], "accuracy": s["test_accuracy"],
