@@ -37,12 +37,9 @@ OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
     "ping_pong": ("torch",),
 })
 # bench.impl option -> the ops that have it
-IMPLS: Registry[list[str]] = Registry("bench.impl")
-for _op, _impls in OPS.items():
-    for _impl in _impls:
-        if _impl not in IMPLS:
-            IMPLS.add(_impl, [])
-        IMPLS[_impl].append(_op)
+IMPLS: Registry[list[str]] = Registry("bench.impl", {
+    impl: [op for op, impls in OPS.items() if impl in impls]
+    for impl in dict.fromkeys(i for impls in OPS.values() for i in impls)})
 GROUPS: Registry[str] = Registry("bench.groups", {
     "global": "all ranks", "intra_node": "the ranks of one node",
     "cross_node": "one local rank across nodes"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from itertools import takewhile
 from pathlib import Path
 from typing import Optional
 
@@ -44,7 +45,7 @@ def _names(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-#: the ops a student's function can join (bench/ops.py STUDENT_CALLS)
+#: the ops a student's function can join (bench/ops.py CALLS)
 STUDENT_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
 
 
@@ -174,14 +175,9 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
 
 
 def _peak_table(run_dir: Path) -> str:
+    """bench.md's peak bus bandwidth table ("" if it has none)."""
     md = (run_dir / "bench.md").read_text().splitlines() if (run_dir / "bench.md").exists() else []
-    try:
-        start = md.index("## Peak bus bandwidth")
-    except ValueError:
+    if "## Peak bus bandwidth" not in md:
         return ""
-    out = []
-    for line in md[start + 2:]:
-        if not line.startswith("|"):
-            break
-        out.append(line)
-    return "\n".join(out)
+    rest = md[md.index("## Peak bus bandwidth") + 2:]
+    return "\n".join(takewhile(lambda line: line.startswith("|"), rest))

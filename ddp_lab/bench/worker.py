@@ -21,15 +21,6 @@ from ddp_lab.rank.main import rank_main, run_rank
 # OMP_WAIT_POLICY (see rank.run_rank).
 
 
-def allocation(ctx, topology: str) -> str:
-    """'8 ranks = 2 node(s) x 4 rank(s), nccl on NVIDIA H100' -- the
-    words tables and plots use."""
-    import torch  # lazy: see above
-
-    dev = "CPU" if ctx.device.type == "cpu" else torch.cuda.get_device_name(ctx.device)
-    return f"{ctx.env.world_size} ranks = {topology}, {ctx.backend} on {dev}"
-
-
 def run(run_dir: Path) -> int:
     from ddp_lab.bench.config import load_bench_config
 
@@ -50,14 +41,17 @@ def _bench(cfg, ctx, run_dir: Path) -> None:
     if env.is_main:
         topo = result["topology"]
         command = run_dir / "command.txt"
+        gpu = None if ctx.device.type == "cpu" else torch.cuda.get_device_name(ctx.device)
         meta = {
             "kind": "bench", "launcher": cfg.launcher.name, "backend": ctx.backend,
-            "device": "cpu" if ctx.device.type == "cpu"
-            else torch.cuda.get_device_name(ctx.device),
+            "device": gpu or "cpu",
             "nodes": env.num_nodes, "nproc_per_node": env.local_world_size,
             "simulated_nodes": len(topo["nodes"]) if topo["simulated"] else None,
             "world_size": env.world_size, "hosts": list(dict.fromkeys(topo["hosts"])),
-            "allocation": allocation(ctx, topo["describe"]),
+            # '8 ranks = 2 node(s) x 4 rank(s), nccl on NVIDIA H100': the words tables and
+            # plots use
+            "allocation": f"{env.world_size} ranks = {topo['describe']}, {ctx.backend} on "
+                          f"{gpu or 'CPU'}",
             "dtype": cfg.bench.dtype, "warmup": cfg.bench.warmup,
             "iters": cfg.bench.iters, "min_iters": cfg.bench.min_iters,
             "torch": torch.__version__,

@@ -131,7 +131,12 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     cores = cpu.cores()
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
-    one = search_one(root, args)
+    # the tight loop, 1 process, under every (threads, wait) x Adam
+    adams = loops.ADAMS
+    one = search("| 1 process: threads, OpenMP wait | " + " | ".join(f"{a} Adam" for a in adams)
+                 + " |\n| --- |" + " ---: |" * len(adams), args.threads, args,
+                 lambda t, w: loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t,
+                                             list(adams), env=omp_env(w)))
     adam = min(one, key=one.get)[2]
     out: dict = {"search_1": {f"{t} threads, {w}, {a}": s for (t, w, a), s in one.items()},
                  "ratios": {}}
@@ -142,7 +147,11 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     if 1 in args.ranks:
         runs["ddp_lab, 1 rank"] = (1, None)
     if 2 in args.ranks:
-        two = search_two(root, args, adam)
+        # the tight loop on 2 ranks under every (threads per rank, wait) x way of summing
+        two = search(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat "
+                     "all_reduce |\n| --- | ---: | ---: |",
+                     [t for t in args.threads if t <= cpu.equal_share(2)] or [1], args,
+                     lambda t, w: two_ranks(root, args, t, w, adam))
         out["search_2"] = {f"{t} thread(s)/rank, {w}, {way}": s for (t, w, way), s in two.items()}
         runs.update({f"tight loop on 2 ranks, {t} thread{'s' if t > 1 else ''}/rank, {w}, "
                      f"{way}": (2, t, w, way) for t, w, way in _best_per_threads(two)})
@@ -151,11 +160,6 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     rows: dict[str, list[float]] = {name: [] for name in runs}
     # world -> what ddp_lab's defaults chose (its last run)
     chosen: dict[int, dict] = {}
-
-    # a floor candidate (not ddp_lab, not the notebook)
-    def tight(name: str) -> bool:
-        return isinstance(runs[name][1], int)
-
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
@@ -174,8 +178,9 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                 rows[name] += two_ranks(root, args, t, w, adam)[way]
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     med = {name: statistics.median(v) for name, v in rows.items()}
-    floor = {w: min(m for name, m in med.items() if runs[name][0] == w and tight(name))
-             for w in {r[0] for r in runs.values()}}
+    # the floor's candidates: the tight loops (a thread count; not ddp_lab, not the notebook)
+    floor = {w: min(m for name, m in med.items() if runs[name][0] == w
+                    and isinstance(runs[name][1], int)) for w in {r[0] for r in runs.values()}}
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
     for name, m in med.items():
         world = runs[name][0]
@@ -200,39 +205,19 @@ def _best_per_threads(found: dict) -> list[tuple]:
     return [best[t] for t in sorted(best)]
 
 
-def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
-    """The tight loop, 1 process, under every (threads, wait) x Adam:
-    median s/epoch each."""
+def search(head: str, threads: list[int], args, measure) -> dict[tuple[int, str, str], float]:
+    """Every (threads, wait) of the search, `measure(t, w)` -> {column: [s/epoch]}: the median
+    of each (t, w, column), a table row printed as each ends."""
     found = {}
-    print("| 1 process: threads, OpenMP wait | " + " | ".join(f"{a} Adam" for a in loops.ADAMS)
-          + " |\n| --- |" + " ---: |" * len(loops.ADAMS))
-    for t in args.threads:
+    print(head)
+    for t in threads:
         # 1 thread: no OpenMP team to wait
         for w in (args.waits if t > 1 else args.waits[:1]):
-            times = loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t,
-                                   list(loops.ADAMS), env=omp_env(w))
-            for a, ts in times.items():
-                found[(t, w, a)] = statistics.median(ts)
+            times = measure(t, w)
+            for col, ts in times.items():
+                found[(t, w, col)] = statistics.median(ts)
             print(f"| {t}, {w if t > 1 else '(1 thread: none)'} | "
-                  + " | ".join(f"{found[(t, w, a)]:.3f}" for a in loops.ADAMS) + " |", flush=True)
-    return found
-
-
-def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
-    """The tight loop on 2 ranks under every (threads per rank, wait) x
-    way of summing."""
-    found = {}
-    per_rank = [t for t in args.threads if t <= cpu.equal_share(2)] or [1]
-    print(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat all_reduce |"
-          "\n| --- | ---: | ---: |")
-    for t in per_rank:
-        for w in (args.waits if t > 1 else args.waits[:1]):
-            times = two_ranks(root, args, t, w, adam)
-            for way, ts in times.items():
-                found[(t, w, way)] = statistics.median(ts)
-            print(f"| {t}, {w if t > 1 else '(1 thread: none)'} | "
-                  + " | ".join(f"{statistics.median(ts):.3f}" for ts in times.values()) + " |",
-                  flush=True)
+                  + " | ".join(f"{found[(t, w, c)]:.3f}" for c in times) + " |", flush=True)
     return found
 
 

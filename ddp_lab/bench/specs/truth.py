@@ -132,28 +132,27 @@ def check(args: argparse.Namespace) -> None:
                          "environment (docs/network.md)")
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
-          f"(1/5/15 min), {os.cpu_count()} cores", flush=True)
+    print(f"load: {_load()} (1/5/15 min), {os.cpu_count()} cores", flush=True)
 
-    if args.runs is None or args.bench is None:
-        runs, benches = [], []
-        for world in args.worlds:
-            mine = []
-            if args.runs is None:
-                print(f"world {world}: training runs", flush=True)
-                mine = train_runs(args, out, world)
-            runs += mine
-            if args.bench is None:
-                sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
-                print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
-                benches.append(bench_run(args, out, world, sizes))
-        run_paths = runs if args.runs is None else args.runs
-        bench_paths = benches if args.bench is None else args.bench
-    else:
-        run_paths, bench_paths = args.runs, args.bench
+    run_paths = [] if args.runs is None else args.runs
+    bench_paths = [] if args.bench is None else args.bench
+    for world in args.worlds:  # nothing to run where both folders are given
+        mine = []
+        if args.runs is None:
+            print(f"world {world}: training runs", flush=True)
+            mine = train_runs(args, out, world)
+            run_paths += mine
+        if args.bench is None:
+            sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
+            print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
+            bench_paths.append(bench_run(args, out, world, sizes))
 
     table = truth.truth_table(truth.find_train_runs(run_paths), truth.find_bench_runs(bench_paths))
     md = truth.markdown(table)
@@ -162,8 +161,7 @@ def run(args: argparse.Namespace) -> dict:
 
     atomic_write_text(out / "truth.json", json.dumps(table, indent=1))
     atomic_write_text(out / "truth.md", "\n".join(md) + "\n")
-    print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
+    print(f"load at the end: {_load()}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
     return {"rows": table}
 
 
