@@ -1,10 +1,8 @@
-"""The sweep: for every op x implementation x group kind x size, warm
-up, time, check.
+"""The sweep: for every op x implementation x group kind x size, warm up, time, check.
 
-One measurement, all ranks in the same order: inputs reset (untimed) ->
-device sync -> global barrier -> start -> the op on this rank's group ->
-stop -> result checked (untimed). A row's time is its slowest group's
-median (docs/bench.md, "Sizes, timing, correctness").
+One measurement, all ranks in the same order: inputs reset (untimed) -> device sync -> global
+barrier -> start -> the op on this rank's group -> stop -> result checked (untimed). A row's time
+is its slowest group's median (docs/bench.md, "Sizes, timing, correctness").
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ log = logging.getLogger("ddp_lab")
 
 
 def log_sizes(lo: int, hi: int, points: int) -> list[int]:
-    """`points` sizes evenly spaced on a log scale from lo to hi
-    (inclusive), rounded to whole elements; distinct and ascending."""
+    """`points` sizes evenly spaced on a log scale from lo to hi (inclusive), rounded to whole
+    elements; distinct and ascending."""
     if points <= 1 or hi <= lo:
         return [hi if points == 1 else lo]
     a, b = math.log2(lo), math.log2(hi)
@@ -43,8 +41,7 @@ def log_sizes(lo: int, hi: int, points: int) -> list[int]:
 
 
 def bench_sizes(bench: Any) -> list[int]:
-    """The sizes a bench run measures: the log-spaced ones plus
-    `bench.sizes`, ascending."""
+    """The sizes a bench run measures: the log-spaced ones plus `bench.sizes`, ascending."""
     return sorted(set(log_sizes(bench.min_elements, bench.max_elements, bench.points))
                   | {int(s) for s in bench.get("sizes", None) or ()})
 
@@ -53,8 +50,7 @@ def bench_sizes(bench: Any) -> list[int]:
 class Task:
     op: Op
     impl: str
-    # global | intra_node | cross_node | same_node / cross_node pairs
-    # (ping_pong)
+    # global | intra_node | cross_node | same_node / cross_node pairs (ping_pong)
     kind: str
     # the groups (or the pair) that communicate
     members: list[tuple[int, ...]]
@@ -64,8 +60,7 @@ class Task:
 
 def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
          ) -> tuple[list[Task], list[str]]:
-    """Tasks in run order and notes on what was skipped and why (the
-    same on every rank)."""
+    """Tasks in run order and notes on what was skipped and why (the same on every rank)."""
     tasks: list[Task] = []
     notes: list[str] = []
     for name in bench.ops:
@@ -102,8 +97,7 @@ def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
 
 # --------------------------------------------------------------------------- memory
 def free_bytes(ctx: DistContext) -> tuple[float, str]:
-    """Bytes this rank may use for buffers before the fraction, and
-    where that came from."""
+    """Bytes this rank may use for buffers before the fraction, and where that came from."""
     if ctx.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(ctx.device)
         return float(free), "free GPU memory"
@@ -121,8 +115,7 @@ def free_bytes(ctx: DistContext) -> tuple[float, str]:
 
 
 def memory_caps(bench: Any, ctx: DistContext, element_size: int) -> tuple[dict[str, int], str]:
-    """Largest size (elements) per op that fits on every rank, and a
-    one-line account."""
+    """Largest size (elements) per op that fits on every rank, and a one-line account."""
     mine, where = free_bytes(ctx)
     usable = ctx.reduce_float(mine, "min") * bench.memory_fraction
     caps = {name: int(usable // (OPS[name].mem * element_size)) for name in bench.ops}
@@ -139,8 +132,7 @@ def human_bytes(n: float) -> str:
 
 # --------------------------------------------------------------------------- timing
 class Stopwatch:
-    """Host clock on CPU; CUDA events on GPU (a host clock would time
-    the launch)."""
+    """Host clock on CPU; CUDA events on GPU (a host clock would time the launch)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -164,8 +156,7 @@ class Stopwatch:
 
 def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Pattern,
             dtype: torch.dtype) -> dict:
-    """Warm up, time and check one size on every rank; returns this
-    rank's raw view."""
+    """Warm up, time and check one size on every rank; returns this rank's raw view."""
     g = task.mine
     run = task.op.impls[task.impl]
     bufs = task.op.setup(size, g, dtype, ctx.device) if g else None
@@ -184,8 +175,7 @@ def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Patter
         return watch.stop(t0)
 
     warm = [once() for _ in range(bench.warmup)]
-    # every rank must run the same number of iterations: decide from the
-    # slowest rank
+    # every rank must run the same number of iterations: decide from the slowest rank
     t_warm = ctx.reduce_float(warm[-1] if warm else 0.0, "max")
     iters = bench.iters if t_warm <= 0 else int(bench.time_per_size_s / t_warm)
     iters = max(bench.min_iters, min(bench.iters, iters))
@@ -224,8 +214,7 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
         "time_median_s": median, "time_min_s": min(times), "time_max_s": max(times),
         "time_p25_s": percentile(times, 25), "time_p75_s": percentile(times, 75),
         "algbw_GBps": algbw, "busbw_factor": factor, "busbw_GBps": algbw * factor,
-        # the assignment's throughput: bytes / 1024**3 / time (GiB/s),
-        # algbw in other units
+        # the assignment's throughput: bytes / 1024**3 / time (GiB/s), algbw in other units
         "throughput_GiBps": algbw * 1e9 / 2**30,
         "correct": not errors, "error": "; ".join(errors),
         "group_medians_s": [m for m, _, _ in per_group],
@@ -246,8 +235,7 @@ def _line(row: dict) -> str:
 
 
 def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
-    """The whole sweep on the initialised process group; rank 0 gets
-    every row back."""
+    """The whole sweep on the initialised process group; rank 0 gets every row back."""
     env = ctx.env
     t_start = time.time()
     topo = detect_topology(ctx, bench.node_size)
@@ -269,9 +257,8 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
         log.info("note: %s", note)
 
     pattern = Pattern(dtype, ctx.device)
-    # implementations of one op/group run back to back at each size, so
-    # that a drift in the machine's load (a shared node, thermal
-    # throttling) hits them alike
+    # implementations of one op/group run back to back at each size, so that a drift in the
+    # machine's load (a shared node, thermal throttling) hits them alike
     first: dict[tuple[str, str], int] = {}
     for i, t in enumerate(tasks):
         first.setdefault((t.op.name, t.kind), i)

@@ -1,10 +1,8 @@
-"""The benchmarked operations: buffers, inputs, the call being timed,
-and its check.
+"""The benchmarked operations: buffers, inputs, the call being timed, and its check.
 
-Each op fills its inputs with a known pattern (`Pattern`, below), runs one
-implementation (the library's `torch` or ddp_lab.collectives'
-algorithms, timed and checked alike) and checks every element of the
-result; sizes follow nccl-tests (docs/bench.md, "What is measured").
+Each op fills its inputs with a known pattern (`Pattern`, below), runs one implementation (the
+library's `torch` or ddp_lab.collectives' algorithms, timed and checked alike) and checks every
+element of the result; sizes follow nccl-tests (docs/bench.md, "What is measured").
 """
 
 from __future__ import annotations
@@ -29,14 +27,12 @@ CHUNK = 1 << 22
 
 
 class Pattern:
-    """Fills and checks `t[i] = base + scale * ((i + off) % PERIOD)`,
-    slice by slice."""
+    """Fills and checks `t[i] = base + scale * ((i + off) % PERIOD)`, slice by slice."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
         self.dtype = dtype
         self.pat = (torch.arange(CHUNK + PERIOD, device=device) % PERIOD).to(dtype)
-        # half types round partial sums; every other type must match bit
-        # for bit
+        # half types round partial sums; every other type must match bit for bit
         self.rtol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 0.0
 
     def _slices(self, t: torch.Tensor, off: int):
@@ -57,9 +53,8 @@ class Pattern:
     def check(self, t: torch.Tensor, base: float, scale: float = 1, off: int = 0,
               what: str = "result", rtol: Optional[float] = None,
               atol: float = 0.0) -> Optional[str]:
-        """None if every element is as expected (bit for bit, or within
-        rtol/atol where the expected values themselves round), else
-        where the first one is not."""
+        """None if every element is as expected (bit for bit, or within rtol/atol where the
+        expected values themselves round), else where the first one is not."""
         rtol = max(self.rtol, rtol or 0.0)
         exact = rtol == 0 and atol == 0
         for s, seg, pat in self._slices(t, off):
@@ -75,8 +70,7 @@ class Pattern:
 
 @dataclass(frozen=True)
 class GroupCtx:
-    """This rank's group for one measurement: global ranks, handle, own
-    index."""
+    """This rank's group for one measurement: global ranks, handle, own index."""
 
     ranks: tuple[int, ...]
     # None = the default group
@@ -97,10 +91,9 @@ class GroupCtx:
 
 @dataclass(frozen=True)
 class Op:
-    """One benchmarked operation. `impls` maps implementation names to
-    callables `(bufs, g) -> None`; `mem` is the number of size-N buffers
-    a rank holds (with scratch), for the memory cap; `factor` names the
-    nccl-tests bus-bandwidth factor."""
+    """One benchmarked operation. `impls` maps implementation names to callables `(bufs, g) ->
+    None`; `mem` is the number of size-N buffers a rank holds (with scratch), for the memory cap;
+    `factor` names the nccl-tests bus-bandwidth factor."""
 
     name: str
     factor: str
@@ -118,8 +111,7 @@ class Op:
         return (size // n) * n if self.full_array else size
 
 
-# reduce_broadcast's learning rate: the assignment's (its check is
-# allclose)
+# reduce_broadcast's learning rate: the assignment's (its check is allclose)
 LR = 0.1
 
 
@@ -128,8 +120,7 @@ def _sum_ranks(n: int) -> int:
 
 
 def _ours(table: dict, call: Callable, skip: str = "torch") -> dict:
-    """ddp_lab's algorithms in `table`, each as run(bufs, g):
-    call(f, bufs, g) with the algorithm f."""
+    """ddp_lab's algorithms in `table`, each as run(bufs, g) = call(f, bufs, g) with its f."""
     return {k: partial(call, f) for k, f in table.items() if k != skip}
 
 
@@ -148,8 +139,8 @@ def _pieces(piece: str, whole: str) -> Callable:
     return setup
 
 
-#: bench.ops -> how an implementation of ddp_lab.collectives' convention is called on the
-#: op's buffers: our algorithms, and a student's function of that collective
+#: bench.ops -> how an implementation of ddp_lab.collectives' convention is called on the op's
+#: buffers: our algorithms, and a student's function of that collective
 CALLS = {
     "all_reduce": lambda f, b, g: f(b["t"], "SUM", group=g.handle),
     "reduce": lambda f, b, g: f(b["t"], g.root, "SUM", group=g.handle),
@@ -206,15 +197,14 @@ BROADCAST_OP = Op(
 
 # --------------------------------------------------- reduce + broadcast (root update)
 def _rb_reset(b, g, pat):
-    # the assignment's values: parameters 1, each rank's gradient its
-    # rank (here + the pattern, which catches a misplaced chunk)
+    # the assignment's values: parameters 1, each rank's gradient its rank (here + the pattern,
+    # which catches a misplaced chunk)
     pat.fill(b["grad"], base=g.grank)
     b["param"].fill_(1)
 
 
 def _rb_update(b, g):
-    """The root averages the summed gradients and takes an SGD step (the
-    assignment)."""
+    """The root averages the summed gradients and takes an SGD step (the assignment)."""
     if g.grank != 0:
         return
     if b["grad"].dtype.is_floating_point:
@@ -226,9 +216,8 @@ def _rb_update(b, g):
 
 
 def _rb_check(b, g, pat):
-    # mean gradient = (n-1)/2 + pattern; at element 0 (pattern 0) the
-    # parameter is the assignment's expected_param = 1 - LR (n-1)/2,
-    # checked as it does: allclose
+    # mean gradient = (n-1)/2 + pattern; at element 0 (pattern 0) the parameter is the assignment's
+    # expected_param = 1 - LR (n-1)/2, checked as it does: allclose
     if b["param"].dtype.is_floating_point:
         return pat.check(b["param"], base=1 - LR * (g.n - 1) / 2, scale=-LR, what="param",
                          rtol=1e-5, atol=1e-6)
@@ -244,8 +233,7 @@ def _rb_impl(reduce: Callable, bcast: Callable) -> Callable:
     return run
 
 
-# busbw factor 1, as for reduce and broadcast (nccl-tests has no
-# composite; bytes = the tensor)
+# busbw factor 1, as for reduce and broadcast (nccl-tests has no composite; bytes = the tensor)
 REDUCE_BROADCAST_OP = Op(
     "reduce_broadcast", "reduce", 3.0, _empty("grad", "param"), _rb_reset, _rb_check,
     {"torch": _rb_impl(lambda t, dst, op, group: dist.reduce(t, dst, group=group),
@@ -259,10 +247,9 @@ def _ring_check(b, g, pat):
 
 
 def _ring_blocking(b, g):
-    # blocking send/recv: even ranks send first, odd ranks receive
-    # first, so no cycle of ranks all waiting to send (an odd ring has
-    # two even neighbours: 0 and n-1; rank 1 receives first and breaks
-    # the cycle)
+    # blocking send/recv: even ranks send first, odd ranks receive first, so no cycle of ranks all
+    # waiting to send (an odd ring has two even neighbours: 0 and n-1; rank 1 receives first and
+    # breaks the cycle)
     if g.grank % 2 == 0:
         dist.send(b["t"], dst=g.peer(1), group=g.handle)
         dist.recv(b["r"], src=g.peer(-1), group=g.handle)
@@ -290,8 +277,7 @@ ISEND_IRECV_RING_OP = Op("isend_irecv_ring", "send_recv", 2.5, _empty("t", "r"),
 
 # ------------------------------------------------------- all_gather, reduce_scatter
 def _ag_reset(b, g, pat):
-    # piece i of the gathered array continues the pattern where piece
-    # i-1 stopped
+    # piece i of the gathered array continues the pattern where piece i-1 stopped
     pat.fill(b["in"], base=g.grank + 1, off=g.grank * b["m"])
     b["out"].fill_(-1)
 
@@ -311,8 +297,7 @@ ALL_GATHER_OP = Op(
      **_ours(ALL_GATHER, CALLS["all_gather"])},
     full_array=True)
 
-# the root is the group's first rank (g.root, a global rank); the others
-# pass no output
+# the root is the group's first rank (g.root, a global rank); the others pass no output
 GATHER_OP = Op(
     "gather", "gather", 2.5, _pieces("in", "out"), _ag_reset, _root_only(_ag_check),
     _ours(GATHER, lambda f, b, g: f(b["out"] if g.grank == 0 else None,
@@ -339,8 +324,7 @@ def _pp_reset(b, g, pat):
 
 
 def _pp_run(b, g):
-    # rank a sends, b echoes the same bytes back: the time is a round
-    # trip
+    # rank a sends, b echoes the same bytes back: the time is a round trip
     if g.grank == 0:
         dist.send(b["t"], dst=g.peer(1))
         dist.recv(b["r"], src=g.peer(1))
@@ -356,9 +340,8 @@ def _pp_check(b, g, pat):
 PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _pp_reset, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
-# the benchmarked ops (bench.ops); their implementations come from
-# ddp_lab.collectives' tables. The config's table (what the submitting
-# side checks, without torch) must say the same.
+# the benchmarked ops (bench.ops); their implementations come from ddp_lab.collectives' tables. The
+# config's table (what the submitting side checks, without torch) must say the same.
 OPS: Registry[Op] = Registry("bench.ops", {op.name: op for op in (
     ALL_REDUCE_OP, REDUCE_OP, BROADCAST_OP, REDUCE_BROADCAST_OP, SEND_RECV_RING_OP,
     ISEND_IRECV_RING_OP, ALL_GATHER_OP, GATHER_OP, REDUCE_SCATTER_OP, PING_PONG_OP)})
@@ -369,9 +352,8 @@ if _HAVE != dict(config.OPS):
 
 
 def student_label(spec: str) -> str:
-    """A student's implementation as the bench's tables and plots name
-    it: the function's name (with its file's where it is a built-in's
-    name)."""
+    """A student's implementation as the bench's tables and plots name it: the function's name
+    (with its file's where it is a built-in's name)."""
     from ..config.student import spec_label, split_spec
 
     name = spec_label(spec)
@@ -379,8 +361,8 @@ def student_label(spec: str) -> str:
 
 
 def with_students(op: Op, impls: list[str]) -> Op:
-    """`op` with the student's functions of `impls` (FILE.py:fn) that
-    are its collective added, each named by `student_label`."""
+    """`op` with the student's functions of `impls` (FILE.py:fn) that are its collective added,
+    each named by `student_label`."""
     from ..collectives.student import as_registry_entry, one
     from ..config.student import find_functions, is_spec
 

@@ -1,9 +1,8 @@
-"""Bench results on disk: bench.csv, bench.json, bench.md and
-plots/*.png (+ .json).
+"""Bench results on disk: bench.csv, bench.json, bench.md and plots/*.png (+ .json).
 
-Every plot has a sidecar JSON with the exact series drawn (label, x, y),
-so tests and scripts can read what a figure shows without parsing
-pixels. Wrong results are in the tables (marked) and never in a plot.
+Every plot has a sidecar JSON with the exact series drawn (label, x, y), so tests and scripts can
+read what a figure shows without parsing pixels. Wrong results are in the tables (marked) and never
+in a plot.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype
                "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "throughput_GiBps",
                "correct", "error")
 
-# bench.plot_metric -> (row key, y-axis label, title): every axis says
-# its unit
+# bench.plot_metric -> (row key, y-axis label, title): every axis says its unit
 METRICS = {
     "busbw": ("busbw_GBps", "busbw (GB/s = 1e9 bytes/s)", "bus bandwidth"),
     "algbw": ("algbw_GBps", "algbw (GB/s = 1e9 bytes/s)", "algorithm bandwidth"),
@@ -98,10 +96,9 @@ def markdown(result: dict, meta: dict) -> str:
 
 
 def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict:
-    """Line style and marker = group kind; colour = implementation (the
-    group kind when the figure has one implementation, as the hand-in
-    plot; op on the overview), so lines read apart without the legend's
-    help."""
+    """Line style and marker = group kind; colour = implementation (the group kind when the figure
+    has one implementation, as the hand-in plot; op on the overview), so lines read apart without
+    the legend's help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
         import matplotlib  # lazy: see report.plots._plt
@@ -117,11 +114,10 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
 
 
 def op_figure(title: str, rows: list[dict], metric: str, nops: int):
-    """Bandwidth vs size (left) and time per call vs size (right), one
-    line per series, both panels on one x axis (elements). The legend
-    sits under the panels (constrained layout makes room for it), so it
-    never covers a line. Returns the figure and what was drawn (the
-    sidecar JSON's content)."""
+    """Bandwidth vs size (left) and time per call vs size (right), one line per series, both panels
+    on one x axis (elements). The legend sits under the panels (constrained layout makes room for
+    it), so it never covers a line. Returns the figure and what was drawn (the sidecar JSON's
+    content)."""
     plt = _plt()
     from matplotlib.ticker import LogLocator  # lazy: see report.plots._plt
 
@@ -169,8 +165,7 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
 
 def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw",
                   title: str = "") -> dict[str, Any]:
-    """Every file of a bench run folder; returns the plot
-    descriptions."""
+    """Every file of a bench run folder; returns the plot descriptions."""
     rows = result["rows"]
     with open(run_dir / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")

@@ -58,8 +58,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def omp_env(wait: str) -> dict[str, str]:
-    """The environment OpenMP setting `wait` names (see the module
-    docstring)."""
+    """The environment OpenMP setting `wait` names (see the module docstring)."""
     if wait == "default":
         return {}
     if wait in ("passive", "active"):
@@ -76,8 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         # a bad one: one line, before anything runs
         omp_env(w)
     inherited = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
-    # ddp_lab's default is what is measured, and each loop's setting its
-    # own
+    # ddp_lab's default is what is measured, and each loop's setting its own
     if inherited:
         print(f"(ignoring this shell's {inherited}: every row sets its own)", file=sys.stderr)
     figures: dict = {"ratios": {}}
@@ -95,10 +93,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def late(root: str, tmp: str, args) -> dict:
-    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a
-    hog that starts when the last idle one ends: its defaults, then
-    every core's threads under each spinning wait of `args.waits`. {row:
-    {"idle": [s], "hog": [s]}}, each row printed as it ends."""
+    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a hog that starts when the
+    last idle one ends: its defaults, then every core's threads under each spinning wait of
+    `args.waits`. {row: {"idle": [s], "hog": [s]}}, each row printed as it ends."""
     n = cpu.cores()
     rows = {"defaults": ([], {})}
     # libgomp's default is 300000 spins (its manual), set here
@@ -124,10 +121,9 @@ def late(root: str, tmp: str, args) -> dict:
 
 
 def measure(load: str, root: str, tmp: str, args) -> dict:
-    """The search, then the rounds: for each world, the best setting of
-    each thread count (the search's winner alone would carry its lucky
-    draw) against ddp_lab's defaults, side by side; the floor is the
-    fastest of them over the rounds."""
+    """The search, then the rounds: for each world, the best setting of each thread count (the
+    search's winner alone would carry its lucky draw) against ddp_lab's defaults, side by side; the
+    floor is the fastest of them over the rounds."""
     cores = cpu.cores()
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
@@ -196,8 +192,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
 
 
 def _best_per_threads(found: dict) -> list[tuple]:
-    """The fastest setting of each thread count in a search's results
-    {(t, w, x): s}."""
+    """The fastest setting of each thread count in a search's results {(t, w, x): s}."""
     best: dict[int, tuple] = {}
     for key, sec in found.items():
         if key[0] not in best or sec < found[best[key[0]]]:
@@ -206,8 +201,8 @@ def _best_per_threads(found: dict) -> list[tuple]:
 
 
 def search(head: str, threads: list[int], args, measure) -> dict[tuple[int, str, str], float]:
-    """Every (threads, wait) of the search, `measure(t, w)` -> {column: [s/epoch]}: the median
-    of each (t, w, column), a table row printed as each ends."""
+    """Every (threads, wait) of the search, `measure(t, w)` -> {column: [s/epoch]}: the median of
+    each (t, w, column), a table row printed as each ends."""
     found = {}
     print(head)
     for t in threads:
@@ -222,8 +217,7 @@ def search(head: str, threads: list[int], args, measure) -> dict[tuple[int, str,
 
 
 def _chosen(share: dict | None) -> str:
-    """ddp_lab's defaults, as its run chose them (summary.json
-    segments[0].cpu)."""
+    """ddp_lab's defaults, as its run chose them (summary.json segments[0].cpu)."""
     if not share:
         return "its defaults"
     n = share.get("threads")
@@ -249,11 +243,10 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
 
 def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
          env: Optional[dict] = None, hog_after: int = 0) -> tuple[list[float], dict]:
-    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus
-    `overrides`, and `env` added to its environment): each epoch as its
-    records say, and what its defaults chose (summary.json
-    `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a
-    hog started when epoch `hog_after` ends."""
+    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus `overrides`, and `env` added to
+    its environment): each epoch as its records say, and what its defaults chose (summary.json
+    `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a hog started when epoch
+    `hog_after` ends."""
     epochs = args.epochs + hog_after
     s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}",
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
@@ -265,9 +258,9 @@ def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
 
 @contextmanager
 def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
-    """One busy process per core while the block runs (each dies with
-    this process, and ends itself after `seconds` in any case): the load
-    a shared login node or a neighbour's job puts on the cores."""
+    """One busy process per core while the block runs (each dies with this process, and ends itself
+    after `seconds` in any case): the load a shared login node or a neighbour's job puts on the
+    cores."""
     code = ("import ctypes, os, time\n"
             "ctypes.CDLL('libc.so.6').prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when we die\n"
             "end = time.monotonic() + %r\n"
@@ -284,9 +277,8 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
 
 
 def _hog_from(marker: str):
-    """A line reader for `trained`: starts `cpu_hog` at the first line
-    containing `marker` and ends it when the run ends (called with
-    None)."""
+    """A line reader for `trained`: starts `cpu_hog` at the first line containing `marker` and ends
+    it when the run ends (called with None)."""
     hog, started = ExitStack(), []
 
     def on_line(line: Optional[str]) -> None:

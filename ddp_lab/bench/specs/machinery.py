@@ -1,8 +1,7 @@
-"""The benchmarks of the run's machinery, each against going without it:
-the stop check (stop), the time to the first line and the report's
-(start), TensorBoard's live points (tensorboard). Each benchmark's
-description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite
-NAME`, finds it in `BENCHMARKS`."""
+"""The benchmarks of the run's machinery, each against going without it: the stop check (stop), the
+time to the first line and the report's (start), TensorBoard's live points (tensorboard). Each
+benchmark's description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite NAME`, finds it
+in `BENCHMARKS`."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ STOP_SPEC = Spec(compares="epochs with and without the stop check, alternating",
 
 
 class Timed(StopControl):
-    """The stop check with its own time summed (what it adds to the
-    loop)."""
+    """The stop check with its own time summed (what it adds to the loop)."""
 
     spent = 0.0
 
@@ -63,8 +61,7 @@ class Timed(StopControl):
 def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", "timing.enabled=false"])
     steps = bench.steps(args.steps)
-    # one for the run, as the trainer keeps one: its interval carries
-    # over between epochs
+    # one for the run, as the trainer keeps one: its interval carries over between epochs
     stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
 
     def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
@@ -95,10 +92,9 @@ def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def record_share(run_dir: Path) -> tuple[float, float]:
-    """Seconds a step's bookkeeping takes (its five timed phases and one
-    timed collective, the attributes the heartbeat record reads, with
-    the record's thread following them), and the notebook's compute-only
-    step (best of 7 repeats each, in this process)."""
+    """Seconds a step's bookkeeping takes (its five timed phases and one timed collective, the
+    attributes the heartbeat record reads, with the record's thread following them), and the
+    notebook's compute-only step (best of 7 repeats each, in this process)."""
     import torch
     import torch.nn.functional as F
 
@@ -281,8 +277,7 @@ def calibrate(seconds: float) -> int:
 
 
 def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
-    """CPU seconds per step of `steps` steps of `n` work, written
-    `way`."""
+    """CPU seconds per step of `steps` steps of `n` work, written `way`."""
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
     sink = writer = None
@@ -313,8 +308,7 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
             writer.flush()
     for w in (sink, writer):
         if w is not None:
-            # the writer's thread has written everything: its CPU is
-            # counted
+            # the writer's thread has written everything: its CPU is counted
             w.close()
     return (time.process_time() - t0) / steps
 

@@ -46,8 +46,7 @@ RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,
 
 
 def rate_bytes(text: str) -> float:
-    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s;
-    ValueError if it is none."""
+    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s; ValueError if it is none."""
     m = RATE_RE.match(text)
     if not m or float(m[1]) <= 0:
         raise ValueError(f"'{text}' is not a tc rate such as 200mbit, 1gbit or 25mbps")
@@ -71,12 +70,10 @@ def within(measured: float, predicted: float, tol: float = TOLERANCE) -> bool:
 
 
 def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
-    """Seconds per step a 2x2 hierarchy saves over the flat ring on a
-    link of `rate` bytes/s (the cost model's bandwidth term, alpha 0:
-    the link sets the pace): the flat ring of 4 sends 2(n-1)/n = 1.5
-    buffers over each link that crosses nodes, the leaders' ring of 2
-    one buffer; the in-node phases run on the nodes' loopback and are
-    not counted."""
+    """Seconds per step a 2x2 hierarchy saves over the flat ring on a link of `rate` bytes/s (the
+    cost model's bandwidth term, alpha 0: the link sets the pace): the flat ring of 4 sends
+    2(n-1)/n = 1.5 buffers over each link that crosses nodes, the leaders' ring of 2 one buffer;
+    the in-node phases run on the nodes' loopback and are not counted."""
     from ddp_lab.report.alpha_beta import Fit, call_time
 
     fit = Fit(alpha_s=0.0, beta_s_per_byte=1 / rate, points=0, impl="link", algorithm="ring",
@@ -86,16 +83,14 @@ def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
 
 
 def link_bytes(m: dict) -> float:
-    """Bytes per step over the busiest link between the nodes: the
-    hierarchy's leader sends all it sends (`cross_bytes`) to the other
-    node; in a flat ring of 4 (ours, or the library's, modelled as one)
-    each link between nodes carries what one rank sends."""
+    """Bytes per step over the busiest link between the nodes: the hierarchy's leader sends all it
+    sends (`cross_bytes`) to the other node; in a flat ring of 4 (ours, or the library's, modelled
+    as one) each link between nodes carries what one rank sends."""
     return m["cross_bytes"] if m.get("cross_bytes") is not None else m["sent_bytes"]
 
 
 def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[Claim]:
-    """The hierarchy's saving over the flat ring at `rate`, if both were
-    run."""
+    """The hierarchy's saving over the flat ring at `rate`, if both were run."""
     ring, hier = med.get("ring"), med.get("hierarchical")
     if not (ring and hier):
         return []
@@ -107,10 +102,9 @@ def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[
 
 def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
            slow: Optional[dict[str, dict]] = None, slow_rate: float = 0.0) -> list[Claim]:
-    """The claims from the medians at the claims' link (`med`: label ->
-    figures per step), the straggler phase's findings (`named`: label ->
-    the rank named, or None) and medians (`slow`, node2's link at
-    `slow_rate` bytes/s)."""
+    """The claims from the medians at the claims' link (`med`: label -> figures per step), the
+    straggler phase's findings (`named`: label -> the rank named, or None) and medians (`slow`,
+    node2's link at `slow_rate` bytes/s)."""
     out = hierarchy_claim(med, rate)
     base = med.get("ddp")
     for label in (c for c in COMPRESSED if c in med and base):
@@ -169,9 +163,8 @@ def phase_table(med: dict[str, dict], spread: dict[str, tuple[float, float]]) ->
 
 
 def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
-    """Medians per label of one phase's rounds, key by key (None where
-    the sync does not record it: cross_bytes), and each label's (min,
-    max) time/step."""
+    """Medians per label of one phase's rounds, key by key (None where the sync does not record it:
+    cross_bytes), and each label's (min, max) time/step."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
@@ -187,8 +180,7 @@ def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
 
 
 def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
-    """label -> the rank the straggler report names over all the
-    straggler phase's steps."""
+    """label -> the rank the straggler report names over all the straggler phase's steps."""
     from ddp_lab.timing import StragglerTally
 
     out: dict[str, Optional[dict]] = {}
@@ -209,8 +201,7 @@ def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
 
 # ------------------------------------------------------------------- the plots
 def _spans(values: list[list[float]], mids: list[float]) -> list[list[float]]:
-    """Error bars from each point's rounds: [median - min, max -
-    median], never below 0."""
+    """Error bars from each point's rounds: [median - min, max - median], never below 0."""
     return [[max(0.0, m - min(v)) for v, m in zip(values, mids)],
             [max(0.0, max(v) - m) for v, m in zip(values, mids)]]
 
@@ -224,9 +215,8 @@ def _by(rows: list[dict], phase: str, key: str) -> dict[tuple[str, str], list[fl
 
 
 def epoch_vs_link(plt, args: argparse.Namespace, rows: list[dict]):
-    """Time per epoch against the link's rate, one line per synchroniser
-    (error bars: the rounds' min-max at the claims' link, where there
-    are several)."""
+    """Time per epoch against the link's rate, one line per synchroniser (error bars: the rounds'
+    min-max at the claims' link, where there are several)."""
     steps = {**_by(rows, "sweep", "step_ms"), **_by(rows, "main", "step_ms")}
     fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
     info = {}
@@ -251,8 +241,7 @@ def epoch_vs_link(plt, args: argparse.Namespace, rows: list[dict]):
 
 
 def exposed_vs_inflight(plt, args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: in-flight and exposed comm per step, and
-    compute, per config."""
+    """At the claims' link: in-flight and exposed comm per step, and compute, per config."""
     labels = ["ring", "hierarchical", "allreduce", "allreduce+overlap", "ddp"]
     series = {"compute": "compute_ms", "in-flight comm": "inflight_ms",
               "exposed comm": "exposed_ms"}
@@ -275,8 +264,7 @@ def exposed_vs_inflight(plt, args: argparse.Namespace, rows: list[dict]):
 
 
 def compression(plt, args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: bytes sent and comm time per step for each
-    sync.compress."""
+    """At the claims' link: bytes sent and comm time per step for each sync.compress."""
     labels = ["ddp", *COMPRESSED]
     names = ["none", "fp16", "bf16", f"powersgd\n(rank {args.powersgd_rank})"]
     sent, comm = _by(rows, "main", "sent_bytes"), _by(rows, "main", "inflight_ms")
@@ -320,8 +308,7 @@ NETLAB_RECORDS = Path("/run/ddp_lab_netlab")
 # the job's ranks find their plan (a JSON file) here
 PLAN_ENV = "NET_CLAIMS_PLAN"
 
-#: label -> the trainer's overrides; the first four are also drawn
-#: against the link rate
+#: label -> the trainer's overrides; the first four are also drawn against the link rate
 CONFIGS: dict[str, list[str]] = {
     "ring": ["sync=ring"],
     "hierarchical": ["sync=hierarchical"],
@@ -386,8 +373,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    """label -> its sync's overrides, the same bucket size for all
-    (DDP's own key)."""
+    """label -> its sync's overrides, the same bucket size for all (DDP's own key)."""
     def bucket(ov: list[str]) -> list[str]:
         if "sync=ddp" in ov:
             return [f"sync.bucket_cap_mb={args.bucket_mb}",
@@ -398,8 +384,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def phases(args: argparse.Namespace) -> list[dict]:
-    """The job's phases: (name, link, node2's link or None,
-    configurations, rounds)."""
+    """The job's phases: (name, link, node2's link or None, configurations, rounds)."""
     out = [{"phase": "main", "link": args.link, "node2": None, "labels": list(CONFIGS),
             "rounds": args.rounds}]
     if args.sweep_rounds:
@@ -412,18 +397,16 @@ def phases(args: argparse.Namespace) -> list[dict]:
 
 # ------------------------------------------------------------------- the ranks
 def shape(plan: dict, link: str, node: Optional[int] = None) -> None:
-    """netlab.sh shape, run in the submitting process's network
-    namespace (where the lab's bridge ends are): every link at `link`,
-    or node `node`'s alone."""
+    """netlab.sh shape, run in the submitting process's network namespace (where the lab's bridge
+    ends are): every link at `link`, or node `node`'s alone."""
     cmd = ["nsenter", f"--net={plan['root_netns']}", "bash", str(NETLAB_SH), "shape",
            "--name", plan["lab"], "--link", link, *(["--node", str(node)] if node else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
 
 
 def measure(ctx, plan: dict) -> list[dict]:
-    """On every rank: every phase's configurations, one epoch each per
-    round; rank 0 keeps the figures (its own: rank 0 leads node1) and
-    every rank's comm waits per step."""
+    """On every rank: every phase's configurations, one epoch each per round; rank 0 keeps the
+    figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
     from ddp_lab.bench.scaffold import Bench
     from ddp_lab.bench.suite import rounds
 
@@ -481,9 +464,8 @@ def rank(run_dir: Path) -> int:
 # ------------------------------------------------------------------- the submitting side
 @contextlib.contextmanager
 def lab_and_cluster(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
-    """(lab name, environment with SLURM_CONF): the --lab given, or a
-    lab and a cluster made here on a name and ports of their own,
-    removed on the way out."""
+    """(lab name, environment with SLURM_CONF): the --lab given, or a lab and a cluster made here
+    on a name and ports of their own, removed on the way out."""
     if args.lab:
         yield args.lab, dict(os.environ)
         return

@@ -1,8 +1,7 @@
-"""The training benchmarks of the synchronisers, side by side: every
-synchroniser's time per step (syncs), overlap on and off (overlap),
-gradient compression (compress) and the hierarchical all-reduce
-(hierarchical). Each benchmark's description is its `*_DOC`; the
-runner, `python -m ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
+"""The training benchmarks of the synchronisers, side by side: every synchroniser's time per step
+(syncs), overlap on and off (overlap), gradient compression (compress) and the hierarchical
+all-reduce (hierarchical). Each benchmark's description is its `*_DOC`; the runner, `python -m
+ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ rotating rounds, each time the median of its rounds; then the timers'
 cost step against step.
 """
 
-# label -> its overrides on the trainer's config (the defaults: timing
-# on)
+# label -> its overrides on the trainer's config (the defaults: timing on)
 SYNCS_CONFIGS = {
           "ddp": ["sync=ddp"],
           "ddp timing off": ["sync=ddp", "timing.enabled=false"],
@@ -48,8 +46,8 @@ SYNCS_CONFIGS = {
           "ring prepost off": ["sync=ring", "sync.prepost=false"],
           "tree": ["sync=tree"],
           "butterfly": ["sync=butterfly"],
-          # the textbook ring as a student's function: its send/recv watched
-          # (docs/exercises.md, what the watch costs)
+          # the textbook ring as a student's function: its send/recv watched (docs/exercises.md,
+          # what the watch costs)
           "custom": ["sync=custom"],
 }
 
@@ -59,8 +57,7 @@ SYNCS_SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with th
                   ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on, "
                          "custom / ring")
 
-#: configurations whose timer overhead is also measured step against
-#: step (--paired)
+#: configurations whose timer overhead is also measured step against step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
 
 
@@ -79,9 +76,8 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
     def paired(label: str, epoch: int, steps: int) -> tuple[list, list]:
-        """One epoch with the timers switched on and off on alternate
-        steps (both ranks alike): per-step wall times of each arm, free
-        of the drift between epochs."""
+        """One epoch with the timers switched on and off on alternate steps (both ranks alike):
+        per-step wall times of each arm, free of the drift between epochs."""
         _, syncer, opt, timer = bench.parts(cfgs[label], epoch)
         batches, arms = iter(bench.splits.train), ([], [])
         ctx.barrier()
@@ -118,9 +114,8 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def timer_overhead(steps: int, epochs: int = 20) -> float:
-    """Seconds per step that the timers add: five phases, one timed
-    collective and the per-epoch resolution, with empty bodies, timers
-    on minus timers off (best of 5)."""
+    """Seconds per step that the timers add: five phases, one timed collective and the per-epoch
+    resolution, with empty bodies, timers on minus timers off (best of 5)."""
     import torch
 
     from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
@@ -232,8 +227,7 @@ OVERLAP_SPEC = Spec(compares="ddp, allreduce and ring with sync.overlap on and o
 
 
 def overrides(name: str, overlap: bool, bucket_mb: float) -> list[str]:
-    """The trainer's overrides: the sync, its bucket size (DDP's own
-    key), its overlap."""
+    """The trainer's overrides: the sync, its bucket size (DDP's own key), its overlap."""
     if name == "ddp":  # DDP always overlaps
         return ["sync=ddp", f"sync.bucket_cap_mb={bucket_mb}"]
     return [f"sync={name}", f"sync.bucket_mb={bucket_mb}", f"sync.overlap={str(overlap).lower()}"]
@@ -315,8 +309,7 @@ each figure with its ratio to the uncompressed run of the same
 synchroniser.
 """
 
-#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours)
-#: through _reduce
+#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours) through _reduce
 COMPRESS_CONFIGS = {f"{s} {c}": (s, c) for s, c in [
              ("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "powersgd"),
              ("ring", "none"), ("ring", "fp16"), ("ring", "bf16")]}

@@ -30,11 +30,9 @@ SPEC = Spec(compares="each training run's comm per step, the bench at the same c
 
 LAUNCHERS = ("local", "slurm")
 SYNCS = ("ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
-#: training steps per model: enough calls for a median, short enough for
-#: a 2-core machine
+#: training steps per model: enough calls for a median, short enough for a 2-core machine
 STEPS = {"mlp": 200, "mlp_wide": 30}
-#: the bench's implementation of each (collective, algorithm) a
-#: synchroniser calls
+#: the bench's implementation of each (collective, algorithm) a synchroniser calls
 BENCH_OPS = ["all_reduce", "reduce", "broadcast"]
 BENCH_IMPLS = ["torch", "ring", "tree", "butterfly"]
 
@@ -79,8 +77,7 @@ def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int])
 
 
 def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
-    """A comma list of --option: ints of `least` or more, or names of
-    `allowed`."""
+    """A comma list of --option: ints of `least` or more, or names of `allowed`."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
         raise UsageError(f"{option} {text!r}: give a comma-separated list")
