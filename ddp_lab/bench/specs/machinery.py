@@ -33,10 +33,9 @@ training step (docs/failures.md, "What the stop check costs").
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
     python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
-Each round one epoch of the trainer's step loop without the stop check
-and one with it, alternating; printed: the check's time per step and a
-step's bookkeeping (its timed phases and collective, which the heartbeat
-record's thread reads), each against the step (targets: at most 1%
+Each round one epoch of the trainer's step loop without the stop check and one with it,
+alternating; printed: the check's time per step and a step's bookkeeping (its timed phases and
+collective, which the heartbeat record's thread reads), each against the step (targets: at most 1%
 each).
 """
 
@@ -68,9 +67,7 @@ def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         parts = bench.parts(bench.cfg, seed_epoch)
         spent0, checks0 = stopper.spent, stopper.checks
         wall = bench.epoch(parts, n, stopper if check else None)
-        if check:
-            return wall, stopper.spent - spent0, stopper.checks - checks0
-        return wall, 0.0, 0
+        return wall, stopper.spent - spent0, stopper.checks - checks0
 
     # warm-up: connections, allocations, the check's interval
     epoch(True, steps, 0)
@@ -95,13 +92,11 @@ def record_share(run_dir: Path) -> tuple[float, float]:
     """Seconds a step's bookkeeping takes (its five timed phases and one timed collective, the
     attributes the heartbeat record reads, with the record's thread following them), and the
     notebook's compute-only step (best of 7 repeats each, in this process)."""
-    import torch
     import torch.nn.functional as F
 
     from ddp_lab.config import compose
     from ddp_lab.models import build_model
     from ddp_lab.folder import heartbeat
-    from ddp_lab.timing import Clock, CommRecorder, StepTimer
 
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, 2)
@@ -174,9 +169,8 @@ report's start.
     python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
     python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
-Each the median (min-max) over rounds: `python -m ddp_lab
-train.epochs=1` to its first console line (then SIGTERM), and `python -m
-ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
+Each the median (min-max) over rounds: `python -m ddp_lab train.epochs=1` to its first console line
+(then SIGTERM), and `python -m ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
 interpreter (docs/performance.md, "Time to the first step").
 """
 

@@ -5,11 +5,9 @@ prediction and its target.
     python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster
     python -m ddp_lab.bench.suite network --lab netlab   # a lab and cluster already up
 
-One SLURM job of 2 nodes x 2 ranks
-(`run.entry=ddp_lab.bench.specs.network`: this module is the ranks'
-entry too) times every configuration per phase; rank 0 reshapes the
-links between phases (netlab.sh shape). The phases, options and figures:
-docs/network_ddp.md, "How the script measures".
+One SLURM job of 2 nodes x 2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is the
+ranks' entry too) times every configuration per phase; rank 0 reshapes the links between phases
+(netlab.sh shape). The phases, options and figures: docs/network_ddp.md, "How the script measures".
 """
 
 from __future__ import annotations

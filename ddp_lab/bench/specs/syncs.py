@@ -28,9 +28,8 @@ SYNCS_DOC = """Epoch time of every synchroniser, side by side, measured in one r
     python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
 The notebook's workload, full epochs, the trainer's parts and step loop
-(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds`
-rotating rounds, each time the median of its rounds; then the timers'
-cost step against step.
+(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds` rotating rounds, each time the
+median of its rounds; then the timers' cost step against step.
 """
 
 # label -> its overrides on the trainer's config (the defaults: timing on)
@@ -207,9 +206,8 @@ allreduce (docs/compression_overlap.md, "Overlap and exposed comm").
     python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
     python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
 
-The same bucket size for all; a warm-up epoch each, then `--rounds`
-rotating rounds, each figure the median over rounds, timed by the
-trainer's step loop and timers.
+The same bucket size for all; a warm-up epoch each, then `--rounds` rotating rounds, each figure
+the median over rounds, timed by the trainer's step loop and timers.
 """
 
 # label -> (sync option, overlap)
@@ -304,9 +302,8 @@ accuracy, side by side (docs/compression_overlap.md, "What it buys").
     python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
     python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
 
-Each configuration is one real training run, rounds in rotating order;
-each figure with its ratio to the uncompressed run of the same
-synchroniser.
+Each configuration is one real training run, rounds in rotating order; each figure with its ratio
+to the uncompressed run of the same synchroniser.
 """
 
 #: "synchroniser sync.compress": ddp through torch's hooks, ring (ours) through _reduce
@@ -370,10 +367,9 @@ in one run (docs/sync.md, "Hierarchical").
     # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
     python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
 
-Each configuration is a real `python -m ddp_lab` run (1 epoch of
-`--steps` steps, the overrides after `--` added), in rotating order;
-printed from rank 0's summary.json: epoch and comm time, MB sent (and to
-another node) per step, each variant's ratio to ring and ddp.
+Each configuration is a real `python -m ddp_lab` run (1 epoch of `--steps` steps, the overrides
+after `--` added), in rotating order; printed from rank 0's summary.json: epoch and comm time, MB
+sent (and to another node) per step, each variant's ratio to ring and ddp.
 """
 
 # label -> overrides
