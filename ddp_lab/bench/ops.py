@@ -259,10 +259,9 @@ def _ring_blocking(b, g):
 
 
 def _ring_async(b, g):
-    # isend + irecv both in flight. Posted as one batch: with nccl that
-    # is one NCCL group, so two ranks sending to each other first cannot
-    # deadlock on one pair's stream; with gloo it is exactly dist.isend
-    # + dist.irecv.
+    # isend + irecv both in flight. Posted as one batch: with nccl that is one NCCL group, so two
+    # ranks sending to each other first cannot deadlock on one pair's stream; with gloo it is
+    # exactly dist.isend + dist.irecv.
     reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, b["t"], g.peer(1), g.handle),
                                    dist.P2POp(dist.irecv, b["r"], g.peer(-1), g.handle)])
     for r in reqs:

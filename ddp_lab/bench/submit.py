@@ -23,8 +23,8 @@ from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
 # ------------------------------------------------------------------ check
-# the bench's own rules, before any process starts; the launcher's and
-# every job's (validate.COMMON) come from ddp_lab.command.validate
+# the bench's own rules, before any process starts; the launcher's and every job's
+# (validate.COMMON) come from ddp_lab.command.validate
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)

@@ -73,7 +73,6 @@ def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     epoch(True, steps, 0)
     epoch(False, min(50, steps), 0)
     off, on, spent, checks = [], [], [], []
-    # alternating order
     for r, check in rounds((False, True), args.rounds):
         wall, s, c = epoch(check, steps, r)
         (on if check else off).append(wall)

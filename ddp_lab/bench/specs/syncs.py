@@ -154,12 +154,9 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
     comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
     pairs = [("allreduce / ddp", "allreduce", "ddp"), ("ring / ddp", "ring", "ddp"),
              ("allreduce per-param / bucketed", "allreduce per-param", "allreduce"),
-             ("ddp timing on / off", "ddp", "ddp timing off"),
-             ("allreduce timing on / off", "allreduce", "allreduce timing off"),
-             ("ring timing on / off", "ring", "ring timing off"),
+             *((f"{s} timing on / off", s, f"{s} timing off") for s in ("ddp", "allreduce", "ring")),
              ("ring prepost off / on", "ring prepost off", "ring"),
-             ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
-             ("reduce_broadcast / ddp", "reduce_broadcast", "ddp"),
+             *((f"{s} / ddp", s, "ddp") for s in ("tree", "butterfly", "reduce_broadcast")),
              ("custom / ring (the same ring, watched)", "custom", "ring")]
     ratio = ratios(med, pairs)
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
