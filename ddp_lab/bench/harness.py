@@ -50,12 +50,9 @@ def bench_sizes(bench: Any) -> list[int]:
 class Task:
     op: Op
     impl: str
-    # global | intra_node | cross_node | same_node / cross_node pairs (ping_pong)
-    kind: str
-    # the groups (or the pair) that communicate
-    members: list[tuple[int, ...]]
-    # this rank's group, None if it only waits at the barriers
-    mine: Optional[GroupCtx]
+    kind: str  # global | intra_node | cross_node | same_node / cross_node pairs (ping_pong)
+    members: list[tuple[int, ...]]  # the groups (or the pair) that communicate
+    mine: Optional[GroupCtx]  # this rank's group, None if it only waits at the barriers
 
 
 def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
@@ -101,14 +98,10 @@ def free_bytes(ctx: DistContext) -> tuple[float, str]:
     if ctx.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(ctx.device)
         return float(free), "free GPU memory"
-    avail = None
     try:
         with open("/proc/meminfo") as f:
-            avail = next((float(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:")),
-                         None)
-    except OSError:
-        pass
-    if avail is None:
+            avail = next(float(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
         avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     return avail / max(ctx.env.local_world_size, 1), \
         f"available RAM / {ctx.env.local_world_size} local rank(s)"

@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# torch.optim.Adam's three implementations
-ADAMS = ("fused", "foreach", "for-loop")
+ADAMS = ("fused", "foreach", "for-loop")  # torch.optim.Adam's three implementations
 
 
 def adam(params, impl: str):

@@ -22,8 +22,7 @@ from ..world import torch_support
 
 
 PERIOD = 8  # the pattern repeats every PERIOD elements
-# elements per fill/check slice: bounds the temporaries
-CHUNK = 1 << 22
+CHUNK = 1 << 22  # elements per fill/check slice: bounds the temporaries
 
 
 class Pattern:
@@ -73,8 +72,7 @@ class GroupCtx:
     """This rank's group for one measurement: global ranks, handle, own index."""
 
     ranks: tuple[int, ...]
-    # None = the default group
-    handle: Optional[dist.ProcessGroup]
+    handle: Optional[dist.ProcessGroup]  # None = the default group
     grank: int
 
     @property
@@ -102,17 +100,14 @@ class Op:
     reset: Callable[[dict, GroupCtx, Pattern], None]
     check: Callable[[dict, GroupCtx, Pattern], Optional[str]]
     impls: dict[str, Callable[[dict, GroupCtx], None]]
-    # elements = n pieces of N // n (all_gather, reduce_scatter)
-    full_array: bool = False
-    # ping-pong: runs on rank pairs, not on the process groups
-    pairwise: bool = False
+    full_array: bool = False  # elements = n pieces of N // n (all_gather, reduce_scatter)
+    pairwise: bool = False  # ping-pong: runs on rank pairs, not on the process groups
 
     def elements(self, size: int, n: int) -> int:
         return (size // n) * n if self.full_array else size
 
 
-# reduce_broadcast's learning rate: the assignment's (its check is allclose)
-LR = 0.1
+LR = 0.1  # reduce_broadcast's learning rate: the assignment's (its check is allclose)
 
 
 def _sum_ranks(n: int) -> int:

@@ -170,6 +170,7 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
     cmd = [sys.executable, "-m", entry, "log.progress=lines", *overrides]
+    on_line = on_line or (lambda line: None)
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     err: list[str] = []
@@ -179,12 +180,10 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
     try:
         for line in p.stdout:
             out.append(line)
-            if on_line is not None:
-                on_line(line)
+            on_line(line)
         p.wait()
     finally:
-        if on_line is not None:
-            on_line(None)
+        on_line(None)
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -197,17 +196,12 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
     return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}
 
 
-def listing() -> str:
-    lines = ["python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:"]
-    for name in NAMES:
-        lines.append(f"  {name:13s}{load(name).doc.splitlines()[0]}")
-    return "\n".join(lines)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(listing())
+        print("python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:")
+        for name in NAMES:
+            print(f"  {name:13s}{load(name).doc.splitlines()[0]}")
         return 0
     if argv[0] not in NAMES:
         print(f"error: no benchmark {argv[0]!r}; choose from {', '.join(NAMES)}", file=sys.stderr)

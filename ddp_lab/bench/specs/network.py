@@ -38,8 +38,7 @@ STRAGGLER = ["ddp", "hierarchical"]
 COMPRESSED = ["ddp fp16", "ddp bf16", "ddp powersgd"]
 TOLERANCE = 0.20  # a prediction is met within 20%
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
-# tc's: bytes/s
-RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,
+RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,  # tc's, in bytes/s
               "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 
 
@@ -55,8 +54,7 @@ def rate_bytes(text: str) -> float:
 @dataclasses.dataclass
 class Claim:
     name: str
-    # a number in `unit`, or words (the rank named)
-    measured: float | str
+    measured: float | str  # a number in `unit`, or words (the rank named)
     predicted: float | str
     unit: str
     target: str
@@ -301,10 +299,8 @@ SPEC = Spec(compares="every sync, overlap and compression on a shaped 2-node lin
                      "link swept and one node slowed", rounds=3,
             ratios="each claim: measured / predicted, against its target")
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
-# netlab.sh's NAME.env of every lab up
-NETLAB_RECORDS = Path("/run/ddp_lab_netlab")
-# the job's ranks find their plan (a JSON file) here
-PLAN_ENV = "NET_CLAIMS_PLAN"
+NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
+PLAN_ENV = "NET_CLAIMS_PLAN"  # the job's ranks find their plan (a JSON file) here
 
 #: label -> the trainer's overrides; the first four are also drawn against the link rate
 CONFIGS: dict[str, list[str]] = {
