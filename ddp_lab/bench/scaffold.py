@@ -105,10 +105,8 @@ class Bench:
         return min(most, n) if most > 0 else n
 
     def parts(self, cfg: Config, epoch: int, watch_grads: bool = False) -> Parts:
-        """A new model (the same weights each time), synchroniser and optimiser from `cfg`, as the
-        trainer builds them; a step timer on the bench's Clock, timing per cfg.timing.enabled,
-        stamping compute end as the trainer's does if `watch_grads`; the data in epoch `epoch`'s
-        order."""
+        """`cfg`'s parts as the trainer builds them (the same weights each time) and a step timer
+        (compute's end stamped if `watch_grads`); the data in epoch `epoch`'s order."""
         module, syncer, optimizer = build_parts(cfg, self.ctx, self.clock)
         timer = StepTimer(self.clock, enabled=cfg.timing.enabled)
         if watch_grads:

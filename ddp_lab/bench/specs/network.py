@@ -535,10 +535,9 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        args = argparse.Namespace(**{**saved["args"], **{k: v for k, v in vars(args).items()
-                                                         if k in ("plots", "out")}})
-        res = saved
+        res = json.loads(Path(args.from_json).read_text())
+        args = argparse.Namespace(**{**res["args"], **{k: v for k, v in vars(args).items()
+                                                       if k in ("plots", "out")}})
     else:
         with tempfile.TemporaryDirectory(prefix="net_claims_") as tmp, \
                 lab_and_cluster(args) as (lab, env):

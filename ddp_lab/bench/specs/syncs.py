@@ -154,7 +154,8 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
     comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
     pairs = [("allreduce / ddp", "allreduce", "ddp"), ("ring / ddp", "ring", "ddp"),
              ("allreduce per-param / bucketed", "allreduce per-param", "allreduce"),
-             *((f"{s} timing on / off", s, f"{s} timing off") for s in ("ddp", "allreduce", "ring")),
+             *((f"{s} timing on / off", s, f"{s} timing off")
+               for s in ("ddp", "allreduce", "ring")),
              ("ring prepost off / on", "ring prepost off", "ring"),
              *((f"{s} / ddp", s, "ddp") for s in ("tree", "butterfly", "reduce_broadcast")),
              ("custom / ring (the same ring, watched)", "custom", "ring")]
