@@ -337,7 +337,7 @@ def compress_run(args: argparse.Namespace) -> dict:
                 "comm_ms_per_step": 1e3 * (s["comm_time_s"] or 0) / s["steps_run"]})
             print(f"  {sync} {compress}: {rows[(sync, compress)][-1]}", file=sys.stderr,
                   flush=True)
-    med = {c: {k: statistics.median(x[k] for x in v) for k in v[0]} for c, v in rows.items()}
+    med = medians(rows)
     print(f"{args.model}, {args.world} ranks (gloo), {args.epochs} epochs"
           f"{f' of {args.max_steps} steps' if args.max_steps else ''}, "
           f"median of {args.rounds} run(s) each; ratio = / the same sync uncompressed\n")
