@@ -288,15 +288,14 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
         for r in g["rows"]:
             flag = " ⚠" if r["cross_fingerprint"] else ""
             runs = ", ".join(short(p) for p in r["runs"])
-            lines.append(
-                f"| {r['nodes']}x{r['nproc_per_node']} | {r['world_size']} | {r['launcher']} | "
-                f"{r['backend']} | {r['time_n']} | {_f(r['epoch_time_s_mean'])} | "
-                f"{_f(r['epoch_time_s_std'])} | {ci_cell(r['epoch_time_s_ci95'], r['time_n'], '.3f')} | "
-                f"{_f(r['speedup'], '.2f')}{flag} | {ratio_ci_cell(r, 'speedup', '.2f')} | "
-                f"{_f(r['efficiency'], '.0%')} | {ratio_ci_cell(r, 'efficiency', '.0%')} | "
-                f"{_f(r['comm_fraction'], '.0%')} | {_f(r['comm_exposed_fraction'], '.0%', '--')} | "
-                f"{_f(r['samples_per_s'], '.0f')} | {_f(r['test_accuracy'], '.4f')} | "
-                f"{r['fingerprint_id']} | {runs} |")
+            lines.append(md_row([
+                f"{r['nodes']}x{r['nproc_per_node']}", r["world_size"], r["launcher"], r["backend"],
+                r["time_n"], _f(r["epoch_time_s_mean"]), _f(r["epoch_time_s_std"]),
+                ci_cell(r["epoch_time_s_ci95"], r["time_n"], ".3f"), _f(r["speedup"], ".2f") + flag,
+                ratio_ci_cell(r, "speedup", ".2f"), _f(r["efficiency"], ".0%"),
+                ratio_ci_cell(r, "efficiency", ".0%"), _f(r["comm_fraction"], ".0%"),
+                _f(r["comm_exposed_fraction"], ".0%", "--"), _f(r["samples_per_s"], ".0f"),
+                _f(r["test_accuracy"], ".4f"), r["fingerprint_id"], runs]))
         lines.append("")
         for note in g["fingerprint_notes"]:
             lines += [f"⚠ Across fingerprints: {note}.", ""]
@@ -457,13 +456,12 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
                   "| sync | world | model | calls/step | payload (MB/step) | predicted (ms/step) | "
                   "measured comm (ms/step) | sync phase (ms/step) | measured / predicted | fit | run |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(
-                f"| {r['sync']} | {r['world_size']} | {r['formula']} | {_f(r['calls_per_step'], '.1f')} | "
-                f"{_f(r['payload_MB_per_step'], '.3f')} | {_f(r['predicted_ms'], '.3f')} | "
-                f"{_f(r['measured_comm_ms'], '.3f')} | {_f(r['sync_phase_ms'], '.3f')} | "
-                f"{_f(r['ratio'], '.2f')} | {r['fit_source']} | {short(r['run'])} |")
+        ms = ("payload_MB_per_step", "predicted_ms", "measured_comm_ms", "sync_phase_ms")
+        lines += [md_row([r["sync"], r["world_size"], r["formula"], _f(r["calls_per_step"], ".1f"),
+                          *(_f(r[k]) for k in ms), _f(r["ratio"], ".2f"), r["fit_source"],
+                          short(r["run"])]) for r in rows]
         lines.append("")
+
     return lines
 
 
