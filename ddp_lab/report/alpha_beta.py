@@ -14,8 +14,8 @@ from typing import Mapping, Optional, Union
 from ..predict.costmodel import (ALGORITHMS, SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  ceil_log2, padded)
 
-#: the algorithms that run in binomial levels (ranks 2^k apart), ours and
-#: gloo's
+#: the algorithms in binomial levels (ranks 2^k apart), ours and gloo's
+
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
             ("all_reduce", "butterfly"), ("broadcast", "torch")}
 

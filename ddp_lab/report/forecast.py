@@ -237,8 +237,8 @@ def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: l
 
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
-# the forecast's goal: within 25% of a measured time per epoch
-# (docs/scaling.md)
+# the forecast's goal: within 25% of a measured time (docs/scaling.md)
+
 TARGET = 0.25
 
 

@@ -19,8 +19,7 @@ from .alpha_beta import fit_all, fit_alpha_beta, Fits, formula, predict_comm_s
 from .run import PHASES, Run
 
 
-# Statistics of repeats: mean, standard deviation, 95% confidence
-# intervals.
+# Statistics of repeats: mean, standard deviation, 95% intervals.
 
 LEVEL = 0.95
 # the fewest values an interval is given for
@@ -491,10 +490,9 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
     return lines + [""]
 
 
-# What one rank holds, per run: parameters, gradients and optimiser
-# state (summary.json's memory_* fields). sync=zero1 shards the optimiser
-# state, so its column falls as 1/world while the others stay: the table
-# puts runs of one model side by side to show it.
+# What one rank holds (summary.json's memory_*): sync=zero1 shards the
+# optimiser state, its column falls as 1/world; a model's runs together.
+
 
 KINDS = ("param", "grad", "optimizer_state")
 

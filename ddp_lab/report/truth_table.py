@@ -28,8 +28,8 @@ EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     "backward comm per step (DDP)": (0.45, 1.1),
     "comm hidden behind backward per step (DDP overlap)": None,
     "compute per step (DDP forward + backward)": None,
-    # not yet measured on a GPU: no band until docs/timing.md states a
-    # measured one
+    # no band until docs/timing.md states one measured on a GPU
+
     "exposed comm share of comm (HTA)": None,
 }
 
