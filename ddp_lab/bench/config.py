@@ -1,10 +1,8 @@
-"""The benchmark's config schema: `conf/bench.yaml` composes it with the
-launcher group.
+"""The benchmark's config schema: `conf/bench.yaml` composes it with the launcher group.
 
-The bench shares the trainer's `launcher`, `dist`, `run` and `log`
-sections (so every launcher works unchanged) and adds a `bench` section;
-`run.entry` names the module the launcher starts on every rank
-(`ddp_lab.bench.worker`). Presets live in `conf/bench/`.
+The bench shares the trainer's `launcher`, `dist`, `run` and `log` sections (so every launcher
+works unchanged) and adds a `bench` section; `run.entry` names the module the launcher starts on
+every rank (`ddp_lab.bench.worker`). Presets live in `conf/bench/`.
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ from ..config import (SCHEMAS, DistConfig, LauncherConfig, LogConfig, RunConfig,
                       register_configs)
 from ..config.registry import Registry
 
-# bench.ops -> the implementations each has. The submitting side reads
-# this table and imports no torch; the ops themselves (ops.py, which
-# take their algorithms from ddp_lab.collectives' tables) check at
-# import that they are exactly these.
+# bench.ops -> the implementations each has. The submitting side reads this table and imports no
+# torch; the ops themselves (ops.py, which take their algorithms from ddp_lab.collectives' tables)
+# check at import that they are exactly these.
 OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
     "all_reduce": ("torch", "linear", "tree", "butterfly", "ring"),
     "reduce": ("torch", "linear", "tree"),
@@ -37,12 +34,9 @@ OPS: Registry[tuple[str, ...]] = Registry("bench.ops", {
     "ping_pong": ("torch",),
 })
 # bench.impl option -> the ops that have it
-IMPLS: Registry[list[str]] = Registry("bench.impl")
-for _op, _impls in OPS.items():
-    for _impl in _impls:
-        if _impl not in IMPLS:
-            IMPLS.add(_impl, [])
-        IMPLS[_impl].append(_op)
+IMPLS: Registry[list[str]] = Registry("bench.impl", {
+    impl: [op for op, impls in OPS.items() if impl in impls]
+    for impl in dict.fromkeys(i for impls in OPS.values() for i in impls)})
 GROUPS: Registry[str] = Registry("bench.groups", {
     "global": "all ranks", "intra_node": "the ranks of one node",
     "cross_node": "one local rank across nodes"})
@@ -52,8 +46,7 @@ DTYPES: Registry[str] = Registry("bench.dtype", {n: n for n in (
 
 @dataclass
 class BenchConfig:
-    """What to measure: ops x implementations x process groups x
-    sizes."""
+    """What to measure: ops x implementations x process groups x sizes."""
 
     name: str = doc("sweep", "the preset this section came from "
                              "(conf/bench/<name>.yaml): sweep | handin")
@@ -111,8 +104,7 @@ def register_bench_configs() -> None:
 
 
 def load_bench_config(run_dir: str | Path) -> DictConfig:
-    """Read a bench run folder's resolved config.yaml back, typed by the
-    schema."""
+    """Read a bench run folder's resolved config.yaml back, typed by the schema."""
     raw = OmegaConf.load(Path(run_dir) / "config.yaml")
     if "bench" not in raw:
         raise ValueError(f"{run_dir}/config.yaml has no 'bench' section: not a bench run folder")

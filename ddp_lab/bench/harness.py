@@ -1,10 +1,8 @@
-"""The sweep: for every op x implementation x group kind x size, warm
-up, time, check.
+"""The sweep: for every op x implementation x group kind x size, warm up, time, check.
 
-One measurement, all ranks in the same order: inputs reset (untimed) ->
-device sync -> global barrier -> start -> the op on this rank's group ->
-stop -> result checked (untimed). A row's time is its slowest group's
-median (docs/bench.md, "Sizes, timing, correctness").
+One measurement, all ranks in the same order: inputs reset (untimed) -> device sync -> global
+barrier -> start -> the op on this rank's group -> stop -> result checked (untimed). A row's time
+is its slowest group's median (docs/bench.md, "Sizes, timing, correctness").
 """
 
 from __future__ import annotations
@@ -26,15 +24,15 @@ from ..predict.costmodel import busbw_factor, pow2_label
 from ..timing import percentile
 from ..world.distributed import DistContext
 from ..world.topology import build_groups, detect_topology, GroupSet, Topology
-from .ops import dtype_of, GroupCtx, Op, OPS, Pattern, student_label, with_students
+from .ops import GroupCtx, Op, OPS, Pattern, student_label, with_students
 
 
 log = logging.getLogger("ddp_lab")
 
 
 def log_sizes(lo: int, hi: int, points: int) -> list[int]:
-    """`points` sizes evenly spaced on a log scale from lo to hi
-    (inclusive), rounded to whole elements; distinct and ascending."""
+    """`points` sizes evenly spaced on a log scale from lo to hi (inclusive), rounded to whole
+    elements; distinct and ascending."""
     if points <= 1 or hi <= lo:
         return [hi if points == 1 else lo]
     a, b = math.log2(lo), math.log2(hi)
@@ -43,8 +41,7 @@ def log_sizes(lo: int, hi: int, points: int) -> list[int]:
 
 
 def bench_sizes(bench: Any) -> list[int]:
-    """The sizes a bench run measures: the log-spaced ones plus
-    `bench.sizes`, ascending."""
+    """The sizes a bench run measures: the log-spaced ones plus `bench.sizes`, ascending."""
     return sorted(set(log_sizes(bench.min_elements, bench.max_elements, bench.points))
                   | {int(s) for s in bench.get("sizes", None) or ()})
 
@@ -53,19 +50,14 @@ def bench_sizes(bench: Any) -> list[int]:
 class Task:
     op: Op
     impl: str
-    # global | intra_node | cross_node | same_node / cross_node pairs
-    # (ping_pong)
-    kind: str
-    # the groups (or the pair) that communicate
-    members: list[tuple[int, ...]]
-    # this rank's group, None if it only waits at the barriers
-    mine: Optional[GroupCtx]
+    kind: str  # global | intra_node | cross_node | same_node / cross_node pairs (ping_pong)
+    members: list[tuple[int, ...]]  # the groups (or the pair) that communicate
+    mine: Optional[GroupCtx]  # this rank's group, None if it only waits at the barriers
 
 
 def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
          ) -> tuple[list[Task], list[str]]:
-    """Tasks in run order and notes on what was skipped and why (the
-    same on every rank)."""
+    """Tasks in run order and notes on what was skipped and why (the same on every rank)."""
     tasks: list[Task] = []
     notes: list[str] = []
     for name in bench.ops:
@@ -102,28 +94,21 @@ def plan(bench: Any, topo: Topology, groups: dict[str, GroupSet], rank: int
 
 # --------------------------------------------------------------------------- memory
 def free_bytes(ctx: DistContext) -> tuple[float, str]:
-    """Bytes this rank may use for buffers before the fraction, and
-    where that came from."""
+    """Bytes this rank may use for buffers before the fraction, and where that came from."""
     if ctx.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(ctx.device)
         return float(free), "free GPU memory"
-    avail = None
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if avail is None:
+            avail = next(float(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
         avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     return avail / max(ctx.env.local_world_size, 1), \
         f"available RAM / {ctx.env.local_world_size} local rank(s)"
 
 
 def memory_caps(bench: Any, ctx: DistContext, element_size: int) -> tuple[dict[str, int], str]:
-    """Largest size (elements) per op that fits on every rank, and a
-    one-line account."""
+    """Largest size (elements) per op that fits on every rank, and a one-line account."""
     mine, where = free_bytes(ctx)
     usable = ctx.reduce_float(mine, "min") * bench.memory_fraction
     caps = {name: int(usable // (OPS[name].mem * element_size)) for name in bench.ops}
@@ -140,8 +125,7 @@ def human_bytes(n: float) -> str:
 
 # --------------------------------------------------------------------------- timing
 class Stopwatch:
-    """Host clock on CPU; CUDA events on GPU (a host clock would time
-    the launch)."""
+    """Host clock on CPU; CUDA events on GPU (a host clock would time the launch)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -165,8 +149,7 @@ class Stopwatch:
 
 def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Pattern,
             dtype: torch.dtype) -> dict:
-    """Warm up, time and check one size on every rank; returns this
-    rank's raw view."""
+    """Warm up, time and check one size on every rank; returns this rank's raw view."""
     g = task.mine
     run = task.op.impls[task.impl]
     bufs = task.op.setup(size, g, dtype, ctx.device) if g else None
@@ -185,8 +168,7 @@ def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Patter
         return watch.stop(t0)
 
     warm = [once() for _ in range(bench.warmup)]
-    # every rank must run the same number of iterations: decide from the
-    # slowest rank
+    # every rank must run the same number of iterations: decide from the slowest rank
     t_warm = ctx.reduce_float(warm[-1] if warm else 0.0, "max")
     iters = bench.iters if t_warm <= 0 else int(bench.time_per_size_s / t_warm)
     iters = max(bench.min_iters, min(bench.iters, iters))
@@ -225,8 +207,7 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
         "time_median_s": median, "time_min_s": min(times), "time_max_s": max(times),
         "time_p25_s": percentile(times, 25), "time_p75_s": percentile(times, 75),
         "algbw_GBps": algbw, "busbw_factor": factor, "busbw_GBps": algbw * factor,
-        # the assignment's throughput: bytes / 1024**3 / time (GiB/s),
-        # algbw in other units
+        # the assignment's throughput: bytes / 1024**3 / time (GiB/s), algbw in other units
         "throughput_GiBps": algbw * 1e9 / 2**30,
         "correct": not errors, "error": "; ".join(errors),
         "group_medians_s": [m for m, _, _ in per_group],
@@ -234,9 +215,7 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
 
 
 def _progress(total: int, enabled: bool, mode: str):
-    if not enabled or mode == "lines":
-        return None
-    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+    if enabled and (mode == "bar" or (mode == "auto" and sys.stderr.isatty())):
         return tqdm(total=total, unit="size", dynamic_ncols=True, leave=False)
     return None
 
@@ -249,15 +228,14 @@ def _line(row: dict) -> str:
 
 
 def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
-    """The whole sweep on the initialised process group; rank 0 gets
-    every row back."""
+    """The whole sweep on the initialised process group; rank 0 gets every row back."""
     env = ctx.env
     t_start = time.time()
     topo = detect_topology(ctx, bench.node_size)
-    kinds = [k for k in bench.groups]
+    kinds = list(bench.groups)
     groups = build_groups(topo, kinds, env.rank)
     tasks, notes = plan(bench, topo, groups, env.rank)
-    dtype = dtype_of(bench.dtype)
+    dtype = getattr(torch, bench.dtype)
     caps, mem_note = memory_caps(bench, ctx, dtype.itemsize)
     wanted = bench_sizes(bench)
     for name, cap in caps.items():
@@ -272,18 +250,16 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
         log.info("note: %s", note)
 
     pattern = Pattern(dtype, ctx.device)
-    # implementations of one op/group run back to back at each size, so
-    # that a drift in the machine's load (a shared node, thermal
-    # throttling) hits them alike
-    order = {id(t): i for i, t in enumerate(tasks)}
-    first = {}
-    for t in tasks:
-        first.setdefault((t.op.name, t.kind), order[id(t)])
-    work = sorted(((t, s) for t in tasks for s in wanted if s <= caps[t.op.name]),
-                  key=lambda ts: (first[(ts[0].op.name, ts[0].kind)], ts[1], order[id(ts[0])]))
+    # implementations of one op/group run back to back at each size, so that a drift in the
+    # machine's load (a shared node, thermal throttling) hits them alike
+    first: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(tasks):
+        first.setdefault((t.op.name, t.kind), i)
+    work = sorted(((first[(t.op.name, t.kind)], s, i, t) for i, t in enumerate(tasks)
+                   for s in wanted if s <= caps[t.op.name]), key=lambda w: w[:3])
     bar = _progress(len(work), env.is_main, progress)
     rows: list[dict] = []
-    for task, size in work:
+    for _, size, _, task in work:
         if bar is not None:
             bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
         view = measure(task, size, bench, ctx, pattern, dtype)

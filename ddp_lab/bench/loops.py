@@ -1,8 +1,7 @@
-"""The loops the epoch benchmark (ddp_lab/bench/specs/epoch.py) times
-ddp_lab against: the tightest loop over the same work, on 1 process and
-on 2, and the course notebook's own. Each takes the settings that are
-not ddp_lab's (threads, OpenMP's wait, Adam's implementation) as
-arguments: the benchmark searches them.
+"""The loops the epoch benchmark (ddp_lab/bench/specs/epoch.py) times ddp_lab against: the tightest
+loop over the same work, on 1 process and on 2, and the course notebook's own. Each takes the
+settings that are not ddp_lab's (threads, OpenMP's wait, Adam's implementation) as arguments: the
+benchmark searches them.
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# torch.optim.Adam's three implementations
-ADAMS = ("fused", "foreach", "for-loop")
+ADAMS = ("fused", "foreach", "for-loop")  # torch.optim.Adam's three implementations
 
 
 def adam(params, impl: str):
-    """torch.optim.Adam, lr 1e-3, in implementation `impl` (one of
-    ADAMS)."""
+    """torch.optim.Adam, lr 1e-3, in implementation `impl` (one of ADAMS)."""
     import torch
 
     kw = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -30,10 +27,9 @@ def adam(params, impl: str):
 
 def tight_epochs(root: str, epochs: int, max_steps: int = 0, threads: int = 0,
                  adams: tuple[str, ...] = ("fused",), device: str = "cpu") -> dict[str, list[float]]:
-    """The tightest loop, 1 process: for each Adam in `adams`, `epochs`
-    epochs timed one by one (after one untimed warm-up step, as
-    ddp_lab's preflight); {adam: [seconds]}. `threads` 0: torch's
-    default. The OpenMP settings are this process's environment's."""
+    """The tightest loop, 1 process: for each Adam in `adams`, `epochs` epochs timed one by one
+    (after one untimed warm-up step, as ddp_lab's preflight); {adam: [seconds]}. `threads` 0:
+    torch's default. The OpenMP settings are this process's environment's."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -68,17 +64,15 @@ def tight_epochs(root: str, epochs: int, max_steps: int = 0, threads: int = 0,
 
 
 def floor_epochs(root: str, epochs: int, max_steps: int = 0, device: str = "cpu") -> list[float]:
-    """The tight loop with fused Adam and torch's default threads
-    (scripts/gpu_check.sh's floor row on the GPU, where no CPU setting
-    matters)."""
+    """The tight loop with fused Adam and torch's default threads (scripts/gpu_check.sh's floor row
+    on the GPU, where no CPU setting matters)."""
     return tight_epochs(root, epochs, max_steps, device=device)["fused"]
 
 
 def one_epoch(model, optimizer, x_all, labels, order, max_steps: int = 0, batch: int = 64,
               reduce=None) -> None:
-    """One epoch of the tight loop over the samples `order` names, in
-    batches of `batch`; `reduce(model)` between backward and the
-    optimiser step (2 ranks: the gradient sum)."""
+    """One epoch of the tight loop over the samples `order` names, in batches of `batch`;
+    `reduce(model)` between backward and the optimiser step (2 ranks: the gradient sum)."""
     import torch.nn.functional as F
 
     for step, i in enumerate(range(0, len(order), batch)):
@@ -94,12 +88,10 @@ def one_epoch(model, optimizer, x_all, labels, order, max_steps: int = 0, batch:
 
 
 def ranks_epochs(ctx, args) -> dict[str, list[float]]:
-    """The tight loop on each rank of a local gloo group
-    (ddp_lab.bench.scaffold.run_ranks), each on its strided half of
-    every epoch's permutation, its gradient summed one of two ways:
-    torch's DDP, or one hand-written all-reduce of the flattened
-    gradient per step. {way: rank 0's [seconds]}, every epoch between
-    barriers as ddp_lab times its own."""
+    """The tight loop on each rank of a local gloo group (ddp_lab.bench.scaffold.run_ranks), each
+    on its strided half of every epoch's permutation, its gradient summed one of two ways: torch's
+    DDP, or one hand-written all-reduce of the flattened gradient per step. {way: rank 0's
+    [seconds]}, every epoch between barriers as ddp_lab times its own."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -149,8 +141,7 @@ def ranks_epochs(ctx, args) -> dict[str, list[float]]:
 
 
 def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
-    """The notebook's training loop, verbatim in substance (001_*.txt,
-    first cell)."""
+    """The notebook's training loop, verbatim in substance (001_*.txt, first cell)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -173,8 +164,7 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
 
     train_dataset = datasets.MNIST(root=root, train=True, transform=transforms.ToTensor(), download=False)
     train_loader = DataLoader(dataset=train_dataset, batch_size=64, shuffle=True)
-    # the notebook wraps its model in DDP over a one-process gloo group:
-    # so do we here
+    # the notebook wraps its model in DDP over a one-process gloo group: so do we here
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     # the notebook's 12355 may be taken
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -199,9 +189,8 @@ def notebook_epochs(root: str, epochs: int, max_steps: int = 0) -> list[float]:
 
 
 def in_child(fn: str, *args, env: dict[str, str]):
-    """`fn(*args)` of this module in a fresh interpreter whose
-    environment adds `env`: the OpenMP settings are read once, when
-    torch loads, so each setting needs its own process."""
+    """`fn(*args)` of this module in a fresh interpreter whose environment adds `env`: the OpenMP
+    settings are read once, when torch loads, so each setting needs its own process."""
     code = ("import json, sys; import ddp_lab.bench.loops as m; "
             f"print(json.dumps(m.{fn}(*json.loads(sys.argv[1]))))")
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}

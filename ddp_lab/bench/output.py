@@ -1,9 +1,8 @@
-"""Bench results on disk: bench.csv, bench.json, bench.md and
-plots/*.png (+ .json).
+"""Bench results on disk: bench.csv, bench.json, bench.md and plots/*.png (+ .json).
 
-Every plot has a sidecar JSON with the exact series drawn (label, x, y),
-so tests and scripts can read what a figure shows without parsing
-pixels. Wrong results are in the tables (marked) and never in a plot.
+Every plot has a sidecar JSON with the exact series drawn (label, x, y), so tests and scripts can
+read what a figure shows without parsing pixels. Wrong results are in the tables (marked) and never
+in a plot.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype
                "time_max_s", "algbw_GBps", "busbw_factor", "busbw_GBps", "throughput_GiBps",
                "correct", "error")
 
-# bench.plot_metric -> (row key, y-axis label, title): every axis says
-# its unit
+# bench.plot_metric -> (row key, y-axis label, title): every axis says its unit
 METRICS = {
     "busbw": ("busbw_GBps", "busbw (GB/s = 1e9 bytes/s)", "bus bandwidth"),
     "algbw": ("algbw_GBps", "algbw (GB/s = 1e9 bytes/s)", "algorithm bandwidth"),
@@ -46,13 +44,6 @@ def series_label(row: dict, ops: int) -> str:
     return f"{row['op']} · {base}" if ops > 1 else base
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-
-
 def _ms(s: float) -> str:
     return f"{s * 1e3:.4g}"
 
@@ -68,10 +59,7 @@ def markdown(result: dict, meta: dict) -> str:
               f"{pow2_label(result['sizes'][-1])} elements, {meta['warmup']} warm-up + "
               f"{meta['min_iters']}..{meta['iters']} timed iterations per size; "
               f"took {result['duration_s']:.0f} s", ""]
-    for note in result["notes"]:
-        lines.append(f"- note: {note}")
-    if result["notes"]:
-        lines.append("")
+    lines += [f"- note: {note}" for note in result["notes"]] + ([""] if result["notes"] else [])
     wrong = [r for r in rows if not r["correct"]]
     if wrong:
         lines += [f"**{len(wrong)} measurement(s) gave a WRONG RESULT** (not plotted):", ""]
@@ -82,14 +70,11 @@ def markdown(result: dict, meta: dict) -> str:
               "smallest size: time (ms) |", "|---|---|---|---|---|---|---|---|"]
     for (op, impl, group), rs in iter_series(rows).items():
         good = [r for r in rs if r["correct"]]
-        if not good:
-            lines.append(f"| {op} | {impl} | {group} | {rs[0]['group_size']} | {rs[0]['groups']} "
-                         "| wrong results only | | |")
-            continue
-        best = max(good, key=lambda r: r["busbw_GBps"])
+        best = max(good, key=lambda r: r["busbw_GBps"], default=rs[0])
+        peak = (f"{best['busbw_GBps']:.3f} | {pow2_label(best['elements'])} | "
+                f"{_ms(good[0]['time_median_s'])}" if good else "wrong results only | |")
         lines.append(f"| {op} | {impl} | {group} | {best['group_size']} | {best['groups']} | "
-                     f"{best['busbw_GBps']:.3f} | {pow2_label(best['elements'])} | "
-                     f"{_ms(good[0]['time_median_s'])} |")
+                     f"{peak} |")
     for op in dict.fromkeys(r["op"] for r in rows):
         lines += ["", f"## {op}", "",
                   "| elements | bytes | impl | group | n | time (ms) | p25-p75 (ms) | "
@@ -107,20 +92,10 @@ def markdown(result: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _log2_axis(ax) -> None:
-    # lazy: see report.plots._plt
-    from matplotlib.ticker import LogLocator
-
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
-    ax.grid(True, which="major", alpha=0.3)
-
-
 def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict:
-    """Line style and marker = group kind; colour = implementation (the
-    group kind when the figure has one implementation, as the hand-in
-    plot; op on the overview), so lines read apart without the legend's
-    help."""
+    """Line style and marker = group kind; colour = implementation (the group kind when the figure
+    has one implementation, as the hand-in plot; op on the overview), so lines read apart without
+    the legend's help."""
     ls, marker = GROUP_STYLES.get(row["group"], ("-", "o"))
     if nops > 1:
         import matplotlib  # lazy: see report.plots._plt
@@ -136,12 +111,10 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
 
 
 def op_figure(title: str, rows: list[dict], metric: str, nops: int):
-    """Bandwidth vs size (left) and time per call vs size (right), one
-    line per series, both panels on one x axis (elements). The legend
-    sits under the panels (constrained layout makes room for it), so it
-    never covers a line. Returns the figure and what was drawn (the
-    sidecar JSON's content)."""
+    """Bandwidth (left) and time per call (right) against size in elements, one line per series,
+    the legend under the panels (never over a line); the figure and the sidecar JSON's content."""
     plt = _plt()
+    from matplotlib.ticker import LogLocator  # lazy: see report.plots._plt
 
     series = [[r for r in rs if r["correct"]] for rs in iter_series(rows).values()]
     # a wrong result is reported, not plotted
@@ -167,7 +140,9 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
                       "group": good[0]["group"], "x_elements": x, "y": y, "time_ms": t})
     dtype = rows[0]["dtype"] if rows else ""
     for ax in (ax_bw, ax_t):
-        _log2_axis(ax)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_xlabel(f"size (elements of {dtype}, log scale)")
     ax_bw.set_ylabel(METRICS[metric][1])
     ax_bw.set_ylim(bottom=0)
@@ -183,29 +158,26 @@ def op_figure(title: str, rows: list[dict], metric: str, nops: int):
                  "ylabel": METRICS[metric][1], "series": [d["label"] for d in drawn], "data": drawn}
 
 
-def plot_op(path: Path, title: str, rows: list[dict], metric: str, nops: int) -> dict:
-    """op_figure's PNG at `path` and its sidecar JSON; returns the
-    JSON's content."""
-    return save(*op_figure(title, rows, metric, nops), path)
-
-
 def write_outputs(run_dir: Path, result: dict, meta: dict, metric: str = "busbw",
                   title: str = "") -> dict[str, Any]:
-    """Every file of a bench run folder; returns the plot
-    descriptions."""
+    """Every file of a bench run folder; returns the plot descriptions."""
     rows = result["rows"]
-    write_csv(run_dir / "bench.csv", rows)
+    with open(run_dir / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
     plots = []
     ops = list(dict.fromkeys(r["op"] for r in rows))
     for op in ops:
         head = title if title and len(ops) == 1 else (f"{title}: {op}" if title else op)
-        plots.append(plot_op(plots_dir / f"{op}.png", f"{head} — {meta['allocation']}",
-                             [r for r in rows if r["op"] == op], metric, 1))
+        plots.append(save(*op_figure(f"{head} — {meta['allocation']}",
+                                     [r for r in rows if r["op"] == op], metric, 1),
+                          plots_dir / f"{op}.png"))
     if len(ops) > 1:
-        plots.append(plot_op(plots_dir / "overview.png", f"{title or 'all ops'} — {meta['allocation']}",
-                             rows, metric, len(ops)))
+        plots.append(save(*op_figure(f"{title or 'all ops'} — {meta['allocation']}", rows, metric,
+                                     len(ops)), plots_dir / "overview.png"))
     (run_dir / "bench.md").write_text(markdown(result, meta))
     doc = {"meta": meta, **result, "plots": [{k: p[k] for k in ("file", "title", "series")}
                                              for p in plots]}

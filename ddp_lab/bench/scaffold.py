@@ -1,7 +1,6 @@
-"""The scaffold of the training benchmarks of ddp_lab/bench/specs/ that
-time the trainer's parts (syncs, overlap, stop, network): ranks of a
-one-machine gloo group, each with the trainer's parts built as
-`ddp_lab.train.train` builds them.
+"""The scaffold of the training benchmarks of ddp_lab/bench/specs/ that time the trainer's parts
+(syncs, overlap, stop, network): ranks of a one-machine gloo group, each with the trainer's parts
+built as `ddp_lab.train.train` builds them.
 
     def worker(ctx, args):                      # on every rank, in its own process
         bench = Bench(ctx, [f"data.root={args.data_root}"])    # config, data, Clock
@@ -10,8 +9,7 @@ one-machine gloo group, each with the trainer's parts built as
 
     results = run_ranks(worker, 2, args)        # {rank: what worker returned}, or None
 
-`worker` is a module-level function of the spec (the spawned ranks
-import it by name).
+`worker` is a module-level function of the spec (the spawned ranks import it by name).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from ..data import build_splits
 from ..data_fetch import prepare_mnist
 from ..world.distributed import DistContext, local_gloo_world
 from ..world.ports import free_port
-from ..rank.epochs import EpochBatches
-from ..rank.epochs import StopControl
+from ..rank.epochs import EpochBatches, StopControl
 from ..timing import PHASES, Clock, StepTimer, epoch_timing
 from ..step import run_steps
 from ..train import build_parts
@@ -36,9 +33,8 @@ from ..train import build_parts
 
 def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
               timeout_s: float = 3600) -> Optional[dict[int, Any]]:
-    """`body(ctx, args)` on `world` spawned ranks of a local gloo group;
-    what each returned, by rank. A rank that raised: its error on stderr
-    and None."""
+    """`body(ctx, args)` on `world` spawned ranks of a local gloo group; what each returned, by
+    rank. A rank that raised: its error on stderr and None."""
     import torch.multiprocessing as mp
 
     mpc = mp.get_context("spawn")
@@ -61,8 +57,7 @@ def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
 
 
 def rank0(body: Callable[[DistContext, Any], Any], world: int, args: Any) -> Any:
-    """What rank 0 of `run_ranks(body, world, args)` returned (None if a
-    rank failed)."""
+    """What rank 0 of `run_ranks(body, world, args)` returned (None if a rank failed)."""
     results = run_ranks(body, world, args)
     return None if results is None else results[0]
 
@@ -81,8 +76,7 @@ def _rank(rank: int, world: int, port: int, body: Callable, args: Any, queue) ->
 
 
 class Parts(NamedTuple):
-    """What one measured configuration trains with, fresh:
-    `build_parts`' three and a timer."""
+    """What one measured configuration trains with, fresh: `build_parts`' three and a timer."""
     module: torch.nn.Module
     syncer: Any
     optimizer: torch.optim.Optimizer
@@ -90,9 +84,8 @@ class Parts(NamedTuple):
 
 
 class Bench:
-    """One rank's bench: the composed config (`overrides` on the
-    trainer's defaults), this rank's MNIST shard and a Clock, set up as
-    `train()` sets them up."""
+    """One rank's bench: the composed config (`overrides` on the trainer's defaults), this rank's
+    MNIST shard and a Clock, set up as `train()` sets them up."""
 
     def __init__(self, ctx: DistContext, overrides: Sequence[str]):
         self.ctx, self.overrides = ctx, list(overrides)
@@ -103,44 +96,34 @@ class Bench:
         self.clock = Clock(ctx.device)
 
     def compose(self, overrides: Sequence[str]) -> Config:
-        """The bench's config with one configuration's overrides on top
-        (`sync=ring`, ...)."""
+        """The bench's config with one configuration's overrides on top (`sync=ring`, ...)."""
         return compose([*self.overrides, *overrides])
 
     def steps(self, most: int) -> int:
-        """Steps per epoch: the shard's batches, or `most` of them where
-        `most` > 0."""
+        """Steps per epoch: the shard's batches, or `most` of them where `most` > 0."""
         n = len(self.splits.train)
         return min(most, n) if most > 0 else n
 
-    def parts(self, cfg: Config, epoch: int,
-              watch_grads: bool = False) -> Parts:
-        """A new model (the same weights each time), synchroniser and
-        optimiser from `cfg`, as the trainer builds them; a step timer
-        on the bench's Clock, timing per cfg.timing.enabled, stamping
-        compute end as the trainer's does if `watch_grads`; the data in
-        epoch `epoch`'s order."""
-        clock = self.clock
-        module, syncer, optimizer = build_parts(cfg, self.ctx, clock)
-        timer = StepTimer(clock, enabled=cfg.timing.enabled)
+    def parts(self, cfg: Config, epoch: int, watch_grads: bool = False) -> Parts:
+        """`cfg`'s parts as the trainer builds them (the same weights each time) and a step timer
+        (compute's end stamped if `watch_grads`); the data in epoch `epoch`'s order."""
+        module, syncer, optimizer = build_parts(cfg, self.ctx, self.clock)
+        timer = StepTimer(self.clock, enabled=cfg.timing.enabled)
         if watch_grads:
             timer.watch_grads(module)
         self.splits.train.set_epoch(epoch)
         return Parts(module, syncer, optimizer, timer)
 
-    def epoch(self, parts: Parts, steps: int,
-              stopper: Optional[StopControl] = None) -> float:
-        """`steps` of the trainer's step loop between two barriers, then
-        the synchroniser closed: seconds from when every rank starts to
-        when the slowest ends."""
+    def epoch(self, parts: Parts, steps: int, stopper: Optional[StopControl] = None) -> float:
+        """`steps` of the trainer's step loop between two barriers, then the synchroniser closed:
+        seconds from when every rank starts to when the slowest ends."""
         # load-bearing: all ranks start together
         self.ctx.barrier()
         if stopper is not None:
             # as the trainer does at each epoch's start
             stopper.restart_clock()
         t0 = time.perf_counter()
-        batches = EpochBatches(iter(self.splits.train), range(steps),
-                               parts.timer, stopper)
+        batches = EpochBatches(iter(self.splits.train), range(steps), parts.timer, stopper)
         run_steps(parts.syncer, parts.optimizer, batches, parts.timer)
         # load-bearing: the epoch ends when the slowest rank ends
         self.ctx.barrier()
@@ -149,9 +132,8 @@ class Bench:
         return wall
 
     def split_epoch(self, cfg: Config, epoch: int, steps: int) -> tuple:
-        """One epoch of `cfg` with compute's end stamped (as trained):
-        ms per step of the step, its compute, its exposed and in-flight
-        comm; and the epoch's step times and comm."""
+        """One epoch of `cfg` with compute's end stamped (as trained): ms per step of the step, its
+        compute, its exposed and in-flight comm; and the epoch's step times and comm."""
         parts = self.parts(cfg, epoch, watch_grads=True)
         wall = self.epoch(parts, steps)
         st, comm = parts.timer.collect(), parts.syncer.collect_comm()
@@ -165,8 +147,8 @@ class Bench:
 
 def stamped_step(timer, comm, work: Callable[[], None] = lambda: None,
                  nbytes: int = 8) -> None:
-    """One step of the trainer's stamps alone: its five phases timed,
-    `work()` in each, and in sync one timed all_reduce of `nbytes`."""
+    """One step of the trainer's stamps alone: its five phases timed, `work()` in each, and in sync
+    one timed all_reduce of `nbytes`."""
     for p in PHASES:
         with timer.phase(p):
             if p != "sync":

@@ -1,9 +1,8 @@
 """The submitting side of a benchmark: check, launch, report.
 
-The same machinery as a training run (`ddp_lab.command.validate`,
-`ddp_lab.command.job`); only the rules of the `bench` section (BENCH,
-here), the entry each rank runs (`run.entry`) and the folder's name
-(`bench_<launcher>_<date>_<time>`) differ.
+The same machinery as a training run (`ddp_lab.command.validate`, `ddp_lab.command.job`); only the
+rules of the `bench` section (BENCH, here), the entry each rank runs (`run.entry`) and the folder's
+name (`bench_<launcher>_<date>_<time>`) differ.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from itertools import takewhile
 from pathlib import Path
 from typing import Optional
 
@@ -23,8 +23,8 @@ from .config import DTYPES, GROUPS, IMPLS, OPS
 
 
 # ------------------------------------------------------------------ check
-# the bench's own rules, before any process starts; the launcher's and
-# every job's (validate.COMMON) come from ddp_lab.command.validate
+# the bench's own rules, before any process starts; the launcher's and every job's
+# (validate.COMMON) come from ddp_lab.command.validate
 def _names(cfg: DictConfig) -> Optional[str]:
     b = cfg.bench
     OPS.check(b.ops)
@@ -44,13 +44,12 @@ def _names(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-#: the ops a student's function can join (bench/ops.py STUDENT_CALLS)
+#: the ops a student's function can join (bench/ops.py CALLS)
 STUDENT_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter")
 
 
 def _student(spec: str, ops: list[str]) -> Optional[str]:
-    """bench.impl=[FILE.py:function]: one function, of a collective the
-    bench measures."""
+    """bench.impl=[FILE.py:function]: one function, of a collective the bench measures."""
     found = find_functions(spec, "bench.impl")
     if len(found) != 1 or split_spec(spec)[1] is None:
         names = ", ".join(f.name for f in found)
@@ -67,8 +66,8 @@ def _student(spec: str, ops: list[str]) -> Optional[str]:
 
 
 def _students_pass(cfg: DictConfig) -> Optional[str]:
-    """Every student's function passes its check at this world size
-    before the bench starts (a dry run starts nothing: not checked)."""
+    """Every student's function passes its check at this world size before the bench starts (a dry
+    run starts nothing: not checked)."""
     if cfg.launcher.get("dry_run"):
         return None
     from ..command.validate import student_refusal
@@ -83,8 +82,8 @@ def _students_pass(cfg: DictConfig) -> Optional[str]:
 
 
 def _gpus(cfg: DictConfig) -> Optional[str]:
-    """The hand-in measures NCCL between GPUs: on SLURM it asks for
-    them, and never ends up on CPUs (gloo) by accident."""
+    """The hand-in measures NCCL between GPUs: on SLURM it asks for them, and never ends up on CPUs
+    (gloo) by accident."""
     lc = cfg.launcher
     if (cfg.bench.name == "handin" and lc.name == "slurm" and not lc.gpus_per_node
             and cfg.dist.device != "cpu"):
@@ -150,8 +149,7 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
         print(f"benchmark failed ({summary['status']}): logs in {run_dir / 'logs'}")
         result = f"failed: {summary['status'].removeprefix('failed: ')}"
     elif not summary:
-        # submitted without following (launcher.wait=false): still
-        # running
+        # submitted without following (launcher.wait=false): still running
         print(f"no results yet: bench.md, bench.csv and plots/ appear in {run_dir} when the "
               "job ends")
     else:
@@ -165,8 +163,7 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
               f"plots: {', '.join(str(run_dir / p) for p in summary.get('plots', []))}")
         result = f"ok: {summary.get('measurements', 0)} measurements"
         if summary.get("wrong_results"):
-            # a wrong result is a failure of the implementation under
-            # test
+            # a wrong result is a failure of the implementation under test
             rc = 1
             result = f"failed: {summary['wrong_results']} wrong result(s)"
     print(f"run dir: {run_dir}")
@@ -174,14 +171,9 @@ def submit_bench(cfg: DictConfig, argv: list[str] | None = None,
 
 
 def _peak_table(run_dir: Path) -> str:
+    """bench.md's peak bus bandwidth table ("" if it has none)."""
     md = (run_dir / "bench.md").read_text().splitlines() if (run_dir / "bench.md").exists() else []
-    try:
-        start = md.index("## Peak bus bandwidth")
-    except ValueError:
+    if "## Peak bus bandwidth" not in md:
         return ""
-    out = []
-    for line in md[start + 2:]:
-        if not line.startswith("|"):
-            break
-        out.append(line)
-    return "\n".join(out)
+    rest = md[md.index("## Peak bus bandwidth") + 2:]
+    return "\n".join(takewhile(lambda line: line.startswith("|"), rest))

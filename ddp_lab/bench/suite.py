@@ -1,14 +1,12 @@
-"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite
-NAME [options]` (docs/benchmarks.md).
+"""The training benchmarks, one runner: `python -m ddp_lab.bench.suite NAME [options]`
+(docs/benchmarks.md).
 
     python -m ddp_lab.bench.suite                         # the benchmarks, one line each
     python -m ddp_lab.bench.suite NAME --help             # its own options too
 
-Each benchmark is a `Benchmark` of a module of ddp_lab/bench/specs/ (its
-`BENCHMARKS`): its `Spec` (what it compares), `add_args` and `run(args)`
-(its figures). The runner gives
-every one the same options (`--rounds`, `--out`, `--data-root`), ending
-(the ratios as a table) and JSON file (`--out`).
+Each benchmark is a `Benchmark` of a module of ddp_lab/bench/specs/ (its `BENCHMARKS`): its `Spec`
+(what it compares), `add_args` and `run(args)` (its figures). The runner gives every one the same
+options (`--rounds`, `--out`, `--data-root`), ending (the ratios as a table) and JSON file.
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
-# name -> the module of ddp_lab.bench.specs that holds it, in the order
-# `python -m ddp_lab.bench.suite` lists
+# name -> the module of ddp_lab.bench.specs that holds it, in the order `python -m
+# ddp_lab.bench.suite` lists
 NAMES = {"epoch": "epoch", "syncs": "syncs", "overlap": "syncs", "compress": "syncs",
          "hierarchical": "syncs", "stop": "machinery", "start": "machinery",
          "tensorboard": "machinery", "truth": "truth", "network": "network"}
@@ -38,9 +36,8 @@ NAMES = {"epoch": "epoch", "syncs": "syncs", "overlap": "syncs", "compress": "sy
 
 @dataclass(frozen=True)
 class Spec:
-    """What a benchmark runs side by side (`compares`), its rounds
-    (`rounds`: the default of `--rounds`; None: it has no rounds) and
-    the ratios it prints (`ratios`, in words)."""
+    """What a benchmark runs side by side (`compares`), its rounds (`rounds`: the default of
+    `--rounds`; None: it has no rounds) and the ratios it prints (`ratios`, in words)."""
     compares: str
     ratios: str
     rounds: Optional[int] = None
@@ -49,9 +46,8 @@ class Spec:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark: its description (the first paragraph is its line
-    in the listing), spec, options, run and optional check of the
-    parsed options."""
+    """One benchmark: its description (the first paragraph is its line in the listing), spec,
+    options, run and optional check of the parsed options."""
     doc: str
     spec: Spec
     add_args: Callable[[argparse.ArgumentParser], None]
@@ -60,13 +56,11 @@ class Benchmark:
 
 
 class UsageError(ValueError):
-    """A bad option found after parsing: one line naming it and the fix,
-    exit 2."""
+    """A bad option found after parsing: one line naming it and the fix, exit 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """A user's mistake: one line naming the option, exit 2 (no usage
-    block)."""
+    """A user's mistake: one line naming the option, exit 2 (no usage block)."""
 
     def error(self, message: str) -> None:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -79,8 +73,7 @@ def load(name: str) -> Benchmark:
 
 
 def parser(name: str) -> argparse.ArgumentParser:
-    """Benchmark `name`'s command line: the runner's options, then its
-    own."""
+    """Benchmark `name`'s command line: the runner's options, then its own."""
     bench = load(name)
     spec = bench.spec
     ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
@@ -97,8 +90,7 @@ def parser(name: str) -> argparse.ArgumentParser:
 
 
 def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Benchmark `name`'s options, checked by its `check(args)` where it
-    has one."""
+    """Benchmark `name`'s options, checked by its `check(args)` where it has one."""
     args = parser(name).parse_args(argv)
     check = load(name).check
     if check is not None:
@@ -106,25 +98,8 @@ def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace
     return args
 
 
-def ratio_table(ratios: Mapping[str, float]) -> str:
-    """The one ending every benchmark prints: each ratio, measured side
-    by side in one run."""
-    rows = [f"| {k} | {v:.3f} |" for k, v in ratios.items() if v is not None]
-    return "\n".join(["| ratio | measured |", "| --- | ---: |", *rows])
-
-
-def write_json(path: str, name: str, args: argparse.Namespace, result: Mapping[str, Any]) -> None:
-    """The one JSON file: the benchmark, its options and its figures
-    (ratios among them)."""
-    doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
-                                   for k, v in vars(args).items()}, **result}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-
-
 def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, measure, print the ratios, write the JSON: benchmark
-    `name`'s whole command."""
+    """Parse, measure, print the ratios, write the JSON: benchmark `name`'s whole command."""
     try:
         args = parse(name, argv)
         result = load(name).run(args)
@@ -134,17 +109,21 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     if result is None:
         return 1  # the benchmark said why, on stderr
     if result.get("ratios"):
+        rows = [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items() if v is not None]
         print(f"\n{name}: the ratios, measured side by side in one run\n")
-        print(ratio_table(result["ratios"]))
+        print("\n".join(["| ratio | measured |", "| --- | ---: |", *rows]))
     if args.out:
-        write_json(args.out, name, args, result)
+        # the benchmark, its options and its figures (ratios among them)
+        doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                       for k, v in vars(args).items()}, **result}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0
 
 
 def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty
-    or None: all), in `configs`' order. A label `configs` lacks:
-    UsageError."""
+    """The configurations named in `only` (comma-separated labels; empty or None: all), in
+    `configs`' order. A label `configs` lacks: UsageError."""
     if not only:
         return dict(configs)
     keep = [c.strip() for c in only.split(",")]
@@ -156,10 +135,9 @@ def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
 
 
 def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
-    """(round, configuration) for rounds 1 to `repeats`: every
-    configuration once a round, the order rotated by one each round, so
-    that slow drift on a shared machine hits every configuration
-    alike."""
+    """(round, configuration) for rounds 1 to `repeats`: every configuration once a round, the
+    order rotated by one each round, so that slow drift on a shared machine hits every
+    configuration alike."""
     configs = list(configs)
     for r in range(repeats):
         k = r % len(configs)
@@ -168,8 +146,7 @@ def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
 
 
 def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
-    """label -> the median over its rounds: of numbers, or key by key of
-    dicts of numbers."""
+    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
     def median(v: Sequence) -> Any:
         if isinstance(v[0], Mapping):
             return {k: statistics.median(m[k] for m in v) for k in v[0]}
@@ -179,22 +156,21 @@ def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
 
 
 def ratios(values: Mapping[str, float], pairs: Sequence[tuple[str, str, str]]) -> dict[str, float]:
-    """name -> values[a] / values[b] for each (name, a, b) of `pairs`
-    where both were run."""
+    """name -> values[a] / values[b] for each (name, a, b) of `pairs` where both were run."""
     return {name: values[a] / values[b] for name, a, b in pairs if a in values and b in values}
 
 
 def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
             on_line: Optional[Callable[[Optional[str]], None]] = None,
             entry: str = "ddp_lab") -> dict:
-    """One real run (`python -m ddp_lab`, or `entry`: this checkout's,
-    `overrides` last) started in `cwd`, `env` added to its environment:
-    its summary.json, and its folder as "run_dir". `on_line` sees each
-    line of its output as it comes, then None when it has ended (in any
-    case). Exits with the run's last output if it failed."""
+    """One real run (`python -m ddp_lab`, or `entry`: this checkout's, `overrides` last) started in
+    `cwd`, `env` added to its environment: its summary.json, and its folder as "run_dir". `on_line`
+    sees each line of its output as it comes, then None when it has ended (in any case). Exits with
+    the run's last output if it failed."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env or {})}
     cmd = [sys.executable, "-m", entry, "log.progress=lines", *overrides]
+    on_line = on_line or (lambda line: None)
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     err: list[str] = []
@@ -204,12 +180,10 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
     try:
         for line in p.stdout:
             out.append(line)
-            if on_line is not None:
-                on_line(line)
+            on_line(line)
         p.wait()
     finally:
-        if on_line is not None:
-            on_line(None)
+        on_line(None)
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -222,17 +196,12 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
     return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}
 
 
-def listing() -> str:
-    lines = ["python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:"]
-    for name in NAMES:
-        lines.append(f"  {name:13s}{load(name).doc.splitlines()[0]}")
-    return "\n".join(lines)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(listing())
+        print("python -m ddp_lab.bench.suite NAME [--rounds N] [--out FILE] [options]; NAME:")
+        for name in NAMES:
+            print(f"  {name:13s}{load(name).doc.splitlines()[0]}")
         return 0
     if argv[0] not in NAMES:
         print(f"error: no benchmark {argv[0]!r}; choose from {', '.join(NAMES)}", file=sys.stderr)
@@ -243,9 +212,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM as an exception: the benchmark's processes (a run, a loop
-    in a child, the CPU hog) are ended on the way out (`subprocess.run`
-    kills its child; the specs' `finally`)."""
+    """SIGTERM as an exception: the benchmark's processes (a run, a loop in a child, the CPU hog)
+    are ended on the way out (`subprocess.run` kills its child; the specs' `finally`)."""
     raise SystemExit(128 + signum)
 
 

@@ -1,9 +1,7 @@
-"""The entry every rank of a benchmark runs: `python -m
-ddp_lab.bench.worker RUN_DIR`.
+"""The entry every rank of a benchmark runs: `python -m ddp_lab.bench.worker RUN_DIR`.
 
-It reads the run folder's resolved config.yaml, joins the process group,
-runs the sweep, and rank 0 writes the results. A failure is written to
-summary.json with its reason.
+It reads the run folder's resolved config.yaml, joins the process group, runs the sweep, and rank 0
+writes the results. A failure is written to summary.json with its reason.
 """
 
 from __future__ import annotations
@@ -16,18 +14,8 @@ from ddp_lab.world import fingerprint as fingerprints
 from ddp_lab.folder.files import write_json
 from ddp_lab.rank.main import rank_main, run_rank
 
-# Every import that loads torch (this package's config, ops, harness,
-# output) is inside a function: torch must load after rank_main set
-# OMP_WAIT_POLICY (see rank.run_rank).
-
-
-def allocation(ctx, topology: str) -> str:
-    """'8 ranks = 2 node(s) x 4 rank(s), nccl on NVIDIA H100' -- the
-    words tables and plots use."""
-    import torch  # lazy: see above
-
-    dev = "CPU" if ctx.device.type == "cpu" else torch.cuda.get_device_name(ctx.device)
-    return f"{ctx.env.world_size} ranks = {topology}, {ctx.backend} on {dev}"
+# Every import that loads torch (this package's config, ops, harness, output) is inside a function:
+# torch must load after rank_main set OMP_WAIT_POLICY (see rank.run_rank).
 
 
 def run(run_dir: Path) -> int:
@@ -50,23 +38,24 @@ def _bench(cfg, ctx, run_dir: Path) -> None:
     if env.is_main:
         topo = result["topology"]
         command = run_dir / "command.txt"
+        gpu = None if ctx.device.type == "cpu" else torch.cuda.get_device_name(ctx.device)
         meta = {
             "kind": "bench", "launcher": cfg.launcher.name, "backend": ctx.backend,
-            "device": "cpu" if ctx.device.type == "cpu"
-            else torch.cuda.get_device_name(ctx.device),
+            "device": gpu or "cpu",
             "nodes": env.num_nodes, "nproc_per_node": env.local_world_size,
             "simulated_nodes": len(topo["nodes"]) if topo["simulated"] else None,
             "world_size": env.world_size, "hosts": list(dict.fromkeys(topo["hosts"])),
-            "allocation": allocation(ctx, topo["describe"]),
+            # '8 ranks = 2 node(s) x 4 rank(s), nccl on NVIDIA H100', as tables and plots say it
+            "allocation": f"{env.world_size} ranks = {topo['describe']}, {ctx.backend} on "
+                          f"{gpu or 'CPU'}",
             "dtype": cfg.bench.dtype, "warmup": cfg.bench.warmup,
             "iters": cfg.bench.iters, "min_iters": cfg.bench.min_iters,
             "torch": torch.__version__,
             "command": command.read_text().strip() if command.exists() else "",
         }
         out = write_outputs(run_dir, result, meta, cfg.bench.plot_metric, cfg.bench.title)
-        # the allocation, as a training run records it: the report
-        # matches a run with the bench of its own allocation (its link's
-        # rate is in the id)
+        # the allocation, as a training run records it: the report matches a run with the bench of
+        # its own allocation (its link's rate is in the id)
         fp = fingerprints.collect(ctx.backend, ctx.device, meta["hosts"], cfg.launcher.name,
                                   env.num_nodes, env.local_world_size)
         wrong = sum(not r["correct"] for r in result["rows"])

@@ -13,15 +13,13 @@ from .run import ReportError, find_runs
 
 
 def default_out(paths: list[str]) -> Path:
-    """report/ beside the runs it reads, never in the current folder
-    unasked."""
+    """report/ beside the runs it reads, never the current folder unasked."""
     return Path(os.path.commonpath([Path(p).expanduser().resolve() for p in paths])) / "report"
 
 
 def parse_worlds(text: str) -> list[int]:
-    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: a list of positive
-    ints, "..." doubling from the number before it up to the one
-    after."""
+    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: "..." doubles from the
+    number before it up to the one after."""
     out: list[int] = []
     items = [t.strip() for t in text.split(",") if t.strip()]
     for i, t in enumerate(items):
@@ -85,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup is not None and args.warmup < 0:
         print(f"error: --warmup {args.warmup}: give 0 or more epochs", file=sys.stderr)
         return 2
+
     out = Path(args.out).expanduser().resolve() if args.out else default_out(args.paths)
     try:
         runs = find_runs(args.paths, exclude=out)

@@ -1,12 +1,9 @@
-"""The alpha-beta cost model: fitted on a bench run, set against
-measured training comm.
-
-A message of m bytes costs alpha + m * beta; an algorithm's time is
-steps * alpha + path_bytes * beta (`ddp_lab.predict.costmodel.cost`).
-The fit is least squares weighted by 1/time, one per collective and
+"""The alpha-beta cost model, fitted on a bench run: an algorithm's time
+is steps * alpha + path_bytes * beta (`ddp_lab.predict.costmodel.cost`),
+fitted by least squares weighted 1/time per collective and
 implementation (`fit_all`); across nodes only the steps that cross them
-cost the cross-node fit (`cross_share`, `node_load`). For users:
-docs/report.md, "The alpha-beta model", and docs/scaling.md, "Forecast".
+cost the cross-node fit (`cross_share`). docs/report.md, "The
+alpha-beta model".
 """
 
 from __future__ import annotations
@@ -17,17 +14,16 @@ from typing import Mapping, Optional, Union
 from ..predict.costmodel import (ALGORITHMS, SHARD_ALIGN, SYNC_FORMULAS, SYNC_COLLECTIVES, TORCH_MODELLED_AS, cost,
                                  ceil_log2, padded)
 
-#: the algorithms that run in binomial levels (level k: ranks 2^k
-#: apart), ours and gloo's
+#: the algorithms in binomial levels (ranks 2^k apart), ours and gloo's
+
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
             ("all_reduce", "butterfly"), ("broadcast", "torch")}
 
 
 def cross_share(collective: str, algorithm: str, n: int, per_node: int) -> float:
-    """The share of a call's steps (and bytes) that cross nodes, n ranks
-    k = `per_node` to a node in rank order (see the module docstring): 0
-    on one node, all of it for a ring, the levels of 2^k >= k ranks
-    apart for a levelled algorithm."""
+    """The share of a call's steps (and bytes) that cross nodes of k =
+    `per_node` ranks in rank order: 0 on one node, all for a ring, the
+    levels 2^j >= k ranks apart for a levelled algorithm."""
     if n <= per_node:
         return 0.0
     if (collective, algorithm) not in LEVELLED:
@@ -38,23 +34,19 @@ def cross_share(collective: str, algorithm: str, n: int, per_node: int) -> float
 
 
 def node_load(algorithm: str, per_node: int) -> int:
-    """Messages one node's link carries at once in a step that crosses
-    nodes: a butterfly's every rank (`per_node`), one for the others (a
-    ring crosses each node boundary once each way, a tree's level sends
-    from one rank of a node)."""
+    """Messages a node's link carries at once in a step across nodes:
+    every rank's for a butterfly, one for the others (a ring crosses a
+    boundary once each way, a tree's level sends from one rank)."""
     return per_node if algorithm == "butterfly" else 1
 
 
 def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit",
               per_node: Optional[int] = None, intra: Optional["Fit"] = None) -> float:
-    """Seconds one call of `nbytes` costs under `fit` (bytes as 1-byte
-    elements: the model's whole-element rounding is then at most a
-    byte); with `per_node` and `intra`, `fit` prices the steps that
-    cross nodes (their bytes times `node_load`) and `intra` the
-    others."""
-    # bytes as 1-byte elements: a sharded call pads to shards of whole
-    # SHARD_ALIGN fp32 elements, as the code does (zero1 sends fp32
-    # only)
+    """Seconds one call of `nbytes` costs under `fit`; with `per_node`
+    and `intra`, `fit` prices the steps that cross nodes (their bytes
+    times `node_load`) and `intra` the others."""
+    # bytes as 1-byte elements (the rounding at most a byte); a sharded
+    # call pads to shards of SHARD_ALIGN fp32 elements, as zero1 does
     c = cost(collective, algorithm, padded(collective, round(nbytes), n, 4 * SHARD_ALIGN), n, 1)
     if not (per_node and intra):
         return c.time(fit.alpha_s, fit.beta_s_per_byte)
@@ -79,8 +71,7 @@ class Fit:
 
     @property
     def bandwidth_GBps(self) -> Optional[float]:
-        """1/beta in GB/s; None when the points show no bandwidth term
-        (beta fitted 0)."""
+        """1/beta in GB/s; None where beta fitted 0."""
         return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte > 0 else None
 
     def as_dict(self) -> dict:
@@ -120,9 +111,8 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
                    group: Optional[str] = None, op: str = "all_reduce") -> Optional[Fit]:
-    """Fit on a bench run's correct rows of collective `op`, one
-    implementation and group (default: torch, else ring; global, else
-    the first group measured)."""
+    """Fit on a bench run's correct rows of `op`, one implementation
+    (torch, else ring, ...) and group (global, else the first)."""
     ar = [r for r in rows if r.get("op") == op and r.get("correct")
           and r.get("time_median_s", 0) > 0]
     if not ar:
@@ -133,8 +123,8 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     if not groups:
         return None
     if impl not in ALGORITHMS.get(op, ()):
-        # a student's function (bench.impl=[my_file.py:fn]): its
-        # algorithm is its own, and the cost model knows none of it
+        # a student's function (bench.impl=[my_file.py:fn]): the cost
+        # model knows none of its algorithm
         return None
     group = group or ("global" if "global" in groups else groups[0])
     pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
@@ -157,8 +147,7 @@ Fits = Union[Fit, Mapping[tuple[str, str], Fit]]
 
 
 def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, str], Fit]:
-    """One fit per (collective, implementation) a bench run measured (in
-    `group`: global if measured, else the first group of each)."""
+    """One fit per (collective, implementation) a bench run measured."""
     keys = sorted({(r["op"], r["impl"]) for r in rows
                    if r.get("op") in ("all_reduce", "reduce", "broadcast")})
     fits = {k: fit_alpha_beta(rows, k[1], group, k[0]) for k in keys}
@@ -166,10 +155,9 @@ def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, st
 
 
 def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
-    """The fit that prices one call of `collective` run with
-    `algorithm`: the bench's own fit of that pair; without one, the
-    library all_reduce's (whose alpha and beta are then put into this
-    algorithm's step counts and bytes, the single-fit model)."""
+    """The fit that prices a call of `collective` by `algorithm`: the
+    bench's of that pair, else the library all_reduce's (the single-fit
+    model: its alpha and beta in this algorithm's steps and bytes)."""
     if isinstance(fits, Fit):
         return fits
     return fits.get((collective, algorithm)) or fits.get(("all_reduce", "torch"))
@@ -177,13 +165,12 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
 
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
                    per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
-    """Seconds of communication per step the sync's algorithm costs
-    under `fit` (one fit for every call, or `fit_all`'s); None for a
-    sync without a model or a fit for one of its calls. Across nodes of
-    `per_node` ranks, `fit` prices what crosses them, `intra` the rest.
-    `calls` and `payload_bytes` per step are the synchroniser's records:
-    k collectives per bucket (reduce_broadcast: 2) make buckets = calls
-    / k, each of payload / calls bytes."""
+    """Seconds of comm per step the sync costs under `fit` (one, or
+    `fit_all`'s); None without a model or a fit for one of its calls.
+    Across nodes of `per_node` ranks, `fit` prices what crosses them,
+    `intra` the rest. k collectives per bucket (reduce_broadcast: 2):
+    buckets = calls / k, each call of payload / calls bytes."""
+
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None

@@ -27,8 +27,7 @@ CSV_COLUMNS = ("sync", "device", "workload", "scaling", "global_batch", "nodes",
 
 
 def _csv_row(r: dict, device: str) -> dict:
-    """A scaling row flat: an interval as its _lo/_hi columns, the
-    repeats ;-joined."""
+    """A scaling row flat: intervals as _lo/_hi columns, repeats ;-joined."""
     out = {**r, "device": device, "runs": ";".join(r["runs"])}
     for k in ("epoch_time_s_ci95", "speedup_ci95", "efficiency_ci95"):
         lo, hi = r.get(k) or (None, None)
@@ -51,9 +50,7 @@ def _shortener(runs: list[Run]):
 def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int,
         warmup: Optional[int]) -> None:
     """Each usable training run through every table alone first: one the
-    report cannot use (a figure no table understands) is set aside with
-    why, in the skipped list's one line, and the report is written from
-    the rest."""
+    report cannot use is set aside, with why, in the skipped list."""
     for r in runs:
         if r.kind != "train" or not r.ok:
             continue
@@ -69,7 +66,7 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
 
 def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
     """What the terminal's times are: "after warm-up" only for the runs
-    that left an epoch out (a 1-epoch run keeps its only one)."""
+    that left an epoch out."""
     left = [max(r["warmup_epochs"] or [0]) for g in groups for r in g["rows"]]
     first = "first epoch" if warmup in (None, 1) else f"first {warmup} epochs"
     if left and all(left):
@@ -122,16 +119,11 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     if show_fc:
         md += fcast.forecast_markdown(fc)
     md += memory_markdown(memory)
-    # ours beside torch's (twins.py)
     twin = twins.section(runs, out_dir, short, make_plots)
-    md += twin["markdown"]
-    # timing.profile runs: ours beside torch's clocks
-    md += witness_markdown(runs, short)
-    md += segments_markdown(segments)
-    md += tables.bench_markdown(runs, short)
-    # the allocations' doctor checks beside their runs
-    md += doctor_markdown(runs)
+    md += twin["markdown"] + witness_markdown(runs, short) + segments_markdown(segments)
+    md += tables.bench_markdown(runs, short) + doctor_markdown(runs)
     md += tables.skipped_markdown(runs, short)
+
     text = "\n".join(md).rstrip() + "\n"
     atomic_write_text(out_dir / "report.md", text)
 

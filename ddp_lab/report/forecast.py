@@ -1,10 +1,7 @@
-"""Forecast time per epoch for worlds nobody ran, and check the forecast
-honestly.
-
-The model and its fit come first. The honest check: per series,
-fit on every world but the largest, predict the largest; a forecast is
-shown only with that error, and called reliable only within TARGET
-(`verdict`; docs/scaling.md, "Forecast").
+"""Forecast time per epoch for worlds nobody ran. The honest check: per
+series, fit on every world but the largest and predict it; a forecast
+is shown only with that error, reliable only within TARGET (`verdict`;
+docs/scaling.md, "Forecast").
 """
 
 from __future__ import annotations
@@ -19,13 +16,9 @@ from .run import Run
 from .tables import sig
 
 
-# The forecast's model of time per epoch, fitted on the measured runs
-# of a series.
-
 @dataclass
 class Point:
-    """One measured run, reduced to what the forecast needs
-    (post-warm-up epochs)."""
+    """One measured run's post-warm-up epochs, as the forecast needs it."""
 
     sync: str
     world: int
@@ -36,14 +29,12 @@ class Point:
     comm_s: Optional[float]  # measured comm per step
     payload: Optional[float]  # bytes per step
     calls: Optional[float]
-    # ranks per CPU core of its node where ranks outnumber cores (CPU
-    # runs), else 1
+    # ranks per CPU core of its node where they outnumber cores, else 1
     share: float = 1.0
 
     @property
     def compute_s(self) -> float:
-        """Compute per step as one rank with a core of its own would
-        take it."""
+        """Compute per step of one rank with a core of its own."""
         return (self.epoch_s / self.steps - (self.comm_s or 0.0)) / self.share
 
 
@@ -56,27 +47,23 @@ def measured_point(r: Run, warmup: Optional[int]) -> Optional[Point]:
         return None
     comm = {k: sum(float((x.comm or {}).get(k) or 0.0) for x in recs) / steps
             for k in ("time_s", "payload_bytes", "calls")}
-    world = r.world_size or 1
-    batch = (r.global_batch / world) if r.scaling == "strong" and r.global_batch else \
-        float(r.summary.get("batch_size") or (r.config.get("train") or {}).get("batch_size") or 0)
-    return Point(r.get("sync", "?"), world, int(r.get("nodes") or 1), batch, steps / len(recs),
+    return Point(r.get("sync", "?"), r.world_size or 1, int(r.get("nodes") or 1),
+                 r.batch_per_rank or 0.0, steps / len(recs),
                  sum(times) / len(times), comm["time_s"] if comm["calls"] else None,
                  comm["payload_bytes"] or None, comm["calls"] or None,
                  core_share(r.device_kind, r.get("nproc_per_node"), r.fingerprint.get("cpu_count")))
 
 
 def core_share(device: str, ranks_per_node, cores) -> float:
-    """How many ranks share one core (>= 1) on a CPU node whose ranks
-    outnumber its cores: every rank then runs 1/share of the time, its
-    compute and its part of every collective."""
+    """How many ranks share one core (>= 1) on a CPU node: each then runs
+    1/share of the time, its compute and its collectives alike."""
     if device != "cpu" or not ranks_per_node or not cores:
         return 1.0
     return max(1.0, float(ranks_per_node) / float(cores))
 
 
 def own_fit(points: list[Point]) -> Optional[Fit]:
-    """alpha, beta from the measured comm per step of multi-rank points
-    (see the module docstring); None without one."""
+    """alpha, beta from the multi-rank points' measured comm per step."""
     rows = []
     for p in points:
         if p.world < 2 or not p.comm_s or not p.payload:
@@ -90,10 +77,9 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
         return None
     r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
     if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
-        # one world, one sync: every point has the same latency/bytes
-        # mix and alpha and beta cannot be told apart; the latency term
-        # alone (2(n-1) alpha for a ring) grows with n as the measured
-        # comm of small messages on one machine does
+        # one world, one sync: one latency/bytes mix, alpha and beta not
+        # told apart; the latency term alone (2(n-1) alpha for a ring)
+        # grows with n as small messages on one machine do
         a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
         b = 0.0
     else:
@@ -104,11 +90,8 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
 
 
 def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
-    """Why neither a bench nor the runs' own points give a comm fit, as
-    the points show it: no multi-rank point (among the worlds up to
-    `max_world`, what a held-out check fits on), multi-rank points
-    without a comm record, or calls the cost model has no prediction
-    for."""
+    """Why neither a bench nor the points (worlds up to `max_world`)
+    give a comm fit, as the points show it."""
     multi = [p for p in points if p.world >= 2]
     if not multi:
         among = (f" at the fitted world(s) <= {max_world} (the largest world is held out)"
@@ -143,21 +126,17 @@ class Model:
             self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
             self.c0 = mc - self.c1 * mb
         else:
-            # one batch measured: the largest fitted world's compute (it
-            # has the most
-            # ranks sharing the machine's memory and cores),
-            # proportional to the batch
+            # one batch measured: the largest fitted world's compute (the
+            # most ranks sharing memory and cores), proportional to it
             top = max(p.world for p in pts)
             cs = [p.compute_s for p in pts if p.world == top]
             b = next(iter(bs))
             self.c0, self.c1 = 0.0, (sum(cs) / len(cs)) / b if b else 0.0
-        # the epoch's samples (D), from an uncapped point; None when
-        # every point was capped
+        # the epoch's samples, from an uncapped point (None: all capped)
         uncapped = [p for p in pts if not cap or p.steps < cap]
         self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
-        # bytes and calls per step: what the sync sends, not a timing
-        # (any run of the series tells them, a held-out one too: a
-        # 1-rank run sends nothing)
+        # bytes and calls per step: what the sync sends, not a timing (a
+        # held-out run tells them too; a 1-rank run sends nothing)
         multi = [p for p in (shape or pts) if p.payload and p.calls]
         ref = max(multi, key=lambda p: p.world) if multi else None
         self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
@@ -170,10 +149,9 @@ class Model:
         return full
 
     def comm(self, n: int, nodes: int) -> Optional[float]:
-        """Comm per step of n ranks on `nodes` nodes: on one, the
-        intra-node fit; across several, the cross-node fit for the steps
-        that cross them (all of a ring's: the link paces every step),
-        the intra-node one for the others (`model.cross_share`)."""
+        """Comm per step of n ranks on `nodes` nodes: the cross-node fit
+        for the steps that cross them (`alpha_beta.cross_share`), the
+        intra-node one for the others."""
         if n < 2:
             return 0.0
         if self.fit_intra is None or self.payload is None:
@@ -201,10 +179,9 @@ class Model:
 
 def bench_level(bench: list[dict], device: str, backend: str, across: bool,
                 fid: Optional[str]) -> Optional[dict]:
-    """The bench run (its `tables.bench_fits` entry) that measured
-    one link level on this backend and device: across nodes (2 or more)
-    or inside one; the allocation `fid`'s own (same fingerprint) where
-    there is one, the latest first; None where none did."""
+    """The `tables.bench_fits` entry that measured one link level (across
+    nodes or inside one) on this backend and device: `fid`'s own where
+    there is one, the latest; None where none did."""
     level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
              and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
     mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
@@ -215,8 +192,7 @@ OWN_FIT = "fitted on the study's own comm per step"
 
 
 def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
-    """One level's fit and its source: the bench run that measured it,
-    else its points'."""
+    """One level's fit and source: its bench run's, else its points'."""
     if found:
         return found["primary"], "bench: " + found["run"].path.name
     return own_fit(pts), OWN_FIT
@@ -224,9 +200,8 @@ def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], 
 
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
               fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
-    """(intra-node fit, cross-node fit, where they came from): per level
-    the bench's, else the study's own points' of that level (see the
-    module docstring)."""
+    """(intra-node fit, cross-node fit, their source): per level the
+    bench's, else the study's own points' of that level."""
     one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
     intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
     cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
@@ -244,16 +219,15 @@ def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: st
 def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
               G: int, warmup: Optional[int], max_world: Optional[int] = None,
               fid: Optional[str] = None) -> tuple[Optional[Model], str]:
-    """Fit a series' model on its runs (and the comm fit on `pool`),
-    worlds <= max_world; comm fits of the allocation `fid` where a bench
-    measured it."""
-    keep = (lambda r: (r.world_size or 1) <= max_world) if max_world else (lambda r: True)
+    """Fit a series' model on its runs (the comm on `pool`'s) of worlds
+    <= max_world; the comm fits of the allocation `fid` where measured."""
     every = [p for p in (measured_point(r, warmup) for r in runs) if p]
     pts = [p for p in every if not max_world or p.world <= max_world]
     if not pts:
         return None, "no measured point"
     first = runs[0]
-    pool_pts = [p for p in (measured_point(r, warmup) for r in pool if keep(r)) if p]
+    pool_pts = [p for p in (measured_point(r, warmup) for r in pool)
+                if p and (not max_world or p.world <= max_world)]
     intra, cross, src = comm_fits(bench, pool_pts, first.device_kind, first.get("backend"), fid)
     if intra is None:
         return None, "no comm fit: " + why_no_fit(pool_pts, max_world)
@@ -263,8 +237,8 @@ def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: l
 
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
-# the forecast's goal: within 25% of a measured time per epoch
-# (docs/scaling.md)
+# the forecast's goal: within 25% of a measured time (docs/scaling.md)
+
 TARGET = 0.25
 
 
@@ -284,17 +258,19 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
                  "workload_short": g.get("workload_short", g["workload"]),
-                 "scaling": first.scaling, "gpus_per_node": gpus_per_node}
+                 "scaling": first.scaling, "gpus_per_node": gpus_per_node, "heldout": None}
+
+        def fit(fid: str, max_world: Optional[int] = None):
+            return fit_model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
+                             max_world=max_world, fid=fid)
+
         # honest check: fit on the smaller worlds, predict the largest
-        # (of the allocation of the smallest world's first point, where
-        # the largest world ran on it too)
+        # (on the smallest world's first allocation where it ran there)
         measured = sorted({row["world_size"] for row in g["rows"]})
         base_fid = g["rows"][0]["fingerprint_id"]
-        entry["heldout"] = None
         if len(measured) >= 2:
             top = measured[-1]
-            m, src = fit_model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
-                               max_world=measured[-2], fid=base_fid)
+            m, src = fit(base_fid, measured[-2])
             tops = [x for x in g["rows"] if x["world_size"] == top]
             row = next((x for x in tops if x["fingerprint_id"] == base_fid), tops[0])
             top_run = by_path[row["run"]]
@@ -306,24 +282,22 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                 "predicted_s": pred["epoch_s"] if pred else None,
                 "rel_error": (pred["epoch_s"] - row["epoch_time_s_mean"]) / row["epoch_time_s_mean"]
                 if pred else None, "why_not": None if pred else src}
-        models = {base_fid: fit_model(members, pool, first.scaling, cap, bench, gpus_per_node,
-                                      warmup, fid=base_fid)}
+        models = {base_fid: fit(base_fid)}
         m, src = models[base_fid]
         entry["comm_fit"] = src
+        out.append(entry)
         if m is None:
-            entry["predictions"], entry["fit"], entry["fit_check"] = [], None, []
+            entry.update(predictions=[], fit=None, fit_check=[])
             entry.update(verdict(entry))
-            out.append(entry)
             continue
-        # the fitted model against the very points it was fitted on,
-        # each point with the comm fits of its own allocation (two link
-        # rates: two predictions)
+
+        # the fitted model against the very points it was fitted on, each
+        # with the comm fits of its own allocation (two link rates: two)
         entry["fit_check"] = []
         for row in g["rows"]:
             fid = row["fingerprint_id"]
             if fid not in models:
-                models[fid] = fit_model(members, pool, first.scaling, cap, bench, gpus_per_node,
-                                        warmup, fid=fid)
+                models[fid] = fit(fid)
             m_row, src_row = models[fid]
             r = by_path.get(row["runs"][0])
             p = measured_point(r, warmup) if r else None
@@ -355,16 +329,14 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                                        "comm_ms": None})})
         entry["predictions"] = preds
         entry.update(verdict(entry))
-        out.append(entry)
     return {"worlds": worlds, "gpus_per_node": gpus_per_node, "series": out,
             "assumptions": ASSUMPTIONS, "target": TARGET}
 
 
 def verdict(entry: dict) -> dict:
-    """Whether a series' forecast may be shown, and in what words: only
-    with a held-out error; `reliable` only where that error and the
-    model's misses of the measured points it was fitted on are all
-    within TARGET."""
+    """Whether a series' forecast may be shown (only with a held-out
+    error), and `reliable` (that error and the fitted model's misses of
+    its measured points all within TARGET), in words."""
     h, fits = entry["heldout"], entry.get("fit_check") or []
     if not entry["predictions"]:
         return {"shown": False, "reliable": False, "why": f"no model: {entry['comm_fit']}"}
@@ -406,9 +378,8 @@ ASSUMPTIONS = [
 
 
 def _allocation(check: dict, comm_fit: str) -> str:
-    """' (fingerprint ID, link L, comm: SOURCE)': which allocation a
-    fit_check line is (its comm fit named where it is not the series'
-    `comm_fit`)."""
+    """' (fingerprint ID, link L, comm: SOURCE)': a fit_check's allocation."""
+
     link = f", link {check['link']}" if check.get("link") else ""
     comm = f", comm: {check['comm_fit']}" if check["comm_fit"] != comm_fit else ""
     return f" (fingerprint {check['fingerprint_id']}{link}{comm})"

@@ -1,8 +1,6 @@
-"""Report figures (matplotlib, Agg), one colour per synchroniser in all
-of them: the time per epoch, the phases of a step, the bench's all-reduce
-time by size. Each `*_figure` returns the Figure and what it drew;
-`save` writes the PNG and a sidecar JSON of the series. Legends lie
-outside the axes.
+"""Report figures (matplotlib, Agg), one colour per synchroniser in all:
+time per epoch, a step's phases, the bench's all-reduce. Each `*_figure`
+returns the Figure and what it drew; `save` writes the PNG and its JSON.
 """
 
 from __future__ import annotations
@@ -19,16 +17,13 @@ from .run import PHASES
 from .tables import _mean, MIN_REPEATS, sig, workload_titles
 
 
-# How a series looks, in every figure of the report and in the bench's
-# own plots: one colour per name (a synchroniser, a bench implementation),
-# a shade of it per option setting, one line style and marker per group
-# kind. The one table: a name's colour never depends on which runs a
-# folder holds or in what order, so ring is the same colour in two
-# reports, in the epoch-time figure, the phase figure and the bench's.
+# How a series looks in every figure, the report's and the bench's: one
+# colour per name (a sync, a bench implementation), a shade of it per
+# option setting, a line style and marker per group kind. A name's colour
+# never depends on which runs a folder holds, nor on their order.
 
-#: the registered synchronisers' colours, in registration order: tab10
-#: without its grey (grey is the phase figure's data phase and the
-#: legend's "no interval" mark), then more of the same weight
+#: the registered syncs' colours, in registration order: tab10 without
+#: its grey (the data phase's, and the "no interval" mark's), then more
 SYNC_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                 "#bcbd22", "#17becf", "#2f4b7c", "#a05195", "#f95d6a", "#665191", "#ffa600",
                 "#003f5c", "#d45087")
@@ -37,8 +32,7 @@ SYNC_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252",
                 "#bd9e39", "#ad494a", "#a55194")
 #: an option setting's shade of its sync's colour: + towards white, -
-#: towards black, by that much; the first two are the furthest apart, so
-#: two settings of a sync read apart
+#: towards black; the first two furthest apart
 SHADES = (0.45, -0.4, -0.6, 0.25, 0.6, -0.2)
 
 GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (":", "^"),
@@ -46,22 +40,17 @@ GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (
 GROUP_COLORS = {"global": "tab:blue", "intra_node": "tab:orange", "cross_node": "tab:green",
                 "same_node": "tab:orange"}
 IMPL_MARKERS = {"torch": "o", "ring": "D", "butterfly": "v", "tree": "P", "linear": "x"}
-
-
-def _hash(text: str) -> int:
-    """A hash of `text` that is the same in every process (Python's
-    `hash` is salted)."""
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
-
-
-#: names outside the sync registry that other lines are read against
-# the bench's library all_reduce
+#: the bench's library all_reduce, the line the others are read against
 REFERENCE_COLORS = {"torch": "#000000"}
 
 
+def _hash(text: str) -> int:
+    """A hash the same in every process (Python's `hash` is salted)."""
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:4], "big")
+
+
 def name_color(name: str) -> str:
-    """The colour of a synchroniser or implementation by its name alone
-    (#rrggbb)."""
+    """A sync's or implementation's colour by its name alone."""
     if name in REFERENCE_COLORS:
         return REFERENCE_COLORS[name]
     syncs = list(SCHEMAS["sync"])
@@ -71,18 +60,15 @@ def name_color(name: str) -> str:
 
 
 def _mix(color: str, amount: float) -> str:
-    """`color` moved towards white (amount > 0) or black (< 0) by
-    |amount|."""
+    """`color` towards white (amount > 0) or black (< 0) by |amount|."""
     rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
     end = 255 if amount > 0 else 0
     return "#" + "".join(f"{round(c + (end - c) * abs(amount)):02x}" for c in rgb)
 
 
 def sync_color(label: str) -> str:
-    """The colour of a report's series label (`ring`, `ring
-    prepost=true`, `allreduce compress=fp16 overlap=true
-    launcher=slurm`): its sync's colour, and for an option setting a
-    shade of it picked by the setting (its words in any order)."""
+    """A series label's colour (`ring`, `ring prepost=true`): its sync's,
+    and for an option setting a shade of it (its words in any order)."""
     name, *setting = label.split()
     base = name_color(name)
     if not setting:
@@ -91,9 +77,8 @@ def sync_color(label: str) -> str:
 
 
 def impl_color(impl: str, order: list[str] | None = None) -> str:
-    """A bench implementation's colour: its name's (`ring` as
-    sync=ring); `order`, the implementations beside it, changes nothing
-    (kept for the bench's callers)."""
+    """A bench implementation's colour: its name's (`ring` as sync=ring);
+    `order` changes nothing (kept for the bench's callers)."""
     return name_color(impl)
 
 
@@ -101,20 +86,17 @@ PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:oran
                 "sync": "tab:red", "optim": "tab:green"}
 # one per fingerprint of a series (per bench run in bench_figure)
 MARKERS = "osD^v"
-# log2 units between the lines of a panel at one world: none hides
-# another
+# log2 units between a panel's lines at one world: none hides another
 DODGE = 0.05
-# inches of figure height per horizontal bar: a line of 8-point text
-# with room
+# inches of figure height per horizontal bar (8-point text with room)
 BAR_IN = 0.3
 # a 9-point title's characters across half the figure, all of it
 HALF_CHARS, FULL_CHARS = 60, 120
 
 
 def _plt():
-    # lazy: matplotlib takes 0.4 s to load and a report without plots
-    # (or its --help) needs none; the Agg backend (no display) must be
-    # chosen before pyplot loads
+    # lazy: matplotlib takes 0.4 s to load, a report without plots needs
+    # none; Agg (no display) must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,8 +106,7 @@ def _plt():
 
 
 def save(fig, info: dict, path: Path) -> dict:
-    """The PNG, and beside it a JSON of what it shows; the figure is
-    closed."""
+    """Write the PNG and beside it a JSON of what it shows; close it."""
     fig.savefig(path, dpi=110)
     _plt().close(fig)
     info = {"file": path.name, **info}
@@ -134,10 +115,8 @@ def save(fig, info: dict, path: Path) -> dict:
 
 
 def fit_title(text: str, width: int, sep: str = ", ") -> str:
-    """`text` on lines of at most `width` characters, broken only
-    between its `sep`-joined phrases ("mlp, adam, 20 steps/epoch" never
-    as "20\nsteps/epoch"); a phrase longer than `width` keeps a line of
-    its own."""
+    """`text` on lines of at most `width` characters, broken only between
+    its `sep`-joined phrases (a longer phrase keeps a line of its own)."""
     lines: list[str] = []
     for phrase in text.split(sep):
         if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
@@ -148,10 +127,8 @@ def fit_title(text: str, width: int, sep: str = ", ") -> str:
 
 
 def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float = 10) -> int:
-    """Characters of a `fontsize` figure title centred over a figure
-    whose legend takes its top right (8-point labels beside their
-    markers): the title stays clear of it on both sides. A character:
-    about 0.55 of the font size wide."""
+    """Characters of a centred `fontsize` title that stays clear of a
+    top-right legend of 8-point labels (a character: 0.55 em wide)."""
     longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
     # marker, padding, the longest label
     legend_in = 0.7 + longest * 8 * 0.55 / 72
@@ -160,10 +137,8 @@ def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float =
 
 
 def measured(rows: list[dict]) -> str:
-    """What a time per epoch is, for an axis: "after warm-up" only where
-    every point left an epoch out, "warm-up included" where none could
-    (1-epoch runs), both where mixed (the points without one marked
-    "warm-up in")."""
+    """An axis's words for a time per epoch: after warm-up, warm-up
+    included (1-epoch runs), or both (those points marked "warm-up in")."""
     left = [_left_out(r) for r in rows]
     if all(left):
         return "epoch time after warm-up (s)"
@@ -173,15 +148,13 @@ def measured(rows: list[dict]) -> str:
 
 
 def _left_out(row: dict) -> bool:
-    """Whether every repeat of a point left a warm-up epoch out (tables'
-    `warmup_epochs`)."""
+    """Whether every repeat of a point left a warm-up epoch out."""
     return min(row.get("warmup_epochs") or [0]) > 0
 
 
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
-    """Titles cut to the parts that differ ("20 steps/epoch" vs "50
-    steps/epoch"), and the parts they share ("mlp, batch 64/rank");
-    parts are `sep`-separated."""
+    """Titles cut to their `sep`-separated parts that differ, and the
+    parts they all share."""
     parts = {k: t.split(sep) for k, t in titles.items()}
     common = [p for p in next(iter(parts.values()), []) if all(p in ps for ps in parts.values())]
     return ({k: sep.join(p for p in ps if p not in common) or titles[k] for k, ps in parts.items()},
@@ -190,9 +163,8 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
 
 def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
     """A series' line and points: an error bar where there is an
-    interval, else a hollow marker unless the value is `exact`; an n
-    other than the panel's `common` beside its point (the `nth` series'
-    one line higher, so two never write over each other)."""
+    interval, else a hollow marker unless `exact`; an n other than
+    `common` beside its point (the `nth` series' one line higher)."""
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
@@ -215,12 +187,10 @@ def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> N
 
 
 def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, set]:
-    """A workload measured at several world sizes: time per epoch (left)
-    and efficiency (right) against the world, a line per sync (and
-    fingerprint, and epoch count), each a little aside of the world it
-    ran at (DODGE) so that points of one world never hide each other.
-    Returns the series drawn, their legend handles and the repeat counts
-    below MIN_REPEATS."""
+    """A workload at several world sizes: time per epoch (left) and
+    efficiency (right), a line per sync (and fingerprint, epoch count),
+    each DODGE aside. Returns the series, legend handles and the repeat
+    counts below MIN_REPEATS."""
     from matplotlib.lines import Line2D
 
     worlds: set[int] = set()
@@ -249,11 +219,11 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
         _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
                 common, nth=nth)
         n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
-        # ideal: the baseline's time per unit of work (flat where the
-        # work grows with n)
+        # ideal: the baseline's time per unit of work (flat where it grows)
         ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
                  for r in rows]
         ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
+        series.append(_drawn(label, g, color, rows))
         eff = [r for r in rows if r["efficiency"] is not None]
         if eff:
             _points(ax_e, [r["world_size"] * shift for r in eff], [r["efficiency"] for r in eff],
@@ -262,13 +232,6 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
                     exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
         nth += any(n != common for n in ns)
         handles.setdefault(label, Line2D([], [], color=color, marker=marker))
-        series.append({"label": label, "sync": g["sync"], "color": color,
-                       "workload": g["workload"], "device": g["device"],
-                       "world_size": [r["world_size"] for r in rows], "epoch_time_s": y, "n": ns,
-                       "epoch_time_s_ci95": [r["epoch_time_s_ci95"] for r in rows],
-                       "efficiency": [r["efficiency"] for r in rows],
-                       "efficiency_ci95": [r["efficiency_ci95"] for r in rows],
-                       "speedup": [r["speedup"] for r in rows], "baseline_world_size": n0})
     ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
     n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
     head = f"{title}\n" if title else ""
@@ -289,12 +252,25 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
     return series, handles, few
 
 
+#: a drawn series' keys in the figure's JSON, and the rows' keys they copy
+
+SERIES_KEYS = (("world_size", "world_size"), ("epoch_time_s", "epoch_time_s_mean"),
+               ("n", "time_n"), ("epoch_time_s_ci95", "epoch_time_s_ci95"),
+               ("efficiency", "efficiency"), ("efficiency_ci95", "efficiency_ci95"),
+               ("speedup", "speedup"))
+
+
+def _drawn(label: str, g: dict, color: str, rows: list[dict]) -> dict:
+    """A line's or bar's entry in the figure's JSON."""
+    return {"label": label, "sync": g["sync"], "color": color, "workload": g["workload"],
+            "device": g["device"], **{k: [r[key] for r in rows] for k, key in SERIES_KEYS},
+            "baseline_world_size": g["baseline_world_size"]}
+
+
 def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
-    """A workload measured at one world size per sync: a horizontal bar
-    per point, every sync of the workload in this one panel, its mean
-    time (and an n not the panel's) at its end, the 95% interval as an
-    error bar; "warm-up in" where the panel mixes points that left a
-    warm-up epoch out with points that could not (1-epoch runs)."""
+    """A workload at one world size per sync: a horizontal bar per
+    point, its mean time (and an n not the panel's) at its end, the 95%
+    interval as an error bar; "warm-up in" where the panel mixes."""
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
@@ -309,9 +285,8 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
                      + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
                      + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
     colors = [sync_color(g["sync"]) for g, _ in pts]
-    # two containers, with and without an interval: bar_label puts a
-    # label at the end of the error bar where there is one, so each
-    # container gets its own labels
+    # two containers, with and without an interval: bar_label puts its
+    # label at the end of an error bar where there is one
     for has_ci in (True, False):
         idx = [i for i, (_, r) in enumerate(pts) if bool(r["epoch_time_s_ci95"]) == has_ci]
         if not idx:
@@ -330,8 +305,7 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     ax.set_yticks(range(len(pts)), labels=names, fontsize=8)
     # the first point on top, as read
     ax.set_ylim(len(pts) - 0.4, -0.6)
-    # room at the right for the longest bar's label (about 1% of the
-    # axis a character)
+    # room for the longest bar's label (about 1% of the axis a character)
     ax.margins(x=max(0.15, 0.012 * max(len(t.get_text()) for t in ax.texts)))
     ax.set_xlim(left=0)
     ax.set_xlabel(measured([r for _, r in pts]))
@@ -342,20 +316,14 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     no_ci = f"; no interval below n={MIN_REPEATS}" if common < MIN_REPEATS else ""
     head = f"{title}\n" if title else ""
     ax.set_title(f"{head}time per epoch {where}, {n_text}{no_ci}", fontsize=9)
-    return [{"label": name, "sync": g["sync"], "color": color, "workload": g["workload"],
-             "device": g["device"], "world_size": [r["world_size"]],
-             "epoch_time_s": [r["epoch_time_s_mean"]], "n": [r["time_n"]],
-             "epoch_time_s_ci95": [r["epoch_time_s_ci95"]], "efficiency": [None],
-             "efficiency_ci95": [None], "speedup": [None],
-             "baseline_world_size": g["baseline_world_size"]}
-            for (g, r), name, color in zip(pts, names, colors)]
+    # one world per series: no speedup nor efficiency (tables.scaling_groups)
+    return [_drawn(name, g, color, [r]) for (g, r), name, color in zip(pts, names, colors)]
 
 
 def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
-    """The epoch-time figure's panels, one per (device, workload but its
-    epoch count: each bar or line says its own), their titles cut to
-    what sets them apart, and what every panel shares (for the figure's
-    title)."""
+    """The epoch-time figure's panels, one per device and workload (but
+    its epoch count), their titles cut to what sets them apart, and what
+    they all share."""
     keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
     several = len({k[0] for k in keys}) > 1
     full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
@@ -366,11 +334,9 @@ def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload, every sync of it in that row, one colour
-    per sync (sync_color: the same in every report): time per
-    epoch and efficiency vs world size (`_line_row`), or bars where a
-    workload has one world size (`_bar_row`); what the marks mean:
-    docs/scaling.md, "Reading a scaling report"."""
+    """One row per workload, a colour per sync: time per epoch and
+    efficiency vs world size (`_line_row`), or bars at one world size
+    (`_bar_row`); docs/scaling.md, "Reading a scaling report"."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
@@ -385,13 +351,11 @@ def epoch_time_figure(groups: list[dict]):
     handles: dict[str, Line2D] = {}
     series, few, line_x = [], set(), None
     for i, (key, panel, line) in enumerate(zip(keys, panels, lines)):
-        # the world-size axis is one quantity: every line panel shares
-        # it
+        # the world-size axis is one quantity: every line panel shares it
         if line:
             ax_t = fig.add_subplot(grid[i, 0], sharex=line_x)
             line_x = line_x or ax_t
-            # within its half of the figure: no title runs into its
-            # neighbour's
+            # within its half of the figure: no title runs into the next
             s, h, f = _line_row(ax_t, fig.add_subplot(grid[i, 1], sharex=ax_t), panel,
                                 fit_title(titles[key], HALF_CHARS))
             series += s
@@ -399,8 +363,7 @@ def epoch_time_figure(groups: list[dict]):
             handles.update((k, v) for k, v in h.items() if k not in handles)
         else:
             series += _bar_row(fig.add_subplot(grid[i, :]), panel, fit_title(titles[key], FULL_CHARS))
-    # a bar is named on its axis; a line needs its sync's colour in the
-    # legend
+    # a bar is named on its axis; a line's sync is in the legend
     if any(lines):
         handles["ideal scaling"] = Line2D([], [], ls=":", color="black")
     if few:
@@ -409,8 +372,7 @@ def epoch_time_figure(groups: list[dict]):
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
     what = "Time per epoch" + (" and parallel efficiency" if any(lines) else "")
-    # the legend takes the figure's top right: the centred title keeps
-    # clear of it
+    # the legend takes the top right: the centred title keeps clear of it
     fig.suptitle(fit_title(f"{what}: {common}" if common else what,
                            title_chars(fig.get_figwidth(), list(handles)))
                  + "\nerror bars: 95% CI, n = repeats", fontsize=10)
@@ -419,8 +381,7 @@ def epoch_time_figure(groups: list[dict]):
                  "colors": {s["sync"]: s["color"] for s in series}, "data": series}
 
 
-# The report's phase figure: where a step's time goes, one stacked bar
-# per point (BAR_IN inches of height each).
+# The phase figure: where a step's time goes, a stacked bar per point.
 
 # a panel's x ticks and their label, in bars' heights
 AXIS_ROWS = 1.5
@@ -440,24 +401,21 @@ def _phase_points(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def _bar(key: tuple, rs: list[dict], fids: set[str]) -> dict:
-    """One bar: its point, runs, mean ms per phase, and its name ("ring
-    · 2 ranks · 3 runs")."""
+    """One bar: its point, runs, mean ms per phase and name."""
     sync, world, alloc, fid = key[2:]
     nodes = alloc.split("x")[0]
     where = f"{world} rank{'s' if world > 1 else ''}" \
         + (f"/{nodes} nodes" if nodes not in ("1", "?") else "") + (f" [{fid}]" if len(fids) > 1 else "")
     runs = f"{len(rs)} run{'s' if len(rs) > 1 else ''}"
     return {"sync": sync, "color": sync_color(sync), "workload": key[1], "world_size": world,
-            "allocation": alloc,
-            "fingerprint_id": fid, "runs": [r["run"] for r in rs],
+            "allocation": alloc, "fingerprint_id": fid, "runs": [r["run"] for r in rs],
             "label": f"{where}\n{runs}", "name": f"{sync} · {where} · {runs}",
             **{f"{p}_ms": _mean([r.get(f"{p}_ms") for r in rs]) for p in (*PHASES, "step", "comm")}}
 
 
 def phase_figure(rows: list[dict]):
-    """Stacked mean ms per step of every phase, one bar per point,
-    grouped by sync in a panel per workload; a black diamond: the
-    measured comm per step (inside backward for ddp)."""
+    """Stacked mean ms per step of every phase, a bar per point, by sync
+    in a panel per workload; a diamond: the measured comm per step."""
     plt = _plt()
     from matplotlib.colors import to_rgba
 
@@ -473,8 +431,7 @@ def phase_figure(rows: list[dict]):
             y.append((y[-1] if y else -1.0) + 1.0 + (0.5 if i and k[2] != keys[i - 1][2] else 0.0))
             bars.append(_bar(k, points[k], {kk[5] for kk in keys if kk[2] == k[2]}))
         panels.append((wl, bars, y))
-    # bars, gaps, the panel's title and (its own scale) its ticks and
-    # their label
+    # bars, gaps, the panel's title, its own ticks and their label
     rows_in = [y[-1] + 1.6 + AXIS_ROWS for _, _, y in panels]
     fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
                              figsize=(10, 1.2 + BAR_IN * sum(rows_in)), height_ratios=rows_in)
@@ -490,9 +447,8 @@ def phase_figure(rows: list[dict]):
         if comm:
             ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
                        zorder=3, label="measured comm / step")
-        # a bar's name framed in its sync's colour, as the sync's bars
-        # and lines in the other figures (the bars' own colours are the
-        # phases'); the text stays black to read
+        # a bar's name framed in its sync's colour, as in the other
+        # figures (the bars' colours are the phases'); the text black
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
         for tick, b in zip(ax.get_yticklabels(), bars):
             tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
@@ -505,8 +461,7 @@ def phase_figure(rows: list[dict]):
         ax.grid(True, axis="x", alpha=0.3)
         if len(panels) > 1:
             ax.set_title(fit_title(titles[wl], FULL_CHARS), fontsize=9)
-        # every panel draws every phase: the legend takes each label
-        # once
+        # every panel draws every phase: the legend takes each label once
         handles, labels = ax.get_legend_handles_labels()
         legend.update(zip(labels, handles))
     # stacking order after it
@@ -521,20 +476,16 @@ def phase_figure(rows: list[dict]):
                  "bars": [b["label"] for b in bars], "data": bars}
 
 
-# The report's bench figure: all_reduce of every bench run, every
-# implementation it measured, on one x axis (bytes per rank) for both
-# panels.
+# The bench figure: every bench run's all_reduce, by bytes per rank.
 
 # one per bench run where the group kinds do not vary
 LINESTYLES = ("-", "--", ":", "-.")
 
 
 def bench_names(fits: list[dict]) -> tuple[list[str], str]:
-    """A short name per bench run, and what they all share (for the
-    title): the allocation ("2 ranks = 1 node x 2 ranks, gloo on CPU")
-    where the runs differ by it, else what differs in their folders'
-    names ("bench 17-31-31" of 2026-11-26_17-31-31_bench_local): two
-    runs on one allocation never read alike."""
+    """A short name per bench run, and what they all share: the
+    allocation where it differs, else what differs in the folders' names
+    ("bench 17-31-31"): two runs on one allocation never read alike."""
     allocs = [f["run"].bench.get("meta", {}).get("allocation") or f["run"].path.name for f in fits]
     if len(allocs) == 1:
         return allocs, allocs[0]
@@ -547,8 +498,7 @@ def bench_names(fits: list[dict]) -> tuple[list[str], str]:
 
 
 def _series(run) -> dict[tuple[str, str], list[dict]]:
-    """A bench run's correct all_reduce points by (implementation, group
-    kind), sizes ascending."""
+    """A bench run's correct all_reduce points by (impl, group), sized up."""
     out: dict[tuple[str, str], list[dict]] = {}
     for r in run.bench.get("rows", []):
         if r.get("op") == "all_reduce" and r.get("correct"):
@@ -557,10 +507,9 @@ def _series(run) -> dict[tuple[str, str], list[dict]]:
 
 
 def bench_figure(fits: list[dict]):
-    """all_reduce across bench runs: busbw (left) and time per call with
-    each series' fitted alpha-beta line (right), both against bytes per
-    rank. Colour = implementation (as in the bench's own plots), marker
-    (and line style) = bench run; one legend entry per line drawn."""
+    """all_reduce across bench runs by bytes per rank: busbw (left), time
+    per call and its alpha-beta fit (right). Colour = implementation,
+    marker (and line style) = bench run."""
     plt = _plt()
     fits = [f for f in fits if _series(f["run"])]
     names, common = bench_names(fits)
@@ -570,9 +519,8 @@ def bench_figure(fits: list[dict]):
     for i, (f, name) in enumerate(zip(fits, names)):
         by_key = {(x.impl, x.group): x for x in f["fits"]}
         for (impl, group), pts in _series(f["run"]).items():
-            # the group kind sets the line style where several kinds
-            # were measured (as in the bench's own plots), else the
-            # bench run does, with its marker
+            # the group kind sets the line style where several were
+            # measured (as in the bench's plots), else the bench run
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
             style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
@@ -584,8 +532,8 @@ def bench_figure(fits: list[dict]):
             ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], **style)
             fit = by_key.get((impl, group))
             pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
-            # thick and pale, under its points: the line the fit draws
-            # through them
+            # thick and pale, under its points: the fit's line
+
             if pred:
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,

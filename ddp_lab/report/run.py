@@ -57,10 +57,8 @@ class Run:
 
     @property
     def device_kind(self) -> str:
-        """What runs must share to be compared: "cpu" (however it is
-        spelled: cpu, CPU, cpu:0; or dist.device=cpu in the config of a
-        run without a summary), else the GPU's name as the run recorded
-        it."""
+        """What runs must share to be compared: "cpu" (however spelled, or
+        the config's dist.device), else the GPU's name as recorded."""
         d = self.get("device")
         if d is None:
             d = (self.config.get("dist") or {}).get("device")
@@ -71,16 +69,13 @@ class Run:
     @property
     def description(self) -> Description:
         """What the run is (ddp_lab.folder.description): the one source
-        of its series label (`ring prepost=true`: runs whose labels
-        differ are never repeats), its workload (a time per step is
-        compared within `workload_words()`) and its name."""
+        of its series label (labels that differ are never repeats)."""
         return describe_run(self.config, self.summary)
 
     @property
     def scaling(self) -> str:
-        """strong (train.global_batch fixed) | weak (batch per rank
-        fixed): summary.json `scaling`, else the config's
-        train.global_batch (> 0: strong), else weak."""
+        """strong (train.global_batch fixed) | weak (batch per rank fixed):
+        summary.json's, else strong where the config's global_batch > 0."""
         s = self.summary.get("scaling")
         if s in ("strong", "weak"):
             return s
@@ -88,9 +83,8 @@ class Run:
 
     @property
     def global_batch(self) -> Optional[int]:
-        """Samples of one optimiser step over all ranks (summary.json
-        `global_batch`, else the config's, else batch per rank x
-        world)."""
+        """Samples of one optimiser step over all ranks (summary.json's,
+        else the config's, else batch per rank x world)."""
         g = self.summary.get("global_batch") or (self.config.get("train") or {}).get("global_batch")
         if g:
             return int(g)
@@ -98,21 +92,28 @@ class Run:
         return int(batch) * (self.world_size or 1) if batch else None
 
     @property
+    def batch_per_rank(self) -> Optional[float]:
+        """Samples per rank per step: the global batch / world when
+        strong, else summary.json's or the config's batch size."""
+        if self.scaling == "strong" and self.global_batch:
+            return self.global_batch / (self.world_size or 1)
+        b = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        return float(b) if b else None
+
+    @property
     def fingerprint(self) -> dict:
         return self.summary.get("fingerprint") or {}
 
     @property
     def fingerprint_id(self) -> str:
-        """summary.json `fingerprint_id`; "?" for a run written before
-        fingerprints."""
+        """summary.json `fingerprint_id`; "?" for a run before them."""
         return self.summary.get("fingerprint_id") or "?"
 
     @property
     def workload(self) -> tuple:
-        """What must match for epoch times to be comparable across world
-        sizes: model, optimiser, scaling mode with its batch (per rank
-        when weak, global when strong), the micro-batch, the per-epoch
-        step cap (0 = the whole shard), epochs, data pipeline."""
+        """What must match for epoch times to compare across worlds:
+        model, optimiser, scaling and its batch (per rank when weak),
+        micro-batch, step cap (0: the whole shard), epochs, pipeline."""
         train = self.config.get("train") or {}
         model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
         optim = (self.config.get("optim") or {}).get("name", self.summary.get("optim"))
@@ -126,9 +127,7 @@ class Run:
 
     def workload_label(self, epochs: bool = True) -> str:
         """e.g. "mlp, adam, global batch 64 (strong scaling), 20
-        steps/epoch, 2 epochs"; without `epochs`, the epoch count left
-        out (a figure's panel: a time per epoch compares across it, each
-        bar saying its own)."""
+        steps/epoch, 2 epochs"; the epochs left out unless `epochs`."""
         model, optim, scaling, batch, micro, steps, n_epochs, pipeline = self.workload
         epochs = n_epochs if epochs else None
         what = (f"global batch {batch} (strong scaling)" if scaling == "strong"
@@ -140,19 +139,15 @@ class Run:
             f"{pipeline} pipeline" if pipeline else None) if p)
 
     def workload_short(self) -> str:
-        """The workload as a plot's panel title: "mlp, batch 64/rank,
-        100 steps/epoch"."""
+        """A panel title: "mlp, batch 64/rank, 100 steps/epoch"."""
         model, _, scaling, batch, _, steps, _, _ = self.workload
         what = f"global batch {batch}" if scaling == "strong" else f"batch {batch}/rank"
         return f"{model}, {what}, " + (f"{steps} steps/epoch" if steps else "full epochs")
 
     def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
-        """Epoch times (s) after the warm-up, and the epochs excluded.
-        The warm-up: the first `warmup` epochs when the run has more
-        than that many timed; by default one when it has more than one.
-        An epoch split by a resume is left out (its time spans two
-        allocations). A run without per-epoch times gives its summary's
-        mean."""
+        """Epoch times (s) after the warm-up (the first `warmup` epochs,
+        by default 1, where the run timed more), and the epochs excluded.
+        An epoch split by a resume spans two allocations: left out."""
         recs = sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
                       key=lambda r: r.epoch)
         times = [float(r.epoch_time_s) for r in recs]
@@ -161,26 +156,21 @@ class Run:
             return ([float(t)] if t else []), 0
         skip = (1 if len(times) > 1 else 0) if warmup is None else warmup
         if skip >= len(times):
-            # too few epochs to drop any: every one counts (said in the
-            # report)
+            # too few epochs to drop any: every one counts (as reported)
             skip = 0
         return times[skip:], skip
 
     def epoch_samples(self) -> Optional[float]:
-        """Training samples of one epoch over all ranks: steps per rank
-        x batch per rank x world (mean over the epochs logged); None
-        when unknown."""
+        """Training samples of one epoch over all ranks (mean over the
+        epochs logged); None when unknown."""
         steps = [r.steps for r in self.records if r.steps]
-        batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
-        if self.scaling == "strong" and self.global_batch and self.world_size:
-            batch = self.global_batch / self.world_size
-        if not steps or not batch:
+        if not steps or not self.batch_per_rank:
             return None
-        return sum(steps) / len(steps) * float(batch) * (self.world_size or 1)
+        return sum(steps) / len(steps) * self.batch_per_rank * (self.world_size or 1)
+
 
     def samples_per_s(self) -> Optional[float]:
-        """Median training throughput over epochs (metrics.jsonl
-        `samples_per_s`)."""
+        """Median of metrics.jsonl `samples_per_s` over the epochs."""
         values = [r.samples_per_s for r in self.records if r.samples_per_s is not None]
         return statistics.median(values) if values else None
 
@@ -188,8 +178,7 @@ class Run:
         return sum(int(r.steps or 0) for r in self.records)
 
     def phase_ms(self) -> dict[str, Optional[float]]:
-        """Mean ms per step of each phase (and the whole step), over
-        every epoch."""
+        """Mean ms per step of each phase and the step, over all epochs."""
         out: dict[str, Optional[float]] = {}
         for p in (*PHASES, "step"):
             num = den = 0.0
@@ -203,8 +192,7 @@ class Run:
         return out
 
     def comm_per_step(self) -> dict[str, Optional[float]]:
-        """Measured comm per step: seconds (comm.time_s / steps),
-        payload bytes and calls."""
+        """Measured comm per step: seconds, payload bytes and calls."""
         steps = self.steps_total()
         if not steps:
             return {"time_s": None, "payload_bytes": None, "calls": None}
@@ -213,8 +201,7 @@ class Run:
         return {k: v / steps for k, v in tot.items()}
 
 
-# Finding and reading run folders: training runs and bench runs,
-# complete or not.
+# Finding and reading run folders, complete or not.
 
 MARKERS = ("config.yaml", "summary.json", "metrics.jsonl")
 # a study folder (ddp_lab.command.study): its run folders are in points/
@@ -222,8 +209,7 @@ STUDY_FILE = "study.json"
 
 
 class ReportError(Exception):
-    """A mistake in the report's input: printed as one line, no
-    traceback."""
+    """A mistake in the report's input: one line, no traceback."""
 
 
 def _read_json(path: Path) -> tuple[Optional[dict], Optional[str]]:
@@ -244,17 +230,15 @@ def _read_config(path: Path) -> dict:
 
 
 def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
-    # a torn line is skipped and counted
+    """The epoch records, and how many lines were torn or not one."""
     lines, torn = read_metrics(path)
     records: list[EpochRecord] = []
-    bad = len(torn)
     for line in lines:
         try:
             records.append(EpochRecord.from_dict(line))
         except ValueError:
-            # a JSON object that is not an epoch record
-            bad += 1
-    return records, bad
+            pass
+    return records, len(torn) + len(lines) - len(records)
 
 
 def load_run(path: Path) -> Run:
@@ -315,7 +299,7 @@ def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str]) -> 
     doc, err = _read_json(path / "bench.json") if (path / "bench.json").exists() else \
         (None, "bench.json is missing")
     if doc is None:
-        run.status = err or "bench.json is missing"
+        run.status = err
         return run
     run.bench, run.ok, run.status = doc, True, status
     return run
@@ -340,18 +324,18 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
                 dirnames[:] = []
                 continue
             # a study folder: its points are runs, it is not
-            if STUDY_FILE in filenames:
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            elif DRY_RUN in filenames and is_dry_run(here):
+            study = STUDY_FILE in filenames
+            if not study and DRY_RUN in filenames and is_dry_run(here):
                 # rendered, never started
                 dry += 1
                 dirnames[:] = []
-            elif any(m in filenames for m in MARKERS):
+            elif not study and any(m in filenames for m in MARKERS):
                 found[here] = None
                 # tb/, checkpoints/, logs/, plots/ of a run: not runs
                 dirnames[:] = []
             else:
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+
     if not found and dry:
         raise ReportError(
             f"{', '.join(map(str, paths))} holds only dry runs ({dry}): rendered, never started; "

@@ -1,9 +1,6 @@
-"""The report in one screen: what `python -m ddp_lab.report` prints;
-report.md has the rest.
-
-Time per epoch per world size first, one block per workload (the largest
-first), then the forecasts' verdicts and the notes, each said once; at
-most MAX_LINES lines, what does not fit counted.
+"""The report in one screen, what `python -m ddp_lab.report` prints: time
+per epoch, a block per workload (the largest first), the forecasts'
+verdicts and the notes; at most MAX_LINES lines, the rest counted.
 """
 
 from __future__ import annotations
@@ -18,10 +15,8 @@ from .truth_table import disagreement, TARGET_MODEL
 
 MAX_LINES = 40  # one terminal screen
 WIDTH = 100
-# the forecast's verdicts, at most (report.md has every series)
-FORECAST_LINES = 6
-NOTE_LINES = 10  # the notes, at most
-WITNESS_LINES = 6  # the witnesses' disagreements, at most
+# at most, of the forecasts' verdicts, the notes, the witnesses' misses
+FORECAST_LINES, NOTE_LINES, WITNESS_LINES = 6, 10, 6
 
 
 def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -31,14 +26,13 @@ def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    """One entry wrapped to WIDTH columns, its later lines indented
-    under its first."""
+    """One entry wrapped to WIDTH columns, its later lines indented."""
     return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def _capped(entries: list[list[str]], most: int, rest: str) -> list[str]:
-    """Whole entries (each its wrapped lines) while they fit in `most`
-    lines; then one line saying how many more are in report.md."""
+    """Whole entries while they fit in `most` lines, then a line counting
+    the rest."""
     out: list[str] = []
     for i, e in enumerate(entries):
         # keep a line for the "more"
@@ -60,10 +54,9 @@ def _efficiency(r: dict) -> str:
 
 
 def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
-    """One table, its header once: per workload a heading line, then a
-    row per point (sync, world, nodes x procs, n, mean time, interval,
-    efficiency), the workloads with the most points first. Within
-    `budget` lines: what does not fit is counted in a last line."""
+    """One table, its header once: per workload (the most points first) a
+    heading, then a row per point; within `budget` lines, the rest
+    counted in a last line."""
     keys = list(dict.fromkeys((g["device"], g["workload"]) for g in groups))
     titles = workload_titles(groups, keys)
     blocks = []
@@ -82,15 +75,13 @@ def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
     for title, rows in blocks:
         cells = table[at:at + len(rows)]
         at += len(rows)
-        # the heading's line, and one for what is left out unless this
-        # is the last block
+        # the heading's line, and one for what is left out unless last
         room = budget - len(lines) - 1 - (0 if at == len(table) else 1)
         if not hidden_points and len(rows) <= room:
             lines += [textwrap.shorten(title, WIDTH), *cells]
             continue
         shown = room - 1 if not hidden_points and len(lines) == 1 else 0
-        # the largest workload alone overflows the screen: its first
-        # rows
+        # the largest workload alone overflows the screen: its first rows
         if shown > 0:
             lines += [textwrap.shorten(title, WIDTH), *cells[:shown]]
         else:
@@ -104,9 +95,8 @@ def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
 
 
 def forecast_lines(fc: dict) -> list[str]:
-    """The verdicts: a shown forecast on its own line (the weak-scaling
-    numbers only where reliable); series without one grouped by the
-    reason, said once with how many."""
+    """The verdicts: a shown forecast on its own line (weak-scaling
+    numbers where reliable); those without one grouped by the reason."""
     series = [s for s in fc["series"] if s["heldout"] is not None or s["predictions"]]
     # one world size and no model: nothing was to be forecast
     if not series:
@@ -141,9 +131,8 @@ def forecast_lines(fc: dict) -> list[str]:
 
 
 def comm_model_note(comm: list[dict]) -> str | None:
-    """The alpha-beta model against the trainings' measured comm, when
-    it misses: what the miss means (for the side it misses on) and what
-    to try."""
+    """Where the alpha-beta model misses the measured comm: what the miss
+    means and what to try."""
     ratios = [r["ratio"] for r in comm if r.get("ratio")]
     if not ratios or all(abs(x - 1) <= TARGET_MODEL for x in ratios):
         return None
@@ -154,8 +143,7 @@ def comm_model_note(comm: list[dict]) -> str | None:
                    "shares its cores with compute, the bench times each call alone")
     if min(ratios) < 1 - TARGET_MODEL:
         why.append("faster: ddp's buckets overlap backward, or the fit's line misses small calls")
-    # the advice only where a run is priced by another allocation's
-    # bench
+    # the advice only where a run is priced by another allocation's bench
     own = all(r.get("fit_source", "").startswith("same allocation") for r in comm if r.get("ratio"))
     advice = ("the bench is the runs' own allocation already, so the gap is training's, not "
               "the fit's" if own else
@@ -167,10 +155,9 @@ def comm_model_note(comm: list[dict]) -> str | None:
 
 
 def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> list[str]:
-    """What changes how the table reads: too few repeats, capped epochs,
-    points compared across fingerprints, a comm model far from the
-    measurement, skipped folders; each said once however many series it
-    applies to."""
+    """What changes how the table reads (too few repeats, capped epochs,
+    other fingerprints, the comm model's miss, skipped folders), each
+    said once."""
     notes = []
     few = sum(r["time_n"] < MIN_REPEATS for g in groups for r in g["rows"])
     if few:
@@ -189,8 +176,7 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     model = comm_model_note(comm)
     if model:
         notes.append(model)
-    # what the report left out comes first: the screen's cap never hides
-    # it
+    # what the report left out comes first: the cap never hides it
     left_out = [f"skipped {Path(s['run']).name}: "
                 + textwrap.shorten(s["reason"], 100, placeholder=" …") for s in skipped[:3]]
     if len(skipped) > 3:
@@ -202,9 +188,8 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
 
 
 def witness_lines(rows: list[dict]) -> list[str]:
-    """The witness table's verdict (report.json `witnesses`): each
-    figure outside its band on a line of its own, as report.md lists
-    them; else one line saying they agree."""
+    """The witness table's verdict: each figure outside its band on a
+    line, as report.md lists them; else one line saying they agree."""
     judged = [r for r in rows if r["agrees"] is not None]
     if not judged:
         return []
@@ -220,9 +205,9 @@ def witness_lines(rows: list[dict]) -> list[str]:
 
 def terminal_summary(doc: dict, counts: dict, out_dir: Path, common: str,
                      warmup_text: str) -> str:
-    """The screen `python -m ddp_lab.report` prints (report.json's `doc`
-    as input), at most MAX_LINES lines: the table gets what the other
-    parts leave."""
+    """The screen, from report.json's `doc`, at most MAX_LINES lines: the
+    table gets what the other parts leave."""
+
     head = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
             f"{counts['skipped']} skipped, under {common}", ""]
     tail = forecast_lines(doc["forecast"]) + witness_lines(doc.get("witnesses") or []) \

@@ -1,8 +1,6 @@
-"""The report's tables, from the run folders' summary.json and
-metrics.jsonl: time per epoch across allocations (scaling, with the
-statistics of repeats), phases, skipped folders, the comm model and the
-bench's peaks, memory, a run's several allocations and the doctor's
-checks.
+"""The report's tables, from summary.json and metrics.jsonl: time per
+epoch across allocations (with the statistics of repeats), phases, the
+comm model, the bench, memory, allocations, the doctor's checks.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from .alpha_beta import fit_all, fit_alpha_beta, Fits, formula, predict_comm_s
 from .run import PHASES, Run
 
 
-# Statistics of repeats: mean, standard deviation, 95% confidence
-# intervals.
+# Statistics of repeats: mean, standard deviation, 95% intervals.
 
 LEVEL = 0.95
 # the fewest values an interval is given for
@@ -86,8 +83,7 @@ def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, floa
 
 
 def sig(v: Optional[float], none: str = "–") -> str:
-    """v to 3 significant digits, never in exponent form: 0.0123, 1.23,
-    12.3, 1234."""
+    """v to 3 significant digits, no exponent: 0.0123, 1.23, 12.3, 1234."""
     if v is None:
         return none
     if v == 0 or not math.isfinite(v):
@@ -99,15 +95,20 @@ def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:
     return none if v is None else format(v, fmt)
 
 
+def md_row(cells: list) -> str:
+    """A markdown table's row of `cells`."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+
 def allocation(run: Run) -> str:
     nodes, per = run.get("nodes"), run.get("nproc_per_node")
     return f"{nodes}x{per}" if nodes and per else "?"
 
 
 def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
-    """(device, workload) -> a short title ("mlp, batch 64/rank, full
-    epochs"); the whole workload where two short ones would read alike;
-    the device where there are several."""
+    """(device, workload) -> a short title, the whole workload where two
+    short ones read alike, the device where there are several."""
     short = {(i["device"], i["workload"]): i.get("workload_short") or i["workload"] for i in items}
     out = {k: short[k] for k in keys}
     if len(set(out.values())) < len(out):
@@ -161,14 +162,12 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
             if not several_worlds:
                 # repeats are never a speedup of each other
                 continue
-            # the baseline against itself is 1 exactly, not a ratio of
-            # two samples
+            # the baseline against itself is 1 exactly, not a ratio
             sp, ci = (1.0, None) if base is x else ratio(base["time"], x["time"])
             n = x["world_size"]
             # efficiency per unit of work: where an epoch's samples grow
-            # with the world (a step cap per rank in weak scaling) the
-            # ideal time stays flat, not 1/n (uncapped, an epoch is the
-            # dataset whatever the world: the factor stays 1)
+            # with the world (a step cap per rank, weak scaling) the ideal
+            # time is flat, not 1/n (uncapped, the factor stays 1)
             capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
             work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
             k = work * n0 / n
@@ -200,8 +199,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
 
 
 def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
-    """One point: its repeats' per-run values (mean post-warm-up epoch
-    time) summarised."""
+    """One point: its repeats' mean post-warm-up epoch times summarised."""
     world, nodes, per, fid = key
     values, skipped = [], []
     for r in rs:
@@ -229,18 +227,13 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
     }
 
 
-def _pm(ci, fmt) -> str:
-    """[lo, hi], each by `fmt`: a format spec (".3f") or a function
-    (sig)."""
-    num = fmt if callable(fmt) else (lambda v: format(v, fmt))
-    return f"[{num(ci[0])}, {num(ci[1])}]" if ci else "–"
-
-
 def ci_cell(ci, n: int, fmt) -> str:
-    """An interval, or why there is none: "n=2: not meaningful" (too few
-    repeats), "–" (one repeat, or a value that has no interval)."""
+    """An interval, each end by `fmt` (a format spec or a function), or
+    why there is none: "n=2: not meaningful" (too few repeats), else
+    "–"."""
     if ci:
-        return _pm(ci, fmt)
+        num = fmt if callable(fmt) else (lambda v: format(v, fmt))
+        return f"[{num(ci[0])}, {num(ci[1])}]"
     return f"n={n}: not meaningful" if 1 < n < MIN_REPEATS else "–"
 
 
@@ -282,8 +275,7 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
                   f"world {g['baseline_world_size']}", ""]
         if "steps/epoch" in g["workload"] and g.get("scaling") != "strong" \
                 and "global batch" not in g["workload"]:
-            # (strong scaling: a step is the same global batch on every
-            # world size)
+            # (strong scaling: a step is one global batch on every world)
             lines += ["Epochs capped at a number of steps *per rank* (train.max_steps_per_epoch): "
                       "the work per epoch grows with the world size, so the speedup (a time "
                       "ratio) falls below 1 even when scaling is perfect; the efficiency counts "
@@ -295,15 +287,14 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
         for r in g["rows"]:
             flag = " ⚠" if r["cross_fingerprint"] else ""
             runs = ", ".join(short(p) for p in r["runs"])
-            lines.append(
-                f"| {r['nodes']}x{r['nproc_per_node']} | {r['world_size']} | {r['launcher']} | "
-                f"{r['backend']} | {r['time_n']} | {_f(r['epoch_time_s_mean'])} | "
-                f"{_f(r['epoch_time_s_std'])} | {ci_cell(r['epoch_time_s_ci95'], r['time_n'], '.3f')} | "
-                f"{_f(r['speedup'], '.2f')}{flag} | {ratio_ci_cell(r, 'speedup', '.2f')} | "
-                f"{_f(r['efficiency'], '.0%')} | {ratio_ci_cell(r, 'efficiency', '.0%')} | "
-                f"{_f(r['comm_fraction'], '.0%')} | {_f(r['comm_exposed_fraction'], '.0%', '--')} | "
-                f"{_f(r['samples_per_s'], '.0f')} | {_f(r['test_accuracy'], '.4f')} | "
-                f"{r['fingerprint_id']} | {runs} |")
+            lines.append(md_row([
+                f"{r['nodes']}x{r['nproc_per_node']}", r["world_size"], r["launcher"], r["backend"],
+                r["time_n"], _f(r["epoch_time_s_mean"]), _f(r["epoch_time_s_std"]),
+                ci_cell(r["epoch_time_s_ci95"], r["time_n"], ".3f"), _f(r["speedup"], ".2f") + flag,
+                ratio_ci_cell(r, "speedup", ".2f"), _f(r["efficiency"], ".0%"),
+                ratio_ci_cell(r, "efficiency", ".0%"), _f(r["comm_fraction"], ".0%"),
+                _f(r["comm_exposed_fraction"], ".0%", "--"), _f(r["samples_per_s"], ".0f"),
+                _f(r["test_accuracy"], ".4f"), r["fingerprint_id"], runs]))
         lines.append("")
         for note in g["fingerprint_notes"]:
             lines += [f"⚠ Across fingerprints: {note}.", ""]
@@ -318,7 +309,6 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         ph = r.phase_ms()
         comm = r.comm_per_step()
         # a time per step: compared across epoch counts and step caps
-        # (not split by them)
         what = r.description
         rows.append({"run": str(r.path), "sync": what.series_label(), "world_size": r.world_size,
                      "device": r.device_kind, "workload": what.workload_words(),
@@ -332,8 +322,7 @@ def phase_rows(runs: list[Run]) -> list[dict]:
 
 
 def straggler_text(s: Optional[dict]) -> str:
-    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or –
-    when none named."""
+    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or –."""
     if not s:
         return "–"
     return f"rank {s['rank']} +{s['late_ms']:.2f} ms ({s['share']:.0%})"
@@ -370,9 +359,8 @@ def summary_counts(runs: list[Run]) -> dict[str, Any]:
             "skipped": sum(not r.ok for r in runs)}
 
 
-# The communication tables: alpha-beta fits of the bench runs
-# (report/alpha_beta.py's), each training run's predicted comm per step
-# against the measured, the bench's peak busbw.
+# The communication tables: the bench runs' alpha-beta fits, each
+# training run's predicted comm per step, the bench's peak busbw.
 
 def bench_fits(runs: list[Run]) -> list[dict]:
     out = []
@@ -383,17 +371,15 @@ def bench_fits(runs: list[Run]) -> list[dict]:
         primary = fit_alpha_beta(rows)
         impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
         fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
-        # what predictions use: one fit per collective and
-        # implementation (report/alpha_beta.py)
+        # what predictions use: one fit per collective and implementation
         out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
     return out
 
 
 def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
-    """The fit from the bench on the same allocation (world size, nodes,
-    backend, device; real nodes before simulated ones, the latest run
-    first); else the nearest world size on the same backend and device,
-    named as such."""
+    """The fit of the bench on the same allocation (real nodes before
+    simulated ones, the latest first), else of the nearest world size on
+    the same backend and device, named as such."""
     same = [f for f in fits if f["primary"]
             and f["run"].get("backend") == run.get("backend")
             and f["run"].device_kind == run.device_kind]
@@ -469,13 +455,12 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
                   "| sync | world | model | calls/step | payload (MB/step) | predicted (ms/step) | "
                   "measured comm (ms/step) | sync phase (ms/step) | measured / predicted | fit | run |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(
-                f"| {r['sync']} | {r['world_size']} | {r['formula']} | {_f(r['calls_per_step'], '.1f')} | "
-                f"{_f(r['payload_MB_per_step'], '.3f')} | {_f(r['predicted_ms'], '.3f')} | "
-                f"{_f(r['measured_comm_ms'], '.3f')} | {_f(r['sync_phase_ms'], '.3f')} | "
-                f"{_f(r['ratio'], '.2f')} | {r['fit_source']} | {short(r['run'])} |")
+        ms = ("payload_MB_per_step", "predicted_ms", "measured_comm_ms", "sync_phase_ms")
+        lines += [md_row([r["sync"], r["world_size"], r["formula"], _f(r["calls_per_step"], ".1f"),
+                          *(_f(r[k]) for k in ms), _f(r["ratio"], ".2f"), r["fit_source"],
+                          short(r["run"])]) for r in rows]
         lines.append("")
+
     return lines
 
 
@@ -505,10 +490,9 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
     return lines + [""]
 
 
-# What one rank holds, per run: parameters, gradients and optimiser
-# state (summary.json's memory_* fields). sync=zero1 shards the optimiser
-# state, so its column falls as 1/world while the others stay: the table
-# puts runs of one model side by side to show it.
+# What one rank holds (summary.json's memory_*): sync=zero1 shards the
+# optimiser state, its column falls as 1/world; a model's runs together.
+
 
 KINDS = ("param", "grad", "optimizer_state")
 
@@ -539,10 +523,6 @@ def memory_markdown(rows: list[dict[str, Any]]) -> list[str]:
               f"{r['grad_MB']:.1f} | {r['optimizer_state_MB']:.1f} | `{r['run']}` |" for r in rows]
     return lines + [""]
 
-
-# The allocations of a training run that used several: one row per
-# segment of its summary.json (a SLURM requeue, a re-created pod or a
-# resume starts a new one).
 
 def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
     """One row per allocation of every training run that used several
@@ -581,8 +561,6 @@ def _position(seg: dict, which: str) -> str:
 def segments_markdown(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
-    def num(x, fmt):
-        return "-" if x is None else format(x, fmt)
     lines = ["## Allocations of runs that used several", "",
              "One row per segment of summary.json: a SLURM requeue, a re-created pod or a "
              "resume starts a new one. Epoch time: the median of the epochs the segment "
@@ -591,22 +569,20 @@ def segments_markdown(rows: list[dict[str, Any]]) -> list[str]:
              "| epochs | epoch s | status |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        lines.append(
-            f"| `{row['run']}` | {row['segment']} | {row['job_id'] or '-'} | "
-            f"{num(row['restart'], 'd')} | {num(row['nodes'], 'd')} | {row['hosts'] or '-'} | "
-            f"{row['start'] or '-'} | {num(row['wall_s'], '.0f')} | {row['from']} | {row['to']} | "
-            f"{num(row['steps_done'], 'd')} | {num(row['epochs_done'], 'd')} | "
-            f"{num(row['epoch_time_s_median'], '.2f')} | {row['status'] or '-'} |")
+        lines.append(md_row([
+            f"`{row['run']}`", row["segment"], row["job_id"] or "-", _f(row["restart"], "d", "-"),
+            _f(row["nodes"], "d", "-"), row["hosts"] or "-", row["start"] or "-",
+            _f(row["wall_s"], ".0f", "-"), row["from"], row["to"], _f(row["steps_done"], "d", "-"),
+            _f(row["epochs_done"], "d", "-"), _f(row["epoch_time_s_median"], ".2f", "-"),
+            row["status"] or "-"]))
     return lines + [""]
 
 
-# The report's section on the allocations' doctor checks (`python -m
-# ddp_lab.doctor`, docs/doctor.md): each doctor.json found beside the
-# runs, its verdict, and the runs of the same fingerprint, so a slow
-# series can be read beside what the doctor said of its nodes.
-
 def doctor_markdown(runs) -> list[str]:
-    """Markdown lines (none when no doctor ran where the runs are)."""
+    """Each doctor.json beside the runs (docs/doctor.md), its verdict and
+    the runs of its fingerprint, so a slow series reads beside what the
+    doctor said of its nodes; none when no doctor ran there."""
+
     roots = {Path(r.path).parent for r in runs} | {Path(r.path) for r in runs}
     docs = records.find(roots)
     if not docs:

@@ -1,17 +1,10 @@
-"""Are the numbers true? Two tables: the witness table, ddp_lab's
-figures beside clocks that are not its own (the profiler's trace, DDP's
-own timing, HTA; docs/timing.md, "Independent witnesses"), and the truth
-table, a training run's comm per step set against the bench and the
-model (the columns, for users: docs/benchmarks.md, "Are the numbers
-true?").
-
-Per training run (`python -m ddp_lab.bench.suite truth` makes them,
-every step traced), from `trace/rank0.json`: **measured** (the union of
-the step's calls), **after the last arrival** (each call at the shortest
-duration any rank saw), **bench** (interpolated log-log at each call's
-size; check (a): within 20%), **model** (`alpha_beta.predict_comm_s` with
-that bench run's fits; check (b): within 30%) and **why** a row misses.
-A run's bench run is its allocation's.
+"""Are the numbers true? The witness table: ddp_lab's figures beside
+clocks not its own (the profiler's trace, DDP's timing, HTA;
+docs/timing.md, "Independent witnesses"). The truth table: a training
+run's comm per step, from its trace (`python -m ddp_lab.bench.suite
+truth`), against its allocation's bench run (check (a)) and the
+alpha-beta model (check (b)), and why a row misses (docs/benchmarks.md,
+"Are the numbers true?").
 """
 
 from __future__ import annotations
@@ -28,27 +21,22 @@ from .run import find_runs, Run
 from .tables import _f, _mean
 
 
-# The witness table: ddp_lab's figures beside clocks that are not its
-# own.
-
 #: ours / witness: the band each figure's ratio should lie in
-#: (docs/timing.md explains each); None: the definitions differ too much
-#: to expect agreement, shown for reading.
+#: (docs/timing.md); None: the definitions differ too much to expect it
 EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     "comm in flight per step (profiler)": (0.8, 1.2),
     "backward comm per step (DDP)": (0.45, 1.1),
     "comm hidden behind backward per step (DDP overlap)": None,
     "compute per step (DDP forward + backward)": None,
-    # not yet measured on a GPU: no band until docs/timing.md states a
-    # measured one
+    # no band until docs/timing.md states one measured on a GPU
+
     "exposed comm share of comm (HTA)": None,
 }
 
 
 def witness_rows(run: Run, short) -> list[dict[str, Any]]:
-    """The rows of one run (none without witnesses); values in seconds,
-    ranks averaged for the profiler's figures, rank 0's for DDP's (as
-    summary.json keeps them)."""
+    """One run's rows (none without witnesses), in seconds: the ranks'
+    mean for the profiler's figures, rank 0's for DDP's."""
     s = run.summary
     rows: list[dict[str, Any]] = []
     name = short(str(run.path))
@@ -100,9 +88,8 @@ def witness_rows(run: Run, short) -> list[dict[str, Any]]:
 
 
 def hta_overlap(trace_dir: Path) -> Optional[float]:
-    """HTA's comm/compute overlap of the traces in `trace_dir` (the
-    share of the NCCL kernels' time that overlaps compute kernels),
-    ranks averaged; None without HTA (a test extra: `pip install
+    """HTA's comm/compute overlap of the traces in `trace_dir`, ranks
+    averaged; None without HTA (a test extra: `pip install
     holistictraceanalysis`) or without GPU kernels (NaN on CPU)."""
     try:
         from hta.trace_analysis import TraceAnalysis
@@ -118,8 +105,7 @@ def hta_overlap(trace_dir: Path) -> Optional[float]:
 
 
 def disagreement(r: dict) -> str:
-    """One figure outside its band, on one line: the run, the figure,
-    the ratio (every rank's where there are several) and the band."""
+    """One figure outside its band, on one line (every rank's ratio)."""
     ranks = r.get("rank_ratios") or {}
     each = f" (rank {', rank '.join(f'{k} {v:.2f}' for k, v in sorted(ranks.items()))})" \
         if len(ranks) > 1 else ""
@@ -129,8 +115,8 @@ def disagreement(r: dict) -> str:
 
 
 def witness_markdown(runs: list[Run], short) -> list[str]:
-    """The report's section: one table, then one line per figure outside
-    its band (the terminal prints the same lines: summary.py)."""
+    """The report's section: a table, then a line per figure outside its
+    band (as the terminal's, summary.py)."""
     rows = [r for run in runs if run.kind == "train" and run.ok for r in witness_rows(run, short)]
     if not rows:
         return []
@@ -182,9 +168,8 @@ def find_bench_runs(paths) -> list[Run]:
 
 # ------------------------------------------------------------------ the trace
 def step_calls(events: list[dict], rank: int = 0) -> dict[int, list[dict]]:
-    """Step -> that step's collective calls on `rank` (trace slices of
-    category comm: name = op, dur in µs, args.payload_bytes), in order
-    of their start."""
+    """Step -> that step's comm trace slices on `rank` (name = op, dur in
+    µs, args.payload_bytes), by their start."""
     out: dict[int, list[dict]] = {}
     for e in events:
         if e.get("cat") == "comm" and e.get("pid") == rank:
@@ -204,10 +189,9 @@ def read_trace(run_dir: Path) -> list[dict]:
 
 
 def per_step(events: list[dict]) -> dict[str, Any]:
-    """Rank 0's comm per step (the union of its calls' intervals), and
-    the per-call durations after the last arrival (the shortest over
-    ranks of the same call: the i-th call of a step on every rank is the
-    same collective), in seconds."""
+    """Rank 0's comm per step (the union of its calls) and after the last
+    arrival (each call's shortest duration over ranks: the i-th call of a
+    step is one collective on every rank), in seconds."""
     ranks = sorted({e["pid"] for e in events if e.get("cat") == "comm"})
     by_rank = {r: step_calls(events, r) for r in ranks}
     mine = by_rank.get(0, {})
@@ -216,8 +200,7 @@ def per_step(events: list[dict]) -> dict[str, Any]:
         measured.append(union_length([(c["ts"] / 1e6, (c["ts"] + c["dur"]) / 1e6) for c in cs]))
         others = [by_rank[r].get(step, []) for r in ranks]
         if all(len(o) == len(cs) for o in others):
-            # call i after the last arrival: its shortest duration over
-            # ranks, ending when it ended on rank 0; unioned like the
+            # ending when call i ended on rank 0; unioned like the
             # measured figure (DDP's buckets overlap)
             last.append(union_length([((c["ts"] + c["dur"] - min(o[i]["dur"] for o in others)) / 1e6,
                                        (c["ts"] + c["dur"]) / 1e6) for i, c in enumerate(cs)]))
@@ -227,8 +210,7 @@ def per_step(events: list[dict]) -> dict[str, Any]:
 
 
 def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], list[float]]:
-    """(op, payload bytes) -> every duration (s) of such a call on
-    `rank`."""
+    """(op, payload bytes) -> every duration (s) of such a call on `rank`."""
     out: dict[tuple[str, int], list[float]] = {}
     for cs in step_calls(events, rank).values():
         for c in cs:
@@ -237,9 +219,8 @@ def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], l
 
 
 def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
-    """World size -> the distinct call sizes (float32 elements) its runs
-    put on the wire: what the bench should measure exactly
-    (`bench.sizes`)."""
+    """World size -> the call sizes (float32 elements) its runs sent:
+    what the bench should measure exactly (`bench.sizes`)."""
     out: dict[int, set[int]] = {}
     for r in runs:
         st = per_step(read_trace(r.path))
@@ -250,11 +231,9 @@ def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
 # ------------------------------------------------------------------ the bench
 def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
                key: str = "time_median_s") -> Optional[tuple[float, bool]]:
-    """(median seconds, exact) of `op`/`impl` on the global group of `n`
-    ranks at `elements`: the measured row, else log-log interpolation
-    between the nearest sizes below and above (exact False); None
-    outside the measured range. `key`: another of the row's times
-    (`time_min_s`: the fastest iteration)."""
+    """(seconds by `key`, exact) of `op`/`impl` on the global group of
+    `n` ranks at `elements`: the measured row, else log-log between the
+    nearest sizes (exact False); None outside the measured range."""
     pts = sorted((r["elements"], r[key]) for r in rows
                  if r.get("op") == op and r.get("impl") == impl and r.get("correct")
                  and r.get("group") == "global" and r.get("group_size") == n
@@ -272,8 +251,7 @@ def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
 
 
 def _bench_for(run: Run, benches: list[Run]) -> Optional[Run]:
-    """The bench run of this run's world size, nodes and backend (the
-    latest)."""
+    """The latest bench run of this run's world size, nodes, backend."""
     same = [b for b in benches if b.world_size == run.world_size
             and (b.get("nodes") or 1) == (run.get("nodes") or 1)
             and b.get("backend") == run.get("backend")]
@@ -355,10 +333,8 @@ def _ratios(row: dict) -> dict:
 
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
-    """The known reasons a row misses (a) or (b), "; "-joined; None for
-    a row that meets both, "not known" where none applies. Each reason
-    is the figures' own (docs/benchmarks.md, "Are the numbers
-    true?")."""
+    """The known reasons a row misses (a) or (b), "; "-joined: None if it
+    meets both, else "not known" where none applies."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
@@ -437,13 +413,12 @@ def markdown(rows: list[dict]) -> list[str]:
               "| sync | model | world | op (algorithm) | MB | measured ms | bench ms | ratio |",
               "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        seen = set()
+        first: dict[tuple, dict] = {}
         for c in r["per_call"]:
-            key = (c["op"], c["bytes"])
-            if key in seen:
-                continue
-            seen.add(key)
+            first.setdefault((c["op"], c["bytes"]), c)
+        for c in first.values():
             lines.append(
+
                 f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
                 f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
                 f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")

@@ -1,16 +1,10 @@
 """Library twins side by side: per idea (a sharded optimiser, the ring,
 ...), ddp_lab's synchroniser beside torch's, each against DDP on the
-same workload, seed, length, world and device: the final weights'
-largest difference from DDP's (the run folders' model.pt; equal digests,
-summary.json `weights_sha256`, read as 0 without loading), the optimiser
-state of the largest and the smallest rank
-(`memory_optimizer_state_bytes_per_rank`), the bytes this rank sent per
-step and the time per step. One table (report.md, report.json `twins`,
-the terminal) and one picture (twins.png). docs/twins.md says what each
-twin does differently.
-
-`section(runs, out_dir, short, make_plots)` is the report's one call
-into this module."""
+same workload, seed, length, world and device: the weights' largest
+difference from DDP's (equal `weights_sha256` read as 0 without
+loading), each rank's optimiser state, the bytes sent and the time per
+step. One table and twins.png (docs/twins.md); `section` is the
+report's one call into this module."""
 
 from __future__ import annotations
 
@@ -45,12 +39,11 @@ def _is_reference(run: Run) -> bool:
 
 
 def _point(run: Run) -> tuple:
-    """What a run must share with its DDP reference: workload, length,
-    seed, world, device."""
+    """What a run shares with its DDP reference: workload, length, seed,
+    world, device."""
     d = run.description
     seed = (run.config.get("train") or {}).get("seed", 0)
-    # as JSON: a workload's settings may hold lists
-    # (model.hidden=[1024])
+    # as JSON: a workload's settings may hold lists (model.hidden=[1024])
     return json.dumps([d.workload, d.length, seed, run.world_size, run.device_kind],
                       sort_keys=True, default=str)
 
@@ -78,6 +71,32 @@ def _state(run: Run) -> tuple[Optional[int], Optional[int]]:
     return one, one
 
 
+def _row(r: Run, ref: Run, idea: str, short) -> dict[str, Any]:
+    """One run's row beside its DDP reference `ref` (itself for DDP's)."""
+    big, small = _state(r)
+    ref_big, _ = _state(ref)
+    steps = r.summary.get("steps_run") or 0
+    sent = r.summary.get("comm_bytes_sent")
+    n, own = r.world_size or 1, r is ref
+    if own:
+        # DDP against itself: its share n exactly, no sent bytes as 0
+        sent, steps = sent or 0, max(1, steps)
+    # the largest rank's state over DDP's share of it (1/world of DDP's):
+    # 1 = even
+    share = float(n) if own else (big / (ref_big / n) if big and ref_big else None)
+    return {
+        "idea": idea, "sync": "ddp" if own else r.description.sync_label(),
+        "world_size": n, "workload": r.description.workload_words(length=True),
+        "run": short(str(r.path)), "reference": short(str(ref.path)),
+        "max_abs_diff_vs_ddp": 0.0 if own else _weights_diff(r, ref),
+        "state_bytes_max": big, "state_bytes_min": small,
+        "state_max_vs_ddp_share": share,
+        "sent_bytes_per_step": sent / steps if sent is not None and steps else None,
+        "bytes_exact": r.summary.get("comm_bytes_exact"),
+        "step_ms": r.summary.get("step_time_ms_mean"),
+    }
+
+
 def rows(runs: list[Run], short) -> list[dict[str, Any]]:
     """One row per run of an idea that has a twin at its point, its DDP
     reference first."""
@@ -88,28 +107,9 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
             refs.setdefault(_point(r), r)
     out = []
     for r in usable:
-        idea = _idea(r)
-        ref = refs.get(_point(r))
-        if idea is None or ref is None:
-            continue
-        big, small = _state(r)
-        ref_big, _ = _state(ref)
-        steps = r.summary.get("steps_run") or 0
-        sent = r.summary.get("comm_bytes_sent")
-        n = r.world_size or 1
-        out.append({
-            "idea": idea, "sync": r.description.sync_label(), "world_size": n,
-            "workload": r.description.workload_words(length=True),
-            "run": short(str(r.path)), "reference": short(str(ref.path)),
-            "max_abs_diff_vs_ddp": _weights_diff(r, ref),
-            "state_bytes_max": big, "state_bytes_min": small,
-            # the largest rank's state over DDP's share of it (1/world
-            # of DDP's): 1 = even
-            "state_max_vs_ddp_share": (big / (ref_big / n) if big and ref_big else None),
-            "sent_bytes_per_step": sent / steps if sent is not None and steps else None,
-            "bytes_exact": r.summary.get("comm_bytes_exact"),
-            "step_ms": r.summary.get("step_time_ms_mean"),
-        })
+        idea, ref = _idea(r), refs.get(_point(r))
+        if idea is not None and ref is not None:
+            out.append(_row(r, ref, idea, short))
     ideas = {x["idea"] for x in out if x["sync"].split()[0] in TWINS or " hook=" in x["sync"]}
     # each idea with a twin of torch's, DDP's own row at the head of
     # each of its blocks
@@ -118,15 +118,7 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
         for point in {(x["workload"], x["world_size"], x["reference"]) for x in shown
                       if x["idea"] == idea}:
             ref = next(r for r in usable if short(str(r.path)) == point[2])
-            big, small = _state(ref)
-            shown.append({"idea": idea, "sync": "ddp", "world_size": point[1],
-                          "workload": point[0], "run": point[2], "reference": point[2],
-                          "max_abs_diff_vs_ddp": 0.0, "state_bytes_max": big,
-                          "state_bytes_min": small, "state_max_vs_ddp_share": float(point[1]),
-                          "sent_bytes_per_step": (ref.summary.get("comm_bytes_sent") or 0)
-                          / max(1, ref.summary.get("steps_run") or 1),
-                          "bytes_exact": ref.summary.get("comm_bytes_exact"),
-                          "step_ms": ref.summary.get("step_time_ms_mean")})
+            shown.append(_row(ref, ref, idea, short))
     order = {"ddp": 0}
     return sorted(shown, key=lambda x: (x["idea"], x["workload"], x["world_size"],
                                         order.get(x["sync"], 1), x["sync"]))
@@ -137,11 +129,8 @@ def _fmt(v: Any, kind: str) -> str:
         return "-"
     if kind == "diff":
         return "0 (equal)" if v == 0 else f"{v:.1e}"
-    if kind == "MB":
-        return f"{v / 1e6:.3f}"
-    if kind == "x":
-        return f"{v:.3f}"
-    return f"{v:.1f}"
+    return f"{v / 1e6:.3f}" if kind == "MB" else f"{v:.3f}" if kind == "x" else f"{v:.1f}"
+
 
 
 def table(rows_: list[dict[str, Any]]) -> list[str]:

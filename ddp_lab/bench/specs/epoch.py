@@ -58,8 +58,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def omp_env(wait: str) -> dict[str, str]:
-    """The environment OpenMP setting `wait` names (see the module
-    docstring)."""
+    """The environment OpenMP setting `wait` names (see the module docstring)."""
     if wait == "default":
         return {}
     if wait in ("passive", "active"):
@@ -76,8 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         # a bad one: one line, before anything runs
         omp_env(w)
     inherited = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
-    # ddp_lab's default is what is measured, and each loop's setting its
-    # own
+    # ddp_lab's default is what is measured, and each loop's setting its own
     if inherited:
         print(f"(ignoring this shell's {inherited}: every row sets its own)", file=sys.stderr)
     figures: dict = {"ratios": {}}
@@ -95,10 +93,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def late(root: str, tmp: str, args) -> dict:
-    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a
-    hog that starts when the last idle one ends: its defaults, then
-    every core's threads under each spinning wait of `args.waits`. {row:
-    {"idle": [s], "hog": [s]}}, each row printed as it ends."""
+    """ddp_lab on 1 rank, `args.epochs` epochs idle and as many under a hog that starts when the
+    last idle one ends: its defaults, then every core's threads under each spinning wait of
+    `args.waits`. {row: {"idle": [s], "hog": [s]}}, each row printed as it ends."""
     n = cpu.cores()
     rows = {"defaults": ([], {})}
     # libgomp's default is 300000 spins (its manual), set here
@@ -124,14 +121,18 @@ def late(root: str, tmp: str, args) -> dict:
 
 
 def measure(load: str, root: str, tmp: str, args) -> dict:
-    """The search, then the rounds: for each world, the best setting of
-    each thread count (the search's winner alone would carry its lucky
-    draw) against ddp_lab's defaults, side by side; the floor is the
-    fastest of them over the rounds."""
+    """The search, then the rounds: for each world, the best setting of each thread count (the
+    search's winner alone would carry its lucky draw) against ddp_lab's defaults, side by side; the
+    floor is the fastest of them over the rounds."""
     cores = cpu.cores()
     print(f"\n## {load}: MLP 784-50-10, batch 64/rank, Adam lr 1e-3, {cores} cores, load average "
           f"{os.getloadavg()[0]:.2f}; median of {args.epochs} epoch(s) per setting", flush=True)
-    one = search_one(root, args)
+    # the tight loop, 1 process, under every (threads, wait) x Adam
+    adams = loops.ADAMS
+    one = search("| 1 process: threads, OpenMP wait | " + " | ".join(f"{a} Adam" for a in adams)
+                 + " |\n| --- |" + " ---: |" * len(adams), args.threads, args,
+                 lambda t, w: loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t,
+                                             list(adams), env=omp_env(w)))
     adam = min(one, key=one.get)[2]
     out: dict = {"search_1": {f"{t} threads, {w}, {a}": s for (t, w, a), s in one.items()},
                  "ratios": {}}
@@ -142,7 +143,11 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     if 1 in args.ranks:
         runs["ddp_lab, 1 rank"] = (1, None)
     if 2 in args.ranks:
-        two = search_two(root, args, adam)
+        # the tight loop on 2 ranks under every (threads per rank, wait) x way of summing
+        two = search(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat "
+                     "all_reduce |\n| --- | ---: | ---: |",
+                     [t for t in args.threads if t <= cpu.equal_share(2)] or [1], args,
+                     lambda t, w: two_ranks(root, args, t, w, adam))
         out["search_2"] = {f"{t} thread(s)/rank, {w}, {way}": s for (t, w, way), s in two.items()}
         runs.update({f"tight loop on 2 ranks, {t} thread{'s' if t > 1 else ''}/rank, {w}, "
                      f"{way}": (2, t, w, way) for t, w, way in _best_per_threads(two)})
@@ -151,11 +156,6 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     rows: dict[str, list[float]] = {name: [] for name in runs}
     # world -> what ddp_lab's defaults chose (its last run)
     chosen: dict[int, dict] = {}
-
-    # a floor candidate (not ddp_lab, not the notebook)
-    def tight(name: str) -> bool:
-        return isinstance(runs[name][1], int)
-
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
@@ -174,8 +174,9 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                 rows[name] += two_ranks(root, args, t, w, adam)[way]
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     med = {name: statistics.median(v) for name, v in rows.items()}
-    floor = {w: min(m for name, m in med.items() if runs[name][0] == w and tight(name))
-             for w in {r[0] for r in runs.values()}}
+    # the floor's candidates: the tight loops (a thread count; not ddp_lab, not the notebook)
+    floor = {w: min(m for name, m in med.items() if runs[name][0] == w
+                    and isinstance(runs[name][1], int)) for w in {r[0] for r in runs.values()}}
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
     for name, m in med.items():
         world = runs[name][0]
@@ -191,8 +192,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
 
 
 def _best_per_threads(found: dict) -> list[tuple]:
-    """The fastest setting of each thread count in a search's results
-    {(t, w, x): s}."""
+    """The fastest setting of each thread count in a search's results {(t, w, x): s}."""
     best: dict[int, tuple] = {}
     for key, sec in found.items():
         if key[0] not in best or sec < found[best[key[0]]]:
@@ -200,45 +200,24 @@ def _best_per_threads(found: dict) -> list[tuple]:
     return [best[t] for t in sorted(best)]
 
 
-def search_one(root: str, args) -> dict[tuple[int, str, str], float]:
-    """The tight loop, 1 process, under every (threads, wait) x Adam:
-    median s/epoch each."""
+def search(head: str, threads: list[int], args, measure) -> dict[tuple[int, str, str], float]:
+    """Every (threads, wait) of the search, `measure(t, w)` -> {column: [s/epoch]}: the median of
+    each (t, w, column), a table row printed as each ends."""
     found = {}
-    print("| 1 process: threads, OpenMP wait | " + " | ".join(f"{a} Adam" for a in loops.ADAMS)
-          + " |\n| --- |" + " ---: |" * len(loops.ADAMS))
-    for t in args.threads:
+    print(head)
+    for t in threads:
         # 1 thread: no OpenMP team to wait
         for w in (args.waits if t > 1 else args.waits[:1]):
-            times = loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t,
-                                   list(loops.ADAMS), env=omp_env(w))
-            for a, ts in times.items():
-                found[(t, w, a)] = statistics.median(ts)
+            times = measure(t, w)
+            for col, ts in times.items():
+                found[(t, w, col)] = statistics.median(ts)
             print(f"| {t}, {w if t > 1 else '(1 thread: none)'} | "
-                  + " | ".join(f"{found[(t, w, a)]:.3f}" for a in loops.ADAMS) + " |", flush=True)
-    return found
-
-
-def search_two(root: str, args, adam: str) -> dict[tuple[int, str, str], float]:
-    """The tight loop on 2 ranks under every (threads per rank, wait) x
-    way of summing."""
-    found = {}
-    per_rank = [t for t in args.threads if t <= cpu.equal_share(2)] or [1]
-    print(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat all_reduce |"
-          "\n| --- | ---: | ---: |")
-    for t in per_rank:
-        for w in (args.waits if t > 1 else args.waits[:1]):
-            times = two_ranks(root, args, t, w, adam)
-            for way, ts in times.items():
-                found[(t, w, way)] = statistics.median(ts)
-            print(f"| {t}, {w if t > 1 else '(1 thread: none)'} | "
-                  + " | ".join(f"{statistics.median(ts):.3f}" for ts in times.values()) + " |",
-                  flush=True)
+                  + " | ".join(f"{found[(t, w, c)]:.3f}" for c in times) + " |", flush=True)
     return found
 
 
 def _chosen(share: dict | None) -> str:
-    """ddp_lab's defaults, as its run chose them (summary.json
-    segments[0].cpu)."""
+    """ddp_lab's defaults, as its run chose them (summary.json segments[0].cpu)."""
     if not share:
         return "its defaults"
     n = share.get("threads")
@@ -264,11 +243,10 @@ def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, 
 
 def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
          env: Optional[dict] = None, hog_after: int = 0) -> tuple[list[float], dict]:
-    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus
-    `overrides`, and `env` added to its environment): each epoch as its
-    records say, and what its defaults chose (summary.json
-    `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a
-    hog started when epoch `hog_after` ends."""
+    """`python -m ddp_lab` with its defaults on `ranks` ranks (plus `overrides`, and `env` added to
+    its environment): each epoch as its records say, and what its defaults chose (summary.json
+    `segments[0].cpu`). `hog_after` > 0: as many epochs again, with a hog started when epoch
+    `hog_after` ends."""
     epochs = args.epochs + hog_after
     s = trained([f"launcher.nproc_per_node={ranks}", f"train.epochs={epochs}",
                  f"data.root={root}", f"run.root={tmp}/runs", "train.checkpoint=false",
@@ -280,9 +258,9 @@ def ours(root: str, tmp: str, ranks: int, args, overrides: Sequence[str] = (),
 
 @contextmanager
 def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
-    """One busy process per core while the block runs (each dies with
-    this process, and ends itself after `seconds` in any case): the load
-    a shared login node or a neighbour's job puts on the cores."""
+    """One busy process per core while the block runs (each dies with this process, and ends itself
+    after `seconds` in any case): the load a shared login node or a neighbour's job puts on the
+    cores."""
     code = ("import ctypes, os, time\n"
             "ctypes.CDLL('libc.so.6').prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when we die\n"
             "end = time.monotonic() + %r\n"
@@ -299,9 +277,8 @@ def cpu_hog(seconds: float = 3600) -> Iterator[list[int]]:
 
 
 def _hog_from(marker: str):
-    """A line reader for `trained`: starts `cpu_hog` at the first line
-    containing `marker` and ends it when the run ends (called with
-    None)."""
+    """A line reader for `trained`: starts `cpu_hog` at the first line containing `marker` and ends
+    it when the run ends (called with None)."""
     hog, started = ExitStack(), []
 
     def on_line(line: Optional[str]) -> None:

@@ -1,8 +1,7 @@
-"""The benchmarks of the run's machinery, each against going without it:
-the stop check (stop), the time to the first line and the report's
-(start), TensorBoard's live points (tensorboard). Each benchmark's
-description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite
-NAME`, finds it in `BENCHMARKS`."""
+"""The benchmarks of the run's machinery, each against going without it: the stop check (stop), the
+time to the first line and the report's (start), TensorBoard's live points (tensorboard). Each
+benchmark's description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite NAME`, finds it
+in `BENCHMARKS`."""
 
 from __future__ import annotations
 
@@ -34,10 +33,9 @@ training step (docs/failures.md, "What the stop check costs").
     python -m ddp_lab.bench.suite stop                  # 2 ranks, CPU gloo, 5 rounds
     python -m ddp_lab.bench.suite stop --rounds 9 --check-s 0.1
 
-Each round one epoch of the trainer's step loop without the stop check
-and one with it, alternating; printed: the check's time per step and a
-step's bookkeeping (its timed phases and collective, which the heartbeat
-record's thread reads), each against the step (targets: at most 1%
+Each round one epoch of the trainer's step loop without the stop check and one with it,
+alternating; printed: the check's time per step and a step's bookkeeping (its timed phases and
+collective, which the heartbeat record's thread reads), each against the step (targets: at most 1%
 each).
 """
 
@@ -47,8 +45,7 @@ STOP_SPEC = Spec(compares="epochs with and without the stop check, alternating",
 
 
 class Timed(StopControl):
-    """The stop check with its own time summed (what it adds to the
-    loop)."""
+    """The stop check with its own time summed (what it adds to the loop)."""
 
     spent = 0.0
 
@@ -63,23 +60,19 @@ class Timed(StopControl):
 def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", "timing.enabled=false"])
     steps = bench.steps(args.steps)
-    # one for the run, as the trainer keeps one: its interval carries
-    # over between epochs
+    # one for the run, as the trainer keeps one: its interval carries over between epochs
     stopper = Timed(ctx, Path(args.run_dir), "SIGUSR2", args.check_s)
 
     def epoch(check: bool, n: int, seed_epoch: int) -> tuple[float, float, int]:
         parts = bench.parts(bench.cfg, seed_epoch)
         spent0, checks0 = stopper.spent, stopper.checks
         wall = bench.epoch(parts, n, stopper if check else None)
-        if check:
-            return wall, stopper.spent - spent0, stopper.checks - checks0
-        return wall, 0.0, 0
+        return wall, stopper.spent - spent0, stopper.checks - checks0
 
     # warm-up: connections, allocations, the check's interval
     epoch(True, steps, 0)
     epoch(False, min(50, steps), 0)
     off, on, spent, checks = [], [], [], []
-    # alternating order
     for r, check in rounds((False, True), args.rounds):
         wall, s, c = epoch(check, steps, r)
         (on if check else off).append(wall)
@@ -95,17 +88,14 @@ def stop_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def record_share(run_dir: Path) -> tuple[float, float]:
-    """Seconds a step's bookkeeping takes (its five timed phases and one
-    timed collective, the attributes the heartbeat record reads, with
-    the record's thread following them), and the notebook's compute-only
-    step (best of 7 repeats each, in this process)."""
-    import torch
+    """Seconds a step's bookkeeping takes (its five timed phases and one timed collective, the
+    attributes the heartbeat record reads, with the record's thread following them), and the
+    notebook's compute-only step (best of 7 repeats each, in this process)."""
     import torch.nn.functional as F
 
     from ddp_lab.config import compose
     from ddp_lab.models import build_model
     from ddp_lab.folder import heartbeat
-    from ddp_lab.timing import Clock, CommRecorder, StepTimer
 
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, 2)
@@ -178,9 +168,8 @@ report's start.
     python -m ddp_lab.bench.suite start                      # this checkout, 10 rounds
     python -m ddp_lab.bench.suite start --vs ../before       # side by side with another
 
-Each the median (min-max) over rounds: `python -m ddp_lab
-train.epochs=1` to its first console line (then SIGTERM), and `python -m
-ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
+Each the median (min-max) over rounds: `python -m ddp_lab train.epochs=1` to its first console line
+(then SIGTERM), and `python -m ddp_lab.report --help`; `--vs DIR` runs DIR's ddp_lab with the same
 interpreter (docs/performance.md, "Time to the first step").
 """
 
@@ -281,8 +270,7 @@ def calibrate(seconds: float) -> int:
 
 
 def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
-    """CPU seconds per step of `steps` steps of `n` work, written
-    `way`."""
+    """CPU seconds per step of `steps` steps of `n` work, written `way`."""
     clock = Clock(torch.device("cpu"))
     timer, comm = StepTimer(clock), CommRecorder(clock, world_size=2)
     sink = writer = None
@@ -313,8 +301,7 @@ def loop(way: str, steps: int, every: int, n: int, folder: Path) -> float:
             writer.flush()
     for w in (sink, writer):
         if w is not None:
-            # the writer's thread has written everything: its CPU is
-            # counted
+            # the writer's thread has written everything: its CPU is counted
             w.close()
     return (time.process_time() - t0) / steps
 

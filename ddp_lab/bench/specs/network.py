@@ -5,11 +5,9 @@ prediction and its target.
     python -m ddp_lab.bench.suite network     # its own lab + SLURM cluster
     python -m ddp_lab.bench.suite network --lab netlab   # a lab and cluster already up
 
-One SLURM job of 2 nodes x 2 ranks
-(`run.entry=ddp_lab.bench.specs.network`: this module is the ranks'
-entry too) times every configuration per phase; rank 0 reshapes the
-links between phases (netlab.sh shape). The phases, options and figures:
-docs/network_ddp.md, "How the script measures".
+One SLURM job of 2 nodes x 2 ranks (`run.entry=ddp_lab.bench.specs.network`: this module is the
+ranks' entry too) times every configuration per phase; rank 0 reshapes the links between phases
+(netlab.sh shape). The phases, options and figures: docs/network_ddp.md, "How the script measures".
 """
 
 from __future__ import annotations
@@ -32,25 +30,20 @@ from .. import suite
 from ..suite import Benchmark, REPO, Spec
 
 
-# The network benchmark's claims (`python -m ddp_lab.bench.suite
-# network`): each claim's prediction from the link rate, its target, the
-# tables and the plots, from the rows the job's rank 0 measured. Pure
-# arithmetic and matplotlib: no lab, no cluster, no process group
-# (tests/test_net_claims.py checks them from saved rows).
+# The claims, tables and plots from the rows the job's rank 0 measured: pure arithmetic and
+# matplotlib, no lab, no cluster, no process group (tests/test_net_claims.py checks them).
 
 SWEEP = ["ring", "hierarchical", "ddp", "allreduce"]
 STRAGGLER = ["ddp", "hierarchical"]
 COMPRESSED = ["ddp fp16", "ddp bf16", "ddp powersgd"]
 TOLERANCE = 0.20  # a prediction is met within 20%
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
-# tc's: bytes/s
-RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,
+RATE_UNITS = {"bit": 0.125, "kbit": 125, "mbit": 125e3, "gbit": 125e6,  # tc's, in bytes/s
               "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 
 
 def rate_bytes(text: str) -> float:
-    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s;
-    ValueError if it is none."""
+    """A tc rate (200mbit, 1gbit, 25mbps = 25 MB/s) in bytes/s; ValueError if it is none."""
     m = RATE_RE.match(text)
     if not m or float(m[1]) <= 0:
         raise ValueError(f"'{text}' is not a tc rate such as 200mbit, 1gbit or 25mbps")
@@ -61,8 +54,7 @@ def rate_bytes(text: str) -> float:
 @dataclasses.dataclass
 class Claim:
     name: str
-    # a number in `unit`, or words (the rank named)
-    measured: float | str
+    measured: float | str  # a number in `unit`, or words (the rank named)
     predicted: float | str
     unit: str
     target: str
@@ -74,12 +66,10 @@ def within(measured: float, predicted: float, tol: float = TOLERANCE) -> bool:
 
 
 def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
-    """Seconds per step a 2x2 hierarchy saves over the flat ring on a
-    link of `rate` bytes/s (the cost model's bandwidth term, alpha 0:
-    the link sets the pace): the flat ring of 4 sends 2(n-1)/n = 1.5
-    buffers over each link that crosses nodes, the leaders' ring of 2
-    one buffer; the in-node phases run on the nodes' loopback and are
-    not counted."""
+    """Seconds per step a 2x2 hierarchy saves over the flat ring on a link of `rate` bytes/s (the
+    cost model's bandwidth term, alpha 0: the link sets the pace): the flat ring of 4 sends
+    2(n-1)/n = 1.5 buffers over each link that crosses nodes, the leaders' ring of 2 one buffer;
+    the in-node phases run on the nodes' loopback and are not counted."""
     from ddp_lab.report.alpha_beta import Fit, call_time
 
     fit = Fit(alpha_s=0.0, beta_s_per_byte=1 / rate, points=0, impl="link", algorithm="ring",
@@ -89,16 +79,14 @@ def hierarchy_saving_s(payload_bytes: float, rate: float) -> float:
 
 
 def link_bytes(m: dict) -> float:
-    """Bytes per step over the busiest link between the nodes: the
-    hierarchy's leader sends all it sends (`cross_bytes`) to the other
-    node; in a flat ring of 4 (ours, or the library's, modelled as one)
-    each link between nodes carries what one rank sends."""
+    """Bytes per step over the busiest link between the nodes: the hierarchy's leader sends all it
+    sends (`cross_bytes`) to the other node; in a flat ring of 4 (ours, or the library's, modelled
+    as one) each link between nodes carries what one rank sends."""
     return m["cross_bytes"] if m.get("cross_bytes") is not None else m["sent_bytes"]
 
 
 def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[Claim]:
-    """The hierarchy's saving over the flat ring at `rate`, if both were
-    run."""
+    """The hierarchy's saving over the flat ring at `rate`, if both were run."""
     ring, hier = med.get("ring"), med.get("hierarchical")
     if not (ring and hier):
         return []
@@ -110,10 +98,9 @@ def hierarchy_claim(med: dict[str, dict], rate: float, where: str = "") -> list[
 
 def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
            slow: Optional[dict[str, dict]] = None, slow_rate: float = 0.0) -> list[Claim]:
-    """The claims from the medians at the claims' link (`med`: label ->
-    figures per step), the straggler phase's findings (`named`: label ->
-    the rank named, or None) and medians (`slow`, node2's link at
-    `slow_rate` bytes/s)."""
+    """The claims from the medians at the claims' link (`med`: label -> figures per step), the
+    straggler phase's findings (`named`: label -> the rank named, or None) and medians (`slow`,
+    node2's link at `slow_rate` bytes/s)."""
     out = hierarchy_claim(med, rate)
     base = med.get("ddp")
     for label in (c for c in COMPRESSED if c in med and base):
@@ -172,9 +159,8 @@ def phase_table(med: dict[str, dict], spread: dict[str, tuple[float, float]]) ->
 
 
 def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
-    """Medians per label of one phase's rounds, key by key (None where
-    the sync does not record it: cross_bytes), and each label's (min,
-    max) time/step."""
+    """Medians per label of one phase's rounds, key by key (None where the sync does not record it:
+    cross_bytes), and each label's (min, max) time/step."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
@@ -190,8 +176,7 @@ def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
 
 
 def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
-    """label -> the rank the straggler report names over all the
-    straggler phase's steps."""
+    """label -> the rank the straggler report names over all the straggler phase's steps."""
     from ddp_lab.timing import StragglerTally
 
     out: dict[str, Optional[dict]] = {}
@@ -212,8 +197,7 @@ def straggler_named(rows: list[dict]) -> dict[str, Optional[dict]]:
 
 # ------------------------------------------------------------------- the plots
 def _spans(values: list[list[float]], mids: list[float]) -> list[list[float]]:
-    """Error bars from each point's rounds: [median - min, max -
-    median], never below 0."""
+    """Error bars from each point's rounds: [median - min, max - median], never below 0."""
     return [[max(0.0, m - min(v)) for v, m in zip(values, mids)],
             [max(0.0, max(v) - m) for v, m in zip(values, mids)]]
 
@@ -226,13 +210,9 @@ def _by(rows: list[dict], phase: str, key: str) -> dict[tuple[str, str], list[fl
     return out
 
 
-def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
-    """Time per epoch against the link's rate, one line per synchroniser
-    (error bars: the rounds' min-max at the claims' link, where there
-    are several)."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
+def epoch_vs_link(plt, args: argparse.Namespace, rows: list[dict]):
+    """Time per epoch against the link's rate, one line per synchroniser (error bars: the rounds'
+    min-max at the claims' link, where there are several)."""
     steps = {**_by(rows, "sweep", "step_ms"), **_by(rows, "main", "step_ms")}
     fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
     info = {}
@@ -256,12 +236,8 @@ def epoch_vs_link(args: argparse.Namespace, rows: list[dict]):
     return fig, info
 
 
-def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: in-flight and exposed comm per step, and
-    compute, per config."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
+def exposed_vs_inflight(plt, args: argparse.Namespace, rows: list[dict]):
+    """At the claims' link: in-flight and exposed comm per step, and compute, per config."""
     labels = ["ring", "hierarchical", "allreduce", "allreduce+overlap", "ddp"]
     series = {"compute": "compute_ms", "in-flight comm": "inflight_ms",
               "exposed comm": "exposed_ms"}
@@ -283,12 +259,8 @@ def exposed_vs_inflight(args: argparse.Namespace, rows: list[dict]):
     return fig, info
 
 
-def compression(args: argparse.Namespace, rows: list[dict]):
-    """At the claims' link: bytes sent and comm time per step for each
-    sync.compress."""
-    from ddp_lab.report.plots import _plt
-
-    plt = _plt()
+def compression(plt, args: argparse.Namespace, rows: list[dict]):
+    """At the claims' link: bytes sent and comm time per step for each sync.compress."""
     labels = ["ddp", *COMPRESSED]
     names = ["none", "fp16", "bf16", f"powersgd\n(rank {args.powersgd_rank})"]
     sent, comm = _by(rows, "main", "sent_bytes"), _by(rows, "main", "inflight_ms")
@@ -312,12 +284,13 @@ def compression(args: argparse.Namespace, rows: list[dict]):
 
 
 def draw(args: argparse.Namespace, rows: list[dict], folder: Path) -> None:
-    from ddp_lab.report.plots import save
+    from ddp_lab.report.plots import _plt, save
 
+    plt = _plt()
     folder.mkdir(parents=True, exist_ok=True)
     for name, make in (("epoch_vs_link", epoch_vs_link), ("exposed_inflight", exposed_vs_inflight),
                        ("compression", compression)):
-        fig, info = make(args, rows)
+        fig, info = make(plt, args, rows)
         save(fig, info, folder / f"network_{name}.png")
         print(f"plot: {folder / f'network_{name}.png'}")
 
@@ -326,13 +299,10 @@ SPEC = Spec(compares="every sync, overlap and compression on a shaped 2-node lin
                      "link swept and one node slowed", rounds=3,
             ratios="each claim: measured / predicted, against its target")
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
-# netlab.sh's NAME.env of every lab up
-NETLAB_RECORDS = Path("/run/ddp_lab_netlab")
-# the job's ranks find their plan (a JSON file) here
-PLAN_ENV = "NET_CLAIMS_PLAN"
+NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
+PLAN_ENV = "NET_CLAIMS_PLAN"  # the job's ranks find their plan (a JSON file) here
 
-#: label -> the trainer's overrides; the first four are also drawn
-#: against the link rate
+#: label -> the trainer's overrides; the first four are also drawn against the link rate
 CONFIGS: dict[str, list[str]] = {
     "ring": ["sync=ring"],
     "hierarchical": ["sync=hierarchical"],
@@ -397,8 +367,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    """label -> its sync's overrides, the same bucket size for all
-    (DDP's own key)."""
+    """label -> its sync's overrides, the same bucket size for all (DDP's own key)."""
     def bucket(ov: list[str]) -> list[str]:
         if "sync=ddp" in ov:
             return [f"sync.bucket_cap_mb={args.bucket_mb}",
@@ -409,8 +378,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def phases(args: argparse.Namespace) -> list[dict]:
-    """The job's phases: (name, link, node2's link or None,
-    configurations, rounds)."""
+    """The job's phases: (name, link, node2's link or None, configurations, rounds)."""
     out = [{"phase": "main", "link": args.link, "node2": None, "labels": list(CONFIGS),
             "rounds": args.rounds}]
     if args.sweep_rounds:
@@ -423,18 +391,16 @@ def phases(args: argparse.Namespace) -> list[dict]:
 
 # ------------------------------------------------------------------- the ranks
 def shape(plan: dict, link: str, node: Optional[int] = None) -> None:
-    """netlab.sh shape, run in the submitting process's network
-    namespace (where the lab's bridge ends are): every link at `link`,
-    or node `node`'s alone."""
+    """netlab.sh shape, run in the submitting process's network namespace (where the lab's bridge
+    ends are): every link at `link`, or node `node`'s alone."""
     cmd = ["nsenter", f"--net={plan['root_netns']}", "bash", str(NETLAB_SH), "shape",
            "--name", plan["lab"], "--link", link, *(["--node", str(node)] if node else [])]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
 
 
 def measure(ctx, plan: dict) -> list[dict]:
-    """On every rank: every phase's configurations, one epoch each per
-    round; rank 0 keeps the figures (its own: rank 0 leads node1) and
-    every rank's comm waits per step."""
+    """On every rank: every phase's configurations, one epoch each per round; rank 0 keeps the
+    figures (its own: rank 0 leads node1) and every rank's comm waits per step."""
     from ddp_lab.bench.scaffold import Bench
     from ddp_lab.bench.suite import rounds
 
@@ -492,9 +458,8 @@ def rank(run_dir: Path) -> int:
 # ------------------------------------------------------------------- the submitting side
 @contextlib.contextmanager
 def lab_and_cluster(args: argparse.Namespace) -> Iterator[tuple[str, dict]]:
-    """(lab name, environment with SLURM_CONF): the --lab given, or a
-    lab and a cluster made here on a name and ports of their own,
-    removed on the way out."""
+    """(lab name, environment with SLURM_CONF): the --lab given, or a lab and a cluster made here
+    on a name and ports of their own, removed on the way out."""
     if args.lab:
         yield args.lab, dict(os.environ)
         return
@@ -522,8 +487,7 @@ def submit(args: argparse.Namespace, lab: str, env: dict, work: Path) -> dict:
             "overrides": overrides(args), "configs": config_overrides(args), "phases": phases(args), "out": str(work / "out.json")}
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
     # the ranks find their plan
-    lines = [f"export {PLAN_ENV}={work / 'plan.json'}"]
-    setup = "[" + ",".join(f'"{line}"' for line in lines) + "]"
+    setup = f'["export {PLAN_ENV}={work / "plan.json"}"]'
     cmd = [sys.executable, "-m", "ddp_lab", "launcher=slurm", "launcher.nodes=2",
            "launcher.nproc_per_node=2", "launcher.wait=true", "launcher.poll_s=1",
            "launcher.wait_timeout_s=3000", f"launcher.setup={setup}", "run.entry=ddp_lab.bench.specs.network",
@@ -571,10 +535,9 @@ def report(args: argparse.Namespace, res: dict) -> list[Claim]:
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        args = argparse.Namespace(**{**saved["args"], **{k: v for k, v in vars(args).items()
-                                                         if k in ("plots", "out")}})
-        res = saved
+        res = json.loads(Path(args.from_json).read_text())
+        args = argparse.Namespace(**{**res["args"], **{k: v for k, v in vars(args).items()
+                                                       if k in ("plots", "out")}})
     else:
         with tempfile.TemporaryDirectory(prefix="net_claims_") as tmp, \
                 lab_and_cluster(args) as (lab, env):

@@ -1,8 +1,7 @@
-"""The training benchmarks of the synchronisers, side by side: every
-synchroniser's time per step (syncs), overlap on and off (overlap),
-gradient compression (compress) and the hierarchical all-reduce
-(hierarchical). Each benchmark's description is its `*_DOC`; the
-runner, `python -m ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
+"""The training benchmarks of the synchronisers, side by side: every synchroniser's time per step
+(syncs), overlap on and off (overlap), gradient compression (compress) and the hierarchical
+all-reduce (hierarchical). Each benchmark's description is its `*_DOC`; the runner, `python -m
+ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
 
 from __future__ import annotations
 
@@ -29,13 +28,11 @@ SYNCS_DOC = """Epoch time of every synchroniser, side by side, measured in one r
     python -m ddp_lab.bench.suite syncs --world 3 --rounds 7 --out bench.json
 
 The notebook's workload, full epochs, the trainer's parts and step loop
-(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds`
-rotating rounds, each time the median of its rounds; then the timers'
-cost step against step.
+(ddp_lab/bench/scaffold.py): a warm-up pass each, then `--rounds` rotating rounds, each time the
+median of its rounds; then the timers' cost step against step.
 """
 
-# label -> its overrides on the trainer's config (the defaults: timing
-# on)
+# label -> its overrides on the trainer's config (the defaults: timing on)
 SYNCS_CONFIGS = {
           "ddp": ["sync=ddp"],
           "ddp timing off": ["sync=ddp", "timing.enabled=false"],
@@ -48,8 +45,8 @@ SYNCS_CONFIGS = {
           "ring prepost off": ["sync=ring", "sync.prepost=false"],
           "tree": ["sync=tree"],
           "butterfly": ["sync=butterfly"],
-          # the textbook ring as a student's function: its send/recv watched
-          # (docs/exercises.md, what the watch costs)
+          # the textbook ring as a student's function: its send/recv watched (docs/exercises.md,
+          # what the watch costs)
           "custom": ["sync=custom"],
 }
 
@@ -59,8 +56,7 @@ SYNCS_SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with th
                   ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on, "
                          "custom / ring")
 
-#: configurations whose timer overhead is also measured step against
-#: step (--paired)
+#: configurations whose timer overhead is also measured step against step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
 
 
@@ -79,9 +75,8 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         return elapsed, (comm.seconds / step_total, 1e3 * comm.seconds / steps)
 
     def paired(label: str, epoch: int, steps: int) -> tuple[list, list]:
-        """One epoch with the timers switched on and off on alternate
-        steps (both ranks alike): per-step wall times of each arm, free
-        of the drift between epochs."""
+        """One epoch with the timers switched on and off on alternate steps (both ranks alike):
+        per-step wall times of each arm, free of the drift between epochs."""
         _, syncer, opt, timer = bench.parts(cfgs[label], epoch)
         batches, arms = iter(bench.splits.train), ([], [])
         ctx.barrier()
@@ -109,28 +104,22 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
         if ctx.env.rank == 0:
             print(f"round {r}/{args.rounds}  {label:22s} {t:7.3f} s", flush=True)
     pairs: dict[str, tuple[list, list]] = {}
-    if args.paired:
-        for label, cfg in cfgs.items():
-            if cfg.timing.enabled and label in PAIRED:
-                on, off = pairs.setdefault(label, ([], []))
-                for r in range(args.rounds):
-                    a, b = paired(label, r + 1, n_steps)
-                    on += a
-                    off += b
+    for label in (lb for lb in cfgs if args.paired and lb in PAIRED and cfgs[lb].timing.enabled):
+        arms = [paired(label, r + 1, n_steps) for r in range(args.rounds)]
+        pairs[label] = ([t for on, _ in arms for t in on], [t for _, off in arms for t in off])
     overhead = timer_overhead(n_steps) if ctx.env.rank == 0 else None
     return {"times": times, "fractions": fractions, "steps": n_steps,
             "timer_overhead_s": overhead, "paired": pairs}
 
 
 def timer_overhead(steps: int, epochs: int = 20) -> float:
-    """Seconds per step that the timers add: five phases, one timed
-    collective and the per-epoch resolution, with empty bodies, timers
-    on minus timers off (best of 5)."""
+    """Seconds per step that the timers add: five phases, one timed collective and the per-epoch
+    resolution, with empty bodies, timers on minus timers off (best of 5)."""
     import torch
 
     from ddp_lab.timing import Clock, CommRecorder, StepTimer, epoch_timing
 
-    def syncs_run(enabled: bool) -> float:
+    def per_step(enabled: bool) -> float:
         clock = Clock(torch.device("cpu"))
         timer, rec = StepTimer(clock, enabled), CommRecorder(clock, 2, enabled)
         t0 = time.perf_counter()
@@ -140,7 +129,7 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
             epoch_timing(timer.collect(), rec.collect())
         return (time.perf_counter() - t0) / (epochs * steps)
 
-    return min(syncs_run(True) for _ in range(5)) - min(syncs_run(False) for _ in range(5))
+    return min(per_step(True) for _ in range(5)) - min(per_step(False) for _ in range(5))
 
 
 def syncs_add_args(ap: argparse.ArgumentParser) -> None:
@@ -165,12 +154,10 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
     comm_ms = {k: statistics.median(c for _, c in v) if v else None for k, v in res["fractions"].items()}
     pairs = [("allreduce / ddp", "allreduce", "ddp"), ("ring / ddp", "ring", "ddp"),
              ("allreduce per-param / bucketed", "allreduce per-param", "allreduce"),
-             ("ddp timing on / off", "ddp", "ddp timing off"),
-             ("allreduce timing on / off", "allreduce", "allreduce timing off"),
-             ("ring timing on / off", "ring", "ring timing off"),
+             *((f"{s} timing on / off", s, f"{s} timing off")
+               for s in ("ddp", "allreduce", "ring")),
              ("ring prepost off / on", "ring prepost off", "ring"),
-             ("tree / ddp", "tree", "ddp"), ("butterfly / ddp", "butterfly", "ddp"),
-             ("reduce_broadcast / ddp", "reduce_broadcast", "ddp"),
+             *((f"{s} / ddp", s, "ddp") for s in ("tree", "butterfly", "reduce_broadcast")),
              ("custom / ring (the same ring, watched)", "custom", "ring")]
     ratio = ratios(med, pairs)
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
@@ -217,9 +204,8 @@ allreduce (docs/compression_overlap.md, "Overlap and exposed comm").
     python -m ddp_lab.bench.suite overlap                 # mlp_wide, 2 ranks
     python -m ddp_lab.bench.suite overlap --only ddp,ring+overlap,ring
 
-The same bucket size for all; a warm-up epoch each, then `--rounds`
-rotating rounds, each figure the median over rounds, timed by the
-trainer's step loop and timers.
+The same bucket size for all; a warm-up epoch each, then `--rounds` rotating rounds, each figure
+the median over rounds, timed by the trainer's step loop and timers.
 """
 
 # label -> (sync option, overlap)
@@ -237,8 +223,7 @@ OVERLAP_SPEC = Spec(compares="ddp, allreduce and ring with sync.overlap on and o
 
 
 def overrides(name: str, overlap: bool, bucket_mb: float) -> list[str]:
-    """The trainer's overrides: the sync, its bucket size (DDP's own
-    key), its overlap."""
+    """The trainer's overrides: the sync, its bucket size (DDP's own key), its overlap."""
     if name == "ddp":  # DDP always overlaps
         return ["sync=ddp", f"sync.bucket_cap_mb={bucket_mb}"]
     return [f"sync={name}", f"sync.bucket_mb={bucket_mb}", f"sync.overlap={str(overlap).lower()}"]
@@ -315,27 +300,17 @@ accuracy, side by side (docs/compression_overlap.md, "What it buys").
     python -m ddp_lab.bench.suite compress                              # mlp, 5 epochs
     python -m ddp_lab.bench.suite compress --only "ddp none,ddp fp16" --rounds 3
 
-Each configuration is one real training run, rounds in rotating order;
-each figure with its ratio to the uncompressed run of the same
-synchroniser.
+Each configuration is one real training run, rounds in rotating order; each figure with its ratio
+to the uncompressed run of the same synchroniser.
 """
 
-#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours)
-#: through _reduce
+#: "synchroniser sync.compress": ddp through torch's hooks, ring (ours) through _reduce
 COMPRESS_CONFIGS = {f"{s} {c}": (s, c) for s, c in [
              ("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "powersgd"),
              ("ring", "none"), ("ring", "fp16"), ("ring", "bf16")]}
 COMPRESS_SPEC = Spec(compares="ddp and ring, each uncompressed, fp16, bf16 (and ddp powersgd): "
                               "whole training runs", rounds=1,
                      ratios="bytes sent / step and epoch time, each / the same sync uncompressed")
-
-
-def run_one(sync: str, compress: str, args: argparse.Namespace, root: Path) -> dict:
-    """One training run; its summary.json."""
-    return trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
-                    f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
-                    f"train.max_steps_per_epoch={args.max_steps}", f"data.root={args.data_root}",
-                    f"run.root={root}", *args.override], root)
 
 
 def compress_add_args(ap: argparse.ArgumentParser) -> None:
@@ -352,14 +327,17 @@ def compress_run(args: argparse.Namespace) -> dict:
     rows: dict[tuple, list[dict]] = {c: [] for c in configs.values()}
     with tempfile.TemporaryDirectory(prefix="bench_compress_") as tmp:
         for _, (sync, compress) in rounds(list(configs.values()), args.rounds):
-            s = run_one(sync, compress, args, Path(tmp))
+            s = trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
+                         f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
+                         f"train.max_steps_per_epoch={args.max_steps}",
+                         f"data.root={args.data_root}", f"run.root={tmp}", *args.override], tmp)
             rows[(sync, compress)].append({
                 "sent_per_step": s["comm_bytes_sent"] / s["steps_run"],
                 "epoch_s": s["epoch_time_s_median"], "accuracy": s["test_accuracy"],
                 "comm_ms_per_step": 1e3 * (s["comm_time_s"] or 0) / s["steps_run"]})
             print(f"  {sync} {compress}: {rows[(sync, compress)][-1]}", file=sys.stderr,
                   flush=True)
-    med = {c: {k: statistics.median(x[k] for x in v) for k in v[0]} for c, v in rows.items()}
+    med = medians(rows)
     print(f"{args.model}, {args.world} ranks (gloo), {args.epochs} epochs"
           f"{f' of {args.max_steps} steps' if args.max_steps else ''}, "
           f"median of {args.rounds} run(s) each; ratio = / the same sync uncompressed\n")
@@ -387,10 +365,9 @@ in one run (docs/sync.md, "Hierarchical").
     # one machine, 4 ranks as 2 pretend nodes (the flat syncs ignore sync.node_size)
     python -m ddp_lab.bench.suite hierarchical --node-size 2 -- launcher.nproc_per_node=4
 
-Each configuration is a real `python -m ddp_lab` run (1 epoch of
-`--steps` steps, the overrides after `--` added), in rotating order;
-printed from rank 0's summary.json: epoch and comm time, MB sent (and to
-another node) per step, each variant's ratio to ring and ddp.
+Each configuration is a real `python -m ddp_lab` run (1 epoch of `--steps` steps, the overrides
+after `--` added), in rotating order; printed from rank 0's summary.json: epoch and comm time, MB
+sent (and to another node) per step, each variant's ratio to ring and ddp.
 """
 
 # label -> overrides

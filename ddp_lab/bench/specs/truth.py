@@ -30,11 +30,9 @@ SPEC = Spec(compares="each training run's comm per step, the bench at the same c
 
 LAUNCHERS = ("local", "slurm")
 SYNCS = ("ddp", "allreduce", "reduce_broadcast", "ring", "tree", "butterfly")
-#: training steps per model: enough calls for a median, short enough for
-#: a 2-core machine
+#: training steps per model: enough calls for a median, short enough for a 2-core machine
 STEPS = {"mlp": 200, "mlp_wide": 30}
-#: the bench's implementation of each (collective, algorithm) a
-#: synchroniser calls
+#: the bench's implementation of each (collective, algorithm) a synchroniser calls
 BENCH_OPS = ["all_reduce", "reduce", "broadcast"]
 BENCH_IMPLS = ["torch", "ring", "tree", "butterfly"]
 
@@ -79,8 +77,7 @@ def bench_run(args: argparse.Namespace, out: Path, world: int, sizes: list[int])
 
 
 def _list(option: str, text: str, allowed=None, least: int = 1) -> list:
-    """A comma list of --option: ints of `least` or more, or names of
-    `allowed`."""
+    """A comma list of --option: ints of `least` or more, or names of `allowed`."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
         raise UsageError(f"{option} {text!r}: give a comma-separated list")
@@ -132,28 +129,27 @@ def check(args: argparse.Namespace) -> None:
                          "environment (docs/network.md)")
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
-          f"(1/5/15 min), {os.cpu_count()} cores", flush=True)
+    print(f"load: {_load()} (1/5/15 min), {os.cpu_count()} cores", flush=True)
 
-    if args.runs is None or args.bench is None:
-        runs, benches = [], []
-        for world in args.worlds:
-            mine = []
-            if args.runs is None:
-                print(f"world {world}: training runs", flush=True)
-                mine = train_runs(args, out, world)
-            runs += mine
-            if args.bench is None:
-                sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
-                print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
-                benches.append(bench_run(args, out, world, sizes))
-        run_paths = runs if args.runs is None else args.runs
-        bench_paths = benches if args.bench is None else args.bench
-    else:
-        run_paths, bench_paths = args.runs, args.bench
+    run_paths = [] if args.runs is None else args.runs
+    bench_paths = [] if args.bench is None else args.bench
+    for world in args.worlds:  # nothing to run where both folders are given
+        mine = []
+        if args.runs is None:
+            print(f"world {world}: training runs", flush=True)
+            mine = train_runs(args, out, world)
+            run_paths += mine
+        if args.bench is None:
+            sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
+            print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
+            bench_paths.append(bench_run(args, out, world, sizes))
 
     table = truth.truth_table(truth.find_train_runs(run_paths), truth.find_bench_runs(bench_paths))
     md = truth.markdown(table)
@@ -162,8 +158,7 @@ def run(args: argparse.Namespace) -> dict:
 
     atomic_write_text(out / "truth.json", json.dumps(table, indent=1))
     atomic_write_text(out / "truth.md", "\n".join(md) + "\n")
-    print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
+    print(f"load at the end: {_load()}\nwritten: {out / 'truth.md'}, {out / 'truth.json'}")
     return {"rows": table}
 
 
