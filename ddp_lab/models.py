@@ -125,9 +125,12 @@ def build_optimizer(
     # ddp_lab/world/torch_support.py)
     params = list(params)
     device = params[0].device.type if params else "cpu"
-    fused = (
-        {"fused": True}
-        if torch_support.fused(cfg.name, device, cfg.fused)
-        else {}
-    )
+    use = torch_support.fused(cfg.name, device, cfg.fused)
+    if use and cfg.name == "sgd" and any(type(p).__name__ == "DTensor" for p in params):
+        # sync=fsdp2's sharded weights: aten._fused_sgd_ has no DTensor rule (a NotImplementedError
+        # at the first step); optim.fused=true is refused before the start
+        torch_support.choose("optim.fused=null: the per-tensor loop (torch's fused SGD takes no "
+                             "fsdp2 DTensor)")
+        use = False
+    fused = {"fused": True} if use else {}
     return OPTIMIZERS.get(cfg.name)(cfg, params, lr, **fused)

@@ -354,7 +354,7 @@ def test_init_timeout_is_its_own_key():
 
     cfg = compose("dist.timeout_s=15", "dist.init_timeout_s=77", "launcher.nproc_per_node=2")
     assert local.render(cfg, Path("/tmp/x")).files["launch.sh"].count("join_timeout=77") == 1
-    with pytest.raises(UserError, match=r"^dist.init_timeout_s=0.0: must be > 0$"):
+    with pytest.raises(UserError, match=r"^dist.init_timeout_s=0.0: must be >= 5.0 seconds "):
         check(compose("dist.init_timeout_s=0", "launcher.nproc_per_node=2"), COMMON)
 
 

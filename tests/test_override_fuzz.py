@@ -7,6 +7,11 @@ given numbers/null/lists, junk; the fast tier runs the first 60) run as dry runs
 the module entry calls (a process each would take ~5 s here); a handful run as real
 subprocesses, as a user types them. Real runs (ranks started) of random sets are
 scripts/override_fuzz.py, run by hand: too slow for the suite.
+
+And every key, not a list of them (`test_every_key_odd_values_then_real_runs`): each leaf of
+the composed config (the default options and model=cnn optim=sgd), given values of the wrong
+type or range, ends in 0 or one line; then the values the submitting side accepted run for
+real, a few keys a run, until every key has run: no rank may meet a value as a traceback.
 """
 
 from __future__ import annotations
@@ -116,3 +121,118 @@ def test_the_script_judges_a_few_sets():
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 set(s)" in proc.stdout and "0 broke the rule" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------ every key, then real runs
+#: odd values by the type of the key's default; the cheap ones are those a real run of a
+#: few steps can take quickly (huge values are refused, or would only make it long)
+ODD = {bool: ["2", "true", "maybe"], int: ["-1", "0", "3", "100000", "1e30", "x"],
+       float: ["-1", "0", "1e-3", "1e30", "nan", "inf", "x"], str: ["true", "''", "x y", "3"],
+       list: ["[]", "[x]", "[3]", "[100000]"], type(None): ["3", "-1", "x", "true"]}
+CHEAP = {"2", "true", "-1", "0", "3", "1e-3", "''", "x", "x y", "[]", "[x]", "[3]"}
+#: keys the real runs leave to the test, each for a reason (their odd values are judged in the
+#: dry runs all the same)
+NOT_IN_REAL_RUNS = {
+    "run.dir": "the test's folder", "run.root": "the test's folder",
+    "data.root": "the test's shared copy", "launcher.dry_run": "a real run",
+    "train.epochs": "the caps", "train.max_steps_per_epoch": "the caps",
+    "log.progress": "the caps", "train.eval_batch_size": "the caps",
+    "launcher.setup": "the user's own shell lines: one that fails, fails the job in its words",
+    "train.resume": "a fresh folder each run",
+}
+REAL_CAPS = ["train.epochs=1", "train.max_steps_per_epoch=2", "log.progress=lines",
+             "train.eval_batch_size=2000"]
+
+
+def leaves(*overrides: str) -> dict:
+    """Every leaf key of the config these overrides compose, with its default."""
+    from helpers import compose
+    from omegaconf import OmegaConf
+
+    out: dict = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+
+    walk(OmegaConf.to_container(compose(*overrides), resolve=False), "")
+    GlobalHydra.instance().clear()
+    return out
+
+
+# the fast tier judges each key's cheap values and one other (its real runs are the slow
+# tier's), the slow tier every odd value
+@pytest.mark.parametrize("every_value", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["some-values", "every-value"])
+def test_every_key_odd_values_then_real_runs(tmp_path, monkeypatch, shared_data_root,
+                                             every_value):
+    import random
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    registered()
+    fixed = [f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"]
+    presets = [(), ("model=cnn", "optim=sgd")]
+    rng = random.Random(SEED)
+    accepted: dict = {}  # (preset, key) -> values a dry run accepted
+    seen: set = set()
+    for preset in presets:
+        for key, default in leaves(*preset).items():
+            # a preset's own keys only: the rest were judged under the first
+            if key.startswith("study") or (key, type(default)) in seen:
+                continue
+            seen.add((key, type(default)))
+            values = ODD.get(type(default), ODD[str])
+            if not every_value:
+                odd = [v for v in values if v not in CHEAP]
+                values = [v for v in values if v in CHEAP][:3] + rng.sample(odd, min(1, len(odd)))
+            for value in values:
+                args = [*preset, f"{key}={value}", *fixed, "launcher.dry_run=true"]
+                try:
+                    rc, stdout, stderr = run_in_process(args)
+                except BaseException as e:  # noqa: BLE001 -- what would have been a traceback
+                    pytest.fail(f"{' '.join(args)}: raised {type(e).__name__}: {e}")
+                judge(args, rc, stdout, stderr)
+                if rc == 0 and value in CHEAP:
+                    accepted.setdefault((preset, key), []).append(value)
+    # a few keys a run, each set checked in a dry run as it grows, so every real run starts
+    runs: list[list[str]] = []
+    for preset in presets:
+        keys = [k for (p, k) in accepted if p == preset and k not in NOT_IN_REAL_RUNS]
+        rng.shuffle(keys)
+        while keys:
+            words = list(preset)
+            for key in keys[:]:
+                trial = [*words, f"{key}={rng.choice(accepted[preset, key])}"]
+                rc, _, _ = run_in_process([*trial, *fixed, "launcher.dry_run=true"])
+                if rc == 0 or len(words) == len(preset):
+                    words = trial
+                    keys.remove(key)
+                if len(words) - len(preset) == 12:
+                    break
+            runs.append(words)
+    ran = set()
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for words in runs:
+        # a real start checks more than a dry run (this machine's cores, memory, programs): a
+        # refused value leaves the set, named by its line, and the rest runs
+        for _ in range(4):
+            args = [*words, *REAL_CAPS, *fixed]
+            proc = subprocess.run([PY, "-m", "ddp_lab", *args], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            judge(args, proc.returncode, proc.stdout, proc.stderr)
+            if proc.returncode == 0:
+                ran.update(w.split("=")[0] for w in words if "=" in w)
+                break
+            named = proc.stderr.strip().removeprefix("error: ").split("=")[0]
+            kept = [w for w in words if w.split("=")[0] != named]
+            assert kept != words, f"the line names no key of the set: {proc.stderr}"
+            words = kept
+    expected = {k for (_, k) in accepted if k not in NOT_IN_REAL_RUNS}
+    # every key a real run could take has run in one, or had its one value refused with a line
+    assert len(ran & expected) >= 0.9 * len(expected), sorted(expected - ran)
+    print(f"{len(accepted)} (preset, key) pairs took a cheap odd value; {len(runs)} real runs "
+          f"ran {len(ran & expected)} of {len(expected)} keys")

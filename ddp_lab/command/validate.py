@@ -13,7 +13,9 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,6 +211,9 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
 def fused_support(cfg: DictConfig) -> Optional[str]:
     """optim.fused=true on a local launch where this torch has no fused update for the ranks'
     device (torch < 2.4 on CPU); elsewhere the ranks' torch is not this machine's to judge."""
+    if cfg.optim.fused is True and cfg.optim.name == "sgd" and cfg.sync.name == "fsdp2":
+        return ("optim.fused=true with sync=fsdp2 optim=sgd: torch's fused SGD takes no DTensor "
+                "(fsdp2's sharded weights): leave optim.fused=null or set it false")
     if cfg.optim.fused is not True or cfg.launcher.name != "local":
         return None
     # imports torch: only for a run that asks for fused
@@ -358,18 +363,178 @@ def one_of(key: str, choices: Sequence[str]) -> Rule:
                         else f"{key}={_get(cfg, key)}: choose {listed}")
 
 
+def at_most(key: str, high: float, note: str = "") -> Rule:
+    return lambda cfg: (None if _get(cfg, key) <= high
+                        else f"{key}={_get(cfg, key)}: must be <= {high:g}{note}")
+
+
+# ------------------------------------------------------------ what a rank can take
+# Each limit is one a rank would hit as a traceback (or a machine brought to its knees): said here
+# with the key and the limit, before any process starts.
+WEEK_S, DAY_S, MIN_TIMEOUT_S = 7 * 86400.0, 86400.0, 5.0
+# a rank's threads, a node's ranks, a rank's data workers: where this machine is not the one the
+# ranks run on (SLURM, RunAI, mpirun's hosts), no node has more
+MAX_THREADS, MAX_RANKS_PER_NODE, MAX_WORKERS = 1024, 1024, 256
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def group_names(cfg: DictConfig) -> Optional[str]:
+    """Each config group's section names the option Hydra composed it from: `data.name=true`
+    would send every rank to look up an option that is not there."""
+    from ..config import SCHEMAS
+
+    for group, options in SCHEMAS.items():
+        section = cfg.get(group)
+        if not isinstance(section, DictConfig) or "name" not in section:
+            continue
+        name = section.name
+        if name not in options or options[name] is not OmegaConf.get_type(section):
+            return (f"{group}.name={name}: set by the group, not by hand: choose the option with "
+                    f"{group}=<option> (options: {options.choices()}) and drop {group}.name=")
+    return None
+
+
+def finite_numbers(cfg: DictConfig, prefix: str = "") -> Optional[str]:
+    """No key holds nan or inf: a timeout, a rate or a delay a rank cannot turn into a number."""
+    for key in cfg:
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            found = finite_numbers(node, f"{prefix}{key}.")
+            if found:
+                return found
+            continue
+        value = node._value() if hasattr(node, "_value") else None
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{prefix}{key}={value}: must be a finite number"
+    return None
+
+
+def _local(cfg: DictConfig) -> bool:
+    """The ranks run on this machine (its cores are theirs)."""
+    return cfg.launcher.name == "local"
+
+
+def threads_fit(cfg: DictConfig) -> Optional[str]:
+    """train.threads: at most the cores the ranks run on (a thread beyond a core only waits, and
+    100000 cannot start at all); data.num_workers likewise (torch's DataLoader warns past the
+    cores)."""
+    for key, remote in (("train.threads", MAX_THREADS), ("data.num_workers", MAX_WORKERS)):
+        value = _get(cfg, key)
+        limit = cpu.cores() if _local(cfg) else remote
+        if value > limit:
+            where = (f"this machine's {limit} core(s)" if _local(cfg)
+                     else f"{limit}, more than any node has cores")
+            return f"{key}={value}: at most {where} (0 = decided at start)"
+    return None
+
+
+def ranks_fit(cfg: DictConfig) -> Optional[str]:
+    """launcher.nproc_per_node on another machine's nodes: a count no node can hold (this machine's
+    own: `oversubscription`)."""
+    n = cfg.launcher.nproc_per_node
+    if not _local(cfg) and n > MAX_RANKS_PER_NODE:
+        return (f"launcher.nproc_per_node={n}: at most {MAX_RANKS_PER_NODE} ranks a node "
+                "(one per GPU or per core)")
+    return None
+
+
+def optimiser_fits(cfg: DictConfig) -> Optional[str]:
+    """What torch.optim refuses when the ranks build it, said here: Adam's two betas in [0, 1) and
+    eps > 0, SGD's momentum >= 0, a weight decay >= 0."""
+    o = cfg.optim
+    if o.weight_decay < 0:
+        return f"optim.weight_decay={o.weight_decay}: must be >= 0"
+    if o.name == "adam":
+        betas = list(o.betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            return f"optim.betas={betas}: two decay rates, each in [0, 1), e.g. [0.9,0.999]"
+        if o.eps <= 0:
+            return f"optim.eps={o.eps}: must be > 0 (e.g. 1e-8)"
+    if o.name == "sgd" and o.momentum < 0:
+        return f"optim.momentum={o.momentum}: must be >= 0"
+    return None
+
+
+# bytes a parameter costs a rank: fp32 weight, gradient, two optimiser moments, a flat bucket
+BYTES_A_PARAMETER = 20
+
+
+def model_memory(cfg: DictConfig) -> Optional[str]:
+    """The model's weights, gradients, optimiser state and buckets fit the memory of a local
+    launch's ranks (beyond it the kernel kills a rank mid-start, with no line of its own)."""
+    from ..config import SCHEMAS
+
+    if not _local(cfg) or cfg.launcher.dry_run:
+        return None
+    try:
+        n = SCHEMAS["model"][cfg.model.name].parameters(cfg.model)
+    except ValueError:
+        # sizes that are no sizes: model_fits says so
+        return None
+    ranks = cfg.launcher.nproc_per_node
+    need = n * BYTES_A_PARAMETER * ranks
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need <= have:
+        return None
+    return (f"model={cfg.model.name}: {n:,} parameters, {need / 1e9:.1f} GB for {ranks} rank(s) "
+            f"({BYTES_A_PARAMETER} bytes each: weights, gradients, optimiser state, buckets); "
+            f"this machine has {have / 1e9:.1f} GB: make the model smaller or use fewer ranks")
+
+
+# torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket
+DDP_FIRST_BUCKET_MB = 1024 * 1024 / 1e6
+
+
+def compiled_ddp_buckets(cfg: DictConfig) -> Optional[str]:
+    """train.compile=true with sync=ddp: torch's compiled DDP (dynamo's DDPOptimizer) splits the
+    graph at DDP's buckets and refuses a bucket smaller than DDP's first (an AssertionError on
+    every rank)."""
+    if not (cfg.train.compile and cfg.sync.name == "ddp"):
+        return None
+    if cfg.sync.bucket_cap_mb >= DDP_FIRST_BUCKET_MB:
+        return None
+    return (f"sync.bucket_cap_mb={cfg.sync.bucket_cap_mb} with train.compile=true: compiled DDP "
+            f"needs buckets of at least DDP's first, {DDP_FIRST_BUCKET_MB} MB (or "
+            "train.compile=false)")
+
+
+def launcher_python(cfg: DictConfig) -> Optional[str]:
+    """A local launch's launcher.venv / launcher.python exist here (elsewhere they are the nodes'
+    to have): a typo is one line, not `launch.sh: No such file` from the job."""
+    lc = cfg.launcher
+    if not _local(cfg) or lc.dry_run:
+        return None
+    if lc.get("venv"):
+        python = Path(str(lc.venv)).expanduser() / "bin" / "python"
+        if not os.access(python, os.X_OK):
+            return f"launcher.venv={lc.venv}: no {python} to run the ranks (fix the path or drop it)"
+    elif lc.get("python") and not shutil.which(str(lc.python)):
+        return f"launcher.python={lc.python}: no such program here (fix it or drop it)"
+    return None
+
+
 COMMON: list[Rule] = [
+    group_names,
+    finite_numbers,
     at_least("launcher.nodes", 1),
     at_least("launcher.nproc_per_node", 1),
     oversubscription,
     one_of("dist.backend", ("auto", "gloo", "nccl")),
     one_of("dist.device", ("auto", "cpu", "cuda")),
     dist_pair,
-    above("dist.timeout_s", 0),
-    above("dist.init_timeout_s", 0),
+    ranks_fit,
+    # a start takes seconds: below MIN_TIMEOUT_S a healthy rank times out waiting for its peers
+    at_least("dist.timeout_s", MIN_TIMEOUT_S, " seconds (a rank's start takes longer)"),
+    at_most("dist.timeout_s", WEEK_S, " (a week)"),
+    at_least("dist.init_timeout_s", MIN_TIMEOUT_S, " seconds (a rank's start takes longer)"),
+    at_most("dist.init_timeout_s", WEEK_S, " (a week)"),
     one_of("log.progress", ("auto", "bar", "lines")),
     at_least("log.progress_every_s", 0),
+    at_most("log.progress_every_s", DAY_S, " (a day)"),
     one_of("log.ranks", ("0", "all")),
+    lambda cfg: (None if str(cfg.log.level).upper() in LOG_LEVELS else
+                 f"log.level={cfg.log.level}: choose {', '.join(LOG_LEVELS)}"),
+    launcher_python,
     required_launcher_keys,
     durations,
     run_folder,
@@ -385,6 +550,8 @@ TRAIN: list[Rule] = [
     at_least("train.eval_batch_size", 1),
     at_least("train.threads", 0, " (0 = decided at start)"),
     *COMMON,
+    threads_fit,
+    optimiser_fits,
     one_of("data.pipeline", ("tensor", "dataloader")),
     lambda cfg: None if len(cfg.data.mirrors) else
     "data.mirrors is empty: give at least one (default: [embedded])",
@@ -394,6 +561,7 @@ TRAIN: list[Rule] = [
     at_least("timing.profile_skip", 0),
     at_least("timing.profile_steps", 1),
     above("train.stop_check_s", 0),
+    at_most("train.stop_check_s", DAY_S, " (a day)"),
     stop_signal,
     run_entry,
     # another command's job in run.dir: said before what the folder holds
@@ -401,8 +569,10 @@ TRAIN: list[Rule] = [
     reuse_problem,
     batch_fits,
     model_fits,
+    model_memory,
     one_of("sync.compress", COMPRESS_MODES),
     sync_fits,
+    compiled_ddp_buckets,
     student_code_passes,
     cuda_graph_fits,
     fused_support,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -17,7 +18,7 @@ def _size(value: Any) -> bool:
 
 def widths(hidden: Any) -> list[int]:
     """`model.hidden` as a list of layer widths: one int or a list of them, each >= 1."""
-    ws = [hidden] if isinstance(hidden, int) else list(hidden)
+    ws = list(hidden) if isinstance(hidden, Sequence) and not isinstance(hidden, str) else [hidden]
     if not ws or not all(map(_size, ws)):
         raise ValueError(f"model.hidden={hidden}: give a width >= 1 or a list of them, "
                          "e.g. model.hidden=[2048,2048]")
@@ -32,6 +33,11 @@ class ModelConfig:
     def check(cls, cfg: ModelConfig) -> None:
         """Raise ValueError, with the fix, for sizes the model cannot be built with."""
 
+    @classmethod
+    def parameters(cls, cfg: ModelConfig) -> int:
+        """The model's parameter count, from its sizes (0: not counted here)."""
+        return 0
+
 
 @dataclass
 class MLPConfig(ModelConfig):
@@ -42,13 +48,26 @@ class MLPConfig(ModelConfig):
 
     @classmethod
     def check(cls, cfg: MLPConfig) -> None:
+        cls.widths(cfg)
+
+    @staticmethod
+    def widths(cfg: MLPConfig) -> list[int]:
         hidden = cfg.hidden
-        widths(OmegaConf.to_object(hidden) if OmegaConf.is_config(hidden) else hidden)
+        return widths(OmegaConf.to_object(hidden) if OmegaConf.is_config(hidden) else hidden)
+
+    @classmethod
+    def parameters(cls, cfg: MLPConfig) -> int:
+        ws = [784, *cls.widths(cfg), 10]
+        return sum(a * b + b for a, b in zip(ws, ws[1:]))
 
 
 @dataclass
 class ResNet18Config(ModelConfig):
     """torchvision's ResNet-18 adapted to 1x28x28 digits (3x3 stem, no max-pool)."""
+
+    @classmethod
+    def parameters(cls, cfg: ModelConfig) -> int:
+        return 11_172_810
 
 
 @dataclass
@@ -65,6 +84,11 @@ class CNNConfig(ModelConfig):
             if not _size(cfg[key]):
                 raise ValueError(f"model.{key}={cfg[key]}: must be an integer >= 1 "
                                  f"(default {getattr(cls, key)})")
+
+    @classmethod
+    def parameters(cls, cfg: CNNConfig) -> int:
+        c1, c2, h = cfg.channels1, cfg.channels2, cfg.hidden
+        return (9 * c1 + c1) + (9 * c1 * c2 + c2) + (c2 * 49 * h + h) + (h * 10 + 10)
 
 
 # -------------------------------------------------------------------- data
