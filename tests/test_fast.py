@@ -135,24 +135,31 @@ def test_ddp_in_a_world_of_one_skips_the_reducer_same_weights():
     try:
         cfg = OmegaConf.create({"name": "ddp", "bucket_cap_mb": 25.0, "static_graph": False,
                                 "gradient_as_bucket_view": False, "find_unused_parameters": False})
-        x, y = torch.randn(5 * 64, 784), torch.randint(0, 10, (5 * 64,))
-        finals = []
-        for wrapped in (True, False):
-            torch.manual_seed(0)
-            m = torch.nn.Sequential(torch.nn.Linear(784, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10))
-            if wrapped:  # what sync=ddp ran before: DDP over the one-rank group
-                model = DDP(m)
-            else:
-                syncer = build_sync(cfg, m, torch.device("cpu"), 1)
-                assert syncer.wrapped is m  # no reducer
-                model = syncer.wrapped
-            opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-            for i in range(5):
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
-                opt.step()
-            finals.append([p.detach().clone() for p in m.parameters()])
-        assert all(torch.equal(a, b) for a, b in zip(*finals))
+        # the MLP, and the CNN (parameter sizes multiples of nothing) under the fused Adam
+        # (ddp_lab's default on CPU) with DDP's buckets of 0.1 MB (three)
+        from ddp_lab.models import CNN
+
+        mlp = lambda: torch.nn.Sequential(torch.nn.Linear(784, 50), torch.nn.ReLU(),  # noqa: E731
+                                          torch.nn.Linear(50, 10))
+        for make, shape, fused, mb in ((mlp, (784,), None, 25.0), (CNN, (1, 28, 28), True, 0.1)):
+            x, y = torch.randn(5 * 64, *shape), torch.randint(0, 10, (5 * 64,))
+            finals = []
+            for wrapped in (True, False):
+                torch.manual_seed(0)
+                m = make()
+                if wrapped:  # what sync=ddp ran before: DDP over the one-rank group
+                    model = DDP(m, bucket_cap_mb=mb)
+                else:
+                    syncer = build_sync(cfg, m, torch.device("cpu"), 1)
+                    assert syncer.wrapped is m  # no reducer
+                    model = syncer.wrapped
+                opt = torch.optim.Adam(m.parameters(), lr=1e-3, fused=fused)
+                for i in range(5):
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64]).backward()
+                    opt.step()
+                finals.append([p.detach().clone() for p in m.parameters()])
+            assert all(torch.equal(a, b) for a, b in zip(*finals)), make
     finally:
         dist.destroy_process_group()
 

@@ -246,3 +246,31 @@ def test_only_the_logging_rank_writes(tmp_path):
         s = RunSummary.from_dict(r["summary"])
         assert (s.status, s.epochs_run, s.steps_run, s.world_size) == ("completed", 1, 2, 2)
         assert s.comm_bytes_sent == 800 and s.test_accuracy == 0.9
+
+
+def test_equal_weight_digests_are_the_same_weights_bit_for_bit():
+    """folder/weights.py's digest, on the CNN (odd sizes): a copy has the same digest; one
+    last-bit change, -0.0 for 0.0, another dtype, shape or name does not."""
+    import torch
+
+    from ddp_lab.folder.weights import digest
+    from ddp_lab.models import CNN
+
+    torch.manual_seed(0)
+    state = CNN().state_dict()
+    copy = {k: v.clone() for k, v in state.items()}
+    assert digest(copy) == digest(state)
+    changed = []
+    one_ulp = {k: v.clone() for k, v in state.items()}
+    w = one_ulp["fc1.weight"].view(-1)
+    w[12345] = torch.nextafter(w[12345], torch.tensor(float("inf")))
+    changed.append(one_ulp)
+    zero = {k: v.clone() for k, v in state.items()}
+    zero["fc2.bias"][3] = 0.0
+    neg = {k: v.clone() for k, v in zero.items()}
+    neg["fc2.bias"][3] = -0.0
+    assert torch.equal(zero["fc2.bias"], neg["fc2.bias"]) and digest(zero) != digest(neg)
+    changed.append({**state, "fc2.bias": state["fc2.bias"].double()})
+    changed.append({**state, "fc2.bias": state["fc2.bias"].view(2, 5)})
+    changed.append({("fc3.bias" if k == "fc2.bias" else k): v for k, v in state.items()})
+    assert all(digest(c) != digest(state) for c in changed)

@@ -8,7 +8,8 @@ Tolerances, and why (docs/twins.md, "Equal to DDP"):
   fsdp2 under the fused Adam (FUSED_SHARD): its shards cut a parameter where the vectorised
   kernel's tail does not, so a few elements round differently;
 - 3 ranks: each algorithm sums in its own order (docs/sync.md, "Why 3 ranks drift from
-  DDP"): within ATOL_3;
+  DDP"): within ATOL_3; torch_zero still bit for bit (DDP's all-reduce, then a step that
+  is element-wise);
 - fp16 / bf16 / powersgd: lossy on the wire by design: within LOSSY[hook].
 """
 
@@ -121,6 +122,8 @@ def _allowed(key: str, world: int) -> float:
     hook = key.split("hook=")[-1] if "hook=" in key else None
     if hook in LOSSY:
         return LOSSY[hook]
+    if key.startswith("torch_zero"):  # DDP's all-reduce, then an element-wise step: any world
+        return 0.0
     if world >= 3:
         return ATOL_3
     return FUSED_SHARD if "fsdp2" in key else 0.0
