@@ -28,17 +28,12 @@ class LaunchError(UserError):
 
 @dataclass
 class Rendered:
-    # run on this machine to start the job
-    command: list[str]
-    # name -> content, into the run folder
-    files: dict[str, str] = field(default_factory=dict)
-    # which of `files` get the x bit
-    executable: tuple[str, ...] = ()
+    command: list[str]  # run on this machine to start the job
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, into the run folder
+    executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
-    # printed as `warning: ...` to stderr
-    warnings: list[str] = field(default_factory=list)
-    # start + follow; None = run `command`
-    starter: Optional[Callable[[], int]] = None
+    warnings: list[str] = field(default_factory=list)  # printed as `warning: ...` to stderr
+    starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
     # after a failed job: the launcher's own reason, when it failed before any rank could say one
     # (torchrun's rendezvous); None = the ranks' records say why
     explain: Optional[Callable[[], Optional[str]]] = None
@@ -53,7 +48,6 @@ class Rendered:
                 path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-# ------------------------------------------------------------------ helpers
 def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
     """Refuse, before any process starts, a rendezvous port that is no port or is held here."""
     try:
@@ -130,16 +124,15 @@ def check_container(cfg) -> None:
     lc = cfg.launcher
     if lc.runtime not in RUNTIMES:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
-    if lc.get("image") and "://" not in str(lc.image):
+    local = lc.get("image") and "://" not in str(lc.image)
+    if local:
         # one path for every node
         lc.image = str(Path(str(lc.image)).expanduser().resolve())
     if not lc.get("image") or lc.dry_run:
         return
-    image = str(lc.image)
-    if "://" not in image:
-        if not Path(image).exists():
-            raise LaunchError(f"launcher.image={image}: no such image (a .sif file every "
-                              "node sees, or a docker:// reference)")
+    if local and not Path(lc.image).exists():
+        raise LaunchError(f"launcher.image={lc.image}: no such image (a .sif file every "
+                          "node sees, or a docker:// reference)")
     require_tool(lc.runtime, "launcher.image needs it on every node; install Apptainer, or "
                              "set launcher.runtime=singularity where that is the site's")
 
