@@ -20,13 +20,9 @@ USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 @dataclass(frozen=True)
 class CpuShare:
-    threads: int
-    """torch threads per rank"""
-    spin: bool
-    """threads spin a moment before sleeping (libgomp's default), else
-    sleep at once"""
-    why: str
-    """in words, for the run's first line and summary.json"""
+    threads: int  # torch threads per rank
+    spin: bool  # threads spin a moment before sleeping (libgomp's default), else sleep at once
+    why: str  # in words, for the run's first line and summary.json
 
 
 def cores() -> int:
@@ -49,8 +45,7 @@ def busy_cores(window_s: float = 0.2) -> Optional[float]:
                 name, *fields = line.split()
                 if name.startswith("cpu") and name[3:].isdigit():
                     ticks = [int(x) for x in fields[:8]]
-                    # idle + iowait
-                    idle = ticks[3] + ticks[4]
+                    idle = ticks[3] + ticks[4]  # idle + iowait
                     out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
         return out
     try:
@@ -108,12 +103,12 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
 
 @dataclass
 class RankThreads:
-    """This rank's torch threads, why, and whether `tune_threads` may
-    lower them (run_rank makes it, the rank's DistContext holds it)."""
+    """This rank's torch threads, why, and whether `tune_threads` may lower them (run_rank makes
+    it, the rank's DistContext holds it)."""
+
     threads: int
     why: str
     tunable: bool
-
 
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
@@ -128,9 +123,8 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
         return RankThreads(earlier, "as when the run started", False)
     if env.get(THREADS_VAR, "").isdigit():
         return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
-    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores",
-                       # no launcher looked: as before, and not timed
-                       False)
+    # no launcher looked: as before, and not timed
+    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores", False)
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:

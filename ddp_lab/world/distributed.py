@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +12,11 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from . import cpu, fingerprint, torch_support
 from .hang import Watchdog, enable_flight_recorder
-from . import fingerprint
-from . import cpu, torch_support
 from ..config import device_type
 from .cpu import RankThreads
 from .env import DistEnv
-
-log = logging.getLogger("ddp_lab")
-
 
 class Heartbeat(Protocol):
     """Where this rank is, for the other ranks, the launcher and status
@@ -77,8 +72,7 @@ class DistContext:
         return torch.tensor([float(v) for v in values], dtype=dtype, device=self.device)
 
     def reduce_floats(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """`values` reduced element-wise over all ranks; op: sum | mean
-        | max | min."""
+        """`values` reduced element-wise over all ranks; op: sum | mean | max | min."""
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
         t = self._tensor(values)
@@ -160,10 +154,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     be = choose_backend(dev, backend)
     kwargs = {}
     if be == "nccl":
-        # torch >= 2.3
-        if torch_support.accepts(dist.init_process_group, "device_id"):
-            # binds the communicator to this GPU eagerly
-            kwargs["device_id"] = dev
+        if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
+            kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
         else:
             torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
                                  f"first collective (torch {torch_support.version()} has no "

@@ -70,4 +70,3 @@ class Watchdog:
 
             faulthandler.cancel_dump_traceback_later()
             self.armed = False
-
