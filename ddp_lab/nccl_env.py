@@ -113,6 +113,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
             continue
         for pnum, pdir in _numeric_children(ports_dir, "port", res.warnings):
             port = Port(device=dev.name, port=pnum)
+            res.ports.append(port)
             try:
                 port.link_layer = _read(pdir / "link_layer")
             except (OSError, UnicodeError):
@@ -120,7 +121,6 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
             gids_dir = pdir / "gids"
             if not gids_dir.is_dir():
                 res.warnings.append(f"{dev.name} port {pnum}: no gids directory")
-                res.ports.append(port)
                 continue
             for idx, gpath in _numeric_children(gids_dir, "gid", res.warnings):
                 try:
@@ -145,7 +145,6 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                             f"{dev.name} port {pnum}: IPv4 GID {idx} has unreadable type "
                             f"{tpath}: {getattr(e, 'strerror', None) or e}")
                 port.gids.append(Gid(dev.name, pnum, idx, gid, gtype))
-            res.ports.append(port)
     return res
 
 

@@ -18,8 +18,7 @@ from ..config.errors import UserError
 from ..config import launchers_dir
 from ..world.ports import FIX, port_in_use
 
-# checkout or installed wheel (ddp_lab/config/__init__.py)
-TEMPLATES = launchers_dir()
+TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/__init__.py)
 
 
 class LaunchError(UserError):
@@ -62,9 +61,8 @@ def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> 
 
 
 def is_this_machine(host: str) -> bool:
-    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
-             socket.gethostname().split(".")[0]}
-    return host in names
+    return host in {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
+                    socket.gethostname().split(".")[0]}
 
 
 def code_dir() -> Path:
@@ -126,8 +124,7 @@ def check_container(cfg) -> None:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
     local = lc.get("image") and "://" not in str(lc.image)
     if local:
-        # one path for every node
-        lc.image = str(Path(str(lc.image)).expanduser().resolve())
+        lc.image = str(Path(str(lc.image)).expanduser().resolve())  # one path for every node
     if not lc.get("image") or lc.dry_run:
         return
     if local and not Path(lc.image).exists():
@@ -170,8 +167,7 @@ _CHECK = ("import importlib.util as u, sys\n"
 
 def python_check(py: str, fail: str = "exit 3") -> str:
     """Script lines that end the job in one line if the ranks' python cannot import their code."""
-    # no ' for bash
-    code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")
+    code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")  # no ' for bash
     return ("# the ranks' python must import what they run: else one line naming what is missing\n"
             f"MISSING=$({py} -c '{code}' 2>&1) || MISSING=\"{py} did not run: $MISSING\"\n"
             'if [ -n "$MISSING" ]; then\n'
@@ -197,8 +193,7 @@ def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh): its
     path, length and the functions its header lists."""
     lines = text.splitlines()
-    # after the shebang
-    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])
+    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])  # after the shebang
     header = [ln for ln in block if ln.startswith("#   ") and ln[4:5].strip()]
     return (f"# ---- {path}: sourced by {by}, {len(lines)} lines not shown "
             f"(cat it to read it); it defines:\n" + "\n".join(header))

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from ..folder.heartbeat import mark_killed, process_state, read_all
 from ..folder.rundir import clear_stop_file, read_summary, request_stop
-from ..world.env import default_nproc, set_parent_death_signal
+from ..world.env import set_parent_death_signal
 from ..world.ports import FIX, taken
 from .base import (check_port_free, code_dir, LaunchError, python_exe, Rendered, setup_block,
     template)
@@ -40,8 +40,6 @@ def resolve(cfg) -> None:
     if lc.nodes != 1:
         raise LaunchError(f"launcher=local runs on this machine only (launcher.nodes={lc.nodes}): "
                           "use launcher=slurm, mpirun or runai for several nodes")
-    if lc.nproc_per_node is None:
-        lc.nproc_per_node = default_nproc()
     if lc.max_restarts < 0:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
     port, key = rendezvous_port(lc)
@@ -212,8 +210,7 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
     if fg.signal is None:
         return rc
     if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":
-        # our stop request came too late to be read: not a request
-        clear_stop_file(fg.run_dir)
+        clear_stop_file(fg.run_dir)  # our stop request came too late to be read: not a request
         print(f"[ddp_lab] {signal.Signals(fg.signal).name} came after the last epoch: the run "
               "had completed", file=sys.stderr, flush=True)
         return 0

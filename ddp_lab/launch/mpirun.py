@@ -143,12 +143,8 @@ def resolve(cfg) -> None:
                           "set launcher.master_addr to this machine's name or address")
     if lc.master_port is not None and is_this_machine(master):
         check_port_free(lc.master_port)
-    lc.hosts = [f"{n}:{s}" for n, s in hosts]
-    lc.np = np
-    lc.hostfile = None
-    lc.nodes = len(hosts)
-    lc.nproc_per_node = max(s for _, s in hosts)
-    lc.master_addr = master
+    lc.hosts, lc.np, lc.hostfile = [f"{n}:{s}" for n, s in hosts], np, None
+    lc.nodes, lc.nproc_per_node, lc.master_addr = len(hosts), max(s for _, s in hosts), master
     if lc.allow_run_as_root is None:
         lc.allow_run_as_root = os.geteuid() == 0
     if lc.oversubscribe is None:
@@ -199,8 +195,7 @@ def render(cfg, run_dir: Path) -> Rendered:
                     explain=errors.reason)
 
 
-# Open MPI frames each help message with these
-RULE = re.compile(r"^-{20,}$")
+RULE = re.compile(r"^-{20,}$")  # Open MPI frames each help message with these
 DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
 # what ssh (and a shell on the far side) says when a daemon cannot start; the first group, where
 # there is one, is the host

@@ -104,10 +104,8 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
             # RunAI adds the master pod itself
             "--workers", str(lc.nodes - 1),
             "--gpu", str(lc.gpus_per_node)]
-    for v in lc.pvc:
-        cmd += ["--pvc", str(v)]
-    for k, v in lc.env.items():
-        cmd += ["-e", f"{k}={v}"]
+    cmd += [word for v in lc.pvc for word in ("--pvc", str(v))]
+    cmd += [word for k, v in lc.env.items() for word in ("-e", f"{k}={v}")]
     if lc.large_shm:
         cmd.append("--large-shm")
     if lc.rdma:  # RoCE: the secondary network and the RDMA device of the node

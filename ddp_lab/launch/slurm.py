@@ -54,13 +54,6 @@ def duration_s(key: str, value) -> Optional[int]:
     return seconds or None  # 0: SLURM imposes no limit
 
 
-def stop_lead_s(limit_s: Optional[int]) -> int:
-    """launcher.signal_s when it is null: a quarter of the time limit, at most 120 s, so a short
-    job (a course's `--time 00:02:00`) stops once, near its end. SLURM may signal up to 60 s
-    earlier than asked (sbatch --signal), never later."""
-    return 120 if limit_s is None else min(120, limit_s // 4)
-
-
 def tool(cfg) -> tuple[str, str]:
     """What a real submission needs on PATH, and where to get it (launch.check_tool)."""
     return "sbatch", "run this on a SLURM login node"
@@ -94,8 +87,7 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
                           f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
                           "lower nproc_per_node, or set dist.device=cpu")
-    lc.nproc_per_node = nproc
-    lc.ntasks_per_node = nproc if lc.per_task else 1
+    lc.nproc_per_node, lc.ntasks_per_node = nproc, nproc if lc.per_task else 1
     if lc.rdzv not in ("c10d", "static"):
         raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
     if lc.rdzv == "static" and lc.max_restarts:
@@ -126,7 +118,9 @@ def resolve(cfg) -> None:
     if "train" not in cfg:
         lc.signal_s, lc.requeue = 0, False
     elif lc.signal_s is None:
-        lc.signal_s = stop_lead_s(limit)
+        # a quarter of the time limit, at most 120 s, so a short job (a course's --time 00:02:00)
+        # stops once, near its end; SLURM may signal up to 60 s earlier than asked, never later
+        lc.signal_s = 120 if limit is None else min(120, limit // 4)
     if lc.signal_s and limit is not None and lc.signal_s >= limit:
         raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
                           f"({limit} s): the stop signal would come before the job starts; "

@@ -117,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
     # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
-    # torch loads only in the job, not at import
-    from torch.distributed import run as torchrun
+    from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parsed = torchrun.parse_args(args)

@@ -12,9 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import MutableMapping, Optional
 
-# the launcher's choice for its ranks
-THREADS_VAR = "DDP_LAB_THREADS"
-WHY_VAR = "DDP_LAB_THREADS_WHY"
+THREADS_VAR, WHY_VAR = "DDP_LAB_THREADS", "DDP_LAB_THREADS_WHY"  # the launcher's choice
 USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 

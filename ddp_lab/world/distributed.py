@@ -80,8 +80,7 @@ class DistContext:
             self._entering("all_reduce")
             dist.all_reduce(t, op=_REDUCE_OPS[op])
             if op == "mean":
-                # ReduceOp.AVG exists on nccl only
-                t /= dist.get_world_size()
+                t /= dist.get_world_size()  # ReduceOp.AVG exists on nccl only
         return t.tolist()
 
     def reduce_float(self, value: float, op: str = "sum") -> float:
@@ -187,8 +186,7 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 def set_timeout(timeout_s: float) -> bool:
     """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout; 2.3
     to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
-    # lazy: torch < 2.9's private module
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
     if setter is None:

@@ -226,8 +226,7 @@ def allocation(environ=None) -> dict:
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
-    # set by the launchers that have no scheduler id
-    job = env.get("DDP_LAB_JOB_ID")
+    job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
     return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
 
 
@@ -262,8 +261,7 @@ def default_nproc() -> int:
 
 
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# the handlers this process had before torchrun's agent took them
-_before_agent: dict = {}
+_before_agent: dict = {}  # the handlers this process had before torchrun's agent took them
 
 
 def keep_handlers() -> None:
