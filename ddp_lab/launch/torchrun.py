@@ -93,8 +93,7 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
                else f"exit code {first.exitcode}")
         if forked:
             return f"{entry} failed: rank {rank} ended with {how} (the first exit torchrun saw)"
-        return (f"{entry} failed: rank {rank} first ({how}), "
-                f"{len(failures)} process(es) in all")
+        return f"{entry} failed: rank {rank} first ({how}), {len(failures)} process(es) in all"
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 

@@ -23,9 +23,7 @@ class Heartbeat(Protocol):
     (its record: ddp_lab/folder/heartbeat.py)."""
 
     def collective(self, op: str = "") -> None: ...
-
     def follow(self, timer: Any = None, comm: Any = None) -> None: ...
-
     def at(self, epoch: int, step: int) -> None: ...
 
 
