@@ -34,8 +34,7 @@ class Gid:
     port: int
     index: int
     gid: str
-    # file content, e.g. "RoCE v2"; None if unreadable
-    type: str | None
+    type: str | None  # file content, e.g. "RoCE v2"; None if unreadable
 
     @property
     def is_ipv4(self) -> bool:
@@ -50,8 +49,7 @@ class Gid:
 class Port:
     device: str
     port: int
-    # "Ethernet" (RoCE) / "InfiniBand"; None if absent
-    link_layer: str | None = None
+    link_layer: str | None = None  # "Ethernet" (RoCE) / "InfiniBand"; None if absent
     gids: list[Gid] = field(default_factory=list)
 
 
@@ -73,18 +71,14 @@ def _read(path: Path) -> str:
 
 
 def _numeric_children(d: Path, what: str, warnings: list[str]) -> list[tuple[int, Path]]:
-    out = []
     try:
         children = list(d.iterdir())
     except OSError as e:
         warnings.append(f"cannot list {d}: {e.strerror or e}")
-        return out
-    for c in children:
-        if c.name.isdigit():
-            out.append((int(c.name), c))
-        else:
-            warnings.append(f"ignoring {what} entry with non-numeric name: {c}")
-    return sorted(out)
+        return []
+    warnings += [f"ignoring {what} entry with non-numeric name: {c}"
+                 for c in children if not c.name.isdigit()]
+    return sorted((int(c.name), c) for c in children if c.name.isdigit())
 
 
 def _hca_matches(name: str, spec: str | None) -> bool:
@@ -92,12 +86,8 @@ def _hca_matches(name: str, spec: str | None) -> bool:
     if not spec:
         return True
     spec = spec.strip()
-    exclude = spec.startswith("^")
-    if exclude:
-        spec = spec[1:]
-    exact = spec.startswith("=")
-    if exact:
-        spec = spec[1:]
+    exclude, spec = spec.startswith("^"), spec.removeprefix("^")
+    exact, spec = spec.startswith("="), spec.removeprefix("=")
     entries = [e.split(":", 1)[0].strip() for e in spec.split(",") if e.strip()]
     hit = any((name == e) if exact else name.startswith(e) for e in entries)
     return not hit if exclude else hit
@@ -108,14 +98,13 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
     root = Path(sysfs_root)
     ib = root / "class" / "infiniband"
     res = Scan(sysfs_root=str(root))
+    devices = []
     try:
-        devices = sorted(p for p in ib.iterdir())
+        devices = sorted(d for d in ib.iterdir() if _hca_matches(d.name, hca))
     except FileNotFoundError:
-        devices = []
+        pass
     except OSError as e:
         res.warnings.append(f"cannot list {ib}: {e.strerror or e}")
-        devices = []
-    devices = [d for d in devices if _hca_matches(d.name, hca)]
     res.devices = [d.name for d in devices]
     for dev in devices:
         ports_dir = dev / "ports"
@@ -124,6 +113,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
             continue
         for pnum, pdir in _numeric_children(ports_dir, "port", res.warnings):
             port = Port(device=dev.name, port=pnum)
+            res.ports.append(port)
             try:
                 port.link_layer = _read(pdir / "link_layer")
             except (OSError, UnicodeError):
@@ -131,7 +121,6 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
             gids_dir = pdir / "gids"
             if not gids_dir.is_dir():
                 res.warnings.append(f"{dev.name} port {pnum}: no gids directory")
-                res.ports.append(port)
                 continue
             for idx, gpath in _numeric_children(gids_dir, "gid", res.warnings):
                 try:
@@ -140,8 +129,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                     res.warnings.append(f"{dev.name} port {pnum}: unreadable GID {gpath}: "
                                         f"{getattr(e, 'strerror', None) or e}")
                     continue
-                if gid == ZERO_GID or gid == "":
-                    # unused slot (its type file is usually unreadable: EINVAL)
+                if gid in (ZERO_GID, ""):  # unused (its type file is usually unreadable: EINVAL)
                     continue
                 if not _GID_RE.match(gid):
                     res.warnings.append(f"{dev.name} port {pnum}: garbled GID {idx} "
@@ -157,7 +145,6 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                             f"{dev.name} port {pnum}: IPv4 GID {idx} has unreadable type "
                             f"{tpath}: {getattr(e, 'strerror', None) or e}")
                 port.gids.append(Gid(dev.name, pnum, idx, gid, gtype))
-            res.ports.append(port)
     return res
 
 
@@ -169,8 +156,7 @@ def network_kind(sysfs_root: str | os.PathLike = "/sys") -> tuple[str, list[str]
         cxi = []
     if cxi:
         return "slingshot", cxi
-    # the RDMA devices and their ports' link layers
-    sc = scan(sysfs_root)
+    sc = scan(sysfs_root)  # the RDMA devices and their ports' link layers
     if not sc.devices:
         return "sockets", []
     layers = {p.link_layer.lower() for p in sc.ports if p.link_layer}
@@ -203,14 +189,10 @@ class NcclEnv:
 
     env: dict[str, str]
     warnings: list[str]
-    # what was chosen and why (not problems)
-    info: list[str] = field(default_factory=list)
-    # devices scanned (after --hca filter)
-    devices: list[str] = field(default_factory=list)
-    # IPv4-mapped RoCE v2 GIDs, scan order
-    usable: list[Gid] = field(default_factory=list)
-    # the GID that fixed NCCL_IB_GID_INDEX
-    chosen: Gid | None = None
+    info: list[str] = field(default_factory=list)  # what was chosen and why (not problems)
+    devices: list[str] = field(default_factory=list)  # devices scanned (after --hca filter)
+    usable: list[Gid] = field(default_factory=list)  # IPv4-mapped RoCE v2 GIDs, scan order
+    chosen: Gid | None = None  # the GID that fixed NCCL_IB_GID_INDEX
 
     def __iter__(self) -> Iterator:
         return iter((self.env, self.warnings))
@@ -230,57 +212,42 @@ def nccl_rdma_env(
     """NCCL env vars for RDMA over RoCE v2 / IB, plus warnings. `hca`: NCCL_IB_HCA instead of the
     detected devices (detection keeps those it matches); None leaves a variable unset."""
     sc = scan(sysfs_root, hca)
-    warnings = list(sc.warnings)
-    env: dict[str, str] = {}
-    info: list[str] = []
-    usable: list[Gid] = []
-    chosen: Gid | None = None
-    ib_dir = Path(sysfs_root) / "class" / "infiniband"
-
+    warnings, env, info = list(sc.warnings), {}, []
+    usable = sc.usable()
+    chosen = usable[0] if usable else None
+    ib_link = sorted({p.device for p in sc.ports if (p.link_layer or "").lower() == "infiniband"})
+    same_idx = {g.device for g in usable if g.index == chosen.index} if chosen else set()
+    other = sorted({g.device for g in usable} - same_idx)
+    hca_devices = [d for d in sc.devices if d in same_idx or d in ib_link]
     if not sc.devices:
         what = f"matching NCCL_IB_HCA={hca!r} " if hca else ""
-        warnings.append(f"no RDMA device {what}under {ib_dir}: RDMA off, "
-                        "NCCL falls back to sockets")
+        warnings.append(f"no RDMA device {what}under {Path(sysfs_root) / 'class' / 'infiniband'}: "
+                        "RDMA off, NCCL falls back to sockets")
+    elif chosen is not None:
+        env["NCCL_IB_GID_INDEX"] = str(chosen.index)
+        info.append(f"NCCL_IB_GID_INDEX={chosen.index}: RoCE v2 IPv4-mapped GID of "
+                    f"device {chosen.device} port {chosen.port} ({chosen.gid})")
+        for d in other:
+            idxs = sorted({g.index for g in usable if g.device == d})
+            warnings.append(f"{d}: usable RoCE v2 IPv4 GID only at index(es) {idxs}, not "
+                            f"{chosen.index}; left out of NCCL_IB_HCA (NCCL_IB_GID_INDEX "
+                            "is one value for all devices)")
+        warnings += [f"{_why_no_gid(sc, [d])}; left out of NCCL_IB_HCA" for d in sc.devices
+                     if d not in hca_devices and d not in other]
     else:
-        usable = sc.usable()
-        ib_link = sorted({p.device for p in sc.ports
-                          if (p.link_layer or "").lower() == "infiniband"})
-        chosen = usable[0] if usable else None
-        hca_devices: list[str] = []
-        if chosen is not None:
-            env["NCCL_IB_GID_INDEX"] = str(chosen.index)
-            same_idx = {g.device for g in usable if g.index == chosen.index}
-            other = sorted({g.device for g in usable} - same_idx)
-            hca_devices = [d for d in sc.devices if d in same_idx or d in ib_link]
-            info.append(f"NCCL_IB_GID_INDEX={chosen.index}: RoCE v2 IPv4-mapped GID of "
-                        f"device {chosen.device} port {chosen.port} ({chosen.gid})")
-            for d in other:
-                idxs = sorted({g.index for g in usable if g.device == d})
-                warnings.append(f"{d}: usable RoCE v2 IPv4 GID only at index(es) {idxs}, not "
-                                f"{chosen.index}; left out of NCCL_IB_HCA (NCCL_IB_GID_INDEX "
-                                "is one value for all devices)")
-            for d in sc.devices:
-                if d not in hca_devices and d not in other:
-                    warnings.append(f"{_why_no_gid(sc, [d])}; left out of NCCL_IB_HCA")
-        else:
-            hca_devices = [d for d in sc.devices if d in ib_link]
-            if ib_link:
-                info.append(f"InfiniBand link layer on {','.join(ib_link)}: "
-                            "no GID index needed")
-            roce_devices = [d for d in sc.devices if d not in ib_link]
-            if roce_devices:
-                warnings.append(_why_no_gid(sc, roce_devices)
-                                + ": NCCL_IB_GID_INDEX not set (NCCL uses its default; "
-                                "RDMA may fail or fall back to sockets)")
-        if not hca:
-            if hca_devices:
-                env["NCCL_IB_HCA"] = ",".join(hca_devices)
-            else:
-                warnings.append("no usable RDMA device: NCCL_IB_HCA not set")
-    # an explicit override is exported even when sysfs shows nothing
-    if hca:
+        if ib_link:
+            info.append(f"InfiniBand link layer on {','.join(ib_link)}: no GID index needed")
+        roce_devices = [d for d in sc.devices if d not in ib_link]
+        if roce_devices:
+            warnings.append(_why_no_gid(sc, roce_devices)
+                            + ": NCCL_IB_GID_INDEX not set (NCCL uses its default; "
+                            "RDMA may fail or fall back to sockets)")
+    if hca:  # an explicit override is exported even when sysfs shows nothing
         env["NCCL_IB_HCA"] = hca
-
+    elif hca_devices:
+        env["NCCL_IB_HCA"] = ",".join(hca_devices)
+    elif sc.devices:
+        warnings.append("no usable RDMA device: NCCL_IB_HCA not set")
     if socket_nthreads is not None:
         env["NCCL_SOCKET_NTHREADS"] = str(int(socket_nthreads))
     if nsocks_perthread is not None:
@@ -354,10 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump({"network": kind, **res.to_json()}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        for line in res.info:
-            print(f"# {line}", file=sys.stderr)
-        for w in res.warnings:
-            print(f"# WARNING: {w}", file=sys.stderr)
+        print("\n".join([f"# {line}" for line in res.info]
+                        + [f"# WARNING: {w}" for w in res.warnings]), file=sys.stderr)
         sys.stdout.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in res.env.items()))
     return 0
 

@@ -18,7 +18,7 @@ from .local import job_processes, run_foreground, sweep
 __all__ = ["LaunchError", "Tail", "check_tool", "job_processes", "modules", "python_exe", "render", "resolve",
            "setup_block", "start", "sweep", "template"]
 
-# ----------------------------------------------------------------- dispatch
+# its get(name): an UnknownName lists the valid ones
 LAUNCHERS: Registry[ModuleType] = Registry("launcher", {
     "local": local, "mpirun": mpirun, "slurm": slurm, "runai": runai})
 
@@ -28,28 +28,21 @@ def modules() -> Registry[ModuleType]:
     return LAUNCHERS
 
 
-def _module(name: str) -> ModuleType:
-    # UnknownName lists the valid ones
-    return LAUNCHERS.get(name)
-
-
 def resolve(cfg) -> None:
     """Fill cfg.launcher's derived settings in place (cfg must be open for new keys)."""
-    mod = _module(cfg.launcher.name)
-    if hasattr(mod, "resolve"):
-        mod.resolve(cfg)
+    LAUNCHERS.get(cfg.launcher.name).resolve(cfg)
 
 
 def check_tool(cfg) -> None:
     """The launcher's own tool (sbatch, mpirun, runai) on PATH, for a real start: a LaunchError in
     one line, before any run folder or "starting" line. A dry run needs none."""
-    mod = _module(cfg.launcher.name)
+    mod = LAUNCHERS.get(cfg.launcher.name)
     if not cfg.launcher.get("dry_run") and hasattr(mod, "tool"):
         require_tool(*mod.tool(cfg))
 
 
 def render(cfg, run_dir: Path) -> Rendered:
-    return _module(cfg.launcher.name).render(cfg, run_dir)
+    return LAUNCHERS.get(cfg.launcher.name).render(cfg, run_dir)
 
 
 def start(rendered: Rendered, run_dir: Path, grace_s: float = 120.0) -> int:

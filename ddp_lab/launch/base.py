@@ -18,8 +18,7 @@ from ..config.errors import UserError
 from ..config import launchers_dir
 from ..world.ports import FIX, port_in_use
 
-# checkout or installed wheel (ddp_lab/config/__init__.py)
-TEMPLATES = launchers_dir()
+TEMPLATES = launchers_dir()  # checkout or installed wheel (ddp_lab/config/__init__.py)
 
 
 class LaunchError(UserError):
@@ -28,17 +27,12 @@ class LaunchError(UserError):
 
 @dataclass
 class Rendered:
-    # run on this machine to start the job
-    command: list[str]
-    # name -> content, into the run folder
-    files: dict[str, str] = field(default_factory=dict)
-    # which of `files` get the x bit
-    executable: tuple[str, ...] = ()
+    command: list[str]  # run on this machine to start the job
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, into the run folder
+    executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
-    # printed as `warning: ...` to stderr
-    warnings: list[str] = field(default_factory=list)
-    # start + follow; None = run `command`
-    starter: Optional[Callable[[], int]] = None
+    warnings: list[str] = field(default_factory=list)  # printed as `warning: ...` to stderr
+    starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
     # after a failed job: the launcher's own reason, when it failed before any rank could say one
     # (torchrun's rendezvous); None = the ranks' records say why
     explain: Optional[Callable[[], Optional[str]]] = None
@@ -53,7 +47,6 @@ class Rendered:
                 path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-# ------------------------------------------------------------------ helpers
 def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> None:
     """Refuse, before any process starts, a rendezvous port that is no port or is held here."""
     try:
@@ -68,9 +61,8 @@ def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> 
 
 
 def is_this_machine(host: str) -> bool:
-    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
-             socket.gethostname().split(".")[0]}
-    return host in names
+    return host in {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
+                    socket.gethostname().split(".")[0]}
 
 
 def code_dir() -> Path:
@@ -130,16 +122,14 @@ def check_container(cfg) -> None:
     lc = cfg.launcher
     if lc.runtime not in RUNTIMES:
         raise LaunchError(f"launcher.runtime={lc.runtime}: choose apptainer or singularity")
-    if lc.get("image") and "://" not in str(lc.image):
-        # one path for every node
-        lc.image = str(Path(str(lc.image)).expanduser().resolve())
+    local = lc.get("image") and "://" not in str(lc.image)
+    if local:
+        lc.image = str(Path(str(lc.image)).expanduser().resolve())  # one path for every node
     if not lc.get("image") or lc.dry_run:
         return
-    image = str(lc.image)
-    if "://" not in image:
-        if not Path(image).exists():
-            raise LaunchError(f"launcher.image={image}: no such image (a .sif file every "
-                              "node sees, or a docker:// reference)")
+    if local and not Path(lc.image).exists():
+        raise LaunchError(f"launcher.image={lc.image}: no such image (a .sif file every "
+                          "node sees, or a docker:// reference)")
     require_tool(lc.runtime, "launcher.image needs it on every node; install Apptainer, or "
                              "set launcher.runtime=singularity where that is the site's")
 
@@ -177,8 +167,7 @@ _CHECK = ("import importlib.util as u, sys\n"
 
 def python_check(py: str, fail: str = "exit 3") -> str:
     """Script lines that end the job in one line if the ranks' python cannot import their code."""
-    # no ' for bash
-    code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")
+    code = _CHECK.format(need="(" + ", ".join(f'"{m}"' for m in NEEDED) + ")")  # no ' for bash
     return ("# the ranks' python must import what they run: else one line naming what is missing\n"
             f"MISSING=$({py} -c '{code}' 2>&1) || MISSING=\"{py} did not run: $MISSING\"\n"
             'if [ -n "$MISSING" ]; then\n'
@@ -204,8 +193,7 @@ def sourced_note(path: Path, text: str, by: str) -> str:
     """What a dry run prints of a helper script that `by` sources (slurm_stop.sh, pod_stop.sh): its
     path, length and the functions its header lists."""
     lines = text.splitlines()
-    # after the shebang
-    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])
+    block = itertools.takewhile(lambda ln: ln.startswith("#"), lines[1:])  # after the shebang
     header = [ln for ln in block if ln.startswith("#   ") and ln[4:5].strip()]
     return (f"# ---- {path}: sourced by {by}, {len(lines)} lines not shown "
             f"(cat it to read it); it defines:\n" + "\n".join(header))

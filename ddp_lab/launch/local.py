@@ -16,16 +16,14 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..folder.heartbeat import mark_killed
-from ..folder.heartbeat import process_state, read_all
+from ..folder.heartbeat import mark_killed, process_state, read_all
 from ..folder.rundir import clear_stop_file, read_summary, request_stop
-from ..world.env import default_nproc, set_parent_death_signal
+from ..world.env import set_parent_death_signal
 from ..world.ports import FIX, taken
 from .base import (check_port_free, code_dir, LaunchError, python_exe, Rendered, setup_block,
     template)
 
-# torchrun's own error (TORCHELASTIC_ERROR_FILE)
-ERROR_FILE = "logs/torchrun_error.json"
+ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ERROR_FILE)
 
 
 def rendezvous_port(lc):
@@ -42,10 +40,6 @@ def resolve(cfg) -> None:
     if lc.nodes != 1:
         raise LaunchError(f"launcher=local runs on this machine only (launcher.nodes={lc.nodes}): "
                           "use launcher=slurm, mpirun or runai for several nodes")
-    if lc.nproc_per_node is None:
-        lc.nproc_per_node = default_nproc()
-    if lc.nproc_per_node < 1:
-        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
     if lc.max_restarts < 0:
         raise LaunchError(f"launcher.max_restarts={lc.max_restarts}: must be >= 0")
     port, key = rendezvous_port(lc)
@@ -67,10 +61,8 @@ def render(cfg, run_dir: Path) -> Rendered:
         code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
         error_file=shlex.quote(str(run_dir / ERROR_FILE)),
         join_timeout=max(1, int(cfg.dist.init_timeout_s)), entry=shlex.quote(cfg.run.entry))
-    path = run_dir / "launch.sh"
-    # what the script will bind (rendezvous_port)
-    used = os.environ.get("MASTER_PORT") or port
-    return Rendered(command=["bash", str(path)], files={"launch.sh": script},
+    used = os.environ.get("MASTER_PORT") or port  # what the script will bind (rendezvous_port)
+    return Rendered(command=["bash", str(run_dir / "launch.sh")], files={"launch.sh": script},
                     executable=("launch.sh",), show=script,
                     explain=lambda: rendezvous_failure(run_dir, "127.0.0.1", int(used)))
 
@@ -84,19 +76,13 @@ def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
         return None
     if not message.startswith("Rendezvous"):
         return None
-    # another program took the port after ddp_lab checked it
-    if "EADDRINUSE" in trace:
+    if "EADDRINUSE" in trace:  # another program took the port after ddp_lab checked it
         return taken(host, port)
     where = f"{host}:{port}" if port else f"{host} (a port the OS gave it)"
     return f"torchrun's rendezvous at {where} could not start ({message.split(':')[0]}): {FIX}"
 
 
 # ------------------------------------------------------------ a job run from this process
-# runs in the child between fork and exec
-def _die_with_parent() -> None:
-    set_parent_death_signal(signal.SIGTERM)
-
-
 class Foreground:
     """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only us
     and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
@@ -108,12 +94,9 @@ class Foreground:
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
                  stderr_lines: Optional[Callable[[str], None]] = None):
         self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
-        # None: the job writes to our stderr itself
-        self.stderr_lines = stderr_lines
-        # the first signal we got
-        self.signal: Optional[int] = None
-        # a second signal: no more waiting
-        self.forced = False
+        self.stderr_lines = stderr_lines  # None: the job writes to our stderr itself
+        self.signal: Optional[int] = None  # the first signal we got
+        self.forced = False  # a second signal: no more waiting
         self.deadline: Optional[float] = None
         self.proc: Optional[subprocess.Popen] = None
 
@@ -188,12 +171,12 @@ class Foreground:
             handlers = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            # what `sweep` recognises
-            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}
+            env = {**os.environ, JOB_ENV: job_mark(self.run_dir)}  # what `sweep` recognises
             piped = self.stderr_lines is not None
+            # preexec_fn runs in the child between fork and exec
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
-                                         preexec_fn=_die_with_parent, env=env,
-                                         stderr=subprocess.PIPE if piped else None)
+                                         preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
+                                         env=env, stderr=subprocess.PIPE if piped else None)
             reader = self._read_stderr() if piped else None
             while True:
                 try:
@@ -206,8 +189,7 @@ class Foreground:
                         self.forced = True
                         self.kill()
             self.settle()
-            # whatever the job wrote last (a child may hold the pipe)
-            if reader is not None:
+            if reader is not None:  # whatever the job wrote last (a child may hold the pipe)
                 reader.join(timeout=5)
         finally:
             for sig, previous in handlers.items():
@@ -228,8 +210,7 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
     if fg.signal is None:
         return rc
     if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":
-        # our stop request came too late to be read: not a request
-        clear_stop_file(fg.run_dir)
+        clear_stop_file(fg.run_dir)  # our stop request came too late to be read: not a request
         print(f"[ddp_lab] {signal.Signals(fg.signal).name} came after the last epoch: the run "
               "had completed", file=sys.stderr, flush=True)
         return 0
@@ -239,8 +220,7 @@ def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: 
 # what a process of a job runs: the ranks' entries, torchrun, a script of the run folder
 JOB_MARKERS = (b"ddp_lab.worker", b"ddp_lab.bench.worker", b"torch.distributed.run",
                b"ddp_lab.launch.torchrun")
-# set in the environment of a job `Foreground` starts
-JOB_ENV = "DDP_LAB_JOB"
+JOB_ENV = "DDP_LAB_JOB"  # set in the environment of a job `Foreground` starts
 
 
 def job_mark(run_dir: Path) -> str:

@@ -64,8 +64,7 @@ def read_hostfile(path: str, default_slots: int) -> list[str]:
         if not line:
             continue
         name, rest = (line.split(None, 1) + [""])[:2]
-        # the notebook writes `max_slots = 2`
-        rest = re.sub(r"\s*=\s*", "=", rest)
+        rest = re.sub(r"\s*=\s*", "=", rest)  # the notebook writes `max_slots = 2`
         opts = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
         slots, most = opts.get("slots"), opts.get("max_slots")
         if slots and most and slots.isdigit() and most.isdigit() and int(slots) > int(most):
@@ -92,8 +91,7 @@ def same_host(a: str, b: str) -> bool:
         return True
     try:
         return socket.gethostbyname(a) == socket.gethostbyname(b)
-    except OSError:
-        # a lab's name this machine cannot resolve: it cannot tell
+    except OSError:  # a lab's name this machine cannot resolve: it cannot tell
         return True
 
 
@@ -114,13 +112,11 @@ def resolve(cfg) -> None:
     default_slots = lc.nproc_per_node if lc.nproc_per_node is not None else default_nproc()
     if lc.hosts is not None and lc.hostfile:
         raise LaunchError("give launcher.hosts or launcher.hostfile, not both")
+    where = f"launcher.hostfile={lc.hostfile}" if lc.hostfile else "launcher.hosts"
     if lc.hostfile:
         entries = read_hostfile(lc.hostfile, default_slots)
-        where = f"launcher.hostfile={lc.hostfile}"
-    elif lc.hosts is None:
-        entries, where = [f"localhost:{default_slots}"], "launcher.hosts"
     else:
-        entries, where = list(lc.hosts), "launcher.hosts"
+        entries = [f"localhost:{default_slots}"] if lc.hosts is None else list(lc.hosts)
     if not entries:
         raise LaunchError(f"{where} lists no host: give at least one, e.g. "
                           "launcher.hosts=[localhost:2] or [red01:2,orange07:1]")
@@ -147,12 +143,8 @@ def resolve(cfg) -> None:
                           "set launcher.master_addr to this machine's name or address")
     if lc.master_port is not None and is_this_machine(master):
         check_port_free(lc.master_port)
-    lc.hosts = [f"{n}:{s}" for n, s in hosts]
-    lc.np = np
-    lc.hostfile = None
-    lc.nodes = len(hosts)
-    lc.nproc_per_node = max(s for _, s in hosts)
-    lc.master_addr = master
+    lc.hosts, lc.np, lc.hostfile = [f"{n}:{s}" for n, s in hosts], np, None
+    lc.nodes, lc.nproc_per_node, lc.master_addr = len(hosts), max(s for _, s in hosts), master
     if lc.allow_run_as_root is None:
         lc.allow_run_as_root = os.geteuid() == 0
     if lc.oversubscribe is None:
@@ -173,8 +165,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         run_dir=q_run, master_addr=shlex.quote(lc.master_addr), master_port=port,
         mpirun=shlex.quote(lc.mpirun), flags="".join(f"{f} " for f in flags), np=np_total,
         extra=extra, hosts_summary=", ".join(f"{n}:{s}" for n, s in hosts))
-    # launcher.image: under `<runtime> exec ... <image>`
-    py = ranks_python(cfg, q_run)
+    py = ranks_python(cfg, q_run)  # launcher.image: under `<runtime> exec ... <image>`
     rank_sh = template("mpi_rank.sh").format(
         setup=setup_block(lc.setup), pythonpath=pythonpath_line(),
         container=container_folders(cfg, q_run), python_check=python_check(py),
@@ -204,8 +195,7 @@ def render(cfg, run_dir: Path) -> Rendered:
                     explain=errors.reason)
 
 
-# Open MPI frames each help message with these
-RULE = re.compile(r"^-{20,}$")
+RULE = re.compile(r"^-{20,}$")  # Open MPI frames each help message with these
 DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
 # what ssh (and a shell on the far side) says when a daemon cannot start; the first group, where
 # there is one, is the host
@@ -240,26 +230,22 @@ class MpirunStderr:
 
     def __init__(self, log_path: Path, remote_hosts: list[str], out: TextIO = sys.stderr):
         self.log_path, self.remote_hosts, self.out = log_path, remote_hosts, out
-        # the help block being read, rules included
-        self.block: Optional[list[str]] = None
-        # (host or None, ssh's line)
-        self.ssh: list[tuple[Optional[str], str]] = []
+        self.block: Optional[list[str]] = None  # the help block being read, rules included
+        self.ssh: list[tuple[Optional[str], str]] = []  # (host or None, ssh's line)
         self.daemons_failed = False
         self.c10d_told = False
-        # feed runs in the reader thread, close in ours
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # feed runs in the reader thread, close in ours
 
     def _log(self, lines: list[str]) -> None:
         with open(self.log_path, "a") as f:
-            f.write("".join(ln + "\n" for ln in lines))
+            f.writelines(ln + "\n" for ln in lines)
 
     def _show(self, lines: list[str]) -> None:
         self.out.write("".join(ln + "\n" for ln in lines))
         self.out.flush()
 
     def feed(self, line: str) -> None:
-        # ssh ends its lines with \r\n
-        line = line.rstrip("\r\n")
+        line = line.rstrip("\r\n")  # ssh ends its lines with \r\n
         with self.lock:
             if self.block is not None:
                 self.block.append(line)
@@ -282,11 +268,9 @@ class MpirunStderr:
         block, self.block = self.block or [], None
         self._log(block)
         if any(DAEMONS_FAILED in ln for ln in block):
-            # said in one line by `close`
-            self.daemons_failed = True
+            self.daemons_failed = True  # said in one line by `close`
         else:
-            # another of Open MPI's messages: shown as it was
-            self._show(block)
+            self._show(block)  # another of Open MPI's messages: shown as it was
 
     def reason(self) -> Optional[str]:
         """`mpirun could not start its daemon on HOST over ssh (ssh's words)`, or None when the
@@ -309,8 +293,7 @@ class MpirunStderr:
             if self.block is not None:
                 self._end_block()
             why = self.reason()
-            # the fix's `ssh HOST true`: the host ssh named, else the only remote one
-            if why:
+            if why:  # the fix's `ssh HOST true`: the host ssh named, else the only remote one
                 host = next((h for h, _ in self.ssh if h),
                             self.remote_hosts[0] if len(self.remote_hosts) == 1 else "HOST")
                 self._show([f"[ddp_lab] {why}: {FIX.format(host=host)}; Open MPI's message: "

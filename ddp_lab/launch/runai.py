@@ -43,8 +43,6 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0")
     if lc.nproc_per_node is None:
         lc.nproc_per_node = lc.gpus_per_node or 2
-    if lc.nproc_per_node < 1:
-        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node}: must be >= 1")
     if lc.gpus_per_node and lc.nproc_per_node > lc.gpus_per_node and cfg.dist.device != "cpu":
         raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node} > launcher.gpus_per_node="
                           f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses)")
@@ -106,17 +104,14 @@ def submit_command(cfg, run_dir: Path) -> list[str]:
             # RunAI adds the master pod itself
             "--workers", str(lc.nodes - 1),
             "--gpu", str(lc.gpus_per_node)]
-    for v in lc.pvc:
-        cmd += ["--pvc", str(v)]
-    for k, v in lc.env.items():
-        cmd += ["-e", f"{k}={v}"]
+    cmd += [word for v in lc.pvc for word in ("--pvc", str(v))]
+    cmd += [word for k, v in lc.env.items() for word in ("-e", f"{k}={v}")]
     if lc.large_shm:
         cmd.append("--large-shm")
-    # RoCE: the secondary network and the RDMA device of the node
-    if lc.rdma:
+    if lc.rdma:  # RoCE: the secondary network and the RDMA device of the node
         cmd += ["--annotation", lc.rdma_annotation, "--extended-resource", lc.rdma_resource]
     cmd += [str(a) for a in lc.extra_args]
-    # --command: run our script instead of appending it to the image's entry point
+    # --command: our script, not appended to the image's entry point
     cmd += ["--command", "--", "bash", str(run_dir / "pod.sh")]
     return cmd
 
@@ -161,8 +156,7 @@ def render(cfg, run_dir: Path) -> Rendered:
                  "# ddp_lab's RunAI submission (launcher=runai); every pod runs pod.sh beside it: on a PVC\n"
                  f"set -euo pipefail\n{pretty}\n")
     pod, stop = pod_script(cfg, run_dir)
-    # only a dry run gets here without one (resolve)
-    warnings = [] if lc.image else [
+    warnings = [] if lc.image else [  # only a dry run gets here without one (resolve)
         "launcher.image is not set: add launcher.image=<registry/image:tag>"]
     show = (f"# ---- runai_submit.sh\n{submit_sh.rstrip()}\n# ---- pod.sh\n{pod.rstrip()}\n"
             f"{sourced_note(run_dir / 'pod_stop.sh', stop, 'pod.sh')}\n")
@@ -195,13 +189,12 @@ def _pairs(cmd: list[str]) -> list[str]:
 def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int:
     lc = cfg.launcher
     try:
-        require_tool("runai", "install the RunAI CLI and `runai login`")
+        require_tool(*tool(cfg))
     except LaunchError as e:
         print(submit_sh.rstrip())
         raise LaunchError(f"{e}; the command above was not run (it is also in "
                           f"{run_dir / 'runai_submit.sh'})") from None
-    # a reused run folder: start afresh
-    for old in (run_dir / "logs").glob("pod*.exit"):
+    for old in (run_dir / "logs").glob("pod*.exit"):  # a reused run folder: start afresh
         old.unlink()
     res = subprocess.run(cmd)
     if res.returncode != 0:
@@ -257,8 +250,7 @@ def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int
     stop = graceful_stop(run_dir, codes)
     if stop is not None:
         print(f"[runai] job {name}: {stop}", flush=True)
-        # not a failure: summary.json says preempted/stopped, the CLI reports it
-        return 0
+        return 0  # not a failure: summary.json says preempted/stopped, the CLI reports it
     rc = next((c for c in codes.values() if c != 0), 0)
     if rc != 0:
         bad = [logs / f"{k}.log" for k, v in codes.items() if v != 0]

@@ -28,8 +28,6 @@ from .base import (check_container, container_folders, diagnose, LaunchError, py
     python_exe, pythonpath_line, ranks_python, Rendered, require_tool, setup_block, should_wait,
     sourced_note, store_line, Tail, template)
 
-# the rendered job's submit and follow
-
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
 _OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
 
@@ -48,23 +46,12 @@ def duration_s(key: str, value) -> Optional[int]:
     if not m:
         raise LaunchError(f"{key}={value}: not a duration; use {DURATION_FORMATS}, "
                           f"e.g. {key}=01:30:00 or {key}=1-00:00:00")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        seconds = ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
-    elif b is None:  # MM
-        seconds = int(a) * 60
-    elif c is None:  # MM:SS
-        seconds = int(a) * 60 + int(b)
-    else:  # HH:MM:SS
-        seconds = (int(a) * 60 + int(b)) * 60 + int(c)
+    days, *rest = m.groups()
+    parts = [int(x) for x in rest if x is not None]
+    # D-HH[:MM[:SS]] and HH:MM:SS count hours first; MM and MM:SS, minutes
+    units = (3600, 60, 1) if days is not None or len(parts) == 3 else (60, 1)
+    seconds = int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
     return seconds or None  # 0: SLURM imposes no limit
-
-
-def stop_lead_s(limit_s: Optional[int]) -> int:
-    """launcher.signal_s when it is null: a quarter of the time limit, at most 120 s, so a short
-    job (a course's `--time 00:02:00`) stops once, near its end. SLURM may signal up to 60 s
-    earlier than asked (sbatch --signal), never later."""
-    return 120 if limit_s is None else min(120, limit_s // 4)
 
 
 def tool(cfg) -> tuple[str, str]:
@@ -75,8 +62,6 @@ def tool(cfg) -> tuple[str, str]:
 def resolve(cfg) -> None:
     lc = cfg.launcher
     check_container(cfg)
-    if lc.nodes < 1:
-        raise LaunchError(f"launcher.nodes={lc.nodes}: must be >= 1")
     if lc.gpus_per_node is not None and lc.gpus_per_node < 0:
         raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0 (or null)")
     nproc = lc.nproc_per_node
@@ -98,14 +83,11 @@ def resolve(cfg) -> None:
             f"{lc.ntasks_per_node} instead, or launcher.per_task=true for one task per process")
     if nproc is None:
         nproc = lc.gpus_per_node or 2
-    if nproc < 1:
-        raise LaunchError(f"launcher.nproc_per_node={nproc}: must be >= 1")
     if lc.gpus_per_node and nproc > lc.gpus_per_node and cfg.dist.device != "cpu":
         raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
                           f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
                           "lower nproc_per_node, or set dist.device=cpu")
-    lc.nproc_per_node = nproc
-    lc.ntasks_per_node = nproc if lc.per_task else 1
+    lc.nproc_per_node, lc.ntasks_per_node = nproc, nproc if lc.per_task else 1
     if lc.rdzv not in ("c10d", "static"):
         raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
     if lc.rdzv == "static" and lc.max_restarts:
@@ -131,13 +113,14 @@ def resolve(cfg) -> None:
                           ">= 0 (0: no signal; null: a quarter of launcher.time, at most 120)")
     if lc.max_requeues < 0:
         raise LaunchError(f"launcher.max_requeues={lc.max_requeues}: must be >= 0")
-    # also a rule of command/validate.py
-    limit = duration_s("launcher.time", lc.time)
+    limit = duration_s("launcher.time", lc.time)  # also a rule of command/validate.py
     # a benchmark: no checkpoint to stop at, nothing to resume
     if "train" not in cfg:
         lc.signal_s, lc.requeue = 0, False
     elif lc.signal_s is None:
-        lc.signal_s = stop_lead_s(limit)
+        # a quarter of the time limit, at most 120 s, so a short job (a course's --time 00:02:00)
+        # stops once, near its end; SLURM may signal up to 60 s earlier than asked, never later
+        lc.signal_s = 120 if limit is None else min(120, limit // 4)
     if lc.signal_s and limit is not None and lc.signal_s >= limit:
         raise LaunchError(f"launcher.signal_s={lc.signal_s} >= launcher.time={lc.time} "
                           f"({limit} s): the stop signal would come before the job starts; "
@@ -147,22 +130,16 @@ def resolve(cfg) -> None:
 def sbatch_lines(cfg, run_dir: Path) -> list[str]:
     lc = cfg.launcher
     opts = [f"--job-name={lc.job_name}"]
-    opts += [f"--{k}={v}" for k, v in (("account", lc.account), ("partition", lc.partition),
-                                        ("qos", lc.qos)) if v]
-    opts += [f"--nodes={lc.nodes}", f"--ntasks-per-node={lc.ntasks_per_node}"]
-    if lc.gpus_per_node:
-        opts.append(f"--gpus-per-node={lc.gpus_per_node}")
-    if lc.cpus_per_task:
-        opts.append(f"--cpus-per-task={lc.cpus_per_task}")
+    opts += [f"--{k}={v}" for k, v in (
+        ("account", lc.account), ("partition", lc.partition), ("qos", lc.qos), ("nodes", lc.nodes),
+        ("ntasks-per-node", lc.ntasks_per_node), ("gpus-per-node", lc.gpus_per_node),
+        ("cpus-per-task", lc.cpus_per_task)) if v]
     opts += [f"--time={lc.time}",
              f"--output={run_dir}/logs/{lc.output}.out", f"--error={run_dir}/logs/{lc.output}.err"]
-    # B: the batch shell only; its trap writes the stop file (torchrun
-    if lc.signal_s:
-        # would die of USR2's default action)
+    if lc.signal_s:  # B: the batch shell alone, whose trap writes the stop file (torchrun dies)
         opts.append(f"--signal=B:USR2@{lc.signal_s}")
     opts.append("--requeue" if lc.requeue else "--no-requeue")
-    # a requeued job appends to the same logs
-    opts.append("--open-mode=append")
+    opts.append("--open-mode=append")  # a requeued job appends to the same logs
     if lc.environment:
         opts.append(f"--environment={lc.environment}")
     if lc.contiguous:
@@ -174,8 +151,7 @@ def sbatch_lines(cfg, run_dir: Path) -> list[str]:
                               "option such as --mem=0")
         opts.append(extra)
     lines = [f"#SBATCH {o}" for o in opts]
-    # a dry run of a container site
-    if not lc.environment and "environment" in lc.required:
+    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
         lines.append("##SBATCH --environment=<EDF .toml>  # launcher.environment: required to "
                      "submit (docs/launchers.md, Containers)")
     return lines
@@ -186,18 +162,15 @@ def launch_block(cfg, nnodes: str = "$SLURM_JOB_NUM_NODES", rdzv_id: str = "$SLU
     """The srun line that starts the ranks of "$RUN_DIR" (one torchrun per node, or one task per
     process); a study's job step passes `nnodes`, the rendezvous id and srun's `step`."""
     lc = cfg.launcher
-    # launcher.image: under `<runtime> exec ... <image>`
-    py = ranks_python(cfg, "$RUN_DIR")
-    # the module every rank runs (ddp_lab.worker, ...)
-    entry = shlex.quote(cfg.run.entry)
+    py = ranks_python(cfg, "$RUN_DIR")  # launcher.image: under `<runtime> exec ... <image>`
+    entry = shlex.quote(cfg.run.entry)  # the module every rank runs (ddp_lab.worker, ...)
     # the whole allocation, sized from the allocation itself: srun would take
     if not step:
         # the task count from SLURM_NTASKS, which a requeued job keeps from its submission even
         # when it comes back on fewer nodes (`scontrol update JobId=.. NumNodes=1`)
         step = [f"--ntasks=$(({nnodes} * NPROC_PER_NODE))" if lc.per_task else f"--ntasks={nnodes}"]
     srun = ["srun", "--kill-on-bad-exit=1", *step]
-    if lc.cpus_per_task:
-        # since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch
+    if lc.cpus_per_task:  # since Slurm 22.05 srun no longer inherits it from sbatch
         srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
     srun += [shlex.quote(str(a)) for a in lc.srun_extra]
     if lc.per_task:
@@ -273,8 +246,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     show = (f"{script.rstrip()}\n# submit with: {' '.join(command)}\n"
             f"{sourced_note(run_dir / 'slurm_stop.sh', stop, 'job.sbatch')}\n")
     warnings = []
-    # a dry run of a container site
-    if not lc.environment and "environment" in lc.required:
+    if not lc.environment and "environment" in lc.required:  # a dry run of a container site
         warnings.append("launcher.environment is not set: this site needs one to submit "
                         "(launcher.environment=<EDF .toml>, docs/launchers.md, Containers)")
     return Rendered(command=command, files={"job.sbatch": script, "slurm_stop.sh": stop},
@@ -376,9 +348,8 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     NODE_FAIL (or any end just after a requeue) is final after `settle_s`."""
     tails = [Tail(out, sys.stdout), Tail(err, sys.stderr)]
     t0 = time.monotonic()
-    last, restarts, unknown, since, requeued_at = None, None, 0, None, None
-    completing = None
-    state = code = ""
+    last = restarts = since = requeued_at = completing = None
+    unknown, state, code = 0, "", ""
     try:
         while True:
             info = job_info(job_id)
@@ -391,8 +362,7 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                 if restarts is not None and int(n) > restarts:
                     print(f"[slurm] job {job_id} requeued (restart {n}): it continues from "
                           "its checkpoint when it runs again", flush=True)
-                    # show the state again, even when it did not change
-                    last = None
+                    last = None  # show the state again, even when it did not change
                     requeued_at = time.monotonic()
                 restarts = int(n)
             final = state in TERMINAL or state == "GONE"
@@ -413,14 +383,12 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
                 since = None
             shown = (state, reason if state == "PENDING" else "")
             if state == "PENDING" and reason in ("", "None") and last and last[0] == "PENDING":
-                # a reason that clears is no news
-                shown = last
+                shown = last  # a reason that clears is no news
             if shown != last and state not in ("UNKNOWN", "GONE") and not final:
                 why = f" ({reason})" if reason and reason != "None" and (
                     state == "PENDING" or state in MAYBE_REQUEUED) else ""
-                hint = HINTS.get(reason, "").format(j=job_id)
-                if state == "REQUEUE_HOLD":
-                    hint = HINTS["JobHeldUser"].format(j=job_id)
+                hint = HINTS.get("JobHeldUser" if state == "REQUEUE_HOLD" else reason, "")
+                hint = hint.format(j=job_id)
                 print(f"[slurm] job {job_id} {state}{why}" + (f": {hint}" if hint else ""),
                       flush=True)
                 last = shown
@@ -441,8 +409,7 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
         print(f"\n[slurm] stopped following; job {job_id} keeps running "
               f"(scancel {job_id} stops it)", file=sys.stderr)
         return 130
-    # slurmd may still be flushing the job's output
-    time.sleep(min(poll_s, 1.0))
+    time.sleep(min(poll_s, 1.0))  # slurmd may still be flushing the job's output
     for t in tails:
         t.poll(final=True)
     if state == "GONE":
@@ -455,8 +422,7 @@ def follow(job_id: str, out: Path, err: Path, timeout_s: Optional[float], poll_s
     if state == "COMPLETING":
         print(f"[slurm] job {job_id} has ended; SLURM still cleans up on a node that does not "
               f"answer (squeue -j {job_id} shows it until then)", flush=True)
-    # the batch shell: stopped with a checkpoint, not requeued
-    if rc == EXIT_STOPPED:
+    if rc == EXIT_STOPPED:  # the batch shell: stopped with a checkpoint, not requeued
         print(f"[slurm] job {job_id} stopped with a checkpoint and was not requeued (its log "
               f"says why): `sbatch` its job.sbatch again to continue", file=sys.stderr)
     elif rc != 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -18,13 +19,11 @@ from pathlib import Path
 from ..world import cpu
 from ..world.env import keep_handlers
 
-# the entries this torchrun may fork ranks of, with what each imports
-# first, once here (torch, torch._dynamo: ~5 s of CPU a rank;
-# docs/performance.md)
+# the entries this torchrun may fork ranks of, with what each imports first, once here (torch,
+# torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
 FORK_PRELOAD = {"ddp_lab.worker": ("torch._dynamo", "ddp_lab.train", "ddp_lab.rank.checkpoint"),
                 "ddp_lab.bench.worker": ("torch._dynamo", "ddp_lab.bench.harness")}
-# "1": never fork, ranks start as on a GPU
-FRESH_RANKS = "DDP_LAB_FRESH_RANKS"
+FRESH_RANKS = "DDP_LAB_FRESH_RANKS"  # "1": never fork, ranks start as on a GPU
 
 
 def fork_ranks(args) -> bool:
@@ -75,8 +74,7 @@ def _return_on_exit_0() -> None:
             return None
 
     run_script_path.returns_on_exit_0 = True  # type: ignore[attr-defined]
-    # read by torchrun's config_from_args
-    torchrun.run_script_path = run_script_path
+    torchrun.run_script_path = run_script_path  # read by torchrun's config_from_args
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:
@@ -95,22 +93,15 @@ def one_line(e: BaseException, entry: str, forked: bool = False) -> str:
                else f"exit code {first.exitcode}")
         if forked:
             return f"{entry} failed: rank {rank} ended with {how} (the first exit torchrun saw)"
-        return (f"{entry} failed: rank {rank} first ({how}), "
-                f"{len(failures)} process(es) in all")
+        return f"{entry} failed: rank {rank} first ({how}), {len(failures)} process(es) in all"
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def nproc_per_node(args: list[str]) -> int:
     """torchrun's --nproc-per-node among `args`, before torch loads; 1 if absent or no number."""
-    for i, a in enumerate(args):
-        for flag in ("--nproc-per-node", "--nproc_per_node"):
-            if a == flag and i + 1 < len(args):
-                a = f"{flag}={args[i + 1]}"
-            if a.startswith(flag + "="):
-                value = a.split("=", 1)[1]
-                return int(value) if value.isdigit() else 1
-    return 1
+    found = re.search(r"(?:^| )--nproc(?:-per-|_per_)node[= ](\S*)", " ".join(args))
+    return int(found.group(1)) if found and found.group(1).isdigit() else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,13 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
     # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")
-    # torch loads only in the job, not at import
-    from torch.distributed import run as torchrun
+    from torch.distributed import run as torchrun  # torch loads only in the job, not at import
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parsed = torchrun.parse_args(args)
-    # the module the ranks run: how failures name them
-    entry = parsed.training_script
+    entry = parsed.training_script  # the module the ranks run: how failures name them
 
     # appended: a restart or `bash launch.sh` again adds to it
     with open(path, "a") as log:
@@ -150,16 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             # nothing buffered here may be written again by the forks
             sys.stdout.flush()
             sys.stderr.flush()
-            # torchrun's main: its own error goes to its file
-            record(torchrun.run)(parsed)
-        except Exception as e:
-            # ChildFailedError, SignalException, a rendezvous error, ...
+            record(torchrun.run)(parsed)  # torchrun's main: its own error goes to its file
+        except Exception as e:  # ChildFailedError, SignalException, a rendezvous error, ...
             traceback.print_exc(file=log)
             log.flush()
             print(f"[torchrun] {one_line(e, entry, forked)}; torchrun's traceback: {path}",
                   file=sys.stderr, flush=True)
-            # what torchrun exits with when its main raises
-            return 1
+            return 1  # what torchrun exits with when its main raises
     return 0
 
 

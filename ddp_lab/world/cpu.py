@@ -12,21 +12,15 @@ import time
 from dataclasses import dataclass
 from typing import MutableMapping, Optional
 
-# the launcher's choice for its ranks
-THREADS_VAR = "DDP_LAB_THREADS"
-WHY_VAR = "DDP_LAB_THREADS_WHY"
+THREADS_VAR, WHY_VAR = "DDP_LAB_THREADS", "DDP_LAB_THREADS_WHY"  # the launcher's choice
 USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 @dataclass(frozen=True)
 class CpuShare:
-    threads: int
-    """torch threads per rank"""
-    spin: bool
-    """threads spin a moment before sleeping (libgomp's default), else
-    sleep at once"""
-    why: str
-    """in words, for the run's first line and summary.json"""
+    threads: int  # torch threads per rank
+    spin: bool  # threads spin a moment before sleeping (libgomp's default), else sleep at once
+    why: str  # in words, for the run's first line and summary.json
 
 
 def cores() -> int:
@@ -49,8 +43,7 @@ def busy_cores(window_s: float = 0.2) -> Optional[float]:
                 name, *fields = line.split()
                 if name.startswith("cpu") and name[3:].isdigit():
                     ticks = [int(x) for x in fields[:8]]
-                    # idle + iowait
-                    idle = ticks[3] + ticks[4]
+                    idle = ticks[3] + ticks[4]  # idle + iowait
                     out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
         return out
     try:
@@ -108,12 +101,12 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
 
 @dataclass
 class RankThreads:
-    """This rank's torch threads, why, and whether `tune_threads` may
-    lower them (run_rank makes it, the rank's DistContext holds it)."""
+    """This rank's torch threads, why, and whether `tune_threads` may lower them (run_rank makes
+    it, the rank's DistContext holds it)."""
+
     threads: int
     why: str
     tunable: bool
-
 
 
 def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
@@ -128,9 +121,8 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
         return RankThreads(earlier, "as when the run started", False)
     if env.get(THREADS_VAR, "").isdigit():
         return RankThreads(int(env[THREADS_VAR]), env.get(WHY_VAR, "the launcher's choice"), True)
-    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores",
-                       # no launcher looked: as before, and not timed
-                       False)
+    # no launcher looked: as before, and not timed
+    return RankThreads(equal_share(local_ranks), f"an equal share of {cores()} cores", False)
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:

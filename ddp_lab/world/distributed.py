@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,24 +12,18 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from . import cpu, fingerprint, torch_support
 from .hang import Watchdog, enable_flight_recorder
-from . import fingerprint
-from . import cpu, torch_support
 from ..config import device_type
 from .cpu import RankThreads
 from .env import DistEnv
-
-log = logging.getLogger("ddp_lab")
-
 
 class Heartbeat(Protocol):
     """Where this rank is, for the other ranks, the launcher and status
     (its record: ddp_lab/folder/heartbeat.py)."""
 
     def collective(self, op: str = "") -> None: ...
-
     def follow(self, timer: Any = None, comm: Any = None) -> None: ...
-
     def at(self, epoch: int, step: int) -> None: ...
 
 
@@ -77,8 +70,7 @@ class DistContext:
         return torch.tensor([float(v) for v in values], dtype=dtype, device=self.device)
 
     def reduce_floats(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """`values` reduced element-wise over all ranks; op: sum | mean
-        | max | min."""
+        """`values` reduced element-wise over all ranks; op: sum | mean | max | min."""
         if op not in _REDUCE_OPS:
             raise ValueError(f"reduce op {op!r}: choose {', '.join(_REDUCE_OPS)}")
         t = self._tensor(values)
@@ -86,8 +78,7 @@ class DistContext:
             self._entering("all_reduce")
             dist.all_reduce(t, op=_REDUCE_OPS[op])
             if op == "mean":
-                # ReduceOp.AVG exists on nccl only
-                t /= dist.get_world_size()
+                t /= dist.get_world_size()  # ReduceOp.AVG exists on nccl only
         return t.tolist()
 
     def reduce_float(self, value: float, op: str = "sum") -> float:
@@ -160,10 +151,8 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     be = choose_backend(dev, backend)
     kwargs = {}
     if be == "nccl":
-        # torch >= 2.3
-        if torch_support.accepts(dist.init_process_group, "device_id"):
-            # binds the communicator to this GPU eagerly
-            kwargs["device_id"] = dev
+        if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
+            kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
         else:
             torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
                                  f"first collective (torch {torch_support.version()} has no "
@@ -195,8 +184,7 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
 def set_timeout(timeout_s: float) -> bool:
     """The default group's timeout for every later collective (torch >= 2.9: dist.set_timeout; 2.3
     to 2.8: _set_pg_timeout). False on torch 2.2: the init timeout stays."""
-    # lazy: torch < 2.9's private module
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.distributed_c10d as c10d  # lazy: torch < 2.9's private module
 
     setter = getattr(dist, "set_timeout", None) or getattr(c10d, "_set_pg_timeout", None)
     if setter is None:

@@ -1,16 +1,14 @@
 """Who am I? Rank, local rank, world size, node rank and master address, from any launcher.
 
-`detect_env` reads the variables of torchrun (TORCHELASTIC_RUN_ID marks it), srun (SLURM_PROCID,
+`detect_env` reads the variables of torchrun (RANK, LOCAL_RANK, WORLD_SIZE), srun (SLURM_PROCID,
 ...; master = first host of SLURM_JOB_NODELIST), Open MPI's mpirun (OMPI_COMM_WORLD_*, the node
 from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow pods (PET_NNODES, PET_NODE_RANK), in
-that order (docs/launchers.md, "What every launcher shares"). An inconsistent set raises `EnvError`
-naming the variable and the fix. The same variables name the job around the rank (`allocation`) and
-its start (`startup_s`).
+that order (docs/launchers.md, "What every launcher shares"); an inconsistent set raises `EnvError`.
+The same variables name the job around the rank (`allocation`) and its start (`startup_s`).
 
-And what this process runs on and with, torch-free: the GPUs its machine shows (`local_gpus`, asked
-without importing torch where it has none), death with its parent, and the signal handlers
-torchrun's agent takes over: the agent (ddp_lab/launch/torchrun.py) keeps this process's handlers
-of AGENT_SIGNALS before it installs its own (`keep_handlers`); a rank forked from it takes them back
+And, torch-free: the GPUs this machine shows (`local_gpus`), death with the parent, and the signal
+handlers torchrun's agent takes over: the agent (ddp_lab/launch/torchrun.py) keeps this process's
+(`keep_handlers`) before it installs its own; a rank forked from it takes them back
 (`restore_handlers`, ddp_lab/rank/main.py).
 """
 
@@ -25,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
+
 
 class EnvError(ValueError):
     """The launcher's variables do not describe a valid distributed world."""
@@ -71,17 +70,9 @@ def first_slurm_host(nodelist: str) -> str:
     if not nodelist:
         raise EnvError("SLURM_JOB_NODELIST is empty")
     # the first comma that is not inside brackets ends the first entry
-    depth = 0
-    for i, ch in enumerate(nodelist):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            nodelist = nodelist[:i]
-            break
+    first = re.match(r"(?:[^,\[]|\[[^\]]*\]?)*", nodelist).group(0)
     # every bracket range contributes its first value: rack[1-2]-n[3-4] -> rack1-n3
-    return re.sub(r"\[([^\]]+)\]", lambda m: m.group(1).split(",")[0].split("-")[0], nodelist)
+    return re.sub(r"\[([^\]]+)\]", lambda m: m.group(1).split(",")[0].split("-")[0], first)
 
 
 def _slurm_tasks_per_node(env: Mapping[str, str], node_rank: int) -> Optional[int]:
@@ -235,8 +226,7 @@ def allocation(environ=None) -> dict:
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
         return {"job_id": env["SLURM_JOB_ID"], "restart": int(env.get("SLURM_RESTART_COUNT") or 0)}
-    # set by the launchers that have no scheduler id
-    job = env.get("DDP_LAB_JOB_ID")
+    job = env.get("DDP_LAB_JOB_ID")  # set by the launchers that have no scheduler id
     return {"job_id": job or None, "restart": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)}
 
 
@@ -270,10 +260,8 @@ def default_nproc() -> int:
     return local_gpus() or 2
 
 
-AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT,
-                 signal.SIGHUP, signal.SIGQUIT)
-# the handlers this process had before torchrun's agent took them
-_before_agent: dict = {}
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_before_agent: dict = {}  # the handlers this process had before torchrun's agent took them
 
 
 def keep_handlers() -> None:
@@ -292,7 +280,6 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     """Linux: get `sig` when the parent process dies (torchrun SIGKILLed). False elsewhere."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        # PR_SET_PDEATHSIG = 1
-        return libc.prctl(1, int(sig), 0, 0, 0) == 0
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return False

@@ -34,26 +34,21 @@ NOT_IN_ID = {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "TORCH_FR_DUM
 ID_FIELDS = ("cpu", "gpu", "backend", "torch", "nccl", "nccl_network", "link", "env")
 
 _VIA = re.compile(r"\bvia (NET/[A-Za-z0-9_]+|[A-Za-z0-9]+)")
-# IB, Socket, AWS Libfabric
-_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")  # IB, Socket, AWS Libfabric
 _NET_DEVICES = re.compile(r"NCCL INFO (NET/[A-Za-z0-9_]+) ?: Using (.+)$")
 
 
 # ------------------------------------------------------------------ NCCL's INFO lines
-def nccl_debug_env(run_dir: Path) -> dict[str, str]:
-    """NCCL_DEBUG=INFO into RUN_DIR/logs/nccl.<host>.<pid>.log (INIT, NET and ENV lines)."""
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
-            "NCCL_DEBUG_FILE": str(Path(run_dir) / "logs" / "nccl.%h.%p.log")}
-
-
 def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
-    """Set `nccl_debug_env` in `environ` (os.environ) before init_process_group. False (and nothing
-    set) when the user chose NCCL_DEBUG themselves: their choice stands."""
+    """NCCL_DEBUG=INFO (INIT, NET and ENV lines) into RUN_DIR/logs/nccl.<host>.<pid>.log, set in
+    `environ` (os.environ) before init_process_group. False (and nothing set) when the user chose
+    NCCL_DEBUG themselves: their choice stands."""
     environ = os.environ if environ is None else environ
     if environ.get("NCCL_DEBUG"):
         return False
     (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-    environ.update(nccl_debug_env(run_dir))
+    environ.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
+                    "NCCL_DEBUG_FILE": str(Path(run_dir) / "logs" / "nccl.%h.%p.log")})
     return True
 
 
@@ -64,16 +59,12 @@ def parse_nccl_info(lines: Iterable[str]) -> dict[str, Any]:
     for line in lines:
         if "NCCL INFO" not in line:
             continue
-        m = _NETWORK.search(line)
-        if m:
+        if m := _NETWORK.search(line):
             network = m.group(1)
-        m = _NET_DEVICES.search(line.rstrip())
-        if m:
+        if m := _NET_DEVICES.search(line.rstrip()):
             devices[m.group(1)] = m.group(2).strip()
-        if " Channel " in line:
-            m = _VIA.search(line)
-            if m:
-                conns[m.group(1)] = conns.get(m.group(1), 0) + 1
+        if " Channel " in line and (m := _VIA.search(line)):
+            conns[m.group(1)] = conns.get(m.group(1), 0) + 1
     return {"network": network, "net_devices": devices.get(f"NET/{network}") if network else None,
             "connections": dict(sorted(conns.items()))}
 
@@ -149,13 +140,11 @@ def chosen_iface(environ: Mapping[str, str]) -> Optional[str]:
 
 def uplink(environ: Mapping[str, str]) -> Optional[str]:
     """The interface this node reaches other nodes through (see the module docstring)."""
-    chosen = chosen_iface(environ)
-    if chosen:
+    if chosen := chosen_iface(environ):
         return chosen
     address = host_address()
     if address and not address.startswith("127."):
-        name = iface_with_address(_json_of("ip", "-j", "addr", "show"), address)
-        if name:
+        if name := iface_with_address(_json_of("ip", "-j", "addr", "show"), address):
             return name
     routes = _json_of("ip", "-j", "route", "show", "default") or []
     return routes[0].get("dev") if routes else None
@@ -211,14 +200,14 @@ def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
             if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
 
 
-def _versions(backend: str) -> dict[str, Any]:
+def _versions() -> dict[str, Any]:
     # lazy, as in `collect`: the report compares fingerprints without torch
     import torch
     import torch.distributed as dist
 
     nccl = None
+    # a CPU-only build has no NCCL; a CUDA build without a GPU still reports it
     if dist.is_available() and dist.is_nccl_available():
-        # a CPU-only build has no NCCL; a CUDA build without a GPU still reports it
         try:
             v = torch.cuda.nccl.version()
             nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -239,7 +228,7 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     return {
         "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cores(), "gpu": gpu,
-        **_versions(backend),
+        **_versions(),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),
         "link": link(environ),

@@ -27,11 +27,9 @@ def flight_recorder_env(run_dir: Path, buffer_size: int = 2000,
     folder = Path(run_dir) / "flight_recorder"
     folder.mkdir(parents=True, exist_ok=True)
     values = {"buffer": str(buffer_size), "dump": str(folder / "rank_")}
-    env = {}
-    for kind, (now, before, since) in FLIGHT_RECORDER_NAMES.items():
-        env[now if version >= since else before] = values[kind]
-    env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-    return env
+    env = {now if version >= since else before: values[kind]
+           for kind, (now, before, since) in FLIGHT_RECORDER_NAMES.items()}
+    return {**env, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def enable_flight_recorder(run_dir: Path, environ: Optional[dict] = None,
@@ -70,4 +68,3 @@ class Watchdog:
 
             faulthandler.cancel_dump_traceback_later()
             self.armed = False
-

@@ -11,10 +11,8 @@ import socket
 
 WILDCARD = "0.0.0.0"  # where the store binds
 PROBE_S = 2.0  # how long `answers` waits for a node's reply
-# "discard": any port will do, a live node answers even where nothing listens
-PROBE_PORT = 9
-# free_port draws from here up to the ephemeral range: clear of well-known ports
-LOW = 20000
+PROBE_PORT = 9  # "discard": any port will do, a live node answers even where nothing listens
+LOW = 20000  # free_port draws from here up to the ephemeral range: clear of well-known ports
 FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 

@@ -19,13 +19,10 @@ from .env import hostname
 
 @dataclass(frozen=True)
 class Topology:
-    # global ranks of each node, nodes in order
-    nodes: tuple[tuple[int, ...], ...]
+    nodes: tuple[tuple[int, ...], ...]  # global ranks of each node, nodes in order
     hosts: tuple[str, ...]  # host name of each rank
-    # nodes come from a node_size setting, not from the launcher
-    simulated: bool = False
-    # that setting's key, for describe()
-    simulated_by: str = "bench.node_size"
+    simulated: bool = False  # nodes come from a node_size setting, not from the launcher
+    simulated_by: str = "bench.node_size"  # that setting's key, for describe()
 
     @property
     def world_size(self) -> int:
@@ -74,8 +71,7 @@ def detect_topology(ctx: DistContext, node_size: int = 0,
                     key: str = "bench.node_size") -> Topology:
     """Collective: every rank's node (`rank // node_size` when simulating) and host."""
     table = ctx.gather_objects((ctx.env.node_rank, hostname()))
-    hosts = [h for _, h in table]
-    # one table row per rank of the process group
+    hosts = [h for _, h in table]  # one table row per rank of the process group
     if node_size > 0:
         return topology_from_table([r // node_size for r in range(len(table))], hosts, True, key)
     return topology_from_table([n for n, _ in table], hosts)
@@ -87,10 +83,8 @@ class GroupSet:
 
     kind: str
     members: list[tuple[int, ...]]
-    # ProcessGroup per member list (None = the default group)
-    handles: list
-    # index of this rank's group in `members`; None: in none (leaders)
-    mine: Optional[int]
+    handles: list  # ProcessGroup per member list (None = the default group)
+    mine: Optional[int]  # index of this rank's group in `members`; None: in none (leaders)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -113,14 +107,10 @@ def build_groups(topo: Topology, kinds: list[str], rank: int) -> dict[str, Group
         members = topo.groups(kind)
         handles = []
         for ranks in members:
-            if kind == "global" or len(ranks) == topo.world_size:
-                # the default group: no new communicator needed
+            # the default group needs no new communicator; a group of one is never used
+            if kind == "global" or len(ranks) in (1, topo.world_size):
                 handles.append(None)
-            elif len(ranks) == 1:
-                # nothing to communicate; never used
-                handles.append(None)
-            else:
-                # load-bearing: called by every rank, for every group, in the same order
+            else:  # load-bearing: called by every rank, for every group, in the same order
                 handles.append(dist.new_group(list(ranks)))
         mine = next((i for i, m in enumerate(members) if rank in m), None)
         out[kind] = GroupSet(kind, members, handles, mine)

@@ -7,9 +7,9 @@ it supports (pyproject.toml). A default it cannot honour picks what it has, and 
 from __future__ import annotations
 
 import functools
+import inspect
 
-# this process's choices, in the order they were made
-_choices: list[str] = []
+_choices: list[str] = []  # this process's choices, in the order they were made
 
 
 def choose(line: str) -> None:
@@ -30,8 +30,6 @@ def version() -> str:
 
 def accepts(function, keyword: str) -> bool:
     """Whether this torch's `function` takes the keyword argument `keyword`."""
-    import inspect
-
     return keyword in inspect.signature(function).parameters
 
 
