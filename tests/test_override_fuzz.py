@@ -234,3 +234,41 @@ def test_every_key_odd_values_then_real_runs(tmp_path, monkeypatch, shared_data_
     assert len(ran & expected) >= 0.9 * len(expected), sorted(expected - ran)
     print(f"{len(accepted)} (preset, key) pairs took a cheap odd value; {len(runs)} real runs "
           f"ran {len(ran & expected)} of {len(expected)} keys")
+
+
+# values outside what a rank can take: refused before any process starts (a real submission,
+# not a dry run: some limits are this machine's), one line naming the key and the limit
+BEYOND_A_RANK = [
+    ("data.name=true", "data.name=True: set by the group"),
+    ("train.threads=100000", "train.threads=100000: at most this machine's"),
+    ("optim.name=3", "optim.name=3: set by the group"),
+    ("dist.timeout_s=1e30", "dist.timeout_s=1e+30: must be <= 604800 (a week)"),
+    ("dist.init_timeout_s=0.001", "dist.init_timeout_s=0.001: must be >= 5.0 seconds"),
+    ("train.lr=inf", "train.lr=inf: must be a finite number"),
+    ("sync.bucket_cap_mb=nan", "sync.bucket_cap_mb=nan: must be a finite number"),
+    ("optim.eps=0", "optim.eps=0.0: must be > 0"),
+    ("optim.betas=[100000]", "optim.betas=[100000.0]: two decay rates, each in [0, 1)"),
+    ("optim.weight_decay=-1", "optim.weight_decay=-1.0: must be >= 0"),
+    ("log.level=x", "log.level=x: choose DEBUG"),
+    ("debug.slow_ms=1e9", "debug.slow_ms=1000000000.0: must be <= 600000 milliseconds"),
+    ("data.num_workers=100000", "data.num_workers=100000: at most this machine's"),
+    ("log.progress_every_s=1e30", "log.progress_every_s=1e+30: must be <= 86400 (a day)"),
+    # 784*1e6 + 1e6*1e6 + 1e6*10 weights and 2e6 + 10 biases: 40 TB for 2 ranks, beyond any machine
+    ("model.hidden=[1000000,1000000]", "1,000,796,000,010 parameters, 40031.8 GB for 2 rank(s)"),
+    ("launcher.venv=/nowhere", "launcher.venv=/nowhere: no /nowhere/bin/python"),
+    ("train.stop_check_s=1e9", "train.stop_check_s=1000000000.0: must be <= 86400 (a day)"),
+    ("sync.bucket_cap_mb=0.5 train.compile=true",
+     "sync.bucket_cap_mb=0.5 with train.compile=true: compiled DDP needs buckets of at least"),
+    ("sync=fsdp2 optim=sgd optim.fused=true", "optim.fused=true with sync=fsdp2 optim=sgd"),
+]
+
+
+@pytest.mark.parametrize("given, said", BEYOND_A_RANK, ids=[g for g, _ in BEYOND_A_RANK])
+def test_a_value_beyond_a_rank_is_refused_before_it_starts(tmp_path, monkeypatch, given, said):
+    monkeypatch.chdir(tmp_path)
+    args = [*given.split(), "launcher.nproc_per_node=2", f"run.root={tmp_path / 'runs'}",
+            f"data.root={tmp_path / 'data'}"]
+    rc, stdout, stderr = run_in_process(args)
+    judge(args, rc, stdout, stderr)
+    assert rc == 2 and said in stderr, (given, stderr)
+    assert not (tmp_path / "runs").exists()  # nothing started, no folder made
