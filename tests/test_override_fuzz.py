@@ -10,8 +10,9 @@ scripts/override_fuzz.py, run by hand: too slow for the suite.
 
 And every key, not a list of them (`test_every_key_odd_values_then_real_runs`): each leaf of
 the composed config (the default options and model=cnn optim=sgd), given values of the wrong
-type or range (its cheap ones and one other), ends in 0 or one line; then the values the submitting side accepted run for
-real, a few keys a run, until every key has run: no rank may meet a value as a traceback.
+type or range (its cheap ones and one other), ends in 0 or one line; then the values the
+submitting side accepted run for real, a dozen keys a run, until every key has run: no rank
+may meet a value as a traceback.
 """
 
 from __future__ import annotations
