@@ -188,10 +188,16 @@ def test_the_doctor_under_mpirun_across_a_lab(netlab_factory, shared_data_root, 
     (site / "sitecustomize.py").write_text(OTHER_TORCH.replace("{node2_addr}", n2.addr))
     took = {}
 
+    # Open MPI's daemons call back on every address mpirun has: another test's lab, torn down
+    # meanwhile, left node 2's orted waiting on an address that was gone (CI, twice): this lab's
+    # own subnet only
+    net = ".".join(n1.addr.split(".")[:3]) + ".0/24"
+
     def doctor(name: str, env=None):
         proc = run_cli("launcher=mpirun", f"launcher.hosts=[{n1.addr}:1,{n2.addr}:1]",
                        f"launcher.extra_args=[--mca,plm_rsh_agent,{agent},--mca,routed,direct,"
-                       "--mca,plm_rsh_no_tree_spawn,1]",
+                       f"--mca,plm_rsh_no_tree_spawn,1,--mca,oob_tcp_if_include,{net},"
+                       f"--mca,btl_tcp_if_include,{net}]",
                        f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}",
                        cwd=tmp_path, env=env, module="ddp_lab.doctor", timeout=300)
         verdict = {ln.split(":")[0].split(" ", 1)[1]: ln for ln in proc.stdout.splitlines()
