@@ -66,7 +66,9 @@ class Job:
         return path.read_text().strip()
 
     def console(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:]
+        # whole: torch's elastic agent can put pages of C++ frames after the lines asserted
+        # on (node 2's exit barrier when node 1 ends first), and a tail once lost the requeue's
+        return self.log.read_text(errors="replace")
 
     def job_log(self) -> str:
         return (self.run_dir / "logs" / f"ddp_lab_{self.job_id}.out").read_text(errors="replace")
