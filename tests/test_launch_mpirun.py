@@ -120,3 +120,20 @@ def test_c10d_hostname_warnings_explained_once(tmp_path, netlab_factory):
     assert warned >= 1, describe(proc)  # what the lab shows: else this test proves nothing
     assert "[c10d]" not in proc.stdout and proc.stderr.count("[c10d]") == 1, describe(proc)
     assert "no DNS server names the lab's addresses" in proc.stderr
+
+
+def test_open_mpis_setpgid_race_goes_to_the_log_only(tmp_path):
+    """Open MPI's rsh starter warns when its ssh child refuses setpgid (seen in CI beside the
+    one line about ssh): its log gets the line, the console nothing."""
+    import io
+
+    from ddp_lab.launch.mpirun import MpirunStderr
+
+    out = io.StringIO()
+    errors = MpirunStderr(tmp_path / "mpirun.log", ["127.0.0.2"], out=out)
+    line = ("[vm:07068] plm:rsh: Warning: setpgid(7073,7073) failed in parent with "
+            "errno=Permission denied(13)")
+    errors.feed(line + "\n")
+    errors.feed("another line of Open MPI's\n")
+    assert out.getvalue() == "another line of Open MPI's\n"
+    assert line in (tmp_path / "mpirun.log").read_text()

@@ -214,6 +214,9 @@ SSH_LINES = [re.compile(p) for p in (
     r"^Warning: Permanently added .+",
     r"^(?:bash: )?(?:line \d+: )?orted: command not found",
 )]
+# Open MPI's rsh starter sets the ssh child's process group after the fork; a child that has
+# exec'd (or ended) by then refuses it (EACCES): a race of Open MPI's, harmless, logs only
+PLM_SETPGID = re.compile(r"^\[[^\]]*\] plm:rsh: Warning: setpgid\(\d+,\d+\) failed in parent")
 C10D_NO_NAME = "[c10d] The hostname of the client socket cannot be retrieved"
 C10D_NOTE = ("[ddp_lab] torch's [c10d] 'hostname of the client socket cannot be retrieved' "
              "warnings (one per rank, hidden here): no DNS server names the lab's addresses, so "
@@ -253,6 +256,8 @@ class MpirunStderr:
                     self._end_block()
             elif RULE.match(line):
                 self.block = [line]
+            elif PLM_SETPGID.match(line):
+                self._log([line])
             elif C10D_NO_NAME in line:
                 self._log([line])
                 if not self.c10d_told:
