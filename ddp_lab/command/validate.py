@@ -418,13 +418,14 @@ def threads_fit(cfg: DictConfig) -> Optional[str]:
     """train.threads: at most the cores the ranks run on (a thread beyond a core only waits, and
     100000 cannot start at all); data.num_workers likewise (torch's DataLoader warns past the
     cores)."""
-    for key, remote in (("train.threads", MAX_THREADS), ("data.num_workers", MAX_WORKERS)):
+    for key, remote, zero in (("train.threads", MAX_THREADS, "decided at start"),
+                              ("data.num_workers", MAX_WORKERS, "loaded by the rank itself")):
         value = _get(cfg, key)
         limit = cpu.cores() if _local(cfg) else remote
         if value > limit:
             where = (f"this machine's {limit} core(s)" if _local(cfg)
                      else f"{limit}, more than any node has cores")
-            return f"{key}={value}: at most {where} (0 = decided at start)"
+            return f"{key}={value}: at most {where} (0 = {zero})"
     return None
 
 
