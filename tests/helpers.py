@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import pytest
 import torch.multiprocessing as mp
 from ddp_lab.world.ports import free_port
 
@@ -182,8 +183,15 @@ def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout
             module: str = "ddp_lab", stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
     """`python -m <module> <args>` as a user runs it, in `cwd`; `env` holds the variables to
     add to (or override in) `child_env()`: a whole environment such as a cluster's works too."""
-    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=child_env(env),
-                          capture_output=True, text=True, timeout=timeout, stdin=stdin)
+    try:
+        return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=child_env(env),
+                              capture_output=True, text=True, timeout=timeout, stdin=stdin)
+    except subprocess.TimeoutExpired as e:
+        # what the command had printed by then: where it was when the time ran out
+        def text(b) -> str:
+            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-6000:]
+        pytest.fail(f"python -m {module} {' '.join(args)}: no end after {timeout:.0f} s\n"
+                    f"--- stdout (end)\n{text(e.stdout)}\n--- stderr (end)\n{text(e.stderr)}")
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:

@@ -101,7 +101,7 @@ def test_one_file_matches_the_ring_at_3_and_7_ranks(tmp_path, shared_data_root):
                    f"run.entry=ddp_lab.worker,{ENTRY}", "sync=ring", "train.threads=1",
                    "train.epochs=1", "train.batch_size=4096", "train.eval_batch_size=10000",
                    f"data.root={shared_data_root}", f"run.root={tmp_path}",
-                   "log.progress=lines", cwd=tmp_path, timeout=300)
+                   "log.progress=lines", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, describe(proc)
     for world in (3, 7):
         framework, = job_folders(tmp_path, world, "ddp_lab.worker")
