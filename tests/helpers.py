@@ -189,9 +189,10 @@ def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout
     except subprocess.TimeoutExpired as e:
         # what the command had printed by then: where it was when the time ran out
         def text(b) -> str:
-            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-6000:]
+            return b.decode(errors="replace") if isinstance(b, bytes) else b or ""
+        partial = subprocess.CompletedProcess(e.cmd, None, text(e.stdout), text(e.stderr))
         pytest.fail(f"python -m {module} {' '.join(args)}: no end after {timeout:.0f} s\n"
-                    f"--- stdout (end)\n{text(e.stdout)}\n--- stderr (end)\n{text(e.stderr)}")
+                    f"{describe(partial)}")
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
