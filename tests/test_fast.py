@@ -21,7 +21,18 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start(monkeypatch):
     assert (small.threads, small.spin) == (2, False)
     half = cpu.decide(8, 2, 3.2)  # 5 free: 2 threads a rank, each with a core, one to spare
     assert (half.threads, half.spin) == (2, True) and "5 of 8 cores free" in half.why
-    assert cpu.decide(2, 4, 0.0) == cpu.CpuShare(1, False, cpu.decide(2, 4, 0.0).why)  # 4 > 2 cores
+    four = cpu.decide(2, 4, 0.0)  # 4 > 2 cores
+    assert (four.threads, four.spin, four.wait_why) == (1, False, "1 thread: no team to wait")
+    # train.threads=2, one rank alone on 2 free cores: its threads spin (a core each); where
+    # they would share, they sleep
+    alone = cpu.decide(2, 1, 0.1, asked=2)
+    assert (alone.threads, alone.spin, alone.wait_why) == (2, True, "2 threads on 2 free cores, "
+                                                                    "a core each")
+    shared = cpu.decide(2, 1, 1.0, asked=2)
+    assert (shared.threads, shared.spin, shared.wait_why) == (2, False, "2 threads share 1 free "
+                                                                        "core")
+    assert not cpu.decide(4, 2, 0.0, asked=4).spin
+    assert "none over for the job's other processes" in small.wait_why
     assert (cpu.decide(4, 2, None).threads, cpu.decide(4, 2, None).spin) == (2, False)
     env: dict = {}
     cpu.apply(busy, env)  # what the launcher hands its ranks
@@ -31,7 +42,8 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start(monkeypatch):
     assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env).startswith("spin 1000")
     env = {}
     cpu.apply(half, env)
-    assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env) == "spin a moment, then sleep"
+    assert "OMP_WAIT_POLICY" not in env and cpu.wait_policy(env) == \
+        "spin a moment, then sleep: 2 ranks x 2 threads on 5 free cores, a core each"
     # in a rank: train.threads, then the run's first count, then the launcher's choice
     env = {cpu.THREADS_VAR: "1", cpu.WHY_VAR: "1 of 2 cores free at start, threads sleep"}
     assert cpu.rank_threads(1, 3, 2, env) == cpu.RankThreads(3, "train.threads", False)
@@ -44,7 +56,8 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start(monkeypatch):
     assert cpu.look(cpu.cores()).threads == 1
     env = {}  # no launcher looked (mpirun): an equal share, sleeping
     cpu.prepare_rank(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and cpu.wait_policy(env).startswith(
+        "sleep: no launcher looked at the cores")
 
 
 def test_busy_cores_sees_a_busy_process():

@@ -125,7 +125,8 @@ def test_mpirun_dry_run_lab_hosts(tmp_path, capsys):
     assert "SLOTS=(2 1 1)" in rank
     cfg = (run_dir / "config.yaml").read_text()
     assert "nodes: 3" in cfg and "red01:2" in cfg  # config.yaml records the resolved hosts
-    assert "# hosts and slots: $DDP_LAB_RUN_DIR/hostfile (red01:2, orange07:1, purple11:1)" in out
+    assert "# $DDP_LAB_RUN_DIR/hostfile: red01:2, orange07:1, purple11:1; " in out
+    assert "export OMPI_MCA_rtc_hwloc_vmhole=${OMPI_MCA_rtc_hwloc_vmhole:-none}" in out
 
 
 def test_mpirun_rank_wrapper_node_index(tmp_path, capsys):

@@ -93,3 +93,23 @@ def test_a_sigterm_after_the_last_epoch_leaves_the_run_completed(tmp_path, statu
     assert json.loads(summary.read_text())["status"] == status
     assert got == rc
     assert (tmp_path / "STOP").exists() == (status != "completed")
+
+
+def test_a_job_past_its_limit_is_ended_with_what_it_started(tmp_path):
+    """launch_job's limit_s (the doctor's bound on its whole job): a job whose ranks never
+    start reaches none of their own timeouts. A real job stand-in that never ends, with a
+    child in its process group: ended after limit_s with 124, as timeout(1) ends one, and
+    neither process is left."""
+    from ddp_lab.launch.local import OVER_LIMIT, run_foreground
+
+    pids = tmp_path / "pids"
+    script = tmp_path / "job.sh"
+    script.write_text(f"sleep 600 & echo $$ $! > {pids}\nwait\n")
+    t0 = time.monotonic()
+    got = run_foreground(["bash", str(script)], tmp_path, grace_s=30, limit_s=2)
+    took = time.monotonic() - t0
+    assert got == OVER_LIMIT == 124
+    assert 2 <= took < 30, took
+    for pid in map(int, pids.read_text().split()):
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid

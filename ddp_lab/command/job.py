@@ -57,10 +57,12 @@ def make_run(cfg: DictConfig, label: str | None = None) -> Path:
 
 def launch_job(cfg: DictConfig, label: str | None = None,
                files: Optional[dict[str, str]] = None,
-               t0: Optional[float] = None) -> tuple[Path, Optional[int]]:
+               t0: Optional[float] = None,
+               limit_s: Optional[float] = None) -> tuple[Path, Optional[int]]:
     """Make the run folder (with `files` in it), render the launcher's files and, unless
     launcher.dry_run, start the job and follow it: (the folder, the exit status or None for a dry
-    run). `t0`: when the job began (None: with this command). A LaunchError leaves no new folder."""
+    run). `t0`: when the job began (None: with this command). `limit_s`: a job in the foreground
+    still running that long is ended (launch.start). A LaunchError leaves no new folder."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
     # one command per folder (command/lock.py): a scheduler's job holds the lock after we exit
@@ -102,7 +104,7 @@ def launch_job(cfg: DictConfig, label: str | None = None,
         try:
             # the trainer stops gracefully (a checkpoint first); a benchmark has nothing to save
             grace = cfg.dist.timeout_s + 60 if "train" in cfg else 0.0
-            rc = launch.start(rendered, run_dir, grace_s=grace)
+            rc = launch.start(rendered, run_dir, grace_s=grace, limit_s=limit_s)
         except launch.LaunchError as e:
             # the folder stays: it holds what could not be started
             raise launch.LaunchError(f"{e} (run folder: {run_dir})") from None

@@ -17,6 +17,7 @@ from ..command.job import launch_job, Outcome
 from ..command.validate import resolve_train
 from ..config.errors import UserError
 from ..folder import doctor as records
+from ..launch.local import OVER_LIMIT
 from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
 from ..world.env import process_start
@@ -28,6 +29,9 @@ ENTRY = "ddp_lab.doctor.probe"
 # tasks/devices mismatch), ends the job within these rather than the run's
 INIT_TIMEOUT_S = 20.0
 TIMEOUT_S = 60.0
+# and the whole job, in the foreground (local, mpirun): ranks that never started (a daemon of
+# mpirun's that never called back) reach none of their own bounds
+JOB_LIMIT_S = 180.0
 
 
 def resolve_doctor(cfg: DictConfig) -> DictConfig:
@@ -79,12 +83,16 @@ def submit_doctor(cfg: DictConfig, argv: Optional[list[str]] = None,
     cfg = resolve_doctor(cfg)
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m ddp_lab.doctor " + " ".join(shlex.quote(a) for a in argv) + "\n"
-    run_dir, rc = launch_job(cfg, label="doctor", files={"command.txt": command}, t0=t0)
+    run_dir, rc = launch_job(cfg, label="doctor", files={"command.txt": command}, t0=t0,
+                             limit_s=JOB_LIMIT_S)
     if rc is None:
         return Outcome(0, "ok (dry run)", run_dir)
     facts = read_facts(run_dir, settings(cfg), rc)
     checks = verdicts(facts)
-    if rc != 0 and all(c.ok for c in checks):
+    if rc == OVER_LIMIT:
+        checks.append(Check("job", False, f"still running after {JOB_LIMIT_S:.0f} s: ended by "
+                            "the doctor", f"read {run_dir / 'logs'}"))
+    elif rc != 0 and all(c.ok for c in checks):
         checks.append(Check("job", False, f"ended with exit status {rc}: {facts.status or '?'}",
                             f"read {run_dir / 'logs'}"))
     fp = read_json_or_empty(run_dir / "doctor" / "fingerprint.json")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Optional
 
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
@@ -45,8 +46,11 @@ def render(cfg, run_dir: Path) -> Rendered:
     return LAUNCHERS.get(cfg.launcher.name).render(cfg, run_dir)
 
 
-def start(rendered: Rendered, run_dir: Path, grace_s: float = 120.0) -> int:
-    """Start the job and follow it to its end; its exit status is ours."""
+def start(rendered: Rendered, run_dir: Path, grace_s: float = 120.0,
+          limit_s: Optional[float] = None) -> int:
+    """Start the job and follow it to its end; its exit status is ours. `limit_s`: a job run in
+    the foreground (local, mpirun) still running that long is ended (`run_foreground`); a
+    scheduler's is followed for launcher.wait_timeout_s."""
     if rendered.starter is not None:
-        return rendered.starter()
-    return run_foreground(rendered.command, run_dir, grace_s)
+        return rendered.starter(limit_s)
+    return run_foreground(rendered.command, run_dir, grace_s, limit_s=limit_s)

@@ -32,7 +32,9 @@ class Rendered:
     executable: tuple[str, ...] = ()  # which of `files` get the x bit
     show: str = ""  # what dry_run prints
     warnings: list[str] = field(default_factory=list)  # printed as `warning: ...` to stderr
-    starter: Optional[Callable[[], int]] = None  # start + follow; None = run `command`
+    # start + follow, given the limit of a job run in the foreground (launch.start); None = run
+    # `command`
+    starter: Optional[Callable[[Optional[float]], int]] = None
     # after a failed job: the launcher's own reason, when it failed before any rank could say one
     # (torchrun's rendezvous); None = the ranks' records say why
     explain: Optional[Callable[[], Optional[str]]] = None

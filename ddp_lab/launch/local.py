@@ -88,12 +88,17 @@ class Foreground:
     and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
     Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it at once:
     SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command get `grace_s`
-    to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`).
+    to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`). A job still
+    running `limit_s` after its start (None: no limit) is ended the same way: what bounds a
+    job whose ranks never started, and so never reach their own timeouts (the doctor's).
     """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
-                 stderr_lines: Optional[Callable[[str], None]] = None):
+                 stderr_lines: Optional[Callable[[str], None]] = None,
+                 limit_s: Optional[float] = None):
         self.command, self.run_dir, self.grace_s = command, run_dir, grace_s
+        self.limit_s = limit_s
+        self.over_limit = False  # ended by limit_s
         self.stderr_lines = stderr_lines  # None: the job writes to our stderr itself
         self.signal: Optional[int] = None  # the first signal we got
         self.forced = False  # a second signal: no more waiting
@@ -178,11 +183,17 @@ class Foreground:
                                          preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
                                          env=env, stderr=subprocess.PIPE if piped else None)
             reader = self._read_stderr() if piped else None
+            end = None if self.limit_s is None else time.monotonic() + self.limit_s
             while True:
                 try:
                     rc = self.proc.wait(timeout=1.0)
                     break
                 except subprocess.TimeoutExpired:
+                    if end is not None and time.monotonic() > end and not self.forced:
+                        print(f"[ddp_lab] the job has not ended within its {self.limit_s:.0f} s: "
+                              "ending it", file=sys.stderr, flush=True)
+                        self.over_limit = self.forced = True
+                        self.kill()
                     if self.deadline is not None and time.monotonic() > self.deadline:
                         print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
                               "killing it", file=sys.stderr, flush=True)
@@ -200,13 +211,20 @@ class Foreground:
         return rc
 
 
+OVER_LIMIT = 124  # the exit status of a job ended at its limit_s, as timeout(1) gives
+
+
 def run_foreground(command: list[str], run_dir: Optional[Path] = None, grace_s: float = 120.0,
-                   stderr_lines: Optional[Callable[[str], None]] = None) -> int:
+                   stderr_lines: Optional[Callable[[str], None]] = None,
+                   limit_s: Optional[float] = None) -> int:
     """Run a job's command in the foreground (`Foreground`); its exit status, or 128 + the signal
-    that stopped it (0 when the job had completed anyway). `stderr_lines` gets the job's stderr
-    line by line (mpirun's filter), else it is ours."""
-    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines)
+    that stopped it (0 when the job had completed anyway), or OVER_LIMIT when it was still
+    running `limit_s` after its start. `stderr_lines` gets the job's stderr line by line
+    (mpirun's filter), else it is ours."""
+    fg = Foreground(command, run_dir or Path(os.getcwd()), grace_s, stderr_lines, limit_s)
     rc = fg.run()
+    if fg.over_limit:
+        return OVER_LIMIT
     if fg.signal is None:
         return rc
     if rc == 0 and read_summary(fg.run_dir).get("status") == "completed":

@@ -182,11 +182,12 @@ def render(cfg, run_dir: Path) -> Rendered:
     errors = MpirunStderr(run_dir / "logs" / "mpirun.log",
                           [n for n, _ in hosts if not is_this_machine(n)])
 
-    def starter() -> int:
+    def starter(limit_s: Optional[float] = None) -> int:
         require_tool(lc.mpirun, MPIRUN_FIX)
         try:
             return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir,
-                                  cfg.dist.timeout_s + 60, stderr_lines=errors.feed)
+                                  cfg.dist.timeout_s + 60, stderr_lines=errors.feed,
+                                  limit_s=limit_s)
         finally:
             errors.close()
 

@@ -163,7 +163,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod,
                                         "pod_stop.sh": stop},
                     executable=("runai_submit.sh", "pod.sh"), show=show, warnings=warnings,
-                    starter=lambda: submit_and_follow(cfg, run_dir, cmd, submit_sh))
+                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, cmd, submit_sh))
 
 
 def _pairs(cmd: list[str]) -> list[str]:

@@ -251,7 +251,7 @@ def render(cfg, run_dir: Path) -> Rendered:
                         "(launcher.environment=<EDF .toml>, docs/launchers.md, Containers)")
     return Rendered(command=command, files={"job.sbatch": script, "slurm_stop.sh": stop},
                     executable=("job.sbatch",), show=show, warnings=warnings,
-                    starter=lambda: submit_and_follow(cfg, run_dir, path, summary))
+                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, path, summary))
 
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

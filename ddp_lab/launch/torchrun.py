@@ -104,6 +104,18 @@ def nproc_per_node(args: list[str]) -> int:
     return int(found.group(1)) if found and found.group(1).isdigit() else 1
 
 
+def asked_threads(args: list[str]) -> int:
+    """train.threads of the run whose folder ends torchrun's arguments (0: not asked, or no run
+    folder there), read before torch loads."""
+    config = Path(args[-1]) / "config.yaml" if args else None
+    if config is None or not config.is_file():
+        return 0
+    from omegaconf import OmegaConf
+
+    threads = OmegaConf.select(OmegaConf.load(config), "train.threads", default=0)
+    return threads if isinstance(threads, int) and threads > 0 else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not argv[0].startswith("--log="):
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
     # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
-    cpu.apply(cpu.look(nproc_per_node(args)))
+    cpu.apply(cpu.look(nproc_per_node(args), asked_threads(args)))
     # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
     # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")

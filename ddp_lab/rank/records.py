@@ -528,8 +528,8 @@ def announce(ctx: Any, cfg: Config, plan: BatchPlan, steps_per_epoch: int) -> No
     if ctx.device.type == "cpu":
         share = cpu_share(ctx)
         n = share["threads"]
-        log.info("%d CPU thread%s a rank%s: %s", n, "s" if n > 1 else "",
-                 f" (waiting threads {share['wait']})" if n > 1 else "", share["why"])
+        log.info("%d CPU thread%s a rank: %s%s", n, "s" if n > 1 else "", share["why"],
+                 f"; waiting threads {share['wait']}" if n > 1 else "")
 
 
 def cpu_share(ctx: DistContext) -> dict:

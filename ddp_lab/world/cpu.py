@@ -1,7 +1,8 @@
 """How many CPU threads each rank runs and how its threads wait: decided once per machine, before
 torch loads (torch-free). Why and what was measured: docs/performance.md, "What decides the
-defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`, passed on by `apply`);
-otherwise a rank takes its equal share, its threads sleeping. What you set stands (`train.threads`,
+defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`, passed on by `apply`):
+threads spin where every one has a free core of its own, and sleep where they share; otherwise a
+rank takes its equal share, its threads sleeping. What you set stands (`train.threads`,
 OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import MutableMapping, Optional
 
 THREADS_VAR, WHY_VAR = "DDP_LAB_THREADS", "DDP_LAB_THREADS_WHY"  # the launcher's choice
+WAIT_WHY_VAR = "DDP_LAB_WAIT_WHY"  # and why its threads wait as they do
 USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
@@ -21,6 +23,7 @@ class CpuShare:
     threads: int  # torch threads per rank
     spin: bool  # threads spin a moment before sleeping (libgomp's default), else sleep at once
     why: str  # in words, for the run's first line and summary.json
+    wait_why: str = ""  # why they spin or sleep, in words
 
 
 def cores() -> int:
@@ -60,27 +63,44 @@ def busy_cores(window_s: float = 0.2) -> Optional[float]:
     return busy
 
 
-def decide(n_cores: int, local_ranks: int, busy: Optional[float]) -> CpuShare:
-    """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use."""
+def decide(n_cores: int, local_ranks: int, busy: Optional[float], asked: int = 0) -> CpuShare:
+    """Each of `local_ranks` ranks' threads on `n_cores` cores of which `busy` are in use: `asked`
+    (train.threads), else at most its share of the free cores. They spin where every thread
+    has a free core of its own, and sleep where they share (a spinning thread holds the core
+    a partner needs). The count ddp_lab picks itself leaves one core over for the job's other
+    processes (torchrun's agent, the command following the run, each rank's TensorBoard and
+    gloo threads) before it spins: load that comes later costs spinning threads 4-20x."""
     share = equal_share(local_ranks, n_cores)
     if busy is None:
-        return CpuShare(share, False, f"an equal share of {n_cores} cores, load unknown")
+        return CpuShare(asked or share, False, f"an equal share of {n_cores} cores, load unknown",
+                        "the load is unknown")
     free = max(0, n_cores - round(busy))
-    threads = min(share, equal_share(local_ranks, free))
-    # spinning only with a core to spare: the job's launcher, the command that follows it and each
-    # rank's own helper threads (TensorBoard's writer, gloo's) run beside the ranks
-    spin = threads * local_ranks <= free - 1
-    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start")
+    threads = asked or min(share, equal_share(local_ranks, free))
+    total = threads * local_ranks
+    spin = total <= (free if asked else free - 1)
+    many = f"{threads} thread{'s' if threads > 1 else ''}"
+    many = f"{local_ranks} ranks x {many}" if local_ranks > 1 else many
+    cores_free = f"{free} free core{'s' if free != 1 else ''}"
+    if threads == 1:
+        wait_why = "1 thread: no team to wait"
+    elif spin:
+        wait_why = f"{many} on {cores_free}, a core each"
+    elif total <= free:
+        wait_why = f"{many} on {cores_free}, none over for the job's other processes"
+    else:
+        wait_why = f"{many} share {cores_free}"
+    return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start", wait_why)
 
 
-def look(local_ranks: int) -> CpuShare:
-    """`decide` for this machine's `local_ranks` ranks, looking at the load only where it can
-    change the answer: with one core or less a rank, each runs 1 thread whatever the load."""
+def look(local_ranks: int, asked: int = 0) -> CpuShare:
+    """`decide` for this machine's `local_ranks` ranks (`asked`: train.threads), looking at the
+    load only where it can change the answer: with one core or less a rank and no count asked,
+    each runs 1 thread whatever the load."""
     n = cores()
-    if equal_share(local_ranks, n) == 1:
+    if equal_share(local_ranks, n) == 1 and asked <= 1:
         ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
-        return CpuShare(1, False, f"{n} cores for {ranks}")
-    return decide(n, local_ranks, busy_cores())
+        return CpuShare(1, False, f"{n} cores for {ranks}", "1 thread: no team to wait")
+    return decide(n, local_ranks, busy_cores(), asked)
 
 
 def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
@@ -88,15 +108,25 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
     once) and before the ranks start. The user's own OpenMP variables stand."""
     env = os.environ if environ is None else environ
     env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
-    if not share.spin and not any(k in env for k in USER_WAIT_VARS):
+    if any(k in env for k in USER_WAIT_VARS):
+        env[WAIT_WHY_VAR] = "as you set it"
+        return
+    env[WAIT_WHY_VAR] = share.wait_why
+    if not share.spin:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
     """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
-    if THREADS_VAR not in env and not any(k in env for k in USER_WAIT_VARS):
+    if THREADS_VAR in env:
+        return
+    if any(k in env for k in USER_WAIT_VARS):
+        env[WAIT_WHY_VAR] = "as you set it"
+    else:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env[WAIT_WHY_VAR] = ("no launcher looked at the cores (its ranks start beside each "
+                             "other)")
 
 
 @dataclass
@@ -126,9 +156,12 @@ def rank_threads(local_ranks: int, requested: int = 0, earlier: int = 0,
 
 
 def wait_policy(environ: Optional[MutableMapping[str, str]] = None) -> str:
-    """How this process's OpenMP threads wait, in words (the variables libgomp read)."""
+    """How this process's OpenMP threads wait, in words (the variables libgomp read), and why
+    where the launcher said."""
     env = os.environ if environ is None else environ
     if "GOMP_SPINCOUNT" in env:
-        return f"spin {env['GOMP_SPINCOUNT']} times, then sleep"
-    return {"PASSIVE": "sleep", "ACTIVE": "spin"}.get(env.get("OMP_WAIT_POLICY", "").upper(),
-                                                      "spin a moment, then sleep")
+        how = f"spin {env['GOMP_SPINCOUNT']} times, then sleep"
+    else:
+        how = {"PASSIVE": "sleep", "ACTIVE": "spin"}.get(env.get("OMP_WAIT_POLICY", "").upper(),
+                                                         "spin a moment, then sleep")
+    return f"{how}: {env[WAIT_WHY_VAR]}" if env.get(WAIT_WHY_VAR) else how

@@ -5,6 +5,7 @@ the machine runs.
     python -m ddp_lab.bench.suite epoch --waits default passive spin:0 --threads 1 2
     python -m ddp_lab.bench.suite epoch --epochs 1 --max-steps 20 --rounds 1   # a quick check, not a figure
     python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
+    python -m ddp_lab.bench.suite epoch --load idle --ranks 1 --pinned   # + train.threads=T, timing on/off
 
 The notebook's workload per load: the search (the tight loop of
 ddp_lab/bench/loops.py under every setting ddp_lab does not own; the
@@ -53,6 +54,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=0,
                    help="steps per epoch, for a quick check (0 = full epochs: the real figure)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for the ddp_lab runs")
+    p.add_argument("--pinned", action="store_true",
+                   help="add ddp_lab on 1 rank at train.threads=T for every searched T, with "
+                        "timing on and with timing.enabled=false, to the rounds: ratios to the "
+                        "T-thread floor and timing on / off")
     p.add_argument("--notebook", action="store_true",
                    help="add the course notebook's own loop (ToTensor + DataLoader) to the rounds")
 
@@ -142,6 +147,10 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["the notebook's loop (ToTensor + DataLoader, DDP on 1 process)"] = (1, "notebook")
     if 1 in args.ranks:
         runs["ddp_lab, 1 rank"] = (1, None)
+        for t in args.threads if args.pinned else ():
+            runs[f"ddp_lab, 1 rank, train.threads={t}"] = (1, None, (f"train.threads={t}",))
+            runs[f"ddp_lab, 1 rank, train.threads={t}, timing.enabled=false"] = (
+                1, None, (f"train.threads={t}", "timing.enabled=false"))
     if 2 in args.ranks:
         # the tight loop on 2 ranks under every (threads per rank, wait) x way of summing
         two = search(f"\n| 2 ranks ({adam} Adam): threads/rank, wait | torch DDP | one flat "
@@ -154,12 +163,14 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
-    # world -> what ddp_lab's defaults chose (its last run)
+    # row -> what ddp_lab chose (its last run)
     chosen: dict[int, dict] = {}
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
-                epochs, chosen[world] = ours(root, tmp, world, args)
+                overrides = setting[1] if len(setting) > 1 else ()
+                epochs, share = ours(root, tmp, world, args, overrides)
+                chosen[name] = share
                 rows[name] += epochs
             elif setting[0] == "notebook":
                 # its own threads and wait, as its code runs it
@@ -178,15 +189,31 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     floor = {w: min(m for name, m in med.items() if runs[name][0] == w
                     and isinstance(runs[name][1], int)) for w in {r[0] for r in runs.values()}}
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
+    goals = {}
     for name, m in med.items():
         world = runs[name][0]
-        label = f"{name}: {_chosen(chosen.get(world))}" if runs[name][1] is None else name
+        pinned = runs[name][2] if len(runs[name]) > 2 else ()
+        label = name if runs[name][1] is not None else name + ": " + (
+            _waited(chosen.get(name)) if pinned else _chosen(chosen.get(name)))
         print(f"| {label} | {m:.3f} | {m / floor[world]:.2f}x |")
-        if runs[name][1] is None:
-            out["ratios"][f"{load}, {name[9:]}: ddp_lab / floor"] = m / floor[world]
+        if runs[name][1] is not None:
+            continue
+        if not pinned:
+            key = f"{load}, {name[9:]}: ddp_lab / floor"
+            out["ratios"][key] = m / floor[world]
+            goals[key] = 1.3 if load == "hog" else 1.2 if world == 2 else 1.15
+        elif len(pinned) == 1:
+            # against the same thread count's floor, and against itself without timing
+            t = int(pinned[0].partition("=")[2])
+            same = [v for n, v in med.items() if runs[n][:2] == (1, t)]
+            if same:
+                key = f"{load}, 1 rank, train.threads={t}: ddp_lab / the {t}-thread floor"
+                out["ratios"][key], goals[key] = m / same[0], 1.1
+            key = f"{load}, 1 rank, train.threads={t}: timing on / off"
+            out["ratios"][key] = m / med[f"{name}, timing.enabled=false"]
+            goals[key] = 1.03
     for key, r in out["ratios"].items():
-        goal = 1.3 if load == "hog" else 1.2 if "2 ranks" in key else 1.15
-        print(f"{key} = {r:.2f} (goal <= {goal})")
+        print(f"{key} = {r:.2f} (goal <= {goals[key]})")
     out["epochs_s"] = rows
     return out
 
@@ -222,6 +249,11 @@ def _chosen(share: dict | None) -> str:
         return "its defaults"
     n = share.get("threads")
     return f"its defaults: {n} thread{'s' if n != 1 else ''} a rank ({share.get('why')})"
+
+
+def _waited(share: dict | None) -> str:
+    """How a pinned run's threads waited, and why (summary.json segments[0].cpu)."""
+    return f"waiting threads {share['wait']}" if share and share.get("wait") else "?"
 
 
 def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, list[float]]:
