@@ -105,7 +105,7 @@ def late(root: str, tmp: str, args) -> dict:
     rows = {"defaults": ([], {})}
     # libgomp's default is 300000 spins (its manual), set here
     for w in args.waits:
-        # explicitly: unset, ddp_lab would make the threads sleep
+        # explicitly, whatever wait ddp_lab would choose
         if w != "passive" and n > 1:
             env = {"GOMP_SPINCOUNT": "300000"} if w == "default" else omp_env(w)
             rows[f"train.threads={n}, {w} wait ({' '.join(f'{k}={v}' for k, v in env.items())})"
