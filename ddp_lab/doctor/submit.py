@@ -17,9 +17,9 @@ from ..command.job import launch_job, Outcome
 from ..command.validate import resolve_train
 from ..config.errors import UserError
 from ..folder import doctor as records
-from ..launch.local import OVER_LIMIT
 from ..folder.files import read_json_or_empty
 from ..folder.rundir import read_summary, world_size
+from ..launch.local import OVER_LIMIT
 from ..world.env import process_start
 from .verdicts import Check, Facts, verdicts
 

@@ -164,7 +164,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
     # row -> what ddp_lab chose (its last run)
-    chosen: dict[int, dict] = {}
+    chosen: dict[str, dict] = {}
     for rnd in range(args.rounds):
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
