@@ -7,6 +7,7 @@ interface, a mistake on the command line. The 2-node allocations: test_doctor_sl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -336,3 +337,35 @@ def test_the_doctor_on_this_machine(tmp_path, shared_data_root):
     proc = run_cli(*common, "launcher.nproc_per_node=0", cwd=tmp_path, module="ddp_lab.doctor")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, describe(proc)
     assert proc.stderr.startswith("error: launcher.nproc_per_node=0"), describe(proc)
+
+
+def test_a_job_that_never_starts_its_ranks_is_ended_at_the_doctors_bound(
+        tmp_path, shared_data_root, monkeypatch, capsys):
+    """The doctor's whole job is bounded (doctor/submit.JOB_LIMIT_S, 180 s; 4 s here): a job
+    whose ranks never start (every python of the job hangs as it starts, as mpirun does when a
+    daemon dies) reaches none of the ranks' own timeouts. The doctor ends it, says so in a
+    `job` check, exits 1, and leaves no process of the job."""
+    from ddp_lab.command.job import T0_ENV
+    from ddp_lab.doctor import submit
+    from ddp_lab.launch.local import JOB_ENV, job_processes
+    from helpers import compose
+
+    site = tmp_path / "site"
+    site.mkdir()
+    # the job's processes carry JOB_ENV (launch/local.Foreground); this test's process does not
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get(%r):\n    time.sleep(600)\n" % JOB_ENV)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv(T0_ENV, "0")  # launch_job sets it for its job: put back after
+    monkeypatch.setattr(submit, "JOB_LIMIT_S", 4.0)
+    monkeypatch.chdir(tmp_path)
+    cfg = compose(f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}",
+                  "launcher.nproc_per_node=2")
+    outcome = submit.submit_doctor(cfg, argv=[])
+    out = capsys.readouterr().out
+    assert outcome.rc == 1, out
+    checks = [ln for ln in out.splitlines() if ln.startswith(("ok ", "FAIL "))]
+    assert "FAIL job: still running after 4 s: ended by the doctor" in "\n".join(checks), out
+    assert any(ln.startswith("FAIL ranks: 0 of 2 rank(s) started") for ln in checks), out
+    assert not job_processes(outcome.run_dir), job_processes(outcome.run_dir)
