@@ -89,12 +89,11 @@ def submit_doctor(cfg: DictConfig, argv: Optional[list[str]] = None,
         return Outcome(0, "ok (dry run)", run_dir)
     facts = read_facts(run_dir, settings(cfg), rc)
     checks = verdicts(facts)
-    if rc == OVER_LIMIT:
-        checks.append(Check("job", False, f"still running after {JOB_LIMIT_S:.0f} s: ended by "
-                            "the doctor", f"read {run_dir / 'logs'}"))
-    elif rc != 0 and all(c.ok for c in checks):
-        checks.append(Check("job", False, f"ended with exit status {rc}: {facts.status or '?'}",
-                            f"read {run_dir / 'logs'}"))
+    ended = (f"still running after {JOB_LIMIT_S:.0f} s: ended by the doctor" if rc == OVER_LIMIT
+             else f"ended with exit status {rc}: {facts.status or '?'}"
+             if rc != 0 and all(c.ok for c in checks) else None)
+    if ended:
+        checks.append(Check("job", False, ended, f"read {run_dir / 'logs'}"))
     fp = read_json_or_empty(run_dir / "doctor" / "fingerprint.json")
     elapsed = time.time() - began
     failed = [c for c in checks if not c.ok]
