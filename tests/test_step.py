@@ -74,3 +74,39 @@ def test_epoch_batches_end_after_the_step_the_ranks_agreed_to_stop_at():
     assert seen == [4, 4] and stopper.asked == 2
     assert epoch.done == 2 and epoch.samples == 8
     assert epoch.stop == StopInfo("preempted", "test")
+
+
+def test_real_steps_sampled_as_the_records_pick_stand_for_the_others():
+    """600 real training steps timed as a run's records time them (the sampled steps' phases,
+    the others' start and end): exactly the records' steps carry phases, a sampled step's time
+    is what an unsampled one's is (the sample stands for the rest; its stamps cost nothing
+    visible), and the epoch's phases add up to every step's time."""
+    import statistics
+
+    from ddp_lab.rank.records import sampled_steps
+    from ddp_lab.timing import PHASES, epoch_timing
+    from ddp_lab.timing.comm import CommStats
+
+    torch.manual_seed(0)
+    model = MLP()
+    syncer = AllReduceSync(OmegaConf.create({"name": "allreduce", "bucket_mb": 25}), model,
+                           torch.device("cpu"), 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = [(torch.randn(64, 784), torch.randint(0, 10, (64,))) for _ in range(600)]
+    timer = StepTimer(Clock(torch.device("cpu")))
+    timer.watch_grads(model)
+    picked = sampled_steps(0, 600, every=50, keep=10)
+    timer.sample(picked)
+    run_steps(syncer, opt, EpochBatches(iter(batches), range(600), timer), timer)
+    steps = timer.collect()
+    assert [i for i, s in enumerate(steps) if s.phased] == sorted(picked)
+    assert all(len(s.spans) == 1 and s.compute_end is None for s in steps if not s.phased)
+    assert all([n for n, _, _ in s.spans] == list(PHASES) for s in steps if s.phased)
+    sampled = statistics.median(s.seconds() for s in steps if s.phased)
+    others = statistics.median(s.seconds() for s in steps if not s.phased)
+    assert sampled == pytest.approx(others, rel=0.2), (sampled, others)
+    t = epoch_timing(steps, CommStats())
+    assert t["sampled"] == len(picked)
+    assert sum(t["phases"][p]["total"] for p in PHASES) == pytest.approx(
+        sum(s.seconds() for s in steps), rel=1e-9)
+    assert t["phases"]["step"]["total"] == pytest.approx(sum(s.end - s.start for s in steps), rel=0.02)

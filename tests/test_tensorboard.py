@@ -279,12 +279,13 @@ def test_a_fresh_start_hides_what_a_former_attempt_wrote(tmp_path):
 def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_data_root):
     """A 2-rank run as a user runs it: per-step points are on disk while the first epoch
     runs; SIGTERM stops it mid-epoch, the same command continues it, and TensorBoard
-    shows one run whose every tag has each step once, per-step points every 5 steps."""
+    shows one run whose every tag has each step once, per-step points every 5 steps, each
+    from a step whose phases were stamped (300 steps an epoch: the phases are sampled)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    args = ("train.epochs=2", "train.max_steps_per_epoch=150", "train.stop_check_s=0.2",
-            "timing.tb_every=5", "debug.slow_rank=0", "debug.slow_ms=30",  # ~5 s an epoch
+    args = ("train.epochs=2", "train.max_steps_per_epoch=300", "train.stop_check_s=0.2",
+            "timing.tb_every=5", "debug.slow_rank=0", "debug.slow_ms=20",  # ~6 s an epoch
             f"data.root={shared_data_root}")
     proc = _start(run_dir, *args, world=2)
     try:
@@ -310,13 +311,19 @@ def test_live_then_sigterm_and_resume_keep_one_continuous_axis(tmp_path, shared_
     finally:
         _clean_up(proc, run_dir)
     acc = tensorboard(run_dir)  # one run in tb/
-    assert acc.path.endswith("/tb/ddp_w2_mlp_150steps_slow0-30ms")
+    assert acc.path.endswith("/tb/ddp_w2_mlp_300steps_slow0-20ms")
     for tag in acc.Tags()["scalars"]:
         steps = [e.step for e in acc.Scalars(tag)]
         assert steps == sorted(set(steps)), (tag, steps, stopped_at)
-    assert [s for s, _ in _points(acc, "step/time[ms]")] == list(range(5, 301, 5)), stopped_at
-    assert [s for s, _ in _points(acc, "loss/train")] == [150, 300]
-    assert all(v == (1.0 if s <= 150 else 2.0) for s, v in _points(acc, "epoch"))
+    assert [s for s, _ in _points(acc, "step/time[ms]")] == list(range(5, 601, 5)), stopped_at
+    # rank 0's injected 20 ms is compute; a step without its phases would show no sync
+    assert all(v > 0 for _, v in _points(acc, "step/sync[ms]"))
+    assert all(v >= 20 for _, v in _points(acc, "step/compute[ms]"))
+    assert [s for s, _ in _points(acc, "loss/train")] == [300, 600]
+    assert all(v == (1.0 if s <= 300 else 2.0) for s, v in _points(acc, "epoch"))
+    # the second epoch ran whole in the second allocation: its phases rest on a sample
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["epoch"] == 2 and 64 <= last["steps_sampled"] < 300, last["steps_sampled"]
     print(f"stopped at epoch {stopped_at[0]} step {stopped_at[1]}: one continuous axis")
 
 

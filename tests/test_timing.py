@@ -327,3 +327,102 @@ def test_cuda_step_watch_never_waits_for_the_gpu():
     assert seen[1] == []  # step 1's kernels were still running when step 2 started
     torch.cuda.synchronize()
     assert timer.ready(0) is not None and rec.ready(0, 1) is not None
+
+
+# ------------------------------------------------------------ sampled steps
+def _noisy_epoch(n_steps: int, seed: int = 0):
+    """`n_steps` steps of five phases with lognormal noise (and a rare slow step), one
+    collective a step that runs past its compute end, the compute end marked in backward."""
+    import random
+
+    from ddp_lab.timing import CommCall, CommStats
+
+    rng = random.Random(seed)
+    steps, calls, t = [], [], 0.0
+    for i in range(n_steps):
+        spans = []
+        for k, p in enumerate(PHASES):
+            d = 0.001 * (k + 1) * rng.lognormvariate(0, 0.25) * (4 if rng.random() < 0.01 else 1)
+            spans.append((p, t, t + d))
+            t += d
+        back = spans[2]
+        mark = back[1] + 0.8 * (back[2] - back[1])
+        steps.append(StepTimes(spans, mark))
+        calls.append(CommCall("all_reduce", 100, 150, 150, mark - 0.0005, spans[3][2]))
+    comm = CommStats(calls=len(calls), timed=calls,
+                     seconds=union_length([(c.start, c.end) for c in calls]))
+    return steps, comm
+
+
+def _as_sampled(steps, picked):
+    """`steps` as the timer leaves them when only `picked` are sampled: the others one span."""
+    return [st if i in picked else StepTimes([("step", st.start, st.end)], None, phased=False)
+            for i, st in enumerate(steps)]
+
+
+def test_sampled_phases_agree_with_every_step_phases():
+    """One epoch of 938 noisy steps, figured from every step and from the sampled ones the
+    records pick (a TensorBoard point every 50, the trace's first and last 10): the step's
+    time, comm in flight and the stragglers' per-step comm are the same to the bit; the
+    phases' medians and totals, compute and exposed comm agree within 10% (the sampling
+    error of ~100 steps under this noise: a few percent), and the phases add up to the step."""
+    from ddp_lab.rank.records import sampled_steps
+
+    picked = sampled_steps(0, 938, every=50, keep=10)
+    for seed in range(3):
+        _agree(*_noisy_epoch(938, seed), picked)
+
+
+def _agree(steps, comm, picked):
+    assert 64 <= len(picked) < 938 / 5
+    assert all(i in picked for i in range(49, 938, 50)) and {0, 9, 928, 937} <= picked
+    every, some = epoch_timing(steps, comm), epoch_timing(_as_sampled(steps, picked), comm)
+    assert every["sampled"] == 938 and some["sampled"] == len(picked)
+    assert some["phases"]["step"] == every["phases"]["step"]
+    assert some["comm_step"] == every["comm_step"] and some["comm_fraction"] == every["comm_fraction"]
+    assert (comm.per_step_seconds(_as_sampled(steps, picked))
+            == comm.per_step_seconds(steps))
+    for p in PHASES:
+        for stat in ("median", "total"):
+            assert some["phases"][p][stat] == pytest.approx(every["phases"][p][stat], rel=0.1), (p, stat)
+    for key in ("compute_s", "exposed_s"):
+        assert some[key] == pytest.approx(every[key], rel=0.1), key
+    # the scaled totals add up to the step's time, measured on every step
+    assert sum(some["phases"][p]["total"] for p in PHASES) == pytest.approx(
+        some["phases"]["step"]["total"], rel=1e-9)
+    assert sum(some["phases"][p]["mean"] for p in PHASES) == pytest.approx(
+        some["phases"]["step"]["mean"], rel=1e-9)
+
+
+def test_a_short_epoch_is_sampled_whole_and_a_resumed_part_keeps_the_global_points():
+    from ddp_lab.rank.records import MIN_SAMPLED, SAMPLE_ALL, sampled_steps
+
+    assert sampled_steps(0, SAMPLE_ALL, every=7, keep=3) is None
+    # a part resumed 123 steps into the run: its points are at the global multiples of 50
+    picked = sampled_steps(123, 500, every=50, keep=0)
+    assert {i for i in range(500) if (123 + i + 1) % 50 == 0} <= picked
+    assert len(picked) >= MIN_SAMPLED
+
+
+def test_an_unsampled_step_is_one_span_and_its_gradients_stamp_nothing():
+    model = torch.nn.Linear(3, 2)
+    timer = StepTimer(Clock(CPU))
+    timer.watch_grads(model)
+    timer.sample({0, 2})
+    for _ in range(4):
+        for p in PHASES:
+            with timer.phase(p):
+                if p == "backward":
+                    model(torch.ones(1, 3)).sum().backward()
+        assert timer.now == "optim"  # where the rank is: said on every step
+        timer.end_step()
+    steps = timer.collect()
+    assert [s.phased for s in steps] == [True, False, True, False]
+    assert [n for n, _, _ in steps[1].spans] == ["step"] and steps[1].compute_end is None
+    assert [n for n, _, _ in steps[0].spans] == list(PHASES) and steps[0].compute_end is not None
+    assert steps[0].end <= steps[1].start < steps[1].end <= steps[2].start
+    # the next epoch's steps count from 0 again, under the set given
+    with timer.phase("data"):
+        pass
+    timer.end_step()
+    assert timer.collect()[0].phased

@@ -127,3 +127,28 @@ def test_cuda_pool_makes_no_event_after_the_first_epoch():
         made = clock.made
         assert len(steps) == 20
     assert clock.made == made == 20 * (len(PHASES) + 1) + 20 * 2
+
+
+def test_an_unsampled_step_records_two_events_and_hands_them_back():
+    """The CUDA path of `StepTimer.sample`: a sampled step one event per boundary (and one for
+    its compute end), another its start and end only; every event back in the pool."""
+    clock = SpyClock()
+    clock.anchor()
+    timer = StepTimer(clock)
+    model = torch.nn.Linear(3, 2)
+    timer.watch_grads(model)
+    timer.sample({0})
+    before = FakeEvent.recorded
+    for i in range(3):
+        for p in PHASES:
+            with timer.phase(p):
+                if p == "backward":
+                    model(torch.ones(1, 3)).sum().backward()
+        timer.end_step()
+        recorded, before = FakeEvent.recorded - before, FakeEvent.recorded
+        # the mark re-records its one event per gradient: 2 parameters
+        assert recorded == (len(PHASES) + 1 + 2 if i == 0 else 2), i
+    steps = timer.collect()
+    assert [s.phased for s in steps] == [True, False, False]
+    assert steps[0].compute_end is not None and steps[1].compute_end is None
+    assert len(clock._free) == clock.made

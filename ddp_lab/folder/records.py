@@ -106,6 +106,9 @@ class EpochRecord(_Record):
     # this rank's seconds in the steps this record timed (phase `step`'s total; with timing off,
     # the loop's busy time): the denominator of the run's comm_fraction and step time
     step_time_s: Optional[float] = None
+    # the steps whose phases were stamped (docs/timing.md, "Which steps are sampled"): phase_s's
+    # phases, compute_s and comm_exposed_s rest on them, scaled to every step; None: timing off
+    steps_sampled: Optional[int] = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
 

@@ -185,7 +185,7 @@ class Telemetry:
         self.every = (step_stride(cfg.timing.tb_every, cfg.train.epochs * steps_per_epoch)
                       if self.timing else 0)
         self.written_step = 0  # the last per-step point written
-        self.syncer, self.profiler = syncer, profiler
+        self.syncer, self.profiler, self.timer = syncer, profiler, timer
         self.watch = (StepWatch(timer, syncer.comm, self.every, self._live_point)
                       if timer is not None and self.every > 0 and ctx.env.is_main else None)
 
@@ -252,7 +252,13 @@ class Telemetry:
         self.fingerprint_id = fingerprints.fingerprint_id(self.fingerprint)
 
     def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
-        """Epoch `epoch`'s step numbers from `first_step` on, shown as they go; starts the watch."""
+        """Epoch `epoch`'s step numbers from `first_step` on, shown as they go; the steps whose
+        phases are stamped (every step under the profiler, whose witnesses compare each); starts
+        the watch."""
+        if self.timer is not None:
+            self.timer.sample(None if self.profiler is not None else sampled_steps(
+                epoch * self.steps_per_epoch + first_step, self.steps_per_epoch - first_step,
+                self.every, self.trace.keep if self.trace.enabled else 0))
         if self.watch is not None:
             self.watch.begin(epoch * self.steps_per_epoch + first_step)
         return self._progress.wrap(range(first_step, self.steps_per_epoch),
@@ -506,6 +512,7 @@ def timing_fields(t: dict, comm: CommStats, per_rank: list, tally: Any, *,
         "comm_exposed_fraction": t["exposed_fraction"] if timed else None,
         "comm_inflight_s": comm.seconds if timed else None,
         "compute_s": t["compute_s"] if timed else None,
+        "steps_sampled": t["sampled"] if timed else None,
         "overlap": overlap,
         "stragglers": {**stragglers([r[0] for r in per_rank], tally),
                        "measure": "step time" if timed else "wall time",
@@ -553,6 +560,26 @@ def kept_steps(n_steps: int, keep: int) -> list[int]:
     if keep <= 0:
         return []
     return sorted(set(range(min(keep, n_steps))) | set(range(max(0, n_steps - keep), n_steps)))
+
+
+# ------------------------------------------------------------------ the sampled steps
+# an epoch of up to SAMPLE_ALL steps has every step's phases stamped; a longer one at least
+# MIN_SAMPLED, evenly spread, with the live TensorBoard steps and the trace's (docs/timing.md)
+SAMPLE_ALL = 200
+MIN_SAMPLED = 64
+
+
+def sampled_steps(done: int, n: int, every: int, keep: int) -> Optional[set[int]]:
+    """Which of a part of `n` steps (indices 0..n-1, `done` global steps before it) have their
+    phases stamped; None: all. Every `every`-th global step (a TensorBoard point), the first and
+    last `keep` (the trace), and one in every n // MIN_SAMPLED."""
+    if n <= SAMPLE_ALL:
+        return None
+    picked = set(range(0, n, n // MIN_SAMPLED)) | set(kept_steps(n, keep))
+    if every > 0:
+        # the global step done + i + 1 a multiple of `every`
+        picked |= set(range(-(done + 1) % every, n, every))
+    return picked
 
 
 def _us(seconds: float) -> float:

@@ -5,6 +5,9 @@
     with timer.phase("data"): ...      # data, forward, backward, sync, optim
     timer.end_step()
 
+Phases are stamped on the sampled steps only (`sample`, set by the records at each epoch's start:
+the live TensorBoard steps, the trace's, and at least `MIN_SAMPLED` an epoch); every other step
+keeps one ("step", start, end) span, two stamps (docs/timing.md, "Which steps are sampled").
 The timer keeps the phase running and the steps ended as plain attributes (`now`, `ended`) for the
 heartbeat record to read. On CUDA a phase's end is the next one's start (one event per boundary,
 from the clock's pool, handed back once read); on CPU each phase takes two stamps. `GradReadyMark`
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -33,6 +36,8 @@ class StepTimes:
     spans: list[tuple[str, float, float]]
     # the step's last gradient ready (GradReadyMark)
     compute_end: Optional[float] = None
+    # its phases stamped (a sampled step); False: one ("step", start, end) span
+    phased: bool = True
 
     @property
     def start(self) -> float:
@@ -47,6 +52,10 @@ class StepTimes:
         for name, s, e in self.spans:
             d[name] = d.get(name, 0.0) + (e - s)
         return d
+
+    def seconds(self) -> float:
+        """The step's time: its phases' sum (a sampled step), its one span (another)."""
+        return sum(e - s for _, s, e in self.spans)
 
     def compute_end_or_backward_end(self) -> float:
         """compute end; without a mark, the end of the step's last backward span."""
@@ -77,6 +86,8 @@ class GradReadyMark:
         self.clock = clock
         self.cuda = clock.cuda
         self.last: Any = None
+        # False on a step that is not sampled: nothing stamped
+        self.on = True
         # CUDA: events handed out this epoch
         self._used: list = []
         self._event: Any = None
@@ -84,6 +95,8 @@ class GradReadyMark:
                         for p in module.parameters() if p.requires_grad]
 
     def _hook(self, _param: torch.Tensor) -> None:
+        if not self.on:
+            return
         if not self.cuda:
             self.last = time.perf_counter()
             return
@@ -145,9 +158,10 @@ class _SharedPhase:
 
 
 class StepTimer:
-    """Stamps the phases of every step; `collect()` resolves them once per epoch. `now` (the phase
-    running, "step end" between steps) and `ended` (steps ended) are kept even untimed;
-    `on_step_end()`, if given, is called as each step ends."""
+    """Stamps each step: its phases on a sampled step, its start and end on the others;
+    `collect()` resolves them once per epoch. `now` (the phase running, "step end" between steps)
+    and `ended` (steps ended) are kept even untimed; `on_step_end()`, if given, is called as each
+    step ends."""
 
     def __init__(self, clock: Clock, enabled: bool = True,
                  on_step_end: Optional[Callable[[], None]] = None):
@@ -158,20 +172,42 @@ class StepTimer:
         self._steps: list[list] = []
         # each step's compute-end stamp (GradReadyMark), or None
         self._marks: list = []
+        # each step's: its phases stamped
+        self._phased: list[bool] = []
         self._current: list = []
         self._phases: dict[str, object] = {}
         # CUDA: the current step's last boundary (a phase's end event)
         self._edge = None
         self.grads: Optional[GradReadyMark] = None
+        # the steps (indices since the last collect) whose phases are stamped; None: every step
+        self.sampled: Optional[frozenset[int]] = None
+        # this step's phases stamped; else its start (the first phase's), once
+        self._sampling, self._start = True, None
 
     def watch_grads(self, module: torch.nn.Module) -> None:
         """Stamp compute end (the step's last gradient ready) on `module`'s parameters."""
         if self.enabled:
             self.grads = GradReadyMark(self.clock, module)
+            self.grads.on = self._sampling
+
+    def sample(self, steps: Optional[Iterable[int]]) -> None:
+        """From the next step on: the steps (indices since the last collect) whose phases are
+        stamped; None: every step."""
+        self.sampled = None if steps is None else frozenset(steps)
+        self._next_step()
+
+    def _next_step(self) -> None:
+        self._sampling = self.sampled is None or len(self._steps) in self.sampled
+        if self.grads is not None:
+            self.grads.on = self._sampling
 
     def phase(self, name: str):
         self.now = name
         if not self.enabled:
+            return UNTIMED
+        if not self._sampling:
+            if self._start is None:
+                self._start = self.clock.stamp()
             return UNTIMED
         ph = self._phases.get(name)
         if ph is None:
@@ -180,9 +216,16 @@ class StepTimer:
 
     def end_step(self) -> None:
         if self.enabled:
-            self._steps.append(self._current)
-            self._marks.append(self.grads.take() if self.grads is not None else None)
-            self._current, self._edge = [], None
+            if self._sampling:
+                self._steps.append(self._current)
+                self._marks.append(self.grads.take() if self.grads is not None else None)
+            else:
+                end = self.clock.stamp()
+                self._steps.append([("step", end if self._start is None else self._start, end)])
+                self._marks.append(None)
+            self._phased.append(self._sampling)
+            self._current, self._edge, self._start = [], None, None
+            self._next_step()
         self.now, self.ended = "step end", self.ended + 1
         # after: a listener may read the step (`ready`)
         if self.on_step_end is not None:
@@ -199,13 +242,15 @@ class StepTimer:
             return None
         sec = self.clock.seconds
         return StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
-                         None if mark is None else sec(mark))
+                         None if mark is None else sec(mark), self._phased[i])
 
     def collect(self) -> list[StepTimes]:
         """The steps since the last collect, in seconds (CUDA: one synchronize here; the events
         then go back to the clock's pool)."""
         raw, self._steps = self._steps, []
         marks, self._marks = self._marks, []
+        phased, self._phased = self._phased, []
+        self._next_step()
         if not raw:
             if self.grads is not None:
                 self.grads.recycle()
@@ -213,7 +258,8 @@ class StepTimer:
         self.clock.synchronize()
         sec = self.clock.seconds
         out = [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
-                         None if m is None else sec(m)) for spans, m in zip(raw, marks)]
+                         None if m is None else sec(m), p)
+               for spans, m, p in zip(raw, marks, phased)]
         if self.grads is not None:
             self.grads.recycle()
         # each boundary once: a shared one is two spans' stamp

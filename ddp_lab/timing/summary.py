@@ -32,19 +32,42 @@ def describe(values: Sequence[float]) -> dict[str, float]:
             "p95": percentile(values, 95), "total": float(sum(values))}
 
 
+def sampled(steps: Sequence[StepTimes]) -> tuple[list[StepTimes], float]:
+    """The steps whose phases were stamped, and what their sums are scaled by to stand for all
+    `steps`: every step's time over theirs (1.0 when every step was sampled; 0.0 with none). A
+    phase's total is then its share of the sampled steps' time, of every step's time."""
+    phased = [s for s in steps if s.phased]
+    if len(phased) == len(steps):
+        return phased, 1.0
+    own = sum(s.seconds() for s in phased)
+    return phased, (sum(s.seconds() for s in steps) / own if own > 0 else 0.0)
+
+
 def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
-    """mean/median/p95/total seconds per phase and for the whole step."""
-    durs = [s.durations() for s in steps]
-    out = {p: describe([d.get(p, 0.0) for d in durs]) for p in PHASES}
-    out["step"] = describe([sum(d.values()) for d in durs])
+    """mean/median/p95/total seconds per phase and for the whole step. The step's from every
+    step; the phases' medians and p95 from the sampled steps, their totals and means scaled to
+    every step (so the phases add up to the step)."""
+    phased, scale = sampled(steps)
+    durs = [s.durations() for s in phased]
+    out = {}
+    for p in PHASES:
+        out[p] = describe([d.get(p, 0.0) for d in durs])
+        if len(phased) < len(steps):
+            out[p]["total"] *= scale
+            out[p]["mean"] = out[p]["total"] / len(steps)
+    out["step"] = describe([s.seconds() for s in steps])
     return out
 
 
 def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
-    """Per-phase statistics, comm time per step and the comm share of step time."""
+    """Per-phase statistics, comm time per step and the comm share of step time. Comm in flight
+    and the step's time from every step; exposed comm and compute, which need a step's compute
+    end, from the sampled steps, scaled to every step as the phases are."""
     phases = summarise_steps(steps)
     comm_steps = describe(comm.per_step_seconds(steps))
-    exposed = float(sum(comm.per_step_exposed(steps)))
+    phased, scale = sampled(steps)
+    exposed_each = comm.per_step_exposed(steps)
+    exposed = scale * float(sum(x for x, s in zip(exposed_each, steps) if s.phased))
     step_total = phases["step"]["total"]
     fraction: Optional[float] = None
     exposed_fraction: Optional[float] = None
@@ -55,7 +78,8 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
         exposed_fraction = min(1.0, exposed / step_total)
     return {"phases": phases, "comm_step": comm_steps, "comm_fraction": fraction,
             "exposed_s": exposed if steps else None, "exposed_fraction": exposed_fraction,
-            "compute_s": float(sum(s.compute_seconds() for s in steps)) if steps else None}
+            "compute_s": scale * float(sum(s.compute_seconds() for s in phased))
+            if steps else None, "sampled": len(phased)}
 
 
 # The last arriver at a step's collectives waits least: a rank's lead = median over the others of
