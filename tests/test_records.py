@@ -65,7 +65,8 @@ def test_old_files_read_as_version_0_with_every_value():
                     "comm_inflight_s": None, "compute_s": None, "overlap": None}
     assert rec.to_dict() == {**json.loads(OLD_METRICS_LINE), "schema_version": 0,
                              "resumed_at_step": None, "straggler": None, "compress": None,
-                             "train_accuracy": None, "step_time_s": None, **overlap_keys}
+                             "train_accuracy": None, "step_time_s": None, "steps_sampled": None,
+                             **overlap_keys}
 
     s = RunSummary.from_dict(json.loads(OLD_SUMMARY))
     assert s.schema_version == 0 and s.extra == {}

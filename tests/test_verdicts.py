@@ -103,6 +103,22 @@ def _folder(run_dir: Path, launcher: str, status: str | None) -> None:
              "job_id": JOB if launcher == "slurm" else None}))
 
 
+def _exec_seen(pid: int, word: str, timeout: float = 20.0) -> None:
+    """Wait until the child's command line is its own (a loaded machine may not have run its
+    exec yet when Popen returns: status would see pytest's)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if word in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never showed {word!r} in its command line")
+
+
 @pytest.mark.parametrize("case, launcher, status, said, alive, state, detail, rc", CASES,
                          ids=[c[0] for c in CASES])
 def test_every_verdict(tmp_path, monkeypatch, case, launcher, status, said, alive, state,
@@ -121,6 +137,7 @@ def test_every_verdict(tmp_path, monkeypatch, case, launcher, status, said, aliv
         # a rank of the job: its command line names the entry and the folder, as torchrun's do
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                  "ddp_lab.worker", str(run_dir)])
+        _exec_seen(proc.pid, str(run_dir))
     try:
         info = st.inspect(run_dir)
     finally:
