@@ -43,11 +43,13 @@ def sampled(steps: Sequence[StepTimes]) -> tuple[list[StepTimes], float]:
     return phased, (sum(s.seconds() for s in steps) / own if own > 0 else 0.0)
 
 
-def summarise_steps(steps: Sequence[StepTimes]) -> dict[str, dict[str, float]]:
+def summarise_steps(steps: Sequence[StepTimes],
+                    sample: Optional[tuple[list[StepTimes], float]] = None
+                    ) -> dict[str, dict[str, float]]:
     """mean/median/p95/total seconds per phase and for the whole step. The step's from every
     step; the phases' medians and p95 from the sampled steps, their totals and means scaled to
-    every step (so the phases add up to the step)."""
-    phased, scale = sampled(steps)
+    every step (so the phases add up to the step). `sample`: `sampled(steps)`, if made."""
+    phased, scale = sample or sampled(steps)
     durs = [s.durations() for s in phased]
     out = {}
     for p in PHASES:
@@ -63,9 +65,9 @@ def epoch_timing(steps: Sequence[StepTimes], comm: CommStats) -> dict[str, Any]:
     """Per-phase statistics, comm time per step and the comm share of step time. Comm in flight
     and the step's time from every step; exposed comm and compute, which need a step's compute
     end, from the sampled steps, scaled to every step as the phases are."""
-    phases = summarise_steps(steps)
+    phased, scale = sample = sampled(steps)
+    phases = summarise_steps(steps, sample)
     comm_steps = describe(comm.per_step_seconds(steps))
-    phased, scale = sampled(steps)
     exposed_each = comm.per_step_exposed(steps)
     exposed = scale * float(sum(x for x, s in zip(exposed_each, steps) if s.phased))
     step_total = phases["step"]["total"]
