@@ -78,10 +78,9 @@ def test_epoch_batches_end_after_the_step_the_ranks_agreed_to_stop_at():
 
 def test_real_steps_sampled_as_the_records_pick_stand_for_the_others():
     """600 real training steps timed as a run's records time them (the sampled steps' phases,
-    the others' start and end): exactly the records' steps carry phases, a sampled step's time
-    is what an unsampled one's is (the sample stands for the rest; its stamps cost nothing
-    visible), and the epoch's phases add up to every step's time."""
-    import statistics
+    the others' start and end): exactly the records' steps carry phases, the others one span,
+    and the epoch's phases add up to every step's time. (Whether a sampled step costs what an
+    unsampled one does is a timing claim: the epoch benchmark holds it, not this test.)"""
 
     from ddp_lab.rank.records import sampled_steps
     from ddp_lab.timing import PHASES, epoch_timing
@@ -102,9 +101,6 @@ def test_real_steps_sampled_as_the_records_pick_stand_for_the_others():
     assert [i for i, s in enumerate(steps) if s.phased] == sorted(picked)
     assert all(len(s.spans) == 1 and s.compute_end is None for s in steps if not s.phased)
     assert all([n for n, _, _ in s.spans] == list(PHASES) for s in steps if s.phased)
-    sampled = statistics.median(s.seconds() for s in steps if s.phased)
-    others = statistics.median(s.seconds() for s in steps if not s.phased)
-    assert sampled == pytest.approx(others, rel=0.2), (sampled, others)
     t = epoch_timing(steps, CommStats())
     assert t["sampled"] == len(picked)
     assert sum(t["phases"][p]["total"] for p in PHASES) == pytest.approx(
