@@ -409,7 +409,10 @@ def test_an_unsampled_step_is_one_span_and_its_gradients_stamp_nothing():
     timer = StepTimer(Clock(CPU))
     timer.watch_grads(model)
     timer.sample({0, 2})
+    hooked = []
     for _ in range(4):
+        # an unsampled step's backward calls no hook of ours: none is attached
+        hooked.append(sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()))
         for p in PHASES:
             with timer.phase(p):
                 if p == "backward":
@@ -418,6 +421,7 @@ def test_an_unsampled_step_is_one_span_and_its_gradients_stamp_nothing():
         timer.end_step()
     steps = timer.collect()
     assert [s.phased for s in steps] == [True, False, True, False]
+    assert hooked == [2, 0, 2, 0]
     assert [n for n, _, _ in steps[1].spans] == ["step"] and steps[1].compute_end is None
     assert [n for n, _, _ in steps[0].spans] == list(PHASES) and steps[0].compute_end is not None
     assert steps[0].end <= steps[1].start < steps[1].end <= steps[2].start
