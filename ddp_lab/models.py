@@ -125,12 +125,7 @@ def build_optimizer(
     # ddp_lab/world/torch_support.py)
     params = list(params)
     device = params[0].device.type if params else "cpu"
-    use = torch_support.fused(cfg.name, device, cfg.fused)
-    if use and cfg.name == "sgd" and any(type(p).__name__ == "DTensor" for p in params):
-        # sync=fsdp2's sharded weights: aten._fused_sgd_ has no DTensor rule (a NotImplementedError
-        # at the first step); optim.fused=true is refused before the start
-        torch_support.choose("optim.fused=null: the per-tensor loop (torch's fused SGD takes no "
-                             "fsdp2 DTensor)")
-        use = False
+    sharded = any(type(p).__name__ == "DTensor" for p in params)  # sync=fsdp2
+    use = torch_support.fused(cfg.name, device, cfg.fused, sharded)
     fused = {"fused": True} if use else {}
     return OPTIMIZERS.get(cfg.name)(cfg, params, lr, **fused)

@@ -21,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
-from ..config import batch_plan, check_model, check_sync, cuda_graph_problem, device_type
+from ..config import batch_plan, check_model, check_optim, check_sync, cuda_graph_problem, device_type
 from ..config.errors import UserError
 from ..config.run import debug_problem
 from ..config.student import absolute_spec, one_function
@@ -290,6 +290,7 @@ def _fix_of(check: Callable[[DictConfig], object]) -> Rule:
 sync_fits = _fix_of(lambda cfg: check_sync(cfg.sync, world_size(cfg)))
 batch_fits = _fix_of(lambda cfg: batch_plan(cfg.train, world_size(cfg)))
 model_fits = _fix_of(lambda cfg: check_model(cfg.model))
+optimiser_fits = _fix_of(lambda cfg: check_optim(cfg.optim))
 
 
 def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:
@@ -394,19 +395,24 @@ def group_names(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-def finite_numbers(cfg: DictConfig, prefix: str = "") -> Optional[str]:
-    """No key holds nan or inf: a timeout, a rate or a delay a rank cannot turn into a number."""
-    for key in cfg:
-        node = cfg._get_node(key)
-        if isinstance(node, DictConfig):
-            found = finite_numbers(node, f"{prefix}{key}.")
+def finite_numbers(cfg: DictConfig) -> Optional[str]:
+    """No key holds nan or inf: a timeout, a rate or a delay a rank cannot turn into a number.
+    (Interpolations are left unresolved: a `${...}` is checked where it is resolved.)"""
+    def walk(node: Any, prefix: str) -> Optional[str]:
+        if isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, list):
+            items = ((str(i), v) for i, v in enumerate(node))
+        else:
+            bad = isinstance(node, float) and not math.isfinite(node)
+            return f"{prefix}={node}: must be a finite number" if bad else None
+        for key, value in items:
+            found = walk(value, f"{prefix}.{key}" if prefix else str(key))
             if found:
                 return found
-            continue
-        value = node._value() if hasattr(node, "_value") else None
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"{prefix}{key}={value}: must be a finite number"
-    return None
+        return None
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")
 
 
 def _local(cfg: DictConfig) -> bool:
@@ -436,23 +442,6 @@ def ranks_fit(cfg: DictConfig) -> Optional[str]:
     if not _local(cfg) and n > MAX_RANKS_PER_NODE:
         return (f"launcher.nproc_per_node={n}: at most {MAX_RANKS_PER_NODE} ranks a node "
                 "(one per GPU or per core)")
-    return None
-
-
-def optimiser_fits(cfg: DictConfig) -> Optional[str]:
-    """What torch.optim refuses when the ranks build it, said here: Adam's two betas in [0, 1) and
-    eps > 0, SGD's momentum >= 0, a weight decay >= 0."""
-    o = cfg.optim
-    if o.weight_decay < 0:
-        return f"optim.weight_decay={o.weight_decay}: must be >= 0"
-    if o.name == "adam":
-        betas = list(o.betas)
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            return f"optim.betas={betas}: two decay rates, each in [0, 1), e.g. [0.9,0.999]"
-        if o.eps <= 0:
-            return f"optim.eps={o.eps}: must be > 0 (e.g. 1e-8)"
-    if o.name == "sgd" and o.momentum < 0:
-        return f"optim.momentum={o.momentum}: must be >= 0"
     return None
 
 

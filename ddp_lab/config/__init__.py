@@ -145,6 +145,11 @@ def check_model(cfg: ModelConfig) -> None:
     schema_for("model", cfg.name).check(cfg)
 
 
+def check_optim(cfg: OptimConfig) -> None:
+    """Raise ValueError (with the fix) if optim section `cfg` is one torch.optim refuses."""
+    schema_for("optim", cfg.name).check(cfg)
+
+
 def check_sync(cfg: SyncConfig, world_size: int) -> None:
     """Raise ValueError (with the fix) if sync section `cfg` cannot run on `world_size` ranks."""
     schema_for("sync", cfg.name).check(with_defaults(cfg), world_size)

@@ -118,14 +118,36 @@ class OptimConfig:
                                       "the installed torch has it for the device (CPU: torch "
                                       ">= 2.4); false = torch's per-tensor loop")
 
+    @classmethod
+    def check(cls, cfg: OptimConfig) -> None:
+        """Raise ValueError, with the fix, for what torch.optim refuses when the ranks build it."""
+        if cfg.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay={cfg.weight_decay}: must be >= 0")
+
 
 @dataclass
 class AdamConfig(OptimConfig):
     betas: List[float] = doc([0.9, 0.999], "Adam's moment decay rates")
     eps: float = doc(1e-8, "Adam's denominator epsilon")
 
+    @classmethod
+    def check(cls, cfg: AdamConfig) -> None:
+        super().check(cfg)
+        betas = list(cfg.betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"optim.betas={betas}: two decay rates, each in [0, 1), "
+                             "e.g. [0.9,0.999]")
+        if cfg.eps <= 0:
+            raise ValueError(f"optim.eps={cfg.eps}: must be > 0 (e.g. 1e-8)")
+
 
 @dataclass
 class SGDConfig(OptimConfig):
     momentum: float = doc(0.0, "momentum factor")
     nesterov: bool = doc(False, "Nesterov momentum")
+
+    @classmethod
+    def check(cls, cfg: SGDConfig) -> None:
+        super().check(cfg)
+        if cfg.momentum < 0:
+            raise ValueError(f"optim.momentum={cfg.momentum}: must be >= 0")

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from ..world import cpu
-from ..world.env import keep_handlers
+from ..world.env import AGENT_SIGNALS
 
 # the entries this torchrun may fork ranks of, with what each imports first, once here (torch,
 # torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
@@ -45,27 +45,32 @@ def fork_ranks(args) -> bool:
         return False
     for module in preload:
         importlib.import_module(module)
-    keep_handlers()
     args.training_script = importlib.util.find_spec(args.training_script).origin
     args.module, args.run_path, args.start_method = False, True, "fork"
-    _return_on_exit_0()
+    _forked_entry()
     # a forked rank that fails is logged with torch's own traceback of noticing it (a
     # ProcessExitedException); a fresh interpreter's, in one line: keep the line
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_no_traceback)
     return True
 
 
-def _return_on_exit_0() -> None:
-    """A forked rank must return its result from the entry, which ends with `sys.exit(rc)`: torch
-    2.2 lets `SystemExit(0)` end the process with no result and its agent waits for ever, so the
-    entry run here turns it into a return on every torch."""
+def _forked_entry() -> None:
+    """The entry each forked rank runs: this process's signal handlers first (the ones a fresh
+    interpreter would have: the agent installs its own once it starts), and `sys.exit(rc)`'s 0
+    turned into a return (torch 2.2 lets `SystemExit(0)` end a forked rank with no result, and its
+    agent waits for ever)."""
+    import signal
+
     from torch.distributed import run as torchrun
 
     run_path = torchrun.run_script_path
-    if getattr(run_path, "returns_on_exit_0", False):
+    if getattr(run_path, "forked_entry", False):
         return
+    before = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
 
     def run_script_path(training_script: str, *training_script_args: str):
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
         try:
             return run_path(training_script, *training_script_args)
         except SystemExit as e:
@@ -73,7 +78,7 @@ def _return_on_exit_0() -> None:
                 raise
             return None
 
-    run_script_path.returns_on_exit_0 = True  # type: ignore[attr-defined]
+    run_script_path.forked_entry = True  # type: ignore[attr-defined]
     torchrun.run_script_path = run_script_path  # read by torchrun's config_from_args
 
 

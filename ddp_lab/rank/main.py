@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..world import cpu, ports
-from ..world.env import AGENT_SIGNALS, detect_env, restore_handlers
+from ..world.env import AGENT_SIGNALS, detect_env
 from ..world.hang import Watchdog
 from ..folder import heartbeat
 from ..folder.files import DiskFull, read_json_or_empty
@@ -242,9 +242,8 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
 
 # ------------------------------------------------------------------ a rank's start and end
 def as_forked_rank() -> None:
-    """A forked rank starts as a fresh `python -u` would: this process's signal handlers, not the
-    agent's, and its console written a whole line at a time (whole_lines)."""
-    restore_handlers()
+    """A forked rank starts as a fresh `python -u` would: its console written a whole line at a
+    time (whole_lines; its signal handlers the launcher's, not the agent's: launch/torchrun.py)."""
     whole_lines()
 
 

@@ -530,7 +530,10 @@ def announce(ctx: Any, cfg: Config, plan: BatchPlan, steps_per_epoch: int) -> No
              cfg.model.name, steps_per_epoch, plan.per_rank, plan.global_batch,
              plan.scaling, f"; {plan.accumulation} micro-batches of {plan.micro}"
              if plan.accumulation > 1 else "")
-    for line in torch_support.choices():  # defaults the installed torch could not honour
+    # defaults the installed torch could not honour
+    fused = torch_support.fused_note(cfg.optim.name, ctx.device.type, cfg.optim.fused,
+                                     sharded=cfg.sync.name == "fsdp2")
+    for line in (*ctx.notes, *([fused] if fused else [])):
         log.info("%s", line)
     if ctx.device.type == "cpu":
         share = cpu_share(ctx)

@@ -39,6 +39,8 @@ class DistContext:
     heartbeat: Optional[Heartbeat] = None
     watchdog: Watchdog = Watchdog(0)
     threads: Optional[RankThreads] = None
+    # defaults the installed torch could not honour, in words (the run's first lines say them)
+    notes: tuple[str, ...] = ()
 
     def _entering(self, op: str) -> None:
         if self.heartbeat is not None:
@@ -149,14 +151,14 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     heartbeat, watchdog and threads."""
     dev = choose_device(env, device)
     be = choose_backend(dev, backend)
-    kwargs = {}
+    kwargs, notes = {}, []
     if be == "nccl":
         if torch_support.accepts(dist.init_process_group, "device_id"):  # torch >= 2.3
             kwargs["device_id"] = dev  # binds the communicator to this GPU eagerly
         else:
-            torch_support.choose(f"dist.backend=nccl: the communicator binds to {dev} at the "
-                                 f"first collective (torch {torch_support.version()} has no "
-                                 "init_process_group(device_id=...); torch >= 2.3 has)")
+            notes.append(f"dist.backend=nccl: the communicator binds to {dev} at the first "
+                         f"collective (torch {torch_support.version()} has no "
+                         "init_process_group(device_id=...); torch >= 2.3 has)")
         # read by ProcessGroupNCCL when it is made: set them first
         if run_dir is not None:
             enable_flight_recorder(run_dir)
@@ -170,12 +172,11 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
     dist.init_process_group(be, init_method="env://", rank=env.rank,
                             world_size=env.world_size, timeout=init_timeout, **kwargs)
     if init_timeout_s and init_timeout_s != timeout_s and not set_timeout(timeout_s):
-        torch_support.choose(f"dist.timeout_s={timeout_s:g}: every collective keeps "
-                             f"dist.init_timeout_s={init_timeout_s:g} (torch "
-                             f"{torch_support.version()} cannot change a group's timeout; "
-                             "torch >= 2.3 can)")
+        notes.append(f"dist.timeout_s={timeout_s:g}: every collective keeps "
+                     f"dist.init_timeout_s={init_timeout_s:g} (torch {torch_support.version()} "
+                     "cannot change a group's timeout; torch >= 2.3 can)")
     try:
-        yield DistContext(env=env, backend=be, device=dev, **rank)
+        yield DistContext(env=env, backend=be, device=dev, notes=tuple(notes), **rank)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -6,10 +6,9 @@ from DDP_LAB_NODE_RANK/DDP_LAB_NUM_NODES) and RunAI/Kubeflow pods (PET_NNODES, P
 that order (docs/launchers.md, "What every launcher shares"); an inconsistent set raises `EnvError`.
 The same variables name the job around the rank (`allocation`) and its start (`startup_s`).
 
-And, torch-free: the GPUs this machine shows (`local_gpus`), death with the parent, and the signal
-handlers torchrun's agent takes over: the agent (ddp_lab/launch/torchrun.py) keeps this process's
-(`keep_handlers`) before it installs its own; a rank forked from it takes them back
-(`restore_handlers`, ddp_lab/rank/main.py).
+And, torch-free: the GPUs this machine shows (`local_gpus`), death with the parent, and the signals
+torchrun's agent takes over (`AGENT_SIGNALS`: a rank forked from the agent's process takes the
+process's own handlers back, ddp_lab/launch/torchrun.py).
 """
 
 from __future__ import annotations
@@ -261,19 +260,6 @@ def default_nproc() -> int:
 
 
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-_before_agent: dict = {}  # the handlers this process had before torchrun's agent took them
-
-
-def keep_handlers() -> None:
-    """Remember this process's handlers of AGENT_SIGNALS."""
-    for sig in AGENT_SIGNALS:
-        _before_agent[sig] = signal.getsignal(sig)
-
-
-def restore_handlers() -> None:
-    """Put back the handlers `keep_handlers` remembered."""
-    for sig, handler in _before_agent.items():
-        signal.signal(sig, handler)
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:

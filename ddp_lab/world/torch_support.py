@@ -1,26 +1,13 @@
 """What the installed torch has, where a default of ddp_lab's asks for more than the oldest torch
 it supports (pyproject.toml). A default it cannot honour picks what it has, and the run says so
-(`choices`); a value the user set that it cannot honour is refused before any rank starts
-(ddp_lab/command/validate.py).
+(`fused_note`, `DistContext.notes`); a value the user set that it cannot honour is refused before
+any rank starts (ddp_lab/command/validate.py).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-
-_choices: list[str] = []  # this process's choices, in the order they were made
-
-
-def choose(line: str) -> None:
-    """Record a choice a default made for the installed torch (once per line)."""
-    if line not in _choices:
-        _choices.append(line)
-
-
-def choices() -> list[str]:
-    return list(_choices)
-
 
 def version() -> str:
     import torch
@@ -51,16 +38,27 @@ def has_fused(optimizer: str, device_type: str) -> bool:
     return True
 
 
-def fused(optimizer: str, device_type: str, setting) -> bool:
+def fused(optimizer: str, device_type: str, setting, sharded: bool = False) -> bool:
     """optim.fused as the optimiser is built: null (the default) is the fused update where this
-    torch has it for `device_type`, else the per-tensor loop, said in the first lines."""
+    torch has it for `device_type` and the parameters (`sharded`: fsdp2's DTensors, which
+    aten._fused_sgd_ has no rule for: a NotImplementedError at the first step), else the
+    per-tensor loop, which `fused_note` says in the first lines."""
     if setting is not None:
         return bool(setting)
-    if has_fused(optimizer, device_type):
-        return True
-    choose(f"optim.fused=null: the per-tensor loop (torch {version()} has no fused "
-           f"{optimizer} update on {device_type}; torch >= 2.4 has)")
-    return False
+    return fused_note(optimizer, device_type, setting, sharded) is None
+
+
+def fused_note(optimizer: str, device_type: str, setting, sharded: bool = False) -> str | None:
+    """The line that says why optim.fused=null took the per-tensor loop (None: it did not)."""
+    if setting is not None:
+        return None
+    if not has_fused(optimizer, device_type):
+        return (f"optim.fused=null: the per-tensor loop (torch {version()} has no fused "
+                f"{optimizer} update on {device_type}; torch >= 2.4 has)")
+    if sharded and optimizer == "sgd":
+        # optim.fused=true is refused before the start (validate)
+        return "optim.fused=null: the per-tensor loop (torch's fused SGD takes no fsdp2 DTensor)"
+    return None
 
 
 def fused_refusal(optimizer: str, device_type: str) -> str | None:
