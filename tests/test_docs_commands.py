@@ -402,6 +402,13 @@ def bench_tensorboard(work):
     assert "| live |" in out and "| naive |" in out
 
 
+def bench_timing(work):
+    data = work["data"].removeprefix("data.root=")
+    out = ok(sh(work, [*SUITE, "timing", "--rounds", "1", "--epochs", "1", "--max-steps", "5",
+                       "--data-root", data]))
+    assert "| 1 | " in out and "timing on / off = " in out and "timing's CPU a step = " in out, out
+
+
 def bench_start(work):
     data = work["data"].removeprefix("data.root=")
     out = ok(sh(work, [*SUITE, "start", "--rounds", "1",
@@ -412,7 +419,7 @@ def bench_start(work):
 
 
 BENCHES = {"start": bench_start, "compress": bench_compress, "tensorboard": bench_tensorboard,
-           "stop": bench_stop,
+           "stop": bench_stop, "timing": bench_timing,
            "epoch": bench_epoch, "syncs": bench_syncs, "hierarchical": bench_hierarchical,
            "overlap": bench_overlap}
 SCRIPTS = {"gpu_check.sh": script_gpu_check, "gpu_session.sh": script_gpu_session,

@@ -31,7 +31,8 @@ T = TypeVar("T")
 # ddp_lab.bench.suite` lists
 NAMES = {"epoch": "epoch", "syncs": "syncs", "overlap": "syncs", "compress": "syncs",
          "hierarchical": "syncs", "stop": "machinery", "start": "machinery",
-         "tensorboard": "machinery", "truth": "truth", "network": "network"}
+         "tensorboard": "machinery", "timing": "machinery", "truth": "truth",
+         "network": "network"}
 
 
 @dataclass(frozen=True)

@@ -333,8 +333,94 @@ def tensorboard_run(args: argparse.Namespace) -> dict:
     return {"cpu_s_per_step": took, "ratios": found}
 
 
+# ------------------------------------------------------------------ timing
+TIMING_DOC = """What timing costs a run: the worker's whole training with timing on (the
+default) against `timing.enabled=false`, alternating in one process per rank (docs/performance.md,
+"Timing on against off").
+
+    python -m ddp_lab.bench.suite timing                     # 1 rank, 8 rounds of 2 epochs each way
+    python -m ddp_lab.bench.suite timing --world 2 --threads 1 --extra sync=ring
+
+Each run is `ddp_lab.rank.main.run_training` as the worker calls it (its records, TensorBoard's
+live points, the trace, the stop control; no checkpoint) in a fresh run folder; the process and
+its process group are the same for both, so what differs is timing alone. A round's ratio is its
+run with timing over its run without (medians of their epochs), and the figure is the median of
+the rounds' ratios: a shared VM's slow drift cancels within a round (goal <= 1.03). Beside it, what
+the wall clock of a noisy VM cannot resolve: the process's CPU time with timing over without, a
+step (every thread's, the work outside the epoch's clock included: an upper bound).
+"""
+
+TIMING_SPEC = Spec(compares="the worker's training with timing on and off, alternating in one "
+                            "process", rounds=8,
+                   ratios="timing on / off, the median of the rounds' ratios (goal <= 1.03)")
+
+
+def timing_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
+    import json
+
+    from ...config import compose
+    from ...rank.main import run_training
+    from ...train import train
+
+    torch.set_num_threads(args.threads)
+    base = [f"data.root={args.data_root}", f"train.epochs={args.epochs}", "train.checkpoint=false",
+            f"train.max_steps_per_epoch={args.max_steps}", "log.progress=false", *args.extra]
+    took: dict[str, list[float]] = {"on": [], "off": [], "cpu on": [], "cpu off": []}
+    # round 0: the warm-up (allocations, the first TensorBoard writer), not counted
+    for r, way in [(0, "on"), (0, "off"), *rounds(("off", "on"), args.rounds)]:
+        run_dir = Path(args.run_dir) / f"{way}{r}"
+        run_dir.mkdir()
+        cfg = compose([*base, *(["timing.enabled=false"] if way == "off" else [])])
+        cpu = time.process_time()
+        run_training(train, cfg, ctx, run_dir)
+        cpu = time.process_time() - cpu
+        if r and ctx.env.is_main:
+            records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            took[way].append(statistics.median(rec["epoch_time_s"] for rec in records))
+            # the whole run's CPU, every thread's (TensorBoard's writer too), a step
+            took[f"cpu {way}"].append(cpu / sum(rec["steps"] for rec in records))
+    return took
+
+
+def timing_add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads a rank")
+    p.add_argument("--epochs", type=int, default=2, help="epochs a run")
+    p.add_argument("--max-steps", type=int, default=0, help="steps an epoch; 0: the whole shard")
+    p.add_argument("--extra", nargs="*", default=[], help="overrides for both ways")
+
+
+def timing_run(args: argparse.Namespace) -> dict | None:
+    with tempfile.TemporaryDirectory() as run_dir:
+        args.run_dir = run_dir
+        results = run_ranks(timing_worker, args.world, args)
+    if results is None:
+        return None
+    took = results[0]
+    paired = [on / off for on, off in zip(took["on"], took["off"])]
+    ratio = statistics.median(paired)
+    extra = "".join(f" {o}" for o in args.extra)
+    print(f"\n{args.world} rank(s) x {args.threads} thread(s), gloo, the defaults{extra}, "
+          f"{args.epochs} epoch(s) a run, {args.rounds} rounds, load average "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    print("| round | timing on (s/epoch) | off | on / off |\n| --- | ---: | ---: | ---: |")
+    for i, (on, off) in enumerate(zip(took["on"], took["off"])):
+        print(f"| {i + 1} | {on:.3f} | {off:.3f} | {on / off:.3f} |")
+    print(f"timing on / off = {ratio:.3f} (the rounds' median; their spread "
+          f"{min(paired):.3f}-{max(paired):.3f}; goal <= 1.03)")
+    # CPU time: the VM's neighbours move it far less than the wall clock
+    extra = statistics.median(on - off for on, off in zip(took["cpu on"], took["cpu off"]))
+    share = extra / statistics.median(took["cpu off"])
+    print(f"timing's CPU a step = {extra * 1e6:.1f} us, {100 * share:.2f}% of the process's CPU a "
+          f"step without it (the rounds' median; the whole run's, every thread's: the epochs' "
+          f"summaries and the trace, outside the epoch's clock, too)")
+    return {"epoch_s": took, "ratios": {"timing on / off": ratio,
+                                        "timing's CPU / the CPU without it": share}}
+
+
 # name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {
+    "timing": Benchmark(TIMING_DOC, TIMING_SPEC, timing_add_args, timing_run),
     "stop": Benchmark(STOP_DOC, STOP_SPEC, stop_add_args, stop_run),
     "start": Benchmark(START_DOC, START_SPEC, start_add_args, start_run, start_check),
     "tensorboard": Benchmark(TENSORBOARD_DOC, TENSORBOARD_SPEC, tensorboard_add_args, tensorboard_run),
