@@ -336,7 +336,7 @@ def tensorboard_run(args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------ timing
 TIMING_DOC = """What timing costs a run: the worker's whole training with timing on (the
 default) against `timing.enabled=false`, alternating in one process per rank (docs/performance.md,
-"Timing on against off").
+"A count you pin, and timing on against off").
 
     python -m ddp_lab.bench.suite timing                     # 1 rank, 8 rounds of 2 epochs each way
     python -m ddp_lab.bench.suite timing --world 2 --threads 1 --extra sync=ring
@@ -399,8 +399,8 @@ def timing_run(args: argparse.Namespace) -> dict | None:
     took = results[0]
     paired = [on / off for on, off in zip(took["on"], took["off"])]
     ratio = statistics.median(paired)
-    extra = "".join(f" {o}" for o in args.extra)
-    print(f"\n{args.world} rank(s) x {args.threads} thread(s), gloo, the defaults{extra}, "
+    overrides = "".join(f" {o}" for o in args.extra)
+    print(f"\n{args.world} rank(s) x {args.threads} thread(s), gloo, the defaults{overrides}, "
           f"{args.epochs} epoch(s) a run, {args.rounds} rounds, load average "
           f"{os.getloadavg()[0]:.2f} at the end")
     print("| round | timing on (s/epoch) | off | on / off |\n| --- | ---: | ---: | ---: |")
@@ -409,9 +409,9 @@ def timing_run(args: argparse.Namespace) -> dict | None:
     print(f"timing on / off = {ratio:.3f} (the rounds' median; their spread "
           f"{min(paired):.3f}-{max(paired):.3f}; goal <= 1.03)")
     # CPU time: the VM's neighbours move it far less than the wall clock
-    extra = statistics.median(on - off for on, off in zip(took["cpu on"], took["cpu off"]))
-    share = extra / statistics.median(took["cpu off"])
-    print(f"timing's CPU a step = {extra * 1e6:.1f} us, {100 * share:.2f}% of the process's CPU a "
+    cpu = statistics.median(on - off for on, off in zip(took["cpu on"], took["cpu off"]))
+    share = cpu / statistics.median(took["cpu off"])
+    print(f"timing's CPU a step = {cpu * 1e6:.1f} us, {100 * share:.2f}% of the process's CPU a "
           f"step without it (the rounds' median; the whole run's, every thread's: the epochs' "
           f"summaries and the trace, outside the epoch's clock, too)")
     return {"epoch_s": took, "ratios": {"timing on / off": ratio,
