@@ -14,6 +14,7 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,10 +132,15 @@ def stop_add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-s", type=float, default=1.0, help="train.stop_check_s")
 
 
-def stop_run(args: argparse.Namespace) -> dict | None:
+def ranks_in_a_run_dir(worker: Any, args: argparse.Namespace) -> dict | None:
+    """`run_ranks(worker, args.world, args)` with `args.run_dir` a temporary folder, gone after."""
     with tempfile.TemporaryDirectory() as run_dir:
         args.run_dir = run_dir
-        results = run_ranks(stop_worker, args.world, args)
+        return run_ranks(worker, args.world, args)
+
+
+def stop_run(args: argparse.Namespace) -> dict | None:
+    results = ranks_in_a_run_dir(stop_worker, args)
     if results is None:
         return None
     r0 = results[0]
@@ -391,9 +397,7 @@ def timing_add_args(p: argparse.ArgumentParser) -> None:
 
 
 def timing_run(args: argparse.Namespace) -> dict | None:
-    with tempfile.TemporaryDirectory() as run_dir:
-        args.run_dir = run_dir
-        results = run_ranks(timing_worker, args.world, args)
+    results = ranks_in_a_run_dir(timing_worker, args)
     if results is None:
         return None
     took = results[0]
