@@ -22,22 +22,15 @@ from .run import PHASES, Run
 # Statistics of repeats: mean, standard deviation, 95% intervals.
 
 LEVEL = 0.95
-# the fewest values an interval is given for
-MIN_REPEATS = 3
+MIN_REPEATS = 3  # the fewest values an interval is given for
 
 
 @dataclass(frozen=True)
 class Summary:
     n: int
     mean: float  # arithmetic mean
-    # sample standard deviation; None for one value
-    std: Optional[float]
-    # None below MIN_REPEATS values
-    ci95: Optional[tuple[float, float]]
-
-    def as_dict(self) -> dict:
-        return {"n": self.n, "mean": self.mean, "std": self.std,
-                "ci95": list(self.ci95) if self.ci95 else None}
+    std: Optional[float]  # sample standard deviation; None for one value
+    ci95: Optional[tuple[float, float]]  # None below MIN_REPEATS values
 
 
 def t_quantile(df: float) -> float:
@@ -50,8 +43,7 @@ def t_quantile(df: float) -> float:
 
 
 def summarize(values: Sequence[float]) -> Optional[Summary]:
-    """n, mean, std and the log-scale 95% interval of positive values
-    (see above)."""
+    """n, mean, std and the log-scale 95% interval of positive values."""
     values = [float(v) for v in values if v is not None]
     if not values:
         return None
@@ -96,9 +88,7 @@ def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:
 
 
 def md_row(cells: list) -> str:
-    """A markdown table's row of `cells`."""
     return "| " + " | ".join(map(str, cells)) + " |"
-
 
 
 def allocation(run: Run) -> str:
@@ -116,6 +106,10 @@ def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
     if len({k[0] for k in keys}) > 1:
         out = {k: f"{k[0]}: {t}" for k, t in out.items()}
     return out
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e3
 
 
 def _mean(values: list) -> Optional[float]:
@@ -229,8 +223,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
 
 def ci_cell(ci, n: int, fmt) -> str:
     """An interval, each end by `fmt` (a format spec or a function), or
-    why there is none: "n=2: not meaningful" (too few repeats), else
-    "–"."""
+    why there is none: "n=2: not meaningful" (too few repeats), else "–"."""
     if ci:
         num = fmt if callable(fmt) else (lambda v: format(v, fmt))
         return f"[{num(ci[0])}, {num(ci[1])}]"
@@ -238,8 +231,7 @@ def ci_cell(ci, n: int, fmt) -> str:
 
 
 def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
-    """A speedup's or efficiency's interval cell: "baseline" on the
-    baseline's own row."""
+    """A speedup's or efficiency's interval cell ("baseline" on its own row)."""
     if row[key] is None:
         return "–"
     if row["run"] == row["baseline_run"]:
@@ -315,7 +307,7 @@ def phase_rows(runs: list[Run]) -> list[dict]:
                      "workload_short": what.workload_words(), "allocation": allocation(r),
                      "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
-                     "comm_ms": comm["time_s"] * 1e3 if comm["time_s"] is not None else None,
+                     "comm_ms": _ms(comm["time_s"]),
                      "straggler": straggler_text(r.summary.get("straggler"))})
     rows.sort(key=lambda x: (x["sync"], x["world_size"] or 0, x["run"]))
     return rows
@@ -359,8 +351,7 @@ def summary_counts(runs: list[Run]) -> dict[str, Any]:
             "skipped": sum(not r.ok for r in runs)}
 
 
-# The communication tables: the bench runs' alpha-beta fits, each
-# training run's predicted comm per step, the bench's peak busbw.
+# The communication tables: the bench's alpha-beta fits, each run's predicted comm, busbw.
 
 def bench_fits(runs: list[Run]) -> list[dict]:
     out = []
@@ -403,17 +394,15 @@ def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
             continue
         fit, source = _match_fit(r, fits, short)
         comm = r.comm_per_step()
-        ph = r.phase_ms()
         sync, n = r.get("sync", "?"), r.world_size or 1
-        pred = predict_comm_s(sync, n, comm["payload_bytes"], comm["calls"], fit) if fit else None
-        measured = comm["time_s"]
+        payload, measured = comm["payload_bytes"], comm["time_s"]
+        pred = predict_comm_s(sync, n, payload, comm["calls"], fit) if fit else None
         rows.append({
             "run": str(r.path), "sync": sync, "world_size": n, "formula": formula(sync),
             "calls_per_step": comm["calls"],
-            "payload_MB_per_step": comm["payload_bytes"] / 1e6 if comm["payload_bytes"] is not None else None,
-            "predicted_ms": pred * 1e3 if pred is not None else None,
-            "measured_comm_ms": measured * 1e3 if measured is not None else None,
-            "sync_phase_ms": ph["sync"], "fit_source": source,
+            "payload_MB_per_step": None if payload is None else payload / 1e6,
+            "predicted_ms": _ms(pred), "measured_comm_ms": _ms(measured),
+            "sync_phase_ms": r.phase_ms()["sync"], "fit_source": source,
             "ratio": (measured / pred) if pred and measured else None,
         })
     rows.sort(key=lambda x: (x["sync"], x["world_size"], x["run"]))
@@ -460,7 +449,6 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
                           *(_f(r[k]) for k in ms), _f(r["ratio"], ".2f"), r["fit_source"],
                           short(r["run"])]) for r in rows]
         lines.append("")
-
     return lines
 
 
@@ -477,9 +465,8 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
         alloc = r.bench.get("meta", {}).get("allocation", "?")
         series: dict[tuple, list[dict]] = {}
         for x in r.bench.get("rows", []):
-            if x.get("op") != "all_reduce":
-                continue
-            series.setdefault((x["op"], x["impl"], x["group"]), []).append(x)
+            if x.get("op") == "all_reduce":
+                series.setdefault((x["op"], x["impl"], x["group"]), []).append(x)
         for (op, impl, group), xs in series.items():
             good = [x for x in xs if x.get("correct")]
             best = max(good, key=lambda x: x["busbw_GBps"]) if good else None
@@ -490,16 +477,11 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
     return lines + [""]
 
 
-# What one rank holds (summary.json's memory_*): sync=zero1 shards the
-# optimiser state, its column falls as 1/world; a model's runs together.
-
-
 KINDS = ("param", "grad", "optimizer_state")
 
 
 def memory_rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per completed training run that recorded its memory, by
-    model, world, sync."""
+    """What one rank holds, per completed training run that recorded it."""
     rows = []
     for r in runs:
         s = r.summary
@@ -582,7 +564,6 @@ def doctor_markdown(runs) -> list[str]:
     """Each doctor.json beside the runs (docs/doctor.md), its verdict and
     the runs of its fingerprint, so a slow series reads beside what the
     doctor said of its nodes; none when no doctor ran there."""
-
     roots = {Path(r.path).parent for r in runs} | {Path(r.path) for r in runs}
     docs = records.find(roots)
     if not docs:

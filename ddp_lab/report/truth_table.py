@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import find_runs, Run
-from .tables import _f, _mean
+from .tables import _f, _mean, _ms
 
 
 #: ours / witness: the band each figure's ratio should lie in
@@ -29,7 +29,6 @@ EXPECTED: dict[str, Optional[tuple[float, float]]] = {
     "comm hidden behind backward per step (DDP overlap)": None,
     "compute per step (DDP forward + backward)": None,
     # no band until docs/timing.md states one measured on a GPU
-
     "exposed comm share of comm (HTA)": None,
 }
 
@@ -144,13 +143,8 @@ def witness_markdown(runs: list[Run], short) -> list[str]:
         lines.append(f"| `{r['run']}` | {r['sync']} | {r['figure']} | {fmt(r['ours'], r['figure'])} "
                      f"| {fmt(r['witness'], r['figure'])} | {r['source']} | {ratio(r)} | "
                      + (f"{band[0]:.2f}-{band[1]:.2f}" if band else "(definitions differ)") + " |")
-    lines.append("")
-    for r in rows:
-        if r["agrees"] is False:
-            lines.append(f"- outside the expected band: {disagreement(r)}")
-    if lines[-1] != "":
-        lines.append("")
-    return lines
+    bad = [f"- outside the expected band: {disagreement(r)}" for r in rows if r["agrees"] is False]
+    return lines + [""] + (bad + [""] if bad else [])
 
 
 #: the targets: (a) measured vs bench, (b) measured vs model
@@ -258,6 +252,10 @@ def _bench_for(run: Run, benches: list[Run]) -> Optional[Run]:
     return sorted(same, key=lambda b: str(b.path))[-1] if same else None
 
 
+def _median_ms(seconds: list[float]) -> Optional[float]:
+    return statistics.median(seconds) * 1e3 if seconds else None
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
@@ -276,8 +274,8 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
         "run": str(run.path), "sync": sync, "model": run.get("model", "?"), "world": n,
         "nodes": run.get("nodes") or 1, "link": run.fingerprint.get("link"),
         "steps": st["steps"], "calls": [list(c) for c in st["calls"]],
-        "measured_ms": statistics.median(st["measured_s"]) * 1e3 if st["measured_s"] else None,
-        "last_arrival_ms": statistics.median(st["last_arrival_s"]) * 1e3 if st["last_arrival_s"] else None,
+        "measured_ms": _median_ms(st["measured_s"]),
+        "last_arrival_ms": _median_ms(st["last_arrival_s"]),
         "bench_run": str(bench.path) if bench else None,
         "bench_ms": None, "bench_exact": None, "bench_min_ms": None, "model_ms": None,
         "model_one_fit_ms": None,
@@ -298,23 +296,18 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
             total += bt[0]
             exact = exact and bt[1]
         fastest = fastest + low[0] if fastest is not None and low else None
-        d = durations.get((op, payload), [])
         row["per_call"].append({
             "op": op, "algorithm": algo, "bytes": payload,
-            "measured_ms": statistics.median(d) * 1e3 if d else None,
+            "measured_ms": _median_ms(durations.get((op, payload), [])),
             "bench_ms": bt[0] * 1e3 if bt else None, "bench_exact": bt[1] if bt else None})
-    row["bench_ms"] = total * 1e3 if total is not None else None
+    row["bench_ms"], row["bench_min_ms"] = _ms(total), _ms(fastest)
     row["bench_exact"] = exact if total is not None else None
-    row["bench_min_ms"] = fastest * 1e3 if fastest is not None else None
     fits = fit_all(rows)
-    payload = sum(b for _, b in st["calls"])
-    pred = predict_comm_s(sync, n, payload, len(st["calls"]), fits)
-    row["model_ms"] = pred * 1e3 if pred is not None else None
-    # the model as it was: the library all_reduce's fit for every call
-    # of every sync
+    payload, k = sum(b for _, b in st["calls"]), len(st["calls"])
+    row["model_ms"] = _ms(predict_comm_s(sync, n, payload, k, fits))
+    # the model as it was: the library all_reduce's fit for every call of every sync
     one = fits.get(("all_reduce", "torch"))
-    single = predict_comm_s(sync, n, payload, len(st["calls"]), one) if one else None
-    row["model_one_fit_ms"] = single * 1e3 if single is not None else None
+    row["model_one_fit_ms"] = _ms(predict_comm_s(sync, n, payload, k, one) if one else None)
     row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items()
                    if any((op, impl) == p for p in phases)}
     return _ratios(row)
@@ -418,7 +411,6 @@ def markdown(rows: list[dict]) -> list[str]:
             first.setdefault((c["op"], c["bytes"]), c)
         for c in first.values():
             lines.append(
-
                 f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
                 f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
                 f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")
