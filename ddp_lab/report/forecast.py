@@ -40,13 +40,11 @@ class Point:
 
 def measured_point(r: Run, warmup: Optional[int]) -> Optional[Point]:
     times, skip = r.epoch_time_values(warmup)
-    recs = sorted((x for x in r.records if x.epoch_time_s and not x.resumed_at_step),
-                  key=lambda x: x.epoch)[skip:]
-    steps = sum(int(x.steps or 0) for x in recs)
+    recs = r.timed_records()[skip:]
+    steps = r.steps_total(recs)
     if not times or not recs or not steps:
         return None
-    comm = {k: sum(float((x.comm or {}).get(k) or 0.0) for x in recs) / steps
-            for k in ("time_s", "payload_bytes", "calls")}
+    comm = r.comm_per_step(recs)
     return Point(r.get("sync", "?"), r.world_size or 1, int(r.get("nodes") or 1),
                  r.batch_per_rank or 0.0, steps / len(recs),
                  sum(times) / len(times), comm["time_s"] if comm["calls"] else None,
@@ -179,9 +177,8 @@ class Model:
 
 def bench_level(bench: list[dict], device: str, backend: str, across: bool,
                 fid: Optional[str]) -> Optional[dict]:
-    """The `tables.bench_fits` entry that measured one link level (across
-    nodes or inside one) on this backend and device: `fid`'s own where
-    there is one, the latest; None where none did."""
+    """The latest `tables.bench_fits` entry of one link level (across
+    nodes or inside one) on this backend and device, `fid`'s own first."""
     level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
              and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
     mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
@@ -201,7 +198,7 @@ def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], 
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
               fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
     """(intra-node fit, cross-node fit, their source): per level the
-    bench's, else the study's own points' of that level."""
+    bench's, else the study's own points'."""
     one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
     intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
     cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
@@ -238,14 +235,12 @@ def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: l
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
 # the forecast's goal: within 25% of a measured time (docs/scaling.md)
-
 TARGET = 0.25
 
 
 def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
              worlds: list[int], gpus_per_node: int, warmup: Optional[int] = None) -> dict:
-    """Per scaling series: the held-out check and the forecast for
-    `worlds` (both modes)."""
+    """Per scaling series: the held-out check and the forecast for `worlds`."""
     by_path = {str(r.path): r for r in runs}
     out = []
     for g in groups:
@@ -264,6 +259,10 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
             return fit_model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
                              max_world=max_world, fid=fid)
 
+        def predict(m: Optional[Model], r: Optional[Run], world: int) -> Optional[dict]:
+            p = measured_point(r, warmup) if r else None
+            return m.predict(world, p.batch, r.get("nproc_per_node")) if m and p else None
+
         # honest check: fit on the smaller worlds, predict the largest
         # (on the smallest world's first allocation where it ran there)
         measured = sorted({row["world_size"] for row in g["rows"]})
@@ -273,9 +272,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
             m, src = fit(base_fid, measured[-2])
             tops = [x for x in g["rows"] if x["world_size"] == top]
             row = next((x for x in tops if x["fingerprint_id"] == base_fid), tops[0])
-            top_run = by_path[row["run"]]
-            p = measured_point(top_run, warmup)
-            pred = m.predict(top, p.batch, top_run.get("nproc_per_node")) if m and p else None
+            pred = predict(m, by_path[row["run"]], top)
             entry["heldout"] = {
                 "fitted_worlds": measured[:-1], "predicted_world": top,
                 "measured_s": row["epoch_time_s_mean"], "comm_fit": src,
@@ -300,9 +297,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
                 models[fid] = fit(fid)
             m_row, src_row = models[fid]
             r = by_path.get(row["runs"][0])
-            p = measured_point(r, warmup) if r else None
-            pred = m_row.predict(row["world_size"], p.batch, r.get("nproc_per_node")) \
-                if p and m_row else None
+            pred = predict(m_row, r, row["world_size"])
             if pred:
                 t = row["epoch_time_s_mean"]
                 entry["fit_check"].append({"world": row["world_size"], "measured_s": t,
@@ -319,14 +314,12 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         bp = measured_point(base, warmup)
         weak_b = bp.batch if first.scaling == "weak" else (first.global_batch or 0) / (base.world_size or 1)
         strong_g = first.global_batch if first.scaling == "strong" else bp.batch * (base.world_size or 1)
-        preds = []
+        preds, none = [], dict.fromkeys(("epoch_s", "steps", "compute_ms", "comm_ms"))
         for n in worlds:
             for mode, b in (("weak", weak_b), ("strong", strong_g / n)):
-                p = m.predict(n, b)
                 preds.append({"world": n, "nodes": math.ceil(n / gpus_per_node), "mode": mode,
                               "batch_per_rank": b, "global_batch": b * n,
-                              **(p or {"epoch_s": None, "steps": None, "compute_ms": None,
-                                       "comm_ms": None})})
+                              **(m.predict(n, b) or none)})
         entry["predictions"] = preds
         entry.update(verdict(entry))
     return {"worlds": worlds, "gpus_per_node": gpus_per_node, "series": out,
@@ -379,7 +372,6 @@ ASSUMPTIONS = [
 
 def _allocation(check: dict, comm_fit: str) -> str:
     """' (fingerprint ID, link L, comm: SOURCE)': a fit_check's allocation."""
-
     link = f", link {check['link']}" if check.get("link") else ""
     comm = f", comm: {check['comm_fit']}" if check["comm_fit"] != comm_fit else ""
     return f" (fingerprint {check['fingerprint_id']}{link}{comm})"

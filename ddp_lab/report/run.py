@@ -32,7 +32,6 @@ class Run:
     records: list[EpochRecord] = field(default_factory=list)
     bench: Optional[dict] = None  # bench.json
 
-    # -------------------------------------------------------------- shared fields
     def get(self, key: str, default: Any = None) -> Any:
         """From summary.json, else from the config (launcher/sync
         sections), else default."""
@@ -65,7 +64,6 @@ class Run:
         d = str(d or "?")
         return "cpu" if d.split(":")[0].strip().lower() == "cpu" else d
 
-    # ------------------------------------------------------------- training runs
     @property
     def description(self) -> Description:
         """What the run is (ddp_lab.folder.description): the one source
@@ -144,13 +142,16 @@ class Run:
         what = f"global batch {batch}" if scaling == "strong" else f"batch {batch}/rank"
         return f"{model}, {what}, " + (f"{steps} steps/epoch" if steps else "full epochs")
 
+    def timed_records(self) -> list[EpochRecord]:
+        """The timed epochs in order; one split by a resume spans two
+        allocations: left out."""
+        return sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
+                      key=lambda r: r.epoch)
+
     def epoch_time_values(self, warmup: Optional[int] = None) -> tuple[list[float], int]:
         """Epoch times (s) after the warm-up (the first `warmup` epochs,
-        by default 1, where the run timed more), and the epochs excluded.
-        An epoch split by a resume spans two allocations: left out."""
-        recs = sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
-                      key=lambda r: r.epoch)
-        times = [float(r.epoch_time_s) for r in recs]
+        by default 1, where the run timed more), and the epochs excluded."""
+        times = [float(r.epoch_time_s) for r in self.timed_records()]
         if not times:
             t = self.summary.get("epoch_time_s_mean") or self.summary.get("epoch_time_s_median")
             return ([float(t)] if t else []), 0
@@ -168,14 +169,13 @@ class Run:
             return None
         return sum(steps) / len(steps) * self.batch_per_rank * (self.world_size or 1)
 
-
     def samples_per_s(self) -> Optional[float]:
         """Median of metrics.jsonl `samples_per_s` over the epochs."""
         values = [r.samples_per_s for r in self.records if r.samples_per_s is not None]
         return statistics.median(values) if values else None
 
-    def steps_total(self) -> int:
-        return sum(int(r.steps or 0) for r in self.records)
+    def steps_total(self, records: Optional[list[EpochRecord]] = None) -> int:
+        return sum(int(r.steps or 0) for r in (self.records if records is None else records))
 
     def phase_ms(self) -> dict[str, Optional[float]]:
         """Mean ms per step of each phase and the step, over all epochs."""
@@ -191,12 +191,14 @@ class Run:
             out[p] = 1e3 * num / den if den else None
         return out
 
-    def comm_per_step(self) -> dict[str, Optional[float]]:
-        """Measured comm per step: seconds, payload bytes and calls."""
-        steps = self.steps_total()
+    def comm_per_step(self, records: Optional[list[EpochRecord]] = None) -> dict:
+        """Measured comm per step of `records` (default: every epoch's):
+        seconds, payload bytes and calls."""
+        records = self.records if records is None else records
+        steps = self.steps_total(records)
         if not steps:
             return {"time_s": None, "payload_bytes": None, "calls": None}
-        tot = {k: sum(float((r.comm or {}).get(k) or 0.0) for r in self.records)
+        tot = {k: sum(float((r.comm or {}).get(k) or 0.0) for r in records)
                for k in ("time_s", "payload_bytes", "calls")}
         return {k: v / steps for k, v in tot.items()}
 
@@ -249,13 +251,13 @@ def load_run(path: Path) -> Run:
     if (path / "summary.json").exists():
         summary, err = _read_json(path / "summary.json")
         summary = summary or {}
+    dry = bool((config.get("launcher") or {}).get("dry_run"))
     is_bench = "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists()
     if is_bench:
-        return _load_bench(path, config, summary, err)
+        return _load_bench(path, config, summary, err, dry)
     records, bad = _read_records(path / "metrics.jsonl")
     typed = RunSummary.from_dict(summary) if summary else None
     run = Run(path, "train", False, "", typed.to_dict() if typed else {}, config, records)
-    dry = bool((config.get("launcher") or {}).get("dry_run"))
     epochs = run.get("epochs")
     if err:
         run.status = err
@@ -282,26 +284,19 @@ def load_run(path: Path) -> Run:
     return run
 
 
-def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str]) -> Run:
+def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str], dry: bool) -> Run:
     run = Run(path, "bench", False, "", summary, config)
-    if err:
-        run.status = err
-        return run
-    if not summary:
-        dry = bool((config.get("launcher") or {}).get("dry_run"))
-        run.status = "dry run: nothing was started" if dry else \
-            "incomplete: no summary.json (still running, or killed)"
-        return run
     status = str(summary.get("status") or "no status in summary.json")
-    if not status.startswith("completed"):
+    if err or not summary:
+        run.status = err or ("dry run: nothing was started" if dry else
+                             "incomplete: no summary.json (still running, or killed)")
+    elif not status.startswith("completed"):
         run.status = status
-        return run
-    doc, err = _read_json(path / "bench.json") if (path / "bench.json").exists() else \
-        (None, "bench.json is missing")
-    if doc is None:
-        run.status = err
-        return run
-    run.bench, run.ok, run.status = doc, True, status
+    elif not (path / "bench.json").exists():
+        run.status = "bench.json is missing"
+    else:
+        doc, why = _read_json(path / "bench.json")
+        run.bench, run.ok, run.status = doc, doc is not None, why or status
     return run
 
 
