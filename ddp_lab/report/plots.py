@@ -17,10 +17,8 @@ from .run import PHASES
 from .tables import _mean, MIN_REPEATS, sig, workload_titles
 
 
-# How a series looks in every figure, the report's and the bench's: one
-# colour per name (a sync, a bench implementation), a shade of it per
-# option setting, a line style and marker per group kind. A name's colour
-# never depends on which runs a folder holds, nor on their order.
+# One colour per name (a sync, a bench implementation) in every figure, the report's and the
+# bench's, a shade of it per option setting: never dependent on which runs a folder holds.
 
 #: the registered syncs' colours, in registration order: tab10 without
 #: its grey (the data phase's, and the "no interval" mark's), then more
@@ -31,8 +29,7 @@ SYNC_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 #: dark row, none of them a SYNC_PALETTE colour
 OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252",
                 "#bd9e39", "#ad494a", "#a55194")
-#: an option setting's shade of its sync's colour: + towards white, -
-#: towards black; the first two furthest apart
+#: an option setting's shade: + towards white, - towards black; the first two furthest apart
 SHADES = (0.45, -0.4, -0.6, 0.25, 0.6, -0.2)
 
 GROUP_STYLES = {"global": ("-", "o"), "intra_node": ("--", "s"), "cross_node": (":", "^"),
@@ -50,7 +47,6 @@ def _hash(text: str) -> int:
 
 
 def name_color(name: str) -> str:
-    """A sync's or implementation's colour by its name alone."""
     if name in REFERENCE_COLORS:
         return REFERENCE_COLORS[name]
     syncs = list(SCHEMAS["sync"])
@@ -77,26 +73,20 @@ def sync_color(label: str) -> str:
 
 
 def impl_color(impl: str, order: list[str] | None = None) -> str:
-    """A bench implementation's colour: its name's (`ring` as sync=ring);
-    `order` changes nothing (kept for the bench's callers)."""
+    """Its name's colour; `order` changes nothing (kept for the bench's callers)."""
     return name_color(impl)
 
 
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
-# one per fingerprint of a series (per bench run in bench_figure)
-MARKERS = "osD^v"
-# log2 units between a panel's lines at one world: none hides another
-DODGE = 0.05
-# inches of figure height per horizontal bar (8-point text with room)
-BAR_IN = 0.3
-# a 9-point title's characters across half the figure, all of it
-HALF_CHARS, FULL_CHARS = 60, 120
+MARKERS = "osD^v"  # one per fingerprint of a series (per bench run in bench_figure)
+DODGE = 0.05  # log2 units between a panel's lines at one world: none hides another
+BAR_IN = 0.3  # inches of figure height per horizontal bar (8-point text with room)
+HALF_CHARS, FULL_CHARS = 60, 120  # a 9-point title's characters across half the figure, all
 
 
 def _plt():
-    # lazy: matplotlib takes 0.4 s to load, a report without plots needs
-    # none; Agg (no display) must be chosen before pyplot loads
+    # lazy: matplotlib takes 0.4 s to load; Agg (no display) must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,8 +120,7 @@ def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float =
     """Characters of a centred `fontsize` title that stays clear of a
     top-right legend of 8-point labels (a character: 0.55 em wide)."""
     longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
-    # marker, padding, the longest label
-    legend_in = 0.7 + longest * 8 * 0.55 / 72
+    legend_in = 0.7 + longest * 8 * 0.55 / 72  # marker, padding, the longest label
     room_in = fig_width_in - 2 * (legend_in + 0.2)
     return max(30, int(room_in / (fontsize * 0.55 / 72)))
 
@@ -162,14 +151,12 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
 
 
 def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
-    """A series' line and points: an error bar where there is an
-    interval, else a hollow marker unless `exact`; an n other than
-    `common` beside its point (the `nth` series' one line higher)."""
+    """A series' line and points: an error bar where there is an interval, else a hollow
+    marker unless `exact`; an n other than `common` beside its point (`nth`: lines higher)."""
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
-        # the interval is around the geometric mean: the (arithmetic)
-        # mean may sit at its upper edge, never below its lower one
+        # the interval is around the geometric mean: the mean may sit above it, never below
         lo = [max(0.0, y[i] - cis[i][0]) for i in bar]
         hi = [max(0.0, cis[i][1] - y[i]) for i in bar]
         ax.errorbar([x[i] for i in bar], [y[i] for i in bar], yerr=[lo, hi], fmt=marker,
@@ -187,10 +174,8 @@ def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> N
 
 
 def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, set]:
-    """A workload at several world sizes: time per epoch (left) and
-    efficiency (right), a line per sync (and fingerprint, epoch count),
-    each DODGE aside. Returns the series, legend handles and the repeat
-    counts below MIN_REPEATS."""
+    """Time per epoch (left) and efficiency (right) vs world, a line per sync and fingerprint,
+    each DODGE aside; returns the series, legend handles and the counts below MIN_REPEATS."""
     from matplotlib.lines import Line2D
 
     worlds: set[int] = set()
@@ -253,7 +238,6 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
 
 
 #: a drawn series' keys in the figure's JSON, and the rows' keys they copy
-
 SERIES_KEYS = (("world_size", "world_size"), ("epoch_time_s", "epoch_time_s_mean"),
                ("n", "time_n"), ("epoch_time_s_ci95", "epoch_time_s_ci95"),
                ("efficiency", "efficiency"), ("efficiency_ci95", "efficiency_ci95"),
@@ -268,9 +252,8 @@ def _drawn(label: str, g: dict, color: str, rows: list[dict]) -> dict:
 
 
 def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
-    """A workload at one world size per sync: a horizontal bar per
-    point, its mean time (and an n not the panel's) at its end, the 95%
-    interval as an error bar; "warm-up in" where the panel mixes."""
+    """A workload at one world size per sync: a horizontal bar per point, its mean time (and
+    an n not the panel's) at its end, the 95% interval as an error bar."""
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
@@ -285,16 +268,14 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
                      + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
                      + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
     colors = [sync_color(g["sync"]) for g, _ in pts]
-    # two containers, with and without an interval: bar_label puts its
-    # label at the end of an error bar where there is one
+    # with and without an interval apart: bar_label puts a label at its error bar's end
     for has_ci in (True, False):
         idx = [i for i, (_, r) in enumerate(pts) if bool(r["epoch_time_s_ci95"]) == has_ci]
         if not idx:
             continue
         mean = [pts[i][1]["epoch_time_s_mean"] for i in idx]
         cis = [pts[i][1]["epoch_time_s_ci95"] for i in idx]
-        # the interval is around the geometric mean: never below zero,
-        # nor above the mean's bar
+        # the interval is around the geometric mean: never below zero, nor above the mean's bar
         xerr = [[max(0.0, m - c[0]) for m, c in zip(mean, cis)],
                 [max(0.0, c[1] - m) for m, c in zip(mean, cis)]] if has_ci else None
         bars = ax.barh(idx, mean, xerr=xerr, height=0.7, capsize=3, color=[colors[i] for i in idx])
@@ -321,9 +302,8 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
 
 
 def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
-    """The epoch-time figure's panels, one per device and workload (but
-    its epoch count), their titles cut to what sets them apart, and what
-    they all share."""
+    """The epoch-time figure's panels (one per device and workload but its epoch count), their
+    titles cut to what sets them apart, and what they all share."""
     keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
     several = len({k[0] for k in keys}) > 1
     full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
@@ -334,9 +314,8 @@ def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload, a colour per sync: time per epoch and
-    efficiency vs world size (`_line_row`), or bars at one world size
-    (`_bar_row`); docs/scaling.md, "Reading a scaling report"."""
+    """One row per workload: `_line_row`, or `_bar_row` at one world size (docs/scaling.md,
+    "Reading a scaling report")."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
@@ -355,7 +334,7 @@ def epoch_time_figure(groups: list[dict]):
         if line:
             ax_t = fig.add_subplot(grid[i, 0], sharex=line_x)
             line_x = line_x or ax_t
-            # within its half of the figure: no title runs into the next
+            # a title within its half of the figure runs into no other
             s, h, f = _line_row(ax_t, fig.add_subplot(grid[i, 1], sharex=ax_t), panel,
                                 fit_title(titles[key], HALF_CHARS))
             series += s
@@ -383,8 +362,7 @@ def epoch_time_figure(groups: list[dict]):
 
 # The phase figure: where a step's time goes, a stacked bar per point.
 
-# a panel's x ticks and their label, in bars' heights
-AXIS_ROWS = 1.5
+AXIS_ROWS = 1.5  # a panel's x ticks and their label, in bars' heights
 XLABEL = "time per step (ms, mean over the runs of a bar; this panel's own scale)"
 
 
@@ -447,8 +425,7 @@ def phase_figure(rows: list[dict]):
         if comm:
             ax.scatter([c[1] for c in comm], [c[0] for c in comm], marker="D", color="black",
                        zorder=3, label="measured comm / step")
-        # a bar's name framed in its sync's colour, as in the other
-        # figures (the bars' colours are the phases'); the text black
+        # a bar's name framed in its sync's colour (the bars' colours are the phases')
         ax.set_yticks(y, labels=[b["name"] for b in bars], fontsize=8)
         for tick, b in zip(ax.get_yticklabels(), bars):
             tick.set_bbox({"boxstyle": "round,pad=0.25", "facecolor": to_rgba(b["color"], 0.25),
@@ -478,14 +455,12 @@ def phase_figure(rows: list[dict]):
 
 # The bench figure: every bench run's all_reduce, by bytes per rank.
 
-# one per bench run where the group kinds do not vary
-LINESTYLES = ("-", "--", ":", "-.")
+LINESTYLES = ("-", "--", ":", "-.")  # one per bench run where the group kinds do not vary
 
 
 def bench_names(fits: list[dict]) -> tuple[list[str], str]:
-    """A short name per bench run, and what they all share: the
-    allocation where it differs, else what differs in the folders' names
-    ("bench 17-31-31"): two runs on one allocation never read alike."""
+    """A short name per bench run (the allocation, else what differs in the folders' names:
+    "bench 17-31-31"), and what they all share."""
     allocs = [f["run"].bench.get("meta", {}).get("allocation") or f["run"].path.name for f in fits]
     if len(allocs) == 1:
         return allocs, allocs[0]
@@ -507,9 +482,8 @@ def _series(run) -> dict[tuple[str, str], list[dict]]:
 
 
 def bench_figure(fits: list[dict]):
-    """all_reduce across bench runs by bytes per rank: busbw (left), time
-    per call and its alpha-beta fit (right). Colour = implementation,
-    marker (and line style) = bench run."""
+    """all_reduce by bytes per rank: busbw (left), time per call and its alpha-beta fit
+    (right); colour = implementation, marker (and line style) = bench run."""
     plt = _plt()
     fits = [f for f in fits if _series(f["run"])]
     names, common = bench_names(fits)
@@ -519,8 +493,7 @@ def bench_figure(fits: list[dict]):
     for i, (f, name) in enumerate(zip(fits, names)):
         by_key = {(x.impl, x.group): x for x in f["fits"]}
         for (impl, group), pts in _series(f["run"]).items():
-            # the group kind sets the line style where several were
-            # measured (as in the bench's plots), else the bench run
+            # the group kind sets the line style where several were measured, else the run
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
             style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
@@ -533,7 +506,6 @@ def bench_figure(fits: list[dict]):
             fit = by_key.get((impl, group))
             pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
             # thick and pale, under its points: the fit's line
-
             if pred:
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
