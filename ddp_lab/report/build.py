@@ -12,7 +12,7 @@ from typing import Optional
 from . import forecast as fcast
 from . import plots, summary, tables, twins
 from ..folder.files import atomic_open, atomic_write_text
-from .run import Run
+from .run import Run, usable
 from .tables import doctor_markdown, memory_markdown, memory_rows, segment_rows, segments_markdown
 from .truth_table import witness_markdown, witness_rows
 
@@ -51,9 +51,7 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
         warmup: Optional[int]) -> None:
     """Each usable training run through every table alone first: one the
     report cannot use is set aside, with why, in the skipped list."""
-    for r in runs:
-        if r.kind != "train" or not r.ok:
-            continue
+    for r in usable(runs):
         try:
             groups = tables.scaling_groups([r], warmup)
             tables.phase_rows([r])
@@ -136,11 +134,10 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
         "memory": memory, "twins": twin["doc"],
-        "witnesses": [r for run in runs if run.kind == "train" and run.ok
-                      for r in witness_rows(run, short)],
+        "witnesses": [r for run in usable(runs) for r in witness_rows(run, short)],
         "fits": [{"run": str(f["run"].path), "primary": f["primary"].as_dict() if f["primary"] else None,
                   "all": [x.as_dict() for x in f["fits"]]} for f in fits],
-        "bench_runs": [str(r.path) for r in runs if r.kind == "bench" and r.ok],
+        "bench_runs": [str(r.path) for r in usable(runs, "bench")],
         "skipped": [{"run": str(r.path), "kind": r.kind, "reason": r.status} for r in runs if not r.ok],
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }

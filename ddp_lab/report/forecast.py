@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..world.fingerprint import link_label
 from .alpha_beta import _solve, Fit, predict_comm_s
-from .run import Run
+from .run import Run, usable
 from .tables import sig
 
 
@@ -248,7 +248,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         if not members:
             continue
         first = members[0]
-        pool = [r for r in runs if r.kind == "train" and r.ok and r.device_kind == first.device_kind
+        pool = [r for r in usable(runs) if r.device_kind == first.device_kind
                 and r.get("backend") == first.get("backend")]
         cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],

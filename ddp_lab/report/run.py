@@ -300,6 +300,11 @@ def _load_bench(path: Path, config: dict, summary: dict, err: Optional[str], dry
     return run
 
 
+def usable(runs: list[Run], kind: str = "train") -> list[Run]:
+    """The runs of `kind` the report can compare."""
+    return [r for r in runs if r.kind == kind and r.ok]
+
+
 def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[Run]:
     """Every run folder at or under `paths` (a list of folders), each
     once, sorted by path."""

@@ -16,7 +16,7 @@ from ..folder import doctor as records
 from ..predict.costmodel import pow2_label
 from ..world import fingerprint
 from .alpha_beta import fit_all, fit_alpha_beta, Fits, formula, predict_comm_s
-from .run import PHASES, Run
+from .run import PHASES, Run, usable
 
 
 # Statistics of repeats: mean, standard deviation, 95% intervals.
@@ -127,9 +127,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
     repeats of one point. Speedup and efficiency as docs/scaling.md,
     "Reading a scaling report", defines them."""
     series: dict[tuple, list[Run]] = {}
-    for r in runs:
-        if r.kind == "train" and r.ok:
-            series.setdefault((r.description.series_label(), r.device_kind, r.workload), []).append(r)
+    for r in usable(runs):
+        series.setdefault((r.description.series_label(), r.device_kind, r.workload), []).append(r)
     out = []
     for (sync, device, workload), members in sorted(series.items(), key=lambda kv: str(kv[0])):
         points: dict[tuple, list[Run]] = {}
@@ -295,9 +294,7 @@ def scaling_markdown(groups: list[dict], short, warmup: Optional[int] = None) ->
 
 def phase_rows(runs: list[Run]) -> list[dict]:
     rows = []
-    for r in runs:
-        if r.kind != "train" or not r.ok:
-            continue
+    for r in usable(runs):
         ph = r.phase_ms()
         comm = r.comm_per_step()
         # a time per step: compared across epoch counts and step caps
@@ -346,8 +343,7 @@ def skipped_markdown(runs: list[Run], short) -> list[str]:
 
 
 def summary_counts(runs: list[Run]) -> dict[str, Any]:
-    return {"train": sum(r.kind == "train" and r.ok for r in runs),
-            "bench": sum(r.kind == "bench" and r.ok for r in runs),
+    return {"train": len(usable(runs)), "bench": len(usable(runs, "bench")),
             "skipped": sum(not r.ok for r in runs)}
 
 
@@ -355,9 +351,7 @@ def summary_counts(runs: list[Run]) -> dict[str, Any]:
 
 def bench_fits(runs: list[Run]) -> list[dict]:
     out = []
-    for r in runs:
-        if r.kind != "bench" or not r.ok:
-            continue
+    for r in usable(runs, "bench"):
         rows = r.bench.get("rows", [])
         primary = fit_alpha_beta(rows)
         impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
@@ -389,9 +383,7 @@ def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
 
 def comm_model_rows(runs: list[Run], fits: list[dict], short=str) -> list[dict]:
     rows = []
-    for r in runs:
-        if r.kind != "train" or not r.ok:
-            continue
+    for r in usable(runs):
         fit, source = _match_fit(r, fits, short)
         comm = r.comm_per_step()
         sync, n = r.get("sync", "?"), r.world_size or 1
@@ -453,7 +445,7 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
 
 
 def bench_markdown(runs: list[Run], short) -> list[str]:
-    benches = [r for r in runs if r.kind == "bench" and r.ok]
+    benches = usable(runs, "bench")
     if not benches:
         return []
     lines = ["## Collective benchmarks", "",
@@ -483,9 +475,9 @@ KINDS = ("param", "grad", "optimizer_state")
 def memory_rows(runs: list[Run], short) -> list[dict[str, Any]]:
     """What one rank holds, per completed training run that recorded it."""
     rows = []
-    for r in runs:
+    for r in usable(runs):
         s = r.summary
-        if r.kind != "train" or not r.ok or s.get("memory_optimizer_state_bytes") is None:
+        if s.get("memory_optimizer_state_bytes") is None:
             continue
         rows.append({"run": short(str(r.path)), "model": s.get("model"), "sync": s.get("sync"),
                      "world_size": r.world_size,
@@ -569,9 +561,8 @@ def doctor_markdown(runs) -> list[str]:
     if not docs:
         return []
     by_fid: dict[str, list[str]] = {}
-    for r in runs:
-        if r.kind == "train" and r.ok:
-            by_fid.setdefault(r.fingerprint_id, []).append(Path(r.path).name)
+    for r in usable(runs):
+        by_fid.setdefault(r.fingerprint_id, []).append(Path(r.path).name)
     lines = ["## The allocations' doctor checks", "",
              "`python -m ddp_lab.doctor` before the runs (docs/doctor.md): each allocation's "
              "checks beside its training runs of the same fingerprint.", "",

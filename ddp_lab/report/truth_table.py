@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
-from .run import find_runs, Run
+from .run import find_runs, Run, usable
 from .tables import _f, _mean, _ms
 
 
@@ -116,7 +116,7 @@ def disagreement(r: dict) -> str:
 def witness_markdown(runs: list[Run], short) -> list[str]:
     """The report's section: a table, then a line per figure outside its
     band (as the terminal's, summary.py)."""
-    rows = [r for run in runs if run.kind == "train" and run.ok for r in witness_rows(run, short)]
+    rows = [r for run in usable(runs) for r in witness_rows(run, short)]
     if not rows:
         return []
 
@@ -153,11 +153,11 @@ TARGET_MODEL = 0.30
 
 
 def find_train_runs(paths) -> list[Run]:
-    return [r for r in find_runs(list(paths)) if r.kind == "train" and r.ok]
+    return usable(find_runs(list(paths)))
 
 
 def find_bench_runs(paths) -> list[Run]:
-    return [r for r in find_runs(list(paths)) if r.kind == "bench" and r.ok]
+    return usable(find_runs(list(paths)), "bench")
 
 
 # ------------------------------------------------------------------ the trace

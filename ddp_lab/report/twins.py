@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from .run import Run
+from .run import Run, usable
 
 #: the synchronisers whose runs the table shows, by idea (a ddp run with
 #: sync.hook: `_idea`)
@@ -100,13 +100,13 @@ def _row(r: Run, ref: Run, idea: str, short) -> dict[str, Any]:
 def rows(runs: list[Run], short) -> list[dict[str, Any]]:
     """One row per run of an idea that has a twin at its point, its DDP
     reference first."""
-    usable = [r for r in runs if r.kind == "train" and r.ok]
+    train = usable(runs)
     refs: dict[tuple, Run] = {}
-    for r in usable:
+    for r in train:
         if _is_reference(r):
             refs.setdefault(_point(r), r)
     out = []
-    for r in usable:
+    for r in train:
         idea, ref = _idea(r), refs.get(_point(r))
         if idea is not None and ref is not None:
             out.append(_row(r, ref, idea, short))
@@ -117,7 +117,7 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
     for idea in ideas:
         for point in {(x["workload"], x["world_size"], x["reference"]) for x in shown
                       if x["idea"] == idea}:
-            ref = next(r for r in usable if short(str(r.path)) == point[2])
+            ref = next(r for r in train if short(str(r.path)) == point[2])
             shown.append(_row(ref, ref, idea, short))
     order = {"ddp": 0}
     return sorted(shown, key=lambda x: (x["idea"], x["workload"], x["world_size"],
