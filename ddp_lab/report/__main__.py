@@ -72,20 +72,16 @@ def main(argv: list[str] | None = None) -> int:
                          "ranks, the cross-node fit above (default 8; a measured point is "
                          "priced on the nodes it ran on)")
     args = ap.parse_args(argv)
-    try:
-        worlds = parse_worlds(args.forecast) if args.forecast else None
-    except ValueError as e:
-        print(f"error: --forecast {args.forecast}: {e}", file=sys.stderr)
-        return 2
-    if args.gpus_per_node < 1:
-        print(f"error: --gpus-per-node {args.gpus_per_node}: give 1 or more", file=sys.stderr)
-        return 2
-    if args.warmup is not None and args.warmup < 0:
-        print(f"error: --warmup {args.warmup}: give 0 or more epochs", file=sys.stderr)
-        return 2
-
     out = Path(args.out).expanduser().resolve() if args.out else default_out(args.paths)
     try:
+        try:
+            worlds = parse_worlds(args.forecast) if args.forecast else None
+        except ValueError as e:
+            raise ReportError(f"--forecast {args.forecast}: {e}") from None
+        if args.gpus_per_node < 1:
+            raise ReportError(f"--gpus-per-node {args.gpus_per_node}: give 1 or more")
+        if args.warmup is not None and args.warmup < 0:
+            raise ReportError(f"--warmup {args.warmup}: give 0 or more epochs")
         runs = find_runs(args.paths, exclude=out)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)

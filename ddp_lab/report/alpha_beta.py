@@ -15,7 +15,6 @@ from ..predict.costmodel import (ALGORITHMS, SHARD_ALIGN, SYNC_FORMULAS, SYNC_CO
                                  ceil_log2, padded)
 
 #: the algorithms in binomial levels (ranks 2^k apart), ours and gloo's
-
 LEVELLED = {("all_reduce", "tree"), ("reduce", "tree"), ("broadcast", "tree"),
             ("all_reduce", "butterfly"), ("broadcast", "torch")}
 
@@ -65,8 +64,7 @@ class Fit:
     algorithm: str  # the algorithm its cost model assumes
     group: str
     n: int  # group size of the fitted points
-    # root mean square of (model - measured) / measured
-    rel_rms: float
+    rel_rms: float  # root mean square of (model - measured) / measured
     op: str = "all_reduce"  # the collective fitted
 
     @property
@@ -170,7 +168,6 @@ def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: F
     Across nodes of `per_node` ranks, `fit` prices what crosses them,
     `intra` the rest. k collectives per bucket (reduce_broadcast: 2):
     buckets = calls / k, each call of payload / calls bytes."""
-
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None

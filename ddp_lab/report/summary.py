@@ -19,10 +19,10 @@ WIDTH = 100
 FORECAST_LINES, NOTE_LINES, WITNESS_LINES = 6, 10, 6
 
 
-def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
+def _columns(rows: list[list[str]]) -> list[str]:
     """Rows of cells as left-aligned columns."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in rows]
+    return [("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in rows]
 
 
 def _wrap(text: str, indent: str = "  ") -> list[str]:
@@ -31,8 +31,7 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
 
 
 def _capped(entries: list[list[str]], most: int, rest: str) -> list[str]:
-    """Whole entries while they fit in `most` lines, then a line counting
-    the rest."""
+    """Whole entries while they fit in `most` lines, then a line counting the rest."""
     out: list[str] = []
     for i, e in enumerate(entries):
         # keep a line for the "more"
@@ -53,10 +52,9 @@ def _efficiency(r: dict) -> str:
         + (" ⚠" if r["cross_fingerprint"] else "")
 
 
-def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
-    """One table, its header once: per workload (the most points first) a
-    heading, then a row per point; within `budget` lines, the rest
-    counted in a last line."""
+def scaling_lines(groups: list[dict], budget: int) -> list[str]:
+    """One table, its header once: per workload (the most points first) a heading, then a
+    row per point; within `budget` lines, the rest counted in a last line."""
     keys = list(dict.fromkeys((g["device"], g["workload"]) for g in groups))
     titles = workload_titles(groups, keys)
     blocks = []
@@ -95,8 +93,8 @@ def scaling_lines(groups: list[dict], budget: int = 10**6) -> list[str]:
 
 
 def forecast_lines(fc: dict) -> list[str]:
-    """The verdicts: a shown forecast on its own line (weak-scaling
-    numbers where reliable); those without one grouped by the reason."""
+    """A shown forecast's verdict on its own line (weak-scaling numbers where reliable); those
+    without one grouped by the reason."""
     series = [s for s in fc["series"] if s["heldout"] is not None or s["predictions"]]
     # one world size and no model: nothing was to be forecast
     if not series:
@@ -131,8 +129,7 @@ def forecast_lines(fc: dict) -> list[str]:
 
 
 def comm_model_note(comm: list[dict]) -> str | None:
-    """Where the alpha-beta model misses the measured comm: what the miss
-    means and what to try."""
+    """Where the alpha-beta model misses the measured comm: what it means, what to try."""
     ratios = [r["ratio"] for r in comm if r.get("ratio")]
     if not ratios or all(abs(x - 1) <= TARGET_MODEL for x in ratios):
         return None
@@ -155,9 +152,8 @@ def comm_model_note(comm: list[dict]) -> str | None:
 
 
 def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> list[str]:
-    """What changes how the table reads (too few repeats, capped epochs,
-    other fingerprints, the comm model's miss, skipped folders), each
-    said once."""
+    """What changes how the table reads (too few repeats, capped epochs, other fingerprints,
+    the comm model's miss, skipped folders), each said once."""
     notes = []
     few = sum(r["time_n"] < MIN_REPEATS for g in groups for r in g["rows"])
     if few:
@@ -188,8 +184,8 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
 
 
 def witness_lines(rows: list[dict]) -> list[str]:
-    """The witness table's verdict: each figure outside its band on a
-    line, as report.md lists them; else one line saying they agree."""
+    """Each witnessed figure outside its band on a line, as report.md lists them; else one
+    line saying they agree."""
     judged = [r for r in rows if r["agrees"] is not None]
     if not judged:
         return []
@@ -207,7 +203,6 @@ def terminal_summary(doc: dict, counts: dict, out_dir: Path, common: str,
                      warmup_text: str) -> str:
     """The screen, from report.json's `doc`, at most MAX_LINES lines: the
     table gets what the other parts leave."""
-
     head = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
             f"{counts['skipped']} skipped, under {common}", ""]
     tail = forecast_lines(doc["forecast"]) + witness_lines(doc.get("witnesses") or []) \

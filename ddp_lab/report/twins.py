@@ -9,7 +9,6 @@ report's one call into this module."""
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Any, Optional
 
@@ -111,8 +110,7 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
         if idea is not None and ref is not None:
             out.append(_row(r, ref, idea, short))
     ideas = {x["idea"] for x in out if x["sync"].split()[0] in TWINS or " hook=" in x["sync"]}
-    # each idea with a twin of torch's, DDP's own row at the head of
-    # each of its blocks
+    # each idea with a twin of torch's, DDP's own row at the head of each of its blocks
     shown = [x for x in out if x["idea"] in ideas]
     for idea in ideas:
         for point in {(x["workload"], x["world_size"], x["reference"]) for x in shown
@@ -130,7 +128,6 @@ def _fmt(v: Any, kind: str) -> str:
     if kind == "diff":
         return "0 (equal)" if v == 0 else f"{v:.1e}"
     return f"{v / 1e6:.3f}" if kind == "MB" else f"{v:.3f}" if kind == "x" else f"{v:.1f}"
-
 
 
 def table(rows_: list[dict[str, Any]]) -> list[str]:
@@ -178,17 +175,10 @@ def figure(rows_: list[dict[str, Any]]):
 
 
 def section(runs: list[Run], out_dir: Path, short, make_plots: bool = True) -> dict[str, Any]:
-    """The report's twin section: `markdown` lines, `doc` (report.json
-    `twins`), `screen` (the terminal's lines) and `figures` (twins.png's
-    info, when drawn)."""
+    """The report's twin section: `markdown` lines, `doc` (report.json `twins`), `screen`."""
     found = rows(runs, short)
     if not found:
-        return {"markdown": [], "doc": {"rows": []}, "screen": "", "figures": []}
-    figures = []
-    if make_plots:
-        from .plots import save
-
-        figures.append(save(*figure(found), out_dir / "twins.png"))
+        return {"markdown": [], "doc": {"rows": []}, "screen": ""}
     head = ["## Library twins", "",
             "Each idea's synchronisers beside DDP on the same workload, seed, length and world "
             "(docs/twins.md): the final weights' largest difference from DDP's (model.pt), "
@@ -196,8 +186,12 @@ def section(runs: list[Run], out_dir: Path, short, make_plots: bool = True) -> d
             "per step (rank 0's; `(model)`: the library's, modelled) and the mean time per "
             "step.", ""]
     body = table(found)
-    pic = [f"![{f['title']}]({f['file']})" for f in figures]
-    md = head + body + [""] + (pic + [""] if pic else [])
+    md = head + body + [""]
+    if make_plots:
+        from .plots import save
+
+        fig = save(*figure(found), out_dir / "twins.png")
+        md += [f"![{fig['title']}]({fig['file']})", ""]
     screen = "\n".join(["", "Library twins (weights vs ddp, optimiser state per rank):",
                         *body]) + "\n"
-    return {"markdown": md, "doc": {"rows": found}, "screen": screen, "figures": figures}
+    return {"markdown": md, "doc": {"rows": found}, "screen": screen}
