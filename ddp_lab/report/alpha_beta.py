@@ -41,9 +41,8 @@ def node_load(algorithm: str, per_node: int) -> int:
 
 def call_time(collective: str, algorithm: str, nbytes: float, n: int, fit: "Fit",
               per_node: Optional[int] = None, intra: Optional["Fit"] = None) -> float:
-    """Seconds one call of `nbytes` costs under `fit`; with `per_node`
-    and `intra`, `fit` prices the steps that cross nodes (their bytes
-    times `node_load`) and `intra` the others."""
+    """Seconds one call of `nbytes` costs under `fit`; with `per_node` and `intra`, `fit` prices the
+    steps that cross nodes (their bytes times `node_load`) and `intra` the others."""
     # bytes as 1-byte elements (the rounding at most a byte); a sharded
     # call pads to shards of SHARD_ALIGN fp32 elements, as zero1 does
     c = cost(collective, algorithm, padded(collective, round(nbytes), n, 4 * SHARD_ALIGN), n, 1)
@@ -80,8 +79,7 @@ class Fit:
 
 
 def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a,
-    b >= 0."""
+    """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a, b >= 0."""
     def fit2():
         s11 = s12 = s22 = r1 = r2 = 0.0
         for x1, x2, t in rows:
@@ -163,11 +161,10 @@ def phase_fit(fits: Fits, collective: str, algorithm: str) -> Optional[Fit]:
 
 def predict_comm_s(sync: str, n: int, payload_bytes: float, calls: float, fit: Fits,
                    per_node: Optional[int] = None, intra: Optional[Fits] = None) -> Optional[float]:
-    """Seconds of comm per step the sync costs under `fit` (one, or
-    `fit_all`'s); None without a model or a fit for one of its calls.
-    Across nodes of `per_node` ranks, `fit` prices what crosses them,
-    `intra` the rest. k collectives per bucket (reduce_broadcast: 2):
-    buckets = calls / k, each call of payload / calls bytes."""
+    """Seconds of comm per step the sync costs under `fit` (one, or `fit_all`'s); None without a
+    model or a fit for one of its calls. Across nodes of `per_node` ranks, `fit` prices what crosses
+    them, `intra` the rest. k collectives per bucket (reduce_broadcast: 2): buckets = calls / k,
+    each call of payload / calls bytes."""
     phases = SYNC_COLLECTIVES.get(sync)
     if phases is None or payload_bytes is None:
         return None

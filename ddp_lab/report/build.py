@@ -63,8 +63,7 @@ def vet(runs: list[Run], fits: list[dict], worlds: list[int], gpus_per_node: int
 
 
 def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
-    """What the terminal's times are: "after warm-up" only for the runs
-    that left an epoch out."""
+    """What the terminal's times are: "after warm-up" only for the runs that left an epoch out."""
     left = [max(r["warmup_epochs"] or [0]) for g in groups for r in g["rows"]]
     first = "first epoch" if warmup in (None, 1) else f"first {warmup} epochs"
     if left and all(left):
@@ -79,8 +78,7 @@ def warmup_words(groups: list[dict], warmup: Optional[int]) -> str:
 def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
                  inputs: list[str] | None = None, warmup: Optional[int] = None,
                  forecast_worlds: Optional[list[int]] = None, gpus_per_node: int = 8) -> dict:
-    """Write report.md, report.csv, report.json (+ PNGs) into out_dir;
-    return the summary."""
+    """Write report.md, report.csv, report.json (+ PNGs) into out_dir; return the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     short, common = _shortener(runs)
     fits = tables.bench_fits(runs)

@@ -75,9 +75,8 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
         return None
     r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
     if all(x2 and r0 and abs(x1 / x2 - r0) <= 1e-9 * r0 for x1, x2, _ in rows):
-        # one world, one sync: one latency/bytes mix, alpha and beta not
-        # told apart; the latency term alone (2(n-1) alpha for a ring)
-        # grows with n as small messages on one machine do
+        # one world, one sync: one latency/bytes mix, alpha and beta not told apart; the latency
+        # term alone (2(n-1) alpha for a ring) grows with n as small messages on one machine do
         a = sum(x1 / t for x1, _, t in rows) / sum(x1 * x1 / (t * t) for x1, _, t in rows)
         b = 0.0
     else:
@@ -106,8 +105,7 @@ def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
 
 
 class Model:
-    """The fitted model of one series (one sync and workload) on one
-    backend and device."""
+    """The fitted model of one series (one sync and workload) on one backend and device."""
 
     def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
                  fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
@@ -147,9 +145,8 @@ class Model:
         return full
 
     def comm(self, n: int, nodes: int) -> Optional[float]:
-        """Comm per step of n ranks on `nodes` nodes: the cross-node fit
-        for the steps that cross them (`alpha_beta.cross_share`), the
-        intra-node one for the others."""
+        """Comm per step of n ranks on `nodes` nodes: the cross-node fit for the steps that cross
+        them (`alpha_beta.cross_share`), the intra-node one for the others."""
         if n < 2:
             return 0.0
         if self.fit_intra is None or self.payload is None:
@@ -327,9 +324,8 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
 
 
 def verdict(entry: dict) -> dict:
-    """Whether a series' forecast may be shown (only with a held-out
-    error), and `reliable` (that error and the fitted model's misses of
-    its measured points all within TARGET), in words."""
+    """Whether a series' forecast may be shown (only with a held-out error), and `reliable` (that
+    error and the fitted model's misses of its measured points all within TARGET), in words."""
     h, fits = entry["heldout"], entry.get("fit_check") or []
     if not entry["predictions"]:
         return {"shown": False, "reliable": False, "why": f"no model: {entry['comm_fit']}"}

@@ -142,8 +142,7 @@ def _left_out(row: dict) -> bool:
 
 
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
-    """Titles cut to their `sep`-separated parts that differ, and the
-    parts they all share."""
+    """Titles cut to their `sep`-separated parts that differ, and the parts they all share."""
     parts = {k: t.split(sep) for k, t in titles.items()}
     common = [p for p in next(iter(parts.values()), []) if all(p in ps for ps in parts.values())]
     return ({k: sep.join(p for p in ps if p not in common) or titles[k] for k, ps in parts.items()},

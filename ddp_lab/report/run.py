@@ -33,8 +33,7 @@ class Run:
     bench: Optional[dict] = None  # bench.json
 
     def get(self, key: str, default: Any = None) -> Any:
-        """From summary.json, else from the config (launcher/sync
-        sections), else default."""
+        """From summary.json, else from the config (launcher/sync sections), else default."""
         if self.summary.get(key) is not None:
             return self.summary[key]
         cfg = self.config
@@ -143,8 +142,7 @@ class Run:
         return f"{model}, {what}, " + (f"{steps} steps/epoch" if steps else "full epochs")
 
     def timed_records(self) -> list[EpochRecord]:
-        """The timed epochs in order; one split by a resume spans two
-        allocations: left out."""
+        """The timed epochs in order; one split by a resume spans two allocations: left out."""
         return sorted((r for r in self.records if r.epoch_time_s and not r.resumed_at_step),
                       key=lambda r: r.epoch)
 
@@ -244,8 +242,7 @@ def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
 
 
 def load_run(path: Path) -> Run:
-    """Read one run folder and decide whether it can be compared, and if
-    not, why."""
+    """Read one run folder and decide whether it can be compared, and if not, why."""
     config = _read_config(path / "config.yaml") if (path / "config.yaml").exists() else {}
     summary, err = ({}, None)
     if (path / "summary.json").exists():
@@ -306,8 +303,7 @@ def usable(runs: list[Run], kind: str = "train") -> list[Run]:
 
 
 def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[Run]:
-    """Every run folder at or under `paths` (a list of folders), each
-    once, sorted by path."""
+    """Every run folder at or under `paths` (a list of folders), each once, sorted by path."""
     found: dict[Path, None] = {}
     dry = 0  # dry runs' folders, left out
     for p in paths:

@@ -35,8 +35,7 @@ class Summary:
 
 def t_quantile(df: float) -> float:
     """Student's t at (1 + LEVEL) / 2 with `df` degrees of freedom."""
-    # lazy: scipy.stats takes about 1.2 s to load, and only intervals
-    # (3+ repeats) need it
+    # lazy: scipy.stats takes about 1.2 s to load, and only intervals (3+ repeats) need it
     from scipy import stats
 
     return float(stats.t.ppf((1 + LEVEL) / 2, df))
@@ -59,9 +58,8 @@ def summarize(values: Sequence[float]) -> Optional[Summary]:
 
 
 def ratio(num: Summary, den: Summary) -> tuple[float, Optional[tuple[float, float]]]:
-    """num.mean / den.mean and its 95% interval (delta method on the log
-    ratio, Welch's df); no interval when either side has fewer than
-    MIN_REPEATS values."""
+    """num.mean / den.mean and its 95% interval (delta method on the log ratio, Welch's df); no
+    interval when either side has fewer than MIN_REPEATS values."""
     r = num.mean / den.mean
     if num.ci95 is None or den.ci95 is None:
         return r, None
@@ -122,10 +120,9 @@ def _ci(pair) -> Optional[list[float]]:
 
 
 def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
-    """Completed training runs as scaling series, one per (sync, device,
-    workload); runs of one world size, nodes x procs and fingerprint are
-    repeats of one point. Speedup and efficiency as docs/scaling.md,
-    "Reading a scaling report", defines them."""
+    """Completed training runs as scaling series, one per (sync, device, workload); runs of one
+    world size, nodes x procs and fingerprint are repeats of one point. Speedup and efficiency as
+    docs/scaling.md, "Reading a scaling report", defines them."""
     series: dict[tuple, list[Run]] = {}
     for r in usable(runs):
         series.setdefault((r.description.series_label(), r.device_kind, r.workload), []).append(r)
@@ -158,9 +155,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
             # the baseline against itself is 1 exactly, not a ratio
             sp, ci = (1.0, None) if base is x else ratio(base["time"], x["time"])
             n = x["world_size"]
-            # efficiency per unit of work: where an epoch's samples grow
-            # with the world (a step cap per rank, weak scaling) the ideal
-            # time is flat, not 1/n (uncapped, the factor stays 1)
+            # efficiency per unit of work: where an epoch's samples grow with the world (a step cap
+            # per rank, weak scaling) the ideal time is flat, not 1/n (uncapped, the factor stays 1)
             capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
             work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
             k = work * n0 / n
@@ -362,9 +358,8 @@ def bench_fits(runs: list[Run]) -> list[dict]:
 
 
 def _match_fit(run: Run, fits: list[dict], short) -> tuple[Optional[Fits], str]:
-    """The fit of the bench on the same allocation (real nodes before
-    simulated ones, the latest first), else of the nearest world size on
-    the same backend and device, named as such."""
+    """The fit of the bench on the same allocation (real nodes before simulated ones, the latest
+    first), else of the nearest world size on the same backend and device, named as such."""
     same = [f for f in fits if f["primary"]
             and f["run"].get("backend") == run.get("backend")
             and f["run"].device_kind == run.device_kind]
@@ -499,9 +494,8 @@ def memory_markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per allocation of every training run that used several
-    (summary.json `segments`: a requeued SLURM job, a re-created pod, a
-    resumed run)."""
+    """One row per allocation of every training run that used several (summary.json `segments`: a
+    requeued SLURM job, a re-created pod, a resumed run)."""
     rows: list[dict[str, Any]] = []
     for r in runs:
         segs = r.summary.get("segments") if r.kind == "train" else None

@@ -87,9 +87,8 @@ def witness_rows(run: Run, short) -> list[dict[str, Any]]:
 
 
 def hta_overlap(trace_dir: Path) -> Optional[float]:
-    """HTA's comm/compute overlap of the traces in `trace_dir`, ranks
-    averaged; None without HTA (a test extra: `pip install
-    holistictraceanalysis`) or without GPU kernels (NaN on CPU)."""
+    """HTA's comm/compute overlap of the traces in `trace_dir`, ranks averaged; None without HTA (a
+    test extra: `pip install holistictraceanalysis`) or without GPU kernels (NaN on CPU)."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
@@ -265,8 +264,7 @@ def _within(ratio: Optional[float], target: float) -> Optional[bool]:
 
 
 def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
-    """One training run against its bench run: (a) and (b), and the
-    per-call detail."""
+    """One training run against its bench run: (a) and (b), and the per-call detail."""
     events = read_trace(run.path)
     st = per_step(events)
     sync, n = run.get("sync", "?"), run.world_size or 1
@@ -357,8 +355,7 @@ def why(row: dict) -> Optional[str]:
     return "; ".join(out) or "not known"
 
 
-#: a call of up to this many tbf bursts passes partly at memory speed
-#: after an idle link
+#: a call of up to this many tbf bursts passes partly at memory speed after an idle link
 BURST_REACH = 4
 
 

@@ -14,8 +14,7 @@ from typing import Any, Optional
 
 from .run import Run, usable
 
-#: the synchronisers whose runs the table shows, by idea (a ddp run with
-#: sync.hook: `_idea`)
+#: the synchronisers whose runs the table shows, by idea (a ddp run with sync.hook: `_idea`)
 IDEAS = {"zero1": "sharded optimiser", "torch_zero": "sharded optimiser",
          "fsdp2": "sharded optimiser", "ring": "ring", "reduce_broadcast": "reduce + broadcast"}
 HOOK_IDEAS = {"ring": "ring", "ring_prepost": "ring", "reduce_broadcast": "reduce + broadcast",
@@ -38,8 +37,7 @@ def _is_reference(run: Run) -> bool:
 
 
 def _point(run: Run) -> tuple:
-    """What a run shares with its DDP reference: workload, length, seed,
-    world, device."""
+    """What a run shares with its DDP reference: workload, length, seed, world, device."""
     d = run.description
     seed = (run.config.get("train") or {}).get("seed", 0)
     # as JSON: a workload's settings may hold lists (model.hidden=[1024])
@@ -80,8 +78,7 @@ def _row(r: Run, ref: Run, idea: str, short) -> dict[str, Any]:
     if own:
         # DDP against itself: its share n exactly, no sent bytes as 0
         sent, steps = sent or 0, max(1, steps)
-    # the largest rank's state over DDP's share of it (1/world of DDP's):
-    # 1 = even
+    # the largest rank's state over DDP's share of it (1/world of DDP's): 1 = even
     share = float(n) if own else (big / (ref_big / n) if big and ref_big else None)
     return {
         "idea": idea, "sync": "ddp" if own else r.description.sync_label(),
@@ -97,8 +94,7 @@ def _row(r: Run, ref: Run, idea: str, short) -> dict[str, Any]:
 
 
 def rows(runs: list[Run], short) -> list[dict[str, Any]]:
-    """One row per run of an idea that has a twin at its point, its DDP
-    reference first."""
+    """One row per run of an idea that has a twin at its point, its DDP reference first."""
     train = usable(runs)
     refs: dict[tuple, Run] = {}
     for r in train:
@@ -145,8 +141,7 @@ def table(rows_: list[dict[str, Any]]) -> list[str]:
 
 
 def figure(rows_: list[dict[str, Any]]):
-    """Per row: the optimiser state of the largest and smallest rank,
-    and the time per step."""
+    """Per row: the optimiser state of the largest and smallest rank, and the time per step."""
     from .plots import _plt
 
     plt = _plt()
