@@ -172,33 +172,26 @@ class Model:
                 "core_share": f}
 
 
-def bench_level(bench: list[dict], device: str, backend: str, across: bool,
-                fid: Optional[str]) -> Optional[dict]:
-    """The latest `tables.bench_fits` entry of one link level (across
-    nodes or inside one) on this backend and device, `fid`'s own first."""
-    level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
-             and f["run"].device_kind == device and ((f["run"].get("nodes") or 1) > 1) == across]
-    mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
-    return (mine or level)[-1] if level else None
-
-
 OWN_FIT = "fitted on the study's own comm per step"
-
-
-def _level_fit(found: Optional[dict], pts: list[Point]) -> tuple[Optional[Fit], str]:
-    """One level's fit and source: its bench run's, else its points'."""
-    if found:
-        return found["primary"], "bench: " + found["run"].path.name
-    return own_fit(pts), OWN_FIT
 
 
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
               fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
-    """(intra-node fit, cross-node fit, their source): per level the
-    bench's, else the study's own points'."""
-    one, many = (bench_level(bench, device, backend, across, fid) for across in (False, True))
-    intra, intra_src = _level_fit(one, [p for p in pool_pts if p.nodes == 1])
-    cross, cross_src = _level_fit(many, [p for p in pool_pts if p.nodes > 1])
+    """(intra-node fit, cross-node fit, their source): per link level the latest
+    `tables.bench_fits` entry on this backend and device (`fid`'s own first), else the
+    study's own points' of that level."""
+
+    def level_fit(across: bool) -> tuple[Optional[Fit], str]:
+        level = [f for f in bench if f["primary"] and f["run"].get("backend") == backend
+                 and f["run"].device_kind == device
+                 and ((f["run"].get("nodes") or 1) > 1) == across]
+        mine = [f for f in level if fid and f["run"].fingerprint_id == fid]
+        if level:
+            found = (mine or level)[-1]
+            return found["primary"], "bench: " + found["run"].path.name
+        return own_fit([p for p in pool_pts if (p.nodes > 1) == across]), OWN_FIT
+
+    (intra, intra_src), (cross, cross_src) = level_fit(False), level_fit(True)
     # no point of one node: the other level's fit, else every point's
     if intra is None:
         intra, intra_src = (cross, cross_src) if cross else (own_fit(pool_pts), OWN_FIT)
