@@ -18,8 +18,7 @@ def default_out(paths: list[str]) -> Path:
 
 
 def parse_worlds(text: str) -> list[int]:
-    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: "..." doubles from the
-    number before it up to the one after."""
+    """"8,16,...,1024" -> [8, 16, 32, ..., 1024]: "..." doubles up to the next number."""
     out: list[int] = []
     items = [t.strip() for t in text.split(",") if t.strip()]
     for i, t in enumerate(items):

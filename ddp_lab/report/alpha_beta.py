@@ -107,8 +107,7 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
                    group: Optional[str] = None, op: str = "all_reduce") -> Optional[Fit]:
-    """Fit on a bench run's correct rows of `op`, one implementation
-    (torch, else ring, ...) and group (global, else the first)."""
+    """Fit on a bench run's correct `op` rows of one impl (torch first) and group (global first)."""
     ar = [r for r in rows if r.get("op") == op and r.get("correct")
           and r.get("time_median_s", 0) > 0]
     if not ar:

@@ -87,8 +87,7 @@ def own_fit(points: list[Point]) -> Optional[Fit]:
 
 
 def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
-    """Why neither a bench nor the points (worlds up to `max_world`)
-    give a comm fit, as the points show it."""
+    """Why neither a bench nor the points (worlds up to `max_world`) give a comm fit."""
     multi = [p for p in points if p.world >= 2]
     if not multi:
         among = (f" at the fitted world(s) <= {max_world} (the largest world is held out)"
@@ -157,8 +156,7 @@ class Model:
                               per_node=math.ceil(n / nodes), intra=self.fit_intra)
 
     def predict(self, n: int, batch: float, per_node: Optional[int] = None) -> Optional[dict]:
-        """Time per epoch on n ranks (`per_node` of them on a node:
-        default min(n, G)) at `batch` samples per rank per step."""
+        """Time per epoch on n ranks (`per_node` a node, default min(n, G)) at `batch` per rank."""
         if batch < 1:
             return None
         per_node = per_node or min(n, self.G)

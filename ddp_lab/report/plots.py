@@ -313,8 +313,7 @@ def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str
 
 
 def epoch_time_figure(groups: list[dict]):
-    """One row per workload: `_line_row`, or `_bar_row` at one world size (docs/scaling.md,
-    "Reading a scaling report")."""
+    """A row per workload: `_line_row`, or `_bar_row` at one world (docs/scaling.md)."""
     plt = _plt()
     from matplotlib.lines import Line2D
 

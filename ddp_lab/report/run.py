@@ -80,8 +80,7 @@ class Run:
 
     @property
     def global_batch(self) -> Optional[int]:
-        """Samples of one optimiser step over all ranks (summary.json's,
-        else the config's, else batch per rank x world)."""
+        """Samples of one step over all ranks: summary.json's, the config's, or batch x world."""
         g = self.summary.get("global_batch") or (self.config.get("train") or {}).get("global_batch")
         if g:
             return int(g)
@@ -90,8 +89,7 @@ class Run:
 
     @property
     def batch_per_rank(self) -> Optional[float]:
-        """Samples per rank per step: the global batch / world when
-        strong, else summary.json's or the config's batch size."""
+        """Samples per rank per step: global batch / world when strong, else the batch size."""
         if self.scaling == "strong" and self.global_batch:
             return self.global_batch / (self.world_size or 1)
         b = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
@@ -160,8 +158,7 @@ class Run:
         return times[skip:], skip
 
     def epoch_samples(self) -> Optional[float]:
-        """Training samples of one epoch over all ranks (mean over the
-        epochs logged); None when unknown."""
+        """Samples of one epoch over all ranks (mean over the epochs logged); None when unknown."""
         steps = [r.steps for r in self.records if r.steps]
         if not steps or not self.batch_per_rank:
             return None
@@ -190,8 +187,7 @@ class Run:
         return out
 
     def comm_per_step(self, records: Optional[list[EpochRecord]] = None) -> dict:
-        """Measured comm per step of `records` (default: every epoch's):
-        seconds, payload bytes and calls."""
+        """Measured comm per step of `records` (default: all): seconds, payload bytes, calls."""
         records = self.records if records is None else records
         steps = self.steps_total(records)
         if not steps:

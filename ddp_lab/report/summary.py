@@ -184,8 +184,7 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
 
 
 def witness_lines(rows: list[dict]) -> list[str]:
-    """Each witnessed figure outside its band on a line, as report.md lists them; else one
-    line saying they agree."""
+    """Each witnessed figure outside its band on a line; else one line saying they agree."""
     judged = [r for r in rows if r["agrees"] is not None]
     if not judged:
         return []
@@ -201,8 +200,7 @@ def witness_lines(rows: list[dict]) -> list[str]:
 
 def terminal_summary(doc: dict, counts: dict, out_dir: Path, common: str,
                      warmup_text: str) -> str:
-    """The screen, from report.json's `doc`, at most MAX_LINES lines: the
-    table gets what the other parts leave."""
+    """The screen from report.json's `doc` in MAX_LINES lines: the table gets what is left."""
     head = [f"{counts['train']} training run(s), {counts['bench']} bench run(s), "
             f"{counts['skipped']} skipped, under {common}", ""]
     tail = forecast_lines(doc["forecast"]) + witness_lines(doc.get("witnesses") or []) \

@@ -113,8 +113,7 @@ def disagreement(r: dict) -> str:
 
 
 def witness_markdown(runs: list[Run], short) -> list[str]:
-    """The report's section: a table, then a line per figure outside its
-    band (as the terminal's, summary.py)."""
+    """A table, then a line per figure outside its band (as the terminal's, summary.py)."""
     rows = [r for run in usable(runs) for r in witness_rows(run, short)]
     if not rows:
         return []
@@ -161,8 +160,7 @@ def find_bench_runs(paths) -> list[Run]:
 
 # ------------------------------------------------------------------ the trace
 def step_calls(events: list[dict], rank: int = 0) -> dict[int, list[dict]]:
-    """Step -> that step's comm trace slices on `rank` (name = op, dur in
-    µs, args.payload_bytes), by their start."""
+    """Step -> its comm trace slices on `rank` (name = op, dur in µs), by their start."""
     out: dict[int, list[dict]] = {}
     for e in events:
         if e.get("cat") == "comm" and e.get("pid") == rank:
@@ -212,8 +210,7 @@ def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], l
 
 
 def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
-    """World size -> the call sizes (float32 elements) its runs sent:
-    what the bench should measure exactly (`bench.sizes`)."""
+    """World size -> the call sizes (float32 elements) its runs sent, for `bench.sizes`."""
     out: dict[int, set[int]] = {}
     for r in runs:
         st = per_step(read_trace(r.path))
@@ -324,8 +321,7 @@ def _ratios(row: dict) -> dict:
 
 # ------------------------------------------------------------------ why a row misses
 def why(row: dict) -> Optional[str]:
-    """The known reasons a row misses (a) or (b), "; "-joined: None if it
-    meets both, else "not known" where none applies."""
+    """The known reasons a row misses (a) or (b); None if it meets both, else "not known"."""
     if row["a_ok"] is not False and row["b_ok"] is not False:
         return None
     out = []
