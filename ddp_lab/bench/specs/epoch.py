@@ -315,5 +315,4 @@ def _hog_from(marker: str):
     return on_line
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {"epoch": Benchmark(__doc__, SPEC, add_args, run)}
