@@ -1,10 +1,4 @@
-"""`python -m ddp_lab.bench [overrides]`: compose the config once, make the run folder, launch.
-
-    python -m ddp_lab.bench                                   # all_reduce, 2^10..2^26, all ranks
-    python -m ddp_lab.bench bench.impl=[torch,ring,butterfly] launcher.nproc_per_node=4
-    python -m ddp_lab.bench bench=handin                      # the assignment's hand-in plot
-    python -m ddp_lab.bench launcher.dry_run=true             # print what would run
-"""
+"""`python -m ddp_lab.bench [overrides]`: compose the config once, make the run folder, launch."""
 
 from .. import config
 from ..command.cli import cli

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from tqdm import tqdm
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -124,27 +124,21 @@ def human_bytes(n: float) -> str:
 
 
 # --------------------------------------------------------------------------- timing
-class Stopwatch:
-    """Host clock on CPU; CUDA events on GPU (a host clock would time the launch)."""
+def stopwatch(device: torch.device) -> Callable[[], float]:
+    """Started now; the call it returns gives the seconds since. Host clock on CPU; CUDA events on
+    GPU (a host clock would time the launch)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        return lambda: time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def start(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def stop(self, t0) -> float:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            # wait for the collective's kernels to finish
-            end.synchronize()
-            return t0.elapsed_time(end) / 1e3
-        return time.perf_counter() - t0
+    def stop() -> float:
+        end.record()
+        # wait for the collective's kernels to finish
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    return stop
 
 
 def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Pattern,
@@ -153,7 +147,6 @@ def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Patter
     g = task.mine
     run = task.op.impls[task.impl]
     bufs = task.op.setup(size, g, dtype, ctx.device) if g else None
-    watch = Stopwatch(ctx.device)
 
     def once() -> float:
         if g:
@@ -162,10 +155,10 @@ def measure(task: Task, size: int, bench: Any, ctx: DistContext, pattern: Patter
         ctx.synchronize()
         # load-bearing: every group starts at the same moment
         ctx.barrier()
-        t0 = watch.start()
+        stop = stopwatch(ctx.device)
         if g:
             run(bufs, g)
-        return watch.stop(t0)
+        return stop()
 
     warm = [once() for _ in range(bench.warmup)]
     # every rank must run the same number of iterations: decide from the slowest rank

@@ -15,24 +15,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ADAMS = ("fused", "foreach", "for-loop")  # torch.optim.Adam's three implementations
+OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
-def adam(params, impl: str):
-    """torch.optim.Adam, lr 1e-3, in implementation `impl` (one of ADAMS)."""
+def warm_model(impl: str, x_all, labels, device: str = "cpu", ddp: bool = False):
+    """The MLP 784-50-10 (seed 0; in torch's DDP if `ddp`) and torch.optim.Adam, lr 1e-3, in
+    implementation `impl` (one of ADAMS), after one untimed warm-up step (as ddp_lab's preflight)
+    that leaves the weights untouched."""
     import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
 
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10)).to(device)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
     kw = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
-    return torch.optim.Adam(params, lr=1e-3, **kw[impl])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **kw[impl])
+    F.cross_entropy(model(x_all[:64]), labels[:64]).backward()
+    model.zero_grad(set_to_none=True)
+    return model, optimizer
 
 
 def tight_epochs(root: str, epochs: int, max_steps: int = 0, threads: int = 0,
                  adams: tuple[str, ...] = ("fused",), device: str = "cpu") -> dict[str, list[float]]:
-    """The tightest loop, 1 process: for each Adam in `adams`, `epochs` epochs timed one by one
-    (after one untimed warm-up step, as ddp_lab's preflight); {adam: [seconds]}. `threads` 0:
-    torch's default. The OpenMP settings are this process's environment's."""
+    """The tightest loop, 1 process: for each Adam in `adams`, `epochs` epochs timed one by one;
+    {adam: [seconds]}. `threads` 0: torch's default. The OpenMP settings are this process's
+    environment's."""
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     from ..data import load_split, normalise
 
@@ -45,12 +55,7 @@ def tight_epochs(root: str, epochs: int, max_steps: int = 0, threads: int = 0,
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {}
     for impl in adams:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10)).to(device)
-        optimizer = adam(model.parameters(), impl)
-        # warm-up, weights untouched
-        F.cross_entropy(model(x_all[:64]), labels[:64]).backward()
-        model.zero_grad(set_to_none=True)
+        model, optimizer = warm_model(impl, x_all, labels, device)
         times = []
         for _ in range(epochs):
             sync()
@@ -94,9 +99,6 @@ def ranks_epochs(ctx, args) -> dict[str, list[float]]:
     [seconds]}, every epoch between barriers as ddp_lab times its own."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..data import load_split, normalise
 
@@ -118,14 +120,7 @@ def ranks_epochs(ctx, args) -> dict[str, list[float]]:
 
     out = {}
     for way in ("torch DDP", "one flat all_reduce"):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
-        if way == "torch DDP":
-            model = DDP(model)
-        optimizer = adam(model.parameters(), impl)
-        # warm-up, as above
-        F.cross_entropy(model(x_all[:64]), labels[:64]).backward()
-        model.zero_grad(set_to_none=True)
+        model, optimizer = warm_model(impl, x_all, labels, ddp=way == "torch DDP")
         reduce = None if way == "torch DDP" else flat_all_reduce
         times = []
         for _ in range(epochs):
@@ -195,7 +190,7 @@ def in_child(fn: str, *args, env: dict[str, str]):
             f"print(json.dumps(m.{fn}(*json.loads(sys.argv[1]))))")
     full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     # only what `env` says, not ours
-    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+    for key in OMP_KEYS:
         if key not in env:
             full.pop(key, None)
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True,

@@ -177,8 +177,12 @@ REDUCE_OP = Op(
 
 # ------------------------------------------------------------------------- broadcast
 def _fill_root(b, g, pat):
+    """Broadcast's and ping-pong's reset: the root's `t` the pattern (its echo buffer `r`, where
+    there is one, -1), every other rank's -1."""
     if g.grank == 0:
         pat.fill(b["t"], base=1)
+        if "r" in b:
+            b["r"].fill_(-1)
     else:
         b["t"].fill_(-1)
 
@@ -309,14 +313,6 @@ REDUCE_SCATTER_OP = Op(
 
 
 # ------------------------------------------------------------------------ ping-pong
-def _pp_reset(b, g, pat):
-    if g.grank == 0:
-        pat.fill(b["t"], base=1)
-        b["r"].fill_(-1)
-    else:
-        b["t"].fill_(-1)
-
-
 def _pp_run(b, g):
     # rank a sends, b echoes the same bytes back: the time is a round trip
     if g.grank == 0:
@@ -331,7 +327,7 @@ def _pp_check(b, g, pat):
     return pat.check(b["r"] if g.grank == 0 else b["t"], base=1, what="echo")
 
 
-PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _pp_reset, _pp_check,
+PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _fill_root, _pp_check,
                   {"torch": _pp_run}, pairwise=True)
 
 # the benchmarked ops (bench.ops); their implementations come from ddp_lab.collectives' tables. The

@@ -7,12 +7,10 @@ the machine runs.
     python -m ddp_lab.bench.suite epoch --load late --ranks 1            # a hog that comes mid-run
     python -m ddp_lab.bench.suite epoch --load idle --ranks 1 --pinned   # + train.threads=T, timing on/off
 
-The notebook's workload per load: the search (the tight loop of
-ddp_lab/bench/loops.py under every setting ddp_lab does not own; the
-floor is the fastest), then `--rounds` interleaved rounds of the floor
-against `python -m ddp_lab`. What each step measures, the goals and the
-figures: docs/performance.md, "The floor: the fastest loop the machine
-runs, idle and loaded".
+The notebook's workload per load: the search (the tight loop of ddp_lab/bench/loops.py under every
+setting ddp_lab does not own; the floor is the fastest), then `--rounds` interleaved rounds of the
+floor against `python -m ddp_lab` (docs/performance.md, "The floor: the fastest loop the machine
+runs, idle and loaded").
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ SPEC = Spec(compares="the tight loop under every thread count, OpenMP wait and A
                      "idle and under a CPU hog", rounds=3, data=False,
             ratios="ddp_lab / floor, per load and world (goals: 1.15 idle on 1 rank, 1.2 on "
                    "2 ranks, 1.3 under the hog)")
-OMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -79,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
     for w in args.waits:
         # a bad one: one line, before anything runs
         omp_env(w)
-    inherited = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
+    inherited = {k: os.environ.pop(k) for k in loops.OMP_KEYS if k in os.environ}
     # ddp_lab's default is what is measured, and each loop's setting its own
     if inherited:
         print(f"(ignoring this shell's {inherited}: every row sets its own)", file=sys.stderr)
@@ -103,9 +100,8 @@ def late(root: str, tmp: str, args) -> dict:
     `args.waits`. {row: {"idle": [s], "hog": [s]}}, each row printed as it ends."""
     n = cpu.cores()
     rows = {"defaults": ([], {})}
-    # libgomp's default is 300000 spins (its manual), set here
     for w in args.waits:
-        # explicitly, whatever wait ddp_lab would choose
+        # libgomp's default, 300000 spins (its manual), set explicitly: whatever ddp_lab chooses
         if w != "passive" and n > 1:
             env = {"GOMP_SPINCOUNT": "300000"} if w == "default" else omp_env(w)
             rows[f"train.threads={n}, {w} wait ({' '.join(f'{k}={v}' for k, v in env.items())})"
@@ -259,15 +255,13 @@ def _waited(share: dict | None) -> str:
 def two_ranks(root: str, args, threads: int, wait: str, adam: str) -> dict[str, list[float]]:
     from ..scaffold import run_ranks
 
-    saved = {k: os.environ.pop(k) for k in OMP_KEYS if k in os.environ}
-    # the spawned ranks read it when torch loads
+    # the spawned ranks read it when torch loads (run() cleared the shell's)
     os.environ.update(omp_env(wait))
     try:
         out = run_ranks(loops.ranks_epochs, 2, (root, args.epochs, args.max_steps, threads, adam))
     finally:
-        for k in OMP_KEYS:
+        for k in loops.OMP_KEYS:
             os.environ.pop(k, None)
-        os.environ.update(saved)
     if out is None:
         sys.exit("the 2-rank floor failed (the rank's error is above)")
     return out[0]
@@ -321,5 +315,4 @@ def _hog_from(marker: str):
     return on_line
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {"epoch": Benchmark(__doc__, SPEC, add_args, run)}

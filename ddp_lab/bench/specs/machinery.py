@@ -1,7 +1,6 @@
 """The benchmarks of the run's machinery, each against going without it: the stop check (stop), the
-time to the first line and the report's (start), TensorBoard's live points (tensorboard). Each
-benchmark's description is its `*_DOC`; the runner, `python -m ddp_lab.bench.suite NAME`, finds it
-in `BENCHMARKS`."""
+time to the first line and the report's (start), TensorBoard's live points (tensorboard), timing
+(timing); each described by its `*_DOC`."""
 
 from __future__ import annotations
 
@@ -422,7 +421,6 @@ def timing_run(args: argparse.Namespace) -> dict | None:
                                         "timing's CPU / the CPU without it": share}}
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {
     "timing": Benchmark(TIMING_DOC, TIMING_SPEC, timing_add_args, timing_run),
     "stop": Benchmark(STOP_DOC, STOP_SPEC, stop_add_args, stop_run),

@@ -131,7 +131,6 @@ def claims(med: dict[str, dict], rate: float, named: dict[str, Optional[dict]],
 
 
 def claims_table(rows: list[Claim]) -> str:
-    """The claims as a Markdown table."""
     def fmt(v: float | str, unit: str) -> str:
         if isinstance(v, str):
             return v
@@ -552,7 +551,6 @@ def run(args: argparse.Namespace) -> dict:
                        if isinstance(c.measured, float) and isinstance(c.predicted, float) and c.predicted}}
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {"network": Benchmark(__doc__, SPEC, add_args, run, check)}
 
 

@@ -1,7 +1,6 @@
 """The training benchmarks of the synchronisers, side by side: every synchroniser's time per step
 (syncs), overlap on and off (overlap), gradient compression (compress) and the hierarchical
-all-reduce (hierarchical). Each benchmark's description is its `*_DOC`; the runner, `python -m
-ddp_lab.bench.suite NAME`, finds it in `BENCHMARKS`."""
+all-reduce (hierarchical); each described by its `*_DOC`."""
 
 from __future__ import annotations
 
@@ -262,12 +261,9 @@ def overlap_add_args(ap: argparse.ArgumentParser) -> None:
                          "ring+overlap, ring)")
 
 
-def overlap_check(args: argparse.Namespace) -> None:
-    # an unknown label: one line, before any rank starts
-    chosen(OVERLAP_CONFIGS, args.only)
-
-
 def overlap_run(args: argparse.Namespace) -> dict | None:
+    # an unknown label: one line, before any rank starts
+    configs = chosen(OVERLAP_CONFIGS, args.only)
     res = rank0(overlap_worker, args.world, args)
     if res is None:
         return None  # the rank's error is above
@@ -278,7 +274,7 @@ def overlap_run(args: argparse.Namespace) -> dict | None:
     print("| configuration | time/step (ms) | min - max | compute (ms) | exposed comm (ms) "
           "| in-flight comm (ms) | exposed / in-flight |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label in chosen(OVERLAP_CONFIGS, args.only):
+    for label in configs:
         m, ms = med[label], [x["step_ms"] for x in res["rows"][label]]
         share = m["exposed_ms"] / m["inflight_ms"] if m["inflight_ms"] else float("nan")
         print(f"| {label} | {m['step_ms']:.1f} | {min(ms):.1f} - {max(ms):.1f} "
@@ -431,10 +427,9 @@ def hierarchical_run(args: argparse.Namespace) -> dict:
     return {"root": str(root), "rows": rows, "ratios": found}
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {
     "syncs": Benchmark(SYNCS_DOC, SYNCS_SPEC, syncs_add_args, syncs_run),
-    "overlap": Benchmark(OVERLAP_DOC, OVERLAP_SPEC, overlap_add_args, overlap_run, overlap_check),
+    "overlap": Benchmark(OVERLAP_DOC, OVERLAP_SPEC, overlap_add_args, overlap_run),
     "compress": Benchmark(COMPRESS_DOC, COMPRESS_SPEC, compress_add_args, compress_run),
     "hierarchical": Benchmark(HIERARCHICAL_DOC, HIERARCHICAL_SPEC, hierarchical_add_args, hierarchical_run),
 }

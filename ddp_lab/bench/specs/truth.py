@@ -4,11 +4,10 @@ the alpha-beta model.
     python -m ddp_lab.bench.suite truth                       # runs everything
     python -m ddp_lab.bench.suite truth --runs DIR/train --bench DIR/bench   # re-read folders
 
-Unless given folders: one short traced training run per sync x model x
-world, then per world one bench run of the synchronisers' collectives at
-the sizes the runs put on the wire; one row per run
-(`ddp_lab.report.truth_table`). Writes truth.json and truth.md into
---dir (docs/benchmarks.md, "Are the numbers true?").
+Unless given folders: one short traced training run per sync x model x world, then per world one
+bench run of the synchronisers' collectives at the sizes the runs put on the wire; one row per run
+(`ddp_lab.report.truth_table`). Writes truth.json and truth.md into --dir (docs/benchmarks.md, "Are
+the numbers true?").
 """
 
 from __future__ import annotations
@@ -162,5 +161,4 @@ def run(args: argparse.Namespace) -> dict:
     return {"rows": table}
 
 
-# name -> the benchmark, for the runner (suite.NAMES)
 BENCHMARKS = {"truth": Benchmark(__doc__, SPEC, add_args, run, check)}
