@@ -419,10 +419,7 @@ def topology(f: Facts) -> Optional[Check]:
     return Check("gpu-nic affinity", True, "; ".join(found[:4]))
 
 
-# What NVIDIA's tools print, read (text in, dicts out; tests feed them the formats NVIDIA
-# documents).
-
-# ------------------------------------------------------------------ NCCL INFO
+# ------------------------------------------------------------------ NVIDIA's tools' output
 # "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via NET/IB/0/GDRDMA", "... via
 # NET/Socket/0", "... via SHM/direct/direct"
 _CHANNEL = re.compile(r"NCCL INFO Channel \S+ ?: .*\bvia (\S+)")
@@ -448,15 +445,7 @@ def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
     return {**out, "gdrdma": gdr, "socket_ifaces": ifaces}
 
 
-def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
-    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not IB/RoCE or a plugin."""
-    conns = t.get("connections") or {}
-    return "NET/Socket" in conns or (t.get("network") == "Socket"
-                                     and any(k.startswith("NET/") for k in conns))
-
-
-# ------------------------------------------------------------------ nvidia-smi topo -m
-# The legend nvidia-smi prints under the matrix, nearest first
+# `nvidia-smi topo -m`'s legend, nearest first
 TOPO_KINDS = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
