@@ -109,18 +109,16 @@ def group_value_mistake(argv: list[str]) -> str | None:
                 continue
         else:
             values = [o.value()]
-        wrong = next((v for v in values if not isinstance(v, str)), _NONE)
-        if wrong is _NONE:
+        wrong = [v for v in values if not isinstance(v, str)]
+        if not wrong:
             continue
+        wrong = wrong[0]
         options = loader.get_group_options(group)
         what = ("null" if wrong is None else "a list" if isinstance(wrong, list)
                 else "a mapping" if isinstance(wrong, dict) else f"the {type(wrong).__name__} {wrong}")
         return (f"{o.input_line}: {group} is a config group and takes one option's name, "
                 f"not {what}" + (f": choose {', '.join(options)}" if options else ""))
     return None
-
-
-_NONE = object()
 
 
 def _leaves(cfg) -> dict[str, object]:
