@@ -75,8 +75,7 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 def group_value_mistake(argv: list[str]) -> str | None:
     """A config group given something other than an option's name (`sync=3`, `study=[1,2]`,
     `sync=null`, `-m sync=ddp,4`), in one line naming the group and its options, else None (Hydra
-    would fail deep in its defaults list with a traceback). A line Hydra cannot parse is Hydra's to
-    refuse, in one line."""
+    would fail deep in its defaults list with a traceback)."""
     words = [a for a in argv if a[:1] != "-"]
     if not words:
         return None
