@@ -14,8 +14,7 @@ import pytest
 from helpers import describe, run_cli, run_dir_of
 
 from ddp_lab.doctor import probe
-from ddp_lab.doctor.verdicts import (nccl_transport, nearest_nic, parse_topo,
-                                    uses_sockets_between_nodes)
+from ddp_lab.doctor.verdicts import nccl_transport, nearest_nic, parse_topo
 from ddp_lab.doctor.verdicts import Facts
 from ddp_lab.doctor.verdicts import verdicts
 from ddp_lab.folder import doctor as records
@@ -46,14 +45,12 @@ def test_nccl_transport_reads_ib_with_gpudirect_and_p2p():
     t = nccl_transport(NCCL_IB.splitlines())
     assert t["network"] == "IB" and t["connections"] == {"NET/IB": 2, "P2P": 2}
     assert t["gdrdma"] and t["net_devices"].startswith("[0]mlx5_0:1/IB")
-    assert not uses_sockets_between_nodes(t)
 
 
 def test_nccl_transport_reads_sockets_and_their_interface():
     t = nccl_transport(NCCL_SOCKET.splitlines())
     assert t["network"] == "Socket" and t["connections"] == {"NET/Socket": 2, "SHM": 1}
     assert t["socket_ifaces"] == ["eth0"] and not t["gdrdma"]
-    assert uses_sockets_between_nodes(t)
 
 
 # ---------------------------------------------------------------- nvidia-smi topo -m

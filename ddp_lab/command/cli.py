@@ -61,21 +61,17 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
         if swept and not cfg.run.get("name"):
             cfg.run.name = job_name(cfg, [o for o in HydraConfig.get().overrides.task
                                           if override_key(o) in swept])
-        error = None
         try:
             outcome = submit_fn(cfg, t0=t0)
-        except UserError as e:
-            error = f"error: {one_line(str(e))}"
-        except (HydraException, OmegaConfBaseException) as e:
-            # the config read as the job starts (`~sync`, an interpolation to no key): one line,
-            # where Hydra adds its own "Error executing job with overrides"
-            error = f"error: {hydra_message(e, schemas)}"
+        except (UserError, HydraException, OmegaConfBaseException) as e:
+            # also the config read as the job starts (`~sync`, an interpolation to no key): one
+            # line, where Hydra adds its own "Error executing job with overrides"
+            error = _error_line(e, schemas)
+            print(error, file=sys.stderr)
+            outcome = Outcome(2, error)
         finally:
             os.environ["HYDRA_FULL_ERROR"] = "1"
             t0 = time.time()
-        if error:
-            print(error, file=sys.stderr)
-            outcome = Outcome(2, error)
         if outcome.rc != 0:
             failed.append(outcome.rc)
         return outcome
@@ -90,15 +86,16 @@ def cli(config_name: str, submit_fn: Callable[..., Outcome],
             if {"-m", "--multirun"} & set(sys.argv[1:]):
                 _check_sweep(config_name, sys.argv[1:], check_fn)
             hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)(task)()
-    except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {hydra_message(e, schemas)}", file=sys.stderr)
-        sys.exit(2)
-    except UserError as e:  # from _check_sweep
-        print(f"error: {one_line(str(e))}", file=sys.stderr)
+    except (UserError, HydraException, OmegaConfBaseException) as e:  # UserError: _check_sweep's
+        print(_error_line(e, schemas), file=sys.stderr)
         sys.exit(2)
     finally:
         _restore_env("HYDRA_FULL_ERROR", full_error)
     sys.exit(failed[0] if len(failed) == 1 else (1 if failed else 0))
+
+
+def _error_line(e: Exception, schemas: Sequence[ModuleType]) -> str:
+    return f"error: {one_line(str(e)) if isinstance(e, UserError) else hydra_message(e, schemas)}"
 
 
 def _defaults(config_name: str) -> DictConfig:

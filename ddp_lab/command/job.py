@@ -61,8 +61,7 @@ def launch_job(cfg: DictConfig, label: str | None = None,
                limit_s: Optional[float] = None) -> tuple[Path, Optional[int]]:
     """Make the run folder (with `files` in it), render the launcher's files and, unless
     launcher.dry_run, start the job and follow it: (the folder, the exit status or None for a dry
-    run). `t0`: when the job began (None: with this command). `limit_s`: a job in the foreground
-    still running that long is ended (launch.start). A LaunchError leaves no new folder."""
+    run). `limit_s`: see launch.start. A LaunchError leaves no new folder."""
     new = not cfg.run.dir or not Path(cfg.run.dir).expanduser().exists()
     run_dir = make_run_dir(cfg, label=label)
     # one command per folder (command/lock.py): a scheduler's job holds the lock after we exit
@@ -93,7 +92,6 @@ def launch_job(cfg: DictConfig, label: str | None = None,
                   "launcher.dry_run=true starts it)")
             print(f"run dir: {run_dir}")
             return run_dir, None
-        # a real run now
         (run_dir / DRY_RUN).unlink(missing_ok=True)
         world = world_size(cfg)
         # the first line, at once

@@ -69,10 +69,8 @@ def holder_alive(run_dir: Path, holder: dict) -> tuple[bool, str]:
             alive = sched["state"] in SLURM_ALIVE | {"UNKNOWN", "PREEMPTED", "NODE_FAIL"}
             return alive, f"SLURM job {info['job_id']} ({sched['state']})"
         return info["state"] in ("running", "pending"), f"{job} ({info['state']}: {info['detail']})"
-    if not here:
-        # another machine's process: nothing here can tell
-        return True, who
-    return False, who
+    # another machine's process: nothing here can tell
+    return not here, who
 
 
 @contextlib.contextmanager

@@ -75,8 +75,7 @@ def command_line_mistake(argv: list[str], defaults: Callable[[], DictConfig] = l
 def group_value_mistake(argv: list[str]) -> str | None:
     """A config group given something other than an option's name (`sync=3`, `study=[1,2]`,
     `sync=null`, `-m sync=ddp,4`), in one line naming the group and its options, else None (Hydra
-    would fail deep in its defaults list with a traceback). A line Hydra cannot parse is Hydra's to
-    refuse, in one line."""
+    would fail deep in its defaults list with a traceback)."""
     words = [a for a in argv if a[:1] != "-"]
     if not words:
         return None
@@ -109,18 +108,16 @@ def group_value_mistake(argv: list[str]) -> str | None:
                 continue
         else:
             values = [o.value()]
-        wrong = next((v for v in values if not isinstance(v, str)), _NONE)
-        if wrong is _NONE:
+        wrong = [v for v in values if not isinstance(v, str)]
+        if not wrong:
             continue
+        wrong = wrong[0]
         options = loader.get_group_options(group)
         what = ("null" if wrong is None else "a list" if isinstance(wrong, list)
                 else "a mapping" if isinstance(wrong, dict) else f"the {type(wrong).__name__} {wrong}")
         return (f"{o.input_line}: {group} is a config group and takes one option's name, "
                 f"not {what}" + (f": choose {', '.join(options)}" if options else ""))
     return None
-
-
-_NONE = object()
 
 
 def _leaves(cfg) -> dict[str, object]:

@@ -76,12 +76,6 @@ def _read(path: Path) -> Optional[str]:
         return None
 
 
-def _job_id(run_dir: Path, summary: dict) -> Optional[str]:
-    """The scheduler's job id: the file the SLURM launcher writes at submission (the newest
-    submission), else the one the ranks recorded in summary.json."""
-    return _read(run_dir / "job_id") or (str(summary["job_id"]) if summary.get("job_id") else None)
-
-
 def live_processes(run_dir: Path) -> list[int]:
     """Processes of the job alive on this machine; other status/follow processes excepted."""
     pids = []
@@ -94,14 +88,6 @@ def live_processes(run_dir: Path) -> list[int]:
             continue
         pids.append(pid)
     return pids
-
-
-def rank_progress(run_dir: Path) -> list[dict]:
-    """Per-rank heartbeat records (ddp_lab.folder.heartbeat); [] when none can be read."""
-    try:
-        return read_all(run_dir)
-    except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
-        return []
 
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
@@ -132,7 +118,9 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     records = read_metrics(run_dir / "metrics.jsonl")[0]
     record = records[-1] if records else None
     epochs_done, step = _position(summary, record, fs["checkpoint"], word)
-    job_id = _job_id(run_dir, summary)
+    # the newest submission's (the SLURM launcher writes job_id), else the ranks' record
+    job_id = _read(run_dir / "job_id") or (str(summary["job_id"]) if summary.get("job_id")
+                                           else None)
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
@@ -182,7 +170,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
     info["dead"] = dead(info)
     if state not in ("completed", "not started"):
-        info["ranks"] = rank_progress(run_dir)
+        try:
+            info["ranks"] = read_all(run_dir)
+        except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
+            pass
     return info
 
 
@@ -357,7 +348,7 @@ def _hint(info: dict) -> str:
         return (f"follow:      python -m ddp_lab.status {run} --follow\n"
                 f"stop:        python -m ddp_lab.status {run} --stop")
     if to_continue(info):
-        return "continue:    " + continue_command(info) + (
+        return "continue:    " + paste.continue_command(Path(run), info["launcher"]) + (
             f"\nor:          sbatch {run}/job.sbatch" if _resubmits(info) else "")
     return ""
 
@@ -372,16 +363,11 @@ def to_continue(info: dict) -> bool:
     return info["state"] in ("preempted", "stopped", "failed") or dead(info)
 
 
-def continue_command(info: dict) -> str:
-    """The command that continues the run (paste.continue_command: every override it started with),
-    alone: it pastes as printed."""
-    return paste.continue_command(Path(info["run_dir"]), info["launcher"])
-
-
 def continue_lines(info: dict) -> str:
     """'[status] continue with:' and the command on a line of its own (a SLURM run: or its batch
     script, again)."""
-    text = "[status] continue with:\n  " + continue_command(info)
+    text = "[status] continue with:\n  " + paste.continue_command(Path(info["run_dir"]),
+                                                                   info["launcher"])
     if _resubmits(info):
         text += f"\n[status] or submit its batch script again: sbatch {info['run_dir']}/job.sbatch"
     return text

@@ -46,7 +46,6 @@ def _raise_stop(signum, frame):
 
 def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
     """`python -m ddp_lab study=...`: check every point, then run them in order."""
-    # the study's rules, then every point's config (TRAIN rules)
     base = resolve_study(cfg)
     points = plan(base)
     study_dir, sweep_dir = study_dir_of(base)
@@ -76,7 +75,6 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
         stopped = rc != 0 and finish(study_dir)["status"] == "stopped"
     else:
         rc, stopped = _run_here(base, study_dir, points, t0)
-    # rendered and printed; nothing ran
     if base.launcher.dry_run:
         print(f"study dir: {study_dir}\nrun dir: {study_dir}")
         return Outcome(0, "ok (dry run)", study_dir)

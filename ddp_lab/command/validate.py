@@ -37,18 +37,15 @@ from ..world import cpu
 from ..world.env import default_nproc, local_gpus
 from .lock import in_use
 
-#: keys that hold a duration in SLURM's formats: each is read by `duration_s` (the one parser, with
-#: SLURM's launcher: --time, signal_s), here before any process starts
-DURATION_KEYS = ("launcher.time",)
 Rule = Callable[[DictConfig], Optional[str]]
 
 
 def durations(cfg: DictConfig) -> Optional[str]:
-    """Every DURATION_KEYS key this config has (launcher.time: slurm only) parses."""
-    for key in DURATION_KEYS:
-        value = OmegaConf.select(cfg, key)
-        if value is not None:
-            duration_s(key, value)  # raises the one line
+    """launcher.time (slurm only) parses in SLURM's formats, by `duration_s` (the one parser, with
+    SLURM's launcher: --time, signal_s), here before any process starts."""
+    value = OmegaConf.select(cfg, "launcher.time")
+    if value is not None:
+        duration_s("launcher.time", value)  # raises the one line
     return None
 
 

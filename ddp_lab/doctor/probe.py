@@ -144,18 +144,12 @@ def rdma_devices(sysfs_root: str = "/sys") -> list[str]:
 
 # ------------------------------------------------------------------ software and data
 def software() -> dict[str, Any]:
-    import torch  # lazy: after rank_main (module docstring)
-
     import ddp_lab
 
-    try:
-        v = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception:  # noqa: BLE001 -- a CPU-only build has none
-        nccl = None
-    return {"python": platform.python_version(), "torch": str(torch.__version__),
-            "cuda": torch.version.cuda, "nccl": nccl, "ddp_lab": ddp_lab.__version__,
-            "executable": sys.executable}
+    # imports torch: after rank_main (module docstring)
+    v = fingerprint._versions()
+    return {"python": platform.python_version(), "torch": str(v["torch"]), "cuda": v["cuda"],
+            "nccl": v["nccl"], "ddp_lab": ddp_lab.__version__, "executable": sys.executable}
 
 
 def data(root: str) -> dict[str, Any]:

@@ -371,12 +371,12 @@ def inter_node(f: Facts) -> Optional[Check]:
     floor = MIN_LINK_SHARE_CPU if row["backend"] == "gloo" else MIN_LINK_SHARE
     finding = f"{head}: {share:.0%} of the link's rate ({_words(links[best])} on {best})"
     if share < floor:
-        fix = (f"{slow}'s link is slower than {best}'s: ask for other nodes"
-               if rates[slow] < rates[best] else "check the transport below (NCCL on sockets?) "
-               "and the switch ports; python -m ddp_lab.bench measures every size")
+        # every known link has one rate here (a slower one returned above)
         return Check("inter-node all-reduce", False,
                      f"inter-node all-reduce at {share:.0%} of the link's rate ({got / 1e6:.4g} "
-                     f"MB/s; {_words(links[best])} on {best}, below {floor:.0%})", fix)
+                     f"MB/s; {_words(links[best])} on {best}, below {floor:.0%})",
+                     "check the transport below (NCCL on sockets?) and the switch ports; "
+                     "python -m ddp_lab.bench measures every size")
     return Check("inter-node all-reduce", True, finding)
 
 
@@ -419,10 +419,7 @@ def topology(f: Facts) -> Optional[Check]:
     return Check("gpu-nic affinity", True, "; ".join(found[:4]))
 
 
-# What NVIDIA's tools print, read (text in, dicts out; tests feed them the formats NVIDIA
-# documents).
-
-# ------------------------------------------------------------------ NCCL INFO
+# ------------------------------------------------------------------ NVIDIA's tools' output
 # "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "... via NET/IB/0/GDRDMA", "... via
 # NET/Socket/0", "... via SHM/direct/direct"
 _CHANNEL = re.compile(r"NCCL INFO Channel \S+ ?: .*\bvia (\S+)")
@@ -448,15 +445,7 @@ def nccl_transport(lines: Iterable[str]) -> dict[str, Any]:
     return {**out, "gdrdma": gdr, "socket_ifaces": ifaces}
 
 
-def uses_sockets_between_nodes(t: dict[str, Any]) -> bool:
-    """NCCL crossed nodes over plain TCP sockets (NET/Socket), not IB/RoCE or a plugin."""
-    conns = t.get("connections") or {}
-    return "NET/Socket" in conns or (t.get("network") == "Socket"
-                                     and any(k.startswith("NET/") for k in conns))
-
-
-# ------------------------------------------------------------------ nvidia-smi topo -m
-# The legend nvidia-smi prints under the matrix, nearest first
+# `nvidia-smi topo -m`'s legend, nearest first
 TOPO_KINDS = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
@@ -467,11 +456,9 @@ def _rank(kind: str) -> int:
 
 
 def parse_topo(text: str) -> Optional[dict[str, Any]]:
-    """`nvidia-smi topo -m` read: {"gpus": [...], "nics": [...], "matrix": {row: {col: kind}},
-    "cpu_affinity": {gpu: "0-31"}, "numa_affinity": {gpu: "0"}, "nic_names": {"NIC0":
-    "mlx5_0"}}; None when the text holds no matrix. The header row (tab separated: columns of
-    two words kept whole) names the columns: GPU0.. NIC0.., then CPU Affinity, NUMA Affinity,
-    GPU NUMA ID; each row starts with its device name."""
+    """`nvidia-smi topo -m` read (None when the text holds no matrix). The header row (tab
+    separated: columns of two words kept whole) names the columns: GPU0.. NIC0.., then CPU
+    Affinity, NUMA Affinity, GPU NUMA ID; each row starts with its device name."""
     lines = [ln.rstrip() for ln in text.splitlines()]
     head_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
     if head_i is None:
