@@ -164,8 +164,7 @@ class Heartbeat(NullHeartbeat):
 
     @contextlib.contextmanager
     def _update(self) -> Iterator[_Hot]:
-        """The record's changing part to write into, under the lock, after what the followed
-        sources say; stamped when done."""
+        """The record's changing part, under the lock, after the followed sources; stamped."""
         with self._lock:
             self._read()
             yield self._hot
@@ -210,8 +209,7 @@ class Heartbeat(NullHeartbeat):
 
 
 def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullHeartbeat:
-    """Open this rank's record (a NullHeartbeat if it cannot be made);
-    rank 0 drops records of ranks a larger earlier world left behind."""
+    """This rank's record (a NullHeartbeat if it cannot be made); rank 0 drops a larger world's."""
     try:
         record = Heartbeat(run_dir, rank, local_rank, world_size)
     except OSError:
