@@ -286,8 +286,7 @@ def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
 
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict plus
-    age_s, where (in words), local (on this machine) and process (`process_state`, None for another
-    machine's rank)."""
+    age_s, where, local (on this machine) and process (`process_state`; None: another machine's)."""
     run_dir = Path(run_dir).resolve()
     records = []
     for path in (run_dir / FOLDER).glob("rank*.bin"):

@@ -60,8 +60,7 @@ class Position:
 @dataclass
 class MeasuredEpoch:
     """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields are this
-    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only);
-    `totals` adds the two."""
+    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only)."""
 
     epoch: int
     # this part's phase stamps (none when timing is off) and collectives
@@ -667,8 +666,7 @@ def duration(seconds: float) -> str:
 
 
 class StepLines(tqdm):
-    """tqdm drawing its bar as a log line at most every `every_s` seconds: steps done, the rate
-    since the epoch began, the time left."""
+    """tqdm drawing its bar as a log line at most every `every_s` seconds."""
 
     # tqdm's monitor thread only shortens a bar's dynamic interval
     monitor_interval = 0
