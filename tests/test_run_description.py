@@ -171,17 +171,17 @@ class _Raw(io.RawIOBase):
 def test_a_ranks_line_is_one_write(how, monkeypatch):
     """Ranks share the console: `print`'s text and newline as two writes (a rank started
     as `python -u`: unbuffered) let another rank's line land between them (`... 5.01
-    ms/step[rank 0] epoch 0: ...`). A forked rank (as_forked_rank) and a spawned one
+    ms/step[rank 0] epoch 0: ...`). A forked rank (whole_lines) and a spawned one
     (ddp_lab.rank.main, which torchrun starts every other entry through) write a
     line at once."""
-    from ddp_lab.rank.main import as_forked_rank
+    from ddp_lab.rank.main import whole_lines
 
     raw = _Raw()
     stream = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # as `python -u`
     monkeypatch.setattr(sys, "stdout", stream)
     monkeypatch.setattr(sys, "stderr", stream)
     if how == "forked":
-        as_forked_rank()
+        whole_lines()
         print("[rank 1] epoch 0: loss 0.1, sync (ring) 5.01 ms/step")
     else:  # any module, as `python -m MODULE` would run it: the stdlib's `platform`
         from ddp_lab.rank.main import main as whole_lines_main

@@ -13,14 +13,10 @@ from typing import Any, Optional
 import torch
 
 from .files import atomic_open, atomic_write_text, file_hash
-from .rundir import checkpoint_position, checkpoints as _list
+from .rundir import checkpoints as _list
 
 SUM = ".sha256"  # the checksum file's suffix
 DAMAGED = ".damaged"  # a damaged checkpoint's suffix, once set aside
-
-
-def sha256(path: Path) -> str:
-    return file_hash(path, "sha256")
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -29,7 +25,8 @@ def atomic_save(obj: Any, path: Path) -> None:
     with atomic_open(path, "wb", fsync=True) as f:
         torch.save(obj, f)
         f.flush()
-        atomic_write_text(path.with_name(path.name + SUM), f"{sha256(Path(f.name))}  {path.name}\n")
+        digest = file_hash(Path(f.name), "sha256")
+        atomic_write_text(path.with_name(path.name + SUM), f"{digest}  {path.name}\n")
 
 
 def damage(path: Path) -> Optional[str]:
@@ -39,7 +36,7 @@ def damage(path: Path) -> Optional[str]:
     except (OSError, IndexError):
         return None
     try:
-        actual = sha256(path)
+        actual = file_hash(path, "sha256")
     except OSError as e:
         return f"cannot be read ({e.strerror})"
     if actual != recorded:
@@ -93,14 +90,6 @@ def save(ckpt_dir: Path, epochs: int, step: int, state: dict, keep: int = 2) -> 
 def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     path.with_name(path.name + SUM).unlink(missing_ok=True)
-
-
-def position(path: Path) -> tuple[int, int]:
-    """(epochs done, steps of the next epoch) of a checkpoint file name."""
-    pos = checkpoint_position(path.name)
-    if pos is None:
-        raise ValueError(f"{path.name} is not a checkpoint name")
-    return pos
 
 
 def latest(ckpt_dir: Path) -> Optional[Path]:

@@ -113,8 +113,8 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def end_stuck(culprits: list[dict], run_dir: Path, by: str = "") -> list[int]:
-    """SIGKILL this machine's culprits that cannot end themselves (frozen or hung), only processes
-    whose command line names the run folder; the pids killed."""
+    """SIGKILL this machine's culprits that cannot end themselves (frozen or hung) and whose
+    command line names the run folder; the pids killed."""
     killed = []
     for r in culprits:
         if not r.get("local") or r.get("process") not in ("frozen", "running"):

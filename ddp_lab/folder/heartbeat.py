@@ -164,8 +164,7 @@ class Heartbeat(NullHeartbeat):
 
     @contextlib.contextmanager
     def _update(self) -> Iterator[_Hot]:
-        """The record's changing part to write into, under the lock, after what the followed
-        sources say; stamped when done."""
+        """The record's changing part, under the lock, after the followed sources; stamped."""
         with self._lock:
             self._read()
             yield self._hot
@@ -210,8 +209,7 @@ class Heartbeat(NullHeartbeat):
 
 
 def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullHeartbeat:
-    """Open this rank's record (a NullHeartbeat if it cannot be made);
-    rank 0 drops records of ranks a larger earlier world left behind."""
+    """This rank's record (a NullHeartbeat if it cannot be made); rank 0 drops a larger world's."""
     try:
         record = Heartbeat(run_dir, rank, local_rank, world_size)
     except OSError:
@@ -288,8 +286,7 @@ def process_state(pid: int, run_dir: Optional[Path] = None) -> str:
 
 def read_all(run_dir: Path) -> list[dict]:
     """Every rank's record of the run folder's newest world, in rank order: `parse`'s dict plus
-    age_s, where (in words), local (on this machine) and process (`process_state`, None for another
-    machine's rank)."""
+    age_s, where, local (on this machine) and process (`process_state`; None: another machine's)."""
     run_dir = Path(run_dir).resolve()
     records = []
     for path in (run_dir / FOLDER).glob("rank*.bin"):

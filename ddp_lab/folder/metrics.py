@@ -14,7 +14,7 @@ from typing import Optional
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
 from .records import EpochRecord, RunSummary, read_metrics
-from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head
+from .tensorboard import TensorBoardRun, drop_head, run_folder, write_head, written_folders
 
 
 class _LogFile(logging.FileHandler):
@@ -81,8 +81,8 @@ class NullSink:
 
 
 class RunFolderSink(NullSink):
-    """metrics.jsonl, summary.json and TensorBoard of one run folder. Both JSON files are small and
-    rewritten whole and atomically (`ddp_lab.folder.files`): never a torn line."""
+    """metrics.jsonl, summary.json and TensorBoard of one run folder; the JSON files rewritten
+    whole and atomically: never a torn line."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -92,8 +92,8 @@ class RunFolderSink(NullSink):
         self._at = 0  # global steps done at the checkpoint the run continues from
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
-        """Keep (and return) the records up to the checkpoint we continue from (`epoch` epochs,
-        `global_step` steps), drop the rest; a fresh run keeps none. So does TensorBoard."""
+        """Keep (and return) the records up to the checkpoint we continue from, drop the rest; so
+        does TensorBoard (`global_step`)."""
         records, torn = read_metrics(self.metrics)
         if torn:  # torn by something outside the run: kept aside, said once
             aside = self.metrics.with_name(self.metrics.name + ".torn")
@@ -113,12 +113,11 @@ class RunFolderSink(NullSink):
                     bands: tuple[str, ...] = ("step", "epoch"), load: tuple[str, str] = ("?", "?"),
                     steps_per_epoch: int = 0) -> None:
         """Open the run's TensorBoard folder: a former segment's, its points past the checkpoint
-        hidden and its layout and hparams replaced, else a fresh tb/<name> (config, layout with the
-        `bands` charts and the workload's (`load`) comparison charts, hparams)."""
+        hidden and its head replaced (`write_head`), else a fresh tb/<name>."""
         tb = self.run_dir / "tb"
         if not self._at:
             TensorBoardRun.clear(tb)
-        written = TensorBoardRun.written(tb)
+        written = bool(written_folders(tb))
         if written:
             drop_head(run_folder(tb, name))
         self._tb = TensorBoardRun(tb, name, purge_step=self._at + 1 if written else None,

@@ -42,8 +42,7 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
 
 
 def describe_config(cfg: DictConfig) -> str:
-    """The description's label of a training config on the submitting side (the world size as the
-    launcher will start it, where known)."""
+    """The description's label of a training config on the submitting side."""
     if cfg.get("sync") is None or cfg.get("model") is None:
         return "run"
     data = OmegaConf.to_container(cfg, resolve=False)
@@ -272,8 +271,7 @@ STATUS = {PREEMPTED: "preempted", STOPPED: "stopped"}
 
 
 def request_stop(run_dir: Path, status: str = "stopped", reason: str = "") -> Path:
-    """Ask a running job to stop at its next check. `status`: stopped (a person) or preempted
-    (continue later)."""
+    """Ask a running job to stop at its next check: stopped (a person) or preempted (continue)."""
     if status not in STATUS.values():
         raise ValueError(f"stop status {status!r}: choose stopped or preempted")
     path = Path(run_dir) / STOP_FILE

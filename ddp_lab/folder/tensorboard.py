@@ -81,9 +81,8 @@ BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms
 
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
-    """What a run trains, as (key, words): its model (and options), data, batch and micro-batch,
-    `("mlp_mnist_b64", "mlp, mnist, batch 64/rank")`; the optimiser, lr, sync, world and length
-    are left out, so the runs that differ in them share the charts."""
+    """What a run trains, as (key, words): `("mlp_mnist_b64", "mlp, mnist, batch 64/rank")`; the
+    optimiser, lr, sync, world and length left out, so runs that differ in them share the charts."""
     from .description import Description, safe
 
     w = Description.from_hparams(hparams).w
@@ -101,8 +100,7 @@ def workload(hparams: dict[str, Any]) -> tuple[str, str]:
 
 
 def compare_tag(load: str, axis: str, name: str, epoch: Optional[int] = None) -> str:
-    """A comparison tag: `by_epoch/mlp_mnist_b64/time[s]`,
-    `by_step/mlp_mnist_b64/compute[ms]/e2`."""
+    """`by_epoch/mlp_mnist_b64/time[s]`, `by_step/mlp_mnist_b64/compute[ms]/e2`."""
     return f"{axis}/{load}/{name}" + (f"/e{epoch}" if epoch is not None else "")
 
 
@@ -128,11 +126,9 @@ def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
 
 
 def writer_name(label: str, run_folder_name: str, extras: tuple[str, ...] = ()) -> str:
-    """The TensorBoard run's folder under `RUN/tb/`. TensorBoard names a run by its path under
-    --logdir, `<run folder>/tb/<this>`, so this holds what the run folder's name does not: under a
-    folder named by the label (`ddp_w2_mlp_<date>_<time>`), only what tells the run apart from
-    others of that label (`extras`: `20steps`, `slow1-30ms`; `full` for whole epochs), else the
-    label too (`ring_w2_mlp_20steps`)."""
+    """The TensorBoard run's folder under `RUN/tb/`. TensorBoard names a run by its path, `<run
+    folder>/tb/<this>`, so this holds what the run folder's name does not: `extras` (`20steps`,
+    `slow1-30ms`; `full`), and the label where the folder is not named by it."""
     from .description import safe
 
     tail = list(extras) or ["full"]
@@ -154,12 +150,13 @@ def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = No
 
 def run_folder(tb_root: Path, name: str) -> Path:
     """The run's writer folder: the one a former segment wrote, else `tb_root/name`."""
-    written = _written(tb_root)
+    written = written_folders(tb_root)
     return written[0] if written else tb_root / name
 
 
-def _written(tb_root: Path) -> list[Path]:
-    # tb/steps/ is the per-step writer of the layout before this one: not ours to go on in
+def written_folders(tb_root: Path) -> list[Path]:
+    """The writer folders a former segment wrote (tb/steps/ is the per-step writer of the layout
+    before this one: not ours to go on in)."""
     return sorted(p.parent for p in tb_root.glob(f"*/{EVENTS}") if p.parent.name != "steps")
 
 
@@ -178,11 +175,6 @@ class TensorBoardRun:
         self.load, self.steps_per_epoch = load, steps_per_epoch
         self.writer = SummaryWriter(str(self.folder), purge_step=purge_step, max_queue=QUEUE,
                                     flush_secs=FLUSH_S)
-
-    @staticmethod
-    def written(tb_root: Path) -> bool:
-        """Whether a former segment of the run wrote its TensorBoard folder."""
-        return bool(_written(tb_root))
 
     @staticmethod
     def clear(tb_root: Path) -> None:
@@ -238,8 +230,7 @@ STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_in
 
 
 def compare_categories(load: tuple[str, str]) -> list:
-    """The workload's two comparison categories (open): every run a line, at x = epoch; and per
-    step, at x = the step within its epoch (a line per run and epoch)."""
+    """The workload's two comparison categories (open): x = epoch, and x = step within epoch."""
     key, words = load
     by_step = [(title, {"multiline": {"tag": [
         "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
@@ -302,8 +293,7 @@ LAYOUT_TAG = "custom_scalars__config__"
 def write_head(run: TensorBoardRun, config_text: str, hparams: dict[str, Any],
                bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
     """Run `run`'s head at step 0: config (a fresh run's only), `layout` with its `bands`, hparams.
-    A resumed run's replace the former segment's (`drop_head`, before its writer opened): its
-    hparams say what it is now (its epochs, its world)."""
+    A resumed run's replace the former segment's (`drop_head`, before its writer opened)."""
     if fresh:
         run.writer.add_text("config", config_text, 0)
     for summary in [layout_summary(run.band, bands, run.load), *hparams_summaries(hparams)]:

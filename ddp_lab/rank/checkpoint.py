@@ -31,9 +31,8 @@ class Checkpointer:
         self.train, self.ctx, self.ckpt_dir, self.batching = train, ctx, ckpt_dir, batching
 
     def load(self, parts: Any) -> Position:
-        """Load the newest checkpoint into `parts` (its synchroniser loads the model and optimiser
-        state) when continuing (train.resume auto/true, or a restart of this job); the position it
-        holds. Later checkpoints of an older timeline go."""
+        """When continuing (train.resume auto/true, a restart), the newest checkpoint loaded into
+        `parts`: the position it holds. Later ones of an older timeline go."""
         self.optimizer, self.syncer = parts.optimizer, parts.syncer
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
@@ -99,9 +98,8 @@ class Checkpointer:
 
     def save_stop(self, stop: StopInfo, epochs_done: int,
                   measured: Optional[MeasuredEpoch] = None) -> dict[str, Any]:
-        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch, `measured`:
-        the steps done and the summed loss and samples; between epochs: the epoch's checkpoint,
-        written now if train.checkpoint=false) and return `Telemetry.finish`'s keywords."""
+        """Collective. Every rank agreed to stop: save where the run stands (mid-epoch: `measured`;
+        between epochs: the epoch's checkpoint) and return `Telemetry.finish`'s keywords."""
         if measured is None:
             here = Position(epochs_done)
             if not self.train.checkpoint:

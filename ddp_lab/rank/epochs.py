@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from ..config import Config, DebugConfig, TrainConfig
+from ..config import Config, DebugConfig
 from ..folder.rundir import PREEMPTED, STATUS, STOPPED, clear_stop_file, read_stop_file
 from ..timing import Clock, StepTimer
 from ..world.distributed import DistContext
@@ -66,8 +66,7 @@ RECEIVED: set[int] = set()
 class StopControl:
     """This rank's side of the agreement; see the module docstring."""
 
-    def __init__(self, ctx, run_dir: Path, user_signal: str = "SIGUSR2", check_s: float = 1.0,
-                 install: bool = True):
+    def __init__(self, ctx, run_dir: Path, user_signal: str = "SIGUSR2", check_s: float = 1.0):
         self.ctx, self.run_dir, self.check_s = ctx, Path(run_dir), max(check_s, 1e-3)
         self.every, self._count = 1, 0
         self._last = time.monotonic()
@@ -75,14 +74,10 @@ class StopControl:
         self.checks = 0
         # its death signal is set (die_with_parent): a parent noticed gone is one the signal missed
         self.ppid = os.getppid()
-        self._signals: dict[int, tuple[int, object]] = {}
-        if install:
-            self._install(user_signal)
-
-    def _install(self, user_signal: str) -> None:
         wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
         if user_signal:
             wanted[getattr(signal, user_signal)] = PREEMPTED
+        self._signals: dict[int, tuple[int, object]] = {}
         for sig, code in wanted.items():
             self._signals[sig] = (code, signal.signal(sig, self._on_signal))
 
@@ -126,9 +121,7 @@ class StopControl:
     def step(self) -> Optional[StopInfo]:
         """After every step: agree now and then whether to stop; the StopInfo when all stop."""
         self._count += 1
-        if self._count < self.every:
-            return None
-        return self.check()
+        return self.check() if self._count >= self.every else None
 
     def check(self) -> Optional[StopInfo]:
         """Collective: every rank calls it at the same step."""
@@ -196,17 +189,14 @@ def fail_once(ctx: DistContext, epoch: int) -> None:
 
 
 class EpochBatches:
-    """`for x, y in batches:` gives each step's batch and, around it, times the data phase, runs
-    the injected delay (a "forward" span), counts steps and samples, and after each step asks
-    `stopper` whether every rank agreed to stop (then ends, `stop` saying why). `numbers`: the
-    epoch's step numbers, one per batch."""
+    """`for x, y in batches:` each step's batch, its data phase timed, then the injected delay;
+    after each step, ends if every rank agreed to stop (`stop` says why)."""
 
     def __init__(self, data: Iterator, numbers: Iterable, timer: StepTimer,
                  stopper: Optional[StopControl] = None, delay: Optional[Callable[[], None]] = None,
                  first_step: int = 0):
         self.data, self.numbers, self.timer = data, numbers, timer
-        self.stopper, self.delay = stopper, delay
-        self.first_step = first_step  # steps a mid-epoch checkpoint already did
+        self.stopper, self.delay, self.first_step = stopper, delay, first_step
         self.done, self.samples = 0, 0  # steps and samples this rank ran in this part
         self.stop: Optional[StopInfo] = None
 
@@ -227,11 +217,8 @@ class EpochBatches:
 
 
 class EpochControl:
-    """train()'s epochs part for a run folder: the clock around each epoch's steps (the ranks start
-    together, the epoch ends with the slowest rank, a `MeasuredEpoch`), the injected delay, the
-    stop agreement and the failure hook. `with control:` is where stops are heard (from `start`;
-    the signal handlers restored on leaving). `records`: the run's, which number the steps as they
-    show them and are handed each epoch's measurements."""
+    """train()'s epochs part; see the module docstring. `with control:` restores the signal
+    handlers on leaving."""
 
     def __init__(self, cfg: Config, ctx: DistContext, run_dir: Path, records: Records):
         self.train, self.debug, self.ctx, self.run_dir = cfg.train, cfg.debug, ctx, run_dir
@@ -247,8 +234,7 @@ class EpochControl:
             self.stopper.restore()
 
     def start(self, clock: Clock, timer: StepTimer, parts: Any, start: Position) -> None:
-        """Collective. The run starts at `start` (its partial epoch, if any, is the checkpoint's):
-        the ranks listen for stops from here."""
+        """Collective. The run starts at `start`: the ranks listen for stops from here."""
         ctx, syncer = self.ctx, parts.syncer
         self.clock, self.timer, self.syncer, self.resumed = clock, timer, syncer, start
         if ctx.heartbeat is not None:
@@ -273,8 +259,7 @@ class EpochControl:
         return s if self.ctx.env.is_main else Position(s.epoch, s.step, 0.0, 0, s.busy_s, s.wall_s, 0)
 
     def batches(self, epoch: int, shard: Any) -> EpochBatches:
-        """Collective. Epoch `epoch` (0-based) starts: `shard`'s batches from step 0 or a
-        mid-epoch checkpoint's."""
+        """Collective. Epoch `epoch` (0-based) starts, from a mid-epoch checkpoint's step."""
         skip = self.resumed_part(epoch).step
         shard.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
         self.ctx.synchronize()
@@ -291,8 +276,7 @@ class EpochControl:
 
     def end(self, batches: EpochBatches, loss_sum: torch.Tensor,
             correct: torch.Tensor) -> tuple[MeasuredEpoch, Optional[StopInfo]]:
-        """Collective. The epoch's steps are done (or stopped): what this rank measured, and the
-        stop the ranks agreed on inside the epoch (or None)."""
+        """Collective. What this rank measured, and the stop agreed on inside the epoch."""
         self.ctx.synchronize()  # the GPU's work of the epoch done
         busy = time.perf_counter() - self.t0  # this rank's own time, before waiting for the others
         # load-bearing: the epoch ends when the slowest rank ends
@@ -309,9 +293,7 @@ class EpochControl:
         return measured, batches.stop
 
     def between(self, epochs_done: int) -> Optional[StopInfo]:
-        """Collective, after an epoch's checkpoint and record: the failure hook (DDP_LAB_FAIL_ONCE),
-        then, but after the last epoch, the stop the ranks agreed on (or None)."""
+        """Collective, after an epoch's checkpoint and record: the failure hook, then (not after
+        the last epoch) the stop the ranks agreed on."""
         fail_once(self.ctx, epochs_done)
-        if epochs_done < self.train.epochs:
-            return self.stopper.check()
-        return None
+        return self.stopper.check() if epochs_done < self.train.epochs else None

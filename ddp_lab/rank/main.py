@@ -6,7 +6,7 @@ a failure into one line naming the rank(s) that stopped. A training rank's body 
 `python -m ddp_lab.rank.main MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` would, its
 console written a whole line at a time (`whole_lines`): the ranks of a machine share its console,
 and under `python -u` a line and its newline are two writes another rank's line can land between.
-ddp_lab.launch.torchrun starts every spawned rank through this (forked ones: `as_forked_rank`).
+ddp_lab.launch.torchrun starts every spawned rank through this (forked ones: `rank_main`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from ..folder.metrics import setup_logging
 
 
 def _threads(run_dir: Path, env, requested: int) -> cpu.RankThreads:
-    """This rank's torch threads (ddp_lab/world/cpu.py): train.threads,
-    or the count the run started with, or the launcher's choice."""
+    """This rank's torch threads: train.threads, the run's first count, or the launcher's."""
     first = (read_json_or_empty(run_dir / "summary.json").get("segments") or [{}])[0]
     earlier = (first.get("cpu") or {}).get("threads", 0) \
         if first.get("world_size") == env.world_size else 0
@@ -57,10 +56,8 @@ def stacks_into(run_dir: Path, rank: int) -> int:
 def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int = 0,
              failure: Optional[dict] = None) -> int:
     """Run `body(ctx)` on this rank inside an initialised process group; 0 on success, 1 after
-    logging the failure (rank 0 also into summary.json) instead of a traceback. The rank dies with
-    its parent (PR_SET_PDEATHSIG); a failed collective's `failed:` line names the rank(s) that
-    stopped (ddp_lab.folder.failure), whose local frozen ones it kills. A start that cannot reach
-    its rendezvous ends within dist.init_timeout_s, naming the host and port."""
+    logging the failure (rank 0 also into summary.json) instead of a traceback; see the module
+    docstring. A start that cannot reach its rendezvous ends within dist.init_timeout_s."""
     # lazy: torch loads here, on the rank, after rank_main set OMP_WAIT_POLICY (libgomp reads it
     # once, at load: ddp_lab/world/cpu.py); the submitting side needs no torch
     import torch
@@ -145,8 +142,7 @@ def run_rank(run_dir: Path, cfg: Any, body: Callable[[Any], None], threads: int 
 
 def _failed(run_dir: Path, record: Any, log: logging.Logger, line: str, fields: dict) -> None:
     """A start that failed on its own (no peer to name): the line into this rank's record, its log
-    and summary.json, by any rank, since the launcher may end rank 0 before it says why; the record
-    holds at most heartbeat.MESSAGE_MAX characters."""
+    and summary.json, by any rank, since the launcher may end rank 0 before it says why."""
     record.state("failed", line)
     log.error("failed: %s", line)
     mark_failed(run_dir, f"failed: {line}", {**fields, "error": line})
@@ -196,8 +192,8 @@ class StartTimer:
 
 
 def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
-    """`train(cfg, ctx, ...)` (ddp_lab/train.py) handed the run's parts: the checkpoint, the epochs
-    and the stop, the records, each for `run_dir`; stops are heard inside."""
+    """`train(cfg, ctx, ...)` (ddp_lab/train.py) handed the run folder's checkpoint, epochs and
+    records parts; stops are heard inside."""
     from ..config import batch_plan
     from .checkpoint import Checkpointer
     from .epochs import EpochControl
@@ -212,8 +208,7 @@ def run_training(train: Callable, cfg: Any, ctx: Any, run_dir: Path) -> Any:
 
 def rank_main(argv: Optional[list[str]], module: str, maker: str,
               run: Callable[[Path], int]) -> int:
-    """`python -m <module> RUN_DIR`: check the argument (2 and a usage line if wrong), then
-    `run(run_dir)` and leave the process with its exit status."""
+    """`python -m <module> RUN_DIR`: `run(run_dir)`'s exit status (2 and a usage line if wrong)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         print(f"usage: python -m {module} RUN_DIR  (a folder holding config.yaml, "
@@ -223,7 +218,7 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
     cpu.prepare_rank()
     forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
     if forked:
-        as_forked_rank()
+        whole_lines()
     rc = run(Path(argv[0]).resolve())
     # Leave without the interpreter's teardown (with torch loaded, ~1 s of CPU; a broken process
     # group can block it): everything the rank wrote is closed by now.
@@ -241,12 +236,6 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
 
 
 # ------------------------------------------------------------------ a rank's start and end
-def as_forked_rank() -> None:
-    """A forked rank starts as a fresh `python -u` would: its console written a whole line at a
-    time (whole_lines; its signal handlers the launcher's, not the agent's: launch/torchrun.py)."""
-    whole_lines()
-
-
 def exit_soon(rc: int) -> None:
     """A forked rank's last step. torchrun ends a rank in two moves: the rank queues its return
     value, then waits on a shared Event until torchrun has read them all. A rank ended inside that

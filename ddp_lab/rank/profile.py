@@ -36,8 +36,7 @@ KINETO_QUIET = "6"
 
 @contextlib.contextmanager
 def _labelled(name: str, inner: Any, nvtx: bool) -> Iterator[None]:
-    """One labelled phase or call: a `record_function` range (and on CUDA an NVTX range) around the
-    timer's own context `inner`."""
+    """A `record_function` range (and on CUDA an NVTX range) around the timer's context `inner`."""
     with torch.profiler.record_function(name):
         if nvtx:
             torch.cuda.nvtx.range_push(name)
@@ -83,8 +82,8 @@ class StepProfiler:
         self.prof.start()
 
     def _attach(self) -> None:
-        """Wrap the timer's `phase`, the recorder's `timed` and the step end, on these two objects
-        only (instance attributes over the class's methods; `_detach` removes them)."""
+        """Wrap the timer's `phase`, the recorder's `timed` and the step end as instance
+        attributes over the class's methods (`_detach` removes them)."""
         timer, comm, nvtx = self.timer, self.comm, self.cuda
         phase, timed, step_end = timer.phase, comm.timed, timer.on_step_end
 
@@ -189,12 +188,10 @@ class StepProfiler:
                 "device": "cuda" if self.cuda else "cpu", "ranks": ranks}
 
 
-def make_profiler(timing: TimingConfig, rank: int, device: torch.device,
-                  run_dir: Optional[Path], timer: Any, syncer: Any) -> Optional[StepProfiler]:
-    """The run's profiler when `timing.profile` is on (and there is a run folder), else None."""
-    if not getattr(timing, "profile", False) or run_dir is None:
-        return None
-    return StepProfiler(timing, rank, device, run_dir, timer, syncer)
+def make_profiler(timing: TimingConfig, rank: int, device: torch.device, run_dir: Path,
+                  timer: Any, syncer: Any) -> Optional[StepProfiler]:
+    """The run's profiler when `timing.profile` is on, else None."""
+    return StepProfiler(timing, rank, device, run_dir, timer, syncer) if timing.profile else None
 
 
 # ------------------------------------------------------------------ the witnesses

@@ -60,8 +60,7 @@ class Position:
 @dataclass
 class MeasuredEpoch:
     """One epoch as this rank measured it (`epoch`: 1-based). Resumed mid-way, the fields are this
-    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only);
-    `totals` adds the two."""
+    allocation's part, `resumed_part` the checkpoint's (its loss and sample sums on rank 0 only)."""
 
     epoch: int
     # this part's phase stamps (none when timing is off) and collectives
@@ -108,7 +107,6 @@ class Records:
         self.telemetry.start(start.epoch, start.step)
 
     def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
-        """Epoch `epoch`'s step numbers from `first_step` on, shown as they go."""
         return self.telemetry.step_numbers(epoch, first_step)
 
     def steps_measured(self, times: list[StepTimes], comm: CommStats) -> None:
@@ -156,8 +154,7 @@ class Telemetry:
                  bytes_exact: bool, compile_s: Optional[float] = None,
                  timer: Optional[StepTimer] = None, syncer: Any = None,
                  profiler: Optional[StepProfiler] = None):
-        """`cfg`: the whole config, which the records describe. `timer` and `syncer`'s recorder:
-        where the live TensorBoard points are read from; `profiler`: timing.profile's;
+        """`timer` and `syncer`'s recorder: where the live TensorBoard points are read from;
         `compile_s`: train.compile's compilation, outside every epoch."""
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.steps_per_epoch, self.bytes_exact = steps_per_epoch, bytes_exact
@@ -253,8 +250,7 @@ class Telemetry:
 
     def step_numbers(self, epoch: int, first_step: int = 0) -> Iterable:
         """Epoch `epoch`'s step numbers from `first_step` on, shown as they go; the steps whose
-        phases are stamped (every step under the profiler, whose witnesses compare each); starts
-        the watch."""
+        phases are stamped (every step under the profiler, whose witnesses compare each)."""
         if self.timer is not None:
             self.timer.sample(None if self.profiler is not None else sampled_steps(
                 epoch * self.steps_per_epoch + first_step, self.steps_per_epoch - first_step,
@@ -273,8 +269,8 @@ class Telemetry:
         self.written_step = step
 
     def epoch(self, m: MeasuredEpoch) -> EpochRecord:
-        """Collective. Epoch `m.epoch` (1-based) done: build its record, write it everywhere (a
-        resumed epoch: the whole epoch's loss, samples and times, this part's timings)."""
+        """Collective. Epoch `m.epoch` (1-based) done: its record, written everywhere (a resumed
+        epoch: the whole epoch's loss, samples and times, this part's timings)."""
         n, epoch, steps, comm, resumed_at_step = (self.steps_per_epoch, m.epoch, m.steps, m.comm,
                                                   m.resumed_at_step)
         train_loss_sum, correct, samples, busy_s, wall_s = m.totals()
@@ -345,24 +341,42 @@ class Telemetry:
 
     def _timing(self, steps: list[StepTimes], comm: CommStats, busy_s: float) -> dict:
         """Collective. The record's timing part: phases, comm, stragglers, the straggler named."""
-        t = epoch_timing(steps, comm)
-        step_total = t["phases"]["step"]["total"] if self.timing else busy_s
+        t, timed = epoch_timing(steps, comm), self.timing
+        step_total = t["phases"]["step"]["total"] if timed else busy_s
         # every rank's step time, its compute (the others' step times grow while they wait for a
         # straggler; compute does not) and its comm per step: who waited for whom
         per_rank = self.ctx.gather_objects(
             (step_total, step_total - comm.seconds, comm.per_step_seconds(steps)))
         tally = StragglerTally.from_waits([r[2] for r in per_rank])
         self.stragglers_run.merge(tally)
-        return timing_fields(t, comm, per_rank, tally, timed=self.timing,
-                             bytes_exact=self.bytes_exact,
-                             overlap=self.cfg.sync.overlap)
+        return {
+            "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timed else {},
+            "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
+                     "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
+                     "bytes_cross_node": comm.bytes_cross_node,
+                     "bytes_exact": self.bytes_exact, "time_s": comm.seconds,
+                     "bus_bytes": comm.bus_bytes,
+                     "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
+                     "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
+                     "fraction": t["comm_fraction"]},
+            "comm_fraction": t["comm_fraction"],
+            "comm_exposed_s": t["exposed_s"] if timed else None,
+            "comm_exposed_fraction": t["exposed_fraction"] if timed else None,
+            "comm_inflight_s": comm.seconds if timed else None,
+            "compute_s": t["compute_s"] if timed else None,
+            "steps_sampled": t["sampled"] if timed else None,
+            "overlap": self.cfg.sync.overlap,
+            "stragglers": {**stragglers([r[0] for r in per_rank], tally),
+                           "measure": "step time" if timed else "wall time",
+                           "per_rank_compute_s": [r[1] for r in per_rank]},
+            "straggler": tally.named(),
+        }
 
     def finish(self, status: str = "completed", position: Optional[tuple[int, int]] = None,
                stop_reason: Optional[str] = None, memory: Optional[dict[str, Any]] = None,
                weights_sha256: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard. A graceful stop
-        passes `status`, `position` and `stop_reason`; `memory`: this rank's bytes
-        (Synchroniser.memory) and every rank's optimiser state; `weights_sha256`: model.pt's."""
+        passes `status`, `position` and `stop_reason`; `memory`: `memory_per_rank`'s."""
         self._merge_trace()
         # collective with timing.profile: the profiler's witnesses and DDP's own timing
         witnesses = ddp = None
@@ -491,34 +505,6 @@ def comm_line(rec: EpochRecord) -> str:
         return f"{c['bytes_sent'] / steps / 1e6:.2f} MB/step sent (timing off)"
     return (f"{100 * c['fraction']:.0f}% in flight, "
             f"{100 * (rec.comm_exposed_fraction or 0.0):.0f}% exposed")
-
-
-def timing_fields(t: dict, comm: CommStats, per_rank: list, tally: Any, *,
-                  timed: bool, bytes_exact: bool, overlap: bool) -> dict:
-    """An epoch record's timing part: phases, comm, stragglers, the straggler named (`t`:
-    timing.epoch_timing's; `per_rank`: every rank's step, compute and comm per step)."""
-    return {
-        "phase_s": {p: t["phases"][p] for p in (*PHASES, "step")} if timed else {},
-        "comm": {"calls": comm.calls, "payload_bytes": comm.payload_bytes,
-                 "bytes_sent": comm.bytes_sent, "bytes_recv": comm.bytes_recv,
-                 "bytes_cross_node": comm.bytes_cross_node,
-                 "bytes_exact": bytes_exact, "time_s": comm.seconds,
-                 "bus_bytes": comm.bus_bytes,
-                 "per_step_s": {k: v for k, v in t["comm_step"].items() if k != "total"},
-                 "algbw_GBps": comm.algbw, "busbw_GBps": comm.busbw,
-                 "fraction": t["comm_fraction"]},
-        "comm_fraction": t["comm_fraction"],
-        "comm_exposed_s": t["exposed_s"] if timed else None,
-        "comm_exposed_fraction": t["exposed_fraction"] if timed else None,
-        "comm_inflight_s": comm.seconds if timed else None,
-        "compute_s": t["compute_s"] if timed else None,
-        "steps_sampled": t["sampled"] if timed else None,
-        "overlap": overlap,
-        "stragglers": {**stragglers([r[0] for r in per_rank], tally),
-                       "measure": "step time" if timed else "wall time",
-                       "per_rank_compute_s": [r[1] for r in per_rank]},
-        "straggler": tally.named(),
-    }
 
 
 def announce(ctx: Any, cfg: Config, plan: BatchPlan, steps_per_epoch: int) -> None:
@@ -680,8 +666,7 @@ def duration(seconds: float) -> str:
 
 
 class StepLines(tqdm):
-    """tqdm drawing its bar as a log line at most every `every_s` seconds: steps done, the rate
-    since the epoch began, the time left."""
+    """tqdm drawing its bar as a log line at most every `every_s` seconds."""
 
     # tqdm's monitor thread only shortens a bar's dynamic interval
     monitor_interval = 0
