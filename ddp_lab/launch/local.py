@@ -27,9 +27,7 @@ ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ER
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT from this
-    environment, else launcher.master_port (None: port 0, which the OS gives torchrun's store as it
-    binds, so no other program can take it in between)."""
+    """The port launch.sh's rendezvous binds (None: port 0, `render`), and the key that sets it."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -61,7 +59,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
         error_file=shlex.quote(str(run_dir / ERROR_FILE)),
         join_timeout=max(1, int(cfg.dist.init_timeout_s)), entry=shlex.quote(cfg.run.entry))
-    used = os.environ.get("MASTER_PORT") or port  # what the script will bind (rendezvous_port)
+    used = rendezvous_port(lc)[0] or 0  # what the script will bind
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files={"launch.sh": script},
                     executable=("launch.sh",), show=script,
                     explain=lambda: rendezvous_failure(run_dir, "127.0.0.1", int(used)))
