@@ -9,11 +9,11 @@ from ddp_lab.config.registry import Registry, UnknownName
 
 
 def implementations() -> dict:
-    from ddp_lab.launch import modules
+    from ddp_lab.launch import LAUNCHERS
     from ddp_lab.models import MODELS, OPTIMIZERS
     from ddp_lab.sync import SYNCS
 
-    return {"launcher": modules(), "sync": SYNCS, "model": MODELS, "optim": OPTIMIZERS}
+    return {"launcher": LAUNCHERS, "sync": SYNCS, "model": MODELS, "optim": OPTIMIZERS}
 
 
 @pytest.mark.parametrize("group", ["launcher", "sync", "model", "optim"])

@@ -165,7 +165,3 @@ class RunaiLauncherConfig(LauncherConfig):
                                                 "keeps running); null = no limit")
     poll_s: float = doc(5.0, "seconds between looks at the run folder while following")
 
-
-# -------------------------------------------------------------------- sync
-#: sync.compress: what gradients travel as (WireFormat in ddp_lab/sync/buckets.py for ours,
-#: sync/ddp.py for DDP)

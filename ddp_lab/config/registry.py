@@ -38,18 +38,18 @@ class Registry(Mapping[str, T], Generic[T]):
             raise UnknownName(f"unknown {self.key} '{name}': choose one of "
                               f"{self.choices()}") from None
 
-    def check(self, names: Iterable[str], key: Optional[str] = None) -> None:
+    def check(self, names: Iterable[str]) -> None:
         """Every one of `names` (a list-valued key such as bench.ops) is registered."""
-        key = key or self.key
         names = list(names)
         if not names:
-            raise UserError(f"{key} is empty: choose from {self.choices()}")
+            raise UserError(f"{self.key} is empty: choose from {self.choices()}")
         bad = [str(n) for n in names if n not in self._entries]
         if bad:
-            raise UnknownName(f"{key}: unknown {', '.join(bad)}: choose from {self.choices()}")
+            raise UnknownName(f"{self.key}: unknown {', '.join(bad)}: choose from "
+                              f"{self.choices()}")
 
-    def choices(self, sep: str = ", ") -> str:
-        return sep.join(self._entries)
+    def choices(self) -> str:
+        return ", ".join(self._entries)
 
     def __getitem__(self, name: str) -> T:
         return self.get(name)

@@ -16,17 +16,12 @@ from . import local, mpirun, runai, slurm
 from .base import LaunchError, Rendered, Tail, python_exe, require_tool, setup_block, template
 from .local import job_processes, run_foreground, sweep
 
-__all__ = ["LaunchError", "Tail", "check_tool", "job_processes", "modules", "python_exe", "render", "resolve",
-           "setup_block", "start", "sweep", "template"]
+__all__ = ["LAUNCHERS", "LaunchError", "Tail", "check_tool", "job_processes", "python_exe",
+           "render", "resolve", "setup_block", "start", "sweep", "template"]
 
-# its get(name): an UnknownName lists the valid ones
+# launcher option -> its module; its get(name): an UnknownName lists the valid ones
 LAUNCHERS: Registry[ModuleType] = Registry("launcher", {
     "local": local, "mpirun": mpirun, "slurm": slurm, "runai": runai})
-
-
-def modules() -> Registry[ModuleType]:
-    """launcher option -> its module."""
-    return LAUNCHERS
 
 
 def resolve(cfg) -> None:

@@ -27,9 +27,7 @@ ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ER
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT from this
-    environment, else launcher.master_port (None: port 0, which the OS gives torchrun's store as it
-    binds, so no other program can take it in between)."""
+    """The port launch.sh's rendezvous binds (None: port 0, `render`), and the key that sets it."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -61,7 +59,7 @@ def render(cfg, run_dir: Path) -> Rendered:
         code_dir=shlex.quote(str(code_dir())), setup=setup_block(lc.setup),
         error_file=shlex.quote(str(run_dir / ERROR_FILE)),
         join_timeout=max(1, int(cfg.dist.init_timeout_s)), entry=shlex.quote(cfg.run.entry))
-    used = os.environ.get("MASTER_PORT") or port  # what the script will bind (rendezvous_port)
+    used = rendezvous_port(lc)[0] or 0  # what the script will bind
     return Rendered(command=["bash", str(run_dir / "launch.sh")], files={"launch.sh": script},
                     executable=("launch.sh",), show=script,
                     explain=lambda: rendezvous_failure(run_dir, "127.0.0.1", int(used)))
@@ -86,11 +84,9 @@ def rendezvous_failure(run_dir: Path, host: str, port: int) -> Optional[str]:
 class Foreground:
     """A job run from this process (torchrun, mpirun), in its own session (Ctrl-C reaches only us
     and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
-    Ctrl-C (or SIGTERM), or a job still running `grace_s` after the request, ends it at once:
-    SIGTERM to its process group, SIGKILL 30 s later. Ranks that outlive the command get `grace_s`
-    to stop (a SIGSTOPped one is killed at once); the rest is killed (`sweep`). A job still
-    running `limit_s` after its start (None: no limit) is ended the same way: what bounds a
-    job whose ranks never started, and so never reach their own timeouts (the doctor's).
+    signal, or a job still running `grace_s` after the request or `limit_s` after its start, is
+    ended at once (`kill`); `limit_s` bounds a job whose ranks never started, and so never reach
+    their own timeouts. Ranks that outlive the command get `grace_s` to stop; the rest: `sweep`.
     """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
@@ -118,11 +114,16 @@ class Foreground:
             print(f"\n[ddp_lab] {what}: every rank stops at its next check and saves a checkpoint "
                   "(Ctrl-C again to kill it now)", file=sys.stderr, flush=True)
         else:
-            print(f"[ddp_lab] {name} again: killing the job", file=sys.stderr, flush=True)
-            self.forced = True
-            self.kill()
+            self.force(f"{name} again: killing the job")
+
+    def force(self, why: str) -> None:
+        """End the job now, saying why: no more waiting."""
+        print(f"[ddp_lab] {why}", file=sys.stderr, flush=True)
+        self.forced = True
+        self.kill()
 
     def kill(self) -> None:
+        """SIGTERM to the job's process group, SIGKILL 30 s later."""
         if self.proc is None or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -159,16 +160,11 @@ class Foreground:
                       f"{len(pids)} process(es) of the job to stop", file=sys.stderr, flush=True)
             time.sleep(0.5)
 
-    def _read_stderr(self) -> threading.Thread:
-        """Hand the job's stderr to `stderr_lines`, line by line as it comes, from a thread."""
-        def pump() -> None:
-            for raw in iter(self.proc.stderr.readline, b""):
-                self.stderr_lines(raw.decode(errors="replace"))
-            self.proc.stderr.close()
-
-        reader = threading.Thread(target=pump, name="job-stderr", daemon=True)
-        reader.start()
-        return reader
+    def _pump_stderr(self) -> None:
+        """Hand the job's stderr to `stderr_lines`, line by line as it comes (a thread's)."""
+        for raw in iter(self.proc.stderr.readline, b""):
+            self.stderr_lines(raw.decode(errors="replace"))
+        self.proc.stderr.close()
 
     def run(self) -> int:
         handlers = {}
@@ -182,7 +178,10 @@ class Foreground:
             self.proc = subprocess.Popen(self.command, cwd=os.getcwd(), start_new_session=True,
                                          preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
                                          env=env, stderr=subprocess.PIPE if piped else None)
-            reader = self._read_stderr() if piped else None
+            reader = None
+            if piped:
+                reader = threading.Thread(target=self._pump_stderr, name="job-stderr", daemon=True)
+                reader.start()
             end = None if self.limit_s is None else time.monotonic() + self.limit_s
             while True:
                 try:
@@ -190,15 +189,11 @@ class Foreground:
                     break
                 except subprocess.TimeoutExpired:
                     if end is not None and time.monotonic() > end and not self.forced:
-                        print(f"[ddp_lab] the job has not ended within its {self.limit_s:.0f} s: "
-                              "ending it", file=sys.stderr, flush=True)
-                        self.over_limit = self.forced = True
-                        self.kill()
+                        self.over_limit = True
+                        self.force(f"the job has not ended within its {self.limit_s:.0f} s: "
+                                   "ending it")
                     if self.deadline is not None and time.monotonic() > self.deadline:
-                        print(f"[ddp_lab] the job did not stop within {self.grace_s:.0f} s: "
-                              "killing it", file=sys.stderr, flush=True)
-                        self.forced = True
-                        self.kill()
+                        self.force(f"the job did not stop within {self.grace_s:.0f} s: killing it")
             self.settle()
             if reader is not None:  # whatever the job wrote last (a child may hold the pipe)
                 reader.join(timeout=5)

@@ -6,10 +6,7 @@
 Default: one srun task per node, each a torchrun of nproc_per_node processes (rendezvous at the
 first node, port from the job id); per_task=true: srun starts every process. The stop and requeue
 machinery is RUN_DIR/slurm_stop.sh, sourced first (docs/launchers.md, "Time limits, preemption,
-requeue", says what each signal does).
-
-Then the job: submitted (`sbatch --parsable`) and followed through scontrol (or sacct once its
-record aged out) to its final state, streaming its logs, a requeue included (`follow`).
+requeue", says what each signal does). Then the job is submitted and followed (`follow`).
 """
 
 from __future__ import annotations
@@ -266,7 +263,7 @@ def log_name(pattern: str, job_name: str, job_id: str) -> str:
 
 def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
     lc = cfg.launcher
-    sbatch = require_tool("sbatch", "run this on a SLURM login node")
+    sbatch = require_tool(*tool(cfg))
     try:
         res = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True,
                              text=True, timeout=120)

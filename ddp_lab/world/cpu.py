@@ -108,25 +108,24 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
     once) and before the ranks start. The user's own OpenMP variables stand."""
     env = os.environ if environ is None else environ
     env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
-    if any(k in env for k in USER_WAIT_VARS):
-        env[WAIT_WHY_VAR] = "as you set it"
-        return
-    env[WAIT_WHY_VAR] = share.wait_why
-    if not share.spin:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    _set_wait(env, share.spin, share.wait_why)
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
     """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
-    if THREADS_VAR in env:
-        return
+    if THREADS_VAR not in env:
+        _set_wait(env, False, "no launcher looked at the cores (its ranks start beside each other)")
+
+
+def _set_wait(env: MutableMapping[str, str], spin: bool, why: str) -> None:
+    """Threads spin or sleep, for `why`; the user's own OpenMP variables stand."""
     if any(k in env for k in USER_WAIT_VARS):
         env[WAIT_WHY_VAR] = "as you set it"
-    else:
+        return
+    env[WAIT_WHY_VAR] = why
+    if not spin:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-        env[WAIT_WHY_VAR] = ("no launcher looked at the cores (its ranks start beside each "
-                             "other)")
 
 
 @dataclass

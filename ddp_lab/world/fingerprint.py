@@ -40,9 +40,8 @@ _NET_DEVICES = re.compile(r"NCCL INFO (NET/[A-Za-z0-9_]+) ?: Using (.+)$")
 
 # ------------------------------------------------------------------ NCCL's INFO lines
 def enable_nccl_debug(run_dir: Path, environ: Optional[dict] = None) -> bool:
-    """NCCL_DEBUG=INFO (INIT, NET and ENV lines) into RUN_DIR/logs/nccl.<host>.<pid>.log, set in
-    `environ` (os.environ) before init_process_group. False (and nothing set) when the user chose
-    NCCL_DEBUG themselves: their choice stands."""
+    """NCCL's INFO lines into RUN_DIR/logs, set before init_process_group; False (nothing set)
+    where the user chose NCCL_DEBUG: their choice stands."""
     environ = os.environ if environ is None else environ
     if environ.get("NCCL_DEBUG"):
         return False

@@ -7,6 +7,7 @@ import.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -57,14 +58,10 @@ class Watchdog:
     def rearm(self) -> None:
         if self.file is None or self.timeout_s <= 0:
             return
-        import faulthandler
-
         faulthandler.dump_traceback_later(self.timeout_s, repeat=False, file=self.file)
         self.armed = True
 
     def cancel(self) -> None:
         if self.armed:
-            import faulthandler
-
             faulthandler.cancel_dump_traceback_later()
             self.armed = False
