@@ -217,8 +217,8 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
-def _close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.allclose(x, y, rtol=RTOL, atol=ATOL) for x, y in zip(a, b))
+def _close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float = ATOL) -> bool:
+    return all(torch.allclose(x, y, rtol=RTOL, atol=atol) for x, y in zip(a, b))
 
 
 def equivalent(results: list[dict], variant: str, reference: list[torch.Tensor]) -> tuple[bool, str]:
@@ -481,6 +481,13 @@ CNN_VARIANTS = [
     ("ddp_powersgd", "ddp", {"bucket_cap_mb": CNN_MB, "compress": "powersgd"}, False),
 ]
 CNN_LOSSY = ("ring_fp16", "allreduce_bf16", "ddp_powersgd")
+# The single-process reference sums each batch in another order, and a max-pool can turn a
+# last bit into another pixel's gradient, which Adam (a step over the gradient's own scale)
+# makes a weight step apart (docs/sync.md, *The CNN's max-pool*): measured up to 8.5e-6 after
+# 5 steps at 3 ranks, so Adam is held within 5e-5 of it, 50x below the lossy wires (2.6e-3
+# and more); SGD's sum keeps the MLP's tolerance
+CNN_ATOL = {"adam": 5e-5, "sgd_momentum": ATOL}
+FSDP2_FUSED_ATOL = 1e-7  # docs/twins.md: fsdp2 under the fused Adam at 2 ranks
 CNN_WORLD5 = ("ddp", "naive", "ring", "tree", "butterfly", "zero1", "torch_zero")
 
 
@@ -542,11 +549,15 @@ def _check_cnn(world: int, runs: list[dict]) -> dict:
         if variant in CNN_LOSSY:
             continue
         measured[optim, variant] = d = _np_diff(params, runs[0][optim, "ddp"])
-        if world == 2 or variant in ("torch_zero", "ddp_hook_allreduce"):
+        if variant == "fsdp2" and world == 2:
+            # its shards cut a parameter's rows where the fused kernel's vector tail does not
+            # (where it falls is the CPU's vector width): a few elements a last bit apart
+            assert d <= FSDP2_FUSED_ATOL, (world, optim, variant, d)
+        elif world == 2 or variant in ("torch_zero", "ddp_hook_allreduce"):
             # one order of the sum (a + b = b + a), or DDP's own all-reduce: DDP's weights
             assert d == 0.0, (world, optim, variant, d)
         ref = [torch.from_numpy(a) for a in runs[0][optim, "reference"]]
-        assert _close([torch.from_numpy(a) for a in params], ref), \
+        assert _close([torch.from_numpy(a) for a in params], ref, CNN_ATOL[optim]), \
             (world, optim, variant, _np_diff(params, runs[0][optim, "reference"]))
     return measured
 
