@@ -5,7 +5,10 @@
 # bit for bit, and the end of a run whose ranks torchrun forked.
 #   bash scripts/oldest_torch.sh          # .ci/run's last step
 # Knobs (env): PYTHON (default python3), VENV (default .venv-oldest-torch), KEEP_VENV
-# (default 1; 0 removes the venv at the end, as .ci/run does to free its ~5 GB).
+# (default 1; 0 removes the venv at the end, as .ci/run does to free its ~5 GB), INSTALL_ONLY
+# (default 0; 1 installs torch and torchvision only, the download, and stops: .ci/run runs it
+# while setup.sh makes the main venv; ddp_lab itself, an editable build in this folder, is
+# installed by the second call, so two builds never share the folder).
 # The registry's linux wheels of torch 2.2 bring NVIDIA's CUDA 12 libraries (~2.5 GB;
 # `import torch` loads them even on a CPU): one install, then reused while the venv stays.
 set -euo pipefail
@@ -13,6 +16,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv-oldest-torch}
 KEEP_VENV=${KEEP_VENV:-1}
+INSTALL_ONLY=${INSTALL_ONLY:-0}
 # torch==X.Y.* and torchvision==X.Y.* of pyproject.toml's floors (the newest patch release)
 read -r -a PINS < <("$PYTHON" - <<'PY'
 import re, tomllib
@@ -32,6 +36,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 # numpy < 2: torch < 2.3 was built against numpy 1 (tensor.numpy() fails under numpy 2)
+if [ "$INSTALL_ONLY" = 1 ]; then
+    time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2"
+    exit 0
+fi
 time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2" -e '.[test]'
 "$VENV/bin/python" -c "import torch, torchvision; print('oldest torch:', torch.__version__, 'torchvision', torchvision.__version__)"
 # of tests/test_one_file.py, what the oldest torch changes: stop 0 told --no-fused (no fused

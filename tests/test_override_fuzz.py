@@ -143,6 +143,9 @@ NOT_IN_REAL_RUNS = {
     "launcher.setup": "the user's own shell lines: one that fails, fails the job in its words",
     "train.resume": "a fresh folder each run",
 }
+# keys a real run takes at once: each run is ~30 s of starting processes, so few runs of many
+# keys (every set dry-run checked as it grows; a refused key leaves by its line)
+KEYS_A_RUN = 24
 REAL_CAPS = ["train.epochs=1", "train.max_steps_per_epoch=2", "log.progress=lines",
              "train.eval_batch_size=2000"]
 
@@ -168,6 +171,7 @@ def leaves(*overrides: str) -> dict:
 
 # each key's cheap values and one other of its type's, seeded: a suite's run of every value
 # of the table took a minute more and found nothing the sample did not
+@pytest.mark.slow
 def test_every_key_odd_values_then_real_runs(tmp_path, monkeypatch, shared_data_root):
     import random
     import subprocess
@@ -210,7 +214,7 @@ def test_every_key_odd_values_then_real_runs(tmp_path, monkeypatch, shared_data_
                 if rc == 0 or len(words) == len(preset):
                     words = trial
                     keys.remove(key)
-                if len(words) - len(preset) == 12:
+                if len(words) - len(preset) == KEYS_A_RUN:
                     break
             runs.append(words)
     ran = set()

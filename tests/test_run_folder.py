@@ -138,6 +138,7 @@ def uninterrupted(tmp_path_factory, shared_data_root) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_a_truncated_newest_checkpoint_is_set_aside_and_the_run_continues(
         tmp_path, shared_data_root, uninterrupted):
