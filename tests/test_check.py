@@ -104,7 +104,6 @@ def _leftover_ranks(tmp_path: Path) -> list[str]:
             if "ddp_lab" in ln and str(tmp_path) in ln and "ps -eo" not in ln]
 
 
-@pytest.mark.slow
 def test_broken_files_get_their_verdict_with_rank_and_line(tmp_path):
     files = ["deadlock", "off_by_one", "forgot_root", "raises_on_one", "not_written", "ring_ok",
              "extra_barrier"]
