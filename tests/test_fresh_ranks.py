@@ -17,14 +17,18 @@ from helpers import PY, child_env, describe, run_dir_of
 from ddp_lab.launch.torchrun import FRESH_RANKS
 
 
-def _argvs() -> dict[int, list[str]]:
+def _argvs() -> dict[int, tuple[int, list[str]]]:
+    """Every process's (parent pid, command line), by pid."""
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode().split("\0")
-            except OSError:
-                pass
+                argv = (entry / "cmdline").read_bytes().decode().split("\0")
+                # the field after the command's name, which may hold spaces and parentheses
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found[int(entry.name)] = (ppid, argv)
     return found
 
 
@@ -41,10 +45,12 @@ def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_roo
     # fork + exec shows its parent's command line until its exec, so one look can catch a
     # fresh rank still wearing torchrun's
     ranks: dict[int, list[list[str]]] = {}
+    parents: dict[int, int] = {}
     try:
         while proc.poll() is None:
-            for pid, argv in _argvs().items():
+            for pid, (ppid, argv) in _argvs().items():
                 if "ddp_lab.worker" in argv and str(runs) in " ".join(argv):
+                    parents[pid] = ppid
                     seen = ranks.setdefault(pid, [])
                     if argv not in seen:
                         seen.append(argv)
@@ -60,6 +66,9 @@ def test_ranks_start_as_fresh_interpreters_as_on_a_gpu(tmp_path, shared_data_roo
     # (the worker, started through the module that writes its console a line at a time)
     fresh = {pid: a for pid, argvs in ranks.items() for a in argvs
              if a[1:3] == ["-u", "-m"] and "ddp_lab.launch.torchrun" not in a}
+    # a rank's own child (a tool it runs), caught between its fork and its exec, wears the
+    # rank's command line: not a rank
+    fresh = {pid: a for pid, a in fresh.items() if parents[pid] not in fresh}
     assert len(fresh) == 2, ranks
     run_dir = run_dir_of(done)
     s = json.loads((run_dir / "summary.json").read_text())
