@@ -36,11 +36,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 # numpy < 2: torch < 2.3 was built against numpy 1 (tensor.numpy() fails under numpy 2)
-if [ "$INSTALL_ONLY" = 1 ]; then
-    time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2"
-    exit 0
-fi
-time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2" -e '.[test]'
+PROJECT=(-e '.[test]')
+[ "$INSTALL_ONLY" = 1 ] && PROJECT=()
+time "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "${PINS[@]}" "numpy<2" "${PROJECT[@]}"
+[ "$INSTALL_ONLY" = 1 ] && exit 0
 "$VENV/bin/python" -c "import torch, torchvision; print('oldest torch:', torch.__version__, 'torchvision', torchvision.__version__)"
 # of tests/test_one_file.py, what the oldest torch changes: stop 0 told --no-fused (no fused
 # Adam on CPU before 2.4) and still the framework's weights bit for bit, on 2 ranks; its 3- and
