@@ -406,3 +406,43 @@ def test_runs_of_any_length_compare_on_the_epoch_and_the_step_within_it(tmp_path
     session = metadata.parse_session_start_info_plugin_data(
         acc.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
     assert session.hparams["~epochs"].string_value == "2"  # not the first segment's 1
+
+
+def test_the_event_checksum_in_c_is_tensorboards_own(tmp_path):
+    """ddp_lab hands TensorBoard's record writer a C CRC-32C (google-crc32c) for its pure-Python
+    one: the same checksum over sizes that are not multiples of anything, and an event file the
+    writer then writes checks out record by record against TensorBoard's own Python CRC."""
+    import os
+    import struct
+
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    from ddp_lab.folder.tensorboard import TensorBoardRun, checksum_in_c
+
+    def python_crc(data: bytes) -> int:  # TensorBoard's, called past the name ddp_lab replaces
+        return stub.crc_finalize(stub.crc_update(stub.CRC_INIT, data))
+
+    def masked(data: bytes) -> int:  # TFRecord's mask, as tensorboard's masked_crc32c applies it
+        x = python_crc(data)
+        return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    checksum_in_c()
+    assert stub.crc32c is not python_crc and stub.crc32c.__module__.startswith("google_crc32c")
+    for n in (0, 1, 7, 200, 4099):
+        data = os.urandom(n)
+        assert stub.crc32c(data) == python_crc(data), n
+
+    run = TensorBoardRun(tmp_path / "tb", "w1")
+    for step in range(1, 4):
+        run.scalars(step, {"loss/train": 1.0 / step, "step/time[ms]": 3.0 + step})
+    run.close()
+    (path,) = (tmp_path / "tb").rglob("events.out.tfevents.*")
+    blob, at, records = path.read_bytes(), 0, 0
+    while at < len(blob):
+        header = blob[at:at + 8]
+        (length,), (crc_header,) = struct.unpack("<Q", header), struct.unpack("<I", blob[at + 8:at + 12])
+        data = blob[at + 12:at + 12 + length]
+        (crc_data,) = struct.unpack("<I", blob[at + 12 + length:at + 16 + length])
+        assert (crc_header, crc_data) == (masked(header), masked(data)), records
+        at, records = at + 16 + length, records + 1
+    assert records >= 4  # the file's version record and a point a step

@@ -24,6 +24,19 @@ QUEUE = 1000
 MIN_POINTS = 20
 
 
+def checksum_in_c() -> None:
+    """TensorBoard's writer, without TensorFlow, checksums each record (CRC-32C) in pure Python:
+    about 40 us for a 200-byte event, in the writer's thread but holding the GIL the training
+    thread needs (docs/performance.md, "A count you pin, and timing on against off").
+    google-crc32c computes the same checksum in C in 0.2 us; TensorBoard's record writer and
+    reader ask its stub module for `crc32c` by name at each record, so that name is handed the
+    C one. Idempotent."""
+    import google_crc32c
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    pywrap_tensorflow.crc32c = google_crc32c.value
+
+
 def step_stride(tb_every: int, steps: int) -> int:
     """Every how many steps a run of `steps` steps writes a per-step point (0: none)."""
     return max(1, min(tb_every, steps // MIN_POINTS)) if tb_every > 0 else 0
@@ -169,6 +182,7 @@ class TensorBoardRun:
         place a step's point within its epoch (0: no per-step comparison points)."""
         from torch.utils.tensorboard import SummaryWriter  # lazy: 0.3 s to import
 
+        checksum_in_c()
         self.folder = run_folder(tb_root, name)
         # the band's tags and chart: the run folder's name (unique, and first in the sidebar)
         self.band = tb_root.resolve().parent.name
@@ -187,7 +201,7 @@ class TensorBoardRun:
                 d.rmdir()
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """`values` at global step `step` as one event (each event costs a checksum in Python); a
+        """`values` at global step `step` as one event (each event costs its serialisation); a
         step's point (it has `epoch`) also as its comparison point, at its step within the epoch."""
         self._event(step, with_bands(values, self.band))
         if self.steps_per_epoch and "epoch" in values and "step/time[ms]" in values:
@@ -343,6 +357,7 @@ def drop_head(folder: Path) -> None:
     from tensorboard.plugins.hparams import metadata
     from tensorboard.summary.writer.record_writer import RecordWriter
 
+    checksum_in_c()
     head = {LAYOUT_TAG, metadata.SESSION_START_INFO_TAG}
     for path in sorted(folder.glob(EVENTS)):
         records = list(RawEventFileLoader(str(path)).Load())  # as written (not migrated)
