@@ -27,7 +27,9 @@ ERROR_FILE = "logs/torchrun_error.json"  # torchrun's own error (TORCHELASTIC_ER
 
 
 def rendezvous_port(lc):
-    """The port launch.sh's rendezvous binds (None: port 0, `render`), and the key that sets it."""
+    """The port launch.sh's rendezvous binds, and the key that sets it: MASTER_PORT, else
+    launcher.master_port (None: port 0, which the OS gives torchrun's store as it binds, so no
+    other program can take it in between)."""
     if os.environ.get("MASTER_PORT"):
         return os.environ["MASTER_PORT"], "MASTER_PORT"
     return lc.master_port, "launcher.master_port"
@@ -86,7 +88,8 @@ class Foreground:
     and we stop it gracefully through the stop file) and tied to us by PR_SET_PDEATHSIG. A second
     signal, or a job still running `grace_s` after the request or `limit_s` after its start, is
     ended at once (`kill`); `limit_s` bounds a job whose ranks never started, and so never reach
-    their own timeouts. Ranks that outlive the command get `grace_s` to stop; the rest: `sweep`.
+    their own timeouts. Ranks that outlive the command get `grace_s` to stop (a SIGSTOPped one is
+    killed at once); the rest: `sweep`.
     """
 
     def __init__(self, command: list[str], run_dir: Path, grace_s: float,
