@@ -147,7 +147,7 @@ def software() -> dict[str, Any]:
     import ddp_lab
 
     # imports torch: after rank_main (module docstring)
-    v = fingerprint._versions()
+    v = fingerprint.versions()
     return {"python": platform.python_version(), "torch": str(v["torch"]), "cuda": v["cuda"],
             "nccl": v["nccl"], "ddp_lab": ddp_lab.__version__, "executable": sys.executable}
 

@@ -199,7 +199,9 @@ def applied_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
             if k.startswith(ENV_PREFIXES) and k != "OMP_WAIT_POLICY"}
 
 
-def _versions() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """This process's torch, CUDA, NCCL and gloo versions (the fingerprint's, and the doctor's
+    software check)."""
     # lazy, as in `collect`: the report compares fingerprints without torch
     import torch
     import torch.distributed as dist
@@ -221,13 +223,13 @@ def collect(backend: str, device: Any, hosts: list[str], launcher: str, nodes: i
             nccl_detail: Optional[list] = None,
             environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """The fingerprint of this allocation (see the module docstring)."""
-    import torch  # lazy: see _versions
+    import torch  # lazy: see versions
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
     return {
         "hosts": list(hosts), "cpu": cpu_model(), "cpu_count": cores(), "gpu": gpu,
-        **_versions(),
+        **versions(),
         "backend": backend, "device": str(dev), "nccl_transport": nccl_transport,
         "nccl_detail": nccl_detail, "env": applied_env(environ),
         "link": link(environ),
