@@ -159,9 +159,13 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
+    # each round's median epoch of each row: a pinned row's ratios are taken round by round,
+    # against the loop that ran beside it, so a neighbour that comes between rounds cancels
+    per_round: dict[str, list[float]] = {name: [] for name in runs}
     # row -> what ddp_lab chose (its last run)
     chosen: dict[str, dict] = {}
     for rnd in range(args.rounds):
+        before = {name: len(v) for name, v in rows.items()}
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
                 overrides = setting[1] if len(setting) > 1 else ()
@@ -179,6 +183,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
             else:
                 t, w, way = setting
                 rows[name] += two_ranks(root, args, t, w, adam)[way]
+        for name, v in rows.items():
+            per_round[name].append(statistics.median(v[before[name]:]))
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     med = {name: statistics.median(v) for name, v in rows.items()}
     # the floor's candidates: the tight loops (a thread count; not ddp_lab, not the notebook)
@@ -201,17 +207,22 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         elif len(pinned) == 1:
             # against the same thread count's floor, and against itself without timing
             t = int(pinned[0].partition("=")[2])
-            same = [v for n, v in med.items() if runs[n][:2] == (1, t)]
+            same = [n for n in med if runs[n][:2] == (1, t)]
             if same:
                 key = f"{load}, 1 rank, train.threads={t}: ddp_lab / the {t}-thread floor"
-                out["ratios"][key], goals[key] = m / same[0], 1.1
+                out["ratios"][key], goals[key] = paired(per_round[name], per_round[same[0]]), 1.1
             key = f"{load}, 1 rank, train.threads={t}: timing on / off"
-            out["ratios"][key] = m / med[f"{name}, timing.enabled=false"]
+            out["ratios"][key] = paired(per_round[name], per_round[f"{name}, timing.enabled=false"])
             goals[key] = 1.03
     for key, r in out["ratios"].items():
         print(f"{key} = {r:.2f} (goal <= {goals[key]})")
     out["epochs_s"] = rows
     return out
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    """The median over rounds of a round's `a` / the same round's `b`."""
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def _best_per_threads(found: dict) -> list[tuple]:
