@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Protocol, Sequence
@@ -179,6 +180,13 @@ def distributed(env: DistEnv, backend: str = "auto", device: str = "auto",
         yield DistContext(env=env, backend=be, device=dev, notes=tuple(notes), **rank)
     finally:
         if dist.is_initialized():
+            if be == "gloo" and torch.__version__ < (2, 8):
+                # torch < 2.8 destroys a group holding the GIL (pytorch/pytorch#154976) and waits
+                # for gloo's worker threads, one of which may still be dropping the last
+                # collective's tensors, which needs the GIL: each waits for the other. A moment
+                # with the GIL released lets the worker finish first (a torch 2.2 rank hung in
+                # its teardown so, once, its peer done and waiting).
+                time.sleep(0.05)
             dist.destroy_process_group()
 
 
