@@ -32,7 +32,7 @@ NGC = {
 }
 # a release of each other requirement that meets it (only its version is read)
 OTHERS = {"hydra-core": "1.3.2", "omegaconf": "2.3.0", "tensorboard": "2.16.2",
-          "matplotlib": "3.8.3", "tqdm": "4.66.2", "scipy": "1.12.0"}
+          "matplotlib": "3.8.3", "tqdm": "4.66.2", "scipy": "1.12.0", "google-crc32c": "1.5.0"}
 
 
 def requirements() -> list[str]:
