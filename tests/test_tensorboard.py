@@ -446,3 +446,26 @@ def test_the_event_checksum_in_c_is_tensorboards_own(tmp_path):
         assert (crc_header, crc_data) == (masked(header), masked(data)), records
         at, records = at + 16 + length, records + 1
     assert records >= 4  # the file's version record and a point a step
+
+
+def test_without_google_crc32c_tensorboards_own_checksum_stays(tmp_path, monkeypatch):
+    """A machine whose packages lack google-crc32c (a container's own): the run's TensorBoard
+    still writes, with TensorBoard's Python checksum."""
+    import sys
+
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    from ddp_lab.folder.tensorboard import TensorBoardRun, checksum_in_c
+
+    def python_crc(data: bytes) -> int:
+        return stub.crc_finalize(stub.crc_update(stub.CRC_INIT, data))
+
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import fails
+    monkeypatch.setattr(stub, "crc32c", python_crc)
+    checksum_in_c()
+    assert stub.crc32c is python_crc
+    run = TensorBoardRun(tmp_path / "tb", "w1")
+    run.scalars(1, {"loss/train": 0.5})
+    run.close()
+    (path,) = (tmp_path / "tb").rglob("events.out.tfevents.*")
+    assert path.stat().st_size > 0

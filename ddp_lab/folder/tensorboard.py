@@ -30,8 +30,14 @@ def checksum_in_c() -> None:
     thread needs (docs/performance.md, "A count you pin, and timing on against off").
     google-crc32c computes the same checksum in C in 0.2 us; TensorBoard's record writer and
     reader ask its stub module for `crc32c` by name at each record, so that name is handed the
-    C one. Idempotent."""
-    import google_crc32c
+    C one. Idempotent. Where google-crc32c is missing or has no C build (a container's own
+    packages), TensorBoard's checksum stays."""
+    try:
+        import google_crc32c
+    except ImportError:
+        return
+    if google_crc32c.implementation != "c":
+        return
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
     pywrap_tensorflow.crc32c = google_crc32c.value
