@@ -195,12 +195,20 @@ def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout
                     f"{describe(partial)}")
 
 
+def printed_run_dir(proc: subprocess.CompletedProcess) -> Path | None:
+    """The run folder a CLI run's last `run dir: PATH` line names, or None (no such line)."""
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("run dir: ")]
+    return Path(lines[-1].removeprefix("run dir: ")) if lines else None
+
+
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
     """The run folder a CLI run printed: `run dir: PATH` must be its last line of stdout."""
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("run dir: ")]
-    assert lines, f"no 'run dir:' line\n{describe(proc)}"
-    assert proc.stdout.rstrip().splitlines()[-1] == lines[-1], f"run dir must be the last line\n{describe(proc)}"
-    return Path(lines[-1].removeprefix("run dir: "))
+    found = printed_run_dir(proc)
+    assert found is not None, f"no 'run dir:' line\n{describe(proc)}"
+    # the last `run dir:` line is the last line
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("run dir: "), \
+        f"run dir must be the last line\n{describe(proc)}"
+    return found
 
 
 def summary(run_dir: Path) -> dict:

@@ -30,10 +30,9 @@ import os
 import shutil
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
-from helpers import describe, run_cli, run_dir_of
+from helpers import describe, printed_run_dir, run_cli, run_dir_of
 from netlab_fixture import netlab_sh
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.netlab]
@@ -210,9 +209,8 @@ def test_the_doctor_under_mpirun_across_a_lab(netlab_factory, shared_data_root, 
     def why(proc) -> str:
         """`proc` described, with its doctor folder's logs (a lab whose ranks did not start
         says why only there: CI once saw none start, under load, and kept no logs)."""
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("run dir: ")]
-        folder = Path(lines[-1].removeprefix("run dir: ")) / "logs" if lines else None
-        logs = sorted(p for p in folder.rglob("*") if p.is_file()) if folder else []
+        folder = printed_run_dir(proc)
+        logs = sorted(p for p in (folder / "logs").rglob("*") if p.is_file()) if folder else []
         return describe(proc) + "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                                         for p in logs)
 

@@ -408,6 +408,13 @@ def test_runs_of_any_length_compare_on_the_epoch_and_the_step_within_it(tmp_path
     assert session.hparams["~epochs"].string_value == "2"  # not the first segment's 1
 
 
+def python_crc(data: bytes) -> int:
+    """TensorBoard's own CRC-32C, called past the name `checksum_in_c` replaces."""
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    return stub.crc_finalize(stub.crc_update(stub.CRC_INIT, data))
+
+
 def test_the_event_checksum_in_c_is_tensorboards_own(tmp_path):
     """ddp_lab hands TensorBoard's record writer a C CRC-32C (google-crc32c) for its pure-Python
     one: the same checksum over sizes that are not multiples of anything, and an event file the
@@ -418,9 +425,6 @@ def test_the_event_checksum_in_c_is_tensorboards_own(tmp_path):
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
 
     from ddp_lab.folder.tensorboard import TensorBoardRun, checksum_in_c
-
-    def python_crc(data: bytes) -> int:  # TensorBoard's, called past the name ddp_lab replaces
-        return stub.crc_finalize(stub.crc_update(stub.CRC_INIT, data))
 
     def masked(data: bytes) -> int:  # TFRecord's mask, as tensorboard's masked_crc32c applies it
         x = python_crc(data)
@@ -456,9 +460,6 @@ def test_without_google_crc32c_tensorboards_own_checksum_stays(tmp_path, monkeyp
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
 
     from ddp_lab.folder.tensorboard import TensorBoardRun, checksum_in_c
-
-    def python_crc(data: bytes) -> int:
-        return stub.crc_finalize(stub.crc_update(stub.CRC_INIT, data))
 
     monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import fails
     monkeypatch.setattr(stub, "crc32c", python_crc)
