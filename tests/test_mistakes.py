@@ -2,7 +2,8 @@
 stderr naming the key (and the fix), exit 2, no traceback, and no run folder left behind.
 
 Every case runs `python -m ddp_lab ...` or `python -m ddp_lab.bench ...` as a user would,
-with HYDRA_FULL_ERROR=1 set (so not even Hydra's traceback mode leaks one). Only
+with HYDRA_FULL_ERROR=1 set (so not even Hydra's traceback mode leaks one): the trainer's
+through its entry's own `cli` call in the test's process, the others as processes. Only
 composition and validation run: no rank starts. Classes of mistakes checked by one rule
 (paths, durations, backend x device) are tables of direct calls to that rule at the end,
 with one case of each through the command line at most.
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import REPO, compose
+from helpers import REPO, compose, run_in_process
 from omegaconf import OmegaConf
 
 from ddp_lab.command import validate
@@ -168,7 +169,7 @@ def run_as_user(module: str, args: list[str], cwd: Path, unprivileged: bool):
 @pytest.mark.parametrize("module, args, expected", [
     pytest.param(*m[1:], marks=pytest.mark.xdist_group(f"mistakes-{i % 2}"))
     for i, m in enumerate(MISTAKES)], ids=[m[0] for m in MISTAKES])
-def test_mistake_is_one_line_exit_2_and_leaves_nothing(place, module, args, expected):
+def test_mistake_is_one_line_exit_2_and_leaves_nothing(place, monkeypatch, module, args, expected):
     fill = {"file": str(place / "a_file"), "ro": str(place / "read_only"),
             "open": str(place / "open")}
     args = [a.format(**fill) for a in args]
@@ -180,13 +181,22 @@ def test_mistake_is_one_line_exit_2_and_leaves_nothing(place, module, args, expe
     if module == TRAIN and not any(a.startswith("data.root=") for a in args):
         args.append(f"data.root={place / 'data'}")
     before = sorted(str(p) for p in place.rglob("*"))
-    proc = run_as_user(module, args, place, unprivileged="read_only" in str(args))
-    said = f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 2, said
-    lines = proc.stderr.splitlines()
+    unprivileged = "read_only" in str(args)
+    if module == TRAIN and not unprivileged:
+        # the trainer's entry in this process (helpers.run_in_process: the same `cli` call
+        # as ddp_lab/__main__.py; ~0.1 s against ~2 s a process); the other entries and
+        # the cases run as another user are processes
+        monkeypatch.chdir(place)
+        rc, stdout, stderr = run_in_process(args, env={"HYDRA_FULL_ERROR": "1", "HOME": str(place)})
+    else:
+        proc = run_as_user(module, args, place, unprivileged=unprivileged)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    said = f"rc={rc}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    assert rc == 2, said
+    lines = stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), said
     assert expected in lines[0], said
-    assert "Traceback" not in proc.stderr + proc.stdout, said
+    assert "Traceback" not in stderr + stdout, said
     assert sorted(str(p) for p in place.rglob("*")) == before, "a rejected command made files"
     assert not runs.exists(), "a rejected command must leave no run folder"
 

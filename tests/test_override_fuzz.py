@@ -17,51 +17,14 @@ may meet a value as a traceback.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
 import os
-import sys
 
 import pytest
-from helpers import REPO, PY
+from helpers import REPO, PY, run_in_process
 from hydra.core.global_hydra import GlobalHydra
 from override_sets import override_sets
 
 SEED, N = 45, 300
-
-
-@functools.cache
-def registered() -> None:
-    """The schema nodes in Hydra's ConfigStore, as the entry point puts them: once (the
-    store outlives each run's Hydra; registering again took 0.4 s a run)."""
-    from ddp_lab import config
-
-    config.register_configs()
-
-
-def run_in_process(args: list[str]) -> tuple[int, str, str]:
-    """`python -m ddp_lab ARGS` in this process: (exit status, stdout, stderr)."""
-    from ddp_lab import config
-    from ddp_lab.command.cli import cli
-    from ddp_lab.command.submit import check, submit
-
-    registered()
-    out, err = io.StringIO(), io.StringIO()
-    argv, environ = sys.argv, dict(os.environ)
-    sys.argv = ["ddp_lab", *args]
-    rc = None
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli("config", submit, check, schemas=(config,))
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-        os.environ.clear()
-        os.environ.update(environ)
-        GlobalHydra.instance().clear()
-    return rc, out.getvalue(), err.getvalue()
 
 
 def judge(args: list[str], rc, stdout: str, stderr: str) -> None:
@@ -177,7 +140,6 @@ def test_every_key_odd_values_then_real_runs(tmp_path, monkeypatch, shared_data_
     import subprocess
 
     monkeypatch.chdir(tmp_path)
-    registered()
     fixed = [f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}"]
     presets = [(), ("model=cnn", "optim=sgd")]
     rng = random.Random(SEED)
