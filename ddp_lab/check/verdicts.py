@@ -183,21 +183,19 @@ def _crash(run: CaseRun, raised: list[int], members: list[int]) -> Failure:
         text += f" at {D.short(where)}"
         if res.get("source"):
             text += f" ({res['source']})"
+    records = [{"rank": q, "op": "raised", "peer": None, "where": run.results[q].get("where"),
+                "error": f"{run.results[q]['type']}: {run.results[q].get('message', '')}"}
+               for q in raised]
     sizes = D.sizes_of_crash(run.states)
     if sizes:
         return Failure("crash", run.case, f"sizes differ: {sizes}: a send and its receive must "
-                       f"have one size (then {text})",
-                       [{"rank": q, "op": "raised", "peer": None,
-                         "where": run.results[q].get("where")} for q in raised])
+                       f"have one size (then {text})", records)
     last = (run.states.get(r, {}).get("history") or [None])[-1]
     note = D.peer_note(last, run.case.world_size) if last else ""
     if note:
         text += f"; its call {D.describe(last).removeprefix('in ')}{note}"
     if len(raised) > 1:
         text += f" (also {D.ranks_text(raised[1:])})"
-    records = [{"rank": q, "op": "raised", "peer": None, "where": run.results[q].get("where"),
-                "error": f"{run.results[q]['type']}: {run.results[q].get('message', '')}"}
-               for q in raised]
     return Failure("crash", run.case, text, records)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .. import launch
-from ..config import batch_plan, check_model, check_optim, check_sync, cuda_graph_problem, device_type
+from ..config import batch_plan, check_section, check_sync, cuda_graph_problem, device_type
 from ..config.errors import UserError
 from ..config.run import debug_problem
 from ..config.student import absolute_spec, one_function
@@ -286,8 +286,8 @@ def _fix_of(check: Callable[[DictConfig], object]) -> Rule:
 #: evenly over it (config.batch_plan, which every rank applies again); the model's sizes
 sync_fits = _fix_of(lambda cfg: check_sync(cfg.sync, world_size(cfg)))
 batch_fits = _fix_of(lambda cfg: batch_plan(cfg.train, world_size(cfg)))
-model_fits = _fix_of(lambda cfg: check_model(cfg.model))
-optimiser_fits = _fix_of(lambda cfg: check_optim(cfg.optim))
+model_fits = _fix_of(lambda cfg: check_section("model", cfg.model))
+optimiser_fits = _fix_of(lambda cfg: check_section("optim", cfg.optim))
 
 
 def cuda_graph_fits(cfg: DictConfig) -> Optional[str]:

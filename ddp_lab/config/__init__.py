@@ -140,14 +140,10 @@ def with_defaults(cfg: Any) -> Any:
     return OmegaConf.merge(base, cfg)
 
 
-def check_model(cfg: ModelConfig) -> None:
-    """Raise ValueError (with the fix) if model section `cfg` cannot be built."""
-    schema_for("model", cfg.name).check(cfg)
-
-
-def check_optim(cfg: OptimConfig) -> None:
-    """Raise ValueError (with the fix) if optim section `cfg` is one torch.optim refuses."""
-    schema_for("optim", cfg.name).check(cfg)
+def check_section(group: str, cfg: Any) -> None:
+    """Raise ValueError (with the fix) if the model section `cfg` cannot be built, or the optim
+    section is one torch.optim refuses (`group`: model | optim)."""
+    schema_for(group, cfg.name).check(cfg)
 
 
 def check_sync(cfg: SyncConfig, world_size: int) -> None:

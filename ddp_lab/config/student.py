@@ -23,7 +23,7 @@ from typing import Optional
 from .errors import UserError
 
 #: collective -> the name prefixes that mean it, longest first where one prefix starts another
-#: (reduce_scatter before reduce)
+#: (reduce_scatter before reduce: collective_of takes the first that matches)
 COLLECTIVE_PREFIXES: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("reduce_scatter", "reducescatter"),
     "all_reduce": ("all_reduce", "allreduce"),
@@ -47,11 +47,8 @@ def collective_of(name: str) -> Optional[str]:
     """The collective a function's name says, or None (`allreduce_butterfly` -> all_reduce)."""
     if name.startswith("_"):
         return None
-    low = name.lower()
-    for kind in sorted(COLLECTIVE_PREFIXES, key=lambda k: -max(map(len, COLLECTIVE_PREFIXES[k]))):
-        if low.startswith(COLLECTIVE_PREFIXES[kind]):
-            return kind
-    return None
+    return next((kind for kind, prefixes in COLLECTIVE_PREFIXES.items()
+                 if name.lower().startswith(prefixes)), None)
 
 
 @dataclass(frozen=True)
@@ -126,9 +123,9 @@ def module_file(module: str) -> Optional[str]:
 def split_spec(spec: str) -> tuple[str, Optional[str], Optional[str]]:
     """`FILE.py[:function[=collective]]` (or `package.module:function`, a module on the path) ->
     (file, function, collective)."""
-    if _MODULE_SPEC.match(spec) and ".py:" not in spec:
-        module, _, rest = spec.partition(":")
-        fn, _, kind = rest.partition("=")
+    module = module_of(spec)
+    if module:
+        fn, _, kind = spec.partition(":")[2].partition("=")
         return module_file(module) or f"{module.replace('.', '/')}.py", fn, (kind or None)
     path, _, rest = spec.partition(".py:") if ".py:" in spec else (spec, "", "")
     if rest or spec.endswith(".py:"):

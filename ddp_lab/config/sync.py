@@ -171,18 +171,11 @@ class CustomSyncConfig(BucketSyncConfig):
 
 
 #: sync.hook of sync=ddp -> what DDP's reducer runs on each gradient bucket: ddp_lab's collectives
-#: (the student's ring inside the production engine) or torch's own hooks
-#: (torch.distributed.algorithms.ddp_comm_hooks). "none": the one sync.compress picks.
-DDP_HOOKS = {
-    "none": "the hook sync.compress picks (none: torch's allreduce_hook)",
-    "ring": "ddp_lab's textbook ring (collectives/ring.py) on the bucket",
-    "ring_prepost": "ddp_lab's pre-posted ring (collectives.PrepostedRingAllReduce), one per bucket",
-    "reduce_broadcast": "ddp_lab's tree reduce to rank 0, then its tree broadcast",
-    "allreduce": "torch's default_hooks.allreduce_hook",
-    "fp16": "torch's default_hooks.fp16_compress_hook",
-    "bf16": "torch's default_hooks.bf16_compress_hook",
-    "powersgd": "torch's powerSGD_hook (sync.powersgd_rank)",
-}
+#: (the student's ring inside the production engine: the textbook ring, the pre-posted ring, a
+#: tree reduce then broadcast) or torch's own hooks (ddp_comm_hooks' default_hooks and
+#: powerSGD_hook). "none": the one sync.compress picks (none: torch's allreduce_hook).
+DDP_HOOKS = ("none", "ring", "ring_prepost", "reduce_broadcast", "allreduce", "fp16", "bf16",
+             "powersgd")
 
 
 @dataclass

@@ -271,37 +271,31 @@ def _measure(ctx, cfg, run_dir: Path, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
+    from ddp_lab.world.topology import build_groups, detect_topology
+
     env = ctx.env
-    pairs = ctx.gather_objects((env.node_rank, hostname()))
-    nodes: dict[int, list[int]] = {}
-    for rank, (node, _) in enumerate(pairs):
-        nodes.setdefault(node, []).append(rank)
+    topo = detect_topology(ctx)
     # every rank makes every group, in one order (new_group is collective)
-    groups = {n: (dist.new_group(rs) if len(rs) > 1 else None) for n, rs in sorted(nodes.items())}
-    leaders = [rs[0] for _, rs in sorted(nodes.items())]
-    cross = dist.new_group(leaders) if len(leaders) > 1 else None
+    groups = build_groups(topo, ["intra_node", "leaders"], env.rank)
     result: dict = {"rank": env.rank, "backend": ctx.backend, "device": str(ctx.device)}
-    group = groups[env.node_rank]
-    if group is not None:
-        result["intra"] = _time(group, len(nodes[env.node_rank]), ctx, torch, dist)
-    ctx.barrier()
-    if cross is not None and env.rank in leaders:
-        result["cross"] = _time(cross, len(leaders), ctx, torch, dist)
-    ctx.barrier()
+    for key, kind in (("intra", "intra_node"), ("cross", "leaders")):
+        members = groups[kind].ranks
+        if len(members) > 1:
+            result[key] = _time(groups[kind].handle, len(members), ctx, torch, dist)
+        ctx.barrier()
     detail = None
     if ctx.backend == "nccl":
         from ddp_lab.doctor.verdicts import nccl_transport
 
-        result["nccl"] = nccl_transport(_nccl_lines(run_dir))
+        result["nccl"] = nccl_transport(fingerprint.nccl_lines(run_dir) or [])
         detail = ctx.gather_objects(fingerprint.read_nccl_transport(run_dir))
     write_json(out / f"rank{env.rank}.measure.json", result)
     # the allocation's fingerprint, as a run's telemetry makes it
     if env.is_main:
-        hosts = list(dict.fromkeys(h for _, h in pairs))
-        fp = fingerprint.collect(ctx.backend, ctx.device, hosts, cfg.launcher.name,
-                                  env.num_nodes, env.local_world_size,
-                                  nccl_transport=fingerprint.transport_label(detail or []),
-                                  nccl_detail=detail)
+        fp = fingerprint.collect(ctx.backend, ctx.device, list(dict.fromkeys(topo.hosts)),
+                                 cfg.launcher.name, env.num_nodes, env.local_world_size,
+                                 nccl_transport=fingerprint.transport_label(detail or []),
+                                 nccl_detail=detail)
         write_json(out / "fingerprint.json", {"fingerprint": fp,
                                               "fingerprint_id": fingerprint.fingerprint_id(fp)})
 
@@ -328,16 +322,6 @@ def _time(group, n: int, ctx, torch, dist) -> dict:
         if spent >= BUDGET_S or each * (ITERS + 1) * 4 > BUDGET_S - spent:
             break
     return row
-
-
-def _nccl_lines(run_dir: Path) -> list[str]:
-    lines: list[str] = []
-    for f in sorted((run_dir / "logs").glob(f"nccl.*.{os.getpid()}.log")):
-        try:
-            lines += f.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

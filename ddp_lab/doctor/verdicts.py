@@ -64,6 +64,10 @@ class Facts:
         return {n: next((r["node_facts"] for r in rs if r.get("node_facts")), {})
                 for n, rs in self.nodes().items()}
 
+    def networks(self) -> dict[str, dict]:
+        """node label -> its network facts ({} where it reported none)."""
+        return {self.label(n): x.get("network") or {} for n, x in self.node_facts().items()}
+
 
 def disagree(values: Mapping[str, Any]) -> Optional[str]:
     """"node2 has X, node1 Y" when the nodes' values differ (the odd one first), else None."""
@@ -251,19 +255,18 @@ MIN_LINK_SHARE_CPU = 0.05
 
 def interface(f: Facts) -> Check:
     found = []
-    for n, x in f.node_facts().items():
-        net = x.get("network") or {}
+    for node, net in f.networks().items():
         names = net.get("interfaces") or []
         for key, c in (net.get("chosen") or {}).items():
             if not c["resolved"]:
                 other = net.get("default") or next((i for i in names if i != "lo"), None)
                 return Check("interface", False, f"{key}={c['spec']} does not exist on "
-                             f"{f.label(n)} (it has {', '.join(names)})",
+                             f"{node} (it has {', '.join(names)})",
                              f"set {key}={other or '<an interface>'} or unset it (then the "
                              "interface of the hostname's address is used)")
-            found.append(f"{f.label(n)} {key}={','.join(c['resolved'])}")
+            found.append(f"{node} {key}={','.join(c['resolved'])}")
         if not net.get("chosen") and net.get("link"):
-            found.append(f"{f.label(n)} {net['link']['iface']}")
+            found.append(f"{node} {net['link']['iface']}")
     return Check("interface", True, "; ".join(found) or "no interface reported")
 
 
@@ -285,11 +288,11 @@ def _words(lk: Optional[Mapping]) -> str:
 
 
 def link(f: Facts) -> Check:
-    links = {f.label(n): (x.get("network") or {}).get("link") for n, x in f.node_facts().items()}
+    links = {k: net.get("link") for k, net in f.networks().items()}
     known = {k: v for k, v in links.items() if v}
     if not known:
-        if any(c["spec"] and not c["resolved"] for x in f.node_facts().values()
-               for c in ((x.get("network") or {}).get("chosen") or {}).values()):
+        if any(c["spec"] and not c["resolved"] for net in f.networks().values()
+               for c in (net.get("chosen") or {}).values()):
             return Check("link", False, "not read: the interface named does not exist "
                          "(the interface check)", "fix the interface first")
         return Check("link", True, "no node could say its link (no `ip` there)")
@@ -350,7 +353,7 @@ def inter_node(f: Facts) -> Optional[Check]:
     if not rows:
         return None
     row = rows[0]
-    links = {f.label(n): (x.get("network") or {}).get("link") for n, x in f.node_facts().items()}
+    links = {k: net.get("link") for k, net in f.networks().items()}
     rates = {k: _rate(v) for k, v in links.items() if _rate(v)}
     got = row["busbw_Bps"]
     head = (f"busbw {got / 1e6:.4g} MB/s at {row['bytes'] / 1e6:.3g} MB over {row['ranks']} "
@@ -388,8 +391,7 @@ def nccl(f: Facts) -> Optional[Check]:
     label = "+".join(kinds) or f"none (network {rows[0].get('network')})"
     gdr = any(r.get("gdrdma") for r in rows)
     socket = [r for r in rows if "NET/Socket" in (r.get("connections") or {})]
-    rdma = sorted({d for x in f.node_facts().values()
-                   for d in (x.get("network") or {}).get("rdma_devices") or []})
+    rdma = sorted({d for net in f.networks().values() for d in net.get("rdma_devices") or []})
     if socket and rdma:
         ifs = sorted({i for r in socket for i in r.get("socket_ifaces") or []})
         return Check("nccl transport", False, f"NCCL on NET/Socket {','.join(ifs) or ''}: "

@@ -99,21 +99,17 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         world = _int(env, "WORLD_SIZE")
         local_world = _int(env, "LOCAL_WORLD_SIZE", world)
         num_nodes = _int(env, "GROUP_WORLD_SIZE", max(1, world // max(local_world, 1)))
-        d = dict(
-            rank=_int(env, "RANK"), local_rank=_int(env, "LOCAL_RANK"), world_size=world,
-            local_world_size=local_world, node_rank=_int(env, "GROUP_RANK", 0),
-            num_nodes=num_nodes, source="torchrun",
-        )
+        d = dict(rank=_int(env, "RANK"), local_rank=_int(env, "LOCAL_RANK"), world_size=world,
+                 local_world_size=local_world, node_rank=_int(env, "GROUP_RANK", 0),
+                 num_nodes=num_nodes, source="torchrun")
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         node_rank = _int(env, "SLURM_NODEID", 0)
         world = _int(env, "SLURM_NTASKS")
         local_world = _slurm_tasks_per_node(env, node_rank) or world
-        d = dict(
-            rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID", 0),
-            world_size=world, local_world_size=local_world, node_rank=node_rank,
-            num_nodes=_int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1)),
-            source="slurm",
-        )
+        d = dict(rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID", 0),
+                 world_size=world, local_world_size=local_world, node_rank=node_rank,
+                 num_nodes=_int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1)),
+                 source="slurm")
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if not env.get("MASTER_ADDR") and nodelist:
             env = dict(env, MASTER_ADDR=first_slurm_host(nodelist))
@@ -125,23 +121,20 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         # Open MPI has no node index (OMPI_COMM_WORLD_NODE_RANK is the rank on the node):
         # launcher=mpirun's wrapper sets DDP_LAB_NODE_RANK/NUM_NODES, else equal slots
         rank = _int(env, "OMPI_COMM_WORLD_RANK")
-        d = dict(
-            rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-            world_size=world, local_world_size=local_world,
-            node_rank=_int(env, "DDP_LAB_NODE_RANK", rank // max(local_world, 1)),
-            num_nodes=_int(env, "DDP_LAB_NUM_NODES", max(1, -(-world // max(local_world, 1)))),
-            source="mpi",
-        )
+        d = dict(rank=rank, local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+                 world_size=world, local_world_size=local_world,
+                 node_rank=_int(env, "DDP_LAB_NODE_RANK", rank // max(local_world, 1)),
+                 num_nodes=_int(env, "DDP_LAB_NUM_NODES", max(1, -(-world // max(local_world, 1)))),
+                 source="mpi")
     elif "PET_NNODES" in env or ("WORLD_SIZE" in env and "RANK" in env):
         # RunAI / Kubeflow PyTorchJob: one process per pod; WORLD_SIZE/RANK count pods
         pods = _int(env, "PET_NNODES", _int(env, "WORLD_SIZE", 1)) if "PET_NNODES" in env else _int(env, "WORLD_SIZE")
         pod = _int(env, "PET_NODE_RANK", _int(env, "RANK", 0)) if "PET_NODE_RANK" in env else _int(env, "RANK")
         d = dict(rank=pod, local_rank=0, world_size=pods, local_world_size=1,
                  node_rank=pod, num_nodes=pods, source="runai")
-        if "PET_MASTER_ADDR" in env and not env.get("MASTER_ADDR"):
-            env = dict(env, MASTER_ADDR=env["PET_MASTER_ADDR"])
-        if "PET_MASTER_PORT" in env and not env.get("MASTER_PORT"):
-            env = dict(env, MASTER_PORT=env["PET_MASTER_PORT"])
+        for key in ("MASTER_ADDR", "MASTER_PORT"):
+            if f"PET_{key}" in env and not env.get(key):
+                env = dict(env, **{key: env[f"PET_{key}"]})
     else:
         d = dict(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
                  num_nodes=1, source="single")
@@ -149,13 +142,11 @@ def detect_env(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     master_addr = env.get("MASTER_ADDR", "")
     if not master_addr:
         if d["num_nodes"] > 1:
-            raise EnvError(
-                f"MASTER_ADDR is not set for a {d['num_nodes']}-node world ({d['source']}): "
-                "export MASTER_ADDR=<first node's hostname> before starting the ranks"
-            )
+            raise EnvError(f"MASTER_ADDR is not set for a {d['num_nodes']}-node world "
+                           f"({d['source']}): export MASTER_ADDR=<first node's hostname> before "
+                           "starting the ranks")
         master_addr = "127.0.0.1"
-    master_port = _int(env, "MASTER_PORT", 29500)
-    out = DistEnv(master_addr=master_addr, master_port=master_port,
+    out = DistEnv(master_addr=master_addr, master_port=_int(env, "MASTER_PORT", 29500),
                   restart_count=restarts, **d)
     validate(out)
     return out

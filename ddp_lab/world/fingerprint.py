@@ -82,8 +82,9 @@ def transport_label(parsed: Iterable[Mapping[str, Any]]) -> Optional[str]:
     return f"none (network {'+'.join(nets) or '?'})"
 
 
-def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
-    """Parse this process's NCCL debug file; None without one (gloo, a user's NCCL_DEBUG)."""
+def nccl_lines(run_dir: Path, pid: Optional[int] = None) -> Optional[list[str]]:
+    """The lines of this process's NCCL debug files; None without one (gloo, a user's
+    NCCL_DEBUG)."""
     pid = os.getpid() if pid is None else pid
     files = sorted((Path(run_dir) / "logs").glob(f"nccl.*.{pid}.log"))
     if not files:
@@ -94,7 +95,13 @@ def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[di
             lines += f.read_text(errors="replace").splitlines()
         except OSError:
             continue
-    return parse_nccl_info(lines)
+    return lines
+
+
+def read_nccl_transport(run_dir: Path, pid: Optional[int] = None) -> Optional[dict]:
+    """Parse this process's NCCL debug file; None without one (gloo, a user's NCCL_DEBUG)."""
+    lines = nccl_lines(run_dir, pid)
+    return None if lines is None else parse_nccl_info(lines)
 
 
 # ------------------------------------------------------------------ the fingerprint

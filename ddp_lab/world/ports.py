@@ -18,9 +18,14 @@ FIX = "choose another launcher.master_port, or leave it unset for a free one"
 
 def free_port(host: str = WILDCARD) -> int:
     """A port nothing listens on now, for a rendezvous that must name its port before it binds.
-    Drawn at random below the kernel's ephemeral range, where only another random draw can collide;
-    another process may still take it first, so callers that can, retry."""
-    low = ephemeral_range()[0]
+    Drawn at random below the kernel's ephemeral range (32768 where /proc does not say), where
+    only another random draw can collide; another process may still take it first, so callers
+    that can, retry."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
     for port in random.Random().sample(range(LOW, low), min(64, max(0, low - LOW))):
         if not port_in_use(port, host):
             return port
@@ -28,16 +33,6 @@ def free_port(host: str = WILDCARD) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def ephemeral_range() -> tuple[int, int]:
-    """The ports the OS hands out itself (32768-60999 where /proc does not say)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = f.read().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
 
 
 def port_in_use(port: int, host: str = WILDCARD) -> bool:
