@@ -56,12 +56,6 @@ def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
     return results
 
 
-def rank0(body: Callable[[DistContext, Any], Any], world: int, args: Any) -> Any:
-    """What rank 0 of `run_ranks(body, world, args)` returned (None if a rank failed)."""
-    results = run_ranks(body, world, args)
-    return None if results is None else results[0]
-
-
 def _rank(rank: int, world: int, port: int, body: Callable, args: Any, queue) -> None:
     import torch.distributed as dist
 
