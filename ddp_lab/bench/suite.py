@@ -57,7 +57,7 @@ class Benchmark:
     doc: str
     spec: Spec
     add_args: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], Optional[dict]]
+    run: Callable[[argparse.Namespace], dict]
     check: Optional[Callable[[argparse.Namespace], None]] = None
 
 
@@ -78,8 +78,10 @@ def load(name: str) -> Benchmark:
     return importlib.import_module(f"ddp_lab.bench.specs.{NAMES[name]}").BENCHMARKS[name]
 
 
-def parser(name: str) -> argparse.ArgumentParser:
-    """Benchmark `name`'s command line: the runner's options, then its own."""
+def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Benchmark `name`'s command line (the runner's options, then its own) parsed, `--only`'s
+    labels (comma-separated; empty: all) resolved to `args.configs` in `configs`' order, then
+    checked by its `check(args)` where it has one. A label it lacks: UsageError."""
     bench = load(name)
     spec = bench.spec
     ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
@@ -100,15 +102,14 @@ def parser(name: str) -> argparse.ArgumentParser:
         ap.add_argument("--only", default=spec.only, help="configurations, comma-separated "
                         f"(default: {spec.only or 'all'}; of {', '.join(spec.configs)})")
     bench.add_args(ap)
-    return ap
-
-
-def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Benchmark `name`'s options, checked by its `check(args)` where it has one."""
-    args = parser(name).parse_args(argv)
-    bench = load(name)
-    if bench.spec.configs is not None:
-        args.configs = chosen(bench.spec.configs, args.only)
+    args = ap.parse_args(argv)
+    if spec.configs is not None:
+        keep = [c.strip() for c in args.only.split(",") if c.strip()] or list(spec.configs)
+        unknown = set(keep) - set(spec.configs)
+        if unknown:
+            raise UsageError(f"--only: unknown configuration(s) {sorted(unknown)}: "
+                             f"choose from {list(spec.configs)}")
+        args.configs = {label: c for label, c in spec.configs.items() if label in keep}
     if bench.check is not None:
         bench.check(args)
     return args
@@ -122,8 +123,6 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if result is None:
-        return 1  # the benchmark said why, on stderr
     if result.get("ratios"):
         print(f"\n{name}: the ratios, measured side by side in one run\n")
         print(table(["ratio", "measured"], [(k, f"{v:.3f}") for k, v in result["ratios"].items()
@@ -135,19 +134,6 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0
-
-
-def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty or None: all), in
-    `configs`' order. A label `configs` lacks: UsageError."""
-    if not only:
-        return dict(configs)
-    keep = [c.strip() for c in only.split(",")]
-    unknown = set(keep) - set(configs)
-    if unknown:
-        raise UsageError(f"--only: unknown configuration(s) {sorted(unknown)}: "
-                         f"choose from {list(configs)}")
-    return {label: c for label, c in configs.items() if label in keep}
 
 
 def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
@@ -187,11 +173,12 @@ def with_bucket(overrides: Sequence[str], mb: float) -> list[str]:
 
 
 def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
-    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
+    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers (None
+    where a round has None: a figure the configuration does not record)."""
     def median(v: Sequence) -> Any:
         if isinstance(v[0], Mapping):
-            return {k: statistics.median(m[k] for m in v) for k in v[0]}
-        return statistics.median(v)
+            return {k: median([m[k] for m in v]) for k in v[0]}
+        return None if None in v else statistics.median(v)
 
     return {label: median(v) for label, v in runs.items()}
 

@@ -13,7 +13,6 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -129,17 +128,9 @@ def stop_add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-s", type=float, default=1.0, help="train.stop_check_s")
 
 
-def ranks_in_a_run_dir(worker: Any, args: argparse.Namespace) -> dict | None:
-    """`run_ranks(worker, args.world, args)` with `args.run_dir` a temporary folder, gone after."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        args.run_dir = run_dir
-        return run_ranks(worker, args.world, args)
-
-
-def stop_run(args: argparse.Namespace) -> dict | None:
-    results = ranks_in_a_run_dir(stop_worker, args)
-    if results is None:
-        return None
+def stop_run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as args.run_dir:
+        results = run_ranks(stop_worker, args.world, args)
     r0 = results[0]
     steps = r0["steps"] * len(r0["on"])
     per_step = max(sum(x["on"]) for x in results.values()) / steps
@@ -386,11 +377,9 @@ def timing_add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra", nargs="*", default=[], help="overrides for both ways")
 
 
-def timing_run(args: argparse.Namespace) -> dict | None:
-    results = ranks_in_a_run_dir(timing_worker, args)
-    if results is None:
-        return None
-    took = results[0]
+def timing_run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as args.run_dir:
+        took = run_ranks(timing_worker, args.world, args)[0]
     paired = [on / off for on, off in zip(took["on"], took["off"])]
     ratio = statistics.median(paired)
     overrides = "".join(f" {o}" for o in args.extra)

@@ -160,11 +160,7 @@ def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
             by.setdefault(r["label"], []).append(r["figures"])
-
-    def median(values: list) -> Optional[float]:
-        return None if None in values else statistics.median(values)
-
-    med = {label: {k: median([f[k] for f in runs]) for k in runs[0]} for label, runs in by.items()}
+    med = suite.medians(by)
     spread = {k: (min(f["step_ms"] for f in v), max(f["step_ms"] for f in v))
               for k, v in by.items()}
     return med, spread

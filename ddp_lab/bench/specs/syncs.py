@@ -133,10 +133,8 @@ def syncs_add_args(ap: argparse.ArgumentParser) -> None:
                          "steps of the same epochs, --rounds epochs per sync)")
 
 
-def syncs_run(args: argparse.Namespace) -> dict | None:
-    res = (run_ranks(syncs_worker, args.world, args) or {}).get(0)
-    if res is None:
-        return None  # the rank's error is above
+def syncs_run(args: argparse.Namespace) -> dict:
+    res = run_ranks(syncs_worker, args.world, args)[0]
     med = medians(res["times"])
     spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
     frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
@@ -230,10 +228,8 @@ def overlap_add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size, MB (default 4)")
 
 
-def overlap_run(args: argparse.Namespace) -> dict | None:
-    res = (run_ranks(overlap_worker, args.world, args) or {}).get(0)
-    if res is None:
-        return None  # the rank's error is above
+def overlap_run(args: argparse.Namespace) -> dict:
+    res = run_ranks(overlap_worker, args.world, args)[0]
     med = medians(res["rows"])
     print(f"\n{args.model}, world {args.world}, CPU gloo, buckets {args.bucket_mb} MB, "
           f"{res['steps']} steps/epoch of 64 per rank, median of {args.rounds} rounds "
