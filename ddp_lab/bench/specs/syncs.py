@@ -352,6 +352,7 @@ def hierarchical_run(args: argparse.Namespace) -> dict:
     root = args.root.resolve()
     common = ["train.epochs=1", f"train.max_steps_per_epoch={args.steps}",
               "train.checkpoint=false", *args.overrides]
+
     def one(label: str, r: int) -> dict:
         ov = args.configs[label]
         extra = [f"sync.node_size={args.node_size}"] if "sync=hierarchical" in ov else []
@@ -373,11 +374,10 @@ def hierarchical_run(args: argparse.Namespace) -> dict:
     first = next(iter(results.values()))[0]
     print(f"\n{first['world_size']} ranks, {first['nodes']} launcher node(s), model {first['model']}, "
           f"{args.steps} steps, {args.rounds} rounds (medians); rank 0's figures; run folders in {root}")
-    print(f"{'sync':<28} {'epoch s':>8} {'comm ms/step':>13} {'MB sent/step':>13} {'MB to other node/step':>22}")
-    for label, row in rows.items():
-        cross = "-" if row["cross_MB_step"] is None else f"{row['cross_MB_step']:.3f}"
-        print(f"{label:<28} {row['epoch_s']:8.3f} {row['comm_ms_step']:13.2f} "
-              f"{row['sent_MB_step']:13.3f} {cross:>22}")
+    print(table(["sync", "epoch s", "comm ms/step", "MB sent/step", "MB to other node/step"],
+                [(label, f"{row['epoch_s']:.3f}", f"{row['comm_ms_step']:.2f}",
+                  f"{row['sent_MB_step']:.3f}", "-" if row["cross_MB_step"] is None
+                  else f"{row['cross_MB_step']:.3f}") for label, row in rows.items()]))
     found = {}
     for label in (lb for lb in rows if lb.startswith("hierarchical")):
         for ref in (r for r in ("ring", "ddp") if r in rows):
