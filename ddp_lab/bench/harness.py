@@ -207,12 +207,6 @@ def summarise(task: Task, size: int, views: list[dict], dtype: torch.dtype) -> d
     }
 
 
-def _progress(total: int, enabled: bool, mode: str):
-    if enabled and (mode == "bar" or (mode == "auto" and sys.stderr.isatty())):
-        return tqdm(total=total, unit="size", dynamic_ncols=True, leave=False)
-    return None
-
-
 def _line(row: dict) -> str:
     ok = "ok" if row["correct"] else "WRONG RESULT"
     return (f"{row['op']:<16} {row['impl']:<9} {row['group']:<10} n={row['group_size']:<3} "
@@ -250,27 +244,26 @@ def run_bench(bench: Any, ctx: DistContext, progress: str = "auto") -> dict:
         first.setdefault((t.op.name, t.kind), i)
     work = sorted(((first[(t.op.name, t.kind)], s, i, t) for i, t in enumerate(tasks)
                    for s in wanted if s <= caps[t.op.name]), key=lambda w: w[:3])
-    bar = _progress(len(work), env.is_main, progress)
+    # rank 0's bar (log.progress=bar, or auto on a terminal), else a line a row
+    bar = tqdm(total=len(work), unit="size", dynamic_ncols=True, leave=False, disable=not (
+        env.is_main and (progress == "bar" or (progress == "auto" and sys.stderr.isatty()))))
     rows: list[dict] = []
     for _, size, _, task in work:
-        if bar is not None:
-            bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
+        bar.set_description(f"{task.op.name} {task.impl} {task.kind} {pow2_label(size)}")
         view = measure(task, size, bench, ctx, pattern, dtype)
         views = ctx.gather_objects(view)
         if env.is_main:
             row = summarise(task, size, views, dtype)
             rows.append(row)
-            if bar is not None:
-                bar.update()
-                if not row["correct"]:
-                    bar.write(_line(row))
-            else:
+            bar.update()
+            if bar.disable:
                 log.info("%s", _line(row))
+            elif not row["correct"]:
+                bar.write(_line(row))
             if not row["correct"]:
                 log.error("%s %s %s %d elements: wrong result: %s", row["op"], row["impl"],
                           row["group"], row["elements"], row["error"])
-    if bar is not None:
-        bar.close()
+    bar.close()
     return {
         "rows": rows, "notes": notes, "memory": mem_note,
         "topology": {"nodes": [list(n) for n in topo.nodes], "hosts": list(topo.hosts),

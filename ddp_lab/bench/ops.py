@@ -323,11 +323,8 @@ def _pp_run(b, g):
         dist.send(b["t"], dst=g.peer(1))
 
 
-def _pp_check(b, g, pat):
-    return pat.check(b["r"] if g.grank == 0 else b["t"], base=1, what="echo")
-
-
-PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _fill_root, _pp_check,
+PING_PONG_OP = Op("ping_pong", "send_recv", 2.5, _empty("t", "r"), _fill_root,
+                  lambda b, g, pat: pat.check(b["r"] if g.grank == 0 else b["t"], base=1, what="echo"),
                   {"torch": _pp_run}, pairwise=True)
 
 # the benchmarked ops (bench.ops); their implementations come from ddp_lab.collectives' tables. The

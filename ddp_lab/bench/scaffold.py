@@ -7,7 +7,7 @@ built as `ddp_lab.train.train` builds them.
         parts = bench.parts(bench.compose(["sync=ring"]), epoch=1)
         return bench.epoch(parts, steps=20)     # s, all ranks' start to the slowest's end
 
-    results = run_ranks(worker, 2, args)        # {rank: what worker returned}, or None
+    results = run_ranks(worker, 2, args)        # {rank: what worker returned}
 
 `worker` is a module-level function of the spec (the spawned ranks import it by name).
 """
@@ -32,9 +32,9 @@ from ..train import build_parts
 
 
 def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
-              timeout_s: float = 3600) -> Optional[dict[int, Any]]:
+              timeout_s: float = 3600) -> dict[int, Any]:
     """`body(ctx, args)` on `world` spawned ranks of a local gloo group; what each returned, by
-    rank. A rank that raised: its error on stderr and None."""
+    rank. A rank that raised: exits (1) with its error."""
     import torch.multiprocessing as mp
 
     mpc = mp.get_context("spawn")
@@ -48,18 +48,11 @@ def run_ranks(body: Callable[[DistContext, Any], Any], world: int, args: Any,
     for _ in procs:
         rank, ok, out = queue.get(timeout=timeout_s)
         if not ok:
-            print(f"rank {rank} failed: {out}", file=sys.stderr)
-            return None
+            sys.exit(f"rank {rank} failed: {out}")
         results[rank] = out
     for p in procs:
         p.join()
     return results
-
-
-def rank0(body: Callable[[DistContext, Any], Any], world: int, args: Any) -> Any:
-    """What rank 0 of `run_ranks(body, world, args)` returned (None if a rank failed)."""
-    results = run_ranks(body, world, args)
-    return None if results is None else results[0]
 
 
 def _rank(rank: int, world: int, port: int, body: Callable, args: Any, queue) -> None:

@@ -19,10 +19,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -38,11 +37,17 @@ NAMES = {"epoch": "epoch", "syncs": "syncs", "overlap": "syncs", "compress": "sy
 @dataclass(frozen=True)
 class Spec:
     """What a benchmark runs side by side (`compares`), its rounds (`rounds`: the default of
-    `--rounds`; None: it has no rounds) and the ratios it prints (`ratios`, in words)."""
+    `--rounds`; None: it has no rounds) and the ratios it prints (`ratios`, in words). The options
+    several share, where given: `--world` (ranks), `--steps` (per epoch) and `--only` (labels of
+    `configs`, default `only`: all), whose choice the benchmark reads as `args.configs`."""
     compares: str
     ratios: str
     rounds: Optional[int] = None
     data: bool = True  # reads MNIST: takes --data-root
+    world: Optional[int] = None
+    steps: Optional[int] = None
+    configs: Optional[Mapping[str, Any]] = None
+    only: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class Benchmark:
     doc: str
     spec: Spec
     add_args: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], Optional[dict]]
+    run: Callable[[argparse.Namespace], dict]
     check: Optional[Callable[[argparse.Namespace], None]] = None
 
 
@@ -73,8 +78,10 @@ def load(name: str) -> Benchmark:
     return importlib.import_module(f"ddp_lab.bench.specs.{NAMES[name]}").BENCHMARKS[name]
 
 
-def parser(name: str) -> argparse.ArgumentParser:
-    """Benchmark `name`'s command line: the runner's options, then its own."""
+def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Benchmark `name`'s command line (the runner's options, then its own) parsed, `--only`'s
+    labels (comma-separated; empty: all) resolved to `args.configs` in `configs`' order, then
+    checked by its `check(args)` where it has one. A label it lacks: UsageError."""
     bench = load(name)
     spec = bench.spec
     ap = OneLineParser(prog=f"python -m ddp_lab.bench.suite {name}",
@@ -86,16 +93,25 @@ def parser(name: str) -> argparse.ArgumentParser:
     if spec.data:
         ap.add_argument("--data-root", default=str(REPO / "data"), help="MNIST folder")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
+    if spec.world is not None:
+        ap.add_argument("--world", type=int, default=spec.world, help=f"ranks (default {spec.world})")
+    if spec.steps is not None:
+        ap.add_argument("--steps", type=int, default=spec.steps, help="steps per epoch (0: the "
+                        "whole shard)" if not spec.steps else f"steps per epoch (default {spec.steps})")
+    if spec.configs is not None:
+        ap.add_argument("--only", default=spec.only, help="configurations, comma-separated "
+                        f"(default: {spec.only or 'all'}; of {', '.join(spec.configs)})")
     bench.add_args(ap)
-    return ap
-
-
-def parse(name: str, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Benchmark `name`'s options, checked by its `check(args)` where it has one."""
-    args = parser(name).parse_args(argv)
-    check = load(name).check
-    if check is not None:
-        check(args)
+    args = ap.parse_args(argv)
+    if spec.configs is not None:
+        keep = [c.strip() for c in args.only.split(",") if c.strip()] or list(spec.configs)
+        unknown = set(keep) - set(spec.configs)
+        if unknown:
+            raise UsageError(f"--only: unknown configuration(s) {sorted(unknown)}: "
+                             f"choose from {list(spec.configs)}")
+        args.configs = {label: c for label, c in spec.configs.items() if label in keep}
+    if bench.check is not None:
+        bench.check(args)
     return args
 
 
@@ -107,12 +123,10 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if result is None:
-        return 1  # the benchmark said why, on stderr
     if result.get("ratios"):
-        rows = [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items() if v is not None]
         print(f"\n{name}: the ratios, measured side by side in one run\n")
-        print("\n".join(["| ratio | measured |", "| --- | ---: |", *rows]))
+        print(table(["ratio", "measured"], [(k, f"{v:.3f}") for k, v in result["ratios"].items()
+                                            if v is not None]))
     if args.out:
         # the benchmark, its options and its figures (ratios among them)
         doc = {"bench": name, "args": {k: (str(v) if isinstance(v, Path) else v)
@@ -120,19 +134,6 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 0
-
-
-def chosen(configs: Mapping[str, T], only: Optional[str]) -> dict[str, T]:
-    """The configurations named in `only` (comma-separated labels; empty or None: all), in
-    `configs`' order. A label `configs` lacks: UsageError."""
-    if not only:
-        return dict(configs)
-    keep = [c.strip() for c in only.split(",")]
-    unknown = set(keep) - set(configs)
-    if unknown:
-        raise UsageError(f"--only: unknown configuration(s) {sorted(unknown)}: "
-                         f"choose from {list(configs)}")
-    return {label: c for label, c in configs.items() if label in keep}
 
 
 def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
@@ -146,12 +147,38 @@ def rounds(configs: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
             yield r + 1, c
 
 
+def side_by_side(configs: Sequence[T], repeats: int, one: Callable[[T, int], Any],
+                 line: Optional[Callable[[int, T, Any], str]] = None) -> dict[T, list]:
+    """configuration -> what `one(configuration, round)` returned in each of the `rounds`; after
+    each, `line(round, configuration, it)` printed where given."""
+    got: dict[T, list] = {c: [] for c in configs}
+    for r, c in rounds(configs, repeats):
+        got[c].append(one(c, r))
+        if line is not None:
+            print(line(r, c, got[c][-1]), flush=True)
+    return got
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "") -> str:
+    """A Markdown table: `head`'s columns, then one line per row of cells; `align` a letter a
+    column, l (left) or r (right); default: the first left, the others right."""
+    align = align or "l" + "r" * (len(head) - 1)
+    lines = [head, ["---" if a == "l" else "---:" for a in align], *rows]
+    return "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in lines)
+
+
+def with_bucket(overrides: Sequence[str], mb: float) -> list[str]:
+    """A configuration's `overrides` with buckets of `mb` MB (DDP's own key where it is sync=ddp)."""
+    return [*overrides, f"sync.bucket_cap_mb={mb}" if "sync=ddp" in overrides else f"sync.bucket_mb={mb}"]
+
+
 def medians(runs: Mapping[str, Sequence]) -> dict[str, Any]:
-    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers."""
+    """label -> the median over its rounds: of numbers, or key by key of dicts of numbers (None
+    where a round has None: a figure the configuration does not record)."""
     def median(v: Sequence) -> Any:
         if isinstance(v[0], Mapping):
-            return {k: statistics.median(m[k] for m in v) for k in v[0]}
-        return statistics.median(v)
+            return {k: median([m[k] for m in v]) for k in v[0]}
+        return None if None in v else statistics.median(v)
 
     return {label: median(v) for label, v in runs.items()}
 
@@ -172,11 +199,8 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
            **(env or {})}
     cmd = [sys.executable, "-m", entry, "log.progress=lines", *overrides]
     on_line = on_line or (lambda line: None)
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
-    reader.start()
     out: list[str] = []
     try:
         for line in p.stdout:
@@ -188,10 +212,9 @@ def trained(overrides: Sequence[str], cwd: Path, env: Optional[dict] = None,
         if p.poll() is None:
             p.kill()
             p.wait()
-    reader.join()
-    stdout, stderr = "".join(out), "".join(err)
+    stdout = "".join(out)
     if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{stdout[-6000:]}")
     run_dir = Path(cwd, next(line.split("run dir: ", 1)[1].strip()
                              for line in stdout.splitlines() if line.startswith("run dir: ")))
     return {**json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir)}

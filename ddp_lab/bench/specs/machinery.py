@@ -13,7 +13,6 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -23,7 +22,7 @@ from ...rank.records import step_scalars
 from ...timing import Clock, CommRecorder, CommStats, PHASES, StepTimer, StepWatch
 from ...world.distributed import DistContext
 from ..scaffold import Bench, run_ranks, stamped_step
-from ..suite import Benchmark, REPO, rounds, Spec, UsageError
+from ..suite import Benchmark, REPO, rounds, side_by_side, Spec, table, UsageError
 
 
 # ------------------------------------------------------------------ stop
@@ -41,7 +40,7 @@ each).
 
 STOP_SPEC = Spec(compares="epochs with and without the stop check, alternating", rounds=5,
                  ratios="time inside the check / step, epoch with / without the check, "
-                        "step bookkeeping / step (targets <= 1%)")
+                        "step bookkeeping / step (targets <= 1%)", world=2, steps=0)
 
 
 class Timed(StopControl):
@@ -126,22 +125,12 @@ def record_share(run_dir: Path) -> tuple[float, float]:
 
 
 def stop_add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--steps", type=int, default=0, help="steps per epoch; 0 = the whole shard")
     p.add_argument("--check-s", type=float, default=1.0, help="train.stop_check_s")
 
 
-def ranks_in_a_run_dir(worker: Any, args: argparse.Namespace) -> dict | None:
-    """`run_ranks(worker, args.world, args)` with `args.run_dir` a temporary folder, gone after."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        args.run_dir = run_dir
-        return run_ranks(worker, args.world, args)
-
-
-def stop_run(args: argparse.Namespace) -> dict | None:
-    results = ranks_in_a_run_dir(stop_worker, args)
-    if results is None:
-        return None
+def stop_run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as args.run_dir:
+        results = run_ranks(stop_worker, args.world, args)
     r0 = results[0]
     steps = r0["steps"] * len(r0["on"])
     per_step = max(sum(x["on"]) for x in results.values()) / steps
@@ -182,29 +171,24 @@ START_SPEC = Spec(compares="this checkout and --vs DIR's, each command in every 
                   ratios="after / before: the first console line, the report's start")
 
 
-def first_line_s(tree: Path, work: Path, data_root: str) -> float:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def took_s(tree: Path, work: Path, argv: list[str], first_line: bool) -> float:
+    """Seconds `python -m ARGV` of checkout `tree` takes in `work`: to its first console
+    line (then its own stop, SIGTERM: its ranks checkpoint and end) if `first_line`, else to its
+    end."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_lab", "train.epochs=1",
-                             f"data.root={data_root}", f"run.root={work / 'runs'}"],
-                            cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
+    proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=work, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(tree)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if first_line else None)
+    line = proc.stdout.readline() if first_line else proc.communicate()[0]
     took = time.perf_counter() - t0
-    # the run's own stop: its ranks checkpoint and end
-    proc.terminate()
-    proc.communicate(timeout=120)
-    if not line.startswith("[ddp_lab] starting"):
-        sys.exit(f"error: {tree}: the first line was {line.strip()!r}")
+    if first_line:
+        proc.terminate()
+        proc.communicate(timeout=120)
+        if not line.startswith("[ddp_lab] starting"):
+            sys.exit(f"error: {tree}: the first line was {line.strip()!r}")
+    elif proc.returncode:
+        sys.exit(f"error: {tree}: python -m {' '.join(argv)} failed ({proc.returncode})")
     return took
-
-
-def report_s(tree: Path, work: Path) -> float:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ddp_lab.report", "--help"], cwd=work, env=env,
-                   stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
 
 
 def start_add_args(p: argparse.ArgumentParser) -> None:
@@ -223,21 +207,22 @@ def start_run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for name, tree in trees.items():
-                got[name]["first line"].append(first_line_s(tree, Path(tmp), args.data_root))
+                got[name]["first line"].append(took_s(tree, Path(tmp), [
+                    "ddp_lab", "train.epochs=1", f"data.root={args.data_root}",
+                    f"run.root={Path(tmp) / 'runs'}"], first_line=True))
                 time.sleep(args.pause)
-                got[name]["report"].append(report_s(tree, Path(tmp)))
+                got[name]["report"].append(took_s(tree, Path(tmp), ["ddp_lab.report", "--help"], False))
     print(f"\n{args.rounds} round(s), load average {os.getloadavg()[0]:.2f} at the end")
-    print("| measure | " + " | ".join(trees) + (" | after / before |" if args.vs else " |"))
-    print("| --- |" + " --- |" * (len(trees) + bool(args.vs)))
-    found = {}
+    found, rows = {}, []
     for measure in ("first line", "report"):
-        cells = [f"{statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
-                 for v in (got[name][measure] for name in trees)]
+        rows.append([measure, *(f"{statistics.median(v):.2f} s ({min(v):.2f}-{max(v):.2f})"
+                                for v in (got[name][measure] for name in trees))])
         if args.vs:
             ratio = statistics.median(got["after"][measure]) / statistics.median(got["before"][measure])
-            cells.append(f"{ratio:.2f}")
+            rows[-1].append(f"{ratio:.2f}")
             found[f"{measure}: after / before"] = ratio
-        print(f"| {measure} | " + " | ".join(cells) + " |")
+    print(table(["measure", *trees, *(["after / before"] if args.vs else [])], rows,
+                "l" * (1 + len(trees) + bool(args.vs))))
     return {"seconds": got, "ratios": found}
 
 
@@ -319,22 +304,19 @@ def tensorboard_add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def tensorboard_run(args: argparse.Namespace) -> dict:
-    ways = ["none", "live", "naive"]
-    took: dict[str, list[float]] = {w: [] for w in ways}
     n = calibrate(args.step_ms / 1e3) if args.step_ms > 0 else 0
     with tempfile.TemporaryDirectory() as tmp:
-        # rotating order: drift hits every way alike
-        for r, way in rounds(ways, args.rounds):
-            took[way].append(loop(way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
+        took = side_by_side(["none", "live", "naive"], args.rounds, lambda way, r: loop(
+            way, args.steps, args.every, n, Path(tmp) / f"{way}{r}"))
     base = statistics.median(took["none"])
     print(f"{args.steps} steps ({args.step_ms} ms of work each: {base * 1e3:.3f} ms CPU with "
           f"the stamps), a point every {args.every} step(s), median of {args.rounds} rounds")
-    print(f"| way | extra CPU per step (us) | share of a {args.of_ms:g} ms step |\n| --- | --- | --- |")
-    found = {}
-    for way in ("live", "naive"):
-        extra = statistics.median(t - b for t, b in zip(took[way], took["none"]))
-        found[f"{way}: extra CPU / {args.of_ms:g} ms step"] = extra / (args.of_ms / 1e3)
-        print(f"| {way} | {extra * 1e6:.1f} | {100 * extra / (args.of_ms / 1e3):.2f}% |")
+    extra = {way: statistics.median(t - b for t, b in zip(took[way], took["none"]))
+             for way in ("live", "naive")}
+    print(table(["way", "extra CPU per step (us)", f"share of a {args.of_ms:g} ms step"],
+                [(w, f"{e * 1e6:.1f}", f"{100 * e / (args.of_ms / 1e3):.2f}%") for w, e in extra.items()],
+                "lll"))
+    found = {f"{w}: extra CPU / {args.of_ms:g} ms step": e / (args.of_ms / 1e3) for w, e in extra.items()}
     return {"cpu_s_per_step": took, "ratios": found}
 
 
@@ -357,7 +339,8 @@ step (every thread's, the work outside the epoch's clock included: an upper boun
 
 TIMING_SPEC = Spec(compares="the worker's training with timing on and off, alternating in one "
                             "process", rounds=8,
-                   ratios="timing on / off, the median of the rounds' ratios (goal <= 1.03)")
+                   ratios="timing on / off, the median of the rounds' ratios (goal <= 1.03)",
+                   world=1)
 
 
 def timing_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
@@ -388,27 +371,24 @@ def timing_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
 
 
 def timing_add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads a rank")
     p.add_argument("--epochs", type=int, default=2, help="epochs a run")
     p.add_argument("--max-steps", type=int, default=0, help="steps an epoch; 0: the whole shard")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for both ways")
 
 
-def timing_run(args: argparse.Namespace) -> dict | None:
-    results = ranks_in_a_run_dir(timing_worker, args)
-    if results is None:
-        return None
-    took = results[0]
+def timing_run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as args.run_dir:
+        took = run_ranks(timing_worker, args.world, args)[0]
     paired = [on / off for on, off in zip(took["on"], took["off"])]
     ratio = statistics.median(paired)
     overrides = "".join(f" {o}" for o in args.extra)
     print(f"\n{args.world} rank(s) x {args.threads} thread(s), gloo, the defaults{overrides}, "
           f"{args.epochs} epoch(s) a run, {args.rounds} rounds, load average "
           f"{os.getloadavg()[0]:.2f} at the end")
-    print("| round | timing on (s/epoch) | off | on / off |\n| --- | ---: | ---: | ---: |")
-    for i, (on, off) in enumerate(zip(took["on"], took["off"])):
-        print(f"| {i + 1} | {on:.3f} | {off:.3f} | {on / off:.3f} |")
+    print(table(["round", "timing on (s/epoch)", "off", "on / off"],
+                [(i, f"{on:.3f}", f"{off:.3f}", f"{on / off:.3f}")
+                 for i, (on, off) in enumerate(zip(took["on"], took["off"]), 1)]))
     print(f"timing on / off = {ratio:.3f} (the rounds' median; their spread "
           f"{min(paired):.3f}-{max(paired):.3f}; goal <= 1.03)")
     # CPU time: the VM's neighbours move it far less than the wall clock

@@ -136,25 +136,21 @@ def claims_table(rows: list[Claim]) -> str:
             return v
         return f"{v:.3f}" if unit == "x" else f"{v:.1f} {unit}"
 
-    lines = ["| claim | measured | predicted | target | met |", "| --- | ---: | ---: | --- | --- |"]
-    lines += [f"| {c.name} | {fmt(c.measured, c.unit)} | {fmt(c.predicted, c.unit)} "
-              f"| {c.target} | {'yes' if c.ok else 'NO'} |" for c in rows]
-    return "\n".join(lines)
+    return suite.table(["claim", "measured", "predicted", "target", "met"],
+                       [(c.name, fmt(c.measured, c.unit), fmt(c.predicted, c.unit), c.target,
+                         "yes" if c.ok else "NO") for c in rows], "lrrll")
 
 
 def phase_table(med: dict[str, dict], spread: dict[str, tuple[float, float]]) -> str:
     """One phase's medians per configuration, Markdown."""
-    lines = ["| configuration | time/step ms (min-max) | compute ms | in-flight comm ms "
-             "| exposed comm ms | MB sent/step | MB to node2/step |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for label, m in med.items():
-        cross = m.get("cross_bytes")
-        lo, hi = spread[label]
-        lines.append(f"| {label} | {m['step_ms']:.0f} ({lo:.0f}-{hi:.0f}) | {m['compute_ms']:.0f} "
-                     f"| {m['inflight_ms']:.0f} | {m['exposed_ms']:.0f} "
-                     f"| {m['sent_bytes'] / 1e6:.2f} "
-                     f"| {'-' if cross is None else f'{cross / 1e6:.2f}'} |")
-    return "\n".join(lines)
+    return suite.table(
+        ["configuration", "time/step ms (min-max)", "compute ms", "in-flight comm ms",
+         "exposed comm ms", "MB sent/step", "MB to node2/step"],
+        [(label, f"{m['step_ms']:.0f} ({spread[label][0]:.0f}-{spread[label][1]:.0f})",
+          *(f"{m[k]:.0f}" for k in ("compute_ms", "inflight_ms", "exposed_ms")),
+          f"{m['sent_bytes'] / 1e6:.2f}",
+          "-" if m.get("cross_bytes") is None else f"{m['cross_bytes'] / 1e6:.2f}")
+         for label, m in med.items()])
 
 
 def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
@@ -164,11 +160,7 @@ def summarise(rows: list[dict], phase: str, link: str) -> tuple[dict, dict]:
     for r in rows:
         if r["phase"] == phase and r["link"] == link:
             by.setdefault(r["label"], []).append(r["figures"])
-
-    def median(values: list) -> Optional[float]:
-        return None if None in values else statistics.median(values)
-
-    med = {label: {k: median([f[k] for f in runs]) for k in runs[0]} for label, runs in by.items()}
+    med = suite.medians(by)
     spread = {k: (min(f["step_ms"] for f in v), max(f["step_ms"] for f in v))
               for k, v in by.items()}
     return med, spread
@@ -295,7 +287,7 @@ def draw(args: argparse.Namespace, rows: list[dict], folder: Path) -> None:
 
 
 SPEC = Spec(compares="every sync, overlap and compression on a shaped 2-node link, then the "
-                     "link swept and one node slowed", rounds=3,
+                     "link swept and one node slowed", rounds=3, steps=16,
             ratios="each claim: measured / predicted, against its target")
 NETLAB_SH = REPO / "scripts" / "netlab.sh"
 NETLAB_RECORDS = Path("/run/ddp_lab_netlab")  # netlab.sh's NAME.env of every lab up
@@ -319,7 +311,6 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="more rates for the epoch-vs-link plot, comma-separated")
     ap.add_argument("--slow-link", default="100mbit", help="node2's rate in the straggler phase")
     ap.add_argument("--sweep-rounds", type=int, default=1, help="rounds at each of --rates")
-    ap.add_argument("--steps", type=int, default=16, help="steps per epoch (default 16)")
     ap.add_argument("--hidden", default="1024,1024", help="the MLP's hidden layers")
     ap.add_argument("--batch", type=int, default=128, help="batch per rank (default 128)")
     ap.add_argument("--bucket-mb", type=float, default=2.0, help="bucket size, MB (default 2)")
@@ -341,21 +332,21 @@ def check(args: argparse.Namespace) -> None:
     for opt in ("rounds", "steps", "batch", "powersgd_rank"):
         if getattr(args, opt) < 1:
             raise suite.UsageError(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be 1 or more")
-    if args.sweep_rounds < 0:
-        raise suite.UsageError(f"--sweep-rounds {args.sweep_rounds}: must be 0 (no sweep) or more")
-    if args.bucket_mb <= 0:
-        raise suite.UsageError(f"--bucket-mb {args.bucket_mb:g}: must be above 0")
-    if not re.fullmatch(r"\d+(,\d+)*", args.hidden):
-        raise suite.UsageError(f"--hidden '{args.hidden}': use layer widths such as 1024,1024")
-    if args.lab and not (NETLAB_RECORDS / f"{args.lab}.env").is_file():
-        raise suite.UsageError(f"--lab {args.lab}: no such lab is up (scripts/netlab.sh status --name "
-                 f"{args.lab})")
-    if args.lab and not os.environ.get("SLURM_CONF"):
-        raise suite.UsageError(f"--lab {args.lab}: export SLURM_CONF of the cluster that runs on it first")
-    if args.from_json and not Path(args.from_json).is_file():
-        raise suite.UsageError(f"--from {args.from_json}: no such file (an --out of an earlier run)")
-    if not args.from_json and not (Path(args.data_root) / "MNIST").is_dir():
-        raise suite.UsageError(f"--data-root {args.data_root}: no MNIST folder there")
+    for bad, why in [
+            (args.sweep_rounds < 0, f"--sweep-rounds {args.sweep_rounds}: must be 0 (no sweep) or more"),
+            (args.bucket_mb <= 0, f"--bucket-mb {args.bucket_mb:g}: must be above 0"),
+            (not re.fullmatch(r"\d+(,\d+)*", args.hidden),
+             f"--hidden '{args.hidden}': use layer widths such as 1024,1024"),
+            (args.lab and not (NETLAB_RECORDS / f"{args.lab}.env").is_file(),
+             f"--lab {args.lab}: no such lab is up (scripts/netlab.sh status --name {args.lab})"),
+            (args.lab and not os.environ.get("SLURM_CONF"),
+             f"--lab {args.lab}: export SLURM_CONF of the cluster that runs on it first"),
+            (args.from_json and not Path(args.from_json).is_file(),
+             f"--from {args.from_json}: no such file (an --out of an earlier run)"),
+            (not args.from_json and not (Path(args.data_root) / "MNIST").is_dir(),
+             f"--data-root {args.data_root}: no MNIST folder there")]:
+        if bad:
+            raise suite.UsageError(why)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -366,14 +357,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    """label -> its sync's overrides, the same bucket size for all (DDP's own key)."""
-    def bucket(ov: list[str]) -> list[str]:
-        if "sync=ddp" in ov:
-            return [f"sync.bucket_cap_mb={args.bucket_mb}",
-                    f"sync.powersgd_rank={args.powersgd_rank}"]
-        return [f"sync.bucket_mb={args.bucket_mb}"]
-
-    return {label: [*ov, *bucket(ov)] for label, ov in CONFIGS.items()}
+    """label -> its sync's overrides, the same bucket size for all (and PowerSGD's rank for ddp)."""
+    return {label: [*suite.with_bucket(ov, args.bucket_mb), *([f"sync.powersgd_rank="
+                    f"{args.powersgd_rank}"] if "sync=ddp" in ov else [])]
+            for label, ov in CONFIGS.items()}
 
 
 def phases(args: argparse.Namespace) -> list[dict]:

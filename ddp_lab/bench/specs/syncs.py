@@ -15,8 +15,8 @@ from pathlib import Path
 from ...rank.epochs import EpochBatches
 from ...step import run_steps
 from ...world.distributed import DistContext
-from ..scaffold import Bench, rank0, stamped_step
-from ..suite import Benchmark, chosen, medians, ratios, rounds, Spec, trained
+from ..scaffold import Bench, run_ranks, stamped_step
+from ..suite import Benchmark, medians, ratios, side_by_side, Spec, table, trained, with_bucket
 
 
 # ------------------------------------------------------------------ syncs
@@ -53,7 +53,7 @@ SYNCS_CONFIGS = {
 SYNCS_SPEC = Spec(compares="every synchroniser (and ddp, allreduce, ring with their timers off), "
                            "full epochs of the trainer's step loop", rounds=5,
                   ratios="each sync / ddp, per-param / bucketed, timing on / off, prepost off / on, "
-                         "custom / ring")
+                         "custom / ring", world=2, steps=0, configs=SYNCS_CONFIGS)
 
 #: configurations whose timer overhead is also measured step against step (--paired)
 PAIRED = ("ddp", "allreduce", "ring")
@@ -62,7 +62,7 @@ PAIRED = ("ddp", "allreduce", "ring")
 def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}"])
     n_steps = bench.steps(args.steps)
-    cfgs = {label: bench.compose(ov) for label, ov in chosen(SYNCS_CONFIGS, args.only).items()}
+    cfgs = {label: bench.compose(ov) for label, ov in args.configs.items()}
 
     def one_epoch(label: str, epoch: int, steps: int) -> tuple[float, float | None]:
         parts = bench.parts(cfgs[label], epoch)
@@ -93,15 +93,11 @@ def syncs_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     # warm-up: allocations, connections, caches
     for label in cfgs:
         one_epoch(label, 0, min(50, n_steps))
-    times: dict[str, list[float]] = {label: [] for label in cfgs}
-    fractions: dict[str, list[float]] = {label: [] for label in cfgs}
-    for r, label in rounds(cfgs, args.rounds):
-        t, frac = one_epoch(label, r, n_steps)
-        times[label].append(t)
-        if frac is not None:
-            fractions[label].append(frac)
-        if ctx.env.rank == 0:
-            print(f"round {r}/{args.rounds}  {label:22s} {t:7.3f} s", flush=True)
+    got = side_by_side(list(cfgs), args.rounds, lambda label, r: one_epoch(label, r, n_steps),
+                       (lambda r, label, x: f"round {r}/{args.rounds}  {label:22s} {x[0]:7.3f} s")
+                       if ctx.env.rank == 0 else None)
+    times = {label: [t for t, _ in v] for label, v in got.items()}
+    fractions = {label: [f for _, f in v if f is not None] for label, v in got.items()}
     pairs: dict[str, tuple[list, list]] = {}
     for label in (lb for lb in cfgs if args.paired and lb in PAIRED and cfgs[lb].timing.enabled):
         arms = [paired(label, r + 1, n_steps) for r in range(args.rounds)]
@@ -132,21 +128,13 @@ def timer_overhead(steps: int, epochs: int = 20) -> float:
 
 
 def syncs_add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("--steps", type=int, default=0, help="steps per epoch (0 = the full epoch)")
     ap.add_argument("--no-paired", dest="paired", action="store_false",
                     help="skip the paired timer measurement (timers on and off on alternate "
                          "steps of the same epochs, --rounds epochs per sync)")
-    ap.add_argument("--only", default=None,
-                    help="comma-separated configuration labels to run (default: all; the "
-                         "ratios need ddp, allreduce, ring and their 'timing off' twins)")
 
 
-def syncs_run(args: argparse.Namespace) -> dict | None:
-    configs = chosen(SYNCS_CONFIGS, args.only)
-    res = rank0(syncs_worker, args.world, args)
-    if res is None:
-        return None  # the rank's error is above
+def syncs_run(args: argparse.Namespace) -> dict:
+    res = run_ranks(syncs_worker, args.world, args)[0]
     med = medians(res["times"])
     spread = {k: (min(v), max(v)) for k, v in res["times"].items()}
     frac = {k: statistics.median(f for f, _ in v) if v else None for k, v in res["fractions"].items()}
@@ -161,14 +149,12 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
     ratio = ratios(med, pairs)
     print(f"\nworld {args.world}, CPU gloo, {res['steps']} steps/epoch of 64 per rank, "
           f"median of {args.rounds} rounds ({os.cpu_count()} CPUs)\n")
-    print("| configuration | epoch time (s) | min - max (s) | vs ddp | comm share | comm (ms/step) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for label in configs:
-        f = (f"{100 * frac[label]:.0f}% | {comm_ms[label]:.2f}" if frac[label] is not None
-             else "- | -")
-        vs = f"{med[label] / med['ddp']:.2f}x" if "ddp" in med else "-"
-        print(f"| {label} | {med[label]:.3f} | {spread[label][0]:.3f} - {spread[label][1]:.3f} "
-              f"| {vs} | {f} |")
+    print(table(["configuration", "epoch time (s)", "min - max (s)", "vs ddp", "comm share",
+                 "comm (ms/step)"],
+                [(label, f"{med[label]:.3f}", f"{spread[label][0]:.3f} - {spread[label][1]:.3f}",
+                  f"{med[label] / med['ddp']:.2f}x" if "ddp" in med else "-",
+                  *((f"{100 * frac[label]:.0f}%", f"{comm_ms[label]:.2f}")
+                    if frac[label] is not None else ("-", "-"))) for label in args.configs]))
     over = res["timer_overhead_s"]
     if "ddp" in med:
         step = med["ddp"] / res["steps"]
@@ -178,9 +164,7 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
     if res["paired"]:
         print("\ntimers on / off, alternate steps of the same epochs (mean step time +- 2 "
               "standard errors of the difference; median step time):\n")
-        print("| sync | steps per arm | mean on (ms) | mean off (ms) | on / off (mean) "
-              "| on / off (median) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        rows = []
         for label, (on, off) in res["paired"].items():
             m_on, m_off = statistics.fmean(on), statistics.fmean(off)
             se = (statistics.variance(on) / len(on) + statistics.variance(off) / len(off)) ** 0.5
@@ -188,8 +172,10 @@ def syncs_run(args: argparse.Namespace) -> dict | None:
             paired_out[label] = {"on_ms": 1e3 * m_on, "off_ms": 1e3 * m_off,
                                  "ratio": m_on / m_off, "ratio_2se": 2 * se / m_off,
                                  "ratio_median": med_ratio}
-            print(f"| {label} | {len(on)} | {1e3 * m_on:.3f} | {1e3 * m_off:.3f} | "
-                  f"{m_on / m_off:.3f} +- {2 * se / m_off:.3f} | {med_ratio:.3f} |")
+            rows.append((label, len(on), f"{1e3 * m_on:.3f}", f"{1e3 * m_off:.3f}",
+                         f"{m_on / m_off:.3f} +- {2 * se / m_off:.3f}", f"{med_ratio:.3f}"))
+        print(table(["sync", "steps per arm", "mean on (ms)", "mean off (ms)", "on / off (mean)",
+                     "on / off (median)"], rows))
     return {"world": args.world, "rounds": args.rounds, "timers_paired": paired_out,
             "steps": res["steps"], "median_s": med, "times_s": res["times"],
             "comm_share": frac, "comm_ms_per_step": comm_ms,
@@ -207,79 +193,56 @@ The same bucket size for all; a warm-up epoch each, then `--rounds` rotating rou
 the median over rounds, timed by the trainer's step loop and timers.
 """
 
-# label -> (sync option, overlap)
+# label -> the sync's overrides (DDP always overlaps)
 OVERLAP_CONFIGS = {
-            "ddp": ("ddp", True),
-            "allreduce+overlap": ("allreduce", True),
-            "allreduce": ("allreduce", False),
-            "ring+overlap": ("ring", True),
-            "ring": ("ring", False),
+            "ddp": ["sync=ddp"],
+            "allreduce+overlap": ["sync=allreduce", "sync.overlap=true"],
+            "allreduce": ["sync=allreduce", "sync.overlap=false"],
+            "ring+overlap": ["sync=ring", "sync.overlap=true"],
+            "ring": ["sync=ring", "sync.overlap=false"],
 }
-DEFAULT = "ddp,allreduce+overlap,allreduce"
 OVERLAP_SPEC = Spec(compares="ddp, allreduce and ring with sync.overlap on and off, one bucket size",
                     rounds=5, ratios="time per step: allreduce+overlap / ddp (target <= 1.1), "
-                                     "+overlap / without, ring+overlap / ddp")
-
-
-def overrides(name: str, overlap: bool, bucket_mb: float) -> list[str]:
-    """The trainer's overrides: the sync, its bucket size (DDP's own key), its overlap."""
-    if name == "ddp":  # DDP always overlaps
-        return ["sync=ddp", f"sync.bucket_cap_mb={bucket_mb}"]
-    return [f"sync={name}", f"sync.bucket_mb={bucket_mb}", f"sync.overlap={str(overlap).lower()}"]
+                                     "+overlap / without, ring+overlap / ddp",
+                    world=2, steps=20, configs=OVERLAP_CONFIGS, only="ddp,allreduce+overlap,allreduce")
 
 
 def overlap_worker(ctx: DistContext, args: argparse.Namespace) -> dict:
     bench = Bench(ctx, [f"data.root={args.data_root}", f"model={args.model}"])
     steps = bench.steps(args.steps)
-    cfgs = {label: bench.compose(overrides(*c, args.bucket_mb))
-            for label, c in chosen(OVERLAP_CONFIGS, args.only).items()}
-
-    def one_epoch(label: str, epoch: int, n: int) -> dict:
-        return bench.split_epoch(cfgs[label], epoch, n)[0]
-
+    cfgs = {label: bench.compose(with_bucket(ov, args.bucket_mb))
+            for label, ov in args.configs.items()}
     # warm-up: allocations, connections, caches
-    for label in cfgs:
-        one_epoch(label, 0, min(5, steps))
-    rows: dict[str, list[dict]] = {label: [] for label in cfgs}
-    for r, label in rounds(cfgs, args.rounds):
-        m = one_epoch(label, r, steps)
-        rows[label].append(m)
-        if ctx.env.rank == 0:
-            print(f"round {r}/{args.rounds}  {label:18s} {m['step_ms']:8.1f} ms/step"
-                  f"  exposed {m['exposed_ms']:7.1f}  in flight {m['inflight_ms']:7.1f}",
-                  flush=True)
+    for cfg in cfgs.values():
+        bench.split_epoch(cfg, 0, min(5, steps))
+    rows = side_by_side(list(cfgs), args.rounds,
+                        lambda label, r: bench.split_epoch(cfgs[label], r, steps)[0],
+                        (lambda r, label, m: f"round {r}/{args.rounds}  {label:18s} "
+                         f"{m['step_ms']:8.1f} ms/step  exposed {m['exposed_ms']:7.1f}  in flight "
+                         f"{m['inflight_ms']:7.1f}") if ctx.env.rank == 0 else None)
     return {"rows": rows, "steps": steps}
 
 
 def overlap_add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--world", type=int, default=2, help="ranks (default 2)")
     ap.add_argument("--model", default="mlp_wide", help="model option (default mlp_wide)")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size, MB (default 4)")
-    ap.add_argument("--steps", type=int, default=20, help="steps per epoch (default 20)")
-    ap.add_argument("--only", default=DEFAULT,
-                    help=f"configurations, comma-separated (default {DEFAULT}; also "
-                         "ring+overlap, ring)")
 
 
-def overlap_run(args: argparse.Namespace) -> dict | None:
-    # an unknown label: one line, before any rank starts
-    configs = chosen(OVERLAP_CONFIGS, args.only)
-    res = rank0(overlap_worker, args.world, args)
-    if res is None:
-        return None  # the rank's error is above
+def overlap_run(args: argparse.Namespace) -> dict:
+    res = run_ranks(overlap_worker, args.world, args)[0]
     med = medians(res["rows"])
     print(f"\n{args.model}, world {args.world}, CPU gloo, buckets {args.bucket_mb} MB, "
           f"{res['steps']} steps/epoch of 64 per rank, median of {args.rounds} rounds "
           f"({os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f})\n")
-    print("| configuration | time/step (ms) | min - max | compute (ms) | exposed comm (ms) "
-          "| in-flight comm (ms) | exposed / in-flight |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label in configs:
-        m, ms = med[label], [x["step_ms"] for x in res["rows"][label]]
+    rows = []
+    for label, m in med.items():
+        ms = [x["step_ms"] for x in res["rows"][label]]
         share = m["exposed_ms"] / m["inflight_ms"] if m["inflight_ms"] else float("nan")
-        print(f"| {label} | {m['step_ms']:.1f} | {min(ms):.1f} - {max(ms):.1f} "
-              f"| {m['compute_ms']:.1f} | {m['exposed_ms']:.1f} | {m['inflight_ms']:.1f} "
-              f"| {share:.2f} |")
+        rows.append((label, f"{m['step_ms']:.1f}", f"{min(ms):.1f} - {max(ms):.1f}",
+                     *(f"{m[k]:.1f}" for k in ("compute_ms", "exposed_ms", "inflight_ms")),
+                     f"{share:.2f}"))
+    print(table(["configuration", "time/step (ms)", "min - max", "compute (ms)",
+                 "exposed comm (ms)", "in-flight comm (ms)", "exposed / in-flight"], rows))
     pairs = [("allreduce+overlap / ddp", "allreduce+overlap", "ddp"),
              ("allreduce+overlap / allreduce", "allreduce+overlap", "allreduce"),
              ("ring+overlap / ddp", "ring+overlap", "ddp"),
@@ -306,52 +269,51 @@ COMPRESS_CONFIGS = {f"{s} {c}": (s, c) for s, c in [
              ("ring", "none"), ("ring", "fp16"), ("ring", "bf16")]}
 COMPRESS_SPEC = Spec(compares="ddp and ring, each uncompressed, fp16, bf16 (and ddp powersgd): "
                               "whole training runs", rounds=1,
-                     ratios="bytes sent / step and epoch time, each / the same sync uncompressed")
+                     ratios="bytes sent / step and epoch time, each / the same sync uncompressed",
+                     world=2, configs=COMPRESS_CONFIGS)
 
 
 def compress_add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="mlp")
-    ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--max-steps", type=int, default=0, help="train.max_steps_per_epoch (0 = all)")
-    ap.add_argument("--only", default="", help='comma-separated, e.g. "ddp none,ddp fp16"')
     ap.add_argument("override", nargs="*", help="more overrides for every run")
 
 
 def compress_run(args: argparse.Namespace) -> dict:
-    configs = chosen(COMPRESS_CONFIGS, args.only)
-    rows: dict[tuple, list[dict]] = {c: [] for c in configs.values()}
     with tempfile.TemporaryDirectory(prefix="bench_compress_") as tmp:
-        for _, (sync, compress) in rounds(list(configs.values()), args.rounds):
+        def one(label: str, r: int) -> dict:
+            sync, compress = args.configs[label]
             s = trained([f"sync={sync}", f"sync.compress={compress}", f"model={args.model}",
                          f"launcher.nproc_per_node={args.world}", f"train.epochs={args.epochs}",
                          f"train.max_steps_per_epoch={args.max_steps}",
                          f"data.root={args.data_root}", f"run.root={tmp}", *args.override], tmp)
-            rows[(sync, compress)].append({
-                "sent_per_step": s["comm_bytes_sent"] / s["steps_run"],
-                "epoch_s": s["epoch_time_s_median"], "accuracy": s["test_accuracy"],
-                "comm_ms_per_step": 1e3 * (s["comm_time_s"] or 0) / s["steps_run"]})
-            print(f"  {sync} {compress}: {rows[(sync, compress)][-1]}", file=sys.stderr,
-                  flush=True)
+            got = {"sent_per_step": s["comm_bytes_sent"] / s["steps_run"],
+                   "epoch_s": s["epoch_time_s_median"], "accuracy": s["test_accuracy"],
+                   "comm_ms_per_step": 1e3 * (s["comm_time_s"] or 0) / s["steps_run"]}
+            print(f"  {label}: {got}", file=sys.stderr, flush=True)
+            return got
+
+        rows = side_by_side(list(args.configs), args.rounds, one)
     med = medians(rows)
     print(f"{args.model}, {args.world} ranks (gloo), {args.epochs} epochs"
           f"{f' of {args.max_steps} steps' if args.max_steps else ''}, "
           f"median of {args.rounds} run(s) each; ratio = / the same sync uncompressed\n")
-    print("| sync | compress | bytes sent / step | ratio | comm ms / step | epoch s | ratio "
-          "| test accuracy | difference |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    found = {}
-    for (sync, compress), m in med.items():
-        base = med.get((sync, "none"))
+    found, lines = {}, []
+    for label, m in med.items():
+        sync, compress = args.configs[label]
+        base = med.get(f"{sync} none")
         ratio = (lambda k: f"{m[k] / base[k]:.3f}" if base and base[k] else "-")
-        diff = f"{m['accuracy'] - base['accuracy']:+.4f}" if base else "-"
-        print(f"| {sync} | {compress} | {m['sent_per_step']:,.0f} | {ratio('sent_per_step')} "
-              f"| {m['comm_ms_per_step']:.2f} | {m['epoch_s']:.3f} | {ratio('epoch_s')} "
-              f"| {m['accuracy']:.4f} | {diff} |")
+        lines.append((sync, compress, f"{m['sent_per_step']:,.0f}", ratio("sent_per_step"),
+                      f"{m['comm_ms_per_step']:.2f}", f"{m['epoch_s']:.3f}", ratio("epoch_s"),
+                      f"{m['accuracy']:.4f}",
+                      f"{m['accuracy'] - base['accuracy']:+.4f}" if base else "-"))
         if base and compress != "none":
-            found[f"{sync} {compress} / none: bytes"] = m["sent_per_step"] / base["sent_per_step"]
-            found[f"{sync} {compress} / none: epoch"] = m["epoch_s"] / base["epoch_s"]
-    return {"runs": {f"{s} {c}": v for (s, c), v in rows.items()}, "ratios": found}
+            found[f"{label} / none: bytes"] = m["sent_per_step"] / base["sent_per_step"]
+            found[f"{label} / none: epoch"] = m["epoch_s"] / base["epoch_s"]
+    print(table(["sync", "compress", "bytes sent / step", "ratio", "comm ms / step", "epoch s",
+                 "ratio", "test accuracy", "difference"], lines, "ll" + "r" * 7))
+    return {"runs": rows, "ratios": found}
 
 
 # ------------------------------------------------------------------ hierarchical
@@ -375,13 +337,12 @@ HIERARCHICAL_CONFIGS = {
 }
 HIERARCHICAL_SPEC = Spec(compares="ddp, ring and sync=hierarchical (ring or the library between nodes), "
                                   "whole 1-epoch runs", rounds=2, data=False,
-                         ratios="each hierarchical variant / ring and / ddp: epoch, comm per step")
+                         ratios="each hierarchical variant / ring and / ddp: epoch, comm per step",
+                         steps=20, configs=HIERARCHICAL_CONFIGS)
 
 
 def hierarchical_add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--node-size", type=int, default=0, help="sync.node_size for hierarchical")
-    ap.add_argument("--only", default="", help='comma-separated labels, e.g. "ring,hierarchical inter=ring"')
     ap.add_argument("--root", type=Path, default=Path("outputs/bench_hierarchical"),
                     help="run folders under this folder")
     ap.add_argument("overrides", nargs="*", help="ddp_lab overrides for every run (after --)")
@@ -391,15 +352,15 @@ def hierarchical_run(args: argparse.Namespace) -> dict:
     root = args.root.resolve()
     common = ["train.epochs=1", f"train.max_steps_per_epoch={args.steps}",
               "train.checkpoint=false", *args.overrides]
-    configs = chosen(HIERARCHICAL_CONFIGS, args.only)
-    results: dict[str, list[dict]] = {label: [] for label in configs}
-    for r, label in rounds(list(configs), args.rounds):
-        ov = configs[label]
+
+    def one(label: str, r: int) -> dict:
+        ov = args.configs[label]
         extra = [f"sync.node_size={args.node_size}"] if "sync=hierarchical" in ov else []
         folder = root / label.replace(" ", "_").replace("=", "-")
-        s = trained([*common, *ov, *extra, f"run.root={folder}"], Path.cwd())
-        results[label].append(s)
-        print(f"round {r}: {label:<28} epoch {s['epoch_time_s_median']:.3f} s", flush=True)
+        return trained([*common, *ov, *extra, f"run.root={folder}"], Path.cwd())
+
+    results = side_by_side(list(args.configs), args.rounds, one, lambda r, label, s:
+                           f"round {r}: {label:<28} epoch {s['epoch_time_s_median']:.3f} s")
     rows = {}
     for label, runs in results.items():
         steps = runs[0]["steps_run"]
@@ -413,11 +374,10 @@ def hierarchical_run(args: argparse.Namespace) -> dict:
     first = next(iter(results.values()))[0]
     print(f"\n{first['world_size']} ranks, {first['nodes']} launcher node(s), model {first['model']}, "
           f"{args.steps} steps, {args.rounds} rounds (medians); rank 0's figures; run folders in {root}")
-    print(f"{'sync':<28} {'epoch s':>8} {'comm ms/step':>13} {'MB sent/step':>13} {'MB to other node/step':>22}")
-    for label, row in rows.items():
-        cross = "-" if row["cross_MB_step"] is None else f"{row['cross_MB_step']:.3f}"
-        print(f"{label:<28} {row['epoch_s']:8.3f} {row['comm_ms_step']:13.2f} "
-              f"{row['sent_MB_step']:13.3f} {cross:>22}")
+    print(table(["sync", "epoch s", "comm ms/step", "MB sent/step", "MB to other node/step"],
+                [(label, f"{row['epoch_s']:.3f}", f"{row['comm_ms_step']:.2f}",
+                  f"{row['sent_MB_step']:.3f}", "-" if row["cross_MB_step"] is None
+                  else f"{row['cross_MB_step']:.3f}") for label, row in rows.items()]))
     found = {}
     for label in (lb for lb in rows if lb.startswith("hierarchical")):
         for ref in (r for r in ("ring", "ddp") if r in rows):
