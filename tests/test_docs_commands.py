@@ -28,7 +28,6 @@ from helpers import REPO, child_env, compose, describe, run_dir_of
 
 README = (REPO / "README.md").read_text()
 TOUR = (REPO / "docs" / "tour.md").read_text()
-QUICK = ["train.epochs=1", "train.max_steps_per_epoch=20", "log.progress=lines"]
 # the caps appended to a documented command that trains (its own values of these lose)
 CAPS = ["train.epochs=1", "train.max_steps_per_epoch=8", "train.eval_batch_size=2000",
         "log.progress=lines"]
@@ -203,9 +202,8 @@ def test_runbook_command(work, command):
 def resume(work, argv):
     """The Resume example: its run folder made first (one epoch), then the command as written."""
     folder = next(a for a in argv if a.startswith("run.dir=")).removeprefix("run.dir=")
-    ok(sh(work, [sys.executable, "-m", "ddp_lab", f"run.dir={folder}", *QUICK, work["data"]]))
-    ok(sh(work, [sys.executable, "-m", *argv[2:], "train.max_steps_per_epoch=20",
-                 "train.epochs=2", work["data"]]))
+    ok(sh(work, [sys.executable, "-m", "ddp_lab", f"run.dir={folder}", *CAPS, work["data"]]))
+    ok(sh(work, [sys.executable, "-m", *argv[2:], *CAPS, "train.epochs=2", work["data"]]))
     lines = (work["cwd"] / folder / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
 
