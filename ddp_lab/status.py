@@ -24,7 +24,8 @@ from .command.status import (FINAL, SLURM_ALIVE, SLURM_WAITING, continue_lines, 
     find_runs, inspect, live_processes, one_line, render, run_reached, state_said, to_continue)
 from .config.errors import UserError
 from .folder.rundir import EXIT_STOPPED, request_stop, STOP_FILE
-from .launch import Tail, slurm
+from .launch import slurm
+from .launch.base import Tail
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 

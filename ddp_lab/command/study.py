@@ -27,8 +27,7 @@ from ..config.errors import UserError
 from ..folder.files import atomic_write_text, read_json_or_empty, write_json
 from ..folder.records import now_iso
 from ..folder.rundir import EXIT_STOPPED, make_run_dir, read_summary
-from ..launch import python_exe, setup_block, template
-from ..launch.base import pythonpath_line
+from ..launch.base import python_exe, pythonpath_line, setup_block, template
 from ..launch.mpirun import parse_hosts, place
 from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
 from .job import collect, launch_job, make_run, Outcome

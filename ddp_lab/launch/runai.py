@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..folder.rundir import read_summary
-from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
+from .base import (check_torchrun_job, LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -43,14 +43,7 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0")
     if lc.nproc_per_node is None:
         lc.nproc_per_node = lc.gpus_per_node or 2
-    if lc.gpus_per_node and lc.nproc_per_node > lc.gpus_per_node and cfg.dist.device != "cpu":
-        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node} > launcher.gpus_per_node="
-                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses)")
-    if lc.rdzv not in ("static", "c10d"):
-        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose static or c10d")
-    if lc.rdzv == "static" and lc.max_restarts:
-        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
-                          "outlives a restart and the new ranks hang; use launcher.rdzv=c10d")
+    check_torchrun_job(cfg, lc.nproc_per_node)
     if not lc.image and not lc.dry_run:
         raise LaunchError("launcher.image is not set: give the container image the pods run "
                           "(it needs torch; ddp_lab too, or install it with launcher.setup)")
@@ -84,8 +77,6 @@ def on_pvc(cfg) -> None:
     for k in lc.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
             raise LaunchError(f"launcher.env key {k!r}: not an environment variable name")
-    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
-        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
 
 
 def job_name(cfg, run_dir: Path) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..folder.rundir import EXIT_STOPPED
-from .base import (check_container, container_folders, diagnose, LaunchError, python_check,
+from .base import (check_container, check_torchrun_job, container_folders, diagnose, LaunchError, python_check,
     python_exe, pythonpath_line, ranks_python, Rendered, require_tool, setup_block, should_wait,
     sourced_note, store_line, Tail, template)
 
@@ -80,17 +80,8 @@ def resolve(cfg) -> None:
             f"{lc.ntasks_per_node} instead, or launcher.per_task=true for one task per process")
     if nproc is None:
         nproc = lc.gpus_per_node or 2
-    if lc.gpus_per_node and nproc > lc.gpus_per_node and cfg.dist.device != "cpu":
-        raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
-                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
-                          "lower nproc_per_node, or set dist.device=cpu")
+    check_torchrun_job(cfg, nproc)
     lc.nproc_per_node, lc.ntasks_per_node = nproc, nproc if lc.per_task else 1
-    if lc.rdzv not in ("c10d", "static"):
-        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
-    if lc.rdzv == "static" and lc.max_restarts:
-        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
-                          "outlives a restart and the new ranks hang on the old addresses; "
-                          "use launcher.rdzv=c10d")
     if lc.master_port is not None and not 0 < lc.master_port < 65536:
         raise LaunchError(f"launcher.master_port={lc.master_port}: not a port (1..65535)")
     if lc.max_restarts < 0:
@@ -101,8 +92,6 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.output={lc.output!r}: a file name in RUN_DIR/logs of "
                           "letters, digits, _ . + - and SLURM's %x (job name), %j (job id), "
                           "%u (user), e.g. %x-%j")
-    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
-        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
     if lc.poll_s <= 0:
         raise LaunchError(f"launcher.poll_s={lc.poll_s}: must be > 0")
     if lc.signal_s is not None and lc.signal_s < 0:
