@@ -76,20 +76,6 @@ def _read(path: Path) -> Optional[str]:
         return None
 
 
-def live_processes(run_dir: Path) -> list[int]:
-    """Processes of the job alive on this machine; other status/follow processes excepted."""
-    pids = []
-    for pid in job_processes(run_dir):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone meanwhile
-        if any(a.endswith((b"ddp_lab.status", b"ddp_lab/status.py")) for a in argv):
-            continue
-        pids.append(pid)
-    return pids
-
-
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
               status: str) -> tuple[int, int]:
     """(epochs done, steps into the next): the summary's, or for a running run the newest of the
@@ -124,9 +110,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        state, code, reason = slurm.job_state(job_id)
-        sched = {"state": state, "exit_code": code, "reason": reason}
-    pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
+        job = slurm.job_info(job_id)
+        sched = {"state": job.get("JobState", "UNKNOWN"), "exit_code": job.get("ExitCode", ""),
+                 "reason": job.get("Reason", "")}
+    pids = job_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
     here = socket.gethostname()
     sees_ranks = launcher in LOCAL_LAUNCHERS and (not hosts or here in hosts)

@@ -298,12 +298,6 @@ def job_info(job_id: str) -> dict:
     return {"JobState": "GONE"}
 
 
-def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, ExitCode, Reason) of `job_info`."""
-    info = job_info(job_id)
-    return info.get("JobState", "UNKNOWN"), info.get("ExitCode", ""), info.get("Reason", "")
-
-
 def exit_status(state: str, exit_code: str) -> int:
     """SLURM's ExitCode `code:signal` -> a shell exit status; non-zero for any failure."""
     try:
