@@ -170,23 +170,18 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float) -> int:
     quiet = 0
     try:
         while True:
-            if info["state"] not in ("running", "pending") or dead(info):
+            if info["state"] in ("running", "pending") and not dead(info):
+                quiet = 0
+            elif dead(info):
                 # seen twice, a poll apart: not a gap between two processes
-                if dead(info):
-                    quiet += 1
-                    if quiet < 2:
-                        time.sleep(poll_s)
-                        info = inspect(run_dir)
-                        continue
-                elif info["processes"]:
-                    # final status written, processes still exiting
-                    time.sleep(poll_s)
-                    info = inspect(run_dir)
-                    if info["processes"] and quiet < 30:
-                        quiet += 1
-                        continue
+                quiet += 1
+                if quiet >= 2:
+                    break
+            elif info["processes"] and quiet < 30:
+                # final status written, processes still exiting
+                quiet += 1
+            else:
                 break
-            quiet = 0
             time.sleep(poll_s)
             tail.poll()
             info = inspect(run_dir)

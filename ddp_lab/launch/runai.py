@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..folder.rundir import read_summary
-from .base import (check_torchrun_job, LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
+from .base import (check_torchrun_job, LaunchError, Rendered, Tail, diagnose, python_check, python_exe,
                    setup_block, should_wait, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -154,7 +154,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod,
                                         "pod_stop.sh": stop},
                     executable=("runai_submit.sh", "pod.sh"), show=show, warnings=warnings,
-                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, cmd, submit_sh))
+                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, cmd))
 
 
 def _pairs(cmd: list[str]) -> list[str]:
@@ -177,14 +177,9 @@ def _pairs(cmd: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ follow
-def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int:
+def submit_and_follow(cfg, run_dir: Path, cmd: list[str]) -> int:
+    """Submit the job (its `runai` on PATH: launch.check_tool said so first) and follow it."""
     lc = cfg.launcher
-    try:
-        require_tool(*tool(cfg))
-    except LaunchError as e:
-        print(submit_sh.rstrip())
-        raise LaunchError(f"{e}; the command above was not run (it is also in "
-                          f"{run_dir / 'runai_submit.sh'})") from None
     for old in (run_dir / "logs").glob("pod*.exit"):  # a reused run folder: start afresh
         old.unlink()
     res = subprocess.run(cmd)
