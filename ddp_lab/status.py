@@ -10,6 +10,7 @@ The state and its screen: command/status.py; this module is the command (docs/st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections import Counter
 import os
@@ -162,10 +163,8 @@ def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
 def _follow_local(run_dir: Path, info: dict, poll_s: float) -> int:
     tail = Tail(run_dir / "logs" / "rank0.log", sys.stdout)
     # new lines only: the state above showed where it is
-    try:
+    with contextlib.suppress(OSError):
         tail.pos = tail.path.stat().st_size
-    except OSError:
-        pass
     last = (info["state"], info["detail"])
     quiet = 0
     try:

@@ -7,6 +7,7 @@ with; the command: ddp_lab/status.py).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 from pathlib import Path
@@ -59,7 +60,7 @@ def dry_runs(path: Path, depth: int = 4) -> int:
     return sum(dry_runs(p, depth - 1) for p in _subfolders(path))
 
 
-def _config(run_dir: Path) -> dict:
+def run_config(run_dir: Path) -> dict:
     """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
@@ -96,7 +97,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
-    cfg = _config(run_dir)
+    cfg = run_config(run_dir)
     launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
     status = str(summary.get("status") or "")
     word = status.split(":")[0].strip()
@@ -157,10 +158,9 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
     info["dead"] = dead(info)
     if state not in ("completed", "not started"):
-        try:
+        # progress is a hint, never a reason to fail
+        with contextlib.suppress(Exception):
             info["ranks"] = read_all(run_dir)
-        except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
-            pass
     return info
 
 

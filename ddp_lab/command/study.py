@@ -90,8 +90,7 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
             print(f"report: {path}")
     elif final["status"] == "stopped":
         print(f"Continue with:\n  {continue_hint(study_dir)}")
-    print(f"study dir: {study_dir}")
-    print(f"run dir: {study_dir}")
+    print(f"study dir: {study_dir}\nrun dir: {study_dir}")
     result = (f"{'ok' if final['status'] == 'completed' else final['status']}: "
               f"{final['points_completed']}/{len(points)} point(s) completed")
     if final["status"] == "stopped":

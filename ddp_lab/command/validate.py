@@ -553,8 +553,7 @@ TRAIN: list[Rule] = [
 def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
     """Raise the first broken rule's message as a UserError."""
     for rule in rules:
-        message = rule(cfg)
-        if message:
+        if message := rule(cfg):
             raise UserError(message)
 
 

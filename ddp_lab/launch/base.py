@@ -227,14 +227,18 @@ def require_tool(tool: str, where: str) -> str:
     return path
 
 
-def should_wait(value: Optional[bool]) -> bool:
-    """launcher.wait: null means follow the job when a person is watching (stdin is a tty)."""
-    if value is None:
+def follow_if_waited(wait: Optional[bool], look: str, follow: Callable[[], int]) -> int:
+    """A submitted job: `follow()` it where launcher.wait says so (null: when a person is watching,
+    stdin a tty), else say how to `look` at it and return 0."""
+    if wait is None:
         try:
-            return sys.stdin is not None and sys.stdin.isatty()
+            wait = sys.stdin is not None and sys.stdin.isatty()
         except ValueError:  # stdin closed
-            return False
-    return bool(value)
+            wait = False
+    if wait:
+        return follow()
+    print(f"not following it (launcher.wait=false): {look}", flush=True)
+    return 0
 
 
 class Tail:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from ..folder.rundir import read_summary
 from .base import (check_torchrun_job, LaunchError, Rendered, Tail, diagnose, python_check, python_exe,
-                   setup_block, should_wait, sourced_note, store_line, template)
+                   setup_block, follow_if_waited, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a PyTorchJob
@@ -189,11 +189,8 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str]) -> int:
     name = job_name(cfg, run_dir)
     print(f"submitted RunAI job {name}: {lc.nodes} pod(s) x {lc.nproc_per_node} process(es)\n"
           f"  pod logs: {run_dir / 'logs'}/pod<N>.log", flush=True)
-    if not should_wait(lc.wait):
-        print(f"not following it (launcher.wait=false): runai describe job {name}; "
-              f"runai logs {name} -f", flush=True)
-        return 0
-    return follow(run_dir, lc.nodes, name, lc.wait_timeout_s, lc.poll_s)
+    return follow_if_waited(lc.wait, f"runai describe job {name}; runai logs {name} -f",
+                            lambda: follow(run_dir, lc.nodes, name, lc.wait_timeout_s, lc.poll_s))
 
 
 def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..folder.rundir import EXIT_STOPPED
-from .base import (check_container, check_torchrun_job, container_folders, diagnose, LaunchError, python_check,
-    python_exe, pythonpath_line, ranks_python, Rendered, require_tool, setup_block, should_wait,
-    sourced_note, store_line, Tail, template)
+from .base import (check_container, check_torchrun_job, container_folders, diagnose,
+    follow_if_waited, LaunchError, python_check, python_exe, pythonpath_line, ranks_python, Rendered,
+    require_tool, setup_block, sourced_note, store_line, Tail, template)
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
 _OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
@@ -265,11 +265,8 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
     name = log_name(lc.output, lc.job_name, job_id)
     out, err = run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err"
     print(f"submitted SLURM job {job_id}: {summary}\n  output: {out}\n  errors: {err}", flush=True)
-    if not should_wait(lc.wait):
-        print(f"not following it (launcher.wait=false): squeue -j {job_id}; tail -f {out}; "
-              f"scancel {job_id}", flush=True)
-        return 0
-    return follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s)
+    return follow_if_waited(lc.wait, f"squeue -j {job_id}; tail -f {out}; scancel {job_id}",
+                            lambda: follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s))
 
 
 def job_info(job_id: str) -> dict:
