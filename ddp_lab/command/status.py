@@ -27,6 +27,9 @@ FINAL = ("completed", "failed", "preempted", "stopped")
 SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                  "RESV_DEL_HOLD", "SUSPENDED"}
 SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+# what `last_epoch` shows of the newest metrics.jsonl record
+LAST_EPOCH = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+              "epoch_time_s", "samples_per_s")
 # launchers whose processes run on the submitting machine (job_processes can see them)
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
@@ -141,7 +144,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "epochs_done": epochs_done, "step_in_epoch": step,
         "checkpoint": fs["checkpoint_name"], "stop_reason": summary.get("stop_reason"),
         "stop_requested": _read(run_dir / STOP_FILE) if state in ("running", "pending") else None,
-        "last_epoch": _metrics(record), "test_accuracy": summary.get("test_accuracy"),
+        "last_epoch": {k: record.get(k) for k in LAST_EPOCH} if record else None,
+        "test_accuracy": summary.get("test_accuracy"),
         "segments": summary.get("segments") or [], "ranks": [],
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
@@ -162,14 +166,6 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         with contextlib.suppress(Exception):
             info["ranks"] = read_all(run_dir)
     return info
-
-
-def _metrics(record: Optional[dict]) -> Optional[dict]:
-    if not record:
-        return None
-    keys = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_time_s",
-            "samples_per_s")
-    return {k: record.get(k) for k in keys}
 
 
 def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],
