@@ -55,7 +55,6 @@ class Port:
 
 @dataclass
 class Scan:
-    sysfs_root: str
     ports: list[Port] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -65,9 +64,12 @@ class Scan:
         return [g for p in self.ports for g in p.gids if g.is_ipv4 and g.is_roce_v2]
 
 
-def _read(path: Path) -> str:
-    """File content, stripped of NULs and whitespace; raises OSError/UnicodeError."""
-    return path.read_bytes().decode("ascii").replace("\x00", "").strip()
+def _read(path: Path) -> tuple[str | None, str]:
+    """(file content stripped of NULs and whitespace, '') or (None, why it cannot be read)."""
+    try:
+        return path.read_bytes().decode("ascii").replace("\x00", "").strip(), ""
+    except (OSError, UnicodeError) as e:
+        return None, str(getattr(e, "strerror", None) or e)
 
 
 def _numeric_children(d: Path, what: str, warnings: list[str]) -> list[tuple[int, Path]]:
@@ -97,7 +99,7 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
     """Read every device/port/GID under <sysfs_root>/class/infiniband (never raises)."""
     root = Path(sysfs_root)
     ib = root / "class" / "infiniband"
-    res = Scan(sysfs_root=str(root))
+    res = Scan()
     devices = []
     try:
         devices = sorted(d for d in ib.iterdir() if _hca_matches(d.name, hca))
@@ -114,21 +116,17 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
         for pnum, pdir in _numeric_children(ports_dir, "port", res.warnings):
             port = Port(device=dev.name, port=pnum)
             res.ports.append(port)
-            try:
-                port.link_layer = _read(pdir / "link_layer")
-            except (OSError, UnicodeError):
-                port.link_layer = None
+            port.link_layer = _read(pdir / "link_layer")[0]
             gids_dir = pdir / "gids"
             if not gids_dir.is_dir():
                 res.warnings.append(f"{dev.name} port {pnum}: no gids directory")
                 continue
             for idx, gpath in _numeric_children(gids_dir, "gid", res.warnings):
-                try:
-                    gid = _read(gpath).lower()
-                except (OSError, UnicodeError) as e:
-                    res.warnings.append(f"{dev.name} port {pnum}: unreadable GID {gpath}: "
-                                        f"{getattr(e, 'strerror', None) or e}")
+                gid, why = _read(gpath)
+                if gid is None:
+                    res.warnings.append(f"{dev.name} port {pnum}: unreadable GID {gpath}: {why}")
                     continue
+                gid = gid.lower()
                 if gid in (ZERO_GID, ""):  # unused (its type file is usually unreadable: EINVAL)
                     continue
                 if not _GID_RE.match(gid):
@@ -136,14 +134,10 @@ def scan(sysfs_root: str | os.PathLike = "/sys", hca: str | None = None) -> Scan
                                         f"in {gpath}: {gid[:60]!r}")
                     continue
                 tpath = pdir / "gid_attrs" / "types" / str(idx)
-                try:
-                    gtype: str | None = _read(tpath)
-                except (OSError, UnicodeError) as e:
-                    gtype = None
-                    if gid.startswith(IPV4_MAPPED_PREFIX):
-                        res.warnings.append(
-                            f"{dev.name} port {pnum}: IPv4 GID {idx} has unreadable type "
-                            f"{tpath}: {getattr(e, 'strerror', None) or e}")
+                gtype, why = _read(tpath)
+                if gtype is None and gid.startswith(IPV4_MAPPED_PREFIX):
+                    res.warnings.append(f"{dev.name} port {pnum}: IPv4 GID {idx} has unreadable "
+                                        f"type {tpath}: {why}")
                 port.gids.append(Gid(dev.name, pnum, idx, gid, gtype))
     return res
 
@@ -196,11 +190,6 @@ class NcclEnv:
 
     def __iter__(self) -> Iterator:
         return iter((self.env, self.warnings))
-
-    def to_json(self) -> dict:
-        return {"env": self.env, "warnings": self.warnings, "info": self.info,
-                "devices": self.devices, "usable_gids": [asdict(g) for g in self.usable],
-                "chosen": asdict(self.chosen) if self.chosen else None}
 
 
 def nccl_rdma_env(
@@ -318,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             nsocks_perthread=args.nsocks_perthread)
     res.info.insert(0, f"network: {kind}" + (f" ({', '.join(devices)})" if devices else ""))
     if args.format == "json":
-        json.dump({"network": kind, **res.to_json()}, sys.stdout, indent=2)
+        json.dump({"network": kind, "env": res.env, "warnings": res.warnings, "info": res.info,
+                   "devices": res.devices, "usable_gids": [asdict(g) for g in res.usable],
+                   "chosen": asdict(res.chosen) if res.chosen else None}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print("\n".join([f"# {line}" for line in res.info]

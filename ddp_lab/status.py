@@ -10,6 +10,7 @@ The state and its screen: command/status.py; this module is the command (docs/st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections import Counter
 import os
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Optional
 
 from .command.status import (FINAL, SLURM_ALIVE, SLURM_WAITING, continue_lines, dead, dry_runs,
-    find_runs, inspect, live_processes, one_line, render, run_reached, state_said, to_continue)
+    find_runs, inspect, one_line, render, run_reached, state_said, to_continue)
 from .config.errors import UserError
 from .folder.rundir import EXIT_STOPPED, request_stop, STOP_FILE
-from .launch import Tail, slurm
+from .launch import job_processes, slurm
+from .launch.base import Tail
 
 USAGE = "python -m ddp_lab.status RUN_DIR [--follow | --stop] [--json]"
 
@@ -114,15 +116,14 @@ def exit_code(info: dict) -> int:
     return {"completed": 0, "preempted": EXIT_STOPPED, "stopped": EXIT_STOPPED}.get(info["state"], 1)
 
 
-def follow(run_dir: Path, poll_s: float = 1.0, out=None) -> int:
+def follow(run_dir: Path, poll_s: float = 1.0) -> int:
     """Print what the run's logs gain and its state changes until it ends; see exit_code."""
-    out = out or sys.stdout
     info = inspect(run_dir)
-    print(render(info), file=out, flush=True)
+    print(render(info), flush=True)
     if info["launcher"] == "slurm" and info["job_id"] and info["scheduler"] \
             and info["scheduler"]["state"] in SLURM_ALIVE:
-        return _follow_slurm(run_dir, info, poll_s, out)
-    return _follow_local(run_dir, info, poll_s, out)
+        return _follow_slurm(run_dir, info, poll_s)
+    return _follow_local(run_dir, info, poll_s)
 
 
 def _final_line(info: dict) -> str:
@@ -136,7 +137,7 @@ def _final_line(info: dict) -> str:
     return line
 
 
-def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
+def _follow_slurm(run_dir: Path, info: dict, poll_s: float) -> int:
     out_log, err_log = (Path(p) for p in info["logs"][:2]) if len(info["logs"]) >= 3 else (
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.out",
         run_dir / "logs" / f"ddp_lab_{info['job_id']}.err")
@@ -145,7 +146,7 @@ def _follow_slurm(run_dir: Path, info: dict, poll_s: float, out) -> int:
     if rc in (124, 130):
         return rc
     info = _settled(run_dir)
-    print(_final_line(info), file=out, flush=True)
+    print(_final_line(info), flush=True)
     return exit_code(info)
 
 
@@ -159,40 +160,33 @@ def _settled(run_dir: Path, wait_s: float = 10.0) -> dict:
     return info
 
 
-def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
-    tail = Tail(run_dir / "logs" / "rank0.log", out)
+def _follow_local(run_dir: Path, info: dict, poll_s: float) -> int:
+    tail = Tail(run_dir / "logs" / "rank0.log", sys.stdout)
     # new lines only: the state above showed where it is
-    try:
+    with contextlib.suppress(OSError):
         tail.pos = tail.path.stat().st_size
-    except OSError:
-        pass
     last = (info["state"], info["detail"])
     quiet = 0
     try:
         while True:
-            if info["state"] not in ("running", "pending") or dead(info):
+            if info["state"] in ("running", "pending") and not dead(info):
+                quiet = 0
+            elif dead(info):
                 # seen twice, a poll apart: not a gap between two processes
-                if dead(info):
-                    quiet += 1
-                    if quiet < 2:
-                        time.sleep(poll_s)
-                        info = inspect(run_dir)
-                        continue
-                elif info["processes"]:
-                    # final status written, processes still exiting
-                    time.sleep(poll_s)
-                    info = inspect(run_dir)
-                    if info["processes"] and quiet < 30:
-                        quiet += 1
-                        continue
+                quiet += 1
+                if quiet >= 2:
+                    break
+            elif info["processes"] and quiet < 30:
+                # final status written, processes still exiting
+                quiet += 1
+            else:
                 break
-            quiet = 0
             time.sleep(poll_s)
             tail.poll()
             info = inspect(run_dir)
             now = (info["state"], info["detail"])
             if now != last and info["state"] in ("running", "pending"):
-                print(f"[status] {state_said(info)}", file=out, flush=True)
+                print(f"[status] {state_said(info)}", flush=True)
             last = now
     except KeyboardInterrupt:
         print(f"\n[status] stopped following; the run goes on (python -m ddp_lab.status "
@@ -200,41 +194,39 @@ def _follow_local(run_dir: Path, info: dict, poll_s: float, out) -> int:
         return 130
     tail.poll(final=True)
     if info["state"] == "not started":
-        print(f"[status] {run_dir}: not started ({info['detail']}): nothing to follow",
-              file=out, flush=True)
+        print(f"[status] {run_dir}: not started ({info['detail']}): nothing to follow", flush=True)
         return 1
-    print(_final_line(info), file=out, flush=True)
+    print(_final_line(info), flush=True)
     return exit_code(info)
 
 
-def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None) -> int:
+def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0) -> int:
     """Ask every rank to checkpoint and stop; wait for it; end what is left of a SLURM job."""
-    out = out or sys.stdout
     info = inspect(run_dir)
     alive_in_slurm = info["launcher"] == "slurm" and info["scheduler"] is not None \
         and info["scheduler"]["state"] in SLURM_ALIVE
     if alive_in_slurm and info["state"] in FINAL:
         # the ranks have ended (a batch script finishing, or about to requeue itself)
-        _end_slurm_job(run_dir, info, out, grace_s=15.0, poll_s=poll_s)
-        print(f"[status] {info['state']} after {run_reached(info)}", file=out)
-        print(continue_lines(info), file=out)
+        _end_slurm_job(info, grace_s=15.0, poll_s=poll_s)
+        print(f"[status] {info['state']} after {run_reached(info)}")
+        print(continue_lines(info))
         return 0
     if info["state"] not in ("running", "pending") or dead(info):
-        print(f"[status] nothing to stop: {state_said(info)}", file=out)
+        print(f"[status] nothing to stop: {state_said(info)}")
         if to_continue(info):
-            print(continue_lines(info), file=out)
+            print(continue_lines(info))
         return 0 if info["state"] in FINAL else 1
     if alive_in_slurm and info["scheduler"]["state"] in SLURM_WAITING and info["state"] == "pending":
         # nothing runs: no rank to checkpoint (a new segment would clear the stop file anyway)
-        _scancel(info["job_id"], out)
+        _scancel(info["job_id"])
         print(f"[status] cancelled SLURM job {info['job_id']} while it was "
-              f"{info['scheduler']['state']}; the run folder keeps {run_reached(info)}", file=out)
-        print(continue_lines(info), file=out)
+              f"{info['scheduler']['state']}; the run folder keeps {run_reached(info)}")
+        print(continue_lines(info))
         return 0
     reason = "python -m ddp_lab.status --stop"
     request_stop(run_dir, "stopped", reason)
     print(f"[status] asked {run_dir} to stop: every rank checkpoints at its next check "
-          f"(waiting up to {timeout_s:.0f} s)", file=out, flush=True)
+          f"(waiting up to {timeout_s:.0f} s)", flush=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)
@@ -248,52 +240,51 @@ def stop(run_dir: Path, timeout_s: float = 300.0, poll_s: float = 1.0, out=None)
         info = inspect(run_dir)
     stopped = info["state"] in FINAL
     if info["launcher"] == "slurm" and info["job_id"]:
-        _end_slurm_job(run_dir, info, out, grace_s=0 if not stopped else 15.0, poll_s=poll_s)
+        _end_slurm_job(info, grace_s=0 if not stopped else 15.0, poll_s=poll_s)
     elif stopped:
         # local: the ranks have exited; let the launcher finish
         end = time.monotonic() + 30
-        while live_processes(run_dir) and time.monotonic() < end:
+        while job_processes(run_dir) and time.monotonic() < end:
             time.sleep(poll_s)
-        left = live_processes(run_dir)
+        left = job_processes(run_dir)
         if left:
-            print(f"[status] {len(left)} process(es) of the job still alive: {left}", file=out)
+            print(f"[status] {len(left)} process(es) of the job still alive: {left}")
     info = inspect(run_dir)
     if not stopped:
         print(f"[status] the run did not stop within {timeout_s:.0f} s (state {info['state']}"
-              + (f": {info['detail']}" if info["detail"] else "") + ")", file=out)
+              + (f": {info['detail']}" if info["detail"] else "") + ")")
         if info["processes"]:
             print(f"[status] its processes here: {info['processes']} (kill them to end it; "
-                  f"it resumes from {info['checkpoint'] or 'the start'})", file=out)
+                  f"it resumes from {info['checkpoint'] or 'the start'})")
         return 1
     print(f"[status] {info['state']} after {run_reached(info)}"
           + (f" ({info['stop_reason']})" if info["stop_reason"] else "")
-          + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else ""), file=out)
+          + (f"; checkpoint {info['checkpoint']}" if info["checkpoint"] else ""))
     if info["state"] != "completed":
-        print(continue_lines(info), file=out)
+        print(continue_lines(info))
     return 0
 
 
-def _end_slurm_job(run_dir: Path, info: dict, out, grace_s: float, poll_s: float) -> None:
+def _end_slurm_job(info: dict, grace_s: float, poll_s: float) -> None:
     """Give the job `grace_s` to end by itself once its ranks have stopped, then cancel it."""
     end = time.monotonic() + grace_s
-    state = slurm.job_state(info["job_id"])[0]
-    while state in SLURM_ALIVE and time.monotonic() < end:
+    while (state := slurm.job_info(info["job_id"]).get("JobState", "UNKNOWN")) in SLURM_ALIVE \
+            and time.monotonic() < end:
         time.sleep(poll_s)
-        state = slurm.job_state(info["job_id"])[0]
     if state in SLURM_ALIVE:
-        _scancel(info["job_id"], out)
+        _scancel(info["job_id"])
     else:
-        print(f"[status] SLURM job {info['job_id']} ended by itself ({state})", file=out)
+        print(f"[status] SLURM job {info['job_id']} ended by itself ({state})")
 
 
-def _scancel(job_id: str, out) -> None:
+def _scancel(job_id: str) -> None:
     exe = shutil.which("scancel")
     if exe is None:
-        print(f"[status] scancel not found: cancel SLURM job {job_id} where SLURM runs", file=out)
+        print(f"[status] scancel not found: cancel SLURM job {job_id} where SLURM runs")
         return
     res = subprocess.run([exe, job_id], capture_output=True, text=True, timeout=60)
     print(f"[status] scancel {job_id}" + ("" if res.returncode == 0 else
-                                          f": {res.stderr.strip() or res.returncode}"), file=out)
+                                          f": {res.stderr.strip() or res.returncode}"))
 
 
 if __name__ == "__main__":

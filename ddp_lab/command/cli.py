@@ -22,7 +22,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CONF_DIR
@@ -31,6 +31,7 @@ from ..folder.description import describe_run, differing_labels, sweep_extra, sw
 from ..folder.rundir import describe_config, read_summary
 from .job import Outcome
 from .paste import override_key
+from .status import run_config
 from .mistakes import (command_line_mistake, group_value_mistake, hydra_message, one_line,
     override_parser)
 
@@ -231,17 +232,10 @@ def _run_labels(jobs: list, summaries: list[dict]) -> list[str]:
     """Each job's run, named by the parts of its description's label that differ
     (description.differing_labels); [] when no job is a training run with a config."""
 
-    descs = []
-    for (_, _, o), s in zip(jobs, summaries):
-        path = o.run_dir / "config.yaml" if o.run_dir else None
-        if path is None or not path.is_file():
-            descs.append(None)
-            continue
-        try:
-            config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        except Exception:  # noqa: BLE001 -- a garbled config: the job is named by its overrides
-            config = {}
-        descs.append(describe_run(config, s) if config.get("sync") and config.get("model") else None)
+    # a garbled or missing config ({}): the job is named by its overrides
+    configs = [run_config(o.run_dir) if o.run_dir else {} for _, _, o in jobs]
+    descs = [describe_run(c, s) if c.get("sync") and c.get("model") else None
+             for c, s in zip(configs, summaries)]
     known = [d for d in descs if d is not None]
     if not known:
         return []

@@ -98,11 +98,9 @@ def _guard(run_dir: Path) -> Iterator[None]:
         yield
         return
     try:
-        try:
+        # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory): unguarded
+        with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            # ENOLCK, EOPNOTSUPP, EBADF (NFS's flock on a directory): unguarded
-            pass
         yield
     finally:
         # closing the last descriptor drops the flock

@@ -7,6 +7,7 @@ with; the command: ddp_lab/status.py).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 from pathlib import Path
@@ -26,6 +27,9 @@ FINAL = ("completed", "failed", "preempted", "stopped")
 SLURM_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                  "RESV_DEL_HOLD", "SUSPENDED"}
 SLURM_ALIVE = SLURM_WAITING | {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+# what `last_epoch` shows of the newest metrics.jsonl record
+LAST_EPOCH = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+              "epoch_time_s", "samples_per_s")
 # launchers whose processes run on the submitting machine (job_processes can see them)
 LOCAL_LAUNCHERS = ("local", "mpirun")
 
@@ -59,7 +63,7 @@ def dry_runs(path: Path, depth: int = 4) -> int:
     return sum(dry_runs(p, depth - 1) for p in _subfolders(path))
 
 
-def _config(run_dir: Path) -> dict:
+def run_config(run_dir: Path) -> dict:
     """config.yaml as plain data ({} when unreadable): the newest submission wrote it."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
@@ -74,20 +78,6 @@ def _read(path: Path) -> Optional[str]:
         return path.read_text().strip() or None
     except OSError:
         return None
-
-
-def live_processes(run_dir: Path) -> list[int]:
-    """Processes of the job alive on this machine; other status/follow processes excepted."""
-    pids = []
-    for pid in job_processes(run_dir):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone meanwhile
-        if any(a.endswith((b"ddp_lab.status", b"ddp_lab/status.py")) for a in argv):
-            continue
-        pids.append(pid)
-    return pids
 
 
 def _position(summary: dict, record: Optional[dict], ckpt: Optional[tuple[int, int]],
@@ -110,7 +100,7 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
     run_dir = Path(run_dir)
     fs = folder_state(run_dir)
     summary = fs["summary"]
-    cfg = _config(run_dir)
+    cfg = run_config(run_dir)
     launcher = (cfg.get("launcher") or {}).get("name") or summary.get("launcher")
     status = str(summary.get("status") or "")
     word = status.split(":")[0].strip()
@@ -124,9 +114,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
 
     sched = None
     if scheduler and launcher == "slurm" and job_id and shutil.which("scontrol"):
-        state, code, reason = slurm.job_state(job_id)
-        sched = {"state": state, "exit_code": code, "reason": reason}
-    pids = live_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
+        job = slurm.job_info(job_id)
+        sched = {"state": job.get("JobState", "UNKNOWN"), "exit_code": job.get("ExitCode", ""),
+                 "reason": job.get("Reason", "")}
+    pids = job_processes(run_dir) if launcher in LOCAL_LAUNCHERS or launcher is None else None
     hosts = summary.get("hosts") or []
     here = socket.gethostname()
     sees_ranks = launcher in LOCAL_LAUNCHERS and (not hosts or here in hosts)
@@ -153,7 +144,8 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         "epochs_done": epochs_done, "step_in_epoch": step,
         "checkpoint": fs["checkpoint_name"], "stop_reason": summary.get("stop_reason"),
         "stop_requested": _read(run_dir / STOP_FILE) if state in ("running", "pending") else None,
-        "last_epoch": _metrics(record), "test_accuracy": summary.get("test_accuracy"),
+        "last_epoch": {k: record.get(k) for k in LAST_EPOCH} if record else None,
+        "test_accuracy": summary.get("test_accuracy"),
         "segments": summary.get("segments") or [], "ranks": [],
         "logs": [str(p) for p in logs if p.exists()] or [str(logs[0])],
     }
@@ -170,19 +162,10 @@ def inspect(run_dir: Path, scheduler: bool = True) -> dict:
         info["detail"] = f"{info['detail']}; {note}" if info["detail"] else note
     info["dead"] = dead(info)
     if state not in ("completed", "not started"):
-        try:
+        # progress is a hint, never a reason to fail
+        with contextlib.suppress(Exception):
             info["ranks"] = read_all(run_dir)
-        except Exception:  # noqa: BLE001 -- progress is a hint, never a reason to fail
-            pass
     return info
-
-
-def _metrics(record: Optional[dict]) -> Optional[dict]:
-    if not record:
-        return None
-    keys = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_time_s",
-            "samples_per_s")
-    return {k: record.get(k) for k in keys}
 
 
 def _state(word: str, status: str, launcher: Optional[str], job_id: Optional[str],

@@ -27,8 +27,7 @@ from ..config.errors import UserError
 from ..folder.files import atomic_write_text, read_json_or_empty, write_json
 from ..folder.records import now_iso
 from ..folder.rundir import EXIT_STOPPED, make_run_dir, read_summary
-from ..launch import python_exe, setup_block, template
-from ..launch.base import pythonpath_line
+from ..launch.base import python_exe, pythonpath_line, setup_block, template
 from ..launch.mpirun import parse_hosts, place
 from ..launch.slurm import launch_block, sbatch_lines, stop_script, submit_and_follow
 from .job import collect, launch_job, make_run, Outcome
@@ -63,7 +62,12 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
         study_dir = make_study_dir(base)
     study_dir.mkdir(parents=True, exist_ok=True)
     if not state:
-        state = new_state(base, study_dir, points)
+        st = base.study
+        state = {"schema_version": SCHEMA_VERSION, "id": study_dir.name, "status": "running",
+                 "launcher": base.launcher.name, "sync": base.sync.name, "model": base.model.name,
+                 "worlds": list(st.worlds), "repeats": st.repeats, "order": st.order,
+                 "created": now_iso(),
+                 "points": [{**asdict(p), "status": "pending"} for p in points]}
     state["status"] = "running"
     save(study_dir, state)
     kept = len(points) - len(todo)
@@ -86,8 +90,7 @@ def run_study(cfg: DictConfig, t0: float | None = None) -> Outcome:
             print(f"report: {path}")
     elif final["status"] == "stopped":
         print(f"Continue with:\n  {continue_hint(study_dir)}")
-    print(f"study dir: {study_dir}")
-    print(f"run dir: {study_dir}")
+    print(f"study dir: {study_dir}\nrun dir: {study_dir}")
     result = (f"{'ok' if final['status'] == 'completed' else final['status']}: "
               f"{final['points_completed']}/{len(points)} point(s) completed")
     if final["status"] == "stopped":
@@ -317,11 +320,8 @@ def _worlds(cfg: DictConfig) -> Optional[str]:
 
 def _fits(cfg: DictConfig) -> Optional[str]:
     """Every world fits the (resolved) launcher: slurm k nodes x p, mpirun the hosts' slots."""
-    for world in cfg.study.worlds:
-        fit = layout(world, cfg.launcher)
-        if isinstance(fit, str):
-            return fit
-    return None
+    fits = (layout(world, cfg.launcher) for world in cfg.study.worlds)
+    return next((fit for fit in fits if isinstance(fit, str)), None)
 
 
 # on the composed config, before the launcher resolves it
@@ -355,17 +355,6 @@ STUDY_FILE = "study.json"
 SCHEMA_VERSION = 1
 
 
-def _sweep_job() -> Optional[tuple[Path, int]]:
-    """(the sweep's folder, this job's number) inside a Hydra -m sweep, else None."""
-    try:
-        hc = HydraConfig.get()
-    except ValueError:  # not inside a Hydra job
-        return None
-    if hc.mode != RunMode.MULTIRUN:
-        return None
-    return Path(hc.sweep.dir).expanduser().resolve(), int(hc.job.num)
-
-
 def label_of(cfg: DictConfig) -> str:
     return f"{cfg.sync.name}_{cfg.model.name}_{cfg.launcher.name}"
 
@@ -374,10 +363,13 @@ def study_dir_of(cfg: DictConfig) -> tuple[Optional[Path], Optional[Path]]:
     """(the study folder if it is already named, the sweep folder it sits in). In a sweep the
     studies sit side by side in run.dir or the sweep's folder, named by job number, so the same
     sweep command continues them."""
-    sweep = _sweep_job()
-    if sweep is not None:
-        parent = Path(cfg.run.dir).expanduser().resolve() if cfg.run.dir else sweep[0]
-        return parent / f"{sweep[1]}_{label_of(cfg)}", parent
+    try:
+        hc = HydraConfig.get()
+    except ValueError:  # not inside a Hydra job
+        hc = None
+    if hc is not None and hc.mode == RunMode.MULTIRUN:
+        parent = Path(cfg.run.dir or hc.sweep.dir).expanduser().resolve()
+        return parent / f"{int(hc.job.num)}_{label_of(cfg)}", parent
     if cfg.run.dir:
         return Path(cfg.run.dir).expanduser().resolve(), None
     return None, None
@@ -422,15 +414,6 @@ def reuse_problem(study_dir: Path, state: dict, points: list[Point], cfg: DictCo
                 f"{state.get('launcher')}): continue it with the same study.* and launcher, "
                 "or give a new run.dir")
     return None
-
-
-def new_state(cfg: DictConfig, study_dir: Path, points: list[Point]) -> dict:
-    st = cfg.study
-    return {"schema_version": SCHEMA_VERSION, "id": study_dir.name, "status": "running",
-            "launcher": cfg.launcher.name, "sync": cfg.sync.name, "model": cfg.model.name,
-            "worlds": list(st.worlds), "repeats": st.repeats, "order": st.order,
-            "created": now_iso(),
-            "points": [{**asdict(p), "status": "pending"} for p in points]}
 
 
 # ------------------------------------------------------------------ console

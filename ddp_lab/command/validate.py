@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import operator
 import os
 import shutil
 import signal
@@ -61,34 +62,26 @@ def required_launcher_keys(cfg: DictConfig) -> Optional[str]:
     return None
 
 
-def known_sections(cfg: DictConfig) -> Optional[str]:
-    """`+foo=1` adds a top-level key the typed sections cannot catch: refuse it (the sections: the
-    fields of the schema composed from, config.Config or the bench's BenchRootConfig)."""
-    allowed = [f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))]
-    extra = [k for k in cfg if k not in allowed]
-    if extra:
-        return (f"{extra[0]}: not a config section (sections: {', '.join(allowed)}); "
-                f"drop +{extra[0]}=...")
-    return _known_keys(cfg, "")
-
-
-def _known_keys(node: DictConfig, prefix: str) -> Optional[str]:
-    """`+sync.foo=1` (Hydra's `+` adds a key even to a typed section) would be ignored: refuse a
-    key that is no field of its section's dataclass, at any depth."""
-    kind = OmegaConf.get_type(node)
+def known_sections(cfg: DictConfig, prefix: str = "") -> Optional[str]:
+    """`+foo=1` adds a top-level key the typed sections cannot catch, and `+sync.foo=1` (Hydra's
+    `+` adds a key even to a typed section) would be ignored: refuse a key that is no field of its
+    section's dataclass (at the top: of the schema composed from, config.Config or the bench's
+    BenchRootConfig), at any depth."""
+    kind = OmegaConf.get_type(cfg)
     if not dataclasses.is_dataclass(kind):
         # a plain mapping (a dict-typed key): any key is its content
         return None
     fields = [f.name for f in dataclasses.fields(kind)]
-    for key in node:
+    section = prefix.rstrip(".")
+    for key in cfg:
         full = f"{prefix}{key}"
         if key not in fields:
-            section = prefix.rstrip(".")
-            return (f"{full}: not a key of {section} ({section} keys: {', '.join(fields)}); "
-                    f"drop +{full}=...")
-        child = node._get_node(key)
+            what = (f"not a key of {section} ({section} keys: " if section
+                    else "not a config section (sections: ")
+            return f"{full}: {what}{', '.join(fields)}); drop +{full}=..."
+        child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-            problem = _known_keys(child, full + ".")
+            problem = known_sections(child, full + ".")
             if problem:
                 return problem
     return None
@@ -205,30 +198,23 @@ def oversubscription(cfg: DictConfig) -> Optional[str]:
             f"{RANKS_PER_CORE * cores}, or launcher.oversubscribe=true to run them anyway")
 
 
-def fused_support(cfg: DictConfig) -> Optional[str]:
-    """optim.fused=true on a local launch where this torch has no fused update for the ranks'
-    device (torch < 2.4 on CPU); elsewhere the ranks' torch is not this machine's to judge."""
-    if cfg.optim.fused is True and cfg.optim.name == "sgd" and cfg.sync.name == "fsdp2":
+def torch_lacks(cfg: DictConfig) -> Optional[str]:
+    """optim.fused=true or sync=fsdp2 on a local launch where this torch lacks it (a fused update
+    for the ranks' device: torch < 2.4 on CPU; torch.distributed.fsdp.fully_shard: torch < 2.6);
+    elsewhere the ranks' torch is not this machine's to judge (sync/fsdp2.py says so in the same
+    line)."""
+    fused, fsdp2 = cfg.optim.fused is True, cfg.sync.name == "fsdp2"
+    if fused and fsdp2 and cfg.optim.name == "sgd":
         return ("optim.fused=true with sync=fsdp2 optim=sgd: torch's fused SGD takes no DTensor "
                 "(fsdp2's sharded weights): leave optim.fused=null or set it false")
-    if cfg.optim.fused is not True or cfg.launcher.name != "local":
+    if not (fused or fsdp2) or cfg.launcher.name != "local":
         return None
-    # imports torch: only for a run that asks for fused
+    # imports torch: only for a run that asks for one of them
     from ..world import torch_support
 
-    return torch_support.fused_refusal(cfg.optim.name,
-                                       device_type(cfg.dist.device, local_gpus() > 0))
-
-
-def twin_support(cfg: DictConfig) -> Optional[str]:
-    """sync=fsdp2 on a local launch where this torch has no torch.distributed.fsdp.fully_shard
-    (torch < 2.6); elsewhere the ranks' torch decides (sync/fsdp2.py says so in the same line)."""
-    if cfg.sync.name != "fsdp2" or cfg.launcher.name != "local":
-        return None
-    # imports torch: only for sync=fsdp2
-    from ..world import torch_support
-
-    return torch_support.fsdp2_refusal()
+    device = device_type(cfg.dist.device, local_gpus() > 0)
+    problem = torch_support.fused_refusal(cfg.optim.name, device) if fused else None
+    return problem or (torch_support.fsdp2_refusal() if fsdp2 else None)
 
 
 #: the most ranks the check forks on this machine for a larger run
@@ -338,32 +324,28 @@ def run_entry(cfg: DictConfig) -> Optional[str]:
             "MODULE RUN_DIR` (default ddp_lab.worker; the one-file lesson: ddp_lab.rank.one_file)")
 
 
-def _get(cfg: DictConfig, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = node[part]
-    return node
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, throw_on_missing=True)
 
 
-def at_least(key: str, low: float, note: str = "") -> Rule:
-    return lambda cfg: (None if _get(cfg, key) >= low
-                        else f"{key}={_get(cfg, key)}: must be >= {low}{note}")
+def _bound(sign: str, holds: Callable[[Any, float], bool], shown: str) -> Callable[..., Rule]:
+    """A rule maker: `key`'s value must be `sign` the limit (`shown`: how the limit is written)."""
+    def make(key: str, limit: float, note: str = "") -> Rule:
+        return lambda cfg: (None if holds(_get(cfg, key), limit) else
+                            f"{key}={_get(cfg, key)}: must be {sign} "
+                            f"{shown.format(limit)}{note}")
+    return make
 
 
-def above(key: str, low: float) -> Rule:
-    return lambda cfg: (None if _get(cfg, key) > low
-                        else f"{key}={_get(cfg, key)}: must be > {low}")
+at_least = _bound(">=", operator.ge, "{}")
+above = _bound(">", operator.gt, "{}")
+at_most = _bound("<=", operator.le, "{:g}")
 
 
 def one_of(key: str, choices: Sequence[str]) -> Rule:
     listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
     return lambda cfg: (None if _get(cfg, key) in choices
                         else f"{key}={_get(cfg, key)}: choose {listed}")
-
-
-def at_most(key: str, high: float, note: str = "") -> Rule:
-    return lambda cfg: (None if _get(cfg, key) <= high
-                        else f"{key}={_get(cfg, key)}: must be <= {high:g}{note}")
 
 
 # ------------------------------------------------------------ what a rank can take
@@ -562,8 +544,7 @@ TRAIN: list[Rule] = [
     compiled_ddp_buckets,
     student_code_passes,
     cuda_graph_fits,
-    fused_support,
-    twin_support,
+    torch_lacks,
     lambda cfg: debug_problem(cfg.debug, world_size(cfg)),
     data_folder,
 ]
@@ -572,8 +553,7 @@ TRAIN: list[Rule] = [
 def check(cfg: DictConfig, rules: Sequence[Rule]) -> None:
     """Raise the first broken rule's message as a UserError."""
     for rule in rules:
-        message = rule(cfg)
-        if message:
+        if message := rule(cfg):
             raise UserError(message)
 
 

@@ -13,11 +13,8 @@ from typing import Optional
 
 from ..config.registry import Registry
 from . import local, mpirun, runai, slurm
-from .base import LaunchError, Rendered, Tail, python_exe, require_tool, setup_block, template
-from .local import job_processes, run_foreground, sweep
-
-__all__ = ["LAUNCHERS", "LaunchError", "Tail", "check_tool", "job_processes", "python_exe",
-           "render", "resolve", "setup_block", "start", "sweep", "template"]
+from .base import LaunchError, Rendered, require_tool
+from .local import job_processes, run_foreground, sweep  # noqa: F401 (the launch API: tests, status)
 
 # launcher option -> its module; its get(name): an UnknownName lists the valid ones
 LAUNCHERS: Registry[ModuleType] = Registry("launcher", {

@@ -62,6 +62,24 @@ def check_port_free(port, key: str = "launcher.master_port", fix: str = FIX) -> 
                           f"program listens on it): {fix}")
 
 
+def check_torchrun_job(cfg, nproc: int) -> None:
+    """What slurm and runai refuse alike: ranks sharing a GPU, a rendezvous that is neither c10d
+    nor static (or a static one with restarts), a wait that is no time."""
+    lc = cfg.launcher
+    if lc.gpus_per_node and nproc > lc.gpus_per_node and cfg.dist.device != "cpu":
+        raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
+                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
+                          "lower nproc_per_node, or set dist.device=cpu")
+    if lc.rdzv not in ("c10d", "static"):
+        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
+    if lc.rdzv == "static" and lc.max_restarts:
+        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
+                          "outlives a restart and the new ranks hang on the old addresses; "
+                          "use launcher.rdzv=c10d")
+    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
+        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
+
+
 def is_this_machine(host: str) -> bool:
     return host in {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn(),
                     socket.gethostname().split(".")[0]}
@@ -209,14 +227,18 @@ def require_tool(tool: str, where: str) -> str:
     return path
 
 
-def should_wait(value: Optional[bool]) -> bool:
-    """launcher.wait: null means follow the job when a person is watching (stdin is a tty)."""
-    if value is None:
+def follow_if_waited(wait: Optional[bool], look: str, follow: Callable[[], int]) -> int:
+    """A submitted job: `follow()` it where launcher.wait says so (null: when a person is watching,
+    stdin a tty), else say how to `look` at it and return 0."""
+    if wait is None:
         try:
-            return sys.stdin is not None and sys.stdin.isatty()
+            wait = sys.stdin is not None and sys.stdin.isatty()
         except ValueError:  # stdin closed
-            return False
-    return bool(value)
+            wait = False
+    if wait:
+        return follow()
+    print(f"not following it (launcher.wait=false): {look}", flush=True)
+    return 0
 
 
 class Tail:

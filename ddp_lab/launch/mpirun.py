@@ -23,7 +23,7 @@ from typing import Optional, TextIO
 from ..world.env import default_nproc
 from ..world.ports import free_port
 from .base import (check_container, check_port_free, container_folders, is_this_machine,
-    LaunchError, python_check, pythonpath_line, ranks_python, Rendered, require_tool, setup_block,
+    LaunchError, python_check, pythonpath_line, ranks_python, Rendered, setup_block,
     template)
 from .local import run_foreground
 
@@ -183,7 +183,6 @@ def render(cfg, run_dir: Path) -> Rendered:
                           [n for n, _ in hosts if not is_this_machine(n)])
 
     def starter(limit_s: Optional[float] = None) -> int:
-        require_tool(lc.mpirun, MPIRUN_FIX)
         try:
             return run_foreground(["bash", str(run_dir / "launch.sh")], run_dir,
                                   cfg.dist.timeout_s + 60, stderr_lines=errors.feed,

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..folder.rundir import read_summary
-from .base import (LaunchError, Rendered, Tail, diagnose, python_check, python_exe, require_tool,
-                   setup_block, should_wait, sourced_note, store_line, template)
+from .base import (check_torchrun_job, LaunchError, Rendered, Tail, diagnose, python_check, python_exe,
+                   setup_block, follow_if_waited, sourced_note, store_line, template)
 
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # pod.sh's exit status after a graceful stop for preemption: 128 + SIGTERM. Not 0 (a PyTorchJob
@@ -43,14 +43,7 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.gpus_per_node={lc.gpus_per_node}: must be >= 0")
     if lc.nproc_per_node is None:
         lc.nproc_per_node = lc.gpus_per_node or 2
-    if lc.gpus_per_node and lc.nproc_per_node > lc.gpus_per_node and cfg.dist.device != "cpu":
-        raise LaunchError(f"launcher.nproc_per_node={lc.nproc_per_node} > launcher.gpus_per_node="
-                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses)")
-    if lc.rdzv not in ("static", "c10d"):
-        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose static or c10d")
-    if lc.rdzv == "static" and lc.max_restarts:
-        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
-                          "outlives a restart and the new ranks hang; use launcher.rdzv=c10d")
+    check_torchrun_job(cfg, lc.nproc_per_node)
     if not lc.image and not lc.dry_run:
         raise LaunchError("launcher.image is not set: give the container image the pods run "
                           "(it needs torch; ddp_lab too, or install it with launcher.setup)")
@@ -84,8 +77,6 @@ def on_pvc(cfg) -> None:
     for k in lc.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
             raise LaunchError(f"launcher.env key {k!r}: not an environment variable name")
-    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
-        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
 
 
 def job_name(cfg, run_dir: Path) -> str:
@@ -163,7 +154,7 @@ def render(cfg, run_dir: Path) -> Rendered:
     return Rendered(command=cmd, files={"runai_submit.sh": submit_sh, "pod.sh": pod,
                                         "pod_stop.sh": stop},
                     executable=("runai_submit.sh", "pod.sh"), show=show, warnings=warnings,
-                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, cmd, submit_sh))
+                    starter=lambda _limit_s: submit_and_follow(cfg, run_dir, cmd))
 
 
 def _pairs(cmd: list[str]) -> list[str]:
@@ -186,14 +177,9 @@ def _pairs(cmd: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ follow
-def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int:
+def submit_and_follow(cfg, run_dir: Path, cmd: list[str]) -> int:
+    """Submit the job (its `runai` on PATH: launch.check_tool said so first) and follow it."""
     lc = cfg.launcher
-    try:
-        require_tool(*tool(cfg))
-    except LaunchError as e:
-        print(submit_sh.rstrip())
-        raise LaunchError(f"{e}; the command above was not run (it is also in "
-                          f"{run_dir / 'runai_submit.sh'})") from None
     for old in (run_dir / "logs").glob("pod*.exit"):  # a reused run folder: start afresh
         old.unlink()
     res = subprocess.run(cmd)
@@ -203,11 +189,8 @@ def submit_and_follow(cfg, run_dir: Path, cmd: list[str], submit_sh: str) -> int
     name = job_name(cfg, run_dir)
     print(f"submitted RunAI job {name}: {lc.nodes} pod(s) x {lc.nproc_per_node} process(es)\n"
           f"  pod logs: {run_dir / 'logs'}/pod<N>.log", flush=True)
-    if not should_wait(lc.wait):
-        print(f"not following it (launcher.wait=false): runai describe job {name}; "
-              f"runai logs {name} -f", flush=True)
-        return 0
-    return follow(run_dir, lc.nodes, name, lc.wait_timeout_s, lc.poll_s)
+    return follow_if_waited(lc.wait, f"runai describe job {name}; runai logs {name} -f",
+                            lambda: follow(run_dir, lc.nodes, name, lc.wait_timeout_s, lc.poll_s))
 
 
 def follow(run_dir: Path, pods: int, name: str, timeout_s, poll_s: float) -> int:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..folder.rundir import EXIT_STOPPED
-from .base import (check_container, container_folders, diagnose, LaunchError, python_check,
-    python_exe, pythonpath_line, ranks_python, Rendered, require_tool, setup_block, should_wait,
-    sourced_note, store_line, Tail, template)
+from .base import (check_container, check_torchrun_job, container_folders, diagnose,
+    follow_if_waited, LaunchError, python_check, python_exe, pythonpath_line, ranks_python, Rendered,
+    require_tool, setup_block, sourced_note, store_line, Tail, template)
 
 _NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
 _OUTPUT = re.compile(r"(?:[A-Za-z0-9_.+\-]|%[xju%])+")
@@ -80,17 +80,8 @@ def resolve(cfg) -> None:
             f"{lc.ntasks_per_node} instead, or launcher.per_task=true for one task per process")
     if nproc is None:
         nproc = lc.gpus_per_node or 2
-    if lc.gpus_per_node and nproc > lc.gpus_per_node and cfg.dist.device != "cpu":
-        raise LaunchError(f"launcher.nproc_per_node={nproc} > launcher.gpus_per_node="
-                          f"{lc.gpus_per_node}: ranks would share a GPU (NCCL refuses); "
-                          "lower nproc_per_node, or set dist.device=cpu")
+    check_torchrun_job(cfg, nproc)
     lc.nproc_per_node, lc.ntasks_per_node = nproc, nproc if lc.per_task else 1
-    if lc.rdzv not in ("c10d", "static"):
-        raise LaunchError(f"launcher.rdzv={lc.rdzv}: choose c10d or static")
-    if lc.rdzv == "static" and lc.max_restarts:
-        raise LaunchError("launcher.max_restarts with launcher.rdzv=static: a static store "
-                          "outlives a restart and the new ranks hang on the old addresses; "
-                          "use launcher.rdzv=c10d")
     if lc.master_port is not None and not 0 < lc.master_port < 65536:
         raise LaunchError(f"launcher.master_port={lc.master_port}: not a port (1..65535)")
     if lc.max_restarts < 0:
@@ -101,8 +92,6 @@ def resolve(cfg) -> None:
         raise LaunchError(f"launcher.output={lc.output!r}: a file name in RUN_DIR/logs of "
                           "letters, digits, _ . + - and SLURM's %x (job name), %j (job id), "
                           "%u (user), e.g. %x-%j")
-    if lc.wait_timeout_s is not None and lc.wait_timeout_s <= 0:
-        raise LaunchError(f"launcher.wait_timeout_s={lc.wait_timeout_s}: must be > 0 (or null)")
     if lc.poll_s <= 0:
         raise LaunchError(f"launcher.poll_s={lc.poll_s}: must be > 0")
     if lc.signal_s is not None and lc.signal_s < 0:
@@ -276,11 +265,8 @@ def submit_and_follow(cfg, run_dir: Path, script: Path, summary: str) -> int:
     name = log_name(lc.output, lc.job_name, job_id)
     out, err = run_dir / "logs" / f"{name}.out", run_dir / "logs" / f"{name}.err"
     print(f"submitted SLURM job {job_id}: {summary}\n  output: {out}\n  errors: {err}", flush=True)
-    if not should_wait(lc.wait):
-        print(f"not following it (launcher.wait=false): squeue -j {job_id}; tail -f {out}; "
-              f"scancel {job_id}", flush=True)
-        return 0
-    return follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s)
+    return follow_if_waited(lc.wait, f"squeue -j {job_id}; tail -f {out}; scancel {job_id}",
+                            lambda: follow(job_id, out, err, lc.wait_timeout_s, lc.poll_s))
 
 
 def job_info(job_id: str) -> dict:
@@ -307,12 +293,6 @@ def job_info(job_id: str) -> dict:
         state, code = line.split("|", 1)
         return {"JobState": state.split()[0], "ExitCode": code}
     return {"JobState": "GONE"}
-
-
-def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, ExitCode, Reason) of `job_info`."""
-    info = job_info(job_id)
-    return info.get("JobState", "UNKNOWN"), info.get("ExitCode", ""), info.get("Reason", "")
 
 
 def exit_status(state: str, exit_code: str) -> int:
