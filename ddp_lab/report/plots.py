@@ -14,7 +14,7 @@ from ..config import SCHEMAS
 from ..folder.description import plural
 from .alpha_beta import call_time
 from .run import PHASES
-from .tables import _mean, MIN_REPEATS, sig, workload_titles
+from .tables import _mean, all_reduce_series, MIN_REPEATS, sig, workload_titles
 
 
 # One colour per name (a sync, a bench implementation) in every figure, the report's and the
@@ -472,11 +472,7 @@ def bench_names(fits: list[dict]) -> tuple[list[str], str]:
 
 def _series(run) -> dict[tuple[str, str], list[dict]]:
     """A bench run's correct all_reduce points by (impl, group), sized up."""
-    out: dict[tuple[str, str], list[dict]] = {}
-    for r in run.bench.get("rows", []):
-        if r.get("op") == "all_reduce" and r.get("correct"):
-            out.setdefault((r["impl"], r["group"]), []).append(r)
-    return {k: sorted(v, key=lambda r: r["bytes"]) for k, v in out.items()}
+    return {k: sorted(v, key=lambda r: r["bytes"]) for k, v in all_reduce_series(run, True).items()}
 
 
 def bench_figure(fits: list[dict]):
