@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import find_runs, Run, usable
-from .tables import _f, _mean, _ms
+from .tables import _f, _mean, _ms, md_row
 
 
 #: ours / witness: the band each figure's ratio should lie in
@@ -150,14 +150,6 @@ TARGET_BENCH = 0.20
 TARGET_MODEL = 0.30
 
 
-def find_train_runs(paths) -> list[Run]:
-    return usable(find_runs(list(paths)))
-
-
-def find_bench_runs(paths) -> list[Run]:
-    return usable(find_runs(list(paths)), "bench")
-
-
 # ------------------------------------------------------------------ the trace
 def step_calls(events: list[dict], rank: int = 0) -> dict[int, list[dict]]:
     """Step -> its comm trace slices on `rank` (name = op, dur in µs), by their start."""
@@ -200,19 +192,20 @@ def per_step(events: list[dict]) -> dict[str, Any]:
             "steps": len(measured)}
 
 
-def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], list[float]]:
-    """(op, payload bytes) -> every duration (s) of such a call on `rank`."""
+def call_durations(events: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """(op, payload bytes) -> every duration (s) of such a call on rank 0."""
     out: dict[tuple[str, int], list[float]] = {}
-    for cs in step_calls(events, rank).values():
+    for cs in step_calls(events).values():
         for c in cs:
             out.setdefault((c["name"], int(c["args"]["payload_bytes"])), []).append(c["dur"] / 1e6)
     return out
 
 
-def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
-    """World size -> the call sizes (float32 elements) its runs sent, for `bench.sizes`."""
+def wire_sizes(paths: list) -> dict[int, list[int]]:
+    """World size -> the call sizes (float32 elements) the training runs under `paths` sent, for
+    `bench.sizes`."""
     out: dict[int, set[int]] = {}
-    for r in runs:
+    for r in usable(find_runs(list(paths))):
         st = per_step(read_trace(r.path))
         out.setdefault(r.world_size or 1, set()).update(b // 4 for _, b in st["calls"])
     return {w: sorted(s) for w, s in out.items()}
@@ -355,8 +348,10 @@ def why(row: dict) -> Optional[str]:
 BURST_REACH = 4
 
 
-def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
-    rows = [truth_row(r, _bench_for(r, benches)) for r in runs]
+def truth_table(run_paths: list, bench_paths: list) -> list[dict]:
+    """A truth row per training run under `run_paths`, against its bench run under `bench_paths`."""
+    benches = usable(find_runs(list(bench_paths)), "bench")
+    rows = [truth_row(r, _bench_for(r, benches)) for r in usable(find_runs(list(run_paths)))]
     order = {s: i for i, s in enumerate(SYNC_COLLECTIVES)}
     rows.sort(key=lambda x: (x["model"], x["world"], order.get(x["sync"], 99), x["run"]))
     return rows
@@ -380,14 +375,12 @@ def markdown(rows: list[dict]) -> list[str]:
         "(b) ≤30% | one-fit model ms/step | measured / one-fit | why (a row that misses) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(
-            f"| {r['sync']} | {r['model']} | {_world(r)} | {len(r['calls'])} | "
-            f"{_f(r['measured_ms'], '.3f')} | {_f(r['last_arrival_ms'], '.3f')} | "
-            f"{_f(r['bench_ms'], '.3f')}{'' if r['bench_exact'] in (None, True) else '*'} | "
-            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'], '.2f')} | {_yes(r['a_ok'])} | "
-            f"{_f(r['measured_over_model'], '.2f')} | {_yes(r['b_ok'])} | "
-            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']), '.2f')} | "
-            f"{r.get('why') or ''} |")
+        lines.append(md_row([
+            r["sync"], r["model"], _world(r), len(r["calls"]), _f(r["measured_ms"]), _f(r["last_arrival_ms"]),
+            _f(r["bench_ms"]) + ("" if r["bench_exact"] in (None, True) else "*"), _f(r["model_ms"]),
+            _f(r["measured_over_bench"], ".2f"), _yes(r["a_ok"]), _f(r["measured_over_model"], ".2f"),
+            _yes(r["b_ok"]), _f(r["model_one_fit_ms"]),
+            _f(_ratio(r["measured_ms"], r["model_one_fit_ms"]), ".2f"), r.get("why") or ""]))
     lines += ["", "measured: median over steps of rank 0's comm per step (union of its calls, as "
               "the synchroniser's CommRecorder timed them); after last arrival: per call the "
               "shortest duration over ranks (the rest is waiting for a later rank); bench: the "
@@ -402,9 +395,7 @@ def markdown(rows: list[dict]) -> list[str]:
         first: dict[tuple, dict] = {}
         for c in r["per_call"]:
             first.setdefault((c["op"], c["bytes"]), c)
-        for c in first.values():
-            lines.append(
-                f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
-                f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
-                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")
+        lines += [md_row([r["sync"], r["model"], r["world"], f"{c['op']} ({c['algorithm']})",
+                          f"{c['bytes'] / 1e6:.3f}", _f(c["measured_ms"]), _f(c["bench_ms"]),
+                          _f(_ratio(c["measured_ms"], c["bench_ms"]), ".2f")]) for c in first.values()]
     return lines
