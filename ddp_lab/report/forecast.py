@@ -229,7 +229,7 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         first = members[0]
         pool = [r for r in usable(runs) if r.device_kind == first.device_kind
                 and r.get("backend") == first.get("backend")]
-        cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
+        cap = int(first.cfg("train").get("max_steps_per_epoch") or 0)
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
                  "workload_short": g.get("workload_short", g["workload"]),
                  "scaling": first.scaling, "gpus_per_node": gpus_per_node, "heldout": None}

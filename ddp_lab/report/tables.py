@@ -137,7 +137,7 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         bases = [x for x in rows if x["world_size"] == n0]
         several_worlds = len({x["world_size"] for x in rows}) > 1
         fps = {r.fingerprint_id: r.fingerprint for r in members}
-        first_cap = (members[0].config.get("train") or {}).get("max_steps_per_epoch")
+        first_cap = members[0].cfg("train").get("max_steps_per_epoch")
         notes, differs = [], []
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])

@@ -39,7 +39,7 @@ def _is_reference(run: Run) -> bool:
 def _point(run: Run) -> tuple:
     """What a run shares with its DDP reference: workload, length, seed, world, device."""
     d = run.description
-    seed = (run.config.get("train") or {}).get("seed", 0)
+    seed = run.cfg("train").get("seed", 0)
     # as JSON: a workload's settings may hold lists (model.hidden=[1024])
     return json.dumps([d.workload, d.length, seed, run.world_size, run.device_kind],
                       sort_keys=True, default=str)
