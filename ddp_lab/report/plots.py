@@ -72,11 +72,6 @@ def sync_color(label: str) -> str:
     return _mix(base, SHADES[_hash(" ".join(sorted(setting))) % len(SHADES)])
 
 
-def impl_color(impl: str, order: list[str] | None = None) -> str:
-    """Its name's colour; `order` changes nothing (kept for the bench's callers)."""
-    return name_color(impl)
-
-
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
 MARKERS = "osD^v"  # one per fingerprint of a series (per bench run in bench_figure)
@@ -104,25 +99,25 @@ def save(fig, info: dict, path: Path) -> dict:
     return info
 
 
-def fit_title(text: str, width: int, sep: str = ", ") -> str:
+def fit_title(text: str, width: int) -> str:
     """`text` on lines of at most `width` characters, broken only between
-    its `sep`-joined phrases (a longer phrase keeps a line of its own)."""
+    its ", "-joined phrases (a longer phrase keeps a line of its own)."""
     lines: list[str] = []
-    for phrase in text.split(sep):
-        if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
-            lines[-1] += sep + phrase
+    for phrase in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(phrase) <= width:
+            lines[-1] += ", " + phrase
         else:
             lines.append(phrase)
-    return (sep.rstrip() + "\n").join(lines)
+    return ",\n".join(lines)
 
 
-def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float = 10) -> int:
-    """Characters of a centred `fontsize` title that stays clear of a
+def title_chars(fig_width_in: float, legend_labels: list[str]) -> int:
+    """Characters of a centred 10-point title that stays clear of a
     top-right legend of 8-point labels (a character: 0.55 em wide)."""
     longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
     legend_in = 0.7 + longest * 8 * 0.55 / 72  # marker, padding, the longest label
     room_in = fig_width_in - 2 * (legend_in + 0.2)
-    return max(30, int(room_in / (fontsize * 0.55 / 72)))
+    return max(30, int(room_in / (10 * 0.55 / 72)))
 
 
 def measured(rows: list[dict]) -> str:
@@ -139,6 +134,14 @@ def measured(rows: list[dict]) -> str:
 def _left_out(row: dict) -> bool:
     """Whether every repeat of a point left a warm-up epoch out."""
     return min(row.get("warmup_epochs") or [0]) > 0
+
+
+def _panel(groups: list[dict], rows: list[dict]) -> tuple[int, bool, bool, bool]:
+    """A panel's most common n, whether other n's are drawn, whether its series' epoch counts
+    differ, whether only some of its points left a warm-up out."""
+    counts = Counter(r["time_n"] for r in rows)
+    return (counts.most_common(1)[0][0], len(counts) > 1, len({g.get("epochs") for g in groups}) > 1,
+            len({_left_out(r) for r in rows}) > 1)
 
 
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
@@ -179,18 +182,15 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
 
     worlds: set[int] = set()
     nth = 0
-    counts = Counter(r["time_n"] for g in panel for r in g["rows"])
-    common = counts.most_common(1)[0][0]
+    common, other_ns, epochs, mixed = _panel(panel, [r for g in panel for r in g["rows"]])
     handles, series, few = {}, [], set()
-    epochs = {g.get("epochs") for g in panel}
-    mixed = len({_left_out(r) for g in panel for r in g["rows"]}) > 1
     lines = [(g, fid) for g in panel for fid in dict.fromkeys(r["fingerprint_id"] for r in g["rows"])]
     for k, (g, fid) in enumerate(lines):
         fids = list(dict.fromkeys(r["fingerprint_id"] for r in g["rows"]))
         j = fids.index(fid)  # a fingerprint's marker
         rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
                       key=lambda r: r["world_size"])
-        label = g["sync"] + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "") \
+        label = g["sync"] + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "") \
             + (f" [{fid}]" if len(fids) > 1 else "") \
             + (" (warm-up in)" if mixed and not _left_out(rows[0]) else "")
         color, marker = sync_color(g["sync"]), MARKERS[j % len(MARKERS)]
@@ -217,7 +217,7 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
         nth += any(n != common for n in ns)
         handles.setdefault(label, Line2D([], [], color=color, marker=marker))
     ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
-    n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
+    n_text = f"n={common}" + (" unless marked" if other_ns else " at every point")
     head = f"{title}\n" if title else ""
     ax_t.set_title(f"{head}time per epoch, {n_text}", fontsize=9)
     ax_t.set_ylabel(measured([r for g in panel for r in g["rows"]]))
@@ -256,15 +256,12 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
-    epochs = {g.get("epochs") for g in panel}
-    counts = Counter(r["time_n"] for _, r in pts)
-    common = counts.most_common(1)[0][0]
-    mixed = len({_left_out(r) for _, r in pts}) > 1
+    common, other_ns, epochs, mixed = _panel(panel, [r for _, r in pts])
     names = []
     for g, r in pts:
         fids = {x["fingerprint_id"] for x in g["rows"]}
         names.append(g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
-                     + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
+                     + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "")
                      + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
     colors = [sync_color(g["sync"]) for g, _ in pts]
     # with and without an interval apart: bar_label puts a label at its error bar's end
@@ -292,7 +289,7 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     ax.grid(True, axis="x", alpha=0.3)
     where = (f"at {worlds[0]} ranks ({allocs[0]})" if len(worlds) == 1 and len(allocs) == 1
              else f"at {', '.join(map(str, worlds))} ranks, named per bar")
-    n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every bar")
+    n_text = f"n={common}" + (" unless marked" if other_ns else " at every bar")
     no_ci = f"; no interval below n={MIN_REPEATS}" if common < MIN_REPEATS else ""
     head = f"{title}\n" if title else ""
     ax.set_title(f"{head}time per epoch {where}, {n_text}{no_ci}", fontsize=9)
@@ -489,7 +486,7 @@ def bench_figure(fits: list[dict]):
         for (impl, group), pts in _series(f["run"]).items():
             # the group kind sets the line style where several were measured, else the run
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
-            style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
+            style = {"color": name_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
             label = " · ".join(p for p in (name if len(fits) > 1 else "", impl,
                                            group if len(groups) > 1 else "") if p) \
