@@ -102,13 +102,17 @@ def hta_overlap(trace_dir: Path) -> Optional[float]:
     return value if value == value else None
 
 
+def _each_rank(r: dict, sep: str) -> str:
+    """" (rank 0 0.95<sep>rank 1 1.58)": every rank's ratio, where there are several."""
+    ranks = r.get("rank_ratios") or {}
+    each = sep.join(f"rank {k} {v:.2f}" for k, v in sorted(ranks.items()))
+    return f" ({each})" if len(ranks) > 1 else ""
+
+
 def disagreement(r: dict) -> str:
     """One figure outside its band, on one line (every rank's ratio)."""
-    ranks = r.get("rank_ratios") or {}
-    each = f" (rank {', rank '.join(f'{k} {v:.2f}' for k, v in sorted(ranks.items()))})" \
-        if len(ranks) > 1 else ""
     lo, hi = r["expected"]
-    return (f"{r['run']}: {r['figure']} ddp_lab / witness {r['ratio']:.2f}{each}, "
+    return (f"{r['run']}: {r['figure']} ddp_lab / witness {r['ratio']:.2f}{_each_rank(r, ', ')}, "
             f"outside {lo:.2f}-{hi:.2f}")
 
 
@@ -122,11 +126,7 @@ def witness_markdown(runs: list[Run], short) -> list[str]:
         return f"{v:.3f}" if "share" in figure else f"{v * 1e3:.3f} ms"
 
     def ratio(r: dict) -> str:
-        if r["ratio"] is None:
-            return "-"
-        ranks = r.get("rank_ratios") or {}
-        each = "; ".join(f"rank {k} {v:.2f}" for k, v in sorted(ranks.items()))
-        return f"{r['ratio']:.2f}" + (f" ({each})" if len(ranks) > 1 else "")
+        return "-" if r["ratio"] is None else f"{r['ratio']:.2f}" + _each_rank(r, "; ")
 
     lines = ["## Independent witnesses", "",
              "ddp_lab's figures beside the PyTorch profiler's trace and DDP's own logging "
@@ -224,8 +224,7 @@ def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
     for e, t in pts:
         if e == elements:
             return t, True
-    below = [p for p in pts if p[0] < elements]
-    above = [p for p in pts if p[0] > elements]
+    below, above = [p for p in pts if p[0] < elements], [p for p in pts if p[0] > elements]
     if not below or not above:
         return None
     (e0, t0), (e1, t1) = below[-1], above[0]
@@ -265,8 +264,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
         "measured_ms": _median_ms(st["measured_s"]),
         "last_arrival_ms": _median_ms(st["last_arrival_s"]),
         "bench_run": str(bench.path) if bench else None,
-        "bench_ms": None, "bench_exact": None, "bench_min_ms": None, "model_ms": None,
-        "model_one_fit_ms": None,
+        **dict.fromkeys(("bench_ms", "bench_exact", "bench_min_ms", "model_ms", "model_one_fit_ms")),
         "fits": {}, "per_call": []}
     if bench is None or not st["calls"]:
         return _ratios(row)
@@ -296,8 +294,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
     # the model as it was: the library all_reduce's fit for every call of every sync
     one = fits.get(("all_reduce", "torch"))
     row["model_one_fit_ms"] = _ms(predict_comm_s(sync, n, payload, k, one) if one else None)
-    row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items()
-                   if any((op, impl) == p for p in phases)}
+    row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items() if (op, impl) in phases}
     return _ratios(row)
 
 
