@@ -297,24 +297,16 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     return [_drawn(name, g, color, [r]) for (g, r), name, color in zip(pts, names, colors)]
 
 
-def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
-    """The epoch-time figure's panels (one per device and workload but its epoch count), their
-    titles cut to what sets them apart, and what they all share."""
-    keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
-    several = len({k[0] for k in keys}) > 1
-    full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
-    if len(keys) == 1:
-        return keys, {keys[0]: ""}, full[keys[0]]
-    titles, common = _distinct(full)
-    return keys, titles, common
-
-
 def epoch_time_figure(groups: list[dict]):
     """A row per workload: `_line_row`, or `_bar_row` at one world (docs/scaling.md)."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
-    keys, titles, common = panel_titles(groups)
+    # a panel per device and workload but its epoch count, its title cut to what sets it apart
+    keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
+    several = len({k[0] for k in keys}) > 1
+    full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
+    titles, common = ({keys[0]: ""}, full[keys[0]]) if len(keys) == 1 else _distinct(full)
     panels = [[g for g in groups if (g["device"], g.get("workload_panel", g["workload"])) == key]
               for key in keys]
     lines = [any(len({r["world_size"] for r in g["rows"]}) > 1 for g in p) for p in panels]
@@ -491,19 +483,17 @@ def bench_figure(fits: list[dict]):
             label = " · ".join(p for p in (name if len(fits) > 1 else "", impl,
                                            group if len(groups) > 1 else "") if p) \
                 + f" (n={pts[0]['group_size']})"
-            b = [r["bytes"] for r in pts]
-            ax_bw.plot(b, [r["busbw_GBps"] for r in pts], label=label, **style)
-            ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], **style)
-            fit = by_key.get((impl, group))
+            b, fit = [r["bytes"] for r in pts], by_key.get((impl, group))
+            bw, ms = [r["busbw_GBps"] for r in pts], [r["time_median_s"] * 1e3 for r in pts]
+            ax_bw.plot(b, bw, label=label, **style)
+            ax_t.plot(b, ms, **style)
             pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
             # thick and pale, under its points: the fit's line
             if pred:
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
-                           "color": style["color"],
-                           "bytes": b, "busbw_GBps": [r["busbw_GBps"] for r in pts],
-                           "time_ms": [r["time_median_s"] * 1e3 for r in pts], "fit_time_ms": pred,
-                           "alpha_us": fit.alpha_s * 1e6 if fit else None,
+                           "color": style["color"], "bytes": b, "busbw_GBps": bw, "time_ms": ms,
+                           "fit_time_ms": pred, "alpha_us": fit.alpha_s * 1e6 if fit else None,
                            "bandwidth_GBps": fit.bandwidth_GBps if fit else None})
     for ax in (ax_bw, ax_t):
         ax.set_xscale("log", base=2)
