@@ -235,23 +235,18 @@ def load_run(path: Path) -> Run:
     summary, err = _read_json(path / "summary.json") if (path / "summary.json").exists() else ({}, None)
     summary = summary or {}
     dry = bool((config.get("launcher") or {}).get("dry_run"))
-    is_bench = "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists()
-    if is_bench:
+    if "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists():
         return _load_bench(path, config, summary, err, dry)
     records, bad = _read_records(path / "metrics.jsonl")
     typed = RunSummary.from_dict(summary) if summary else None
     run = Run(path, "train", False, "", typed.to_dict() if typed else {}, config, records)
-    epochs = run.get("epochs")
     if err:
         run.status = err
     elif not summary:
-        if dry:
-            run.status = "dry run: nothing was started"
-        elif records:
-            run.status = (f"incomplete: {len(records)} of {epochs} epoch(s) logged and no "
-                          "summary.json (still running, or killed)")
-        else:
-            run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
+        run.status = ("dry run: nothing was started" if dry else
+                      f"incomplete: {len(records)} of {run.get('epochs')} epoch(s) logged and no "
+                      "summary.json (still running, or killed)" if records else
+                      "incomplete: no summary.json, no metrics (never started, still running, or killed)")
     elif typed.records_kept is False:
         # a run.entry of its own (ddp_lab.rank.one_file)
         run.status = (f"{typed.status}: run.entry={typed.entry} keeps no records (no metrics.jsonl), "
@@ -261,9 +256,7 @@ def load_run(path: Path) -> Run:
     elif typed.epoch_time_s_median is None:
         run.status = "completed but no epoch was timed (a resumed run that had already finished)"
     else:
-        run.ok, run.status = True, "completed"
-        if bad:
-            run.status = f"completed ({bad} unreadable metrics line(s) ignored)"
+        run.ok, run.status = True, f"completed ({bad} unreadable metrics line(s) ignored)" if bad else "completed"
     return run
 
 

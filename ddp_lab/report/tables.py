@@ -137,8 +137,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
         bases = [x for x in rows if x["world_size"] == n0]
         several_worlds = len({x["world_size"] for x in rows}) > 1
         fps = {r.fingerprint_id: r.fingerprint for r in members}
-        first_cap = members[0].cfg("train").get("max_steps_per_epoch")
-        notes, differs = [], []
+        first = members[0]
+        first_cap, notes, differs = first.cfg("train").get("max_steps_per_epoch"), [], []
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
             x.update(speedup=None, speedup_ci95=None, efficiency=None, efficiency_ci95=None,
@@ -168,7 +168,6 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
             t = x.pop("time")
             x.update(time_n=t.n, epoch_time_s_mean=t.mean, epoch_time_s_std=t.std,
                      epoch_time_s_ci95=_ci(t.ci95))
-        first = members[0]
         out.append({"sync": sync, "device": device, "workload": first.workload_label(),
                     "workload_short": first.workload_short(),
                     "workload_panel": first.workload_label(epochs=False),
@@ -183,13 +182,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
 def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
     """One point: its repeats' mean post-warm-up epoch times summarised."""
     world, nodes, per, fid = key
-    values, skipped = [], []
-    for r in rs:
-        v, skip = r.epoch_time_values(warmup)
-        if v:
-            values.append(sum(v) / len(v))
-            skipped.append(skip)
-    first = rs[0]
+    timed = [t for t in (r.epoch_time_values(warmup) for r in rs) if t[0]]
+    values, first = [sum(v) / len(v) for v, _ in timed], rs[0]
     return {
         "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.description.series_label(),
         "algorithm": first.get("sync", "?"),
@@ -197,7 +191,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
         "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
         "epochs": first.get("epochs_run", first.get("epochs")), "fingerprint_id": fid,
         "time": summarize(values), "repeat_values_s": values,
-        "warmup_epochs": sorted(set(skipped)),
+        "warmup_epochs": sorted({skip for _, skip in timed}),
         "comm_fraction": _mean([r.get("comm_fraction") for r in rs]),
         "comm_exposed_fraction": _mean([r.summary.get("comm_exposed_fraction") for r in rs])
         if all(r.summary.get("comm_exposed_fraction") is not None for r in rs) else None,
@@ -220,10 +214,8 @@ def ci_cell(ci, n: int, fmt) -> str:
 
 def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
     """A speedup's or efficiency's interval cell ("baseline" on its own row)."""
-    if row[key] is None:
-        return "–"
-    if row["run"] == row["baseline_run"]:
-        return "baseline"
+    if row[key] is None or row["run"] == row["baseline_run"]:
+        return "–" if row[key] is None else "baseline"
     return ci_cell(row[f"{key}_ci95"], min(row["time_n"], row["baseline_n"]), fmt)
 
 
