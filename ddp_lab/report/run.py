@@ -256,7 +256,8 @@ def load_run(path: Path) -> Run:
     elif typed.epoch_time_s_median is None:
         run.status = "completed but no epoch was timed (a resumed run that had already finished)"
     else:
-        run.ok, run.status = True, f"completed ({bad} unreadable metrics line(s) ignored)" if bad else "completed"
+        run.ok = True
+        run.status = f"completed ({bad} unreadable metrics line(s) ignored)" if bad else "completed"
     return run
 
 

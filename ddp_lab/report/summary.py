@@ -163,10 +163,9 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
         notes.append(f"{', '.join(sorted({c.split(', ')[-1] for c in capped}))}: the step cap is per "
                      "rank, so an epoch's work grows with the world; efficiency counts the work "
                      "(100% = the baseline's time per epoch)")
-    differs = Counter(d for g in groups for d in g.get("fingerprint_differences", []))
-    for what, k in differs.items():
-        notes.append(f"⚠ {k} row(s) set against a world of another allocation, whose fingerprint "
-                     f"differs: {what} (report.md names them)")
+    notes += [f"⚠ {k} row(s) set against a world of another allocation, whose fingerprint "
+              f"differs: {what} (report.md names them)"
+              for what, k in Counter(d for g in groups for d in g.get("fingerprint_differences", [])).items()]
     model = comm_model_note(comm)
     if model:
         notes.append(model)
@@ -176,9 +175,8 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     if len(skipped) > 3:
         left_out.append(f"... and {len(skipped) - 3} more skipped folder(s), in report.md")
     notes = left_out + notes
-    if not notes:
-        return []
-    return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")]
+    return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")] \
+        if notes else []
 
 
 def witness_lines(rows: list[dict]) -> list[str]:

@@ -5,6 +5,7 @@ comm model, the bench, memory, allocations, the doctor's checks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import statistics
@@ -482,19 +483,15 @@ def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
             continue
         for i, seg in enumerate(s for s in segs if isinstance(s, dict)):
             wall = None
-            try:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
                 wall = (datetime.datetime.fromisoformat(seg["end"])
                         - datetime.datetime.fromisoformat(seg["start"])).total_seconds()
-            except (KeyError, TypeError, ValueError):
-                pass
             rows.append({
-                "run": short(str(r.path)), "segment": i + 1, "job_id": seg.get("job_id"),
-                "restart": seg.get("restart"), "nodes": seg.get("nodes"),
+                "run": short(str(r.path)), "segment": i + 1,
+                **{k: seg.get(k) for k in ("job_id", "restart", "nodes")},
                 "hosts": ",".join(seg.get("hosts") or []), "start": seg.get("start"),
                 "wall_s": wall, "from": _position(seg, "start"), "to": _position(seg, "end"),
-                "steps_done": seg.get("steps_done"), "epochs_done": seg.get("epochs_done"),
-                "epoch_time_s_median": seg.get("epoch_time_s_median"),
-                "status": seg.get("status")})
+                **{k: seg.get(k) for k in ("steps_done", "epochs_done", "epoch_time_s_median", "status")}})
     return rows
 
 
