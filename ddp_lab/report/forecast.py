@@ -14,7 +14,7 @@ from typing import Optional
 from ..world.fingerprint import link_label
 from .alpha_beta import _solve, Fit, predict_comm_s
 from .run import Run, usable
-from .tables import sig
+from .tables import md_row, sig
 
 
 @dataclass
@@ -388,9 +388,8 @@ def forecast_markdown(fc: dict) -> list[str]:
                   "| world | nodes | weak: epoch (s) | weak: comm ms/step | strong: batch/rank | "
                   "strong: epoch (s) | strong: comm ms/step |", "|---|---|---|---|---|---|---|"]
         by = {(p["world"], p["mode"]): p for p in s["predictions"]}
-        for n in fc["worlds"]:
-            w, st = by[(n, "weak")], by[(n, "strong")]
-            lines.append(f"| {n} | {w['nodes']} | {sig(w['epoch_s'])} | {sig(w['comm_ms'])} | "
-                         f"{sig(st['batch_per_rank'])} | {sig(st['epoch_s'])} | {sig(st['comm_ms'])} |")
-        lines.append("")
+        cells = (("weak", "epoch_s"), ("weak", "comm_ms"), ("strong", "batch_per_rank"),
+                 ("strong", "epoch_s"), ("strong", "comm_ms"))
+        lines += [md_row([n, by[(n, "weak")]["nodes"], *(sig(by[(n, mode)][k]) for mode, k in cells)])
+                  for n in fc["worlds"]] + [""]
     return lines

@@ -152,9 +152,13 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
             sep.join(common))
 
 
-def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
-    """A series' line and points: an error bar where there is an interval, else a hollow
-    marker unless `exact`; an n other than `common` beside its point (`nth`: lines higher)."""
+def _points(ax, rows: list[dict], shift: float, key: str, ci_key: str, color, marker, common: int,
+            nth: int, exact=()) -> None:
+    """A series' line and points (`key` of its rows, each world x `shift`): an error bar where
+    there is an interval (`ci_key`), else a hollow marker unless `exact`; an n other than `common`
+    beside its point (`nth`: lines higher)."""
+    x, y = [r["world_size"] * shift for r in rows], [r[key] for r in rows]
+    cis, ns = [r[ci_key] for r in rows], [r["time_n"] for r in rows]
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
@@ -195,24 +199,19 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
             + (" (warm-up in)" if mixed and not _left_out(rows[0]) else "")
         color, marker = sync_color(g["sync"]), MARKERS[j % len(MARKERS)]
         shift = 2 ** (DODGE * (k - (len(lines) - 1) / 2))
-        x = [r["world_size"] * shift for r in rows]
-        y = [r["epoch_time_s_mean"] for r in rows]
         ns = [r["time_n"] for r in rows]
         worlds.update(r["world_size"] for r in rows)
         few.update(n for n in ns if n < MIN_REPEATS)
-        _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
-                common, nth=nth)
+        _points(ax_t, rows, shift, "epoch_time_s_mean", "epoch_time_s_ci95", color, marker, common, nth)
         n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
         # ideal: the baseline's time per unit of work (flat where it grows)
         ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
                  for r in rows]
-        ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
+        ax_t.plot([r["world_size"] * shift for r in rows], ideal, ":", color=color, alpha=0.7)
         series.append(_drawn(label, g, color, rows))
         eff = [r for r in rows if r["efficiency"] is not None]
         if eff:
-            _points(ax_e, [r["world_size"] * shift for r in eff], [r["efficiency"] for r in eff],
-                    [r["efficiency_ci95"] for r in eff], [r["time_n"] for r in eff],
-                    color, marker, common, nth=nth,
+            _points(ax_e, eff, shift, "efficiency", "efficiency_ci95", color, marker, common, nth,
                     exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
         nth += any(n != common for n in ns)
         handles.setdefault(label, Line2D([], [], color=color, marker=marker))
