@@ -30,8 +30,7 @@ def _csv_row(r: dict, device: str) -> dict:
     """A scaling row flat: intervals as _lo/_hi columns, repeats ;-joined."""
     out = {**r, "device": device, "runs": ";".join(r["runs"])}
     for k in ("epoch_time_s_ci95", "speedup_ci95", "efficiency_ci95"):
-        lo, hi = r.get(k) or (None, None)
-        out[f"{k}_lo"], out[f"{k}_hi"] = lo, hi
+        out[f"{k}_lo"], out[f"{k}_hi"] = r.get(k) or (None, None)
     return out
 
 
