@@ -256,12 +256,10 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
     common, other_ns, epochs, mixed = _panel(panel, [r for _, r in pts])
-    names = []
-    for g, r in pts:
-        fids = {x["fingerprint_id"] for x in g["rows"]}
-        names.append(g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
-                     + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "")
-                     + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
+    names = [g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
+             + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "")
+             + (f" [{r['fingerprint_id']}]" if len({x["fingerprint_id"] for x in g["rows"]}) > 1 else "")
+             for g, r in pts]
     colors = [sync_color(g["sync"]) for g, _ in pts]
     # with and without an interval apart: bar_label puts a label at its error bar's end
     for has_ci in (True, False):
