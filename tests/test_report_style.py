@@ -123,7 +123,6 @@ def test_a_new_sync_takes_a_colour_the_others_keep_theirs(monkeypatch):
     # option settings: a shade, whatever the order of the words, the same in every call
     assert plots.sync_color("ring prepost=true overlap=true") == \
         plots.sync_color("ring overlap=true prepost=true") != plots.name_color("ring")
-    assert plots.impl_color("ring", ["torch", "ring"]) == plots.name_color("ring")
     assert plots.name_color("gone_sync") == plots.name_color("gone_sync") not in before.values()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..predict.costmodel import pow2_label
 from .harness import iter_series
-from ..report.plots import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, _plt, impl_color, save
+from ..report.plots import GROUP_COLORS, GROUP_STYLES, IMPL_MARKERS, _plt, name_color, save
 
 CSV_COLUMNS = ("op", "impl", "group", "group_size", "groups", "elements", "dtype", "bytes",
                "iters", "time_median_s", "time_p25_s", "time_p75_s", "time_min_s",
@@ -106,7 +106,7 @@ def _style(row: dict, nops: int, ops_order: list[str], impls: list[str]) -> dict
     elif len(impls) == 1:
         color = GROUP_COLORS.get(row["group"], "tab:gray")
     else:
-        color = impl_color(row["impl"], impls)
+        color = name_color(row["impl"])
     return {"color": color, "linestyle": ls, "marker": marker}
 
 

@@ -1,22 +1,17 @@
 """The one cost model: bytes per rank, latency steps and busbw factor of every collective.
 Synchronisers record their traffic with it, the bench and the report take their busbw factors and
-alpha-beta predictions from it; nothing else computes a cost. The formulas: docs/collectives.md,
-"Algorithms and alpha-beta costs"; the fit: docs/report.md.
-
-`cost(...)` gives a :class:`Cost`: `sent[r]` / `recv[r]` (bytes of group rank r in one call, exact
-for our send/recv algorithms), `steps` (the alpha term) and `path_bytes` (the beta term).
-`"torch"`, the library's collective, is modelled (`exact` false) on what gloo runs (all_reduce,
-all_gather, reduce_scatter: the ideal ring; broadcast: the binomial tree; reduce: a ring
-reduce-scatter, then a gather to the root). Phases join with `Cost.then`. Below it, the small
-arithmetic the collectives, the clocks and the report share with it (`ceil_log2`,
-`num_pipeline_chunks`, `union_length`, `pow2_label`). No torch.
+alpha-beta predictions from it; nothing else computes a cost (docs/collectives.md, "Algorithms and
+alpha-beta costs"; the fit: docs/report.md). `"torch"`, the library's collective, is modelled
+(`exact` false) on what gloo runs (all_reduce, all_gather, reduce_scatter: the ideal ring;
+broadcast: the binomial tree; reduce: a ring reduce-scatter, then a gather to the root). With it,
+the small arithmetic the collectives, the clocks and the report share. No torch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Sequence
 
 #: collective -> the algorithms the model knows (= the registries of ddp_lab.collectives)
@@ -71,14 +66,14 @@ TORCH_MODELLED_AS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter
 
 @dataclass(frozen=True)
 class Cost:
-    """One collective call (or several phases of one) on a group of ``len(sent)`` ranks."""
+    """One collective call (or several phases of one, joined by `then`) on a group of
+    ``len(sent)`` ranks: `steps` the alpha term, `path_bytes` the beta term."""
 
     steps: int
-    sent: tuple[int, ...]  # bytes each group rank sends
+    sent: tuple[int, ...]  # bytes each group rank sends (exact for our send/recv algorithms)
     recv: tuple[int, ...]  # bytes each group rank receives
     path_bytes: float
-    # False: the library's collective, modelled
-    exact: bool = True
+    exact: bool = True  # False: the library's collective, modelled
 
     @property
     def max_sent(self) -> int:
@@ -105,10 +100,9 @@ def nothing(world: int) -> Cost:
 
 
 def busbw_factors(world: int) -> dict[str, float]:
-    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md) of every op, on
-    ``world`` ranks: all_reduce ``2(n-1)/n``; all_gather / reduce_scatter / gather ``(n-1)/n``
-    (size = the full buffer); broadcast, reduce and point-to-point 1. One rank moves nothing over a
-    bus: 0 for the first four."""
+    """nccl-tests' factor from algorithm to bus bandwidth (PERFORMANCE.md) of every op on
+    ``world`` ranks (the gathers' and scatters' size: the full buffer); one rank moves nothing
+    over a bus."""
     n = world
     spread, both = ((n - 1) / n, 2 * (n - 1) / n) if n > 1 else (0.0, 0.0)
     return {"all_reduce": both, "all_gather": spread, "reduce_scatter": spread, "gather": spread,
@@ -125,10 +119,8 @@ def busbw_factor(collective: str, world: int) -> float:
 
 def lower_bound(collective: str, numel: int, world: int, elem_size: int = 4) -> tuple[float, int]:
     """What no algorithm of `collective` can beat on `world` ranks, for `numel` elements a rank
-    contributes or holds: (bytes the busiest rank must send, in nccl-tests' busbw terms,
-    :func:`busbw_factors` times the full buffer; the rounds of a binomial tree, ceil(log2 n)). The
-    full buffer is `world` x `numel` for the gathers, scatters and reduce_scatter (their per-rank
-    piece is `numel`)."""
+    contributes or holds: (bytes the busiest rank must send, :func:`busbw_factors` times the full
+    buffer, `world` x `numel` for the gathers and scatters; the rounds of a binomial tree)."""
     full = numel * elem_size * (world if collective in ("all_gather", "reduce_scatter",
                                                         "gather", "scatter") else 1)
     factor = busbw_factor(collective, world) if world > 1 else 0.0
@@ -144,7 +136,6 @@ def padded(collective: str, numel: int, world: int, unit: int = SHARD_ALIGN) -> 
     return numel
 
 
-# ----------------------------------------------------------------- per-rank pieces
 def _children(v: int, n: int) -> int:
     """Children of relative rank ``v`` in the binomial tree rooted at 0 (our tree and gloo's
     broadcast): ``v + 2^k`` for every ``2^k`` below ``v``'s lowest set bit."""
@@ -157,7 +148,7 @@ def _by_root(n: int, root: int, f) -> tuple[int, ...]:
     return tuple(f((r - root) % n) for r in range(n))
 
 
-@lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def cost(collective: str, algorithm: str, numel: int, world: int, elem_size: int = 4, *,
          root: int = 0, chunk_bytes: int | None = DEFAULT_RING_CHUNK_BYTES) -> Cost:
     """Cost of one `collective` with `algorithm` on `world` ranks of `numel` elements of
@@ -230,7 +221,6 @@ def _torch(collective: str, n: int, N: int, root: int) -> Cost:
                 2 * part, False)
 
 
-# ------------------------------------------------------------------ synchronisers
 #: synchroniser -> the collective calls it makes per bucket, in order, each as (collective,
 #: algorithm): ("all_reduce", "ring"), ("reduce", "torch"), ...
 SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -249,17 +239,17 @@ SYNC_COLLECTIVES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: alpha-beta time of one bucket of m bytes, per synchroniser (n ranks, p = 2^floor(log2 n))
+RING = "2(n-1)α + 2(n-1)/n·m·β"
 SYNC_FORMULAS: dict[str, str] = {
-    "ddp": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
-    "naive": "2(n-1)α + 2(n-1)/n·m·β (library, as ring; a bucket = one parameter)",
-    "allreduce": "2(n-1)α + 2(n-1)/n·m·β (library, as ring)",
-    "ring": "2(n-1)α + 2(n-1)/n·m·β",
+    "ddp": f"{RING} (library, as ring)",
+    "naive": f"{RING} (library, as ring; a bucket = one parameter)",
+    "allreduce": f"{RING} (library, as ring)",
+    "ring": RING,
     "tree": "2⌈log2 n⌉(α + m·β)",
     "butterfly": "(log2 p + 2[n≠p])(α + m·β)",
     "reduce_broadcast": "nα + 2(n-1)/n·m·β + ⌈log2 n⌉(α + m·β) (library, as gloo)",
-    "zero1": "2(n-1)α + 2(n-1)/n·m·β (ring reduce-scatter, then all-gather of the weights)",
-    "custom": "yours: its bytes counted from its send/recv (forecast as the ring, 2(n-1)α + "
-              "2(n-1)/n·m·β)",
+    "zero1": f"{RING} (ring reduce-scatter, then all-gather of the weights)",
+    "custom": f"yours: its bytes counted from its send/recv (forecast as the ring, {RING})",
     # phases on groups (HIERARCHICAL_PHASES): k ranks per node, L nodes
     "hierarchical": "R_k + A_L + B_k: reduce in each node (tree: ⌈log2 k⌉(α + m·β)), "
                     "all-reduce among the L leaders (ring: 2(L-1)α + 2(L-1)/L·m·β, the only "
@@ -288,7 +278,7 @@ def _on_groups(groups: tuple[tuple[int, ...], ...], world: int, collective: str,
     return Cost(steps, tuple(sent), tuple(recv), path, exact)
 
 
-@lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)
 def hierarchical_calls(numel: int, nodes: tuple[tuple[int, ...], ...], elem_size: int = 4, *,
                        intra: str = "torch", inter: str = "ring") -> tuple[tuple[str, Cost], ...]:
     """`(collective, Cost)` of the three phases (:data:`HIERARCHICAL_PHASES`) of one hierarchical
@@ -324,7 +314,5 @@ def sync_calls(sync: str, wire_numels: list[int], world: int, elem_size: int = 4
 def sync_step(sync: str, wire_numels: list[int], world: int, elem_size: int = 4, *,
               root: int = 0) -> Cost:
     """All of one step's calls joined (see :func:`sync_calls`)."""
-    total = nothing(world)
-    for _, c in sync_calls(sync, wire_numels, world, elem_size, root=root):
-        total = total.then(c)
-    return total
+    return functools.reduce(Cost.then, (c for _, c in sync_calls(sync, wire_numels, world, elem_size,
+                                                                  root=root)), nothing(world))

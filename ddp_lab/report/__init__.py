@@ -7,7 +7,3 @@ Training runs by time per epoch across allocations, phase times and
 comm; bench runs give the alpha-beta fit the training runs' comm is set
 against; failed runs listed with why.
 """
-
-from .build import build_report
-
-__all__ = ["build_report"]

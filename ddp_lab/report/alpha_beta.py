@@ -80,26 +80,16 @@ class Fit:
 
 def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     """Weighted least squares of t = a*x1 + b*x2 (weights 1/t), with a, b >= 0."""
-    def fit2():
-        s11 = s12 = s22 = r1 = r2 = 0.0
-        for x1, x2, t in rows:
-            w = 1 / (t * t)
-            s11 += w * x1 * x1
-            s12 += w * x1 * x2
-            s22 += w * x2 * x2
-            r1 += w * x1 * t
-            r2 += w * x2 * t
-        det = s11 * s22 - s12 * s12
-        if abs(det) < 1e-300:
-            return None
-        return (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
-
     def fit1(i):
         num = sum((x[i] * t) / (t * t) for *x, t in rows)
         den = sum((x[i] * x[i]) / (t * t) for *x, t in rows)
         return max(0.0, num / den) if den else 0.0
 
-    ab = fit2()
+    ws = [(1 / (row[2] * row[2]), row) for row in rows]
+    s11, s12, s22, r1, r2 = (sum(w * v[i] * v[j] for w, v in ws)
+                             for i, j in ((0, 0), (0, 1), (1, 1), (0, 2), (1, 2)))
+    det = s11 * s22 - s12 * s12
+    ab = None if abs(det) < 1e-300 else ((r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det)
     if ab is not None and ab[0] >= 0 and ab[1] >= 0:
         return ab
     return (0.0, fit1(1)) if ab is None or ab[0] < 0 else (fit1(0), 0.0)
@@ -115,37 +105,32 @@ def fit_alpha_beta(rows: list[dict], impl: Optional[str] = None,
     impls = {r["impl"] for r in ar}
     impl = impl or next((i for i in ("torch", "ring", "butterfly", "tree", "linear") if i in impls), None)
     groups = [r["group"] for r in ar if r["impl"] == impl]
-    if not groups:
-        return None
-    if impl not in ALGORITHMS.get(op, ()):
-        # a student's function (bench.impl=[my_file.py:fn]): the cost
-        # model knows none of its algorithm
+    # none, or a student's function (bench.impl=[my_file.py:fn]): the cost model knows none of
+    # its algorithm
+    if not groups or impl not in ALGORITHMS.get(op, ()):
         return None
     group = group or ("global" if "global" in groups else groups[0])
     pts = [r for r in ar if r["impl"] == impl and r["group"] == group]
     if len(pts) < 2:
         return None
     algorithm = TORCH_MODELLED_AS.get(op, "?") if impl == "torch" else impl
-    n = pts[0]["group_size"]
-    data = []
-    for r in pts:
-        c = cost(op, impl, r["elements"], r["group_size"], r["bytes"] // r["elements"])
-        data.append((float(c.steps), float(c.path_bytes), float(r["time_median_s"])))
+    costs = [(cost(op, impl, r["elements"], r["group_size"], r["bytes"] // r["elements"]), r) for r in pts]
+    data = [(float(c.steps), float(c.path_bytes), float(r["time_median_s"])) for c, r in costs]
     alpha, beta = _solve(data)
     errs = [((alpha * s + beta * b) - t) / t for s, b, t in data]
     rms = (sum(e * e for e in errs) / len(errs)) ** 0.5
-    return Fit(alpha, beta, len(pts), impl, algorithm, group, n, rms, op)
+    return Fit(alpha, beta, len(pts), impl, algorithm, group, pts[0]["group_size"], rms, op)
 
 
 #: one fit, or one per (collective, implementation) as `fit_all` makes
 Fits = Union[Fit, Mapping[tuple[str, str], Fit]]
 
 
-def fit_all(rows: list[dict], group: Optional[str] = None) -> dict[tuple[str, str], Fit]:
+def fit_all(rows: list[dict]) -> dict[tuple[str, str], Fit]:
     """One fit per (collective, implementation) a bench run measured."""
     keys = sorted({(r["op"], r["impl"]) for r in rows
                    if r.get("op") in ("all_reduce", "reduce", "broadcast")})
-    fits = {k: fit_alpha_beta(rows, k[1], group, k[0]) for k in keys}
+    fits = {k: fit_alpha_beta(rows, k[1], None, k[0]) for k in keys}
     return {k: f for k, f in fits.items() if f is not None}
 
 

@@ -30,8 +30,7 @@ def _csv_row(r: dict, device: str) -> dict:
     """A scaling row flat: intervals as _lo/_hi columns, repeats ;-joined."""
     out = {**r, "device": device, "runs": ";".join(r["runs"])}
     for k in ("epoch_time_s_ci95", "speedup_ci95", "efficiency_ci95"):
-        lo, hi = r.get(k) or (None, None)
-        out[f"{k}_lo"], out[f"{k}_hi"] = lo, hi
+        out[f"{k}_lo"], out[f"{k}_hi"] = r.get(k) or (None, None)
     return out
 
 
@@ -120,15 +119,12 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     md += tables.bench_markdown(runs, short) + doctor_markdown(runs)
     md += tables.skipped_markdown(runs, short)
 
-    text = "\n".join(md).rstrip() + "\n"
-    atomic_write_text(out_dir / "report.md", text)
+    atomic_write_text(out_dir / "report.md", text := "\n".join(md).rstrip() + "\n")
 
     with atomic_open(out_dir / "report.csv") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
-        for g in groups:
-            for r in g["rows"]:
-                w.writerow(_csv_row(r, g["device"]))
+        w.writerows(_csv_row(r, g["device"]) for g in groups for r in g["rows"])
     doc = {
         "scaling": groups, "forecast": fc, "phases": phases, "comm_model": comm, "segments": segments,
         "memory": memory, "twins": twin["doc"],
@@ -140,6 +136,6 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-    warm = warmup_words(groups, warmup)
-    screen = summary.terminal_summary(doc, counts, out_dir, common, warm) + twin["screen"]
+    screen = summary.terminal_summary(doc, counts, out_dir, common, warmup_words(groups, warmup)) \
+        + twin["screen"]
     return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}

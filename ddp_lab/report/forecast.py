@@ -7,13 +7,14 @@ docs/scaling.md, "Forecast").
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Optional
 
 from ..world.fingerprint import link_label
 from .alpha_beta import _solve, Fit, predict_comm_s
 from .run import Run, usable
-from .tables import sig
+from .tables import md_row, sig
 
 
 @dataclass
@@ -63,14 +64,12 @@ def core_share(device: str, ranks_per_node, cores) -> float:
 def own_fit(points: list[Point]) -> Optional[Fit]:
     """alpha, beta from the multi-rank points' measured comm per step."""
     rows = []
-    for p in points:
-        if p.world < 2 or not p.comm_s or not p.payload:
-            continue
-        x1 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(1.0, 0.0, 0, "", "", "", 0, 0))
-        x2 = predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(0.0, 1.0, 0, "", "", "", 0, 0))
-        if x1 is None or x2 is None:
-            continue
-        rows.append((x1, x2, p.comm_s / p.share))
+    for p in (p for p in points if p.world >= 2 and p.comm_s and p.payload):
+        # the model's alpha term and beta term: its time under alpha = 1, beta = 0 and the reverse
+        x1, x2 = (predict_comm_s(p.sync, p.world, p.payload, p.calls, Fit(a, 1 - a, 0, "", "", "", 0, 0))
+                  for a in (1.0, 0.0))
+        if x1 is not None and x2 is not None:
+            rows.append((x1, x2, p.comm_s / p.share))
     if not rows:
         return None
     r0 = rows[0][0] / rows[0][1] if rows[0][1] else None
@@ -106,20 +105,14 @@ def why_no_fit(points: list[Point], max_world: Optional[int] = None) -> str:
 class Model:
     """The fitted model of one series (one sync and workload) on one backend and device."""
 
-    def __init__(self, pts: list[Point], scaling: str, cap: int, fit_intra: Optional[Fit],
-                 fit_cross: Optional[Fit], gpus_per_node: int, shape: Optional[list[Point]] = None,
-                 device: str = "?", cores: Optional[int] = None):
-        self.scaling, self.cap, self.G = scaling, cap, gpus_per_node
-        self.device, self.cores = device, cores
+    def __init__(self, pts: list[Point], cap: int, fit_intra: Optional[Fit], fit_cross: Optional[Fit],
+                 gpus_per_node: int, shape: list[Point], device: str, cores: Optional[int]):
+        self.cap, self.G, self.device, self.cores = cap, gpus_per_node, device, cores
         self.fit_intra, self.fit_cross = fit_intra, fit_cross or fit_intra
-        comp = [(p.batch, p.compute_s) for p in pts]
-        bs = {b for b, _ in comp}
+        bs = {p.batch for p in pts}
         if len(bs) > 1:  # c = c0 + c1 * b, least squares
-            mb = sum(b for b, _ in comp) / len(comp)
-            mc = sum(c for _, c in comp) / len(comp)
-            sxx = sum((b - mb) ** 2 for b, _ in comp)
-            self.c1 = sum((b - mb) * (c - mc) for b, c in comp) / sxx
-            self.c0 = mc - self.c1 * mb
+            self.c1, self.c0 = statistics.linear_regression([p.batch for p in pts],
+                                                            [p.compute_s for p in pts])
         else:
             # one batch measured: the largest fitted world's compute (the
             # most ranks sharing memory and cores), proportional to it
@@ -132,7 +125,7 @@ class Model:
         self.samples = max(p.steps * p.batch * p.world for p in uncapped) if uncapped else None
         # bytes and calls per step: what the sync sends, not a timing (a
         # held-out run tells them too; a 1-rank run sends nothing)
-        multi = [p for p in (shape or pts) if p.payload and p.calls]
+        multi = [p for p in shape if p.payload and p.calls]
         ref = max(multi, key=lambda p: p.world) if multi else None
         self.payload, self.calls = (ref.payload, ref.calls) if ref else (None, None)
         self.sync = pts[0].sync
@@ -174,7 +167,7 @@ OWN_FIT = "fitted on the study's own comm per step"
 
 
 def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: str,
-              fid: Optional[str] = None) -> tuple[Optional[Fit], Optional[Fit], str]:
+              fid: str) -> tuple[Optional[Fit], Optional[Fit], str]:
     """(intra-node fit, cross-node fit, their source): per link level the latest
     `tables.bench_fits` entry on this backend and device (`fid`'s own first), else the
     study's own points' of that level."""
@@ -201,9 +194,8 @@ def comm_fits(bench: list[dict], pool_pts: list[Point], device: str, backend: st
     return intra, cross, f"{intra_src} (intra-node), {cross_src} (cross-node)"
 
 
-def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: list[dict],
-              G: int, warmup: Optional[int], max_world: Optional[int] = None,
-              fid: Optional[str] = None) -> tuple[Optional[Model], str]:
+def fit_model(runs: list[Run], pool: list[Run], cap: int, bench: list[dict], G: int,
+              warmup: Optional[int], max_world: Optional[int], fid: str) -> tuple[Optional[Model], str]:
     """Fit a series' model on its runs (the comm on `pool`'s) of worlds
     <= max_world; the comm fits of the allocation `fid` where measured."""
     every = [p for p in (measured_point(r, warmup) for r in runs) if p]
@@ -217,8 +209,7 @@ def fit_model(runs: list[Run], pool: list[Run], scaling: str, cap: int, bench: l
     if intra is None:
         return None, "no comm fit: " + why_no_fit(pool_pts, max_world)
     cores = next((r.fingerprint.get("cpu_count") for r in runs if r.fingerprint.get("cpu_count")), None)
-    return Model(pts, scaling, cap, intra, cross, G, shape=every, device=first.device_kind,
-                 cores=cores), src
+    return Model(pts, cap, intra, cross, G, every, first.device_kind, cores), src
 
 
 DEFAULT_WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
@@ -238,14 +229,13 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         first = members[0]
         pool = [r for r in usable(runs) if r.device_kind == first.device_kind
                 and r.get("backend") == first.get("backend")]
-        cap = int((first.config.get("train") or {}).get("max_steps_per_epoch") or 0)
+        cap = int(first.cfg("train").get("max_steps_per_epoch") or 0)
         entry = {"sync": g["sync"], "device": g["device"], "workload": g["workload"],
                  "workload_short": g.get("workload_short", g["workload"]),
                  "scaling": first.scaling, "gpus_per_node": gpus_per_node, "heldout": None}
 
         def fit(fid: str, max_world: Optional[int] = None):
-            return fit_model(members, pool, first.scaling, cap, bench, gpus_per_node, warmup,
-                             max_world=max_world, fid=fid)
+            return fit_model(members, pool, cap, bench, gpus_per_node, warmup, max_world, fid)
 
         def predict(m: Optional[Model], r: Optional[Run], world: int) -> Optional[dict]:
             p = measured_point(r, warmup) if r else None
@@ -260,16 +250,13 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
             m, src = fit(base_fid, measured[-2])
             tops = [x for x in g["rows"] if x["world_size"] == top]
             row = next((x for x in tops if x["fingerprint_id"] == base_fid), tops[0])
-            pred = predict(m, by_path[row["run"]], top)
-            entry["heldout"] = {
-                "fitted_worlds": measured[:-1], "predicted_world": top,
-                "measured_s": row["epoch_time_s_mean"], "comm_fit": src,
-                "predicted_s": pred["epoch_s"] if pred else None,
-                "rel_error": (pred["epoch_s"] - row["epoch_time_s_mean"]) / row["epoch_time_s_mean"]
-                if pred else None, "why_not": None if pred else src}
+            pred, t = predict(m, by_path[row["run"]], top), row["epoch_time_s_mean"]
+            entry["heldout"] = {"fitted_worlds": measured[:-1], "predicted_world": top, "measured_s": t,
+                                "comm_fit": src, "predicted_s": pred["epoch_s"] if pred else None,
+                                "rel_error": (pred["epoch_s"] - t) / t if pred else None,
+                                "why_not": None if pred else src}
         models = {base_fid: fit(base_fid)}
-        m, src = models[base_fid]
-        entry["comm_fit"] = src
+        m, entry["comm_fit"] = models[base_fid]
         out.append(entry)
         if m is None:
             entry.update(predictions=[], fit=None, fit_check=[])
@@ -302,13 +289,10 @@ def forecast(groups: list[dict], runs: list[Run], bench: list[dict],
         bp = measured_point(base, warmup)
         weak_b = bp.batch if first.scaling == "weak" else (first.global_batch or 0) / (base.world_size or 1)
         strong_g = first.global_batch if first.scaling == "strong" else bp.batch * (base.world_size or 1)
-        preds, none = [], dict.fromkeys(("epoch_s", "steps", "compute_ms", "comm_ms"))
-        for n in worlds:
-            for mode, b in (("weak", weak_b), ("strong", strong_g / n)):
-                preds.append({"world": n, "nodes": math.ceil(n / gpus_per_node), "mode": mode,
-                              "batch_per_rank": b, "global_batch": b * n,
-                              **(m.predict(n, b) or none)})
-        entry["predictions"] = preds
+        none = dict.fromkeys(("epoch_s", "steps", "compute_ms", "comm_ms"))
+        entry["predictions"] = [{"world": n, "nodes": math.ceil(n / gpus_per_node), "mode": mode,
+                                 "batch_per_rank": b, "global_batch": b * n, **(m.predict(n, b) or none)}
+                                for n in worlds for mode, b in (("weak", weak_b), ("strong", strong_g / n))]
         entry.update(verdict(entry))
     return {"worlds": worlds, "gpus_per_node": gpus_per_node, "series": out,
             "assumptions": ASSUMPTIONS, "target": TARGET}
@@ -404,9 +388,8 @@ def forecast_markdown(fc: dict) -> list[str]:
                   "| world | nodes | weak: epoch (s) | weak: comm ms/step | strong: batch/rank | "
                   "strong: epoch (s) | strong: comm ms/step |", "|---|---|---|---|---|---|---|"]
         by = {(p["world"], p["mode"]): p for p in s["predictions"]}
-        for n in fc["worlds"]:
-            w, st = by[(n, "weak")], by[(n, "strong")]
-            lines.append(f"| {n} | {w['nodes']} | {sig(w['epoch_s'])} | {sig(w['comm_ms'])} | "
-                         f"{sig(st['batch_per_rank'])} | {sig(st['epoch_s'])} | {sig(st['comm_ms'])} |")
-        lines.append("")
+        cells = (("weak", "epoch_s"), ("weak", "comm_ms"), ("strong", "batch_per_rank"),
+                 ("strong", "epoch_s"), ("strong", "comm_ms"))
+        lines += [md_row([n, by[(n, "weak")]["nodes"], *(sig(by[(n, mode)][k]) for mode, k in cells)])
+                  for n in fc["worlds"]] + [""]
     return lines

@@ -14,7 +14,7 @@ from ..config import SCHEMAS
 from ..folder.description import plural
 from .alpha_beta import call_time
 from .run import PHASES
-from .tables import _mean, MIN_REPEATS, sig, workload_titles
+from .tables import _mean, all_reduce_series, MIN_REPEATS, sig, workload_titles
 
 
 # One colour per name (a sync, a bench implementation) in every figure, the report's and the
@@ -72,11 +72,6 @@ def sync_color(label: str) -> str:
     return _mix(base, SHADES[_hash(" ".join(sorted(setting))) % len(SHADES)])
 
 
-def impl_color(impl: str, order: list[str] | None = None) -> str:
-    """Its name's colour; `order` changes nothing (kept for the bench's callers)."""
-    return name_color(impl)
-
-
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange",
                 "sync": "tab:red", "optim": "tab:green"}
 MARKERS = "osD^v"  # one per fingerprint of a series (per bench run in bench_figure)
@@ -104,25 +99,25 @@ def save(fig, info: dict, path: Path) -> dict:
     return info
 
 
-def fit_title(text: str, width: int, sep: str = ", ") -> str:
+def fit_title(text: str, width: int) -> str:
     """`text` on lines of at most `width` characters, broken only between
-    its `sep`-joined phrases (a longer phrase keeps a line of its own)."""
+    its ", "-joined phrases (a longer phrase keeps a line of its own)."""
     lines: list[str] = []
-    for phrase in text.split(sep):
-        if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
-            lines[-1] += sep + phrase
+    for phrase in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(phrase) <= width:
+            lines[-1] += ", " + phrase
         else:
             lines.append(phrase)
-    return (sep.rstrip() + "\n").join(lines)
+    return ",\n".join(lines)
 
 
-def title_chars(fig_width_in: float, legend_labels: list[str], fontsize: float = 10) -> int:
-    """Characters of a centred `fontsize` title that stays clear of a
+def title_chars(fig_width_in: float, legend_labels: list[str]) -> int:
+    """Characters of a centred 10-point title that stays clear of a
     top-right legend of 8-point labels (a character: 0.55 em wide)."""
     longest = max((len(line) for t in legend_labels for line in t.split("\n")), default=0)
     legend_in = 0.7 + longest * 8 * 0.55 / 72  # marker, padding, the longest label
     room_in = fig_width_in - 2 * (legend_in + 0.2)
-    return max(30, int(room_in / (fontsize * 0.55 / 72)))
+    return max(30, int(room_in / (10 * 0.55 / 72)))
 
 
 def measured(rows: list[dict]) -> str:
@@ -141,6 +136,14 @@ def _left_out(row: dict) -> bool:
     return min(row.get("warmup_epochs") or [0]) > 0
 
 
+def _panel(groups: list[dict], rows: list[dict]) -> tuple[int, bool, bool, bool]:
+    """A panel's most common n, whether other n's are drawn, whether its series' epoch counts
+    differ, whether only some of its points left a warm-up out."""
+    counts = Counter(r["time_n"] for r in rows)
+    return (counts.most_common(1)[0][0], len(counts) > 1, len({g.get("epochs") for g in groups}) > 1,
+            len({_left_out(r) for r in rows}) > 1)
+
+
 def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, str], str]:
     """Titles cut to their `sep`-separated parts that differ, and the parts they all share."""
     parts = {k: t.split(sep) for k, t in titles.items()}
@@ -149,9 +152,13 @@ def _distinct(titles: dict[tuple, str], sep: str = ", ") -> tuple[dict[tuple, st
             sep.join(common))
 
 
-def _points(ax, x, y, cis, ns, color, marker, common: int, exact=(), nth=0) -> None:
-    """A series' line and points: an error bar where there is an interval, else a hollow
-    marker unless `exact`; an n other than `common` beside its point (`nth`: lines higher)."""
+def _points(ax, rows: list[dict], shift: float, key: str, ci_key: str, color, marker, common: int,
+            nth: int, exact=()) -> None:
+    """A series' line and points (`key` of its rows, each world x `shift`): an error bar where
+    there is an interval (`ci_key`), else a hollow marker unless `exact`; an n other than `common`
+    beside its point (`nth`: lines higher)."""
+    x, y = [r["world_size"] * shift for r in rows], [r[key] for r in rows]
+    cis, ns = [r[ci_key] for r in rows], [r["time_n"] for r in rows]
     ax.plot(x, y, color=color, lw=1.5)
     bar = [i for i, ci in enumerate(cis) if ci]
     if bar:
@@ -179,45 +186,37 @@ def _line_row(ax_t, ax_e, panel: list[dict], title: str) -> tuple[list, dict, se
 
     worlds: set[int] = set()
     nth = 0
-    counts = Counter(r["time_n"] for g in panel for r in g["rows"])
-    common = counts.most_common(1)[0][0]
+    common, other_ns, epochs, mixed = _panel(panel, [r for g in panel for r in g["rows"]])
     handles, series, few = {}, [], set()
-    epochs = {g.get("epochs") for g in panel}
-    mixed = len({_left_out(r) for g in panel for r in g["rows"]}) > 1
     lines = [(g, fid) for g in panel for fid in dict.fromkeys(r["fingerprint_id"] for r in g["rows"])]
     for k, (g, fid) in enumerate(lines):
         fids = list(dict.fromkeys(r["fingerprint_id"] for r in g["rows"]))
         j = fids.index(fid)  # a fingerprint's marker
         rows = sorted((r for r in g["rows"] if r["fingerprint_id"] == fid),
                       key=lambda r: r["world_size"])
-        label = g["sync"] + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "") \
+        label = g["sync"] + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "") \
             + (f" [{fid}]" if len(fids) > 1 else "") \
             + (" (warm-up in)" if mixed and not _left_out(rows[0]) else "")
         color, marker = sync_color(g["sync"]), MARKERS[j % len(MARKERS)]
         shift = 2 ** (DODGE * (k - (len(lines) - 1) / 2))
-        x = [r["world_size"] * shift for r in rows]
-        y = [r["epoch_time_s_mean"] for r in rows]
         ns = [r["time_n"] for r in rows]
         worlds.update(r["world_size"] for r in rows)
         few.update(n for n in ns if n < MIN_REPEATS)
-        _points(ax_t, x, y, [r["epoch_time_s_ci95"] for r in rows], ns, color, marker,
-                common, nth=nth)
+        _points(ax_t, rows, shift, "epoch_time_s_mean", "epoch_time_s_ci95", color, marker, common, nth)
         n0, t0 = g["baseline_world_size"], g["rows"][0]["epoch_time_s_mean"]
         # ideal: the baseline's time per unit of work (flat where it grows)
         ideal = [t0 * r["efficiency"] / r["speedup"] if r["speedup"] else t0 * n0 / r["world_size"]
                  for r in rows]
-        ax_t.plot(x, ideal, ":", color=color, alpha=0.7)
+        ax_t.plot([r["world_size"] * shift for r in rows], ideal, ":", color=color, alpha=0.7)
         series.append(_drawn(label, g, color, rows))
         eff = [r for r in rows if r["efficiency"] is not None]
         if eff:
-            _points(ax_e, [r["world_size"] * shift for r in eff], [r["efficiency"] for r in eff],
-                    [r["efficiency_ci95"] for r in eff], [r["time_n"] for r in eff],
-                    color, marker, common, nth=nth,
+            _points(ax_e, eff, shift, "efficiency", "efficiency_ci95", color, marker, common, nth,
                     exact=[i for i, r in enumerate(eff) if r["run"] == r["baseline_run"]])
         nth += any(n != common for n in ns)
         handles.setdefault(label, Line2D([], [], color=color, marker=marker))
     ax_e.axhline(1.0, ls=":", color="black", alpha=0.6)
-    n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every point")
+    n_text = f"n={common}" + (" unless marked" if other_ns else " at every point")
     head = f"{title}\n" if title else ""
     ax_t.set_title(f"{head}time per epoch, {n_text}", fontsize=9)
     ax_t.set_ylabel(measured([r for g in panel for r in g["rows"]]))
@@ -256,16 +255,11 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     pts = [(g, r) for g in panel for r in g["rows"]]
     worlds = sorted({r["world_size"] for _, r in pts})
     allocs = sorted({f"{r['nodes']}x{r['nproc_per_node']}" for _, r in pts})
-    epochs = {g.get("epochs") for g in panel}
-    counts = Counter(r["time_n"] for _, r in pts)
-    common = counts.most_common(1)[0][0]
-    mixed = len({_left_out(r) for _, r in pts}) > 1
-    names = []
-    for g, r in pts:
-        fids = {x["fingerprint_id"] for x in g["rows"]}
-        names.append(g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
-                     + (f" · {plural(g.get('epochs'), 'epoch')}" if len(epochs) > 1 else "")
-                     + (f" [{r['fingerprint_id']}]" if len(fids) > 1 else ""))
+    common, other_ns, epochs, mixed = _panel(panel, [r for _, r in pts])
+    names = [g["sync"] + (f" · {r['world_size']} ranks" if len(worlds) > 1 else "")
+             + (f" · {plural(g.get('epochs'), 'epoch')}" if epochs else "")
+             + (f" [{r['fingerprint_id']}]" if len({x["fingerprint_id"] for x in g["rows"]}) > 1 else "")
+             for g, r in pts]
     colors = [sync_color(g["sync"]) for g, _ in pts]
     # with and without an interval apart: bar_label puts a label at its error bar's end
     for has_ci in (True, False):
@@ -292,7 +286,7 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     ax.grid(True, axis="x", alpha=0.3)
     where = (f"at {worlds[0]} ranks ({allocs[0]})" if len(worlds) == 1 and len(allocs) == 1
              else f"at {', '.join(map(str, worlds))} ranks, named per bar")
-    n_text = f"n={common}" + (" unless marked" if len(counts) > 1 else " at every bar")
+    n_text = f"n={common}" + (" unless marked" if other_ns else " at every bar")
     no_ci = f"; no interval below n={MIN_REPEATS}" if common < MIN_REPEATS else ""
     head = f"{title}\n" if title else ""
     ax.set_title(f"{head}time per epoch {where}, {n_text}{no_ci}", fontsize=9)
@@ -300,24 +294,16 @@ def _bar_row(ax, panel: list[dict], title: str) -> list[dict]:
     return [_drawn(name, g, color, [r]) for (g, r), name, color in zip(pts, names, colors)]
 
 
-def panel_titles(groups: list[dict]) -> tuple[list[tuple], dict[tuple, str], str]:
-    """The epoch-time figure's panels (one per device and workload but its epoch count), their
-    titles cut to what sets them apart, and what they all share."""
-    keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
-    several = len({k[0] for k in keys}) > 1
-    full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
-    if len(keys) == 1:
-        return keys, {keys[0]: ""}, full[keys[0]]
-    titles, common = _distinct(full)
-    return keys, titles, common
-
-
 def epoch_time_figure(groups: list[dict]):
     """A row per workload: `_line_row`, or `_bar_row` at one world (docs/scaling.md)."""
     plt = _plt()
     from matplotlib.lines import Line2D
 
-    keys, titles, common = panel_titles(groups)
+    # a panel per device and workload but its epoch count, its title cut to what sets it apart
+    keys = list(dict.fromkeys((g["device"], g.get("workload_panel", g["workload"])) for g in groups))
+    several = len({k[0] for k in keys}) > 1
+    full = {k: (f"{k[0]}, " if several else "") + k[1] for k in keys}
+    titles, common = ({keys[0]: ""}, full[keys[0]]) if len(keys) == 1 else _distinct(full)
     panels = [[g for g in groups if (g["device"], g.get("workload_panel", g["workload"])) == key]
               for key in keys]
     lines = [any(len({r["world_size"] for r in g["rows"]}) > 1 for g in p) for p in panels]
@@ -472,11 +458,7 @@ def bench_names(fits: list[dict]) -> tuple[list[str], str]:
 
 def _series(run) -> dict[tuple[str, str], list[dict]]:
     """A bench run's correct all_reduce points by (impl, group), sized up."""
-    out: dict[tuple[str, str], list[dict]] = {}
-    for r in run.bench.get("rows", []):
-        if r.get("op") == "all_reduce" and r.get("correct"):
-            out.setdefault((r["impl"], r["group"]), []).append(r)
-    return {k: sorted(v, key=lambda r: r["bytes"]) for k, v in out.items()}
+    return {k: sorted(v, key=lambda r: r["bytes"]) for k, v in all_reduce_series(run, True).items()}
 
 
 def bench_figure(fits: list[dict]):
@@ -493,24 +475,22 @@ def bench_figure(fits: list[dict]):
         for (impl, group), pts in _series(f["run"]).items():
             # the group kind sets the line style where several were measured, else the run
             ls = GROUP_STYLES.get(group, ("-", "o"))[0] if len(groups) > 1 else LINESTYLES[i % 4]
-            style = {"color": impl_color(impl), "marker": MARKERS[i % len(MARKERS)],
+            style = {"color": name_color(impl), "marker": MARKERS[i % len(MARKERS)],
                      "linestyle": ls, "ms": 4}
             label = " · ".join(p for p in (name if len(fits) > 1 else "", impl,
                                            group if len(groups) > 1 else "") if p) \
                 + f" (n={pts[0]['group_size']})"
-            b = [r["bytes"] for r in pts]
-            ax_bw.plot(b, [r["busbw_GBps"] for r in pts], label=label, **style)
-            ax_t.plot(b, [r["time_median_s"] * 1e3 for r in pts], **style)
-            fit = by_key.get((impl, group))
+            b, fit = [r["bytes"] for r in pts], by_key.get((impl, group))
+            bw, ms = [r["busbw_GBps"] for r in pts], [r["time_median_s"] * 1e3 for r in pts]
+            ax_bw.plot(b, bw, label=label, **style)
+            ax_t.plot(b, ms, **style)
             pred = [call_time("all_reduce", impl, v, fit.n, fit) * 1e3 for v in b] if fit else None
             # thick and pale, under its points: the fit's line
             if pred:
                 ax_t.plot(b, pred, color=style["color"], lw=5, alpha=0.25, zorder=1)
             series.append({"label": label, "run": str(f["run"].path), "impl": impl, "group": group,
-                           "color": style["color"],
-                           "bytes": b, "busbw_GBps": [r["busbw_GBps"] for r in pts],
-                           "time_ms": [r["time_median_s"] * 1e3 for r in pts], "fit_time_ms": pred,
-                           "alpha_us": fit.alpha_s * 1e6 if fit else None,
+                           "color": style["color"], "bytes": b, "busbw_GBps": bw, "time_ms": ms,
+                           "fit_time_ms": pred, "alpha_us": fit.alpha_s * 1e6 if fit else None,
                            "bandwidth_GBps": fit.bandwidth_GBps if fit else None})
     for ax in (ax_bw, ax_t):
         ax.set_xscale("log", base=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -17,6 +18,10 @@ from ..folder.rundir import DRY_RUN, is_dry_run
 
 
 PHASES = ("data", "forward", "backward", "sync", "optim")
+#: Run.get's fallbacks: a key summary.json lacks, read from (config section, key)
+CONFIG_KEYS = {"launcher": ("launcher", "name"), "sync": ("sync", "name"),
+               "nodes": ("launcher", "nodes"), "nproc_per_node": ("launcher", "nproc_per_node"),
+               "epochs": ("train", "epochs")}
 
 
 @dataclass
@@ -33,18 +38,16 @@ class Run:
     bench: Optional[dict] = None  # bench.json
 
     def get(self, key: str, default: Any = None) -> Any:
-        """From summary.json, else from the config (launcher/sync sections), else default."""
+        """From summary.json, else from the config (CONFIG_KEYS), else default."""
         if self.summary.get(key) is not None:
             return self.summary[key]
-        cfg = self.config
-        fallback = {
-            "launcher": (cfg.get("launcher") or {}).get("name"),
-            "sync": (cfg.get("sync") or {}).get("name"),
-            "nodes": (cfg.get("launcher") or {}).get("nodes"),
-            "nproc_per_node": (cfg.get("launcher") or {}).get("nproc_per_node"),
-            "epochs": (cfg.get("train") or {}).get("epochs"),
-        }.get(key)
+        section, name = CONFIG_KEYS.get(key, ("", ""))
+        fallback = self.cfg(section).get(name)
         return default if fallback is None else fallback
+
+    def cfg(self, section: str) -> dict:
+        """One section of config.yaml ({} where it has none)."""
+        return self.config.get(section) or {}
 
     @property
     def world_size(self) -> Optional[int]:
@@ -57,10 +60,7 @@ class Run:
     def device_kind(self) -> str:
         """What runs must share to be compared: "cpu" (however spelled, or
         the config's dist.device), else the GPU's name as recorded."""
-        d = self.get("device")
-        if d is None:
-            d = (self.config.get("dist") or {}).get("device")
-        d = str(d or "?")
+        d = str(self.get("device", self.cfg("dist").get("device")) or "?")
         return "cpu" if d.split(":")[0].strip().lower() == "cpu" else d
 
     @property
@@ -76,15 +76,15 @@ class Run:
         s = self.summary.get("scaling")
         if s in ("strong", "weak"):
             return s
-        return "strong" if int((self.config.get("train") or {}).get("global_batch") or 0) > 0 else "weak"
+        return "strong" if int(self.cfg("train").get("global_batch") or 0) > 0 else "weak"
 
     @property
     def global_batch(self) -> Optional[int]:
         """Samples of one step over all ranks: summary.json's, the config's, or batch x world."""
-        g = self.summary.get("global_batch") or (self.config.get("train") or {}).get("global_batch")
+        g = self.summary.get("global_batch") or self.cfg("train").get("global_batch")
         if g:
             return int(g)
-        batch = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        batch = self.summary.get("batch_size") or self.cfg("train").get("batch_size")
         return int(batch) * (self.world_size or 1) if batch else None
 
     @property
@@ -92,7 +92,7 @@ class Run:
         """Samples per rank per step: global batch / world when strong, else the batch size."""
         if self.scaling == "strong" and self.global_batch:
             return self.global_batch / (self.world_size or 1)
-        b = self.summary.get("batch_size") or (self.config.get("train") or {}).get("batch_size")
+        b = self.summary.get("batch_size") or self.cfg("train").get("batch_size")
         return float(b) if b else None
 
     @property
@@ -109,16 +109,12 @@ class Run:
         """What must match for epoch times to compare across worlds:
         model, optimiser, scaling and its batch (per rank when weak),
         micro-batch, step cap (0: the whole shard), epochs, pipeline."""
-        train = self.config.get("train") or {}
-        model = (self.config.get("model") or {}).get("name", self.summary.get("model"))
-        optim = (self.config.get("optim") or {}).get("name", self.summary.get("optim"))
-        pipeline = (self.config.get("data") or {}).get("pipeline", self.summary.get("pipeline"))
-        if self.scaling == "strong":
-            batch = self.global_batch
-        else:
-            batch = train.get("batch_size", self.summary.get("batch_size"))
-        return (model, optim, self.scaling, batch, int(train.get("micro_batch") or 0),
-                train.get("max_steps_per_epoch", 0), self.get("epochs"), pipeline)
+        train, s = self.cfg("train"), self.summary
+        batch = self.global_batch if self.scaling == "strong" else train.get("batch_size", s.get("batch_size"))
+        return (self.cfg("model").get("name", s.get("model")), self.cfg("optim").get("name", s.get("optim")),
+                self.scaling, batch, int(train.get("micro_batch") or 0),
+                train.get("max_steps_per_epoch", 0), self.get("epochs"),
+                self.cfg("data").get("pipeline", s.get("pipeline")))
 
     def workload_label(self, epochs: bool = True) -> str:
         """e.g. "mlp, adam, global batch 64 (strong scaling), 20
@@ -152,9 +148,8 @@ class Run:
             t = self.summary.get("epoch_time_s_mean") or self.summary.get("epoch_time_s_median")
             return ([float(t)] if t else []), 0
         skip = (1 if len(times) > 1 else 0) if warmup is None else warmup
-        if skip >= len(times):
-            # too few epochs to drop any: every one counts (as reported)
-            skip = 0
+        # too few epochs to drop any: every one counts (as reported)
+        skip = 0 if skip >= len(times) else skip
         return times[skip:], skip
 
     def epoch_samples(self) -> Optional[float]:
@@ -190,11 +185,10 @@ class Run:
         """Measured comm per step of `records` (default: all): seconds, payload bytes, calls."""
         records = self.records if records is None else records
         steps = self.steps_total(records)
+        keys = ("time_s", "payload_bytes", "calls")
         if not steps:
-            return {"time_s": None, "payload_bytes": None, "calls": None}
-        tot = {k: sum(float((r.comm or {}).get(k) or 0.0) for r in records)
-               for k in ("time_s", "payload_bytes", "calls")}
-        return {k: v / steps for k, v in tot.items()}
+            return dict.fromkeys(keys)
+        return {k: sum(float((r.comm or {}).get(k) or 0.0) for r in records) / steps for k in keys}
 
 
 # Finding and reading run folders, complete or not.
@@ -230,38 +224,29 @@ def _read_records(path: Path) -> tuple[list[EpochRecord], int]:
     lines, torn = read_metrics(path)
     records: list[EpochRecord] = []
     for line in lines:
-        try:
+        with contextlib.suppress(ValueError):
             records.append(EpochRecord.from_dict(line))
-        except ValueError:
-            pass
     return records, len(torn) + len(lines) - len(records)
 
 
 def load_run(path: Path) -> Run:
     """Read one run folder and decide whether it can be compared, and if not, why."""
     config = _read_config(path / "config.yaml") if (path / "config.yaml").exists() else {}
-    summary, err = ({}, None)
-    if (path / "summary.json").exists():
-        summary, err = _read_json(path / "summary.json")
-        summary = summary or {}
+    summary, err = _read_json(path / "summary.json") if (path / "summary.json").exists() else ({}, None)
+    summary = summary or {}
     dry = bool((config.get("launcher") or {}).get("dry_run"))
-    is_bench = "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists()
-    if is_bench:
+    if "bench" in config or summary.get("kind") == "bench" or (path / "bench.json").exists():
         return _load_bench(path, config, summary, err, dry)
     records, bad = _read_records(path / "metrics.jsonl")
     typed = RunSummary.from_dict(summary) if summary else None
     run = Run(path, "train", False, "", typed.to_dict() if typed else {}, config, records)
-    epochs = run.get("epochs")
     if err:
         run.status = err
     elif not summary:
-        if dry:
-            run.status = "dry run: nothing was started"
-        elif records:
-            run.status = (f"incomplete: {len(records)} of {epochs} epoch(s) logged and no "
-                          "summary.json (still running, or killed)")
-        else:
-            run.status = "incomplete: no summary.json, no metrics (never started, still running, or killed)"
+        run.status = ("dry run: nothing was started" if dry else
+                      f"incomplete: {len(records)} of {run.get('epochs')} epoch(s) logged and no "
+                      "summary.json (still running, or killed)" if records else
+                      "incomplete: no summary.json, no metrics (never started, still running, or killed)")
     elif typed.records_kept is False:
         # a run.entry of its own (ddp_lab.rank.one_file)
         run.status = (f"{typed.status}: run.entry={typed.entry} keeps no records (no metrics.jsonl), "
@@ -271,9 +256,8 @@ def load_run(path: Path) -> Run:
     elif typed.epoch_time_s_median is None:
         run.status = "completed but no epoch was timed (a resumed run that had already finished)"
     else:
-        run.ok, run.status = True, "completed"
-        if bad:
-            run.status = f"completed ({bad} unreadable metrics line(s) ignored)"
+        run.ok = True
+        run.status = f"completed ({bad} unreadable metrics line(s) ignored)" if bad else "completed"
     return run
 
 
@@ -311,13 +295,12 @@ def find_runs(paths: list[str | Path], exclude: Optional[Path] = None) -> list[R
         root = root.resolve()
         for dirpath, dirnames, filenames in os.walk(root):
             here = Path(dirpath)
-            # our own output
-            if exclude is not None and here == exclude and here != root:
-                dirnames[:] = []
-                continue
             # a study folder: its points are runs, it is not
             study = STUDY_FILE in filenames
-            if not study and DRY_RUN in filenames and is_dry_run(here):
+            if exclude is not None and here == exclude and here != root:
+                # our own output
+                dirnames[:] = []
+            elif not study and DRY_RUN in filenames and is_dry_run(here):
                 # rendered, never started
                 dry += 1
                 dirnames[:] = []

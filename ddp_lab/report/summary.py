@@ -43,10 +43,8 @@ def _capped(entries: list[list[str]], most: int, rest: str) -> list[str]:
 
 
 def _efficiency(r: dict) -> str:
-    if r["efficiency"] is None:
-        return "–"
-    if r["run"] == r["baseline_run"]:
-        return "baseline"
+    if r["efficiency"] is None or r["run"] == r["baseline_run"]:
+        return "–" if r["efficiency"] is None else "baseline"
     ci = r["efficiency_ci95"]
     return f"{r['efficiency']:.0%}" + (f" [{ci[0]:.0%}, {ci[1]:.0%}]" if ci else "") \
         + (" ⚠" if r["cross_fingerprint"] else "")
@@ -165,10 +163,9 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
         notes.append(f"{', '.join(sorted({c.split(', ')[-1] for c in capped}))}: the step cap is per "
                      "rank, so an epoch's work grows with the world; efficiency counts the work "
                      "(100% = the baseline's time per epoch)")
-    differs = Counter(d for g in groups for d in g.get("fingerprint_differences", []))
-    for what, k in differs.items():
-        notes.append(f"⚠ {k} row(s) set against a world of another allocation, whose fingerprint "
-                     f"differs: {what} (report.md names them)")
+    notes += [f"⚠ {k} row(s) set against a world of another allocation, whose fingerprint "
+              f"differs: {what} (report.md names them)"
+              for what, k in Counter(d for g in groups for d in g.get("fingerprint_differences", [])).items()]
     model = comm_model_note(comm)
     if model:
         notes.append(model)
@@ -178,21 +175,19 @@ def note_lines(groups: list[dict], comm: list[dict], skipped: list[dict]) -> lis
     if len(skipped) > 3:
         left_out.append(f"... and {len(skipped) - 3} more skipped folder(s), in report.md")
     notes = left_out + notes
-    if not notes:
-        return []
-    return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")]
+    return ["", "Notes:", *_capped([_wrap(f"- {n}", "") for n in notes], NOTE_LINES, "note(s)")] \
+        if notes else []
 
 
 def witness_lines(rows: list[dict]) -> list[str]:
     """Each witnessed figure outside its band on a line; else one line saying they agree."""
     judged = [r for r in rows if r["agrees"] is not None]
+    bad = [r for r in judged if r["agrees"] is False]
     if not judged:
         return []
-    bad = [r for r in judged if r["agrees"] is False]
-    runs = len({r["run"] for r in judged})
     if not bad:
-        return ["", f"Independent witnesses: {len(judged)} figure(s) of {runs} profiled run(s), "
-                    "every rank within its band (report.md)"]
+        return ["", f"Independent witnesses: {len(judged)} figure(s) of {len({r['run'] for r in judged})} "
+                    "profiled run(s), every rank within its band (report.md)"]
     return ["", f"Independent witnesses: {len(bad)} of {len(judged)} figure(s) outside the band "
                 "docs/timing.md states:",
             *_capped([[f"  {disagreement(r)}"] for r in bad], WITNESS_LINES, "disagreement(s)")]

@@ -5,6 +5,7 @@ comm model, the bench, memory, allocations, the doctor's checks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import statistics
@@ -85,13 +86,8 @@ def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:
     return none if v is None else format(v, fmt)
 
 
-def md_row(cells: list) -> str:
+def md_row(cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
-
-
-def allocation(run: Run) -> str:
-    nodes, per = run.get("nodes"), run.get("nproc_per_node")
-    return f"{nodes}x{per}" if nodes and per else "?"
 
 
 def workload_titles(items: list[dict], keys: list[tuple]) -> dict[tuple, str]:
@@ -134,16 +130,16 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
             points.setdefault(key, []).append(r)
         rows = [_point_row(key, sorted(rs, key=lambda r: str(r.path)), warmup)
                 for key, rs in sorted(points.items(), key=lambda kv: str(kv[0]))]
-        rows = [r for r in rows if r["time"] is not None]
+        rows = sorted((x for x in rows if x["time"] is not None),
+                      key=lambda x: (x["world_size"], x["nodes"] or 0, x["time"].mean))
         if not rows:
             continue
-        rows.sort(key=lambda x: (x["world_size"], x["nodes"] or 0, x["time"].mean))
         n0 = rows[0]["world_size"]
         bases = [x for x in rows if x["world_size"] == n0]
         several_worlds = len({x["world_size"] for x in rows}) > 1
         fps = {r.fingerprint_id: r.fingerprint for r in members}
-        first_cap = (members[0].config.get("train") or {}).get("max_steps_per_epoch")
-        notes, differs = [], []
+        first = members[0]
+        first_cap, notes, differs = first.cfg("train").get("max_steps_per_epoch"), [], []
         for x in rows:
             base = next((b for b in bases if b["fingerprint_id"] == x["fingerprint_id"]), bases[0])
             x.update(speedup=None, speedup_ci95=None, efficiency=None, efficiency_ci95=None,
@@ -154,12 +150,10 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 continue
             # the baseline against itself is 1 exactly, not a ratio
             sp, ci = (1.0, None) if base is x else ratio(base["time"], x["time"])
-            n = x["world_size"]
             # efficiency per unit of work: where an epoch's samples grow with the world (a step cap
             # per rank, weak scaling) the ideal time is flat, not 1/n (uncapped, the factor stays 1)
             capped = bool(first_cap) and x["epoch_samples"] and base["epoch_samples"]
-            work = x["epoch_samples"] / base["epoch_samples"] if capped else 1.0
-            k = work * n0 / n
+            k = (x["epoch_samples"] / base["epoch_samples"] if capped else 1.0) * n0 / x["world_size"]
             x.update(speedup=sp, speedup_ci95=_ci(ci), efficiency=sp * k,
                      efficiency_ci95=[c * k for c in ci] if ci else None)
             if base["fingerprint_id"] != x["fingerprint_id"]:
@@ -167,15 +161,14 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
                 diff = fingerprint.differences(fps.get(base["fingerprint_id"], {}),
                                                fps.get(x["fingerprint_id"], {}))
                 what = "; ".join(diff) or "a run without a fingerprint"
-                notes.append(f"world {n} (fingerprint {x['fingerprint_id']}) is compared with world "
-                             f"{n0} (fingerprint {base['fingerprint_id']}): {what}")
+                notes.append(f"world {x['world_size']} (fingerprint {x['fingerprint_id']}) is compared "
+                             f"with world {n0} (fingerprint {base['fingerprint_id']}): {what}")
                 # the screen says each difference once (summary.py)
                 differs.append(what)
         for x in rows:
             t = x.pop("time")
             x.update(time_n=t.n, epoch_time_s_mean=t.mean, epoch_time_s_std=t.std,
                      epoch_time_s_ci95=_ci(t.ci95))
-        first = members[0]
         out.append({"sync": sync, "device": device, "workload": first.workload_label(),
                     "workload_short": first.workload_short(),
                     "workload_panel": first.workload_label(epochs=False),
@@ -190,13 +183,8 @@ def scaling_groups(runs: list[Run], warmup: Optional[int] = None) -> list[dict]:
 def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
     """One point: its repeats' mean post-warm-up epoch times summarised."""
     world, nodes, per, fid = key
-    values, skipped = [], []
-    for r in rs:
-        v, skip = r.epoch_time_values(warmup)
-        if v:
-            values.append(sum(v) / len(v))
-            skipped.append(skip)
-    first = rs[0]
+    timed = [t for t in (r.epoch_time_values(warmup) for r in rs) if t[0]]
+    values, first = [sum(v) / len(v) for v, _ in timed], rs[0]
     return {
         "run": str(first.path), "runs": [str(r.path) for r in rs], "sync": first.description.series_label(),
         "algorithm": first.get("sync", "?"),
@@ -204,7 +192,7 @@ def _point_row(key: tuple, rs: list[Run], warmup: Optional[int]) -> dict:
         "device": first.device_kind, "nodes": nodes, "nproc_per_node": per, "world_size": world,
         "epochs": first.get("epochs_run", first.get("epochs")), "fingerprint_id": fid,
         "time": summarize(values), "repeat_values_s": values,
-        "warmup_epochs": sorted(set(skipped)),
+        "warmup_epochs": sorted({skip for _, skip in timed}),
         "comm_fraction": _mean([r.get("comm_fraction") for r in rs]),
         "comm_exposed_fraction": _mean([r.summary.get("comm_exposed_fraction") for r in rs])
         if all(r.summary.get("comm_exposed_fraction") is not None for r in rs) else None,
@@ -227,10 +215,8 @@ def ci_cell(ci, n: int, fmt) -> str:
 
 def ratio_ci_cell(row: dict, key: str, fmt: str) -> str:
     """A speedup's or efficiency's interval cell ("baseline" on its own row)."""
-    if row[key] is None:
-        return "–"
-    if row["run"] == row["baseline_run"]:
-        return "baseline"
+    if row[key] is None or row["run"] == row["baseline_run"]:
+        return "–" if row[key] is None else "baseline"
     return ci_cell(row[f"{key}_ci95"], min(row["time_n"], row["baseline_n"]), fmt)
 
 
@@ -294,39 +280,32 @@ def phase_rows(runs: list[Run]) -> list[dict]:
         ph = r.phase_ms()
         comm = r.comm_per_step()
         # a time per step: compared across epoch counts and step caps
-        what = r.description
+        what, nodes, per = r.description, r.get("nodes"), r.get("nproc_per_node")
+        # summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or –
+        s = r.summary.get("straggler")
+        late = f"rank {s['rank']} +{s['late_ms']:.2f} ms ({s['share']:.0%})" if s else "–"
         rows.append({"run": str(r.path), "sync": what.series_label(), "world_size": r.world_size,
                      "device": r.device_kind, "workload": what.workload_words(),
-                     "workload_short": what.workload_words(), "allocation": allocation(r),
+                     "workload_short": what.workload_words(),
+                     "allocation": f"{nodes}x{per}" if nodes and per else "?",
                      "fingerprint_id": r.fingerprint_id,
                      **{f"{p}_ms": ph[p] for p in (*PHASES, "step")},
                      "comm_ms": _ms(comm["time_s"]),
-                     "straggler": straggler_text(r.summary.get("straggler"))})
-    rows.sort(key=lambda x: (x["sync"], x["world_size"] or 0, x["run"]))
-    return rows
-
-
-def straggler_text(s: Optional[dict]) -> str:
-    """summary.json `straggler` in a cell: `rank 1 +5.02 ms (92%)`, or –."""
-    if not s:
-        return "–"
-    return f"rank {s['rank']} +{s['late_ms']:.2f} ms ({s['share']:.0%})"
+                     "straggler": late})
+    return sorted(rows, key=lambda x: (x["sync"], x["world_size"] or 0, x["run"]))
 
 
 def phase_markdown(rows: list[dict], short) -> list[str]:
-    lines = ["## Phase times per step", "",
+    return ["## Phase times per step", "",
              "Mean ms per step over all epochs (metrics.jsonl `phase_s.<phase>.mean`); comm = "
              "`comm.time_s / steps`, the time the synchroniser's collectives took (with ddp it "
              "overlaps backward, so it is not a separate phase). straggler = summary.json "
              "`straggler`: the rank the others wait for, how long (median ms per step) and the "
              "share of steps it came last (– when no rank is clearly the one; docs/sync.md).", "",
              "| sync | world | data | forward | backward | sync | optim | step | comm | straggler | run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['sync']} | {r['world_size']} | " + " | ".join(
-            _f(r[f"{p}_ms"], ".3f") for p in (*PHASES, "step", "comm"))
-            + f" | {r.get('straggler', '–')} | {short(r['run'])} |")
-    return lines + [""]
+             "|---|---|---|---|---|---|---|---|---|---|---|",
+            *(md_row([r["sync"], r["world_size"], *(_f(r[f"{p}_ms"]) for p in (*PHASES, "step", "comm")),
+                      r.get("straggler", "–"), short(r["run"])]) for r in rows), ""]
 
 
 def skipped_markdown(runs: list[Run], short) -> list[str]:
@@ -345,15 +324,22 @@ def summary_counts(runs: list[Run]) -> dict[str, Any]:
 
 # The communication tables: the bench's alpha-beta fits, each run's predicted comm, busbw.
 
+def all_reduce_series(run: Run, correct: bool = False) -> dict[tuple[str, str], list[dict]]:
+    """A bench run's all_reduce rows (only the correct ones if `correct`) by (impl, group)."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for x in run.bench.get("rows", []):
+        if x.get("op") == "all_reduce" and (x.get("correct") or not correct):
+            out.setdefault((x["impl"], x["group"]), []).append(x)
+    return out
+
+
 def bench_fits(runs: list[Run]) -> list[dict]:
     out = []
     for r in usable(runs, "bench"):
         rows = r.bench.get("rows", [])
-        primary = fit_alpha_beta(rows)
-        impls = sorted({(x["impl"], x["group"]) for x in rows if x.get("op") == "all_reduce"})
-        fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in impls) if f]
+        fits = [f for f in (fit_alpha_beta(rows, i, g) for i, g in sorted(all_reduce_series(r))) if f]
         # what predictions use: one fit per collective and implementation
-        out.append({"run": r, "primary": primary, "fits": fits, "by_op": fit_all(rows)})
+        out.append({"run": r, "primary": fit_alpha_beta(rows), "fits": fits, "by_op": fit_all(rows)})
     return out
 
 
@@ -416,11 +402,11 @@ def comm_model_markdown(fits: list[dict], rows: list[dict], short) -> list[str]:
             for fit in f["fits"] + others:
                 mark = " (used)" if fit == f["primary"] else ""
                 op = "" if fit.op == "all_reduce" else f"{fit.op}: "
-                lines.append(
-                    f"| {short(str(f['run'].path))} | {f['run'].bench['meta'].get('allocation', '?')} | "
-                    f"{op}{fit.impl} ({fit.algorithm}){mark} | {fit.group} | {fit.n} | "
-                    f"{fit.alpha_s * 1e6:.1f} | {fit.beta_s_per_byte * 1e9:.3f} | "
-                    f"{_f(fit.bandwidth_GBps)} | {fit.points} | {fit.rel_rms:.0%} |")
+                lines.append(md_row([
+                    short(str(f["run"].path)), f["run"].bench["meta"].get("allocation", "?"),
+                    f"{op}{fit.impl} ({fit.algorithm}){mark}", fit.group, fit.n,
+                    f"{fit.alpha_s * 1e6:.1f}", f"{fit.beta_s_per_byte * 1e9:.3f}",
+                    _f(fit.bandwidth_GBps), fit.points, f"{fit.rel_rms:.0%}"]))
         lines.append("")
     if rows:
         lines += ["Per training step, as the synchroniser recorded it (metrics.jsonl, divided by "
@@ -450,17 +436,12 @@ def bench_markdown(runs: list[Run], short) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in benches:
         alloc = r.bench.get("meta", {}).get("allocation", "?")
-        series: dict[tuple, list[dict]] = {}
-        for x in r.bench.get("rows", []):
-            if x.get("op") == "all_reduce":
-                series.setdefault((x["op"], x["impl"], x["group"]), []).append(x)
-        for (op, impl, group), xs in series.items():
+        for (impl, group), xs in all_reduce_series(r).items():
             good = [x for x in xs if x.get("correct")]
             best = max(good, key=lambda x: x["busbw_GBps"]) if good else None
-            lines.append(
-                f"| {short(str(r.path))} | {alloc} | {op} | {impl} | {group} | {xs[0]['group_size']} | "
-                f"{_f(best['busbw_GBps'] if best else None)} | {pow2_label(best['elements']) if best else '–'} | "
-                f"{len(xs) - len(good)} |")
+            lines.append(md_row([short(str(r.path)), alloc, "all_reduce", impl, group, xs[0]["group_size"],
+                                 _f(best["busbw_GBps"] if best else None),
+                                 pow2_label(best["elements"]) if best else "–", len(xs) - len(good)]))
     return lines + [""]
 
 
@@ -488,9 +469,8 @@ def memory_markdown(rows: list[dict[str, Any]]) -> list[str]:
              "1/world of the optimiser state, every other sync all of it.", "",
              "| model | ranks | sync | parameters MB | gradients MB | optimiser state MB | run |",
              "| --- | ---: | --- | ---: | ---: | ---: | --- |"]
-    lines += [f"| {r['model']} | {r['world_size']} | {r['sync']} | {r['param_MB']:.1f} | "
-              f"{r['grad_MB']:.1f} | {r['optimizer_state_MB']:.1f} | `{r['run']}` |" for r in rows]
-    return lines + [""]
+    return lines + [md_row([r["model"], r["world_size"], r["sync"], *(f"{r[f'{k}_MB']:.1f}" for k in KINDS),
+                            f"`{r['run']}`"]) for r in rows] + [""]
 
 
 def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
@@ -503,19 +483,15 @@ def segment_rows(runs: list[Run], short) -> list[dict[str, Any]]:
             continue
         for i, seg in enumerate(s for s in segs if isinstance(s, dict)):
             wall = None
-            try:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
                 wall = (datetime.datetime.fromisoformat(seg["end"])
                         - datetime.datetime.fromisoformat(seg["start"])).total_seconds()
-            except (KeyError, TypeError, ValueError):
-                pass
             rows.append({
-                "run": short(str(r.path)), "segment": i + 1, "job_id": seg.get("job_id"),
-                "restart": seg.get("restart"), "nodes": seg.get("nodes"),
+                "run": short(str(r.path)), "segment": i + 1,
+                **{k: seg.get(k) for k in ("job_id", "restart", "nodes")},
                 "hosts": ",".join(seg.get("hosts") or []), "start": seg.get("start"),
                 "wall_s": wall, "from": _position(seg, "start"), "to": _position(seg, "end"),
-                "steps_done": seg.get("steps_done"), "epochs_done": seg.get("epochs_done"),
-                "epoch_time_s_median": seg.get("epoch_time_s_median"),
-                "status": seg.get("status")})
+                **{k: seg.get(k) for k in ("steps_done", "epochs_done", "epoch_time_s_median", "status")}})
     return rows
 
 
@@ -567,8 +543,7 @@ def doctor_markdown(runs) -> list[str]:
         verdict = (f"{len(doc.get('checks', []))} checks ok" if not bad else
                    f"{len(bad)} FAIL: " + "; ".join(b.removeprefix("FAIL ") for b in bad))
         fid = doc.get("fingerprint_id") or "?"
-        same = by_fid.get(fid, [])
-        lines.append(f"| {fid} | {path.parent.name} | {doc.get('finished', '?')} | "
-                     f"{doc.get('elapsed_s', 0):.0f} s | {verdict.replace('|', '/')} | "
-                     f"{', '.join(same) or '-'} |")
+        lines.append(md_row([fid, path.parent.name, doc.get("finished", "?"),
+                             f"{doc.get('elapsed_s', 0):.0f} s", verdict.replace("|", "/"),
+                             ", ".join(by_fid.get(fid, [])) or "-"]))
     return lines + [""]

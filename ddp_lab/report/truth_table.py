@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..predict.costmodel import SYNC_COLLECTIVES, union_length
 from .alpha_beta import fit_all, predict_comm_s
 from .run import find_runs, Run, usable
-from .tables import _f, _mean, _ms
+from .tables import _f, _mean, _ms, md_row
 
 
 #: ours / witness: the band each figure's ratio should lie in
@@ -102,13 +102,17 @@ def hta_overlap(trace_dir: Path) -> Optional[float]:
     return value if value == value else None
 
 
+def _each_rank(r: dict, sep: str) -> str:
+    """" (rank 0 0.95<sep>rank 1 1.58)": every rank's ratio, where there are several."""
+    ranks = r.get("rank_ratios") or {}
+    each = sep.join(f"rank {k} {v:.2f}" for k, v in sorted(ranks.items()))
+    return f" ({each})" if len(ranks) > 1 else ""
+
+
 def disagreement(r: dict) -> str:
     """One figure outside its band, on one line (every rank's ratio)."""
-    ranks = r.get("rank_ratios") or {}
-    each = f" (rank {', rank '.join(f'{k} {v:.2f}' for k, v in sorted(ranks.items()))})" \
-        if len(ranks) > 1 else ""
     lo, hi = r["expected"]
-    return (f"{r['run']}: {r['figure']} ddp_lab / witness {r['ratio']:.2f}{each}, "
+    return (f"{r['run']}: {r['figure']} ddp_lab / witness {r['ratio']:.2f}{_each_rank(r, ', ')}, "
             f"outside {lo:.2f}-{hi:.2f}")
 
 
@@ -122,11 +126,7 @@ def witness_markdown(runs: list[Run], short) -> list[str]:
         return f"{v:.3f}" if "share" in figure else f"{v * 1e3:.3f} ms"
 
     def ratio(r: dict) -> str:
-        if r["ratio"] is None:
-            return "-"
-        ranks = r.get("rank_ratios") or {}
-        each = "; ".join(f"rank {k} {v:.2f}" for k, v in sorted(ranks.items()))
-        return f"{r['ratio']:.2f}" + (f" ({each})" if len(ranks) > 1 else "")
+        return "-" if r["ratio"] is None else f"{r['ratio']:.2f}" + _each_rank(r, "; ")
 
     lines = ["## Independent witnesses", "",
              "ddp_lab's figures beside the PyTorch profiler's trace and DDP's own logging "
@@ -148,14 +148,6 @@ def witness_markdown(runs: list[Run], short) -> list[str]:
 #: the targets: (a) measured vs bench, (b) measured vs model
 TARGET_BENCH = 0.20
 TARGET_MODEL = 0.30
-
-
-def find_train_runs(paths) -> list[Run]:
-    return usable(find_runs(list(paths)))
-
-
-def find_bench_runs(paths) -> list[Run]:
-    return usable(find_runs(list(paths)), "bench")
 
 
 # ------------------------------------------------------------------ the trace
@@ -200,19 +192,20 @@ def per_step(events: list[dict]) -> dict[str, Any]:
             "steps": len(measured)}
 
 
-def call_durations(events: list[dict], rank: int = 0) -> dict[tuple[str, int], list[float]]:
-    """(op, payload bytes) -> every duration (s) of such a call on `rank`."""
+def call_durations(events: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """(op, payload bytes) -> every duration (s) of such a call on rank 0."""
     out: dict[tuple[str, int], list[float]] = {}
-    for cs in step_calls(events, rank).values():
+    for cs in step_calls(events).values():
         for c in cs:
             out.setdefault((c["name"], int(c["args"]["payload_bytes"])), []).append(c["dur"] / 1e6)
     return out
 
 
-def wire_sizes(runs: list[Run]) -> dict[int, list[int]]:
-    """World size -> the call sizes (float32 elements) its runs sent, for `bench.sizes`."""
+def wire_sizes(paths: list) -> dict[int, list[int]]:
+    """World size -> the call sizes (float32 elements) the training runs under `paths` sent, for
+    `bench.sizes`."""
     out: dict[int, set[int]] = {}
-    for r in runs:
+    for r in usable(find_runs(list(paths))):
         st = per_step(read_trace(r.path))
         out.setdefault(r.world_size or 1, set()).update(b // 4 for _, b in st["calls"])
     return {w: sorted(s) for w, s in out.items()}
@@ -231,8 +224,7 @@ def bench_time(rows: list[dict], op: str, impl: str, elements: int, n: int,
     for e, t in pts:
         if e == elements:
             return t, True
-    below = [p for p in pts if p[0] < elements]
-    above = [p for p in pts if p[0] > elements]
+    below, above = [p for p in pts if p[0] < elements], [p for p in pts if p[0] > elements]
     if not below or not above:
         return None
     (e0, t0), (e1, t1) = below[-1], above[0]
@@ -272,8 +264,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
         "measured_ms": _median_ms(st["measured_s"]),
         "last_arrival_ms": _median_ms(st["last_arrival_s"]),
         "bench_run": str(bench.path) if bench else None,
-        "bench_ms": None, "bench_exact": None, "bench_min_ms": None, "model_ms": None,
-        "model_one_fit_ms": None,
+        **dict.fromkeys(("bench_ms", "bench_exact", "bench_min_ms", "model_ms", "model_one_fit_ms")),
         "fits": {}, "per_call": []}
     if bench is None or not st["calls"]:
         return _ratios(row)
@@ -303,8 +294,7 @@ def truth_row(run: Run, bench: Optional[Run]) -> dict[str, Any]:
     # the model as it was: the library all_reduce's fit for every call of every sync
     one = fits.get(("all_reduce", "torch"))
     row["model_one_fit_ms"] = _ms(predict_comm_s(sync, n, payload, k, one) if one else None)
-    row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items()
-                   if any((op, impl) == p for p in phases)}
+    row["fits"] = {f"{op}/{impl}": f.as_dict() for (op, impl), f in fits.items() if (op, impl) in phases}
     return _ratios(row)
 
 
@@ -355,8 +345,10 @@ def why(row: dict) -> Optional[str]:
 BURST_REACH = 4
 
 
-def truth_table(runs: list[Run], benches: list[Run]) -> list[dict]:
-    rows = [truth_row(r, _bench_for(r, benches)) for r in runs]
+def truth_table(run_paths: list, bench_paths: list) -> list[dict]:
+    """A truth row per training run under `run_paths`, against its bench run under `bench_paths`."""
+    benches = usable(find_runs(list(bench_paths)), "bench")
+    rows = [truth_row(r, _bench_for(r, benches)) for r in usable(find_runs(list(run_paths)))]
     order = {s: i for i, s in enumerate(SYNC_COLLECTIVES)}
     rows.sort(key=lambda x: (x["model"], x["world"], order.get(x["sync"], 99), x["run"]))
     return rows
@@ -380,14 +372,12 @@ def markdown(rows: list[dict]) -> list[str]:
         "(b) ≤30% | one-fit model ms/step | measured / one-fit | why (a row that misses) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(
-            f"| {r['sync']} | {r['model']} | {_world(r)} | {len(r['calls'])} | "
-            f"{_f(r['measured_ms'], '.3f')} | {_f(r['last_arrival_ms'], '.3f')} | "
-            f"{_f(r['bench_ms'], '.3f')}{'' if r['bench_exact'] in (None, True) else '*'} | "
-            f"{_f(r['model_ms'], '.3f')} | {_f(r['measured_over_bench'], '.2f')} | {_yes(r['a_ok'])} | "
-            f"{_f(r['measured_over_model'], '.2f')} | {_yes(r['b_ok'])} | "
-            f"{_f(r['model_one_fit_ms'], '.3f')} | {_f(_ratio(r['measured_ms'], r['model_one_fit_ms']), '.2f')} | "
-            f"{r.get('why') or ''} |")
+        lines.append(md_row([
+            r["sync"], r["model"], _world(r), len(r["calls"]), _f(r["measured_ms"]), _f(r["last_arrival_ms"]),
+            _f(r["bench_ms"]) + ("" if r["bench_exact"] in (None, True) else "*"), _f(r["model_ms"]),
+            _f(r["measured_over_bench"], ".2f"), _yes(r["a_ok"]), _f(r["measured_over_model"], ".2f"),
+            _yes(r["b_ok"]), _f(r["model_one_fit_ms"]),
+            _f(_ratio(r["measured_ms"], r["model_one_fit_ms"]), ".2f"), r.get("why") or ""]))
     lines += ["", "measured: median over steps of rank 0's comm per step (union of its calls, as "
               "the synchroniser's CommRecorder timed them); after last arrival: per call the "
               "shortest duration over ranks (the rest is waiting for a later rank); bench: the "
@@ -402,9 +392,7 @@ def markdown(rows: list[dict]) -> list[str]:
         first: dict[tuple, dict] = {}
         for c in r["per_call"]:
             first.setdefault((c["op"], c["bytes"]), c)
-        for c in first.values():
-            lines.append(
-                f"| {r['sync']} | {r['model']} | {r['world']} | {c['op']} ({c['algorithm']}) | "
-                f"{c['bytes'] / 1e6:.3f} | {_f(c['measured_ms'], '.3f')} | "
-                f"{_f(c['bench_ms'], '.3f')} | {_f(_ratio(c['measured_ms'], c['bench_ms']), '.2f')} |")
+        lines += [md_row([r["sync"], r["model"], r["world"], f"{c['op']} ({c['algorithm']})",
+                          f"{c['bytes'] / 1e6:.3f}", _f(c["measured_ms"]), _f(c["bench_ms"]),
+                          _f(_ratio(c["measured_ms"], c["bench_ms"]), ".2f")]) for c in first.values()]
     return lines

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .run import Run, usable
+from .tables import md_row
 
 #: the synchronisers whose runs the table shows, by idea (a ddp run with sync.hook: `_idea`)
 IDEAS = {"zero1": "sharded optimiser", "torch_zero": "sharded optimiser",
@@ -39,10 +40,9 @@ def _is_reference(run: Run) -> bool:
 def _point(run: Run) -> tuple:
     """What a run shares with its DDP reference: workload, length, seed, world, device."""
     d = run.description
-    seed = (run.config.get("train") or {}).get("seed", 0)
     # as JSON: a workload's settings may hold lists (model.hidden=[1024])
-    return json.dumps([d.workload, d.length, seed, run.world_size, run.device_kind],
-                      sort_keys=True, default=str)
+    return json.dumps([d.workload, d.length, run.cfg("train").get("seed", 0), run.world_size,
+                       run.device_kind], sort_keys=True, default=str)
 
 
 def _weights_diff(run: Run, ref: Run) -> Optional[float]:
@@ -97,14 +97,10 @@ def rows(runs: list[Run], short) -> list[dict[str, Any]]:
     """One row per run of an idea that has a twin at its point, its DDP reference first."""
     train = usable(runs)
     refs: dict[tuple, Run] = {}
-    for r in train:
-        if _is_reference(r):
-            refs.setdefault(_point(r), r)
-    out = []
-    for r in train:
-        idea, ref = _idea(r), refs.get(_point(r))
-        if idea is not None and ref is not None:
-            out.append(_row(r, ref, idea, short))
+    for r in filter(_is_reference, train):
+        refs.setdefault(_point(r), r)
+    out = [_row(r, refs[_point(r)], _idea(r), short) for r in train
+           if _idea(r) is not None and _point(r) in refs]
     ideas = {x["idea"] for x in out if x["sync"].split()[0] in TWINS or " hook=" in x["sync"]}
     # each idea with a twin of torch's, DDP's own row at the head of each of its blocks
     shown = [x for x in out if x["idea"] in ideas]
@@ -130,14 +126,12 @@ def table(rows_: list[dict[str, Any]]) -> list[str]:
     lines = ["| idea | ranks | sync | weights vs ddp (max abs) | optimiser state, largest rank MB "
              "| smallest rank MB | largest / (ddp's / ranks) | sent per step MB | step ms |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for x in rows_:
-        sent = _fmt(x["sent_bytes_per_step"], "MB") + ("" if x["bytes_exact"] else " (model)")
-        lines.append(f"| {x['idea']} | {x['world_size']} | {x['sync']} | "
-                     f"{_fmt(x['max_abs_diff_vs_ddp'], 'diff')} | "
-                     f"{_fmt(x['state_bytes_max'], 'MB')} | {_fmt(x['state_bytes_min'], 'MB')} | "
-                     f"{_fmt(x['state_max_vs_ddp_share'], 'x')} | {sent} | "
-                     f"{_fmt(x['step_ms'], 'ms')} |")
-    return lines
+    return lines + [md_row([
+        x["idea"], x["world_size"], x["sync"], _fmt(x["max_abs_diff_vs_ddp"], "diff"),
+        _fmt(x["state_bytes_max"], "MB"), _fmt(x["state_bytes_min"], "MB"),
+        _fmt(x["state_max_vs_ddp_share"], "x"),
+        _fmt(x["sent_bytes_per_step"], "MB") + ("" if x["bytes_exact"] else " (model)"),
+        _fmt(x["step_ms"], "ms")]) for x in rows_]
 
 
 def figure(rows_: list[dict[str, Any]]):
@@ -174,14 +168,13 @@ def section(runs: list[Run], out_dir: Path, short, make_plots: bool = True) -> d
     found = rows(runs, short)
     if not found:
         return {"markdown": [], "doc": {"rows": []}, "screen": ""}
-    head = ["## Library twins", "",
+    body = table(found)
+    md = ["## Library twins", "",
             "Each idea's synchronisers beside DDP on the same workload, seed, length and world "
             "(docs/twins.md): the final weights' largest difference from DDP's (model.pt), "
             "the optimiser state of the largest and the smallest rank, the bytes a rank sent "
             "per step (rank 0's; `(model)`: the library's, modelled) and the mean time per "
-            "step.", ""]
-    body = table(found)
-    md = head + body + [""]
+            "step.", "", *body, ""]
     if make_plots:
         from .plots import save
 

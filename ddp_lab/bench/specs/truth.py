@@ -146,11 +146,11 @@ def run(args: argparse.Namespace) -> dict:
             mine = train_runs(args, out, world)
             run_paths += mine
         if args.bench is None:
-            sizes = truth.wire_sizes(truth.find_train_runs(mine or args.runs)).get(world, [])
+            sizes = truth.wire_sizes(mine or args.runs).get(world, [])
             print(f"world {world}: bench (call sizes {sizes} elements)", flush=True)
             bench_paths.append(bench_run(args, out, world, sizes))
 
-    table = truth.truth_table(truth.find_train_runs(run_paths), truth.find_bench_runs(bench_paths))
+    table = truth.truth_table(run_paths, bench_paths)
     md = truth.markdown(table)
     print("\n".join(md))
     from ddp_lab.folder.files import atomic_write_text
