@@ -89,14 +89,19 @@ def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
 # `by_epoch/<workload>/...` at x = the epoch (1-based) and `by_step/<workload>/ .../e<epoch>` at x
 # = the step within its epoch (a tag per epoch: TensorBoard keeps one line per tag in step order),
 # so runs of any length share an axis, and TensorBoard's run name tells the lines apart. (the
-# epoch's scalar -> the comparison's name)
-BY_EPOCH = {"time/epoch[s]": "time[s]", "time/step[ms/step]": "step[ms/step]",
-            "time/compute[ms/step]": "compute[ms/step]",
-            "comm/inflight[ms/step]": "comm_inflight[ms/step]",
-            "comm/exposed[ms/step]": "comm_exposed[ms/step]", "comm/busbw[GB/s]": "busbw[GB/s]",
-            "accuracy/test[fraction]": "test_accuracy[fraction]", "loss/train": "train_loss"}
-BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms]",
-           "step/comm_exposed[ms]": "comm_exposed[ms]", "step/time[ms]": "step[ms]"}
+# point's scalar, the comparison's name, its chart's title), in the charts' order
+BY_EPOCH = (("time/epoch[s]", "time[s]", "time per epoch (s)"),
+            ("time/compute[ms/step]", "compute[ms/step]", "compute (ms/step)"),
+            ("comm/inflight[ms/step]", "comm_inflight[ms/step]", "comm in flight (ms/step)"),
+            ("comm/exposed[ms/step]", "comm_exposed[ms/step]", "exposed comm (ms/step)"),
+            ("time/step[ms/step]", "step[ms/step]", "step (ms/step)"),
+            ("comm/busbw[GB/s]", "busbw[GB/s]", "busbw (GB/s)"),
+            ("accuracy/test[fraction]", "test_accuracy[fraction]", "test accuracy"),
+            ("loss/train", "train_loss", "train loss"))
+BY_STEP = (("step/compute[ms]", "compute[ms]", "compute (ms)"),
+           ("step/comm[ms]", "comm_inflight[ms]", "comm in flight (ms)"),
+           ("step/comm_exposed[ms]", "comm_exposed[ms]", "exposed comm (ms)"),
+           ("step/time[ms]", "step[ms]", "step time (ms)"))
 
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
@@ -129,10 +134,10 @@ def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int 
     `step_in_epoch` 1-based): (its x, its tags) or None where it has none."""
     if step_in_epoch:
         out = {compare_tag(load, "by_step", name, epoch): values[tag]
-               for tag, name in BY_STEP.items() if tag in values}
+               for tag, name, _ in BY_STEP if tag in values}
         return (step_in_epoch, out) if out else None
     out = {compare_tag(load, "by_epoch", name): values[tag]
-           for tag, name in BY_EPOCH.items() if tag in values}
+           for tag, name, _ in BY_EPOCH if tag in values}
     return (epoch, out) if out else None
 
 
@@ -240,23 +245,14 @@ def _lines(*tags: str) -> dict:
     return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
-EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
-                ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
-                ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
-                ("step (ms/step)", "step[ms/step]"), ("busbw (GB/s)", "busbw[GB/s]"),
-                ("test accuracy", "test_accuracy[fraction]"), ("train loss", "train_loss"))
-STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_inflight[ms]"),
-               ("exposed comm (ms)", "comm_exposed[ms]"), ("step time (ms)", "step[ms]"))
-
-
 def compare_categories(load: tuple[str, str]) -> list:
     """The workload's two comparison categories (open): x = epoch, and x = step within epoch."""
     key, words = load
     by_step = [(title, {"multiline": {"tag": [
         "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
-        for title, name in STEP_CHARTS]
+        for _, name, title in BY_STEP]
     return [(f"{words}: the runs compared, x = epoch (a line per run)", False,
-             [(title, _lines(compare_tag(key, "by_epoch", name))) for title, name in EPOCH_CHARTS]),
+             [(title, _lines(compare_tag(key, "by_epoch", name))) for _, name, title in BY_EPOCH]),
             (f"{words}: the runs compared per step, x = the step within its epoch "
              "(a line per run and epoch)", False, by_step)]
 

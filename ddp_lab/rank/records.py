@@ -165,10 +165,9 @@ class Telemetry:
                                  enabled=self.timing and cfg.timing.trace)
         # every epoch's record on the logging rank, earlier allocations' too
         self.records: list[dict] = []
+        self.done: list[EpochRecord] = []  # this allocation's epochs
         self.stragglers_run = StragglerTally(ctx.env.world_size)
         self.compile_s = compile_s
-        self.epoch_times: list[float] = []
-        self.last: Optional[EpochRecord] = None
         self.start_epoch, self.start_step = 0, 0
         # this allocation's and the earlier ones' (summary.json `segments`), the summary before
         self.segments: list[dict] = []
@@ -221,16 +220,9 @@ class Telemetry:
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
                 "status": "running", "fingerprint_id": self.fingerprint_id,
                 "startup_s": startup_s(), "cpu": cpu_share(self.ctx)})
-            running = {**(self.previous if not fresh else {}), "status": "running",
-                       "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
-                       "segments": self.segments, "job_id": self.segments[-1]["job_id"],
-                       "epochs_done": start_epoch, "step_in_epoch": start_step,
-                       "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name, "compress": cfg.sync.compress,
-                       "global_batch": self.plan.global_batch,
-                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
-                       "study": study_point(cfg)}
-            self.sink.summary(RunSummary.from_dict(running))
+            self.sink.summary(RunSummary.from_dict({
+                **(self.previous if not fresh else {}),
+                **self._summary("running", start_epoch, start_step)}))
         announce(self.ctx, cfg, self.plan, self.steps_per_epoch)
 
     def _fingerprint(self) -> None:
@@ -286,11 +278,10 @@ class Telemetry:
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
             resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress,
             step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
-        self.epoch_times.append(wall_s)
-        self.last = rec
+        self.done.append(rec)
         self._tensorboard(rec, steps, comm, first_step)  # adds rec to self.records
         # the key, before this allocation's first epoch line
-        if len(self.epoch_times) == 1:
+        if len(self.done) == 1:
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
                      "exposed: waited)", "%")
         log.info("epoch %d/%d  loss %.3f/%.3f  acc %.1f/%.1f%%  %.2f s  comm %s", epoch,
@@ -388,10 +379,11 @@ class Telemetry:
         # logs, flushed
         if self.ctx.backend == "nccl":
             self._fingerprint()
-        cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
+        cfg, ctx, env = self.cfg, self.ctx, self.ctx.env
+        last = self.done[-1] if self.done else None
         test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
                                (self.previous.get("test_loss"), self.previous.get("test_accuracy")))
-        times = self.epoch_times
+        times = [r.epoch_time_s for r in self.done]
         epochs_done, step = position or (cfg.train.epochs, 0)
         if self.segments:
             self.segments[-1].update(
@@ -401,15 +393,12 @@ class Telemetry:
                 epoch_time_s_median=statistics.median(times) if times else None)
         figures = run_figures(self.records)  # every epoch of the run, every allocation's
         summary = RunSummary(
-            status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
-            compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
-            backend=ctx.backend,
+            **self._summary(status, epochs_done, step), model=cfg.model.name,
+            optim=cfg.optim.name, backend=ctx.backend,
             device=ctx.device.type if ctx.device.type == "cpu"
             else torch.cuda.get_device_name(ctx.device), nodes=env.num_nodes,
-            nproc_per_node=env.local_world_size, world_size=env.world_size,
-            epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
-            batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
-            scaling=self.plan.scaling, micro_batch=self.plan.micro,
+            nproc_per_node=env.local_world_size, epochs=cfg.train.epochs, epochs_run=len(times),
+            start_epoch=self.start_epoch, micro_batch=self.plan.micro,
             accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
@@ -417,10 +406,7 @@ class Telemetry:
             hosts=list(dict.fromkeys(h for seg in self.segments for h in seg.get("hosts") or []))
             # every allocation's, in the order they first came
             or self.hosts,
-            torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
-            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
-            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
-            study=study_point(cfg),
+            torch=torch.__version__, stop_reason=stop_reason,
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
@@ -430,6 +416,17 @@ class Telemetry:
         self.sink.summary(summary)
         self.sink.close()
         return summary
+
+    def _summary(self, status: str, epochs_done: int, step: int) -> dict[str, Any]:
+        """summary.json's fields both the running and the final summary write."""
+        cfg, plan = self.cfg, self.plan
+        return {"status": status, "launcher": cfg.launcher.name, "sync": cfg.sync.name,
+                "compress": cfg.sync.compress, "world_size": self.ctx.env.world_size,
+                "batch_size": plan.per_rank, "global_batch": plan.global_batch,
+                "scaling": plan.scaling, "study": study_point(cfg), "segments": self.segments,
+                "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
+                "job_id": allocation()["job_id"], "epochs_done": epochs_done,
+                "step_in_epoch": step}
 
     def _merge_trace(self) -> None:
         """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
