@@ -121,7 +121,7 @@ class RunFolderSink:
         self._write_metrics()
         self._tb.scalars(step, scalars)
         self._tb.epoch(record.epoch, scalars)
-        self._tb.flush()  # the epoch's end: outside every step's clock
+        self._tb.writer.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
         """Per-step scalars (step, values); the writer's thread flushes them."""

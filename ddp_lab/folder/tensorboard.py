@@ -54,11 +54,6 @@ RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_
                "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
 
-def run_metrics(**figures: float) -> dict[str, float]:
-    """`RUN_METRICS`' scalars from the run's figures so far (test_accuracy=..., ...)."""
-    return {RUN_METRICS[name]: value for name, value in figures.items()}
-
-
 # A run's margin chart: comm in flight as a band ending at compute + exposed, so the part above the
 # compute line is exposed; under the run's own tags, `band/<run folder>/...`. (compute, in flight,
 # exposed) -> (the chart's line, band from, band to)
@@ -232,9 +227,6 @@ class TensorBoardRun:
 
         self.writer.file_writer.add_summary(Summary(value=[
             Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
-
-    def flush(self) -> None:
-        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()

@@ -18,6 +18,7 @@ rank's own `random.Random`, so the training RNG does not move.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -77,9 +78,9 @@ class StopControl:
         wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
         if user_signal:
             wanted[getattr(signal, user_signal)] = PREEMPTED
-        self._signals: dict[int, tuple[int, object]] = {}
-        for sig, code in wanted.items():
-            self._signals[sig] = (code, signal.signal(sig, self._on_signal))
+        # each signal's code and the handler it had
+        self._signals = {sig: (code, signal.signal(sig, self._on_signal))
+                         for sig, code in wanted.items()}
 
     def restore(self) -> None:
         self.ctx.watchdog.cancel()
@@ -216,7 +217,7 @@ class EpochBatches:
                     return
 
 
-class EpochControl:
+class EpochControl(contextlib.AbstractContextManager):
     """train()'s epochs part; see the module docstring. `with control:` restores the signal
     handlers on leaving."""
 
@@ -225,9 +226,6 @@ class EpochControl:
         self.records = records
         self.stopper: Optional[StopControl] = None
         self.epoch, self.t0 = 0, 0.0
-
-    def __enter__(self) -> "EpochControl":
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.stopper is not None:

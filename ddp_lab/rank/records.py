@@ -30,7 +30,7 @@ from ..folder.description import describe_run
 from ..folder.files import atomic_write_text, read_json_or_empty
 from ..folder.metrics import make_sink
 from ..folder.records import EpochRecord, RunSummary, now_iso, run_figures
-from ..folder.tensorboard import (length_extras, run_metrics, run_name, step_stride, workload,
+from ..folder.tensorboard import (RUN_METRICS, length_extras, run_name, step_stride, workload,
                                   writer_name)
 from ..timing import (PHASES, CommCall, CommStats, StepTimer, StepTimes, StepWatch,
                       StragglerTally, epoch_timing, stragglers)
@@ -314,10 +314,10 @@ class Telemetry:
         self.records.append(rec.to_dict())
         # the run's, as summary.json will say them
         so_far = run_figures(self.records)
-        scalars.update(run_metrics(test_accuracy=rec.test_accuracy,
-                                   epoch_time_s=so_far["epoch_time_s_median"],
-                                   comm_fraction=so_far["comm_fraction"] or 0.0,
-                                   busbw_GBps=so_far["comm_busbw_GBps"] or 0.0))
+        figures = {"test_accuracy": rec.test_accuracy, "epoch_time_s": so_far["epoch_time_s_median"],
+                   "comm_fraction": so_far["comm_fraction"] or 0.0,
+                   "busbw_GBps": so_far["comm_busbw_GBps"] or 0.0}
+        scalars.update({RUN_METRICS[k]: v for k, v in figures.items()})
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
@@ -573,13 +573,12 @@ def _us(seconds: float) -> float:
 
 
 def metadata(rank: int) -> list[dict[str, Any]]:
-    return [
-        {"ph": "M", "name": "process_name", "pid": rank, "tid": rank, "args": {"name": f"rank {rank}"}},
-        {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": rank, "args": {"sort_index": rank}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": rank, "args": {"name": "phases"}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": COMM_TID + rank,
-         "args": {"name": "collectives"}},
-    ]
+    """The names of rank `rank`'s process and its two rows, the phases and the collectives."""
+    return [{"ph": "M", "name": name, "pid": rank, "tid": tid, "args": args} for name, tid, args in (
+        ("process_name", rank, {"name": f"rank {rank}"}),
+        ("process_sort_index", rank, {"sort_index": rank}),
+        ("thread_name", rank, {"name": "phases"}),
+        ("thread_name", COMM_TID + rank, {"name": "collectives"}))]
 
 
 def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
