@@ -42,11 +42,11 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 
 
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
-             records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
+             probe: bool = False) -> list[dict]:
     """The rank(s) that stopped the others, each with `why`, by evidence: local ranks dead, frozen
     or killed; with `probe`, the ranks of silent nodes; else live ranks behind in collectives,
     still for `stale_s`; else the first that failed (unless `me`). [] if none."""
-    records = read_all(run_dir) if records is None else records
+    records = read_all(run_dir)
     others = [r for r in records if r["rank"] != me]
     found = []
     for r in others:

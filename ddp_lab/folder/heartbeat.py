@@ -83,7 +83,6 @@ class Heartbeat:
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
         with open(self.path, "w+b") as f:  # a fresh record each start of the rank
             f.truncate(SIZE)
             self._mm = mmap.mmap(f.fileno(), SIZE)

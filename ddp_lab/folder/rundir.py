@@ -7,6 +7,7 @@ rank/epochs.py agrees with the other ranks); a new segment clears it (`clear_sto
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 from pathlib import Path
@@ -33,11 +34,9 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     base = f"{name}_{stamp}"
     for i in range(1000):
         path = root / (base if i == 0 else f"{base}_{i}")
-        try:
+        with contextlib.suppress(FileExistsError):
             _mkdir(path, exist_ok=False)
             return path
-        except FileExistsError:
-            continue
     raise RuntimeError(f"cannot make a unique run folder under {root}")
 
 

@@ -259,8 +259,7 @@ ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = 
             "per epoch (ms/step)"))
 
 
-def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-           load: tuple[str, str] = ("?", "?")):
+def layout(run: str, bands: tuple[str, ...], load: tuple[str, str]):
     """Run `run`'s custom-scalars layout proto: its workload's comparison charts
     (`compare_categories`), then its band charts (`ONE_RUN`). `bands`: the charts that will draw a
     line; a left-out chart keeps its category, since the plugin merges every run's categories into
@@ -281,8 +280,7 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
         for title, closed, charts in categories])
 
 
-def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-                   load: tuple[str, str] = ("?", "?")):
+def layout_summary(run: str, bands: tuple[str, ...], load: tuple[str, str]):
     """Run `run`'s `layout` as the Summary the plugin reads, built as torch's `add_custom_scalars`
     builds it (the plugin's own `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -299,7 +297,7 @@ LAYOUT_TAG = "custom_scalars__config__"
 
 
 def write_head(run: TensorBoardRun, config_text: str, hparams: dict[str, Any],
-               bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
+               bands: tuple[str, ...], fresh: bool) -> None:
     """Run `run`'s head at step 0: config (a fresh run's only), `layout` with its `bands`, hparams.
     A resumed run's replace the former segment's (`drop_head`, before its writer opened)."""
     if fresh:

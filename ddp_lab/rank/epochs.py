@@ -49,14 +49,13 @@ class StopInfo:
     reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent (torchrun, srun, mpirun) dies; a
-    parent gone before that, `sig` now."""
+def die_with_parent() -> None:
+    """The first thing a rank does: get SIGTERM when its parent (torchrun, srun, mpirun) dies; a
+    parent gone before that, SIGTERM now."""
     parent = os.getppid()
-    armed = set_parent_death_signal(sig)
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-    return armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 #: the signals this process was stopped by: a forked rank that torchrun signalled (closing its

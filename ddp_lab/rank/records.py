@@ -229,9 +229,8 @@ class Telemetry:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it), from every rank's
         NCCL INFO log after the hosts gather made NCCL connect; `finish` reads them again."""
         env, ctx = self.ctx.env, self.ctx
-        detail = None
-        if ctx.backend == "nccl":
-            detail = ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+        detail = (ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+                  if ctx.backend == "nccl" else None)
         if not env.is_main:
             return
         self.fingerprint = fingerprints.collect(
@@ -572,22 +571,12 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-def metadata(rank: int) -> list[dict[str, Any]]:
-    """The names of rank `rank`'s process and its two rows, the phases and the collectives."""
-    return [{"ph": "M", "name": name, "pid": rank, "tid": tid, "args": args} for name, tid, args in (
-        ("process_name", rank, {"name": f"rank {rank}"}),
-        ("process_sort_index", rank, {"sort_index": rank}),
-        ("thread_name", rank, {"name": "phases"}),
-        ("thread_name", COMM_TID + rank, {"name": "collectives"}))]
-
-
 def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                  keep: int, step_offset: int = 0) -> list[dict[str, Any]]:
     """Trace events of one epoch: kept steps' phases, and the collectives started in them."""
-    idx = kept_steps(len(steps), keep)
     events: list[dict[str, Any]] = []
-    windows = []
-    for i in idx:
+    windows = []  # each kept step's (start, end, number)
+    for i in kept_steps(len(steps), keep):
         st, step = steps[i], step_offset + i
         windows.append((st.start, st.end, step))
         for name, s, e in st.spans:
@@ -612,7 +601,13 @@ class TraceWriter:
     def __init__(self, run_dir: Path, rank: int, keep: int, enabled: bool = True):
         self.path = run_dir / "trace" / f"rank{rank}.json"
         self.rank, self.keep, self.enabled = rank, keep, enabled
-        self.events: list[dict[str, Any]] = metadata(rank)
+        # the names of the rank's process and of its two rows, the phases and the collectives
+        self.events: list[dict[str, Any]] = [
+            {"ph": "M", "name": name, "pid": rank, "tid": tid, "args": args} for name, tid, args in (
+                ("process_name", rank, {"name": f"rank {rank}"}),
+                ("process_sort_index", rank, {"sort_index": rank}),
+                ("thread_name", rank, {"name": "phases"}),
+                ("thread_name", COMM_TID + rank, {"name": "collectives"}))]
 
     def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                   first_step: int = 0) -> None:
@@ -690,10 +685,8 @@ class StepProgress:
 
     def wrap(self, steps: range, desc: str) -> Iterable[int]:
         """`steps`, the epoch's remaining steps (range(first_step, steps_per_epoch))."""
-        if not self.is_main:
-            return steps
         if self.bar:
             return tqdm(steps, desc=desc, leave=False, unit="step", **bar_size())
-        if self.every_s > 0:
+        if self.is_main and self.every_s > 0:
             return StepLines(steps, desc, self.every_s)
         return steps
