@@ -124,16 +124,14 @@ def compare_tag(load: str, axis: str, name: str, epoch: Optional[int] = None) ->
 
 
 def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int = 0
-            ) -> Optional[tuple[int, dict[str, float]]]:
+            ) -> tuple[int, dict[str, float]]:
     """The comparison point of a point's `values` (an epoch's at its end, or a step's,
-    `step_in_epoch` 1-based): (its x, its tags) or None where it has none."""
+    `step_in_epoch` 1-based): its x and its tags (none where it has none)."""
     if step_in_epoch:
-        out = {compare_tag(load, "by_step", name, epoch): values[tag]
-               for tag, name, _ in BY_STEP if tag in values}
-        return (step_in_epoch, out) if out else None
-    out = {compare_tag(load, "by_epoch", name): values[tag]
-           for tag, name, _ in BY_EPOCH if tag in values}
-    return (epoch, out) if out else None
+        return step_in_epoch, {compare_tag(load, "by_step", name, epoch): values[tag]
+                               for tag, name, _ in BY_STEP if tag in values}
+    return epoch, {compare_tag(load, "by_epoch", name): values[tag]
+                   for tag, name, _ in BY_EPOCH if tag in values}
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
@@ -169,8 +167,7 @@ def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = No
 
 def run_folder(tb_root: Path, name: str) -> Path:
     """The run's writer folder: the one a former segment wrote, else `tb_root/name`."""
-    written = written_folders(tb_root)
-    return written[0] if written else tb_root / name
+    return next(iter(written_folders(tb_root)), tb_root / name)
 
 
 def written_folders(tb_root: Path) -> list[Path]:
@@ -212,21 +209,20 @@ class TensorBoardRun:
         self._event(step, with_bands(values, self.band))
         if self.steps_per_epoch and "epoch" in values and "step/time[ms]" in values:
             epoch = int(values["epoch"])
-            point = compare(self.load[0], values, epoch, step - (epoch - 1) * self.steps_per_epoch)
-            if point is not None:
-                self._event(*point)
+            self._event(*compare(self.load[0], values, epoch,
+                                 step - (epoch - 1) * self.steps_per_epoch))
 
     def epoch(self, epoch: int, values: dict[str, float]) -> None:
         """Epoch `epoch`'s comparison point (x: the epoch) from its scalars."""
-        point = compare(self.load[0], values, epoch)
-        if point is not None:
-            self._event(*point)
+        self._event(*compare(self.load[0], values, epoch))
 
     def _event(self, step: int, values: dict[str, float]) -> None:
+        """`values` at `step` as one event; none without values."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self.writer.file_writer.add_summary(Summary(value=[
-            Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
+        if values:
+            self.writer.file_writer.add_summary(Summary(value=[
+                Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
 
     def close(self) -> None:
         self.writer.close()
