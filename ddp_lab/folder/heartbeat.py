@@ -59,8 +59,6 @@ class NullHeartbeat:
     """What a process without a record updates (a test's trainer, a bench script): nothing;
     called as a `Heartbeat`, its `snapshot` empty."""
 
-    path: Optional[Path] = None
-
     def snapshot(self) -> dict:
         return {}
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .files import atomic_open
+
 EVENTS = "events.out.tfevents.*"
 # the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
 FLUSH_S = 2
@@ -338,8 +340,6 @@ def drop_head(folder: Path) -> None:
     """Rewrite `folder`'s event files without their layout and hparams events: TensorBoard keeps a
     tag's first metadata, so a resumed run's new ones (`write_head`) show only where the former are
     gone. Each file is replaced whole (atomically)."""
-    import os
-
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.plugins.hparams import metadata
@@ -352,10 +352,8 @@ def drop_head(folder: Path) -> None:
         kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
         if len(kept) == len(records):
             continue
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_open(path, "wb") as fh:
             writer = RecordWriter(fh)
             for record in kept:
                 writer.write(record)
             writer.flush()
-        os.replace(tmp, path)

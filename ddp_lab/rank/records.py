@@ -367,13 +367,14 @@ class Telemetry:
                weights_sha256: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard. A graceful stop
         passes `status`, `position` and `stop_reason`; `memory`: `memory_per_rank`'s."""
-        self._merge_trace()
+        # trace/all.json on rank 0: every rank's events in one file (one gather, at the end)
+        gathered = (self.ctx.gather_objects_to(self.trace.events, dst=0) if self.trace.enabled
+                    else None)
+        if gathered is not None:
+            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
         # collective with timing.profile: the profiler's witnesses and DDP's own timing
-        witnesses = ddp = None
-        if self.syncer is not None:
-            if self.profiler is not None:
-                witnesses = self.profiler.witnesses(self.ctx)
-            ddp = ddp_timing(self.syncer, self.profiler)
+        witnesses = self.profiler.witnesses(self.ctx) if self.profiler is not None else None
+        ddp = ddp_timing(self.syncer, self.profiler) if self.syncer is not None else None
         # every collective has run by now: NCCL's lines of every connection it made are in the
         # logs, flushed
         if self.ctx.backend == "nccl":
@@ -426,14 +427,6 @@ class Telemetry:
                 "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
                 "job_id": allocation()["job_id"], "epochs_done": epochs_done,
                 "step_in_epoch": step}
-
-    def _merge_trace(self) -> None:
-        """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
-        if not self.trace.enabled:
-            return
-        gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
-        if gathered is not None:
-            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
 
 
 # ------------------------------------------------------------------ how a record shows
