@@ -65,6 +65,8 @@ class NullSink:
         return []
 
     def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):  # copy's and pickle's probes are no methods of it
+            raise AttributeError(name)
         return lambda *args, **kwargs: None
 
 
