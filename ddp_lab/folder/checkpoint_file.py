@@ -94,8 +94,7 @@ def _remove(path: Path) -> None:
 
 def latest(ckpt_dir: Path) -> Optional[Path]:
     """The newest complete checkpoint (temp files never match the name pattern)."""
-    found = sorted(_list(ckpt_dir))
-    return found[-1][1] if found else None
+    return max(_list(ckpt_dir), default=(None, None))[1]
 
 
 def drop_after(ckpt_dir: Path, pos: tuple[int, int]) -> list[Path]:

@@ -112,9 +112,7 @@ class Description:
         it is not the trainer."""
         entry = self.s.get("entry")
         words = [self.sync] + [f"{k}={_yaml(v)}" for k, v in self.options.items()]
-        if entry:
-            words.append(f"entry={entry}")
-        return " ".join(words)
+        return " ".join(words + ([f"entry={entry}"] if entry else []))
 
     def series_label(self) -> str:
         """`sync_label` and a launcher that is not the default, for a report's series."""

@@ -21,10 +21,6 @@ from .heartbeat import mark_killed, process_state, read_all
 REMOTE_STALE_S = 40.0  # see `diagnose`
 
 
-def who(r: dict) -> str:
-    return f"rank {r['rank']} (pid {r['pid']} on host {r['host']})"
-
-
 def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
     """The ranks of the other nodes that no longer answer `me`'s node, each with `why` and
     `silent_node` added; [] when every node answers or nothing says where the nodes are."""
@@ -46,11 +42,11 @@ def silent_nodes(records: list[dict], me: Optional[int]) -> list[dict]:
 
 
 def diagnose(run_dir: Path, me: Optional[int] = None, stale_s: float = 0.0,
-             records: Optional[list[dict]] = None, probe: bool = False) -> list[dict]:
+             probe: bool = False) -> list[dict]:
     """The rank(s) that stopped the others, each with `why`, by evidence: local ranks dead, frozen
     or killed; with `probe`, the ranks of silent nodes; else live ranks behind in collectives,
     still for `stale_s`; else the first that failed (unless `me`). [] if none."""
-    records = read_all(run_dir) if records is None else records
+    records = read_all(run_dir)
     others = [r for r in records if r["rank"] != me]
     found = []
     for r in others:
@@ -93,7 +89,8 @@ def failure_line(culprits: list[dict]) -> str:
     for r in culprits:
         node = r.get("silent_node")
         if not node:
-            clauses.append(f"{who(r)} stopped at {r['where']}: {r['why']}")
+            clauses.append(f"rank {r['rank']} (pid {r['pid']} on host {r['host']}) stopped at "
+                           f"{r['where']}: {r['why']}")
         elif node not in named:  # the node's first rank speaks for it
             named.add(node)
             ranks = rank_list([c["rank"] for c in culprits if c.get("silent_node") == node])

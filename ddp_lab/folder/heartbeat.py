@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..world.env import host_address
 
@@ -56,30 +56,16 @@ def record_path(run_dir: Path, rank: int) -> Path:
 
 
 class NullHeartbeat:
-    """What a process without a record updates (a test's trainer, a bench script): nothing."""
-
-    path: Optional[Path] = None
-
-    def follow(self, timer: Any = None, comm: Any = None) -> None:
-        pass
-
-    def phase(self, name: str) -> None:
-        pass
-
-    def at(self, epoch: int, step: int) -> None:
-        pass
-
-    def collective(self, op: str = "") -> None:
-        pass
-
-    def state(self, state: str, message: str = "") -> None:
-        pass
+    """What a process without a record updates (a test's trainer, a bench script): nothing;
+    called as a `Heartbeat`, its `snapshot` empty."""
 
     def snapshot(self) -> dict:
         return {}
 
-    def close(self) -> None:
-        pass
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):  # copy's and pickle's probes are no methods of it
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
 
 class _Hot(ctypes.LittleEndianStructure):
@@ -91,13 +77,12 @@ class _Hot(ctypes.LittleEndianStructure):
                 ("phase", ctypes.c_uint8), ("op", ctypes.c_uint8), ("state", ctypes.c_uint8)]
 
 
-class Heartbeat(NullHeartbeat):
+class Heartbeat:
     """This rank's record; the main thread's and the follower's writes take a lock."""
 
     def __init__(self, run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1):
         self.path = record_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
         with open(self.path, "w+b") as f:  # a fresh record each start of the rank
             f.truncate(SIZE)
             self._mm = mmap.mmap(f.fileno(), SIZE)
@@ -208,7 +193,8 @@ class Heartbeat(NullHeartbeat):
             pass
 
 
-def start(run_dir: Path, rank: int, local_rank: int = 0, world_size: int = 1) -> NullHeartbeat:
+def start(run_dir: Path, rank: int, local_rank: int = 0,
+          world_size: int = 1) -> Heartbeat | NullHeartbeat:
     """This rank's record (a NullHeartbeat if it cannot be made); rank 0 drops a larger world's."""
     try:
         record = Heartbeat(run_dir, rank, local_rank, world_size)

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..world.env import DistEnv
 from .files import DISK_FULL, atomic_write_text, disk_error, write_json
@@ -58,29 +58,19 @@ def setup_logging(env: DistEnv, run_dir: Optional[Path], level: str = "INFO",
 
 
 class NullSink:
-    """What a non-logging rank writes to: nothing, called exactly as the real one."""
+    """What a non-logging rank writes to: nothing, called as the real one (`RunFolderSink`): every
+    method but `truncate_after`, which keeps no record, does nothing."""
 
     def truncate_after(self, epoch: int, global_step: int = 0) -> list[dict]:
         return []
 
-    def tensorboard(self, name: str, config: str, hparams: dict, bands: tuple[str, ...] = (),
-                    load: tuple[str, str] = ("?", "?"), steps_per_epoch: int = 0) -> None:
-        pass
-
-    def epoch(self, record: EpochRecord, scalars: dict[str, float], step: int) -> None:
-        pass
-
-    def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        pass
-
-    def summary(self, summary: RunSummary) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):  # copy's and pickle's probes are no methods of it
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
 
-class RunFolderSink(NullSink):
+class RunFolderSink:
     """metrics.jsonl, summary.json and TensorBoard of one run folder; the JSON files rewritten
     whole and atomically: never a torn line."""
 
@@ -133,7 +123,7 @@ class RunFolderSink(NullSink):
         self._write_metrics()
         self._tb.scalars(step, scalars)
         self._tb.epoch(record.epoch, scalars)
-        self._tb.flush()  # the epoch's end: outside every step's clock
+        self._tb.writer.flush()  # the epoch's end: outside every step's clock
 
     def steps(self, points: list[tuple[int, dict[str, float]]]) -> None:
         """Per-step scalars (step, values); the writer's thread flushes them."""
@@ -150,6 +140,6 @@ class RunFolderSink(NullSink):
             self._tb = None
 
 
-def make_sink(run_dir: Path, enabled: bool) -> NullSink:
+def make_sink(run_dir: Path, enabled: bool) -> RunFolderSink | NullSink:
     """The run folder's sink on the logging rank, the no-op one elsewhere."""
     return RunFolderSink(run_dir) if enabled else NullSink()

@@ -225,7 +225,10 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
         return sum(c.get(key) or 0 for c in of)
 
     steps = sum(int(r.get("steps") or 0) - int(r.get("resumed_at_step") or 0) for r in recs)
-    step_s = sum(_step_seconds(r) for r in recs)
+    # a record's seconds in its timed steps: `step_time_s`, else phase `step`'s total
+    step_s = sum(float(r["step_time_s"]) if r.get("step_time_s") is not None
+                 else float(((r.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)
+                 for r in recs)
     comm_s = total("time_s")
     # busbw mixes ops through their bus bytes; a record written before they were kept gives them
     # back from its busbw x time
@@ -257,10 +260,3 @@ def run_figures(epochs: list[dict]) -> dict[str, Any]:
         "step_time_ms_mean": 1e3 * step_s / steps if steps else None,
         "steps_run": steps,
     }
-
-
-def _step_seconds(rec: dict) -> float:
-    """A record's seconds in its timed steps: `step_time_s`, else phase `step`'s total."""
-    if rec.get("step_time_s") is not None:
-        return float(rec["step_time_s"])
-    return float(((rec.get("phase_s") or {}).get("step") or {}).get("total") or 0.0)

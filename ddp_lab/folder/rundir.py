@@ -7,6 +7,7 @@ rank/epochs.py agrees with the other ranks); a new segment clears it (`clear_sto
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 from pathlib import Path
@@ -33,11 +34,9 @@ def make_run_dir(cfg: DictConfig, label: Optional[str] = None) -> Path:
     base = f"{name}_{stamp}"
     for i in range(1000):
         path = root / (base if i == 0 else f"{base}_{i}")
-        try:
+        with contextlib.suppress(FileExistsError):
             _mkdir(path, exist_ok=False)
             return path
-        except FileExistsError:
-            continue
     raise RuntimeError(f"cannot make a unique run folder under {root}")
 
 
@@ -128,19 +127,14 @@ def folder_state(run_dir: Path) -> dict:
 _CKPT_NAME = re.compile(r"epoch_(\d+)(?:_step_(\d+))?\.pt$")
 
 
-def checkpoint_position(name: str) -> Optional[tuple[int, int]]:
-    """(epochs done, steps of the next epoch) that a checkpoint file name stands for
-    (`epoch_0003.pt`, `epoch_0003_step_000120.pt`); None for any other name (temp files)."""
-    m = _CKPT_NAME.match(name)
-    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
-
-
 def checkpoints(ckpt_dir: Path) -> list[tuple[tuple[int, int], Path]]:
-    """The checkpoints of a folder with their positions (unordered; none if no folder)."""
+    """The checkpoints of a folder (unordered; none if no folder) with the (epochs done, steps of
+    the next epoch) their names stand for: `epoch_0003.pt`, `epoch_0003_step_000120.pt` (a temp
+    file's name never matches)."""
     if not ckpt_dir.is_dir():
         return []
-    found = ((checkpoint_position(p.name), p) for p in ckpt_dir.iterdir())
-    return [(pos, p) for pos, p in found if pos is not None]
+    found = ((_CKPT_NAME.match(p.name), p) for p in ckpt_dir.iterdir())
+    return [((int(m.group(1)), int(m.group(2) or 0)), p) for m, p in found if m]
 
 
 def describe_state(state: dict) -> str:

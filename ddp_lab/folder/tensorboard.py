@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .files import atomic_open
+
 EVENTS = "events.out.tfevents.*"
 # the writer's thread flushes every FLUSH_S seconds; the queue holds several seconds' points
 FLUSH_S = 2
@@ -54,11 +56,6 @@ RUN_METRICS = {"test_accuracy": "Run/test_accuracy", "epoch_time_s": "Run/epoch_
                "comm_fraction": "Run/comm_fraction", "busbw_GBps": "Run/busbw[GB/s]"}
 
 
-def run_metrics(**figures: float) -> dict[str, float]:
-    """`RUN_METRICS`' scalars from the run's figures so far (test_accuracy=..., ...)."""
-    return {RUN_METRICS[name]: value for name, value in figures.items()}
-
-
 # A run's margin chart: comm in flight as a band ending at compute + exposed, so the part above the
 # compute line is exposed; under the run's own tags, `band/<run folder>/...`. (compute, in flight,
 # exposed) -> (the chart's line, band from, band to)
@@ -89,14 +86,19 @@ def with_bands(values: dict[str, float], run: str) -> dict[str, float]:
 # `by_epoch/<workload>/...` at x = the epoch (1-based) and `by_step/<workload>/ .../e<epoch>` at x
 # = the step within its epoch (a tag per epoch: TensorBoard keeps one line per tag in step order),
 # so runs of any length share an axis, and TensorBoard's run name tells the lines apart. (the
-# epoch's scalar -> the comparison's name)
-BY_EPOCH = {"time/epoch[s]": "time[s]", "time/step[ms/step]": "step[ms/step]",
-            "time/compute[ms/step]": "compute[ms/step]",
-            "comm/inflight[ms/step]": "comm_inflight[ms/step]",
-            "comm/exposed[ms/step]": "comm_exposed[ms/step]", "comm/busbw[GB/s]": "busbw[GB/s]",
-            "accuracy/test[fraction]": "test_accuracy[fraction]", "loss/train": "train_loss"}
-BY_STEP = {"step/compute[ms]": "compute[ms]", "step/comm[ms]": "comm_inflight[ms]",
-           "step/comm_exposed[ms]": "comm_exposed[ms]", "step/time[ms]": "step[ms]"}
+# point's scalar, the comparison's name, its chart's title), in the charts' order
+BY_EPOCH = (("time/epoch[s]", "time[s]", "time per epoch (s)"),
+            ("time/compute[ms/step]", "compute[ms/step]", "compute (ms/step)"),
+            ("comm/inflight[ms/step]", "comm_inflight[ms/step]", "comm in flight (ms/step)"),
+            ("comm/exposed[ms/step]", "comm_exposed[ms/step]", "exposed comm (ms/step)"),
+            ("time/step[ms/step]", "step[ms/step]", "step (ms/step)"),
+            ("comm/busbw[GB/s]", "busbw[GB/s]", "busbw (GB/s)"),
+            ("accuracy/test[fraction]", "test_accuracy[fraction]", "test accuracy"),
+            ("loss/train", "train_loss", "train loss"))
+BY_STEP = (("step/compute[ms]", "compute[ms]", "compute (ms)"),
+           ("step/comm[ms]", "comm_inflight[ms]", "comm in flight (ms)"),
+           ("step/comm_exposed[ms]", "comm_exposed[ms]", "exposed comm (ms)"),
+           ("step/time[ms]", "step[ms]", "step time (ms)"))
 
 
 def workload(hparams: dict[str, Any]) -> tuple[str, str]:
@@ -124,16 +126,14 @@ def compare_tag(load: str, axis: str, name: str, epoch: Optional[int] = None) ->
 
 
 def compare(load: str, values: dict[str, float], epoch: int, step_in_epoch: int = 0
-            ) -> Optional[tuple[int, dict[str, float]]]:
+            ) -> tuple[int, dict[str, float]]:
     """The comparison point of a point's `values` (an epoch's at its end, or a step's,
-    `step_in_epoch` 1-based): (its x, its tags) or None where it has none."""
+    `step_in_epoch` 1-based): its x and its tags (none where it has none)."""
     if step_in_epoch:
-        out = {compare_tag(load, "by_step", name, epoch): values[tag]
-               for tag, name in BY_STEP.items() if tag in values}
-        return (step_in_epoch, out) if out else None
-    out = {compare_tag(load, "by_epoch", name): values[tag]
-           for tag, name in BY_EPOCH.items() if tag in values}
-    return (epoch, out) if out else None
+        return step_in_epoch, {compare_tag(load, "by_step", name, epoch): values[tag]
+                               for tag, name, _ in BY_STEP if tag in values}
+    return epoch, {compare_tag(load, "by_epoch", name): values[tag]
+                   for tag, name, _ in BY_EPOCH if tag in values}
 
 
 def run_name(hparams: dict[str, Any], repeat: Optional[int] = None) -> str:
@@ -169,8 +169,7 @@ def length_extras(max_steps_per_epoch: Optional[int], delay: Optional[dict] = No
 
 def run_folder(tb_root: Path, name: str) -> Path:
     """The run's writer folder: the one a former segment wrote, else `tb_root/name`."""
-    written = written_folders(tb_root)
-    return written[0] if written else tb_root / name
+    return next(iter(written_folders(tb_root)), tb_root / name)
 
 
 def written_folders(tb_root: Path) -> list[Path]:
@@ -212,24 +211,20 @@ class TensorBoardRun:
         self._event(step, with_bands(values, self.band))
         if self.steps_per_epoch and "epoch" in values and "step/time[ms]" in values:
             epoch = int(values["epoch"])
-            point = compare(self.load[0], values, epoch, step - (epoch - 1) * self.steps_per_epoch)
-            if point is not None:
-                self._event(*point)
+            self._event(*compare(self.load[0], values, epoch,
+                                 step - (epoch - 1) * self.steps_per_epoch))
 
     def epoch(self, epoch: int, values: dict[str, float]) -> None:
         """Epoch `epoch`'s comparison point (x: the epoch) from its scalars."""
-        point = compare(self.load[0], values, epoch)
-        if point is not None:
-            self._event(*point)
+        self._event(*compare(self.load[0], values, epoch))
 
     def _event(self, step: int, values: dict[str, float]) -> None:
+        """`values` at `step` as one event; none without values."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self.writer.file_writer.add_summary(Summary(value=[
-            Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
-
-    def flush(self) -> None:
-        self.writer.flush()
+        if values:
+            self.writer.file_writer.add_summary(Summary(value=[
+                Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()]), step)
 
     def close(self) -> None:
         self.writer.close()
@@ -240,23 +235,14 @@ def _lines(*tags: str) -> dict:
     return {"multiline": {"tag": [f"^{re.escape(t)}$" for t in tags]}}
 
 
-EPOCH_CHARTS = (("time per epoch (s)", "time[s]"), ("compute (ms/step)", "compute[ms/step]"),
-                ("comm in flight (ms/step)", "comm_inflight[ms/step]"),
-                ("exposed comm (ms/step)", "comm_exposed[ms/step]"),
-                ("step (ms/step)", "step[ms/step]"), ("busbw (GB/s)", "busbw[GB/s]"),
-                ("test accuracy", "test_accuracy[fraction]"), ("train loss", "train_loss"))
-STEP_CHARTS = (("compute (ms)", "compute[ms]"), ("comm in flight (ms)", "comm_inflight[ms]"),
-               ("exposed comm (ms)", "comm_exposed[ms]"), ("step time (ms)", "step[ms]"))
-
-
 def compare_categories(load: tuple[str, str]) -> list:
     """The workload's two comparison categories (open): x = epoch, and x = step within epoch."""
     key, words = load
     by_step = [(title, {"multiline": {"tag": [
         "^" + re.escape(compare_tag(key, "by_step", name)) + r"/e\d+$"]}})
-        for title, name in STEP_CHARTS]
+        for _, name, title in BY_STEP]
     return [(f"{words}: the runs compared, x = epoch (a line per run)", False,
-             [(title, _lines(compare_tag(key, "by_epoch", name))) for title, name in EPOCH_CHARTS]),
+             [(title, _lines(compare_tag(key, "by_epoch", name))) for _, name, title in BY_EPOCH]),
             (f"{words}: the runs compared per step, x = the step within its epoch "
              "(a line per run and epoch)", False, by_step)]
 
@@ -271,8 +257,7 @@ ONE_RUN = (("step", "one run: compute vs comm per step, a chart per run (line = 
             "per epoch (ms/step)"))
 
 
-def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-           load: tuple[str, str] = ("?", "?")):
+def layout(run: str, bands: tuple[str, ...], load: tuple[str, str]):
     """Run `run`'s custom-scalars layout proto: its workload's comparison charts
     (`compare_categories`), then its band charts (`ONE_RUN`). `bands`: the charts that will draw a
     line; a left-out chart keeps its category, since the plugin merges every run's categories into
@@ -293,8 +278,7 @@ def layout(run: str, bands: tuple[str, ...] = ("step", "epoch"),
         for title, closed, charts in categories])
 
 
-def layout_summary(run: str, bands: tuple[str, ...] = ("step", "epoch"),
-                   load: tuple[str, str] = ("?", "?")):
+def layout_summary(run: str, bands: tuple[str, ...], load: tuple[str, str]):
     """Run `run`'s `layout` as the Summary the plugin reads, built as torch's `add_custom_scalars`
     builds it (the plugin's own `summary.pb` imports TensorFlow)."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -311,7 +295,7 @@ LAYOUT_TAG = "custom_scalars__config__"
 
 
 def write_head(run: TensorBoardRun, config_text: str, hparams: dict[str, Any],
-               bands: tuple[str, ...] = ("step", "epoch"), fresh: bool = True) -> None:
+               bands: tuple[str, ...], fresh: bool) -> None:
     """Run `run`'s head at step 0: config (a fresh run's only), `layout` with its `bands`, hparams.
     A resumed run's replace the former segment's (`drop_head`, before its writer opened)."""
     if fresh:
@@ -356,8 +340,6 @@ def drop_head(folder: Path) -> None:
     """Rewrite `folder`'s event files without their layout and hparams events: TensorBoard keeps a
     tag's first metadata, so a resumed run's new ones (`write_head`) show only where the former are
     gone. Each file is replaced whole (atomically)."""
-    import os
-
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.plugins.hparams import metadata
@@ -370,10 +352,8 @@ def drop_head(folder: Path) -> None:
         kept = [r for r in records if not any(v.tag in head for v in Event.FromString(r).summary.value)]
         if len(kept) == len(records):
             continue
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_open(path, "wb") as fh:
             writer = RecordWriter(fh)
             for record in kept:
                 writer.write(record)
             writer.flush()
-        os.replace(tmp, path)

@@ -38,6 +38,4 @@ def save(run_dir: Path, state: dict) -> str:
 def load(run_dir: Path) -> Optional[dict]:
     """The run's final weights, or None when it wrote none."""
     path = Path(run_dir) / WEIGHTS
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None

@@ -36,8 +36,10 @@ class Checkpointer:
         self.optimizer, self.syncer = parts.optimizer, parts.syncer
         env, ctx = self.ctx.env, self.ctx
         mode = resume_mode(self.train.resume)
-        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree
-        restarted = ctx.any_rank(env.restart_count > 0 or requeued())
+        # TORCHELASTIC_RESTART_COUNT counts this node's restarts only (pytorch#108158): agree;
+        # SLURM_RESTART_COUNT: a scheduler's second (or later) start of the same run
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+        restarted = ctx.any_rank(env.restart_count > 0 or requeued)
         if mode == "false" and not restarted:
             return Position()
         if env.is_main:  # damaged checkpoints are set aside: the newest left is intact
@@ -116,11 +118,6 @@ class Checkpointer:
             self.save_at(here)
         return {"status": stop.status, "position": (here.epoch, here.step),
                 "stop_reason": stop.reason}
-
-
-def requeued() -> bool:
-    """This job is a scheduler's second (or later) start of the same run."""
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
 def _rng_state() -> dict:

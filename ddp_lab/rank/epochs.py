@@ -18,6 +18,7 @@ rank's own `random.Random`, so the training RNG does not move.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -48,14 +49,13 @@ class StopInfo:
     reason: str  # what asked for it, e.g. "SIGUSR2 on rank 1"
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """The first thing a rank does: get `sig` when its parent (torchrun, srun, mpirun) dies; a
-    parent gone before that, `sig` now."""
+def die_with_parent() -> None:
+    """The first thing a rank does: get SIGTERM when its parent (torchrun, srun, mpirun) dies; a
+    parent gone before that, SIGTERM now."""
     parent = os.getppid()
-    armed = set_parent_death_signal(sig)
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-    return armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 #: the signals this process was stopped by: a forked rank that torchrun signalled (closing its
@@ -77,9 +77,9 @@ class StopControl:
         wanted = {signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
         if user_signal:
             wanted[getattr(signal, user_signal)] = PREEMPTED
-        self._signals: dict[int, tuple[int, object]] = {}
-        for sig, code in wanted.items():
-            self._signals[sig] = (code, signal.signal(sig, self._on_signal))
+        # each signal's code and the handler it had
+        self._signals = {sig: (code, signal.signal(sig, self._on_signal))
+                         for sig, code in wanted.items()}
 
     def restore(self) -> None:
         self.ctx.watchdog.cancel()
@@ -216,7 +216,7 @@ class EpochBatches:
                     return
 
 
-class EpochControl:
+class EpochControl(contextlib.AbstractContextManager):
     """train()'s epochs part; see the module docstring. `with control:` restores the signal
     handlers on leaving."""
 
@@ -225,9 +225,6 @@ class EpochControl:
         self.records = records
         self.stopper: Optional[StopControl] = None
         self.epoch, self.t0 = 0, 0.0
-
-    def __enter__(self) -> "EpochControl":
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.stopper is not None:

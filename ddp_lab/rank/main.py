@@ -167,27 +167,25 @@ def short_error(e: BaseException, limit: int = 200) -> str:
 START_SLACK_S = 2.0
 
 
-class StartTimer:
+class StartTimer(threading.Timer):
     """The start's time limit: calls `end` on a timer thread unless `stop()` comes within
     `seconds`; it works while the main thread waits inside torch's C++ code."""
 
     def __init__(self, seconds: float, end: Callable[[], None]):
-        self._lock = threading.Lock()
-        self._done = False
-        self._timer = threading.Timer(seconds, self._expire, (end,))
-        self._timer.daemon = True
-        self._timer.start()
+        super().__init__(seconds, self._expire, (end,))
+        self._guard, self._over, self.daemon = threading.Lock(), False, True
+        self.start()
 
     def stop(self) -> bool:
         """The start has ended: stop the timer; True the first time (waits if it fires now)."""
-        self._timer.cancel()
-        with self._lock:
-            first, self._done = not self._done, True
+        self.cancel()
+        with self._guard:
+            first, self._over = not self._over, True
         return first
 
     def _expire(self, end: Callable[[], None]) -> None:
-        with self._lock:  # held until `end` has ended the process
-            if not self._done:
+        with self._guard:  # held until `end` has ended the process
+            if not self._over:
                 end()
 
 

@@ -37,15 +37,9 @@ KINETO_QUIET = "6"
 @contextlib.contextmanager
 def _labelled(name: str, inner: Any, nvtx: bool) -> Iterator[None]:
     """A `record_function` range (and on CUDA an NVTX range) around the timer's context `inner`."""
-    with torch.profiler.record_function(name):
-        if nvtx:
-            torch.cuda.nvtx.range_push(name)
-        try:
-            with inner:
-                yield
-        finally:
-            if nvtx:
-                torch.cuda.nvtx.range_pop()
+    with torch.profiler.record_function(name), \
+            torch.cuda.nvtx.range(name) if nvtx else contextlib.nullcontext(), inner:
+        yield
 
 
 class StepProfiler:
@@ -65,13 +59,11 @@ class StepProfiler:
         if self.ddp is not None:
             self.ddp._set_ddp_runtime_logging_sample_rate(1)
         self.ddp_base: Optional[dict] = None  # DDP's averages after the preflight alone
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.cuda:
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        kinds = torch.profiler.ProfilerActivity
         warmup = 1 if self.skip > 0 else 0  # the profiler's own warm-up step, within the skip
         os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # before Kineto initialises
         self.prof = torch.profiler.profile(
-            activities=activities, on_trace_ready=self._write,
+            activities=[kinds.CPU, *([kinds.CUDA] if self.cuda else [])], on_trace_ready=self._write,
             schedule=torch.profiler.schedule(wait=self.skip - warmup, warmup=warmup,
                                              active=self.active, repeat=1))
         self.steps = 0  # steps ended since the profiler started
@@ -158,19 +150,6 @@ class StepProfiler:
             "call_s": sum(c.end - c.start for c in calls) / len(calls) if calls else None,
         }
 
-    def ddp_timing(self) -> Optional[dict]:
-        """DDP's averages over the training steps (the preflight's iteration taken out) beside
-        ddp_lab's over all the steps of the run, this rank; None without DDP."""
-        if self.ddp is None:
-            return None
-        n = self.run_steps
-        return {**ddp_figures(self.ddp, self.ddp_base), "every_iteration": True,
-                "ddp_lab": {"comm_per_step_s": self.run_inflight / n if n else None,
-                            "hidden_per_step_s": (self.run_inflight - self.run_exposed) / n
-                            if n else None,
-                            "compute_per_step_s": self.run_compute / n if n else None,
-                            "steps": n}}
-
     def witnesses(self, ctx: Any) -> Optional[dict]:
         """Collective. Every rank's figures for the window and its trace's, on the logging rank
         (None on the others): what summary.json keeps as `witnesses`."""
@@ -198,17 +177,22 @@ def make_profiler(timing: TimingConfig, rank: int, device: torch.device, run_dir
 PREFIX = "ddp_lab:"  # ddp_lab's own ranges in the trace (what a witness must not use)
 
 
-def ddp_timing(syncer: Any, profiler: Optional[Any]) -> Optional[dict]:
-    """sync=ddp: DDP's own timing of this rank, in seconds: over every training step with the
-    profiler on, else as DDP samples it. None without DDP (another sync, 1 rank)."""
-    if profiler is not None:
-        return profiler.ddp_timing()
+def ddp_timing(syncer: Any, profiler: Optional[StepProfiler]) -> Optional[dict]:
+    """sync=ddp: DDP's own timing of this rank, in seconds. With the profiler on, over every
+    training step (the preflight's iteration taken out) beside ddp_lab's over all the run's steps;
+    else as DDP samples it. None without DDP (another sync, 1 rank)."""
     ddp = ddp_of(syncer.wrapped)
     if ddp is None:
         return None
-    out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them
-    out["last_logged_iteration"] = out.pop("iterations")  # (not how many it averaged)
-    return {**out, "every_iteration": False}
+    if profiler is None:
+        out = ddp_figures(ddp, None)  # DDP's running averages as DDP keeps them
+        out["last_logged_iteration"] = out.pop("iterations")  # (not how many it averaged)
+        return {**out, "every_iteration": False}
+    p, n = profiler, profiler.run_steps
+    return {**ddp_figures(ddp, p.ddp_base), "every_iteration": True,
+            "ddp_lab": {"comm_per_step_s": p.run_inflight / n if n else None,
+                        "hidden_per_step_s": (p.run_inflight - p.run_exposed) / n if n else None,
+                        "compute_per_step_s": p.run_compute / n if n else None, "steps": n}}
 
 
 def ddp_of(model: torch.nn.Module) -> Optional[Any]:

@@ -30,7 +30,7 @@ from ..folder.description import describe_run
 from ..folder.files import atomic_write_text, read_json_or_empty
 from ..folder.metrics import make_sink
 from ..folder.records import EpochRecord, RunSummary, now_iso, run_figures
-from ..folder.tensorboard import (length_extras, run_metrics, run_name, step_stride, workload,
+from ..folder.tensorboard import (RUN_METRICS, length_extras, run_name, step_stride, workload,
                                   writer_name)
 from ..timing import (PHASES, CommCall, CommStats, StepTimer, StepTimes, StepWatch,
                       StragglerTally, epoch_timing, stragglers)
@@ -165,10 +165,9 @@ class Telemetry:
                                  enabled=self.timing and cfg.timing.trace)
         # every epoch's record on the logging rank, earlier allocations' too
         self.records: list[dict] = []
+        self.done: list[EpochRecord] = []  # this allocation's epochs
         self.stragglers_run = StragglerTally(ctx.env.world_size)
         self.compile_s = compile_s
-        self.epoch_times: list[float] = []
-        self.last: Optional[EpochRecord] = None
         self.start_epoch, self.start_step = 0, 0
         # this allocation's and the earlier ones' (summary.json `segments`), the summary before
         self.segments: list[dict] = []
@@ -221,25 +220,17 @@ class Telemetry:
                 "end": None, "start_epoch": start_epoch, "start_step": start_step,
                 "status": "running", "fingerprint_id": self.fingerprint_id,
                 "startup_s": startup_s(), "cpu": cpu_share(self.ctx)})
-            running = {**(self.previous if not fresh else {}), "status": "running",
-                       "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
-                       "segments": self.segments, "job_id": self.segments[-1]["job_id"],
-                       "epochs_done": start_epoch, "step_in_epoch": start_step,
-                       "world_size": env.world_size, "launcher": cfg.launcher.name,
-                       "sync": cfg.sync.name, "compress": cfg.sync.compress,
-                       "global_batch": self.plan.global_batch,
-                       "scaling": self.plan.scaling, "batch_size": self.plan.per_rank,
-                       "study": study_point(cfg)}
-            self.sink.summary(RunSummary.from_dict(running))
+            self.sink.summary(RunSummary.from_dict({
+                **(self.previous if not fresh else {}),
+                **self._summary("running", start_epoch, start_step)}))
         announce(self.ctx, cfg, self.plan, self.steps_per_epoch)
 
     def _fingerprint(self) -> None:
         """Collective on nccl. This allocation's fingerprint (rank 0 keeps it), from every rank's
         NCCL INFO log after the hosts gather made NCCL connect; `finish` reads them again."""
         env, ctx = self.ctx.env, self.ctx
-        detail = None
-        if ctx.backend == "nccl":
-            detail = ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+        detail = (ctx.gather_objects(fingerprints.read_nccl_transport(self.run_dir))
+                  if ctx.backend == "nccl" else None)
         if not env.is_main:
             return
         self.fingerprint = fingerprints.collect(
@@ -286,11 +277,10 @@ class Telemetry:
             samples_per_s=global_samples / wall_s, steps=n, timing=self.timing,
             resumed_at_step=resumed_at_step or None, compress=self.cfg.sync.compress,
             step_time_s=timed["phase_s"]["step"]["total"] if self.timing else busy_s, **timed)
-        self.epoch_times.append(wall_s)
-        self.last = rec
+        self.done.append(rec)
         self._tensorboard(rec, steps, comm, first_step)  # adds rec to self.records
         # the key, before this allocation's first epoch line
-        if len(self.epoch_times) == 1:
+        if len(self.done) == 1:
             log.info("(loss, acc: train/test; comm in flight: %s of the step collectives run; "
                      "exposed: waited)", "%")
         log.info("epoch %d/%d  loss %.3f/%.3f  acc %.1f/%.1f%%  %.2f s  comm %s", epoch,
@@ -323,10 +313,10 @@ class Telemetry:
         self.records.append(rec.to_dict())
         # the run's, as summary.json will say them
         so_far = run_figures(self.records)
-        scalars.update(run_metrics(test_accuracy=rec.test_accuracy,
-                                   epoch_time_s=so_far["epoch_time_s_median"],
-                                   comm_fraction=so_far["comm_fraction"] or 0.0,
-                                   busbw_GBps=so_far["comm_busbw_GBps"] or 0.0))
+        figures = {"test_accuracy": rec.test_accuracy, "epoch_time_s": so_far["epoch_time_s_median"],
+                   "comm_fraction": so_far["comm_fraction"] or 0.0,
+                   "busbw_GBps": so_far["comm_busbw_GBps"] or 0.0}
+        scalars.update({RUN_METRICS[k]: v for k, v in figures.items()})
         self.sink.epoch(rec, scalars, end)
 
     def hparams(self) -> dict:
@@ -377,21 +367,23 @@ class Telemetry:
                weights_sha256: Optional[str] = None) -> RunSummary:
         """Collective. Merge the trace, write summary.json and close TensorBoard. A graceful stop
         passes `status`, `position` and `stop_reason`; `memory`: `memory_per_rank`'s."""
-        self._merge_trace()
+        # trace/all.json on rank 0: every rank's events in one file (one gather, at the end)
+        gathered = (self.ctx.gather_objects_to(self.trace.events, dst=0) if self.trace.enabled
+                    else None)
+        if gathered is not None:
+            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
         # collective with timing.profile: the profiler's witnesses and DDP's own timing
-        witnesses = ddp = None
-        if self.syncer is not None:
-            if self.profiler is not None:
-                witnesses = self.profiler.witnesses(self.ctx)
-            ddp = ddp_timing(self.syncer, self.profiler)
+        witnesses = self.profiler.witnesses(self.ctx) if self.profiler is not None else None
+        ddp = ddp_timing(self.syncer, self.profiler) if self.syncer is not None else None
         # every collective has run by now: NCCL's lines of every connection it made are in the
         # logs, flushed
         if self.ctx.backend == "nccl":
             self._fingerprint()
-        cfg, ctx, env, last = self.cfg, self.ctx, self.ctx.env, self.last
+        cfg, ctx, env = self.cfg, self.ctx, self.ctx.env
+        last = self.done[-1] if self.done else None
         test_loss, test_acc = ((last.test_loss, last.test_accuracy) if last else
                                (self.previous.get("test_loss"), self.previous.get("test_accuracy")))
-        times = self.epoch_times
+        times = [r.epoch_time_s for r in self.done]
         epochs_done, step = position or (cfg.train.epochs, 0)
         if self.segments:
             self.segments[-1].update(
@@ -401,15 +393,12 @@ class Telemetry:
                 epoch_time_s_median=statistics.median(times) if times else None)
         figures = run_figures(self.records)  # every epoch of the run, every allocation's
         summary = RunSummary(
-            status=status, launcher=cfg.launcher.name, sync=cfg.sync.name,
-            compress=cfg.sync.compress, model=cfg.model.name, optim=cfg.optim.name,
-            backend=ctx.backend,
+            **self._summary(status, epochs_done, step), model=cfg.model.name,
+            optim=cfg.optim.name, backend=ctx.backend,
             device=ctx.device.type if ctx.device.type == "cpu"
             else torch.cuda.get_device_name(ctx.device), nodes=env.num_nodes,
-            nproc_per_node=env.local_world_size, world_size=env.world_size,
-            epochs=cfg.train.epochs, epochs_run=len(times), start_epoch=self.start_epoch,
-            batch_size=self.plan.per_rank, global_batch=self.plan.global_batch,
-            scaling=self.plan.scaling, micro_batch=self.plan.micro,
+            nproc_per_node=env.local_world_size, epochs=cfg.train.epochs, epochs_run=len(times),
+            start_epoch=self.start_epoch, micro_batch=self.plan.micro,
             accumulation=self.plan.accumulation, pipeline=cfg.data.pipeline,
             test_accuracy=test_acc, test_loss=test_loss,
             train_loss=last.train_loss if last else None,
@@ -417,10 +406,7 @@ class Telemetry:
             hosts=list(dict.fromkeys(h for seg in self.segments for h in seg.get("hosts") or []))
             # every allocation's, in the order they first came
             or self.hosts,
-            torch=torch.__version__, epochs_done=epochs_done, step_in_epoch=step,
-            stop_reason=stop_reason, job_id=allocation()["job_id"], segments=self.segments,
-            fingerprint=self.fingerprint, fingerprint_id=self.fingerprint_id,
-            study=study_point(cfg),
+            torch=torch.__version__, stop_reason=stop_reason,
             straggler=self.stragglers_run.named() if self.timing else None,
             injected_delay=injected(cfg.debug),
             compiled=cfg.train.compile, compile_s=self.compile_s, overlap=cfg.sync.overlap,
@@ -431,13 +417,16 @@ class Telemetry:
         self.sink.close()
         return summary
 
-    def _merge_trace(self) -> None:
-        """trace/all.json on rank 0: every rank's events in one file (one gather, at the end)."""
-        if not self.trace.enabled:
-            return
-        gathered = self.ctx.gather_objects_to(self.trace.events, dst=0)
-        if gathered is not None:
-            write_trace(self.run_dir / "trace" / "all.json", [e for ev in gathered for e in ev])
+    def _summary(self, status: str, epochs_done: int, step: int) -> dict[str, Any]:
+        """summary.json's fields both the running and the final summary write."""
+        cfg, plan = self.cfg, self.plan
+        return {"status": status, "launcher": cfg.launcher.name, "sync": cfg.sync.name,
+                "compress": cfg.sync.compress, "world_size": self.ctx.env.world_size,
+                "batch_size": plan.per_rank, "global_batch": plan.global_batch,
+                "scaling": plan.scaling, "study": study_point(cfg), "segments": self.segments,
+                "fingerprint": self.fingerprint, "fingerprint_id": self.fingerprint_id,
+                "job_id": allocation()["job_id"], "epochs_done": epochs_done,
+                "step_in_epoch": step}
 
 
 # ------------------------------------------------------------------ how a record shows
@@ -575,23 +564,12 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-def metadata(rank: int) -> list[dict[str, Any]]:
-    return [
-        {"ph": "M", "name": "process_name", "pid": rank, "tid": rank, "args": {"name": f"rank {rank}"}},
-        {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": rank, "args": {"sort_index": rank}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": rank, "args": {"name": "phases"}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": COMM_TID + rank,
-         "args": {"name": "collectives"}},
-    ]
-
-
 def epoch_events(rank: int, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                  keep: int, step_offset: int = 0) -> list[dict[str, Any]]:
     """Trace events of one epoch: kept steps' phases, and the collectives started in them."""
-    idx = kept_steps(len(steps), keep)
     events: list[dict[str, Any]] = []
-    windows = []
-    for i in idx:
+    windows = []  # each kept step's (start, end, number)
+    for i in kept_steps(len(steps), keep):
         st, step = steps[i], step_offset + i
         windows.append((st.start, st.end, step))
         for name, s, e in st.spans:
@@ -616,7 +594,13 @@ class TraceWriter:
     def __init__(self, run_dir: Path, rank: int, keep: int, enabled: bool = True):
         self.path = run_dir / "trace" / f"rank{rank}.json"
         self.rank, self.keep, self.enabled = rank, keep, enabled
-        self.events: list[dict[str, Any]] = metadata(rank)
+        # the names of the rank's process and of its two rows, the phases and the collectives
+        self.events: list[dict[str, Any]] = [
+            {"ph": "M", "name": name, "pid": rank, "tid": tid, "args": args} for name, tid, args in (
+                ("process_name", rank, {"name": f"rank {rank}"}),
+                ("process_sort_index", rank, {"sort_index": rank}),
+                ("thread_name", rank, {"name": "phases"}),
+                ("thread_name", COMM_TID + rank, {"name": "collectives"}))]
 
     def add_epoch(self, epoch: int, steps: Sequence[StepTimes], comm: CommStats,
                   first_step: int = 0) -> None:
@@ -694,10 +678,8 @@ class StepProgress:
 
     def wrap(self, steps: range, desc: str) -> Iterable[int]:
         """`steps`, the epoch's remaining steps (range(first_step, steps_per_epoch))."""
-        if not self.is_main:
-            return steps
         if self.bar:
             return tqdm(steps, desc=desc, leave=False, unit="step", **bar_size())
-        if self.every_s > 0:
+        if self.is_main and self.every_s > 0:
             return StepLines(steps, desc, self.every_s)
         return steps
