@@ -80,7 +80,7 @@ def test_predictions_follow_the_formulas():
 
 # ----------------------------------------------------------- discovery, status
 def _fake_run(root: Path, name: str, world: int, epoch_s: float, sync="ddp", status="completed",
-              summary=True, records=1, dry=False) -> Path:
+              summary=True, records=1, dry=False, phases=True) -> Path:
     d = root / name
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(
@@ -90,6 +90,8 @@ def _fake_run(root: Path, name: str, world: int, epoch_s: float, sync="ddp", sta
     rec = {"epoch": 1, "steps": 10, "samples_per_s": 100.0 * world,
            "phase_s": {p: {"mean": 0.001} for p in ("data", "forward", "backward", "sync", "optim", "step")},
            "comm": {"time_s": 0.01, "payload_bytes": 10 * 159_010 * 4, "calls": 10}}
+    if not phases:  # timing.enabled=false: no phase times
+        del rec["phase_s"]
     (d / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for _ in range(records)))
     if summary:
         (d / "summary.json").write_text(json.dumps({
@@ -164,6 +166,19 @@ def test_bad_paths_are_one_line_errors(tmp_path):
         find_runs([tmp_path / "dry"])
     proc = run_cli(cwd=tmp_path, module="ddp_lab.report")  # no path at all: argparse's usage
     assert proc.returncode == 2 and "usage:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_runs_without_phase_times_get_no_phase_figure(tmp_path):
+    """timing.enabled=false runs have no phase times: the report has no bars to draw, so
+    no phases.png, and the rest of the report as usual (it crashed drawing zero panels)."""
+    root = tmp_path / "outputs"
+    _fake_run(root, "a_ddp_1", 1, 8.0, phases=False)
+    _fake_run(root, "b_ddp_2", 2, 5.0, phases=False)
+    proc = run_cli(str(root), "-o", str(tmp_path / "rep"), cwd=tmp_path, module="ddp_lab.report")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "rep" / "report.json").read_text())
+    files = {fig["file"] for fig in doc["figures"]}
+    assert "epoch_time_vs_world.png" in files and "phases.png" not in files, files
 
 
 # ---------------------------------------------------------------- real runs

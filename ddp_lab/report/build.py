@@ -94,7 +94,9 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
 
     figures = []
     for name, make, data in (("epoch_time_vs_world.png", plots.epoch_time_figure, groups),
-                             ("phases.png", plots.phase_figure, phases),
+                             # a bar needs phase times (none with timing.enabled=false)
+                             ("phases.png", plots.phase_figure,
+                              [r for r in phases if r.get("step_ms") is not None]),
                              ("bench_all_reduce.png", plots.bench_figure, fits)):
         if make_plots and data:
             figures.append(plots.save(*make(data), out_dir / name))
