@@ -264,7 +264,8 @@ def _registered() -> None:
 def run_in_process(args: list[str], env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
     """`python -m ddp_lab ARGS` in this process, through the same `cli` call as
     ddp_lab/__main__.py: (exit status, stdout, stderr). A dry run or a refusal takes
-    ~0.1 s here against ~2 s as a process (the interpreter, hydra's import). `env` is set
+    0.1-0.4 s here (Hydra's composition) against ~2 s as a process (the interpreter,
+    hydra's import). `env` is set
     for the call; sys.argv, os.environ and Hydra's global state are put back after it."""
     from hydra.core.global_hydra import GlobalHydra
 

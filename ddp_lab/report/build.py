@@ -121,7 +121,8 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
     md += tables.bench_markdown(runs, short) + doctor_markdown(runs)
     md += tables.skipped_markdown(runs, short)
 
-    atomic_write_text(out_dir / "report.md", text := "\n".join(md).rstrip() + "\n")
+    text = "\n".join(md).rstrip() + "\n"
+    atomic_write_text(out_dir / "report.md", text)
 
     with atomic_open(out_dir / "report.csv") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -138,6 +139,6 @@ def build_report(runs: list[Run], out_dir: Path, make_plots: bool = True,
         "figures": [{k: f[k] for k in ("file", "title", "series")} for f in figures],
     }
     atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-    screen = summary.terminal_summary(doc, counts, out_dir, common, warmup_words(groups, warmup)) \
-        + twin["screen"]
+    warm = warmup_words(groups, warmup)
+    screen = summary.terminal_summary(doc, counts, out_dir, common, warm) + twin["screen"]
     return {"markdown": text, "summary": screen, "counts": counts, "figures": figures, "doc": doc}
