@@ -162,9 +162,10 @@ def side_by_side(configs: Sequence[T], repeats: int, one: Callable[[T, int], Any
 def table(head: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "") -> str:
     """A Markdown table: `head`'s columns, then one line per row of cells; `align` a letter a
     column, l (left) or r (right); default: the first left, the others right."""
+    from ..report.tables import md_row  # the report's row, so both print one table form
+
     align = align or "l" + "r" * (len(head) - 1)
-    lines = [head, ["---" if a == "l" else "---:" for a in align], *rows]
-    return "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in lines)
+    return "\n".join(map(md_row, [head, ["---" if a == "l" else "---:" for a in align], *rows]))
 
 
 def with_bucket(overrides: Sequence[str], mb: float) -> list[str]:

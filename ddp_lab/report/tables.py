@@ -87,6 +87,7 @@ def _f(v: Optional[float], fmt: str = ".3f", none: str = "–") -> str:
 
 
 def md_row(cells) -> str:
+    """One Markdown table row of `cells` (the report's and the benchmarks' tables)."""
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
