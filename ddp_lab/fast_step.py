@@ -70,11 +70,9 @@ def tune_threads(ctx, share: RankThreads, syncer, optimizer: torch.optim.Optimiz
         for _ in range(blocks):
             for threads in best:
                 torch.set_num_threads(threads)
-                # the first of a count: untimed
-                run_steps(syncer, optimizer, [batch], timer)
-                t0 = time.perf_counter()
-                run_steps(syncer, optimizer, [batch] * n_steps, timer)
-                best[threads] = min(best[threads], (time.perf_counter() - t0) / n_steps)
+                seconds = step_seconds(lambda k: run_steps(syncer, optimizer, [batch] * k, timer),
+                                       n_steps)
+                best[threads] = min(best[threads], seconds)
     syncer.module.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
     syncer.module.zero_grad(set_to_none=True)
@@ -87,6 +85,16 @@ def tune_threads(ctx, share: RankThreads, syncer, optimizer: torch.optim.Optimiz
     share.why = (f"{share.why}; a training step took {best[1] * 1e3:.2f} ms on 1 thread, "
                  f"{best[share.threads] * 1e3:.2f} ms on {share.threads}")
     share.threads, share.tunable = keep, False
+
+
+def step_seconds(steps, n_steps: int = 8) -> float:
+    """A step's seconds: `steps(1)` untimed (the first at a thread count), then `steps(n_steps)`
+    timed. The thread probe's unit, in a rank (`tune_threads`) and before the ranks
+    (ddp_lab/launch/wait_probe.py)."""
+    steps(1)
+    t0 = time.perf_counter()
+    steps(n_steps)
+    return (time.perf_counter() - t0) / n_steps
 
 
 def compile_model(syncer, splits: Any, batch_size: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -58,6 +59,51 @@ def test_threads_and_their_wait_follow_the_cores_free_at_start(monkeypatch):
     cpu.prepare_rank(env)
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and cpu.wait_policy(env).startswith(
         "sleep: no launcher looked at the cores")
+
+
+def test_where_threads_have_a_core_each_the_launcher_times_each_wait(monkeypatch, tmp_path):
+    """train.threads=2 on free cores: the launcher times the run's own step under each of
+    cpu.WAITS, one process each (libgomp reads its wait once, as torch loads), and keeps the
+    fastest; a gentler wait within 5% of it wins (load that comes later); sharing cores, or
+    with your own OpenMP variables, nothing is timed."""
+    from omegaconf import OmegaConf
+
+    from ddp_lab.launch import torchrun
+    from helpers import compose
+
+    OmegaConf.save(compose("model.hidden=37", "train.batch_size=23"), tmp_path / "config.yaml")
+    calls = []
+
+    def probe(threads):
+        calls.append(threads)
+        return torchrun.probe_waits(tmp_path, threads, 1)
+
+    for var in cpu.USER_WAIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cpu, "cores", lambda: 2)
+    monkeypatch.setattr(cpu, "busy_cores", lambda: 0.0)
+    share = cpu.look(1, asked=2, probe=probe)
+    assert calls == [2], "a core each: the waits are timed"
+    assert share.wait in [wait for _, wait in cpu.WAITS], share
+    figures = re.findall(r"([\d.]+) ms (sleeping|spinning [^,(]+)", share.wait_why)
+    assert [name.strip() for _, name in figures] == [name for name, _ in cpu.WAITS], share.wait_why
+    assert all(float(ms) > 0 for ms, _ in figures)
+    env: dict = {}
+    cpu.apply(share, env)
+    assert cpu.wait_policy(env).startswith({"PASSIVE": "sleep", None: "spin"}.get(
+        env.get("OMP_WAIT_POLICY"), "spin"))
+    # which wins, from the figures alone: the gentlest within 5% of the fastest
+    unit = cpu.decide(2, 1, 0.0, asked=2)
+    assert cpu.pick_wait(unit, [1.0, 0.5], 1.0).wait == {"GOMP_SPINCOUNT": "30000"}
+    assert cpu.pick_wait(unit, [0.52, 0.5], 1.0).wait == cpu.SLEEP
+    failed = cpu.pick_wait(unit, None, 1.0)
+    assert failed.wait is None and "the wait probe failed" in failed.wait_why
+    # cores shared, or your own variables: no probe
+    monkeypatch.setattr(cpu, "busy_cores", lambda: 1.0)
+    assert not cpu.look(1, asked=2, probe=probe).spin and calls == [2]
+    monkeypatch.setattr(cpu, "busy_cores", lambda: 0.0)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    assert cpu.look(1, asked=2, probe=probe).wait is None and calls == [2]
 
 
 def test_busy_cores_sees_a_busy_process():

@@ -11,13 +11,16 @@ import importlib.util
 import logging
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 from ..world import cpu
-from ..world.env import AGENT_SIGNALS
+from ..world.env import AGENT_SIGNALS, set_parent_death_signal
 
 # the entries this torchrun may fork ranks of, with what each imports first, once here (torch,
 # torch._dynamo: ~5 s of CPU a rank; docs/performance.md)
@@ -59,8 +62,6 @@ def _forked_entry() -> None:
     interpreter would have: the agent installs its own once it starts), and `sys.exit(rc)`'s 0
     turned into a return (torch 2.2 lets `SystemExit(0)` end a forked rank with no result, and its
     agent waits for ever)."""
-    import signal
-
     from torch.distributed import run as torchrun
 
     run_path = torchrun.run_script_path
@@ -121,6 +122,26 @@ def asked_threads(args: list[str]) -> int:
     return threads if isinstance(threads, int) and threads > 0 else 0
 
 
+def probe_waits(run_dir: Path, threads: int, world: int,
+                timeout_s: float = 60.0) -> Optional[list[float]]:
+    """A step of the run in `run_dir` at `threads` threads in a world of `world`, in seconds,
+    under each of `cpu.WAITS`: one `python -m ddp_lab.launch.wait_probe` each, one after the
+    other, before any rank runs (libgomp reads its wait once, as torch loads). None if one fails."""
+    base = {k: v for k, v in os.environ.items() if k not in cpu.USER_WAIT_VARS}
+    seconds = []
+    for _, wait in cpu.WAITS:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "ddp_lab.launch.wait_probe", str(run_dir), str(threads),
+                 str(world)], env={**base, **wait}, capture_output=True, text=True,
+                timeout=timeout_s, check=True,
+                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL))
+            seconds.append(float(done.stdout.split()[-1]))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not argv[0].startswith("--log="):
@@ -128,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     path, args = Path(argv[0].removeprefix("--log=")), argv[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
     # before torch loads (libgomp reads its variables once) and before any rank runs: this
-    # machine's cores free now, shared among its ranks (ddp_lab/world/cpu.py); the forks inherit it
-    cpu.apply(cpu.look(nproc_per_node(args), asked_threads(args)))
+    # machine's cores free now, shared among its ranks, and where each thread has a core of its
+    # own, the wait that runs the run's step fastest (ddp_lab/world/cpu.py); the forks inherit it
+    ranks = nproc_per_node(args)
+    run_dir = Path(args[-1]) if args and (Path(args[-1]) / "config.yaml").is_file() else None
+    probe = (lambda threads: probe_waits(run_dir, threads, ranks)) if run_dir else None
+    cpu.apply(cpu.look(ranks, asked_threads(args), probe))
     # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
     # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")

@@ -1,29 +1,40 @@
 """How many CPU threads each rank runs and how its threads wait: decided once per machine, before
 torch loads (torch-free). Why and what was measured: docs/performance.md, "What decides the
 defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`, passed on by `apply`):
-threads spin where every one has a free core of its own, and sleep where they share; otherwise a
-rank takes its equal share, its threads sleeping. What you set stands (`train.threads`,
-OMP_WAIT_POLICY, GOMP_SPINCOUNT).
+threads sleep where they share cores; where every one has a free core of its own, the launcher
+times the run's step under each of `WAITS` before the ranks start (launch/torchrun.py,
+`probe_waits`) and keeps the
+fastest. Otherwise a rank takes its equal share, its threads sleeping. What you set stands
+(`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import MutableMapping, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, MutableMapping, Optional
 
 THREADS_VAR, WHY_VAR = "DDP_LAB_THREADS", "DDP_LAB_THREADS_WHY"  # the launcher's choice
 WAIT_WHY_VAR = "DDP_LAB_WAIT_WHY"  # and why its threads wait as they do
 USER_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+SLEEP = {"OMP_WAIT_POLICY": "PASSIVE"}
+# how threads with a free core each may wait, gentlest first, in words and as libgomp's variables:
+# the launcher times each (launch/torchrun.py, `probe_waits`) and keeps the fastest, the gentler
+# where they are within 5%. The spin is 30,000 rounds, not libgomp's default 300,000: never
+# slower idle on the VMs measured, and a third of the cost once load arrives later
+# (docs/performance.md, "load that comes later")
+WAITS = (("sleeping", SLEEP), ("spinning 30000 times", {"GOMP_SPINCOUNT": "30000"}))
 
 
 @dataclass(frozen=True)
 class CpuShare:
     threads: int  # torch threads per rank
-    spin: bool  # threads spin a moment before sleeping (libgomp's default), else sleep at once
+    spin: bool  # every thread has a free core of its own: it may spin before it sleeps
     why: str  # in words, for the run's first line and summary.json
     wait_why: str = ""  # why they spin or sleep, in words
+    # the probe's pick of WAITS; None: libgomp's default spin where `spin`, else sleep
+    wait: Optional[Mapping[str, str]] = None
 
 
 def cores() -> int:
@@ -92,15 +103,37 @@ def decide(n_cores: int, local_ranks: int, busy: Optional[float], asked: int = 0
     return CpuShare(threads, spin, f"{free} of {n_cores} cores free at start", wait_why)
 
 
-def look(local_ranks: int, asked: int = 0) -> CpuShare:
+def look(local_ranks: int, asked: int = 0,
+         probe: Optional[Callable[[int], Optional[list[float]]]] = None) -> CpuShare:
     """`decide` for this machine's `local_ranks` ranks (`asked`: train.threads), looking at the
     load only where it can change the answer: with one core or less a rank and no count asked,
-    each runs 1 thread whatever the load."""
+    each runs 1 thread whatever the load. Where the threads may spin, `probe(threads)` (a step's
+    seconds under each of WAITS, or None) picks how they wait, unless you set it."""
     n = cores()
     if equal_share(local_ranks, n) == 1 and asked <= 1:
         ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
         return CpuShare(1, False, f"{n} cores for {ranks}", "1 thread: no team to wait")
-    return decide(n, local_ranks, busy_cores(), asked)
+    share = decide(n, local_ranks, busy_cores(), asked)
+    if probe is None or not share.spin or share.threads == 1 or \
+            any(k in os.environ for k in USER_WAIT_VARS):
+        return share
+    t0 = time.perf_counter()
+    seconds = probe(share.threads)
+    return pick_wait(share, seconds, time.perf_counter() - t0)
+
+
+def pick_wait(share: CpuShare, seconds: Optional[list[float]], took_s: float) -> CpuShare:
+    """`share` waiting as the fastest of WAITS by `seconds` (a step's, each), or the gentlest
+    within 5% of it; where the probe failed (None), libgomp's default spin, and why."""
+    if seconds is None:
+        return replace(share, wait_why=f"{share.wait_why}; the wait probe failed, libgomp's "
+                                       "default")
+    best = min(seconds)
+    pick = next(i for i, s in enumerate(seconds) if s <= 1.05 * best)
+    figures = ", ".join(f"{s * 1e3:.2f} ms {name}" for (name, _), s in zip(WAITS, seconds))
+    return replace(share, wait=WAITS[pick][1],
+                   wait_why=f"{share.wait_why}; a training step took {figures} (timed before "
+                            f"the ranks, {took_s:.1f} s)")
 
 
 def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -> None:
@@ -108,24 +141,24 @@ def apply(share: CpuShare, environ: Optional[MutableMapping[str, str]] = None) -
     once) and before the ranks start. The user's own OpenMP variables stand."""
     env = os.environ if environ is None else environ
     env[THREADS_VAR], env[WHY_VAR] = str(share.threads), share.why
-    _set_wait(env, share.spin, share.wait_why)
+    wait = share.wait if share.wait is not None else ({} if share.spin else SLEEP)
+    _set_wait(env, wait, share.wait_why)
 
 
 def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
     """In a rank, before torch: without a launcher's choice, threads sleep (unless you chose)."""
     env = os.environ if environ is None else environ
     if THREADS_VAR not in env:
-        _set_wait(env, False, "no launcher looked at the cores (its ranks start beside each other)")
+        _set_wait(env, SLEEP, "no launcher looked at the cores (its ranks start beside each other)")
 
 
-def _set_wait(env: MutableMapping[str, str], spin: bool, why: str) -> None:
-    """Threads spin or sleep, for `why`; the user's own OpenMP variables stand."""
+def _set_wait(env: MutableMapping[str, str], wait: Mapping[str, str], why: str) -> None:
+    """Threads wait as libgomp's variables `wait` say, for `why`; the user's own stand."""
     if any(k in env for k in USER_WAIT_VARS):
         env[WAIT_WHY_VAR] = "as you set it"
         return
     env[WAIT_WHY_VAR] = why
-    if not spin:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env.update(wait)
 
 
 @dataclass
