@@ -106,6 +106,38 @@ def test_where_threads_have_a_core_each_the_launcher_times_each_wait(monkeypatch
     assert cpu.look(1, asked=2, probe=probe).wait is None and calls == [2]
 
 
+def test_a_rank_keeps_the_memory_its_steps_free():
+    """A step's 200 KB batch, allocated and freed 300 times: glibc faults its pages in afresh
+    each time where a MALLOC_ variable fixes its threshold (as set, its own dynamic raise is off),
+    and not once the rank keeps freed memory (`cpu.keep_freed_memory`); the count is the
+    kernel's (getrusage), and your own malloc variables stand."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys, torch\n"
+            "from ddp_lab.world import cpu\n"
+            "kept = cpu.keep_freed_memory()\n"
+            "x = torch.randn(60000, 784)\n"
+            "idx = torch.randperm(60000)\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "for i in range(300):\n"
+            "    b = x.index_select(0, idx[i * 64:(i + 1) * 64])\n"
+            "    del b\n"
+            "print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
+
+    def faults(extra: dict) -> tuple[str, int]:
+        env = {k: v for k, v in os.environ.items() if k not in cpu.MALLOC_VARS}
+        out = subprocess.run([sys.executable, "-c", code], env={**env, **extra},
+                             capture_output=True, text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    kept, few = faults({})
+    yours, many = faults({"MALLOC_TOP_PAD_": "131072"})
+    assert (kept, yours) == ("True", "False")
+    # a batch is 50 pages: faulted in once kept, about once a step otherwise
+    assert few < 1000 and many > 300 * 40, (few, many)
+
+
 def test_busy_cores_sees_a_busy_process():
     import subprocess
     import sys

@@ -214,6 +214,8 @@ def rank_main(argv: Optional[list[str]], module: str, maker: str,
         return 2
     # before torch loads: libgomp reads its variables once (ddp_lab/world/cpu.py)
     cpu.prepare_rank()
+    # and the steps' freed memory is kept for the next step, not faulted in afresh
+    cpu.keep_freed_memory()
     forked = multiprocessing.parent_process() is not None  # ddp_lab.launch.torchrun.fork_ranks
     if forked:
         whole_lines()

@@ -10,6 +10,7 @@ fastest. Otherwise a rank takes its equal share, its threads sleeping. What you 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass, replace
@@ -159,6 +160,29 @@ def _set_wait(env: MutableMapping[str, str], wait: Mapping[str, str], why: str) 
         return
     env[WAIT_WHY_VAR] = why
     env.update(wait)
+
+
+MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def keep_freed_memory(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """In a rank: glibc's malloc keeps the blocks a step frees for the next step. By default it
+    maps each block over 128 KB afresh and hands freed ones back (a batch of 64 digits is 200 KB),
+    so every step's tensors fault their pages in again until its own threshold has crept up:
+    about 20,000 page faults in the default run's first epoch, 10% of that epoch on the 2-core VM
+    (docs/performance.md). Here blocks under 64 MB come from the heap, and up to 256 MB freed at
+    its top stay, as a jemalloc or tcmalloc preload would keep them. The user's own malloc
+    variables stand; False where it did nothing (another libc, or yours)."""
+    env = os.environ if environ is None else environ
+    if any(k in env for k in MALLOC_VARS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        # mallopt(3): M_MMAP_THRESHOLD -3, M_TRIM_THRESHOLD -1, M_TOP_PAD -2; each 1 if done
+        return all(libc.mallopt(param, value) == 1
+                   for param, value in ((-3, 64 << 20), (-1, 256 << 20), (-2, 64 << 20)))
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass
