@@ -100,7 +100,7 @@ def epoch_sums(
     """The epoch's summed loss (each step's mean loss times its samples,
     in float64) and its correct predictions (train accuracy, as the
     notebook's check), from the steps' tensors: a few kernels an epoch
-    instead of five a step (three of them cost a 2-thread step 8%,
+    instead of five a step (three of them cost a 2-thread step 5%,
     docs/performance.md)."""
     if not losses:
         return (

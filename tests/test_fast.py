@@ -71,7 +71,15 @@ def test_where_threads_have_a_core_each_the_launcher_times_each_wait(monkeypatch
     from ddp_lab.launch import torchrun
     from helpers import compose
 
-    OmegaConf.save(compose("model.hidden=37", "train.batch_size=23"), tmp_path / "config.yaml")
+    OmegaConf.save(compose("model.hidden=37", "train.batch_size=23", "train.threads=2"),
+                   tmp_path / "config.yaml")
+    # what torchrun's arguments end with: a training run's folder (its step is what is timed);
+    # the bench's folders train no model, so nothing is timed for them
+    assert torchrun.training_run(["-m", "ddp_lab.worker", str(tmp_path)]) == (tmp_path, 2)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    OmegaConf.save(compose(config_name="bench"), bench / "config.yaml")
+    assert torchrun.training_run(["-m", "ddp_lab.bench.worker", str(bench)]) == (None, 0)
     calls = []
 
     def probe(threads):

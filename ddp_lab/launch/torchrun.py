@@ -110,16 +110,20 @@ def nproc_per_node(args: list[str]) -> int:
     return int(found.group(1)) if found and found.group(1).isdigit() else 1
 
 
-def asked_threads(args: list[str]) -> int:
-    """train.threads of the run whose folder ends torchrun's arguments (0: not asked, or no run
-    folder there), read before torch loads."""
+def training_run(args: list[str]) -> tuple[Optional[Path], int]:
+    """The training run whose folder ends torchrun's arguments (None: no run folder there, or
+    one that trains no model, as the bench's) and its train.threads (0: not asked), read
+    before torch loads."""
     config = Path(args[-1]) / "config.yaml" if args else None
     if config is None or not config.is_file():
-        return 0
+        return None, 0
     from omegaconf import OmegaConf
 
-    threads = OmegaConf.select(OmegaConf.load(config), "train.threads", default=0)
-    return threads if isinstance(threads, int) and threads > 0 else 0
+    cfg = OmegaConf.load(config)
+    if OmegaConf.select(cfg, "model.name") is None:
+        return None, 0
+    threads = OmegaConf.select(cfg, "train.threads", default=0)
+    return config.parent, threads if isinstance(threads, int) and threads > 0 else 0
 
 
 def probe_waits(run_dir: Path, threads: int, world: int,
@@ -152,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     # machine's cores free now, shared among its ranks, and where each thread has a core of its
     # own, the wait that runs the run's step fastest (ddp_lab/world/cpu.py); the forks inherit it
     ranks = nproc_per_node(args)
-    run_dir = Path(args[-1]) if args and (Path(args[-1]) / "config.yaml").is_file() else None
+    run_dir, asked = training_run(args)
     probe = (lambda threads: probe_waits(run_dir, threads, ranks)) if run_dir else None
-    cpu.apply(cpu.look(ranks, asked_threads(args), probe))
+    cpu.apply(cpu.look(ranks, asked, probe))
     # the agent looks at its ranks every 0.1 s, as torch >= 2.4 does (2.2, 2.3: 5 s); a
     # PET_MONITOR_INTERVAL set by the user wins
     os.environ.setdefault("PET_MONITOR_INTERVAL", "0.1")

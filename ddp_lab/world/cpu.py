@@ -3,9 +3,8 @@ torch loads (torch-free). Why and what was measured: docs/performance.md, "What 
 defaults". `launcher=local` looks at the load first (`busy_cores`, `decide`, passed on by `apply`):
 threads sleep where they share cores; where every one has a free core of its own, the launcher
 times the run's step under each of `WAITS` before the ranks start (launch/torchrun.py,
-`probe_waits`) and keeps the
-fastest. Otherwise a rank takes its equal share, its threads sleeping. What you set stands
-(`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT).
+`probe_waits`) and keeps the fastest. Otherwise a rank takes its equal share, its threads
+sleeping. What you set stands (`train.threads`, OMP_WAIT_POLICY, GOMP_SPINCOUNT).
 """
 
 from __future__ import annotations
