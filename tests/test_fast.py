@@ -80,6 +80,10 @@ def test_where_threads_have_a_core_each_the_launcher_times_each_wait(monkeypatch
     bench.mkdir()
     OmegaConf.save(compose(config_name="bench"), bench / "config.yaml")
     assert torchrun.training_run(["-m", "ddp_lab.bench.worker", str(bench)]) == (None, 0)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    OmegaConf.save(compose("dist.device=cuda", "train.threads=3"), gpu / "config.yaml")
+    assert torchrun.training_run(["-m", "ddp_lab.worker", str(gpu)]) == (None, 3)
     calls = []
 
     def probe(threads):

@@ -111,19 +111,25 @@ def nproc_per_node(args: list[str]) -> int:
 
 
 def training_run(args: list[str]) -> tuple[Optional[Path], int]:
-    """The training run whose folder ends torchrun's arguments (None: no run folder there, or
-    one that trains no model, as the bench's) and its train.threads (0: not asked), read
-    before torch loads."""
+    """The CPU training run whose folder ends torchrun's arguments (None: no run folder there,
+    one that trains no model, as the bench's, or one that trains on a GPU, whose CPU threads
+    are not its step) and its train.threads (0: not asked), read before torch loads."""
     config = Path(args[-1]) / "config.yaml" if args else None
     if config is None or not config.is_file():
         return None, 0
     from omegaconf import OmegaConf
 
+    from ..config import device_type
+    from ..world.env import gpu_devices_present
+
     cfg = OmegaConf.load(config)
-    if OmegaConf.select(cfg, "model.name") is None:
-        return None, 0
     threads = OmegaConf.select(cfg, "train.threads", default=0)
-    return config.parent, threads if isinstance(threads, int) and threads > 0 else 0
+    threads = threads if isinstance(threads, int) and threads > 0 else 0
+    device = str(OmegaConf.select(cfg, "dist.device", default="auto"))
+    if OmegaConf.select(cfg, "model.name") is None or \
+            device_type(device, gpu_devices_present()) != "cpu":
+        return None, threads
+    return config.parent, threads
 
 
 def probe_waits(run_dir: Path, threads: int, world: int,
