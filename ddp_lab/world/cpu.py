@@ -165,13 +165,14 @@ MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_P
 
 
 def keep_freed_memory(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """In a rank: glibc's malloc keeps the blocks a step frees for the next step. By default it
-    maps each block over 128 KB afresh and hands freed ones back (a batch of 64 digits is 200 KB),
-    so every step's tensors fault their pages in again until its own threshold has crept up:
-    about 20,000 page faults in the default run's first epoch, 10% of that epoch on the 2-core VM
-    (docs/performance.md). Here blocks under 64 MB come from the heap, and up to 256 MB freed at
-    its top stay, as a jemalloc or tcmalloc preload would keep them. The user's own malloc
-    variables stand; False where it did nothing (another libc, or yours)."""
+    """In a rank: glibc's malloc keeps the blocks a step frees for the next step. By its own rule
+    it maps blocks over a threshold (128 KB, rising as it frees them, to 32 MB at most) afresh
+    and hands freed memory at the heap's top back to the kernel: a forked rank faulted about
+    20,000 pages in during the default run's first epoch, 10% of that epoch, and about 1,000
+    with the thresholds set here (the kernel's count; docs/performance.md): blocks under 64 MB
+    from the heap, up to 256 MB freed at its top kept, as a jemalloc or tcmalloc preload would.
+    The user's own malloc variables stand; False where it did nothing (another libc, or
+    yours)."""
     env = os.environ if environ is None else environ
     if any(k in env for k in MALLOC_VARS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
         return False
