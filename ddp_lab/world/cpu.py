@@ -114,8 +114,7 @@ def look(local_ranks: int, asked: int = 0,
         ranks = f"{local_ranks} rank{'s' if local_ranks > 1 else ''}"
         return CpuShare(1, False, f"{n} cores for {ranks}", "1 thread: no team to wait")
     share = decide(n, local_ranks, busy_cores(), asked)
-    if probe is None or not share.spin or share.threads == 1 or \
-            any(k in os.environ for k in USER_WAIT_VARS):
+    if probe is None or not share.spin or share.threads == 1 or wait_is_yours(os.environ):
         return share
     t0 = time.perf_counter()
     seconds = probe(share.threads)
@@ -152,9 +151,14 @@ def prepare_rank(environ: Optional[MutableMapping[str, str]] = None) -> None:
         _set_wait(env, SLEEP, "no launcher looked at the cores (its ranks start beside each other)")
 
 
+def wait_is_yours(env: Mapping[str, str]) -> bool:
+    """Whether `env` sets libgomp's wait itself: then it stands, and nothing is timed."""
+    return any(k in env for k in USER_WAIT_VARS)
+
+
 def _set_wait(env: MutableMapping[str, str], wait: Mapping[str, str], why: str) -> None:
     """Threads wait as libgomp's variables `wait` say, for `why`; the user's own stand."""
-    if any(k in env for k in USER_WAIT_VARS):
+    if wait_is_yours(env):
         env[WAIT_WHY_VAR] = "as you set it"
         return
     env[WAIT_WHY_VAR] = why
