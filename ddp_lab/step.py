@@ -67,8 +67,8 @@ def run_steps(
     `micro_batch` > 0: a larger batch accumulates its gradient over
     micro-batches (`accumulate`) and is synchronised once, after the
     last."""
-    # each step's, on the device: scored and summed once, at the end
-    losses, outs, labels = [], [], []
+    # the train loss and accuracy, on the device: summed once, at the end
+    tally = EpochTally(syncer.device)
     for x, y in batches:
         if micro_batch and len(y) > micro_batch:
             loss, out = accumulate(
@@ -87,30 +87,55 @@ def run_steps(
         with timer.phase("optim"):
             syncer.step(optimizer)
         timer.end_step()
-        # references, no kernel: nothing waits for the device
-        losses.append(loss.detach())
-        outs.append(out.detach())
-        labels.append(y)
-    return epoch_sums(losses, outs, labels, syncer.device)
+        # copies on the device: nothing waits for it
+        tally.add(loss, out, y)
+    return tally.sums()
 
 
-def epoch_sums(
-    losses: list, outs: list, labels: list, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The epoch's summed loss (each step's mean loss times its samples,
-    in float64) and its correct predictions (train accuracy, as the
-    notebook's check), from the steps' tensors: a few kernels an epoch
-    instead of five a step (three of them cost a 2-thread step 5%,
-    docs/performance.md)."""
-    if not losses:
-        return (
-            torch.zeros((), dtype=torch.float64, device=device),
-            torch.zeros((), dtype=torch.int64, device=device),
-        )
-    samples = torch.tensor([len(y) for y in labels], dtype=torch.float64,
-                           device=device)
-    correct = (torch.cat(outs).argmax(1) == torch.cat(labels)).sum()
-    return (torch.stack(losses).double() * samples).sum(), correct
+class EpochTally:
+    """The epoch's train loss and correct predictions (train accuracy,
+    as the notebook's check), kept on the device: each step's mean loss
+    and predicted classes are written into buffers, scored and summed
+    once, at the end (`sums`). No tensor is kept per step and no sum is
+    taken per step: keeping each step's output cost a forked rank's
+    first two epochs at 2 threads 11%, scoring each step 5%
+    (docs/performance.md)."""
+
+    def __init__(self, device: torch.device, steps: int = 1024, samples: int = 65536):
+        self.device = device
+        self.steps, self.samples = 0, 0
+        self.sizes: list[int] = []
+        self.losses = torch.empty(steps, dtype=torch.float64, device=device)
+        self.predicted = torch.empty(samples, dtype=torch.int64, device=device)
+        self.labels = torch.empty(samples, dtype=torch.int64, device=device)
+
+    def add(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        """A step: its mean loss, its outputs, its labels."""
+        i, lo, hi = self.steps, self.samples, self.samples + len(y)
+        if i == len(self.losses):
+            self.losses = _grown(self.losses, i + 1)
+        if hi > len(self.labels):
+            self.predicted, self.labels = _grown(self.predicted, hi), _grown(self.labels, hi)
+        self.losses[i].copy_(loss.detach())
+        torch.argmax(out.detach(), 1, out=self.predicted[lo:hi])
+        self.labels[lo:hi].copy_(y)
+        self.sizes.append(len(y))
+        self.steps, self.samples = i + 1, hi
+
+    def sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed loss (each step's mean loss times its samples, in
+        float64) and the correct predictions."""
+        n, m = self.steps, self.samples
+        samples = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
+        loss_sum = (self.losses[:n] * samples).sum()
+        return loss_sum, (self.predicted[:m] == self.labels[:m]).sum()
+
+
+def _grown(buffer: torch.Tensor, at_least: int) -> torch.Tensor:
+    """`buffer` with room for `at_least` entries: twice as long, or more."""
+    grown = buffer.new_empty(max(2 * len(buffer), at_least))
+    grown[: len(buffer)].copy_(buffer)
+    return grown
 
 
 def accumulate(

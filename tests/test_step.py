@@ -36,6 +36,26 @@ def test_run_steps_counts_the_right_training_predictions(micro_batch):
     assert float(loss_sum) == pytest.approx(want_loss, rel=1e-5)
 
 
+
+def test_the_epoch_tally_grows_past_its_buffers_and_sums_what_each_step_gave():
+    """Steps of uneven sizes (a last batch short, sizes no power of two) past the tally's
+    first buffers: the loss summed in float64 step by step and the correct predictions
+    counted as the notebook does, from the steps' own tensors."""
+    from ddp_lab.step import EpochTally
+
+    torch.manual_seed(0)
+    tally = EpochTally(torch.device("cpu"), steps=2, samples=50)
+    steps = [(torch.rand(()), torch.randn(n, 10), torch.randint(0, 10, (n,)))
+             for n in (37, 37, 37, 37, 11)]
+    for loss, out, y in steps:
+        tally.add(loss, out, y)
+    loss_sum, correct = tally.sums()
+    assert loss_sum.dtype == torch.float64 and correct.dtype == torch.int64
+    assert float(loss_sum) == pytest.approx(
+        sum(float(loss.double()) * len(y) for loss, _, y in steps), rel=1e-12)
+    assert int(correct) == sum(int((out.argmax(1) == y).sum()) for _, out, y in steps) > 0
+    assert [float(x) for x in EpochTally(torch.device("cpu")).sums()] == [0.0, 0.0]
+
 @pytest.mark.parametrize("every_rank, shown", [(False, False), (True, True)])
 def test_console_shows_other_ranks_only_with_log_ranks_all(tmp_path, capsys, every_rank, shown):
     """log.ranks=all: every rank's lines on the console, each prefixed with its rank (torchrun
