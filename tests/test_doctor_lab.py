@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import textwrap
 
 import pytest
@@ -161,7 +162,11 @@ def test_the_doctor_catches_each_wrong_allocation(slurm_cluster, shared_data_roo
     assert max(took.values()) < 60, took
 
 
-# Open MPI's agent (`agent [options] HOST COMMAND...`, as it calls ssh): into HOST's node
+# Open MPI's agent (`agent [options] HOST COMMAND...`, as it calls ssh): into HOST's node, with
+# a /tmp of the node's own. A lab's nodes share this machine's /tmp and hostname, so every
+# daemon made its session folder under one /tmp/ompi.<hostname>.<uid>/jf.N/0/: two making it at
+# once, one got EEXIST and left orte_init (CI, a third of the runs under load); daemonized, it
+# left without a word and mpirun waited for it for ever. A real node has a /tmp of its own.
 RSH = textwrap.dedent("""\
     #!/bin/bash
     while [[ "${{1:-}}" == -* ]]; do shift; done
@@ -169,19 +174,33 @@ RSH = textwrap.dedent("""\
     case "$host" in
     {cases}
     esac
+    export TMPDIR={tmp}/$ns
+    mkdir -p "$TMPDIR"
     exec ip netns exec "$ns" bash -c "$*"
 """)
+
+
+@pytest.fixture
+def node_tmp():
+    """A short folder for the nodes' /tmp (Open MPI's socket paths under it have 107 bytes at
+    most; pytest's tmp_path is long), removed at the end."""
+    folder = tempfile.mkdtemp(prefix="ddp-lab-nodes-", dir="/tmp")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpirun") is None,
                     reason="mpirun not installed (run scripts/install_system_deps.sh)")
-def test_the_doctor_under_mpirun_across_a_lab(netlab_factory, shared_data_root, tmp_path):
+def test_the_doctor_under_mpirun_across_a_lab(netlab_factory, shared_data_root, tmp_path,
+                                             node_tmp):
     lab = netlab_factory(2, "none")
     n1, n2 = lab.nodes
     agent = tmp_path / "netns_rsh"
     agent.write_text(RSH.format(cases="\n".join(f"  {n.addr}) ns={n.netns} ;;"
-                                                 for n in lab.nodes)))
+                                                 for n in lab.nodes), tmp=node_tmp))
     agent.chmod(0o755)
     site = tmp_path / "site"
     site.mkdir()
@@ -193,9 +212,12 @@ def test_the_doctor_under_mpirun_across_a_lab(netlab_factory, shared_data_root, 
     # own subnet only
     net = ".".join(n1.addr.split(".")[:3]) + ".0/24"
 
+    # --leave-session-attached: a daemon that fails says why, on mpirun's stderr, and mpirun
+    # ends at once (a daemonized one, as plm_rsh_no_tree_spawn makes it, dies unheard)
     def doctor(name: str, env=None):
         proc = run_cli("launcher=mpirun", f"launcher.hosts=[{n1.addr}:1,{n2.addr}:1]",
-                       f"launcher.extra_args=[--mca,plm_rsh_agent,{agent},--mca,routed,direct,"
+                       "launcher.extra_args=[--leave-session-attached,"
+                       f"--mca,plm_rsh_agent,{agent},--mca,routed,direct,"
                        f"--mca,plm_rsh_no_tree_spawn,1,--mca,oob_tcp_if_include,{net},"
                        f"--mca,btl_tcp_if_include,{net}]",
                        f"run.root={tmp_path / 'runs'}", f"data.root={shared_data_root}",
