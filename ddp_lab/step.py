@@ -94,11 +94,12 @@ def run_steps(
 
 class EpochTally:
     """The epoch's train loss and correct predictions (train accuracy,
-    as the notebook's check), kept on the device: each step's mean loss
-    and predicted classes are written into buffers, scored and summed
-    once, at the end (`sums`). No tensor is kept per step and no sum is
-    taken per step: keeping each step's output cost a forked rank's
-    first two epochs at 2 threads 11%, scoring each step 5%
+    as the notebook's check), kept on the device: each step's mean loss,
+    outputs and labels are copied into buffers, and scored and summed
+    once, at the end (`sums`). No tensor is kept per step and nothing is
+    computed per step, only copied: keeping each step's output cost a
+    forked rank's first two epochs at 2 threads 11%, scoring each step
+    5%; its argmax in the step, a third of the tally's time
     (docs/performance.md)."""
 
     def __init__(self, device: torch.device, steps: int = 1024, samples: int = 65536):
@@ -106,19 +107,22 @@ class EpochTally:
         self.steps, self.samples = 0, 0
         self.sizes: list[int] = []
         self.losses = torch.empty(steps, dtype=torch.float64, device=device)
-        self.predicted = torch.empty(samples, dtype=torch.int64, device=device)
         self.labels = torch.empty(samples, dtype=torch.int64, device=device)
+        # [samples, classes], made at the first step (its classes)
+        self.outputs: torch.Tensor | None = None
 
     def add(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
         """A step: its mean loss, its outputs, its labels."""
         i, lo, hi = self.steps, self.samples, self.samples + len(y)
+        if self.outputs is None:
+            self.outputs = out.new_empty(len(self.labels), out.shape[1])
         if i == len(self.losses):
             self.losses = _grown(self.losses, i + 1)
         if hi > len(self.labels):
-            self.predicted, self.labels = _grown(self.predicted, hi), _grown(self.labels, hi)
-        self.losses[i].copy_(loss.detach())
-        torch.argmax(out.detach(), 1, out=self.predicted[lo:hi])
-        self.labels[lo:hi].copy_(y)
+            self.outputs, self.labels = _grown(self.outputs, hi), _grown(self.labels, hi)
+        self.losses[i] = loss.detach()
+        self.outputs[lo:hi] = out.detach()
+        self.labels[lo:hi] = y
         self.sizes.append(len(y))
         self.steps, self.samples = i + 1, hi
 
@@ -128,12 +132,14 @@ class EpochTally:
         n, m = self.steps, self.samples
         samples = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
         loss_sum = (self.losses[:n] * samples).sum()
-        return loss_sum, (self.predicted[:m] == self.labels[:m]).sum()
+        if self.outputs is None:
+            return loss_sum, torch.zeros((), dtype=torch.int64, device=self.device)
+        return loss_sum, (self.outputs[:m].argmax(1) == self.labels[:m]).sum()
 
 
 def _grown(buffer: torch.Tensor, at_least: int) -> torch.Tensor:
     """`buffer` with room for `at_least` entries: twice as long, or more."""
-    grown = buffer.new_empty(max(2 * len(buffer), at_least))
+    grown = buffer.new_empty(max(2 * len(buffer), at_least), *buffer.shape[1:])
     grown[: len(buffer)].copy_(buffer)
     return grown
 

@@ -149,6 +149,26 @@ def test_step_watch_hands_over_every_nth_step_as_it_ends():
         assert [(c.start, c.end) for c in calls] == [(comm.timed[n - 5].start, comm.timed[n - 5].end)]
 
 
+@pytest.mark.parametrize("every, calls", [(1, [1, 2, 0, 1]), (2, [2, 1])])
+def test_step_watch_hands_each_step_its_own_calls(every, calls):
+    """The watch reads the recorder only around the steps it hands over: each step handed
+    over carries the calls made in it (steps of 1, 2, 0 and 1 calls), none of its
+    neighbours'."""
+    clock = Clock(CPU)
+    timer = StepTimer(clock)
+    rec = CommRecorder(clock, world_size=2)
+    got: dict = {}
+    watch = StepWatch(timer, rec, every, lambda n, st, c: got.__setitem__(n, len(c)))
+    watch.begin(0)
+    for k in (1, 2, 0, 1):
+        with timer.phase("sync"):
+            for _ in range(k):
+                with rec.timed("all_reduce", 8, 8, 8):
+                    pass
+        timer.end_step()
+    assert list(got.values()) == calls and list(got) == list(range(every, 5, every))
+
+
 def test_timing_imports_nothing_of_progress():
     """Timing knows nothing of who reads it: no module of ddp_lab/timing/ imports progress."""
     import ast

@@ -181,11 +181,9 @@ class StepTimer:
         self.enabled = enabled
         self.on_step_end = on_step_end
         self.now, self.ended = "", 0
-        self._steps: list[list] = []
-        # each step's compute-end stamp (GradReadyMark), or None
-        self._marks: list = []
-        # each step's: its phases stamped
-        self._phased: list[bool] = []
+        # each step since the last collect: (its spans, its compute-end stamp (GradReadyMark) or
+        # None, its phases stamped)
+        self._steps: list[tuple[list, Any, bool]] = []
         self._current: list = []
         self._phases: dict[str, object] = {}
         # CUDA: the current step's last boundary (a phase's end event)
@@ -229,13 +227,12 @@ class StepTimer:
     def end_step(self) -> None:
         if self.enabled:
             if self._sampling:
-                self._steps.append(self._current)
-                self._marks.append(self.grads.take() if self.grads is not None else None)
+                self._steps.append((self._current,
+                                    self.grads.take() if self.grads is not None else None, True))
             else:
                 end = self.clock.stamp()
-                self._steps.append([("step", end if self._start is None else self._start, end)])
-                self._marks.append(None)
-            self._phased.append(self._sampling)
+                self._steps.append(([("step", end if self._start is None else self._start, end)],
+                                    None, False))
             self._current, self._edge, self._start = [], None, None
             self._next_step()
         self.now, self.ended = "step end", self.ended + 1
@@ -248,20 +245,18 @@ class StepTimer:
         (CUDA: not all its events fired). Never waits."""
         if i >= len(self._steps):
             return None
-        spans, mark = self._steps[i], self._marks[i]
+        spans, mark, phased = self._steps[i]
         ready = self.clock.ready
         if not (ready(spans[-1][2]) and (mark is None or ready(mark))):
             return None
         sec = self.clock.seconds
         return StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
-                         None if mark is None else sec(mark), self._phased[i])
+                         None if mark is None else sec(mark), phased)
 
     def collect(self) -> list[StepTimes]:
         """The steps since the last collect, in seconds (CUDA: one synchronize here; the events
         then go back to the clock's pool)."""
         raw, self._steps = self._steps, []
-        marks, self._marks = self._marks, []
-        phased, self._phased = self._phased, []
         self._next_step()
         if not raw:
             if self.grads is not None:
@@ -271,12 +266,12 @@ class StepTimer:
         sec = self.clock.seconds
         out = [StepTimes([(n, sec(s), sec(e)) for n, s, e in spans],
                          None if m is None else sec(m), p)
-               for spans, m, p in zip(raw, marks, phased)]
+               for spans, m, p in raw]
         if self.grads is not None:
             self.grads.recycle()
         # each boundary once: a shared one is two spans' stamp
         if self.clock.cuda:
-            self.clock.release({id(s): s for spans in raw for _, a, b in spans
+            self.clock.release({id(s): s for spans, _, _ in raw for _, a, b in spans
                                 for s in (a, b)}.values())
         return out
 
@@ -307,11 +302,15 @@ class StepWatch:
         self.first = self.comm.count()
 
     def _step_ended(self) -> None:
-        self.done += 1
-        end = self.comm.count()
-        if self.done % self.every == 0:
-            self.waiting.append((self.done, self.index, self.first, end))
-        self.index, self.first = self.index + 1, end
+        # the recorder is read only around a step handed over: its calls are those between
+        self.done, self.index = self.done + 1, self.index + 1
+        every = self.every
+        if self.done % every == 0 or (self.done + 1) % every == 0:
+            end = self.comm.count()
+            if self.done % every == 0:
+                self.waiting.append((self.done, self.index - 1, self.first, end))
+            # the next step is handed over: its calls start here
+            self.first = end
         while self.waiting and self._hand_over(*self.waiting[0]):
             self.waiting.pop(0)
 
