@@ -64,10 +64,10 @@ def test_waits_name_the_openmp_variables():
         omp_env("spin")
 
 
-def test_a_pinned_ratio_is_taken_round_by_round():
-    """The VM slows by 40% in round 2, after the loop's run and before ddp_lab's (the order in a
-    round), and stays slow: the rounds' ratios are 1.0, 1.4, 1.0, their median 1.0; the
-    medians' ratio would be 1.4, the neighbour's and not ddp_lab's."""
+def test_timing_on_against_off_is_taken_round_by_round():
+    """The VM slows by 40% in round 2, between one row's run and the other's, and stays slow:
+    the rounds' ratios are 1.0, 1.4, 1.0, their median 1.0; the medians' ratio would be 1.4,
+    the neighbour's and not timing's."""
     ours, loop = [1.0, 1.4, 1.4], [1.0, 1.0, 1.4]
     assert paired(ours, loop) == pytest.approx(1.0)
     assert statistics.median(ours) / statistics.median(loop) == pytest.approx(1.4)

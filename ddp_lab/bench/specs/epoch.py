@@ -159,17 +159,34 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         runs["ddp_lab, 2 ranks"] = (2, None)
     print(f"\nside by side, {args.rounds} interleaved round(s):", flush=True)
     rows: dict[str, list[float]] = {name: [] for name in runs}
-    # each round's median epoch of each row: a pinned row's ratios are taken round by round,
-    # against the loop that ran beside it, so a neighbour that comes between rounds cancels
+    # each round's median epoch of each row: timing on / off is taken round by round (its two
+    # rows run one after the other), so a neighbour that comes between rounds cancels
     per_round: dict[str, list[float]] = {name: [] for name in runs}
     # row -> what ddp_lab chose (its last run)
     chosen: dict[str, dict] = {}
+    # a pinned row (timing on) at T threads: each run's median epoch over the T-thread loop's
+    # run just beside it (before it in odd rounds, after it in even ones), so that a slow spell
+    # of the VM, which lasts tens of seconds, falls on both of a pair or on neither
+    beside_loop = {t: (t, w, a) for t, w, a in _best_per_threads(one)}
+    beside: dict[str, list[float]] = {}
+
+    def loop_at(t: int) -> list[float]:
+        t, w, a = beside_loop[t]
+        return loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t, [a],
+                              env=omp_env(w))[a]
+
     for rnd in range(args.rounds):
         before = {name: len(v) for name, v in rows.items()}
         for name, (world, *setting) in runs.items():
             if setting[0] is None:
                 overrides = setting[1] if len(setting) > 1 else ()
+                t = _pinned(overrides)
+                loop = loop_at(t) if t in beside_loop and rnd % 2 == 0 else None
                 epochs, share = ours(root, tmp, world, args, overrides)
+                if t in beside_loop:
+                    loop = loop or loop_at(t)
+                    beside.setdefault(name, []).append(
+                        statistics.median(epochs) / statistics.median(loop))
                 chosen[name] = share
                 rows[name] += epochs
             elif setting[0] == "notebook":
@@ -207,10 +224,10 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         elif len(pinned) == 1:
             # against the same thread count's floor, and against itself without timing
             t = int(pinned[0].partition("=")[2])
-            same = [n for n in med if runs[n][:2] == (1, t)]
-            if same:
+            if name in beside:
                 key = f"{load}, 1 rank, train.threads={t}: ddp_lab / the {t}-thread floor"
-                out["ratios"][key], goals[key] = paired(per_round[name], per_round[same[0]]), 1.1
+                out["ratios"][key], goals[key] = statistics.median(beside[name]), 1.1
+                out.setdefault("beside", {})[name] = beside[name]
             key = f"{load}, 1 rank, train.threads={t}: timing on / off"
             out["ratios"][key] = paired(per_round[name], per_round[f"{name}, timing.enabled=false"])
             goals[key] = 1.03
@@ -218,6 +235,13 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
         print(f"{key} = {r:.2f} (goal <= {goals[key]})")
     out["epochs_s"] = rows
     return out
+
+
+def _pinned(overrides: Sequence[str]) -> Optional[int]:
+    """T where `overrides` is train.threads=T alone (a pinned row with timing on), else None."""
+    if len(overrides) == 1 and overrides[0].startswith("train.threads="):
+        return int(overrides[0].partition("=")[2])
+    return None
 
 
 def paired(a: list[float], b: list[float]) -> float:
