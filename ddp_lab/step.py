@@ -99,7 +99,7 @@ class EpochTally:
     once, at the end (`sums`). No tensor is kept per step and nothing is
     computed per step, only copied: keeping each step's output cost a
     forked rank's first two epochs at 2 threads 11%, scoring each step
-    5%; its argmax in the step, a third of the tally's time
+    5%, and an argmax per step a fifth of the tally's own time
     (docs/performance.md)."""
 
     def __init__(self, device: torch.device, steps: int = 1024, samples: int = 65536):
