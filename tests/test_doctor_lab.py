@@ -163,10 +163,10 @@ def test_the_doctor_catches_each_wrong_allocation(slurm_cluster, shared_data_roo
 
 
 # Open MPI's agent (`agent [options] HOST COMMAND...`, as it calls ssh): into HOST's node, with
-# a /tmp of the node's own. A lab's nodes share this machine's /tmp and hostname, so every
-# daemon made its session folder under one /tmp/ompi.<hostname>.<uid>/jf.N/0/: two making it at
-# once, one got EEXIST and left orte_init (CI; 4 of 14 runs under load); daemonized, it left
-# without a word and mpirun waited for it for ever. A real node has a /tmp of its own.
+# a /tmp of the node's own. A lab's nodes share this machine's /tmp and hostname, so without it
+# every daemon makes its session folder under one /tmp/ompi.<hostname>.<uid>/jf.N/0/: two making
+# it at once, one gets EEXIST and leaves orte_init (4 of 14 runs under load); daemonized, it
+# leaves without a word and mpirun waits for it for ever. A real node has a /tmp of its own.
 RSH = textwrap.dedent("""\
     #!/bin/bash
     while [[ "${{1:-}}" == -* ]]; do shift; done

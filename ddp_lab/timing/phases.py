@@ -305,9 +305,10 @@ class StepWatch:
         # the recorder is read only around a step handed over: its calls are those between
         self.done, self.index = self.done + 1, self.index + 1
         every = self.every
-        if self.done % every == 0 or (self.done + 1) % every == 0:
+        due = self.done % every == 0
+        if due or (self.done + 1) % every == 0:
             end = self.comm.count()
-            if self.done % every == 0:
+            if due:
                 self.waiting.append((self.done, self.index - 1, self.first, end))
             # the next step is handed over: its calls start here
             self.first = end

@@ -170,8 +170,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     beside_loop = {t: (t, w, a) for t, w, a in _best_per_threads(one)}
     beside: dict[str, list[float]] = {}
 
-    def loop_at(t: int) -> list[float]:
-        t, w, a = beside_loop[t]
+    def tight(t: int, w: str, a: str) -> list[float]:
+        """The tight loop, 1 process, at `t` threads, wait `w`, Adam `a`: its epochs."""
         return loops.in_child("tight_epochs", root, args.epochs, args.max_steps, t, [a],
                               env=omp_env(w))[a]
 
@@ -181,10 +181,11 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
             if setting[0] is None:
                 overrides = setting[1] if len(setting) > 1 else ()
                 t = _pinned(overrides)
-                loop = loop_at(t) if t in beside_loop and rnd % 2 == 0 else None
+                loop = tight(*beside_loop[t]) if t in beside_loop and rnd % 2 == 0 else None
                 epochs, share = ours(root, tmp, world, args, overrides)
                 if t in beside_loop:
-                    loop = loop or loop_at(t)
+                    if loop is None:
+                        loop = tight(*beside_loop[t])
                     beside.setdefault(name, []).append(
                         statistics.median(epochs) / statistics.median(loop))
                 chosen[name] = share
@@ -194,9 +195,7 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                 rows[name] += loops.in_child("notebook_epochs", root, args.epochs,
                                              args.max_steps, env={})
             elif world == 1:
-                t, w, a = setting
-                rows[name] += loops.in_child("tight_epochs", root, args.epochs, args.max_steps,
-                                             t, [a], env=omp_env(w))[a]
+                rows[name] += tight(*setting)
             else:
                 t, w, way = setting
                 rows[name] += two_ranks(root, args, t, w, adam)[way]
@@ -208,7 +207,8 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
     floor = {w: min(m for name, m in med.items() if runs[name][0] == w
                     and isinstance(runs[name][1], int)) for w in {r[0] for r in runs.values()}}
     print(f"\n| {load} | median epoch (s) | x the floor |\n| --- | ---: | ---: |")
-    goals = {}
+    goals: dict[str, float] = {}
+    how: dict[str, str] = {}  # how a ratio was taken, where not the medians divided
     for name, m in med.items():
         world = runs[name][0]
         pinned = runs[name][2] if len(runs[name]) > 2 else ()
@@ -228,11 +228,14 @@ def measure(load: str, root: str, tmp: str, args) -> dict:
                 key = f"{load}, 1 rank, train.threads={t}: ddp_lab / the {t}-thread floor"
                 out["ratios"][key], goals[key] = statistics.median(beside[name]), 1.1
                 out.setdefault("beside", {})[name] = beside[name]
+                how[key] = (f"the median of {len(beside[name])} runs, each over the loop run "
+                            "beside it; the table divides medians")
             key = f"{load}, 1 rank, train.threads={t}: timing on / off"
             out["ratios"][key] = paired(per_round[name], per_round[f"{name}, timing.enabled=false"])
             goals[key] = 1.03
+            how[key] = f"the median of {len(per_round[name])} rounds' own ratios"
     for key, r in out["ratios"].items():
-        print(f"{key} = {r:.2f} (goal <= {goals[key]})")
+        print(f"{key} = {r:.2f} (goal <= {goals[key]}{'; ' + how[key] if key in how else ''})")
     out["epochs_s"] = rows
     return out
 
