@@ -54,6 +54,11 @@ def test_the_epoch_tally_grows_past_its_buffers_and_sums_what_each_step_gave():
     assert float(loss_sum) == pytest.approx(
         sum(float(loss.double()) * len(y) for loss, _, y in steps), rel=1e-12)
     assert int(correct) == sum(int((out.argmax(1) == y).sum()) for _, out, y in steps) > 0
+    # every prediction right: every sample of every step counts, the last one's too
+    right = EpochTally(torch.device("cpu"), steps=2, samples=50)
+    for _, _, y in steps:
+        right.add(torch.zeros(()), torch.nn.functional.one_hot(y, 10).float(), y)
+    assert int(right.sums()[1]) == 37 * 4 + 11
     assert [float(x) for x in EpochTally(torch.device("cpu")).sums()] == [0.0, 0.0]
 
 @pytest.mark.parametrize("every_rank, shown", [(False, False), (True, True)])
